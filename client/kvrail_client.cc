@@ -1,0 +1,390 @@
+#include "client/kvrail_client.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "client/session_wire.h"
+#include "daemon/common/status.h"
+#include "grpcpp/grpcpp.h"
+#include "proto/kvrail/v1/admin.grpc.pb.h"
+#include "proto/kvrail/v1/transfer.grpc.pb.h"
+
+namespace kvrail::client {
+namespace {
+
+// Short unary calls (everything but Wait and Watch) give up after this long, so a wedged daemon
+// cannot hang a caller forever.
+constexpr absl::Duration kUnaryDeadline = absl::Seconds(30);
+// Extra time given to WaitTransfer beyond its own timeout before the client's deadline fires.
+constexpr absl::Duration kWaitSlack = absl::Seconds(10);
+// Responses such as ListTransfers with many block ids can exceed gRPC's 4 MiB default.
+constexpr int kMaxMessageBytes = 256 << 20;
+
+void SetDeadline(grpc::ClientContext* context, absl::Duration timeout) {
+  context->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+}
+
+absl::Status ErrnoError(absl::string_view what) {
+  const int err = errno;
+  return absl::Status(absl::ErrnoToStatusCode(err), absl::StrCat(what, ": ", strerror(err)));
+}
+
+// How a Connect target maps to gRPC: unix socket paths (anything with a '/' or without a ':')
+// become "unix:PATH"; "unix:PATH" is kept; everything else is host:port.
+struct ParsedTarget {
+  std::string grpc_target;
+  std::string unix_path;  // empty for TCP
+};
+
+ParsedTarget ParseTarget(const std::string& target) {
+  ParsedTarget parsed;
+  if (absl::StartsWith(target, "unix:")) {
+    parsed.unix_path = target.substr(5);
+    // gRPC accepts "unix:///abs/path"; reduce it to the path for the session socket.
+    if (absl::StartsWith(parsed.unix_path, "//")) parsed.unix_path = parsed.unix_path.substr(2);
+  } else if (target.find('/') != std::string::npos || target.find(':') == std::string::npos) {
+    parsed.unix_path = target;
+  } else {
+    parsed.grpc_target = target;
+    return parsed;
+  }
+  parsed.grpc_target = "unix:" + parsed.unix_path;
+  return parsed;
+}
+
+}  // namespace
+
+std::string DefaultTarget() {
+  const char* env = std::getenv("KVRAIL_SOCKET");
+  if (env != nullptr && env[0] != '\0') return env;
+  return kDefaultSocket;
+}
+
+absl::Status FromGrpcStatus(const grpc::Status& status) {
+  if (status.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
+}
+
+// --- HostBuffer ----------------------------------------------------------------------------------
+
+absl::StatusOr<std::unique_ptr<HostBuffer>> HostBuffer::Create(size_t bytes,
+                                                               const std::string& name) {
+  if (bytes == 0) return absl::InvalidArgumentError("host buffer size must be > 0");
+  internal::UniqueFd fd(::memfd_create(name.c_str(), MFD_CLOEXEC));
+  if (!fd.valid()) return ErrnoError("memfd_create");
+  if (::ftruncate(fd.get(), static_cast<off_t>(bytes)) != 0) {
+    return ErrnoError(absl::StrCat("ftruncate(memfd, ", bytes, ")"));
+  }
+  void* data = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
+  if (data == MAP_FAILED) return ErrnoError(absl::StrCat("mmap(memfd, ", bytes, ")"));
+  return std::unique_ptr<HostBuffer>(
+      new HostBuffer(fd.Release(), static_cast<uint8_t*>(data), bytes));
+}
+
+HostBuffer::~HostBuffer() {
+  ::munmap(data_, size_);
+  ::close(fd_);
+}
+
+// --- Client --------------------------------------------------------------------------------------
+
+class Client::Impl {
+ public:
+  Impl(std::string target, ParsedTarget parsed, std::shared_ptr<grpc::Channel> channel)
+      : target_(std::move(target)),
+        grpc_target_(std::move(parsed.grpc_target)),
+        unix_path_(std::move(parsed.unix_path)),
+        channel_(std::move(channel)),
+        transfer_(v1::Transfer::NewStub(channel_)),
+        admin_(v1::Admin::NewStub(channel_)) {}
+
+  const std::string target_;
+  const std::string grpc_target_;
+  const std::string unix_path_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::Transfer::Stub> transfer_;
+  std::unique_ptr<v1::Admin::Stub> admin_;
+
+  absl::Mutex session_mu_;
+  std::unique_ptr<internal::SessionConnection> session_ ABSL_GUARDED_BY(session_mu_);
+
+  absl::StatusOr<internal::SessionConnection*> Session() {
+    absl::MutexLock lock(&session_mu_);
+    if (session_ == nullptr) {
+      if (unix_path_.empty()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "host buffers are shared over kvraild's unix session socket; target ", target_,
+            " is TCP (connect with the unix socket path)"));
+      }
+      ASSIGN_OR_RETURN(session_, internal::SessionConnection::Open(
+                                     internal::SessionSocketPath(unix_path_)));
+    }
+    return session_.get();
+  }
+};
+
+Client::Client(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Client::~Client() = default;
+
+const std::string& Client::target() const { return impl_->target_; }
+const std::string& Client::grpc_target() const { return impl_->grpc_target_; }
+const std::string& Client::unix_socket_path() const { return impl_->unix_path_; }
+
+absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& target,
+                                                         absl::Duration probe_timeout) {
+  if (target.empty()) return absl::InvalidArgumentError("empty kvraild target");
+  ParsedTarget parsed = ParseTarget(target);
+  const std::string where = parsed.unix_path.empty()
+                                ? absl::StrCat("kvraild at ", parsed.grpc_target)
+                                : absl::StrCat("kvraild on unix socket ", parsed.unix_path);
+  constexpr char kHint[] = " (is kvraild running? pass --socket or set KVRAIL_SOCKET)";
+  if (!parsed.unix_path.empty()) {
+    struct stat st;
+    if (::stat(parsed.unix_path.c_str(), &st) != 0) {
+      const int err = errno;
+      return absl::UnavailableError(
+          absl::StrCat(where, " is not reachable: ", strerror(err), kHint));
+    }
+    if (!S_ISSOCK(st.st_mode)) {
+      return absl::UnavailableError(
+          absl::StrCat(where, " is not reachable: ", parsed.unix_path, " is not a socket"));
+    }
+  }
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  args.SetMaxSendMessageSize(kMaxMessageBytes);
+  auto channel =
+      grpc::CreateCustomChannel(parsed.grpc_target, grpc::InsecureChannelCredentials(), args);
+  auto impl = std::make_unique<Impl>(target, std::move(parsed), std::move(channel));
+
+  // The probe waits for the connection (within the deadline) so a daemon that is still starting
+  // is not reported as down.
+  grpc::ClientContext context;
+  SetDeadline(&context, probe_timeout);
+  context.set_wait_for_ready(true);
+  v1::Stats stats;
+  const grpc::Status status = impl->admin_->GetStats(&context, v1::GetStatsRequest(), &stats);
+  if (!status.ok()) {
+    return absl::UnavailableError(absl::StrCat(where, " is not answering: ",
+                                               status.error_message(), kHint));
+  }
+  return std::unique_ptr<Client>(new Client(std::move(impl)));
+}
+
+absl::StatusOr<std::unique_ptr<HostBuffer>> Client::CreateHostBuffer(size_t bytes) {
+  return HostBuffer::Create(bytes, "kvrail-host-buffer");
+}
+
+absl::StatusOr<uint64_t> Client::SessionId() {
+  ASSIGN_OR_RETURN(internal::SessionConnection * session, impl_->Session());
+  return session->session_id();
+}
+
+absl::StatusOr<v1::RegionInfo> Client::RegisterHostBuffer(const HostBuffer& buffer,
+                                                          v1::RegionSpec spec) {
+  const uint64_t offset = spec.share().offset();
+  if (offset >= buffer.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("spec.share.offset ", offset,
+                                                   " is beyond the host buffer (",
+                                                   buffer.size(), " bytes)"));
+  }
+  if (spec.memory_kind() == v1::MEMORY_KIND_UNSPECIFIED) {
+    spec.set_memory_kind(v1::MEMORY_KIND_HOST);
+  }
+  if (spec.memory_kind() != v1::MEMORY_KIND_HOST) {
+    return absl::InvalidArgumentError("spec.memory_kind: a host buffer is MEMORY_KIND_HOST");
+  }
+  if (spec.size_bytes() == 0) spec.set_size_bytes(buffer.size() - offset);
+  if (spec.layout_case() == v1::RegionSpec::LAYOUT_NOT_SET) spec.mutable_bytes();
+
+  ASSIGN_OR_RETURN(internal::SessionConnection * session, impl_->Session());
+  ASSIGN_OR_RETURN(std::string token, session->SendFd(buffer.fd()));
+  spec.mutable_share()->set_fd_token(token);
+  return RegisterRegion(std::move(spec), session->session_id());
+}
+
+absl::StatusOr<v1::RegionInfo> Client::RegisterRegion(v1::RegionSpec spec, uint64_t session_id) {
+  if (spec.share().via_case() == v1::RegionShare::kShmName) {
+    if (spec.memory_kind() == v1::MEMORY_KIND_UNSPECIFIED) {
+      spec.set_memory_kind(v1::MEMORY_KIND_HOST);
+    }
+    if (spec.size_bytes() == 0) {
+      internal::UniqueFd fd(::shm_open(spec.share().shm_name().c_str(), O_RDONLY | O_CLOEXEC, 0));
+      if (!fd.valid()) return ErrnoError(absl::StrCat("shm_open(", spec.share().shm_name(), ")"));
+      struct stat st;
+      if (::fstat(fd.get(), &st) != 0) return ErrnoError("fstat(shm)");
+      const uint64_t size = static_cast<uint64_t>(st.st_size);
+      if (spec.share().offset() >= size) {
+        return absl::InvalidArgumentError(absl::StrCat("spec.share.offset ",
+                                                       spec.share().offset(),
+                                                       " is beyond shm object (", size, " bytes)"));
+      }
+      spec.set_size_bytes(size - spec.share().offset());
+    }
+  }
+  v1::RegisterRegionRequest request;
+  *request.mutable_spec() = std::move(spec);
+  request.set_session_id(session_id);
+  v1::RegisterRegionResponse response;
+  grpc::ClientContext context;
+  SetDeadline(&context, kUnaryDeadline);
+  RETURN_IF_ERROR(
+      FromGrpcStatus(impl_->transfer_->RegisterRegion(&context, request, &response)));
+  return std::move(*response.mutable_region());
+}
+
+absl::Status Client::UnregisterRegion(uint64_t region_id) {
+  v1::UnregisterRegionRequest request;
+  request.set_region_id(region_id);
+  v1::UnregisterRegionResponse response;
+  grpc::ClientContext context;
+  SetDeadline(&context, kUnaryDeadline);
+  return FromGrpcStatus(impl_->transfer_->UnregisterRegion(&context, request, &response));
+}
+
+absl::StatusOr<v1::SubmitTransferResponse> Client::Submit(const v1::TransferSpec& spec) {
+  v1::SubmitTransferRequest request;
+  *request.mutable_spec() = spec;
+  v1::SubmitTransferResponse response;
+  grpc::ClientContext context;
+  SetDeadline(&context, kUnaryDeadline);
+  RETURN_IF_ERROR(
+      FromGrpcStatus(impl_->transfer_->SubmitTransfer(&context, request, &response)));
+  return response;
+}
+
+absl::StatusOr<v1::TransferStatus> Client::Get(uint64_t transfer_id) {
+  v1::GetTransferRequest request;
+  request.set_transfer_id(transfer_id);
+  v1::TransferStatus response;
+  grpc::ClientContext context;
+  SetDeadline(&context, kUnaryDeadline);
+  RETURN_IF_ERROR(FromGrpcStatus(impl_->transfer_->GetTransfer(&context, request, &response)));
+  return response;
+}
+
+absl::StatusOr<v1::TransferStatus> Client::Wait(uint64_t transfer_id, absl::Duration timeout) {
+  v1::WaitTransferRequest request;
+  request.set_transfer_id(transfer_id);
+  grpc::ClientContext context;
+  if (timeout > absl::ZeroDuration() && timeout != absl::InfiniteDuration()) {
+    // Round up so that a sub-millisecond timeout does not become "forever" (0).
+    request.set_timeout_ms(static_cast<uint64_t>(absl::ToInt64Milliseconds(
+        timeout + absl::Milliseconds(1) - absl::Nanoseconds(1))));
+    SetDeadline(&context, timeout + kWaitSlack);
+  }
+  v1::TransferStatus response;
+  RETURN_IF_ERROR(FromGrpcStatus(impl_->transfer_->WaitTransfer(&context, request, &response)));
+  return response;
+}
+
+absl::StatusOr<v1::TransferStatus> Client::Cancel(uint64_t transfer_id) {
+  v1::CancelTransferRequest request;
+  request.set_transfer_id(transfer_id);
+  v1::TransferStatus response;
+  grpc::ClientContext context;
+  SetDeadline(&context, kUnaryDeadline);
+  RETURN_IF_ERROR(
+      FromGrpcStatus(impl_->transfer_->CancelTransfer(&context, request, &response)));
+  return response;
+}
+
+absl::Status Client::MarkReady(uint64_t transfer_id, uint32_t layer_begin, uint32_t layer_count) {
+  v1::MarkReadyRequest request;
+  request.set_transfer_id(transfer_id);
+  request.set_layer_begin(layer_begin);
+  request.set_layer_count(layer_count);
+  v1::MarkReadyResponse response;
+  grpc::ClientContext context;
+  SetDeadline(&context, kUnaryDeadline);
+  return FromGrpcStatus(impl_->transfer_->MarkReady(&context, request, &response));
+}
+
+absl::StatusOr<v1::TransferStatus> Client::Watch(
+    uint64_t transfer_id, const std::function<bool(const v1::TransferEvent&)>& on_event,
+    uint32_t min_interval_ms) {
+  v1::WatchTransferRequest request;
+  request.set_transfer_id(transfer_id);
+  request.set_min_interval_ms(min_interval_ms);
+  grpc::ClientContext context;
+  std::unique_ptr<grpc::ClientReader<v1::TransferEvent>> reader =
+      impl_->transfer_->WatchTransfer(&context, request);
+  v1::TransferEvent event;
+  v1::TransferStatus last;
+  bool seen = false;
+  while (reader->Read(&event)) {
+    last = event.status();
+    seen = true;
+    if (on_event && !on_event(event)) {
+      context.TryCancel();
+      reader->Finish();  // CANCELLED by us: not an error
+      return last;
+    }
+  }
+  RETURN_IF_ERROR(FromGrpcStatus(reader->Finish()));
+  if (!seen) {
+    return absl::InternalError(
+        absl::StrCat("WatchTransfer(", transfer_id, ") ended without any event"));
+  }
+  return last;
+}
+
+absl::StatusOr<v1::ListRegionsResponse> Client::ListRegions() {
+  v1::ListRegionsResponse response;
+  grpc::ClientContext context;
+  SetDeadline(&context, kUnaryDeadline);
+  RETURN_IF_ERROR(FromGrpcStatus(
+      impl_->admin_->ListRegions(&context, v1::ListRegionsRequest(), &response)));
+  return response;
+}
+
+absl::StatusOr<v1::ListTransfersResponse> Client::ListTransfers(
+    const std::vector<v1::TransferState>& states, uint32_t limit) {
+  v1::ListTransfersRequest request;
+  for (v1::TransferState state : states) request.add_states(state);
+  request.set_limit(limit);
+  v1::ListTransfersResponse response;
+  grpc::ClientContext context;
+  SetDeadline(&context, kUnaryDeadline);
+  RETURN_IF_ERROR(FromGrpcStatus(impl_->admin_->ListTransfers(&context, request, &response)));
+  return response;
+}
+
+absl::StatusOr<v1::ListPeersResponse> Client::ListPeers() {
+  v1::ListPeersResponse response;
+  grpc::ClientContext context;
+  SetDeadline(&context, kUnaryDeadline);
+  RETURN_IF_ERROR(
+      FromGrpcStatus(impl_->admin_->ListPeers(&context, v1::ListPeersRequest(), &response)));
+  return response;
+}
+
+absl::StatusOr<v1::Stats> Client::GetStats() {
+  v1::Stats response;
+  grpc::ClientContext context;
+  SetDeadline(&context, kUnaryDeadline);
+  RETURN_IF_ERROR(
+      FromGrpcStatus(impl_->admin_->GetStats(&context, v1::GetStatsRequest(), &response)));
+  return response;
+}
+
+absl::StatusOr<v1::GetTopologyResponse> Client::GetTopology() {
+  v1::GetTopologyResponse response;
+  grpc::ClientContext context;
+  SetDeadline(&context, kUnaryDeadline);
+  RETURN_IF_ERROR(FromGrpcStatus(
+      impl_->admin_->GetTopology(&context, v1::GetTopologyRequest(), &response)));
+  return response;
+}
+
+}  // namespace kvrail::client

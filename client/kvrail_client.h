@@ -1,0 +1,169 @@
+// kvrail client library: talks to the node's kvraild over gRPC (unix socket or TCP) and shares
+// host memory with it through the session socket (see client/session_wire.h for the wire).
+//
+// Typical use (a prefill process exporting its KV pool):
+//   ASSIGN_OR_RETURN(auto client, Client::Connect(DefaultTarget()));
+//   ASSIGN_OR_RETURN(auto pool, client->CreateHostBuffer(bytes));
+//   RegionSpec spec; *spec.mutable_paged_kv() = layout;
+//   ASSIGN_OR_RETURN(RegionInfo region, client->RegisterHostBuffer(*pool, spec));
+// The region lives as long as `client` (its session socket) does, or until UnregisterRegion.
+//
+// Errors: every call returns absl::Status / StatusOr; daemon errors keep their gRPC code number
+// and message (see FromGrpcStatus). Nothing here throws.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "grpcpp/support/status.h"
+#include "proto/kvrail/v1/admin.pb.h"
+#include "proto/kvrail/v1/region.pb.h"
+#include "proto/kvrail/v1/transfer.pb.h"
+
+namespace kvrail::client {
+
+// Socket used when none is given: $KVRAIL_SOCKET if set and non-empty, else kDefaultSocket.
+inline constexpr char kDefaultSocket[] = "/run/kvrail/kvrail.sock";
+std::string DefaultTarget();
+
+// grpc::Status -> absl::Status, the one conversion point: same code number, message kept.
+absl::Status FromGrpcStatus(const grpc::Status& status);
+
+// Host memory that can be shared with kvraild: an anonymous memfd, sized with ftruncate and
+// mapped MAP_SHARED, so the daemon's mapping of the same fd sees the same pages.
+// Thread contract: the object is immutable after creation; the bytes behind data() may be read
+// and written from any thread, with the caller ordering its own accesses against transfers
+// (a transfer's completion, observed through Wait/Watch, happens-after the daemon's writes).
+class HostBuffer {
+ public:
+  // `bytes` must be > 0. `name` only labels the memfd (visible in /proc/PID/fd).
+  static absl::StatusOr<std::unique_ptr<HostBuffer>> Create(size_t bytes,
+                                                            const std::string& name = "kvrail");
+  ~HostBuffer();
+  HostBuffer(const HostBuffer&) = delete;
+  HostBuffer& operator=(const HostBuffer&) = delete;
+
+  uint8_t* data() const { return data_; }
+  size_t size() const { return size_; }
+  // The memfd; owned by the buffer (close-on-exec). Passed to the daemon by RegisterHostBuffer.
+  int fd() const { return fd_; }
+
+ private:
+  HostBuffer(int fd, uint8_t* data, size_t size) : fd_(fd), data_(data), size_(size) {}
+  const int fd_;
+  uint8_t* const data_;
+  const size_t size_;
+};
+
+// A connection to one kvraild.
+// Thread contract: every method may be called concurrently from any thread (gRPC stubs are
+// thread-safe; the lazily opened session socket is guarded internally). Watch blocks its caller
+// and runs the callback on the calling thread.
+class Client {
+ public:
+  // `target`: a unix socket path ("/run/kvrail/kvrail.sock", or "unix:PATH") or "host:port".
+  // Probes the daemon with GetStats (deadline `probe_timeout`); UNAVAILABLE naming the socket
+  // when it does not answer.
+  static absl::StatusOr<std::unique_ptr<Client>> Connect(
+      const std::string& target = DefaultTarget(),
+      absl::Duration probe_timeout = absl::Seconds(3));
+  ~Client();
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
+
+  // What Connect was given, and the gRPC target derived from it ("unix:/path" or "host:port").
+  const std::string& target() const;
+  const std::string& grpc_target() const;
+  // The unix socket path; empty for TCP targets (which cannot share host buffers).
+  const std::string& unix_socket_path() const;
+
+  // --- Host memory -------------------------------------------------------------------------
+  absl::StatusOr<std::unique_ptr<HostBuffer>> CreateHostBuffer(size_t bytes);
+  // Opens the session socket on first use and returns its id. Regions registered with it are
+  // released by the daemon when this Client is destroyed (or the process dies).
+  absl::StatusOr<uint64_t> SessionId();
+  // Passes buffer.fd() over the session socket, then RegisterRegion with the token and the
+  // session id. Fills spec.share (fd_token; offset kept), memory_kind = HOST when unspecified,
+  // size_bytes = buffer.size() - share.offset when zero, and a bytes layout when none is set.
+  // FAILED_PRECONDITION for TCP targets.
+  absl::StatusOr<v1::RegionInfo> RegisterHostBuffer(const HostBuffer& buffer, v1::RegionSpec spec);
+
+  // --- Transfer service ----------------------------------------------------------------------
+  // Passes `spec` through, with two conveniences for POSIX shm regions (share.shm_name set):
+  // memory_kind HOST when unspecified, and size_bytes = the shm object's size - offset when zero.
+  absl::StatusOr<v1::RegionInfo> RegisterRegion(v1::RegionSpec spec, uint64_t session_id = 0);
+  absl::Status UnregisterRegion(uint64_t region_id);
+  absl::StatusOr<v1::SubmitTransferResponse> Submit(const v1::TransferSpec& spec);
+  absl::StatusOr<v1::TransferStatus> Get(uint64_t transfer_id);
+  // Blocks until the transfer ends or `timeout` passes (zero or infinite: until it ends); on
+  // timeout the current (non-final) status is returned.
+  absl::StatusOr<v1::TransferStatus> Wait(uint64_t transfer_id,
+                                          absl::Duration timeout = absl::ZeroDuration());
+  absl::StatusOr<v1::TransferStatus> Cancel(uint64_t transfer_id);
+  // Layers [layer_begin, layer_begin + layer_count) of a layer-wise transfer are written.
+  absl::Status MarkReady(uint64_t transfer_id, uint32_t layer_begin, uint32_t layer_count = 1);
+  // Streams the transfer's events to `on_event` until the stream ends (after the final state)
+  // and returns the last status seen. Returning false from `on_event` stops watching early.
+  absl::StatusOr<v1::TransferStatus> Watch(
+      uint64_t transfer_id, const std::function<bool(const v1::TransferEvent&)>& on_event,
+      uint32_t min_interval_ms = 0);
+
+  // --- Admin service -------------------------------------------------------------------------
+  absl::StatusOr<v1::ListRegionsResponse> ListRegions();
+  // `states` empty: all; `limit` 0: the daemon's default (100).
+  absl::StatusOr<v1::ListTransfersResponse> ListTransfers(
+      const std::vector<v1::TransferState>& states = {}, uint32_t limit = 0);
+  absl::StatusOr<v1::ListPeersResponse> ListPeers();
+  absl::StatusOr<v1::Stats> GetStats();
+  absl::StatusOr<v1::GetTopologyResponse> GetTopology();
+
+ private:
+  class Impl;
+  explicit Client(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// --- Spec helpers (pure) -----------------------------------------------------------------------
+
+// Parses "0-99,200,300-310" (inclusive ranges, order kept, whitespace around items allowed) into
+// block ids. INVALID_ARGUMENT naming the bad item for empty items, non-numbers, values above
+// 2^32-1, reversed ranges, or more than `max_ids` ids in total.
+absl::StatusOr<std::vector<uint32_t>> ParseBlockList(absl::string_view text,
+                                                     size_t max_ids = size_t{1} << 24);
+// The inverse, compressing runs: {0,1,2,3,7} -> "0-3,7".
+std::string FormatBlockList(const std::vector<uint32_t>& ids);
+
+// Bytes of one element of `dtype`; 0 for DTYPE_UNSPECIFIED or unknown values.
+uint32_t DTypeSize(v1::DType dtype);
+
+// The byte strides of a paged layout: the explicit ones when any is non-zero, else derived,
+// densely packed, from `order`. INVALID_ARGUMENT for zero dimensions, an unknown dtype, or zero
+// strides with LAYOUT_ORDER_UNSPECIFIED.
+struct PagedStrides {
+  uint64_t layer = 0, part = 0, block = 0, token = 0, head = 0;
+  uint32_t dtype_size = 0;
+};
+absl::StatusOr<PagedStrides> ResolveStrides(const v1::PagedKvLayout& layout);
+// Bytes a region needs to hold `layout`: offset_bytes + the end of its highest-addressed element.
+absl::StatusOr<uint64_t> PagedLayoutBytes(const v1::PagedKvLayout& layout);
+// Byte offset of element (layer, part, block, token, head, 0) in the region.
+uint64_t PagedOffset(const v1::PagedKvLayout& layout, const PagedStrides& strides, uint32_t layer,
+                     uint32_t part, uint32_t block, uint32_t token, uint32_t head);
+
+// A paged transfer from `src` blocks of region `src_region` to `dst` blocks of `dst_region`
+// (all layers, heads and tokens; callers adjust the rest of the spec).
+v1::TransferSpec MakeBlockTransfer(uint64_t src_region, std::vector<uint32_t> src_blocks,
+                                   uint64_t dst_region, std::vector<uint32_t> dst_blocks);
+
+// Whether a transfer state is final (SUCCEEDED, FAILED, CANCELLED).
+bool IsFinal(v1::TransferState state);
+
+}  // namespace kvrail::client
