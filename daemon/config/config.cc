@@ -1,0 +1,101 @@
+#include "daemon/config/config.h"
+
+#include <unistd.h>
+
+#include <fstream>
+#include <sstream>
+
+#include <google/protobuf/io/tokenizer.h>
+#include <google/protobuf/text_format.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace kvrail::config {
+namespace {
+
+// Collects the parser's first error with its position.
+class ErrorCollector final : public google::protobuf::io::ErrorCollector {
+ public:
+  void AddError(int line, google::protobuf::io::ColumnNumber column,
+                const std::string& message) override {
+    if (first_.empty()) first_ = absl::StrCat("line ", line + 1, " column ", column + 1, ": ", message);
+  }
+  const std::string& first() const { return first_; }
+
+ private:
+  std::string first_;
+};
+
+}  // namespace
+
+absl::StatusOr<v1::DaemonConfig> ParseConfig(const std::string& text, const std::string& origin) {
+  v1::DaemonConfig config;
+  google::protobuf::TextFormat::Parser parser;
+  ErrorCollector errors;
+  parser.RecordErrorsTo(&errors);
+  if (!parser.ParseFromString(text, &config)) {
+    return absl::InvalidArgumentError(absl::StrCat(origin, ": ", errors.first()));
+  }
+  return config;
+}
+
+absl::StatusOr<v1::DaemonConfig> LoadConfigFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("config: cannot read ", path));
+  std::stringstream text;
+  text << in.rdbuf();
+  return ParseConfig(text.str(), path);
+}
+
+void MergeOverrides(const v1::DaemonConfig& overrides, v1::DaemonConfig* base) {
+  base->MergeFrom(overrides);  // proto3 scalars merge only when non-default; maps merge by key
+}
+
+absl::Status FinalizeConfig(v1::DaemonConfig* config) {
+  if (config->node_id().empty()) {
+    char host[256] = {};
+    ::gethostname(host, sizeof(host) - 1);
+    config->set_node_id(host[0] != '\0' ? host : "localhost");
+  }
+  if (config->unix_socket().empty()) config->set_unix_socket("/run/kvrail/kvrail.sock");
+  if (config->socket_mode() == 0) config->set_socket_mode(0660);
+  if (config->log_level().empty()) config->set_log_level("info");
+  if (config->log_format().empty()) config->set_log_format("text");
+  if (config->host_engine_threads() == 0) config->set_host_engine_threads(4);
+  if (config->tile_bytes() == 0) config->set_tile_bytes(1 << 20);
+  if (config->transfer_history() == 0) config->set_transfer_history(10000);
+  if (config->drain_timeout_ms() == 0) config->set_drain_timeout_ms(10000);
+
+  if (config->unix_socket().size() >= 100) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unix_socket: path longer than 99 bytes: ", config->unix_socket()));
+  }
+  if ((config->socket_mode() & ~0777u) != 0) {
+    return absl::InvalidArgumentError(absl::StrFormat("socket_mode: %o is not a permission mask", config->socket_mode()));
+  }
+  if ((config->socket_mode() & 0002u) != 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "socket_mode: %o lets every user on the node move memory through the daemon; use a group "
+        "(0660)", config->socket_mode()));
+  }
+  if (config->host_engine_threads() > 256) {
+    return absl::InvalidArgumentError("host_engine_threads: at most 256");
+  }
+  if (config->tile_bytes() < 4096 || config->tile_bytes() > (uint64_t{1} << 30)) {
+    return absl::InvalidArgumentError("tile_bytes: must be in [4096, 1 GiB]");
+  }
+  if (config->log_format() != "text" && config->log_format() != "json") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("log_format: '", config->log_format(), "' is not text or json"));
+  }
+  for (const auto& [node, address] : config->peers()) {
+    if (node.empty() || address.empty() || address.find(':') == std::string::npos) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("peers[", node, "]: the address must be host:port, got '", address, "'"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace kvrail::config

@@ -1,0 +1,161 @@
+// kvraild: wiring only. Reads the config, discovers (or replays) the topology, starts the region
+// table, the session socket, the engine, the transfer manager and the gRPC server, then waits
+// for SIGTERM/SIGINT and drains.
+#include <signal.h>
+#include <sys/stat.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "daemon/common/clock.h"
+#include "daemon/common/logging.h"
+#include "daemon/common/status.h"
+#include "daemon/config/config.h"
+#include "daemon/engine/engine.h"
+#include "daemon/regions/regions.h"
+#include "daemon/server/server.h"
+#include "daemon/session/session_server.h"
+#include "daemon/transfers/transfers.h"
+#include "spdlog/spdlog.h"
+#include "topology/topology.h"
+
+namespace kvrail {
+namespace {
+
+constexpr char kVersion[] = "0.1.0";
+
+absl::StatusOr<v1::GetTopologyResponse> LoadTopology(const v1::DaemonConfig& config) {
+  v1::GetTopologyResponse response;
+  if (!config.topology_file().empty()) {
+    ASSIGN_OR_RETURN(*response.mutable_desc(), topology::LoadTopologyFile(config.topology_file()));
+    response.set_source(config.topology_file());
+  } else {
+    ASSIGN_OR_RETURN(*response.mutable_desc(), topology::Discover(topology::DiscoverOptions{}));
+    response.set_source("discovered");
+  }
+  *response.mutable_graph() = topology::ComputeGraph(response.desc());
+  return response;
+}
+
+// Blocks SIGTERM/SIGINT in every thread (call before starting any) so sigwait receives them.
+sigset_t BlockShutdownSignals() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  return set;
+}
+
+absl::Status Run(v1::DaemonConfig config) {
+  const sigset_t signals = BlockShutdownSignals();
+  RETURN_IF_ERROR(SetUpLogging(config.log_level(), config.log_format()));
+  spdlog::info("kvraild {} starting: node '{}', socket {}", kVersion, config.node_id(),
+               config.unix_socket());
+
+  ASSIGN_OR_RETURN(v1::GetTopologyResponse topology, LoadTopology(config));
+  spdlog::info("topology ({}): {} GPUs, {} NICs", topology.source(), topology.desc().gpus_size(),
+               topology.desc().nics_size());
+
+  Clock* clock = Clock::Real();
+  std::unique_ptr<regions::RegionTable> regions = regions::RegionTable::Create(clock);
+  std::unique_ptr<engine::Engine> engine =
+      engine::CreateHostEngine(static_cast<int>(config.host_engine_threads()));
+  transfers::Options transfer_options;
+  transfer_options.node_id = config.node_id();
+  transfer_options.tile_bytes = config.tile_bytes();
+  transfer_options.history = config.transfer_history();
+  std::unique_ptr<transfers::TransferManager> transfers =
+      transfers::TransferManager::Create(regions.get(), engine.get(), clock, transfer_options);
+
+  ASSIGN_OR_RETURN(std::unique_ptr<session::SessionServer> sessions,
+                   session::SessionServer::Start(config.unix_socket() + ".session",
+                                                 config.socket_mode(), regions.get()));
+
+  server::ServerOptions server_options;
+  server_options.version = kVersion;
+  server_options.node_id = config.node_id();
+  server_options.topology = topology;
+  server_options.listen.push_back("unix:" + config.unix_socket());
+  if (!config.tcp_listen().empty()) server_options.listen.push_back(config.tcp_listen());
+  for (const auto& [node, address] : config.peers()) {
+    v1::PeerInfo peer;
+    peer.set_node_id(node);
+    peer.set_address(address);
+    peer.set_state("unknown");
+    server_options.peers.push_back(peer);
+  }
+  ::unlink(config.unix_socket().c_str());
+  ASSIGN_OR_RETURN(std::unique_ptr<server::Server> server,
+                   server::Server::Start(server_options, regions.get(), transfers.get()));
+  if (::chmod(config.unix_socket().c_str(), config.socket_mode()) != 0) {
+    return absl::InternalError(absl::StrCat("unix_socket: chmod failed on ", config.unix_socket()));
+  }
+  if (server->tcp_port() != 0) spdlog::info("listening on TCP port {}", server->tcp_port());
+  spdlog::info("ready: {} ({})", config.unix_socket(), engine->Describe());
+
+  int signal_number = 0;
+  sigwait(&signals, &signal_number);
+  spdlog::info("signal {}: draining (up to {} ms)", signal_number, config.drain_timeout_ms());
+  server->SetNotServing();
+  transfers->Drain(absl::Milliseconds(config.drain_timeout_ms()));
+  server->Shutdown(absl::Seconds(1));
+  sessions.reset();
+  ::unlink(config.unix_socket().c_str());
+  ::unlink((config.unix_socket() + ".session").c_str());
+  spdlog::info("stopped");
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace kvrail
+
+int main(int argc, char** argv) {
+  CLI::App app{"kvraild: moves KV cache between GPUs and nodes for disaggregated LLM serving"};
+  std::string config_path;
+  kvrail::v1::DaemonConfig flags;
+  std::string socket, tcp_listen, node_id, log_level, log_format, topology_file;
+  uint32_t host_threads = 0;
+  uint32_t drain_ms = 0;
+  uint64_t tile_bytes = 0;
+  app.add_option("--config", config_path, "DaemonConfig textproto file");
+  app.add_option("--socket", socket, "unix socket for clients (default /run/kvrail/kvrail.sock)");
+  app.add_option("--tcp-listen", tcp_listen, "also serve gRPC on host:port");
+  app.add_option("--node-id", node_id, "this node's id (default: host name)");
+  app.add_option("--log-level", log_level, "trace, debug, info, warn, error");
+  app.add_option("--log-format", log_format, "text or json");
+  app.add_option("--host-threads", host_threads, "host engine worker threads");
+  app.add_option("--tile-bytes", tile_bytes, "target tile size in bytes");
+  app.add_option("--drain-timeout-ms", drain_ms, "how long SIGTERM lets transfers finish");
+  app.add_option("--topology-file", topology_file, "replay this topology instead of discovering");
+  CLI11_PARSE(app, argc, argv);
+
+  kvrail::v1::DaemonConfig config;
+  if (!config_path.empty()) {
+    auto loaded = kvrail::config::LoadConfigFile(config_path);
+    if (!loaded.ok()) {
+      std::fprintf(stderr, "kvraild: %s\n", loaded.status().ToString().c_str());
+      return 2;
+    }
+    config = *std::move(loaded);
+  }
+  flags.set_unix_socket(socket);
+  flags.set_tcp_listen(tcp_listen);
+  flags.set_node_id(node_id);
+  flags.set_log_level(log_level);
+  flags.set_log_format(log_format);
+  flags.set_host_engine_threads(host_threads);
+  flags.set_tile_bytes(tile_bytes);
+  flags.set_drain_timeout_ms(drain_ms);
+  flags.set_topology_file(topology_file);
+  kvrail::config::MergeOverrides(flags, &config);
+  absl::Status status = kvrail::config::FinalizeConfig(&config);
+  if (status.ok()) status = kvrail::Run(config);
+  if (!status.ok()) {
+    std::fprintf(stderr, "kvraild: %s\n", status.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}

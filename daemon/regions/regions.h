@@ -1,0 +1,61 @@
+// Regions: memory the daemon may read or write, registered by clients, mapped once, leased to
+// transfers. A region lives until it is unregistered or its session ends; a transfer holds a
+// shared_ptr so a mapping outlives an unregister until the transfer ends.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "daemon/common/clock.h"
+#include "daemon/common/unique_fd.h"
+#include "daemon/planner/planner.h"
+#include "proto/kvrail/v1/region.pb.h"
+
+namespace kvrail::regions {
+
+// One registered region. Immutable after creation except the active-transfer counter; safe to
+// share across threads.
+class Region {
+ public:
+  virtual ~Region() = default;
+  virtual uint64_t id() const = 0;
+  virtual uint64_t session_id() const = 0;
+  // Host address of the region's first byte (host memory only).
+  virtual uint8_t* data() const = 0;
+  virtual const v1::RegionSpec& spec() const = 0;
+  // The geometry the planner checks transfers against.
+  virtual const planner::RegionView& view() const = 0;
+  // The region as shown to clients (active transfer count read now).
+  virtual v1::RegionInfo Info() const = 0;
+  // Counts transfers using the region (for ListRegions); callers pair Acquire/Release.
+  virtual void AcquireUse() = 0;
+  virtual void ReleaseUse() = 0;
+};
+
+// The daemon's region registry. Thread-safe.
+class RegionTable {
+ public:
+  virtual ~RegionTable() = default;
+  static std::unique_ptr<RegionTable> Create(Clock* clock);
+
+  // Validates `spec` (errors name the field, e.g. "spec.paged_kv.block_stride: ...") and maps
+  // the memory. fd tokens are consumed and must belong to `session_id`.
+  virtual absl::StatusOr<std::shared_ptr<Region>> Register(const v1::RegionSpec& spec,
+                                                           uint64_t session_id) = 0;
+  // NOT_FOUND for unknown ids.
+  virtual absl::Status Unregister(uint64_t region_id) = 0;
+  virtual absl::StatusOr<std::shared_ptr<Region>> Get(uint64_t region_id) const = 0;
+  virtual std::vector<v1::RegionInfo> List() const = 0;
+  virtual size_t size() const = 0;
+
+  // Sessions (see daemon/session): a session's fds wait under one-use tokens; ending the
+  // session drops its unused tokens and unregisters its regions.
+  virtual uint64_t BeginSession() = 0;
+  virtual absl::StatusOr<std::string> AddFd(uint64_t session_id, UniqueFd fd) = 0;
+  virtual void EndSession(uint64_t session_id) = 0;
+};
+
+}  // namespace kvrail::regions

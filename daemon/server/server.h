@@ -1,0 +1,44 @@
+// gRPC adapters for the Transfer and Admin services and the health service. The only place where
+// absl::Status becomes grpc::Status.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "daemon/regions/regions.h"
+#include "daemon/transfers/transfers.h"
+#include "proto/kvrail/v1/admin.pb.h"
+#include "proto/kvrail/v1/topology.pb.h"
+
+namespace kvrail::server {
+
+struct ServerOptions {
+  // "unix:/run/kvrail/kvrail.sock", "127.0.0.1:7070", ...
+  std::vector<std::string> listen;
+  std::string version;
+  std::string node_id;
+  // What GetTopology returns.
+  v1::GetTopologyResponse topology;
+  // Returns the peer directory for ListPeers.
+  std::vector<v1::PeerInfo> peers;
+};
+
+// Owns the grpc::Server. Thread-safe; the services run on gRPC's thread pool.
+class Server {
+ public:
+  virtual ~Server() = default;
+  static absl::StatusOr<std::unique_ptr<Server>> Start(const ServerOptions& options,
+                                                       regions::RegionTable* regions,
+                                                       transfers::TransferManager* transfers);
+  // Marks the health service NOT_SERVING (drain has begun).
+  virtual void SetNotServing() = 0;
+  // Stops accepting calls and waits up to `deadline` for running ones (long watches are
+  // cancelled at the deadline).
+  virtual void Shutdown(absl::Duration deadline) = 0;
+  // The TCP port bound when a listen address asked for port 0 (else 0).
+  virtual int tcp_port() const = 0;
+};
+
+}  // namespace kvrail::server

@@ -1,0 +1,175 @@
+#include "daemon/session/session_server.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "daemon/common/status.h"
+#include "daemon/common/unique_fd.h"
+#include "spdlog/spdlog.h"
+
+namespace kvrail::session {
+namespace {
+
+void SendPacket(int fd, const std::string& text) {
+  // A client that stopped reading only loses its own answer.
+  (void)::send(fd, text.data(), text.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+}
+
+class SessionServerImpl final : public SessionServer {
+ public:
+  SessionServerImpl(UniqueFd listener, UniqueFd wake_read, UniqueFd wake_write,
+                    regions::RegionTable* regions)
+      : listener_(std::move(listener)),
+        wake_read_(std::move(wake_read)),
+        wake_write_(std::move(wake_write)),
+        regions_(regions) {
+    thread_ = std::thread([this] { Loop(); });
+  }
+
+  ~SessionServerImpl() override {
+    stop_.store(true);
+    const char b = 1;
+    (void)::write(wake_write_.get(), &b, 1);
+    thread_.join();
+    for (auto& [fd, session] : sessions_) regions_->EndSession(session.id);
+  }
+
+  size_t active_sessions() const override { return count_.load(); }
+
+ private:
+  struct Session {
+    uint64_t id;
+    UniqueFd fd;
+  };
+
+  void Loop() {
+    while (!stop_.load()) {
+      std::vector<pollfd> fds;
+      fds.push_back({wake_read_.get(), POLLIN, 0});
+      fds.push_back({listener_.get(), POLLIN, 0});
+      for (const auto& [fd, session] : sessions_) fds.push_back({fd, POLLIN, 0});
+      const int n = ::poll(fds.data(), fds.size(), -1);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        spdlog::error("session socket: poll failed: {}", std::strerror(errno));
+        return;
+      }
+      if (fds[1].revents & POLLIN) Accept();
+      for (size_t i = 2; i < fds.size(); ++i) {
+        if (fds[i].revents != 0) Serve(fds[i].fd);
+      }
+    }
+  }
+
+  void Accept() {
+    UniqueFd fd(::accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC));
+    if (!fd.valid()) return;
+    const uint64_t id = regions_->BeginSession();
+    SendPacket(fd.get(), absl::StrCat("SESSION ", id));
+    spdlog::debug("session {} opened", id);
+    const int raw = fd.get();
+    sessions_.emplace(raw, Session{id, std::move(fd)});
+    count_.store(sessions_.size());
+  }
+
+  // Reads one packet from a session; a closed or broken connection ends the session.
+  void Serve(int fd) {
+    char payload[64];
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 4)];
+    iovec iov{payload, sizeof(payload)};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof(control);
+    const ssize_t n = ::recvmsg(fd, &msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+    if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
+    // Collect every descriptor received so none leaks, whatever the packet says.
+    std::vector<UniqueFd> received;
+    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+      if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+        const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        for (size_t i = 0; i < count; ++i) {
+          int rfd;
+          std::memcpy(&rfd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+          received.emplace_back(rfd);
+        }
+      }
+    }
+    auto it = sessions_.find(fd);
+    if (n <= 0) {
+      spdlog::debug("session {} closed", it->second.id);
+      regions_->EndSession(it->second.id);
+      sessions_.erase(it);
+      count_.store(sessions_.size());
+      return;
+    }
+    if (std::string_view(payload, n) != "FD" || received.size() != 1 ||
+        (msg.msg_flags & MSG_CTRUNC) != 0) {
+      SendPacket(fd, "ERROR expected the packet \"FD\" carrying exactly one descriptor");
+      return;
+    }
+    absl::StatusOr<std::string> token = regions_->AddFd(it->second.id, std::move(received[0]));
+    SendPacket(fd, token.ok() ? absl::StrCat("TOKEN ", *token)
+                              : absl::StrCat("ERROR ", token.status().message()));
+  }
+
+  UniqueFd listener_;
+  UniqueFd wake_read_;
+  UniqueFd wake_write_;
+  regions::RegionTable* const regions_;
+  std::atomic<bool> stop_{false};
+  std::atomic<size_t> count_{0};
+  // Owned by the poll thread only.
+  absl::flat_hash_map<int, Session> sessions_;
+  std::thread thread_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<SessionServer>> SessionServer::Start(const std::string& path,
+                                                                    uint32_t mode,
+                                                                    regions::RegionTable* regions) {
+  sockaddr_un addr{};
+  if (path.empty() || path.size() >= sizeof(addr.sun_path)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unix_socket: session socket path '", path, "' is empty or too long"));
+  }
+  UniqueFd listener(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+  if (!listener.valid()) return absl::InternalError(absl::StrCat("socket: ", std::strerror(errno)));
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  ::unlink(path.c_str());
+  if (::bind(listener.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    return absl::UnavailableError(
+        absl::StrCat("unix_socket: cannot bind ", path, ": ", std::strerror(errno)));
+  }
+  if (::chmod(path.c_str(), mode) != 0) {
+    return absl::InternalError(absl::StrCat("chmod ", path, ": ", std::strerror(errno)));
+  }
+  if (::listen(listener.get(), 128) != 0) {
+    return absl::InternalError(absl::StrCat("listen ", path, ": ", std::strerror(errno)));
+  }
+  int pipe_fds[2];
+  if (::pipe2(pipe_fds, O_CLOEXEC) != 0) {
+    return absl::InternalError(absl::StrCat("pipe: ", std::strerror(errno)));
+  }
+  return std::unique_ptr<SessionServer>(std::make_unique<SessionServerImpl>(
+      std::move(listener), UniqueFd(pipe_fds[0]), UniqueFd(pipe_fds[1]), regions));
+}
+
+}  // namespace kvrail::session

@@ -1,0 +1,210 @@
+#include "daemon/transfers/record.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace kvrail::transfers {
+namespace {
+
+std::string PathKey(v1::Path path) {
+  std::string name = v1::Path_Name(path);
+  if (name.rfind("PATH_", 0) == 0) name = name.substr(5);
+  for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return name;
+}
+
+v1::TransferSpec StripBlocks(v1::TransferSpec spec) {
+  spec.mutable_src()->clear_block_ids();
+  spec.mutable_dst()->clear_block_ids();
+  return spec;
+}
+
+}  // namespace
+
+Record::Record(uint64_t id, v1::TransferSpec spec, std::shared_ptr<regions::Region> src,
+               std::shared_ptr<regions::Region> dst, planner::Plan plan,
+               engine::PriorityClass priority, v1::Path path, std::string path_reason,
+               std::string engine_name, std::optional<absl::Time> deadline,
+               std::shared_ptr<Counters> counters, Clock* clock)
+    : id_(id),
+      spec_(StripBlocks(std::move(spec))),
+      src_(std::move(src)),
+      dst_(std::move(dst)),
+      plan_(std::move(plan)),
+      priority_(priority),
+      path_(path),
+      path_reason_(std::move(path_reason)),
+      engine_name_(std::move(engine_name)),
+      deadline_(deadline),
+      layerwise_(spec_.layerwise()),
+      counters_(std::move(counters)),
+      clock_(clock),
+      submitted_us_(clock->NowUnixMicros()) {
+  src_->AcquireUse();
+  dst_->AcquireUse();
+  absl::MutexLock lock(&mu_);
+  layer_tiles_left_.assign(plan_.num_layers(), 0);
+  layer_ready_.assign(plan_.num_layers(), false);
+  for (uint32_t t = 0; t < plan_.num_tiles(); ++t) ++layer_tiles_left_[plan_.tile(t).layer];
+  if (plan_.num_tiles() == 0) MaybeFinishLocked();
+}
+
+Record::~Record() {
+  absl::MutexLock lock(&mu_);
+  if (!uses_released_) {
+    src_->ReleaseUse();
+    dst_->ReleaseUse();
+  }
+}
+
+void Record::OnTileStart(uint32_t /*tile*/) {
+  absl::MutexLock lock(&mu_);
+  if (state_ == v1::TRANSFER_STATE_QUEUED) {
+    state_ = v1::TRANSFER_STATE_RUNNING;
+    started_us_ = clock_->NowUnixMicros();
+    ++version_;
+  }
+}
+
+void Record::OnTileDone(uint32_t tile, const absl::Status& status) {
+  absl::MutexLock lock(&mu_);
+  ++tiles_reported_;
+  if (status.ok()) {
+    const planner::TileInfo info = plan_.tile(tile);
+    ++tiles_done_;
+    bytes_done_ += info.bytes;
+    if (--layer_tiles_left_[info.layer] == 0) layers_done_.push_back(info.layer);
+  } else if (!end_request_.has_value()) {
+    end_request_ = status;
+  }
+  ++version_;
+  MaybeFinishLocked();
+}
+
+std::vector<uint32_t> Record::TakeInitialTiles() {
+  std::vector<uint32_t> tiles;
+  absl::MutexLock lock(&mu_);
+  if (layerwise_ || end_request_.has_value()) return tiles;
+  tiles.resize(plan_.num_tiles());
+  for (uint32_t t = 0; t < plan_.num_tiles(); ++t) tiles[t] = t;
+  std::fill(layer_ready_.begin(), layer_ready_.end(), true);
+  tiles_enqueued_ += plan_.num_tiles();
+  return tiles;
+}
+
+absl::StatusOr<std::vector<uint32_t>> Record::MarkReady(uint32_t layer_begin,
+                                                        uint32_t layer_count) {
+  absl::MutexLock lock(&mu_);
+  if (!layerwise_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("transfer_id: transfer ", id_, " is not layer-wise (spec.layerwise=false)"));
+  }
+  const uint32_t first = spec_.src().layer_begin();
+  if (layer_begin < first || layer_begin - first >= plan_.num_layers() ||
+      layer_count > plan_.num_layers() - (layer_begin - first)) {
+    return absl::OutOfRangeError(absl::StrCat(
+        "layer_begin: layers [", layer_begin, ", ", uint64_t{layer_begin} + layer_count,
+        ") are outside the transfer's source layers [", first, ", ", first + plan_.num_layers(), ")"));
+  }
+  std::vector<uint32_t> tiles;
+  if (end_request_.has_value() || state_ >= v1::TRANSFER_STATE_SUCCEEDED) return tiles;
+  for (uint32_t l = layer_begin - first; l < layer_begin - first + layer_count; ++l) {
+    if (layer_ready_[l]) continue;
+    layer_ready_[l] = true;
+    // Tiles are ordered by layer; a linear scan stays cheap next to moving the layer's bytes.
+    for (uint32_t t = 0; t < plan_.num_tiles(); ++t) {
+      if (plan_.tile(t).layer == l) tiles.push_back(t);
+    }
+  }
+  tiles_enqueued_ += tiles.size();
+  return tiles;
+}
+
+bool Record::RequestEnd(const absl::Status& status, size_t removed) {
+  absl::MutexLock lock(&mu_);
+  tiles_reported_ += removed;
+  if (state_ >= v1::TRANSFER_STATE_SUCCEEDED) return false;
+  if (!end_request_.has_value()) end_request_ = status;
+  ++version_;
+  MaybeFinishLocked();
+  return true;
+}
+
+bool Record::IsFinal() const {
+  absl::MutexLock lock(&mu_);
+  return state_ >= v1::TRANSFER_STATE_SUCCEEDED;
+}
+
+void Record::MaybeFinishLocked() {
+  if (state_ >= v1::TRANSFER_STATE_SUCCEEDED) return;
+  v1::TransferState final_state;
+  if (tiles_done_ == plan_.num_tiles()) {
+    final_state = v1::TRANSFER_STATE_SUCCEEDED;
+  } else if (end_request_.has_value() && tiles_reported_ == tiles_enqueued_) {
+    final_state = end_request_->code() == absl::StatusCode::kCancelled
+                      ? v1::TRANSFER_STATE_CANCELLED
+                      : v1::TRANSFER_STATE_FAILED;
+  } else {
+    return;
+  }
+  state_ = final_state;
+  finished_us_ = clock_->NowUnixMicros();
+  ++version_;
+  src_->ReleaseUse();
+  dst_->ReleaseUse();
+  uses_released_ = true;
+  absl::MutexLock c(&counters_->mu);
+  --counters_->active;
+  counters_->bytes_moved += bytes_done_;
+  counters_->bytes_by_path[PathKey(path_)] += bytes_done_;
+  if (final_state == v1::TRANSFER_STATE_SUCCEEDED) ++counters_->succeeded;
+  if (final_state == v1::TRANSFER_STATE_FAILED) ++counters_->failed;
+  if (final_state == v1::TRANSFER_STATE_CANCELLED) ++counters_->cancelled;
+}
+
+void Record::FillStatusLocked(v1::TransferStatus* status) const {
+  status->set_transfer_id(id_);
+  *status->mutable_spec() = spec_;
+  status->set_state(state_);
+  status->set_bytes_total(plan_.bytes_total());
+  status->set_bytes_done(bytes_done_);
+  status->set_tiles_total(plan_.num_tiles());
+  status->set_tiles_done(tiles_done_);
+  status->set_layers_done(static_cast<uint32_t>(layers_done_.size()));
+  status->set_path(path_);
+  status->set_path_reason(path_reason_);
+  status->set_engine(engine_name_);
+  if (state_ == v1::TRANSFER_STATE_FAILED || state_ == v1::TRANSFER_STATE_CANCELLED) {
+    status->set_error_code(static_cast<int32_t>(end_request_->code()));
+    status->set_error_message(std::string(end_request_->message()));
+  }
+  status->set_submitted_unix_us(submitted_us_);
+  status->set_started_unix_us(started_us_);
+  status->set_finished_unix_us(finished_us_);
+}
+
+v1::TransferStatus Record::Status() const {
+  v1::TransferStatus status;
+  absl::MutexLock lock(&mu_);
+  FillStatusLocked(&status);
+  return status;
+}
+
+uint64_t Record::version() const {
+  absl::MutexLock lock(&mu_);
+  return version_;
+}
+
+void Record::AwaitChange(uint64_t seen, absl::Duration timeout) const {
+  absl::MutexLock lock(&mu_);
+  auto changed = [this, seen]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return version_ != seen || state_ >= v1::TRANSFER_STATE_SUCCEEDED;
+  };
+  mu_.AwaitWithTimeout(absl::Condition(&changed), timeout);
+}
+
+std::vector<uint32_t> Record::LayersDone() const {
+  absl::MutexLock lock(&mu_);
+  return layers_done_;
+}
+
+}  // namespace kvrail::transfers

@@ -1,0 +1,108 @@
+// Internal to the transfers module: one transfer's state, shared by the manager (requests,
+// watches) and the engine (tile reports).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "daemon/common/clock.h"
+#include "daemon/engine/engine.h"
+#include "daemon/planner/planner.h"
+#include "daemon/regions/regions.h"
+#include "proto/kvrail/v1/transfer.pb.h"
+
+namespace kvrail::transfers {
+
+// Counters shared by all records of one manager. Thread-safe (guarded by `mu`).
+struct Counters {
+  mutable absl::Mutex mu;
+  uint64_t submitted ABSL_GUARDED_BY(mu) = 0;
+  uint64_t succeeded ABSL_GUARDED_BY(mu) = 0;
+  uint64_t failed ABSL_GUARDED_BY(mu) = 0;
+  uint64_t cancelled ABSL_GUARDED_BY(mu) = 0;
+  uint64_t active ABSL_GUARDED_BY(mu) = 0;
+  uint64_t bytes_moved ABSL_GUARDED_BY(mu) = 0;
+  std::map<std::string, uint64_t> bytes_by_path ABSL_GUARDED_BY(mu);
+};
+
+// Thread-safe: every mutable field is guarded by mu_. `version_` grows with every change so
+// watchers can wait for "anything new".
+class Record final : public engine::Job {
+ public:
+  Record(uint64_t id, v1::TransferSpec spec, std::shared_ptr<regions::Region> src,
+         std::shared_ptr<regions::Region> dst, planner::Plan plan, engine::PriorityClass priority,
+         v1::Path path, std::string path_reason, std::string engine_name,
+         std::optional<absl::Time> deadline, std::shared_ptr<Counters> counters, Clock* clock);
+  ~Record() override;
+
+  uint64_t id() const { return id_; }
+  const std::optional<absl::Time>& deadline() const { return deadline_; }
+  bool layerwise() const { return layerwise_; }
+
+  // engine::Job
+  const planner::Plan& plan() const override { return plan_; }
+  const uint8_t* src_base() const override { return src_->data(); }
+  uint8_t* dst_base() const override { return dst_->data(); }
+  engine::PriorityClass priority() const override { return priority_; }
+  void OnTileStart(uint32_t tile) override;
+  void OnTileDone(uint32_t tile, const absl::Status& status) override;
+
+  // Tiles to hand to the engine now (all for bulk transfers, none for layer-wise ones); counts
+  // them as enqueued.
+  std::vector<uint32_t> TakeInitialTiles();
+  // Marks layers ready (transfer numbering) and returns their tiles, counted as enqueued. Layers
+  // already marked contribute nothing.
+  absl::StatusOr<std::vector<uint32_t>> MarkReady(uint32_t layer_begin, uint32_t layer_count);
+  // Asks the transfer to end with `status` (CANCELLED for a cancel); `removed` tiles were taken
+  // off the engine queue and will never report. Returns false when it had already ended.
+  bool RequestEnd(const absl::Status& status, size_t removed);
+  bool IsFinal() const;
+
+  v1::TransferStatus Status() const;
+  uint64_t version() const;
+  // Blocks until version() != `seen` or the state is final, or `timeout` passes.
+  void AwaitChange(uint64_t seen, absl::Duration timeout) const;
+  // Layers completed so far, in completion order.
+  std::vector<uint32_t> LayersDone() const;
+
+ private:
+  void MaybeFinishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FillStatusLocked(v1::TransferStatus* status) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const uint64_t id_;
+  const v1::TransferSpec spec_;  // block ids stripped
+  const std::shared_ptr<regions::Region> src_;
+  const std::shared_ptr<regions::Region> dst_;
+  const planner::Plan plan_;
+  const engine::PriorityClass priority_;
+  const v1::Path path_;
+  const std::string path_reason_;
+  const std::string engine_name_;
+  const std::optional<absl::Time> deadline_;
+  const bool layerwise_;
+  const std::shared_ptr<Counters> counters_;
+  Clock* const clock_;
+  const int64_t submitted_us_;
+
+  mutable absl::Mutex mu_;
+  v1::TransferState state_ ABSL_GUARDED_BY(mu_) = v1::TRANSFER_STATE_QUEUED;
+  uint64_t version_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t bytes_done_ ABSL_GUARDED_BY(mu_) = 0;
+  uint32_t tiles_done_ ABSL_GUARDED_BY(mu_) = 0;
+  uint32_t tiles_enqueued_ ABSL_GUARDED_BY(mu_) = 0;
+  uint32_t tiles_reported_ ABSL_GUARDED_BY(mu_) = 0;  // done, failed or removed from the queue
+  std::vector<uint32_t> layer_tiles_left_ ABSL_GUARDED_BY(mu_);
+  std::vector<bool> layer_ready_ ABSL_GUARDED_BY(mu_);
+  std::vector<uint32_t> layers_done_ ABSL_GUARDED_BY(mu_);
+  std::optional<absl::Status> end_request_ ABSL_GUARDED_BY(mu_);
+  int64_t started_us_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t finished_us_ ABSL_GUARDED_BY(mu_) = 0;
+  bool uses_released_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace kvrail::transfers

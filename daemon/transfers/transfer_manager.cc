@@ -1,0 +1,361 @@
+#include <deque>
+#include <thread>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "daemon/common/status.h"
+#include "daemon/transfers/record.h"
+#include "daemon/transfers/transfers.h"
+#include "spdlog/spdlog.h"
+
+namespace kvrail::transfers {
+namespace {
+
+engine::PriorityClass ToClass(v1::Priority p) {
+  switch (p) {
+    case v1::PRIORITY_CRITICAL: return engine::PriorityClass::kCritical;
+    case v1::PRIORITY_BACKGROUND: return engine::PriorityClass::kBackground;
+    default: return engine::PriorityClass::kNormal;
+  }
+}
+
+absl::Status CheckLocalNode(const v1::TransferEndpoint& ep, const std::string& node_id,
+                            const char* field) {
+  if (!ep.node_id().empty() && ep.node_id() != node_id) {
+    return absl::UnimplementedError(absl::StrCat(
+        field, ".node_id: '", ep.node_id(), "' is another node; this daemon (node '", node_id,
+        "') has no fabric path configured"));
+  }
+  return absl::OkStatus();
+}
+
+class TransferManagerImpl final : public TransferManager {
+ public:
+  TransferManagerImpl(regions::RegionTable* regions, engine::Engine* engine, Clock* clock,
+                      const Options& options)
+      : regions_(regions),
+        engine_(engine),
+        clock_(clock),
+        options_(options),
+        counters_(std::make_shared<Counters>()),
+        next_id_(static_cast<uint64_t>(clock->NowUnixMicros())) {
+    deadline_thread_ = std::thread([this] { DeadlineLoop(); });
+  }
+
+  ~TransferManagerImpl() override {
+    {
+      absl::MutexLock lock(&mu_);
+      stopping_ = true;
+    }
+    deadline_thread_.join();
+  }
+
+  absl::StatusOr<v1::SubmitTransferResponse> Submit(const v1::TransferSpec& spec) override {
+    {
+      absl::MutexLock lock(&mu_);
+      if (draining_) return absl::UnavailableError("the daemon is draining; submit elsewhere");
+      if (!spec.idempotency_key().empty()) {
+        auto it = by_key_.find(spec.idempotency_key());
+        if (it != by_key_.end()) {
+          auto rec = records_.find(it->second);
+          if (rec != records_.end()) {
+            v1::SubmitTransferResponse response;
+            response.set_transfer_id(it->second);
+            response.set_deduplicated(true);
+            response.set_bytes_total(rec->second->plan().bytes_total());
+            response.set_tiles_total(rec->second->plan().num_tiles());
+            return response;
+          }
+        }
+      }
+    }
+    RETURN_IF_ERROR(CheckLocalNode(spec.src(), options_.node_id, "spec.src"));
+    RETURN_IF_ERROR(CheckLocalNode(spec.dst(), options_.node_id, "spec.dst"));
+    if (!v1::Priority_IsValid(spec.priority())) {
+      return absl::InvalidArgumentError(absl::StrCat("spec.priority: unknown value ", spec.priority()));
+    }
+    auto src = regions_->Get(spec.src().region_id());
+    if (!src.ok()) {
+      return absl::NotFoundError(absl::StrCat("spec.src.region_id: ", src.status().message()));
+    }
+    auto dst = regions_->Get(spec.dst().region_id());
+    if (!dst.ok()) {
+      return absl::NotFoundError(absl::StrCat("spec.dst.region_id: ", dst.status().message()));
+    }
+    planner::PlanOptions plan_options;
+    plan_options.tile_bytes = options_.tile_bytes;
+    ASSIGN_OR_RETURN(planner::Plan plan,
+                     planner::MakePlan(spec, (*src)->view(), (*dst)->view(), plan_options));
+    std::optional<absl::Time> deadline;
+    if (spec.timeout_ms() > 0) deadline = clock_->Now() + absl::Milliseconds(spec.timeout_ms());
+
+    absl::MutexLock lock(&mu_);
+    if (draining_) return absl::UnavailableError("the daemon is draining; submit elsewhere");
+    if (!spec.idempotency_key().empty() && by_key_.contains(spec.idempotency_key())) {
+      // A concurrent submit with the same key won the race; answer with its transfer.
+      const uint64_t id = by_key_[spec.idempotency_key()];
+      v1::SubmitTransferResponse response;
+      response.set_transfer_id(id);
+      response.set_deduplicated(true);
+      response.set_bytes_total(plan.bytes_total());
+      response.set_tiles_total(plan.num_tiles());
+      return response;
+    }
+    {
+      absl::MutexLock c(&counters_->mu);
+      ++counters_->submitted;
+      ++counters_->active;
+    }
+    const uint64_t id = next_id_++;
+    auto record = std::make_shared<Record>(
+        id, spec, *std::move(src), *std::move(dst), std::move(plan), ToClass(spec.priority()),
+        v1::PATH_HOST_LOCAL, "source and destination are host memory of this node",
+        engine_->name(), deadline, counters_, clock_);
+    records_[id] = record;
+    order_.push_back(id);
+    if (!spec.idempotency_key().empty()) by_key_[spec.idempotency_key()] = id;
+    TrimHistoryLocked();
+    engine_->Enqueue(record, record->TakeInitialTiles());
+    v1::SubmitTransferResponse response;
+    response.set_transfer_id(id);
+    response.set_bytes_total(record->plan().bytes_total());
+    response.set_tiles_total(record->plan().num_tiles());
+    spdlog::info("transfer {} accepted: {} bytes, {} tiles, {}", id, record->plan().bytes_total(),
+                 record->plan().num_tiles(), record->plan().Describe());
+    return response;
+  }
+
+  absl::StatusOr<v1::TransferStatus> Get(uint64_t id) const override {
+    ASSIGN_OR_RETURN(auto record, Find(id));
+    return record->Status();
+  }
+
+  absl::StatusOr<v1::TransferStatus> Wait(uint64_t id, absl::Duration timeout) const override {
+    ASSIGN_OR_RETURN(auto record, Find(id));
+    const absl::Time until = absl::Now() + timeout;
+    while (!record->IsFinal()) {
+      const absl::Duration left = until - absl::Now();
+      if (left <= absl::ZeroDuration()) break;
+      record->AwaitChange(record->version(), std::min(left, absl::Milliseconds(200)));
+    }
+    return record->Status();
+  }
+
+  absl::Status Watch(uint64_t id, absl::Duration min_interval,
+                     const std::function<bool(const v1::TransferEvent&)>& sink) const override {
+    ASSIGN_OR_RETURN(auto record, Find(id));
+    uint64_t seen = record->version();
+    v1::TransferEvent event;
+    event.set_kind(v1::TransferEvent::KIND_SNAPSHOT);
+    *event.mutable_status() = record->Status();
+    v1::TransferState last_state = event.status().state();
+    uint64_t last_bytes = event.status().bytes_done();
+    size_t layers_sent = record->LayersDone().size();
+    absl::Time last_progress = absl::Now();
+    if (!sink(event)) return absl::OkStatus();
+    while (last_state < v1::TRANSFER_STATE_SUCCEEDED) {
+      record->AwaitChange(seen, absl::Milliseconds(100));
+      seen = record->version();
+      v1::TransferStatus status = record->Status();
+      const std::vector<uint32_t> layers = record->LayersDone();
+      for (; layers_sent < layers.size(); ++layers_sent) {
+        v1::TransferEvent layer_event;
+        layer_event.set_kind(v1::TransferEvent::KIND_LAYER_DONE);
+        layer_event.set_layer(status.spec().src().layer_begin() + layers[layers_sent]);
+        *layer_event.mutable_status() = status;
+        if (!sink(layer_event)) return absl::OkStatus();
+      }
+      v1::TransferEvent next;
+      *next.mutable_status() = status;
+      if (status.state() != last_state) {
+        next.set_kind(v1::TransferEvent::KIND_STATE);
+        last_state = status.state();
+      } else if (status.bytes_done() != last_bytes && absl::Now() - last_progress >= min_interval) {
+        next.set_kind(v1::TransferEvent::KIND_PROGRESS);
+      } else {
+        continue;
+      }
+      last_bytes = status.bytes_done();
+      last_progress = absl::Now();
+      if (!sink(next)) return absl::OkStatus();
+    }
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<v1::TransferStatus> Cancel(uint64_t id) override {
+    ASSIGN_OR_RETURN(auto record, Find(id));
+    End(record, absl::CancelledError("cancelled by a client"));
+    return record->Status();
+  }
+
+  absl::Status MarkReady(uint64_t id, uint32_t layer_begin, uint32_t layer_count) override {
+    ASSIGN_OR_RETURN(auto record, Find(id));
+    ASSIGN_OR_RETURN(std::vector<uint32_t> tiles,
+                     record->MarkReady(layer_begin, layer_count == 0 ? 1 : layer_count));
+    engine_->Enqueue(record, tiles);
+    return absl::OkStatus();
+  }
+
+  std::vector<v1::TransferStatus> List(const std::vector<v1::TransferState>& states,
+                                       uint32_t limit) const override {
+    if (limit == 0) limit = 100;
+    std::vector<std::shared_ptr<Record>> newest;
+    {
+      absl::MutexLock lock(&mu_);
+      for (auto it = order_.rbegin(); it != order_.rend(); ++it) {
+        auto rec = records_.find(*it);
+        if (rec != records_.end()) newest.push_back(rec->second);
+      }
+    }
+    std::vector<v1::TransferStatus> out;
+    for (const auto& record : newest) {
+      if (out.size() >= limit) break;
+      v1::TransferStatus status = record->Status();
+      if (!states.empty() &&
+          std::find(states.begin(), states.end(), status.state()) == states.end()) {
+        continue;
+      }
+      out.push_back(std::move(status));
+    }
+    return out;
+  }
+
+  void FillStats(v1::Stats* stats) const override {
+    {
+      absl::MutexLock c(&counters_->mu);
+      stats->set_transfers_submitted(counters_->submitted);
+      stats->set_transfers_succeeded(counters_->succeeded);
+      stats->set_transfers_failed(counters_->failed);
+      stats->set_transfers_cancelled(counters_->cancelled);
+      stats->set_transfers_active(counters_->active);
+      stats->set_bytes_moved(counters_->bytes_moved);
+      for (const auto& [path, bytes] : counters_->bytes_by_path) {
+        (*stats->mutable_bytes_by_path())[path] = bytes;
+      }
+    }
+    const std::vector<uint64_t> queued = engine_->QueuedTiles();
+    for (int c = 0; c < engine::kNumPriorityClasses; ++c) {
+      (*stats->mutable_queued_tiles())[engine::PriorityClassName(
+          static_cast<engine::PriorityClass>(c))] = queued[c];
+    }
+    stats->add_engines(engine_->Describe());
+    absl::MutexLock lock(&mu_);
+    stats->set_draining(draining_);
+  }
+
+  void CheckDeadlines() override {
+    const absl::Time now = clock_->Now();
+    std::vector<std::shared_ptr<Record>> late;
+    {
+      absl::MutexLock lock(&mu_);
+      for (const auto& [id, record] : records_) {
+        if (record->deadline().has_value() && *record->deadline() <= now && !record->IsFinal()) {
+          late.push_back(record);
+        }
+      }
+    }
+    for (const auto& record : late) {
+      End(record, absl::DeadlineExceededError("the transfer's deadline (spec.timeout_ms) passed"));
+    }
+  }
+
+  void Drain(absl::Duration timeout) override {
+    {
+      absl::MutexLock lock(&mu_);
+      draining_ = true;
+    }
+    const absl::Time until = absl::Now() + timeout;
+    while (absl::Now() < until && ActiveCount() > 0) absl::SleepFor(absl::Milliseconds(5));
+    std::vector<std::shared_ptr<Record>> open = Open();
+    for (const auto& record : open) {
+      End(record, absl::UnavailableError("the daemon shut down before the transfer finished"));
+    }
+    // Running tiles report soon; wait for them so nothing writes after we return.
+    for (const auto& record : open) {
+      while (!record->IsFinal()) record->AwaitChange(record->version(), absl::Milliseconds(50));
+    }
+  }
+
+ private:
+  absl::StatusOr<std::shared_ptr<Record>> Find(uint64_t id) const {
+    absl::MutexLock lock(&mu_);
+    auto it = records_.find(id);
+    if (it == records_.end()) {
+      return absl::NotFoundError(absl::StrCat("transfer_id: no transfer ", id));
+    }
+    return it->second;
+  }
+
+  void End(const std::shared_ptr<Record>& record, const absl::Status& why) {
+    if (record->IsFinal()) return;
+    const size_t removed = engine_->Remove(record.get());
+    if (record->RequestEnd(why, removed)) {
+      spdlog::info("transfer {} ending: {}", record->id(), why.ToString());
+    }
+  }
+
+  uint64_t ActiveCount() const {
+    absl::MutexLock c(&counters_->mu);
+    return counters_->active;
+  }
+
+  std::vector<std::shared_ptr<Record>> Open() const {
+    std::vector<std::shared_ptr<Record>> open;
+    absl::MutexLock lock(&mu_);
+    for (const auto& [id, record] : records_) {
+      if (!record->IsFinal()) open.push_back(record);
+    }
+    return open;
+  }
+
+  // Forgets the oldest ended transfers beyond the history size (running ones are kept).
+  void TrimHistoryLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    while (order_.size() > options_.history) {
+      const uint64_t oldest = order_.front();
+      auto it = records_.find(oldest);
+      if (it != records_.end() && !it->second->IsFinal()) break;
+      if (it != records_.end()) {
+        const std::string& key = it->second->Status().spec().idempotency_key();
+        if (!key.empty()) by_key_.erase(key);
+        records_.erase(it);
+      }
+      order_.pop_front();
+    }
+  }
+
+  void DeadlineLoop() {
+    absl::MutexLock lock(&mu_);
+    while (!stopping_) {
+      mu_.AwaitWithTimeout(absl::Condition(&stopping_), absl::Milliseconds(5));
+      if (stopping_) break;
+      mu_.Unlock();
+      CheckDeadlines();
+      mu_.Lock();
+    }
+  }
+
+  regions::RegionTable* const regions_;
+  engine::Engine* const engine_;
+  Clock* const clock_;
+  const Options options_;
+  const std::shared_ptr<Counters> counters_;
+
+  mutable absl::Mutex mu_;
+  uint64_t next_id_ ABSL_GUARDED_BY(mu_);
+  bool draining_ ABSL_GUARDED_BY(mu_) = false;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  absl::flat_hash_map<uint64_t, std::shared_ptr<Record>> records_ ABSL_GUARDED_BY(mu_);
+  std::deque<uint64_t> order_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, uint64_t> by_key_ ABSL_GUARDED_BY(mu_);
+  std::thread deadline_thread_;
+};
+
+}  // namespace
+
+std::unique_ptr<TransferManager> TransferManager::Create(regions::RegionTable* regions,
+                                                         engine::Engine* engine, Clock* clock,
+                                                         const Options& options) {
+  return std::make_unique<TransferManagerImpl>(regions, engine, clock, options);
+}
+
+}  // namespace kvrail::transfers

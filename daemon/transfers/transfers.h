@@ -1,0 +1,60 @@
+// Transfers: accepts requests, plans them, hands tiles to an engine, tracks progress, deadlines,
+// cancellation and history, and serves waits and watches.
+//
+// All-or-error: a transfer is validated and planned before any tile is queued; once it reaches a
+// final state no tile of it runs any more (a cancel or failure waits for running tiles to report).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "daemon/common/clock.h"
+#include "daemon/engine/engine.h"
+#include "daemon/regions/regions.h"
+#include "proto/kvrail/v1/admin.pb.h"
+#include "proto/kvrail/v1/transfer.pb.h"
+
+namespace kvrail::transfers {
+
+struct Options {
+  std::string node_id;
+  uint64_t tile_bytes = 1 << 20;
+  uint32_t history = 10000;
+};
+
+// Thread-safe. Destroy only after the engine has stopped reporting (drain first).
+class TransferManager {
+ public:
+  virtual ~TransferManager() = default;
+  static std::unique_ptr<TransferManager> Create(regions::RegionTable* regions,
+                                                 engine::Engine* engine, Clock* clock,
+                                                 const Options& options);
+
+  virtual absl::StatusOr<v1::SubmitTransferResponse> Submit(const v1::TransferSpec& spec) = 0;
+  virtual absl::StatusOr<v1::TransferStatus> Get(uint64_t id) const = 0;
+  // Returns when the transfer ends or after `timeout` (the current status then).
+  virtual absl::StatusOr<v1::TransferStatus> Wait(uint64_t id, absl::Duration timeout) const = 0;
+  // Calls `sink` with a snapshot, then with every event until the final state. Stops early, OK,
+  // when `sink` returns false (the watcher went away).
+  virtual absl::Status Watch(uint64_t id, absl::Duration min_interval,
+                             const std::function<bool(const v1::TransferEvent&)>& sink) const = 0;
+  virtual absl::StatusOr<v1::TransferStatus> Cancel(uint64_t id) = 0;
+  virtual absl::Status MarkReady(uint64_t id, uint32_t layer_begin, uint32_t layer_count) = 0;
+  // Newest first; `states` empty means all.
+  virtual std::vector<v1::TransferStatus> List(const std::vector<v1::TransferState>& states,
+                                               uint32_t limit) const = 0;
+  virtual void FillStats(v1::Stats* stats) const = 0;
+  // Fails transfers whose deadline has passed (by the injected clock). A background thread calls
+  // it; tests may call it directly.
+  virtual void CheckDeadlines() = 0;
+  // Refuses new transfers, lets running ones finish for up to `timeout`, then fails the rest with
+  // UNAVAILABLE and waits until none of their tiles runs.
+  virtual void Drain(absl::Duration timeout) = 0;
+};
+
+}  // namespace kvrail::transfers
