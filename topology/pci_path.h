@@ -14,7 +14,7 @@ namespace kvrail::topology::internal {
 double PcieGbps(int gen, int width);
 
 struct PciPath {
-  ::kvrail::v1::PathClass path_class = ::kvrail::v1::PATH_UNSPECIFIED;
+  ::kvrail::v1::PathClass path_class = ::kvrail::v1::PATH_CLASS_UNSPECIFIED;
   double bandwidth_gbps = 0;  // narrowest known link on the path
   std::string why;
 };
