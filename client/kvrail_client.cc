@@ -80,7 +80,7 @@ absl::Status FromGrpcStatus(const grpc::Status& status) {
 absl::StatusOr<std::unique_ptr<HostBuffer>> HostBuffer::Create(size_t bytes,
                                                                const std::string& name) {
   if (bytes == 0) return absl::InvalidArgumentError("host buffer size must be > 0");
-  internal::UniqueFd fd(::memfd_create(name.c_str(), MFD_CLOEXEC));
+  internal::UniqueFd fd(::memfd_create(name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING));
   if (!fd.valid()) return ErrnoError("memfd_create");
   if (::ftruncate(fd.get(), static_cast<off_t>(bytes)) != 0) {
     return ErrnoError(absl::StrCat("ftruncate(memfd, ", bytes, ")"));
@@ -122,12 +122,12 @@ class Client::Impl {
     absl::MutexLock lock(&session_mu_);
     if (session_ == nullptr) {
       if (unix_path_.empty()) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "host buffers are shared over kvraild's unix session socket; target ", target_,
-            " is TCP (connect with the unix socket path)"));
+        return absl::FailedPreconditionError(
+            absl::StrCat("host buffers are shared over kvraild's unix session socket; target ",
+                         target_, " is TCP (connect with the unix socket path)"));
       }
-      ASSIGN_OR_RETURN(session_, internal::SessionConnection::Open(
-                                     internal::SessionSocketPath(unix_path_)));
+      ASSIGN_OR_RETURN(session_,
+                       internal::SessionConnection::Open(internal::SessionSocketPath(unix_path_)));
     }
     return session_.get();
   }
@@ -141,7 +141,7 @@ const std::string& Client::grpc_target() const { return impl_->grpc_target_; }
 const std::string& Client::unix_socket_path() const { return impl_->unix_path_; }
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& target,
-                                                         absl::Duration probe_timeout) {
+                                                        absl::Duration probe_timeout) {
   if (target.empty()) return absl::InvalidArgumentError("empty kvraild target");
   ParsedTarget parsed = ParseTarget(target);
   const std::string where = parsed.unix_path.empty()
@@ -175,8 +175,8 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& targe
   v1::Stats stats;
   const grpc::Status status = impl->admin_->GetStats(&context, v1::GetStatsRequest(), &stats);
   if (!status.ok()) {
-    return absl::UnavailableError(absl::StrCat(where, " is not answering: ",
-                                               status.error_message(), kHint));
+    return absl::UnavailableError(
+        absl::StrCat(where, " is not answering: ", status.error_message(), kHint));
   }
   return std::unique_ptr<Client>(new Client(std::move(impl)));
 }
@@ -194,9 +194,8 @@ absl::StatusOr<v1::RegionInfo> Client::RegisterHostBuffer(const HostBuffer& buff
                                                           v1::RegionSpec spec) {
   const uint64_t offset = spec.share().offset();
   if (offset >= buffer.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("spec.share.offset ", offset,
-                                                   " is beyond the host buffer (",
-                                                   buffer.size(), " bytes)"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "spec.share.offset ", offset, " is beyond the host buffer (", buffer.size(), " bytes)"));
   }
   if (spec.memory_kind() == v1::MEMORY_KIND_UNSPECIFIED) {
     spec.set_memory_kind(v1::MEMORY_KIND_HOST);
@@ -225,8 +224,7 @@ absl::StatusOr<v1::RegionInfo> Client::RegisterRegion(v1::RegionSpec spec, uint6
       if (::fstat(fd.get(), &st) != 0) return ErrnoError("fstat(shm)");
       const uint64_t size = static_cast<uint64_t>(st.st_size);
       if (spec.share().offset() >= size) {
-        return absl::InvalidArgumentError(absl::StrCat("spec.share.offset ",
-                                                       spec.share().offset(),
+        return absl::InvalidArgumentError(absl::StrCat("spec.share.offset ", spec.share().offset(),
                                                        " is beyond shm object (", size, " bytes)"));
       }
       spec.set_size_bytes(size - spec.share().offset());
@@ -238,8 +236,7 @@ absl::StatusOr<v1::RegionInfo> Client::RegisterRegion(v1::RegionSpec spec, uint6
   v1::RegisterRegionResponse response;
   grpc::ClientContext context;
   SetDeadline(&context, kUnaryDeadline);
-  RETURN_IF_ERROR(
-      FromGrpcStatus(impl_->transfer_->RegisterRegion(&context, request, &response)));
+  RETURN_IF_ERROR(FromGrpcStatus(impl_->transfer_->RegisterRegion(&context, request, &response)));
   return std::move(*response.mutable_region());
 }
 
@@ -258,8 +255,7 @@ absl::StatusOr<v1::SubmitTransferResponse> Client::Submit(const v1::TransferSpec
   v1::SubmitTransferResponse response;
   grpc::ClientContext context;
   SetDeadline(&context, kUnaryDeadline);
-  RETURN_IF_ERROR(
-      FromGrpcStatus(impl_->transfer_->SubmitTransfer(&context, request, &response)));
+  RETURN_IF_ERROR(FromGrpcStatus(impl_->transfer_->SubmitTransfer(&context, request, &response)));
   return response;
 }
 
@@ -279,8 +275,8 @@ absl::StatusOr<v1::TransferStatus> Client::Wait(uint64_t transfer_id, absl::Dura
   grpc::ClientContext context;
   if (timeout > absl::ZeroDuration() && timeout != absl::InfiniteDuration()) {
     // Round up so that a sub-millisecond timeout does not become "forever" (0).
-    request.set_timeout_ms(static_cast<uint64_t>(absl::ToInt64Milliseconds(
-        timeout + absl::Milliseconds(1) - absl::Nanoseconds(1))));
+    request.set_timeout_ms(static_cast<uint64_t>(
+        absl::ToInt64Milliseconds(timeout + absl::Milliseconds(1) - absl::Nanoseconds(1))));
     SetDeadline(&context, timeout + kWaitSlack);
   }
   v1::TransferStatus response;
@@ -294,8 +290,7 @@ absl::StatusOr<v1::TransferStatus> Client::Cancel(uint64_t transfer_id) {
   v1::TransferStatus response;
   grpc::ClientContext context;
   SetDeadline(&context, kUnaryDeadline);
-  RETURN_IF_ERROR(
-      FromGrpcStatus(impl_->transfer_->CancelTransfer(&context, request, &response)));
+  RETURN_IF_ERROR(FromGrpcStatus(impl_->transfer_->CancelTransfer(&context, request, &response)));
   return response;
 }
 
@@ -343,8 +338,8 @@ absl::StatusOr<v1::ListRegionsResponse> Client::ListRegions() {
   v1::ListRegionsResponse response;
   grpc::ClientContext context;
   SetDeadline(&context, kUnaryDeadline);
-  RETURN_IF_ERROR(FromGrpcStatus(
-      impl_->admin_->ListRegions(&context, v1::ListRegionsRequest(), &response)));
+  RETURN_IF_ERROR(
+      FromGrpcStatus(impl_->admin_->ListRegions(&context, v1::ListRegionsRequest(), &response)));
   return response;
 }
 
@@ -382,8 +377,8 @@ absl::StatusOr<v1::GetTopologyResponse> Client::GetTopology() {
   v1::GetTopologyResponse response;
   grpc::ClientContext context;
   SetDeadline(&context, kUnaryDeadline);
-  RETURN_IF_ERROR(FromGrpcStatus(
-      impl_->admin_->GetTopology(&context, v1::GetTopologyRequest(), &response)));
+  RETURN_IF_ERROR(
+      FromGrpcStatus(impl_->admin_->GetTopology(&context, v1::GetTopologyRequest(), &response)));
   return response;
 }
 

@@ -73,8 +73,7 @@ class Client {
   // Probes the daemon with GetStats (deadline `probe_timeout`); UNAVAILABLE naming the socket
   // when it does not answer.
   static absl::StatusOr<std::unique_ptr<Client>> Connect(
-      const std::string& target = DefaultTarget(),
-      absl::Duration probe_timeout = absl::Seconds(3));
+      const std::string& target = DefaultTarget(), absl::Duration probe_timeout = absl::Seconds(3));
   ~Client();
   Client(const Client&) = delete;
   Client& operator=(const Client&) = delete;

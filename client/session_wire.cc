@@ -9,11 +9,11 @@
 
 #include <utility>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
-#include "absl/strings/ascii.h"
 #include "absl/synchronization/mutex.h"
 
 namespace kvrail::client::internal {
@@ -45,8 +45,8 @@ class SessionConnectionImpl final : public SessionConnection {
     absl::StatusOr<std::string> answer = ReceivePacket(sock_.get());
     if (!answer.ok()) {
       return absl::Status(answer.status().code(),
-                          absl::StrCat("session socket ", path_, ": waiting for the token: ",
-                                       answer.status().message()));
+                          absl::StrCat("session socket ", path_,
+                                       ": waiting for the token: ", answer.status().message()));
     }
     // Tolerate a trailing newline or NUL from a daemon written with C strings.
     absl::string_view text = absl::StripTrailingAsciiWhitespace(answer->c_str());
@@ -59,8 +59,8 @@ class SessionConnectionImpl final : public SessionConnection {
       return absl::FailedPreconditionError(
           absl::StrCat("kvraild refused the fd (session ", id_, "): ", text));
     }
-    return absl::InternalError(absl::StrCat("session socket ", path_,
-                                            ": unexpected answer to FD: \"", *answer, "\""));
+    return absl::InternalError(
+        absl::StrCat("session socket ", path_, ": unexpected answer to FD: \"", *answer, "\""));
   }
 
  private:
@@ -193,8 +193,8 @@ absl::StatusOr<std::unique_ptr<SessionConnection>> SessionConnection::Open(
   if (!sock.valid()) return ErrnoStatus("socket(AF_UNIX, SOCK_SEQPACKET)", errno);
   struct timeval tv;
   tv.tv_sec = static_cast<time_t>(absl::ToInt64Seconds(timeout));
-  tv.tv_usec = static_cast<suseconds_t>(
-      absl::ToInt64Microseconds(timeout - absl::Seconds(tv.tv_sec)));
+  tv.tv_usec =
+      static_cast<suseconds_t>(absl::ToInt64Microseconds(timeout - absl::Seconds(tv.tv_sec)));
   ::setsockopt(sock.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
   ::setsockopt(sock.get(), SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
   if (::connect(sock.get(), reinterpret_cast<struct sockaddr*>(&addr), sizeof(addr)) != 0) {
@@ -204,10 +204,10 @@ absl::StatusOr<std::unique_ptr<SessionConnection>> SessionConnection::Open(
   }
   absl::StatusOr<std::string> greeting = ReceivePacket(sock.get());
   if (!greeting.ok()) {
-    return absl::Status(greeting.status().code(),
-                        absl::StrCat("session socket ", session_socket_path,
-                                     ": waiting for the SESSION greeting: ",
-                                     greeting.status().message()));
+    return absl::Status(
+        greeting.status().code(),
+        absl::StrCat("session socket ", session_socket_path,
+                     ": waiting for the SESSION greeting: ", greeting.status().message()));
   }
   absl::string_view text = absl::StripTrailingAsciiWhitespace(greeting->c_str());
   uint64_t id = 0;

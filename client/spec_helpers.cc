@@ -25,8 +25,8 @@ absl::StatusOr<uint32_t> ParseBlockId(absl::string_view text, absl::string_view 
   }
   uint64_t value = 0;
   if (!absl::SimpleAtoi(text, &value) || value > std::numeric_limits<uint32_t>::max()) {
-    return absl::InvalidArgumentError(absl::StrCat("block list item \"", item, "\": ", text,
-                                                   " is larger than 4294967295"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("block list item \"", item, "\": ", text, " is larger than 4294967295"));
   }
   return static_cast<uint32_t>(value);
 }
@@ -57,9 +57,8 @@ absl::StatusOr<std::vector<uint32_t>> ParseBlockList(absl::string_view text, siz
       absl::StatusOr<uint32_t> hi = ParseBlockId(item.substr(dash + 1), item);
       if (!hi.ok()) return hi.status();
       if (*hi < *lo) {
-        return absl::InvalidArgumentError(absl::StrCat("block list item \"", item,
-                                                       "\": range end ", *hi,
-                                                       " is below its start ", *lo));
+        return absl::InvalidArgumentError(absl::StrCat("block list item \"", item, "\": range end ",
+                                                       *hi, " is below its start ", *lo));
       }
       first = *lo;
       last = *hi;
@@ -114,7 +113,8 @@ uint32_t DTypeSize(v1::DType dtype) {
 absl::StatusOr<PagedStrides> ResolveStrides(const v1::PagedKvLayout& layout) {
   PagedStrides s;
   s.dtype_size = DTypeSize(layout.dtype());
-  if (s.dtype_size == 0) return absl::InvalidArgumentError("paged_kv.dtype: unspecified or unknown");
+  if (s.dtype_size == 0)
+    return absl::InvalidArgumentError("paged_kv.dtype: unspecified or unknown");
   if (layout.num_layers() == 0 || layout.num_parts() == 0 || layout.num_blocks() == 0 ||
       layout.tokens_per_block() == 0 || layout.num_heads() == 0 || layout.head_dim() == 0) {
     return absl::InvalidArgumentError(

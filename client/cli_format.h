@@ -1,0 +1,73 @@
+// Rendering for the `kvrail` CLI: human sizes and rates, enum names, layout summaries, aligned
+// tables and the progress line. Pure functions (no I/O), so they are unit-tested directly.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "proto/kvrail/v1/admin.pb.h"
+#include "proto/kvrail/v1/region.pb.h"
+#include "proto/kvrail/v1/transfer.pb.h"
+
+namespace kvrail::client::cli {
+
+// 1536 -> "1.5 KiB"; below 1 KiB plain bytes ("512 B"). Binary units up to TiB.
+std::string HumanBytes(uint64_t bytes);
+// Decimal GB/s (10^9 bytes per second) with two decimals; "-" when seconds <= 0.
+std::string HumanRate(uint64_t bytes, double seconds);
+// "850ms", "12.3s", "4m05s", "3h12m", "2d04h"; negative durations render as "0ms".
+std::string HumanDuration(absl::Duration d);
+
+// Lower-case names without the enum prefix: "running", "critical", "host_local", "bf16".
+std::string StateName(v1::TransferState state);
+std::string PriorityName(v1::Priority priority);
+std::string PathName(v1::Path path);
+std::string DTypeName(v1::DType dtype);
+
+// "running,queued" -> states (also accepts upper case and the full enum names).
+absl::StatusOr<std::vector<v1::TransferState>> ParseStates(absl::string_view text);
+// "critical" | "normal" | "background" (case-insensitive).
+absl::StatusOr<v1::Priority> ParsePriority(absl::string_view text);
+
+// "host" or "cuda:N".
+std::string KindDevice(const v1::RegionSpec& spec);
+// "paged 32L×2P×4096B×16T×8H×128D bf16 NHD", "bytes", or "-" when no layout is set. Explicit
+// strides render as "strided" in place of the order name.
+std::string LayoutSummary(const v1::RegionSpec& spec);
+// "src region 3 [256 blocks] -> dst region 4 [256 blocks]" style one-liner of a spec's endpoints.
+std::string EndpointSummary(const v1::TransferEndpoint& endpoint);
+
+// Seconds between start and finish of an ended transfer; <= 0 when unknown.
+double TransferSeconds(const v1::TransferStatus& status);
+
+// "[#########...........]  45.2%  1.1 GiB / 2.5 GiB  3.41 GB/s  layers 12/32  running"; `width`
+// is the bar's width in cells. `rate_gbps` < 0 leaves the rate out.
+std::string ProgressLine(const v1::TransferStatus& status, uint32_t num_layers, double rate_gbps,
+                         int width = 30);
+
+// An aligned text table. Thread contract: not thread-safe (a local value).
+class Table {
+ public:
+  explicit Table(std::vector<std::string> headers);
+  // Columns listed here are right-aligned (numbers, sizes).
+  void RightAlign(size_t column);
+  void AddRow(std::vector<std::string> cells);
+  size_t rows() const { return rows_.size(); }
+  // Columns separated by two spaces, trailing spaces trimmed, '\n' after each line. Widths count
+  // UTF-8 code points, so "×" counts as one column.
+  std::string Render() const;
+
+ private:
+  std::vector<std::string> headers_;
+  std::vector<bool> right_;
+  std::vector<std::vector<std::string>> rows_;
+};
+
+// Display width of a UTF-8 string in code points.
+size_t DisplayWidth(absl::string_view text);
+
+}  // namespace kvrail::client::cli
