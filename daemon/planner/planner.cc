@@ -1,0 +1,281 @@
+// MakePlan: request validation, chunk selection (coalescing) and tiling.
+#include "daemon/planner/planner.h"
+
+#include <algorithm>
+#include <numeric>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "kernels/plan_math.h"
+
+namespace kvrail::planner {
+namespace {
+
+using Wide = unsigned __int128;
+namespace k = ::kvrail::kernels;
+
+// Largest tile; keeps every in-tile offset a 32-bit value for the kernel's fast division.
+constexpr uint64_t kMaxTileBytes = uint64_t{1} << 30;
+// Largest chunk the kernel can locate with 32-bit arithmetic.
+constexpr uint64_t kMaxChunkBytes = uint64_t{1} << 30;
+constexpr uint32_t kMaxAccessBytes = 16;
+
+absl::Status Invalid(absl::string_view field, absl::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat("spec.", field, ": ", what));
+}
+
+// Largest power of two <= 16 dividing v (v == 0 divides everything).
+uint32_t Pow2Divisor(uint64_t v) {
+  uint32_t w = kMaxAccessBytes;
+  while (w > 1 && v % w != 0) w /= 2;
+  return w;
+}
+
+// Checks block ids of one side: in range, and (for the destination) unique.
+absl::Status CheckBlockIds(const google::protobuf::RepeatedField<uint32_t>& ids, uint32_t num_blocks,
+                           absl::string_view side, bool unique) {
+  std::vector<int64_t> first_seen;
+  if (unique) first_seen.assign(num_blocks, -1);
+  for (int j = 0; j < ids.size(); ++j) {
+    const uint32_t b = ids.Get(j);
+    if (b >= num_blocks) {
+      return Invalid(absl::StrCat(side, ".block_ids[", j, "]"),
+                     absl::StrCat("block ", b, " out of range [0, ", num_blocks, ")"));
+    }
+    if (unique) {
+      if (first_seen[b] >= 0) {
+        return Invalid(absl::StrCat(side, ".block_ids[", j, "]"),
+                       absl::StrCat("block ", b, " repeats spec.", side, ".block_ids[", first_seen[b],
+                                    "]: two tokens would land on the same bytes"));
+      }
+      first_seen[b] = j;
+    }
+  }
+  return absl::OkStatus();
+}
+
+k::SideGeometry Side(const KvLayout& lay, uint32_t layer_begin, uint32_t head_begin,
+                     size_t table_blocks) {
+  k::SideGeometry g{};
+  g.origin = lay.offset + layer_begin * lay.layer_stride + head_begin * lay.head_stride;
+  g.layer_stride = lay.layer_stride;
+  g.part_stride = lay.part_stride;
+  g.block_stride = lay.block_stride;
+  g.token_stride = lay.token_stride;
+  g.head_stride = lay.head_stride;
+  g.tokens_per_block = k::MakeFastDiv(lay.tokens_per_block);
+  g.num_table_blocks = static_cast<uint32_t>(table_blocks);
+  g.layer_begin = layer_begin;
+  g.head_begin = head_begin;
+  return g;
+}
+
+void FinishTiling(k::PlanHeader& h, uint64_t tile_bytes) {
+  uint64_t t = std::min<uint64_t>(std::max<uint64_t>(tile_bytes, 1), kMaxTileBytes);
+  t = std::max<uint64_t>(t - t % h.access_bytes, h.access_bytes);
+  h.tile_bytes = t;
+  h.tiles_per_part = static_cast<uint32_t>((h.part_bytes + t - 1) / t);
+}
+
+}  // namespace
+
+TileInfo Plan::tile(uint32_t i) const {
+  const k::TileDesc d = k::TileAt(header_, i);
+  return TileInfo{d.layer, d.byte_end - d.byte_begin};
+}
+
+uint64_t Plan::num_chunks() const {
+  return k::ChunksPerPart(header_) * header_.num_layers * header_.num_parts;
+}
+
+std::string Plan::Describe() const {
+  const char* kind = "bytes";
+  switch (chunk_kind()) {
+    case k::ChunkKind::kBytes: kind = "bytes range"; break;
+    case k::ChunkKind::kHeadVector: kind = "head vector"; break;
+    case k::ChunkKind::kTokenHeads: kind = "token (heads merged)"; break;
+    case k::ChunkKind::kBlockTokens: kind = "block (tokens merged)"; break;
+  }
+  return absl::StrFormat(
+      "%d B over %d layers x %d parts; chunk %d B (%s), %d chunks -> %d contiguous runs; "
+      "%d-byte accesses; %d tiles of <= %d B (%d per layer); tables %d src + %d dst blocks",
+      header_.bytes_total, header_.num_layers, header_.num_parts, header_.chunk_bytes, kind,
+      num_chunks(), num_runs_, header_.access_bytes, header_.num_tiles, header_.tile_bytes,
+      tiles_per_layer(), src_blocks_.size(), dst_blocks_.size());
+}
+
+absl::StatusOr<Plan> MakePlan(const kvrail::v1::TransferSpec& spec, const RegionView& src,
+                              const RegionView& dst, const PlanOptions& options) {
+  if (!dst.writable) {
+    return absl::FailedPreconditionError("spec.dst.region_id: region is not writable");
+  }
+  if (src.paged != dst.paged) {
+    return Invalid("dst.region_id", absl::StrCat("source is a ", src.paged ? "paged KV" : "bytes",
+                                                 " region but destination is a ",
+                                                 dst.paged ? "paged KV" : "bytes",
+                                                 " region; they cannot be mixed"));
+  }
+  Plan plan;
+  k::PlanHeader& h = plan.header_;
+
+  if (!src.paged) {
+    const uint64_t n = spec.num_bytes();
+    if (n == 0) return Invalid("num_bytes", "must be > 0 for bytes regions");
+    if (Wide{spec.src().byte_offset()} + n > src.size_bytes) {
+      return Invalid("src.byte_offset", absl::StrCat("range [", spec.src().byte_offset(), ", +", n,
+                                                     ") exceeds the region's ", src.size_bytes, " bytes"));
+    }
+    if (Wide{spec.dst().byte_offset()} + n > dst.size_bytes) {
+      return Invalid("dst.byte_offset", absl::StrCat("range [", spec.dst().byte_offset(), ", +", n,
+                                                     ") exceeds the region's ", dst.size_bytes, " bytes"));
+    }
+    h.src.origin = spec.src().byte_offset();
+    h.dst.origin = spec.dst().byte_offset();
+    h.src.tokens_per_block = h.dst.tokens_per_block = k::MakeFastDiv(1);
+    h.chunk_kind = static_cast<uint32_t>(k::ChunkKind::kBytes);
+    h.num_layers = h.num_parts = h.num_heads = 1;
+    h.num_tokens = 1;
+    h.vector_bytes = 1;
+    h.chunk_bytes = h.part_bytes = h.bytes_total = n;
+    h.access_bytes = Pow2Divisor(h.src.origin | h.dst.origin | n);
+    h.chunk_div = k::MakeFastDiv(1);
+    h.heads_div = k::MakeFastDiv(1);
+    FinishTiling(h, options.tile_bytes);
+    h.num_tiles = h.tiles_per_part;
+    plan.num_runs_ = 1;
+    return plan;
+  }
+
+  const KvLayout& s = src.layout;
+  const KvLayout& d = dst.layout;
+  const auto& se = spec.src();
+  const auto& de = spec.dst();
+  if (s.head_dim != d.head_dim || s.dtype_bytes != d.dtype_bytes) {
+    return Invalid("dst.region_id",
+                   absl::StrCat("head vectors differ: source head_dim ", s.head_dim, " x ",
+                                s.dtype_bytes, " B, destination head_dim ", d.head_dim, " x ",
+                                d.dtype_bytes, " B"));
+  }
+  if (s.num_parts != d.num_parts) {
+    return Invalid("dst.region_id", absl::StrCat("source has ", s.num_parts,
+                                                 " parts per layer, destination ", d.num_parts));
+  }
+  // Layers.
+  if (se.layer_begin() >= s.num_layers) {
+    return Invalid("src.layer_begin", absl::StrCat(se.layer_begin(), " out of range [0, ", s.num_layers, ")"));
+  }
+  const uint32_t layers = spec.num_layers() != 0 ? spec.num_layers() : s.num_layers - se.layer_begin();
+  if (uint64_t{se.layer_begin()} + layers > s.num_layers) {
+    return Invalid("num_layers", absl::StrCat("layers [", se.layer_begin(), ", +", layers,
+                                              ") exceed the source's ", s.num_layers));
+  }
+  if (uint64_t{de.layer_begin()} + layers > d.num_layers) {
+    return Invalid("dst.layer_begin", absl::StrCat("layers [", de.layer_begin(), ", +", layers,
+                                                   ") exceed the destination's ", d.num_layers));
+  }
+  // Heads.
+  if (se.head_begin() >= s.num_heads) {
+    return Invalid("src.head_begin", absl::StrCat(se.head_begin(), " out of range [0, ", s.num_heads, ")"));
+  }
+  const uint32_t heads = spec.num_heads() != 0 ? spec.num_heads() : s.num_heads - se.head_begin();
+  if (uint64_t{se.head_begin()} + heads > s.num_heads) {
+    return Invalid("num_heads", absl::StrCat("heads [", se.head_begin(), ", +", heads,
+                                             ") exceed the source's ", s.num_heads));
+  }
+  if (uint64_t{de.head_begin()} + heads > d.num_heads) {
+    return Invalid("dst.head_begin", absl::StrCat("heads [", de.head_begin(), ", +", heads,
+                                                  ") exceed the destination's ", d.num_heads));
+  }
+  // Blocks and tokens.
+  if (se.block_ids_size() == 0) return Invalid("src.block_ids", "empty");
+  if (absl::Status st = CheckBlockIds(se.block_ids(), s.num_blocks, "src", false); !st.ok()) return st;
+  if (absl::Status st = CheckBlockIds(de.block_ids(), d.num_blocks, "dst", true); !st.ok()) return st;
+  const uint64_t src_capacity = uint64_t{static_cast<uint32_t>(se.block_ids_size())} * s.tokens_per_block;
+  const uint64_t tokens = spec.num_tokens() != 0 ? spec.num_tokens() : src_capacity;
+  if (tokens > src_capacity) {
+    return Invalid("num_tokens", absl::StrCat(tokens, " tokens need ",
+                                              (tokens + s.tokens_per_block - 1) / s.tokens_per_block,
+                                              " source blocks, ", se.block_ids_size(), " given"));
+  }
+  if (Wide{tokens} * heads > k::kFastDivMaxDividend) {
+    return Invalid("num_tokens", absl::StrCat(tokens, " tokens x ", heads,
+                                              " heads is too many for one transfer (max 2^31 - 1); split it"));
+  }
+  const uint64_t src_used = (tokens + s.tokens_per_block - 1) / s.tokens_per_block;
+  const uint64_t dst_used = (tokens + d.tokens_per_block - 1) / d.tokens_per_block;
+  if (static_cast<uint64_t>(de.block_ids_size()) < dst_used) {
+    return Invalid("dst.block_ids", absl::StrCat(tokens, " tokens need ", dst_used,
+                                                 " destination blocks of ", d.tokens_per_block,
+                                                 " tokens, ", de.block_ids_size(), " given"));
+  }
+
+  plan.src_blocks_.assign(se.block_ids().begin(), se.block_ids().begin() + src_used);
+  plan.dst_blocks_.assign(de.block_ids().begin(), de.block_ids().begin() + dst_used);
+  h.src = Side(s, se.layer_begin(), se.head_begin(), src_used);
+  h.dst = Side(d, de.layer_begin(), de.head_begin(), dst_used);
+  h.num_layers = layers;
+  h.num_parts = s.num_parts;
+  h.num_heads = heads;
+  h.num_tokens = tokens;
+  h.heads_div = k::MakeFastDiv(heads);
+  const uint64_t vec = uint64_t{s.head_dim} * s.dtype_bytes;
+  h.vector_bytes = static_cast<uint32_t>(vec);
+  const uint64_t head_run = vec * heads;
+  h.part_bytes = tokens * head_run;
+  h.bytes_total = h.part_bytes * layers * h.num_parts;
+
+  // Coalescing: the largest unit contiguous on both sides.
+  const bool heads_merge = heads == 1 || (s.head_stride == vec && d.head_stride == vec);
+  const bool tokens_merge = heads_merge && s.tokens_per_block == d.tokens_per_block &&
+                            s.tokens_per_block > 1 && s.token_stride == head_run &&
+                            d.token_stride == head_run &&
+                            head_run * s.tokens_per_block <= kMaxChunkBytes;
+  k::ChunkKind kind = k::ChunkKind::kHeadVector;
+  uint64_t chunk = vec;
+  if (tokens_merge) {
+    kind = k::ChunkKind::kBlockTokens;
+    chunk = head_run * s.tokens_per_block;
+  } else if (heads_merge && head_run <= kMaxChunkBytes) {
+    kind = k::ChunkKind::kTokenHeads;
+    chunk = head_run;
+  }
+  h.chunk_kind = static_cast<uint32_t>(kind);
+  h.chunk_bytes = chunk;
+  h.chunk_div = k::MakeFastDiv(static_cast<uint32_t>(chunk));
+
+  // Access width: divides every chunk length and start on both sides (tile cuts are rounded to
+  // it below). Only strides of dimensions that vary matter.
+  uint64_t bits = vec | h.src.origin | h.dst.origin;
+  for (const auto* g : {&h.src, &h.dst}) {
+    if (layers > 1) bits |= g->layer_stride;
+    if (h.num_parts > 1) bits |= g->part_stride;
+    bits |= g->block_stride | g->token_stride;
+    if (heads > 1) bits |= g->head_stride;
+  }
+  h.access_bytes = Pow2Divisor(bits);
+  FinishTiling(h, options.tile_bytes);
+  const Wide tiles = Wide{h.tiles_per_part} * layers * h.num_parts;
+  if (tiles > UINT32_MAX) {
+    return Invalid("num_tokens", "the transfer needs more than 2^32 tiles; raise the tile size or split it");
+  }
+  h.num_tiles = static_cast<uint32_t>(tiles);
+
+  // Contiguous runs: whole blocks whose ids are consecutive on both sides merge when blocks are
+  // packed back to back on both sides.
+  const uint64_t per_part_chunks = k::ChunksPerPart(h);
+  uint64_t runs_per_part = per_part_chunks;
+  if (kind == k::ChunkKind::kBlockTokens && s.block_stride == chunk && d.block_stride == chunk) {
+    runs_per_part = per_part_chunks == 0 ? 0 : 1;
+    for (uint64_t j = 1; j < per_part_chunks; ++j) {
+      const bool adjacent = plan.src_blocks_[j] == plan.src_blocks_[j - 1] + 1 &&
+                            plan.dst_blocks_[j] == plan.dst_blocks_[j - 1] + 1;
+      if (!adjacent) ++runs_per_part;
+    }
+  }
+  plan.num_runs_ = runs_per_part * layers * h.num_parts;
+  return plan;
+}
+
+}  // namespace kvrail::planner

@@ -1,0 +1,112 @@
+// The planner: turns a validated transfer request into a compact plan (kernels/device_abi.h) and
+// executes plans on the host (the "host twin" of the CUDA kernel). Pure: no I/O, no CUDA, no
+// clocks. Everything a transfer could get wrong is rejected here, before anything moves: every
+// byte a plan touches lies inside its region.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "kernels/device_abi.h"
+#include "proto/kvrail/v1/region.pb.h"
+#include "proto/kvrail/v1/transfer.pb.h"
+
+namespace kvrail::planner {
+
+// A paged KV layout with every value resolved (strides derived when the proto gave none).
+struct KvLayout {
+  uint32_t num_layers = 0;
+  uint32_t num_parts = 0;
+  uint32_t num_blocks = 0;
+  uint32_t tokens_per_block = 0;
+  uint32_t num_heads = 0;
+  uint32_t head_dim = 0;
+  uint32_t dtype_bytes = 0;
+  uint64_t layer_stride = 0;
+  uint64_t part_stride = 0;
+  uint64_t block_stride = 0;
+  uint64_t token_stride = 0;
+  uint64_t head_stride = 0;
+  uint64_t offset = 0;
+};
+
+// Resolves and validates a layout for a region of `region_size` bytes. Strides are derived from
+// `order` when all five are zero. Checks: non-zero dims, parts 1 or 2, a known dtype, strides that
+// are multiples of the dtype size, no two head vectors sharing bytes, and offset + extent <=
+// region_size. Errors are INVALID_ARGUMENT and start with `field_prefix` + the field name, e.g.
+// "spec.paged_kv.block_stride: ...".
+absl::StatusOr<KvLayout> ResolveLayout(const kvrail::v1::PagedKvLayout& proto, uint64_t region_size,
+                                       std::string_view field_prefix);
+
+// What the planner needs to know about a registered region.
+struct RegionView {
+  uint64_t size_bytes = 0;
+  bool writable = false;
+  bool paged = false;
+  KvLayout layout;  // valid when `paged`
+};
+
+struct PlanOptions {
+  // Target bytes per tile (the unit of scheduling, preemption and progress). Rounded down to the
+  // plan's access width; at most 1 GiB.
+  uint64_t tile_bytes = 1 << 20;
+};
+
+struct TileInfo {
+  uint32_t layer;  // index within the transfer, 0-based (add src.layer_begin for the source's)
+  uint64_t bytes;
+};
+
+// A compact plan: a header (geometry, strides, chunking, tiling) and the two block tables actually
+// touched. Its size is O(blocks) uint32s; tiles and chunks are computed, never stored.
+class Plan {
+ public:
+  uint64_t bytes_total() const { return header_.bytes_total; }
+  uint32_t num_tiles() const { return header_.num_tiles; }
+  // Tiles are ordered by layer: all tiles of transfer layer 0, then layer 1, ...
+  TileInfo tile(uint32_t i) const;
+  uint32_t num_layers() const { return header_.num_layers; }
+  // Tiles of each layer (equal for every layer).
+  uint32_t tiles_per_layer() const { return header_.num_parts * header_.tiles_per_part; }
+  const kernels::PlanHeader& header() const { return header_; }
+  // Block-table entries (as many as the tokens need), in token order.
+  const std::vector<uint32_t>& src_blocks() const { return src_blocks_; }
+  const std::vector<uint32_t>& dst_blocks() const { return dst_blocks_; }
+  kernels::ChunkKind chunk_kind() const { return static_cast<kernels::ChunkKind>(header_.chunk_kind); }
+  uint64_t chunk_bytes() const { return header_.chunk_bytes; }
+  // Chunks in the whole transfer, and the contiguous copies they merge into (runs of consecutive
+  // block ids adjacent on both sides merge; the host twin does exactly these copies when no tile
+  // boundary cuts a run).
+  uint64_t num_chunks() const;
+  uint64_t num_runs() const { return num_runs_; }
+  // One line for humans: chunk size and kind, coalescing, tiles.
+  std::string Describe() const;
+
+ private:
+  friend absl::StatusOr<Plan> MakePlan(const kvrail::v1::TransferSpec&, const RegionView&,
+                                       const RegionView&, const PlanOptions&);
+  Plan() = default;
+
+  kernels::PlanHeader header_{};
+  std::vector<uint32_t> src_blocks_;
+  std::vector<uint32_t> dst_blocks_;
+  uint64_t num_runs_ = 0;
+};
+
+// Validates `spec` against both regions and builds the plan. Errors name the spec field:
+// INVALID_ARGUMENT "spec.src.block_ids[3]: block 9000 out of range [0, 4096)", "spec.num_heads:
+// ...", "spec.dst.layer_begin: ...", duplicate destination block ids, too few destination blocks,
+// head vector mismatches, bytes ranges outside a region, paged mixed with bytes;
+// FAILED_PRECONDITION "spec.dst.region_id: region is not writable".
+absl::StatusOr<Plan> MakePlan(const kvrail::v1::TransferSpec& spec, const RegionView& src,
+                              const RegionView& dst, const PlanOptions& options);
+
+// The host twin of the kernel: executes tile `tile` of `plan` with memcpy of coalesced chunks,
+// using kernels/plan_math.h. `src_base` / `dst_base` are the region bases. Thread-safe for
+// distinct tiles (tiles never overlap on the destination).
+void ExecuteTileHost(const Plan& plan, uint32_t tile, const uint8_t* src_base, uint8_t* dst_base);
+
+}  // namespace kvrail::planner

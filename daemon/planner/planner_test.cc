@@ -1,0 +1,362 @@
+// Unit tests of the planner: layout resolution and validation, request validation (code and the
+// field named), coalescing, tiling and plan size.
+#define CATCH_CONFIG_MAIN
+#include <catch2/catch.hpp>
+
+#include <cstring>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "daemon/planner/planner.h"
+#include "kernels/plan_math.h"
+
+namespace kvrail::planner {
+namespace {
+
+using kvrail::v1::PagedKvLayout;
+using kvrail::v1::TransferSpec;
+
+PagedKvLayout Proto(uint32_t layers, uint32_t parts, uint32_t blocks, uint32_t tpb, uint32_t heads,
+                    uint32_t head_dim, kvrail::v1::LayoutOrder order,
+                    kvrail::v1::DType dtype = kvrail::v1::DTYPE_BF16) {
+  PagedKvLayout p;
+  p.set_num_layers(layers);
+  p.set_num_parts(parts);
+  p.set_num_blocks(blocks);
+  p.set_tokens_per_block(tpb);
+  p.set_num_heads(heads);
+  p.set_head_dim(head_dim);
+  p.set_dtype(dtype);
+  p.set_order(order);
+  return p;
+}
+
+constexpr uint64_t kBig = uint64_t{1} << 40;
+
+RegionView Paged(const PagedKvLayout& p, bool writable = true, uint64_t size = kBig) {
+  absl::StatusOr<KvLayout> l = ResolveLayout(p, size, "spec.paged_kv.");
+  REQUIRE(l.ok());
+  return RegionView{size, writable, true, *l};
+}
+
+RegionView Bytes(uint64_t size, bool writable = true) { return RegionView{size, writable, false, {}}; }
+
+bool StartsWith(const std::string& s, const std::string& prefix) {
+  return s.compare(0, prefix.size(), prefix) == 0;
+}
+
+void ExpectError(const absl::Status& s, absl::StatusCode code, const std::string& prefix) {
+  INFO("status: " << s.ToString());
+  CHECK(s.code() == code);
+  CHECK(StartsWith(std::string(s.message()), prefix));
+}
+
+TransferSpec Spec(std::vector<uint32_t> src_blocks, std::vector<uint32_t> dst_blocks) {
+  TransferSpec spec;
+  for (uint32_t b : src_blocks) spec.mutable_src()->add_block_ids(b);
+  for (uint32_t b : dst_blocks) spec.mutable_dst()->add_block_ids(b);
+  return spec;
+}
+
+const auto kNhd = kvrail::v1::LAYOUT_ORDER_LAYER_PART_BLOCK_NHD;
+const auto kHnd = kvrail::v1::LAYOUT_ORDER_LAYER_PART_BLOCK_HND;
+
+}  // namespace
+
+TEST_CASE("derived strides for every layout order") {
+  // L=3, P=2, N=5 blocks, T=4 tokens, H=6 heads, D=8 bf16 -> vector 16 bytes.
+  struct Case {
+    kvrail::v1::LayoutOrder order;
+    uint64_t ls, ps, bs, ts, hs;
+  };
+  const uint64_t v = 16, blk = 4 * 6 * v;  // one (l, p, block)
+  const Case cases[] = {
+      {kvrail::v1::LAYOUT_ORDER_LAYER_PART_BLOCK_NHD, 2 * 5 * blk, 5 * blk, blk, 6 * v, v},
+      {kvrail::v1::LAYOUT_ORDER_LAYER_PART_BLOCK_HND, 2 * 5 * blk, 5 * blk, blk, v, 4 * v},
+      {kvrail::v1::LAYOUT_ORDER_BLOCK_LAYER_PART_NHD, 2 * blk, blk, 3 * 2 * blk, 6 * v, v},
+      {kvrail::v1::LAYOUT_ORDER_BLOCK_LAYER_PART_HND, 2 * blk, blk, 3 * 2 * blk, v, 4 * v},
+      {kvrail::v1::LAYOUT_ORDER_LAYER_BLOCK_PART_NHD, 5 * 2 * blk, blk, 2 * blk, 6 * v, v},
+  };
+  for (const Case& c : cases) {
+    INFO("order " << c.order);
+    absl::StatusOr<KvLayout> l = ResolveLayout(Proto(3, 2, 5, 4, 6, 8, c.order), 3 * 2 * 5 * blk, "x.");
+    REQUIRE(l.ok());
+    CHECK(l->layer_stride == c.ls);
+    CHECK(l->part_stride == c.ps);
+    CHECK(l->block_stride == c.bs);
+    CHECK(l->token_stride == c.ts);
+    CHECK(l->head_stride == c.hs);
+    CHECK(l->dtype_bytes == 2);
+    // Dense: exactly the region size fits, one byte less does not.
+    CHECK(ResolveLayout(Proto(3, 2, 5, 4, 6, 8, c.order), 3 * 2 * 5 * blk - 1, "x.").status().code() ==
+          absl::StatusCode::kInvalidArgument);
+  }
+}
+
+TEST_CASE("layout validation names the field") {
+  const std::string p = "spec.paged_kv.";
+  auto check = [&](PagedKvLayout l, const std::string& field, uint64_t size = kBig) {
+    ExpectError(ResolveLayout(l, size, p).status(), absl::StatusCode::kInvalidArgument, p + field + ":");
+  };
+  PagedKvLayout good = Proto(2, 2, 8, 16, 4, 64, kNhd);
+  REQUIRE(ResolveLayout(good, kBig, p).ok());
+  auto with = [&](auto f) { PagedKvLayout l = good; f(l); return l; };
+  check(with([](auto& l) { l.set_num_layers(0); }), "num_layers");
+  check(with([](auto& l) { l.set_num_parts(0); }), "num_parts");
+  check(with([](auto& l) { l.set_num_parts(3); }), "num_parts");
+  check(with([](auto& l) { l.set_num_blocks(0); }), "num_blocks");
+  check(with([](auto& l) { l.set_tokens_per_block(0); }), "tokens_per_block");
+  check(with([](auto& l) { l.set_num_heads(0); }), "num_heads");
+  check(with([](auto& l) { l.set_head_dim(0); }), "head_dim");
+  check(with([](auto& l) { l.set_dtype(kvrail::v1::DTYPE_UNSPECIFIED); }), "dtype");
+  check(with([](auto& l) { l.set_order(kvrail::v1::LAYOUT_ORDER_UNSPECIFIED); }), "order");
+  check(good, "offset_bytes", 1000);
+  check(with([](auto& l) { l.set_offset_bytes(kBig); }), "offset_bytes");
+
+  // Explicit strides: NHD dense with one overlapping / misaligned stride at a time.
+  const uint64_t v = 128, ts = 4 * v, bs = 16 * ts, ps = 8 * bs, ls = 2 * ps;
+  auto explicit_layout = [&](uint64_t l_s, uint64_t p_s, uint64_t b_s, uint64_t t_s, uint64_t h_s) {
+    PagedKvLayout l = good;
+    l.set_layer_stride(l_s);
+    l.set_part_stride(p_s);
+    l.set_block_stride(b_s);
+    l.set_token_stride(t_s);
+    l.set_head_stride(h_s);
+    return l;
+  };
+  REQUIRE(ResolveLayout(explicit_layout(ls, ps, bs, ts, v), kBig, p).ok());
+  check(explicit_layout(ls, ps, bs, ts, v + 1), "head_stride");   // not a multiple of 2
+  check(explicit_layout(ls, ps, bs + 3, ts, v), "block_stride");  // not a multiple of 2
+  check(explicit_layout(ls, ps, bs, ts, v - 2), "head_stride");   // head vectors overlap
+  check(explicit_layout(ls, ps, bs, ts - 2, v), "token_stride");  // tokens overlap heads
+  check(explicit_layout(ls, ps, bs - 2, ts, v), "block_stride");
+  check(explicit_layout(ls, ps, ts, ts, v), "block_stride");  // two dims share one stride
+  check(explicit_layout(ls, 0, bs, ts, v), "part_stride");    // a zero stride on a real dim
+  // Padding is fine; a dimension of extent 1 may have any stride.
+  CHECK(ResolveLayout(explicit_layout(ls * 4, ps * 2, bs * 2, ts * 2, v * 2), kBig, p).ok());
+  CHECK(ResolveLayout(explicit_layout(ls + 512, ps + 256, bs + 16, ts, v), kBig, p).ok());
+  PagedKvLayout one_layer = explicit_layout(0, ps, bs, ts, v);
+  one_layer.set_num_layers(1);
+  CHECK(ResolveLayout(one_layer, kBig, p).ok());
+}
+
+TEST_CASE("fast division is exact") {
+  std::vector<uint32_t> divisors = {1, 2, 3, 5, 7, 16, 17, 100, 4095, 4096, 65537, 1u << 30, (1u << 30) + 1};
+  uint64_t x = 12345;
+  for (int k = 0; k < 200; ++k) {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    divisors.push_back(static_cast<uint32_t>(x >> 33) % 1000000 + 1);
+  }
+  for (uint32_t d : divisors) {
+    const kernels::FastDivU32 f = kernels::MakeFastDiv(d);
+    for (uint32_t n : {0u, 1u, d - 1, d, d + 1, 2 * d - 1, kernels::kFastDivMaxDividend,
+                       kernels::kFastDivMaxDividend - 1}) {
+      if (n > kernels::kFastDivMaxDividend) continue;
+      REQUIRE(kernels::FastDiv(f, n) == n / d);
+    }
+    for (int k = 0; k < 2000; ++k) {
+      x = x * 6364136223846793005ull + 1442695040888963407ull;
+      const uint32_t n = static_cast<uint32_t>(x >> 33);  // < 2^31
+      REQUIRE(kernels::FastDiv(f, n) == n / d);
+    }
+  }
+}
+
+TEST_CASE("transfer validation names the field") {
+  const RegionView src = Paged(Proto(4, 2, 4096, 16, 8, 64, kNhd));
+  const RegionView dst = Paged(Proto(4, 2, 4096, 16, 8, 64, kNhd));
+  const TransferSpec base = Spec({1, 2, 3}, {7, 8, 9});
+  REQUIRE(MakePlan(base, src, dst, {}).ok());
+  auto err = [&](const TransferSpec& s, const RegionView& a, const RegionView& b) {
+    return MakePlan(s, a, b, {}).status();
+  };
+  const auto kInv = absl::StatusCode::kInvalidArgument;
+
+  ExpectError(err(base, src, Paged(Proto(4, 2, 4096, 16, 8, 64, kNhd), /*writable=*/false)),
+              absl::StatusCode::kFailedPrecondition, "spec.dst.region_id: region is not writable");
+  ExpectError(err(base, src, Bytes(1 << 20)), kInv, "spec.dst.region_id:");
+  ExpectError(err(base, Bytes(1 << 20), dst), kInv, "spec.dst.region_id:");
+
+  TransferSpec s = Spec({1, 9000, 3}, {7, 8, 9});
+  ExpectError(err(s, src, dst), kInv, "spec.src.block_ids[1]: block 9000 out of range [0, 4096)");
+  s = Spec({1, 2, 3}, {7, 8, 9, 1, 2, 4096});
+  ExpectError(err(s, src, dst), kInv, "spec.dst.block_ids[5]: block 4096 out of range [0, 4096)");
+  s = Spec({1, 2, 3}, {7, 8, 7});
+  ExpectError(err(s, src, dst), kInv, "spec.dst.block_ids[2]: block 7 repeats spec.dst.block_ids[0]");
+  s = Spec({1, 1, 1}, {7, 8, 9});  // repeats are fine on the source
+  CHECK(MakePlan(s, src, dst, {}).ok());
+  ExpectError(err(Spec({}, {7}), src, dst), kInv, "spec.src.block_ids:");
+  s = Spec({1, 2, 3}, {7, 8});
+  ExpectError(err(s, src, dst), kInv, "spec.dst.block_ids:");
+  s = base;
+  s.set_num_tokens(49);
+  ExpectError(err(s, src, dst), kInv, "spec.num_tokens:");
+  s.set_num_tokens(33);  // three source blocks cover it; three destination blocks too
+  CHECK(MakePlan(s, src, dst, {}).ok());
+  s = Spec({1, 2, 3}, {7, 8});
+  s.set_num_tokens(32);  // two destination blocks are enough for 32 tokens
+  CHECK(MakePlan(s, src, dst, {}).ok());
+
+  s = base;
+  s.mutable_src()->set_layer_begin(4);
+  ExpectError(err(s, src, dst), kInv, "spec.src.layer_begin:");
+  s = base;
+  s.mutable_src()->set_layer_begin(1);
+  s.set_num_layers(4);
+  ExpectError(err(s, src, dst), kInv, "spec.num_layers:");
+  s = base;
+  s.mutable_dst()->set_layer_begin(1);  // 4 layers (all of the source) do not fit from 1
+  ExpectError(err(s, src, dst), kInv, "spec.dst.layer_begin:");
+  s.set_num_layers(3);
+  CHECK(MakePlan(s, src, dst, {}).ok());
+
+  s = base;
+  s.mutable_src()->set_head_begin(8);
+  ExpectError(err(s, src, dst), kInv, "spec.src.head_begin:");
+  s = base;
+  s.mutable_src()->set_head_begin(4);
+  s.set_num_heads(5);
+  ExpectError(err(s, src, dst), kInv, "spec.num_heads:");
+  s = base;
+  s.mutable_dst()->set_head_begin(2);  // 8 heads from 2 do not fit 8
+  ExpectError(err(s, src, dst), kInv, "spec.dst.head_begin:");
+
+  // Head vector and part mismatches.
+  ExpectError(err(base, src, Paged(Proto(4, 2, 4096, 16, 8, 128, kNhd))), kInv, "spec.dst.region_id:");
+  ExpectError(err(base, src, Paged(Proto(4, 2, 4096, 16, 8, 64, kNhd, kvrail::v1::DTYPE_FP32))),
+              kInv, "spec.dst.region_id:");
+  ExpectError(err(base, src, Paged(Proto(4, 1, 4096, 16, 8, 64, kNhd))), kInv, "spec.dst.region_id:");
+}
+
+TEST_CASE("bytes transfers: bounds and tiles") {
+  TransferSpec s;
+  s.mutable_src()->set_byte_offset(100);
+  s.mutable_dst()->set_byte_offset(0);
+  s.set_num_bytes(900);
+  CHECK(MakePlan(s, Bytes(1000), Bytes(900), {}).ok());
+  ExpectError(MakePlan(s, Bytes(999), Bytes(900), {}).status(), absl::StatusCode::kInvalidArgument,
+              "spec.src.byte_offset:");
+  ExpectError(MakePlan(s, Bytes(1000), Bytes(899), {}).status(), absl::StatusCode::kInvalidArgument,
+              "spec.dst.byte_offset:");
+  ExpectError(MakePlan(s, Bytes(1000), Bytes(900, false), {}).status(),
+              absl::StatusCode::kFailedPrecondition, "spec.dst.region_id: region is not writable");
+  s.set_num_bytes(0);
+  ExpectError(MakePlan(s, Bytes(1000), Bytes(900), {}).status(), absl::StatusCode::kInvalidArgument,
+              "spec.num_bytes:");
+  s.mutable_src()->set_byte_offset(kBig);  // overflow-safe bounds
+  s.set_num_bytes(UINT64_MAX - 10);
+  ExpectError(MakePlan(s, Bytes(1000), Bytes(900), {}).status(), absl::StatusCode::kInvalidArgument,
+              "spec.src.byte_offset:");
+
+  // 10000 bytes at offset 3 in tiles of 4096: 3 tiles, all layer 0, bytes add up, copy is exact.
+  TransferSpec t;
+  t.mutable_src()->set_byte_offset(3);
+  t.mutable_dst()->set_byte_offset(5);
+  t.set_num_bytes(10000);
+  absl::StatusOr<Plan> plan = MakePlan(t, Bytes(20000), Bytes(20000), PlanOptions{4096});
+  REQUIRE(plan.ok());
+  CHECK(plan->num_tiles() == 3);
+  CHECK(plan->header().access_bytes == 1);
+  std::vector<uint8_t> a(20000), b(20000, 0xAB);
+  std::iota(a.begin(), a.end(), 0);
+  uint64_t sum = 0;
+  for (uint32_t i = 0; i < plan->num_tiles(); ++i) {
+    CHECK(plan->tile(i).layer == 0);
+    sum += plan->tile(i).bytes;
+    ExecuteTileHost(*plan, i, a.data(), b.data());
+  }
+  CHECK(sum == 10000);
+  CHECK(std::memcmp(b.data() + 5, a.data() + 3, 10000) == 0);
+  CHECK(b[4] == 0xAB);
+  CHECK(b[10005] == 0xAB);
+}
+
+TEST_CASE("coalescing: same-layout NHD full heads moves whole blocks, consecutive blocks merge") {
+  const uint32_t tpb = 16, heads = 8, hd = 128;
+  const RegionView r = Paged(Proto(2, 2, 1024, tpb, heads, hd, kNhd));
+  TransferSpec s = Spec({10, 11, 12, 13, 40, 41}, {100, 101, 102, 500, 501, 502});
+  absl::StatusOr<Plan> plan = MakePlan(s, r, r, {});
+  REQUIRE(plan.ok());
+  INFO(plan->Describe());
+  CHECK(plan->chunk_kind() == kernels::ChunkKind::kBlockTokens);
+  CHECK(plan->chunk_bytes() == uint64_t{tpb} * heads * hd * 2);
+  CHECK(plan->header().access_bytes == 16);
+  CHECK(plan->num_chunks() == 6 * 2 * 2);
+  // Runs per (layer, part): [10-12 -> 100-102], [13 -> 500], [40,41 -> 501,502]: 3.
+  CHECK(plan->num_runs() == 3 * 2 * 2);
+  CHECK(plan->Describe().find("chunk 32768 B") != std::string::npos);
+
+  // A head sub-range (TP split) on a full-head side: heads still merge per token, blocks do not.
+  const RegionView half = Paged(Proto(2, 2, 1024, tpb, heads / 2, hd, kNhd));
+  s.set_num_heads(4);
+  s.mutable_src()->set_head_begin(4);
+  plan = MakePlan(s, r, half, {});
+  REQUIRE(plan.ok());
+  CHECK(plan->chunk_kind() == kernels::ChunkKind::kTokenHeads);
+  CHECK(plan->chunk_bytes() == 4 * hd * 2);
+
+  // NHD -> HND: only head vectors are contiguous on both sides.
+  plan = MakePlan(Spec({1, 2}, {3, 4}), r, Paged(Proto(2, 2, 1024, tpb, heads, hd, kHnd)), {});
+  REQUIRE(plan.ok());
+  CHECK(plan->chunk_kind() == kernels::ChunkKind::kHeadVector);
+  CHECK(plan->chunk_bytes() == hd * 2);
+
+  // Different tokens per block: tokens (all heads) are the unit.
+  plan = MakePlan(Spec({1, 2}, {3, 4, 5, 6}), r, Paged(Proto(2, 2, 1024, 8, heads, hd, kNhd)), {});
+  REQUIRE(plan.ok());
+  CHECK(plan->chunk_kind() == kernels::ChunkKind::kTokenHeads);
+}
+
+TEST_CASE("tiles never span layers and are layer-ordered") {
+  const RegionView r = Paged(Proto(6, 2, 512, 16, 8, 128, kNhd));
+  TransferSpec s = Spec({}, {});
+  for (uint32_t b = 0; b < 100; ++b) {
+    s.mutable_src()->add_block_ids(b);
+    s.mutable_dst()->add_block_ids(511 - b);
+  }
+  s.mutable_src()->set_layer_begin(1);
+  s.set_num_layers(4);
+  s.mutable_dst()->set_layer_begin(2);
+  absl::StatusOr<Plan> plan = MakePlan(s, r, r, PlanOptions{100000});
+  REQUIRE(plan.ok());
+  INFO(plan->Describe());
+  const uint64_t per_layer = 100ull * 16 * 8 * 128 * 2 * 2;
+  CHECK(plan->bytes_total() == 4 * per_layer);
+  CHECK(plan->num_layers() == 4);
+  std::vector<uint64_t> layer_bytes(4, 0);
+  uint32_t last = 0;
+  for (uint32_t i = 0; i < plan->num_tiles(); ++i) {
+    const TileInfo t = plan->tile(i);
+    REQUIRE(t.layer < 4);
+    CHECK(t.layer >= last);
+    CHECK(t.bytes <= 100000);
+    CHECK(t.bytes > 0);
+    last = t.layer;
+    layer_bytes[t.layer] += t.bytes;
+  }
+  for (uint64_t b : layer_bytes) CHECK(b == per_layer);
+  CHECK(plan->num_tiles() == 4 * plan->tiles_per_layer());
+}
+
+TEST_CASE("plans are O(blocks) integers, never per-block descriptors") {
+  const uint32_t n = 100000;
+  const RegionView r = Paged(Proto(32, 2, 2 * n, 16, 8, 128, kNhd));
+  TransferSpec s;
+  for (uint32_t b = 0; b < n; ++b) {
+    s.mutable_src()->add_block_ids((b * 7919u) % (2 * n));
+    s.mutable_dst()->add_block_ids(2 * n - 1 - b);
+  }
+  absl::StatusOr<Plan> plan = MakePlan(s, r, r, {});
+  REQUIRE(plan.ok());
+  INFO(plan->Describe());
+  CHECK(plan->src_blocks().size() == n);
+  CHECK(plan->dst_blocks().size() == n);
+  // The header is fixed-size; the plan object is the header plus the two tables.
+  static_assert(sizeof(kernels::PlanHeader) < 512, "header has no per-block storage");
+  CHECK(sizeof(Plan) < 512 + 2 * sizeof(std::vector<uint32_t>) + 64);
+  CHECK(plan->bytes_total() == uint64_t{n} * 16 * 8 * 128 * 2 * 2 * 32);
+  CHECK(plan->num_tiles() == plan->bytes_total() / (1 << 20));
+}
+
+}  // namespace kvrail::planner

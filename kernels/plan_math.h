@@ -1,0 +1,127 @@
+// Address arithmetic of a compact plan (device_abi.h), shared by the CUDA kernel and the host twin
+// so that CI checks, without a GPU, the very code the kernel runs.
+//
+// Element (layer l, part p, token i, head h) of a transfer lives, on each side, at
+//   offset + (layer_begin + l)*Ls + p*Ps + blocks[i / T]*Bs + (i % T)*Ts + (head_begin + h)*Hs
+// where T is that side's tokens_per_block and blocks its block table; `origin` already holds
+// offset + layer_begin*Ls + head_begin*Hs. Each element is a head vector of vector_bytes bytes.
+#pragma once
+
+#include <stdint.h>
+
+#include "kernels/device_abi.h"
+
+#ifdef __CUDACC__
+#define KVRAIL_HD __host__ __device__ __forceinline__
+#else
+#define KVRAIL_HD inline
+#endif
+
+namespace kvrail::kernels {
+
+// Largest dividend FastDiv is exact for.
+inline constexpr uint32_t kFastDivMaxDividend = 0x7fffffffu;
+
+KVRAIL_HD uint32_t UMulHi32(uint32_t a, uint32_t b) {
+#ifdef __CUDA_ARCH__
+  return __umulhi(a, b);
+#else
+  return static_cast<uint32_t>((static_cast<uint64_t>(a) * b) >> 32);
+#endif
+}
+
+// Builds a fast divisor for d (d > 0). Host side (the planner), but harmless on the device.
+KVRAIL_HD FastDivU32 MakeFastDiv(uint32_t d) {
+  FastDivU32 f{d, 0, 0, 0};
+  if (d <= 1) return f;
+  uint32_t s = 0;
+  while ((uint64_t{1} << s) < d) ++s;  // s = ceil(log2 d) >= 1
+  const uint64_t p = uint64_t{1} << (31 + s);
+  f.multiplier = static_cast<uint32_t>((p + d - 1) / d);
+  f.shift = s - 1;
+  return f;
+}
+
+// n / d for n <= kFastDivMaxDividend.
+KVRAIL_HD uint32_t FastDiv(const FastDivU32& f, uint32_t n) {
+  return f.divisor == 1 ? n : (UMulHi32(n, f.multiplier) >> f.shift);
+}
+
+// Byte offset (from the side's region base) of element (l, p, i, h), exactly the formula above.
+// `blocks` is that side's block table.
+KVRAIL_HD uint64_t ElementOffset(const SideGeometry& g, const uint32_t* blocks, uint32_t l,
+                                 uint32_t p, uint32_t i, uint32_t h) {
+  const uint32_t block_index = FastDiv(g.tokens_per_block, i);
+  const uint32_t slot = i - block_index * g.tokens_per_block.divisor;
+  return g.origin + l * g.layer_stride + p * g.part_stride +
+         static_cast<uint64_t>(blocks[block_index]) * g.block_stride + slot * g.token_stride +
+         h * g.head_stride;
+}
+
+// Chunks in one (layer, part) stream.
+KVRAIL_HD uint64_t ChunksPerPart(const PlanHeader& h) {
+  return (h.part_bytes + h.chunk_bytes - 1) / h.chunk_bytes;
+}
+
+// One chunk: where it starts on each side (offsets from the region bases) and its length.
+struct ChunkSpan {
+  uint64_t src;
+  uint64_t dst;
+  uint64_t bytes;
+};
+
+// Chunk `c` (< ChunksPerPart) of stream (l, p). For kBytes only c == 0 exists.
+KVRAIL_HD ChunkSpan ChunkAt(const PlanHeader& h, const uint32_t* src_blocks,
+                            const uint32_t* dst_blocks, uint32_t l, uint32_t p, uint32_t c) {
+  switch (static_cast<ChunkKind>(h.chunk_kind)) {
+    case ChunkKind::kBytes:
+      return ChunkSpan{h.src.origin, h.dst.origin, h.part_bytes};
+    case ChunkKind::kBlockTokens: {
+      // Whole blocks: slot 0 of block-table entry c on both sides (equal tokens_per_block).
+      const uint64_t begin = static_cast<uint64_t>(c) * h.chunk_bytes;
+      const uint64_t left = h.part_bytes - begin;
+      return ChunkSpan{h.src.origin + l * h.src.layer_stride + p * h.src.part_stride +
+                           static_cast<uint64_t>(src_blocks[c]) * h.src.block_stride,
+                       h.dst.origin + l * h.dst.layer_stride + p * h.dst.part_stride +
+                           static_cast<uint64_t>(dst_blocks[c]) * h.dst.block_stride,
+                       left < h.chunk_bytes ? left : h.chunk_bytes};
+    }
+    case ChunkKind::kTokenHeads:
+      return ChunkSpan{ElementOffset(h.src, src_blocks, l, p, c, 0),
+                       ElementOffset(h.dst, dst_blocks, l, p, c, 0), h.chunk_bytes};
+    case ChunkKind::kHeadVector:
+    default: {
+      const uint32_t i = FastDiv(h.heads_div, c);
+      const uint32_t head = c - i * h.num_heads;
+      return ChunkSpan{ElementOffset(h.src, src_blocks, l, p, i, head),
+                       ElementOffset(h.dst, dst_blocks, l, p, i, head), h.chunk_bytes};
+    }
+  }
+}
+
+// The slice of the index space tile t (< num_tiles) covers.
+KVRAIL_HD TileDesc TileAt(const PlanHeader& h, uint32_t t) {
+  const uint32_t per_layer = h.num_parts * h.tiles_per_part;
+  const uint32_t layer = t / per_layer;
+  const uint32_t rest = t - layer * per_layer;
+  const uint32_t part = rest / h.tiles_per_part;
+  const uint32_t k = rest - part * h.tiles_per_part;
+  const uint64_t begin = static_cast<uint64_t>(k) * h.tile_bytes;
+  const uint64_t end = begin + h.tile_bytes < h.part_bytes ? begin + h.tile_bytes : h.part_bytes;
+  return TileDesc{layer, part, begin, end};
+}
+
+// Locates stream byte `q` of (l, p): the chunk holding it and the offset inside that chunk, given
+// the chunk index c0 and offset r0 of some earlier stream byte q0 (q0 <= q, q - q0 + r0 <=
+// kFastDivMaxDividend). Lets the kernel do one 64-bit division per tile and 32-bit ones after.
+struct ChunkPos {
+  uint32_t chunk;
+  uint32_t offset;
+};
+KVRAIL_HD ChunkPos AdvanceChunkPos(const PlanHeader& h, ChunkPos from, uint32_t delta) {
+  const uint32_t t = from.offset + delta;
+  const uint32_t k = FastDiv(h.chunk_div, t);
+  return ChunkPos{from.chunk + k, t - k * static_cast<uint32_t>(h.chunk_bytes)};
+}
+
+}  // namespace kvrail::kernels
