@@ -124,7 +124,7 @@ PciPath PciIndex::Classify(const std::string& bus_a, int numa_a, const std::stri
   }
   if (lca_in_b == up_b.size()) {
     path.path_class = ::kvrail::v1::PATH_PHB;
-    path.why = absl::StrCat("different root ports of host bridge ", a->host_bridge(), link_note);
+    path.why = absl::StrCat("no common bridge below host bridge ", a->host_bridge(), link_note);
     return path;
   }
   // Switches crossed: upstream ports (one per switch) and other bridges strictly between the
