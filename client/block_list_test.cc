@@ -226,6 +226,7 @@ TEST_CASE("Progress line") {
   CHECK(ProgressLine(status, 32, 1.5, 10) ==
         "[#####.....]  50.0%  512 B / 1.0 KiB  1.50 GB/s  layers 16/32  running");
   CHECK(ProgressLine(status, 0, -1, 4) == "[##..]  50.0%  512 B / 1.0 KiB  running");
+  CHECK(ProgressLine(status, 0, -1, 0) == " 50.0%  512 B / 1.0 KiB  running");
 }
 
 }  // namespace cli_tests

@@ -169,11 +169,15 @@ std::string ProgressLine(const v1::TransferStatus& status, uint32_t num_layers, 
                               ? (status.state() == v1::TRANSFER_STATE_SUCCEEDED ? 1.0 : 0.0)
                               : std::min(1.0, static_cast<double>(status.bytes_done()) /
                                                   static_cast<double>(status.bytes_total()));
-  const int filled = static_cast<int>(std::floor(fraction * width));
-  std::string out = "[";
-  out.append(static_cast<size_t>(filled), '#');
-  out.append(static_cast<size_t>(width - filled), '.');
-  absl::StrAppend(&out, "] ", absl::StrFormat("%5.1f%%", fraction * 100.0), "  ",
+  std::string out;
+  if (width > 0) {
+    const int filled = static_cast<int>(std::floor(fraction * width));
+    out = "[";
+    out.append(static_cast<size_t>(filled), '#');
+    out.append(static_cast<size_t>(width - filled), '.');
+    out += "] ";
+  }
+  absl::StrAppend(&out, absl::StrFormat("%5.1f%%", fraction * 100.0), "  ",
                   HumanBytes(status.bytes_done()), " / ", HumanBytes(status.bytes_total()));
   if (rate_gbps >= 0) absl::StrAppend(&out, absl::StrFormat("  %.2f GB/s", rate_gbps));
   if (num_layers > 0) absl::StrAppend(&out, "  layers ", status.layers_done(), "/", num_layers);

@@ -45,7 +45,7 @@ std::string EndpointSummary(const v1::TransferEndpoint& endpoint);
 double TransferSeconds(const v1::TransferStatus& status);
 
 // "[#########...........]  45.2%  1.1 GiB / 2.5 GiB  3.41 GB/s  layers 12/32  running"; `width`
-// is the bar's width in cells. `rate_gbps` < 0 leaves the rate out.
+// is the bar's width in cells (<= 0: no bar). `rate_gbps` < 0 leaves the rate out.
 std::string ProgressLine(const v1::TransferStatus& status, uint32_t num_layers, double rate_gbps,
                          int width = 30);
 

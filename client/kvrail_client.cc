@@ -167,11 +167,10 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& targe
       grpc::CreateCustomChannel(parsed.grpc_target, grpc::InsecureChannelCredentials(), args);
   auto impl = std::make_unique<Impl>(target, std::move(parsed), std::move(channel));
 
-  // The probe waits for the connection (within the deadline) so a daemon that is still starting
-  // is not reported as down.
+  // Fail fast (no wait_for_ready): a refused connection is reported at once with gRPC's reason
+  // ("Connection refused") rather than as a bare deadline.
   grpc::ClientContext context;
   SetDeadline(&context, probe_timeout);
-  context.set_wait_for_ready(true);
   v1::Stats stats;
   const grpc::Status status = impl->admin_->GetStats(&context, v1::GetStatsRequest(), &stats);
   if (!status.ok()) {
