@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# The developer entry point. Verbs:
+#   demo   install what is missing, build, start kvraild, move a Llama-3-8B-shaped KV cache between
+#          two client processes through it, verify it byte for byte, stop cleanly.
+#   test   install what is missing, build, run every test CI runs; ends with "N passed, N failed".
+#   build  install what is missing and build.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PACKAGES=(
+  bazel-bootstrap bazel-rules-java bazel-platforms
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
+  libspdlog-dev libfmt-dev catch2 libcli11-dev nlohmann-json3-dev
+  libfabric-dev libfabric-bin libibverbs-dev librdmacm-dev libhwloc-dev libnuma-dev
+  prometheus-cpp-dev iproute2 procps python3
+)
+
+log() { printf '[dev.sh] %s\n' "$*" >&2; }
+
+ensure_packages() {
+  local missing=()
+  for p in "${PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  if [ ${#missing[@]} -gt 0 ]; then
+    log "installing ${missing[*]}"
+    local sudo=""
+    [ "$(id -u)" -eq 0 ] || sudo="sudo"
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  fi
+  if [ ! -x /usr/local/cuda/bin/nvcc ]; then
+    log "error: the CUDA toolkit (nvcc) is expected at /usr/local/cuda; kernels/ cannot be compiled without it"
+    exit 1
+  fi
+}
+
+BAZEL=(bazel)
+
+build() {
+  ensure_packages
+  "${BAZEL[@]}" build //daemon:kvraild //client:kvrail //client:kv_demo
+}
+
+demo() {
+  build
+  local dir
+  dir=$(mktemp -d /tmp/kvrail-demo.XXXXXX)
+  local sock="$dir/kvrail.sock"
+  local daemon_pid="" prefill_pid=""
+  cleanup() {
+    [ -n "$prefill_pid" ] && kill "$prefill_pid" 2>/dev/null || true
+    [ -n "$daemon_pid" ] && kill -TERM "$daemon_pid" 2>/dev/null && wait "$daemon_pid" 2>/dev/null || true
+    rm -rf "$dir"
+  }
+  trap cleanup EXIT
+  bazel-bin/daemon/kvraild --socket "$sock" --log-level warn &
+  daemon_pid=$!
+  for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.1; done
+  [ -S "$sock" ] || { log "kvraild did not start"; exit 1; }
+  log "kvraild running (pid $daemon_pid, socket $sock)"
+  # The prefill process lives until its stdin closes: a fifo held open by this shell.
+  mkfifo "$dir/prefill.stdin"
+  bazel-bin/client/kv_demo prefill --socket "$sock" --info "$dir/prefill.json" --seed 42 < "$dir/prefill.stdin" &
+  prefill_pid=$!
+  exec 3>"$dir/prefill.stdin"
+  bazel-bin/client/kv_demo decode --socket "$sock" --info "$dir/prefill.json"
+  bazel-bin/client/kvrail --socket "$sock" transfers
+  exec 3>&-
+  wait "$prefill_pid"
+  prefill_pid=""
+  kill -TERM "$daemon_pid"
+  wait "$daemon_pid"
+  daemon_pid=""
+  log "demo done: kvraild stopped cleanly"
+}
+
+run_tests() {
+  ensure_packages
+  local out
+  out=$(mktemp)
+  set +e
+  "${BAZEL[@]}" test --test_tag_filters=-gpu,-manual --build_tests_only //... 2>&1 | tee "$out"
+  local rc=${PIPESTATUS[0]}
+  set -e
+  local passed failed
+  passed=$(grep -cE '^//[^ ]+ +(\(cached\) )?PASSED' "$out" || true)
+  failed=$(grep -cE '^//[^ ]+ +(\(cached\) )?(FAILED|TIMEOUT|NO STATUS|FLAKY|INCOMPLETE)' "$out" || true)
+  if [ "$rc" -ne 0 ] && [ "$failed" -eq 0 ]; then failed=1; fi  # a build failure is a failure
+  rm -f "$out"
+  echo "$passed passed, $failed failed"
+  [ "$failed" -eq 0 ]
+}
+
+case "${1:-}" in
+  demo) demo ;;
+  test) run_tests ;;
+  build) build ;;
+  *) echo "usage: deploy/dev.sh demo|test|build" >&2; exit 2 ;;
+esac

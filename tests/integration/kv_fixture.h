@@ -1,0 +1,51 @@
+// Paged KV pools in host buffers registered with a live daemon, filled with a known pattern and
+// verified byte for byte (including that bytes outside the destination elements stay poisoned).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "client/kvrail_client.h"
+#include "tests/harness/daemon_process.h"
+
+namespace kvrail::testing {
+
+inline constexpr uint8_t kPoison = 0xAB;
+
+struct Pool {
+  std::unique_ptr<client::HostBuffer> buffer;
+  v1::RegionInfo info;
+  v1::PagedKvLayout layout;
+  uint64_t id() const { return info.region_id(); }
+};
+
+// Creates, poisons and registers a pool; REQUIREs success.
+Pool MakePool(client::Client& c, const v1::PagedKvLayout& layout, bool writable,
+              const std::string& name = "pool");
+
+// Writes PatternByte(seed, layer, part, token, head, byte) for tokens [0, tokens) that live in
+// `blocks` (token i in blocks[i / tpb]).
+void FillPool(Pool& pool, uint32_t seed, const std::vector<uint32_t>& blocks, uint64_t tokens);
+
+// What a transfer should have written into the destination.
+struct Expectation {
+  uint32_t seed = 1;
+  std::vector<uint32_t> dst_blocks;
+  uint64_t tokens = 0;
+  uint32_t src_layer_begin = 0, dst_layer_begin = 0, num_layers = 0;
+  uint32_t src_head_begin = 0, dst_head_begin = 0, num_heads = 0;
+};
+
+// Empty when the pool holds exactly the expected bytes and poison everywhere else; otherwise the
+// first mismatch, described.
+std::string VerifyPool(const Pool& pool, const Expectation& e);
+
+// Counts bytes different from kPoison (for "nothing was written" checks).
+uint64_t CountWritten(const Pool& pool);
+
+// A permutation of [0, n) taken `count` at a time, deterministic in `seed`.
+std::vector<uint32_t> ScatteredBlocks(uint32_t n, uint32_t count, uint32_t seed);
+
+}  // namespace kvrail::testing
