@@ -1,0 +1,94 @@
+// Host side of kv_copy.h: plan upload and launch, CUDA errors turned into absl::Status.
+#include "kernels/kv_copy.h"
+
+#include <cstring>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/kv_copy_launch.h"
+
+namespace kvrail::kernels {
+namespace {
+
+absl::Status CudaStatus(int error, const char* what) {
+  if (error == 0) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat(what, ": ", internal::ErrorName(error), ": ",
+                                          internal::ErrorString(error)));
+}
+
+uint32_t NarrowToAlignment(uint32_t access, uint64_t address) {
+  while (access > 1 && address % access != 0) access /= 2;
+  return access;
+}
+
+}  // namespace
+
+absl::StatusOr<DevicePlanBuffer> DevicePlanBuffer::Upload(const PlanHeader& header,
+                                                          const uint32_t* src_blocks,
+                                                          const uint32_t* dst_blocks,
+                                                          uint64_t src_base, uint64_t dst_base,
+                                                          CudaStream stream) {
+  const size_t src_n = header.src.num_table_blocks, dst_n = header.dst.num_table_blocks;
+  const size_t bytes = sizeof(PlanHeader) + 4 * (src_n + dst_n);
+  // Staged on the host as one image so one copy moves it.
+  std::vector<uint8_t> image(bytes);
+  DevicePlanBuffer buffer;
+  if (absl::Status s = CudaStatus(internal::DeviceAlloc(&buffer.memory_, bytes), "cudaMalloc(plan)");
+      !s.ok()) {
+    return s;
+  }
+  const uint64_t device = reinterpret_cast<uint64_t>(buffer.memory_);
+  PlanHeader h = header;
+  h.src.base = src_base;
+  h.dst.base = dst_base;
+  h.src.block_table = device + sizeof(PlanHeader);
+  h.dst.block_table = device + sizeof(PlanHeader) + 4 * src_n;
+  std::memcpy(image.data(), &h, sizeof(h));
+  if (src_n) std::memcpy(image.data() + sizeof(h), src_blocks, 4 * src_n);
+  if (dst_n) std::memcpy(image.data() + sizeof(h) + 4 * src_n, dst_blocks, 4 * dst_n);
+  if (absl::Status s = CudaStatus(
+          internal::CopyToDeviceSync(buffer.memory_, image.data(), bytes, stream), "upload plan");
+      !s.ok()) {
+    return s;
+  }
+  buffer.plan_.header = static_cast<const PlanHeader*>(buffer.memory_);
+  buffer.plan_.num_tiles = header.num_tiles;
+  // The planner's width covers offsets and strides; the bases are the engine's.
+  buffer.plan_.access_bytes =
+      NarrowToAlignment(NarrowToAlignment(header.access_bytes, src_base), dst_base);
+  return buffer;
+}
+
+DevicePlanBuffer::DevicePlanBuffer(DevicePlanBuffer&& other) noexcept
+    : memory_(std::exchange(other.memory_, nullptr)), plan_(other.plan_) {}
+
+DevicePlanBuffer& DevicePlanBuffer::operator=(DevicePlanBuffer&& other) noexcept {
+  if (this != &other) {
+    if (memory_ != nullptr) internal::DeviceFree(memory_);
+    memory_ = std::exchange(other.memory_, nullptr);
+    plan_ = other.plan_;
+  }
+  return *this;
+}
+
+DevicePlanBuffer::~DevicePlanBuffer() {
+  if (memory_ != nullptr) internal::DeviceFree(memory_);
+}
+
+absl::Status LaunchKvCopy(const DevicePlan& plan, uint32_t tile_begin, uint32_t tile_end,
+                          int num_ctas, CudaStream stream, int threads_per_cta) {
+  if (tile_end > plan.num_tiles || tile_begin > tile_end) {
+    return absl::InvalidArgumentError(absl::StrCat("tiles [", tile_begin, ", ", tile_end,
+                                                   ") outside the plan's ", plan.num_tiles));
+  }
+  if (num_ctas <= 0 || threads_per_cta <= 0 || threads_per_cta > 512 || threads_per_cta % 32 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("bad launch shape: ", num_ctas, " CTAs x ",
+                                                   threads_per_cta, " threads"));
+  }
+  return CudaStatus(internal::KvCopyLaunch(plan.header, tile_begin, tile_end, num_ctas,
+                                           threads_per_cta, plan.access_bytes, stream),
+                    "kv_copy launch");
+}
+
+}  // namespace kvrail::kernels

@@ -1,0 +1,59 @@
+// The fused gather/scatter kernel: moves a plan's head vectors (coalesced into chunks) from the
+// source region to the destination region on a GPU, computing every address from the plan header
+// and the two block tables (kernels/plan_math.h). The destination may be the same GPU, a peer GPU
+// (direct NVLink stores) or mapped pinned host memory.
+//
+// No CUDA header is needed to use it: streams are the runtime's opaque `CUstream_st*`
+// (cudaStream_t is a typedef of it).
+#pragma once
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "kernels/device_abi.h"
+
+struct CUstream_st;
+
+namespace kvrail::kernels {
+
+using CudaStream = CUstream_st*;
+
+// A plan resident in device memory, ready to launch.
+struct DevicePlan {
+  const PlanHeader* header = nullptr;  // device address: header with engine fields filled in
+  uint32_t num_tiles = 0;              // copied from the header
+  uint32_t access_bytes = 1;           // the plan's access width narrowed to the base pointers
+};
+
+// Owns one device allocation holding a plan's header followed by its two block tables.
+class DevicePlanBuffer {
+ public:
+  // Copies `header` (with src/dst base addresses and table pointers filled in) and the tables to
+  // the current device. `src_base` / `dst_base` are the regions' device-visible addresses (device
+  // memory, a peer's memory or mapped pinned host memory). Synchronizes `stream` once.
+  static absl::StatusOr<DevicePlanBuffer> Upload(const PlanHeader& header,
+                                                 const uint32_t* src_blocks,
+                                                 const uint32_t* dst_blocks, uint64_t src_base,
+                                                 uint64_t dst_base, CudaStream stream);
+  DevicePlanBuffer(DevicePlanBuffer&& other) noexcept;
+  DevicePlanBuffer& operator=(DevicePlanBuffer&& other) noexcept;
+  DevicePlanBuffer(const DevicePlanBuffer&) = delete;
+  DevicePlanBuffer& operator=(const DevicePlanBuffer&) = delete;
+  ~DevicePlanBuffer();
+
+  const DevicePlan& plan() const { return plan_; }
+
+ private:
+  DevicePlanBuffer() = default;
+  void* memory_ = nullptr;
+  DevicePlan plan_;
+};
+
+// Enqueues the kernel for tiles [tile_begin, tile_end) of `plan` on `stream`: `num_ctas` CTAs of
+// `threads_per_cta` threads grid-stride over 64 KiB slabs of those tiles, each thread keeping 8
+// loads in flight. Returns the CUDA launch error, if any, as a Status naming the CUDA error.
+absl::Status LaunchKvCopy(const DevicePlan& plan, uint32_t tile_begin, uint32_t tile_end,
+                          int num_ctas, CudaStream stream, int threads_per_cta = 512);
+
+}  // namespace kvrail::kernels

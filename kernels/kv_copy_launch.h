@@ -1,0 +1,24 @@
+// Internal to kernels/: the nvcc-compiled entry points behind kv_copy.h. Plain C++ (no CUDA or
+// absl types) so both compilers agree; results are cudaError_t values as int (0 = success).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/device_abi.h"
+
+struct CUstream_st;
+
+namespace kvrail::kernels::internal {
+
+int KvCopyLaunch(const PlanHeader* device_header, uint32_t tile_begin, uint32_t tile_end,
+                 int num_ctas, int threads, uint32_t access_bytes,
+                 CUstream_st* stream);
+int DeviceAlloc(void** ptr, size_t bytes);
+int DeviceFree(void* ptr);
+// Host -> device copy on `stream`, then waits for the stream.
+int CopyToDeviceSync(void* dst, const void* src, size_t bytes, CUstream_st* stream);
+const char* ErrorName(int error);
+const char* ErrorString(int error);
+
+}  // namespace kvrail::kernels::internal

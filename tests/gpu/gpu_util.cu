@@ -1,0 +1,100 @@
+#include "tests/gpu/gpu_util.h"
+
+#include <cstdio>
+#include <cstdlib>
+
+#include <cuda_runtime.h>
+
+namespace kvrail::gpu_test {
+namespace {
+
+void Check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    std::fprintf(stderr, "CUDA error in %s: %s: %s\n", what, cudaGetErrorName(e), cudaGetErrorString(e));
+    std::abort();
+  }
+}
+
+}  // namespace
+
+int DeviceCount() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) return 0;
+  return n;
+}
+
+std::string DeviceName(int device) {
+  cudaDeviceProp p{};
+  Check(cudaGetDeviceProperties(&p, device), "cudaGetDeviceProperties");
+  return p.name;
+}
+
+int SmCount(int device) {
+  int n = 0;
+  Check(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device), "SM count");
+  return n;
+}
+
+void* DeviceAlloc(size_t bytes) {
+  void* p = nullptr;
+  Check(cudaMalloc(&p, bytes), "cudaMalloc");
+  return p;
+}
+
+void DeviceFree(void* ptr) { Check(cudaFree(ptr), "cudaFree"); }
+
+void* HostAllocMapped(size_t bytes, void** device_ptr) {
+  void* p = nullptr;
+  Check(cudaHostAlloc(&p, bytes, cudaHostAllocMapped), "cudaHostAlloc");
+  Check(cudaHostGetDevicePointer(device_ptr, p, 0), "cudaHostGetDevicePointer");
+  return p;
+}
+
+void HostFree(void* ptr) { Check(cudaFreeHost(ptr), "cudaFreeHost"); }
+
+void CopyToDevice(void* dst, const void* src, size_t bytes) {
+  Check(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice), "cudaMemcpy H2D");
+}
+
+void CopyToHost(void* dst, const void* src, size_t bytes) {
+  Check(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy D2H");
+}
+
+void Memset(void* dst, int value, size_t bytes) { Check(cudaMemset(dst, value, bytes), "cudaMemset"); }
+
+void Sync() { Check(cudaDeviceSynchronize(), "cudaDeviceSynchronize"); }
+
+Timer::Timer() {
+  cudaEvent_t a, b;
+  Check(cudaEventCreate(&a), "cudaEventCreate");
+  Check(cudaEventCreate(&b), "cudaEventCreate");
+  start_ = a;
+  stop_ = b;
+}
+
+Timer::~Timer() {
+  cudaEventDestroy(static_cast<cudaEvent_t>(start_));
+  cudaEventDestroy(static_cast<cudaEvent_t>(stop_));
+}
+
+void Timer::Start() { Check(cudaEventRecord(static_cast<cudaEvent_t>(start_), 0), "record"); }
+
+float Timer::StopMs() {
+  Check(cudaEventRecord(static_cast<cudaEvent_t>(stop_), 0), "record");
+  Check(cudaEventSynchronize(static_cast<cudaEvent_t>(stop_)), "sync");
+  float ms = 0;
+  Check(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(start_), static_cast<cudaEvent_t>(stop_)), "elapsed");
+  return ms;
+}
+
+float TimeMemcpyD2D(void* dst, const void* src, size_t bytes, int iters) {
+  Check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, 0), "warm-up memcpy");
+  Timer t;
+  t.Start();
+  for (int i = 0; i < iters; ++i) {
+    Check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, 0), "memcpy");
+  }
+  return t.StopMs() / iters;
+}
+
+}  // namespace kvrail::gpu_test
