@@ -20,10 +20,71 @@ template <> struct Access<4> { using T = int; };
 template <> struct Access<2> { using T = short; };
 template <> struct Access<1> { using T = char; };
 
+// Addresses of one slab (see KvCopyKernel), relative to the region bases.
+struct SlabAddr {
+  uint64_t from[kLoadsInFlight];
+  uint64_t to[kLoadsInFlight];
+  uint32_t len;  // bytes of the slab; 0 past the end of a short last tile
+};
+
+// Locates slab `item` of the launch's tile range. Divisions are 32-bit fast divisions whenever the
+// values allow (they nearly always do); block-table reads happen here.
+template <int W>
+__device__ __forceinline__ void LocateSlab(const PlanHeader& h, const uint32_t* src_blocks,
+                                           const uint32_t* dst_blocks, uint32_t tile_begin,
+                                           uint64_t item, const FastDivU32& slabs_div,
+                                           uint64_t slabs_per_tile, uint32_t slab_bytes,
+                                           SlabAddr& a) {
+  uint64_t tile_rel, slab;
+  if (item <= kFastDivMaxDividend && slabs_per_tile <= kFastDivMaxDividend) {
+    tile_rel = FastDiv(slabs_div, static_cast<uint32_t>(item));
+    slab = item - tile_rel * slabs_per_tile;
+  } else {
+    tile_rel = item / slabs_per_tile;
+    slab = item % slabs_per_tile;
+  }
+  const TileDesc t = TileAt(h, tile_begin + static_cast<uint32_t>(tile_rel));
+  const uint64_t begin = t.byte_begin + slab * slab_bytes;
+  if (begin >= t.byte_end) {  // the last tile of a stream is shorter
+    a.len = 0;
+    return;
+  }
+  const uint64_t left = t.byte_end - begin;
+  a.len = left < slab_bytes ? static_cast<uint32_t>(left) : slab_bytes;
+  if (static_cast<ChunkKind>(h.chunk_kind) == ChunkKind::kBytes) {
+#pragma unroll
+    for (int k = 0; k < kLoadsInFlight; ++k) {
+      const uint32_t off = (k * blockDim.x + threadIdx.x) * W;
+      a.from[k] = h.src.origin + begin + off;
+      a.to[k] = h.dst.origin + begin + off;
+    }
+    return;
+  }
+  ChunkPos start;
+  if (begin <= kFastDivMaxDividend) {
+    start.chunk = FastDiv(h.chunk_div, static_cast<uint32_t>(begin));
+    start.offset = static_cast<uint32_t>(begin) - start.chunk * static_cast<uint32_t>(h.chunk_bytes);
+  } else {
+    start.chunk = static_cast<uint32_t>(begin / h.chunk_bytes);
+    start.offset = static_cast<uint32_t>(begin % h.chunk_bytes);
+  }
+#pragma unroll
+  for (int k = 0; k < kLoadsInFlight; ++k) {
+    const uint32_t off = (k * blockDim.x + threadIdx.x) * W;
+    if (off < a.len) {
+      const ChunkPos pos = AdvanceChunkPos(h, start, off);
+      const ChunkSpan span = ChunkAt(h, src_blocks, dst_blocks, t.layer, t.part, pos.chunk);
+      a.from[k] = span.src + pos.offset;
+      a.to[k] = span.dst + pos.offset;
+    }
+  }
+}
+
 // Each CTA grid-strides over "slabs": blockDim.x * kLoadsInFlight accesses of W bytes inside one
 // tile. Thread t handles accesses t, t + blockDim.x, ... of the slab, so a warp's accesses are
 // consecutive stream bytes (coalesced whenever chunks are larger than a few accesses). All loads
-// of a slab are issued before any store.
+// of a slab are issued before any store, and the next slab is located (its block-table reads)
+// while those loads are in flight, so table and data latencies overlap instead of adding up.
 template <int W>
 __global__ void __launch_bounds__(kMaxThreads)
     KvCopyKernel(const PlanHeader* __restrict__ header, uint32_t tile_begin, uint32_t tile_end) {
@@ -41,52 +102,40 @@ __global__ void __launch_bounds__(kMaxThreads)
   uint8_t* __restrict__ dst = reinterpret_cast<uint8_t*>(h.dst.base);
   const uint32_t* __restrict__ src_blocks = reinterpret_cast<const uint32_t*>(h.src.block_table);
   const uint32_t* __restrict__ dst_blocks = reinterpret_cast<const uint32_t*>(h.dst.block_table);
-  const bool bytes_kind = static_cast<ChunkKind>(h.chunk_kind) == ChunkKind::kBytes;
 
   const uint32_t slab_bytes = blockDim.x * kLoadsInFlight * W;
   const uint64_t slabs_per_tile = (h.tile_bytes + slab_bytes - 1) / slab_bytes;
+  const FastDivU32 slabs_div =
+      MakeFastDiv(static_cast<uint32_t>(slabs_per_tile <= kFastDivMaxDividend ? slabs_per_tile : 1));
   const uint64_t items = static_cast<uint64_t>(tile_end - tile_begin) * slabs_per_tile;
 
-  for (uint64_t item = blockIdx.x; item < items; item += gridDim.x) {
-    const uint32_t tile = tile_begin + static_cast<uint32_t>(item / slabs_per_tile);
-    const uint64_t slab = item % slabs_per_tile;
-    const TileDesc t = TileAt(h, tile);
-    const uint64_t begin = t.byte_begin + slab * slab_bytes;
-    if (begin >= t.byte_end) continue;  // the last tile of a stream is shorter
-    const uint64_t left = t.byte_end - begin;
-    const uint32_t len = left < slab_bytes ? static_cast<uint32_t>(left) : slab_bytes;
-
+  SlabAddr a;
+  uint64_t item = blockIdx.x;
+  if (item < items) {
+    LocateSlab<W>(h, src_blocks, dst_blocks, tile_begin, item, slabs_div, slabs_per_tile,
+                  slab_bytes, a);
+  }
+  while (item < items) {
     T value[kLoadsInFlight];
     uint64_t to[kLoadsInFlight];
-    if (bytes_kind) {
+    const uint32_t len = a.len;
 #pragma unroll
-      for (int k = 0; k < kLoadsInFlight; ++k) {
-        const uint32_t off = (k * blockDim.x + threadIdx.x) * W;
-        if (off < len) {
-          value[k] = *reinterpret_cast<const T*>(src + h.src.origin + begin + off);
-          to[k] = h.dst.origin + begin + off;
-        }
-      }
-    } else {
-      // One 64-bit division per slab; 32-bit fast divisions per access after it.
-      const ChunkPos start{static_cast<uint32_t>(begin / h.chunk_bytes),
-                           static_cast<uint32_t>(begin % h.chunk_bytes)};
-#pragma unroll
-      for (int k = 0; k < kLoadsInFlight; ++k) {
-        const uint32_t off = (k * blockDim.x + threadIdx.x) * W;
-        if (off < len) {
-          const ChunkPos pos = AdvanceChunkPos(h, start, off);
-          const ChunkSpan span = ChunkAt(h, src_blocks, dst_blocks, t.layer, t.part, pos.chunk);
-          value[k] = *reinterpret_cast<const T*>(src + span.src + pos.offset);
-          to[k] = span.dst + pos.offset;
-        }
-      }
+    for (int k = 0; k < kLoadsInFlight; ++k) {
+      const uint32_t off = (k * blockDim.x + threadIdx.x) * W;
+      if (off < len) value[k] = *reinterpret_cast<const T*>(src + a.from[k]);
+      to[k] = a.to[k];
+    }
+    const uint64_t next = item + gridDim.x;
+    if (next < items) {
+      LocateSlab<W>(h, src_blocks, dst_blocks, tile_begin, next, slabs_div, slabs_per_tile,
+                    slab_bytes, a);
     }
 #pragma unroll
     for (int k = 0; k < kLoadsInFlight; ++k) {
       const uint32_t off = (k * blockDim.x + threadIdx.x) * W;
       if (off < len) *reinterpret_cast<T*>(dst + to[k]) = value[k];
     }
+    item = next;
   }
 }
 
