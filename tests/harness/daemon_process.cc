@@ -66,11 +66,13 @@ bool DaemonProcess::Start(const std::string& dir, const std::vector<std::string>
       pid_ = -1;
       return false;
     }
-    if (::access(socket_.c_str(), F_OK) == 0) {
+    // The daemon logs "ready:" once it serves; connecting earlier would put the gRPC channel into
+    // reconnect back-off (a second or more).
+    if (ReadLog().find("ready: ") != std::string::npos) {
       auto client = client::Client::Connect(socket_, absl::Milliseconds(500));
       if (client.ok()) return true;
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   return false;
 }

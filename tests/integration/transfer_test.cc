@@ -5,7 +5,9 @@
 #include <catch2/catch.hpp>
 #include <signal.h>
 
+#include <atomic>
 #include <chrono>
+#include <mutex>
 #include <thread>
 
 #include "tests/integration/kv_fixture.h"
@@ -25,7 +27,10 @@ struct Live {
     REQUIRE(c.ok());
     client = *std::move(c);
   }
-  ~Live() { CHECK(daemon.Stop(SIGTERM) == 0); }
+  ~Live() {
+    client.reset();
+    CHECK(daemon.Stop(SIGTERM) == 0);
+  }
 };
 
 v1::TransferStatus RunToEnd(Client& c, const v1::TransferSpec& spec) {
@@ -330,23 +335,30 @@ TEST_CASE("layer-wise: layers move when marked ready, in readiness order, with p
   REQUIRE(waited.ok());
   CHECK(waited->state() == v1::TRANSFER_STATE_QUEUED);
   CHECK(CountWritten(dst) == 0);
+  std::mutex mu;
   std::vector<uint32_t> layer_events;
+  std::atomic<bool> watching{false};
   std::thread watcher([&] {
     auto final_status = live.client->Watch(id, [&](const v1::TransferEvent& e) {
+      if (e.kind() == v1::TransferEvent::KIND_SNAPSHOT) watching = true;
+      std::lock_guard<std::mutex> lock(mu);
       if (e.kind() == v1::TransferEvent::KIND_LAYER_DONE) layer_events.push_back(e.layer());
       return true;
     });
     CHECK(final_status.ok());
   });
+  while (!watching) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  uint32_t marked = 0;
   for (uint32_t layer : {2u, 0u, 3u, 1u}) {
     REQUIRE(live.client->MarkReady(id, layer, 1).ok());
     // Wait for the layer to land before marking the next, so readiness order is observable.
     for (int i = 0; i < 500; ++i) {
       auto s = live.client->Get(id);
       REQUIRE(s.ok());
-      if (s->layers_done() >= layer_events.size() + 1 || s->state() == v1::TRANSFER_STATE_SUCCEEDED) break;
+      if (s->layers_done() > marked) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
     }
+    ++marked;
   }
   CHECK(live.client->MarkReady(id, 9, 1).code() == absl::StatusCode::kOutOfRange);
   auto done = live.client->Wait(id, absl::Seconds(10));
