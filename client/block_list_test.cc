@@ -206,6 +206,19 @@ TEST_CASE("Layout summaries") {
   CHECK(KindDevice(spec) == "cuda:3");
 }
 
+TEST_CASE("Endpoint summaries") {
+  v1::TransferEndpoint e;
+  e.set_region_id(3);
+  CHECK(EndpointSummary(e, false) == "region 3 blocks not reported, layers from 0 heads from 0");
+  e.add_block_ids(4);
+  e.add_block_ids(5);
+  e.set_layer_begin(2);
+  CHECK(EndpointSummary(e, false) == "region 3 blocks[2]=4-5 layers from 2 heads from 0");
+  e.set_byte_offset(4096);
+  e.set_node_id("n2");
+  CHECK(EndpointSummary(e, true) == "region 3@n2 bytes from offset 4096");
+}
+
 TEST_CASE("Table aligns columns, counting UTF-8 code points") {
   Table table({"ID", "LAYOUT", "SIZE"});
   table.RightAlign(2);

@@ -143,10 +143,13 @@ std::string LayoutSummary(const v1::RegionSpec& spec) {
   return out;
 }
 
-std::string EndpointSummary(const v1::TransferEndpoint& e) {
+std::string EndpointSummary(const v1::TransferEndpoint& e, bool bytes_transfer) {
   std::string out = absl::StrCat("region ", e.region_id());
   if (!e.node_id().empty()) absl::StrAppend(&out, "@", e.node_id());
-  if (e.block_ids_size() > 0) {
+  if (!bytes_transfer && e.block_ids_size() == 0) {
+    absl::StrAppend(&out, " blocks not reported, layers from ", e.layer_begin(), " heads from ",
+                    e.head_begin());
+  } else if (!bytes_transfer) {
     const std::vector<uint32_t> ids(e.block_ids().begin(), e.block_ids().end());
     std::string list = FormatBlockList(ids);
     if (list.size() > 60) list = absl::StrCat(list.substr(0, 57), "...");

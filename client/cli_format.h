@@ -38,8 +38,10 @@ std::string KindDevice(const v1::RegionSpec& spec);
 // "paged 32L×2P×4096B×16T×8H×128D bf16 NHD", "bytes", or "-" when no layout is set. Explicit
 // strides render as "strided" in place of the order name.
 std::string LayoutSummary(const v1::RegionSpec& spec);
-// "src region 3 [256 blocks] -> dst region 4 [256 blocks]" style one-liner of a spec's endpoints.
-std::string EndpointSummary(const v1::TransferEndpoint& endpoint);
+// One side of a transfer: "region 3 blocks[256]=0-255 layers from 0 heads from 0" for paged
+// transfers, "region 3 bytes from offset 4096" when `bytes_transfer` (spec.num_bytes != 0). The
+// daemon may leave block ids out of the specs it reports; that shows as "blocks not reported".
+std::string EndpointSummary(const v1::TransferEndpoint& endpoint, bool bytes_transfer);
 
 // Seconds between start and finish of an ended transfer; <= 0 when unknown.
 double TransferSeconds(const v1::TransferStatus& status);

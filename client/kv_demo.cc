@@ -136,13 +136,19 @@ int Fail(absl::string_view role, const absl::Status& status) {
   return 1;
 }
 
-// Blocks until stdin reaches EOF (unless ignore_stdin) or SIGTERM/SIGINT arrives.
-void WaitForEofOrSignal(bool ignore_stdin) {
+sigset_t TerminationSignals() {
   sigset_t set;
   sigemptyset(&set);
   sigaddset(&set, SIGTERM);
   sigaddset(&set, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  return set;
+}
+
+// Blocks until stdin reaches EOF (unless ignore_stdin) or SIGTERM/SIGINT arrives. The signals
+// must have been blocked before any thread started (see Main), so that none of gRPC's threads
+// takes them with the default action (death, exit code 143).
+void WaitForEofOrSignal(bool ignore_stdin) {
+  const sigset_t set = TerminationSignals();
   const int sfd = ::signalfd(-1, &set, SFD_CLOEXEC);
   struct pollfd fds[2] = {{sfd, POLLIN, 0}, {ignore_stdin ? -1 : STDIN_FILENO, POLLIN, 0}};
   char buffer[4096];
@@ -161,7 +167,7 @@ void WaitForEofOrSignal(bool ignore_stdin) {
 }
 
 int Prefill(const std::string& socket, const std::string& info_path, uint64_t seed,
-            const Shape& shape, bool ignore_stdin) {
+            const Shape& shape, bool ignore_stdin, bool writable) {
   absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(socket);
   if (!client.ok()) return Fail("prefill", client.status());
   const v1::PagedKvLayout layout = MakeLayout(shape);
@@ -190,7 +196,7 @@ int Prefill(const std::string& socket, const std::string& info_path, uint64_t se
   v1::RegionSpec spec;
   spec.set_name("kv_demo-prefill");
   *spec.mutable_paged_kv() = layout;
-  spec.set_writable(false);
+  spec.set_writable(writable);
   absl::StatusOr<v1::RegionInfo> region = (*client)->RegisterHostBuffer(**pool, spec);
   if (!region.ok()) return Fail("prefill", region.status());
 
@@ -395,6 +401,7 @@ int Main(int argc, char** argv) {
   uint64_t seed = 1;
   uint64_t timeout_ms = 60000;
   bool ignore_stdin = false;
+  bool writable = false;
   Shape shape;
   CLI::App* prefill = app.add_subcommand("prefill", "fill, register and hold a KV pool");
   CLI::App* decode = app.add_subcommand("decode", "pull the prompt's KV and verify it");
@@ -408,6 +415,9 @@ int Main(int argc, char** argv) {
   prefill->add_option("--tokens", shape.tokens, "prompt length in tokens")->capture_default_str();
   prefill->add_flag("--ignore-stdin", ignore_stdin,
                     "hold the region until SIGTERM only (for background runs with stdin at EOF)");
+  prefill->add_flag("--writable", writable,
+                    "register the pool writable (so it can also be a destination, e.g. for "
+                    "`kvrail submit` experiments)");
   decode
       ->add_option("--timeout-ms", timeout_ms,
                    "wait for the info file, and the transfer's deadline (0: 60 s / none)")
@@ -423,7 +433,10 @@ int Main(int argc, char** argv) {
       std::cerr << "kv_demo prefill: --tokens must be > 0 and fit in --pool-blocks\n";
       return 2;
     }
-    return Prefill(socket, info_path, seed, shape, ignore_stdin);
+    // Before any thread exists: threads inherit the mask, so SIGTERM reaches only the signalfd.
+    const sigset_t signals = TerminationSignals();
+    pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+    return Prefill(socket, info_path, seed, shape, ignore_stdin, writable);
   }
   return Decode(socket, info_path, shape.pool_blocks, timeout_ms);
 }

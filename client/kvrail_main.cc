@@ -257,8 +257,8 @@ int CmdTransfersShow(Client& client, const Globals& g, uint64_t id) {
   t.AddRow({"state", StateName(s.state())});
   t.AddRow({"priority", PriorityName(spec.priority())});
   t.AddRow({"label", spec.label().empty() ? "-" : spec.label()});
-  t.AddRow({"src", EndpointSummary(spec.src())});
-  t.AddRow({"dst", EndpointSummary(spec.dst())});
+  t.AddRow({"src", EndpointSummary(spec.src(), spec.num_bytes() != 0)});
+  t.AddRow({"dst", EndpointSummary(spec.dst(), spec.num_bytes() != 0)});
   t.AddRow({"layers", spec.num_layers() == 0 ? "all" : absl::StrCat(spec.num_layers())});
   t.AddRow({"heads", spec.num_heads() == 0 ? "all" : absl::StrCat(spec.num_heads())});
   t.AddRow({"tokens", spec.num_tokens() == 0 ? "all" : absl::StrCat(spec.num_tokens())});
