@@ -338,11 +338,17 @@ int Decode(const std::string& socket, const std::string& info_path, uint32_t poo
   const uint64_t block_bytes =
       uint64_t{shape.tokens_per_block} * shape.heads * shape.vector_bytes();
   const std::vector<uint8_t> poison(std::max<uint64_t>(block_bytes, shape.vector_bytes()), kPoison);
+  // Used blocks in token order first, so the first mismatch reported is the earliest token.
+  std::vector<uint32_t> visit = dst_blocks;
+  for (uint32_t b = 0; b < shape.pool_blocks; ++b) {
+    if (slot_of[b] < 0) visit.push_back(b);
+  }
   std::vector<std::optional<Mismatch>> first(shape.layers);
   ForEachLayer(shape.layers, [&](uint32_t l) {
     std::vector<uint8_t> expected(shape.vector_bytes());
     for (uint32_t p = 0; p < shape.parts && !first[l]; ++p) {
-      for (uint32_t b = 0; b < shape.pool_blocks && !first[l]; ++b) {
+      for (size_t v = 0; v < visit.size() && !first[l]; ++v) {
+        const uint32_t b = visit[v];
         const int32_t slot = slot_of[b];
         for (uint32_t t = 0; t < shape.tokens_per_block && !first[l]; ++t) {
           const uint32_t pos = slot < 0 ? 0 : slot * shape.tokens_per_block + t;
