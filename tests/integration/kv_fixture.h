@@ -45,6 +45,14 @@ std::string VerifyPool(const Pool& pool, const Expectation& e);
 // Counts bytes different from kPoison (for "nothing was written" checks).
 uint64_t CountWritten(const Pool& pool);
 
+// The pool shape shared by process_test and its source_client helper (128 MiB per pool).
+inline constexpr uint32_t kProcessTestBlocks = 200;
+inline constexpr uint32_t kProcessTestLayers = 8;
+inline v1::PagedKvLayout ProcessTestLayout() {
+  return MakeLayout(kProcessTestLayers, 2, 256, 16, 8, 128, v1::DTYPE_BF16,
+                    v1::LAYOUT_ORDER_LAYER_PART_BLOCK_NHD);
+}
+
 // A permutation of [0, n) taken `count` at a time, deterministic in `seed`.
 std::vector<uint32_t> ScatteredBlocks(uint32_t n, uint32_t count, uint32_t seed);
 
