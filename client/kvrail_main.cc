@@ -26,6 +26,7 @@
 #include "absl/time/time.h"
 #include "client/cli_format.h"
 #include "client/kvrail_client.h"
+#include "topology/topology.h"
 #include "google/protobuf/util/json_util.h"
 
 namespace kvrail::client::cli {
@@ -448,25 +449,22 @@ int CmdPeers(Client& client, const Globals& g) {
   return kExitOk;
 }
 
-// ==== HOOK(topology) ===========================================================================
-// `kvrail topo` without --json is owned by the topology engineer: replace the body of
-// RenderTopologyText with the human renderer from //topology (e.g. a function taking the
-// GetTopologyResponse's desc, computing the graph and returning the text), and add that target
-// to :kvrail's deps in client/BUILD. `topo --json` (raw GetTopologyResponse) stays as it is.
+// The daemon's graph is used when present; an older daemon's response is completed here (the
+// graph is a pure function of the description).
 std::string RenderTopologyText(const v1::GetTopologyResponse& response) {
-  const v1::TopologyDesc& d = response.desc();
-  return absl::StrCat("topology of ", d.hostname().empty() ? "?" : d.hostname(),
-                      " (source: ", response.source().empty() ? "?" : response.source(),
-                      "): ", d.gpus_size(), " GPUs, ", d.gpu_links_size(), " GPU links, ",
-                      d.nics_size(), " NICs, ", d.fabric_domains_size(),
-                      " fabric domains\n(full rendering not implemented yet; use --json)\n");
+  const v1::TopologyGraph graph = response.has_graph() ? response.graph()
+                                                       : topology::ComputeGraph(response.desc());
+  return absl::StrCat("source: ", response.source().empty() ? "?" : response.source(), "\n",
+                      topology::RenderTopology(response.desc(), graph));
 }
-// ==== end HOOK(topology) =======================================================================
 
-int CmdTopo(Client& client, const Globals& g) {
+int CmdTopo(Client& client, const Globals& g, bool dump) {
   absl::StatusOr<v1::GetTopologyResponse> topo = client.GetTopology();
   if (!topo.ok()) return Fail(topo.status());
-  if (g.json) {
+  if (dump) {
+    // Replayable: `kvraild --topology-file` reads exactly this.
+    std::cout << topology::DumpTopology(topo->desc());
+  } else if (g.json) {
     std::cout << ToJson(*topo) << "\n";
   } else {
     std::cout << RenderTopologyText(*topo);
@@ -489,7 +487,10 @@ int Main(int argc, char** argv) {
   CLI::App* stats = app.add_subcommand("stats", "raw counters (incl. per-path and queue maps)");
   CLI::App* regions = app.add_subcommand("regions", "registered regions");
   CLI::App* peers = app.add_subcommand("peers", "peer daemons and their liveness");
-  CLI::App* topo = app.add_subcommand("topo", "node topology (--json: raw GetTopologyResponse)");
+  CLI::App* topo = app.add_subcommand(
+      "topo", "node topology: GPU/NIC matrix, NIC affinity, chosen paths (--json: raw response)");
+  bool topo_dump = false;
+  topo->add_flag("--dump", topo_dump, "print the description as textproto (kvraild --topology-file)");
 
   CLI::App* transfers = app.add_subcommand("transfers", "list, show, watch or cancel transfers");
   transfers->require_subcommand(0, 1);
@@ -563,7 +564,7 @@ int Main(int argc, char** argv) {
   if (stats->parsed()) return CmdStats(c, g);
   if (regions->parsed()) return CmdRegions(c, g);
   if (peers->parsed()) return CmdPeers(c, g);
-  if (topo->parsed()) return CmdTopo(c, g);
+  if (topo->parsed()) return CmdTopo(c, g, topo_dump);
   if (submit->parsed()) return CmdSubmit(c, g, submit_spec, a.wait);
   if (transfers->parsed()) {
     if (t_show->parsed()) return CmdTransfersShow(c, g, transfer_id);
