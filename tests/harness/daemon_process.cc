@@ -41,7 +41,15 @@ std::string RunfilePath(const std::string& workspace_relative) {
     std::string p = std::string(srcdir) + "/" + workspace + "/" + workspace_relative;
     if (::access(p.c_str(), X_OK) == 0) return p;
   }
-  return workspace_relative;  // the test's working directory is the runfiles root
+  // A binary run directly: its runfiles tree sits beside it.
+  char self[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
+  if (n > 0) {
+    self[n] = '\0';
+    std::string p = std::string(self) + ".runfiles/kvrail/" + workspace_relative;
+    if (::access(p.c_str(), X_OK) == 0) return p;
+  }
+  return workspace_relative;  // a test's working directory is the runfiles root
 }
 
 bool DaemonProcess::Start(const std::string& dir, const std::vector<std::string>& extra_args) {
