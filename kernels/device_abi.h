@@ -115,15 +115,21 @@ struct TileDesc {
 };
 static_assert(sizeof(TileDesc) == 24, "TileDesc ABI");
 
-// Placeholder for the future GPU -> NIC command ring (pinned, GPU-mapped host memory): the kernel
-// writes one command per packed tile, the NIC proxy thread consumes it.
+// One slot of the GPU -> NIC command ring (daemon/fabric/command_ring.h), in pinned, GPU-mapped
+// host memory. The producer (the packing kernel on a GPU machine; the host engine's packer here)
+// packs a tile into staging slot `slot` of a (peer, NIC) lane, then writes one command; the NIC's
+// proxy thread turns it into one fi_writedata whose immediate data names (transfer, tile).
+// Publication protocol: every field but `epoch` first, `epoch` last with release semantics; the
+// proxy takes the command once `epoch` equals the ring lap of its sequence number.
 struct NicCommand {
-  uint32_t opcode;         // kernel: what to do (0: none; values defined with the fabric module)
-  uint32_t tile;           // kernel: tile index within the transfer (sent as immediate data)
-  uint64_t staging_offset; // kernel: byte offset of the packed tile in registered staging memory
-  uint64_t transfer_tag;   // engine: daemon-side transfer identity, copied by the kernel
-  uint32_t bytes;          // kernel: packed bytes of the tile
-  uint32_t epoch;          // kernel: ring epoch (counters only grow, never reset)
+  uint32_t opcode;          // producer: 0 none, 1 write tile (fabric: kOpWriteTile)
+  uint32_t tile;            // producer: tile index within the transfer (low 32 bits of imm data)
+  uint32_t slot;            // producer: staging slot in the lane (send slot s -> peer's recv slot s)
+  uint16_t lane;            // engine: the peer's lane index on this NIC (which peer)
+  uint16_t remote_handle;   // engine: the receiver's handle for the transfer (from Begin)
+  uint64_t transfer_tag;    // engine: the sender daemon's transfer id, copied by the producer
+  uint32_t bytes;           // producer: packed bytes of the tile in the slot
+  uint32_t epoch;           // producer, written last: ring lap (seq / capacity + 1), never reset
 };
 static_assert(sizeof(NicCommand) == 32, "NicCommand is one 32-byte ring slot");
 

@@ -1,0 +1,102 @@
+#include "daemon/fabric/command_ring.h"
+
+#include <sys/mman.h>
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace kvrail::fabric {
+
+absl::StatusOr<std::unique_ptr<CommandRing>> CommandRing::Create(uint32_t capacity) {
+  if (capacity == 0 || (capacity & (capacity - 1)) != 0 || capacity > (1u << 20)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ring capacity ", capacity, " must be a power of two in [1, 2^20]"));
+  }
+  const size_t bytes = sizeof(RingHeader) + size_t{capacity} * sizeof(kernels::NicCommand);
+  void* memory = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (memory == MAP_FAILED) {
+    return absl::ResourceExhaustedError(absl::StrCat("mmap of a ", bytes, "-byte ring failed"));
+  }
+  // On a GPU machine: cudaHostRegister(memory, bytes, cudaHostRegisterMapped) here.
+  return std::unique_ptr<CommandRing>(new CommandRing(memory, bytes, capacity));
+}
+
+CommandRing::CommandRing(void* memory, size_t bytes, uint32_t capacity)
+    : memory_(memory), bytes_(bytes), capacity_(capacity) {
+  header_ = new (memory) RingHeader();
+  header_->reserved.store(0);
+  header_->consumed.store(0);
+  slots_ = reinterpret_cast<kernels::NicCommand*>(static_cast<uint8_t*>(memory) +
+                                                  sizeof(RingHeader));
+}
+
+CommandRing::~CommandRing() { munmap(memory_, bytes_); }
+
+bool CommandRing::TryPush(const kernels::NicCommand& cmd) {
+  uint64_t seq = header_->reserved.load(std::memory_order_relaxed);
+  do {
+    if (seq - header_->consumed.load(std::memory_order_acquire) >= capacity_) return false;
+  } while (!header_->reserved.compare_exchange_weak(seq, seq + 1, std::memory_order_acq_rel));
+  kernels::NicCommand* slot = &slots_[seq & (capacity_ - 1)];
+  // Body first, epoch last: the consumer trusts the body once it sees this lap's epoch.
+  kernels::NicCommand body = cmd;
+  body.epoch = 0;
+  std::memcpy(static_cast<void*>(slot), &body, offsetof(kernels::NicCommand, epoch));
+  reinterpret_cast<std::atomic<uint32_t>*>(&slot->epoch)
+      ->store(EpochOf(seq, capacity_), std::memory_order_release);
+  return true;
+}
+
+std::optional<kernels::NicCommand> CommandRing::Pop() {
+  const uint64_t seq = header_->consumed.load(std::memory_order_relaxed);
+  kernels::NicCommand* slot = &slots_[seq & (capacity_ - 1)];
+  const uint32_t epoch =
+      reinterpret_cast<std::atomic<uint32_t>*>(&slot->epoch)->load(std::memory_order_acquire);
+  if (epoch != EpochOf(seq, capacity_)) return std::nullopt;
+  kernels::NicCommand cmd;
+  std::memcpy(&cmd, static_cast<const void*>(slot), sizeof(cmd));
+  header_->consumed.store(seq + 1, std::memory_order_release);
+  return cmd;
+}
+
+uint64_t CommandRing::Pending() const {
+  return header_->reserved.load(std::memory_order_acquire) -
+         header_->consumed.load(std::memory_order_acquire);
+}
+
+SlotCredits::SlotCredits(uint32_t slots, volatile uint64_t* credit_words)
+    : slots_(slots),
+      credit_(credit_words),
+      used_(new uint64_t[slots]()),
+      local_returns_(new uint64_t[slots]()) {}
+
+int SlotCredits::Acquire() {
+  for (uint32_t s = 0; s < slots_; ++s) {
+    if (Returned(s)) {
+      ++used_[s];
+      return static_cast<int>(s);
+    }
+  }
+  return -1;
+}
+
+uint64_t SlotCredits::credit(uint32_t s) const {
+  return reinterpret_cast<const std::atomic<uint64_t>*>(const_cast<const uint64_t*>(&credit_[s]))
+      ->load(std::memory_order_acquire);
+}
+
+bool SlotCredits::Returned(uint32_t s) const { return credit(s) + local_returns_[s] >= used_[s]; }
+
+void SlotCredits::ReturnLocally(uint32_t s) { ++local_returns_[s]; }
+
+void SlotCredits::Rebase() {
+  for (uint32_t s = 0; s < slots_; ++s) {
+    used_[s] = 0;
+    local_returns_[s] = 0;
+    reinterpret_cast<std::atomic<uint64_t>*>(const_cast<uint64_t*>(&credit_[s]))
+        ->store(0, std::memory_order_release);
+  }
+}
+
+}  // namespace kvrail::fabric
