@@ -27,6 +27,8 @@
 #include "client/cli_format.h"
 #include "client/kvrail_client.h"
 #include "topology/topology.h"
+#include "proto/grpc/health/v1/health.grpc.pb.h"
+#include <grpcpp/grpcpp.h>
 #include "google/protobuf/util/json_util.h"
 
 namespace kvrail::client::cli {
@@ -458,6 +460,27 @@ std::string RenderTopologyText(const v1::GetTopologyResponse& response) {
                       topology::RenderTopology(response.desc(), graph));
 }
 
+// The standard gRPC health check (liveness: service ""; readiness: "kvrail.v1.Transfer", which
+// turns NOT_SERVING when a drain begins). Exit 0 only for SERVING.
+int CmdHealth(Client& client, const Globals& g, const std::string& service) {
+  auto channel = grpc::CreateChannel(client.grpc_target(), grpc::InsecureChannelCredentials());
+  auto stub = grpc::health::v1::Health::NewStub(channel);
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(3));
+  grpc::health::v1::HealthCheckRequest request;
+  request.set_service(service);
+  grpc::health::v1::HealthCheckResponse response;
+  const grpc::Status status = stub->Check(&context, request, &response);
+  if (!status.ok()) return Fail(FromGrpcStatus(status));
+  const std::string name = grpc::health::v1::HealthCheckResponse::ServingStatus_Name(response.status());
+  if (g.json) {
+    std::cout << ToJson(response) << "\n";
+  } else {
+    std::cout << (service.empty() ? "kvraild" : service) << ": " << name << "\n";
+  }
+  return response.status() == grpc::health::v1::HealthCheckResponse::SERVING ? kExitOk : kExitFailed;
+}
+
 int CmdTopo(Client& client, const Globals& g, bool dump) {
   absl::StatusOr<v1::GetTopologyResponse> topo = client.GetTopology();
   if (!topo.ok()) return Fail(topo.status());
@@ -490,6 +513,10 @@ int Main(int argc, char** argv) {
   CLI::App* topo = app.add_subcommand(
       "topo", "node topology: GPU/NIC matrix, NIC affinity, chosen paths (--json: raw response)");
   bool topo_dump = false;
+  CLI::App* health = app.add_subcommand("health", "gRPC health check; exit 0 only when SERVING");
+  std::string health_service;
+  health->add_option("--service", health_service,
+                     "service to ask about (kvrail.v1.Transfer for readiness); empty: the server");
   topo->add_flag("--dump", topo_dump, "print the description as textproto (kvraild --topology-file)");
 
   CLI::App* transfers = app.add_subcommand("transfers", "list, show, watch or cancel transfers");
@@ -565,6 +592,7 @@ int Main(int argc, char** argv) {
   if (regions->parsed()) return CmdRegions(c, g);
   if (peers->parsed()) return CmdPeers(c, g);
   if (topo->parsed()) return CmdTopo(c, g, topo_dump);
+  if (health->parsed()) return CmdHealth(c, g, health_service);
   if (submit->parsed()) return CmdSubmit(c, g, submit_spec, a.wait);
   if (transfers->parsed()) {
     if (t_show->parsed()) return CmdTransfersShow(c, g, transfer_id);

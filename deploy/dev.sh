@@ -42,36 +42,38 @@ build() {
   "${BAZEL[@]}" build //daemon:kvraild //client:kvrail //client:kv_demo
 }
 
+DEMO_DIR="" DAEMON_PID="" PREFILL_PID=""
+demo_cleanup() {
+  [ -n "$PREFILL_PID" ] && kill "$PREFILL_PID" 2>/dev/null || true
+  if [ -n "$DAEMON_PID" ]; then kill -TERM "$DAEMON_PID" 2>/dev/null && wait "$DAEMON_PID" 2>/dev/null || true; fi
+  [ -n "$DEMO_DIR" ] && rm -rf "$DEMO_DIR"
+  return 0
+}
+
 demo() {
   build
-  local dir
-  dir=$(mktemp -d /tmp/kvrail-demo.XXXXXX)
-  local sock="$dir/kvrail.sock"
-  local daemon_pid="" prefill_pid=""
-  cleanup() {
-    [ -n "$prefill_pid" ] && kill "$prefill_pid" 2>/dev/null || true
-    [ -n "$daemon_pid" ] && kill -TERM "$daemon_pid" 2>/dev/null && wait "$daemon_pid" 2>/dev/null || true
-    rm -rf "$dir"
-  }
-  trap cleanup EXIT
+  DEMO_DIR=$(mktemp -d /tmp/kvrail-demo.XXXXXX)
+  trap demo_cleanup EXIT
+  local sock="$DEMO_DIR/kvrail.sock"
   bazel-bin/daemon/kvraild --socket "$sock" --log-level warn &
-  daemon_pid=$!
+  DAEMON_PID=$!
   for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.1; done
   [ -S "$sock" ] || { log "kvraild did not start"; exit 1; }
-  log "kvraild running (pid $daemon_pid, socket $sock)"
+  log "kvraild running (pid $DAEMON_PID, socket $sock)"
   # The prefill process lives until its stdin closes: a fifo held open by this shell.
-  mkfifo "$dir/prefill.stdin"
-  bazel-bin/client/kv_demo prefill --socket "$sock" --info "$dir/prefill.json" --seed 42 < "$dir/prefill.stdin" &
-  prefill_pid=$!
-  exec 3>"$dir/prefill.stdin"
-  bazel-bin/client/kv_demo decode --socket "$sock" --info "$dir/prefill.json"
+  mkfifo "$DEMO_DIR/prefill.stdin"
+  bazel-bin/client/kv_demo prefill --socket "$sock" --info "$DEMO_DIR/prefill.json" --seed 42 \
+    < "$DEMO_DIR/prefill.stdin" &
+  PREFILL_PID=$!
+  exec 3>"$DEMO_DIR/prefill.stdin"
+  bazel-bin/client/kv_demo decode --socket "$sock" --info "$DEMO_DIR/prefill.json"
   bazel-bin/client/kvrail --socket "$sock" transfers
   exec 3>&-
-  wait "$prefill_pid"
-  prefill_pid=""
-  kill -TERM "$daemon_pid"
-  wait "$daemon_pid"
-  daemon_pid=""
+  wait "$PREFILL_PID"
+  PREFILL_PID=""
+  kill -TERM "$DAEMON_PID"
+  wait "$DAEMON_PID"
+  DAEMON_PID=""
   log "demo done: kvraild stopped cleanly"
 }
 
