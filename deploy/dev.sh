@@ -12,7 +12,7 @@ PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
   libspdlog-dev libfmt-dev catch2 libcli11-dev nlohmann-json3-dev
   libfabric-dev libfabric-bin libibverbs-dev librdmacm-dev libhwloc-dev libnuma-dev
-  prometheus-cpp-dev iproute2 procps python3
+  prometheus-cpp-dev iproute2 procps python3 python3-yaml systemd
 )
 
 log() { printf '[dev.sh] %s\n' "$*" >&2; }
