@@ -25,6 +25,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/cli_format.h"
+#include "client/cli_top.h"
 #include "client/kvrail_client.h"
 #include "topology/topology.h"
 #include "proto/grpc/health/v1/health.grpc.pb.h"
@@ -513,6 +514,10 @@ int Main(int argc, char** argv) {
   CLI::App* topo = app.add_subcommand(
       "topo", "node topology: GPU/NIC matrix, NIC affinity, chosen paths (--json: raw response)");
   bool topo_dump = false;
+  CLI::App* top = app.add_subcommand("top", "live per-path throughput, queues, SM budget");
+  uint32_t top_interval_ms = 1000, top_iterations = 0;
+  top->add_option("--interval-ms", top_interval_ms, "refresh period (default 1000)");
+  top->add_option("--iterations", top_iterations, "frames to show, 0 = until interrupted");
   CLI::App* health = app.add_subcommand("health", "gRPC health check; exit 0 only when SERVING");
   std::string health_service;
   health->add_option("--service", health_service,
@@ -593,6 +598,7 @@ int Main(int argc, char** argv) {
   if (peers->parsed()) return CmdPeers(c, g);
   if (topo->parsed()) return CmdTopo(c, g, topo_dump);
   if (health->parsed()) return CmdHealth(c, g, health_service);
+  if (top->parsed()) return RunTop(c, g.json, top_interval_ms, top_iterations);
   if (submit->parsed()) return CmdSubmit(c, g, submit_spec, a.wait);
   if (transfers->parsed()) {
     if (t_show->parsed()) return CmdTransfersShow(c, g, transfer_id);

@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <fstream>
+#include <sstream>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -255,6 +256,32 @@ TEST_CASE("the kvrail CLI against a live daemon: tables, --json, submit --wait, 
   REQUIRE(status.exit_code == 0);
   auto status_json = nlohmann::json::parse(status.out);
   CHECK(status_json["transfers_succeeded"].get<std::string>() == "1");
+
+  auto health = run({"health"});
+  CHECK(health.exit_code == 0);
+  CHECK(health.out.find("SERVING") != std::string::npos);
+  auto ready = run({"health", "--service", "kvrail.v1.Transfer"});
+  CHECK(ready.exit_code == 0);
+  auto unknown_service = run({"health", "--service", "no.such.Service"});
+  CHECK(unknown_service.exit_code == 1);
+  auto top = run({"--json", "top", "--iterations", "2", "--interval-ms", "50"});
+  REQUIRE(top.exit_code == 0);
+  {
+    std::istringstream lines(top.out);
+    std::string line;
+    int frames = 0;
+    while (std::getline(lines, line)) {
+      auto frame = nlohmann::json::parse(line);
+      CHECK(frame.contains("gbps_by_path"));
+      CHECK(frame["queued_tiles"].contains("critical"));
+      CHECK(frame["engines"].size() >= 1);
+      ++frames;
+    }
+    CHECK(frames == 2);
+  }
+  auto top_text = run({"top", "--iterations", "1"});
+  CHECK(top_text.exit_code == 0);
+  CHECK(top_text.out.find("QUEUED TILES") != std::string::npos);
 
   // Errors: stderr names the field, exit code 1 (daemon said no) or 2 (usage).
   auto bad = run({"submit", "--src-region", std::to_string(src.id()), "--src-blocks", "0-3",
