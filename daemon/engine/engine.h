@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -45,6 +46,12 @@ class Engine {
   virtual size_t Remove(const Job* job) = 0;
   // Queued tiles per priority class.
   virtual std::vector<uint64_t> QueuedTiles() const = 0;
+  // Seconds until `bytes` more of class `priority` would be done, counting the work queued ahead
+  // of it (its class and higher ones), from the throughput measured so far; nullopt until the
+  // engine has measured enough to say. Used to fail transfers early that cannot meet a deadline.
+  virtual std::optional<double> EstimateSeconds(uint64_t bytes, PriorityClass priority) const {
+    return std::nullopt;
+  }
   // A line for humans ("host: 4 threads").
   virtual std::string Describe() const = 0;
 };

@@ -1,7 +1,10 @@
+#include <algorithm>
+#include <chrono>
 #include <deque>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "daemon/engine/engine.h"
 
@@ -20,9 +23,14 @@ namespace {
 
 // Worker threads pull one tile at a time from the highest non-empty class, so a critical job
 // enqueued behind background work starts on the next free worker (tile-level preemption).
+// Background tiles may occupy at most threads - 1 workers: one worker is always free for critical
+// and normal work, so background traffic only fills idle time (FIKIT's idea, at tile grain).
 class HostEngine final : public Engine {
  public:
   explicit HostEngine(int threads) : threads_(threads < 1 ? 1 : threads) {
+    limit_[static_cast<int>(PriorityClass::kCritical)] = threads_;
+    limit_[static_cast<int>(PriorityClass::kNormal)] = threads_;
+    limit_[static_cast<int>(PriorityClass::kBackground)] = threads_ > 1 ? threads_ - 1 : 1;
     for (int i = 0; i < threads_; ++i) workers_.emplace_back([this] { Work(); });
   }
 
@@ -47,6 +55,20 @@ class HostEngine final : public Engine {
       }
     }
     queue.push_back(Entry{job, std::deque<uint32_t>(tiles.begin(), tiles.end())});
+  }
+
+  std::optional<double> EstimateSeconds(uint64_t bytes, PriorityClass priority) const override {
+    absl::MutexLock lock(&mu_);
+    if (measured_tiles_ < kMinMeasuredTiles || tile_bytes_per_second_ <= 0) return std::nullopt;
+    uint64_t ahead = 0;
+    for (int c = 0; c <= static_cast<int>(priority); ++c) {
+      for (const Entry& e : queues_[c]) {
+        for (uint32_t t : e.tiles) ahead += e.job->plan().tile(t).bytes;
+      }
+    }
+    const double workers = std::min<double>(limit_[static_cast<int>(priority)],
+                                            std::max(1u, std::thread::hardware_concurrency()));
+    return static_cast<double>(ahead + bytes) / (tile_bytes_per_second_ * workers);
   }
 
   size_t Remove(const Job* job) override {
@@ -74,7 +96,12 @@ class HostEngine final : public Engine {
     return out;
   }
 
-  std::string Describe() const override { return absl::StrCat("host: ", threads_, " threads"); }
+  std::string Describe() const override {
+    absl::MutexLock lock(&mu_);
+    return absl::StrCat("host: ", threads_, " threads (background at most ",
+                        limit_[static_cast<int>(PriorityClass::kBackground)], "), ",
+                        absl::StrFormat("%.1f", tile_bytes_per_second_ / 1e9), " GB/s per worker");
+  }
 
  private:
   struct Entry {
@@ -82,10 +109,15 @@ class HostEngine final : public Engine {
     std::deque<uint32_t> tiles;
   };
 
+  // A class may start a tile when it has one queued and is below its running limit.
+  bool Runnable(int c) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return !queues_[c].empty() && running_[c] < limit_[c];
+  }
+
   bool HasWorkOrStop() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (stop_) return true;
-    for (const auto& q : queues_) {
-      if (!q.empty()) return true;
+    for (int c = 0; c < kNumPriorityClasses; ++c) {
+      if (Runnable(c)) return true;
     }
     return false;
   }
@@ -94,12 +126,15 @@ class HostEngine final : public Engine {
     while (true) {
       std::shared_ptr<Job> job;
       uint32_t tile = 0;
+      int cls = 0;
       {
         absl::MutexLock lock(&mu_);
         mu_.Await(absl::Condition(this, &HostEngine::HasWorkOrStop));
         if (stop_) return;
-        for (auto& queue : queues_) {
-          if (queue.empty()) continue;
+        for (cls = 0; cls < kNumPriorityClasses; ++cls) {
+          if (!Runnable(cls)) continue;
+          auto& queue = queues_[cls];
+          ++running_[cls];
           Entry& e = queue.front();
           job = e.job;
           tile = e.tiles.front();
@@ -115,14 +150,32 @@ class HostEngine final : public Engine {
         }
       }
       job->OnTileStart(tile);
+      const auto t0 = std::chrono::steady_clock::now();
       planner::ExecuteTileHost(job->plan(), tile, job->src_base(), job->dst_base());
+      const double seconds =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      {
+        absl::MutexLock lock(&mu_);
+        --running_[cls];
+        const double rate = static_cast<double>(job->plan().tile(tile).bytes) / std::max(seconds, 1e-7);
+        // Exponential moving average of one worker's throughput.
+        tile_bytes_per_second_ =
+            measured_tiles_ == 0 ? rate : 0.9 * tile_bytes_per_second_ + 0.1 * rate;
+        ++measured_tiles_;
+      }
       job->OnTileDone(tile, absl::OkStatus());
     }
   }
 
+  static constexpr uint64_t kMinMeasuredTiles = 8;
+
   const int threads_;
+  int limit_[kNumPriorityClasses];  // set in the constructor, then read-only
   mutable absl::Mutex mu_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  int running_[kNumPriorityClasses] ABSL_GUARDED_BY(mu_) = {0, 0, 0};
+  double tile_bytes_per_second_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t measured_tiles_ ABSL_GUARDED_BY(mu_) = 0;
   std::deque<Entry> queues_[kNumPriorityClasses] ABSL_GUARDED_BY(mu_);
   std::vector<std::thread> workers_;
 };
