@@ -1,0 +1,69 @@
+#define CATCH_CONFIG_MAIN
+#include <catch2/catch.hpp>
+
+#include <atomic>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "daemon/readiness/readiness.h"
+
+namespace kvrail::readiness {
+namespace {
+
+TEST_CASE("epoch comparison wraps") {
+  CHECK(Reached(5, 5));
+  CHECK(Reached(6, 5));
+  CHECK(!Reached(4, 5));
+  CHECK(Reached(2, 0xFFFFFFF0u));   // wrapped past the value
+  CHECK(!Reached(0xFFFFFFF0u, 2));  // far behind
+  CHECK(!Reached(0, 1));
+}
+
+TEST_CASE("layers are released in the order their flags are written, once each") {
+  auto watcher = FlagWatcher::Create(absl::Microseconds(20));
+  std::vector<uint32_t> flags(8, 6);  // last transfer's epoch was 6
+  std::mutex mu;
+  std::vector<uint32_t> order;
+  auto handle = watcher->Watch(flags.data(), 8, 7, [&](uint32_t i) {
+    std::lock_guard<std::mutex> lock(mu);
+    order.push_back(i);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    CHECK(order.empty());  // old epochs do not count
+  }
+  for (uint32_t layer : {3u, 0u, 7u, 1u, 2u, 6u, 5u, 4u}) {
+    SignalFlag(flags.data(), layer, 7);
+    for (int i = 0; i < 2000; ++i) {
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        if (!order.empty() && order.back() == layer) break;
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+  SignalFlag(flags.data(), 3, 8);  // a later epoch on a fired index does not fire again
+  std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  handle.reset();
+  CHECK(order == std::vector<uint32_t>{3, 0, 7, 1, 2, 6, 5, 4});
+  CHECK(watcher->active_watches() == 0);
+}
+
+TEST_CASE("destroying a handle stops its callbacks; other watches go on") {
+  auto watcher = FlagWatcher::Create(absl::Microseconds(10));
+  std::vector<uint32_t> a(2, 0), b(2, 0);
+  std::atomic<int> a_calls{0}, b_calls{0};
+  auto ha = watcher->Watch(a.data(), 2, 1, [&](uint32_t) { ++a_calls; });
+  auto hb = watcher->Watch(b.data(), 2, 1, [&](uint32_t) { ++b_calls; });
+  ha.reset();
+  SignalFlag(a.data(), 0, 1);
+  SignalFlag(b.data(), 1, 1);
+  for (int i = 0; i < 2000 && b_calls == 0; ++i) std::this_thread::sleep_for(std::chrono::microseconds(50));
+  CHECK(b_calls == 1);
+  CHECK(a_calls == 0);
+}
+
+}  // namespace
+}  // namespace kvrail::readiness
