@@ -40,6 +40,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "client/cuda_export.h"
 #include "client/kvrail_client.h"
 #include "daemon/common/status.h"
 
@@ -131,6 +132,52 @@ absl::Status WriteFileAtomically(const std::string& path, const std::string& tex
   return absl::OkStatus();
 }
 
+// --gpu: -1 host memory, >= 0 that GPU, kAutoGpu: GPUs when the machine has them (prefill on
+// GPU0; decode on GPU1 when there are two, else GPU0).
+constexpr int kAutoGpu = -2;
+
+int ResolveGpu(int gpu, bool decode) {
+  if (gpu != kAutoGpu) return gpu;
+  const int n = CudaDeviceCount();
+  if (n == 0) return -1;
+  return decode && n > 1 ? 1 : 0;
+}
+
+// One side's pool: host memory shared over a memfd, or GPU memory exported over CUDA IPC with a
+// host mirror that is filled (prefill) or verified (decode) and copied to/from the GPU.
+struct DemoPool {
+  std::unique_ptr<HostBuffer> host;
+  std::unique_ptr<CudaBuffer> gpu;
+  std::vector<uint8_t> mirror;
+  uint8_t* data() { return host ? host->data() : mirror.data(); }
+};
+
+absl::StatusOr<DemoPool> MakeDemoPool(Client& client, uint64_t bytes, int gpu) {
+  DemoPool pool;
+  if (gpu < 0) {
+    ASSIGN_OR_RETURN(pool.host, client.CreateHostBuffer(bytes));
+  } else {
+    ASSIGN_OR_RETURN(pool.gpu, CudaBuffer::Create(gpu, bytes));
+    pool.mirror.assign(bytes, 0);
+  }
+  return pool;
+}
+
+// GPU pools: the mirror goes to the GPU first.
+absl::StatusOr<v1::RegionInfo> RegisterDemoPool(Client& client, DemoPool& pool,
+                                                v1::RegionSpec spec) {
+  if (pool.host) return client.RegisterHostBuffer(*pool.host, std::move(spec));
+  RETURN_IF_ERROR(pool.gpu->CopyFromHost(0, pool.mirror.data(), pool.mirror.size()));
+  return RegisterCudaRegion(client, pool.gpu->data(), pool.gpu->size(), std::move(spec));
+}
+
+absl::Status SyncFromGpu(DemoPool& pool) {
+  if (!pool.gpu) return absl::OkStatus();
+  return pool.gpu->CopyToHost(0, pool.mirror.data(), pool.mirror.size());
+}
+
+std::string Where(int gpu) { return gpu < 0 ? "host memory" : absl::StrCat("GPU", gpu); }
+
 int Fail(absl::string_view role, const absl::Status& status) {
   std::cerr << "kv_demo " << role << ": " << status << "\n";
   return 1;
@@ -167,19 +214,19 @@ void WaitForEofOrSignal(bool ignore_stdin) {
 }
 
 int Prefill(const std::string& socket, const std::string& info_path, uint64_t seed,
-            const Shape& shape, bool ignore_stdin, bool writable) {
+            const Shape& shape, bool ignore_stdin, bool writable, int gpu) {
   absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(socket);
   if (!client.ok()) return Fail("prefill", client.status());
   const v1::PagedKvLayout layout = MakeLayout(shape);
   absl::StatusOr<PagedStrides> strides = ResolveStrides(layout);
   absl::StatusOr<uint64_t> bytes = PagedLayoutBytes(layout);
   if (!strides.ok() || !bytes.ok()) return Fail("prefill", strides.status());
-  absl::StatusOr<std::unique_ptr<HostBuffer>> pool = (*client)->CreateHostBuffer(*bytes);
+  absl::StatusOr<DemoPool> pool = MakeDemoPool(**client, *bytes, gpu);
   if (!pool.ok()) return Fail("prefill", pool.status());
 
   const std::vector<uint32_t> blocks =
       ScatteredBlocks(shape.pool_blocks, shape.prompt_blocks(), seed);
-  uint8_t* base = (*pool)->data();
+  uint8_t* base = pool->data();
   ForEachLayer(shape.layers, [&](uint32_t l) {
     for (uint32_t p = 0; p < shape.parts; ++p) {
       for (uint32_t i = 0; i < blocks.size(); ++i) {
@@ -197,7 +244,7 @@ int Prefill(const std::string& socket, const std::string& info_path, uint64_t se
   spec.set_name("kv_demo-prefill");
   *spec.mutable_paged_kv() = layout;
   spec.set_writable(writable);
-  absl::StatusOr<v1::RegionInfo> region = (*client)->RegisterHostBuffer(**pool, spec);
+  absl::StatusOr<v1::RegionInfo> region = RegisterDemoPool(**client, *pool, spec);
   if (!region.ok()) return Fail("prefill", region.status());
 
   nlohmann::json info = {
@@ -222,7 +269,7 @@ int Prefill(const std::string& socket, const std::string& info_path, uint64_t se
   std::cout << "kv_demo prefill: region " << region->region_id() << " (session "
             << region->session_id() << "), " << blocks.size() << " blocks, "
             << absl::StrFormat("%.1f MiB", static_cast<double>(*bytes) / (1 << 20))
-            << " pool; info in " << info_path << "; holding until "
+            << " pool in " << Where(gpu) << "; info in " << info_path << "; holding until "
             << (ignore_stdin ? "SIGTERM" : "stdin EOF or SIGTERM") << std::endl;
   WaitForEofOrSignal(ignore_stdin);
   std::cout << "kv_demo prefill: done" << std::endl;
@@ -256,7 +303,7 @@ struct Mismatch {
 };
 
 int Decode(const std::string& socket, const std::string& info_path, uint32_t pool_blocks,
-           uint64_t timeout_ms) {
+           uint64_t timeout_ms, int gpu) {
   absl::StatusOr<nlohmann::json> info =
       WaitForInfo(info_path, absl::Milliseconds(timeout_ms == 0 ? 60000 : timeout_ms));
   if (!info.ok()) return Fail("decode", info.status());
@@ -293,16 +340,16 @@ int Decode(const std::string& socket, const std::string& info_path, uint32_t poo
   absl::StatusOr<PagedStrides> strides = ResolveStrides(layout);
   absl::StatusOr<uint64_t> bytes = PagedLayoutBytes(layout);
   if (!strides.ok() || !bytes.ok()) return Fail("decode", strides.status());
-  absl::StatusOr<std::unique_ptr<HostBuffer>> pool = (*client)->CreateHostBuffer(*bytes);
+  absl::StatusOr<DemoPool> pool = MakeDemoPool(**client, *bytes, gpu);
   if (!pool.ok()) return Fail("decode", pool.status());
-  uint8_t* base = (*pool)->data();
+  uint8_t* base = pool->data();
   std::memset(base, kPoison, *bytes);
 
   v1::RegionSpec spec;
   spec.set_name("kv_demo-decode");
   *spec.mutable_paged_kv() = layout;
   spec.set_writable(true);
-  absl::StatusOr<v1::RegionInfo> region = (*client)->RegisterHostBuffer(**pool, spec);
+  absl::StatusOr<v1::RegionInfo> region = RegisterDemoPool(**client, *pool, spec);
   if (!region.ok()) return Fail("decode", region.status());
 
   const std::vector<uint32_t> dst_blocks =
@@ -330,6 +377,7 @@ int Decode(const std::string& socket, const std::string& info_path, uint32_t poo
               << final_status->error_message() << std::endl;
     return 1;
   }
+  if (absl::Status s = SyncFromGpu(*pool); !s.ok()) return Fail("decode", s);  // GPU pool -> mirror
 
   // Verify: used blocks hold f(...) for every token of the prompt (and poison past its end);
   // every other block is still poison.
@@ -375,7 +423,7 @@ int Decode(const std::string& socket, const std::string& info_path, uint32_t poo
       "engine %s: ",
       submitted->transfer_id(), moved, static_cast<double>(moved) / (1 << 20), seconds * 1e3,
       seconds > 0 ? static_cast<double>(moved) / seconds / 1e9 : 0.0,
-      v1::Path_Name(final_status->path()),
+      absl::StrCat(v1::Path_Name(final_status->path()), " (", final_status->path_reason(), ")"),
       final_status->engine().empty() ? "-" : final_status->engine());
   for (uint32_t l = 0; l < shape.layers; ++l) {
     if (!first[l]) continue;
@@ -408,6 +456,7 @@ int Main(int argc, char** argv) {
   uint64_t timeout_ms = 60000;
   bool ignore_stdin = false;
   bool writable = false;
+  int gpu = kAutoGpu;
   Shape shape;
   CLI::App* prefill = app.add_subcommand("prefill", "fill, register and hold a KV pool");
   CLI::App* decode = app.add_subcommand("decode", "pull the prompt's KV and verify it");
@@ -416,6 +465,9 @@ int Main(int argc, char** argv) {
     sub->add_option("--info", info_path, "the JSON info file prefill writes")->required();
     sub->add_option("--pool-blocks", shape.pool_blocks, "blocks in this side's pool")
         ->capture_default_str();
+    sub->add_option("--gpu", gpu,
+                    "pool in this GPU's memory (exported over CUDA IPC); -1: host memory; "
+                    "default: GPUs when present (prefill GPU0, decode GPU1 if there are two)");
   }
   prefill->add_option("--seed", seed, "pattern and block-permutation seed")->capture_default_str();
   prefill->add_option("--tokens", shape.tokens, "prompt length in tokens")->capture_default_str();
@@ -442,9 +494,9 @@ int Main(int argc, char** argv) {
     // Before any thread exists: threads inherit the mask, so SIGTERM reaches only the signalfd.
     const sigset_t signals = TerminationSignals();
     pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-    return Prefill(socket, info_path, seed, shape, ignore_stdin, writable);
+    return Prefill(socket, info_path, seed, shape, ignore_stdin, writable, ResolveGpu(gpu, false));
   }
-  return Decode(socket, info_path, shape.pool_blocks, timeout_ms);
+  return Decode(socket, info_path, shape.pool_blocks, timeout_ms, ResolveGpu(gpu, true));
 }
 
 }  // namespace

@@ -63,8 +63,26 @@ absl::Status Run(v1::DaemonConfig config) {
   std::unique_ptr<regions::RegionTable> regions = regions::RegionTable::Create(clock);
   std::unique_ptr<engine::Engine> engine =
       engine::CreateHostEngine(static_cast<int>(config.host_engine_threads()));
+  std::unique_ptr<engine::Engine> cuda_engine;
+  if (config.cuda_engine() != "off") {
+    engine::CudaEngineOptions cuda_options;
+    cuda_options.max_ctas = static_cast<int>(config.cuda_max_ctas());
+    cuda_options.fixed_ctas = static_cast<int>(config.cuda_fixed_ctas());
+    cuda_options.copy_engine_min_run_bytes = config.cuda_copy_engine_min_run_bytes();
+    absl::StatusOr<std::unique_ptr<engine::Engine>> created =
+        engine::CreateCudaEngine(cuda_options);
+    if (created.ok()) {
+      cuda_engine = *std::move(created);
+      spdlog::info("CUDA engine: {}", cuda_engine->Describe());
+    } else {
+      spdlog::info("no CUDA engine: {}", created.status().ToString());
+    }
+  }
   transfers::Options transfer_options;
   transfer_options.node_id = config.node_id();
+  transfer_options.cuda_engine = cuda_engine.get();
+  transfer_options.topology = topology.desc();
+  transfer_options.topology_graph = topology.graph();
   transfer_options.tile_bytes = config.tile_bytes();
   transfer_options.history = config.transfer_history();
   std::unique_ptr<transfers::TransferManager> transfers =
@@ -94,7 +112,8 @@ absl::Status Run(v1::DaemonConfig config) {
     return absl::InternalError(absl::StrCat("unix_socket: chmod failed on ", config.unix_socket()));
   }
   if (server->tcp_port() != 0) spdlog::info("listening on TCP port {}", server->tcp_port());
-  spdlog::info("ready: {} ({})", config.unix_socket(), engine->Describe());
+  spdlog::info("ready: {} ({}{}{})", config.unix_socket(), engine->Describe(),
+               cuda_engine ? "; " : "", cuda_engine ? cuda_engine->Describe() : "");
 
   int signal_number = 0;
   sigwait(&signals, &signal_number);
@@ -120,6 +139,10 @@ int main(int argc, char** argv) {
   uint32_t host_threads = 0;
   uint32_t drain_ms = 0;
   uint64_t tile_bytes = 0;
+  std::string cuda_engine;
+  int64_t cuda_max_ctas = -1;
+  uint32_t cuda_fixed_ctas = 0;
+  uint64_t cuda_copy_min_run = 0;
   app.add_option("--config", config_path, "DaemonConfig textproto file");
   app.add_option("--socket", socket, "unix socket for clients (default /run/kvrail/kvrail.sock)");
   app.add_option("--tcp-listen", tcp_listen, "also serve gRPC on host:port");
@@ -130,6 +153,11 @@ int main(int argc, char** argv) {
   app.add_option("--tile-bytes", tile_bytes, "target tile size in bytes");
   app.add_option("--drain-timeout-ms", drain_ms, "how long SIGTERM lets transfers finish");
   app.add_option("--topology-file", topology_file, "replay this topology instead of discovering");
+  app.add_option("--cuda-engine", cuda_engine, "auto (when a GPU exists) or off");
+  app.add_option("--cuda-max-ctas", cuda_max_ctas, "SM budget in CTAs; 0: copy engines only");
+  app.add_option("--cuda-fixed-ctas", cuda_fixed_ctas, "launch this many CTAs (0: find the knee)");
+  app.add_option("--cuda-copy-engine-min-run-bytes", cuda_copy_min_run,
+                 "mean contiguous run from which the copy engines are used");
   CLI11_PARSE(app, argc, argv);
 
   kvrail::v1::DaemonConfig config;
@@ -150,6 +178,10 @@ int main(int argc, char** argv) {
   flags.set_tile_bytes(tile_bytes);
   flags.set_drain_timeout_ms(drain_ms);
   flags.set_topology_file(topology_file);
+  flags.set_cuda_engine(cuda_engine);
+  if (cuda_max_ctas >= 0) flags.set_cuda_max_ctas(static_cast<uint32_t>(cuda_max_ctas));
+  flags.set_cuda_fixed_ctas(cuda_fixed_ctas);
+  flags.set_cuda_copy_engine_min_run_bytes(cuda_copy_min_run);
   kvrail::config::MergeOverrides(flags, &config);
   absl::Status status = kvrail::config::FinalizeConfig(&config);
   if (status.ok()) status = kvrail::Run(config);

@@ -66,6 +66,11 @@ absl::Status FinalizeConfig(v1::DaemonConfig* config) {
   if (config->tile_bytes() == 0) config->set_tile_bytes(1 << 20);
   if (config->transfer_history() == 0) config->set_transfer_history(10000);
   if (config->drain_timeout_ms() == 0) config->set_drain_timeout_ms(10000);
+  if (config->cuda_engine().empty()) config->set_cuda_engine("auto");
+  if (!config->has_cuda_max_ctas()) config->set_cuda_max_ctas(32);
+  if (config->cuda_copy_engine_min_run_bytes() == 0) {
+    config->set_cuda_copy_engine_min_run_bytes(1 << 20);
+  }
 
   if (config->unix_socket().size() >= 100) {
     return absl::InvalidArgumentError(
@@ -84,6 +89,13 @@ absl::Status FinalizeConfig(v1::DaemonConfig* config) {
   }
   if (config->tile_bytes() < 4096 || config->tile_bytes() > (uint64_t{1} << 30)) {
     return absl::InvalidArgumentError("tile_bytes: must be in [4096, 1 GiB]");
+  }
+  if (config->cuda_engine() != "auto" && config->cuda_engine() != "off") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cuda_engine: '", config->cuda_engine(), "' is not auto or off"));
+  }
+  if (config->cuda_max_ctas() > 4096) {
+    return absl::InvalidArgumentError("cuda_max_ctas: at most 4096");
   }
   if (config->log_format() != "text" && config->log_format() != "json") {
     return absl::InvalidArgumentError(

@@ -10,6 +10,8 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "daemon/planner/planner.h"
 
 namespace kvrail::engine {
@@ -18,14 +20,32 @@ enum class PriorityClass { kCritical = 0, kNormal = 1, kBackground = 2 };
 inline constexpr int kNumPriorityClasses = 3;
 const char* PriorityClassName(PriorityClass p);
 
+// Where one side of a job lives.
+struct MemoryRef {
+  bool cuda = false;        // device memory of GPU `device`; else host memory
+  int device = -1;          // CUDA ordinal (cuda only)
+  uint8_t* base = nullptr;  // the region's base in the daemon (host or device address)
+};
+
 // One transfer as an engine sees it. Implemented by the transfer layer. OnTileDone may be called
 // from any engine thread, concurrently for different tiles.
 class Job {
  public:
+  enum class Side { kSrc, kDst };
   virtual ~Job() = default;
   virtual const planner::Plan& plan() const = 0;
   virtual const uint8_t* src_base() const = 0;
   virtual uint8_t* dst_base() const = 0;
+  // Placement of each side; the defaults describe host memory at src_base() / dst_base().
+  virtual MemoryRef src() const { return MemoryRef{false, -1, const_cast<uint8_t*>(src_base())}; }
+  virtual MemoryRef dst() const { return MemoryRef{false, -1, dst_base()}; }
+  // The address CUDA code uses for a side (host memory pinned and mapped on first use). Called by
+  // the CUDA engine only.
+  virtual absl::StatusOr<uint8_t*> DeviceAddress(Side side) const {
+    return absl::UnimplementedError("this job has no device addresses");
+  }
+  // The engine says how it moved (some of) the job's tiles: "cuda-kernel", "cuda-copy-engine".
+  virtual void OnEngineUsed(absl::string_view engine) {}
   virtual PriorityClass priority() const = 0;
   // Called by the worker that is about to move `tile`.
   virtual void OnTileStart(uint32_t tile) = 0;
@@ -58,5 +78,26 @@ class Engine {
 
 // Runs tiles with memcpy on `threads` worker threads (the host twin of the kernels' arithmetic).
 std::unique_ptr<Engine> CreateHostEngine(int threads);
+
+// The CUDA engine (see docs/architecture.md, "CUDA engine"): one dispatcher thread and stream per
+// GPU; jobs run on the source GPU when the source is device memory, else on the destination's.
+struct CudaEngineOptions {
+  // SM budget: the most CTAs (of 512 threads) one launch may use. 0: copy engines only.
+  int max_ctas = 32;
+  // > 0: always launch this many CTAs (capped by max_ctas); 0: find the knee at run time.
+  int fixed_ctas = 0;
+  // Plans whose coalesced contiguous runs average at least this many bytes go to the copy
+  // engines (cudaMemcpyBatchAsync) instead of the kernel.
+  uint64_t copy_engine_min_run_bytes = 1 << 20;
+  // Bytes one launch (batch of consecutive tiles) aims for.
+  uint64_t batch_bytes = 64 << 20;
+  // Batches between two re-probes of the CTA knee.
+  int reprobe_batches = 256;
+  // Devices to serve; empty: every GPU the runtime sees.
+  std::vector<int> devices;
+};
+
+// FAILED_PRECONDITION (with the runtime's reason) when there is no driver or no GPU.
+absl::StatusOr<std::unique_ptr<Engine>> CreateCudaEngine(const CudaEngineOptions& options);
 
 }  // namespace kvrail::engine

@@ -9,12 +9,15 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <optional>
 #include <random>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "daemon/common/status.h"
+#include "daemon/cuda/cuda_util.h"
+#include "daemon/regions/cuda_import.h"
 
 namespace kvrail::regions {
 namespace {
@@ -29,6 +32,8 @@ class Mapping {
     if (base_ != nullptr) ::munmap(base_, length_);
   }
   uint8_t* at(size_t offset) const { return static_cast<uint8_t*>(base_) + offset; }
+  void* base() const { return base_; }
+  size_t length() const { return length_; }
 
  private:
   void* base_;
@@ -37,19 +42,38 @@ class Mapping {
 
 class RegionImpl final : public Region {
  public:
+  // `backing` keeps the memory mapped (a host Mapping or a CudaMapping); `host_mapping` is the
+  // host Mapping to pin for CUDA engines (nullptr for CUDA regions).
   RegionImpl(uint64_t id, uint64_t session_id, v1::RegionSpec spec, planner::RegionView view,
-             std::unique_ptr<Mapping> mapping, uint8_t* data, int64_t registered_us)
+             std::shared_ptr<void> backing, const Mapping* host_mapping, uint8_t* data,
+             int64_t registered_us)
       : id_(id),
         session_id_(session_id),
         spec_(std::move(spec)),
         view_(view),
-        mapping_(std::move(mapping)),
+        backing_(std::move(backing)),
+        host_mapping_(host_mapping),
         data_(data),
         registered_us_(registered_us) {}
 
   uint64_t id() const override { return id_; }
   uint64_t session_id() const override { return session_id_; }
   uint8_t* data() const override { return data_; }
+  absl::StatusOr<uint8_t*> DeviceAddress() const override {
+    if (host_mapping_ == nullptr) return data_;
+    absl::MutexLock lock(&pin_mu_);
+    if (!pin_.has_value()) {
+      absl::StatusOr<cuda::HostRegistration> pin = cuda::HostRegistration::Register(
+          host_mapping_->base(), host_mapping_->length(), !spec_.writable());
+      if (!pin.ok()) {
+        return absl::Status(pin.status().code(),
+                            absl::StrCat("region ", id_, ": pinning host memory for the GPU: ",
+                                         pin.status().message()));
+      }
+      pin_.emplace(*std::move(pin));
+    }
+    return pin_->DevicePointer(data_);
+  }
   const v1::RegionSpec& spec() const override { return spec_; }
   const planner::RegionView& view() const override { return view_; }
   v1::RegionInfo Info() const override {
@@ -69,10 +93,14 @@ class RegionImpl final : public Region {
   const uint64_t session_id_;
   const v1::RegionSpec spec_;
   const planner::RegionView view_;
-  const std::unique_ptr<Mapping> mapping_;
+  const std::shared_ptr<void> backing_;
+  const Mapping* const host_mapping_;
   uint8_t* const data_;
   const int64_t registered_us_;
   std::atomic<uint32_t> active_{0};
+  // Declared after backing_: unpinned before the memory is unmapped.
+  mutable absl::Mutex pin_mu_;
+  mutable std::optional<cuda::HostRegistration> pin_ ABSL_GUARDED_BY(pin_mu_);
 };
 
 std::string ErrnoText(int err) { return std::string(std::strerror(err)); }
@@ -119,10 +147,10 @@ class RegionTableImpl final : public RegionTable {
   absl::StatusOr<std::shared_ptr<Region>> Register(const v1::RegionSpec& spec,
                                                    uint64_t session_id) override {
     ASSIGN_OR_RETURN(planner::RegionView view, Validate(spec));
-    if (spec.memory_kind() != v1::MEMORY_KIND_HOST) {
-      return absl::FailedPreconditionError(
-          "spec.memory_kind: this daemon has no CUDA engine; only MEMORY_KIND_HOST regions can be "
-          "registered");
+    if (spec.memory_kind() == v1::MEMORY_KIND_CUDA) {
+      ASSIGN_OR_RETURN(std::shared_ptr<CudaMapping> cuda, ImportCudaIpc(spec));
+      uint8_t* data = cuda->base() + spec.share().offset();
+      return Add(spec, session_id, view, std::move(cuda), nullptr, data);
     }
     UniqueFd fd;
     const char* field = nullptr;
@@ -162,7 +190,8 @@ class RegionTableImpl final : public RegionTable {
       }
       case v1::RegionShare::kCudaIpcHandle:
         return absl::InvalidArgumentError(
-            "spec.share.cuda_ipc_handle: CUDA IPC handles share CUDA memory, not host memory");
+            "spec.share.cuda_ipc_handle: CUDA IPC handles share CUDA memory, not host memory "
+            "(set spec.memory_kind = MEMORY_KIND_CUDA)");
       case v1::RegionShare::VIA_NOT_SET:
         return absl::InvalidArgumentError(
             "spec.share: say how the memory is shared (fd_token or shm_name)");
@@ -177,12 +206,9 @@ class RegionTableImpl final : public RegionTable {
       return mapped_or.status();
     }
     auto mapped = *std::move(mapped_or);
-    absl::MutexLock lock(&mu_);
-    const uint64_t id = next_id_++;
-    auto region = std::make_shared<RegionImpl>(id, session_id, spec, view, std::move(mapped.first),
-                                               mapped.second, clock_->NowUnixMicros());
-    regions_[id] = region;
-    return std::shared_ptr<Region>(region);
+    const Mapping* host_mapping = mapped.first.get();
+    return Add(spec, session_id, view, std::shared_ptr<Mapping>(std::move(mapped.first)),
+               host_mapping, mapped.second);
   }
 
   absl::Status Unregister(uint64_t region_id) override {
@@ -262,6 +288,17 @@ class RegionTableImpl final : public RegionTable {
     uint64_t session_id;
     UniqueFd fd;
   };
+
+  std::shared_ptr<Region> Add(const v1::RegionSpec& spec, uint64_t session_id,
+                              const planner::RegionView& view, std::shared_ptr<void> backing,
+                              const Mapping* host_mapping, uint8_t* data) {
+    absl::MutexLock lock(&mu_);
+    const uint64_t id = next_id_++;
+    auto region = std::make_shared<RegionImpl>(id, session_id, spec, view, std::move(backing),
+                                               host_mapping, data, clock_->NowUnixMicros());
+    regions_[id] = region;
+    return region;
+  }
 
   absl::StatusOr<UniqueFd> TakeToken(const std::string& token, uint64_t session_id) {
     absl::MutexLock lock(&mu_);

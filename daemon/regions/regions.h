@@ -23,8 +23,14 @@ class Region {
   virtual ~Region() = default;
   virtual uint64_t id() const = 0;
   virtual uint64_t session_id() const = 0;
-  // Host address of the region's first byte (host memory only).
+  // Address of the region's first byte in the daemon: a host address for MEMORY_KIND_HOST, a
+  // device address (in spec().device's context, valid on every GPU through UVA) for
+  // MEMORY_KIND_CUDA.
   virtual uint8_t* data() const = 0;
+  // The address CUDA kernels and copies use: data() for CUDA regions; for host regions the
+  // mapping is pinned and mapped into every GPU (cudaHostRegister) on the first call and stays so
+  // until the region is released. FAILED_PRECONDITION without a CUDA device. Thread-safe.
+  virtual absl::StatusOr<uint8_t*> DeviceAddress() const = 0;
   virtual const v1::RegionSpec& spec() const = 0;
   // The geometry the planner checks transfers against.
   virtual const planner::RegionView& view() const = 0;

@@ -23,7 +23,7 @@ v1::TransferSpec StripBlocks(v1::TransferSpec spec) {
 Record::Record(uint64_t id, v1::TransferSpec spec, std::shared_ptr<regions::Region> src,
                std::shared_ptr<regions::Region> dst, planner::Plan plan,
                engine::PriorityClass priority, v1::Path path, std::string path_reason,
-               std::string engine_name, std::optional<absl::Time> deadline,
+               engine::Engine* engine, std::optional<absl::Time> deadline,
                std::shared_ptr<Counters> counters, Clock* clock)
     : id_(id),
       spec_(StripBlocks(std::move(spec))),
@@ -33,7 +33,7 @@ Record::Record(uint64_t id, v1::TransferSpec spec, std::shared_ptr<regions::Regi
       priority_(priority),
       path_(path),
       path_reason_(std::move(path_reason)),
-      engine_name_(std::move(engine_name)),
+      engine_(engine),
       deadline_(deadline),
       layerwise_(spec_.layerwise()),
       counters_(std::move(counters)),
@@ -42,6 +42,7 @@ Record::Record(uint64_t id, v1::TransferSpec spec, std::shared_ptr<regions::Regi
   src_->AcquireUse();
   dst_->AcquireUse();
   absl::MutexLock lock(&mu_);
+  engine_name_ = engine_->name();
   layer_tiles_left_.assign(plan_.num_layers(), 0);
   layer_ready_.assign(plan_.num_layers(), false);
   for (uint32_t t = 0; t < plan_.num_tiles(); ++t) ++layer_tiles_left_[plan_.tile(t).layer];
@@ -53,6 +54,15 @@ Record::~Record() {
   if (!uses_released_) {
     src_->ReleaseUse();
     dst_->ReleaseUse();
+  }
+}
+
+void Record::OnEngineUsed(absl::string_view engine) {
+  absl::MutexLock lock(&mu_);
+  if (engine_name_ == engine_->name()) {
+    engine_name_ = std::string(engine);
+  } else if (engine_name_.find(std::string(engine)) == std::string::npos) {
+    absl::StrAppend(&engine_name_, "+", engine);
   }
 }
 
@@ -152,6 +162,8 @@ void Record::MaybeFinishLocked() {
   src_->ReleaseUse();
   dst_->ReleaseUse();
   uses_released_ = true;
+  src_.reset();
+  dst_.reset();
   absl::MutexLock c(&counters_->mu);
   --counters_->active;
   counters_->bytes_moved += bytes_done_;

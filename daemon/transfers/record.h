@@ -36,18 +36,26 @@ class Record final : public engine::Job {
  public:
   Record(uint64_t id, v1::TransferSpec spec, std::shared_ptr<regions::Region> src,
          std::shared_ptr<regions::Region> dst, planner::Plan plan, engine::PriorityClass priority,
-         v1::Path path, std::string path_reason, std::string engine_name,
+         v1::Path path, std::string path_reason, engine::Engine* engine,
          std::optional<absl::Time> deadline, std::shared_ptr<Counters> counters, Clock* clock);
   ~Record() override;
 
   uint64_t id() const { return id_; }
   const std::optional<absl::Time>& deadline() const { return deadline_; }
   bool layerwise() const { return layerwise_; }
+  // The engine that runs the record's tiles.
+  engine::Engine* engine() const { return engine_; }
 
   // engine::Job
   const planner::Plan& plan() const override { return plan_; }
   const uint8_t* src_base() const override { return src_->data(); }
   uint8_t* dst_base() const override { return dst_->data(); }
+  engine::MemoryRef src() const override { return Ref(*src_); }
+  engine::MemoryRef dst() const override { return Ref(*dst_); }
+  absl::StatusOr<uint8_t*> DeviceAddress(Side side) const override {
+    return (side == Side::kSrc ? src_ : dst_)->DeviceAddress();
+  }
+  void OnEngineUsed(absl::string_view engine) override;
   engine::PriorityClass priority() const override { return priority_; }
   void OnTileStart(uint32_t tile) override;
   void OnTileDone(uint32_t tile, const absl::Status& status) override;
@@ -71,18 +79,25 @@ class Record final : public engine::Job {
   std::vector<uint32_t> LayersDone() const;
 
  private:
+  static engine::MemoryRef Ref(const regions::Region& region) {
+    const bool cuda = region.spec().memory_kind() == v1::MEMORY_KIND_CUDA;
+    return engine::MemoryRef{cuda, cuda ? region.spec().device() : -1, region.data()};
+  }
   void MaybeFinishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FillStatusLocked(v1::TransferStatus* status) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const uint64_t id_;
   const v1::TransferSpec spec_;  // block ids stripped
-  const std::shared_ptr<regions::Region> src_;
-  const std::shared_ptr<regions::Region> dst_;
+  // Dropped when the transfer ends (so an unregistered region's memory, e.g. a CUDA IPC mapping,
+  // is released then, not when the record leaves the history). Engines read them only while
+  // tiles of the record run, which ends before the final state.
+  std::shared_ptr<regions::Region> src_;
+  std::shared_ptr<regions::Region> dst_;
   const planner::Plan plan_;
   const engine::PriorityClass priority_;
   const v1::Path path_;
   const std::string path_reason_;
-  const std::string engine_name_;
+  engine::Engine* const engine_;
   const std::optional<absl::Time> deadline_;
   const bool layerwise_;
   const std::shared_ptr<Counters> counters_;
@@ -103,6 +118,8 @@ class Record final : public engine::Job {
   int64_t started_us_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t finished_us_ ABSL_GUARDED_BY(mu_) = 0;
   bool uses_released_ ABSL_GUARDED_BY(mu_) = false;
+  // The engine's name, refined by OnEngineUsed ("cuda-kernel", "cuda-kernel+cuda-copy-engine").
+  std::string engine_name_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace kvrail::transfers

@@ -4,6 +4,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "daemon/common/status.h"
+#include "daemon/scheduler/route.h"
 #include "daemon/transfers/record.h"
 #include "daemon/transfers/transfers.h"
 #include "spdlog/spdlog.h"
@@ -38,6 +39,7 @@ class TransferManagerImpl final : public TransferManager {
         clock_(clock),
         options_(options),
         counters_(std::make_shared<Counters>()),
+        gpu_index_(scheduler::GpuIndexByOrdinal(options.topology)),
         next_id_(static_cast<uint64_t>(clock->NowUnixMicros())) {
     deadline_thread_ = std::thread([this] { DeadlineLoop(); });
   }
@@ -86,6 +88,16 @@ class TransferManagerImpl final : public TransferManager {
     plan_options.tile_bytes = options_.tile_bytes;
     ASSIGN_OR_RETURN(planner::Plan plan,
                      planner::MakePlan(spec, (*src)->view(), (*dst)->view(), plan_options));
+    auto placement = [](const regions::Region& r) {
+      const bool cuda = r.spec().memory_kind() == v1::MEMORY_KIND_CUDA;
+      return scheduler::Placement{cuda, cuda ? r.spec().device() : -1};
+    };
+    ASSIGN_OR_RETURN(scheduler::Route route,
+                     scheduler::ChooseRoute(placement(**src), placement(**dst),
+                                            options_.topology_graph, gpu_index_,
+                                            options_.cuda_engine != nullptr));
+    engine::Engine* engine =
+        route.engine == scheduler::EngineKind::kCuda ? options_.cuda_engine : engine_;
     std::optional<absl::Time> deadline;
     if (spec.timeout_ms() > 0) deadline = clock_->Now() + absl::Milliseconds(spec.timeout_ms());
 
@@ -109,19 +121,20 @@ class TransferManagerImpl final : public TransferManager {
     const uint64_t id = next_id_++;
     auto record = std::make_shared<Record>(
         id, spec, *std::move(src), *std::move(dst), std::move(plan), ToClass(spec.priority()),
-        v1::PATH_HOST_LOCAL, "source and destination are host memory of this node",
-        engine_->name(), deadline, counters_, clock_);
+        route.path, route.reason, engine, deadline, counters_, clock_);
     records_[id] = record;
     order_.push_back(id);
     if (!spec.idempotency_key().empty()) by_key_[spec.idempotency_key()] = id;
     TrimHistoryLocked();
-    engine_->Enqueue(record, record->TakeInitialTiles());
+    engine->Enqueue(record, record->TakeInitialTiles());
     v1::SubmitTransferResponse response;
     response.set_transfer_id(id);
     response.set_bytes_total(record->plan().bytes_total());
     response.set_tiles_total(record->plan().num_tiles());
-    spdlog::info("transfer {} accepted: {} bytes, {} tiles, {}", id, record->plan().bytes_total(),
-                 record->plan().num_tiles(), record->plan().Describe());
+    spdlog::info("transfer {} accepted: {} bytes, {} tiles, {}; {} via {} ({})", id,
+                 record->plan().bytes_total(), record->plan().num_tiles(),
+                 record->plan().Describe(), v1::Path_Name(route.path), engine->name(),
+                 route.reason);
     return response;
   }
 
@@ -192,7 +205,7 @@ class TransferManagerImpl final : public TransferManager {
     ASSIGN_OR_RETURN(auto record, Find(id));
     ASSIGN_OR_RETURN(std::vector<uint32_t> tiles,
                      record->MarkReady(layer_begin, layer_count == 0 ? 1 : layer_count));
-    engine_->Enqueue(record, tiles);
+    record->engine()->Enqueue(record, tiles);
     return absl::OkStatus();
   }
 
@@ -233,12 +246,17 @@ class TransferManagerImpl final : public TransferManager {
         (*stats->mutable_bytes_by_path())[path] = bytes;
       }
     }
-    const std::vector<uint64_t> queued = engine_->QueuedTiles();
+    std::vector<uint64_t> queued = engine_->QueuedTiles();
+    if (options_.cuda_engine != nullptr) {
+      const std::vector<uint64_t> cuda = options_.cuda_engine->QueuedTiles();
+      for (size_t c = 0; c < queued.size() && c < cuda.size(); ++c) queued[c] += cuda[c];
+    }
     for (int c = 0; c < engine::kNumPriorityClasses; ++c) {
       (*stats->mutable_queued_tiles())[engine::PriorityClassName(
           static_cast<engine::PriorityClass>(c))] = queued[c];
     }
     stats->add_engines(engine_->Describe());
+    if (options_.cuda_engine != nullptr) stats->add_engines(options_.cuda_engine->Describe());
     absl::MutexLock lock(&mu_);
     stats->set_draining(draining_);
   }
@@ -288,7 +306,7 @@ class TransferManagerImpl final : public TransferManager {
 
   void End(const std::shared_ptr<Record>& record, const absl::Status& why) {
     if (record->IsFinal()) return;
-    const size_t removed = engine_->Remove(record.get());
+    const size_t removed = record->engine()->Remove(record.get());
     if (record->RequestEnd(why, removed)) {
       spdlog::info("transfer {} ending: {}", record->id(), why.ToString());
     }
@@ -339,6 +357,7 @@ class TransferManagerImpl final : public TransferManager {
   Clock* const clock_;
   const Options options_;
   const std::shared_ptr<Counters> counters_;
+  const std::vector<int> gpu_index_;  // CUDA ordinal -> topology GPU index
 
   mutable absl::Mutex mu_;
   uint64_t next_id_ ABSL_GUARDED_BY(mu_);

@@ -17,12 +17,19 @@
 #include "daemon/engine/engine.h"
 #include "daemon/regions/regions.h"
 #include "proto/kvrail/v1/admin.pb.h"
+#include "proto/kvrail/v1/topology.pb.h"
 #include "proto/kvrail/v1/transfer.pb.h"
 
 namespace kvrail::transfers {
 
 struct Options {
   std::string node_id;
+  // The CUDA engine (nullptr: none); transfers touching GPU memory go there (see
+  // daemon/scheduler/route.h). Not owned.
+  engine::Engine* cuda_engine = nullptr;
+  // The node's topology, for GPU pair paths and their reasons.
+  v1::TopologyDesc topology;
+  v1::TopologyGraph topology_graph;
   uint64_t tile_bytes = 1 << 20;
   uint32_t history = 10000;
 };
@@ -31,6 +38,7 @@ struct Options {
 class TransferManager {
  public:
   virtual ~TransferManager() = default;
+  // `engine` runs host-to-host transfers; options.cuda_engine the rest.
   static std::unique_ptr<TransferManager> Create(regions::RegionTable* regions,
                                                  engine::Engine* engine, Clock* clock,
                                                  const Options& options);

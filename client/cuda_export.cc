@@ -1,0 +1,123 @@
+#include "client/cuda_export.h"
+
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "daemon/common/status.h"
+
+namespace kvrail::client {
+namespace {
+
+absl::Status Cuda(cudaError_t e, absl::string_view what,
+                  absl::StatusCode code = absl::StatusCode::kInternal) {
+  if (e == cudaSuccess) return absl::OkStatus();
+  cudaGetLastError();
+  return absl::Status(code, absl::StrCat(what, ": ", cudaGetErrorName(e), ": ",
+                                         cudaGetErrorString(e)));
+}
+
+using GetAddressRangeFn = CUresult (*)(CUdeviceptr*, size_t*, CUdeviceptr);
+
+absl::StatusOr<std::pair<uint8_t*, uint64_t>> AllocationOf(const void* ptr) {
+  static GetAddressRangeFn fn = [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &p, 12000, cudaEnableDefault,
+                                         &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      cudaGetLastError();
+      return static_cast<GetAddressRangeFn>(nullptr);
+    }
+    return reinterpret_cast<GetAddressRangeFn>(p);
+  }();
+  if (fn == nullptr) return absl::FailedPreconditionError("no cuMemGetAddressRange in the driver");
+  CUdeviceptr base = 0;
+  size_t bytes = 0;
+  if (fn(&base, &bytes, reinterpret_cast<CUdeviceptr>(ptr)) != CUDA_SUCCESS) {
+    return absl::InvalidArgumentError("device_ptr: not inside a CUDA allocation");
+  }
+  return std::make_pair(reinterpret_cast<uint8_t*>(base), static_cast<uint64_t>(bytes));
+}
+
+}  // namespace
+
+int CudaDeviceCount() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+absl::StatusOr<v1::RegionSpec> MakeCudaRegionSpec(const void* device_ptr, uint64_t bytes,
+                                                  v1::RegionSpec spec) {
+  cudaPointerAttributes attributes{};
+  RETURN_IF_ERROR(Cuda(cudaPointerGetAttributes(&attributes, device_ptr),
+                       "cudaPointerGetAttributes", absl::StatusCode::kInvalidArgument));
+  if (attributes.type != cudaMemoryTypeDevice) {
+    return absl::InvalidArgumentError("device_ptr: not device memory from cudaMalloc");
+  }
+  ASSIGN_OR_RETURN(auto allocation, AllocationOf(device_ptr));
+  const uint64_t offset = static_cast<const uint8_t*>(device_ptr) - allocation.first;
+  if (bytes == 0 || bytes > allocation.second - offset) {
+    return absl::InvalidArgumentError(absl::StrCat("bytes: ", bytes, " at offset ", offset,
+                                                   " do not fit the allocation of ",
+                                                   allocation.second, " bytes"));
+  }
+  RETURN_IF_ERROR(Cuda(cudaSetDevice(attributes.device), "cudaSetDevice"));
+  cudaIpcMemHandle_t handle;
+  RETURN_IF_ERROR(Cuda(cudaIpcGetMemHandle(&handle, allocation.first), "cudaIpcGetMemHandle"));
+  spec.set_memory_kind(v1::MEMORY_KIND_CUDA);
+  spec.set_device(attributes.device);
+  spec.set_size_bytes(bytes);
+  spec.mutable_share()->set_cuda_ipc_handle(std::string(reinterpret_cast<const char*>(&handle),
+                                                        sizeof(handle)));
+  spec.mutable_share()->set_offset(offset);
+  if (spec.layout_case() == v1::RegionSpec::LAYOUT_NOT_SET) spec.mutable_bytes();
+  return spec;
+}
+
+absl::StatusOr<v1::RegionInfo> RegisterCudaRegion(Client& client, const void* device_ptr,
+                                                  uint64_t bytes, v1::RegionSpec spec) {
+  ASSIGN_OR_RETURN(v1::RegionSpec full, MakeCudaRegionSpec(device_ptr, bytes, std::move(spec)));
+  uint64_t session = 0;
+  if (!client.unix_socket_path().empty()) {
+    ASSIGN_OR_RETURN(session, client.SessionId());
+  }
+  return client.RegisterRegion(std::move(full), session);
+}
+
+absl::StatusOr<std::unique_ptr<CudaBuffer>> CudaBuffer::Create(int device, size_t bytes) {
+  RETURN_IF_ERROR(Cuda(cudaSetDevice(device), absl::StrCat("cudaSetDevice(", device, ")"),
+                       absl::StatusCode::kFailedPrecondition));
+  void* p = nullptr;
+  RETURN_IF_ERROR(Cuda(cudaMalloc(&p, bytes), "cudaMalloc", absl::StatusCode::kResourceExhausted));
+  return std::unique_ptr<CudaBuffer>(new CudaBuffer(device, static_cast<uint8_t*>(p), bytes));
+}
+
+CudaBuffer::~CudaBuffer() {
+  cudaSetDevice(device_);
+  cudaFree(data_);
+}
+
+absl::Status CudaBuffer::CopyFromHost(size_t offset, const void* src, size_t bytes) {
+  RETURN_IF_ERROR(Cuda(cudaSetDevice(device_), "cudaSetDevice"));
+  return Cuda(cudaMemcpy(data_ + offset, src, bytes, cudaMemcpyHostToDevice), "cudaMemcpy H2D");
+}
+
+absl::Status CudaBuffer::CopyToHost(size_t offset, void* dst, size_t bytes) const {
+  RETURN_IF_ERROR(Cuda(cudaSetDevice(device_), "cudaSetDevice"));
+  return Cuda(cudaMemcpy(dst, data_ + offset, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy D2H");
+}
+
+absl::Status CudaBuffer::Fill(uint8_t value) {
+  RETURN_IF_ERROR(Cuda(cudaSetDevice(device_), "cudaSetDevice"));
+  RETURN_IF_ERROR(Cuda(cudaMemset(data_, value, size_), "cudaMemset"));
+  return Cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+}
+
+}  // namespace kvrail::client

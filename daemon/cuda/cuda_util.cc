@@ -1,0 +1,191 @@
+#include "daemon/cuda/cuda_util.h"
+
+#include <cuda.h>
+
+#include <set>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+
+namespace kvrail::cuda {
+
+absl::Status CudaStatus(cudaError_t error, absl::string_view what, absl::StatusCode code) {
+  if (error == cudaSuccess) return absl::OkStatus();
+  cudaGetLastError();  // clear a non-sticky error so the next call starts clean
+  return absl::Status(code, absl::StrCat(what, ": ", cudaGetErrorName(error), ": ",
+                                         cudaGetErrorString(error)));
+}
+
+absl::Status CudaStatus(cudaError_t error, absl::string_view what) {
+  return CudaStatus(error, what, absl::StatusCode::kInternal);
+}
+
+absl::StatusOr<int> DeviceCount() {
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
+    return CudaStatus(e, "cudaGetDeviceCount", absl::StatusCode::kFailedPrecondition);
+  }
+  if (n == 0) return absl::FailedPreconditionError("cudaGetDeviceCount: no CUDA device");
+  return n;
+}
+
+absl::Status SetDevice(int device) {
+  return CudaStatus(cudaSetDevice(device), absl::StrCat("cudaSetDevice(", device, ")"));
+}
+
+namespace {
+
+using GetAddressRangeFn = CUresult (*)(CUdeviceptr*, size_t*, CUdeviceptr);
+
+GetAddressRangeFn AddressRangeFn() {
+  static GetAddressRangeFn fn = [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &p, 12000, cudaEnableDefault,
+                                         &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      cudaGetLastError();
+      return static_cast<GetAddressRangeFn>(nullptr);
+    }
+    return reinterpret_cast<GetAddressRangeFn>(p);
+  }();
+  return fn;
+}
+
+}  // namespace
+
+absl::StatusOr<AllocationRange> GetAllocationRange(const void* ptr) {
+  GetAddressRangeFn fn = AddressRangeFn();
+  if (fn == nullptr) {
+    return absl::FailedPreconditionError("the driver has no cuMemGetAddressRange entry point");
+  }
+  CUdeviceptr base = 0;
+  size_t bytes = 0;
+  const CUresult r = fn(&base, &bytes, reinterpret_cast<CUdeviceptr>(ptr));
+  if (r != CUDA_SUCCESS) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cuMemGetAddressRange: driver error ", static_cast<int>(r)));
+  }
+  return AllocationRange{static_cast<uint64_t>(base), static_cast<uint64_t>(bytes)};
+}
+
+absl::StatusOr<int> PointerDevice(const void* ptr) {
+  cudaPointerAttributes attributes{};
+  const cudaError_t e = cudaPointerGetAttributes(&attributes, ptr);
+  if (e != cudaSuccess) return CudaStatus(e, "cudaPointerGetAttributes");
+  if (attributes.type != cudaMemoryTypeDevice && attributes.type != cudaMemoryTypeManaged) return -1;
+  return attributes.device;
+}
+
+bool CanAccessPeer(int device, int peer) {
+  int can = 0;
+  if (cudaDeviceCanAccessPeer(&can, device, peer) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return can != 0;
+}
+
+absl::Status EnablePeerAccess(int device, int peer) {
+  static absl::Mutex mu;
+  static auto* enabled = new std::set<std::pair<int, int>>();
+  absl::MutexLock lock(&mu);
+  if (device == peer || enabled->count({device, peer}) != 0) return absl::OkStatus();
+  if (!CanAccessPeer(device, peer)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("GPU", device, " cannot access GPU", peer, "'s memory (no peer access)"));
+  }
+  if (absl::Status s = SetDevice(device); !s.ok()) return s;
+  const cudaError_t e = cudaDeviceEnablePeerAccess(peer, 0);
+  if (e != cudaSuccess && e != cudaErrorPeerAccessAlreadyEnabled) {
+    return CudaStatus(e, absl::StrCat("cudaDeviceEnablePeerAccess(GPU", device, " -> GPU", peer, ")"));
+  }
+  cudaGetLastError();
+  enabled->insert({device, peer});
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Stream> Stream::Create(int device) {
+  if (absl::Status s = SetDevice(device); !s.ok()) return s;
+  cudaStream_t stream = nullptr;
+  if (absl::Status s = CudaStatus(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking),
+                                  "cudaStreamCreateWithFlags");
+      !s.ok()) {
+    return s;
+  }
+  return Stream(stream, device);
+}
+
+Stream::Stream(Stream&& other) noexcept
+    : stream_(std::exchange(other.stream_, nullptr)), device_(other.device_) {}
+
+Stream& Stream::operator=(Stream&& other) noexcept {
+  if (this != &other) {
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+    stream_ = std::exchange(other.stream_, nullptr);
+    device_ = other.device_;
+  }
+  return *this;
+}
+
+Stream::~Stream() {
+  if (stream_ != nullptr) cudaStreamDestroy(stream_);
+}
+
+absl::StatusOr<Event> Event::Create() {
+  cudaEvent_t event = nullptr;
+  if (absl::Status s = CudaStatus(cudaEventCreate(&event), "cudaEventCreate"); !s.ok()) return s;
+  return Event(event);
+}
+
+Event::Event(Event&& other) noexcept : event_(std::exchange(other.event_, nullptr)) {}
+
+Event& Event::operator=(Event&& other) noexcept {
+  if (this != &other) {
+    if (event_ != nullptr) cudaEventDestroy(event_);
+    event_ = std::exchange(other.event_, nullptr);
+  }
+  return *this;
+}
+
+Event::~Event() {
+  if (event_ != nullptr) cudaEventDestroy(event_);
+}
+
+absl::StatusOr<HostRegistration> HostRegistration::Register(void* base, uint64_t bytes,
+                                                            bool read_only) {
+  unsigned flags = cudaHostRegisterPortable | cudaHostRegisterMapped;
+  if (read_only) flags |= cudaHostRegisterReadOnly;
+  if (absl::Status s = CudaStatus(cudaHostRegister(base, bytes, flags), "cudaHostRegister");
+      !s.ok()) {
+    return s;
+  }
+  void* device = nullptr;
+  if (absl::Status s = CudaStatus(cudaHostGetDevicePointer(&device, base, 0),
+                                  "cudaHostGetDevicePointer");
+      !s.ok()) {
+    cudaHostUnregister(base);
+    return s;
+  }
+  return HostRegistration(base, static_cast<uint8_t*>(device));
+}
+
+HostRegistration::HostRegistration(HostRegistration&& other) noexcept
+    : base_(std::exchange(other.base_, nullptr)), device_base_(other.device_base_) {}
+
+HostRegistration& HostRegistration::operator=(HostRegistration&& other) noexcept {
+  if (this != &other) {
+    if (base_ != nullptr) cudaHostUnregister(base_);
+    base_ = std::exchange(other.base_, nullptr);
+    device_base_ = other.device_base_;
+  }
+  return *this;
+}
+
+HostRegistration::~HostRegistration() {
+  if (base_ != nullptr) cudaHostUnregister(base_);
+}
+
+}  // namespace kvrail::cuda

@@ -1,0 +1,103 @@
+// Host-side helpers over the CUDA runtime for the daemon: CUDA errors as absl::Status (converted
+// here, with the runtime's error name and text), RAII owners of streams, events and host
+// registrations, device selection, allocation ranges and peer access.
+//
+// Thread contract: free functions may be called from any thread; each one that touches a device
+// selects it first (cudaSetDevice on the calling thread), so callers never rely on the thread's
+// previous device. RAII objects are not thread-safe; their CUDA handles may be used from any
+// thread after creation.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <string>
+#include "absl/strings/string_view.h"
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace kvrail::cuda {
+
+// OK for cudaSuccess; else INTERNAL "<what>: <cudaErrorName>: <text>". Clears the runtime's
+// non-sticky last error.
+absl::Status CudaStatus(cudaError_t error, absl::string_view what);
+// Same with a chosen code (e.g. INVALID_ARGUMENT for a bad handle).
+absl::Status CudaStatus(cudaError_t error, absl::string_view what, absl::StatusCode code);
+
+// Devices the runtime sees; FAILED_PRECONDITION with the runtime's reason when there is no
+// driver or no device.
+absl::StatusOr<int> DeviceCount();
+// cudaSetDevice with the error converted.
+absl::Status SetDevice(int device);
+// The allocation holding `ptr` (cuMemGetAddressRange through the runtime's driver entry point,
+// so nothing links libcuda).
+struct AllocationRange {
+  uint64_t base = 0;
+  uint64_t bytes = 0;
+};
+absl::StatusOr<AllocationRange> GetAllocationRange(const void* ptr);
+// The device that holds `ptr` (device memory), or -1 for host memory.
+absl::StatusOr<int> PointerDevice(const void* ptr);
+// Lets kernels on `device` access `peer`'s memory; idempotent. FAILED_PRECONDITION when the pair
+// has no peer access.
+absl::Status EnablePeerAccess(int device, int peer);
+bool CanAccessPeer(int device, int peer);
+
+// A non-blocking stream on one device.
+class Stream {
+ public:
+  static absl::StatusOr<Stream> Create(int device);
+  Stream(Stream&& other) noexcept;
+  Stream& operator=(Stream&& other) noexcept;
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+  ~Stream();
+  cudaStream_t get() const { return stream_; }
+  int device() const { return device_; }
+
+ private:
+  Stream(cudaStream_t s, int device) : stream_(s), device_(device) {}
+  cudaStream_t stream_ = nullptr;
+  int device_ = -1;
+};
+
+// An event (with timing) on the device current at creation.
+class Event {
+ public:
+  static absl::StatusOr<Event> Create();
+  Event() = default;  // empty: get() is nullptr
+  Event(Event&& other) noexcept;
+  Event& operator=(Event&& other) noexcept;
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+  ~Event();
+  cudaEvent_t get() const { return event_; }
+
+ private:
+  explicit Event(cudaEvent_t e) : event_(e) {}
+  cudaEvent_t event_ = nullptr;
+};
+
+// Host memory pinned and mapped into every device's address space (cudaHostRegister, portable +
+// mapped; read-only for read-only mappings). Unregistered on destruction.
+class HostRegistration {
+ public:
+  static absl::StatusOr<HostRegistration> Register(void* base, uint64_t bytes, bool read_only);
+  HostRegistration(HostRegistration&& other) noexcept;
+  HostRegistration& operator=(HostRegistration&& other) noexcept;
+  HostRegistration(const HostRegistration&) = delete;
+  HostRegistration& operator=(const HostRegistration&) = delete;
+  ~HostRegistration();
+  // Device address of host address `host` (inside the registration).
+  uint8_t* DevicePointer(const uint8_t* host) const {
+    return device_base_ + (host - static_cast<const uint8_t*>(base_));
+  }
+
+ private:
+  HostRegistration(void* base, uint8_t* device_base) : base_(base), device_base_(device_base) {}
+  void* base_ = nullptr;
+  uint8_t* device_base_ = nullptr;
+};
+
+}  // namespace kvrail::cuda

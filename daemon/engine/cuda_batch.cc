@@ -1,0 +1,137 @@
+#include "daemon/engine/cuda_batch.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/plan_math.h"
+
+namespace kvrail::engine::cuda_internal {
+
+void AppendTileRuns(const planner::Plan& plan, uint32_t tile, std::vector<CopyRun>* runs) {
+  namespace k = ::kvrail::kernels;
+  const k::PlanHeader& h = plan.header();
+  const k::TileDesc t = k::TileAt(h, tile);
+  if (static_cast<k::ChunkKind>(h.chunk_kind) == k::ChunkKind::kBytes) {
+    runs->push_back(CopyRun{h.src.origin + t.byte_begin, h.dst.origin + t.byte_begin,
+                            t.byte_end - t.byte_begin});
+    return;
+  }
+  const uint32_t* sb = plan.src_blocks().data();
+  const uint32_t* db = plan.dst_blocks().data();
+  CopyRun run{0, 0, 0};
+  uint64_t pos = t.byte_begin;
+  uint32_t c = static_cast<uint32_t>(pos / h.chunk_bytes);
+  uint64_t r = pos % h.chunk_bytes;
+  while (pos < t.byte_end) {
+    const k::ChunkSpan span = k::ChunkAt(h, sb, db, t.layer, t.part, c);
+    const uint64_t n = std::min(span.bytes - r, t.byte_end - pos);
+    const uint64_t s = span.src + r, d = span.dst + r;
+    if (run.bytes != 0 && run.src + run.bytes == s && run.dst + run.bytes == d) {
+      run.bytes += n;
+    } else {
+      if (run.bytes != 0) runs->push_back(run);
+      run = CopyRun{s, d, n};
+    }
+    pos += n;
+    ++c;
+    r = 0;
+  }
+  if (run.bytes != 0) runs->push_back(run);
+}
+
+uint64_t MeanRunBytes(const planner::Plan& plan) {
+  const uint64_t runs = std::max<uint64_t>(plan.num_runs(), 1);
+  return plan.bytes_total() / runs;
+}
+
+std::pair<uint32_t, uint32_t> TakeBatch(std::deque<uint32_t>* tiles, const planner::Plan& plan,
+                                        uint64_t max_bytes) {
+  const uint32_t begin = tiles->front();
+  uint64_t bytes = plan.tile(begin).bytes;
+  tiles->pop_front();
+  uint32_t end = begin + 1;
+  while (!tiles->empty() && tiles->front() == end) {
+    const uint64_t next = plan.tile(end).bytes;
+    if (bytes + next > max_bytes) break;
+    bytes += next;
+    tiles->pop_front();
+    ++end;
+  }
+  return {begin, end};
+}
+
+const char* ModeEngineName(Mode mode) {
+  return mode == Mode::kKernel ? "cuda-kernel" : "cuda-copy-engine";
+}
+
+Mode ChooseMode(const ModeInputs& in) {
+  if (in.max_ctas <= 0 || in.peer_unreachable) return Mode::kCopyEngine;
+  if (in.copy_engine_min_run > 0 && in.mean_run_bytes >= in.copy_engine_min_run) {
+    return Mode::kCopyEngine;
+  }
+  return Mode::kKernel;
+}
+
+CtaTuner::CtaTuner(int max_ctas, int fixed_ctas, int reprobe_batches, double tolerance)
+    : fixed_(fixed_ctas > 0 ? std::min(fixed_ctas, std::max(max_ctas, 1)) : 0),
+      reprobe_batches_(std::max(reprobe_batches, 1)),
+      tolerance_(tolerance) {
+  max_ctas = std::max(max_ctas, 1);
+  candidates_.push_back(max_ctas);
+  int c = 1;
+  while (c * 2 <= max_ctas) c *= 2;
+  if (c == max_ctas) c /= 2;
+  for (; c >= 4 || (c >= 1 && max_ctas < 4); c /= 2) candidates_.push_back(c);
+  knee_ = fixed_ > 0 ? fixed_ : max_ctas;
+  if (fixed_ > 0) probing_ = false;
+}
+
+int CtaTuner::Next(uint64_t bytes) const {
+  if (fixed_ > 0) return fixed_;
+  if (probing_ && bytes >= kMinSampleBytes) return candidates_[probe_index_];
+  return knee_;
+}
+
+void CtaTuner::Report(int ctas, uint64_t bytes, double seconds) {
+  if (fixed_ > 0 || bytes < kMinSampleBytes || seconds <= 0) return;
+  const double gbps = static_cast<double>(bytes) / seconds / 1e9;
+  if (probing_) {
+    if (ctas != candidates_[probe_index_]) return;
+    measured_[ctas] = gbps;
+    double best = 0;
+    for (size_t i = 0; i <= probe_index_; ++i) best = std::max(best, measured_[candidates_[i]]);
+    // Bandwidth only falls with fewer CTAs: once a candidate drops out of the tolerance, the
+    // smaller ones would too, and probing them would only slow real transfers.
+    if (++probe_index_ == candidates_.size() || gbps < (1.0 - tolerance_) * best) FinishProbe();
+    return;
+  }
+  measured_[ctas] = gbps;
+  if (++batches_since_probe_ >= reprobe_batches_) {
+    probing_ = true;
+    probe_index_ = 0;
+  }
+}
+
+void CtaTuner::FinishProbe() {
+  probing_ = false;
+  probe_index_ = 0;
+  batches_since_probe_ = 0;
+  double best = 0;
+  for (int c : candidates_) {
+    if (measured_.count(c) != 0) best = std::max(best, measured_[c]);
+  }
+  knee_ = candidates_.front();
+  for (int c : candidates_) {  // descending: the last one within tolerance is the fewest CTAs
+    if (measured_.count(c) != 0 && measured_[c] >= (1.0 - tolerance_) * best) knee_ = c;
+  }
+}
+
+std::string CtaTuner::Describe() const {
+  if (fixed_ > 0) return absl::StrCat(fixed_, " CTAs (fixed)");
+  if (probing_) {
+    return absl::StrCat(knee_, " CTAs (", measured_.empty() ? "not probed yet" : "re-probing", ")");
+  }
+  return absl::StrCat(knee_, " CTAs (knee)");
+}
+
+}  // namespace kvrail::engine::cuda_internal

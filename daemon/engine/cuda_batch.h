@@ -1,0 +1,84 @@
+// Internal to engine/: the CUDA engine's pure decisions, testable without a GPU: which tiles form
+// one launch, the copy-engine descriptors of a tile range (the host twin's coalesced copies), the
+// kernel-or-copy-engine choice, and the CTA knee finder.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "daemon/planner/planner.h"
+
+namespace kvrail::engine::cuda_internal {
+
+// One contiguous copy: byte offsets from the two region bases.
+struct CopyRun {
+  uint64_t src;
+  uint64_t dst;
+  uint64_t bytes;
+};
+
+// Appends the coalesced copies of `tile` (exactly the memcpys ExecuteTileHost does).
+void AppendTileRuns(const planner::Plan& plan, uint32_t tile, std::vector<CopyRun>* runs);
+
+// Average bytes of the plan's coalesced contiguous runs.
+uint64_t MeanRunBytes(const planner::Plan& plan);
+
+// Takes from the front of `tiles` the longest prefix of consecutive tile ids (t, t+1, ...) whose
+// bytes stay within `max_bytes` (always at least one tile) and returns it as [begin, end).
+std::pair<uint32_t, uint32_t> TakeBatch(std::deque<uint32_t>* tiles, const planner::Plan& plan,
+                                        uint64_t max_bytes);
+
+enum class Mode { kKernel, kCopyEngine };
+const char* ModeEngineName(Mode mode);  // "cuda-kernel" / "cuda-copy-engine"
+
+struct ModeInputs {
+  int max_ctas = 0;                 // SM budget
+  uint64_t mean_run_bytes = 0;      // MeanRunBytes(plan)
+  uint64_t copy_engine_min_run = 0;  // options.copy_engine_min_run_bytes
+  bool peer_unreachable = false;    // GPU -> other GPU without peer access
+};
+// Copy engines when the budget is zero, the runs are large, or the two GPUs cannot reach each
+// other directly (the driver stages the copy through host memory); else the kernel.
+Mode ChooseMode(const ModeInputs& in);
+
+// Finds the knee of bandwidth over CTA count: the fewest CTAs within `tolerance` (5%) of the best
+// measured bandwidth. Probes the candidates (the budget and powers of two from 4) once each,
+// largest first, on batches of at least kMinSampleBytes, stopping at the first one that falls out
+// of the tolerance (fewer CTAs never move more), then uses the knee; re-probes every
+// `reprobe_batches` sampled batches. Not thread-safe (one per device dispatcher and size class).
+class CtaTuner {
+ public:
+  static constexpr uint64_t kMinSampleBytes = 4 << 20;
+  CtaTuner(int max_ctas, int fixed_ctas, int reprobe_batches, double tolerance = 0.05);
+
+  // CTAs for the next batch of `bytes`.
+  int Next(uint64_t bytes) const;
+  // A finished batch: `ctas` moved `bytes` in `seconds` (GPU time).
+  void Report(int ctas, uint64_t bytes, double seconds);
+  // The current choice and why: "16 CTAs (knee)", "32 CTAs (probing)", "8 CTAs (fixed)".
+  std::string Describe() const;
+  int knee() const { return knee_; }
+  bool probing() const { return probing_; }
+  const std::vector<int>& candidates() const { return candidates_; }
+  // Last measured GB/s per candidate (0: not measured).
+  const std::map<int, double>& measured() const { return measured_; }
+
+ private:
+  void FinishProbe();
+
+  const int fixed_;
+  const int reprobe_batches_;
+  const double tolerance_;
+  std::vector<int> candidates_;  // descending
+  std::map<int, double> measured_;
+  bool probing_ = true;
+  size_t probe_index_ = 0;
+  int knee_;
+  int batches_since_probe_ = 0;
+};
+
+}  // namespace kvrail::engine::cuda_internal

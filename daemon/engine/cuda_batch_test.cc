@@ -1,0 +1,136 @@
+// The CUDA engine's pure decisions, without a GPU: the copy-engine descriptors of a tile range
+// move exactly the host twin's bytes (random layouts, block tables, conversions), batches are
+// consecutive tiles within the byte cap, the mode choice, and the CTA knee finder.
+#define CATCH_CONFIG_MAIN
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cstring>
+#include <deque>
+#include <random>
+#include <vector>
+
+#include "daemon/engine/cuda_batch.h"
+#include "daemon/planner/planner.h"
+#include "daemon/planner/random_case.h"
+
+namespace kvrail::engine::cuda_internal {
+namespace {
+
+void CheckRunsMatchHostTwin(const planner::testing::RandomCase& c, std::mt19937_64& rng) {
+  INFO(c.ToString());
+  absl::StatusOr<planner::Plan> plan = planner::MakePlan(c.spec, c.src, c.dst, c.options);
+  REQUIRE(plan.ok());
+  std::vector<uint8_t> src(c.src.size_bytes);
+  for (auto& b : src) b = static_cast<uint8_t>(rng());
+  std::vector<uint8_t> want(c.dst.size_bytes, 0xAB), got(c.dst.size_bytes, 0xAB);
+  std::vector<CopyRun> runs;
+  uint64_t run_bytes = 0;
+  for (uint32_t t = 0; t < plan->num_tiles(); ++t) {
+    planner::ExecuteTileHost(*plan, t, src.data(), want.data());
+    runs.clear();
+    AppendTileRuns(*plan, t, &runs);
+    for (const CopyRun& r : runs) {
+      REQUIRE(r.src + r.bytes <= src.size());
+      REQUIRE(r.dst + r.bytes <= got.size());
+      std::memcpy(got.data() + r.dst, src.data() + r.src, r.bytes);
+      run_bytes += r.bytes;
+    }
+  }
+  CHECK(run_bytes == plan->bytes_total());
+  CHECK(got == want);
+}
+
+TEST_CASE("copy-engine descriptors move exactly the host twin's bytes") {
+  std::mt19937_64 rng(7);
+  for (int i = 0; i < 300; ++i) CheckRunsMatchHostTwin(planner::testing::RandomPagedCase(rng), rng);
+  for (int i = 0; i < 50; ++i) CheckRunsMatchHostTwin(planner::testing::RandomBytesCase(rng), rng);
+}
+
+TEST_CASE("batches are runs of consecutive tiles within the byte cap") {
+  std::mt19937_64 rng(11);
+  for (int i = 0; i < 100; ++i) {
+    auto c = planner::testing::RandomPagedCase(rng);
+    absl::StatusOr<planner::Plan> plan = planner::MakePlan(c.spec, c.src, c.dst, c.options);
+    REQUIRE(plan.ok());
+    if (plan->num_tiles() == 0) continue;
+    std::deque<uint32_t> tiles;
+    // Queue order as layer-wise marking can produce it: layers out of order.
+    for (uint32_t t = 0; t < plan->num_tiles(); ++t) tiles.push_back(t);
+    std::shuffle(tiles.begin(), tiles.end(), rng);
+    std::sort(tiles.begin(), tiles.begin() + tiles.size() / 2);
+    const uint64_t cap = 1 + rng() % (3 * plan->tile(0).bytes + 1);
+    std::vector<int> seen(plan->num_tiles(), 0);
+    while (!tiles.empty()) {
+      const uint32_t front = tiles.front();
+      auto [begin, end] = TakeBatch(&tiles, *plan, cap);
+      REQUIRE(begin == front);
+      REQUIRE(end > begin);
+      uint64_t bytes = 0;
+      for (uint32_t t = begin; t < end; ++t) {
+        ++seen[t];
+        bytes += plan->tile(t).bytes;
+      }
+      if (end - begin > 1) CHECK(bytes <= cap);
+    }
+    for (int s : seen) CHECK(s == 1);
+  }
+}
+
+TEST_CASE("mode: copy engines for a zero budget, large runs or unreachable peers") {
+  ModeInputs in;
+  in.max_ctas = 32;
+  in.mean_run_bytes = 16 << 10;
+  in.copy_engine_min_run = 1 << 20;
+  CHECK(ChooseMode(in) == Mode::kKernel);
+  in.mean_run_bytes = 2 << 20;
+  CHECK(ChooseMode(in) == Mode::kCopyEngine);
+  in.mean_run_bytes = 16 << 10;
+  in.max_ctas = 0;
+  CHECK(ChooseMode(in) == Mode::kCopyEngine);
+  in.max_ctas = 32;
+  in.peer_unreachable = true;
+  CHECK(ChooseMode(in) == Mode::kCopyEngine);
+  CHECK(std::string(ModeEngineName(Mode::kKernel)) == "cuda-kernel");
+  CHECK(std::string(ModeEngineName(Mode::kCopyEngine)) == "cuda-copy-engine");
+}
+
+// Bandwidth as a function of CTAs with a knee at 16: 25 GB/s per CTA up to 400 GB/s.
+double Curve(int ctas) { return std::min(400.0, 25.0 * ctas) + (ctas > 16 ? 5 : 0); }
+
+TEST_CASE("the tuner probes every candidate, picks the knee and re-probes") {
+  CtaTuner tuner(/*max_ctas=*/132, /*fixed=*/0, /*reprobe=*/10);
+  CHECK(tuner.candidates() == std::vector<int>{132, 128, 64, 32, 16, 8, 4});
+  const uint64_t bytes = 64 << 20;
+  // Small batches are not samples: they run with the current choice and do not advance probing.
+  CHECK(tuner.Next(4096) == 132);
+  tuner.Report(132, 4096, 1e-6);
+  CHECK(tuner.probing());
+  std::vector<int> probed;
+  while (tuner.probing()) {
+    const int c = tuner.Next(bytes);
+    probed.push_back(c);
+    tuner.Report(c, bytes, bytes / (Curve(c) * 1e9));
+  }
+  // 8 CTAs (200 GB/s) fall out of the tolerance: 4 is never probed.
+  CHECK(probed == std::vector<int>{132, 128, 64, 32, 16, 8});
+  CHECK(tuner.knee() == 16);  // 400 GB/s >= 95% of 405
+  CHECK(tuner.Describe() == "16 CTAs (knee)");
+  for (int i = 0; i < 10; ++i) tuner.Report(tuner.Next(bytes), bytes, bytes / 400e9);
+  CHECK(tuner.probing());
+  CHECK(tuner.Next(bytes) == 132);
+}
+
+TEST_CASE("the tuner respects the budget and a fixed count") {
+  CHECK(CtaTuner(32, 0, 10).candidates() == std::vector<int>{32, 16, 8, 4});
+  CHECK(CtaTuner(24, 0, 10).candidates() == std::vector<int>{24, 16, 8, 4});
+  CHECK(CtaTuner(3, 0, 10).candidates() == std::vector<int>{3, 2, 1});
+  CtaTuner fixed(32, 8, 10);
+  CHECK(fixed.Next(64 << 20) == 8);
+  CHECK_FALSE(fixed.probing());
+  CHECK(fixed.Describe() == "8 CTAs (fixed)");
+  CHECK(CtaTuner(4, 64, 10).Next(64 << 20) == 4);  // fixed capped by the budget
+}
+
+}  // namespace
+}  // namespace kvrail::engine::cuda_internal

@@ -1,0 +1,425 @@
+// The CUDA engine: one dispatcher thread and one stream per GPU. See engine.h and
+// docs/architecture.md ("CUDA engine") for the policy.
+#include <cuda_runtime_api.h>
+
+#include <deque>
+#include <memory>
+#include <optional>
+#include <thread>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
+#include "daemon/common/status.h"
+#include "daemon/cuda/cuda_util.h"
+#include "daemon/engine/cuda_batch.h"
+#include "daemon/engine/engine.h"
+#include "kernels/kv_copy.h"
+
+namespace kvrail::engine {
+namespace {
+
+using cuda_internal::CopyRun;
+using cuda_internal::CtaTuner;
+using cuda_internal::Mode;
+
+constexpr int kThreadsPerCta = 512;
+constexpr size_t kMaxInFlight = 2;  // batches queued on the stream: the next launch hides the gap
+
+// What the dispatcher knows about a job it has started (dispatcher thread only).
+struct JobState {
+  std::shared_ptr<Job> job;
+  absl::Status setup;  // not OK: every tile of the job fails with it
+  Mode mode = Mode::kKernel;
+  int tuner_key = 0;
+  uint8_t* src = nullptr;  // device-visible bases
+  uint8_t* dst = nullptr;
+  std::optional<kernels::DevicePlanBuffer> plan;
+  int in_flight = 0;
+};
+
+struct Batch {
+  JobState* state = nullptr;
+  uint32_t begin = 0, end = 0;
+  uint64_t bytes = 0;
+  int ctas = 0;  // 0: copy engine
+  cuda::Event start, stop;
+  absl::Status launch;
+};
+
+// Serves one GPU. Thread contract: Enqueue/Remove/QueuedTiles/Describe from any thread (guarded
+// by mu_); everything else runs on the dispatcher thread, which owns the stream, the job states
+// and the tuners.
+class DeviceWorker {
+ public:
+  DeviceWorker(int device, const CudaEngineOptions& options, cuda::Stream stream)
+      : device_(device), options_(options), stream_(std::move(stream)) {
+    thread_ = std::thread([this] { Run(); });
+  }
+  ~DeviceWorker() {
+    {
+      absl::MutexLock lock(&mu_);
+      stop_ = true;
+    }
+    thread_.join();
+  }
+
+  void Enqueue(const std::shared_ptr<Job>& job, const std::vector<uint32_t>& tiles) {
+    absl::MutexLock lock(&mu_);
+    auto& queue = queues_[static_cast<int>(job->priority())];
+    for (Entry& e : queue) {
+      if (e.job == job) {
+        e.tiles.insert(e.tiles.end(), tiles.begin(), tiles.end());
+        return;
+      }
+    }
+    queue.push_back(Entry{job, std::deque<uint32_t>(tiles.begin(), tiles.end())});
+  }
+
+  size_t Remove(const Job* job) {
+    absl::MutexLock lock(&mu_);
+    size_t removed = 0;
+    for (auto& queue : queues_) {
+      for (auto it = queue.begin(); it != queue.end();) {
+        if (it->job.get() == job) {
+          removed += it->tiles.size();
+          it = queue.erase(it);
+        } else {
+          ++it;
+        }
+      }
+    }
+    return removed;
+  }
+
+  void AddQueued(std::vector<uint64_t>* out) const {
+    absl::MutexLock lock(&mu_);
+    for (int c = 0; c < kNumPriorityClasses; ++c) {
+      for (const Entry& e : queues_[c]) (*out)[c] += e.tiles.size();
+    }
+  }
+
+  std::string Describe() const {
+    absl::MutexLock lock(&mu_);
+    return absl::StrCat("cuda:", device_, " ", last_decision_, ", budget ", options_.max_ctas,
+                        " CTAs; ", kernel_batches_, " kernel / ", copy_batches_,
+                        " copy-engine batches");
+  }
+
+ private:
+  struct Entry {
+    std::shared_ptr<Job> job;
+    std::deque<uint32_t> tiles;
+  };
+
+  bool HasWorkOrStop() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (stop_) return true;
+    for (const auto& q : queues_) {
+      if (!q.empty()) return true;
+    }
+    return false;
+  }
+
+  // Takes the next batch in priority order (round robin within a class), or nothing.
+  std::optional<std::pair<std::shared_ptr<Job>, std::pair<uint32_t, uint32_t>>> TakeLocked()
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (auto& queue : queues_) {
+      if (queue.empty()) continue;
+      Entry& e = queue.front();
+      std::shared_ptr<Job> job = e.job;
+      auto range = cuda_internal::TakeBatch(&e.tiles, job->plan(), options_.batch_bytes);
+      if (e.tiles.empty()) {
+        queue.pop_front();
+      } else if (queue.size() > 1) {
+        queue.push_back(std::move(e));
+        queue.pop_front();
+      }
+      return std::make_pair(std::move(job), range);
+    }
+    return std::nullopt;
+  }
+
+  bool HasQueuedLocked(const Job* job) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (const auto& queue : queues_) {
+      for (const Entry& e : queue) {
+        if (e.job.get() == job) return true;
+      }
+    }
+    return false;
+  }
+
+  void Run() {
+    absl::Status bound = cuda::SetDevice(device_);
+    std::deque<Batch> in_flight;
+    while (true) {
+      std::optional<std::pair<std::shared_ptr<Job>, std::pair<uint32_t, uint32_t>>> next;
+      {
+        absl::MutexLock lock(&mu_);
+        if (in_flight.empty()) {
+          SweepLocked();
+          mu_.Await(absl::Condition(this, &DeviceWorker::HasWorkOrStop));
+          if (stop_) return;
+        }
+        if (in_flight.size() < kMaxInFlight) next = TakeLocked();
+      }
+      if (next.has_value()) {
+        JobState& state = StateFor(next->first, bound);
+        in_flight.push_back(Launch(state, next->second.first, next->second.second));
+      }
+      if (!in_flight.empty() && (!next.has_value() || in_flight.size() >= kMaxInFlight)) {
+        Complete(in_flight.front());
+        in_flight.pop_front();
+      }
+    }
+  }
+
+  // Drops states of jobs with nothing queued or running (their plan buffers are freed).
+  void SweepLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (auto it = states_.begin(); it != states_.end();) {
+      if (it->second->in_flight == 0 && !HasQueuedLocked(it->first)) {
+        it = states_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+
+  JobState& StateFor(const std::shared_ptr<Job>& job, const absl::Status& bound) {
+    auto it = states_.find(job.get());
+    if (it != states_.end()) return *it->second;
+    auto state = std::make_unique<JobState>();
+    state->job = job;
+    state->setup = bound.ok() ? SetUp(*state) : bound;
+    JobState& ref = *state;
+    states_.emplace(job.get(), std::move(state));
+    return ref;
+  }
+
+  absl::Status SetUp(JobState& s) {
+    const Job& job = *s.job;
+    const MemoryRef src = job.src(), dst = job.dst();
+    ASSIGN_OR_RETURN(s.src, job.DeviceAddress(Job::Side::kSrc));
+    ASSIGN_OR_RETURN(s.dst, job.DeviceAddress(Job::Side::kDst));
+    bool peer_unreachable = false;
+    if (src.cuda && dst.cuda && src.device != dst.device) {
+      const int other = src.device == device_ ? dst.device : src.device;
+      peer_unreachable = !cuda::EnablePeerAccess(device_, other).ok();
+    }
+    cuda_internal::ModeInputs in;
+    in.max_ctas = options_.max_ctas;
+    in.mean_run_bytes = cuda_internal::MeanRunBytes(job.plan());
+    in.copy_engine_min_run = options_.copy_engine_min_run_bytes;
+    in.peer_unreachable = peer_unreachable;
+    s.mode = cuda_internal::ChooseMode(in);
+    // One tuner per run-size class (log2 of the mean run) and destination kind.
+    int log2 = 0;
+    while ((uint64_t{2} << log2) <= in.mean_run_bytes && log2 < 40) ++log2;
+    s.tuner_key = log2 * 4 + (dst.cuda ? (dst.device == device_ ? 0 : 1) : 2);
+    if (s.mode == Mode::kKernel) {
+      const planner::Plan& plan = job.plan();
+      ASSIGN_OR_RETURN(kernels::DevicePlanBuffer buffer,
+                       kernels::DevicePlanBuffer::Upload(
+                           plan.header(), plan.src_blocks().data(), plan.dst_blocks().data(),
+                           reinterpret_cast<uint64_t>(s.src), reinterpret_cast<uint64_t>(s.dst),
+                           stream_.get()));
+      s.plan.emplace(std::move(buffer));
+    }
+    s.job->OnEngineUsed(cuda_internal::ModeEngineName(s.mode));
+    return absl::OkStatus();
+  }
+
+  CtaTuner& TunerFor(int key) {
+    auto it = tuners_.find(key);
+    if (it == tuners_.end()) {
+      it = tuners_
+               .emplace(key, CtaTuner(options_.max_ctas, options_.fixed_ctas,
+                                      options_.reprobe_batches))
+               .first;
+    }
+    return it->second;
+  }
+
+  Batch Launch(JobState& s, uint32_t begin, uint32_t end) {
+    Batch b;
+    b.state = &s;
+    b.begin = begin;
+    b.end = end;
+    ++s.in_flight;
+    for (uint32_t t = begin; t < end; ++t) {
+      b.bytes += s.job->plan().tile(t).bytes;
+      s.job->OnTileStart(t);
+    }
+    if (!s.setup.ok()) {
+      b.launch = s.setup;
+      return b;
+    }
+    b.launch = [&]() -> absl::Status {
+      ASSIGN_OR_RETURN(b.start, cuda::Event::Create());
+      ASSIGN_OR_RETURN(b.stop, cuda::Event::Create());
+      RETURN_IF_ERROR(cuda::CudaStatus(cudaEventRecord(b.start.get(), stream_.get()), "cudaEventRecord"));
+      if (s.mode == Mode::kKernel) {
+        b.ctas = TunerFor(s.tuner_key).Next(b.bytes);
+        RETURN_IF_ERROR(kernels::LaunchKvCopy(s.plan->plan(), begin, end, b.ctas, stream_.get(),
+                                              kThreadsPerCta));
+      } else {
+        RETURN_IF_ERROR(CopyEngine(s, begin, end));
+      }
+      return cuda::CudaStatus(cudaEventRecord(b.stop.get(), stream_.get()), "cudaEventRecord");
+    }();
+    return b;
+  }
+
+  absl::Status CopyEngine(const JobState& s, uint32_t begin, uint32_t end) {
+    runs_.clear();
+    for (uint32_t t = begin; t < end; ++t) cuda_internal::AppendTileRuns(s.job->plan(), t, &runs_);
+    dsts_.resize(runs_.size());
+    srcs_.resize(runs_.size());
+    sizes_.resize(runs_.size());
+    for (size_t i = 0; i < runs_.size(); ++i) {
+      dsts_[i] = s.dst + runs_[i].dst;
+      srcs_[i] = s.src + runs_[i].src;
+      sizes_[i] = runs_[i].bytes;
+    }
+    cudaMemcpyAttributes attrs{};
+    attrs.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+    attrs.flags = cudaMemcpyFlagPreferOverlapWithCompute;
+    size_t attrs_index = 0;
+    constexpr size_t kMaxPerCall = 1 << 16;
+    for (size_t first = 0; first < runs_.size(); first += kMaxPerCall) {
+      const size_t n = std::min(kMaxPerCall, runs_.size() - first);
+      RETURN_IF_ERROR(cuda::CudaStatus(
+          cudaMemcpyBatchAsync(dsts_.data() + first, srcs_.data() + first, sizes_.data() + first,
+                               n, &attrs, &attrs_index, 1, stream_.get()),
+          "cudaMemcpyBatchAsync"));
+    }
+    return absl::OkStatus();
+  }
+
+  void Complete(Batch& b) {
+    JobState& s = *b.state;
+    absl::Status status = b.launch;
+    float ms = 0;
+    if (status.ok()) {
+      status = cuda::CudaStatus(cudaEventSynchronize(b.stop.get()), "transfer batch");
+    }
+    if (status.ok()) cudaEventElapsedTime(&ms, b.start.get(), b.stop.get());
+    if (status.ok()) {
+      const double seconds = ms / 1e3;
+      const double gbps = seconds > 0 ? static_cast<double>(b.bytes) / seconds / 1e9 : 0;
+      std::string decision;
+      if (b.ctas > 0) {
+        CtaTuner& tuner = TunerFor(s.tuner_key);
+        tuner.Report(b.ctas, b.bytes, seconds);
+        decision = absl::StrFormat("kernel %d CTAs, now %s", b.ctas, tuner.Describe());
+      } else {
+        decision = "copy engine";
+      }
+      absl::MutexLock lock(&mu_);
+      (b.ctas > 0 ? kernel_batches_ : copy_batches_)++;
+      last_decision_ = absl::StrFormat("%s, %.1f GB/s last batch (%.1f MiB)", decision, gbps,
+                                       static_cast<double>(b.bytes) / (1 << 20));
+    }
+    --s.in_flight;
+    for (uint32_t t = b.begin; t < b.end; ++t) s.job->OnTileDone(t, status);
+  }
+
+  const int device_;
+  const CudaEngineOptions options_;
+  cuda::Stream stream_;
+  std::thread thread_;
+
+  mutable absl::Mutex mu_;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::deque<Entry> queues_[kNumPriorityClasses] ABSL_GUARDED_BY(mu_);
+  std::string last_decision_ ABSL_GUARDED_BY(mu_) = "idle";
+  uint64_t kernel_batches_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t copy_batches_ ABSL_GUARDED_BY(mu_) = 0;
+  // Dispatcher thread only (SweepLocked runs there too, under mu_ for the queue lookups).
+  std::unordered_map<const Job*, std::unique_ptr<JobState>> states_;
+  std::map<int, CtaTuner> tuners_;
+  std::vector<CopyRun> runs_;
+  std::vector<void*> dsts_;
+  std::vector<const void*> srcs_;
+  std::vector<size_t> sizes_;
+};
+
+// Routes each job to the worker of its executing GPU. Thread-safe (workers are fixed at
+// creation; each guards its own queues).
+class CudaEngine final : public Engine {
+ public:
+  explicit CudaEngine(std::vector<std::unique_ptr<DeviceWorker>> workers, std::vector<int> devices)
+      : workers_(std::move(workers)), devices_(std::move(devices)) {}
+
+  std::string name() const override { return "cuda"; }
+
+  void Enqueue(const std::shared_ptr<Job>& job, const std::vector<uint32_t>& tiles) override {
+    if (tiles.empty()) return;
+    const MemoryRef src = job->src(), dst = job->dst();
+    const int device = src.cuda ? src.device : (dst.cuda ? dst.device : devices_.front());
+    DeviceWorker* worker = Worker(device);
+    if (worker == nullptr) {
+      const absl::Status status = absl::FailedPreconditionError(
+          absl::StrCat("the CUDA engine does not serve GPU", device));
+      for (uint32_t t : tiles) {
+        job->OnTileStart(t);
+        job->OnTileDone(t, status);
+      }
+      return;
+    }
+    worker->Enqueue(job, tiles);
+  }
+
+  size_t Remove(const Job* job) override {
+    size_t removed = 0;
+    for (auto& w : workers_) removed += w->Remove(job);
+    return removed;
+  }
+
+  std::vector<uint64_t> QueuedTiles() const override {
+    std::vector<uint64_t> out(kNumPriorityClasses, 0);
+    for (const auto& w : workers_) w->AddQueued(&out);
+    return out;
+  }
+
+  std::string Describe() const override {
+    std::vector<std::string> lines;
+    for (const auto& w : workers_) lines.push_back(w->Describe());
+    return absl::StrJoin(lines, "; ");
+  }
+
+ private:
+  DeviceWorker* Worker(int device) const {
+    for (size_t i = 0; i < devices_.size(); ++i) {
+      if (devices_[i] == device) return workers_[i].get();
+    }
+    return nullptr;
+  }
+
+  const std::vector<std::unique_ptr<DeviceWorker>> workers_;
+  const std::vector<int> devices_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Engine>> CreateCudaEngine(const CudaEngineOptions& options) {
+  ASSIGN_OR_RETURN(const int count, cuda::DeviceCount());
+  std::vector<int> devices = options.devices;
+  if (devices.empty()) {
+    for (int d = 0; d < count; ++d) devices.push_back(d);
+  }
+  std::vector<std::unique_ptr<DeviceWorker>> workers;
+  for (int d : devices) {
+    if (d < 0 || d >= count) {
+      return absl::InvalidArgumentError(absl::StrCat("cuda devices: GPU", d, " does not exist"));
+    }
+    ASSIGN_OR_RETURN(cuda::Stream stream, cuda::Stream::Create(d));
+    workers.push_back(std::make_unique<DeviceWorker>(d, options, std::move(stream)));
+  }
+  return std::unique_ptr<Engine>(new CudaEngine(std::move(workers), std::move(devices)));
+}
+
+}  // namespace kvrail::engine

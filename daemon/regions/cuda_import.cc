@@ -1,0 +1,132 @@
+#include "daemon/regions/cuda_import.h"
+
+#include <cuda_runtime_api.h>
+
+#include <cstring>
+#include <map>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "daemon/common/status.h"
+#include "daemon/cuda/cuda_util.h"
+#include "spdlog/spdlog.h"
+
+namespace kvrail::regions {
+namespace {
+
+class CudaMappingImpl final : public CudaMapping {
+ public:
+  CudaMappingImpl(int device, uint8_t* base, uint64_t bytes)
+      : device_(device), base_(base), bytes_(bytes) {}
+  ~CudaMappingImpl() override {
+    // The mapping belongs to the device's context: select it on this (any) thread first.
+    absl::Status s = cuda::SetDevice(device_);
+    if (s.ok()) s = cuda::CudaStatus(cudaIpcCloseMemHandle(base_), "cudaIpcCloseMemHandle");
+    if (!s.ok()) spdlog::warn("closing a CUDA IPC mapping on GPU{}: {}", device_, s.ToString());
+    if (s.ok()) spdlog::debug("closed CUDA IPC mapping on GPU{} ({} bytes)", device_, bytes_);
+  }
+  int device() const override { return device_; }
+  uint8_t* base() const override { return base_; }
+  uint64_t allocation_bytes() const override { return bytes_; }
+
+ private:
+  const int device_;
+  uint8_t* const base_;
+  const uint64_t bytes_;
+};
+
+// Open mappings by (device, handle bytes), so two regions over one allocation share a mapping.
+struct Cache {
+  absl::Mutex mu;
+  std::map<std::pair<int, std::string>, std::weak_ptr<CudaMapping>> open ABSL_GUARDED_BY(mu);
+};
+
+Cache& TheCache() {
+  static Cache* cache = new Cache();
+  return *cache;
+}
+
+absl::StatusOr<std::shared_ptr<CudaMapping>> Open(int device, const std::string& handle_bytes) {
+  RETURN_IF_ERROR(cuda::SetDevice(device));
+  cudaIpcMemHandle_t handle;
+  std::memcpy(&handle, handle_bytes.data(), sizeof(handle));
+  void* ptr = nullptr;
+  const cudaError_t e = cudaIpcOpenMemHandle(&ptr, handle, cudaIpcMemLazyEnablePeerAccess);
+  if (e != cudaSuccess) {
+    return cuda::CudaStatus(
+        e,
+        absl::StrCat("spec.share.cuda_ipc_handle: cudaIpcOpenMemHandle on GPU", device,
+                     " failed (the exporting process must be alive and the handle come from "
+                     "cudaIpcGetMemHandle on a cudaMalloc allocation)"),
+        absl::StatusCode::kInvalidArgument);
+  }
+  auto mapping_or_error = [&]() -> absl::StatusOr<std::shared_ptr<CudaMapping>> {
+    ASSIGN_OR_RETURN(int holder, cuda::PointerDevice(ptr));
+    ASSIGN_OR_RETURN(cuda::AllocationRange range, cuda::GetAllocationRange(ptr));
+    if (holder != device) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "spec.device: the handle's memory is on GPU", holder, ", not GPU", device));
+    }
+    return std::shared_ptr<CudaMapping>(
+        std::make_shared<CudaMappingImpl>(device, static_cast<uint8_t*>(ptr), range.bytes));
+  }();
+  if (!mapping_or_error.ok()) cudaIpcCloseMemHandle(ptr);
+  return mapping_or_error;
+}
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<CudaMapping>> ImportCudaIpc(const v1::RegionSpec& spec) {
+  absl::StatusOr<int> count = cuda::DeviceCount();
+  if (!count.ok()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("spec.memory_kind: MEMORY_KIND_CUDA needs a CUDA device and this daemon has "
+                     "none (", count.status().message(), ")"));
+  }
+  if (spec.share().via_case() != v1::RegionShare::kCudaIpcHandle) {
+    return absl::InvalidArgumentError(
+        "spec.share.cuda_ipc_handle: MEMORY_KIND_CUDA regions are shared with a CUDA IPC handle");
+  }
+  const std::string& handle = spec.share().cuda_ipc_handle();
+  if (handle.size() != sizeof(cudaIpcMemHandle_t)) {
+    return absl::InvalidArgumentError(absl::StrCat("spec.share.cuda_ipc_handle: must be ",
+                                                   sizeof(cudaIpcMemHandle_t), " bytes, got ",
+                                                   handle.size()));
+  }
+  if (spec.device() < 0 || spec.device() >= *count) {
+    return absl::InvalidArgumentError(absl::StrCat("spec.device: GPU", spec.device(),
+                                                   " does not exist (this daemon sees ", *count,
+                                                   " GPUs)"));
+  }
+  Cache& cache = TheCache();
+  std::shared_ptr<CudaMapping> mapping;
+  {
+    absl::MutexLock lock(&cache.mu);
+    auto key = std::make_pair(spec.device(), handle);
+    auto it = cache.open.find(key);
+    if (it != cache.open.end()) mapping = it->second.lock();
+    if (mapping == nullptr) {
+      ASSIGN_OR_RETURN(mapping, Open(spec.device(), handle));
+      cache.open[key] = mapping;
+    }
+    for (auto e = cache.open.begin(); e != cache.open.end();) {  // forget closed mappings
+      if (e->second.expired()) {
+        e = cache.open.erase(e);
+      } else {
+        ++e;
+      }
+    }
+  }
+  const uint64_t offset = spec.share().offset();
+  if (offset > mapping->allocation_bytes() ||
+      spec.size_bytes() > mapping->allocation_bytes() - offset) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "spec.size_bytes: region [", offset, ", ", offset + spec.size_bytes(),
+        ") does not fit the CUDA allocation of ", mapping->allocation_bytes(), " bytes"));
+  }
+  return mapping;
+}
+
+}  // namespace kvrail::regions

@@ -1,0 +1,258 @@
+// End-to-end GPU test of the CUDA engine through the real kvraild (runs on the lent GPU machine,
+// not in CI): random layouts, block tables and conversions moved between CUDA regions on one GPU
+// and between a GPU and host memory, with the kernel, with copy engines only and with a fixed
+// small CTA count; the destination is poisoned first and compared byte for byte (bytes outside
+// the destination blocks included) with the host twin. Then a client process that dies while its
+// GPU region is in use by a layer-wise transfer: the daemon keeps serving and releases the
+// mapping once the transfer ends.
+//
+// Outside Bazel, point TEST_SRCDIR/TEST_WORKSPACE at a folder holding daemon/kvraild and
+// client/kv_demo (see docs/benchmarks.md, "CUDA engine, one H200").
+#define CATCH_CONFIG_MAIN
+#include <catch2/catch.hpp>
+
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "client/cuda_export.h"
+#include "client/kvrail_client.h"
+#include "daemon/planner/planner.h"
+#include "daemon/planner/random_case.h"
+#include "tests/harness/daemon_process.h"
+
+extern char** environ;
+
+namespace kvrail {
+namespace {
+
+constexpr uint8_t kPoison = 0xAB;
+using client::CudaBuffer;
+
+bool HaveGpu() {
+  if (client::CudaDeviceCount() > 0) return true;
+  WARN("no CUDA device: skipped");
+  return false;
+}
+
+enum class Kind { kGpu, kHost };
+
+// One side of a case: GPU memory or a host buffer, registered with the daemon.
+struct Side {
+  std::unique_ptr<CudaBuffer> gpu;
+  std::unique_ptr<client::HostBuffer> host;
+  v1::RegionInfo info;
+  void Write(const std::vector<uint8_t>& bytes) {
+    if (gpu) {
+      REQUIRE(gpu->CopyFromHost(0, bytes.data(), bytes.size()).ok());
+    } else {
+      std::memcpy(host->data(), bytes.data(), bytes.size());
+    }
+  }
+  std::vector<uint8_t> Read(size_t n) const {
+    std::vector<uint8_t> out(n);
+    if (gpu) {
+      REQUIRE(gpu->CopyToHost(0, out.data(), n).ok());
+    } else {
+      std::memcpy(out.data(), host->data(), n);
+    }
+    return out;
+  }
+};
+
+Side MakeSide(client::Client& c, Kind kind, const v1::PagedKvLayout* layout, uint64_t bytes,
+              bool writable, const std::vector<uint8_t>& content) {
+  Side side;
+  v1::RegionSpec spec;
+  spec.set_name(kind == Kind::kGpu ? "gpu" : "host");
+  spec.set_writable(writable);
+  if (layout != nullptr) {
+    *spec.mutable_paged_kv() = *layout;
+  } else {
+    spec.mutable_bytes();
+  }
+  absl::StatusOr<v1::RegionInfo> info;
+  if (kind == Kind::kGpu) {
+    auto buffer = CudaBuffer::Create(0, bytes);
+    REQUIRE(buffer.ok());
+    side.gpu = *std::move(buffer);
+    side.Write(content);
+    info = client::RegisterCudaRegion(c, side.gpu->data(), bytes, spec);
+  } else {
+    auto buffer = c.CreateHostBuffer(bytes);
+    REQUIRE(buffer.ok());
+    side.host = *std::move(buffer);
+    side.Write(content);
+    spec.set_memory_kind(v1::MEMORY_KIND_HOST);
+    spec.set_size_bytes(bytes);
+    info = c.RegisterHostBuffer(*side.host, spec);
+  }
+  INFO(info.status().ToString());
+  REQUIRE(info.ok());
+  side.info = *info;
+  return side;
+}
+
+// Moves `c` through the daemon from `src_kind` to `dst_kind` and compares with the host twin.
+void RunCase(client::Client& cl, const planner::testing::RandomCase& c, Kind src_kind,
+             Kind dst_kind, std::mt19937_64& rng, const std::string& want_engine) {
+  INFO(c.ToString());
+  absl::StatusOr<planner::Plan> plan = planner::MakePlan(c.spec, c.src, c.dst, c.options);
+  REQUIRE(plan.ok());
+  std::vector<uint8_t> src(c.src.size_bytes);
+  for (auto& b : src) b = static_cast<uint8_t>(rng());
+  std::vector<uint8_t> want(c.dst.size_bytes, kPoison);
+  for (uint32_t t = 0; t < plan->num_tiles(); ++t) {
+    planner::ExecuteTileHost(*plan, t, src.data(), want.data());
+  }
+  const bool paged = c.src.paged;
+  Side s = MakeSide(cl, src_kind, paged ? &c.src_layout : nullptr, c.src.size_bytes, false, src);
+  Side d = MakeSide(cl, dst_kind, paged ? &c.dst_layout : nullptr, c.dst.size_bytes, true,
+                    std::vector<uint8_t>(c.dst.size_bytes, kPoison));
+  v1::TransferSpec spec = c.spec;
+  spec.mutable_src()->set_region_id(s.info.region_id());
+  spec.mutable_dst()->set_region_id(d.info.region_id());
+  auto submitted = cl.Submit(spec);
+  INFO(submitted.status().ToString());
+  REQUIRE(submitted.ok());
+  auto status = cl.Wait(submitted->transfer_id(), absl::Seconds(30));
+  REQUIRE(status.ok());
+  INFO(status->DebugString());
+  REQUIRE(status->state() == v1::TRANSFER_STATE_SUCCEEDED);
+  CHECK(status->path() == v1::PATH_CUDA_LOCAL);
+  if (!want_engine.empty() && plan->bytes_total() > 0) CHECK(status->engine() == want_engine);
+  const std::vector<uint8_t> got = d.Read(c.dst.size_bytes);
+  size_t first = 0;
+  while (first < got.size() && got[first] == want[first]) ++first;
+  INFO("first differing byte " << first << " of " << got.size());
+  CHECK(got == want);
+  REQUIRE(cl.UnregisterRegion(s.info.region_id()).ok());
+  REQUIRE(cl.UnregisterRegion(d.info.region_id()).ok());
+}
+
+void RunRandomCases(const std::vector<std::string>& daemon_args, const std::string& want_engine,
+                    int cases) {
+  testing::TempDir dir;
+  testing::DaemonProcess daemon;
+  REQUIRE(daemon.Start(dir.path(), daemon_args));
+  auto cl = client::Client::Connect(daemon.socket());
+  REQUIRE(cl.ok());
+  std::mt19937_64 rng(1234);
+  const Kind kinds[3][2] = {{Kind::kGpu, Kind::kGpu}, {Kind::kGpu, Kind::kHost}, {Kind::kHost, Kind::kGpu}};
+  for (int i = 0; i < cases; ++i) {
+    const auto c = (i % 5 == 4) ? planner::testing::RandomBytesCase(rng)
+                                : planner::testing::RandomPagedCase(rng);
+    const Kind* k = kinds[i % 3];
+    INFO("case " << i << " src " << (k[0] == Kind::kGpu ? "gpu" : "host") << " dst "
+                 << (k[1] == Kind::kGpu ? "gpu" : "host"));
+    RunCase(**cl, c, k[0], k[1], rng, want_engine);
+  }
+  auto stats = (*cl)->GetStats();
+  REQUIRE(stats.ok());
+  for (const auto& e : stats->engines()) WARN("engine: " << e);
+  CHECK(daemon.Stop(SIGTERM) == 0);
+}
+
+TEST_CASE("CUDA engine, kernel: random layouts GPU->GPU, GPU->host, host->GPU vs host twin") {
+  if (!HaveGpu()) return;
+  RunRandomCases({}, "cuda-kernel", 90);
+}
+
+TEST_CASE("CUDA engine, copy engines only (SM budget 0) vs host twin") {
+  if (!HaveGpu()) return;
+  RunRandomCases({"--cuda-max-ctas", "0"}, "cuda-copy-engine", 45);
+}
+
+TEST_CASE("CUDA engine, 4 fixed CTAs and small tiles vs host twin") {
+  if (!HaveGpu()) return;
+  RunRandomCases({"--cuda-fixed-ctas", "4", "--tile-bytes", "4096"}, "cuda-kernel", 45);
+}
+
+std::string Slurp(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+TEST_CASE("a client that dies while its GPU region is in use: the daemon keeps serving") {
+  if (!HaveGpu()) return;
+  testing::TempDir dir;
+  testing::DaemonProcess daemon;
+  REQUIRE(daemon.Start(dir.path()));
+  const std::string info_path = dir.path() + "/prefill.json";
+  // kv_demo prefill exports a GPU pool (GPU0) and holds it until killed.
+  std::vector<std::string> args = {testing::RunfilePath("client/kv_demo"), "prefill", "--socket",
+                                   daemon.socket(), "--info", info_path, "--gpu", "0",
+                                   "--ignore-stdin", "--tokens", "1024", "--pool-blocks", "128"};
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  pid_t prefill = -1;
+  REQUIRE(posix_spawn(&prefill, argv[0], nullptr, nullptr, argv.data(), environ) == 0);
+  for (int i = 0; i < 600 && Slurp(info_path).empty(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  const std::string info = Slurp(info_path);
+  REQUIRE(!info.empty());
+  const auto at = info.find("\"region_id\":");
+  REQUIRE(at != std::string::npos);
+  const uint64_t src_region = std::stoull(info.substr(at + 12));
+
+  auto cl = client::Client::Connect(daemon.socket());
+  REQUIRE(cl.ok());
+  v1::PagedKvLayout layout = testing::MakeLayout(32, 2, 128, 16, 8, 128, v1::DTYPE_BF16,
+                                                 v1::LAYOUT_ORDER_LAYER_PART_BLOCK_NHD);
+  const uint64_t bytes = testing::LayoutBytes(layout);
+  Side dst = MakeSide(**cl, Kind::kGpu, &layout, bytes, true, std::vector<uint8_t>(bytes, kPoison));
+  std::vector<uint32_t> blocks(64);
+  for (uint32_t i = 0; i < 64; ++i) blocks[i] = i;
+  v1::TransferSpec spec = client::MakeBlockTransfer(src_region, blocks, dst.info.region_id(), blocks);
+  spec.set_num_tokens(1024);
+  spec.set_layerwise(true);
+  auto submitted = (*cl)->Submit(spec);
+  INFO(submitted.status().ToString());
+  REQUIRE(submitted.ok());
+  REQUIRE((*cl)->MarkReady(submitted->transfer_id(), 0, 16).ok());
+  // The exporter dies with the transfer half done; its session ends, its region is unregistered,
+  // but the running transfer keeps the daemon's mapping.
+  ::kill(prefill, SIGKILL);
+  ::waitpid(prefill, nullptr, 0);
+  bool gone = false;
+  for (int i = 0; i < 200 && !gone; ++i) {
+    auto regions = (*cl)->ListRegions();
+    REQUIRE(regions.ok());
+    gone = true;
+    for (const auto& r : regions->regions()) gone = gone && r.region_id() != src_region;
+    if (!gone) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  CHECK(gone);
+  REQUIRE((*cl)->MarkReady(submitted->transfer_id(), 16, 16).ok());
+  auto status = (*cl)->Wait(submitted->transfer_id(), absl::Seconds(30));
+  REQUIRE(status.ok());
+  WARN("transfer after the exporter died: " << v1::TransferState_Name(status->state()) << " "
+                                            << status->error_message());
+  CHECK(client::IsFinal(status->state()));
+  // Mapping released once the transfer ended.
+  bool closed = false;
+  for (int i = 0; i < 100 && !closed; ++i) {
+    closed = daemon.ReadLog().find("closed CUDA IPC mapping") != std::string::npos;
+    if (!closed) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  CHECK(closed);
+  // Still serving: a fresh GPU -> GPU transfer between this client's regions succeeds.
+  std::mt19937_64 rng(99);
+  RunCase(**cl, planner::testing::RandomPagedCase(rng), Kind::kGpu, Kind::kGpu, rng, "");
+  CHECK(daemon.Stop(SIGTERM) == 0);
+}
+
+}  // namespace
+}  // namespace kvrail
