@@ -97,7 +97,8 @@ check(r.returncode == 0, "container: build.sh parses")
 
 # --- default config -------------------------------------------------------------------------------
 proto = open(os.path.join(ws, "proto", "kvrail", "v1", "config.proto")).read()
-fields = set(re.findall(r"^\s+(?:map<[^>]+>|\w+)\s+(\w+)\s*=\s*\d+;", proto, re.M))
+fields = set(re.findall(r"^\s+(?:optional\s+|repeated\s+)?(?:map<[^>]+>|\w+)\s+(\w+)\s*=\s*\d+;",
+                        proto, re.M))
 conf = open(os.path.join(deploy, "config", "kvraild.textproto")).read()
 mentioned = set(re.findall(r"^#?\s*(\w+)\s*[:{]", conf, re.M))
 check(fields <= mentioned, "config: every DaemonConfig key is documented in the default config "
