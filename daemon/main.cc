@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 
 #include <CLI/CLI.hpp>
+#include <atomic>
 #include <cstdio>
 #include <string>
 
@@ -14,6 +15,7 @@
 #include "daemon/common/status.h"
 #include "daemon/config/config.h"
 #include "daemon/engine/engine.h"
+#include "daemon/metrics/metrics.h"
 #include "daemon/regions/regions.h"
 #include "daemon/server/server.h"
 #include "daemon/session/session_server.h"
@@ -85,8 +87,26 @@ absl::Status Run(v1::DaemonConfig config) {
   transfer_options.topology_graph = topology.graph();
   transfer_options.tile_bytes = config.tile_bytes();
   transfer_options.history = config.transfer_history();
+  // Metrics count transfers as they end; the endpoint starts once the manager exists.
+  std::atomic<metrics::Metrics*> metrics_sink{nullptr};
+  transfer_options.on_finished = [&metrics_sink](const v1::TransferStatus& status) {
+    if (metrics::Metrics* m = metrics_sink.load(std::memory_order_acquire)) m->OnTransferFinished(status);
+  };
   std::unique_ptr<transfers::TransferManager> transfers =
       transfers::TransferManager::Create(regions.get(), engine.get(), clock, transfer_options);
+  std::unique_ptr<metrics::Metrics> metrics;
+  if (!config.metrics_listen().empty()) {
+    ASSIGN_OR_RETURN(metrics, metrics::Metrics::Start(config.metrics_listen(), [&] {
+      v1::Stats stats;
+      stats.set_version(kVersion);
+      stats.set_node_id(config.node_id());
+      stats.set_regions(regions->size());
+      transfers->FillStats(&stats);
+      return stats;
+    }));
+    metrics_sink.store(metrics.get(), std::memory_order_release);
+    spdlog::info("metrics on {} (port {})", config.metrics_listen(), metrics->port());
+  }
 
   ASSIGN_OR_RETURN(std::unique_ptr<session::SessionServer> sessions,
                    session::SessionServer::Start(config.unix_socket() + ".session",
@@ -124,6 +144,8 @@ absl::Status Run(v1::DaemonConfig config) {
   sessions.reset();
   ::unlink(config.unix_socket().c_str());
   ::unlink((config.unix_socket() + ".session").c_str());
+  metrics_sink.store(nullptr, std::memory_order_release);
+  metrics.reset();
   spdlog::info("stopped");
   return absl::OkStatus();
 }
@@ -153,6 +175,8 @@ int main(int argc, char** argv) {
   app.add_option("--tile-bytes", tile_bytes, "target tile size in bytes");
   app.add_option("--drain-timeout-ms", drain_ms, "how long SIGTERM lets transfers finish");
   app.add_option("--topology-file", topology_file, "replay this topology instead of discovering");
+  std::string metrics_listen;
+  app.add_option("--metrics-listen", metrics_listen, "serve Prometheus metrics on host:port");
   app.add_option("--cuda-engine", cuda_engine, "auto (when a GPU exists) or off");
   app.add_option("--cuda-max-ctas", cuda_max_ctas, "SM budget in CTAs; 0: copy engines only");
   app.add_option("--cuda-fixed-ctas", cuda_fixed_ctas, "launch this many CTAs (0: find the knee)");
@@ -178,6 +202,7 @@ int main(int argc, char** argv) {
   flags.set_tile_bytes(tile_bytes);
   flags.set_drain_timeout_ms(drain_ms);
   flags.set_topology_file(topology_file);
+  flags.set_metrics_listen(metrics_listen);
   flags.set_cuda_engine(cuda_engine);
   if (cuda_max_ctas >= 0) flags.set_cuda_max_ctas(static_cast<uint32_t>(cuda_max_ctas));
   flags.set_cuda_fixed_ctas(cuda_fixed_ctas);

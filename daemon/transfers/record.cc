@@ -1,6 +1,7 @@
 #include "daemon/transfers/record.h"
 
 #include "absl/strings/str_cat.h"
+#include "daemon/readiness/readiness.h"
 
 namespace kvrail::transfers {
 namespace {
@@ -35,7 +36,7 @@ Record::Record(uint64_t id, v1::TransferSpec spec, std::shared_ptr<regions::Regi
       path_reason_(std::move(path_reason)),
       engine_(engine),
       deadline_(deadline),
-      layerwise_(spec_.layerwise()),
+      layerwise_(spec_.layerwise() || spec_.has_ready_flags()),
       counters_(std::move(counters)),
       clock_(clock),
       submitted_us_(clock->NowUnixMicros()) {
@@ -66,6 +67,14 @@ void Record::OnEngineUsed(absl::string_view engine) {
   }
 }
 
+void Record::SetArrivalFlags(std::shared_ptr<regions::Region> region, uint32_t* words,
+                             uint32_t value) {
+  absl::MutexLock lock(&mu_);
+  arrival_region_ = std::move(region);
+  arrival_words_ = words;
+  arrival_value_ = value;
+}
+
 void Record::OnTileStart(uint32_t /*tile*/) {
   absl::MutexLock lock(&mu_);
   if (state_ == v1::TRANSFER_STATE_QUEUED) {
@@ -82,7 +91,10 @@ void Record::OnTileDone(uint32_t tile, const absl::Status& status) {
     const planner::TileInfo info = plan_.tile(tile);
     ++tiles_done_;
     bytes_done_ += info.bytes;
-    if (--layer_tiles_left_[info.layer] == 0) layers_done_.push_back(info.layer);
+    if (--layer_tiles_left_[info.layer] == 0) {
+      layers_done_.push_back(info.layer);
+      if (arrival_words_ != nullptr) readiness::SignalFlag(arrival_words_, info.layer, arrival_value_);
+    }
   } else if (!end_request_.has_value()) {
     end_request_ = status;
   }
@@ -164,6 +176,13 @@ void Record::MaybeFinishLocked() {
   uses_released_ = true;
   src_.reset();
   dst_.reset();
+  arrival_words_ = nullptr;
+  arrival_region_.reset();
+  if (counters_->on_finished) {
+    v1::TransferStatus status;
+    FillStatusLocked(&status);
+    counters_->on_finished(status);
+  }
   absl::MutexLock c(&counters_->mu);
   --counters_->active;
   counters_->bytes_moved += bytes_done_;

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -28,6 +29,9 @@ struct Counters {
   uint64_t active ABSL_GUARDED_BY(mu) = 0;
   uint64_t bytes_moved ABSL_GUARDED_BY(mu) = 0;
   std::map<std::string, uint64_t> bytes_by_path ABSL_GUARDED_BY(mu);
+  // Called with the final status of every transfer that ends (metrics). Set before the first
+  // transfer, then read-only.
+  std::function<void(const v1::TransferStatus&)> on_finished;
 };
 
 // Thread-safe: every mutable field is guarded by mu_. `version_` grows with every change so
@@ -43,6 +47,9 @@ class Record final : public engine::Job {
   uint64_t id() const { return id_; }
   const std::optional<absl::Time>& deadline() const { return deadline_; }
   bool layerwise() const { return layerwise_; }
+  // Consumer readiness (spec.arrival_flags): `words[i] = value` once layer i has landed. Call
+  // before the first tile is queued; the record keeps `region` mapped until it ends.
+  void SetArrivalFlags(std::shared_ptr<regions::Region> region, uint32_t* words, uint32_t value);
   // The engine that runs the record's tiles.
   engine::Engine* engine() const { return engine_; }
 
@@ -118,6 +125,9 @@ class Record final : public engine::Job {
   int64_t started_us_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t finished_us_ ABSL_GUARDED_BY(mu_) = 0;
   bool uses_released_ ABSL_GUARDED_BY(mu_) = false;
+  std::shared_ptr<regions::Region> arrival_region_ ABSL_GUARDED_BY(mu_);
+  uint32_t* arrival_words_ ABSL_GUARDED_BY(mu_) = nullptr;
+  uint32_t arrival_value_ ABSL_GUARDED_BY(mu_) = 0;
   // The engine's name, refined by OnEngineUsed ("cuda-kernel", "cuda-kernel+cuda-copy-engine").
   std::string engine_name_ ABSL_GUARDED_BY(mu_);
 };

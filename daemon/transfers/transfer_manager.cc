@@ -4,6 +4,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "daemon/common/status.h"
+#include "daemon/readiness/readiness.h"
 #include "daemon/scheduler/route.h"
 #include "daemon/transfers/record.h"
 #include "daemon/transfers/transfers.h"
@@ -30,6 +31,44 @@ absl::Status CheckLocalNode(const v1::TransferEndpoint& ep, const std::string& n
   return absl::OkStatus();
 }
 
+std::shared_ptr<Counters> MakeCounters(std::function<void(const v1::TransferStatus&)> on_finished) {
+  auto counters = std::make_shared<Counters>();
+  counters->on_finished = std::move(on_finished);
+  return counters;
+}
+
+// Resolves a FlagArray of `layers` words to its region and host address; errors name `field`.
+absl::StatusOr<std::pair<std::shared_ptr<regions::Region>, uint32_t*>> ResolveFlags(
+    const v1::FlagArray& flags, uint32_t layers, bool writable, regions::RegionTable* regions,
+    const std::string& field) {
+  auto region = regions->Get(flags.region_id());
+  if (!region.ok()) {
+    return absl::NotFoundError(absl::StrCat(field, ".region_id: ", region.status().message()));
+  }
+  if ((*region)->spec().memory_kind() != v1::MEMORY_KIND_HOST) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(field, ".region_id: flag words must be in host memory"));
+  }
+  if (writable && !(*region)->spec().writable()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(field, ".region_id: the daemon writes arrival flags; the region is not writable"));
+  }
+  if (flags.byte_offset() % 4 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ".byte_offset: must be a multiple of 4"));
+  }
+  if (flags.value() == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ".value: must not be 0"));
+  }
+  const uint64_t size = (*region)->spec().size_bytes();
+  if (flags.byte_offset() > size || (size - flags.byte_offset()) / 4 < layers) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ".byte_offset: ", layers, " flag words at byte ", flags.byte_offset(),
+        " do not fit the region's ", size, " bytes"));
+  }
+  auto* words = reinterpret_cast<uint32_t*>((*region)->data() + flags.byte_offset());
+  return std::make_pair(*std::move(region), words);
+}
+
 class TransferManagerImpl final : public TransferManager {
  public:
   TransferManagerImpl(regions::RegionTable* regions, engine::Engine* engine, Clock* clock,
@@ -38,7 +77,8 @@ class TransferManagerImpl final : public TransferManager {
         engine_(engine),
         clock_(clock),
         options_(options),
-        counters_(std::make_shared<Counters>()),
+        counters_(MakeCounters(options.on_finished)),
+        watcher_(readiness::FlagWatcher::Create(options.flag_poll_interval)),
         gpu_index_(scheduler::GpuIndexByOrdinal(options.topology)),
         next_id_(static_cast<uint64_t>(clock->NowUnixMicros())) {
     deadline_thread_ = std::thread([this] { DeadlineLoop(); });
@@ -98,6 +138,16 @@ class TransferManagerImpl final : public TransferManager {
                                             options_.cuda_engine != nullptr));
     engine::Engine* engine =
         route.engine == scheduler::EngineKind::kCuda ? options_.cuda_engine : engine_;
+    std::pair<std::shared_ptr<regions::Region>, uint32_t*> ready{nullptr, nullptr};
+    std::pair<std::shared_ptr<regions::Region>, uint32_t*> arrival{nullptr, nullptr};
+    if (spec.has_ready_flags()) {
+      ASSIGN_OR_RETURN(ready, ResolveFlags(spec.ready_flags(), plan.num_layers(), false, regions_,
+                                           "spec.ready_flags"));
+    }
+    if (spec.has_arrival_flags()) {
+      ASSIGN_OR_RETURN(arrival, ResolveFlags(spec.arrival_flags(), plan.num_layers(), true,
+                                             regions_, "spec.arrival_flags"));
+    }
     std::optional<absl::Time> deadline;
     if (spec.timeout_ms() > 0) deadline = clock_->Now() + absl::Milliseconds(spec.timeout_ms());
 
@@ -126,7 +176,13 @@ class TransferManagerImpl final : public TransferManager {
     order_.push_back(id);
     if (!spec.idempotency_key().empty()) by_key_[spec.idempotency_key()] = id;
     TrimHistoryLocked();
+    if (arrival.first != nullptr) {
+      record->SetArrivalFlags(std::move(arrival.first), arrival.second, spec.arrival_flags().value());
+    }
     engine->Enqueue(record, record->TakeInitialTiles());
+    if (ready.first != nullptr) {
+      WatchReadyFlags(record, std::move(ready), spec.ready_flags().value(), spec.src().layer_begin());
+    }
     v1::SubmitTransferResponse response;
     response.set_transfer_id(id);
     response.set_bytes_total(record->plan().bytes_total());
@@ -295,6 +351,40 @@ class TransferManagerImpl final : public TransferManager {
   }
 
  private:
+  // Releases layer i when ready word i reaches `value`. The callback holds only a weak
+  // reference; the watch is dropped by SweepWatches once the transfer has ended.
+  void WatchReadyFlags(const std::shared_ptr<Record>& record,
+                       std::pair<std::shared_ptr<regions::Region>, uint32_t*> ready, uint32_t value,
+                       uint32_t first) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    std::weak_ptr<Record> weak = record;
+    auto handle = watcher_->Watch(ready.second, record->plan().num_layers(), value,
+                                  [weak, first](uint32_t i) {
+                                    auto r = weak.lock();
+                                    if (r == nullptr) return;
+                                    auto tiles = r->MarkReady(first + i, 1);
+                                    if (tiles.ok()) r->engine()->Enqueue(r, *tiles);
+                                  });
+    watches_[record->id()] = Watched{std::move(handle), std::move(ready.first), record};
+  }
+
+  // Drops flag watches of ended transfers (called from the deadline thread).
+  void SweepWatches() {
+    std::vector<Watched> done;
+    {
+      absl::MutexLock lock(&mu_);
+      for (auto it = watches_.begin(); it != watches_.end();) {
+        auto r = it->second.record.lock();
+        if (r == nullptr || r->IsFinal()) {
+          done.push_back(std::move(it->second));
+          watches_.erase(it++);
+        } else {
+          ++it;
+        }
+      }
+    }
+    // `done` is destroyed here, outside mu_ (a handle's destructor takes the watcher's lock).
+  }
+
   absl::StatusOr<std::shared_ptr<Record>> Find(uint64_t id) const {
     absl::MutexLock lock(&mu_);
     auto it = records_.find(id);
@@ -348,6 +438,7 @@ class TransferManagerImpl final : public TransferManager {
       if (stopping_) break;
       mu_.Unlock();
       CheckDeadlines();
+      SweepWatches();
       mu_.Lock();
     }
   }
@@ -366,6 +457,13 @@ class TransferManagerImpl final : public TransferManager {
   absl::flat_hash_map<uint64_t, std::shared_ptr<Record>> records_ ABSL_GUARDED_BY(mu_);
   std::deque<uint64_t> order_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, uint64_t> by_key_ ABSL_GUARDED_BY(mu_);
+  struct Watched {
+    std::unique_ptr<readiness::WatchHandle> handle;
+    std::shared_ptr<regions::Region> region;  // keeps the flag words mapped
+    std::weak_ptr<Record> record;
+  };
+  const std::unique_ptr<readiness::FlagWatcher> watcher_;
+  absl::flat_hash_map<uint64_t, Watched> watches_ ABSL_GUARDED_BY(mu_);
   std::thread deadline_thread_;
 };
 

@@ -32,6 +32,10 @@ struct Options {
   v1::TopologyGraph topology_graph;
   uint64_t tile_bytes = 1 << 20;
   uint32_t history = 10000;
+  // Called with the final status of every transfer that ends (metrics); may be empty.
+  std::function<void(const v1::TransferStatus&)> on_finished;
+  // How often shared-memory ready flags (spec.ready_flags) are polled when none changed.
+  absl::Duration flag_poll_interval = absl::Microseconds(20);
 };
 
 // Thread-safe. Destroy only after the engine has stopped reporting (drain first).

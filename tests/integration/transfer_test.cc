@@ -397,3 +397,88 @@ TEST_CASE("a layer-wise transfer whose layers never come is failed at its deadli
 
 }  // namespace
 }  // namespace kvrail::testing
+
+namespace kvrail::testing {
+namespace {
+
+// Flag words in a shared host buffer: the producer's word releases a layer without an RPC, the
+// daemon's word says the layer landed (what a GPU stream would write / wait on).
+TEST_CASE("ready and arrival flags in shared memory drive a layer-wise transfer") {
+  Live live;
+  const auto layout = MakeLayout(4, 2, 16, 16, 2, 64, v1::DTYPE_BF16,
+                                 v1::LAYOUT_ORDER_LAYER_PART_BLOCK_NHD);
+  Pool src = MakePool(*live.client, layout, false);
+  Pool dst = MakePool(*live.client, layout, true);
+  const auto blocks = ScatteredBlocks(16, 4, 9);
+  FillPool(src, 6, blocks, 4 * 16);
+  auto flag_buffer = live.client->CreateHostBuffer(4096);
+  REQUIRE(flag_buffer.ok());
+  auto* words = reinterpret_cast<volatile uint32_t*>((*flag_buffer)->data());
+  for (int i = 0; i < 1024; ++i) words[i] = 4;  // an older epoch
+  v1::RegionSpec flags_spec;
+  flags_spec.set_name("flags");
+  flags_spec.set_memory_kind(v1::MEMORY_KIND_HOST);
+  flags_spec.set_writable(true);
+  flags_spec.mutable_bytes();
+  auto flags = live.client->RegisterHostBuffer(**flag_buffer, flags_spec);
+  REQUIRE(flags.ok());
+
+  auto spec = client::MakeBlockTransfer(src.id(), blocks, dst.id(), blocks);
+  spec.mutable_ready_flags()->set_region_id(flags->region_id());
+  spec.mutable_ready_flags()->set_byte_offset(0);
+  spec.mutable_ready_flags()->set_value(5);
+  spec.mutable_arrival_flags()->set_region_id(flags->region_id());
+  spec.mutable_arrival_flags()->set_byte_offset(1024);
+  spec.mutable_arrival_flags()->set_value(5);
+
+  SECTION("bad flag arrays are rejected naming the field") {
+    auto expect = [&](v1::TransferSpec s, absl::StatusCode code, const std::string& field) {
+      auto r = live.client->Submit(s);
+      INFO(r.status().ToString());
+      REQUIRE(!r.ok());
+      CHECK(r.status().code() == code);
+      CHECK(std::string(r.status().message()).find(field) != std::string::npos);
+    };
+    auto s = spec;
+    s.mutable_ready_flags()->set_byte_offset(2);
+    expect(s, absl::StatusCode::kInvalidArgument, "spec.ready_flags.byte_offset");
+    s = spec;
+    s.mutable_arrival_flags()->set_value(0);
+    expect(s, absl::StatusCode::kInvalidArgument, "spec.arrival_flags.value");
+    s = spec;
+    s.mutable_arrival_flags()->set_byte_offset(4096 - 8);  // 2 words left, 4 layers
+    expect(s, absl::StatusCode::kInvalidArgument, "spec.arrival_flags.byte_offset");
+    s = spec;
+    s.mutable_arrival_flags()->set_region_id(src.id());  // read-only
+    expect(s, absl::StatusCode::kFailedPrecondition, "spec.arrival_flags.region_id");
+    s = spec;
+    s.mutable_ready_flags()->set_region_id(777777);
+    expect(s, absl::StatusCode::kNotFound, "spec.ready_flags.region_id");
+    CHECK(CountWritten(dst) == 0);
+  }
+
+  SECTION("layers move as their ready words are written; arrival words follow") {
+    auto submitted = live.client->Submit(spec);
+    REQUIRE(submitted.ok());
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    CHECK(CountWritten(dst) == 0);  // old epochs release nothing
+    for (uint32_t layer : {2u, 0u, 3u, 1u}) {
+      __atomic_store_n(const_cast<uint32_t*>(&words[layer]), 5u, __ATOMIC_RELEASE);
+      bool arrived = false;
+      for (int i = 0; i < 5000 && !arrived; ++i) {
+        arrived = __atomic_load_n(const_cast<uint32_t*>(&words[256 + layer]), __ATOMIC_ACQUIRE) == 5;
+        if (!arrived) std::this_thread::sleep_for(std::chrono::microseconds(200));
+      }
+      REQUIRE(arrived);
+    }
+    auto done = live.client->Wait(submitted->transfer_id(), absl::Seconds(10));
+    REQUIRE(done.ok());
+    CHECK(done->state() == v1::TRANSFER_STATE_SUCCEEDED);
+    CHECK(VerifyPool(dst, Expectation{6, blocks, 4 * 16, 0, 0, 4, 0, 0, 2}) == "");
+    for (int i = 0; i < 4; ++i) CHECK(words[256 + i] == 5);
+    CHECK(words[256 + 4] == 4);  // nothing beyond the transfer's layers
+  }
+}
+
+}  // namespace
+}  // namespace kvrail::testing
