@@ -14,8 +14,10 @@
 #include "daemon/common/logging.h"
 #include "daemon/common/status.h"
 #include "daemon/config/config.h"
+#include "daemon/directory/directory.h"
 #include "daemon/engine/engine.h"
 #include "daemon/metrics/metrics.h"
+#include "daemon/fabric/fabric.h"
 #include "daemon/regions/regions.h"
 #include "daemon/server/server.h"
 #include "daemon/session/session_server.h"
@@ -39,6 +41,39 @@ absl::StatusOr<v1::GetTopologyResponse> LoadTopology(const v1::DaemonConfig& con
   }
   *response.mutable_graph() = topology::ComputeGraph(response.desc());
   return response;
+}
+
+// The inter-node path when peers are configured (nullptr otherwise).
+absl::StatusOr<std::unique_ptr<fabric::Fabric>> StartFabric(const v1::DaemonConfig& config,
+                                                            const v1::GetTopologyResponse& topology,
+                                                            regions::RegionTable* regions,
+                                                            directory::Directory* directory) {
+  if (directory->Peers().empty()) return std::unique_ptr<fabric::Fabric>();
+  const v1::FabricConfig& fc = config.fabric();
+  fabric::FabricOptions options;
+  options.node_id = config.node_id();
+  options.software_version = kVersion;
+  if (!fc.provider().empty()) options.provider = fc.provider();
+  options.nic_addresses.assign(fc.nics().begin(), fc.nics().end());
+  if (options.nic_addresses.empty()) {
+    const std::string& listen = config.tcp_listen();
+    const std::string host = listen.substr(0, listen.rfind(':'));
+    if (host.empty() || host == "0.0.0.0") {
+      return absl::InvalidArgumentError("fabric.nics: set it, or tcp_listen to a host address");
+    }
+    options.nic_addresses.push_back(host);
+  }
+  if (fc.slots() != 0) options.slots = fc.slots();
+  if (fc.slot_bytes() != 0) options.slot_bytes = fc.slot_bytes();
+  if (fc.liveness_timeout_ms() != 0) {
+    options.liveness_timeout = absl::Milliseconds(fc.liveness_timeout_ms());
+  }
+  if (fc.heartbeat_interval_ms() != 0) {
+    options.heartbeat_interval = absl::Milliseconds(fc.heartbeat_interval_ms());
+  }
+  options.topology_summary = absl::StrCat(topology.desc().gpus_size(), " GPUs, ",
+                                          topology.desc().nics_size(), " NICs");
+  return fabric::Fabric::Create(options, regions, directory);
 }
 
 // Blocks SIGTERM/SIGINT in every thread (call before starting any) so sigwait receives them.
@@ -80,8 +115,13 @@ absl::Status Run(v1::DaemonConfig config) {
       spdlog::info("no CUDA engine: {}", created.status().ToString());
     }
   }
+  std::unique_ptr<directory::Directory> directory = directory::CreateStaticDirectory(
+      {config.peers().begin(), config.peers().end()}, config.node_id());
+  ASSIGN_OR_RETURN(std::unique_ptr<fabric::Fabric> fabric, StartFabric(config, topology, regions.get(),
+                                                                       directory.get()));
   transfers::Options transfer_options;
   transfer_options.node_id = config.node_id();
+  transfer_options.remote = fabric.get();
   transfer_options.cuda_engine = cuda_engine.get();
   transfer_options.topology = topology.desc();
   transfer_options.topology_graph = topology.graph();
@@ -125,6 +165,10 @@ absl::Status Run(v1::DaemonConfig config) {
     peer.set_state("unknown");
     server_options.peers.push_back(peer);
   }
+  if (fabric) {
+    server_options.list_peers = [d = directory.get()] { return d->List(); };
+    server_options.extra_services.push_back(fabric->peer_service());
+  }
   ::unlink(config.unix_socket().c_str());
   ASSIGN_OR_RETURN(std::unique_ptr<server::Server> server,
                    server::Server::Start(server_options, regions.get(), transfers.get()));
@@ -132,6 +176,7 @@ absl::Status Run(v1::DaemonConfig config) {
     return absl::InternalError(absl::StrCat("unix_socket: chmod failed on ", config.unix_socket()));
   }
   if (server->tcp_port() != 0) spdlog::info("listening on TCP port {}", server->tcp_port());
+  if (fabric) fabric->StartLiveness();
   spdlog::info("ready: {} ({}{}{})", config.unix_socket(), engine->Describe(),
                cuda_engine ? "; " : "", cuda_engine ? cuda_engine->Describe() : "");
 

@@ -71,9 +71,9 @@ SlotCredits::SlotCredits(uint32_t slots, volatile uint64_t* credit_words)
       used_(new uint64_t[slots]()),
       local_returns_(new uint64_t[slots]()) {}
 
-int SlotCredits::Acquire() {
+int SlotCredits::Acquire(const std::function<bool(uint32_t)>& also_free) {
   for (uint32_t s = 0; s < slots_; ++s) {
-    if (Returned(s)) {
+    if (Returned(s) && (!also_free || also_free(s))) {
       ++used_[s];
       return static_cast<int>(s);
     }

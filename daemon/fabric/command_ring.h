@@ -17,6 +17,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 
@@ -76,8 +77,9 @@ class SlotCredits {
   // `credit_words` points at `slots` uint64 words in registered memory (zeroed).
   SlotCredits(uint32_t slots, volatile uint64_t* credit_words);
   uint32_t slots() const { return slots_; }
-  // A free slot (marked used: its epoch is bumped), or -1 when all are in flight.
-  int Acquire();
+  // A free slot (marked used: its epoch is bumped), or -1 when all are in flight. `also_free`
+  // (optional) must also accept the slot.
+  int Acquire(const std::function<bool(uint32_t)>& also_free = nullptr);
   // Whether slot `s` has been returned by the peer for its latest use.
   bool Returned(uint32_t s) const;
   uint64_t used(uint32_t s) const { return used_[s]; }

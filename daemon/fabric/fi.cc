@@ -72,10 +72,10 @@ absl::StatusOr<std::unique_ptr<Nic>> Nic::Open(const Options& options) {
   nic->provider_ = info->fabric_attr->prov_name ? info->fabric_attr->prov_name : options.provider;
   nic->domain_name_ = info->domain_attr->name ? info->domain_attr->name : "";
   nic->inject_size_ = info->tx_attr->inject_size;
-  // Remote addresses are virtual addresses. libfabric 1.17's tcp provider verifies RMA targets by
-  // address even when it does not report FI_MR_VIRT_ADDR (offsets fail "out of registered
-  // range"); verbs and efa report FI_MR_VIRT_ADDR anyway.
-  nic->virt_addr_ = true;
+  // Remote addresses: virtual addresses when the provider reports FI_MR_VIRT_ADDR (verbs, efa),
+  // else offsets from the registration's start (tcp;ofi_rxm between processes, as libfabric
+  // specifies for mr_mode without FI_MR_VIRT_ADDR).
+  nic->virt_addr_ = (info->domain_attr->mr_mode & FI_MR_VIRT_ADDR) != 0;
   nic->prov_key_ = (info->domain_attr->mr_mode & FI_MR_PROV_KEY) != 0;
   if (info->domain_attr->cq_data_size < 8) {
     return absl::FailedPreconditionError(absl::StrCat(

@@ -139,6 +139,10 @@ class AdminService final : public v1::Admin::Service {
 
   grpc::Status ListPeers(grpc::ServerContext*, const v1::ListPeersRequest*,
                          v1::ListPeersResponse* response) override {
+    if (options_.list_peers) {
+      for (auto& peer : options_.list_peers()) *response->add_peers() = std::move(peer);
+      return grpc::Status::OK;
+    }
     for (const auto& peer : options_.peers) *response->add_peers() = peer;
     return grpc::Status::OK;
   }
@@ -176,6 +180,7 @@ class ServerImpl final : public Server {
     builder.SetMaxSendMessageSize(256 << 20);
     builder.RegisterService(transfer_.get());
     builder.RegisterService(admin_.get());
+    for (grpc::Service* service : options.extra_services) builder.RegisterService(service);
     server_ = builder.BuildAndStart();
     if (server_ == nullptr) {
       return absl::UnavailableError(absl::StrCat("listen: could not bind every listen address (",

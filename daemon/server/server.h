@@ -2,6 +2,7 @@
 // absl::Status becomes grpc::Status.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -11,6 +12,10 @@
 #include "daemon/transfers/transfers.h"
 #include "proto/kvrail/v1/admin.pb.h"
 #include "proto/kvrail/v1/topology.pb.h"
+
+namespace grpc {
+class Service;
+}
 
 namespace kvrail::server {
 
@@ -23,6 +28,10 @@ struct ServerOptions {
   v1::GetTopologyResponse topology;
   // Returns the peer directory for ListPeers.
   std::vector<v1::PeerInfo> peers;
+  // When set, ListPeers asks it (live states) instead of returning `peers`.
+  std::function<std::vector<v1::PeerInfo>()> list_peers;
+  // More services to serve on the same addresses (the fabric's Peer service). Not owned.
+  std::vector<grpc::Service*> extra_services;
 };
 
 // Owns the grpc::Server. Thread-safe; the services run on gRPC's thread pool.

@@ -75,6 +75,12 @@ void Record::SetArrivalFlags(std::shared_ptr<regions::Region> region, uint32_t* 
   arrival_value_ = value;
 }
 
+void Record::SetNics(std::vector<std::string> nics) {
+  absl::MutexLock lock(&mu_);
+  nics_ = std::move(nics);
+  ++version_;
+}
+
 void Record::OnTileStart(uint32_t /*tile*/) {
   absl::MutexLock lock(&mu_);
   if (state_ == v1::TRANSFER_STATE_QUEUED) {
@@ -211,6 +217,7 @@ void Record::FillStatusLocked(v1::TransferStatus* status) const {
   status->set_submitted_unix_us(submitted_us_);
   status->set_started_unix_us(started_us_);
   status->set_finished_unix_us(finished_us_);
+  for (const std::string& nic : nics_) status->add_nics(nic);
 }
 
 v1::TransferStatus Record::Status() const {

@@ -3,6 +3,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "daemon/common/status.h"
 #include "daemon/readiness/readiness.h"
 #include "daemon/scheduler/route.h"
@@ -112,6 +113,10 @@ class TransferManagerImpl final : public TransferManager {
       }
     }
     RETURN_IF_ERROR(CheckLocalNode(spec.src(), options_.node_id, "spec.src"));
+    if (options_.remote != nullptr && !spec.dst().node_id().empty() &&
+        spec.dst().node_id() != options_.node_id) {
+      return SubmitRemote(spec);
+    }
     RETURN_IF_ERROR(CheckLocalNode(spec.dst(), options_.node_id, "spec.dst"));
     if (!v1::Priority_IsValid(spec.priority())) {
       return absl::InvalidArgumentError(absl::StrCat("spec.priority: unknown value ", spec.priority()));
@@ -351,6 +356,59 @@ class TransferManagerImpl final : public TransferManager {
   }
 
  private:
+  // PATH_FABRIC: the destination is a region another node exported to this one. Validated and
+  // planned against the lease, announced to the peer, then queued on the fabric engine.
+  absl::StatusOr<v1::SubmitTransferResponse> SubmitRemote(const v1::TransferSpec& spec) {
+    if (!v1::Priority_IsValid(spec.priority())) {
+      return absl::InvalidArgumentError(absl::StrCat("spec.priority: unknown value ", spec.priority()));
+    }
+    auto src = regions_->Get(spec.src().region_id());
+    if (!src.ok()) {
+      return absl::NotFoundError(absl::StrCat("spec.src.region_id: ", src.status().message()));
+    }
+    ASSIGN_OR_RETURN(RemotePath::Prepared prepared, options_.remote->Prepare(spec));
+    planner::PlanOptions plan_options;
+    plan_options.tile_bytes = std::min(options_.tile_bytes, prepared.max_tile_bytes);
+    ASSIGN_OR_RETURN(planner::Plan plan, planner::MakePlan(spec, (*src)->view(),
+                                                           prepared.dst->view(), plan_options));
+    std::optional<absl::Time> deadline;
+    if (spec.timeout_ms() > 0) deadline = clock_->Now() + absl::Milliseconds(spec.timeout_ms());
+    uint64_t id;
+    {
+      absl::MutexLock lock(&mu_);
+      if (draining_) return absl::UnavailableError("the daemon is draining; submit elsewhere");
+      id = next_id_++;
+    }
+    auto record = std::make_shared<Record>(
+        id, spec, *src, prepared.dst, std::move(plan), ToClass(spec.priority()), v1::PATH_FABRIC,
+        absl::StrCat("destination is on node '", spec.dst().node_id(), "'"), prepared.engine,
+        deadline, counters_, clock_);
+    ASSIGN_OR_RETURN(std::vector<std::string> nics,
+                     options_.remote->Begin(id, spec, **src, plan_options.tile_bytes, record));
+    record->SetNics(nics);
+    {
+      absl::MutexLock c(&counters_->mu);
+      ++counters_->submitted;
+      ++counters_->active;
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      records_[id] = record;
+      order_.push_back(id);
+      if (!spec.idempotency_key().empty()) by_key_[spec.idempotency_key()] = id;
+      TrimHistoryLocked();
+    }
+    prepared.engine->Enqueue(record, record->TakeInitialTiles());
+    v1::SubmitTransferResponse response;
+    response.set_transfer_id(id);
+    response.set_bytes_total(record->plan().bytes_total());
+    response.set_tiles_total(record->plan().num_tiles());
+    spdlog::info("transfer {} accepted: {} bytes, {} tiles, {}; PATH_FABRIC to '{}' over {}", id,
+                 record->plan().bytes_total(), record->plan().num_tiles(),
+                 record->plan().Describe(), spec.dst().node_id(), absl::StrJoin(nics, ","));
+    return response;
+  }
+
   // Releases layer i when ready word i reaches `value`. The callback holds only a weak
   // reference; the watch is dropped by SweepWatches once the transfer has ended.
   void WatchReadyFlags(const std::shared_ptr<Record>& record,

@@ -22,7 +22,32 @@
 
 namespace kvrail::transfers {
 
+// The inter-node path (PATH_FABRIC), implemented by daemon/fabric. Thread-safe.
+class RemotePath {
+ public:
+  virtual ~RemotePath() = default;
+  struct Prepared {
+    // Stand-in for the leased remote destination (data() is null; view() is the lease's).
+    std::shared_ptr<regions::Region> dst;
+    // Runs the record's tiles (packs, posts, completes on the peer's credit).
+    engine::Engine* engine = nullptr;
+    // Plan with tiles of at most this size (the staging slot size).
+    uint64_t max_tile_bytes = 0;
+  };
+  // Checks the peer (known, up) and fetches the lease of spec.dst.region_id exported to this
+  // node. Errors name the field ("spec.dst.node_id: ...").
+  virtual absl::StatusOr<Prepared> Prepare(const v1::TransferSpec& spec) = 0;
+  // Announces the planned transfer to the peer and binds `job` (created with Prepared.engine) to
+  // it; returns the NICs it will use. Tiles are enqueued only after this returns OK.
+  virtual absl::StatusOr<std::vector<std::string>> Begin(uint64_t id, const v1::TransferSpec& spec,
+                                                         const regions::Region& src,
+                                                         uint64_t tile_bytes,
+                                                         const std::shared_ptr<engine::Job>& job) = 0;
+};
+
 struct Options {
+  // Transfers whose spec.dst.node_id names another node go here (nullptr: refused UNIMPLEMENTED).
+  RemotePath* remote = nullptr;
   std::string node_id;
   // The CUDA engine (nullptr: none); transfers touching GPU memory go there (see
   // daemon/scheduler/route.h). Not owned.
