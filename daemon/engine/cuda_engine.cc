@@ -177,10 +177,12 @@ class DeviceWorker {
     }
   }
 
-  // Drops states of jobs with nothing queued or running (their plan buffers are freed).
+  // Drops states of jobs with nothing queued or running that will get no more tiles (their plan
+  // buffers are freed). A layer-wise job keeps its uploaded plan between layers.
   void SweepLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     for (auto it = states_.begin(); it != states_.end();) {
-      if (it->second->in_flight == 0 && !HasQueuedLocked(it->first)) {
+      if (it->second->in_flight == 0 && !HasQueuedLocked(it->first) &&
+          !it->second->job->MayGetMoreTiles()) {
         it = states_.erase(it);
       } else {
         ++it;

@@ -47,6 +47,10 @@ class Job {
   // The engine says how it moved (some of) the job's tiles: "cuda-kernel", "cuda-copy-engine".
   virtual void OnEngineUsed(absl::string_view engine) {}
   virtual PriorityClass priority() const = 0;
+  // Whether more tiles may still come (a layer-wise job between layers). Engines keep per-job
+  // state (an uploaded plan, pinned addresses) while this holds, instead of setting it up again
+  // for every layer.
+  virtual bool MayGetMoreTiles() const { return false; }
   // Called by the worker that is about to move `tile`.
   virtual void OnTileStart(uint32_t tile) = 0;
   // `status` is OK when the tile's bytes landed.

@@ -68,6 +68,7 @@ class Record final : public engine::Job {
   engine::PriorityClass priority() const override { return priority_; }
   void OnTileStart(uint32_t tile) override;
   void OnTileDone(uint32_t tile, const absl::Status& status) override;
+  bool MayGetMoreTiles() const override { return layerwise_ && !IsFinal(); }
 
   // Tiles to hand to the engine now (all for bulk transfers, none for layer-wise ones); counts
   // them as enqueued.
