@@ -3,6 +3,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "daemon/common/status.h"
 #include "daemon/readiness/readiness.h"
@@ -79,9 +80,9 @@ class TransferManagerImpl final : public TransferManager {
         clock_(clock),
         options_(options),
         counters_(MakeCounters(options.on_finished)),
-        watcher_(readiness::FlagWatcher::Create(options.flag_poll_interval)),
         gpu_index_(scheduler::GpuIndexByOrdinal(options.topology)),
-        next_id_(static_cast<uint64_t>(clock->NowUnixMicros())) {
+        next_id_(static_cast<uint64_t>(clock->NowUnixMicros())),
+        watcher_(readiness::FlagWatcher::Create(options.flag_poll_interval)) {
     deadline_thread_ = std::thread([this] { DeadlineLoop(); });
   }
 
@@ -154,7 +155,22 @@ class TransferManagerImpl final : public TransferManager {
                                              regions_, "spec.arrival_flags"));
     }
     std::optional<absl::Time> deadline;
-    if (spec.timeout_ms() > 0) deadline = clock_->Now() + absl::Milliseconds(spec.timeout_ms());
+    if (spec.timeout_ms() > 0) {
+      deadline = clock_->Now() + absl::Milliseconds(spec.timeout_ms());
+      // Fail early rather than late: when the work queued ahead plus this transfer cannot finish
+      // in time at the engine's measured rate, nothing is queued. (Layer-wise transfers wait for
+      // their producer, whose pace the daemon cannot know; they are checked at their deadline.)
+      const std::optional<double> eta =
+          spec.layerwise() || spec.has_ready_flags()
+              ? std::nullopt
+              : engine->EstimateSeconds(plan.bytes_total(), ToClass(spec.priority()));
+      if (eta.has_value() && *eta * 1e3 > static_cast<double>(spec.timeout_ms())) {
+        return absl::DeadlineExceededError(absl::StrFormat(
+            "spec.timeout_ms: %u ms cannot be met: moving %.1f MiB behind the work queued ahead "
+            "needs about %.1f ms at this engine's measured rate",
+            spec.timeout_ms(), plan.bytes_total() / 1048576.0, *eta * 1e3));
+      }
+    }
 
     absl::MutexLock lock(&mu_);
     if (draining_) return absl::UnavailableError("the daemon is draining; submit elsewhere");

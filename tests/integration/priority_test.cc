@@ -106,3 +106,48 @@ TEST_CASE("cancelling a queued background transfer frees its queue at once") {
 
 }  // namespace
 }  // namespace kvrail::testing
+
+namespace kvrail::testing {
+namespace {
+
+TEST_CASE("a deadline that cannot be met fails at submit, before anything moves") {
+  TempDir dir;
+  DaemonProcess daemon;
+  REQUIRE(daemon.Start(dir.path(), {"--host-threads", "1", "--tile-bytes", "65536"}));
+  auto c = Client::Connect(daemon.socket());
+  REQUIRE(c.ok());
+  const auto big = MakeLayout(32, 2, 256, 16, 8, 128, v1::DTYPE_BF16,
+                              v1::LAYOUT_ORDER_LAYER_PART_BLOCK_NHD);
+  Pool src = MakePool(**c, big, false);
+  Pool dst = MakePool(**c, big, true);
+  Pool other = MakePool(**c, big, true, "untouched");
+  std::vector<uint32_t> all(256);
+  for (uint32_t i = 0; i < 256; ++i) all[i] = i;
+  // Before the engine has measured anything it cannot estimate: a tight deadline is accepted
+  // (and then fails at the deadline, late but safe).
+  auto warm = client::MakeBlockTransfer(src.id(), {0, 1, 2, 3}, dst.id(), {0, 1, 2, 3});
+  auto w = (*c)->Submit(warm);
+  REQUIRE(w.ok());
+  REQUIRE((*c)->Wait(w->transfer_id(), absl::Seconds(10))->state() == v1::TRANSFER_STATE_SUCCEEDED);
+  // Now it has a rate: 256 MiB in 1 ms on one host thread is impossible.
+  auto spec = client::MakeBlockTransfer(src.id(), all, other.id(), all);
+  spec.set_timeout_ms(1);
+  auto refused = (*c)->Submit(spec);
+  INFO(refused.status().ToString());
+  REQUIRE(!refused.ok());
+  CHECK(refused.status().code() == absl::StatusCode::kDeadlineExceeded);
+  CHECK(std::string(refused.status().message()).find("spec.timeout_ms") != std::string::npos);
+  CHECK(CountWritten(other) == 0);
+  // A deadline it can meet is accepted and met.
+  spec.set_timeout_ms(120000);
+  auto ok = (*c)->Submit(spec);
+  REQUIRE(ok.ok());
+  auto done = (*c)->Wait(ok->transfer_id(), absl::Seconds(120));
+  REQUIRE(done.ok());
+  CHECK(done->state() == v1::TRANSFER_STATE_SUCCEEDED);
+  c->reset();
+  CHECK(daemon.Stop(SIGTERM) == 0);
+}
+
+}  // namespace
+}  // namespace kvrail::testing
