@@ -58,11 +58,11 @@ void Print(const Frame& f, bool json, bool tty) {
   absl::StrAppend(&out, "kvraild ", s.version(), " on ", s.node_id(), "   regions ", s.regions(),
                   "   active ", s.transfers_active(), "   moved ", HumanBytes(s.bytes_moved()),
                   s.draining() ? "   DRAINING" : "", "\n\n");
-  absl::StrAppend(&out, absl::StrFormat("%-16s %10s %10s\n", "PATH", "GB/s", "ACTIVE"));
+  absl::StrAppend(&out, absl::StrFormat("%-28s %10s %10s\n", "PATH / LINK", "GB/s", "ACTIVE"));
   if (f.gbps_by_path.empty()) absl::StrAppend(&out, "(idle)\n");
   for (const auto& [path, gbps] : f.gbps_by_path) {
     auto it = f.transfers_by_path.find(path);
-    absl::StrAppend(&out, absl::StrFormat("%-16s %10.2f %10d\n", path, gbps,
+    absl::StrAppend(&out, absl::StrFormat("%-28s %10.2f %10d\n", path, gbps,
                                           it == f.transfers_by_path.end() ? 0 : it->second));
   }
   absl::StrAppend(&out, "\nQUEUED TILES ");
@@ -111,9 +111,13 @@ int RunTop(Client& client, bool json, uint32_t interval_ms, uint32_t iterations)
       // Transfers first seen count from zero only when they started within the interval.
       const uint64_t before = prev != last_bytes.end() ? prev->second : (first ? t.bytes_done() : 0);
       const double gbps = static_cast<double>(t.bytes_done() - std::min(before, t.bytes_done())) / dt / 1e9;
-      if (gbps > 0 || active) f.gbps_by_path[PathName(t.path())] += gbps;
+      // One row per path and link ("nvlink_p2p gpu0-gpu1", "fabric" with its NICs).
+      std::string key = PathName(t.path());
+      if (!t.link().empty()) absl::StrAppend(&key, " ", t.link());
+      for (const std::string& nic : t.nics()) absl::StrAppend(&key, " ", nic);
+      if (gbps > 0 || active) f.gbps_by_path[key] += gbps;
       if (active) {
-        ++f.transfers_by_path[PathName(t.path())];
+        ++f.transfers_by_path[key];
         f.busiest.emplace_back(gbps, t);
       }
     }

@@ -276,6 +276,7 @@ int CmdTransfersShow(Client& client, const Globals& g, uint64_t id) {
   t.AddRow({"layers_done", absl::StrCat(s.layers_done())});
   t.AddRow({"path", PathName(s.path())});
   t.AddRow({"why", s.path_reason().empty() ? "-" : s.path_reason()});
+  t.AddRow({"link", s.link().empty() ? "-" : s.link()});
   t.AddRow({"engine", s.engine().empty() ? "-" : s.engine()});
   if (s.nics_size() > 0) t.AddRow({"nics", absl::StrJoin(s.nics(), ", ")});
   t.AddRow({"submitted", FormatUnixUs(s.submitted_unix_us())});

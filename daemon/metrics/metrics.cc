@@ -85,6 +85,10 @@ class MetricsImpl final : public Metrics {
                    .Name("kvrail_bytes_total")
                    .Help("Bytes moved by ended transfers, by path and priority.")
                    .Register(*registry_)),
+        link_bytes_(prometheus::BuildCounter()
+                        .Name("kvrail_link_bytes_total")
+                        .Help("Bytes moved by ended transfers, by link (host, gpu0-gpu1, fabric NIC).")
+                        .Register(*registry_)),
         latency_(prometheus::BuildHistogram()
                      .Name("kvrail_transfer_duration_seconds")
                      .Help("Submit-to-end time of ended transfers, by path and priority.")
@@ -101,6 +105,15 @@ class MetricsImpl final : public Metrics {
         .Increment();
     bytes_.Add({{"path", path}, {"priority", priority}})
         .Increment(static_cast<double>(status.bytes_done()));
+    // Per link: a fabric transfer's bytes are split evenly over the NICs that carried it.
+    if (status.nics_size() > 0) {
+      for (const std::string& nic : status.nics()) {
+        link_bytes_.Add({{"link", "nic:" + nic}})
+            .Increment(static_cast<double>(status.bytes_done()) / status.nics_size());
+      }
+    } else if (!status.link().empty()) {
+      link_bytes_.Add({{"link", status.link()}}).Increment(static_cast<double>(status.bytes_done()));
+    }
     if (status.finished_unix_us() >= status.submitted_unix_us()) {
       static const prometheus::Histogram::BucketBoundaries kBuckets = {
           1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 0.5, 1, 2.5, 5, 10};
@@ -119,6 +132,7 @@ class MetricsImpl final : public Metrics {
   std::shared_ptr<prometheus::Registry> registry_;
   prometheus::Family<prometheus::Counter>& transfers_;
   prometheus::Family<prometheus::Counter>& bytes_;
+  prometheus::Family<prometheus::Counter>& link_bytes_;
   prometheus::Family<prometheus::Histogram>& latency_;
   std::shared_ptr<StatsCollectable> collectable_;
 };

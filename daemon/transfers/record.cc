@@ -75,6 +75,11 @@ void Record::SetArrivalFlags(std::shared_ptr<regions::Region> region, uint32_t* 
   arrival_value_ = value;
 }
 
+void Record::SetLink(std::string link) {
+  absl::MutexLock lock(&mu_);
+  link_ = std::move(link);
+}
+
 void Record::SetNics(std::vector<std::string> nics) {
   absl::MutexLock lock(&mu_);
   nics_ = std::move(nics);
@@ -218,6 +223,7 @@ void Record::FillStatusLocked(v1::TransferStatus* status) const {
   status->set_started_unix_us(started_us_);
   status->set_finished_unix_us(finished_us_);
   for (const std::string& nic : nics_) status->add_nics(nic);
+  status->set_link(link_);
 }
 
 v1::TransferStatus Record::Status() const {

@@ -71,6 +71,16 @@ absl::StatusOr<std::pair<std::shared_ptr<regions::Region>, uint32_t*>> ResolveFl
   return std::make_pair(*std::move(region), words);
 }
 
+// TransferStatus.link for a local transfer: "host", "gpu0", "gpu0-gpu1", "gpu0-host", ...
+std::string LinkName(const regions::Region& src, const regions::Region& dst) {
+  auto side = [](const regions::Region& r) {
+    return r.spec().memory_kind() == v1::MEMORY_KIND_CUDA ? absl::StrCat("gpu", r.spec().device())
+                                                          : std::string("host");
+  };
+  const std::string a = side(src), b = side(dst);
+  return a == b ? a : absl::StrCat(a, "-", b);
+}
+
 class TransferManagerImpl final : public TransferManager {
  public:
   TransferManagerImpl(regions::RegionTable* regions, engine::Engine* engine, Clock* clock,
@@ -190,9 +200,11 @@ class TransferManagerImpl final : public TransferManager {
       ++counters_->active;
     }
     const uint64_t id = next_id_++;
+    const std::string link = LinkName(**src, **dst);
     auto record = std::make_shared<Record>(
         id, spec, *std::move(src), *std::move(dst), std::move(plan), ToClass(spec.priority()),
         route.path, route.reason, engine, deadline, counters_, clock_);
+    record->SetLink(link);
     records_[id] = record;
     order_.push_back(id);
     if (!spec.idempotency_key().empty()) by_key_[spec.idempotency_key()] = id;
@@ -402,6 +414,7 @@ class TransferManagerImpl final : public TransferManager {
     ASSIGN_OR_RETURN(std::vector<std::string> nics,
                      options_.remote->Begin(id, spec, **src, plan_options.tile_bytes, record));
     record->SetNics(nics);
+    record->SetLink("fabric");
     {
       absl::MutexLock c(&counters_->mu);
       ++counters_->submitted;

@@ -58,6 +58,7 @@ TEST_CASE("a scattered paged KV cache moves between two regions, byte for byte")
   CHECK(status.bytes_total() == uint64_t{4} * 2 * 20 * 16 * 8 * 128 * 2);
   CHECK(status.path() == v1::PATH_HOST_LOCAL);
   CHECK(status.engine() == "host");
+  CHECK(status.link() == "host");
   CHECK(status.layers_done() == 4);
   Expectation e{7, dst_blocks, 20 * 16, 0, 0, 4, 0, 0, 8};
   CHECK(VerifyPool(dst, e) == "");
