@@ -140,7 +140,16 @@ TEST_CASE("SIGTERM drains: in-flight transfers finish or fail cleanly, the daemo
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
   const auto t0 = std::chrono::steady_clock::now();
   ::kill(daemon.pid(), SIGTERM);
-  // New work is refused while draining (the daemon may already be gone: UNAVAILABLE either way).
+  // Once the daemon says it is draining (the stuck transfer holds the drain open for 3 s), new
+  // work is refused.
+  bool draining = false;
+  for (int i = 0; i < 2000 && !draining; ++i) {
+    auto stats = (*c)->GetStats();
+    REQUIRE(stats.ok());
+    draining = stats->draining();
+    if (!draining) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  REQUIRE(draining);
   auto refused = (*c)->Submit(client::MakeBlockTransfer(src.id(), {0}, dst.id(), {9}));
   CHECK(refused.status().code() == absl::StatusCode::kUnavailable);
   w1.join();
