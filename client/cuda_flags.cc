@@ -13,15 +13,15 @@ absl::Status CudaError(cudaError_t e, const char* what) {
 }
 
 using WriteValue32 = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
-using WaitValue32 = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
 
 class CudaFlagsImpl final : public CudaFlags {
  public:
   CudaFlagsImpl(uint32_t* words, uint32_t count, int device, CUdeviceptr device_words,
-                WriteValue32 write, WaitValue32 wait)
+                WriteValue32 write, bool owns_registration)
       : words_(words), count_(count), device_(device), device_words_(device_words), write_(write),
-        wait_(wait) {}
+        owns_registration_(owns_registration) {}
   ~CudaFlagsImpl() override {
+    if (!owns_registration_) return;
     cudaSetDevice(device_);
     cudaHostUnregister(words_);
   }
@@ -33,12 +33,6 @@ class CudaFlagsImpl final : public CudaFlags {
     return absl::OkStatus();
   }
 
-  absl::Status WaitOnStream(CUstream_st* stream, uint32_t index, uint32_t value) override {
-    if (index >= count_) return absl::OutOfRangeError(absl::StrCat("flag index ", index, " >= ", count_));
-    const CUresult r = wait_(stream, device_words_ + 4ull * index, value, CU_STREAM_WAIT_VALUE_GEQ);
-    if (r != CUDA_SUCCESS) return absl::InternalError(absl::StrCat("cuStreamWaitValue32: CUresult ", r));
-    return absl::OkStatus();
-  }
 
  private:
   uint32_t* const words_;
@@ -46,7 +40,7 @@ class CudaFlagsImpl final : public CudaFlags {
   const int device_;
   const CUdeviceptr device_words_;
   const WriteValue32 write_;
-  const WaitValue32 wait_;
+  const bool owns_registration_;  // false when the memory was already registered (by another map)
 };
 
 }  // namespace
@@ -58,26 +52,30 @@ absl::StatusOr<std::unique_ptr<CudaFlags>> CudaFlags::Map(uint32_t* words, uint3
   cudaError_t e = cudaSetDevice(device);
   if (e != cudaSuccess) return CudaError(e, "cudaSetDevice");
   e = cudaHostRegister(words, 4ull * count, cudaHostRegisterMapped | cudaHostRegisterPortable);
-  if (e != cudaSuccess) return CudaError(e, "cudaHostRegister(flag words)");
+  // Memory inside an earlier (portable) registration is already mapped for every GPU.
+  const bool owns = e == cudaSuccess;
+  if (e == cudaErrorHostMemoryAlreadyRegistered) {
+    (void)cudaGetLastError();
+  } else if (e != cudaSuccess) {
+    return CudaError(e, "cudaHostRegister(flag words)");
+  }
   void* device_words = nullptr;
   e = cudaHostGetDevicePointer(&device_words, words, 0);
   if (e != cudaSuccess) {
-    cudaHostUnregister(words);
+    if (owns) cudaHostUnregister(words);
     return CudaError(e, "cudaHostGetDevicePointer(flag words)");
   }
   // Driver entry points through the runtime, so nothing links libcuda directly.
   void* write = nullptr;
-  void* wait = nullptr;
-  cudaDriverEntryPointQueryResult q1, q2;
+  cudaDriverEntryPointQueryResult q1;
   if (cudaGetDriverEntryPointByVersion("cuStreamWriteValue32", &write, 12000, cudaEnableDefault, &q1) != cudaSuccess ||
-      cudaGetDriverEntryPointByVersion("cuStreamWaitValue32", &wait, 12000, cudaEnableDefault, &q2) != cudaSuccess ||
-      write == nullptr || wait == nullptr) {
-    cudaHostUnregister(words);
-    return absl::FailedPreconditionError("the driver offers no cuStreamWriteValue32/cuStreamWaitValue32");
+      write == nullptr) {
+    if (owns) cudaHostUnregister(words);
+    return absl::FailedPreconditionError("the driver offers no cuStreamWriteValue32");
   }
   return std::unique_ptr<CudaFlags>(std::make_unique<CudaFlagsImpl>(
       words, count, device, reinterpret_cast<CUdeviceptr>(device_words),
-      reinterpret_cast<WriteValue32>(write), reinterpret_cast<WaitValue32>(wait)));
+      reinterpret_cast<WriteValue32>(write), owns));
 }
 
 }  // namespace kvrail::client

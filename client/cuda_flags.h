@@ -1,8 +1,11 @@
 // Layer readiness flags driven from CUDA streams, for layer-wise transfers (see
 // daemon/readiness/readiness.h for the protocol): a producer marks "layer L written" from its own
-// stream, after the kernel that wrote the layer, without the CPU; a consumer makes its stream wait
-// until the daemon says layer L arrived. The flag words live in host memory shared with kvraild
-// (a HostBuffer registered as a bytes region) and pinned + mapped for the GPU here.
+// stream, after the kernel that wrote the layer, without the CPU. The flag words live in host
+// memory shared with kvraild (a HostBuffer registered as a bytes region) and pinned + mapped for
+// the GPU here. Consumers read the daemon's arrival flags from the CPU for now: a stream-side wait
+// (cuStreamWaitValue32) hung while the consumer's work was being enqueued in the one GPU attempt
+// (2026-11-29, cause not found) and is
+// not offered until a GPU test passes.
 #pragma once
 
 #include <cstdint>
@@ -24,9 +27,6 @@ class CudaFlags {
   // Enqueues "words[index] = value" on `stream`: it happens after all earlier work of the stream
   // (cuStreamWriteValue32; the write is visible to the host once performed).
   virtual absl::Status SignalOnStream(CUstream_st* stream, uint32_t index, uint32_t value) = 0;
-  // Enqueues "wait until words[index] has reached value (wrapping order)" on `stream`
-  // (cuStreamWaitValue32 GEQ): later work of the stream starts only after the daemon signalled.
-  virtual absl::Status WaitOnStream(CUstream_st* stream, uint32_t index, uint32_t value) = 0;
 };
 
 }  // namespace kvrail::client
