@@ -4,8 +4,7 @@
 // memory shared with kvraild (a HostBuffer registered as a bytes region) and pinned + mapped for
 // the GPU here. Consumers read the daemon's arrival flags from the CPU for now: a stream-side wait
 // (cuStreamWaitValue32) hung while the consumer's work was being enqueued in the one GPU attempt
-// (2026-11-29, cause not found) and is
-// not offered until a GPU test passes.
+// (2026-11-29, cause not found) and is not offered until a GPU test passes.
 #pragma once
 
 #include <cstdint>
