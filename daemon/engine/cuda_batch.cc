@@ -8,35 +8,7 @@
 namespace kvrail::engine::cuda_internal {
 
 void AppendTileRuns(const planner::Plan& plan, uint32_t tile, std::vector<CopyRun>* runs) {
-  namespace k = ::kvrail::kernels;
-  const k::PlanHeader& h = plan.header();
-  const k::TileDesc t = k::TileAt(h, tile);
-  if (static_cast<k::ChunkKind>(h.chunk_kind) == k::ChunkKind::kBytes) {
-    runs->push_back(CopyRun{h.src.origin + t.byte_begin, h.dst.origin + t.byte_begin,
-                            t.byte_end - t.byte_begin});
-    return;
-  }
-  const uint32_t* sb = plan.src_blocks().data();
-  const uint32_t* db = plan.dst_blocks().data();
-  CopyRun run{0, 0, 0};
-  uint64_t pos = t.byte_begin;
-  uint32_t c = static_cast<uint32_t>(pos / h.chunk_bytes);
-  uint64_t r = pos % h.chunk_bytes;
-  while (pos < t.byte_end) {
-    const k::ChunkSpan span = k::ChunkAt(h, sb, db, t.layer, t.part, c);
-    const uint64_t n = std::min(span.bytes - r, t.byte_end - pos);
-    const uint64_t s = span.src + r, d = span.dst + r;
-    if (run.bytes != 0 && run.src + run.bytes == s && run.dst + run.bytes == d) {
-      run.bytes += n;
-    } else {
-      if (run.bytes != 0) runs->push_back(run);
-      run = CopyRun{s, d, n};
-    }
-    pos += n;
-    ++c;
-    r = 0;
-  }
-  if (run.bytes != 0) runs->push_back(run);
+  planner::ForEachTileRun(plan, tile, [runs](const CopyRun& run) { runs->push_back(run); });
 }
 
 uint64_t MeanRunBytes(const planner::Plan& plan) {

@@ -15,11 +15,7 @@
 namespace kvrail::engine::cuda_internal {
 
 // One contiguous copy: byte offsets from the two region bases.
-struct CopyRun {
-  uint64_t src;
-  uint64_t dst;
-  uint64_t bytes;
-};
+using CopyRun = planner::CopyRun;
 
 // Appends the coalesced copies of `tile` (exactly the memcpys ExecuteTileHost does).
 void AppendTileRuns(const planner::Plan& plan, uint32_t tile, std::vector<CopyRun>* runs);

@@ -10,39 +10,15 @@ namespace {
 
 namespace k = ::kvrail::kernels;
 
-// Calls fn(region_offset, packed_offset, bytes) for the tile's pieces on one side, merging pieces
-// adjacent in the region.
+// Calls fn(region_offset, packed_offset, bytes) for the tile's runs on one side; the packed
+// offset is where the run sits in the staging slot (the tile's bytes in order).
 template <bool kSrcSide, typename Fn>
 void ForEachRun(const planner::Plan& plan, uint32_t tile, Fn fn) {
-  const k::PlanHeader& h = plan.header();
-  const k::TileDesc t = k::TileAt(h, tile);
-  if (static_cast<k::ChunkKind>(h.chunk_kind) == k::ChunkKind::kBytes) {
-    fn((kSrcSide ? h.src.origin : h.dst.origin) + t.byte_begin, 0, t.byte_end - t.byte_begin);
-    return;
-  }
-  const uint32_t* sb = plan.src_blocks().data();
-  const uint32_t* db = plan.dst_blocks().data();
-  uint64_t run_region = 0, run_packed = 0, run_len = 0;
-  uint64_t pos = t.byte_begin;
-  uint32_t c = static_cast<uint32_t>(pos / h.chunk_bytes);
-  uint64_t r = pos % h.chunk_bytes;
-  while (pos < t.byte_end) {
-    const k::ChunkSpan span = k::ChunkAt(h, sb, db, t.layer, t.part, c);
-    const uint64_t n = std::min(span.bytes - r, t.byte_end - pos);
-    const uint64_t at = (kSrcSide ? span.src : span.dst) + r;
-    if (run_len != 0 && run_region + run_len == at) {
-      run_len += n;
-    } else {
-      if (run_len != 0) fn(run_region, run_packed, run_len);
-      run_region = at;
-      run_packed = pos - t.byte_begin;
-      run_len = n;
-    }
-    pos += n;
-    ++c;
-    r = 0;
-  }
-  if (run_len != 0) fn(run_region, run_packed, run_len);
+  uint64_t packed = 0;
+  planner::ForEachTileRun(plan, tile, [&](const planner::CopyRun& run) {
+    fn(kSrcSide ? run.src : run.dst, packed, run.bytes);
+    packed += run.bytes;
+  });
 }
 
 }  // namespace

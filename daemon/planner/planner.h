@@ -4,6 +4,7 @@
 // byte a plan touches lies inside its region.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -11,6 +12,7 @@
 
 #include "absl/status/statusor.h"
 #include "kernels/device_abi.h"
+#include "kernels/plan_math.h"
 #include "proto/kvrail/v1/region.pb.h"
 #include "proto/kvrail/v1/transfer.pb.h"
 
@@ -103,6 +105,49 @@ class Plan {
 // FAILED_PRECONDITION "spec.dst.region_id: region is not writable".
 absl::StatusOr<Plan> MakePlan(const kvrail::v1::TransferSpec& spec, const RegionView& src,
                               const RegionView& dst, const PlanOptions& options);
+
+// One contiguous piece of a tile: `bytes` from source offset `src` to destination offset `dst`
+// (offsets from the region bases).
+struct CopyRun {
+  uint64_t src = 0;
+  uint64_t dst = 0;
+  uint64_t bytes = 0;
+};
+
+// Calls `fn(const CopyRun&)` for tile `tile`'s pieces in order, each the tile's chunks merged for
+// as long as both sides continue contiguously. The one walk over a tile shared by the host twin,
+// the copy-engine batches and fabric packing (kernels/plan_math.h does the arithmetic).
+template <typename Fn>
+void ForEachTileRun(const Plan& plan, uint32_t tile, Fn&& fn) {
+  namespace k = ::kvrail::kernels;
+  const k::PlanHeader& h = plan.header();
+  const k::TileDesc t = k::TileAt(h, tile);
+  if (static_cast<k::ChunkKind>(h.chunk_kind) == k::ChunkKind::kBytes) {
+    fn(CopyRun{h.src.origin + t.byte_begin, h.dst.origin + t.byte_begin, t.byte_end - t.byte_begin});
+    return;
+  }
+  const uint32_t* sb = plan.src_blocks().data();
+  const uint32_t* db = plan.dst_blocks().data();
+  CopyRun run;
+  uint64_t pos = t.byte_begin;
+  uint32_t c = static_cast<uint32_t>(pos / h.chunk_bytes);
+  uint64_t r = pos % h.chunk_bytes;
+  while (pos < t.byte_end) {
+    const k::ChunkSpan span = k::ChunkAt(h, sb, db, t.layer, t.part, c);
+    const uint64_t n = std::min(span.bytes - r, t.byte_end - pos);
+    const uint64_t s = span.src + r, d = span.dst + r;
+    if (run.bytes != 0 && run.src + run.bytes == s && run.dst + run.bytes == d) {
+      run.bytes += n;
+    } else {
+      if (run.bytes != 0) fn(run);
+      run = CopyRun{s, d, n};
+    }
+    pos += n;
+    ++c;
+    r = 0;
+  }
+  if (run.bytes != 0) fn(run);
+}
 
 // The host twin of the kernel: executes tile `tile` of `plan` with memcpy of coalesced chunks,
 // using kernels/plan_math.h. `src_base` / `dst_base` are the region bases. Thread-safe for
