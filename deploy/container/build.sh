@@ -16,11 +16,12 @@ rootfs="$out/rootfs"
 mkdir -p "$out"
 command -v debootstrap >/dev/null || apt-get install -y -qq debootstrap
 bazel build //daemon:kvraild //client:kvrail
+bin=$(bazel info bazel-bin 2>/dev/null)
 # Runtime libraries only (the -dev packages stay on the build machine).
 runtime=libgrpc++1.51,libprotobuf32,libspdlog1.10,libfmt9,libfabric1,libibverbs1,librdmacm1,libhwloc15,libnuma1,libprometheus-cpp-core1.0,libprometheus-cpp-pull1.0,ca-certificates
 rm -rf "$rootfs"
 debootstrap --variant=minbase --include="$runtime" bookworm "$rootfs" "$mirror"
-install -m 0755 bazel-bin/daemon/kvraild bazel-bin/client/kvrail "$rootfs/usr/bin/"
+install -m 0755 "$bin/daemon/kvraild" "$bin/client/kvrail" "$rootfs/usr/bin/"
 install -D -m 0644 deploy/config/kvraild.textproto "$rootfs/etc/kvrail/kvraild.textproto"
 chroot "$rootfs" /usr/sbin/useradd --system --user-group --no-create-home --uid 990 kvrail
 chroot "$rootfs" /usr/bin/ldd /usr/bin/kvraild | grep -q 'not found' && {
