@@ -18,6 +18,7 @@
 #include "daemon/cuda/cuda_util.h"
 #include "daemon/engine/cuda_batch.h"
 #include "daemon/engine/engine.h"
+#include "daemon/engine/tile_queues.h"
 #include "kernels/kv_copy.h"
 
 namespace kvrail::engine {
@@ -70,37 +71,17 @@ class DeviceWorker {
 
   void Enqueue(const std::shared_ptr<Job>& job, const std::vector<uint32_t>& tiles) {
     absl::MutexLock lock(&mu_);
-    auto& queue = queues_[static_cast<int>(job->priority())];
-    for (Entry& e : queue) {
-      if (e.job == job) {
-        e.tiles.insert(e.tiles.end(), tiles.begin(), tiles.end());
-        return;
-      }
-    }
-    queue.push_back(Entry{job, std::deque<uint32_t>(tiles.begin(), tiles.end())});
+    queues_.Add(job, tiles);
   }
 
   size_t Remove(const Job* job) {
     absl::MutexLock lock(&mu_);
-    size_t removed = 0;
-    for (auto& queue : queues_) {
-      for (auto it = queue.begin(); it != queue.end();) {
-        if (it->job.get() == job) {
-          removed += it->tiles.size();
-          it = queue.erase(it);
-        } else {
-          ++it;
-        }
-      }
-    }
-    return removed;
+    return queues_.Remove(job);
   }
 
   void AddQueued(std::vector<uint64_t>* out) const {
     absl::MutexLock lock(&mu_);
-    for (int c = 0; c < kNumPriorityClasses; ++c) {
-      for (const Entry& e : queues_[c]) (*out)[c] += e.tiles.size();
-    }
+    queues_.AddCounts(out);
   }
 
   std::string Describe() const {
@@ -111,46 +92,27 @@ class DeviceWorker {
   }
 
  private:
-  struct Entry {
-    std::shared_ptr<Job> job;
-    std::deque<uint32_t> tiles;
-  };
-
   bool HasWorkOrStop() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (stop_) return true;
-    for (const auto& q : queues_) {
-      if (!q.empty()) return true;
-    }
-    return false;
+    return stop_ || !queues_.AllEmpty();
   }
+
 
   // Takes the next batch in priority order (round robin within a class), or nothing.
   std::optional<std::pair<std::shared_ptr<Job>, std::pair<uint32_t, uint32_t>>> TakeLocked()
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    for (auto& queue : queues_) {
-      if (queue.empty()) continue;
-      Entry& e = queue.front();
-      std::shared_ptr<Job> job = e.job;
-      auto range = cuda_internal::TakeBatch(&e.tiles, job->plan(), options_.batch_bytes);
-      if (e.tiles.empty()) {
-        queue.pop_front();
-      } else if (queue.size() > 1) {
-        queue.push_back(std::move(e));
-        queue.pop_front();
-      }
-      return std::make_pair(std::move(job), range);
+    for (int c = 0; c < kNumPriorityClasses; ++c) {
+      if (queues_.Empty(c)) continue;
+      return queues_.TakeFrom(c, [this](const Job& job, std::deque<uint32_t>& tiles) {
+        return cuda_internal::TakeBatch(&tiles, job.plan(), options_.batch_bytes);
+      });
     }
     return std::nullopt;
   }
 
   bool HasQueuedLocked(const Job* job) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    for (const auto& queue : queues_) {
-      for (const Entry& e : queue) {
-        if (e.job.get() == job) return true;
-      }
-    }
-    return false;
+    return queues_.Contains(job);
   }
+
 
   void Run() {
     absl::Status bound = cuda::SetDevice(device_);
@@ -336,7 +298,7 @@ class DeviceWorker {
 
   mutable absl::Mutex mu_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
-  std::deque<Entry> queues_[kNumPriorityClasses] ABSL_GUARDED_BY(mu_);
+  TileQueues queues_ ABSL_GUARDED_BY(mu_);
   std::string last_decision_ ABSL_GUARDED_BY(mu_) = "idle";
   uint64_t kernel_batches_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t copy_batches_ ABSL_GUARDED_BY(mu_) = 0;

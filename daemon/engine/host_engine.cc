@@ -1,12 +1,14 @@
 #include <algorithm>
 #include <chrono>
 #include <deque>
+#include <tuple>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "daemon/engine/engine.h"
+#include "daemon/engine/tile_queues.h"
 
 namespace kvrail::engine {
 
@@ -45,27 +47,14 @@ class HostEngine final : public Engine {
   std::string name() const override { return "host"; }
 
   void Enqueue(const std::shared_ptr<Job>& job, const std::vector<uint32_t>& tiles) override {
-    if (tiles.empty()) return;
     absl::MutexLock lock(&mu_);
-    auto& queue = queues_[static_cast<int>(job->priority())];
-    for (Entry& e : queue) {
-      if (e.job == job) {
-        e.tiles.insert(e.tiles.end(), tiles.begin(), tiles.end());
-        return;
-      }
-    }
-    queue.push_back(Entry{job, std::deque<uint32_t>(tiles.begin(), tiles.end())});
+    queues_.Add(job, tiles);
   }
 
   std::optional<double> EstimateSeconds(uint64_t bytes, PriorityClass priority) const override {
     absl::MutexLock lock(&mu_);
     if (measured_tiles_ < kMinMeasuredTiles || tile_bytes_per_second_ <= 0) return std::nullopt;
-    uint64_t ahead = 0;
-    for (int c = 0; c <= static_cast<int>(priority); ++c) {
-      for (const Entry& e : queues_[c]) {
-        for (uint32_t t : e.tiles) ahead += e.job->plan().tile(t).bytes;
-      }
-    }
+    const uint64_t ahead = queues_.QueuedBytes(static_cast<int>(priority));
     const double workers = std::min<double>(limit_[static_cast<int>(priority)],
                                             std::max(1u, std::thread::hardware_concurrency()));
     return static_cast<double>(ahead + bytes) / (tile_bytes_per_second_ * workers);
@@ -73,26 +62,13 @@ class HostEngine final : public Engine {
 
   size_t Remove(const Job* job) override {
     absl::MutexLock lock(&mu_);
-    size_t removed = 0;
-    for (auto& queue : queues_) {
-      for (auto it = queue.begin(); it != queue.end();) {
-        if (it->job.get() == job) {
-          removed += it->tiles.size();
-          it = queue.erase(it);
-        } else {
-          ++it;
-        }
-      }
-    }
-    return removed;
+    return queues_.Remove(job);
   }
 
   std::vector<uint64_t> QueuedTiles() const override {
     absl::MutexLock lock(&mu_);
     std::vector<uint64_t> out(kNumPriorityClasses, 0);
-    for (int c = 0; c < kNumPriorityClasses; ++c) {
-      for (const Entry& e : queues_[c]) out[c] += e.tiles.size();
-    }
+    queues_.AddCounts(&out);
     return out;
   }
 
@@ -104,14 +80,9 @@ class HostEngine final : public Engine {
   }
 
  private:
-  struct Entry {
-    std::shared_ptr<Job> job;
-    std::deque<uint32_t> tiles;
-  };
-
   // A class may start a tile when it has one queued and is below its running limit.
   bool Runnable(int c) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return !queues_[c].empty() && running_[c] < limit_[c];
+    return !queues_.Empty(c) && running_[c] < limit_[c];
   }
 
   bool HasWorkOrStop() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -133,19 +104,12 @@ class HostEngine final : public Engine {
         if (stop_) return;
         for (cls = 0; cls < kNumPriorityClasses; ++cls) {
           if (!Runnable(cls)) continue;
-          auto& queue = queues_[cls];
           ++running_[cls];
-          Entry& e = queue.front();
-          job = e.job;
-          tile = e.tiles.front();
-          e.tiles.pop_front();
-          if (e.tiles.empty()) {
-            queue.pop_front();
-          } else if (queue.size() > 1) {
-            // Round robin within a class: the job goes to the back after each tile.
-            queue.push_back(std::move(e));
-            queue.pop_front();
-          }
+          std::tie(job, tile) = queues_.TakeFrom(cls, [](const Job&, std::deque<uint32_t>& tiles) {
+            const uint32_t t = tiles.front();
+            tiles.pop_front();
+            return t;
+          });
           break;
         }
       }
@@ -176,7 +140,7 @@ class HostEngine final : public Engine {
   int running_[kNumPriorityClasses] ABSL_GUARDED_BY(mu_) = {0, 0, 0};
   double tile_bytes_per_second_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t measured_tiles_ ABSL_GUARDED_BY(mu_) = 0;
-  std::deque<Entry> queues_[kNumPriorityClasses] ABSL_GUARDED_BY(mu_);
+  TileQueues queues_ ABSL_GUARDED_BY(mu_);
   std::vector<std::thread> workers_;
 };
 

@@ -1,0 +1,71 @@
+#define CATCH_CONFIG_MAIN
+#include <catch2/catch.hpp>
+
+#include <string>
+
+#include "daemon/engine/tile_queues.h"
+
+namespace kvrail::engine {
+namespace {
+
+// A job whose plan is never read by these tests except in QueuedBytes (not called here).
+class FakeJob final : public Job {
+ public:
+  explicit FakeJob(PriorityClass p) : p_(p) {}
+  const planner::Plan& plan() const override { std::abort(); }
+  const uint8_t* src_base() const override { return nullptr; }
+  uint8_t* dst_base() const override { return nullptr; }
+  PriorityClass priority() const override { return p_; }
+  void OnTileStart(uint32_t) override {}
+  void OnTileDone(uint32_t, const absl::Status&) override {}
+
+ private:
+  PriorityClass p_;
+};
+
+std::pair<std::shared_ptr<Job>, uint32_t> TakeOne(TileQueues& q) {
+  for (int c = 0; c < kNumPriorityClasses; ++c) {
+    if (q.Empty(c)) continue;
+    return q.TakeFrom(c, [](const Job&, std::deque<uint32_t>& t) {
+      const uint32_t x = t.front();
+      t.pop_front();
+      return x;
+    });
+  }
+  return {nullptr, 0};
+}
+
+TEST_CASE("higher classes first; round robin within a class; removal counts") {
+  TileQueues q;
+  auto bg = std::make_shared<FakeJob>(PriorityClass::kBackground);
+  auto a = std::make_shared<FakeJob>(PriorityClass::kNormal);
+  auto b = std::make_shared<FakeJob>(PriorityClass::kNormal);
+  auto crit = std::make_shared<FakeJob>(PriorityClass::kCritical);
+  q.Add(bg, {0, 1, 2});
+  q.Add(a, {10, 11});
+  q.Add(b, {20, 21});
+  q.Add(a, {12});  // appended to a's entry
+  std::vector<uint64_t> counts(kNumPriorityClasses, 0);
+  q.AddCounts(&counts);
+  CHECK(counts == std::vector<uint64_t>{0, 5, 3});
+  std::string order;
+  auto take = [&] {
+    auto [job, tile] = TakeOne(q);
+    order += std::to_string(tile) + " ";
+  };
+  take();                  // a:10
+  take();                  // b:20
+  q.Add(crit, {99});       // a critical job arrives: it goes next
+  take();                  // crit:99
+  take();                  // a:11
+  CHECK(q.Remove(b.get()) == 1);  // b:21 dropped
+  CHECK(!q.Contains(b.get()));
+  take();                  // a:12
+  take();                  // bg:0 (only background left)
+  CHECK(order == "10 20 99 11 12 0 ");
+  CHECK(q.Remove(bg.get()) == 2);
+  CHECK(q.AllEmpty());
+}
+
+}  // namespace
+}  // namespace kvrail::engine
