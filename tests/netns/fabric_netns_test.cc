@@ -9,143 +9,21 @@
 // message. Names are unique per run (pid) and namespaces are deleted even when a case fails.
 #define CATCH_CONFIG_MAIN
 #include <catch2/catch.hpp>
-#include <fcntl.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
-#include <fstream>
 #include <set>
 #include <thread>
 
-#include <grpcpp/grpcpp.h>
-
-#include "proto/kvrail/v1/peer.grpc.pb.h"
 #include "tests/integration/kv_fixture.h"
+#include "tests/netns/netns.h"
 
 namespace kvrail::testing {
 namespace {
 
 using client::Client;
-
-int Sh(const std::string& cmd) {
-  const int rc = std::system((cmd + " >/dev/null 2>&1").c_str());
-  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
-}
-
-// Why namespaces cannot be made here, or "" when they can.
-std::string CannotMakeNamespaces() {
-  if (geteuid() != 0) return "not root: network namespaces need CAP_SYS_ADMIN";
-  const std::string probe = "kvrprobe" + std::to_string(getpid());
-  if (Sh("ip netns add " + probe) != 0) return "`ip netns add` failed (no rights or no iproute2)";
-  Sh("ip netns del " + probe);
-  return "";
-}
-
-// Two namespaces joined by a veth pair, 10.S.0.1 <-> 10.S.0.2; deleted on destruction.
-struct NetnsPair {
-  std::string ns_a, ns_b, veth_a, veth_b, ip_a, ip_b;
-  bool ok = false;
-  NetnsPair() {
-    static int counter = 0;
-    const std::string tag = std::to_string(getpid() % 100000) + "x" + std::to_string(counter++);
-    ns_a = "kvrA" + tag;
-    ns_b = "kvrB" + tag;
-    veth_a = "kva" + tag;
-    veth_b = "kvb" + tag;
-    const int subnet = 20 + (getpid() + counter * 7) % 200;
-    ip_a = "10." + std::to_string(subnet) + ".0.1";
-    ip_b = "10." + std::to_string(subnet) + ".0.2";
-    ok = Sh("ip netns add " + ns_a) == 0 && Sh("ip netns add " + ns_b) == 0 &&
-         Sh("ip link add " + veth_a + " type veth peer name " + veth_b) == 0 &&
-         Sh("ip link set " + veth_a + " netns " + ns_a) == 0 &&
-         Sh("ip link set " + veth_b + " netns " + ns_b) == 0 &&
-         Sh(In(ns_a, "ip addr add " + ip_a + "/24 dev " + veth_a)) == 0 &&
-         Sh(In(ns_b, "ip addr add " + ip_b + "/24 dev " + veth_b)) == 0 &&
-         Sh(In(ns_a, "ip link set " + veth_a + " up")) == 0 &&
-         Sh(In(ns_b, "ip link set " + veth_b + " up")) == 0 &&
-         Sh(In(ns_a, "ip link set lo up")) == 0 && Sh(In(ns_b, "ip link set lo up")) == 0;
-  }
-  ~NetnsPair() {
-    Sh("ip netns del " + ns_a);
-    Sh("ip netns del " + ns_b);
-  }
-  static std::string In(const std::string& ns, const std::string& cmd) {
-    return "ip netns exec " + ns + " " + cmd;
-  }
-};
-
-// kvraild started with `ip netns exec NS`; killed on destruction.
-struct NsDaemon {
-  TempDir dir;
-  pid_t pid = -1;
-  std::string socket, log;
-  std::unique_ptr<Client> client;
-
-  bool Start(const std::string& ns, const std::string& node, const std::string& ip,
-             const std::string& peer, const std::string& peer_ip, int nics) {
-    socket = dir.path() + "/kvrail.sock";
-    log = dir.path() + "/kvraild.log";
-    const std::string config = dir.path() + "/kvraild.textproto";
-    {
-      std::ofstream f(config);
-      f << "node_id: \"" << node << "\"\n";
-      f << "peers { key: \"" << peer << "\" value: \"" << peer_ip << ":7070\" }\n";
-      f << "fabric {\n";
-      for (int i = 0; i < nics; ++i) f << "  nics: \"" << ip << "\"\n";
-      f << "  slots: 8\n  slot_bytes: 1048576\n  liveness_timeout_ms: 2000\n"
-           "  heartbeat_interval_ms: 200\n}\n";
-    }
-    const std::string bin = RunfilePath("daemon/kvraild");
-    pid = fork();
-    if (pid == 0) {
-      int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      dup2(fd, 1);
-      dup2(fd, 2);
-      execlp("ip", "ip", "netns", "exec", ns.c_str(), bin.c_str(), "--socket", socket.c_str(),
-             "--tcp-listen", (ip + ":7070").c_str(), "--node-id", node.c_str(), "--config",
-             config.c_str(), "--tile-bytes", "262144", "--log-level", "info",
-             "--drain-timeout-ms", "1000", static_cast<char*>(nullptr));
-      _exit(127);
-    }
-    for (int i = 0; i < 200; ++i) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-      auto c = Client::Connect(socket);
-      if (c.ok() && (*c)->GetStats().ok()) {
-        client = *std::move(c);
-        return true;
-      }
-    }
-    return false;
-  }
-  void Kill(int sig) {
-    if (pid > 0) {
-      kill(pid, sig);
-      waitpid(pid, nullptr, 0);
-      pid = -1;
-    }
-  }
-  std::string Log() const {
-    std::ifstream f(log);
-    return std::string(std::istreambuf_iterator<char>(f), {});
-  }
-  ~NsDaemon() {
-    client.reset();
-    Kill(SIGTERM);
-  }
-  // Peer.ExportRegion over the unix socket (local operators only).
-  absl::Status Export(uint64_t region, const std::string& to) {
-    auto channel = grpc::CreateChannel("unix:" + socket, grpc::InsecureChannelCredentials());
-    auto stub = v1::Peer::NewStub(channel);
-    grpc::ClientContext context;
-    v1::ExportRegionRequest request;
-    request.set_region_id(region);
-    request.set_peer_node_id(to);
-    v1::RegionLease lease;
-    return client::FromGrpcStatus(stub->ExportRegion(&context, request, &lease));
-  }
-};
 
 // Two nodes "a" (sender) and "b" (receiver), each with `nics` endpoints on its veth address.
 struct TwoNodes {
