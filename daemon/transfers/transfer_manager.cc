@@ -1,4 +1,5 @@
 #include <deque>
+#include <list>
 #include <thread>
 
 #include "absl/container/flat_hash_map.h"
@@ -206,6 +207,7 @@ class TransferManagerImpl final : public TransferManager {
         route.path, route.reason, engine, deadline, counters_, clock_);
     record->SetLink(link);
     records_[id] = record;
+    if (deadline.has_value()) with_deadline_.push_back(record);
     order_.push_back(id);
     if (!spec.idempotency_key().empty()) by_key_[spec.idempotency_key()] = id;
     TrimHistoryLocked();
@@ -354,10 +356,15 @@ class TransferManagerImpl final : public TransferManager {
     const absl::Time now = clock_->Now();
     std::vector<std::shared_ptr<Record>> late;
     {
+      // Only transfers with a deadline that have not ended are looked at (not the whole history).
       absl::MutexLock lock(&mu_);
-      for (const auto& [id, record] : records_) {
-        if (record->deadline().has_value() && *record->deadline() <= now && !record->IsFinal()) {
-          late.push_back(record);
+      for (auto it = with_deadline_.begin(); it != with_deadline_.end();) {
+        std::shared_ptr<Record> record = it->lock();
+        if (record == nullptr || record->IsFinal()) {
+          it = with_deadline_.erase(it);
+        } else {
+          if (*record->deadline() <= now) late.push_back(std::move(record));
+          ++it;
         }
       }
     }
@@ -423,6 +430,7 @@ class TransferManagerImpl final : public TransferManager {
     {
       absl::MutexLock lock(&mu_);
       records_[id] = record;
+      if (deadline.has_value()) with_deadline_.push_back(record);
       order_.push_back(id);
       if (!spec.idempotency_key().empty()) by_key_[spec.idempotency_key()] = id;
       TrimHistoryLocked();
@@ -544,6 +552,8 @@ class TransferManagerImpl final : public TransferManager {
   absl::flat_hash_map<uint64_t, std::shared_ptr<Record>> records_ ABSL_GUARDED_BY(mu_);
   std::deque<uint64_t> order_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, uint64_t> by_key_ ABSL_GUARDED_BY(mu_);
+  // Transfers submitted with a deadline, dropped once they end (CheckDeadlines).
+  std::list<std::weak_ptr<Record>> with_deadline_ ABSL_GUARDED_BY(mu_);
   struct Watched {
     std::unique_ptr<readiness::WatchHandle> handle;
     std::shared_ptr<regions::Region> region;  // keeps the flag words mapped
