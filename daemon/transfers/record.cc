@@ -143,9 +143,10 @@ absl::StatusOr<std::vector<uint32_t>> Record::MarkReady(uint32_t layer_begin,
   for (uint32_t l = layer_begin - first; l < layer_begin - first + layer_count; ++l) {
     if (layer_ready_[l]) continue;
     layer_ready_[l] = true;
-    // Tiles are ordered by layer; a linear scan stays cheap next to moving the layer's bytes.
-    for (uint32_t t = 0; t < plan_.num_tiles(); ++t) {
-      if (plan_.tile(t).layer == l) tiles.push_back(t);
+    // Tiles are ordered by layer, the same number per layer.
+    const uint32_t per_layer = plan_.tiles_per_layer();
+    for (uint32_t t = l * per_layer; t < (l + 1) * per_layer && t < plan_.num_tiles(); ++t) {
+      tiles.push_back(t);
     }
   }
   tiles_enqueued_ += tiles.size();
