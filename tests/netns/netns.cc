@@ -1,0 +1,135 @@
+#include "tests/netns/netns.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <iterator>
+#include <thread>
+
+#include <grpcpp/grpcpp.h>
+
+#include "proto/kvrail/v1/peer.grpc.pb.h"
+
+namespace kvrail::testing {
+
+int Sh(const std::string& cmd) {
+  const int rc = std::system((cmd + " >/dev/null 2>&1").c_str());
+  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+std::string CannotMakeNamespaces() {
+  if (geteuid() != 0) return "not root: network namespaces need CAP_SYS_ADMIN";
+  const std::string probe = "kvrprobe" + std::to_string(getpid());
+  if (Sh("ip netns add " + probe) != 0) return "`ip netns add` failed (no rights or no iproute2)";
+  Sh("ip netns del " + probe);
+  return "";
+}
+
+NetnsPair::NetnsPair() {
+  static int counter = 0;
+  const std::string tag = std::to_string(getpid() % 100000) + "x" + std::to_string(counter++);
+  ns_a = "kvrA" + tag;
+  ns_b = "kvrB" + tag;
+  veth_a = "kva" + tag;
+  veth_b = "kvb" + tag;
+  const int subnet = 20 + (getpid() + counter * 7) % 200;
+  ip_a = "10." + std::to_string(subnet) + ".0.1";
+  ip_b = "10." + std::to_string(subnet) + ".0.2";
+  ok = Sh("ip netns add " + ns_a) == 0 && Sh("ip netns add " + ns_b) == 0 &&
+       Sh("ip link add " + veth_a + " type veth peer name " + veth_b) == 0 &&
+       Sh("ip link set " + veth_a + " netns " + ns_a) == 0 &&
+       Sh("ip link set " + veth_b + " netns " + ns_b) == 0 &&
+       Sh(In(ns_a, "ip addr add " + ip_a + "/24 dev " + veth_a)) == 0 &&
+       Sh(In(ns_b, "ip addr add " + ip_b + "/24 dev " + veth_b)) == 0 &&
+       Sh(In(ns_a, "ip link set " + veth_a + " up")) == 0 &&
+       Sh(In(ns_b, "ip link set " + veth_b + " up")) == 0 &&
+       Sh(In(ns_a, "ip link set lo up")) == 0 && Sh(In(ns_b, "ip link set lo up")) == 0;
+}
+
+NetnsPair::~NetnsPair() {
+  Sh("ip netns del " + ns_a);
+  Sh("ip netns del " + ns_b);
+  // Deleting the namespaces removes the veth pair; this only matters if a move above failed.
+  Sh("ip link del " + veth_a);
+}
+
+std::string NetnsPair::In(const std::string& ns, const std::string& cmd) {
+  return "ip netns exec " + ns + " " + cmd;
+}
+
+bool NsDaemon::Start(const std::string& ns, const std::string& node, const std::string& ip,
+                     const std::string& peer, const std::string& peer_ip,
+                     const NsDaemonOptions& options) {
+  socket = dir.path() + "/kvrail.sock";
+  log = dir.path() + "/kvraild.log";
+  const std::string config = dir.path() + "/kvraild.textproto";
+  {
+    std::ofstream f(config);
+    f << "node_id: \"" << node << "\"\n";
+    f << "peers { key: \"" << peer << "\" value: \"" << peer_ip << ":" << options.peer_port
+      << "\" }\n";
+    f << "fabric {\n";
+    for (int i = 0; i < options.nics; ++i) f << "  nics: \"" << ip << "\"\n";
+    f << "  slots: " << options.slots << "\n  slot_bytes: " << options.slot_bytes
+      << "\n  liveness_timeout_ms: 2000\n  heartbeat_interval_ms: 200\n}\n";
+  }
+  const std::string bin = RunfilePath("daemon/kvraild");
+  const std::string listen = ip + ":" + std::to_string(options.port);
+  const std::string tile = std::to_string(options.tile_bytes);
+  pid = fork();
+  if (pid == 0) {
+    int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(fd, 1);
+    dup2(fd, 2);
+    execlp("ip", "ip", "netns", "exec", ns.c_str(), bin.c_str(), "--socket", socket.c_str(),
+           "--tcp-listen", listen.c_str(), "--node-id", node.c_str(), "--config", config.c_str(),
+           "--tile-bytes", tile.c_str(), "--log-level", options.log_level.c_str(),
+           "--drain-timeout-ms", "1000", static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  for (int i = 0; i < 200; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    auto c = client::Client::Connect(socket);
+    if (c.ok() && (*c)->GetStats().ok()) {
+      client = *std::move(c);
+      return true;
+    }
+  }
+  return false;
+}
+
+void NsDaemon::Kill(int sig) {
+  if (pid > 0) {
+    kill(pid, sig);
+    waitpid(pid, nullptr, 0);
+    pid = -1;
+  }
+}
+
+std::string NsDaemon::Log() const {
+  std::ifstream f(log);
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
+NsDaemon::~NsDaemon() {
+  client.reset();
+  Kill(SIGTERM);
+}
+
+absl::Status NsDaemon::Export(uint64_t region, const std::string& to) {
+  auto channel = grpc::CreateChannel("unix:" + socket, grpc::InsecureChannelCredentials());
+  auto stub = v1::Peer::NewStub(channel);
+  grpc::ClientContext context;
+  v1::ExportRegionRequest request;
+  request.set_region_id(region);
+  request.set_peer_node_id(to);
+  v1::RegionLease lease;
+  return client::FromGrpcStatus(stub->ExportRegion(&context, request, &lease));
+}
+
+}  // namespace kvrail::testing

@@ -1,0 +1,71 @@
+// Network-namespace helpers shared by the multi-node test and the fabric benchmark: two namespaces
+// joined by a veth pair (deleted on destruction), and kvraild started inside a namespace with a
+// fabric config. Needs root; CannotMakeNamespaces() says why not when it is missing.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "client/kvrail_client.h"
+#include "tests/harness/daemon_process.h"
+
+namespace kvrail::testing {
+
+// Runs `cmd` through the shell, output discarded; returns its exit status (-1 if it did not exit).
+int Sh(const std::string& cmd);
+
+// Why namespaces cannot be made here, or "" when they can.
+std::string CannotMakeNamespaces();
+
+// Two namespaces joined by a veth pair, 10.S.0.1 <-> 10.S.0.2 (names unique per process and
+// instance); both namespaces (and so the veth pair) are deleted on destruction.
+struct NetnsPair {
+  std::string ns_a, ns_b, veth_a, veth_b, ip_a, ip_b;
+  bool ok = false;
+  NetnsPair();
+  ~NetnsPair();
+  NetnsPair(const NetnsPair&) = delete;
+  NetnsPair& operator=(const NetnsPair&) = delete;
+  // "ip netns exec NS CMD".
+  static std::string In(const std::string& ns, const std::string& cmd);
+};
+
+// How an NsDaemon is configured (defaults: what fabric_netns_test uses).
+struct NsDaemonOptions {
+  int nics = 2;                       // fabric endpoints, all on the daemon's address
+  int port = 7070;                    // --tcp-listen port of this daemon
+  int peer_port = 7070;               // the peer's --tcp-listen port
+  uint64_t tile_bytes = 262144;       // --tile-bytes
+  uint64_t slot_bytes = 1048576;      // fabric.slot_bytes
+  uint32_t slots = 8;                 // fabric.slots
+  std::string log_level = "info";
+};
+
+// kvraild started with `ip netns exec NS`; killed (SIGTERM) on destruction.
+struct NsDaemon {
+  TempDir dir;
+  pid_t pid = -1;
+  std::string socket, log;
+  std::unique_ptr<client::Client> client;
+
+  bool Start(const std::string& ns, const std::string& node, const std::string& ip,
+             const std::string& peer, const std::string& peer_ip,
+             const NsDaemonOptions& options);
+  bool Start(const std::string& ns, const std::string& node, const std::string& ip,
+             const std::string& peer, const std::string& peer_ip, int nics) {
+    NsDaemonOptions options;
+    options.nics = nics;
+    return Start(ns, node, ip, peer, peer_ip, options);
+  }
+  void Kill(int sig);
+  std::string Log() const;
+  // Peer.ExportRegion over the unix socket (local operators only).
+  absl::Status Export(uint64_t region, const std::string& to);
+  ~NsDaemon();
+};
+
+}  // namespace kvrail::testing
