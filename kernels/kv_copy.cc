@@ -34,7 +34,8 @@ absl::StatusOr<DevicePlanBuffer> DevicePlanBuffer::Upload(const PlanHeader& head
   // Staged on the host as one image so one copy moves it.
   std::vector<uint8_t> image(bytes);
   DevicePlanBuffer buffer;
-  if (absl::Status s = CudaStatus(internal::DeviceAlloc(&buffer.memory_, bytes), "cudaMalloc(plan)");
+  buffer.stream_ = stream;
+  if (absl::Status s = CudaStatus(internal::DeviceAlloc(&buffer.memory_, bytes, stream), "cudaMallocAsync(plan)");
       !s.ok()) {
     return s;
   }
@@ -48,7 +49,7 @@ absl::StatusOr<DevicePlanBuffer> DevicePlanBuffer::Upload(const PlanHeader& head
   if (src_n) std::memcpy(image.data() + sizeof(h), src_blocks, 4 * src_n);
   if (dst_n) std::memcpy(image.data() + sizeof(h) + 4 * src_n, dst_blocks, 4 * dst_n);
   if (absl::Status s = CudaStatus(
-          internal::CopyToDeviceSync(buffer.memory_, image.data(), bytes, stream), "upload plan");
+          internal::CopyToDevice(buffer.memory_, image.data(), bytes, stream), "upload plan");
       !s.ok()) {
     return s;
   }
@@ -61,19 +62,20 @@ absl::StatusOr<DevicePlanBuffer> DevicePlanBuffer::Upload(const PlanHeader& head
 }
 
 DevicePlanBuffer::DevicePlanBuffer(DevicePlanBuffer&& other) noexcept
-    : memory_(std::exchange(other.memory_, nullptr)), plan_(other.plan_) {}
+    : memory_(std::exchange(other.memory_, nullptr)), stream_(other.stream_), plan_(other.plan_) {}
 
 DevicePlanBuffer& DevicePlanBuffer::operator=(DevicePlanBuffer&& other) noexcept {
   if (this != &other) {
-    if (memory_ != nullptr) internal::DeviceFree(memory_);
+    if (memory_ != nullptr) internal::DeviceFree(memory_, stream_);
     memory_ = std::exchange(other.memory_, nullptr);
+    stream_ = other.stream_;
     plan_ = other.plan_;
   }
   return *this;
 }
 
 DevicePlanBuffer::~DevicePlanBuffer() {
-  if (memory_ != nullptr) internal::DeviceFree(memory_);
+  if (memory_ != nullptr) internal::DeviceFree(memory_, stream_);
 }
 
 absl::Status LaunchKvCopy(const DevicePlan& plan, uint32_t tile_begin, uint32_t tile_end,

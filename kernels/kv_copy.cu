@@ -159,13 +159,13 @@ int KvCopyLaunch(const PlanHeader* device_header, uint32_t tile_begin, uint32_t 
   return cudaGetLastError();
 }
 
-int DeviceAlloc(void** ptr, size_t bytes) { return cudaMalloc(ptr, bytes); }
-int DeviceFree(void* ptr) { return cudaFree(ptr); }
+int DeviceAlloc(void** ptr, size_t bytes, CUstream_st* stream) {
+  return cudaMallocAsync(ptr, bytes, stream);
+}
+int DeviceFree(void* ptr, CUstream_st* stream) { return cudaFreeAsync(ptr, stream); }
 
-int CopyToDeviceSync(void* dst, const void* src, size_t bytes, CUstream_st* stream) {
-  const cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream);
-  if (e != cudaSuccess) return e;
-  return cudaStreamSynchronize(stream);
+int CopyToDevice(void* dst, const void* src, size_t bytes, CUstream_st* stream) {
+  return cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream);
 }
 
 const char* ErrorName(int error) { return cudaGetErrorName(static_cast<cudaError_t>(error)); }

@@ -31,7 +31,10 @@ class DevicePlanBuffer {
  public:
   // Copies `header` (with src/dst base addresses and table pointers filled in) and the tables to
   // the current device. `src_base` / `dst_base` are the regions' device-visible addresses (device
-  // memory, a peer's memory or mapped pinned host memory). Synchronizes `stream` once.
+  // memory, a peer's memory or mapped pinned host memory). Stream-ordered on `stream`: the
+  // buffer is allocated, filled and (on destruction) freed in that stream's order, without
+  // synchronizing the device, so launch the kernels that read it on the same stream, and let it
+  // go only while `stream` is still alive.
   static absl::StatusOr<DevicePlanBuffer> Upload(const PlanHeader& header,
                                                  const uint32_t* src_blocks,
                                                  const uint32_t* dst_blocks, uint64_t src_base,
@@ -47,6 +50,7 @@ class DevicePlanBuffer {
  private:
   DevicePlanBuffer() = default;
   void* memory_ = nullptr;
+  CudaStream stream_ = nullptr;
   DevicePlan plan_;
 };
 

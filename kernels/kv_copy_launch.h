@@ -14,10 +14,13 @@ namespace kvrail::kernels::internal {
 int KvCopyLaunch(const PlanHeader* device_header, uint32_t tile_begin, uint32_t tile_end,
                  int num_ctas, int threads, uint32_t access_bytes,
                  CUstream_st* stream);
-int DeviceAlloc(void** ptr, size_t bytes);
-int DeviceFree(void* ptr);
+// Stream-ordered (cudaMallocAsync / cudaFreeAsync): no device-wide synchronization, which a
+// plain cudaFree would impose on every other stream of the device.
+int DeviceAlloc(void** ptr, size_t bytes, CUstream_st* stream);
+int DeviceFree(void* ptr, CUstream_st* stream);
 // Host -> device copy on `stream`, then waits for the stream.
-int CopyToDeviceSync(void* dst, const void* src, size_t bytes, CUstream_st* stream);
+// Enqueues the copy on `stream` (a pageable source is staged before this returns).
+int CopyToDevice(void* dst, const void* src, size_t bytes, CUstream_st* stream);
 const char* ErrorName(int error);
 const char* ErrorString(int error);
 
