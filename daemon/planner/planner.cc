@@ -33,11 +33,12 @@ uint32_t Pow2Divisor(uint64_t v) {
   return w;
 }
 
-// Checks block ids of one side: in range, and (for the destination) unique.
+// Checks block ids of one side: in range, and (for the destination) unique. Uniqueness uses a
+// bitmap (num_blocks / 8 bytes); only when a repeat is found is its first occurrence looked up.
 absl::Status CheckBlockIds(const google::protobuf::RepeatedField<uint32_t>& ids, uint32_t num_blocks,
                            absl::string_view side, bool unique) {
-  std::vector<int64_t> first_seen;
-  if (unique) first_seen.assign(num_blocks, -1);
+  std::vector<uint64_t> seen;
+  if (unique) seen.assign((static_cast<size_t>(num_blocks) + 63) / 64, 0);
   for (int j = 0; j < ids.size(); ++j) {
     const uint32_t b = ids.Get(j);
     if (b >= num_blocks) {
@@ -45,12 +46,16 @@ absl::Status CheckBlockIds(const google::protobuf::RepeatedField<uint32_t>& ids,
                      absl::StrCat("block ", b, " out of range [0, ", num_blocks, ")"));
     }
     if (unique) {
-      if (first_seen[b] >= 0) {
+      uint64_t& word = seen[b / 64];
+      const uint64_t bit = uint64_t{1} << (b % 64);
+      if ((word & bit) != 0) {
+        int first = 0;
+        while (ids.Get(first) != b) ++first;
         return Invalid(absl::StrCat(side, ".block_ids[", j, "]"),
-                       absl::StrCat("block ", b, " repeats spec.", side, ".block_ids[", first_seen[b],
+                       absl::StrCat("block ", b, " repeats spec.", side, ".block_ids[", first,
                                     "]: two tokens would land on the same bytes"));
       }
-      first_seen[b] = j;
+      word |= bit;
     }
   }
   return absl::OkStatus();

@@ -5,13 +5,15 @@
 #include <cstdio>
 #include <numeric>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "daemon/planner/planner.h"
 
 int main() {
   using Clock = std::chrono::steady_clock;
-  std::printf("%-10s %14s %14s\n", "blocks", "MakePlan us", "copy ids us");
+  std::printf("%-10s %14s %14s %14s %14s\n", "blocks", "MakePlan us", "copy ids us",
+              "serialize us", "parse us");
   for (uint32_t n : {1000u, 10000u, 100000u}) {
     kvrail::v1::PagedKvLayout proto;
     proto.set_num_layers(1);
@@ -32,7 +34,7 @@ int main() {
     kvrail::v1::TransferSpec spec;
     for (uint32_t i = 0; i < n; ++i) spec.mutable_src()->add_block_ids(ids[i]);
     for (uint32_t i = n; i < 2 * n; ++i) spec.mutable_dst()->add_block_ids(ids[i]);
-    double best_plan = 1e9, best_copy = 1e9;
+    double best_plan = 1e9, best_copy = 1e9, best_ser = 1e9, best_parse = 1e9;
     for (int rep = 0; rep < 20; ++rep) {
       auto t0 = Clock::now();
       auto plan = kvrail::planner::MakePlan(spec, view, view, {});
@@ -43,8 +45,17 @@ int main() {
       best_plan = std::min(best_plan, std::chrono::duration<double, std::micro>(t1 - t0).count());
       best_copy = std::min(best_copy, std::chrono::duration<double, std::micro>(t2 - t1).count());
       if (copy.src().block_ids_size() != static_cast<int>(n)) return 1;
+      // The wire cost on both ends of SubmitTransfer: protobuf encode and decode of the spec.
+      auto t3 = Clock::now();
+      const std::string wire = spec.SerializeAsString();
+      auto t4 = Clock::now();
+      kvrail::v1::TransferSpec parsed;
+      if (!parsed.ParseFromString(wire)) return 1;
+      auto t5 = Clock::now();
+      best_ser = std::min(best_ser, std::chrono::duration<double, std::micro>(t4 - t3).count());
+      best_parse = std::min(best_parse, std::chrono::duration<double, std::micro>(t5 - t4).count());
     }
-    std::printf("%-10u %14.1f %14.1f\n", n, best_plan, best_copy);
+    std::printf("%-10u %14.1f %14.1f %14.1f %14.1f\n", n, best_plan, best_copy, best_ser, best_parse);
   }
   return 0;
 }
