@@ -132,6 +132,22 @@ absl::StatusOr<TopologyDesc> Discover(const DiscoverOptions& options) {
     RETURN_IF_ERROR(BuildPciTree(options.sysfs_root, &desc));
   }
   if (options.probe_fabric) ProbeFabric(&desc);
+  // Virtual machines often report numa_node -1 for every PCI device. With a single NUMA node
+  // there is only one answer, which is also what nvidia-smi shows.
+  if (desc.numa_nodes_size() == 1) {
+    const int only = desc.numa_nodes(0).id();
+    bool mapped = false;
+    for (auto& gpu : *desc.mutable_gpus()) {
+      if (gpu.numa_node() < 0) gpu.set_numa_node(only), mapped = true;
+    }
+    for (auto& nic : *desc.mutable_nics()) {
+      if (nic.numa_node() < 0) nic.set_numa_node(only), mapped = true;
+    }
+    if (mapped) {
+      desc.add_notes(absl::StrCat("devices without a NUMA node (numa_node -1, usual in VMs) were "
+                                  "placed on the only NUMA node, ", only));
+    }
+  }
   return desc;
 }
 

@@ -178,3 +178,34 @@ TEST_CASE("the real machine probes without failing (zero GPUs without a driver)"
 
 }  // namespace
 }  // namespace kvrail::topology
+
+namespace kvrail::topology {
+namespace {
+
+TEST_CASE("a VM's numa_node -1 is placed on the only NUMA node") {
+  char tmpl[] = "/tmp/kvrail_sysfs_vm_XXXXXX";
+  const fs::path root = ::mkdtemp(tmpl);
+  Write(root / "devices/system/node/node0/cpulist", "0-15");
+  Write(root / "devices/system/node/node0/distance", "10");
+  const std::string rp = "pci0000:00/0000:00:02.0";
+  Device(root, rp, "0x8086", "0x060400", -1);
+  Device(root, rp + "/0000:01:00.0", "0x10de", "0x030200", -1);
+  Device(root, "pci0000:00/0000:00:03.0", "0x1af4", "0x020000", -1);
+  fs::create_directories(root / "devices/pci0000:00/0000:00:03.0/virtio0");
+  fs::create_directories(root / "class/net/eth0");
+  fs::create_symlink(root / "devices/pci0000:00/0000:00:03.0/virtio0", root / "class/net/eth0/device");
+  absl::StatusOr<TopologyDesc> desc = Discover(SysfsOnly(root));
+  REQUIRE(desc.ok());
+  REQUIRE(desc->numa_nodes_size() == 1);
+  REQUIRE(desc->gpus_size() == 1);
+  CHECK(desc->gpus(0).numa_node() == 0);
+  REQUIRE(desc->nics_size() == 1);
+  CHECK(desc->nics(0).numa_node() == 0);
+  bool noted = false;
+  for (const auto& n : desc->notes()) noted |= n.find("only NUMA node") != std::string::npos;
+  CHECK(noted);
+  fs::remove_all(root);
+}
+
+}  // namespace
+}  // namespace kvrail::topology
