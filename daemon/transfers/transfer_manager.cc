@@ -109,20 +109,10 @@ class TransferManagerImpl final : public TransferManager {
     {
       absl::MutexLock lock(&mu_);
       if (draining_) return absl::UnavailableError("the daemon is draining; submit elsewhere");
-      if (!spec.idempotency_key().empty()) {
-        auto it = by_key_.find(spec.idempotency_key());
-        if (it != by_key_.end()) {
-          auto rec = records_.find(it->second);
-          if (rec != records_.end()) {
-            v1::SubmitTransferResponse response;
-            response.set_transfer_id(it->second);
-            response.set_deduplicated(true);
-            response.set_bytes_total(rec->second->plan().bytes_total());
-            response.set_tiles_total(rec->second->plan().num_tiles());
-            return response;
-          }
-        }
-      }
+      if (auto earlier = DuplicateLocked(spec.idempotency_key())) return *earlier;
+    }
+    if (!v1::Priority_IsValid(spec.priority())) {
+      return absl::InvalidArgumentError(absl::StrCat("spec.priority: unknown value ", spec.priority()));
     }
     RETURN_IF_ERROR(CheckLocalNode(spec.src(), options_.node_id, "spec.src"));
     if (options_.remote != nullptr && !spec.dst().node_id().empty() &&
@@ -130,9 +120,6 @@ class TransferManagerImpl final : public TransferManager {
       return SubmitRemote(spec);
     }
     RETURN_IF_ERROR(CheckLocalNode(spec.dst(), options_.node_id, "spec.dst"));
-    if (!v1::Priority_IsValid(spec.priority())) {
-      return absl::InvalidArgumentError(absl::StrCat("spec.priority: unknown value ", spec.priority()));
-    }
     auto src = regions_->Get(spec.src().region_id());
     if (!src.ok()) {
       return absl::NotFoundError(absl::StrCat("spec.src.region_id: ", src.status().message()));
@@ -183,50 +170,32 @@ class TransferManagerImpl final : public TransferManager {
       }
     }
 
-    absl::MutexLock lock(&mu_);
-    if (draining_) return absl::UnavailableError("the daemon is draining; submit elsewhere");
-    if (!spec.idempotency_key().empty() && by_key_.contains(spec.idempotency_key())) {
-      // A concurrent submit with the same key won the race; answer with its transfer.
-      const uint64_t id = by_key_[spec.idempotency_key()];
-      v1::SubmitTransferResponse response;
-      response.set_transfer_id(id);
-      response.set_deduplicated(true);
-      response.set_bytes_total(plan.bytes_total());
-      response.set_tiles_total(plan.num_tiles());
-      return response;
-    }
-    {
-      absl::MutexLock c(&counters_->mu);
-      ++counters_->submitted;
-      ++counters_->active;
-    }
-    const uint64_t id = next_id_++;
-    const std::string link = LinkName(**src, **dst);
+    ASSIGN_OR_RETURN(const uint64_t id, NextId());
+    // The record (a copy of the spec) is built outside the manager's lock.
     auto record = std::make_shared<Record>(
-        id, spec, *std::move(src), *std::move(dst), std::move(plan), ToClass(spec.priority()),
-        route.path, route.reason, engine, deadline, counters_, clock_);
-    record->SetLink(link);
-    records_[id] = record;
-    if (deadline.has_value()) with_deadline_.push_back(record);
-    order_.push_back(id);
-    if (!spec.idempotency_key().empty()) by_key_[spec.idempotency_key()] = id;
-    TrimHistoryLocked();
+        id, spec, *src, *dst, std::move(plan), ToClass(spec.priority()), route.path, route.reason,
+        engine, deadline, counters_, clock_);
+    record->SetLink(LinkName(**src, **dst));
     if (arrival.first != nullptr) {
       record->SetArrivalFlags(std::move(arrival.first), arrival.second, spec.arrival_flags().value());
     }
-    engine->Enqueue(record, record->TakeInitialTiles());
-    if (ready.first != nullptr) {
-      WatchReadyFlags(record, std::move(ready), spec.ready_flags().value(), spec.src().layer_begin());
+    {
+      absl::MutexLock lock(&mu_);
+      if (draining_) return absl::UnavailableError("the daemon is draining; submit elsewhere");
+      // A concurrent submit with the same key won the race: answer with its transfer.
+      if (auto earlier = DuplicateLocked(spec.idempotency_key())) return *earlier;
+      AdmitLocked(record, spec);
+      if (ready.first != nullptr) {
+        WatchReadyFlags(record, std::move(ready), spec.ready_flags().value(),
+                        spec.src().layer_begin());
+      }
     }
-    v1::SubmitTransferResponse response;
-    response.set_transfer_id(id);
-    response.set_bytes_total(record->plan().bytes_total());
-    response.set_tiles_total(record->plan().num_tiles());
+    engine->Enqueue(record, record->TakeInitialTiles());
     spdlog::info("transfer {} accepted: {} bytes, {} tiles, {}; {} via {} ({})", id,
                  record->plan().bytes_total(), record->plan().num_tiles(),
                  record->plan().Describe(), v1::Path_Name(route.path), engine->name(),
                  route.reason);
-    return response;
+    return Accepted(id, record->plan(), false);
   }
 
   absl::StatusOr<v1::TransferStatus> Get(uint64_t id) const override {
@@ -394,9 +363,6 @@ class TransferManagerImpl final : public TransferManager {
   // PATH_FABRIC: the destination is a region another node exported to this one. Validated and
   // planned against the lease, announced to the peer, then queued on the fabric engine.
   absl::StatusOr<v1::SubmitTransferResponse> SubmitRemote(const v1::TransferSpec& spec) {
-    if (!v1::Priority_IsValid(spec.priority())) {
-      return absl::InvalidArgumentError(absl::StrCat("spec.priority: unknown value ", spec.priority()));
-    }
     auto src = regions_->Get(spec.src().region_id());
     if (!src.ok()) {
       return absl::NotFoundError(absl::StrCat("spec.src.region_id: ", src.status().message()));
@@ -414,12 +380,7 @@ class TransferManagerImpl final : public TransferManager {
                                                            prepared.dst->view(), plan_options));
     std::optional<absl::Time> deadline;
     if (spec.timeout_ms() > 0) deadline = clock_->Now() + absl::Milliseconds(spec.timeout_ms());
-    uint64_t id;
-    {
-      absl::MutexLock lock(&mu_);
-      if (draining_) return absl::UnavailableError("the daemon is draining; submit elsewhere");
-      id = next_id_++;
-    }
+    ASSIGN_OR_RETURN(const uint64_t id, NextId());
     auto record = std::make_shared<Record>(
         id, spec, *src, prepared.dst, std::move(plan), ToClass(spec.priority()), v1::PATH_FABRIC,
         absl::StrCat("destination is on node '", spec.dst().node_id(), "'"), prepared.engine,
@@ -429,27 +390,61 @@ class TransferManagerImpl final : public TransferManager {
     record->SetNics(nics);
     record->SetLink("fabric");
     {
+      // The peer already expects this transfer: it is admitted even if a drain began meanwhile
+      // (the drain then ends it like any other).
+      absl::MutexLock lock(&mu_);
+      AdmitLocked(record, spec);
+    }
+    prepared.engine->Enqueue(record, record->TakeInitialTiles());
+    spdlog::info("transfer {} accepted: {} bytes, {} tiles, {}; PATH_FABRIC to '{}' over {}", id,
+                 record->plan().bytes_total(), record->plan().num_tiles(),
+                 record->plan().Describe(), spec.dst().node_id(), absl::StrJoin(nics, ","));
+    return Accepted(id, record->plan(), false);
+  }
+
+  static v1::SubmitTransferResponse Accepted(uint64_t id, const planner::Plan& plan,
+                                             bool deduplicated) {
+    v1::SubmitTransferResponse response;
+    response.set_transfer_id(id);
+    response.set_deduplicated(deduplicated);
+    response.set_bytes_total(plan.bytes_total());
+    response.set_tiles_total(plan.num_tiles());
+    return response;
+  }
+
+  // The answer for an earlier transfer with the same non-empty idempotency key, while it is in
+  // the history.
+  std::optional<v1::SubmitTransferResponse> DuplicateLocked(const std::string& key) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (key.empty()) return std::nullopt;
+    auto it = by_key_.find(key);
+    if (it == by_key_.end()) return std::nullopt;
+    auto rec = records_.find(it->second);
+    if (rec == records_.end()) return std::nullopt;
+    return Accepted(it->second, rec->second->plan(), true);
+  }
+
+  // A fresh transfer id, unless the daemon is draining.
+  absl::StatusOr<uint64_t> NextId() {
+    absl::MutexLock lock(&mu_);
+    if (draining_) return absl::UnavailableError("the daemon is draining; submit elsewhere");
+    return next_id_++;
+  }
+
+  // Counts an accepted record and puts it in the history (and the deadline and idempotency
+  // indexes). Its tiles are queued by the caller afterwards.
+  void AdmitLocked(const std::shared_ptr<Record>& record, const v1::TransferSpec& spec)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    {
       absl::MutexLock c(&counters_->mu);
       ++counters_->submitted;
       ++counters_->active;
     }
-    {
-      absl::MutexLock lock(&mu_);
-      records_[id] = record;
-      if (deadline.has_value()) with_deadline_.push_back(record);
-      order_.push_back(id);
-      if (!spec.idempotency_key().empty()) by_key_[spec.idempotency_key()] = id;
-      TrimHistoryLocked();
-    }
-    prepared.engine->Enqueue(record, record->TakeInitialTiles());
-    v1::SubmitTransferResponse response;
-    response.set_transfer_id(id);
-    response.set_bytes_total(record->plan().bytes_total());
-    response.set_tiles_total(record->plan().num_tiles());
-    spdlog::info("transfer {} accepted: {} bytes, {} tiles, {}; PATH_FABRIC to '{}' over {}", id,
-                 record->plan().bytes_total(), record->plan().num_tiles(),
-                 record->plan().Describe(), spec.dst().node_id(), absl::StrJoin(nics, ","));
-    return response;
+    records_[record->id()] = record;
+    if (record->deadline().has_value()) with_deadline_.push_back(record);
+    order_.push_back(record->id());
+    if (!spec.idempotency_key().empty()) by_key_[spec.idempotency_key()] = record->id();
+    TrimHistoryLocked();
   }
 
   // Releases layer i when ready word i reaches `value`. The callback holds only a weak
