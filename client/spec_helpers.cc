@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "client/kvrail_client.h"
+#include "proto/kvrail/v1/layout.h"
 
 namespace kvrail::client {
 namespace {
@@ -93,22 +94,7 @@ std::string FormatBlockList(const std::vector<uint32_t>& ids) {
   return out;
 }
 
-uint32_t DTypeSize(v1::DType dtype) {
-  switch (dtype) {
-    case v1::DTYPE_BF16:
-    case v1::DTYPE_FP16:
-      return 2;
-    case v1::DTYPE_FP32:
-      return 4;
-    case v1::DTYPE_FP8_E4M3:
-    case v1::DTYPE_FP8_E5M2:
-    case v1::DTYPE_INT8:
-    case v1::DTYPE_UINT8:
-      return 1;
-    default:
-      return 0;
-  }
-}
+uint32_t DTypeSize(v1::DType dtype) { return v1::DTypeBytes(dtype); }
 
 absl::StatusOr<PagedStrides> ResolveStrides(const v1::PagedKvLayout& layout) {
   PagedStrides s;
@@ -130,34 +116,16 @@ absl::StatusOr<PagedStrides> ResolveStrides(const v1::PagedKvLayout& layout) {
     s.head = layout.head_stride();
     return s;
   }
-  const uint64_t vec = uint64_t{layout.head_dim()} * s.dtype_size;
-  const uint64_t L = layout.num_layers(), P = layout.num_parts(), B = layout.num_blocks(),
-                 T = layout.tokens_per_block(), H = layout.num_heads();
-  switch (layout.order()) {
-    case v1::LAYOUT_ORDER_LAYER_PART_BLOCK_NHD:
-      s.head = vec, s.token = H * vec, s.block = T * H * vec, s.part = B * s.block,
-      s.layer = P * s.part;
-      break;
-    case v1::LAYOUT_ORDER_LAYER_PART_BLOCK_HND:
-      s.token = vec, s.head = T * vec, s.block = H * T * vec, s.part = B * s.block,
-      s.layer = P * s.part;
-      break;
-    case v1::LAYOUT_ORDER_BLOCK_LAYER_PART_NHD:
-      s.head = vec, s.token = H * vec, s.part = T * H * vec, s.layer = P * s.part,
-      s.block = L * s.layer;
-      break;
-    case v1::LAYOUT_ORDER_BLOCK_LAYER_PART_HND:
-      s.token = vec, s.head = T * vec, s.part = H * T * vec, s.layer = P * s.part,
-      s.block = L * s.layer;
-      break;
-    case v1::LAYOUT_ORDER_LAYER_BLOCK_PART_NHD:
-      s.head = vec, s.token = H * vec, s.part = T * H * vec, s.block = P * s.part,
-      s.layer = B * s.block;
-      break;
-    default:
-      return absl::InvalidArgumentError(
-          "paged_kv: strides are all zero and order is LAYOUT_ORDER_UNSPECIFIED");
+  v1::LayoutStrides dense;
+  if (v1::DeriveDenseStrides(layout, s.dtype_size, &dense) != v1::DeriveResult::kOk) {
+    return absl::InvalidArgumentError(
+        "paged_kv: strides are all zero and order is unspecified, or the layout is too large");
   }
+  s.layer = dense.layer;
+  s.part = dense.part;
+  s.block = dense.block;
+  s.token = dense.token;
+  s.head = dense.head;
   return s;
 }
 

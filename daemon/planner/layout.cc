@@ -6,6 +6,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "daemon/planner/planner.h"
+#include "proto/kvrail/v1/layout.h"
 
 namespace kvrail::planner {
 namespace {
@@ -16,66 +17,24 @@ absl::Status Invalid(absl::string_view prefix, absl::string_view field, absl::st
   return absl::InvalidArgumentError(absl::StrCat(prefix, field, ": ", what));
 }
 
-uint32_t DTypeBytes(kvrail::v1::DType dtype) {
-  switch (dtype) {
-    case kvrail::v1::DTYPE_BF16:
-    case kvrail::v1::DTYPE_FP16:
-      return 2;
-    case kvrail::v1::DTYPE_FP32:
-      return 4;
-    case kvrail::v1::DTYPE_FP8_E4M3:
-    case kvrail::v1::DTYPE_FP8_E5M2:
-    case kvrail::v1::DTYPE_INT8:
-    case kvrail::v1::DTYPE_UINT8:
-      return 1;
-    default:
-      return 0;
-  }
-}
-
-// Dense strides for a named order (names list dims outermost first; head_dim innermost).
-absl::Status DeriveStrides(kvrail::v1::LayoutOrder order, KvLayout& k, absl::string_view prefix) {
-  const Wide vec = Wide{k.head_dim} * k.dtype_bytes;
-  Wide ls = 0, ps = 0, bs = 0, ts = 0, hs = 0;
-  const bool nhd = order == kvrail::v1::LAYOUT_ORDER_LAYER_PART_BLOCK_NHD ||
-                   order == kvrail::v1::LAYOUT_ORDER_BLOCK_LAYER_PART_NHD ||
-                   order == kvrail::v1::LAYOUT_ORDER_LAYER_BLOCK_PART_NHD;
-  if (nhd) {
-    hs = vec;
-    ts = hs * k.num_heads;
-  } else {
-    ts = vec;
-    hs = ts * k.tokens_per_block;
-  }
-  const Wide token_block = vec * k.num_heads * k.tokens_per_block;  // one (l, p, block)
-  switch (order) {
-    case kvrail::v1::LAYOUT_ORDER_LAYER_PART_BLOCK_NHD:
-    case kvrail::v1::LAYOUT_ORDER_LAYER_PART_BLOCK_HND:
-      bs = token_block;
-      ps = bs * k.num_blocks;
-      ls = ps * k.num_parts;
-      break;
-    case kvrail::v1::LAYOUT_ORDER_BLOCK_LAYER_PART_NHD:
-    case kvrail::v1::LAYOUT_ORDER_BLOCK_LAYER_PART_HND:
-      ps = token_block;
-      ls = ps * k.num_parts;
-      bs = ls * k.num_layers;
-      break;
-    case kvrail::v1::LAYOUT_ORDER_LAYER_BLOCK_PART_NHD:
-      ps = token_block;
-      bs = ps * k.num_parts;
-      ls = bs * k.num_blocks;
-      break;
-    default:
+// Dense strides for a named order (proto/kvrail/v1/layout.h, shared with the client).
+absl::Status DeriveStrides(const kvrail::v1::PagedKvLayout& proto, KvLayout& k,
+                           absl::string_view prefix) {
+  kvrail::v1::LayoutStrides strides;
+  switch (kvrail::v1::DeriveDenseStrides(proto, k.dtype_bytes, &strides)) {
+    case kvrail::v1::DeriveResult::kNoOrder:
       return Invalid(prefix, "order",
                      "strides are all zero and no layout order is given to derive them from");
+    case kvrail::v1::DeriveResult::kTooLarge:
+      return Invalid(prefix, "num_blocks", "layout too large");
+    case kvrail::v1::DeriveResult::kOk:
+      break;
   }
-  if (ls > UINT64_MAX || bs > UINT64_MAX) return Invalid(prefix, "num_blocks", "layout too large");
-  k.layer_stride = static_cast<uint64_t>(ls);
-  k.part_stride = static_cast<uint64_t>(ps);
-  k.block_stride = static_cast<uint64_t>(bs);
-  k.token_stride = static_cast<uint64_t>(ts);
-  k.head_stride = static_cast<uint64_t>(hs);
+  k.layer_stride = strides.layer;
+  k.part_stride = strides.part;
+  k.block_stride = strides.block;
+  k.token_stride = strides.token;
+  k.head_stride = strides.head;
   return absl::OkStatus();
 }
 
@@ -107,7 +66,7 @@ absl::StatusOr<KvLayout> ResolveLayout(const kvrail::v1::PagedKvLayout& proto, u
   if (k.tokens_per_block == 0) return Invalid(p, "tokens_per_block", "must be > 0");
   if (k.num_heads == 0) return Invalid(p, "num_heads", "must be > 0");
   if (k.head_dim == 0) return Invalid(p, "head_dim", "must be > 0");
-  k.dtype_bytes = DTypeBytes(proto.dtype());
+  k.dtype_bytes = kvrail::v1::DTypeBytes(proto.dtype());
   if (k.dtype_bytes == 0) {
     return Invalid(p, "dtype", absl::StrCat("unknown or unspecified dtype ", static_cast<int>(proto.dtype())));
   }
@@ -116,7 +75,7 @@ absl::StatusOr<KvLayout> ResolveLayout(const kvrail::v1::PagedKvLayout& proto, u
                         proto.block_stride() == 0 && proto.token_stride() == 0 &&
                         proto.head_stride() == 0;
   if (all_zero) {
-    if (absl::Status s = DeriveStrides(proto.order(), k, p); !s.ok()) return s;
+    if (absl::Status s = DeriveStrides(proto, k, p); !s.ok()) return s;
   } else {
     k.layer_stride = proto.layer_stride();
     k.part_stride = proto.part_stride();
