@@ -1,34 +1,15 @@
 #define CATCH_CONFIG_MAIN
-#include <arpa/inet.h>
 #include <catch2/catch.hpp>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <string>
 
 #include "daemon/metrics/metrics.h"
+#include "tests/harness/daemon_process.h"
 
 namespace kvrail::metrics {
 namespace {
 
-// A plain HTTP/1.0 GET on loopback; returns the whole response.
-std::string HttpGet(int port, const std::string& path) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
-  const std::string request = "GET " + path + " HTTP/1.0\r\nHost: localhost\r\n\r\n";
-  REQUIRE(::write(fd, request.data(), request.size()) == static_cast<ssize_t>(request.size()));
-  std::string out;
-  char buf[4096];
-  ssize_t n;
-  while ((n = ::read(fd, buf, sizeof(buf))) > 0) out.append(buf, n);
-  ::close(fd);
-  return out;
-}
+using testing::HttpGet;
 
 TEST_CASE("metrics count ended transfers and read gauges from stats at scrape time") {
   int scrapes = 0;

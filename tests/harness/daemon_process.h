@@ -58,6 +58,10 @@ struct CommandResult {
 };
 CommandResult RunCommand(const std::vector<std::string>& argv);
 
+// A plain HTTP/1.0 GET to 127.0.0.1:`port`; the whole response (status line, headers, body), or
+// "" when nothing answers.
+std::string HttpGet(int port, const std::string& path);
+
 // A dense paged layout (strides derived from `order`).
 v1::PagedKvLayout MakeLayout(uint32_t layers, uint32_t parts, uint32_t blocks, uint32_t tpb,
                              uint32_t heads, uint32_t head_dim, v1::DType dtype,

@@ -1,12 +1,8 @@
 // Operations: the Prometheus endpoint scraped over HTTP after transfers, with the right counts;
 // JSON logs are one valid object per line.
 #define CATCH_CONFIG_MAIN
-#include <arpa/inet.h>
 #include <catch2/catch.hpp>
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 #include <regex>
@@ -16,26 +12,6 @@
 
 namespace kvrail::testing {
 namespace {
-
-std::string HttpGet(int port, const std::string& path) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    ::close(fd);
-    return "";
-  }
-  const std::string request = "GET " + path + " HTTP/1.0\r\nHost: localhost\r\n\r\n";
-  (void)::write(fd, request.data(), request.size());
-  std::string out;
-  char buf[4096];
-  ssize_t n;
-  while ((n = ::read(fd, buf, sizeof(buf))) > 0) out.append(buf, n);
-  ::close(fd);
-  return out;
-}
 
 TEST_CASE("metrics: counts by path, priority and result after real transfers") {
   TempDir dir;
