@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <catch2/catch.hpp>
+#include <signal.h>
 #include <cstring>
 #include <numeric>
 #include <random>
@@ -9,6 +10,18 @@
 #include "absl/strings/str_cat.h"
 
 namespace kvrail::testing {
+
+LiveDaemon::LiveDaemon(const std::vector<std::string>& args) {
+  REQUIRE(daemon.Start(dir.path(), args));
+  auto c = client::Client::Connect(daemon.socket());
+  REQUIRE(c.ok());
+  client = *std::move(c);
+}
+
+LiveDaemon::~LiveDaemon() {
+  client.reset();
+  CHECK(daemon.Stop(SIGTERM) == 0);
+}
 
 Pool MakePool(client::Client& c, const v1::PagedKvLayout& layout, bool writable,
               const std::string& name) {

@@ -14,6 +14,16 @@ namespace kvrail::testing {
 
 inline constexpr uint8_t kPoison = 0xAB;
 
+// A kvraild started for one test case (REQUIREd to start) and a client connected to it. The
+// destructor closes the client first, then stops the daemon with SIGTERM and checks it exits 0.
+struct LiveDaemon {
+  TempDir dir;
+  DaemonProcess daemon;
+  std::unique_ptr<client::Client> client;
+  explicit LiveDaemon(const std::vector<std::string>& args = {});
+  ~LiveDaemon();
+};
+
 struct Pool {
   std::unique_ptr<client::HostBuffer> buffer;
   v1::RegionInfo info;

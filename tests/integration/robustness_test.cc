@@ -14,16 +14,12 @@ namespace kvrail::testing {
 namespace {
 
 TEST_CASE("random transfer specs: clear errors or clean transfers; the daemon stays up") {
-  TempDir dir;
-  DaemonProcess daemon;
-  REQUIRE(daemon.Start(dir.path(), {"--tile-bytes", "16384"}));
-  auto c = client::Client::Connect(daemon.socket());
-  REQUIRE(c.ok());
+  LiveDaemon live({"--tile-bytes", "16384"});
   const auto a = MakeLayout(3, 2, 24, 16, 4, 32, v1::DTYPE_BF16, v1::LAYOUT_ORDER_LAYER_PART_BLOCK_NHD);
   const auto b = MakeLayout(4, 2, 20, 8, 2, 32, v1::DTYPE_BF16, v1::LAYOUT_ORDER_BLOCK_LAYER_PART_HND);
-  Pool src = MakePool(**c, a, false, "src");
-  Pool dst = MakePool(**c, b, true, "dst");
-  Pool ro = MakePool(**c, b, false, "read-only");
+  Pool src = MakePool(*live.client, a, false, "src");
+  Pool dst = MakePool(*live.client, b, true, "dst");
+  Pool ro = MakePool(*live.client, b, false, "read-only");
   FillPool(src, 1, ScatteredBlocks(24, 24, 0), 24 * 16);
   std::mt19937 rng(20261129);
   auto pick = [&](uint32_t n) { return static_cast<uint32_t>(rng() % n); };
@@ -56,7 +52,7 @@ TEST_CASE("random transfer specs: clear errors or clean transfers; the daemon st
     if (pick(10) == 0) spec.mutable_src()->set_byte_offset(uint64_t{pick(1 << 30)} << 20);
     if (pick(8) == 0) spec.set_priority(static_cast<v1::Priority>(pick(6)));
     if (pick(10) == 0) spec.mutable_dst()->set_node_id("elsewhere");
-    auto r = (*c)->Submit(spec);
+    auto r = live.client->Submit(spec);
     if (!r.ok()) {
       ++rejected;
       const std::string msg(r.status().message());
@@ -67,7 +63,7 @@ TEST_CASE("random transfer specs: clear errors or clean transfers; the daemon st
       continue;
     }
     ++accepted;
-    auto done = (*c)->Wait(r->transfer_id(), absl::Seconds(10));
+    auto done = live.client->Wait(r->transfer_id(), absl::Seconds(10));
     REQUIRE(done.ok());
     CHECK(done->state() == v1::TRANSFER_STATE_SUCCEEDED);
   }
@@ -76,20 +72,14 @@ TEST_CASE("random transfer specs: clear errors or clean transfers; the daemon st
   // Nothing was ever written into the read-only pool or the source.
   CHECK(CountWritten(ro) == 0);
   // The daemon serves; nothing accepted failed.
-  auto stats = (*c)->GetStats();
+  auto stats = live.client->GetStats();
   REQUIRE(stats.ok());
   CHECK(stats->transfers_failed() == 0);
-  c->reset();
-  CHECK(daemon.Stop(SIGTERM) == 0);
 }
 
 TEST_CASE("random region specs: clear errors, nothing registered by a rejection") {
-  TempDir dir;
-  DaemonProcess daemon;
-  REQUIRE(daemon.Start(dir.path()));
-  auto c = client::Client::Connect(daemon.socket());
-  REQUIRE(c.ok());
-  auto buffer = (*c)->CreateHostBuffer(1 << 20);
+  LiveDaemon live;
+  auto buffer = live.client->CreateHostBuffer(1 << 20);
   REQUIRE(buffer.ok());
   std::mt19937 rng(7);
   auto pick = [&](uint32_t n) { return static_cast<uint32_t>(rng() % n); };
@@ -121,10 +111,10 @@ TEST_CASE("random region specs: clear errors, nothing registered by a rejection"
       spec.mutable_bytes();
     }
     if (pick(4) == 0) spec.mutable_share()->set_offset(pick(1 << 21));
-    auto r = (*c)->RegisterHostBuffer(**buffer, spec);
+    auto r = live.client->RegisterHostBuffer(**buffer, spec);
     if (r.ok()) {
       ++ok;
-      REQUIRE((*c)->UnregisterRegion(r->region_id()).ok());
+      REQUIRE(live.client->UnregisterRegion(r->region_id()).ok());
       continue;
     }
     INFO(r.status().ToString());
@@ -132,11 +122,9 @@ TEST_CASE("random region specs: clear errors, nothing registered by a rejection"
     CHECK(r.status().code() != absl::StatusCode::kInternal);
   }
   CHECK(ok > 5);
-  auto listed = (*c)->ListRegions();
+  auto listed = live.client->ListRegions();
   REQUIRE(listed.ok());
   CHECK(listed->regions_size() == 0);
-  c->reset();
-  CHECK(daemon.Stop(SIGTERM) == 0);
 }
 
 }  // namespace

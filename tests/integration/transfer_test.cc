@@ -17,21 +17,7 @@ namespace {
 
 using client::Client;
 
-struct Live {
-  TempDir dir;
-  DaemonProcess daemon;
-  std::unique_ptr<Client> client;
-  explicit Live(std::vector<std::string> args = {}) {
-    REQUIRE(daemon.Start(dir.path(), args));
-    auto c = Client::Connect(daemon.socket());
-    REQUIRE(c.ok());
-    client = *std::move(c);
-  }
-  ~Live() {
-    client.reset();
-    CHECK(daemon.Stop(SIGTERM) == 0);
-  }
-};
+using Live = LiveDaemon;
 
 v1::TransferStatus RunToEnd(Client& c, const v1::TransferSpec& spec) {
   auto submitted = c.Submit(spec);
