@@ -54,10 +54,17 @@ Record::Record(uint64_t id, v1::TransferSpec spec, std::shared_ptr<regions::Regi
 
 Record::~Record() {
   absl::MutexLock lock(&mu_);
-  if (!uses_released_) {
-    src_->ReleaseUse();
-    dst_->ReleaseUse();
-  }
+  ReleaseRegionsLocked();
+}
+
+void Record::ReleaseRegionsLocked() {
+  if (src_ == nullptr) return;  // already released when the transfer ended
+  src_->ReleaseUse();
+  dst_->ReleaseUse();
+  src_.reset();
+  dst_.reset();
+  arrival_words_ = nullptr;
+  arrival_region_.reset();
 }
 
 void Record::OnEngineUsed(absl::string_view engine) {
@@ -185,13 +192,9 @@ void Record::MaybeFinishLocked() {
   state_ = final_state;
   finished_us_ = clock_->NowUnixMicros();
   ++version_;
-  src_->ReleaseUse();
-  dst_->ReleaseUse();
-  uses_released_ = true;
-  src_.reset();
-  dst_.reset();
-  arrival_words_ = nullptr;
-  arrival_region_.reset();
+  // An ended transfer holds no region: mappings (CUDA IPC ones too) go as soon as their last
+  // user does, not when the record leaves the history.
+  ReleaseRegionsLocked();
   if (counters_->on_finished) {
     v1::TransferStatus status;
     FillStatusLocked(&status);

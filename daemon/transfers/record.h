@@ -96,6 +96,8 @@ class Record final : public engine::Job {
     return engine::MemoryRef{cuda, cuda ? region.spec().device() : -1, region.data()};
   }
   void MaybeFinishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Drops the record's hold on its regions (and arrival flags); idempotent.
+  void ReleaseRegionsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FillStatusLocked(v1::TransferStatus* status) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const uint64_t id_;
@@ -129,7 +131,6 @@ class Record final : public engine::Job {
   std::optional<absl::Status> end_request_ ABSL_GUARDED_BY(mu_);
   int64_t started_us_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t finished_us_ ABSL_GUARDED_BY(mu_) = 0;
-  bool uses_released_ ABSL_GUARDED_BY(mu_) = false;
   std::shared_ptr<regions::Region> arrival_region_ ABSL_GUARDED_BY(mu_);
   uint32_t* arrival_words_ ABSL_GUARDED_BY(mu_) = nullptr;
   uint32_t arrival_value_ ABSL_GUARDED_BY(mu_) = 0;
