@@ -76,24 +76,6 @@ std::string SessionSocketPath(const std::string& grpc_socket_path) {
   return grpc_socket_path + ".session";
 }
 
-UniqueFd& UniqueFd::operator=(UniqueFd&& other) noexcept {
-  if (this != &other) {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = other.Release();
-  }
-  return *this;
-}
-
-UniqueFd::~UniqueFd() {
-  if (fd_ >= 0) ::close(fd_);
-}
-
-int UniqueFd::Release() {
-  const int fd = fd_;
-  fd_ = -1;
-  return fd;
-}
-
 absl::Status SendPacket(int sock, const std::string& payload, int fd) {
   struct iovec iov;
   iov.iov_base = const_cast<char*>(payload.data());

@@ -19,30 +19,14 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "daemon/common/unique_fd.h"
 
 namespace kvrail::client::internal {
 
 // The session socket path that belongs to a gRPC unix socket path.
 std::string SessionSocketPath(const std::string& grpc_socket_path);
 
-// An owned file descriptor, closed on destruction. Thread contract: not thread-safe; move-only.
-class UniqueFd {
- public:
-  UniqueFd() = default;
-  explicit UniqueFd(int fd) : fd_(fd) {}
-  UniqueFd(UniqueFd&& other) noexcept : fd_(other.Release()) {}
-  UniqueFd& operator=(UniqueFd&& other) noexcept;
-  UniqueFd(const UniqueFd&) = delete;
-  UniqueFd& operator=(const UniqueFd&) = delete;
-  ~UniqueFd();
-
-  int get() const { return fd_; }
-  bool valid() const { return fd_ >= 0; }
-  int Release();
-
- private:
-  int fd_ = -1;
-};
+using ::kvrail::UniqueFd;  // daemon/common/unique_fd.h: the project's one fd owner
 
 // One connection to the session socket. Thread contract: SendFd may be called from any thread;
 // calls are serialised internally (each request waits for its own answer before the next one is
