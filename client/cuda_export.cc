@@ -42,6 +42,28 @@ absl::StatusOr<std::pair<uint8_t*, uint64_t>> AllocationOf(const void* ptr) {
   return std::make_pair(reinterpret_cast<uint8_t*>(base), static_cast<uint64_t>(bytes));
 }
 
+// Makes `device` current for its lifetime and gives the caller back its own current device: the
+// driver's address-range and IPC calls work on the current context only, and a library must not
+// leave the caller's current device changed.
+class ScopedDevice {
+ public:
+  static absl::StatusOr<ScopedDevice> Enter(int device) {
+    int previous = 0;
+    RETURN_IF_ERROR(Cuda(cudaGetDevice(&previous), "cudaGetDevice"));
+    RETURN_IF_ERROR(Cuda(cudaSetDevice(device), absl::StrCat("cudaSetDevice(", device, ")")));
+    return ScopedDevice(previous);
+  }
+  ScopedDevice(ScopedDevice&& other) noexcept : previous_(other.previous_) { other.previous_ = -1; }
+  ScopedDevice& operator=(ScopedDevice&&) = delete;
+  ~ScopedDevice() {
+    if (previous_ >= 0) cudaSetDevice(previous_);
+  }
+
+ private:
+  explicit ScopedDevice(int previous) : previous_(previous) {}
+  int previous_;
+};
+
 }  // namespace
 
 int CudaDeviceCount() {
@@ -61,6 +83,7 @@ absl::StatusOr<v1::RegionSpec> MakeCudaRegionSpec(const void* device_ptr, uint64
   if (attributes.type != cudaMemoryTypeDevice) {
     return absl::InvalidArgumentError("device_ptr: not device memory from cudaMalloc");
   }
+  ASSIGN_OR_RETURN(ScopedDevice on_device, ScopedDevice::Enter(attributes.device));
   ASSIGN_OR_RETURN(auto allocation, AllocationOf(device_ptr));
   const uint64_t offset = static_cast<const uint8_t*>(device_ptr) - allocation.first;
   if (bytes == 0 || bytes > allocation.second - offset) {
@@ -68,7 +91,6 @@ absl::StatusOr<v1::RegionSpec> MakeCudaRegionSpec(const void* device_ptr, uint64
                                                    " do not fit the allocation of ",
                                                    allocation.second, " bytes"));
   }
-  RETURN_IF_ERROR(Cuda(cudaSetDevice(attributes.device), "cudaSetDevice"));
   cudaIpcMemHandle_t handle;
   RETURN_IF_ERROR(Cuda(cudaIpcGetMemHandle(&handle, allocation.first), "cudaIpcGetMemHandle"));
   spec.set_memory_kind(v1::MEMORY_KIND_CUDA);

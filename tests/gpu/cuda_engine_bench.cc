@@ -1,18 +1,30 @@
-// CUDA engine benchmark on one GPU (same-GPU and GPU -> host transfers), printed as tables:
+// CUDA engine benchmark, printed as tables. Blocks move GPU0 -> GPU1 where two GPUs exist (over
+// NVLink), else within GPU0:
 //  1. 1 GiB of randomly scattered blocks (4/16/32/128 KiB), end to end through kvraild (the
 //     client submits over gRPC and waits), beside cudaMemcpyAsync per block, one
-//     cudaMemcpyBatchAsync and the contiguous cudaMemcpyAsync ceiling, all in this process;
+//     cudaMemcpyBatchAsync and the contiguous copy-engine ceiling, all in this process, and (two
+//     GPUs) NCCL pack + send/recv + unpack through PyTorch (tests/gpu/nccl_baseline.py);
+//  1b. a Llama-3-70B TP8-like layout (80 layers, K and V, 1 head, head_dim 128, bf16, 16 tokens);
 //  2. submit -> completion latency of a 16 MiB transfer (p50 / p90 of 50);
 //  3. CTA sweep: fixed CTA counts, copy engines only, and the adaptive engine's choice;
-//  4. GPU -> pinned host through kvraild.
-// Usage: cuda_engine_bench [--quick]. Needs daemon/kvraild through TEST_SRCDIR/TEST_WORKSPACE
-// (or the working directory), as the GPU tests do.
+//  4. GPU0 -> pinned host through kvraild.
+// With --interference (run it under MPS): an 8192^3 bf16 GEMM loop in another process on GPU0
+// (tests/gpu/gemm_load.py) beside transfers at several SM budgets and on the copy engines.
+// Usage: cuda_engine_bench [--quick] [--same-gpu] [--interference]. Needs daemon/kvraild through
+// TEST_SRCDIR/TEST_WORKSPACE (or the working directory), as the GPU tests do; the Python helpers
+// are found relative to the working directory (the repository root) and run with $PYTHON or
+// python3.
 #include <cuda_runtime_api.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <csignal>
+#include <cstdlib>
+#include <map>
 #include <cstring>
 #include <functional>
 #include <numeric>
@@ -21,6 +33,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "client/cuda_export.h"
 #include "client/kvrail_client.h"
 #include "tests/harness/daemon_process.h"
@@ -93,7 +106,7 @@ struct Daemon {
   }
 };
 
-// Source and destination pools on GPU0 (or the destination in host memory).
+// Source pool on GPU0, destination on GPU `dst_device` (or in host memory).
 struct Pools {
   uint64_t block_bytes = 0;
   uint32_t pool_blocks = 0, moved = 0;
@@ -103,13 +116,13 @@ struct Pools {
   std::vector<uint32_t> src_blocks, dst_blocks;
 };
 
-Pools MakePools(Daemon& d, uint64_t block_bytes, uint64_t total, bool dst_host) {
+Pools MakePoolsWith(Daemon& d, const v1::PagedKvLayout& layout, uint32_t moved, bool dst_host,
+                    int dst_device) {
   Pools p;
-  p.block_bytes = block_bytes;
-  p.moved = static_cast<uint32_t>(total / block_bytes);
-  p.pool_blocks = 2 * p.moved;
-  const v1::PagedKvLayout layout = BlockLayout(p.pool_blocks, block_bytes);
-  const uint64_t bytes = uint64_t{p.pool_blocks} * block_bytes;
+  p.moved = moved;
+  p.pool_blocks = layout.num_blocks();
+  const uint64_t bytes = testing::LayoutBytes(layout);
+  p.block_bytes = bytes / p.pool_blocks;
   p.src = Must(client::CudaBuffer::Create(0, bytes), "alloc src");
   Check(cudaMemset(p.src->data(), 1, bytes), "memset");
   v1::RegionSpec spec;
@@ -124,13 +137,19 @@ Pools MakePools(Daemon& d, uint64_t block_bytes, uint64_t total, bool dst_host) 
     spec.set_size_bytes(bytes);
     p.dst_info = Must(d.client->RegisterHostBuffer(*p.host_dst, spec), "reg host dst");
   } else {
-    p.dst = Must(client::CudaBuffer::Create(0, bytes), "alloc dst");
+    p.dst = Must(client::CudaBuffer::Create(dst_device, bytes), "alloc dst");
     p.dst_info = Must(client::RegisterCudaRegion(*d.client, p.dst->data(), bytes, spec), "reg dst");
   }
   p.src_blocks = Scattered(p.pool_blocks, p.moved, 1);
   p.dst_blocks = Scattered(p.pool_blocks, p.moved, 2);
   Check(cudaDeviceSynchronize(), "sync");
+  Check(cudaSetDevice(0), "cudaSetDevice(0)");
   return p;
+}
+
+Pools MakePools(Daemon& d, uint64_t block_bytes, uint64_t total, bool dst_host, int dst_device) {
+  const uint32_t moved = static_cast<uint32_t>(total / block_bytes);
+  return MakePoolsWith(d, BlockLayout(2 * moved, block_bytes), moved, dst_host, dst_device);
 }
 
 void Release(Daemon& d, Pools& p) {
@@ -190,23 +209,213 @@ double TimeStream(const std::function<void(cudaStream_t)>& body, int reps) {
   return best / 1e3;
 }
 
+// A Python helper in its own process, stdin and stdout piped (the GEMM load, the NCCL baseline).
+class Child {
+ public:
+  explicit Child(const std::vector<std::string>& args) {
+    int in[2], out[2];
+    if (pipe(in) != 0 || pipe(out) != 0) {
+      std::perror("pipe");
+      std::exit(1);
+    }
+    pid_ = fork();
+    if (pid_ == 0) {
+      dup2(in[0], 0);
+      dup2(out[1], 1);
+      close(in[0]), close(in[1]), close(out[0]), close(out[1]);
+      std::vector<char*> argv;
+      for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+      argv.push_back(nullptr);
+      execvp(argv[0], argv.data());
+      _exit(127);
+    }
+    close(in[0]);
+    close(out[1]);
+    to_ = fdopen(in[1], "w");
+    from_ = fdopen(out[0], "r");
+  }
+  ~Child() {
+    if (to_) fclose(to_);
+    if (from_) fclose(from_);
+    if (pid_ > 0) {
+      kill(pid_, SIGTERM);
+      waitpid(pid_, nullptr, 0);
+    }
+  }
+  // Next line of output without the newline; empty at end of file.
+  std::string Line() {
+    char buf[512];
+    if (std::fgets(buf, sizeof buf, from_) == nullptr) return "";
+    std::string l(buf);
+    while (!l.empty() && (l.back() == '\n' || l.back() == '\r')) l.pop_back();
+    return l;
+  }
+  void Say(const std::string& line) {
+    std::fprintf(to_, "%s\n", line.c_str());
+    std::fflush(to_);
+  }
+
+ private:
+  pid_t pid_ = -1;
+  FILE* to_ = nullptr;
+  FILE* from_ = nullptr;
+};
+
+std::string Python() {
+  const char* p = std::getenv("PYTHON");
+  return p ? p : "python3";
+}
+
+// NCCL pack + send/recv + unpack GB/s per block KiB, from tests/gpu/nccl_baseline.py.
+std::map<uint64_t, double> NcclBaseline(uint64_t total, int reps) {
+  std::map<uint64_t, double> out;
+  Child c({"timeout", "180", Python(), "tests/gpu/nccl_baseline.py", "--total-bytes", std::to_string(total),
+           "--reps", std::to_string(reps)});
+  for (std::string l = c.Line(); !l.empty(); l = c.Line()) {
+    unsigned long kib = 0;
+    double g = 0;
+    if (std::sscanf(l.c_str(), "nccl %lu %lf", &kib, &g) == 2) out[kib] = g;
+  }
+  return out;
+}
+
+// Transfers every destination block's bytes back and checks them against the source's: the
+// benchmark's transfers moved the right blocks (a bench that times a wrong copy is worthless).
+void VerifyBlocks(const Pools& p) {
+  std::vector<uint8_t> a(p.block_bytes), b(p.block_bytes);
+  for (uint32_t i = 0; i < p.moved; i += std::max<uint32_t>(1, p.moved / 512)) {
+    Check(cudaMemcpy(a.data(), p.src->data() + uint64_t{p.src_blocks[i]} * p.block_bytes,
+                     p.block_bytes, cudaMemcpyDefault), "verify src");
+    const uint8_t* d = p.dst ? p.dst->data() : p.host_dst->data();
+    Check(cudaMemcpy(b.data(), d + uint64_t{p.dst_blocks[i]} * p.block_bytes, p.block_bytes,
+                     cudaMemcpyDefault), "verify dst");
+    if (a != b) {
+      std::fprintf(stderr, "block %u arrived wrong\n", i);
+      std::exit(1);
+    }
+  }
+}
+
+// Fills the whole source pool with words that differ everywhere (a misplaced or unwritten block
+// shows) and zeroes the destination.
+void Pattern(const Pools& p) {
+  const uint64_t bytes = uint64_t{p.pool_blocks} * p.block_bytes;
+  std::vector<uint32_t> words((64ull << 20) / 4);
+  for (uint64_t at = 0; at < bytes; at += words.size() * 4) {
+    const uint64_t n = std::min<uint64_t>(words.size() * 4, bytes - at);
+    for (uint64_t w = 0; w < n / 4; ++w) words[w] = static_cast<uint32_t>((at / 4 + w + 1) * 2654435761u);
+    Check(cudaMemcpy(p.src->data() + at, words.data(), n, cudaMemcpyHostToDevice), "pattern");
+  }
+  if (p.dst && !p.dst->Fill(0).ok()) std::exit(1);
+  Check(cudaDeviceSynchronize(), "sync");
+  Check(cudaSetDevice(0), "cudaSetDevice(0)");
+}
+
+int Interference(int dst_device, bool quick) {
+  const double seconds = quick ? 2.0 : 4.0;
+  const auto gemm = [&](Daemon* d, const Pools* p, double* transfer_gbps) {
+    Child g({Python(), "tests/gpu/gemm_load.py", "--device", "0", "--seconds",
+             std::to_string(seconds)});
+    if (g.Line() != "ready") {
+      std::fprintf(stderr, "gemm_load.py did not start\n");
+      std::exit(1);
+    }
+    g.Say("go");
+    if (d != nullptr) {
+      uint64_t bytes = 0;
+      const auto t0 = Clock::now();
+      double sec = 0;
+      while (sec < seconds) {
+        Through(*d, *p, p->moved, nullptr, nullptr);
+        bytes += uint64_t{p->moved} * p->block_bytes;
+        sec = std::chrono::duration<double>(Clock::now() - t0).count();
+      }
+      *transfer_gbps = Gbps(bytes, sec);
+    }
+    double tflops = 0;
+    for (std::string l = g.Line(); !l.empty(); l = g.Line()) {
+      std::sscanf(l.c_str(), "tflops %lf", &tflops);
+    }
+    return tflops;
+  };
+  std::printf("## Interference: 8192^3 bf16 GEMM loop in another process on GPU0, transfers "
+              "GPU0 -> GPU%d (16 KiB blocks, 256 MiB per transfer, back to back), %.0f s each\n",
+              dst_device, seconds);
+  const double alone = gemm(nullptr, nullptr, nullptr);
+  std::printf("GEMM alone: %.1f TFLOP/s\n\n", alone);
+  std::printf("| daemon setting | transfer GB/s beside GEMM | GEMM TFLOP/s | GEMM kept | engine |\n"
+              "|---|---|---|---|---|\n");
+  std::vector<std::pair<std::string, std::vector<std::string>>> settings = {
+      {"copy engines only (budget 0)", {"--cuda-max-ctas", "0"}}};
+  for (int c : {2, 4, 8, 16, 32}) {
+    settings.push_back({absl::StrCat(c, " CTAs fixed"),
+                        {"--cuda-max-ctas", "132", "--cuda-fixed-ctas", std::to_string(c)}});
+  }
+  settings.push_back({"adaptive, budget 16", {"--cuda-max-ctas", "16"}});
+  settings.push_back({"adaptive, budget 132", {"--cuda-max-ctas", "132"}});
+  for (const auto& [label, args] : settings) {
+    Daemon d(args);
+    Pools p = MakePools(d, 16 << 10, 256ull << 20, false, dst_device);
+    for (int i = 0; i < 12; ++i) Through(d, p, p.moved, nullptr, nullptr);
+    std::string engine;
+    Through(d, p, p.moved, &engine, nullptr);
+    double g = 0;
+    const double tf = gemm(&d, &p, &g);
+    std::printf("| %s | %.1f | %.1f | %.1f%% | %s |\n", label.c_str(), g, tf, 100 * tf / alone,
+                engine.c_str());
+    std::fflush(stdout);
+    Release(d, p);
+  }
+  return 0;
+}
+
 int Main(int argc, char** argv) {
-  const bool quick = argc > 1 && std::string(argv[1]) == "--quick";
+  bool quick = false, same_gpu = false, interference = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--quick") quick = true;
+    else if (a == "--same-gpu") same_gpu = true;
+    else if (a == "--interference") interference = true;
+    else {
+      std::fprintf(stderr, "unknown flag %s\n", a.c_str());
+      return 2;
+    }
+  }
   const uint64_t total = quick ? (256ull << 20) : (1ull << 30);
   const int reps = quick ? 2 : 5;
+  const int devices = client::CudaDeviceCount();
+  const int dst_device = devices >= 2 && !same_gpu ? 1 : 0;
   cudaDeviceProp prop{};
   Check(cudaGetDeviceProperties(&prop, 0), "props");
-  std::printf("device: %s, %d SMs; %.0f MiB of scattered blocks per transfer\n", prop.name,
-              prop.multiProcessorCount, total / 1048576.0);
+  Check(cudaSetDevice(0), "cudaSetDevice(0)");
+  if (dst_device != 0) {
+    int can = 0;
+    Check(cudaDeviceCanAccessPeer(&can, 0, dst_device), "cudaDeviceCanAccessPeer");
+    if (can) Check(cudaDeviceEnablePeerAccess(dst_device, 0), "cudaDeviceEnablePeerAccess");
+  }
+  const std::string where = dst_device == 0 ? "same GPU (GPU0 -> GPU0)" : "GPU0 -> GPU1";
+  std::printf("device: %d x %s, %d SMs; %s; %.0f MiB of scattered blocks per transfer\n", devices,
+              prop.name, prop.multiProcessorCount, where.c_str(), total / 1048576.0);
+  if (interference) return Interference(dst_device, quick);
 
-  std::printf("\n## 1. same GPU, GB/s (best of %d)\n", reps);
-  std::printf("| block | kvraild e2e | engine | per-block cudaMemcpyAsync | cudaMemcpyBatchAsync | contiguous ceiling |\n|---|---|---|---|---|---|\n");
+  std::map<uint64_t, double> nccl;
+  if (dst_device != 0) {
+    nccl = NcclBaseline(total, quick ? 2 : 3);
+    if (nccl.empty()) std::printf("(NCCL baseline: tests/gpu/nccl_baseline.py gave no result)\n");
+  }
+  std::printf("\n## 1. %s, GB/s (best of %d); target >= 350 and >= 88%% of the ceiling, >= 1.8x NCCL\n",
+              where.c_str(), reps);
+  std::printf("| block | kvraild e2e | engine (path) | per-block cudaMemcpyAsync | "
+              "cudaMemcpyBatchAsync | NCCL pack+send/recv+unpack | contiguous ceiling | e2e / "
+              "ceiling | e2e / NCCL |\n|---|---|---|---|---|---|---|---|---|\n");
   {
     Daemon d({"--cuda-max-ctas", "132"});
     for (uint64_t kib : {4, 16, 32, 128}) {
-      Pools p = MakePools(d, kib << 10, total, false);
+      Pools p = MakePools(d, kib << 10, total, false, dst_device);
+      Pattern(p);
       std::string engine, path;
       const double e2e = BestThrough(d, p, reps, &engine, &path);
+      VerifyBlocks(p);
       std::vector<void*> dsts(p.moved);
       std::vector<const void*> srcs(p.moved);
       std::vector<size_t> sizes(p.moved, p.block_bytes);
@@ -217,29 +426,55 @@ int Main(int argc, char** argv) {
       const uint64_t bytes = uint64_t{p.moved} * p.block_bytes;
       const double per_block = TimeStream([&](cudaStream_t s) {
         for (uint32_t i = 0; i < p.moved; ++i) {
-          cudaMemcpyAsync(dsts[i], srcs[i], p.block_bytes, cudaMemcpyDeviceToDevice, s);
+          cudaMemcpyAsync(dsts[i], srcs[i], p.block_bytes, cudaMemcpyDefault, s);
         }
       }, quick ? 1 : 2);
+      cudaError_t batch_error = cudaSuccess;
       const double batch = TimeStream([&](cudaStream_t s) {
         cudaMemcpyAttributes attrs{};
         attrs.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
         size_t idx = 0;
-        Check(cudaMemcpyBatchAsync(dsts.data(), srcs.data(), sizes.data(), p.moved, &attrs, &idx,
-                                   1, s), "batch");
+        const cudaError_t e = cudaMemcpyBatchAsync(dsts.data(), srcs.data(), sizes.data(),
+                                                   p.moved, &attrs, &idx, 1, s);
+        if (e != cudaSuccess) batch_error = e, cudaGetLastError();
       }, reps);
+      if (batch_error != cudaSuccess) {
+        std::printf("(cudaMemcpyBatchAsync failed: %s)\n", cudaGetErrorString(batch_error));
+      }
       const double contiguous = TimeStream([&](cudaStream_t s) {
-        cudaMemcpyAsync(p.dst->data(), p.src->data(), bytes, cudaMemcpyDeviceToDevice, s);
+        cudaMemcpyPeerAsync(p.dst->data(), dst_device, p.src->data(), 0, bytes, s);
       }, reps);
-      std::printf("| %lu KiB | %.1f | %s (%s) | %.1f | %.1f | %.1f |\n", kib, e2e, engine.c_str(),
-                  path.c_str(), Gbps(bytes, per_block), Gbps(bytes, batch),
-                  Gbps(bytes, contiguous));
+      const auto n = nccl.find(kib);
+      const std::string nccl_cell = n == nccl.end() ? "n/a" : absl::StrFormat("%.1f", n->second);
+      const std::string nccl_ratio =
+          n == nccl.end() ? "n/a" : absl::StrFormat("%.2fx", e2e / n->second);
+      std::printf("| %lu KiB | %.1f | %s (%s) | %.1f | %.1f | %s | %.1f | %.0f%% | %s |\n", kib,
+                  e2e, engine.c_str(), path.c_str(), Gbps(bytes, per_block), Gbps(bytes, batch),
+                  nccl_cell.c_str(), Gbps(bytes, contiguous), 100 * e2e / Gbps(bytes, contiguous),
+                  nccl_ratio.c_str());
       std::fflush(stdout);
       Release(d, p);
     }
     std::printf("engines after table 1: %s\n", d.Engines().c_str());
 
-    std::printf("\n## 2. 16 MiB transfer (16 KiB blocks), submit -> completion seen by the client\n");
-    Pools p = MakePools(d, 16 << 10, 64ull << 20, false);
+    std::printf("\n## 1b. Llama-3-70B TP8-like layout (80 layers, K+V, 1 KV head, head_dim 128, bf16,"
+                " 16-token blocks: 4 KiB runs), %s; target >= 300 GB/s\n", where.c_str());
+    {
+      const uint32_t moved = static_cast<uint32_t>(total / (80 * 2 * 4096));
+      const v1::PagedKvLayout l70 = testing::MakeLayout(80, 2, 2 * moved, 16, 1, 128,
+                                                         v1::DTYPE_BF16,
+                                                         v1::LAYOUT_ORDER_LAYER_PART_BLOCK_NHD);
+      Pools p = MakePoolsWith(d, l70, moved, false, dst_device);
+      std::string engine, path;
+      const double g = BestThrough(d, p, reps, &engine, &path);
+      std::printf("%u blocks x 80 layers x 2 = %.0f MiB: %.1f GB/s, %s (%s)\n", moved,
+                  moved * 640.0 / 1024, g, engine.c_str(), path.c_str());
+      Release(d, p);
+    }
+
+    std::printf("\n## 2. 16 MiB transfer (16 KiB blocks), %s, submit -> completion seen by the client\n",
+                where.c_str());
+    Pools p = MakePools(d, 16 << 10, 64ull << 20, false, dst_device);
     std::vector<double> lat;
     for (int i = 0; i < 60; ++i) lat.push_back(Through(d, p, 1024, nullptr, nullptr));
     lat.erase(lat.begin(), lat.begin() + 10);
@@ -251,7 +486,8 @@ int Main(int argc, char** argv) {
     Release(d, p);
   }
 
-  std::printf("\n## 3. SM budget sweep, same GPU, 16 KiB and 4 KiB blocks, GB/s through kvraild\n");
+  std::printf("\n## 3. SM budget sweep, %s, 4 KiB and 16 KiB blocks, GB/s through kvraild; target "
+              ">= 320 with at most 16 CTAs\n", where.c_str());
   std::printf("| daemon setting | 4 KiB | 16 KiB | engine |\n|---|---|---|---|\n");
   std::vector<std::pair<std::string, std::vector<std::string>>> settings = {
       {"copy engines only (budget 0)", {"--cuda-max-ctas", "0"}}};
@@ -259,7 +495,7 @@ int Main(int argc, char** argv) {
     settings.push_back({absl::StrCat(c, " CTAs fixed"),
                         {"--cuda-max-ctas", "132", "--cuda-fixed-ctas", std::to_string(c)}});
   }
-  settings.push_back({"adaptive, budget 32", {"--cuda-max-ctas", "32"}});
+  settings.push_back({"adaptive, budget 16", {"--cuda-max-ctas", "16"}});
   settings.push_back({"adaptive, budget 132", {"--cuda-max-ctas", "132"}});
   for (const auto& [label, args] : settings) {
     Daemon d(args);
@@ -267,7 +503,7 @@ int Main(int argc, char** argv) {
     std::string engine;
     int k = 0;
     for (uint64_t kib : {4, 16}) {
-      Pools p = MakePools(d, kib << 10, total / 2, false);
+      Pools p = MakePools(d, kib << 10, total / 2, false, dst_device);
       // Adaptive daemons need a few batches to probe: run more before measuring.
       if (label.rfind("adaptive", 0) == 0) {
         for (int i = 0; i < 12; ++i) Through(d, p, p.moved, nullptr, nullptr);
@@ -283,7 +519,7 @@ int Main(int argc, char** argv) {
   std::printf("\n## 4. GPU0 -> pinned host memory through kvraild (32 KiB blocks)\n");
   {
     Daemon d({"--cuda-max-ctas", "32"});
-    Pools p = MakePools(d, 32 << 10, total / 2, true);
+    Pools p = MakePools(d, 32 << 10, total / 2, true, 0);
     std::string engine, path;
     const double g = BestThrough(d, p, reps, &engine, &path);
     std::printf("%.1f GB/s, %s, %s\n", g, engine.c_str(), path.c_str());

@@ -43,7 +43,17 @@ bool HaveGpu() {
   return false;
 }
 
-enum class Kind { kGpu, kHost };
+// kGpu is GPU0; kGpu1 is the second GPU (peer cases, only where two exist).
+enum class Kind { kGpu, kGpu1, kHost };
+
+const char* KindName(Kind k) {
+  switch (k) {
+    case Kind::kGpu: return "gpu0";
+    case Kind::kGpu1: return "gpu1";
+    case Kind::kHost: return "host";
+  }
+  return "?";
+}
 
 // One side of a case: GPU memory or a host buffer, registered with the daemon.
 struct Side {
@@ -72,7 +82,7 @@ Side MakeSide(client::Client& c, Kind kind, const v1::PagedKvLayout* layout, uin
               bool writable, const std::vector<uint8_t>& content) {
   Side side;
   v1::RegionSpec spec;
-  spec.set_name(kind == Kind::kGpu ? "gpu" : "host");
+  spec.set_name(KindName(kind));
   spec.set_writable(writable);
   if (layout != nullptr) {
     *spec.mutable_paged_kv() = *layout;
@@ -80,8 +90,8 @@ Side MakeSide(client::Client& c, Kind kind, const v1::PagedKvLayout* layout, uin
     spec.mutable_bytes();
   }
   absl::StatusOr<v1::RegionInfo> info;
-  if (kind == Kind::kGpu) {
-    auto buffer = CudaBuffer::Create(0, bytes);
+  if (kind != Kind::kHost) {
+    auto buffer = CudaBuffer::Create(kind == Kind::kGpu1 ? 1 : 0, bytes);
     REQUIRE(buffer.ok());
     side.gpu = *std::move(buffer);
     side.Write(content);
@@ -127,7 +137,9 @@ void RunCase(client::Client& cl, const planner::testing::RandomCase& c, Kind src
   REQUIRE(status.ok());
   INFO(status->DebugString());
   REQUIRE(status->state() == v1::TRANSFER_STATE_SUCCEEDED);
-  CHECK(status->path() == v1::PATH_CUDA_LOCAL);
+  // Two GPUs of one node here are joined by NVLink (NV18 on the lent machine).
+  const bool peer = src_kind != Kind::kHost && dst_kind != Kind::kHost && src_kind != dst_kind;
+  CHECK(status->path() == (peer ? v1::PATH_NVLINK_P2P : v1::PATH_CUDA_LOCAL));
   if (!want_engine.empty() && plan->bytes_total() > 0) CHECK(status->engine() == want_engine);
   const std::vector<uint8_t> got = d.Read(c.dst.size_bytes);
   size_t first = 0;
@@ -139,20 +151,20 @@ void RunCase(client::Client& cl, const planner::testing::RandomCase& c, Kind src
 }
 
 void RunRandomCases(const std::vector<std::string>& daemon_args, const std::string& want_engine,
-                    int cases) {
+                    int cases, bool peer = false) {
   testing::TempDir dir;
   testing::DaemonProcess daemon;
   REQUIRE(daemon.Start(dir.path(), daemon_args));
   auto cl = client::Client::Connect(daemon.socket());
   REQUIRE(cl.ok());
   std::mt19937_64 rng(1234);
-  const Kind kinds[3][2] = {{Kind::kGpu, Kind::kGpu}, {Kind::kGpu, Kind::kHost}, {Kind::kHost, Kind::kGpu}};
+  const Kind local[3][2] = {{Kind::kGpu, Kind::kGpu}, {Kind::kGpu, Kind::kHost}, {Kind::kHost, Kind::kGpu}};
+  const Kind peers[3][2] = {{Kind::kGpu, Kind::kGpu1}, {Kind::kGpu1, Kind::kGpu}, {Kind::kGpu1, Kind::kHost}};
   for (int i = 0; i < cases; ++i) {
     const auto c = (i % 5 == 4) ? planner::testing::RandomBytesCase(rng)
                                 : planner::testing::RandomPagedCase(rng);
-    const Kind* k = kinds[i % 3];
-    INFO("case " << i << " src " << (k[0] == Kind::kGpu ? "gpu" : "host") << " dst "
-                 << (k[1] == Kind::kGpu ? "gpu" : "host"));
+    const Kind* k = peer ? peers[i % 3] : local[i % 3];
+    INFO("case " << i << " src " << KindName(k[0]) << " dst " << KindName(k[1]));
     RunCase(**cl, c, k[0], k[1], rng, want_engine);
   }
   auto stats = (*cl)->GetStats();
@@ -174,6 +186,22 @@ TEST_CASE("CUDA engine, copy engines only (SM budget 0) vs host twin") {
 TEST_CASE("CUDA engine, 4 fixed CTAs and small tiles vs host twin") {
   if (!HaveGpu()) return;
   RunRandomCases({"--cuda-fixed-ctas", "4", "--tile-bytes", "4096"}, "cuda-kernel", 45);
+}
+
+bool HaveTwoGpus() {
+  if (client::CudaDeviceCount() >= 2) return true;
+  WARN("fewer than two CUDA devices: peer cases skipped");
+  return false;
+}
+
+TEST_CASE("two GPUs, kernel: random layouts GPU0->GPU1, GPU1->GPU0, GPU1->host vs host twin") {
+  if (!HaveTwoGpus()) return;
+  RunRandomCases({}, "cuda-kernel", 60, /*peer=*/true);
+}
+
+TEST_CASE("two GPUs, copy engines only vs host twin") {
+  if (!HaveTwoGpus()) return;
+  RunRandomCases({"--cuda-max-ctas", "0"}, "cuda-copy-engine", 30, /*peer=*/true);
 }
 
 std::string Slurp(const std::string& path) {
