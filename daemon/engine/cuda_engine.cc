@@ -166,8 +166,8 @@ class DeviceWorker {
   absl::Status SetUp(JobState& s) {
     const Job& job = *s.job;
     const MemoryRef src = job.src(), dst = job.dst();
-    ASSIGN_OR_RETURN(s.src, job.DeviceAddress(Job::Side::kSrc));
-    ASSIGN_OR_RETURN(s.dst, job.DeviceAddress(Job::Side::kDst));
+    ASSIGN_OR_RETURN(s.src, job.DeviceAddress(Job::Side::kSrc, device_));
+    ASSIGN_OR_RETURN(s.dst, job.DeviceAddress(Job::Side::kDst, device_));
     bool peer_unreachable = false;
     if (src.cuda && dst.cuda && src.device != dst.device) {
       const int other = src.device == device_ ? dst.device : src.device;

@@ -39,9 +39,10 @@ class Job {
   // Placement of each side; the defaults describe host memory at src_base() / dst_base().
   virtual MemoryRef src() const { return MemoryRef{false, -1, const_cast<uint8_t*>(src_base())}; }
   virtual MemoryRef dst() const { return MemoryRef{false, -1, dst_base()}; }
-  // The address CUDA code uses for a side (host memory pinned and mapped on first use). Called by
-  // the CUDA engine only.
-  virtual absl::StatusOr<uint8_t*> DeviceAddress(Side side) const {
+  // The address CUDA code running on GPU `accessor` uses for a side (host memory pinned and
+  // mapped on first use; a peer GPU's memory mapped into the accessor's context). Called by the
+  // CUDA engine only.
+  virtual absl::StatusOr<uint8_t*> DeviceAddress(Side side, int accessor) const {
     return absl::UnimplementedError("this job has no device addresses");
   }
   // The engine says how it moved (some of) the job's tiles: "cuda-kernel", "cuda-copy-engine".

@@ -48,8 +48,7 @@ class LeasedRegion final : public regions::Region {
   uint64_t id() const override { return lease_.region_id(); }
   uint64_t session_id() const override { return 0; }
   uint8_t* data() const override { return nullptr; }
-  // (regions::Region::DeviceAddress where that exists: a leased region has no local address.)
-  absl::StatusOr<uint8_t*> DeviceAddress() const {
+  absl::StatusOr<uint8_t*> DeviceAddress(int /*accessor*/) const override {
     return absl::FailedPreconditionError("a leased remote region has no local address");
   }
   const v1::RegionSpec& spec() const override { return spec_; }

@@ -48,8 +48,13 @@ Cache& TheCache() {
   return *cache;
 }
 
-absl::StatusOr<std::shared_ptr<CudaMapping>> Open(int device, const std::string& handle_bytes) {
-  RETURN_IF_ERROR(cuda::SetDevice(device));
+// Opens the handle in `accessor`'s context; the memory must live on GPU `holder`. A peer GPU's
+// kernels and copies reach the memory only through a mapping opened in their own context
+// (cudaIpcMemLazyEnablePeerAccess), not through the holder's mapping: peer access enabled later
+// does not extend to IPC imports of the holder's context (seen on 2xH200 as illegal addresses).
+absl::StatusOr<std::shared_ptr<CudaMapping>> Open(int accessor, int holder,
+                                                  const std::string& handle_bytes) {
+  RETURN_IF_ERROR(cuda::SetDevice(accessor));
   cudaIpcMemHandle_t handle;
   std::memcpy(&handle, handle_bytes.data(), sizeof(handle));
   void* ptr = nullptr;
@@ -57,23 +62,46 @@ absl::StatusOr<std::shared_ptr<CudaMapping>> Open(int device, const std::string&
   if (e != cudaSuccess) {
     return cuda::CudaStatus(
         e,
-        absl::StrCat("spec.share.cuda_ipc_handle: cudaIpcOpenMemHandle on GPU", device,
+        absl::StrCat("spec.share.cuda_ipc_handle: cudaIpcOpenMemHandle on GPU", accessor,
                      " failed (the exporting process must be alive and the handle come from "
                      "cudaIpcGetMemHandle on a cudaMalloc allocation)"),
         absl::StatusCode::kInvalidArgument);
   }
   auto mapping_or_error = [&]() -> absl::StatusOr<std::shared_ptr<CudaMapping>> {
-    ASSIGN_OR_RETURN(int holder, cuda::PointerDevice(ptr));
+    ASSIGN_OR_RETURN(int where, cuda::PointerDevice(ptr));
     ASSIGN_OR_RETURN(cuda::AllocationRange range, cuda::GetAllocationRange(ptr));
-    if (holder != device) {
+    if (where != holder) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "spec.device: the handle's memory is on GPU", holder, ", not GPU", device));
+          "spec.device: the handle's memory is on GPU", where, ", not GPU", holder));
     }
     return std::shared_ptr<CudaMapping>(
-        std::make_shared<CudaMappingImpl>(device, static_cast<uint8_t*>(ptr), range.bytes));
+        std::make_shared<CudaMappingImpl>(accessor, static_cast<uint8_t*>(ptr), range.bytes));
   }();
   if (!mapping_or_error.ok()) cudaIpcCloseMemHandle(ptr);
   return mapping_or_error;
+}
+
+// The cached mapping of `handle` in `accessor`'s context, opened on first use.
+absl::StatusOr<std::shared_ptr<CudaMapping>> Cached(int accessor, int holder,
+                                                    const std::string& handle) {
+  Cache& cache = TheCache();
+  absl::MutexLock lock(&cache.mu);
+  std::shared_ptr<CudaMapping> mapping;
+  auto key = std::make_pair(accessor, handle);
+  auto it = cache.open.find(key);
+  if (it != cache.open.end()) mapping = it->second.lock();
+  if (mapping == nullptr) {
+    ASSIGN_OR_RETURN(mapping, Open(accessor, holder, handle));
+    cache.open[key] = mapping;
+  }
+  for (auto e = cache.open.begin(); e != cache.open.end();) {  // forget closed mappings
+    if (e->second.expired()) {
+      e = cache.open.erase(e);
+    } else {
+      ++e;
+    }
+  }
+  return mapping;
 }
 
 }  // namespace
@@ -100,25 +128,8 @@ absl::StatusOr<std::shared_ptr<CudaMapping>> ImportCudaIpc(const v1::RegionSpec&
                                                    " does not exist (this daemon sees ", *count,
                                                    " GPUs)"));
   }
-  Cache& cache = TheCache();
-  std::shared_ptr<CudaMapping> mapping;
-  {
-    absl::MutexLock lock(&cache.mu);
-    auto key = std::make_pair(spec.device(), handle);
-    auto it = cache.open.find(key);
-    if (it != cache.open.end()) mapping = it->second.lock();
-    if (mapping == nullptr) {
-      ASSIGN_OR_RETURN(mapping, Open(spec.device(), handle));
-      cache.open[key] = mapping;
-    }
-    for (auto e = cache.open.begin(); e != cache.open.end();) {  // forget closed mappings
-      if (e->second.expired()) {
-        e = cache.open.erase(e);
-      } else {
-        ++e;
-      }
-    }
-  }
+  ASSIGN_OR_RETURN(std::shared_ptr<CudaMapping> mapping,
+                   Cached(spec.device(), spec.device(), handle));
   const uint64_t offset = spec.share().offset();
   if (offset > mapping->allocation_bytes() ||
       spec.size_bytes() > mapping->allocation_bytes() - offset) {
@@ -127,6 +138,16 @@ absl::StatusOr<std::shared_ptr<CudaMapping>> ImportCudaIpc(const v1::RegionSpec&
         ") does not fit the CUDA allocation of ", mapping->allocation_bytes(), " bytes"));
   }
   return mapping;
+}
+
+absl::StatusOr<std::shared_ptr<CudaMapping>> ImportCudaIpcOn(const v1::RegionSpec& spec,
+                                                             int accessor) {
+  if (accessor == spec.device()) return ImportCudaIpc(spec);
+  ASSIGN_OR_RETURN(int count, cuda::DeviceCount());
+  if (accessor < 0 || accessor >= count) {
+    return absl::InvalidArgumentError(absl::StrCat("GPU", accessor, " does not exist"));
+  }
+  return Cached(accessor, spec.device(), spec.share().cuda_ipc_handle());
 }
 
 }  // namespace kvrail::regions

@@ -14,8 +14,9 @@ namespace kvrail::regions {
 class CudaMapping {
  public:
   virtual ~CudaMapping() = default;
+  // The GPU whose context holds the mapping (the accessor; the memory may live on a peer).
   virtual int device() const = 0;
-  // Device address of the allocation's first byte in the daemon's context, and its size.
+  // Device address of the allocation's first byte in that context, and its size.
   virtual uint8_t* base() const = 0;
   virtual uint64_t allocation_bytes() const = 0;
 };
@@ -28,5 +29,11 @@ class CudaMapping {
 // (INVALID_ARGUMENT spec.device) and that [share.offset, + size_bytes) fits the allocation
 // (INVALID_ARGUMENT spec.size_bytes). Thread-safe.
 absl::StatusOr<std::shared_ptr<CudaMapping>> ImportCudaIpc(const v1::RegionSpec& spec);
+
+// The same allocation (already imported with ImportCudaIpc) mapped into GPU `accessor`'s context,
+// for kernels and copies that GPU runs against a peer's memory over NVLink/PCIe. Cached like
+// ImportCudaIpc; the caller keeps the result as long as it uses the address. Thread-safe.
+absl::StatusOr<std::shared_ptr<CudaMapping>> ImportCudaIpcOn(const v1::RegionSpec& spec,
+                                                             int accessor);
 
 }  // namespace kvrail::regions

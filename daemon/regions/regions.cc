@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <map>
 #include <optional>
 #include <random>
 
@@ -59,8 +60,24 @@ class RegionImpl final : public Region {
   uint64_t id() const override { return id_; }
   uint64_t session_id() const override { return session_id_; }
   uint8_t* data() const override { return data_; }
-  absl::StatusOr<uint8_t*> DeviceAddress() const override {
-    if (host_mapping_ == nullptr) return data_;
+  absl::StatusOr<uint8_t*> DeviceAddress(int accessor) const override {
+    if (host_mapping_ == nullptr) {
+      if (accessor == spec_.device()) return data_;
+      absl::MutexLock lock(&pin_mu_);
+      std::shared_ptr<CudaMapping>& view = peer_views_[accessor];
+      if (view == nullptr) {
+        absl::StatusOr<std::shared_ptr<CudaMapping>> opened = ImportCudaIpcOn(spec_, accessor);
+        if (!opened.ok()) {
+          peer_views_.erase(accessor);
+          return absl::Status(opened.status().code(),
+                              absl::StrCat("region ", id_, ": mapping GPU", spec_.device(),
+                                           " memory into GPU", accessor, ": ",
+                                           opened.status().message()));
+        }
+        view = *std::move(opened);
+      }
+      return view->base() + spec_.share().offset();
+    }
     absl::MutexLock lock(&pin_mu_);
     if (!pin_.has_value()) {
       absl::StatusOr<cuda::HostRegistration> pin = cuda::HostRegistration::Register(
@@ -101,6 +118,8 @@ class RegionImpl final : public Region {
   // Declared after backing_: unpinned before the memory is unmapped.
   mutable absl::Mutex pin_mu_;
   mutable std::optional<cuda::HostRegistration> pin_ ABSL_GUARDED_BY(pin_mu_);
+  // CUDA regions: the allocation mapped into peer GPUs' contexts, by GPU.
+  mutable std::map<int, std::shared_ptr<CudaMapping>> peer_views_ ABSL_GUARDED_BY(pin_mu_);
 };
 
 std::string ErrnoText(int err) { return std::string(std::strerror(err)); }

@@ -27,10 +27,12 @@ class Region {
   // device address (in spec().device's context, valid on every GPU through UVA) for
   // MEMORY_KIND_CUDA.
   virtual uint8_t* data() const = 0;
-  // The address CUDA kernels and copies use: data() for CUDA regions; for host regions the
-  // mapping is pinned and mapped into every GPU (cudaHostRegister) on the first call and stays so
-  // until the region is released. FAILED_PRECONDITION without a CUDA device. Thread-safe.
-  virtual absl::StatusOr<uint8_t*> DeviceAddress() const = 0;
+  // The address CUDA kernels and copies running on GPU `accessor` use: for CUDA regions data()
+  // on the region's own GPU, and on a peer GPU the allocation mapped into that GPU's context
+  // (opened on first use, kept until the region is released); for host regions the mapping is
+  // pinned and mapped into every GPU (cudaHostRegister) on the first call and stays so until the
+  // region is released. FAILED_PRECONDITION without a CUDA device. Thread-safe.
+  virtual absl::StatusOr<uint8_t*> DeviceAddress(int accessor) const = 0;
   virtual const v1::RegionSpec& spec() const = 0;
   // The geometry the planner checks transfers against.
   virtual const planner::RegionView& view() const = 0;

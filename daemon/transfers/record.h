@@ -63,8 +63,8 @@ class Record final : public engine::Job {
   uint8_t* dst_base() const override { return dst_->data(); }
   engine::MemoryRef src() const override { return Ref(*src_); }
   engine::MemoryRef dst() const override { return Ref(*dst_); }
-  absl::StatusOr<uint8_t*> DeviceAddress(Side side) const override {
-    return (side == Side::kSrc ? src_ : dst_)->DeviceAddress();
+  absl::StatusOr<uint8_t*> DeviceAddress(Side side, int accessor) const override {
+    return (side == Side::kSrc ? src_ : dst_)->DeviceAddress(accessor);
   }
   void OnEngineUsed(absl::string_view engine) override;
   engine::PriorityClass priority() const override { return priority_; }
