@@ -11,14 +11,21 @@ ln -s "$PWD/.devpack/bin/kvraild" "$rf/kvrail/daemon/kvraild"
 [ -e .devpack/bin/kv_demo ] && ln -s "$PWD/.devpack/bin/kv_demo" "$rf/kvrail/client/kv_demo"
 export TEST_SRCDIR=$rf TEST_WORKSPACE=kvrail
 
+# Daemons a failed benchmark left behind (started through the runfiles symlink) and helpers.
+kill_leftovers() {
+  pkill -TERM -f 'kvrail/daemon/kvraild|devpack/bin/kvraild'; sleep 1
+  pkill -KILL -f 'kvrail/daemon/kvraild|devpack/bin/kvraild|gemm_load.py|nccl_baseline.py'
+  return 0
+}
 start_mps() {
+  kill_leftovers
   command -v nvidia-cuda-mps-control >/dev/null || return 1
   export CUDA_MPS_PIPE_DIRECTORY=$(mktemp -d /tmp/mps-pipe.XXXXXX)
   export CUDA_MPS_LOG_DIRECTORY=$(mktemp -d /tmp/mps-log.XXXXXX)
   nvidia-cuda-mps-control -d
 }
 stop_mps() {
-  pkill -TERM -f "$PWD/.devpack/bin/kvraild"; sleep 1; pkill -KILL -f "$PWD/.devpack/bin/kvraild"
-  pkill -KILL -f gemm_load.py
+  kill_leftovers
+
   timeout 30 sh -c 'echo quit | nvidia-cuda-mps-control' || echo "MPS quit timed out"
 }

@@ -34,7 +34,7 @@ if [[ $parts == *bench* ]]; then
   timeout ${BENCH_TIMEOUT:-300} .devpack/bin/cuda_engine_bench ${BENCH_ARGS:-} > "$out/bench.txt" 2>&1
   echo "exit $?" >> "$out/bench.txt"
   cat "$out/bench.txt"
-  pkill -TERM -f "$PWD/.devpack/bin/kvraild"
+  kill_leftovers
 fi
 
 if [[ $parts == *interference* ]]; then

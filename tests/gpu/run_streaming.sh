@@ -10,7 +10,7 @@ if [[ ${NO_MPS:-0} == 1 ]]; then
   echo "== without MPS (kvraild and the bench time-slice the GPU)"
   timeout 200 .devpack/bin/streaming_bench 2>&1 | tee "$out/streaming.txt"
   echo "exit ${PIPESTATUS[0]}"
-  pkill -TERM -f "$PWD/.devpack/bin/kvraild"
+  kill_leftovers
 fi
 if start_mps; then
   echo "== with MPS (as deployed: kvraild beside the inference server)"
