@@ -118,6 +118,13 @@ class Client::Impl {
   absl::Mutex session_mu_;
   std::unique_ptr<internal::SessionConnection> session_ ABSL_GUARDED_BY(session_mu_);
 
+  // Large block tables go to the daemon through this host region instead of the gRPC message
+  // (TransferEndpoint.block_table). Held for the whole Submit that fills it: the daemon has
+  // copied the ids when SubmitTransfer returns.
+  absl::Mutex table_mu_;
+  std::unique_ptr<HostBuffer> table_buffer_ ABSL_GUARDED_BY(table_mu_);
+  uint64_t table_region_ ABSL_GUARDED_BY(table_mu_) = 0;
+
   absl::StatusOr<internal::SessionConnection*> Session() {
     absl::MutexLock lock(&session_mu_);
     if (session_ == nullptr) {
@@ -264,16 +271,91 @@ void CompactBlockTable(v1::TransferEndpoint* ep) {
 
 }  // namespace
 
-absl::StatusOr<v1::SubmitTransferResponse> Client::Submit(const v1::TransferSpec& spec) {
-  v1::SubmitTransferRequest request;
-  *request.mutable_spec() = spec;
-  CompactBlockTable(request.mutable_spec()->mutable_src());
-  CompactBlockTable(request.mutable_spec()->mutable_dst());
+// Tables of this many ids or more (either side) go through shared memory on unix sockets.
+constexpr size_t kSharedBlockTableFrom = 8192;
+
+size_t TableIds(const v1::TransferEndpoint& ep) {
+  return ep.block_ids_size() > 0 ? static_cast<size_t>(ep.block_ids_size())
+                                 : ep.block_ids_le32().size() / 4;
+}
+
+// Writes ep's ids (either encoding) at `at` as little-endian uint32s and points ep at them.
+void MoveTableTo(v1::TransferEndpoint* ep, uint8_t* base, uint64_t offset, uint64_t region) {
+  const size_t n = TableIds(*ep);
+  if (ep->block_ids_size() > 0) {
+    std::memcpy(base + offset, ep->block_ids().data(), 4 * n);  // little-endian hosts
+  } else {
+    std::memcpy(base + offset, ep->block_ids_le32().data(), 4 * n);
+  }
+  ep->clear_block_ids();
+  ep->clear_block_ids_le32();
+  v1::BlockTableRef* ref = ep->mutable_block_table();
+  ref->set_region_id(region);
+  ref->set_offset_bytes(offset);
+  ref->set_count(static_cast<uint32_t>(n));
+}
+
+absl::StatusOr<v1::SubmitTransferResponse> Client::SubmitRequest(
+    const v1::SubmitTransferRequest& request) {
   v1::SubmitTransferResponse response;
   grpc::ClientContext context;
   SetDeadline(&context, kUnaryDeadline);
   RETURN_IF_ERROR(FromGrpcStatus(impl_->transfer_->SubmitTransfer(&context, request, &response)));
   return response;
+}
+
+absl::StatusOr<v1::SubmitTransferResponse> Client::Submit(const v1::TransferSpec& spec) {
+  v1::SubmitTransferRequest request;
+  *request.mutable_spec() = spec;
+  v1::TransferSpec& s = *request.mutable_spec();
+  const size_t src_ids = TableIds(s.src()), dst_ids = TableIds(s.dst());
+  const bool in_memory = !s.src().has_block_table() && !s.dst().has_block_table() &&
+                         (s.src().block_ids_size() == 0 || s.src().block_ids_le32().empty()) &&
+                         (s.dst().block_ids_size() == 0 || s.dst().block_ids_le32().empty());
+  if (!impl_->unix_path_.empty() && in_memory &&
+      std::max(src_ids, dst_ids) >= kSharedBlockTableFrom) {
+    absl::MutexLock lock(&impl_->table_mu_);
+    const uint64_t need = 4 * static_cast<uint64_t>(src_ids + dst_ids);
+    absl::Status ready = absl::OkStatus();
+    if (impl_->table_buffer_ == nullptr || impl_->table_buffer_->size() < need) {
+      if (impl_->table_region_ != 0) (void)UnregisterRegion(impl_->table_region_);
+      impl_->table_region_ = 0;
+      impl_->table_buffer_.reset();
+      uint64_t size = uint64_t{1} << 20;
+      while (size < need) size *= 2;
+      absl::StatusOr<std::unique_ptr<HostBuffer>> buffer =
+          HostBuffer::Create(size, "kvrail-block-tables");
+      ready = buffer.status();
+      if (buffer.ok()) {
+        v1::RegionSpec region;
+        region.set_name("client block tables");
+        absl::StatusOr<v1::RegionInfo> info = RegisterHostBuffer(**buffer, region);
+        if (info.ok()) {
+          impl_->table_buffer_ = *std::move(buffer);
+          impl_->table_region_ = info->region_id();
+        }
+        ready = info.status();
+      }
+    }
+    if (ready.ok()) {
+      v1::SubmitTransferRequest shared = request;
+      uint8_t* base = impl_->table_buffer_->data();
+      MoveTableTo(shared.mutable_spec()->mutable_src(), base, 0, impl_->table_region_);
+      MoveTableTo(shared.mutable_spec()->mutable_dst(), base, 4 * src_ids, impl_->table_region_);
+      absl::StatusOr<v1::SubmitTransferResponse> response = SubmitRequest(shared);
+      // Only a table region that went away (unregistered by someone else) falls back to the
+      // message below; every other answer is the transfer's.
+      if (response.ok() ||
+          !absl::StrContains(response.status().message(), ".block_table.region_id")) {
+        return response;
+      }
+      impl_->table_region_ = 0;
+      impl_->table_buffer_.reset();
+    }
+  }
+  CompactBlockTable(s.mutable_src());
+  CompactBlockTable(s.mutable_dst());
+  return SubmitRequest(request);
 }
 
 absl::StatusOr<v1::TransferStatus> Client::Get(uint64_t transfer_id) {

@@ -100,6 +100,10 @@ class Client {
   // memory_kind HOST when unspecified, and size_bytes = the shm object's size - offset when zero.
   absl::StatusOr<v1::RegionInfo> RegisterRegion(v1::RegionSpec spec, uint64_t session_id = 0);
   absl::Status UnregisterRegion(uint64_t region_id);
+  // Block tables of 8192+ ids travel through a host region of this client's session (created on
+  // first use, named "client block tables", grown as needed) on unix sockets, else as
+  // block_ids_le32 from 1024 ids; a spec that already sets block_table or both encodings goes
+  // as it is. Thread-safe; large submits from several threads take turns on the table region.
   absl::StatusOr<v1::SubmitTransferResponse> Submit(const v1::TransferSpec& spec);
   absl::StatusOr<v1::TransferStatus> Get(uint64_t transfer_id);
   // Blocks until the transfer ends or `timeout` passes (zero or infinite: until it ends); on
@@ -125,6 +129,7 @@ class Client {
   absl::StatusOr<v1::GetTopologyResponse> GetTopology();
 
  private:
+  absl::StatusOr<v1::SubmitTransferResponse> SubmitRequest(const v1::SubmitTransferRequest& request);
   class Impl;
   explicit Client(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;

@@ -1,8 +1,10 @@
 #include <deque>
 #include <list>
+#include <optional>
 #include <thread>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -72,6 +74,40 @@ absl::StatusOr<std::pair<std::shared_ptr<regions::Region>, uint32_t*>> ResolveFl
   return std::make_pair(*std::move(region), words);
 }
 
+// Replaces ep.block_table (a table in a host region) with the ids it holds, as block_ids_le32.
+// The ids are copied once here; the planner validates the copy, so a client rewriting the shared
+// memory meanwhile can only change which (checked) blocks move. Errors name `side`.block_table.
+absl::Status ResolveBlockTable(const regions::RegionTable& regions, v1::TransferEndpoint* ep,
+                               const std::string& side) {
+  if (!ep->has_block_table()) return absl::OkStatus();
+  const std::string field = absl::StrCat(side, ".block_table");
+  if (ep->block_ids_size() > 0 || !ep->block_ids_le32().empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": set one of block_ids, block_ids_le32 and block_table"));
+  }
+  const v1::BlockTableRef& table = ep->block_table();
+  auto region = regions.Get(table.region_id());
+  if (!region.ok()) {
+    return absl::NotFoundError(absl::StrCat(field, ".region_id: ", region.status().message()));
+  }
+  if ((*region)->spec().memory_kind() != v1::MEMORY_KIND_HOST) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        field, ".region_id: region ", table.region_id(),
+        " is GPU memory; block tables are read from host memory"));
+  }
+  const uint64_t size = (*region)->spec().size_bytes();
+  const uint64_t bytes = uint64_t{4} * table.count();
+  if (table.offset_bytes() > size || size - table.offset_bytes() < bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ".count: ", table.count(), " ids at byte ", table.offset_bytes(),
+        " do not fit the region's ", size, " bytes"));
+  }
+  const char* at = reinterpret_cast<const char*>((*region)->data() + table.offset_bytes());
+  ep->set_block_ids_le32(std::string(at, bytes));
+  ep->clear_block_table();
+  return absl::OkStatus();
+}
+
 // TransferStatus.link for a local transfer: "host", "gpu0", "gpu0-gpu1", "gpu0-host", ...
 std::string LinkName(const regions::Region& src, const regions::Region& dst) {
   auto side = [](const regions::Region& r) {
@@ -105,7 +141,32 @@ class TransferManagerImpl final : public TransferManager {
     deadline_thread_.join();
   }
 
-  absl::StatusOr<v1::SubmitTransferResponse> Submit(const v1::TransferSpec& spec) override {
+  absl::StatusOr<v1::SubmitTransferResponse> Submit(const v1::TransferSpec& request) override {
+    // Block tables in shared memory become block_ids_le32 of a private copy of the spec: one
+    // memcpy per side; everything below sees only in-message tables.
+    std::optional<v1::TransferSpec> resolved;
+    if (request.src().has_block_table() || request.dst().has_block_table()) {
+      resolved = request;
+      RETURN_IF_ERROR(ResolveBlockTable(*regions_, resolved->mutable_src(), "spec.src"));
+      RETURN_IF_ERROR(ResolveBlockTable(*regions_, resolved->mutable_dst(), "spec.dst"));
+    }
+    if (!resolved.has_value()) return SubmitResolved(request);
+    absl::StatusOr<v1::SubmitTransferResponse> response = SubmitResolved(*resolved);
+    if (response.ok()) return response;
+    // The planner names block_ids_le32; the client wrote block_table.
+    std::string message(response.status().message());
+    for (const char* side : {"spec.src", "spec.dst"}) {
+      const bool table = std::string(side) == "spec.src" ? request.src().has_block_table()
+                                                         : request.dst().has_block_table();
+      const std::string from = absl::StrCat(side, ".block_ids_le32");
+      if (table && absl::StartsWith(message, from)) {
+        message = absl::StrCat(side, ".block_table", message.substr(from.size()));
+      }
+    }
+    return absl::Status(response.status().code(), message);
+  }
+
+  absl::StatusOr<v1::SubmitTransferResponse> SubmitResolved(const v1::TransferSpec& spec) {
     {
       absl::MutexLock lock(&mu_);
       if (draining_) return absl::UnavailableError("the daemon is draining; submit elsewhere");

@@ -157,6 +157,15 @@ void Release(Daemon& d, Pools& p) {
   (void)d.client->UnregisterRegion(p.dst_info.region_id());
 }
 
+// Where the time of the last Through() went, in ms: the Submit RPC (client side), accepted ->
+// first tile started, started -> finished (daemon clock), finished -> the client saw it.
+struct Phases {
+  double submit_ms = 0, queued_ms = 0, running_ms = 0, notify_ms = 0;
+};
+Phases last_phases;
+
+double UnixUs() { return absl::ToDoubleMicroseconds(absl::Now() - absl::UnixEpoch()); }
+
 // One transfer of `blocks` blocks through kvraild; returns seconds (submit to completion).
 double Through(Daemon& d, const Pools& p, uint32_t blocks, std::string* engine, std::string* path) {
   std::vector<uint32_t> s(p.src_blocks.begin(), p.src_blocks.begin() + blocks);
@@ -165,9 +174,16 @@ double Through(Daemon& d, const Pools& p, uint32_t blocks, std::string* engine, 
       client::MakeBlockTransfer(p.src_info.region_id(), s, p.dst_info.region_id(), t);
   spec.set_num_tokens(uint64_t{blocks} * 16);
   const auto t0 = Clock::now();
+  const double u0 = UnixUs();
   auto sub = Must(d.client->Submit(spec), "submit");
+  const double u1 = UnixUs();
   auto st = Must(d.client->Wait(sub.transfer_id()), "wait");
   const double sec = std::chrono::duration<double>(Clock::now() - t0).count();
+  const double u2 = UnixUs();
+  last_phases.submit_ms = (u1 - u0) / 1e3;
+  last_phases.queued_ms = (st.started_unix_us() - st.submitted_unix_us()) / 1e3;
+  last_phases.running_ms = (st.finished_unix_us() - st.started_unix_us()) / 1e3;
+  last_phases.notify_ms = (u2 - st.finished_unix_us()) / 1e3;
   if (st.state() != v1::TRANSFER_STATE_SUCCEEDED) {
     std::fprintf(stderr, "transfer failed: %s\n", st.error_message().c_str());
     std::exit(1);
@@ -410,6 +426,7 @@ int Main(int argc, char** argv) {
               "ceiling | e2e / NCCL |\n|---|---|---|---|---|---|---|---|---|\n");
   {
     Daemon d({"--cuda-max-ctas", "132"});
+    std::vector<std::string> phase_rows;
     for (uint64_t kib : {4, 16, 32, 128}) {
       Pools p = MakePools(d, kib << 10, total, false, dst_device);
       Pattern(p);
@@ -448,6 +465,9 @@ int Main(int argc, char** argv) {
       const std::string nccl_cell = n == nccl.end() ? "n/a" : absl::StrFormat("%.1f", n->second);
       const std::string nccl_ratio =
           n == nccl.end() ? "n/a" : absl::StrFormat("%.2fx", e2e / n->second);
+      phase_rows.push_back(absl::StrFormat("| %lu KiB | %u | %.2f | %.2f | %.2f | %.2f |", kib,
+                                           p.moved, last_phases.submit_ms, last_phases.queued_ms,
+                                           last_phases.running_ms, last_phases.notify_ms));
       std::printf("| %lu KiB | %.1f | %s (%s) | %.1f | %.1f | %s | %.1f | %.0f%% | %s |\n", kib,
                   e2e, engine.c_str(), path.c_str(), Gbps(bytes, per_block), Gbps(bytes, batch),
                   nccl_cell.c_str(), Gbps(bytes, contiguous), 100 * e2e / Gbps(bytes, contiguous),
@@ -456,6 +476,11 @@ int Main(int argc, char** argv) {
       Release(d, p);
     }
     std::printf("engines after table 1: %s\n", d.Engines().c_str());
+    std::printf("\nwhere the time of the last e2e transfer went (ms; submit = the Submit RPC, "
+                "queued = accepted -> first tile, running = first tile -> last, notify = last tile "
+                "-> client):\n| block | blocks | submit | queued | running | notify |\n"
+                "|---|---|---|---|---|---|\n");
+    for (const auto& row : phase_rows) std::printf("%s\n", row.c_str());
 
     std::printf("\n## 1b. Llama-3-70B TP8-like layout (80 layers, K+V, 1 KV head, head_dim 128, bf16,"
                 " 16-token blocks: 4 KiB runs), %s; target >= 300 GB/s\n", where.c_str());
@@ -480,6 +505,9 @@ int Main(int argc, char** argv) {
     lat.erase(lat.begin(), lat.begin() + 10);
     std::sort(lat.begin(), lat.end());
     const double target = 100e-6 + (16 << 20) / 350e9;
+    std::printf("last: submit %.3f ms, queued %.3f ms, running %.3f ms, notify %.3f ms\n",
+                last_phases.submit_ms, last_phases.queued_ms, last_phases.running_ms,
+                last_phases.notify_ms);
     std::printf("p50 %.1f us, p90 %.1f us, min %.1f us (target p50 < %.1f us)\n",
                 lat[lat.size() / 2] * 1e6, lat[lat.size() * 9 / 10] * 1e6, lat[0] * 1e6,
                 target * 1e6);
