@@ -109,9 +109,19 @@ absl::Status EnablePeerAccess(int device, int peer) {
 
 absl::StatusOr<Stream> Stream::Create(int device) {
   if (absl::Status s = SetDevice(device); !s.ok()) return s;
+  // The greatest priority the device offers: the block scheduler starts the engine's CTAs ahead
+  // of waiting CTAs of lower-priority streams (the inference server's kernels, under MPS too),
+  // so a small SM budget is not starved behind a GEMM that fills the GPU.
+  int least = 0, greatest = 0;
+  if (absl::Status s = CudaStatus(cudaDeviceGetStreamPriorityRange(&least, &greatest),
+                                  "cudaDeviceGetStreamPriorityRange");
+      !s.ok()) {
+    return s;
+  }
   cudaStream_t stream = nullptr;
-  if (absl::Status s = CudaStatus(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking),
-                                  "cudaStreamCreateWithFlags");
+  if (absl::Status s = CudaStatus(
+          cudaStreamCreateWithPriority(&stream, cudaStreamNonBlocking, greatest),
+          "cudaStreamCreateWithPriority");
       !s.ok()) {
     return s;
   }

@@ -47,6 +47,7 @@ bool CanAccessPeer(int device, int peer);
 // A non-blocking stream on one device.
 class Stream {
  public:
+  // A non-blocking stream of the device's greatest priority (the engine's copies go first).
   static absl::StatusOr<Stream> Create(int device);
   Stream(Stream&& other) noexcept;
   Stream& operator=(Stream&& other) noexcept;

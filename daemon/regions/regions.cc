@@ -169,7 +169,15 @@ class RegionTableImpl final : public RegionTable {
     if (spec.memory_kind() == v1::MEMORY_KIND_CUDA) {
       ASSIGN_OR_RETURN(std::shared_ptr<CudaMapping> cuda, ImportCudaIpc(spec));
       uint8_t* data = cuda->base() + spec.share().offset();
-      return Add(spec, session_id, view, std::move(cuda), nullptr, data);
+      std::shared_ptr<Region> region = Add(spec, session_id, view, std::move(cuda), nullptr, data);
+      // Map it into the peer GPUs now: opening an IPC handle takes milliseconds, which would
+      // otherwise land on the first peer transfer. A GPU that cannot map it is tried again (and
+      // the error reported) when a transfer needs it.
+      const absl::StatusOr<int> count = cuda::DeviceCount();
+      for (int d = 0; count.ok() && d < *count; ++d) {
+        if (d != spec.device()) (void)region->DeviceAddress(d);
+      }
+      return region;
     }
     UniqueFd fd;
     const char* field = nullptr;

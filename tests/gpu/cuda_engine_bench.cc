@@ -329,9 +329,15 @@ void Pattern(const Pools& p) {
 
 int Interference(int dst_device, bool quick) {
   const double seconds = quick ? 2.0 : 4.0;
-  const auto gemm = [&](Daemon* d, const Pools* p, double* transfer_gbps) {
-    Child g({Python(), "tests/gpu/gemm_load.py", "--device", "0", "--seconds",
-             std::to_string(seconds)});
+  // `limit`: the GEMM's CUDA_MPS_ACTIVE_THREAD_PERCENTAGE ("" = all SMs), leaving SMs to kvraild.
+  const auto gemm = [&](Daemon* d, const Pools* p, double* transfer_gbps,
+                        const std::string& limit) {
+    std::vector<std::string> args = {Python(), "tests/gpu/gemm_load.py", "--device", "0",
+                                     "--seconds", std::to_string(seconds)};
+    if (!limit.empty()) {
+      args.insert(args.begin(), {"env", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=" + limit});
+    }
+    Child g(args);
     if (g.Line() != "ready") {
       std::fprintf(stderr, "gemm_load.py did not start\n");
       std::exit(1);
@@ -357,27 +363,38 @@ int Interference(int dst_device, bool quick) {
   std::printf("## Interference: 8192^3 bf16 GEMM loop in another process on GPU0, transfers "
               "GPU0 -> GPU%d (16 KiB blocks, 256 MiB per transfer, back to back), %.0f s each\n",
               dst_device, seconds);
-  const double alone = gemm(nullptr, nullptr, nullptr);
-  std::printf("GEMM alone: %.1f TFLOP/s\n\n", alone);
-  std::printf("| daemon setting | transfer GB/s beside GEMM | GEMM TFLOP/s | GEMM kept | engine |\n"
-              "|---|---|---|---|---|\n");
-  std::vector<std::pair<std::string, std::vector<std::string>>> settings = {
-      {"copy engines only (budget 0)", {"--cuda-max-ctas", "0"}}};
+  const double alone = gemm(nullptr, nullptr, nullptr, "");
+  const double alone90 = gemm(nullptr, nullptr, nullptr, "90");
+  std::printf("GEMM alone: %.1f TFLOP/s; alone limited to 90%% of SMs "
+              "(CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=90): %.1f TFLOP/s\n\n", alone, alone90);
+  std::printf("| daemon setting | GEMM's SM limit | transfer GB/s beside GEMM | GEMM TFLOP/s | "
+              "GEMM kept (vs unlimited alone) | engine |\n|---|---|---|---|---|---|\n");
+  struct Setting {
+    std::string label, limit;
+    std::vector<std::string> args;
+  };
+  std::vector<Setting> settings = {{"copy engines only (budget 0)", "", {"--cuda-max-ctas", "0"}}};
   for (int c : {2, 4, 8, 16, 32}) {
-    settings.push_back({absl::StrCat(c, " CTAs fixed"),
+    settings.push_back({absl::StrCat(c, " CTAs fixed"), "",
                         {"--cuda-max-ctas", "132", "--cuda-fixed-ctas", std::to_string(c)}});
   }
-  settings.push_back({"adaptive, budget 16", {"--cuda-max-ctas", "16"}});
-  settings.push_back({"adaptive, budget 132", {"--cuda-max-ctas", "132"}});
-  for (const auto& [label, args] : settings) {
+  settings.push_back({"adaptive, budget 16", "", {"--cuda-max-ctas", "16"}});
+  settings.push_back({"adaptive, budget 132", "", {"--cuda-max-ctas", "132"}});
+  for (int c : {8, 16}) {
+    settings.push_back({absl::StrCat(c, " CTAs fixed"), "90",
+                        {"--cuda-max-ctas", "132", "--cuda-fixed-ctas", std::to_string(c)}});
+  }
+  settings.push_back({"adaptive, budget 16", "90", {"--cuda-max-ctas", "16"}});
+  for (const auto& [label, limit, args] : settings) {
     Daemon d(args);
     Pools p = MakePools(d, 16 << 10, 256ull << 20, false, dst_device);
     for (int i = 0; i < 12; ++i) Through(d, p, p.moved, nullptr, nullptr);
     std::string engine;
     Through(d, p, p.moved, &engine, nullptr);
     double g = 0;
-    const double tf = gemm(&d, &p, &g);
-    std::printf("| %s | %.1f | %.1f | %.1f%% | %s |\n", label.c_str(), g, tf, 100 * tf / alone,
+    const double tf = gemm(&d, &p, &g, limit);
+    std::printf("| %s | %s | %.1f | %.1f | %.1f%% | %s |\n", label.c_str(),
+                limit.empty() ? "none" : (limit + "%").c_str(), g, tf, 100 * tf / alone,
                 engine.c_str());
     std::fflush(stdout);
     Release(d, p);
