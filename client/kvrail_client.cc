@@ -17,6 +17,7 @@
 #include "daemon/common/status.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/kvrail/v1/admin.grpc.pb.h"
+#include "proto/kvrail/v1/spec_copy.h"
 #include "proto/kvrail/v1/transfer.grpc.pb.h"
 
 namespace kvrail::client {
@@ -279,17 +280,17 @@ size_t TableIds(const v1::TransferEndpoint& ep) {
                                  : ep.block_ids_le32().size() / 4;
 }
 
-// Writes ep's ids (either encoding) at `at` as little-endian uint32s and points ep at them.
-void MoveTableTo(v1::TransferEndpoint* ep, uint8_t* base, uint64_t offset, uint64_t region) {
-  const size_t n = TableIds(*ep);
-  if (ep->block_ids_size() > 0) {
-    std::memcpy(base + offset, ep->block_ids().data(), 4 * n);  // little-endian hosts
+// Writes `from`'s ids (either encoding) at base + offset as little-endian uint32s and points
+// `to` (the same endpoint without its table) at them.
+void PutTable(const v1::TransferEndpoint& from, v1::TransferEndpoint* to, uint8_t* base,
+              uint64_t offset, uint64_t region) {
+  const size_t n = TableIds(from);
+  if (from.block_ids_size() > 0) {
+    std::memcpy(base + offset, from.block_ids().data(), 4 * n);  // little-endian hosts
   } else {
-    std::memcpy(base + offset, ep->block_ids_le32().data(), 4 * n);
+    std::memcpy(base + offset, from.block_ids_le32().data(), 4 * n);
   }
-  ep->clear_block_ids();
-  ep->clear_block_ids_le32();
-  v1::BlockTableRef* ref = ep->mutable_block_table();
+  v1::BlockTableRef* ref = to->mutable_block_table();
   ref->set_region_id(region);
   ref->set_offset_bytes(offset);
   ref->set_count(static_cast<uint32_t>(n));
@@ -305,14 +306,11 @@ absl::StatusOr<v1::SubmitTransferResponse> Client::SubmitRequest(
 }
 
 absl::StatusOr<v1::SubmitTransferResponse> Client::Submit(const v1::TransferSpec& spec) {
-  v1::SubmitTransferRequest request;
-  *request.mutable_spec() = spec;
-  v1::TransferSpec& s = *request.mutable_spec();
-  const size_t src_ids = TableIds(s.src()), dst_ids = TableIds(s.dst());
-  const bool in_memory = !s.src().has_block_table() && !s.dst().has_block_table() &&
-                         (s.src().block_ids_size() == 0 || s.src().block_ids_le32().empty()) &&
-                         (s.dst().block_ids_size() == 0 || s.dst().block_ids_le32().empty());
-  if (!impl_->unix_path_.empty() && in_memory &&
+  const size_t src_ids = TableIds(spec.src()), dst_ids = TableIds(spec.dst());
+  const bool in_message = !spec.src().has_block_table() && !spec.dst().has_block_table() &&
+                          (spec.src().block_ids_size() == 0 || spec.src().block_ids_le32().empty()) &&
+                          (spec.dst().block_ids_size() == 0 || spec.dst().block_ids_le32().empty());
+  if (!impl_->unix_path_.empty() && in_message &&
       std::max(src_ids, dst_ids) >= kSharedBlockTableFrom) {
     absl::MutexLock lock(&impl_->table_mu_);
     const uint64_t need = 4 * static_cast<uint64_t>(src_ids + dst_ids);
@@ -338,10 +336,13 @@ absl::StatusOr<v1::SubmitTransferResponse> Client::Submit(const v1::TransferSpec
       }
     }
     if (ready.ok()) {
-      v1::SubmitTransferRequest shared = request;
+      // The request carries the spec without its tables (no megabyte copies) plus references.
+      v1::SubmitTransferRequest shared;
+      *shared.mutable_spec() = v1::WithoutBlockTables(spec);
       uint8_t* base = impl_->table_buffer_->data();
-      MoveTableTo(shared.mutable_spec()->mutable_src(), base, 0, impl_->table_region_);
-      MoveTableTo(shared.mutable_spec()->mutable_dst(), base, 4 * src_ids, impl_->table_region_);
+      PutTable(spec.src(), shared.mutable_spec()->mutable_src(), base, 0, impl_->table_region_);
+      PutTable(spec.dst(), shared.mutable_spec()->mutable_dst(), base, 4 * src_ids,
+               impl_->table_region_);
       absl::StatusOr<v1::SubmitTransferResponse> response = SubmitRequest(shared);
       // Only a table region that went away (unregistered by someone else) falls back to the
       // message below; every other answer is the transfer's.
@@ -353,8 +354,10 @@ absl::StatusOr<v1::SubmitTransferResponse> Client::Submit(const v1::TransferSpec
       impl_->table_buffer_.reset();
     }
   }
-  CompactBlockTable(s.mutable_src());
-  CompactBlockTable(s.mutable_dst());
+  v1::SubmitTransferRequest request;
+  *request.mutable_spec() = spec;
+  CompactBlockTable(request.mutable_spec()->mutable_src());
+  CompactBlockTable(request.mutable_spec()->mutable_dst());
   return SubmitRequest(request);
 }
 

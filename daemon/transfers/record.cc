@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "daemon/readiness/readiness.h"
+#include "proto/kvrail/v1/spec_copy.h"
 
 namespace kvrail::transfers {
 namespace {
@@ -13,23 +14,16 @@ std::string PathKey(v1::Path path) {
   return name;
 }
 
-v1::TransferSpec StripBlocks(v1::TransferSpec spec) {
-  spec.mutable_src()->clear_block_ids();
-  spec.mutable_dst()->clear_block_ids();
-  spec.mutable_src()->clear_block_ids_le32();
-  spec.mutable_dst()->clear_block_ids_le32();
-  return spec;
-}
-
 }  // namespace
 
-Record::Record(uint64_t id, v1::TransferSpec spec, std::shared_ptr<regions::Region> src,
+Record::Record(uint64_t id, const v1::TransferSpec& spec, std::shared_ptr<regions::Region> src,
                std::shared_ptr<regions::Region> dst, planner::Plan plan,
                engine::PriorityClass priority, v1::Path path, std::string path_reason,
                engine::Engine* engine, std::optional<absl::Time> deadline,
                std::shared_ptr<Counters> counters, Clock* clock)
     : id_(id),
-      spec_(StripBlocks(std::move(spec))),
+      // The tables are in the plan; a copy of them would cost megabytes per large transfer.
+      spec_(v1::WithoutBlockTables(spec)),
       src_(std::move(src)),
       dst_(std::move(dst)),
       plan_(std::move(plan)),

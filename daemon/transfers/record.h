@@ -38,7 +38,7 @@ struct Counters {
 // watchers can wait for "anything new".
 class Record final : public engine::Job {
  public:
-  Record(uint64_t id, v1::TransferSpec spec, std::shared_ptr<regions::Region> src,
+  Record(uint64_t id, const v1::TransferSpec& spec, std::shared_ptr<regions::Region> src,
          std::shared_ptr<regions::Region> dst, planner::Plan plan, engine::PriorityClass priority,
          v1::Path path, std::string path_reason, engine::Engine* engine,
          std::optional<absl::Time> deadline, std::shared_ptr<Counters> counters, Clock* clock);

@@ -48,7 +48,14 @@ v1::RegionSpec Spec(const v1::PagedKvLayout& layout, uint64_t bytes, bool writab
 }
 
 int Main(int argc, char** argv) {
-  const bool quick = argc > 1 && std::string(argv[1]) == "--quick";
+  bool quick = false, submit_only = false;
+  uint32_t submit_blocks = 100000;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--quick") quick = true;
+    if (a == "--submit-only") submit_only = true;  // section 2 alone
+    if (a.rfind("--submit-blocks=", 0) == 0) submit_blocks = std::stoul(a.substr(16));
+  }
   TempDir dir;
   DaemonProcess daemon;
   if (!daemon.Start(dir.path())) {
@@ -66,7 +73,7 @@ int Main(int argc, char** argv) {
   std::printf("%-10s %14s %14s %14s %10s\n", "block", "kvraild GB/s", "memcpy 1T GB/s",
               "contig GB/s", "ratio");
   // Block sizes via heads per token: 16 tokens x heads x 128 x bf16.
-  for (uint32_t heads : {1u, 4u, 8u, 32u}) {
+  for (uint32_t heads : submit_only ? std::vector<uint32_t>{} : std::vector<uint32_t>{1, 4, 8, 32}) {
     const uint64_t block_bytes = 16ull * heads * 128 * 2;
     const uint32_t layers = 32, parts = 2;
     const uint32_t moved_blocks = static_cast<uint32_t>(moved_target / (block_bytes * layers * parts));
@@ -140,7 +147,7 @@ int Main(int argc, char** argv) {
 
   // 2. Submission cost of a 100k-block transfer (1 layer, 1 head: the plan, not the bytes).
   {
-    const uint32_t n = 100000;
+    const uint32_t n = submit_blocks;
     const auto layout = MakeLayout(1, 1, 2 * n, 16, 1, 8, v1::DTYPE_BF16,
                                    v1::LAYOUT_ORDER_LAYER_PART_BLOCK_NHD);
     const uint64_t bytes = testing::LayoutBytes(layout);
