@@ -72,6 +72,8 @@ absl::Status FabricImpl::Init() {
     mlock(mem, bytes);  // pinned bounce buffers where RLIMIT_MEMLOCK allows; best effort
     lane->memory = std::unique_ptr<uint8_t, Munmapper>(static_cast<uint8_t*>(mem), Munmapper{bytes});
     lane->memory_bytes = bytes;
+    // GPU regions are packed and unpacked by the copy engines straight from/into the slots.
+    lane->pin = StagingPin::Pin(lane->memory.get(), bytes);
     ASSIGN_OR_RETURN(lane->mr, lane->nic->RegisterMemory(lane->memory.get(), bytes, i + 1));
     lane->contexts.resize(std::max<size_t>(1, peers_.size()) * options_.slots);
     for (uint32_t p = 0; p < peers_.size(); ++p) {
@@ -252,8 +254,25 @@ void FabricImpl::PackLoop() {
     }
     out->job->OnTileStart(item.tile);
     const uint64_t bytes = TileBytes(out->job->plan(), item.tile);
-    PackTileHost(out->job->plan(), item.tile, out->job->src_base(),
+    const engine::MemoryRef src = out->job->src();
+    const absl::Status packed =
+        PackTile(out->job->plan(), item.tile, RegionSide{src.cuda, src.device, src.base},
                  SendSlot(lane, peer->index, slot));
+    if (!packed.ok()) {
+      // The slot never reached the wire: give it back here, and fail the tile.
+      {
+        absl::MutexLock lock(&peer->mu);
+        peer->owners[lane][slot] = SlotOwner{};
+        peer->credits[lane]->ReturnLocally(static_cast<uint32_t>(slot));
+      }
+      slots_cv_.SignalAll();
+      {
+        absl::MutexLock lock(&out->mu);
+        --out->inflight;
+      }
+      out->job->OnTileDone(item.tile, packed);
+      continue;
+    }
     kernels::NicCommand cmd{};
     cmd.opcode = kOpWriteTile;
     cmd.tile = item.tile;
@@ -538,8 +557,21 @@ void FabricImpl::UnpackLoop() {
         in->applied[a.tile] = true;
       }
       if (fresh) {
-        UnpackTileHost(in->plan, a.tile, RecvSlot(a.lane, a.peer, a.slot), in->dst->data());
-        applied = true;
+        const v1::RegionSpec& dst = in->dst->spec();
+        const bool cuda = dst.memory_kind() == v1::MEMORY_KIND_CUDA;
+        const absl::Status unpacked =
+            UnpackTile(in->plan, a.tile, RecvSlot(a.lane, a.peer, a.slot),
+                       RegionSide{cuda, cuda ? dst.device() : -1, in->dst->data()});
+        applied = unpacked.ok();
+        if (!applied) {
+          // Reported to the sender as not applied (its transfer fails); the tile may come again.
+          spdlog::warn("fabric: tile {} of transfer {} from '{}': {}", a.tile,
+                       in->sender_transfer_id, in->sender_node, unpacked.ToString());
+          absl::MutexLock lock(&in->mu);
+          in->applied[a.tile] = false;
+        }
+      }
+      if (fresh && applied) {
         absl::MutexLock lock(&in->mu);
         if (++in->applied_count == in->plan.num_tiles()) {
           spdlog::info("fabric: inbound transfer {} from '{}' complete: {} tiles, {} bytes",

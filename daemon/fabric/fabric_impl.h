@@ -19,6 +19,7 @@
 #include "daemon/fabric/command_ring.h"
 #include "daemon/fabric/fabric.h"
 #include "daemon/fabric/fi.h"
+#include "daemon/fabric/tile_copy.h"
 #include "daemon/planner/planner.h"
 #include "proto/kvrail/v1/peer.grpc.pb.h"
 
@@ -74,6 +75,7 @@ struct Lane {
   std::unique_ptr<CommandRing> ring;
   std::unique_ptr<uint8_t, Munmapper> memory;
   uint64_t memory_bytes = 0;
+  std::unique_ptr<StagingPin> pin;  // after `memory`: unpinned before it is unmapped
   std::unique_ptr<MemoryRegion> mr;
   std::vector<OpContext> contexts;  // [peer * slots + slot]
   std::thread proxy;

@@ -350,12 +350,8 @@ absl::StatusOr<v1::RegionLease> FabricImpl::OnExport(uint64_t region_id,
   }
   auto region = regions_->Get(region_id);
   if (!region.ok()) return absl::NotFoundError(absl::StrCat("region_id: ", region.status().message()));
-  if ((*region)->spec().memory_kind() != v1::MEMORY_KIND_HOST) {
-    // The receiver scatters arriving tiles with the host twin: GPU memory is not reachable there.
-    return absl::FailedPreconditionError(absl::StrCat(
-        "region_id: region ", region_id, " is GPU memory; the fabric path scatters into host "
-        "memory only (GPU destinations over the fabric are not built yet)"));
-  }
+  // Host and GPU regions alike: arriving tiles are scattered by the host twin or, for GPU memory,
+  // by the copy engines from the pinned staging slots (tile_copy.h).
   {
     absl::MutexLock lock(&mu_);
     exports_[region_id].insert(peer_node);

@@ -428,12 +428,8 @@ class TransferManagerImpl final : public TransferManager {
     if (!src.ok()) {
       return absl::NotFoundError(absl::StrCat("spec.src.region_id: ", src.status().message()));
     }
-    if ((*src)->spec().memory_kind() != v1::MEMORY_KIND_HOST) {
-      // Tiles are packed into staging with the host twin, which cannot read GPU memory.
-      return absl::FailedPreconditionError(
-          "spec.src.region_id: the source is GPU memory; the fabric path packs from host memory "
-          "only (GPU sources over the fabric are not built yet)");
-    }
+    // Host sources are packed into the staging slots by the host twin, GPU sources by the copy
+    // engines (tile_copy.h).
     ASSIGN_OR_RETURN(RemotePath::Prepared prepared, options_.remote->Prepare(spec));
     planner::PlanOptions plan_options;
     plan_options.tile_bytes = std::min(options_.tile_bytes, prepared.max_tile_bytes);

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs the CUDA engine's GPU test, the GPU demo and the benchmark on a GPU machine from .devpack/
 # (built here, packed with ../shared/tools/devpack daemon/kvraild client/kv_demo
-# tests/gpu/cuda_engine_gpu_test tests/gpu/cuda_engine_bench). Writes logs to ${OUT:-/tmp}.
-# PARTS picks what runs (default "test demo bench"; "interference" runs the GEMM table under MPS).
+# tests/gpu/cuda_engine_gpu_test tests/gpu/cuda_engine_bench tests/gpu/fabric_gpu_bench). Writes
+# logs to ${OUT:-/tmp}. PARTS picks what runs (default "test demo bench"; "fabric" the fabric GPU
+# row; "interference" the GEMM table under MPS).
 set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh"
 parts=${PARTS:-test demo bench}
@@ -35,6 +36,14 @@ if [[ $parts == *bench* ]]; then
   echo "exit $?" >> "$out/bench.txt"
   cat "$out/bench.txt"
   kill_leftovers
+fi
+
+if [[ $parts == *fabric* ]]; then
+  echo "== fabric GPU row (two daemons on loopback)"
+  timeout ${FABRIC_TIMEOUT:-120} .devpack/bin/fabric_gpu_bench ${FABRIC_ARGS:-} > "$out/fabric_gpu.txt" 2>&1
+  echo "exit $?" >> "$out/fabric_gpu.txt"
+  kill_leftovers
+  cat "$out/fabric_gpu.txt"
 fi
 
 if [[ $parts == *interference* ]]; then

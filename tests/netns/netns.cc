@@ -86,6 +86,12 @@ bool NsDaemon::Start(const std::string& ns, const std::string& node, const std::
     int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     dup2(fd, 1);
     dup2(fd, 2);
+    if (ns.empty()) {  // this namespace (loopback "nodes" on one machine)
+      execl(bin.c_str(), bin.c_str(), "--socket", socket.c_str(), "--tcp-listen", listen.c_str(),
+            "--node-id", node.c_str(), "--config", config.c_str(), "--tile-bytes", tile.c_str(),
+            "--log-level", options.log_level.c_str(), "--drain-timeout-ms", "1000",
+            static_cast<char*>(nullptr));
+    }
     execlp("ip", "ip", "netns", "exec", ns.c_str(), bin.c_str(), "--socket", socket.c_str(),
            "--tcp-listen", listen.c_str(), "--node-id", node.c_str(), "--config", config.c_str(),
            "--tile-bytes", tile.c_str(), "--log-level", options.log_level.c_str(),

@@ -45,7 +45,8 @@ struct NsDaemonOptions {
   std::string log_level = "info";
 };
 
-// kvraild started with `ip netns exec NS`; killed (SIGTERM) on destruction.
+// kvraild started with `ip netns exec NS` (directly when NS is empty); killed (SIGTERM) on
+// destruction.
 struct NsDaemon {
   TempDir dir;
   pid_t pid = -1;

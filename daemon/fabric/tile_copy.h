@@ -1,0 +1,40 @@
+// Internal to the fabric module: moving one packed tile between a region and a staging slot, for
+// host regions (the host twin, PackTileHost/UnpackTileHost) and GPU regions (the copy engines
+// between device memory and the staging slot, which the fabric pins for the GPUs when it can).
+// The run list is the same ForEachTileRun walk in both cases, so CI's host tests cover the
+// arithmetic the GPU path uses. Thread contract: any thread, distinct tiles; each thread keeps its
+// own CUDA stream per GPU.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/status.h"
+#include "daemon/planner/planner.h"
+
+namespace kvrail::fabric {
+
+// Where a region's bytes are: host memory, or device memory of GPU `device` (an address valid in
+// that GPU's context).
+struct RegionSide {
+  bool cuda = false;
+  int device = -1;
+  uint8_t* base = nullptr;
+};
+
+// Gathers `tile` from `src` into `staging` (TileBytes bytes); returns when the bytes are there.
+absl::Status PackTile(const planner::Plan& plan, uint32_t tile, const RegionSide& src,
+                      uint8_t* staging);
+// Scatters a packed tile from `staging` into `dst`; returns when the bytes are written.
+absl::Status UnpackTile(const planner::Plan& plan, uint32_t tile, const uint8_t* staging,
+                        const RegionSide& dst);
+
+// Pins [base, base + bytes) for every GPU of the daemon so copy engines reach it directly; a
+// no-op without GPUs. Best effort: without it the copies still work, staged by the driver.
+class StagingPin {
+ public:
+  static std::unique_ptr<StagingPin> Pin(uint8_t* base, uint64_t bytes);
+  virtual ~StagingPin() = default;
+};
+
+}  // namespace kvrail::fabric
