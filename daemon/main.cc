@@ -135,6 +135,14 @@ absl::Status Run(v1::DaemonConfig config) {
   };
   std::unique_ptr<transfers::TransferManager> transfers =
       transfers::TransferManager::Create(regions.get(), engine.get(), clock, transfer_options);
+  // Inbound fabric transfers are recorded by the manager; detached before it is destroyed.
+  struct DetachSink {
+    fabric::Fabric* fabric;
+    ~DetachSink() {
+      if (fabric != nullptr) fabric->SetInboundSink(nullptr);
+    }
+  } detach_sink{fabric.get()};
+  if (fabric) fabric->SetInboundSink(transfers.get());
   std::unique_ptr<metrics::Metrics> metrics;
   if (!config.metrics_listen().empty()) {
     ASSIGN_OR_RETURN(metrics, metrics::Metrics::Start(config.metrics_listen(), [&] {

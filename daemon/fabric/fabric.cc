@@ -479,6 +479,7 @@ void FabricImpl::MaybeClose(const std::shared_ptr<Outbound>& out) {
 void FabricImpl::FailPeer(PeerConn* peer, const absl::Status& why) {
   std::vector<std::shared_ptr<Outbound>> outs;
   std::vector<PackItem> dropped;
+  std::vector<std::shared_ptr<Inbound>> dropped_inbound;
   {
     absl::MutexLock lock(&mu_);
     for (auto& [job, out] : outbound_) {
@@ -498,6 +499,7 @@ void FabricImpl::FailPeer(PeerConn* peer, const absl::Status& why) {
       if (it->second->peer == peer->index) {
         spdlog::warn("fabric: inbound transfer {} from '{}' dropped: {}",
                      it->second->sender_transfer_id, peer->node_id, why.ToString());
+        dropped_inbound.push_back(it->second);
         it = inbound_.erase(it);
       } else {
         ++it;
@@ -507,6 +509,10 @@ void FabricImpl::FailPeer(PeerConn* peer, const absl::Status& why) {
   for (auto& out : outs) {
     absl::MutexLock lock(&out->mu);
     if (!out->failed.has_value()) out->failed = why;
+  }
+  for (auto& in : dropped_inbound) {
+    EndInboundRecord(*in, absl::UnavailableError(absl::StrCat(
+                              "the sender '", peer->node_id, "' is gone: ", why.message())));
   }
   // In-flight tiles: their slots stay reserved (orphaned) until a late credit or a re-base.
   std::vector<SlotOwner> orphaned;
@@ -573,6 +579,10 @@ void FabricImpl::UnpackLoop() {
       }
       if (fresh && applied) {
         absl::MutexLock lock(&in->mu);
+        if (in->job != nullptr && !in->ended) {
+          in->job->OnTileStart(a.tile);
+          in->job->OnTileDone(a.tile, absl::OkStatus());
+        }
         if (++in->applied_count == in->plan.num_tiles()) {
           spdlog::info("fabric: inbound transfer {} from '{}' complete: {} tiles, {} bytes",
                        in->sender_transfer_id, in->sender_node, in->plan.num_tiles(),

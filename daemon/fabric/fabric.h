@@ -64,6 +64,9 @@ class Fabric : public transfers::RemotePath {
   virtual void StartLiveness() = 0;
   // "fabric: tcp;ofi_rxm, 2 NICs (nic0@10.0.0.1, nic1@10.0.0.1), 16 x 4 MiB slots per peer".
   virtual std::string Describe() const = 0;
+  // Where inbound transfers are recorded (the TransferManager), so they are listed and watched on
+  // this node too; nullptr detaches it (before the sink is destroyed). Thread-safe.
+  virtual void SetInboundSink(transfers::InboundSink* sink) = 0;
 };
 
 }  // namespace kvrail::fabric

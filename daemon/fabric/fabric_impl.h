@@ -141,6 +141,10 @@ struct Inbound {
   absl::Mutex mu;
   std::vector<bool> applied ABSL_GUARDED_BY(mu);
   uint32_t applied_count ABSL_GUARDED_BY(mu) = 0;
+  // This node's record of the transfer (InboundSink); tiles report to it until `ended`.
+  uint64_t local_id = 0;
+  std::shared_ptr<engine::Job> job;
+  bool ended ABSL_GUARDED_BY(mu) = false;
   explicit Inbound(planner::Plan p) : plan(std::move(p)) {}
 };
 

@@ -33,6 +33,7 @@ class FabricImpl final : public Fabric, public engine::Engine {
   grpc::Service* peer_service() override { return service_.get(); }
   void StartLiveness() override;
   std::string Describe() const override;
+  void SetInboundSink(transfers::InboundSink* sink) override;
 
   // transfers::RemotePath
   absl::StatusOr<Prepared> Prepare(const v1::TransferSpec& spec) override;
@@ -58,6 +59,13 @@ class FabricImpl final : public Fabric, public engine::Engine {
   const std::string& node_id() const { return options_.node_id; }
 
  private:
+  // Ends `in`'s local record (if any) with `why` unless it has ended; then no tile of it reports.
+  void EndInboundRecord(Inbound& in, const absl::Status& why);
+
+  // The TransferManager, for inbound records; readers hold sink_mu_ while they call it.
+  mutable absl::Mutex sink_mu_;
+  transfers::InboundSink* sink_ ABSL_GUARDED_BY(sink_mu_) = nullptr;
+
   struct PackItem {
     std::shared_ptr<Outbound> out;
     uint32_t tile = 0;

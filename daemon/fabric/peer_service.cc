@@ -36,9 +36,9 @@ std::unique_ptr<grpc::ClientContext> Context(absl::Duration timeout, bool wait_f
 // Immutable; thread-safe.
 class LeasedRegion final : public regions::Region {
  public:
-  LeasedRegion(v1::RegionLease lease, planner::RegionView view)
+  LeasedRegion(v1::RegionLease lease, planner::RegionView view, std::string what = "lease of")
       : lease_(std::move(lease)), view_(std::move(view)) {
-    spec_.set_name(absl::StrCat("lease of region ", lease_.region_id(), " on '",
+    spec_.set_name(absl::StrCat(what, " region ", lease_.region_id(), " on '",
                                 lease_.owner_node_id(), "'"));
     spec_.set_memory_kind(v1::MEMORY_KIND_HOST);
     spec_.set_size_bytes(lease_.size_bytes());
@@ -549,8 +549,30 @@ absl::StatusOr<uint32_t> FabricImpl::OnBegin(const v1::BeginRemoteTransferReques
     absl::MutexLock lock(&in->mu);
     in->applied.assign(in->plan.num_tiles(), false);
   }
+  {
+    // This node's record of it: listed, waited on and watched here too.
+    absl::ReaderMutexLock sink_lock(&sink_mu_);
+    if (sink_ != nullptr) {
+      v1::RegionLease source_lease;
+      source_lease.set_region_id(spec.src().region_id());
+      source_lease.set_owner_node_id(request.sender_node_id());
+      source_lease.set_holder_node_id(options_.node_id);
+      source_lease.set_size_bytes(source.size_bytes());
+      if (source.has_paged_kv()) *source_lease.mutable_paged_kv() = source.paged_kv();
+      ASSIGN_OR_RETURN(transfers::InboundSink::Admitted admitted,
+                       sink_->BeginInbound(spec, in->plan,
+                                           std::make_shared<LeasedRegion>(source_lease, src_view,
+                                                                          "source"),
+                                           in->dst, in->sender_node, in->sender_transfer_id));
+      in->local_id = admitted.id;
+      in->job = std::move(admitted.job);
+    }
+  }
   absl::MutexLock lock(&mu_);
-  if (inbound_.size() >= 60000) return absl::ResourceExhaustedError("too many inbound transfers");
+  if (inbound_.size() >= 60000) {
+    EndInboundRecord(*in, absl::ResourceExhaustedError("too many inbound transfers"));
+    return absl::ResourceExhaustedError("too many inbound transfers");
+  }
   while (next_handle_ == 0 || inbound_.count(next_handle_)) next_handle_ = (next_handle_ + 1) & 0xffff;
   in->handle = next_handle_;
   next_handle_ = (next_handle_ + 1) & 0xffff;
@@ -575,12 +597,37 @@ absl::StatusOr<uint32_t> FabricImpl::OnEnd(const std::string& sender, uint32_t h
     in = it->second;
     inbound_.erase(it);
   }
-  absl::MutexLock lock(&in->mu);
+  uint32_t applied = 0;
+  {
+    absl::MutexLock lock(&in->mu);
+    applied = in->applied_count;
+  }
   if (abort) {
     spdlog::info("fabric: inbound transfer {} from '{}' aborted after {} of {} tiles: {}",
-                 in->sender_transfer_id, sender, in->applied_count, in->plan.num_tiles(), why);
+                 in->sender_transfer_id, sender, applied, in->plan.num_tiles(), why);
+    EndInboundRecord(*in, absl::UnavailableError(absl::StrCat("aborted by the sender '", sender,
+                                                              "': ", why)));
+  } else if (applied < in->plan.num_tiles()) {
+    EndInboundRecord(*in, absl::DataLossError(absl::StrCat(
+                              "the sender '", sender, "' ended the transfer after ", applied,
+                              " of ", in->plan.num_tiles(), " tiles")));
   }
-  return in->applied_count;
+  return applied;
+}
+
+void FabricImpl::EndInboundRecord(Inbound& in, const absl::Status& why) {
+  {
+    absl::MutexLock lock(&in.mu);
+    if (in.ended || in.job == nullptr) return;
+    in.ended = true;
+  }
+  absl::ReaderMutexLock sink_lock(&sink_mu_);
+  if (sink_ != nullptr) sink_->EndInbound(in.local_id, why);
+}
+
+void FabricImpl::SetInboundSink(transfers::InboundSink* sink) {
+  absl::MutexLock lock(&sink_mu_);
+  sink_ = sink;
 }
 
 absl::StatusOr<std::unique_ptr<Fabric>> Fabric::Create(const FabricOptions& options,

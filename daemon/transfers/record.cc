@@ -100,6 +100,9 @@ void Record::OnTileStart(uint32_t /*tile*/) {
 
 void Record::OnTileDone(uint32_t tile, const absl::Status& status) {
   absl::MutexLock lock(&mu_);
+  // Local engines report every tile before the final state; only an inbound transfer ended early
+  // can hear of a tile after it (one landing as the sender aborts): it changes nothing then.
+  if (state_ >= v1::TRANSFER_STATE_SUCCEEDED) return;
   ++tiles_reported_;
   if (status.ok()) {
     const planner::TileInfo info = plan_.tile(tile);
@@ -164,6 +167,11 @@ bool Record::RequestEnd(const absl::Status& status, size_t removed) {
   ++version_;
   MaybeFinishLocked();
   return true;
+}
+
+size_t Record::TilesUnreported() const {
+  absl::MutexLock lock(&mu_);
+  return tiles_enqueued_ - tiles_reported_;
 }
 
 bool Record::IsFinal() const {

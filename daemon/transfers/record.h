@@ -56,6 +56,12 @@ class Record final : public engine::Job {
   void SetArrivalFlags(std::shared_ptr<regions::Region> region, uint32_t* words, uint32_t value);
   // The engine that runs the record's tiles.
   engine::Engine* engine() const { return engine_; }
+  // A transfer another node writes into this one (PATH_FABRIC, receiving side): its tiles are
+  // reported by the fabric as they land, and it cannot be cancelled here. Call before admission.
+  void MarkInbound() { inbound_ = true; }
+  bool inbound() const { return inbound_; }
+  // Tiles counted as enqueued that have not reported (for ending an inbound transfer early).
+  size_t TilesUnreported() const;
 
   // engine::Job
   const planner::Plan& plan() const override { return plan_; }
@@ -117,6 +123,7 @@ class Record final : public engine::Job {
   const std::shared_ptr<Counters> counters_;
   Clock* const clock_;
   const int64_t submitted_us_;
+  bool inbound_ = false;  // set before the record is shared
 
   mutable absl::Mutex mu_;
   v1::TransferState state_ ABSL_GUARDED_BY(mu_) = v1::TRANSFER_STATE_QUEUED;

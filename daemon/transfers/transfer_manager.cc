@@ -13,6 +13,7 @@
 #include "daemon/scheduler/route.h"
 #include "daemon/transfers/record.h"
 #include "daemon/transfers/transfers.h"
+#include "proto/kvrail/v1/spec_copy.h"
 #include "spdlog/spdlog.h"
 
 namespace kvrail::transfers {
@@ -117,6 +118,19 @@ std::string LinkName(const regions::Region& src, const regions::Region& dst) {
   const std::string a = side(src), b = side(dst);
   return a == b ? a : absl::StrCat(a, "-", b);
 }
+
+// The "engine" of inbound fabric transfers: their tiles are written by the fabric's unpack
+// threads, which report them to the record directly; nothing is ever queued here. Thread-safe.
+class InboundEngine final : public engine::Engine {
+ public:
+  std::string name() const override { return "fabric-receiver"; }
+  void Enqueue(const std::shared_ptr<engine::Job>&, const std::vector<uint32_t>&) override {}
+  size_t Remove(const engine::Job*) override { return 0; }
+  std::vector<uint64_t> QueuedTiles() const override {
+    return std::vector<uint64_t>(engine::kNumPriorityClasses, 0);
+  }
+  std::string Describe() const override { return "fabric-receiver"; }
+};
 
 class TransferManagerImpl final : public TransferManager {
  public:
@@ -318,6 +332,11 @@ class TransferManagerImpl final : public TransferManager {
 
   absl::StatusOr<v1::TransferStatus> Cancel(uint64_t id) override {
     ASSIGN_OR_RETURN(auto record, Find(id));
+    if (record->inbound() && !record->IsFinal()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "transfer_id: transfer ", id, " is written into this node by another (",
+          record->Status().path_reason(), "); cancel it on the sending node"));
+    }
     End(record, absl::CancelledError("cancelled by a client"));
     return record->Status();
   }
@@ -547,9 +566,46 @@ class TransferManagerImpl final : public TransferManager {
     return it->second;
   }
 
+  absl::StatusOr<Admitted> BeginInbound(const v1::TransferSpec& spec, const planner::Plan& plan,
+                                        std::shared_ptr<regions::Region> source,
+                                        std::shared_ptr<regions::Region> dst,
+                                        const std::string& sender_node,
+                                        uint64_t sender_transfer_id) override {
+    {
+      absl::MutexLock lock(&mu_);
+      if (draining_) return absl::UnavailableError("the receiving daemon is draining");
+    }
+    // The sender's idempotency key and deadline are the sender's business.
+    v1::TransferSpec local = v1::WithoutBlockTables(spec);
+    local.clear_idempotency_key();
+    ASSIGN_OR_RETURN(const uint64_t id, NextId());
+    auto record = std::make_shared<Record>(
+        id, local, std::move(source), std::move(dst), plan, ToClass(spec.priority()),
+        v1::PATH_FABRIC,
+        absl::StrCat("from node '", sender_node, "' (its transfer ", sender_transfer_id, ")"),
+        &inbound_engine_, std::nullopt, counters_, clock_);
+    record->MarkInbound();
+    record->SetLink(absl::StrCat("fabric:", sender_node));
+    (void)record->TakeInitialTiles();  // all expected; the fabric reports them as they land
+    {
+      absl::MutexLock lock(&mu_);
+      AdmitLocked(record, local);
+    }
+    spdlog::info("transfer {} accepted: inbound from '{}' (its transfer {}), {} bytes, {} tiles",
+                 id, sender_node, sender_transfer_id, plan.bytes_total(), plan.num_tiles());
+    return Admitted{id, record};
+  }
+
+  void EndInbound(uint64_t id, const absl::Status& why) override {
+    auto record = Find(id);
+    if (record.ok()) End(*record, why);
+  }
+
   void End(const std::shared_ptr<Record>& record, const absl::Status& why) {
     if (record->IsFinal()) return;
-    const size_t removed = record->engine()->Remove(record.get());
+    // An inbound transfer's outstanding tiles will not be reported once it is ended here.
+    const size_t removed = record->inbound() ? record->TilesUnreported()
+                                             : record->engine()->Remove(record.get());
     if (record->RequestEnd(why, removed)) {
       spdlog::info("transfer {} ending: {}", record->id(), why.ToString());
     }
@@ -598,6 +654,7 @@ class TransferManagerImpl final : public TransferManager {
 
   regions::RegionTable* const regions_;
   engine::Engine* const engine_;
+  InboundEngine inbound_engine_;
   Clock* const clock_;
   const Options options_;
   const std::shared_ptr<Counters> counters_;

@@ -15,6 +15,7 @@
 #include "absl/time/time.h"
 #include "daemon/common/clock.h"
 #include "daemon/engine/engine.h"
+#include "daemon/planner/planner.h"
 #include "daemon/regions/regions.h"
 #include "proto/kvrail/v1/admin.pb.h"
 #include "proto/kvrail/v1/topology.pb.h"
@@ -45,6 +46,31 @@ class RemotePath {
                                                          const std::shared_ptr<engine::Job>& job) = 0;
 };
 
+// The receiving side of PATH_FABRIC, called by daemon/fabric: a transfer another node writes into
+// one of this node's regions is listed, waited on, watched and counted here like a local one.
+// Thread-safe.
+class InboundSink {
+ public:
+  virtual ~InboundSink() = default;
+  struct Admitted {
+    uint64_t id = 0;  // this node's transfer id
+    // Report each tile as it lands (OnTileStart, then OnTileDone); the record succeeds when every
+    // tile has landed.
+    std::shared_ptr<engine::Job> job;
+  };
+  // `source` stands in for the sender's region (no local address); `dst` is the region written.
+  // UNAVAILABLE while draining.
+  virtual absl::StatusOr<Admitted> BeginInbound(const v1::TransferSpec& spec,
+                                                const planner::Plan& plan,
+                                                std::shared_ptr<regions::Region> source,
+                                                std::shared_ptr<regions::Region> dst,
+                                                const std::string& sender_node,
+                                                uint64_t sender_transfer_id) = 0;
+  // Ends an inbound transfer that will get no more tiles (aborted by the sender, the sender lost,
+  // or ended short) with `why`; a no-op once it has ended.
+  virtual void EndInbound(uint64_t id, const absl::Status& why) = 0;
+};
+
 struct Options {
   // Transfers whose spec.dst.node_id names another node go here (nullptr: refused UNIMPLEMENTED).
   RemotePath* remote = nullptr;
@@ -64,7 +90,7 @@ struct Options {
 };
 
 // Thread-safe. Destroy only after the engine has stopped reporting (drain first).
-class TransferManager {
+class TransferManager : public InboundSink {
  public:
   virtual ~TransferManager() = default;
   // `engine` runs host-to-host transfers; options.cuda_engine the rest.

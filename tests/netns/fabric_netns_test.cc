@@ -14,10 +14,12 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <optional>
 #include <set>
 #include <thread>
 
 #include "tests/integration/kv_fixture.h"
+#include "absl/strings/str_cat.h"
 #include "tests/netns/netns.h"
 
 namespace kvrail::testing {
@@ -75,6 +77,23 @@ uint64_t WrittenOutside(const Pool& pool, const std::vector<uint32_t>& touched) 
   return written;
 }
 
+// The receiving node's own record of an inbound transfer (engine "fabric-receiver"), waiting up
+// to `wait` for it to appear; nullopt when there is none.
+std::optional<v1::TransferStatus> InboundRecord(NsDaemon& node,
+                                               absl::Duration wait = absl::Seconds(2)) {
+  const absl::Time until = absl::Now() + wait;
+  do {
+    auto list = node.client->ListTransfers();
+    if (list.ok()) {
+      for (const auto& t : list->transfers()) {
+        if (t.engine() == "fabric-receiver") return t;
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  } while (absl::Now() < until);
+  return std::nullopt;
+}
+
 TEST_CASE("a paged KV cache moves between two nodes over tcp, striped over 2 NICs, byte for byte") {
   SKIP_WITHOUT_NETNS();
   TwoNodes nodes(2);
@@ -114,6 +133,19 @@ TEST_CASE("a paged KV cache moves between two nodes over tcp, striped over 2 NIC
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   CHECK(nodes.b.Log().find("complete") != std::string::npos);
+  // The receiver has its own record: listed, watched to the end, counted, not cancellable there.
+  const std::optional<v1::TransferStatus> inbound = InboundRecord(nodes.b);
+  REQUIRE(inbound.has_value());
+  const v1::TransferStatus seen_by_b = WatchToEnd(*nodes.b.client, inbound->transfer_id());
+  INFO(seen_by_b.DebugString());
+  CHECK(seen_by_b.state() == v1::TRANSFER_STATE_SUCCEEDED);
+  CHECK(seen_by_b.path() == v1::PATH_FABRIC);
+  CHECK(seen_by_b.bytes_done() == status.bytes_total());
+  CHECK(seen_by_b.layers_done() == 4);
+  CHECK(seen_by_b.spec().dst().region_id() == dst.id());
+  CHECK(seen_by_b.path_reason().find(absl::StrCat("its transfer ", submitted->transfer_id())) !=
+        std::string::npos);
+  CHECK(seen_by_b.link() == "fabric:a");
 
   SECTION("a region not exported to the sender is refused and not written") {
     Pool other = MakePool(*nodes.b.client, layout, true, "private");
@@ -222,6 +254,17 @@ void BreakMidTransfer(const std::function<void(TwoNodes&)>& breaker) {
   CHECK(seconds < 15.0);  // within the deadline
   CHECK(status.bytes_done() < status.bytes_total());
   if (nodes.b.pid > 0) CHECK(WrittenOutside(dst, dst_blocks) == 0);
+  if (nodes.b.pid > 0) {
+    // The receiver's record of it ends too (the sender is gone for it): FAILED, UNAVAILABLE.
+    std::optional<v1::TransferStatus> inbound = InboundRecord(nodes.b);
+    REQUIRE(inbound.has_value());
+    auto ended = nodes.b.client->Wait(inbound->transfer_id(), absl::Seconds(15));
+    REQUIRE(ended.ok());
+    INFO(ended->DebugString() << nodes.b.Log());
+    CHECK(ended->state() == v1::TRANSFER_STATE_FAILED);
+    CHECK(ended->error_code() == static_cast<int>(absl::StatusCode::kUnavailable));
+    CHECK(ended->bytes_done() < ended->bytes_total());
+  }
   // The sender keeps serving: a local transfer still succeeds.
   auto again = client::MakeBlockTransfer(src.id(), src_blocks, local.id(), dst_blocks);
   auto ok = nodes.a.client->Submit(again);
