@@ -99,14 +99,23 @@ absl::Status Run(v1::DaemonConfig config) {
 
   Clock* clock = Clock::Real();
   std::unique_ptr<regions::RegionTable> regions = regions::RegionTable::Create(clock);
+  // Per-class limits, indexed by engine::PriorityClass (critical, normal, background).
+  engine::PriorityLimits limits;
+  const v1::ClassLimits* by_class[] = {&config.critical_limits(), &config.normal_limits(),
+                                       &config.background_limits()};
+  for (int c = 0; c < engine::kNumPriorityClasses; ++c) {
+    limits[c].max_ctas = by_class[c]->max_ctas();
+    limits[c].max_inflight_bytes = by_class[c]->max_inflight_bytes();
+  }
   std::unique_ptr<engine::Engine> engine =
-      engine::CreateHostEngine(static_cast<int>(config.host_engine_threads()));
+      engine::CreateHostEngine(static_cast<int>(config.host_engine_threads()), limits);
   std::unique_ptr<engine::Engine> cuda_engine;
   if (config.cuda_engine() != "off") {
     engine::CudaEngineOptions cuda_options;
     cuda_options.max_ctas = static_cast<int>(config.cuda_max_ctas());
     cuda_options.fixed_ctas = static_cast<int>(config.cuda_fixed_ctas());
     cuda_options.copy_engine_min_run_bytes = config.cuda_copy_engine_min_run_bytes();
+    cuda_options.limits = limits;
     absl::StatusOr<std::unique_ptr<engine::Engine>> created =
         engine::CreateCudaEngine(cuda_options);
     if (created.ok()) {

@@ -32,6 +32,12 @@ std::pair<uint32_t, uint32_t> TakeBatch(std::deque<uint32_t>* tiles, const plann
   return {begin, end};
 }
 
+uint64_t ClassBatchBytes(uint64_t batch_bytes, uint64_t max_inflight, uint64_t inflight) {
+  if (max_inflight == 0) return batch_bytes;
+  const uint64_t left = max_inflight > inflight ? max_inflight - inflight : 0;
+  return std::min(batch_bytes, left);
+}
+
 const char* ModeEngineName(Mode mode) {
   return mode == Mode::kKernel ? "cuda-kernel" : "cuda-copy-engine";
 }

@@ -28,6 +28,11 @@ uint64_t MeanRunBytes(const planner::Plan& plan);
 std::pair<uint32_t, uint32_t> TakeBatch(std::deque<uint32_t>* tiles, const planner::Plan& plan,
                                         uint64_t max_bytes);
 
+// The bytes the next batch of a priority class may aim for: `batch_bytes`, within what the class's
+// `max_inflight` (0: no limit) leaves beside its `inflight` bytes; TakeBatch still takes at least
+// one tile.
+uint64_t ClassBatchBytes(uint64_t batch_bytes, uint64_t max_inflight, uint64_t inflight);
+
 enum class Mode { kKernel, kCopyEngine };
 const char* ModeEngineName(Mode mode);  // "cuda-kernel" / "cuda-copy-engine"
 

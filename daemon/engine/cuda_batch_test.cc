@@ -134,3 +134,13 @@ TEST_CASE("the tuner respects the budget and a fixed count") {
 
 }  // namespace
 }  // namespace kvrail::engine::cuda_internal
+
+TEST_CASE("a class's byte limit bounds its batches, never below one tile") {
+  using kvrail::engine::cuda_internal::ClassBatchBytes;
+  CHECK(ClassBatchBytes(64 << 20, 0, 0) == (64u << 20));          // no limit
+  CHECK(ClassBatchBytes(64 << 20, 0, 1ull << 40) == (64u << 20));  // no limit, whatever in flight
+  CHECK(ClassBatchBytes(64 << 20, 8 << 20, 0) == (8u << 20));      // the limit is smaller
+  CHECK(ClassBatchBytes(64 << 20, 8 << 20, 6 << 20) == (2u << 20)); // what the limit leaves
+  CHECK(ClassBatchBytes(64 << 20, 8 << 20, 9 << 20) == 0);         // over: TakeBatch takes 1 tile
+  CHECK(ClassBatchBytes(4 << 20, 1ull << 30, 0) == (4u << 20));    // the batch size is smaller
+}

@@ -45,9 +45,11 @@ struct JobState {
 
 struct Batch {
   JobState* state = nullptr;
+  int cls = 0;  // priority class
   uint32_t begin = 0, end = 0;
   uint64_t bytes = 0;
   int ctas = 0;  // 0: copy engine
+  bool capped = false;  // ctas lowered to the class's max_ctas (not the tuner's own choice)
   cuda::Event start, stop;
   absl::Status launch;
 };
@@ -97,14 +99,24 @@ class DeviceWorker {
   }
 
 
-  // Takes the next batch in priority order (round robin within a class), or nothing.
-  std::optional<std::pair<std::shared_ptr<Job>, std::pair<uint32_t, uint32_t>>> TakeLocked()
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  // Takes the next batch in priority order (round robin within a class) that the class's byte
+  // limit allows, or nothing; counts its bytes as in flight for the class.
+  std::optional<std::pair<std::shared_ptr<Job>, std::pair<uint32_t, uint32_t>>> TakeLocked(
+      int* cls) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     for (int c = 0; c < kNumPriorityClasses; ++c) {
       if (queues_.Empty(c)) continue;
-      return queues_.TakeFrom(c, [this](const Job& job, std::deque<uint32_t>& tiles) {
-        return cuda_internal::TakeBatch(&tiles, job.plan(), options_.batch_bytes);
+      const ClassLimits& limit = options_.limits[c];
+      if (!MayStart(limit, inflight_bytes_[c], queues_.FrontTileBytes(c))) continue;
+      const uint64_t budget = cuda_internal::ClassBatchBytes(
+          options_.batch_bytes, limit.max_inflight_bytes, inflight_bytes_[c]);
+      auto taken = queues_.TakeFrom(c, [budget](const Job& job, std::deque<uint32_t>& tiles) {
+        return cuda_internal::TakeBatch(&tiles, job.plan(), budget);
       });
+      for (uint32_t t = taken.second.first; t < taken.second.second; ++t) {
+        inflight_bytes_[c] += taken.first->plan().tile(t).bytes;
+      }
+      *cls = c;
+      return taken;
     }
     return std::nullopt;
   }
@@ -119,6 +131,7 @@ class DeviceWorker {
     std::deque<Batch> in_flight;
     while (true) {
       std::optional<std::pair<std::shared_ptr<Job>, std::pair<uint32_t, uint32_t>>> next;
+      int cls = 0;
       {
         absl::MutexLock lock(&mu_);
         if (in_flight.empty()) {
@@ -126,11 +139,11 @@ class DeviceWorker {
           mu_.Await(absl::Condition(this, &DeviceWorker::HasWorkOrStop));
           if (stop_) return;
         }
-        if (in_flight.size() < kMaxInFlight) next = TakeLocked();
+        if (in_flight.size() < kMaxInFlight) next = TakeLocked(&cls);
       }
       if (next.has_value()) {
         JobState& state = StateFor(next->first, bound);
-        in_flight.push_back(Launch(state, next->second.first, next->second.second));
+        in_flight.push_back(Launch(state, cls, next->second.first, next->second.second));
       }
       if (!in_flight.empty() && (!next.has_value() || in_flight.size() >= kMaxInFlight)) {
         Complete(in_flight.front());
@@ -207,9 +220,10 @@ class DeviceWorker {
     return it->second;
   }
 
-  Batch Launch(JobState& s, uint32_t begin, uint32_t end) {
+  Batch Launch(JobState& s, int cls, uint32_t begin, uint32_t end) {
     Batch b;
     b.state = &s;
+    b.cls = cls;
     b.begin = begin;
     b.end = end;
     ++s.in_flight;
@@ -227,6 +241,11 @@ class DeviceWorker {
       RETURN_IF_ERROR(cuda::CudaStatus(cudaEventRecord(b.start.get(), stream_.get()), "cudaEventRecord"));
       if (s.mode == Mode::kKernel) {
         b.ctas = TunerFor(s.tuner_key).Next(b.bytes);
+        const int class_max = static_cast<int>(options_.limits[cls].max_ctas);
+        if (class_max > 0 && b.ctas > class_max) {
+          b.ctas = class_max;
+          b.capped = true;
+        }
         RETURN_IF_ERROR(kernels::LaunchKvCopy(s.plan->plan(), begin, end, b.ctas, stream_.get(),
                                               kThreadsPerCta));
       } else {
@@ -277,8 +296,9 @@ class DeviceWorker {
       std::string decision;
       if (b.ctas > 0) {
         CtaTuner& tuner = TunerFor(s.tuner_key);
-        tuner.Report(b.ctas, b.bytes, seconds);
-        decision = absl::StrFormat("kernel %d CTAs, now %s", b.ctas, tuner.Describe());
+        if (!b.capped) tuner.Report(b.ctas, b.bytes, seconds);
+        decision = absl::StrFormat("kernel %d CTAs%s, now %s", b.ctas,
+                                   b.capped ? " (class limit)" : "", tuner.Describe());
       } else {
         decision = "copy engine";
       }
@@ -289,6 +309,8 @@ class DeviceWorker {
     }
     --s.in_flight;
     for (uint32_t t = b.begin; t < b.end; ++t) s.job->OnTileDone(t, status);
+    absl::MutexLock lock(&mu_);
+    inflight_bytes_[b.cls] -= b.bytes;  // after the report, as in the host engine
   }
 
   const int device_;
@@ -302,6 +324,7 @@ class DeviceWorker {
   std::string last_decision_ ABSL_GUARDED_BY(mu_) = "idle";
   uint64_t kernel_batches_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t copy_batches_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t inflight_bytes_[kNumPriorityClasses] ABSL_GUARDED_BY(mu_) = {0, 0, 0};
   // Dispatcher thread only (SweepLocked runs there too, under mu_ for the queue lookups).
   std::unordered_map<const Job*, std::unique_ptr<JobState>> states_;
   std::map<int, CtaTuner> tuners_;

@@ -3,6 +3,7 @@
 // within a class, re-chosen per tile: preemption at tile granularity) and reports each tile.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -82,7 +83,20 @@ class Engine {
 };
 
 // Runs tiles with memcpy on `threads` worker threads (the host twin of the kernels' arithmetic).
-std::unique_ptr<Engine> CreateHostEngine(int threads);
+// What one priority class may use at once; 0 means no limit.
+struct ClassLimits {
+  uint32_t max_ctas = 0;            // CUDA engine only
+  uint64_t max_inflight_bytes = 0;  // a class with nothing in flight may always start one tile
+};
+using PriorityLimits = std::array<ClassLimits, kNumPriorityClasses>;
+
+// Whether a class with `inflight` bytes being moved may start `next` more under `limit`.
+inline bool MayStart(const ClassLimits& limit, uint64_t inflight, uint64_t next) {
+  return limit.max_inflight_bytes == 0 || inflight == 0 ||
+         inflight + next <= limit.max_inflight_bytes;
+}
+
+std::unique_ptr<Engine> CreateHostEngine(int threads, const PriorityLimits& limits = {});
 
 // The CUDA engine (see docs/architecture.md, "CUDA engine"): one dispatcher thread and stream per
 // GPU; jobs run on the source GPU when the source is device memory, else on the destination's.
@@ -100,6 +114,8 @@ struct CudaEngineOptions {
   int reprobe_batches = 256;
   // Devices to serve; empty: every GPU the runtime sees.
   std::vector<int> devices;
+  // Per priority class: CTAs per launch and bytes in flight.
+  PriorityLimits limits;
 };
 
 // FAILED_PRECONDITION (with the runtime's reason) when there is no driver or no GPU.

@@ -26,10 +26,12 @@ namespace {
 // Worker threads pull one tile at a time from the highest non-empty class, so a critical job
 // enqueued behind background work starts on the next free worker (tile-level preemption).
 // Background tiles may occupy at most threads - 1 workers: one worker is always free for critical
-// and normal work, so background traffic only fills idle time (FIKIT's idea, at tile grain).
+// and normal work, so background traffic only fills idle time (FIKIT's idea, at tile grain). A
+// class's max_inflight_bytes further caps the bytes of its tiles being copied at once.
 class HostEngine final : public Engine {
  public:
-  explicit HostEngine(int threads) : threads_(threads < 1 ? 1 : threads) {
+  HostEngine(int threads, const PriorityLimits& limits)
+      : threads_(threads < 1 ? 1 : threads), limits_(limits) {
     limit_[static_cast<int>(PriorityClass::kCritical)] = threads_;
     limit_[static_cast<int>(PriorityClass::kNormal)] = threads_;
     limit_[static_cast<int>(PriorityClass::kBackground)] = threads_ > 1 ? threads_ - 1 : 1;
@@ -80,9 +82,10 @@ class HostEngine final : public Engine {
   }
 
  private:
-  // A class may start a tile when it has one queued and is below its running limit.
+  // A class may start a tile when it has one queued and is below its running and byte limits.
   bool Runnable(int c) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return !queues_.Empty(c) && running_[c] < limit_[c];
+    return !queues_.Empty(c) && running_[c] < limit_[c] &&
+           MayStart(limits_[c], inflight_bytes_[c], queues_.FrontTileBytes(c));
   }
 
   bool HasWorkOrStop() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -110,6 +113,7 @@ class HostEngine final : public Engine {
             tiles.pop_front();
             return t;
           });
+          inflight_bytes_[cls] += job->plan().tile(tile).bytes;
           break;
         }
       }
@@ -118,26 +122,31 @@ class HostEngine final : public Engine {
       planner::ExecuteTileHost(job->plan(), tile, job->src_base(), job->dst_base());
       const double seconds =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      // Reported before the slot is released, so a class's limit holds for its jobs' view too
+      // (no new tile of the class starts until this one has been reported done).
+      job->OnTileDone(tile, absl::OkStatus());
       {
         absl::MutexLock lock(&mu_);
         --running_[cls];
+        inflight_bytes_[cls] -= job->plan().tile(tile).bytes;
         const double rate = static_cast<double>(job->plan().tile(tile).bytes) / std::max(seconds, 1e-7);
         // Exponential moving average of one worker's throughput.
         tile_bytes_per_second_ =
             measured_tiles_ == 0 ? rate : 0.9 * tile_bytes_per_second_ + 0.1 * rate;
         ++measured_tiles_;
       }
-      job->OnTileDone(tile, absl::OkStatus());
     }
   }
 
   static constexpr uint64_t kMinMeasuredTiles = 8;
 
   const int threads_;
+  const PriorityLimits limits_;
   int limit_[kNumPriorityClasses];  // set in the constructor, then read-only
   mutable absl::Mutex mu_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   int running_[kNumPriorityClasses] ABSL_GUARDED_BY(mu_) = {0, 0, 0};
+  uint64_t inflight_bytes_[kNumPriorityClasses] ABSL_GUARDED_BY(mu_) = {0, 0, 0};
   double tile_bytes_per_second_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t measured_tiles_ ABSL_GUARDED_BY(mu_) = 0;
   TileQueues queues_ ABSL_GUARDED_BY(mu_);
@@ -146,8 +155,8 @@ class HostEngine final : public Engine {
 
 }  // namespace
 
-std::unique_ptr<Engine> CreateHostEngine(int threads) {
-  return std::make_unique<HostEngine>(threads);
+std::unique_ptr<Engine> CreateHostEngine(int threads, const PriorityLimits& limits) {
+  return std::make_unique<HostEngine>(threads, limits);
 }
 
 }  // namespace kvrail::engine

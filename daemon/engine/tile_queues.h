@@ -69,6 +69,13 @@ class TileQueues {
     }
   }
 
+  // Bytes of the tile the next take from class `cls` would start with (0 when it is empty).
+  uint64_t FrontTileBytes(int cls) const {
+    if (queues_[cls].empty()) return 0;
+    const Entry& e = queues_[cls].front();
+    return e.tiles.empty() ? 0 : e.job->plan().tile(e.tiles.front()).bytes;
+  }
+
   // Bytes queued in classes [0, up_to_class].
   uint64_t QueuedBytes(int up_to_class) const {
     uint64_t bytes = 0;

@@ -69,3 +69,15 @@ TEST_CASE("higher classes first; round robin within a class; removal counts") {
 
 }  // namespace
 }  // namespace kvrail::engine
+
+TEST_CASE("MayStart: a class with nothing in flight always starts; else within its limit") {
+  using kvrail::engine::ClassLimits;
+  using kvrail::engine::MayStart;
+  ClassLimits none;
+  CHECK(MayStart(none, 1ull << 40, 1ull << 40));
+  ClassLimits limited;
+  limited.max_inflight_bytes = 4 << 20;
+  CHECK(MayStart(limited, 0, 64 << 20));  // alone, however large
+  CHECK(MayStart(limited, 1 << 20, 3 << 20));
+  CHECK_FALSE(MayStart(limited, 1 << 20, (3 << 20) + 1));
+}

@@ -453,7 +453,7 @@ void FabricImpl::FinishTile(const std::shared_ptr<Outbound>& out, uint32_t tile,
 
 // Ends the outbound transfer once nothing of it is in flight: End (all tiles landed) or Abort.
 void FabricImpl::MaybeClose(const std::shared_ptr<Outbound>& out) {
-  bool end = false, abort = false;
+  bool end = false;  // else abort, with `why`
   absl::Status why;
   {
     absl::MutexLock lock(&out->mu);
@@ -461,7 +461,6 @@ void FabricImpl::MaybeClose(const std::shared_ptr<Outbound>& out) {
     if (out->ok_tiles == out->job->plan().num_tiles()) {
       end = true;
     } else if (out->failed.has_value() || out->removed) {
-      abort = true;
       why = out->failed.value_or(absl::CancelledError("ended by the sender"));
     } else {
       return;

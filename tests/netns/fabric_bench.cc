@@ -13,7 +13,7 @@
 // fi_pingpong: message size T, iterations so that about the same bytes move each way; its MB/sec
 // column (bytes both ways / time, 1e6), best of `reps` runs. One message is in flight at a time.
 //
-// Usage (root): fabric_bench [--mib 512] [--reps 3] [--no-loopback] [--sizes 65536,262144,...]
+// Usage (root): fabric_bench [--mib 512] [--reps 3] [--nics 1] [--no-loopback] [--sizes 65536,...]
 // Namespaces, veth pair and daemons are removed at the end, on failure and on SIGINT/SIGTERM.
 #include <fcntl.h>
 #include <signal.h>
@@ -183,10 +183,10 @@ struct KvResult {
 // kvraild A (ns_a, ip_a) -> kvraild B (ns_b, ip_b) with tiles of exactly `tile` bytes.
 KvResult KvRail(const std::string& ns_a, const std::string& ip_a, int port_a,
                 const std::string& ns_b, const std::string& ip_b, int port_b, uint64_t tile,
-                uint32_t layers, int reps) {
+                uint32_t layers, int reps, int nics) {
   KvResult result;
   NsDaemonOptions oa;
-  oa.nics = 1;
+  oa.nics = nics;
   oa.tile_bytes = tile;
   oa.slot_bytes = tile;
   // At least 16 slots (the default), and up to 64 so that small tiles keep >= 4 MiB in flight.
@@ -307,6 +307,7 @@ int Main(int argc, char** argv) {
   uint64_t mib = 512;
   int reps = 3;
   bool loopback = true;
+  int nics = 1;  // fabric endpoints per daemon on the one path (striping over one link)
   std::vector<uint64_t> sizes = {64 << 10, 256 << 10, 1 << 20, 4 << 20};
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
@@ -314,6 +315,8 @@ int Main(int argc, char** argv) {
       mib = std::strtoull(argv[++i], nullptr, 10);
     } else if (arg == "--reps" && i + 1 < argc) {
       reps = std::max(1, std::atoi(argv[++i]));
+    } else if (arg == "--nics" && i + 1 < argc) {
+      nics = std::max(1, std::atoi(argv[++i]));
     } else if (arg == "--no-loopback") {
       loopback = false;
     } else if (arg == "--sizes" && i + 1 < argc) {
@@ -322,7 +325,7 @@ int Main(int argc, char** argv) {
       for (std::string s; std::getline(in, s, ',');) sizes.push_back(std::strtoull(s.c_str(), 0, 10));
     } else {
       std::fprintf(stderr,
-                   "usage: fabric_bench [--mib 512] [--reps 3] [--no-loopback] [--sizes a,b]\n");
+                   "usage: fabric_bench [--mib 512] [--reps 3] [--nics 1] [--no-loopback] [--sizes a,b]\n");
       return 2;
     }
   }
@@ -354,16 +357,16 @@ int Main(int argc, char** argv) {
     return 1;
   }
   std::printf("namespaces %s (%s) <-veth-> %s (%s); %u layers, %llu MiB per transfer, best of %d "
-              "after a warm-up; load average before: %s\n",
+              "after a warm-up; %d fabric endpoint(s) per daemon; load average before: %s\n",
               net.ns_a.c_str(), net.ip_a.c_str(), net.ns_b.c_str(), net.ip_b.c_str(), layers,
-              static_cast<unsigned long long>(layers * 16ull), reps, load_before.c_str());
+              static_cast<unsigned long long>(layers * 16ull), reps, nics, load_before.c_str());
   std::fflush(stdout);
 
   std::vector<Row> rows;
   int port = 7070;
   for (uint64_t tile : sizes) {
     Row row{"veth", tile};
-    row.kv = KvRail(net.ns_a, net.ip_a, port, net.ns_b, net.ip_b, port, tile, layers, reps);
+    row.kv = KvRail(net.ns_a, net.ip_a, port, net.ns_b, net.ip_b, port, tile, layers, reps, nics);
     ++port;  // a fresh port per pair of daemons (no TIME_WAIT surprises)
     row.pp = PingPong(net.ns_b, net.ns_a, net.ip_b, tile, layers * (16ull << 20), reps,
                       dir.path(), &row.pp_error);
@@ -374,7 +377,8 @@ int Main(int argc, char** argv) {
   if (loopback) {
     const uint64_t tile = 1 << 20;
     Row row{"loopback", tile};
-    row.kv = KvRail(net.ns_a, "127.0.0.1", 7170, net.ns_a, "127.0.0.1", 7171, tile, layers, reps);
+    row.kv = KvRail(net.ns_a, "127.0.0.1", 7170, net.ns_a, "127.0.0.1", 7171, tile, layers, reps,
+                    nics);
     row.pp = PingPong(net.ns_a, net.ns_a, "127.0.0.1", tile, layers * (16ull << 20), reps,
                       dir.path(), &row.pp_error);
     std::fprintf(stderr, "  loopback %s: kvrail %.3f GB/s, fi_pingpong %.3f GB/s %s\n",
