@@ -1,4 +1,4 @@
-// Planner cost: MakePlan for transfers of 1k..100k scattered blocks (validation + the compact
+// Planner cost: MakePlan for transfers of 1k..262k scattered blocks (validation + the compact
 // plan), beside the cost of only copying the block ids, in one run.
 #include <algorithm>
 #include <chrono>
@@ -14,7 +14,7 @@ int main() {
   using Clock = std::chrono::steady_clock;
   std::printf("%-10s %14s %14s %14s %14s\n", "blocks", "MakePlan us", "copy ids us",
               "serialize us", "parse us");
-  for (uint32_t n : {1000u, 10000u, 100000u}) {
+  for (uint32_t n : {1000u, 10000u, 100000u, 262144u}) {
     kvrail::v1::PagedKvLayout proto;
     proto.set_num_layers(1);
     proto.set_num_parts(1);
