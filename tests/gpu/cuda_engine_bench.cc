@@ -36,6 +36,7 @@
 #include "absl/strings/str_format.h"
 #include "client/cuda_export.h"
 #include "client/kvrail_client.h"
+#include "tests/gpu/bench_check.h"
 #include "tests/harness/daemon_process.h"
 
 namespace kvrail {
@@ -43,21 +44,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-void Check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) {
-    std::fprintf(stderr, "CUDA error in %s: %s\n", what, cudaGetErrorString(e));
-    std::exit(1);
-  }
-}
+using gpu_bench::Check;
 
-template <typename T>
-T Must(absl::StatusOr<T> v, const char* what) {
-  if (!v.ok()) {
-    std::fprintf(stderr, "%s: %s\n", what, v.status().ToString().c_str());
-    std::exit(1);
-  }
-  return *std::move(v);
-}
+using gpu_bench::Must;
 
 // A pool of `blocks` blocks of `block_bytes`: 1 layer, 1 part, 16 tokens, 1 head, bf16.
 v1::PagedKvLayout BlockLayout(uint32_t blocks, uint64_t block_bytes) {

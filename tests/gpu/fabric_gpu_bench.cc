@@ -18,6 +18,7 @@
 
 #include "client/cuda_export.h"
 #include "client/kvrail_client.h"
+#include "tests/gpu/bench_check.h"
 #include "tests/harness/daemon_process.h"
 #include "tests/netns/netns.h"
 
@@ -26,12 +27,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-void Check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) {
-    std::fprintf(stderr, "CUDA error in %s: %s\n", what, cudaGetErrorString(e));
-    std::exit(1);
-  }
-}
+using gpu_bench::Check;
 
 // One side's pool: host buffer or GPU buffer, registered with `c`.
 struct Pool {

@@ -50,14 +50,10 @@ TEST_CASE("a 10000-block transfer: the client passes its tables through shared m
   const auto src_blocks = ScatteredBlocks(16384, 10000, 1);
   const auto dst_blocks = ScatteredBlocks(16384, 10000, 2);
   FillPool(src, 3, src_blocks, 10000 * 16);
-  auto submitted = live.client->Submit(
-      client::MakeBlockTransfer(src.id(), src_blocks, dst.id(), dst_blocks));
-  INFO(submitted.status().ToString());
-  REQUIRE(submitted.ok());
-  auto status = live.client->Wait(submitted->transfer_id(), absl::Seconds(60));
-  REQUIRE(status.ok());
-  INFO(status->error_message());
-  REQUIRE(status->state() == v1::TRANSFER_STATE_SUCCEEDED);
+  v1::TransferStatus status =
+      RunToEnd(*live.client, client::MakeBlockTransfer(src.id(), src_blocks, dst.id(), dst_blocks));
+  INFO(status.error_message());
+  REQUIRE(status.state() == v1::TRANSFER_STATE_SUCCEEDED);
   CHECK(VerifyPool(dst, Expectation{3, dst_blocks, 10000 * 16, 0, 0, 1, 0, 0, 1}) == "");
   // The tables went through the client's table region, not the message.
   auto regions = live.client->ListRegions();
@@ -70,11 +66,8 @@ TEST_CASE("a 10000-block transfer: the client passes its tables through shared m
   const auto more_src = ScatteredBlocks(16384, 16000, 5);
   const auto more_dst = ScatteredBlocks(16384, 16000, 6);
   FillPool(src, 4, more_src, 16000 * 16);
-  submitted = live.client->Submit(client::MakeBlockTransfer(src.id(), more_src, dst2.id(), more_dst));
-  REQUIRE(submitted.ok());
-  status = live.client->Wait(submitted->transfer_id(), absl::Seconds(60));
-  REQUIRE(status.ok());
-  REQUIRE(status->state() == v1::TRANSFER_STATE_SUCCEEDED);
+  status = RunToEnd(*live.client, client::MakeBlockTransfer(src.id(), more_src, dst2.id(), more_dst));
+  REQUIRE(status.state() == v1::TRANSFER_STATE_SUCCEEDED);
   CHECK(VerifyPool(dst2, Expectation{4, more_dst, 16000 * 16, 0, 0, 1, 0, 0, 1}) == "");
 }
 
@@ -143,11 +136,7 @@ TEST_CASE("bad block table references are rejected naming the field; nothing mov
   // Still serving: the good one moves.
   s = good;
   Refer(s.mutable_src(), table.info.region_id(), 0, 8);
-  auto submitted = live.client->Submit(s);
-  REQUIRE(submitted.ok());
-  auto status = live.client->Wait(submitted->transfer_id(), absl::Seconds(60));
-  REQUIRE(status.ok());
-  CHECK(status->state() == v1::TRANSFER_STATE_SUCCEEDED);
+  CHECK(RunToEnd(*live.client, s).state() == v1::TRANSFER_STATE_SUCCEEDED);
 }
 
 }  // namespace

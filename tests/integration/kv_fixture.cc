@@ -23,6 +23,15 @@ LiveDaemon::~LiveDaemon() {
   CHECK(daemon.Stop(SIGTERM) == 0);
 }
 
+v1::TransferStatus RunToEnd(client::Client& c, const v1::TransferSpec& spec) {
+  auto submitted = c.Submit(spec);
+  INFO(submitted.status().ToString());
+  REQUIRE(submitted.ok());
+  auto status = c.Wait(submitted->transfer_id(), absl::Seconds(60));
+  REQUIRE(status.ok());
+  return *status;
+}
+
 Pool MakePool(client::Client& c, const v1::PagedKvLayout& layout, bool writable,
               const std::string& name) {
   Pool pool;

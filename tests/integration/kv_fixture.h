@@ -31,6 +31,9 @@ struct Pool {
   uint64_t id() const { return info.region_id(); }
 };
 
+// Submits `spec` and waits (up to 60 s) for its end; REQUIREs that both calls succeed.
+v1::TransferStatus RunToEnd(client::Client& c, const v1::TransferSpec& spec);
+
 // Creates, poisons and registers a pool; REQUIREs success.
 Pool MakePool(client::Client& c, const v1::PagedKvLayout& layout, bool writable,
               const std::string& name = "pool");

@@ -19,15 +19,6 @@ using client::Client;
 
 using Live = LiveDaemon;
 
-v1::TransferStatus RunToEnd(Client& c, const v1::TransferSpec& spec) {
-  auto submitted = c.Submit(spec);
-  INFO(submitted.status().ToString());
-  REQUIRE(submitted.ok());
-  auto status = c.Wait(submitted->transfer_id(), absl::Seconds(60));
-  REQUIRE(status.ok());
-  return *status;
-}
-
 TEST_CASE("a scattered paged KV cache moves between two regions, byte for byte") {
   Live live({"--tile-bytes", "65536"});
   const auto layout = MakeLayout(4, 2, 64, 16, 8, 128, v1::DTYPE_BF16,
