@@ -13,13 +13,14 @@ absl::Status CudaError(cudaError_t e, const char* what) {
 }
 
 using WriteValue32 = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
+using WaitValue32 = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
 
 class CudaFlagsImpl final : public CudaFlags {
  public:
   CudaFlagsImpl(uint32_t* words, uint32_t count, int device, CUdeviceptr device_words,
-                WriteValue32 write, bool owns_registration)
+                WriteValue32 write, WaitValue32 wait, bool owns_registration)
       : words_(words), count_(count), device_(device), device_words_(device_words), write_(write),
-        owns_registration_(owns_registration) {}
+        wait_(wait), owns_registration_(owns_registration) {}
   ~CudaFlagsImpl() override {
     if (!owns_registration_) return;
     cudaSetDevice(device_);
@@ -33,6 +34,13 @@ class CudaFlagsImpl final : public CudaFlags {
     return absl::OkStatus();
   }
 
+  absl::Status WaitOnStream(CUstream_st* stream, uint32_t index, uint32_t value) override {
+    if (index >= count_) return absl::OutOfRangeError(absl::StrCat("flag index ", index, " >= ", count_));
+    const CUresult r = wait_(stream, device_words_ + 4ull * index, value, CU_STREAM_WAIT_VALUE_GEQ);
+    if (r != CUDA_SUCCESS) return absl::InternalError(absl::StrCat("cuStreamWaitValue32: CUresult ", r));
+    return absl::OkStatus();
+  }
+
 
  private:
   uint32_t* const words_;
@@ -40,6 +48,7 @@ class CudaFlagsImpl final : public CudaFlags {
   const int device_;
   const CUdeviceptr device_words_;
   const WriteValue32 write_;
+  const WaitValue32 wait_;
   const bool owns_registration_;  // false when the memory was already registered (by another map)
 };
 
@@ -67,15 +76,17 @@ absl::StatusOr<std::unique_ptr<CudaFlags>> CudaFlags::Map(uint32_t* words, uint3
   }
   // Driver entry points through the runtime, so nothing links libcuda directly.
   void* write = nullptr;
-  cudaDriverEntryPointQueryResult q1;
+  void* wait = nullptr;
+  cudaDriverEntryPointQueryResult q1, q2;
   if (cudaGetDriverEntryPointByVersion("cuStreamWriteValue32", &write, 12000, cudaEnableDefault, &q1) != cudaSuccess ||
-      write == nullptr) {
+      cudaGetDriverEntryPointByVersion("cuStreamWaitValue32", &wait, 12000, cudaEnableDefault, &q2) != cudaSuccess ||
+      write == nullptr || wait == nullptr) {
     if (owns) cudaHostUnregister(words);
-    return absl::FailedPreconditionError("the driver offers no cuStreamWriteValue32");
+    return absl::FailedPreconditionError("the driver offers no cuStreamWriteValue32/cuStreamWaitValue32");
   }
   return std::unique_ptr<CudaFlags>(std::make_unique<CudaFlagsImpl>(
       words, count, device, reinterpret_cast<CUdeviceptr>(device_words),
-      reinterpret_cast<WriteValue32>(write), owns));
+      reinterpret_cast<WriteValue32>(write), reinterpret_cast<WaitValue32>(wait), owns));
 }
 
 }  // namespace kvrail::client
