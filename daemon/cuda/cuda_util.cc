@@ -17,6 +17,24 @@ absl::Status CudaStatus(cudaError_t error, absl::string_view what, absl::StatusC
                                          cudaGetErrorString(error)));
 }
 
+bool IsStickyError(cudaError_t error) {
+  switch (error) {
+    case cudaErrorIllegalAddress:
+    case cudaErrorLaunchFailure:
+    case cudaErrorHardwareStackError:
+    case cudaErrorIllegalInstruction:
+    case cudaErrorMisalignedAddress:
+    case cudaErrorInvalidAddressSpace:
+    case cudaErrorInvalidPc:
+    case cudaErrorAssert:
+    case cudaErrorLaunchTimeout:
+    case cudaErrorECCUncorrectable:
+      return true;
+    default:
+      return false;
+  }
+}
+
 absl::Status CudaStatus(cudaError_t error, absl::string_view what) {
   return CudaStatus(error, what, absl::StatusCode::kInternal);
 }

@@ -25,6 +25,10 @@ absl::Status CudaStatus(cudaError_t error, absl::string_view what);
 // Same with a chosen code (e.g. INVALID_ARGUMENT for a bad handle).
 absl::Status CudaStatus(cudaError_t error, absl::string_view what, absl::StatusCode code);
 
+// Whether `error` leaves the process's context for that device unusable until the process
+// exits (a kernel fault such as cudaErrorIllegalAddress): every later call on it fails too.
+bool IsStickyError(cudaError_t error);
+
 // Devices the runtime sees; FAILED_PRECONDITION with the runtime's reason when there is no
 // driver or no device.
 absl::StatusOr<int> DeviceCount();

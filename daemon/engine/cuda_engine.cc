@@ -88,6 +88,7 @@ class DeviceWorker {
 
   std::string Describe() const {
     absl::MutexLock lock(&mu_);
+    if (!broken_.ok()) return absl::StrCat("cuda:", device_, " BROKEN: ", broken_.message());
     return absl::StrCat("cuda:", device_, " ", last_decision_, ", budget ", options_.max_ctas,
                         " CTAs; ", kernel_batches_, " kernel / ", copy_batches_,
                         " copy-engine batches");
@@ -235,6 +236,13 @@ class DeviceWorker {
       b.launch = s.setup;
       return b;
     }
+    {
+      absl::MutexLock lock(&mu_);
+      if (!broken_.ok()) {
+        b.launch = broken_;
+        return b;
+      }
+    }
     b.launch = [&]() -> absl::Status {
       ASSIGN_OR_RETURN(b.start, cuda::Event::Create());
       ASSIGN_OR_RETURN(b.stop, cuda::Event::Create());
@@ -287,7 +295,18 @@ class DeviceWorker {
     absl::Status status = b.launch;
     float ms = 0;
     if (status.ok()) {
-      status = cuda::CudaStatus(cudaEventSynchronize(b.stop.get()), "transfer batch");
+      const cudaError_t e = cudaEventSynchronize(b.stop.get());
+      status = cuda::CudaStatus(e, "transfer batch");
+      if (cuda::IsStickyError(e)) {
+        // The daemon's context on this GPU is gone for good: fail everything after this clearly
+        // instead of with a cascade of unrelated runtime errors.
+        absl::MutexLock lock(&mu_);
+        if (broken_.ok()) {
+          broken_ = absl::FailedPreconditionError(absl::StrCat(
+              "GPU", device_, " is unusable in this kvraild after an earlier kernel fault (",
+              cudaGetErrorName(e), "); restart kvraild to use it again"));
+        }
+      }
     }
     if (status.ok()) cudaEventElapsedTime(&ms, b.start.get(), b.stop.get());
     if (status.ok()) {
@@ -325,6 +344,8 @@ class DeviceWorker {
   uint64_t kernel_batches_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t copy_batches_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t inflight_bytes_[kNumPriorityClasses] ABSL_GUARDED_BY(mu_) = {0, 0, 0};
+  // Set by the first sticky CUDA error; every later batch fails with it.
+  absl::Status broken_ ABSL_GUARDED_BY(mu_);
   // Dispatcher thread only (SweepLocked runs there too, under mu_ for the queue lookups).
   std::unordered_map<const Job*, std::unique_ptr<JobState>> states_;
   std::map<int, CtaTuner> tuners_;
