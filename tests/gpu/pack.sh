@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Build machine: builds every program the GPU scripts run and packs them (with their shared
+# libraries) into .devpack/ for the device machine (../shared/tools/devpack). Then run, there:
+#   tests/gpu/run_all.sh          (carry .devpack)
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+targets=(//daemon:kvraild //client:kvrail //client:kv_demo //topology:topo_probe
+         //tests/gpu:cuda_engine_gpu_test //tests/gpu:cuda_engine_bench //tests/gpu:streaming_bench
+         //tests/gpu:flags_gpu_test //tests/gpu:fabric_gpu_bench //tests/gpu:kv_copy_gpu_test)
+bazel build "${targets[@]}"
+bin=$(bazel info bazel-bin 2>/dev/null)
+paths=()
+for t in "${targets[@]}"; do paths+=("$bin/$(echo "${t#//}" | tr ':' '/')"); done
+rm -rf .devpack
+"${DEVPACK:-../shared/tools/devpack}" "${paths[@]}"
+du -sh .devpack
