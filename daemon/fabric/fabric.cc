@@ -266,11 +266,7 @@ void FabricImpl::PackLoop() {
         peer->credits[lane]->ReturnLocally(static_cast<uint32_t>(slot));
       }
       slots_cv_.SignalAll();
-      {
-        absl::MutexLock lock(&out->mu);
-        --out->inflight;
-      }
-      out->job->OnTileDone(item.tile, packed);
+      FinishTile(out, item.tile, packed);  // fails the transfer; aborts it on the peer
       continue;
     }
     kernels::NicCommand cmd{};
