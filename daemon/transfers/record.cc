@@ -171,7 +171,7 @@ bool Record::RequestEnd(const absl::Status& status, size_t removed) {
 
 size_t Record::TilesUnreported() const {
   absl::MutexLock lock(&mu_);
-  return tiles_enqueued_ - tiles_reported_;
+  return tiles_enqueued_ > tiles_reported_ ? tiles_enqueued_ - tiles_reported_ : 0;
 }
 
 bool Record::IsFinal() const {

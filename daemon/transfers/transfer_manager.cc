@@ -575,9 +575,13 @@ class TransferManagerImpl final : public TransferManager {
       absl::MutexLock lock(&mu_);
       if (draining_) return absl::UnavailableError("the receiving daemon is draining");
     }
-    // The sender's idempotency key and deadline are the sender's business.
+    // The sender's idempotency key, deadline, layer pacing and flag words are the sender's
+    // business (its regions, its node): here every tile is expected and reported as it lands.
     v1::TransferSpec local = v1::WithoutBlockTables(spec);
     local.clear_idempotency_key();
+    local.clear_layerwise();
+    local.clear_ready_flags();
+    local.clear_arrival_flags();
     ASSIGN_OR_RETURN(const uint64_t id, NextId());
     auto record = std::make_shared<Record>(
         id, local, std::move(source), std::move(dst), plan, ToClass(spec.priority()),
