@@ -285,6 +285,7 @@ size_t TableIds(const v1::TransferEndpoint& ep) {
 void PutTable(const v1::TransferEndpoint& from, v1::TransferEndpoint* to, uint8_t* base,
               uint64_t offset, uint64_t region) {
   const size_t n = TableIds(from);
+  if (n == 0) return;  // no table on this side (a bytes region, or none given)
   if (from.block_ids_size() > 0) {
     std::memcpy(base + offset, from.block_ids().data(), 4 * n);  // little-endian hosts
   } else {
@@ -345,10 +346,20 @@ absl::StatusOr<v1::SubmitTransferResponse> Client::Submit(const v1::TransferSpec
                impl_->table_region_);
       absl::StatusOr<v1::SubmitTransferResponse> response = SubmitRequest(shared);
       // Only a table region that went away (unregistered by someone else) falls back to the
-      // message below; every other answer is the transfer's.
-      if (response.ok() ||
-          !absl::StrContains(response.status().message(), ".block_table.region_id")) {
-        return response;
+      // message below; every other answer is the transfer's, naming the field the caller set.
+      if (response.ok()) return response;
+      std::string message(response.status().message());
+      if (!absl::StrContains(message, ".block_table.region_id")) {
+        for (int i = 0; i < 2; ++i) {
+          const char* side = i == 0 ? "spec.src" : "spec.dst";
+          const v1::TransferEndpoint& ep = i == 0 ? spec.src() : spec.dst();
+          const std::string prefix = absl::StrCat(side, ".block_table");
+          if (absl::StartsWith(message, prefix)) {
+            message = absl::StrCat(side, ep.block_ids_size() > 0 ? ".block_ids" : ".block_ids_le32",
+                                   message.substr(prefix.size()));
+          }
+        }
+        return absl::Status(response.status().code(), message);
       }
       impl_->table_region_ = 0;
       impl_->table_buffer_.reset();

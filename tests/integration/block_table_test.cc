@@ -71,6 +71,21 @@ TEST_CASE("a 10000-block transfer: the client passes its tables through shared m
   CHECK(VerifyPool(dst2, Expectation{4, more_dst, 16000 * 16, 0, 0, 1, 0, 0, 1}) == "");
 }
 
+TEST_CASE("a bad id in a large table the client moved to shared memory is named as the caller set it") {
+  LiveDaemon live;
+  Pool src = MakePool(*live.client, ManyBlocks(), false, "prefill");
+  Pool dst = MakePool(*live.client, ManyBlocks(), true, "decode");
+  const auto src_blocks = ScatteredBlocks(16384, 10000, 3);
+  auto dst_blocks = ScatteredBlocks(16384, 10000, 4);
+  dst_blocks[5] = 20000;  // past the pool
+  auto r = live.client->Submit(client::MakeBlockTransfer(src.id(), src_blocks, dst.id(), dst_blocks));
+  INFO(r.status().ToString());
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(std::string(r.status().message()).rfind("spec.dst.block_ids[5]", 0) == 0);
+  CHECK(CountWritten(dst) == 0);
+}
+
 TEST_CASE("an explicit BlockTableRef is copied at submit: rewriting it afterwards changes nothing") {
   LiveDaemon live;
   Pool src = MakePool(*live.client, ManyBlocks(), false, "prefill");
