@@ -1,45 +1,26 @@
 #include "client/cuda_export.h"
 
-#include <cuda.h>
 #include <cuda_runtime_api.h>
 
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "daemon/common/status.h"
+#include "daemon/cuda/cuda_util.h"
 
 namespace kvrail::client {
 namespace {
 
-absl::Status Cuda(cudaError_t e, absl::string_view what,
-                  absl::StatusCode code = absl::StatusCode::kInternal) {
-  if (e == cudaSuccess) return absl::OkStatus();
-  cudaGetLastError();
-  return absl::Status(code, absl::StrCat(what, ": ", cudaGetErrorName(e), ": ",
-                                         cudaGetErrorString(e)));
-}
+using cuda::CudaStatus;
 
-using GetAddressRangeFn = CUresult (*)(CUdeviceptr*, size_t*, CUdeviceptr);
-
+// The cudaMalloc allocation holding `ptr` (on the current device's context): base and size.
 absl::StatusOr<std::pair<uint8_t*, uint64_t>> AllocationOf(const void* ptr) {
-  static GetAddressRangeFn fn = [] {
-    void* p = nullptr;
-    cudaDriverEntryPointQueryResult found{};
-    if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &p, 12000, cudaEnableDefault,
-                                         &found) != cudaSuccess ||
-        found != cudaDriverEntryPointSuccess) {
-      cudaGetLastError();
-      return static_cast<GetAddressRangeFn>(nullptr);
-    }
-    return reinterpret_cast<GetAddressRangeFn>(p);
-  }();
-  if (fn == nullptr) return absl::FailedPreconditionError("no cuMemGetAddressRange in the driver");
-  CUdeviceptr base = 0;
-  size_t bytes = 0;
-  if (fn(&base, &bytes, reinterpret_cast<CUdeviceptr>(ptr)) != CUDA_SUCCESS) {
-    return absl::InvalidArgumentError("device_ptr: not inside a CUDA allocation");
+  absl::StatusOr<cuda::AllocationRange> range = cuda::GetAllocationRange(ptr);
+  if (!range.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("device_ptr: not inside a CUDA allocation (",
+                                                   range.status().message(), ")"));
   }
-  return std::make_pair(reinterpret_cast<uint8_t*>(base), static_cast<uint64_t>(bytes));
+  return std::make_pair(reinterpret_cast<uint8_t*>(range->base), range->bytes);
 }
 
 // Makes `device` current for its lifetime and gives the caller back its own current device: the
@@ -49,8 +30,8 @@ class ScopedDevice {
  public:
   static absl::StatusOr<ScopedDevice> Enter(int device) {
     int previous = 0;
-    RETURN_IF_ERROR(Cuda(cudaGetDevice(&previous), "cudaGetDevice"));
-    RETURN_IF_ERROR(Cuda(cudaSetDevice(device), absl::StrCat("cudaSetDevice(", device, ")")));
+    RETURN_IF_ERROR(CudaStatus(cudaGetDevice(&previous), "cudaGetDevice"));
+    RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device), absl::StrCat("cudaSetDevice(", device, ")")));
     return ScopedDevice(previous);
   }
   ScopedDevice(ScopedDevice&& other) noexcept : previous_(other.previous_) { other.previous_ = -1; }
@@ -78,7 +59,7 @@ int CudaDeviceCount() {
 absl::StatusOr<v1::RegionSpec> MakeCudaRegionSpec(const void* device_ptr, uint64_t bytes,
                                                   v1::RegionSpec spec) {
   cudaPointerAttributes attributes{};
-  RETURN_IF_ERROR(Cuda(cudaPointerGetAttributes(&attributes, device_ptr),
+  RETURN_IF_ERROR(CudaStatus(cudaPointerGetAttributes(&attributes, device_ptr),
                        "cudaPointerGetAttributes", absl::StatusCode::kInvalidArgument));
   if (attributes.type != cudaMemoryTypeDevice) {
     return absl::InvalidArgumentError("device_ptr: not device memory from cudaMalloc");
@@ -92,7 +73,7 @@ absl::StatusOr<v1::RegionSpec> MakeCudaRegionSpec(const void* device_ptr, uint64
                                                    allocation.second, " bytes"));
   }
   cudaIpcMemHandle_t handle;
-  RETURN_IF_ERROR(Cuda(cudaIpcGetMemHandle(&handle, allocation.first), "cudaIpcGetMemHandle"));
+  RETURN_IF_ERROR(CudaStatus(cudaIpcGetMemHandle(&handle, allocation.first), "cudaIpcGetMemHandle"));
   spec.set_memory_kind(v1::MEMORY_KIND_CUDA);
   spec.set_device(attributes.device);
   spec.set_size_bytes(bytes);
@@ -114,10 +95,10 @@ absl::StatusOr<v1::RegionInfo> RegisterCudaRegion(Client& client, const void* de
 }
 
 absl::StatusOr<std::unique_ptr<CudaBuffer>> CudaBuffer::Create(int device, size_t bytes) {
-  RETURN_IF_ERROR(Cuda(cudaSetDevice(device), absl::StrCat("cudaSetDevice(", device, ")"),
+  RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device), absl::StrCat("cudaSetDevice(", device, ")"),
                        absl::StatusCode::kFailedPrecondition));
   void* p = nullptr;
-  RETURN_IF_ERROR(Cuda(cudaMalloc(&p, bytes), "cudaMalloc", absl::StatusCode::kResourceExhausted));
+  RETURN_IF_ERROR(CudaStatus(cudaMalloc(&p, bytes), "cudaMalloc", absl::StatusCode::kResourceExhausted));
   return std::unique_ptr<CudaBuffer>(new CudaBuffer(device, static_cast<uint8_t*>(p), bytes));
 }
 
@@ -127,19 +108,19 @@ CudaBuffer::~CudaBuffer() {
 }
 
 absl::Status CudaBuffer::CopyFromHost(size_t offset, const void* src, size_t bytes) {
-  RETURN_IF_ERROR(Cuda(cudaSetDevice(device_), "cudaSetDevice"));
-  return Cuda(cudaMemcpy(data_ + offset, src, bytes, cudaMemcpyHostToDevice), "cudaMemcpy H2D");
+  RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device_), "cudaSetDevice"));
+  return CudaStatus(cudaMemcpy(data_ + offset, src, bytes, cudaMemcpyHostToDevice), "cudaMemcpy H2D");
 }
 
 absl::Status CudaBuffer::CopyToHost(size_t offset, void* dst, size_t bytes) const {
-  RETURN_IF_ERROR(Cuda(cudaSetDevice(device_), "cudaSetDevice"));
-  return Cuda(cudaMemcpy(dst, data_ + offset, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy D2H");
+  RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device_), "cudaSetDevice"));
+  return CudaStatus(cudaMemcpy(dst, data_ + offset, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy D2H");
 }
 
 absl::Status CudaBuffer::Fill(uint8_t value) {
-  RETURN_IF_ERROR(Cuda(cudaSetDevice(device_), "cudaSetDevice"));
-  RETURN_IF_ERROR(Cuda(cudaMemset(data_, value, size_), "cudaMemset"));
-  return Cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device_), "cudaSetDevice"));
+  RETURN_IF_ERROR(CudaStatus(cudaMemset(data_, value, size_), "cudaMemset"));
+  return CudaStatus(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
 }
 
 }  // namespace kvrail::client

@@ -4,13 +4,10 @@
 #include <cuda_runtime_api.h>
 
 #include "absl/strings/str_cat.h"
+#include "daemon/cuda/cuda_util.h"
 
 namespace kvrail::client {
 namespace {
-
-absl::Status CudaError(cudaError_t e, const char* what) {
-  return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorName(e), ": ", cudaGetErrorString(e)));
-}
 
 using WriteValue32 = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
 using WaitValue32 = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
@@ -59,20 +56,20 @@ absl::StatusOr<std::unique_ptr<CudaFlags>> CudaFlags::Map(uint32_t* words, uint3
     return absl::InvalidArgumentError("flag words must be 4-byte aligned and at least one");
   }
   cudaError_t e = cudaSetDevice(device);
-  if (e != cudaSuccess) return CudaError(e, "cudaSetDevice");
+  if (e != cudaSuccess) return cuda::CudaStatus(e, "cudaSetDevice");
   e = cudaHostRegister(words, 4ull * count, cudaHostRegisterMapped | cudaHostRegisterPortable);
   // Memory inside an earlier (portable) registration is already mapped for every GPU.
   const bool owns = e == cudaSuccess;
   if (e == cudaErrorHostMemoryAlreadyRegistered) {
     (void)cudaGetLastError();
   } else if (e != cudaSuccess) {
-    return CudaError(e, "cudaHostRegister(flag words)");
+    return cuda::CudaStatus(e, "cudaHostRegister(flag words)");
   }
   void* device_words = nullptr;
   e = cudaHostGetDevicePointer(&device_words, words, 0);
   if (e != cudaSuccess) {
     if (owns) cudaHostUnregister(words);
-    return CudaError(e, "cudaHostGetDevicePointer(flag words)");
+    return cuda::CudaStatus(e, "cudaHostGetDevicePointer(flag words)");
   }
   // Driver entry points through the runtime, so nothing links libcuda directly.
   void* write = nullptr;

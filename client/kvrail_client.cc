@@ -350,15 +350,13 @@ absl::StatusOr<v1::SubmitTransferResponse> Client::Submit(const v1::TransferSpec
       if (response.ok()) return response;
       std::string message(response.status().message());
       if (!absl::StrContains(message, ".block_table.region_id")) {
-        for (int i = 0; i < 2; ++i) {
-          const char* side = i == 0 ? "spec.src" : "spec.dst";
-          const v1::TransferEndpoint& ep = i == 0 ? spec.src() : spec.dst();
-          const std::string prefix = absl::StrCat(side, ".block_table");
-          if (absl::StartsWith(message, prefix)) {
-            message = absl::StrCat(side, ep.block_ids_size() > 0 ? ".block_ids" : ".block_ids_le32",
-                                   message.substr(prefix.size()));
-          }
-        }
+        const auto given = [](const v1::TransferEndpoint& ep) {
+          return ep.block_ids_size() > 0 ? ".block_ids" : ".block_ids_le32";
+        };
+        message = v1::RenameField(message, "spec.src.block_table",
+                                  absl::StrCat("spec.src", given(spec.src())));
+        message = v1::RenameField(message, "spec.dst.block_table",
+                                  absl::StrCat("spec.dst", given(spec.dst())));
         return absl::Status(response.status().code(), message);
       }
       impl_->table_region_ = 0;

@@ -2,6 +2,7 @@
 
 #include <cuda.h>
 
+#include <algorithm>
 #include <set>
 #include <utility>
 
@@ -15,6 +16,23 @@ absl::Status CudaStatus(cudaError_t error, absl::string_view what, absl::StatusC
   cudaGetLastError();  // clear a non-sticky error so the next call starts clean
   return absl::Status(code, absl::StrCat(what, ": ", cudaGetErrorName(error), ": ",
                                          cudaGetErrorString(error)));
+}
+
+absl::Status BatchCopy(void* const* dsts, const void* const* srcs, const size_t* sizes, size_t n,
+                       unsigned flags, cudaStream_t stream, absl::string_view what) {
+  cudaMemcpyAttributes attrs{};
+  attrs.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+  attrs.flags = flags;
+  size_t attrs_index = 0;
+  constexpr size_t kMaxPerCall = 1 << 16;
+  for (size_t first = 0; first < n; first += kMaxPerCall) {
+    const size_t count = std::min(kMaxPerCall, n - first);
+    const cudaError_t e = cudaMemcpyBatchAsync(
+        const_cast<void**>(dsts + first), const_cast<void**>(srcs + first),
+        const_cast<size_t*>(sizes + first), count, &attrs, &attrs_index, 1, stream);
+    if (e != cudaSuccess) return CudaStatus(e, absl::StrCat(what, ": cudaMemcpyBatchAsync"));
+  }
+  return absl::OkStatus();
 }
 
 bool IsStickyError(cudaError_t error) {

@@ -25,6 +25,12 @@ absl::Status CudaStatus(cudaError_t error, absl::string_view what);
 // Same with a chosen code (e.g. INVALID_ARGUMENT for a bad handle).
 absl::Status CudaStatus(cudaError_t error, absl::string_view what, absl::StatusCode code);
 
+// Enqueues copies dsts[i] <- srcs[i] (sizes[i] bytes), i < n, on `stream` with the copy engines
+// (cudaMemcpyBatchAsync in calls of at most 65536, sources read in stream order); `flags` are
+// cudaMemcpyFlags (e.g. cudaMemcpyFlagPreferOverlapWithCompute). Returns once enqueued.
+absl::Status BatchCopy(void* const* dsts, const void* const* srcs, const size_t* sizes, size_t n,
+                       unsigned flags, cudaStream_t stream, absl::string_view what);
+
 // Whether `error` leaves the process's context for that device unusable until the process
 // exits (a kernel fault such as cudaErrorIllegalAddress): every later call on it fails too.
 bool IsStickyError(cudaError_t error);

@@ -275,19 +275,8 @@ class DeviceWorker {
       srcs_[i] = s.src + runs_[i].src;
       sizes_[i] = runs_[i].bytes;
     }
-    cudaMemcpyAttributes attrs{};
-    attrs.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
-    attrs.flags = cudaMemcpyFlagPreferOverlapWithCompute;
-    size_t attrs_index = 0;
-    constexpr size_t kMaxPerCall = 1 << 16;
-    for (size_t first = 0; first < runs_.size(); first += kMaxPerCall) {
-      const size_t n = std::min(kMaxPerCall, runs_.size() - first);
-      RETURN_IF_ERROR(cuda::CudaStatus(
-          cudaMemcpyBatchAsync(dsts_.data() + first, srcs_.data() + first, sizes_.data() + first,
-                               n, &attrs, &attrs_index, 1, stream_.get()),
-          "cudaMemcpyBatchAsync"));
-    }
-    return absl::OkStatus();
+    return cuda::BatchCopy(dsts_.data(), srcs_.data(), sizes_.data(), runs_.size(),
+                           cudaMemcpyFlagPreferOverlapWithCompute, stream_.get(), "transfer batch");
   }
 
   void Complete(Batch& b) {

@@ -31,10 +31,10 @@ namespace {
 class HostEngine final : public Engine {
  public:
   HostEngine(int threads, const PriorityLimits& limits)
-      : threads_(threads < 1 ? 1 : threads), limits_(limits) {
-    limit_[static_cast<int>(PriorityClass::kCritical)] = threads_;
-    limit_[static_cast<int>(PriorityClass::kNormal)] = threads_;
-    limit_[static_cast<int>(PriorityClass::kBackground)] = threads_ > 1 ? threads_ - 1 : 1;
+      : threads_(threads < 1 ? 1 : threads), class_limits_(limits) {
+    max_running_[static_cast<int>(PriorityClass::kCritical)] = threads_;
+    max_running_[static_cast<int>(PriorityClass::kNormal)] = threads_;
+    max_running_[static_cast<int>(PriorityClass::kBackground)] = threads_ > 1 ? threads_ - 1 : 1;
     for (int i = 0; i < threads_; ++i) workers_.emplace_back([this] { Work(); });
   }
 
@@ -57,7 +57,7 @@ class HostEngine final : public Engine {
     absl::MutexLock lock(&mu_);
     if (measured_tiles_ < kMinMeasuredTiles || tile_bytes_per_second_ <= 0) return std::nullopt;
     const uint64_t ahead = queues_.QueuedBytes(static_cast<int>(priority));
-    const double workers = std::min<double>(limit_[static_cast<int>(priority)],
+    const double workers = std::min<double>(max_running_[static_cast<int>(priority)],
                                             std::max(1u, std::thread::hardware_concurrency()));
     return static_cast<double>(ahead + bytes) / (tile_bytes_per_second_ * workers);
   }
@@ -77,15 +77,15 @@ class HostEngine final : public Engine {
   std::string Describe() const override {
     absl::MutexLock lock(&mu_);
     return absl::StrCat("host: ", threads_, " threads (background at most ",
-                        limit_[static_cast<int>(PriorityClass::kBackground)], "), ",
+                        max_running_[static_cast<int>(PriorityClass::kBackground)], "), ",
                         absl::StrFormat("%.1f", tile_bytes_per_second_ / 1e9), " GB/s per worker");
   }
 
  private:
   // A class may start a tile when it has one queued and is below its running and byte limits.
   bool Runnable(int c) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return !queues_.Empty(c) && running_[c] < limit_[c] &&
-           MayStart(limits_[c], inflight_bytes_[c], queues_.FrontTileBytes(c));
+    return !queues_.Empty(c) && running_[c] < max_running_[c] &&
+           MayStart(class_limits_[c], inflight_bytes_[c], queues_.FrontTileBytes(c));
   }
 
   bool HasWorkOrStop() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -141,8 +141,8 @@ class HostEngine final : public Engine {
   static constexpr uint64_t kMinMeasuredTiles = 8;
 
   const int threads_;
-  const PriorityLimits limits_;
-  int limit_[kNumPriorityClasses];  // set in the constructor, then read-only
+  const PriorityLimits class_limits_;
+  int max_running_[kNumPriorityClasses];  // set in the constructor, then read-only
   mutable absl::Mutex mu_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   int running_[kNumPriorityClasses] ABSL_GUARDED_BY(mu_) = {0, 0, 0};

@@ -73,7 +73,7 @@ absl::Status FabricImpl::Init() {
     lane->memory = std::unique_ptr<uint8_t, Munmapper>(static_cast<uint8_t*>(mem), Munmapper{bytes});
     lane->memory_bytes = bytes;
     // GPU regions are packed and unpacked by the copy engines straight from/into the slots.
-    lane->pin = StagingPin::Pin(lane->memory.get(), bytes);
+    lane->pin = PinForGpus(lane->memory.get(), bytes);
     ASSIGN_OR_RETURN(lane->mr, lane->nic->RegisterMemory(lane->memory.get(), bytes, i + 1));
     lane->contexts.resize(std::max<size_t>(1, peers_.size()) * options_.slots);
     for (uint32_t p = 0; p < peers_.size(); ++p) {
@@ -354,15 +354,19 @@ void FabricImpl::ProxyLoop(Lane* lane) {
   }
 }
 
+namespace {
+
+// The peer's endpoint on `lane` and the index it knows this daemon by, read together.
+std::pair<PeerConn::Remote, uint32_t> RemoteOn(PeerConn* peer, uint32_t lane) {
+  absl::MutexLock lock(&peer->mu);
+  return {peer->remote[lane], peer->index_at_peer};
+}
+
+}  // namespace
+
 ssize_t FabricImpl::PostWrite(Lane* lane, const kernels::NicCommand& cmd) {
   PeerConn* peer = peers_[cmd.lane].get();
-  PeerConn::Remote remote;
-  uint32_t index_at_peer;
-  {
-    absl::MutexLock lock(&peer->mu);
-    remote = peer->remote[lane->index];
-    index_at_peer = peer->index_at_peer;
-  }
+  const auto [remote, index_at_peer] = RemoteOn(peer, lane->index);
   OpContext* ctx = &lane->contexts[peer->index * options_.slots + cmd.slot];
   const ssize_t rc = lane->nic->WriteData(
       SendSlot(lane->index, peer->index, cmd.slot), cmd.bytes, lane->mr->desc(),
@@ -376,13 +380,7 @@ ssize_t FabricImpl::PostWrite(Lane* lane, const kernels::NicCommand& cmd) {
 
 ssize_t FabricImpl::PostCredit(Lane* lane, const CreditOp& op) {
   PeerConn* peer = peers_[op.peer].get();
-  PeerConn::Remote remote;
-  uint32_t index_at_peer;
-  {
-    absl::MutexLock lock(&peer->mu);
-    remote = peer->remote[lane->index];
-    index_at_peer = peer->index_at_peer;
-  }
+  const auto [remote, index_at_peer] = RemoteOn(peer, lane->index);
   const ssize_t rc = lane->nic->InjectWriteData(
       &op.value, sizeof(op.value), CreditImm(index_at_peer, op.slot, op.tile, op.applied),
       remote.addr, remote.credit_base + uint64_t{op.slot} * 8, remote.key);
@@ -530,6 +528,37 @@ void FabricImpl::FailPeer(PeerConn* peer, const absl::Status& why) {
 
 bool FabricImpl::HasArrivals() const { return stopping_ || !arrivals_.empty(); }
 
+bool FabricImpl::ApplyTile(Inbound& in, const Arrival& a) {
+  {
+    absl::MutexLock lock(&in.mu);
+    if (in.applied[a.tile]) return false;  // a repeat: applied once already
+    in.applied[a.tile] = true;
+  }
+  const v1::RegionSpec& dst = in.dst->spec();
+  const bool cuda = dst.memory_kind() == v1::MEMORY_KIND_CUDA;
+  const absl::Status unpacked =
+      UnpackTile(in.plan, a.tile, RecvSlot(a.lane, a.peer, a.slot),
+                 RegionSide{cuda, cuda ? dst.device() : -1, in.dst->data()});
+  absl::MutexLock lock(&in.mu);
+  if (!unpacked.ok()) {
+    // Reported to the sender as not applied (its transfer fails); the tile may come again.
+    spdlog::warn("fabric: tile {} of transfer {} from '{}': {}", a.tile, in.sender_transfer_id,
+                 in.sender_node, unpacked.ToString());
+    in.applied[a.tile] = false;
+    return false;
+  }
+  if (in.job != nullptr && !in.ended) {
+    in.job->OnTileStart(a.tile);
+    in.job->OnTileDone(a.tile, absl::OkStatus());
+  }
+  if (++in.applied_count == in.plan.num_tiles()) {
+    spdlog::info("fabric: inbound transfer {} from '{}' complete: {} tiles, {} bytes",
+                 in.sender_transfer_id, in.sender_node, in.plan.num_tiles(),
+                 in.plan.bytes_total());
+  }
+  return true;
+}
+
 void FabricImpl::UnpackLoop() {
   while (true) {
     Arrival a;
@@ -551,39 +580,7 @@ void FabricImpl::UnpackLoop() {
     // Providers need not report the length of a remote write (tcp reports 0); check it when given.
     if (in != nullptr && a.tile < in->plan.num_tiles() &&
         (a.len == 0 || a.len == TileBytes(in->plan, a.tile))) {
-      bool fresh = false;
-      {
-        absl::MutexLock lock(&in->mu);
-        fresh = !in->applied[a.tile];
-        in->applied[a.tile] = true;
-      }
-      if (fresh) {
-        const v1::RegionSpec& dst = in->dst->spec();
-        const bool cuda = dst.memory_kind() == v1::MEMORY_KIND_CUDA;
-        const absl::Status unpacked =
-            UnpackTile(in->plan, a.tile, RecvSlot(a.lane, a.peer, a.slot),
-                       RegionSide{cuda, cuda ? dst.device() : -1, in->dst->data()});
-        applied = unpacked.ok();
-        if (!applied) {
-          // Reported to the sender as not applied (its transfer fails); the tile may come again.
-          spdlog::warn("fabric: tile {} of transfer {} from '{}': {}", a.tile,
-                       in->sender_transfer_id, in->sender_node, unpacked.ToString());
-          absl::MutexLock lock(&in->mu);
-          in->applied[a.tile] = false;
-        }
-      }
-      if (fresh && applied) {
-        absl::MutexLock lock(&in->mu);
-        if (in->job != nullptr && !in->ended) {
-          in->job->OnTileStart(a.tile);
-          in->job->OnTileDone(a.tile, absl::OkStatus());
-        }
-        if (++in->applied_count == in->plan.num_tiles()) {
-          spdlog::info("fabric: inbound transfer {} from '{}' complete: {} tiles, {} bytes",
-                       in->sender_transfer_id, in->sender_node, in->plan.num_tiles(),
-                       in->plan.bytes_total());
-        }
-      }
+      applied = ApplyTile(*in, a);
     } else if (in == nullptr) {
       spdlog::debug("fabric: tile {} for unknown handle {} dropped", a.tile, a.handle);
     } else {

@@ -75,7 +75,7 @@ struct Lane {
   std::unique_ptr<CommandRing> ring;
   std::unique_ptr<uint8_t, Munmapper> memory;
   uint64_t memory_bytes = 0;
-  std::unique_ptr<StagingPin> pin;  // after `memory`: unpinned before it is unmapped
+  std::optional<cuda::HostRegistration> pin;  // after `memory`: unpinned before it is unmapped
   std::unique_ptr<MemoryRegion> mr;
   std::vector<OpContext> contexts;  // [peer * slots + slot]
   std::thread proxy;

@@ -59,6 +59,9 @@ class FabricImpl final : public Fabric, public engine::Engine {
   const std::string& node_id() const { return options_.node_id; }
 
  private:
+  // Scatters an arrived tile of `in` (once: a repeat is not applied again) and reports it to the
+  // local record; whether it was applied.
+  bool ApplyTile(Inbound& in, const Arrival& a);
   // Ends `in`'s local record (if any) with `why` unless it has ended; then no tile of it reports.
   void EndInboundRecord(Inbound& in, const absl::Status& why);
 

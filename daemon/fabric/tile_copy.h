@@ -7,9 +7,10 @@
 #pragma once
 
 #include <cstdint>
-#include <memory>
+#include <optional>
 
 #include "absl/status/status.h"
+#include "daemon/cuda/cuda_util.h"
 #include "daemon/planner/planner.h"
 
 namespace kvrail::fabric {
@@ -29,12 +30,8 @@ absl::Status PackTile(const planner::Plan& plan, uint32_t tile, const RegionSide
 absl::Status UnpackTile(const planner::Plan& plan, uint32_t tile, const uint8_t* staging,
                         const RegionSide& dst);
 
-// Pins [base, base + bytes) for every GPU of the daemon so copy engines reach it directly; a
-// no-op without GPUs. Best effort: without it the copies still work, staged by the driver.
-class StagingPin {
- public:
-  static std::unique_ptr<StagingPin> Pin(uint8_t* base, uint64_t bytes);
-  virtual ~StagingPin() = default;
-};
+// [base, base + bytes) pinned for every GPU of the daemon, so copy engines reach it directly;
+// nothing without GPUs. Best effort: without it the copies still work, staged by the driver.
+std::optional<cuda::HostRegistration> PinForGpus(uint8_t* base, uint64_t bytes);
 
 }  // namespace kvrail::fabric

@@ -4,7 +4,6 @@
 #include <thread>
 
 #include "absl/container/flat_hash_map.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -169,13 +168,11 @@ class TransferManagerImpl final : public TransferManager {
     if (response.ok()) return response;
     // The planner names block_ids_le32; the client wrote block_table.
     std::string message(response.status().message());
-    for (const char* side : {"spec.src", "spec.dst"}) {
-      const bool table = std::string(side) == "spec.src" ? request.src().has_block_table()
-                                                         : request.dst().has_block_table();
-      const std::string from = absl::StrCat(side, ".block_ids_le32");
-      if (table && absl::StartsWith(message, from)) {
-        message = absl::StrCat(side, ".block_table", message.substr(from.size()));
-      }
+    if (request.src().has_block_table()) {
+      message = v1::RenameField(message, "spec.src.block_ids_le32", "spec.src.block_table");
+    }
+    if (request.dst().has_block_table()) {
+      message = v1::RenameField(message, "spec.dst.block_ids_le32", "spec.dst.block_table");
     }
     return absl::Status(response.status().code(), message);
   }
