@@ -60,7 +60,7 @@ class Record final : public engine::Job {
   // reported by the fabric as they land, and it cannot be cancelled here. Call before admission.
   void MarkInbound() { inbound_ = true; }
   bool inbound() const { return inbound_; }
-  // Tiles counted as enqueued that have not reported (for ending an inbound transfer early).
+  // Tiles counted as enqueued that have not reported (what ending an inbound transfer drops).
   size_t TilesUnreported() const;
 
   // engine::Job

@@ -119,12 +119,16 @@ std::string LinkName(const regions::Region& src, const regions::Region& dst) {
 }
 
 // The "engine" of inbound fabric transfers: their tiles are written by the fabric's unpack
-// threads, which report them to the record directly; nothing is ever queued here. Thread-safe.
+// threads, which report them to the record directly; nothing is queued here. Every tile that has
+// not landed is in effect queued at the sender, so removing a job (ending it here) drops those:
+// they will not be reported any more. Only Records are ever given to it. Thread-safe.
 class InboundEngine final : public engine::Engine {
  public:
   std::string name() const override { return "fabric-receiver"; }
   void Enqueue(const std::shared_ptr<engine::Job>&, const std::vector<uint32_t>&) override {}
-  size_t Remove(const engine::Job*) override { return 0; }
+  size_t Remove(const engine::Job* job) override {
+    return static_cast<const Record*>(job)->TilesUnreported();
+  }
   std::vector<uint64_t> QueuedTiles() const override {
     return std::vector<uint64_t>(engine::kNumPriorityClasses, 0);
   }
@@ -604,9 +608,7 @@ class TransferManagerImpl final : public TransferManager {
 
   void End(const std::shared_ptr<Record>& record, const absl::Status& why) {
     if (record->IsFinal()) return;
-    // An inbound transfer's outstanding tiles will not be reported once it is ended here.
-    const size_t removed = record->inbound() ? record->TilesUnreported()
-                                             : record->engine()->Remove(record.get());
+    const size_t removed = record->engine()->Remove(record.get());
     if (record->RequestEnd(why, removed)) {
       spdlog::info("transfer {} ending: {}", record->id(), why.ToString());
     }
