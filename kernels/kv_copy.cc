@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/kv_copy_launch.h"
+#include "kernels/plan_math.h"
 
 namespace kvrail::kernels {
 namespace {
@@ -58,6 +59,7 @@ absl::StatusOr<DevicePlanBuffer> DevicePlanBuffer::Upload(const PlanHeader& head
   // The planner's width covers offsets and strides; the bases are the engine's.
   buffer.plan_.access_bytes =
       NarrowToAlignment(NarrowToAlignment(header.access_bytes, src_base), dst_base);
+  buffer.plan_.piece_bytes = PieceBytesFor(header, buffer.plan_.access_bytes);
   return buffer;
 }
 
@@ -89,7 +91,8 @@ absl::Status LaunchKvCopy(const DevicePlan& plan, uint32_t tile_begin, uint32_t 
                                                    threads_per_cta, " threads"));
   }
   return CudaStatus(internal::KvCopyLaunch(plan.header, tile_begin, tile_end, num_ctas,
-                                           threads_per_cta, plan.access_bytes, stream),
+                                           threads_per_cta, plan.access_bytes, plan.piece_bytes,
+                                           stream),
                     "kv_copy launch");
 }
 

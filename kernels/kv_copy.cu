@@ -139,15 +139,79 @@ __global__ void __launch_bounds__(kMaxThreads)
   }
 }
 
+// The warp path (plan_math.h: PieceBytesFor): each warp moves whole pieces of P <= 4 KiB, one
+// chunk lookup per piece; lane l moves 16-byte vectors l, l + 32, ... of it, all loads issued
+// before the stores (P / 512 <= 8 per lane in flight). Needs 16-byte access and P | tile_bytes.
+__global__ void __launch_bounds__(kMaxThreads)
+    KvCopyPiecesKernel(const PlanHeader* __restrict__ header, uint32_t tile_begin,
+                       uint32_t tile_end, uint32_t piece_bytes) {
+  __shared__ PlanHeader h;
+  {
+    const uint64_t* from = reinterpret_cast<const uint64_t*>(header);
+    uint64_t* to = reinterpret_cast<uint64_t*>(&h);
+    for (int k = threadIdx.x; k < static_cast<int>(sizeof(PlanHeader) / 8); k += blockDim.x) {
+      to[k] = from[k];
+    }
+  }
+  __syncthreads();
+  const uint8_t* __restrict__ src = reinterpret_cast<const uint8_t*>(h.src.base);
+  uint8_t* __restrict__ dst = reinterpret_cast<uint8_t*>(h.dst.base);
+  const uint32_t* __restrict__ src_blocks = reinterpret_cast<const uint32_t*>(h.src.block_table);
+  const uint32_t* __restrict__ dst_blocks = reinterpret_cast<const uint32_t*>(h.dst.block_table);
+  const uint32_t lane = threadIdx.x & 31;
+  const uint32_t warps_per_cta = blockDim.x / 32;
+  const uint64_t pieces_per_tile = h.tile_bytes / piece_bytes;
+  const bool fast = pieces_per_tile <= kFastDivMaxDividend;
+  const FastDivU32 tile_div = MakeFastDiv(fast ? static_cast<uint32_t>(pieces_per_tile) : 1);
+  const uint64_t items = static_cast<uint64_t>(tile_end - tile_begin) * pieces_per_tile;
+  const uint64_t step = static_cast<uint64_t>(gridDim.x) * warps_per_cta;
+  for (uint64_t item = static_cast<uint64_t>(blockIdx.x) * warps_per_cta + threadIdx.x / 32;
+       item < items; item += step) {
+    uint64_t tile_rel, piece;
+    if (fast && item <= kFastDivMaxDividend) {
+      tile_rel = FastDiv(tile_div, static_cast<uint32_t>(item));
+      piece = item - tile_rel * pieces_per_tile;
+    } else {
+      tile_rel = item / pieces_per_tile;
+      piece = item % pieces_per_tile;
+    }
+    const TileDesc t = TileAt(h, tile_begin + static_cast<uint32_t>(tile_rel));
+    const ChunkSpan span = PieceAt(h, src_blocks, dst_blocks, t, piece, piece_bytes);
+    const int4* from = reinterpret_cast<const int4*>(src + span.src);
+    int4* to = reinterpret_cast<int4*>(dst + span.dst);
+    const uint32_t vectors = static_cast<uint32_t>(span.bytes / 16);
+    int4 value[kLoadsInFlight];
+#pragma unroll
+    for (int k = 0; k < kLoadsInFlight; ++k) {
+      const uint32_t v = k * 32 + lane;
+      if (v < vectors) value[k] = from[v];
+    }
+#pragma unroll
+    for (int k = 0; k < kLoadsInFlight; ++k) {
+      const uint32_t v = k * 32 + lane;
+      if (v < vectors) to[v] = value[k];
+    }
+  }
+}
+static_assert(kMaxPieceBytes == kLoadsInFlight * 32 * 16, "one piece = one warp step");
+
 }  // namespace
 
 namespace internal {
 
 int KvCopyLaunch(const PlanHeader* device_header, uint32_t tile_begin, uint32_t tile_end,
-                 int num_ctas, int threads, uint32_t access_bytes, CUstream_st* stream) {
+                 int num_ctas, int threads, uint32_t access_bytes, uint32_t piece_bytes,
+                 CUstream_st* stream) {
   if (tile_end <= tile_begin) return cudaSuccess;
   if (threads > kMaxThreads || threads <= 0 || num_ctas <= 0) return cudaErrorInvalidValue;
   const dim3 grid(num_ctas), block(threads);
+  if (piece_bytes != 0) {
+    if (access_bytes != 16 || piece_bytes > kMaxPieceBytes || piece_bytes % 16 != 0) {
+      return cudaErrorInvalidValue;
+    }
+    KvCopyPiecesKernel<<<grid, block, 0, stream>>>(device_header, tile_begin, tile_end, piece_bytes);
+    return cudaGetLastError();
+  }
   switch (access_bytes) {
     case 16: KvCopyKernel<16><<<grid, block, 0, stream>>>(device_header, tile_begin, tile_end); break;
     case 8: KvCopyKernel<8><<<grid, block, 0, stream>>>(device_header, tile_begin, tile_end); break;

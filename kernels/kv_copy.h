@@ -24,6 +24,7 @@ struct DevicePlan {
   const PlanHeader* header = nullptr;  // device address: header with engine fields filled in
   uint32_t num_tiles = 0;              // copied from the header
   uint32_t access_bytes = 1;           // the plan's access width narrowed to the base pointers
+  uint32_t piece_bytes = 0;            // > 0: the warp path with pieces of this size (plan_math.h)
 };
 
 // Owns one device allocation holding a plan's header followed by its two block tables.
@@ -55,8 +56,9 @@ class DevicePlanBuffer {
 };
 
 // Enqueues the kernel for tiles [tile_begin, tile_end) of `plan` on `stream`: `num_ctas` CTAs of
-// `threads_per_cta` threads grid-stride over 64 KiB slabs of those tiles, each thread keeping 8
-// loads in flight. Returns the CUDA launch error, if any, as a Status naming the CUDA error.
+// `threads_per_cta` threads. With `plan.piece_bytes` set each warp grid-strides over pieces (up
+// to 4 KiB inside one chunk); otherwise each CTA grid-strides over 64 KiB slabs. Either way each
+// thread keeps up to 8 loads of the access width in flight. Returns the CUDA launch error, if any, as a Status naming the CUDA error.
 absl::Status LaunchKvCopy(const DevicePlan& plan, uint32_t tile_begin, uint32_t tile_end,
                           int num_ctas, CudaStream stream, int threads_per_cta = 512);
 

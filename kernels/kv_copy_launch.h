@@ -12,13 +12,12 @@ struct CUstream_st;
 namespace kvrail::kernels::internal {
 
 int KvCopyLaunch(const PlanHeader* device_header, uint32_t tile_begin, uint32_t tile_end,
-                 int num_ctas, int threads, uint32_t access_bytes,
+                 int num_ctas, int threads, uint32_t access_bytes, uint32_t piece_bytes,
                  CUstream_st* stream);
 // Stream-ordered (cudaMallocAsync / cudaFreeAsync): no device-wide synchronization, which a
 // plain cudaFree would impose on every other stream of the device.
 int DeviceAlloc(void** ptr, size_t bytes, CUstream_st* stream);
 int DeviceFree(void* ptr, CUstream_st* stream);
-// Host -> device copy on `stream`, then waits for the stream.
 // Enqueues the copy on `stream` (a pageable source is staged before this returns).
 int CopyToDevice(void* dst, const void* src, size_t bytes, CUstream_st* stream);
 const char* ErrorName(int error);

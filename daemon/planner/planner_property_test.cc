@@ -5,17 +5,39 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <cstring>
 #include <numeric>
 #include <random>
 #include <vector>
 
 #include "daemon/planner/planner.h"
 #include "daemon/planner/random_case.h"
+#include "kernels/plan_math.h"
 
 namespace kvrail::planner {
 namespace {
 
 constexpr uint8_t kPoison = 0xAB;
+
+// Plans whose warp path (plan_math.h: PieceBytesFor) was checked, across all cases.
+int g_piece_plans = 0;
+
+// The kernel's warp path on the host: every piece of every tile copied with PieceAt. Pieces must
+// stay inside one chunk, so this writes what the reference writes only if the decomposition is
+// right.
+void ExecuteTilePieces(const Plan& plan, uint32_t tile, uint32_t piece_bytes, const uint8_t* src,
+                       uint8_t* dst) {
+  const kernels::PlanHeader& h = plan.header();
+  const kernels::TileDesc t = kernels::TileAt(h, tile);
+  REQUIRE(h.tile_bytes % piece_bytes == 0);
+  for (uint64_t k = 0; k < h.tile_bytes / piece_bytes; ++k) {
+    const kernels::ChunkSpan p =
+        kernels::PieceAt(h, plan.src_blocks().data(), plan.dst_blocks().data(), t, k, piece_bytes);
+    REQUIRE(p.bytes <= piece_bytes);
+    REQUIRE(p.bytes % 16 == 0);
+    std::memcpy(dst + p.dst, src + p.src, p.bytes);
+  }
+}
 
 // Runs one case; returns false (with a message) on the first mismatch.
 void CheckCase(const testing::RandomCase& c, std::mt19937_64& rng) {
@@ -55,6 +77,13 @@ void CheckCase(const testing::RandomCase& c, std::mt19937_64& rng) {
     FAIL("first mismatch at dst byte " << first << ": got " << int(got[first]) << " want "
                                        << int(want[first]));
   }
+  const uint32_t piece = kernels::PieceBytesFor(plan->header(), plan->header().access_bytes);
+  if (piece != 0) {
+    ++g_piece_plans;
+    std::vector<uint8_t> pieces(c.dst.size_bytes, kPoison);
+    for (uint32_t t : order) ExecuteTilePieces(*plan, t, piece, src.data(), pieces.data());
+    REQUIRE(pieces == want);
+  }
   // The reference writes exactly bytes_total bytes; everything else still holds the poison.
   const uint64_t touched = std::count_if(want.begin(), want.end(), [](uint8_t b) { return b != kPoison; });
   REQUIRE(touched <= plan->bytes_total());
@@ -81,6 +110,16 @@ TEST_CASE("random paged transfers: host twin == naive reference") {
 TEST_CASE("random bytes transfers: host twin == naive reference") {
   std::mt19937_64 rng(7);
   for (int n = 0; n < 200; ++n) CheckCase(testing::RandomBytesCase(rng), rng);
+}
+
+TEST_CASE("serving layouts: the kernel's warp path writes what the reference writes") {
+  std::mt19937_64 rng(11);
+  const int before = g_piece_plans;
+  const int cases = 120;
+  for (int n = 0; n < cases; ++n) CheckCase(testing::RandomServingCase(rng), rng);
+  // HND destinations with several heads, and 8-token blocks of one head, move 256-byte runs:
+  // those take the slab path; most serving cases take the warp path.
+  CHECK(g_piece_plans - before >= cases / 3);
 }
 
 TEST_CASE("TP1 prefill feeds TP4 decode ranks (head sub-ranges, NHD -> HND)") {

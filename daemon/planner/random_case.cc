@@ -154,6 +154,47 @@ RandomCase RandomPagedCase(std::mt19937_64& rng, const RandomLimits& lim) {
   return c;
 }
 
+RandomCase RandomServingCase(std::mt19937_64& rng) {
+  static const uint32_t kHeads[] = {1, 2, 4, 8};
+  const uint32_t heads = kHeads[Uniform(rng, 0, 3)];
+  const uint32_t dst_tpb = Coin(rng) ? 16 : 8;
+  const uint32_t layers = Uniform(rng, 1, 4), src_pool = 24, dst_pool = 48;
+  RandomCase c;
+  c.src_layout.set_num_layers(layers);
+  c.src_layout.set_num_parts(2);
+  c.src_layout.set_num_blocks(src_pool);
+  c.src_layout.set_tokens_per_block(16);
+  c.src_layout.set_num_heads(heads);
+  c.src_layout.set_head_dim(128);
+  c.src_layout.set_dtype(kvrail::v1::DTYPE_BF16);
+  c.src_layout.set_order(kvrail::v1::LAYOUT_ORDER_LAYER_PART_BLOCK_NHD);
+  c.dst_layout = c.src_layout;
+  c.dst_layout.set_tokens_per_block(dst_tpb);
+  c.dst_layout.set_num_blocks(dst_pool);
+  c.dst_layout.set_order(Coin(rng) ? kvrail::v1::LAYOUT_ORDER_LAYER_PART_BLOCK_NHD
+                                   : kvrail::v1::LAYOUT_ORDER_BLOCK_LAYER_PART_HND);
+  const uint64_t vec = 128 * 2;
+  const uint64_t src_size = uint64_t{layers} * 2 * src_pool * 16 * heads * vec;
+  const uint64_t dst_size = uint64_t{layers} * 2 * dst_pool * dst_tpb * heads * vec;
+  c.src = Resolve(c.src_layout, src_size, false);
+  c.dst = Resolve(c.dst_layout, dst_size, true);
+  std::vector<uint32_t> ids(dst_pool);
+  std::iota(ids.begin(), ids.end(), 0);
+  std::shuffle(ids.begin(), ids.end(), rng);
+  const uint32_t src_blocks = Uniform(rng, 1, src_pool);
+  std::vector<uint32_t> src_ids(src_pool);
+  std::iota(src_ids.begin(), src_ids.end(), 0);
+  std::shuffle(src_ids.begin(), src_ids.end(), rng);
+  for (uint32_t i = 0; i < src_blocks; ++i) c.spec.mutable_src()->add_block_ids(src_ids[i]);
+  // Every source token lands; the last destination block may be partly written.
+  for (uint32_t i = 0; i < (src_blocks * 16 + dst_tpb - 1) / dst_tpb; ++i) {
+    c.spec.mutable_dst()->add_block_ids(ids[i]);
+  }
+  static const uint64_t kTiles[] = {512, 4096, 12288, 65536, 1 << 20};
+  c.options.tile_bytes = kTiles[Uniform(rng, 0, 4)];
+  return c;
+}
+
 RandomCase RandomBytesCase(std::mt19937_64& rng, uint64_t max_bytes) {
   RandomCase c;
   const uint64_t n = std::uniform_int_distribution<uint64_t>(1, max_bytes)(rng);

@@ -36,6 +36,12 @@ struct RandomLimits {
 // block tables (the source may repeat ids), random tile size.
 RandomCase RandomPagedCase(std::mt19937_64& rng, const RandomLimits& limits = {});
 
+// A transfer between serving-engine layouts: bf16, head_dim 128, 1-8 heads, 16 tokens per
+// source block and 8 or 16 per destination block, NHD or HND destinations, scattered tables, tile
+// sizes that are multiples of 512 bytes. Most of these take the kernel's warp path
+// (kernels/plan_math.h: PieceBytesFor), which the small random cases above rarely reach.
+RandomCase RandomServingCase(std::mt19937_64& rng);
+
 // A valid bytes transfer with random offsets and length.
 RandomCase RandomBytesCase(std::mt19937_64& rng, uint64_t max_bytes = 1 << 16);
 

@@ -161,8 +161,9 @@ void RunRandomCases(const std::vector<std::string>& daemon_args, const std::stri
   const Kind local[3][2] = {{Kind::kGpu, Kind::kGpu}, {Kind::kGpu, Kind::kHost}, {Kind::kHost, Kind::kGpu}};
   const Kind peers[3][2] = {{Kind::kGpu, Kind::kGpu1}, {Kind::kGpu1, Kind::kGpu}, {Kind::kGpu1, Kind::kHost}};
   for (int i = 0; i < cases; ++i) {
-    const auto c = (i % 5 == 4) ? planner::testing::RandomBytesCase(rng)
-                                : planner::testing::RandomPagedCase(rng);
+    const auto c = (i % 5 == 4)   ? planner::testing::RandomBytesCase(rng)
+                   : (i % 5 == 3) ? planner::testing::RandomServingCase(rng)
+                                  : planner::testing::RandomPagedCase(rng);
     const Kind* k = peer ? peers[i % 3] : local[i % 3];
     INFO("case " << i << " src " << KindName(k[0]) << " dst " << KindName(k[1]));
     RunCase(**cl, c, k[0], k[1], rng, want_engine);

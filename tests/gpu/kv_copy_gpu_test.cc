@@ -19,6 +19,9 @@
 namespace kvrail {
 namespace {
 
+// Cases whose plan took the kernel's warp path (DevicePlan::piece_bytes set).
+int g_warp_path_cases = 0;
+
 using planner::Plan;
 constexpr uint8_t kPoison = 0xAB;
 
@@ -64,6 +67,7 @@ void RunCase(const planner::testing::RandomCase& c, std::mt19937_64& rng, bool d
       reinterpret_cast<uint64_t>(src_dev + misalign), reinterpret_cast<uint64_t>(dst_dev + misalign),
       nullptr);
   REQUIRE(dp.ok());
+  if (dp->plan().piece_bytes != 0) ++g_warp_path_cases;
   // Tiles in a few random ranges, each with a random CTA count.
   uint32_t t = 0;
   while (t < plan->num_tiles()) {
@@ -114,6 +118,17 @@ TEST_CASE("kernel == host twin on random paged transfers (device -> device)") {
     RunCase(planner::testing::RandomPagedCase(rng, large ? big : planner::testing::RandomLimits{}),
             rng, /*dst_on_host=*/false, n % 5 == 0 ? static_cast<uint32_t>(rng() % 16) : 0);
   }
+}
+
+TEST_CASE("kernel == host twin on serving layouts (mostly the warp path)") {
+  if (!HaveGpu()) return;
+  std::mt19937_64 rng(2911);
+  const int before = g_warp_path_cases;
+  for (int n = 0; n < 120; ++n) {
+    RunCase(planner::testing::RandomServingCase(rng), rng, /*dst_on_host=*/n % 6 == 5,
+            n % 4 == 0 ? static_cast<uint32_t>(rng() % 16) : 0);
+  }
+  CHECK(g_warp_path_cases - before >= 20);  // misaligned bases take the slab path
 }
 
 TEST_CASE("kernel == host twin on random bytes transfers") {

@@ -14,6 +14,12 @@ if [[ $parts == *test* ]]; then
   timeout ${TEST_TIMEOUT:-200} .devpack/bin/cuda_engine_gpu_test --durations yes > "$out/gpu_test.txt" 2>&1
   echo "exit $?" >> "$out/gpu_test.txt"
   tail -30 "$out/gpu_test.txt"
+  echo "== kernel test (kernel == host twin, in-process) and the kernel-only copy variants"
+  timeout 120 .devpack/bin/kv_copy_gpu_test "~[bandwidth]" > "$out/kernel_test.txt" 2>&1
+  echo "exit $?" >> "$out/kernel_test.txt"
+  tail -4 "$out/kernel_test.txt"
+  timeout 120 .devpack/bin/copy_variants_bench > "$out/variants.txt" 2>&1
+  echo "exit $?" >> "$out/variants.txt"
 fi
 
 if [[ $parts == *demo* ]]; then
