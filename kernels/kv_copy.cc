@@ -32,8 +32,6 @@ absl::StatusOr<DevicePlanBuffer> DevicePlanBuffer::Upload(const PlanHeader& head
                                                           CudaStream stream) {
   const size_t src_n = header.src.num_table_blocks, dst_n = header.dst.num_table_blocks;
   const size_t bytes = sizeof(PlanHeader) + 4 * (src_n + dst_n);
-  // Staged on the host as one image so one copy moves it.
-  std::vector<uint8_t> image(bytes);
   DevicePlanBuffer buffer;
   buffer.stream_ = stream;
   if (absl::Status s = CudaStatus(internal::DeviceAlloc(&buffer.memory_, bytes, stream), "cudaMallocAsync(plan)");
@@ -46,13 +44,19 @@ absl::StatusOr<DevicePlanBuffer> DevicePlanBuffer::Upload(const PlanHeader& head
   h.dst.base = dst_base;
   h.src.block_table = device + sizeof(PlanHeader);
   h.dst.block_table = device + sizeof(PlanHeader) + 4 * src_n;
-  std::memcpy(image.data(), &h, sizeof(h));
-  if (src_n) std::memcpy(image.data() + sizeof(h), src_blocks, 4 * src_n);
-  if (dst_n) std::memcpy(image.data() + sizeof(h) + 4 * src_n, dst_blocks, 4 * dst_n);
-  if (absl::Status s = CudaStatus(
-          internal::CopyToDevice(buffer.memory_, image.data(), bytes, stream), "upload plan");
-      !s.ok()) {
-    return s;
+  // Three copies straight from the caller's memory, no staging image (a megabyte-sized table
+  // would be copied once more on the host). Copies from pageable memory are staged by the driver
+  // before cudaMemcpyAsync returns, so `h` and the tables may go away after this.
+  uint8_t* at = static_cast<uint8_t*>(buffer.memory_);
+  const std::pair<const void*, size_t> parts[3] = {
+      {&h, sizeof(h)}, {src_blocks, 4 * src_n}, {dst_blocks, 4 * dst_n}};
+  for (const auto& [from, n] : parts) {
+    if (n == 0) continue;
+    if (absl::Status s = CudaStatus(internal::CopyToDevice(at, from, n, stream), "upload plan");
+        !s.ok()) {
+      return s;
+    }
+    at += n;
   }
   buffer.plan_.header = static_cast<const PlanHeader*>(buffer.memory_);
   buffer.plan_.num_tiles = header.num_tiles;

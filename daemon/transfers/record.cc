@@ -83,6 +83,11 @@ void Record::SetLink(std::string link) {
   link_ = std::move(link);
 }
 
+void Record::SetReceived(int64_t unix_us) {
+  absl::MutexLock lock(&mu_);
+  received_us_ = unix_us;
+}
+
 void Record::SetNics(std::vector<std::string> nics) {
   absl::MutexLock lock(&mu_);
   nics_ = std::move(nics);
@@ -232,6 +237,7 @@ void Record::FillStatusLocked(v1::TransferStatus* status) const {
   status->set_finished_unix_us(finished_us_);
   for (const std::string& nic : nics_) status->add_nics(nic);
   status->set_link(link_);
+  status->set_received_unix_us(received_us_);
 }
 
 v1::TransferStatus Record::Status() const {

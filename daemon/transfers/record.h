@@ -51,6 +51,8 @@ class Record final : public engine::Job {
   void SetNics(std::vector<std::string> nics);
   // The link the bytes cross (TransferStatus.link). Call before the first tile is queued.
   void SetLink(std::string link);
+  // When the daemon began handling the Submit (TransferStatus.received_unix_us).
+  void SetReceived(int64_t unix_us);
   // Consumer readiness (spec.arrival_flags): `words[i] = value` once layer i has landed. Call
   // before the first tile is queued; the record keeps `region` mapped until it ends.
   void SetArrivalFlags(std::shared_ptr<regions::Region> region, uint32_t* words, uint32_t value);
@@ -143,6 +145,7 @@ class Record final : public engine::Job {
   uint32_t arrival_value_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<std::string> nics_ ABSL_GUARDED_BY(mu_);
   std::string link_ ABSL_GUARDED_BY(mu_);
+  int64_t received_us_ ABSL_GUARDED_BY(mu_) = 0;
   // The engine's name, refined by OnEngineUsed ("cuda-kernel", "cuda-kernel+cuda-copy-engine").
   std::string engine_name_ ABSL_GUARDED_BY(mu_);
 };

@@ -159,6 +159,7 @@ class TransferManagerImpl final : public TransferManager {
   }
 
   absl::StatusOr<v1::SubmitTransferResponse> Submit(const v1::TransferSpec& request) override {
+    const int64_t received_us = clock_->NowUnixMicros();
     // Block tables in shared memory become block_ids_le32 of a private copy of the spec: one
     // memcpy per side; everything below sees only in-message tables.
     std::optional<v1::TransferSpec> resolved;
@@ -167,8 +168,8 @@ class TransferManagerImpl final : public TransferManager {
       RETURN_IF_ERROR(ResolveBlockTable(*regions_, resolved->mutable_src(), "spec.src"));
       RETURN_IF_ERROR(ResolveBlockTable(*regions_, resolved->mutable_dst(), "spec.dst"));
     }
-    if (!resolved.has_value()) return SubmitResolved(request);
-    absl::StatusOr<v1::SubmitTransferResponse> response = SubmitResolved(*resolved);
+    if (!resolved.has_value()) return SubmitResolved(request, received_us);
+    absl::StatusOr<v1::SubmitTransferResponse> response = SubmitResolved(*resolved, received_us);
     if (response.ok()) return response;
     // The planner names block_ids_le32; the client wrote block_table.
     std::string message(response.status().message());
@@ -181,7 +182,8 @@ class TransferManagerImpl final : public TransferManager {
     return absl::Status(response.status().code(), message);
   }
 
-  absl::StatusOr<v1::SubmitTransferResponse> SubmitResolved(const v1::TransferSpec& spec) {
+  absl::StatusOr<v1::SubmitTransferResponse> SubmitResolved(const v1::TransferSpec& spec,
+                                                             int64_t received_us) {
     {
       absl::MutexLock lock(&mu_);
       if (draining_) return absl::UnavailableError("the daemon is draining; submit elsewhere");
@@ -252,6 +254,7 @@ class TransferManagerImpl final : public TransferManager {
         id, spec, *src, *dst, std::move(plan), ToClass(spec.priority()), route.path, route.reason,
         engine, deadline, counters_, clock_);
     record->SetLink(LinkName(**src, **dst));
+    record->SetReceived(received_us);
     if (arrival.first != nullptr) {
       record->SetArrivalFlags(std::move(arrival.first), arrival.second, spec.arrival_flags().value());
     }

@@ -150,6 +150,9 @@ void Release(Daemon& d, Pools& p) {
 // first tile started, started -> finished (daemon clock), finished -> the client saw it.
 struct Phases {
   double submit_ms = 0, queued_ms = 0, running_ms = 0, notify_ms = 0;
+  // The Submit RPC split: client -> the daemon's handler, the handler's accept work (validation,
+  // planning, the record), and the handler's return -> the client holding the answer.
+  double to_daemon_ms = 0, accept_ms = 0, reply_ms = 0;
 };
 Phases last_phases;
 
@@ -173,6 +176,9 @@ double Through(Daemon& d, const Pools& p, uint32_t blocks, std::string* engine, 
   last_phases.queued_ms = (st.started_unix_us() - st.submitted_unix_us()) / 1e3;
   last_phases.running_ms = (st.finished_unix_us() - st.started_unix_us()) / 1e3;
   last_phases.notify_ms = (u2 - st.finished_unix_us()) / 1e3;
+  last_phases.to_daemon_ms = (st.received_unix_us() - u0) / 1e3;
+  last_phases.accept_ms = (st.submitted_unix_us() - st.received_unix_us()) / 1e3;
+  last_phases.reply_ms = (u1 - st.submitted_unix_us()) / 1e3;
   if (st.state() != v1::TRANSFER_STATE_SUCCEEDED) {
     std::fprintf(stderr, "transfer failed: %s\n", st.error_message().c_str());
     std::exit(1);
@@ -471,9 +477,11 @@ int Main(int argc, char** argv) {
       const std::string nccl_cell = n == nccl.end() ? "n/a" : absl::StrFormat("%.1f", n->second);
       const std::string nccl_ratio =
           n == nccl.end() ? "n/a" : absl::StrFormat("%.2fx", e2e / n->second);
-      phase_rows.push_back(absl::StrFormat("| %lu KiB | %u | %.2f | %.2f | %.2f | %.2f |", kib,
-                                           p.moved, last_phases.submit_ms, last_phases.queued_ms,
-                                           last_phases.running_ms, last_phases.notify_ms));
+      phase_rows.push_back(absl::StrFormat(
+          "| %lu KiB | %u | %.2f (%.2f + %.2f + %.2f) | %.2f | %.2f | %.2f |", kib, p.moved,
+          last_phases.submit_ms, last_phases.to_daemon_ms, last_phases.accept_ms,
+          last_phases.reply_ms, last_phases.queued_ms, last_phases.running_ms,
+          last_phases.notify_ms));
       std::printf("| %lu KiB | %.1f | %s (%s) | %.1f | %.1f | %s | %.1f | %.0f%% | %s |\n", kib,
                   e2e, engine.c_str(), path.c_str(), Gbps(bytes, per_block), Gbps(bytes, batch),
                   nccl_cell.c_str(), Gbps(bytes, contiguous), 100 * e2e / Gbps(bytes, contiguous),
@@ -483,8 +491,9 @@ int Main(int argc, char** argv) {
     }
     std::printf("engines after table 1: %s\n", d.Engines().c_str());
     std::printf("\nwhere the time of the last e2e transfer went (ms; submit = the Submit RPC, "
-                "queued = accepted -> first tile, running = first tile -> last, notify = last tile "
-                "-> client):\n| block | blocks | submit | queued | running | notify |\n"
+                "split as client -> daemon + accept work + reply; queued = accepted -> first tile, "
+                "running = first tile -> last, notify = last tile -> client):\n"
+                "| block | blocks | submit | queued | running | notify |\n"
                 "|---|---|---|---|---|---|\n");
     for (const auto& row : phase_rows) std::printf("%s\n", row.c_str());
 
@@ -507,13 +516,26 @@ int Main(int argc, char** argv) {
                 where.c_str());
     Pools p = MakePools(d, 16 << 10, 64ull << 20, false, dst_device);
     std::vector<double> lat;
-    for (int i = 0; i < 60; ++i) lat.push_back(Through(d, p, 1024, nullptr, nullptr));
+    std::vector<Phases> phases;
+    for (int i = 0; i < 60; ++i) {
+      lat.push_back(Through(d, p, 1024, nullptr, nullptr));
+      phases.push_back(last_phases);
+    }
     lat.erase(lat.begin(), lat.begin() + 10);
+    phases.erase(phases.begin(), phases.begin() + 10);
     std::sort(lat.begin(), lat.end());
     const double target = 100e-6 + (16 << 20) / 350e9;
-    std::printf("last: submit %.3f ms, queued %.3f ms, running %.3f ms, notify %.3f ms\n",
-                last_phases.submit_ms, last_phases.queued_ms, last_phases.running_ms,
-                last_phases.notify_ms);
+    const auto median = [&](double Phases::*field) {
+      std::vector<double> v;
+      for (const Phases& ph : phases) v.push_back(ph.*field);
+      std::sort(v.begin(), v.end());
+      return v[v.size() / 2] * 1e3;
+    };
+    std::printf("phase medians (us): client -> daemon %.1f, accept %.1f, reply %.1f, queued %.1f, "
+                "running %.1f, notify %.1f\n",
+                median(&Phases::to_daemon_ms), median(&Phases::accept_ms),
+                median(&Phases::reply_ms), median(&Phases::queued_ms),
+                median(&Phases::running_ms), median(&Phases::notify_ms));
     std::printf("p50 %.1f us, p90 %.1f us, min %.1f us (target p50 < %.1f us)\n",
                 lat[lat.size() / 2] * 1e6, lat[lat.size() * 9 / 10] * 1e6, lat[0] * 1e6,
                 target * 1e6);
