@@ -220,8 +220,9 @@ int main(int argc, char** argv) {
   // Keep freed memory mapped: every large transfer allocates megabytes (block tables, plans) and
   // glibc would otherwise hand them back to the kernel and fault them in again on the next
   // submit (~1 ms per 262k-block transfer on VMs). The daemon's heap stays at its peak instead.
-  mallopt(M_MMAP_THRESHOLD, 256 << 20);
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);
   mallopt(M_TRIM_THRESHOLD, 1 << 30);
+  mallopt(M_ARENA_MAX, 1);
   CLI::App app{"kvraild: moves KV cache between GPUs and nodes for disaggregated LLM serving"};
   std::string config_path;
   kvrail::v1::DaemonConfig flags;

@@ -39,7 +39,16 @@ uint32_t Pow2Divisor(uint64_t v) {
 // uint32, which costs a memcpy to decode instead of a varint per id). `field` receives the name
 // of the encoding used, for error messages.
 absl::StatusOr<std::vector<uint32_t>> ReadBlockIds(const kvrail::v1::TransferEndpoint& ep,
-                                                   absl::string_view side, std::string* field) {
+                                                   absl::string_view side,
+                                                   const std::optional<TableRef>& ref,
+                                                   std::string* field) {
+  if (ref.has_value()) {
+    if (ep.block_ids_size() != 0 || !ep.block_ids_le32().empty()) {
+      return Invalid(ref->field, "set one of block_ids, block_ids_le32 and block_table");
+    }
+    *field = ref->field;
+    return std::vector<uint32_t>(ref->ids, ref->ids + ref->count);
+  }
   const std::string& le32 = ep.block_ids_le32();
   if (!le32.empty() && ep.block_ids_size() != 0) {
     return Invalid(absl::StrCat(side, ".block_ids_le32"),
@@ -119,6 +128,11 @@ TileInfo Plan::tile(uint32_t i) const {
   return TileInfo{d.layer, d.byte_end - d.byte_begin};
 }
 
+void Plan::ReleaseBlockTables() {
+  std::vector<uint32_t>().swap(src_blocks_);
+  std::vector<uint32_t>().swap(dst_blocks_);
+}
+
 uint64_t Plan::num_chunks() const {
   return k::ChunksPerPart(header_) * header_.num_layers * header_.num_parts;
 }
@@ -141,6 +155,12 @@ std::string Plan::Describe() const {
 
 absl::StatusOr<Plan> MakePlan(const kvrail::v1::TransferSpec& spec, const RegionView& src,
                               const RegionView& dst, const PlanOptions& options) {
+  return MakePlan(spec, src, dst, options, TableRefs{});
+}
+
+absl::StatusOr<Plan> MakePlan(const kvrail::v1::TransferSpec& spec, const RegionView& src,
+                              const RegionView& dst, const PlanOptions& options,
+                              const TableRefs& tables) {
   if (!dst.writable) {
     return absl::FailedPreconditionError("spec.dst.region_id: region is not writable");
   }
@@ -223,8 +243,8 @@ absl::StatusOr<Plan> MakePlan(const kvrail::v1::TransferSpec& spec, const Region
   }
   // Blocks and tokens.
   std::string src_field, dst_field;
-  ASSIGN_OR_RETURN(std::vector<uint32_t> src_ids, ReadBlockIds(se, "src", &src_field));
-  ASSIGN_OR_RETURN(std::vector<uint32_t> dst_ids, ReadBlockIds(de, "dst", &dst_field));
+  ASSIGN_OR_RETURN(std::vector<uint32_t> src_ids, ReadBlockIds(se, "src", tables.src, &src_field));
+  ASSIGN_OR_RETURN(std::vector<uint32_t> dst_ids, ReadBlockIds(de, "dst", tables.dst, &dst_field));
   if (src_ids.empty()) return Invalid("src.block_ids", "empty");
   if (absl::Status st = CheckBlockIds(src_ids, s.num_blocks, src_field, false); !st.ok()) return st;
   if (absl::Status st = CheckBlockIds(dst_ids, d.num_blocks, dst_field, true); !st.ok()) return st;

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -62,6 +63,18 @@ struct TileInfo {
   uint64_t bytes;
 };
 
+// A block table read in place (TransferEndpoint.block_table: ids in a client's shared memory)
+// instead of the endpoint's block_ids. MakePlan copies the ids once into the plan and validates
+// the copy, so memory the client rewrites meanwhile can only change which (checked) blocks move.
+// The memory must stay mapped for the call. Errors about the table name `field` ("src.block_table").
+struct TableRef {
+  const uint32_t* ids = nullptr;
+  size_t count = 0;
+  std::string field;
+};
+struct TableRefs {
+  std::optional<TableRef> src, dst;
+};
 // A compact plan: a header (geometry, strides, chunking, tiling) and the two block tables actually
 // touched. Its size is O(blocks) uint32s; tiles and chunks are computed, never stored.
 class Plan {
@@ -86,10 +99,14 @@ class Plan {
   uint64_t num_runs() const { return num_runs_; }
   // One line for humans: chunk size and kind, coalescing, tiles.
   std::string Describe() const;
+  // Frees the block tables (src_blocks / dst_blocks become empty; the header and everything
+  // computed from it stay). For plans kept after their transfer ended: a 262k-block plan holds
+  // 2 MiB, and an ended transfer's record stays in the history long after no tile will run.
+  void ReleaseBlockTables();
 
  private:
   friend absl::StatusOr<Plan> MakePlan(const kvrail::v1::TransferSpec&, const RegionView&,
-                                       const RegionView&, const PlanOptions&);
+                                       const RegionView&, const PlanOptions&, const TableRefs&);
   Plan() = default;
 
   kernels::PlanHeader header_{};
@@ -105,6 +122,10 @@ class Plan {
 // FAILED_PRECONDITION "spec.dst.region_id: region is not writable".
 absl::StatusOr<Plan> MakePlan(const kvrail::v1::TransferSpec& spec, const RegionView& src,
                               const RegionView& dst, const PlanOptions& options);
+
+absl::StatusOr<Plan> MakePlan(const kvrail::v1::TransferSpec& spec, const RegionView& src,
+                              const RegionView& dst, const PlanOptions& options,
+                              const TableRefs& tables);
 
 // One contiguous piece of a tile: `bytes` from source offset `src` to destination offset `dst`
 // (offsets from the region bases).

@@ -406,3 +406,55 @@ TEST_CASE("block_ids_le32 is the same block table in fixed-width form") {
 
 }  // namespace
 }  // namespace kvrail::planner
+
+namespace kvrail::planner {
+
+TEST_CASE("block tables read in place: same plan, errors name the table field") {
+  const RegionView src = Paged(Proto(2, 2, 4096, 16, 8, 64, kNhd));
+  const RegionView dst = Paged(Proto(2, 2, 4096, 16, 8, 64, kHnd));
+  std::vector<uint32_t> src_ids = {5, 1, 4000, 7}, dst_ids = {9, 3, 2, 11};
+  absl::StatusOr<Plan> in_message = MakePlan(Spec(src_ids, dst_ids), src, dst, {});
+  REQUIRE(in_message.ok());
+  TableRefs refs;
+  refs.src = TableRef{src_ids.data(), src_ids.size(), "src.block_table"};
+  refs.dst = TableRef{dst_ids.data(), dst_ids.size(), "dst.block_table"};
+  absl::StatusOr<Plan> in_place = MakePlan(TransferSpec(), src, dst, {}, refs);
+  REQUIRE(in_place.ok());
+  CHECK(in_place->src_blocks() == in_message->src_blocks());
+  CHECK(in_place->dst_blocks() == in_message->dst_blocks());
+  CHECK(std::memcmp(&in_place->header(), &in_message->header(), sizeof(kernels::PlanHeader)) == 0);
+  // The plan holds a copy: the caller's memory may change afterwards.
+  src_ids[0] = 6;
+  CHECK(in_place->src_blocks()[0] == 5);
+
+  const auto kInv = absl::StatusCode::kInvalidArgument;
+  dst_ids[2] = 9;
+  ExpectError(MakePlan(TransferSpec(), src, dst, {}, refs).status(), kInv,
+              "spec.dst.block_table[2]: block 9 repeats spec.dst.block_table[0]");
+  dst_ids[2] = 2;
+  src_ids[3] = 4096;
+  ExpectError(MakePlan(TransferSpec(), src, dst, {}, refs).status(), kInv,
+              "spec.src.block_table[3]: block 4096 out of range [0, 4096)");
+  src_ids[3] = 7;
+  TransferSpec both;
+  both.mutable_src()->add_block_ids(1);
+  ExpectError(MakePlan(both, src, dst, {}, refs).status(), kInv, "spec.src.block_table: set one of");
+}
+
+TEST_CASE("ReleaseBlockTables frees the tables and keeps the header") {
+  const RegionView view = Paged(Proto(2, 2, 64, 16, 1, 128, kNhd));
+  absl::StatusOr<Plan> plan = MakePlan(Spec({3, 1, 2}, {4, 5, 6}), view, view, {});
+  REQUIRE(plan.ok());
+  const kernels::PlanHeader before = plan->header();
+  const uint32_t tiles = plan->num_tiles();
+  const TileInfo last = plan->tile(tiles - 1);
+  plan->ReleaseBlockTables();
+  CHECK(plan->src_blocks().empty());
+  CHECK(plan->dst_blocks().empty());
+  CHECK(plan->src_blocks().capacity() == 0);
+  CHECK(std::memcmp(&plan->header(), &before, sizeof(before)) == 0);
+  CHECK(plan->num_tiles() == tiles);
+  CHECK(plan->tile(tiles - 1).bytes == last.bytes);
+}
+
+}  // namespace kvrail::planner

@@ -200,8 +200,10 @@ void Record::MaybeFinishLocked() {
   finished_us_ = clock_->NowUnixMicros();
   ++version_;
   // An ended transfer holds no region: mappings (CUDA IPC ones too) go as soon as their last
-  // user does, not when the record leaves the history.
+  // user does, not when the record leaves the history. Nor its block tables: a history of 10k
+  // large transfers would otherwise keep gigabytes (and every submit faults in fresh memory).
   ReleaseRegionsLocked();
+  plan_.ReleaseBlockTables();
   if (counters_->on_finished) {
     v1::TransferStatus status;
     FillStatusLocked(&status);

@@ -115,7 +115,9 @@ class Record final : public engine::Job {
   // tiles of the record run, which ends before the final state.
   std::shared_ptr<regions::Region> src_;
   std::shared_ptr<regions::Region> dst_;
-  const planner::Plan plan_;
+  // Its block tables are freed when the transfer ends (no tile runs then; engines use only the
+  // header afterwards). Everything else is immutable after construction.
+  planner::Plan plan_;
   const engine::PriorityClass priority_;
   const v1::Path path_;
   const std::string path_reason_;

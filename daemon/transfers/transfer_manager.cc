@@ -2,6 +2,7 @@
 #include <list>
 #include <optional>
 #include <thread>
+#include <tuple>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
@@ -74,18 +75,23 @@ absl::StatusOr<std::pair<std::shared_ptr<regions::Region>, uint32_t*>> ResolveFl
   return std::make_pair(*std::move(region), words);
 }
 
-// Replaces ep.block_table (a table in a host region) with the ids it holds, as block_ids_le32.
-// The ids are copied once here; the planner validates the copy, so a client rewriting the shared
-// memory meanwhile can only change which (checked) blocks move. Errors name `side`.block_table.
-absl::Status ResolveBlockTable(const regions::RegionTable& regions, v1::TransferEndpoint* ep,
-                               const std::string& side) {
-  if (!ep->has_block_table()) return absl::OkStatus();
+// A block table in a client's host region (TransferEndpoint.block_table), checked against the
+// region's bounds; `region` keeps the memory mapped while the ids are read. Errors name
+// `side`.block_table.
+struct SharedTable {
+  std::shared_ptr<regions::Region> region;
+  const uint32_t* ids = nullptr;
+  size_t count = 0;
+};
+
+absl::StatusOr<SharedTable> FindBlockTable(const regions::RegionTable& regions,
+                                           const v1::TransferEndpoint& ep, const std::string& side) {
   const std::string field = absl::StrCat(side, ".block_table");
-  if (ep->block_ids_size() > 0 || !ep->block_ids_le32().empty()) {
+  if (ep.block_ids_size() > 0 || !ep.block_ids_le32().empty()) {
     return absl::InvalidArgumentError(
         absl::StrCat(field, ": set one of block_ids, block_ids_le32 and block_table"));
   }
-  const v1::BlockTableRef& table = ep->block_table();
+  const v1::BlockTableRef& table = ep.block_table();
   auto region = regions.Get(table.region_id());
   if (!region.ok()) {
     return absl::NotFoundError(absl::StrCat(field, ".region_id: ", region.status().message()));
@@ -102,8 +108,20 @@ absl::Status ResolveBlockTable(const regions::RegionTable& regions, v1::Transfer
         field, ".count: ", table.count(), " ids at byte ", table.offset_bytes(),
         " do not fit the region's ", size, " bytes"));
   }
-  const char* at = reinterpret_cast<const char*>((*region)->data() + table.offset_bytes());
-  ep->set_block_ids_le32(std::string(at, bytes));
+  SharedTable out;
+  out.ids = reinterpret_cast<const uint32_t*>((*region)->data() + table.offset_bytes());
+  out.count = table.count();
+  out.region = *std::move(region);
+  return out;
+}
+
+// Replaces ep.block_table with the ids it holds, as block_ids_le32 (for a transfer to another
+// node, whose spec travels on with its tables).
+absl::Status ResolveBlockTable(const regions::RegionTable& regions, v1::TransferEndpoint* ep,
+                               const std::string& side) {
+  if (!ep->has_block_table()) return absl::OkStatus();
+  ASSIGN_OR_RETURN(SharedTable table, FindBlockTable(regions, *ep, side));
+  ep->set_block_ids_le32(std::string(reinterpret_cast<const char*>(table.ids), 4 * table.count));
   ep->clear_block_table();
   return absl::OkStatus();
 }
@@ -160,30 +178,49 @@ class TransferManagerImpl final : public TransferManager {
 
   absl::StatusOr<v1::SubmitTransferResponse> Submit(const v1::TransferSpec& request) override {
     const int64_t received_us = clock_->NowUnixMicros();
-    // Block tables in shared memory become block_ids_le32 of a private copy of the spec: one
-    // memcpy per side; everything below sees only in-message tables.
-    std::optional<v1::TransferSpec> resolved;
-    if (request.src().has_block_table() || request.dst().has_block_table()) {
-      resolved = request;
-      RETURN_IF_ERROR(ResolveBlockTable(*regions_, resolved->mutable_src(), "spec.src"));
-      RETURN_IF_ERROR(ResolveBlockTable(*regions_, resolved->mutable_dst(), "spec.dst"));
+    if (!request.src().has_block_table() && !request.dst().has_block_table()) {
+      return SubmitResolved(request, received_us, {});
     }
-    if (!resolved.has_value()) return SubmitResolved(request, received_us);
-    absl::StatusOr<v1::SubmitTransferResponse> response = SubmitResolved(*resolved, received_us);
-    if (response.ok()) return response;
-    // The planner names block_ids_le32; the client wrote block_table.
-    std::string message(response.status().message());
-    if (request.src().has_block_table()) {
-      message = v1::RenameField(message, "spec.src.block_ids_le32", "spec.src.block_table");
+    if (IsRemote(request)) {
+      // The spec travels on to the peer: its tables go in the message, copied once here.
+      v1::TransferSpec resolved = request;
+      RETURN_IF_ERROR(ResolveBlockTable(*regions_, resolved.mutable_src(), "spec.src"));
+      RETURN_IF_ERROR(ResolveBlockTable(*regions_, resolved.mutable_dst(), "spec.dst"));
+      absl::StatusOr<v1::SubmitTransferResponse> response = SubmitResolved(resolved, received_us, {});
+      if (response.ok()) return response;
+      // The planner names block_ids_le32; the client wrote block_table.
+      std::string message(response.status().message());
+      if (request.src().has_block_table()) {
+        message = v1::RenameField(message, "spec.src.block_ids_le32", "spec.src.block_table");
+      }
+      if (request.dst().has_block_table()) {
+        message = v1::RenameField(message, "spec.dst.block_ids_le32", "spec.dst.block_table");
+      }
+      return absl::Status(response.status().code(), message);
     }
-    if (request.dst().has_block_table()) {
-      message = v1::RenameField(message, "spec.dst.block_ids_le32", "spec.dst.block_table");
+    // A local transfer: the planner reads the tables in place (one copy, into the plan).
+    std::vector<SharedTable> held;
+    planner::TableRefs refs;
+    for (const auto& [ep, side, ref] :
+         {std::tuple{&request.src(), "src", &refs.src}, std::tuple{&request.dst(), "dst", &refs.dst}}) {
+      if (!ep->has_block_table()) continue;
+      ASSIGN_OR_RETURN(SharedTable table,
+                       FindBlockTable(*regions_, *ep, absl::StrCat("spec.", side)));
+      *ref = planner::TableRef{table.ids, table.count, absl::StrCat(side, ".block_table")};
+      held.push_back(std::move(table));
     }
-    return absl::Status(response.status().code(), message);
+    return SubmitResolved(request, received_us, refs);
   }
 
+  bool IsRemote(const v1::TransferSpec& spec) const {
+    return options_.remote != nullptr && !spec.dst().node_id().empty() &&
+           spec.dst().node_id() != options_.node_id;
+  }
+
+  // `tables`: block tables read in place (Submit); empty when the spec carries its own.
   absl::StatusOr<v1::SubmitTransferResponse> SubmitResolved(const v1::TransferSpec& spec,
-                                                             int64_t received_us) {
+                                                             int64_t received_us,
+                                                             const planner::TableRefs& tables) {
     {
       absl::MutexLock lock(&mu_);
       if (draining_) return absl::UnavailableError("the daemon is draining; submit elsewhere");
@@ -193,10 +230,7 @@ class TransferManagerImpl final : public TransferManager {
       return absl::InvalidArgumentError(absl::StrCat("spec.priority: unknown value ", spec.priority()));
     }
     RETURN_IF_ERROR(CheckLocalNode(spec.src(), options_.node_id, "spec.src"));
-    if (options_.remote != nullptr && !spec.dst().node_id().empty() &&
-        spec.dst().node_id() != options_.node_id) {
-      return SubmitRemote(spec);
-    }
+    if (IsRemote(spec)) return SubmitRemote(spec);
     RETURN_IF_ERROR(CheckLocalNode(spec.dst(), options_.node_id, "spec.dst"));
     auto src = regions_->Get(spec.src().region_id());
     if (!src.ok()) {
@@ -209,7 +243,7 @@ class TransferManagerImpl final : public TransferManager {
     planner::PlanOptions plan_options;
     plan_options.tile_bytes = options_.tile_bytes;
     ASSIGN_OR_RETURN(planner::Plan plan,
-                     planner::MakePlan(spec, (*src)->view(), (*dst)->view(), plan_options));
+                     planner::MakePlan(spec, (*src)->view(), (*dst)->view(), plan_options, tables));
     auto placement = [](const regions::Region& r) {
       const bool cuda = r.spec().memory_kind() == v1::MEMORY_KIND_CUDA;
       return scheduler::Placement{cuda, cuda ? r.spec().device() : -1};

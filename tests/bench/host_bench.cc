@@ -170,18 +170,24 @@ int Main(int argc, char** argv) {
     for (bool layerwise : {false, true}) {
       auto s = spec;
       s.set_layerwise(layerwise);
-      std::vector<double> ms;
+      std::vector<double> ms, accept_ms;
       for (int rep = 0; rep < (quick ? 10 : 40); ++rep) {
         const auto t0 = Clock::now();
         auto submitted = (*decode)->Submit(s);
         const double t = Seconds(Clock::now() - t0) * 1e3;
         if (!submitted.ok()) return 1;
         if (layerwise) (void)(*decode)->MarkReady(submitted->transfer_id(), 0, 1);
-        (void)(*decode)->Wait(submitted->transfer_id());
-        if (rep > 0) ms.push_back(t);
+        auto done = (*decode)->Wait(submitted->transfer_id());
+        if (!done.ok()) return 1;
+        if (rep > 0) {
+          ms.push_back(t);
+          accept_ms.push_back((done->submitted_unix_us() - done->received_unix_us()) / 1e3);
+        }
       }
-      std::printf("   %-10s p50 %.3f ms   p99 %.3f ms   (target < 2 ms)\n",
-                  layerwise ? "layer-wise" : "bulk", Percentile(ms, 0.5), Percentile(ms, 0.99));
+      std::printf("   %-10s p50 %.3f ms   p99 %.3f ms   (target < 2 ms); the daemon's accept work "
+                  "p50 %.3f ms\n",
+                  layerwise ? "layer-wise" : "bulk", Percentile(ms, 0.5), Percentile(ms, 0.99),
+                  Percentile(accept_ms, 0.5));
     }
     // The transport alone: the same message, rejected before planning (unknown region).
     auto rejected = spec;
