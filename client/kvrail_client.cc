@@ -7,10 +7,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <utility>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/strip.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "client/session_wire.h"
@@ -107,7 +110,10 @@ class Client::Impl {
         unix_path_(std::move(parsed.unix_path)),
         channel_(std::move(channel)),
         transfer_(v1::Transfer::NewStub(channel_)),
-        admin_(v1::Admin::NewStub(channel_)) {}
+        admin_(v1::Admin::NewStub(channel_)) {
+    const char* via = std::getenv("KVRAIL_SUBMIT_VIA");
+    if (via != nullptr && std::string(via) == "grpc") session_submit_.store(false);
+  }
 
   const std::string target_;
   const std::string grpc_target_;
@@ -125,6 +131,10 @@ class Client::Impl {
   absl::Mutex table_mu_;
   std::unique_ptr<HostBuffer> table_buffer_ ABSL_GUARDED_BY(table_mu_);
   uint64_t table_region_ ABSL_GUARDED_BY(table_mu_) = 0;
+
+  // Submits go over the session socket (one round trip) unless this is off: a TCP target, an
+  // older daemon that does not know SUBMIT, or KVRAIL_SUBMIT_VIA=grpc in the environment.
+  std::atomic<bool> session_submit_{true};
 
   absl::StatusOr<internal::SessionConnection*> Session() {
     absl::MutexLock lock(&session_mu_);
@@ -297,8 +307,55 @@ void PutTable(const v1::TransferEndpoint& from, v1::TransferEndpoint* to, uint8_
   ref->set_count(static_cast<uint32_t>(n));
 }
 
+namespace {
+
+// Requests larger than this go over gRPC (a SEQPACKET packet must fit the socket buffer; tables
+// this large travel through shared memory anyway).
+constexpr size_t kMaxSessionSubmitBytes = 128 << 10;
+
+// The daemon's answer to "SUBMIT": the response, or the status it rejected the transfer with.
+// Anything else (an older daemon's "ERROR ...") is UNIMPLEMENTED.
+absl::StatusOr<v1::SubmitTransferResponse> ParseSubmitAnswer(absl::string_view answer) {
+  if (absl::ConsumePrefix(&answer, "SUBMITTED ")) {
+    v1::SubmitTransferResponse response;
+    if (!response.ParseFromArray(answer.data(), static_cast<int>(answer.size()))) {
+      return absl::InternalError("session socket: the SUBMITTED answer does not parse");
+    }
+    return response;
+  }
+  int code = 0;
+  if (absl::ConsumePrefix(&answer, "REJECTED ")) {
+    const size_t space = answer.find(' ');
+    if (space != absl::string_view::npos && absl::SimpleAtoi(answer.substr(0, space), &code) &&
+        code > 0 && code <= static_cast<int>(absl::StatusCode::kUnauthenticated)) {
+      return absl::Status(static_cast<absl::StatusCode>(code), answer.substr(space + 1));
+    }
+  }
+  return absl::UnimplementedError(absl::StrCat("session socket: no SUBMIT here (\"",
+                                               answer.substr(0, 80), "\")"));
+}
+
+}  // namespace
+
 absl::StatusOr<v1::SubmitTransferResponse> Client::SubmitRequest(
     const v1::SubmitTransferRequest& request) {
+  // Transfers within this node, over the session socket when the daemon has one.
+  if (impl_->session_submit_.load() && !impl_->unix_path_.empty() &&
+      request.spec().dst().node_id().empty() && request.ByteSizeLong() <= kMaxSessionSubmitBytes) {
+    absl::StatusOr<internal::SessionConnection*> session = impl_->Session();
+    if (session.ok()) {
+      bool sent = false;
+      absl::StatusOr<std::string> answer =
+          (*session)->Exchange(absl::StrCat("SUBMIT ", request.SerializeAsString()), &sent);
+      if (answer.ok()) {
+        absl::StatusOr<v1::SubmitTransferResponse> response = ParseSubmitAnswer(*answer);
+        if (response.status().code() != absl::StatusCode::kUnimplemented) return response;
+        impl_->session_submit_.store(false);  // an older daemon: gRPC from now on
+      } else if (sent) {
+        return answer.status();  // the daemon may have accepted it: never submit twice
+      }
+    }
+  }
   v1::SubmitTransferResponse response;
   grpc::ClientContext context;
   SetDeadline(&context, kUnaryDeadline);

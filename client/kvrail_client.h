@@ -104,6 +104,9 @@ class Client {
   // first use, named "client block tables", grown as needed) on unix sockets, else as
   // block_ids_le32 from 1024 ids; a spec that already sets block_table or both encodings goes
   // as it is. Thread-safe; large submits from several threads take turns on the table region.
+  // On a unix socket, a transfer within this node is submitted over the session socket (one
+  // round trip, same validation and errors as the SubmitTransfer RPC, which is used otherwise,
+  // for a daemon without it, or with KVRAIL_SUBMIT_VIA=grpc set).
   absl::StatusOr<v1::SubmitTransferResponse> Submit(const v1::TransferSpec& spec);
   absl::StatusOr<v1::TransferStatus> Get(uint64_t transfer_id);
   // Blocks until the transfer ends or `timeout` passes (zero or infinite: until it ends); on

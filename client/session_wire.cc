@@ -19,8 +19,8 @@
 namespace kvrail::client::internal {
 namespace {
 
-// Session packets are short ASCII lines; anything longer is a protocol error.
-constexpr size_t kMaxPacket = 4096;
+// Answers are short: ASCII lines, or a serialized SubmitTransferResponse.
+constexpr size_t kMaxPacket = 16384;
 
 absl::Status ErrnoStatus(absl::string_view what, int err) {
   const absl::StatusCode code = (err == EAGAIN || err == EWOULDBLOCK)
@@ -61,6 +61,22 @@ class SessionConnectionImpl final : public SessionConnection {
     }
     return absl::InternalError(
         absl::StrCat("session socket ", path_, ": unexpected answer to FD: \"", *answer, "\""));
+  }
+
+  absl::StatusOr<std::string> Exchange(const std::string& packet, bool* sent) override {
+    absl::MutexLock lock(&mu_);
+    *sent = false;
+    if (absl::Status s = SendPacket(sock_.get(), packet); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("session socket ", path_, ": ", s.message()));
+    }
+    *sent = true;
+    absl::StatusOr<std::string> answer = ReceivePacket(sock_.get());
+    if (!answer.ok()) {
+      return absl::Status(answer.status().code(),
+                          absl::StrCat("session socket ", path_,
+                                       ": waiting for the answer: ", answer.status().message()));
+    }
+    return answer;
   }
 
  private:
@@ -149,7 +165,7 @@ absl::StatusOr<std::string> ReceivePacket(int sock, UniqueFd* fd) {
     return absl::UnavailableError("connection closed by peer");
   }
   if ((msg.msg_flags & MSG_TRUNC) != 0) {
-    return absl::InternalError("packet longer than 4096 bytes");
+    return absl::InternalError(absl::StrCat("packet longer than ", kMaxPacket, " bytes"));
   }
   if ((msg.msg_flags & MSG_CTRUNC) != 0) {
     return absl::InternalError("ancillary data truncated");

@@ -5,6 +5,10 @@
 //   daemon -> client, on accept:   "SESSION <decimal id>"
 //   client -> daemon:              "FD" with exactly one fd in SCM_RIGHTS ancillary data
 //   daemon -> client:              "TOKEN <token>" or "ERROR <message>"
+//   client -> daemon:              "SUBMIT " + serialized SubmitTransferRequest
+//   daemon -> client:              "SUBMITTED " + serialized SubmitTransferResponse, or
+//                                  "REJECTED <absl status code> <message>"
+//   (daemon/session/session_server.h has the daemon's side.)
 // A token is single-use and belongs to the session; RegisterRegion(spec.share.fd_token = token,
 // session_id = id) consumes it. When the connection closes the daemon unregisters every region
 // registered with the session id, so a client keeps the connection open for its lifetime.
@@ -45,6 +49,10 @@ class SessionConnection {
   // Passes `fd` (which stays owned by the caller) to the daemon and returns the token it answered.
   // An "ERROR <message>" answer becomes FAILED_PRECONDITION with the daemon's message.
   virtual absl::StatusOr<std::string> SendFd(int fd) = 0;
+
+  // Sends `packet` and returns the daemon's answer (one exchange at a time, as SendFd). `*sent`
+  // tells whether the packet left: a failure after that may have been acted on by the daemon.
+  virtual absl::StatusOr<std::string> Exchange(const std::string& packet, bool* sent) = 0;
 };
 
 // Packet helpers (blocking; the socket's SO_RCVTIMEO bounds reads).

@@ -8,9 +8,11 @@
 #include <CLI/CLI.hpp>
 #include <atomic>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "daemon/common/clock.h"
 #include "daemon/common/logging.h"
 #include "daemon/common/status.h"
@@ -167,8 +169,18 @@ absl::Status Run(v1::DaemonConfig config) {
   }
 
   ASSIGN_OR_RETURN(std::unique_ptr<session::SessionServer> sessions,
-                   session::SessionServer::Start(config.unix_socket() + ".session",
-                                                 config.socket_mode(), regions.get()));
+                   session::SessionServer::Start(
+                       config.unix_socket() + ".session", config.socket_mode(), regions.get(),
+                       [&transfers, &config](const v1::TransferSpec& spec)
+                           -> absl::StatusOr<v1::SubmitTransferResponse> {
+                         if (!spec.dst().node_id().empty() && spec.dst().node_id() != config.node_id()) {
+                           return absl::FailedPreconditionError(absl::StrCat(
+                               "spec.dst.node_id: '", spec.dst().node_id(),
+                               "' is another node; submit transfers between nodes with "
+                               "SubmitTransfer (gRPC)"));
+                         }
+                         return transfers->Submit(spec);
+                       }));
 
   server::ServerOptions server_options;
   server_options.version = kVersion;
@@ -222,7 +234,12 @@ int main(int argc, char** argv) {
   // submit (~1 ms per 262k-block transfer on VMs). The daemon's heap stays at its peak instead.
   mallopt(M_MMAP_THRESHOLD, 32 << 20);
   mallopt(M_TRIM_THRESHOLD, 1 << 30);
-  mallopt(M_ARENA_MAX, 1);
+  mallopt(M_ARENA_MAX, 1);  // one heap: memory freed by one gRPC thread serves the next
+  // Debian's Abseil is built with deadlock detection on: every Mutex operation would update a
+  // global lock graph. Tests (KVRAIL_TEST set by .bazelrc) keep it; a serving daemon does not.
+  if (std::getenv("KVRAIL_TEST") == nullptr) {
+    absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  }
   CLI::App app{"kvraild: moves KV cache between GPUs and nodes for disaggregated LLM serving"};
   std::string config_path;
   kvrail::v1::DaemonConfig flags;

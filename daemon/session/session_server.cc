@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -32,11 +33,13 @@ void SendPacket(int fd, const std::string& text) {
 class SessionServerImpl final : public SessionServer {
  public:
   SessionServerImpl(UniqueFd listener, UniqueFd wake_read, UniqueFd wake_write,
-                    regions::RegionTable* regions)
+                    regions::RegionTable* regions, SubmitFn submit)
       : listener_(std::move(listener)),
         wake_read_(std::move(wake_read)),
         wake_write_(std::move(wake_write)),
-        regions_(regions) {
+        regions_(regions),
+        submit_(std::move(submit)),
+        packet_(kMaxPacket) {
     thread_ = std::thread([this] { Loop(); });
   }
 
@@ -88,9 +91,9 @@ class SessionServerImpl final : public SessionServer {
 
   // Reads one packet from a session; a closed or broken connection ends the session.
   void Serve(int fd) {
-    char payload[64];
+    char* const payload = packet_.data();
     alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 4)];
-    iovec iov{payload, sizeof(payload)};
+    iovec iov{payload, packet_.size()};
     msghdr msg{};
     msg.msg_iov = &iov;
     msg.msg_iovlen = 1;
@@ -118,7 +121,16 @@ class SessionServerImpl final : public SessionServer {
       count_.store(sessions_.size());
       return;
     }
-    if (std::string_view(payload, n) != "FD" || received.size() != 1 ||
+    const std::string_view text(payload, n);
+    if (text.substr(0, kSubmit.size()) == kSubmit) {
+      SendPacket(fd, received.empty() && (msg.msg_flags & MSG_TRUNC) == 0
+                         ? Submit(text.substr(kSubmit.size()))
+                         : absl::StrCat("REJECTED ", static_cast<int>(absl::StatusCode::kInvalidArgument),
+                                        " SUBMIT: the packet is larger than ", kMaxPacket,
+                                        " bytes or carries descriptors; use SubmitTransfer"));
+      return;
+    }
+    if (text != "FD" || received.size() != 1 ||
         (msg.msg_flags & MSG_CTRUNC) != 0) {
       SendPacket(fd, "ERROR expected the packet \"FD\" carrying exactly one descriptor");
       return;
@@ -128,14 +140,41 @@ class SessionServerImpl final : public SessionServer {
                               : absl::StrCat("ERROR ", token.status().message()));
   }
 
+  // The answer to one SUBMIT packet (`request`: the serialized SubmitTransferRequest).
+  std::string Submit(std::string_view request) {
+    const auto rejected = [](const absl::Status& status) {
+      return absl::StrCat("REJECTED ", static_cast<int>(status.code()), " ", status.message());
+    };
+    if (!submit_) {
+      return rejected(absl::UnimplementedError("SUBMIT: this daemon takes transfers over gRPC only"));
+    }
+    v1::SubmitTransferRequest parsed;
+    if (!parsed.ParseFromArray(request.data(), static_cast<int>(request.size()))) {
+      return rejected(absl::InvalidArgumentError("SUBMIT: not a serialized SubmitTransferRequest"));
+    }
+    absl::StatusOr<v1::SubmitTransferResponse> accepted = submit_(parsed.spec());
+    if (!accepted.ok()) {
+      spdlog::info("transfer rejected (session submit): {}", accepted.status().ToString());
+      return rejected(accepted.status());
+    }
+    return absl::StrCat("SUBMITTED ", accepted->SerializeAsString());
+  }
+
+  // SUBMIT requests carry block tables of up to 8191 ids per side in the message (larger ones
+  // go through shared memory), so 256 KiB is ample.
+  static constexpr size_t kMaxPacket = 256 << 10;
+  static constexpr std::string_view kSubmit = "SUBMIT ";
+
   UniqueFd listener_;
   UniqueFd wake_read_;
   UniqueFd wake_write_;
   regions::RegionTable* const regions_;
+  const SubmitFn submit_;
   std::atomic<bool> stop_{false};
   std::atomic<size_t> count_{0};
   // Owned by the poll thread only.
   absl::flat_hash_map<int, Session> sessions_;
+  std::vector<char> packet_;  // receive buffer
   std::thread thread_;
 };
 
@@ -143,7 +182,8 @@ class SessionServerImpl final : public SessionServer {
 
 absl::StatusOr<std::unique_ptr<SessionServer>> SessionServer::Start(const std::string& path,
                                                                     uint32_t mode,
-                                                                    regions::RegionTable* regions) {
+                                                                    regions::RegionTable* regions,
+                                                                    SubmitFn submit) {
   sockaddr_un addr{};
   if (path.empty() || path.size() >= sizeof(addr.sun_path)) {
     return absl::InvalidArgumentError(
@@ -169,7 +209,8 @@ absl::StatusOr<std::unique_ptr<SessionServer>> SessionServer::Start(const std::s
     return absl::InternalError(absl::StrCat("pipe: ", std::strerror(errno)));
   }
   return std::unique_ptr<SessionServer>(std::make_unique<SessionServerImpl>(
-      std::move(listener), UniqueFd(pipe_fds[0]), UniqueFd(pipe_fds[1]), regions));
+      std::move(listener), UniqueFd(pipe_fds[0]), UniqueFd(pipe_fds[1]), regions,
+      std::move(submit)));
 }
 
 }  // namespace kvrail::session

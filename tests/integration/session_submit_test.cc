@@ -1,0 +1,101 @@
+// Submitting over the session socket ("SUBMIT", daemon/session/session_server.h): the client's
+// default for transfers within the node. The same transfer moves the same bytes; the same bad
+// spec gets the same code and message as over gRPC; malformed packets and transfers to other
+// nodes are refused there, naming the reason; KVRAIL_SUBMIT_VIA=grpc keeps the client on gRPC.
+#define CATCH_CONFIG_MAIN
+#include <catch2/catch.hpp>
+
+#include <cstdlib>
+
+#include "client/session_wire.h"
+#include "tests/integration/kv_fixture.h"
+
+namespace kvrail::testing {
+namespace {
+
+v1::PagedKvLayout Small() {
+  return MakeLayout(2, 2, 64, 16, 2, 8, v1::DTYPE_BF16, v1::LAYOUT_ORDER_LAYER_PART_BLOCK_NHD);
+}
+
+// One raw SUBMIT exchange on a fresh session connection; returns the answer packet.
+std::string RawSubmit(const LiveDaemon& live, const std::string& payload) {
+  auto session = client::internal::SessionConnection::Open(
+      client::internal::SessionSocketPath(live.daemon.socket()));
+  REQUIRE(session.ok());
+  bool sent = false;
+  auto answer = (*session)->Exchange(payload, &sent);
+  REQUIRE(sent);
+  REQUIRE(answer.ok());
+  return *answer;
+}
+
+std::string Serialized(const v1::TransferSpec& spec) {
+  v1::SubmitTransferRequest request;
+  *request.mutable_spec() = spec;
+  return request.SerializeAsString();
+}
+
+}  // namespace
+
+TEST_CASE("SUBMIT on the session socket moves the transfer like SubmitTransfer") {
+  LiveDaemon live;
+  Pool src = MakePool(*live.client, Small(), false, "prefill");
+  Pool dst = MakePool(*live.client, Small(), true, "decode");
+  const std::vector<uint32_t> src_blocks = {3, 9, 1}, dst_blocks = {40, 2, 17};
+  FillPool(src, 5, src_blocks, 48);
+  const std::string answer = RawSubmit(
+      live, "SUBMIT " + Serialized(client::MakeBlockTransfer(src.id(), src_blocks, dst.id(), dst_blocks)));
+  REQUIRE(answer.rfind("SUBMITTED ", 0) == 0);
+  v1::SubmitTransferResponse response;
+  REQUIRE(response.ParseFromString(answer.substr(10)));
+  REQUIRE(response.transfer_id() != 0);
+  auto status = live.client->Wait(response.transfer_id());
+  REQUIRE(status.ok());
+  REQUIRE(status->state() == v1::TRANSFER_STATE_SUCCEEDED);
+  CHECK(VerifyPool(dst, Expectation{5, dst_blocks, 48, 0, 0, 2, 0, 0, 2}) == "");
+}
+
+TEST_CASE("a bad spec gets the same error over the session socket and over gRPC") {
+  LiveDaemon live;
+  Pool src = MakePool(*live.client, Small(), false, "prefill");
+  Pool dst = MakePool(*live.client, Small(), true, "decode");
+  v1::TransferSpec bad = client::MakeBlockTransfer(src.id(), {1, 99}, dst.id(), {4, 5});
+  const auto via_session = live.client->Submit(bad);  // the client's default: the session
+  REQUIRE(!via_session.ok());
+  CHECK(via_session.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(via_session.status().message().rfind("spec.src.block_ids[1]: block 99 out of range", 0) == 0);
+  const std::string raw = RawSubmit(live, "SUBMIT " + Serialized(bad));
+  CHECK(raw == "REJECTED 3 " + std::string(via_session.status().message()));
+
+  ::setenv("KVRAIL_SUBMIT_VIA", "grpc", 1);
+  auto grpc_client = client::Client::Connect(live.daemon.socket());
+  ::unsetenv("KVRAIL_SUBMIT_VIA");
+  REQUIRE(grpc_client.ok());
+  const auto via_grpc = (*grpc_client)->Submit(bad);
+  REQUIRE(!via_grpc.ok());
+  CHECK(via_grpc.status() == via_session.status());
+  // gRPC alone still moves transfers.
+  const std::vector<uint32_t> blocks = {7, 8};
+  FillPool(src, 2, blocks, 32);
+  v1::TransferStatus done = RunToEnd(**grpc_client, client::MakeBlockTransfer(src.id(), blocks, dst.id(), blocks));
+  CHECK(done.state() == v1::TRANSFER_STATE_SUCCEEDED);
+  CHECK(VerifyPool(dst, Expectation{2, blocks, 32, 0, 0, 2, 0, 0, 2}) == "");
+}
+
+TEST_CASE("malformed SUBMIT packets and transfers to other nodes are refused on the session") {
+  LiveDaemon live;
+  CHECK(RawSubmit(live, "SUBMIT \xff\xff\xff garbage") ==
+        "REJECTED 3 SUBMIT: not a serialized SubmitTransferRequest");
+  v1::TransferSpec remote = client::MakeBlockTransfer(1, {1}, 2, {1});
+  remote.mutable_dst()->set_node_id("node-b");
+  const std::string answer = RawSubmit(live, "SUBMIT " + Serialized(remote));
+  CHECK(answer.rfind("REJECTED 9 spec.dst.node_id: 'node-b' is another node", 0) == 0);
+  // The session still serves fds after refusals, and the daemon keeps serving.
+  auto buffer = live.client->CreateHostBuffer(4096);
+  REQUIRE(buffer.ok());
+  v1::RegionSpec spec;
+  spec.set_name("after");
+  CHECK(live.client->RegisterHostBuffer(**buffer, spec).ok());
+}
+
+}  // namespace kvrail::testing
