@@ -18,7 +18,7 @@ grep -E "NV[0-9]+|nvlink-p2p" "$out/run_topology.txt" | head -4
 grep -E "test cases|assertions|All tests" "$out/gpu_test.txt" "$out/kernel_test.txt" "$out"/flags_test*.txt 2>/dev/null
 grep -E "^\| (4|16) KiB \| (slab|warp)|contiguous" "$out/variants.txt" 2>/dev/null
 grep -E "kv_demo decode" "$out/run_engine.txt" | cut -c1-200
-grep -E "^\| [0-9]+ KiB|^p50|^through|GB/s, cuda" "$out/bench.txt" 2>/dev/null
+grep -E "^\| [0-9]+ KiB|p50 .* us|GB/s, cuda" "$out/bench.txt" 2>/dev/null
 grep -E "^\|" "$out/fabric_gpu.txt" 2>/dev/null
 grep -E "^GEMM|^\| " "$out/interference.txt" 2>/dev/null
 grep -E "target|streaming|critical" "$out/run_streaming.txt" | head -12
