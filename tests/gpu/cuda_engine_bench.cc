@@ -95,6 +95,15 @@ struct Daemon {
   }
 };
 
+// A client of `d` that submits over gRPC only (SubmitTransfer), as before the session socket
+// carried submits; swap it into d.client for a measurement.
+std::unique_ptr<client::Client> GrpcOnlyClient(Daemon& d) {
+  ::setenv("KVRAIL_SUBMIT_VIA", "grpc", 1);
+  auto c = Must(client::Client::Connect(d.process.socket()), "connect (gRPC only)");
+  ::unsetenv("KVRAIL_SUBMIT_VIA");
+  return c;
+}
+
 // Source pool on GPU0, destination on GPU `dst_device` (or in host memory).
 struct Pools {
   uint64_t block_bytes = 0;
@@ -433,9 +442,9 @@ int Main(int argc, char** argv) {
   }
   std::printf("\n## 1. %s, GB/s (best of %d); target >= 350 and >= 88%% of the ceiling, >= 1.8x NCCL\n",
               where.c_str(), reps);
-  std::printf("| block | kvraild e2e | engine (path) | per-block cudaMemcpyAsync | "
+  std::printf("| block | kvraild e2e | e2e, gRPC only | engine (path) | per-block cudaMemcpyAsync | "
               "cudaMemcpyBatchAsync | NCCL pack+send/recv+unpack | contiguous ceiling | e2e / "
-              "ceiling | e2e / NCCL |\n|---|---|---|---|---|---|---|---|---|\n");
+              "ceiling | e2e / NCCL |\n|---|---|---|---|---|---|---|---|---|---|\n");
   {
     Daemon d({"--cuda-max-ctas", "132"});
     std::vector<std::string> phase_rows;
@@ -443,6 +452,10 @@ int Main(int argc, char** argv) {
       Pools p = MakePools(d, kib << 10, total, false, dst_device);
       Pattern(p);
       std::string engine, path;
+      std::unique_ptr<client::Client> grpc_only = GrpcOnlyClient(d);
+      std::swap(d.client, grpc_only);
+      const double e2e_grpc = BestThrough(d, p, reps, nullptr, nullptr);
+      std::swap(d.client, grpc_only);
       const double e2e = BestThrough(d, p, reps, &engine, &path);
       VerifyBlocks(p);
       std::vector<void*> dsts(p.moved);
@@ -482,8 +495,8 @@ int Main(int argc, char** argv) {
           last_phases.submit_ms, last_phases.to_daemon_ms, last_phases.accept_ms,
           last_phases.reply_ms, last_phases.queued_ms, last_phases.running_ms,
           last_phases.notify_ms));
-      std::printf("| %lu KiB | %.1f | %s (%s) | %.1f | %.1f | %s | %.1f | %.0f%% | %s |\n", kib,
-                  e2e, engine.c_str(), path.c_str(), Gbps(bytes, per_block), Gbps(bytes, batch),
+      std::printf("| %lu KiB | %.1f | %.1f | %s (%s) | %.1f | %.1f | %s | %.1f | %.0f%% | %s |\n",
+                  kib, e2e, e2e_grpc, engine.c_str(), path.c_str(), Gbps(bytes, per_block), Gbps(bytes, batch),
                   nccl_cell.c_str(), Gbps(bytes, contiguous), 100 * e2e / Gbps(bytes, contiguous),
                   nccl_ratio.c_str());
       std::fflush(stdout);
@@ -544,10 +557,7 @@ int Main(int argc, char** argv) {
     };
     {
       // Before the session socket carried submits: both calls over gRPC.
-      ::setenv("KVRAIL_SUBMIT_VIA", "grpc", 1);
-      std::unique_ptr<client::Client> grpc_only =
-          Must(client::Client::Connect(d.process.socket()), "connect (gRPC only)");
-      ::unsetenv("KVRAIL_SUBMIT_VIA");
+      std::unique_ptr<client::Client> grpc_only = GrpcOnlyClient(d);
       std::swap(d.client, grpc_only);
       measure("SubmitTransfer (gRPC) + WaitTransfer");
       std::swap(d.client, grpc_only);
