@@ -11,7 +11,7 @@ out=$(mktemp -d /tmp/kvrail-gpu-logs.XXXXXX)
 export OUT=$out
 tests/gpu/run_topology.sh > "$out/run_topology.txt" 2>&1
 PARTS="test demo bench fabric interference" TEST_TIMEOUT=150 BENCH_TIMEOUT=240 \
-  FABRIC_TIMEOUT=100 INTERFERENCE_TIMEOUT=200 tests/gpu/run_cuda_engine.sh > "$out/run_engine.txt" 2>&1
+  FABRIC_TIMEOUT=100 INTERFERENCE_TIMEOUT=270 tests/gpu/run_cuda_engine.sh > "$out/run_engine.txt" 2>&1
 STREAMING_TIMEOUT=120 tests/gpu/run_streaming.sh > "$out/run_streaming.txt" 2>&1
 echo "== summary"
 grep -E "NV[0-9]+|nvlink-p2p" "$out/run_topology.txt" | head -4
