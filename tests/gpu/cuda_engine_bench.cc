@@ -331,7 +331,8 @@ void Pattern(const Pools& p) {
   Check(cudaSetDevice(0), "cudaSetDevice(0)");
 }
 
-int Interference(int dst_device, bool quick) {
+// `only_limit` non-empty: just that GEMM SM limit, with 4-8 fixed CTAs (a finer sweep).
+int Interference(int dst_device, bool quick, const std::string& only_limit) {
   const double seconds = quick ? 2.0 : 4.0;
   // `limit`: the GEMM's CUDA_MPS_ACTIVE_THREAD_PERCENTAGE ("" = all SMs), leaving SMs to kvraild.
   const auto gemm = [&](Daemon* d, const Pools* p, double* transfer_gbps,
@@ -397,6 +398,13 @@ int Interference(int dst_device, bool quick) {
                         {"--cuda-max-ctas", "132", "--cuda-fixed-ctas", std::to_string(c)}});
   }
   settings.push_back({"adaptive, budget 8", "95", {"--cuda-max-ctas", "8"}});
+  if (!only_limit.empty()) {
+    settings.clear();
+    for (int c : {4, 5, 6, 7, 8}) {
+      settings.push_back({absl::StrCat(c, " CTAs fixed"), only_limit,
+                          {"--cuda-max-ctas", "132", "--cuda-fixed-ctas", std::to_string(c)}});
+    }
+  }
   for (const auto& [label, limit, args] : settings) {
     Daemon d(args);
     Pools p = MakePools(d, 16 << 10, 256ull << 20, false, dst_device);
@@ -416,11 +424,16 @@ int Interference(int dst_device, bool quick) {
 
 int Main(int argc, char** argv) {
   bool quick = false, same_gpu = false, interference = false;
+  std::string only_limit;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--quick") quick = true;
     else if (a == "--same-gpu") same_gpu = true;
     else if (a == "--interference") interference = true;
+    else if (a.rfind("--interference-limit=", 0) == 0) {
+      interference = true;
+      only_limit = a.substr(21);
+    }
     else {
       std::fprintf(stderr, "unknown flag %s\n", a.c_str());
       return 2;
@@ -441,7 +454,7 @@ int Main(int argc, char** argv) {
   const std::string where = dst_device == 0 ? "same GPU (GPU0 -> GPU0)" : "GPU0 -> GPU1";
   std::printf("device: %d x %s, %d SMs; %s; %.0f MiB of scattered blocks per transfer\n", devices,
               prop.name, prop.multiProcessorCount, where.c_str(), total / 1048576.0);
-  if (interference) return Interference(dst_device, quick);
+  if (interference) return Interference(dst_device, quick, only_limit);
 
   std::map<uint64_t, double> nccl;
   if (dst_device != 0) {

@@ -55,7 +55,7 @@ fi
 if [[ $parts == *interference* ]]; then
   echo "== interference (under MPS)"
   start_mps
-  timeout ${INTERFERENCE_TIMEOUT:-200} .devpack/bin/cuda_engine_bench --interference > "$out/interference.txt" 2>&1
+  timeout ${INTERFERENCE_TIMEOUT:-200} .devpack/bin/cuda_engine_bench ${INTERFERENCE_ARGS:---interference} > "$out/interference.txt" 2>&1
   echo "exit $?" >> "$out/interference.txt"
   stop_mps
   cat "$out/interference.txt"
