@@ -38,16 +38,9 @@ class SessionConnectionImpl final : public SessionConnection {
   const std::string& path() const override { return path_; }
 
   absl::StatusOr<std::string> SendFd(int fd) override {
-    absl::MutexLock lock(&mu_);
-    if (absl::Status s = SendPacket(sock_.get(), "FD", fd); !s.ok()) {
-      return absl::Status(s.code(), absl::StrCat("session socket ", path_, ": ", s.message()));
-    }
-    absl::StatusOr<std::string> answer = ReceivePacket(sock_.get());
-    if (!answer.ok()) {
-      return absl::Status(answer.status().code(),
-                          absl::StrCat("session socket ", path_,
-                                       ": waiting for the token: ", answer.status().message()));
-    }
+    bool sent = false;
+    absl::StatusOr<std::string> answer = Send("FD", fd, "the token", &sent);
+    if (!answer.ok()) return answer.status();
     // Tolerate a trailing newline or NUL from a daemon written with C strings.
     absl::string_view text = absl::StripTrailingAsciiWhitespace(answer->c_str());
     if (absl::ConsumePrefix(&text, "TOKEN ") && !text.empty() &&
@@ -64,17 +57,24 @@ class SessionConnectionImpl final : public SessionConnection {
   }
 
   absl::StatusOr<std::string> Exchange(const std::string& packet, bool* sent) override {
+    return Send(packet, -1, "the answer", sent);
+  }
+
+ private:
+  // One request (with `fd` passed when >= 0) and its answer; errors say what was awaited.
+  absl::StatusOr<std::string> Send(const std::string& packet, int fd, absl::string_view awaited,
+                                   bool* sent) {
     absl::MutexLock lock(&mu_);
     *sent = false;
-    if (absl::Status s = SendPacket(sock_.get(), packet); !s.ok()) {
+    if (absl::Status s = SendPacket(sock_.get(), packet, fd); !s.ok()) {
       return absl::Status(s.code(), absl::StrCat("session socket ", path_, ": ", s.message()));
     }
     *sent = true;
     absl::StatusOr<std::string> answer = ReceivePacket(sock_.get());
     if (!answer.ok()) {
       return absl::Status(answer.status().code(),
-                          absl::StrCat("session socket ", path_,
-                                       ": waiting for the answer: ", answer.status().message()));
+                          absl::StrCat("session socket ", path_, ": waiting for ", awaited, ": ",
+                                       answer.status().message()));
     }
     return answer;
   }

@@ -20,6 +20,34 @@ template <> struct Access<4> { using T = int; };
 template <> struct Access<2> { using T = short; };
 template <> struct Access<1> { using T = char; };
 
+// Copies the plan header into the CTA's shared memory (every thread reads it all the time) and
+// waits for the whole CTA.
+__device__ __forceinline__ void LoadHeader(const PlanHeader* __restrict__ from_header,
+                                           PlanHeader* to_header) {
+  const uint64_t* from = reinterpret_cast<const uint64_t*>(from_header);
+  uint64_t* to = reinterpret_cast<uint64_t*>(to_header);
+  for (int k = threadIdx.x; k < static_cast<int>(sizeof(PlanHeader) / 8); k += blockDim.x) {
+    to[k] = from[k];
+  }
+  __syncthreads();
+}
+
+// Item `item` of a launch (a slab or a piece), `per_tile` items per tile: which tile of the
+// launch and which item inside it. `div` divides by per_tile (MakeFastDiv), used whenever both
+// fit the fast division.
+struct ItemPos {
+  uint64_t tile;
+  uint64_t index;
+};
+__device__ __forceinline__ ItemPos SplitItem(uint64_t item, uint64_t per_tile,
+                                             const FastDivU32& div) {
+  if (item <= kFastDivMaxDividend && per_tile <= kFastDivMaxDividend) {
+    const uint64_t tile = FastDiv(div, static_cast<uint32_t>(item));
+    return ItemPos{tile, item - tile * per_tile};
+  }
+  return ItemPos{item / per_tile, item % per_tile};
+}
+
 // Addresses of one slab (see KvCopyKernel), relative to the region bases.
 struct SlabAddr {
   uint64_t from[kLoadsInFlight];
@@ -35,16 +63,9 @@ __device__ __forceinline__ void LocateSlab(const PlanHeader& h, const uint32_t* 
                                            uint64_t item, const FastDivU32& slabs_div,
                                            uint64_t slabs_per_tile, uint32_t slab_bytes,
                                            SlabAddr& a) {
-  uint64_t tile_rel, slab;
-  if (item <= kFastDivMaxDividend && slabs_per_tile <= kFastDivMaxDividend) {
-    tile_rel = FastDiv(slabs_div, static_cast<uint32_t>(item));
-    slab = item - tile_rel * slabs_per_tile;
-  } else {
-    tile_rel = item / slabs_per_tile;
-    slab = item % slabs_per_tile;
-  }
-  const TileDesc t = TileAt(h, tile_begin + static_cast<uint32_t>(tile_rel));
-  const uint64_t begin = t.byte_begin + slab * slab_bytes;
+  const ItemPos pos = SplitItem(item, slabs_per_tile, slabs_div);
+  const TileDesc t = TileAt(h, tile_begin + static_cast<uint32_t>(pos.tile));
+  const uint64_t begin = t.byte_begin + pos.index * slab_bytes;
   if (begin >= t.byte_end) {  // the last tile of a stream is shorter
     a.len = 0;
     return;
@@ -90,14 +111,7 @@ __global__ void __launch_bounds__(kMaxThreads)
     KvCopyKernel(const PlanHeader* __restrict__ header, uint32_t tile_begin, uint32_t tile_end) {
   using T = typename Access<W>::T;
   __shared__ PlanHeader h;
-  {
-    const uint64_t* from = reinterpret_cast<const uint64_t*>(header);
-    uint64_t* to = reinterpret_cast<uint64_t*>(&h);
-    for (int k = threadIdx.x; k < static_cast<int>(sizeof(PlanHeader) / 8); k += blockDim.x) {
-      to[k] = from[k];
-    }
-  }
-  __syncthreads();
+  LoadHeader(header, &h);
   const uint8_t* __restrict__ src = reinterpret_cast<const uint8_t*>(h.src.base);
   uint8_t* __restrict__ dst = reinterpret_cast<uint8_t*>(h.dst.base);
   const uint32_t* __restrict__ src_blocks = reinterpret_cast<const uint32_t*>(h.src.block_table);
@@ -146,14 +160,7 @@ __global__ void __launch_bounds__(kMaxThreads)
     KvCopyPiecesKernel(const PlanHeader* __restrict__ header, uint32_t tile_begin,
                        uint32_t tile_end, uint32_t piece_bytes) {
   __shared__ PlanHeader h;
-  {
-    const uint64_t* from = reinterpret_cast<const uint64_t*>(header);
-    uint64_t* to = reinterpret_cast<uint64_t*>(&h);
-    for (int k = threadIdx.x; k < static_cast<int>(sizeof(PlanHeader) / 8); k += blockDim.x) {
-      to[k] = from[k];
-    }
-  }
-  __syncthreads();
+  LoadHeader(header, &h);
   const uint8_t* __restrict__ src = reinterpret_cast<const uint8_t*>(h.src.base);
   uint8_t* __restrict__ dst = reinterpret_cast<uint8_t*>(h.dst.base);
   const uint32_t* __restrict__ src_blocks = reinterpret_cast<const uint32_t*>(h.src.block_table);
@@ -161,22 +168,15 @@ __global__ void __launch_bounds__(kMaxThreads)
   const uint32_t lane = threadIdx.x & 31;
   const uint32_t warps_per_cta = blockDim.x / 32;
   const uint64_t pieces_per_tile = h.tile_bytes / piece_bytes;
-  const bool fast = pieces_per_tile <= kFastDivMaxDividend;
-  const FastDivU32 tile_div = MakeFastDiv(fast ? static_cast<uint32_t>(pieces_per_tile) : 1);
+  const FastDivU32 tile_div = MakeFastDiv(
+      pieces_per_tile <= kFastDivMaxDividend ? static_cast<uint32_t>(pieces_per_tile) : 1);
   const uint64_t items = static_cast<uint64_t>(tile_end - tile_begin) * pieces_per_tile;
   const uint64_t step = static_cast<uint64_t>(gridDim.x) * warps_per_cta;
   for (uint64_t item = static_cast<uint64_t>(blockIdx.x) * warps_per_cta + threadIdx.x / 32;
        item < items; item += step) {
-    uint64_t tile_rel, piece;
-    if (fast && item <= kFastDivMaxDividend) {
-      tile_rel = FastDiv(tile_div, static_cast<uint32_t>(item));
-      piece = item - tile_rel * pieces_per_tile;
-    } else {
-      tile_rel = item / pieces_per_tile;
-      piece = item % pieces_per_tile;
-    }
-    const TileDesc t = TileAt(h, tile_begin + static_cast<uint32_t>(tile_rel));
-    const ChunkSpan span = PieceAt(h, src_blocks, dst_blocks, t, piece, piece_bytes);
+    const ItemPos pos = SplitItem(item, pieces_per_tile, tile_div);
+    const TileDesc t = TileAt(h, tile_begin + static_cast<uint32_t>(pos.tile));
+    const ChunkSpan span = PieceAt(h, src_blocks, dst_blocks, t, pos.index, piece_bytes);
     const int4* from = reinterpret_cast<const int4*>(src + span.src);
     int4* to = reinterpret_cast<int4*>(dst + span.dst);
     const uint32_t vectors = static_cast<uint32_t>(span.bytes / 16);
