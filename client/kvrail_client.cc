@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -135,6 +136,29 @@ class Client::Impl {
   // Submits go over the session socket (one round trip) unless this is off: a TCP target, an
   // older daemon that does not know SUBMIT, or KVRAIL_SUBMIT_VIA=grpc in the environment.
   std::atomic<bool> session_submit_{true};
+
+  // Connections that carry WAITs (a WAIT holds its connection until the transfer ends, so each
+  // concurrent Wait has its own); idle ones are kept for the next.
+  absl::Mutex wait_mu_;
+  std::vector<std::unique_ptr<internal::SessionConnection>> idle_waits_ ABSL_GUARDED_BY(wait_mu_);
+
+  std::unique_ptr<internal::SessionConnection> TakeWaitConnection() {
+    {
+      absl::MutexLock lock(&wait_mu_);
+      if (!idle_waits_.empty()) {
+        auto conn = std::move(idle_waits_.back());
+        idle_waits_.pop_back();
+        return conn;
+      }
+    }
+    auto opened = internal::SessionConnection::Open(internal::SessionSocketPath(unix_path_));
+    return opened.ok() ? *std::move(opened) : nullptr;
+  }
+
+  void ReturnWaitConnection(std::unique_ptr<internal::SessionConnection> conn) {
+    absl::MutexLock lock(&wait_mu_);
+    if (idle_waits_.size() < 8) idle_waits_.push_back(std::move(conn));
+  }
 
   absl::StatusOr<internal::SessionConnection*> Session() {
     absl::MutexLock lock(&session_mu_);
@@ -437,7 +461,56 @@ absl::StatusOr<v1::TransferStatus> Client::Get(uint64_t transfer_id) {
   return response;
 }
 
+namespace {
+
+// What a WAIT on the session socket came to: the final status, the daemon's error, "ask over
+// gRPC" (no session, an older daemon, a broken connection: waiting again is harmless), or "the
+// timeout passed" (the caller then reads the current status).
+struct SessionWait {
+  enum class Outcome { kAnswer, kUseGrpc, kTimedOut } outcome = Outcome::kUseGrpc;
+  absl::StatusOr<v1::TransferStatus> answer = absl::UnknownError("no answer");
+};
+
+}  // namespace
+
 absl::StatusOr<v1::TransferStatus> Client::Wait(uint64_t transfer_id, absl::Duration timeout) {
+  if (impl_->session_submit_.load() && !impl_->unix_path_.empty()) {
+    SessionWait w;
+    const bool bounded = timeout > absl::ZeroDuration() && timeout != absl::InfiniteDuration();
+    if (auto conn = impl_->TakeWaitConnection(); conn != nullptr) {
+      conn->SetAnswerTimeout(bounded ? timeout : absl::InfiniteDuration());
+      bool sent = false;
+      absl::StatusOr<std::string> answer =
+          conn->Exchange(absl::StrCat("WAIT ", transfer_id), &sent);
+      absl::string_view text = answer.ok() ? absl::string_view(*answer) : absl::string_view();
+      int code = 0;
+      size_t space = 0;
+      if (!answer.ok()) {
+        // A DONE may still come on this connection: it is not reused.
+        if (bounded && answer.status().code() == absl::StatusCode::kDeadlineExceeded) {
+          w.outcome = SessionWait::Outcome::kTimedOut;
+        }
+      } else if (absl::ConsumePrefix(&text, "DONE ")) {
+        v1::TransferStatus status;
+        if (status.ParseFromArray(text.data(), static_cast<int>(text.size()))) {
+          w = SessionWait{SessionWait::Outcome::kAnswer, std::move(status)};
+          impl_->ReturnWaitConnection(std::move(conn));
+        }
+      } else if (absl::ConsumePrefix(&text, "REJECTED ") &&
+                 (space = text.find(' ')) != absl::string_view::npos &&
+                 absl::SimpleAtoi(text.substr(0, space), &code) && code > 0 &&
+                 code <= static_cast<int>(absl::StatusCode::kUnauthenticated) &&
+                 code != static_cast<int>(absl::StatusCode::kUnimplemented)) {
+        w = SessionWait{SessionWait::Outcome::kAnswer,
+                        absl::Status(static_cast<absl::StatusCode>(code), text.substr(space + 1))};
+        impl_->ReturnWaitConnection(std::move(conn));
+      } else {
+        impl_->session_submit_.store(false);  // an older daemon: gRPC from now on
+      }
+    }
+    if (w.outcome == SessionWait::Outcome::kAnswer) return w.answer;
+    if (w.outcome == SessionWait::Outcome::kTimedOut) return Get(transfer_id);
+  }
   v1::WaitTransferRequest request;
   request.set_transfer_id(transfer_id);
   grpc::ClientContext context;

@@ -110,7 +110,8 @@ class Client {
   absl::StatusOr<v1::SubmitTransferResponse> Submit(const v1::TransferSpec& spec);
   absl::StatusOr<v1::TransferStatus> Get(uint64_t transfer_id);
   // Blocks until the transfer ends or `timeout` passes (zero or infinite: until it ends); on
-  // timeout the current (non-final) status is returned.
+  // timeout the current (non-final) status is returned. On a unix socket the wait goes over a
+  // session connection ("WAIT", answered by the daemon when the transfer ends), else WaitTransfer.
   absl::StatusOr<v1::TransferStatus> Wait(uint64_t transfer_id,
                                           absl::Duration timeout = absl::ZeroDuration());
   absl::StatusOr<v1::TransferStatus> Cancel(uint64_t transfer_id);

@@ -29,6 +29,17 @@ absl::Status ErrnoStatus(absl::string_view what, int err) {
   return absl::Status(code, absl::StrCat(what, ": ", strerror(err)));
 }
 
+void SetReceiveTimeout(int sock, absl::Duration timeout) {
+  struct timeval tv {};  // zero: no limit
+  if (timeout != absl::InfiniteDuration()) {
+    tv.tv_sec = static_cast<time_t>(absl::ToInt64Seconds(timeout));
+    tv.tv_usec =
+        static_cast<suseconds_t>(absl::ToInt64Microseconds(timeout - absl::Seconds(tv.tv_sec)));
+    if (tv.tv_sec == 0 && tv.tv_usec == 0) tv.tv_usec = 1;
+  }
+  ::setsockopt(sock, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+}
+
 class SessionConnectionImpl final : public SessionConnection {
  public:
   SessionConnectionImpl(UniqueFd sock, uint64_t id, std::string path)
@@ -58,6 +69,11 @@ class SessionConnectionImpl final : public SessionConnection {
 
   absl::StatusOr<std::string> Exchange(const std::string& packet, bool* sent) override {
     return Send(packet, -1, "the answer", sent);
+  }
+
+  void SetAnswerTimeout(absl::Duration timeout) override {
+    absl::MutexLock lock(&mu_);
+    SetReceiveTimeout(sock_.get(), timeout);
   }
 
  private:
@@ -189,11 +205,11 @@ absl::StatusOr<std::unique_ptr<SessionConnection>> SessionConnection::Open(
   // CLOEXEC: a child we fork must not hold the session (and so our regions) open after we die.
   UniqueFd sock(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
   if (!sock.valid()) return ErrnoStatus("socket(AF_UNIX, SOCK_SEQPACKET)", errno);
+  SetReceiveTimeout(sock.get(), timeout);
   struct timeval tv;
   tv.tv_sec = static_cast<time_t>(absl::ToInt64Seconds(timeout));
   tv.tv_usec =
       static_cast<suseconds_t>(absl::ToInt64Microseconds(timeout - absl::Seconds(tv.tv_sec)));
-  ::setsockopt(sock.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
   ::setsockopt(sock.get(), SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
   if (::connect(sock.get(), reinterpret_cast<struct sockaddr*>(&addr), sizeof(addr)) != 0) {
     const int err = errno;

@@ -8,6 +8,8 @@
 //   client -> daemon:              "SUBMIT " + serialized SubmitTransferRequest
 //   daemon -> client:              "SUBMITTED " + serialized SubmitTransferResponse, or
 //                                  "REJECTED <absl status code> <message>"
+//   client -> daemon:              "WAIT <transfer id>"
+//   daemon -> client:              "DONE " + serialized final TransferStatus, or "REJECTED ..."
 //   (daemon/session/session_server.h has the daemon's side.)
 // A token is single-use and belongs to the session; RegisterRegion(spec.share.fd_token = token,
 // session_id = id) consumes it. When the connection closes the daemon unregisters every region
@@ -53,6 +55,10 @@ class SessionConnection {
   // Sends `packet` and returns the daemon's answer (one exchange at a time, as SendFd). `*sent`
   // tells whether the packet left: a failure after that may have been acted on by the daemon.
   virtual absl::StatusOr<std::string> Exchange(const std::string& packet, bool* sent) = 0;
+
+  // How long answers may take from now on (InfiniteDuration: no limit; a closed connection still
+  // ends a wait with UNAVAILABLE).
+  virtual void SetAnswerTimeout(absl::Duration timeout) = 0;
 };
 
 // Packet helpers (blocking; the socket's SO_RCVTIMEO bounds reads).

@@ -180,6 +180,10 @@ absl::Status Run(v1::DaemonConfig config) {
                                "SubmitTransfer (gRPC)"));
                          }
                          return transfers->Submit(spec);
+                       },
+                       [&transfers](uint64_t id,
+                                    std::function<void(const v1::TransferStatus&)> done) {
+                         return transfers->WhenEnded(id, std::move(done));
                        }));
 
   server::ServerOptions server_options;

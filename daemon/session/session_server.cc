@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <cstring>
 #include <string_view>
+#include <memory>
 #include <thread>
 #include <vector>
 
@@ -33,12 +34,13 @@ void SendPacket(int fd, const std::string& text) {
 class SessionServerImpl final : public SessionServer {
  public:
   SessionServerImpl(UniqueFd listener, UniqueFd wake_read, UniqueFd wake_write,
-                    regions::RegionTable* regions, SubmitFn submit)
+                    regions::RegionTable* regions, SubmitFn submit, WaitFn wait)
       : listener_(std::move(listener)),
         wake_read_(std::move(wake_read)),
         wake_write_(std::move(wake_write)),
         regions_(regions),
         submit_(std::move(submit)),
+        wait_(std::move(wait)),
         packet_(kMaxPacket) {
     thread_ = std::thread([this] { Loop(); });
   }
@@ -48,15 +50,31 @@ class SessionServerImpl final : public SessionServer {
     const char b = 1;
     (void)::write(wake_write_.get(), &b, 1);
     thread_.join();
-    for (auto& [fd, session] : sessions_) regions_->EndSession(session.id);
+    for (auto& [fd, session] : sessions_) {
+      session->Close();
+      regions_->EndSession(session->id);
+    }
   }
 
   size_t active_sessions() const override { return count_.load(); }
 
  private:
-  struct Session {
-    uint64_t id;
-    UniqueFd fd;
+  // One client connection. Answers to WAIT are sent from whichever thread ends the transfer, so
+  // sends and the close are serialized here; after the close nothing is sent (the fd number may
+  // already belong to another connection).
+  struct Connection {
+    Connection(uint64_t session_id, UniqueFd socket) : id(session_id), fd(std::move(socket)) {}
+    void Send(const std::string& text) {
+      absl::MutexLock lock(&mu);
+      if (fd.valid()) SendPacket(fd.get(), text);
+    }
+    void Close() {
+      absl::MutexLock lock(&mu);
+      fd = UniqueFd();
+    }
+    const uint64_t id;
+    absl::Mutex mu;
+    UniqueFd fd ABSL_GUARDED_BY(mu);
   };
 
   void Loop() {
@@ -85,7 +103,7 @@ class SessionServerImpl final : public SessionServer {
     SendPacket(fd.get(), absl::StrCat("SESSION ", id));
     spdlog::debug("session {} opened", id);
     const int raw = fd.get();
-    sessions_.emplace(raw, Session{id, std::move(fd)});
+    sessions_.emplace(raw, std::make_shared<Connection>(id, std::move(fd)));
     count_.store(sessions_.size());
   }
 
@@ -115,36 +133,65 @@ class SessionServerImpl final : public SessionServer {
     }
     auto it = sessions_.find(fd);
     if (n <= 0) {
-      spdlog::debug("session {} closed", it->second.id);
-      regions_->EndSession(it->second.id);
+      spdlog::debug("session {} closed", it->second->id);
+      it->second->Close();
+      regions_->EndSession(it->second->id);
       sessions_.erase(it);
       count_.store(sessions_.size());
       return;
     }
+    const std::shared_ptr<Connection>& conn = it->second;
     const std::string_view text(payload, n);
+    const bool plain = received.empty() && (msg.msg_flags & MSG_TRUNC) == 0;
     if (text.substr(0, kSubmit.size()) == kSubmit) {
-      SendPacket(fd, received.empty() && (msg.msg_flags & MSG_TRUNC) == 0
-                         ? Submit(text.substr(kSubmit.size()))
-                         : absl::StrCat("REJECTED ", static_cast<int>(absl::StatusCode::kInvalidArgument),
-                                        " SUBMIT: the packet is larger than ", kMaxPacket,
-                                        " bytes or carries descriptors; use SubmitTransfer"));
+      conn->Send(plain ? Submit(text.substr(kSubmit.size()))
+                       : Rejected(absl::InvalidArgumentError(absl::StrCat(
+                             "SUBMIT: the packet is larger than ", kMaxPacket,
+                             " bytes or carries descriptors; use SubmitTransfer"))));
+      return;
+    }
+    if (text.substr(0, kWait.size()) == kWait) {
+      Wait(conn, plain, text.substr(kWait.size()));
       return;
     }
     if (text != "FD" || received.size() != 1 ||
         (msg.msg_flags & MSG_CTRUNC) != 0) {
-      SendPacket(fd, "ERROR expected the packet \"FD\" carrying exactly one descriptor");
+      conn->Send("ERROR expected the packet \"FD\" carrying exactly one descriptor");
       return;
     }
-    absl::StatusOr<std::string> token = regions_->AddFd(it->second.id, std::move(received[0]));
-    SendPacket(fd, token.ok() ? absl::StrCat("TOKEN ", *token)
-                              : absl::StrCat("ERROR ", token.status().message()));
+    absl::StatusOr<std::string> token = regions_->AddFd(conn->id, std::move(received[0]));
+    conn->Send(token.ok() ? absl::StrCat("TOKEN ", *token)
+                          : absl::StrCat("ERROR ", token.status().message()));
+  }
+
+  static std::string Rejected(const absl::Status& status) {
+    return absl::StrCat("REJECTED ", static_cast<int>(status.code()), " ", status.message());
+  }
+
+  // WAIT <id>: answered with DONE when the transfer ends, from the thread that ends it (at once
+  // when it has ended), or REJECTED at once. The poll thread never waits.
+  void Wait(const std::shared_ptr<Connection>& conn, bool plain, std::string_view id_text) {
+    uint64_t id = 0;
+    const absl::string_view digits(id_text.data(), id_text.size());
+    if (!plain || !absl::SimpleAtoi(digits, &id)) {
+      conn->Send(Rejected(absl::InvalidArgumentError(
+          absl::StrCat("WAIT: want \"WAIT <transfer id>\", got \"WAIT ", digits.substr(0, 40), "\""))));
+      return;
+    }
+    if (!wait_) {
+      conn->Send(Rejected(absl::UnimplementedError("WAIT: this daemon answers waits over gRPC only")));
+      return;
+    }
+    std::weak_ptr<Connection> weak = conn;
+    const absl::Status registered = wait_(id, [weak](const v1::TransferStatus& status) {
+      if (auto c = weak.lock()) c->Send(absl::StrCat("DONE ", status.SerializeAsString()));
+    });
+    if (!registered.ok()) conn->Send(Rejected(registered));
   }
 
   // The answer to one SUBMIT packet (`request`: the serialized SubmitTransferRequest).
   std::string Submit(std::string_view request) {
-    const auto rejected = [](const absl::Status& status) {
-      return absl::StrCat("REJECTED ", static_cast<int>(status.code()), " ", status.message());
-    };
+    const auto rejected = Rejected;
     if (!submit_) {
       return rejected(absl::UnimplementedError("SUBMIT: this daemon takes transfers over gRPC only"));
     }
@@ -164,16 +211,18 @@ class SessionServerImpl final : public SessionServer {
   // go through shared memory), so 256 KiB is ample.
   static constexpr size_t kMaxPacket = 256 << 10;
   static constexpr std::string_view kSubmit = "SUBMIT ";
+  static constexpr std::string_view kWait = "WAIT ";
 
   UniqueFd listener_;
   UniqueFd wake_read_;
   UniqueFd wake_write_;
   regions::RegionTable* const regions_;
   const SubmitFn submit_;
+  const WaitFn wait_;
   std::atomic<bool> stop_{false};
   std::atomic<size_t> count_{0};
   // Owned by the poll thread only.
-  absl::flat_hash_map<int, Session> sessions_;
+  absl::flat_hash_map<int, std::shared_ptr<Connection>> sessions_;
   std::vector<char> packet_;  // receive buffer
   std::thread thread_;
 };
@@ -183,7 +232,8 @@ class SessionServerImpl final : public SessionServer {
 absl::StatusOr<std::unique_ptr<SessionServer>> SessionServer::Start(const std::string& path,
                                                                     uint32_t mode,
                                                                     regions::RegionTable* regions,
-                                                                    SubmitFn submit) {
+                                                                    SubmitFn submit,
+                                                                    WaitFn wait) {
   sockaddr_un addr{};
   if (path.empty() || path.size() >= sizeof(addr.sun_path)) {
     return absl::InvalidArgumentError(
@@ -210,7 +260,7 @@ absl::StatusOr<std::unique_ptr<SessionServer>> SessionServer::Start(const std::s
   }
   return std::unique_ptr<SessionServer>(std::make_unique<SessionServerImpl>(
       std::move(listener), UniqueFd(pipe_fds[0]), UniqueFd(pipe_fds[1]), regions,
-      std::move(submit)));
+      std::move(submit), std::move(wait)));
 }
 
 }  // namespace kvrail::session

@@ -7,6 +7,9 @@
 //   client -> daemon:            "SUBMIT " + a serialized kvrail.v1.SubmitTransferRequest
 //   daemon -> client:            "SUBMITTED " + a serialized SubmitTransferResponse, or
 //                                "REJECTED <absl status code> <message>"
+//   client -> daemon:            "WAIT <decimal transfer id>"
+//   daemon -> client:            "DONE " + the serialized final TransferStatus when the transfer
+//                                ends, or "REJECTED <code> <message>" (an unknown id: NOT_FOUND)
 // A token is single-use and belongs to its session (RegisterRegion.session_id). When the client
 // closes the connection, or dies, the session ends and its regions are unregistered.
 //
@@ -15,6 +18,9 @@
 // ~37 us and a unary gRPC call ~165 us, which a 16 MiB layer (~50 us of NVLink) cannot afford.
 // It serves transfers within this node only (a transfer to another node would block the poll
 // thread on the peer): those are refused with FAILED_PRECONDITION naming spec.dst.node_id.
+// WAIT is WaitTransfer without a timeout, answered by the thread that ends the transfer (the
+// poll thread never blocks): a connection with a WAIT pending is busy until DONE arrives; a
+// client that closes it meanwhile gets nothing, and nothing else is disturbed.
 #pragma once
 
 #include <functional>
@@ -37,12 +43,18 @@ class SessionServer {
   using SubmitFn =
       std::function<absl::StatusOr<v1::SubmitTransferResponse>(const v1::TransferSpec& spec)>;
 
+  // Registers `done` to be called with the final status when transfer `id` ends (at once when
+  // it has); an error (NOT_FOUND) is answered at once. `done` must not block.
+  using WaitFn = std::function<absl::Status(
+      uint64_t id, std::function<void(const v1::TransferStatus& status)> done)>;
+
   // Binds `path` (an existing socket file there is replaced) with permission bits `mode`.
-  // Without `submit`, SUBMIT packets are refused (UNIMPLEMENTED).
+  // Without `submit` / `wait`, SUBMIT / WAIT packets are refused (UNIMPLEMENTED).
   static absl::StatusOr<std::unique_ptr<SessionServer>> Start(const std::string& path,
                                                               uint32_t mode,
                                                               regions::RegionTable* regions,
-                                                              SubmitFn submit = nullptr);
+                                                              SubmitFn submit = nullptr,
+                                                              WaitFn wait = nullptr);
   virtual size_t active_sessions() const = 0;
 };
 

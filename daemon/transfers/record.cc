@@ -88,6 +88,17 @@ void Record::SetReceived(int64_t unix_us) {
   received_us_ = unix_us;
 }
 
+void Record::WhenEnded(std::function<void(const v1::TransferStatus&)> done) {
+  absl::MutexLock lock(&mu_);
+  if (state_ >= v1::TRANSFER_STATE_SUCCEEDED) {
+    v1::TransferStatus status;
+    FillStatusLocked(&status);
+    done(status);
+    return;
+  }
+  when_ended_.push_back(std::move(done));
+}
+
 void Record::SetNics(std::vector<std::string> nics) {
   absl::MutexLock lock(&mu_);
   nics_ = std::move(nics);
@@ -204,10 +215,12 @@ void Record::MaybeFinishLocked() {
   // large transfers would otherwise keep gigabytes (and every submit faults in fresh memory).
   ReleaseRegionsLocked();
   plan_.ReleaseBlockTables();
-  if (counters_->on_finished) {
+  if (counters_->on_finished || !when_ended_.empty()) {
     v1::TransferStatus status;
     FillStatusLocked(&status);
-    counters_->on_finished(status);
+    if (counters_->on_finished) counters_->on_finished(status);
+    for (auto& done : when_ended_) done(status);
+    when_ended_.clear();
   }
   absl::MutexLock c(&counters_->mu);
   --counters_->active;

@@ -53,6 +53,10 @@ class Record final : public engine::Job {
   void SetLink(std::string link);
   // When the daemon began handling the Submit (TransferStatus.received_unix_us).
   void SetReceived(int64_t unix_us);
+  // Calls `done` with the final status once the transfer ends (at once, on this thread, when it
+  // already has). `done` runs under the record's lock on whichever thread ends the transfer:
+  // it must be quick, must not block and must not call back into the record.
+  void WhenEnded(std::function<void(const v1::TransferStatus&)> done);
   // Consumer readiness (spec.arrival_flags): `words[i] = value` once layer i has landed. Call
   // before the first tile is queued; the record keeps `region` mapped until it ends.
   void SetArrivalFlags(std::shared_ptr<regions::Region> region, uint32_t* words, uint32_t value);
@@ -148,6 +152,7 @@ class Record final : public engine::Job {
   std::vector<std::string> nics_ ABSL_GUARDED_BY(mu_);
   std::string link_ ABSL_GUARDED_BY(mu_);
   int64_t received_us_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<std::function<void(const v1::TransferStatus&)>> when_ended_ ABSL_GUARDED_BY(mu_);
   // The engine's name, refined by OnEngineUsed ("cuda-kernel", "cuda-kernel+cuda-copy-engine").
   std::string engine_name_ ABSL_GUARDED_BY(mu_);
 };

@@ -327,6 +327,13 @@ class TransferManagerImpl final : public TransferManager {
     return record->Status();
   }
 
+  absl::Status WhenEnded(uint64_t id,
+                         std::function<void(const v1::TransferStatus&)> done) const override {
+    ASSIGN_OR_RETURN(auto record, Find(id));
+    record->WhenEnded(std::move(done));
+    return absl::OkStatus();
+  }
+
   absl::Status Watch(uint64_t id, absl::Duration min_interval,
                      const std::function<bool(const v1::TransferEvent&)>& sink) const override {
     ASSIGN_OR_RETURN(auto record, Find(id));

@@ -583,7 +583,7 @@ int Main(int argc, char** argv) {
       measure("SubmitTransfer (gRPC) + WaitTransfer");
       std::swap(d.client, grpc_only);
     }
-    measure("submit over the session socket + WaitTransfer");
+    measure("the client library (SUBMIT and WAIT on the session socket)");
     // The same transfers, completion seen through the arrival flag (the daemon writes the word in
     // shared memory when the layer -- here the whole transfer -- has landed) instead of the
     // WaitTransfer RPC; the status is read afterwards to check it succeeded.
@@ -622,7 +622,7 @@ int Main(int argc, char** argv) {
         if (i >= 10) by_flag.push_back(sec);
       }
       std::sort(by_flag.begin(), by_flag.end());
-      std::printf("submit over the session socket + the arrival flag instead of WaitTransfer: p50 %.1f us, p90 %.1f us, "
+      std::printf("SUBMIT on the session socket + the arrival flag instead of a wait: p50 %.1f us, p90 %.1f us, "
                   "min %.1f us\n", by_flag[by_flag.size() / 2] * 1e6,
                   by_flag[by_flag.size() * 9 / 10] * 1e6, by_flag[0] * 1e6);
       (void)d.client->UnregisterRegion(flags.region_id());

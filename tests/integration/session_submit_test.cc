@@ -2,6 +2,7 @@
 // default for transfers within the node. The same transfer moves the same bytes; the same bad
 // spec gets the same code and message as over gRPC; malformed packets and transfers to other
 // nodes are refused there, naming the reason; KVRAIL_SUBMIT_VIA=grpc keeps the client on gRPC.
+// WAIT answers like WaitTransfer (pending, bounded, closed early, ended, unknown, malformed).
 #define CATCH_CONFIG_MAIN
 #include <catch2/catch.hpp>
 
@@ -96,6 +97,69 @@ TEST_CASE("malformed SUBMIT packets and transfers to other nodes are refused on 
   v1::RegionSpec spec;
   spec.set_name("after");
   CHECK(live.client->RegisterHostBuffer(**buffer, spec).ok());
+}
+
+}  // namespace kvrail::testing
+
+namespace kvrail::testing {
+
+TEST_CASE("WAIT on the session socket answers like WaitTransfer") {
+  LiveDaemon live;
+  Pool src = MakePool(*live.client, Small(), false, "prefill");
+  Pool dst = MakePool(*live.client, Small(), true, "decode");
+  const std::vector<uint32_t> blocks = {2, 6};
+  FillPool(src, 4, blocks, 32);
+  v1::TransferSpec spec = client::MakeBlockTransfer(src.id(), blocks, dst.id(), blocks);
+  spec.set_layerwise(true);  // nothing moves until MarkReady: the wait is really pending
+  auto submitted = live.client->Submit(spec);
+  REQUIRE(submitted.ok());
+  const uint64_t id = submitted->transfer_id();
+
+  // A bounded wait on a transfer that cannot end yet returns its current status, as over gRPC.
+  auto early = live.client->Wait(id, absl::Milliseconds(50));
+  REQUIRE(early.ok());
+  CHECK(early->state() < v1::TRANSFER_STATE_SUCCEEDED);
+
+  // A raw WAIT whose connection closes before the transfer ends: nothing is sent, nothing breaks.
+  {
+    auto session = client::internal::SessionConnection::Open(
+        client::internal::SessionSocketPath(live.daemon.socket()));
+    REQUIRE(session.ok());
+    (*session)->SetAnswerTimeout(absl::Milliseconds(100));
+    bool sent = false;
+    auto answer = (*session)->Exchange(absl::StrCat("WAIT ", id), &sent);
+    CHECK(sent);
+    CHECK(answer.status().code() == absl::StatusCode::kDeadlineExceeded);
+  }
+  REQUIRE(live.client->MarkReady(id, 0, 2).ok());
+  auto via_session = live.client->Wait(id);  // the client's default: a session WAIT
+  REQUIRE(via_session.ok());
+  CHECK(via_session->state() == v1::TRANSFER_STATE_SUCCEEDED);
+  CHECK(VerifyPool(dst, Expectation{4, blocks, 32, 0, 0, 2, 0, 0, 2}) == "");
+
+  ::setenv("KVRAIL_SUBMIT_VIA", "grpc", 1);
+  auto grpc_client = client::Client::Connect(live.daemon.socket());
+  ::unsetenv("KVRAIL_SUBMIT_VIA");
+  REQUIRE(grpc_client.ok());
+  auto via_grpc = (*grpc_client)->Wait(id);
+  REQUIRE(via_grpc.ok());
+  CHECK(via_grpc->SerializeAsString() == via_session->SerializeAsString());
+
+  // A raw WAIT on an ended transfer is answered at once with the same status.
+  const std::string done = RawSubmit(live, absl::StrCat("WAIT ", id));
+  REQUIRE(done.rfind("DONE ", 0) == 0);
+  v1::TransferStatus parsed;
+  REQUIRE(parsed.ParseFromString(done.substr(5)));
+  CHECK(parsed.SerializeAsString() == via_grpc->SerializeAsString());
+
+  // Unknown ids and malformed waits: the same NOT_FOUND as gRPC, and a named INVALID_ARGUMENT.
+  auto missing_grpc = (*grpc_client)->Wait(id + 1000000);
+  REQUIRE(!missing_grpc.ok());
+  CHECK(RawSubmit(live, absl::StrCat("WAIT ", id + 1000000)) ==
+        absl::StrCat("REJECTED 5 ", missing_grpc.status().message()));
+  auto missing = live.client->Wait(id + 1000000);
+  CHECK(missing.status() == missing_grpc.status());
+  CHECK(RawSubmit(live, "WAIT soon").rfind("REJECTED 3 WAIT: want", 0) == 0);
 }
 
 }  // namespace kvrail::testing
