@@ -38,6 +38,10 @@ uint64_t ClassBatchBytes(uint64_t batch_bytes, uint64_t max_inflight, uint64_t i
   return std::min(batch_bytes, left);
 }
 
+uint64_t BatchBytesFor(bool background, uint64_t batch_bytes) {
+  return background ? std::max<uint64_t>(batch_bytes / 4, 1) : batch_bytes;
+}
+
 const char* ModeEngineName(Mode mode) {
   return mode == Mode::kKernel ? "cuda-kernel" : "cuda-copy-engine";
 }

@@ -143,4 +143,8 @@ TEST_CASE("a class's byte limit bounds its batches, never below one tile") {
   CHECK(ClassBatchBytes(64 << 20, 8 << 20, 6 << 20) == (2u << 20)); // what the limit leaves
   CHECK(ClassBatchBytes(64 << 20, 8 << 20, 9 << 20) == 0);         // over: TakeBatch takes 1 tile
   CHECK(ClassBatchBytes(4 << 20, 1ull << 30, 0) == (4u << 20));    // the batch size is smaller
+  using kvrail::engine::cuda_internal::BatchBytesFor;
+  CHECK(BatchBytesFor(/*background=*/false, 64 << 20) == (64u << 20));
+  CHECK(BatchBytesFor(/*background=*/true, 64 << 20) == (16u << 20));
+  CHECK(BatchBytesFor(/*background=*/true, 2) == 1);
 }

@@ -109,7 +109,10 @@ class DeviceWorker {
       const ClassLimits& limit = options_.limits[c];
       if (!MayStart(limit, inflight_bytes_[c], queues_.FrontTileBytes(c))) continue;
       const uint64_t budget = cuda_internal::ClassBatchBytes(
-          options_.batch_bytes, limit.max_inflight_bytes, inflight_bytes_[c]);
+          cuda_internal::BatchBytesFor(c == static_cast<int>(PriorityClass::kBackground),
+                                       options_.batch_bytes),
+          limit.max_inflight_bytes,
+          inflight_bytes_[c]);
       auto taken = queues_.TakeFrom(c, [budget](const Job& job, std::deque<uint32_t>& tiles) {
         return cuda_internal::TakeBatch(&tiles, job.plan(), budget);
       });
