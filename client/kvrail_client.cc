@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <cstdlib>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -337,6 +338,19 @@ namespace {
 // this large travel through shared memory anyway).
 constexpr size_t kMaxSessionSubmitBytes = 128 << 10;
 
+// "REJECTED <code> <message>" from the session socket as the status it names; nullopt for any
+// other answer.
+std::optional<absl::Status> ParseRejected(absl::string_view answer) {
+  int code = 0;
+  if (!absl::ConsumePrefix(&answer, "REJECTED ")) return std::nullopt;
+  const size_t space = answer.find(' ');
+  if (space == absl::string_view::npos || !absl::SimpleAtoi(answer.substr(0, space), &code) ||
+      code <= 0 || code > static_cast<int>(absl::StatusCode::kUnauthenticated)) {
+    return std::nullopt;
+  }
+  return absl::Status(static_cast<absl::StatusCode>(code), answer.substr(space + 1));
+}
+
 // The daemon's answer to "SUBMIT": the response, or the status it rejected the transfer with.
 // Anything else (an older daemon's "ERROR ...") is UNIMPLEMENTED.
 absl::StatusOr<v1::SubmitTransferResponse> ParseSubmitAnswer(absl::string_view answer) {
@@ -347,14 +361,7 @@ absl::StatusOr<v1::SubmitTransferResponse> ParseSubmitAnswer(absl::string_view a
     }
     return response;
   }
-  int code = 0;
-  if (absl::ConsumePrefix(&answer, "REJECTED ")) {
-    const size_t space = answer.find(' ');
-    if (space != absl::string_view::npos && absl::SimpleAtoi(answer.substr(0, space), &code) &&
-        code > 0 && code <= static_cast<int>(absl::StatusCode::kUnauthenticated)) {
-      return absl::Status(static_cast<absl::StatusCode>(code), answer.substr(space + 1));
-    }
-  }
+  if (std::optional<absl::Status> rejected = ParseRejected(answer)) return *rejected;
   return absl::UnimplementedError(absl::StrCat("session socket: no SUBMIT here (\"",
                                                answer.substr(0, 80), "\")"));
 }
@@ -483,8 +490,7 @@ absl::StatusOr<v1::TransferStatus> Client::Wait(uint64_t transfer_id, absl::Dura
       absl::StatusOr<std::string> answer =
           conn->Exchange(absl::StrCat("WAIT ", transfer_id), &sent);
       absl::string_view text = answer.ok() ? absl::string_view(*answer) : absl::string_view();
-      int code = 0;
-      size_t space = 0;
+      const std::optional<absl::Status> rejected = ParseRejected(text);
       if (!answer.ok()) {
         // A DONE may still come on this connection: it is not reused.
         if (bounded && answer.status().code() == absl::StatusCode::kDeadlineExceeded) {
@@ -496,13 +502,8 @@ absl::StatusOr<v1::TransferStatus> Client::Wait(uint64_t transfer_id, absl::Dura
           w = SessionWait{SessionWait::Outcome::kAnswer, std::move(status)};
           impl_->ReturnWaitConnection(std::move(conn));
         }
-      } else if (absl::ConsumePrefix(&text, "REJECTED ") &&
-                 (space = text.find(' ')) != absl::string_view::npos &&
-                 absl::SimpleAtoi(text.substr(0, space), &code) && code > 0 &&
-                 code <= static_cast<int>(absl::StatusCode::kUnauthenticated) &&
-                 code != static_cast<int>(absl::StatusCode::kUnimplemented)) {
-        w = SessionWait{SessionWait::Outcome::kAnswer,
-                        absl::Status(static_cast<absl::StatusCode>(code), text.substr(space + 1))};
+      } else if (rejected.has_value() && rejected->code() != absl::StatusCode::kUnimplemented) {
+        w = SessionWait{SessionWait::Outcome::kAnswer, *rejected};
         impl_->ReturnWaitConnection(std::move(conn));
       } else {
         impl_->session_submit_.store(false);  // an older daemon: gRPC from now on
