@@ -88,15 +88,20 @@ void Record::SetReceived(int64_t unix_us) {
   received_us_ = unix_us;
 }
 
-void Record::WhenEnded(std::function<void(const v1::TransferStatus&)> done) {
+absl::Status Record::WhenEnded(std::function<void(const v1::TransferStatus&)> done) {
   absl::MutexLock lock(&mu_);
   if (state_ >= v1::TRANSFER_STATE_SUCCEEDED) {
     v1::TransferStatus status;
     FillStatusLocked(&status);
     done(status);
-    return;
+    return absl::OkStatus();
+  }
+  if (when_ended_.size() >= kMaxWhenEnded) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "transfer ", id_, " already has ", kMaxWhenEnded, " waiters; wait with WaitTransfer"));
   }
   when_ended_.push_back(std::move(done));
+  return absl::OkStatus();
 }
 
 void Record::SetNics(std::vector<std::string> nics) {

@@ -55,8 +55,10 @@ class Record final : public engine::Job {
   void SetReceived(int64_t unix_us);
   // Calls `done` with the final status once the transfer ends (at once, on this thread, when it
   // already has). `done` runs under the record's lock on whichever thread ends the transfer:
-  // it must be quick, must not block and must not call back into the record.
-  void WhenEnded(std::function<void(const v1::TransferStatus&)> done);
+  // it must be quick, must not block and must not call back into the record. At most
+  // kMaxWhenEnded are kept per transfer (RESOURCE_EXHAUSTED beyond: `done` is not kept).
+  static constexpr size_t kMaxWhenEnded = 4096;
+  absl::Status WhenEnded(std::function<void(const v1::TransferStatus&)> done);
   // Consumer readiness (spec.arrival_flags): `words[i] = value` once layer i has landed. Call
   // before the first tile is queued; the record keeps `region` mapped until it ends.
   void SetArrivalFlags(std::shared_ptr<regions::Region> region, uint32_t* words, uint32_t value);

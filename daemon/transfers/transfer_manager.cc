@@ -330,8 +330,7 @@ class TransferManagerImpl final : public TransferManager {
   absl::Status WhenEnded(uint64_t id,
                          std::function<void(const v1::TransferStatus&)> done) const override {
     ASSIGN_OR_RETURN(auto record, Find(id));
-    record->WhenEnded(std::move(done));
-    return absl::OkStatus();
+    return record->WhenEnded(std::move(done));
   }
 
   absl::Status Watch(uint64_t id, absl::Duration min_interval,

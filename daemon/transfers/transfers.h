@@ -104,7 +104,8 @@ class TransferManager : public InboundSink {
   virtual absl::StatusOr<v1::TransferStatus> Wait(uint64_t id, absl::Duration timeout) const = 0;
   // Calls `done` with the final status when the transfer ends (at once when it has), on the
   // thread that ends it; `done` must be quick and must not block or call into the manager.
-  // NOT_FOUND for an unknown id (then `done` is never called).
+  // NOT_FOUND for an unknown id, RESOURCE_EXHAUSTED when the transfer has thousands of waiters
+  // already (then `done` is never called).
   virtual absl::Status WhenEnded(uint64_t id,
                                  std::function<void(const v1::TransferStatus&)> done) const = 0;
   // Calls `sink` with a snapshot, then with every event until the final state. Stops early, OK,

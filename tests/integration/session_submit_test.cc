@@ -6,7 +6,12 @@
 #define CATCH_CONFIG_MAIN
 #include <catch2/catch.hpp>
 
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <sys/un.h>
+
 #include <cstdlib>
+#include <cstring>
 
 #include "client/session_wire.h"
 #include "tests/integration/kv_fixture.h"
@@ -160,6 +165,50 @@ TEST_CASE("WAIT on the session socket answers like WaitTransfer") {
   auto missing = live.client->Wait(id + 1000000);
   CHECK(missing.status() == missing_grpc.status());
   CHECK(RawSubmit(live, "WAIT soon").rfind("REJECTED 3 WAIT: want", 0) == 0);
+}
+
+}  // namespace kvrail::testing
+
+namespace kvrail::testing {
+
+TEST_CASE("WAIT: a transfer keeps at most kMaxWhenEnded waiters; the rest are refused at once") {
+  LiveDaemon live;
+  Pool src = MakePool(*live.client, Small(), false, "prefill");
+  Pool dst = MakePool(*live.client, Small(), true, "decode");
+  v1::TransferSpec spec = client::MakeBlockTransfer(src.id(), {1}, dst.id(), {1});
+  spec.set_layerwise(true);
+  auto submitted = live.client->Submit(spec);
+  REQUIRE(submitted.ok());
+  const uint64_t id = submitted->transfer_id();
+
+  UniqueFd sock(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+  REQUIRE(sock.valid());
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  const std::string path = client::internal::SessionSocketPath(live.daemon.socket());
+  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  REQUIRE(::connect(sock.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
+  timeval tv{10, 0};
+  ::setsockopt(sock.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  REQUIRE(client::internal::ReceivePacket(sock.get()).ok());  // the SESSION greeting
+  const std::string wait = absl::StrCat("WAIT ", id);
+  constexpr int kMax = 4096;  // transfers::Record::kMaxWhenEnded
+  for (int i = 0; i <= kMax; ++i) REQUIRE(client::internal::SendPacket(sock.get(), wait).ok());
+  auto refused = client::internal::ReceivePacket(sock.get());
+  REQUIRE(refused.ok());
+  CHECK(refused->rfind("REJECTED 8 transfer ", 0) == 0);
+  CHECK(refused->find("already has 4096 waiters") != std::string::npos);
+
+  // The transfer still ends normally; the pending waiters are answered (as far as the socket
+  // buffer takes them) and the daemon keeps serving after the connection goes away.
+  REQUIRE(live.client->MarkReady(id, 0, 2).ok());
+  auto done = client::internal::ReceivePacket(sock.get());
+  REQUIRE(done.ok());
+  CHECK(done->rfind("DONE ", 0) == 0);
+  sock = UniqueFd();
+  auto status = live.client->Wait(id);
+  REQUIRE(status.ok());
+  CHECK(status->state() == v1::TRANSFER_STATE_SUCCEEDED);
 }
 
 }  // namespace kvrail::testing
