@@ -305,8 +305,6 @@ void CompactBlockTable(v1::TransferEndpoint* ep) {
   ep->clear_block_ids();
 }
 
-}  // namespace
-
 // Tables of this many ids or more (either side) go through shared memory on unix sockets.
 constexpr size_t kSharedBlockTableFrom = 8192;
 
@@ -331,8 +329,6 @@ void PutTable(const v1::TransferEndpoint& from, v1::TransferEndpoint* to, uint8_
   ref->set_offset_bytes(offset);
   ref->set_count(static_cast<uint32_t>(n));
 }
-
-namespace {
 
 // Requests larger than this go over gRPC (a SEQPACKET packet must fit the socket buffer; tables
 // this large travel through shared memory anyway).

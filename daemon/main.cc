@@ -1,7 +1,6 @@
 // kvraild: wiring only. Reads the config, discovers (or replays) the topology, starts the region
 // table, the session socket, the engine, the transfer manager and the gRPC server, then waits
 // for SIGTERM/SIGINT and drains.
-#include <malloc.h>
 #include <signal.h>
 #include <sys/stat.h>
 
@@ -171,15 +170,8 @@ absl::Status Run(v1::DaemonConfig config) {
   ASSIGN_OR_RETURN(std::unique_ptr<session::SessionServer> sessions,
                    session::SessionServer::Start(
                        config.unix_socket() + ".session", config.socket_mode(), regions.get(),
-                       [&transfers, &config](const v1::TransferSpec& spec)
-                           -> absl::StatusOr<v1::SubmitTransferResponse> {
-                         if (!spec.dst().node_id().empty() && spec.dst().node_id() != config.node_id()) {
-                           return absl::FailedPreconditionError(absl::StrCat(
-                               "spec.dst.node_id: '", spec.dst().node_id(),
-                               "' is another node; submit transfers between nodes with "
-                               "SubmitTransfer (gRPC)"));
-                         }
-                         return transfers->Submit(spec);
+                       [&transfers](const v1::TransferSpec& spec) {
+                         return transfers->SubmitWithinNode(spec);
                        },
                        [&transfers](uint64_t id,
                                     std::function<void(const v1::TransferStatus&)> done) {
@@ -233,12 +225,6 @@ absl::Status Run(v1::DaemonConfig config) {
 }  // namespace kvrail
 
 int main(int argc, char** argv) {
-  // Keep freed memory mapped: every large transfer allocates megabytes (block tables, plans) and
-  // glibc would otherwise hand them back to the kernel and fault them in again on the next
-  // submit (~1 ms per 262k-block transfer on VMs). The daemon's heap stays at its peak instead.
-  mallopt(M_MMAP_THRESHOLD, 32 << 20);
-  mallopt(M_TRIM_THRESHOLD, 1 << 30);
-  mallopt(M_ARENA_MAX, 1);  // one heap: memory freed by one gRPC thread serves the next
   // Debian's Abseil is built with deadlock detection on: every Mutex operation would update a
   // global lock graph. Tests (KVRAIL_TEST set by .bazelrc) keep it; a serving daemon does not.
   if (std::getenv("KVRAIL_TEST") == nullptr) {

@@ -191,18 +191,17 @@ class SessionServerImpl final : public SessionServer {
 
   // The answer to one SUBMIT packet (`request`: the serialized SubmitTransferRequest).
   std::string Submit(std::string_view request) {
-    const auto rejected = Rejected;
     if (!submit_) {
-      return rejected(absl::UnimplementedError("SUBMIT: this daemon takes transfers over gRPC only"));
+      return Rejected(absl::UnimplementedError("SUBMIT: this daemon takes transfers over gRPC only"));
     }
     v1::SubmitTransferRequest parsed;
     if (!parsed.ParseFromArray(request.data(), static_cast<int>(request.size()))) {
-      return rejected(absl::InvalidArgumentError("SUBMIT: not a serialized SubmitTransferRequest"));
+      return Rejected(absl::InvalidArgumentError("SUBMIT: not a serialized SubmitTransferRequest"));
     }
     absl::StatusOr<v1::SubmitTransferResponse> accepted = submit_(parsed.spec());
     if (!accepted.ok()) {
       spdlog::info("transfer rejected (session submit): {}", accepted.status().ToString());
-      return rejected(accepted.status());
+      return Rejected(accepted.status());
     }
     return absl::StrCat("SUBMITTED ", accepted->SerializeAsString());
   }

@@ -212,9 +212,23 @@ class TransferManagerImpl final : public TransferManager {
     return SubmitResolved(request, received_us, refs);
   }
 
+  absl::StatusOr<v1::SubmitTransferResponse> SubmitWithinNode(
+      const v1::TransferSpec& spec) override {
+    if (ToOtherNode(spec)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "spec.dst.node_id: '", spec.dst().node_id(),
+          "' is another node; submit transfers between nodes with SubmitTransfer (gRPC)"));
+    }
+    return Submit(spec);
+  }
+
+  bool ToOtherNode(const v1::TransferSpec& spec) const {
+    return !spec.dst().node_id().empty() && spec.dst().node_id() != options_.node_id;
+  }
+
+  // A transfer this daemon sends over the fabric.
   bool IsRemote(const v1::TransferSpec& spec) const {
-    return options_.remote != nullptr && !spec.dst().node_id().empty() &&
-           spec.dst().node_id() != options_.node_id;
+    return options_.remote != nullptr && ToOtherNode(spec);
   }
 
   // `tables`: block tables read in place (Submit); empty when the spec carries its own.

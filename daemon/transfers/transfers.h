@@ -99,6 +99,10 @@ class TransferManager : public InboundSink {
                                                  const Options& options);
 
   virtual absl::StatusOr<v1::SubmitTransferResponse> Submit(const v1::TransferSpec& spec) = 0;
+  // Submit for callers that must not wait on another daemon (the session socket's poll thread):
+  // a destination on another node is refused with FAILED_PRECONDITION naming spec.dst.node_id.
+  virtual absl::StatusOr<v1::SubmitTransferResponse> SubmitWithinNode(
+      const v1::TransferSpec& spec) = 0;
   virtual absl::StatusOr<v1::TransferStatus> Get(uint64_t id) const = 0;
   // Returns when the transfer ends or after `timeout` (the current status then).
   virtual absl::StatusOr<v1::TransferStatus> Wait(uint64_t id, absl::Duration timeout) const = 0;

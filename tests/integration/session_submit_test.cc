@@ -35,6 +35,15 @@ std::string RawSubmit(const LiveDaemon& live, const std::string& payload) {
   return *answer;
 }
 
+// A client of `live` that uses gRPC only (KVRAIL_SUBMIT_VIA=grpc while it connects).
+std::unique_ptr<client::Client> GrpcOnlyClient(const LiveDaemon& live) {
+  ::setenv("KVRAIL_SUBMIT_VIA", "grpc", 1);
+  auto c = client::Client::Connect(live.daemon.socket());
+  ::unsetenv("KVRAIL_SUBMIT_VIA");
+  REQUIRE(c.ok());
+  return *std::move(c);
+}
+
 std::string Serialized(const v1::TransferSpec& spec) {
   v1::SubmitTransferRequest request;
   *request.mutable_spec() = spec;
@@ -73,17 +82,14 @@ TEST_CASE("a bad spec gets the same error over the session socket and over gRPC"
   const std::string raw = RawSubmit(live, "SUBMIT " + Serialized(bad));
   CHECK(raw == "REJECTED 3 " + std::string(via_session.status().message()));
 
-  ::setenv("KVRAIL_SUBMIT_VIA", "grpc", 1);
-  auto grpc_client = client::Client::Connect(live.daemon.socket());
-  ::unsetenv("KVRAIL_SUBMIT_VIA");
-  REQUIRE(grpc_client.ok());
-  const auto via_grpc = (*grpc_client)->Submit(bad);
+  auto grpc_client = GrpcOnlyClient(live);
+  const auto via_grpc = grpc_client->Submit(bad);
   REQUIRE(!via_grpc.ok());
   CHECK(via_grpc.status() == via_session.status());
   // gRPC alone still moves transfers.
   const std::vector<uint32_t> blocks = {7, 8};
   FillPool(src, 2, blocks, 32);
-  v1::TransferStatus done = RunToEnd(**grpc_client, client::MakeBlockTransfer(src.id(), blocks, dst.id(), blocks));
+  v1::TransferStatus done = RunToEnd(*grpc_client, client::MakeBlockTransfer(src.id(), blocks, dst.id(), blocks));
   CHECK(done.state() == v1::TRANSFER_STATE_SUCCEEDED);
   CHECK(VerifyPool(dst, Expectation{2, blocks, 32, 0, 0, 2, 0, 0, 2}) == "");
 }
@@ -104,9 +110,6 @@ TEST_CASE("malformed SUBMIT packets and transfers to other nodes are refused on 
   CHECK(live.client->RegisterHostBuffer(**buffer, spec).ok());
 }
 
-}  // namespace kvrail::testing
-
-namespace kvrail::testing {
 
 TEST_CASE("WAIT on the session socket answers like WaitTransfer") {
   LiveDaemon live;
@@ -142,11 +145,8 @@ TEST_CASE("WAIT on the session socket answers like WaitTransfer") {
   CHECK(via_session->state() == v1::TRANSFER_STATE_SUCCEEDED);
   CHECK(VerifyPool(dst, Expectation{4, blocks, 32, 0, 0, 2, 0, 0, 2}) == "");
 
-  ::setenv("KVRAIL_SUBMIT_VIA", "grpc", 1);
-  auto grpc_client = client::Client::Connect(live.daemon.socket());
-  ::unsetenv("KVRAIL_SUBMIT_VIA");
-  REQUIRE(grpc_client.ok());
-  auto via_grpc = (*grpc_client)->Wait(id);
+  auto grpc_client = GrpcOnlyClient(live);
+  auto via_grpc = grpc_client->Wait(id);
   REQUIRE(via_grpc.ok());
   CHECK(via_grpc->SerializeAsString() == via_session->SerializeAsString());
 
@@ -158,7 +158,7 @@ TEST_CASE("WAIT on the session socket answers like WaitTransfer") {
   CHECK(parsed.SerializeAsString() == via_grpc->SerializeAsString());
 
   // Unknown ids and malformed waits: the same NOT_FOUND as gRPC, and a named INVALID_ARGUMENT.
-  auto missing_grpc = (*grpc_client)->Wait(id + 1000000);
+  auto missing_grpc = grpc_client->Wait(id + 1000000);
   REQUIRE(!missing_grpc.ok());
   CHECK(RawSubmit(live, absl::StrCat("WAIT ", id + 1000000)) ==
         absl::StrCat("REJECTED 5 ", missing_grpc.status().message()));
@@ -167,9 +167,6 @@ TEST_CASE("WAIT on the session socket answers like WaitTransfer") {
   CHECK(RawSubmit(live, "WAIT soon").rfind("REJECTED 3 WAIT: want", 0) == 0);
 }
 
-}  // namespace kvrail::testing
-
-namespace kvrail::testing {
 
 TEST_CASE("WAIT: a transfer keeps at most kMaxWhenEnded waiters; the rest are refused at once") {
   LiveDaemon live;
