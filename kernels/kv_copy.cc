@@ -45,8 +45,8 @@ absl::StatusOr<DevicePlanBuffer> DevicePlanBuffer::Upload(const PlanHeader& head
   h.src.block_table = device + sizeof(PlanHeader);
   h.dst.block_table = device + sizeof(PlanHeader) + 4 * src_n;
   // Three copies straight from the caller's memory, no staging image (a megabyte-sized table
-  // would be copied once more on the host). Copies from pageable memory are staged by the driver
-  // before cudaMemcpyAsync returns, so `h` and the tables may go away after this.
+  // would be copied once more on the host). Copies from pageable memory (`h`, always) are staged
+  // by the driver before cudaMemcpyAsync returns; pinned tables are read later (see kv_copy.h).
   uint8_t* at = static_cast<uint8_t*>(buffer.memory_);
   const std::pair<const void*, size_t> parts[3] = {
       {&h, sizeof(h)}, {src_blocks, 4 * src_n}, {dst_blocks, 4 * dst_n}};

@@ -35,7 +35,9 @@ class DevicePlanBuffer {
   // memory, a peer's memory or mapped pinned host memory). Stream-ordered on `stream`: the
   // buffer is allocated, filled and (on destruction) freed in that stream's order, without
   // synchronizing the device, so launch the kernels that read it on the same stream, and let it
-  // go only while `stream` is still alive.
+  // go only while `stream` is still alive. Tables in pageable memory are staged before this
+  // returns; tables in pinned memory are read by the copy engine later, in stream order, so they
+  // must stay until the stream has passed this point (record an event after it).
   static absl::StatusOr<DevicePlanBuffer> Upload(const PlanHeader& header,
                                                  const uint32_t* src_blocks,
                                                  const uint32_t* dst_blocks, uint64_t src_base,

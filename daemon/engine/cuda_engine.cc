@@ -30,6 +30,8 @@ using cuda_internal::Mode;
 
 constexpr int kThreadsPerCta = 512;
 constexpr size_t kMaxInFlight = 2;  // batches queued on the stream: the next launch hides the gap
+// Pinned block-table memory kept free for the next plans (a 262k-block transfer needs 2 MiB).
+constexpr uint64_t kRetainedTableBytes = 64 << 20;
 
 // What the dispatcher knows about a job it has started (dispatcher thread only).
 struct JobState {
@@ -40,7 +42,19 @@ struct JobState {
   uint8_t* src = nullptr;  // device-visible bases
   uint8_t* dst = nullptr;
   std::optional<kernels::DevicePlanBuffer> plan;
+  // A plan uploaded from pinned tables: the copy runs after SetUp returns, so the tables are
+  // held until `uploaded` has passed (the first batch's completion implies it; a job dropped
+  // without one waits for it here).
+  cuda::Event uploaded;
+  std::shared_ptr<const void> src_tables, dst_tables;
   int in_flight = 0;
+
+  JobState() = default;
+  JobState(const JobState&) = delete;
+  JobState& operator=(const JobState&) = delete;
+  ~JobState() {
+    if (uploaded.get() != nullptr && src_tables != nullptr) cudaEventSynchronize(uploaded.get());
+  }
 };
 
 struct Batch {
@@ -208,6 +222,13 @@ class DeviceWorker {
                            reinterpret_cast<uint64_t>(s.src), reinterpret_cast<uint64_t>(s.dst),
                            stream_.get()));
       s.plan.emplace(std::move(buffer));
+      if (plan.src_blocks().pinned() || plan.dst_blocks().pinned()) {
+        ASSIGN_OR_RETURN(s.uploaded, cuda::Event::Create());
+        RETURN_IF_ERROR(cuda::CudaStatus(cudaEventRecord(s.uploaded.get(), stream_.get()),
+                                         "cudaEventRecord(plan uploaded)"));
+        s.src_tables = plan.src_blocks().Hold();
+        s.dst_tables = plan.dst_blocks().Hold();
+      }
     }
     s.job->OnEngineUsed(cuda_internal::ModeEngineName(s.mode));
     return absl::OkStatus();
@@ -352,7 +373,9 @@ class DeviceWorker {
 class CudaEngine final : public Engine {
  public:
   explicit CudaEngine(std::vector<std::unique_ptr<DeviceWorker>> workers, std::vector<int> devices)
-      : workers_(std::move(workers)), devices_(std::move(devices)) {}
+      : workers_(std::move(workers)),
+        devices_(std::move(devices)),
+        tables_(planner::TablePool::Create(PinnedAllocator(), kRetainedTableBytes)) {}
 
   std::string name() const override { return "cuda"; }
 
@@ -391,6 +414,8 @@ class CudaEngine final : public Engine {
     return absl::StrJoin(lines, "; ");
   }
 
+  planner::TablePool* table_pool() const override { return tables_.get(); }
+
  private:
   DeviceWorker* Worker(int device) const {
     for (size_t i = 0; i < devices_.size(); ++i) {
@@ -399,8 +424,25 @@ class CudaEngine final : public Engine {
     return nullptr;
   }
 
+  // Portable pinned host memory: any of the engine's GPUs copies from it without staging.
+  static planner::TablePool::Allocator PinnedAllocator() {
+    planner::TablePool::Allocator a;
+    a.allocate = [](size_t bytes) -> void* {
+      void* memory = nullptr;
+      if (cudaHostAlloc(&memory, bytes, cudaHostAllocPortable) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return nullptr;
+      }
+      return memory;
+    };
+    a.release = [](void* memory) { cudaFreeHost(memory); };
+    a.pinned = true;
+    return a;
+  }
+
   const std::vector<std::unique_ptr<DeviceWorker>> workers_;
   const std::vector<int> devices_;
+  const std::shared_ptr<planner::TablePool> tables_;
 };
 
 }  // namespace

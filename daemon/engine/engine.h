@@ -80,6 +80,9 @@ class Engine {
   }
   // A line for humans ("host: 4 threads").
   virtual std::string Describe() const = 0;
+  // Where plans this engine may run keep their block tables (PlanOptions.tables); nullptr: any
+  // memory. The CUDA engine's pool is pinned host memory, which it uploads asynchronously.
+  virtual planner::TablePool* table_pool() const { return nullptr; }
 };
 
 // Runs tiles with memcpy on `threads` worker threads (the host twin of the kernels' arithmetic).

@@ -5,19 +5,107 @@
 #pragma once
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "kernels/device_abi.h"
 #include "kernels/plan_math.h"
 #include "proto/kvrail/v1/region.pb.h"
 #include "proto/kvrail/v1/transfer.pb.h"
 
 namespace kvrail::planner {
+
+// Storage for a plan's block tables. A 262k-block transfer's two tables are 2 MiB; taken fresh
+// from the heap for every plan, that memory is faulted in page by page on each submit (512
+// faults, ~1 ms on the build VM, more on the GPU machine's VM: docs/benchmarks.md). Tables come
+// from a TablePool instead, which keeps freed buffers for the next plan. The CUDA engine's pool
+// hands out pinned host memory, so the plan upload is an asynchronous DMA instead of a copy the
+// driver stages synchronously.
+//
+// TablePool recycles table buffers by power-of-two size class. Thread-safe (one mutex around the free
+// lists). Buffers out of the pool keep it alive (they hold a shared_ptr to it), so a pool may be
+// dropped by its creator while plans still use its buffers.
+class TablePool : public std::enable_shared_from_this<TablePool> {
+ public:
+  // How the pool gets and returns memory (plain heap, or cudaHostAlloc / cudaFreeHost).
+  // `allocate` returns nullptr on failure.
+  struct Allocator {
+    std::function<void*(size_t bytes)> allocate;
+    std::function<void(void* memory)> release;
+    bool pinned = false;  // memory a GPU copy engine can read without staging
+  };
+  // `retain_bytes`: free memory kept for reuse at most (beyond it freed buffers go back).
+  static std::shared_ptr<TablePool> Create(Allocator allocator, uint64_t retain_bytes);
+  // The heap allocator (page-aligned), not pinned.
+  static Allocator Heap();
+  // A process-wide heap pool (64 MiB retained), for plans built without a pool of their own.
+  static TablePool* Default();
+  ~TablePool();
+
+  bool pinned() const { return allocator_.pinned; }
+  // Bytes now held free, and buffers ever allocated from `allocate` (for tests and stats).
+  uint64_t free_bytes() const;
+  uint64_t allocations() const;
+
+ private:
+  friend class BlockTable;
+  struct Free {
+    std::shared_ptr<TablePool> pool;
+    size_t bytes;
+    void operator()(void* memory) const { pool->Give(memory, bytes); }
+  };
+  TablePool(Allocator allocator, uint64_t retain_bytes)
+      : allocator_(std::move(allocator)), retain_bytes_(retain_bytes) {}
+  // A buffer of at least `bytes`, rounded up to its class; nullptr when allocation failed.
+  std::shared_ptr<void> Take(size_t bytes);
+  void Give(void* memory, size_t bytes);
+
+  const Allocator allocator_;
+  const uint64_t retain_bytes_;
+  mutable absl::Mutex mu_;
+  std::multimap<size_t, void*> free_ ABSL_GUARDED_BY(mu_);
+  uint64_t free_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t allocations_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// A block table: `size()` uint32 block ids in memory from a TablePool. Copies share the memory (it is written only while the plan is built); the memory
+// goes back to its pool when the last copy is gone. Not thread-safe to write.
+class BlockTable {
+ public:
+  BlockTable() = default;
+  // `n` uninitialized ids from `pool` (nullptr: TablePool::Default()); when the memory cannot be
+  // had, a table whose ok() is false.
+  static BlockTable Allocate(size_t n, TablePool* pool);
+
+  bool ok() const { return n_ == 0 || memory_ != nullptr; }
+  uint32_t* data() { return static_cast<uint32_t*>(memory_.get()); }
+  const uint32_t* data() const { return static_cast<const uint32_t*>(memory_.get()); }
+  size_t size() const { return n_; }
+  bool empty() const { return n_ == 0; }
+  uint32_t operator[](size_t i) const { return data()[i]; }
+  // Keeps the first `n` ids (n <= size()); the memory stays.
+  void Truncate(size_t n) { n_ = n < n_ ? n : n_; }
+  // Whether the memory is pinned host memory (a GPU can copy from it asynchronously).
+  bool pinned() const { return pinned_; }
+  // Holds the memory for as long as the returned pointer lives (an asynchronous upload).
+  std::shared_ptr<const void> Hold() const { return memory_; }
+
+  friend bool operator==(const BlockTable& a, const BlockTable& b);
+
+ private:
+  std::shared_ptr<void> memory_;
+  size_t n_ = 0;
+  bool pinned_ = false;
+};
 
 // A paged KV layout with every value resolved (strides derived when the proto gave none).
 struct KvLayout {
@@ -56,6 +144,9 @@ struct PlanOptions {
   // Target bytes per tile (the unit of scheduling, preemption and progress). Rounded down to the
   // plan's access width; at most 1 GiB.
   uint64_t tile_bytes = 1 << 20;
+  // Where the plan's block tables live (nullptr: TablePool::Default()). Not owned; must outlive
+  // the call (the tables keep the pool alive afterwards).
+  TablePool* tables = nullptr;
 };
 
 struct TileInfo {
@@ -88,8 +179,8 @@ class Plan {
   uint32_t tiles_per_layer() const { return header_.num_parts * header_.tiles_per_part; }
   const kernels::PlanHeader& header() const { return header_; }
   // Block-table entries (as many as the tokens need), in token order.
-  const std::vector<uint32_t>& src_blocks() const { return src_blocks_; }
-  const std::vector<uint32_t>& dst_blocks() const { return dst_blocks_; }
+  const BlockTable& src_blocks() const { return src_blocks_; }
+  const BlockTable& dst_blocks() const { return dst_blocks_; }
   kernels::ChunkKind chunk_kind() const { return static_cast<kernels::ChunkKind>(header_.chunk_kind); }
   uint64_t chunk_bytes() const { return header_.chunk_bytes; }
   // Chunks in the whole transfer, and the contiguous copies they merge into (runs of consecutive
@@ -102,6 +193,7 @@ class Plan {
   // Frees the block tables (src_blocks / dst_blocks become empty; the header and everything
   // computed from it stay). For plans kept after their transfer ended: a 262k-block plan holds
   // 2 MiB, and an ended transfer's record stays in the history long after no tile will run.
+  // The memory goes back to its pool once nothing else holds it (BlockTable::Hold).
   void ReleaseBlockTables();
 
  private:
@@ -110,8 +202,8 @@ class Plan {
   Plan() = default;
 
   kernels::PlanHeader header_{};
-  std::vector<uint32_t> src_blocks_;
-  std::vector<uint32_t> dst_blocks_;
+  BlockTable src_blocks_;
+  BlockTable dst_blocks_;
   uint64_t num_runs_ = 0;
 };
 

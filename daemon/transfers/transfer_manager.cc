@@ -256,6 +256,9 @@ class TransferManagerImpl final : public TransferManager {
     }
     planner::PlanOptions plan_options;
     plan_options.tile_bytes = options_.tile_bytes;
+    // Any local plan may run on the CUDA engine (the route is chosen below): its tables go
+    // where that engine uploads them from without staging.
+    if (options_.cuda_engine != nullptr) plan_options.tables = options_.cuda_engine->table_pool();
     ASSIGN_OR_RETURN(planner::Plan plan,
                      planner::MakePlan(spec, (*src)->view(), (*dst)->view(), plan_options, tables));
     auto placement = [](const regions::Region& r) {

@@ -335,6 +335,9 @@ void Pattern(const Pools& p) {
 int Interference(int dst_device, bool quick, const std::string& only_limit) {
   const double seconds = quick ? 2.0 : 4.0;
   // `limit`: the GEMM's CUDA_MPS_ACTIVE_THREAD_PERCENTAGE ("" = all SMs), leaving SMs to kvraild.
+  // `clocks`: GPU0's mean SM clock, power and how often a power/thermal cap held it during the
+  // last GEMM run (gemm_load.py reads NVML), or "" where NVML does not answer.
+  std::string clocks;
   const auto gemm = [&](Daemon* d, const Pools* p, double* transfer_gbps,
                         const std::string& limit) {
     std::vector<std::string> args = {Python(), "tests/gpu/gemm_load.py", "--device", "0",
@@ -360,8 +363,13 @@ int Interference(int dst_device, bool quick, const std::string& only_limit) {
       *transfer_gbps = Gbps(bytes, sec);
     }
     double tflops = 0;
+    clocks = "";
     for (std::string l = g.Line(); !l.empty(); l = g.Line()) {
       std::sscanf(l.c_str(), "tflops %lf", &tflops);
+      double mhz = 0, watts = 0, capped = 0;
+      if (std::sscanf(l.c_str(), "gpu sm_mhz %lf power_w %lf capped %lf", &mhz, &watts, &capped) == 3) {
+        clocks = absl::StrFormat("%.0f MHz, %.0f W, capped %.0f%%", mhz, watts, 100 * capped);
+      }
     }
     return tflops;
   };
@@ -369,13 +377,19 @@ int Interference(int dst_device, bool quick, const std::string& only_limit) {
               "GPU0 -> GPU%d (16 KiB blocks, 256 MiB per transfer, back to back), %.0f s each\n",
               dst_device, seconds);
   const double alone = gemm(nullptr, nullptr, nullptr, "");
-  const double alone90 = gemm(nullptr, nullptr, nullptr, "90");
-  const double alone95 = gemm(nullptr, nullptr, nullptr, "95");
-  std::printf("GEMM alone: %.1f TFLOP/s; alone limited to 90%% / 95%% of SMs "
-              "(CUDA_MPS_ACTIVE_THREAD_PERCENTAGE): %.1f / %.1f TFLOP/s\n\n", alone, alone90,
-              alone95);
+  const std::string alone_clocks = clocks;
+  std::string limited = "";
+  for (const char* l : {"90", "95", "96"}) {
+    const double tf = gemm(nullptr, nullptr, nullptr, l);
+    absl::StrAppend(&limited, limited.empty() ? "" : "; ", l, "%: ", absl::StrFormat("%.1f", tf),
+                    clocks.empty() ? "" : absl::StrCat(" (", clocks, ")"));
+  }
+  std::printf("GEMM alone: %.1f TFLOP/s (%s); alone limited to a share of SMs "
+              "(CUDA_MPS_ACTIVE_THREAD_PERCENTAGE): %s TFLOP/s\n\n", alone,
+              alone_clocks.empty() ? "no NVML" : alone_clocks.c_str(), limited.c_str());
   std::printf("| daemon setting | GEMM's SM limit | transfer GB/s beside GEMM | GEMM TFLOP/s | "
-              "GEMM kept (vs unlimited alone) | engine |\n|---|---|---|---|---|---|\n");
+              "GEMM kept (vs unlimited alone) | GPU0 during the GEMM | engine |\n"
+              "|---|---|---|---|---|---|---|\n");
   struct Setting {
     std::string label, limit;
     std::vector<std::string> args;
@@ -400,7 +414,8 @@ int Interference(int dst_device, bool quick, const std::string& only_limit) {
   settings.push_back({"adaptive, budget 8", "95", {"--cuda-max-ctas", "8"}});
   if (!only_limit.empty()) {
     settings.clear();
-    for (int c : {4, 5, 6, 7, 8}) {
+    settings.push_back({"copy engines only (budget 0)", only_limit, {"--cuda-max-ctas", "0"}});
+    for (int c : {4, 6, 7, 8}) {
       settings.push_back({absl::StrCat(c, " CTAs fixed"), only_limit,
                           {"--cuda-max-ctas", "132", "--cuda-fixed-ctas", std::to_string(c)}});
     }
@@ -413,9 +428,9 @@ int Interference(int dst_device, bool quick, const std::string& only_limit) {
     Through(d, p, p.moved, &engine, nullptr);
     double g = 0;
     const double tf = gemm(&d, &p, &g, limit);
-    std::printf("| %s | %s | %.1f | %.1f | %.1f%% | %s |\n", label.c_str(),
+    std::printf("| %s | %s | %.1f | %.1f | %.1f%% | %s | %s |\n", label.c_str(),
                 limit.empty() ? "none" : (limit + "%").c_str(), g, tf, 100 * tf / alone,
-                engine.c_str());
+                clocks.empty() ? "-" : clocks.c_str(), engine.c_str());
     std::fflush(stdout);
     Release(d, p);
   }
