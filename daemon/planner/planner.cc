@@ -35,23 +35,25 @@ uint32_t Pow2Divisor(uint64_t v) {
   return w;
 }
 
-// The block table of one side, from either encoding (block_ids, or block_ids_le32: little-endian
-// uint32, which costs a memcpy to decode instead of a varint per id). `field` receives the name
-// of the encoding used, for error messages.
-absl::StatusOr<BlockTable> ReadBlockIds(const kvrail::v1::TransferEndpoint& ep,
-                                        absl::string_view side, const std::optional<TableRef>& ref,
-                                        TablePool* pool, std::string* field) {
+// Where one side's block ids are: a shared table (TableRef), block_ids_le32 (little-endian
+// uint32, a memcpy to decode instead of a varint per id) or block_ids. `field` names the one used,
+// for error messages.
+struct IdSource {
+  const uint32_t* ids = nullptr;
+  size_t count = 0;
+  std::string field;
+};
+
+absl::StatusOr<IdSource> FindBlockIds(const kvrail::v1::TransferEndpoint& ep, absl::string_view side,
+                                      const std::optional<TableRef>& ref) {
   const std::string& le32 = ep.block_ids_le32();
-  const void* from = nullptr;
-  size_t n = 0;
   if (ref.has_value()) {
     if (ep.block_ids_size() != 0 || !le32.empty()) {
       return Invalid(ref->field, "set one of block_ids, block_ids_le32 and block_table");
     }
-    *field = ref->field;
-    from = ref->ids;
-    n = ref->count;
-  } else if (!le32.empty()) {
+    return IdSource{ref->ids, ref->count, ref->field};
+  }
+  if (!le32.empty()) {
     if (ep.block_ids_size() != 0) {
       return Invalid(absl::StrCat(side, ".block_ids_le32"),
                      "set block_ids or block_ids_le32, not both");
@@ -60,35 +62,44 @@ absl::StatusOr<BlockTable> ReadBlockIds(const kvrail::v1::TransferEndpoint& ep,
       return Invalid(absl::StrCat(side, ".block_ids_le32"),
                      absl::StrCat(le32.size(), " bytes is not a whole number of uint32 ids"));
     }
-    *field = absl::StrCat(side, ".block_ids_le32");
-    from = le32.data();  // x86-64 and aarch64 are little-endian
-    n = le32.size() / 4;
-  } else {
-    *field = absl::StrCat(side, ".block_ids");
-    from = ep.block_ids().data();
-    n = static_cast<size_t>(ep.block_ids_size());
+    // x86-64 and aarch64 are little-endian; read with memcpy-sized loads below.
+    return IdSource{reinterpret_cast<const uint32_t*>(le32.data()), le32.size() / 4,
+                    absl::StrCat(side, ".block_ids_le32")};
   }
-  BlockTable ids = BlockTable::Allocate(n, pool);
-  if (!ids.ok()) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("spec.", *field, ": no memory for a table of ", n, " block ids"));
-  }
-  if (n > 0) std::memcpy(ids.data(), from, 4 * n);
-  return ids;
+  return IdSource{ep.block_ids().data(), static_cast<size_t>(ep.block_ids_size()),
+                  absl::StrCat(side, ".block_ids")};
 }
 
-// Checks block ids of one side: in range, and (for the destination) unique. Uniqueness uses a
-// bitmap (num_blocks / 8 bytes); only when a repeat is found is its first occurrence looked up.
-// (A branch-free variant that only accumulates was slower: its read-modify-writes of the bitmap
+// Copies one side's ids into a table from `pool`, checking each as it passes: in range, and (for
+// the destination) unique. One pass over the caller's ids (they may sit in a client's shared
+// memory, which the client may rewrite: what is checked is the copy). Uniqueness uses a bitmap
+// (num_blocks / 8 bytes); only when a repeat is found is its first occurrence looked up. (A
+// branch-free variant that only accumulated was slower: its read-modify-writes of the bitmap
 // serialize, while these predictable branches let them overlap.)
-absl::Status CheckBlockIds(const BlockTable& ids, uint32_t num_blocks, const std::string& field,
-                           bool unique) {
+absl::StatusOr<BlockTable> CopyBlockIds(const IdSource& from, uint32_t num_blocks, bool unique,
+                                        TablePool* pool) {
+  BlockTable ids = BlockTable::Allocate(from.count, pool);
+  if (!ids.ok()) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "spec.", from.field, ": no memory for a table of ", from.count, " block ids"));
+  }
+  uint32_t* out = ids.data();
+  const uint8_t* in = reinterpret_cast<const uint8_t*>(from.ids);  // le32 strings: any alignment
+  if (!unique) {
+    // Copy, then a maximum (both vectorize); the index is looked for only when one is out.
+    if (from.count > 0) std::memcpy(out, in, 4 * from.count);
+    uint32_t max = 0;
+    for (size_t j = 0; j < from.count; ++j) max = std::max(max, out[j]);
+    if (from.count == 0 || max < num_blocks) return ids;
+  }
   std::vector<uint64_t> seen;
   if (unique) seen.assign((static_cast<size_t>(num_blocks) + 63) / 64, 0);
-  for (size_t j = 0; j < ids.size(); ++j) {
-    const uint32_t b = ids[j];
+  for (size_t j = 0; j < from.count; ++j) {
+    uint32_t b;
+    std::memcpy(&b, in + 4 * j, 4);
+    out[j] = b;
     if (b >= num_blocks) {
-      return Invalid(absl::StrCat(field, "[", j, "]"),
+      return Invalid(absl::StrCat(from.field, "[", j, "]"),
                      absl::StrCat("block ", b, " out of range [0, ", num_blocks, ")"));
     }
     if (unique) {
@@ -96,15 +107,15 @@ absl::Status CheckBlockIds(const BlockTable& ids, uint32_t num_blocks, const std
       const uint64_t bit = uint64_t{1} << (b % 64);
       if ((word & bit) != 0) {
         size_t first = 0;
-        while (ids[first] != b) ++first;
-        return Invalid(absl::StrCat(field, "[", j, "]"),
-                       absl::StrCat("block ", b, " repeats spec.", field, "[", first,
+        while (out[first] != b) ++first;
+        return Invalid(absl::StrCat(from.field, "[", j, "]"),
+                       absl::StrCat("block ", b, " repeats spec.", from.field, "[", first,
                                     "]: two tokens would land on the same bytes"));
       }
       word |= bit;
     }
   }
-  return absl::OkStatus();
+  return ids;
 }
 
 k::SideGeometry Side(const KvLayout& lay, uint32_t layer_begin, uint32_t head_begin,
@@ -251,14 +262,12 @@ absl::StatusOr<Plan> MakePlan(const kvrail::v1::TransferSpec& spec, const Region
                                                   ") exceed the destination's ", d.num_heads));
   }
   // Blocks and tokens.
-  std::string src_field, dst_field;
-  ASSIGN_OR_RETURN(BlockTable src_ids,
-                   ReadBlockIds(se, "src", tables.src, options.tables, &src_field));
-  ASSIGN_OR_RETURN(BlockTable dst_ids,
-                   ReadBlockIds(de, "dst", tables.dst, options.tables, &dst_field));
-  if (src_ids.empty()) return Invalid("src.block_ids", "empty");
-  if (absl::Status st = CheckBlockIds(src_ids, s.num_blocks, src_field, false); !st.ok()) return st;
-  if (absl::Status st = CheckBlockIds(dst_ids, d.num_blocks, dst_field, true); !st.ok()) return st;
+  ASSIGN_OR_RETURN(const IdSource src_from, FindBlockIds(se, "src", tables.src));
+  ASSIGN_OR_RETURN(const IdSource dst_from, FindBlockIds(de, "dst", tables.dst));
+  if (src_from.count == 0) return Invalid("src.block_ids", "empty");
+  ASSIGN_OR_RETURN(BlockTable src_ids, CopyBlockIds(src_from, s.num_blocks, false, options.tables));
+  ASSIGN_OR_RETURN(BlockTable dst_ids, CopyBlockIds(dst_from, d.num_blocks, true, options.tables));
+  const std::string& dst_field = dst_from.field;
   const uint64_t src_capacity = uint64_t{static_cast<uint32_t>(src_ids.size())} * s.tokens_per_block;
   const uint64_t tokens = spec.num_tokens() != 0 ? spec.num_tokens() : src_capacity;
   if (tokens > src_capacity) {
