@@ -105,7 +105,8 @@ class DeviceWorker {
     if (!broken_.ok()) return absl::StrCat("cuda:", device_, " BROKEN: ", broken_.message());
     return absl::StrCat("cuda:", device_, " ", last_decision_, ", budget ", options_.max_ctas,
                         " CTAs; ", kernel_batches_, " kernel / ", copy_batches_,
-                        " copy-engine batches");
+                        " copy-engine batches; last job set-up (plan upload enqueued) ",
+                        last_setup_);
   }
 
  private:
@@ -188,7 +189,16 @@ class DeviceWorker {
     if (it != states_.end()) return *it->second;
     auto state = std::make_unique<JobState>();
     state->job = job;
+    const absl::Time t0 = absl::Now();
     state->setup = bound.ok() ? SetUp(*state) : bound;
+    {
+      absl::MutexLock lock(&mu_);
+      last_setup_ = absl::StrFormat("%.0f us (%.1f MiB of block tables, %s)",
+                                    absl::ToDoubleMicroseconds(absl::Now() - t0),
+                                    4.0 * (job->plan().src_blocks().size() +
+                                           job->plan().dst_blocks().size()) / (1 << 20),
+                                    job->plan().src_blocks().pinned() ? "pinned" : "pageable");
+    }
     JobState& ref = *state;
     states_.emplace(job.get(), std::move(state));
     return ref;
@@ -354,6 +364,7 @@ class DeviceWorker {
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   TileQueues queues_ ABSL_GUARDED_BY(mu_);
   std::string last_decision_ ABSL_GUARDED_BY(mu_) = "idle";
+  std::string last_setup_ ABSL_GUARDED_BY(mu_) = "none yet";
   uint64_t kernel_batches_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t copy_batches_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t inflight_bytes_[kNumPriorityClasses] ABSL_GUARDED_BY(mu_) = {0, 0, 0};

@@ -412,6 +412,10 @@ int Interference(int dst_device, bool quick, const std::string& only_limit) {
                         {"--cuda-max-ctas", "132", "--cuda-fixed-ctas", std::to_string(c)}});
   }
   settings.push_back({"adaptive, budget 8", "95", {"--cuda-max-ctas", "8"}});
+  for (int c : {6, 8}) {
+    settings.push_back({absl::StrCat(c, " CTAs fixed"), "96",
+                        {"--cuda-max-ctas", "132", "--cuda-fixed-ctas", std::to_string(c)}});
+  }
   if (!only_limit.empty()) {
     settings.clear();
     settings.push_back({"copy engines only (budget 0)", only_limit, {"--cuda-max-ctas", "0"}});
@@ -493,6 +497,11 @@ int Main(int argc, char** argv) {
       const double e2e_grpc = BestThrough(d, p, reps, nullptr, nullptr);
       std::swap(d.client, grpc_only);
       const double e2e = BestThrough(d, p, reps, &engine, &path);
+      // The engine's own account of the last job's set-up (plan upload enqueued).
+      std::string setup = d.Engines();
+      const size_t at = setup.find("last job set-up");
+      setup = at == std::string::npos ? "?" : setup.substr(at + 16);
+      setup = setup.substr(0, setup.find(';'));
       VerifyBlocks(p);
       std::vector<void*> dsts(p.moved);
       std::vector<const void*> srcs(p.moved);
@@ -527,10 +536,10 @@ int Main(int argc, char** argv) {
       const std::string nccl_ratio =
           n == nccl.end() ? "n/a" : absl::StrFormat("%.2fx", e2e / n->second);
       phase_rows.push_back(absl::StrFormat(
-          "| %lu KiB | %u | %.2f (%.2f + %.2f + %.2f) | %.2f | %.2f | %.2f |", kib, p.moved,
+          "| %lu KiB | %u | %.2f (%.2f + %.2f + %.2f) | %.2f | %.2f | %.2f | %s |", kib, p.moved,
           last_phases.submit_ms, last_phases.to_daemon_ms, last_phases.accept_ms,
           last_phases.reply_ms, last_phases.queued_ms, last_phases.running_ms,
-          last_phases.notify_ms));
+          last_phases.notify_ms, setup.c_str()));
       std::printf("| %lu KiB | %.1f | %.1f | %s (%s) | %.1f | %.1f | %s | %.1f | %.0f%% | %s |\n",
                   kib, e2e, e2e_grpc, engine.c_str(), path.c_str(), Gbps(bytes, per_block), Gbps(bytes, batch),
                   nccl_cell.c_str(), Gbps(bytes, contiguous), 100 * e2e / Gbps(bytes, contiguous),
@@ -542,8 +551,8 @@ int Main(int argc, char** argv) {
     std::printf("\nwhere the time of the last e2e transfer went (ms; submit = the Submit RPC, "
                 "split as client -> daemon + accept work + reply; queued = accepted -> first tile, "
                 "running = first tile -> last, notify = last tile -> client):\n"
-                "| block | blocks | submit | queued | running | notify |\n"
-                "|---|---|---|---|---|---|\n");
+                "| block | blocks | submit | queued | running | notify | engine's job set-up |\n"
+                "|---|---|---|---|---|---|---|\n");
     for (const auto& row : phase_rows) std::printf("%s\n", row.c_str());
 
     std::printf("\n## 1b. Llama-3-70B TP8-like layout (80 layers, K+V, 1 KV head, head_dim 128, bf16,"

@@ -10,10 +10,16 @@ final=${OUT:-/tmp}
 out=$(mktemp -d /tmp/kvrail-gpu-logs.XXXXXX)
 export OUT=$out
 tests/gpu/run_topology.sh > "$out/run_topology.txt" 2>&1
-PARTS="test demo bench fabric interference" TEST_TIMEOUT=150 BENCH_TIMEOUT=240 \
+# The planner's accept work on this machine's CPU (block tables copied and checked).
+timeout 60 .devpack/bin/plan_bench > "$out/plan_bench.txt" 2>&1
+# ENGINE_PARTS and STREAMING=0 narrow a run to what changed (device time is scarce).
+PARTS=${ENGINE_PARTS:-test demo bench fabric interference} TEST_TIMEOUT=150 BENCH_TIMEOUT=240 \
   FABRIC_TIMEOUT=100 INTERFERENCE_TIMEOUT=270 tests/gpu/run_cuda_engine.sh > "$out/run_engine.txt" 2>&1
-STREAMING_TIMEOUT=120 tests/gpu/run_streaming.sh > "$out/run_streaming.txt" 2>&1
+if [[ ${STREAMING:-1} != 0 ]]; then
+  STREAMING_TIMEOUT=120 tests/gpu/run_streaming.sh > "$out/run_streaming.txt" 2>&1
+fi
 echo "== summary"
+tail -2 "$out/plan_bench.txt"
 grep -E "NV[0-9]+|nvlink-p2p" "$out/run_topology.txt" | head -4
 grep -E "test cases|assertions|All tests" "$out/gpu_test.txt" "$out/kernel_test.txt" "$out"/flags_test*.txt 2>/dev/null
 grep -E "^\| (4|16) KiB \| (slab|warp)|contiguous" "$out/variants.txt" 2>/dev/null
