@@ -116,6 +116,7 @@ absl::Status Run(v1::DaemonConfig config) {
     cuda_options.max_ctas = static_cast<int>(config.cuda_max_ctas());
     cuda_options.fixed_ctas = static_cast<int>(config.cuda_fixed_ctas());
     cuda_options.copy_engine_min_run_bytes = config.cuda_copy_engine_min_run_bytes();
+    cuda_options.run_on_destination = config.cuda_run_on() == "destination";
     cuda_options.limits = limits;
     absl::StatusOr<std::unique_ptr<engine::Engine>> created =
         engine::CreateCudaEngine(cuda_options);
@@ -241,6 +242,7 @@ int main(int argc, char** argv) {
   int64_t cuda_max_ctas = -1;
   uint32_t cuda_fixed_ctas = 0;
   uint64_t cuda_copy_min_run = 0;
+  std::string cuda_run_on;
   app.add_option("--config", config_path, "DaemonConfig textproto file");
   app.add_option("--socket", socket, "unix socket for clients (default /run/kvrail/kvrail.sock)");
   app.add_option("--tcp-listen", tcp_listen, "also serve gRPC on host:port");
@@ -256,6 +258,8 @@ int main(int argc, char** argv) {
   app.add_option("--cuda-engine", cuda_engine, "auto (when a GPU exists) or off");
   app.add_option("--cuda-max-ctas", cuda_max_ctas, "SM budget in CTAs; 0: copy engines only");
   app.add_option("--cuda-fixed-ctas", cuda_fixed_ctas, "launch this many CTAs (0: find the knee)");
+  app.add_option("--cuda-run-on", cuda_run_on,
+                 "which GPU runs GPU-to-GPU transfers: source (default) or destination");
   app.add_option("--cuda-copy-engine-min-run-bytes", cuda_copy_min_run,
                  "mean contiguous run from which the copy engines are used");
   CLI11_PARSE(app, argc, argv);
@@ -283,6 +287,7 @@ int main(int argc, char** argv) {
   if (cuda_max_ctas >= 0) flags.set_cuda_max_ctas(static_cast<uint32_t>(cuda_max_ctas));
   flags.set_cuda_fixed_ctas(cuda_fixed_ctas);
   flags.set_cuda_copy_engine_min_run_bytes(cuda_copy_min_run);
+  flags.set_cuda_run_on(cuda_run_on);
   kvrail::config::MergeOverrides(flags, &config);
   absl::Status status = kvrail::config::FinalizeConfig(&config);
   if (status.ok()) status = kvrail::Run(config);

@@ -67,6 +67,7 @@ absl::Status FinalizeConfig(v1::DaemonConfig* config) {
   if (config->transfer_history() == 0) config->set_transfer_history(10000);
   if (config->drain_timeout_ms() == 0) config->set_drain_timeout_ms(10000);
   if (config->cuda_engine().empty()) config->set_cuda_engine("auto");
+  if (config->cuda_run_on().empty()) config->set_cuda_run_on("source");
   if (!config->has_cuda_max_ctas()) config->set_cuda_max_ctas(32);
   if (config->cuda_copy_engine_min_run_bytes() == 0) {
     config->set_cuda_copy_engine_min_run_bytes(1 << 20);
@@ -93,6 +94,10 @@ absl::Status FinalizeConfig(v1::DaemonConfig* config) {
   if (config->cuda_engine() != "auto" && config->cuda_engine() != "off") {
     return absl::InvalidArgumentError(
         absl::StrCat("cuda_engine: '", config->cuda_engine(), "' is not auto or off"));
+  }
+  if (config->cuda_run_on() != "source" && config->cuda_run_on() != "destination") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cuda_run_on: '", config->cuda_run_on(), "' is not source or destination"));
   }
   if (config->cuda_max_ctas() > 4096) {
     return absl::InvalidArgumentError("cuda_max_ctas: at most 4096");

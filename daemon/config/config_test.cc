@@ -46,6 +46,7 @@ TEST_CASE("bad values are rejected naming the key") {
   check("tile_bytes: 100", "tile_bytes:");
   check("log_format: \"xml\"", "log_format:");
   check("host_engine_threads: 1000", "host_engine_threads:");
+  check("cuda_run_on: \"peer\"", "cuda_run_on:");
   check("peers { key: \"x\" value: \"nocolon\" }", "peers[x]:");
 }
 

@@ -42,6 +42,14 @@ uint64_t BatchBytesFor(bool background, uint64_t batch_bytes) {
   return background ? std::max<uint64_t>(batch_bytes / 4, 1) : batch_bytes;
 }
 
+int ExecutingDevice(bool src_cuda, int src_device, bool dst_cuda, int dst_device,
+                    bool run_on_destination, int fallback) {
+  if (src_cuda && dst_cuda) return run_on_destination ? dst_device : src_device;
+  if (src_cuda) return src_device;
+  if (dst_cuda) return dst_device;
+  return fallback;
+}
+
 const char* ModeEngineName(Mode mode) {
   return mode == Mode::kKernel ? "cuda-kernel" : "cuda-copy-engine";
 }

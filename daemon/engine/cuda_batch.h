@@ -40,6 +40,11 @@ uint64_t ClassBatchBytes(uint64_t batch_bytes, uint64_t max_inflight, uint64_t i
 // waits stopped costing gRPC round trips (docs/benchmarks.md).
 uint64_t BatchBytesFor(bool background, uint64_t batch_bytes);
 
+// The GPU that runs a job: the one GPU side when the other is host memory; between two GPUs the
+// source, or the destination with `run_on_destination`; `fallback` when neither side is a GPU.
+int ExecutingDevice(bool src_cuda, int src_device, bool dst_cuda, int dst_device,
+                    bool run_on_destination, int fallback);
+
 enum class Mode { kKernel, kCopyEngine };
 const char* ModeEngineName(Mode mode);  // "cuda-kernel" / "cuda-copy-engine"
 

@@ -148,3 +148,12 @@ TEST_CASE("a class's byte limit bounds its batches, never below one tile") {
   CHECK(BatchBytesFor(/*background=*/true, 64 << 20) == (16u << 20));
   CHECK(BatchBytesFor(/*background=*/true, 2) == 1);
 }
+
+TEST_CASE("ExecutingDevice: the GPU side, or between GPUs the source unless told the destination") {
+  CHECK(kvrail::engine::cuda_internal::ExecutingDevice(true, 0, true, 1, false, 7) == 0);
+  CHECK(kvrail::engine::cuda_internal::ExecutingDevice(true, 0, true, 1, true, 7) == 1);
+  CHECK(kvrail::engine::cuda_internal::ExecutingDevice(true, 3, true, 3, true, 7) == 3);   // same GPU either way
+  CHECK(kvrail::engine::cuda_internal::ExecutingDevice(true, 2, false, -1, true, 7) == 2);  // GPU -> host: the GPU
+  CHECK(kvrail::engine::cuda_internal::ExecutingDevice(false, -1, true, 1, false, 7) == 1);  // host -> GPU: the GPU
+  CHECK(kvrail::engine::cuda_internal::ExecutingDevice(false, -1, false, -1, true, 7) == 7);
+}

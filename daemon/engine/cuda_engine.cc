@@ -383,9 +383,11 @@ class DeviceWorker {
 // creation; each guards its own queues).
 class CudaEngine final : public Engine {
  public:
-  explicit CudaEngine(std::vector<std::unique_ptr<DeviceWorker>> workers, std::vector<int> devices)
+  CudaEngine(std::vector<std::unique_ptr<DeviceWorker>> workers, std::vector<int> devices,
+             bool run_on_destination)
       : workers_(std::move(workers)),
         devices_(std::move(devices)),
+        run_on_destination_(run_on_destination),
         tables_(planner::TablePool::Create(PinnedAllocator(), kRetainedTableBytes)) {}
 
   std::string name() const override { return "cuda"; }
@@ -393,7 +395,8 @@ class CudaEngine final : public Engine {
   void Enqueue(const std::shared_ptr<Job>& job, const std::vector<uint32_t>& tiles) override {
     if (tiles.empty()) return;
     const MemoryRef src = job->src(), dst = job->dst();
-    const int device = src.cuda ? src.device : (dst.cuda ? dst.device : devices_.front());
+    const int device = cuda_internal::ExecutingDevice(src.cuda, src.device, dst.cuda, dst.device,
+                                                      run_on_destination_, devices_.front());
     DeviceWorker* worker = Worker(device);
     if (worker == nullptr) {
       const absl::Status status = absl::FailedPreconditionError(
@@ -422,6 +425,7 @@ class CudaEngine final : public Engine {
   std::string Describe() const override {
     std::vector<std::string> lines;
     for (const auto& w : workers_) lines.push_back(w->Describe());
+    if (run_on_destination_) lines.push_back("GPU-to-GPU transfers run on the destination GPU");
     return absl::StrJoin(lines, "; ");
   }
 
@@ -453,6 +457,7 @@ class CudaEngine final : public Engine {
 
   const std::vector<std::unique_ptr<DeviceWorker>> workers_;
   const std::vector<int> devices_;
+  const bool run_on_destination_;
   const std::shared_ptr<planner::TablePool> tables_;
 };
 
@@ -472,7 +477,8 @@ absl::StatusOr<std::unique_ptr<Engine>> CreateCudaEngine(const CudaEngineOptions
     ASSIGN_OR_RETURN(cuda::Stream stream, cuda::Stream::Create(d));
     workers.push_back(std::make_unique<DeviceWorker>(d, options, std::move(stream)));
   }
-  return std::unique_ptr<Engine>(new CudaEngine(std::move(workers), std::move(devices)));
+  return std::unique_ptr<Engine>(
+      new CudaEngine(std::move(workers), std::move(devices), options.run_on_destination));
 }
 
 }  // namespace kvrail::engine

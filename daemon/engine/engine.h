@@ -102,7 +102,7 @@ inline bool MayStart(const ClassLimits& limit, uint64_t inflight, uint64_t next)
 std::unique_ptr<Engine> CreateHostEngine(int threads, const PriorityLimits& limits = {});
 
 // The CUDA engine (see docs/architecture.md, "CUDA engine"): one dispatcher thread and stream per
-// GPU; jobs run on the source GPU when the source is device memory, else on the destination's.
+// GPU; each job runs on one GPU (cuda_internal::ExecutingDevice).
 struct CudaEngineOptions {
   // SM budget: the most CTAs (of 512 threads) one launch may use. 0: copy engines only.
   int max_ctas = 32;
@@ -115,6 +115,9 @@ struct CudaEngineOptions {
   uint64_t batch_bytes = 64 << 20;
   // Batches between two re-probes of the CTA knee.
   int reprobe_batches = 256;
+  // GPU-to-GPU transfers run on the destination GPU (its SMs load from the peer) instead of the
+  // source GPU (its SMs store into the peer).
+  bool run_on_destination = false;
   // Devices to serve; empty: every GPU the runtime sees.
   std::vector<int> devices;
   // Per priority class: CTAs per launch and bytes in flight.

@@ -412,12 +412,24 @@ int Interference(int dst_device, bool quick, const std::string& only_limit) {
                         {"--cuda-max-ctas", "132", "--cuda-fixed-ctas", std::to_string(c)}});
   }
   settings.push_back({"adaptive, budget 8", "95", {"--cuda-max-ctas", "8"}});
-  for (int c : {6, 8}) {
-    settings.push_back({absl::StrCat(c, " CTAs fixed"), "96",
-                        {"--cuda-max-ctas", "132", "--cuda-fixed-ctas", std::to_string(c)}});
+  if (dst_device != 0) {
+    // Pull: kvraild's kernel runs on GPU1 (the destination), loading from GPU0 beside the GEMM;
+    // GPU0 lends no SMs, only HBM reads and NVLink.
+    for (int c : {8, 16, 32}) {
+      settings.push_back({absl::StrCat(c, " CTAs fixed, on GPU1 (destination)"), "",
+                          {"--cuda-max-ctas", "132", "--cuda-fixed-ctas", std::to_string(c),
+                           "--cuda-run-on", "destination"}});
+    }
+    settings.push_back({"adaptive, budget 132, on GPU1 (destination)", "",
+                        {"--cuda-max-ctas", "132", "--cuda-run-on", "destination"}});
   }
   if (!only_limit.empty()) {
-    settings.clear();
+    // Only the pull rows (when there are two GPUs) and a sweep at the given limit.
+    std::vector<Setting> pull;
+    for (const Setting& s : settings) {
+      if (s.label.find("destination") != std::string::npos) pull.push_back(s);
+    }
+    settings = pull;
     settings.push_back({"copy engines only (budget 0)", only_limit, {"--cuda-max-ctas", "0"}});
     for (int c : {4, 6, 7, 8}) {
       settings.push_back({absl::StrCat(c, " CTAs fixed"), only_limit,
@@ -665,6 +677,16 @@ int Main(int argc, char** argv) {
   }
   settings.push_back({"adaptive, budget 16", {"--cuda-max-ctas", "16"}});
   settings.push_back({"adaptive, budget 132", {"--cuda-max-ctas", "132"}});
+  if (dst_device != 0) {
+    // Pull: the destination GPU's SMs load from the source GPU.
+    for (int c : {8, 16}) {
+      settings.push_back({absl::StrCat(c, " CTAs fixed, on the destination GPU"),
+                          {"--cuda-max-ctas", "132", "--cuda-fixed-ctas", std::to_string(c),
+                           "--cuda-run-on", "destination"}});
+    }
+    settings.push_back({"adaptive, budget 132, on the destination GPU",
+                        {"--cuda-max-ctas", "132", "--cuda-run-on", "destination"}});
+  }
   for (const auto& [label, args] : settings) {
     Daemon d(args);
     double g[2];

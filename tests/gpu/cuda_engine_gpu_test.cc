@@ -203,6 +203,11 @@ TEST_CASE("two GPUs, kernel: random layouts GPU0->GPU1, GPU1->GPU0, GPU1->host v
   RunRandomCases({}, "cuda-kernel", 60, /*peer=*/true);
 }
 
+TEST_CASE("two GPUs, kernel on the destination GPU (peer loads): GPU0->GPU1, GPU1->GPU0 vs host twin") {
+  if (!HaveTwoGpus()) return;
+  RunRandomCases({"--cuda-run-on", "destination"}, "cuda-kernel", 45, /*peer=*/true);
+}
+
 TEST_CASE("two GPUs, copy engines only vs host twin") {
   if (!HaveTwoGpus()) return;
   RunRandomCases({"--cuda-max-ctas", "0"}, "cuda-copy-engine", 30, /*peer=*/true);
