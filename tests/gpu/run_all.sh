@@ -11,7 +11,8 @@ out=$(mktemp -d /tmp/kvrail-gpu-logs.XXXXXX)
 export OUT=$out
 tests/gpu/run_topology.sh > "$out/run_topology.txt" 2>&1
 # The planner's accept work on this machine's CPU (block tables copied and checked).
-timeout 60 .devpack/bin/plan_bench > "$out/plan_bench.txt" 2>&1
+LD_LIBRARY_PATH=$PWD/.devpack/lib:${LD_LIBRARY_PATH:-} timeout 60 .devpack/bin/plan_bench \
+  > "$out/plan_bench.txt" 2>&1
 # ENGINE_PARTS and STREAMING=0 narrow a run to what changed (device time is scarce).
 PARTS=${ENGINE_PARTS:-test demo bench fabric interference} TEST_TIMEOUT=150 BENCH_TIMEOUT=240 \
   FABRIC_TIMEOUT=100 INTERFERENCE_TIMEOUT=270 tests/gpu/run_cuda_engine.sh > "$out/run_engine.txt" 2>&1
