@@ -7,11 +7,13 @@ cd "$(dirname "$0")/../.."
 targets=(//daemon:kvraild //client:kvrail //client:kv_demo //topology:topo_probe
          //tests/gpu:cuda_engine_gpu_test //tests/gpu:cuda_engine_bench //tests/gpu:streaming_bench
          //tests/gpu:flags_gpu_test //tests/gpu:fabric_gpu_bench //tests/gpu:kv_copy_gpu_test
-         //tests/gpu:copy_variants_bench //tests/bench:plan_bench)
+         //tests/gpu:copy_variants_bench //tests/bench:plan_bench //tests/netns:fabric_bench)
 bazel build "${targets[@]}"
 bin=$(bazel info bazel-bin 2>/dev/null)
 paths=()
 for t in "${targets[@]}"; do paths+=("$bin/$(echo "${t#//}" | tr ':' '/')"); done
 rm -rf .devpack
-"${DEVPACK:-../shared/tools/devpack}" "${paths[@]}"
+# fi_pingpong (libfabric-bin): issue 5's peer benchmark, run by fabric_bench on the GPU machine's
+# quieter, larger CPU (tests/gpu/run_fabric_host.sh).
+"${DEVPACK:-../shared/tools/devpack}" "${paths[@]}" /usr/bin/fi_pingpong
 du -sh .devpack
