@@ -13,7 +13,12 @@
 // fi_pingpong: message size T, iterations so that about the same bytes move each way; its MB/sec
 // column (bytes both ways / time, 1e6), best of `reps` runs. One message is in flight at a time.
 //
+// With --host-loopback (no root, no iproute2: machines without them, such as the GPU machine):
+// every row over loopback in the caller's own network namespace instead, both daemons and both
+// fi_pingpong ends on 127.0.0.1, and the target is judged on those rows.
+//
 // Usage (root): fabric_bench [--mib 512] [--reps 3] [--nics 1] [--no-loopback] [--sizes 65536,...]
+//               fabric_bench --host-loopback [--mib ...] [--reps ...] [--sizes ...]
 // Namespaces, veth pair and daemons are removed at the end, on failure and on SIGINT/SIGTERM.
 #include <fcntl.h>
 #include <signal.h>
@@ -128,9 +133,14 @@ double PingPongOnce(const std::string& server_ns, const std::string& client_ns,
   const std::vector<std::string> common = {"-p", "tcp", "-e", "rdm", "-S", std::to_string(size),
                                            "-I", std::to_string(iters)};
   for (int attempt = 0; attempt < 3; ++attempt) {
-    std::vector<std::string> server = {"ip", "netns", "exec", server_ns, "fi_pingpong"};
+    // An empty namespace: the caller's own.
+    const auto in = [](const std::string& ns) {
+      return ns.empty() ? std::vector<std::string>{"fi_pingpong"}
+                        : std::vector<std::string>{"ip", "netns", "exec", ns, "fi_pingpong"};
+    };
+    std::vector<std::string> server = in(server_ns);
     server.insert(server.end(), common.begin(), common.end());
-    std::vector<std::string> client = {"ip", "netns", "exec", client_ns, "fi_pingpong"};
+    std::vector<std::string> client = in(client_ns);
     client.insert(client.end(), common.begin(), common.end());
     client.push_back(server_ip);
     const pid_t s = Spawn(server, dir + "/pp_server.txt");
@@ -303,10 +313,87 @@ struct Row {
   std::string pp_error;
 };
 
+// The table, the target line (judged on rows of `primary` path) and failures; returns how many
+// cells failed.
+int PrintRows(const std::vector<Row>& rows, const std::string& primary, Clock::time_point t_start) {
+  double pp_best = -1, kv_best = -1;
+  for (const Row& r : rows) {
+    if (r.path != primary) continue;
+    pp_best = std::max(pp_best, r.pp);
+    kv_best = std::max(kv_best, r.kv.best_gbps);
+  }
+  std::printf("\n| path | tile / message | tiles | kvrail A→B GB/s best (median) | "
+              "fi_pingpong GB/s best | kvrail / fi_pingpong | kvrail / fi_pingpong best (%s) |\n"
+              "|---|---|---|---|---|---|---|\n", primary.c_str());
+  for (const Row& r : rows) {
+    char kv[64] = "failed", pp[32] = "failed", ratio[32] = "-", ratio_best[32] = "-";
+    if (r.kv.best_gbps > 0) {
+      std::snprintf(kv, sizeof(kv), "%.2f (%.2f)", r.kv.best_gbps, r.kv.median_gbps);
+    }
+    if (r.pp > 0) std::snprintf(pp, sizeof(pp), "%.2f", r.pp);
+    if (r.kv.best_gbps > 0 && r.pp > 0) {
+      std::snprintf(ratio, sizeof(ratio), "%.0f%%", 100 * r.kv.best_gbps / r.pp);
+    }
+    if (r.kv.best_gbps > 0 && pp_best > 0 && r.path == primary) {
+      std::snprintf(ratio_best, sizeof(ratio_best), "%.0f%%", 100 * r.kv.best_gbps / pp_best);
+    }
+    std::printf("| %s | %s | %u | %s | %s | %s | %s |\n", r.path.c_str(), Size(r.tile).c_str(),
+                r.kv.tiles, kv, pp, ratio, ratio_best);
+  }
+  std::printf("\n%s: kvrail best %.2f GB/s, fi_pingpong best %.2f GB/s: %.0f%% (target >= 90%%: "
+              "%s)\n",
+              primary.c_str(), kv_best, pp_best, pp_best > 0 ? 100 * kv_best / pp_best : 0.0,
+              pp_best > 0 && kv_best >= 0.9 * pp_best ? "met" : "NOT met");
+  std::printf("load average after: %s; %.0f s in all\n", LoadAvg().c_str(),
+              Seconds(Clock::now() - t_start));
+  int failures = 0;
+  for (const Row& r : rows) {
+    if (!r.kv.error.empty()) {
+      ++failures;
+      std::fprintf(stderr, "\n%s %s kvrail: %s\n", r.path.c_str(), Size(r.tile).c_str(),
+                   r.kv.error.c_str());
+    }
+    if (r.pp < 0) {
+      ++failures;
+      std::fprintf(stderr, "\n%s %s fi_pingpong: %s\n", r.path.c_str(), Size(r.tile).c_str(),
+                   r.pp_error.c_str());
+    }
+  }
+  return failures;
+}
+
+// --host-loopback: every size over 127.0.0.1 in this namespace.
+int HostLoopback(const std::vector<uint64_t>& sizes, uint32_t layers, int reps, int nics) {
+  signal(SIGINT, OnSignal);
+  signal(SIGTERM, OnSignal);
+  const auto t_start = Clock::now();
+  testing::TempDir dir;
+  std::printf("loopback in this namespace (127.0.0.1); %u layers, %llu MiB per transfer, best of "
+              "%d after a warm-up; %d fabric endpoint(s) per daemon; %u CPUs; load average "
+              "before: %s\n",
+              layers, static_cast<unsigned long long>(layers * 16ull), reps, nics,
+              std::thread::hardware_concurrency(), LoadAvg().c_str());
+  std::fflush(stdout);
+  std::vector<Row> rows;
+  int port = 7270;
+  for (uint64_t tile : sizes) {
+    Row row{"loopback", tile};
+    row.kv = KvRail("", "127.0.0.1", port, "", "127.0.0.1", port + 1, tile, layers, reps, nics);
+    port += 2;
+    row.pp = PingPong("", "", "127.0.0.1", tile, layers * (16ull << 20), reps, dir.path(),
+                      &row.pp_error);
+    std::fprintf(stderr, "  loopback %s: kvrail %.3f GB/s, fi_pingpong %.3f GB/s %s\n",
+                 Size(tile).c_str(), row.kv.best_gbps, row.pp, row.kv.error.c_str());
+    rows.push_back(row);
+  }
+  return PrintRows(rows, "loopback", t_start) == 0 ? 0 : 1;
+}
+
 int Main(int argc, char** argv) {
   uint64_t mib = 512;
   int reps = 3;
   bool loopback = true;
+  bool host_loopback = false;
   int nics = 1;  // fabric endpoints per daemon on the one path (striping over one link)
   std::vector<uint64_t> sizes = {64 << 10, 256 << 10, 1 << 20, 4 << 20};
   for (int i = 1; i < argc; ++i) {
@@ -319,13 +406,16 @@ int Main(int argc, char** argv) {
       nics = std::max(1, std::atoi(argv[++i]));
     } else if (arg == "--no-loopback") {
       loopback = false;
+    } else if (arg == "--host-loopback") {
+      host_loopback = true;
     } else if (arg == "--sizes" && i + 1 < argc) {
       sizes.clear();
       std::istringstream in(argv[++i]);
       for (std::string s; std::getline(in, s, ',');) sizes.push_back(std::strtoull(s.c_str(), 0, 10));
     } else {
       std::fprintf(stderr,
-                   "usage: fabric_bench [--mib 512] [--reps 3] [--nics 1] [--no-loopback] [--sizes a,b]\n");
+                   "usage: fabric_bench [--mib 512] [--reps 3] [--nics 1] [--no-loopback | "
+                   "--host-loopback] [--sizes a,b]\n");
       return 2;
     }
   }
@@ -338,6 +428,7 @@ int Main(int argc, char** argv) {
       return 2;
     }
   }
+  if (host_loopback) return HostLoopback(sizes, layers, reps, nics);
   if (const std::string why = testing::CannotMakeNamespaces(); !why.empty()) {
     std::fprintf(stderr, "fabric_bench needs root: %s\n", why.c_str());
     return 1;
@@ -386,49 +477,7 @@ int Main(int argc, char** argv) {
     rows.push_back(row);
   }
 
-  double pp_best = -1, kv_best = -1;
-  for (const Row& r : rows) {
-    if (r.path != "veth") continue;
-    pp_best = std::max(pp_best, r.pp);
-    kv_best = std::max(kv_best, r.kv.best_gbps);
-  }
-  std::printf("\n| path | tile / message | tiles | kvrail A→B GB/s best (median) | "
-              "fi_pingpong GB/s best | kvrail / fi_pingpong | kvrail / fi_pingpong best (veth) |\n"
-              "|---|---|---|---|---|---|---|\n");
-  for (const Row& r : rows) {
-    char kv[64] = "failed", pp[32] = "failed", ratio[32] = "-", ratio_best[32] = "-";
-    if (r.kv.best_gbps > 0) {
-      std::snprintf(kv, sizeof(kv), "%.2f (%.2f)", r.kv.best_gbps, r.kv.median_gbps);
-    }
-    if (r.pp > 0) std::snprintf(pp, sizeof(pp), "%.2f", r.pp);
-    if (r.kv.best_gbps > 0 && r.pp > 0) {
-      std::snprintf(ratio, sizeof(ratio), "%.0f%%", 100 * r.kv.best_gbps / r.pp);
-    }
-    if (r.kv.best_gbps > 0 && pp_best > 0 && r.path == "veth") {
-      std::snprintf(ratio_best, sizeof(ratio_best), "%.0f%%", 100 * r.kv.best_gbps / pp_best);
-    }
-    std::printf("| %s | %s | %u | %s | %s | %s | %s |\n", r.path.c_str(), Size(r.tile).c_str(),
-                r.kv.tiles, kv, pp, ratio, ratio_best);
-  }
-  std::printf("\nveth: kvrail best %.2f GB/s, fi_pingpong best %.2f GB/s: %.0f%% (target >= 90%%: "
-              "%s)\n",
-              kv_best, pp_best, pp_best > 0 ? 100 * kv_best / pp_best : 0.0,
-              pp_best > 0 && kv_best >= 0.9 * pp_best ? "met" : "NOT met");
-  std::printf("load average after: %s; %.0f s in all\n", LoadAvg().c_str(),
-              Seconds(Clock::now() - t_start));
-  int failures = 0;
-  for (const Row& r : rows) {
-    if (!r.kv.error.empty()) {
-      ++failures;
-      std::fprintf(stderr, "\n%s %s kvrail: %s\n", r.path.c_str(), Size(r.tile).c_str(),
-                   r.kv.error.c_str());
-    }
-    if (r.pp < 0) {
-      ++failures;
-      std::fprintf(stderr, "\n%s %s fi_pingpong: %s\n", r.path.c_str(), Size(r.tile).c_str(),
-                   r.pp_error.c_str());
-    }
-  }
+  const int failures = PrintRows(rows, "veth", t_start);
   g_net = nullptr;
   return failures == 0 ? 0 : 1;
 }
