@@ -39,7 +39,7 @@ uint32_t Pow2Divisor(uint64_t v) {
 // uint32, a memcpy to decode instead of a varint per id) or block_ids. `field` names the one used,
 // for error messages.
 struct IdSource {
-  const uint32_t* ids = nullptr;
+  const void* ids = nullptr;  // little-endian uint32s, not necessarily 4-byte aligned
   size_t count = 0;
   std::string field;
 };
@@ -62,9 +62,8 @@ absl::StatusOr<IdSource> FindBlockIds(const kvrail::v1::TransferEndpoint& ep, ab
       return Invalid(absl::StrCat(side, ".block_ids_le32"),
                      absl::StrCat(le32.size(), " bytes is not a whole number of uint32 ids"));
     }
-    // x86-64 and aarch64 are little-endian; read with memcpy-sized loads below.
-    return IdSource{reinterpret_cast<const uint32_t*>(le32.data()), le32.size() / 4,
-                    absl::StrCat(side, ".block_ids_le32")};
+    // x86-64 and aarch64 are little-endian.
+    return IdSource{le32.data(), le32.size() / 4, absl::StrCat(side, ".block_ids_le32")};
   }
   return IdSource{ep.block_ids().data(), static_cast<size_t>(ep.block_ids_size()),
                   absl::StrCat(side, ".block_ids")};
@@ -84,7 +83,7 @@ absl::StatusOr<BlockTable> CopyBlockIds(const IdSource& from, uint32_t num_block
         "spec.", from.field, ": no memory for a table of ", from.count, " block ids"));
   }
   uint32_t* out = ids.data();
-  const uint8_t* in = reinterpret_cast<const uint8_t*>(from.ids);  // le32 strings: any alignment
+  const uint8_t* in = static_cast<const uint8_t*>(from.ids);
   if (!unique) {
     // Copy, then a maximum (both vectorize); the index is looked for only when one is out.
     if (from.count > 0) std::memcpy(out, in, 4 * from.count);
