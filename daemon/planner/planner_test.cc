@@ -354,7 +354,7 @@ TEST_CASE("plans are O(blocks) integers, never per-block descriptors") {
   CHECK(plan->dst_blocks().size() == n);
   // The header is fixed-size; the plan object is the header plus the two tables.
   static_assert(sizeof(kernels::PlanHeader) < 512, "header has no per-block storage");
-  CHECK(sizeof(Plan) < 512 + 2 * sizeof(std::vector<uint32_t>) + 64);
+  CHECK(sizeof(Plan) < 512 + 2 * sizeof(BlockTable) + 64);
   CHECK(plan->bytes_total() == uint64_t{n} * 16 * 8 * 128 * 2 * 2 * 32);
   CHECK(plan->num_tiles() == plan->bytes_total() / (1 << 20));
 }
@@ -520,6 +520,31 @@ TEST_CASE("TablePool: a failed allocation is a RESOURCE_EXHAUSTED naming the tab
   heap.reset();
   CHECK(plan->src_blocks()[0] == 3);
   CHECK(plan->dst_blocks()[2] == 6);
+}
+
+TEST_CASE("large tables (checked on two threads) report what a serial check would") {
+  const uint32_t n = 40000;  // 80k ids in all: the two-thread path
+  const RegionView r = Paged(Proto(1, 1, 2 * n, 16, 1, 64, kNhd));
+  TransferSpec s;
+  for (uint32_t b = 0; b < n; ++b) {
+    s.mutable_src()->add_block_ids((b * 7919u) % (2 * n));
+    s.mutable_dst()->add_block_ids(2 * n - 1 - b);
+  }
+  absl::StatusOr<Plan> good = MakePlan(s, r, r, {});
+  REQUIRE(good.ok());
+  CHECK(good->src_blocks()[12345] == (12345u * 7919u) % (2 * n));
+  CHECK(good->dst_blocks()[n - 1] == n);
+  // A bad source id and a repeated destination id: the source's error, as in a serial check.
+  TransferSpec both = s;
+  both.mutable_src()->set_block_ids(30000, 2 * n);
+  both.mutable_dst()->set_block_ids(39999, both.dst().block_ids(7));
+  ExpectError(MakePlan(both, r, r, {}).status(), absl::StatusCode::kInvalidArgument,
+              "spec.src.block_ids[30000]: block 80000 out of range");
+  // The repeat alone: its index and its first occurrence.
+  TransferSpec dup = s;
+  dup.mutable_dst()->set_block_ids(39999, dup.dst().block_ids(7));
+  ExpectError(MakePlan(dup, r, r, {}).status(), absl::StatusCode::kInvalidArgument,
+              "spec.dst.block_ids[39999]: block 79992 repeats spec.dst.block_ids[7]");
 }
 
 }  // namespace kvrail::planner
