@@ -218,7 +218,7 @@ absl::StatusOr<GpuRoute> ChoosePath(const TopologyGraph& graph, int gpu_a, int g
   const PathClass c = path->path_class();
   if (c == ::kvrail::v1::PATH_NV && path->p2p_supported()) {
     route.set_path(::kvrail::v1::TRANSFER_PATH_NVLINK_P2P);
-    route.set_why(absl::StrCat(cls, ": direct peer stores over ", path->why()));
+    route.set_why(absl::StrCat(cls, ": direct peer access over ", path->why()));
   } else if ((c == ::kvrail::v1::PATH_PIX || c == ::kvrail::v1::PATH_PXB) &&
              path->p2p_supported()) {
     route.set_path(::kvrail::v1::TRANSFER_PATH_PCIE_P2P);
