@@ -49,7 +49,12 @@ uint64_t TablePool::allocations() const {
   return allocations_;
 }
 
-std::shared_ptr<void> TablePool::Take(size_t bytes) {
+uint64_t TablePool::fallbacks() const {
+  absl::MutexLock lock(&mu_);
+  return fallbacks_;
+}
+
+std::shared_ptr<void> TablePool::Take(size_t bytes, bool* pinned) {
   const size_t size = ClassBytes(bytes);
   void* memory = nullptr;
   {
@@ -64,11 +69,24 @@ std::shared_ptr<void> TablePool::Take(size_t bytes) {
     }
   }
   if (memory == nullptr) memory = allocator_.allocate(size);
+  if (memory == nullptr && allocator_.pinned) {
+    memory = std::aligned_alloc(kMinClassBytes, size);
+    if (memory == nullptr) return nullptr;
+    absl::MutexLock lock(&mu_);
+    ++fallbacks_;
+    *pinned = false;
+    return std::shared_ptr<void>(memory, Free{shared_from_this(), size, true});
+  }
   if (memory == nullptr) return nullptr;
-  return std::shared_ptr<void>(memory, Free{shared_from_this(), size});
+  *pinned = allocator_.pinned;
+  return std::shared_ptr<void>(memory, Free{shared_from_this(), size, false});
 }
 
-void TablePool::Give(void* memory, size_t bytes) {
+void TablePool::Give(void* memory, size_t bytes, bool heap_fallback) {
+  if (heap_fallback) {
+    std::free(memory);
+    return;
+  }
   {
     absl::MutexLock lock(&mu_);
     if (free_bytes_ + bytes <= retain_bytes_) {
@@ -85,8 +103,7 @@ BlockTable BlockTable::Allocate(size_t n, TablePool* pool) {
   BlockTable t;
   t.n_ = n;
   if (n == 0) return t;
-  t.memory_ = pool->Take(n * sizeof(uint32_t));
-  t.pinned_ = pool->pinned();
+  t.memory_ = pool->Take(n * sizeof(uint32_t), &t.pinned_);
   return t;
 }
 

@@ -37,7 +37,9 @@ namespace kvrail::planner {
 class TablePool : public std::enable_shared_from_this<TablePool> {
  public:
   // How the pool gets and returns memory (plain heap, or cudaHostAlloc / cudaFreeHost).
-  // `allocate` returns nullptr on failure.
+  // `allocate` returns nullptr on failure; a pinned pool then falls back to heap memory for that
+  // buffer (pinned memory may be capped, e.g. by RLIMIT_MEMLOCK in a container: plans must not
+  // fail for it), which goes back to the heap, not into the pool.
   struct Allocator {
     std::function<void*(size_t bytes)> allocate;
     std::function<void(void* memory)> release;
@@ -52,22 +54,26 @@ class TablePool : public std::enable_shared_from_this<TablePool> {
   ~TablePool();
 
   bool pinned() const { return allocator_.pinned; }
-  // Bytes now held free, and buffers ever allocated from `allocate` (for tests and stats).
+  // Bytes now held free, buffers ever allocated from `allocate`, and heap buffers handed out
+  // because a pinned `allocate` failed (for tests and stats).
   uint64_t free_bytes() const;
   uint64_t allocations() const;
+  uint64_t fallbacks() const;
 
  private:
   friend class BlockTable;
   struct Free {
     std::shared_ptr<TablePool> pool;
     size_t bytes;
-    void operator()(void* memory) const { pool->Give(memory, bytes); }
+    bool heap_fallback;
+    void operator()(void* memory) const { pool->Give(memory, bytes, heap_fallback); }
   };
   TablePool(Allocator allocator, uint64_t retain_bytes)
       : allocator_(std::move(allocator)), retain_bytes_(retain_bytes) {}
   // A buffer of at least `bytes`, rounded up to its class; nullptr when allocation failed.
-  std::shared_ptr<void> Take(size_t bytes);
-  void Give(void* memory, size_t bytes);
+  // `*pinned`: whether this buffer is the allocator's pinned memory.
+  std::shared_ptr<void> Take(size_t bytes, bool* pinned);
+  void Give(void* memory, size_t bytes, bool heap_fallback);
 
   const Allocator allocator_;
   const uint64_t retain_bytes_;
@@ -75,6 +81,7 @@ class TablePool : public std::enable_shared_from_this<TablePool> {
   std::multimap<size_t, void*> free_ ABSL_GUARDED_BY(mu_);
   uint64_t free_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t allocations_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t fallbacks_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 // A block table: `size()` uint32 block ids in memory from a TablePool. Copies share the memory (it is written only while the plan is built); the memory

@@ -512,6 +512,19 @@ TEST_CASE("TablePool: a failed allocation is a RESOURCE_EXHAUSTED naming the tab
   const RegionView view = Paged(Proto(2, 2, 64, 16, 1, 128, kNhd));
   ExpectError(MakePlan(Spec({3, 1, 2}, {4, 5, 6}), view, view, options).status(),
               absl::StatusCode::kResourceExhausted, "spec.src.block_ids: no memory");
+  // A pinned pool whose allocator fails hands out heap memory instead (not pinned, not kept).
+  TablePool::Allocator capped = failing;
+  capped.pinned = true;
+  std::shared_ptr<TablePool> pinned = TablePool::Create(capped, 1 << 20);
+  options.tables = pinned.get();
+  {
+    absl::StatusOr<Plan> fell_back = MakePlan(Spec({3, 1, 2}, {4, 5, 6}), view, view, options);
+    REQUIRE(fell_back.ok());
+    CHECK(!fell_back->src_blocks().pinned());
+    CHECK(fell_back->dst_blocks()[1] == 5);
+    CHECK(pinned->fallbacks() == 2);
+  }
+  CHECK(pinned->free_bytes() == 0);
   // A plan that outlives its pool keeps the pool's memory valid.
   std::shared_ptr<TablePool> heap = TablePool::Create(TablePool::Heap(), 1 << 20);
   options.tables = heap.get();
