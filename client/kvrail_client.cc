@@ -464,21 +464,11 @@ absl::StatusOr<v1::TransferStatus> Client::Get(uint64_t transfer_id) {
   return response;
 }
 
-namespace {
-
-// What a WAIT on the session socket came to: the final status, the daemon's error, "ask over
-// gRPC" (no session, an older daemon, a broken connection: waiting again is harmless), or "the
-// timeout passed" (the caller then reads the current status).
-struct SessionWait {
-  enum class Outcome { kAnswer, kUseGrpc, kTimedOut } outcome = Outcome::kUseGrpc;
-  absl::StatusOr<v1::TransferStatus> answer = absl::UnknownError("no answer");
-};
-
-}  // namespace
-
 absl::StatusOr<v1::TransferStatus> Client::Wait(uint64_t transfer_id, absl::Duration timeout) {
+  // A WAIT on a session connection: the final status, the daemon's error, the current status when
+  // a bounded wait times out; anything else (no session, an older daemon, a broken connection)
+  // asks over gRPC below, where waiting again is harmless.
   if (impl_->session_submit_.load() && !impl_->unix_path_.empty()) {
-    SessionWait w;
     const bool bounded = timeout > absl::ZeroDuration() && timeout != absl::InfiniteDuration();
     if (auto conn = impl_->TakeWaitConnection(); conn != nullptr) {
       conn->SetAnswerTimeout(bounded ? timeout : absl::InfiniteDuration());
@@ -490,23 +480,21 @@ absl::StatusOr<v1::TransferStatus> Client::Wait(uint64_t transfer_id, absl::Dura
       if (!answer.ok()) {
         // A DONE may still come on this connection: it is not reused.
         if (bounded && answer.status().code() == absl::StatusCode::kDeadlineExceeded) {
-          w.outcome = SessionWait::Outcome::kTimedOut;
+          return Get(transfer_id);
         }
       } else if (absl::ConsumePrefix(&text, "DONE ")) {
         v1::TransferStatus status;
         if (status.ParseFromArray(text.data(), static_cast<int>(text.size()))) {
-          w = SessionWait{SessionWait::Outcome::kAnswer, std::move(status)};
           impl_->ReturnWaitConnection(std::move(conn));
+          return status;
         }
       } else if (rejected.has_value() && rejected->code() != absl::StatusCode::kUnimplemented) {
-        w = SessionWait{SessionWait::Outcome::kAnswer, *rejected};
         impl_->ReturnWaitConnection(std::move(conn));
+        return *rejected;
       } else {
         impl_->session_submit_.store(false);  // an older daemon: gRPC from now on
       }
     }
-    if (w.outcome == SessionWait::Outcome::kAnswer) return w.answer;
-    if (w.outcome == SessionWait::Outcome::kTimedOut) return Get(transfer_id);
   }
   v1::WaitTransferRequest request;
   request.set_transfer_id(transfer_id);

@@ -29,15 +29,17 @@ absl::Status ErrnoStatus(absl::string_view what, int err) {
   return absl::Status(code, absl::StrCat(what, ": ", strerror(err)));
 }
 
-void SetReceiveTimeout(int sock, absl::Duration timeout) {
-  struct timeval tv {};  // zero: no limit
+// Sets SO_RCVTIMEO or SO_SNDTIMEO; InfiniteDuration is no limit (a zero timeval to the kernel),
+// and a positive timeout never rounds down to that.
+void SetSocketTimeout(int sock, int option, absl::Duration timeout) {
+  struct timeval tv {};
   if (timeout != absl::InfiniteDuration()) {
     tv.tv_sec = static_cast<time_t>(absl::ToInt64Seconds(timeout));
     tv.tv_usec =
         static_cast<suseconds_t>(absl::ToInt64Microseconds(timeout - absl::Seconds(tv.tv_sec)));
     if (tv.tv_sec == 0 && tv.tv_usec == 0) tv.tv_usec = 1;
   }
-  ::setsockopt(sock, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  ::setsockopt(sock, SOL_SOCKET, option, &tv, sizeof(tv));
 }
 
 class SessionConnectionImpl final : public SessionConnection {
@@ -73,7 +75,7 @@ class SessionConnectionImpl final : public SessionConnection {
 
   void SetAnswerTimeout(absl::Duration timeout) override {
     absl::MutexLock lock(&mu_);
-    SetReceiveTimeout(sock_.get(), timeout);
+    SetSocketTimeout(sock_.get(), SO_RCVTIMEO, timeout);
   }
 
  private:
@@ -95,7 +97,6 @@ class SessionConnectionImpl final : public SessionConnection {
     return answer;
   }
 
- private:
   absl::Mutex mu_;  // one request/answer exchange at a time
   UniqueFd sock_;
   const uint64_t id_;
@@ -205,12 +206,8 @@ absl::StatusOr<std::unique_ptr<SessionConnection>> SessionConnection::Open(
   // CLOEXEC: a child we fork must not hold the session (and so our regions) open after we die.
   UniqueFd sock(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
   if (!sock.valid()) return ErrnoStatus("socket(AF_UNIX, SOCK_SEQPACKET)", errno);
-  SetReceiveTimeout(sock.get(), timeout);
-  struct timeval tv;
-  tv.tv_sec = static_cast<time_t>(absl::ToInt64Seconds(timeout));
-  tv.tv_usec =
-      static_cast<suseconds_t>(absl::ToInt64Microseconds(timeout - absl::Seconds(tv.tv_sec)));
-  ::setsockopt(sock.get(), SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+  SetSocketTimeout(sock.get(), SO_RCVTIMEO, timeout);
+  SetSocketTimeout(sock.get(), SO_SNDTIMEO, timeout);
   if (::connect(sock.get(), reinterpret_cast<struct sockaddr*>(&addr), sizeof(addr)) != 0) {
     const int err = errno;
     return absl::UnavailableError(absl::StrCat("cannot connect to kvraild's session socket ",

@@ -132,28 +132,26 @@ TEST_CASE("the tuner respects the budget and a fixed count") {
   CHECK(CtaTuner(4, 64, 10).Next(64 << 20) == 4);  // fixed capped by the budget
 }
 
-}  // namespace
-}  // namespace kvrail::engine::cuda_internal
-
 TEST_CASE("a class's byte limit bounds its batches, never below one tile") {
-  using kvrail::engine::cuda_internal::ClassBatchBytes;
   CHECK(ClassBatchBytes(64 << 20, 0, 0) == (64u << 20));          // no limit
   CHECK(ClassBatchBytes(64 << 20, 0, 1ull << 40) == (64u << 20));  // no limit, whatever in flight
   CHECK(ClassBatchBytes(64 << 20, 8 << 20, 0) == (8u << 20));      // the limit is smaller
   CHECK(ClassBatchBytes(64 << 20, 8 << 20, 6 << 20) == (2u << 20)); // what the limit leaves
   CHECK(ClassBatchBytes(64 << 20, 8 << 20, 9 << 20) == 0);         // over: TakeBatch takes 1 tile
   CHECK(ClassBatchBytes(4 << 20, 1ull << 30, 0) == (4u << 20));    // the batch size is smaller
-  using kvrail::engine::cuda_internal::BatchBytesFor;
   CHECK(BatchBytesFor(/*background=*/false, 64 << 20) == (64u << 20));
   CHECK(BatchBytesFor(/*background=*/true, 64 << 20) == (16u << 20));
   CHECK(BatchBytesFor(/*background=*/true, 2) == 1);
 }
 
 TEST_CASE("ExecutingDevice: the GPU side, or between GPUs the source unless told the destination") {
-  CHECK(kvrail::engine::cuda_internal::ExecutingDevice(true, 0, true, 1, false, 7) == 0);
-  CHECK(kvrail::engine::cuda_internal::ExecutingDevice(true, 0, true, 1, true, 7) == 1);
-  CHECK(kvrail::engine::cuda_internal::ExecutingDevice(true, 3, true, 3, true, 7) == 3);   // same GPU either way
-  CHECK(kvrail::engine::cuda_internal::ExecutingDevice(true, 2, false, -1, true, 7) == 2);  // GPU -> host: the GPU
-  CHECK(kvrail::engine::cuda_internal::ExecutingDevice(false, -1, true, 1, false, 7) == 1);  // host -> GPU: the GPU
-  CHECK(kvrail::engine::cuda_internal::ExecutingDevice(false, -1, false, -1, true, 7) == 7);
+  CHECK(ExecutingDevice(true, 0, true, 1, false, 7) == 0);
+  CHECK(ExecutingDevice(true, 0, true, 1, true, 7) == 1);
+  CHECK(ExecutingDevice(true, 3, true, 3, true, 7) == 3);   // same GPU either way
+  CHECK(ExecutingDevice(true, 2, false, -1, true, 7) == 2);  // GPU -> host: the GPU
+  CHECK(ExecutingDevice(false, -1, true, 1, false, 7) == 1);  // host -> GPU: the GPU
+  CHECK(ExecutingDevice(false, -1, false, -1, true, 7) == 7);
 }
+
+}  // namespace
+}  // namespace kvrail::engine::cuda_internal

@@ -57,6 +57,14 @@ struct JobState {
   }
 };
 
+// Tiles [begin, end) of `job`, taken from class `cls`'s queue (`bytes` of them).
+struct Taken {
+  std::shared_ptr<Job> job;
+  int cls = 0;
+  uint32_t begin = 0, end = 0;
+  uint64_t bytes = 0;
+};
+
 struct Batch {
   JobState* state = nullptr;
   int cls = 0;  // priority class
@@ -106,7 +114,12 @@ class DeviceWorker {
     return absl::StrCat("cuda:", device_, " ", last_decision_, ", budget ", options_.max_ctas,
                         " CTAs; ", kernel_batches_, " kernel / ", copy_batches_,
                         " copy-engine batches; last job set-up (plan upload enqueued) ",
-                        last_setup_);
+                        last_setup_.has_value()
+                            ? absl::StrFormat("%.0f us (%.1f MiB of block tables, %s)",
+                                              absl::ToDoubleMicroseconds(last_setup_->took),
+                                              last_setup_->table_bytes / 1048576.0,
+                                              last_setup_->pinned ? "pinned" : "pageable")
+                            : std::string("none yet"));
   }
 
  private:
@@ -117,8 +130,7 @@ class DeviceWorker {
 
   // Takes the next batch in priority order (round robin within a class) that the class's byte
   // limit allows, or nothing; counts its bytes as in flight for the class.
-  std::optional<std::pair<std::shared_ptr<Job>, std::pair<uint32_t, uint32_t>>> TakeLocked(
-      int* cls) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  std::optional<Taken> TakeLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     for (int c = 0; c < kNumPriorityClasses; ++c) {
       if (queues_.Empty(c)) continue;
       const ClassLimits& limit = options_.limits[c];
@@ -128,13 +140,14 @@ class DeviceWorker {
                                        options_.batch_bytes),
           limit.max_inflight_bytes,
           inflight_bytes_[c]);
-      auto taken = queues_.TakeFrom(c, [budget](const Job& job, std::deque<uint32_t>& tiles) {
-        return cuda_internal::TakeBatch(&tiles, job.plan(), budget);
+      auto [job, range] = queues_.TakeFrom(c, [budget](const Job& j, std::deque<uint32_t>& tiles) {
+        return cuda_internal::TakeBatch(&tiles, j.plan(), budget);
       });
-      for (uint32_t t = taken.second.first; t < taken.second.second; ++t) {
-        inflight_bytes_[c] += taken.first->plan().tile(t).bytes;
+      Taken taken{std::move(job), c, range.first, range.second, 0};
+      for (uint32_t t = taken.begin; t < taken.end; ++t) {
+        taken.bytes += taken.job->plan().tile(t).bytes;
       }
-      *cls = c;
+      inflight_bytes_[c] += taken.bytes;
       return taken;
     }
     return std::nullopt;
@@ -149,8 +162,7 @@ class DeviceWorker {
     absl::Status bound = cuda::SetDevice(device_);
     std::deque<Batch> in_flight;
     while (true) {
-      std::optional<std::pair<std::shared_ptr<Job>, std::pair<uint32_t, uint32_t>>> next;
-      int cls = 0;
+      std::optional<Taken> next;
       {
         absl::MutexLock lock(&mu_);
         if (in_flight.empty()) {
@@ -158,12 +170,9 @@ class DeviceWorker {
           mu_.Await(absl::Condition(this, &DeviceWorker::HasWorkOrStop));
           if (stop_) return;
         }
-        if (in_flight.size() < kMaxInFlight) next = TakeLocked(&cls);
+        if (in_flight.size() < kMaxInFlight) next = TakeLocked();
       }
-      if (next.has_value()) {
-        JobState& state = StateFor(next->first, bound);
-        in_flight.push_back(Launch(state, cls, next->second.first, next->second.second));
-      }
+      if (next.has_value()) in_flight.push_back(Launch(StateFor(next->job, bound), *next));
       if (!in_flight.empty() && (!next.has_value() || in_flight.size() >= kMaxInFlight)) {
         Complete(in_flight.front());
         in_flight.pop_front();
@@ -192,12 +201,12 @@ class DeviceWorker {
     const absl::Time t0 = absl::Now();
     state->setup = bound.ok() ? SetUp(*state) : bound;
     {
+      // Formatted only when asked for (Describe): this runs once per job on the dispatcher.
       absl::MutexLock lock(&mu_);
-      last_setup_ = absl::StrFormat("%.0f us (%.1f MiB of block tables, %s)",
-                                    absl::ToDoubleMicroseconds(absl::Now() - t0),
-                                    4.0 * (job->plan().src_blocks().size() +
-                                           job->plan().dst_blocks().size()) / (1 << 20),
-                                    job->plan().src_blocks().pinned() ? "pinned" : "pageable");
+      last_setup_ = SetUpSample{absl::Now() - t0,
+                                4 * (job->plan().src_blocks().size() +
+                                     job->plan().dst_blocks().size()),
+                                job->plan().src_blocks().pinned()};
     }
     JobState& ref = *state;
     states_.emplace(job.get(), std::move(state));
@@ -255,17 +264,17 @@ class DeviceWorker {
     return it->second;
   }
 
-  Batch Launch(JobState& s, int cls, uint32_t begin, uint32_t end) {
+  Batch Launch(JobState& s, const Taken& taken) {
+    const int cls = taken.cls;
+    const uint32_t begin = taken.begin, end = taken.end;
     Batch b;
     b.state = &s;
     b.cls = cls;
     b.begin = begin;
     b.end = end;
+    b.bytes = taken.bytes;
     ++s.in_flight;
-    for (uint32_t t = begin; t < end; ++t) {
-      b.bytes += s.job->plan().tile(t).bytes;
-      s.job->OnTileStart(t);
-    }
+    for (uint32_t t = begin; t < end; ++t) s.job->OnTileStart(t);
     if (!s.setup.ok()) {
       b.launch = s.setup;
       return b;
@@ -364,7 +373,12 @@ class DeviceWorker {
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   TileQueues queues_ ABSL_GUARDED_BY(mu_);
   std::string last_decision_ ABSL_GUARDED_BY(mu_) = "idle";
-  std::string last_setup_ ABSL_GUARDED_BY(mu_) = "none yet";
+  struct SetUpSample {
+    absl::Duration took;
+    uint64_t table_bytes = 0;
+    bool pinned = false;
+  };
+  std::optional<SetUpSample> last_setup_ ABSL_GUARDED_BY(mu_);
   uint64_t kernel_batches_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t copy_batches_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t inflight_bytes_[kNumPriorityClasses] ABSL_GUARDED_BY(mu_) = {0, 0, 0};

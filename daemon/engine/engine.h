@@ -85,7 +85,6 @@ class Engine {
   virtual planner::TablePool* table_pool() const { return nullptr; }
 };
 
-// Runs tiles with memcpy on `threads` worker threads (the host twin of the kernels' arithmetic).
 // What one priority class may use at once; 0 means no limit.
 struct ClassLimits {
   uint32_t max_ctas = 0;            // CUDA engine only
@@ -99,6 +98,7 @@ inline bool MayStart(const ClassLimits& limit, uint64_t inflight, uint64_t next)
          inflight + next <= limit.max_inflight_bytes;
 }
 
+// Runs tiles with memcpy on `threads` worker threads (the host twin of the kernels' arithmetic).
 std::unique_ptr<Engine> CreateHostEngine(int threads, const PriorityLimits& limits = {});
 
 // The CUDA engine (see docs/architecture.md, "CUDA engine"): one dispatcher thread and stream per

@@ -67,12 +67,7 @@ TEST_CASE("higher classes first; round robin within a class; removal counts") {
   CHECK(q.AllEmpty());
 }
 
-}  // namespace
-}  // namespace kvrail::engine
-
 TEST_CASE("MayStart: a class with nothing in flight always starts; else within its limit") {
-  using kvrail::engine::ClassLimits;
-  using kvrail::engine::MayStart;
   ClassLimits none;
   CHECK(MayStart(none, 1ull << 40, 1ull << 40));
   ClassLimits limited;
@@ -81,3 +76,6 @@ TEST_CASE("MayStart: a class with nothing in flight always starts; else within i
   CHECK(MayStart(limited, 1 << 20, 3 << 20));
   CHECK_FALSE(MayStart(limited, 1 << 20, (3 << 20) + 1));
 }
+
+}  // namespace
+}  // namespace kvrail::engine

@@ -260,12 +260,7 @@ void FabricImpl::PackLoop() {
                  SendSlot(lane, peer->index, slot));
     if (!packed.ok()) {
       // The slot never reached the wire: give it back here, and fail the tile.
-      {
-        absl::MutexLock lock(&peer->mu);
-        peer->owners[lane][slot] = SlotOwner{};
-        peer->credits[lane]->ReturnLocally(static_cast<uint32_t>(slot));
-      }
-      slots_cv_.SignalAll();
+      (void)ReleaseUnsentSlot(peer, lane, static_cast<uint32_t>(slot));
       FinishTile(out, item.tile, packed);  // fails the transfer; aborts it on the peer
       continue;
     }
@@ -412,9 +407,7 @@ void FabricImpl::OnCredit(uint32_t lane, uint32_t peer_index, uint32_t slot, uin
                                                            " (the transfer ended there)")));
 }
 
-void FabricImpl::OnWriteFailed(uint32_t peer_index, uint32_t lane, uint32_t slot,
-                               const absl::Status& error) {
-  PeerConn* peer = peers_[peer_index].get();
+SlotOwner FabricImpl::ReleaseUnsentSlot(PeerConn* peer, uint32_t lane, uint32_t slot) {
   SlotOwner owner;
   {
     absl::MutexLock lock(&peer->mu);
@@ -423,6 +416,13 @@ void FabricImpl::OnWriteFailed(uint32_t peer_index, uint32_t lane, uint32_t slot
     peer->credits[lane]->ReturnLocally(slot);  // never reached the peer: no credit will come
   }
   slots_cv_.SignalAll();
+  return owner;
+}
+
+void FabricImpl::OnWriteFailed(uint32_t peer_index, uint32_t lane, uint32_t slot,
+                               const absl::Status& error) {
+  PeerConn* peer = peers_[peer_index].get();
+  const SlotOwner owner = ReleaseUnsentSlot(peer, lane, slot);
   if (owner.outbound) {
     FinishTile(owner.outbound, owner.tile,
                absl::UnavailableError(absl::StrCat("fabric write to '", peer->node_id,

@@ -90,6 +90,9 @@ class FabricImpl final : public Fabric, public engine::Engine {
   ssize_t PostCredit(Lane* lane, const CreditOp& op);
   void OnCredit(uint32_t lane, uint32_t peer_index, uint32_t slot, uint32_t tile, bool applied);
   void OnWriteFailed(uint32_t peer_index, uint32_t lane, uint32_t slot, const absl::Status& error);
+  // Frees `slot` of `lane` toward `peer` whose write never reached the wire (no credit will
+  // come for it) and wakes waiting packers; returns who owned it.
+  SlotOwner ReleaseUnsentSlot(PeerConn* peer, uint32_t lane, uint32_t slot);
   void FinishTile(const std::shared_ptr<Outbound>& out, uint32_t tile, const absl::Status& status);
   void MaybeClose(const std::shared_ptr<Outbound>& out);
   void FailPeer(PeerConn* peer, const absl::Status& why);

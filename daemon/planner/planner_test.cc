@@ -62,6 +62,17 @@ TransferSpec Spec(std::vector<uint32_t> src_blocks, std::vector<uint32_t> dst_bl
 const auto kNhd = kvrail::v1::LAYOUT_ORDER_LAYER_PART_BLOCK_NHD;
 const auto kHnd = kvrail::v1::LAYOUT_ORDER_LAYER_PART_BLOCK_HND;
 
+// `n` source ids scattered over a pool of 2n blocks and `n` distinct destination ids counting
+// down from its end.
+TransferSpec LargeSpec(uint32_t n) {
+  TransferSpec s;
+  for (uint32_t b = 0; b < n; ++b) {
+    s.mutable_src()->add_block_ids((b * 7919u) % (2 * n));
+    s.mutable_dst()->add_block_ids(2 * n - 1 - b);
+  }
+  return s;
+}
+
 }  // namespace
 
 TEST_CASE("derived strides for every layout order") {
@@ -342,12 +353,7 @@ TEST_CASE("tiles never span layers and are layer-ordered") {
 TEST_CASE("plans are O(blocks) integers, never per-block descriptors") {
   const uint32_t n = 100000;
   const RegionView r = Paged(Proto(32, 2, 2 * n, 16, 8, 128, kNhd));
-  TransferSpec s;
-  for (uint32_t b = 0; b < n; ++b) {
-    s.mutable_src()->add_block_ids((b * 7919u) % (2 * n));
-    s.mutable_dst()->add_block_ids(2 * n - 1 - b);
-  }
-  absl::StatusOr<Plan> plan = MakePlan(s, r, r, {});
+  absl::StatusOr<Plan> plan = MakePlan(LargeSpec(n), r, r, {});
   REQUIRE(plan.ok());
   INFO(plan->Describe());
   CHECK(plan->src_blocks().size() == n);
@@ -538,11 +544,7 @@ TEST_CASE("TablePool: a failed allocation is a RESOURCE_EXHAUSTED naming the tab
 TEST_CASE("large tables (checked on two threads) report what a serial check would") {
   const uint32_t n = 40000;  // 80k ids in all: the two-thread path
   const RegionView r = Paged(Proto(1, 1, 2 * n, 16, 1, 64, kNhd));
-  TransferSpec s;
-  for (uint32_t b = 0; b < n; ++b) {
-    s.mutable_src()->add_block_ids((b * 7919u) % (2 * n));
-    s.mutable_dst()->add_block_ids(2 * n - 1 - b);
-  }
+  const TransferSpec s = LargeSpec(n);
   absl::StatusOr<Plan> good = MakePlan(s, r, r, {});
   REQUIRE(good.ok());
   CHECK(good->src_blocks()[12345] == (12345u * 7919u) % (2 * n));

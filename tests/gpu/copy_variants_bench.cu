@@ -21,14 +21,11 @@
 #include <string>
 #include <vector>
 
+#include "tests/gpu/bench_check.h"
+
 namespace {
 
-void Check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) {
-    std::fprintf(stderr, "CUDA error in %s: %s\n", what, cudaGetErrorString(e));
-    std::exit(1);
-  }
-}
+using kvrail::gpu_bench::Check;
 
 struct Job {
   const uint8_t* src;

@@ -168,13 +168,19 @@ Phases last_phases;
 
 double UnixUs() { return absl::ToDoubleMicroseconds(absl::Now() - absl::UnixEpoch()); }
 
-// One transfer of `blocks` blocks through kvraild; returns seconds (submit to completion).
-double Through(Daemon& d, const Pools& p, uint32_t blocks, std::string* engine, std::string* path) {
+// The transfer of the first `blocks` entries of the pools' block tables.
+v1::TransferSpec SpecFor(const Pools& p, uint32_t blocks) {
   std::vector<uint32_t> s(p.src_blocks.begin(), p.src_blocks.begin() + blocks);
   std::vector<uint32_t> t(p.dst_blocks.begin(), p.dst_blocks.begin() + blocks);
   v1::TransferSpec spec =
       client::MakeBlockTransfer(p.src_info.region_id(), s, p.dst_info.region_id(), t);
   spec.set_num_tokens(uint64_t{blocks} * 16);
+  return spec;
+}
+
+// One transfer of `blocks` blocks through kvraild; returns seconds (submit to completion).
+double Through(Daemon& d, const Pools& p, uint32_t blocks, std::string* engine, std::string* path) {
+  const v1::TransferSpec spec = SpecFor(p, blocks);
   const auto t0 = Clock::now();
   const double u0 = UnixUs();
   auto sub = Must(d.client->Submit(spec), "submit");
@@ -211,14 +217,7 @@ double BestThrough(Daemon& d, const Pools& p, int reps, std::string* engine, std
 // GB/s from the first submit to the last completion. The same destination blocks each time (the
 // same bytes land there); the per-transfer submit and completion then overlap other work.
 double Pipelined(Daemon& d, const Pools& p, int count) {
-  const v1::TransferSpec spec = [&] {
-    std::vector<uint32_t> s(p.src_blocks.begin(), p.src_blocks.begin() + p.moved);
-    std::vector<uint32_t> t(p.dst_blocks.begin(), p.dst_blocks.begin() + p.moved);
-    v1::TransferSpec out =
-        client::MakeBlockTransfer(p.src_info.region_id(), s, p.dst_info.region_id(), t);
-    out.set_num_tokens(uint64_t{p.moved} * 16);
-    return out;
-  }();
+  const v1::TransferSpec spec = SpecFor(p, p.moved);
   const auto t0 = Clock::now();
   std::deque<uint64_t> ids;
   for (int i = 0; i < count; ++i) {
@@ -362,7 +361,8 @@ void Pattern(const Pools& p) {
   Check(cudaSetDevice(0), "cudaSetDevice(0)");
 }
 
-// `only_limit` non-empty: just that GEMM SM limit, with 4-8 fixed CTAs (a finer sweep).
+// `only_limit` non-empty: the pull rows (two GPUs) and, at just that GEMM SM limit, copy engines
+// and 4-8 fixed CTAs (a finer sweep).
 int Interference(int dst_device, bool quick, const std::string& only_limit) {
   const double seconds = quick ? 2.0 : 4.0;
   // `limit`: the GEMM's CUDA_MPS_ACTIVE_THREAD_PERCENTAGE ("" = all SMs), leaving SMs to kvraild.
@@ -443,6 +443,10 @@ int Interference(int dst_device, bool quick, const std::string& only_limit) {
                         {"--cuda-max-ctas", "132", "--cuda-fixed-ctas", std::to_string(c)}});
   }
   settings.push_back({"adaptive, budget 8", "95", {"--cuda-max-ctas", "8"}});
+  for (int c : {6, 8}) {
+    settings.push_back({absl::StrCat(c, " CTAs fixed"), "96",
+                        {"--cuda-max-ctas", "132", "--cuda-fixed-ctas", std::to_string(c)}});
+  }
   if (dst_device != 0) {
     // Pull: kvraild's kernel runs on GPU1 (the destination), loading from GPU0 beside the GEMM;
     // GPU0 lends no SMs, only HBM reads and NVLink.

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <iterator>
 #include <thread>
+#include <vector>
 
 #include <grpcpp/grpcpp.h>
 
@@ -81,21 +82,26 @@ bool NsDaemon::Start(const std::string& ns, const std::string& node, const std::
   const std::string bin = RunfilePath("daemon/kvraild");
   const std::string listen = ip + ":" + std::to_string(options.port);
   const std::string tile = std::to_string(options.tile_bytes);
+  // kvraild's command line, behind `ip netns exec NS` unless NS is this namespace (loopback
+  // "nodes" on one machine). Built before the fork: the child only execs.
+  std::vector<std::string> args;
+  if (!ns.empty()) args = {"ip", "netns", "exec", ns};
+  for (const std::string& a : {bin, std::string("--socket"), socket, std::string("--tcp-listen"),
+                               listen, std::string("--node-id"), node, std::string("--config"),
+                               config, std::string("--tile-bytes"), tile,
+                               std::string("--log-level"), options.log_level,
+                               std::string("--drain-timeout-ms"), std::string("1000")}) {
+    args.push_back(a);
+  }
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
   pid = fork();
   if (pid == 0) {
     int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     dup2(fd, 1);
     dup2(fd, 2);
-    if (ns.empty()) {  // this namespace (loopback "nodes" on one machine)
-      execl(bin.c_str(), bin.c_str(), "--socket", socket.c_str(), "--tcp-listen", listen.c_str(),
-            "--node-id", node.c_str(), "--config", config.c_str(), "--tile-bytes", tile.c_str(),
-            "--log-level", options.log_level.c_str(), "--drain-timeout-ms", "1000",
-            static_cast<char*>(nullptr));
-    }
-    execlp("ip", "ip", "netns", "exec", ns.c_str(), bin.c_str(), "--socket", socket.c_str(),
-           "--tcp-listen", listen.c_str(), "--node-id", node.c_str(), "--config", config.c_str(),
-           "--tile-bytes", tile.c_str(), "--log-level", options.log_level.c_str(),
-           "--drain-timeout-ms", "1000", static_cast<char*>(nullptr));
+    execvp(argv[0], argv.data());
     _exit(127);
   }
   for (int i = 0; i < 200; ++i) {
