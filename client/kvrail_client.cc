@@ -328,6 +328,8 @@ void PutTable(const v1::TransferEndpoint& from, v1::TransferEndpoint* to, uint8_
   ref->set_region_id(region);
   ref->set_offset_bytes(offset);
   ref->set_count(static_cast<uint32_t>(n));
+  // Errors found after the answer (the daemon's deferred id checks) name the caller's field too.
+  ref->set_named_as(from.block_ids_size() > 0 ? "block_ids" : "block_ids_le32");
 }
 
 // Requests larger than this go over gRPC (a SEQPACKET packet must fit the socket buffer; tables

@@ -138,6 +138,7 @@ absl::Status Run(v1::DaemonConfig config) {
   transfer_options.topology = topology.desc();
   transfer_options.topology_graph = topology.graph();
   transfer_options.tile_bytes = config.tile_bytes();
+  transfer_options.defer_id_checks_from = config.defer_id_checks_from();
   transfer_options.history = config.transfer_history();
   // Metrics count transfers as they end; the endpoint starts once the manager exists.
   std::atomic<metrics::Metrics*> metrics_sink{nullptr};
@@ -243,6 +244,7 @@ int main(int argc, char** argv) {
   uint32_t cuda_fixed_ctas = 0;
   uint64_t cuda_copy_min_run = 0;
   std::string cuda_run_on;
+  int64_t defer_id_checks_from = -1;
   app.add_option("--config", config_path, "DaemonConfig textproto file");
   app.add_option("--socket", socket, "unix socket for clients (default /run/kvrail/kvrail.sock)");
   app.add_option("--tcp-listen", tcp_listen, "also serve gRPC on host:port");
@@ -262,6 +264,8 @@ int main(int argc, char** argv) {
                  "which GPU runs GPU-to-GPU transfers: source (default) or destination");
   app.add_option("--cuda-copy-engine-min-run-bytes", cuda_copy_min_run,
                  "mean contiguous run from which the copy engines are used");
+  app.add_option("--defer-id-checks-from", defer_id_checks_from,
+                 "block-table ids from which checks run as tiles start (0: all before the answer)");
   CLI11_PARSE(app, argc, argv);
 
   kvrail::v1::DaemonConfig config;
@@ -288,6 +292,9 @@ int main(int argc, char** argv) {
   flags.set_cuda_fixed_ctas(cuda_fixed_ctas);
   flags.set_cuda_copy_engine_min_run_bytes(cuda_copy_min_run);
   flags.set_cuda_run_on(cuda_run_on);
+  if (defer_id_checks_from >= 0) {
+    flags.set_defer_id_checks_from(static_cast<uint64_t>(defer_id_checks_from));
+  }
   kvrail::config::MergeOverrides(flags, &config);
   absl::Status status = kvrail::config::FinalizeConfig(&config);
   if (status.ok()) status = kvrail::Run(config);

@@ -69,6 +69,7 @@ absl::Status FinalizeConfig(v1::DaemonConfig* config) {
   if (config->cuda_engine().empty()) config->set_cuda_engine("auto");
   if (config->cuda_run_on().empty()) config->set_cuda_run_on("source");
   if (!config->has_cuda_max_ctas()) config->set_cuda_max_ctas(32);
+  if (!config->has_defer_id_checks_from()) config->set_defer_id_checks_from(32768);
   if (config->cuda_copy_engine_min_run_bytes() == 0) {
     config->set_cuda_copy_engine_min_run_bytes(1 << 20);
   }

@@ -24,6 +24,18 @@ TEST_CASE("a config file parses, and flags override it key by key") {
   CHECK(parsed->peers().at("decode-0") == "10.0.0.2:7070");
   CHECK(parsed->socket_mode() == 0660);
   CHECK(parsed->tile_bytes() == (1u << 20));
+  CHECK(parsed->defer_id_checks_from() == 32768);
+}
+
+TEST_CASE("defer_id_checks_from: unset is 32768, an explicit 0 (check all at submit) stays") {
+  auto parsed = ParseConfig("defer_id_checks_from: 0\n", "t");
+  REQUIRE(parsed.ok());
+  REQUIRE(FinalizeConfig(&*parsed).ok());
+  CHECK(parsed->defer_id_checks_from() == 0);
+  v1::DaemonConfig overrides;
+  overrides.set_defer_id_checks_from(100);
+  MergeOverrides(overrides, &*parsed);
+  CHECK(parsed->defer_id_checks_from() == 100);
 }
 
 TEST_CASE("syntax errors name the origin and the line") {

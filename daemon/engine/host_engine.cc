@@ -119,12 +119,14 @@ class HostEngine final : public Engine {
       }
       job->OnTileStart(tile);
       const auto t0 = std::chrono::steady_clock::now();
-      planner::ExecuteTileHost(job->plan(), tile, job->src_base(), job->dst_base());
+      // Ids the planner left unchecked are checked before the tile may touch memory.
+      const absl::Status checked = job->plan().CheckTiles(tile, tile + 1);
+      if (checked.ok()) planner::ExecuteTileHost(job->plan(), tile, job->src_base(), job->dst_base());
       const double seconds =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       // Reported before the slot is released, so a class's limit holds for its jobs' view too
       // (no new tile of the class starts until this one has been reported done).
-      job->OnTileDone(tile, absl::OkStatus());
+      job->OnTileDone(tile, checked);
       {
         absl::MutexLock lock(&mu_);
         --running_[cls];

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "daemon/common/status.h"
+#include "daemon/planner/id_checks.h"
 #include "kernels/plan_math.h"
 
 namespace kvrail::planner {
@@ -70,50 +71,22 @@ absl::StatusOr<IdSource> FindBlockIds(const kvrail::v1::TransferEndpoint& ep, ab
                   absl::StrCat(side, ".block_ids")};
 }
 
-// Copies one side's ids into a table from `pool`, checking each as it passes: in range, and (for
-// the destination) unique. One pass over the caller's ids (they may sit in a client's shared
-// memory, which the client may rewrite: what is checked is the copy). Uniqueness uses a bitmap
-// (num_blocks / 8 bytes); only when a repeat is found is its first occurrence looked up. (A
-// branch-free variant that only accumulated was slower: its read-modify-writes of the bitmap
-// serialize, while these predictable branches let them overlap.)
+// Copies one side's ids into a table from `pool` and, with `check`, checks the copy: in range,
+// and (for the destination) unique. What is checked is the copy: the caller's ids may sit in a
+// client's shared memory, which the client may rewrite.
 absl::StatusOr<BlockTable> CopyBlockIds(const IdSource& from, uint32_t num_blocks, bool unique,
-                                        TablePool* pool) {
+                                        bool check, TablePool* pool) {
   BlockTable ids = BlockTable::Allocate(from.count, pool);
   if (!ids.ok()) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "spec.", from.field, ": no memory for a table of ", from.count, " block ids"));
   }
-  uint32_t* out = ids.data();
-  const uint8_t* in = static_cast<const uint8_t*>(from.ids);
-  if (!unique) {
-    // Copy, then a maximum (both vectorize); the index is looked for only when one is out.
-    if (from.count > 0) std::memcpy(out, in, 4 * from.count);
-    uint32_t max = 0;
-    for (size_t j = 0; j < from.count; ++j) max = std::max(max, out[j]);
-    if (from.count == 0 || max < num_blocks) return ids;
-  }
-  std::vector<uint64_t> seen;
-  if (unique) seen.assign((static_cast<size_t>(num_blocks) + 63) / 64, 0);
-  for (size_t j = 0; j < from.count; ++j) {
-    uint32_t b;
-    std::memcpy(&b, in + 4 * j, 4);
-    out[j] = b;
-    if (b >= num_blocks) {
-      return Invalid(absl::StrCat(from.field, "[", j, "]"),
-                     absl::StrCat("block ", b, " out of range [0, ", num_blocks, ")"));
-    }
-    if (unique) {
-      uint64_t& word = seen[b / 64];
-      const uint64_t bit = uint64_t{1} << (b % 64);
-      if ((word & bit) != 0) {
-        size_t first = 0;
-        while (out[first] != b) ++first;
-        return Invalid(absl::StrCat(from.field, "[", j, "]"),
-                       absl::StrCat("block ", b, " repeats spec.", from.field, "[", first,
-                                    "]: two tokens would land on the same bytes"));
-      }
-      word |= bit;
-    }
+  if (from.count > 0) std::memcpy(ids.data(), from.ids, 4 * from.count);
+  if (check) {
+    SeenBlocks seen;
+    if (unique) seen.assign((static_cast<size_t>(num_blocks) + 63) / 64, 0);
+    RETURN_IF_ERROR(
+        CheckIds(ids.data(), 0, from.count, num_blocks, unique ? &seen : nullptr, from.field));
   }
   return ids;
 }
@@ -123,18 +96,19 @@ absl::StatusOr<BlockTable> CopyBlockIds(const IdSource& from, uint32_t num_block
 // machine's CPU before anything could move (a thread costs tens of microseconds).
 constexpr size_t kParallelCopyIds = 65536;
 
-// Both sides' tables; the source's error first, as a serial check would report.
+// Both sides' tables; the source's error first, as a serial check would report. With `check`
+// false the ids are only copied (deferred checks).
 absl::Status CopyBothSides(const IdSource& src_from, uint32_t src_blocks, const IdSource& dst_from,
-                           uint32_t dst_blocks, TablePool* pool, BlockTable* src_ids,
+                           uint32_t dst_blocks, bool check, TablePool* pool, BlockTable* src_ids,
                            BlockTable* dst_ids) {
   absl::StatusOr<BlockTable> src, dst;
-  if (src_from.count + dst_from.count >= kParallelCopyIds) {
-    std::thread helper([&] { src = CopyBlockIds(src_from, src_blocks, false, pool); });
-    dst = CopyBlockIds(dst_from, dst_blocks, true, pool);
+  if (check && src_from.count + dst_from.count >= kParallelCopyIds) {
+    std::thread helper([&] { src = CopyBlockIds(src_from, src_blocks, false, true, pool); });
+    dst = CopyBlockIds(dst_from, dst_blocks, true, true, pool);
     helper.join();
   } else {
-    src = CopyBlockIds(src_from, src_blocks, false, pool);
-    if (src.ok()) dst = CopyBlockIds(dst_from, dst_blocks, true, pool);
+    src = CopyBlockIds(src_from, src_blocks, false, check, pool);
+    if (src.ok()) dst = CopyBlockIds(dst_from, dst_blocks, true, check, pool);
   }
   RETURN_IF_ERROR(src.status());
   RETURN_IF_ERROR(dst.status());
@@ -176,6 +150,23 @@ TileInfo Plan::tile(uint32_t i) const {
 void Plan::ReleaseBlockTables() {
   src_blocks_ = BlockTable();
   dst_blocks_ = BlockTable();
+  checks_.reset();  // it holds the tables too
+}
+
+absl::Status Plan::CheckTiles(uint32_t begin, uint32_t end) const {
+  if (checks_ == nullptr || begin >= end) return absl::OkStatus();
+  // Entries each side's table needs for tiles up to `end - 1`. Within one (layer, part) stream a
+  // later tile reads later tokens; a range that crosses into the next stream has read a whole
+  // stream, so it needs every entry.
+  size_t src_need = SIZE_MAX, dst_need = SIZE_MAX;
+  if (begin / header_.tiles_per_part == (end - 1) / header_.tiles_per_part) {
+    const k::TileDesc last = k::TileAt(header_, end - 1);
+    const uint64_t head_run = uint64_t{header_.num_heads} * header_.vector_bytes;
+    const uint64_t last_token = (last.byte_end - 1) / head_run;
+    src_need = last_token / header_.src.tokens_per_block.divisor + 1;
+    dst_need = last_token / header_.dst.tokens_per_block.divisor + 1;
+  }
+  return checks_->Through(src_need, dst_need);
 }
 
 uint64_t Plan::num_chunks() const {
@@ -192,10 +183,11 @@ std::string Plan::Describe() const {
   }
   return absl::StrFormat(
       "%d B over %d layers x %d parts; chunk %d B (%s), %d chunks -> %d contiguous runs; "
-      "%d-byte accesses; %d tiles of <= %d B (%d per layer); tables %d src + %d dst blocks",
+      "%d-byte accesses; %d tiles of <= %d B (%d per layer); tables %d src + %d dst blocks%s",
       header_.bytes_total, header_.num_layers, header_.num_parts, header_.chunk_bytes, kind,
       num_chunks(), num_runs_, header_.access_bytes, header_.num_tiles, header_.tile_bytes,
-      tiles_per_layer(), src_blocks_.size(), dst_blocks_.size());
+      tiles_per_layer(), src_blocks_.size(), dst_blocks_.size(),
+      checks_ != nullptr ? " (ids checked as tiles start)" : "");
 }
 
 absl::StatusOr<Plan> MakePlan(const kvrail::v1::TransferSpec& spec, const RegionView& src,
@@ -291,8 +283,10 @@ absl::StatusOr<Plan> MakePlan(const kvrail::v1::TransferSpec& spec, const Region
   ASSIGN_OR_RETURN(const IdSource dst_from, FindBlockIds(de, "dst", tables.dst));
   if (src_from.count == 0) return Invalid("src.block_ids", "empty");
   BlockTable src_ids, dst_ids;
-  RETURN_IF_ERROR(CopyBothSides(src_from, s.num_blocks, dst_from, d.num_blocks, options.tables,
-                                &src_ids, &dst_ids));
+  const bool defer = options.defer_checks_from > 0 &&
+                     src_from.count + dst_from.count >= options.defer_checks_from;
+  RETURN_IF_ERROR(CopyBothSides(src_from, s.num_blocks, dst_from, d.num_blocks, !defer,
+                                options.tables, &src_ids, &dst_ids));
   const std::string& dst_field = dst_from.field;
   const uint64_t src_capacity = uint64_t{static_cast<uint32_t>(src_ids.size())} * s.tokens_per_block;
   const uint64_t tokens = spec.num_tokens() != 0 ? spec.num_tokens() : src_capacity;
@@ -313,6 +307,13 @@ absl::StatusOr<Plan> MakePlan(const kvrail::v1::TransferSpec& spec, const Region
                                            " tokens, ", dst_ids.size(), " given"));
   }
 
+  if (defer) {
+    plan.checks_ = std::make_shared<DeferredIdChecks>(
+        DeferredSide{src_ids.Hold(), src_ids.data(), src_used, src_ids.size(), s.num_blocks, false,
+                     src_from.field},
+        DeferredSide{dst_ids.Hold(), dst_ids.data(), dst_used, dst_ids.size(), d.num_blocks, true,
+                     dst_from.field});
+  }
   src_ids.Truncate(src_used);
   dst_ids.Truncate(dst_used);
   plan.src_blocks_ = std::move(src_ids);

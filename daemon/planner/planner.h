@@ -1,7 +1,10 @@
 // The planner: turns a validated transfer request into a compact plan (kernels/device_abi.h) and
 // executes plans on the host (the "host twin" of the CUDA kernel). Pure: no I/O, no CUDA, no
 // clocks. Everything a transfer could get wrong is rejected here, before anything moves: every
-// byte a plan touches lies inside its region.
+// byte a plan touches lies inside its region. One exception, asked for by the caller
+// (PlanOptions::defer_checks_from): the per-id checks of very large block tables run slice by
+// slice as tiles start (Plan::CheckTiles), so checking 262k ids no longer delays the first byte;
+// no tile runs before the ids it uses have passed, so the guarantee about bytes is unchanged.
 #pragma once
 
 #include <algorithm>
@@ -154,7 +157,14 @@ struct PlanOptions {
   // Where the plan's block tables live (nullptr: TablePool::Default()). Not owned; must outlive
   // the call (the tables keep the pool alive afterwards).
   TablePool* tables = nullptr;
+  // Block tables of at least this many ids (both sides together) are copied here but their ids
+  // are checked (range; destination ids unique) only as tiles start: Plan::CheckTiles, which
+  // every engine calls before it runs tiles. 0: every id is checked here. Counts, layers, heads
+  // and everything else are always checked here.
+  uint64_t defer_checks_from = 0;
 };
+
+class DeferredIdChecks;
 
 struct TileInfo {
   uint32_t layer;  // index within the transfer, 0-based (add src.layer_begin for the source's)
@@ -203,6 +213,16 @@ class Plan {
   // The memory goes back to its pool once nothing else holds it (BlockTable::Hold).
   void ReleaseBlockTables();
 
+  // Checks the block ids that tiles [begin, end) use, when MakePlan deferred them
+  // (PlanOptions::defer_checks_from); OK at once otherwise. An engine must call it before it runs
+  // those tiles and run none of them unless it returns OK. Checks go in table order, each id once
+  // (a batch of tiles costs the ids it adds); the first error is kept and returned to every later
+  // call, so all later tiles fail with it. Its message names the id as MakePlan's would
+  // ("spec.dst.block_ids[9]: block 4 repeats spec.dst.block_ids[2]: ..."). Thread-safe.
+  absl::Status CheckTiles(uint32_t begin, uint32_t end) const;
+  // Whether MakePlan left id checks to CheckTiles.
+  bool checks_deferred() const { return checks_ != nullptr; }
+
  private:
   friend absl::StatusOr<Plan> MakePlan(const kvrail::v1::TransferSpec&, const RegionView&,
                                        const RegionView&, const PlanOptions&, const TableRefs&);
@@ -212,6 +232,8 @@ class Plan {
   BlockTable src_blocks_;
   BlockTable dst_blocks_;
   uint64_t num_runs_ = 0;
+  // Shared by copies of the plan: the checks are done once whichever copy asks.
+  std::shared_ptr<DeferredIdChecks> checks_;
 };
 
 // Validates `spec` against both regions and builds the plan. Errors name the spec field:

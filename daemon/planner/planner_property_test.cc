@@ -152,4 +152,60 @@ TEST_CASE("TP1 prefill feeds TP4 decode ranks (head sub-ranges, NHD -> HND)") {
   }
 }
 
+TEST_CASE("deferred id checks: same bytes, and no tile passes that reads a bad id") {
+  std::mt19937_64 rng(29);
+  int defects_found_before_end = 0;
+  for (int n = 0; n < 300; ++n) {
+    testing::RandomCase c = testing::RandomPagedCase(rng);
+    c.options.defer_checks_from = 1;
+    if (n % 3 == 0) {
+      // Valid ids: the host twin still writes what the reference writes (CheckCase runs every
+      // tile; checks pass).
+      absl::StatusOr<Plan> plan = MakePlan(c.spec, c.src, c.dst, c.options);
+      REQUIRE(plan.ok());
+      REQUIRE(plan->checks_deferred());
+      REQUIRE(plan->CheckTiles(0, plan->num_tiles()).ok());
+      CheckCase(c, rng);
+      continue;
+    }
+    // One defect: an out-of-range id on either side, or a repeated destination id.
+    kvrail::v1::TransferEndpoint* side = (rng() % 2 == 0) ? c.spec.mutable_src() : c.spec.mutable_dst();
+    const bool repeat = side == c.spec.mutable_dst() && side->block_ids_size() > 1 && rng() % 2 == 0;
+    const int j = static_cast<int>(rng() % side->block_ids_size());
+    if (repeat) {
+      if (j == 0) continue;
+      side->set_block_ids(j, side->block_ids(static_cast<int>(rng() % j)));
+    } else {
+      side->set_block_ids(j, UINT32_MAX - static_cast<uint32_t>(rng() % 16));
+    }
+    INFO(c.ToString());
+    PlanOptions checked_options = c.options;
+    checked_options.defer_checks_from = 0;
+    const absl::Status full = MakePlan(c.spec, c.src, c.dst, checked_options).status();
+    REQUIRE(full.code() == absl::StatusCode::kInvalidArgument);
+    absl::StatusOr<Plan> plan = MakePlan(c.spec, c.src, c.dst, c.options);
+    REQUIRE(plan.ok());
+    // Tiles in order: passes until the first that reads (or, last, follows) the defect, then that
+    // error for every tile after. Every tile that passes reads only bytes inside both regions.
+    bool failed = false;
+    for (uint32_t t = 0; t < plan->num_tiles(); ++t) {
+      const absl::Status st = plan->CheckTiles(t, t + 1);
+      if (!st.ok()) {
+        CHECK(st == full);
+        if (!failed && t + 1 < plan->num_tiles()) ++defects_found_before_end;
+        failed = true;
+        continue;
+      }
+      REQUIRE_FALSE(failed);
+      ForEachTileRun(*plan, t, [&](const CopyRun& run) {
+        REQUIRE(run.src + run.bytes <= c.src.size_bytes);
+        REQUIRE(run.dst + run.bytes <= c.dst.size_bytes);
+      });
+    }
+    CHECK(failed);
+  }
+  // The checks are incremental, not all at the last tile.
+  CHECK(defects_found_before_end > 20);
+}
+
 }  // namespace kvrail::planner

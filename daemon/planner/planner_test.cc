@@ -6,6 +6,7 @@
 #include <cstring>
 #include <numeric>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "daemon/planner/planner.h"
@@ -560,6 +561,133 @@ TEST_CASE("large tables (checked on two threads) report what a serial check woul
   dup.mutable_dst()->set_block_ids(39999, dup.dst().block_ids(7));
   ExpectError(MakePlan(dup, r, r, {}).status(), absl::StatusCode::kInvalidArgument,
               "spec.dst.block_ids[39999]: block 79992 repeats spec.dst.block_ids[7]");
+}
+
+TEST_CASE("deferred id checks: accepted at once, each tile's ids checked before it may run") {
+  const uint32_t n = 40000;
+  const RegionView r = Paged(Proto(1, 1, 2 * n, 16, 1, 64, kNhd));  // 2 KiB blocks
+  PlanOptions options;
+  options.tile_bytes = 64 << 10;  // 32 blocks per tile, 1250 tiles
+  options.defer_checks_from = 1000;
+  const TransferSpec s = LargeSpec(n);
+  PlanOptions plain;  // everything checked in MakePlan
+  plain.tile_bytes = options.tile_bytes;
+
+  // Valid ids: the same plan as a checked one, and every tile passes.
+  absl::StatusOr<Plan> checked = MakePlan(s, r, r, plain);
+  absl::StatusOr<Plan> deferred = MakePlan(s, r, r, options);
+  REQUIRE(checked.ok());
+  REQUIRE(deferred.ok());
+  CHECK_FALSE(checked->checks_deferred());
+  CHECK(deferred->checks_deferred());
+  CHECK(deferred->num_tiles() == 1250);
+  CHECK(deferred->src_blocks() == checked->src_blocks());
+  CHECK(deferred->dst_blocks() == checked->dst_blocks());
+  CHECK(deferred->CheckTiles(0, deferred->num_tiles()).ok());
+  CHECK(deferred->Describe().find("ids checked as tiles start") != std::string::npos);
+
+  // Below the threshold nothing is deferred.
+  options.defer_checks_from = 2 * n + 1;
+  absl::StatusOr<Plan> small = MakePlan(s, r, r, options);
+  REQUIRE(small.ok());
+  CHECK_FALSE(small->checks_deferred());
+  options.defer_checks_from = 1000;
+
+  // A repeated destination id at 39999 (tile 1249): every earlier tile passes, the tile that
+  // reads it fails with the message a full check gives, and so does every call after.
+  TransferSpec dup = s;
+  dup.mutable_dst()->set_block_ids(39999, dup.dst().block_ids(7));
+  absl::StatusOr<Plan> late = MakePlan(dup, r, r, options);
+  REQUIRE(late.ok());
+  CHECK(late->CheckTiles(0, 100).ok());
+  CHECK(late->CheckTiles(100, 1249).ok());
+  ExpectError(late->CheckTiles(1249, 1250), absl::StatusCode::kInvalidArgument,
+              "spec.dst.block_ids[39999]: block 79992 repeats spec.dst.block_ids[7]");
+  ExpectError(late->CheckTiles(0, 1), absl::StatusCode::kInvalidArgument,
+              "spec.dst.block_ids[39999]");
+  // Copies of the plan share the verdict.
+  const Plan copy = *late;
+  ExpectError(copy.CheckTiles(5, 6), absl::StatusCode::kInvalidArgument, "spec.dst.block_ids[39999]");
+
+  // A bad source id at 30000 (tile 937) and the repeat above: the first in table order.
+  TransferSpec both = dup;
+  both.mutable_src()->set_block_ids(30000, 2 * n);
+  absl::StatusOr<Plan> two = MakePlan(both, r, r, options);
+  REQUIRE(two.ok());
+  CHECK(two->CheckTiles(0, 937).ok());
+  ExpectError(two->CheckTiles(0, 938), absl::StatusCode::kInvalidArgument,
+              "spec.src.block_ids[30000]: block 80000 out of range [0, 80000)");
+
+  // A destination error before a source error is found first (the tiles reach it first).
+  TransferSpec early = s;
+  early.mutable_dst()->set_block_ids(100, 2 * n + 5);
+  early.mutable_src()->set_block_ids(30000, 2 * n);
+  absl::StatusOr<Plan> first = MakePlan(early, r, r, options);
+  REQUIRE(first.ok());
+  CHECK(first->CheckTiles(0, 3).ok());  // blocks 0..95
+  ExpectError(first->CheckTiles(3, 4), absl::StatusCode::kInvalidArgument,
+              "spec.dst.block_ids[100]: block 80005 out of range");
+
+  // Ids past the tokens moved are never read, but still checked once the last tile is.
+  TransferSpec tail = s;
+  tail.set_num_tokens(16 * (n / 2));
+  tail.mutable_src()->set_block_ids(n - 1, 2 * n + 1);
+  absl::StatusOr<Plan> half = MakePlan(tail, r, r, options);
+  REQUIRE(half.ok());
+  CHECK(half->src_blocks().size() == n / 2);
+  CHECK(half->CheckTiles(0, half->num_tiles() - 1).ok());
+  ExpectError(half->CheckTiles(half->num_tiles() - 1, half->num_tiles()),
+              absl::StatusCode::kInvalidArgument, "spec.src.block_ids[39999]: block 80001 out of range");
+  ExpectError(MakePlan(tail, r, r, plain).status(),
+              absl::StatusCode::kInvalidArgument, "spec.src.block_ids[39999]");
+
+  // Sides with different tokens per block: each side's table is checked as far as its tokens go.
+  const RegionView fine = Paged(Proto(1, 1, 4 * n, 8, 1, 64, kNhd));  // 8-token blocks
+  TransferSpec mixed = Spec({}, {});
+  for (uint32_t b = 0; b < n; ++b) mixed.mutable_src()->add_block_ids(b);
+  for (uint32_t b = 0; b < 2 * n; ++b) mixed.mutable_dst()->add_block_ids(4 * n - 1 - b);
+  mixed.mutable_dst()->set_block_ids(1030, 4 * n);  // tokens 8240..8247: tile 16 (8192..8703)
+  absl::StatusOr<Plan> m = MakePlan(mixed, r, fine, options);
+  REQUIRE(m.ok());
+  CHECK(m->CheckTiles(0, 16).ok());
+  ExpectError(m->CheckTiles(16, 17), absl::StatusCode::kInvalidArgument,
+              "spec.dst.block_ids[1030]: block 160000 out of range");
+}
+
+TEST_CASE("deferred id checks: concurrent callers check each id once and agree") {
+  const uint32_t n = 40000;
+  const RegionView r = Paged(Proto(1, 1, 2 * n, 16, 1, 64, kNhd));
+  TransferSpec dup = LargeSpec(n);
+  dup.mutable_dst()->set_block_ids(20000, dup.dst().block_ids(19999));
+  PlanOptions options;
+  options.tile_bytes = 64 << 10;
+  options.defer_checks_from = 1;
+  absl::StatusOr<Plan> plan = MakePlan(dup, r, r, options);
+  REQUIRE(plan.ok());
+  // Four threads check tiles in interleaved order, as host engine workers do.
+  std::vector<std::vector<absl::Status>> got(4, std::vector<absl::Status>(plan->num_tiles()));
+  std::vector<std::thread> threads;
+  for (int w = 0; w < 4; ++w) {
+    threads.emplace_back([&, w] {
+      for (uint32_t t = w; t < plan->num_tiles(); t += 4) got[w][t] = plan->CheckTiles(t, t + 1);
+    });
+  }
+  for (auto& t : threads) t.join();
+  const uint32_t bad_tile = 20000 / 32;  // 625
+  for (int w = 0; w < 4; ++w) {
+    for (uint32_t t = w; t < plan->num_tiles(); t += 4) {
+      INFO("tile " << t);
+      if (t < bad_tile) {
+        // May pass or fail: a thread that reached a later tile first found the repeat.
+        if (!got[w][t].ok()) {
+          ExpectError(got[w][t], absl::StatusCode::kInvalidArgument, "spec.dst.block_ids[20000]");
+        }
+      } else {
+        ExpectError(got[w][t], absl::StatusCode::kInvalidArgument,
+                    "spec.dst.block_ids[20000]: block 60000 repeats spec.dst.block_ids[19999]");
+      }
+    }
+  }
 }
 
 }  // namespace kvrail::planner

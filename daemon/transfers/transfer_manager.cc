@@ -108,6 +108,12 @@ absl::StatusOr<SharedTable> FindBlockTable(const regions::RegionTable& regions,
         field, ".count: ", table.count(), " ids at byte ", table.offset_bytes(),
         " do not fit the region's ", size, " bytes"));
   }
+  const std::string& named_as = table.named_as();
+  if (!named_as.empty() && named_as != "block_table" && named_as != "block_ids" &&
+      named_as != "block_ids_le32") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ".named_as: '", named_as, "' is not block_table, block_ids or block_ids_le32"));
+  }
   SharedTable out;
   out.ids = reinterpret_cast<const uint32_t*>((*region)->data() + table.offset_bytes());
   out.count = table.count();
@@ -188,13 +194,13 @@ class TransferManagerImpl final : public TransferManager {
       RETURN_IF_ERROR(ResolveBlockTable(*regions_, resolved.mutable_dst(), "spec.dst"));
       absl::StatusOr<v1::SubmitTransferResponse> response = SubmitResolved(resolved, received_us, {});
       if (response.ok()) return response;
-      // The planner names block_ids_le32; the client wrote block_table.
+      // The planner names block_ids_le32; the client wrote block_table (or names another field).
       std::string message(response.status().message());
-      if (request.src().has_block_table()) {
-        message = v1::RenameField(message, "spec.src.block_ids_le32", "spec.src.block_table");
-      }
-      if (request.dst().has_block_table()) {
-        message = v1::RenameField(message, "spec.dst.block_ids_le32", "spec.dst.block_table");
+      for (const auto& [ep, side] : {std::pair{&request.src(), "spec.src"}, std::pair{&request.dst(), "spec.dst"}}) {
+        if (!ep->has_block_table()) continue;
+        const std::string& named_as = ep->block_table().named_as();
+        message = v1::RenameField(message, absl::StrCat(side, ".block_ids_le32"),
+                                  absl::StrCat(side, ".", named_as.empty() ? "block_table" : named_as));
       }
       return absl::Status(response.status().code(), message);
     }
@@ -206,7 +212,9 @@ class TransferManagerImpl final : public TransferManager {
       if (!ep->has_block_table()) continue;
       ASSIGN_OR_RETURN(SharedTable table,
                        FindBlockTable(*regions_, *ep, absl::StrCat("spec.", side)));
-      *ref = planner::TableRef{table.ids, table.count, absl::StrCat(side, ".block_table")};
+      const std::string& named_as = ep->block_table().named_as();
+      *ref = planner::TableRef{table.ids, table.count,
+                               absl::StrCat(side, ".", named_as.empty() ? "block_table" : named_as)};
       held.push_back(std::move(table));
     }
     return SubmitResolved(request, received_us, refs);
@@ -256,6 +264,7 @@ class TransferManagerImpl final : public TransferManager {
     }
     planner::PlanOptions plan_options;
     plan_options.tile_bytes = options_.tile_bytes;
+    plan_options.defer_checks_from = options_.defer_id_checks_from;
     // Any local plan may run on the CUDA engine (the route is chosen below): its tables go
     // where that engine uploads them from without staging.
     if (options_.cuda_engine != nullptr) plan_options.tables = options_.cuda_engine->table_pool();

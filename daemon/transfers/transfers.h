@@ -82,6 +82,11 @@ struct Options {
   v1::TopologyDesc topology;
   v1::TopologyGraph topology_graph;
   uint64_t tile_bytes = 1 << 20;
+  // Local transfers with block tables of at least this many ids (both sides) are accepted once
+  // their ids are copied; the engine checks the ids as tiles start (planner::Plan::CheckTiles),
+  // and a bad id fails the transfer then, with the same INVALID_ARGUMENT message, before any tile
+  // that reads it runs. 0: all checked before the submit is answered.
+  uint64_t defer_id_checks_from = 32768;
   uint32_t history = 10000;
   // Called with the final status of every transfer that ends (metrics); may be empty.
   std::function<void(const v1::TransferStatus&)> on_finished;

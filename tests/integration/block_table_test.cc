@@ -86,6 +86,50 @@ TEST_CASE("a bad id in a large table the client moved to shared memory is named 
   CHECK(CountWritten(dst) == 0);
 }
 
+TEST_CASE("tables past defer_id_checks_from: accepted, then failed at a bad id before it is used") {
+  // One part, 16384 blocks of 256 bytes: 4 tiles of 4096 blocks. One host thread runs them in
+  // order, so exactly the tiles before the bad id's move.
+  const v1::PagedKvLayout layout =
+      MakeLayout(1, 1, 16384, 16, 1, 8, v1::DTYPE_BF16, v1::LAYOUT_ORDER_LAYER_PART_BLOCK_NHD);
+  const auto src_blocks = ScatteredBlocks(16384, 16384, 11);
+  auto dst_blocks = ScatteredBlocks(16384, 16384, 12);
+  dst_blocks[16000] = dst_blocks[10];  // tile 3 writes it again
+  {
+    LiveDaemon live({"--host-threads", "1"});  // default threshold: 32768 ids
+    Pool src = MakePool(*live.client, layout, false, "prefill");
+    Pool dst = MakePool(*live.client, layout, true, "decode");
+    FillPool(src, 6, src_blocks, 16384 * 16);
+    auto submitted =
+        live.client->Submit(client::MakeBlockTransfer(src.id(), src_blocks, dst.id(), dst_blocks));
+    INFO(submitted.status().ToString());
+    REQUIRE(submitted.ok());
+    auto status = live.client->Wait(submitted->transfer_id(), absl::Seconds(60));
+    REQUIRE(status.ok());
+    INFO(status->error_message());
+    CHECK(status->state() == v1::TRANSFER_STATE_FAILED);
+    CHECK(status->error_code() == static_cast<int>(absl::StatusCode::kInvalidArgument));
+    CHECK(status->error_message().rfind("spec.dst.block_ids[16000]: block " +
+                                            std::to_string(dst_blocks[10]) +
+                                            " repeats spec.dst.block_ids[10]",
+                                        0) == 0);
+    // Tiles 0-2 moved; the failing tile wrote nothing, not even the first 16000 - 12288 blocks
+    // it holds; poison everywhere else.
+    const std::vector<uint32_t> moved(dst_blocks.begin(), dst_blocks.begin() + 12288);
+    CHECK(VerifyPool(dst, Expectation{6, moved, 12288 * 16, 0, 0, 1, 0, 0, 1}) == "");
+  }
+  {
+    // 0: every id checked before the answer; nothing moves.
+    LiveDaemon live({"--defer-id-checks-from", "0"});
+    Pool src = MakePool(*live.client, layout, false, "prefill");
+    Pool dst = MakePool(*live.client, layout, true, "decode");
+    auto r = live.client->Submit(client::MakeBlockTransfer(src.id(), src_blocks, dst.id(), dst_blocks));
+    REQUIRE_FALSE(r.ok());
+    CHECK(r.status().code() == absl::StatusCode::kInvalidArgument);
+    CHECK(std::string(r.status().message()).rfind("spec.dst.block_ids[16000]", 0) == 0);
+    CHECK(CountWritten(dst) == 0);
+  }
+}
+
 TEST_CASE("an explicit BlockTableRef is copied at submit: rewriting it afterwards changes nothing") {
   LiveDaemon live;
   Pool src = MakePool(*live.client, ManyBlocks(), false, "prefill");
@@ -147,6 +191,10 @@ TEST_CASE("bad block table references are rejected naming the field; nothing mov
   s = good;
   Refer(s.mutable_dst(), bad_table.info.region_id(), 0, 8);
   expect(s, absl::StatusCode::kInvalidArgument, "spec.dst.block_table[3]");
+  s.mutable_dst()->mutable_block_table()->set_named_as("block_ids");
+  expect(s, absl::StatusCode::kInvalidArgument, "spec.dst.block_ids[3]");
+  s.mutable_dst()->mutable_block_table()->set_named_as("ids");
+  expect(s, absl::StatusCode::kInvalidArgument, "spec.dst.block_table.named_as");
   CHECK(CountWritten(dst) == 0);
   // Still serving: the good one moves.
   s = good;
