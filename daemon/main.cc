@@ -117,6 +117,7 @@ absl::Status Run(v1::DaemonConfig config) {
     cuda_options.fixed_ctas = static_cast<int>(config.cuda_fixed_ctas());
     cuda_options.copy_engine_min_run_bytes = config.cuda_copy_engine_min_run_bytes();
     cuda_options.run_on_destination = config.cuda_run_on() == "destination";
+    cuda_options.batch_bytes = config.cuda_batch_bytes();
     cuda_options.limits = limits;
     absl::StatusOr<std::unique_ptr<engine::Engine>> created =
         engine::CreateCudaEngine(cuda_options);
@@ -245,6 +246,7 @@ int main(int argc, char** argv) {
   uint64_t cuda_copy_min_run = 0;
   std::string cuda_run_on;
   int64_t defer_id_checks_from = -1;
+  uint64_t cuda_batch_bytes = 0;
   app.add_option("--config", config_path, "DaemonConfig textproto file");
   app.add_option("--socket", socket, "unix socket for clients (default /run/kvrail/kvrail.sock)");
   app.add_option("--tcp-listen", tcp_listen, "also serve gRPC on host:port");
@@ -264,6 +266,7 @@ int main(int argc, char** argv) {
                  "which GPU runs GPU-to-GPU transfers: source (default) or destination");
   app.add_option("--cuda-copy-engine-min-run-bytes", cuda_copy_min_run,
                  "mean contiguous run from which the copy engines are used");
+  app.add_option("--cuda-batch-bytes", cuda_batch_bytes, "bytes one kernel launch aims for");
   app.add_option("--defer-id-checks-from", defer_id_checks_from,
                  "block-table ids from which checks run as tiles start (0: all before the answer)");
   CLI11_PARSE(app, argc, argv);
@@ -292,6 +295,7 @@ int main(int argc, char** argv) {
   flags.set_cuda_fixed_ctas(cuda_fixed_ctas);
   flags.set_cuda_copy_engine_min_run_bytes(cuda_copy_min_run);
   flags.set_cuda_run_on(cuda_run_on);
+  flags.set_cuda_batch_bytes(cuda_batch_bytes);
   if (defer_id_checks_from >= 0) {
     flags.set_defer_id_checks_from(static_cast<uint64_t>(defer_id_checks_from));
   }

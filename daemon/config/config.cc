@@ -70,6 +70,7 @@ absl::Status FinalizeConfig(v1::DaemonConfig* config) {
   if (config->cuda_run_on().empty()) config->set_cuda_run_on("source");
   if (!config->has_cuda_max_ctas()) config->set_cuda_max_ctas(32);
   if (!config->has_defer_id_checks_from()) config->set_defer_id_checks_from(32768);
+  if (config->cuda_batch_bytes() == 0) config->set_cuda_batch_bytes(64 << 20);
   if (config->cuda_copy_engine_min_run_bytes() == 0) {
     config->set_cuda_copy_engine_min_run_bytes(1 << 20);
   }
@@ -99,6 +100,9 @@ absl::Status FinalizeConfig(v1::DaemonConfig* config) {
   if (config->cuda_run_on() != "source" && config->cuda_run_on() != "destination") {
     return absl::InvalidArgumentError(
         absl::StrCat("cuda_run_on: '", config->cuda_run_on(), "' is not source or destination"));
+  }
+  if (config->cuda_batch_bytes() < (1 << 20) || config->cuda_batch_bytes() > (uint64_t{16} << 30)) {
+    return absl::InvalidArgumentError("cuda_batch_bytes: must be in [1 MiB, 16 GiB]");
   }
   if (config->cuda_max_ctas() > 4096) {
     return absl::InvalidArgumentError("cuda_max_ctas: at most 4096");

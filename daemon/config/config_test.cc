@@ -59,6 +59,7 @@ TEST_CASE("bad values are rejected naming the key") {
   check("log_format: \"xml\"", "log_format:");
   check("host_engine_threads: 1000", "host_engine_threads:");
   check("cuda_run_on: \"peer\"", "cuda_run_on:");
+  check("cuda_batch_bytes: 4096", "cuda_batch_bytes:");
   check("peers { key: \"x\" value: \"nocolon\" }", "peers[x]:");
 }
 

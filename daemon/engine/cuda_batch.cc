@@ -39,7 +39,8 @@ uint64_t ClassBatchBytes(uint64_t batch_bytes, uint64_t max_inflight, uint64_t i
 }
 
 uint64_t BatchBytesFor(bool background, uint64_t batch_bytes) {
-  return background ? std::max<uint64_t>(batch_bytes / 4, 1) : batch_bytes;
+  return background ? std::min<uint64_t>(std::max<uint64_t>(batch_bytes / 4, 1), kMaxBackgroundBatchBytes)
+                    : batch_bytes;
 }
 
 int ExecutingDevice(bool src_cuda, int src_device, bool dst_cuda, int dst_device,

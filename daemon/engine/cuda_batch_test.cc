@@ -142,6 +142,8 @@ TEST_CASE("a class's byte limit bounds its batches, never below one tile") {
   CHECK(BatchBytesFor(/*background=*/false, 64 << 20) == (64u << 20));
   CHECK(BatchBytesFor(/*background=*/true, 64 << 20) == (16u << 20));
   CHECK(BatchBytesFor(/*background=*/true, 2) == 1);
+  CHECK(BatchBytesFor(/*background=*/false, 256 << 20) == (256u << 20));
+  CHECK(BatchBytesFor(/*background=*/true, 256 << 20) == (16u << 20));
 }
 
 TEST_CASE("ExecutingDevice: the GPU side, or between GPUs the source unless told the destination") {

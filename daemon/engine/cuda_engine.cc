@@ -48,6 +48,12 @@ struct JobState {
   cuda::Event uploaded;
   std::shared_ptr<const void> src_tables, dst_tables;
   int in_flight = 0;
+  // Where the job's running time went: GPU time of its batches (events) against the wall time
+  // from its first launch to its latest completion.
+  std::optional<absl::Time> first_launch;
+  double gpu_seconds = 0;
+  uint64_t bytes_done = 0;
+  uint32_t batches = 0;
 
   JobState() = default;
   JobState(const JobState&) = delete;
@@ -119,7 +125,17 @@ class DeviceWorker {
                                               absl::ToDoubleMicroseconds(last_setup_->took),
                                               last_setup_->table_bytes / 1048576.0,
                                               last_setup_->pinned ? "pinned" : "pageable")
-                            : std::string("none yet"));
+                            : std::string("none yet"),
+                        last_job_.has_value()
+                            ? absl::StrFormat(
+                                  "; last job so far: %u batches, GPU busy %.3f of %.3f ms since "
+                                  "its first launch (%.1f GB/s while busy)",
+                                  last_job_->batches, last_job_->gpu_seconds * 1e3,
+                                  last_job_->wall_seconds * 1e3,
+                                  last_job_->gpu_seconds > 0
+                                      ? last_job_->bytes / last_job_->gpu_seconds / 1e9
+                                      : 0.0)
+                            : std::string());
   }
 
  private:
@@ -274,6 +290,7 @@ class DeviceWorker {
     b.end = end;
     b.bytes = taken.bytes;
     ++s.in_flight;
+    if (!s.first_launch.has_value()) s.first_launch = absl::Now();
     for (uint32_t t = begin; t < end; ++t) s.job->OnTileStart(t);
     if (!s.setup.ok()) {
       b.launch = s.setup;
@@ -357,10 +374,15 @@ class DeviceWorker {
       } else {
         decision = "copy engine";
       }
+      s.gpu_seconds += seconds;
+      s.bytes_done += b.bytes;
+      ++s.batches;
       absl::MutexLock lock(&mu_);
       (b.ctas > 0 ? kernel_batches_ : copy_batches_)++;
       last_decision_ = absl::StrFormat("%s, %.1f GB/s last batch (%.1f MiB)", decision, gbps,
                                        static_cast<double>(b.bytes) / (1 << 20));
+      last_job_ = JobSample{s.batches, s.bytes_done, s.gpu_seconds,
+                            absl::ToDoubleSeconds(absl::Now() - *s.first_launch)};
     }
     --s.in_flight;
     for (uint32_t t = b.begin; t < b.end; ++t) s.job->OnTileDone(t, status);
@@ -383,6 +405,13 @@ class DeviceWorker {
     bool pinned = false;
   };
   std::optional<SetUpSample> last_setup_ ABSL_GUARDED_BY(mu_);
+  struct JobSample {
+    uint32_t batches = 0;
+    uint64_t bytes = 0;
+    double gpu_seconds = 0;
+    double wall_seconds = 0;  // first launch -> this completion
+  };
+  std::optional<JobSample> last_job_ ABSL_GUARDED_BY(mu_);
   uint64_t kernel_batches_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t copy_batches_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t inflight_bytes_[kNumPriorityClasses] ABSL_GUARDED_BY(mu_) = {0, 0, 0};

@@ -25,6 +25,8 @@ constexpr uint64_t kMaxTileBytes = uint64_t{1} << 30;
 // Largest chunk the kernel can locate with 32-bit arithmetic.
 constexpr uint64_t kMaxChunkBytes = uint64_t{1} << 30;
 constexpr uint32_t kMaxAccessBytes = 16;
+// Chunks whose adjacency is counted when a plan's id checks are deferred (see MakePlan).
+constexpr uint64_t kRunSampleChunks = 8192;
 
 absl::Status Invalid(absl::string_view field, absl::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat("spec.", field, ": ", what));
@@ -182,10 +184,10 @@ std::string Plan::Describe() const {
     case k::ChunkKind::kBlockTokens: kind = "block (tokens merged)"; break;
   }
   return absl::StrFormat(
-      "%d B over %d layers x %d parts; chunk %d B (%s), %d chunks -> %d contiguous runs; "
+      "%d B over %d layers x %d parts; chunk %d B (%s), %d chunks -> %s%d contiguous runs; "
       "%d-byte accesses; %d tiles of <= %d B (%d per layer); tables %d src + %d dst blocks%s",
       header_.bytes_total, header_.num_layers, header_.num_parts, header_.chunk_bytes, kind,
-      num_chunks(), num_runs_, header_.access_bytes, header_.num_tiles, header_.tile_bytes,
+      num_chunks(), runs_estimated_ ? "~" : "", num_runs_, header_.access_bytes, header_.num_tiles, header_.tile_bytes,
       tiles_per_layer(), src_blocks_.size(), dst_blocks_.size(),
       checks_ != nullptr ? " (ids checked as tiles start)" : "");
 }
@@ -372,12 +374,23 @@ absl::StatusOr<Plan> MakePlan(const kvrail::v1::TransferSpec& spec, const Region
   const uint64_t per_part_chunks = k::ChunksPerPart(h);
   uint64_t runs_per_part = per_part_chunks;
   if (kind == k::ChunkKind::kBlockTokens && s.block_stride == chunk && d.block_stride == chunk) {
-    runs_per_part = per_part_chunks == 0 ? 0 : 1;
-    for (uint64_t j = 1; j < per_part_chunks; ++j) {
+    // With deferred checks the submit's own work should not grow with the table: the breaks
+    // are counted over the first kRunSampleChunks entries and scaled (the count only chooses
+    // copy engines for long runs and feeds Describe).
+    const uint64_t counted =
+        defer ? std::min<uint64_t>(per_part_chunks, kRunSampleChunks) : per_part_chunks;
+    uint64_t breaks = 0;
+    for (uint64_t j = 1; j < counted; ++j) {
       const bool adjacent = plan.src_blocks_[j] == plan.src_blocks_[j - 1] + 1 &&
                             plan.dst_blocks_[j] == plan.dst_blocks_[j - 1] + 1;
-      if (!adjacent) ++runs_per_part;
+      if (!adjacent) ++breaks;
     }
+    if (counted < per_part_chunks) {
+      plan.runs_estimated_ = true;
+      breaks = static_cast<uint64_t>(static_cast<double>(breaks) * (per_part_chunks - 1) /
+                                     static_cast<double>(counted - 1) + 0.5);
+    }
+    runs_per_part = per_part_chunks == 0 ? 0 : 1 + breaks;
   }
   plan.num_runs_ = runs_per_part * layers * h.num_parts;
   return plan;

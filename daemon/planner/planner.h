@@ -205,6 +205,8 @@ class Plan {
   // boundary cuts a run).
   uint64_t num_chunks() const;
   uint64_t num_runs() const { return num_runs_; }
+  // Whether num_runs() was estimated from the table's first entries (deferred checks).
+  bool runs_estimated() const { return runs_estimated_; }
   // One line for humans: chunk size and kind, coalescing, tiles.
   std::string Describe() const;
   // Frees the block tables (src_blocks / dst_blocks become empty; the header and everything
@@ -232,6 +234,7 @@ class Plan {
   BlockTable src_blocks_;
   BlockTable dst_blocks_;
   uint64_t num_runs_ = 0;
+  bool runs_estimated_ = false;
   // Shared by copies of the plan: the checks are done once whichever copy asks.
   std::shared_ptr<DeferredIdChecks> checks_;
 };

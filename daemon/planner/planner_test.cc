@@ -585,6 +585,22 @@ TEST_CASE("deferred id checks: accepted at once, each tile's ids checked before 
   CHECK(deferred->dst_blocks() == checked->dst_blocks());
   CHECK(deferred->CheckTiles(0, deferred->num_tiles()).ok());
   CHECK(deferred->Describe().find("ids checked as tiles start") != std::string::npos);
+  // The runs are estimated from the first 8192 entries (scattered ids: almost every chunk).
+  CHECK(deferred->runs_estimated());
+  CHECK_FALSE(checked->runs_estimated());
+  CHECK(deferred->num_runs() > checked->num_runs() * 95 / 100);
+  CHECK(deferred->num_runs() < checked->num_runs() * 105 / 100 + 1);
+  {
+    // Consecutive ids on both sides stay one run.
+    TransferSpec seq;
+    for (uint32_t b = 0; b < n; ++b) {
+      seq.mutable_src()->add_block_ids(b);
+      seq.mutable_dst()->add_block_ids(n + b);
+    }
+    absl::StatusOr<Plan> one = MakePlan(seq, r, r, options);
+    REQUIRE(one.ok());
+    CHECK(one->num_runs() == 1);
+  }
 
   // Below the threshold nothing is deferred.
   options.defer_checks_from = 2 * n + 1;

@@ -96,6 +96,17 @@ struct Daemon {
   }
 };
 
+// The engine's account of the last job's batches ("N batches, GPU busy X of Y ms ..."), from
+// GetStats; "?" when absent.
+std::string LastJobBusy(Daemon& d) {
+  std::string all = d.Engines();
+  const std::string key = "last job so far: ";
+  const size_t at = all.find(key);
+  if (at == std::string::npos) return "?";
+  all = all.substr(at + key.size());
+  return all.substr(0, all.find(" | "));
+}
+
 // A client of `d` that submits over gRPC only (SubmitTransfer), as before the session socket
 // carried submits; swap it into d.client for a measurement.
 std::unique_ptr<client::Client> GrpcOnlyClient(Daemon& d) {
@@ -551,6 +562,7 @@ int Main(int argc, char** argv) {
       const size_t at = setup.find("last job set-up");
       setup = at == std::string::npos ? "?" : setup.substr(at + 16);
       setup = setup.substr(0, setup.find(';'));
+      const std::string busy = LastJobBusy(d);
       VerifyBlocks(p);
       std::vector<void*> dsts(p.moved);
       std::vector<const void*> srcs(p.moved);
@@ -585,10 +597,10 @@ int Main(int argc, char** argv) {
       const std::string nccl_ratio =
           n == nccl.end() ? "n/a" : absl::StrFormat("%.2fx", e2e / n->second);
       phase_rows.push_back(absl::StrFormat(
-          "| %lu KiB | %u | %.2f (%.2f + %.2f + %.2f) | %.2f | %.2f | %.2f | %s |", kib, p.moved,
+          "| %lu KiB | %u | %.2f (%.2f + %.2f + %.2f) | %.2f | %.2f | %.2f | %s | %s |", kib, p.moved,
           last_phases.submit_ms, last_phases.to_daemon_ms, last_phases.accept_ms,
           last_phases.reply_ms, last_phases.queued_ms, last_phases.running_ms,
-          last_phases.notify_ms, setup.c_str()));
+          last_phases.notify_ms, setup.c_str(), busy.c_str()));
       std::printf("| %lu KiB | %.1f | %.1f | %s (%s) | %.1f | %.1f | %s | %.1f | %.0f%% | %s | %.1f |\n",
                   kib, e2e, e2e_grpc, engine.c_str(), path.c_str(), Gbps(bytes, per_block), Gbps(bytes, batch),
                   nccl_cell.c_str(), Gbps(bytes, contiguous), 100 * e2e / Gbps(bytes, contiguous),
@@ -600,9 +612,30 @@ int Main(int argc, char** argv) {
     std::printf("\nwhere the time of the last e2e transfer went (ms; submit = the Submit RPC, "
                 "split as client -> daemon + accept work + reply; queued = accepted -> first tile, "
                 "running = first tile -> last, notify = last tile -> client):\n"
-                "| block | blocks | submit | queued | running | notify | engine's job set-up |\n"
-                "|---|---|---|---|---|---|---|\n");
+                "| block | blocks | submit | queued | running | notify | engine's job set-up | "
+                "engine: the job's batches (GPU busy of first launch -> last completion) |\n"
+                "|---|---|---|---|---|---|---|---|\n");
     for (const auto& row : phase_rows) std::printf("%s\n", row.c_str());
+
+    {
+      // The same transfers with the knee finder off: every batch at 132 CTAs (the whole GPU).
+      // What the daemon moves when an operator gives it all SMs; the default keeps the knee.
+      Daemon full({"--cuda-max-ctas", "132", "--cuda-fixed-ctas", "132"});
+      std::printf("\n## 1c. %s, kvraild at 132 CTAs fixed (--cuda-fixed-ctas 132), best of %d\n"
+                  "| block | e2e GB/s | submit | queued | running | notify | engine: batches |\n"
+                  "|---|---|---|---|---|---|---|\n", where.c_str(), reps);
+      for (uint64_t kib : {4, 16, 32, 128}) {
+        Pools p = MakePools(full, kib << 10, total, false, dst_device);
+        Pattern(p);
+        const double e2e = BestThrough(full, p, reps, nullptr, nullptr);
+        VerifyBlocks(p);
+        std::printf("| %lu KiB | %.1f | %.2f | %.2f | %.2f | %.2f | %s |\n", kib, e2e,
+                    last_phases.submit_ms, last_phases.queued_ms, last_phases.running_ms,
+                    last_phases.notify_ms, LastJobBusy(full).c_str());
+        std::fflush(stdout);
+        Release(full, p);
+      }
+    }
 
     std::printf("\n## 1b. Llama-3-70B TP8-like layout (80 layers, K+V, 1 KV head, head_dim 128, bf16,"
                 " 16-token blocks: 4 KiB runs), %s; target >= 300 GB/s\n", where.c_str());

@@ -278,6 +278,95 @@ TEST_CASE("CUDA engine: concurrent transfers with large block tables (pinned, re
   CHECK(daemon.Stop(SIGTERM) == 0);
 }
 
+// Tables past defer_id_checks_from (32768 ids by default) are checked by the dispatcher as
+// batches start: an id past the pool (an out-of-bounds GPU store if it reached the kernel) or a
+// repeated destination id fails the transfer with the planner's message; blocks it never named
+// stay untouched; the GPU context stays healthy (the next transfer moves, verified).
+TEST_CASE("CUDA engine: deferred id checks stop bad ids in large tables before the GPU sees them") {
+  if (!HaveGpu()) return;
+  testing::TempDir dir;
+  testing::DaemonProcess daemon;
+  REQUIRE(daemon.Start(dir.path()));
+  auto cl = client::Client::Connect(daemon.socket());
+  REQUIRE(cl.ok());
+  constexpr uint32_t kBlocks = 40000;  // 40000 + 40000 ids: deferred
+  const v1::PagedKvLayout layout = testing::MakeLayout(
+      1, 1, kBlocks, 8, 1, 64, v1::DTYPE_BF16, v1::LAYOUT_ORDER_LAYER_PART_BLOCK_NHD);
+  const uint64_t bytes = testing::LayoutBytes(layout);
+  std::mt19937_64 rng(91);
+  std::vector<uint8_t> src(bytes);
+  for (auto& b : src) b = static_cast<uint8_t>(rng());
+  Side s = MakeSide(**cl, Kind::kGpu, &layout, bytes, false, src);
+  Side d = MakeSide(**cl, client::CudaDeviceCount() >= 2 ? Kind::kGpu1 : Kind::kGpu, &layout, bytes, true,
+                    std::vector<uint8_t>(bytes, kPoison));
+  std::vector<uint32_t> from(kBlocks), to(kBlocks);
+  std::iota(from.begin(), from.end(), 0);
+  std::iota(to.begin(), to.end(), 0);
+  std::shuffle(from.begin(), from.end(), rng);
+  std::shuffle(to.begin(), to.end(), rng);
+  const std::vector<uint32_t> named(to.begin(), to.begin() + kBlocks - 100);
+  // Only the first kBlocks - 100 destination blocks are named: the last 100 must stay poison.
+  std::vector<uint32_t> src_ids(from.begin(), from.begin() + kBlocks - 100);
+  for (int variant = 0; variant < 2; ++variant) {
+    std::vector<uint32_t> dst_ids = named;
+    std::string want;
+    if (variant == 0) {
+      dst_ids[39000] = kBlocks + 7;
+      want = "spec.dst.block_ids[39000]: block 40007 out of range [0, 40000)";
+    } else {
+      dst_ids[39500] = dst_ids[12];
+      want = "spec.dst.block_ids[39500]: block " + std::to_string(dst_ids[12]) +
+             " repeats spec.dst.block_ids[12]";
+    }
+    auto submitted = (*cl)->Submit(
+        client::MakeBlockTransfer(s.info.region_id(), src_ids, d.info.region_id(), dst_ids));
+    INFO(submitted.status().ToString());
+    REQUIRE(submitted.ok());  // accepted: the ids are checked as batches start
+    auto status = (*cl)->Wait(submitted->transfer_id(), absl::Seconds(30));
+    REQUIRE(status.ok());
+    INFO(status->DebugString());
+    CHECK(status->state() == v1::TRANSFER_STATE_FAILED);
+    CHECK(status->error_code() == static_cast<int>(absl::StatusCode::kInvalidArgument));
+    CHECK(status->error_message().rfind(want, 0) == 0);
+    const std::vector<uint8_t> got = d.Read(bytes);
+    // Blocks the transfer never named hold the poison; named blocks hold either the poison or
+    // their source block (batches before the bad id's may have moved).
+    size_t touched_unnamed = 0, wrong_named = 0;
+    std::vector<int64_t> source_of(kBlocks, -1);
+    for (size_t j = 0; j < dst_ids.size(); ++j) {
+      if (dst_ids[j] < kBlocks && source_of[dst_ids[j]] < 0) source_of[dst_ids[j]] = src_ids[j];
+    }
+    for (uint32_t b = 0; b < kBlocks; ++b) {
+      const uint8_t* have = got.data() + uint64_t{b} * 1024;
+      const bool poison = std::all_of(have, have + 1024, [](uint8_t x) { return x == kPoison; });
+      if (source_of[b] < 0) {
+        touched_unnamed += !poison;
+      } else if (!poison) {
+        wrong_named += std::memcmp(have, src.data() + uint64_t(source_of[b]) * 1024, 1024) != 0;
+      }
+    }
+    CHECK(touched_unnamed == 0);
+    CHECK(wrong_named == 0);
+  }
+  // Still healthy: the valid table moves, every block verified.
+  auto good = (*cl)->Submit(
+      client::MakeBlockTransfer(s.info.region_id(), src_ids, d.info.region_id(), named));
+  REQUIRE(good.ok());
+  auto status = (*cl)->Wait(good->transfer_id(), absl::Seconds(30));
+  REQUIRE(status.ok());
+  INFO(status->DebugString());
+  REQUIRE(status->state() == v1::TRANSFER_STATE_SUCCEEDED);
+  CHECK(status->engine() == "cuda-kernel");
+  const std::vector<uint8_t> got = d.Read(bytes);
+  size_t wrong = 0;
+  for (size_t j = 0; j < named.size(); ++j) {
+    wrong += std::memcmp(got.data() + uint64_t{named[j]} * 1024,
+                         src.data() + uint64_t{src_ids[j]} * 1024, 1024) != 0;
+  }
+  CHECK(wrong == 0);
+  CHECK(daemon.Stop(SIGTERM) == 0);
+}
+
 std::string Slurp(const std::string& path) {
   std::ifstream in(path);
   std::stringstream s;
