@@ -43,6 +43,11 @@ uint64_t BatchBytesFor(bool background, uint64_t batch_bytes) {
                     : batch_bytes;
 }
 
+uint64_t RampBatchBytes(uint64_t budget, uint64_t previous) {
+  const uint64_t cap = previous == 0 ? kFirstBatchBytes : std::max(kFirstBatchBytes, 4 * previous);
+  return std::min(budget, cap);
+}
+
 int ExecutingDevice(bool src_cuda, int src_device, bool dst_cuda, int dst_device,
                     bool run_on_destination, int fallback) {
   if (src_cuda && dst_cuda) return run_on_destination ? dst_device : src_device;

@@ -43,6 +43,14 @@ uint64_t BatchBytesFor(bool background, uint64_t batch_bytes);
 // transfer behind background work more than the default did).
 inline constexpr uint64_t kMaxBackgroundBatchBytes = 16 << 20;
 
+// A job's batches ramp up: its first aims for at most kFirstBatchBytes, each later one for at most
+// 4x the one before, up to `budget`. The GPU starts sooner on a new job, and the dispatcher checks
+// the next batch's block ids (deferred checks: ~134 us for a 256 MiB batch of 4 KiB blocks on
+// the GPU machine) while the smaller batch before it runs, instead of with the GPU idle.
+// `previous`: bytes of the job's last batch (0: none yet).
+inline constexpr uint64_t kFirstBatchBytes = 16 << 20;
+uint64_t RampBatchBytes(uint64_t budget, uint64_t previous);
+
 // The GPU that runs a job: the one GPU side when the other is host memory; between two GPUs the
 // source, or the destination with `run_on_destination`; `fallback` when neither side is a GPU.
 int ExecutingDevice(bool src_cuda, int src_device, bool dst_cuda, int dst_device,

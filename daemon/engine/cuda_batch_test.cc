@@ -143,6 +143,13 @@ TEST_CASE("a class's byte limit bounds its batches, never below one tile") {
   CHECK(BatchBytesFor(/*background=*/true, 64 << 20) == (16u << 20));
   CHECK(BatchBytesFor(/*background=*/true, 2) == 1);
   CHECK(BatchBytesFor(/*background=*/false, 256 << 20) == (256u << 20));
+  // A job's batches ramp up 16 -> 64 -> 256 MiB, never past the budget.
+  CHECK(RampBatchBytes(256 << 20, 0) == (16u << 20));
+  CHECK(RampBatchBytes(256 << 20, 16 << 20) == (64u << 20));
+  CHECK(RampBatchBytes(256 << 20, 64 << 20) == (256u << 20));
+  CHECK(RampBatchBytes(256 << 20, 256 << 20) == (256u << 20));
+  CHECK(RampBatchBytes(8 << 20, 0) == (8u << 20));
+  CHECK(RampBatchBytes(64 << 20, 1 << 20) == (16u << 20));  // a short first batch: 16 MiB next
   CHECK(BatchBytesFor(/*background=*/true, 256 << 20) == (16u << 20));
 }
 

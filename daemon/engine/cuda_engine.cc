@@ -54,6 +54,7 @@ struct JobState {
   double gpu_seconds = 0;
   uint64_t bytes_done = 0;
   uint32_t batches = 0;
+  uint64_t last_batch_bytes = 0;  // of the latest batch launched (the ramp, cuda_batch.h)
 
   JobState() = default;
   JobState(const JobState&) = delete;
@@ -69,6 +70,7 @@ struct Taken {
   int cls = 0;
   uint32_t begin = 0, end = 0;
   uint64_t bytes = 0;
+  bool ramped = false;  // smaller than the class's batch because the job just started
 };
 
 struct Batch {
@@ -78,6 +80,8 @@ struct Batch {
   uint64_t bytes = 0;
   int ctas = 0;  // 0: copy engine
   bool capped = false;  // ctas lowered to the class's max_ctas (not the tuner's own choice)
+  bool ramped = false;  // a job's early, smaller batch: its launch overhead weighs more, so the
+                        // tuner does not learn from it
   cuda::Event start, stop;
   absl::Status launch;
 };
@@ -156,10 +160,16 @@ class DeviceWorker {
                                        options_.batch_bytes),
           limit.max_inflight_bytes,
           inflight_bytes_[c]);
-      auto [job, range] = queues_.TakeFrom(c, [budget](const Job& j, std::deque<uint32_t>& tiles) {
-        return cuda_internal::TakeBatch(&tiles, j.plan(), budget);
+      bool ramped = false;
+      auto [job, range] = queues_.TakeFrom(c, [&](const Job& j, std::deque<uint32_t>& tiles) {
+        const auto state = states_.find(&j);
+        const uint64_t previous = state == states_.end() ? 0 : state->second->last_batch_bytes;
+        const uint64_t aim = cuda_internal::RampBatchBytes(budget, previous);
+        auto taken_range = cuda_internal::TakeBatch(&tiles, j.plan(), aim);
+        ramped = aim < budget && !tiles.empty();  // cut short by the ramp, not by the job's end
+        return taken_range;
       });
-      Taken taken{std::move(job), c, range.first, range.second, 0};
+      Taken taken{std::move(job), c, range.first, range.second, 0, ramped};
       for (uint32_t t = taken.begin; t < taken.end; ++t) {
         taken.bytes += taken.job->plan().tile(t).bytes;
       }
@@ -289,7 +299,9 @@ class DeviceWorker {
     b.begin = begin;
     b.end = end;
     b.bytes = taken.bytes;
+    b.ramped = taken.ramped;
     ++s.in_flight;
+    s.last_batch_bytes = taken.bytes;
     if (!s.first_launch.has_value()) s.first_launch = absl::Now();
     for (uint32_t t = begin; t < end; ++t) s.job->OnTileStart(t);
     if (!s.setup.ok()) {
@@ -368,7 +380,7 @@ class DeviceWorker {
       std::string decision;
       if (b.ctas > 0) {
         CtaTuner& tuner = TunerFor(s.tuner_key);
-        if (!b.capped) tuner.Report(b.ctas, b.bytes, seconds);
+        if (!b.capped && !b.ramped) tuner.Report(b.ctas, b.bytes, seconds);
         decision = absl::StrFormat("kernel %d CTAs%s, now %s", b.ctas,
                                    b.capped ? " (class limit)" : "", tuner.Describe());
       } else {

@@ -124,6 +124,10 @@ struct Pools {
   std::unique_ptr<client::HostBuffer> host_dst;
   v1::RegionInfo src_info, dst_info;
   std::vector<uint32_t> src_blocks, dst_blocks;
+  // Set by UseTableRefs: both block tables already in registered host memory (the server keeps
+  // its block tables there); transfers then name them with BlockTableRef instead of carrying ids.
+  std::unique_ptr<client::HostBuffer> tables;
+  uint64_t tables_region = 0;
 };
 
 Pools MakePoolsWith(Daemon& d, const v1::PagedKvLayout& layout, uint32_t moved, bool dst_host,
@@ -165,6 +169,19 @@ Pools MakePools(Daemon& d, uint64_t block_bytes, uint64_t total, bool dst_host, 
 void Release(Daemon& d, Pools& p) {
   (void)d.client->UnregisterRegion(p.src_info.region_id());
   (void)d.client->UnregisterRegion(p.dst_info.region_id());
+  if (p.tables_region != 0) (void)d.client->UnregisterRegion(p.tables_region);
+}
+
+// Writes both block tables into a registered host buffer once; later transfers reference them.
+void UseTableRefs(Daemon& d, Pools& p) {
+  const uint64_t bytes = 4 * (p.src_blocks.size() + p.dst_blocks.size());
+  p.tables = Must(d.client->CreateHostBuffer(bytes), "tables buffer");
+  std::memcpy(p.tables->data(), p.src_blocks.data(), 4 * p.src_blocks.size());
+  std::memcpy(p.tables->data() + 4 * p.src_blocks.size(), p.dst_blocks.data(),
+              4 * p.dst_blocks.size());
+  v1::RegionSpec spec;
+  spec.set_name("bench block tables");
+  p.tables_region = Must(d.client->RegisterHostBuffer(*p.tables, spec), "reg tables").region_id();
 }
 
 // Where the time of the last Through() went, in ms: the Submit RPC (client side), accepted ->
@@ -181,6 +198,20 @@ double UnixUs() { return absl::ToDoubleMicroseconds(absl::Now() - absl::UnixEpoc
 
 // The transfer of the first `blocks` entries of the pools' block tables.
 v1::TransferSpec SpecFor(const Pools& p, uint32_t blocks) {
+  if (p.tables_region != 0) {
+    v1::TransferSpec spec =
+        client::MakeBlockTransfer(p.src_info.region_id(), {}, p.dst_info.region_id(), {});
+    auto* s = spec.mutable_src()->mutable_block_table();
+    s->set_region_id(p.tables_region);
+    s->set_offset_bytes(0);
+    s->set_count(blocks);
+    auto* t = spec.mutable_dst()->mutable_block_table();
+    t->set_region_id(p.tables_region);
+    t->set_offset_bytes(4 * p.src_blocks.size());
+    t->set_count(blocks);
+    spec.set_num_tokens(uint64_t{blocks} * 16);
+    return spec;
+  }
   std::vector<uint32_t> s(p.src_blocks.begin(), p.src_blocks.begin() + blocks);
   std::vector<uint32_t> t(p.dst_blocks.begin(), p.dst_blocks.begin() + blocks);
   v1::TransferSpec spec =
@@ -618,22 +649,46 @@ int Main(int argc, char** argv) {
     for (const auto& row : phase_rows) std::printf("%s\n", row.c_str());
 
     {
-      // The same transfers with the knee finder off: every batch at 132 CTAs (the whole GPU).
+      // The same transfers with the knee finder off (every batch at 132 CTAs, the whole GPU),
+      // with larger batches, and with the block tables already in registered memory (a server
+      // that keeps them there names them with BlockTableRef; no ids are copied by the client).
       // What the daemon moves when an operator gives it all SMs; the default keeps the knee.
-      Daemon full({"--cuda-max-ctas", "132", "--cuda-fixed-ctas", "132"});
-      std::printf("\n## 1c. %s, kvraild at 132 CTAs fixed (--cuda-fixed-ctas 132), best of %d\n"
-                  "| block | e2e GB/s | submit | queued | running | notify | engine: batches |\n"
-                  "|---|---|---|---|---|---|---|\n", where.c_str(), reps);
-      for (uint64_t kib : {4, 16, 32, 128}) {
-        Pools p = MakePools(full, kib << 10, total, false, dst_device);
-        Pattern(p);
-        const double e2e = BestThrough(full, p, reps, nullptr, nullptr);
-        VerifyBlocks(p);
-        std::printf("| %lu KiB | %.1f | %.2f | %.2f | %.2f | %.2f | %s |\n", kib, e2e,
-                    last_phases.submit_ms, last_phases.queued_ms, last_phases.running_ms,
-                    last_phases.notify_ms, LastJobBusy(full).c_str());
-        std::fflush(stdout);
-        Release(full, p);
+      std::printf("\n## 1c. %s, kvraild settings for bandwidth, 1 GiB, best of %d\n"
+                  "| setting | block | e2e GB/s | e2e / NCCL | submit (to daemon + accept + reply) | "
+                  "queued | running | notify | engine: the job's batches |\n"
+                  "|---|---|---|---|---|---|---|---|---|\n", where.c_str(), reps);
+      struct Setting {
+        const char* label;
+        std::vector<std::string> args;
+        bool refs;
+      };
+      const std::vector<Setting> settings = {
+          {"132 CTAs, 64 MiB batches", {"--cuda-max-ctas", "132", "--cuda-fixed-ctas", "132"}, false},
+          {"132 CTAs, 256 MiB batches",
+           {"--cuda-max-ctas", "132", "--cuda-fixed-ctas", "132", "--cuda-batch-bytes", "268435456"},
+           false},
+          {"132 CTAs, 256 MiB batches, BlockTableRef",
+           {"--cuda-max-ctas", "132", "--cuda-fixed-ctas", "132", "--cuda-batch-bytes", "268435456"},
+           true},
+      };
+      for (const Setting& setting : settings) {
+        Daemon full(setting.args);
+        for (uint64_t kib : {4, 16, 32, 128}) {
+          Pools p = MakePools(full, kib << 10, total, false, dst_device);
+          if (setting.refs) UseTableRefs(full, p);
+          Pattern(p);
+          const double e2e = BestThrough(full, p, reps, nullptr, nullptr);
+          VerifyBlocks(p);
+          const auto n = nccl.find(kib);
+          std::printf("| %s | %lu KiB | %.1f | %s | %.2f (%.2f + %.2f + %.2f) | %.2f | %.2f | %.2f | %s |\n",
+                      setting.label, kib, e2e,
+                      n == nccl.end() ? "n/a" : absl::StrFormat("%.2fx", e2e / n->second).c_str(),
+                      last_phases.submit_ms, last_phases.to_daemon_ms, last_phases.accept_ms,
+                      last_phases.reply_ms, last_phases.queued_ms, last_phases.running_ms,
+                      last_phases.notify_ms, LastJobBusy(full).c_str());
+          std::fflush(stdout);
+          Release(full, p);
+        }
       }
     }
 
@@ -736,14 +791,20 @@ int Main(int argc, char** argv) {
     Release(d, p);
   }
 
-  std::printf("\n## 3. SM budget sweep, %s, 4 KiB and 16 KiB blocks, GB/s through kvraild; target "
-              ">= 320 with at most 16 CTAs\n", where.c_str());
-  std::printf("| daemon setting | 4 KiB | 16 KiB | engine |\n|---|---|---|---|\n");
+  std::printf("\n## 3. SM budget sweep, %s, 4 KiB and 16 KiB blocks, 1 GiB per transfer, GB/s "
+              "through kvraild (best of %d); target >= 320 with at most 16 CTAs\n", where.c_str(), reps);
+  std::printf("| daemon setting | 4 KiB | 16 KiB | 16 KiB sustained, 2 in flight | engine |\n"
+              "|---|---|---|---|---|\n");
   std::vector<std::pair<std::string, std::vector<std::string>>> settings = {
       {"copy engines only (budget 0)", {"--cuda-max-ctas", "0"}}};
   for (int c : {2, 4, 8, 16, 32, 64, 132}) {
     settings.push_back({absl::StrCat(c, " CTAs fixed"),
                         {"--cuda-max-ctas", "132", "--cuda-fixed-ctas", std::to_string(c)}});
+  }
+  for (int c : {8, 16}) {
+    settings.push_back({absl::StrCat(c, " CTAs fixed, 256 MiB batches"),
+                        {"--cuda-max-ctas", "132", "--cuda-fixed-ctas", std::to_string(c),
+                         "--cuda-batch-bytes", "268435456"}});
   }
   settings.push_back({"adaptive, budget 16", {"--cuda-max-ctas", "16"}});
   settings.push_back({"adaptive, budget 132", {"--cuda-max-ctas", "132"}});
@@ -760,18 +821,21 @@ int Main(int argc, char** argv) {
   for (const auto& [label, args] : settings) {
     Daemon d(args);
     double g[2];
+    double sustained = 0;
     std::string engine;
     int k = 0;
     for (uint64_t kib : {4, 16}) {
-      Pools p = MakePools(d, kib << 10, total / 2, false, dst_device);
+      Pools p = MakePools(d, kib << 10, total, false, dst_device);
       // Adaptive daemons need a few batches to probe: run more before measuring.
       if (label.rfind("adaptive", 0) == 0) {
         for (int i = 0; i < 12; ++i) Through(d, p, p.moved, nullptr, nullptr);
       }
       g[k++] = BestThrough(d, p, reps, &engine, nullptr);
+      if (kib == 16) sustained = Pipelined(d, p, quick ? 4 : 8);
       Release(d, p);
     }
-    std::printf("| %s | %.1f | %.1f | %s |\n", label.c_str(), g[0], g[1], engine.c_str());
+    std::printf("| %s | %.1f | %.1f | %.1f | %s |\n", label.c_str(), g[0], g[1], sustained,
+                engine.c_str());
     if (label.rfind("adaptive", 0) == 0) std::printf("  stats: %s\n", d.Engines().c_str());
     std::fflush(stdout);
   }
