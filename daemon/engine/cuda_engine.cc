@@ -148,7 +148,7 @@ class DeviceWorker {
   }
 
 
-  // Takes the next batch in priority order (round robin within a class) that the class's byte
+  // Takes the next batch in priority order (fewest queued tiles first within a class) that the class's byte
   // limit allows, or nothing; counts its bytes as in flight for the class.
   std::optional<Taken> TakeLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     for (int c = 0; c < kNumPriorityClasses; ++c) {
@@ -409,7 +409,7 @@ class DeviceWorker {
 
   mutable absl::Mutex mu_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
-  TileQueues queues_ ABSL_GUARDED_BY(mu_);
+  TileQueues queues_ ABSL_GUARDED_BY(mu_){WithinClass::kFewestTilesFirst};
   std::string last_decision_ ABSL_GUARDED_BY(mu_) = "idle";
   struct SetUpSample {
     absl::Duration took;

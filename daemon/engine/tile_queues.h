@@ -1,6 +1,7 @@
-// Internal to the engine module: the queued tiles of jobs, one FIFO of jobs per priority class,
-// shared by the host and CUDA engines so both schedule the same way (higher class first, round
-// robin within a class, re-chosen at every take: preemption at tile or batch granularity).
+// Internal to the engine module: the queued tiles of jobs, one queue of jobs per priority class,
+// shared by the host and CUDA engines (higher class first, re-chosen at every take: preemption at
+// tile or batch granularity). Within a class: round robin (the host engine), or the job with the
+// fewest queued tiles first (the CUDA engine; see WithinClass).
 #pragma once
 
 #include <cstdint>
@@ -13,9 +14,22 @@
 
 namespace kvrail::engine {
 
+// How a class's jobs share the engine.
+enum class WithinClass {
+  // Each take rotates to the next job: jobs of a class progress together (and end together).
+  kRoundRobin,
+  // Each take serves the job with the fewest queued tiles (the earliest of equals): a short
+  // transfer passes a long one at the next batch, and back-to-back transfers of one size run one
+  // after the other, so the next one's submit overlaps the current one's tail instead of every
+  // transfer ending at once and leaving the GPU idle (docs/benchmarks.md, "sustained").
+  kFewestTilesFirst,
+};
+
 // Not thread-safe: the owning engine guards it with its own lock.
 class TileQueues {
  public:
+  explicit TileQueues(WithinClass within = WithinClass::kRoundRobin) : within_(within) {}
+
   // Appends `tiles` to the job's entry in its class (a new entry goes to the back).
   void Add(const std::shared_ptr<Job>& job, const std::vector<uint32_t>& tiles) {
     if (tiles.empty()) return;
@@ -72,7 +86,7 @@ class TileQueues {
   // Bytes of the tile the next take from class `cls` would start with (0 when it is empty).
   uint64_t FrontTileBytes(int cls) const {
     if (queues_[cls].empty()) return 0;
-    const Entry& e = queues_[cls].front();
+    const Entry& e = queues_[cls][Next(cls)];
     return e.tiles.empty() ? 0 : e.job->plan().tile(e.tiles.front()).bytes;
   }
 
@@ -87,18 +101,19 @@ class TileQueues {
     return bytes;
   }
 
-  // Takes work from the front job of class `cls` (which must not be empty): `take(job, tiles)`
-  // pops what it takes from `tiles` and returns it. The job then goes to the back of its class
-  // when tiles remain (round robin), or leaves the queue.
+  // Takes work from the next job of class `cls` (which must not be empty): `take(job, tiles)`
+  // pops what it takes from `tiles` and returns it. A job with no tiles left leaves the queue;
+  // otherwise, round robin sends it to the back of its class.
   template <typename Take>
   auto TakeFrom(int cls, Take&& take) {
     auto& queue = queues_[cls];
-    Entry& e = queue.front();
+    const size_t at = Next(cls);
+    Entry& e = queue[at];
     std::shared_ptr<Job> job = e.job;
     auto taken = take(*job, e.tiles);
     if (e.tiles.empty()) {
-      queue.pop_front();
-    } else if (queue.size() > 1) {
+      queue.erase(queue.begin() + static_cast<std::ptrdiff_t>(at));
+    } else if (within_ == WithinClass::kRoundRobin && queue.size() > 1) {
       queue.push_back(std::move(e));
       queue.pop_front();
     }
@@ -106,10 +121,22 @@ class TileQueues {
   }
 
  private:
+  // Index of the job the next take of class `cls` serves (the queue must not be empty).
+  size_t Next(int cls) const {
+    if (within_ == WithinClass::kRoundRobin) return 0;
+    const auto& queue = queues_[cls];
+    size_t best = 0;
+    for (size_t i = 1; i < queue.size(); ++i) {
+      if (queue[i].tiles.size() < queue[best].tiles.size()) best = i;
+    }
+    return best;
+  }
+
   struct Entry {
     std::shared_ptr<Job> job;
     std::deque<uint32_t> tiles;
   };
+  const WithinClass within_;
   std::deque<Entry> queues_[kNumPriorityClasses];
 };
 

@@ -67,6 +67,37 @@ TEST_CASE("higher classes first; round robin within a class; removal counts") {
   CHECK(q.AllEmpty());
 }
 
+TEST_CASE("fewest queued tiles first within a class; classes still first; ties by arrival") {
+  TileQueues q(WithinClass::kFewestTilesFirst);
+  auto big = std::make_shared<FakeJob>(PriorityClass::kNormal);
+  auto next = std::make_shared<FakeJob>(PriorityClass::kNormal);
+  auto small = std::make_shared<FakeJob>(PriorityClass::kNormal);
+  auto crit = std::make_shared<FakeJob>(PriorityClass::kCritical);
+  q.Add(big, {0, 1, 2, 3, 4, 5});
+  q.Add(next, {10, 11, 12, 13, 14, 15});  // same size, later: waits for `big`
+  std::string order;
+  auto take = [&] {
+    auto [job, tile] = TakeOne(q);
+    order += std::to_string(tile) + " ";
+  };
+  take();                      // big:0 (ties go to the earlier job)
+  take();                      // big:1 (now the fewest: 4 left against 6)
+  q.Add(small, {20, 21});      // a short transfer passes
+  take();                      // small:20
+  q.Add(crit, {99});
+  take();                      // crit:99
+  take();                      // small:21
+  take();                      // big:2
+  q.Add(next, {16, 17, 18, 19, 30, 31});  // layer-wise growth: `next` has 12 now, big 3
+  take();                      // big:3
+  take();                      // big:4
+  take();                      // big:5
+  take();                      // next:10
+  CHECK(order == "0 1 20 99 21 2 3 4 5 10 ");
+  CHECK(q.Remove(next.get()) == 11);
+  CHECK(q.AllEmpty());
+}
+
 TEST_CASE("MayStart: a class with nothing in flight always starts; else within its limit") {
   ClassLimits none;
   CHECK(MayStart(none, 1ull << 40, 1ull << 40));

@@ -66,7 +66,9 @@ __global__ void __launch_bounds__(512) SlabKernel(Job j) {
   }
 }
 
-// One warp per piece (piece_bytes a multiple of 4 KiB here): 8 x 16 B per lane per step.
+// One warp per piece (piece_bytes a multiple of 32 * 16 * InFlight here): InFlight x 16 B per lane
+// per step (8: the production kernel's 4 KiB step; 16: 8 KiB in flight per warp).
+template <int InFlight = kInFlight>
 __global__ void __launch_bounds__(512) WarpKernel(Job j) {
   const uint32_t lane = threadIdx.x & 31;
   const uint64_t warps = static_cast<uint64_t>(gridDim.x) * (blockDim.x / 32);
@@ -78,12 +80,12 @@ __global__ void __launch_bounds__(512) WarpKernel(Job j) {
     const int4* from = reinterpret_cast<const int4*>(j.src + static_cast<uint64_t>(j.src_blocks[b]) * j.block_bytes + base);
     int4* to = reinterpret_cast<int4*>(j.dst + static_cast<uint64_t>(j.dst_blocks[b]) * j.block_bytes + base);
     const uint32_t vecs = j.piece_bytes / 16;
-    for (uint32_t v0 = 0; v0 < vecs; v0 += 32 * kInFlight) {
-      int4 v[kInFlight];
+    for (uint32_t v0 = 0; v0 < vecs; v0 += 32 * InFlight) {
+      int4 v[InFlight];
 #pragma unroll
-      for (int k = 0; k < kInFlight; ++k) v[k] = from[v0 + k * 32 + lane];
+      for (int k = 0; k < InFlight; ++k) v[k] = from[v0 + k * 32 + lane];
 #pragma unroll
-      for (int k = 0; k < kInFlight; ++k) to[v0 + k * 32 + lane] = v[k];
+      for (int k = 0; k < InFlight; ++k) to[v0 + k * 32 + lane] = v[k];
     }
   }
 }
@@ -214,8 +216,15 @@ int main(int argc, char** argv) {
   const int dst_dev = count > 1 ? 1 : 0;
   Check(cudaSetDevice(0), "set device");
   if (dst_dev != 0) Check(cudaDeviceEnablePeerAccess(dst_dev, 0), "peer access");
-  cudaStream_t stream;
+  cudaStream_t stream, peer_stream = nullptr;
   Check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
+  if (dst_dev != 0) {
+    // The destination GPU's own stream, for the push + pull rows (it loads from GPU0).
+    Check(cudaSetDevice(dst_dev), "set device");
+    Check(cudaDeviceEnablePeerAccess(0, 0), "peer access (pull)");
+    Check(cudaStreamCreateWithFlags(&peer_stream, cudaStreamNonBlocking), "peer stream");
+    Check(cudaSetDevice(0), "set device");
+  }
   // Pools twice the moved size so that blocks scatter.
   const uint64_t pool = 2 * moved;
   uint8_t *src = nullptr, *dst = nullptr;
@@ -277,7 +286,11 @@ int main(int argc, char** argv) {
     };
     std::vector<Variant> variants;
     variants.push_back({"slab 512x8", [&](int n) { SlabKernel<<<n, 512, 0, stream>>>(job(s.block_bytes)); }});
-    variants.push_back({"warp 512 thr", [&](int n) { WarpKernel<<<n, 512, 0, stream>>>(job(4096)); }});
+    variants.push_back({"warp 512 thr", [&](int n) { WarpKernel<><<<n, 512, 0, stream>>>(job(4096)); }});
+    if (kib >= 8) {  // a piece must fit in a block
+      variants.push_back({"warp 512 thr, 16 in flight (8 KiB steps)",
+                          [&](int n) { WarpKernel<16><<<n, 512, 0, stream>>>(job(8192)); }});
+    }
     for (int warps : {1, 2, 4}) {
       for (uint32_t piece_kib : {4u, 8u, 16u}) {
         if (piece_kib > kib) continue;
@@ -291,6 +304,46 @@ int main(int argc, char** argv) {
                             [&, warps, stages, piece, smem](int n) {
                               TmaKernel<<<n, 32 * warps, smem, stream>>>(job(piece), stages);
                             }});
+      }
+    }
+    // Push + pull: GPU0's SMs store the first `push` share of the blocks into GPU1 while GPU1's
+    // SMs load the rest from GPU0, both at once (n CTAs on each GPU). Both move bytes GPU0 ->
+    // GPU1 over the same links; a sum above the one-sided rows would mean the single kernel is
+    // limited on its issuing side, not by NVLink.
+    uint32_t* peer_tables = nullptr;
+    if (dst_dev != 0) {
+      Check(cudaSetDevice(dst_dev), "set device");
+      Check(cudaMalloc(&peer_tables, 2ull * s.num_blocks * 4), "peer tables");
+      Check(cudaMemcpy(peer_tables, s.host_src_blocks.data(), s.num_blocks * 4, cudaMemcpyHostToDevice), "t");
+      Check(cudaMemcpy(peer_tables + s.num_blocks, s.host_dst_blocks.data(), s.num_blocks * 4,
+                       cudaMemcpyHostToDevice), "t");
+      Check(cudaSetDevice(0), "set device");
+      for (int push_pct : {50, 60}) {
+        variants.push_back({"warp push " + std::to_string(push_pct) + "% + pull " +
+                                std::to_string(100 - push_pct) + "%",
+                            [&, push_pct](int n) {
+          const uint32_t pushed = static_cast<uint32_t>(uint64_t{s.num_blocks} * push_pct / 100);
+          Job push = job(4096);
+          push.num_blocks = pushed;
+          Job pull = job(4096);
+          pull.src_blocks = peer_tables + pushed;
+          pull.dst_blocks = peer_tables + s.num_blocks + pushed;
+          pull.num_blocks = s.num_blocks - pushed;
+          // `stream` is where TimeIt records; the peer stream joins it both ways.
+          cudaEvent_t go, done;
+          Check(cudaEventCreateWithFlags(&go, cudaEventDisableTiming), "event");
+          Check(cudaEventRecord(go, stream), "record");
+          WarpKernel<><<<n, 512, 0, stream>>>(push);
+          Check(cudaSetDevice(dst_dev), "set device");
+          Check(cudaStreamWaitEvent(peer_stream, go, 0), "wait");
+          WarpKernel<><<<n, 512, 0, peer_stream>>>(pull);
+          Check(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "event");
+          Check(cudaEventRecord(done, peer_stream), "record");
+          Check(cudaSetDevice(0), "set device");
+          Check(cudaStreamWaitEvent(stream, done, 0), "wait");
+          cudaEventDestroy(go);
+          cudaEventDestroy(done);
+        }});
       }
     }
     for (const Variant& v : variants) {
@@ -308,6 +361,7 @@ int main(int argc, char** argv) {
     }
     cudaFree(s.src_blocks);
     cudaFree(s.dst_blocks);
+    if (peer_tables != nullptr) cudaFree(peer_tables);
   }
   return 0;
 }

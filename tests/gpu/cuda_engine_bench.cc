@@ -654,9 +654,9 @@ int Main(int argc, char** argv) {
       // that keeps them there names them with BlockTableRef; no ids are copied by the client).
       // What the daemon moves when an operator gives it all SMs; the default keeps the knee.
       std::printf("\n## 1c. %s, kvraild settings for bandwidth, 1 GiB, best of %d\n"
-                  "| setting | block | e2e GB/s | e2e / NCCL | submit (to daemon + accept + reply) | "
-                  "queued | running | notify | engine: the job's batches |\n"
-                  "|---|---|---|---|---|---|---|---|---|\n", where.c_str(), reps);
+                  "| setting | block | e2e GB/s | e2e / NCCL | sustained, 2 in flight | submit (to "
+                  "daemon + accept + reply) | queued | running | notify | engine: the job's batches |\n"
+                  "|---|---|---|---|---|---|---|---|---|---|\n", where.c_str(), reps);
       struct Setting {
         const char* label;
         std::vector<std::string> args;
@@ -678,14 +678,18 @@ int Main(int argc, char** argv) {
           if (setting.refs) UseTableRefs(full, p);
           Pattern(p);
           const double e2e = BestThrough(full, p, reps, nullptr, nullptr);
+          const Phases phases = last_phases;
+          const std::string batches = LastJobBusy(full);
+          const double sustained = Pipelined(full, p, quick ? 4 : 8);
           VerifyBlocks(p);
           const auto n = nccl.find(kib);
-          std::printf("| %s | %lu KiB | %.1f | %s | %.2f (%.2f + %.2f + %.2f) | %.2f | %.2f | %.2f | %s |\n",
+          std::printf("| %s | %lu KiB | %.1f | %s | %.1f | %.2f (%.2f + %.2f + %.2f) | %.2f | %.2f | "
+                      "%.2f | %s |\n",
                       setting.label, kib, e2e,
                       n == nccl.end() ? "n/a" : absl::StrFormat("%.2fx", e2e / n->second).c_str(),
-                      last_phases.submit_ms, last_phases.to_daemon_ms, last_phases.accept_ms,
-                      last_phases.reply_ms, last_phases.queued_ms, last_phases.running_ms,
-                      last_phases.notify_ms, LastJobBusy(full).c_str());
+                      sustained, phases.submit_ms, phases.to_daemon_ms, phases.accept_ms,
+                      phases.reply_ms, phases.queued_ms, phases.running_ms, phases.notify_ms,
+                      batches.c_str());
           std::fflush(stdout);
           Release(full, p);
         }
