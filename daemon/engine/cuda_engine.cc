@@ -123,7 +123,8 @@ class DeviceWorker {
     if (!broken_.ok()) return absl::StrCat("cuda:", device_, " BROKEN: ", broken_.message());
     return absl::StrCat("cuda:", device_, " ", last_decision_, ", budget ", options_.max_ctas,
                         " CTAs; ", kernel_batches_, " kernel / ", copy_batches_,
-                        " copy-engine batches; last job set-up (plan upload enqueued) ",
+                        " copy-engine batches; ", held_states_,
+                        " jobs set up (plan on the GPU); last job set-up (plan upload enqueued) ",
                         last_setup_.has_value()
                             ? absl::StrFormat("%.0f us (%.1f MiB of block tables, %s)",
                                               absl::ToDoubleMicroseconds(last_setup_->took),
@@ -200,8 +201,18 @@ class DeviceWorker {
       }
       if (next.has_value()) in_flight.push_back(Launch(StateFor(next->job, bound), *next));
       if (!in_flight.empty() && (!next.has_value() || in_flight.size() >= kMaxInFlight)) {
+        JobState* done = in_flight.front().state;
         Complete(in_flight.front());
         in_flight.pop_front();
+        // A job that has ended gives back its plan buffer and pinned tables now, not when the
+        // GPU next goes idle: under steady load that may be never, and every new plan would
+        // pin fresh table memory.
+        std::unique_ptr<JobState> finished;
+        {
+          absl::MutexLock lock(&mu_);
+          finished = TakeIfFinishedLocked(done);
+        }
+        // Freed here, outside the lock (stream-ordered frees, no device synchronization).
       }
     }
   }
@@ -210,13 +221,28 @@ class DeviceWorker {
   // buffers are freed). A layer-wise job keeps its uploaded plan between layers.
   void SweepLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     for (auto it = states_.begin(); it != states_.end();) {
-      if (it->second->in_flight == 0 && !HasQueuedLocked(it->first) &&
-          !it->second->job->MayGetMoreTiles()) {
+      if (Finished(*it->second)) {
         it = states_.erase(it);
       } else {
         ++it;
       }
     }
+    held_states_ = states_.size();
+  }
+
+  bool Finished(const JobState& s) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return s.in_flight == 0 && !HasQueuedLocked(s.job.get()) && !s.job->MayGetMoreTiles();
+  }
+
+  std::unique_ptr<JobState> TakeIfFinishedLocked(JobState* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    std::unique_ptr<JobState> out;
+    if (Finished(*s)) {
+      auto it = states_.find(s->job.get());
+      out = std::move(it->second);
+      states_.erase(it);
+    }
+    held_states_ = states_.size();
+    return out;
   }
 
   JobState& StateFor(const std::shared_ptr<Job>& job, const absl::Status& bound) {
@@ -236,6 +262,8 @@ class DeviceWorker {
     }
     JobState& ref = *state;
     states_.emplace(job.get(), std::move(state));
+    absl::MutexLock lock(&mu_);
+    held_states_ = states_.size();
     return ref;
   }
 
@@ -425,6 +453,7 @@ class DeviceWorker {
   };
   std::optional<JobSample> last_job_ ABSL_GUARDED_BY(mu_);
   uint64_t kernel_batches_ ABSL_GUARDED_BY(mu_) = 0;
+  size_t held_states_ ABSL_GUARDED_BY(mu_) = 0;  // states_.size(), for Describe
   uint64_t copy_batches_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t inflight_bytes_[kNumPriorityClasses] ABSL_GUARDED_BY(mu_) = {0, 0, 0};
   // Set by the first sticky CUDA error; every later batch fails with it.

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstring>
 #include <fstream>
 #include <numeric>
@@ -258,12 +259,26 @@ TEST_CASE("CUDA engine: concurrent transfers with large block tables (pinned, re
     ids.push_back(submitted->transfer_id());
     from[k] = std::move(by_dst);
   }
-  for (uint64_t id : ids) {
-    auto status = (*cl)->Wait(id, absl::Seconds(30));
+  for (size_t k = 0; k < ids.size(); ++k) {
+    auto status = (*cl)->Wait(ids[k], absl::Seconds(30));
     REQUIRE(status.ok());
     INFO(status->DebugString());
     CHECK(status->state() == v1::TRANSFER_STATE_SUCCEEDED);
     CHECK(status->engine() == "cuda-kernel");
+    // Ended jobs give back their plan (device buffer, pinned tables) as they end, not when the
+    // GPU next idles: at most the transfers not yet waited for (plus the one just ended, which
+    // may be a moment behind its waiter) hold one.
+    auto stats = (*cl)->GetStats();
+    REQUIRE(stats.ok());
+    for (const auto& e : stats->engines()) {
+      const size_t at = e.find(" jobs set up");
+      if (e.rfind("cuda:0", 0) != 0 || at == std::string::npos) continue;
+      size_t begin = at;
+      while (begin > 0 && std::isdigit(static_cast<unsigned char>(e[begin - 1]))) --begin;
+      const size_t held = std::stoul(e.substr(begin, at - begin));
+      INFO(e);
+      CHECK(held <= ids.size() - k);
+    }
   }
   const std::vector<uint8_t> got = d.Read(dst_bytes);
   size_t wrong = 0;
