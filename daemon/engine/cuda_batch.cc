@@ -39,8 +39,8 @@ uint64_t ClassBatchBytes(uint64_t batch_bytes, uint64_t max_inflight, uint64_t i
 }
 
 uint64_t BatchBytesFor(bool background, uint64_t batch_bytes) {
-  return background ? std::min<uint64_t>(std::max<uint64_t>(batch_bytes / 4, 1), kMaxBackgroundBatchBytes)
-                    : batch_bytes;
+  if (!background) return batch_bytes;
+  return std::min<uint64_t>(std::max<uint64_t>(batch_bytes / 4, 1), kMaxBackgroundBatchBytes);
 }
 
 uint64_t RampBatchBytes(uint64_t budget, uint64_t previous) {

@@ -33,11 +33,12 @@ std::pair<uint32_t, uint32_t> TakeBatch(std::deque<uint32_t>* tiles, const plann
 // one tile.
 uint64_t ClassBatchBytes(uint64_t batch_bytes, uint64_t max_inflight, uint64_t inflight);
 
-// The batch size a class aims for before its limits: the background class's batches are a quarter of
-// `batch_bytes`, at most kMaxBackgroundBatchBytes. Preemption is at batch granularity and up to two batches sit on the stream, so a
-// critical transfer arriving behind background work waits for those first: with 64 MiB batches
-// (~190 µs each on NVLink) that was most of a 16 MiB critical transfer's p99 once submits and
-// waits stopped costing gRPC round trips (docs/benchmarks.md).
+// The batch size a class aims for before its limits: the background class's batches are a
+// quarter of `batch_bytes`, at most kMaxBackgroundBatchBytes. Preemption is at batch granularity
+// and up to two batches sit on the stream, so a critical transfer arriving behind background work
+// waits for those first: with 64 MiB batches (~190 µs each on NVLink) that was most of a 16 MiB
+// critical transfer's p99 once submits and waits stopped costing gRPC round trips
+// (docs/benchmarks.md).
 uint64_t BatchBytesFor(bool background, uint64_t batch_bytes);
 // Background batches never exceed this (larger configured batches must not delay a critical
 // transfer behind background work more than the default did).

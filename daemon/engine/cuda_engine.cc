@@ -149,8 +149,8 @@ class DeviceWorker {
   }
 
 
-  // Takes the next batch in priority order (fewest queued tiles first within a class) that the class's byte
-  // limit allows, or nothing; counts its bytes as in flight for the class.
+  // Takes the next batch in priority order (fewest queued tiles first within a class) that the
+  // class's byte limit allows, or nothing; counts its bytes as in flight for the class.
   std::optional<Taken> TakeLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     for (int c = 0; c < kNumPriorityClasses; ++c) {
       if (queues_.Empty(c)) continue;
@@ -453,8 +453,8 @@ class DeviceWorker {
   };
   std::optional<JobSample> last_job_ ABSL_GUARDED_BY(mu_);
   uint64_t kernel_batches_ ABSL_GUARDED_BY(mu_) = 0;
-  size_t held_states_ ABSL_GUARDED_BY(mu_) = 0;  // states_.size(), for Describe
   uint64_t copy_batches_ ABSL_GUARDED_BY(mu_) = 0;
+  size_t held_states_ ABSL_GUARDED_BY(mu_) = 0;  // states_.size(), for Describe
   uint64_t inflight_bytes_[kNumPriorityClasses] ABSL_GUARDED_BY(mu_) = {0, 0, 0};
   // Set by the first sticky CUDA error; every later batch fails with it.
   absl::Status broken_ ABSL_GUARDED_BY(mu_);

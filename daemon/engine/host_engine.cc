@@ -121,7 +121,9 @@ class HostEngine final : public Engine {
       const auto t0 = std::chrono::steady_clock::now();
       // Ids the planner left unchecked are checked before the tile may touch memory.
       const absl::Status checked = job->plan().CheckTiles(tile, tile + 1);
-      if (checked.ok()) planner::ExecuteTileHost(job->plan(), tile, job->src_base(), job->dst_base());
+      if (checked.ok()) {
+        planner::ExecuteTileHost(job->plan(), tile, job->src_base(), job->dst_base());
+      }
       const double seconds =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       // Reported before the slot is released, so a class's limit holds for its jobs' view too

@@ -187,7 +187,8 @@ std::string Plan::Describe() const {
       "%d B over %d layers x %d parts; chunk %d B (%s), %d chunks -> %s%d contiguous runs; "
       "%d-byte accesses; %d tiles of <= %d B (%d per layer); tables %d src + %d dst blocks%s",
       header_.bytes_total, header_.num_layers, header_.num_parts, header_.chunk_bytes, kind,
-      num_chunks(), runs_estimated_ ? "~" : "", num_runs_, header_.access_bytes, header_.num_tiles, header_.tile_bytes,
+      num_chunks(), runs_estimated_ ? "~" : "", num_runs_, header_.access_bytes,
+      header_.num_tiles, header_.tile_bytes,
       tiles_per_layer(), src_blocks_.size(), dst_blocks_.size(),
       checks_ != nullptr ? " (ids checked as tiles start)" : "");
 }

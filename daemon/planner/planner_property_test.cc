@@ -169,8 +169,9 @@ TEST_CASE("deferred id checks: same bytes, and no tile passes that reads a bad i
       continue;
     }
     // One defect: an out-of-range id on either side, or a repeated destination id.
-    kvrail::v1::TransferEndpoint* side = (rng() % 2 == 0) ? c.spec.mutable_src() : c.spec.mutable_dst();
-    const bool repeat = side == c.spec.mutable_dst() && side->block_ids_size() > 1 && rng() % 2 == 0;
+    const bool on_dst = rng() % 2 == 1;
+    kvrail::v1::TransferEndpoint* side = on_dst ? c.spec.mutable_dst() : c.spec.mutable_src();
+    const bool repeat = on_dst && side->block_ids_size() > 1 && rng() % 2 == 0;
     const int j = static_cast<int>(rng() % side->block_ids_size());
     if (repeat) {
       if (j == 0) continue;

@@ -623,7 +623,8 @@ TEST_CASE("deferred id checks: accepted at once, each tile's ids checked before 
               "spec.dst.block_ids[39999]");
   // Copies of the plan share the verdict.
   const Plan copy = *late;
-  ExpectError(copy.CheckTiles(5, 6), absl::StatusCode::kInvalidArgument, "spec.dst.block_ids[39999]");
+  ExpectError(copy.CheckTiles(5, 6), absl::StatusCode::kInvalidArgument,
+              "spec.dst.block_ids[39999]");
 
   // A bad source id at 30000 (tile 937) and the repeat above: the first in table order.
   TransferSpec both = dup;
@@ -653,7 +654,8 @@ TEST_CASE("deferred id checks: accepted at once, each tile's ids checked before 
   CHECK(half->src_blocks().size() == n / 2);
   CHECK(half->CheckTiles(0, half->num_tiles() - 1).ok());
   ExpectError(half->CheckTiles(half->num_tiles() - 1, half->num_tiles()),
-              absl::StatusCode::kInvalidArgument, "spec.src.block_ids[39999]: block 80001 out of range");
+              absl::StatusCode::kInvalidArgument,
+              "spec.src.block_ids[39999]: block 80001 out of range");
   ExpectError(MakePlan(tail, r, r, plain).status(),
               absl::StatusCode::kInvalidArgument, "spec.src.block_ids[39999]");
 

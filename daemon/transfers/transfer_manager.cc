@@ -121,6 +121,12 @@ absl::StatusOr<SharedTable> FindBlockTable(const regions::RegionTable& regions,
   return out;
 }
 
+// The field errors about a shared table's ids name (BlockTableRef.named_as, checked by
+// FindBlockTable).
+std::string TableFieldName(const v1::BlockTableRef& table) {
+  return table.named_as().empty() ? "block_table" : table.named_as();
+}
+
 // Replaces ep.block_table with the ids it holds, as block_ids_le32 (for a transfer to another
 // node, whose spec travels on with its tables).
 absl::Status ResolveBlockTable(const regions::RegionTable& regions, v1::TransferEndpoint* ep,
@@ -196,11 +202,11 @@ class TransferManagerImpl final : public TransferManager {
       if (response.ok()) return response;
       // The planner names block_ids_le32; the client wrote block_table (or names another field).
       std::string message(response.status().message());
-      for (const auto& [ep, side] : {std::pair{&request.src(), "spec.src"}, std::pair{&request.dst(), "spec.dst"}}) {
+      for (const auto& [ep, side] : {std::pair{&request.src(), "spec.src"},
+                                     std::pair{&request.dst(), "spec.dst"}}) {
         if (!ep->has_block_table()) continue;
-        const std::string& named_as = ep->block_table().named_as();
         message = v1::RenameField(message, absl::StrCat(side, ".block_ids_le32"),
-                                  absl::StrCat(side, ".", named_as.empty() ? "block_table" : named_as));
+                                  absl::StrCat(side, ".", TableFieldName(ep->block_table())));
       }
       return absl::Status(response.status().code(), message);
     }
@@ -212,9 +218,8 @@ class TransferManagerImpl final : public TransferManager {
       if (!ep->has_block_table()) continue;
       ASSIGN_OR_RETURN(SharedTable table,
                        FindBlockTable(*regions_, *ep, absl::StrCat("spec.", side)));
-      const std::string& named_as = ep->block_table().named_as();
       *ref = planner::TableRef{table.ids, table.count,
-                               absl::StrCat(side, ".", named_as.empty() ? "block_table" : named_as)};
+                               absl::StrCat(side, ".", TableFieldName(ep->block_table()))};
       held.push_back(std::move(table));
     }
     return SubmitResolved(request, received_us, refs);
