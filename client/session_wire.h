@@ -35,8 +35,8 @@ std::string SessionSocketPath(const std::string& grpc_socket_path);
 using ::kvrail::UniqueFd;  // daemon/common/unique_fd.h: the project's one fd owner
 
 // One connection to the session socket. Thread contract: SendFd, Exchange and SetAnswerTimeout
-// may be called from any thread; exchanges are serialised internally (each request waits for its own answer before the next one is
-// sent, so answers can never be mismatched).
+// may be called from any thread; exchanges are serialised internally (each request waits for its
+// own answer before the next one is sent, so answers can never be mismatched).
 class SessionConnection {
  public:
   // Connects to `session_socket_path` and reads the daemon's "SESSION <id>" greeting. Answers

@@ -139,10 +139,14 @@ TEST_CASE("a class's byte limit bounds its batches, never below one tile") {
   CHECK(ClassBatchBytes(64 << 20, 8 << 20, 6 << 20) == (2u << 20)); // what the limit leaves
   CHECK(ClassBatchBytes(64 << 20, 8 << 20, 9 << 20) == 0);         // over: TakeBatch takes 1 tile
   CHECK(ClassBatchBytes(4 << 20, 1ull << 30, 0) == (4u << 20));    // the batch size is smaller
+}
+
+TEST_CASE("batch sizes: background a quarter (at most 16 MiB); a job's batches ramp up") {
   CHECK(BatchBytesFor(/*background=*/false, 64 << 20) == (64u << 20));
   CHECK(BatchBytesFor(/*background=*/true, 64 << 20) == (16u << 20));
   CHECK(BatchBytesFor(/*background=*/true, 2) == 1);
   CHECK(BatchBytesFor(/*background=*/false, 256 << 20) == (256u << 20));
+  CHECK(BatchBytesFor(/*background=*/true, 256 << 20) == (16u << 20));
   // A job's batches ramp up 16 -> 64 -> 256 MiB, never past the budget.
   CHECK(RampBatchBytes(256 << 20, 0) == (16u << 20));
   CHECK(RampBatchBytes(256 << 20, 16 << 20) == (64u << 20));
@@ -150,7 +154,6 @@ TEST_CASE("a class's byte limit bounds its batches, never below one tile") {
   CHECK(RampBatchBytes(256 << 20, 256 << 20) == (256u << 20));
   CHECK(RampBatchBytes(8 << 20, 0) == (8u << 20));
   CHECK(RampBatchBytes(64 << 20, 1 << 20) == (16u << 20));  // a short first batch: 16 MiB next
-  CHECK(BatchBytesFor(/*background=*/true, 256 << 20) == (16u << 20));
 }
 
 TEST_CASE("ExecutingDevice: the GPU side, or between GPUs the source unless told the destination") {

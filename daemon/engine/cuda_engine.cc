@@ -70,18 +70,17 @@ struct Taken {
   int cls = 0;
   uint32_t begin = 0, end = 0;
   uint64_t bytes = 0;
-  bool ramped = false;  // smaller than the class's batch because the job just started
+  // Smaller than the class's batch because the job just started (the ramp): its launch overhead
+  // weighs more, so the tuner does not learn from it.
+  bool ramped = false;
 };
 
+// A taken batch once launched (or failed to launch).
 struct Batch {
   JobState* state = nullptr;
-  int cls = 0;  // priority class
-  uint32_t begin = 0, end = 0;
-  uint64_t bytes = 0;
+  Taken taken;
   int ctas = 0;  // 0: copy engine
   bool capped = false;  // ctas lowered to the class's max_ctas (not the tuner's own choice)
-  bool ramped = false;  // a job's early, smaller batch: its launch overhead weighs more, so the
-                        // tuner does not learn from it
   cuda::Event start, stop;
   absl::Status launch;
 };
@@ -125,25 +124,28 @@ class DeviceWorker {
                         " CTAs; ", kernel_batches_, " kernel / ", copy_batches_,
                         " copy-engine batches; ", held_states_,
                         " jobs set up (plan on the GPU); last job set-up (plan upload enqueued) ",
-                        last_setup_.has_value()
-                            ? absl::StrFormat("%.0f us (%.1f MiB of block tables, %s)",
-                                              absl::ToDoubleMicroseconds(last_setup_->took),
-                                              last_setup_->table_bytes / 1048576.0,
-                                              last_setup_->pinned ? "pinned" : "pageable")
-                            : std::string("none yet"),
-                        last_job_.has_value()
-                            ? absl::StrFormat(
-                                  "; last job so far: %u batches, GPU busy %.3f of %.3f ms since "
-                                  "its first launch (%.1f GB/s while busy)",
-                                  last_job_->batches, last_job_->gpu_seconds * 1e3,
-                                  last_job_->wall_seconds * 1e3,
-                                  last_job_->gpu_seconds > 0
-                                      ? last_job_->bytes / last_job_->gpu_seconds / 1e9
-                                      : 0.0)
-                            : std::string());
+                        SetUpTextLocked(), LastJobTextLocked());
   }
 
  private:
+  std::string SetUpTextLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (!last_setup_.has_value()) return "none yet";
+    return absl::StrFormat("%.0f us (%.1f MiB of block tables, %s)",
+                           absl::ToDoubleMicroseconds(last_setup_->took),
+                           last_setup_->table_bytes / 1048576.0,
+                           last_setup_->pinned ? "pinned" : "pageable");
+  }
+
+  std::string LastJobTextLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (!last_job_.has_value()) return "";
+    const JobSample& j = *last_job_;
+    return absl::StrFormat(
+        "; last job so far: %u batches, GPU busy %.3f of %.3f ms since its first launch "
+        "(%.1f GB/s while busy)",
+        j.batches, j.gpu_seconds * 1e3, j.wall_seconds * 1e3,
+        j.gpu_seconds > 0 ? j.bytes / j.gpu_seconds / 1e9 : 0.0);
+  }
+
   bool HasWorkOrStop() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return stop_ || !queues_.AllEmpty();
   }
@@ -323,11 +325,7 @@ class DeviceWorker {
     const uint32_t begin = taken.begin, end = taken.end;
     Batch b;
     b.state = &s;
-    b.cls = cls;
-    b.begin = begin;
-    b.end = end;
-    b.bytes = taken.bytes;
-    b.ramped = taken.ramped;
+    b.taken = taken;
     ++s.in_flight;
     s.last_batch_bytes = taken.bytes;
     if (!s.first_launch.has_value()) s.first_launch = absl::Now();
@@ -352,7 +350,7 @@ class DeviceWorker {
       ASSIGN_OR_RETURN(b.stop, cuda::Event::Create());
       RETURN_IF_ERROR(cuda::CudaStatus(cudaEventRecord(b.start.get(), stream_.get()), "cudaEventRecord"));
       if (s.mode == Mode::kKernel) {
-        b.ctas = TunerFor(s.tuner_key).Next(b.bytes);
+        b.ctas = TunerFor(s.tuner_key).Next(taken.bytes);
         const int class_max = static_cast<int>(options_.limits[cls].max_ctas);
         if (class_max > 0 && b.ctas > class_max) {
           b.ctas = class_max;
@@ -404,30 +402,31 @@ class DeviceWorker {
     if (status.ok()) cudaEventElapsedTime(&ms, b.start.get(), b.stop.get());
     if (status.ok()) {
       const double seconds = ms / 1e3;
-      const double gbps = seconds > 0 ? static_cast<double>(b.bytes) / seconds / 1e9 : 0;
+      const double gbps =
+          seconds > 0 ? static_cast<double>(b.taken.bytes) / seconds / 1e9 : 0;
       std::string decision;
       if (b.ctas > 0) {
         CtaTuner& tuner = TunerFor(s.tuner_key);
-        if (!b.capped && !b.ramped) tuner.Report(b.ctas, b.bytes, seconds);
+        if (!b.capped && !b.taken.ramped) tuner.Report(b.ctas, b.taken.bytes, seconds);
         decision = absl::StrFormat("kernel %d CTAs%s, now %s", b.ctas,
                                    b.capped ? " (class limit)" : "", tuner.Describe());
       } else {
         decision = "copy engine";
       }
       s.gpu_seconds += seconds;
-      s.bytes_done += b.bytes;
+      s.bytes_done += b.taken.bytes;
       ++s.batches;
       absl::MutexLock lock(&mu_);
       (b.ctas > 0 ? kernel_batches_ : copy_batches_)++;
       last_decision_ = absl::StrFormat("%s, %.1f GB/s last batch (%.1f MiB)", decision, gbps,
-                                       static_cast<double>(b.bytes) / (1 << 20));
+                                       static_cast<double>(b.taken.bytes) / (1 << 20));
       last_job_ = JobSample{s.batches, s.bytes_done, s.gpu_seconds,
                             absl::ToDoubleSeconds(absl::Now() - *s.first_launch)};
     }
     --s.in_flight;
-    for (uint32_t t = b.begin; t < b.end; ++t) s.job->OnTileDone(t, status);
+    for (uint32_t t = b.taken.begin; t < b.taken.end; ++t) s.job->OnTileDone(t, status);
     absl::MutexLock lock(&mu_);
-    inflight_bytes_[b.cls] -= b.bytes;  // after the report, as in the host engine
+    inflight_bytes_[b.taken.cls] -= b.taken.bytes;  // after the report, as in the host engine
   }
 
   const int device_;

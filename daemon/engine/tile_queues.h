@@ -20,8 +20,8 @@ enum class WithinClass {
   kRoundRobin,
   // Each take serves the job with the fewest queued tiles (the earliest of equals): a short
   // transfer passes a long one at the next batch, and back-to-back transfers of one size run one
-  // after the other, so the next one's submit overlaps the current one's tail instead of every
-  // transfer ending at once and leaving the GPU idle (docs/benchmarks.md, "sustained").
+  // after the other instead of sharing the GPU and ending together. (Measured alone, the
+  // sustained two-in-flight rate did not change: docs/benchmarks.md, "Fifth session".)
   kFewestTilesFirst,
 };
 

@@ -69,17 +69,18 @@ std::shared_ptr<void> TablePool::Take(size_t bytes, bool* pinned) {
     }
   }
   if (memory == nullptr) memory = allocator_.allocate(size);
+  bool heap_fallback = false;
   if (memory == nullptr && allocator_.pinned) {
     memory = std::aligned_alloc(kMinClassBytes, size);
-    if (memory == nullptr) return nullptr;
-    absl::MutexLock lock(&mu_);
-    ++fallbacks_;
-    *pinned = false;
-    return std::shared_ptr<void>(memory, Free{shared_from_this(), size, true});
+    heap_fallback = memory != nullptr;
+    if (heap_fallback) {
+      absl::MutexLock lock(&mu_);
+      ++fallbacks_;
+    }
   }
   if (memory == nullptr) return nullptr;
-  *pinned = allocator_.pinned;
-  return std::shared_ptr<void>(memory, Free{shared_from_this(), size, false});
+  *pinned = allocator_.pinned && !heap_fallback;
+  return std::shared_ptr<void>(memory, Free{shared_from_this(), size, heap_fallback});
 }
 
 void TablePool::Give(void* memory, size_t bytes, bool heap_fallback) {

@@ -34,9 +34,9 @@ namespace kvrail::planner {
 // hands out pinned host memory, so the plan upload is an asynchronous DMA instead of a copy the
 // driver stages synchronously.
 //
-// TablePool recycles table buffers by power-of-two size class. Thread-safe (one mutex around the free
-// lists). Buffers out of the pool keep it alive (they hold a shared_ptr to it), so a pool may be
-// dropped by its creator while plans still use its buffers.
+// TablePool recycles table buffers by power-of-two size class. Thread-safe (one mutex around the
+// free lists). Buffers out of the pool keep it alive (they hold a shared_ptr to it), so a pool
+// may be dropped by its creator while plans still use its buffers.
 class TablePool : public std::enable_shared_from_this<TablePool> {
  public:
   // How the pool gets and returns memory (plain heap, or cudaHostAlloc / cudaFreeHost).
@@ -87,8 +87,9 @@ class TablePool : public std::enable_shared_from_this<TablePool> {
   uint64_t fallbacks_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
-// A block table: `size()` uint32 block ids in memory from a TablePool. Copies share the memory (it is written only while the plan is built); the memory
-// goes back to its pool when the last copy is gone. Not thread-safe to write.
+// A block table: `size()` uint32 block ids in memory from a TablePool. Copies share the memory
+// (it is written only while the plan is built); the memory goes back to its pool when the last
+// copy is gone. Not thread-safe to write.
 class BlockTable {
  public:
   BlockTable() = default;
@@ -174,7 +175,8 @@ struct TileInfo {
 // A block table read in place (TransferEndpoint.block_table: ids in a client's shared memory)
 // instead of the endpoint's block_ids. MakePlan copies the ids once into the plan and validates
 // the copy, so memory the client rewrites meanwhile can only change which (checked) blocks move.
-// The memory must stay mapped for the call. Errors about the table name `field` ("src.block_table").
+// The memory must stay mapped for the call. Errors about the table name `field`
+// ("src.block_table").
 struct TableRef {
   const uint32_t* ids = nullptr;
   size_t count = 0;

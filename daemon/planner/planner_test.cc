@@ -366,9 +366,6 @@ TEST_CASE("plans are O(blocks) integers, never per-block descriptors") {
   CHECK(plan->num_tiles() == plan->bytes_total() / (1 << 20));
 }
 
-}  // namespace kvrail::planner
-
-namespace kvrail::planner {
 namespace {
 
 std::string Le32(const std::vector<uint32_t>& ids) {
@@ -410,11 +407,6 @@ TEST_CASE("block_ids_le32 is the same block table in fixed-width form") {
                 "spec.src.block_ids_le32:");
   }
 }
-
-}  // namespace
-}  // namespace kvrail::planner
-
-namespace kvrail::planner {
 
 TEST_CASE("block tables read in place: same plan, errors name the table field") {
   const RegionView src = Paged(Proto(2, 2, 4096, 16, 8, 64, kNhd));
@@ -708,4 +700,5 @@ TEST_CASE("deferred id checks: concurrent callers check each id once and agree")
   }
 }
 
+}  // namespace
 }  // namespace kvrail::planner

@@ -198,7 +198,8 @@ class TransferManagerImpl final : public TransferManager {
       v1::TransferSpec resolved = request;
       RETURN_IF_ERROR(ResolveBlockTable(*regions_, resolved.mutable_src(), "spec.src"));
       RETURN_IF_ERROR(ResolveBlockTable(*regions_, resolved.mutable_dst(), "spec.dst"));
-      absl::StatusOr<v1::SubmitTransferResponse> response = SubmitResolved(resolved, received_us, {});
+      absl::StatusOr<v1::SubmitTransferResponse> response =
+          SubmitResolved(resolved, received_us, {});
       if (response.ok()) return response;
       // The planner names block_ids_le32; the client wrote block_table (or names another field).
       std::string message(response.status().message());
@@ -213,8 +214,8 @@ class TransferManagerImpl final : public TransferManager {
     // A local transfer: the planner reads the tables in place (one copy, into the plan).
     std::vector<SharedTable> held;
     planner::TableRefs refs;
-    for (const auto& [ep, side, ref] :
-         {std::tuple{&request.src(), "src", &refs.src}, std::tuple{&request.dst(), "dst", &refs.dst}}) {
+    for (const auto& [ep, side, ref] : {std::tuple{&request.src(), "src", &refs.src},
+                                        std::tuple{&request.dst(), "dst", &refs.dst}}) {
       if (!ep->has_block_table()) continue;
       ASSIGN_OR_RETURN(SharedTable table,
                        FindBlockTable(*regions_, *ep, absl::StrCat("spec.", side)));

@@ -194,6 +194,23 @@ double TimeIt(cudaStream_t stream, int reps, const std::function<void()>& launch
   return best;
 }
 
+// Enqueues `main_work` on `main` and, beside it, `other_work` on `other` (a stream of device
+// `other_device`, which starts after everything enqueued on `main` before this call), then makes
+// `main` wait for `other`: TimeIt's events on `main` then bracket both. `go` belongs to GPU0,
+// `done` to `other_device`; both are the caller's, reused.
+void ForkJoin(cudaStream_t main, cudaEvent_t go, cudaStream_t other, cudaEvent_t done,
+              int other_device, const std::function<void()>& main_work,
+              const std::function<void()>& other_work) {
+  Check(cudaEventRecord(go, main), "record");
+  main_work();
+  Check(cudaSetDevice(other_device), "set device");
+  Check(cudaStreamWaitEvent(other, go, 0), "wait");
+  other_work();
+  Check(cudaEventRecord(done, other), "record");
+  Check(cudaSetDevice(0), "set device");
+  Check(cudaStreamWaitEvent(main, done, 0), "wait");
+}
+
 // Samples 64 blocks of the destination and compares them with their sources (device memcpy).
 bool Verify(const Setup& s) {
   std::vector<uint8_t> a(s.block_bytes), b(s.block_bytes);
@@ -216,13 +233,19 @@ int main(int argc, char** argv) {
   const int dst_dev = count > 1 ? 1 : 0;
   Check(cudaSetDevice(0), "set device");
   if (dst_dev != 0) Check(cudaDeviceEnablePeerAccess(dst_dev, 0), "peer access");
-  cudaStream_t stream, peer_stream = nullptr;
+  cudaStream_t stream, peer_stream = nullptr, ce_stream = nullptr;
   Check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
+  Check(cudaStreamCreateWithFlags(&ce_stream, cudaStreamNonBlocking), "copy-engine stream");
+  // Fork/join events of the two-stream rows (ForkJoin): GPU0's, and the destination GPU's.
+  cudaEvent_t go = nullptr, local_done = nullptr, peer_done = nullptr;
+  Check(cudaEventCreateWithFlags(&go, cudaEventDisableTiming), "event");
+  Check(cudaEventCreateWithFlags(&local_done, cudaEventDisableTiming), "event");
   if (dst_dev != 0) {
     // The destination GPU's own stream, for the push + pull rows (it loads from GPU0).
     Check(cudaSetDevice(dst_dev), "set device");
     Check(cudaDeviceEnablePeerAccess(0, 0), "peer access (pull)");
     Check(cudaStreamCreateWithFlags(&peer_stream, cudaStreamNonBlocking), "peer stream");
+    Check(cudaEventCreateWithFlags(&peer_done, cudaEventDisableTiming), "event");
     Check(cudaSetDevice(0), "set device");
   }
   // Pools twice the moved size so that blocks scatter.
@@ -329,20 +352,9 @@ int main(int argc, char** argv) {
           pull.src_blocks = peer_tables + pushed;
           pull.dst_blocks = peer_tables + s.num_blocks + pushed;
           pull.num_blocks = s.num_blocks - pushed;
-          // `stream` is where TimeIt records; the peer stream joins it both ways.
-          cudaEvent_t go, done;
-          Check(cudaEventCreateWithFlags(&go, cudaEventDisableTiming), "event");
-          Check(cudaEventRecord(go, stream), "record");
-          WarpKernel<><<<n, 512, 0, stream>>>(push);
-          Check(cudaSetDevice(dst_dev), "set device");
-          Check(cudaStreamWaitEvent(peer_stream, go, 0), "wait");
-          WarpKernel<><<<n, 512, 0, peer_stream>>>(pull);
-          Check(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "event");
-          Check(cudaEventRecord(done, peer_stream), "record");
-          Check(cudaSetDevice(0), "set device");
-          Check(cudaStreamWaitEvent(stream, done, 0), "wait");
-          cudaEventDestroy(go);
-          cudaEventDestroy(done);
+          ForkJoin(stream, go, peer_stream, peer_done, dst_dev,
+                   [&] { WarpKernel<><<<n, 512, 0, stream>>>(push); },
+                   [&] { WarpKernel<><<<n, 512, 0, peer_stream>>>(pull); });
         }});
       }
     }
@@ -353,9 +365,7 @@ int main(int argc, char** argv) {
     std::vector<void*> ce_dsts;
     std::vector<const void*> ce_srcs;
     std::vector<size_t> ce_sizes;
-    cudaStream_t ce_stream = nullptr;
     if (kib >= 32) {
-      Check(cudaStreamCreateWithFlags(&ce_stream, cudaStreamNonBlocking), "ce stream");
       for (uint32_t i = 0; i < s.num_blocks; ++i) {
         ce_dsts.push_back(s.dst + uint64_t{s.host_dst_blocks[i]} * s.block_bytes);
         ce_srcs.push_back(s.src + uint64_t{s.host_src_blocks[i]} * s.block_bytes);
@@ -369,23 +379,20 @@ int main(int argc, char** argv) {
               static_cast<uint32_t>(uint64_t{s.num_blocks} * (100 - ce_pct) / 100);
           Job j = job(4096);
           j.num_blocks = by_kernel;
-          cudaEvent_t go, done;
-          Check(cudaEventCreateWithFlags(&go, cudaEventDisableTiming), "event");
-          Check(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "event");
-          Check(cudaEventRecord(go, stream), "record");
-          Check(cudaStreamWaitEvent(ce_stream, go, 0), "wait");
-          cudaMemcpyAttributes attrs{};
-          attrs.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
-          attrs.flags = cudaMemcpyFlagPreferOverlapWithCompute;
-          size_t idx = 0;
-          Check(cudaMemcpyBatchAsync(ce_dsts.data() + by_kernel, ce_srcs.data() + by_kernel,
-                                     ce_sizes.data() + by_kernel, s.num_blocks - by_kernel, &attrs,
-                                     &idx, 1, ce_stream), "batch copy");
-          WarpKernel<><<<n, 512, 0, stream>>>(j);
-          Check(cudaEventRecord(done, ce_stream), "record");
-          Check(cudaStreamWaitEvent(stream, done, 0), "wait");
-          cudaEventDestroy(go);
-          cudaEventDestroy(done);
+          ForkJoin(stream, go, ce_stream, local_done, 0,
+                   [&] { WarpKernel<><<<n, 512, 0, stream>>>(j); },
+                   [&] {
+                     cudaMemcpyAttributes attrs{};
+                     attrs.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+                     attrs.flags = cudaMemcpyFlagPreferOverlapWithCompute;
+                     size_t idx = 0;
+                     Check(cudaMemcpyBatchAsync(ce_dsts.data() + by_kernel,
+                                                ce_srcs.data() + by_kernel,
+                                                ce_sizes.data() + by_kernel,
+                                                s.num_blocks - by_kernel, &attrs, &idx, 1,
+                                                ce_stream),
+                           "batch copy");
+                   });
         }});
       }
     }
@@ -405,7 +412,6 @@ int main(int argc, char** argv) {
     cudaFree(s.src_blocks);
     cudaFree(s.dst_blocks);
     if (peer_tables != nullptr) cudaFree(peer_tables);
-    if (ce_stream != nullptr) cudaStreamDestroy(ce_stream);
   }
   return 0;
 }

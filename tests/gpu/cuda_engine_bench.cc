@@ -96,16 +96,18 @@ struct Daemon {
   }
 };
 
-// The engine's account of the last job's batches ("N batches, GPU busy X of Y ms ..."), from
-// GetStats; "?" when absent.
-std::string LastJobBusy(Daemon& d) {
-  std::string all = d.Engines();
-  const std::string key = "last job so far: ";
+// The text after `key` in the first GPU's line of GetStats' engines, up to `end` (exclusive) or
+// the next engine; "?" when absent.
+std::string EngineField(Daemon& d, const std::string& key, const std::string& end) {
+  const std::string all = d.Engines();
   const size_t at = all.find(key);
   if (at == std::string::npos) return "?";
-  all = all.substr(at + key.size());
-  return all.substr(0, all.find(" | "));
+  const std::string rest = all.substr(at + key.size());
+  return rest.substr(0, std::min(rest.find(end), rest.find(" | ")));
 }
+
+// The engine's account of the last job's batches ("N batches, GPU busy X of Y ms ...").
+std::string LastJobBusy(Daemon& d) { return EngineField(d, "last job so far: ", ";"); }
 
 // A client of `d` that submits over gRPC only (SubmitTransfer), as before the session socket
 // carried submits; swap it into d.client for a measurement.
@@ -587,13 +589,11 @@ int Main(int argc, char** argv) {
       const double e2e_grpc = BestThrough(d, p, reps, nullptr, nullptr);
       std::swap(d.client, grpc_only);
       const double e2e = BestThrough(d, p, reps, &engine, &path);
-      const double sustained = Pipelined(d, p, quick ? 4 : 8);
-      // The engine's own account of the last job's set-up (plan upload enqueued).
-      std::string setup = d.Engines();
-      const size_t at = setup.find("last job set-up");
-      setup = at == std::string::npos ? "?" : setup.substr(at + 16);
-      setup = setup.substr(0, setup.find(';'));
+      // The engine's own account of the last e2e job: its set-up (plan upload enqueued) and its
+      // batches (read before the sustained run replaces it).
+      const std::string setup = EngineField(d, "last job set-up ", ";");
       const std::string busy = LastJobBusy(d);
+      const double sustained = Pipelined(d, p, quick ? 4 : 8);
       VerifyBlocks(p);
       std::vector<void*> dsts(p.moved);
       std::vector<const void*> srcs(p.moved);

@@ -32,6 +32,7 @@
 #include "daemon/planner/planner.h"
 #include "daemon/planner/random_case.h"
 #include "tests/harness/daemon_process.h"
+#include "tests/integration/kv_fixture.h"
 
 extern char** environ;
 
@@ -156,11 +157,8 @@ void RunCase(client::Client& cl, const planner::testing::RandomCase& c, Kind src
 
 void RunRandomCases(const std::vector<std::string>& daemon_args, const std::string& want_engine,
                     int cases, bool peer = false) {
-  testing::TempDir dir;
-  testing::DaemonProcess daemon;
-  REQUIRE(daemon.Start(dir.path(), daemon_args));
-  auto cl = client::Client::Connect(daemon.socket());
-  REQUIRE(cl.ok());
+  testing::LiveDaemon live(daemon_args);
+  client::Client& cl = *live.client;
   std::mt19937_64 rng(1234);
   const Kind local[3][2] = {{Kind::kGpu, Kind::kGpu}, {Kind::kGpu, Kind::kHost}, {Kind::kHost, Kind::kGpu}};
   const Kind peers[3][2] = {{Kind::kGpu, Kind::kGpu1}, {Kind::kGpu1, Kind::kGpu}, {Kind::kGpu1, Kind::kHost}};
@@ -170,12 +168,11 @@ void RunRandomCases(const std::vector<std::string>& daemon_args, const std::stri
                                   : planner::testing::RandomPagedCase(rng);
     const Kind* k = peer ? peers[i % 3] : local[i % 3];
     INFO("case " << i << " src " << KindName(k[0]) << " dst " << KindName(k[1]));
-    RunCase(**cl, c, k[0], k[1], rng, want_engine);
+    RunCase(cl, c, k[0], k[1], rng, want_engine);
   }
-  auto stats = (*cl)->GetStats();
+  auto stats = cl.GetStats();
   REQUIRE(stats.ok());
   for (const auto& e : stats->engines()) WARN("engine: " << e);
-  CHECK(daemon.Stop(SIGTERM) == 0);
 }
 
 TEST_CASE("CUDA engine, kernel: random layouts GPU->GPU, GPU->host, host->GPU vs host twin") {
@@ -219,11 +216,8 @@ TEST_CASE("two GPUs, copy engines only vs host twin") {
 // in flight at once must each land exactly where their own table says.
 TEST_CASE("CUDA engine: concurrent transfers with large block tables (pinned, recycled tables)") {
   if (!HaveGpu()) return;
-  testing::TempDir dir;
-  testing::DaemonProcess daemon;
-  REQUIRE(daemon.Start(dir.path()));
-  auto cl = client::Client::Connect(daemon.socket());
-  REQUIRE(cl.ok());
+  testing::LiveDaemon live;
+  client::Client& cl = *live.client;
   constexpr uint32_t kTransfers = 12, kPerTransfer = 12000, kSrcBlocks = 16384;
   // 1 KiB blocks: 8 tokens x 1 head x 64 x bf16.
   const v1::PagedKvLayout src_layout = testing::MakeLayout(
@@ -236,8 +230,8 @@ TEST_CASE("CUDA engine: concurrent transfers with large block tables (pinned, re
   std::mt19937_64 rng(77);
   std::vector<uint8_t> src(src_bytes);
   for (auto& b : src) b = static_cast<uint8_t>(rng());
-  Side s = MakeSide(**cl, Kind::kGpu, &src_layout, src_bytes, false, src);
-  Side d = MakeSide(**cl, Kind::kGpu, &dst_layout, dst_bytes, true,
+  Side s = MakeSide(cl, Kind::kGpu, &src_layout, src_bytes, false, src);
+  Side d = MakeSide(cl, Kind::kGpu, &dst_layout, dst_bytes, true,
                     std::vector<uint8_t>(dst_bytes, kPoison));
   std::vector<std::vector<uint32_t>> from(kTransfers);
   std::vector<uint64_t> ids;
@@ -252,7 +246,7 @@ TEST_CASE("CUDA engine: concurrent transfers with large block tables (pinned, re
     // Destination block to[j] gets source block from[k][j]; keep it as "dst block -> src block".
     std::vector<uint32_t> by_dst(kPerTransfer);
     for (uint32_t j = 0; j < kPerTransfer; ++j) by_dst[to[j] - k * kPerTransfer] = from[k][j];
-    auto submitted = (*cl)->Submit(
+    auto submitted = cl.Submit(
         client::MakeBlockTransfer(s.info.region_id(), from[k], d.info.region_id(), to));
     INFO(submitted.status().ToString());
     REQUIRE(submitted.ok());
@@ -260,7 +254,7 @@ TEST_CASE("CUDA engine: concurrent transfers with large block tables (pinned, re
     from[k] = std::move(by_dst);
   }
   for (size_t k = 0; k < ids.size(); ++k) {
-    auto status = (*cl)->Wait(ids[k], absl::Seconds(30));
+    auto status = cl.Wait(ids[k], absl::Seconds(30));
     REQUIRE(status.ok());
     INFO(status->DebugString());
     CHECK(status->state() == v1::TRANSFER_STATE_SUCCEEDED);
@@ -268,7 +262,7 @@ TEST_CASE("CUDA engine: concurrent transfers with large block tables (pinned, re
     // Ended jobs give back their plan (device buffer, pinned tables) as they end, not when the
     // GPU next idles: at most the transfers not yet waited for (plus the one just ended, which
     // may be a moment behind its waiter) hold one.
-    auto stats = (*cl)->GetStats();
+    auto stats = cl.GetStats();
     REQUIRE(stats.ok());
     for (const auto& e : stats->engines()) {
       const size_t at = e.find(" jobs set up");
@@ -290,7 +284,6 @@ TEST_CASE("CUDA engine: concurrent transfers with large block tables (pinned, re
     }
   }
   CHECK(wrong == 0);
-  CHECK(daemon.Stop(SIGTERM) == 0);
 }
 
 // Tables past defer_id_checks_from (32768 ids by default) are checked by the dispatcher as
@@ -299,11 +292,8 @@ TEST_CASE("CUDA engine: concurrent transfers with large block tables (pinned, re
 // stay untouched; the GPU context stays healthy (the next transfer moves, verified).
 TEST_CASE("CUDA engine: deferred id checks stop bad ids in large tables before the GPU sees them") {
   if (!HaveGpu()) return;
-  testing::TempDir dir;
-  testing::DaemonProcess daemon;
-  REQUIRE(daemon.Start(dir.path()));
-  auto cl = client::Client::Connect(daemon.socket());
-  REQUIRE(cl.ok());
+  testing::LiveDaemon live;
+  client::Client& cl = *live.client;
   constexpr uint32_t kBlocks = 40000;  // 40000 + 40000 ids: deferred
   const v1::PagedKvLayout layout = testing::MakeLayout(
       1, 1, kBlocks, 8, 1, 64, v1::DTYPE_BF16, v1::LAYOUT_ORDER_LAYER_PART_BLOCK_NHD);
@@ -311,9 +301,9 @@ TEST_CASE("CUDA engine: deferred id checks stop bad ids in large tables before t
   std::mt19937_64 rng(91);
   std::vector<uint8_t> src(bytes);
   for (auto& b : src) b = static_cast<uint8_t>(rng());
-  Side s = MakeSide(**cl, Kind::kGpu, &layout, bytes, false, src);
-  Side d = MakeSide(**cl, client::CudaDeviceCount() >= 2 ? Kind::kGpu1 : Kind::kGpu, &layout, bytes, true,
-                    std::vector<uint8_t>(bytes, kPoison));
+  Side s = MakeSide(cl, Kind::kGpu, &layout, bytes, false, src);
+  const Kind dst_kind = client::CudaDeviceCount() >= 2 ? Kind::kGpu1 : Kind::kGpu;
+  Side d = MakeSide(cl, dst_kind, &layout, bytes, true, std::vector<uint8_t>(bytes, kPoison));
   std::vector<uint32_t> from(kBlocks), to(kBlocks);
   std::iota(from.begin(), from.end(), 0);
   std::iota(to.begin(), to.end(), 0);
@@ -333,11 +323,11 @@ TEST_CASE("CUDA engine: deferred id checks stop bad ids in large tables before t
       want = "spec.dst.block_ids[39500]: block " + std::to_string(dst_ids[12]) +
              " repeats spec.dst.block_ids[12]";
     }
-    auto submitted = (*cl)->Submit(
+    auto submitted = cl.Submit(
         client::MakeBlockTransfer(s.info.region_id(), src_ids, d.info.region_id(), dst_ids));
     INFO(submitted.status().ToString());
     REQUIRE(submitted.ok());  // accepted: the ids are checked as batches start
-    auto status = (*cl)->Wait(submitted->transfer_id(), absl::Seconds(30));
+    auto status = cl.Wait(submitted->transfer_id(), absl::Seconds(30));
     REQUIRE(status.ok());
     INFO(status->DebugString());
     CHECK(status->state() == v1::TRANSFER_STATE_FAILED);
@@ -364,10 +354,10 @@ TEST_CASE("CUDA engine: deferred id checks stop bad ids in large tables before t
     CHECK(wrong_named == 0);
   }
   // Still healthy: the valid table moves, every block verified.
-  auto good = (*cl)->Submit(
+  auto good = cl.Submit(
       client::MakeBlockTransfer(s.info.region_id(), src_ids, d.info.region_id(), named));
   REQUIRE(good.ok());
-  auto status = (*cl)->Wait(good->transfer_id(), absl::Seconds(30));
+  auto status = cl.Wait(good->transfer_id(), absl::Seconds(30));
   REQUIRE(status.ok());
   INFO(status->DebugString());
   REQUIRE(status->state() == v1::TRANSFER_STATE_SUCCEEDED);
@@ -379,7 +369,6 @@ TEST_CASE("CUDA engine: deferred id checks stop bad ids in large tables before t
                          src.data() + uint64_t{src_ids[j]} * 1024, 1024) != 0;
   }
   CHECK(wrong == 0);
-  CHECK(daemon.Stop(SIGTERM) == 0);
 }
 
 std::string Slurp(const std::string& path) {
