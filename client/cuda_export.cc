@@ -5,8 +5,8 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/common/status.h"
-#include "daemon/cuda/cuda_util.h"
+#include "base/status.h"
+#include "base/cuda/cuda_util.h"
 
 namespace kvrail::client {
 namespace {
@@ -30,8 +30,8 @@ class ScopedDevice {
  public:
   static absl::StatusOr<ScopedDevice> Enter(int device) {
     int previous = 0;
-    RETURN_IF_ERROR(CudaStatus(cudaGetDevice(&previous), "cudaGetDevice"));
-    RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device), absl::StrCat("cudaSetDevice(", device, ")")));
+    KVRAIL_RETURN_IF_ERROR(CudaStatus(cudaGetDevice(&previous), "cudaGetDevice"));
+    KVRAIL_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device), absl::StrCat("cudaSetDevice(", device, ")")));
     return ScopedDevice(previous);
   }
   ScopedDevice(ScopedDevice&& other) noexcept : previous_(other.previous_) { other.previous_ = -1; }
@@ -59,13 +59,13 @@ int CudaDeviceCount() {
 absl::StatusOr<v1::RegionSpec> MakeCudaRegionSpec(const void* device_ptr, uint64_t bytes,
                                                   v1::RegionSpec spec) {
   cudaPointerAttributes attributes{};
-  RETURN_IF_ERROR(CudaStatus(cudaPointerGetAttributes(&attributes, device_ptr),
+  KVRAIL_RETURN_IF_ERROR(CudaStatus(cudaPointerGetAttributes(&attributes, device_ptr),
                        "cudaPointerGetAttributes", absl::StatusCode::kInvalidArgument));
   if (attributes.type != cudaMemoryTypeDevice) {
     return absl::InvalidArgumentError("device_ptr: not device memory from cudaMalloc");
   }
-  ASSIGN_OR_RETURN(ScopedDevice on_device, ScopedDevice::Enter(attributes.device));
-  ASSIGN_OR_RETURN(auto allocation, AllocationOf(device_ptr));
+  KVRAIL_ASSIGN_OR_RETURN(ScopedDevice on_device, ScopedDevice::Enter(attributes.device));
+  KVRAIL_ASSIGN_OR_RETURN(auto allocation, AllocationOf(device_ptr));
   const uint64_t offset = static_cast<const uint8_t*>(device_ptr) - allocation.first;
   if (bytes == 0 || bytes > allocation.second - offset) {
     return absl::InvalidArgumentError(absl::StrCat("bytes: ", bytes, " at offset ", offset,
@@ -73,7 +73,7 @@ absl::StatusOr<v1::RegionSpec> MakeCudaRegionSpec(const void* device_ptr, uint64
                                                    allocation.second, " bytes"));
   }
   cudaIpcMemHandle_t handle;
-  RETURN_IF_ERROR(CudaStatus(cudaIpcGetMemHandle(&handle, allocation.first), "cudaIpcGetMemHandle"));
+  KVRAIL_RETURN_IF_ERROR(CudaStatus(cudaIpcGetMemHandle(&handle, allocation.first), "cudaIpcGetMemHandle"));
   spec.set_memory_kind(v1::MEMORY_KIND_CUDA);
   spec.set_device(attributes.device);
   spec.set_size_bytes(bytes);
@@ -86,19 +86,19 @@ absl::StatusOr<v1::RegionSpec> MakeCudaRegionSpec(const void* device_ptr, uint64
 
 absl::StatusOr<v1::RegionInfo> RegisterCudaRegion(Client& client, const void* device_ptr,
                                                   uint64_t bytes, v1::RegionSpec spec) {
-  ASSIGN_OR_RETURN(v1::RegionSpec full, MakeCudaRegionSpec(device_ptr, bytes, std::move(spec)));
+  KVRAIL_ASSIGN_OR_RETURN(v1::RegionSpec full, MakeCudaRegionSpec(device_ptr, bytes, std::move(spec)));
   uint64_t session = 0;
   if (!client.unix_socket_path().empty()) {
-    ASSIGN_OR_RETURN(session, client.SessionId());
+    KVRAIL_ASSIGN_OR_RETURN(session, client.SessionId());
   }
   return client.RegisterRegion(std::move(full), session);
 }
 
 absl::StatusOr<std::unique_ptr<CudaBuffer>> CudaBuffer::Create(int device, size_t bytes) {
-  RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device), absl::StrCat("cudaSetDevice(", device, ")"),
+  KVRAIL_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device), absl::StrCat("cudaSetDevice(", device, ")"),
                        absl::StatusCode::kFailedPrecondition));
   void* p = nullptr;
-  RETURN_IF_ERROR(CudaStatus(cudaMalloc(&p, bytes), "cudaMalloc", absl::StatusCode::kResourceExhausted));
+  KVRAIL_RETURN_IF_ERROR(CudaStatus(cudaMalloc(&p, bytes), "cudaMalloc", absl::StatusCode::kResourceExhausted));
   return std::unique_ptr<CudaBuffer>(new CudaBuffer(device, static_cast<uint8_t*>(p), bytes));
 }
 
@@ -108,18 +108,18 @@ CudaBuffer::~CudaBuffer() {
 }
 
 absl::Status CudaBuffer::CopyFromHost(size_t offset, const void* src, size_t bytes) {
-  RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device_), "cudaSetDevice"));
+  KVRAIL_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device_), "cudaSetDevice"));
   return CudaStatus(cudaMemcpy(data_ + offset, src, bytes, cudaMemcpyHostToDevice), "cudaMemcpy H2D");
 }
 
 absl::Status CudaBuffer::CopyToHost(size_t offset, void* dst, size_t bytes) const {
-  RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device_), "cudaSetDevice"));
+  KVRAIL_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device_), "cudaSetDevice"));
   return CudaStatus(cudaMemcpy(dst, data_ + offset, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy D2H");
 }
 
 absl::Status CudaBuffer::Fill(uint8_t value) {
-  RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device_), "cudaSetDevice"));
-  RETURN_IF_ERROR(CudaStatus(cudaMemset(data_, value, size_), "cudaMemset"));
+  KVRAIL_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device_), "cudaSetDevice"));
+  KVRAIL_RETURN_IF_ERROR(CudaStatus(cudaMemset(data_, value, size_), "cudaMemset"));
   return CudaStatus(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
 }
 

@@ -4,7 +4,7 @@
 #include <cuda_runtime_api.h>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/cuda/cuda_util.h"
+#include "base/cuda/cuda_util.h"
 
 namespace kvrail::client {
 namespace {

@@ -19,7 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "client/session_wire.h"
-#include "daemon/common/status.h"
+#include "base/status.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/kvrail/v1/admin.grpc.pb.h"
 #include "proto/kvrail/v1/spec_copy.h"
@@ -169,7 +169,7 @@ class Client::Impl {
             absl::StrCat("host buffers are shared over kvraild's unix session socket; target ",
                          target_, " is TCP (connect with the unix socket path)"));
       }
-      ASSIGN_OR_RETURN(session_,
+      KVRAIL_ASSIGN_OR_RETURN(session_,
                        internal::SessionConnection::Open(internal::SessionSocketPath(unix_path_)));
     }
     return session_.get();
@@ -228,7 +228,7 @@ absl::StatusOr<std::unique_ptr<HostBuffer>> Client::CreateHostBuffer(size_t byte
 }
 
 absl::StatusOr<uint64_t> Client::SessionId() {
-  ASSIGN_OR_RETURN(internal::SessionConnection * session, impl_->Session());
+  KVRAIL_ASSIGN_OR_RETURN(internal::SessionConnection * session, impl_->Session());
   return session->session_id();
 }
 
@@ -248,8 +248,8 @@ absl::StatusOr<v1::RegionInfo> Client::RegisterHostBuffer(const HostBuffer& buff
   if (spec.size_bytes() == 0) spec.set_size_bytes(buffer.size() - offset);
   if (spec.layout_case() == v1::RegionSpec::LAYOUT_NOT_SET) spec.mutable_bytes();
 
-  ASSIGN_OR_RETURN(internal::SessionConnection * session, impl_->Session());
-  ASSIGN_OR_RETURN(std::string token, session->SendFd(buffer.fd()));
+  KVRAIL_ASSIGN_OR_RETURN(internal::SessionConnection * session, impl_->Session());
+  KVRAIL_ASSIGN_OR_RETURN(std::string token, session->SendFd(buffer.fd()));
   spec.mutable_share()->set_fd_token(token);
   return RegisterRegion(std::move(spec), session->session_id());
 }
@@ -278,7 +278,7 @@ absl::StatusOr<v1::RegionInfo> Client::RegisterRegion(v1::RegionSpec spec, uint6
   v1::RegisterRegionResponse response;
   grpc::ClientContext context;
   SetDeadline(&context, kUnaryDeadline);
-  RETURN_IF_ERROR(FromGrpcStatus(impl_->transfer_->RegisterRegion(&context, request, &response)));
+  KVRAIL_RETURN_IF_ERROR(FromGrpcStatus(impl_->transfer_->RegisterRegion(&context, request, &response)));
   return std::move(*response.mutable_region());
 }
 
@@ -388,7 +388,7 @@ absl::StatusOr<v1::SubmitTransferResponse> Client::SubmitRequest(
   v1::SubmitTransferResponse response;
   grpc::ClientContext context;
   SetDeadline(&context, kUnaryDeadline);
-  RETURN_IF_ERROR(FromGrpcStatus(impl_->transfer_->SubmitTransfer(&context, request, &response)));
+  KVRAIL_RETURN_IF_ERROR(FromGrpcStatus(impl_->transfer_->SubmitTransfer(&context, request, &response)));
   return response;
 }
 
@@ -462,7 +462,7 @@ absl::StatusOr<v1::TransferStatus> Client::Get(uint64_t transfer_id) {
   v1::TransferStatus response;
   grpc::ClientContext context;
   SetDeadline(&context, kUnaryDeadline);
-  RETURN_IF_ERROR(FromGrpcStatus(impl_->transfer_->GetTransfer(&context, request, &response)));
+  KVRAIL_RETURN_IF_ERROR(FromGrpcStatus(impl_->transfer_->GetTransfer(&context, request, &response)));
   return response;
 }
 
@@ -508,7 +508,7 @@ absl::StatusOr<v1::TransferStatus> Client::Wait(uint64_t transfer_id, absl::Dura
     SetDeadline(&context, timeout + kWaitSlack);
   }
   v1::TransferStatus response;
-  RETURN_IF_ERROR(FromGrpcStatus(impl_->transfer_->WaitTransfer(&context, request, &response)));
+  KVRAIL_RETURN_IF_ERROR(FromGrpcStatus(impl_->transfer_->WaitTransfer(&context, request, &response)));
   return response;
 }
 
@@ -518,7 +518,7 @@ absl::StatusOr<v1::TransferStatus> Client::Cancel(uint64_t transfer_id) {
   v1::TransferStatus response;
   grpc::ClientContext context;
   SetDeadline(&context, kUnaryDeadline);
-  RETURN_IF_ERROR(FromGrpcStatus(impl_->transfer_->CancelTransfer(&context, request, &response)));
+  KVRAIL_RETURN_IF_ERROR(FromGrpcStatus(impl_->transfer_->CancelTransfer(&context, request, &response)));
   return response;
 }
 
@@ -554,7 +554,7 @@ absl::StatusOr<v1::TransferStatus> Client::Watch(
       return last;
     }
   }
-  RETURN_IF_ERROR(FromGrpcStatus(reader->Finish()));
+  KVRAIL_RETURN_IF_ERROR(FromGrpcStatus(reader->Finish()));
   if (!seen) {
     return absl::InternalError(
         absl::StrCat("WatchTransfer(", transfer_id, ") ended without any event"));
@@ -566,7 +566,7 @@ absl::StatusOr<v1::ListRegionsResponse> Client::ListRegions() {
   v1::ListRegionsResponse response;
   grpc::ClientContext context;
   SetDeadline(&context, kUnaryDeadline);
-  RETURN_IF_ERROR(
+  KVRAIL_RETURN_IF_ERROR(
       FromGrpcStatus(impl_->admin_->ListRegions(&context, v1::ListRegionsRequest(), &response)));
   return response;
 }
@@ -579,7 +579,7 @@ absl::StatusOr<v1::ListTransfersResponse> Client::ListTransfers(
   v1::ListTransfersResponse response;
   grpc::ClientContext context;
   SetDeadline(&context, kUnaryDeadline);
-  RETURN_IF_ERROR(FromGrpcStatus(impl_->admin_->ListTransfers(&context, request, &response)));
+  KVRAIL_RETURN_IF_ERROR(FromGrpcStatus(impl_->admin_->ListTransfers(&context, request, &response)));
   return response;
 }
 
@@ -587,7 +587,7 @@ absl::StatusOr<v1::ListPeersResponse> Client::ListPeers() {
   v1::ListPeersResponse response;
   grpc::ClientContext context;
   SetDeadline(&context, kUnaryDeadline);
-  RETURN_IF_ERROR(
+  KVRAIL_RETURN_IF_ERROR(
       FromGrpcStatus(impl_->admin_->ListPeers(&context, v1::ListPeersRequest(), &response)));
   return response;
 }
@@ -596,7 +596,7 @@ absl::StatusOr<v1::Stats> Client::GetStats() {
   v1::Stats response;
   grpc::ClientContext context;
   SetDeadline(&context, kUnaryDeadline);
-  RETURN_IF_ERROR(
+  KVRAIL_RETURN_IF_ERROR(
       FromGrpcStatus(impl_->admin_->GetStats(&context, v1::GetStatsRequest(), &response)));
   return response;
 }
@@ -605,7 +605,7 @@ absl::StatusOr<v1::GetTopologyResponse> Client::GetTopology() {
   v1::GetTopologyResponse response;
   grpc::ClientContext context;
   SetDeadline(&context, kUnaryDeadline);
-  RETURN_IF_ERROR(
+  KVRAIL_RETURN_IF_ERROR(
       FromGrpcStatus(impl_->admin_->GetTopology(&context, v1::GetTopologyRequest(), &response)));
   return response;
 }

@@ -2,10 +2,10 @@
 // host memory with it through the session socket (see client/session_wire.h for the wire).
 //
 // Typical use (a prefill process exporting its KV pool):
-//   ASSIGN_OR_RETURN(auto client, Client::Connect(DefaultTarget()));
-//   ASSIGN_OR_RETURN(auto pool, client->CreateHostBuffer(bytes));
+//   KVRAIL_ASSIGN_OR_RETURN(auto client, Client::Connect(DefaultTarget()));
+//   KVRAIL_ASSIGN_OR_RETURN(auto pool, client->CreateHostBuffer(bytes));
 //   RegionSpec spec; *spec.mutable_paged_kv() = layout;
-//   ASSIGN_OR_RETURN(RegionInfo region, client->RegisterHostBuffer(*pool, spec));
+//   KVRAIL_ASSIGN_OR_RETURN(RegionInfo region, client->RegisterHostBuffer(*pool, spec));
 // The region lives as long as `client` (its session socket) does, or until UnregisterRegion.
 //
 // Errors: every call returns absl::Status / StatusOr; daemon errors keep their gRPC code number

@@ -25,14 +25,14 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "daemon/common/unique_fd.h"
+#include "base/unique_fd.h"
 
 namespace kvrail::client::internal {
 
 // The session socket path that belongs to a gRPC unix socket path.
 std::string SessionSocketPath(const std::string& grpc_socket_path);
 
-using ::kvrail::UniqueFd;  // daemon/common/unique_fd.h: the project's one fd owner
+using ::kvrail::UniqueFd;  // base/unique_fd.h: the project's one fd owner
 
 // One connection to the session socket. Thread contract: SendFd, Exchange and SetAnswerTimeout
 // may be called from any thread; exchanges are serialised internally (each request waits for its

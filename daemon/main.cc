@@ -12,9 +12,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "daemon/common/clock.h"
-#include "daemon/common/logging.h"
-#include "daemon/common/status.h"
+#include "base/clock.h"
+#include "base/logging.h"
+#include "base/status.h"
 #include "daemon/config/config.h"
 #include "daemon/directory/directory.h"
 #include "daemon/engine/engine.h"
@@ -35,10 +35,10 @@ constexpr char kVersion[] = "0.1.0";
 absl::StatusOr<v1::GetTopologyResponse> LoadTopology(const v1::DaemonConfig& config) {
   v1::GetTopologyResponse response;
   if (!config.topology_file().empty()) {
-    ASSIGN_OR_RETURN(*response.mutable_desc(), topology::LoadTopologyFile(config.topology_file()));
+    KVRAIL_ASSIGN_OR_RETURN(*response.mutable_desc(), topology::LoadTopologyFile(config.topology_file()));
     response.set_source(config.topology_file());
   } else {
-    ASSIGN_OR_RETURN(*response.mutable_desc(), topology::Discover(topology::DiscoverOptions{}));
+    KVRAIL_ASSIGN_OR_RETURN(*response.mutable_desc(), topology::Discover(topology::DiscoverOptions{}));
     response.set_source("discovered");
   }
   *response.mutable_graph() = topology::ComputeGraph(response.desc());
@@ -90,11 +90,11 @@ sigset_t BlockShutdownSignals() {
 
 absl::Status Run(v1::DaemonConfig config) {
   const sigset_t signals = BlockShutdownSignals();
-  RETURN_IF_ERROR(SetUpLogging(config.log_level(), config.log_format()));
+  KVRAIL_RETURN_IF_ERROR(SetUpLogging(config.log_level(), config.log_format()));
   spdlog::info("kvraild {} starting: node '{}', socket {}", kVersion, config.node_id(),
                config.unix_socket());
 
-  ASSIGN_OR_RETURN(v1::GetTopologyResponse topology, LoadTopology(config));
+  KVRAIL_ASSIGN_OR_RETURN(v1::GetTopologyResponse topology, LoadTopology(config));
   spdlog::info("topology ({}): {} GPUs, {} NICs", topology.source(), topology.desc().gpus_size(),
                topology.desc().nics_size());
 
@@ -130,7 +130,7 @@ absl::Status Run(v1::DaemonConfig config) {
   }
   std::unique_ptr<directory::Directory> directory = directory::CreateStaticDirectory(
       {config.peers().begin(), config.peers().end()}, config.node_id());
-  ASSIGN_OR_RETURN(std::unique_ptr<fabric::Fabric> fabric, StartFabric(config, topology, regions.get(),
+  KVRAIL_ASSIGN_OR_RETURN(std::unique_ptr<fabric::Fabric> fabric, StartFabric(config, topology, regions.get(),
                                                                        directory.get()));
   transfers::Options transfer_options;
   transfer_options.node_id = config.node_id();
@@ -158,7 +158,7 @@ absl::Status Run(v1::DaemonConfig config) {
   if (fabric) fabric->SetInboundSink(transfers.get());
   std::unique_ptr<metrics::Metrics> metrics;
   if (!config.metrics_listen().empty()) {
-    ASSIGN_OR_RETURN(metrics, metrics::Metrics::Start(config.metrics_listen(), [&] {
+    KVRAIL_ASSIGN_OR_RETURN(metrics, metrics::Metrics::Start(config.metrics_listen(), [&] {
       v1::Stats stats;
       stats.set_version(kVersion);
       stats.set_node_id(config.node_id());
@@ -170,7 +170,7 @@ absl::Status Run(v1::DaemonConfig config) {
     spdlog::info("metrics on {} (port {})", config.metrics_listen(), metrics->port());
   }
 
-  ASSIGN_OR_RETURN(std::unique_ptr<session::SessionServer> sessions,
+  KVRAIL_ASSIGN_OR_RETURN(std::unique_ptr<session::SessionServer> sessions,
                    session::SessionServer::Start(
                        config.unix_socket() + ".session", config.socket_mode(), regions.get(),
                        [&transfers](const v1::TransferSpec& spec) {
@@ -199,7 +199,7 @@ absl::Status Run(v1::DaemonConfig config) {
     server_options.extra_services.push_back(fabric->peer_service());
   }
   ::unlink(config.unix_socket().c_str());
-  ASSIGN_OR_RETURN(std::unique_ptr<server::Server> server,
+  KVRAIL_ASSIGN_OR_RETURN(std::unique_ptr<server::Server> server,
                    server::Server::Start(server_options, regions.get(), transfers.get()));
   if (::chmod(config.unix_socket().c_str(), config.socket_mode()) != 0) {
     return absl::InternalError(absl::StrCat("unix_socket: chmod failed on ", config.unix_socket()));

@@ -39,7 +39,7 @@ BAZEL=(bazel)
 
 build() {
   ensure_packages
-  "${BAZEL[@]}" build //daemon:kvraild //client:kvrail //client:kv_demo
+  "${BAZEL[@]}" build //daemon:kvraild //tools/kvrail:kvrail //examples:kv_demo
 }
 
 DEMO_DIR="" DAEMON_PID="" PREFILL_PID=""
@@ -62,12 +62,12 @@ demo() {
   log "kvraild running (pid $DAEMON_PID, socket $sock)"
   # The prefill process lives until its stdin closes: a fifo held open by this shell.
   mkfifo "$DEMO_DIR/prefill.stdin"
-  bazel-bin/client/kv_demo prefill --socket "$sock" --info "$DEMO_DIR/prefill.json" --seed 42 \
+  bazel-bin/examples/kv_demo prefill --socket "$sock" --info "$DEMO_DIR/prefill.json" --seed 42 \
     < "$DEMO_DIR/prefill.stdin" &
   PREFILL_PID=$!
   exec 3>"$DEMO_DIR/prefill.stdin"
-  bazel-bin/client/kv_demo decode --socket "$sock" --info "$DEMO_DIR/prefill.json"
-  bazel-bin/client/kvrail --socket "$sock" transfers
+  bazel-bin/examples/kv_demo decode --socket "$sock" --info "$DEMO_DIR/prefill.json"
+  bazel-bin/tools/kvrail/kvrail --socket "$sock" transfers
   exec 3>&-
   wait "$PREFILL_PID"
   PREFILL_PID=""

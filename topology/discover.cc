@@ -7,7 +7,7 @@
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/common/status.h"
+#include "base/status.h"
 #include "topology/cuda_probe.h"
 #include "topology/discover_internal.h"
 #include "topology/topology.h"
@@ -129,7 +129,7 @@ absl::StatusOr<TopologyDesc> Discover(const DiscoverOptions& options) {
   if (have_sysfs) {
     ProbeNics(options.sysfs_root, &desc);
     if (desc.nics_size() == 0) desc.add_notes("sysfs: no PCI network interface found");
-    RETURN_IF_ERROR(BuildPciTree(options.sysfs_root, &desc));
+    KVRAIL_RETURN_IF_ERROR(BuildPciTree(options.sysfs_root, &desc));
   }
   if (options.probe_fabric) ProbeFabric(&desc);
   // Virtual machines often report numa_node -1 for every PCI device. With a single NUMA node

@@ -14,8 +14,8 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
-#include "daemon/common/status.h"
-#include "daemon/cuda/cuda_util.h"
+#include "base/status.h"
+#include "base/cuda/cuda_util.h"
 #include "daemon/engine/cuda_batch.h"
 #include "daemon/engine/engine.h"
 #include "daemon/engine/tile_queues.h"
@@ -272,8 +272,8 @@ class DeviceWorker {
   absl::Status SetUp(JobState& s) {
     const Job& job = *s.job;
     const MemoryRef src = job.src(), dst = job.dst();
-    ASSIGN_OR_RETURN(s.src, job.DeviceAddress(Job::Side::kSrc, device_));
-    ASSIGN_OR_RETURN(s.dst, job.DeviceAddress(Job::Side::kDst, device_));
+    KVRAIL_ASSIGN_OR_RETURN(s.src, job.DeviceAddress(Job::Side::kSrc, device_));
+    KVRAIL_ASSIGN_OR_RETURN(s.dst, job.DeviceAddress(Job::Side::kDst, device_));
     bool peer_unreachable = false;
     if (src.cuda && dst.cuda && src.device != dst.device) {
       const int other = src.device == device_ ? dst.device : src.device;
@@ -291,15 +291,15 @@ class DeviceWorker {
     s.tuner_key = log2 * 4 + (dst.cuda ? (dst.device == device_ ? 0 : 1) : 2);
     if (s.mode == Mode::kKernel) {
       const planner::Plan& plan = job.plan();
-      ASSIGN_OR_RETURN(kernels::DevicePlanBuffer buffer,
+      KVRAIL_ASSIGN_OR_RETURN(kernels::DevicePlanBuffer buffer,
                        kernels::DevicePlanBuffer::Upload(
                            plan.header(), plan.src_blocks().data(), plan.dst_blocks().data(),
                            reinterpret_cast<uint64_t>(s.src), reinterpret_cast<uint64_t>(s.dst),
                            stream_.get()));
       s.plan.emplace(std::move(buffer));
       if (plan.src_blocks().pinned() || plan.dst_blocks().pinned()) {
-        ASSIGN_OR_RETURN(s.uploaded, cuda::Event::Create());
-        RETURN_IF_ERROR(cuda::CudaStatus(cudaEventRecord(s.uploaded.get(), stream_.get()),
+        KVRAIL_ASSIGN_OR_RETURN(s.uploaded, cuda::Event::Create());
+        KVRAIL_RETURN_IF_ERROR(cuda::CudaStatus(cudaEventRecord(s.uploaded.get(), stream_.get()),
                                          "cudaEventRecord(plan uploaded)"));
         s.src_tables = plan.src_blocks().Hold();
         s.dst_tables = plan.dst_blocks().Hold();
@@ -345,10 +345,10 @@ class DeviceWorker {
       // Ids the planner left unchecked: checked here, on the dispatcher, while the GPU runs the
       // batch before (a 64 MiB batch of 4 KiB blocks adds 16k ids per side). A failure fails
       // this batch and, sticky, every later one of the job; nothing of it reaches the GPU.
-      RETURN_IF_ERROR(s.job->plan().CheckTiles(begin, end));
-      ASSIGN_OR_RETURN(b.start, cuda::Event::Create());
-      ASSIGN_OR_RETURN(b.stop, cuda::Event::Create());
-      RETURN_IF_ERROR(cuda::CudaStatus(cudaEventRecord(b.start.get(), stream_.get()), "cudaEventRecord"));
+      KVRAIL_RETURN_IF_ERROR(s.job->plan().CheckTiles(begin, end));
+      KVRAIL_ASSIGN_OR_RETURN(b.start, cuda::Event::Create());
+      KVRAIL_ASSIGN_OR_RETURN(b.stop, cuda::Event::Create());
+      KVRAIL_RETURN_IF_ERROR(cuda::CudaStatus(cudaEventRecord(b.start.get(), stream_.get()), "cudaEventRecord"));
       if (s.mode == Mode::kKernel) {
         b.ctas = TunerFor(s.tuner_key).Next(taken.bytes);
         const int class_max = static_cast<int>(options_.limits[cls].max_ctas);
@@ -356,10 +356,10 @@ class DeviceWorker {
           b.ctas = class_max;
           b.capped = true;
         }
-        RETURN_IF_ERROR(kernels::LaunchKvCopy(s.plan->plan(), begin, end, b.ctas, stream_.get(),
+        KVRAIL_RETURN_IF_ERROR(kernels::LaunchKvCopy(s.plan->plan(), begin, end, b.ctas, stream_.get(),
                                               kThreadsPerCta));
       } else {
-        RETURN_IF_ERROR(CopyEngine(s, begin, end));
+        KVRAIL_RETURN_IF_ERROR(CopyEngine(s, begin, end));
       }
       return cuda::CudaStatus(cudaEventRecord(b.stop.get(), stream_.get()), "cudaEventRecord");
     }();
@@ -551,7 +551,7 @@ class CudaEngine final : public Engine {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Engine>> CreateCudaEngine(const CudaEngineOptions& options) {
-  ASSIGN_OR_RETURN(const int count, cuda::DeviceCount());
+  KVRAIL_ASSIGN_OR_RETURN(const int count, cuda::DeviceCount());
   std::vector<int> devices = options.devices;
   if (devices.empty()) {
     for (int d = 0; d < count; ++d) devices.push_back(d);
@@ -561,7 +561,7 @@ absl::StatusOr<std::unique_ptr<Engine>> CreateCudaEngine(const CudaEngineOptions
     if (d < 0 || d >= count) {
       return absl::InvalidArgumentError(absl::StrCat("cuda devices: GPU", d, " does not exist"));
     }
-    ASSIGN_OR_RETURN(cuda::Stream stream, cuda::Stream::Create(d));
+    KVRAIL_ASSIGN_OR_RETURN(cuda::Stream stream, cuda::Stream::Create(d));
     workers.push_back(std::make_unique<DeviceWorker>(d, options, std::move(stream)));
   }
   return std::unique_ptr<Engine>(

@@ -63,8 +63,8 @@ absl::Status FabricImpl::Init() {
     nic_options.provider = options_.provider;
     nic_options.address = options_.nic_addresses[i];
     nic_options.name = absl::StrCat("nic", i, "@", options_.nic_addresses[i]);
-    ASSIGN_OR_RETURN(lane->nic, Nic::Open(nic_options));
-    ASSIGN_OR_RETURN(lane->ring, CommandRing::Create(256));
+    KVRAIL_ASSIGN_OR_RETURN(lane->nic, Nic::Open(nic_options));
+    KVRAIL_ASSIGN_OR_RETURN(lane->ring, CommandRing::Create(256));
     void* mem = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (mem == MAP_FAILED) {
       return absl::ResourceExhaustedError(absl::StrCat("fabric: staging of ", bytes, " bytes"));
@@ -74,7 +74,7 @@ absl::Status FabricImpl::Init() {
     lane->memory_bytes = bytes;
     // GPU regions are packed and unpacked by the copy engines straight from/into the slots.
     lane->pin = PinForGpus(lane->memory.get(), bytes);
-    ASSIGN_OR_RETURN(lane->mr, lane->nic->RegisterMemory(lane->memory.get(), bytes, i + 1));
+    KVRAIL_ASSIGN_OR_RETURN(lane->mr, lane->nic->RegisterMemory(lane->memory.get(), bytes, i + 1));
     lane->contexts.resize(std::max<size_t>(1, peers_.size()) * options_.slots);
     for (uint32_t p = 0; p < peers_.size(); ++p) {
       for (uint32_t s = 0; s < options_.slots; ++s) {

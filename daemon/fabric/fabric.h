@@ -15,7 +15,7 @@
 #include "absl/time/time.h"
 #include "daemon/directory/directory.h"
 #include "daemon/regions/regions.h"
-#include "daemon/transfers/transfers.h"
+#include "daemon/transfers/remote_path.h"
 
 namespace grpc {
 class Service;

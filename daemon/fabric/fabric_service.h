@@ -10,7 +10,7 @@
 #include <map>
 #include <set>
 
-#include "daemon/common/status.h"
+#include "base/status.h"
 #include "daemon/fabric/fabric_impl.h"
 
 namespace kvrail::fabric {

@@ -76,7 +76,7 @@ absl::StatusOr<planner::RegionView> ViewOf(uint64_t size, bool writable,
   view.writable = writable;
   if (paged != nullptr) {
     view.paged = true;
-    ASSIGN_OR_RETURN(view.layout, planner::ResolveLayout(*paged, size, field));
+    KVRAIL_ASSIGN_OR_RETURN(view.layout, planner::ResolveLayout(*paged, size, field));
   }
   return view;
 }
@@ -225,7 +225,7 @@ absl::Status FabricImpl::ApplyHello(PeerConn* peer, const v1::PeerHello& hello) 
     r = PeerConn::Remote{};
     if (l >= lanes) continue;
     const v1::PeerNic& nic = hello.nics(l);
-    ASSIGN_OR_RETURN(r.addr, lanes_[l]->nic->InsertAddress(nic.fabric_address()));
+    KVRAIL_ASSIGN_OR_RETURN(r.addr, lanes_[l]->nic->InsertAddress(nic.fabric_address()));
     r.key = nic.mr_key();
     r.recv_base = nic.recv_base();
     r.credit_base = nic.credit_base();
@@ -253,7 +253,7 @@ absl::Status FabricImpl::Introduce(PeerConn* peer) {
   *request.mutable_hello() = HelloFor(*peer);
   v1::HelloResponse response;
   auto context = Context(absl::Seconds(2));
-  RETURN_IF_ERROR(FromGrpc(peer->stub->Hello(context.get(), request, &response),
+  KVRAIL_RETURN_IF_ERROR(FromGrpc(peer->stub->Hello(context.get(), request, &response),
                            absl::StrCat("hello to '", peer->node_id, "' at ", peer->address, ": ")));
   return ApplyHello(peer, response.hello());
 }
@@ -264,7 +264,7 @@ absl::StatusOr<v1::PeerHello> FabricImpl::OnHello(const v1::PeerHello& hello) {
     return absl::PermissionDeniedError(
         absl::StrCat("node '", hello.node_id(), "' is not in this daemon's peer directory"));
   }
-  RETURN_IF_ERROR(ApplyHello(peer, hello));
+  KVRAIL_RETURN_IF_ERROR(ApplyHello(peer, hello));
   return HelloFor(*peer);
 }
 
@@ -409,9 +409,9 @@ absl::StatusOr<transfers::RemotePath::Prepared> FabricImpl::Prepare(const v1::Tr
   request.set_requester_node_id(options_.node_id);
   v1::RegionLease lease;
   auto context = Context(absl::Seconds(5));
-  RETURN_IF_ERROR(FromGrpc(peer->stub->GetLease(context.get(), request, &lease),
+  KVRAIL_RETURN_IF_ERROR(FromGrpc(peer->stub->GetLease(context.get(), request, &lease),
                            "spec.dst.region_id: "));
-  ASSIGN_OR_RETURN(planner::RegionView view,
+  KVRAIL_ASSIGN_OR_RETURN(planner::RegionView view,
                    ViewOf(lease.size_bytes(), lease.writable(),
                           lease.has_paged_kv() ? &lease.paged_kv() : nullptr, "lease.paged_kv."));
   Prepared prepared;
@@ -438,7 +438,7 @@ absl::StatusOr<std::vector<std::string>> FabricImpl::Begin(
   request.set_tiles_total(job->plan().num_tiles());
   v1::BeginRemoteTransferResponse response;
   auto context = Context(absl::Seconds(5));
-  RETURN_IF_ERROR(FromGrpc(peer->stub->BeginRemoteTransfer(context.get(), request, &response),
+  KVRAIL_RETURN_IF_ERROR(FromGrpc(peer->stub->BeginRemoteTransfer(context.get(), request, &response),
                            absl::StrCat("peer '", peer->node_id, "' refused the transfer: ")));
   auto out = std::make_shared<Outbound>();
   out->id = id;
@@ -515,16 +515,16 @@ absl::StatusOr<uint32_t> FabricImpl::OnBegin(const v1::BeginRemoteTransferReques
   }
   const v1::TransferSpec& spec = request.spec();
   const uint64_t region_id = spec.dst().region_id();
-  ASSIGN_OR_RETURN(v1::RegionLease lease, OnGetLease(region_id, request.sender_node_id()));
+  KVRAIL_ASSIGN_OR_RETURN(v1::RegionLease lease, OnGetLease(region_id, request.sender_node_id()));
   auto dst = regions_->Get(region_id);
   if (!dst.ok()) return absl::NotFoundError(absl::StrCat("spec.dst.region_id: ", dst.status().message()));
   const v1::RemoteSource& source = request.source();
-  ASSIGN_OR_RETURN(planner::RegionView src_view,
+  KVRAIL_ASSIGN_OR_RETURN(planner::RegionView src_view,
                    ViewOf(source.size_bytes(), false,
                           source.has_paged_kv() ? &source.paged_kv() : nullptr, "source.paged_kv."));
   planner::PlanOptions plan_options;
   plan_options.tile_bytes = request.tile_bytes();
-  ASSIGN_OR_RETURN(planner::Plan plan,
+  KVRAIL_ASSIGN_OR_RETURN(planner::Plan plan,
                    planner::MakePlan(spec, src_view, (*dst)->view(), plan_options));
   if (plan.bytes_total() != request.bytes_total() || plan.num_tiles() != request.tiles_total()) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -559,7 +559,7 @@ absl::StatusOr<uint32_t> FabricImpl::OnBegin(const v1::BeginRemoteTransferReques
       source_lease.set_holder_node_id(options_.node_id);
       source_lease.set_size_bytes(source.size_bytes());
       if (source.has_paged_kv()) *source_lease.mutable_paged_kv() = source.paged_kv();
-      ASSIGN_OR_RETURN(transfers::InboundSink::Admitted admitted,
+      KVRAIL_ASSIGN_OR_RETURN(transfers::InboundSink::Admitted admitted,
                        sink_->BeginInbound(spec, in->plan,
                                            std::make_shared<LeasedRegion>(source_lease, src_view,
                                                                           "source"),
@@ -634,7 +634,7 @@ absl::StatusOr<std::unique_ptr<Fabric>> Fabric::Create(const FabricOptions& opti
                                                        regions::RegionTable* regions,
                                                        directory::Directory* directory) {
   auto fabric = std::make_unique<FabricImpl>(options, regions, directory);
-  RETURN_IF_ERROR(fabric->Init());
+  KVRAIL_RETURN_IF_ERROR(fabric->Init());
   fabric->StartControl(std::make_unique<PeerServiceImpl>(fabric.get()));
   return std::unique_ptr<Fabric>(std::move(fabric));
 }

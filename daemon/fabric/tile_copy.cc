@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/common/status.h"
+#include "base/status.h"
 #include "daemon/fabric/tile_pack.h"
 
 namespace kvrail::fabric {
@@ -18,7 +18,7 @@ absl::StatusOr<cudaStream_t> ThreadStream(int device) {
   thread_local std::map<int, cuda::Stream> streams;
   auto it = streams.find(device);
   if (it == streams.end()) {
-    ASSIGN_OR_RETURN(cuda::Stream stream, cuda::Stream::Create(device));
+    KVRAIL_ASSIGN_OR_RETURN(cuda::Stream stream, cuda::Stream::Create(device));
     it = streams.emplace(device, std::move(stream)).first;
   }
   return it->second.get();
@@ -40,9 +40,9 @@ absl::Status CopyTileRuns(const planner::Plan& plan, uint32_t tile, int device, 
     packed += run.bytes;
   });
   const std::string what = absl::StrCat(pack ? "packing from GPU" : "unpacking into GPU", device);
-  RETURN_IF_ERROR(cuda::SetDevice(device));
-  ASSIGN_OR_RETURN(cudaStream_t stream, ThreadStream(device));
-  RETURN_IF_ERROR(cuda::BatchCopy(dsts.data(), srcs.data(), sizes.data(), sizes.size(), 0, stream,
+  KVRAIL_RETURN_IF_ERROR(cuda::SetDevice(device));
+  KVRAIL_ASSIGN_OR_RETURN(cudaStream_t stream, ThreadStream(device));
+  KVRAIL_RETURN_IF_ERROR(cuda::BatchCopy(dsts.data(), srcs.data(), sizes.data(), sizes.size(), 0, stream,
                                   what));
   return cuda::CudaStatus(cudaStreamSynchronize(stream), what);
 }

@@ -10,7 +10,7 @@
 #include <optional>
 
 #include "absl/status/status.h"
-#include "daemon/cuda/cuda_util.h"
+#include "base/cuda/cuda_util.h"
 #include "daemon/planner/planner.h"
 
 namespace kvrail::fabric {

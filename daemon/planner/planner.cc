@@ -10,7 +10,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "daemon/common/status.h"
+#include "base/status.h"
 #include "daemon/planner/id_checks.h"
 #include "kernels/plan_math.h"
 
@@ -87,7 +87,7 @@ absl::StatusOr<BlockTable> CopyBlockIds(const IdSource& from, uint32_t num_block
   if (check) {
     SeenBlocks seen;
     if (unique) seen.assign((static_cast<size_t>(num_blocks) + 63) / 64, 0);
-    RETURN_IF_ERROR(
+    KVRAIL_RETURN_IF_ERROR(
         CheckIds(ids.data(), 0, from.count, num_blocks, unique ? &seen : nullptr, from.field));
   }
   return ids;
@@ -112,8 +112,8 @@ absl::Status CopyBothSides(const IdSource& src_from, uint32_t src_blocks, const 
     src = CopyBlockIds(src_from, src_blocks, false, check, pool);
     if (src.ok()) dst = CopyBlockIds(dst_from, dst_blocks, true, check, pool);
   }
-  RETURN_IF_ERROR(src.status());
-  RETURN_IF_ERROR(dst.status());
+  KVRAIL_RETURN_IF_ERROR(src.status());
+  KVRAIL_RETURN_IF_ERROR(dst.status());
   *src_ids = *std::move(src);
   *dst_ids = *std::move(dst);
   return absl::OkStatus();
@@ -282,13 +282,13 @@ absl::StatusOr<Plan> MakePlan(const kvrail::v1::TransferSpec& spec, const Region
                                                   ") exceed the destination's ", d.num_heads));
   }
   // Blocks and tokens.
-  ASSIGN_OR_RETURN(const IdSource src_from, FindBlockIds(se, "src", tables.src));
-  ASSIGN_OR_RETURN(const IdSource dst_from, FindBlockIds(de, "dst", tables.dst));
+  KVRAIL_ASSIGN_OR_RETURN(const IdSource src_from, FindBlockIds(se, "src", tables.src));
+  KVRAIL_ASSIGN_OR_RETURN(const IdSource dst_from, FindBlockIds(de, "dst", tables.dst));
   if (src_from.count == 0) return Invalid("src.block_ids", "empty");
   BlockTable src_ids, dst_ids;
   const bool defer = options.defer_checks_from > 0 &&
                      src_from.count + dst_from.count >= options.defer_checks_from;
-  RETURN_IF_ERROR(CopyBothSides(src_from, s.num_blocks, dst_from, d.num_blocks, !defer,
+  KVRAIL_RETURN_IF_ERROR(CopyBothSides(src_from, s.num_blocks, dst_from, d.num_blocks, !defer,
                                 options.tables, &src_ids, &dst_ids));
   const std::string& dst_field = dst_from.field;
   const uint64_t src_capacity = uint64_t{static_cast<uint32_t>(src_ids.size())} * s.tokens_per_block;

@@ -9,8 +9,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "daemon/common/status.h"
-#include "daemon/cuda/cuda_util.h"
+#include "base/status.h"
+#include "base/cuda/cuda_util.h"
 #include "spdlog/spdlog.h"
 
 namespace kvrail::regions {
@@ -54,7 +54,7 @@ Cache& TheCache() {
 // does not extend to IPC imports of the holder's context (seen on 2xH200 as illegal addresses).
 absl::StatusOr<std::shared_ptr<CudaMapping>> Open(int accessor, int holder,
                                                   const std::string& handle_bytes) {
-  RETURN_IF_ERROR(cuda::SetDevice(accessor));
+  KVRAIL_RETURN_IF_ERROR(cuda::SetDevice(accessor));
   cudaIpcMemHandle_t handle;
   std::memcpy(&handle, handle_bytes.data(), sizeof(handle));
   void* ptr = nullptr;
@@ -68,8 +68,8 @@ absl::StatusOr<std::shared_ptr<CudaMapping>> Open(int accessor, int holder,
         absl::StatusCode::kInvalidArgument);
   }
   auto mapping_or_error = [&]() -> absl::StatusOr<std::shared_ptr<CudaMapping>> {
-    ASSIGN_OR_RETURN(int where, cuda::PointerDevice(ptr));
-    ASSIGN_OR_RETURN(cuda::AllocationRange range, cuda::GetAllocationRange(ptr));
+    KVRAIL_ASSIGN_OR_RETURN(int where, cuda::PointerDevice(ptr));
+    KVRAIL_ASSIGN_OR_RETURN(cuda::AllocationRange range, cuda::GetAllocationRange(ptr));
     // The runtime reports a peer view's pointer on the accessor's device, so the holder can be
     // checked only for the holder's own mapping (which every view follows).
     if (accessor == holder && where != holder) {
@@ -93,7 +93,7 @@ absl::StatusOr<std::shared_ptr<CudaMapping>> Cached(int accessor, int holder,
   auto it = cache.open.find(key);
   if (it != cache.open.end()) mapping = it->second.lock();
   if (mapping == nullptr) {
-    ASSIGN_OR_RETURN(mapping, Open(accessor, holder, handle));
+    KVRAIL_ASSIGN_OR_RETURN(mapping, Open(accessor, holder, handle));
     cache.open[key] = mapping;
   }
   for (auto e = cache.open.begin(); e != cache.open.end();) {  // forget closed mappings
@@ -130,7 +130,7 @@ absl::StatusOr<std::shared_ptr<CudaMapping>> ImportCudaIpc(const v1::RegionSpec&
                                                    " does not exist (this daemon sees ", *count,
                                                    " GPUs)"));
   }
-  ASSIGN_OR_RETURN(std::shared_ptr<CudaMapping> mapping,
+  KVRAIL_ASSIGN_OR_RETURN(std::shared_ptr<CudaMapping> mapping,
                    Cached(spec.device(), spec.device(), handle));
   const uint64_t offset = spec.share().offset();
   if (offset > mapping->allocation_bytes() ||
@@ -145,7 +145,7 @@ absl::StatusOr<std::shared_ptr<CudaMapping>> ImportCudaIpc(const v1::RegionSpec&
 absl::StatusOr<std::shared_ptr<CudaMapping>> ImportCudaIpcOn(const v1::RegionSpec& spec,
                                                              int accessor) {
   if (accessor == spec.device()) return ImportCudaIpc(spec);
-  ASSIGN_OR_RETURN(int count, cuda::DeviceCount());
+  KVRAIL_ASSIGN_OR_RETURN(int count, cuda::DeviceCount());
   if (accessor < 0 || accessor >= count) {
     return absl::InvalidArgumentError(absl::StrCat("GPU", accessor, " does not exist"));
   }

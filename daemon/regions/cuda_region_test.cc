@@ -6,8 +6,8 @@
 
 #include <string>
 
-#include "daemon/common/clock.h"
-#include "daemon/cuda/cuda_util.h"
+#include "base/clock.h"
+#include "base/cuda/cuda_util.h"
 #include "daemon/regions/regions.h"
 
 namespace kvrail::regions {

@@ -16,8 +16,8 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "daemon/common/status.h"
-#include "daemon/cuda/cuda_util.h"
+#include "base/status.h"
+#include "base/cuda/cuda_util.h"
 #include "daemon/regions/cuda_import.h"
 
 namespace kvrail::regions {
@@ -165,9 +165,9 @@ class RegionTableImpl final : public RegionTable {
 
   absl::StatusOr<std::shared_ptr<Region>> Register(const v1::RegionSpec& spec,
                                                    uint64_t session_id) override {
-    ASSIGN_OR_RETURN(planner::RegionView view, Validate(spec));
+    KVRAIL_ASSIGN_OR_RETURN(planner::RegionView view, Validate(spec));
     if (spec.memory_kind() == v1::MEMORY_KIND_CUDA) {
-      ASSIGN_OR_RETURN(std::shared_ptr<CudaMapping> cuda, ImportCudaIpc(spec));
+      KVRAIL_ASSIGN_OR_RETURN(std::shared_ptr<CudaMapping> cuda, ImportCudaIpc(spec));
       uint8_t* data = cuda->base() + spec.share().offset();
       std::shared_ptr<Region> region = Add(spec, session_id, view, std::move(cuda), nullptr, data);
       // Map it into the peer GPUs now: opening an IPC handle takes milliseconds, which would
@@ -184,7 +184,7 @@ class RegionTableImpl final : public RegionTable {
     switch (spec.share().via_case()) {
       case v1::RegionShare::kFdToken: {
         field = "spec.share.fd_token";
-        ASSIGN_OR_RETURN(fd, TakeToken(spec.share().fd_token(), session_id));
+        KVRAIL_ASSIGN_OR_RETURN(fd, TakeToken(spec.share().fd_token(), session_id));
         // A client that shrinks the file after registration would make the daemon's accesses
         // fault; sealing it against shrinking removes that hazard.
         if (::fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK) != 0) {
@@ -359,7 +359,7 @@ class RegionTableImpl final : public RegionTable {
     switch (spec.layout_case()) {
       case v1::RegionSpec::kPagedKv: {
         view.paged = true;
-        ASSIGN_OR_RETURN(view.layout,
+        KVRAIL_ASSIGN_OR_RETURN(view.layout,
                          planner::ResolveLayout(spec.paged_kv(), spec.size_bytes(), "spec.paged_kv."));
         break;
       }

@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "daemon/common/clock.h"
-#include "daemon/common/unique_fd.h"
+#include "base/clock.h"
+#include "base/unique_fd.h"
 #include "daemon/planner/planner.h"
 #include "proto/kvrail/v1/region.pb.h"
 

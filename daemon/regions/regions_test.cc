@@ -7,7 +7,7 @@
 #include <cstring>
 #include <string>
 
-#include "daemon/common/clock.h"
+#include "base/clock.h"
 #include "daemon/regions/regions.h"
 
 namespace kvrail::regions {

@@ -19,8 +19,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "daemon/common/status.h"
-#include "daemon/common/unique_fd.h"
+#include "base/status.h"
+#include "base/unique_fd.h"
 #include "spdlog/spdlog.h"
 
 namespace kvrail::session {

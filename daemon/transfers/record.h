@@ -11,7 +11,7 @@
 
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
-#include "daemon/common/clock.h"
+#include "base/clock.h"
 #include "daemon/engine/engine.h"
 #include "daemon/planner/planner.h"
 #include "daemon/regions/regions.h"

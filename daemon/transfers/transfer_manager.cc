@@ -8,7 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "daemon/common/status.h"
+#include "base/status.h"
 #include "daemon/readiness/readiness.h"
 #include "daemon/scheduler/route.h"
 #include "daemon/transfers/record.h"
@@ -132,7 +132,7 @@ std::string TableFieldName(const v1::BlockTableRef& table) {
 absl::Status ResolveBlockTable(const regions::RegionTable& regions, v1::TransferEndpoint* ep,
                                const std::string& side) {
   if (!ep->has_block_table()) return absl::OkStatus();
-  ASSIGN_OR_RETURN(SharedTable table, FindBlockTable(regions, *ep, side));
+  KVRAIL_ASSIGN_OR_RETURN(SharedTable table, FindBlockTable(regions, *ep, side));
   ep->set_block_ids_le32(std::string(reinterpret_cast<const char*>(table.ids), 4 * table.count));
   ep->clear_block_table();
   return absl::OkStatus();
@@ -196,8 +196,8 @@ class TransferManagerImpl final : public TransferManager {
     if (IsRemote(request)) {
       // The spec travels on to the peer: its tables go in the message, copied once here.
       v1::TransferSpec resolved = request;
-      RETURN_IF_ERROR(ResolveBlockTable(*regions_, resolved.mutable_src(), "spec.src"));
-      RETURN_IF_ERROR(ResolveBlockTable(*regions_, resolved.mutable_dst(), "spec.dst"));
+      KVRAIL_RETURN_IF_ERROR(ResolveBlockTable(*regions_, resolved.mutable_src(), "spec.src"));
+      KVRAIL_RETURN_IF_ERROR(ResolveBlockTable(*regions_, resolved.mutable_dst(), "spec.dst"));
       absl::StatusOr<v1::SubmitTransferResponse> response =
           SubmitResolved(resolved, received_us, {});
       if (response.ok()) return response;
@@ -217,7 +217,7 @@ class TransferManagerImpl final : public TransferManager {
     for (const auto& [ep, side, ref] : {std::tuple{&request.src(), "src", &refs.src},
                                         std::tuple{&request.dst(), "dst", &refs.dst}}) {
       if (!ep->has_block_table()) continue;
-      ASSIGN_OR_RETURN(SharedTable table,
+      KVRAIL_ASSIGN_OR_RETURN(SharedTable table,
                        FindBlockTable(*regions_, *ep, absl::StrCat("spec.", side)));
       *ref = planner::TableRef{table.ids, table.count,
                                absl::StrCat(side, ".", TableFieldName(ep->block_table()))};
@@ -257,9 +257,9 @@ class TransferManagerImpl final : public TransferManager {
     if (!v1::Priority_IsValid(spec.priority())) {
       return absl::InvalidArgumentError(absl::StrCat("spec.priority: unknown value ", spec.priority()));
     }
-    RETURN_IF_ERROR(CheckLocalNode(spec.src(), options_.node_id, "spec.src"));
+    KVRAIL_RETURN_IF_ERROR(CheckLocalNode(spec.src(), options_.node_id, "spec.src"));
     if (IsRemote(spec)) return SubmitRemote(spec);
-    RETURN_IF_ERROR(CheckLocalNode(spec.dst(), options_.node_id, "spec.dst"));
+    KVRAIL_RETURN_IF_ERROR(CheckLocalNode(spec.dst(), options_.node_id, "spec.dst"));
     auto src = regions_->Get(spec.src().region_id());
     if (!src.ok()) {
       return absl::NotFoundError(absl::StrCat("spec.src.region_id: ", src.status().message()));
@@ -274,13 +274,13 @@ class TransferManagerImpl final : public TransferManager {
     // Any local plan may run on the CUDA engine (the route is chosen below): its tables go
     // where that engine uploads them from without staging.
     if (options_.cuda_engine != nullptr) plan_options.tables = options_.cuda_engine->table_pool();
-    ASSIGN_OR_RETURN(planner::Plan plan,
+    KVRAIL_ASSIGN_OR_RETURN(planner::Plan plan,
                      planner::MakePlan(spec, (*src)->view(), (*dst)->view(), plan_options, tables));
     auto placement = [](const regions::Region& r) {
       const bool cuda = r.spec().memory_kind() == v1::MEMORY_KIND_CUDA;
       return scheduler::Placement{cuda, cuda ? r.spec().device() : -1};
     };
-    ASSIGN_OR_RETURN(scheduler::Route route,
+    KVRAIL_ASSIGN_OR_RETURN(scheduler::Route route,
                      scheduler::ChooseRoute(placement(**src), placement(**dst),
                                             options_.topology_graph, gpu_index_,
                                             options_.cuda_engine != nullptr));
@@ -289,11 +289,11 @@ class TransferManagerImpl final : public TransferManager {
     std::pair<std::shared_ptr<regions::Region>, uint32_t*> ready{nullptr, nullptr};
     std::pair<std::shared_ptr<regions::Region>, uint32_t*> arrival{nullptr, nullptr};
     if (spec.has_ready_flags()) {
-      ASSIGN_OR_RETURN(ready, ResolveFlags(spec.ready_flags(), plan.num_layers(), false, regions_,
+      KVRAIL_ASSIGN_OR_RETURN(ready, ResolveFlags(spec.ready_flags(), plan.num_layers(), false, regions_,
                                            "spec.ready_flags"));
     }
     if (spec.has_arrival_flags()) {
-      ASSIGN_OR_RETURN(arrival, ResolveFlags(spec.arrival_flags(), plan.num_layers(), true,
+      KVRAIL_ASSIGN_OR_RETURN(arrival, ResolveFlags(spec.arrival_flags(), plan.num_layers(), true,
                                              regions_, "spec.arrival_flags"));
     }
     std::optional<absl::Time> deadline;
@@ -314,7 +314,7 @@ class TransferManagerImpl final : public TransferManager {
       }
     }
 
-    ASSIGN_OR_RETURN(const uint64_t id, NextId());
+    KVRAIL_ASSIGN_OR_RETURN(const uint64_t id, NextId());
     // The record (a copy of the spec) is built outside the manager's lock.
     auto record = std::make_shared<Record>(
         id, spec, *src, *dst, std::move(plan), ToClass(spec.priority()), route.path, route.reason,
@@ -344,12 +344,12 @@ class TransferManagerImpl final : public TransferManager {
   }
 
   absl::StatusOr<v1::TransferStatus> Get(uint64_t id) const override {
-    ASSIGN_OR_RETURN(auto record, Find(id));
+    KVRAIL_ASSIGN_OR_RETURN(auto record, Find(id));
     return record->Status();
   }
 
   absl::StatusOr<v1::TransferStatus> Wait(uint64_t id, absl::Duration timeout) const override {
-    ASSIGN_OR_RETURN(auto record, Find(id));
+    KVRAIL_ASSIGN_OR_RETURN(auto record, Find(id));
     const absl::Time until = absl::Now() + timeout;
     while (!record->IsFinal()) {
       const absl::Duration left = until - absl::Now();
@@ -361,13 +361,13 @@ class TransferManagerImpl final : public TransferManager {
 
   absl::Status WhenEnded(uint64_t id,
                          std::function<void(const v1::TransferStatus&)> done) const override {
-    ASSIGN_OR_RETURN(auto record, Find(id));
+    KVRAIL_ASSIGN_OR_RETURN(auto record, Find(id));
     return record->WhenEnded(std::move(done));
   }
 
   absl::Status Watch(uint64_t id, absl::Duration min_interval,
                      const std::function<bool(const v1::TransferEvent&)>& sink) const override {
-    ASSIGN_OR_RETURN(auto record, Find(id));
+    KVRAIL_ASSIGN_OR_RETURN(auto record, Find(id));
     uint64_t seen = record->version();
     v1::TransferEvent event;
     event.set_kind(v1::TransferEvent::KIND_SNAPSHOT);
@@ -407,7 +407,7 @@ class TransferManagerImpl final : public TransferManager {
   }
 
   absl::StatusOr<v1::TransferStatus> Cancel(uint64_t id) override {
-    ASSIGN_OR_RETURN(auto record, Find(id));
+    KVRAIL_ASSIGN_OR_RETURN(auto record, Find(id));
     if (record->inbound() && !record->IsFinal()) {
       return absl::FailedPreconditionError(absl::StrCat(
           "transfer_id: transfer ", id, " is written into this node by another (",
@@ -418,8 +418,8 @@ class TransferManagerImpl final : public TransferManager {
   }
 
   absl::Status MarkReady(uint64_t id, uint32_t layer_begin, uint32_t layer_count) override {
-    ASSIGN_OR_RETURN(auto record, Find(id));
-    ASSIGN_OR_RETURN(std::vector<uint32_t> tiles,
+    KVRAIL_ASSIGN_OR_RETURN(auto record, Find(id));
+    KVRAIL_ASSIGN_OR_RETURN(std::vector<uint32_t> tiles,
                      record->MarkReady(layer_begin, layer_count == 0 ? 1 : layer_count));
     record->engine()->Enqueue(record, tiles);
     return absl::OkStatus();
@@ -525,19 +525,19 @@ class TransferManagerImpl final : public TransferManager {
     }
     // Host sources are packed into the staging slots by the host twin, GPU sources by the copy
     // engines (tile_copy.h).
-    ASSIGN_OR_RETURN(RemotePath::Prepared prepared, options_.remote->Prepare(spec));
+    KVRAIL_ASSIGN_OR_RETURN(RemotePath::Prepared prepared, options_.remote->Prepare(spec));
     planner::PlanOptions plan_options;
     plan_options.tile_bytes = std::min(options_.tile_bytes, prepared.max_tile_bytes);
-    ASSIGN_OR_RETURN(planner::Plan plan, planner::MakePlan(spec, (*src)->view(),
+    KVRAIL_ASSIGN_OR_RETURN(planner::Plan plan, planner::MakePlan(spec, (*src)->view(),
                                                            prepared.dst->view(), plan_options));
     std::optional<absl::Time> deadline;
     if (spec.timeout_ms() > 0) deadline = clock_->Now() + absl::Milliseconds(spec.timeout_ms());
-    ASSIGN_OR_RETURN(const uint64_t id, NextId());
+    KVRAIL_ASSIGN_OR_RETURN(const uint64_t id, NextId());
     auto record = std::make_shared<Record>(
         id, spec, *src, prepared.dst, std::move(plan), ToClass(spec.priority()), v1::PATH_FABRIC,
         absl::StrCat("destination is on node '", spec.dst().node_id(), "'"), prepared.engine,
         deadline, counters_, clock_);
-    ASSIGN_OR_RETURN(std::vector<std::string> nics,
+    KVRAIL_ASSIGN_OR_RETURN(std::vector<std::string> nics,
                      options_.remote->Begin(id, spec, **src, plan_options.tile_bytes, record));
     record->SetNics(nics);
     record->SetLink("fabric");
@@ -658,7 +658,7 @@ class TransferManagerImpl final : public TransferManager {
     local.clear_layerwise();
     local.clear_ready_flags();
     local.clear_arrival_flags();
-    ASSIGN_OR_RETURN(const uint64_t id, NextId());
+    KVRAIL_ASSIGN_OR_RETURN(const uint64_t id, NextId());
     auto record = std::make_shared<Record>(
         id, local, std::move(source), std::move(dst), plan, ToClass(spec.priority()),
         v1::PATH_FABRIC,

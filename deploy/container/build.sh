@@ -15,7 +15,7 @@ mirror=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 rootfs="$out/rootfs"
 mkdir -p "$out"
 command -v debootstrap >/dev/null || apt-get install -y -qq debootstrap
-bazel build //daemon:kvraild //client:kvrail
+bazel build //daemon:kvraild //tools/kvrail:kvrail
 bin=$(bazel info bazel-bin 2>/dev/null)
 # Runtime libraries only (the -dev packages stay on the build machine).
 runtime=libgrpc++1.51,libprotobuf32,libspdlog1.10,libfmt9,libfabric1,libibverbs1,librdmacm1,libhwloc15,libnuma1,libprometheus-cpp-core1.0,libprometheus-cpp-pull1.0,ca-certificates

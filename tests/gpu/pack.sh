@@ -4,7 +4,7 @@
 #   tests/gpu/run_all.sh          (carry .devpack)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-targets=(//daemon:kvraild //client:kvrail //client:kv_demo //topology:topo_probe
+targets=(//daemon:kvraild //tools/kvrail:kvrail //examples:kv_demo //topology:topo_probe
          //tests/gpu:cuda_engine_gpu_test //tests/gpu:cuda_engine_bench //tests/gpu:streaming_bench
          //tests/gpu:flags_gpu_test //tests/gpu:fabric_gpu_bench //tests/gpu:kv_copy_gpu_test
          //tests/gpu:copy_variants_bench //tests/bench:plan_bench //tests/netns:fabric_bench)

@@ -42,7 +42,7 @@
 #include "absl/time/time.h"
 #include "client/cuda_export.h"
 #include "client/kvrail_client.h"
-#include "daemon/common/status.h"
+#include "base/status.h"
 
 namespace kvrail::client::demo {
 namespace {
@@ -155,9 +155,9 @@ struct DemoPool {
 absl::StatusOr<DemoPool> MakeDemoPool(Client& client, uint64_t bytes, int gpu) {
   DemoPool pool;
   if (gpu < 0) {
-    ASSIGN_OR_RETURN(pool.host, client.CreateHostBuffer(bytes));
+    KVRAIL_ASSIGN_OR_RETURN(pool.host, client.CreateHostBuffer(bytes));
   } else {
-    ASSIGN_OR_RETURN(pool.gpu, CudaBuffer::Create(gpu, bytes));
+    KVRAIL_ASSIGN_OR_RETURN(pool.gpu, CudaBuffer::Create(gpu, bytes));
     pool.mirror.assign(bytes, 0);
   }
   return pool;
@@ -167,7 +167,7 @@ absl::StatusOr<DemoPool> MakeDemoPool(Client& client, uint64_t bytes, int gpu) {
 absl::StatusOr<v1::RegionInfo> RegisterDemoPool(Client& client, DemoPool& pool,
                                                 v1::RegionSpec spec) {
   if (pool.host) return client.RegisterHostBuffer(*pool.host, std::move(spec));
-  RETURN_IF_ERROR(pool.gpu->CopyFromHost(0, pool.mirror.data(), pool.mirror.size()));
+  KVRAIL_RETURN_IF_ERROR(pool.gpu->CopyFromHost(0, pool.mirror.data(), pool.mirror.size()));
   return RegisterCudaRegion(client, pool.gpu->data(), pool.gpu->size(), std::move(spec));
 }
 

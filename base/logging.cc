@@ -1,4 +1,4 @@
-#include "daemon/common/logging.h"
+#include "base/logging.h"
 
 #include <spdlog/pattern_formatter.h>
 #include <spdlog/sinks/stdout_sinks.h>

@@ -1,4 +1,4 @@
-#include "client/cli_top.h"
+#include "tools/kvrail/cli_top.h"
 
 #include <unistd.h>
 
@@ -13,7 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
-#include "client/cli_format.h"
+#include "tools/kvrail/cli_format.h"
 
 namespace kvrail::client::cli {
 namespace {

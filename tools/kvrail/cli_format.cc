@@ -1,4 +1,4 @@
-#include "client/cli_format.h"
+#include "tools/kvrail/cli_format.h"
 
 #include <algorithm>
 #include <cmath>

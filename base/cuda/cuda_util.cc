@@ -1,4 +1,4 @@
-#include "daemon/cuda/cuda_util.h"
+#include "base/cuda/cuda_util.h"
 
 #include <cuda.h>
 

@@ -2,7 +2,7 @@
 #define CATCH_CONFIG_MAIN
 #include <catch2/catch.hpp>
 
-#include "client/cli_format.h"
+#include "tools/kvrail/cli_format.h"
 #include "client/kvrail_client.h"
 
 namespace kvrail::client {

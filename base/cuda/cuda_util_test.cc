@@ -1,7 +1,7 @@
 // The CUDA helpers that need no device: error conversion and the sticky-error classification the
 // CUDA engine uses to stop using a GPU whose context a kernel fault has broken.
 #define CATCH_CONFIG_MAIN
-#include "daemon/cuda/cuda_util.h"
+#include "base/cuda/cuda_util.h"
 
 #include <catch2/catch.hpp>
 

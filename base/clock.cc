@@ -1,4 +1,4 @@
-#include "daemon/common/clock.h"
+#include "base/clock.h"
 
 namespace kvrail {
 namespace {
