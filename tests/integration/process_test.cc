@@ -221,7 +221,7 @@ TEST_CASE("the kvrail CLI against a live daemon: tables, --json, submit --wait, 
   Pool src = MakePool(**c, layout, false, "cli-src");
   Pool dst = MakePool(**c, layout, true, "cli-dst");
   FillPool(src, 8, {0, 1, 2, 3}, 64);
-  const std::string cli = RunfilePath("client/kvrail");
+  const std::string cli = RunfilePath("tools/kvrail/kvrail");
   auto run = [&](std::vector<std::string> args) {
     args.insert(args.begin(), {cli, "--socket", daemon.socket()});
     return RunCommand(args);
@@ -319,7 +319,7 @@ TEST_CASE("kvrail topo: a replayed fixture renders, --json parses, --dump replay
   TempDir dir;
   DaemonProcess daemon;
   REQUIRE(daemon.Start(dir.path(), {"--topology-file", "topology/fixtures/dgx_h100.textproto"}));
-  const std::string cli = RunfilePath("client/kvrail");
+  const std::string cli = RunfilePath("tools/kvrail/kvrail");
   auto text = RunCommand({cli, "--socket", daemon.socket(), "topo"});
   REQUIRE(text.exit_code == 0);
   CHECK(text.out.find("NV18") != std::string::npos);
