@@ -124,11 +124,28 @@ bool CanAccessPeer(int device, int peer) {
   return can != 0;
 }
 
+namespace {
+
+// The (device, peer) pairs whose peer access this process has enabled. Thread-safe: every field
+// is guarded by mu; one table per process (peer access is a property of the process's contexts).
+struct PeerAccessTable {
+  absl::Mutex mu;
+  std::set<std::pair<int, int>> enabled ABSL_GUARDED_BY(mu);
+};
+
+PeerAccessTable& ThePeerAccessTable() {
+  static PeerAccessTable* const table = new PeerAccessTable();  // never destroyed: no exit order
+  return *table;
+}
+
+}  // namespace
+
 absl::Status EnablePeerAccess(int device, int peer) {
-  static absl::Mutex mu;
-  static auto* enabled = new std::set<std::pair<int, int>>();
-  absl::MutexLock lock(&mu);
-  if (device == peer || enabled->count({device, peer}) != 0) return absl::OkStatus();
+  PeerAccessTable& table = ThePeerAccessTable();
+  // Held across the CUDA calls too: two threads enabling the same pair must not race to
+  // cudaDeviceEnablePeerAccess (and each other's SetDevice).
+  absl::MutexLock lock(&table.mu);
+  if (device == peer || table.enabled.count({device, peer}) != 0) return absl::OkStatus();
   if (!CanAccessPeer(device, peer)) {
     return absl::FailedPreconditionError(
         absl::StrCat("GPU", device, " cannot access GPU", peer, "'s memory (no peer access)"));
@@ -139,7 +156,7 @@ absl::Status EnablePeerAccess(int device, int peer) {
     return CudaStatus(e, absl::StrCat("cudaDeviceEnablePeerAccess(GPU", device, " -> GPU", peer, ")"));
   }
   cudaGetLastError();
-  enabled->insert({device, peer});
+  table.enabled.insert({device, peer});
   return absl::OkStatus();
 }
 

@@ -19,6 +19,7 @@ namespace {
 
 class FlagWatcherImpl;
 
+// One watch. Lives in FlagWatcherImpl::entries_ and is read and written only under its mu_.
 struct Entry {
   const volatile uint32_t* words;
   uint32_t count;
@@ -28,6 +29,8 @@ struct Entry {
   uint32_t remaining;
 };
 
+// Thread-compatible: destroyed once, on any thread but the poller's (its destructor takes the
+// watcher's lock, which the poller holds while it runs callbacks).
 class HandleImpl final : public WatchHandle {
  public:
   HandleImpl(FlagWatcherImpl* owner, std::list<Entry>::iterator it) : owner_(owner), it_(it) {}
@@ -38,9 +41,10 @@ class HandleImpl final : public WatchHandle {
   const std::list<Entry>::iterator it_;
 };
 
-// Sweeps every watch; sleeps `poll_interval` between sweeps that found nothing new. Callbacks run
-// with `mu_` held, so a handle's destructor (which takes `mu_`) returns only when its callback is
-// not running.
+// Thread-safe: entries_ and stop_ are guarded by mu_; thread_ is touched only by the constructor
+// and destructor. Sweeps every watch; sleeps `poll_interval` between sweeps that found nothing
+// new. Callbacks run with `mu_` held, so a handle's destructor (which takes `mu_`) returns only
+// when its callback is not running.
 class FlagWatcherImpl final : public FlagWatcher {
  public:
   explicit FlagWatcherImpl(absl::Duration poll_interval) : poll_interval_(poll_interval) {
@@ -60,27 +64,30 @@ class FlagWatcherImpl final : public FlagWatcher {
   }
 
   std::unique_ptr<WatchHandle> Watch(const volatile uint32_t* words, uint32_t count, uint32_t value,
-                                     std::function<void(uint32_t)> on_ready) override {
+                                     std::function<void(uint32_t)> on_ready) override
+      ABSL_LOCKS_EXCLUDED(mu_) {
     absl::MutexLock lock(&mu_);
     entries_.push_back(Entry{words, count, value, std::move(on_ready),
                              std::vector<bool>(count, false), count});
     return std::make_unique<HandleImpl>(this, std::prev(entries_.end()));
   }
 
-  size_t active_watches() const override {
+  size_t active_watches() const override ABSL_LOCKS_EXCLUDED(mu_) {
     absl::MutexLock lock(&mu_);
     return entries_.size();
   }
 
-  void Erase(std::list<Entry>::iterator it) {
+  void Erase(std::list<Entry>::iterator it) ABSL_LOCKS_EXCLUDED(mu_) {
     absl::MutexLock lock(&mu_);
     entries_.erase(it);
   }
 
  private:
-  bool HasWorkOrStop() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || !entries_.empty(); }
+  bool HasWorkOrStop() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return stop_ || !entries_.empty();
+  }
 
-  void Loop() {
+  void Loop() ABSL_LOCKS_EXCLUDED(mu_) {
     absl::MutexLock lock(&mu_);
     while (true) {
       mu_.Await(absl::Condition(this, &FlagWatcherImpl::HasWorkOrStop));
@@ -111,7 +118,7 @@ class FlagWatcherImpl final : public FlagWatcher {
   mutable absl::Mutex mu_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::list<Entry> entries_ ABSL_GUARDED_BY(mu_);
-  std::thread thread_;
+  std::thread thread_;  // the poller, running Loop()
 };
 
 HandleImpl::~HandleImpl() { owner_->Erase(it_); }

@@ -2,14 +2,32 @@
 #include <catch2/catch.hpp>
 
 #include <atomic>
-#include <mutex>
 #include <thread>
 #include <vector>
 
+#include "absl/synchronization/mutex.h"
 #include "daemon/readiness/readiness.h"
 
 namespace kvrail::readiness {
 namespace {
+
+// The indexes a watch released, in order. Thread-safe: appended on the poller thread, read by the
+// test's thread; order_ is guarded by mu_.
+class ReleaseLog {
+ public:
+  void Add(uint32_t index) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    order_.push_back(index);
+  }
+  std::vector<uint32_t> Order() const ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    return order_;
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  std::vector<uint32_t> order_ ABSL_GUARDED_BY(mu_);
+};
 
 TEST_CASE("epoch comparison wraps") {
   CHECK(Reached(5, 5));
@@ -23,31 +41,22 @@ TEST_CASE("epoch comparison wraps") {
 TEST_CASE("layers are released in the order their flags are written, once each") {
   auto watcher = FlagWatcher::Create(absl::Microseconds(20));
   std::vector<uint32_t> flags(8, 6);  // last transfer's epoch was 6
-  std::mutex mu;
-  std::vector<uint32_t> order;
-  auto handle = watcher->Watch(flags.data(), 8, 7, [&](uint32_t i) {
-    std::lock_guard<std::mutex> lock(mu);
-    order.push_back(i);
-  });
+  ReleaseLog log;
+  auto handle = watcher->Watch(flags.data(), 8, 7, [&](uint32_t i) { log.Add(i); });
   std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    CHECK(order.empty());  // old epochs do not count
-  }
+  CHECK(log.Order().empty());  // old epochs do not count
   for (uint32_t layer : {3u, 0u, 7u, 1u, 2u, 6u, 5u, 4u}) {
     SignalFlag(flags.data(), layer, 7);
     for (int i = 0; i < 2000; ++i) {
-      {
-        std::lock_guard<std::mutex> lock(mu);
-        if (!order.empty() && order.back() == layer) break;
-      }
+      const std::vector<uint32_t> order = log.Order();
+      if (!order.empty() && order.back() == layer) break;
       std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
   }
   SignalFlag(flags.data(), 3, 8);  // a later epoch on a fired index does not fire again
   std::this_thread::sleep_for(std::chrono::milliseconds(2));
   handle.reset();
-  CHECK(order == std::vector<uint32_t>{3, 0, 7, 1, 2, 6, 5, 4});
+  CHECK(log.Order() == std::vector<uint32_t>{3, 0, 7, 1, 2, 6, 5, 4});
   CHECK(watcher->active_watches() == 0);
 }
 

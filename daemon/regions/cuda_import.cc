@@ -16,6 +16,7 @@
 namespace kvrail::regions {
 namespace {
 
+// Thread-safe: immutable; closed by whichever thread drops the last reference.
 class CudaMappingImpl final : public CudaMapping {
  public:
   CudaMappingImpl(int device, uint8_t* base, uint64_t bytes)
@@ -38,6 +39,8 @@ class CudaMappingImpl final : public CudaMapping {
 };
 
 // Open mappings by (device, handle bytes), so two regions over one allocation share a mapping.
+// Thread-safe: open is guarded by mu, which Cached holds across the open itself so one handle is
+// never opened twice in one context.
 struct Cache {
   absl::Mutex mu;
   std::map<std::pair<int, std::string>, std::weak_ptr<CudaMapping>> open ABSL_GUARDED_BY(mu);

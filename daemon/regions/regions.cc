@@ -41,6 +41,8 @@ class Mapping {
   size_t length_;
 };
 
+// Thread-safe: the spec, view and memory are immutable after construction; the host pin and the
+// peer-GPU views are made on first use under pin_mu_; the use count is atomic.
 class RegionImpl final : public Region {
  public:
   // `backing` keeps the memory mapped (a host Mapping or a CudaMapping); `host_mapping` is the
@@ -60,7 +62,8 @@ class RegionImpl final : public Region {
   uint64_t id() const override { return id_; }
   uint64_t session_id() const override { return session_id_; }
   uint8_t* data() const override { return data_; }
-  absl::StatusOr<uint8_t*> DeviceAddress(int accessor) const override {
+  // Holds pin_mu_ while it pins or maps (milliseconds), so a pin or peer view is made once.
+  absl::StatusOr<uint8_t*> DeviceAddress(int accessor) const override ABSL_LOCKS_EXCLUDED(pin_mu_) {
     if (host_mapping_ == nullptr) {
       if (accessor == spec_.device()) return data_;
       absl::MutexLock lock(&pin_mu_);
@@ -159,6 +162,8 @@ absl::StatusOr<std::pair<std::unique_ptr<Mapping>, uint8_t*>> MapFd(int fd, uint
   return std::make_pair(std::move(mapping), data);
 }
 
+// Thread-safe: the id counters, regions and pending fd tokens are guarded by mu_. Mapping and
+// CUDA imports happen outside mu_; Add and TakeToken take it for the table updates only.
 class RegionTableImpl final : public RegionTable {
  public:
   explicit RegionTableImpl(Clock* clock) : clock_(clock) {}
@@ -318,7 +323,7 @@ class RegionTableImpl final : public RegionTable {
 
   std::shared_ptr<Region> Add(const v1::RegionSpec& spec, uint64_t session_id,
                               const planner::RegionView& view, std::shared_ptr<void> backing,
-                              const Mapping* host_mapping, uint8_t* data) {
+                              const Mapping* host_mapping, uint8_t* data) ABSL_LOCKS_EXCLUDED(mu_) {
     absl::MutexLock lock(&mu_);
     const uint64_t id = next_id_++;
     auto region = std::make_shared<RegionImpl>(id, session_id, spec, view, std::move(backing),
@@ -327,7 +332,8 @@ class RegionTableImpl final : public RegionTable {
     return region;
   }
 
-  absl::StatusOr<UniqueFd> TakeToken(const std::string& token, uint64_t session_id) {
+  absl::StatusOr<UniqueFd> TakeToken(const std::string& token, uint64_t session_id)
+      ABSL_LOCKS_EXCLUDED(mu_) {
     absl::MutexLock lock(&mu_);
     auto it = tokens_.find(token);
     if (it == tokens_.end()) {
