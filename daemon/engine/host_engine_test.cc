@@ -58,8 +58,7 @@ class CountingJob final : public Job {
   }
   void WaitAll() {
     absl::MutexLock lock(&mu_);
-    mu_.Await(absl::Condition(
-        +[](CountingJob* j) { return j->done_ == j->plan_.num_tiles(); }, this));
+    mu_.Await(absl::Condition(this, &CountingJob::AllDoneLocked));
   }
   std::vector<uint32_t> AllTiles() const {
     std::vector<uint32_t> t(plan_.num_tiles());
@@ -74,6 +73,11 @@ class CountingJob final : public Job {
   }
 
  private:
+  // A member rather than a lambda: the thread-safety analysis sees Await's condition holds mu_.
+  bool AllDoneLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return done_ == plan_.num_tiles();
+  }
+
   const PriorityClass priority_;
   std::vector<uint8_t> src_, dst_;
   planner::Plan plan_;
