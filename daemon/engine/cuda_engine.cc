@@ -1,8 +1,10 @@
-// The CUDA engine: one dispatcher thread and one stream per GPU. See engine.h and
-// docs/architecture.md ("CUDA engine") for the policy.
+// The CUDA engine: one dispatcher thread and one stream per GPU. It executes what the scheduler's
+// pure policy decides (//daemon/scheduler: tile_queues for the order, cuda_batch_policy for
+// batches, mode and CTAs); see docs/architecture.md ("CUDA engine").
 #include <cuda_runtime_api.h>
 
 #include <deque>
+#include <map>
 #include <memory>
 #include <optional>
 #include <thread>
@@ -16,17 +18,22 @@
 #include "absl/synchronization/mutex.h"
 #include "base/status.h"
 #include "base/cuda/cuda_util.h"
-#include "daemon/engine/cuda_batch.h"
+#include "daemon/engine/cuda_engine.h"
 #include "daemon/engine/engine.h"
-#include "daemon/engine/tile_queues.h"
+#include "daemon/planner/table_pool.h"
+#include "daemon/scheduler/cuda_batch_policy.h"
+#include "daemon/scheduler/tile_queues.h"
 #include "kernels/kv_copy.h"
 
 namespace kvrail::engine {
 namespace {
 
-using cuda_internal::CopyRun;
-using cuda_internal::CtaTuner;
-using cuda_internal::Mode;
+using scheduler::CopyRun;
+using scheduler::CtaTuner;
+using scheduler::MayStart;
+using scheduler::Mode;
+using scheduler::TileQueues;
+using scheduler::WithinClass;
 
 constexpr int kThreadsPerCta = 512;
 constexpr size_t kMaxInFlight = 2;  // batches queued on the stream: the next launch hides the gap
@@ -158,21 +165,17 @@ class DeviceWorker {
       if (queues_.Empty(c)) continue;
       const ClassLimits& limit = options_.limits[c];
       if (!MayStart(limit, inflight_bytes_[c], queues_.FrontTileBytes(c))) continue;
-      const uint64_t budget = cuda_internal::ClassBatchBytes(
-          cuda_internal::BatchBytesFor(c == static_cast<int>(PriorityClass::kBackground),
+      const uint64_t budget = scheduler::ClassBatchBytes(
+          scheduler::BatchBytesFor(c == static_cast<int>(PriorityClass::kBackground),
                                        options_.batch_bytes),
           limit.max_inflight_bytes,
           inflight_bytes_[c]);
-      bool ramped = false;
-      auto [job, range] = queues_.TakeFrom(c, [&](const Job& j, std::deque<uint32_t>& tiles) {
+      auto [job, batch] = queues_.TakeFrom(c, [&](const Job& j, std::deque<uint32_t>& tiles) {
         const auto state = states_.find(&j);
         const uint64_t previous = state == states_.end() ? 0 : state->second->last_batch_bytes;
-        const uint64_t aim = cuda_internal::RampBatchBytes(budget, previous);
-        auto taken_range = cuda_internal::TakeBatch(&tiles, j.plan(), aim);
-        ramped = aim < budget && !tiles.empty();  // cut short by the ramp, not by the job's end
-        return taken_range;
+        return scheduler::TakeJobBatch(&tiles, j.plan(), budget, previous);
       });
-      Taken taken{std::move(job), c, range.first, range.second, 0, ramped};
+      Taken taken{std::move(job), c, batch.begin, batch.end, 0, batch.ramped};
       for (uint32_t t = taken.begin; t < taken.end; ++t) {
         taken.bytes += taken.job->plan().tile(t).bytes;
       }
@@ -279,16 +282,13 @@ class DeviceWorker {
       const int other = src.device == device_ ? dst.device : src.device;
       peer_unreachable = !cuda::EnablePeerAccess(device_, other).ok();
     }
-    cuda_internal::ModeInputs in;
+    scheduler::ModeInputs in;
     in.max_ctas = options_.max_ctas;
-    in.mean_run_bytes = cuda_internal::MeanRunBytes(job.plan());
+    in.mean_run_bytes = scheduler::MeanRunBytes(job.plan());
     in.copy_engine_min_run = options_.copy_engine_min_run_bytes;
     in.peer_unreachable = peer_unreachable;
-    s.mode = cuda_internal::ChooseMode(in);
-    // One tuner per run-size class (log2 of the mean run) and destination kind.
-    int log2 = 0;
-    while ((uint64_t{2} << log2) <= in.mean_run_bytes && log2 < 40) ++log2;
-    s.tuner_key = log2 * 4 + (dst.cuda ? (dst.device == device_ ? 0 : 1) : 2);
+    s.mode = scheduler::ChooseMode(in);
+    s.tuner_key = scheduler::CtaTunerKey(in.mean_run_bytes, dst.cuda, dst.device == device_);
     if (s.mode == Mode::kKernel) {
       const planner::Plan& plan = job.plan();
       KVRAIL_ASSIGN_OR_RETURN(kernels::DevicePlanBuffer buffer,
@@ -305,7 +305,7 @@ class DeviceWorker {
         s.dst_tables = plan.dst_blocks().Hold();
       }
     }
-    s.job->OnEngineUsed(cuda_internal::ModeEngineName(s.mode));
+    s.job->OnEngineUsed(scheduler::ModeEngineName(s.mode));
     return absl::OkStatus();
   }
 
@@ -368,7 +368,7 @@ class DeviceWorker {
 
   absl::Status CopyEngine(const JobState& s, uint32_t begin, uint32_t end) {
     runs_.clear();
-    for (uint32_t t = begin; t < end; ++t) cuda_internal::AppendTileRuns(s.job->plan(), t, &runs_);
+    for (uint32_t t = begin; t < end; ++t) scheduler::AppendTileRuns(s.job->plan(), t, &runs_);
     dsts_.resize(runs_.size());
     srcs_.resize(runs_.size());
     sizes_.resize(runs_.size());
@@ -482,7 +482,7 @@ class CudaEngine final : public Engine {
   void Enqueue(const std::shared_ptr<Job>& job, const std::vector<uint32_t>& tiles) override {
     if (tiles.empty()) return;
     const MemoryRef src = job->src(), dst = job->dst();
-    const int device = cuda_internal::ExecutingDevice(src.cuda, src.device, dst.cuda, dst.device,
+    const int device = scheduler::ExecutingDevice(src.cuda, src.device, dst.cuda, dst.device,
                                                       run_on_destination_, devices_.front());
     DeviceWorker* worker = Worker(device);
     if (worker == nullptr) {
@@ -516,7 +516,7 @@ class CudaEngine final : public Engine {
     return absl::StrJoin(lines, "; ");
   }
 
-  planner::TablePool* table_pool() const override { return tables_.get(); }
+  planner::TableAllocator* table_pool() const override { return tables_.get(); }
 
  private:
   DeviceWorker* Worker(int device) const {

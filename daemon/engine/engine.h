@@ -1,6 +1,9 @@
 // Engines execute plans tile by tile. The transfer layer hands an engine a job and the tiles that
-// are ready; the engine runs them in priority order (critical > normal > background, round robin
-// within a class, re-chosen per tile: preemption at tile granularity) and reports each tile.
+// are ready; the engine runs them in the order the scheduler's policy decides (//daemon/scheduler:
+// tile_queues, cuda_batch_policy: critical > normal > background, re-chosen per tile or batch, so
+// preemption at that granularity) and reports each tile. This header is the interface only (no
+// CUDA); the engines are //daemon/engine:host_engine (host_engine.h) and
+// //daemon/engine:cuda_engine (cuda_engine.h, the only target that links CUDA).
 #pragma once
 
 #include <array>
@@ -81,8 +84,9 @@ class Engine {
   // A line for humans ("host: 4 threads").
   virtual std::string Describe() const = 0;
   // Where plans this engine may run keep their block tables (PlanOptions.tables); nullptr: any
-  // memory. The CUDA engine's pool is pinned host memory, which it uploads asynchronously.
-  virtual planner::TablePool* table_pool() const { return nullptr; }
+  // memory. The CUDA engine's pool is pinned host memory, which it uploads asynchronously; the
+  // host engine's recycles heap buffers (//daemon/planner:table_pool).
+  virtual planner::TableAllocator* table_pool() const { return nullptr; }
 };
 
 // What one priority class may use at once; 0 means no limit.
@@ -91,40 +95,5 @@ struct ClassLimits {
   uint64_t max_inflight_bytes = 0;  // a class with nothing in flight may always start one tile
 };
 using PriorityLimits = std::array<ClassLimits, kNumPriorityClasses>;
-
-// Whether a class with `inflight` bytes being moved may start `next` more under `limit`.
-inline bool MayStart(const ClassLimits& limit, uint64_t inflight, uint64_t next) {
-  return limit.max_inflight_bytes == 0 || inflight == 0 ||
-         inflight + next <= limit.max_inflight_bytes;
-}
-
-// Runs tiles with memcpy on `threads` worker threads (the host twin of the kernels' arithmetic).
-std::unique_ptr<Engine> CreateHostEngine(int threads, const PriorityLimits& limits = {});
-
-// The CUDA engine (see docs/architecture.md, "CUDA engine"): one dispatcher thread and stream per
-// GPU; each job runs on one GPU (cuda_internal::ExecutingDevice).
-struct CudaEngineOptions {
-  // SM budget: the most CTAs (of 512 threads) one launch may use. 0: copy engines only.
-  int max_ctas = 32;
-  // > 0: always launch this many CTAs (capped by max_ctas); 0: find the knee at run time.
-  int fixed_ctas = 0;
-  // Plans whose coalesced contiguous runs average at least this many bytes go to the copy
-  // engines (cudaMemcpyBatchAsync) instead of the kernel.
-  uint64_t copy_engine_min_run_bytes = 1 << 20;
-  // Bytes one launch (batch of consecutive tiles) aims for.
-  uint64_t batch_bytes = 64 << 20;
-  // Batches between two re-probes of the CTA knee.
-  int reprobe_batches = 256;
-  // GPU-to-GPU transfers run on the destination GPU (its SMs load from the peer) instead of the
-  // source GPU (its SMs store into the peer).
-  bool run_on_destination = false;
-  // Devices to serve; empty: every GPU the runtime sees.
-  std::vector<int> devices;
-  // Per priority class: CTAs per launch and bytes in flight.
-  PriorityLimits limits;
-};
-
-// FAILED_PRECONDITION (with the runtime's reason) when there is no driver or no GPU.
-absl::StatusOr<std::unique_ptr<Engine>> CreateCudaEngine(const CudaEngineOptions& options);
 
 }  // namespace kvrail::engine

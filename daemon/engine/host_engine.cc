@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <deque>
 #include <tuple>
@@ -8,33 +9,33 @@
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "daemon/engine/engine.h"
-#include "daemon/engine/tile_queues.h"
+#include "daemon/engine/host_engine.h"
+#include "daemon/planner/table_pool.h"
+#include "daemon/scheduler/tile_queues.h"
 
 namespace kvrail::engine {
-
-const char* PriorityClassName(PriorityClass p) {
-  switch (p) {
-    case PriorityClass::kCritical: return "critical";
-    case PriorityClass::kNormal: return "normal";
-    case PriorityClass::kBackground: return "background";
-  }
-  return "normal";
-}
-
 namespace {
 
-// Worker threads pull one tile at a time from the highest non-empty class, so a critical job
-// enqueued behind background work starts on the next free worker (tile-level preemption).
-// Background tiles may occupy at most threads - 1 workers: one worker is always free for critical
-// and normal work, so background traffic only fills idle time (FIKIT's idea, at tile grain). A
-// class's max_inflight_bytes further caps the bytes of its tiles being copied at once.
+using scheduler::MayStart;
+using scheduler::TileQueues;
+
+// Heap table memory kept free for the next plans (as the planner's former process-wide pool).
+constexpr uint64_t kRetainedTableBytes = 64 << 20;
+
+// Worker threads pull one tile at a time from the class the scheduler's policy picks (the highest
+// runnable one), so a critical job enqueued behind background work starts on the next free worker
+// (tile-level preemption). How many workers each class may occupy is
+// scheduler::HostClassSlots; a class's max_inflight_bytes further caps the bytes of its tiles
+// being copied at once (scheduler::MayStart).
+// Thread contract: every public method from any thread; queues and counters under mu_; each
+// worker thread runs one tile at a time outside the lock.
 class HostEngine final : public Engine {
  public:
   HostEngine(int threads, const PriorityLimits& limits)
-      : threads_(threads < 1 ? 1 : threads), class_limits_(limits) {
-    max_running_[static_cast<int>(PriorityClass::kCritical)] = threads_;
-    max_running_[static_cast<int>(PriorityClass::kNormal)] = threads_;
-    max_running_[static_cast<int>(PriorityClass::kBackground)] = threads_ > 1 ? threads_ - 1 : 1;
+      : threads_(threads < 1 ? 1 : threads),
+        class_limits_(limits),
+        max_running_(scheduler::HostClassSlots(threads_)),
+        tables_(planner::TablePool::Create(planner::TablePool::Heap(), kRetainedTableBytes)) {
     for (int i = 0; i < threads_; ++i) workers_.emplace_back([this] { Work(); });
   }
 
@@ -73,6 +74,8 @@ class HostEngine final : public Engine {
     queues_.AddCounts(&out);
     return out;
   }
+
+  planner::TableAllocator* table_pool() const override { return tables_.get(); }
 
   std::string Describe() const override {
     absl::MutexLock lock(&mu_);
@@ -147,7 +150,8 @@ class HostEngine final : public Engine {
 
   const int threads_;
   const PriorityLimits class_limits_;
-  int max_running_[kNumPriorityClasses];  // set in the constructor, then read-only
+  const std::array<int, kNumPriorityClasses> max_running_;
+  const std::shared_ptr<planner::TablePool> tables_;
   mutable absl::Mutex mu_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   int running_[kNumPriorityClasses] ABSL_GUARDED_BY(mu_) = {0, 0, 0};

@@ -10,6 +10,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "daemon/engine/engine.h"
+#include "daemon/engine/host_engine.h"
 
 namespace kvrail::engine {
 namespace {

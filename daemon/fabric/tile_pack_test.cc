@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "daemon/fabric/tile_pack.h"
-#include "daemon/planner/random_case.h"
+#include "daemon/planner/testing/random_case.h"
 
 namespace kvrail::fabric {
 namespace {

@@ -5,7 +5,6 @@
 #include <cstring>
 #include <numeric>
 #include <string>
-#include <thread>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -73,12 +72,12 @@ absl::StatusOr<IdSource> FindBlockIds(const kvrail::v1::TransferEndpoint& ep, ab
                   absl::StrCat(side, ".block_ids")};
 }
 
-// Copies one side's ids into a table from `pool` and, with `check`, checks the copy: in range,
+// Copies one side's ids into a table from `tables` and, with `check`, checks the copy: in range,
 // and (for the destination) unique. What is checked is the copy: the caller's ids may sit in a
 // client's shared memory, which the client may rewrite.
 absl::StatusOr<BlockTable> CopyBlockIds(const IdSource& from, uint32_t num_blocks, bool unique,
-                                        bool check, TablePool* pool) {
-  BlockTable ids = BlockTable::Allocate(from.count, pool);
+                                        bool check, TableAllocator* tables) {
+  BlockTable ids = BlockTable::Allocate(from.count, tables);
   if (!ids.ok()) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "spec.", from.field, ": no memory for a table of ", from.count, " block ids"));
@@ -93,24 +92,22 @@ absl::StatusOr<BlockTable> CopyBlockIds(const IdSource& from, uint32_t num_block
   return ids;
 }
 
-// Tables at least this large (both sides together) are copied and checked on two threads, the
-// source's beside the destination's: a 262k + 262k-id submit spent ~1 ms here on the GPU
-// machine's CPU before anything could move (a thread costs tens of microseconds).
-constexpr size_t kParallelCopyIds = 65536;
-
 // Both sides' tables; the source's error first, as a serial check would report. With `check`
-// false the ids are only copied (deferred checks).
+// false the ids are only copied (deferred checks). A `runner` may do the two sides at once (it
+// gets both, so a bad source id no longer spares the destination's check; the answer is the
+// same).
 absl::Status CopyBothSides(const IdSource& src_from, uint32_t src_blocks, const IdSource& dst_from,
-                           uint32_t dst_blocks, bool check, TablePool* pool, BlockTable* src_ids,
-                           BlockTable* dst_ids) {
+                           uint32_t dst_blocks, bool check, const PlanOptions& options,
+                           BlockTable* src_ids, BlockTable* dst_ids) {
   absl::StatusOr<BlockTable> src, dst;
-  if (check && src_from.count + dst_from.count >= kParallelCopyIds) {
-    std::thread helper([&] { src = CopyBlockIds(src_from, src_blocks, false, true, pool); });
-    dst = CopyBlockIds(dst_from, dst_blocks, true, true, pool);
-    helper.join();
+  if (check && options.table_checks != nullptr) {
+    options.table_checks->RunBoth(
+        src_from.count + dst_from.count,
+        [&] { src = CopyBlockIds(src_from, src_blocks, false, true, options.tables); },
+        [&] { dst = CopyBlockIds(dst_from, dst_blocks, true, true, options.tables); });
   } else {
-    src = CopyBlockIds(src_from, src_blocks, false, check, pool);
-    if (src.ok()) dst = CopyBlockIds(dst_from, dst_blocks, true, check, pool);
+    src = CopyBlockIds(src_from, src_blocks, false, check, options.tables);
+    if (src.ok()) dst = CopyBlockIds(dst_from, dst_blocks, true, check, options.tables);
   }
   KVRAIL_RETURN_IF_ERROR(src.status());
   KVRAIL_RETURN_IF_ERROR(dst.status());
@@ -289,7 +286,7 @@ absl::StatusOr<Plan> MakePlan(const kvrail::v1::TransferSpec& spec, const Region
   const bool defer = options.defer_checks_from > 0 &&
                      src_from.count + dst_from.count >= options.defer_checks_from;
   KVRAIL_RETURN_IF_ERROR(CopyBothSides(src_from, s.num_blocks, dst_from, d.num_blocks, !defer,
-                                options.tables, &src_ids, &dst_ids));
+                                       options, &src_ids, &dst_ids));
   const std::string& dst_field = dst_from.field;
   const uint64_t src_capacity = uint64_t{static_cast<uint32_t>(src_ids.size())} * s.tokens_per_block;
   const uint64_t tokens = spec.num_tokens() != 0 ? spec.num_tokens() : src_capacity;

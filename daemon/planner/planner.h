@@ -1,6 +1,7 @@
 // The planner: turns a validated transfer request into a compact plan (kernels/device_abi.h) and
 // executes plans on the host (the "host twin" of the CUDA kernel). Pure: no I/O, no CUDA, no
-// clocks. Everything a transfer could get wrong is rejected here, before anything moves: every
+// clocks, no threads of its own and no process-wide state (table memory and a second checking
+// thread are injected: TableAllocator, TableCheckRunner). Functions are thread-safe. Everything a transfer could get wrong is rejected here, before anything moves: every
 // byte a plan touches lies inside its region. One exception, asked for by the caller
 // (PlanOptions::defer_checks_from): the per-id checks of very large block tables run slice by
 // slice as tiles start (Plan::CheckTiles), so checking 262k ids no longer delays the first byte;
@@ -10,16 +11,14 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <functional>
-#include <map>
 #include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "kernels/device_abi.h"
 #include "kernels/plan_math.h"
 #include "proto/kvrail/v1/region.pb.h"
@@ -27,75 +26,49 @@
 
 namespace kvrail::planner {
 
-// Storage for a plan's block tables. A 262k-block transfer's two tables are 2 MiB; taken fresh
-// from the heap for every plan, that memory is faulted in page by page on each submit (512
-// faults, ~1 ms on the build VM, more on the GPU machine's VM: docs/benchmarks.md). Tables come
-// from a TablePool instead, which keeps freed buffers for the next plan. The CUDA engine's pool
-// hands out pinned host memory, so the plan upload is an asynchronous DMA instead of a copy the
-// driver stages synchronously.
-//
-// TablePool recycles table buffers by power-of-two size class. Thread-safe (one mutex around the
-// free lists). Buffers out of the pool keep it alive (they hold a shared_ptr to it), so a pool
-// may be dropped by its creator while plans still use its buffers.
-class TablePool : public std::enable_shared_from_this<TablePool> {
+// Where a plan's block tables get their memory (PlanOptions::tables). A 262k-block transfer's two
+// tables are 2 MiB; taken fresh from the heap for every plan, that memory is faulted in page by
+// page on each submit (512 faults, ~1 ms on the build VM, more on the GPU machine's VM:
+// docs/benchmarks.md). Callers that plan often therefore pass a pool that keeps freed buffers for
+// the next plan, pinned host memory for the CUDA engine (its plan upload is then an asynchronous
+// DMA instead of a copy the driver stages synchronously): //daemon/planner:table_pool. The pure
+// planner holds no pool itself; without one it takes plain heap memory.
+// Implementations are thread-safe (plans are made on many threads at once).
+class TableAllocator {
  public:
-  // How the pool gets and returns memory (plain heap, or cudaHostAlloc / cudaFreeHost).
-  // `allocate` returns nullptr on failure; a pinned pool then falls back to heap memory for that
-  // buffer (pinned memory may be capped, e.g. by RLIMIT_MEMLOCK in a container: plans must not
-  // fail for it), which goes back to the heap, not into the pool.
-  struct Allocator {
-    std::function<void*(size_t bytes)> allocate;
-    std::function<void(void* memory)> release;
-    bool pinned = false;  // memory a GPU copy engine can read without staging
+  struct Memory {
+    std::shared_ptr<void> memory;  // nullptr: no memory could be had
+    bool pinned = false;           // host memory a GPU copy engine reads without staging
   };
-  // `retain_bytes`: free memory kept for reuse at most (beyond it freed buffers go back).
-  static std::shared_ptr<TablePool> Create(Allocator allocator, uint64_t retain_bytes);
-  // The heap allocator (page-aligned), not pinned.
-  static Allocator Heap();
-  // A process-wide heap pool (64 MiB retained), for plans built without a pool of their own.
-  static TablePool* Default();
-  ~TablePool();
-
-  bool pinned() const { return allocator_.pinned; }
-  // Bytes now held free, buffers ever allocated from `allocate`, and heap buffers handed out
-  // because a pinned `allocate` failed (for tests and stats).
-  uint64_t free_bytes() const;
-  uint64_t allocations() const;
-  uint64_t fallbacks() const;
-
- private:
-  friend class BlockTable;
-  struct Free {
-    std::shared_ptr<TablePool> pool;
-    size_t bytes;
-    bool heap_fallback;
-    void operator()(void* memory) const { pool->Give(memory, bytes, heap_fallback); }
-  };
-  TablePool(Allocator allocator, uint64_t retain_bytes)
-      : allocator_(std::move(allocator)), retain_bytes_(retain_bytes) {}
-  // A buffer of at least `bytes`, rounded up to its class; nullptr when allocation failed.
-  // `*pinned`: whether this buffer is the allocator's pinned memory.
-  std::shared_ptr<void> Take(size_t bytes, bool* pinned);
-  void Give(void* memory, size_t bytes, bool heap_fallback);
-
-  const Allocator allocator_;
-  const uint64_t retain_bytes_;
-  mutable absl::Mutex mu_;
-  std::multimap<size_t, void*> free_ ABSL_GUARDED_BY(mu_);
-  uint64_t free_bytes_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t allocations_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t fallbacks_ ABSL_GUARDED_BY(mu_) = 0;
+  virtual ~TableAllocator() = default;
+  // At least `bytes` of memory, given back (freed or recycled) when the last copy of `memory` is
+  // dropped; that may happen after the allocator itself is gone, so an implementation keeps what
+  // it needs alive.
+  virtual Memory Take(size_t bytes) = 0;
 };
 
-// A block table: `size()` uint32 block ids in memory from a TablePool. Copies share the memory
-// (it is written only while the plan is built); the memory goes back to its pool when the last
-// copy is gone. Not thread-safe to write.
+// Runs the copy-and-check of a plan's two block tables (PlanOptions::table_checks). Without one,
+// MakePlan does one side after the other on the caller's thread; the threaded runner
+// (//daemon/planner:parallel_table_checks) does the two sides on two threads for large tables.
+// Implementations are thread-safe.
+class TableCheckRunner {
+ public:
+  virtual ~TableCheckRunner() = default;
+  // Runs `src` and `dst`, which are independent of each other (each writes only its own result),
+  // and returns once both have returned. `ids`: both tables' ids together (the runner's measure
+  // of whether a second thread pays).
+  virtual void RunBoth(size_t ids, absl::FunctionRef<void()> src, absl::FunctionRef<void()> dst) = 0;
+};
+
+// A block table: `size()` uint32 block ids in memory from a TableAllocator (or the heap). Copies
+// share the memory (it is written only while the plan is built); the memory goes back to its
+// allocator when the last copy is gone. Not thread-safe to write.
 class BlockTable {
  public:
   BlockTable() = default;
-  // `n` uninitialized ids from `pool` (nullptr: TablePool::Default()); when the memory cannot be
-  // had, a table whose ok() is false.
-  static BlockTable Allocate(size_t n, TablePool* pool);
+  // `n` uninitialized ids from `allocator` (nullptr: the heap); when the memory cannot be had, a
+  // table whose ok() is false.
+  static BlockTable Allocate(size_t n, TableAllocator* allocator);
 
   bool ok() const { return n_ == 0 || memory_ != nullptr; }
   uint32_t* data() { return static_cast<uint32_t*>(memory_.get()); }
@@ -155,9 +128,12 @@ struct PlanOptions {
   // Target bytes per tile (the unit of scheduling, preemption and progress). Rounded down to the
   // plan's access width; at most 1 GiB.
   uint64_t tile_bytes = 1 << 20;
-  // Where the plan's block tables live (nullptr: TablePool::Default()). Not owned; must outlive
-  // the call (the tables keep the pool alive afterwards).
-  TablePool* tables = nullptr;
+  // Where the plan's block tables live (nullptr: plain heap memory). Not owned; must outlive the
+  // call (the tables keep what they need alive afterwards).
+  TableAllocator* tables = nullptr;
+  // Runs the two sides' copy-and-check (nullptr: one after the other on the calling thread). Not
+  // owned; must outlive the call.
+  TableCheckRunner* table_checks = nullptr;
   // Block tables of at least this many ids (both sides together) are copied here but their ids
   // are checked (range; destination ids unique) only as tiles start: Plan::CheckTiles, which
   // every engine calls before it runs tiles. 0: every id is checked here. Counts, layers, heads

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "daemon/planner/planner.h"
-#include "daemon/planner/random_case.h"
+#include "daemon/planner/testing/random_case.h"
 #include "kernels/plan_math.h"
 
 namespace kvrail::planner {

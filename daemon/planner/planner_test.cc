@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "daemon/planner/planner.h"
+#include "daemon/planner/testing/plan_fixtures.h"
 #include "kernels/plan_math.h"
 
 namespace kvrail::planner {
@@ -18,61 +19,16 @@ namespace {
 using kvrail::v1::PagedKvLayout;
 using kvrail::v1::TransferSpec;
 
-PagedKvLayout Proto(uint32_t layers, uint32_t parts, uint32_t blocks, uint32_t tpb, uint32_t heads,
-                    uint32_t head_dim, kvrail::v1::LayoutOrder order,
-                    kvrail::v1::DType dtype = kvrail::v1::DTYPE_BF16) {
-  PagedKvLayout p;
-  p.set_num_layers(layers);
-  p.set_num_parts(parts);
-  p.set_num_blocks(blocks);
-  p.set_tokens_per_block(tpb);
-  p.set_num_heads(heads);
-  p.set_head_dim(head_dim);
-  p.set_dtype(dtype);
-  p.set_order(order);
-  return p;
-}
-
-constexpr uint64_t kBig = uint64_t{1} << 40;
-
-RegionView Paged(const PagedKvLayout& p, bool writable = true, uint64_t size = kBig) {
-  absl::StatusOr<KvLayout> l = ResolveLayout(p, size, "spec.paged_kv.");
-  REQUIRE(l.ok());
-  return RegionView{size, writable, true, *l};
-}
-
-RegionView Bytes(uint64_t size, bool writable = true) { return RegionView{size, writable, false, {}}; }
-
-bool StartsWith(const std::string& s, const std::string& prefix) {
-  return s.compare(0, prefix.size(), prefix) == 0;
-}
-
-void ExpectError(const absl::Status& s, absl::StatusCode code, const std::string& prefix) {
-  INFO("status: " << s.ToString());
-  CHECK(s.code() == code);
-  CHECK(StartsWith(std::string(s.message()), prefix));
-}
-
-TransferSpec Spec(std::vector<uint32_t> src_blocks, std::vector<uint32_t> dst_blocks) {
-  TransferSpec spec;
-  for (uint32_t b : src_blocks) spec.mutable_src()->add_block_ids(b);
-  for (uint32_t b : dst_blocks) spec.mutable_dst()->add_block_ids(b);
-  return spec;
-}
-
-const auto kNhd = kvrail::v1::LAYOUT_ORDER_LAYER_PART_BLOCK_NHD;
-const auto kHnd = kvrail::v1::LAYOUT_ORDER_LAYER_PART_BLOCK_HND;
-
-// `n` source ids scattered over a pool of 2n blocks and `n` distinct destination ids counting
-// down from its end.
-TransferSpec LargeSpec(uint32_t n) {
-  TransferSpec s;
-  for (uint32_t b = 0; b < n; ++b) {
-    s.mutable_src()->add_block_ids((b * 7919u) % (2 * n));
-    s.mutable_dst()->add_block_ids(2 * n - 1 - b);
-  }
-  return s;
-}
+using testing::Bytes;
+using testing::ExpectError;
+using testing::kBig;
+using testing::kHnd;
+using testing::kNhd;
+using testing::LargeSpec;
+using testing::Paged;
+using testing::Proto;
+using testing::Spec;
+using testing::StartsWith;
 
 }  // namespace
 
@@ -438,121 +394,6 @@ TEST_CASE("block tables read in place: same plan, errors name the table field") 
   TransferSpec both;
   both.mutable_src()->add_block_ids(1);
   ExpectError(MakePlan(both, src, dst, {}, refs).status(), kInv, "spec.src.block_table: set one of");
-}
-
-TEST_CASE("ReleaseBlockTables frees the tables and keeps the header") {
-  const RegionView view = Paged(Proto(2, 2, 64, 16, 1, 128, kNhd));
-  std::shared_ptr<TablePool> pool = TablePool::Create(TablePool::Heap(), 1 << 20);
-  PlanOptions options;
-  options.tables = pool.get();
-  absl::StatusOr<Plan> plan = MakePlan(Spec({3, 1, 2}, {4, 5, 6}), view, view, options);
-  REQUIRE(plan.ok());
-  CHECK(pool->free_bytes() == 0);
-  const kernels::PlanHeader before = plan->header();
-  const uint32_t tiles = plan->num_tiles();
-  const TileInfo last = plan->tile(tiles - 1);
-  plan->ReleaseBlockTables();
-  CHECK(plan->src_blocks().empty());
-  CHECK(plan->dst_blocks().empty());
-  CHECK(pool->free_bytes() == 2 * 4096);  // both tables back in the pool (one page each)
-  CHECK(std::memcmp(&plan->header(), &before, sizeof(before)) == 0);
-  CHECK(plan->num_tiles() == tiles);
-  CHECK(plan->tile(tiles - 1).bytes == last.bytes);
-}
-
-TEST_CASE("TablePool recycles buffers by size class and keeps at most retain_bytes") {
-  int allocated = 0, released = 0;
-  TablePool::Allocator counting = TablePool::Heap();
-  counting.allocate = [&allocated, heap = counting.allocate](size_t bytes) {
-    ++allocated;
-    return heap(bytes);
-  };
-  counting.release = [&released, heap = counting.release](void* memory) {
-    ++released;
-    heap(memory);
-  };
-  std::shared_ptr<TablePool> pool = TablePool::Create(counting, 64 << 10);
-  void* first = nullptr;
-  {
-    BlockTable t = BlockTable::Allocate(10000, pool.get());  // 40000 B: the 64 KiB class
-    REQUIRE(t.ok());
-    first = t.data();
-    t.data()[9999] = 7;
-  }
-  CHECK(pool->free_bytes() == (64 << 10));
-  {
-    BlockTable again = BlockTable::Allocate(16000, pool.get());  // same class: same buffer
-    CHECK(again.data() == first);
-    BlockTable other = BlockTable::Allocate(100, pool.get());  // another class: a new one
-    CHECK(other.data() != first);
-    CHECK(pool->free_bytes() == 0);
-    // A holder (an upload in flight) keeps the memory out of the pool after the table is gone.
-    std::shared_ptr<const void> held = again.Hold();
-    again = BlockTable();
-    CHECK(pool->free_bytes() == 0);
-    held.reset();
-    CHECK(pool->free_bytes() == (64 << 10));
-  }
-  // `other` (4 KiB) would pass the 64 KiB kept: released, not kept.
-  CHECK(pool->free_bytes() == (64 << 10));
-  CHECK(allocated == 2);
-  CHECK(released == 1);
-  CHECK(pool->allocations() == 2);
-  pool.reset();
-  CHECK(released == 2);  // the kept buffer goes when the pool does
-}
-
-TEST_CASE("TablePool: a failed allocation is a RESOURCE_EXHAUSTED naming the table") {
-  TablePool::Allocator failing = TablePool::Heap();
-  failing.allocate = [](size_t) -> void* { return nullptr; };
-  std::shared_ptr<TablePool> pool = TablePool::Create(failing, 0);
-  PlanOptions options;
-  options.tables = pool.get();
-  const RegionView view = Paged(Proto(2, 2, 64, 16, 1, 128, kNhd));
-  ExpectError(MakePlan(Spec({3, 1, 2}, {4, 5, 6}), view, view, options).status(),
-              absl::StatusCode::kResourceExhausted, "spec.src.block_ids: no memory");
-  // A pinned pool whose allocator fails hands out heap memory instead (not pinned, not kept).
-  TablePool::Allocator capped = failing;
-  capped.pinned = true;
-  std::shared_ptr<TablePool> pinned = TablePool::Create(capped, 1 << 20);
-  options.tables = pinned.get();
-  {
-    absl::StatusOr<Plan> fell_back = MakePlan(Spec({3, 1, 2}, {4, 5, 6}), view, view, options);
-    REQUIRE(fell_back.ok());
-    CHECK(!fell_back->src_blocks().pinned());
-    CHECK(fell_back->dst_blocks()[1] == 5);
-    CHECK(pinned->fallbacks() == 2);
-  }
-  CHECK(pinned->free_bytes() == 0);
-  // A plan that outlives its pool keeps the pool's memory valid.
-  std::shared_ptr<TablePool> heap = TablePool::Create(TablePool::Heap(), 1 << 20);
-  options.tables = heap.get();
-  absl::StatusOr<Plan> plan = MakePlan(Spec({3, 1, 2}, {4, 5, 6}), view, view, options);
-  REQUIRE(plan.ok());
-  heap.reset();
-  CHECK(plan->src_blocks()[0] == 3);
-  CHECK(plan->dst_blocks()[2] == 6);
-}
-
-TEST_CASE("large tables (checked on two threads) report what a serial check would") {
-  const uint32_t n = 40000;  // 80k ids in all: the two-thread path
-  const RegionView r = Paged(Proto(1, 1, 2 * n, 16, 1, 64, kNhd));
-  const TransferSpec s = LargeSpec(n);
-  absl::StatusOr<Plan> good = MakePlan(s, r, r, {});
-  REQUIRE(good.ok());
-  CHECK(good->src_blocks()[12345] == (12345u * 7919u) % (2 * n));
-  CHECK(good->dst_blocks()[n - 1] == n);
-  // A bad source id and a repeated destination id: the source's error, as in a serial check.
-  TransferSpec both = s;
-  both.mutable_src()->set_block_ids(30000, 2 * n);
-  both.mutable_dst()->set_block_ids(39999, both.dst().block_ids(7));
-  ExpectError(MakePlan(both, r, r, {}).status(), absl::StatusCode::kInvalidArgument,
-              "spec.src.block_ids[30000]: block 80000 out of range");
-  // The repeat alone: its index and its first occurrence.
-  TransferSpec dup = s;
-  dup.mutable_dst()->set_block_ids(39999, dup.dst().block_ids(7));
-  ExpectError(MakePlan(dup, r, r, {}).status(), absl::StatusCode::kInvalidArgument,
-              "spec.dst.block_ids[39999]: block 79992 repeats spec.dst.block_ids[7]");
 }
 
 TEST_CASE("deferred id checks: accepted at once, each tile's ids checked before it may run") {

@@ -30,7 +30,7 @@
 #include "client/cuda_export.h"
 #include "client/kvrail_client.h"
 #include "daemon/planner/planner.h"
-#include "daemon/planner/random_case.h"
+#include "daemon/planner/testing/random_case.h"
 #include "tests/harness/daemon_process.h"
 #include "tests/integration/kv_fixture.h"
 

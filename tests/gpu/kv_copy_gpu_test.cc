@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "daemon/planner/planner.h"
-#include "daemon/planner/random_case.h"
+#include "daemon/planner/testing/random_case.h"
 #include "kernels/kv_copy.h"
 #include "tests/gpu/gpu_util.h"
 

@@ -1,11 +1,11 @@
-#include "daemon/engine/cuda_batch.h"
+#include "daemon/scheduler/cuda_batch_policy.h"
 
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/plan_math.h"
 
-namespace kvrail::engine::cuda_internal {
+namespace kvrail::scheduler {
 
 void AppendTileRuns(const planner::Plan& plan, uint32_t tile, std::vector<CopyRun>* runs) {
   planner::ForEachTileRun(plan, tile, [runs](const CopyRun& run) { runs->push_back(run); });
@@ -46,6 +46,19 @@ uint64_t BatchBytesFor(bool background, uint64_t batch_bytes) {
 uint64_t RampBatchBytes(uint64_t budget, uint64_t previous) {
   const uint64_t cap = previous == 0 ? kFirstBatchBytes : std::max(kFirstBatchBytes, 4 * previous);
   return std::min(budget, cap);
+}
+
+JobBatch TakeJobBatch(std::deque<uint32_t>* tiles, const planner::Plan& plan, uint64_t budget,
+                      uint64_t previous) {
+  const uint64_t aim = RampBatchBytes(budget, previous);
+  const auto [begin, end] = TakeBatch(tiles, plan, aim);
+  return JobBatch{begin, end, aim < budget && !tiles->empty()};
+}
+
+int CtaTunerKey(uint64_t mean_run_bytes, bool dst_cuda, bool dst_on_executing_device) {
+  int log2 = 0;
+  while ((uint64_t{2} << log2) <= mean_run_bytes && log2 < 40) ++log2;
+  return log2 * 4 + (dst_cuda ? (dst_on_executing_device ? 0 : 1) : 2);
 }
 
 int ExecutingDevice(bool src_cuda, int src_device, bool dst_cuda, int dst_device,
@@ -130,4 +143,4 @@ std::string CtaTuner::Describe() const {
   return absl::StrCat(knee_, " CTAs (knee)");
 }
 
-}  // namespace kvrail::engine::cuda_internal
+}  // namespace kvrail::scheduler

@@ -10,11 +10,11 @@
 #include <random>
 #include <vector>
 
-#include "daemon/engine/cuda_batch.h"
+#include "daemon/scheduler/cuda_batch_policy.h"
 #include "daemon/planner/planner.h"
-#include "daemon/planner/random_case.h"
+#include "daemon/planner/testing/random_case.h"
 
-namespace kvrail::engine::cuda_internal {
+namespace kvrail::scheduler {
 namespace {
 
 void CheckRunsMatchHostTwin(const planner::testing::RandomCase& c, std::mt19937_64& rng) {
@@ -165,5 +165,50 @@ TEST_CASE("ExecutingDevice: the GPU side, or between GPUs the source unless told
   CHECK(ExecutingDevice(false, -1, false, -1, true, 7) == 7);
 }
 
+// `n` tiles of 1 MiB in one bytes transfer.
+planner::Plan MiBTiles(uint32_t n) {
+  v1::TransferSpec spec;
+  spec.set_num_bytes(uint64_t{n} << 20);
+  planner::RegionView view{uint64_t{n} << 20, true, false, {}};
+  planner::PlanOptions options;
+  options.tile_bytes = 1 << 20;
+  absl::StatusOr<planner::Plan> plan = planner::MakePlan(spec, view, view, options);
+  REQUIRE(plan.ok());
+  return *std::move(plan);
+}
+
+std::deque<uint32_t> AllTiles(const planner::Plan& plan) {
+  std::deque<uint32_t> tiles;
+  for (uint32_t t = 0; t < plan.num_tiles(); ++t) tiles.push_back(t);
+  return tiles;
+}
+
+TEST_CASE("a job's batches: ramp-cut ones say so; budget-cut and last ones do not") {
+  const planner::Plan plan = MiBTiles(100);
+  std::deque<uint32_t> tiles = AllTiles(plan);
+  JobBatch b = TakeJobBatch(&tiles, plan, 64 << 20, 0);
+  CHECK((b.begin == 0 && b.end == 16 && b.ramped));  // 16 MiB first
+  b = TakeJobBatch(&tiles, plan, 64 << 20, 16 << 20);
+  CHECK((b.begin == 16 && b.end == 80 && !b.ramped));  // the class's budget, not the ramp
+  b = TakeJobBatch(&tiles, plan, 64 << 20, 64 << 20);
+  CHECK((b.begin == 80 && b.end == 100 && !b.ramped));  // the job's end
+  CHECK(tiles.empty());
+
+  const planner::Plan small = MiBTiles(10);
+  std::deque<uint32_t> few = AllTiles(small);
+  b = TakeJobBatch(&few, small, 64 << 20, 0);
+  CHECK((b.begin == 0 && b.end == 10 && !b.ramped));  // all of it fits the first aim
+}
+
+TEST_CASE("tuner keys: one per log2 of the mean run and destination kind") {
+  CHECK(CtaTunerKey(4096, true, true) == 12 * 4 + 0);
+  CHECK(CtaTunerKey(4096, true, false) == 12 * 4 + 1);  // a peer GPU's memory
+  CHECK(CtaTunerKey(4096, false, false) == 12 * 4 + 2);  // host memory
+  CHECK(CtaTunerKey(8191, true, true) == CtaTunerKey(4096, true, true));
+  CHECK(CtaTunerKey(8192, true, true) != CtaTunerKey(4096, true, true));
+  CHECK(CtaTunerKey(0, true, true) == 0);
+  CHECK(CtaTunerKey(~uint64_t{0}, false, false) == 40 * 4 + 2);  // capped
+}
+
 }  // namespace
-}  // namespace kvrail::engine::cuda_internal
+}  // namespace kvrail::scheduler

@@ -1,11 +1,12 @@
 #define CATCH_CONFIG_MAIN
 #include <catch2/catch.hpp>
 
+#include <array>
 #include <string>
 
-#include "daemon/engine/tile_queues.h"
+#include "daemon/scheduler/tile_queues.h"
 
-namespace kvrail::engine {
+namespace kvrail::scheduler {
 namespace {
 
 // A job whose plan is never read by these tests except in QueuedBytes (not called here).
@@ -108,5 +109,13 @@ TEST_CASE("MayStart: a class with nothing in flight always starts; else within i
   CHECK_FALSE(MayStart(limited, 1 << 20, (3 << 20) + 1));
 }
 
+TEST_CASE("HostClassSlots: background leaves one worker free; one worker serves every class") {
+  using Slots = std::array<int, kNumPriorityClasses>;
+  CHECK(HostClassSlots(4) == Slots{4, 4, 3});
+  CHECK(HostClassSlots(2) == Slots{2, 2, 1});
+  CHECK(HostClassSlots(1) == Slots{1, 1, 1});
+  CHECK(HostClassSlots(0) == Slots{1, 1, 1});  // fewer than one thread runs one
+}
+
 }  // namespace
-}  // namespace kvrail::engine
+}  // namespace kvrail::scheduler

@@ -1,6 +1,7 @@
-// Internal to engine/: the CUDA engine's pure decisions, testable without a GPU: which tiles form
-// one launch, the copy-engine descriptors of a tile range (the host twin's coalesced copies), the
-// kernel-or-copy-engine choice, and the CTA knee finder.
+// The CUDA engine's scheduling decisions as pure functions, testable without a GPU (the engine
+// only executes them): which tiles form one launch (batch size per class, the ramp), the GPU that
+// runs a job, the copy-engine descriptors of a tile range (the host twin's coalesced copies), the
+// kernel-or-copy-engine choice, and the CTA knee finder. No CUDA, no threads, no clocks.
 #pragma once
 
 #include <cstdint>
@@ -12,7 +13,7 @@
 
 #include "daemon/planner/planner.h"
 
-namespace kvrail::engine::cuda_internal {
+namespace kvrail::scheduler {
 
 // One contiguous copy: byte offsets from the two region bases.
 using CopyRun = planner::CopyRun;
@@ -52,6 +53,17 @@ inline constexpr uint64_t kMaxBackgroundBatchBytes = 16 << 20;
 inline constexpr uint64_t kFirstBatchBytes = 16 << 20;
 uint64_t RampBatchBytes(uint64_t budget, uint64_t previous);
 
+// A job's next batch from the front of its queued `tiles`: TakeBatch at the ramp's aim
+// (RampBatchBytes(budget, previous)). `ramped`: the ramp, not the class's budget or the job's
+// end, cut it short (its launch overhead weighs more, so such batches do not train the CTA
+// tuner).
+struct JobBatch {
+  uint32_t begin = 0, end = 0;  // tiles [begin, end)
+  bool ramped = false;
+};
+JobBatch TakeJobBatch(std::deque<uint32_t>* tiles, const planner::Plan& plan, uint64_t budget,
+                      uint64_t previous);
+
 // The GPU that runs a job: the one GPU side when the other is host memory; between two GPUs the
 // source, or the destination with `run_on_destination`; `fallback` when neither side is a GPU.
 int ExecutingDevice(bool src_cuda, int src_device, bool dst_cuda, int dst_device,
@@ -69,6 +81,11 @@ struct ModeInputs {
 // Copy engines when the budget is zero, the runs are large, or the two GPUs cannot reach each
 // other directly (the driver stages the copy through host memory); else the kernel.
 Mode ChooseMode(const ModeInputs& in);
+
+// Which CtaTuner a job's batches use: one per run-size class (log2 of the mean run, capped at 40)
+// and destination kind (the executing GPU's own memory, a peer GPU's, host memory), since the
+// knee moves with both.
+int CtaTunerKey(uint64_t mean_run_bytes, bool dst_cuda, bool dst_on_executing_device);
 
 // Finds the knee of bandwidth over CTA count: the fewest CTAs within `tolerance` (5%) of the best
 // measured bandwidth. Probes the candidates (the budget and powers of two from 4) once each,
@@ -106,4 +123,4 @@ class CtaTuner {
   int batches_since_probe_ = 0;
 };
 
-}  // namespace kvrail::engine::cuda_internal
+}  // namespace kvrail::scheduler

@@ -1,4 +1,4 @@
-#include "daemon/planner/random_case.h"
+#include "daemon/planner/testing/random_case.h"
 
 #include <algorithm>
 #include <array>

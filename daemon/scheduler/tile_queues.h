@@ -1,9 +1,11 @@
-// Internal to the engine module: the queued tiles of jobs, one queue of jobs per priority class,
-// shared by the host and CUDA engines (higher class first, re-chosen at every take: preemption at
-// tile or batch granularity). Within a class: round robin (the host engine), or the job with the
-// fewest queued tiles first (the CUDA engine; see WithinClass).
+// Scheduling policy shared by the host and CUDA engines (pure: no threads, no clocks, no CUDA):
+// the queued tiles of jobs, one queue of jobs per priority class (higher class first, re-chosen
+// at every take: preemption at tile or batch granularity; within a class round robin or fewest
+// queued tiles first, see WithinClass), and which class may start more work (MayStart,
+// HostClassSlots). The engines only execute what these decide.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -12,7 +14,31 @@
 
 #include "daemon/engine/engine.h"
 
-namespace kvrail::engine {
+namespace kvrail::scheduler {
+
+using engine::ClassLimits;
+using engine::Job;
+using engine::kNumPriorityClasses;
+using engine::PriorityClass;
+
+// Whether a class with `inflight` bytes being moved may start `next` more under `limit`.
+inline bool MayStart(const ClassLimits& limit, uint64_t inflight, uint64_t next) {
+  return limit.max_inflight_bytes == 0 || inflight == 0 ||
+         inflight + next <= limit.max_inflight_bytes;
+}
+
+// How many of the host engine's `threads` workers each class may occupy at once: critical and
+// normal all of them, background at most threads - 1 (one worker is always free for critical and
+// normal work, so background traffic only fills idle time; FIKIT's idea, at tile grain). A
+// single worker is shared by every class.
+inline std::array<int, kNumPriorityClasses> HostClassSlots(int threads) {
+  threads = threads < 1 ? 1 : threads;
+  std::array<int, kNumPriorityClasses> slots{};
+  slots[static_cast<int>(PriorityClass::kCritical)] = threads;
+  slots[static_cast<int>(PriorityClass::kNormal)] = threads;
+  slots[static_cast<int>(PriorityClass::kBackground)] = threads > 1 ? threads - 1 : 1;
+  return slots;
+}
 
 // How a class's jobs share the engine.
 enum class WithinClass {
@@ -140,4 +166,4 @@ class TileQueues {
   std::deque<Entry> queues_[kNumPriorityClasses];
 };
 
-}  // namespace kvrail::engine
+}  // namespace kvrail::scheduler

@@ -1,0 +1,41 @@
+// The CUDA engine (see docs/architecture.md, "CUDA engine"): one dispatcher thread and stream per
+// GPU; each job runs on one GPU (scheduler::ExecutingDevice). It executes what
+// //daemon/scheduler:cuda_batch_policy and :tile_queues decide (batches, mode, CTAs, order).
+// The only engine target that links the CUDA runtime.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "daemon/engine/engine.h"
+
+namespace kvrail::engine {
+
+struct CudaEngineOptions {
+  // SM budget: the most CTAs (of 512 threads) one launch may use. 0: copy engines only.
+  int max_ctas = 32;
+  // > 0: always launch this many CTAs (capped by max_ctas); 0: find the knee at run time.
+  int fixed_ctas = 0;
+  // Plans whose coalesced contiguous runs average at least this many bytes go to the copy
+  // engines (cudaMemcpyBatchAsync) instead of the kernel.
+  uint64_t copy_engine_min_run_bytes = 1 << 20;
+  // Bytes one launch (batch of consecutive tiles) aims for.
+  uint64_t batch_bytes = 64 << 20;
+  // Batches between two re-probes of the CTA knee.
+  int reprobe_batches = 256;
+  // GPU-to-GPU transfers run on the destination GPU (its SMs load from the peer) instead of the
+  // source GPU (its SMs store into the peer).
+  bool run_on_destination = false;
+  // Devices to serve; empty: every GPU the runtime sees.
+  std::vector<int> devices;
+  // Per priority class: CTAs per launch and bytes in flight.
+  PriorityLimits limits;
+};
+
+// The engine is thread-safe (engine.h). FAILED_PRECONDITION (with the runtime's reason) when
+// there is no driver or no GPU.
+absl::StatusOr<std::unique_ptr<Engine>> CreateCudaEngine(const CudaEngineOptions& options);
+
+}  // namespace kvrail::engine
