@@ -432,18 +432,11 @@ absl::StatusOr<v1::SubmitTransferResponse> Client::Submit(const v1::TransferSpec
                impl_->table_region_);
       absl::StatusOr<v1::SubmitTransferResponse> response = SubmitRequest(shared);
       // Only a table region that went away (unregistered by someone else) falls back to the
-      // message below; every other answer is the transfer's, naming the field the caller set.
-      if (response.ok()) return response;
-      std::string message(response.status().message());
-      if (!absl::StrContains(message, ".block_table.region_id")) {
-        const auto given = [](const v1::TransferEndpoint& ep) {
-          return ep.block_ids_size() > 0 ? ".block_ids" : ".block_ids_le32";
-        };
-        message = v1::RenameField(message, "spec.src.block_table",
-                                  absl::StrCat("spec.src", given(spec.src())));
-        message = v1::RenameField(message, "spec.dst.block_table",
-                                  absl::StrCat("spec.dst", given(spec.dst())));
-        return absl::Status(response.status().code(), message);
+      // message below; every other answer is the transfer's, and the daemon's errors already
+      // name the field the caller set (BlockTableRef.named_as).
+      if (response.ok() ||
+          !absl::StrContains(response.status().message(), ".block_table.region_id")) {
+        return response;
       }
       impl_->table_region_ = 0;
       impl_->table_buffer_.reset();

@@ -1,8 +1,9 @@
 #include "daemon/transfers/record.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "daemon/readiness/readiness.h"
-#include "proto/kvrail/v1/spec_copy.h"
 
 namespace kvrail::transfers {
 namespace {
@@ -16,29 +17,30 @@ std::string PathKey(v1::Path path) {
 
 }  // namespace
 
-Record::Record(uint64_t id, const v1::TransferSpec& spec, std::shared_ptr<regions::Region> src,
-               std::shared_ptr<regions::Region> dst, planner::Plan plan,
-               engine::PriorityClass priority, v1::Path path, std::string path_reason,
-               engine::Engine* engine, std::optional<absl::Time> deadline,
-               std::shared_ptr<Counters> counters, Clock* clock)
-    : id_(id),
-      // The tables are in the plan; a copy of them would cost megabytes per large transfer.
-      spec_(v1::WithoutBlockTables(spec)),
-      src_(std::move(src)),
-      dst_(std::move(dst)),
+Record::Record(planner::Plan plan, RecordParams params)
+    : id_(params.id),
+      spec_(std::move(params.spec)),
+      src_(std::move(params.src)),
+      dst_(std::move(params.dst)),
       plan_(std::move(plan)),
-      priority_(priority),
-      path_(path),
-      path_reason_(std::move(path_reason)),
-      engine_(engine),
-      deadline_(deadline),
+      priority_(params.priority),
+      path_(params.path),
+      path_reason_(std::move(params.path_reason)),
+      engine_(params.engine),
+      deadline_(params.deadline),
       layerwise_(spec_.layerwise() || spec_.has_ready_flags()),
-      counters_(std::move(counters)),
-      clock_(clock),
-      submitted_us_(clock->NowUnixMicros()) {
+      counters_(std::move(params.counters)),
+      clock_(params.clock),
+      submitted_us_(params.clock->NowUnixMicros()),
+      inbound_(params.inbound),
+      link_(std::move(params.link)),
+      received_us_(params.received_us) {
   src_->AcquireUse();
   dst_->AcquireUse();
   absl::MutexLock lock(&mu_);
+  arrival_region_ = std::move(params.arrival_region);
+  arrival_words_ = params.arrival_words;
+  arrival_value_ = params.arrival_value;
   engine_name_ = engine_->name();
   layer_tiles_left_.assign(plan_.num_layers(), 0);
   layer_ready_.assign(plan_.num_layers(), false);
@@ -68,24 +70,6 @@ void Record::OnEngineUsed(absl::string_view engine) {
   } else if (engine_name_.find(std::string(engine)) == std::string::npos) {
     absl::StrAppend(&engine_name_, "+", engine);
   }
-}
-
-void Record::SetArrivalFlags(std::shared_ptr<regions::Region> region, uint32_t* words,
-                             uint32_t value) {
-  absl::MutexLock lock(&mu_);
-  arrival_region_ = std::move(region);
-  arrival_words_ = words;
-  arrival_value_ = value;
-}
-
-void Record::SetLink(std::string link) {
-  absl::MutexLock lock(&mu_);
-  link_ = std::move(link);
-}
-
-void Record::SetReceived(int64_t unix_us) {
-  absl::MutexLock lock(&mu_);
-  received_us_ = unix_us;
 }
 
 absl::Status Record::WhenEnded(std::function<void(const v1::TransferStatus&)> done) {
@@ -122,8 +106,11 @@ void Record::OnTileStart(uint32_t /*tile*/) {
 void Record::OnTileDone(uint32_t tile, const absl::Status& status) {
   absl::MutexLock lock(&mu_);
   // Local engines report every tile before the final state; only an inbound transfer ended early
-  // can hear of a tile after it (one landing as the sender aborts): it changes nothing then.
+  // can hear of a tile after it (one landing as the sender aborts, or after a drain): it changes
+  // nothing then, so no count overshoots.
   if (state_ >= v1::TRANSFER_STATE_SUCCEEDED) return;
+  // Nor may a report the record does not expect (a tile never enqueued) push a count past it.
+  if (tiles_reported_ >= tiles_enqueued_) return;
   ++tiles_reported_;
   if (status.ok()) {
     const planner::TileInfo info = plan_.tile(tile);
@@ -182,17 +169,17 @@ absl::StatusOr<std::vector<uint32_t>> Record::MarkReady(uint32_t layer_begin,
 
 bool Record::RequestEnd(const absl::Status& status, size_t removed) {
   absl::MutexLock lock(&mu_);
-  tiles_reported_ += removed;
   if (state_ >= v1::TRANSFER_STATE_SUCCEEDED) return false;
+  // An inbound transfer's unlanded tiles are queued at the sender: ending it here drops them all.
+  // Counted now, under the lock, so a tile that landed since the engine counted `removed` is not
+  // counted twice (which left the count past tiles_enqueued_ and the record open for ever).
+  const uint32_t unreported = tiles_enqueued_ - tiles_reported_;
+  tiles_reported_ += inbound_ ? unreported
+                              : static_cast<uint32_t>(std::min<size_t>(removed, unreported));
   if (!end_request_.has_value()) end_request_ = status;
   ++version_;
   MaybeFinishLocked();
   return true;
-}
-
-size_t Record::TilesUnreported() const {
-  absl::MutexLock lock(&mu_);
-  return tiles_enqueued_ > tiles_reported_ ? tiles_enqueued_ - tiles_reported_ : 0;
 }
 
 bool Record::IsFinal() const {
@@ -203,9 +190,9 @@ bool Record::IsFinal() const {
 void Record::MaybeFinishLocked() {
   if (state_ >= v1::TRANSFER_STATE_SUCCEEDED) return;
   v1::TransferState final_state;
-  if (tiles_done_ == plan_.num_tiles()) {
+  if (tiles_done_ >= plan_.num_tiles()) {
     final_state = v1::TRANSFER_STATE_SUCCEEDED;
-  } else if (end_request_.has_value() && tiles_reported_ == tiles_enqueued_) {
+  } else if (end_request_.has_value() && tiles_reported_ >= tiles_enqueued_) {
     final_state = end_request_->code() == absl::StatusCode::kCancelled
                       ? v1::TRANSFER_STATE_CANCELLED
                       : v1::TRANSFER_STATE_FAILED;

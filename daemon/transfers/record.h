@@ -15,6 +15,7 @@
 #include "daemon/engine/engine.h"
 #include "daemon/planner/planner.h"
 #include "daemon/regions/regions.h"
+#include "daemon/transfers/remote_path.h"
 #include "proto/kvrail/v1/transfer.pb.h"
 
 namespace kvrail::transfers {
@@ -34,14 +35,40 @@ struct Counters {
   std::function<void(const v1::TransferStatus&)> on_finished;
 };
 
+// What a record is made of besides its plan (Record's constructor).
+struct RecordParams {
+  uint64_t id = 0;
+  // The caller's spec without block tables (v1::WithoutBlockTables: the tables are in the plan).
+  v1::TransferSpec spec;
+  std::shared_ptr<regions::Region> src;
+  std::shared_ptr<regions::Region> dst;
+  engine::PriorityClass priority = engine::PriorityClass::kNormal;
+  v1::Path path = v1::PATH_UNSPECIFIED;
+  std::string path_reason;
+  engine::Engine* engine = nullptr;  // runs the record's tiles; not owned
+  std::optional<absl::Time> deadline;
+  std::shared_ptr<Counters> counters;
+  Clock* clock = nullptr;
+  // The link the bytes cross (TransferStatus.link): "host", "gpu0-gpu1", "fabric", ...
+  std::string link;
+  // When the daemon began handling the Submit (TransferStatus.received_unix_us); 0: unknown.
+  int64_t received_us = 0;
+  // A transfer another node writes into this one (PATH_FABRIC, receiving side): its tiles are
+  // reported by the fabric as they land, and it cannot be cancelled here.
+  bool inbound = false;
+  // Consumer readiness (spec.arrival_flags): `words[i] = value` once layer i has landed; the
+  // record keeps `arrival_region` mapped until it ends. Null: none.
+  std::shared_ptr<regions::Region> arrival_region;
+  uint32_t* arrival_words = nullptr;
+  uint32_t arrival_value = 0;
+};
+
 // Thread-safe: every mutable field is guarded by mu_. `version_` grows with every change so
-// watchers can wait for "anything new".
-class Record final : public engine::Job {
+// watchers can wait for "anything new". Once the record has ended (a final state), tile reports
+// change nothing: a late report is ignored, never counted.
+class Record final : public InboundJob {
  public:
-  Record(uint64_t id, const v1::TransferSpec& spec, std::shared_ptr<regions::Region> src,
-         std::shared_ptr<regions::Region> dst, planner::Plan plan, engine::PriorityClass priority,
-         v1::Path path, std::string path_reason, engine::Engine* engine,
-         std::optional<absl::Time> deadline, std::shared_ptr<Counters> counters, Clock* clock);
+  Record(planner::Plan plan, RecordParams params);
   ~Record() override;
 
   uint64_t id() const { return id_; }
@@ -49,27 +76,15 @@ class Record final : public engine::Job {
   bool layerwise() const { return layerwise_; }
   // NICs carrying a fabric transfer (TransferStatus.nics).
   void SetNics(std::vector<std::string> nics);
-  // The link the bytes cross (TransferStatus.link). Call before the first tile is queued.
-  void SetLink(std::string link);
-  // When the daemon began handling the Submit (TransferStatus.received_unix_us).
-  void SetReceived(int64_t unix_us);
   // Calls `done` with the final status once the transfer ends (at once, on this thread, when it
   // already has). `done` runs under the record's lock on whichever thread ends the transfer:
   // it must be quick, must not block and must not call back into the record. At most
   // kMaxWhenEnded are kept per transfer (RESOURCE_EXHAUSTED beyond: `done` is not kept).
   static constexpr size_t kMaxWhenEnded = 4096;
   absl::Status WhenEnded(std::function<void(const v1::TransferStatus&)> done);
-  // Consumer readiness (spec.arrival_flags): `words[i] = value` once layer i has landed. Call
-  // before the first tile is queued; the record keeps `region` mapped until it ends.
-  void SetArrivalFlags(std::shared_ptr<regions::Region> region, uint32_t* words, uint32_t value);
   // The engine that runs the record's tiles.
   engine::Engine* engine() const { return engine_; }
-  // A transfer another node writes into this one (PATH_FABRIC, receiving side): its tiles are
-  // reported by the fabric as they land, and it cannot be cancelled here. Call before admission.
-  void MarkInbound() { inbound_ = true; }
   bool inbound() const { return inbound_; }
-  // Tiles counted as enqueued that have not reported (what ending an inbound transfer drops).
-  size_t TilesUnreported() const;
 
   // engine::Job
   const planner::Plan& plan() const override { return plan_; }
@@ -93,9 +108,13 @@ class Record final : public engine::Job {
   // already marked contribute nothing.
   absl::StatusOr<std::vector<uint32_t>> MarkReady(uint32_t layer_begin, uint32_t layer_count);
   // Asks the transfer to end with `status` (CANCELLED for a cancel); `removed` tiles were taken
-  // off the engine queue and will never report. Returns false when it had already ended.
+  // off the engine queue and will never report. An inbound record drops every tile that has not
+  // landed (they are the sender's queue), counted under the record's lock so a tile landing
+  // meanwhile is counted once. Returns false when it had already ended.
   bool RequestEnd(const absl::Status& status, size_t removed);
   bool IsFinal() const;
+  // InboundJob
+  bool Ended() const override { return IsFinal(); }
 
   v1::TransferStatus Status() const;
   uint64_t version() const;
@@ -133,7 +152,9 @@ class Record final : public engine::Job {
   const std::shared_ptr<Counters> counters_;
   Clock* const clock_;
   const int64_t submitted_us_;
-  bool inbound_ = false;  // set before the record is shared
+  const bool inbound_;
+  const std::string link_;
+  const int64_t received_us_;
 
   mutable absl::Mutex mu_;
   v1::TransferState state_ ABSL_GUARDED_BY(mu_) = v1::TRANSFER_STATE_QUEUED;
@@ -152,8 +173,6 @@ class Record final : public engine::Job {
   uint32_t* arrival_words_ ABSL_GUARDED_BY(mu_) = nullptr;
   uint32_t arrival_value_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<std::string> nics_ ABSL_GUARDED_BY(mu_);
-  std::string link_ ABSL_GUARDED_BY(mu_);
-  int64_t received_us_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<std::function<void(const v1::TransferStatus&)>> when_ended_ ABSL_GUARDED_BY(mu_);
   // The engine's name, refined by OnEngineUsed ("cuda-kernel", "cuda-kernel+cuda-copy-engine").
   std::string engine_name_ ABSL_GUARDED_BY(mu_);

@@ -40,6 +40,15 @@ class RemotePath {
                                                          const std::shared_ptr<engine::Job>& job) = 0;
 };
 
+// The job an inbound transfer's tiles report to (InboundSink::Admitted.job). Thread-safe.
+class InboundJob : public engine::Job {
+ public:
+  // True once this node's record of the transfer has ended (EndInbound, a drain, a failure).
+  // Tiles landing afterwards should be dropped by the caller rather than reported; a report that
+  // comes anyway changes nothing (it is ignored, never counted twice).
+  virtual bool Ended() const = 0;
+};
+
 // The receiving side of PATH_FABRIC, called by daemon/fabric: a transfer another node writes into
 // one of this node's regions is listed, waited on, watched and counted here like a local one.
 // Thread-safe.
@@ -48,9 +57,9 @@ class InboundSink {
   virtual ~InboundSink() = default;
   struct Admitted {
     uint64_t id = 0;  // this node's transfer id
-    // Report each tile as it lands (OnTileStart, then OnTileDone); the record succeeds when every
-    // tile has landed.
-    std::shared_ptr<engine::Job> job;
+    // Report each tile as it lands (OnTileStart, then OnTileDone) while !job->Ended(); the
+    // record succeeds when every tile has landed.
+    std::shared_ptr<InboundJob> job;
   };
   // `source` stands in for the sender's region (no local address); `dst` is the region written.
   // UNAVAILABLE while draining.
@@ -61,7 +70,7 @@ class InboundSink {
                                                 const std::string& sender_node,
                                                 uint64_t sender_transfer_id) = 0;
   // Ends an inbound transfer that will get no more tiles (aborted by the sender, the sender lost,
-  // or ended short) with `why`; a no-op once it has ended.
+  // or ended short) with `why`; a no-op once it has ended. Afterwards Admitted.job->Ended().
   virtual void EndInbound(uint64_t id, const absl::Status& why) = 0;
 };
 

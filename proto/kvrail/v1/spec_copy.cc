@@ -1,8 +1,5 @@
 #include "proto/kvrail/v1/spec_copy.h"
 
-#include "absl/strings/match.h"
-#include "absl/strings/str_cat.h"
-
 namespace kvrail::v1 {
 namespace {
 
@@ -34,16 +31,6 @@ TransferSpec WithoutBlockTables(const TransferSpec& spec) {
   if (spec.has_ready_flags()) *out.mutable_ready_flags() = spec.ready_flags();
   if (spec.has_arrival_flags()) *out.mutable_arrival_flags() = spec.arrival_flags();
   return out;
-}
-
-std::string RenameField(absl::string_view message, absl::string_view from, absl::string_view to) {
-  if (!absl::StartsWith(message, from)) return std::string(message);
-  const absl::string_view rest = message.substr(from.size());
-  // Only the whole field name: "spec.src.block_ids" must not rename "spec.src.block_ids_le32".
-  if (!rest.empty() && rest[0] != '[' && rest[0] != ':' && rest[0] != '.' && rest[0] != ' ') {
-    return std::string(message);
-  }
-  return absl::StrCat(to, rest);
 }
 
 }  // namespace kvrail::v1

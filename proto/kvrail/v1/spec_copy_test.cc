@@ -65,16 +65,5 @@ TEST_CASE("WithoutBlockTables of an empty spec is empty") {
   CHECK(WithoutBlockTables(TransferSpec()).ByteSizeLong() == 0);
 }
 
-TEST_CASE("RenameField renames the whole leading field only") {
-  CHECK(RenameField("spec.dst.block_ids_le32[5]: block 9 out of range", "spec.dst.block_ids_le32",
-                    "spec.dst.block_table") == "spec.dst.block_table[5]: block 9 out of range");
-  CHECK(RenameField("spec.dst.block_ids_le32: 7 bytes", "spec.dst.block_ids_le32",
-                    "spec.dst.block_ids") == "spec.dst.block_ids: 7 bytes");
-  CHECK(RenameField("spec.src.block_ids_le32[1]: x", "spec.src.block_ids", "spec.src.t") ==
-        "spec.src.block_ids_le32[1]: x");  // a longer name that merely starts the same
-  CHECK(RenameField("spec.dst.region_id: unknown", "spec.src.block_table", "x") ==
-        "spec.dst.region_id: unknown");
-}
-
 }  // namespace
 }  // namespace kvrail::v1

@@ -1,0 +1,145 @@
+// Internal to the transfers module: the TransferManager implementation, declared here so its
+// parts can live in small files: admission (transfer_manager.cc), requests about admitted
+// transfers (observe.cc) and the receiving side of the fabric (inbound.cc).
+//
+// A submit walks: Resolve (resolve.h: regions, ids, flags) -> plan -> route -> Admit (id,
+// record, counters, history, watches, enqueue) -> engine -> the record's completion.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "daemon/transfers/flag_watches.h"
+#include "daemon/transfers/history.h"
+#include "daemon/transfers/record.h"
+#include "daemon/transfers/resolve.h"
+#include "daemon/transfers/transfers.h"
+
+namespace kvrail::transfers {
+
+// The "engine" of inbound fabric transfers: their tiles are written by the fabric's unpack
+// threads, which report them to the record directly; nothing is queued here. Ending such a
+// record drops every tile that has not landed (Record::RequestEnd counts them under the record's
+// lock), so Remove removes nothing here. Thread-safe (stateless).
+class InboundEngine final : public engine::Engine {
+ public:
+  std::string name() const override { return "fabric-receiver"; }
+  void Enqueue(const std::shared_ptr<engine::Job>&, const std::vector<uint32_t>&) override {}
+  size_t Remove(const engine::Job*) override { return 0; }
+  std::vector<uint64_t> QueuedTiles() const override {
+    return std::vector<uint64_t>(engine::kNumPriorityClasses, 0);
+  }
+  std::string Describe() const override { return "fabric-receiver"; }
+};
+
+// Thread-safe. mu_ guards the history, the id counter and the draining flag; lock order:
+// mu_, then a record's lock. Engines, the remote path and flag watches are called outside mu_.
+class TransferManagerImpl final : public TransferManager {
+ public:
+  TransferManagerImpl(regions::RegionTable* regions, engine::Engine* engine, Clock* clock,
+                      const Options& options);
+  ~TransferManagerImpl() override;
+
+  // TransferManager (transfer_manager.cc)
+  absl::StatusOr<v1::SubmitTransferResponse> Submit(const v1::TransferSpec& spec) override;
+  absl::StatusOr<v1::SubmitTransferResponse> SubmitWithinNode(
+      const v1::TransferSpec& spec) override;
+  void CheckDeadlines() override;
+  void Drain(absl::Duration timeout) override;
+  // (observe.cc)
+  absl::StatusOr<v1::TransferStatus> Get(uint64_t id) const override;
+  absl::StatusOr<v1::TransferStatus> Wait(uint64_t id, absl::Duration timeout) const override;
+  absl::Status WhenEnded(uint64_t id,
+                         std::function<void(const v1::TransferStatus&)> done) const override;
+  absl::Status Watch(uint64_t id, absl::Duration min_interval,
+                     const std::function<bool(const v1::TransferEvent&)>& sink) const override;
+  absl::StatusOr<v1::TransferStatus> Cancel(uint64_t id) override;
+  absl::Status MarkReady(uint64_t id, uint32_t layer_begin, uint32_t layer_count) override;
+  std::vector<v1::TransferStatus> List(const std::vector<v1::TransferState>& states,
+                                       uint32_t limit) const override;
+  void FillStats(v1::Stats* stats) const override;
+  // InboundSink (inbound.cc)
+  absl::StatusOr<Admitted> BeginInbound(const v1::TransferSpec& spec, const planner::Plan& plan,
+                                        std::shared_ptr<regions::Region> source,
+                                        std::shared_ptr<regions::Region> dst,
+                                        const std::string& sender_node,
+                                        uint64_t sender_transfer_id) override;
+  void EndInbound(uint64_t id, const absl::Status& why) override;
+
+ private:
+  // An idempotency key held by one submit from before its checks until it is admitted or has
+  // failed, so a concurrent submit with the same key waits for it and then answers with its
+  // transfer instead of starting a second one. Frees the key on destruction unless admitted.
+  class KeyClaim {
+   public:
+    KeyClaim(TransferManagerImpl* owner, std::string key)
+        : owner_(owner), key_(std::move(key)) {}
+    KeyClaim(KeyClaim&& other) noexcept
+        : owner_(std::exchange(other.owner_, nullptr)), key_(std::move(other.key_)) {}
+    KeyClaim& operator=(KeyClaim&&) = delete;
+    ~KeyClaim();
+    const std::string& key() const { return key_; }
+
+   private:
+    TransferManagerImpl* owner_;  // null: nothing held
+    std::string key_;
+  };
+  // The earlier transfer's answer when `key` names one; otherwise `key` claimed for this submit.
+  // UNAVAILABLE while draining.
+  struct Claimed {
+    std::optional<v1::SubmitTransferResponse> earlier;
+    KeyClaim claim;
+  };
+  absl::StatusOr<Claimed> ClaimKey(const std::string& key);
+
+  // What Admit needs besides the plan and the record's fields.
+  struct Admission {
+    const KeyClaim* claim = nullptr;  // null: no idempotency key
+    const ResolvedFlags* ready = nullptr;  // producer flags to watch, if set
+    uint32_t first_layer = 0;              // the source layer ready word 0 stands for
+    // Runs once the record exists, before it is admitted (the remote path announces it to the
+    // peer); an error abandons the transfer. After it succeeded the record is admitted even if a
+    // drain began meanwhile (the drain then ends it like any other).
+    std::function<absl::Status(const std::shared_ptr<Record>&)> before_admit;
+  };
+  // The one admission of local, remote and inbound transfers: id, record, counters, history
+  // (deadline and idempotency indexes), flag watch, and the initial tiles queued on the record's
+  // engine. UNAVAILABLE while draining.
+  absl::StatusOr<std::shared_ptr<Record>> Admit(planner::Plan plan, RecordParams params,
+                                                const Admission& admission);
+  absl::StatusOr<v1::SubmitTransferResponse> SubmitLocal(const ResolvedRequest& request,
+                                                         int64_t received_us,
+                                                         const KeyClaim& claim);
+  absl::StatusOr<v1::SubmitTransferResponse> SubmitRemote(const ResolvedRequest& request,
+                                                          const KeyClaim& claim);
+  static v1::SubmitTransferResponse Accepted(uint64_t id, const planner::Plan& plan,
+                                             bool deduplicated);
+  // An admitted transfer's end: its queued tiles leave the engine; running ones still report.
+  void End(const std::shared_ptr<Record>& record, const absl::Status& why);
+  absl::StatusOr<std::shared_ptr<Record>> Find(uint64_t id) const;
+  uint64_t ActiveCount() const;
+  void DeadlineLoop();
+
+  regions::RegionTable* const regions_;
+  engine::Engine* const engine_;
+  InboundEngine inbound_engine_;
+  Clock* const clock_;
+  const Options options_;
+  const std::shared_ptr<Counters> counters_;
+  const std::vector<int> gpu_index_;  // CUDA ordinal -> topology GPU index
+
+  mutable absl::Mutex mu_;
+  uint64_t next_id_ ABSL_GUARDED_BY(mu_);
+  bool draining_ ABSL_GUARDED_BY(mu_) = false;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  History history_ ABSL_GUARDED_BY(mu_);
+  FlagWatches watches_;
+  std::thread deadline_thread_;
+};
+
+}  // namespace kvrail::transfers

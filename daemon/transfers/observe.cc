@@ -1,0 +1,146 @@
+// Requests about admitted transfers: status, waits, watches, cancel, readiness, lists, stats.
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "base/status.h"
+#include "daemon/transfers/manager_impl.h"
+
+namespace kvrail::transfers {
+
+absl::StatusOr<v1::TransferStatus> TransferManagerImpl::Get(uint64_t id) const {
+  KVRAIL_ASSIGN_OR_RETURN(auto record, Find(id));
+  return record->Status();
+}
+
+absl::StatusOr<v1::TransferStatus> TransferManagerImpl::Wait(uint64_t id,
+                                                            absl::Duration timeout) const {
+  KVRAIL_ASSIGN_OR_RETURN(auto record, Find(id));
+  // The timeout is measured by the injected clock (as deadlines are); waiting happens in short
+  // real-time slices, so a clock that a test moves by hand ends the wait on the next slice.
+  const absl::Time until = clock_->Now() + timeout;
+  while (!record->IsFinal()) {
+    const absl::Duration left = until - clock_->Now();
+    if (left <= absl::ZeroDuration()) break;
+    record->AwaitChange(record->version(), std::min(left, absl::Milliseconds(20)));
+  }
+  return record->Status();
+}
+
+absl::Status TransferManagerImpl::WhenEnded(
+    uint64_t id, std::function<void(const v1::TransferStatus&)> done) const {
+  KVRAIL_ASSIGN_OR_RETURN(auto record, Find(id));
+  return record->WhenEnded(std::move(done));
+}
+
+absl::Status TransferManagerImpl::Watch(
+    uint64_t id, absl::Duration min_interval,
+    const std::function<bool(const v1::TransferEvent&)>& sink) const {
+  KVRAIL_ASSIGN_OR_RETURN(auto record, Find(id));
+  uint64_t seen = record->version();
+  v1::TransferEvent event;
+  event.set_kind(v1::TransferEvent::KIND_SNAPSHOT);
+  *event.mutable_status() = record->Status();
+  v1::TransferState last_state = event.status().state();
+  uint64_t last_bytes = event.status().bytes_done();
+  size_t layers_sent = record->LayersDone().size();
+  absl::Time last_progress = clock_->Now();
+  if (!sink(event)) return absl::OkStatus();
+  while (last_state < v1::TRANSFER_STATE_SUCCEEDED) {
+    record->AwaitChange(seen, absl::Milliseconds(100));
+    seen = record->version();
+    v1::TransferStatus status = record->Status();
+    const std::vector<uint32_t> layers = record->LayersDone();
+    for (; layers_sent < layers.size(); ++layers_sent) {
+      v1::TransferEvent layer_event;
+      layer_event.set_kind(v1::TransferEvent::KIND_LAYER_DONE);
+      layer_event.set_layer(status.spec().src().layer_begin() + layers[layers_sent]);
+      *layer_event.mutable_status() = status;
+      if (!sink(layer_event)) return absl::OkStatus();
+    }
+    v1::TransferEvent next;
+    *next.mutable_status() = status;
+    if (status.state() != last_state) {
+      next.set_kind(v1::TransferEvent::KIND_STATE);
+      last_state = status.state();
+    } else if (status.bytes_done() != last_bytes && clock_->Now() - last_progress >= min_interval) {
+      next.set_kind(v1::TransferEvent::KIND_PROGRESS);
+    } else {
+      continue;
+    }
+    last_bytes = status.bytes_done();
+    last_progress = clock_->Now();
+    if (!sink(next)) return absl::OkStatus();
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::TransferStatus> TransferManagerImpl::Cancel(uint64_t id) {
+  KVRAIL_ASSIGN_OR_RETURN(auto record, Find(id));
+  if (record->inbound() && !record->IsFinal()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "transfer_id: transfer ", id, " is written into this node by another (",
+        record->Status().path_reason(), "); cancel it on the sending node"));
+  }
+  End(record, absl::CancelledError("cancelled by a client"));
+  return record->Status();
+}
+
+absl::Status TransferManagerImpl::MarkReady(uint64_t id, uint32_t layer_begin,
+                                            uint32_t layer_count) {
+  KVRAIL_ASSIGN_OR_RETURN(auto record, Find(id));
+  KVRAIL_ASSIGN_OR_RETURN(std::vector<uint32_t> tiles,
+                          record->MarkReady(layer_begin, layer_count == 0 ? 1 : layer_count));
+  record->engine()->Enqueue(record, tiles);
+  return absl::OkStatus();
+}
+
+std::vector<v1::TransferStatus> TransferManagerImpl::List(
+    const std::vector<v1::TransferState>& states, uint32_t limit) const {
+  if (limit == 0) limit = 100;
+  std::vector<std::shared_ptr<Record>> newest;
+  {
+    absl::MutexLock lock(&mu_);
+    newest = history_.Newest();
+  }
+  std::vector<v1::TransferStatus> out;
+  for (const auto& record : newest) {
+    if (out.size() >= limit) break;
+    v1::TransferStatus status = record->Status();
+    if (!states.empty() &&
+        std::find(states.begin(), states.end(), status.state()) == states.end()) {
+      continue;
+    }
+    out.push_back(std::move(status));
+  }
+  return out;
+}
+
+void TransferManagerImpl::FillStats(v1::Stats* stats) const {
+  {
+    absl::MutexLock c(&counters_->mu);
+    stats->set_transfers_submitted(counters_->submitted);
+    stats->set_transfers_succeeded(counters_->succeeded);
+    stats->set_transfers_failed(counters_->failed);
+    stats->set_transfers_cancelled(counters_->cancelled);
+    stats->set_transfers_active(counters_->active);
+    stats->set_bytes_moved(counters_->bytes_moved);
+    for (const auto& [path, bytes] : counters_->bytes_by_path) {
+      (*stats->mutable_bytes_by_path())[path] = bytes;
+    }
+  }
+  std::vector<uint64_t> queued = engine_->QueuedTiles();
+  if (options_.cuda_engine != nullptr) {
+    const std::vector<uint64_t> cuda = options_.cuda_engine->QueuedTiles();
+    for (size_t c = 0; c < queued.size() && c < cuda.size(); ++c) queued[c] += cuda[c];
+  }
+  for (int c = 0; c < engine::kNumPriorityClasses; ++c) {
+    (*stats->mutable_queued_tiles())[engine::PriorityClassName(
+        static_cast<engine::PriorityClass>(c))] = queued[c];
+  }
+  stats->add_engines(engine_->Describe());
+  if (options_.cuda_engine != nullptr) stats->add_engines(options_.cuda_engine->Describe());
+  absl::MutexLock lock(&mu_);
+  stats->set_draining(draining_);
+}
+
+}  // namespace kvrail::transfers

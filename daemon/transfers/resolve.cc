@@ -1,0 +1,212 @@
+#include "daemon/transfers/resolve.h"
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "base/status.h"
+#include "proto/kvrail/v1/spec_copy.h"
+
+namespace kvrail::transfers {
+namespace {
+
+absl::Status CheckNode(const v1::TransferEndpoint& ep, const std::string& node_id,
+                       const char* field) {
+  if (!ep.node_id().empty() && ep.node_id() != node_id) {
+    return absl::UnimplementedError(absl::StrCat(
+        field, ".node_id: '", ep.node_id(), "' is another node; this daemon (node '", node_id,
+        "') has no fabric path configured"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<regions::Region>> GetRegion(const regions::RegionTable& regions,
+                                                           uint64_t id, const std::string& field) {
+  auto region = regions.Get(id);
+  if (!region.ok()) {
+    return absl::NotFoundError(absl::StrCat(field, ".region_id: ", region.status().message()));
+  }
+  return region;
+}
+
+// A block table in a client's host region (TransferEndpoint.block_table), checked against the
+// region's bounds. Errors about the reference name `side`.block_table.
+absl::Status ResolveTable(const regions::RegionTable& regions, const v1::TransferEndpoint& ep,
+                          const std::string& side, bool copy, ResolvedIds* out) {
+  const std::string field = absl::StrCat("spec.", side, ".block_table");
+  if (ep.block_ids_size() > 0 || !ep.block_ids_le32().empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": set one of block_ids, block_ids_le32 and block_table"));
+  }
+  const v1::BlockTableRef& table = ep.block_table();
+  KVRAIL_ASSIGN_OR_RETURN(out->table_region, GetRegion(regions, table.region_id(), field));
+  const v1::RegionSpec& region = out->table_region->spec();
+  if (region.memory_kind() != v1::MEMORY_KIND_HOST) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        field, ".region_id: region ", table.region_id(),
+        " is GPU memory; block tables are read from host memory"));
+  }
+  const uint64_t size = region.size_bytes();
+  const uint64_t bytes = uint64_t{4} * table.count();
+  if (table.offset_bytes() > size || size - table.offset_bytes() < bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ".count: ", table.count(),
+                                                   " ids at byte ", table.offset_bytes(),
+                                                   " do not fit the region's ", size, " bytes"));
+  }
+  const std::string& named_as = table.named_as();
+  if (!named_as.empty() && named_as != "block_table" && named_as != "block_ids" &&
+      named_as != "block_ids_le32") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ".named_as: '", named_as, "' is not block_table, block_ids or block_ids_le32"));
+  }
+  out->field = absl::StrCat(side, ".", named_as.empty() ? "block_table" : named_as);
+  out->given = true;
+  out->count = table.count();
+  const uint8_t* at = out->table_region->data() + table.offset_bytes();
+  if (copy) {
+    // Read the client's memory once: what is planned here is what travels on.
+    out->owned.resize(out->count);
+    if (out->count > 0) std::memcpy(out->owned.data(), at, 4 * out->count);
+    out->ids = out->owned.data();
+    out->table_region.reset();
+  } else {
+    // The planner copies the ids once, into the plan, and checks the copy.
+    out->ids = reinterpret_cast<const uint32_t*>(at);
+  }
+  return absl::OkStatus();
+}
+
+// One side's ids from whichever encoding the caller used.
+absl::StatusOr<ResolvedIds> ResolveIds(const regions::RegionTable& regions,
+                                       const v1::TransferEndpoint& ep, const std::string& side,
+                                       bool copy_tables) {
+  ResolvedIds out;
+  if (ep.has_block_table()) {
+    KVRAIL_RETURN_IF_ERROR(ResolveTable(regions, ep, side, copy_tables, &out));
+    return out;
+  }
+  const std::string& le32 = ep.block_ids_le32();
+  if (!le32.empty()) {
+    out.field = absl::StrCat(side, ".block_ids_le32");
+    if (ep.block_ids_size() != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("spec.", out.field, ": set block_ids or block_ids_le32, not both"));
+    }
+    if (le32.size() % 4 != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "spec.", out.field, ": ", le32.size(), " bytes is not a whole number of uint32 ids"));
+    }
+    // x86-64 and aarch64 are little-endian; the planner copies with memcpy (any alignment).
+    out.ids = reinterpret_cast<const uint32_t*>(le32.data());
+    out.count = le32.size() / 4;
+    out.given = true;
+    return out;
+  }
+  out.field = absl::StrCat(side, ".block_ids");
+  out.ids = ep.block_ids().data();
+  out.count = static_cast<size_t>(ep.block_ids_size());
+  out.given = out.count > 0;
+  return out;
+}
+
+// A FlagArray's region and static checks; whether its words fit is checked once the plan says
+// how many layers there are (ResolvedFlags::CheckFits).
+absl::StatusOr<ResolvedFlags> ResolveFlags(const regions::RegionTable& regions,
+                                           const v1::FlagArray& flags, bool writable,
+                                           const std::string& field) {
+  ResolvedFlags out;
+  out.field = field;
+  KVRAIL_ASSIGN_OR_RETURN(out.region, GetRegion(regions, flags.region_id(), field));
+  const v1::RegionSpec& region = out.region->spec();
+  if (region.memory_kind() != v1::MEMORY_KIND_HOST) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(field, ".region_id: flag words must be in host memory"));
+  }
+  if (writable && !region.writable()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        field, ".region_id: the daemon writes arrival flags; the region is not writable"));
+  }
+  if (flags.byte_offset() % 4 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ".byte_offset: must be a multiple of 4"));
+  }
+  if (flags.value() == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ".value: must not be 0"));
+  }
+  out.value = flags.value();
+  out.byte_offset = flags.byte_offset();
+  if (out.byte_offset <= region.size_bytes()) {
+    out.words = reinterpret_cast<uint32_t*>(out.region->data() + out.byte_offset);
+  }
+  return out;
+}
+
+}  // namespace
+
+engine::PriorityClass ToClass(v1::Priority priority) {
+  switch (priority) {
+    case v1::PRIORITY_CRITICAL: return engine::PriorityClass::kCritical;
+    case v1::PRIORITY_BACKGROUND: return engine::PriorityClass::kBackground;
+    default: return engine::PriorityClass::kNormal;
+  }
+}
+
+absl::Status ResolvedFlags::CheckFits(uint32_t layers) const {
+  if (!set()) return absl::OkStatus();
+  const uint64_t size = region->spec().size_bytes();
+  if (byte_offset > size || (size - byte_offset) / 4 < layers) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ".byte_offset: ", layers,
+                                                   " flag words at byte ", byte_offset,
+                                                   " do not fit the region's ", size, " bytes"));
+  }
+  return absl::OkStatus();
+}
+
+planner::TableRefs ResolvedRequest::Tables() const {
+  planner::TableRefs refs;
+  if (src_ids.given) refs.src = planner::TableRef{src_ids.ids, src_ids.count, src_ids.field};
+  if (dst_ids.given) refs.dst = planner::TableRef{dst_ids.ids, dst_ids.count, dst_ids.field};
+  return refs;
+}
+
+v1::TransferSpec ResolvedRequest::Traveling() const {
+  v1::TransferSpec out = light;
+  for (const auto& [ids, ep] : {std::pair{&src_ids, out.mutable_src()},
+                                std::pair{&dst_ids, out.mutable_dst()}}) {
+    if (!ids->given) continue;
+    ep->set_block_ids_le32(std::string(reinterpret_cast<const char*>(ids->ids), 4 * ids->count));
+  }
+  return out;
+}
+
+absl::StatusOr<ResolvedRequest> Resolve(const v1::TransferSpec& spec,
+                                        const regions::RegionTable& regions,
+                                        const ResolveOptions& options) {
+  ResolvedRequest out;
+  out.spec = &spec;
+  if (!v1::Priority_IsValid(spec.priority())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("spec.priority: unknown value ", spec.priority()));
+  }
+  out.priority = ToClass(spec.priority());
+  KVRAIL_RETURN_IF_ERROR(CheckNode(spec.src(), options.node_id, "spec.src"));
+  out.remote = options.has_remote_path && !spec.dst().node_id().empty() &&
+               spec.dst().node_id() != options.node_id;
+  if (!out.remote) KVRAIL_RETURN_IF_ERROR(CheckNode(spec.dst(), options.node_id, "spec.dst"));
+  // A remote spec travels on with its ids: tables in shared memory are copied once, here.
+  KVRAIL_ASSIGN_OR_RETURN(out.src_ids, ResolveIds(regions, spec.src(), "src", out.remote));
+  KVRAIL_ASSIGN_OR_RETURN(out.dst_ids, ResolveIds(regions, spec.dst(), "dst", out.remote));
+  out.light = v1::WithoutBlockTables(spec);
+  KVRAIL_ASSIGN_OR_RETURN(out.src, GetRegion(regions, spec.src().region_id(), "spec.src"));
+  if (out.remote) return out;  // the destination, and any flag words, are the peer's
+  KVRAIL_ASSIGN_OR_RETURN(out.dst, GetRegion(regions, spec.dst().region_id(), "spec.dst"));
+  if (spec.has_ready_flags()) {
+    KVRAIL_ASSIGN_OR_RETURN(out.ready,
+                            ResolveFlags(regions, spec.ready_flags(), false, "spec.ready_flags"));
+  }
+  if (spec.has_arrival_flags()) {
+    KVRAIL_ASSIGN_OR_RETURN(
+        out.arrival, ResolveFlags(regions, spec.arrival_flags(), true, "spec.arrival_flags"));
+  }
+  return out;
+}
+
+}  // namespace kvrail::transfers
