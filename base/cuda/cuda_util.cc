@@ -71,6 +71,19 @@ absl::Status SetDevice(int device) {
   return CudaStatus(cudaSetDevice(device), absl::StrCat("cudaSetDevice(", device, ")"));
 }
 
+ScopedDevice::ScopedDevice(int device, GetFn get, SetFn set) : set_(set) {
+  int previous = -1;
+  status_ = CudaStatus(get(&previous), "cudaGetDevice");
+  if (!status_.ok()) return;  // nothing changed: nothing to restore
+  if (previous == device) return;
+  status_ = CudaStatus(set(device), absl::StrCat("cudaSetDevice(", device, ")"));
+  if (status_.ok()) previous_ = previous;  // a failed set left `previous` current
+}
+
+ScopedDevice::~ScopedDevice() {
+  if (previous_ >= 0 && set_(previous_) != cudaSuccess) cudaGetLastError();
+}
+
 namespace {
 
 using GetAddressRangeFn = CUresult (*)(CUdeviceptr*, size_t*, CUdeviceptr);
@@ -150,7 +163,8 @@ absl::Status EnablePeerAccess(int device, int peer) {
     return absl::FailedPreconditionError(
         absl::StrCat("GPU", device, " cannot access GPU", peer, "'s memory (no peer access)"));
   }
-  if (absl::Status s = SetDevice(device); !s.ok()) return s;
+  ScopedDevice on(device);
+  if (!on.status().ok()) return on.status();
   const cudaError_t e = cudaDeviceEnablePeerAccess(peer, 0);
   if (e != cudaSuccess && e != cudaErrorPeerAccessAlreadyEnabled) {
     return CudaStatus(e, absl::StrCat("cudaDeviceEnablePeerAccess(GPU", device, " -> GPU", peer, ")"));
@@ -161,7 +175,8 @@ absl::Status EnablePeerAccess(int device, int peer) {
 }
 
 absl::StatusOr<Stream> Stream::Create(int device) {
-  if (absl::Status s = SetDevice(device); !s.ok()) return s;
+  ScopedDevice on(device);
+  if (!on.status().ok()) return on.status();
   // The greatest priority the device offers: the block scheduler starts the engine's CTAs ahead
   // of waiting CTAs of lower-priority streams (the inference server's kernels, under MPS too),
   // so a small SM budget is not starved behind a GEMM that fills the GPU.

@@ -3,9 +3,9 @@
 // registrations, device selection, allocation ranges and peer access.
 //
 // Thread contract: free functions may be called from any thread; each one that touches a device
-// selects it first (cudaSetDevice on the calling thread), so callers never rely on the thread's
-// previous device. RAII objects are not thread-safe; their CUDA handles may be used from any
-// thread after creation.
+// selects it for the call only (ScopedDevice: the calling thread's current device is restored
+// afterwards), so callers neither rely on nor lose the thread's current device. RAII objects are
+// not thread-safe; their CUDA handles may be used from any thread after creation.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -38,8 +38,34 @@ bool IsStickyError(cudaError_t error);
 // Devices the runtime sees; FAILED_PRECONDITION with the runtime's reason when there is no
 // driver or no device.
 absl::StatusOr<int> DeviceCount();
-// cudaSetDevice with the error converted.
+// cudaSetDevice with the error converted. Binds the calling thread to `device` for good: for a
+// thread that serves one GPU (a dispatcher). Code that needs a device for a while uses
+// ScopedDevice instead.
 absl::Status SetDevice(int device);
+
+// Makes `device` the calling thread's current device for the guard's lifetime, then makes the
+// device that was current before current again. Code that touches another GPU on a thread bound
+// to one (a dispatcher that drops the last reference to another GPU's mapping) must not leave the
+// thread on the other GPU: its later events and launches would go there. `get` / `set` are
+// cudaGetDevice / cudaSetDevice (injectable for tests). When the previous device cannot be read,
+// nothing is changed and status() says why. Not thread-safe: construct and destroy on one thread.
+class ScopedDevice {
+ public:
+  using GetFn = cudaError_t (*)(int* device);
+  using SetFn = cudaError_t (*)(int device);
+  explicit ScopedDevice(int device, GetFn get = &cudaGetDevice, SetFn set = &cudaSetDevice);
+  ~ScopedDevice();
+  ScopedDevice(const ScopedDevice&) = delete;
+  ScopedDevice& operator=(const ScopedDevice&) = delete;
+
+  // OK when `device` is current; else the runtime's error ("cudaSetDevice(3): ...").
+  const absl::Status& status() const { return status_; }
+
+ private:
+  const SetFn set_;
+  int previous_ = -1;  // restored on destruction when >= 0
+  absl::Status status_;
+};
 // The allocation holding `ptr` (cuMemGetAddressRange through the runtime's driver entry point,
 // so nothing links libcuda).
 struct AllocationRange {

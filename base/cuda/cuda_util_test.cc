@@ -5,6 +5,8 @@
 
 #include <catch2/catch.hpp>
 
+#include <string>
+
 namespace kvrail::cuda {
 namespace {
 
@@ -37,6 +39,79 @@ TEST_CASE("no GPU is FAILED_PRECONDITION with a reason; a GPU is a positive coun
     CHECK(count.status().code() == absl::StatusCode::kFailedPrecondition);
     CHECK(!count.status().message().empty());
   }
+}
+
+// A fake runtime's current device for ScopedDevice (this thread's only).
+struct FakeRuntime {
+  int current = 1;
+  int sets = 0;
+  cudaError_t get_error = cudaSuccess;
+  cudaError_t set_error = cudaSuccess;
+};
+thread_local FakeRuntime fake;
+
+cudaError_t FakeGet(int* device) {
+  if (fake.get_error != cudaSuccess) return fake.get_error;
+  *device = fake.current;
+  return cudaSuccess;
+}
+
+cudaError_t FakeSet(int device) {
+  ++fake.sets;
+  if (fake.set_error != cudaSuccess) return fake.set_error;
+  fake.current = device;
+  return cudaSuccess;
+}
+
+TEST_CASE("ScopedDevice selects a device for its scope and restores the thread's previous one") {
+  fake = FakeRuntime{};
+  fake.current = 1;
+  {
+    ScopedDevice on(3, &FakeGet, &FakeSet);
+    CHECK(on.status().ok());
+    CHECK(fake.current == 3);
+    {
+      ScopedDevice nested(0, &FakeGet, &FakeSet);  // nested guards unwind in order
+      CHECK(fake.current == 0);
+    }
+    CHECK(fake.current == 3);
+  }
+  CHECK(fake.current == 1);  // what ~CudaMappingImpl used to leave at 3
+  CHECK(fake.sets == 4);
+}
+
+TEST_CASE("ScopedDevice: the current device already, no runtime call either way") {
+  fake = FakeRuntime{};
+  fake.current = 2;
+  {
+    ScopedDevice on(2, &FakeGet, &FakeSet);
+    CHECK(on.status().ok());
+  }
+  CHECK(fake.current == 2);
+  CHECK(fake.sets == 0);
+}
+
+TEST_CASE("ScopedDevice: failures change nothing and say why") {
+  fake = FakeRuntime{};
+  fake.current = 1;
+  fake.set_error = cudaErrorInvalidDevice;
+  {
+    ScopedDevice on(9, &FakeGet, &FakeSet);
+    CHECK(on.status().code() == absl::StatusCode::kInternal);
+    CHECK(std::string(on.status().message()).find("cudaSetDevice(9): cudaErrorInvalidDevice") == 0);
+  }
+  CHECK(fake.current == 1);
+  CHECK(fake.sets == 1);  // no restore of a device that never changed
+
+  fake = FakeRuntime{};
+  fake.current = 1;
+  fake.get_error = cudaErrorNoDevice;
+  {
+    ScopedDevice on(3, &FakeGet, &FakeSet);
+    CHECK(std::string(on.status().message()).find("cudaGetDevice: cudaErrorNoDevice") == 0);
+  }
+  CHECK(fake.current == 1);  // the previous device is unknown: the thread's device is not touched
+  CHECK(fake.sets == 0);
 }
 
 }  // namespace

@@ -191,6 +191,9 @@ class DeviceWorker {
 
 
   void Run() {
+    // Binds this thread to its GPU for good: every event and launch below goes there. Code that
+    // visits another GPU from this thread (closing another GPU's mapping, enabling peer access)
+    // does so under a cuda::ScopedDevice, which gives the thread back its GPU.
     absl::Status bound = cuda::SetDevice(device_);
     std::deque<Batch> in_flight;
     while (true) {

@@ -22,8 +22,11 @@ class CudaMappingImpl final : public CudaMapping {
   CudaMappingImpl(int device, uint8_t* base, uint64_t bytes)
       : device_(device), base_(base), bytes_(bytes) {}
   ~CudaMappingImpl() override {
-    // The mapping belongs to the device's context: select it on this (any) thread first.
-    absl::Status s = cuda::SetDevice(device_);
+    // The mapping belongs to the device's context: select it on this (any) thread for the close
+    // only. The last reference may go on a dispatcher serving another GPU, whose later events
+    // and launches must still go to its own GPU.
+    cuda::ScopedDevice on(device_);
+    absl::Status s = on.status();
     if (s.ok()) s = cuda::CudaStatus(cudaIpcCloseMemHandle(base_), "cudaIpcCloseMemHandle");
     if (!s.ok()) spdlog::warn("closing a CUDA IPC mapping on GPU{}: {}", device_, s.ToString());
     if (s.ok()) spdlog::debug("closed CUDA IPC mapping on GPU{} ({} bytes)", device_, bytes_);
@@ -57,7 +60,9 @@ Cache& TheCache() {
 // does not extend to IPC imports of the holder's context (seen on 2xH200 as illegal addresses).
 absl::StatusOr<std::shared_ptr<CudaMapping>> Open(int accessor, int holder,
                                                   const std::string& handle_bytes) {
-  KVRAIL_RETURN_IF_ERROR(cuda::SetDevice(accessor));
+  // For the open (and a close on failure) only: the calling thread keeps its own device.
+  cuda::ScopedDevice on(accessor);
+  KVRAIL_RETURN_IF_ERROR(on.status());
   cudaIpcMemHandle_t handle;
   std::memcpy(&handle, handle_bytes.data(), sizeof(handle));
   void* ptr = nullptr;

@@ -1,0 +1,118 @@
+// GPU test (tag "gpu"): dropping the last reference to a CUDA IPC mapping, and opening one, leave
+// the calling thread's current device exactly as they found it. Before the fix ~CudaMappingImpl
+// called cudaSetDevice(mapping's GPU) and never restored the thread's device, so a dispatcher of
+// GPU 1 that dropped a GPU 0 mapping went on launching on GPU 0. With one GPU both devices are 0
+// and the check still pins the contract; with two or more it is the failing case.
+//
+// A CUDA IPC handle cannot be opened in the process that exported it, so a child (forked before
+// this process touches CUDA) exports a cudaMalloc allocation and holds it until told to exit.
+#define CATCH_CONFIG_MAIN
+#include <catch2/catch.hpp>
+
+#include <cuda_runtime_api.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <string>
+
+#include "daemon/regions/cuda_import.h"
+#include "proto/kvrail/v1/region.pb.h"
+
+namespace kvrail::regions {
+namespace {
+
+constexpr size_t kBytes = 1 << 20;
+
+// The exporting child: its pid, and the pipes to it.
+struct Exporter {
+  pid_t pid = -1;
+  int handle_fd = -1;  // the child writes the 64-byte handle here
+  int hold_fd = -1;    // closing it tells the child to free and exit
+  std::string handle;
+};
+
+Exporter StartExporter() {
+  int to_parent[2], to_child[2];
+  REQUIRE(pipe(to_parent) == 0);
+  REQUIRE(pipe(to_child) == 0);
+  const pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    close(to_parent[0]);
+    close(to_child[1]);
+    void* memory = nullptr;
+    cudaIpcMemHandle_t handle{};
+    if (cudaSetDevice(0) != cudaSuccess || cudaMalloc(&memory, kBytes) != cudaSuccess ||
+        cudaIpcGetMemHandle(&handle, memory) != cudaSuccess) {
+      _exit(2);
+    }
+    if (write(to_parent[1], &handle, sizeof(handle)) != sizeof(handle)) _exit(3);
+    char c;
+    while (read(to_child[0], &c, 1) > 0) {
+    }
+    cudaFree(memory);
+    _exit(0);
+  }
+  close(to_parent[1]);
+  close(to_child[0]);
+  Exporter e{pid, to_parent[0], to_child[1], std::string(sizeof(cudaIpcMemHandle_t), '\0')};
+  size_t got = 0;
+  while (got < e.handle.size()) {
+    const ssize_t n = read(e.handle_fd, e.handle.data() + got, e.handle.size() - got);
+    REQUIRE(n > 0);
+    got += static_cast<size_t>(n);
+  }
+  return e;
+}
+
+void StopExporter(Exporter& e) {
+  close(e.hold_fd);
+  close(e.handle_fd);
+  int status = 0;
+  REQUIRE(waitpid(e.pid, &status, 0) == e.pid);
+  CHECK((WIFEXITED(status) && WEXITSTATUS(status) == 0));
+}
+
+int CurrentDevice() {
+  int device = -1;
+  REQUIRE(cudaGetDevice(&device) == cudaSuccess);
+  return device;
+}
+
+TEST_CASE("opening and closing a mapping leave the thread's current device as they found it") {
+  Exporter exporter = StartExporter();  // before this process's first CUDA call
+  int count = 0;
+  REQUIRE(cudaGetDeviceCount(&count) == cudaSuccess);
+  REQUIRE(count > 0);
+  // The thread works for the last GPU (a dispatcher of GPU count-1); the mapping is on GPU 0.
+  const int own = count - 1;
+  REQUIRE(cudaSetDevice(own) == cudaSuccess);
+
+  v1::RegionSpec spec;
+  spec.set_memory_kind(v1::MEMORY_KIND_CUDA);
+  spec.set_device(0);
+  spec.set_size_bytes(kBytes);
+  spec.mutable_share()->set_cuda_ipc_handle(exporter.handle);
+  {
+    absl::StatusOr<std::shared_ptr<CudaMapping>> mapping = ImportCudaIpc(spec);
+    REQUIRE(mapping.ok());
+    CHECK((*mapping)->device() == 0);
+    CHECK(CurrentDevice() == own);  // the open selected GPU 0 for itself only
+    if (count > 1) {
+      // A peer view in GPU 1's context, dropped while the thread is on GPU 0.
+      absl::StatusOr<std::shared_ptr<CudaMapping>> view = ImportCudaIpcOn(spec, 1);
+      REQUIRE(view.ok());
+      CHECK((*view)->device() == 1);
+      REQUIRE(cudaSetDevice(0) == cudaSuccess);
+      view->reset();
+      CHECK(CurrentDevice() == 0);
+      REQUIRE(cudaSetDevice(own) == cudaSuccess);
+    }
+  }  // the last reference to GPU 0's mapping goes here, on GPU `own`'s thread
+  CHECK(CurrentDevice() == own);
+  StopExporter(exporter);
+}
+
+}  // namespace
+}  // namespace kvrail::regions
