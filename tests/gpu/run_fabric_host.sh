@@ -9,9 +9,8 @@ source "$(dirname "$0")/gpu_env.sh"
 export PATH=$PWD/.devpack/bin:$PATH
 {
   echo "== $(date -u) on $(nproc) CPUs, load $(cut -d' ' -f1-3 /proc/loadavg), user $(id -un)"
-  timeout ${FABRIC_HOST_TIMEOUT:-200} .devpack/bin/fabric_bench ${FABRIC_HOST_ARGS:---host-loopback --mib 512 --reps 3}
+  run_group timeout ${FABRIC_HOST_TIMEOUT:-200} .devpack/bin/fabric_bench ${FABRIC_HOST_ARGS:---host-loopback --mib 512 --reps 3}
   echo "exit $?"
   echo "== load after: $(cut -d' ' -f1-3 /proc/loadavg)"
 } > "$out/fabric_host.txt" 2>&1
-kill_leftovers
 cat "$out/fabric_host.txt"

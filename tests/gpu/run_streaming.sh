@@ -9,23 +9,24 @@ source "$(dirname "$0")/gpu_env.sh"
 nvidia-smi -L; date -u
 if [[ -x .devpack/bin/flags_gpu_test ]]; then
   echo "== consumer stream waits on arrival flags (no MPS)"
-  timeout 90 .devpack/bin/flags_gpu_test --durations yes 2>&1 | tee "$out/flags_test.txt" | tail -15
-  kill_leftovers
+  run_group timeout 90 .devpack/bin/flags_gpu_test --durations yes > "$out/flags_test.txt" 2>&1
+  tail -15 "$out/flags_test.txt"
 fi
 if [[ ${NO_MPS:-0} == 1 ]]; then
   echo "== without MPS (kvraild and the bench time-slice the GPU)"
-  timeout 200 .devpack/bin/streaming_bench 2>&1 | tee "$out/streaming.txt"
-  echo "exit ${PIPESTATUS[0]}"
-  kill_leftovers
+  run_group timeout 200 .devpack/bin/streaming_bench > "$out/streaming.txt" 2>&1
+  echo "exit $?"
+  cat "$out/streaming.txt"
 fi
 if start_mps; then
   if [[ -x .devpack/bin/flags_gpu_test ]]; then
     echo "== consumer stream waits on arrival flags (MPS)"
-    timeout 90 .devpack/bin/flags_gpu_test --durations yes 2>&1 | tee "$out/flags_test_mps.txt" | tail -15
-    kill_leftovers
+    run_group timeout 90 .devpack/bin/flags_gpu_test --durations yes > "$out/flags_test_mps.txt" 2>&1
+    tail -15 "$out/flags_test_mps.txt"
   fi
   echo "== with MPS (as deployed: kvraild beside the inference server)"
-  timeout ${STREAMING_TIMEOUT:-200} .devpack/bin/streaming_bench 2>&1 | tee "$out/streaming_mps.txt"
-  echo "exit ${PIPESTATUS[0]}"
+  run_group timeout ${STREAMING_TIMEOUT:-200} .devpack/bin/streaming_bench > "$out/streaming_mps.txt" 2>&1
+  echo "exit $?"
+  cat "$out/streaming_mps.txt"
   stop_mps
 fi

@@ -14,7 +14,9 @@ echo "== topo_probe --dump > $out/probed.textproto"
 d=$(mktemp -d /tmp/topo.XXXXXX)
 .devpack/bin/kvraild --socket "$d/k.sock" > "$out/topo_daemon.txt" 2>&1 &
 dp=$!
+# Ends the daemon this script started (by its pid) if the script stops early.
+trap '[[ -n ${dp:-} ]] && kill -TERM "$dp" 2>/dev/null' EXIT
 for _ in $(seq 100); do [ -S "$d/k.sock" ] && break; sleep 0.1; done
 echo "== kvrail topo (live daemon)"; .devpack/bin/kvrail --socket "$d/k.sock" topo
 .devpack/bin/kvrail --socket "$d/k.sock" topo --json > "$out/topo.json"; echo "json exit $?"
-kill -TERM $dp; wait $dp; echo "kvraild exit $?"
+kill -TERM $dp; wait $dp; echo "kvraild exit $?"; dp=""
