@@ -116,16 +116,17 @@ struct TileDesc {
 static_assert(sizeof(TileDesc) == 24, "TileDesc ABI");
 
 // One slot of the GPU -> NIC command ring (daemon/fabric/command_ring.h), in pinned, GPU-mapped
-// host memory. The producer (the packing kernel on a GPU machine; the host engine's packer here)
-// packs a tile into staging slot `slot` of a (peer, NIC) lane, then writes one command; the NIC's
-// proxy thread turns it into one fi_writedata whose immediate data names (transfer, tile).
+// host memory. Each NIC has its own ring, so the NIC is implied; `peer` says whose staging on
+// that NIC. The producer (the packing kernel on a GPU machine; the fabric sender's packer here)
+// packs a tile into send slot `slot` of (peer, NIC), then writes one command; the NIC's proxy
+// thread turns it into one fi_writedata whose immediate data names (transfer, tile).
 // Publication protocol: every field but `epoch` first, `epoch` last with release semantics; the
 // proxy takes the command once `epoch` equals the ring lap of its sequence number.
 struct NicCommand {
   uint32_t opcode;          // producer: 0 none, 1 write tile (fabric: kOpWriteTile)
   uint32_t tile;            // producer: tile index within the transfer (low 32 bits of imm data)
-  uint32_t slot;            // producer: staging slot in the lane (send slot s -> peer's recv slot s)
-  uint16_t lane;            // engine: the peer's lane index on this NIC (which peer)
+  uint32_t slot;            // producer: send slot of (peer, NIC) (send slot s -> peer's recv slot s)
+  uint16_t peer;            // engine: the receiving peer's index in this daemon's peer table
   uint16_t remote_handle;   // engine: the receiver's handle for the transfer (from Begin)
   uint64_t transfer_tag;    // engine: the sender daemon's transfer id, copied by the producer
   uint32_t bytes;           // producer: packed bytes of the tile in the slot

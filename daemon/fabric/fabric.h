@@ -3,7 +3,9 @@
 // thread per NIC, the sender engine (packs tiles into staging slots, writes 32-byte commands),
 // the receiver (scatters arriving tiles into the destination layout, returns slot credits), the
 // Peer gRPC service (hello, leases, liveness, remote transfer control) and the heartbeat loop
-// that fails transfers of a dead peer with UNAVAILABLE. See docs/fabric.md.
+// that fails transfers of a dead peer with UNAVAILABLE. See docs/fabric.md. This header is the
+// module's public interface; the parts behind it (lanes.h, sender.h, receiver.h,
+// peer_control.h, peer_service.h) are private to the package.
 #pragma once
 
 #include <cstdint>
@@ -12,8 +14,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "absl/time/time.h"
 #include "daemon/directory/directory.h"
+#include "daemon/fabric/fabric_options.h"  // FabricOptions
 #include "daemon/regions/regions.h"
 #include "daemon/transfers/remote_path.h"
 
@@ -22,30 +24,6 @@ class Service;
 }
 
 namespace kvrail::fabric {
-
-struct FabricOptions {
-  std::string node_id;
-  std::string software_version;
-  // libfabric provider: "tcp;ofi_rxm" (default), "verbs;ofi_rxm", "efa".
-  std::string provider = "tcp;ofi_rxm";
-  // One NIC (endpoint) per entry: the local IPv4 address it binds. Several entries with the same
-  // address are several endpoints on one link (striping over tcp).
-  std::vector<std::string> nic_addresses;
-  // Staging per (peer, NIC): `slots` send and `slots` receive slots of `slot_bytes` (the largest
-  // tile), registered once at start. slots <= 256.
-  uint32_t slots = 16;
-  uint64_t slot_bytes = 4 << 20;
-  // Posted writes in flight per NIC.
-  uint32_t max_inflight = 64;
-  // Threads packing (sender) and scattering (receiver) tiles.
-  int pack_threads = 2;
-  int unpack_threads = 2;
-  absl::Duration heartbeat_interval = absl::Milliseconds(300);
-  // A peer silent this long is down: its transfers fail with UNAVAILABLE.
-  absl::Duration liveness_timeout = absl::Seconds(3);
-  // For Hello ("1 GPU, 2 NICs").
-  std::string topology_summary;
-};
 
 // Thread-safe. Destroy after the transfer manager has drained and the gRPC server has stopped.
 class Fabric : public transfers::RemotePath {

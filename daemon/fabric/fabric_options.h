@@ -1,0 +1,37 @@
+// Internal to the fabric module (re-exported by fabric.h): the fabric's configuration, in its own
+// header so the parts (lanes, sender, receiver, peer control) read it without the facade.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/time/time.h"
+
+namespace kvrail::fabric {
+
+struct FabricOptions {
+  std::string node_id;
+  std::string software_version;
+  // libfabric provider: "tcp;ofi_rxm" (default), "verbs;ofi_rxm", "efa".
+  std::string provider = "tcp;ofi_rxm";
+  // One NIC (endpoint) per entry: the local IPv4 address it binds. Several entries with the same
+  // address are several endpoints on one link (striping over tcp).
+  std::vector<std::string> nic_addresses;
+  // Staging per (peer, NIC): `slots` send and `slots` receive slots of `slot_bytes` (the largest
+  // tile), registered once at start. slots <= 256.
+  uint32_t slots = 16;
+  uint64_t slot_bytes = 4 << 20;
+  // Posted writes in flight per NIC.
+  uint32_t max_inflight = 64;
+  // Threads packing (sender) and scattering (receiver) tiles.
+  int pack_threads = 2;
+  int unpack_threads = 2;
+  absl::Duration heartbeat_interval = absl::Milliseconds(300);
+  // A peer silent this long is down: its transfers fail with UNAVAILABLE.
+  absl::Duration liveness_timeout = absl::Seconds(3);
+  // For Hello ("1 GPU, 2 NICs").
+  std::string topology_summary;
+};
+
+}  // namespace kvrail::fabric

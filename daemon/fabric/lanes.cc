@@ -1,0 +1,245 @@
+#include "daemon/fabric/lanes.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "base/status.h"
+#include "daemon/fabric/imm_data.h"
+#include "daemon/fabric/tile_copy.h"
+#include "spdlog/spdlog.h"
+
+namespace kvrail::fabric {
+
+absl::Status Lanes::CheckOptions(const FabricOptions& options) {
+  if (options.slots == 0 || options.slots > 256) {
+    return absl::InvalidArgumentError("fabric.slots: must be in [1, 256]");
+  }
+  if (options.slot_bytes < 4096 || options.slot_bytes > (uint64_t{1} << 30)) {
+    return absl::InvalidArgumentError("fabric.slot_bytes: must be in [4 KiB, 1 GiB]");
+  }
+  if (options.nic_addresses.empty()) {
+    return absl::InvalidArgumentError("fabric.nics: no NIC address configured");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<Lanes>> Lanes::Create(const FabricOptions& options,
+                                                     PeerTable* peers) {
+  KVRAIL_RETURN_IF_ERROR(CheckOptions(options));
+  std::unique_ptr<Lanes> lanes(new Lanes(options, peers));
+  const uint32_t num_peers = static_cast<uint32_t>(peers->size());
+  const uint64_t bytes = std::max<uint64_t>(1, num_peers) * lanes->PerPeerBytes();
+  for (size_t i = 0; i < options.nic_addresses.size(); ++i) {
+    auto lane = std::make_unique<Lane>();
+    lane->index = static_cast<uint32_t>(i);
+    Nic::Options nic_options;
+    nic_options.provider = options.provider;
+    nic_options.address = options.nic_addresses[i];
+    nic_options.name = absl::StrCat("nic", i, "@", options.nic_addresses[i]);
+    KVRAIL_ASSIGN_OR_RETURN(lane->nic, Nic::Open(nic_options));
+    KVRAIL_ASSIGN_OR_RETURN(lane->ring, CommandRing::Create(256));
+    void* mem = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (mem == MAP_FAILED) {
+      return absl::ResourceExhaustedError(absl::StrCat("fabric: staging of ", bytes, " bytes"));
+    }
+    mlock(mem, bytes);  // pinned bounce buffers where RLIMIT_MEMLOCK allows; best effort
+    lane->memory = std::unique_ptr<uint8_t, Munmapper>(static_cast<uint8_t*>(mem), Munmapper{bytes});
+    lane->memory_bytes = bytes;
+    // GPU regions are packed and unpacked by the copy engines straight from/into the slots.
+    lane->pin = PinForGpus(lane->memory.get(), bytes);
+    KVRAIL_ASSIGN_OR_RETURN(lane->mr, lane->nic->RegisterMemory(lane->memory.get(), bytes, i + 1));
+    lane->contexts.resize(std::max<size_t>(1, num_peers) * options.slots);
+    for (uint32_t p = 0; p < num_peers; ++p) {
+      for (uint32_t s = 0; s < options.slots; ++s) {
+        OpContext& c = lane->contexts[p * options.slots + s];
+        c.peer = p;
+        c.lane = lane->index;
+        c.slot = s;
+      }
+    }
+    lanes->lanes_.push_back(std::move(lane));
+  }
+  for (const auto& peer : peers->all()) {
+    absl::MutexLock lock(&peer->mu);
+    for (const auto& lane : lanes->lanes_) {
+      peer->credits.push_back(std::make_unique<SlotCredits>(
+          options.slots, lanes->CreditWords(lane->index, peer->index)));
+      peer->owners.emplace_back(options.slots);
+      peer->consumed.emplace_back(options.slots, 0);
+      peer->remote.emplace_back();
+    }
+  }
+  return lanes;
+}
+
+Lanes::~Lanes() {
+  Stop();
+  for (auto& lane : lanes_) lane->mr.reset();  // before the domain closes
+}
+
+void Lanes::StartProxies(CreditSink* sender, ArrivalSink* receiver) {
+  sender_ = sender;
+  receiver_ = receiver;
+  for (auto& lane : lanes_) {
+    Lane* l = lane.get();
+    l->proxy = std::thread([this, l] { ProxyLoop(l); });
+  }
+}
+
+void Lanes::Stop() {
+  stop_.store(true);
+  for (auto& lane : lanes_) {
+    lane->nic->Signal();
+    if (lane->proxy.joinable()) lane->proxy.join();
+  }
+}
+
+uint64_t Lanes::PerPeerBytes() const {
+  const uint64_t credit_bytes = (uint64_t{options_.slots} * 8 + 4095) / 4096 * 4096;
+  return 2 * uint64_t{options_.slots} * options_.slot_bytes + credit_bytes;
+}
+uint8_t* Lanes::SendSlot(uint32_t lane, uint32_t peer, uint32_t slot) const {
+  return lanes_[lane]->memory.get() + peer * PerPeerBytes() + slot * options_.slot_bytes;
+}
+uint8_t* Lanes::RecvSlot(uint32_t lane, uint32_t peer, uint32_t slot) const {
+  return SendSlot(lane, peer, 0) + (uint64_t{options_.slots} + slot) * options_.slot_bytes;
+}
+uint64_t* Lanes::CreditWords(uint32_t lane, uint32_t peer) const {
+  return reinterpret_cast<uint64_t*>(SendSlot(lane, peer, 0) +
+                                     2 * uint64_t{options_.slots} * options_.slot_bytes);
+}
+
+void Lanes::PostCommand(uint32_t lane, const kernels::NicCommand& cmd) {
+  Lane& l = *lanes_[lane];
+  while (!l.ring->TryPush(cmd)) std::this_thread::yield();
+  l.nic->Signal();
+}
+
+void Lanes::QueueCredit(uint32_t lane, const CreditOp& op) {
+  Lane& l = *lanes_[lane];
+  {
+    absl::MutexLock lock(&l.mu);
+    l.credits.push_back(op);
+  }
+  l.nic->Signal();
+}
+
+std::string Lanes::Describe() const {
+  std::vector<std::string> names;
+  for (const auto& lane : lanes_) names.push_back(lane->nic->name());
+  return absl::StrCat("fabric: ", lanes_.empty() ? options_.provider : lanes_[0]->nic->provider(),
+                      ", ", lanes_.size(), " NICs (", absl::StrJoin(names, ", "), "), ",
+                      options_.slots, " x ", options_.slot_bytes >> 10, " KiB slots per peer, ",
+                      peers_->size(), " peers");
+}
+
+// ---- the proxy: one per NIC ----
+
+void Lanes::ProxyLoop(Lane* lane) {
+  std::optional<kernels::NicCommand> pending;
+  std::optional<CreditOp> pending_credit;
+  uint32_t inflight = 0;
+  fi_cq_data_entry entries[32];
+  while (!stop_.load()) {
+    bool busy = false;
+    // Commands from the ring, in batches, up to the in-flight cap.
+    for (int batch = 0; batch < 32 && inflight < options_.max_inflight; ++batch) {
+      if (!pending) pending = lane->ring->Pop();
+      if (!pending) break;
+      const ssize_t rc = PostWrite(lane, *pending);
+      if (rc == -FI_EAGAIN) break;
+      busy = true;
+      if (rc == 0) ++inflight;
+      pending.reset();
+    }
+    // Credits owed to senders.
+    for (int batch = 0; batch < 32; ++batch) {
+      if (!pending_credit) {
+        absl::MutexLock lock(&lane->mu);
+        if (lane->credits.empty()) break;
+        pending_credit = lane->credits.front();
+        lane->credits.pop_front();
+      }
+      const ssize_t rc = PostCredit(lane, *pending_credit);
+      if (rc == -FI_EAGAIN) break;
+      busy = true;
+      pending_credit.reset();
+    }
+    ssize_t n = busy || pending || pending_credit || inflight > 0
+                    ? lane->nic->ReadCompletions(entries, 32)
+                    : lane->nic->WaitCompletions(entries, 32, 50);
+    if (n == -FI_EAVAIL) {
+      void* context = nullptr;
+      absl::Status error = lane->nic->ReadError(&context);
+      if (context != nullptr) {
+        if (inflight > 0) --inflight;
+        auto* op = static_cast<OpContext*>(context);
+        spdlog::warn("fabric: write on {} failed: {}", lane->nic->name(), error.ToString());
+        sender_->OnWriteFailed(op->peer, op->lane, op->slot, error);
+      } else {
+        spdlog::warn("fabric: {}: {}", lane->nic->name(), error.ToString());
+      }
+      continue;
+    }
+    if (n < 0) {
+      spdlog::warn("fabric: fi_cq_read on {}: {}", lane->nic->name(),
+                   FiError("fi_cq_read", n).ToString());
+      continue;
+    }
+    for (ssize_t i = 0; i < n; ++i) {
+      const fi_cq_data_entry& e = entries[i];
+      if (e.flags & FI_REMOTE_CQ_DATA) {
+        if (e.data & kCreditBit) {
+          sender_->OnCredit(lane->index, ImmIndex(e.data), ImmSlot(e.data), ImmTile(e.data),
+                            (e.data & kNotAppliedBit) == 0);
+        } else {
+          receiver_->OnArrival(Arrival{lane->index, ImmIndex(e.data), ImmHandle(e.data),
+                                       ImmSlot(e.data), ImmTile(e.data), e.len});
+        }
+      } else if (e.op_context != nullptr && inflight > 0) {
+        --inflight;  // a local write completed; its slot stays owned until the peer's credit
+      }
+    }
+  }
+}
+
+namespace {
+
+// The peer's endpoint on `lane` and the index it knows this daemon by, read together.
+std::pair<PeerConn::Remote, uint32_t> RemoteOn(PeerConn* peer, uint32_t lane) {
+  absl::MutexLock lock(&peer->mu);
+  return {peer->remote[lane], peer->index_at_peer};
+}
+
+}  // namespace
+
+ssize_t Lanes::PostWrite(Lane* lane, const kernels::NicCommand& cmd) {
+  PeerConn* peer = peers_->at(cmd.peer);
+  const auto [remote, index_at_peer] = RemoteOn(peer, lane->index);
+  OpContext* ctx = &lane->contexts[peer->index * options_.slots + cmd.slot];
+  const ssize_t rc = lane->nic->WriteData(
+      SendSlot(lane->index, peer->index, cmd.slot), cmd.bytes, lane->mr->desc(),
+      TileImm(index_at_peer, cmd.remote_handle, cmd.slot, cmd.tile), remote.addr,
+      remote.recv_base + uint64_t{cmd.slot} * options_.slot_bytes, remote.key, ctx);
+  if (rc != 0 && rc != -FI_EAGAIN) {
+    sender_->OnWriteFailed(peer->index, lane->index, cmd.slot, FiError("fi_writedata", rc));
+  }
+  return rc;
+}
+
+ssize_t Lanes::PostCredit(Lane* lane, const CreditOp& op) {
+  PeerConn* peer = peers_->at(op.peer);
+  const auto [remote, index_at_peer] = RemoteOn(peer, lane->index);
+  const ssize_t rc = lane->nic->InjectWriteData(
+      &op.value, sizeof(op.value), CreditImm(index_at_peer, op.slot, op.tile, op.applied),
+      remote.addr, remote.credit_base + uint64_t{op.slot} * 8, remote.key);
+  if (rc != 0 && rc != -FI_EAGAIN) {
+    spdlog::warn("fabric: credit to '{}' lost: {}", peer->node_id,
+                 FiError("fi_inject_writedata", rc).ToString());
+  }
+  return rc;
+}
+
+}  // namespace kvrail::fabric

@@ -1,0 +1,249 @@
+#include "daemon/fabric/peer_control.h"
+
+#include <algorithm>
+#include <atomic>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "base/status.h"
+#include "daemon/fabric/peer_rpc.h"
+#include "spdlog/spdlog.h"
+
+namespace kvrail::fabric {
+namespace {
+
+// Thread contract: see PeerControl. Fields are fixed after construction but for the liveness
+// thread (started and joined by the owner) and stop_.
+class PeerControlImpl final : public PeerControl {
+ public:
+  PeerControlImpl(const FabricOptions& options, uint64_t boot_id, Lanes* lanes, PeerTable* peers,
+                  directory::Directory* directory, PeerLost on_lost)
+      : options_(options),
+        boot_id_(boot_id),
+        lanes_(lanes),
+        peers_(peers),
+        directory_(directory),
+        on_lost_(std::move(on_lost)) {}
+  ~PeerControlImpl() override { Stop(); }
+
+  absl::Status Introduce(PeerConn* peer) override;
+  absl::StatusOr<v1::PeerHello> OnHello(const v1::PeerHello& hello) override;
+  void OnHeartbeat(const std::string& node_id, uint64_t boot_id) override;
+  void StartLiveness() override;
+  void Stop() override;
+
+ private:
+  v1::PeerHello HelloFor(const PeerConn& peer) const;
+  absl::Status ApplyHello(PeerConn* peer, const v1::PeerHello& hello);
+  void LivenessLoop();
+  // One round for `peer`: Hello or Heartbeat, then up, or down after liveness_timeout.
+  void CheckPeer(PeerConn* peer);
+
+  const FabricOptions options_;
+  const uint64_t boot_id_;
+  Lanes* const lanes_;
+  PeerTable* const peers_;
+  directory::Directory* const directory_;
+  const PeerLost on_lost_;
+  std::thread liveness_;
+  std::atomic<bool> stop_{false};
+};
+
+v1::PeerHello PeerControlImpl::HelloFor(const PeerConn& peer) const {
+  v1::PeerHello hello;
+  hello.set_version(1);
+  hello.set_node_id(options_.node_id);
+  hello.set_boot_id(boot_id_);
+  hello.set_provider(lanes_->provider());
+  for (uint32_t l = 0; l < lanes_->size(); ++l) {
+    const Lane& lane = lanes_->at(l);
+    v1::PeerNic* nic = hello.add_nics();
+    nic->set_name(lane.nic->name());
+    nic->set_fabric_address(lane.nic->address());
+    nic->set_mr_key(lane.mr->key());
+    const uint8_t* base = lane.memory.get();
+    nic->set_recv_base(lane.mr->remote_base() + (lanes_->RecvSlot(l, peer.index, 0) - base));
+    nic->set_credit_base(lane.mr->remote_base() +
+                         (reinterpret_cast<uint8_t*>(lanes_->CreditWords(l, peer.index)) - base));
+  }
+  hello.set_slots(options_.slots);
+  hello.set_slot_bytes(options_.slot_bytes);
+  hello.set_your_index(peer.index);
+  hello.set_topology_summary(options_.topology_summary);
+  hello.set_software_version(options_.software_version);
+  return hello;
+}
+
+absl::Status PeerControlImpl::ApplyHello(PeerConn* peer, const v1::PeerHello& hello) {
+  if (hello.version() != 1) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "peer '", hello.node_id(), "' speaks peer protocol ", hello.version(), ", not 1"));
+  }
+  if (hello.provider() != lanes_->provider()) {
+    return absl::FailedPreconditionError(absl::StrCat("peer '", hello.node_id(), "' uses provider '",
+                                                      hello.provider(), "', this daemon '",
+                                                      lanes_->provider(), "'"));
+  }
+  if (hello.slots() != options_.slots || hello.slot_bytes() != options_.slot_bytes ||
+      hello.nics_size() == 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "peer '", hello.node_id(), "' staging (", hello.slots(), " x ", hello.slot_bytes(),
+        ") differs from this daemon's (fabric.slots, fabric.slot_bytes must match)"));
+  }
+  bool restarted = false;
+  {
+    absl::MutexLock lock(&peer->mu);
+    restarted = peer->introduced && peer->boot_id != hello.boot_id();
+  }
+  if (restarted) {
+    spdlog::warn("fabric: peer '{}' restarted (boot id changed)", peer->node_id);
+    on_lost_(peer, absl::UnavailableError(absl::StrCat("peer '", peer->node_id, "' restarted")));
+  }
+  absl::MutexLock lock(&peer->mu);
+  if (peer->introduced && peer->boot_id == hello.boot_id()) {
+    peer->up = true;
+    peer->last_ok = absl::Now();
+    return absl::OkStatus();  // already applied (both sides say hello)
+  }
+  const uint32_t lanes = std::min<uint32_t>(lanes_->size(), hello.nics_size());
+  for (uint32_t l = 0; l < lanes_->size(); ++l) {
+    PeerConn::Remote& r = peer->remote[l];
+    if (r.addr != FI_ADDR_UNSPEC) lanes_->at(l).nic->RemoveAddress(r.addr);
+    r = PeerConn::Remote{};
+    if (l >= lanes) continue;
+    const v1::PeerNic& nic = hello.nics(l);
+    KVRAIL_ASSIGN_OR_RETURN(r.addr, lanes_->at(l).nic->InsertAddress(nic.fabric_address()));
+    r.key = nic.mr_key();
+    r.recv_base = nic.recv_base();
+    r.credit_base = nic.credit_base();
+    r.nic_name = nic.name();
+    if (restarted) {
+      peer->credits[l]->Rebase();
+      std::fill(peer->consumed[l].begin(), peer->consumed[l].end(), 0);
+    }
+  }
+  peer->lanes = lanes;
+  peer->index_at_peer = hello.your_index();
+  peer->boot_id = hello.boot_id();
+  peer->peer_slot_bytes = hello.slot_bytes();
+  peer->introduced = true;
+  peer->up = true;
+  peer->last_ok = absl::Now();
+  directory_->MarkUp(peer->node_id, peer->last_ok, peer->boot_id);
+  spdlog::info("fabric: peer '{}' introduced: {} lanes, provider {}, {}", peer->node_id, lanes,
+               hello.provider(), hello.topology_summary());
+  return absl::OkStatus();
+}
+
+absl::Status PeerControlImpl::Introduce(PeerConn* peer) {
+  v1::HelloRequest request;
+  *request.mutable_hello() = HelloFor(*peer);
+  v1::HelloResponse response;
+  auto context = PeerCallContext(absl::Seconds(2));
+  KVRAIL_RETURN_IF_ERROR(
+      FromPeerRpc(peer->stub->Hello(context.get(), request, &response),
+                  absl::StrCat("hello to '", peer->node_id, "' at ", peer->address, ": ")));
+  return ApplyHello(peer, response.hello());
+}
+
+absl::StatusOr<v1::PeerHello> PeerControlImpl::OnHello(const v1::PeerHello& hello) {
+  PeerConn* peer = peers_->Find(hello.node_id());
+  if (peer == nullptr) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("node '", hello.node_id(), "' is not in this daemon's peer directory"));
+  }
+  KVRAIL_RETURN_IF_ERROR(ApplyHello(peer, hello));
+  return HelloFor(*peer);
+}
+
+void PeerControlImpl::OnHeartbeat(const std::string& node_id, uint64_t boot_id) {
+  PeerConn* peer = peers_->Find(node_id);
+  if (peer == nullptr) return;
+  absl::MutexLock lock(&peer->mu);
+  if (peer->introduced && peer->boot_id == boot_id) {
+    peer->last_ok = absl::Now();
+    directory_->MarkUp(node_id, peer->last_ok, boot_id);
+  }
+}
+
+void PeerControlImpl::StartLiveness() {
+  liveness_ = std::thread([this] { LivenessLoop(); });
+}
+
+void PeerControlImpl::Stop() {
+  stop_.store(true);
+  if (liveness_.joinable()) liveness_.join();
+}
+
+void PeerControlImpl::LivenessLoop() {
+  while (!stop_.load()) {
+    for (const auto& peer : peers_->all()) CheckPeer(peer.get());
+    for (absl::Duration left = options_.heartbeat_interval;
+         left > absl::ZeroDuration() && !stop_.load(); left -= absl::Milliseconds(50)) {
+      absl::SleepFor(std::min(left, absl::Milliseconds(50)));
+    }
+  }
+}
+
+void PeerControlImpl::CheckPeer(PeerConn* peer) {
+  bool introduced;
+  uint64_t seq, known_boot;
+  {
+    absl::MutexLock lock(&peer->mu);
+    introduced = peer->introduced;
+    seq = ++peer->heartbeat_seq;
+    known_boot = peer->boot_id;
+  }
+  absl::Status status;
+  if (!introduced) {
+    status = Introduce(peer);
+  } else {
+    v1::HeartbeatRequest request;
+    request.set_node_id(options_.node_id);
+    request.set_boot_id(boot_id_);
+    request.set_sequence(seq);
+    v1::HeartbeatResponse response;
+    auto context = PeerCallContext(std::min(options_.liveness_timeout / 2, absl::Seconds(1)),
+                                   /*wait_for_ready=*/false);
+    status = FromPeerRpc(peer->stub->Heartbeat(context.get(), request, &response), "heartbeat: ");
+    if (status.ok() && response.boot_id() != known_boot) status = Introduce(peer);
+  }
+  const absl::Time now = absl::Now();
+  bool newly_down = false;
+  absl::Duration silent;
+  {
+    absl::MutexLock lock(&peer->mu);
+    if (status.ok()) {
+      peer->up = true;
+      peer->last_ok = now;
+      directory_->MarkUp(peer->node_id, now, peer->boot_id);
+    } else if (peer->last_ok == absl::InfinitePast()) {
+      directory_->MarkDown(peer->node_id);
+    } else if (peer->up && now - peer->last_ok > options_.liveness_timeout) {
+      peer->up = false;
+      newly_down = true;
+      silent = now - peer->last_ok;
+      directory_->MarkDown(peer->node_id);
+    }
+  }
+  if (newly_down) {
+    spdlog::warn("fabric: peer '{}' is down ({})", peer->node_id, status.ToString());
+    on_lost_(peer, absl::UnavailableError(absl::StrCat(
+                       "peer '", peer->node_id, "' at ", peer->address, " is down: no answer for ",
+                       absl::FormatDuration(silent), " (", status.message(), ")")));
+  }
+}
+
+}  // namespace
+
+std::unique_ptr<PeerControl> PeerControl::Create(const FabricOptions& options, uint64_t boot_id,
+                                                 Lanes* lanes, PeerTable* peers,
+                                                 directory::Directory* directory,
+                                                 PeerLost on_lost) {
+  return std::make_unique<PeerControlImpl>(options, boot_id, lanes, peers, directory,
+                                           std::move(on_lost));
+}
+
+}  // namespace kvrail::fabric

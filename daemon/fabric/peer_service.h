@@ -1,0 +1,24 @@
+// Internal to the fabric module: the Peer gRPC service (proto/kvrail/v1/peer.proto), a thin
+// adapter from RPCs to peer control (Hello, Heartbeat), the leases (ExportRegion, GetLease) and
+// the receiver (Begin/End/AbortRemoteTransfer).
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "daemon/fabric/leases.h"
+#include "daemon/fabric/peer_control.h"
+#include "daemon/fabric/receiver.h"
+
+namespace kvrail::fabric {
+
+// The service answers as `node_id` (this run: `boot_id`). The parts outlive it. Thread contract:
+// gRPC calls it concurrently; the parts are thread-safe.
+std::unique_ptr<grpc::Service> MakePeerService(std::string node_id, uint64_t boot_id,
+                                               PeerControl* control, Leases* leases,
+                                               Receiver* receiver);
+
+}  // namespace kvrail::fabric

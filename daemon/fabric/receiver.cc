@@ -1,0 +1,336 @@
+#include "daemon/fabric/receiver.h"
+
+#include <deque>
+#include <map>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "base/status.h"
+#include "daemon/engine/engine.h"
+#include "daemon/fabric/tile_copy.h"
+#include "daemon/fabric/tile_pack.h"
+#include "daemon/planner/planner.h"
+#include "spdlog/spdlog.h"
+
+namespace kvrail::fabric {
+namespace {
+
+// One transfer this daemon receives. Thread contract: the fields above `mu` are fixed before it
+// is published in the handle table; `mu` guards the tile accounting and `ended`.
+struct Inbound {
+  uint32_t handle = 0;
+  uint32_t peer = 0;
+  uint64_t sender_transfer_id = 0;
+  std::string sender_node;
+  std::shared_ptr<regions::Region> dst;
+  planner::Plan plan;
+  // This node's record of the transfer (InboundSink); tiles report to it until `ended`.
+  uint64_t local_id = 0;
+  std::shared_ptr<engine::Job> job;
+  absl::Mutex mu;
+  std::vector<bool> applied ABSL_GUARDED_BY(mu);
+  uint32_t applied_count ABSL_GUARDED_BY(mu) = 0;
+  bool ended ABSL_GUARDED_BY(mu) = false;
+  explicit Inbound(planner::Plan p) : plan(std::move(p)) {}
+};
+
+// Thread contract: see Receiver. mu_ guards the handle table and the arrival queue; each
+// Inbound has its own lock; sink_mu_ is held (shared) while the sink is called.
+class ReceiverImpl final : public Receiver {
+ public:
+  ReceiverImpl(const FabricOptions& options, Lanes* lanes, PeerTable* peers, const Leases* leases,
+               regions::RegionTable* regions)
+      : options_(options), lanes_(lanes), peers_(peers), leases_(leases), regions_(regions) {}
+  ~ReceiverImpl() override { Stop(); }
+  void Start();
+
+  absl::StatusOr<uint32_t> Begin(const v1::BeginRemoteTransferRequest& request) override;
+  absl::StatusOr<uint32_t> End(const std::string& sender, uint32_t handle, bool abort,
+                               const std::string& why) override;
+  void DropPeer(PeerConn* peer, const absl::Status& why) override;
+  void SetInboundSink(transfers::InboundSink* sink) override;
+  void Stop() override;
+  void OnArrival(const Arrival& arrival) override;
+
+ private:
+  bool HasArrivals() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void UnpackLoop();
+  // Scatters an arrived tile of `in` (once: a repeat is not applied again) and reports it to the
+  // local record; whether it was applied.
+  bool ApplyTile(Inbound& in, const Arrival& a);
+  // Ends `in`'s local record (if any) with `why` unless it has ended; then no tile of it reports.
+  void EndInboundRecord(Inbound& in, const absl::Status& why);
+
+  const FabricOptions options_;
+  Lanes* const lanes_;
+  PeerTable* const peers_;
+  const Leases* const leases_;
+  regions::RegionTable* const regions_;
+  std::vector<std::thread> unpackers_;
+
+  // The TransferManager, for inbound records; readers hold sink_mu_ while they call it.
+  mutable absl::Mutex sink_mu_;
+  transfers::InboundSink* sink_ ABSL_GUARDED_BY(sink_mu_) = nullptr;
+
+  mutable absl::Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::map<uint32_t, std::shared_ptr<Inbound>> inbound_ ABSL_GUARDED_BY(mu_);
+  uint32_t next_handle_ ABSL_GUARDED_BY(mu_) = 1;
+  std::deque<Arrival> arrivals_ ABSL_GUARDED_BY(mu_);
+};
+
+void ReceiverImpl::Start() {
+  for (int i = 0; i < std::max(1, options_.unpack_threads); ++i) {
+    unpackers_.emplace_back([this] { UnpackLoop(); });
+  }
+}
+
+void ReceiverImpl::Stop() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  for (auto& t : unpackers_) {
+    if (t.joinable()) t.join();
+  }
+}
+
+// ---- Begin / End (gRPC threads) ----
+
+absl::StatusOr<uint32_t> ReceiverImpl::Begin(const v1::BeginRemoteTransferRequest& request) {
+  PeerConn* peer = peers_->Find(request.sender_node_id());
+  if (peer == nullptr) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "node '", request.sender_node_id(), "' is not in this daemon's peer directory"));
+  }
+  const v1::TransferSpec& spec = request.spec();
+  const uint64_t region_id = spec.dst().region_id();
+  KVRAIL_ASSIGN_OR_RETURN(v1::RegionLease lease, leases_->Get(region_id, request.sender_node_id()));
+  auto dst = regions_->Get(region_id);
+  if (!dst.ok()) return absl::NotFoundError(absl::StrCat("spec.dst.region_id: ", dst.status().message()));
+  const v1::RemoteSource& source = request.source();
+  KVRAIL_ASSIGN_OR_RETURN(
+      planner::RegionView src_view,
+      RemoteViewOf(source.size_bytes(), false,
+                   source.has_paged_kv() ? &source.paged_kv() : nullptr, "source.paged_kv."));
+  planner::PlanOptions plan_options;
+  plan_options.tile_bytes = request.tile_bytes();
+  KVRAIL_ASSIGN_OR_RETURN(planner::Plan plan,
+                          planner::MakePlan(spec, src_view, (*dst)->view(), plan_options));
+  if (plan.bytes_total() != request.bytes_total() || plan.num_tiles() != request.tiles_total()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "plans differ: the receiver's has ", plan.bytes_total(), " bytes in ", plan.num_tiles(),
+        " tiles, the sender's ", request.bytes_total(), " in ", request.tiles_total()));
+  }
+  if (plan.header().tile_bytes > options_.slot_bytes) {
+    return absl::InvalidArgumentError("tile_bytes: larger than this daemon's staging slots");
+  }
+  {
+    absl::MutexLock lock(&peer->mu);
+    if (!peer->introduced || peer->boot_id != request.sender_boot_id()) {
+      return absl::FailedPreconditionError("say hello first (unknown or changed boot id)");
+    }
+  }
+  auto in = std::make_shared<Inbound>(std::move(plan));
+  in->peer = peer->index;
+  in->sender_transfer_id = request.sender_transfer_id();
+  in->sender_node = peer->node_id;
+  in->dst = *std::move(dst);
+  {
+    absl::MutexLock lock(&in->mu);
+    in->applied.assign(in->plan.num_tiles(), false);
+  }
+  {
+    // This node's record of it: listed, waited on and watched here too.
+    absl::ReaderMutexLock sink_lock(&sink_mu_);
+    if (sink_ != nullptr) {
+      v1::RegionLease source_lease;
+      source_lease.set_region_id(spec.src().region_id());
+      source_lease.set_owner_node_id(request.sender_node_id());
+      source_lease.set_holder_node_id(options_.node_id);
+      source_lease.set_size_bytes(source.size_bytes());
+      if (source.has_paged_kv()) *source_lease.mutable_paged_kv() = source.paged_kv();
+      KVRAIL_ASSIGN_OR_RETURN(
+          transfers::InboundSink::Admitted admitted,
+          sink_->BeginInbound(spec, in->plan,
+                              MakeLeasedRegion(std::move(source_lease), src_view, "source"),
+                              in->dst, in->sender_node, in->sender_transfer_id));
+      in->local_id = admitted.id;
+      in->job = std::move(admitted.job);
+    }
+  }
+  absl::MutexLock lock(&mu_);
+  if (inbound_.size() >= 60000) {
+    EndInboundRecord(*in, absl::ResourceExhaustedError("too many inbound transfers"));
+    return absl::ResourceExhaustedError("too many inbound transfers");
+  }
+  while (next_handle_ == 0 || inbound_.count(next_handle_)) next_handle_ = (next_handle_ + 1) & 0xffff;
+  in->handle = next_handle_;
+  next_handle_ = (next_handle_ + 1) & 0xffff;
+  inbound_[in->handle] = in;
+  spdlog::info("fabric: inbound transfer {} from '{}' into region {}: {} bytes, {} tiles (handle {})",
+               in->sender_transfer_id, in->sender_node, region_id, in->plan.bytes_total(),
+               in->plan.num_tiles(), in->handle);
+  return in->handle;
+}
+
+absl::StatusOr<uint32_t> ReceiverImpl::End(const std::string& sender, uint32_t handle, bool abort,
+                                           const std::string& why) {
+  PeerConn* peer = peers_->Find(sender);
+  std::shared_ptr<Inbound> in;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = inbound_.find(handle);
+    if (peer == nullptr || it == inbound_.end() || it->second->peer != peer->index) {
+      return absl::NotFoundError(absl::StrCat("handle: no inbound transfer ", handle, " from '",
+                                              sender, "'"));
+    }
+    in = it->second;
+    inbound_.erase(it);
+  }
+  uint32_t applied = 0;
+  {
+    absl::MutexLock lock(&in->mu);
+    applied = in->applied_count;
+  }
+  if (abort) {
+    spdlog::info("fabric: inbound transfer {} from '{}' aborted after {} of {} tiles: {}",
+                 in->sender_transfer_id, sender, applied, in->plan.num_tiles(), why);
+    EndInboundRecord(*in, absl::UnavailableError(absl::StrCat("aborted by the sender '", sender,
+                                                              "': ", why)));
+  } else if (applied < in->plan.num_tiles()) {
+    EndInboundRecord(*in, absl::DataLossError(absl::StrCat(
+                              "the sender '", sender, "' ended the transfer after ", applied,
+                              " of ", in->plan.num_tiles(), " tiles")));
+  }
+  return applied;
+}
+
+void ReceiverImpl::DropPeer(PeerConn* peer, const absl::Status& why) {
+  std::vector<std::shared_ptr<Inbound>> dropped;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto it = inbound_.begin(); it != inbound_.end();) {
+      if (it->second->peer == peer->index) {
+        spdlog::warn("fabric: inbound transfer {} from '{}' dropped: {}",
+                     it->second->sender_transfer_id, peer->node_id, why.ToString());
+        dropped.push_back(it->second);
+        it = inbound_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (auto& in : dropped) {
+    EndInboundRecord(*in, absl::UnavailableError(absl::StrCat(
+                              "the sender '", peer->node_id, "' is gone: ", why.message())));
+  }
+}
+
+void ReceiverImpl::EndInboundRecord(Inbound& in, const absl::Status& why) {
+  {
+    absl::MutexLock lock(&in.mu);
+    if (in.ended || in.job == nullptr) return;
+    in.ended = true;
+  }
+  absl::ReaderMutexLock sink_lock(&sink_mu_);
+  if (sink_ != nullptr) sink_->EndInbound(in.local_id, why);
+}
+
+void ReceiverImpl::SetInboundSink(transfers::InboundSink* sink) {
+  absl::MutexLock lock(&sink_mu_);
+  sink_ = sink;
+}
+
+// ---- arrivals (proxy threads) and unpacking ----
+
+void ReceiverImpl::OnArrival(const Arrival& arrival) {
+  absl::MutexLock lock(&mu_);
+  arrivals_.push_back(arrival);
+}
+
+bool ReceiverImpl::HasArrivals() const { return stopping_ || !arrivals_.empty(); }
+
+bool ReceiverImpl::ApplyTile(Inbound& in, const Arrival& a) {
+  {
+    absl::MutexLock lock(&in.mu);
+    if (in.applied[a.tile]) return false;  // a repeat: applied once already
+    in.applied[a.tile] = true;
+  }
+  const v1::RegionSpec& dst = in.dst->spec();
+  const bool cuda = dst.memory_kind() == v1::MEMORY_KIND_CUDA;
+  const absl::Status unpacked =
+      UnpackTile(in.plan, a.tile, lanes_->RecvSlot(a.lane, a.peer, a.slot),
+                 RegionSide{cuda, cuda ? dst.device() : -1, in.dst->data()});
+  absl::MutexLock lock(&in.mu);
+  if (!unpacked.ok()) {
+    // Reported to the sender as not applied (its transfer fails); the tile may come again.
+    spdlog::warn("fabric: tile {} of transfer {} from '{}': {}", a.tile, in.sender_transfer_id,
+                 in.sender_node, unpacked.ToString());
+    in.applied[a.tile] = false;
+    return false;
+  }
+  if (in.job != nullptr && !in.ended) {
+    in.job->OnTileStart(a.tile);
+    in.job->OnTileDone(a.tile, absl::OkStatus());
+  }
+  if (++in.applied_count == in.plan.num_tiles()) {
+    spdlog::info("fabric: inbound transfer {} from '{}' complete: {} tiles, {} bytes",
+                 in.sender_transfer_id, in.sender_node, in.plan.num_tiles(),
+                 in.plan.bytes_total());
+  }
+  return true;
+}
+
+void ReceiverImpl::UnpackLoop() {
+  while (true) {
+    Arrival a;
+    std::shared_ptr<Inbound> in;
+    {
+      absl::MutexLock lock(&mu_);
+      mu_.Await(absl::Condition(this, &ReceiverImpl::HasArrivals));
+      if (stopping_) return;
+      a = arrivals_.front();
+      arrivals_.pop_front();
+      auto it = inbound_.find(a.handle);
+      if (it != inbound_.end() && it->second->peer == a.peer) in = it->second;
+    }
+    if (a.peer >= peers_->size() || a.slot >= options_.slots) {
+      spdlog::warn("fabric: arrival with peer index {} slot {} ignored", a.peer, a.slot);
+      continue;
+    }
+    bool applied = false;
+    // Providers need not report the length of a remote write (tcp reports 0); check it when given.
+    if (in != nullptr && a.tile < in->plan.num_tiles() &&
+        (a.len == 0 || a.len == TileBytes(in->plan, a.tile))) {
+      applied = ApplyTile(*in, a);
+    } else if (in == nullptr) {
+      spdlog::debug("fabric: tile {} for unknown handle {} dropped", a.tile, a.handle);
+    } else {
+      spdlog::warn("fabric: tile {} ({} bytes) does not fit transfer {}; dropped", a.tile, a.len,
+                   in->sender_transfer_id);
+    }
+    PeerConn* peer = peers_->at(a.peer);
+    uint64_t value;
+    {
+      absl::MutexLock lock(&peer->mu);
+      value = ++peer->consumed[a.lane][a.slot];
+    }
+    lanes_->QueueCredit(a.lane, CreditOp{a.peer, a.slot, a.tile, applied, value});
+  }
+}
+
+}  // namespace
+
+std::unique_ptr<Receiver> Receiver::Create(const FabricOptions& options, Lanes* lanes,
+                                           PeerTable* peers, const Leases* leases,
+                                           regions::RegionTable* regions) {
+  auto receiver = std::make_unique<ReceiverImpl>(options, lanes, peers, leases, regions);
+  receiver->Start();
+  return receiver;
+}
+
+}  // namespace kvrail::fabric

@@ -1,0 +1,46 @@
+// Internal to the fabric module: the receiving side of remote transfers. BeginRemoteTransfer
+// (the same plan as the sender's, against the exported destination, and a handle), the unpacking
+// threads (checks, then UnpackTile from the receive slot into the destination layout, then the
+// slot's credit back to the sender), End/Abort, and this node's record of each inbound transfer
+// (InboundSink).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "daemon/fabric/fabric_options.h"
+#include "daemon/fabric/lanes.h"
+#include "daemon/fabric/leases.h"
+#include "daemon/fabric/peers.h"
+#include "daemon/regions/regions.h"
+#include "daemon/transfers/remote_path.h"
+#include "proto/kvrail/v1/peer.pb.h"
+
+namespace kvrail::fabric {
+
+// Thread contract: thread-safe. Threads of its own: `unpack_threads` unpackers. Arrivals come on
+// the lanes' proxy threads (ArrivalSink), Begin/End on gRPC threads.
+class Receiver : public ArrivalSink {
+ public:
+  // Starts the unpackers. The arguments outlive the receiver.
+  static std::unique_ptr<Receiver> Create(const FabricOptions& options, Lanes* lanes,
+                                          PeerTable* peers, const Leases* leases,
+                                          regions::RegionTable* regions);
+
+  // A transfer from `request.sender_node_id` into an exported region: its handle (what the
+  // sender's tile writes name). Errors name the request field.
+  virtual absl::StatusOr<uint32_t> Begin(const v1::BeginRemoteTransferRequest& request) = 0;
+  // The sender ended (`abort`: aborted, with `why`) transfer `handle`; returns the tiles applied.
+  virtual absl::StatusOr<uint32_t> End(const std::string& sender, uint32_t handle, bool abort,
+                                       const std::string& why) = 0;
+  // Drops every inbound transfer from `peer` (down or restarted); their records fail.
+  virtual void DropPeer(PeerConn* peer, const absl::Status& why) = 0;
+  // Where inbound transfers are recorded; nullptr detaches it.
+  virtual void SetInboundSink(transfers::InboundSink* sink) = 0;
+  // Stops and joins the unpackers; arrivals afterwards are not applied.
+  virtual void Stop() = 0;
+};
+
+}  // namespace kvrail::fabric

@@ -1,0 +1,542 @@
+#include "daemon/fabric/sender.h"
+
+#include <atomic>
+#include <deque>
+#include <optional>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "base/status.h"
+#include "daemon/fabric/command_ring.h"
+#include "daemon/fabric/leases.h"
+#include "daemon/fabric/peer_rpc.h"
+#include "daemon/fabric/tile_copy.h"
+#include "daemon/fabric/tile_pack.h"
+#include "spdlog/spdlog.h"
+
+namespace kvrail::fabric {
+
+// One transfer this daemon sends. Thread contract: the fields above `mu` are fixed once Begin has
+// published it; `mu` guards the counters.
+struct Outbound {
+  uint64_t id = 0;
+  std::shared_ptr<engine::Job> job;
+  PeerConn* peer = nullptr;
+  uint32_t handle = 0;
+  std::vector<std::string> nics;
+  absl::Mutex mu;
+  std::optional<absl::Status> failed ABSL_GUARDED_BY(mu);
+  bool removed ABSL_GUARDED_BY(mu) = false;
+  uint32_t inflight ABSL_GUARDED_BY(mu) = 0;
+  uint32_t ok_tiles ABSL_GUARDED_BY(mu) = 0;
+  bool closed ABSL_GUARDED_BY(mu) = false;
+};
+
+namespace {
+
+// Thread contract: see Sender. mu_ guards the queues, the transfer table and the closing queue;
+// each PeerConn and Outbound has its own lock, never taken while mu_ is held (FailPeer takes
+// mu_, releases it, then the others).
+class SenderImpl final : public Sender {
+ public:
+  SenderImpl(const FabricOptions& options, uint64_t boot_id, Lanes* lanes, PeerTable* peers,
+             Introduce introduce)
+      : options_(options),
+        boot_id_(boot_id),
+        lanes_(lanes),
+        peers_(peers),
+        introduce_(std::move(introduce)) {}
+  ~SenderImpl() override { Stop(); }
+  void Start();
+
+  // transfers::RemotePath
+  absl::StatusOr<Prepared> Prepare(const v1::TransferSpec& spec) override;
+  absl::StatusOr<std::vector<std::string>> Begin(uint64_t id, const v1::TransferSpec& spec,
+                                                 const regions::Region& src, uint64_t tile_bytes,
+                                                 const std::shared_ptr<engine::Job>& job) override;
+
+  // engine::Engine
+  std::string name() const override { return "fabric"; }
+  void Enqueue(const std::shared_ptr<engine::Job>& job, const std::vector<uint32_t>& tiles) override;
+  size_t Remove(const engine::Job* job) override;
+  std::vector<uint64_t> QueuedTiles() const override;
+  std::string Describe() const override { return lanes_->Describe(); }
+
+  // CreditSink
+  void OnCredit(uint32_t lane, uint32_t peer_index, uint32_t slot, uint32_t tile,
+                bool applied) override;
+  void OnWriteFailed(uint32_t peer_index, uint32_t lane, uint32_t slot,
+                     const absl::Status& error) override;
+
+  void FailPeer(PeerConn* peer, const absl::Status& why) override;
+  void Stop() override;
+
+ private:
+  struct PackItem {
+    std::shared_ptr<Outbound> out;
+    uint32_t tile = 0;
+  };
+  // A transfer to end on the peer: End when all its tiles landed, else Abort with `why`.
+  struct Closing {
+    std::shared_ptr<Outbound> out;
+    bool end = false;
+    absl::Status why;
+  };
+
+  bool HasPackWork() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void PackLoop();
+  // Takes a free slot on some lane of the transfer's peer (round robin from lane `rr`, waiting
+  // for credits) and makes the tile its owner: (lane, slot), or nullopt once the transfer has
+  // failed or the sender stops.
+  std::optional<std::pair<uint32_t, uint32_t>> TakeSlot(const PackItem& item, uint32_t rr);
+  // Frees `slot` of `lane` toward `peer` whose write never reached the wire (no credit will
+  // come for it) and wakes waiting packers; returns who owned it.
+  SlotOwner ReleaseUnsentSlot(PeerConn* peer, uint32_t lane, uint32_t slot);
+  void FinishTile(const std::shared_ptr<Outbound>& out, uint32_t tile, const absl::Status& status);
+  // Queues End or Abort for `out` once nothing of it is in flight.
+  void MaybeClose(const std::shared_ptr<Outbound>& out);
+  void CloseLoop();
+  void SendEnd(const Closing& closing);
+
+  const FabricOptions options_;
+  const uint64_t boot_id_;
+  Lanes* const lanes_;
+  PeerTable* const peers_;
+  const Introduce introduce_;
+
+  std::vector<std::thread> packers_;
+  std::thread closer_;
+  std::atomic<bool> stop_{false};
+  absl::CondVar slots_cv_;  // a slot may have been freed (waited on under a peer's mu)
+
+  mutable absl::Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::deque<PackItem> queues_[engine::kNumPriorityClasses] ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<const engine::Job*, std::shared_ptr<Outbound>> outbound_ ABSL_GUARDED_BY(mu_);
+  std::deque<Closing> closing_ ABSL_GUARDED_BY(mu_);
+};
+
+void SenderImpl::Start() {
+  for (int i = 0; i < std::max(1, options_.pack_threads); ++i) {
+    packers_.emplace_back([this] { PackLoop(); });
+  }
+  closer_ = std::thread([this] { CloseLoop(); });
+}
+
+void SenderImpl::Stop() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  stop_.store(true);
+  for (auto& t : packers_) {
+    if (t.joinable()) t.join();
+  }
+  if (closer_.joinable()) closer_.join();
+}
+
+// ---- RemotePath ----
+
+absl::StatusOr<transfers::RemotePath::Prepared> SenderImpl::Prepare(const v1::TransferSpec& spec) {
+  PeerConn* peer = peers_->Find(spec.dst().node_id());
+  if (peer == nullptr) {
+    return absl::NotFoundError(absl::StrCat("spec.dst.node_id: '", spec.dst().node_id(),
+                                            "' is not in this daemon's peer directory"));
+  }
+  bool ready;
+  {
+    absl::MutexLock lock(&peer->mu);
+    ready = peer->introduced && peer->up;
+  }
+  if (!ready) {
+    absl::Status hello = introduce_(peer);
+    if (!hello.ok()) {
+      return absl::UnavailableError(absl::StrCat("spec.dst.node_id: peer '", peer->node_id,
+                                                 "' is unreachable: ", hello.message()));
+    }
+  }
+  v1::GetLeaseRequest request;
+  request.set_region_id(spec.dst().region_id());
+  request.set_requester_node_id(options_.node_id);
+  v1::RegionLease lease;
+  auto context = PeerCallContext(absl::Seconds(5));
+  KVRAIL_RETURN_IF_ERROR(FromPeerRpc(peer->stub->GetLease(context.get(), request, &lease),
+                                     "spec.dst.region_id: "));
+  KVRAIL_ASSIGN_OR_RETURN(
+      planner::RegionView view,
+      RemoteViewOf(lease.size_bytes(), lease.writable(),
+                   lease.has_paged_kv() ? &lease.paged_kv() : nullptr, "lease.paged_kv."));
+  Prepared prepared;
+  prepared.dst = MakeLeasedRegion(std::move(lease), std::move(view));
+  prepared.engine = this;
+  prepared.max_tile_bytes = options_.slot_bytes;
+  return prepared;
+}
+
+absl::StatusOr<std::vector<std::string>> SenderImpl::Begin(
+    uint64_t id, const v1::TransferSpec& spec, const regions::Region& src, uint64_t tile_bytes,
+    const std::shared_ptr<engine::Job>& job) {
+  PeerConn* peer = peers_->Find(spec.dst().node_id());
+  if (peer == nullptr) return absl::NotFoundError("spec.dst.node_id: unknown peer");
+  v1::BeginRemoteTransferRequest request;
+  request.set_sender_node_id(options_.node_id);
+  request.set_sender_boot_id(boot_id_);
+  request.set_sender_transfer_id(id);
+  *request.mutable_spec() = spec;
+  request.mutable_source()->set_size_bytes(src.spec().size_bytes());
+  if (src.spec().has_paged_kv()) *request.mutable_source()->mutable_paged_kv() = src.spec().paged_kv();
+  request.set_tile_bytes(tile_bytes);
+  request.set_bytes_total(job->plan().bytes_total());
+  request.set_tiles_total(job->plan().num_tiles());
+  v1::BeginRemoteTransferResponse response;
+  auto context = PeerCallContext(absl::Seconds(5));
+  KVRAIL_RETURN_IF_ERROR(
+      FromPeerRpc(peer->stub->BeginRemoteTransfer(context.get(), request, &response),
+                  absl::StrCat("peer '", peer->node_id, "' refused the transfer: ")));
+  auto out = std::make_shared<Outbound>();
+  out->id = id;
+  out->job = job;
+  out->peer = peer;
+  out->handle = response.handle();
+  {
+    absl::MutexLock lock(&peer->mu);
+    for (uint32_t l = 0; l < peer->lanes; ++l) {
+      out->nics.push_back(absl::StrCat(lanes_->at(l).nic->name(), "->", peer->remote[l].nic_name));
+    }
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    outbound_[job.get()] = out;
+  }
+  return out->nics;
+}
+
+// ---- engine::Engine ----
+
+void SenderImpl::Enqueue(const std::shared_ptr<engine::Job>& job,
+                         const std::vector<uint32_t>& tiles) {
+  if (tiles.empty()) return;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = outbound_.find(job.get());
+    if (it != outbound_.end()) {
+      auto& queue = queues_[static_cast<int>(job->priority())];
+      for (uint32_t t : tiles) queue.push_back(PackItem{it->second, t});
+      return;
+    }
+  }
+  for (uint32_t t : tiles) job->OnTileDone(t, absl::InternalError("fabric: job was not begun"));
+}
+
+size_t SenderImpl::Remove(const engine::Job* job) {
+  size_t removed = 0;
+  std::shared_ptr<Outbound> out;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& queue : queues_) {
+      for (auto it = queue.begin(); it != queue.end();) {
+        if (it->out->job.get() == job) {
+          out = it->out;
+          ++removed;
+          it = queue.erase(it);
+        } else {
+          ++it;
+        }
+      }
+    }
+    auto it = outbound_.find(job);
+    if (it != outbound_.end()) out = it->second;
+  }
+  if (out) {
+    {
+      absl::MutexLock lock(&out->mu);
+      out->removed = true;
+    }
+    MaybeClose(out);
+  }
+  return removed;
+}
+
+std::vector<uint64_t> SenderImpl::QueuedTiles() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<uint64_t> out(engine::kNumPriorityClasses, 0);
+  for (int c = 0; c < engine::kNumPriorityClasses; ++c) out[c] = queues_[c].size();
+  return out;
+}
+
+// ---- packing ----
+
+bool SenderImpl::HasPackWork() const {
+  if (stopping_) return true;
+  for (const auto& q : queues_) {
+    if (!q.empty()) return true;
+  }
+  return false;
+}
+
+std::optional<std::pair<uint32_t, uint32_t>> SenderImpl::TakeSlot(const PackItem& item,
+                                                                  uint32_t rr) {
+  const std::shared_ptr<Outbound>& out = item.out;
+  PeerConn* peer = out->peer;
+  while (true) {
+    {
+      absl::MutexLock lock(&out->mu);
+      if (out->failed.has_value()) return std::nullopt;
+    }
+    absl::MutexLock lock(&peer->mu);
+    const uint32_t lanes = peer->lanes;
+    for (uint32_t k = 0; k < lanes; ++k) {
+      const uint32_t l = (rr + k) % lanes;
+      auto& owners = peer->owners[l];
+      const int slot =
+          peer->credits[l]->Acquire([&](uint32_t s) { return owners[s].outbound == nullptr; });
+      if (slot >= 0) {
+        owners[slot] = SlotOwner{out, item.tile};
+        return std::make_pair(l, static_cast<uint32_t>(slot));
+      }
+    }
+    // All slots in flight: wait for a credit (OnCredit signals slots_cv_).
+    slots_cv_.WaitWithTimeout(&peer->mu, absl::Milliseconds(20));
+    if (stop_.load()) return std::nullopt;
+  }
+}
+
+void SenderImpl::PackLoop() {
+  uint32_t rr = 0;
+  while (true) {
+    PackItem item;
+    {
+      absl::MutexLock lock(&mu_);
+      mu_.Await(absl::Condition(this, &SenderImpl::HasPackWork));
+      if (stopping_) return;
+      for (auto& queue : queues_) {
+        if (queue.empty()) continue;
+        item = std::move(queue.front());
+        queue.pop_front();
+        break;
+      }
+    }
+    std::shared_ptr<Outbound>& out = item.out;
+    PeerConn* peer = out->peer;
+    // A slot on some lane of the peer: round robin over lanes (striping), waiting for credits.
+    const std::optional<std::pair<uint32_t, uint32_t>> taken = TakeSlot(item, rr);
+    ++rr;
+    if (!taken.has_value()) {
+      std::optional<absl::Status> why;
+      {
+        absl::MutexLock lock(&out->mu);
+        why = out->failed;
+      }
+      if (!why.has_value()) return;  // stopping
+      out->job->OnTileDone(item.tile, *why);
+      continue;
+    }
+    const auto [lane, slot] = *taken;
+    {
+      absl::MutexLock lock(&out->mu);
+      ++out->inflight;
+    }
+    out->job->OnTileStart(item.tile);
+    const uint64_t bytes = TileBytes(out->job->plan(), item.tile);
+    const engine::MemoryRef src = out->job->src();
+    const absl::Status packed =
+        PackTile(out->job->plan(), item.tile, RegionSide{src.cuda, src.device, src.base},
+                 lanes_->SendSlot(lane, peer->index, slot));
+    if (!packed.ok()) {
+      // The slot never reached the wire: give it back here, and fail the tile.
+      (void)ReleaseUnsentSlot(peer, lane, slot);
+      FinishTile(out, item.tile, packed);  // fails the transfer; aborts it on the peer
+      continue;
+    }
+    kernels::NicCommand cmd{};
+    cmd.opcode = kOpWriteTile;
+    cmd.tile = item.tile;
+    cmd.slot = slot;
+    cmd.peer = static_cast<uint16_t>(peer->index);
+    cmd.remote_handle = static_cast<uint16_t>(out->handle);
+    cmd.transfer_tag = out->id;
+    cmd.bytes = static_cast<uint32_t>(bytes);
+    lanes_->PostCommand(lane, cmd);
+  }
+}
+
+// ---- credits and failures (proxy threads) ----
+
+void SenderImpl::OnCredit(uint32_t lane, uint32_t peer_index, uint32_t slot, uint32_t tile,
+                          bool applied) {
+  if (peer_index >= peers_->size() || slot >= options_.slots) return;
+  PeerConn* peer = peers_->at(peer_index);
+  SlotOwner owner;
+  {
+    absl::MutexLock lock(&peer->mu);
+    if (lane >= peer->owners.size()) return;
+    owner = std::move(peer->owners[lane][slot]);
+    peer->owners[lane][slot] = SlotOwner{};
+  }
+  slots_cv_.SignalAll();
+  if (!owner.outbound || owner.tile != tile) return;  // orphaned by a failure: slot freed only
+  FinishTile(owner.outbound, tile,
+             applied ? absl::OkStatus()
+                     : absl::UnavailableError(absl::StrCat("peer '", peer->node_id,
+                                                           "' dropped tile ", tile,
+                                                           " (the transfer ended there)")));
+}
+
+SlotOwner SenderImpl::ReleaseUnsentSlot(PeerConn* peer, uint32_t lane, uint32_t slot) {
+  SlotOwner owner;
+  {
+    absl::MutexLock lock(&peer->mu);
+    owner = std::move(peer->owners[lane][slot]);
+    peer->owners[lane][slot] = SlotOwner{};
+    peer->credits[lane]->ReturnLocally(slot);  // never reached the peer: no credit will come
+  }
+  slots_cv_.SignalAll();
+  return owner;
+}
+
+void SenderImpl::OnWriteFailed(uint32_t peer_index, uint32_t lane, uint32_t slot,
+                               const absl::Status& error) {
+  PeerConn* peer = peers_->at(peer_index);
+  const SlotOwner owner = ReleaseUnsentSlot(peer, lane, slot);
+  if (owner.outbound) {
+    FinishTile(owner.outbound, owner.tile,
+               absl::UnavailableError(absl::StrCat("fabric write to '", peer->node_id,
+                                                   "' failed: ", error.message())));
+  }
+}
+
+void SenderImpl::FinishTile(const std::shared_ptr<Outbound>& out, uint32_t tile,
+                            const absl::Status& status) {
+  {
+    absl::MutexLock lock(&out->mu);
+    if (out->inflight > 0) --out->inflight;
+    if (status.ok()) {
+      ++out->ok_tiles;
+    } else if (!out->failed.has_value()) {
+      out->failed = status;
+    }
+  }
+  out->job->OnTileDone(tile, status);
+  MaybeClose(out);
+}
+
+void SenderImpl::MaybeClose(const std::shared_ptr<Outbound>& out) {
+  Closing closing{out, false, absl::OkStatus()};
+  {
+    absl::MutexLock lock(&out->mu);
+    if (out->closed || out->inflight > 0) return;
+    if (out->ok_tiles == out->job->plan().num_tiles()) {
+      closing.end = true;
+    } else if (out->failed.has_value() || out->removed) {
+      closing.why = out->failed.value_or(absl::CancelledError("ended by the sender"));
+    } else {
+      return;
+    }
+    out->closed = true;
+  }
+  absl::MutexLock lock(&mu_);
+  outbound_.erase(out->job.get());
+  closing_.push_back(std::move(closing));
+}
+
+void SenderImpl::FailPeer(PeerConn* peer, const absl::Status& why) {
+  std::vector<std::shared_ptr<Outbound>> outs;
+  std::vector<PackItem> dropped;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& [job, out] : outbound_) {
+      if (out->peer == peer) outs.push_back(out);
+    }
+    for (auto& queue : queues_) {
+      for (auto it = queue.begin(); it != queue.end();) {
+        if (it->out->peer == peer) {
+          dropped.push_back(std::move(*it));
+          it = queue.erase(it);
+        } else {
+          ++it;
+        }
+      }
+    }
+  }
+  for (auto& out : outs) {
+    absl::MutexLock lock(&out->mu);
+    if (!out->failed.has_value()) out->failed = why;
+  }
+  // In-flight tiles: their slots stay reserved (orphaned) until a late credit or a re-base.
+  std::vector<SlotOwner> orphaned;
+  {
+    absl::MutexLock lock(&peer->mu);
+    for (auto& lane : peer->owners) {
+      for (SlotOwner& o : lane) {
+        if (o.outbound) orphaned.push_back(std::move(o));
+        o = SlotOwner{};
+      }
+    }
+  }
+  slots_cv_.SignalAll();
+  for (auto& o : orphaned) FinishTile(o.outbound, o.tile, why);
+  for (auto& item : dropped) item.out->job->OnTileDone(item.tile, why);
+  for (auto& out : outs) MaybeClose(out);
+}
+
+// ---- End / Abort (the closing thread) ----
+
+void SenderImpl::CloseLoop() {
+  while (true) {
+    Closing closing;
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stopping_ || !closing_.empty();
+      };
+      mu_.Await(absl::Condition(&ready));
+      if (closing_.empty()) return;
+      closing = std::move(closing_.front());
+      closing_.pop_front();
+    }
+    SendEnd(closing);
+  }
+}
+
+void SenderImpl::SendEnd(const Closing& closing) {
+  const Outbound& out = *closing.out;
+  auto context = PeerCallContext(absl::Seconds(2));
+  v1::EndRemoteTransferResponse response;
+  grpc::Status status;
+  if (closing.end) {
+    v1::EndRemoteTransferRequest request;
+    request.set_sender_node_id(options_.node_id);
+    request.set_handle(out.handle);
+    request.set_sender_transfer_id(out.id);
+    status = out.peer->stub->EndRemoteTransfer(context.get(), request, &response);
+  } else {
+    v1::AbortRemoteTransferRequest request;
+    request.set_sender_node_id(options_.node_id);
+    request.set_handle(out.handle);
+    request.set_sender_transfer_id(out.id);
+    request.set_error_code(static_cast<int32_t>(closing.why.code()));
+    request.set_error_message(std::string(closing.why.message()));
+    status = out.peer->stub->AbortRemoteTransfer(context.get(), request, &response);
+  }
+  if (!status.ok()) {
+    spdlog::info("fabric: {} of transfer {} on '{}' not delivered: {}",
+                 closing.end ? "end" : "abort", out.id, out.peer->node_id, status.error_message());
+  }
+}
+
+}  // namespace
+
+std::unique_ptr<Sender> Sender::Create(const FabricOptions& options, uint64_t boot_id,
+                                       Lanes* lanes, PeerTable* peers, Introduce introduce) {
+  auto sender =
+      std::make_unique<SenderImpl>(options, boot_id, lanes, peers, std::move(introduce));
+  sender->Start();
+  return sender;
+}
+
+}  // namespace kvrail::fabric
