@@ -1,0 +1,96 @@
+// One transfer's record: tile accounting at its end (inbound records ended while tiles land).
+#define CATCH_CONFIG_MAIN
+#include <catch2/catch.hpp>
+
+#include <memory>
+
+#include "base/manual_clock.h"
+#include "daemon/transfers/fake_engine.h"
+#include "daemon/transfers/record.h"
+#include "daemon/transfers/test_support.h"
+
+namespace kvrail::transfers {
+namespace {
+
+using testing::FakeEngine;
+using testing::TestRegions;
+
+planner::Plan BytesPlan(uint64_t bytes, uint64_t tile) {
+  v1::TransferSpec spec;
+  spec.set_num_bytes(bytes);
+  planner::RegionView view{bytes, true, false, {}};
+  planner::PlanOptions options;
+  options.tile_bytes = tile;
+  auto plan = planner::MakePlan(spec, view, view, options);
+  REQUIRE(plan.ok());
+  return *std::move(plan);
+}
+
+struct InboundFixture {
+  ManualClock clock;
+  TestRegions regions;
+  FakeEngine engine;
+  std::shared_ptr<Counters> counters = std::make_shared<Counters>();
+  std::shared_ptr<Record> record;
+
+  InboundFixture() {
+    RecordParams params;
+    params.id = 7;
+    params.src = regions.Bytes(4096, false);
+    params.dst = regions.Bytes(4096, true);
+    params.engine = &engine;
+    params.counters = counters;
+    params.clock = &clock;
+    params.inbound = true;
+    {
+      absl::MutexLock c(&counters->mu);
+      ++counters->active;  // as admission counts it
+    }
+    record = std::make_shared<Record>(BytesPlan(4096, 1024), std::move(params));
+    REQUIRE(record->TakeInitialTiles().size() == 4);  // all expected from the fabric
+  }
+};
+
+TEST_CASE("an inbound record ends even when a tile lands between the engine's count and the end") {
+  // The old End(): the inbound engine counted 4 unreported tiles, tile 0 landed, then RequestEnd
+  // added the stale 4: 5 reported of 4 enqueued, the == check never held, the record never ended
+  // and Drain waited for it for ever.
+  InboundFixture f;
+  const size_t stale_removed = 4;
+  f.record->OnTileStart(0);
+  f.record->OnTileDone(0, absl::OkStatus());
+  REQUIRE(f.record->RequestEnd(absl::UnavailableError("drained"), stale_removed));
+  CHECK(f.record->IsFinal());
+  CHECK(f.record->Ended());
+  const v1::TransferStatus status = f.record->Status();
+  CHECK(status.state() == v1::TRANSFER_STATE_FAILED);
+  CHECK(status.tiles_done() == 1);
+  absl::MutexLock c(&f.counters->mu);
+  CHECK(f.counters->active == 0);
+  CHECK(f.counters->failed == 1);
+}
+
+TEST_CASE("tiles reported after an inbound record ended change nothing") {
+  InboundFixture f;
+  f.record->OnTileStart(0);
+  f.record->OnTileDone(0, absl::OkStatus());
+  REQUIRE(f.record->RequestEnd(absl::UnavailableError("sender gone"), 0));
+  REQUIRE(f.record->Ended());
+  const uint64_t version = f.record->version();
+  for (uint32_t t = 1; t < 4; ++t) {
+    f.record->OnTileStart(t);
+    f.record->OnTileDone(t, absl::OkStatus());
+  }
+  const v1::TransferStatus status = f.record->Status();
+  CHECK(status.state() == v1::TRANSFER_STATE_FAILED);
+  CHECK(status.tiles_done() == 1);
+  CHECK(status.bytes_done() == 1024);
+  CHECK(f.record->version() == version);
+  CHECK_FALSE(f.record->RequestEnd(absl::CancelledError("again"), 0));
+  absl::MutexLock c(&f.counters->mu);
+  CHECK(f.counters->failed == 1);
+  CHECK(f.counters->succeeded == 0);
+}
+
+}  // namespace
+}  // namespace kvrail::transfers
