@@ -9,21 +9,20 @@
 
 #include <atomic>
 #include <cstdlib>
-#include <optional>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
-#include "absl/strings/strip.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "client/session_wire.h"
+#include "base/grpc_status.h"
 #include "base/status.h"
+#include "base/unique_fd.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/kvrail/v1/admin.grpc.pb.h"
 #include "proto/kvrail/v1/spec_copy.h"
 #include "proto/kvrail/v1/transfer.grpc.pb.h"
+#include "wire/session_wire.h"
 
 namespace kvrail::client {
 namespace {
@@ -76,17 +75,12 @@ std::string DefaultTarget() {
   return kDefaultSocket;
 }
 
-absl::Status FromGrpcStatus(const grpc::Status& status) {
-  if (status.ok()) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
-}
-
 // --- HostBuffer ----------------------------------------------------------------------------------
 
 absl::StatusOr<std::unique_ptr<HostBuffer>> HostBuffer::Create(size_t bytes,
                                                                const std::string& name) {
   if (bytes == 0) return absl::InvalidArgumentError("host buffer size must be > 0");
-  internal::UniqueFd fd(::memfd_create(name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  UniqueFd fd(::memfd_create(name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING));
   if (!fd.valid()) return ErrnoError("memfd_create");
   if (::ftruncate(fd.get(), static_cast<off_t>(bytes)) != 0) {
     return ErrnoError(absl::StrCat("ftruncate(memfd, ", bytes, ")"));
@@ -125,7 +119,7 @@ class Client::Impl {
   std::unique_ptr<v1::Admin::Stub> admin_;
 
   absl::Mutex session_mu_;
-  std::unique_ptr<internal::SessionConnection> session_ ABSL_GUARDED_BY(session_mu_);
+  std::unique_ptr<wire::SessionConnection> session_ ABSL_GUARDED_BY(session_mu_);
 
   // Large block tables go to the daemon through this host region instead of the gRPC message
   // (TransferEndpoint.block_table). Held for the whole Submit that fills it: the daemon has
@@ -141,9 +135,9 @@ class Client::Impl {
   // Connections that carry WAITs (a WAIT holds its connection until the transfer ends, so each
   // concurrent Wait has its own); idle ones are kept for the next.
   absl::Mutex wait_mu_;
-  std::vector<std::unique_ptr<internal::SessionConnection>> idle_waits_ ABSL_GUARDED_BY(wait_mu_);
+  std::vector<std::unique_ptr<wire::SessionConnection>> idle_waits_ ABSL_GUARDED_BY(wait_mu_);
 
-  std::unique_ptr<internal::SessionConnection> TakeWaitConnection() {
+  std::unique_ptr<wire::SessionConnection> TakeWaitConnection() {
     {
       absl::MutexLock lock(&wait_mu_);
       if (!idle_waits_.empty()) {
@@ -152,16 +146,16 @@ class Client::Impl {
         return conn;
       }
     }
-    auto opened = internal::SessionConnection::Open(internal::SessionSocketPath(unix_path_));
+    auto opened = wire::SessionConnection::Open(wire::SessionSocketPath(unix_path_));
     return opened.ok() ? *std::move(opened) : nullptr;
   }
 
-  void ReturnWaitConnection(std::unique_ptr<internal::SessionConnection> conn) {
+  void ReturnWaitConnection(std::unique_ptr<wire::SessionConnection> conn) {
     absl::MutexLock lock(&wait_mu_);
     if (idle_waits_.size() < 8) idle_waits_.push_back(std::move(conn));
   }
 
-  absl::StatusOr<internal::SessionConnection*> Session() {
+  absl::StatusOr<wire::SessionConnection*> Session() {
     absl::MutexLock lock(&session_mu_);
     if (session_ == nullptr) {
       if (unix_path_.empty()) {
@@ -170,7 +164,7 @@ class Client::Impl {
                          target_, " is TCP (connect with the unix socket path)"));
       }
       KVRAIL_ASSIGN_OR_RETURN(session_,
-                       internal::SessionConnection::Open(internal::SessionSocketPath(unix_path_)));
+                       wire::SessionConnection::Open(wire::SessionSocketPath(unix_path_)));
     }
     return session_.get();
   }
@@ -228,7 +222,7 @@ absl::StatusOr<std::unique_ptr<HostBuffer>> Client::CreateHostBuffer(size_t byte
 }
 
 absl::StatusOr<uint64_t> Client::SessionId() {
-  KVRAIL_ASSIGN_OR_RETURN(internal::SessionConnection * session, impl_->Session());
+  KVRAIL_ASSIGN_OR_RETURN(wire::SessionConnection * session, impl_->Session());
   return session->session_id();
 }
 
@@ -248,7 +242,7 @@ absl::StatusOr<v1::RegionInfo> Client::RegisterHostBuffer(const HostBuffer& buff
   if (spec.size_bytes() == 0) spec.set_size_bytes(buffer.size() - offset);
   if (spec.layout_case() == v1::RegionSpec::LAYOUT_NOT_SET) spec.mutable_bytes();
 
-  KVRAIL_ASSIGN_OR_RETURN(internal::SessionConnection * session, impl_->Session());
+  KVRAIL_ASSIGN_OR_RETURN(wire::SessionConnection * session, impl_->Session());
   KVRAIL_ASSIGN_OR_RETURN(std::string token, session->SendFd(buffer.fd()));
   spec.mutable_share()->set_fd_token(token);
   return RegisterRegion(std::move(spec), session->session_id());
@@ -260,7 +254,7 @@ absl::StatusOr<v1::RegionInfo> Client::RegisterRegion(v1::RegionSpec spec, uint6
       spec.set_memory_kind(v1::MEMORY_KIND_HOST);
     }
     if (spec.size_bytes() == 0) {
-      internal::UniqueFd fd(::shm_open(spec.share().shm_name().c_str(), O_RDONLY | O_CLOEXEC, 0));
+      UniqueFd fd(::shm_open(spec.share().shm_name().c_str(), O_RDONLY | O_CLOEXEC, 0));
       if (!fd.valid()) return ErrnoError(absl::StrCat("shm_open(", spec.share().shm_name(), ")"));
       struct stat st;
       if (::fstat(fd.get(), &st) != 0) return ErrnoError("fstat(shm)");
@@ -332,52 +326,20 @@ void PutTable(const v1::TransferEndpoint& from, v1::TransferEndpoint* to, uint8_
   ref->set_named_as(from.block_ids_size() > 0 ? "block_ids" : "block_ids_le32");
 }
 
-// Requests larger than this go over gRPC (a SEQPACKET packet must fit the socket buffer; tables
-// this large travel through shared memory anyway).
-constexpr size_t kMaxSessionSubmitBytes = 128 << 10;
-
-// "REJECTED <code> <message>" from the session socket as the status it names; nullopt for any
-// other answer.
-std::optional<absl::Status> ParseRejected(absl::string_view answer) {
-  int code = 0;
-  if (!absl::ConsumePrefix(&answer, "REJECTED ")) return std::nullopt;
-  const size_t space = answer.find(' ');
-  if (space == absl::string_view::npos || !absl::SimpleAtoi(answer.substr(0, space), &code) ||
-      code <= 0 || code > static_cast<int>(absl::StatusCode::kUnauthenticated)) {
-    return std::nullopt;
-  }
-  return absl::Status(static_cast<absl::StatusCode>(code), answer.substr(space + 1));
-}
-
-// The daemon's answer to "SUBMIT": the response, or the status it rejected the transfer with.
-// Anything else (an older daemon's "ERROR ...") is UNIMPLEMENTED.
-absl::StatusOr<v1::SubmitTransferResponse> ParseSubmitAnswer(absl::string_view answer) {
-  if (absl::ConsumePrefix(&answer, "SUBMITTED ")) {
-    v1::SubmitTransferResponse response;
-    if (!response.ParseFromArray(answer.data(), static_cast<int>(answer.size()))) {
-      return absl::InternalError("session socket: the SUBMITTED answer does not parse");
-    }
-    return response;
-  }
-  if (std::optional<absl::Status> rejected = ParseRejected(answer)) return *rejected;
-  return absl::UnimplementedError(absl::StrCat("session socket: no SUBMIT here (\"",
-                                               answer.substr(0, 80), "\")"));
-}
-
 }  // namespace
 
 absl::StatusOr<v1::SubmitTransferResponse> Client::SubmitRequest(
     const v1::SubmitTransferRequest& request) {
   // Transfers within this node, over the session socket when the daemon has one.
   if (impl_->session_submit_.load() && !impl_->unix_path_.empty() &&
-      request.spec().dst().node_id().empty() && request.ByteSizeLong() <= kMaxSessionSubmitBytes) {
-    absl::StatusOr<internal::SessionConnection*> session = impl_->Session();
+      request.spec().dst().node_id().empty() && request.ByteSizeLong() <= wire::kMaxSessionSubmitBytes) {
+    absl::StatusOr<wire::SessionConnection*> session = impl_->Session();
     if (session.ok()) {
       bool sent = false;
       absl::StatusOr<std::string> answer =
-          (*session)->Exchange(absl::StrCat("SUBMIT ", request.SerializeAsString()), &sent);
+          (*session)->Exchange(wire::EncodeSubmit(request), &sent);
       if (answer.ok()) {
-        absl::StatusOr<v1::SubmitTransferResponse> response = ParseSubmitAnswer(*answer);
+        absl::StatusOr<v1::SubmitTransferResponse> response = wire::ParseSubmitAnswer(*answer);
         if (response.status().code() != absl::StatusCode::kUnimplemented) return response;
         impl_->session_submit_.store(false);  // an older daemon: gRPC from now on
       } else if (sent) {
@@ -468,26 +430,24 @@ absl::StatusOr<v1::TransferStatus> Client::Wait(uint64_t transfer_id, absl::Dura
     if (auto conn = impl_->TakeWaitConnection(); conn != nullptr) {
       conn->SetAnswerTimeout(bounded ? timeout : absl::InfiniteDuration());
       bool sent = false;
-      absl::StatusOr<std::string> answer =
-          conn->Exchange(absl::StrCat("WAIT ", transfer_id), &sent);
-      absl::string_view text = answer.ok() ? absl::string_view(*answer) : absl::string_view();
-      const std::optional<absl::Status> rejected = ParseRejected(text);
+      absl::StatusOr<std::string> answer = conn->Exchange(wire::EncodeWait(transfer_id), &sent);
       if (!answer.ok()) {
         // A DONE may still come on this connection: it is not reused.
         if (bounded && answer.status().code() == absl::StatusCode::kDeadlineExceeded) {
           return Get(transfer_id);
         }
-      } else if (absl::ConsumePrefix(&text, "DONE ")) {
-        v1::TransferStatus status;
-        if (status.ParseFromArray(text.data(), static_cast<int>(text.size()))) {
-          impl_->ReturnWaitConnection(std::move(conn));
-          return status;
-        }
-      } else if (rejected.has_value() && rejected->code() != absl::StatusCode::kUnimplemented) {
-        impl_->ReturnWaitConnection(std::move(conn));
-        return *rejected;
       } else {
-        impl_->session_submit_.store(false);  // an older daemon: gRPC from now on
+        // DONE, or the daemon's REJECTED: the connection is free again. An unparsable DONE asks
+        // over gRPC below; any other answer (or REJECTED UNIMPLEMENTED) is an older daemon.
+        absl::StatusOr<v1::TransferStatus> done = wire::ParseDoneAnswer(*answer);
+        const bool rejected = wire::ParseRejected(*answer).has_value();
+        if (done.ok() || (rejected && done.status().code() != absl::StatusCode::kUnimplemented)) {
+          impl_->ReturnWaitConnection(std::move(conn));
+          return done;
+        }
+        if (done.status().code() == absl::StatusCode::kUnimplemented) {
+          impl_->session_submit_.store(false);  // an older daemon: gRPC from now on
+        }
       }
     }
   }

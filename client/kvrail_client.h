@@ -1,5 +1,6 @@
 // kvrail client library: talks to the node's kvraild over gRPC (unix socket or TCP) and shares
-// host memory with it through the session socket (see client/session_wire.h for the wire).
+// host memory with it through the session socket (wire/session_wire.h has that protocol). This is
+// the library's one public header.
 //
 // Typical use (a prefill process exporting its KV pool):
 //   KVRAIL_ASSIGN_OR_RETURN(auto client, Client::Connect(DefaultTarget()));
@@ -9,7 +10,7 @@
 // The region lives as long as `client` (its session socket) does, or until UnregisterRegion.
 //
 // Errors: every call returns absl::Status / StatusOr; daemon errors keep their gRPC code number
-// and message (see FromGrpcStatus). Nothing here throws.
+// and message. Nothing here throws.
 #pragma once
 
 #include <cstddef>
@@ -21,9 +22,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
-#include "grpcpp/support/status.h"
 #include "proto/kvrail/v1/admin.pb.h"
 #include "proto/kvrail/v1/region.pb.h"
 #include "proto/kvrail/v1/transfer.pb.h"
@@ -33,9 +32,6 @@ namespace kvrail::client {
 // Socket used when none is given: $KVRAIL_SOCKET if set and non-empty, else kDefaultSocket.
 inline constexpr char kDefaultSocket[] = "/run/kvrail/kvrail.sock";
 std::string DefaultTarget();
-
-// grpc::Status -> absl::Status, the one conversion point: same code number, message kept.
-absl::Status FromGrpcStatus(const grpc::Status& status);
 
 // Host memory that can be shared with kvraild: an anonymous memfd, sized with ftruncate and
 // mapped MAP_SHARED, so the daemon's mapping of the same fd sees the same pages.
@@ -139,15 +135,8 @@ class Client {
   std::unique_ptr<Impl> impl_;
 };
 
-// --- Spec helpers (pure) -----------------------------------------------------------------------
-
-// Parses "0-99,200,300-310" (inclusive ranges, order kept, whitespace around items allowed) into
-// block ids. INVALID_ARGUMENT naming the bad item for empty items, non-numbers, values above
-// 2^32-1, reversed ranges, or more than `max_ids` ids in total.
-absl::StatusOr<std::vector<uint32_t>> ParseBlockList(absl::string_view text,
-                                                     size_t max_ids = size_t{1} << 24);
-// The inverse, compressing runs: {0,1,2,3,7} -> "0-3,7".
-std::string FormatBlockList(const std::vector<uint32_t>& ids);
+// --- Layout and spec helpers (pure; thread-safe) ------------------------------------------------
+// For laying out a KV pool in a host buffer and building transfers of its blocks.
 
 // Bytes of one element of `dtype`; 0 for DTYPE_UNSPECIFIED or unknown values.
 uint32_t DTypeSize(v1::DType dtype);

@@ -24,6 +24,7 @@
 #include "daemon/fabric/fabric.h"
 #include "daemon/regions/regions.h"
 #include "daemon/server/server.h"
+#include "daemon/server/socket_lock.h"
 #include "daemon/session/session_server.h"
 #include "daemon/transfers/transfers.h"
 #include "spdlog/spdlog.h"
@@ -95,6 +96,10 @@ absl::Status Run(v1::DaemonConfig config) {
   KVRAIL_RETURN_IF_ERROR(SetUpLogging(config.log_level(), config.log_format()));
   spdlog::info("kvraild {} starting: node '{}', socket {}", kVersion, config.node_id(),
                config.unix_socket());
+  // One daemon per socket, decided before anything at that path is unlinked or bound. Declared
+  // first so that it is released last, after the sockets are removed on the way out.
+  KVRAIL_ASSIGN_OR_RETURN(std::unique_ptr<server::SocketLock> socket_lock,
+                          server::SocketLock::Acquire(config.unix_socket()));
 
   KVRAIL_ASSIGN_OR_RETURN(v1::GetTopologyResponse topology, LoadTopology(config));
   spdlog::info("topology ({}): {} GPUs, {} NICs", topology.source(), topology.desc().gpus_size(),

@@ -7,17 +7,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "base/grpc_status.h"
 #include "proto/kvrail/v1/admin.grpc.pb.h"
 #include "proto/kvrail/v1/transfer.grpc.pb.h"
 #include "spdlog/spdlog.h"
 
 namespace kvrail::server {
 namespace {
-
-grpc::Status ToGrpc(const absl::Status& status) {
-  if (status.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
-}
 
 class TransferService final : public v1::Transfer::Service {
  public:
@@ -27,7 +23,7 @@ class TransferService final : public v1::Transfer::Service {
   grpc::Status RegisterRegion(grpc::ServerContext*, const v1::RegisterRegionRequest* request,
                               v1::RegisterRegionResponse* response) override {
     auto region = regions_->Register(request->spec(), request->session_id());
-    if (!region.ok()) return ToGrpc(region.status());
+    if (!region.ok()) return ToGrpcStatus(region.status());
     *response->mutable_region() = (*region)->Info();
     spdlog::info("region {} registered: '{}' {} bytes, session {}", (*region)->id(),
                  request->spec().name(), request->spec().size_bytes(), request->session_id());
@@ -36,7 +32,7 @@ class TransferService final : public v1::Transfer::Service {
 
   grpc::Status UnregisterRegion(grpc::ServerContext*, const v1::UnregisterRegionRequest* request,
                                 v1::UnregisterRegionResponse*) override {
-    return ToGrpc(regions_->Unregister(request->region_id()));
+    return ToGrpcStatus(regions_->Unregister(request->region_id()));
   }
 
   grpc::Status SubmitTransfer(grpc::ServerContext*, const v1::SubmitTransferRequest* request,
@@ -44,7 +40,7 @@ class TransferService final : public v1::Transfer::Service {
     auto accepted = transfers_->Submit(request->spec());
     if (!accepted.ok()) {
       spdlog::info("transfer rejected: {}", accepted.status().ToString());
-      return ToGrpc(accepted.status());
+      return ToGrpcStatus(accepted.status());
     }
     *response = *std::move(accepted);
     return grpc::Status::OK;
@@ -65,7 +61,7 @@ class TransferService final : public v1::Transfer::Service {
     while (true) {
       const absl::Duration slice = std::min(until - absl::Now(), absl::Milliseconds(250));
       auto status = transfers_->Wait(request->transfer_id(), std::max(slice, absl::ZeroDuration()));
-      if (!status.ok()) return ToGrpc(status.status());
+      if (!status.ok()) return ToGrpcStatus(status.status());
       if (status->state() >= v1::TRANSFER_STATE_SUCCEEDED || absl::Now() >= until ||
           context->IsCancelled()) {
         *response = *std::move(status);
@@ -78,7 +74,7 @@ class TransferService final : public v1::Transfer::Service {
                              grpc::ServerWriter<v1::TransferEvent>* writer) override {
     const absl::Duration interval =
         absl::Milliseconds(request->min_interval_ms() == 0 ? 50 : request->min_interval_ms());
-    return ToGrpc(transfers_->Watch(request->transfer_id(), interval,
+    return ToGrpcStatus(transfers_->Watch(request->transfer_id(), interval,
                                     [&](const v1::TransferEvent& event) {
                                       return !context->IsCancelled() && writer->Write(event);
                                     }));
@@ -91,13 +87,13 @@ class TransferService final : public v1::Transfer::Service {
 
   grpc::Status MarkReady(grpc::ServerContext*, const v1::MarkReadyRequest* request,
                          v1::MarkReadyResponse*) override {
-    return ToGrpc(
+    return ToGrpcStatus(
         transfers_->MarkReady(request->transfer_id(), request->layer_begin(), request->layer_count()));
   }
 
  private:
   static grpc::Status Fill(absl::StatusOr<v1::TransferStatus> status, v1::TransferStatus* out) {
-    if (!status.ok()) return ToGrpc(status.status());
+    if (!status.ok()) return ToGrpcStatus(status.status());
     *out = *std::move(status);
     return grpc::Status::OK;
   }

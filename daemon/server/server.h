@@ -1,5 +1,5 @@
-// gRPC adapters for the Transfer and Admin services and the health service. The only place where
-// absl::Status becomes grpc::Status.
+// gRPC adapters for the Transfer and Admin services and the health service. Errors become
+// grpc::Status through base/grpc_status.h (code number and message kept).
 #pragma once
 
 #include <functional>

@@ -10,25 +10,24 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
-#include <string_view>
 #include <memory>
 #include <thread>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "base/status.h"
 #include "base/unique_fd.h"
 #include "spdlog/spdlog.h"
+#include "wire/session_wire.h"
 
 namespace kvrail::session {
 namespace {
 
 void SendPacket(int fd, const std::string& text) {
   // A client that stopped reading only loses its own answer.
-  (void)::send(fd, text.data(), text.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+  (void)wire::SendPacket(fd, text, -1, MSG_DONTWAIT);
 }
 
 class SessionServerImpl final : public SessionServer {
@@ -41,7 +40,7 @@ class SessionServerImpl final : public SessionServer {
         regions_(regions),
         submit_(std::move(submit)),
         wait_(std::move(wait)),
-        packet_(kMaxPacket) {
+        packet_(wire::kMaxRequestBytes) {
     thread_ = std::thread([this] { Loop(); });
   }
 
@@ -100,117 +99,94 @@ class SessionServerImpl final : public SessionServer {
     UniqueFd fd(::accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC));
     if (!fd.valid()) return;
     const uint64_t id = regions_->BeginSession();
-    SendPacket(fd.get(), absl::StrCat("SESSION ", id));
+    SendPacket(fd.get(), wire::EncodeGreeting(id));
     spdlog::debug("session {} opened", id);
     const int raw = fd.get();
     sessions_.emplace(raw, std::make_shared<Connection>(id, std::move(fd)));
     count_.store(sessions_.size());
   }
 
-  // Reads one packet from a session; a closed or broken connection ends the session.
+  // Reads one packet from a session; a closed or broken connection ends the session, a packet
+  // that could not be read whole (too many descriptors) is answered with ERROR.
   void Serve(int fd) {
-    char* const payload = packet_.data();
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 4)];
-    iovec iov{payload, packet_.size()};
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof(control);
-    const ssize_t n = ::recvmsg(fd, &msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
-    if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
-    // Collect every descriptor received so none leaks, whatever the packet says.
-    std::vector<UniqueFd> received;
-    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
-      if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
-        const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-        for (size_t i = 0; i < count; ++i) {
-          int rfd;
-          std::memcpy(&rfd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-          received.emplace_back(rfd);
-        }
+    auto it = sessions_.find(fd);
+    const std::shared_ptr<Connection> conn = it->second;
+    absl::StatusOr<wire::Received> received = wire::ReceiveMessage(fd, &packet_, MSG_DONTWAIT);
+    if (!received.ok()) {
+      switch (received.status().code()) {
+        case absl::StatusCode::kDeadlineExceeded:  // nothing to read after all
+          return;
+        case absl::StatusCode::kUnavailable:  // closed, reset or broken
+          spdlog::debug("session {} closed: {}", conn->id, std::string(received.status().message()));
+          conn->Close();
+          regions_->EndSession(conn->id);
+          sessions_.erase(it);
+          count_.store(sessions_.size());
+          return;
+        default:
+          conn->Send(wire::EncodeError(received.status().message()));
+          return;
       }
     }
-    auto it = sessions_.find(fd);
-    if (n <= 0) {
-      spdlog::debug("session {} closed", it->second->id);
-      it->second->Close();
-      regions_->EndSession(it->second->id);
-      sessions_.erase(it);
-      count_.store(sessions_.size());
-      return;
+    // Every descriptor received is owned by `received` and closed unless handed on below.
+    const bool plain = received->fds.empty() && !received->truncated;
+    const wire::Request request = wire::ParseRequest(received->payload);
+    switch (request.kind) {
+      case wire::RequestKind::kSubmit:
+        conn->Send(plain ? Submit(request.body)
+                         : wire::EncodeRejected(absl::InvalidArgumentError(absl::StrCat(
+                               "SUBMIT: the packet is larger than ", wire::kMaxRequestBytes,
+                               " bytes or carries descriptors; use SubmitTransfer"))));
+        return;
+      case wire::RequestKind::kWait:
+        Wait(conn, plain, request.body);
+        return;
+      case wire::RequestKind::kFd:
+        if (received->fds.size() == 1) break;
+        [[fallthrough]];
+      case wire::RequestKind::kOther:
+        conn->Send(wire::EncodeError("expected the packet \"FD\" carrying exactly one descriptor"));
+        return;
     }
-    const std::shared_ptr<Connection>& conn = it->second;
-    const std::string_view text(payload, n);
-    const bool plain = received.empty() && (msg.msg_flags & MSG_TRUNC) == 0;
-    if (text.substr(0, kSubmit.size()) == kSubmit) {
-      conn->Send(plain ? Submit(text.substr(kSubmit.size()))
-                       : Rejected(absl::InvalidArgumentError(absl::StrCat(
-                             "SUBMIT: the packet is larger than ", kMaxPacket,
-                             " bytes or carries descriptors; use SubmitTransfer"))));
-      return;
-    }
-    if (text.substr(0, kWait.size()) == kWait) {
-      Wait(conn, plain, text.substr(kWait.size()));
-      return;
-    }
-    if (text != "FD" || received.size() != 1 ||
-        (msg.msg_flags & MSG_CTRUNC) != 0) {
-      conn->Send("ERROR expected the packet \"FD\" carrying exactly one descriptor");
-      return;
-    }
-    absl::StatusOr<std::string> token = regions_->AddFd(conn->id, std::move(received[0]));
-    conn->Send(token.ok() ? absl::StrCat("TOKEN ", *token)
-                          : absl::StrCat("ERROR ", token.status().message()));
-  }
-
-  static std::string Rejected(const absl::Status& status) {
-    return absl::StrCat("REJECTED ", static_cast<int>(status.code()), " ", status.message());
+    absl::StatusOr<std::string> token = regions_->AddFd(conn->id, std::move(received->fds[0]));
+    conn->Send(token.ok() ? wire::EncodeToken(*token) : wire::EncodeError(token.status().message()));
   }
 
   // WAIT <id>: answered with DONE when the transfer ends, from the thread that ends it (at once
   // when it has ended), or REJECTED at once. The poll thread never waits.
-  void Wait(const std::shared_ptr<Connection>& conn, bool plain, std::string_view id_text) {
-    uint64_t id = 0;
-    const absl::string_view digits(id_text.data(), id_text.size());
-    if (!plain || !absl::SimpleAtoi(digits, &id)) {
-      conn->Send(Rejected(absl::InvalidArgumentError(
-          absl::StrCat("WAIT: want \"WAIT <transfer id>\", got \"WAIT ", digits.substr(0, 40), "\""))));
+  void Wait(const std::shared_ptr<Connection>& conn, bool plain, absl::string_view body) {
+    const absl::StatusOr<uint64_t> id = wire::ParseWaitBody(body, plain);
+    if (!id.ok()) {
+      conn->Send(wire::EncodeRejected(id.status()));
       return;
     }
     if (!wait_) {
-      conn->Send(Rejected(absl::UnimplementedError("WAIT: this daemon answers waits over gRPC only")));
+      conn->Send(wire::EncodeRejected(
+          absl::UnimplementedError("WAIT: this daemon answers waits over gRPC only")));
       return;
     }
     std::weak_ptr<Connection> weak = conn;
-    const absl::Status registered = wait_(id, [weak](const v1::TransferStatus& status) {
-      if (auto c = weak.lock()) c->Send(absl::StrCat("DONE ", status.SerializeAsString()));
+    const absl::Status registered = wait_(*id, [weak](const v1::TransferStatus& status) {
+      if (auto c = weak.lock()) c->Send(wire::EncodeDone(status));
     });
-    if (!registered.ok()) conn->Send(Rejected(registered));
+    if (!registered.ok()) conn->Send(wire::EncodeRejected(registered));
   }
 
   // The answer to one SUBMIT packet (`request`: the serialized SubmitTransferRequest).
-  std::string Submit(std::string_view request) {
+  std::string Submit(absl::string_view body) {
     if (!submit_) {
-      return Rejected(absl::UnimplementedError("SUBMIT: this daemon takes transfers over gRPC only"));
+      return wire::EncodeRejected(
+          absl::UnimplementedError("SUBMIT: this daemon takes transfers over gRPC only"));
     }
-    v1::SubmitTransferRequest parsed;
-    if (!parsed.ParseFromArray(request.data(), static_cast<int>(request.size()))) {
-      return Rejected(absl::InvalidArgumentError("SUBMIT: not a serialized SubmitTransferRequest"));
-    }
-    absl::StatusOr<v1::SubmitTransferResponse> accepted = submit_(parsed.spec());
+    absl::StatusOr<v1::SubmitTransferRequest> parsed = wire::ParseSubmitBody(body);
+    if (!parsed.ok()) return wire::EncodeRejected(parsed.status());
+    absl::StatusOr<v1::SubmitTransferResponse> accepted = submit_(parsed->spec());
     if (!accepted.ok()) {
       spdlog::info("transfer rejected (session submit): {}", accepted.status().ToString());
-      return Rejected(accepted.status());
+      return wire::EncodeRejected(accepted.status());
     }
-    return absl::StrCat("SUBMITTED ", accepted->SerializeAsString());
+    return wire::EncodeSubmitted(*accepted);
   }
-
-  // SUBMIT requests carry block tables of up to 8191 ids per side in the message (larger ones
-  // go through shared memory), so 256 KiB is ample.
-  static constexpr size_t kMaxPacket = 256 << 10;
-  static constexpr std::string_view kSubmit = "SUBMIT ";
-  static constexpr std::string_view kWait = "WAIT ";
 
   UniqueFd listener_;
   UniqueFd wake_read_;
@@ -222,7 +198,7 @@ class SessionServerImpl final : public SessionServer {
   std::atomic<size_t> count_{0};
   // Owned by the poll thread only.
   absl::flat_hash_map<int, std::shared_ptr<Connection>> sessions_;
-  std::vector<char> packet_;  // receive buffer
+  wire::ReceiveBuffer packet_;  // the poll thread's receive buffer
   std::thread thread_;
 };
 

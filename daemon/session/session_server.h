@@ -1,15 +1,6 @@
-// The session socket: gRPC cannot carry file descriptors, so clients pass memfds here.
-//
-// Wire protocol (SOCK_SEQPACKET unix socket, one message per packet):
-//   daemon -> client on accept:  "SESSION <decimal id>"
-//   client -> daemon:            "FD" with exactly one descriptor in SCM_RIGHTS
-//   daemon -> client:            "TOKEN <token>" or "ERROR <message>"
-//   client -> daemon:            "SUBMIT " + a serialized kvrail.v1.SubmitTransferRequest
-//   daemon -> client:            "SUBMITTED " + a serialized SubmitTransferResponse, or
-//                                "REJECTED <absl status code> <message>"
-//   client -> daemon:            "WAIT <decimal transfer id>"
-//   daemon -> client:            "DONE " + the serialized final TransferStatus when the transfer
-//                                ends, or "REJECTED <code> <message>" (an unknown id: NOT_FOUND)
+// The session socket's daemon end: gRPC cannot carry file descriptors, so clients pass memfds
+// here, and submit and wait for transfers within the node in one round trip. The protocol (packet
+// formats, descriptor passing, limits) is wire/session_wire.h, shared with the client library.
 // A token is single-use and belongs to its session (RegisterRegion.session_id). When the client
 // closes the connection, or dies, the session ends and its regions are unregistered.
 //

@@ -1,4 +1,4 @@
-// Submitting over the session socket ("SUBMIT", daemon/session/session_server.h): the client's
+// Submitting over the session socket ("SUBMIT", wire/session_wire.h): the client's
 // default for transfers within the node. The same transfer moves the same bytes; the same bad
 // spec gets the same code and message as over gRPC; malformed packets and transfers to other
 // nodes are refused there, naming the reason; KVRAIL_SUBMIT_VIA=grpc keeps the client on gRPC.
@@ -13,7 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "client/session_wire.h"
+#include "wire/session_wire.h"
 #include "tests/integration/kv_fixture.h"
 
 namespace kvrail::testing {
@@ -25,8 +25,8 @@ v1::PagedKvLayout Small() {
 
 // One raw SUBMIT exchange on a fresh session connection; returns the answer packet.
 std::string RawSubmit(const LiveDaemon& live, const std::string& payload) {
-  auto session = client::internal::SessionConnection::Open(
-      client::internal::SessionSocketPath(live.daemon.socket()));
+  auto session = wire::SessionConnection::Open(
+      wire::SessionSocketPath(live.daemon.socket()));
   REQUIRE(session.ok());
   bool sent = false;
   auto answer = (*session)->Exchange(payload, &sent);
@@ -130,8 +130,8 @@ TEST_CASE("WAIT on the session socket answers like WaitTransfer") {
 
   // A raw WAIT whose connection closes before the transfer ends: nothing is sent, nothing breaks.
   {
-    auto session = client::internal::SessionConnection::Open(
-        client::internal::SessionSocketPath(live.daemon.socket()));
+    auto session = wire::SessionConnection::Open(
+        wire::SessionSocketPath(live.daemon.socket()));
     REQUIRE(session.ok());
     (*session)->SetAnswerTimeout(absl::Milliseconds(100));
     bool sent = false;
@@ -182,16 +182,16 @@ TEST_CASE("WAIT: a transfer keeps at most kMaxWhenEnded waiters; the rest are re
   REQUIRE(sock.valid());
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
-  const std::string path = client::internal::SessionSocketPath(live.daemon.socket());
+  const std::string path = wire::SessionSocketPath(live.daemon.socket());
   std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
   REQUIRE(::connect(sock.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
   timeval tv{10, 0};
   ::setsockopt(sock.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  REQUIRE(client::internal::ReceivePacket(sock.get()).ok());  // the SESSION greeting
+  REQUIRE(wire::ReceivePacket(sock.get()).ok());  // the SESSION greeting
   const std::string wait = absl::StrCat("WAIT ", id);
   constexpr int kMax = 4096;  // transfers::Record::kMaxWhenEnded
-  for (int i = 0; i <= kMax; ++i) REQUIRE(client::internal::SendPacket(sock.get(), wait).ok());
-  auto refused = client::internal::ReceivePacket(sock.get());
+  for (int i = 0; i <= kMax; ++i) REQUIRE(wire::SendPacket(sock.get(), wait).ok());
+  auto refused = wire::ReceivePacket(sock.get());
   REQUIRE(refused.ok());
   CHECK(refused->rfind("REJECTED 8 transfer ", 0) == 0);
   CHECK(refused->find("already has 4096 waiters") != std::string::npos);
@@ -199,7 +199,7 @@ TEST_CASE("WAIT: a transfer keeps at most kMaxWhenEnded waiters; the rest are re
   // The transfer still ends normally; the pending waiters are answered (as far as the socket
   // buffer takes them) and the daemon keeps serving after the connection goes away.
   REQUIRE(live.client->MarkReady(id, 0, 2).ok());
-  auto done = client::internal::ReceivePacket(sock.get());
+  auto done = wire::ReceivePacket(sock.get());
   REQUIRE(done.ok());
   CHECK(done->rfind("DONE ", 0) == 0);
   sock = UniqueFd();

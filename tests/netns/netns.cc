@@ -14,6 +14,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include "base/grpc_status.h"
 #include "proto/kvrail/v1/peer.grpc.pb.h"
 
 namespace kvrail::testing {
@@ -141,7 +142,7 @@ absl::Status NsDaemon::Export(uint64_t region, const std::string& to) {
   request.set_region_id(region);
   request.set_peer_node_id(to);
   v1::RegionLease lease;
-  return client::FromGrpcStatus(stub->ExportRegion(&context, request, &lease));
+  return FromGrpcStatus(stub->ExportRegion(&context, request, &lease));
 }
 
 }  // namespace kvrail::testing

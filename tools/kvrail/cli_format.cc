@@ -11,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "client/kvrail_client.h"
+#include "tools/kvrail/block_list.h"
 
 namespace kvrail::client::cli {
 namespace {

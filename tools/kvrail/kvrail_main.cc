@@ -24,6 +24,8 @@
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "base/grpc_status.h"
+#include "tools/kvrail/block_list.h"
 #include "tools/kvrail/cli_format.h"
 #include "tools/kvrail/cli_top.h"
 #include "client/kvrail_client.h"

@@ -1,0 +1,129 @@
+// The client's end of the session socket (SessionConnection in wire/session_wire.h).
+#include <errno.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <sys/un.h>
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "wire/session_wire.h"
+
+namespace kvrail::wire {
+namespace {
+
+// Sets SO_RCVTIMEO or SO_SNDTIMEO; InfiniteDuration is no limit (a zero timeval to the kernel),
+// and a positive timeout never rounds down to that.
+void SetSocketTimeout(int sock, int option, absl::Duration timeout) {
+  struct timeval tv {};
+  if (timeout != absl::InfiniteDuration()) {
+    tv.tv_sec = static_cast<time_t>(absl::ToInt64Seconds(timeout));
+    tv.tv_usec =
+        static_cast<suseconds_t>(absl::ToInt64Microseconds(timeout - absl::Seconds(tv.tv_sec)));
+    if (tv.tv_sec == 0 && tv.tv_usec == 0) tv.tv_usec = 1;
+  }
+  ::setsockopt(sock, SOL_SOCKET, option, &tv, sizeof(tv));
+}
+
+// `status` with "session socket PATH: " (and what was awaited, when given) in front.
+absl::Status InContext(const absl::Status& status, absl::string_view path,
+                       absl::string_view awaited = "") {
+  return absl::Status(status.code(),
+                      absl::StrCat("session socket ", path, ": ",
+                                   awaited.empty() ? "" : absl::StrCat("waiting for ", awaited, ": "),
+                                   status.message()));
+}
+
+// Thread contract: see SessionConnection; mu_ serialises whole exchanges.
+class SessionConnectionImpl final : public SessionConnection {
+ public:
+  SessionConnectionImpl(UniqueFd sock, uint64_t id, std::string path)
+      : sock_(std::move(sock)), id_(id), path_(std::move(path)) {}
+
+  uint64_t session_id() const override { return id_; }
+  const std::string& path() const override { return path_; }
+
+  absl::StatusOr<std::string> SendFd(int fd) override {
+    bool sent = false;
+    absl::StatusOr<std::string> answer = Send(kFdRequest, fd, "the token", &sent);
+    if (!answer.ok()) return answer.status();
+    absl::StatusOr<std::string> token = ParseTokenAnswer(*answer);
+    if (token.ok()) return token;
+    if (token.status().code() == absl::StatusCode::kFailedPrecondition) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("kvraild refused the fd (session ", id_, "): ", token.status().message()));
+    }
+    return InContext(token.status(), path_);
+  }
+
+  absl::StatusOr<std::string> Exchange(const std::string& packet, bool* sent) override {
+    return Send(packet, -1, "the answer", sent);
+  }
+
+  void SetAnswerTimeout(absl::Duration timeout) override {
+    absl::MutexLock lock(&mu_);
+    SetSocketTimeout(sock_.get(), SO_RCVTIMEO, timeout);
+  }
+
+ private:
+  // One request (with `fd` passed when >= 0) and its answer; errors say what was awaited.
+  absl::StatusOr<std::string> Send(absl::string_view packet, int fd, absl::string_view awaited,
+                                   bool* sent) {
+    absl::MutexLock lock(&mu_);
+    *sent = false;
+    if (absl::Status s = SendPacket(sock_.get(), packet, fd); !s.ok()) {
+      return InContext(s, path_);
+    }
+    *sent = true;
+    absl::StatusOr<std::string> answer = ReceivePacket(sock_.get());
+    if (!answer.ok()) return InContext(answer.status(), path_, awaited);
+    return answer;
+  }
+
+  absl::Mutex mu_;  // one request/answer exchange at a time
+  UniqueFd sock_ ABSL_GUARDED_BY(mu_);
+  const uint64_t id_;
+  const std::string path_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<SessionConnection>> SessionConnection::Open(
+    const std::string& session_socket_path, absl::Duration timeout) {
+  struct sockaddr_un addr;
+  memset(&addr, 0, sizeof(addr));
+  addr.sun_family = AF_UNIX;
+  if (session_socket_path.size() >= sizeof(addr.sun_path)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("session socket path too long (", session_socket_path.size(),
+                     " bytes, at most ", sizeof(addr.sun_path) - 1, "): ", session_socket_path));
+  }
+  memcpy(addr.sun_path, session_socket_path.data(), session_socket_path.size());
+
+  // CLOEXEC: a child we fork must not hold the session (and so our regions) open after we die.
+  UniqueFd sock(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+  if (!sock.valid()) {
+    const int err = errno;
+    return absl::UnavailableError(
+        absl::StrCat("socket(AF_UNIX, SOCK_SEQPACKET): ", strerror(err)));
+  }
+  SetSocketTimeout(sock.get(), SO_RCVTIMEO, timeout);
+  SetSocketTimeout(sock.get(), SO_SNDTIMEO, timeout);
+  if (::connect(sock.get(), reinterpret_cast<struct sockaddr*>(&addr), sizeof(addr)) != 0) {
+    const int err = errno;
+    return absl::UnavailableError(absl::StrCat("cannot connect to kvraild's session socket ",
+                                               session_socket_path, ": ", strerror(err)));
+  }
+  absl::StatusOr<std::string> greeting = ReceivePacket(sock.get());
+  if (!greeting.ok()) {
+    return InContext(greeting.status(), session_socket_path, "the SESSION greeting");
+  }
+  absl::StatusOr<uint64_t> id = ParseGreeting(*greeting);
+  if (!id.ok()) return InContext(id.status(), session_socket_path);
+  return std::unique_ptr<SessionConnection>(
+      new SessionConnectionImpl(std::move(sock), *id, session_socket_path));
+}
+
+}  // namespace kvrail::wire
