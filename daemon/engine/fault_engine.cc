@@ -19,9 +19,9 @@ FaultPolicy FailEveryNth(uint64_t n, absl::Status status) {
 
 FaultPolicy FailTiles(uint64_t job_ordinal, std::vector<uint32_t> tiles, absl::Status status) {
   return [job_ordinal, tiles = std::move(tiles), status](const TileRef& t) {
-    return t.job_ordinal == job_ordinal && std::find(tiles.begin(), tiles.end(), t.tile) != tiles.end()
-               ? Fault::Fail(status)
-               : Fault::None();
+    const bool chosen = t.job_ordinal == job_ordinal &&
+                        std::find(tiles.begin(), tiles.end(), t.tile) != tiles.end();
+    return chosen ? Fault::Fail(status) : Fault::None();
   };
 }
 
@@ -33,7 +33,9 @@ namespace {
 class FaultInjectingEngineImpl final : public FaultInjectingEngine {
  public:
   FaultInjectingEngineImpl(Engine* inner, FaultPolicy policy, Clock* clock)
-      : inner_(inner), clock_(clock != nullptr ? clock : Clock::Real()), policy_(std::move(policy)) {
+      : inner_(inner),
+        clock_(clock != nullptr ? clock : Clock::Real()),
+        policy_(std::move(policy)) {
     worker_ = std::thread([this] { Work(); });
   }
   ~FaultInjectingEngineImpl() override {

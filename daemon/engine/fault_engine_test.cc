@@ -138,7 +138,8 @@ TEST_CASE("every nth tile fails; each tile still reports exactly once") {
 TEST_CASE("held tiles are removed by Remove and never report; released ones run") {
   auto host = CreateHostEngine(2);
   auto faulty = FaultInjectingEngine::Create(
-      host.get(), [](const TileRef& t) { return t.job_ordinal == 0 ? Fault::Hold() : Fault::None(); });
+      host.get(),
+      [](const TileRef& t) { return t.job_ordinal == 0 ? Fault::Hold() : Fault::None(); });
   auto cancelled = std::make_shared<RecordingJob>(4 * kTile);
   auto released = std::make_shared<RecordingJob>(2 * kTile);
   faulty->Enqueue(cancelled, AllTiles(*cancelled));

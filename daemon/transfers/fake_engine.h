@@ -21,7 +21,8 @@ namespace kvrail::transfers::testing {
 class FakeEngine final : public engine::Engine {
  public:
   std::string name() const override { return "fake"; }
-  void Enqueue(const std::shared_ptr<engine::Job>& job, const std::vector<uint32_t>& tiles) override {
+  void Enqueue(const std::shared_ptr<engine::Job>& job,
+               const std::vector<uint32_t>& tiles) override {
     absl::MutexLock lock(&mu_);
     for (uint32_t t : tiles) queued_.push_back({job, t});
     enqueued_ += tiles.size();

@@ -15,6 +15,8 @@ namespace kvrail::transfers::testing {
 
 inline constexpr uint64_t kTile = 1024;
 
+// Thread-compatible; the manager and engine inside are thread-safe. The destructor drains the
+// manager, so every tile a test started must have been finished by then.
 struct ManagerFixture {
   ManualClock clock;
   TestRegions regions;

@@ -75,6 +75,7 @@ class TransferManagerImpl final : public TransferManager {
   // An idempotency key held by one submit from before its checks until it is admitted or has
   // failed, so a concurrent submit with the same key waits for it and then answers with its
   // transfer instead of starting a second one. Frees the key on destruction unless admitted.
+  // Thread-compatible: owned by the one submit; its destructor takes mu_.
   class KeyClaim {
    public:
     KeyClaim(TransferManagerImpl* owner, std::string key)

@@ -191,7 +191,9 @@ absl::StatusOr<v1::SubmitTransferResponse> TransferManagerImpl::SubmitRemote(
   params.path = v1::PATH_FABRIC;
   params.path_reason = absl::StrCat("destination is on node '", spec.dst().node_id(), "'");
   params.engine = prepared.engine;
-  if (spec.timeout_ms() > 0) params.deadline = clock_->Now() + absl::Milliseconds(spec.timeout_ms());
+  if (spec.timeout_ms() > 0) {
+    params.deadline = clock_->Now() + absl::Milliseconds(spec.timeout_ms());
+  }
   params.link = "fabric";
   std::vector<std::string> nics;
   Admission admission;
