@@ -65,6 +65,7 @@ class FabricImpl final : public Fabric {
 absl::StatusOr<std::unique_ptr<Fabric>> FabricImpl::Create(const FabricOptions& options,
                                                            regions::RegionTable* regions,
                                                            directory::Directory* directory) {
+  // The options first, so a bad fabric.* key is reported before anything about the peers.
   KVRAIL_RETURN_IF_ERROR(Lanes::CheckOptions(options));
   std::unique_ptr<FabricImpl> fabric(new FabricImpl());
   FabricImpl* f = fabric.get();
