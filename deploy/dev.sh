@@ -2,7 +2,8 @@
 # The developer entry point. Verbs:
 #   demo   install what is missing, build, start kvraild, move a Llama-3-8B-shaped KV cache between
 #          two client processes through it, verify it byte for byte, stop cleanly.
-#   test   install what is missing, build, run every test CI runs; ends with "N passed, N failed".
+#   test   install what is missing, build, run every test CI runs, then the clang thread-safety
+#          build (counted as one test); ends with "N passed, N failed".
 #   build  install what is missing and build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,6 +14,7 @@ PACKAGES=(
   libspdlog-dev libfmt-dev catch2 libcli11-dev nlohmann-json3-dev
   libfabric-dev libfabric-bin libibverbs-dev librdmacm-dev libhwloc-dev libnuma-dev
   prometheus-cpp-dev iproute2 procps python3 python3-yaml systemd
+  clang
 )
 
 log() { printf '[dev.sh] %s\n' "$*" >&2; }
@@ -77,6 +79,39 @@ demo() {
   log "demo done: kvraild stopped cleanly"
 }
 
+# The clang thread-safety build (.bazelrc's --config=tsa) runs in its own output base, so the
+# clang toolchain never invalidates the GCC build's cache. It compiles (no linking) the libraries
+# and binaries of base, the daemon and the client; tests only with KVRAIL_TSA_TESTS=1 (they double
+# its time on CI's two cores, and a test's locking bug cannot reach the daemon). Then it checks
+# that the analysis is really on: //base/tsa_canary reads a guarded field without its lock and
+# must be rejected.
+TSA_OUTPUT_BASE="${KVRAIL_TSA_OUTPUT_BASE:-$HOME/.cache/bazel-clang-tsa}"
+TSA_SCOPE="//base/... + //daemon/... + //client/..."
+
+# Prints the clang builds' output; returns 0 only when the real targets compile and the canary
+# does not.
+tsa_build() {
+  local tsa=(bazel "--output_base=$TSA_OUTPUT_BASE")
+  local kinds="cc_library|cc_binary" targets rc=0 canary
+  [ "${KVRAIL_TSA_TESTS:-0}" = 1 ] && kinds="$kinds|cc_test"
+  targets=$("${tsa[@]}" query --noshow_progress \
+    "kind('($kinds) rule', $TSA_SCOPE) except attr(tags, 'manual', $TSA_SCOPE)") || rc=1
+  if [ "$rc" -eq 0 ]; then
+    # shellcheck disable=SC2086  # one target label per word
+    "${tsa[@]}" build --config=tsa --keep_going $targets || rc=1
+  fi
+  canary=$("${tsa[@]}" build --config=tsa //base/tsa_canary:unguarded_read 2>&1)
+  if [ $? -eq 0 ] || ! grep -q "requires holding mutex" <<<"$canary"; then
+    printf '%s\n' "$canary" >&2
+    log "the thread-safety analysis is not active: //base/tsa_canary compiled or failed otherwise"
+    rc=1
+  else
+    log "//base/tsa_canary rejected as it must be: the analysis is on"
+  fi
+  "${tsa[@]}" shutdown  # its server would otherwise hold memory next to the GCC build's
+  return "$rc"
+}
+
 run_tests() {
   ensure_packages
   local out
@@ -90,6 +125,15 @@ run_tests() {
   failed=$(grep -cE '^//[^ ]+ +(\(cached\) )?(FAILED|TIMEOUT|NO STATUS|FLAKY|INCOMPLETE)' "$out" || true)
   if [ "$rc" -ne 0 ] && [ "$failed" -eq 0 ]; then failed=1; fi  # a build failure is a failure
   rm -f "$out"
+  log "clang thread-safety build (--config=tsa, output base $TSA_OUTPUT_BASE)"
+  local tsa_start=$SECONDS
+  if (set +e; tsa_build); then
+    log "thread-safety build PASSED in $((SECONDS - tsa_start)) s"
+    passed=$((passed + 1))
+  else
+    log "thread-safety build FAILED in $((SECONDS - tsa_start)) s (the clang errors are above)"
+    failed=$((failed + 1))
+  fi
   echo "$passed passed, $failed failed"
   [ "$failed" -eq 0 ]
 }
