@@ -1,0 +1,507 @@
+// The C ABI of kvrail.h over the C++ client (client/kvrail_client.h, client/cuda_export.h).
+// Every entry point: look the handles up (HandleTable), convert the arguments, call the C++
+// client, and leave the result in the calling thread's last error. No C++ exception crosses the
+// ABI (each body runs under Guard).
+#include "client/c_api/kvrail.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "base/status.h"
+#include "client/c_api/handle_table.h"
+#include "client/cuda_export.h"
+#include "client/kvrail_client.h"
+#include "google/protobuf/message_lite.h"
+
+namespace kvrail::c_api {
+namespace {
+
+using client::Client;
+using client::HostBuffer;
+
+HandleTable<Client>& Clients() {
+  // Never destroyed: clients still open at exit are released by the process's end (the daemon
+  // sees the session close), not by static destructors racing gRPC's own shutdown.
+  static auto* table = new HandleTable<Client>();
+  return *table;
+}
+
+HandleTable<HostBuffer>& Buffers() {
+  static auto* table = new HandleTable<HostBuffer>();
+  return *table;
+}
+
+uint64_t HandleOf(const void* handle) { return reinterpret_cast<uintptr_t>(handle); }
+
+template <typename Handle>
+Handle* HandleFrom(uint64_t number) {
+  return reinterpret_cast<Handle*>(static_cast<uintptr_t>(number));
+}
+
+// The calling thread's last result (kvrail_last_error_*).
+struct LastError {
+  int code = KVRAIL_OK;
+  std::string message;
+};
+LastError& Last() {
+  thread_local LastError last;
+  return last;
+}
+
+int Finish(const absl::Status& status) {
+  LastError& last = Last();
+  last.code = static_cast<int>(status.code());
+  last.message = std::string(status.message());
+  return last.code;
+}
+
+// Runs an entry point's body; a C++ exception (bad_alloc from a huge message, say) becomes
+// INTERNAL rather than unwinding into C.
+template <typename Body>
+int Guard(Body&& body) {
+  try {
+    return Finish(body());
+  } catch (const std::exception& e) {
+    return Finish(absl::InternalError(absl::StrCat("kvrail: C++ exception: ", e.what())));
+  } catch (...) {
+    return Finish(absl::InternalError("kvrail: unknown C++ exception"));
+  }
+}
+
+absl::StatusOr<std::shared_ptr<Client>> FindClient(kvrail_client* handle) {
+  if (handle == nullptr) return absl::InvalidArgumentError("client: NULL");
+  std::shared_ptr<Client> client = Clients().Find(HandleOf(handle));
+  if (client == nullptr) {
+    return absl::InvalidArgumentError(
+        "client: not a live kvrail_client handle (closed, or never issued)");
+  }
+  return client;
+}
+
+absl::StatusOr<std::shared_ptr<HostBuffer>> FindBuffer(kvrail_host_buffer* handle) {
+  if (handle == nullptr) return absl::InvalidArgumentError("buffer: NULL");
+  std::shared_ptr<HostBuffer> buffer = Buffers().Find(HandleOf(handle));
+  if (buffer == nullptr) {
+    return absl::InvalidArgumentError(
+        "buffer: not a live kvrail_host_buffer handle (freed, or never issued)");
+  }
+  return buffer;
+}
+
+absl::Status RequireOut(const void* out, const char* name) {
+  if (out == nullptr) return absl::InvalidArgumentError(absl::StrCat(name, ": NULL out-parameter"));
+  return absl::OkStatus();
+}
+
+// Parses `len` bytes as a `T`; the error names the argument and the expected message type.
+template <typename T>
+absl::StatusOr<T> Parse(const uint8_t* data, size_t len, const char* name) {
+  T message;
+  if (len == 0) return message;  // every field at its default
+  if (data == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(name, ": NULL with length ", len));
+  }
+  if (len > static_cast<size_t>(INT32_MAX) || !message.ParseFromArray(data, static_cast<int>(len))) {
+    return absl::InvalidArgumentError(absl::StrCat(name, ": ", len, " bytes are not a serialized ",
+                                                   message.GetTypeName()));
+  }
+  return message;
+}
+
+// Clears an optional (out, out_len) pair so that no failure leaves garbage in it.
+absl::Status ResetBytes(uint8_t** out, size_t* out_len, const char* name) {
+  if (out == nullptr) return absl::OkStatus();
+  *out = nullptr;
+  if (out_len == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(name, "_len: NULL while ", name, " is set"));
+  }
+  *out_len = 0;
+  return absl::OkStatus();
+}
+
+// Serializes `message` into malloc'ed bytes for an optional out pair (kvrail_free releases them).
+absl::Status PutBytes(const google::protobuf::MessageLite& message, uint8_t** out,
+                      size_t* out_len) {
+  if (out == nullptr) return absl::OkStatus();
+  const size_t size = message.ByteSizeLong();
+  auto* bytes = static_cast<uint8_t*>(std::malloc(size == 0 ? 1 : size));
+  if (bytes == nullptr) {
+    return absl::ResourceExhaustedError(absl::StrCat("kvrail: malloc(", size, ") failed"));
+  }
+  if (size > 0 && !message.SerializeToArray(bytes, static_cast<int>(size))) {
+    std::free(bytes);
+    return absl::InternalError(absl::StrCat("kvrail: could not serialize ", message.GetTypeName()));
+  }
+  *out = bytes;
+  *out_len = size;
+  return absl::OkStatus();
+}
+
+absl::Status PutStatus(const v1::TransferStatus& status, int32_t* state, uint8_t** out,
+                       size_t* out_len) {
+  if (state != nullptr) *state = static_cast<int32_t>(status.state());
+  return PutBytes(status, out, out_len);
+}
+
+absl::Status PutRegion(const v1::RegionInfo& info, uint64_t* region_id, uint8_t** out,
+                       size_t* out_len) {
+  *region_id = info.region_id();
+  return PutBytes(info, out, out_len);
+}
+
+absl::StatusOr<v1::PagedKvLayout> ToLayout(const kvrail_paged_layout* in) {
+  if (in == nullptr) return absl::InvalidArgumentError("layout: NULL");
+  if (in->struct_size != sizeof(kvrail_paged_layout)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("layout.struct_size: ", in->struct_size, ", this library (ABI ",
+                     KVRAIL_ABI_VERSION, ") knows ", sizeof(kvrail_paged_layout)));
+  }
+  if (!v1::DType_IsValid(in->dtype)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("layout.dtype: ", in->dtype, " is not a kvrail.v1.DType"));
+  }
+  if (!v1::LayoutOrder_IsValid(in->order)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("layout.order: ", in->order, " is not a kvrail.v1.LayoutOrder"));
+  }
+  v1::PagedKvLayout out;
+  out.set_num_layers(in->num_layers);
+  out.set_num_parts(in->num_parts);
+  out.set_num_blocks(in->num_blocks);
+  out.set_tokens_per_block(in->tokens_per_block);
+  out.set_num_heads(in->num_heads);
+  out.set_head_dim(in->head_dim);
+  out.set_dtype(static_cast<v1::DType>(in->dtype));
+  out.set_order(static_cast<v1::LayoutOrder>(in->order));
+  out.set_layer_stride(in->layer_stride);
+  out.set_part_stride(in->part_stride);
+  out.set_block_stride(in->block_stride);
+  out.set_token_stride(in->token_stride);
+  out.set_head_stride(in->head_stride);
+  out.set_offset_bytes(in->offset_bytes);
+  return out;
+}
+
+// What kvrail_get/wait/cancel share: resolve the client, clear the outputs, run `call`.
+template <typename Call>
+int StatusCall(kvrail_client* handle, int32_t* state, uint8_t** status, size_t* status_len,
+               Call&& call) {
+  return Guard([&]() -> absl::Status {
+    if (state != nullptr) *state = KVRAIL_STATE_UNSPECIFIED;
+    KVRAIL_RETURN_IF_ERROR(ResetBytes(status, status_len, "status"));
+    KVRAIL_ASSIGN_OR_RETURN(std::shared_ptr<Client> client, FindClient(handle));
+    KVRAIL_ASSIGN_OR_RETURN(v1::TransferStatus result, call(*client));
+    return PutStatus(result, state, status, status_len);
+  });
+}
+
+// What the list calls share: resolve the client, run `call`, serialize its answer.
+template <typename Call>
+int MessageCall(kvrail_client* handle, uint8_t** out, size_t* out_len, Call&& call) {
+  return Guard([&]() -> absl::Status {
+    KVRAIL_RETURN_IF_ERROR(RequireOut(out, "out"));
+    KVRAIL_RETURN_IF_ERROR(ResetBytes(out, out_len, "out"));
+    KVRAIL_ASSIGN_OR_RETURN(std::shared_ptr<Client> client, FindClient(handle));
+    KVRAIL_ASSIGN_OR_RETURN(auto result, call(*client));
+    return PutBytes(result, out, out_len);
+  });
+}
+
+}  // namespace
+}  // namespace kvrail::c_api
+
+using kvrail::c_api::Buffers;
+using kvrail::c_api::Clients;
+using kvrail::c_api::FindBuffer;
+using kvrail::c_api::FindClient;
+using kvrail::c_api::Guard;
+using kvrail::c_api::HandleFrom;
+using kvrail::c_api::HandleOf;
+using kvrail::c_api::Parse;
+using kvrail::c_api::PutBytes;
+using kvrail::c_api::PutRegion;
+using kvrail::c_api::RequireOut;
+using kvrail::c_api::ResetBytes;
+using kvrail::client::Client;
+using kvrail::client::HostBuffer;
+namespace v1 = kvrail::v1;
+
+extern "C" {
+
+uint32_t kvrail_abi_version(void) { return KVRAIL_ABI_VERSION; }
+
+const char* kvrail_last_error_message(void) { return kvrail::c_api::Last().message.c_str(); }
+
+int kvrail_last_error_code(void) { return kvrail::c_api::Last().code; }
+
+void kvrail_free(void* bytes) { std::free(bytes); }
+
+int kvrail_connect(const char* target, int64_t probe_timeout_ms, kvrail_client** out) {
+  return Guard([&]() -> absl::Status {
+    KVRAIL_RETURN_IF_ERROR(RequireOut(out, "out"));
+    *out = nullptr;
+    const std::string where =
+        (target == nullptr || target[0] == '\0') ? kvrail::client::DefaultTarget() : target;
+    const absl::Duration probe =
+        probe_timeout_ms > 0 ? absl::Milliseconds(probe_timeout_ms) : absl::Seconds(3);
+    KVRAIL_ASSIGN_OR_RETURN(std::unique_ptr<Client> client, Client::Connect(where, probe));
+    *out = HandleFrom<kvrail_client>(Clients().Add(std::move(client)));
+    return absl::OkStatus();
+  });
+}
+
+void kvrail_close(kvrail_client* client) {
+  Guard([&]() -> absl::Status {
+    if (client != nullptr) Clients().Remove(HandleOf(client));  // dropped here, outside the lock
+    return absl::OkStatus();
+  });
+}
+
+int kvrail_session_id(kvrail_client* handle, uint64_t* out) {
+  return Guard([&]() -> absl::Status {
+    KVRAIL_RETURN_IF_ERROR(RequireOut(out, "out"));
+    *out = 0;
+    KVRAIL_ASSIGN_OR_RETURN(std::shared_ptr<Client> client, FindClient(handle));
+    KVRAIL_ASSIGN_OR_RETURN(*out, client->SessionId());
+    return absl::OkStatus();
+  });
+}
+
+int kvrail_host_buffer_create(uint64_t bytes, const char* name, kvrail_host_buffer** out) {
+  return Guard([&]() -> absl::Status {
+    KVRAIL_RETURN_IF_ERROR(RequireOut(out, "out"));
+    *out = nullptr;
+    if (bytes == 0) return absl::InvalidArgumentError("bytes: must be > 0");
+    KVRAIL_ASSIGN_OR_RETURN(
+        std::unique_ptr<HostBuffer> buffer,
+        HostBuffer::Create(bytes, name != nullptr && name[0] != '\0' ? name : "kvrail-host-buffer"));
+    *out = HandleFrom<kvrail_host_buffer>(Buffers().Add(std::move(buffer)));
+    return absl::OkStatus();
+  });
+}
+
+void kvrail_host_buffer_free(kvrail_host_buffer* buffer) {
+  Guard([&]() -> absl::Status {
+    if (buffer != nullptr) Buffers().Remove(HandleOf(buffer));
+    return absl::OkStatus();
+  });
+}
+
+void* kvrail_host_buffer_data(kvrail_host_buffer* handle) {
+  void* data = nullptr;
+  Guard([&]() -> absl::Status {
+    KVRAIL_ASSIGN_OR_RETURN(std::shared_ptr<HostBuffer> buffer, FindBuffer(handle));
+    data = buffer->data();
+    return absl::OkStatus();
+  });
+  return data;
+}
+
+uint64_t kvrail_host_buffer_size(kvrail_host_buffer* handle) {
+  uint64_t size = 0;
+  Guard([&]() -> absl::Status {
+    KVRAIL_ASSIGN_OR_RETURN(std::shared_ptr<HostBuffer> buffer, FindBuffer(handle));
+    size = buffer->size();
+    return absl::OkStatus();
+  });
+  return size;
+}
+
+int kvrail_register_host_buffer(kvrail_client* handle, kvrail_host_buffer* buffer_handle,
+                                const uint8_t* spec, size_t spec_len, uint64_t* region_id,
+                                uint8_t** info, size_t* info_len) {
+  return Guard([&]() -> absl::Status {
+    KVRAIL_RETURN_IF_ERROR(RequireOut(region_id, "region_id"));
+    *region_id = 0;
+    KVRAIL_RETURN_IF_ERROR(ResetBytes(info, info_len, "info"));
+    KVRAIL_ASSIGN_OR_RETURN(std::shared_ptr<Client> client, FindClient(handle));
+    KVRAIL_ASSIGN_OR_RETURN(std::shared_ptr<HostBuffer> buffer, FindBuffer(buffer_handle));
+    KVRAIL_ASSIGN_OR_RETURN(v1::RegionSpec parsed, Parse<v1::RegionSpec>(spec, spec_len, "spec"));
+    KVRAIL_ASSIGN_OR_RETURN(v1::RegionInfo result,
+                            client->RegisterHostBuffer(*buffer, std::move(parsed)));
+    return PutRegion(result, region_id, info, info_len);
+  });
+}
+
+int kvrail_register_region(kvrail_client* handle, const uint8_t* spec, size_t spec_len,
+                           uint64_t* region_id, uint8_t** info, size_t* info_len) {
+  return Guard([&]() -> absl::Status {
+    KVRAIL_RETURN_IF_ERROR(RequireOut(region_id, "region_id"));
+    *region_id = 0;
+    KVRAIL_RETURN_IF_ERROR(ResetBytes(info, info_len, "info"));
+    KVRAIL_ASSIGN_OR_RETURN(std::shared_ptr<Client> client, FindClient(handle));
+    KVRAIL_ASSIGN_OR_RETURN(v1::RegionSpec parsed, Parse<v1::RegionSpec>(spec, spec_len, "spec"));
+    KVRAIL_ASSIGN_OR_RETURN(const uint64_t session, client->SessionId());
+    KVRAIL_ASSIGN_OR_RETURN(v1::RegionInfo result,
+                            client->RegisterRegion(std::move(parsed), session));
+    return PutRegion(result, region_id, info, info_len);
+  });
+}
+
+int kvrail_unregister_region(kvrail_client* handle, uint64_t region_id) {
+  return Guard([&]() -> absl::Status {
+    KVRAIL_ASSIGN_OR_RETURN(std::shared_ptr<Client> client, FindClient(handle));
+    return client->UnregisterRegion(region_id);
+  });
+}
+
+int kvrail_paged_layout_bytes(const kvrail_paged_layout* layout, uint64_t* bytes) {
+  return Guard([&]() -> absl::Status {
+    KVRAIL_RETURN_IF_ERROR(RequireOut(bytes, "bytes"));
+    *bytes = 0;
+    KVRAIL_ASSIGN_OR_RETURN(v1::PagedKvLayout converted, kvrail::c_api::ToLayout(layout));
+    KVRAIL_ASSIGN_OR_RETURN(*bytes, kvrail::client::PagedLayoutBytes(converted));
+    return absl::OkStatus();
+  });
+}
+
+int kvrail_register_paged_host(kvrail_client* handle, kvrail_host_buffer* buffer_handle,
+                               const kvrail_paged_layout* layout, int writable, const char* name,
+                               uint64_t* region_id) {
+  return Guard([&]() -> absl::Status {
+    KVRAIL_RETURN_IF_ERROR(RequireOut(region_id, "region_id"));
+    *region_id = 0;
+    KVRAIL_ASSIGN_OR_RETURN(std::shared_ptr<Client> client, FindClient(handle));
+    KVRAIL_ASSIGN_OR_RETURN(std::shared_ptr<HostBuffer> buffer, FindBuffer(buffer_handle));
+    v1::RegionSpec spec;
+    KVRAIL_ASSIGN_OR_RETURN(*spec.mutable_paged_kv(), kvrail::c_api::ToLayout(layout));
+    if (name != nullptr) spec.set_name(name);
+    spec.set_writable(writable != 0);
+    KVRAIL_ASSIGN_OR_RETURN(v1::RegionInfo result,
+                            client->RegisterHostBuffer(*buffer, std::move(spec)));
+    *region_id = result.region_id();
+    return absl::OkStatus();
+  });
+}
+
+int kvrail_register_cuda(kvrail_client* handle, const void* device_ptr, uint64_t bytes,
+                         const uint8_t* spec, size_t spec_len, uint64_t* region_id,
+                         uint8_t** info, size_t* info_len) {
+  return Guard([&]() -> absl::Status {
+    KVRAIL_RETURN_IF_ERROR(RequireOut(region_id, "region_id"));
+    *region_id = 0;
+    KVRAIL_RETURN_IF_ERROR(ResetBytes(info, info_len, "info"));
+    KVRAIL_ASSIGN_OR_RETURN(std::shared_ptr<Client> client, FindClient(handle));
+    if (device_ptr == nullptr) return absl::InvalidArgumentError("device_ptr: NULL");
+    KVRAIL_ASSIGN_OR_RETURN(v1::RegionSpec parsed, Parse<v1::RegionSpec>(spec, spec_len, "spec"));
+    KVRAIL_ASSIGN_OR_RETURN(
+        v1::RegionInfo result,
+        kvrail::client::RegisterCudaRegion(*client, device_ptr, bytes, std::move(parsed)));
+    return PutRegion(result, region_id, info, info_len);
+  });
+}
+
+int kvrail_submit(kvrail_client* handle, const uint8_t* spec, size_t spec_len,
+                  uint64_t* transfer_id, uint8_t** response, size_t* response_len) {
+  return Guard([&]() -> absl::Status {
+    KVRAIL_RETURN_IF_ERROR(RequireOut(transfer_id, "transfer_id"));
+    *transfer_id = 0;
+    KVRAIL_RETURN_IF_ERROR(ResetBytes(response, response_len, "response"));
+    KVRAIL_ASSIGN_OR_RETURN(std::shared_ptr<Client> client, FindClient(handle));
+    KVRAIL_ASSIGN_OR_RETURN(v1::TransferSpec parsed,
+                            Parse<v1::TransferSpec>(spec, spec_len, "spec"));
+    KVRAIL_ASSIGN_OR_RETURN(v1::SubmitTransferResponse result, client->Submit(parsed));
+    *transfer_id = result.transfer_id();
+    return PutBytes(result, response, response_len);
+  });
+}
+
+int kvrail_wait(kvrail_client* handle, uint64_t transfer_id, int64_t timeout_ms, int32_t* state,
+                uint8_t** status, size_t* status_len) {
+  return kvrail::c_api::StatusCall(handle, state, status, status_len, [&](Client& client) {
+    if (timeout_ms == 0) return client.Get(transfer_id);
+    // The C++ client waits without limit for a zero or infinite timeout.
+    return client.Wait(transfer_id,
+                       timeout_ms < 0 ? absl::InfiniteDuration() : absl::Milliseconds(timeout_ms));
+  });
+}
+
+int kvrail_get(kvrail_client* handle, uint64_t transfer_id, int32_t* state, uint8_t** status,
+               size_t* status_len) {
+  return kvrail::c_api::StatusCall(handle, state, status, status_len,
+                                   [&](Client& client) { return client.Get(transfer_id); });
+}
+
+int kvrail_cancel(kvrail_client* handle, uint64_t transfer_id, int32_t* state, uint8_t** status,
+                  size_t* status_len) {
+  return kvrail::c_api::StatusCall(handle, state, status, status_len,
+                                   [&](Client& client) { return client.Cancel(transfer_id); });
+}
+
+int kvrail_mark_ready(kvrail_client* handle, uint64_t transfer_id, uint32_t layer_begin,
+                      uint32_t layer_count) {
+  return Guard([&]() -> absl::Status {
+    KVRAIL_ASSIGN_OR_RETURN(std::shared_ptr<Client> client, FindClient(handle));
+    return client->MarkReady(transfer_id, layer_begin, layer_count);
+  });
+}
+
+int kvrail_poll(kvrail_client* handle, const uint64_t* ids, size_t count, int32_t* states,
+                int32_t* codes) {
+  return Guard([&]() -> absl::Status {
+    if (count == 0) return absl::OkStatus();
+    if (ids == nullptr) return absl::InvalidArgumentError("ids: NULL with count > 0");
+    KVRAIL_RETURN_IF_ERROR(RequireOut(states, "states"));
+    for (size_t i = 0; i < count; ++i) {
+      states[i] = KVRAIL_STATE_UNSPECIFIED;
+      if (codes != nullptr) codes[i] = KVRAIL_OK;
+    }
+    KVRAIL_ASSIGN_OR_RETURN(std::shared_ptr<Client> client, FindClient(handle));
+    // One GetTransfer per id: the daemon has no batch read yet.
+    absl::Status first = absl::OkStatus();
+    for (size_t i = 0; i < count; ++i) {
+      absl::StatusOr<v1::TransferStatus> status = client->Get(ids[i]);
+      if (status.ok()) {
+        states[i] = static_cast<int32_t>(status->state());
+        continue;
+      }
+      if (codes != nullptr) codes[i] = static_cast<int32_t>(status.status().code());
+      if (first.ok()) {
+        first = absl::Status(status.status().code(),
+                             absl::StrCat("ids[", i, "]: ", status.status().message()));
+      }
+    }
+    return first;
+  });
+}
+
+int kvrail_list_regions(kvrail_client* handle, uint8_t** out, size_t* out_len) {
+  return kvrail::c_api::MessageCall(handle, out, out_len,
+                                    [](Client& client) { return client.ListRegions(); });
+}
+
+int kvrail_list_transfers(kvrail_client* handle, const int32_t* states, size_t num_states,
+                          uint32_t limit, uint8_t** out, size_t* out_len) {
+  return kvrail::c_api::MessageCall(
+      handle, out, out_len,
+      [&](Client& client) -> absl::StatusOr<v1::ListTransfersResponse> {
+        if (num_states > 0 && states == nullptr) {
+          return absl::InvalidArgumentError("states: NULL with num_states > 0");
+        }
+        std::vector<v1::TransferState> wanted;
+        for (size_t i = 0; i < num_states; ++i) {
+          if (!v1::TransferState_IsValid(states[i])) {
+            return absl::InvalidArgumentError(
+                absl::StrCat("states[", i, "]: ", states[i], " is not a kvrail.v1.TransferState"));
+          }
+          wanted.push_back(static_cast<v1::TransferState>(states[i]));
+        }
+        return client.ListTransfers(wanted, limit);
+      });
+}
+
+int kvrail_get_stats(kvrail_client* handle, uint8_t** out, size_t* out_len) {
+  return kvrail::c_api::MessageCall(handle, out, out_len,
+                                    [](Client& client) { return client.GetStats(); });
+}
+
+}  // extern "C"

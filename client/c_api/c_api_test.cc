@@ -1,0 +1,372 @@
+// The C ABI (kvrail.h) against a live kvraild: host regions, transfers, waits, polls, lists,
+// errors with their codes and field names, and misuse (NULL and retired handles, bad bytes,
+// wrong struct sizes), which must answer with an error and never crash.
+#define CATCH_CONFIG_MAIN  // //third_party/system:catch2 has no main of its own
+#include "client/c_api/kvrail.h"
+
+#include <signal.h>
+
+#include <chrono>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "catch2/catch.hpp"
+#include "proto/kvrail/v1/admin.pb.h"
+#include "proto/kvrail/v1/region.pb.h"
+#include "proto/kvrail/v1/transfer.pb.h"
+#include "tests/harness/daemon_process.h"
+
+namespace kvrail::c_api {
+namespace {
+
+using testing::DaemonProcess;
+using testing::TempDir;
+
+// A daemon for one test case and a C client connected to it; closes the client, then stops the
+// daemon and checks it exits 0. Not thread-safe.
+struct Live {
+  TempDir dir;
+  DaemonProcess daemon;
+  kvrail_client* client = nullptr;
+  Live() {
+    REQUIRE(daemon.Start(dir.path()));
+    REQUIRE(kvrail_connect(daemon.socket().c_str(), 0, &client) == KVRAIL_OK);
+    REQUIRE(client != nullptr);
+  }
+  ~Live() {
+    kvrail_close(client);
+    CHECK(daemon.Stop(SIGTERM) == 0);
+  }
+};
+
+std::string LastMessage() { return kvrail_last_error_message(); }
+
+template <typename T>
+std::vector<uint8_t> Bytes(const T& message) {
+  std::string s = message.SerializeAsString();
+  return std::vector<uint8_t>(s.begin(), s.end());
+}
+
+template <typename T>
+T Take(uint8_t* bytes, size_t len) {
+  T message;
+  REQUIRE(message.ParseFromArray(bytes, static_cast<int>(len)));
+  kvrail_free(bytes);
+  return message;
+}
+
+// 2 layers, K and V, 8 blocks of 4 tokens, 2 heads of 8 bf16: NHD, so block b of (layer, part) is
+// one contiguous chunk of kChunk bytes.
+constexpr uint32_t kLayers = 2, kParts = 2, kBlocks = 8, kTpb = 4, kHeads = 2, kHeadDim = 8;
+constexpr uint64_t kChunk = uint64_t{kTpb} * kHeads * kHeadDim * 2;
+
+kvrail_paged_layout Layout() {
+  kvrail_paged_layout l{};
+  l.struct_size = sizeof(l);
+  l.num_layers = kLayers;
+  l.num_parts = kParts;
+  l.num_blocks = kBlocks;
+  l.tokens_per_block = kTpb;
+  l.num_heads = kHeads;
+  l.head_dim = kHeadDim;
+  l.dtype = v1::DTYPE_BF16;
+  l.order = v1::LAYOUT_ORDER_LAYER_PART_BLOCK_NHD;
+  return l;
+}
+
+uint8_t* Chunk(kvrail_host_buffer* buffer, uint32_t layer, uint32_t part, uint32_t block) {
+  auto* base = static_cast<uint8_t*>(kvrail_host_buffer_data(buffer));
+  return base + ((uint64_t{layer} * kParts + part) * kBlocks + block) * kChunk;
+}
+
+// A registered paged pool; the buffer is freed on destruction (the region stays with the client).
+struct Pool {
+  kvrail_host_buffer* buffer = nullptr;
+  uint64_t region = 0;
+  Pool(kvrail_client* client, bool writable, uint8_t fill) {
+    const kvrail_paged_layout layout = Layout();
+    uint64_t bytes = 0;
+    REQUIRE(kvrail_paged_layout_bytes(&layout, &bytes) == KVRAIL_OK);
+    REQUIRE(bytes == uint64_t{kLayers} * kParts * kBlocks * kChunk);
+    REQUIRE(kvrail_host_buffer_create(bytes, "c_api_test", &buffer) == KVRAIL_OK);
+    REQUIRE(kvrail_host_buffer_size(buffer) == bytes);
+    std::memset(kvrail_host_buffer_data(buffer), fill, bytes);
+    INFO(LastMessage());
+    REQUIRE(kvrail_register_paged_host(client, buffer, &layout, writable, "pool", &region) ==
+            KVRAIL_OK);
+    REQUIRE(region != 0);
+  }
+  ~Pool() { kvrail_host_buffer_free(buffer); }
+};
+
+v1::TransferSpec BlockTransfer(uint64_t src, std::vector<uint32_t> src_blocks, uint64_t dst,
+                               std::vector<uint32_t> dst_blocks) {
+  v1::TransferSpec spec;
+  spec.mutable_src()->set_region_id(src);
+  for (uint32_t b : src_blocks) spec.mutable_src()->add_block_ids(b);
+  spec.mutable_dst()->set_region_id(dst);
+  for (uint32_t b : dst_blocks) spec.mutable_dst()->add_block_ids(b);
+  return spec;
+}
+
+uint64_t Submit(kvrail_client* client, const v1::TransferSpec& spec) {
+  const std::vector<uint8_t> bytes = Bytes(spec);
+  uint64_t id = 0;
+  INFO(LastMessage());
+  REQUIRE(kvrail_submit(client, bytes.data(), bytes.size(), &id, nullptr, nullptr) == KVRAIL_OK);
+  REQUIRE(id != 0);
+  return id;
+}
+
+size_t RegionCount(kvrail_client* client) {
+  uint8_t* out = nullptr;
+  size_t len = 0;
+  REQUIRE(kvrail_list_regions(client, &out, &len) == KVRAIL_OK);
+  return Take<v1::ListRegionsResponse>(out, len).regions_size();
+}
+
+TEST_CASE("the ABI version of the header is the library's") {
+  CHECK(kvrail_abi_version() == KVRAIL_ABI_VERSION);
+}
+
+TEST_CASE("blocks move between two host regions; wait returns the status bytes and state") {
+  Live live;
+  Pool src(live.client, /*writable=*/false, 0);
+  Pool dst(live.client, /*writable=*/true, 0xAB);
+  for (uint32_t l = 0; l < kLayers; ++l) {
+    for (uint32_t p = 0; p < kParts; ++p) {
+      for (uint32_t b = 0; b < kBlocks; ++b) std::memset(Chunk(src.buffer, l, p, b), 16 * l + 4 * p + b, kChunk);
+    }
+  }
+  const uint64_t id = Submit(live.client, BlockTransfer(src.region, {1, 3}, dst.region, {6, 0}));
+  int32_t state = -1;
+  uint8_t* status = nullptr;
+  size_t status_len = 0;
+  REQUIRE(kvrail_wait(live.client, id, 10000, &state, &status, &status_len) == KVRAIL_OK);
+  CHECK(state == KVRAIL_STATE_SUCCEEDED);
+  const auto parsed = Take<v1::TransferStatus>(status, status_len);
+  CHECK(parsed.transfer_id() == id);
+  CHECK(parsed.state() == v1::TRANSFER_STATE_SUCCEEDED);
+  CHECK(parsed.bytes_done() == 2 * kLayers * kParts * kChunk);
+  for (uint32_t l = 0; l < kLayers; ++l) {
+    for (uint32_t p = 0; p < kParts; ++p) {
+      CHECK(std::memcmp(Chunk(dst.buffer, l, p, 6), Chunk(src.buffer, l, p, 1), kChunk) == 0);
+      CHECK(std::memcmp(Chunk(dst.buffer, l, p, 0), Chunk(src.buffer, l, p, 3), kChunk) == 0);
+      CHECK(Chunk(dst.buffer, l, p, 2)[0] == 0xAB);  // untouched
+    }
+  }
+  // get and a zero-timeout wait read the same final state.
+  REQUIRE(kvrail_get(live.client, id, &state, nullptr, nullptr) == KVRAIL_OK);
+  CHECK(state == KVRAIL_STATE_SUCCEEDED);
+  REQUIRE(kvrail_wait(live.client, id, 0, &state, nullptr, nullptr) == KVRAIL_OK);
+  CHECK(state == KVRAIL_STATE_SUCCEEDED);
+
+  uint8_t* out = nullptr;
+  size_t len = 0;
+  const int32_t succeeded = KVRAIL_STATE_SUCCEEDED;
+  REQUIRE(kvrail_list_transfers(live.client, &succeeded, 1, 0, &out, &len) == KVRAIL_OK);
+  CHECK(Take<v1::ListTransfersResponse>(out, len).transfers_size() >= 1);
+  REQUIRE(kvrail_get_stats(live.client, &out, &len) == KVRAIL_OK);
+  kvrail_free(out);
+}
+
+TEST_CASE("daemon errors keep their gRPC code and the message naming the field") {
+  Live live;
+  Pool src(live.client, false, 0);
+  Pool dst(live.client, true, 0);
+  const std::vector<uint8_t> bad = Bytes(BlockTransfer(src.region, {0, 1}, dst.region, {2, kBlocks}));
+  uint64_t id = 7;
+  CHECK(kvrail_submit(live.client, bad.data(), bad.size(), &id, nullptr, nullptr) ==
+        KVRAIL_INVALID_ARGUMENT);
+  CHECK(id == 0);
+  CHECK(kvrail_last_error_code() == KVRAIL_INVALID_ARGUMENT);
+  CHECK(LastMessage() == "spec.dst.block_ids[1]: block 8 out of range [0, 8)");
+  // A success clears it.
+  CHECK(kvrail_get_stats(live.client, nullptr, nullptr) == KVRAIL_INVALID_ARGUMENT);  // out NULL
+  uint8_t* out = nullptr;
+  size_t len = 0;
+  REQUIRE(kvrail_get_stats(live.client, &out, &len) == KVRAIL_OK);
+  kvrail_free(out);
+  CHECK(LastMessage().empty());
+  CHECK(kvrail_last_error_code() == KVRAIL_OK);
+
+  int32_t state = -1;
+  CHECK(kvrail_get(live.client, 999999, &state, nullptr, nullptr) == KVRAIL_NOT_FOUND);
+  CHECK(state == KVRAIL_STATE_UNSPECIFIED);
+  CHECK(kvrail_unregister_region(live.client, 424242) == KVRAIL_NOT_FOUND);
+  const int32_t bogus = 9;
+  CHECK(kvrail_list_transfers(live.client, &bogus, 1, 0, &out, &len) == KVRAIL_INVALID_ARGUMENT);
+  CHECK(LastMessage() == "states[0]: 9 is not a kvrail.v1.TransferState");
+}
+
+TEST_CASE("the last error is per thread") {
+  kvrail_client* none = nullptr;
+  CHECK(kvrail_session_id(none, nullptr) == KVRAIL_INVALID_ARGUMENT);
+  const std::string here = LastMessage();
+  std::string there;
+  std::thread([&] {
+    uint64_t bytes = 0;
+    kvrail_paged_layout layout = Layout();
+    CHECK(kvrail_paged_layout_bytes(&layout, &bytes) == KVRAIL_OK);
+    there = LastMessage();
+  }).join();
+  CHECK(there.empty());
+  CHECK(LastMessage() == here);
+  CHECK(here == "out: NULL out-parameter");
+}
+
+TEST_CASE("poll: many states in one call; an unknown id is named by its index") {
+  Live live;
+  Pool src(live.client, false, 1);
+  Pool dst(live.client, true, 0);
+  std::vector<uint64_t> ids;
+  for (uint32_t b = 0; b < 4; ++b) {
+    ids.push_back(Submit(live.client, BlockTransfer(src.region, {b}, dst.region, {b})));
+  }
+  for (uint64_t id : ids) REQUIRE(kvrail_wait(live.client, id, -1, nullptr, nullptr, nullptr) == 0);
+  ids.insert(ids.begin() + 2, 888888);  // unknown
+  std::vector<int32_t> states(ids.size(), -1), codes(ids.size(), -1);
+  CHECK(kvrail_poll(live.client, ids.data(), ids.size(), states.data(), codes.data()) ==
+        KVRAIL_NOT_FOUND);
+  CHECK(LastMessage().rfind("ids[2]: ", 0) == 0);
+  CHECK(states == std::vector<int32_t>{3, 3, 0, 3, 3});
+  CHECK(codes == std::vector<int32_t>{0, 0, KVRAIL_NOT_FOUND, 0, 0});
+  ids.erase(ids.begin() + 2);
+  states.resize(ids.size());
+  CHECK(kvrail_poll(live.client, ids.data(), ids.size(), states.data(), nullptr) == KVRAIL_OK);
+  CHECK(kvrail_poll(live.client, nullptr, 0, nullptr, nullptr) == KVRAIL_OK);
+  CHECK(kvrail_poll(live.client, nullptr, 3, states.data(), nullptr) == KVRAIL_INVALID_ARGUMENT);
+}
+
+TEST_CASE("layer-wise: a bounded wait returns a non-final status; mark_ready lets it finish") {
+  Live live;
+  Pool src(live.client, false, 5);
+  Pool dst(live.client, true, 0);
+  v1::TransferSpec spec = BlockTransfer(src.region, {0}, dst.region, {1});
+  spec.set_layerwise(true);
+  const uint64_t id = Submit(live.client, spec);
+  int32_t state = -1;
+  REQUIRE(kvrail_wait(live.client, id, 50, &state, nullptr, nullptr) == KVRAIL_OK);
+  CHECK((state == KVRAIL_STATE_QUEUED || state == KVRAIL_STATE_RUNNING));
+  REQUIRE(kvrail_mark_ready(live.client, id, 0, kLayers) == KVRAIL_OK);
+  REQUIRE(kvrail_wait(live.client, id, -1, &state, nullptr, nullptr) == KVRAIL_OK);
+  CHECK(state == KVRAIL_STATE_SUCCEEDED);
+
+  const uint64_t waiting = Submit(live.client, spec);
+  REQUIRE(kvrail_cancel(live.client, waiting, &state, nullptr, nullptr) == KVRAIL_OK);
+  REQUIRE(kvrail_wait(live.client, waiting, -1, &state, nullptr, nullptr) == KVRAIL_OK);
+  CHECK(state == KVRAIL_STATE_CANCELLED);
+}
+
+TEST_CASE("closing a client releases its regions; calls after close fail cleanly") {
+  Live live;
+  const size_t before = RegionCount(live.client);
+  kvrail_client* other = nullptr;
+  REQUIRE(kvrail_connect(live.daemon.socket().c_str(), 0, &other) == KVRAIL_OK);
+  {
+    Pool pool(other, true, 0);
+    uint64_t session = 0;
+    REQUIRE(kvrail_session_id(other, &session) == KVRAIL_OK);
+    CHECK(session != 0);
+  }
+  CHECK(RegionCount(live.client) == before + 1);
+  kvrail_close(other);
+  kvrail_close(other);  // a second close: a no-op
+  kvrail_close(nullptr);
+  size_t count = before + 1;
+  for (int i = 0; i < 500 && count != before; ++i) {  // the daemon sees the session end
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    count = RegionCount(live.client);
+  }
+  CHECK(count == before);
+  uint64_t session = 5;
+  CHECK(kvrail_session_id(other, &session) == KVRAIL_INVALID_ARGUMENT);
+  CHECK(session == 0);
+  CHECK(LastMessage() == "client: not a live kvrail_client handle (closed, or never issued)");
+  int32_t state = 0;
+  CHECK(kvrail_wait(other, 1, -1, &state, nullptr, nullptr) == KVRAIL_INVALID_ARGUMENT);
+}
+
+TEST_CASE("misuse answers with INVALID_ARGUMENT naming the argument, never a crash") {
+  Live live;
+  kvrail_host_buffer* buffer = nullptr;
+  CHECK(kvrail_host_buffer_create(0, nullptr, &buffer) == KVRAIL_INVALID_ARGUMENT);
+  CHECK(LastMessage() == "bytes: must be > 0");
+  CHECK(kvrail_host_buffer_create(1024, nullptr, nullptr) == KVRAIL_INVALID_ARGUMENT);
+  REQUIRE(kvrail_host_buffer_create(1024, nullptr, &buffer) == KVRAIL_OK);  // < the layout's 4096
+
+  uint64_t region = 0;
+  CHECK(kvrail_register_host_buffer(nullptr, buffer, nullptr, 0, &region, nullptr, nullptr) ==
+        KVRAIL_INVALID_ARGUMENT);
+  CHECK(LastMessage() == "client: NULL");
+  // A buffer handle is not a client handle.
+  CHECK(kvrail_register_host_buffer(reinterpret_cast<kvrail_client*>(buffer), buffer, nullptr, 0,
+                                    &region, nullptr, nullptr) == KVRAIL_INVALID_ARGUMENT);
+  CHECK(kvrail_register_host_buffer(live.client, nullptr, nullptr, 0, &region, nullptr,
+                                    nullptr) == KVRAIL_INVALID_ARGUMENT);
+  CHECK(LastMessage() == "buffer: NULL");
+  uint8_t* info = nullptr;
+  CHECK(kvrail_register_host_buffer(live.client, buffer, nullptr, 0, &region, &info, nullptr) ==
+        KVRAIL_INVALID_ARGUMENT);
+  CHECK(LastMessage() == "info_len: NULL while info is set");
+
+  // Bad bytes: not a message of the expected type.
+  const uint8_t garbage[] = {0xFF, 0xFF, 0xFF, 0xFF};
+  CHECK(kvrail_register_host_buffer(live.client, buffer, garbage, sizeof(garbage), &region,
+                                    nullptr, nullptr) == KVRAIL_INVALID_ARGUMENT);
+  CHECK(LastMessage() == "spec: 4 bytes are not a serialized kvrail.v1.RegionSpec");
+  uint64_t id = 0;
+  CHECK(kvrail_submit(live.client, garbage, sizeof(garbage), &id, nullptr, nullptr) ==
+        KVRAIL_INVALID_ARGUMENT);
+  CHECK(LastMessage() == "spec: 4 bytes are not a serialized kvrail.v1.TransferSpec");
+  CHECK(kvrail_submit(live.client, nullptr, 12, &id, nullptr, nullptr) == KVRAIL_INVALID_ARGUMENT);
+
+  // Layouts: the struct size is checked, enums are range-checked.
+  kvrail_paged_layout layout = Layout();
+  layout.struct_size = 40;
+  CHECK(kvrail_register_paged_host(live.client, buffer, &layout, 1, nullptr, &region) ==
+        KVRAIL_INVALID_ARGUMENT);
+  CHECK(LastMessage().rfind("layout.struct_size: 40, this library", 0) == 0);
+  layout = Layout();
+  layout.dtype = 99;
+  uint64_t bytes = 0;
+  CHECK(kvrail_paged_layout_bytes(&layout, &bytes) == KVRAIL_INVALID_ARGUMENT);
+  CHECK(LastMessage() == "layout.dtype: 99 is not a kvrail.v1.DType");
+  CHECK(kvrail_paged_layout_bytes(nullptr, &bytes) == KVRAIL_INVALID_ARGUMENT);
+  // Too small a buffer for the layout: the daemon's answer.
+  layout = Layout();
+  CHECK(kvrail_register_paged_host(live.client, buffer, &layout, 1, nullptr, &region) ==
+        KVRAIL_INVALID_ARGUMENT);
+  INFO(LastMessage());
+  CHECK(LastMessage().find("1024") != std::string::npos);
+
+  // A host pointer is not device memory (with or without a GPU).
+  CHECK(kvrail_register_cuda(live.client, kvrail_host_buffer_data(buffer), 1024, nullptr, 0,
+                             &region, nullptr, nullptr) != KVRAIL_OK);
+  CHECK(kvrail_register_cuda(live.client, nullptr, 1024, nullptr, 0, &region, nullptr, nullptr) ==
+        KVRAIL_INVALID_ARGUMENT);
+
+  // Free: NULL and a second free are no-ops; a freed handle reads as NULL / 0.
+  kvrail_host_buffer_free(buffer);
+  kvrail_host_buffer_free(buffer);
+  kvrail_host_buffer_free(nullptr);
+  CHECK(kvrail_host_buffer_data(buffer) == nullptr);
+  CHECK(kvrail_host_buffer_size(buffer) == 0);
+  CHECK(LastMessage() == "buffer: not a live kvrail_host_buffer handle (freed, or never issued)");
+  CHECK(kvrail_register_host_buffer(live.client, buffer, nullptr, 0, &region, nullptr, nullptr) ==
+        KVRAIL_INVALID_ARGUMENT);
+}
+
+TEST_CASE("connecting to a socket nobody serves is UNAVAILABLE naming it") {
+  TempDir dir;
+  const std::string socket = dir.path() + "/nobody.sock";
+  kvrail_client* client = reinterpret_cast<kvrail_client*>(1);
+  CHECK(kvrail_connect(socket.c_str(), 200, &client) == KVRAIL_UNAVAILABLE);
+  CHECK(client == nullptr);
+  CHECK(LastMessage().find(socket) != std::string::npos);
+}
+
+}  // namespace
+}  // namespace kvrail::c_api

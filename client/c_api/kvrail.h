@@ -1,0 +1,178 @@
+/* kvrail C ABI (libkvrail.so): the client library for programs that are not C++, above all the
+ * Python package `kvrail` (python/). The one public C header. A thin layer over the C++ client
+ * (client/kvrail_client.h): same daemon protocol, same fast paths (transfers within the node are
+ * submitted and awaited over the session socket).
+ *
+ * Conventions
+ * - Versioning: KVRAIL_ABI_VERSION is the version this header describes; kvrail_abi_version()
+ *   the one the loaded library implements. A caller checks they are equal. Structs that cross the
+ *   ABI begin with `struct_size` (the caller sets sizeof); the library rejects sizes it does not
+ *   know instead of reading past the caller's struct.
+ * - Errors: every function that can fail returns an int, the gRPC status code (0 = KVRAIL_OK;
+ *   the daemon's codes pass through unchanged). The message of the calling thread's last call
+ *   (the daemon's text, which names the offending field: "spec.dst.block_ids[3]: block 4096 out
+ *   of range [0, 4096)") is kvrail_last_error_message(); a successful call sets it to "".
+ * - Messages: specs and statuses are protobuf messages of proto/kvrail/v1/ passed as serialized
+ *   bytes (language-neutral; every language has a protobuf runtime). Bytes the library returns
+ *   (`uint8_t** out, size_t* out_len`) are allocated by it and released with kvrail_free();
+ *   passing NULL for such an out-pair means "not wanted".
+ * - Handles: kvrail_client* and kvrail_host_buffer* are opaque tokens, not addresses: each is
+ *   issued once in the process's lifetime and looked up on every call. Closing or freeing one
+ *   retires it for good, so a second close/free is a no-op and any later use returns
+ *   KVRAIL_INVALID_ARGUMENT ("client: not a live kvrail_client handle") instead of crashing.
+ *   Closing/freeing NULL is a no-op.
+ * - Threads: every function may be called from any thread, concurrently, on the same handles. A
+ *   call in progress keeps its objects alive: closing a client while another thread waits on it
+ *   retires the handle at once and releases the connection when that wait returns.
+ * - Ids: regions and transfers are the daemon's uint64 ids.
+ */
+#ifndef KVRAIL_C_API_KVRAIL_H_
+#define KVRAIL_C_API_KVRAIL_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KVRAIL_ABI_VERSION 1
+
+/* gRPC status codes (google.rpc.Code numbering). */
+enum {
+  KVRAIL_OK = 0,
+  KVRAIL_CANCELLED = 1,
+  KVRAIL_UNKNOWN = 2,
+  KVRAIL_INVALID_ARGUMENT = 3,
+  KVRAIL_DEADLINE_EXCEEDED = 4,
+  KVRAIL_NOT_FOUND = 5,
+  KVRAIL_ALREADY_EXISTS = 6,
+  KVRAIL_PERMISSION_DENIED = 7,
+  KVRAIL_RESOURCE_EXHAUSTED = 8,
+  KVRAIL_FAILED_PRECONDITION = 9,
+  KVRAIL_ABORTED = 10,
+  KVRAIL_OUT_OF_RANGE = 11,
+  KVRAIL_UNIMPLEMENTED = 12,
+  KVRAIL_INTERNAL = 13,
+  KVRAIL_UNAVAILABLE = 14,
+  KVRAIL_DATA_LOSS = 15,
+  KVRAIL_UNAUTHENTICATED = 16
+};
+
+/* kvrail.v1.TransferState numbers. */
+enum {
+  KVRAIL_STATE_UNSPECIFIED = 0,
+  KVRAIL_STATE_QUEUED = 1,
+  KVRAIL_STATE_RUNNING = 2,
+  KVRAIL_STATE_SUCCEEDED = 3,
+  KVRAIL_STATE_FAILED = 4,
+  KVRAIL_STATE_CANCELLED = 5
+};
+
+typedef struct kvrail_client kvrail_client;
+typedef struct kvrail_host_buffer kvrail_host_buffer;
+
+/* --- Version and errors ----------------------------------------------------------------------- */
+uint32_t kvrail_abi_version(void);
+/* The calling thread's last call: its message ("" after success) and code. The pointer stays
+ * valid until the thread's next kvrail_* call. */
+const char* kvrail_last_error_message(void);
+int kvrail_last_error_code(void);
+/* Releases bytes returned by the library. NULL is a no-op. */
+void kvrail_free(void* bytes);
+
+/* --- Connection ------------------------------------------------------------------------------- */
+/* `target`: a unix socket path (or "unix:PATH") or "host:port"; NULL or "" means $KVRAIL_SOCKET,
+ * else /run/kvrail/kvrail.sock. Probes the daemon for up to `probe_timeout_ms` (<= 0: 3000);
+ * KVRAIL_UNAVAILABLE naming the socket when it does not answer. */
+int kvrail_connect(const char* target, int64_t probe_timeout_ms, kvrail_client** out);
+/* Closes the connection; the daemon releases every region registered through it. */
+void kvrail_close(kvrail_client* client);
+/* The session id regions of this client are tied to (opens the session socket on first use). */
+int kvrail_session_id(kvrail_client* client, uint64_t* out);
+
+/* --- Host memory ------------------------------------------------------------------------------ */
+/* Shared host memory (a memfd mapped MAP_SHARED; zero-filled). `bytes` > 0; `name` (may be NULL)
+ * labels the memfd. Independent of any client: one buffer may back regions of several. */
+int kvrail_host_buffer_create(uint64_t bytes, const char* name, kvrail_host_buffer** out);
+/* Unmaps and closes the buffer. Regions registered over it stay valid in the daemon (it holds
+ * its own mapping) until unregistered. */
+void kvrail_host_buffer_free(kvrail_host_buffer* buffer);
+/* NULL / 0 for a handle that is not live. */
+void* kvrail_host_buffer_data(kvrail_host_buffer* buffer);
+uint64_t kvrail_host_buffer_size(kvrail_host_buffer* buffer);
+
+/* --- Regions ---------------------------------------------------------------------------------- */
+/* Registers `buffer` as a region of this client's session: `spec` is a serialized
+ * kvrail.v1.RegionSpec (share.fd_token is filled in; memory_kind, size_bytes and a bytes layout
+ * are defaulted as in Client::RegisterHostBuffer). Out: the region id and (optional) the
+ * serialized kvrail.v1.RegionInfo. */
+int kvrail_register_host_buffer(kvrail_client* client, kvrail_host_buffer* buffer,
+                                const uint8_t* spec, size_t spec_len, uint64_t* region_id,
+                                uint8_t** info, size_t* info_len);
+/* A RegionSpec passed through (e.g. share.shm_name), tied to this client's session. */
+int kvrail_register_region(kvrail_client* client, const uint8_t* spec, size_t spec_len,
+                           uint64_t* region_id, uint8_t** info, size_t* info_len);
+int kvrail_unregister_region(kvrail_client* client, uint64_t region_id);
+
+/* A paged KV layout without protobuf (kvrail.v1.PagedKvLayout's fields; enums by number). */
+typedef struct kvrail_paged_layout {
+  uint32_t struct_size; /* sizeof(kvrail_paged_layout) */
+  uint32_t num_layers, num_parts, num_blocks, tokens_per_block, num_heads, head_dim;
+  int32_t dtype; /* kvrail.v1.DType */
+  int32_t order; /* kvrail.v1.LayoutOrder; used when all strides are 0 */
+  uint64_t layer_stride, part_stride, block_stride, token_stride, head_stride; /* bytes */
+  uint64_t offset_bytes;
+} kvrail_paged_layout;
+
+/* Bytes a region needs to hold `layout` (offset_bytes + the end of its last element). */
+int kvrail_paged_layout_bytes(const kvrail_paged_layout* layout, uint64_t* bytes);
+/* Registers `buffer` as a paged KV region with `layout`. `name` may be NULL. */
+int kvrail_register_paged_host(kvrail_client* client, kvrail_host_buffer* buffer,
+                               const kvrail_paged_layout* layout, int writable, const char* name,
+                               uint64_t* region_id);
+
+/* CUDA: registers [device_ptr, device_ptr + bytes) of one cudaMalloc allocation (over CUDA IPC;
+ * the daemon maps it on the same device ordinal). `spec` (may be empty) gives name, layout and
+ * writable. Without a GPU or driver: the CUDA error as KVRAIL_INVALID_ARGUMENT/INTERNAL. */
+int kvrail_register_cuda(kvrail_client* client, const void* device_ptr, uint64_t bytes,
+                         const uint8_t* spec, size_t spec_len, uint64_t* region_id,
+                         uint8_t** info, size_t* info_len);
+
+/* --- Transfers -------------------------------------------------------------------------------- */
+/* `spec`: a serialized kvrail.v1.TransferSpec. Out: the transfer id and (optional) the serialized
+ * kvrail.v1.SubmitTransferResponse. Returns once the daemon accepted it. */
+int kvrail_submit(kvrail_client* client, const uint8_t* spec, size_t spec_len,
+                  uint64_t* transfer_id, uint8_t** response, size_t* response_len);
+/* Status of a transfer. `state` (optional) gets its TransferState; `status` (optional) the
+ * serialized kvrail.v1.TransferStatus.
+ * kvrail_wait: timeout_ms < 0 waits until the transfer ends; 0 returns the current status at
+ * once; > 0 waits at most that long and then returns the current (not final) status, code OK. */
+int kvrail_wait(kvrail_client* client, uint64_t transfer_id, int64_t timeout_ms, int32_t* state,
+                uint8_t** status, size_t* status_len);
+int kvrail_get(kvrail_client* client, uint64_t transfer_id, int32_t* state, uint8_t** status,
+               size_t* status_len);
+int kvrail_cancel(kvrail_client* client, uint64_t transfer_id, int32_t* state, uint8_t** status,
+                  size_t* status_len);
+/* Layers [layer_begin, layer_begin + layer_count) of a layer-wise transfer are written. */
+int kvrail_mark_ready(kvrail_client* client, uint64_t transfer_id, uint32_t layer_begin,
+                      uint32_t layer_count);
+/* The states of `count` transfers in one call: states[i] for ids[i]. An id that cannot be read
+ * gets state 0 and codes[i] its error (codes may be NULL); the call then returns the first such
+ * error, its message naming the index ("ids[2]: ..."), with every state still filled in. */
+int kvrail_poll(kvrail_client* client, const uint64_t* ids, size_t count, int32_t* states,
+                int32_t* codes);
+
+/* --- Admin ------------------------------------------------------------------------------------ */
+/* Serialized kvrail.v1.ListRegionsResponse / ListTransfersResponse / Stats. list_transfers:
+ * `states` (TransferState numbers, `num_states` of them; none: all), `limit` 0: daemon default. */
+int kvrail_list_regions(kvrail_client* client, uint8_t** out, size_t* out_len);
+int kvrail_list_transfers(kvrail_client* client, const int32_t* states, size_t num_states,
+                          uint32_t limit, uint8_t** out, size_t* out_len);
+int kvrail_get_stats(kvrail_client* client, uint8_t** out, size_t* out_len);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KVRAIL_C_API_KVRAIL_H_ */
