@@ -1,0 +1,155 @@
+"""Loads libkvrail.so (the C ABI of client/c_api/kvrail.h) and declares its functions.
+
+Where the library is looked for, first match wins:
+  1. $KVRAIL_LIB: the path of the file (an error if it is set and does not load);
+  2. next to this package: kvrail/libkvrail.so (what `pip install` of the tree puts there);
+  3. the system's search path (ld.so: LD_LIBRARY_PATH, /etc/ld.so.conf, ...): "libkvrail.so".
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+from typing import Optional
+
+from kvrail.errors import KvrailError, error_for
+
+ABI_VERSION = 1  # KVRAIL_ABI_VERSION of the header this module was written against
+
+_c_client = ctypes.c_void_p
+_c_buffer = ctypes.c_void_p
+_u8p = ctypes.POINTER(ctypes.c_uint8)
+_u8pp = ctypes.POINTER(_u8p)
+_sizep = ctypes.POINTER(ctypes.c_size_t)
+_u64p = ctypes.POINTER(ctypes.c_uint64)
+_i32p = ctypes.POINTER(ctypes.c_int32)
+
+
+class PagedLayoutStruct(ctypes.Structure):
+    """kvrail_paged_layout (struct_size first, as the ABI wants)."""
+
+    _fields_ = [
+        ("struct_size", ctypes.c_uint32),
+        ("num_layers", ctypes.c_uint32),
+        ("num_parts", ctypes.c_uint32),
+        ("num_blocks", ctypes.c_uint32),
+        ("tokens_per_block", ctypes.c_uint32),
+        ("num_heads", ctypes.c_uint32),
+        ("head_dim", ctypes.c_uint32),
+        ("dtype", ctypes.c_int32),
+        ("order", ctypes.c_int32),
+        ("layer_stride", ctypes.c_uint64),
+        ("part_stride", ctypes.c_uint64),
+        ("block_stride", ctypes.c_uint64),
+        ("token_stride", ctypes.c_uint64),
+        ("head_stride", ctypes.c_uint64),
+        ("offset_bytes", ctypes.c_uint64),
+    ]
+
+
+# name: (restype, argtypes). int-returning functions return the gRPC code.
+_SIGNATURES = {
+    "kvrail_abi_version": (ctypes.c_uint32, []),
+    "kvrail_last_error_message": (ctypes.c_char_p, []),
+    "kvrail_last_error_code": (ctypes.c_int, []),
+    "kvrail_free": (None, [ctypes.c_void_p]),
+    "kvrail_connect": (ctypes.c_int, [ctypes.c_char_p, ctypes.c_int64, ctypes.POINTER(_c_client)]),
+    "kvrail_close": (None, [_c_client]),
+    "kvrail_session_id": (ctypes.c_int, [_c_client, _u64p]),
+    "kvrail_host_buffer_create": (ctypes.c_int, [ctypes.c_uint64, ctypes.c_char_p,
+                                                 ctypes.POINTER(_c_buffer)]),
+    "kvrail_host_buffer_free": (None, [_c_buffer]),
+    "kvrail_host_buffer_data": (ctypes.c_void_p, [_c_buffer]),
+    "kvrail_host_buffer_size": (ctypes.c_uint64, [_c_buffer]),
+    "kvrail_register_host_buffer": (ctypes.c_int, [_c_client, _c_buffer, ctypes.c_char_p,
+                                                   ctypes.c_size_t, _u64p, _u8pp, _sizep]),
+    "kvrail_register_region": (ctypes.c_int, [_c_client, ctypes.c_char_p, ctypes.c_size_t, _u64p,
+                                              _u8pp, _sizep]),
+    "kvrail_unregister_region": (ctypes.c_int, [_c_client, ctypes.c_uint64]),
+    "kvrail_paged_layout_bytes": (ctypes.c_int, [ctypes.POINTER(PagedLayoutStruct), _u64p]),
+    "kvrail_register_paged_host": (ctypes.c_int, [_c_client, _c_buffer,
+                                                  ctypes.POINTER(PagedLayoutStruct), ctypes.c_int,
+                                                  ctypes.c_char_p, _u64p]),
+    "kvrail_register_cuda": (ctypes.c_int, [_c_client, ctypes.c_void_p, ctypes.c_uint64,
+                                            ctypes.c_char_p, ctypes.c_size_t, _u64p, _u8pp,
+                                            _sizep]),
+    "kvrail_submit": (ctypes.c_int, [_c_client, ctypes.c_char_p, ctypes.c_size_t, _u64p, _u8pp,
+                                     _sizep]),
+    "kvrail_wait": (ctypes.c_int, [_c_client, ctypes.c_uint64, ctypes.c_int64, _i32p, _u8pp,
+                                   _sizep]),
+    "kvrail_get": (ctypes.c_int, [_c_client, ctypes.c_uint64, _i32p, _u8pp, _sizep]),
+    "kvrail_cancel": (ctypes.c_int, [_c_client, ctypes.c_uint64, _i32p, _u8pp, _sizep]),
+    "kvrail_mark_ready": (ctypes.c_int, [_c_client, ctypes.c_uint64, ctypes.c_uint32,
+                                         ctypes.c_uint32]),
+    "kvrail_poll": (ctypes.c_int, [_c_client, _u64p, ctypes.c_size_t, _i32p, _i32p]),
+    "kvrail_list_regions": (ctypes.c_int, [_c_client, _u8pp, _sizep]),
+    "kvrail_list_transfers": (ctypes.c_int, [_c_client, _i32p, ctypes.c_size_t, ctypes.c_uint32,
+                                             _u8pp, _sizep]),
+    "kvrail_get_stats": (ctypes.c_int, [_c_client, _u8pp, _sizep]),
+}
+
+_lock = threading.Lock()
+_lib: Optional[ctypes.CDLL] = None
+
+
+def _candidates() -> list:
+    env = os.environ.get("KVRAIL_LIB", "")
+    if env:
+        return [env]
+    here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "libkvrail.so")
+    return [here] if os.path.exists(here) else ["libkvrail.so"]
+
+
+def lib() -> ctypes.CDLL:
+    """The loaded library (loaded and checked on first use; thread-safe)."""
+    global _lib
+    with _lock:
+        if _lib is not None:
+            return _lib
+        errors = []
+        loaded = None
+        for path in _candidates():
+            try:
+                loaded = ctypes.CDLL(path)
+                break
+            except OSError as e:
+                errors.append(f"{path}: {e}")
+        if loaded is None:
+            raise KvrailError(9, "libkvrail.so not found (set $KVRAIL_LIB, or install the package "
+                                 "with the library next to it): " + "; ".join(errors))
+        for name, (restype, argtypes) in _SIGNATURES.items():
+            fn = getattr(loaded, name)
+            fn.restype = restype
+            fn.argtypes = argtypes
+        version = loaded.kvrail_abi_version()
+        if version != ABI_VERSION:
+            raise KvrailError(9, f"libkvrail.so implements ABI {version}, this package needs "
+                                 f"{ABI_VERSION}")
+        _lib = loaded
+        return _lib
+
+
+def check(code: int) -> None:
+    """Raises the KvrailError of a non-zero code, with the thread's last error message.
+
+    ctypes releases the GIL around the call and reads the message on the same OS thread right
+    after it, so the thread-local message is the call's own.
+    """
+    if code != 0:
+        message = lib().kvrail_last_error_message()
+        raise error_for(code, message.decode("utf-8", "replace") if message else "")
+
+
+def take_bytes(data: "_u8p", size: int) -> bytes:
+    """Copies library-allocated bytes into Python and frees them."""
+    if not data:
+        return b""
+    try:
+        return ctypes.string_at(data, size)
+    finally:
+        lib().kvrail_free(data)
+
+
+def out_bytes() -> tuple:
+    """An (uint8_t*, size_t) out-pair for the byte-returning calls."""
+    return _u8p(), ctypes.c_size_t(0)

@@ -1,0 +1,466 @@
+"""The kvrail client for Python: a connection to the node's kvraild, shared host buffers, regions
+and transfers, over libkvrail.so (the C ABI of client/c_api/kvrail.h).
+
+Thread contract: a Client may be used from any thread, concurrently (the C library is
+thread-safe and ctypes releases the GIL around each call, so a blocking wait does not hold up
+other Python threads). HostBuffer, Region and Transfer objects are thin handles: safe to share,
+with the caller ordering its own reads and writes of buffer memory against transfers.
+"""
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import time
+import weakref
+from typing import Iterable, List, Optional, Sequence, Union
+
+from kvrail._lib import check, lib, out_bytes, take_bytes
+from kvrail.errors import KvrailError, StatusCode, TransferFailedError
+from kvrail.layouts import PagedLayout
+from kvrail.proto import admin_pb2, region_pb2, transfer_pb2
+
+TransferState = transfer_pb2.TransferState
+_FINAL = (transfer_pb2.TRANSFER_STATE_SUCCEEDED, transfer_pb2.TRANSFER_STATE_FAILED,
+          transfer_pb2.TRANSFER_STATE_CANCELLED)
+
+
+def is_final(state: int) -> bool:
+    """Whether a TransferState is final (SUCCEEDED, FAILED or CANCELLED)."""
+    return state in _FINAL
+
+
+def _free_buffer(handle: int) -> None:
+    lib().kvrail_host_buffer_free(handle)
+
+
+class HostBuffer:
+    """Host memory shared with kvraild (a memfd mapped MAP_SHARED, zero-filled).
+
+    `ndarray()` / `memoryview()` are zero-copy views of the memory. close() (or leaving the `with`
+    block) releases the buffer as soon as no view of it is left: memory still viewed by a numpy
+    array stays mapped until that array is gone, so a view can never dangle. Regions registered
+    over the buffer stay valid in the daemon (it has its own mapping) until unregistered.
+    """
+
+    def __init__(self, nbytes: int, name: str = "kvrail") -> None:
+        handle = ctypes.c_void_p()
+        check(lib().kvrail_host_buffer_create(int(nbytes), name.encode(), ctypes.byref(handle)))
+        self._handle: int = handle.value
+        address = lib().kvrail_host_buffer_data(self._handle)
+        self._nbytes: int = lib().kvrail_host_buffer_size(self._handle)
+        # The one Python object owning the mapping: every view references it, and the C buffer is
+        # freed when it is collected (after close() and the last view).
+        mem = (ctypes.c_uint8 * self._nbytes).from_address(address)
+        weakref.finalize(mem, _free_buffer, self._handle)
+        self._mem: Optional[ctypes.Array] = mem
+
+    @property
+    def nbytes(self) -> int:
+        return self._nbytes
+
+    @property
+    def handle(self) -> int:
+        """The C handle (kvrail_host_buffer*), for the ABI calls."""
+        if self._mem is None:
+            raise ValueError("host buffer is closed")
+        return self._handle
+
+    @property
+    def address(self) -> int:
+        """The address of the first byte in this process."""
+        return ctypes.addressof(self._live())
+
+    @property
+    def closed(self) -> bool:
+        return self._mem is None
+
+    def _live(self) -> ctypes.Array:
+        if self._mem is None:
+            raise ValueError("host buffer is closed")
+        return self._mem
+
+    def memoryview(self) -> memoryview:
+        """A writable byte view of the whole buffer."""
+        return memoryview(self._live()).cast("B")
+
+    def ndarray(self, dtype="uint8", shape: Optional[Sequence[int]] = None,
+                strides: Optional[Sequence[int]] = None, offset: int = 0):
+        """A zero-copy numpy array over the buffer (numpy semantics for shape/strides in bytes);
+        by default all of it as uint8."""
+        import numpy as np
+        dtype = np.dtype(dtype)
+        if shape is None:
+            shape = ((self._nbytes - offset) // dtype.itemsize,)
+        return np.ndarray(shape, dtype=dtype, buffer=self._live(), offset=offset,
+                          strides=strides)
+
+    def paged_view(self, layout: PagedLayout, dtype=None):
+        """The buffer as a 6-d array [layer, part, block, token, head, head_dim] of `layout` (an
+        element type of the dtype's size: uint16 for bf16, uint8 for fp8)."""
+        import numpy as np
+        if dtype is None:
+            dtype = {1: np.uint8, 2: np.uint16, 4: np.float32}[layout.dtype_size]
+        if np.dtype(dtype).itemsize != layout.dtype_size:
+            raise ValueError(f"dtype: {np.dtype(dtype)} is not {layout.dtype_size} bytes")
+        if layout.nbytes > self._nbytes:
+            raise ValueError(f"layout: needs {layout.nbytes} bytes, the buffer has {self._nbytes}")
+        return self.ndarray(dtype, layout.shape6(), layout.strides6(), layout.offset_bytes)
+
+    def close(self) -> None:
+        """Releases the buffer once no view of it remains. Idempotent."""
+        self._mem = None
+
+    def __enter__(self) -> "HostBuffer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"HostBuffer({self._nbytes} bytes{', closed' if self.closed else ''})"
+
+
+class Region:
+    """A registered region. Lives as long as its client's session, or until unregister()
+    (what leaving a `with` block does)."""
+
+    def __init__(self, client: "Client", info, keepalive=None) -> None:
+        self._client = client
+        self.info = info  # kvrail.v1.RegionInfo
+        self._keepalive = keepalive  # e.g. the tensor whose memory the region is
+        self._unregistered = False
+
+    @property
+    def id(self) -> int:
+        return self.info.region_id
+
+    def unregister(self) -> None:
+        """Releases the region. Idempotent; a no-op once the client is closed (the daemon released
+        the session's regions then)."""
+        if self._unregistered or self._client.closed:
+            self._unregistered = True
+            return
+        self._unregistered = True
+        self._client.unregister_region(self.id)
+        self._keepalive = None
+
+    def __enter__(self) -> "Region":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.unregister()
+
+    def __repr__(self) -> str:
+        return f"Region(id={self.id}, name={self.info.spec.name!r})"
+
+
+class Transfer:
+    """A submitted transfer.
+
+    wait(timeout) returns its status (final, or the current one on timeout); result() and
+    `await transfer` return the final status and raise TransferFailedError when it FAILED or was
+    CANCELLED. `await` never blocks the event loop: it waits in short slices on the default
+    executor, so cancelling the awaiting task takes effect within a slice.
+    """
+
+    _AWAIT_SLICE_MS = 200
+
+    def __init__(self, client: "Client", transfer_id: int, response=None) -> None:
+        self._client = client
+        self.id: int = transfer_id
+        self.response = response  # kvrail.v1.SubmitTransferResponse
+        self._final = None  # the final TransferStatus once seen
+
+    def _note(self, status):
+        if is_final(status.state):
+            self._final = status
+        return status
+
+    @property
+    def status(self):
+        """The current kvrail.v1.TransferStatus (read from the daemon until it is final)."""
+        return self._final if self._final is not None else self._note(self._client.get(self.id))
+
+    @property
+    def state(self) -> int:
+        return self.status.state
+
+    def done(self) -> bool:
+        """Whether the transfer has ended (any final state)."""
+        return is_final(self.state)
+
+    def wait(self, timeout: Optional[float] = None):
+        """Waits up to `timeout` seconds (None: until it ends); returns the status."""
+        if self._final is not None:
+            return self._final
+        return self._note(self._client.wait(self.id, timeout))
+
+    def result(self, timeout: Optional[float] = None):
+        """The final status; TimeoutError when it has not ended in `timeout` seconds,
+        TransferFailedError when it ended FAILED or CANCELLED."""
+        status = self.wait(timeout)
+        return self._outcome(status)
+
+    def _outcome(self, status):
+        if not is_final(status.state):
+            raise TimeoutError(f"transfer {self.id} is still "
+                               f"{TransferState.Name(status.state)}")
+        if status.state != transfer_pb2.TRANSFER_STATE_SUCCEEDED:
+            code = status.error_code or (StatusCode.CANCELLED if status.state ==
+                                         transfer_pb2.TRANSFER_STATE_CANCELLED
+                                         else StatusCode.UNKNOWN)
+            raise TransferFailedError(code, status.error_message or
+                                      TransferState.Name(status.state), status)
+        return status
+
+    def cancel(self):
+        """Cancels it (an ended transfer keeps its status); returns the status."""
+        return self._note(self._client.cancel(self.id))
+
+    def mark_ready(self, layer_begin: int, layer_count: int = 1) -> None:
+        """Layers [layer_begin, layer_begin + layer_count) of a layer-wise transfer are written."""
+        self._client.mark_ready(self.id, layer_begin, layer_count)
+
+    async def wait_async(self):
+        """The final status, awaited without blocking the event loop (no raise on failure)."""
+        loop = asyncio.get_running_loop()
+        while self._final is None:
+            await loop.run_in_executor(None, self.wait, self._AWAIT_SLICE_MS / 1000.0)
+        return self._final
+
+    def __await__(self):
+        return self._await_result().__await__()
+
+    async def _await_result(self):
+        return self._outcome(await self.wait_async())
+
+    def __repr__(self) -> str:
+        return f"Transfer(id={self.id})"
+
+
+TransferLike = Union[Transfer, int]
+
+
+class Client:
+    """A connection to one kvraild (see connect()). Regions registered through it are released by
+    the daemon when it is closed (or the process ends). A context manager: `with connect() as c:`.
+    """
+
+    def __init__(self, target: Optional[str] = None, probe_timeout: float = 3.0) -> None:
+        handle = ctypes.c_void_p()
+        check(lib().kvrail_connect(target.encode() if target else None,
+                                   int(probe_timeout * 1000), ctypes.byref(handle)))
+        self._handle: Optional[int] = handle.value
+        self.target = target
+
+    # --- lifetime ---------------------------------------------------------------------------
+    @property
+    def closed(self) -> bool:
+        return self._handle is None
+
+    def close(self) -> None:
+        """Closes the connection; the daemon releases this client's regions. Idempotent."""
+        if self._handle is not None:
+            handle, self._handle = self._handle, None
+            lib().kvrail_close(handle)
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown: the process's end releases the session anyway
+            pass
+
+    @property
+    def _h(self) -> Optional[int]:
+        # A closed client passes NULL: the library answers INVALID_ARGUMENT "client: NULL".
+        return self._handle
+
+    @property
+    def session_id(self) -> int:
+        out = ctypes.c_uint64()
+        check(lib().kvrail_session_id(self._h, ctypes.byref(out)))
+        return out.value
+
+    # --- regions ----------------------------------------------------------------------------
+    def create_host_buffer(self, nbytes: int, name: str = "kvrail") -> HostBuffer:
+        return HostBuffer(nbytes, name)
+
+    def register_host_buffer(self, buffer: HostBuffer, spec=None, *,
+                             layout: Union[PagedLayout, "region_pb2.PagedKvLayout", None] = None,
+                             writable: bool = False, name: str = "") -> Region:
+        """Registers `buffer` as a region of this client's session. Either a full
+        kvrail.v1.RegionSpec (`spec`), or `layout` (paged KV; default: a bytes region), `writable`
+        and `name`."""
+        if spec is None:
+            spec = region_pb2.RegionSpec(name=name, writable=writable)
+            if layout is not None:
+                spec.paged_kv.CopyFrom(layout.to_proto() if isinstance(layout, PagedLayout)
+                                       else layout)
+        data = spec.SerializeToString()
+        region_id = ctypes.c_uint64()
+        info, info_len = out_bytes()
+        check(lib().kvrail_register_host_buffer(self._h, buffer.handle, data, len(data),
+                                                ctypes.byref(region_id), ctypes.byref(info),
+                                                ctypes.byref(info_len)))
+        return Region(self, region_pb2.RegionInfo.FromString(take_bytes(info, info_len.value)))
+
+    def register_region(self, spec) -> Region:
+        """Registers a RegionSpec as it is (e.g. share.shm_name), tied to this client's session."""
+        data = spec.SerializeToString()
+        region_id = ctypes.c_uint64()
+        info, info_len = out_bytes()
+        check(lib().kvrail_register_region(self._h, data, len(data), ctypes.byref(region_id),
+                                           ctypes.byref(info), ctypes.byref(info_len)))
+        return Region(self, region_pb2.RegionInfo.FromString(take_bytes(info, info_len.value)))
+
+    def register_cuda(self, device_ptr: int, nbytes: int, spec=None, keepalive=None) -> Region:
+        """Registers [device_ptr, device_ptr + nbytes) of one cudaMalloc allocation (CUDA IPC).
+        `spec` gives name, layout and writable. `keepalive` (e.g. the tensor) is held by the
+        Region. Needs a GPU; see kvrail.torch for tensors."""
+        data = spec.SerializeToString() if spec is not None else b""
+        region_id = ctypes.c_uint64()
+        info, info_len = out_bytes()
+        check(lib().kvrail_register_cuda(self._h, ctypes.c_void_p(device_ptr), int(nbytes), data,
+                                         len(data), ctypes.byref(region_id), ctypes.byref(info),
+                                         ctypes.byref(info_len)))
+        return Region(self, region_pb2.RegionInfo.FromString(take_bytes(info, info_len.value)),
+                      keepalive)
+
+    def unregister_region(self, region_id: int) -> None:
+        check(lib().kvrail_unregister_region(self._h, int(region_id)))
+
+    # --- transfers --------------------------------------------------------------------------
+    def submit(self, spec) -> Transfer:
+        """Submits a kvrail.v1.TransferSpec; returns once the daemon accepted it."""
+        data = spec.SerializeToString()
+        transfer_id = ctypes.c_uint64()
+        response, response_len = out_bytes()
+        check(lib().kvrail_submit(self._h, data, len(data), ctypes.byref(transfer_id),
+                                  ctypes.byref(response), ctypes.byref(response_len)))
+        return Transfer(self, transfer_id.value, transfer_pb2.SubmitTransferResponse.FromString(
+            take_bytes(response, response_len.value)))
+
+    def transfer(self, src: Union[Region, int], src_blocks: Sequence[int],
+                 dst: Union[Region, int], dst_blocks: Sequence[int], **fields) -> Transfer:
+        """Submits a paged transfer of `src_blocks` of `src` into `dst_blocks` of `dst`. Other
+        TransferSpec fields by keyword (num_layers=, num_tokens=, layerwise=, priority=, ...);
+        src_/dst_ prefixed ones set the endpoints' (src_layer_begin=, dst_head_begin=, ...)."""
+        spec = transfer_pb2.TransferSpec()
+        spec.src.region_id = src.id if isinstance(src, Region) else int(src)
+        spec.dst.region_id = dst.id if isinstance(dst, Region) else int(dst)
+        spec.src.block_ids.extend(int(b) for b in src_blocks)
+        spec.dst.block_ids.extend(int(b) for b in dst_blocks)
+        for key, value in fields.items():
+            side, _, rest = key.partition("_")
+            if side in ("src", "dst") and rest:
+                setattr(getattr(spec, side), rest, value)
+            else:
+                setattr(spec, key, value)
+        return self.submit(spec)
+
+    def _status_call(self, fn, *args):
+        state = ctypes.c_int32()
+        status, status_len = out_bytes()
+        check(fn(self._h, *args, ctypes.byref(state), ctypes.byref(status),
+                 ctypes.byref(status_len)))
+        return transfer_pb2.TransferStatus.FromString(take_bytes(status, status_len.value))
+
+    def get(self, transfer: TransferLike):
+        """The transfer's current kvrail.v1.TransferStatus."""
+        return self._status_call(lib().kvrail_get, _id(transfer))
+
+    def wait(self, transfer: TransferLike, timeout: Optional[float] = None):
+        """Blocks until the transfer ends or `timeout` seconds pass (None: until it ends; 0: the
+        current status at once); returns its status (not final on timeout)."""
+        timeout_ms = -1 if timeout is None else max(0, int(timeout * 1000))
+        if timeout is not None and timeout > 0 and timeout_ms == 0:
+            timeout_ms = 1
+        return self._status_call(lib().kvrail_wait, _id(transfer), timeout_ms)
+
+    def cancel(self, transfer: TransferLike):
+        return self._status_call(lib().kvrail_cancel, _id(transfer))
+
+    def mark_ready(self, transfer: TransferLike, layer_begin: int, layer_count: int = 1) -> None:
+        check(lib().kvrail_mark_ready(self._h, _id(transfer), layer_begin, layer_count))
+
+    def poll(self, transfers: Iterable[TransferLike], raise_on_error: bool = True) -> List[int]:
+        """The TransferStates of many transfers in one call. An id the daemon does not know
+        raises (NotFoundError naming its index) unless raise_on_error is False, when its state
+        reads 0 (TRANSFER_STATE_UNSPECIFIED)."""
+        ids = [_id(t) for t in transfers]
+        n = len(ids)
+        c_ids = (ctypes.c_uint64 * max(n, 1))(*ids)
+        states = (ctypes.c_int32 * max(n, 1))()
+        code = lib().kvrail_poll(self._h, c_ids, n, states, None)
+        if code != 0 and (raise_on_error or code == StatusCode.INVALID_ARGUMENT):
+            check(code)
+        return list(states[:n])
+
+    # --- admin ------------------------------------------------------------------------------
+    def _message_call(self, fn, message_type, *args):
+        out, out_len = out_bytes()
+        check(fn(self._h, *args, ctypes.byref(out), ctypes.byref(out_len)))
+        return message_type.FromString(take_bytes(out, out_len.value))
+
+    def list_regions(self) -> list:
+        """Every region the daemon holds (kvrail.v1.RegionInfo), of every client."""
+        return list(self._message_call(lib().kvrail_list_regions,
+                                       admin_pb2.ListRegionsResponse).regions)
+
+    def list_transfers(self, states: Sequence[int] = (), limit: int = 0) -> list:
+        """Recent transfers (kvrail.v1.TransferStatus), newest first; `states` filters."""
+        n = len(states)
+        c_states = (ctypes.c_int32 * max(n, 1))(*states)
+        return list(self._message_call(lib().kvrail_list_transfers,
+                                       admin_pb2.ListTransfersResponse, c_states, n,
+                                       limit).transfers)
+
+    def stats(self):
+        """The daemon's kvrail.v1.Stats."""
+        return self._message_call(lib().kvrail_get_stats, admin_pb2.Stats)
+
+    def __repr__(self) -> str:
+        return f"Client({self.target!r}{', closed' if self.closed else ''})"
+
+
+def _id(transfer: TransferLike) -> int:
+    return transfer.id if isinstance(transfer, Transfer) else int(transfer)
+
+
+def connect(target: Optional[str] = None, probe_timeout: float = 3.0) -> Client:
+    """Connects to kvraild: `target` a unix socket path ("unix:PATH" too) or "host:port"; None:
+    $KVRAIL_SOCKET, else /run/kvrail/kvrail.sock. UnavailableError when it does not answer."""
+    return Client(target, probe_timeout)
+
+
+def poll(transfers: Sequence[Transfer], raise_on_error: bool = True) -> List[int]:
+    """Client.poll over Transfer objects of one client."""
+    transfers = list(transfers)
+    if not transfers:
+        return []
+    return transfers[0]._client.poll(transfers, raise_on_error)
+
+
+async def wait_all(transfers: Sequence[Transfer], poll_interval: float = 0.005) -> list:
+    """Awaits many transfers with one poll call per round (not one thread each); returns their
+    final statuses in order (no raise on failure)."""
+    pending = [t for t in transfers if t._final is None]
+    while pending:
+        states = poll(pending)
+        for t, state in zip(pending, states):
+            if is_final(state):
+                t.wait(0)
+        pending = [t for t in pending if t._final is None]
+        if pending:
+            await asyncio.sleep(poll_interval)
+    return [t._final for t in transfers]
+
+
+__all__ = ["Client", "HostBuffer", "Region", "Transfer", "connect", "poll", "wait_all",
+           "is_final", "KvrailError"]
