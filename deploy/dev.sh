@@ -14,6 +14,7 @@ PACKAGES=(
   libspdlog-dev libfmt-dev catch2 libcli11-dev nlohmann-json3-dev
   libfabric-dev libfabric-bin libibverbs-dev librdmacm-dev libhwloc-dev libnuma-dev
   prometheus-cpp-dev iproute2 procps python3 python3-yaml systemd
+  python3-pytest python3-numpy python3-protobuf python3-setuptools
   clang
 )
 
