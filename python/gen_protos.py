@@ -30,7 +30,7 @@ _IMPORT = re.compile(r"^from proto\.kvrail\.v1 import (\w+_pb2)", re.MULTILINE)
 
 
 def generate(root: str, out: str, protos: list) -> list:
-    """Runs protoc over `protos` and writes the rewritten modules into `out`; returns their paths."""
+    """Runs protoc over `protos`, writes the rewritten modules into `out`; returns their paths."""
     protoc = shutil.which("protoc")
     if protoc is None:
         raise RuntimeError("protoc not found (Debian: apt-get install protobuf-compiler)")

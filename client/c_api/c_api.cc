@@ -110,7 +110,8 @@ absl::StatusOr<T> Parse(const uint8_t* data, size_t len, const char* name) {
   if (data == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(name, ": NULL with length ", len));
   }
-  if (len > static_cast<size_t>(INT32_MAX) || !message.ParseFromArray(data, static_cast<int>(len))) {
+  if (len > static_cast<size_t>(INT32_MAX) ||
+      !message.ParseFromArray(data, static_cast<int>(len))) {
     return absl::InvalidArgumentError(absl::StrCat(name, ": ", len, " bytes are not a serialized ",
                                                    message.GetTypeName()));
   }
@@ -281,9 +282,9 @@ int kvrail_host_buffer_create(uint64_t bytes, const char* name, kvrail_host_buff
     KVRAIL_RETURN_IF_ERROR(RequireOut(out, "out"));
     *out = nullptr;
     if (bytes == 0) return absl::InvalidArgumentError("bytes: must be > 0");
-    KVRAIL_ASSIGN_OR_RETURN(
-        std::unique_ptr<HostBuffer> buffer,
-        HostBuffer::Create(bytes, name != nullptr && name[0] != '\0' ? name : "kvrail-host-buffer"));
+    const std::string label =
+        name != nullptr && name[0] != '\0' ? name : "kvrail-host-buffer";
+    KVRAIL_ASSIGN_OR_RETURN(std::unique_ptr<HostBuffer> buffer, HostBuffer::Create(bytes, label));
     *out = HandleFrom<kvrail_host_buffer>(Buffers().Add(std::move(buffer)));
     return absl::OkStatus();
   });

@@ -137,7 +137,9 @@ TEST_CASE("blocks move between two host regions; wait returns the status bytes a
   Pool dst(live.client, /*writable=*/true, 0xAB);
   for (uint32_t l = 0; l < kLayers; ++l) {
     for (uint32_t p = 0; p < kParts; ++p) {
-      for (uint32_t b = 0; b < kBlocks; ++b) std::memset(Chunk(src.buffer, l, p, b), 16 * l + 4 * p + b, kChunk);
+      for (uint32_t b = 0; b < kBlocks; ++b) {
+        std::memset(Chunk(src.buffer, l, p, b), 16 * l + 4 * p + b, kChunk);
+      }
     }
   }
   const uint64_t id = Submit(live.client, BlockTransfer(src.region, {1, 3}, dst.region, {6, 0}));
@@ -176,7 +178,8 @@ TEST_CASE("daemon errors keep their gRPC code and the message naming the field")
   Live live;
   Pool src(live.client, false, 0);
   Pool dst(live.client, true, 0);
-  const std::vector<uint8_t> bad = Bytes(BlockTransfer(src.region, {0, 1}, dst.region, {2, kBlocks}));
+  const std::vector<uint8_t> bad =
+      Bytes(BlockTransfer(src.region, {0, 1}, dst.region, {2, kBlocks}));
   uint64_t id = 7;
   CHECK(kvrail_submit(live.client, bad.data(), bad.size(), &id, nullptr, nullptr) ==
         KVRAIL_INVALID_ARGUMENT);

@@ -15,7 +15,8 @@ from kvrail.layouts import PagedLayout, layout_from_strides
 
 
 def c_layout_bytes(layout: PagedLayout) -> int:
-    s = PagedLayoutStruct(struct_size=ctypes.sizeof(PagedLayoutStruct), num_layers=layout.num_layers,
+    s = PagedLayoutStruct(struct_size=ctypes.sizeof(PagedLayoutStruct),
+                          num_layers=layout.num_layers,
                           num_parts=layout.num_parts, num_blocks=layout.num_blocks,
                           tokens_per_block=layout.tokens_per_block, num_heads=layout.num_heads,
                           head_dim=layout.head_dim, dtype=layout.dtype, order=layout.order,
