@@ -5,10 +5,11 @@ set -euo pipefail
 dir="$TEST_SRCDIR/$TEST_WORKSPACE"
 /usr/bin/python3 "$dir/tests/deploy/check_manifests.py"
 # The documented default config parses and validates (the daemon exits 2 on a bad config file;
-# here it must get as far as trying to bind, which fails on purpose: /nonexistent/...).
+# here it must get as far as its socket: taking the socket's lock file, the first step there, fails
+# on purpose: /nonexistent/...).
 out=$("$dir/daemon/kvraild" --config "$dir/deploy/config/kvraild.textproto" \
       --socket /nonexistent/dir/k.sock 2>&1 || true)
 echo "$out" | tail -2
-echo "$out" | grep -q "unix_socket: cannot bind /nonexistent/dir/k.sock.session" || {
+echo "$out" | grep -q "unix_socket: cannot open lock file /nonexistent/dir/k.sock.lock" || {
   echo "FAIL: the default config did not get the daemon as far as binding its socket"; exit 1; }
 echo "ok   config: kvraild accepts deploy/config/kvraild.textproto"
