@@ -129,6 +129,14 @@ absl::Status ResetBytes(uint8_t** out, size_t* out_len, const char* name) {
   return absl::OkStatus();
 }
 
+// The out parameters of a registration: `region_id` required, the RegionInfo bytes optional;
+// cleared before anything can fail so a failed call leaves nothing stale.
+absl::Status ResetRegionOuts(uint64_t* region_id, uint8_t** info, size_t* info_len) {
+  KVRAIL_RETURN_IF_ERROR(RequireOut(region_id, "region_id"));
+  *region_id = 0;
+  return ResetBytes(info, info_len, "info");
+}
+
 // Serializes `message` into malloc'ed bytes for an optional out pair (kvrail_free releases them).
 absl::Status PutBytes(const google::protobuf::MessageLite& message, uint8_t** out,
                       size_t* out_len) {
@@ -230,6 +238,7 @@ using kvrail::c_api::HandleOf;
 using kvrail::c_api::Parse;
 using kvrail::c_api::PutBytes;
 using kvrail::c_api::PutRegion;
+using kvrail::c_api::ResetRegionOuts;
 using kvrail::c_api::RequireOut;
 using kvrail::c_api::ResetBytes;
 using kvrail::client::Client;
@@ -321,9 +330,7 @@ int kvrail_register_host_buffer(kvrail_client* handle, kvrail_host_buffer* buffe
                                 const uint8_t* spec, size_t spec_len, uint64_t* region_id,
                                 uint8_t** info, size_t* info_len) {
   return Guard([&]() -> absl::Status {
-    KVRAIL_RETURN_IF_ERROR(RequireOut(region_id, "region_id"));
-    *region_id = 0;
-    KVRAIL_RETURN_IF_ERROR(ResetBytes(info, info_len, "info"));
+    KVRAIL_RETURN_IF_ERROR(ResetRegionOuts(region_id, info, info_len));
     KVRAIL_ASSIGN_OR_RETURN(std::shared_ptr<Client> client, FindClient(handle));
     KVRAIL_ASSIGN_OR_RETURN(std::shared_ptr<HostBuffer> buffer, FindBuffer(buffer_handle));
     KVRAIL_ASSIGN_OR_RETURN(v1::RegionSpec parsed, Parse<v1::RegionSpec>(spec, spec_len, "spec"));
@@ -336,9 +343,7 @@ int kvrail_register_host_buffer(kvrail_client* handle, kvrail_host_buffer* buffe
 int kvrail_register_region(kvrail_client* handle, const uint8_t* spec, size_t spec_len,
                            uint64_t* region_id, uint8_t** info, size_t* info_len) {
   return Guard([&]() -> absl::Status {
-    KVRAIL_RETURN_IF_ERROR(RequireOut(region_id, "region_id"));
-    *region_id = 0;
-    KVRAIL_RETURN_IF_ERROR(ResetBytes(info, info_len, "info"));
+    KVRAIL_RETURN_IF_ERROR(ResetRegionOuts(region_id, info, info_len));
     KVRAIL_ASSIGN_OR_RETURN(std::shared_ptr<Client> client, FindClient(handle));
     KVRAIL_ASSIGN_OR_RETURN(v1::RegionSpec parsed, Parse<v1::RegionSpec>(spec, spec_len, "spec"));
     KVRAIL_ASSIGN_OR_RETURN(const uint64_t session, client->SessionId());
@@ -388,9 +393,7 @@ int kvrail_register_cuda(kvrail_client* handle, const void* device_ptr, uint64_t
                          const uint8_t* spec, size_t spec_len, uint64_t* region_id,
                          uint8_t** info, size_t* info_len) {
   return Guard([&]() -> absl::Status {
-    KVRAIL_RETURN_IF_ERROR(RequireOut(region_id, "region_id"));
-    *region_id = 0;
-    KVRAIL_RETURN_IF_ERROR(ResetBytes(info, info_len, "info"));
+    KVRAIL_RETURN_IF_ERROR(ResetRegionOuts(region_id, info, info_len));
     KVRAIL_ASSIGN_OR_RETURN(std::shared_ptr<Client> client, FindClient(handle));
     if (device_ptr == nullptr) return absl::InvalidArgumentError("device_ptr: NULL");
     KVRAIL_ASSIGN_OR_RETURN(v1::RegionSpec parsed, Parse<v1::RegionSpec>(spec, spec_len, "spec"));

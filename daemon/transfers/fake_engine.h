@@ -18,6 +18,25 @@ namespace kvrail::transfers::testing {
 
 // Thread-safe. Tiles are identified by (job, tile); a test usually has one job in flight and
 // drives it with the *Next helpers.
+// Heap table memory that counts what it hands out (where the manager's plans took their tables).
+class CountingTables final : public planner::TableAllocator {
+ public:
+  Memory Take(size_t bytes) override {
+    absl::MutexLock lock(&mu_);
+    ++taken_;
+    return Memory{std::shared_ptr<void>(::operator new(bytes), [](void* p) { ::operator delete(p); }),
+                  false};
+  }
+  size_t taken() const {
+    absl::MutexLock lock(&mu_);
+    return taken_;
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  size_t taken_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
 class FakeEngine final : public engine::Engine {
  public:
   std::string name() const override { return "fake"; }
@@ -43,6 +62,9 @@ class FakeEngine final : public engine::Engine {
     return out;
   }
   std::string Describe() const override { return "fake"; }
+  planner::TableAllocator* table_pool() const override { return &tables_; }
+  // Plans whose block tables came from this engine's table_pool().
+  size_t tables_taken() const { return tables_.taken(); }
 
   // Starts the oldest queued tile (OnTileStart) and returns it as running; false when none.
   bool StartNext(std::shared_ptr<engine::Job>* job = nullptr, uint32_t* tile = nullptr) {
@@ -103,6 +125,7 @@ class FakeEngine final : public engine::Engine {
   }
 
  private:
+  mutable CountingTables tables_;
   struct Entry {
     std::shared_ptr<engine::Job> job;
     uint32_t tile = 0;

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
+#include "daemon/planner/parallel_table_checks.h"
 #include "daemon/transfers/flag_watches.h"
 #include "daemon/transfers/history.h"
 #include "daemon/transfers/record.h"
@@ -133,6 +134,8 @@ class TransferManagerImpl final : public TransferManager {
   const Options options_;
   const std::shared_ptr<Counters> counters_;
   const std::vector<int> gpu_index_;  // CUDA ordinal -> topology GPU index
+  // Large block tables are copied and checked on two threads (both paths' plans).
+  const std::unique_ptr<planner::TableCheckRunner> table_checks_;
 
   mutable absl::Mutex mu_;
   uint64_t next_id_ ABSL_GUARDED_BY(mu_);

@@ -191,5 +191,13 @@ TEST_CASE("two remote submits with one idempotency key start one transfer") {
   fabric_engine.RunAll();
 }
 
+TEST_CASE("without a CUDA engine, plans take their block tables from the host engine's pool") {
+  ManagerFixture f;
+  PagedFixture p(&f);
+  auto accepted = f.manager->Submit(p.Spec({4, 5, 6, 7}));
+  REQUIRE(accepted.ok());
+  CHECK(f.engine.tables_taken() == 2);  // the source's table and the destination's
+}
+
 }  // namespace
 }  // namespace kvrail::transfers

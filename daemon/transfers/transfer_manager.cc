@@ -47,6 +47,7 @@ TransferManagerImpl::TransferManagerImpl(regions::RegionTable* regions, engine::
       options_(options),
       counters_(MakeCounters(options.on_finished)),
       gpu_index_(scheduler::GpuIndexByOrdinal(options.topology)),
+      table_checks_(planner::CreateParallelTableChecks()),
       next_id_(std::max<uint64_t>(1, static_cast<uint64_t>(clock->NowUnixMicros()))),
       history_(options.history),
       watches_(options.flag_poll_interval) {
@@ -111,9 +112,12 @@ absl::StatusOr<v1::SubmitTransferResponse> TransferManagerImpl::SubmitLocal(
   planner::PlanOptions plan_options;
   plan_options.tile_bytes = options_.tile_bytes;
   plan_options.defer_checks_from = options_.defer_id_checks_from;
+  plan_options.table_checks = table_checks_.get();
   // Any local plan may run on the CUDA engine (the route is chosen below): its tables go where
-  // that engine uploads them from without staging.
-  if (options_.cuda_engine != nullptr) plan_options.tables = options_.cuda_engine->table_pool();
+  // that engine uploads them from without staging; without one, the host engine's recycled
+  // buffers.
+  plan_options.tables =
+      (options_.cuda_engine != nullptr ? options_.cuda_engine : engine_)->table_pool();
   KVRAIL_ASSIGN_OR_RETURN(planner::Plan plan,
                           planner::MakePlan(request.light, request.src->view(),
                                             request.dst->view(), plan_options, request.Tables()));
@@ -180,6 +184,7 @@ absl::StatusOr<v1::SubmitTransferResponse> TransferManagerImpl::SubmitRemote(
   KVRAIL_ASSIGN_OR_RETURN(RemotePath::Prepared prepared, options_.remote->Prepare(request.light));
   planner::PlanOptions plan_options;
   plan_options.tile_bytes = std::min(options_.tile_bytes, prepared.max_tile_bytes);
+  plan_options.table_checks = table_checks_.get();
   KVRAIL_ASSIGN_OR_RETURN(planner::Plan plan,
                           planner::MakePlan(request.light, request.src->view(),
                                             prepared.dst->view(), plan_options, request.Tables()));
