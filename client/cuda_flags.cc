@@ -20,7 +20,8 @@ class CudaFlagsImpl final : public CudaFlags {
         wait_(wait), owns_registration_(owns_registration) {}
   ~CudaFlagsImpl() override {
     if (!owns_registration_) return;
-    cudaSetDevice(device_);
+    // The caller's current device stays current (a destructor must not move its thread).
+    cuda::ScopedDevice on(device_);
     cudaHostUnregister(words_);
   }
 
@@ -55,9 +56,10 @@ absl::StatusOr<std::unique_ptr<CudaFlags>> CudaFlags::Map(uint32_t* words, uint3
   if (reinterpret_cast<uintptr_t>(words) % 4 != 0 || count == 0) {
     return absl::InvalidArgumentError("flag words must be 4-byte aligned and at least one");
   }
-  cudaError_t e = cudaSetDevice(device);
-  if (e != cudaSuccess) return cuda::CudaStatus(e, "cudaSetDevice");
-  e = cudaHostRegister(words, 4ull * count, cudaHostRegisterMapped | cudaHostRegisterPortable);
+  // Registered on `device` for this call only; the caller's current device is restored.
+  cuda::ScopedDevice on(device);
+  if (!on.status().ok()) return on.status();
+  cudaError_t e = cudaHostRegister(words, 4ull * count, cudaHostRegisterMapped | cudaHostRegisterPortable);
   // Memory inside an earlier (portable) registration is already mapped for every GPU.
   const bool owns = e == cudaSuccess;
   if (e == cudaErrorHostMemoryAlreadyRegistered) {

@@ -26,6 +26,7 @@ class CudaFlags {
  public:
   virtual ~CudaFlags() = default;
   // Pins and maps `words` (count 32-bit words, 4-byte aligned host memory) for GPU `device`.
+  // The calling thread's current device is unchanged afterwards (here and in the destructor).
   static absl::StatusOr<std::unique_ptr<CudaFlags>> Map(uint32_t* words, uint32_t count, int device);
   // Enqueues "words[index] = value" on `stream`: it happens after all earlier work of the stream
   // (cuStreamWriteValue32; the write is visible to the host once performed).

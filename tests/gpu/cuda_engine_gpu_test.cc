@@ -7,7 +7,7 @@
 // mapping once the transfer ends.
 //
 // Outside Bazel, point TEST_SRCDIR/TEST_WORKSPACE at a folder holding daemon/kvraild and
-// client/kv_demo (see docs/benchmarks.md, "CUDA engine, one H200").
+// examples/kv_demo (see docs/benchmarks.md, "CUDA engine, one H200").
 #define CATCH_CONFIG_MAIN
 #include <catch2/catch.hpp>
 
@@ -385,7 +385,7 @@ TEST_CASE("a client that dies while its GPU region is in use: the daemon keeps s
   REQUIRE(daemon.Start(dir.path()));
   const std::string info_path = dir.path() + "/prefill.json";
   // kv_demo prefill exports a GPU pool (GPU0) and holds it until killed.
-  std::vector<std::string> args = {testing::RunfilePath("client/kv_demo"), "prefill", "--socket",
+  std::vector<std::string> args = {testing::RunfilePath("examples/kv_demo"), "prefill", "--socket",
                                    daemon.socket(), "--info", info_path, "--gpu", "0",
                                    "--ignore-stdin", "--tokens", "1024", "--pool-blocks", "128"};
   std::vector<char*> argv;

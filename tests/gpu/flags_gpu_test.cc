@@ -75,10 +75,15 @@ TEST_CASE("a consumer stream released by arrival flags sees every layer complete
   flag_spec.set_writable(true);
   auto flags_region = (*cl)->RegisterHostBuffer(**flag_buffer, flag_spec);
   REQUIRE(flags_region.ok());
+  REQUIRE(cudaSetDevice(0) == cudaSuccess);
   auto producer_flags = client::CudaFlags::Map(words, 1024, 0);
   REQUIRE(producer_flags.ok());
   auto consumer_flags = client::CudaFlags::Map(words, 1024, consumer_device);
   REQUIRE(consumer_flags.ok());
+  // Mapping for another GPU leaves the caller's current device where it was.
+  int current = -1;
+  REQUIRE(cudaGetDevice(&current) == cudaSuccess);
+  CHECK(current == 0);
 
   // Everything the streams use exists before the first wait: snapshots in pinned memory.
   uint8_t* snapshot = nullptr;

@@ -6,9 +6,9 @@ out=${OUT:-/tmp}
 export LD_LIBRARY_PATH=$PWD/.devpack/lib:${LD_LIBRARY_PATH:-}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 rf=$(mktemp -d /tmp/rf.XXXXXX)
-mkdir -p "$rf/kvrail/daemon" "$rf/kvrail/client"
+mkdir -p "$rf/kvrail/daemon" "$rf/kvrail/examples"
 ln -s "$PWD/.devpack/bin/kvraild" "$rf/kvrail/daemon/kvraild"
-[ -e .devpack/bin/kv_demo ] && ln -s "$PWD/.devpack/bin/kv_demo" "$rf/kvrail/client/kv_demo"
+[ -e .devpack/bin/kv_demo ] && ln -s "$PWD/.devpack/bin/kv_demo" "$rf/kvrail/examples/kv_demo"
 export TEST_SRCDIR=$rf TEST_WORKSPACE=kvrail
 
 # Processes this script started, ended by their ids only, never by name: the machine may run
@@ -64,6 +64,8 @@ start_mps() {
   done
   mps_pid=$(cat "$CUDA_MPS_PIPE_DIRECTORY/nvidia-cuda-mps-control.pid" 2>/dev/null || true)
   [[ -z $mps_pid ]] && mps_pid=unknown
+  # Logged so a run shows whether the pid file was where this script expects it.
+  echo "mps: control daemon pid $mps_pid ($(ls "$CUDA_MPS_PIPE_DIRECTORY" | tr '\n' ' '))"
   return 0
 }
 # `quit` waits for every MPS client; run_group has already ended the ones this script started.

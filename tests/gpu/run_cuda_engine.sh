@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs the CUDA engine's GPU test, the GPU demo and the benchmark on a GPU machine from .devpack/
-# (built here, packed with ../shared/tools/devpack daemon/kvraild client/kv_demo
+# (built here, packed with ../shared/tools/devpack daemon/kvraild examples/kv_demo
 # tests/gpu/cuda_engine_gpu_test tests/gpu/cuda_engine_bench tests/gpu/fabric_gpu_bench). Writes
 # logs to ${OUT:-/tmp}. PARTS picks what runs (default "test demo bench"; "fabric" the fabric GPU
 # row; "interference" the GEMM table under MPS).
