@@ -1,5 +1,6 @@
 // The client's end of the session socket (SessionConnection in wire/session_wire.h).
 #include <errno.h>
+#include <poll.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/time.h>
@@ -39,11 +40,37 @@ absl::Status InContext(const absl::Status& status, absl::string_view path,
 // Thread contract: see SessionConnection; mu_ serialises whole exchanges.
 class SessionConnectionImpl final : public SessionConnection {
  public:
-  SessionConnectionImpl(UniqueFd sock, uint64_t id, std::string path)
-      : sock_(std::move(sock)), id_(id), path_(std::move(path)) {}
+  SessionConnectionImpl(UniqueFd sock, uint64_t id, std::string path, std::string instance)
+      : raw_sock_(sock.get()),
+        sock_(std::move(sock)),
+        id_(id),
+        path_(std::move(path)),
+        instance_(std::move(instance)) {}
 
   uint64_t session_id() const override { return id_; }
   const std::string& path() const override { return path_; }
+  const std::string& instance_id() const override { return instance_; }
+
+  bool PeerClosed() const override {
+    struct pollfd p = {raw_sock_, POLLRDHUP, 0};
+    return ::poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
+  }
+
+  absl::StatusOr<bool> WaitForClose(int wake_fd) const override {
+    // POLLIN is not asked for on the session socket: answers arriving for other threads'
+    // exchanges do not wake this wait (hang-ups are reported whatever is asked).
+    struct pollfd p[2] = {{raw_sock_, POLLRDHUP, 0}, {wake_fd, POLLIN, 0}};
+    while (true) {
+      const int n = ::poll(p, 2, -1);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) {
+        return absl::InternalError(absl::StrCat("session socket ", path_, ": poll: ",
+                                                strerror(errno)));
+      }
+      if ((p[0].revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0) return true;
+      if (p[1].revents != 0) return false;
+    }
+  }
 
   absl::StatusOr<std::string> SendFd(int fd) override {
     bool sent = false;
@@ -83,9 +110,13 @@ class SessionConnectionImpl final : public SessionConnection {
   }
 
   absl::Mutex mu_;  // one request/answer exchange at a time
+  // The socket's number, for polls that read nothing (PeerClosed, WaitForClose): sock_ is never
+  // replaced, so the number stays this connection's until the object is destroyed.
+  const int raw_sock_;
   UniqueFd sock_ ABSL_GUARDED_BY(mu_);
   const uint64_t id_;
   const std::string path_;
+  const std::string instance_;
 };
 
 }  // namespace
@@ -123,7 +154,8 @@ absl::StatusOr<std::unique_ptr<SessionConnection>> SessionConnection::Open(
   absl::StatusOr<uint64_t> id = ParseGreeting(*greeting);
   if (!id.ok()) return InContext(id.status(), session_socket_path);
   return std::unique_ptr<SessionConnection>(
-      new SessionConnectionImpl(std::move(sock), *id, session_socket_path));
+      new SessionConnectionImpl(std::move(sock), *id, session_socket_path,
+                                ParseGreetingInstance(*greeting)));
 }
 
 }  // namespace kvrail::wire

@@ -16,6 +16,7 @@ namespace kvrail::wire {
 namespace {
 
 constexpr absl::string_view kSession = "SESSION ";
+constexpr absl::string_view kInstance = "INSTANCE ";
 constexpr absl::string_view kToken = "TOKEN ";
 constexpr absl::string_view kError = "ERROR ";
 constexpr absl::string_view kSubmit = "SUBMIT ";
@@ -61,7 +62,14 @@ std::string SessionSocketPath(const std::string& grpc_socket_path) {
 
 // --- Packets -------------------------------------------------------------------------------------
 
-std::string EncodeGreeting(uint64_t session_id) { return absl::StrCat(kSession, session_id); }
+std::string EncodeGreeting(uint64_t session_id, absl::string_view instance_id) {
+  std::string greeting = absl::StrCat(kSession, session_id);
+  if (!instance_id.empty()) {
+    greeting.push_back('\0');
+    absl::StrAppend(&greeting, kInstance, instance_id);
+  }
+  return greeting;
+}
 std::string EncodeToken(absl::string_view token) { return absl::StrCat(kToken, token); }
 std::string EncodeError(absl::string_view message) { return absl::StrCat(kError, message); }
 
@@ -121,6 +129,17 @@ absl::StatusOr<uint64_t> ParseGreeting(absl::string_view packet) {
         absl::StrCat("unexpected greeting \"", packet, "\" (want \"SESSION <id>\")"));
   }
   return id;
+}
+
+std::string ParseGreetingInstance(absl::string_view packet) {
+  const size_t nul = packet.find('\0');
+  if (nul == absl::string_view::npos) return "";
+  absl::string_view text = Line(packet.substr(nul + 1));
+  if (!absl::ConsumePrefix(&text, kInstance) || text.empty() || text.size() > 64) return "";
+  for (char c : text) {
+    if (!absl::ascii_isalnum(static_cast<unsigned char>(c))) return "";
+  }
+  return std::string(text);
 }
 
 absl::StatusOr<std::string> ParseTokenAnswer(absl::string_view packet) {

@@ -4,7 +4,9 @@
 // session server (daemon/session/) both speak it through this module only.
 //
 // Protocol (one packet per message, text then an optional serialized proto):
-//   daemon -> client, on accept:   "SESSION <decimal id>"
+//   daemon -> client, on accept:   "SESSION <decimal id>" NUL "INSTANCE <32 hex digits>"
+//                                  (the daemon's instance, Stats.instance_id; after a NUL so a
+//                                  client that predates it reads "SESSION <id>" and stops there)
 //   client -> daemon:              "FD" with exactly one fd in SCM_RIGHTS ancillary data
 //   daemon -> client:              "TOKEN <token>" or "ERROR <message>"
 //   client -> daemon:              "SUBMIT " + serialized SubmitTransferRequest
@@ -17,6 +19,8 @@
 // A token is single-use and belongs to the session; RegisterRegion(spec.share.fd_token = token,
 // session_id = id) consumes it. When the connection closes the daemon unregisters every region
 // registered with the session id, so a client keeps the connection open for its lifetime.
+// The connection closing unasked (the daemon died or stopped), or a new connection greeting with
+// another instance, is how a client learns that its session and regions are gone.
 //
 // Free functions here are stateless and thread-safe; SessionConnection states its own contract.
 #pragma once
@@ -57,7 +61,8 @@ std::string SessionSocketPath(const std::string& grpc_socket_path);
 // --- Packets -----------------------------------------------------------------------------------
 
 // Daemon -> client.
-std::string EncodeGreeting(uint64_t session_id);  // "SESSION <id>"
+// "SESSION <id>", then NUL "INSTANCE <instance_id>" when `instance_id` is not empty.
+std::string EncodeGreeting(uint64_t session_id, absl::string_view instance_id = "");
 std::string EncodeToken(absl::string_view token);  // "TOKEN <token>"
 std::string EncodeError(absl::string_view message);  // "ERROR <message>"
 std::string EncodeSubmitted(const v1::SubmitTransferResponse& response);
@@ -87,6 +92,9 @@ absl::StatusOr<uint64_t> ParseWaitBody(absl::string_view body, bool plain);
 // The daemon's greeting: the session id (never 0). A trailing newline or NUL is tolerated.
 // INTERNAL quoting the packet otherwise.
 absl::StatusOr<uint64_t> ParseGreeting(absl::string_view packet);
+// The daemon instance a greeting names (what follows NUL "INSTANCE "), or "" when it names none
+// (an older daemon) or the part is malformed.
+std::string ParseGreetingInstance(absl::string_view packet);
 // The answer to FD: the token; FAILED_PRECONDITION with the daemon's message for "ERROR ...";
 // INTERNAL quoting the packet for anything else. Trailing whitespace or NUL is tolerated.
 absl::StatusOr<std::string> ParseTokenAnswer(absl::string_view packet);
@@ -163,6 +171,16 @@ class SessionConnection {
 
   virtual uint64_t session_id() const = 0;
   virtual const std::string& path() const = 0;
+  // The daemon instance the greeting named ("" from an older daemon).
+  virtual const std::string& instance_id() const = 0;
+
+  // Whether the daemon has closed the connection (it stopped or died), checked without waiting
+  // and without reading anything.
+  virtual bool PeerClosed() const = 0;
+  // Blocks until the daemon closes the connection (true) or `wake_fd` becomes readable (false).
+  // Reads nothing from either; may run beside exchanges on other threads (a monitor thread).
+  // INTERNAL when poll fails.
+  virtual absl::StatusOr<bool> WaitForClose(int wake_fd) const = 0;
 
   // Passes `fd` (which stays owned by the caller) to the daemon and returns the token it answered.
   // An "ERROR <message>" answer becomes FAILED_PRECONDITION with the daemon's message.

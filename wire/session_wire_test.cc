@@ -198,8 +198,54 @@ TEST_CASE("a bad greeting or a vanished daemon is a clear error") {
   }
 }
 
+TEST_CASE("the greeting names the daemon instance; the connection reports the daemon closing") {
+  TempDir dir;
+  const std::string path = dir.path() + "/k.sock.session";
+  std::atomic<bool> close_now{false};
+  FakeDaemon daemon(path, [&](int conn) {
+    (void)SendPacket(conn, EncodeGreeting(9, "0123456789abcdef0123456789abcdef"));
+    for (int ms = 0; ms < 10000 && !close_now; ++ms) ::usleep(1000);  // bounded: never hangs
+  });  // returning closes the connection, as a daemon that dies does
+  auto session = SessionConnection::Open(path);
+  REQUIRE(session.ok());
+  CHECK((*session)->session_id() == 9);
+  CHECK((*session)->instance_id() == "0123456789abcdef0123456789abcdef");
+  CHECK_FALSE((*session)->PeerClosed());
+
+  int wake[2];
+  REQUIRE(::pipe2(wake, O_CLOEXEC) == 0);
+  UniqueFd wake_read(wake[0]), wake_write(wake[1]);
+  SECTION("a wake ends the wait without a close") {
+    REQUIRE(::write(wake_write.get(), "x", 1) == 1);
+    auto closed = (*session)->WaitForClose(wake_read.get());
+    REQUIRE(closed.ok());
+    CHECK_FALSE(*closed);
+    CHECK_FALSE((*session)->PeerClosed());
+    close_now = true;
+  }
+  SECTION("the daemon closing ends the wait") {
+    std::thread closer([&] {
+      ::usleep(20000);
+      close_now = true;
+    });
+    auto closed = (*session)->WaitForClose(wake_read.get());
+    closer.join();
+    REQUIRE(closed.ok());
+    CHECK(*closed);
+    CHECK((*session)->PeerClosed());
+  }
+}
+
 TEST_CASE("every packet kind has the protocol's bytes and parses back") {
   CHECK(EncodeGreeting(42) == "SESSION 42");
+  const std::string greeting = EncodeGreeting(42, "00ff");
+  CHECK(greeting == std::string("SESSION 42\0INSTANCE 00ff", 24));
+  // A client that predates the instance reads the id and stops at the NUL.
+  CHECK(ParseGreeting(greeting).value() == 42);
+  CHECK(ParseGreetingInstance(greeting) == "00ff");
+  CHECK(ParseGreetingInstance("SESSION 42").empty());
+  CHECK(ParseGreetingInstance(std::string("SESSION 42\0INSTANCE a b", 23)).empty());
+  CHECK(ParseGreetingInstance(std::string("SESSION 42\0OTHER 00ff", 21)).empty());
   CHECK(EncodeToken("tok-1") == "TOKEN tok-1");
   CHECK(EncodeError("no room") == "ERROR no room");
   CHECK(EncodeRejected(absl::NotFoundError("transfer 9 unknown")) ==
