@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "base/status.h"
+#include "client/c_api/entry.h"
 #include "client/c_api/handle_table.h"
 #include "client/cuda_export.h"
 #include "client/kvrail_client.h"
@@ -40,43 +41,6 @@ HandleTable<HostBuffer>& Buffers() {
   return *table;
 }
 
-uint64_t HandleOf(const void* handle) { return reinterpret_cast<uintptr_t>(handle); }
-
-template <typename Handle>
-Handle* HandleFrom(uint64_t number) {
-  return reinterpret_cast<Handle*>(static_cast<uintptr_t>(number));
-}
-
-// The calling thread's last result (kvrail_last_error_*).
-struct LastError {
-  int code = KVRAIL_OK;
-  std::string message;
-};
-LastError& Last() {
-  thread_local LastError last;
-  return last;
-}
-
-int Finish(const absl::Status& status) {
-  LastError& last = Last();
-  last.code = static_cast<int>(status.code());
-  last.message = std::string(status.message());
-  return last.code;
-}
-
-// Runs an entry point's body; a C++ exception (bad_alloc from a huge message, say) becomes
-// INTERNAL rather than unwinding into C.
-template <typename Body>
-int Guard(Body&& body) {
-  try {
-    return Finish(body());
-  } catch (const std::exception& e) {
-    return Finish(absl::InternalError(absl::StrCat("kvrail: C++ exception: ", e.what())));
-  } catch (...) {
-    return Finish(absl::InternalError("kvrail: unknown C++ exception"));
-  }
-}
-
 absl::StatusOr<std::shared_ptr<Client>> FindClient(kvrail_client* handle) {
   if (handle == nullptr) return absl::InvalidArgumentError("client: NULL");
   std::shared_ptr<Client> client = Clients().Find(HandleOf(handle));
@@ -97,10 +61,6 @@ absl::StatusOr<std::shared_ptr<HostBuffer>> FindBuffer(kvrail_host_buffer* handl
   return buffer;
 }
 
-absl::Status RequireOut(const void* out, const char* name) {
-  if (out == nullptr) return absl::InvalidArgumentError(absl::StrCat(name, ": NULL out-parameter"));
-  return absl::OkStatus();
-}
 
 // Parses `len` bytes as a `T`; the error names the argument and the expected message type.
 template <typename T>

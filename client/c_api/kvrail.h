@@ -171,6 +171,30 @@ int kvrail_list_transfers(kvrail_client* client, const int32_t* states, size_t n
                           uint32_t limit, uint8_t** out, size_t* out_len);
 int kvrail_get_stats(kvrail_client* client, uint8_t** out, size_t* out_len);
 
+/* --- CUDA readiness flags (layer-wise streaming from and to CUDA streams) --------------------- */
+/* A flag array is 32-bit words in a registered host region (TransferSpec.ready_flags /
+ * arrival_flags name the region, offset and epoch value). Mapping it for a GPU lets a producer
+ * signal "layer i written" from its CUDA stream after the kernel that wrote the layer, and a
+ * consumer make its stream wait until the daemon wrote layer i's arrival flag - no CPU round
+ * trip per layer (cuStreamWriteValue32 / cuStreamWaitValue32 GEQ). */
+typedef struct kvrail_cuda_flags kvrail_cuda_flags;
+
+/* Pins and maps `count` words at `words` (4-byte aligned host memory, e.g. inside a
+ * kvrail_host_buffer, which must outlive the mapping) for CUDA device `device`. The calling
+ * thread's current device is unchanged. Without a GPU or driver: the CUDA error (INTERNAL or
+ * FAILED_PRECONDITION) and *out = NULL. */
+int kvrail_cuda_flags_map(void* words, uint32_t count, int device, kvrail_cuda_flags** out);
+/* Unmaps (unpins) the words. NULL and a second free are no-ops. */
+void kvrail_cuda_flags_free(kvrail_cuda_flags* flags);
+/* Enqueues "words[index] = value" on `stream` (a cudaStream_t / CUstream, e.g. torch's
+ * `torch.cuda.current_stream().cuda_stream`; NULL is the legacy default stream): it happens after
+ * all earlier work of the stream. OUT_OF_RANGE for index >= count. */
+int kvrail_cuda_flags_signal(kvrail_cuda_flags* flags, void* stream, uint32_t index,
+                             uint32_t value);
+/* Enqueues on `stream` a wait until words[index] >= value (32-bit, GEQ); later work of the stream
+ * starts only then. OUT_OF_RANGE for index >= count. */
+int kvrail_cuda_flags_wait(kvrail_cuda_flags* flags, void* stream, uint32_t index, uint32_t value);
+
 #ifdef __cplusplus
 }
 #endif
