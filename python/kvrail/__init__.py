@@ -11,6 +11,7 @@ from kvrail.client import (Client, HostBuffer, Region, Transfer, connect, is_fin
 from kvrail.errors import (DeadlineExceededError, FailedPreconditionError, InvalidArgumentError,
                            KvrailError, NotFoundError, ResourceExhaustedError, StatusCode,
                            TransferFailedError, UnavailableError)
+from kvrail.flags import FlagArray, GpuFlags
 from kvrail.layouts import KV_LAYOUTS, PagedLayout, layout_from_strides
 from kvrail.proto import admin_pb2, region_pb2, transfer_pb2
 
@@ -19,5 +20,5 @@ __all__ = [
     "KvrailError", "StatusCode", "InvalidArgumentError", "NotFoundError",
     "FailedPreconditionError", "UnavailableError", "DeadlineExceededError",
     "ResourceExhaustedError", "TransferFailedError", "KV_LAYOUTS", "PagedLayout",
-    "layout_from_strides", "admin_pb2", "region_pb2", "transfer_pb2",
+    "layout_from_strides", "FlagArray", "GpuFlags", "admin_pb2", "region_pb2", "transfer_pb2",
 ]

@@ -86,6 +86,13 @@ _SIGNATURES = {
     "kvrail_list_transfers": (ctypes.c_int, [_c_client, _i32p, ctypes.c_size_t, ctypes.c_uint32,
                                              _u8pp, _sizep]),
     "kvrail_get_stats": (ctypes.c_int, [_c_client, _u8pp, _sizep]),
+    "kvrail_cuda_flags_map": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_int,
+                                             ctypes.POINTER(ctypes.c_void_p)]),
+    "kvrail_cuda_flags_free": (None, [ctypes.c_void_p]),
+    "kvrail_cuda_flags_signal": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint32,
+                                                ctypes.c_uint32]),
+    "kvrail_cuda_flags_wait": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint32,
+                                              ctypes.c_uint32]),
 }
 
 _lock = threading.Lock()

@@ -360,6 +360,8 @@ class Client:
             side, _, rest = key.partition("_")
             if side in ("src", "dst") and rest:
                 setattr(getattr(spec, side), rest, value)
+            elif hasattr(value, "DESCRIPTOR"):  # a message field (ready_flags=, arrival_flags=)
+                getattr(spec, key).CopyFrom(value)
             else:
                 setattr(spec, key, value)
         return self.submit(spec)
