@@ -55,7 +55,8 @@ struct SideGeometry {
   uint64_t head_stride;
   // planner: this side's tokens_per_block, as a fast divisor.
   FastDivU32 tokens_per_block;
-  // engine: device (or host) address of the region base; 0 in a host-side plan.
+  // engine: device (or host) address of the region base; 0 in a host-side plan, and 0 for a
+  // per-layer side (its table below holds whole addresses).
   uint64_t base;
   // engine: device address of this side's uint32 block table; 0 in a host-side plan.
   uint64_t block_table;
@@ -66,8 +67,18 @@ struct SideGeometry {
   uint32_t layer_begin;
   uint32_t head_begin;
   uint32_t reserved;  // planner: 0
+  // Per-layer regions (RegionSpec.layer_shares; layer_stride is then 0): the address of a table
+  // of uint64 layer addresses, entry L = the address of region layer L's first byte (the
+  // layout's offset_bytes and every other stride apply inside each layer). Indexed by
+  // layer_begin + l. 0: a single-base side (layer l at base + origin + l * layer_stride).
+  // planner: the host table of the region's own addresses (host addresses for host memory,
+  // device addresses for CUDA memory), which host code (host twin, copy-engine batches, fabric
+  // packing) reads; engine: the CUDA engine's uploaded header points at a device copy holding the
+  // addresses valid on the GPU that runs the kernel. Always read through plan_math.h
+  // (LayerOffset).
+  uint64_t layer_bases;
 };
-static_assert(sizeof(SideGeometry) == 96, "SideGeometry ABI");
+static_assert(sizeof(SideGeometry) == 104, "SideGeometry ABI");
 
 // The compact plan: everything the kernel needs besides the two block tables.
 struct PlanHeader {
@@ -103,7 +114,7 @@ struct PlanHeader {
   // planner: bytes moved by the whole transfer.
   uint64_t bytes_total;
 };
-static_assert(sizeof(PlanHeader) == 2 * 96 + 104, "PlanHeader ABI");
+static_assert(sizeof(PlanHeader) == 2 * 104 + 104, "PlanHeader ABI");
 
 // Which slice of the index space a tile covers. Computed (plan_math.h: TileAt), never stored
 // per tile: tile t covers layer t / (parts * tiles_per_part).

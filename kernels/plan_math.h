@@ -5,6 +5,10 @@
 //   offset + (layer_begin + l)*Ls + p*Ps + blocks[i / T]*Bs + (i % T)*Ts + (head_begin + h)*Hs
 // where T is that side's tokens_per_block and blocks its block table; `origin` already holds
 // offset + layer_begin*Ls + head_begin*Hs. Each element is a head vector of vector_bytes bytes.
+// A per-layer side (SideGeometry.layer_bases != 0, Ls == 0) replaces (layer_begin + l)*Ls by
+// layer_bases[layer_begin + l], the whole address of that layer: the one place that knows is
+// LayerOffset below, and everything else (kernel, host twin, copy-engine batches, fabric packing)
+// goes through it. Offsets are added to the side's base (SideBase: 0 for per-layer sides).
 #pragma once
 
 #include <stdint.h>
@@ -47,15 +51,37 @@ KVRAIL_HD uint32_t FastDiv(const FastDivU32& f, uint32_t n) {
   return f.divisor == 1 ? n : (UMulHi32(n, f.multiplier) >> f.shift);
 }
 
-// Byte offset (from the side's region base) of element (l, p, i, h), exactly the formula above.
-// `blocks` is that side's block table.
-KVRAIL_HD uint64_t ElementOffset(const SideGeometry& g, const uint32_t* blocks, uint32_t l,
-                                 uint32_t p, uint32_t i, uint32_t h) {
+// Where transfer layer l (0-based within the transfer) of a side starts, relative to SideBase:
+// l * layer_stride for a single-base side (layer_begin is in `origin`), the table entry
+// layer_bases[layer_begin + l] for a per-layer side. Callers that visit many elements of one layer
+// (a tile never spans layers) compute it once and use the *InLayer forms below.
+KVRAIL_HD uint64_t LayerOffset(const SideGeometry& g, uint32_t l) {
+  return g.layer_bases != 0
+             ? reinterpret_cast<const uint64_t*>(g.layer_bases)[g.layer_begin + l]
+             : static_cast<uint64_t>(l) * g.layer_stride;
+}
+
+// What plan offsets of a side are added to: the region base `base` for a single-base side, 0 for
+// a per-layer side (its offsets are whole addresses).
+KVRAIL_HD uint64_t SideBase(const SideGeometry& g, uint64_t base) {
+  return g.layer_bases != 0 ? 0 : base;
+}
+
+// ElementOffset with the layer's LayerOffset already computed (`layer`).
+KVRAIL_HD uint64_t ElementOffsetInLayer(const SideGeometry& g, const uint32_t* blocks,
+                                        uint64_t layer, uint32_t p, uint32_t i, uint32_t h) {
   const uint32_t block_index = FastDiv(g.tokens_per_block, i);
   const uint32_t slot = i - block_index * g.tokens_per_block.divisor;
-  return g.origin + l * g.layer_stride + p * g.part_stride +
+  return g.origin + layer + p * g.part_stride +
          static_cast<uint64_t>(blocks[block_index]) * g.block_stride + slot * g.token_stride +
          h * g.head_stride;
+}
+
+// Offset (from SideBase) of element (l, p, i, h), exactly the formula above. `blocks` is that
+// side's block table.
+KVRAIL_HD uint64_t ElementOffset(const SideGeometry& g, const uint32_t* blocks, uint32_t l,
+                                 uint32_t p, uint32_t i, uint32_t h) {
+  return ElementOffsetInLayer(g, blocks, LayerOffset(g, l), p, i, h);
 }
 
 // Chunks in one (layer, part) stream.
@@ -70,9 +96,19 @@ struct ChunkSpan {
   uint64_t bytes;
 };
 
-// Chunk `c` (< ChunksPerPart) of stream (l, p). For kBytes only c == 0 exists.
-KVRAIL_HD ChunkSpan ChunkAt(const PlanHeader& h, const uint32_t* src_blocks,
-                            const uint32_t* dst_blocks, uint32_t l, uint32_t p, uint32_t c) {
+// The LayerOffset of one transfer layer on both sides.
+struct LayerSpan {
+  uint64_t src;
+  uint64_t dst;
+};
+KVRAIL_HD LayerSpan LayerAt(const PlanHeader& h, uint32_t l) {
+  return LayerSpan{LayerOffset(h.src, l), LayerOffset(h.dst, l)};
+}
+
+// ChunkAt with the layer's offsets already computed (LayerAt(h, l)).
+KVRAIL_HD ChunkSpan ChunkAtInLayer(const PlanHeader& h, const uint32_t* src_blocks,
+                                   const uint32_t* dst_blocks, LayerSpan layer, uint32_t p,
+                                   uint32_t c) {
   switch (static_cast<ChunkKind>(h.chunk_kind)) {
     case ChunkKind::kBytes:
       return ChunkSpan{h.src.origin, h.dst.origin, h.part_bytes};
@@ -80,23 +116,31 @@ KVRAIL_HD ChunkSpan ChunkAt(const PlanHeader& h, const uint32_t* src_blocks,
       // Whole blocks: slot 0 of block-table entry c on both sides (equal tokens_per_block).
       const uint64_t begin = static_cast<uint64_t>(c) * h.chunk_bytes;
       const uint64_t left = h.part_bytes - begin;
-      return ChunkSpan{h.src.origin + l * h.src.layer_stride + p * h.src.part_stride +
+      return ChunkSpan{h.src.origin + layer.src + p * h.src.part_stride +
                            static_cast<uint64_t>(src_blocks[c]) * h.src.block_stride,
-                       h.dst.origin + l * h.dst.layer_stride + p * h.dst.part_stride +
+                       h.dst.origin + layer.dst + p * h.dst.part_stride +
                            static_cast<uint64_t>(dst_blocks[c]) * h.dst.block_stride,
                        left < h.chunk_bytes ? left : h.chunk_bytes};
     }
     case ChunkKind::kTokenHeads:
-      return ChunkSpan{ElementOffset(h.src, src_blocks, l, p, c, 0),
-                       ElementOffset(h.dst, dst_blocks, l, p, c, 0), h.chunk_bytes};
+      return ChunkSpan{ElementOffsetInLayer(h.src, src_blocks, layer.src, p, c, 0),
+                       ElementOffsetInLayer(h.dst, dst_blocks, layer.dst, p, c, 0),
+                       h.chunk_bytes};
     case ChunkKind::kHeadVector:
     default: {
       const uint32_t i = FastDiv(h.heads_div, c);
       const uint32_t head = c - i * h.num_heads;
-      return ChunkSpan{ElementOffset(h.src, src_blocks, l, p, i, head),
-                       ElementOffset(h.dst, dst_blocks, l, p, i, head), h.chunk_bytes};
+      return ChunkSpan{ElementOffsetInLayer(h.src, src_blocks, layer.src, p, i, head),
+                       ElementOffsetInLayer(h.dst, dst_blocks, layer.dst, p, i, head),
+                       h.chunk_bytes};
     }
   }
+}
+
+// Chunk `c` (< ChunksPerPart) of stream (l, p). For kBytes only c == 0 exists.
+KVRAIL_HD ChunkSpan ChunkAt(const PlanHeader& h, const uint32_t* src_blocks,
+                            const uint32_t* dst_blocks, uint32_t l, uint32_t p, uint32_t c) {
+  return ChunkAtInLayer(h, src_blocks, dst_blocks, LayerAt(h, l), p, c);
 }
 
 // The slice of the index space tile t (< num_tiles) covers.
@@ -146,10 +190,11 @@ KVRAIL_HD uint32_t PieceBytesFor(const PlanHeader& h, uint32_t access_bytes) {
 
 // Piece `k` of tile `t` (pieces are numbered from the tile's first byte; P from PieceBytesFor):
 // its start on both sides and its length, which is 0 for pieces past the end of a short last
-// tile and P or less otherwise.
-KVRAIL_HD ChunkSpan PieceAt(const PlanHeader& h, const uint32_t* src_blocks,
-                            const uint32_t* dst_blocks, const TileDesc& t, uint64_t k,
-                            uint32_t piece_bytes) {
+// tile and P or less otherwise. This form takes the tile's layer offsets already computed
+// (LayerAt(h, t.layer)); PieceAt below computes them.
+KVRAIL_HD ChunkSpan PieceAtInLayer(const PlanHeader& h, const uint32_t* src_blocks,
+                                   const uint32_t* dst_blocks, const TileDesc& t,
+                                   LayerSpan layer, uint64_t k, uint32_t piece_bytes) {
   const uint64_t begin = t.byte_begin + k * piece_bytes;
   if (begin >= t.byte_end) return ChunkSpan{0, 0, 0};
   const uint64_t left = t.byte_end - begin;
@@ -166,8 +211,14 @@ KVRAIL_HD ChunkSpan PieceAt(const PlanHeader& h, const uint32_t* src_blocks,
     chunk = static_cast<uint32_t>(begin / h.chunk_bytes);
     offset = begin % h.chunk_bytes;
   }
-  const ChunkSpan span = ChunkAt(h, src_blocks, dst_blocks, t.layer, t.part, chunk);
+  const ChunkSpan span = ChunkAtInLayer(h, src_blocks, dst_blocks, layer, t.part, chunk);
   return ChunkSpan{span.src + offset, span.dst + offset, bytes};
+}
+
+KVRAIL_HD ChunkSpan PieceAt(const PlanHeader& h, const uint32_t* src_blocks,
+                            const uint32_t* dst_blocks, const TileDesc& t, uint64_t k,
+                            uint32_t piece_bytes) {
+  return PieceAtInLayer(h, src_blocks, dst_blocks, t, LayerAt(h, t.layer), k, piece_bytes);
 }
 
 }  // namespace kvrail::kernels

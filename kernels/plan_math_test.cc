@@ -11,9 +11,31 @@ namespace kvrail::kernels {
 
 TEST_CASE("ABI structs are POD with fixed layouts") {
   static_assert(sizeof(NicCommand) == 32, "");
-  static_assert(offsetof(PlanHeader, dst) == 96, "");
+  static_assert(offsetof(PlanHeader, dst) == 104, "");
   static_assert(alignof(PlanHeader) == 8, "");
-  CHECK(sizeof(PlanHeader) == 296);
+  CHECK(sizeof(PlanHeader) == 312);
+}
+
+TEST_CASE("a per-layer side takes layer_bases[layer_begin + l] instead of the layer stride") {
+  SideGeometry g{};
+  g.part_stride = 100000;
+  g.block_stride = 1000;
+  g.token_stride = 100;
+  g.head_stride = 10;
+  g.origin = 7;
+  g.layer_begin = 1;
+  g.tokens_per_block = MakeFastDiv(4);
+  const std::vector<uint64_t> table = {11000000, 55000003, 33000000};
+  g.layer_bases = reinterpret_cast<uint64_t>(table.data());
+  const std::vector<uint32_t> blocks = {5, 2, 9};
+  CHECK(LayerOffset(g, 0) == 55000003);
+  CHECK(LayerOffset(g, 1) == 33000000);
+  CHECK(SideBase(g, 4096) == 0);
+  CHECK(ElementOffset(g, blocks.data(), 1, 1, 6, 4) == 7 + 33000000 + 100000 + 2000 + 200 + 40);
+  g.layer_bases = 0;
+  g.layer_stride = 1000000;
+  CHECK(SideBase(g, 4096) == 4096);
+  CHECK(LayerOffset(g, 2) == 2000000);
 }
 
 TEST_CASE("ElementOffset follows the documented formula") {

@@ -9,8 +9,10 @@
 namespace kvrail::planner {
 
 void ExecuteTileHost(const Plan& plan, uint32_t tile, const uint8_t* src_base, uint8_t* dst_base) {
+  const kernels::PlanHeader& h = plan.header();
   ForEachTileRun(plan, tile, [&](const CopyRun& run) {
-    std::memcpy(dst_base + run.dst, src_base + run.src, run.bytes);
+    std::memcpy(HostAddress(h.dst, dst_base, run.dst), HostAddress(h.src, src_base, run.src),
+                run.bytes);
   });
 }
 

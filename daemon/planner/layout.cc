@@ -48,6 +48,11 @@ struct Dim {
 
 absl::StatusOr<KvLayout> ResolveLayout(const kvrail::v1::PagedKvLayout& proto, uint64_t region_size,
                                        std::string_view field_prefix) {
+  return ResolveLayout(proto, region_size, field_prefix, /*per_layer=*/false);
+}
+
+absl::StatusOr<KvLayout> ResolveLayout(const kvrail::v1::PagedKvLayout& proto, uint64_t region_size,
+                                       std::string_view field_prefix, bool per_layer) {
   // absl here predates std::string_view interop.
   const absl::string_view p(field_prefix.data(), field_prefix.size());
   KvLayout k;
@@ -74,7 +79,18 @@ absl::StatusOr<KvLayout> ResolveLayout(const kvrail::v1::PagedKvLayout& proto, u
   const bool all_zero = proto.layer_stride() == 0 && proto.part_stride() == 0 &&
                         proto.block_stride() == 0 && proto.token_stride() == 0 &&
                         proto.head_stride() == 0;
-  if (all_zero) {
+  if (per_layer && proto.layer_stride() != 0) {
+    return Invalid(p, "layer_stride",
+                   absl::StrCat("must be 0 in a per-layer region (each layer starts at its own "
+                                "base, spec.layer_shares), got ", proto.layer_stride()));
+  }
+  if (all_zero && per_layer) {
+    // Strides of one layer: the other layers are elsewhere.
+    kvrail::v1::PagedKvLayout one = proto;
+    one.set_num_layers(1);
+    if (absl::Status s = DeriveStrides(one, k, p); !s.ok()) return s;
+    k.layer_stride = 0;
+  } else if (all_zero) {
     if (absl::Status s = DeriveStrides(proto, k, p); !s.ok()) return s;
   } else {
     k.layer_stride = proto.layer_stride();
@@ -89,7 +105,7 @@ absl::StatusOr<KvLayout> ResolveLayout(const kvrail::v1::PagedKvLayout& proto, u
                               {"token_stride", k.tokens_per_block, k.token_stride},
                               {"block_stride", k.num_blocks, k.block_stride},
                               {"part_stride", k.num_parts, k.part_stride},
-                              {"layer_stride", k.num_layers, k.layer_stride}}};
+                              {"layer_stride", per_layer ? 1u : k.num_layers, k.layer_stride}}};
   for (const Dim& d : dims) {
     if (d.stride % k.dtype_bytes != 0) {
       return Invalid(p, d.field, absl::StrCat(d.stride, " is not a multiple of the dtype size ",

@@ -132,6 +132,21 @@ k::SideGeometry Side(const KvLayout& lay, uint32_t layer_begin, uint32_t head_be
   return g;
 }
 
+// Per-layer regions: points `g` at the region's table of layer addresses and keeps it in `keep`.
+// The table has one entry per layout layer (regions/ builds it so; checked, not assumed).
+absl::Status AttachLayerBases(const RegionView& view, absl::string_view side, k::SideGeometry& g,
+                              std::shared_ptr<const LayerBases>* keep) {
+  if (view.layer_bases == nullptr) return absl::OkStatus();
+  if (view.layer_bases->size() != view.layout.num_layers || view.layout.layer_stride != 0) {
+    return absl::InternalError(absl::StrCat("spec.", side, ".region_id: per-layer region with ",
+                                            view.layer_bases->size(), " layer bases for ",
+                                            view.layout.num_layers, " layers"));
+  }
+  g.layer_bases = reinterpret_cast<uint64_t>(view.layer_bases->data());
+  *keep = view.layer_bases;
+  return absl::OkStatus();
+}
+
 void FinishTiling(k::PlanHeader& h, uint64_t tile_bytes) {
   uint64_t t = std::min<uint64_t>(std::max<uint64_t>(tile_bytes, 1), kMaxTileBytes);
   t = std::max<uint64_t>(t - t % h.access_bytes, h.access_bytes);
@@ -320,6 +335,8 @@ absl::StatusOr<Plan> MakePlan(const kvrail::v1::TransferSpec& spec, const Region
   plan.dst_blocks_ = std::move(dst_ids);
   h.src = Side(s, se.layer_begin(), se.head_begin(), src_used);
   h.dst = Side(d, de.layer_begin(), de.head_begin(), dst_used);
+  KVRAIL_RETURN_IF_ERROR(AttachLayerBases(src, "src", h.src, &plan.src_layer_bases_));
+  KVRAIL_RETURN_IF_ERROR(AttachLayerBases(dst, "dst", h.dst, &plan.dst_layer_bases_));
   h.num_layers = layers;
   h.num_parts = s.num_parts;
   h.num_heads = heads;
@@ -354,6 +371,8 @@ absl::StatusOr<Plan> MakePlan(const kvrail::v1::TransferSpec& spec, const Region
   // it below). Only strides of dimensions that vary matter.
   uint64_t bits = vec | h.src.origin | h.dst.origin;
   for (const auto* g : {&h.src, &h.dst}) {
+    // Per-layer sides: every layer address the transfer touches (an odd base narrows the width).
+    for (uint32_t l = 0; g->layer_bases != 0 && l < layers; ++l) bits |= k::LayerOffset(*g, l);
     if (layers > 1) bits |= g->layer_stride;
     if (h.num_parts > 1) bits |= g->part_stride;
     bits |= g->block_stride | g->token_stride;

@@ -116,12 +116,28 @@ struct KvLayout {
 absl::StatusOr<KvLayout> ResolveLayout(const kvrail::v1::PagedKvLayout& proto, uint64_t region_size,
                                        std::string_view field_prefix);
 
+// The layout of a per-layer region (RegionSpec.layer_shares): every layer starts at its own base,
+// so layer_stride must be 0 (INVALID_ARGUMENT "<prefix>layer_stride: ..." otherwise; derived
+// strides get layer_stride 0 and the others as for one layer), the layers are not checked against
+// each other, and `layer_size` is the bytes of ONE layer's span, which offset + the extent of one
+// layer must fit. With per_layer false, the same as above.
+absl::StatusOr<KvLayout> ResolveLayout(const kvrail::v1::PagedKvLayout& proto, uint64_t region_size,
+                                       std::string_view field_prefix, bool per_layer);
+
+// Per-layer regions: entry L is the address of region layer L's first byte, as host code reads
+// it (host addresses for host memory, device addresses on the region's own GPU for CUDA memory).
+using LayerBases = std::vector<uint64_t>;
+
 // What the planner needs to know about a registered region.
 struct RegionView {
-  uint64_t size_bytes = 0;
+  uint64_t size_bytes = 0;  // per-layer regions: bytes of one layer's span
   bool writable = false;
   bool paged = false;
   KvLayout layout;  // valid when `paged`
+  // Per-layer regions (RegionSpec.layer_shares; paged, layout.layer_stride == 0): one entry per
+  // layout layer. nullptr: a single-base region. Plans keep it alive (Plan::header's
+  // SideGeometry.layer_bases points into it).
+  std::shared_ptr<const LayerBases> layer_bases;
 };
 
 struct PlanOptions {
@@ -213,11 +229,16 @@ class Plan {
   BlockTable dst_blocks_;
   uint64_t num_runs_ = 0;
   bool runs_estimated_ = false;
+  // Per-layer sides: the tables header_.{src,dst}.layer_bases point into (nullptr otherwise).
+  std::shared_ptr<const LayerBases> src_layer_bases_, dst_layer_bases_;
   // Shared by copies of the plan: the checks are done once whichever copy asks.
   std::shared_ptr<DeferredIdChecks> checks_;
 };
 
-// Validates `spec` against both regions and builds the plan. Errors name the spec field:
+// Validates `spec` against both regions and builds the plan. Either side may be a per-layer
+// region (RegionView::layer_bases): its SideGeometry.layer_bases then points at the region's
+// table, and the access width also divides every layer address the transfer touches. Errors name
+// the spec field:
 // INVALID_ARGUMENT "spec.src.block_ids[3]: block 9000 out of range [0, 4096)", "spec.num_heads:
 // ...", "spec.dst.layer_begin: ...", duplicate destination block ids, too few destination blocks,
 // head vector mismatches, bytes ranges outside a region, paged mixed with bytes;
@@ -230,12 +251,20 @@ absl::StatusOr<Plan> MakePlan(const kvrail::v1::TransferSpec& spec, const Region
                               const TableRefs& tables);
 
 // One contiguous piece of a tile: `bytes` from source offset `src` to destination offset `dst`
-// (offsets from the region bases).
+// (offsets from each side's kernels::SideBase: the region base, or 0 for a per-layer side whose
+// offsets are whole addresses). HostAddress turns one into a pointer.
 struct CopyRun {
   uint64_t src = 0;
   uint64_t dst = 0;
   uint64_t bytes = 0;
 };
+
+// The host pointer of offset `offset` of a side whose region base is `base` (ignored for a
+// per-layer side). Integer arithmetic: a per-layer side's offsets are whole addresses.
+inline uint8_t* HostAddress(const kernels::SideGeometry& g, const void* base, uint64_t offset) {
+  return reinterpret_cast<uint8_t*>(
+      kernels::SideBase(g, reinterpret_cast<uintptr_t>(base)) + offset);
+}
 
 // Calls `fn(const CopyRun&)` for tile `tile`'s pieces in order, each the tile's chunks merged for
 // as long as both sides continue contiguously. The one walk over a tile shared by the host twin,
@@ -255,8 +284,9 @@ void ForEachTileRun(const Plan& plan, uint32_t tile, Fn&& fn) {
   uint64_t pos = t.byte_begin;
   uint32_t c = static_cast<uint32_t>(pos / h.chunk_bytes);
   uint64_t r = pos % h.chunk_bytes;
+  const k::LayerSpan layer = k::LayerAt(h, t.layer);  // a tile never spans layers
   while (pos < t.byte_end) {
-    const k::ChunkSpan span = k::ChunkAt(h, sb, db, t.layer, t.part, c);
+    const k::ChunkSpan span = k::ChunkAtInLayer(h, sb, db, layer, t.part, c);
     const uint64_t n = std::min(span.bytes - r, t.byte_end - pos);
     const uint64_t s = span.src + r, d = span.dst + r;
     if (run.bytes != 0 && run.src + run.bytes == s && run.dst + run.bytes == d) {
@@ -273,8 +303,9 @@ void ForEachTileRun(const Plan& plan, uint32_t tile, Fn&& fn) {
 }
 
 // The host twin of the kernel: executes tile `tile` of `plan` with memcpy of coalesced chunks,
-// using kernels/plan_math.h. `src_base` / `dst_base` are the region bases. Thread-safe for
-// distinct tiles (tiles never overlap on the destination).
+// using kernels/plan_math.h. `src_base` / `dst_base` are the region bases; a per-layer side's
+// base is ignored (its offsets are whole addresses: kernels::SideBase). Thread-safe for distinct
+// tiles (tiles never overlap on the destination).
 void ExecuteTileHost(const Plan& plan, uint32_t tile, const uint8_t* src_base, uint8_t* dst_base);
 
 }  // namespace kvrail::planner

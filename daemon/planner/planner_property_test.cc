@@ -35,7 +35,7 @@ void ExecuteTilePieces(const Plan& plan, uint32_t tile, uint32_t piece_bytes, co
         kernels::PieceAt(h, plan.src_blocks().data(), plan.dst_blocks().data(), t, k, piece_bytes);
     REQUIRE(p.bytes <= piece_bytes);
     REQUIRE(p.bytes % 16 == 0);
-    std::memcpy(dst + p.dst, src + p.src, p.bytes);
+    std::memcpy(HostAddress(h.dst, dst, p.dst), HostAddress(h.src, src, p.src), p.bytes);
   }
 }
 
@@ -89,7 +89,135 @@ void CheckCase(const testing::RandomCase& c, std::mt19937_64& rng) {
   REQUIRE(touched <= plan->bytes_total());
 }
 
+// Cases with a per-layer side (testing::MakePerLayer): that side's plan offsets are whole
+// addresses into its arena, so the reference writes first, its result is kept, the destination
+// memory is poisoned again, and the host twin (tiles in random order) and the warp-path pieces
+// must each write exactly those bytes, gaps between layers included.
+void CheckPerLayerCase(const testing::RandomCase& c, std::mt19937_64& rng) {
+  INFO(c.ToString());
+  absl::StatusOr<Plan> plan = MakePlan(c.spec, c.src, c.dst, c.options);
+  REQUIRE(plan.ok());
+  INFO(plan->Describe());
+  const kernels::PlanHeader& h = plan->header();
+  REQUIRE((h.src.layer_bases != 0) == (c.src.layer_bases != nullptr));
+  REQUIRE((h.dst.layer_bases != 0) == (c.dst.layer_bases != nullptr));
+  // The access width divides every layer address the transfer touches.
+  for (uint32_t l = 0; l < h.num_layers; ++l) {
+    REQUIRE(kernels::LayerOffset(h.src, l) % h.access_bytes == 0);
+    REQUIRE(kernels::LayerOffset(h.dst, l) % h.access_bytes == 0);
+  }
+  std::vector<uint8_t> src_own(c.src_arena ? 0 : c.src.size_bytes);
+  std::vector<uint8_t>& src = c.src_arena ? *c.src_arena : src_own;
+  for (auto& b : src) b = static_cast<uint8_t>(rng());
+  std::vector<uint8_t> dst_own(c.dst_arena ? 0 : c.dst.size_bytes);
+  std::vector<uint8_t>& dst = c.dst_arena ? *c.dst_arena : dst_own;
+  std::fill(dst.begin(), dst.end(), kPoison);
+  testing::ReferenceCopy(c, src.data(), dst.data());
+  const std::vector<uint8_t> want = dst;
+
+  std::fill(dst.begin(), dst.end(), kPoison);
+  std::vector<uint32_t> order(plan->num_tiles());
+  std::iota(order.begin(), order.end(), 0);
+  std::shuffle(order.begin(), order.end(), rng);
+  for (uint32_t t : order) ExecuteTileHost(*plan, t, src.data(), dst.data());
+  if (dst != want) {
+    size_t first = 0;
+    while (dst[first] == want[first]) ++first;
+    FAIL("first mismatch at dst byte " << first << ": got " << int(dst[first]) << " want "
+                                       << int(want[first]));
+  }
+  const uint32_t piece = kernels::PieceBytesFor(h, h.access_bytes);
+  if (piece != 0) {
+    ++g_piece_plans;
+    std::fill(dst.begin(), dst.end(), kPoison);
+    for (uint32_t t : order) ExecuteTilePieces(*plan, t, piece, src.data(), dst.data());
+    REQUIRE(dst == want);
+  }
+}
+
 }  // namespace
+
+TEST_CASE("per-layer regions: random cases, either side or both, == naive reference") {
+  std::mt19937_64 rng(20261201);
+  int sides[3] = {0, 0, 0};  // src only, dst only, both
+  int narrowed = 0;          // plans whose width the layer bases narrowed below 16
+  for (int n = 0; n < 400; ++n) {
+    testing::RandomCase c = testing::RandomPagedCase(rng);
+    const int which = n % 3;
+    if (which != 1) testing::MakePerLayer(c, /*dst_side=*/false, rng);
+    if (which != 0) testing::MakePerLayer(c, /*dst_side=*/true, rng);
+    ++sides[which];
+    CheckPerLayerCase(c, rng);
+    const absl::StatusOr<Plan> plan = MakePlan(c.spec, c.src, c.dst, c.options);
+    REQUIRE(plan.ok());
+    // Would the same case with single-base sides have been wider?
+    uint64_t bits = 0;
+    for (uint32_t l = 0; l < plan->num_layers(); ++l) {
+      bits |= kernels::LayerOffset(plan->header().src, l) | kernels::LayerOffset(plan->header().dst, l);
+    }
+    if (bits % 16 != 0) ++narrowed;
+  }
+  CHECK(sides[0] > 0);
+  CHECK(sides[1] > 0);
+  CHECK(sides[2] > 0);
+  CHECK(narrowed > 100);  // odd-aligned layer bases are exercised
+}
+
+TEST_CASE("per-layer serving layouts (vLLM tensors per layer): warp path == reference") {
+  std::mt19937_64 rng(12);
+  const int before = g_piece_plans;
+  for (int n = 0; n < 90; ++n) {
+    testing::RandomCase c = testing::RandomServingCase(rng);
+    if (n % 3 != 1) testing::MakePerLayer(c, /*dst_side=*/false, rng);
+    if (n % 3 != 0) testing::MakePerLayer(c, /*dst_side=*/true, rng);
+    CheckPerLayerCase(c, rng);
+  }
+  CHECK(g_piece_plans - before > 0);
+}
+
+TEST_CASE("per-layer regions: layer ranges pick table entries layer_begin + l") {
+  // Source: 4 layers per-layer; destination single-base with 6 layers; move source layers
+  // [1, 3) to destination layers [3, 5).
+  std::mt19937_64 rng(3);
+  testing::RandomCase c;
+  c.src_layout.set_num_layers(4);
+  c.src_layout.set_num_parts(2);
+  c.src_layout.set_num_blocks(6);
+  c.src_layout.set_tokens_per_block(4);
+  c.src_layout.set_num_heads(2);
+  c.src_layout.set_head_dim(8);
+  c.src_layout.set_dtype(kvrail::v1::DTYPE_BF16);
+  c.src_layout.set_order(kvrail::v1::LAYOUT_ORDER_LAYER_PART_BLOCK_NHD);
+  c.dst_layout = c.src_layout;
+  c.dst_layout.set_num_layers(6);
+  c.dst_layout.set_order(kvrail::v1::LAYOUT_ORDER_LAYER_PART_BLOCK_HND);
+  const uint64_t dst_size = 6ull * 2 * 6 * 4 * 2 * 16;
+  c.src = RegionView{1, false, true, {}};
+  c.dst = RegionView{dst_size, true, true, *ResolveLayout(c.dst_layout, dst_size, "")};
+  testing::MakePerLayer(c, /*dst_side=*/false, rng);
+  for (uint32_t b : {5u, 0u, 3u}) c.spec.mutable_src()->add_block_ids(b);
+  for (uint32_t b : {2u, 4u, 1u}) c.spec.mutable_dst()->add_block_ids(b);
+  c.spec.mutable_src()->set_layer_begin(1);
+  c.spec.mutable_dst()->set_layer_begin(3);
+  c.spec.set_num_layers(2);
+  c.options.tile_bytes = 100;
+  CheckPerLayerCase(c, rng);
+  const absl::StatusOr<Plan> plan = MakePlan(c.spec, c.src, c.dst, c.options);
+  REQUIRE(plan.ok());
+  CHECK(kernels::LayerOffset(plan->header().src, 0) == (*c.src.layer_bases)[1]);
+  CHECK(kernels::LayerOffset(plan->header().src, 1) == (*c.src.layer_bases)[2]);
+  // And the reverse: single-base source into a per-layer destination.
+  testing::RandomCase r;
+  r.src_layout = c.dst_layout;
+  r.dst_layout = c.src_layout;
+  r.src = RegionView{dst_size, false, true, *ResolveLayout(r.src_layout, dst_size, "")};
+  r.dst = RegionView{1, true, true, {}};
+  testing::MakePerLayer(r, /*dst_side=*/true, rng);
+  r.spec = c.spec;
+  r.spec.mutable_src()->set_layer_begin(3);
+  r.spec.mutable_dst()->set_layer_begin(1);
+  CheckPerLayerCase(r, rng);
+}
 
 TEST_CASE("random paged transfers: host twin == naive reference") {
   std::mt19937_64 rng(20261129);

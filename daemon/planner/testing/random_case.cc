@@ -210,6 +210,41 @@ RandomCase RandomBytesCase(std::mt19937_64& rng, uint64_t max_bytes) {
   return c;
 }
 
+void MakePerLayer(RandomCase& c, bool dst_side, std::mt19937_64& rng) {
+  kvrail::v1::PagedKvLayout& p = dst_side ? c.dst_layout : c.src_layout;
+  RegionView& view = dst_side ? c.dst : c.src;
+  auto memory = std::make_shared<std::vector<uint8_t>>();
+  (dst_side ? c.dst_arena : c.src_arena) = memory;
+  std::vector<uint8_t>& arena = *memory;
+  p.set_layer_stride(0);
+  absl::StatusOr<KvLayout> k = ResolveLayout(p, UINT64_MAX, "", /*per_layer=*/true);
+  if (!k.ok()) std::abort();
+  const uint64_t span = k->offset + k->part_stride * (k->num_parts - 1) +
+                        k->block_stride * (k->num_blocks - 1) +
+                        k->token_stride * (k->tokens_per_block - 1) +
+                        k->head_stride * (k->num_heads - 1) + uint64_t{k->head_dim} * k->dtype_bytes;
+  const uint64_t size = span + Uniform(rng, 0, 32);
+  std::vector<uint32_t> order(k->num_layers);
+  std::iota(order.begin(), order.end(), 0);
+  std::shuffle(order.begin(), order.end(), rng);
+  const bool aligned = Coin(rng, 0.3);
+  std::vector<uint64_t> at(k->num_layers);
+  uint64_t end = 0;
+  for (uint32_t layer : order) {
+    end += aligned ? 16 * Uniform(rng, 1, 4) : Uniform(rng, 1, 64);
+    at[layer] = end;
+    end += aligned ? (size + 15) / 16 * 16 : size;
+  }
+  arena.assign(end + 64, 0);
+  auto bases = std::make_shared<LayerBases>(k->num_layers);
+  for (uint32_t l = 0; l < k->num_layers; ++l) {
+    (*bases)[l] = reinterpret_cast<uint64_t>(arena.data()) + at[l];
+  }
+  absl::StatusOr<KvLayout> resolved = ResolveLayout(p, size, "", /*per_layer=*/true);
+  if (!resolved.ok()) std::abort();
+  view = RegionView{size, view.writable, true, *resolved, std::move(bases)};
+}
+
 void ReferenceCopy(const RandomCase& c, const uint8_t* src, uint8_t* dst) {
   const auto& spec = c.spec;
   if (!c.src.paged) {
@@ -229,17 +264,24 @@ void ReferenceCopy(const RandomCase& c, const uint8_t* src, uint8_t* dst) {
     for (uint64_t p = 0; p < s.num_parts; ++p) {
       for (uint64_t i = 0; i < tokens; ++i) {
         for (uint64_t h = 0; h < heads; ++h) {
-          const uint64_t so = s.offset + (spec.src().layer_begin() + l) * s.layer_stride +
-                              p * s.part_stride +
+          // Per-layer sides: the layer's own address; single-base: the region base + stride.
+          const uint32_t sl = static_cast<uint32_t>(spec.src().layer_begin() + l);
+          const uint32_t dl = static_cast<uint32_t>(spec.dst().layer_begin() + l);
+          const uint8_t* s_layer = c.src.layer_bases != nullptr
+                                       ? reinterpret_cast<const uint8_t*>((*c.src.layer_bases)[sl])
+                                       : src + sl * s.layer_stride;
+          uint8_t* d_layer = c.dst.layer_bases != nullptr
+                                 ? reinterpret_cast<uint8_t*>((*c.dst.layer_bases)[dl])
+                                 : dst + dl * d.layer_stride;
+          const uint64_t so = s.offset + p * s.part_stride +
                               spec.src().block_ids(i / s.tokens_per_block) * s.block_stride +
                               (i % s.tokens_per_block) * s.token_stride +
                               (spec.src().head_begin() + h) * s.head_stride;
-          const uint64_t dof = d.offset + (spec.dst().layer_begin() + l) * d.layer_stride +
-                               p * d.part_stride +
+          const uint64_t dof = d.offset + p * d.part_stride +
                                spec.dst().block_ids(i / d.tokens_per_block) * d.block_stride +
                                (i % d.tokens_per_block) * d.token_stride +
                                (spec.dst().head_begin() + h) * d.head_stride;
-          for (uint64_t b = 0; b < vec; ++b) dst[dof + b] = src[so + b];
+          for (uint64_t b = 0; b < vec; ++b) d_layer[dof + b] = s_layer[so + b];
         }
       }
     }
@@ -248,8 +290,9 @@ void ReferenceCopy(const RandomCase& c, const uint8_t* src, uint8_t* dst) {
 
 std::string RandomCase::ToString() const {
   std::ostringstream o;
-  o << "src{" << src_layout.ShortDebugString() << " size " << src.size_bytes << "} dst{"
-    << dst_layout.ShortDebugString() << " size " << dst.size_bytes << "} spec{"
+  o << "src{" << src_layout.ShortDebugString() << " size " << src.size_bytes
+    << (src.layer_bases ? " per-layer" : "") << "} dst{" << dst_layout.ShortDebugString()
+    << " size " << dst.size_bytes << (dst.layer_bases ? " per-layer" : "") << "} spec{"
     << spec.ShortDebugString() << "} tile_bytes " << options.tile_bytes;
   return o.str();
 }

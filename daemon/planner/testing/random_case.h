@@ -4,8 +4,10 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <random>
 #include <string>
+#include <vector>
 
 #include "daemon/planner/planner.h"
 #include "proto/kvrail/v1/region.pb.h"
@@ -20,6 +22,10 @@ struct RandomCase {
   RegionView dst;
   kvrail::v1::TransferSpec spec;
   PlanOptions options;
+  // Per-layer sides (MakePerLayer): the memory holding every layer of that side; the view's
+  // layer_bases point into it, and copies of the case share it. nullptr for single-base sides.
+  std::shared_ptr<std::vector<uint8_t>> src_arena;
+  std::shared_ptr<std::vector<uint8_t>> dst_arena;
   std::string ToString() const;  // for failure messages
 };
 
@@ -45,8 +51,15 @@ RandomCase RandomServingCase(std::mt19937_64& rng);
 // A valid bytes transfer with random offsets and length.
 RandomCase RandomBytesCase(std::mt19937_64& rng, uint64_t max_bytes = 1 << 16);
 
+// Turns one side of a paged case into a per-layer region (RegionSpec.layer_shares): layer_stride
+// 0, and each layer placed in the side's arena at its own random place: distinct, not in layer
+// order, never adjacent, often odd-aligned (a gap of 1-64 bytes before each) and sometimes 16-byte
+// aligned. size_bytes becomes one layer's span plus random slack.
+void MakePerLayer(RandomCase& c, bool dst_side, std::mt19937_64& rng);
+
 // The naive reference: copies every element byte (l, p, i, h, d) of the transfer from `src` to
-// `dst` (region bases), computing addresses from the layouts and the spec directly.
+// `dst` (region bases), computing addresses from the layouts and the spec directly. A per-layer
+// side's base pointer is ignored: its layer l lives at layer_bases[layer_begin + l].
 void ReferenceCopy(const RandomCase& c, const uint8_t* src, uint8_t* dst);
 
 }  // namespace kvrail::planner::testing
