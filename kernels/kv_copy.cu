@@ -89,12 +89,15 @@ __device__ __forceinline__ void LocateSlab(const PlanHeader& h, const uint32_t* 
     start.chunk = static_cast<uint32_t>(begin / h.chunk_bytes);
     start.offset = static_cast<uint32_t>(begin % h.chunk_bytes);
   }
+  // A slab lies in one tile, hence one layer: its layer offsets (a table read on per-layer sides)
+  // once.
+  const LayerSpan layer = LayerAt(h, t.layer);
 #pragma unroll
   for (int k = 0; k < kLoadsInFlight; ++k) {
     const uint32_t off = (k * blockDim.x + threadIdx.x) * W;
     if (off < a.len) {
       const ChunkPos pos = AdvanceChunkPos(h, start, off);
-      const ChunkSpan span = ChunkAt(h, src_blocks, dst_blocks, t.layer, t.part, pos.chunk);
+      const ChunkSpan span = ChunkAtInLayer(h, src_blocks, dst_blocks, layer, t.part, pos.chunk);
       a.from[k] = span.src + pos.offset;
       a.to[k] = span.dst + pos.offset;
     }

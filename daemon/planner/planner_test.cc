@@ -542,4 +542,29 @@ TEST_CASE("deferred id checks: concurrent callers check each id once and agree")
 }
 
 }  // namespace
+TEST_CASE("ResolveLayout per-layer: layer_stride must be 0, layers not checked against each other") {
+  const auto kInv = absl::StatusCode::kInvalidArgument;
+  PagedKvLayout p = Proto(32, 2, 64, 16, 8, 128, kNhd);
+  // Derived strides: those of one layer, layer_stride 0, and one layer's span must fit.
+  const uint64_t one_layer = 2ull * 64 * 16 * 8 * 256;
+  absl::StatusOr<KvLayout> l = ResolveLayout(p, one_layer, "spec.paged_kv.", /*per_layer=*/true);
+  REQUIRE(l.ok());
+  CHECK(l->layer_stride == 0);
+  CHECK(l->part_stride == 64ull * 16 * 8 * 256);
+  ExpectError(ResolveLayout(p, one_layer - 1, "spec.paged_kv.", true).status(), kInv,
+              "spec.paged_kv.offset_bytes:");
+  p.set_layer_stride(one_layer);
+  p.set_part_stride(64ull * 16 * 8 * 256);
+  p.set_block_stride(16 * 8 * 256);
+  p.set_token_stride(8 * 256);
+  p.set_head_stride(256);
+  ExpectError(ResolveLayout(p, one_layer, "spec.paged_kv.", true).status(), kInv,
+              "spec.paged_kv.layer_stride: must be 0");
+  // Single-base: a zero layer stride with 32 layers makes layers overlap.
+  p.set_layer_stride(0);
+  CHECK(ResolveLayout(p, one_layer, "spec.paged_kv.", true).ok());
+  ExpectError(ResolveLayout(p, one_layer, "spec.paged_kv.").status(), kInv,
+              "spec.paged_kv.layer_stride:");
+}
+
 }  // namespace kvrail::planner
