@@ -94,6 +94,43 @@ absl::StatusOr<v1::RegionInfo> RegisterCudaRegion(Client& client, const void* de
   return client.RegisterRegion(std::move(full), session);
 }
 
+absl::StatusOr<v1::RegionSpec> MakeCudaLayersSpec(const std::vector<const void*>& layer_ptrs,
+                                                  uint64_t layer_bytes, v1::RegionSpec spec) {
+  if (layer_ptrs.empty()) return absl::InvalidArgumentError("layer_ptrs: empty");
+  spec.clear_share();
+  spec.clear_layer_shares();
+  v1::RegionSpec out;
+  for (size_t i = 0; i < layer_ptrs.size(); ++i) {
+    absl::StatusOr<v1::RegionSpec> layer = MakeCudaRegionSpec(layer_ptrs[i], layer_bytes, spec);
+    if (!layer.ok()) {
+      return absl::Status(layer.status().code(),
+                          absl::StrCat("layer_ptrs[", i, "]: ", layer.status().message()));
+    }
+    if (i == 0) {
+      out = *layer;
+      out.clear_share();
+    } else if (layer->device() != out.device()) {
+      return absl::InvalidArgumentError(absl::StrCat("layer_ptrs[", i, "]: on GPU",
+                                                     layer->device(), ", layer 0 on GPU",
+                                                     out.device(), " (one region, one GPU)"));
+    }
+    *out.add_layer_shares() = layer->share();
+  }
+  return out;
+}
+
+absl::StatusOr<v1::RegionInfo> RegisterCudaLayers(Client& client,
+                                                  const std::vector<const void*>& layer_ptrs,
+                                                  uint64_t layer_bytes, v1::RegionSpec spec) {
+  KVRAIL_ASSIGN_OR_RETURN(v1::RegionSpec full,
+                          MakeCudaLayersSpec(layer_ptrs, layer_bytes, std::move(spec)));
+  uint64_t session = 0;
+  if (!client.unix_socket_path().empty()) {
+    KVRAIL_ASSIGN_OR_RETURN(session, client.SessionId());
+  }
+  return client.RegisterRegion(std::move(full), session);
+}
+
 absl::StatusOr<std::unique_ptr<CudaBuffer>> CudaBuffer::Create(int device, size_t bytes) {
   KVRAIL_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device), absl::StrCat("cudaSetDevice(", device, ")"),
                        absl::StatusCode::kFailedPrecondition));

@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "client/kvrail_client.h"
@@ -33,6 +34,16 @@ absl::StatusOr<v1::RegionSpec> MakeCudaRegionSpec(const void* device_ptr, uint64
 // when the client or its process goes away).
 absl::StatusOr<v1::RegionInfo> RegisterCudaRegion(Client& client, const void* device_ptr,
                                                   uint64_t bytes, v1::RegionSpec spec);
+
+// A per-layer CUDA region (RegionSpec.layer_shares): layer L is [layer_ptrs[L],
+// layer_ptrs[L] + layer_bytes), each inside one cudaMalloc allocation of the same GPU (vLLM's
+// per-layer KV tensors). `spec` gives the paged layout (layer_stride 0), name and writable.
+// Errors name layer_ptrs[i].
+absl::StatusOr<v1::RegionSpec> MakeCudaLayersSpec(const std::vector<const void*>& layer_ptrs,
+                                                  uint64_t layer_bytes, v1::RegionSpec spec);
+absl::StatusOr<v1::RegionInfo> RegisterCudaLayers(Client& client,
+                                                  const std::vector<const void*>& layer_ptrs,
+                                                  uint64_t layer_bytes, v1::RegionSpec spec);
 
 // A cudaMalloc allocation on one device, freed on destruction. Thread contract: immutable after
 // creation; the copy helpers are synchronous (the device is selected on the calling thread).

@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <cstdlib>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -155,19 +156,135 @@ class Client::Impl {
     if (idle_waits_.size() < 8) idle_waits_.push_back(std::move(conn));
   }
 
-  absl::StatusOr<wire::SessionConnection*> Session() {
+  ~Impl() {
     absl::MutexLock lock(&session_mu_);
-    if (session_ == nullptr) {
-      if (unix_path_.empty()) {
-        return absl::FailedPreconditionError(
-            absl::StrCat("host buffers are shared over kvraild's unix session socket; target ",
-                         target_, " is TCP (connect with the unix socket path)"));
-      }
-      KVRAIL_ASSIGN_OR_RETURN(session_,
-                       wire::SessionConnection::Open(wire::SessionSocketPath(unix_path_)));
-    }
-    return session_.get();
+    StopMonitorLocked();
   }
+
+  absl::StatusOr<wire::SessionConnection*> Session() {
+    KVRAIL_RETURN_IF_ERROR(Lost());
+    std::string lost_why;
+    {
+      absl::MutexLock lock(&session_mu_);
+      if (session_ != nullptr) {
+        if (!session_->PeerClosed()) return session_.get();
+        lost_why = absl::StrCat("kvraild closed session ", session_->session_id(),
+                                " (it stopped or restarted)");
+      } else {
+        if (unix_path_.empty()) {
+          return absl::FailedPreconditionError(
+              absl::StrCat("host buffers are shared over kvraild's unix session socket; target ",
+                           target_, " is TCP (connect with the unix socket path)"));
+        }
+        KVRAIL_ASSIGN_OR_RETURN(std::unique_ptr<wire::SessionConnection> opened,
+                                wire::SessionConnection::Open(wire::SessionSocketPath(unix_path_)));
+        const std::string known = instance_id();
+        if (known.empty() || opened->instance_id().empty() || opened->instance_id() == known) {
+          session_ = std::move(opened);
+          StartMonitorLocked();
+          return session_.get();
+        }
+        lost_why = absl::StrCat("kvraild restarted (instance ", known, " when connected, now ",
+                                opened->instance_id(), ")");
+      }
+    }
+    MarkLost(lost_why);
+    return Lost();
+  }
+
+  // The session (if open) without opening one.
+  uint64_t OpenSessionId() {
+    absl::MutexLock lock(&session_mu_);
+    return session_ != nullptr && !session_->PeerClosed() ? session_->session_id() : 0;
+  }
+
+  // --- Session lost (kvrail_client.h says when) ---
+  absl::Status Lost() const {
+    absl::MutexLock lock(&lost_mu_);
+    return lost_;
+  }
+  std::string instance_id() const {
+    absl::MutexLock lock(&lost_mu_);
+    return instance_id_;
+  }
+  // Records the loss (the first one counts) and runs the callback outside every lock.
+  void MarkLost(const std::string& why) {
+    std::function<void(const absl::Status&)> callback;
+    absl::Status lost;
+    {
+      absl::MutexLock lock(&lost_mu_);
+      if (!lost_.ok()) return;
+      lost_ = absl::FailedPreconditionError(absl::StrCat(
+          "session lost: ", why,
+          "; the regions this client registered are gone (reset the session and register them "
+          "again)"));
+      lost = lost_;
+      callback = on_lost_;
+    }
+    if (callback) callback(lost);
+  }
+  // A failed call's status, or the session-lost status when the failure is the daemon having
+  // restarted (a stale id is NOT_FOUND, a daemon between lives UNAVAILABLE).
+  absl::Status Checked(absl::Status status) {
+    if (status.ok()) return status;
+    if (absl::Status lost = Lost(); !lost.ok()) return lost;
+    if (status.code() != absl::StatusCode::kNotFound &&
+        status.code() != absl::StatusCode::kUnavailable) {
+      return status;
+    }
+    const std::string known = instance_id();
+    if (known.empty()) return status;
+    grpc::ClientContext context;
+    SetDeadline(&context, absl::Seconds(2));
+    v1::Stats stats;
+    if (!admin_->GetStats(&context, v1::GetStatsRequest(), &stats).ok() ||
+        stats.instance_id().empty() || stats.instance_id() == known) {
+      return status;
+    }
+    MarkLost(absl::StrCat("kvraild restarted (instance ", known, " when connected, now ",
+                          stats.instance_id(), ")"));
+    return Lost();
+  }
+  template <typename T>
+  absl::StatusOr<T> Checked(absl::StatusOr<T> value) {
+    if (value.ok()) return value;
+    return Checked(value.status());
+  }
+
+  // Watches session_ for the daemon closing it. Requires session_mu_ and session_ set.
+  void StartMonitorLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(session_mu_) {
+    int fds[2];
+    if (::pipe2(fds, O_CLOEXEC) != 0) return;  // no monitor: the next call still finds out
+    monitor_wake_read_ = UniqueFd(fds[0]);
+    monitor_wake_write_ = UniqueFd(fds[1]);
+    monitor_ = std::thread([this, conn = session_.get(), wake = monitor_wake_read_.get()] {
+      absl::StatusOr<bool> closed = conn->WaitForClose(wake);
+      if (closed.ok() && *closed) {
+        MarkLost(absl::StrCat("kvraild closed session ", conn->session_id(),
+                              " (it stopped or restarted)"));
+      }
+    });
+  }
+  void StopMonitorLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(session_mu_) {
+    if (!monitor_.joinable()) return;
+    const char byte = 1;
+    (void)!::write(monitor_wake_write_.get(), &byte, 1);
+    if (monitor_.get_id() == std::this_thread::get_id()) {
+      monitor_.detach();  // reset from the loss callback: the thread only returns from here
+    } else {
+      monitor_.join();
+    }
+    monitor_wake_read_ = UniqueFd();
+    monitor_wake_write_ = UniqueFd();
+  }
+
+  mutable absl::Mutex lost_mu_;
+  std::string instance_id_ ABSL_GUARDED_BY(lost_mu_);
+  absl::Status lost_ ABSL_GUARDED_BY(lost_mu_);  // OK while the session stands
+  std::function<void(const absl::Status&)> on_lost_ ABSL_GUARDED_BY(lost_mu_);
+  std::thread monitor_ ABSL_GUARDED_BY(session_mu_);
+  UniqueFd monitor_wake_read_ ABSL_GUARDED_BY(session_mu_);
+  UniqueFd monitor_wake_write_ ABSL_GUARDED_BY(session_mu_);
 };
 
 Client::Client(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -214,7 +331,84 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& targe
     return absl::UnavailableError(
         absl::StrCat(where, " is not answering: ", status.error_message(), kHint));
   }
+  {
+    absl::MutexLock lock(&impl->lost_mu_);
+    impl->instance_id_ = stats.instance_id();
+  }
   return std::unique_ptr<Client>(new Client(std::move(impl)));
+}
+
+bool Client::session_lost() const { return !impl_->Lost().ok(); }
+std::string Client::instance_id() const { return impl_->instance_id(); }
+
+void Client::OnSessionLost(std::function<void(const absl::Status&)> callback) {
+  absl::MutexLock lock(&impl_->lost_mu_);
+  impl_->on_lost_ = std::move(callback);
+}
+
+absl::Status Client::ResetSession() {
+  KVRAIL_ASSIGN_OR_RETURN(const v1::Stats stats, GetStats());
+  {
+    absl::MutexLock lock(&impl_->session_mu_);
+    impl_->StopMonitorLocked();
+    impl_->session_.reset();
+  }
+  {
+    absl::MutexLock lock(&impl_->wait_mu_);
+    impl_->idle_waits_.clear();
+  }
+  {
+    absl::MutexLock lock(&impl_->table_mu_);
+    impl_->table_buffer_.reset();
+    impl_->table_region_ = 0;
+  }
+  absl::MutexLock lock(&impl_->lost_mu_);
+  impl_->lost_ = absl::OkStatus();
+  impl_->instance_id_ = stats.instance_id();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<v1::Notification>> Client::PollNotifications(uint32_t max,
+                                                                        absl::Duration timeout) {
+  if (timeout < absl::ZeroDuration() || timeout > absl::Seconds(60)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("timeout: ", absl::FormatDuration(timeout), " is outside [0, 60s]"));
+  }
+  KVRAIL_ASSIGN_OR_RETURN(const uint64_t session, SessionId());
+  v1::NotificationPollRequest request;
+  request.set_session_id(session);
+  request.set_max_notifications(max);
+  // Round up so that a sub-millisecond timeout still waits.
+  request.set_timeout_ms(static_cast<uint32_t>(
+      absl::ToInt64Milliseconds(timeout + absl::Milliseconds(1) - absl::Nanoseconds(1))));
+  v1::NotificationPollResponse response;
+  grpc::ClientContext context;
+  SetDeadline(&context, timeout + kUnaryDeadline);
+  KVRAIL_RETURN_IF_ERROR(impl_->Checked(
+      FromGrpcStatus(impl_->transfer_->PollNotifications(&context, request, &response))));
+  std::vector<v1::Notification> out;
+  out.reserve(response.notifications_size());
+  for (auto& n : *response.mutable_notifications()) out.push_back(std::move(n));
+  return out;
+}
+
+absl::Status Client::WatchNotifications(
+    const std::function<bool(const v1::Notification&)>& on_notification) {
+  KVRAIL_ASSIGN_OR_RETURN(const uint64_t session, SessionId());
+  v1::NotificationWatchRequest request;
+  request.set_session_id(session);
+  grpc::ClientContext context;
+  std::unique_ptr<grpc::ClientReader<v1::Notification>> reader =
+      impl_->transfer_->WatchNotifications(&context, request);
+  v1::Notification n;
+  while (reader->Read(&n)) {
+    if (!on_notification(n)) {
+      context.TryCancel();
+      reader->Finish();  // CANCELLED by us: not an error
+      return absl::OkStatus();
+    }
+  }
+  return impl_->Checked(FromGrpcStatus(reader->Finish()));
 }
 
 absl::StatusOr<std::unique_ptr<HostBuffer>> Client::CreateHostBuffer(size_t bytes) {
@@ -248,6 +442,33 @@ absl::StatusOr<v1::RegionInfo> Client::RegisterHostBuffer(const HostBuffer& buff
   return RegisterRegion(std::move(spec), session->session_id());
 }
 
+absl::StatusOr<v1::RegionInfo> Client::RegisterHostLayers(const std::vector<HostLayer>& layers,
+                                                          v1::RegionSpec spec) {
+  if (layers.empty()) return absl::InvalidArgumentError("layers: empty");
+  if (spec.memory_kind() == v1::MEMORY_KIND_UNSPECIFIED) {
+    spec.set_memory_kind(v1::MEMORY_KIND_HOST);
+  }
+  if (spec.size_bytes() == 0 && spec.has_paged_kv()) {
+    v1::PagedKvLayout one_layer = spec.paged_kv();
+    one_layer.set_num_layers(1);
+    KVRAIL_ASSIGN_OR_RETURN(const uint64_t bytes, PagedLayoutBytes(one_layer));
+    spec.set_size_bytes(bytes);
+  }
+  spec.clear_share();
+  spec.clear_layer_shares();
+  KVRAIL_ASSIGN_OR_RETURN(wire::SessionConnection * session, impl_->Session());
+  for (size_t i = 0; i < layers.size(); ++i) {
+    if (layers[i].buffer == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("layers[", i, "].buffer: NULL"));
+    }
+    KVRAIL_ASSIGN_OR_RETURN(std::string token, session->SendFd(layers[i].buffer->fd()));
+    v1::RegionShare* share = spec.add_layer_shares();
+    share->set_fd_token(token);
+    share->set_offset(layers[i].offset);
+  }
+  return RegisterRegion(std::move(spec), session->session_id());
+}
+
 absl::StatusOr<v1::RegionInfo> Client::RegisterRegion(v1::RegionSpec spec, uint64_t session_id) {
   if (spec.share().via_case() == v1::RegionShare::kShmName) {
     if (spec.memory_kind() == v1::MEMORY_KIND_UNSPECIFIED) {
@@ -272,7 +493,8 @@ absl::StatusOr<v1::RegionInfo> Client::RegisterRegion(v1::RegionSpec spec, uint6
   v1::RegisterRegionResponse response;
   grpc::ClientContext context;
   SetDeadline(&context, kUnaryDeadline);
-  KVRAIL_RETURN_IF_ERROR(FromGrpcStatus(impl_->transfer_->RegisterRegion(&context, request, &response)));
+  KVRAIL_RETURN_IF_ERROR(
+      impl_->Checked(FromGrpcStatus(impl_->transfer_->RegisterRegion(&context, request, &response))));
   return std::move(*response.mutable_region());
 }
 
@@ -282,7 +504,8 @@ absl::Status Client::UnregisterRegion(uint64_t region_id) {
   v1::UnregisterRegionResponse response;
   grpc::ClientContext context;
   SetDeadline(&context, kUnaryDeadline);
-  return FromGrpcStatus(impl_->transfer_->UnregisterRegion(&context, request, &response));
+  return impl_->Checked(
+      FromGrpcStatus(impl_->transfer_->UnregisterRegion(&context, request, &response)));
 }
 
 namespace {
@@ -340,7 +563,9 @@ absl::StatusOr<v1::SubmitTransferResponse> Client::SubmitRequest(
           (*session)->Exchange(wire::EncodeSubmit(request), &sent);
       if (answer.ok()) {
         absl::StatusOr<v1::SubmitTransferResponse> response = wire::ParseSubmitAnswer(*answer);
-        if (response.status().code() != absl::StatusCode::kUnimplemented) return response;
+        if (response.status().code() != absl::StatusCode::kUnimplemented) {
+          return impl_->Checked(std::move(response));
+        }
         impl_->session_submit_.store(false);  // an older daemon: gRPC from now on
       } else if (sent) {
         return answer.status();  // the daemon may have accepted it: never submit twice
@@ -350,11 +575,20 @@ absl::StatusOr<v1::SubmitTransferResponse> Client::SubmitRequest(
   v1::SubmitTransferResponse response;
   grpc::ClientContext context;
   SetDeadline(&context, kUnaryDeadline);
-  KVRAIL_RETURN_IF_ERROR(FromGrpcStatus(impl_->transfer_->SubmitTransfer(&context, request, &response)));
+  KVRAIL_RETURN_IF_ERROR(
+      impl_->Checked(FromGrpcStatus(impl_->transfer_->SubmitTransfer(&context, request, &response))));
   return response;
 }
 
-absl::StatusOr<v1::SubmitTransferResponse> Client::Submit(const v1::TransferSpec& spec) {
+absl::StatusOr<v1::SubmitTransferResponse> Client::Submit(const v1::TransferSpec& given) {
+  // A notification names the submitting session, so the daemon does not deliver it back here.
+  v1::TransferSpec with_session;
+  const bool fill = !given.notification().empty() && given.session_id() == 0;
+  if (fill) {
+    with_session = given;
+    with_session.set_session_id(impl_->OpenSessionId());
+  }
+  const v1::TransferSpec& spec = fill ? with_session : given;
   const size_t src_ids = TableIds(spec.src()), dst_ids = TableIds(spec.dst());
   const bool in_message = !spec.src().has_block_table() && !spec.dst().has_block_table() &&
                           (spec.src().block_ids_size() == 0 || spec.src().block_ids_le32().empty()) &&
@@ -417,7 +651,8 @@ absl::StatusOr<v1::TransferStatus> Client::Get(uint64_t transfer_id) {
   v1::TransferStatus response;
   grpc::ClientContext context;
   SetDeadline(&context, kUnaryDeadline);
-  KVRAIL_RETURN_IF_ERROR(FromGrpcStatus(impl_->transfer_->GetTransfer(&context, request, &response)));
+  KVRAIL_RETURN_IF_ERROR(
+      impl_->Checked(FromGrpcStatus(impl_->transfer_->GetTransfer(&context, request, &response))));
   return response;
 }
 
@@ -443,7 +678,7 @@ absl::StatusOr<v1::TransferStatus> Client::Wait(uint64_t transfer_id, absl::Dura
         const bool rejected = wire::ParseRejected(*answer).has_value();
         if (done.ok() || (rejected && done.status().code() != absl::StatusCode::kUnimplemented)) {
           impl_->ReturnWaitConnection(std::move(conn));
-          return done;
+          return impl_->Checked(std::move(done));
         }
         if (done.status().code() == absl::StatusCode::kUnimplemented) {
           impl_->session_submit_.store(false);  // an older daemon: gRPC from now on
@@ -461,7 +696,8 @@ absl::StatusOr<v1::TransferStatus> Client::Wait(uint64_t transfer_id, absl::Dura
     SetDeadline(&context, timeout + kWaitSlack);
   }
   v1::TransferStatus response;
-  KVRAIL_RETURN_IF_ERROR(FromGrpcStatus(impl_->transfer_->WaitTransfer(&context, request, &response)));
+  KVRAIL_RETURN_IF_ERROR(
+      impl_->Checked(FromGrpcStatus(impl_->transfer_->WaitTransfer(&context, request, &response))));
   return response;
 }
 
@@ -471,7 +707,8 @@ absl::StatusOr<v1::TransferStatus> Client::Cancel(uint64_t transfer_id) {
   v1::TransferStatus response;
   grpc::ClientContext context;
   SetDeadline(&context, kUnaryDeadline);
-  KVRAIL_RETURN_IF_ERROR(FromGrpcStatus(impl_->transfer_->CancelTransfer(&context, request, &response)));
+  KVRAIL_RETURN_IF_ERROR(
+      impl_->Checked(FromGrpcStatus(impl_->transfer_->CancelTransfer(&context, request, &response))));
   return response;
 }
 
@@ -483,7 +720,7 @@ absl::Status Client::MarkReady(uint64_t transfer_id, uint32_t layer_begin, uint3
   v1::MarkReadyResponse response;
   grpc::ClientContext context;
   SetDeadline(&context, kUnaryDeadline);
-  return FromGrpcStatus(impl_->transfer_->MarkReady(&context, request, &response));
+  return impl_->Checked(FromGrpcStatus(impl_->transfer_->MarkReady(&context, request, &response)));
 }
 
 absl::StatusOr<v1::TransferStatus> Client::Watch(
@@ -529,6 +766,11 @@ absl::StatusOr<v1::ListTransfersResponse> Client::ListTransfers(
   v1::ListTransfersRequest request;
   for (v1::TransferState state : states) request.add_states(state);
   request.set_limit(limit);
+  return ListTransfers(request);
+}
+
+absl::StatusOr<v1::ListTransfersResponse> Client::ListTransfers(
+    const v1::ListTransfersRequest& request) {
   v1::ListTransfersResponse response;
   grpc::ClientContext context;
   SetDeadline(&context, kUnaryDeadline);

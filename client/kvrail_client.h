@@ -91,6 +91,18 @@ class Client {
   // FAILED_PRECONDITION for TCP targets.
   absl::StatusOr<v1::RegionInfo> RegisterHostBuffer(const HostBuffer& buffer, v1::RegionSpec spec);
 
+  // One layer of a per-layer host region: its memory starts at `offset` of `buffer`.
+  struct HostLayer {
+    const HostBuffer* buffer = nullptr;
+    uint64_t offset = 0;
+  };
+  // A per-layer region (RegionSpec.layer_shares) over host memory, one layer per entry, each
+  // buffer's fd passed over the session socket (once per layer, so layers may share a buffer).
+  // `spec` gives the paged layout (layer_stride 0), name and writable; size_bytes (one layer's
+  // span) defaults to the layout's extent. INVALID_ARGUMENT naming layers[i] for a null buffer.
+  absl::StatusOr<v1::RegionInfo> RegisterHostLayers(const std::vector<HostLayer>& layers,
+                                                    v1::RegionSpec spec);
+
   // --- Transfer service ----------------------------------------------------------------------
   // Passes `spec` through, with two conveniences for POSIX shm regions (share.shm_name set):
   // memory_kind HOST when unspecified, and size_bytes = the shm object's size - offset when zero.
@@ -119,11 +131,43 @@ class Client {
       uint64_t transfer_id, const std::function<bool(const v1::TransferEvent&)>& on_event,
       uint32_t min_interval_ms = 0);
 
+  // --- Notifications (TransferSpec.notification) ---------------------------------------------
+  // Notifications queued for this client's session (opened on first use), oldest first: up to
+  // `max` (0: 256), waiting up to `timeout` (at most 60 s; zero: do not wait) for the first.
+  // Submit fills TransferSpec.session_id with this session when one is open, so a client is
+  // not notified of its own transfers.
+  absl::StatusOr<std::vector<v1::Notification>> PollNotifications(
+      uint32_t max = 0, absl::Duration timeout = absl::ZeroDuration());
+  // Streams this session's notifications to `on_notification` until it returns false, the
+  // session ends (OK) or the stream fails.
+  absl::Status WatchNotifications(
+      const std::function<bool(const v1::Notification&)>& on_notification);
+
+  // --- Session lost ----------------------------------------------------------------------------
+  // When kvraild stops or restarts, every region this client registered is gone. The client
+  // finds out when the daemon closes its session socket (a monitor thread watches it once the
+  // session is open), when a new session names another daemon instance than Connect saw
+  // (Stats.instance_id), or when a call fails with NOT_FOUND / UNAVAILABLE and the daemon's
+  // instance turns out to have changed. From then on calls that use the session, and calls that
+  // fail, return FAILED_PRECONDITION "session lost: ..." until ResetSession.
+  bool session_lost() const;
+  // The daemon instance this client works with ("" from older daemons).
+  std::string instance_id() const;
+  // Called once per loss, on the thread that found it (the monitor thread, or a caller's), with
+  // the "session lost" status. Must not call ResetSession or destroy the client itself.
+  void OnSessionLost(std::function<void(const absl::Status&)> callback);
+  // Drops the lost session (if any) and adopts the daemon's current instance; the next call
+  // opens a new session, under which regions must be registered again. UNAVAILABLE when the
+  // daemon does not answer.
+  absl::Status ResetSession();
+
   // --- Admin service -------------------------------------------------------------------------
   absl::StatusOr<v1::ListRegionsResponse> ListRegions();
   // `states` empty: all; `limit` 0: the daemon's default (100).
   absl::StatusOr<v1::ListTransfersResponse> ListTransfers(
       const std::vector<v1::TransferState>& states = {}, uint32_t limit = 0);
+  // Every filter of ListTransfersRequest (states, limit, region_id, label, idempotency_key).
+  absl::StatusOr<v1::ListTransfersResponse> ListTransfers(const v1::ListTransfersRequest& request);
   absl::StatusOr<v1::ListPeersResponse> ListPeers();
   absl::StatusOr<v1::Stats> GetStats();
   absl::StatusOr<v1::GetTopologyResponse> GetTopology();

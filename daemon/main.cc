@@ -82,6 +82,15 @@ absl::StatusOr<std::unique_ptr<fabric::Fabric>> StartFabric(const v1::DaemonConf
 }
 
 // Blocks SIGTERM/SIGINT in every thread (call before starting any) so sigwait receives them.
+// The node's GPUs by UUID, for regions named by RegionSpec.device_uuid.
+std::vector<regions::GpuName> GpuNames(const v1::TopologyDesc& desc) {
+  std::vector<regions::GpuName> gpus;
+  for (const v1::Gpu& gpu : desc.gpus()) {
+    if (!gpu.uuid().empty()) gpus.push_back({gpu.uuid(), gpu.cuda_ordinal()});
+  }
+  return gpus;
+}
+
 sigset_t BlockShutdownSignals() {
   sigset_t set;
   sigemptyset(&set);
@@ -106,7 +115,13 @@ absl::Status Run(v1::DaemonConfig config) {
                topology.desc().nics_size());
 
   Clock* clock = Clock::Real();
-  std::unique_ptr<regions::RegionTable> regions = regions::RegionTable::Create(clock);
+  // This process's instance, in session greetings and Stats: a client that sees it change (or
+  // its session socket close) knows its regions are gone. Ids count from random bases so that a
+  // stale id from the previous instance names nothing here.
+  const std::string instance_id = session::NewInstanceId();
+  spdlog::info("instance {}", instance_id);
+  std::unique_ptr<regions::RegionTable> regions =
+      regions::RegionTable::Create(clock, regions::RandomIdBases(), GpuNames(topology.desc()));
   // Per-class limits, indexed by engine::PriorityClass (critical, normal, background).
   engine::PriorityLimits limits;
   const v1::ClassLimits* by_class[] = {&config.critical_limits(), &config.normal_limits(),
@@ -139,7 +154,12 @@ absl::Status Run(v1::DaemonConfig config) {
       {config.peers().begin(), config.peers().end()}, config.node_id());
   KVRAIL_ASSIGN_OR_RETURN(std::unique_ptr<fabric::Fabric> fabric, StartFabric(config, topology, regions.get(),
                                                                        directory.get()));
+  // Notification queues live as long as their sessions (a session's end drops its queue).
+  std::unique_ptr<transfers::NotificationHub> notifications = transfers::NotificationHub::Create(
+      [table = regions.get()](uint64_t session) { return table->SessionOpen(session); });
+  regions->AddSessionEndHook([hub = notifications.get()](uint64_t s) { hub->EndSession(s); });
   transfers::Options transfer_options;
+  transfer_options.notifications = notifications.get();
   transfer_options.node_id = config.node_id();
   transfer_options.remote = fabric.get();
   transfer_options.cuda_engine = cuda_engine.get();
@@ -169,6 +189,7 @@ absl::Status Run(v1::DaemonConfig config) {
       v1::Stats stats;
       stats.set_version(kVersion);
       stats.set_node_id(config.node_id());
+      stats.set_instance_id(instance_id);
       stats.set_regions(regions->size());
       transfers->FillStats(&stats);
       return stats;
@@ -180,6 +201,7 @@ absl::Status Run(v1::DaemonConfig config) {
   KVRAIL_ASSIGN_OR_RETURN(std::unique_ptr<session::SessionServer> sessions,
                    session::SessionServer::Start(
                        config.unix_socket() + ".session", config.socket_mode(), regions.get(),
+                       instance_id,
                        [&transfers](const v1::TransferSpec& spec) {
                          return transfers->SubmitWithinNode(spec);
                        },
@@ -191,6 +213,8 @@ absl::Status Run(v1::DaemonConfig config) {
   server::ServerOptions server_options;
   server_options.version = kVersion;
   server_options.node_id = config.node_id();
+  server_options.instance_id = instance_id;
+  server_options.notifications = notifications.get();
   server_options.topology = topology;
   server_options.listen.push_back("unix:" + config.unix_socket());
   if (!config.tcp_listen().empty()) server_options.listen.push_back(config.tcp_listen());

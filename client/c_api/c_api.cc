@@ -24,6 +24,12 @@
 #include "google/protobuf/message_lite.h"
 
 namespace kvrail::c_api {
+
+LastError& Last() {
+  thread_local LastError last;
+  return last;
+}
+
 namespace {
 
 using client::Client;
@@ -364,6 +370,57 @@ int kvrail_register_cuda(kvrail_client* handle, const void* device_ptr, uint64_t
   });
 }
 
+int kvrail_register_cuda_layers(kvrail_client* handle, const void* const* layer_ptrs,
+                                size_t num_layers, uint64_t layer_bytes, const uint8_t* spec,
+                                size_t spec_len, uint64_t* region_id, uint8_t** info,
+                                size_t* info_len) {
+  return Guard([&]() -> absl::Status {
+    KVRAIL_RETURN_IF_ERROR(ResetRegionOuts(region_id, info, info_len));
+    KVRAIL_ASSIGN_OR_RETURN(std::shared_ptr<Client> client, FindClient(handle));
+    if (layer_ptrs == nullptr || num_layers == 0) {
+      return absl::InvalidArgumentError("layer_ptrs: NULL or num_layers 0");
+    }
+    std::vector<const void*> ptrs(layer_ptrs, layer_ptrs + num_layers);
+    for (size_t i = 0; i < ptrs.size(); ++i) {
+      if (ptrs[i] == nullptr) return absl::InvalidArgumentError(absl::StrCat("layer_ptrs[", i, "]: NULL"));
+    }
+    KVRAIL_ASSIGN_OR_RETURN(v1::RegionSpec parsed, Parse<v1::RegionSpec>(spec, spec_len, "spec"));
+    KVRAIL_ASSIGN_OR_RETURN(
+        v1::RegionInfo result,
+        kvrail::client::RegisterCudaLayers(*client, ptrs, layer_bytes, std::move(parsed)));
+    return PutRegion(result, region_id, info, info_len);
+  });
+}
+
+int kvrail_register_host_layers(kvrail_client* handle, kvrail_host_buffer* const* buffers,
+                                const uint64_t* offsets, size_t num_layers, const uint8_t* spec,
+                                size_t spec_len, uint64_t* region_id, uint8_t** info,
+                                size_t* info_len) {
+  return Guard([&]() -> absl::Status {
+    KVRAIL_RETURN_IF_ERROR(ResetRegionOuts(region_id, info, info_len));
+    KVRAIL_ASSIGN_OR_RETURN(std::shared_ptr<Client> client, FindClient(handle));
+    if (buffers == nullptr || num_layers == 0) {
+      return absl::InvalidArgumentError("buffers: NULL or num_layers 0");
+    }
+    // Held for the call: a buffer freed by another thread meanwhile stays mapped until we return.
+    std::vector<std::shared_ptr<HostBuffer>> held;
+    std::vector<Client::HostLayer> layers;
+    for (size_t i = 0; i < num_layers; ++i) {
+      absl::StatusOr<std::shared_ptr<HostBuffer>> buffer = FindBuffer(buffers[i]);
+      if (!buffer.ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("buffers[", i, "]: ", buffer.status().message()));
+      }
+      layers.push_back({buffer->get(), offsets != nullptr ? offsets[i] : 0});
+      held.push_back(*std::move(buffer));
+    }
+    KVRAIL_ASSIGN_OR_RETURN(v1::RegionSpec parsed, Parse<v1::RegionSpec>(spec, spec_len, "spec"));
+    KVRAIL_ASSIGN_OR_RETURN(v1::RegionInfo result,
+                            client->RegisterHostLayers(layers, std::move(parsed)));
+    return PutRegion(result, region_id, info, info_len);
+  });
+}
+
 int kvrail_submit(kvrail_client* handle, const uint8_t* spec, size_t spec_len,
                   uint64_t* transfer_id, uint8_t** response, size_t* response_len) {
   return Guard([&]() -> absl::Status {
@@ -466,6 +523,65 @@ int kvrail_list_transfers(kvrail_client* handle, const int32_t* states, size_t n
 int kvrail_get_stats(kvrail_client* handle, uint8_t** out, size_t* out_len) {
   return kvrail::c_api::MessageCall(handle, out, out_len,
                                     [](Client& client) { return client.GetStats(); });
+}
+
+int kvrail_list_transfers_filtered(kvrail_client* handle, const uint8_t* request,
+                                   size_t request_len, uint8_t** out, size_t* out_len) {
+  return kvrail::c_api::MessageCall(
+      handle, out, out_len, [&](Client& client) -> absl::StatusOr<v1::ListTransfersResponse> {
+        KVRAIL_ASSIGN_OR_RETURN(
+            const v1::ListTransfersRequest parsed,
+            Parse<v1::ListTransfersRequest>(request, request_len, "request"));
+        return client.ListTransfers(parsed);
+      });
+}
+
+int kvrail_poll_notifications(kvrail_client* handle, uint32_t max, int64_t timeout_ms,
+                              uint8_t** out, size_t* out_len) {
+  return kvrail::c_api::MessageCall(
+      handle, out, out_len, [&](Client& client) -> absl::StatusOr<v1::NotificationPollResponse> {
+        if (timeout_ms < 0 || timeout_ms > 60000) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("timeout_ms: ", timeout_ms, " is outside [0, 60000]"));
+        }
+        KVRAIL_ASSIGN_OR_RETURN(std::vector<v1::Notification> taken,
+                                client.PollNotifications(max, absl::Milliseconds(timeout_ms)));
+        v1::NotificationPollResponse response;
+        for (auto& n : taken) *response.add_notifications() = std::move(n);
+        return response;
+      });
+}
+
+int kvrail_session_lost(kvrail_client* handle, int* lost) {
+  return Guard([&]() -> absl::Status {
+    KVRAIL_RETURN_IF_ERROR(RequireOut(lost, "lost"));
+    *lost = 0;
+    KVRAIL_ASSIGN_OR_RETURN(std::shared_ptr<Client> client, FindClient(handle));
+    *lost = client->session_lost() ? 1 : 0;
+    return absl::OkStatus();
+  });
+}
+
+int kvrail_reset_session(kvrail_client* handle) {
+  return Guard([&]() -> absl::Status {
+    KVRAIL_ASSIGN_OR_RETURN(std::shared_ptr<Client> client, FindClient(handle));
+    return client->ResetSession();
+  });
+}
+
+int kvrail_on_session_lost(kvrail_client* handle, kvrail_session_lost_fn fn, void* user) {
+  return Guard([&]() -> absl::Status {
+    KVRAIL_ASSIGN_OR_RETURN(std::shared_ptr<Client> client, FindClient(handle));
+    if (fn == nullptr) {
+      client->OnSessionLost(nullptr);
+    } else {
+      client->OnSessionLost([fn, user](const absl::Status& lost) {
+        const std::string message(lost.message());
+        fn(user, static_cast<int>(lost.code()), message.c_str());
+      });
+    }
+    return absl::OkStatus();
+  });
 }
 
 }  // extern "C"

@@ -24,10 +24,9 @@ struct LastError {
   int code = KVRAIL_OK;
   std::string message;
 };
-inline LastError& Last() {
-  thread_local LastError last;
-  return last;
-}
+// Defined out of line (c_api.cc): a thread_local inside an inline function becomes a GNU
+// "unique" symbol, which no version script can make local, so libkvrail.so would export it.
+LastError& Last();
 
 inline int Finish(const absl::Status& status) {
   LastError& last = Last();

@@ -139,6 +139,22 @@ int kvrail_register_cuda(kvrail_client* client, const void* device_ptr, uint64_t
                          const uint8_t* spec, size_t spec_len, uint64_t* region_id,
                          uint8_t** info, size_t* info_len);
 
+/* Per-layer regions (RegionSpec.layer_shares): a paged KV region whose layers live in separate
+ * allocations, so one transfer moves every layer (vLLM keeps one tensor per layer). `spec` (a
+ * serialized RegionSpec) gives paged_kv with layer_stride 0 and num_layers = num_layers, name and
+ * writable; size_bytes is one layer's span (0: derived from the layout, host only).
+ * CUDA: layer L is [layer_ptrs[L], + layer_bytes) inside one cudaMalloc allocation, all on one
+ * GPU. Host: layer L starts at offsets[L] (NULL: 0) of buffers[L]; a buffer may hold several
+ * layers. Errors name the layer ("layer_ptrs[3]: ...", "spec.layer_shares[3].fd_token: ..."). */
+int kvrail_register_cuda_layers(kvrail_client* client, const void* const* layer_ptrs,
+                                size_t num_layers, uint64_t layer_bytes, const uint8_t* spec,
+                                size_t spec_len, uint64_t* region_id, uint8_t** info,
+                                size_t* info_len);
+int kvrail_register_host_layers(kvrail_client* client, kvrail_host_buffer* const* buffers,
+                                const uint64_t* offsets, size_t num_layers, const uint8_t* spec,
+                                size_t spec_len, uint64_t* region_id, uint8_t** info,
+                                size_t* info_len);
+
 /* --- Transfers -------------------------------------------------------------------------------- */
 /* `spec`: a serialized kvrail.v1.TransferSpec. Out: the transfer id and (optional) the serialized
  * kvrail.v1.SubmitTransferResponse. Returns once the daemon accepted it. */
@@ -170,6 +186,38 @@ int kvrail_list_regions(kvrail_client* client, uint8_t** out, size_t* out_len);
 int kvrail_list_transfers(kvrail_client* client, const int32_t* states, size_t num_states,
                           uint32_t limit, uint8_t** out, size_t* out_len);
 int kvrail_get_stats(kvrail_client* client, uint8_t** out, size_t* out_len);
+/* ListTransfers with every filter: `request` is a serialized kvrail.v1.ListTransfersRequest
+ * (states, limit, region_id, label, idempotency_key; empty: all, the daemon's default limit).
+ * Out: the serialized kvrail.v1.ListTransfersResponse. */
+int kvrail_list_transfers_filtered(kvrail_client* client, const uint8_t* request,
+                                   size_t request_len, uint8_t** out, size_t* out_len);
+
+/* --- Notifications (TransferSpec.notification) ------------------------------------------------ */
+/* Notifications queued for this client's session (opened on first use), oldest first: at most
+ * `max` (0: 256), waiting up to `timeout_ms` (0..60000; 0: do not wait) for the first. Out: a
+ * serialized kvrail.v1.NotificationPollResponse (possibly with none). kvrail_submit fills the
+ * spec's session_id with this client's open session when a notification is set, so a client is
+ * not notified of its own transfers. */
+int kvrail_poll_notifications(kvrail_client* client, uint32_t max, int64_t timeout_ms,
+                              uint8_t** out, size_t* out_len);
+
+/* --- Session lost ----------------------------------------------------------------------------- */
+/* When kvraild stops or restarts, the regions (and transfers) of this client are gone. The
+ * library notices when the daemon closes the session socket, when a new session names another
+ * daemon instance, or when a call fails and the daemon's instance changed; from then on such calls
+ * fail with KVRAIL_FAILED_PRECONDITION, message "session lost: ...", until
+ * kvrail_reset_session. */
+/* *lost = 1 when the session is lost, else 0. */
+int kvrail_session_lost(kvrail_client* client, int* lost);
+/* Forgets the lost session; the next call opens a new one (register regions again).
+ * KVRAIL_UNAVAILABLE when the daemon does not answer. */
+int kvrail_reset_session(kvrail_client* client);
+/* Called once per loss with the "session lost" code and message (valid during the call only), on
+ * whichever thread found it (often a library thread). It must not close the client or call
+ * kvrail_reset_session itself; it may record the loss for the application. `fn` NULL removes the
+ * callback. */
+typedef void (*kvrail_session_lost_fn)(void* user, int code, const char* message);
+int kvrail_on_session_lost(kvrail_client* client, kvrail_session_lost_fn fn, void* user);
 
 /* --- CUDA readiness flags (layer-wise streaming from and to CUDA streams) --------------------- */
 /* A flag array is 32-bit words in a registered host region (TransferSpec.ready_flags /

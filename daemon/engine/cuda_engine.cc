@@ -46,8 +46,12 @@ struct JobState {
   absl::Status setup;  // not OK: every tile of the job fails with it
   Mode mode = Mode::kKernel;
   int tuner_key = 0;
-  uint8_t* src = nullptr;  // device-visible bases
+  uint8_t* src = nullptr;  // device-visible bases (nullptr for per-layer sides)
   uint8_t* dst = nullptr;
+  // Per-layer sides: the plan with the layers' addresses on this engine's GPU (the job's plan
+  // holds the owner's); what copy-engine runs and the kernel upload read.
+  std::optional<planner::Plan> device_plan;
+  const planner::Plan& RunPlan() const { return device_plan ? *device_plan : job->plan(); }
   std::optional<kernels::DevicePlanBuffer> plan;
   // A plan uploaded from pinned tables: the copy runs after SetUp returns, so the tables are
   // held until `uploaded` has passed (the first batch's completion implies it; a job dropped
@@ -280,6 +284,14 @@ class DeviceWorker {
     const MemoryRef src = job.src(), dst = job.dst();
     KVRAIL_ASSIGN_OR_RETURN(s.src, job.DeviceAddress(Job::Side::kSrc, device_));
     KVRAIL_ASSIGN_OR_RETURN(s.dst, job.DeviceAddress(Job::Side::kDst, device_));
+    if (job.plan().src_per_layer() || job.plan().dst_per_layer()) {
+      KVRAIL_ASSIGN_OR_RETURN(auto src_layers, job.DeviceLayerBases(Job::Side::kSrc, device_));
+      KVRAIL_ASSIGN_OR_RETURN(auto dst_layers, job.DeviceLayerBases(Job::Side::kDst, device_));
+      s.device_plan = job.plan().WithLayerBases(std::move(src_layers), std::move(dst_layers));
+      // Run offsets of a per-layer side are whole addresses (kernels::SideBase is 0).
+      if (job.plan().src_per_layer()) s.src = nullptr;
+      if (job.plan().dst_per_layer()) s.dst = nullptr;
+    }
     bool peer_unreachable = false;
     if (src.cuda && dst.cuda && src.device != dst.device) {
       const int other = src.device == device_ ? dst.device : src.device;
@@ -293,7 +305,7 @@ class DeviceWorker {
     s.mode = scheduler::ChooseMode(in);
     s.tuner_key = scheduler::CtaTunerKey(in.mean_run_bytes, dst.cuda, dst.device == device_);
     if (s.mode == Mode::kKernel) {
-      const planner::Plan& plan = job.plan();
+      const planner::Plan& plan = s.RunPlan();
       KVRAIL_ASSIGN_OR_RETURN(kernels::DevicePlanBuffer buffer,
                        kernels::DevicePlanBuffer::Upload(
                            plan.header(), plan.src_blocks().data(), plan.dst_blocks().data(),
@@ -371,7 +383,7 @@ class DeviceWorker {
 
   absl::Status CopyEngine(const JobState& s, uint32_t begin, uint32_t end) {
     runs_.clear();
-    for (uint32_t t = begin; t < end; ++t) scheduler::AppendTileRuns(s.job->plan(), t, &runs_);
+    for (uint32_t t = begin; t < end; ++t) scheduler::AppendTileRuns(s.RunPlan(), t, &runs_);
     dsts_.resize(runs_.size());
     srcs_.resize(runs_.size());
     sizes_.resize(runs_.size());

@@ -49,6 +49,12 @@ class Job {
   virtual absl::StatusOr<uint8_t*> DeviceAddress(Side side, int accessor) const {
     return absl::UnimplementedError("this job has no device addresses");
   }
+  // Per-layer sides (planner::Plan::src_per_layer): the layers' addresses for CUDA code on GPU
+  // `accessor` (Region::DeviceLayerBases); nullptr for a side of one base.
+  virtual absl::StatusOr<std::shared_ptr<const planner::LayerBases>> DeviceLayerBases(
+      Side side, int accessor) const {
+    return std::shared_ptr<const planner::LayerBases>();
+  }
   // The engine says how it moved (some of) the job's tiles: "cuda-kernel", "cuda-copy-engine".
   virtual void OnEngineUsed(absl::string_view engine) {}
   virtual PriorityClass priority() const = 0;

@@ -413,4 +413,18 @@ absl::StatusOr<Plan> MakePlan(const kvrail::v1::TransferSpec& spec, const Region
   return plan;
 }
 
+Plan Plan::WithLayerBases(std::shared_ptr<const LayerBases> src,
+                          std::shared_ptr<const LayerBases> dst) const {
+  Plan copy = *this;
+  if (src != nullptr && src_per_layer()) {
+    copy.header_.src.layer_bases = reinterpret_cast<uint64_t>(src->data());
+    copy.src_layer_bases_ = std::move(src);
+  }
+  if (dst != nullptr && dst_per_layer()) {
+    copy.header_.dst.layer_bases = reinterpret_cast<uint64_t>(dst->data());
+    copy.dst_layer_bases_ = std::move(dst);
+  }
+  return copy;
+}
+
 }  // namespace kvrail::planner

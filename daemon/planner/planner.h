@@ -218,6 +218,15 @@ class Plan {
   absl::Status CheckTiles(uint32_t begin, uint32_t end) const;
   // Whether MakePlan left id checks to CheckTiles.
   bool checks_deferred() const { return checks_ != nullptr; }
+  // Whether a side is a per-layer region (its SideGeometry.layer_bases is set).
+  bool src_per_layer() const { return header_.src.layer_bases != 0; }
+  bool dst_per_layer() const { return header_.dst.layer_bases != 0; }
+  // A copy whose per-layer sides read layer addresses from `src` / `dst` instead (nullptr keeps
+  // a side's table): the same region's layers as another GPU addresses them
+  // (Region::DeviceLayerBases), for the copy engines and the kernel upload. Each table has the
+  // region's num_layers entries; the copy keeps both alive.
+  Plan WithLayerBases(std::shared_ptr<const LayerBases> src,
+                      std::shared_ptr<const LayerBases> dst) const;
 
  private:
   friend absl::StatusOr<Plan> MakePlan(const kvrail::v1::TransferSpec&, const RegionView&,

@@ -14,32 +14,17 @@
 #include <random>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "base/status.h"
 #include "base/cuda/cuda_util.h"
 #include "daemon/regions/cuda_import.h"
+#include "daemon/regions/host_mapping.h"
+#include "daemon/regions/layered_region.h"
 
 namespace kvrail::regions {
 namespace {
-
-// Owns one mmap. Not thread-safe to move; the mapping itself is shared read/write memory.
-class Mapping {
- public:
-  Mapping(void* base, size_t length) : base_(base), length_(length) {}
-  Mapping(const Mapping&) = delete;
-  Mapping& operator=(const Mapping&) = delete;
-  ~Mapping() {
-    if (base_ != nullptr) ::munmap(base_, length_);
-  }
-  uint8_t* at(size_t offset) const { return static_cast<uint8_t*>(base_) + offset; }
-  void* base() const { return base_; }
-  size_t length() const { return length_; }
-
- private:
-  void* base_;
-  size_t length_;
-};
 
 // Thread-safe: the spec, view and memory are immutable after construction; the host pin and the
 // peer-GPU views are made on first use under pin_mu_; the use count is atomic.
@@ -125,52 +110,27 @@ class RegionImpl final : public Region {
   mutable std::map<int, std::shared_ptr<CudaMapping>> peer_views_ ABSL_GUARDED_BY(pin_mu_);
 };
 
-std::string ErrnoText(int err) { return std::string(std::strerror(err)); }
-
-// Maps [offset, offset + size) of `fd` (file size checked first), read-only unless writable.
-absl::StatusOr<std::pair<std::unique_ptr<Mapping>, uint8_t*>> MapFd(int fd, uint64_t offset,
-                                                                    uint64_t size,
-                                                                    bool writable,
-                                                                    const char* field) {
-  struct stat st;
-  if (::fstat(fd, &st) != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(field, ": fstat failed: ", ErrnoText(errno)));
-  }
-  if (offset > static_cast<uint64_t>(st.st_size) ||
-      size > static_cast<uint64_t>(st.st_size) - offset) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "spec.size_bytes: region [", offset, ", ", offset + size, ") does not fit the shared object of ",
-        st.st_size, " bytes"));
-  }
-  const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
-  const uint64_t aligned = offset - offset % page;
-  const size_t length = size + (offset - aligned);
-  // MAP_POPULATE: fault the pages in at registration, so the first transfer does not pay for
-  // page-table set-up on the hot path.
-  void* base = ::mmap(nullptr, length, PROT_READ | (writable ? PROT_WRITE : 0),
-                      MAP_SHARED | MAP_POPULATE, fd, static_cast<off_t>(aligned));
-  if (base == MAP_FAILED) {
-    const int err = errno;
-    if (err == EACCES && writable) {
-      return absl::PermissionDeniedError(absl::StrCat(
-          "spec.writable: the shared object cannot be mapped for writing: ", ErrnoText(err)));
-    }
-    return absl::InternalError(absl::StrCat(field, ": mmap failed: ", ErrnoText(err)));
-  }
-  auto mapping = std::make_unique<Mapping>(base, length);
-  uint8_t* data = mapping->at(offset - aligned);
-  return std::make_pair(std::move(mapping), data);
-}
-
 // Thread-safe: the id counters, regions and pending fd tokens are guarded by mu_. Mapping and
 // CUDA imports happen outside mu_; Add and TakeToken take it for the table updates only.
 class RegionTableImpl final : public RegionTable {
  public:
-  explicit RegionTableImpl(Clock* clock) : clock_(clock) {}
+  RegionTableImpl(Clock* clock, IdBases bases, std::vector<GpuName> gpus)
+      : clock_(clock),
+        gpus_(std::move(gpus)),
+        next_id_(bases.first_region_id),
+        next_session_(bases.first_session_id) {}
 
-  absl::StatusOr<std::shared_ptr<Region>> Register(const v1::RegionSpec& spec,
+  absl::StatusOr<std::shared_ptr<Region>> Register(const v1::RegionSpec& given,
                                                    uint64_t session_id) override {
-    KVRAIL_ASSIGN_OR_RETURN(planner::RegionView view, Validate(spec));
+    // A GPU named by UUID becomes this daemon's ordinal before anything reads spec.device.
+    v1::RegionSpec resolved;
+    if (!given.device_uuid().empty()) {
+      resolved = given;
+      KVRAIL_RETURN_IF_ERROR(ResolveDeviceUuid(gpus_, &resolved));
+    }
+    const v1::RegionSpec& spec = given.device_uuid().empty() ? given : resolved;
+    if (spec.layer_shares_size() > 0) return RegisterLayered(spec, session_id);
+    KVRAIL_ASSIGN_OR_RETURN(planner::RegionView view, Validate(spec, false));
     if (spec.memory_kind() == v1::MEMORY_KIND_CUDA) {
       KVRAIL_ASSIGN_OR_RETURN(std::shared_ptr<CudaMapping> cuda, ImportCudaIpc(spec));
       uint8_t* data = cuda->base() + spec.share().offset();
@@ -278,7 +238,18 @@ class RegionTableImpl final : public RegionTable {
 
   uint64_t BeginSession() override {
     absl::MutexLock lock(&mu_);
+    open_sessions_.insert(next_session_);
     return next_session_++;
+  }
+
+  bool SessionOpen(uint64_t session_id) const override {
+    absl::MutexLock lock(&mu_);
+    return open_sessions_.contains(session_id);
+  }
+
+  void AddSessionEndHook(std::function<void(uint64_t)> hook) override {
+    absl::MutexLock lock(&mu_);
+    end_hooks_.push_back(std::move(hook));
   }
 
   absl::StatusOr<std::string> AddFd(uint64_t session_id, UniqueFd fd) override {
@@ -295,8 +266,22 @@ class RegionTableImpl final : public RegionTable {
   }
 
   void EndSession(uint64_t session_id) override {
-    std::vector<std::shared_ptr<Region>> dropped;  // unmapped outside the lock
-    absl::MutexLock lock(&mu_);
+    std::vector<std::function<void(uint64_t)>> hooks;
+    {
+      std::vector<std::shared_ptr<Region>> dropped;  // unmapped outside the lock
+      absl::MutexLock lock(&mu_);
+      open_sessions_.erase(session_id);
+      hooks = end_hooks_;
+      EndSessionLocked(session_id, &dropped);
+    }
+    // After the session is closed and its regions dropped, outside the lock.
+    for (const auto& hook : hooks) hook(session_id);
+  }
+
+ private:
+  void EndSessionLocked(uint64_t session_id, std::vector<std::shared_ptr<Region>>* dropped_out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    std::vector<std::shared_ptr<Region>>& dropped = *dropped_out;
     for (auto it = tokens_.begin(); it != tokens_.end();) {
       if (it->second.session_id == session_id) {
         tokens_.erase(it++);
@@ -349,7 +334,97 @@ class RegionTableImpl final : public RegionTable {
     return fd;
   }
 
-  static absl::StatusOr<planner::RegionView> Validate(const v1::RegionSpec& spec) {
+  // A per-layer region (spec.layer_shares): validated, each layer imported (host fd tokens are
+  // all taken or, on any error, all given back), then added.
+  absl::StatusOr<std::shared_ptr<Region>> RegisterLayered(const v1::RegionSpec& spec,
+                                                          uint64_t session_id) {
+    if (spec.share().via_case() != v1::RegionShare::VIA_NOT_SET) {
+      return absl::InvalidArgumentError(
+          "spec.share: a per-layer region shares each layer in spec.layer_shares; leave "
+          "spec.share unset");
+    }
+    if (spec.layout_case() != v1::RegionSpec::kPagedKv) {
+      return absl::InvalidArgumentError(
+          "spec.layer_shares: per-layer regions are paged KV (set spec.paged_kv)");
+    }
+    if (static_cast<uint32_t>(spec.layer_shares_size()) != spec.paged_kv().num_layers()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("spec.layer_shares: ", spec.layer_shares_size(), " shares for ",
+                       spec.paged_kv().num_layers(), " layers (spec.paged_kv.num_layers)"));
+    }
+    KVRAIL_ASSIGN_OR_RETURN(planner::RegionView view, Validate(spec, true));
+    const bool cuda = spec.memory_kind() == v1::MEMORY_KIND_CUDA;
+    std::vector<LayerMemory> layers(spec.layer_shares_size());
+    std::vector<std::pair<std::string, UniqueFd>> taken;  // given back unless all layers map
+    absl::Status failed;
+    for (int l = 0; l < spec.layer_shares_size() && failed.ok(); ++l) {
+      const v1::RegionShare& share = spec.layer_shares(l);
+      const std::string field = absl::StrCat("spec.layer_shares[", l, "]");
+      LayerMemory& layer = layers[l];
+      layer.spec = LayerSpec(spec, l);
+      if (cuda) {
+        if (share.via_case() != v1::RegionShare::kCudaIpcHandle) {
+          failed = absl::InvalidArgumentError(
+              absl::StrCat(field, ": a CUDA layer is shared with cuda_ipc_handle"));
+          break;
+        }
+        absl::StatusOr<std::shared_ptr<CudaMapping>> mapped = ImportCudaIpc(layer.spec);
+        if (!mapped.ok()) {
+          failed = absl::Status(mapped.status().code(),
+                                absl::StrCat(field, ": ", mapped.status().message()));
+          break;
+        }
+        layer.cuda = *std::move(mapped);
+        layer.data = layer.cuda->base() + share.offset();
+        continue;
+      }
+      if (share.via_case() != v1::RegionShare::kFdToken) {
+        failed = absl::InvalidArgumentError(absl::StrCat(
+            field, ": a host layer is shared with fd_token (the daemon opens nothing by name)"));
+        break;
+      }
+      absl::StatusOr<UniqueFd> fd = TakeToken(share.fd_token(), session_id);
+      if (!fd.ok()) {
+        failed = absl::Status(fd.status().code(),
+                              absl::StrCat(field, ".fd_token: ", fd.status().message()));
+        break;
+      }
+      taken.emplace_back(share.fd_token(), *std::move(fd));
+      const int raw = taken.back().second.get();
+      if (::fcntl(raw, F_ADD_SEALS, F_SEAL_SHRINK) != 0) {
+        const int seals = ::fcntl(raw, F_GET_SEALS);
+        if (seals < 0 || (seals & F_SEAL_SHRINK) == 0) {
+          failed = absl::FailedPreconditionError(absl::StrCat(
+              field, ".fd_token: the fd must be a memfd created with MFD_ALLOW_SEALING"));
+          break;
+        }
+      }
+      const std::string fd_field = field + ".fd_token";
+      auto mapped = MapFd(raw, share.offset(), spec.size_bytes(), spec.writable(),
+                          fd_field.c_str());
+      if (!mapped.ok()) {
+        failed = absl::Status(mapped.status().code(),
+                              absl::StrCat(field, ": ", mapped.status().message()));
+        break;
+      }
+      layer.host = std::shared_ptr<Mapping>(std::move(mapped->first));
+      layer.data = mapped->second;
+    }
+    if (!failed.ok()) {
+      absl::MutexLock lock(&mu_);
+      for (auto& [token, fd] : taken) tokens_.emplace(token, PendingFd{session_id, std::move(fd)});
+      return failed;
+    }
+    absl::MutexLock lock(&mu_);
+    const uint64_t id = next_id_++;
+    std::shared_ptr<Region> region = MakeLayeredRegion(id, session_id, spec, std::move(view),
+                                                       std::move(layers), clock_->NowUnixMicros());
+    regions_[id] = region;
+    return region;
+  }
+
+  static absl::StatusOr<planner::RegionView> Validate(const v1::RegionSpec& spec,
+                                                      bool per_layer) {
     if (spec.memory_kind() == v1::MEMORY_KIND_UNSPECIFIED) {
       return absl::InvalidArgumentError("spec.memory_kind: must be MEMORY_KIND_HOST or MEMORY_KIND_CUDA");
     }
@@ -366,7 +441,8 @@ class RegionTableImpl final : public RegionTable {
       case v1::RegionSpec::kPagedKv: {
         view.paged = true;
         KVRAIL_ASSIGN_OR_RETURN(view.layout,
-                         planner::ResolveLayout(spec.paged_kv(), spec.size_bytes(), "spec.paged_kv."));
+                         planner::ResolveLayout(spec.paged_kv(), spec.size_bytes(),
+                                                "spec.paged_kv.", per_layer));
         break;
       }
       case v1::RegionSpec::kBytes:
@@ -379,18 +455,35 @@ class RegionTableImpl final : public RegionTable {
   }
 
   Clock* const clock_;
+  const std::vector<GpuName> gpus_;  // RegionSpec.device_uuid lookups
   mutable absl::Mutex mu_;
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t next_session_ ABSL_GUARDED_BY(mu_) = 1;
-  absl::flat_hash_map<uint64_t, std::shared_ptr<RegionImpl>> regions_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_set<uint64_t> open_sessions_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::function<void(uint64_t)>> end_hooks_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, std::shared_ptr<Region>> regions_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, PendingFd> tokens_ ABSL_GUARDED_BY(mu_);
   std::mt19937_64 rng_ ABSL_GUARDED_BY(mu_){std::random_device{}()};
 };
 
 }  // namespace
 
-std::unique_ptr<RegionTable> RegionTable::Create(Clock* clock) {
-  return std::make_unique<RegionTableImpl>(clock);
+IdBases RandomIdBases() {
+  std::random_device random;
+  // 31 random bits, never 0: a base in [2^32, 2^63).
+  auto base = [&random] {
+    const uint64_t high = static_cast<uint64_t>(random()) & 0x7fffffffu;
+    return (high == 0 ? 1 : high) << 32;
+  };
+  IdBases bases;
+  bases.first_region_id = base();
+  bases.first_session_id = base();
+  return bases;
+}
+
+std::unique_ptr<RegionTable> RegionTable::Create(Clock* clock, IdBases bases,
+                                                 std::vector<GpuName> gpus) {
+  return std::make_unique<RegionTableImpl>(clock, bases, std::move(gpus));
 }
 
 }  // namespace kvrail::regions

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -12,6 +13,7 @@
 #include "base/clock.h"
 #include "base/unique_fd.h"
 #include "daemon/planner/planner.h"
+#include "daemon/regions/device_uuid.h"
 #include "proto/kvrail/v1/region.pb.h"
 
 namespace kvrail::regions {
@@ -33,6 +35,13 @@ class Region {
   // pinned and mapped into every GPU (cudaHostRegister) on the first call and stays so until the
   // region is released. FAILED_PRECONDITION without a CUDA device. Thread-safe.
   virtual absl::StatusOr<uint8_t*> DeviceAddress(int accessor) const = 0;
+  // Per-layer regions (RegionSpec.layer_shares): entry L is layer L's first byte as CUDA code on
+  // GPU `accessor` addresses it (made on first use per accessor, as DeviceAddress). nullptr for
+  // regions of one base (their layers are at DeviceAddress + L * layer_stride). Thread-safe.
+  virtual absl::StatusOr<std::shared_ptr<const planner::LayerBases>> DeviceLayerBases(
+      int accessor) const {
+    return std::shared_ptr<const planner::LayerBases>();
+  }
   virtual const v1::RegionSpec& spec() const = 0;
   // The geometry the planner checks transfers against.
   virtual const planner::RegionView& view() const = 0;
@@ -43,11 +52,26 @@ class Region {
   virtual void ReleaseUse() = 0;
 };
 
+// Where a table's region and session ids start counting (each id is then used once).
+struct IdBases {
+  uint64_t first_region_id = 1;
+  uint64_t first_session_id = 1;
+};
+// Bases for a daemon process: each a random multiple of 2^32 in [2^32, 2^63) (31 random bits;
+// below 2^63 so signed 64-bit consumers read ids as positive). A daemon that restarts counts
+// from new bases, so a client still holding an id of the previous instance gets NOT_FOUND rather
+// than naming another client's region or session (the chance of a clash is 2^-31 per restart,
+// until an instance has issued 2^32 ids). Thread-safe (std::random_device).
+IdBases RandomIdBases();
+
 // The daemon's region registry. Thread-safe.
 class RegionTable {
  public:
   virtual ~RegionTable() = default;
-  static std::unique_ptr<RegionTable> Create(Clock* clock);
+  // `bases`: ids count from 1 by default (tests); kvraild passes RandomIdBases(). `gpus`: the
+  // node's GPUs by UUID (from its topology), for RegionSpec.device_uuid.
+  static std::unique_ptr<RegionTable> Create(Clock* clock, IdBases bases = {},
+                                             std::vector<GpuName> gpus = {});
 
   // Validates `spec` (errors name the field, e.g. "spec.paged_kv.block_stride: ...") and maps
   // the memory. fd tokens are consumed and must belong to `session_id`.
@@ -64,6 +88,12 @@ class RegionTable {
   virtual uint64_t BeginSession() = 0;
   virtual absl::StatusOr<std::string> AddFd(uint64_t session_id, UniqueFd fd) = 0;
   virtual void EndSession(uint64_t session_id) = 0;
+  // Whether `session_id` was begun and has not ended.
+  virtual bool SessionOpen(uint64_t session_id) const = 0;
+  // Adds `hook`, called with a session's id after EndSession dropped its regions (outside the
+  // table's lock, on the thread ending the session). For daemon wiring (notification queues):
+  // add hooks before sessions begin; they live as long as the table.
+  virtual void AddSessionEndHook(std::function<void(uint64_t)> hook) = 0;
 };
 
 }  // namespace kvrail::regions

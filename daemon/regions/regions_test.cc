@@ -73,6 +73,35 @@ TEST_CASE("a memfd region maps the client's memory, sealed against shrinking") {
   ::munmap(client_view, kPoolBytes);
 }
 
+TEST_CASE("ids count from the table's bases; a daemon's bases are random multiples of 2^32") {
+  constexpr uint64_t k32 = uint64_t{1} << 32;
+  const IdBases bases = RandomIdBases();
+  for (uint64_t base : {bases.first_region_id, bases.first_session_id}) {
+    CHECK(base >= k32);
+    CHECK(base < (uint64_t{1} << 63));
+    CHECK(base % k32 == 0);
+  }
+  // Two daemon starts draw different bases (the chance of equal ones is 2^-31).
+  const IdBases again = RandomIdBases();
+  CHECK((again.first_region_id != bases.first_region_id ||
+         again.first_session_id != bases.first_session_id));
+
+  auto table = RegionTable::Create(Clock::Real(), IdBases{7 * k32, 9 * k32});
+  const uint64_t session = table->BeginSession();
+  CHECK(session == 9 * k32);
+  CHECK(table->BeginSession() == 9 * k32 + 1);
+  auto token = table->AddFd(session, Memfd(kPoolBytes));
+  REQUIRE(token.ok());
+  auto spec = PagedSpec(kPoolBytes, true);
+  spec.mutable_share()->set_fd_token(*token);
+  auto region = table->Register(spec, session);
+  REQUIRE(region.ok());
+  CHECK((*region)->id() == 7 * k32);
+  CHECK((*region)->Info().region_id() == 7 * k32);
+  // An id of another instance (a region id 1 a client kept across a restart) names nothing.
+  CHECK(table->Get(1).status().code() == absl::StatusCode::kNotFound);
+}
+
 TEST_CASE("a memfd that cannot be sealed is refused") {
   auto table = RegionTable::Create(Clock::Real());
   const uint64_t session = table->BeginSession();
@@ -192,6 +221,116 @@ TEST_CASE("shm regions map by name; read-only regions refuse nothing but are map
   CHECK(table->List()[0].spec().name() == "pool");
   REQUIRE(table->Unregister((*region)->id()).ok());
   RequireError(table->Unregister((*region)->id()), absl::StatusCode::kNotFound, "region_id");
+}
+
+}  // namespace
+}  // namespace kvrail::regions
+
+namespace kvrail::regions {
+namespace {
+
+// A per-layer spec of PagedSpec's layout: layer_stride 0, one layer's span per layer.
+constexpr uint64_t kLayerBytes = kPoolBytes / 2;
+
+v1::RegionSpec LayeredSpec(bool writable) {
+  v1::RegionSpec spec = PagedSpec(kLayerBytes, writable);
+  return spec;
+}
+
+TEST_CASE("a per-layer region maps each layer's memory at its own base") {
+  auto table = RegionTable::Create(Clock::Real());
+  const uint64_t session = table->BeginSession();
+  // Layer 0 in its own memfd; layer 1 at 8 KiB into a second, larger one.
+  UniqueFd a = Memfd(kLayerBytes), b = Memfd(kLayerBytes + 8192);
+  void* view_b = ::mmap(nullptr, kLayerBytes + 8192, PROT_READ | PROT_WRITE, MAP_SHARED, b.get(), 0);
+  REQUIRE(view_b != MAP_FAILED);
+  auto spec = LayeredSpec(true);
+  for (const int fd : {a.get(), b.get()}) {
+    auto token = table->AddFd(session, UniqueFd(::dup(fd)));
+    REQUIRE(token.ok());
+    v1::RegionShare* share = spec.add_layer_shares();
+    share->set_fd_token(*token);
+  }
+  spec.mutable_layer_shares(1)->set_offset(8192);
+  auto region = table->Register(spec, session);
+  INFO(region.status().ToString());
+  REQUIRE(region.ok());
+  const planner::RegionView& view = (*region)->view();
+  REQUIRE(view.layer_bases != nullptr);
+  REQUIRE(view.layer_bases->size() == 2);
+  CHECK(view.layout.layer_stride == 0);
+  CHECK(view.size_bytes == kLayerBytes);
+  std::memcpy(static_cast<uint8_t*>(view_b) + 8192, "layer1", 6);
+  CHECK(std::memcmp(reinterpret_cast<const void*>((*view.layer_bases)[1]), "layer1", 6) == 0);
+  CHECK((*region)->data() == reinterpret_cast<uint8_t*>((*view.layer_bases)[0]));
+  CHECK((*region)->Info().spec().layer_shares_size() == 2);
+  ::munmap(view_b, kLayerBytes + 8192);
+}
+
+TEST_CASE("per-layer region errors name the field, and a failed layer consumes no token") {
+  auto table = RegionTable::Create(Clock::Real());
+  const uint64_t session = table->BeginSession();
+  UniqueFd small = Memfd(kLayerBytes / 2), big = Memfd(kLayerBytes);
+  auto big_token = table->AddFd(session, UniqueFd(::dup(big.get())));
+  auto small_token = table->AddFd(session, UniqueFd(::dup(small.get())));
+  REQUIRE(big_token.ok());
+  REQUIRE(small_token.ok());
+
+  auto spec = LayeredSpec(false);
+  spec.add_layer_shares()->set_fd_token(*big_token);
+  RequireError(table->Register(spec, session).status(), absl::StatusCode::kInvalidArgument,
+               "spec.layer_shares: 1 shares for 2 layers");
+
+  // Layer 1 is too small: layer 0's token is given back, so the same spec works once fixed.
+  spec.add_layer_shares()->set_fd_token(*small_token);
+  RequireError(table->Register(spec, session).status(), absl::StatusCode::kInvalidArgument,
+               "spec.layer_shares[1]");
+  auto third = table->AddFd(session, UniqueFd(::dup(big.get())));
+  REQUIRE(third.ok());
+  spec.mutable_layer_shares(1)->set_fd_token(*third);
+  auto ok = table->Register(spec, session);
+  INFO(ok.status().ToString());
+  CHECK(ok.ok());
+
+  auto with_share = LayeredSpec(false);
+  with_share.mutable_share()->set_fd_token("t");
+  with_share.add_layer_shares()->set_fd_token("t0");
+  with_share.add_layer_shares()->set_fd_token("t1");
+  RequireError(table->Register(with_share, session).status(), absl::StatusCode::kInvalidArgument,
+               "spec.share");
+
+  auto strided = LayeredSpec(false);
+  strided.mutable_paged_kv()->set_layer_stride(kLayerBytes);
+  strided.mutable_paged_kv()->set_part_stride(kLayerBytes / 2);
+  strided.mutable_paged_kv()->set_block_stride(16 * 2 * 64 * 2);
+  strided.mutable_paged_kv()->set_token_stride(2 * 64 * 2);
+  strided.mutable_paged_kv()->set_head_stride(64 * 2);
+  strided.add_layer_shares()->set_fd_token("t0");
+  strided.add_layer_shares()->set_fd_token("t1");
+  RequireError(table->Register(strided, session).status(), absl::StatusCode::kInvalidArgument,
+               "layer_stride");
+
+  auto by_name = LayeredSpec(false);
+  by_name.add_layer_shares()->set_shm_name("/kvrail-x");
+  by_name.add_layer_shares()->set_shm_name("/kvrail-y");
+  RequireError(table->Register(by_name, session).status(), absl::StatusCode::kInvalidArgument,
+               "spec.layer_shares[0]");
+
+  auto bytes = LayeredSpec(false);
+  bytes.mutable_bytes();
+  bytes.add_layer_shares()->set_fd_token("t0");
+  RequireError(table->Register(bytes, session).status(), absl::StatusCode::kInvalidArgument,
+               "spec.layer_shares");
+
+  // Another session's token is refused, naming the layer.
+  const uint64_t other = table->BeginSession();
+  auto foreign = table->AddFd(other, UniqueFd(::dup(big.get())));
+  REQUIRE(foreign.ok());
+  auto stolen = LayeredSpec(false);
+  stolen.add_layer_shares()->set_fd_token(*foreign);
+  stolen.add_layer_shares()->set_fd_token(*foreign);
+  RequireError(table->Register(stolen, session).status(), absl::StatusCode::kPermissionDenied,
+               "spec.layer_shares[0].fd_token");
 }
 
 }  // namespace

@@ -17,8 +17,9 @@ namespace {
 
 class TransferService final : public v1::Transfer::Service {
  public:
-  TransferService(regions::RegionTable* regions, transfers::TransferManager* transfers)
-      : regions_(regions), transfers_(transfers) {}
+  TransferService(regions::RegionTable* regions, transfers::TransferManager* transfers,
+                  transfers::NotificationHub* notifications)
+      : regions_(regions), transfers_(transfers), notifications_(notifications) {}
 
   grpc::Status RegisterRegion(grpc::ServerContext*, const v1::RegisterRegionRequest* request,
                               v1::RegisterRegionResponse* response) override {
@@ -91,6 +92,44 @@ class TransferService final : public v1::Transfer::Service {
         transfers_->MarkReady(request->transfer_id(), request->layer_begin(), request->layer_count()));
   }
 
+  grpc::Status PollNotifications(grpc::ServerContext*, const v1::NotificationPollRequest* request,
+                                 v1::NotificationPollResponse* response) override {
+    if (notifications_ == nullptr) {
+      return ToGrpcStatus(absl::UnimplementedError("notifications: not enabled in this daemon"));
+    }
+    if (request->timeout_ms() > kMaxPollTimeoutMs) {
+      return ToGrpcStatus(absl::InvalidArgumentError(
+          absl::StrCat("timeout_ms: ", request->timeout_ms(), " is above ", kMaxPollTimeoutMs)));
+    }
+    auto taken = notifications_->Take(request->session_id(), request->max_notifications(),
+                                      absl::Milliseconds(request->timeout_ms()));
+    if (!taken.ok()) return ToGrpcStatus(taken.status());
+    for (auto& n : *taken) *response->add_notifications() = std::move(n);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status WatchNotifications(grpc::ServerContext* context,
+                                  const v1::NotificationWatchRequest* request,
+                                  grpc::ServerWriter<v1::Notification>* writer) override {
+    if (notifications_ == nullptr) {
+      return ToGrpcStatus(absl::UnimplementedError("notifications: not enabled in this daemon"));
+    }
+    bool first = true;
+    // Slices of 250 ms so a client that went away frees its server thread.
+    while (!context->IsCancelled()) {
+      auto taken = notifications_->Take(request->session_id(), 0, absl::Milliseconds(250));
+      if (!taken.ok()) {
+        // The session ended while watched: the stream ends OK; unknown at the start: NOT_FOUND.
+        return first ? ToGrpcStatus(taken.status()) : grpc::Status::OK;
+      }
+      first = false;
+      for (const auto& n : *taken) {
+        if (!writer->Write(n)) return grpc::Status::OK;
+      }
+    }
+    return grpc::Status::OK;
+  }
+
  private:
   static grpc::Status Fill(absl::StatusOr<v1::TransferStatus> status, v1::TransferStatus* out) {
     if (!status.ok()) return ToGrpcStatus(status.status());
@@ -98,8 +137,11 @@ class TransferService final : public v1::Transfer::Service {
     return grpc::Status::OK;
   }
 
+  static constexpr uint32_t kMaxPollTimeoutMs = 60000;
+
   regions::RegionTable* const regions_;
   transfers::TransferManager* const transfers_;
+  transfers::NotificationHub* const notifications_;
 };
 
 class AdminService final : public v1::Admin::Service {
@@ -125,9 +167,13 @@ class AdminService final : public v1::Admin::Service {
 
   grpc::Status ListTransfers(grpc::ServerContext*, const v1::ListTransfersRequest* request,
                              v1::ListTransfersResponse* response) override {
-    std::vector<v1::TransferState> states;
-    for (int s : request->states()) states.push_back(static_cast<v1::TransferState>(s));
-    for (auto& status : transfers_->List(states, request->limit())) {
+    transfers::ListFilter filter;
+    for (int s : request->states()) filter.states.push_back(static_cast<v1::TransferState>(s));
+    filter.limit = request->limit();
+    filter.region_id = request->region_id();
+    filter.label = request->label();
+    filter.idempotency_key = request->idempotency_key();
+    for (auto& status : transfers_->List(filter)) {
       *response->add_transfers() = std::move(status);
     }
     return grpc::Status::OK;
@@ -148,6 +194,7 @@ class AdminService final : public v1::Admin::Service {
     response->set_version(options_.version);
     response->set_node_id(options_.node_id);
     response->set_started_unix_us(started_us_);
+    response->set_instance_id(options_.instance_id);
     response->set_regions(regions_->size());
     transfers_->FillStats(response);
     return grpc::Status::OK;
@@ -211,7 +258,7 @@ class ServerImpl final : public Server {
 absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& options,
                                                       regions::RegionTable* regions,
                                                       transfers::TransferManager* transfers) {
-  auto server = std::make_unique<ServerImpl>(std::make_unique<TransferService>(regions, transfers),
+  auto server = std::make_unique<ServerImpl>(std::make_unique<TransferService>(regions, transfers, options.notifications),
                                              std::make_unique<AdminService>(options, regions, transfers));
   absl::Status status = server->Build(options);
   if (!status.ok()) return status;

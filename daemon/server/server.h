@@ -24,12 +24,17 @@ struct ServerOptions {
   std::vector<std::string> listen;
   std::string version;
   std::string node_id;
+  // Stats.instance_id: this daemon process's instance (session::NewInstanceId).
+  std::string instance_id;
   // What GetTopology returns.
   v1::GetTopologyResponse topology;
   // Returns the peer directory for ListPeers.
   std::vector<v1::PeerInfo> peers;
   // When set, ListPeers asks it (live states) instead of returning `peers`.
   std::function<std::vector<v1::PeerInfo>()> list_peers;
+  // Where PollNotifications / WatchNotifications read (nullptr: they answer UNIMPLEMENTED).
+  // Not owned; outlives the server.
+  transfers::NotificationHub* notifications = nullptr;
   // More services to serve on the same addresses (the fabric's Peer service). Not owned.
   std::vector<grpc::Service*> extra_services;
 };

@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <cstring>
 #include <memory>
+#include <random>
 #include <thread>
 #include <vector>
 
@@ -33,11 +34,13 @@ void SendPacket(int fd, const std::string& text) {
 class SessionServerImpl final : public SessionServer {
  public:
   SessionServerImpl(UniqueFd listener, UniqueFd wake_read, UniqueFd wake_write,
-                    regions::RegionTable* regions, SubmitFn submit, WaitFn wait)
+                    regions::RegionTable* regions, std::string instance_id, SubmitFn submit,
+                    WaitFn wait)
       : listener_(std::move(listener)),
         wake_read_(std::move(wake_read)),
         wake_write_(std::move(wake_write)),
         regions_(regions),
+        instance_id_(std::move(instance_id)),
         submit_(std::move(submit)),
         wait_(std::move(wait)),
         packet_(wire::kMaxRequestBytes) {
@@ -99,7 +102,7 @@ class SessionServerImpl final : public SessionServer {
     UniqueFd fd(::accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC));
     if (!fd.valid()) return;
     const uint64_t id = regions_->BeginSession();
-    SendPacket(fd.get(), wire::EncodeGreeting(id));
+    SendPacket(fd.get(), wire::EncodeGreeting(id, instance_id_));
     spdlog::debug("session {} opened", id);
     const int raw = fd.get();
     sessions_.emplace(raw, std::make_shared<Connection>(id, std::move(fd)));
@@ -192,6 +195,7 @@ class SessionServerImpl final : public SessionServer {
   UniqueFd wake_read_;
   UniqueFd wake_write_;
   regions::RegionTable* const regions_;
+  const std::string instance_id_;
   const SubmitFn submit_;
   const WaitFn wait_;
   std::atomic<bool> stop_{false};
@@ -204,9 +208,17 @@ class SessionServerImpl final : public SessionServer {
 
 }  // namespace
 
+std::string NewInstanceId() {
+  std::random_device random;
+  std::string id;
+  for (int i = 0; i < 4; ++i) absl::StrAppend(&id, absl::Hex(random(), absl::kZeroPad8));
+  return id;
+}
+
 absl::StatusOr<std::unique_ptr<SessionServer>> SessionServer::Start(const std::string& path,
                                                                     uint32_t mode,
                                                                     regions::RegionTable* regions,
+                                                                    const std::string& instance_id,
                                                                     SubmitFn submit,
                                                                     WaitFn wait) {
   sockaddr_un addr{};
@@ -234,7 +246,7 @@ absl::StatusOr<std::unique_ptr<SessionServer>> SessionServer::Start(const std::s
     return absl::InternalError(absl::StrCat("pipe: ", std::strerror(errno)));
   }
   return std::unique_ptr<SessionServer>(std::make_unique<SessionServerImpl>(
-      std::move(listener), UniqueFd(pipe_fds[0]), UniqueFd(pipe_fds[1]), regions,
+      std::move(listener), UniqueFd(pipe_fds[0]), UniqueFd(pipe_fds[1]), regions, instance_id,
       std::move(submit), std::move(wait)));
 }
 

@@ -3,6 +3,9 @@
 // formats, descriptor passing, limits) is wire/session_wire.h, shared with the client library.
 // A token is single-use and belongs to its session (RegisterRegion.session_id). When the client
 // closes the connection, or dies, the session ends and its regions are unregistered.
+// The greeting names the daemon's instance (NewInstanceId, also Stats.instance_id): when this
+// daemon stops or dies every connection closes, and a client that connects again sees another
+// instance; either tells the client its session and regions are gone ("session lost").
 //
 // SUBMIT is the same operation as the SubmitTransfer RPC (same validation, same errors naming the
 // field), one socket round trip instead of gRPC's: on these VMs a unix-socket round trip costs
@@ -24,6 +27,9 @@
 
 namespace kvrail::session {
 
+// A new daemon instance id: 128 random bits as 32 lowercase hex digits. Thread-safe.
+std::string NewInstanceId();
+
 // Owns the listening socket and one poll thread. Thread-safe to destroy from any thread (stops
 // the poll thread, closes every session, which ends them in the region table).
 class SessionServer {
@@ -40,10 +46,12 @@ class SessionServer {
       uint64_t id, std::function<void(const v1::TransferStatus& status)> done)>;
 
   // Binds `path` (an existing socket file there is replaced) with permission bits `mode`.
-  // Without `submit` / `wait`, SUBMIT / WAIT packets are refused (UNIMPLEMENTED).
+  // Greetings name `instance_id` (none when empty). Without `submit` / `wait`, SUBMIT / WAIT
+  // packets are refused (UNIMPLEMENTED).
   static absl::StatusOr<std::unique_ptr<SessionServer>> Start(const std::string& path,
                                                               uint32_t mode,
                                                               regions::RegionTable* regions,
+                                                              const std::string& instance_id,
                                                               SubmitFn submit = nullptr,
                                                               WaitFn wait = nullptr);
   virtual size_t active_sessions() const = 0;

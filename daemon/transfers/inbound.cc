@@ -32,8 +32,14 @@ absl::StatusOr<InboundSink::Admitted> TransferManagerImpl::BeginInbound(
   params.engine = &inbound_engine_;  // enqueues nothing: the fabric reports tiles as they land
   params.link = absl::StrCat("fabric:", sender_node);
   params.inbound = true;
+  // The notification (kept in the spec) goes to the owner of `dst`; spec.session_id is a session
+  // of the sender's daemon, meaningless here.
+  params.spec.clear_session_id();
+  Admission admission;
+  admission.submitter_node = sender_node;
+  admission.submitter_transfer_id = sender_transfer_id;
   KVRAIL_ASSIGN_OR_RETURN(const std::shared_ptr<Record> record,
-                          Admit(plan, std::move(params), Admission{}));
+                          Admit(plan, std::move(params), admission));
   spdlog::info("transfer {} accepted: inbound from '{}' (its transfer {}), {} bytes, {} tiles",
                record->id(), sender_node, sender_transfer_id, plan.bytes_total(),
                plan.num_tiles());

@@ -23,11 +23,17 @@ struct ManagerFixture {
   FakeEngine engine;
   std::shared_ptr<regions::Region> src = regions.Bytes(64 * kTile, false);
   std::shared_ptr<regions::Region> dst = regions.Bytes(64 * kTile, true);
+  // Notification queues of the table's sessions (wired as the daemon wires them), used unless
+  // the options name another hub.
+  std::unique_ptr<NotificationHub> hub = NotificationHub::Create(
+      [table = regions.table()](uint64_t session) { return table->SessionOpen(session); });
   std::unique_ptr<TransferManager> manager;
 
   explicit ManagerFixture(Options options = Options(), engine::Engine* use = nullptr) {
     options.node_id = "here";
     options.tile_bytes = kTile;
+    if (options.notifications == nullptr) options.notifications = hub.get();
+    regions.table()->AddSessionEndHook([h = hub.get()](uint64_t s) { h->EndSession(s); });
     manager = TransferManager::Create(regions.table(), use != nullptr ? use : &engine, &clock,
                                       options);
   }

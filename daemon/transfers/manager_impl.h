@@ -63,6 +63,7 @@ class TransferManagerImpl final : public TransferManager {
   absl::Status MarkReady(uint64_t id, uint32_t layer_begin, uint32_t layer_count) override;
   std::vector<v1::TransferStatus> List(const std::vector<v1::TransferState>& states,
                                        uint32_t limit) const override;
+  std::vector<v1::TransferStatus> List(const ListFilter& filter) const override;
   void FillStats(v1::Stats* stats) const override;
   // InboundSink (inbound.cc)
   absl::StatusOr<Admitted> BeginInbound(const v1::TransferSpec& spec, const planner::Plan& plan,
@@ -108,6 +109,12 @@ class TransferManagerImpl final : public TransferManager {
     // peer); an error abandons the transfer. After it succeeded the record is admitted even if a
     // drain began meanwhile (the drain then ends it like any other).
     std::function<absl::Status(const std::shared_ptr<Record>&)> before_admit;
+    // Notification (spec.notification): the submitting session, never notified (0: unknown),
+    // and the node and transfer id the notification names as the submitter's (empty / 0: this
+    // node and the record's id).
+    uint64_t submitter_session = 0;
+    std::string submitter_node;
+    uint64_t submitter_transfer_id = 0;
   };
   // The one admission of local, remote and inbound transfers: id, record, counters, history
   // (deadline and idempotency indexes), flag watch, and the initial tiles queued on the record's
@@ -121,6 +128,9 @@ class TransferManagerImpl final : public TransferManager {
                                                           const KeyClaim& claim);
   static v1::SubmitTransferResponse Accepted(uint64_t id, const planner::Plan& plan,
                                              bool deduplicated);
+  // Arranges spec.notification's delivery when `record` ends (a no-op without one or a hub).
+  void NotifyWhenEnded(const std::shared_ptr<Record>& record, const Admission& admission,
+                       std::vector<NotificationRecipient> recipients);
   // An admitted transfer's end: its queued tiles leave the engine; running ones still report.
   void End(const std::shared_ptr<Record>& record, const absl::Status& why);
   absl::StatusOr<std::shared_ptr<Record>> Find(uint64_t id) const;

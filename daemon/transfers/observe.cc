@@ -96,12 +96,20 @@ absl::Status TransferManagerImpl::MarkReady(uint64_t id, uint32_t layer_begin,
 
 std::vector<v1::TransferStatus> TransferManagerImpl::List(
     const std::vector<v1::TransferState>& states, uint32_t limit) const {
-  if (limit == 0) limit = 100;
+  ListFilter filter;
+  filter.states = states;
+  filter.limit = limit;
+  return List(filter);
+}
+
+std::vector<v1::TransferStatus> TransferManagerImpl::List(const ListFilter& filter) const {
+  const uint32_t limit = filter.limit == 0 ? 100 : filter.limit;
   std::vector<std::shared_ptr<Record>> newest;
   {
     absl::MutexLock lock(&mu_);
     newest = history_.Newest();
   }
+  const auto& states = filter.states;
   std::vector<v1::TransferStatus> out;
   for (const auto& record : newest) {
     if (out.size() >= limit) break;
@@ -109,6 +117,22 @@ std::vector<v1::TransferStatus> TransferManagerImpl::List(
     if (!states.empty() &&
         std::find(states.begin(), states.end(), status.state()) == states.end()) {
       continue;
+    }
+    const v1::TransferSpec& spec = status.spec();
+    if (!filter.label.empty() && spec.label() != filter.label) continue;
+    if (!filter.idempotency_key.empty() && spec.idempotency_key() != filter.idempotency_key) {
+      continue;
+    }
+    if (filter.region_id != 0) {
+      // Only this node's side(s): an inbound transfer's source and an outbound fabric transfer's
+      // destination are region ids of another daemon.
+      const bool fabric = status.path() == v1::PATH_FABRIC;
+      const bool src_here = !(fabric && record->inbound());
+      const bool dst_here = !(fabric && !record->inbound());
+      if (!(src_here && spec.src().region_id() == filter.region_id) &&
+          !(dst_here && spec.dst().region_id() == filter.region_id)) {
+        continue;
+      }
     }
     out.push_back(std::move(status));
   }

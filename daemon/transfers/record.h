@@ -95,6 +95,10 @@ class Record final : public InboundJob {
   absl::StatusOr<uint8_t*> DeviceAddress(Side side, int accessor) const override {
     return (side == Side::kSrc ? src_ : dst_)->DeviceAddress(accessor);
   }
+  absl::StatusOr<std::shared_ptr<const planner::LayerBases>> DeviceLayerBases(
+      Side side, int accessor) const override {
+    return (side == Side::kSrc ? src_ : dst_)->DeviceLayerBases(accessor);
+  }
   void OnEngineUsed(absl::string_view engine) override;
   engine::PriorityClass priority() const override { return priority_; }
   void OnTileStart(uint32_t tile) override;

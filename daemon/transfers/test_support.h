@@ -24,12 +24,16 @@ class TestRegions {
   explicit TestRegions(Clock* clock = Clock::Real())
       : table_(regions::RegionTable::Create(clock)), session_(table_->BeginSession()) {}
   regions::RegionTable* table() const { return table_.get(); }
+  // The session the regions are registered with unless a test names another.
+  uint64_t session() const { return session_; }
+  // Begins another session of the table (for regions owned by different clients).
+  uint64_t NewSession() { return table_->BeginSession(); }
 
-  std::shared_ptr<regions::Region> Bytes(uint64_t size, bool writable) {
+  std::shared_ptr<regions::Region> Bytes(uint64_t size, bool writable, uint64_t session = 0) {
     v1::RegionSpec spec;
     spec.set_name("bytes");
     spec.mutable_bytes();
-    return Register(spec, size, writable);
+    return Register(spec, size, writable, session);
   }
   // `blocks` blocks of 16 tokens x 1 head x 8 dims (bf16): 256 bytes per element, 2 parts.
   std::shared_ptr<regions::Region> Paged(uint32_t blocks, bool writable) {
@@ -48,16 +52,18 @@ class TestRegions {
   }
 
  private:
-  std::shared_ptr<regions::Region> Register(v1::RegionSpec spec, uint64_t size, bool writable) {
+  std::shared_ptr<regions::Region> Register(v1::RegionSpec spec, uint64_t size, bool writable,
+                                            uint64_t session = 0) {
+    if (session == 0) session = session_;
     UniqueFd fd(::memfd_create("transfers_test", MFD_CLOEXEC | MFD_ALLOW_SEALING));
     if (!fd.valid() || ::ftruncate(fd.get(), static_cast<off_t>(size)) != 0) std::abort();
-    auto token = table_->AddFd(session_, std::move(fd));
+    auto token = table_->AddFd(session, std::move(fd));
     if (!token.ok()) std::abort();
     spec.set_memory_kind(v1::MEMORY_KIND_HOST);
     spec.set_size_bytes(size);
     spec.set_writable(writable);
     spec.mutable_share()->set_fd_token(*token);
-    auto region = table_->Register(spec, session_);
+    auto region = table_->Register(spec, session);
     if (!region.ok()) {
       fprintf(stderr, "%s\n", region.status().ToString().c_str());
       std::abort();

@@ -87,6 +87,7 @@ absl::StatusOr<TransferManagerImpl::Claimed> TransferManagerImpl::ClaimKey(const
 absl::StatusOr<v1::SubmitTransferResponse> TransferManagerImpl::Submit(
     const v1::TransferSpec& spec) {
   const int64_t received_us = clock_->NowUnixMicros();
+  KVRAIL_RETURN_IF_ERROR(CheckNotification(spec));
   KVRAIL_ASSIGN_OR_RETURN(Claimed claimed, ClaimKey(spec.idempotency_key()));
   if (claimed.earlier.has_value()) return *claimed.earlier;
   KVRAIL_ASSIGN_OR_RETURN(
@@ -164,6 +165,7 @@ absl::StatusOr<v1::SubmitTransferResponse> TransferManagerImpl::SubmitLocal(
   }
   Admission admission;
   admission.claim = &claim;
+  admission.submitter_session = spec.session_id();
   admission.ready = &request.ready;
   admission.first_layer = spec.src().layer_begin();
   KVRAIL_ASSIGN_OR_RETURN(const std::shared_ptr<Record> record,
@@ -203,6 +205,7 @@ absl::StatusOr<v1::SubmitTransferResponse> TransferManagerImpl::SubmitRemote(
   std::vector<std::string> nics;
   Admission admission;
   admission.claim = &claim;
+  admission.submitter_session = spec.session_id();
   admission.before_admit = [&](const std::shared_ptr<Record>& record) -> absl::Status {
     KVRAIL_ASSIGN_OR_RETURN(nics, options_.remote->Begin(record->id(), request.Traveling(),
                                                          *request.src, plan_options.tile_bytes,
@@ -228,6 +231,13 @@ absl::StatusOr<std::shared_ptr<Record>> TransferManagerImpl::Admit(planner::Plan
   }
   params.counters = counters_;
   params.clock = clock_;
+  // Regions on another node (a lease, a sender's source) have no owning session here.
+  std::vector<NotificationRecipient> recipients;
+  if (!params.spec.notification().empty()) {
+    recipients = NotificationRecipients(params.src->id(), params.src->session_id(),
+                                        params.dst->id(), params.dst->session_id(),
+                                        admission.submitter_session);
+  }
   // The record (a copy of the spec) is built outside the manager's lock.
   auto record = std::make_shared<Record>(std::move(plan), std::move(params));
   const bool committed = admission.before_admit != nullptr;
@@ -242,6 +252,7 @@ absl::StatusOr<std::shared_ptr<Record>> TransferManagerImpl::Admit(planner::Plan
     }
     history_.Add(record, admission.claim != nullptr ? admission.claim->key() : std::string());
   }
+  NotifyWhenEnded(record, admission, std::move(recipients));
   // Outside mu_: the watch takes the watcher's lock, Enqueue the engine's.
   if (admission.ready != nullptr && admission.ready->set()) {
     watches_.Add(record, admission.ready->region, admission.ready->words, admission.ready->value,
@@ -259,6 +270,36 @@ v1::SubmitTransferResponse TransferManagerImpl::Accepted(uint64_t id, const plan
   response.set_bytes_total(plan.bytes_total());
   response.set_tiles_total(plan.num_tiles());
   return response;
+}
+
+void TransferManagerImpl::NotifyWhenEnded(const std::shared_ptr<Record>& record,
+                                          const Admission& admission,
+                                          std::vector<NotificationRecipient> recipients) {
+  if (options_.notifications == nullptr || recipients.empty()) return;
+  v1::Notification base;
+  base.set_submitter_node_id(admission.submitter_node.empty() ? options_.node_id
+                                                              : admission.submitter_node);
+  base.set_submitter_transfer_id(admission.submitter_transfer_id != 0
+                                     ? admission.submitter_transfer_id
+                                     : record->id());
+  // Runs under the record's lock on the thread ending it: Deliver only queues (never blocks).
+  const absl::Status kept = record->WhenEnded(
+      [hub = options_.notifications, recipients = std::move(recipients),
+       base = std::move(base)](const v1::TransferStatus& status) {
+        v1::Notification n = base;
+        n.set_transfer_id(status.transfer_id());
+        n.set_notification(status.spec().notification());
+        n.set_state(status.state());
+        n.set_error_code(status.error_code());
+        n.set_error_message(status.error_message());
+        n.set_finished_unix_us(status.finished_unix_us());
+        for (const NotificationRecipient& r : recipients) {
+          n.set_region_id(r.region_id);
+          n.set_region_is_source(r.region_is_source);
+          hub->Deliver(r.session_id, n);
+        }
+      });
+  if (!kept.ok()) spdlog::warn("transfer {}: notification lost: {}", record->id(), kept.ToString());
 }
 
 void TransferManagerImpl::End(const std::shared_ptr<Record>& record, const absl::Status& why) {

@@ -17,6 +17,7 @@
 #include "daemon/engine/engine.h"
 #include "daemon/planner/planner.h"
 #include "daemon/regions/regions.h"
+#include "daemon/transfers/notifications.h"
 #include "daemon/transfers/remote_path.h"
 #include "proto/kvrail/v1/admin.pb.h"
 #include "proto/kvrail/v1/topology.pb.h"
@@ -45,6 +46,18 @@ struct Options {
   std::function<void(const v1::TransferStatus&)> on_finished;
   // How often shared-memory ready flags (spec.ready_flags) are polled when none changed.
   absl::Duration flag_poll_interval = absl::Microseconds(20);
+  // Where spec.notification is delivered when a transfer ends (notifications.h says to whom).
+  // nullptr: notifications are accepted (and checked) but delivered to nobody. Not owned.
+  NotificationHub* notifications = nullptr;
+};
+
+// What List returns: transfers matching every set filter (ListTransfersRequest's fields).
+struct ListFilter {
+  std::vector<v1::TransferState> states;  // empty: all
+  uint32_t limit = 0;                     // 0: 100
+  uint64_t region_id = 0;                 // either side, regions of this node only; 0: any
+  std::string label;                      // exact; empty: any
+  std::string idempotency_key;            // exact; empty: any
 };
 
 // Thread-safe. Destroy only after the engine has stopped reporting (drain first).
@@ -79,6 +92,8 @@ class TransferManager : public InboundSink {
   // Newest first; `states` empty means all.
   virtual std::vector<v1::TransferStatus> List(const std::vector<v1::TransferState>& states,
                                                uint32_t limit) const = 0;
+  // Newest first, the transfers matching `filter` (at most filter.limit of them).
+  virtual std::vector<v1::TransferStatus> List(const ListFilter& filter) const = 0;
   virtual void FillStats(v1::Stats* stats) const = 0;
   // Fails transfers whose deadline has passed (by the injected clock). A background thread calls
   // it; tests may call it directly.

@@ -23,6 +23,8 @@ _u8pp = ctypes.POINTER(_u8p)
 _sizep = ctypes.POINTER(ctypes.c_size_t)
 _u64p = ctypes.POINTER(ctypes.c_uint64)
 _i32p = ctypes.POINTER(ctypes.c_int32)
+# kvrail_session_lost_fn: void (*)(void* user, int code, const char* message)
+SESSION_LOST_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p)
 
 
 class PagedLayoutStruct(ctypes.Structure):
@@ -86,6 +88,13 @@ _SIGNATURES = {
     "kvrail_list_transfers": (ctypes.c_int, [_c_client, _i32p, ctypes.c_size_t, ctypes.c_uint32,
                                              _u8pp, _sizep]),
     "kvrail_get_stats": (ctypes.c_int, [_c_client, _u8pp, _sizep]),
+    "kvrail_list_transfers_filtered": (ctypes.c_int, [_c_client, ctypes.c_char_p, ctypes.c_size_t,
+                                                      _u8pp, _sizep]),
+    "kvrail_poll_notifications": (ctypes.c_int, [_c_client, ctypes.c_uint32, ctypes.c_int64,
+                                                 _u8pp, _sizep]),
+    "kvrail_session_lost": (ctypes.c_int, [_c_client, ctypes.POINTER(ctypes.c_int)]),
+    "kvrail_reset_session": (ctypes.c_int, [_c_client]),
+    "kvrail_on_session_lost": (ctypes.c_int, [_c_client, ctypes.c_void_p, ctypes.c_void_p]),
     "kvrail_cuda_flags_map": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_int,
                                              ctypes.POINTER(ctypes.c_void_p)]),
     "kvrail_cuda_flags_free": (None, [ctypes.c_void_p]),

@@ -12,10 +12,11 @@ import asyncio
 import ctypes
 import time
 import weakref
-from typing import Iterable, List, Optional, Sequence, Union
+from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Union
 
-from kvrail._lib import check, lib, out_bytes, take_bytes
-from kvrail.errors import KvrailError, StatusCode, TransferFailedError
+from kvrail._lib import SESSION_LOST_FN, check, lib, out_bytes, take_bytes
+from kvrail.errors import (KvrailError, SessionLostError, StatusCode, TransferFailedError,
+                           error_for)
 from kvrail.layouts import PagedLayout
 from kvrail.proto import admin_pb2, region_pb2, transfer_pb2
 
@@ -124,11 +125,13 @@ class Region:
     """A registered region. Lives as long as its client's session, or until unregister()
     (what leaving a `with` block does)."""
 
-    def __init__(self, client: "Client", info, keepalive=None) -> None:
+    def __init__(self, client: "Client", info, keepalive=None, redo=None) -> None:
         self._client = client
         self.info = info  # kvrail.v1.RegionInfo
         self._keepalive = keepalive  # e.g. the tensor whose memory the region is
         self._unregistered = False
+        # Registers the same memory again and returns the new RegionInfo (Client.recover).
+        self._redo: Optional[Callable[[], object]] = redo
 
     @property
     def id(self) -> int:
@@ -252,6 +255,9 @@ class Client:
                                    int(probe_timeout * 1000), ctypes.byref(handle)))
         self._handle: Optional[int] = handle.value
         self.target = target
+        # Live Region objects of this client, registered again by recover().
+        self._regions: "weakref.WeakSet[Region]" = weakref.WeakSet()
+        self._lost_callback = None  # the ctypes trampoline, alive while the library may call it
 
     # --- lifetime ---------------------------------------------------------------------------
     @property
@@ -262,6 +268,8 @@ class Client:
         """Closes the connection; the daemon releases this client's regions. Idempotent."""
         if self._handle is not None:
             handle, self._handle = self._handle, None
+            if self._lost_callback is not None:
+                lib().kvrail_on_session_lost(handle, None, None)
             lib().kvrail_close(handle)
 
     def __enter__(self) -> "Client":
@@ -287,6 +295,90 @@ class Client:
         check(lib().kvrail_session_id(self._h, ctypes.byref(out)))
         return out.value
 
+    # --- session lost -----------------------------------------------------------------------
+    @property
+    def session_lost(self) -> bool:
+        """Whether kvraild stopped or restarted under this client (its regions are gone). Calls
+        that need the session then raise SessionLostError until recover() or reset_session()."""
+        out = ctypes.c_int()
+        check(lib().kvrail_session_lost(self._h, ctypes.byref(out)))
+        return bool(out.value)
+
+    def on_session_lost(self, callback: Optional[Callable[[SessionLostError], None]]) -> None:
+        """Calls `callback(error)` once when the session is found lost - often on a library
+        thread, as soon as the daemon closes the session socket. Keep it short (set a flag, wake
+        a task); call recover() from your own thread. None removes it. Exceptions raised by the
+        callback are printed and dropped."""
+        if callback is None:
+            check(lib().kvrail_on_session_lost(self._h, None, None))
+            self._lost_callback = None
+            return
+
+        def trampoline(_user, code, message):
+            try:
+                callback(error_for(code, message.decode("utf-8", "replace") if message else ""))
+            except Exception:  # never unwind into C
+                import traceback
+                traceback.print_exc()
+
+        fn = SESSION_LOST_FN(trampoline)
+        check(lib().kvrail_on_session_lost(self._h, ctypes.cast(fn, ctypes.c_void_p), None))
+        self._lost_callback = fn
+
+    def reset_session(self) -> None:
+        """Forgets a lost session; the next call opens a new one. Regions are not registered
+        again (recover() does that)."""
+        check(lib().kvrail_reset_session(self._h))
+
+    def recover(self) -> Dict[int, int]:
+        """After the session was lost: opens a new session and registers every live Region of
+        this client again (same memory, same spec), updating each Region's id in place. Returns
+        {old region id: new region id}. Regions that were unregistered stay so; a region whose
+        memory is gone (a closed HostBuffer) raises."""
+        self.reset_session()
+        moved: Dict[int, int] = {}
+        for region in list(self._regions):
+            if region._unregistered or region._redo is None:
+                continue
+            old = region.id
+            region.info = region._redo()
+            moved[old] = region.id
+        return moved
+
+    def _track(self, region: Region) -> Region:
+        self._regions.add(region)
+        return region
+
+    # --- notifications ----------------------------------------------------------------------
+    def poll_notifications(self, max_notifications: int = 0,
+                           timeout: float = 0.0) -> list:
+        """Notifications (kvrail.v1.Notification) queued for this client's session, oldest first:
+        those of transfers that other clients submitted on this client's regions, with the
+        submitter's TransferSpec.notification bytes. Waits up to `timeout` seconds (at most 60;
+        0: not at all) for the first one; returns [] when none came."""
+        if not 0 <= timeout <= 60:
+            raise ValueError(f"timeout: {timeout} is outside [0, 60] seconds")
+        timeout_ms = int(timeout * 1000)
+        if timeout > 0 and timeout_ms == 0:
+            timeout_ms = 1
+        return list(self._message_call(lib().kvrail_poll_notifications,
+                                       transfer_pb2.NotificationPollResponse,
+                                       int(max_notifications), timeout_ms).notifications)
+
+    def notifications(self, idle_timeout: Optional[float] = None) -> Iterator:
+        """Yields notifications as they arrive; ends after `idle_timeout` seconds without one
+        (None: never ends on its own)."""
+        slice_s = 1.0 if idle_timeout is None else min(1.0, idle_timeout)
+        idle_since = time.monotonic()
+        while True:
+            taken = self.poll_notifications(timeout=slice_s)
+            for n in taken:
+                yield n
+            if taken:
+                idle_since = time.monotonic()
+            elif idle_timeout is not None and time.monotonic() - idle_since >= idle_timeout:
+                return
+
     # --- regions ----------------------------------------------------------------------------
     def create_host_buffer(self, nbytes: int, name: str = "kvrail") -> HostBuffer:
         return HostBuffer(nbytes, name)
@@ -303,34 +395,45 @@ class Client:
                 spec.paged_kv.CopyFrom(layout.to_proto() if isinstance(layout, PagedLayout)
                                        else layout)
         data = spec.SerializeToString()
-        region_id = ctypes.c_uint64()
-        info, info_len = out_bytes()
-        check(lib().kvrail_register_host_buffer(self._h, buffer.handle, data, len(data),
-                                                ctypes.byref(region_id), ctypes.byref(info),
-                                                ctypes.byref(info_len)))
-        return Region(self, region_pb2.RegionInfo.FromString(take_bytes(info, info_len.value)))
+
+        def register():
+            region_id = ctypes.c_uint64()
+            info, info_len = out_bytes()
+            check(lib().kvrail_register_host_buffer(self._h, buffer.handle, data, len(data),
+                                                    ctypes.byref(region_id), ctypes.byref(info),
+                                                    ctypes.byref(info_len)))
+            return region_pb2.RegionInfo.FromString(take_bytes(info, info_len.value))
+
+        return self._track(Region(self, register(), redo=register))
 
     def register_region(self, spec) -> Region:
         """Registers a RegionSpec as it is (e.g. share.shm_name), tied to this client's session."""
         data = spec.SerializeToString()
-        region_id = ctypes.c_uint64()
-        info, info_len = out_bytes()
-        check(lib().kvrail_register_region(self._h, data, len(data), ctypes.byref(region_id),
-                                           ctypes.byref(info), ctypes.byref(info_len)))
-        return Region(self, region_pb2.RegionInfo.FromString(take_bytes(info, info_len.value)))
+
+        def register():
+            region_id = ctypes.c_uint64()
+            info, info_len = out_bytes()
+            check(lib().kvrail_register_region(self._h, data, len(data), ctypes.byref(region_id),
+                                               ctypes.byref(info), ctypes.byref(info_len)))
+            return region_pb2.RegionInfo.FromString(take_bytes(info, info_len.value))
+
+        return self._track(Region(self, register(), redo=register))
 
     def register_cuda(self, device_ptr: int, nbytes: int, spec=None, keepalive=None) -> Region:
         """Registers [device_ptr, device_ptr + nbytes) of one cudaMalloc allocation (CUDA IPC).
         `spec` gives name, layout and writable. `keepalive` (e.g. the tensor) is held by the
         Region. Needs a GPU; see kvrail.torch for tensors."""
         data = spec.SerializeToString() if spec is not None else b""
-        region_id = ctypes.c_uint64()
-        info, info_len = out_bytes()
-        check(lib().kvrail_register_cuda(self._h, ctypes.c_void_p(device_ptr), int(nbytes), data,
-                                         len(data), ctypes.byref(region_id), ctypes.byref(info),
-                                         ctypes.byref(info_len)))
-        return Region(self, region_pb2.RegionInfo.FromString(take_bytes(info, info_len.value)),
-                      keepalive)
+
+        def register():
+            region_id = ctypes.c_uint64()
+            info, info_len = out_bytes()
+            check(lib().kvrail_register_cuda(self._h, ctypes.c_void_p(device_ptr), int(nbytes),
+                                             data, len(data), ctypes.byref(region_id),
+                                             ctypes.byref(info), ctypes.byref(info_len)))
+            return region_pb2.RegionInfo.FromString(take_bytes(info, info_len.value))
+
+        return self._track(Region(self, register(), keepalive, redo=register))
 
     def unregister_region(self, region_id: int) -> None:
         check(lib().kvrail_unregister_region(self._h, int(region_id)))
@@ -415,13 +518,20 @@ class Client:
         return list(self._message_call(lib().kvrail_list_regions,
                                        admin_pb2.ListRegionsResponse).regions)
 
-    def list_transfers(self, states: Sequence[int] = (), limit: int = 0) -> list:
-        """Recent transfers (kvrail.v1.TransferStatus), newest first; `states` filters."""
-        n = len(states)
-        c_states = (ctypes.c_int32 * max(n, 1))(*states)
-        return list(self._message_call(lib().kvrail_list_transfers,
-                                       admin_pb2.ListTransfersResponse, c_states, n,
-                                       limit).transfers)
+    def list_transfers(self, states: Sequence[int] = (), limit: int = 0, *,
+                       region: Union[Region, int, None] = None, label: str = "",
+                       idempotency_key: str = "") -> list:
+        """Recent transfers (kvrail.v1.TransferStatus), newest first. Filters (all must match):
+        `states`; `region` (a Region or id of this daemon, either side); `label` and
+        `idempotency_key` (exact). `limit` 0: the daemon's default (100)."""
+        request = admin_pb2.ListTransfersRequest(states=list(states), limit=int(limit),
+                                                 label=label, idempotency_key=idempotency_key)
+        if region is not None:
+            request.region_id = region.id if isinstance(region, Region) else int(region)
+        data = request.SerializeToString()
+        return list(self._message_call(lib().kvrail_list_transfers_filtered,
+                                       admin_pb2.ListTransfersResponse, data,
+                                       len(data)).transfers)
 
     def stats(self):
         """The daemon's kvrail.v1.Stats."""

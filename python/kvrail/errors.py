@@ -71,6 +71,12 @@ class ResourceExhaustedError(KvrailError):
     """RESOURCE_EXHAUSTED: the daemon's limits (queue, regions) were reached."""
 
 
+class SessionLostError(FailedPreconditionError):
+    """FAILED_PRECONDITION "session lost: ...": kvraild stopped or restarted, so every region (and
+    transfer) of this client's session is gone. Client.recover() opens a new session and
+    registers the client's live regions again."""
+
+
 class TransferFailedError(KvrailError):
     """A transfer ended FAILED or CANCELLED; `status` is its final TransferStatus."""
 
@@ -89,6 +95,11 @@ _BY_CODE: Dict[int, Type[KvrailError]] = {
 }
 
 
+SESSION_LOST_PREFIX = "session lost:"
+
+
 def error_for(code: int, message: str) -> KvrailError:
     """The KvrailError (subclass) for a gRPC code."""
+    if code == StatusCode.FAILED_PRECONDITION and message.startswith(SESSION_LOST_PREFIX):
+        return SessionLostError(code, message)
     return _BY_CODE.get(code, KvrailError)(code, message)

@@ -24,10 +24,16 @@ class Daemon:
         # unix socket paths are limited to 108 bytes: a short folder under /tmp.
         self.dir = tempfile.mkdtemp(prefix="kvpy.", dir="/tmp")
         self.socket = os.path.join(self.dir, "kvrail.sock")
-        self.log_path = os.path.join(self.dir, "kvraild.log")
+        self.binary = binary
+        self.starts = 0
+        self._start()
+
+    def _start(self) -> None:
+        self.starts += 1
+        self.log_path = os.path.join(self.dir, f"kvraild.{self.starts}.log")
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(
-                [binary, "--socket", self.socket, "--log-level", "info"], stdout=log,
+                [self.binary, "--socket", self.socket, "--log-level", "info"], stdout=log,
                 stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
@@ -43,8 +49,20 @@ class Daemon:
         with open(self.log_path, errors="replace") as f:
             return f.read()
 
+    def restart(self) -> int:
+        """Stops the daemon (SIGTERM to our child) and starts a new one on the same socket; the
+        old one's exit code."""
+        code = self._end()
+        self._start()
+        return code
+
     def stop(self) -> int:
         """SIGTERM to our child only (by pid); its exit code (-9 when it had to be killed)."""
+        code = self._end()
+        shutil.rmtree(self.dir, ignore_errors=True)
+        return code
+
+    def _end(self) -> int:
         if self.process.poll() is None:
             os.kill(self.process.pid, signal.SIGTERM)
             try:
@@ -52,7 +70,6 @@ class Daemon:
             except subprocess.TimeoutExpired:
                 os.kill(self.process.pid, signal.SIGKILL)
                 self.process.wait()
-        shutil.rmtree(self.dir, ignore_errors=True)
         return self.process.returncode
 
 

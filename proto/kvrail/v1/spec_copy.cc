@@ -30,6 +30,8 @@ TransferSpec WithoutBlockTables(const TransferSpec& spec) {
   out.set_label(spec.label());
   if (spec.has_ready_flags()) *out.mutable_ready_flags() = spec.ready_flags();
   if (spec.has_arrival_flags()) *out.mutable_arrival_flags() = spec.arrival_flags();
+  out.set_notification(spec.notification());
+  out.set_session_id(spec.session_id());
   return out;
 }
 
