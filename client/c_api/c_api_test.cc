@@ -6,6 +6,7 @@
 
 #include <signal.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <string>
@@ -30,6 +31,8 @@ struct Live {
   TempDir dir;
   DaemonProcess daemon;
   kvrail_client* client = nullptr;
+  bool stopped = false;  // the test stopped the daemon itself
+  std::string lost_message;
   Live() {
     REQUIRE(daemon.Start(dir.path()));
     REQUIRE(kvrail_connect(daemon.socket().c_str(), 0, &client) == KVRAIL_OK);
@@ -37,7 +40,7 @@ struct Live {
   }
   ~Live() {
     kvrail_close(client);
-    CHECK(daemon.Stop(SIGTERM) == 0);
+    if (!stopped) CHECK(daemon.Stop(SIGTERM) == 0);
   }
 };
 
@@ -360,6 +363,82 @@ TEST_CASE("misuse answers with INVALID_ARGUMENT naming the argument, never a cra
   CHECK(LastMessage() == "buffer: not a live kvrail_host_buffer handle (freed, or never issued)");
   CHECK(kvrail_register_host_buffer(live.client, buffer, nullptr, 0, &region, nullptr, nullptr) ==
         KVRAIL_INVALID_ARGUMENT);
+}
+
+TEST_CASE("this wave's entry points: misuse is named, a stopped daemon is session lost") {
+  Live live;
+  uint8_t* out = nullptr;
+  size_t out_len = 0;
+  // Notifications.
+  CHECK(kvrail_poll_notifications(nullptr, 0, 0, &out, &out_len) == KVRAIL_INVALID_ARGUMENT);
+  CHECK(LastMessage() == "client: NULL");
+  CHECK(kvrail_poll_notifications(live.client, 0, 60001, &out, &out_len) ==
+        KVRAIL_INVALID_ARGUMENT);
+  CHECK(LastMessage() == "timeout_ms: 60001 is outside [0, 60000]");
+  CHECK(kvrail_poll_notifications(live.client, 0, -1, &out, &out_len) == KVRAIL_INVALID_ARGUMENT);
+  REQUIRE(kvrail_poll_notifications(live.client, 0, 1, &out, &out_len) == KVRAIL_OK);
+  v1::NotificationPollResponse none;
+  REQUIRE(none.ParseFromArray(out, static_cast<int>(out_len)));
+  CHECK(none.notifications_size() == 0);
+  kvrail_free(out);
+  out = nullptr;
+  // Filtered lists: bad bytes are named.
+  const uint8_t garbage[] = {0xFF, 0xFF, 0xFF, 0xFF};
+  CHECK(kvrail_list_transfers_filtered(live.client, garbage, sizeof(garbage), &out, &out_len) ==
+        KVRAIL_INVALID_ARGUMENT);
+  CHECK(LastMessage() == "request: 4 bytes are not a serialized kvrail.v1.ListTransfersRequest");
+  REQUIRE(kvrail_list_transfers_filtered(live.client, nullptr, 0, &out, &out_len) == KVRAIL_OK);
+  kvrail_free(out);
+  // Per-layer registration: NULL arrays, freed buffers, NULL layer pointers.
+  uint64_t region = 0;
+  CHECK(kvrail_register_host_layers(live.client, nullptr, nullptr, 2, nullptr, 0, &region,
+                                    nullptr, nullptr) == KVRAIL_INVALID_ARGUMENT);
+  kvrail_host_buffer* buffer = nullptr;
+  REQUIRE(kvrail_host_buffer_create(4096, nullptr, &buffer) == KVRAIL_OK);
+  kvrail_host_buffer* layers[2] = {buffer, buffer};
+  kvrail_host_buffer_free(buffer);
+  CHECK(kvrail_register_host_layers(live.client, layers, nullptr, 2, nullptr, 0, &region, nullptr,
+                                    nullptr) == KVRAIL_INVALID_ARGUMENT);
+  CHECK(LastMessage().rfind("buffers[0]: ", 0) == 0);
+  const void* ptrs[2] = {garbage, nullptr};
+  CHECK(kvrail_register_cuda_layers(live.client, ptrs, 2, 4, nullptr, 0, &region, nullptr,
+                                    nullptr) == KVRAIL_INVALID_ARGUMENT);
+  CHECK(LastMessage() == "layer_ptrs[1]: NULL");
+  // Session lost: not lost while the daemon runs; NULL out-parameter named.
+  int lost = -1;
+  CHECK(kvrail_session_lost(live.client, nullptr) == KVRAIL_INVALID_ARGUMENT);
+  REQUIRE(kvrail_session_lost(live.client, &lost) == KVRAIL_OK);
+  CHECK(lost == 0);
+  CHECK(kvrail_on_session_lost(nullptr, nullptr, nullptr) == KVRAIL_INVALID_ARGUMENT);
+  static std::atomic<int> calls{0};
+  static std::atomic<int> code{0};
+  calls = 0;
+  REQUIRE(kvrail_on_session_lost(
+              live.client,
+              [](void* user, int c, const char* message) {
+                code = c;
+                calls.fetch_add(1);
+                *static_cast<std::string*>(user) = message;
+              },
+              &live.lost_message) == KVRAIL_OK);
+  uint64_t session = 0;
+  REQUIRE(kvrail_session_id(live.client, &session) == KVRAIL_OK);  // opens the session
+  CHECK(live.daemon.Stop(SIGTERM) == 0);
+  for (int i = 0; i < 500 && calls.load() == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  CHECK(calls.load() == 1);
+  CHECK(code.load() == KVRAIL_FAILED_PRECONDITION);
+  CHECK(live.lost_message.rfind("session lost: ", 0) == 0);
+  REQUIRE(kvrail_session_lost(live.client, &lost) == KVRAIL_OK);
+  CHECK(lost == 1);
+  CHECK(kvrail_session_id(live.client, &session) == KVRAIL_FAILED_PRECONDITION);
+  CHECK(LastMessage().rfind("session lost: ", 0) == 0);
+  // The daemon is gone: a reset cannot adopt a new instance.
+  CHECK(kvrail_reset_session(live.client) == KVRAIL_UNAVAILABLE);
+  REQUIRE(kvrail_on_session_lost(live.client, nullptr, nullptr) == KVRAIL_OK);
+  CHECK(calls.load() == 1);  // once per loss
+  live.stopped = true;
 }
 
 TEST_CASE("connecting to a socket nobody serves is UNAVAILABLE naming it") {

@@ -12,7 +12,9 @@ import asyncio
 import ctypes
 import time
 import weakref
-from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Union
+import dataclasses
+from typing import (Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple,
+                    Union)
 
 from kvrail._lib import SESSION_LOST_FN, check, lib, out_bytes, take_bytes
 from kvrail.errors import (KvrailError, SessionLostError, StatusCode, TransferFailedError,
@@ -431,6 +433,59 @@ class Client:
             check(lib().kvrail_register_cuda(self._h, ctypes.c_void_p(device_ptr), int(nbytes),
                                              data, len(data), ctypes.byref(region_id),
                                              ctypes.byref(info), ctypes.byref(info_len)))
+            return region_pb2.RegionInfo.FromString(take_bytes(info, info_len.value))
+
+        return self._track(Region(self, register(), keepalive, redo=register))
+
+    def register_host_layers(self, layers: Sequence[Union[HostBuffer, Tuple[HostBuffer, int]]],
+                             layout: PagedLayout, *, writable: bool = False,
+                             name: str = "") -> Region:
+        """A per-layer region: layer L of `layout` is the memory of layers[L], a HostBuffer or a
+        (HostBuffer, byte offset) pair (several layers may share a buffer). `layout` describes
+        every layer alike: num_layers == len(layers); its layer_stride is ignored (each layer
+        has its own base). One transfer then moves any range of the layers."""
+        # One layer's span (dense layouts: derived from `order` as for one layer, as the daemon
+        # derives them).
+        one = dataclasses.replace(layout, num_layers=1, layer_stride=0)
+        spec = region_pb2.RegionSpec(name=name, writable=writable, size_bytes=one.nbytes)
+        spec.paged_kv.CopyFrom(dataclasses.replace(layout, layer_stride=0).to_proto())
+        data = spec.SerializeToString()
+        pairs = [(item, 0) if isinstance(item, HostBuffer) else (item[0], int(item[1]))
+                 for item in layers]
+        if not pairs:
+            raise ValueError("layers: empty")
+
+        def register():
+            handles = (ctypes.c_void_p * len(pairs))(*[b.handle for b, _ in pairs])
+            offsets = (ctypes.c_uint64 * len(pairs))(*[o for _, o in pairs])
+            region_id = ctypes.c_uint64()
+            info, info_len = out_bytes()
+            check(lib().kvrail_register_host_layers(self._h, handles, offsets, len(pairs), data,
+                                                    len(data), ctypes.byref(region_id),
+                                                    ctypes.byref(info), ctypes.byref(info_len)))
+            return region_pb2.RegionInfo.FromString(take_bytes(info, info_len.value))
+
+        return self._track(Region(self, register(), keepalive=[b for b, _ in pairs],
+                                  redo=register))
+
+    def register_cuda_layers(self, layer_ptrs: Sequence[int], layer_bytes: int, spec,
+                             keepalive=None) -> Region:
+        """A per-layer CUDA region: layer L is [layer_ptrs[L], + layer_bytes) of one cudaMalloc
+        allocation each, all on one GPU; `spec` (a RegionSpec) gives the paged layout
+        (num_layers == len(layer_ptrs), layer_stride 0), name and writable. See
+        kvrail.tensors.register_kv_cache for a list of per-layer tensors."""
+        data = spec.SerializeToString()
+        ptrs = [int(p) for p in layer_ptrs]
+        if not ptrs:
+            raise ValueError("layer_ptrs: empty")
+
+        def register():
+            c_ptrs = (ctypes.c_void_p * len(ptrs))(*ptrs)
+            region_id = ctypes.c_uint64()
+            info, info_len = out_bytes()
+            check(lib().kvrail_register_cuda_layers(self._h, c_ptrs, len(ptrs), int(layer_bytes),
+                                                    data, len(data), ctypes.byref(region_id),
+                                                    ctypes.byref(info), ctypes.byref(info_len)))
             return region_pb2.RegionInfo.FromString(take_bytes(info, info_len.value))
 
         return self._track(Region(self, register(), keepalive, redo=register))

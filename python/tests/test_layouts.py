@@ -131,6 +131,10 @@ class RecordingClient:
         self.calls.append((ptr, nbytes, spec, keepalive))
         return "region"
 
+    def register_cuda_layers(self, ptrs, layer_bytes, spec, keepalive=None):
+        self.calls.append((ptrs, layer_bytes, spec, keepalive))
+        return "layered region"
+
 
 def test_register_kv_cache_builds_the_spec_from_the_tensor():
     cache = FakeCudaTensor(np.zeros((3, 2, 7, 16, 4, 8), np.uint16))
@@ -147,10 +151,25 @@ def test_register_kv_cache_builds_the_spec_from_the_tensor():
     assert client.calls[2][2].WhichOneof("layout") == "bytes"
 
 
-def test_one_tensor_per_layer_is_not_implemented_yet():
+def test_one_tensor_per_layer_becomes_one_per_layer_region():
     layers = [FakeCudaTensor(np.zeros((2, 7, 16, 4, 8), np.uint16)) for _ in range(3)]
-    with pytest.raises(NotImplementedError, match="per-layer-allocation region kind"):
-        tensors.register_kv_cache(RecordingClient(), layers)
+    client = RecordingClient()
+    assert tensors.register_kv_cache(client, layers, "vllm_nhd") == "layered region"
+    ptrs, layer_bytes, spec, keepalive = client.calls[0]
+    assert ptrs == [t.data_ptr() for t in layers] and keepalive == layers
+    assert layer_bytes == layers[0].array.nbytes
+    kv = spec.paged_kv
+    assert kv.num_layers == 3 and kv.layer_stride == 0
+    assert (kv.num_parts, kv.num_blocks, kv.tokens_per_block, kv.num_heads, kv.head_dim) == \
+        (2, 7, 16, 4, 8)
+    assert kv.token_stride == 4 * 8 * 2 and kv.block_stride == 16 * 4 * 8 * 2
+    # Layers must be alike: the one that differs is named.
+    odd = layers[:2] + [FakeCudaTensor(np.zeros((2, 9, 16, 4, 8), np.uint16))]
+    with pytest.raises(ValueError, match=r"kv_cache\[2\]"):
+        tensors.register_kv_cache(client, odd)
+
+
+def test_not_a_cuda_tensor_is_refused():
     with pytest.raises(ValueError, match="not a CUDA tensor"):
         host = FakeCudaTensor(np.zeros(4, np.uint16))
         host.is_cuda = False
