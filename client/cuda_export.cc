@@ -7,6 +7,8 @@
 #include "absl/strings/str_cat.h"
 #include "base/status.h"
 #include "base/cuda/cuda_util.h"
+#include "base/cuda/vmm.h"
+#include "base/unique_fd.h"
 
 namespace kvrail::client {
 namespace {
@@ -45,6 +47,86 @@ class ScopedDevice {
   int previous_;
 };
 
+// A pointer attribute read into a zeroed 8-byte word (the driver writes 4 or 8 bytes; little
+// endian, so either reads right).
+absl::StatusOr<uint64_t> Attribute(const cuda::VmmApi& api, CUpointer_attribute what,
+                                   const void* ptr, const char* name) {
+  uint64_t value = 0;
+  KVRAIL_RETURN_IF_ERROR(cuda::DriverStatus(
+      api.pointer_attribute(&value, what, reinterpret_cast<CUdeviceptr>(ptr)),
+      absl::StrCat("device_ptr: cuPointerGetAttribute(", name, ")"),
+      absl::StatusCode::kInvalidArgument));
+  return value;
+}
+
+// Whether `ptr` is cuMem (VMM) memory, which cudaIpcGetMemHandle refuses: then it can be shared
+// only as POSIX fds (FAILED_PRECONDITION when its allocation did not ask for that handle type).
+absl::StatusOr<bool> IsVmm(const void* ptr) {
+  absl::StatusOr<const cuda::VmmApi*> api = cuda::Vmm();
+  if (!api.ok()) return false;  // no driver: the IPC path reports the CUDA error
+  absl::StatusOr<uint64_t> legacy = Attribute(**api, CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE,
+                                              ptr, "IS_LEGACY_CUDA_IPC_CAPABLE");
+  if (!legacy.ok() || *legacy != 0) return false;
+  KVRAIL_ASSIGN_OR_RETURN(uint64_t types, Attribute(**api, CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES,
+                                                    ptr, "ALLOWED_HANDLE_TYPES"));
+  if ((types & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) == 0) {
+    return absl::FailedPreconditionError(
+        "device_ptr: cuMem memory whose allocation did not request "
+        "CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR cannot be shared with another process (and "
+        "cudaIpcGetMemHandle refuses cuMem memory)");
+  }
+  return true;
+}
+
+// The cuMem chunks mapped over [ptr, ptr + bytes), exported as POSIX fds, in address order;
+// `offset` is ptr's distance from the first chunk's start.
+struct VmmChunks {
+  std::vector<UniqueFd> fds;
+  std::vector<uint64_t> sizes;
+  uint64_t offset = 0;
+};
+
+absl::StatusOr<VmmChunks> ExportVmm(const void* ptr, uint64_t bytes) {
+  KVRAIL_ASSIGN_OR_RETURN(const cuda::VmmApi* api, cuda::Vmm());
+  KVRAIL_ASSIGN_OR_RETURN(uint64_t base, Attribute(*api, CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR,
+                                                   ptr, "MAPPING_BASE_ADDR"));
+  VmmChunks out;
+  out.offset = reinterpret_cast<uint64_t>(ptr) - base;
+  const uint64_t end = reinterpret_cast<uint64_t>(ptr) + bytes;
+  for (uint64_t at = base; at < end;) {
+    const void* p = reinterpret_cast<const void*>(at);
+    KVRAIL_ASSIGN_OR_RETURN(uint64_t start, Attribute(*api, CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR,
+                                                      p, "MAPPING_BASE_ADDR"));
+    KVRAIL_ASSIGN_OR_RETURN(uint64_t size, Attribute(*api, CU_POINTER_ATTRIBUTE_MAPPING_SIZE, p,
+                                                     "MAPPING_SIZE"));
+    if (start != at || size == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "bytes: the cuMem mappings under [device_ptr, device_ptr + ", bytes,
+          ") are not contiguous at offset ", at - base));
+    }
+    if (out.fds.size() >= 4096) {
+      return absl::InvalidArgumentError("bytes: the range spans more than 4096 cuMem mappings");
+    }
+    CUmemGenericAllocationHandle handle = 0;
+    KVRAIL_RETURN_IF_ERROR(cuda::DriverStatus(api->retain_handle(&handle, const_cast<void*>(p)),
+                                              "cuMemRetainAllocationHandle"));
+    int fd = -1;
+    const CUresult exported =
+        api->export_handle(&fd, handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+    api->release(handle);  // the retain's reference; the fd keeps the allocation alive
+    KVRAIL_RETURN_IF_ERROR(cuda::DriverStatus(exported, "cuMemExportToShareableHandle(POSIX fd)"));
+    out.fds.emplace_back(fd);
+    out.sizes.push_back(size);
+    at += size;
+  }
+  return out;
+}
+
+// The spec of [device_ptr, device_ptr + bytes): CUDA IPC for cudaMalloc memory, cuMem chunks
+// passed as fds over `client`'s session socket for VMM memory (nullptr: VMM is refused).
+absl::StatusOr<v1::RegionSpec> ShareCuda(Client* client, const void* device_ptr, uint64_t bytes,
+                                         v1::RegionSpec spec);
+
 }  // namespace
 
 int CudaDeviceCount() {
@@ -58,6 +140,13 @@ int CudaDeviceCount() {
 
 absl::StatusOr<v1::RegionSpec> MakeCudaRegionSpec(const void* device_ptr, uint64_t bytes,
                                                   v1::RegionSpec spec) {
+  return ShareCuda(nullptr, device_ptr, bytes, std::move(spec));
+}
+
+namespace {
+
+absl::StatusOr<v1::RegionSpec> ShareCuda(Client* client, const void* device_ptr, uint64_t bytes,
+                                         v1::RegionSpec spec) {
   cudaPointerAttributes attributes{};
   KVRAIL_RETURN_IF_ERROR(CudaStatus(cudaPointerGetAttributes(&attributes, device_ptr),
                        "cudaPointerGetAttributes", absl::StatusCode::kInvalidArgument));
@@ -65,6 +154,30 @@ absl::StatusOr<v1::RegionSpec> MakeCudaRegionSpec(const void* device_ptr, uint64
     return absl::InvalidArgumentError("device_ptr: not device memory from cudaMalloc");
   }
   KVRAIL_ASSIGN_OR_RETURN(ScopedDevice on_device, ScopedDevice::Enter(attributes.device));
+  KVRAIL_ASSIGN_OR_RETURN(const bool vmm, IsVmm(device_ptr));
+  if (vmm) {
+    if (client == nullptr) {
+      return absl::FailedPreconditionError(
+          "device_ptr: cuMem memory is shared as fds over the session socket "
+          "(RegisterCudaRegion / kvrail_register_cuda), not in a spec alone");
+    }
+    if (bytes == 0) return absl::InvalidArgumentError("bytes: must be > 0");
+    KVRAIL_ASSIGN_OR_RETURN(VmmChunks chunks, ExportVmm(device_ptr, bytes));
+    spec.set_memory_kind(v1::MEMORY_KIND_CUDA);
+    spec.set_device(attributes.device);
+    spec.set_size_bytes(bytes);
+    v1::RegionShare* share = spec.mutable_share();
+    share->Clear();
+    for (size_t i = 0; i < chunks.fds.size(); ++i) {
+      KVRAIL_ASSIGN_OR_RETURN(std::string token, client->ShareFd(chunks.fds[i].get()));
+      v1::CudaVmmChunk* chunk = share->mutable_cuda_vmm()->add_chunks();
+      chunk->set_fd_token(token);
+      chunk->set_size_bytes(chunks.sizes[i]);
+    }
+    share->set_offset(chunks.offset);
+    if (spec.layout_case() == v1::RegionSpec::LAYOUT_NOT_SET) spec.mutable_bytes();
+    return spec;
+  }
   KVRAIL_ASSIGN_OR_RETURN(auto allocation, AllocationOf(device_ptr));
   const uint64_t offset = static_cast<const uint8_t*>(device_ptr) - allocation.first;
   if (bytes == 0 || bytes > allocation.second - offset) {
@@ -84,24 +197,15 @@ absl::StatusOr<v1::RegionSpec> MakeCudaRegionSpec(const void* device_ptr, uint64
   return spec;
 }
 
-absl::StatusOr<v1::RegionInfo> RegisterCudaRegion(Client& client, const void* device_ptr,
-                                                  uint64_t bytes, v1::RegionSpec spec) {
-  KVRAIL_ASSIGN_OR_RETURN(v1::RegionSpec full, MakeCudaRegionSpec(device_ptr, bytes, std::move(spec)));
-  uint64_t session = 0;
-  if (!client.unix_socket_path().empty()) {
-    KVRAIL_ASSIGN_OR_RETURN(session, client.SessionId());
-  }
-  return client.RegisterRegion(std::move(full), session);
-}
-
-absl::StatusOr<v1::RegionSpec> MakeCudaLayersSpec(const std::vector<const void*>& layer_ptrs,
-                                                  uint64_t layer_bytes, v1::RegionSpec spec) {
+// Per-layer specs over IPC or cuMem layers (`client` as for ShareCuda).
+absl::StatusOr<v1::RegionSpec> LayersSpec(Client* client, const std::vector<const void*>& layer_ptrs,
+                                          uint64_t layer_bytes, v1::RegionSpec spec) {
   if (layer_ptrs.empty()) return absl::InvalidArgumentError("layer_ptrs: empty");
   spec.clear_share();
   spec.clear_layer_shares();
   v1::RegionSpec out;
   for (size_t i = 0; i < layer_ptrs.size(); ++i) {
-    absl::StatusOr<v1::RegionSpec> layer = MakeCudaRegionSpec(layer_ptrs[i], layer_bytes, spec);
+    absl::StatusOr<v1::RegionSpec> layer = ShareCuda(client, layer_ptrs[i], layer_bytes, spec);
     if (!layer.ok()) {
       return absl::Status(layer.status().code(),
                           absl::StrCat("layer_ptrs[", i, "]: ", layer.status().message()));
@@ -119,11 +223,29 @@ absl::StatusOr<v1::RegionSpec> MakeCudaLayersSpec(const std::vector<const void*>
   return out;
 }
 
+}  // namespace
+
+absl::StatusOr<v1::RegionInfo> RegisterCudaRegion(Client& client, const void* device_ptr,
+                                                  uint64_t bytes, v1::RegionSpec spec) {
+  KVRAIL_ASSIGN_OR_RETURN(v1::RegionSpec full,
+                          ShareCuda(&client, device_ptr, bytes, std::move(spec)));
+  uint64_t session = 0;
+  if (!client.unix_socket_path().empty()) {
+    KVRAIL_ASSIGN_OR_RETURN(session, client.SessionId());
+  }
+  return client.RegisterRegion(std::move(full), session);
+}
+
+absl::StatusOr<v1::RegionSpec> MakeCudaLayersSpec(const std::vector<const void*>& layer_ptrs,
+                                                  uint64_t layer_bytes, v1::RegionSpec spec) {
+  return LayersSpec(nullptr, layer_ptrs, layer_bytes, std::move(spec));
+}
+
 absl::StatusOr<v1::RegionInfo> RegisterCudaLayers(Client& client,
                                                   const std::vector<const void*>& layer_ptrs,
                                                   uint64_t layer_bytes, v1::RegionSpec spec) {
   KVRAIL_ASSIGN_OR_RETURN(v1::RegionSpec full,
-                          MakeCudaLayersSpec(layer_ptrs, layer_bytes, std::move(spec)));
+                          LayersSpec(&client, layer_ptrs, layer_bytes, std::move(spec)));
   uint64_t session = 0;
   if (!client.unix_socket_path().empty()) {
     KVRAIL_ASSIGN_OR_RETURN(session, client.SessionId());

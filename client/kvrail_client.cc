@@ -420,6 +420,11 @@ absl::StatusOr<uint64_t> Client::SessionId() {
   return session->session_id();
 }
 
+absl::StatusOr<std::string> Client::ShareFd(int fd) {
+  KVRAIL_ASSIGN_OR_RETURN(wire::SessionConnection * session, impl_->Session());
+  return session->SendFd(fd);
+}
+
 absl::StatusOr<v1::RegionInfo> Client::RegisterHostBuffer(const HostBuffer& buffer,
                                                           v1::RegionSpec spec) {
   const uint64_t offset = spec.share().offset();

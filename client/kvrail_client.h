@@ -85,6 +85,10 @@ class Client {
   // Opens the session socket on first use and returns its id. Regions registered with it are
   // released by the daemon when this Client is destroyed (or the process dies).
   absl::StatusOr<uint64_t> SessionId();
+  // Passes `fd` (still owned by the caller) over the session socket and returns its token, for a
+  // RegionShare that names fds (fd_token, cuda_vmm chunks). The token is single-use and belongs
+  // to this client's session. FAILED_PRECONDITION for TCP targets.
+  absl::StatusOr<std::string> ShareFd(int fd);
   // Passes buffer.fd() over the session socket, then RegisterRegion with the token and the
   // session id. Fills spec.share (fd_token; offset kept), memory_kind = HOST when unspecified,
   // size_bytes = buffer.size() - share.offset when zero, and a bytes layout when none is set.

@@ -4,6 +4,9 @@
 #define CATCH_CONFIG_MAIN
 #include <catch2/catch.hpp>
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <string>
 
 #include "base/clock.h"
@@ -89,6 +92,60 @@ TEST_CASE("without a CUDA driver or device: FAILED_PRECONDITION naming spec.memo
     CHECK(Contains(r.status(), "spec.memory_kind"));
   }
   CHECK(table->size() == 0);
+}
+
+}  // namespace
+}  // namespace kvrail::regions
+
+namespace kvrail::regions {
+namespace {
+
+// A cuMem share whose chunk is a plain memfd: on CI (no driver) the daemon refuses before any
+// import, on a GPU machine the import refuses the fd; either way the error names the field and
+// the client's fd token is not lost.
+TEST_CASE("cuMem shares: errors name the field and give the fd tokens back") {
+  auto table = RegionTable::Create(Clock::Real());
+  const uint64_t session = table->BeginSession();
+  UniqueFd fd(::memfd_create("not-cumem", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  REQUIRE(fd.valid());
+  REQUIRE(::ftruncate(fd.get(), 1 << 21) == 0);
+  auto token = table->AddFd(session, UniqueFd(::dup(fd.get())));
+  REQUIRE(token.ok());
+  v1::RegionSpec spec = CudaSpec();
+  spec.mutable_share()->Clear();
+  v1::CudaVmmChunk* chunk = spec.mutable_share()->mutable_cuda_vmm()->add_chunks();
+  chunk->set_fd_token(*token);
+  chunk->set_size_bytes(1 << 21);
+  auto r = table->Register(spec, session);
+  INFO(r.status().ToString());
+  REQUIRE(!r.ok());
+  if (!cuda::DeviceCount().ok()) {
+    CHECK(r.status().code() == absl::StatusCode::kFailedPrecondition);
+    CHECK(Contains(r.status(), "spec.memory_kind"));
+  } else {
+    CHECK(r.status().code() == absl::StatusCode::kInvalidArgument);
+    CHECK(Contains(r.status(), "spec.share.cuda_vmm.chunks[0].fd_token"));
+  }
+  // The token is still the client's: usable once more (here for host memory).
+  v1::RegionSpec host;
+  host.set_memory_kind(v1::MEMORY_KIND_HOST);
+  host.set_size_bytes(1 << 21);
+  host.mutable_bytes();
+  host.mutable_share()->set_fd_token(*token);
+  auto again = table->Register(host, session);
+  INFO(again.status().ToString());
+  CHECK(again.ok());
+
+  // Another session's token is refused, naming the chunk.
+  const uint64_t other = table->BeginSession();
+  auto foreign = table->AddFd(other, UniqueFd(::dup(fd.get())));
+  REQUIRE(foreign.ok());
+  chunk->set_fd_token(*foreign);
+  if (cuda::DeviceCount().ok()) {
+    auto stolen = table->Register(spec, session);
+    CHECK(stolen.status().code() == absl::StatusCode::kPermissionDenied);
+    CHECK(Contains(stolen.status(), "spec.share.cuda_vmm.chunks[0].fd_token"));
+  }
 }
 
 }  // namespace

@@ -50,7 +50,14 @@ class LayeredRegion final : public Region {
     std::vector<std::shared_ptr<CudaMapping>> views;
     for (size_t l = 0; l < layers_.size(); ++l) {
       const LayerMemory& layer = layers_[l];
-      if (cuda) {
+      if (cuda && layer.vmm != nullptr) {
+        absl::Status granted = layer.vmm->GrantAccess(accessor);
+        if (!granted.ok()) {
+          return absl::Status(granted.code(), absl::StrCat("region ", id_, " layer ", l, ": ",
+                                                           granted.message()));
+        }
+        bases->push_back(reinterpret_cast<uint64_t>(layer.data));
+      } else if (cuda) {
         absl::StatusOr<std::shared_ptr<CudaMapping>> opened =
             ImportCudaIpcOn(layer.spec, accessor);
         if (!opened.ok()) {

@@ -9,6 +9,7 @@
 
 #include "daemon/planner/planner.h"
 #include "daemon/regions/cuda_import.h"
+#include "daemon/regions/cuda_vmm.h"
 #include "daemon/regions/host_mapping.h"
 #include "daemon/regions/regions.h"
 #include "proto/kvrail/v1/region.pb.h"
@@ -20,6 +21,7 @@ namespace kvrail::regions {
 struct LayerMemory {
   std::shared_ptr<Mapping> host;
   std::shared_ptr<CudaMapping> cuda;
+  std::shared_ptr<VmmMapping> vmm;  // cuMem layers (also `cuda`)
   // The layer's share (for importing it again into a peer GPU's context).
   v1::RegionSpec spec;
   uint8_t* data = nullptr;

@@ -20,6 +20,7 @@
 #include "base/status.h"
 #include "base/cuda/cuda_util.h"
 #include "daemon/regions/cuda_import.h"
+#include "daemon/regions/cuda_vmm.h"
 #include "daemon/regions/host_mapping.h"
 #include "daemon/regions/layered_region.h"
 
@@ -34,8 +35,9 @@ class RegionImpl final : public Region {
   // host Mapping to pin for CUDA engines (nullptr for CUDA regions).
   RegionImpl(uint64_t id, uint64_t session_id, v1::RegionSpec spec, planner::RegionView view,
              std::shared_ptr<void> backing, const Mapping* host_mapping, uint8_t* data,
-             int64_t registered_us)
-      : id_(id),
+             int64_t registered_us, std::shared_ptr<VmmMapping> vmm)
+      : vmm_(std::move(vmm)),
+        id_(id),
         session_id_(session_id),
         spec_(std::move(spec)),
         view_(view),
@@ -51,6 +53,14 @@ class RegionImpl final : public Region {
   absl::StatusOr<uint8_t*> DeviceAddress(int accessor) const override ABSL_LOCKS_EXCLUDED(pin_mu_) {
     if (host_mapping_ == nullptr) {
       if (accessor == spec_.device()) return data_;
+      if (vmm_ != nullptr) {  // cuMem memory: one range, access granted per GPU
+        absl::Status granted = vmm_->GrantAccess(accessor);
+        if (!granted.ok()) {
+          return absl::Status(granted.code(),
+                              absl::StrCat("region ", id_, ": ", granted.message()));
+        }
+        return data_;
+      }
       absl::MutexLock lock(&pin_mu_);
       std::shared_ptr<CudaMapping>& view = peer_views_[accessor];
       if (view == nullptr) {
@@ -94,6 +104,8 @@ class RegionImpl final : public Region {
   void ReleaseUse() override { active_.fetch_sub(1, std::memory_order_relaxed); }
 
  private:
+  // cuMem regions: the imported chain (also held by backing_). nullptr otherwise.
+  const std::shared_ptr<VmmMapping> vmm_;
   const uint64_t id_;
   const uint64_t session_id_;
   const v1::RegionSpec spec_;
@@ -132,9 +144,26 @@ class RegionTableImpl final : public RegionTable {
     if (spec.layer_shares_size() > 0) return RegisterLayered(spec, session_id);
     KVRAIL_ASSIGN_OR_RETURN(planner::RegionView view, Validate(spec, false));
     if (spec.memory_kind() == v1::MEMORY_KIND_CUDA) {
-      KVRAIL_ASSIGN_OR_RETURN(std::shared_ptr<CudaMapping> cuda, ImportCudaIpc(spec));
+      std::shared_ptr<CudaMapping> cuda;
+      std::shared_ptr<VmmMapping> vmm;
+      if (spec.share().via_case() == v1::RegionShare::kCudaVmm) {
+        std::vector<std::pair<std::string, UniqueFd>> taken;
+        absl::StatusOr<std::shared_ptr<VmmMapping>> imported =
+            ImportVmm(spec.share(), spec.device(), spec.size_bytes(), session_id,
+                      "spec.share.cuda_vmm", &taken);
+        if (!imported.ok()) {
+          GiveBack(session_id, &taken);  // a mistake does not cost the client its fds
+          return imported.status();
+        }
+        // The import holds its own references: the fds close here.
+        vmm = *imported;
+        cuda = vmm;
+      } else {
+        KVRAIL_ASSIGN_OR_RETURN(cuda, ImportCudaIpc(spec));
+      }
       uint8_t* data = cuda->base() + spec.share().offset();
-      std::shared_ptr<Region> region = Add(spec, session_id, view, std::move(cuda), nullptr, data);
+      std::shared_ptr<Region> region =
+          Add(spec, session_id, view, std::move(cuda), nullptr, data, std::move(vmm));
       // Map it into the peer GPUs now: opening an IPC handle takes milliseconds, which would
       // otherwise land on the first peer transfer. A GPU that cannot map it is tried again (and
       // the error reported) when a transfer needs it.
@@ -308,13 +337,68 @@ class RegionTableImpl final : public RegionTable {
 
   std::shared_ptr<Region> Add(const v1::RegionSpec& spec, uint64_t session_id,
                               const planner::RegionView& view, std::shared_ptr<void> backing,
-                              const Mapping* host_mapping, uint8_t* data) ABSL_LOCKS_EXCLUDED(mu_) {
+                              const Mapping* host_mapping, uint8_t* data,
+                              std::shared_ptr<VmmMapping> vmm = nullptr) ABSL_LOCKS_EXCLUDED(mu_) {
     absl::MutexLock lock(&mu_);
     const uint64_t id = next_id_++;
     auto region = std::make_shared<RegionImpl>(id, session_id, spec, view, std::move(backing),
-                                               host_mapping, data, clock_->NowUnixMicros());
+                                               host_mapping, data, clock_->NowUnixMicros(),
+                                               std::move(vmm));
     regions_[id] = region;
     return region;
+  }
+
+  // Fds taken for a registration that failed go back to their tokens, so a mistake does not cost
+  // the client its fds.
+  void GiveBack(uint64_t session_id, std::vector<std::pair<std::string, UniqueFd>>* taken)
+      ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    for (auto& [token, fd] : *taken) {
+      tokens_.emplace(token, PendingFd{session_id, std::move(fd)});
+    }
+    taken->clear();
+  }
+
+  // A RegionShare.cuda_vmm imported on `device`: every chunk's fd token taken (appended to
+  // `taken`: the caller gives them back), the chunks mapped, and [offset, offset + size) checked
+  // against the chain. Errors name `field`.
+  absl::StatusOr<std::shared_ptr<VmmMapping>> ImportVmm(
+      const v1::RegionShare& share, int device, uint64_t size, uint64_t session_id,
+      const std::string& field, std::vector<std::pair<std::string, UniqueFd>>* taken) {
+    absl::StatusOr<int> count = cuda::DeviceCount();
+    if (!count.ok()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "spec.memory_kind: MEMORY_KIND_CUDA needs a CUDA device and this daemon has none (",
+          count.status().message(), ")"));
+    }
+    if (device < 0 || device >= *count) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "spec.device: GPU", device, " does not exist (this daemon sees ", *count, " GPUs)"));
+    }
+    if (share.cuda_vmm().chunks_size() > kMaxVmmChunks) {
+      return absl::InvalidArgumentError(absl::StrCat(field, ".chunks: ",
+                                                     share.cuda_vmm().chunks_size(),
+                                                     " chunks; at most ", kMaxVmmChunks));
+    }
+    std::vector<std::pair<int, uint64_t>> chunks;
+    for (int i = 0; i < share.cuda_vmm().chunks_size(); ++i) {
+      const v1::CudaVmmChunk& chunk = share.cuda_vmm().chunks(i);
+      absl::StatusOr<UniqueFd> fd = TakeToken(chunk.fd_token(), session_id);
+      if (!fd.ok()) {
+        return absl::Status(fd.status().code(), absl::StrCat(field, ".chunks[", i, "].fd_token: ",
+                                                             fd.status().message()));
+      }
+      taken->emplace_back(chunk.fd_token(), *std::move(fd));
+      chunks.emplace_back(taken->back().second.get(), chunk.size_bytes());
+    }
+    KVRAIL_ASSIGN_OR_RETURN(std::shared_ptr<VmmMapping> vmm,
+                            VmmMapping::Import(device, chunks, field));
+    if (share.offset() > vmm->allocation_bytes() || size > vmm->allocation_bytes() - share.offset()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "spec.size_bytes: region [", share.offset(), ", ", share.offset() + size,
+          ") does not fit the ", vmm->allocation_bytes(), " bytes of ", field, ".chunks"));
+    }
+    return vmm;
   }
 
   absl::StatusOr<UniqueFd> TakeToken(const std::string& token, uint64_t session_id)
@@ -362,10 +446,22 @@ class RegionTableImpl final : public RegionTable {
       const std::string field = absl::StrCat("spec.layer_shares[", l, "]");
       LayerMemory& layer = layers[l];
       layer.spec = LayerSpec(spec, l);
+      if (cuda && share.via_case() == v1::RegionShare::kCudaVmm) {
+        absl::StatusOr<std::shared_ptr<VmmMapping>> imported = ImportVmm(
+            share, spec.device(), spec.size_bytes(), session_id, field + ".cuda_vmm", &taken);
+        if (!imported.ok()) {
+          failed = imported.status();
+          break;
+        }
+        layer.vmm = *imported;
+        layer.cuda = layer.vmm;
+        layer.data = layer.cuda->base() + share.offset();
+        continue;
+      }
       if (cuda) {
         if (share.via_case() != v1::RegionShare::kCudaIpcHandle) {
           failed = absl::InvalidArgumentError(
-              absl::StrCat(field, ": a CUDA layer is shared with cuda_ipc_handle"));
+              absl::StrCat(field, ": a CUDA layer is shared with cuda_ipc_handle or cuda_vmm"));
           break;
         }
         absl::StatusOr<std::shared_ptr<CudaMapping>> mapped = ImportCudaIpc(layer.spec);
@@ -411,8 +507,7 @@ class RegionTableImpl final : public RegionTable {
       layer.data = mapped->second;
     }
     if (!failed.ok()) {
-      absl::MutexLock lock(&mu_);
-      for (auto& [token, fd] : taken) tokens_.emplace(token, PendingFd{session_id, std::move(fd)});
+      GiveBack(session_id, &taken);
       return failed;
     }
     absl::MutexLock lock(&mu_);

@@ -99,7 +99,7 @@ def receive() -> dict:
 def run_decode(args) -> None:
     import kvrail
     from kvrail.flags import FlagArray
-    from kvrail.tensors import register_tensor
+    from kvrail.tensors import register_kv_cache, register_tensor
     model = build_model(args.layers)
     blocks = args.tokens // DECODE_TPB
     pool_blocks = 2 * blocks
@@ -113,8 +113,12 @@ def run_decode(args) -> None:
     greedy_steps(model, warm, 1, 2)
     torch.cuda.synchronize()
     with kvrail.connect(args.socket) as client:
-        regions = [register_tensor(client, p, layout="PBHTD", writable=True, name=f"decode L{i}")
-                   for i, p in enumerate(pools)]
+        if args.regions == "per-layer":  # one region over the per-layer tensors
+            regions = [register_kv_cache(client, pools, layout="PBHTD", writable=True,
+                                         name="decode pool")]
+        else:
+            regions = [register_tensor(client, p, layout="PBHTD", writable=True,
+                                       name=f"decode L{i}") for i, p in enumerate(pools)]
         flag_buffer = kvrail.HostBuffer(4096, "arrival flags")
         flag_region = client.register_host_buffer(flag_buffer, writable=True, name="arrival")
         arrived = FlagArray(flag_buffer, flag_region, count=args.layers)
@@ -126,6 +130,8 @@ def run_decode(args) -> None:
                 emit({"error": f"layer {layer} did not arrive"})
                 return
         t_kv = time.time()
+        # The prefill process's notification (TransferSpec.notification) of the handover's end.
+        notified = [n.notification.decode() for n in client.poll_notifications(timeout=5)]
         cache = new_cache()
         for layer, pool in enumerate(pools):
             kv = pool[:, table]  # [2, blocks, heads, tpb, dim]
@@ -137,7 +143,7 @@ def run_decode(args) -> None:
         t_step1 = time.time()
         tokens += greedy_steps(model, cache, tokens[-1], NEW_TOKENS - 2)[1:]
         emit({"tokens": tokens, "t_token": t_token, "t_kv": t_kv, "t_step0": t_step0,
-              "t_step1": t_step1})
+              "t_step1": t_step1, "notified": notified})
 
 
 @torch.inference_mode()
@@ -145,7 +151,7 @@ def run_prefill(args) -> None:
     import kvrail
     from kvrail import transfer_pb2
     from kvrail.flags import FlagArray
-    from kvrail.tensors import register_tensor
+    from kvrail.tensors import register_kv_cache, register_tensor
     peer = json.loads(args.peer)
     model = build_model(args.layers)
     ids = prompt_ids(args.tokens)
@@ -159,15 +165,37 @@ def run_prefill(args) -> None:
     stream = torch.cuda.Stream()
     torch.cuda.synchronize()
     with kvrail.connect(args.socket) as client:
-        regions = [register_tensor(client, p, layout="vllm_nhd", writable=False,
-                                   name=f"prefill L{i}") for i, p in enumerate(pools)]
+        if args.regions == "per-layer":
+            regions = [register_kv_cache(client, pools, layout="vllm_nhd", writable=False,
+                                         name="prefill pool")]
+        else:
+            regions = [register_tensor(client, p, layout="vllm_nhd", writable=False,
+                                       name=f"prefill L{i}") for i, p in enumerate(pools)]
         ready_buffer = kvrail.HostBuffer(4096, "ready flags")
         ready_region = client.register_host_buffer(ready_buffer, writable=False, name="ready")
         ready = FlagArray(ready_buffer, ready_region, count=args.layers)
         gpu_ready = ready.for_gpu(0) if args.mode == "streaming" else None
 
+        def submit_all():
+            """One transfer of every layer (per-layer regions), or one per layer."""
+            if args.regions != "per-layer":
+                return [submit(layer) for layer in range(args.layers)]
+            spec = transfer_pb2.TransferSpec(num_tokens=args.tokens, label="handover",
+                                             notification=b"request-0 handed over")
+            spec.src.region_id = regions[0].id
+            spec.src.block_ids.extend(table)
+            spec.dst.region_id = peer["regions"][0]
+            spec.dst.block_ids.extend(peer["blocks"])
+            spec.arrival_flags.CopyFrom(transfer_pb2.FlagArray(
+                region_id=peer["arrival_region"], byte_offset=0, value=1))
+            if gpu_ready is not None:
+                spec.ready_flags.CopyFrom(transfer_pb2.FlagArray(
+                    region_id=ready_region.id, byte_offset=0, value=1))
+            return [client.submit(spec)]
+
         def submit(layer: int):
-            spec = transfer_pb2.TransferSpec(num_tokens=args.tokens, label=f"handover L{layer}")
+            spec = transfer_pb2.TransferSpec(num_tokens=args.tokens, label=f"handover L{layer}",
+                                             notification=f"request-0 L{layer}".encode())
             spec.src.region_id = regions[layer].id
             spec.src.block_ids.extend(table)
             spec.dst.region_id = peer["regions"][layer]
@@ -193,7 +221,7 @@ def run_prefill(args) -> None:
 
         handles = [layer_module.register_forward_hook(hook(i))
                    for i, layer_module in enumerate(model.model.layers)]
-        transfers = [submit(layer) for layer in range(args.layers)] if gpu_ready else []
+        transfers = submit_all() if gpu_ready else []
         t0 = time.time()
         with torch.cuda.stream(stream):
             logits = model(input_ids=ids, past_key_values=cache, use_cache=True).logits
@@ -203,7 +231,7 @@ def run_prefill(args) -> None:
         for h in handles:
             h.remove()
         if not transfers:
-            transfers = [submit(layer) for layer in range(args.layers)]
+            transfers = submit_all()
         emit({"first_token": int(first), "t_prefill_start": t0, "t_prefill_end": t_end,
               "transfers": [t.id for t in transfers]})
         statuses = [t.wait(timeout=60) for t in transfers]
@@ -217,6 +245,8 @@ def run_prefill(args) -> None:
 def child(mode: str, args, extra=()) -> subprocess.Popen:
     cmd = [sys.executable, os.path.abspath(__file__), mode, "--socket", args.socket,
            "--layers", str(args.layers), "--tokens", str(args.tokens), *extra]
+    if mode in ("decode", "prefill"):
+        cmd += ["--regions", args.regions]
     return subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 
 
@@ -249,7 +279,10 @@ def run_driver(args) -> int:
         print(f"reference (one process): {len(ref_tokens)} tokens, first 8 {ref_tokens[:8]}")
         rows = []
         ok = True
-        for mode in ["bulk", "streaming", "bulk", "streaming"]:
+        runs = [("per-layer", m) for m in ("bulk", "streaming", "bulk", "streaming")]
+        runs += [("per-tensor", m) for m in ("bulk", "streaming")]
+        for regions, mode in runs:
+            args.regions = regions
             decode = child("decode", args)
             peer = read_line(decode)
             prefill = child("prefill", args, ["--mode", mode, "--peer", json.dumps(peer)])
@@ -267,17 +300,20 @@ def run_driver(args) -> int:
             kv_ms = (result["t_kv"] - handed["t_prefill_end"]) * 1e3
             step_ms = (result["t_step1"] - result["t_step0"]) * 1e3
             ttft = prefill_ms + handover_ms + step_ms
-            rows.append((mode, prefill_ms, kv_ms, handover_ms, step_ms, ttft,
-                         100 * handover_ms / ttft, same, done["engines"], done["bytes"]))
+            ok = ok and len(result["notified"]) == len(done["states"])
+            rows.append((f"{mode}, {regions} ({len(done['states'])} transfer"
+                         f"{'s' if len(done['states']) > 1 else ''})", prefill_ms, kv_ms,
+                         handover_ms, step_ms, ttft, 100 * handover_ms / ttft, same,
+                         done["engines"], done["bytes"], len(result["notified"])))
         print(f"model: Llama GQA, {args.layers} layers, {Q_HEADS} q / {KV_HEADS} kv heads, "
               f"head_dim {HEAD_DIM}, bf16; prompt {args.tokens} tokens; {NEW_TOKENS} new tokens")
         print("| mode | prefill ms | prefill end -> all KV landed ms | prefill end -> first decode "
               "step ms | first step ms | TTFT ms | handover share | tokens == reference | engine "
-              "| bytes |")
-        print("|---|---|---|---|---|---|---|---|---|---|")
+              "| bytes | decode notified |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|")
         for r in rows:
             print(f"| {r[0]} | {r[1]:.2f} | {r[2]:.2f} | {r[3]:.2f} | {r[4]:.2f} | {r[5]:.2f} | "
-                  f"{r[6]:.1f}% | {r[7]} | {','.join(r[8])} | {r[9]} |")
+                  f"{r[6]:.1f}% | {r[7]} | {','.join(r[8])} | {r[9]} | {r[10]} |")
         print("RESULT:", "identical tokens in every run" if ok else "MISMATCH or failed transfer")
         return 0 if ok else 1
     finally:
@@ -298,6 +334,7 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=4096)
     parser.add_argument("--mode", choices=["bulk", "streaming"], default="bulk")
     parser.add_argument("--peer", default="{}")
+    parser.add_argument("--regions", choices=["per-layer", "per-tensor"], default="per-layer")
     args = parser.parse_args()
     if args.role == "driver":
         return run_driver(args)
