@@ -31,7 +31,13 @@ absl::StatusOr<DevicePlanBuffer> DevicePlanBuffer::Upload(const PlanHeader& head
                                                           uint64_t src_base, uint64_t dst_base,
                                                           CudaStream stream) {
   const size_t src_n = header.src.num_table_blocks, dst_n = header.dst.num_table_blocks;
-  const size_t bytes = sizeof(PlanHeader) + 4 * (src_n + dst_n);
+  // Per-layer sides: entries [0, layer_begin + num_layers) of their layer tables follow the block
+  // tables (8-byte aligned), and the header points at those copies.
+  const size_t src_l = header.src.layer_bases != 0 ? header.src.layer_begin + header.num_layers : 0;
+  const size_t dst_l = header.dst.layer_bases != 0 ? header.dst.layer_begin + header.num_layers : 0;
+  const size_t tables_end = sizeof(PlanHeader) + 4 * (src_n + dst_n);
+  const size_t layers_at = (tables_end + 7) / 8 * 8;
+  const size_t bytes = layers_at + 8 * (src_l + dst_l);
   DevicePlanBuffer buffer;
   buffer.stream_ = stream;
   if (absl::Status s = CudaStatus(internal::DeviceAlloc(&buffer.memory_, bytes, stream), "cudaMallocAsync(plan)");
@@ -44,6 +50,8 @@ absl::StatusOr<DevicePlanBuffer> DevicePlanBuffer::Upload(const PlanHeader& head
   h.dst.base = dst_base;
   h.src.block_table = device + sizeof(PlanHeader);
   h.dst.block_table = device + sizeof(PlanHeader) + 4 * src_n;
+  if (src_l > 0) h.src.layer_bases = device + layers_at;
+  if (dst_l > 0) h.dst.layer_bases = device + layers_at + 8 * src_l;
   // Three copies straight from the caller's memory, no staging image (a megabyte-sized table
   // would be copied once more on the host). Copies from pageable memory (`h`, always) are staged
   // by the driver before cudaMemcpyAsync returns; pinned tables are read later (see kv_copy.h).
@@ -57,6 +65,20 @@ absl::StatusOr<DevicePlanBuffer> DevicePlanBuffer::Upload(const PlanHeader& head
       return s;
     }
     at += n;
+  }
+  // The layer tables are the caller's (pageable) host arrays: staged before this returns.
+  const std::pair<uint64_t, size_t> layer_parts[2] = {{header.src.layer_bases, src_l},
+                                                      {header.dst.layer_bases, dst_l}};
+  at = static_cast<uint8_t*>(buffer.memory_) + layers_at;
+  for (const auto& [from, n] : layer_parts) {
+    if (n == 0) continue;
+    if (absl::Status s = CudaStatus(internal::CopyToDevice(at, reinterpret_cast<const void*>(from),
+                                                           8 * n, stream),
+                                    "upload layer table");
+        !s.ok()) {
+      return s;
+    }
+    at += 8 * n;
   }
   buffer.plan_.header = static_cast<const PlanHeader*>(buffer.memory_);
   buffer.plan_.num_tiles = header.num_tiles;

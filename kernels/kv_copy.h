@@ -37,7 +37,9 @@ class DevicePlanBuffer {
   // synchronizing the device, so launch the kernels that read it on the same stream, and let it
   // go only while `stream` is still alive. Tables in pageable memory are staged before this
   // returns; tables in pinned memory are read by the copy engine later, in stream order, so they
-  // must stay until the stream has passed this point (record an event after it).
+  // must stay until the stream has passed this point (record an event after it). A per-layer
+  // side's header.{src,dst}.layer_bases is read as a host pointer to its layer table (addresses
+  // valid on the current device) and replaced by the table's copy in the buffer.
   static absl::StatusOr<DevicePlanBuffer> Upload(const PlanHeader& header,
                                                  const uint32_t* src_blocks,
                                                  const uint32_t* dst_blocks, uint64_t src_base,

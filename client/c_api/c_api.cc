@@ -436,6 +436,42 @@ int kvrail_submit(kvrail_client* handle, const uint8_t* spec, size_t spec_len,
   });
 }
 
+int kvrail_submit_blocks(kvrail_client* handle, const uint8_t* spec, size_t spec_len,
+                         const uint32_t* src_ids, size_t src_count, const uint32_t* dst_ids,
+                         size_t dst_count, uint64_t* transfer_id, uint8_t** response,
+                         size_t* response_len) {
+  return Guard([&]() -> absl::Status {
+    KVRAIL_RETURN_IF_ERROR(RequireOut(transfer_id, "transfer_id"));
+    *transfer_id = 0;
+    KVRAIL_RETURN_IF_ERROR(ResetBytes(response, response_len, "response"));
+    KVRAIL_ASSIGN_OR_RETURN(std::shared_ptr<Client> client, FindClient(handle));
+    if (src_count > 0 && src_ids == nullptr) {
+      return absl::InvalidArgumentError("src_ids: NULL with src_count > 0");
+    }
+    if (dst_count > 0 && dst_ids == nullptr) {
+      return absl::InvalidArgumentError("dst_ids: NULL with dst_count > 0");
+    }
+    if (src_count > INT32_MAX || dst_count > INT32_MAX) {
+      return absl::InvalidArgumentError("src_count / dst_count: more than 2^31 - 1 ids");
+    }
+    KVRAIL_ASSIGN_OR_RETURN(v1::TransferSpec parsed,
+                            Parse<v1::TransferSpec>(spec, spec_len, "spec"));
+    if (src_count > 0) {
+      auto* ids = parsed.mutable_src()->mutable_block_ids();
+      ids->Clear();
+      ids->Add(src_ids, src_ids + src_count);
+    }
+    if (dst_count > 0) {
+      auto* ids = parsed.mutable_dst()->mutable_block_ids();
+      ids->Clear();
+      ids->Add(dst_ids, dst_ids + dst_count);
+    }
+    KVRAIL_ASSIGN_OR_RETURN(v1::SubmitTransferResponse result, client->Submit(parsed));
+    *transfer_id = result.transfer_id();
+    return PutBytes(result, response, response_len);
+  });
+}
+
 int kvrail_wait(kvrail_client* handle, uint64_t transfer_id, int64_t timeout_ms, int32_t* state,
                 uint8_t** status, size_t* status_len) {
   return kvrail::c_api::StatusCall(handle, state, status, status_len, [&](Client& client) {

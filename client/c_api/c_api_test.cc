@@ -404,6 +404,13 @@ TEST_CASE("this wave's entry points: misuse is named, a stopped daemon is sessio
   CHECK(kvrail_register_cuda_layers(live.client, ptrs, 2, 4, nullptr, 0, &region, nullptr,
                                     nullptr) == KVRAIL_INVALID_ARGUMENT);
   CHECK(LastMessage() == "layer_ptrs[1]: NULL");
+  // Block ids as arrays: NULL with a count is named.
+  uint64_t id = 0;
+  CHECK(kvrail_submit_blocks(live.client, nullptr, 0, nullptr, 3, nullptr, 0, &id, nullptr,
+                             nullptr) == KVRAIL_INVALID_ARGUMENT);
+  CHECK(LastMessage() == "src_ids: NULL with src_count > 0");
+  CHECK(kvrail_submit_blocks(live.client, garbage, sizeof(garbage), nullptr, 0, nullptr, 0, &id,
+                             nullptr, nullptr) == KVRAIL_INVALID_ARGUMENT);
   // Session lost: not lost while the daemon runs; NULL out-parameter named.
   int lost = -1;
   CHECK(kvrail_session_lost(live.client, nullptr) == KVRAIL_INVALID_ARGUMENT);

@@ -160,6 +160,13 @@ int kvrail_register_host_layers(kvrail_client* client, kvrail_host_buffer* const
  * kvrail.v1.SubmitTransferResponse. Returns once the daemon accepted it. */
 int kvrail_submit(kvrail_client* client, const uint8_t* spec, size_t spec_len,
                   uint64_t* transfer_id, uint8_t** response, size_t* response_len);
+/* kvrail_submit with the block tables as arrays, so a caller in another language encodes no ids:
+ * `src_ids` / `dst_ids` (`src_count` / `dst_count` of them; NULL with 0 keeps the spec's own)
+ * replace the spec's src.block_ids / dst.block_ids. Same answers as kvrail_submit. */
+int kvrail_submit_blocks(kvrail_client* client, const uint8_t* spec, size_t spec_len,
+                         const uint32_t* src_ids, size_t src_count, const uint32_t* dst_ids,
+                         size_t dst_count, uint64_t* transfer_id, uint8_t** response,
+                         size_t* response_len);
 /* Status of a transfer. `state` (optional) gets its TransferState; `status` (optional) the
  * serialized kvrail.v1.TransferStatus.
  * kvrail_wait: timeout_ms < 0 waits until the transfer ends; 0 returns the current status at

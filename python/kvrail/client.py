@@ -8,6 +8,7 @@ with the caller ordering its own reads and writes of buffer memory against trans
 """
 from __future__ import annotations
 
+import array
 import asyncio
 import ctypes
 import time
@@ -173,8 +174,16 @@ class Transfer:
     def __init__(self, client: "Client", transfer_id: int, response=None) -> None:
         self._client = client
         self.id: int = transfer_id
-        self.response = response  # kvrail.v1.SubmitTransferResponse
+        # kvrail.v1.SubmitTransferResponse, parsed from its bytes on first use (the hot path
+        # submits and waits without reading it).
+        self._response = response
         self._final = None  # the final TransferStatus once seen
+
+    @property
+    def response(self):
+        if isinstance(self._response, bytes):
+            self._response = transfer_pb2.SubmitTransferResponse.FromString(self._response)
+        return self._response
 
     def _note(self, status):
         if is_final(status.state):
@@ -501,8 +510,7 @@ class Client:
         response, response_len = out_bytes()
         check(lib().kvrail_submit(self._h, data, len(data), ctypes.byref(transfer_id),
                                   ctypes.byref(response), ctypes.byref(response_len)))
-        return Transfer(self, transfer_id.value, transfer_pb2.SubmitTransferResponse.FromString(
-            take_bytes(response, response_len.value)))
+        return Transfer(self, transfer_id.value, take_bytes(response, response_len.value))
 
     def transfer(self, src: Union[Region, int], src_blocks: Sequence[int],
                  dst: Union[Region, int], dst_blocks: Sequence[int], **fields) -> Transfer:
@@ -512,8 +520,6 @@ class Client:
         spec = transfer_pb2.TransferSpec()
         spec.src.region_id = src.id if isinstance(src, Region) else int(src)
         spec.dst.region_id = dst.id if isinstance(dst, Region) else int(dst)
-        spec.src.block_ids.extend(int(b) for b in src_blocks)
-        spec.dst.block_ids.extend(int(b) for b in dst_blocks)
         for key, value in fields.items():
             side, _, rest = key.partition("_")
             if side in ("src", "dst") and rest:
@@ -522,7 +528,16 @@ class Client:
                 getattr(spec, key).CopyFrom(value)
             else:
                 setattr(spec, key, value)
-        return self.submit(spec)
+        # The ids go to the library as uint32 arrays: no protobuf encoding of them in Python.
+        src_ids, dst_ids = _id_array(src_blocks, "src_blocks"), _id_array(dst_blocks, "dst_blocks")
+        data = spec.SerializeToString()
+        transfer_id = ctypes.c_uint64()
+        response, response_len = out_bytes()
+        check(lib().kvrail_submit_blocks(self._h, data, len(data), _address(src_ids),
+                                         len(src_ids), _address(dst_ids), len(dst_ids),
+                                         ctypes.byref(transfer_id), ctypes.byref(response),
+                                         ctypes.byref(response_len)))
+        return Transfer(self, transfer_id.value, take_bytes(response, response_len.value))
 
     def _status_call(self, fn, *args):
         state = ctypes.c_int32()
@@ -594,6 +609,21 @@ class Client:
 
     def __repr__(self) -> str:
         return f"Client({self.target!r}{', closed' if self.closed else ''})"
+
+
+def _id_array(blocks, name: str) -> "array.array":
+    """Block ids as a uint32 array (a numpy array or any sequence of ints)."""
+    if isinstance(blocks, array.array) and blocks.typecode == "I":
+        return blocks
+    try:
+        return array.array("I", blocks.astype("uint32", copy=False).tobytes()
+                           if hasattr(blocks, "astype") else blocks)
+    except (OverflowError, TypeError) as e:
+        raise ValueError(f"{name}: block ids must be integers in [0, 2^32): {e}") from None
+
+
+def _address(ids: "array.array") -> Optional[int]:
+    return ids.buffer_info()[0] if len(ids) else None
 
 
 def _id(transfer: TransferLike) -> int:

@@ -149,3 +149,17 @@ def test_awaiting_a_failed_transfer_raises(client):
 
     with pytest.raises(kvrail.TransferFailedError):
         asyncio.run(run())
+
+
+def test_block_ids_from_numpy_and_bad_ids_are_named(client):
+    src = Pool(client, layout(), writable=False, name="src")
+    dst = Pool(client, layout(), writable=True, name="dst")
+    src.fill_random(21)
+    src_blocks = np.array([3, 1, 8], dtype=np.int64)
+    dst_blocks = np.array([0, 15, 2], dtype=np.uint32)
+    client.transfer(src.region, src_blocks, dst.region, dst_blocks).result(timeout=30)
+    np.testing.assert_array_equal(dst.tokens([0, 15, 2], 12), src.tokens([3, 1, 8], 12))
+    with pytest.raises(ValueError, match="src_blocks"):
+        client.transfer(src.region, [-1], dst.region, [0])
+    with pytest.raises(kvrail.InvalidArgumentError, match=r"spec.dst.block_ids\[0\]"):
+        client.transfer(src.region, [0], dst.region, [16])

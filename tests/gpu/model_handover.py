@@ -169,7 +169,7 @@ def run_prefill(args) -> None:
             regions = [register_kv_cache(client, pools, layout="vllm_nhd", writable=False,
                                          name="prefill pool")]
         else:
-            regions = [register_tensor(client, p, layout="vllm_nhd", writable=False,
+            regions = [register_tensor(client, p, layout="PBTHD", writable=False,
                                        name=f"prefill L{i}") for i, p in enumerate(pools)]
         ready_buffer = kvrail.HostBuffer(4096, "ready flags")
         ready_region = client.register_host_buffer(ready_buffer, writable=False, name="ready")
