@@ -305,6 +305,10 @@ def run_driver(args) -> int:
                          f"{'s' if len(done['states']) > 1 else ''})", prefill_ms, kv_ms,
                          handover_ms, step_ms, ttft, 100 * handover_ms / ttft, same,
                          done["engines"], done["bytes"], len(result["notified"])))
+            # Each run's row as soon as it is known: a later run that fails loses nothing.
+            print(f"run: {rows[-1][0]}: tokens == reference {same}, prefill end -> first "
+                  f"decode step {handover_ms:.2f} ms, all KV landed {kv_ms:.2f} ms, states "
+                  f"{done['states']}, notified {len(result['notified'])}", flush=True)
         print(f"model: Llama GQA, {args.layers} layers, {Q_HEADS} q / {KV_HEADS} kv heads, "
               f"head_dim {HEAD_DIM}, bf16; prompt {args.tokens} tokens; {NEW_TOKENS} new tokens")
         print("| mode | prefill ms | prefill end -> all KV landed ms | prefill end -> first decode "
