@@ -192,6 +192,17 @@ class Client::Impl {
     return Lost();
   }
 
+  // Ties a call to this client's session (kvrail-session metadata) when one is open: the
+  // daemon then knows the caller (docs/security.md). Calls without it are anonymous.
+  void Bind(grpc::ClientContext* context) {
+    if (!Lost().ok()) return;  // a lost session's secret means nothing to the new daemon
+    absl::MutexLock lock(&session_mu_);
+    if (session_ != nullptr && !session_->secret().empty()) {
+      context->AddMetadata(wire::kSessionMetadataKey,
+                           wire::SessionMetadataValue(session_->session_id(), session_->secret()));
+    }
+  }
+
   // The session (if open) without opening one.
   uint64_t OpenSessionId() {
     absl::MutexLock lock(&session_mu_);
@@ -228,8 +239,11 @@ class Client::Impl {
   absl::Status Checked(absl::Status status) {
     if (status.ok()) return status;
     if (absl::Status lost = Lost(); !lost.ok()) return lost;
+    // A stale id is NOT_FOUND, a daemon between lives UNAVAILABLE, the old session's
+    // credentials on a new daemon UNAUTHENTICATED.
     if (status.code() != absl::StatusCode::kNotFound &&
-        status.code() != absl::StatusCode::kUnavailable) {
+        status.code() != absl::StatusCode::kUnavailable &&
+        status.code() != absl::StatusCode::kUnauthenticated) {
       return status;
     }
     const std::string known = instance_id();
@@ -335,6 +349,9 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& targe
     absl::MutexLock lock(&impl->lost_mu_);
     impl->instance_id_ = stats.instance_id();
   }
+  // On a unix socket the session opens now: every later call carries its identity. A daemon
+  // without a session socket leaves the client anonymous.
+  if (!impl->unix_path_.empty()) (void)impl->Session();
   return std::unique_ptr<Client>(new Client(std::move(impl)));
 }
 
@@ -368,6 +385,35 @@ absl::Status Client::ResetSession() {
   return absl::OkStatus();
 }
 
+absl::StatusOr<v1::Grant> Client::CreateGrant(uint64_t region_id, v1::GrantAccess access,
+                                              absl::Duration ttl, uint32_t layer_begin,
+                                              uint32_t layer_end) {
+  if (ttl < absl::ZeroDuration()) return absl::InvalidArgumentError("ttl: negative");
+  v1::CreateGrantRequest request;
+  request.set_region_id(region_id);
+  request.set_access(access);
+  request.set_ttl_ms(static_cast<uint64_t>(absl::ToInt64Milliseconds(ttl)));
+  request.set_layer_begin(layer_begin);
+  request.set_layer_end(layer_end);
+  v1::Grant grant;
+  grpc::ClientContext context;
+  impl_->Bind(&context);
+  SetDeadline(&context, kUnaryDeadline);
+  KVRAIL_RETURN_IF_ERROR(
+      impl_->Checked(FromGrpcStatus(impl_->transfer_->CreateGrant(&context, request, &grant))));
+  return grant;
+}
+
+absl::Status Client::RevokeGrant(const std::string& token) {
+  v1::RevokeGrantRequest request;
+  request.set_token(token);
+  v1::RevokeGrantResponse response;
+  grpc::ClientContext context;
+  impl_->Bind(&context);
+  SetDeadline(&context, kUnaryDeadline);
+  return FromGrpcStatus(impl_->transfer_->RevokeGrant(&context, request, &response));
+}
+
 absl::StatusOr<std::vector<v1::Notification>> Client::PollNotifications(uint32_t max,
                                                                         absl::Duration timeout) {
   if (timeout < absl::ZeroDuration() || timeout > absl::Seconds(60)) {
@@ -383,6 +429,7 @@ absl::StatusOr<std::vector<v1::Notification>> Client::PollNotifications(uint32_t
       absl::ToInt64Milliseconds(timeout + absl::Milliseconds(1) - absl::Nanoseconds(1))));
   v1::NotificationPollResponse response;
   grpc::ClientContext context;
+  impl_->Bind(&context);
   SetDeadline(&context, timeout + kUnaryDeadline);
   KVRAIL_RETURN_IF_ERROR(impl_->Checked(
       FromGrpcStatus(impl_->transfer_->PollNotifications(&context, request, &response))));
@@ -398,6 +445,7 @@ absl::Status Client::WatchNotifications(
   v1::NotificationWatchRequest request;
   request.set_session_id(session);
   grpc::ClientContext context;
+  impl_->Bind(&context);
   std::unique_ptr<grpc::ClientReader<v1::Notification>> reader =
       impl_->transfer_->WatchNotifications(&context, request);
   v1::Notification n;
@@ -497,6 +545,7 @@ absl::StatusOr<v1::RegionInfo> Client::RegisterRegion(v1::RegionSpec spec, uint6
   request.set_session_id(session_id);
   v1::RegisterRegionResponse response;
   grpc::ClientContext context;
+  impl_->Bind(&context);
   SetDeadline(&context, kUnaryDeadline);
   KVRAIL_RETURN_IF_ERROR(
       impl_->Checked(FromGrpcStatus(impl_->transfer_->RegisterRegion(&context, request, &response))));
@@ -508,6 +557,7 @@ absl::Status Client::UnregisterRegion(uint64_t region_id) {
   request.set_region_id(region_id);
   v1::UnregisterRegionResponse response;
   grpc::ClientContext context;
+  impl_->Bind(&context);
   SetDeadline(&context, kUnaryDeadline);
   return impl_->Checked(
       FromGrpcStatus(impl_->transfer_->UnregisterRegion(&context, request, &response)));
@@ -579,6 +629,7 @@ absl::StatusOr<v1::SubmitTransferResponse> Client::SubmitRequest(
   }
   v1::SubmitTransferResponse response;
   grpc::ClientContext context;
+  impl_->Bind(&context);
   SetDeadline(&context, kUnaryDeadline);
   KVRAIL_RETURN_IF_ERROR(
       impl_->Checked(FromGrpcStatus(impl_->transfer_->SubmitTransfer(&context, request, &response))));
@@ -655,6 +706,7 @@ absl::StatusOr<v1::TransferStatus> Client::Get(uint64_t transfer_id) {
   request.set_transfer_id(transfer_id);
   v1::TransferStatus response;
   grpc::ClientContext context;
+  impl_->Bind(&context);
   SetDeadline(&context, kUnaryDeadline);
   KVRAIL_RETURN_IF_ERROR(
       impl_->Checked(FromGrpcStatus(impl_->transfer_->GetTransfer(&context, request, &response))));
@@ -694,6 +746,7 @@ absl::StatusOr<v1::TransferStatus> Client::Wait(uint64_t transfer_id, absl::Dura
   v1::WaitTransferRequest request;
   request.set_transfer_id(transfer_id);
   grpc::ClientContext context;
+  impl_->Bind(&context);
   if (timeout > absl::ZeroDuration() && timeout != absl::InfiniteDuration()) {
     // Round up so that a sub-millisecond timeout does not become "forever" (0).
     request.set_timeout_ms(static_cast<uint64_t>(
@@ -711,6 +764,7 @@ absl::StatusOr<v1::TransferStatus> Client::Cancel(uint64_t transfer_id) {
   request.set_transfer_id(transfer_id);
   v1::TransferStatus response;
   grpc::ClientContext context;
+  impl_->Bind(&context);
   SetDeadline(&context, kUnaryDeadline);
   KVRAIL_RETURN_IF_ERROR(
       impl_->Checked(FromGrpcStatus(impl_->transfer_->CancelTransfer(&context, request, &response))));
@@ -724,6 +778,7 @@ absl::Status Client::MarkReady(uint64_t transfer_id, uint32_t layer_begin, uint3
   request.set_layer_count(layer_count);
   v1::MarkReadyResponse response;
   grpc::ClientContext context;
+  impl_->Bind(&context);
   SetDeadline(&context, kUnaryDeadline);
   return impl_->Checked(FromGrpcStatus(impl_->transfer_->MarkReady(&context, request, &response)));
 }
@@ -735,6 +790,7 @@ absl::StatusOr<v1::TransferStatus> Client::Watch(
   request.set_transfer_id(transfer_id);
   request.set_min_interval_ms(min_interval_ms);
   grpc::ClientContext context;
+  impl_->Bind(&context);
   std::unique_ptr<grpc::ClientReader<v1::TransferEvent>> reader =
       impl_->transfer_->WatchTransfer(&context, request);
   v1::TransferEvent event;
@@ -760,6 +816,7 @@ absl::StatusOr<v1::TransferStatus> Client::Watch(
 absl::StatusOr<v1::ListRegionsResponse> Client::ListRegions() {
   v1::ListRegionsResponse response;
   grpc::ClientContext context;
+  impl_->Bind(&context);
   SetDeadline(&context, kUnaryDeadline);
   KVRAIL_RETURN_IF_ERROR(
       FromGrpcStatus(impl_->admin_->ListRegions(&context, v1::ListRegionsRequest(), &response)));
@@ -778,6 +835,7 @@ absl::StatusOr<v1::ListTransfersResponse> Client::ListTransfers(
     const v1::ListTransfersRequest& request) {
   v1::ListTransfersResponse response;
   grpc::ClientContext context;
+  impl_->Bind(&context);
   SetDeadline(&context, kUnaryDeadline);
   KVRAIL_RETURN_IF_ERROR(FromGrpcStatus(impl_->admin_->ListTransfers(&context, request, &response)));
   return response;
@@ -786,6 +844,7 @@ absl::StatusOr<v1::ListTransfersResponse> Client::ListTransfers(
 absl::StatusOr<v1::ListPeersResponse> Client::ListPeers() {
   v1::ListPeersResponse response;
   grpc::ClientContext context;
+  impl_->Bind(&context);
   SetDeadline(&context, kUnaryDeadline);
   KVRAIL_RETURN_IF_ERROR(
       FromGrpcStatus(impl_->admin_->ListPeers(&context, v1::ListPeersRequest(), &response)));
@@ -795,6 +854,7 @@ absl::StatusOr<v1::ListPeersResponse> Client::ListPeers() {
 absl::StatusOr<v1::Stats> Client::GetStats() {
   v1::Stats response;
   grpc::ClientContext context;
+  impl_->Bind(&context);
   SetDeadline(&context, kUnaryDeadline);
   KVRAIL_RETURN_IF_ERROR(
       FromGrpcStatus(impl_->admin_->GetStats(&context, v1::GetStatsRequest(), &response)));
@@ -804,6 +864,7 @@ absl::StatusOr<v1::Stats> Client::GetStats() {
 absl::StatusOr<v1::GetTopologyResponse> Client::GetTopology() {
   v1::GetTopologyResponse response;
   grpc::ClientContext context;
+  impl_->Bind(&context);
   SetDeadline(&context, kUnaryDeadline);
   KVRAIL_RETURN_IF_ERROR(
       FromGrpcStatus(impl_->admin_->GetTopology(&context, v1::GetTopologyRequest(), &response)));

@@ -135,6 +135,16 @@ class Client {
       uint64_t transfer_id, const std::function<bool(const v1::TransferEvent&)>& on_event,
       uint32_t min_interval_ms = 0);
 
+  // --- Grants (docs/security.md) -------------------------------------------------------------
+  // Lets another party read (access READ: a transfer's source, ready flags) or write (WRITE: a
+  // destination, arrival flags) region `region_id`, which this client's session must own: the
+  // returned token goes to that party out of band and into its TransferEndpoint.grant /
+  // FlagArray.grant. `ttl` zero: 10 minutes. Layers [layer_begin, layer_end) (both 0: all).
+  absl::StatusOr<v1::Grant> CreateGrant(uint64_t region_id, v1::GrantAccess access,
+                                        absl::Duration ttl = absl::ZeroDuration(),
+                                        uint32_t layer_begin = 0, uint32_t layer_end = 0);
+  absl::Status RevokeGrant(const std::string& token);
+
   // --- Notifications (TransferSpec.notification) ---------------------------------------------
   // Notifications queued for this client's session (opened on first use), oldest first: up to
   // `max` (0: 256), waiting up to `timeout` (at most 60 s; zero: do not wait) for the first.

@@ -218,6 +218,11 @@ absl::Status Run(v1::DaemonConfig config) {
   server_options.topology = topology;
   server_options.listen.push_back("unix:" + config.unix_socket());
   if (!config.tcp_listen().empty()) server_options.listen.push_back(config.tcp_listen());
+  server_options.tcp_serves_api = config.tcp_serves_api();
+  if (config.tcp_serves_api()) {
+    spdlog::warn("tcp_serves_api: Transfer and Admin answer on {} too (anonymous callers: they "
+                 "reach regions only through grants)", config.tcp_listen());
+  }
   for (const auto& [node, address] : config.peers()) {
     v1::PeerInfo peer;
     peer.set_node_id(node);

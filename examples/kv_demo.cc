@@ -246,9 +246,15 @@ int Prefill(const std::string& socket, const std::string& info_path, uint64_t se
   spec.set_writable(writable);
   absl::StatusOr<v1::RegionInfo> region = RegisterDemoPool(**client, *pool, spec);
   if (!region.ok()) return Fail("prefill", region.status());
+  // The decode process may read this pool: a grant travels with the info, as a router would
+  // pass it with the request (without it the daemon refuses another session's read).
+  absl::StatusOr<v1::Grant> grant =
+      (*client)->CreateGrant(region->region_id(), v1::GRANT_ACCESS_READ, absl::Minutes(10));
+  if (!grant.ok()) return Fail("prefill", grant.status());
 
   nlohmann::json info = {
       {"region_id", region->region_id()},
+      {"grant", grant->token()},
       {"session_id", region->session_id()},
       {"block_ids", blocks},
       {"seed", seed},
@@ -309,6 +315,7 @@ int Decode(const std::string& socket, const std::string& info_path, uint32_t poo
   if (!info.ok()) return Fail("decode", info.status());
   Shape shape;
   uint64_t seed = 0, src_region = 0;
+  std::string src_grant;
   std::vector<uint32_t> src_blocks;
   try {
     const nlohmann::json& j = *info;
@@ -320,6 +327,7 @@ int Decode(const std::string& socket, const std::string& info_path, uint32_t poo
     shape.tokens = j.at("num_tokens");
     seed = j.at("seed");
     src_region = j.at("region_id");
+    src_grant = j.at("grant").get<std::string>();
     src_blocks = j.at("block_ids").get<std::vector<uint32_t>>();
     if (j.at("dtype") != "bf16" || j.at("order") != "LAYER_PART_BLOCK_NHD") {
       return Fail("decode", absl::InvalidArgumentError("info: only bf16 NHD is supported"));
@@ -356,6 +364,7 @@ int Decode(const std::string& socket, const std::string& info_path, uint32_t poo
       ScatteredBlocks(shape.pool_blocks, shape.prompt_blocks(), seed ^ kDecodePermutationSalt);
   v1::TransferSpec transfer =
       MakeBlockTransfer(src_region, src_blocks, region->region_id(), dst_blocks);
+  transfer.mutable_src()->set_grant(src_grant);
   transfer.set_num_tokens(shape.tokens);
   transfer.set_priority(v1::PRIORITY_CRITICAL);
   transfer.set_timeout_ms(timeout_ms);

@@ -40,16 +40,19 @@ absl::Status InContext(const absl::Status& status, absl::string_view path,
 // Thread contract: see SessionConnection; mu_ serialises whole exchanges.
 class SessionConnectionImpl final : public SessionConnection {
  public:
-  SessionConnectionImpl(UniqueFd sock, uint64_t id, std::string path, std::string instance)
+  SessionConnectionImpl(UniqueFd sock, uint64_t id, std::string path, std::string instance,
+                        std::string secret)
       : raw_sock_(sock.get()),
         sock_(std::move(sock)),
         id_(id),
         path_(std::move(path)),
-        instance_(std::move(instance)) {}
+        instance_(std::move(instance)),
+        secret_(std::move(secret)) {}
 
   uint64_t session_id() const override { return id_; }
   const std::string& path() const override { return path_; }
   const std::string& instance_id() const override { return instance_; }
+  const std::string& secret() const override { return secret_; }
 
   bool PeerClosed() const override {
     struct pollfd p = {raw_sock_, POLLRDHUP, 0};
@@ -117,6 +120,7 @@ class SessionConnectionImpl final : public SessionConnection {
   const uint64_t id_;
   const std::string path_;
   const std::string instance_;
+  const std::string secret_;
 };
 
 }  // namespace
@@ -155,7 +159,8 @@ absl::StatusOr<std::unique_ptr<SessionConnection>> SessionConnection::Open(
   if (!id.ok()) return InContext(id.status(), session_socket_path);
   return std::unique_ptr<SessionConnection>(
       new SessionConnectionImpl(std::move(sock), *id, session_socket_path,
-                                ParseGreetingInstance(*greeting)));
+                                ParseGreetingInstance(*greeting),
+                                ParseGreetingSecret(*greeting)));
 }
 
 }  // namespace kvrail::wire

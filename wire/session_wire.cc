@@ -17,6 +17,7 @@ namespace {
 
 constexpr absl::string_view kSession = "SESSION ";
 constexpr absl::string_view kInstance = "INSTANCE ";
+constexpr absl::string_view kSecret = "SECRET ";
 constexpr absl::string_view kToken = "TOKEN ";
 constexpr absl::string_view kError = "ERROR ";
 constexpr absl::string_view kSubmit = "SUBMIT ";
@@ -62,13 +63,32 @@ std::string SessionSocketPath(const std::string& grpc_socket_path) {
 
 // --- Packets -------------------------------------------------------------------------------------
 
-std::string EncodeGreeting(uint64_t session_id, absl::string_view instance_id) {
+std::string EncodeGreeting(uint64_t session_id, absl::string_view instance_id,
+                           absl::string_view secret) {
   std::string greeting = absl::StrCat(kSession, session_id);
   if (!instance_id.empty()) {
     greeting.push_back('\0');
     absl::StrAppend(&greeting, kInstance, instance_id);
   }
+  if (!secret.empty()) {
+    greeting.push_back('\0');
+    absl::StrAppend(&greeting, kSecret, secret);
+  }
   return greeting;
+}
+
+std::string SessionMetadataValue(uint64_t session_id, absl::string_view secret) {
+  return absl::StrCat(session_id, ".", secret);
+}
+
+std::optional<std::pair<uint64_t, std::string>> ParseSessionMetadata(absl::string_view value) {
+  const size_t dot = value.find('.');
+  uint64_t id = 0;
+  if (dot == absl::string_view::npos || !absl::SimpleAtoi(value.substr(0, dot), &id) || id == 0 ||
+      dot + 1 >= value.size()) {
+    return std::nullopt;
+  }
+  return std::make_pair(id, std::string(value.substr(dot + 1)));
 }
 std::string EncodeToken(absl::string_view token) { return absl::StrCat(kToken, token); }
 std::string EncodeError(absl::string_view message) { return absl::StrCat(kError, message); }
@@ -131,16 +151,37 @@ absl::StatusOr<uint64_t> ParseGreeting(absl::string_view packet) {
   return id;
 }
 
-std::string ParseGreetingInstance(absl::string_view packet) {
-  const size_t nul = packet.find('\0');
-  if (nul == absl::string_view::npos) return "";
-  absl::string_view text = Line(packet.substr(nul + 1));
-  if (!absl::ConsumePrefix(&text, kInstance) || text.empty() || text.size() > 64) return "";
-  for (char c : text) {
-    if (!absl::ascii_isalnum(static_cast<unsigned char>(c))) return "";
+namespace {
+
+// The NUL-separated part of a greeting that starts with `key` (alphanumeric, at most 64
+// characters), or "".
+std::string GreetingPart(absl::string_view packet, absl::string_view key) {
+  size_t at = packet.find('\0');
+  while (at != absl::string_view::npos) {
+    const size_t next = packet.find('\0', at + 1);
+    absl::string_view part = packet.substr(at + 1, next == absl::string_view::npos
+                                                       ? absl::string_view::npos
+                                                       : next - at - 1);
+    absl::string_view text = Line(part);
+    if (absl::ConsumePrefix(&text, key)) {
+      if (text.empty() || text.size() > 64) return "";
+      for (char c : text) {
+        if (!absl::ascii_isalnum(static_cast<unsigned char>(c))) return "";
+      }
+      return std::string(text);
+    }
+    at = next;
   }
-  return std::string(text);
+  return "";
 }
+
+}  // namespace
+
+std::string ParseGreetingInstance(absl::string_view packet) {
+  return GreetingPart(packet, kInstance);
+}
+
+std::string ParseGreetingSecret(absl::string_view packet) { return GreetingPart(packet, kSecret); }
 
 absl::StatusOr<std::string> ParseTokenAnswer(absl::string_view packet) {
   absl::string_view text = Line(packet);

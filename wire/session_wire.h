@@ -61,8 +61,11 @@ std::string SessionSocketPath(const std::string& grpc_socket_path);
 // --- Packets -----------------------------------------------------------------------------------
 
 // Daemon -> client.
-// "SESSION <id>", then NUL "INSTANCE <instance_id>" when `instance_id` is not empty.
-std::string EncodeGreeting(uint64_t session_id, absl::string_view instance_id = "");
+// "SESSION <id>", then NUL "INSTANCE <instance_id>" when `instance_id` is not empty, then NUL
+// "SECRET <secret>" when `secret` is not empty (the session's credential for gRPC calls: sent
+// only on this connection; kvrail_client.h attaches it as `kvrail-session` metadata).
+std::string EncodeGreeting(uint64_t session_id, absl::string_view instance_id = "",
+                           absl::string_view secret = "");
 std::string EncodeToken(absl::string_view token);  // "TOKEN <token>"
 std::string EncodeError(absl::string_view message);  // "ERROR <message>"
 std::string EncodeSubmitted(const v1::SubmitTransferResponse& response);
@@ -95,6 +98,13 @@ absl::StatusOr<uint64_t> ParseGreeting(absl::string_view packet);
 // The daemon instance a greeting names (what follows NUL "INSTANCE "), or "" when it names none
 // (an older daemon) or the part is malformed.
 std::string ParseGreetingInstance(absl::string_view packet);
+// The session secret a greeting carries (what follows NUL "SECRET "), or "" when none.
+std::string ParseGreetingSecret(absl::string_view packet);
+// The gRPC metadata key and value that bind a call to a session.
+inline constexpr char kSessionMetadataKey[] = "kvrail-session";
+std::string SessionMetadataValue(uint64_t session_id, absl::string_view secret);
+// (session id, secret) from a metadata value; nullopt when it is not "<id>.<secret>".
+std::optional<std::pair<uint64_t, std::string>> ParseSessionMetadata(absl::string_view value);
 // The answer to FD: the token; FAILED_PRECONDITION with the daemon's message for "ERROR ...";
 // INTERNAL quoting the packet for anything else. Trailing whitespace or NUL is tolerated.
 absl::StatusOr<std::string> ParseTokenAnswer(absl::string_view packet);
@@ -173,6 +183,8 @@ class SessionConnection {
   virtual const std::string& path() const = 0;
   // The daemon instance the greeting named ("" from an older daemon).
   virtual const std::string& instance_id() const = 0;
+  // The session's secret from the greeting ("" from an older daemon).
+  virtual const std::string& secret() const = 0;
 
   // Whether the daemon has closed the connection (it stopped or died), checked without waiting
   // and without reading anything.

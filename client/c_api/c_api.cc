@@ -572,6 +572,30 @@ int kvrail_list_transfers_filtered(kvrail_client* handle, const uint8_t* request
       });
 }
 
+int kvrail_create_grant(kvrail_client* handle, uint64_t region_id, int32_t access, uint64_t ttl_ms,
+                        uint32_t layer_begin, uint32_t layer_end, uint8_t** out, size_t* out_len) {
+  return kvrail::c_api::MessageCall(
+      handle, out, out_len, [&](Client& client) -> absl::StatusOr<v1::Grant> {
+        if (!v1::GrantAccess_IsValid(access) || access == v1::GRANT_ACCESS_UNSPECIFIED) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("access: ", access, " is not GRANT_ACCESS_READ (1) or WRITE (2)"));
+        }
+        if (ttl_ms > 86400000) {
+          return absl::InvalidArgumentError(absl::StrCat("ttl_ms: ", ttl_ms, " is above a day"));
+        }
+        return client.CreateGrant(region_id, static_cast<v1::GrantAccess>(access),
+                                  absl::Milliseconds(ttl_ms), layer_begin, layer_end);
+      });
+}
+
+int kvrail_revoke_grant(kvrail_client* handle, const char* token) {
+  return Guard([&]() -> absl::Status {
+    KVRAIL_ASSIGN_OR_RETURN(std::shared_ptr<Client> client, FindClient(handle));
+    if (token == nullptr) return absl::InvalidArgumentError("token: NULL");
+    return client->RevokeGrant(token);
+  });
+}
+
 int kvrail_poll_notifications(kvrail_client* handle, uint32_t max, int64_t timeout_ms,
                               uint8_t** out, size_t* out_len) {
   return kvrail::c_api::MessageCall(

@@ -199,6 +199,15 @@ int kvrail_get_stats(kvrail_client* client, uint8_t** out, size_t* out_len);
 int kvrail_list_transfers_filtered(kvrail_client* client, const uint8_t* request,
                                    size_t request_len, uint8_t** out, size_t* out_len);
 
+/* --- Grants (docs/security.md) ---------------------------------------------------------------- */
+/* Lets another party read (`access` 1, kvrail.v1.GRANT_ACCESS_READ) or write (2, WRITE) a region
+ * this client's session owns; hand the token to that party, which names it in
+ * TransferEndpoint.grant or FlagArray.grant. `ttl_ms` 0: 10 minutes; layers [layer_begin,
+ * layer_end) (both 0: all). Out: the serialized kvrail.v1.Grant (its `token` field). */
+int kvrail_create_grant(kvrail_client* client, uint64_t region_id, int32_t access, uint64_t ttl_ms,
+                        uint32_t layer_begin, uint32_t layer_end, uint8_t** out, size_t* out_len);
+int kvrail_revoke_grant(kvrail_client* client, const char* token);
+
 /* --- Notifications (TransferSpec.notification) ------------------------------------------------ */
 /* Notifications queued for this client's session (opened on first use), oldest first: at most
  * `max` (0: 256), waiting up to `timeout_ms` (0..60000; 0: do not wait) for the first. Out: a

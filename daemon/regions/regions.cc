@@ -21,6 +21,7 @@
 #include "base/cuda/cuda_util.h"
 #include "daemon/regions/cuda_import.h"
 #include "daemon/regions/cuda_vmm.h"
+#include "daemon/regions/grants.h"
 #include "daemon/regions/host_mapping.h"
 #include "daemon/regions/layered_region.h"
 
@@ -213,6 +214,10 @@ class RegionTableImpl final : public RegionTable {
         return absl::InvalidArgumentError(
             "spec.share.cuda_ipc_handle: CUDA IPC handles share CUDA memory, not host memory "
             "(set spec.memory_kind = MEMORY_KIND_CUDA)");
+      case v1::RegionShare::kCudaVmm:
+        return absl::InvalidArgumentError(
+            "spec.share.cuda_vmm: cuMem chunks share CUDA memory, not host memory (set "
+            "spec.memory_kind = MEMORY_KIND_CUDA)");
       case v1::RegionShare::VIA_NOT_SET:
         return absl::InvalidArgumentError(
             "spec.share: say how the memory is shared (fd_token or shm_name)");
@@ -266,9 +271,146 @@ class RegionTableImpl final : public RegionTable {
   }
 
   uint64_t BeginSession() override {
+    std::string secret = RandomHex128();  // outside the lock: random_device may block briefly
     absl::MutexLock lock(&mu_);
     open_sessions_.insert(next_session_);
+    sessions_[next_session_] = SessionInfo{std::move(secret), -1};
     return next_session_++;
+  }
+
+  std::string SessionSecret(uint64_t session_id) const override {
+    absl::MutexLock lock(&mu_);
+    auto it = sessions_.find(session_id);
+    return it == sessions_.end() ? std::string() : it->second.secret;
+  }
+
+  void SetSessionPeer(uint64_t session_id, uint32_t uid) override {
+    absl::MutexLock lock(&mu_);
+    auto it = sessions_.find(session_id);
+    if (it != sessions_.end()) it->second.uid = static_cast<int64_t>(uid);
+  }
+
+  absl::StatusOr<Caller> Authenticate(uint64_t session_id,
+                                      absl::string_view secret) const override {
+    absl::MutexLock lock(&mu_);
+    auto it = sessions_.find(session_id);
+    // The comparison looks at every character whatever matches, so timing says nothing.
+    bool same = it != sessions_.end() && it->second.secret.size() == secret.size();
+    if (it != sessions_.end()) {
+      unsigned diff = it->second.secret.size() ^ secret.size();
+      for (size_t i = 0; i < secret.size() && i < it->second.secret.size(); ++i) {
+        diff |= static_cast<unsigned char>(it->second.secret[i]) ^
+                static_cast<unsigned char>(secret[i]);
+      }
+      same = same && diff == 0;
+    }
+    if (!same) {
+      return absl::UnauthenticatedError(
+          "kvrail-session: not an open session of this daemon, or the wrong secret");
+    }
+    return CallerOfLocked(session_id);
+  }
+
+  absl::Status Unregister(uint64_t region_id, const Caller& caller) override {
+    absl::MutexLock lock(&mu_);
+    auto it = regions_.find(region_id);
+    if (it == regions_.end()) {
+      return absl::NotFoundError(absl::StrCat("region_id: no region ", region_id));
+    }
+    if (caller.session_id == 0 || it->second->session_id() != caller.session_id) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          "region_id: region ", region_id,
+          " belongs to another session; only its owner may unregister it"));
+    }
+    regions_.erase(it);
+    grants_.DropRegion(region_id);
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<v1::Grant> CreateGrant(const v1::CreateGrantRequest& request,
+                                        const Caller& caller) override {
+    if (request.access() != v1::GRANT_ACCESS_READ && request.access() != v1::GRANT_ACCESS_WRITE) {
+      return absl::InvalidArgumentError("access: GRANT_ACCESS_READ or GRANT_ACCESS_WRITE");
+    }
+    if (request.ttl_ms() > 86400000) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("ttl_ms: ", request.ttl_ms(), " is more than a day (86400000)"));
+    }
+    if (request.layer_end() < request.layer_begin() ||
+        (request.layer_end() == request.layer_begin() && request.layer_begin() != 0)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("layer_end: ", request.layer_end(), " must be above layer_begin ",
+                       request.layer_begin(), " (both 0: every layer)"));
+    }
+    absl::MutexLock lock(&mu_);
+    auto it = regions_.find(request.region_id());
+    if (it == regions_.end()) {
+      return absl::NotFoundError(absl::StrCat("region_id: no region ", request.region_id()));
+    }
+    const Region& region = *it->second;
+    if (caller.session_id == 0 || region.session_id() != caller.session_id) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          "region_id: region ", request.region_id(),
+          " belongs to another session; only its owner may grant access to it"));
+    }
+    if (request.access() == v1::GRANT_ACCESS_WRITE && !region.spec().writable()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "access: region ", request.region_id(), " is not writable (RegionSpec.writable)"));
+    }
+    if (request.layer_end() != 0 &&
+        (!region.view().paged || request.layer_end() > region.view().layout.num_layers)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "layer_end: ", request.layer_end(), " is beyond the region's layers"));
+    }
+    return grants_.Create(request, region.session_id(), clock_->NowUnixMicros());
+  }
+
+  absl::Status RevokeGrant(const std::string& token, const Caller& caller) override {
+    absl::MutexLock lock(&mu_);
+    KVRAIL_ASSIGN_OR_RETURN(v1::Grant grant,
+                            grants_.Find(token, clock_->NowUnixMicros(), "token"));
+    auto it = regions_.find(grant.region_id());
+    const bool owner = it != regions_.end() && caller.session_id != 0 &&
+                       it->second->session_id() == caller.session_id;
+    if (!owner) {
+      return absl::PermissionDeniedError(
+          "token: only the owner of the grant's region may revoke it");
+    }
+    grants_.Revoke(token);
+    return absl::OkStatus();
+  }
+
+  absl::Status CheckAccess(const Region& region, uint64_t session_id, const std::string& grant,
+                           v1::GrantAccess access, uint32_t layer_begin, uint32_t layer_end,
+                           absl::string_view field) const override {
+    if (session_id != 0 && region.session_id() == session_id) return absl::OkStatus();
+    const char* verb = access == v1::GRANT_ACCESS_WRITE ? "write" : "read";
+    if (grant.empty()) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          field, ".region_id: region ", region.id(), " belongs to another session; to ", verb,
+          " it, pass a grant of its owner in ", field, ".grant (Transfer.CreateGrant)"));
+    }
+    const std::string grant_field = absl::StrCat(field, ".grant");
+    absl::MutexLock lock(&mu_);
+    absl::StatusOr<v1::Grant> found = grants_.Find(grant, clock_->NowUnixMicros(), grant_field);
+    if (!found.ok()) return absl::PermissionDeniedError(found.status().message());
+    if (found->region_id() != region.id()) {
+      return absl::PermissionDeniedError(absl::StrCat(grant_field, ": the grant is for region ",
+                                                      found->region_id(), ", not region ",
+                                                      region.id()));
+    }
+    if (found->access() != access) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          grant_field, ": the grant lets the holder ",
+          found->access() == v1::GRANT_ACCESS_WRITE ? "write" : "read", ", not ", verb));
+    }
+    if (found->layer_end() != 0 &&
+        (layer_end == 0 || layer_begin < found->layer_begin() || layer_end > found->layer_end())) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          grant_field, ": the grant covers layers [", found->layer_begin(), ", ",
+          found->layer_end(), "), the transfer touches [", layer_begin, ", ", layer_end, ")"));
+    }
+    return absl::OkStatus();
   }
 
   bool SessionOpen(uint64_t session_id) const override {
@@ -300,6 +442,8 @@ class RegionTableImpl final : public RegionTable {
       std::vector<std::shared_ptr<Region>> dropped;  // unmapped outside the lock
       absl::MutexLock lock(&mu_);
       open_sessions_.erase(session_id);
+      sessions_.erase(session_id);
+      grants_.DropOwner(session_id);
       hooks = end_hooks_;
       EndSessionLocked(session_id, &dropped);
     }
@@ -518,6 +662,15 @@ class RegionTableImpl final : public RegionTable {
     return region;
   }
 
+  Caller CallerOfLocked(uint64_t session_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    Caller caller;
+    caller.session_id = session_id;
+    auto it = sessions_.find(session_id);
+    const int64_t uid = it == sessions_.end() ? -1 : it->second.uid;
+    caller.operator_role = uid == 0 || (uid >= 0 && uid == static_cast<int64_t>(::geteuid()));
+    return caller;
+  }
+
   static absl::StatusOr<planner::RegionView> Validate(const v1::RegionSpec& spec,
                                                       bool per_layer) {
     if (spec.memory_kind() == v1::MEMORY_KIND_UNSPECIFIED) {
@@ -555,6 +708,12 @@ class RegionTableImpl final : public RegionTable {
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t next_session_ ABSL_GUARDED_BY(mu_) = 1;
   absl::flat_hash_set<uint64_t> open_sessions_ ABSL_GUARDED_BY(mu_);
+  struct SessionInfo {
+    std::string secret;
+    int64_t uid = -1;  // SO_PEERCRED of its connection; -1 unknown
+  };
+  absl::flat_hash_map<uint64_t, SessionInfo> sessions_ ABSL_GUARDED_BY(mu_);
+  GrantTable grants_ ABSL_GUARDED_BY(mu_);
   std::vector<std::function<void(uint64_t)>> end_hooks_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, std::shared_ptr<Region>> regions_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, PendingFd> tokens_ ABSL_GUARDED_BY(mu_);

@@ -10,11 +10,13 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "base/clock.h"
 #include "base/unique_fd.h"
 #include "daemon/planner/planner.h"
 #include "daemon/regions/device_uuid.h"
 #include "proto/kvrail/v1/region.pb.h"
+#include "proto/kvrail/v1/transfer.pb.h"
 
 namespace kvrail::regions {
 
@@ -64,6 +66,16 @@ struct IdBases {
 // until an instance has issued 2^32 ids). Thread-safe (std::random_device).
 IdBases RandomIdBases();
 
+// Who is calling (docs/security.md). A session is a connection to the session socket; calls
+// over gRPC are bound to one by their `kvrail-session` metadata (wire/session_wire.h).
+struct Caller {
+  uint64_t session_id = 0;  // 0: anonymous (owns nothing)
+  // uid 0 or the daemon's own uid (SO_PEERCRED of the session's connection): may list every
+  // region and transfer. Changes nothing it does not own (unregister, cancel, grants) and moves
+  // no bytes without ownership or a grant either.
+  bool operator_role = false;
+};
+
 // The daemon's region registry. Thread-safe.
 class RegionTable {
  public:
@@ -77,8 +89,10 @@ class RegionTable {
   // the memory. fd tokens are consumed and must belong to `session_id`.
   virtual absl::StatusOr<std::shared_ptr<Region>> Register(const v1::RegionSpec& spec,
                                                            uint64_t session_id) = 0;
-  // NOT_FOUND for unknown ids.
+  // NOT_FOUND for unknown ids. The daemon's own use (no caller check).
   virtual absl::Status Unregister(uint64_t region_id) = 0;
+  // As a caller: only the owning session (PERMISSION_DENIED naming region_id).
+  virtual absl::Status Unregister(uint64_t region_id, const Caller& caller) = 0;
   virtual absl::StatusOr<std::shared_ptr<Region>> Get(uint64_t region_id) const = 0;
   virtual std::vector<v1::RegionInfo> List() const = 0;
   virtual size_t size() const = 0;
@@ -94,6 +108,34 @@ class RegionTable {
   // table's lock, on the thread ending the session). For daemon wiring (notification queues):
   // add hooks before sessions begin; they live as long as the table.
   virtual void AddSessionEndHook(std::function<void(uint64_t)> hook) = 0;
+
+  // --- Identity and grants (docs/security.md) ---
+  // The session's secret (128 random bits, hex), drawn at BeginSession; "" for unknown sessions.
+  virtual std::string SessionSecret(uint64_t session_id) const = 0;
+  // The uid of the process on the session's connection (SO_PEERCRED), which decides whether the
+  // session is the operator's.
+  virtual void SetSessionPeer(uint64_t session_id, uint32_t uid) = 0;
+  // The caller a `kvrail-session` credential names: UNAUTHENTICATED when the session is not
+  // open or the secret differs.
+  virtual absl::StatusOr<Caller> Authenticate(uint64_t session_id,
+                                              absl::string_view secret) const = 0;
+  // A grant of `request.region_id` by its owner. INVALID_ARGUMENT naming the
+  // field (access, ttl_ms, layer range), NOT_FOUND for unknown regions, PERMISSION_DENIED when
+  // the caller does not own the region, RESOURCE_EXHAUSTED beyond 4096 live grants per session.
+  virtual absl::StatusOr<v1::Grant> CreateGrant(const v1::CreateGrantRequest& request,
+                                                const Caller& caller) = 0;
+  // NOT_FOUND naming token for unknown or expired grants; PERMISSION_DENIED unless the caller
+  // owns the grant's region.
+  virtual absl::Status RevokeGrant(const std::string& token, const Caller& caller) = 0;
+  // OK when session `session_id` (0: none) owns `region`, or `grant` is a live grant of
+  // `access` for it covering layers [layer_begin, layer_end) (both 0: the transfer's layers are
+  // not known or the region is a bytes region: only whole-region grants pass). Otherwise
+  // PERMISSION_DENIED naming `field` (".grant" or ".region_id"); its message never contains the
+  // region's contents.
+  virtual absl::Status CheckAccess(const Region& region, uint64_t session_id,
+                                   const std::string& grant, v1::GrantAccess access,
+                                   uint32_t layer_begin, uint32_t layer_end,
+                                   absl::string_view field) const = 0;
 };
 
 }  // namespace kvrail::regions

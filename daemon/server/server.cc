@@ -8,6 +8,8 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "base/grpc_status.h"
+#include "base/status.h"
+#include "wire/session_wire.h"
 #include "proto/kvrail/v1/admin.grpc.pb.h"
 #include "proto/kvrail/v1/transfer.grpc.pb.h"
 #include "spdlog/spdlog.h"
@@ -15,15 +17,67 @@
 namespace kvrail::server {
 namespace {
 
+// The caller of a Transfer or Admin call (docs/security.md): anonymous without `kvrail-session`
+// metadata, UNAUTHENTICATED with a wrong one, PERMISSION_DENIED over TCP unless the API is served
+// there.
+absl::StatusOr<regions::Caller> CallerOf(grpc::ServerContext* context,
+                                         const regions::RegionTable& regions,
+                                         bool tcp_serves_api) {
+  if (!tcp_serves_api && context->peer().rfind("unix:", 0) != 0) {
+    return absl::PermissionDeniedError(
+        "Transfer and Admin calls are served on kvraild's unix socket only (TCP serves the Peer "
+        "service; DaemonConfig.tcp_serves_api opts in)");
+  }
+  const auto& metadata = context->client_metadata();
+  auto it = metadata.find(wire::kSessionMetadataKey);
+  if (it == metadata.end()) return regions::Caller{};
+  const absl::string_view value(it->second.data(), it->second.size());
+  std::optional<std::pair<uint64_t, std::string>> parsed = wire::ParseSessionMetadata(value);
+  if (!parsed.has_value()) {
+    return absl::UnauthenticatedError("kvrail-session: not \"<session id>.<secret>\"");
+  }
+  return regions.Authenticate(parsed->first, parsed->second);
+}
+
+#define KVRAIL_CALLER_OR_RETURN(caller)                                                  \
+  absl::StatusOr<regions::Caller> caller##_or = CallerOf(context, *regions_, tcp_api_); \
+  if (!caller##_or.ok()) return ToGrpcStatus(caller##_or.status());                       \
+  const regions::Caller caller = *caller##_or
+
+// PERMISSION_DENIED unless `caller` submitted transfer `id` (the operator included: it ends a
+// tenant's work by ending the tenant, not by reaching into its transfers).
+absl::Status CheckSubmitter(transfers::TransferManager& transfers, uint64_t id,
+                            const regions::Caller& caller) {
+  KVRAIL_ASSIGN_OR_RETURN(const v1::TransferStatus status, transfers.Get(id));
+  if (caller.session_id == 0 || status.spec().session_id() != caller.session_id) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "transfer_id: transfer ", id, " was submitted by another session; only its submitter "
+        "may cancel it or mark its layers ready"));
+  }
+  return absl::OkStatus();
+}
+
 class TransferService final : public v1::Transfer::Service {
  public:
   TransferService(regions::RegionTable* regions, transfers::TransferManager* transfers,
-                  transfers::NotificationHub* notifications)
-      : regions_(regions), transfers_(transfers), notifications_(notifications) {}
+                  transfers::NotificationHub* notifications, bool tcp_api)
+      : regions_(regions), transfers_(transfers), notifications_(notifications),
+        tcp_api_(tcp_api) {}
 
-  grpc::Status RegisterRegion(grpc::ServerContext*, const v1::RegisterRegionRequest* request,
+  grpc::Status RegisterRegion(grpc::ServerContext* context,
+                              const v1::RegisterRegionRequest* request,
                               v1::RegisterRegionResponse* response) override {
-    auto region = regions_->Register(request->spec(), request->session_id());
+    KVRAIL_CALLER_OR_RETURN(caller);
+    if (caller.session_id == 0) {
+      return ToGrpcStatus(absl::PermissionDeniedError(
+          "session_id: regions belong to a session; register over the unix socket with the "
+          "session's kvrail-session credentials (the client library does)"));
+    }
+    if (request->session_id() != 0 && request->session_id() != caller.session_id) {
+      return ToGrpcStatus(absl::PermissionDeniedError(absl::StrCat(
+          "session_id: ", request->session_id(), " is not the caller's session")));
+    }
+    auto region = regions_->Register(request->spec(), caller.session_id);
     if (!region.ok()) return ToGrpcStatus(region.status());
     *response->mutable_region() = (*region)->Info();
     spdlog::info("region {} registered: '{}' {} bytes, session {}", (*region)->id(),
@@ -31,14 +85,21 @@ class TransferService final : public v1::Transfer::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status UnregisterRegion(grpc::ServerContext*, const v1::UnregisterRegionRequest* request,
+  grpc::Status UnregisterRegion(grpc::ServerContext* context,
+                                const v1::UnregisterRegionRequest* request,
                                 v1::UnregisterRegionResponse*) override {
-    return ToGrpcStatus(regions_->Unregister(request->region_id()));
+    KVRAIL_CALLER_OR_RETURN(caller);
+    return ToGrpcStatus(regions_->Unregister(request->region_id(), caller));
   }
 
-  grpc::Status SubmitTransfer(grpc::ServerContext*, const v1::SubmitTransferRequest* request,
+  grpc::Status SubmitTransfer(grpc::ServerContext* context,
+                              const v1::SubmitTransferRequest* request,
                               v1::SubmitTransferResponse* response) override {
-    auto accepted = transfers_->Submit(request->spec());
+    KVRAIL_CALLER_OR_RETURN(caller);
+    // The submitter is who the credentials say, whatever the spec claims.
+    v1::TransferSpec spec = request->spec();
+    spec.set_session_id(caller.session_id);
+    auto accepted = transfers_->Submit(spec);
     if (!accepted.ok()) {
       spdlog::info("transfer rejected: {}", accepted.status().ToString());
       return ToGrpcStatus(accepted.status());
@@ -47,13 +108,17 @@ class TransferService final : public v1::Transfer::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status GetTransfer(grpc::ServerContext*, const v1::GetTransferRequest* request,
+  grpc::Status GetTransfer(grpc::ServerContext* context, const v1::GetTransferRequest* request,
                            v1::TransferStatus* response) override {
+    KVRAIL_CALLER_OR_RETURN(caller);
+    (void)caller;
     return Fill(transfers_->Get(request->transfer_id()), response);
   }
 
   grpc::Status WaitTransfer(grpc::ServerContext* context, const v1::WaitTransferRequest* request,
                             v1::TransferStatus* response) override {
+    KVRAIL_CALLER_OR_RETURN(caller);
+    (void)caller;
     absl::Duration timeout = request->timeout_ms() == 0
                                  ? absl::InfiniteDuration()
                                  : absl::Milliseconds(request->timeout_ms());
@@ -73,6 +138,8 @@ class TransferService final : public v1::Transfer::Service {
 
   grpc::Status WatchTransfer(grpc::ServerContext* context, const v1::WatchTransferRequest* request,
                              grpc::ServerWriter<v1::TransferEvent>* writer) override {
+    KVRAIL_CALLER_OR_RETURN(caller);
+    (void)caller;
     const absl::Duration interval =
         absl::Milliseconds(request->min_interval_ms() == 0 ? 50 : request->min_interval_ms());
     return ToGrpcStatus(transfers_->Watch(request->transfer_id(), interval,
@@ -81,19 +148,49 @@ class TransferService final : public v1::Transfer::Service {
                                     }));
   }
 
-  grpc::Status CancelTransfer(grpc::ServerContext*, const v1::CancelTransferRequest* request,
+  grpc::Status CancelTransfer(grpc::ServerContext* context,
+                              const v1::CancelTransferRequest* request,
                               v1::TransferStatus* response) override {
+    KVRAIL_CALLER_OR_RETURN(caller);
+    absl::Status allowed = CheckSubmitter(*transfers_, request->transfer_id(), caller);
+    if (!allowed.ok()) return ToGrpcStatus(allowed);
     return Fill(transfers_->Cancel(request->transfer_id()), response);
   }
 
-  grpc::Status MarkReady(grpc::ServerContext*, const v1::MarkReadyRequest* request,
+  grpc::Status MarkReady(grpc::ServerContext* context, const v1::MarkReadyRequest* request,
                          v1::MarkReadyResponse*) override {
+    KVRAIL_CALLER_OR_RETURN(caller);
+    absl::Status allowed = CheckSubmitter(*transfers_, request->transfer_id(), caller);
+    if (!allowed.ok()) return ToGrpcStatus(allowed);
     return ToGrpcStatus(
         transfers_->MarkReady(request->transfer_id(), request->layer_begin(), request->layer_count()));
   }
 
-  grpc::Status PollNotifications(grpc::ServerContext*, const v1::NotificationPollRequest* request,
+  grpc::Status CreateGrant(grpc::ServerContext* context, const v1::CreateGrantRequest* request,
+                           v1::Grant* response) override {
+    KVRAIL_CALLER_OR_RETURN(caller);
+    auto grant = regions_->CreateGrant(*request, caller);
+    if (!grant.ok()) return ToGrpcStatus(grant.status());
+    *response = *std::move(grant);
+    spdlog::debug("grant of region {} ({}) to be used by another party", response->region_id(),
+                  v1::GrantAccess_Name(response->access()));
+    return grpc::Status::OK;
+  }
+
+  grpc::Status RevokeGrant(grpc::ServerContext* context, const v1::RevokeGrantRequest* request,
+                           v1::RevokeGrantResponse*) override {
+    KVRAIL_CALLER_OR_RETURN(caller);
+    return ToGrpcStatus(regions_->RevokeGrant(request->token(), caller));
+  }
+
+  grpc::Status PollNotifications(grpc::ServerContext* context,
+                                 const v1::NotificationPollRequest* request,
                                  v1::NotificationPollResponse* response) override {
+    KVRAIL_CALLER_OR_RETURN(caller);
+    if (request->session_id() != caller.session_id) {
+      return ToGrpcStatus(absl::PermissionDeniedError(
+          "session_id: notifications are read by their own session only"));
+    }
     if (notifications_ == nullptr) {
       return ToGrpcStatus(absl::UnimplementedError("notifications: not enabled in this daemon"));
     }
@@ -111,6 +208,11 @@ class TransferService final : public v1::Transfer::Service {
   grpc::Status WatchNotifications(grpc::ServerContext* context,
                                   const v1::NotificationWatchRequest* request,
                                   grpc::ServerWriter<v1::Notification>* writer) override {
+    KVRAIL_CALLER_OR_RETURN(caller);
+    if (request->session_id() != caller.session_id) {
+      return ToGrpcStatus(absl::PermissionDeniedError(
+          "session_id: notifications are read by their own session only"));
+    }
     if (notifications_ == nullptr) {
       return ToGrpcStatus(absl::UnimplementedError("notifications: not enabled in this daemon"));
     }
@@ -142,31 +244,46 @@ class TransferService final : public v1::Transfer::Service {
   regions::RegionTable* const regions_;
   transfers::TransferManager* const transfers_;
   transfers::NotificationHub* const notifications_;
+  const bool tcp_api_;
 };
 
 class AdminService final : public v1::Admin::Service {
  public:
   AdminService(const ServerOptions& options, regions::RegionTable* regions,
                transfers::TransferManager* transfers)
-      : options_(options),
+      : tcp_api_(options.tcp_serves_api),
+        options_(options),
         regions_(regions),
         transfers_(transfers),
         started_us_(absl::ToUnixMicros(absl::Now())) {}
 
-  grpc::Status GetTopology(grpc::ServerContext*, const v1::GetTopologyRequest*,
+  grpc::Status GetTopology(grpc::ServerContext* context, const v1::GetTopologyRequest*,
                            v1::GetTopologyResponse* response) override {
+    KVRAIL_CALLER_OR_RETURN(caller);
+    (void)caller;
     *response = options_.topology;
     return grpc::Status::OK;
   }
 
-  grpc::Status ListRegions(grpc::ServerContext*, const v1::ListRegionsRequest*,
+  // The operator sees every region; anyone else only its own session's (their handles and
+  // shm names are the owner's business).
+  grpc::Status ListRegions(grpc::ServerContext* context, const v1::ListRegionsRequest*,
                            v1::ListRegionsResponse* response) override {
-    for (auto& info : regions_->List()) *response->add_regions() = std::move(info);
+    KVRAIL_CALLER_OR_RETURN(caller);
+    for (auto& info : regions_->List()) {
+      if (!caller.operator_role &&
+          (caller.session_id == 0 || info.session_id() != caller.session_id)) {
+        continue;
+      }
+      *response->add_regions() = std::move(info);
+    }
     return grpc::Status::OK;
   }
 
-  grpc::Status ListTransfers(grpc::ServerContext*, const v1::ListTransfersRequest* request,
+  // The operator sees every transfer; anyone else those it submitted.
+  grpc::Status ListTransfers(grpc::ServerContext* context, const v1::ListTransfersRequest* request,
                              v1::ListTransfersResponse* response) override {
+    KVRAIL_CALLER_OR_RETURN(caller);
     transfers::ListFilter filter;
     for (int s : request->states()) filter.states.push_back(static_cast<v1::TransferState>(s));
     filter.limit = request->limit();
@@ -174,13 +291,19 @@ class AdminService final : public v1::Admin::Service {
     filter.label = request->label();
     filter.idempotency_key = request->idempotency_key();
     for (auto& status : transfers_->List(filter)) {
+      if (!caller.operator_role &&
+          (caller.session_id == 0 || status.spec().session_id() != caller.session_id)) {
+        continue;
+      }
       *response->add_transfers() = std::move(status);
     }
     return grpc::Status::OK;
   }
 
-  grpc::Status ListPeers(grpc::ServerContext*, const v1::ListPeersRequest*,
+  grpc::Status ListPeers(grpc::ServerContext* context, const v1::ListPeersRequest*,
                          v1::ListPeersResponse* response) override {
+    KVRAIL_CALLER_OR_RETURN(caller);
+    (void)caller;
     if (options_.list_peers) {
       for (auto& peer : options_.list_peers()) *response->add_peers() = std::move(peer);
       return grpc::Status::OK;
@@ -189,8 +312,10 @@ class AdminService final : public v1::Admin::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status GetStats(grpc::ServerContext*, const v1::GetStatsRequest*,
+  grpc::Status GetStats(grpc::ServerContext* context, const v1::GetStatsRequest*,
                         v1::Stats* response) override {
+    KVRAIL_CALLER_OR_RETURN(caller);
+    (void)caller;
     response->set_version(options_.version);
     response->set_node_id(options_.node_id);
     response->set_started_unix_us(started_us_);
@@ -201,6 +326,7 @@ class AdminService final : public v1::Admin::Service {
   }
 
  private:
+  const bool tcp_api_;  // declared first: initialised first
   const ServerOptions options_;
   regions::RegionTable* const regions_;
   transfers::TransferManager* const transfers_;
@@ -258,7 +384,8 @@ class ServerImpl final : public Server {
 absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& options,
                                                       regions::RegionTable* regions,
                                                       transfers::TransferManager* transfers) {
-  auto server = std::make_unique<ServerImpl>(std::make_unique<TransferService>(regions, transfers, options.notifications),
+  auto server = std::make_unique<ServerImpl>(std::make_unique<TransferService>(regions, transfers, options.notifications,
+                                                     options.tcp_serves_api),
                                              std::make_unique<AdminService>(options, regions, transfers));
   absl::Status status = server->Build(options);
   if (!status.ok()) return status;

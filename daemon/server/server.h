@@ -35,6 +35,9 @@ struct ServerOptions {
   // Where PollNotifications / WatchNotifications read (nullptr: they answer UNIMPLEMENTED).
   // Not owned; outlives the server.
   transfers::NotificationHub* notifications = nullptr;
+  // Serve Transfer and Admin calls arriving over TCP too (DaemonConfig.tcp_serves_api);
+  // otherwise they are PERMISSION_DENIED there (only the Peer service answers on TCP).
+  bool tcp_serves_api = false;
   // More services to serve on the same addresses (the fabric's Peer service). Not owned.
   std::vector<grpc::Service*> extra_services;
 };

@@ -102,7 +102,14 @@ class SessionServerImpl final : public SessionServer {
     UniqueFd fd(::accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC));
     if (!fd.valid()) return;
     const uint64_t id = regions_->BeginSession();
-    SendPacket(fd.get(), wire::EncodeGreeting(id, instance_id_));
+    // The connection's process (SO_PEERCRED) decides whether the session is the operator's.
+    struct ucred cred {};
+    socklen_t len = sizeof(cred);
+    if (::getsockopt(fd.get(), SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0) {
+      regions_->SetSessionPeer(id, cred.uid);
+    }
+    // The secret goes to this connection only: it binds the client's gRPC calls to the session.
+    SendPacket(fd.get(), wire::EncodeGreeting(id, instance_id_, regions_->SessionSecret(id)));
     spdlog::debug("session {} opened", id);
     const int raw = fd.get();
     sessions_.emplace(raw, std::make_shared<Connection>(id, std::move(fd)));
@@ -136,7 +143,7 @@ class SessionServerImpl final : public SessionServer {
     const wire::Request request = wire::ParseRequest(received->payload);
     switch (request.kind) {
       case wire::RequestKind::kSubmit:
-        conn->Send(plain ? Submit(request.body)
+        conn->Send(plain ? Submit(request.body, conn->id)
                          : wire::EncodeRejected(absl::InvalidArgumentError(absl::StrCat(
                                "SUBMIT: the packet is larger than ", wire::kMaxRequestBytes,
                                " bytes or carries descriptors; use SubmitTransfer"))));
@@ -176,13 +183,15 @@ class SessionServerImpl final : public SessionServer {
   }
 
   // The answer to one SUBMIT packet (`request`: the serialized SubmitTransferRequest).
-  std::string Submit(absl::string_view body) {
+  std::string Submit(absl::string_view body, uint64_t session_id) {
     if (!submit_) {
       return wire::EncodeRejected(
           absl::UnimplementedError("SUBMIT: this daemon takes transfers over gRPC only"));
     }
     absl::StatusOr<v1::SubmitTransferRequest> parsed = wire::ParseSubmitBody(body);
     if (!parsed.ok()) return wire::EncodeRejected(parsed.status());
+    // The submitter is this connection's session, whatever the spec claims.
+    parsed->mutable_spec()->set_session_id(session_id);
     absl::StatusOr<v1::SubmitTransferResponse> accepted = submit_(parsed->spec());
     if (!accepted.ok()) {
       spdlog::info("transfer rejected (session submit): {}", accepted.status().ToString());

@@ -19,7 +19,7 @@ inline constexpr uint64_t kTile = 1024;
 // manager, so every tile a test started must have been finished by then.
 struct ManagerFixture {
   ManualClock clock;
-  TestRegions regions;
+  TestRegions regions{&clock};  // grants expire by this clock
   FakeEngine engine;
   std::shared_ptr<regions::Region> src = regions.Bytes(64 * kTile, false);
   std::shared_ptr<regions::Region> dst = regions.Bytes(64 * kTile, true);
@@ -29,7 +29,11 @@ struct ManagerFixture {
       [table = regions.table()](uint64_t session) { return table->SessionOpen(session); });
   std::unique_ptr<TransferManager> manager;
 
-  explicit ManagerFixture(Options options = Options(), engine::Engine* use = nullptr) {
+  // Access control (Options::check_access) is off unless `check_access`: most tests here are
+  // about other behaviour; access_test.cc checks it.
+  explicit ManagerFixture(Options options = Options(), engine::Engine* use = nullptr,
+                          bool check_access = false) {
+    options.check_access = check_access;
     options.node_id = "here";
     options.tile_bytes = kTile;
     if (options.notifications == nullptr) options.notifications = hub.get();

@@ -31,7 +31,8 @@ absl::StatusOr<std::shared_ptr<regions::Region>> GetRegion(const regions::Region
 // A block table in a client's host region (TransferEndpoint.block_table), checked against the
 // region's bounds. Errors about the reference name `side`.block_table.
 absl::Status ResolveTable(const regions::RegionTable& regions, const v1::TransferEndpoint& ep,
-                          const std::string& side, bool copy, ResolvedIds* out) {
+                          const std::string& side, bool copy, uint64_t session, bool check,
+                          ResolvedIds* out) {
   const std::string field = absl::StrCat("spec.", side, ".block_table");
   if (ep.block_ids_size() > 0 || !ep.block_ids_le32().empty()) {
     return absl::InvalidArgumentError(
@@ -39,6 +40,13 @@ absl::Status ResolveTable(const regions::RegionTable& regions, const v1::Transfe
   }
   const v1::BlockTableRef& table = ep.block_table();
   KVRAIL_ASSIGN_OR_RETURN(out->table_region, GetRegion(regions, table.region_id(), field));
+  // Ids are read from the submitter's own memory only: another session's bytes never reach an
+  // answer (an out-of-range id would be echoed in the error).
+  if (check && (session == 0 || out->table_region->session_id() != session)) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        field, ".region_id: region ", table.region_id(),
+        " belongs to another session; block tables are read from the submitter's own regions"));
+  }
   const v1::RegionSpec& region = out->table_region->spec();
   if (region.memory_kind() != v1::MEMORY_KIND_HOST) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -78,10 +86,10 @@ absl::Status ResolveTable(const regions::RegionTable& regions, const v1::Transfe
 // One side's ids from whichever encoding the caller used.
 absl::StatusOr<ResolvedIds> ResolveIds(const regions::RegionTable& regions,
                                        const v1::TransferEndpoint& ep, const std::string& side,
-                                       bool copy_tables) {
+                                       bool copy_tables, uint64_t session, bool check) {
   ResolvedIds out;
   if (ep.has_block_table()) {
-    KVRAIL_RETURN_IF_ERROR(ResolveTable(regions, ep, side, copy_tables, &out));
+    KVRAIL_RETURN_IF_ERROR(ResolveTable(regions, ep, side, copy_tables, session, check, &out));
     return out;
   }
   const std::string& le32 = ep.block_ids_le32();
@@ -112,10 +120,17 @@ absl::StatusOr<ResolvedIds> ResolveIds(const regions::RegionTable& regions,
 // how many layers there are (ResolvedFlags::CheckFits).
 absl::StatusOr<ResolvedFlags> ResolveFlags(const regions::RegionTable& regions,
                                            const v1::FlagArray& flags, bool writable,
-                                           const std::string& field) {
+                                           const std::string& field, uint64_t session,
+                                           bool check) {
   ResolvedFlags out;
   out.field = field;
   KVRAIL_ASSIGN_OR_RETURN(out.region, GetRegion(regions, flags.region_id(), field));
+  // Ready flags are read (the producer's words), arrival flags written (the consumer's).
+  if (check) {
+    KVRAIL_RETURN_IF_ERROR(regions.CheckAccess(
+        *out.region, session, flags.grant(),
+        writable ? v1::GRANT_ACCESS_WRITE : v1::GRANT_ACCESS_READ, 0, 0, field));
+  }
   const v1::RegionSpec& region = out.region->spec();
   if (region.memory_kind() != v1::MEMORY_KIND_HOST) {
     return absl::FailedPreconditionError(
@@ -140,6 +155,16 @@ absl::StatusOr<ResolvedFlags> ResolveFlags(const regions::RegionTable& regions,
 }
 
 }  // namespace
+
+LayerRange TransferLayers(const regions::Region& region, const v1::TransferSpec& spec,
+                          const v1::TransferEndpoint& side) {
+  if (!region.view().paged) return LayerRange{};
+  const uint32_t total = region.view().layout.num_layers;
+  const uint32_t begin = side.layer_begin();
+  if (begin >= total) return LayerRange{begin, begin + 1};  // the planner names the field
+  const uint32_t count = spec.num_layers() != 0 ? spec.num_layers() : total - begin;
+  return LayerRange{begin, begin + count};
+}
 
 engine::PriorityClass ToClass(v1::Priority priority) {
   switch (priority) {
@@ -192,19 +217,35 @@ absl::StatusOr<ResolvedRequest> Resolve(const v1::TransferSpec& spec,
                spec.dst().node_id() != options.node_id;
   if (!out.remote) KVRAIL_RETURN_IF_ERROR(CheckNode(spec.dst(), options.node_id, "spec.dst"));
   // A remote spec travels on with its ids: tables in shared memory are copied once, here.
-  KVRAIL_ASSIGN_OR_RETURN(out.src_ids, ResolveIds(regions, spec.src(), "src", out.remote));
-  KVRAIL_ASSIGN_OR_RETURN(out.dst_ids, ResolveIds(regions, spec.dst(), "dst", out.remote));
+  const uint64_t session = spec.session_id();  // the authenticated submitter (server.cc)
+  const bool check = options.check_access;
+  KVRAIL_ASSIGN_OR_RETURN(out.src_ids,
+                          ResolveIds(regions, spec.src(), "src", out.remote, session, check));
+  KVRAIL_ASSIGN_OR_RETURN(out.dst_ids,
+                          ResolveIds(regions, spec.dst(), "dst", out.remote, session, check));
   out.light = v1::WithoutBlockTables(spec);
   KVRAIL_ASSIGN_OR_RETURN(out.src, GetRegion(regions, spec.src().region_id(), "spec.src"));
+  if (check) {
+    const LayerRange layers = TransferLayers(*out.src, spec, spec.src());
+    KVRAIL_RETURN_IF_ERROR(regions.CheckAccess(*out.src, session, spec.src().grant(),
+                                               v1::GRANT_ACCESS_READ, layers.begin, layers.end,
+                                               "spec.src"));
+  }
   if (out.remote) return out;  // the destination, and any flag words, are the peer's
   KVRAIL_ASSIGN_OR_RETURN(out.dst, GetRegion(regions, spec.dst().region_id(), "spec.dst"));
+  if (check) {
+    const LayerRange layers = TransferLayers(*out.dst, spec, spec.dst());
+    KVRAIL_RETURN_IF_ERROR(regions.CheckAccess(*out.dst, session, spec.dst().grant(),
+                                               v1::GRANT_ACCESS_WRITE, layers.begin, layers.end,
+                                               "spec.dst"));
+  }
   if (spec.has_ready_flags()) {
-    KVRAIL_ASSIGN_OR_RETURN(out.ready,
-                            ResolveFlags(regions, spec.ready_flags(), false, "spec.ready_flags"));
+    KVRAIL_ASSIGN_OR_RETURN(out.ready, ResolveFlags(regions, spec.ready_flags(), false,
+                                                    "spec.ready_flags", session, check));
   }
   if (spec.has_arrival_flags()) {
-    KVRAIL_ASSIGN_OR_RETURN(
-        out.arrival, ResolveFlags(regions, spec.arrival_flags(), true, "spec.arrival_flags"));
+    KVRAIL_ASSIGN_OR_RETURN(out.arrival, ResolveFlags(regions, spec.arrival_flags(), true,
+                                                      "spec.arrival_flags", session, check));
   }
   return out;
 }

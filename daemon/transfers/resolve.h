@@ -70,10 +70,13 @@ struct ResolvedRequest {
 struct ResolveOptions {
   std::string node_id;          // this daemon's node
   bool has_remote_path = false;  // transfers to other nodes can go over the fabric
+  bool check_access = true;      // ownership and grants (transfers::Options::check_access)
 };
 
 // Checks the fields that need no plan (priority, node ids, flag words' region, alignment and
-// value) and looks everything up. Errors name the field: "spec.src.region_id: ...",
+// value), that the submitter (spec.session_id, set by the server from the caller's
+// credentials) owns every region it names or holds a grant for it (PERMISSION_DENIED naming the
+// side), and looks everything up. Errors name the field: "spec.src.region_id: ...",
 // "spec.dst.block_table.count: ...", "spec.src.node_id: ..." (UNIMPLEMENTED when no fabric path
 // is configured for another node).
 absl::StatusOr<ResolvedRequest> Resolve(const v1::TransferSpec& spec,
@@ -81,5 +84,14 @@ absl::StatusOr<ResolvedRequest> Resolve(const v1::TransferSpec& spec,
                                         const ResolveOptions& options);
 
 engine::PriorityClass ToClass(v1::Priority priority);
+
+// The layers [begin, end) of `region` a transfer touches on `side` (both 0 for bytes regions),
+// for checking grants limited to layers.
+struct LayerRange {
+  uint32_t begin = 0;
+  uint32_t end = 0;
+};
+LayerRange TransferLayers(const regions::Region& region, const v1::TransferSpec& spec,
+                          const v1::TransferEndpoint& side);
 
 }  // namespace kvrail::transfers

@@ -92,7 +92,9 @@ absl::StatusOr<v1::SubmitTransferResponse> TransferManagerImpl::Submit(
   if (claimed.earlier.has_value()) return *claimed.earlier;
   KVRAIL_ASSIGN_OR_RETURN(
       const ResolvedRequest request,
-      Resolve(spec, *regions_, ResolveOptions{options_.node_id, options_.remote != nullptr}));
+      Resolve(spec, *regions_,
+              ResolveOptions{options_.node_id, options_.remote != nullptr,
+                             options_.check_access}));
   if (request.remote) return SubmitRemote(request, claimed.claim);
   return SubmitLocal(request, received_us, claimed.claim);
 }

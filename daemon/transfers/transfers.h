@@ -26,6 +26,11 @@
 namespace kvrail::transfers {
 
 struct Options {
+  // Whether submits are checked against region ownership and grants (docs/security.md):
+  // spec.session_id (set by the server from the caller's credentials) must own every region the
+  // spec names or hold a grant for it. On in kvraild; tests of the manager's other behaviour
+  // turn it off (ManagerFixture), access_test.cc checks it.
+  bool check_access = true;
   // Transfers whose spec.dst.node_id names another node go here (nullptr: refused UNIMPLEMENTED).
   RemotePath* remote = nullptr;
   std::string node_id;

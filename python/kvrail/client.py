@@ -140,6 +140,20 @@ class Region:
     def id(self) -> int:
         return self.info.region_id
 
+    def grant(self, write: bool = False, ttl: float = 600.0,
+              layers: Optional[Tuple[int, int]] = None) -> str:
+        """A grant token letting another client read this region (a transfer's source) or, with
+        `write`, write it (a destination). Hand the token to that client out of band; it passes
+        it as `src_grant=` / `dst_grant=` to Client.transfer (TransferEndpoint.grant). Valid for
+        `ttl` seconds; `layers` (begin, end) limits it to those layers."""
+        if not 0 <= ttl <= 86400:
+            raise ValueError(f"ttl: {ttl} is outside [0, 86400] seconds")
+        begin, end = layers if layers is not None else (0, 0)
+        granted = self._client._message_call(
+            lib().kvrail_create_grant, transfer_pb2.Grant, self.id, 2 if write else 1,
+            int(ttl * 1000), int(begin), int(end))
+        return granted.token
+
     def unregister(self) -> None:
         """Releases the region. Idempotent; a no-op once the client is closed (the daemon released
         the session's regions then)."""
@@ -498,6 +512,10 @@ class Client:
             return region_pb2.RegionInfo.FromString(take_bytes(info, info_len.value))
 
         return self._track(Region(self, register(), keepalive, redo=register))
+
+    def revoke_grant(self, token: str) -> None:
+        """Ends a grant this client created (transfers already accepted under it run on)."""
+        check(lib().kvrail_revoke_grant(self._h, token.encode()))
 
     def unregister_region(self, region_id: int) -> None:
         check(lib().kvrail_unregister_region(self._h, int(region_id)))

@@ -48,13 +48,14 @@ class FlagArray:
         self.count = count
         self._words = buffer.ndarray("uint32")[offset // 4: offset // 4 + count]
 
-    def spec(self, value: int) -> "transfer_pb2.FlagArray":
+    def spec(self, value: int, grant: str = "") -> "transfer_pb2.FlagArray":
         """The FlagArray message naming these words and epoch `value` (ready_flags /
-        arrival_flags of a TransferSpec)."""
+        arrival_flags of a TransferSpec). `grant`: the words' owner's grant when the submitter
+        is another client (READ for ready flags, WRITE for arrival flags)."""
         if not 0 < value < 2 ** 32:
             raise ValueError("value: must be in [1, 2^32)")
         return transfer_pb2.FlagArray(region_id=int(getattr(self._region, "id", self._region)),
-                                      byte_offset=self.offset, value=value)
+                                      byte_offset=self.offset, value=value, grant=grant)
 
     def _index(self, index: int) -> int:
         if not 0 <= index < self.count:

@@ -21,7 +21,16 @@ def test_the_prefill_side_is_notified_when_decode_pulls(daemon):
         dst = Pool(decode, layout(), writable=True, name="decode pool")
         src.fill_random(5)
         assert prefill.poll_notifications() == []
-        t = decode.transfer(src.id, [4, 9], dst.region, [0, 1], notification=b"request-42")
+        # The prefill side owns its pool: the decode side reads it with a grant (without one:
+        # refused, and nothing moves).
+        with pytest.raises(kvrail.KvrailError, match="spec.src.region_id") as denied:
+            decode.transfer(src.id, [4, 9], dst.region, [0, 1])
+        assert denied.value.code == kvrail.StatusCode.PERMISSION_DENIED
+        assert (dst.view.view(np.uint8) == 0xAB).all()
+        grant = src.region.grant()
+        assert grant.startswith("kvg1.")
+        t = decode.transfer(src.id, [4, 9], dst.region, [0, 1], notification=b"request-42",
+                            src_grant=grant)
         assert t.result(timeout=30).state == SUCCEEDED
         got = prefill.poll_notifications(timeout=10)
         assert len(got) == 1
@@ -42,7 +51,7 @@ def test_a_failed_pull_is_notified_with_its_error(daemon):
         dst = Pool(decode, layout(), writable=True)
         # Layer-wise and cancelled before any layer is ready.
         t = decode.transfer(src.id, [1], dst.region, [2], layerwise=True,
-                            notification=b"cancel-me")
+                            notification=b"cancel-me", src_grant=src.region.grant())
         t.cancel()
         got = list(prefill.notifications(idle_timeout=5))
         assert [n.notification for n in got] == [b"cancel-me"]
@@ -123,3 +132,42 @@ def test_a_stale_region_id_after_restart_is_not_another_clients_region(fresh_dae
         assert theirs.id != stale
         with pytest.raises(kvrail.NotFoundError):
             second.transfer(theirs.region, [0], stale, [0])
+
+
+def test_grants_are_the_owners_to_give_and_revoke(daemon):
+    with kvrail.connect(daemon.socket) as owner, kvrail.connect(daemon.socket) as other:
+        src = Pool(owner, layout(), writable=False)
+        mine = Pool(other, layout(), writable=True)
+        theirs = Pool(owner, layout(), writable=True)
+        src.fill_random(3)
+        # Another session can neither grant the owner's region nor unregister it.
+        with pytest.raises(kvrail.KvrailError, match="region_id") as e:
+            other._message_call(kvrail._lib.lib().kvrail_create_grant, transfer_pb2.Grant,
+                                src.id, 1, 0, 0, 0)
+        assert e.value.code == kvrail.StatusCode.PERMISSION_DENIED
+        with pytest.raises(kvrail.KvrailError) as e:
+            other.unregister_region(src.id)
+        assert e.value.code == kvrail.StatusCode.PERMISSION_DENIED
+        # A read-only region is never granted for writing; a read grant does not write.
+        with pytest.raises(kvrail.FailedPreconditionError, match="not writable"):
+            src.region.grant(write=True)
+        read = theirs.region.grant()
+        with pytest.raises(kvrail.KvrailError, match="spec.dst.grant") as e:
+            other.transfer(mine.region, [0], theirs.region, [0], dst_grant=read)
+        assert e.value.code == kvrail.StatusCode.PERMISSION_DENIED
+        # A revoked grant reads nothing.
+        grant = src.region.grant()
+        other.transfer(src.id, [2], mine.region, [3], src_grant=grant).result(timeout=30)
+        np.testing.assert_array_equal(mine.tokens([3], 4), src.tokens([2], 4))
+        owner.revoke_grant(grant)
+        with pytest.raises(kvrail.KvrailError, match="revoked or expired"):
+            other.transfer(src.id, [2], mine.region, [4], src_grant=grant)
+        # Cancelling another session's transfer is refused; its submitter may.
+        t = owner.transfer(src.region, [1], theirs.region, [1], layerwise=True)
+        with pytest.raises(kvrail.KvrailError, match="transfer_id") as e:
+            other.cancel(t)
+        assert e.value.code == kvrail.StatusCode.PERMISSION_DENIED
+        with pytest.raises(kvrail.KvrailError, match="transfer_id"):
+            other.mark_ready(t, 0)
+        assert t.cancel().state == transfer_pb2.TRANSFER_STATE_CANCELLED
+

@@ -100,8 +100,11 @@ int Main(int argc, char** argv) {
     std::vector<uint32_t> src_blocks(ids.begin(), ids.begin() + moved_blocks);
     std::shuffle(ids.begin(), ids.end(), rng);
     std::vector<uint32_t> dst_blocks(ids.begin(), ids.begin() + moved_blocks);
-    const auto spec = client::MakeBlockTransfer(src_info->region_id(), src_blocks,
-                                                dst_info->region_id(), dst_blocks);
+    auto spec = client::MakeBlockTransfer(src_info->region_id(), src_blocks,
+                                          dst_info->region_id(), dst_blocks);
+    // The decode client reads the prefill client's pool under its read grant.
+    spec.mutable_src()->set_grant(
+        (*prefill)->CreateGrant(src_info->region_id(), v1::GRANT_ACCESS_READ)->token());
     const uint64_t bytes = uint64_t{moved_blocks} * block_bytes * layers * parts;
     // Best of 3 after a warm-up, end to end as the client sees it (submit -> completion).
     double best_engine = 0;
@@ -160,9 +163,11 @@ int Main(int argc, char** argv) {
     std::iota(ids.begin(), ids.end(), 0);
     std::mt19937 rng(5);
     std::shuffle(ids.begin(), ids.end(), rng);
-    const auto spec = client::MakeBlockTransfer(
+    auto spec = client::MakeBlockTransfer(
         src_info->region_id(), std::vector<uint32_t>(ids.begin(), ids.begin() + n),
         dst_info->region_id(), std::vector<uint32_t>(ids.begin() + n, ids.end()));
+    spec.mutable_src()->set_grant(
+        (*prefill)->CreateGrant(src_info->region_id(), v1::GRANT_ACCESS_READ)->token());
     std::printf("\n2. SubmitTransfer, 100k source + 100k destination block ids (accepted, planned)\n");
     // Bulk: the engine starts copying while the response is on its way (on this 2-core machine
     // the copy competes with the RPC for the CPUs). Layer-wise: nothing moves until MarkReady,

@@ -130,6 +130,7 @@ struct Pools {
   // its block tables there); transfers then name them with BlockTableRef instead of carrying ids.
   std::unique_ptr<client::HostBuffer> tables;
   uint64_t tables_region = 0;
+  std::string src_grant, dst_grant;
 };
 
 Pools MakePoolsWith(Daemon& d, const v1::PagedKvLayout& layout, uint32_t moved, bool dst_host,
@@ -158,6 +159,12 @@ Pools MakePoolsWith(Daemon& d, const v1::PagedKvLayout& layout, uint32_t moved, 
   }
   p.src_blocks = Scattered(p.pool_blocks, p.moved, 1);
   p.dst_blocks = Scattered(p.pool_blocks, p.moved, 2);
+  // Grants of the pools' owner, so another client of the daemon (the gRPC-only rows) may move
+  // them too; the owner's own transfers pass by ownership.
+  p.src_grant = Must(d.client->CreateGrant(p.src_info.region_id(), v1::GRANT_ACCESS_READ,
+                                           absl::Hours(24)), "grant src").token();
+  p.dst_grant = Must(d.client->CreateGrant(p.dst_info.region_id(), v1::GRANT_ACCESS_WRITE,
+                                           absl::Hours(24)), "grant dst").token();
   Check(cudaDeviceSynchronize(), "sync");
   Check(cudaSetDevice(0), "cudaSetDevice(0)");
   return p;
@@ -212,13 +219,15 @@ v1::TransferSpec SpecFor(const Pools& p, uint32_t blocks) {
     t->set_offset_bytes(4 * p.src_blocks.size());
     t->set_count(blocks);
     spec.set_num_tokens(uint64_t{blocks} * 16);
-    return spec;
+    return spec;  // block tables in the owner's memory: the owner's transfers only
   }
   std::vector<uint32_t> s(p.src_blocks.begin(), p.src_blocks.begin() + blocks);
   std::vector<uint32_t> t(p.dst_blocks.begin(), p.dst_blocks.begin() + blocks);
   v1::TransferSpec spec =
       client::MakeBlockTransfer(p.src_info.region_id(), s, p.dst_info.region_id(), t);
   spec.set_num_tokens(uint64_t{blocks} * 16);
+  spec.mutable_src()->set_grant(p.src_grant);
+  spec.mutable_dst()->set_grant(p.dst_grant);
   return spec;
 }
 

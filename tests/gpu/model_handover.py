@@ -122,7 +122,10 @@ def run_decode(args) -> None:
         flag_buffer = kvrail.HostBuffer(4096, "arrival flags")
         flag_region = client.register_host_buffer(flag_buffer, writable=True, name="arrival")
         arrived = FlagArray(flag_buffer, flag_region, count=args.layers)
-        emit({"regions": [r.id for r in regions], "blocks": table, "arrival_region": flag_region.id})
+        # The prefill process writes into this process's regions: write grants go with the ids.
+        emit({"regions": [r.id for r in regions], "grants": [r.grant(write=True) for r in regions],
+              "blocks": table, "arrival_region": flag_region.id,
+              "arrival_grant": flag_region.grant(write=True)})
         handed = receive()  # {"first_token": .., "t_prefill_end": ..}
         t_token = time.time()
         for layer in range(args.layers):
@@ -185,9 +188,11 @@ def run_prefill(args) -> None:
             spec.src.region_id = regions[0].id
             spec.src.block_ids.extend(table)
             spec.dst.region_id = peer["regions"][0]
+            spec.dst.grant = peer["grants"][0]
             spec.dst.block_ids.extend(peer["blocks"])
             spec.arrival_flags.CopyFrom(transfer_pb2.FlagArray(
-                region_id=peer["arrival_region"], byte_offset=0, value=1))
+                region_id=peer["arrival_region"], byte_offset=0, value=1,
+                grant=peer["arrival_grant"]))
             if gpu_ready is not None:
                 spec.ready_flags.CopyFrom(transfer_pb2.FlagArray(
                     region_id=ready_region.id, byte_offset=0, value=1))
@@ -199,9 +204,11 @@ def run_prefill(args) -> None:
             spec.src.region_id = regions[layer].id
             spec.src.block_ids.extend(table)
             spec.dst.region_id = peer["regions"][layer]
+            spec.dst.grant = peer["grants"][layer]
             spec.dst.block_ids.extend(peer["blocks"])
             spec.arrival_flags.CopyFrom(transfer_pb2.FlagArray(
-                region_id=peer["arrival_region"], byte_offset=4 * layer, value=1))
+                region_id=peer["arrival_region"], byte_offset=4 * layer, value=1,
+                grant=peer["arrival_grant"]))
             if gpu_ready is not None:
                 spec.ready_flags.CopyFrom(transfer_pb2.FlagArray(
                     region_id=ready_region.id, byte_offset=4 * layer, value=1))

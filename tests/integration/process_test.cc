@@ -59,6 +59,13 @@ Expectation ProcessExpectation(uint32_t seed) {
   return e;
 }
 
+// "<id>:<write grant>" of a destination pool the test's client owns, for source_client.
+std::string DstArg(Client& c, const Pool& dst) {
+  auto grant = c.CreateGrant(dst.id(), v1::GRANT_ACCESS_WRITE);
+  REQUIRE(grant.ok());
+  return std::to_string(dst.id()) + ":" + grant->token();
+}
+
 TEST_CASE("a client that dies mid-transfer: its transfer completes, its regions are released") {
   TempDir dir;
   DaemonProcess daemon;
@@ -66,11 +73,12 @@ TEST_CASE("a client that dies mid-transfer: its transfer completes, its regions 
   auto c = Client::Connect(daemon.socket());
   REQUIRE(c.ok());
   Pool dst = MakePool(**c, ProcessTestLayout(), true, "survivor");
-  // The source client submits a layer-wise transfer, releases half the layers, and exits
-  // without unregistering anything: its session closes with the process.
+  // The source client submits a layer-wise transfer, releases every layer, and exits at once
+  // without unregistering anything: its session closes with the process, likely before its
+  // tiles have all run.
   const std::string out = dir.path() + "/id";
   const pid_t pid = SpawnSourceClient(
-      {daemon.socket(), std::to_string(dst.id()), "77", "die", std::to_string(kProcessTestLayers / 2)},
+      {daemon.socket(), DstArg(**c, dst), "77", "die", std::to_string(kProcessTestLayers)},
       out);
   REQUIRE(pid > 0);
   int status = 0;
@@ -88,8 +96,9 @@ TEST_CASE("a client that dies mid-transfer: its transfer completes, its regions 
     if (!released) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   CHECK(released);
-  // ... but the transfer holds its mapping: the rest of the layers still move, every byte right.
-  REQUIRE((*c)->MarkReady(id, kProcessTestLayers / 2, kProcessTestLayers / 2).ok());
+  // ... but the transfer holds its mapping: every byte still lands right. Only its (dead)
+  // submitter could have marked layers ready: another session may not.
+  CHECK((*c)->MarkReady(id, 0, 1).code() == absl::StatusCode::kPermissionDenied);
   auto final_status = (*c)->Wait(id, absl::Seconds(60));
   REQUIRE(final_status.ok());
   CHECK(final_status->state() == v1::TRANSFER_STATE_SUCCEEDED);
@@ -114,7 +123,7 @@ TEST_CASE("SIGTERM drains: in-flight transfers finish or fail cleanly, the daemo
   // A bulk transfer (finishes within the drain timeout) and a layer-wise one that never gets a
   // ready layer (failed by the drain).
   const std::string out = dir.path() + "/id";
-  const pid_t pid = SpawnSourceClient({daemon.socket(), std::to_string(dst.id()), "5", "die"}, out);
+  const pid_t pid = SpawnSourceClient({daemon.socket(), DstArg(**c, dst), "5", "die"}, out);
   int status = 0;
   REQUIRE(::waitpid(pid, &status, 0) == pid);
   const uint64_t bulk = ReadId(out);
@@ -227,8 +236,17 @@ TEST_CASE("the kvrail CLI against a live daemon: tables, --json, submit --wait, 
     return RunCommand(args);
   };
 
+  // The CLI is another session: the pools' owner hands it grants (without them: refused).
+  auto denied = run({"submit", "--src-region", std::to_string(src.id()), "--src-blocks", "0-3",
+                     "--dst-region", std::to_string(dst.id()), "--dst-blocks", "12,9,10,11"});
+  CHECK(denied.exit_code == 1);
+  CHECK(denied.err.find("PERMISSION_DENIED") != std::string::npos);
+  CHECK(denied.err.find("spec.src.region_id") != std::string::npos);
+  const std::string read_grant = (*c)->CreateGrant(src.id(), v1::GRANT_ACCESS_READ)->token();
+  const std::string write_grant = (*c)->CreateGrant(dst.id(), v1::GRANT_ACCESS_WRITE)->token();
   auto submitted = run({"submit", "--src-region", std::to_string(src.id()), "--src-blocks", "0-3",
                         "--dst-region", std::to_string(dst.id()), "--dst-blocks", "12,9,10,11",
+                        "--src-grant", read_grant, "--dst-grant", write_grant,
                         "--label", "cli-test", "--wait"});
   INFO(submitted.out << submitted.err);
   REQUIRE(submitted.exit_code == 0);
@@ -294,7 +312,8 @@ TEST_CASE("the kvrail CLI against a live daemon: tables, --json, submit --wait, 
 
   // Errors: stderr names the field, exit code 1 (daemon said no) or 2 (usage).
   auto bad = run({"submit", "--src-region", std::to_string(src.id()), "--src-blocks", "0-3",
-                  "--dst-region", std::to_string(dst.id()), "--dst-blocks", "0,1,2,99"});
+                  "--dst-region", std::to_string(dst.id()), "--dst-blocks", "0,1,2,99",
+                  "--src-grant", read_grant, "--dst-grant", write_grant});
   CHECK(bad.exit_code == 1);
   CHECK(bad.err.find("spec.dst.block_ids[3]") != std::string::npos);
   auto unknown = run({"transfers", "show", "123"});

@@ -44,6 +44,18 @@ std::unique_ptr<client::Client> GrpcOnlyClient(const LiveDaemon& live) {
   return *std::move(c);
 }
 
+// `spec` with grants of the pools' owner (live.client), for submitters of other sessions (a
+// raw session connection, a second client).
+v1::TransferSpec Granted(const LiveDaemon& live, v1::TransferSpec spec) {
+  auto read = live.client->CreateGrant(spec.src().region_id(), v1::GRANT_ACCESS_READ);
+  auto write = live.client->CreateGrant(spec.dst().region_id(), v1::GRANT_ACCESS_WRITE);
+  REQUIRE(read.ok());
+  REQUIRE(write.ok());
+  spec.mutable_src()->set_grant(read->token());
+  spec.mutable_dst()->set_grant(write->token());
+  return spec;
+}
+
 std::string Serialized(const v1::TransferSpec& spec) {
   v1::SubmitTransferRequest request;
   *request.mutable_spec() = spec;
@@ -58,8 +70,11 @@ TEST_CASE("SUBMIT on the session socket moves the transfer like SubmitTransfer")
   Pool dst = MakePool(*live.client, Small(), true, "decode");
   const std::vector<uint32_t> src_blocks = {3, 9, 1}, dst_blocks = {40, 2, 17};
   FillPool(src, 5, src_blocks, 48);
-  const std::string answer = RawSubmit(
-      live, "SUBMIT " + Serialized(client::MakeBlockTransfer(src.id(), src_blocks, dst.id(), dst_blocks)));
+  // A raw session connection is another session: without grants it may not touch the pools.
+  const v1::TransferSpec plain = client::MakeBlockTransfer(src.id(), src_blocks, dst.id(), dst_blocks);
+  CHECK(RawSubmit(live, "SUBMIT " + Serialized(plain)).rfind("REJECTED 7 spec.src.region_id", 0) ==
+        0);
+  const std::string answer = RawSubmit(live, "SUBMIT " + Serialized(Granted(live, plain)));
   REQUIRE(answer.rfind("SUBMITTED ", 0) == 0);
   v1::SubmitTransferResponse response;
   REQUIRE(response.ParseFromString(answer.substr(10)));
@@ -74,7 +89,8 @@ TEST_CASE("a bad spec gets the same error over the session socket and over gRPC"
   LiveDaemon live;
   Pool src = MakePool(*live.client, Small(), false, "prefill");
   Pool dst = MakePool(*live.client, Small(), true, "decode");
-  v1::TransferSpec bad = client::MakeBlockTransfer(src.id(), {1, 99}, dst.id(), {4, 5});
+  v1::TransferSpec bad =
+      Granted(live, client::MakeBlockTransfer(src.id(), {1, 99}, dst.id(), {4, 5}));
   const auto via_session = live.client->Submit(bad);  // the client's default: the session
   REQUIRE(!via_session.ok());
   CHECK(via_session.status().code() == absl::StatusCode::kInvalidArgument);
@@ -89,7 +105,8 @@ TEST_CASE("a bad spec gets the same error over the session socket and over gRPC"
   // gRPC alone still moves transfers.
   const std::vector<uint32_t> blocks = {7, 8};
   FillPool(src, 2, blocks, 32);
-  v1::TransferStatus done = RunToEnd(*grpc_client, client::MakeBlockTransfer(src.id(), blocks, dst.id(), blocks));
+  v1::TransferStatus done = RunToEnd(
+      *grpc_client, Granted(live, client::MakeBlockTransfer(src.id(), blocks, dst.id(), blocks)));
   CHECK(done.state() == v1::TRANSFER_STATE_SUCCEEDED);
   CHECK(VerifyPool(dst, Expectation{2, blocks, 32, 0, 0, 2, 0, 0, 2}) == "");
 }

@@ -1,7 +1,7 @@
 // A client process for tests/integration/process_test: registers a source pool filled with the
 // test pattern, submits a transfer into an existing destination region, prints the transfer id,
 // then either exits at once without cleaning up ("die") or waits for stdin to close ("stay").
-//   source_client SOCKET DST_REGION_ID SEED die|stay [LAYERWISE_READY]
+//   source_client SOCKET DST_REGION_ID[:WRITE_GRANT] SEED die|stay [LAYERWISE_READY]
 // With LAYERWISE_READY = n the transfer is layer-wise and the client marks layers [0, n) ready
 // before it prints the id.
 // kv_fixture uses Catch2 assertions in helpers this program never calls; link Catch2 itself.
@@ -39,9 +39,14 @@ int Main(int argc, char** argv) {
   *spec.mutable_paged_kv() = layout;
   auto info = (*c)->RegisterHostBuffer(*src.buffer, spec);
   if (!info.ok()) return 5;
+  // DST_REGION_ID[:GRANT]: the destination belongs to the test's session; its write grant
+  // comes along, as a router would hand it over.
+  const std::string dst_arg = argv[2];
+  const size_t colon = dst_arg.find(':');
   auto transfer = client::MakeBlockTransfer(
-      info->region_id(), blocks, std::strtoull(argv[2], nullptr, 10),
+      info->region_id(), blocks, std::strtoull(dst_arg.substr(0, colon).c_str(), nullptr, 10),
       ScatteredBlocks(layout.num_blocks(), kProcessTestBlocks, 22));
+  if (colon != std::string::npos) transfer.mutable_dst()->set_grant(dst_arg.substr(colon + 1));
   transfer.set_layerwise(argc == 6);
   auto submitted = (*c)->Submit(transfer);
   if (!submitted.ok()) {

@@ -361,6 +361,7 @@ struct SubmitArgs {
   std::string priority = "normal";
   uint64_t timeout_ms = 0;
   std::string label, idempotency_key, src_node, dst_node;
+  std::string src_grant, dst_grant;  // another session's regions (TransferEndpoint.grant)
   bool wait = false;
 };
 
@@ -398,6 +399,8 @@ absl::StatusOr<v1::TransferSpec> BuildSubmitSpec(const SubmitArgs& a) {
   spec.mutable_dst()->set_head_begin(a.dst_head_begin);
   spec.mutable_src()->set_byte_offset(a.src_offset);
   spec.mutable_dst()->set_byte_offset(a.dst_offset);
+  spec.mutable_src()->set_grant(a.src_grant);
+  spec.mutable_dst()->set_grant(a.dst_grant);
   spec.mutable_src()->set_node_id(a.src_node);
   spec.mutable_dst()->set_node_id(a.dst_node);
   spec.set_num_layers(a.layers);
@@ -552,6 +555,9 @@ int Main(int argc, char** argv) {
   submit->add_option("--src-blocks", a.src_blocks, "source blocks, e.g. 0-99,200,300-310");
   submit->add_option("--dst-region", a.dst_region, "destination region id")->required();
   submit->add_option("--dst-blocks", a.dst_blocks, "destination blocks");
+  submit->add_option("--src-grant", a.src_grant,
+                     "read grant of the source's owner (the CLI owns no regions)");
+  submit->add_option("--dst-grant", a.dst_grant, "write grant of the destination's owner");
   submit->add_option("--layers", a.layers, "layers to move (0: all from --src-layer-begin)");
   submit->add_option("--src-layer-begin", a.src_layer_begin);
   submit->add_option("--dst-layer-begin", a.dst_layer_begin);

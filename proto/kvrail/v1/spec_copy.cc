@@ -11,6 +11,7 @@ void CopyEndpoint(const TransferEndpoint& from, TransferEndpoint* to) {
   to->set_head_begin(from.head_begin());
   to->set_byte_offset(from.byte_offset());
   to->set_node_id(from.node_id());
+  to->set_grant(from.grant());
 }
 
 }  // namespace

@@ -1,0 +1,242 @@
+// Access control through the transfer manager (docs/security.md): a submitter reads and writes
+// only regions its session owns, or holds a grant of the owner for; every check is tried from
+// the other side - another session's source, destination, block table and flag words, grants of
+// the wrong access, region or layers, expired and revoked - and a refused transfer moves nothing.
+#define CATCH_CONFIG_MAIN
+#include <catch2/catch.hpp>
+
+#include <cstring>
+#include <string>
+
+#include "daemon/transfers/manager_fixture.h"
+
+namespace kvrail::transfers {
+namespace {
+
+using testing::kTile;
+using testing::ManagerFixture;
+
+// The victim's session owns `secret` (source) and `vault` (writable); the attacker's owns its
+// own pair. Access checks on.
+struct Tenants {
+  ManagerFixture f{Options(), nullptr, /*check_access=*/true};
+  uint64_t victim = f.regions.NewSession();
+  uint64_t attacker = f.regions.NewSession();
+  // Writable so the test can fill it through the daemon's mapping; read as a source.
+  std::shared_ptr<regions::Region> secret = f.regions.Bytes(8 * kTile, true, victim);
+  std::shared_ptr<regions::Region> vault = f.regions.Bytes(8 * kTile, true, victim);
+  std::shared_ptr<regions::Region> mine = f.regions.Bytes(8 * kTile, true, attacker);
+  std::shared_ptr<regions::Region> mine_src = f.regions.Bytes(8 * kTile, false, attacker);
+
+  Tenants() {
+    std::memset(secret->data(), 0x5E, 8 * kTile);
+    std::memset(vault->data(), 0x77, 8 * kTile);
+    std::memset(mine->data(), 0, 8 * kTile);
+  }
+  v1::TransferSpec Spec(const regions::Region& src, const regions::Region& dst,
+                        uint64_t submitter) {
+    v1::TransferSpec spec;
+    spec.mutable_src()->set_region_id(src.id());
+    spec.mutable_dst()->set_region_id(dst.id());
+    spec.set_num_bytes(2 * kTile);
+    spec.set_session_id(submitter);
+    return spec;
+  }
+  std::string Grant(const regions::Region& region, v1::GrantAccess access, uint64_t ttl_ms = 0,
+                    uint32_t layer_begin = 0, uint32_t layer_end = 0) {
+    v1::CreateGrantRequest request;
+    request.set_region_id(region.id());
+    request.set_access(access);
+    request.set_ttl_ms(ttl_ms);
+    request.set_layer_begin(layer_begin);
+    request.set_layer_end(layer_end);
+    regions::Caller owner;
+    owner.session_id = region.session_id();
+    auto grant = f.regions.table()->CreateGrant(request, owner);
+    REQUIRE(grant.ok());
+    CHECK(grant->token().rfind("kvg1.", 0) == 0);
+    CHECK(grant->token().size() == 5 + 32);
+    return grant->token();
+  }
+  bool MineUntouched() const {
+    for (uint64_t i = 0; i < 8 * kTile; ++i) {
+      if (mine->data()[i] != 0) return false;
+    }
+    return true;
+  }
+};
+
+void RequireDenied(const absl::StatusOr<v1::SubmitTransferResponse>& r, const std::string& field) {
+  INFO(r.status().ToString());
+  REQUIRE(!r.ok());
+  CHECK(r.status().code() == absl::StatusCode::kPermissionDenied);
+  CHECK(std::string(r.status().message()).find(field) != std::string::npos);
+}
+
+TEST_CASE("another session's region can be neither read nor written without a grant") {
+  Tenants t;
+  RequireDenied(t.f.manager->Submit(t.Spec(*t.secret, *t.mine, t.attacker)), "spec.src.region_id");
+  RequireDenied(t.f.manager->Submit(t.Spec(*t.mine_src, *t.vault, t.attacker)),
+                "spec.dst.region_id");
+  // Anonymous (no session) owns nothing, not even regions registered without one.
+  RequireDenied(t.f.manager->Submit(t.Spec(*t.secret, *t.vault, 0)), "spec.src.region_id");
+  // Claiming the victim's session id is the server's business (it sets spec.session_id from the
+  // credentials); here the owner's own transfer passes.
+  CHECK(t.f.manager->Submit(t.Spec(*t.secret, *t.vault, t.victim)).ok());
+  t.f.engine.RunAll();
+  CHECK(t.MineUntouched());
+  CHECK(t.f.engine.enqueued() == 2);  // only the owner's two tiles ever reached the engine
+}
+
+TEST_CASE("a read grant lets the holder read, not write; a write grant the other way") {
+  Tenants t;
+  v1::TransferSpec read = t.Spec(*t.secret, *t.mine, t.attacker);
+  read.mutable_src()->set_grant(t.Grant(*t.secret, v1::GRANT_ACCESS_READ));
+  auto ok = t.f.manager->Submit(read);
+  INFO(ok.status().ToString());
+  REQUIRE(ok.ok());
+  t.f.engine.RunAll();
+  CHECK(t.mine->data()[0] == 0x5E);
+
+  // The same read grant does not open the victim's writable region for writing...
+  v1::TransferSpec write = t.Spec(*t.mine_src, *t.vault, t.attacker);
+  write.mutable_dst()->set_grant(read.src().grant());
+  RequireDenied(t.f.manager->Submit(write), "spec.dst.grant");
+  // ...a read grant of the vault is still not a write grant...
+  write.mutable_dst()->set_grant(t.Grant(*t.vault, v1::GRANT_ACCESS_READ));
+  RequireDenied(t.f.manager->Submit(write), "spec.dst.grant: the grant lets the holder read");
+  // ...and a write grant of the vault works.
+  write.mutable_dst()->set_grant(t.Grant(*t.vault, v1::GRANT_ACCESS_WRITE));
+  CHECK(t.f.manager->Submit(write).ok());
+  t.f.engine.RunAll();
+}
+
+TEST_CASE("grants of another region, expired, revoked or unknown are refused") {
+  Tenants t;
+  v1::TransferSpec spec = t.Spec(*t.secret, *t.mine, t.attacker);
+  spec.mutable_src()->set_grant(t.Grant(*t.vault, v1::GRANT_ACCESS_READ));  // the other region
+  RequireDenied(t.f.manager->Submit(spec), "spec.src.grant: the grant is for region");
+  spec.mutable_src()->set_grant("kvg1.00000000000000000000000000000000");
+  RequireDenied(t.f.manager->Submit(spec), "spec.src.grant: unknown, revoked or expired");
+
+  spec.mutable_src()->set_grant(t.Grant(*t.secret, v1::GRANT_ACCESS_READ, /*ttl_ms=*/1000));
+  t.f.clock.Advance(absl::Milliseconds(999));
+  CHECK(t.f.manager->Submit(spec).ok());
+  t.f.clock.Advance(absl::Milliseconds(1));
+  RequireDenied(t.f.manager->Submit(spec), "unknown, revoked or expired");
+
+  spec.mutable_src()->set_grant(t.Grant(*t.secret, v1::GRANT_ACCESS_READ));
+  regions::Caller attacker;
+  attacker.session_id = t.attacker;
+  CHECK(t.f.regions.table()->RevokeGrant(spec.src().grant(), attacker).code() ==
+        absl::StatusCode::kPermissionDenied);  // only the owner revokes
+  regions::Caller victim;
+  victim.session_id = t.victim;
+  REQUIRE(t.f.regions.table()->RevokeGrant(spec.src().grant(), victim).ok());
+  RequireDenied(t.f.manager->Submit(spec), "unknown, revoked or expired");
+  t.f.engine.RunAll();
+}
+
+TEST_CASE("only the owner creates grants; a session's grants end with it") {
+  Tenants t;
+  v1::CreateGrantRequest request;
+  request.set_region_id(t.secret->id());
+  request.set_access(v1::GRANT_ACCESS_READ);
+  regions::Caller attacker;
+  attacker.session_id = t.attacker;
+  CHECK(t.f.regions.table()->CreateGrant(request, attacker).status().code() ==
+        absl::StatusCode::kPermissionDenied);
+  CHECK(t.f.regions.table()->CreateGrant(request, regions::Caller{}).status().code() ==
+        absl::StatusCode::kPermissionDenied);
+  regions::Caller op;  // the operator lists everything but grants nothing it does not own
+  op.operator_role = true;
+  CHECK(t.f.regions.table()->CreateGrant(request, op).status().code() ==
+        absl::StatusCode::kPermissionDenied);
+  // A read-only region is never granted for writing, even by its owner.
+  v1::CreateGrantRequest write_ro;
+  write_ro.set_region_id(t.mine_src->id());
+  write_ro.set_access(v1::GRANT_ACCESS_WRITE);
+  CHECK(t.f.regions.table()->CreateGrant(write_ro, attacker).status().code() ==
+        absl::StatusCode::kFailedPrecondition);
+  regions::Caller victim;
+  victim.session_id = t.victim;
+  request.set_access(v1::GRANT_ACCESS_UNSPECIFIED);
+  CHECK(t.f.regions.table()->CreateGrant(request, victim).status().code() ==
+        absl::StatusCode::kInvalidArgument);
+
+  v1::TransferSpec spec = t.Spec(*t.secret, *t.mine, t.attacker);
+  spec.mutable_src()->set_grant(t.Grant(*t.secret, v1::GRANT_ACCESS_READ));
+  t.f.regions.table()->EndSession(t.victim);  // the victim exits: its regions and grants go
+  auto refused = t.f.manager->Submit(spec);
+  CHECK(!refused.ok());
+}
+
+TEST_CASE("layer-limited grants cover only their layers") {
+  ManagerFixture f{Options(), nullptr, /*check_access=*/true};
+  const uint64_t owner = f.regions.NewSession(), other = f.regions.NewSession();
+  // Two sessions' paged pools of 4 layers.
+  v1::RegionSpec layout;
+  auto paged = [&](uint64_t session, bool writable) {
+    return f.regions.PagedLayers(8, 4, writable, session);
+  };
+  auto src = paged(owner, false);
+  auto dst = paged(other, true);
+  v1::CreateGrantRequest request;
+  request.set_region_id(src->id());
+  request.set_access(v1::GRANT_ACCESS_READ);
+  request.set_layer_begin(1);
+  request.set_layer_end(3);
+  regions::Caller caller;
+  caller.session_id = owner;
+  auto grant = f.regions.table()->CreateGrant(request, caller);
+  REQUIRE(grant.ok());
+  v1::TransferSpec spec;
+  spec.set_session_id(other);
+  spec.mutable_src()->set_region_id(src->id());
+  spec.mutable_src()->set_grant(grant->token());
+  spec.mutable_dst()->set_region_id(dst->id());
+  spec.mutable_src()->add_block_ids(0);
+  spec.mutable_dst()->add_block_ids(1);
+  spec.mutable_src()->set_layer_begin(1);
+  spec.set_num_layers(2);  // layers 1..2: inside
+  auto ok = f.manager->Submit(spec);
+  INFO(ok.status().ToString());
+  CHECK(ok.ok());
+  spec.set_num_layers(3);  // layers 1..3: layer 3 is outside
+  RequireDenied(f.manager->Submit(spec), "covers layers [1, 3), the transfer touches [1, 4)");
+  spec.clear_num_layers();  // every layer from 1: outside too
+  RequireDenied(f.manager->Submit(spec), "spec.src.grant");
+  f.engine.RunAll();
+}
+
+TEST_CASE("block tables and flag words are read only from the submitter's regions") {
+  Tenants t;
+  // The victim's region used as a block table: refused before a single id is read, so the
+  // error cannot echo its bytes.
+  v1::TransferSpec spec = t.Spec(*t.mine_src, *t.mine, t.attacker);
+  v1::BlockTableRef* table = spec.mutable_src()->mutable_block_table();
+  table->set_region_id(t.secret->id());
+  table->set_count(4);
+  auto refused = t.f.manager->Submit(spec);
+  INFO(refused.status().ToString());
+  REQUIRE(refused.status().code() == absl::StatusCode::kPermissionDenied);
+  CHECK(std::string(refused.status().message()).find("spec.src.block_table.region_id") !=
+        std::string::npos);
+  CHECK(std::string(refused.status().message()).find("1583242846") == std::string::npos);
+
+  v1::TransferSpec flags = t.Spec(*t.mine_src, *t.mine, t.attacker);
+  flags.mutable_arrival_flags()->set_region_id(t.vault->id());
+  flags.mutable_arrival_flags()->set_value(1);
+  RequireDenied(t.f.manager->Submit(flags), "spec.arrival_flags.region_id");
+  flags.mutable_arrival_flags()->set_grant(t.Grant(*t.vault, v1::GRANT_ACCESS_WRITE));
+  flags.mutable_arrival_flags()->set_byte_offset(0);
+  CHECK(t.f.manager->Submit(flags).ok());
+  v1::TransferSpec ready = t.Spec(*t.mine_src, *t.mine, t.attacker);
+  ready.mutable_ready_flags()->set_region_id(t.secret->id());
+  ready.mutable_ready_flags()->set_value(1);
+  RequireDenied(t.f.manager->Submit(ready), "spec.ready_flags.region_id");
+  t.f.engine.RunAll();
+}
+
+}  // namespace
+}  // namespace kvrail::transfers
