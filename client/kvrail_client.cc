@@ -21,6 +21,7 @@
 #include "base/unique_fd.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/kvrail/v1/admin.grpc.pb.h"
+#include "proto/kvrail/v1/peer.grpc.pb.h"
 #include "proto/kvrail/v1/spec_copy.h"
 #include "proto/kvrail/v1/transfer.grpc.pb.h"
 #include "wire/session_wire.h"
@@ -107,7 +108,8 @@ class Client::Impl {
         unix_path_(std::move(parsed.unix_path)),
         channel_(std::move(channel)),
         transfer_(v1::Transfer::NewStub(channel_)),
-        admin_(v1::Admin::NewStub(channel_)) {
+        admin_(v1::Admin::NewStub(channel_)),
+        peer_(v1::Peer::NewStub(channel_)) {
     const char* via = std::getenv("KVRAIL_SUBMIT_VIA");
     if (via != nullptr && std::string(via) == "grpc") session_submit_.store(false);
   }
@@ -118,6 +120,7 @@ class Client::Impl {
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Transfer::Stub> transfer_;
   std::unique_ptr<v1::Admin::Stub> admin_;
+  std::unique_ptr<v1::Peer::Stub> peer_;
 
   absl::Mutex session_mu_;
   std::unique_ptr<wire::SessionConnection> session_ ABSL_GUARDED_BY(session_mu_);
@@ -412,6 +415,20 @@ absl::Status Client::RevokeGrant(const std::string& token) {
   impl_->Bind(&context);
   SetDeadline(&context, kUnaryDeadline);
   return FromGrpcStatus(impl_->transfer_->RevokeGrant(&context, request, &response));
+}
+
+absl::StatusOr<v1::RegionLease> Client::ExportRegion(uint64_t region_id,
+                                                     const std::string& peer_node) {
+  v1::ExportRegionRequest request;
+  request.set_region_id(region_id);
+  request.set_peer_node_id(peer_node);
+  v1::RegionLease lease;
+  grpc::ClientContext context;
+  impl_->Bind(&context);
+  SetDeadline(&context, kUnaryDeadline);
+  KVRAIL_RETURN_IF_ERROR(
+      impl_->Checked(FromGrpcStatus(impl_->peer_->ExportRegion(&context, request, &lease))));
+  return lease;
 }
 
 absl::StatusOr<std::vector<v1::Notification>> Client::PollNotifications(uint32_t max,

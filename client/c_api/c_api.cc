@@ -596,6 +596,15 @@ int kvrail_revoke_grant(kvrail_client* handle, const char* token) {
   });
 }
 
+int kvrail_export_region(kvrail_client* handle, uint64_t region_id, const char* peer_node,
+                         uint8_t** out, size_t* out_len) {
+  return kvrail::c_api::MessageCall(
+      handle, out, out_len, [&](Client& client) -> absl::StatusOr<v1::RegionLease> {
+        if (peer_node == nullptr) return absl::InvalidArgumentError("peer_node: NULL");
+        return client.ExportRegion(region_id, peer_node);
+      });
+}
+
 int kvrail_poll_notifications(kvrail_client* handle, uint32_t max, int64_t timeout_ms,
                               uint8_t** out, size_t* out_len) {
   return kvrail::c_api::MessageCall(

@@ -207,6 +207,10 @@ int kvrail_list_transfers_filtered(kvrail_client* client, const uint8_t* request
 int kvrail_create_grant(kvrail_client* client, uint64_t region_id, int32_t access, uint64_t ttl_ms,
                         uint32_t layer_begin, uint32_t layer_end, uint8_t** out, size_t* out_len);
 int kvrail_revoke_grant(kvrail_client* client, const char* token);
+/* Lets the daemon of node `peer_node` write into region `region_id` (owned by this client's
+ * session): Peer.ExportRegion. Out: the serialized kvrail.v1.RegionLease. */
+int kvrail_export_region(kvrail_client* client, uint64_t region_id, const char* peer_node,
+                         uint8_t** out, size_t* out_len);
 
 /* --- Notifications (TransferSpec.notification) ------------------------------------------------ */
 /* Notifications queued for this client's session (opened on first use), oldest first: at most

@@ -85,7 +85,7 @@ absl::StatusOr<std::unique_ptr<Fabric>> FabricImpl::Create(const FabricOptions& 
                               [f](PeerConn* peer) { return f->control_->Introduce(peer); });
   f->lanes_->StartProxies(f->sender_.get(), f->receiver_.get());
   f->service_ = MakePeerService(options.node_id, boot_id, f->control_.get(), f->leases_.get(),
-                                f->receiver_.get());
+                                f->receiver_.get(), regions);
   spdlog::info("{}", f->Describe());
   return std::unique_ptr<Fabric>(std::move(fabric));
 }

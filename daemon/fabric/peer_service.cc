@@ -3,7 +3,9 @@
 #include <utility>
 
 #include "absl/time/clock.h"
+#include "absl/strings/str_cat.h"
 #include "base/grpc_status.h"
+#include "daemon/server/caller.h"
 #include "proto/kvrail/v1/peer.grpc.pb.h"
 
 namespace kvrail::fabric {
@@ -13,12 +15,13 @@ namespace {
 class PeerServiceImpl final : public v1::Peer::Service {
  public:
   PeerServiceImpl(std::string node_id, uint64_t boot_id, PeerControl* control, Leases* leases,
-                  Receiver* receiver)
+                  Receiver* receiver, const regions::RegionTable* regions)
       : node_id_(std::move(node_id)),
         boot_id_(boot_id),
         control_(control),
         leases_(leases),
-        receiver_(receiver) {}
+        receiver_(receiver),
+        regions_(regions) {}
 
   grpc::Status Hello(grpc::ServerContext*, const v1::HelloRequest* request,
                      v1::HelloResponse* response) override {
@@ -37,9 +40,19 @@ class PeerServiceImpl final : public v1::Peer::Service {
   }
   grpc::Status ExportRegion(grpc::ServerContext* context, const v1::ExportRegionRequest* request,
                             v1::RegionLease* response) override {
-    if (context->peer().rfind("unix:", 0) != 0) {
+    if (!server::IsLocal(*context)) {
       return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
                           "ExportRegion is served to local clients (the unix socket) only");
+    }
+    // Exporting lets another node write the region: its owner's decision alone.
+    absl::StatusOr<regions::Caller> caller = server::CallerFromMetadata(*context, *regions_);
+    if (!caller.ok()) return ToGrpcStatus(caller.status());
+    absl::StatusOr<std::shared_ptr<regions::Region>> region = regions_->Get(request->region_id());
+    if (region.ok() &&
+        (caller->session_id == 0 || (*region)->session_id() != caller->session_id)) {
+      return ToGrpcStatus(absl::PermissionDeniedError(absl::StrCat(
+          "region_id: region ", request->region_id(),
+          " belongs to another session; only its owner may export it")));
     }
     return Fill(leases_->Export(request->region_id(), request->peer_node_id()), response);
   }
@@ -84,14 +97,17 @@ class PeerServiceImpl final : public v1::Peer::Service {
   PeerControl* const control_;
   Leases* const leases_;
   Receiver* const receiver_;
+  const regions::RegionTable* const regions_;
 };
 
 }  // namespace
 
 std::unique_ptr<grpc::Service> MakePeerService(std::string node_id, uint64_t boot_id,
                                                PeerControl* control, Leases* leases,
-                                               Receiver* receiver) {
-  return std::make_unique<PeerServiceImpl>(std::move(node_id), boot_id, control, leases, receiver);
+                                               Receiver* receiver,
+                                               const regions::RegionTable* regions) {
+  return std::make_unique<PeerServiceImpl>(std::move(node_id), boot_id, control, leases, receiver,
+                                           regions);
 }
 
 }  // namespace kvrail::fabric

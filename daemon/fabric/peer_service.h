@@ -3,6 +3,8 @@
 // the receiver (Begin/End/AbortRemoteTransfer).
 #pragma once
 
+#include "daemon/regions/regions.h"
+
 #include <grpcpp/grpcpp.h>
 
 #include <cstdint>
@@ -17,8 +19,10 @@ namespace kvrail::fabric {
 
 // The service answers as `node_id` (this run: `boot_id`). The parts outlive it. Thread contract:
 // gRPC calls it concurrently; the parts are thread-safe.
+// `regions` identifies ExportRegion's caller (only a region's owner may export it).
 std::unique_ptr<grpc::Service> MakePeerService(std::string node_id, uint64_t boot_id,
                                                PeerControl* control, Leases* leases,
-                                               Receiver* receiver);
+                                               Receiver* receiver,
+                                               const regions::RegionTable* regions);
 
 }  // namespace kvrail::fabric

@@ -9,7 +9,7 @@
 #include "absl/time/clock.h"
 #include "base/grpc_status.h"
 #include "base/status.h"
-#include "wire/session_wire.h"
+#include "daemon/server/caller.h"
 #include "proto/kvrail/v1/admin.grpc.pb.h"
 #include "proto/kvrail/v1/transfer.grpc.pb.h"
 #include "spdlog/spdlog.h"
@@ -17,26 +17,17 @@
 namespace kvrail::server {
 namespace {
 
-// The caller of a Transfer or Admin call (docs/security.md): anonymous without `kvrail-session`
-// metadata, UNAUTHENTICATED with a wrong one, PERMISSION_DENIED over TCP unless the API is served
-// there.
+// The caller of a Transfer or Admin call (docs/security.md): PERMISSION_DENIED over TCP unless
+// the API is served there, else CallerFromMetadata.
 absl::StatusOr<regions::Caller> CallerOf(grpc::ServerContext* context,
                                          const regions::RegionTable& regions,
                                          bool tcp_serves_api) {
-  if (!tcp_serves_api && context->peer().rfind("unix:", 0) != 0) {
+  if (!tcp_serves_api && !IsLocal(*context)) {
     return absl::PermissionDeniedError(
         "Transfer and Admin calls are served on kvraild's unix socket only (TCP serves the Peer "
         "service; DaemonConfig.tcp_serves_api opts in)");
   }
-  const auto& metadata = context->client_metadata();
-  auto it = metadata.find(wire::kSessionMetadataKey);
-  if (it == metadata.end()) return regions::Caller{};
-  const absl::string_view value(it->second.data(), it->second.size());
-  std::optional<std::pair<uint64_t, std::string>> parsed = wire::ParseSessionMetadata(value);
-  if (!parsed.has_value()) {
-    return absl::UnauthenticatedError("kvrail-session: not \"<session id>.<secret>\"");
-  }
-  return regions.Authenticate(parsed->first, parsed->second);
+  return CallerFromMetadata(*context, regions);
 }
 
 #define KVRAIL_CALLER_OR_RETURN(caller)                                                  \

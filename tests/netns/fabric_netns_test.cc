@@ -102,6 +102,14 @@ TEST_CASE("a paged KV cache moves between two nodes over tcp, striped over 2 NIC
                                  v1::LAYOUT_ORDER_LAYER_PART_BLOCK_NHD);
   Pool src = MakePool(*nodes.a.client, layout, false, "prefill");
   Pool dst = MakePool(*nodes.b.client, layout, true, "decode");
+  {
+    // Exporting lets node a write the pool: another client of node b may not do it.
+    auto intruder = client::Client::Connect(nodes.b.socket);
+    REQUIRE(intruder.ok());
+    auto refused = (*intruder)->ExportRegion(dst.id(), "a");
+    CHECK(refused.status().code() == absl::StatusCode::kPermissionDenied);
+    CHECK(refused.status().message().find("region_id") != std::string::npos);
+  }
   REQUIRE(nodes.b.Export(dst.id(), "a").ok());
   const auto src_blocks = ScatteredBlocks(64, 40, 1);
   const auto dst_blocks = ScatteredBlocks(64, 40, 2);

@@ -135,14 +135,8 @@ NsDaemon::~NsDaemon() {
 }
 
 absl::Status NsDaemon::Export(uint64_t region, const std::string& to) {
-  auto channel = grpc::CreateChannel("unix:" + socket, grpc::InsecureChannelCredentials());
-  auto stub = v1::Peer::NewStub(channel);
-  grpc::ClientContext context;
-  v1::ExportRegionRequest request;
-  request.set_region_id(region);
-  request.set_peer_node_id(to);
-  v1::RegionLease lease;
-  return FromGrpcStatus(stub->ExportRegion(&context, request, &lease));
+  // Through the region owner's client: only the owner may export a region.
+  return client->ExportRegion(region, to).status();
 }
 
 }  // namespace kvrail::testing

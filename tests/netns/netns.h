@@ -64,7 +64,7 @@ struct NsDaemon {
   }
   void Kill(int sig);
   std::string Log() const;
-  // Peer.ExportRegion over the unix socket (local operators only).
+  // Peer.ExportRegion of a region `client` registered (only its owner may export it).
   absl::Status Export(uint64_t region, const std::string& to);
   ~NsDaemon();
 };
