@@ -27,6 +27,13 @@ constexpr uint32_t kMaxAccessBytes = 16;
 // Chunks whose adjacency is counted when a plan's id checks are deferred (see MakePlan).
 constexpr uint64_t kRunSampleChunks = 8192;
 
+absl::Status CheckTileCount(uint64_t tiles, const PlanOptions& options, absl::string_view field) {
+  if (options.max_tiles == 0 || tiles <= options.max_tiles) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat(
+      field, ": the transfer would be ", tiles, " tiles (at most ", options.max_tiles,
+      " per transfer); use larger tiles or split it"));
+}
+
 absl::Status Invalid(absl::string_view field, absl::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat("spec.", field, ": ", what));
 }
@@ -248,6 +255,7 @@ absl::StatusOr<Plan> MakePlan(const kvrail::v1::TransferSpec& spec, const Region
     h.chunk_div = k::MakeFastDiv(1);
     h.heads_div = k::MakeFastDiv(1);
     FinishTiling(h, options.tile_bytes);
+    KVRAIL_RETURN_IF_ERROR(CheckTileCount(h.tiles_per_part, options, "spec.num_bytes"));
     h.num_tiles = h.tiles_per_part;
     plan.num_runs_ = 1;
     return plan;
@@ -384,6 +392,7 @@ absl::StatusOr<Plan> MakePlan(const kvrail::v1::TransferSpec& spec, const Region
   if (tiles > UINT32_MAX) {
     return Invalid("num_tokens", "the transfer needs more than 2^32 tiles; raise the tile size or split it");
   }
+  KVRAIL_RETURN_IF_ERROR(CheckTileCount(static_cast<uint64_t>(tiles), options, "spec.num_tokens"));
   h.num_tiles = static_cast<uint32_t>(tiles);
 
   // Contiguous runs: whole blocks whose ids are consecutive on both sides merge when blocks are

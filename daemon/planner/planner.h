@@ -155,6 +155,11 @@ struct PlanOptions {
   // every engine calls before it runs tiles. 0: every id is checked here. Counts, layers, heads
   // and everything else are always checked here.
   uint64_t defer_checks_from = 0;
+  // At most this many tiles per transfer (RESOURCE_EXHAUSTED naming the size field beyond): each
+  // tile is an entry in a transfer's record and queues, so a huge count of tiny tiles (a
+  // 134M-layer request, a peer asking for 1-byte tiles) would hold memory and a thread for
+  // seconds.
+  uint64_t max_tiles = uint64_t{1} << 20;
 };
 
 class DeferredIdChecks;

@@ -131,6 +131,29 @@ TEST_CASE("fast division is exact") {
   }
 }
 
+TEST_CASE("a transfer of too many tiles is refused before anything is built") {
+  // 4 layers x 2 parts x 4096 blocks of 16 tokens x 8 heads x 64 dims: 64 MiB of 16 KiB blocks.
+  const RegionView src = Paged(Proto(4, 2, 4096, 16, 8, 64, kNhd));
+  const RegionView dst = Paged(Proto(4, 2, 4096, 16, 8, 64, kNhd));
+  std::vector<uint32_t> ids(4096);
+  std::iota(ids.begin(), ids.end(), 0);
+  const TransferSpec spec = Spec(ids, ids);
+  PlanOptions tiny;
+  tiny.tile_bytes = 16;  // a peer asking for 16-byte tiles: 4M tiles
+  ExpectError(MakePlan(spec, src, dst, tiny).status(), absl::StatusCode::kResourceExhausted,
+              "spec.num_tokens: the transfer would be ");
+  CHECK(std::string(MakePlan(spec, src, dst, tiny).status().message()).find(
+            "tiles (at most 1048576 per transfer)") != std::string::npos);
+  tiny.max_tiles = 0;  // no cap (the planner's own tests)
+  CHECK(MakePlan(spec, src, dst, tiny).ok());
+  PlanOptions bytes_options;
+  bytes_options.tile_bytes = 1;
+  TransferSpec bytes;
+  bytes.set_num_bytes(uint64_t{1} << 26);
+  ExpectError(MakePlan(bytes, Bytes(1 << 26), Bytes(1 << 26, true), bytes_options).status(),
+              absl::StatusCode::kResourceExhausted, "spec.num_bytes: the transfer would be");
+}
+
 TEST_CASE("transfer validation names the field") {
   const RegionView src = Paged(Proto(4, 2, 4096, 16, 8, 64, kNhd));
   const RegionView dst = Paged(Proto(4, 2, 4096, 16, 8, 64, kNhd));

@@ -135,6 +135,11 @@ class RegionTableImpl final : public RegionTable {
 
   absl::StatusOr<std::shared_ptr<Region>> Register(const v1::RegionSpec& given,
                                                    uint64_t session_id) override {
+    {
+      // Checked before any mapping work (two racing registers may pass it by one).
+      absl::MutexLock lock(&mu_);
+      KVRAIL_RETURN_IF_ERROR(CheckRegionCapLocked(session_id));
+    }
     // A GPU named by UUID becomes this daemon's ordinal before anything reads spec.device.
     v1::RegionSpec resolved;
     if (!given.device_uuid().empty()) {
@@ -428,6 +433,13 @@ class RegionTableImpl final : public RegionTable {
     if (tokens_.size() >= kMaxTokens) {
       return absl::ResourceExhaustedError("too many unused fd tokens; register or close them");
     }
+    size_t held = 0;
+    for (const auto& [token, pending] : tokens_) held += pending.session_id == session_id;
+    if (held >= kMaxTokensPerSession) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "fd tokens: the session holds ", held, " unused fd tokens (at most ",
+          kMaxTokensPerSession, " per session); register or close them"));
+    }
     std::string token;
     do {
       token = absl::StrCat(absl::Hex(rng_(), absl::kZeroPad16), absl::Hex(rng_(), absl::kZeroPad16));
@@ -474,6 +486,20 @@ class RegionTableImpl final : public RegionTable {
 
  private:
   static constexpr size_t kMaxTokens = 4096;
+  // One session cannot take every token (or every mapping) from the others.
+  static constexpr size_t kMaxTokensPerSession = 1024;
+  static constexpr size_t kMaxRegionsPerSession = 4096;
+
+  // RESOURCE_EXHAUSTED naming the cap when `session_id` already holds kMaxRegionsPerSession.
+  absl::Status CheckRegionCapLocked(uint64_t session_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (session_id == 0) return absl::OkStatus();
+    size_t held = 0;
+    for (const auto& [id, region] : regions_) held += region->session_id() == session_id;
+    if (held < kMaxRegionsPerSession) return absl::OkStatus();
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "regions: the session holds ", held, " regions (at most ", kMaxRegionsPerSession,
+        " per session); unregister some"));
+  }
   struct PendingFd {
     uint64_t session_id;
     UniqueFd fd;

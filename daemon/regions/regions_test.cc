@@ -335,3 +335,33 @@ TEST_CASE("per-layer region errors name the field, and a failed layer consumes n
 
 }  // namespace
 }  // namespace kvrail::regions
+
+namespace kvrail::regions {
+namespace {
+
+TEST_CASE("one session cannot take every fd token") {
+  auto table = RegionTable::Create(Clock::Real());
+  const uint64_t greedy = table->BeginSession();
+  const uint64_t other = table->BeginSession();
+  UniqueFd fd = Memfd(4096);
+  int taken = 0;
+  absl::Status last;
+  for (int i = 0; i < 2000; ++i) {
+    auto token = table->AddFd(greedy, UniqueFd(::dup(fd.get())));
+    if (!token.ok()) {
+      last = token.status();
+      break;
+    }
+    ++taken;
+  }
+  CHECK(taken == 1024);
+  RequireError(last, absl::StatusCode::kResourceExhausted, "fd tokens: the session holds 1024");
+  // Another session still gets tokens; the greedy one's go when it ends.
+  CHECK(table->AddFd(other, UniqueFd(::dup(fd.get()))).ok());
+  table->EndSession(greedy);
+  const uint64_t again = table->BeginSession();
+  CHECK(table->AddFd(again, UniqueFd(::dup(fd.get()))).ok());
+}
+
+}  // namespace
+}  // namespace kvrail::regions
