@@ -90,13 +90,8 @@ class LayeredRegion final : public Region {
   const v1::RegionSpec& spec() const override { return spec_; }
   const planner::RegionView& view() const override { return view_; }
   v1::RegionInfo Info() const override {
-    v1::RegionInfo info;
-    info.set_region_id(id_);
-    *info.mutable_spec() = spec_;
-    info.set_session_id(session_id_);
-    info.set_active_transfers(active_.load(std::memory_order_relaxed));
-    info.set_registered_unix_us(registered_us_);
-    return info;
+    return RegionInfoOf(id_, spec_, session_id_, active_.load(std::memory_order_relaxed),
+                        registered_us_);
   }
   void AcquireUse() override { active_.fetch_add(1, std::memory_order_relaxed); }
   void ReleaseUse() override { active_.fetch_sub(1, std::memory_order_relaxed); }
@@ -126,6 +121,17 @@ class LayeredRegion final : public Region {
 };
 
 }  // namespace
+
+v1::RegionInfo RegionInfoOf(uint64_t id, const v1::RegionSpec& spec, uint64_t session_id,
+                            uint32_t active, int64_t registered_us) {
+  v1::RegionInfo info;
+  info.set_region_id(id);
+  *info.mutable_spec() = spec;
+  info.set_session_id(session_id);
+  info.set_active_transfers(active);
+  info.set_registered_unix_us(registered_us);
+  return info;
+}
 
 v1::RegionSpec LayerSpec(const v1::RegionSpec& spec, int index) {
   v1::RegionSpec layer = spec;

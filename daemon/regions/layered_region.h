@@ -34,6 +34,10 @@ std::shared_ptr<Region> MakeLayeredRegion(uint64_t id, uint64_t session_id, v1::
                                           std::vector<LayerMemory> layers,
                                           int64_t registered_us);
 
+// The RegionInfo both region kinds show clients (`active` read by the caller).
+v1::RegionInfo RegionInfoOf(uint64_t id, const v1::RegionSpec& spec, uint64_t session_id,
+                            uint32_t active, int64_t registered_us);
+
 // A per-layer spec's layer `index` as a spec of its own (share = layer_shares[index]), for
 // importing that layer's CUDA memory.
 v1::RegionSpec LayerSpec(const v1::RegionSpec& spec, int index);

@@ -178,12 +178,9 @@ class TransferService final : public v1::Transfer::Service {
                                  const v1::NotificationPollRequest* request,
                                  v1::NotificationPollResponse* response) override {
     KVRAIL_CALLER_OR_RETURN(caller);
-    if (request->session_id() != caller.session_id) {
-      return ToGrpcStatus(absl::PermissionDeniedError(
-          "session_id: notifications are read by their own session only"));
-    }
-    if (notifications_ == nullptr) {
-      return ToGrpcStatus(absl::UnimplementedError("notifications: not enabled in this daemon"));
+    if (absl::Status readable = NotificationsReadable(request->session_id(), caller);
+        !readable.ok()) {
+      return ToGrpcStatus(readable);
     }
     if (request->timeout_ms() > kMaxPollTimeoutMs) {
       return ToGrpcStatus(absl::InvalidArgumentError(
@@ -200,12 +197,9 @@ class TransferService final : public v1::Transfer::Service {
                                   const v1::NotificationWatchRequest* request,
                                   grpc::ServerWriter<v1::Notification>* writer) override {
     KVRAIL_CALLER_OR_RETURN(caller);
-    if (request->session_id() != caller.session_id) {
-      return ToGrpcStatus(absl::PermissionDeniedError(
-          "session_id: notifications are read by their own session only"));
-    }
-    if (notifications_ == nullptr) {
-      return ToGrpcStatus(absl::UnimplementedError("notifications: not enabled in this daemon"));
+    if (absl::Status readable = NotificationsReadable(request->session_id(), caller);
+        !readable.ok()) {
+      return ToGrpcStatus(readable);
     }
     bool first = true;
     // Slices of 250 ms so a client that went away frees its server thread.
@@ -228,6 +222,19 @@ class TransferService final : public v1::Transfer::Service {
     if (!status.ok()) return ToGrpcStatus(status.status());
     *out = *std::move(status);
     return grpc::Status::OK;
+  }
+
+  // PERMISSION_DENIED unless `caller` is the session whose queue it asks for; UNIMPLEMENTED
+  // without a notification hub.
+  absl::Status NotificationsReadable(uint64_t session_id, const regions::Caller& caller) const {
+    if (session_id != caller.session_id) {
+      return absl::PermissionDeniedError(
+          "session_id: notifications are read by their own session only");
+    }
+    if (notifications_ == nullptr) {
+      return absl::UnimplementedError("notifications: not enabled in this daemon");
+    }
+    return absl::OkStatus();
   }
 
   static constexpr uint32_t kMaxPollTimeoutMs = 60000;

@@ -53,18 +53,7 @@ class TestRegions {
     return Register(spec, uint64_t{2} * layers * blocks * 256, writable, session);
   }
   std::shared_ptr<regions::Region> Paged(uint32_t blocks, bool writable) {
-    v1::RegionSpec spec;
-    spec.set_name("paged");
-    auto* l = spec.mutable_paged_kv();
-    l->set_num_layers(1);
-    l->set_num_parts(2);
-    l->set_num_blocks(blocks);
-    l->set_tokens_per_block(16);
-    l->set_num_heads(1);
-    l->set_head_dim(8);
-    l->set_dtype(v1::DTYPE_BF16);
-    l->set_order(v1::LAYOUT_ORDER_LAYER_PART_BLOCK_NHD);
-    return Register(spec, uint64_t{2} * blocks * 256, writable);
+    return PagedLayers(blocks, 1, writable, 0);
   }
 
  private:
