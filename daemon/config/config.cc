@@ -111,6 +111,34 @@ absl::Status FinalizeConfig(v1::DaemonConfig* config) {
     return absl::InvalidArgumentError(
         absl::StrCat("log_format: '", config->log_format(), "' is not text or json"));
   }
+  // Caps (docs/security.md, "Caps"); max_sessions 0 stays: kvraild derives it from
+  // RLIMIT_NOFILE.
+  if (config->max_sessions_per_uid() == 0) config->set_max_sessions_per_uid(256);
+  if (config->max_transfers_per_session() == 0) config->set_max_transfers_per_session(4096);
+  if (config->max_watchers_per_session() == 0) config->set_max_watchers_per_session(64);
+  if (config->max_list_transfers() == 0) config->set_max_list_transfers(1000);
+  if (config->max_sessions() > (1u << 20) || config->max_sessions_per_uid() > (1u << 20)) {
+    return absl::InvalidArgumentError("max_sessions, max_sessions_per_uid: at most 1048576");
+  }
+  if (config->max_transfers_per_session() > (1u << 24)) {
+    return absl::InvalidArgumentError("max_transfers_per_session: at most 16777216");
+  }
+  if (config->max_watchers_per_session() > 65536) {
+    return absl::InvalidArgumentError("max_watchers_per_session: at most 65536");
+  }
+  if (config->max_list_transfers() > 1000000) {
+    return absl::InvalidArgumentError("max_list_transfers: at most 1000000");
+  }
+  // Region caps (docs/security.md, "Memory"); max_mapped_bytes_per_uid and max_region_mappings
+  // 0 stay: kvraild derives them from the node (physical memory, vm.max_map_count).
+  if (config->max_regions_per_session() == 0) config->set_max_regions_per_session(4096);
+  if (config->max_regions_per_uid() == 0) config->set_max_regions_per_uid(16384);
+  if (config->max_regions_per_session() > (1u << 20) || config->max_regions_per_uid() > (1u << 20) ||
+      config->max_region_mappings() > (1u << 24)) {
+    return absl::InvalidArgumentError(
+        "max_regions_per_session, max_regions_per_uid: at most 1048576; max_region_mappings: at "
+        "most 16777216");
+  }
   for (const auto& [node, address] : config->peers()) {
     if (node.empty() || address.empty() || address.find(':') == std::string::npos) {
       return absl::InvalidArgumentError(
