@@ -74,6 +74,10 @@ absl::Status FinalizeConfig(v1::DaemonConfig* config) {
   if (config->cuda_copy_engine_min_run_bytes() == 0) {
     config->set_cuda_copy_engine_min_run_bytes(1 << 20);
   }
+  if (!config->has_cuda_copy_only_kernel_ctas()) config->set_cuda_copy_only_kernel_ctas(4);
+  if (config->cuda_copy_only_kernel_below_run_bytes() == 0) {
+    config->set_cuda_copy_only_kernel_below_run_bytes(128 << 10);
+  }
 
   if (config->unix_socket().size() >= 100) {
     return absl::InvalidArgumentError(
@@ -106,6 +110,9 @@ absl::Status FinalizeConfig(v1::DaemonConfig* config) {
   }
   if (config->cuda_max_ctas() > 4096) {
     return absl::InvalidArgumentError("cuda_max_ctas: at most 4096");
+  }
+  if (config->cuda_copy_only_kernel_ctas() > 4096) {
+    return absl::InvalidArgumentError("cuda_copy_only_kernel_ctas: at most 4096");
   }
   if (config->log_format() != "text" && config->log_format() != "json") {
     return absl::InvalidArgumentError(
