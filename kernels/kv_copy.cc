@@ -106,6 +106,10 @@ DevicePlanBuffer::~DevicePlanBuffer() {
   if (memory_ != nullptr) internal::DeviceFree(memory_, stream_);
 }
 
+absl::Status WarmUpKvCopy(CudaStream stream) {
+  return CudaStatus(internal::WarmUpKernels(stream), "kv_copy warm-up");
+}
+
 absl::Status LaunchKvCopy(const DevicePlan& plan, uint32_t tile_begin, uint32_t tile_end,
                           int num_ctas, CudaStream stream, int threads_per_cta) {
   if (tile_end > plan.num_tiles || tile_begin > tile_end) {

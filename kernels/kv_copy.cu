@@ -226,6 +226,28 @@ int KvCopyLaunch(const PlanHeader* device_header, uint32_t tile_begin, uint32_t 
   return cudaGetLastError();
 }
 
+int WarmUpKernels(CUstream_st* stream) {
+  PlanHeader* header = nullptr;
+  cudaError_t e = cudaMallocAsync(reinterpret_cast<void**>(&header), sizeof(PlanHeader), stream);
+  if (e != cudaSuccess) return e;
+  // A zero header: no tiles, every kernel returns after reading it.
+  e = cudaMemsetAsync(header, 0, sizeof(PlanHeader), stream);
+  const dim3 grid(1), block(32);
+  if (e == cudaSuccess) {
+    KvCopyPiecesKernel<<<grid, block, 0, stream>>>(header, 0, 0, kMaxPieceBytes);
+    KvCopyKernel<16><<<grid, block, 0, stream>>>(header, 0, 0);
+    KvCopyKernel<8><<<grid, block, 0, stream>>>(header, 0, 0);
+    KvCopyKernel<4><<<grid, block, 0, stream>>>(header, 0, 0);
+    KvCopyKernel<2><<<grid, block, 0, stream>>>(header, 0, 0);
+    KvCopyKernel<1><<<grid, block, 0, stream>>>(header, 0, 0);
+    e = cudaGetLastError();
+  }
+  const cudaError_t freed = cudaFreeAsync(header, stream);
+  const cudaError_t synced = cudaStreamSynchronize(stream);
+  if (e != cudaSuccess) return e;
+  return freed != cudaSuccess ? freed : synced;
+}
+
 int DeviceAlloc(void** ptr, size_t bytes, CUstream_st* stream) {
   return cudaMallocAsync(ptr, bytes, stream);
 }

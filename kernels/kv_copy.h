@@ -67,4 +67,9 @@ class DevicePlanBuffer {
 absl::Status LaunchKvCopy(const DevicePlan& plan, uint32_t tile_begin, uint32_t tile_end,
                           int num_ctas, CudaStream stream, int threads_per_cta = 512);
 
+// Loads every kernel of this library on the current device (one empty launch each, on
+// `stream`, waited for): with lazy module loading a kernel's first launch would otherwise load
+// it inside the first transfer (and may synchronize the whole context).
+absl::Status WarmUpKvCopy(CudaStream stream);
+
 }  // namespace kvrail::kernels

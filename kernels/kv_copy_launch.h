@@ -20,6 +20,10 @@ int DeviceAlloc(void** ptr, size_t bytes, CUstream_st* stream);
 int DeviceFree(void* ptr, CUstream_st* stream);
 // Enqueues the copy on `stream` (a pageable source is staged before this returns).
 int CopyToDevice(void* dst, const void* src, size_t bytes, CUstream_st* stream);
+// Launches every kernel variant once on an empty tile range and waits for `stream`: with lazy
+// module loading (the CUDA 12 default) a kernel's first launch loads it, which can take
+// milliseconds and synchronize the context; done at start it stays out of the first transfer.
+int WarmUpKernels(CUstream_st* stream);
 const char* ErrorName(int error);
 const char* ErrorString(int error);
 

@@ -3,6 +3,8 @@
 // batches, mode and CTAs); see docs/architecture.md ("CUDA engine").
 #include <cuda_runtime_api.h>
 
+#include <spdlog/spdlog.h>
+
 #include <deque>
 #include <map>
 #include <memory>
@@ -39,12 +41,20 @@ constexpr int kThreadsPerCta = 512;
 constexpr size_t kMaxInFlight = 2;  // batches queued on the stream: the next launch hides the gap
 // Pinned block-table memory kept free for the next plans (a 262k-block transfer needs 2 MiB).
 constexpr uint64_t kRetainedTableBytes = 64 << 20;
+// Stream-ordered pool memory kept between plan buffers (cudaMemPoolAttrReleaseThreshold).
+constexpr uint64_t kRetainedPoolBytes = 64 << 20;
+// Pinned table buffers made at start, per size class from 4 KiB to 4 MiB (two each): a first
+// plan finds its tables' memory without a cudaHostAlloc.
+constexpr size_t kWarmTableMinBytes = 4 << 10, kWarmTableMaxBytes = 4 << 20;
+// Tuner keys of the copy-only mode's small kernels start here (CtaTunerKey stays below 200).
+constexpr int kCopyOnlyTunerKeys = 1 << 10;
 
 // What the dispatcher knows about a job it has started (dispatcher thread only).
 struct JobState {
   std::shared_ptr<Job> job;
   absl::Status setup;  // not OK: every tile of the job fails with it
   Mode mode = Mode::kKernel;
+  int max_ctas = 0;  // kernel: the most CTAs a launch may use (ChoosePlanMode)
   int tuner_key = 0;
   uint8_t* src = nullptr;  // device-visible bases (nullptr for per-layer sides)
   uint8_t* dst = nullptr;
@@ -131,14 +141,29 @@ class DeviceWorker {
   std::string Describe() const {
     absl::MutexLock lock(&mu_);
     if (!broken_.ok()) return absl::StrCat("cuda:", device_, " BROKEN: ", broken_.message());
-    return absl::StrCat("cuda:", device_, " ", last_decision_, ", budget ", options_.max_ctas,
+    return absl::StrCat("cuda:", device_, " ", warm_up_text_, last_decision_, ", budget ",
+                        options_.max_ctas,
                         " CTAs; ", kernel_batches_, " kernel / ", copy_batches_,
-                        " copy-engine batches; ", held_states_,
+                        " copy-engine batches; ", CopyOnlyTextLocked(), held_states_,
                         " jobs set up (plan on the GPU); last job set-up (plan upload enqueued) ",
                         SetUpTextLocked(), LastJobTextLocked());
   }
 
+  // Blocks until the dispatcher has warmed its GPU up (or found it cannot).
+  void AwaitWarm() const {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(&warm_done_));
+  }
  private:
+  // What the copy-engine-only mode (or an unreachable peer) decided against the copy engines'
+  // per-run cost; empty when nothing was.
+  std::string CopyOnlyTextLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (copy_only_kernel_plans_ == 0 && slow_copy_plans_ == 0) return "";
+    return absl::StrCat(copy_only_kernel_plans_, " tiny-run plans on a small kernel / ",
+                        slow_copy_plans_, " slow plans kept on the copy engines (latest: ",
+                        last_mode_note_, "); ");
+  }
+
   std::string SetUpTextLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (!last_setup_.has_value()) return "none yet";
     return absl::StrFormat("%.0f us (%.1f MiB of block tables, %s)",
@@ -194,11 +219,46 @@ class DeviceWorker {
   }
 
 
+  // Start-up work that would otherwise land in the first transfer (dispatcher thread): the
+  // kernels' lazy module load, and the stream-ordered pool (plan buffers) keeping its memory
+  // between plans instead of giving it back at every synchronization.
+  absl::Status WarmUp() {
+    const absl::Time t0 = absl::Now();
+    cudaMemPool_t pool = nullptr;
+    KVRAIL_RETURN_IF_ERROR(cuda::CudaStatus(cudaDeviceGetDefaultMemPool(&pool, device_),
+                                            "cudaDeviceGetDefaultMemPool"));
+    uint64_t keep = kRetainedPoolBytes;
+    KVRAIL_RETURN_IF_ERROR(cuda::CudaStatus(
+        cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep),
+        "cudaMemPoolSetAttribute(release threshold)"));
+    // Grows the pool once (plan buffers are small; 4 MiB covers a 262k + 262k-id plan).
+    void* scratch = nullptr;
+    KVRAIL_RETURN_IF_ERROR(cuda::CudaStatus(cudaMallocAsync(&scratch, 4 << 20, stream_.get()),
+                                            "cudaMallocAsync(warm-up)"));
+    KVRAIL_RETURN_IF_ERROR(cuda::CudaStatus(cudaFreeAsync(scratch, stream_.get()),
+                                            "cudaFreeAsync(warm-up)"));
+    KVRAIL_RETURN_IF_ERROR(kernels::WarmUpKvCopy(stream_.get()));
+    absl::MutexLock lock(&mu_);
+    warm_up_text_ = absl::StrFormat("warmed up in %.1f ms; ",
+                                    absl::ToDoubleMilliseconds(absl::Now() - t0));
+    return absl::OkStatus();
+  }
+
   void Run() {
     // Binds this thread to its GPU for good: every event and launch below goes there. Code that
     // visits another GPU from this thread (closing another GPU's mapping, enabling peer access)
     // does so under a cuda::ScopedDevice, which gives the thread back its GPU.
     absl::Status bound = cuda::SetDevice(device_);
+    if (bound.ok() && options_.warm_up) {
+      // A failed warm-up costs only speed: the first transfer pays what it would have.
+      if (absl::Status warm = WarmUp(); !warm.ok()) {
+        spdlog::warn("cuda:{} warm-up failed: {}", device_, warm.ToString());
+      }
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      warm_done_ = true;
+    }
     std::deque<Batch> in_flight;
     while (true) {
       std::optional<Taken> next;
@@ -302,8 +362,23 @@ class DeviceWorker {
     in.mean_run_bytes = scheduler::MeanRunBytes(job.plan());
     in.copy_engine_min_run = options_.copy_engine_min_run_bytes;
     in.peer_unreachable = peer_unreachable;
-    s.mode = scheduler::ChooseMode(in);
+    in.copy_only_kernel_ctas = options_.copy_only_kernel_ctas;
+    in.copy_only_kernel_below_run = options_.copy_only_kernel_below_run_bytes;
+    const scheduler::ModeChoice choice = scheduler::ChoosePlanMode(in);
+    s.mode = choice.mode;
+    s.max_ctas = choice.max_ctas;
     s.tuner_key = scheduler::CtaTunerKey(in.mean_run_bytes, dst.cuda, dst.device == device_);
+    // The copy-only mode's small kernels learn their own knee, within their own budget.
+    if (choice.copy_only_kernel) s.tuner_key += kCopyOnlyTunerKeys;
+    if (!choice.reason.empty()) {
+      s.job->OnEngineNote(choice.reason);
+      absl::MutexLock lock(&mu_);
+      (choice.copy_only_kernel ? copy_only_kernel_plans_ : slow_copy_plans_)++;
+      last_mode_note_ = choice.reason;
+      // The log: once per plan whose choice is worth an operator's attention (rare by design:
+      // only the copy-engine-only mode and unreachable peers produce one).
+      spdlog::info("cuda:{} transfer plan: {}", device_, choice.reason);
+    }
     if (s.mode == Mode::kKernel) {
       const planner::Plan& plan = s.RunPlan();
       KVRAIL_ASSIGN_OR_RETURN(kernels::DevicePlanBuffer buffer,
@@ -324,12 +399,11 @@ class DeviceWorker {
     return absl::OkStatus();
   }
 
-  CtaTuner& TunerFor(int key) {
+  CtaTuner& TunerFor(int key, int max_ctas) {
     auto it = tuners_.find(key);
     if (it == tuners_.end()) {
       it = tuners_
-               .emplace(key, CtaTuner(options_.max_ctas, options_.fixed_ctas,
-                                      options_.reprobe_batches))
+               .emplace(key, CtaTuner(max_ctas, options_.fixed_ctas, options_.reprobe_batches))
                .first;
     }
     return it->second;
@@ -365,7 +439,7 @@ class DeviceWorker {
       KVRAIL_ASSIGN_OR_RETURN(b.stop, cuda::Event::Create());
       KVRAIL_RETURN_IF_ERROR(cuda::CudaStatus(cudaEventRecord(b.start.get(), stream_.get()), "cudaEventRecord"));
       if (s.mode == Mode::kKernel) {
-        b.ctas = TunerFor(s.tuner_key).Next(taken.bytes);
+        b.ctas = TunerFor(s.tuner_key, s.max_ctas).Next(taken.bytes);
         const int class_max = static_cast<int>(options_.limits[cls].max_ctas);
         if (class_max > 0 && b.ctas > class_max) {
           b.ctas = class_max;
@@ -421,7 +495,7 @@ class DeviceWorker {
           seconds > 0 ? static_cast<double>(b.taken.bytes) / seconds / 1e9 : 0;
       std::string decision;
       if (b.ctas > 0) {
-        CtaTuner& tuner = TunerFor(s.tuner_key);
+        CtaTuner& tuner = TunerFor(s.tuner_key, s.max_ctas);
         if (!b.capped && !b.taken.ramped) tuner.Report(b.ctas, b.taken.bytes, seconds);
         decision = absl::StrFormat("kernel %d CTAs%s, now %s", b.ctas,
                                    b.capped ? " (class limit)" : "", tuner.Describe());
@@ -468,6 +542,11 @@ class DeviceWorker {
   std::optional<JobSample> last_job_ ABSL_GUARDED_BY(mu_);
   uint64_t kernel_batches_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t copy_batches_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t copy_only_kernel_plans_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t slow_copy_plans_ ABSL_GUARDED_BY(mu_) = 0;
+  std::string last_mode_note_ ABSL_GUARDED_BY(mu_);
+  bool warm_done_ ABSL_GUARDED_BY(mu_) = false;
+  std::string warm_up_text_ ABSL_GUARDED_BY(mu_);
   size_t held_states_ ABSL_GUARDED_BY(mu_) = 0;  // states_.size(), for Describe
   uint64_t inflight_bytes_[kNumPriorityClasses] ABSL_GUARDED_BY(mu_) = {0, 0, 0};
   // Set by the first sticky CUDA error; every later batch fails with it.
@@ -490,7 +569,15 @@ class CudaEngine final : public Engine {
       : workers_(std::move(workers)),
         devices_(std::move(devices)),
         run_on_destination_(run_on_destination),
-        tables_(planner::TablePool::Create(PinnedAllocator(), kRetainedTableBytes)) {}
+        tables_(planner::TablePool::Create(PinnedAllocator(), kRetainedTableBytes)) {
+    // Pinned table memory made now, not inside a first transfer (cudaHostAlloc costs up to
+    // milliseconds): taken and given straight back, it stays in the pool for the first plans.
+    std::vector<planner::TableAllocator::Memory> warm;
+    for (size_t bytes = kWarmTableMinBytes; bytes <= kWarmTableMaxBytes; bytes *= 2) {
+      warm.push_back(tables_->Take(bytes));
+      warm.push_back(tables_->Take(bytes));
+    }
+  }
 
   std::string name() const override { return "cuda"; }
 
@@ -579,6 +666,8 @@ absl::StatusOr<std::unique_ptr<Engine>> CreateCudaEngine(const CudaEngineOptions
     KVRAIL_ASSIGN_OR_RETURN(cuda::Stream stream, cuda::Stream::Create(d));
     workers.push_back(std::make_unique<DeviceWorker>(d, options, std::move(stream)));
   }
+  // Serving starts warm (CudaEngineOptions::warm_up): every dispatcher has loaded its kernels.
+  for (const auto& w : workers) w->AwaitWarm();
   return std::unique_ptr<Engine>(
       new CudaEngine(std::move(workers), std::move(devices), options.run_on_destination));
 }

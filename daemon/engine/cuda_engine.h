@@ -32,6 +32,16 @@ struct CudaEngineOptions {
   std::vector<int> devices;
   // Per priority class: CTAs per launch and bytes in flight.
   PriorityLimits limits;
+  // Copy-engine-only mode (max_ctas 0): plans whose coalesced runs average under
+  // `copy_only_kernel_below_run_bytes` run on a kernel of at most `copy_only_kernel_ctas` CTAs
+  // (0: never); the transfer's path_reason, the log and Describe say so
+  // (scheduler::ChoosePlanMode).
+  int copy_only_kernel_ctas = 4;
+  uint64_t copy_only_kernel_below_run_bytes = 128 << 10;
+  // Before serving, each GPU's dispatcher loads the kernels (lazy module loading would otherwise
+  // load them inside the first transfer), keeps the stream-ordered pool's memory between plans,
+  // and the engine fills its pinned table pool: the first transfer runs like the hundredth.
+  bool warm_up = true;
 };
 
 // The engine is thread-safe (engine.h). FAILED_PRECONDITION (with the runtime's reason) when

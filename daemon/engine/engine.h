@@ -57,6 +57,10 @@ class Job {
   }
   // The engine says how it moved (some of) the job's tiles: "cuda-kernel", "cuda-copy-engine".
   virtual void OnEngineUsed(absl::string_view engine) {}
+  // The engine says why it moved the job as it did when that is worth an operator's attention
+  // (the copy-engine-only mode handing a plan to a small kernel, or keeping a slow one): shown
+  // after the route's reason in TransferStatus.path_reason. The latest note wins.
+  virtual void OnEngineNote(absl::string_view note) {}
   virtual PriorityClass priority() const = 0;
   // Whether more tiles may still come (a layer-wise job between layers). Engines keep per-job
   // state (an uploaded plan, pinned addresses) while this holds, instead of setting it up again

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "kernels/plan_math.h"
 
 namespace kvrail::scheduler {
@@ -73,12 +74,69 @@ const char* ModeEngineName(Mode mode) {
   return mode == Mode::kKernel ? "cuda-kernel" : "cuda-copy-engine";
 }
 
-Mode ChooseMode(const ModeInputs& in) {
-  if (in.max_ctas <= 0 || in.peer_unreachable) return Mode::kCopyEngine;
-  if (in.copy_engine_min_run > 0 && in.mean_run_bytes >= in.copy_engine_min_run) {
-    return Mode::kCopyEngine;
+Mode ChooseMode(const ModeInputs& in) { return ChoosePlanMode(in).mode; }
+
+double EstimateCopyEngineGbps(uint64_t mean_run_bytes) {
+  return std::min(1000.0, static_cast<double>(mean_run_bytes) / kCopyEngineSecondsPerRun / 1e9);
+}
+
+namespace {
+
+std::string RunSize(uint64_t bytes) {
+  if (bytes >= (1 << 20) && bytes % (1 << 20) == 0) return absl::StrCat(bytes >> 20, " MiB");
+  if (bytes >= 1024 && bytes % 1024 == 0) return absl::StrCat(bytes >> 10, " KiB");
+  return absl::StrCat(bytes, " B");
+}
+
+}  // namespace
+
+ModeChoice ChoosePlanMode(const ModeInputs& in) {
+  ModeChoice c;
+  c.copy_engine_gbps = EstimateCopyEngineGbps(in.mean_run_bytes);
+  const bool slow = c.copy_engine_gbps < kCopyEngineSlowGbps;
+  const std::string runs = absl::StrFormat(
+      "its contiguous runs average %s (copy engines ~%.2f GB/s at ~%.1f us per run)",
+      RunSize(in.mean_run_bytes), c.copy_engine_gbps, kCopyEngineSecondsPerRun * 1e6);
+  if (in.peer_unreachable) {
+    c.mode = Mode::kCopyEngine;
+    if (slow) {
+      c.slow_copy_engine = true;
+      c.reason = absl::StrCat("copy engines: the GPUs have no peer access, so no kernel reaches "
+                              "both sides; ", runs);
+    }
+    return c;
   }
-  return Mode::kKernel;
+  if (in.max_ctas <= 0) {
+    const bool small_runs = in.mean_run_bytes < in.copy_only_kernel_below_run;
+    if (small_runs && in.copy_only_kernel_ctas > 0) {
+      c.mode = Mode::kKernel;
+      c.max_ctas = in.copy_only_kernel_ctas;
+      c.copy_only_kernel = true;
+      c.reason = absl::StrCat("copy-engine-only mode (cuda_max_ctas 0), but ", runs,
+                              ", under cuda_copy_only_kernel_below_run_bytes ",
+                              in.copy_only_kernel_below_run, ": a kernel of at most ",
+                              in.copy_only_kernel_ctas, " CTAs (cuda_copy_only_kernel_ctas)");
+      return c;
+    }
+    c.mode = Mode::kCopyEngine;
+    if (slow) {
+      c.slow_copy_engine = true;
+      c.reason = absl::StrCat(
+          "copy-engine-only mode (cuda_max_ctas 0) keeps a slow plan on the copy engines: ", runs,
+          in.copy_only_kernel_ctas > 0
+              ? absl::StrCat(", at or above cuda_copy_only_kernel_below_run_bytes ",
+                             in.copy_only_kernel_below_run)
+              : std::string(", and cuda_copy_only_kernel_ctas is 0 (no kernel allowed)"));
+    }
+    return c;
+  }
+  if (in.copy_engine_min_run > 0 && in.mean_run_bytes >= in.copy_engine_min_run) {
+    c.mode = Mode::kCopyEngine;
+    return c;
+  }
+  c.mode = Mode::kKernel;
+  c.max_ctas = in.max_ctas;
+  return c;
 }
 
 CtaTuner::CtaTuner(int max_ctas, int fixed_ctas, int reprobe_batches, double tolerance)

@@ -77,10 +77,42 @@ struct ModeInputs {
   uint64_t mean_run_bytes = 0;      // MeanRunBytes(plan)
   uint64_t copy_engine_min_run = 0;  // options.copy_engine_min_run_bytes
   bool peer_unreachable = false;    // GPU -> other GPU without peer access
+  // Copy-engine-only mode (max_ctas 0): plans whose mean run is below `copy_only_kernel_below_run`
+  // run on a kernel of at most `copy_only_kernel_ctas` CTAs (0: never). options.copy_only_*.
+  int copy_only_kernel_ctas = 0;
+  uint64_t copy_only_kernel_below_run = 0;
 };
 // Copy engines when the budget is zero, the runs are large, or the two GPUs cannot reach each
-// other directly (the driver stages the copy through host memory); else the kernel.
+// other directly (the driver stages the copy through host memory); else the kernel. The
+// copy-engine-only exception is ChoosePlanMode's; this is ChoosePlanMode(in).mode.
 Mode ChooseMode(const ModeInputs& in);
+
+// The copy engines' cost per contiguous run (cudaMemcpyBatchAsync, one descriptor per run),
+// measured on one H200 (docs/benchmarks.md: 4 KiB runs 1.0 GB/s, 128 KiB runs 26 GB/s, 256-byte
+// head vectors 0.05-0.07 GB/s, i.e. ~4-5 us per run whatever its size), and the rate below which
+// a plan on them is called slow (issue 19's target: no plan under 20 GB/s without a reason shown).
+inline constexpr double kCopyEngineSecondsPerRun = 4.5e-6;
+inline constexpr double kCopyEngineSlowGbps = 20.0;
+// Coarse expected copy-engine rate of a plan whose runs average `mean_run_bytes`: one run per
+// kCopyEngineSecondsPerRun, at most 1000 GB/s. For the operator's message and the slow mark.
+double EstimateCopyEngineGbps(uint64_t mean_run_bytes);
+
+// The mode of one plan and what to tell the operator about it.
+struct ModeChoice {
+  Mode mode = Mode::kKernel;
+  // Kernel: the most CTAs its launches may use (the SM budget, or copy_only_kernel_ctas when the
+  // copy-engine-only mode handed the plan to a kernel). 0 for the copy engines.
+  int max_ctas = 0;
+  // The copy-engine-only mode (max_ctas 0) handed this plan to a small kernel.
+  bool copy_only_kernel = false;
+  // The plan stays on the copy engines although they are expected below kCopyEngineSlowGbps.
+  bool slow_copy_engine = false;
+  double copy_engine_gbps = 0;  // EstimateCopyEngineGbps(mean_run_bytes)
+  // Empty when the choice is the ordinary one; else one sentence for TransferStatus.path_reason
+  // and the log, naming the setting that decided and the expected rate.
+  std::string reason;
+};
+ModeChoice ChoosePlanMode(const ModeInputs& in);
 
 // Which CtaTuner a job's batches use: one per run-size class (log2 of the mean run, capped at 40)
 // and destination kind (the executing GPU's own memory, a peer GPU's, host memory), since the

@@ -95,6 +95,121 @@ TEST_CASE("mode: copy engines for a zero budget, large runs or unreachable peers
   CHECK(std::string(ModeEngineName(Mode::kCopyEngine)) == "cuda-copy-engine");
 }
 
+TEST_CASE("copy-engine-only mode hands tiny-run plans to a small kernel, and says so") {
+  ModeInputs in;
+  in.max_ctas = 0;  // the operator asked for copy engines only
+  in.copy_only_kernel_ctas = 4;
+  in.copy_only_kernel_below_run = 128 << 10;
+  // A TP1 -> TP4 head split of bf16 head_dim 128: 256-byte runs (0.05 GB/s on copy engines).
+  in.mean_run_bytes = 256;
+  ModeChoice c = ChoosePlanMode(in);
+  CHECK(c.mode == Mode::kKernel);
+  CHECK(c.max_ctas == 4);
+  CHECK(c.copy_only_kernel);
+  CHECK_FALSE(c.slow_copy_engine);
+  CHECK(c.copy_engine_gbps < 0.1);
+  CHECK(c.reason.find("cuda_max_ctas 0") != std::string::npos);
+  CHECK(c.reason.find("256 B") != std::string::npos);
+  CHECK(c.reason.find("at most 4 CTAs (cuda_copy_only_kernel_ctas)") != std::string::npos);
+  CHECK(ChooseMode(in) == Mode::kKernel);
+  // Just under the threshold: still the kernel; at it: the copy engines (and not called slow:
+  // 128 KiB runs are expected near 29 GB/s).
+  in.mean_run_bytes = (128 << 10) - 1;
+  CHECK(ChoosePlanMode(in).mode == Mode::kKernel);
+  in.mean_run_bytes = 128 << 10;
+  c = ChoosePlanMode(in);
+  CHECK(c.mode == Mode::kCopyEngine);
+  CHECK(c.max_ctas == 0);
+  CHECK_FALSE(c.copy_only_kernel);
+  CHECK_FALSE(c.slow_copy_engine);
+  CHECK(c.reason.empty());
+  // Large runs stay on the copy engines silently.
+  in.mean_run_bytes = 4 << 20;
+  c = ChoosePlanMode(in);
+  CHECK(c.mode == Mode::kCopyEngine);
+  CHECK(c.reason.empty());
+}
+
+TEST_CASE("copy-engine-only mode with no kernel allowed keeps a slow plan but says why") {
+  ModeInputs in;
+  in.max_ctas = 0;
+  in.copy_only_kernel_ctas = 0;  // the operator allows no kernel at all
+  in.copy_only_kernel_below_run = 128 << 10;
+  in.mean_run_bytes = 256;
+  ModeChoice c = ChoosePlanMode(in);
+  CHECK(c.mode == Mode::kCopyEngine);
+  CHECK(c.slow_copy_engine);
+  CHECK(c.reason.find("cuda_copy_only_kernel_ctas is 0") != std::string::npos);
+  CHECK(c.reason.find("~0.06 GB/s") != std::string::npos);
+  // A threshold set below a slow run size: the copy engines, marked slow, naming the threshold.
+  in.copy_only_kernel_ctas = 4;
+  in.copy_only_kernel_below_run = 1024;
+  in.mean_run_bytes = 4096;  // ~0.9 GB/s expected
+  c = ChoosePlanMode(in);
+  CHECK(c.mode == Mode::kCopyEngine);
+  CHECK(c.slow_copy_engine);
+  CHECK(c.reason.find("cuda_copy_only_kernel_below_run_bytes 1024") != std::string::npos);
+  // Unreachable peers: copy engines whatever the budget, marked slow for tiny runs.
+  in.max_ctas = 32;
+  in.peer_unreachable = true;
+  in.mean_run_bytes = 256;
+  c = ChoosePlanMode(in);
+  CHECK(c.mode == Mode::kCopyEngine);
+  CHECK(c.slow_copy_engine);
+  CHECK(c.reason.find("no peer access") != std::string::npos);
+}
+
+TEST_CASE("with an SM budget nothing changes and nothing is said") {
+  ModeInputs in;
+  in.max_ctas = 32;
+  in.copy_only_kernel_ctas = 4;
+  in.copy_only_kernel_below_run = 128 << 10;
+  in.copy_engine_min_run = 1 << 20;
+  for (uint64_t run : {uint64_t{256}, uint64_t{657}, uint64_t{64} << 10, uint64_t{2} << 20}) {
+    in.mean_run_bytes = run;
+    const ModeChoice c = ChoosePlanMode(in);
+    CHECK(c.reason.empty());
+    CHECK_FALSE(c.copy_only_kernel);
+    CHECK(c.max_ctas == (c.mode == Mode::kKernel ? 32 : 0));
+  }
+}
+
+TEST_CASE("the copy-engine estimate follows the measured per-run cost") {
+  CHECK(EstimateCopyEngineGbps(256) == Approx(0.0569).epsilon(0.01));
+  CHECK(EstimateCopyEngineGbps(4096) == Approx(0.91).epsilon(0.01));
+  CHECK(EstimateCopyEngineGbps(128 << 10) == Approx(29.1).epsilon(0.01));
+  CHECK(EstimateCopyEngineGbps(uint64_t{1} << 40) == 1000.0);
+}
+
+// Real plans: a TP1 -> TP4 head split and an HND <-> NHD conversion have tiny mean runs.
+TEST_CASE("random conversion plans with tiny runs go to the small kernel in copy-only mode") {
+  std::mt19937_64 rng(19);
+  int tiny = 0;
+  for (int i = 0; i < 200; ++i) {
+    auto rc = planner::testing::RandomPagedCase(rng);
+    absl::StatusOr<planner::Plan> plan = planner::MakePlan(rc.spec, rc.src, rc.dst, rc.options);
+    REQUIRE(plan.ok());
+    ModeInputs in;
+    in.max_ctas = 0;
+    in.copy_only_kernel_ctas = 2;
+    in.copy_only_kernel_below_run = 128 << 10;
+    in.mean_run_bytes = MeanRunBytes(*plan);
+    const ModeChoice c = ChoosePlanMode(in);
+    if (in.mean_run_bytes < (128 << 10)) {
+      ++tiny;
+      CHECK(c.mode == Mode::kKernel);
+      CHECK(c.max_ctas == 2);
+    } else {
+      CHECK(c.mode == Mode::kCopyEngine);
+    }
+    // Never below the slow mark without a reason.
+    if (c.mode == Mode::kCopyEngine && c.copy_engine_gbps < kCopyEngineSlowGbps) {
+      CHECK_FALSE(c.reason.empty());
+    }
+  }
+  CHECK(tiny > 0);
+}
+
 // Bandwidth as a function of CTAs with a knee at 16: 25 GB/s per CTA up to 400 GB/s.
 double Curve(int ctas) { return std::min(400.0, 25.0 * ctas) + (ctas > 16 ? 5 : 0); }
 

@@ -72,6 +72,12 @@ void Record::OnEngineUsed(absl::string_view engine) {
   }
 }
 
+void Record::OnEngineNote(absl::string_view note) {
+  absl::MutexLock lock(&mu_);
+  engine_note_ = std::string(note);
+  ++version_;
+}
+
 absl::Status Record::WhenEnded(std::function<void(const v1::TransferStatus&)> done) {
   absl::MutexLock lock(&mu_);
   if (state_ >= v1::TRANSFER_STATE_SUCCEEDED) {
@@ -233,7 +239,8 @@ void Record::FillStatusLocked(v1::TransferStatus* status) const {
   status->set_tiles_done(tiles_done_);
   status->set_layers_done(static_cast<uint32_t>(layers_done_.size()));
   status->set_path(path_);
-  status->set_path_reason(path_reason_);
+  status->set_path_reason(engine_note_.empty() ? path_reason_
+                                              : absl::StrCat(path_reason_, "; ", engine_note_));
   status->set_engine(engine_name_);
   if (state_ == v1::TRANSFER_STATE_FAILED || state_ == v1::TRANSFER_STATE_CANCELLED) {
     status->set_error_code(static_cast<int32_t>(end_request_->code()));

@@ -100,6 +100,7 @@ class Record final : public InboundJob {
     return (side == Side::kSrc ? src_ : dst_)->DeviceLayerBases(accessor);
   }
   void OnEngineUsed(absl::string_view engine) override;
+  void OnEngineNote(absl::string_view note) override;
   engine::PriorityClass priority() const override { return priority_; }
   void OnTileStart(uint32_t tile) override;
   void OnTileDone(uint32_t tile, const absl::Status& status) override;
@@ -180,6 +181,8 @@ class Record final : public InboundJob {
   std::vector<std::function<void(const v1::TransferStatus&)>> when_ended_ ABSL_GUARDED_BY(mu_);
   // The engine's name, refined by OnEngineUsed ("cuda-kernel", "cuda-kernel+cuda-copy-engine").
   std::string engine_name_ ABSL_GUARDED_BY(mu_);
+  // The engine's note (OnEngineNote), appended to path_reason_ in the status.
+  std::string engine_note_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace kvrail::transfers
