@@ -3,7 +3,8 @@
 #   demo   install what is missing, build, start kvraild, move a Llama-3-8B-shaped KV cache between
 #          two client processes through it, verify it byte for byte, stop cleanly.
 #   test   install what is missing, build, run every test CI runs, then the clang thread-safety
-#          build (counted as one test); ends with "N passed, N failed".
+#          build (counted as one test), then the sanitizer stages (ASan+UBSan and TSan test builds,
+#          the fuzzers for a time budget; KVRAIL_SAN=0 skips them); ends with "N passed, N failed".
 #   build  install what is missing and build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,7 +16,7 @@ PACKAGES=(
   libfabric-dev libfabric-bin libibverbs-dev librdmacm-dev libhwloc-dev libnuma-dev
   prometheus-cpp-dev iproute2 procps python3 python3-yaml systemd
   python3-pytest python3-numpy python3-protobuf python3-setuptools
-  clang
+  clang libclang-rt-14-dev lld
 )
 
 log() { printf '[dev.sh] %s\n' "$*" >&2; }
@@ -113,6 +114,90 @@ tsa_build() {
   return "$rc"
 }
 
+# The sanitizer stages (issue 17, "checked continuously"), each in its own clang output base so
+# the GCC build's cache is never invalidated; KVRAIL_SAN=0 skips them all (local runs):
+#   asan  ASan+UBSan (.bazelrc --config=asan) build of the unit tests of base, wire, the planner,
+#         regions and transfers, and of tests/integration: every test counted;
+#   tsan  TSan (--config=tsan) build of the transfer manager's tests (daemon/transfers): counted;
+#   fuzz  the libFuzzer targets of tests/fuzz (--config=fuzz: the asan output base's objects),
+#         each run KVRAIL_FUZZ_SECONDS (default 30) from its committed seed corpus: "fuzz <name>
+#         PASSED/FAILED", counted. Findings are kept under $FUZZ_FINDINGS.
+ASAN_OUTPUT_BASE="${KVRAIL_ASAN_OUTPUT_BASE:-$HOME/.cache/bazel-clang-asan}"
+TSAN_OUTPUT_BASE="${KVRAIL_TSAN_OUTPUT_BASE:-$HOME/.cache/bazel-clang-tsan}"
+ASAN_SCOPE="//base/... //wire/... //daemon/planner/... //daemon/regions/... //daemon/transfers/... //tests/integration/..."
+TSAN_SCOPE="//daemon/transfers/..."
+FUZZ_SECONDS="${KVRAIL_FUZZ_SECONDS:-30}"
+FUZZ_FINDINGS="${KVRAIL_FUZZ_FINDINGS:-$HOME/.cache/kvrail-fuzz-findings}"
+SAN_PASSED=0 SAN_FAILED=0
+
+# Runs `bazel test` under one sanitizer config; adds its test results to SAN_PASSED/SAN_FAILED.
+san_tests() {
+  local name=$1 base=$2 config=$3 scope=$4 out rc p f start=$SECONDS
+  out=$(mktemp)
+  log "$name: bazel test --config=$config (output base $base): $scope"
+  rc=0
+  # shellcheck disable=SC2086  # the scope is several patterns
+  bazel "--output_base=$base" test "--config=$config" --test_tag_filters=-gpu,-manual \
+    --build_tests_only --keep_going -- $scope >"$out" 2>&1 || rc=$?
+  grep -E '^//' "$out" | sed "s/^/$name: /" || true
+  p=$(grep -cE '^//[^ ]+ +(\(cached\) )?PASSED' "$out" || true)
+  f=$(grep -cE '^//[^ ]+ +(\(cached\) )?(FAILED|TIMEOUT|NO STATUS|FLAKY|INCOMPLETE)' "$out" || true)
+  if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then f=1; fi  # a build failure is a failure
+  if [ "$f" -ne 0 ]; then
+    grep -vE '^(\[|INFO:|Loading|Analyzing)' "$out" | tail -150 >&2 || true  # the errors and logs
+  fi
+  rm -f "$out"
+  log "$name: $p passed, $f failed in $((SECONDS - start)) s"
+  SAN_PASSED=$((SAN_PASSED + p))
+  SAN_FAILED=$((SAN_FAILED + f))
+}
+
+# Builds the fuzz targets and runs each for FUZZ_SECONDS from a copy of its seed corpus.
+fuzz_tests() {
+  local fz=(bazel "--output_base=$ASAN_OUTPUT_BASE") targets bin start=$SECONDS name work rc
+  targets=$("${fz[@]}" query --noshow_progress 'attr(tags, "\bfuzz\b", //tests/fuzz:*)' 2>/dev/null) || targets=""
+  if [ -z "$targets" ] || ! "${fz[@]}" build --config=fuzz $targets; then
+    log "fuzz: the fuzz targets did not build"
+    SAN_FAILED=$((SAN_FAILED + 1))
+    return
+  fi
+  bin=$("${fz[@]}" info --config=fuzz bazel-bin 2>/dev/null)
+  mkdir -p "$FUZZ_FINDINGS"
+  for t in $targets; do
+    name=${t##*:}
+    work=$(mktemp -d)
+    set +e
+    # The first folder collects what the run finds new (thrown away); the seeds stay as committed.
+    "$bin/tests/fuzz/$name" -max_total_time="$FUZZ_SECONDS" -timeout=30 -rss_limit_mb=4096 \
+      -artifact_prefix="$FUZZ_FINDINGS/$name-" -print_final_stats=1 \
+      "$work" "tests/fuzz/corpus/$name" >"$work.log" 2>&1
+    rc=$?
+    set -e
+    if [ "$rc" -eq 0 ]; then
+      echo "fuzz $name PASSED ($(grep -oE 'stat::number_of_executed_units: *[0-9]+' "$work.log" | grep -oE '[0-9]+$') runs)"
+      SAN_PASSED=$((SAN_PASSED + 1))
+    else
+      tail -60 "$work.log" >&2
+      echo "fuzz $name FAILED (exit $rc; the input is under $FUZZ_FINDINGS)"
+      SAN_FAILED=$((SAN_FAILED + 1))
+    fi
+    rm -rf "$work" "$work.log"
+  done
+  log "fuzz: done in $((SECONDS - start)) s"
+}
+
+sanitizer_stages() {
+  if [ "${KVRAIL_SAN:-1}" = 0 ]; then
+    log "sanitizer stages skipped (KVRAIL_SAN=0)"
+    return
+  fi
+  san_tests asan "$ASAN_OUTPUT_BASE" asan "$ASAN_SCOPE"
+  fuzz_tests
+  bazel "--output_base=$ASAN_OUTPUT_BASE" shutdown
+  san_tests tsan "$TSAN_OUTPUT_BASE" tsan "$TSAN_SCOPE"
+  bazel "--output_base=$TSAN_OUTPUT_BASE" shutdown
+}
+
 run_tests() {
   ensure_packages
   local out
@@ -135,6 +220,9 @@ run_tests() {
     log "thread-safety build FAILED in $((SECONDS - tsa_start)) s (the clang errors are above)"
     failed=$((failed + 1))
   fi
+  sanitizer_stages
+  passed=$((passed + SAN_PASSED))
+  failed=$((failed + SAN_FAILED))
   echo "$passed passed, $failed failed"
   [ "$failed" -eq 0 ]
 }
