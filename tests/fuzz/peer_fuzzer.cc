@@ -23,6 +23,8 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <google/protobuf/stubs/logging.h>
+
 #include "absl/strings/str_cat.h"
 #include "base/clock.h"
 #include "base/unique_fd.h"
@@ -57,6 +59,7 @@ v1::PagedKvLayout Layout() {
   p.set_num_heads(2);
   p.set_head_dim(16);
   p.set_dtype(v1::DTYPE_BF16);
+  p.set_order(v1::LAYOUT_ORDER_LAYER_PART_BLOCK_NHD);
   return p;
 }
 
@@ -76,6 +79,7 @@ struct Daemon {
 
   Daemon() {
     spdlog::set_level(spdlog::level::off);
+    google::protobuf::SetLogHandler(nullptr);  // fuzzed strings that are not UTF-8: no log spam
     char tmpl[] = "/tmp/kvrail-fuzz-peer.XXXXXX";
     Check(::mkdtemp(tmpl) != nullptr, "mkdtemp");
     dir = tmpl;
@@ -100,6 +104,7 @@ struct Daemon {
     *spec.mutable_paged_kv() = Layout();
     absl::StatusOr<kvrail::planner::KvLayout> k =
         kvrail::planner::ResolveLayout(spec.paged_kv(), UINT64_MAX, "");
+    if (!k.ok()) fprintf(stderr, "%s\n", k.status().ToString().c_str());
     Check(k.ok(), "layout");
     region_size = k->offset + k->layer_stride * k->num_layers;
     kvrail::UniqueFd fd(::memfd_create("peer_fuzzer", MFD_CLOEXEC | MFD_ALLOW_SEALING));

@@ -23,6 +23,8 @@
 #include <string>
 #include <vector>
 
+#include <google/protobuf/stubs/logging.h>
+
 #include "absl/strings/escaping.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
@@ -102,6 +104,7 @@ struct Server {
   std::unique_ptr<kvrail::session::SessionServer> server;
   Server() {
     spdlog::set_level(spdlog::level::off);
+    google::protobuf::SetLogHandler(nullptr);  // fuzzed strings that are not UTF-8: no log spam
     char tmpl[] = "/tmp/kvrail-fuzz-session.XXXXXX";
     Check(::mkdtemp(tmpl) != nullptr);
     dir = tmpl;
@@ -197,6 +200,11 @@ void FuzzConversation(absl::string_view in) {
 }
 
 }  // namespace
+
+extern "C" int LLVMFuzzerInitialize(int*, char***) {
+  google::protobuf::SetLogHandler(nullptr);  // fuzzed strings that are not UTF-8: no log spam
+  return 0;
+}
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0 || size > wire::kMaxRequestBytes) return 0;
