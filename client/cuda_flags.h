@@ -3,12 +3,20 @@
 // stream, after the kernel that wrote the layer, without the CPU. The flag words live in host
 // memory shared with kvraild (a HostBuffer registered as a bytes region) and pinned + mapped for
 // the GPU here. A consumer waits for the daemon's arrival flags from its own stream with
-// WaitOnStream (cuStreamWaitValue32). UNVERIFIED ON A GPU as of 2026-11-29: the one earlier attempt
-// hung while the consumer's work was being enqueued, most likely because a synchronous CUDA call
-// (device-wide) came after the waits and before the producer started, which can never finish;
-// tests/gpu/flags_gpu_test.cc now enqueues on non-blocking streams only and releases a stuck wait
-// from the host after a timeout. Use it only on non-blocking streams, and enqueue the producer
-// before anything synchronous.
+// WaitOnStream (cuStreamWaitValue32).
+//
+// A pending wait blocks more than its stream: anything that synchronizes the context waits for
+// it too. Besides the explicit ones (cudaDeviceSynchronize, cudaMalloc/cudaFree, synchronous
+// copies), a kernel's FIRST launch under lazy module loading (CUDA 12's default,
+// CUDA_MODULE_LOADING=LAZY) loads its module and may synchronize the context. If the work that
+// leads to the awaited flag runs in the SAME process (a producer stream beside the consumer, as
+// in tests/gpu/flags_gpu_test.cc on one GPU), such a call after the waits deadlocks: the
+// one-GPU hang of issue 19 was exactly this (the producer's kernel launched for the first time
+// after the consumer's waits). So: use non-blocking streams, load every kernel the process will
+// launch while waits are pending beforehand (launch it once, or run with
+// CUDA_MODULE_LOADING=EAGER), and make no synchronous CUDA call between enqueuing waits and
+// the producer's work. A consumer whose producer is another process (kvraild plus a prefill
+// process) only stalls on such calls until the flags arrive.
 #pragma once
 
 #include <cstdint>

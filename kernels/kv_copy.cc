@@ -86,6 +86,8 @@ absl::StatusOr<DevicePlanBuffer> DevicePlanBuffer::Upload(const PlanHeader& head
   buffer.plan_.access_bytes =
       NarrowToAlignment(NarrowToAlignment(header.access_bytes, src_base), dst_base);
   buffer.plan_.piece_bytes = PieceBytesFor(header, buffer.plan_.access_bytes);
+  buffer.plan_.segments = buffer.plan_.piece_bytes == 0 &&
+                          static_cast<ChunkKind>(header.chunk_kind) != ChunkKind::kBytes;
   return buffer;
 }
 
@@ -119,6 +121,11 @@ absl::Status LaunchKvCopy(const DevicePlan& plan, uint32_t tile_begin, uint32_t 
   if (num_ctas <= 0 || threads_per_cta <= 0 || threads_per_cta > 512 || threads_per_cta % 32 != 0) {
     return absl::InvalidArgumentError(absl::StrCat("bad launch shape: ", num_ctas, " CTAs x ",
                                                    threads_per_cta, " threads"));
+  }
+  if (plan.segments && plan.piece_bytes == 0) {
+    return CudaStatus(internal::KvCopySegmentsLaunch(plan.header, tile_begin, tile_end, num_ctas,
+                                                     threads_per_cta, stream),
+                      "kv_copy launch");
   }
   return CudaStatus(internal::KvCopyLaunch(plan.header, tile_begin, tile_end, num_ctas,
                                            threads_per_cta, plan.access_bytes, plan.piece_bytes,

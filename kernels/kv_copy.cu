@@ -198,6 +198,139 @@ __global__ void __launch_bounds__(kMaxThreads)
 }
 static_assert(kMaxPieceBytes == kLoadsInFlight * 32 * 16, "one piece = one warp step");
 
+// The segment path (plan_math.h: SegmentAt): each warp takes kSegmentsPerStep consecutive
+// segments at a time, lane j < kSegmentsPerStep locating segment j (one chunk lookup per segment,
+// shared through shuffles). Every segment is cut at 8-byte boundaries of its DESTINATION: a head
+// (< 8 bytes) and a tail (< 8 bytes) moved bytewise, and a body of aligned 8-byte stores whose
+// bytes come from the source's aligned 8-byte words funnel-shifted by the source's misalignment
+// (two loads, one mostly from L1). So odd vector sizes, odd offsets and padded strides move in
+// 8-byte accesses, not at the plan's narrowest width. Each aligned word read holds at least one
+// byte of the segment, so no read leaves the pages the segment lies in. The bodies of the step's
+// segments are one stream of words, of which each lane keeps kSegmentLoads in flight.
+constexpr int kSegmentsPerStep = 4;
+constexpr int kSegmentLoads = 8;
+
+struct SegmentPlan {
+  uint64_t src, dst;  // segment start (region offsets resolved to addresses)
+  uint32_t head;      // bytes before the destination's first 8-byte boundary (or all, if short)
+  uint32_t words;     // 8-byte body words
+  uint32_t tail;      // bytes after the body
+};
+
+__device__ __forceinline__ SegmentPlan PlanSegment(uint64_t src, uint64_t dst, uint64_t len) {
+  SegmentPlan s;
+  s.src = src;
+  s.dst = dst;
+  const uint32_t a = static_cast<uint32_t>((8 - (dst & 7)) & 7);
+  if (a >= len) {
+    s.head = static_cast<uint32_t>(len);
+    s.words = 0;
+    s.tail = 0;
+  } else {
+    s.head = a;
+    s.words = static_cast<uint32_t>((len - a) / 8);
+    s.tail = static_cast<uint32_t>(len - a - 8ull * s.words);
+  }
+  return s;
+}
+
+// Body word w of segment s: its value, from the source's aligned words.
+__device__ __forceinline__ uint64_t LoadBodyWord(const SegmentPlan& s, uint32_t w) {
+  const uint64_t at = s.src + s.head + 8ull * w;
+  const uint32_t r = static_cast<uint32_t>(at & 7);
+  const uint64_t* aligned = reinterpret_cast<const uint64_t*>(at - r);
+  const uint64_t lo = aligned[0];
+  if (r == 0) return lo;
+  const uint64_t hi = aligned[1];
+  return (lo >> (8 * r)) | (hi << (64 - 8 * r));
+}
+
+__global__ void __launch_bounds__(kMaxThreads)
+    KvCopySegmentsKernel(const PlanHeader* __restrict__ header, uint32_t tile_begin,
+                         uint32_t tile_end) {
+  __shared__ PlanHeader h;
+  LoadHeader(header, &h);
+  const uint64_t src = h.src.base;
+  const uint64_t dst = h.dst.base;
+  const uint32_t* __restrict__ src_blocks = reinterpret_cast<const uint32_t*>(h.src.block_table);
+  const uint32_t* __restrict__ dst_blocks = reinterpret_cast<const uint32_t*>(h.dst.block_table);
+  const uint32_t lane = threadIdx.x & 31;
+  const uint64_t per_tile = SegmentsPerTile(h);
+  const FastDivU32 tile_div =
+      MakeFastDiv(per_tile <= kFastDivMaxDividend ? static_cast<uint32_t>(per_tile) : 1);
+  const uint64_t items = static_cast<uint64_t>(tile_end - tile_begin) * per_tile;
+  const uint64_t warps = static_cast<uint64_t>(gridDim.x) * (blockDim.x / 32);
+  const uint64_t warp = static_cast<uint64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  for (uint64_t first = warp * kSegmentsPerStep; first < items;
+       first += warps * kSegmentsPerStep) {
+    // Lane j < kSegmentsPerStep locates segment first + j.
+    uint64_t my_src = 0, my_dst = 0, my_len = 0;
+    if (lane < kSegmentsPerStep && first + lane < items) {
+      const ItemPos pos = SplitItem(first + lane, per_tile, tile_div);
+      const TileDesc t = TileAt(h, tile_begin + static_cast<uint32_t>(pos.tile));
+      const ChunkSpan span = SegmentAt(h, src_blocks, dst_blocks, t, pos.index);
+      my_src = src + span.src;
+      my_dst = dst + span.dst;
+      my_len = span.bytes;
+    }
+    SegmentPlan seg[kSegmentsPerStep];
+    uint32_t ends[kSegmentsPerStep];  // running sum of body words
+    uint32_t total = 0;
+#pragma unroll
+    for (int j = 0; j < kSegmentsPerStep; ++j) {
+      seg[j] = PlanSegment(__shfl_sync(0xffffffffu, my_src, j), __shfl_sync(0xffffffffu, my_dst, j),
+                           __shfl_sync(0xffffffffu, my_len, j));
+      total += seg[j].words;
+      ends[j] = total;
+    }
+    // Bodies: one stream of `total` words; each lane keeps kSegmentLoads loads in flight.
+    for (uint32_t base = lane; base < total; base += 32 * kSegmentLoads) {
+      uint64_t value[kSegmentLoads];
+      uint64_t to[kSegmentLoads];
+#pragma unroll
+      for (int k = 0; k < kSegmentLoads; ++k) {
+        const uint32_t v = base + 32 * k;
+        to[k] = 0;
+        if (v < total) {
+          int j = 0;
+#pragma unroll
+          for (int q = 0; q < kSegmentsPerStep - 1; ++q) j += v >= ends[q] ? 1 : 0;
+          const uint32_t w = v - (j == 0 ? 0 : ends[j - 1]);
+          // Indexing seg[j] by a run-time j would put seg in local memory: select instead.
+          SegmentPlan s = seg[0];
+#pragma unroll
+          for (int q = 1; q < kSegmentsPerStep; ++q) {
+            if (j == q) s = seg[q];
+          }
+          value[k] = LoadBodyWord(s, w);
+          to[k] = s.dst + s.head + 8ull * w;
+        }
+      }
+#pragma unroll
+      for (int k = 0; k < kSegmentLoads; ++k) {
+        if (to[k] != 0) *reinterpret_cast<uint64_t*>(to[k]) = value[k];
+      }
+    }
+    // Heads, then tails: lane 8j + b moves byte b of segment j's head (tail); both are < 8 bytes.
+#pragma unroll
+    for (int pass = 0; pass < 2; ++pass) {
+      const int j = lane / 8;
+      const uint32_t b = lane % 8;
+      SegmentPlan s = seg[0];
+#pragma unroll
+      for (int q = 1; q < kSegmentsPerStep; ++q) {
+        if (j == q) s = seg[q];
+      }
+      const uint32_t n = pass == 0 ? s.head : s.tail;
+      if (b < n) {
+        const uint64_t off = pass == 0 ? b : s.head + 8ull * s.words + b;
+        *reinterpret_cast<uint8_t*>(s.dst + off) = *reinterpret_cast<const uint8_t*>(s.src + off);
+      }
+    }
+  }
+}
+static_assert(kSegmentsPerStep * 8 == 32, "heads and tails: one lane per byte of 4 segments");
+
 }  // namespace
 
 namespace internal {
@@ -226,6 +359,16 @@ int KvCopyLaunch(const PlanHeader* device_header, uint32_t tile_begin, uint32_t 
   return cudaGetLastError();
 }
 
+int KvCopySegmentsLaunch(const PlanHeader* device_header, uint32_t tile_begin, uint32_t tile_end,
+                         int num_ctas, int threads, CUstream_st* stream) {
+  if (tile_end <= tile_begin) return cudaSuccess;
+  if (threads > kMaxThreads || threads <= 0 || threads % 32 != 0 || num_ctas <= 0) {
+    return cudaErrorInvalidValue;
+  }
+  KvCopySegmentsKernel<<<num_ctas, threads, 0, stream>>>(device_header, tile_begin, tile_end);
+  return cudaGetLastError();
+}
+
 int WarmUpKernels(CUstream_st* stream) {
   PlanHeader* header = nullptr;
   cudaError_t e = cudaMallocAsync(reinterpret_cast<void**>(&header), sizeof(PlanHeader), stream);
@@ -235,6 +378,7 @@ int WarmUpKernels(CUstream_st* stream) {
   const dim3 grid(1), block(32);
   if (e == cudaSuccess) {
     KvCopyPiecesKernel<<<grid, block, 0, stream>>>(header, 0, 0, kMaxPieceBytes);
+    KvCopySegmentsKernel<<<grid, block, 0, stream>>>(header, 0, 0);
     KvCopyKernel<16><<<grid, block, 0, stream>>>(header, 0, 0);
     KvCopyKernel<8><<<grid, block, 0, stream>>>(header, 0, 0);
     KvCopyKernel<4><<<grid, block, 0, stream>>>(header, 0, 0);

@@ -25,6 +25,9 @@ struct DevicePlan {
   uint32_t num_tiles = 0;              // copied from the header
   uint32_t access_bytes = 1;           // the plan's access width narrowed to the base pointers
   uint32_t piece_bytes = 0;            // > 0: the warp path with pieces of this size (plan_math.h)
+  // The segment path (plan_math.h: SegmentAt) when there are no pieces: chunked plans (not
+  // kBytes). Set by Upload; a benchmark may clear it to time the slab path.
+  bool segments = false;
 };
 
 // Owns one device allocation holding a plan's header followed by its two block tables.

@@ -215,6 +215,45 @@ KVRAIL_HD ChunkSpan PieceAtInLayer(const PlanHeader& h, const uint32_t* src_bloc
   return ChunkSpan{span.src + offset, span.dst + offset, bytes};
 }
 
+// The kernel's segment path (issue 19), for chunked plans the warp path cannot take (head-vector
+// chunks, odd vector sizes, odd offsets, padded strides): a warp moves whole "segments", segment
+// k of tile t being the part of chunk (first chunk of t) + k inside the tile, with one chunk
+// lookup per segment (not per access) and the widest accesses each segment's own addresses allow.
+// Every tile gets the same number of segment slots (a tile of tile_bytes touches at most
+// ceil(tile_bytes / chunk_bytes) + 1 chunks); slots past the tile's end are empty. Not for kBytes
+// (one chunk: the whole stream).
+KVRAIL_HD uint64_t SegmentsPerTile(const PlanHeader& h) {
+  return (h.tile_bytes + h.chunk_bytes - 1) / h.chunk_bytes + 1;
+}
+
+// Segment `k` (< SegmentsPerTile) of tile `t`: where it starts on both sides and its length (0
+// for an empty slot). `layer` is LayerAt(h, t.layer).
+KVRAIL_HD ChunkSpan SegmentAtInLayer(const PlanHeader& h, const uint32_t* src_blocks,
+                                     const uint32_t* dst_blocks, const TileDesc& t,
+                                     LayerSpan layer, uint64_t k) {
+  uint64_t first;
+  if (t.byte_begin <= kFastDivMaxDividend) {
+    first = FastDiv(h.chunk_div, static_cast<uint32_t>(t.byte_begin));
+  } else {
+    first = t.byte_begin / h.chunk_bytes;
+  }
+  const uint64_t c = first + k;
+  const uint64_t chunk_begin = c * h.chunk_bytes;
+  if (chunk_begin >= t.byte_end) return ChunkSpan{0, 0, 0};
+  const uint64_t begin = chunk_begin > t.byte_begin ? chunk_begin : t.byte_begin;
+  const uint64_t chunk_end = chunk_begin + h.chunk_bytes;
+  const uint64_t end = chunk_end < t.byte_end ? chunk_end : t.byte_end;
+  const ChunkSpan span =
+      ChunkAtInLayer(h, src_blocks, dst_blocks, layer, t.part, static_cast<uint32_t>(c));
+  return ChunkSpan{span.src + (begin - chunk_begin), span.dst + (begin - chunk_begin),
+                   end - begin};
+}
+
+KVRAIL_HD ChunkSpan SegmentAt(const PlanHeader& h, const uint32_t* src_blocks,
+                              const uint32_t* dst_blocks, const TileDesc& t, uint64_t k) {
+  return SegmentAtInLayer(h, src_blocks, dst_blocks, t, LayerAt(h, t.layer), k);
+}
+
 KVRAIL_HD ChunkSpan PieceAt(const PlanHeader& h, const uint32_t* src_blocks,
                             const uint32_t* dst_blocks, const TileDesc& t, uint64_t k,
                             uint32_t piece_bytes) {
