@@ -66,6 +66,12 @@ class Job {
   // state (an uploaded plan, pinned addresses) while this holds, instead of setting it up again
   // for every layer.
   virtual bool MayGetMoreTiles() const { return false; }
+  // TransferSpec.digest (issue 17): whether the engine hashes the job's tiles (kernels/digest.h):
+  // the source bytes while moving them, the destination's bytes read back after they landed. It
+  // then calls OnTileDigest before OnTileDone for each tile it moved, and reports a tile whose
+  // digests differ as failed (planner::DigestMismatchError, DATA_LOSS). Off: no hashing at all.
+  virtual bool wants_digest() const { return false; }
+  virtual void OnTileDigest(uint32_t tile, uint64_t source, uint64_t destination) {}
   // Called by the worker that is about to move `tile`.
   virtual void OnTileStart(uint32_t tile) = 0;
   // `status` is OK when the tile's bytes landed.

@@ -3,6 +3,7 @@
 #include <chrono>
 #include <deque>
 #include <tuple>
+#include <utility>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -31,9 +32,10 @@ constexpr uint64_t kRetainedTableBytes = 64 << 20;
 // worker thread runs one tile at a time outside the lock.
 class HostEngine final : public Engine {
  public:
-  HostEngine(int threads, const PriorityLimits& limits)
+  HostEngine(int threads, const PriorityLimits& limits, TileLandedHook after_copy = {})
       : threads_(threads < 1 ? 1 : threads),
         class_limits_(limits),
+        after_copy_(std::move(after_copy)),
         max_running_(scheduler::HostClassSlots(threads_)),
         tables_(planner::TablePool::Create(planner::TablePool::Heap(), kRetainedTableBytes)) {
     for (int i = 0; i < threads_; ++i) workers_.emplace_back([this] { Work(); });
@@ -125,14 +127,16 @@ class HostEngine final : public Engine {
       // timing below, which measures copying).
       const absl::Status checked = job->plan().CheckTiles(tile, tile + 1);
       const auto t0 = std::chrono::steady_clock::now();
-      if (checked.ok()) {
+      absl::Status done = checked;
+      if (checked.ok() && !job->wants_digest()) {
         planner::ExecuteTileHost(job->plan(), tile, job->src_base(), job->dst_base());
       }
       const double seconds =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (checked.ok() && job->wants_digest()) done = CopyWithDigest(*job, tile);
       // Reported before the slot is released, so a class's limit holds for its jobs' view too
       // (no new tile of the class starts until this one has been reported done).
-      job->OnTileDone(tile, checked);
+      job->OnTileDone(tile, done);
       {
         absl::MutexLock lock(&mu_);
         --running_[cls];
@@ -146,10 +150,27 @@ class HostEngine final : public Engine {
     }
   }
 
+  // TransferSpec.digest: the host twin copies and hashes the source as it goes, then the
+  // destination's bytes are read back and hashed (outside the rate measurement above, which
+  // describes plain copies for EstimateSeconds).
+  absl::Status CopyWithDigest(Job& job, uint32_t tile) const {
+    const uint64_t source =
+        planner::ExecuteTileHostWithDigest(job.plan(), tile, job.src_base(), job.dst_base());
+    if (after_copy_) after_copy_(job, tile);
+    const uint64_t destination = planner::TileDigestHost(job.plan(), tile, job.dst_base(),
+                                                         planner::DigestSide::kDestination);
+    job.OnTileDigest(tile, source, destination);
+    if (source != destination) {
+      return planner::DigestMismatchError(job.plan(), tile, source, destination);
+    }
+    return absl::OkStatus();
+  }
+
   static constexpr uint64_t kMinMeasuredTiles = 8;
 
   const int threads_;
   const PriorityLimits class_limits_;
+  const TileLandedHook after_copy_;
   const std::array<int, kNumPriorityClasses> max_running_;
   const std::shared_ptr<planner::TablePool> tables_;
   mutable absl::Mutex mu_;
@@ -166,6 +187,10 @@ class HostEngine final : public Engine {
 
 std::unique_ptr<Engine> CreateHostEngine(int threads, const PriorityLimits& limits) {
   return std::make_unique<HostEngine>(threads, limits);
+}
+
+std::unique_ptr<Engine> CreateHostEngineForTest(int threads, TileLandedHook after_copy) {
+  return std::make_unique<HostEngine>(threads, PriorityLimits{}, std::move(after_copy));
 }
 
 }  // namespace kvrail::engine

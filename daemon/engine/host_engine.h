@@ -3,6 +3,7 @@
 // takes the last free worker: scheduler::HostClassSlots).
 #pragma once
 
+#include <functional>
 #include <memory>
 
 #include "daemon/engine/engine.h"
@@ -12,5 +13,11 @@ namespace kvrail::engine {
 // Runs tiles with memcpy on `threads` worker threads (the host twin of the kernels' arithmetic).
 // The engine is thread-safe (engine.h); its table_pool() recycles heap table buffers.
 std::unique_ptr<Engine> CreateHostEngine(int threads, const PriorityLimits& limits = {});
+
+// Tests only: called on the worker after a digest job's tile was copied and before its
+// destination is read back (TransferSpec.digest), so a test can corrupt the landed bytes the way
+// a faulty copy or a stale write would, and see the transfer fail with DATA_LOSS.
+using TileLandedHook = std::function<void(const Job& job, uint32_t tile)>;
+std::unique_ptr<Engine> CreateHostEngineForTest(int threads, TileLandedHook after_copy);
 
 }  // namespace kvrail::engine

@@ -322,4 +322,21 @@ void ForEachTileRun(const Plan& plan, uint32_t tile, Fn&& fn) {
 // tiles (tiles never overlap on the destination).
 void ExecuteTileHost(const Plan& plan, uint32_t tile, const uint8_t* src_base, uint8_t* dst_base);
 
+// The integrity digest (TransferSpec.digest; the definition is kernels/digest.h: each byte hashed
+// at its logical position, so both sides of a transfer agree whatever their layouts). Host code
+// of every path uses these; the CUDA kernels compute the same values (kernels/kv_digest.h).
+enum class DigestSide { kSource, kDestination };
+// ExecuteTileHost that also hashes the source bytes as it copies them (slice by slice, so the copy
+// reads what the hash just cached); returns the tile's source digest.
+uint64_t ExecuteTileHostWithDigest(const Plan& plan, uint32_t tile, const uint8_t* src_base,
+                                   uint8_t* dst_base);
+// The digest of tile `tile`'s bytes on one side, read in place (`base` as for ExecuteTileHost).
+uint64_t TileDigestHost(const Plan& plan, uint32_t tile, const uint8_t* base, DigestSide side);
+// The digest of a packed tile (the fabric's staging: the tile's bytes in stream order).
+uint64_t PackedTileDigest(const Plan& plan, uint32_t tile, const uint8_t* packed);
+// DATA_LOSS naming the tile and its layer (source numbering) for a tile whose digests differ:
+// "integrity digest mismatch in tile 3 (layer 5): destination digest ... != source digest ...".
+absl::Status DigestMismatchError(const Plan& plan, uint32_t tile, uint64_t source,
+                                 uint64_t destination);
+
 }  // namespace kvrail::planner

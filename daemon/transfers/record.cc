@@ -109,6 +109,21 @@ void Record::OnTileStart(uint32_t /*tile*/) {
   }
 }
 
+void Record::OnTileDigest(uint32_t tile, uint64_t source, uint64_t destination) {
+  absl::MutexLock lock(&mu_);
+  if (state_ >= v1::TRANSFER_STATE_SUCCEEDED) return;
+  const bool was_matched = digest_.tiles_checked() == 0 || digest_.matched();
+  digest_.set_source(digest_.source() + source);
+  digest_.set_destination(digest_.destination() + destination);
+  digest_.set_tiles_checked(digest_.tiles_checked() + 1);
+  digest_.set_matched(was_matched && source == destination);
+  if (source != destination && (was_matched || tile < digest_.first_mismatch_tile())) {
+    digest_.set_first_mismatch_tile(tile);
+    digest_.set_first_mismatch_layer(spec_.src().layer_begin() + plan_.tile(tile).layer);
+  }
+  ++version_;
+}
+
 void Record::OnTileDone(uint32_t tile, const absl::Status& status) {
   absl::MutexLock lock(&mu_);
   // Local engines report every tile before the final state; only an inbound transfer ended early
@@ -242,6 +257,10 @@ void Record::FillStatusLocked(v1::TransferStatus* status) const {
   status->set_path_reason(engine_note_.empty() ? path_reason_
                                               : absl::StrCat(path_reason_, "; ", engine_note_));
   status->set_engine(engine_name_);
+  if (spec_.digest()) {
+    *status->mutable_digest() = digest_;
+    if (digest_.tiles_checked() == 0) status->mutable_digest()->set_matched(true);
+  }
   if (state_ == v1::TRANSFER_STATE_FAILED || state_ == v1::TRANSFER_STATE_CANCELLED) {
     status->set_error_code(static_cast<int32_t>(end_request_->code()));
     status->set_error_message(std::string(end_request_->message()));

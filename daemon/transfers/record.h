@@ -104,6 +104,9 @@ class Record final : public InboundJob {
   engine::PriorityClass priority() const override { return priority_; }
   void OnTileStart(uint32_t tile) override;
   void OnTileDone(uint32_t tile, const absl::Status& status) override;
+  // spec.digest (issue 17): the engines' per-tile digests, summed into TransferStatus.digest.
+  bool wants_digest() const override { return spec_.digest(); }
+  void OnTileDigest(uint32_t tile, uint64_t source, uint64_t destination) override;
   bool MayGetMoreTiles() const override { return layerwise_ && !IsFinal(); }
 
   // Tiles to hand to the engine now (all for bulk transfers, none for layer-wise ones); counts
@@ -166,6 +169,8 @@ class Record final : public InboundJob {
   uint64_t version_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t bytes_done_ ABSL_GUARDED_BY(mu_) = 0;
   uint32_t tiles_done_ ABSL_GUARDED_BY(mu_) = 0;
+  // spec.digest: sums and the first (lowest) mismatching tile so far.
+  v1::IntegrityDigest digest_ ABSL_GUARDED_BY(mu_);
   uint32_t tiles_enqueued_ ABSL_GUARDED_BY(mu_) = 0;
   uint32_t tiles_reported_ ABSL_GUARDED_BY(mu_) = 0;  // done, failed or removed from the queue
   std::vector<uint32_t> layer_tiles_left_ ABSL_GUARDED_BY(mu_);

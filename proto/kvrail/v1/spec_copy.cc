@@ -33,6 +33,7 @@ TransferSpec WithoutBlockTables(const TransferSpec& spec) {
   if (spec.has_arrival_flags()) *out.mutable_arrival_flags() = spec.arrival_flags();
   out.set_notification(spec.notification());
   out.set_session_id(spec.session_id());
+  out.set_digest(spec.digest());
   return out;
 }
 

@@ -1,0 +1,436 @@
+// The integrity digest on the GPU (kv_digest.h; the hash is kernels/digest.h): the fused gather
+// of kv_copy.cu with the source hashed in registers as it is copied (no second read of the
+// source), and hash-only passes over one side (the destination read back after landing; the
+// source of a copy-engine batch). The kernels follow kv_copy.cu's two paths (warp pieces,
+// 16-byte accesses; CTA slabs, 8- and 16-byte accesses) with the same address arithmetic
+// (plan_math.h); plans with narrower accesses (odd vector sizes or offsets) take a word kernel
+// that assembles each 8-byte word of the logical stream from its 1-, 2- or 4-byte accesses.
+// Per-tile sums are added into tile_digests[tile] with one atomicAdd per warp and item.
+#include <cuda_runtime.h>
+
+#include "kernels/device_abi.h"
+#include "kernels/digest.h"
+#include "kernels/kv_digest_launch.h"
+#include "kernels/plan_math.h"
+
+namespace kvrail::kernels {
+namespace {
+
+namespace dg = ::kvrail::kernels::digest;
+
+constexpr int kLoadsInFlight = 8;
+constexpr int kMaxThreads = 512;
+
+// What a launch does (kv_digest_launch.h: DigestKernelMode values).
+constexpr int kCopyHashSource = 1;
+constexpr int kHashSource = 2;
+constexpr int kHashDestination = 3;
+
+template <int W> struct Access;
+template <> struct Access<16> { using T = int4; };
+template <> struct Access<8> { using T = int2; };
+template <> struct Access<4> { using T = int; };
+template <> struct Access<2> { using T = short; };
+template <> struct Access<1> { using T = char; };
+
+__device__ __forceinline__ void LoadHeader(const PlanHeader* __restrict__ from_header,
+                                           PlanHeader* to_header) {
+  const uint64_t* from = reinterpret_cast<const uint64_t*>(from_header);
+  uint64_t* to = reinterpret_cast<uint64_t*>(to_header);
+  for (int k = threadIdx.x; k < static_cast<int>(sizeof(PlanHeader) / 8); k += blockDim.x) {
+    to[k] = from[k];
+  }
+  __syncthreads();
+}
+
+struct ItemPos {
+  uint64_t tile;
+  uint64_t index;
+};
+__device__ __forceinline__ ItemPos SplitItem(uint64_t item, uint64_t per_tile,
+                                             const FastDivU32& div) {
+  if (item <= kFastDivMaxDividend && per_tile <= kFastDivMaxDividend) {
+    const uint64_t tile = FastDiv(div, static_cast<uint32_t>(item));
+    return ItemPos{tile, item - tile * per_tile};
+  }
+  return ItemPos{item / per_tile, item % per_tile};
+}
+
+// Sums `v` over the warp and adds it to *out from lane 0 (every lane of the warp must call).
+__device__ __forceinline__ void WarpAdd(uint64_t v, uint64_t* out) {
+#pragma unroll
+  for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+  if ((threadIdx.x & 31) == 0 && v != 0) {
+    atomicAdd(reinterpret_cast<unsigned long long*>(out), static_cast<unsigned long long>(v));
+  }
+}
+
+// The digest terms of one W-byte access (W = 8 or 16) at stream byte q (a multiple of W): its
+// whole words.
+template <int W>
+__device__ __forceinline__ uint64_t AccessTerms(const typename Access<W>::T& v, uint64_t key) {
+  const uint64_t* words = reinterpret_cast<const uint64_t*>(&v);
+  uint64_t sum = 0;
+#pragma unroll
+  for (int j = 0; j < W / 8; ++j) sum += dg::Mix(words[j], key + j);
+  return sum;
+}
+
+// AccessTerms with the first word's position key already known (k = PositionKey(key), and the
+// access's keys do not carry out of their low 32 bits, so key + j has key k + j * kKeyMul).
+template <int W>
+__device__ __forceinline__ uint64_t AccessTermsKeyed(const typename Access<W>::T& v, uint32_t k) {
+  const uint64_t* words = reinterpret_cast<const uint64_t*>(&v);
+  uint64_t sum = 0;
+#pragma unroll
+  for (int j = 0; j < W / 8; ++j) sum += dg::MixKeyed(words[j], k + j * dg::kKeyMul);
+  return sum;
+}
+
+// Whether keys [key, key + words) share their high 32 bits (then one PositionKey and additions
+// give them all: AccessTermsKeyed).
+__device__ __forceinline__ bool KeysStayLow(uint64_t key, uint32_t words) {
+  return static_cast<uint32_t>(key) <= 0xffffffffu - words;
+}
+
+// The source or destination of a span, by mode.
+template <int kMode>
+__device__ __forceinline__ uint64_t ReadOffset(const ChunkSpan& s) {
+  return kMode == kHashDestination ? s.dst : s.src;
+}
+
+// Warp path (kv_copy.cu: KvCopyPiecesKernel) with the digest.
+template <int kMode>
+__global__ void __launch_bounds__(kMaxThreads)
+    DigestPiecesKernel(const PlanHeader* __restrict__ header, uint32_t tile_begin,
+                       uint32_t tile_end, uint32_t piece_bytes, uint64_t* tile_digests) {
+  __shared__ PlanHeader h;
+  LoadHeader(header, &h);
+  const uint8_t* __restrict__ read_base = reinterpret_cast<const uint8_t*>(
+      kMode == kHashDestination ? h.dst.base : h.src.base);
+  uint8_t* __restrict__ dst = reinterpret_cast<uint8_t*>(h.dst.base);
+  const uint32_t* __restrict__ src_blocks = reinterpret_cast<const uint32_t*>(h.src.block_table);
+  const uint32_t* __restrict__ dst_blocks = reinterpret_cast<const uint32_t*>(h.dst.block_table);
+  const uint32_t lane = threadIdx.x & 31;
+  const uint32_t warps_per_cta = blockDim.x / 32;
+  const uint64_t pieces_per_tile = h.tile_bytes / piece_bytes;
+  const FastDivU32 tile_div = MakeFastDiv(
+      pieces_per_tile <= kFastDivMaxDividend ? static_cast<uint32_t>(pieces_per_tile) : 1);
+  const uint64_t items = static_cast<uint64_t>(tile_end - tile_begin) * pieces_per_tile;
+  const uint64_t step = static_cast<uint64_t>(gridDim.x) * warps_per_cta;
+  const uint64_t wps = dg::WordsPerStream(h.part_bytes);
+  for (uint64_t item = static_cast<uint64_t>(blockIdx.x) * warps_per_cta + threadIdx.x / 32;
+       item < items; item += step) {
+    const ItemPos pos = SplitItem(item, pieces_per_tile, tile_div);
+    const uint32_t tile = tile_begin + static_cast<uint32_t>(pos.tile);
+    const TileDesc t = TileAt(h, tile);
+    const ChunkSpan span = PieceAt(h, src_blocks, dst_blocks, t, pos.index, piece_bytes);
+    const int4* from = reinterpret_cast<const int4*>(read_base + ReadOffset<kMode>(span));
+    int4* to = reinterpret_cast<int4*>(dst + span.dst);
+    const uint32_t vectors = static_cast<uint32_t>(span.bytes / 16);
+    // Key of the piece's first word: pieces start at multiples of piece_bytes in the tile.
+    const uint64_t key0 = dg::WordKey(wps, static_cast<uint64_t>(t.layer) * h.num_parts + t.part,
+                                      t.byte_begin + pos.index * piece_bytes);
+    int4 value[kLoadsInFlight];
+#pragma unroll
+    for (int k = 0; k < kLoadsInFlight; ++k) {
+      const uint32_t v = k * 32 + lane;
+      if (v < vectors) value[k] = from[v];
+    }
+    if (kMode == kCopyHashSource) {
+#pragma unroll
+      for (int k = 0; k < kLoadsInFlight; ++k) {
+        const uint32_t v = k * 32 + lane;
+        if (v < vectors) to[v] = value[k];
+      }
+    }
+    uint64_t sum = 0;
+    if (KeysStayLow(key0, 4096 / 8)) {  // nearly always: one key computation per piece
+      const uint32_t k0 = dg::PositionKey(key0);
+#pragma unroll
+      for (int k = 0; k < kLoadsInFlight; ++k) {
+        const uint32_t v = k * 32 + lane;
+        if (v < vectors) sum += AccessTermsKeyed<16>(value[k], k0 + 2 * v * dg::kKeyMul);
+      }
+    } else {
+#pragma unroll
+      for (int k = 0; k < kLoadsInFlight; ++k) {
+        const uint32_t v = k * 32 + lane;
+        if (v < vectors) sum += AccessTerms<16>(value[k], key0 + 2 * v);
+      }
+    }
+    WarpAdd(sum, tile_digests + tile);
+  }
+}
+
+// Slab path (kv_copy.cu: KvCopyKernel) with the digest, for 8- and 16-byte accesses.
+struct SlabAddr {
+  uint64_t from[kLoadsInFlight];
+  uint64_t to[kLoadsInFlight];
+  uint64_t key;    // key of the slab's first word
+  uint32_t tile;   // absolute tile index
+  uint32_t len;    // 0 past the end of a short last tile
+};
+
+template <int W>
+__device__ __forceinline__ void LocateSlab(const PlanHeader& h, const uint32_t* src_blocks,
+                                           const uint32_t* dst_blocks, uint32_t tile_begin,
+                                           uint64_t item, const FastDivU32& slabs_div,
+                                           uint64_t slabs_per_tile, uint32_t slab_bytes,
+                                           uint64_t wps, SlabAddr& a) {
+  const ItemPos pos = SplitItem(item, slabs_per_tile, slabs_div);
+  a.tile = tile_begin + static_cast<uint32_t>(pos.tile);
+  const TileDesc t = TileAt(h, a.tile);
+  const uint64_t begin = t.byte_begin + pos.index * slab_bytes;
+  if (begin >= t.byte_end) {
+    a.len = 0;
+    return;
+  }
+  const uint64_t left = t.byte_end - begin;
+  a.len = left < slab_bytes ? static_cast<uint32_t>(left) : slab_bytes;
+  a.key = dg::WordKey(wps, static_cast<uint64_t>(t.layer) * h.num_parts + t.part, begin);
+  if (static_cast<ChunkKind>(h.chunk_kind) == ChunkKind::kBytes) {
+#pragma unroll
+    for (int k = 0; k < kLoadsInFlight; ++k) {
+      const uint32_t off = (k * blockDim.x + threadIdx.x) * W;
+      a.from[k] = h.src.origin + begin + off;
+      a.to[k] = h.dst.origin + begin + off;
+    }
+    return;
+  }
+  ChunkPos start;
+  if (begin <= kFastDivMaxDividend) {
+    start.chunk = FastDiv(h.chunk_div, static_cast<uint32_t>(begin));
+    start.offset = static_cast<uint32_t>(begin) - start.chunk * static_cast<uint32_t>(h.chunk_bytes);
+  } else {
+    start.chunk = static_cast<uint32_t>(begin / h.chunk_bytes);
+    start.offset = static_cast<uint32_t>(begin % h.chunk_bytes);
+  }
+  const LayerSpan layer = LayerAt(h, t.layer);
+#pragma unroll
+  for (int k = 0; k < kLoadsInFlight; ++k) {
+    const uint32_t off = (k * blockDim.x + threadIdx.x) * W;
+    if (off < a.len) {
+      const ChunkPos p = AdvanceChunkPos(h, start, off);
+      const ChunkSpan span = ChunkAtInLayer(h, src_blocks, dst_blocks, layer, t.part, p.chunk);
+      a.from[k] = span.src + p.offset;
+      a.to[k] = span.dst + p.offset;
+    }
+  }
+}
+
+template <int kMode, int W>
+__global__ void __launch_bounds__(kMaxThreads)
+    DigestSlabKernel(const PlanHeader* __restrict__ header, uint32_t tile_begin, uint32_t tile_end,
+                     uint64_t* tile_digests) {
+  static_assert(W == 8 || W == 16, "whole words per access");
+  using T = typename Access<W>::T;
+  __shared__ PlanHeader h;
+  LoadHeader(header, &h);
+  const uint8_t* __restrict__ src = reinterpret_cast<const uint8_t*>(h.src.base);
+  uint8_t* __restrict__ dst = reinterpret_cast<uint8_t*>(h.dst.base);
+  const uint32_t* __restrict__ src_blocks = reinterpret_cast<const uint32_t*>(h.src.block_table);
+  const uint32_t* __restrict__ dst_blocks = reinterpret_cast<const uint32_t*>(h.dst.block_table);
+  const uint32_t slab_bytes = blockDim.x * kLoadsInFlight * W;
+  const uint64_t slabs_per_tile = (h.tile_bytes + slab_bytes - 1) / slab_bytes;
+  const FastDivU32 slabs_div =
+      MakeFastDiv(static_cast<uint32_t>(slabs_per_tile <= kFastDivMaxDividend ? slabs_per_tile : 1));
+  const uint64_t items = static_cast<uint64_t>(tile_end - tile_begin) * slabs_per_tile;
+  const uint64_t wps = dg::WordsPerStream(h.part_bytes);
+
+  SlabAddr a;
+  uint64_t item = blockIdx.x;
+  if (item < items) {
+    LocateSlab<W>(h, src_blocks, dst_blocks, tile_begin, item, slabs_div, slabs_per_tile,
+                  slab_bytes, wps, a);
+  }
+  while (item < items) {
+    T value[kLoadsInFlight];
+    uint64_t to[kLoadsInFlight];
+    const uint32_t len = a.len;
+    const uint64_t key = a.key;
+    const uint32_t tile = a.tile;
+#pragma unroll
+    for (int k = 0; k < kLoadsInFlight; ++k) {
+      const uint32_t off = (k * blockDim.x + threadIdx.x) * W;
+      if (off < len) {
+        value[k] = *reinterpret_cast<const T*>(kMode == kHashDestination ? dst + a.to[k]
+                                                                          : src + a.from[k]);
+      }
+      to[k] = a.to[k];
+    }
+    const uint64_t next = item + gridDim.x;
+    if (next < items) {
+      LocateSlab<W>(h, src_blocks, dst_blocks, tile_begin, next, slabs_div, slabs_per_tile,
+                    slab_bytes, wps, a);
+    }
+    uint64_t sum = 0;
+    const bool low = KeysStayLow(key, kMaxThreads * kLoadsInFlight * 2);  // 64 KiB slabs at most
+    const uint32_t k0 = dg::PositionKey(key);
+#pragma unroll
+    for (int k = 0; k < kLoadsInFlight; ++k) {
+      const uint32_t off = (k * blockDim.x + threadIdx.x) * W;
+      if (off < len) {
+        if (kMode == kCopyHashSource) *reinterpret_cast<T*>(dst + to[k]) = value[k];
+        sum += low ? AccessTermsKeyed<W>(value[k], k0 + (off / 8) * dg::kKeyMul)
+                   : AccessTerms<W>(value[k], key + off / 8);
+      }
+    }
+    if (len > 0) WarpAdd(sum, tile_digests + tile);  // len is the same for the whole CTA
+    item = next;
+  }
+}
+
+// Narrow accesses (W = 1, 2, 4): each thread builds whole 8-byte words of the logical stream from
+// the accesses inside them (each located through its own chunk), so words that straddle head
+// vectors or chunk boundaries hash as the definition says. Item j of tile t is the word holding
+// stream byte 8 * (t.byte_begin / 8 + j), clipped to the tile.
+template <int kMode, int W>
+__global__ void __launch_bounds__(kMaxThreads)
+    DigestWordsKernel(const PlanHeader* __restrict__ header, uint32_t tile_begin,
+                      uint32_t tile_end, uint64_t* tile_digests) {
+  using T = typename Access<W>::T;
+  __shared__ PlanHeader h;
+  LoadHeader(header, &h);
+  const uint8_t* __restrict__ src = reinterpret_cast<const uint8_t*>(h.src.base);
+  uint8_t* __restrict__ dst = reinterpret_cast<uint8_t*>(h.dst.base);
+  const uint32_t* __restrict__ src_blocks = reinterpret_cast<const uint32_t*>(h.src.block_table);
+  const uint32_t* __restrict__ dst_blocks = reinterpret_cast<const uint32_t*>(h.dst.block_table);
+  const uint64_t words_per_tile = h.tile_bytes / 8 + 2;  // a clipped word at either end
+  const FastDivU32 div = MakeFastDiv(
+      words_per_tile <= kFastDivMaxDividend ? static_cast<uint32_t>(words_per_tile) : 1);
+  const uint64_t items = static_cast<uint64_t>(tile_end - tile_begin) * words_per_tile;
+  const uint64_t wps = dg::WordsPerStream(h.part_bytes);
+  const uint64_t step = static_cast<uint64_t>(gridDim.x) * blockDim.x;
+  // Whole warps iterate together (WarpAdd needs every lane).
+  const uint64_t rounded = (items + 31) / 32 * 32;
+  for (uint64_t item = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+       item < rounded; item += step) {
+    uint64_t term = 0;
+    uint32_t tile = 0xffffffffu;
+    if (item < items) {
+      const ItemPos pos = SplitItem(item, words_per_tile, div);
+      tile = tile_begin + static_cast<uint32_t>(pos.tile);
+      const TileDesc t = TileAt(h, tile);
+      const uint64_t word_begin = (t.byte_begin / 8 + pos.index) * 8;
+      const uint64_t lo = word_begin > t.byte_begin ? word_begin : t.byte_begin;
+      const uint64_t hi = word_begin + 8 < t.byte_end ? word_begin + 8 : t.byte_end;
+      if (lo < hi) {
+        const LayerSpan layer = LayerAt(h, t.layer);
+        uint64_t w = 0;
+        for (uint64_t q = lo; q < hi; q += W) {
+          uint64_t from, to;
+          if (static_cast<ChunkKind>(h.chunk_kind) == ChunkKind::kBytes) {
+            from = h.src.origin + q;
+            to = h.dst.origin + q;
+          } else {
+            const uint64_t c = q / h.chunk_bytes;
+            const ChunkSpan span = ChunkAtInLayer(h, src_blocks, dst_blocks, layer, t.part,
+                                                  static_cast<uint32_t>(c));
+            from = span.src + (q - c * h.chunk_bytes);
+            to = span.dst + (q - c * h.chunk_bytes);
+          }
+          const T v = *reinterpret_cast<const T*>(kMode == kHashDestination ? dst + to : src + from);
+          if (kMode == kCopyHashSource) *reinterpret_cast<T*>(dst + to) = v;
+          uint64_t bits = 0;
+          for (int j = 0; j < W; ++j) bits |= static_cast<uint64_t>(reinterpret_cast<const uint8_t*>(&v)[j]) << (8 * j);
+          w |= bits << (8 * (q % 8));
+        }
+        term = dg::Mix(w, dg::WordKey(wps, static_cast<uint64_t>(t.layer) * h.num_parts + t.part,
+                                      word_begin));
+      }
+    }
+    // One atomic per warp when the warp's words share a tile (nearly always), else per lane.
+    const uint32_t lane0_tile = __shfl_sync(0xffffffffu, tile, 0);
+    if (__all_sync(0xffffffffu, tile == lane0_tile || tile == 0xffffffffu) &&
+        lane0_tile != 0xffffffffu) {
+      WarpAdd(term, tile_digests + lane0_tile);
+    } else if (tile != 0xffffffffu && term != 0) {
+      atomicAdd(reinterpret_cast<unsigned long long*>(tile_digests + tile),
+                static_cast<unsigned long long>(term));
+    }
+  }
+}
+
+template <int kMode>
+int LaunchMode(const PlanHeader* header, uint32_t tile_begin, uint32_t tile_end, int num_ctas,
+               int threads, uint32_t access_bytes, uint32_t piece_bytes, uint64_t* digests,
+               cudaStream_t stream) {
+  const dim3 grid(num_ctas), block(threads);
+  if (piece_bytes != 0) {
+    if (access_bytes != 16 || piece_bytes > 4096 || piece_bytes % 16 != 0) {
+      return cudaErrorInvalidValue;
+    }
+    DigestPiecesKernel<kMode><<<grid, block, 0, stream>>>(header, tile_begin, tile_end,
+                                                          piece_bytes, digests);
+    return cudaGetLastError();
+  }
+  switch (access_bytes) {
+    case 16: DigestSlabKernel<kMode, 16><<<grid, block, 0, stream>>>(header, tile_begin, tile_end, digests); break;
+    case 8: DigestSlabKernel<kMode, 8><<<grid, block, 0, stream>>>(header, tile_begin, tile_end, digests); break;
+    case 4: DigestWordsKernel<kMode, 4><<<grid, block, 0, stream>>>(header, tile_begin, tile_end, digests); break;
+    case 2: DigestWordsKernel<kMode, 2><<<grid, block, 0, stream>>>(header, tile_begin, tile_end, digests); break;
+    case 1: DigestWordsKernel<kMode, 1><<<grid, block, 0, stream>>>(header, tile_begin, tile_end, digests); break;
+    default: return cudaErrorInvalidValue;
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+namespace internal {
+
+int KvDigestLaunch(const PlanHeader* device_header, uint32_t tile_begin, uint32_t tile_end,
+                   int mode, uint64_t* tile_digests, int num_ctas, int threads,
+                   uint32_t access_bytes, uint32_t piece_bytes, CUstream_st* stream) {
+  if (tile_end <= tile_begin) return cudaSuccess;
+  if (threads > kMaxThreads || threads <= 0 || threads % 32 != 0 || num_ctas <= 0 ||
+      tile_digests == nullptr) {
+    return cudaErrorInvalidValue;
+  }
+  switch (mode) {
+    case kCopyHashSource:
+      return LaunchMode<kCopyHashSource>(device_header, tile_begin, tile_end, num_ctas, threads,
+                                         access_bytes, piece_bytes, tile_digests, stream);
+    case kHashSource:
+      return LaunchMode<kHashSource>(device_header, tile_begin, tile_end, num_ctas, threads,
+                                     access_bytes, piece_bytes, tile_digests, stream);
+    case kHashDestination:
+      return LaunchMode<kHashDestination>(device_header, tile_begin, tile_end, num_ctas, threads,
+                                          access_bytes, piece_bytes, tile_digests, stream);
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
+
+int DigestZero(uint64_t* digests, size_t count, CUstream_st* stream) {
+  return cudaMemsetAsync(digests, 0, count * sizeof(uint64_t), stream);
+}
+
+int DigestToHost(uint64_t* host, const uint64_t* digests, size_t count, CUstream_st* stream) {
+  const int e = cudaMemcpyAsync(host, digests, count * sizeof(uint64_t), cudaMemcpyDeviceToHost,
+                                stream);
+  if (e != cudaSuccess) return e;
+  return cudaStreamSynchronize(stream);
+}
+
+int DigestDeviceAlloc(void** ptr, size_t bytes, CUstream_st* stream) {
+  return cudaMallocAsync(ptr, bytes, stream);
+}
+int DigestDeviceFree(void* ptr, CUstream_st* stream) { return cudaFreeAsync(ptr, stream); }
+int DigestHostAlloc(void** ptr, size_t bytes) { return cudaMallocHost(ptr, bytes); }
+int DigestHostFree(void* ptr) { return cudaFreeHost(ptr); }
+int DigestCopyToHostAsync(uint64_t* host, const uint64_t* device, size_t count,
+                          CUstream_st* stream) {
+  return cudaMemcpyAsync(host, device, count * sizeof(uint64_t), cudaMemcpyDeviceToHost, stream);
+}
+
+const char* DigestErrorName(int error) {
+  return cudaGetErrorName(static_cast<cudaError_t>(error));
+}
+const char* DigestErrorString(int error) {
+  return cudaGetErrorString(static_cast<cudaError_t>(error));
+}
+
+}  // namespace internal
+}  // namespace kvrail::kernels
