@@ -186,6 +186,23 @@ fuzz_tests() {
   log "fuzz: done in $((SECONDS - start)) s"
 }
 
+# TSan must report the canary's unlocked counter, and not its absl::Mutex-guarded one (Debian's
+# absl is not instrumented: tests/sanitizers/absl_tsan_shim.cc must be in effect).
+tsan_canary() {
+  local ts=(bazel "--output_base=$TSAN_OUTPUT_BASE") out rc=0
+  out=$("${ts[@]}" build --config=tsan //tests/sanitizers:tsan_canary 2>&1 &&
+    "$("${ts[@]}" info --config=tsan bazel-bin 2>/dev/null)/tests/sanitizers/tsan_canary" 2>&1) || rc=$?
+  if [ "$rc" -eq 66 ] && grep -q "Location is global '(anonymous namespace)::unguarded'" <<<"$out" &&
+    ! grep -q "::guarded'" <<<"$out"; then
+    echo "tsan canary PASSED (the unlocked race reported, the absl::Mutex-guarded counter not)"
+    SAN_PASSED=$((SAN_PASSED + 1))
+  else
+    printf '%s\n' "$out" | tail -40 >&2
+    echo "tsan canary FAILED (exit $rc): TSan missed the race or reported the guarded counter"
+    SAN_FAILED=$((SAN_FAILED + 1))
+  fi
+}
+
 sanitizer_stages() {
   if [ "${KVRAIL_SAN:-1}" = 0 ]; then
     log "sanitizer stages skipped (KVRAIL_SAN=0)"
@@ -195,6 +212,7 @@ sanitizer_stages() {
   fuzz_tests
   bazel "--output_base=$ASAN_OUTPUT_BASE" shutdown
   san_tests tsan "$TSAN_OUTPUT_BASE" tsan "$TSAN_SCOPE"
+  tsan_canary
   bazel "--output_base=$TSAN_OUTPUT_BASE" shutdown
 }
 
