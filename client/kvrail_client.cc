@@ -206,6 +206,15 @@ class Client::Impl {
     }
   }
 
+  // The session's credential (SessionMetadataValue) for WAITs on spare connections; "" without
+  // one.
+  std::string Credential() {
+    if (!Lost().ok()) return "";
+    absl::MutexLock lock(&session_mu_);
+    if (session_ == nullptr || session_->secret().empty()) return "";
+    return wire::SessionMetadataValue(session_->session_id(), session_->secret());
+  }
+
   // The session (if open) without opening one.
   uint64_t OpenSessionId() {
     absl::MutexLock lock(&session_mu_);
@@ -544,9 +553,12 @@ absl::StatusOr<v1::RegionInfo> Client::RegisterRegion(v1::RegionSpec spec, uint6
     if (spec.memory_kind() == v1::MEMORY_KIND_UNSPECIFIED) {
       spec.set_memory_kind(v1::MEMORY_KIND_HOST);
     }
+    // The object is opened here, with this process's rights, and its fd passed over the session
+    // socket: kvraild opens nothing by name for the library (docs/security.md, "Memory").
+    const std::string name = spec.share().shm_name();
+    UniqueFd fd(::shm_open(name.c_str(), (spec.writable() ? O_RDWR : O_RDONLY) | O_CLOEXEC, 0));
+    if (!fd.valid()) return ErrnoError(absl::StrCat("spec.share.shm_name: shm_open(", name, ")"));
     if (spec.size_bytes() == 0) {
-      UniqueFd fd(::shm_open(spec.share().shm_name().c_str(), O_RDONLY | O_CLOEXEC, 0));
-      if (!fd.valid()) return ErrnoError(absl::StrCat("shm_open(", spec.share().shm_name(), ")"));
       struct stat st;
       if (::fstat(fd.get(), &st) != 0) return ErrnoError("fstat(shm)");
       const uint64_t size = static_cast<uint64_t>(st.st_size);
@@ -555,6 +567,14 @@ absl::StatusOr<v1::RegionInfo> Client::RegisterRegion(v1::RegionSpec spec, uint6
                                                        " is beyond shm object (", size, " bytes)"));
       }
       spec.set_size_bytes(size - spec.share().offset());
+    }
+    // Without a session (a TCP target) the name goes as it is: kvraild then refuses it unless
+    // the caller's uid owns the object, which it cannot know over TCP.
+    absl::StatusOr<wire::SessionConnection*> session = impl_->Session();
+    if (session.ok()) {
+      KVRAIL_ASSIGN_OR_RETURN(std::string token, (*session)->SendFd(fd.get()));
+      spec.mutable_share()->set_fd_token(token);  // keeps share.offset
+      session_id = (*session)->session_id();
     }
   }
   v1::RegisterRegionRequest request;
@@ -739,7 +759,9 @@ absl::StatusOr<v1::TransferStatus> Client::Wait(uint64_t transfer_id, absl::Dura
     if (auto conn = impl_->TakeWaitConnection(); conn != nullptr) {
       conn->SetAnswerTimeout(bounded ? timeout : absl::InfiniteDuration());
       bool sent = false;
-      absl::StatusOr<std::string> answer = conn->Exchange(wire::EncodeWait(transfer_id), &sent);
+      // As the main session: only a transfer's submitter may wait for it.
+      absl::StatusOr<std::string> answer =
+          conn->Exchange(wire::EncodeWait(transfer_id, impl_->Credential()), &sent);
       if (!answer.ok()) {
         // A DONE may still come on this connection: it is not reused.
         if (bounded && answer.status().code() == absl::StatusCode::kDeadlineExceeded) {

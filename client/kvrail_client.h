@@ -109,8 +109,11 @@ class Client {
                                                     v1::RegionSpec spec);
 
   // --- Transfer service ----------------------------------------------------------------------
-  // Passes `spec` through, with two conveniences for POSIX shm regions (share.shm_name set):
-  // memory_kind HOST when unspecified, and size_bytes = the shm object's size - offset when zero.
+  // Passes `spec` through, except for POSIX shm regions (share.shm_name set): the library opens
+  // the object itself (read-write when spec.writable), with this process's rights, and passes
+  // its fd over the session socket (share becomes fd_token, offset kept); memory_kind HOST when
+  // unspecified, and size_bytes = the shm object's size - offset when zero. The daemon never
+  // opens the name for the library (docs/security.md, "Memory").
   absl::StatusOr<v1::RegionInfo> RegisterRegion(v1::RegionSpec spec, uint64_t session_id = 0);
   absl::Status UnregisterRegion(uint64_t region_id);
   // Block tables of 8192+ ids travel through a host region of this client's session (created on

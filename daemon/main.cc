@@ -120,8 +120,13 @@ absl::Status Run(v1::DaemonConfig config) {
   // stale id from the previous instance names nothing here.
   const std::string instance_id = session::NewInstanceId();
   spdlog::info("instance {}", instance_id);
-  std::unique_ptr<regions::RegionTable> regions =
-      regions::RegionTable::Create(clock, regions::RandomIdBases(), GpuNames(topology.desc()));
+  regions::RegionLimits region_limits;  // docs/security.md, "Memory"
+  region_limits.max_regions_per_session = config.max_regions_per_session();
+  region_limits.max_regions_per_uid = config.max_regions_per_uid();
+  region_limits.max_mapped_bytes_per_uid = config.max_mapped_bytes_per_uid();
+  region_limits.max_region_mappings = config.max_region_mappings();
+  std::unique_ptr<regions::RegionTable> regions = regions::RegionTable::Create(
+      clock, regions::RandomIdBases(), GpuNames(topology.desc()), region_limits);
   // Per-class limits, indexed by engine::PriorityClass (critical, normal, background).
   engine::PriorityLimits limits;
   const v1::ClassLimits* by_class[] = {&config.critical_limits(), &config.normal_limits(),

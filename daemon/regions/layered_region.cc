@@ -18,8 +18,10 @@ namespace {
 class LayeredRegion final : public Region {
  public:
   LayeredRegion(uint64_t id, uint64_t session_id, v1::RegionSpec spec, planner::RegionView view,
-                std::vector<LayerMemory> layers, int64_t registered_us)
-      : id_(id),
+                std::vector<LayerMemory> layers, int64_t registered_us,
+                std::shared_ptr<void> charge)
+      : charge_(std::move(charge)),
+        id_(id),
         session_id_(session_id),
         spec_(std::move(spec)),
         layers_(std::move(layers)),
@@ -90,13 +92,29 @@ class LayeredRegion final : public Region {
   const v1::RegionSpec& spec() const override { return spec_; }
   const planner::RegionView& view() const override { return view_; }
   v1::RegionInfo Info() const override {
-    return RegionInfoOf(id_, spec_, session_id_, active_.load(std::memory_order_relaxed),
-                        registered_us_);
+    v1::RegionInfo info = RegionInfoOf(id_, spec_, session_id_,
+                                       active_.load(std::memory_order_relaxed), registered_us_);
+    if (spec_.memory_kind() == v1::MEMORY_KIND_HOST) {
+      bool sealed = true;
+      for (const LayerMemory& layer : layers_) sealed = sealed && layer.host->sealed();
+      info.set_host_sealed(sealed);
+      info.set_poisoned(Poisoned());
+    }
+    return info;
   }
   void AcquireUse() override { active_.fetch_add(1, std::memory_order_relaxed); }
   void ReleaseUse() override { active_.fetch_sub(1, std::memory_order_relaxed); }
+  absl::Status Health(absl::string_view field) const override {
+    return Poisoned() ? PoisonedError(field, id_) : absl::OkStatus();
+  }
 
  private:
+  bool Poisoned() const {
+    for (const LayerMemory& layer : layers_) {
+      if (layer.host != nullptr && layer.host->poisoned()) return true;
+    }
+    return false;
+  }
   static planner::RegionView WithBases(planner::RegionView view,
                                        const std::vector<LayerMemory>& layers) {
     auto bases = std::make_shared<planner::LayerBases>();
@@ -105,6 +123,8 @@ class LayeredRegion final : public Region {
     return view;
   }
 
+  // What the region counts against RegionLimits; given back last.
+  const std::shared_ptr<void> charge_;
   const uint64_t id_;
   const uint64_t session_id_;
   const v1::RegionSpec spec_;
@@ -143,9 +163,10 @@ v1::RegionSpec LayerSpec(const v1::RegionSpec& spec, int index) {
 std::shared_ptr<Region> MakeLayeredRegion(uint64_t id, uint64_t session_id, v1::RegionSpec spec,
                                           planner::RegionView view,
                                           std::vector<LayerMemory> layers,
-                                          int64_t registered_us) {
+                                          int64_t registered_us,
+                                          std::shared_ptr<void> charge) {
   return std::make_shared<LayeredRegion>(id, session_id, std::move(spec), std::move(view),
-                                         std::move(layers), registered_us);
+                                         std::move(layers), registered_us, std::move(charge));
 }
 
 }  // namespace kvrail::regions

@@ -28,11 +28,12 @@ struct LayerMemory {
 };
 
 // The region over `layers` (one per layout layer, in order). `view` is the validated per-layer
-// view; its layer_bases are filled in here from the layers' addresses.
+// view; its layer_bases are filled in here from the layers' addresses. `charge` (what the region
+// counts against RegionLimits) is held until the region goes.
 std::shared_ptr<Region> MakeLayeredRegion(uint64_t id, uint64_t session_id, v1::RegionSpec spec,
                                           planner::RegionView view,
                                           std::vector<LayerMemory> layers,
-                                          int64_t registered_us);
+                                          int64_t registered_us, std::shared_ptr<void> charge);
 
 // The RegionInfo both region kinds show clients (`active` read by the caller).
 v1::RegionInfo RegionInfoOf(uint64_t id, const v1::RegionSpec& spec, uint64_t session_id,

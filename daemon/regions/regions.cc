@@ -6,11 +6,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+
 #include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <map>
 #include <optional>
+#include <fstream>
 #include <random>
 
 #include "absl/container/flat_hash_map.h"
@@ -26,7 +29,96 @@
 #include "daemon/regions/layered_region.h"
 
 namespace kvrail::regions {
+
+absl::Status PoisonedError(absl::string_view field, uint64_t id) {
+  return absl::FailedPreconditionError(absl::StrCat(
+      field, field.empty() ? "" : ".region_id: ", "region ", id,
+      ": its host memory faulted under kvraild (the owner truncated or removed it while "
+      "registered); the region is poisoned: transfers that touched it fail and new ones are "
+      "refused; unregister it"));
+}
+
 namespace {
+
+// Mappings and host bytes held per uid and in all, against RegionLimits. Shared by the table and
+// every region's charge (a region may outlive the table: a transfer holds it). Thread-safe.
+class Usage : public std::enable_shared_from_this<Usage> {
+ public:
+  explicit Usage(RegionLimits limits) : limits_(limits) {}
+
+  // Takes `mappings` and `bytes` for `uid` (-1: unknown) until the returned charge is dropped
+  // (with the region). RESOURCE_EXHAUSTED naming the cap.
+  absl::StatusOr<std::shared_ptr<void>> Reserve(int64_t uid, uint64_t mappings, uint64_t bytes)
+      ABSL_LOCKS_EXCLUDED(mu_) {
+    {
+      absl::MutexLock lock(&mu_);
+      Held& held = by_uid_[uid];
+      if (mappings > limits_.max_region_mappings - total_mappings_) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "max_region_mappings: kvraild holds ", total_mappings_, " region mappings of every uid; "
+            "this region needs ", mappings, " more (at most ", limits_.max_region_mappings,
+            " in all); unregister some"));
+      }
+      if (mappings > limits_.max_regions_per_uid - held.mappings) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "max_regions_per_uid: uid ", uid, " holds ", held.mappings,
+            " region mappings; this region needs ", mappings, " more (at most ",
+            limits_.max_regions_per_uid, " per uid); unregister some"));
+      }
+      if (bytes > limits_.max_mapped_bytes_per_uid - held.bytes) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "max_mapped_bytes_per_uid: uid ", uid, " has ", held.bytes,
+            " host bytes mapped; this region needs ", bytes, " more (at most ",
+            limits_.max_mapped_bytes_per_uid, " per uid); unregister some"));
+      }
+      held.mappings += mappings;
+      held.bytes += bytes;
+      total_mappings_ += mappings;
+    }
+    std::shared_ptr<Usage> self = shared_from_this();
+    return std::shared_ptr<void>(nullptr, [self, uid, mappings, bytes](void*) {
+      self->Release(uid, mappings, bytes);
+    });
+  }
+
+ private:
+  struct Held {
+    uint64_t mappings = 0;
+    uint64_t bytes = 0;
+  };
+  void Release(int64_t uid, uint64_t mappings, uint64_t bytes) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    Held& held = by_uid_[uid];
+    held.mappings -= mappings;
+    held.bytes -= bytes;
+    total_mappings_ -= mappings;
+    if (held.mappings == 0 && held.bytes == 0) by_uid_.erase(uid);
+  }
+
+  const RegionLimits limits_;
+  absl::Mutex mu_;
+  absl::flat_hash_map<int64_t, Held> by_uid_ ABSL_GUARDED_BY(mu_);
+  uint64_t total_mappings_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// 0 fields of `limits` made concrete for this node.
+RegionLimits Concrete(RegionLimits limits) {
+  if (limits.max_mapped_bytes_per_uid == 0) {
+    const long pages = ::sysconf(_SC_PHYS_PAGES);
+    const long page = ::sysconf(_SC_PAGESIZE);
+    limits.max_mapped_bytes_per_uid =
+        pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page)
+                              : (uint64_t{1} << 40);
+  }
+  if (limits.max_region_mappings == 0) {
+    uint64_t max_map_count = 65530;
+    std::ifstream in("/proc/sys/vm/max_map_count");
+    uint64_t read = 0;
+    if (in >> read && read > 0) max_map_count = read;
+    limits.max_region_mappings = static_cast<size_t>(std::max<uint64_t>(1, max_map_count / 2));
+  }
+  return limits;
+}
 
 // Thread-safe: the spec, view and memory are immutable after construction; the host pin and the
 // peer-GPU views are made on first use under pin_mu_; the use count is atomic.
@@ -36,8 +128,9 @@ class RegionImpl final : public Region {
   // host Mapping to pin for CUDA engines (nullptr for CUDA regions).
   RegionImpl(uint64_t id, uint64_t session_id, v1::RegionSpec spec, planner::RegionView view,
              std::shared_ptr<void> backing, const Mapping* host_mapping, uint8_t* data,
-             int64_t registered_us, std::shared_ptr<VmmMapping> vmm)
-      : vmm_(std::move(vmm)),
+             int64_t registered_us, std::shared_ptr<VmmMapping> vmm, std::shared_ptr<void> charge)
+      : charge_(std::move(charge)),
+        vmm_(std::move(vmm)),
         id_(id),
         session_id_(session_id),
         spec_(std::move(spec)),
@@ -93,13 +186,25 @@ class RegionImpl final : public Region {
   const v1::RegionSpec& spec() const override { return spec_; }
   const planner::RegionView& view() const override { return view_; }
   v1::RegionInfo Info() const override {
-    return RegionInfoOf(id_, spec_, session_id_, active_.load(std::memory_order_relaxed),
-                        registered_us_);
+    v1::RegionInfo info = RegionInfoOf(id_, spec_, session_id_,
+                                       active_.load(std::memory_order_relaxed), registered_us_);
+    if (host_mapping_ != nullptr) {
+      info.set_host_sealed(host_mapping_->sealed());
+      info.set_poisoned(host_mapping_->poisoned());
+    }
+    return info;
   }
   void AcquireUse() override { active_.fetch_add(1, std::memory_order_relaxed); }
   void ReleaseUse() override { active_.fetch_sub(1, std::memory_order_relaxed); }
+  absl::Status Health(absl::string_view field) const override {
+    if (host_mapping_ != nullptr && host_mapping_->poisoned()) return PoisonedError(field, id_);
+    return absl::OkStatus();
+  }
 
  private:
+  // What the region counts against RegionLimits, given back when the region (and its mapping)
+  // goes. Declared first: released last.
+  const std::shared_ptr<void> charge_;
   // cuMem regions: the imported chain (also held by backing_). nullptr otherwise.
   const std::shared_ptr<VmmMapping> vmm_;
   const uint64_t id_;
@@ -122,19 +227,33 @@ class RegionImpl final : public Region {
 // CUDA imports happen outside mu_; Add and TakeToken take it for the table updates only.
 class RegionTableImpl final : public RegionTable {
  public:
-  RegionTableImpl(Clock* clock, IdBases bases, std::vector<GpuName> gpus)
+  RegionTableImpl(Clock* clock, IdBases bases, std::vector<GpuName> gpus, RegionLimits limits)
       : clock_(clock),
         gpus_(std::move(gpus)),
+        limits_(Concrete(limits)),
+        usage_(std::make_shared<Usage>(limits_)),
         next_id_(bases.first_region_id),
         next_session_(bases.first_session_id) {}
 
   absl::StatusOr<std::shared_ptr<Region>> Register(const v1::RegionSpec& given,
                                                    uint64_t session_id) override {
+    int64_t uid = -1;
     {
       // Checked before any mapping work (two racing registers may pass it by one).
       absl::MutexLock lock(&mu_);
       KVRAIL_RETURN_IF_ERROR(CheckRegionCapLocked(session_id));
+      auto it = sessions_.find(session_id);
+      if (it != sessions_.end()) uid = it->second.uid;
     }
+    // The caps on mappings and host bytes (per uid, and every uid together), taken before any
+    // mapping work and given back when the region goes (or now, on an error).
+    const bool host = given.memory_kind() == v1::MEMORY_KIND_HOST;
+    const uint64_t mappings = std::max<uint64_t>(1, given.layer_shares_size());
+    const uint64_t size = given.size_bytes();
+    const uint64_t bytes = !host ? 0
+                           : size > UINT64_MAX / mappings ? UINT64_MAX  // refused below
+                                                          : size * mappings;
+    KVRAIL_ASSIGN_OR_RETURN(std::shared_ptr<void> charge, usage_->Reserve(uid, mappings, bytes));
     // A GPU named by UUID becomes this daemon's ordinal before anything reads spec.device.
     v1::RegionSpec resolved;
     if (!given.device_uuid().empty()) {
@@ -142,7 +261,7 @@ class RegionTableImpl final : public RegionTable {
       KVRAIL_RETURN_IF_ERROR(ResolveDeviceUuid(gpus_, &resolved));
     }
     const v1::RegionSpec& spec = given.device_uuid().empty() ? given : resolved;
-    if (spec.layer_shares_size() > 0) return RegisterLayered(spec, session_id);
+    if (spec.layer_shares_size() > 0) return RegisterLayered(spec, session_id, std::move(charge));
     KVRAIL_ASSIGN_OR_RETURN(planner::RegionView view, Validate(spec, false));
     if (spec.memory_kind() == v1::MEMORY_KIND_CUDA) {
       std::shared_ptr<CudaMapping> cuda;
@@ -163,8 +282,8 @@ class RegionTableImpl final : public RegionTable {
         KVRAIL_ASSIGN_OR_RETURN(cuda, ImportCudaIpc(spec));
       }
       uint8_t* data = cuda->base() + spec.share().offset();
-      std::shared_ptr<Region> region =
-          Add(spec, session_id, view, std::move(cuda), nullptr, data, std::move(vmm));
+      std::shared_ptr<Region> region = Add(spec, session_id, view, std::move(cuda), nullptr, data,
+                                           std::move(charge), std::move(vmm));
       // Map it into the peer GPUs now: opening an IPC handle takes milliseconds, which would
       // otherwise land on the first peer transfer. A GPU that cannot map it is tried again (and
       // the error reported) when a transfer needs it.
@@ -178,36 +297,14 @@ class RegionTableImpl final : public RegionTable {
     const char* field = nullptr;
     switch (spec.share().via_case()) {
       case v1::RegionShare::kFdToken: {
+        // Sealed against shrinking where the kernel allows, guarded either way (MapFd).
         field = "spec.share.fd_token";
         KVRAIL_ASSIGN_OR_RETURN(fd, TakeToken(spec.share().fd_token(), session_id));
-        // A client that shrinks the file after registration would make the daemon's accesses
-        // fault; sealing it against shrinking removes that hazard.
-        if (::fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK) != 0) {
-          const int seals = ::fcntl(fd.get(), F_GET_SEALS);
-          if (seals < 0 || (seals & F_SEAL_SHRINK) == 0) {
-            return absl::FailedPreconditionError(
-                "spec.share.fd_token: the fd must be a memfd created with MFD_ALLOW_SEALING so "
-                "the daemon can seal it against shrinking");
-          }
-        }
         break;
       }
       case v1::RegionShare::kShmName: {
         field = "spec.share.shm_name";
-        const std::string& name = spec.share().shm_name();
-        if (name.size() < 2 || name[0] != '/' || name.find('/', 1) != std::string::npos) {
-          return absl::InvalidArgumentError(
-              "spec.share.shm_name: must be '/' followed by a name without further '/'");
-        }
-        fd.Reset(::shm_open(name.c_str(), spec.writable() ? O_RDWR : O_RDONLY, 0));
-        if (!fd.valid()) {
-          const int err = errno;
-          if (err == ENOENT) {
-            return absl::NotFoundError(absl::StrCat("spec.share.shm_name: no shared memory object ", name));
-          }
-          return absl::PermissionDeniedError(
-              absl::StrCat("spec.share.shm_name: cannot open ", name, ": ", ErrnoText(err)));
-        }
+        KVRAIL_ASSIGN_OR_RETURN(fd, OpenShmAs(spec.share().shm_name(), spec.writable(), uid));
         break;
       }
       case v1::RegionShare::kCudaIpcHandle:
@@ -234,7 +331,7 @@ class RegionTableImpl final : public RegionTable {
     auto mapped = *std::move(mapped_or);
     const Mapping* host_mapping = mapped.first.get();
     return Add(spec, session_id, view, std::shared_ptr<Mapping>(std::move(mapped.first)),
-               host_mapping, mapped.second);
+               host_mapping, mapped.second, std::move(charge));
   }
 
   absl::Status Unregister(uint64_t region_id) override {
@@ -251,6 +348,8 @@ class RegionTableImpl final : public RegionTable {
     if (it == regions_.end()) {
       return absl::NotFoundError(absl::StrCat("region ", region_id, " is not registered"));
     }
+    // A poisoned region refuses further use (docs/security.md, "Memory").
+    KVRAIL_RETURN_IF_ERROR(it->second->Health(""));
     return it->second;
   }
 
@@ -483,17 +582,66 @@ class RegionTableImpl final : public RegionTable {
   static constexpr size_t kMaxTokens = 4096;
   // One session cannot take every token (or every mapping) from the others.
   static constexpr size_t kMaxTokensPerSession = 1024;
-  static constexpr size_t kMaxRegionsPerSession = 4096;
 
-  // RESOURCE_EXHAUSTED naming the cap when `session_id` already holds kMaxRegionsPerSession.
+  // RESOURCE_EXHAUSTED naming the cap when `session_id` already holds max_regions_per_session.
   absl::Status CheckRegionCapLocked(uint64_t session_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (session_id == 0) return absl::OkStatus();
     size_t held = 0;
     for (const auto& [id, region] : regions_) held += region->session_id() == session_id;
-    if (held < kMaxRegionsPerSession) return absl::OkStatus();
+    if (held < limits_.max_regions_per_session) return absl::OkStatus();
     return absl::ResourceExhaustedError(absl::StrCat(
-        "regions: the session holds ", held, " regions (at most ", kMaxRegionsPerSession,
-        " per session); unregister some"));
+        "max_regions_per_session: the session holds ", held, " regions (at most ",
+        limits_.max_regions_per_session, " per session); unregister some"));
+  }
+
+  // A POSIX shm object opened by name for a caller of uid `uid` (docs/security.md, "Memory"):
+  // the name is '/' and one component of [A-Za-z0-9._-] (not "." or ".."), opened under
+  // /dev/shm without following links, and it must be a regular file the caller owns, with the
+  // owner permission the access needs. Everything else is refused before its contents or
+  // metadata are reported. Clients of the library never come here: it opens the object itself
+  // and passes the fd.
+  static absl::StatusOr<UniqueFd> OpenShmAs(const std::string& name, bool writable, int64_t uid) {
+    const absl::string_view rest = absl::string_view(name).substr(name.empty() ? 0 : 1);
+    const bool valid_chars = std::all_of(rest.begin(), rest.end(), [](char c) {
+      return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+             c == '.' || c == '_' || c == '-';
+    });
+    if (name.size() < 2 || name.size() > 255 || name[0] != '/' || !valid_chars || rest == "." ||
+        rest == "..") {
+      return absl::InvalidArgumentError(
+          "spec.share.shm_name: must be '/' and one name of letters, digits, '.', '_' and '-' "
+          "(not '.' or '..'), at most 255 characters");
+    }
+    if (uid < 0) {
+      return absl::PermissionDeniedError(
+          "spec.share.shm_name: kvraild opens shared memory by name only for a session whose "
+          "uid it knows (the session socket's SO_PEERCRED); pass the object's fd instead "
+          "(fd_token)");
+    }
+    const std::string path = absl::StrCat("/dev/shm/", rest);
+    UniqueFd fd(::open(path.c_str(),
+                       (writable ? O_RDWR : O_RDONLY) | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY | O_NONBLOCK));
+    if (!fd.valid()) {
+      const int err = errno;
+      if (err == ENOENT) {
+        return absl::NotFoundError(absl::StrCat("spec.share.shm_name: no shared memory object ", name));
+      }
+      // ELOOP: a symbolic link; anything else is refused without detail.
+      return absl::PermissionDeniedError(absl::StrCat(
+          "spec.share.shm_name: cannot open ", name,
+          err == ELOOP ? ": it is a symbolic link" : "", " for this caller"));
+    }
+    struct stat st;
+    if (::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode) ||
+        static_cast<int64_t>(st.st_uid) != uid ||
+        (st.st_mode & (writable ? (S_IRUSR | S_IWUSR) : S_IRUSR)) !=
+            (writable ? (S_IRUSR | S_IWUSR) : S_IRUSR)) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          "spec.share.shm_name: ", name, " is not a shared memory object the caller (uid ", uid,
+          ") owns with ", writable ? "read and write" : "read",
+          " permission; kvraild opens only the caller's own objects by name (or pass the fd)"));
+    }
+    return fd;
   }
   struct PendingFd {
     uint64_t session_id;
@@ -503,12 +651,13 @@ class RegionTableImpl final : public RegionTable {
   std::shared_ptr<Region> Add(const v1::RegionSpec& spec, uint64_t session_id,
                               const planner::RegionView& view, std::shared_ptr<void> backing,
                               const Mapping* host_mapping, uint8_t* data,
+                              std::shared_ptr<void> charge,
                               std::shared_ptr<VmmMapping> vmm = nullptr) ABSL_LOCKS_EXCLUDED(mu_) {
     absl::MutexLock lock(&mu_);
     const uint64_t id = next_id_++;
     auto region = std::make_shared<RegionImpl>(id, session_id, spec, view, std::move(backing),
                                                host_mapping, data, clock_->NowUnixMicros(),
-                                               std::move(vmm));
+                                               std::move(vmm), std::move(charge));
     regions_[id] = region;
     return region;
   }
@@ -586,7 +735,8 @@ class RegionTableImpl final : public RegionTable {
   // A per-layer region (spec.layer_shares): validated, each layer imported (host fd tokens are
   // all taken or, on any error, all given back), then added.
   absl::StatusOr<std::shared_ptr<Region>> RegisterLayered(const v1::RegionSpec& spec,
-                                                          uint64_t session_id) {
+                                                          uint64_t session_id,
+                                                          std::shared_ptr<void> charge) {
     if (spec.share().via_case() != v1::RegionShare::VIA_NOT_SET) {
       return absl::InvalidArgumentError(
           "spec.share: a per-layer region shares each layer in spec.layer_shares; leave "
@@ -651,15 +801,7 @@ class RegionTableImpl final : public RegionTable {
         break;
       }
       taken.emplace_back(share.fd_token(), *std::move(fd));
-      const int raw = taken.back().second.get();
-      if (::fcntl(raw, F_ADD_SEALS, F_SEAL_SHRINK) != 0) {
-        const int seals = ::fcntl(raw, F_GET_SEALS);
-        if (seals < 0 || (seals & F_SEAL_SHRINK) == 0) {
-          failed = absl::FailedPreconditionError(absl::StrCat(
-              field, ".fd_token: the fd must be a memfd created with MFD_ALLOW_SEALING"));
-          break;
-        }
-      }
+      const int raw = taken.back().second.get();  // sealed where possible, guarded (MapFd)
       const std::string fd_field = field + ".fd_token";
       auto mapped = MapFd(raw, share.offset(), spec.size_bytes(), spec.writable(),
                           fd_field.c_str());
@@ -677,8 +819,9 @@ class RegionTableImpl final : public RegionTable {
     }
     absl::MutexLock lock(&mu_);
     const uint64_t id = next_id_++;
-    std::shared_ptr<Region> region = MakeLayeredRegion(id, session_id, spec, std::move(view),
-                                                       std::move(layers), clock_->NowUnixMicros());
+    std::shared_ptr<Region> region =
+        MakeLayeredRegion(id, session_id, spec, std::move(view), std::move(layers),
+                          clock_->NowUnixMicros(), std::move(charge));
     regions_[id] = region;
     return region;
   }
@@ -725,6 +868,8 @@ class RegionTableImpl final : public RegionTable {
 
   Clock* const clock_;
   const std::vector<GpuName> gpus_;  // RegionSpec.device_uuid lookups
+  const RegionLimits limits_;  // zeros made concrete
+  const std::shared_ptr<Usage> usage_;
   mutable absl::Mutex mu_;
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t next_session_ ABSL_GUARDED_BY(mu_) = 1;
@@ -757,8 +902,8 @@ IdBases RandomIdBases() {
 }
 
 std::unique_ptr<RegionTable> RegionTable::Create(Clock* clock, IdBases bases,
-                                                 std::vector<GpuName> gpus) {
-  return std::make_unique<RegionTableImpl>(clock, bases, std::move(gpus));
+                                                 std::vector<GpuName> gpus, RegionLimits limits) {
+  return std::make_unique<RegionTableImpl>(clock, bases, std::move(gpus), limits);
 }
 
 }  // namespace kvrail::regions

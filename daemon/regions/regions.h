@@ -52,6 +52,24 @@ class Region {
   // Counts transfers using the region (for ListRegions); callers pair Acquire/Release.
   virtual void AcquireUse() = 0;
   virtual void ReleaseUse() = 0;
+  // OK unless the region's host memory faulted under kvraild (its owner truncated it; the
+  // daemon survives on zero pages: docs/security.md, "Memory"): then FAILED_PRECONDITION naming
+  // `field`.region_id and the region. Cheap (atomic loads); checked after every tile, so a
+  // transfer that touched a poisoned region fails. Thread-safe.
+  virtual absl::Status Health(absl::string_view field) const { return absl::OkStatus(); }
+};
+
+// The text of Health's error for region `id` (shared by both region kinds).
+absl::Status PoisonedError(absl::string_view field, uint64_t id);
+
+// Caps on what clients may have registered at once (docs/security.md, "Memory"; kvraild takes
+// them from DaemonConfig fields of the same names). A region counts one mapping per layer share
+// (one for a region of one base). RESOURCE_EXHAUSTED naming the cap beyond each.
+struct RegionLimits {
+  size_t max_regions_per_session = 4096;
+  size_t max_regions_per_uid = 16384;  // mappings
+  uint64_t max_mapped_bytes_per_uid = 0;  // host bytes; 0: the node's physical memory
+  size_t max_region_mappings = 0;  // every uid together; 0: half of vm.max_map_count
 };
 
 // Where a table's region and session ids start counting (each id is then used once).
@@ -83,10 +101,15 @@ class RegionTable {
   // `bases`: ids count from 1 by default (tests); kvraild passes RandomIdBases(). `gpus`: the
   // node's GPUs by UUID (from its topology), for RegionSpec.device_uuid.
   static std::unique_ptr<RegionTable> Create(Clock* clock, IdBases bases = {},
-                                             std::vector<GpuName> gpus = {});
+                                             std::vector<GpuName> gpus = {},
+                                             RegionLimits limits = {});
 
   // Validates `spec` (errors name the field, e.g. "spec.paged_kv.block_stride: ...") and maps
-  // the memory. fd tokens are consumed and must belong to `session_id`.
+  // the memory. fd tokens are consumed and must belong to `session_id`. Host memory comes as fds
+  // (docs/security.md, "Memory"); a share.shm_name is opened only for a session whose uid
+  // (SetSessionPeer) owns the object, with the mode the access needs. RESOURCE_EXHAUSTED naming
+  // the cap beyond RegionLimits; FAILED_PRECONDITION naming the field for hugetlbfs and
+  // non-tmpfs fds.
   virtual absl::StatusOr<std::shared_ptr<Region>> Register(const v1::RegionSpec& spec,
                                                            uint64_t session_id) = 0;
   // NOT_FOUND for unknown ids. The daemon's own use (no caller check).

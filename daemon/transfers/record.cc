@@ -133,7 +133,12 @@ void Record::OnTileDone(uint32_t tile, const absl::Status& status) {
   // Nor may a report the record does not expect (a tile never enqueued) push a count past it.
   if (tiles_reported_ >= tiles_enqueued_) return;
   ++tiles_reported_;
-  if (status.ok()) {
+  // A region whose host memory faulted under the copy (its owner truncated it) fails the tile:
+  // its bytes came from or went to zero pages (docs/security.md, "Memory").
+  absl::Status health = status.ok() && src_ != nullptr ? src_->Health("spec.src") : absl::OkStatus();
+  if (health.ok() && status.ok() && dst_ != nullptr) health = dst_->Health("spec.dst");
+  const absl::Status& outcome = health.ok() ? status : health;
+  if (outcome.ok()) {
     const planner::TileInfo info = plan_.tile(tile);
     ++tiles_done_;
     bytes_done_ += info.bytes;
@@ -142,7 +147,7 @@ void Record::OnTileDone(uint32_t tile, const absl::Status& status) {
       if (arrival_words_ != nullptr) readiness::SignalFlag(arrival_words_, info.layer, arrival_value_);
     }
   } else if (!end_request_.has_value()) {
-    end_request_ = status;
+    end_request_ = outcome;
   }
   ++version_;
   MaybeFinishLocked();

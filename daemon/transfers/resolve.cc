@@ -23,7 +23,9 @@ absl::StatusOr<std::shared_ptr<regions::Region>> GetRegion(const regions::Region
                                                            uint64_t id, const std::string& field) {
   auto region = regions.Get(id);
   if (!region.ok()) {
-    return absl::NotFoundError(absl::StrCat(field, ".region_id: ", region.status().message()));
+    // NOT_FOUND, or FAILED_PRECONDITION for a poisoned region (docs/security.md, "Memory").
+    return absl::Status(region.status().code(),
+                        absl::StrCat(field, ".region_id: ", region.status().message()));
   }
   return region;
 }
