@@ -26,6 +26,7 @@
 #include "daemon/scheduler/cuda_batch_policy.h"
 #include "daemon/scheduler/tile_queues.h"
 #include "kernels/kv_copy.h"
+#include "kernels/kv_digest.h"
 
 namespace kvrail::engine {
 namespace {
@@ -39,6 +40,8 @@ using scheduler::WithinClass;
 
 constexpr int kThreadsPerCta = 512;
 constexpr size_t kMaxInFlight = 2;  // batches queued on the stream: the next launch hides the gap
+// CTAs of the digest's hash-only kernels after a copy-engine batch (spec.digest).
+constexpr int kDigestCtas = 16;
 // Pinned block-table memory kept free for the next plans (a 262k-block transfer needs 2 MiB).
 constexpr uint64_t kRetainedTableBytes = 64 << 20;
 // Stream-ordered pool memory kept between plan buffers (cudaMemPoolAttrReleaseThreshold).
@@ -63,6 +66,8 @@ struct JobState {
   std::optional<planner::Plan> device_plan;
   const planner::Plan& RunPlan() const { return device_plan ? *device_plan : job->plan(); }
   std::optional<kernels::DevicePlanBuffer> plan;
+  // spec.digest (issue 17): per-tile source and destination digests (kernels/kv_digest.h).
+  std::optional<kernels::TileDigestBuffer> digests;
   // A plan uploaded from pinned tables: the copy runs after SetUp returns, so the tables are
   // held until `uploaded` has passed (the first batch's completion implies it; a job dropped
   // without one waits for it here).
@@ -379,7 +384,8 @@ class DeviceWorker {
       // only the copy-engine-only mode and unreachable peers produce one).
       spdlog::info("cuda:{} transfer plan: {}", device_, choice.reason);
     }
-    if (s.mode == Mode::kKernel) {
+    // A digest job needs the uploaded plan in copy-engine mode too (its hash kernels).
+    if (s.mode == Mode::kKernel || job.wants_digest()) {
       const planner::Plan& plan = s.RunPlan();
       KVRAIL_ASSIGN_OR_RETURN(kernels::DevicePlanBuffer buffer,
                        kernels::DevicePlanBuffer::Upload(
@@ -395,8 +401,31 @@ class DeviceWorker {
         s.dst_tables = plan.dst_blocks().Hold();
       }
     }
+    if (job.wants_digest()) {
+      KVRAIL_ASSIGN_OR_RETURN(kernels::TileDigestBuffer digests,
+                              kernels::TileDigestBuffer::Create(job.plan().num_tiles(), stream_.get()));
+      s.digests.emplace(std::move(digests));
+    }
     s.job->OnEngineUsed(scheduler::ModeEngineName(s.mode));
     return absl::OkStatus();
+  }
+
+  // spec.digest, after a batch's copy on the stream: the source hashed by a hash-only kernel when
+  // the copy engines moved it (the fused kernel hashed it already), the destination read back
+  // and hashed, both copied to the host mirror Complete reads.
+  absl::Status DigestBatch(JobState& s, uint32_t begin, uint32_t end, int ctas) {
+    const int hash_ctas = ctas > 0 ? ctas : kDigestCtas;
+    if (s.mode != Mode::kKernel) {
+      KVRAIL_RETURN_IF_ERROR(kernels::LaunchKvDigest(s.plan->plan(), begin, end,
+                                                     kernels::DigestKernelMode::kHashSource,
+                                                     s.digests->source(), hash_ctas,
+                                                     stream_.get(), kThreadsPerCta));
+    }
+    KVRAIL_RETURN_IF_ERROR(kernels::LaunchKvDigest(s.plan->plan(), begin, end,
+                                                   kernels::DigestKernelMode::kHashDestination,
+                                                   s.digests->destination(), hash_ctas,
+                                                   stream_.get(), kThreadsPerCta));
+    return s.digests->CopyBack(begin, end);
   }
 
   CtaTuner& TunerFor(int key, int max_ctas) {
@@ -445,11 +474,18 @@ class DeviceWorker {
           b.ctas = class_max;
           b.capped = true;
         }
-        KVRAIL_RETURN_IF_ERROR(kernels::LaunchKvCopy(s.plan->plan(), begin, end, b.ctas, stream_.get(),
-                                              kThreadsPerCta));
+        if (s.digests) {  // the fused gather that also hashes the source (kv_digest.h)
+          KVRAIL_RETURN_IF_ERROR(kernels::LaunchKvDigest(
+              s.plan->plan(), begin, end, kernels::DigestKernelMode::kCopyHashSource,
+              s.digests->source(), b.ctas, stream_.get(), kThreadsPerCta));
+        } else {
+          KVRAIL_RETURN_IF_ERROR(kernels::LaunchKvCopy(s.plan->plan(), begin, end, b.ctas, stream_.get(),
+                                                kThreadsPerCta));
+        }
       } else {
         KVRAIL_RETURN_IF_ERROR(CopyEngine(s, begin, end));
       }
+      if (s.digests) KVRAIL_RETURN_IF_ERROR(DigestBatch(s, begin, end, b.ctas));
       return cuda::CudaStatus(cudaEventRecord(b.stop.get(), stream_.get()), "cudaEventRecord");
     }();
     return b;
@@ -513,7 +549,15 @@ class DeviceWorker {
                             absl::ToDoubleSeconds(absl::Now() - *s.first_launch)};
     }
     --s.in_flight;
-    for (uint32_t t = b.taken.begin; t < b.taken.end; ++t) s.job->OnTileDone(t, status);
+    for (uint32_t t = b.taken.begin; t < b.taken.end; ++t) {
+      absl::Status tile_status = status;
+      if (status.ok() && s.digests) {  // spec.digest: the mirror holds this batch's digests
+        const uint64_t from = s.digests->host_source(t), to = s.digests->host_destination(t);
+        s.job->OnTileDigest(t, from, to);
+        if (from != to) tile_status = planner::DigestMismatchError(s.job->plan(), t, from, to);
+      }
+      s.job->OnTileDone(t, tile_status);
+    }
     absl::MutexLock lock(&mu_);
     inflight_bytes_[b.taken.cls] -= b.taken.bytes;  // after the report, as in the host engine
   }

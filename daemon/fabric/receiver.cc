@@ -32,6 +32,9 @@ struct Inbound {
   std::shared_ptr<engine::Job> job;
   absl::Mutex mu;
   std::vector<bool> applied ABSL_GUARDED_BY(mu);
+  // spec.digest: tiles arrive with the sender's digest after them (tile_copy.h), checked against
+  // the destination read back after the scatter.
+  bool digest = false;
   uint32_t applied_count ABSL_GUARDED_BY(mu) = 0;
   bool ended ABSL_GUARDED_BY(mu) = false;
   explicit Inbound(planner::Plan p) : plan(std::move(p)) {}
@@ -125,7 +128,7 @@ absl::StatusOr<uint32_t> ReceiverImpl::Begin(const v1::BeginRemoteTransferReques
         "plans differ: the receiver's has ", plan.bytes_total(), " bytes in ", plan.num_tiles(),
         " tiles, the sender's ", request.bytes_total(), " in ", request.tiles_total()));
   }
-  if (plan.header().tile_bytes > options_.slot_bytes) {
+  if (plan.header().tile_bytes + (spec.digest() ? kDigestTrailerBytes : 0) > options_.slot_bytes) {
     return absl::InvalidArgumentError("tile_bytes: larger than this daemon's staging slots");
   }
   {
@@ -138,6 +141,7 @@ absl::StatusOr<uint32_t> ReceiverImpl::Begin(const v1::BeginRemoteTransferReques
   in->peer = peer->index;
   in->sender_transfer_id = request.sender_transfer_id();
   in->sender_node = peer->node_id;
+  in->digest = spec.digest();
   in->dst = *std::move(dst);
   {
     absl::MutexLock lock(&in->mu);
@@ -262,10 +266,40 @@ bool ReceiverImpl::ApplyTile(Inbound& in, const Arrival& a) {
   }
   const v1::RegionSpec& dst = in.dst->spec();
   const bool cuda = dst.memory_kind() == v1::MEMORY_KIND_CUDA;
-  const absl::Status unpacked =
-      UnpackTile(in.plan, a.tile, lanes_->RecvSlot(a.lane, a.peer, a.slot),
-                 RegionSide{cuda, cuda ? dst.device() : -1, in.dst->data()});
+  const uint8_t* const slot = lanes_->RecvSlot(a.lane, a.peer, a.slot);
+  const RegionSide dst_side{cuda, cuda ? dst.device() : -1, in.dst->data()};
+  const absl::Status unpacked = UnpackTile(in.plan, a.tile, slot, dst_side);
+  // spec.digest: the destination read back after the scatter against the digest sent with it.
+  absl::Status checked;
+  uint64_t sent = 0, landed = 0;
+  if (in.digest && unpacked.ok()) {
+    thread_local std::vector<uint8_t> scratch;
+    sent = TrailerDigest(in.plan, a.tile, slot);
+    absl::StatusOr<uint64_t> read_back = DestinationTileDigest(in.plan, a.tile, dst_side, &scratch);
+    if (!read_back.ok()) {
+      checked = read_back.status();
+    } else {
+      landed = *read_back;
+      if (landed != sent) checked = planner::DigestMismatchError(in.plan, a.tile, sent, landed);
+    }
+  }
   absl::MutexLock lock(&in.mu);
+  if (in.digest && unpacked.ok()) {
+    const bool report = in.job != nullptr && !in.ended;
+    const bool hashed = checked.ok() || checked.code() == absl::StatusCode::kDataLoss;
+    if (report && hashed) in.job->OnTileDigest(a.tile, sent, landed);
+    if (!checked.ok()) {
+      // Not applied (the sender's tile fails); this node's transfer fails with DATA_LOSS.
+      spdlog::warn("fabric: tile {} of transfer {} from '{}': {}", a.tile, in.sender_transfer_id,
+                   in.sender_node, checked.ToString());
+      in.applied[a.tile] = false;
+      if (report) {
+        in.job->OnTileStart(a.tile);
+        in.job->OnTileDone(a.tile, checked);
+      }
+      return false;
+    }
+  }
   if (!unpacked.ok()) {
     // Reported to the sender as not applied (its transfer fails); the tile may come again.
     spdlog::warn("fabric: tile {} of transfer {} from '{}': {}", a.tile, in.sender_transfer_id,
@@ -305,7 +339,8 @@ void ReceiverImpl::UnpackLoop() {
     bool applied = false;
     // Providers need not report the length of a remote write (tcp reports 0); check it when given.
     if (in != nullptr && a.tile < in->plan.num_tiles() &&
-        (a.len == 0 || a.len == TileBytes(in->plan, a.tile))) {
+        (a.len == 0 ||
+         a.len == TileBytes(in->plan, a.tile) + (in->digest ? kDigestTrailerBytes : 0))) {
       applied = ApplyTile(*in, a);
     } else if (in == nullptr) {
       spdlog::debug("fabric: tile {} for unknown handle {} dropped", a.tile, a.handle);

@@ -35,6 +35,8 @@ struct Outbound {
   uint32_t inflight ABSL_GUARDED_BY(mu) = 0;
   uint32_t ok_tiles ABSL_GUARDED_BY(mu) = 0;
   bool closed ABSL_GUARDED_BY(mu) = false;
+  // spec.digest: the digest each tile was sent with (indexed by tile; grown on first use).
+  std::vector<uint64_t> digests ABSL_GUARDED_BY(mu);
 };
 
 namespace {
@@ -174,7 +176,8 @@ absl::StatusOr<transfers::RemotePath::Prepared> SenderImpl::Prepare(const v1::Tr
   Prepared prepared;
   prepared.dst = MakeLeasedRegion(std::move(lease), std::move(view));
   prepared.engine = this;
-  prepared.max_tile_bytes = options_.slot_bytes;
+  // spec.digest: each tile travels with its 8-byte digest after it (tile_copy.h).
+  prepared.max_tile_bytes = options_.slot_bytes - (spec.digest() ? kDigestTrailerBytes : 0);
   return prepared;
 }
 
@@ -344,9 +347,23 @@ void SenderImpl::PackLoop() {
     out->job->OnTileStart(item.tile);
     const uint64_t bytes = TileBytes(out->job->plan(), item.tile);
     const engine::MemoryRef src = out->job->src();
-    const absl::Status packed =
-        PackTile(out->job->plan(), item.tile, RegionSide{src.cuda, src.device, src.base},
-                 lanes_->SendSlot(lane, peer->index, slot));
+    const RegionSide src_side{src.cuda, src.device, src.base};
+    uint8_t* const staging = lanes_->SendSlot(lane, peer->index, slot);
+    absl::Status packed;
+    uint64_t wire_bytes = bytes;
+    if (out->job->wants_digest()) {  // spec.digest: hashed while packing, sent after the bytes
+      const absl::StatusOr<uint64_t> digest =
+          PackTileWithDigest(out->job->plan(), item.tile, src_side, staging);
+      packed = digest.status();
+      if (digest.ok()) {
+        wire_bytes += kDigestTrailerBytes;
+        absl::MutexLock lock(&out->mu);
+        if (out->digests.size() <= item.tile) out->digests.resize(out->job->plan().num_tiles());
+        out->digests[item.tile] = *digest;
+      }
+    } else {
+      packed = PackTile(out->job->plan(), item.tile, src_side, staging);
+    }
     if (!packed.ok()) {
       // The slot never reached the wire: give it back here, and fail the tile.
       (void)ReleaseUnsentSlot(peer, lane, slot);
@@ -360,7 +377,7 @@ void SenderImpl::PackLoop() {
     cmd.peer = static_cast<uint16_t>(peer->index);
     cmd.remote_handle = static_cast<uint16_t>(out->handle);
     cmd.transfer_tag = out->id;
-    cmd.bytes = static_cast<uint32_t>(bytes);
+    cmd.bytes = static_cast<uint32_t>(wire_bytes);
     lanes_->PostCommand(lane, cmd);
   }
 }
@@ -380,11 +397,23 @@ void SenderImpl::OnCredit(uint32_t lane, uint32_t peer_index, uint32_t slot, uin
   }
   slots_cv_.SignalAll();
   if (!owner.outbound || owner.tile != tile) return;  // orphaned by a failure: slot freed only
+  const bool digest = owner.outbound->job->wants_digest();
+  if (applied && digest) {
+    // The receiver applies a digest tile only when its read-back digest equals the one sent.
+    uint64_t sent = 0;
+    {
+      absl::MutexLock lock(&owner.outbound->mu);
+      if (tile < owner.outbound->digests.size()) sent = owner.outbound->digests[tile];
+    }
+    owner.outbound->job->OnTileDigest(tile, sent, sent);
+  }
   FinishTile(owner.outbound, tile,
              applied ? absl::OkStatus()
-                     : absl::UnavailableError(absl::StrCat("peer '", peer->node_id,
-                                                           "' dropped tile ", tile,
-                                                           " (the transfer ended there)")));
+                     : absl::UnavailableError(absl::StrCat(
+                           "peer '", peer->node_id, "' dropped tile ", tile,
+                           digest ? " (the transfer ended there, or the tile's read-back digest "
+                                    "did not match: DATA_LOSS in the peer's transfer)"
+                                  : " (the transfer ended there)")));
 }
 
 SlotOwner SenderImpl::ReleaseUnsentSlot(PeerConn* peer, uint32_t lane, uint32_t slot) {

@@ -2,6 +2,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstring>
 #include <map>
 #include <utility>
 #include <vector>
@@ -25,15 +26,16 @@ absl::StatusOr<cudaStream_t> ThreadStream(int device) {
 }
 
 // Copies the tile's runs between GPU memory at `gpu` (on `device`) and the packed staging slot,
-// into the slot when `pack`, out of it otherwise, and waits for them.
+// into the slot when `pack`, out of it otherwise, and waits for them. `dst_side`: the runs'
+// destination offsets (with `pack`: reading the destination back, spec.digest).
 absl::Status CopyTileRuns(const planner::Plan& plan, uint32_t tile, int device, uint8_t* gpu,
-                          uint8_t* staging, bool pack) {
+                          uint8_t* staging, bool pack, bool dst_side = false) {
   std::vector<void*> dsts;
   std::vector<const void*> srcs;
   std::vector<size_t> sizes;
   uint64_t packed = 0;
   planner::ForEachTileRun(plan, tile, [&](const planner::CopyRun& run) {
-    uint8_t* region = gpu + (pack ? run.src : run.dst);
+    uint8_t* region = gpu + (pack && !dst_side ? run.src : run.dst);
     dsts.push_back(pack ? staging + packed : region);
     srcs.push_back(pack ? region : staging + packed);
     sizes.push_back(run.bytes);
@@ -64,6 +66,37 @@ absl::Status UnpackTile(const planner::Plan& plan, uint32_t tile, const uint8_t*
   }
   UnpackTileHost(plan, tile, staging, dst.base);
   return absl::OkStatus();
+}
+
+absl::StatusOr<uint64_t> PackTileWithDigest(const planner::Plan& plan, uint32_t tile,
+                                            const RegionSide& src, uint8_t* staging) {
+  uint64_t digest;
+  if (src.cuda) {
+    KVRAIL_RETURN_IF_ERROR(CopyTileRuns(plan, tile, src.device, src.base, staging, /*pack=*/true));
+    digest = planner::PackedTileDigest(plan, tile, staging);
+  } else {
+    digest = PackTileHostWithDigest(plan, tile, src.base, staging);
+  }
+  std::memcpy(staging + TileBytes(plan, tile), &digest, sizeof(digest));
+  return digest;
+}
+
+uint64_t TrailerDigest(const planner::Plan& plan, uint32_t tile, const uint8_t* staging) {
+  uint64_t digest;
+  std::memcpy(&digest, staging + TileBytes(plan, tile), sizeof(digest));
+  return digest;
+}
+
+absl::StatusOr<uint64_t> DestinationTileDigest(const planner::Plan& plan, uint32_t tile,
+                                               const RegionSide& dst,
+                                               std::vector<uint8_t>* scratch) {
+  if (!dst.cuda) {
+    return planner::TileDigestHost(plan, tile, dst.base, planner::DigestSide::kDestination);
+  }
+  scratch->resize(TileBytes(plan, tile));
+  KVRAIL_RETURN_IF_ERROR(CopyTileRuns(plan, tile, dst.device, dst.base, scratch->data(),
+                                      /*pack=*/true, /*dst_side=*/true));
+  return planner::PackedTileDigest(plan, tile, scratch->data());
 }
 
 std::optional<cuda::HostRegistration> PinForGpus(uint8_t* base, uint64_t bytes) {

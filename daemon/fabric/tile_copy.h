@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "base/cuda/cuda_util.h"
@@ -29,6 +30,23 @@ absl::Status PackTile(const planner::Plan& plan, uint32_t tile, const RegionSide
 // Scatters a packed tile from `staging` into `dst`; returns when the bytes are written.
 absl::Status UnpackTile(const planner::Plan& plan, uint32_t tile, const uint8_t* staging,
                         const RegionSide& dst);
+
+// TransferSpec.digest (issue 17): a packed tile then travels as its TileBytes followed by the
+// sender's 8-byte digest of them (kernels/digest.h), so the receiver checks each tile as it lands
+// (slots must hold tile_bytes + kDigestTrailerBytes).
+inline constexpr uint64_t kDigestTrailerBytes = 8;
+// PackTile that also hashes the tile and writes the digest after the packed bytes: host sources
+// are hashed while gathering; GPU sources are gathered by the copy engines and the packed slot is
+// hashed right after (the fabric has no hash kernel of its own). Returns the digest.
+absl::StatusOr<uint64_t> PackTileWithDigest(const planner::Plan& plan, uint32_t tile,
+                                            const RegionSide& src, uint8_t* staging);
+// The digest a slot packed by PackTileWithDigest carries.
+uint64_t TrailerDigest(const planner::Plan& plan, uint32_t tile, const uint8_t* staging);
+// The digest of tile `tile` as the destination holds it now, read back after UnpackTile: host
+// memory hashed in place, GPU memory copied back by the copy engines into `scratch` and hashed.
+absl::StatusOr<uint64_t> DestinationTileDigest(const planner::Plan& plan, uint32_t tile,
+                                               const RegionSide& dst,
+                                               std::vector<uint8_t>* scratch);
 
 // [base, base + bytes) pinned for every GPU of the daemon, so copy engines reach it directly;
 // nothing without GPUs. Best effort: without it the copies still work, staged by the driver.

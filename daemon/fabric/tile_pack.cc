@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "kernels/digest.h"
 #include "kernels/plan_math.h"
 
 namespace kvrail::fabric {
@@ -33,6 +34,24 @@ void PackTileHost(const planner::Plan& plan, uint32_t tile, const uint8_t* src_b
   ForEachRun<true>(plan, tile, [&](uint64_t region, uint64_t packed, uint64_t n) {
     std::memcpy(staging + packed, src_base + region, n);
   });
+}
+
+uint64_t PackTileHostWithDigest(const planner::Plan& plan, uint32_t tile, const uint8_t* src_base,
+                                uint8_t* staging) {
+  // Gather then hash slice by slice while the slice is in the cache: the source is read once.
+  constexpr uint64_t kSlice = 16 << 10;
+  const k::TileDesc t = k::TileAt(plan.header(), tile);
+  k::digest::TileHasher hasher(k::digest::WordsPerStream(plan.header().part_bytes),
+                               uint64_t{t.layer} * plan.header().num_parts + t.part);
+  ForEachRun<true>(plan, tile, [&](uint64_t region, uint64_t packed, uint64_t n) {
+    for (uint64_t done = 0; done < n;) {
+      const uint64_t m = std::min(kSlice, n - done);
+      std::memcpy(staging + packed + done, src_base + region + done, m);
+      hasher.Update(staging + packed + done, m, t.byte_begin + packed + done);
+      done += m;
+    }
+  });
+  return hasher.Finish();
 }
 
 void UnpackTileHost(const planner::Plan& plan, uint32_t tile, const uint8_t* staging,

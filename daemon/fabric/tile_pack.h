@@ -15,6 +15,10 @@ uint64_t TileBytes(const planner::Plan& plan, uint32_t tile);
 // Gathers tile `tile` from the source region at `src_base` into `staging` (TileBytes bytes).
 void PackTileHost(const planner::Plan& plan, uint32_t tile, const uint8_t* src_base,
                   uint8_t* staging);
+// PackTileHost that hashes the source bytes as it gathers them (TransferSpec.digest;
+// planner::ExecuteTileHostWithDigest's slices) and returns the tile's digest (kernels/digest.h).
+uint64_t PackTileHostWithDigest(const planner::Plan& plan, uint32_t tile, const uint8_t* src_base,
+                                uint8_t* staging);
 // Scatters a packed tile from `staging` into the destination region at `dst_base`.
 void UnpackTileHost(const planner::Plan& plan, uint32_t tile, const uint8_t* staging,
                     uint8_t* dst_base);

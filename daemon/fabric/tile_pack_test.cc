@@ -29,7 +29,17 @@ void CheckCase(const RandomCase& c, std::mt19937_64& rng) {
     REQUIRE(n == plan->tile(t).bytes);
     staging.assign(n, 0);
     PackTileHost(*plan, t, src.data(), staging.data());
+    // spec.digest: hashing while packing packs the same bytes and gives the digest of the
+    // source tile read in place (planner::TileDigestHost) and of the packed bytes.
+    std::vector<uint8_t> hashed(n, 0);
+    const uint64_t digest = PackTileHostWithDigest(*plan, t, src.data(), hashed.data());
+    REQUIRE(hashed == staging);
+    REQUIRE(digest == planner::TileDigestHost(*plan, t, src.data(), planner::DigestSide::kSource));
+    REQUIRE(digest == planner::PackedTileDigest(*plan, t, staging.data()));
     UnpackTileHost(*plan, t, staging.data(), got.data());
+    // The receiver's read-back after the scatter.
+    REQUIRE(planner::TileDigestHost(*plan, t, got.data(), planner::DigestSide::kDestination) ==
+            digest);
     total += n;
   }
   CHECK(total == plan->bytes_total());

@@ -70,6 +70,36 @@ TEST_CASE("layout conversion: NHD to HND, 16 to 32 tokens per block, a head sub-
   CHECK(VerifyPool(dst, e) == "");
 }
 
+TEST_CASE("integrity digest (spec.digest): reported equal on both sides, absent when off") {
+  Live live({"--tile-bytes", "16384"});
+  const auto src_layout = MakeLayout(4, 2, 40, 16, 8, 64, v1::DTYPE_FP16,
+                                     v1::LAYOUT_ORDER_LAYER_PART_BLOCK_NHD);
+  const auto dst_layout = MakeLayout(4, 2, 30, 32, 8, 64, v1::DTYPE_FP16,
+                                     v1::LAYOUT_ORDER_BLOCK_LAYER_PART_HND);
+  Pool src = MakePool(*live.client, src_layout, false);
+  Pool dst = MakePool(*live.client, dst_layout, true);
+  const auto src_blocks = ScatteredBlocks(40, 10, 3);
+  const auto dst_blocks = ScatteredBlocks(30, 5, 4);
+  FillPool(src, 9, src_blocks, 16 * 10);
+  auto spec = client::MakeBlockTransfer(src.id(), src_blocks, dst.id(), dst_blocks);
+  spec.set_digest(true);
+  const v1::TransferStatus status = RunToEnd(*live.client, spec);
+  INFO(status.error_message());
+  REQUIRE(status.state() == v1::TRANSFER_STATE_SUCCEEDED);
+  REQUIRE(status.has_digest());
+  CHECK(status.digest().matched());
+  CHECK(status.digest().tiles_checked() == status.tiles_total());
+  CHECK(status.digest().source() == status.digest().destination());
+  CHECK(status.digest().source() != 0);
+  Expectation e{9, dst_blocks, 16 * 10, 0, 0, 4, 0, 0, 8};
+  CHECK(VerifyPool(dst, e) == "");
+  // The same bytes again with the digest off: no digest in the status.
+  spec.set_digest(false);
+  const v1::TransferStatus off = RunToEnd(*live.client, spec);
+  REQUIRE(off.state() == v1::TRANSFER_STATE_SUCCEEDED);
+  CHECK_FALSE(off.has_digest());
+}
+
 TEST_CASE("MLA (one part), fp8, block-major layouts on both sides") {
   Live live;
   const auto layout = MakeLayout(3, 1, 32, 64, 1, 576, v1::DTYPE_FP8_E4M3,
