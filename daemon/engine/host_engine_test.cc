@@ -149,12 +149,14 @@ class DigestJob final : public Job {
     ++done_;
     if (!status.ok()) errors_[tile] = status;
   }
-  void Run(Engine& engine) {
-    std::vector<uint32_t> tiles(plan_.num_tiles());
+  // Enqueues every tile of `job` (owned: the engine may touch a job after its last report)
+  // and waits for their reports.
+  static void Run(Engine& engine, const std::shared_ptr<DigestJob>& job) {
+    std::vector<uint32_t> tiles(job->plan_.num_tiles());
     for (uint32_t i = 0; i < tiles.size(); ++i) tiles[i] = i;
-    engine.Enqueue(std::shared_ptr<Job>(this, [](Job*) {}), tiles);
-    absl::MutexLock lock(&mu_);
-    mu_.Await(absl::Condition(this, &DigestJob::AllDoneLocked));
+    engine.Enqueue(job, tiles);
+    absl::MutexLock lock(&job->mu_);
+    job->mu_.Await(absl::Condition(job.get(), &DigestJob::AllDoneLocked));
   }
   bool copied() const { return dst_ == want_; }
   std::vector<uint8_t>& dst() { return dst_; }
@@ -187,16 +189,16 @@ TEST_CASE("digest: every tile hashed on both sides, equal, and equal to the host
     const planner::testing::RandomCase c = n % 2 ? planner::testing::RandomPagedCase(rng)
                                                  : planner::testing::RandomServingCase(rng);
     INFO(c.ToString());
-    DigestJob job(c, /*digest=*/true, rng);
-    job.Run(*engine);
-    REQUIRE(job.errors().empty());
-    REQUIRE(job.copied());
-    const auto digests = job.digests();
-    REQUIRE(digests.size() == job.plan().num_tiles());
+    auto job = std::make_shared<DigestJob>(c, /*digest=*/true, rng);
+    DigestJob::Run(*engine, job);
+    REQUIRE(job->errors().empty());
+    REQUIRE(job->copied());
+    const auto digests = job->digests();
+    REQUIRE(digests.size() == job->plan().num_tiles());
     for (const auto& [tile, d] : digests) {
       REQUIRE(d.first == d.second);
       // Independently of the engine: the source tile read in place.
-      REQUIRE(d.first == planner::TileDigestHost(job.plan(), tile, job.src_base(),
+      REQUIRE(d.first == planner::TileDigestHost(job->plan(), tile, job->src_base(),
                                                  planner::DigestSide::kSource));
     }
   }
@@ -220,31 +222,31 @@ TEST_CASE("digest: a destination byte corrupted after the copy fails its tile wi
       flipped = true;
     });
   });
-  DigestJob job(c, /*digest=*/true, rng);
-  REQUIRE(job.plan().num_tiles() > 2);
-  job.Run(*engine);
-  const auto errors = job.errors();
+  auto job = std::make_shared<DigestJob>(c, /*digest=*/true, rng);
+  REQUIRE(job->plan().num_tiles() > 2);
+  DigestJob::Run(*engine, job);
+  const auto errors = job->errors();
   REQUIRE(errors.size() == 1);
   REQUIRE(errors.count(1) == 1);
   const absl::Status& s = errors.at(1);
   CHECK(s.code() == absl::StatusCode::kDataLoss);
-  const std::string layer = std::to_string(c.spec.src().layer_begin() + job.plan().tile(1).layer);
+  const std::string layer = std::to_string(c.spec.src().layer_begin() + job->plan().tile(1).layer);
   CHECK(std::string(s.message()).find("tile 1 (layer " + layer + ")") != std::string::npos);
-  const auto digests = job.digests();
+  const auto digests = job->digests();
   CHECK(digests.at(1).first != digests.at(1).second);
   CHECK(digests.at(0).first == digests.at(0).second);
 }
 
 TEST_CASE("digest off: no tile is hashed") {
   std::mt19937_64 rng(5);
-  int hooked = 0;
+  std::atomic<int> hooked{0};
   auto engine = CreateHostEngineForTest(1, [&](const Job&, uint32_t) { ++hooked; });
   const planner::testing::RandomCase c = planner::testing::RandomServingCase(rng);
-  DigestJob job(c, /*digest=*/false, rng);
-  job.Run(*engine);
-  CHECK(job.errors().empty());
-  CHECK(job.copied());
-  CHECK(job.digests().empty());
+  auto job = std::make_shared<DigestJob>(c, /*digest=*/false, rng);
+  DigestJob::Run(*engine, job);
+  CHECK(job->errors().empty());
+  CHECK(job->copied());
+  CHECK(job->digests().empty());
   CHECK(hooked == 0);  // the digest path (copy-and-hash, read-back) was never entered
 }
 
