@@ -100,11 +100,16 @@ class TileHasher {
       const uint64_t key = base_key_ + q / kWordBytes;
       const uint32_t lane = static_cast<uint32_t>(q % kWordBytes);
       if (lane == 0 && n >= kWordBytes) {
-        // Whole words: the fast loop (unaligned loads by bytes on the device, memcpy-like on host).
+        // Whole words: the fast loop, one PositionKey per stretch of keys with equal high 32 bits
+        // (the next key's is then k + kKeyMul).
         if (has_pending_) Flush();
         const uint64_t words = n / kWordBytes;
-        for (uint64_t k = 0; k < words; ++k) {
-          sum_ += Mix(LoadWord(p + k * kWordBytes), key + k);
+        for (uint64_t done = 0; done < words;) {
+          const uint64_t at = key + done;
+          const uint64_t room = (uint64_t{1} << 32) - (at & 0xffffffffull);
+          const uint64_t m = words - done < room ? words - done : room;
+          sum_ += SumWords(p + done * kWordBytes, m, PositionKey(at));
+          done += m;
         }
         p += words * kWordBytes;
         q += words * kWordBytes;
@@ -139,6 +144,22 @@ class TileHasher {
     __builtin_memcpy(&w, p, sizeof(w));  // little-endian hosts only (x86-64, aarch64)
 #endif
     return w;
+  }
+  // Sum of the terms of `m` whole words at `p` whose first key is `k` (keys k + j * kKeyMul):
+  // four independent sums so the multiplies overlap (and compilers can vectorize: NH's
+  // 32x32->64 products are what SIMD multiplies do).
+  KVRAIL_DIGEST_HD static uint64_t SumWords(const uint8_t* p, uint64_t m, uint32_t k) {
+    uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    uint64_t j = 0;
+    for (; j + 4 <= m; j += 4) {
+      s0 += MixKeyed(LoadWord(p + (j + 0) * kWordBytes), k);
+      s1 += MixKeyed(LoadWord(p + (j + 1) * kWordBytes), k + kKeyMul);
+      s2 += MixKeyed(LoadWord(p + (j + 2) * kWordBytes), k + 2 * kKeyMul);
+      s3 += MixKeyed(LoadWord(p + (j + 3) * kWordBytes), k + 3 * kKeyMul);
+      k += 4 * kKeyMul;
+    }
+    for (; j < m; ++j, k += kKeyMul) s0 += MixKeyed(LoadWord(p + j * kWordBytes), k);
+    return s0 + s1 + s2 + s3;
   }
   KVRAIL_DIGEST_HD void Flush() {
     sum_ += Mix(pending_, pending_key_);

@@ -20,7 +20,7 @@ dg::TileHasher HasherFor(const kernels::PlanHeader& h, const kernels::TileDesc& 
                         static_cast<uint64_t>(t.layer) * h.num_parts + t.part);
 }
 
-// Hashing and copying go in slices this large, so the copy reads what the hash just brought into
+// Copying and hashing go in slices this large, so the hash reads what the copy just brought into
 // the cache ("while copying": the source is fetched from memory once).
 constexpr uint64_t kSliceBytes = 16 << 10;
 
@@ -45,8 +45,8 @@ uint64_t ExecuteTileHostWithDigest(const Plan& plan, uint32_t tile, const uint8_
     uint8_t* to = HostAddress(h.dst, dst_base, run.dst);
     for (uint64_t done = 0; done < run.bytes;) {
       const uint64_t n = std::min(kSliceBytes, run.bytes - done);
-      hasher.Update(from + done, n, q);
       std::memcpy(to + done, from + done, n);
+      hasher.Update(from + done, n, q);  // the source slice, now in the cache
       done += n;
       q += n;
     }
