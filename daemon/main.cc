@@ -22,6 +22,7 @@
 #include "daemon/engine/host_engine.h"
 #include "daemon/metrics/metrics.h"
 #include "daemon/fabric/fabric.h"
+#include "daemon/fabric/peer_tls.h"
 #include "daemon/regions/regions.h"
 #include "daemon/server/server.h"
 #include "daemon/server/socket_lock.h"
@@ -52,11 +53,13 @@ absl::StatusOr<v1::GetTopologyResponse> LoadTopology(const v1::DaemonConfig& con
 absl::StatusOr<std::unique_ptr<fabric::Fabric>> StartFabric(const v1::DaemonConfig& config,
                                                             const v1::GetTopologyResponse& topology,
                                                             regions::RegionTable* regions,
-                                                            directory::Directory* directory) {
+                                                            directory::Directory* directory,
+                                                            std::shared_ptr<const fabric::PeerTlsPem> tls) {
   if (directory->Peers().empty()) return std::unique_ptr<fabric::Fabric>();
   const v1::FabricConfig& fc = config.fabric();
   fabric::FabricOptions options;
   options.node_id = config.node_id();
+  options.tls = std::move(tls);
   options.software_version = kVersion;
   if (!fc.provider().empty()) options.provider = fc.provider();
   options.nic_addresses.assign(fc.nics().begin(), fc.nics().end());
@@ -159,8 +162,20 @@ absl::Status Run(v1::DaemonConfig config) {
   }
   std::unique_ptr<directory::Directory> directory = directory::CreateStaticDirectory(
       {config.peers().begin(), config.peers().end()}, config.node_id());
-  KVRAIL_ASSIGN_OR_RETURN(std::unique_ptr<fabric::Fabric> fabric, StartFabric(config, topology, regions.get(),
-                                                                       directory.get()));
+  // Peers authenticate with mTLS (docs/security.md, "Peers"); FinalizeConfig refused TCP or
+  // peers with neither peer_tls nor insecure_peers.
+  std::shared_ptr<const fabric::PeerTlsPem> peer_tls;
+  if (!config.peer_tls().ca_file().empty()) {
+    KVRAIL_ASSIGN_OR_RETURN(peer_tls, fabric::LoadPeerTls(config.peer_tls()));
+    spdlog::info("peers: mTLS (CA {}, certificate {}: its CN must be '{}')",
+                 config.peer_tls().ca_file(), config.peer_tls().cert_file(), config.node_id());
+  } else if (config.insecure_peers()) {
+    spdlog::warn("insecure_peers: tcp_listen and the channels to peers are plaintext; any host "
+                 "that reaches {} may claim any node id (tests and closed networks only)",
+                 config.tcp_listen().empty() ? std::string("the peers") : config.tcp_listen());
+  }
+  KVRAIL_ASSIGN_OR_RETURN(std::unique_ptr<fabric::Fabric> fabric,
+                          StartFabric(config, topology, regions.get(), directory.get(), peer_tls));
   // Notification queues live as long as their sessions (a session's end drops its queue).
   std::unique_ptr<transfers::NotificationHub> notifications = transfers::NotificationHub::Create(
       [table = regions.get()](uint64_t session) { return table->SessionOpen(session); });
@@ -226,6 +241,7 @@ absl::Status Run(v1::DaemonConfig config) {
   server_options.listen.push_back("unix:" + config.unix_socket());
   if (!config.tcp_listen().empty()) server_options.listen.push_back(config.tcp_listen());
   server_options.tcp_serves_api = config.tcp_serves_api();
+  server_options.tcp_credentials = fabric::PeerServerCredentials(peer_tls);
   if (config.tcp_serves_api()) {
     spdlog::warn("tcp_serves_api: Transfer and Admin answer on {} too (anonymous callers: they "
                  "reach regions only through grants)", config.tcp_listen());
@@ -293,6 +309,13 @@ int main(int argc, char** argv) {
   app.add_option("--config", config_path, "DaemonConfig textproto file");
   app.add_option("--socket", socket, "unix socket for clients (default /run/kvrail/kvrail.sock)");
   app.add_option("--tcp-listen", tcp_listen, "also serve gRPC on host:port");
+  std::string peer_ca, peer_cert, peer_key;
+  bool insecure_peers = false;
+  app.add_option("--peer-ca", peer_ca, "peer_tls.ca_file: CA of the nodes' certificates (PEM)");
+  app.add_option("--peer-cert", peer_cert, "peer_tls.cert_file: this node's certificate (CN = node id)");
+  app.add_option("--peer-key", peer_key, "peer_tls.key_file: its private key");
+  app.add_flag("--insecure-peers", insecure_peers,
+               "no TLS on tcp_listen and to peers: node ids as claimed (tests only)");
   app.add_option("--node-id", node_id, "this node's id (default: host name)");
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error");
   app.add_option("--log-format", log_format, "text or json");
@@ -325,6 +348,10 @@ int main(int argc, char** argv) {
   }
   flags.set_unix_socket(socket);
   flags.set_tcp_listen(tcp_listen);
+  if (!peer_ca.empty()) flags.mutable_peer_tls()->set_ca_file(peer_ca);
+  if (!peer_cert.empty()) flags.mutable_peer_tls()->set_cert_file(peer_cert);
+  if (!peer_key.empty()) flags.mutable_peer_tls()->set_key_file(peer_key);
+  flags.set_insecure_peers(insecure_peers);
   flags.set_node_id(node_id);
   flags.set_log_level(log_level);
   flags.set_log_format(log_format);

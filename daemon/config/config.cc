@@ -4,6 +4,7 @@
 
 #include <fstream>
 #include <sstream>
+#include <utility>
 
 #include <google/protobuf/io/tokenizer.h>
 #include <google/protobuf/text_format.h>
@@ -51,6 +52,50 @@ absl::StatusOr<v1::DaemonConfig> LoadConfigFile(const std::string& path) {
 void MergeOverrides(const v1::DaemonConfig& overrides, v1::DaemonConfig* base) {
   base->MergeFrom(overrides);  // proto3 scalars merge only when non-default; maps merge by key
 }
+
+namespace {
+
+// TCP and peers need mTLS (peer_tls) unless insecure_peers says otherwise, explicitly
+// (docs/security.md, "Peers").
+absl::Status CheckPeerSecurity(const v1::DaemonConfig& config) {
+  const v1::PeerTls& tls = config.peer_tls();
+  const bool any_tls =
+      !tls.ca_file().empty() || !tls.cert_file().empty() || !tls.key_file().empty();
+  if (any_tls) {
+    const std::pair<const char*, const std::string*> files[] = {
+        {"peer_tls.ca_file", &tls.ca_file()},
+        {"peer_tls.cert_file", &tls.cert_file()},
+        {"peer_tls.key_file", &tls.key_file()}};
+    for (const auto& [key, value] : files) {
+      if (value->empty()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            key, ": not set; mTLS between daemons needs peer_tls.ca_file, peer_tls.cert_file "
+                 "and peer_tls.key_file"));
+      }
+    }
+    if (config.insecure_peers()) {
+      return absl::InvalidArgumentError(
+          "insecure_peers: set together with peer_tls; choose one (peer_tls)");
+    }
+    return absl::OkStatus();
+  }
+  const bool networked = !config.tcp_listen().empty() || config.peers_size() > 0;
+  if (networked && !config.insecure_peers()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        config.tcp_listen().empty() ? "peers" : "tcp_listen",
+        ": set, but peer_tls (ca_file, cert_file, key_file) is not: peers authenticate with "
+        "mTLS; set peer_tls, or insecure_peers: true (--insecure-peers) for tests and closed "
+        "networks only"));
+  }
+  if (config.tcp_serves_api()) {
+    return absl::InvalidArgumentError(
+        "tcp_serves_api: needs peer_tls (callers over TCP must present a certificate from the "
+        "CA); it is refused with insecure_peers");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 absl::Status FinalizeConfig(v1::DaemonConfig* config) {
   if (config->node_id().empty()) {
@@ -152,7 +197,7 @@ absl::Status FinalizeConfig(v1::DaemonConfig* config) {
           absl::StrCat("peers[", node, "]: the address must be host:port, got '", address, "'"));
     }
   }
-  return absl::OkStatus();
+  return CheckPeerSecurity(*config);
 }
 
 }  // namespace kvrail::config

@@ -12,6 +12,7 @@ TEST_CASE("a config file parses, and flags override it key by key") {
     unix_socket: "/tmp/k.sock"
     host_engine_threads: 8
     peers { key: "decode-0" value: "10.0.0.2:7070" }
+    insecure_peers: true
   )", "test.textproto");
   REQUIRE(parsed.ok());
   v1::DaemonConfig overrides;
@@ -61,6 +62,44 @@ TEST_CASE("bad values are rejected naming the key") {
   check("cuda_run_on: \"peer\"", "cuda_run_on:");
   check("cuda_batch_bytes: 4096", "cuda_batch_bytes:");
   check("peers { key: \"x\" value: \"nocolon\" }", "peers[x]:");
+}
+
+TEST_CASE("peers and TCP need mTLS unless insecure_peers says so explicitly") {
+  auto finalize = [](const char* text) {
+    auto parsed = ParseConfig(text, "t");
+    REQUIRE(parsed.ok());
+    return FinalizeConfig(&*parsed);
+  };
+  auto refused = [&](const char* text, const char* key) {
+    const absl::Status status = finalize(text);
+    INFO(text << " -> " << status.ToString());
+    CHECK(status.code() == absl::StatusCode::kInvalidArgument);
+    CHECK(std::string(status.message()).rfind(key, 0) == 0);
+  };
+  // Neither TCP nor peers: nothing to authenticate.
+  CHECK(finalize("").ok());
+  // TCP or peers without certificates and without the explicit flag: refused, naming the fields.
+  refused("tcp_listen: \"127.0.0.1:7070\"", "tcp_listen: set, but peer_tls");
+  refused("peers { key: \"b\" value: \"10.0.0.2:7070\" }", "peers: set, but peer_tls");
+  CHECK(finalize("tcp_listen: \"127.0.0.1:7070\" insecure_peers: true").ok());
+  const char* full = R"(tcp_listen: "127.0.0.1:7070"
+    peer_tls { ca_file: "/ca.pem" cert_file: "/a.pem" key_file: "/a.key" })";
+  CHECK(finalize(full).ok());
+  // Half a certificate is no certificate.
+  refused(R"(tcp_listen: "127.0.0.1:7070" peer_tls { ca_file: "/ca.pem" cert_file: "/a.pem" })",
+          "peer_tls.key_file: not set");
+  refused(R"(peer_tls { cert_file: "/a.pem" key_file: "/a.key" })", "peer_tls.ca_file: not set");
+  refused(R"(peer_tls { ca_file: "/ca.pem" key_file: "/a.key" })", "peer_tls.cert_file: not set");
+  // Both at once is ambiguous.
+  refused(R"(insecure_peers: true
+    peer_tls { ca_file: "/ca.pem" cert_file: "/a.pem" key_file: "/a.key" })",
+          "insecure_peers:");
+  // Transfer and Admin over TCP only for callers with a certificate.
+  refused("tcp_listen: \"127.0.0.1:7070\" insecure_peers: true tcp_serves_api: true",
+          "tcp_serves_api:");
+  CHECK(finalize(R"(tcp_listen: "127.0.0.1:7070" tcp_serves_api: true
+    peer_tls { ca_file: "/ca.pem" cert_file: "/a.pem" key_file: "/a.key" })")
+            .ok());
 }
 
 TEST_CASE("a missing file is NOT_FOUND naming the path") {

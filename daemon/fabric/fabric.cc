@@ -35,7 +35,11 @@ class FabricImpl final : public Fabric {
   grpc::Service* peer_service() override { return service_.get(); }
   void StartLiveness() override { control_->StartLiveness(); }
   std::string Describe() const override { return lanes_->Describe(); }
-  void SetInboundSink(transfers::InboundSink* sink) override { receiver_->SetInboundSink(sink); }
+  void SetInboundSink(transfers::InboundSink* sink) override {
+    receiver_->SetInboundSink(sink);
+    absl::MutexLock lock(&sink_mu_);
+    sink_ = sink;
+  }
 
   // transfers::RemotePath: the sender's.
   absl::StatusOr<Prepared> Prepare(const v1::TransferSpec& spec) override {
@@ -60,6 +64,9 @@ class FabricImpl final : public Fabric {
   std::unique_ptr<Sender> sender_;
   std::unique_ptr<PeerControl> control_;
   std::unique_ptr<grpc::Service> service_;
+  // The transfer manager, told of lost peers (InboundSink::PeerLost); held while it is called.
+  absl::Mutex sink_mu_;
+  transfers::InboundSink* sink_ ABSL_GUARDED_BY(sink_mu_) = nullptr;
 };
 
 absl::StatusOr<std::unique_ptr<Fabric>> FabricImpl::Create(const FabricOptions& options,
@@ -70,7 +77,7 @@ absl::StatusOr<std::unique_ptr<Fabric>> FabricImpl::Create(const FabricOptions& 
   std::unique_ptr<FabricImpl> fabric(new FabricImpl());
   FabricImpl* f = fabric.get();
   const uint64_t boot_id = MakeBootId();
-  KVRAIL_ASSIGN_OR_RETURN(f->peers_, PeerTable::Create(*directory));
+  KVRAIL_ASSIGN_OR_RETURN(f->peers_, PeerTable::Create(*directory, options.tls));
   KVRAIL_ASSIGN_OR_RETURN(f->lanes_, Lanes::Create(options, f->peers_.get()));
   f->leases_ = std::make_unique<Leases>(options.node_id, regions, f->peers_.get());
   f->receiver_ =
@@ -85,7 +92,8 @@ absl::StatusOr<std::unique_ptr<Fabric>> FabricImpl::Create(const FabricOptions& 
                               [f](PeerConn* peer) { return f->control_->Introduce(peer); });
   f->lanes_->StartProxies(f->sender_.get(), f->receiver_.get());
   f->service_ = MakePeerService(options.node_id, boot_id, f->control_.get(), f->leases_.get(),
-                                f->receiver_.get(), regions);
+                                f->receiver_.get(), regions, /*require_certificates=*/
+                                options.tls != nullptr);
   spdlog::info("{}", f->Describe());
   return std::unique_ptr<Fabric>(std::move(fabric));
 }
@@ -100,6 +108,10 @@ FabricImpl::~FabricImpl() {
 void FabricImpl::OnPeerLost(PeerConn* peer, const absl::Status& why) {
   receiver_->DropPeer(peer, why);
   sender_->FailPeer(peer, why);
+  // Transfers to the peer with nothing in the fabric (a layer-wise one waiting for its next
+  // layer) end now too, not at their deadline.
+  absl::MutexLock lock(&sink_mu_);
+  if (sink_ != nullptr) sink_->PeerLost(peer->node_id, why);
 }
 
 }  // namespace

@@ -3,12 +3,21 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/time/time.h"
 
 namespace kvrail::fabric {
+
+// The node's mTLS material for the Peer service and the channels to peers (PEM text, loaded by
+// LoadPeerTls in peer_tls.h). The certificate's subject CN is the node id.
+struct PeerTlsPem {
+  std::string ca;    // the CA certificate(s) every peer's certificate must chain to
+  std::string cert;  // this node's certificate chain
+  std::string key;   // its private key
+};
 
 struct FabricOptions {
   std::string node_id;
@@ -32,6 +41,10 @@ struct FabricOptions {
   absl::Duration liveness_timeout = absl::Seconds(3);
   // For Hello ("1 GPU, 2 NICs").
   std::string topology_summary;
+  // mTLS between daemons (docs/security.md, "Peers"): channels to peers present this node's
+  // certificate and verify theirs; the Peer service takes a caller's node id from its
+  // certificate. nullptr: insecure_peers (node ids as the messages claim them).
+  std::shared_ptr<const PeerTlsPem> tls;
 };
 
 }  // namespace kvrail::fabric

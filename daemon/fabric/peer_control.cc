@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "base/status.h"
+#include "daemon/fabric/peer_auth.h"
 #include "daemon/fabric/peer_rpc.h"
 #include "spdlog/spdlog.h"
 
@@ -92,6 +93,17 @@ absl::Status PeerControlImpl::ApplyHello(PeerConn* peer, const v1::PeerHello& he
         "peer '", hello.node_id(), "' staging (", hello.slots(), " x ", hello.slot_bytes(),
         ") differs from this daemon's (fabric.slots, fabric.slot_bytes must match)"));
   }
+  // fi_av_insert reads as many bytes as the provider's address format has, whatever the
+  // string's length: a peer's address must be exactly as long as ours.
+  for (int l = 0; l < hello.nics_size() && l < static_cast<int>(lanes_->size()); ++l) {
+    const size_t ours = lanes_->at(l).nic->address().size();
+    if (hello.nics(l).fabric_address().size() != ours) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "hello.nics[", l, "].fabric_address: ", hello.nics(l).fabric_address().size(),
+          " bytes from peer '", peer->node_id, "', provider '", lanes_->provider(),
+          "' addresses have ", ours));
+    }
+  }
   bool restarted = false;
   {
     absl::MutexLock lock(&peer->mu);
@@ -145,6 +157,11 @@ absl::Status PeerControlImpl::Introduce(PeerConn* peer) {
   KVRAIL_RETURN_IF_ERROR(
       FromPeerRpc(peer->stub->Hello(context.get(), request, &response),
                   absl::StrCat("hello to '", peer->node_id, "' at ", peer->address, ": ")));
+  // With mTLS the channel accepted only a certificate naming the peer; the answer must name it
+  // too (and, either way, be of bounded size).
+  KVRAIL_RETURN_IF_ERROR(CheckHelloBounds(response.hello(), "response.hello."));
+  KVRAIL_RETURN_IF_ERROR(
+      CheckClaimedNode(response.hello().node_id(), peer->node_id, "response.hello.node_id"));
   return ApplyHello(peer, response.hello());
 }
 

@@ -4,10 +4,12 @@
 
 #include <random>
 
+#include "daemon/fabric/peer_tls.h"
+
 namespace kvrail::fabric {
 
 absl::StatusOr<std::unique_ptr<PeerTable>> PeerTable::Create(
-    const directory::Directory& directory) {
+    const directory::Directory& directory, const std::shared_ptr<const PeerTlsPem>& tls) {
   std::unique_ptr<PeerTable> table(new PeerTable());
   uint32_t index = 0;
   for (const directory::Peer& p : directory.Peers()) {
@@ -21,8 +23,7 @@ absl::StatusOr<std::unique_ptr<PeerTable>> PeerTable::Create(
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
     args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 500);
-    conn->stub = v1::Peer::NewStub(
-        grpc::CreateCustomChannel(p.address, grpc::InsecureChannelCredentials(), args));
+    conn->stub = v1::Peer::NewStub(PeerChannel(p.address, p.node_id, tls, args));
     table->peers_.push_back(std::move(conn));
   }
   return table;

@@ -13,6 +13,7 @@
 #include "absl/time/time.h"
 #include "daemon/directory/directory.h"
 #include "daemon/fabric/command_ring.h"
+#include "daemon/fabric/fabric_options.h"
 #include "daemon/fabric/fi.h"
 #include "proto/kvrail/v1/peer.grpc.pb.h"
 
@@ -59,7 +60,11 @@ struct PeerConn {
 class PeerTable {
  public:
   // At most 127 peers (the index is 7 bits of immediate data); errors name the config key.
-  static absl::StatusOr<std::unique_ptr<PeerTable>> Create(const directory::Directory& directory);
+  // With `tls`, each channel presents this node's certificate and accepts only the peer's own
+  // (peer_tls.h); without, the channels are plaintext (insecure_peers).
+  static absl::StatusOr<std::unique_ptr<PeerTable>> Create(
+      const directory::Directory& directory,
+      const std::shared_ptr<const PeerTlsPem>& tls = nullptr);
 
   size_t size() const { return peers_.size(); }
   PeerConn* at(uint32_t index) const { return peers_[index].get(); }

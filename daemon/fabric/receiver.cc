@@ -10,6 +10,7 @@
 #include "absl/synchronization/mutex.h"
 #include "base/status.h"
 #include "daemon/engine/engine.h"
+#include "daemon/fabric/peer_auth.h"
 #include "daemon/fabric/tile_copy.h"
 #include "daemon/fabric/tile_pack.h"
 #include "daemon/planner/planner.h"
@@ -104,6 +105,8 @@ void ReceiverImpl::Stop() {
 // ---- Begin / End (gRPC threads) ----
 
 absl::StatusOr<uint32_t> ReceiverImpl::Begin(const v1::BeginRemoteTransferRequest& request) {
+  // Every size the peer supplies is bounded before anything is planned or allocated.
+  KVRAIL_RETURN_IF_ERROR(CheckBeginBounds(request, options_.slot_bytes));
   PeerConn* peer = peers_->Find(request.sender_node_id());
   if (peer == nullptr) {
     return absl::PermissionDeniedError(absl::StrCat(

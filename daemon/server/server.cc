@@ -340,8 +340,13 @@ class ServerImpl final : public Server {
     grpc::EnableDefaultHealthCheckService(true);
     grpc::ServerBuilder builder;
     for (const std::string& address : options.listen) {
-      builder.AddListeningPort(address, grpc::InsecureServerCredentials(),
-                               address.rfind("unix:", 0) == 0 ? nullptr : &tcp_port_);
+      const bool unix_socket = address.rfind("unix:", 0) == 0;
+      // TCP: the peers' mTLS credentials when given (DaemonConfig.peer_tls).
+      builder.AddListeningPort(address,
+                               unix_socket || options.tcp_credentials == nullptr
+                                   ? grpc::InsecureServerCredentials()
+                                   : options.tcp_credentials,
+                               unix_socket ? nullptr : &tcp_port_);
     }
     builder.SetMaxReceiveMessageSize(256 << 20);
     builder.SetMaxSendMessageSize(256 << 20);

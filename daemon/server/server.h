@@ -15,6 +15,7 @@
 
 namespace grpc {
 class Service;
+class ServerCredentials;
 }
 
 namespace kvrail::server {
@@ -40,6 +41,9 @@ struct ServerOptions {
   bool tcp_serves_api = false;
   // More services to serve on the same addresses (the fabric's Peer service). Not owned.
   std::vector<grpc::Service*> extra_services;
+  // Credentials of the TCP listen addresses (fabric::PeerServerCredentials: mTLS with client
+  // certificates required); nullptr: plaintext (insecure_peers). The unix socket is plaintext.
+  std::shared_ptr<grpc::ServerCredentials> tcp_credentials;
 };
 
 // Owns the grpc::Server. Thread-safe; the services run on gRPC's thread pool.

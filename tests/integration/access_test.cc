@@ -138,7 +138,7 @@ TEST_CASE("another client can neither use nor control a client's regions and tra
 }
 
 TEST_CASE("over TCP only the Peer service answers unless the API is opted in") {
-  LiveDaemon live({"--tcp-listen", "127.0.0.1:0"});
+  LiveDaemon live({"--tcp-listen", "127.0.0.1:0", "--insecure-peers"});
   const std::string log = live.daemon.ReadLog();
   const std::string marker = "listening on TCP port ";
   const size_t at = log.find(marker);

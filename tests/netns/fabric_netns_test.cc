@@ -27,15 +27,24 @@ namespace {
 
 using client::Client;
 
-// Two nodes "a" (sender) and "b" (receiver), each with `nics` endpoints on its veth address.
+// Two nodes "a" (sender) and "b" (receiver), each with `nics` endpoints on its veth address,
+// peered over mTLS with certificates from one test CA (CN "a" and "b").
 struct TwoNodes {
   NetnsPair net;
+  TestCa ca;
   NsDaemon a, b;
   bool ok = false;
   explicit TwoNodes(int nics = 2) {
     if (!net.ok) return;
-    ok = a.Start(net.ns_a, "a", net.ip_a, "b", net.ip_b, nics) &&
-         b.Start(net.ns_b, "b", net.ip_b, "a", net.ip_a, nics);
+    if (!ca.status().ok()) {
+      UNSCOPED_INFO("test CA: " << ca.status());
+      return;
+    }
+    NsDaemonOptions options;
+    options.nics = nics;
+    options.ca = &ca;
+    ok = a.Start(net.ns_a, "a", net.ip_a, "b", net.ip_b, options) &&
+         b.Start(net.ns_b, "b", net.ip_b, "a", net.ip_a, options);
     if (!ok) UNSCOPED_INFO("a log:\n" << a.Log() << "\nb log:\n" << b.Log());
   }
 };

@@ -73,6 +73,16 @@ bool NsDaemon::Start(const std::string& ns, const std::string& node, const std::
   {
     std::ofstream f(config);
     f << "node_id: \"" << node << "\"\n";
+    if (options.ca != nullptr) {
+      absl::StatusOr<std::string> tls = options.ca->ConfigFor(node);
+      if (!tls.ok()) {
+        std::ofstream(log) << "test CA: " << tls.status() << "\n";
+        return false;
+      }
+      f << *tls;
+    } else {
+      f << "insecure_peers: true\n";
+    }
     f << "peers { key: \"" << peer << "\" value: \"" << peer_ip << ":" << options.peer_port
       << "\" }\n";
     f << "fabric {\n";
@@ -82,6 +92,7 @@ bool NsDaemon::Start(const std::string& ns, const std::string& node, const std::
   }
   const std::string bin = RunfilePath("daemon/kvraild");
   const std::string listen = ip + ":" + std::to_string(options.port);
+  tcp_port = options.port;
   const std::string tile = std::to_string(options.tile_bytes);
   // kvraild's command line, behind `ip netns exec NS` unless NS is this namespace (loopback
   // "nodes" on one machine). Built before the fork: the child only execs.

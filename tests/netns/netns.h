@@ -12,6 +12,7 @@
 #include "absl/status/status.h"
 #include "client/kvrail_client.h"
 #include "tests/harness/daemon_process.h"
+#include "tests/tls/test_ca.h"
 
 namespace kvrail::testing {
 
@@ -43,6 +44,9 @@ struct NsDaemonOptions {
   uint64_t slot_bytes = 1048576;      // fabric.slot_bytes
   uint32_t slots = 8;                 // fabric.slots
   std::string log_level = "info";
+  // mTLS between the daemons with a certificate from this CA for the node (CN = node id);
+  // nullptr: --insecure-peers. Not owned.
+  TestCa* ca = nullptr;
 };
 
 // kvraild started with `ip netns exec NS` (directly when NS is empty); killed (SIGTERM) on
@@ -51,6 +55,7 @@ struct NsDaemon {
   TempDir dir;
   pid_t pid = -1;
   std::string socket, log;
+  int tcp_port = 0;  // where --tcp-listen bound
   std::unique_ptr<client::Client> client;
 
   bool Start(const std::string& ns, const std::string& node, const std::string& ip,

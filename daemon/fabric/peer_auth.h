@@ -1,0 +1,57 @@
+// Internal to the fabric module (peer_tls.h re-exports the credentials for the daemon): who a
+// peer is and what it may send. The node id a caller speaks for comes from its certificate (the
+// subject common name, checked against the CA by gRPC's mTLS handshake); every node id a message
+// claims must be that one; every size a peer supplies is bounded before it is used. Pure
+// functions (any thread) but AuthenticatedNode, which reads a call's AuthContext.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <grpcpp/server_context.h>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "proto/kvrail/v1/peer.pb.h"
+
+namespace kvrail::fabric {
+
+// Bounds on what a peer sends (docs/security.md, "Peers").
+inline constexpr size_t kMaxNodeIdBytes = 253;
+inline constexpr int kMaxPeerNics = 64;
+inline constexpr size_t kMaxFabricAddressBytes = 256;
+inline constexpr size_t kMaxPeerTextBytes = 1024;  // names, versions, summaries, messages
+inline constexpr uint64_t kMinPeerTileBytes = 4096;
+inline constexpr uint32_t kMaxPeerTiles = 1u << 20;
+inline constexpr uint32_t kMaxPeerIndex = 126;  // 7 bits of immediate data
+
+// The node id a certificate speaks for, from the common names gRPC reports for it
+// (x509_common_name): exactly one, non-empty, at most kMaxNodeIdBytes, no control characters.
+// UNAUTHENTICATED otherwise (the message says why, naming "certificate CN").
+absl::StatusOr<std::string> NodeIdFromCommonNames(const std::vector<std::string>& common_names);
+
+// The node id of the caller of a Peer RPC over mTLS: UNAUTHENTICATED when the call carries no
+// verified certificate (the unix socket, an insecure listener) or its CN is unusable.
+absl::StatusOr<std::string> AuthenticatedNode(const grpc::ServerContext& context);
+
+// `claimed` (the message's `field`) must be `authenticated`: PERMISSION_DENIED naming the field
+// and both ids (the claimed one cut to kMaxNodeIdBytes) otherwise.
+absl::Status CheckClaimedNode(absl::string_view claimed, absl::string_view authenticated,
+                              absl::string_view field);
+
+// A Hello's sizes: node id, provider, at most kMaxPeerNics NICs whose names and fabric
+// addresses are bounded, your_index in 7 bits, texts bounded. `prefix` names the message
+// ("hello." or "response.hello."). INVALID_ARGUMENT naming the field.
+absl::Status CheckHelloBounds(const v1::PeerHello& hello, absl::string_view prefix);
+
+// A BeginRemoteTransfer's sizes before anything is planned: tile_bytes in
+// [kMinPeerTileBytes, slot_bytes], tiles_total in [1, kMaxPeerTiles], bytes_total at most
+// tiles_total * tile_bytes. INVALID_ARGUMENT naming the field.
+absl::Status CheckBeginBounds(const v1::BeginRemoteTransferRequest& request, uint64_t slot_bytes);
+
+// `text` cut to kMaxPeerTextBytes (for logs and records of peer-supplied messages).
+std::string BoundedPeerText(absl::string_view text);
+
+}  // namespace kvrail::fabric
