@@ -276,9 +276,10 @@ bool ReceiverImpl::ApplyTile(Inbound& in, const Arrival& a) {
   absl::Status checked;
   uint64_t sent = 0, landed = 0;
   if (in.digest && unpacked.ok()) {
-    thread_local std::vector<uint8_t> scratch;
     sent = TrailerDigest(in.plan, a.tile, slot);
-    absl::StatusOr<uint64_t> read_back = DestinationTileDigest(in.plan, a.tile, dst_side, &scratch);
+    // The slot's bytes are spent (scattered, trailer read): a GPU destination is read back into it.
+    absl::StatusOr<uint64_t> read_back =
+        DestinationTileDigest(in.plan, a.tile, dst_side, const_cast<uint8_t*>(slot));
     if (!read_back.ok()) {
       checked = read_back.status();
     } else {

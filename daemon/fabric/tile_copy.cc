@@ -88,15 +88,13 @@ uint64_t TrailerDigest(const planner::Plan& plan, uint32_t tile, const uint8_t* 
 }
 
 absl::StatusOr<uint64_t> DestinationTileDigest(const planner::Plan& plan, uint32_t tile,
-                                               const RegionSide& dst,
-                                               std::vector<uint8_t>* scratch) {
+                                               const RegionSide& dst, uint8_t* scratch) {
   if (!dst.cuda) {
     return planner::TileDigestHost(plan, tile, dst.base, planner::DigestSide::kDestination);
   }
-  scratch->resize(TileBytes(plan, tile));
-  KVRAIL_RETURN_IF_ERROR(CopyTileRuns(plan, tile, dst.device, dst.base, scratch->data(),
+  KVRAIL_RETURN_IF_ERROR(CopyTileRuns(plan, tile, dst.device, dst.base, scratch,
                                       /*pack=*/true, /*dst_side=*/true));
-  return planner::PackedTileDigest(plan, tile, scratch->data());
+  return planner::PackedTileDigest(plan, tile, scratch);
 }
 
 std::optional<cuda::HostRegistration> PinForGpus(uint8_t* base, uint64_t bytes) {

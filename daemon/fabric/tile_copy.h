@@ -43,10 +43,11 @@ absl::StatusOr<uint64_t> PackTileWithDigest(const planner::Plan& plan, uint32_t 
 // The digest a slot packed by PackTileWithDigest carries.
 uint64_t TrailerDigest(const planner::Plan& plan, uint32_t tile, const uint8_t* staging);
 // The digest of tile `tile` as the destination holds it now, read back after UnpackTile: host
-// memory hashed in place, GPU memory copied back by the copy engines into `scratch` and hashed.
+// memory hashed in place, GPU memory copied back by the copy engines into `scratch` (TileBytes
+// bytes; the receiver passes the tile's receive slot, pinned, once it has read the trailer) and
+// hashed there.
 absl::StatusOr<uint64_t> DestinationTileDigest(const planner::Plan& plan, uint32_t tile,
-                                               const RegionSide& dst,
-                                               std::vector<uint8_t>* scratch);
+                                               const RegionSide& dst, uint8_t* scratch);
 
 // [base, base + bytes) pinned for every GPU of the daemon, so copy engines reach it directly;
 // nothing without GPUs. Best effort: without it the copies still work, staged by the driver.

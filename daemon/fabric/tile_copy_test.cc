@@ -24,7 +24,7 @@ TEST_CASE("digest trailer: sent digest == destination read back; a changed byte 
     REQUIRE(plan.ok());
     std::vector<uint8_t> src(c.src.size_bytes), dst(c.dst.size_bytes, 0xAB);
     for (auto& b : src) b = static_cast<uint8_t>(rng());
-    std::vector<uint8_t> scratch;
+    std::vector<uint8_t> scratch(1 << 20);
     for (uint32_t t = 0; t < plan->num_tiles(); ++t) {
       const uint64_t n_bytes = TileBytes(*plan, t);
       std::vector<uint8_t> plain(n_bytes), slot(n_bytes + kDigestTrailerBytes, 0);
@@ -36,7 +36,7 @@ TEST_CASE("digest trailer: sent digest == destination read back; a changed byte 
       REQUIRE(TrailerDigest(*plan, t, slot.data()) == *sent);
       REQUIRE(UnpackTile(*plan, t, slot.data(), RegionSide{false, -1, dst.data()}).ok());
       const absl::StatusOr<uint64_t> landed =
-          DestinationTileDigest(*plan, t, RegionSide{false, -1, dst.data()}, &scratch);
+          DestinationTileDigest(*plan, t, RegionSide{false, -1, dst.data()}, scratch.data());
       REQUIRE(landed.ok());
       REQUIRE(*landed == *sent);
     }
@@ -46,9 +46,10 @@ TEST_CASE("digest trailer: sent digest == destination read back; a changed byte 
     planner::ForEachTileRun(*plan, t, [&](const planner::CopyRun& r) { runs.push_back(r); });
     const planner::CopyRun& r = runs[rng() % runs.size()];
     const uint64_t before =
-        *DestinationTileDigest(*plan, t, RegionSide{false, -1, dst.data()}, &scratch);
+        *DestinationTileDigest(*plan, t, RegionSide{false, -1, dst.data()}, scratch.data());
     planner::HostAddress(plan->header().dst, dst.data(), r.dst)[rng() % r.bytes] ^= 0x80;
-    CHECK(*DestinationTileDigest(*plan, t, RegionSide{false, -1, dst.data()}, &scratch) != before);
+    const RegionSide dst_side{false, -1, dst.data()};
+    CHECK(*DestinationTileDigest(*plan, t, dst_side, scratch.data()) != before);
   }
 }
 
