@@ -2,6 +2,8 @@
 // table, the session socket, the engine, the transfer manager and the gRPC server, then waits
 // for SIGTERM/SIGINT and drains.
 #include <signal.h>
+#include <unistd.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 
 #include <CLI/CLI.hpp>
@@ -24,6 +26,7 @@
 #include "daemon/fabric/fabric.h"
 #include "daemon/fabric/peer_tls.h"
 #include "daemon/regions/regions.h"
+#include "daemon/server/private_bind.h"
 #include "daemon/server/server.h"
 #include "daemon/server/socket_lock.h"
 #include "daemon/session/session_server.h"
@@ -94,6 +97,27 @@ std::vector<regions::GpuName> GpuNames(const v1::TopologyDesc& desc) {
   return gpus;
 }
 
+// File descriptors: the soft RLIMIT_NOFILE raised to the hard limit, so sessions, regions and
+// gRPC connections have room; the session caps keep a share of it free (MaxSessions).
+void RaiseFdLimit() {
+  struct rlimit limit {};
+  if (::getrlimit(RLIMIT_NOFILE, &limit) != 0) return;
+  const rlim_t before = limit.rlim_cur;
+  if (limit.rlim_cur < limit.rlim_max) {
+    limit.rlim_cur = limit.rlim_max;
+    if (::setrlimit(RLIMIT_NOFILE, &limit) != 0) limit.rlim_cur = before;
+  }
+  spdlog::info("file descriptors: RLIMIT_NOFILE {} (was {})", limit.rlim_cur, before);
+}
+
+// DaemonConfig.max_sessions, or when 0 a quarter of RLIMIT_NOFILE (at least 16, at most 65536).
+size_t MaxSessions(const v1::DaemonConfig& config) {
+  if (config.max_sessions() != 0) return config.max_sessions();
+  struct rlimit limit {};
+  if (::getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) return 65536;
+  return std::clamp<size_t>(limit.rlim_cur / 4, 16, 65536);
+}
+
 sigset_t BlockShutdownSignals() {
   sigset_t set;
   sigemptyset(&set);
@@ -106,6 +130,7 @@ sigset_t BlockShutdownSignals() {
 absl::Status Run(v1::DaemonConfig config) {
   const sigset_t signals = BlockShutdownSignals();
   KVRAIL_RETURN_IF_ERROR(SetUpLogging(config.log_level(), config.log_format()));
+  RaiseFdLimit();
   spdlog::info("kvraild {} starting: node '{}', socket {}", kVersion, config.node_id(),
                config.unix_socket());
   // One daemon per socket, decided before anything at that path is unlinked or bound. Declared
@@ -190,6 +215,8 @@ absl::Status Run(v1::DaemonConfig config) {
   transfer_options.tile_bytes = config.tile_bytes();
   transfer_options.defer_id_checks_from = config.defer_id_checks_from();
   transfer_options.history = config.transfer_history();
+  transfer_options.max_transfers_per_session = config.max_transfers_per_session();
+  transfer_options.max_list_transfers = config.max_list_transfers();
   // Metrics count transfers as they end; the endpoint starts once the manager exists.
   std::atomic<metrics::Metrics*> metrics_sink{nullptr};
   transfer_options.on_finished = [&metrics_sink](const v1::TransferStatus& status) {
@@ -220,17 +247,27 @@ absl::Status Run(v1::DaemonConfig config) {
     spdlog::info("metrics on {} (port {})", config.metrics_listen(), metrics->port());
   }
 
+  // A session's end fails the transfers waiting for readiness only it could give.
+  regions->AddSessionEndHook([t = transfers.get()](uint64_t s) { t->EndSession(s); });
+  session::SessionServerOptions session_options;
+  session_options.path = config.unix_socket() + ".session";
+  session_options.mode = config.socket_mode();
+  session_options.instance_id = instance_id;
+  session_options.submit = [&transfers](const v1::TransferSpec& spec) {
+    return transfers->SubmitWithinNode(spec);
+  };
+  session_options.wait = [&transfers](const regions::Caller& caller, uint64_t id,
+                                      std::function<void(const v1::TransferStatus&)> done) {
+    KVRAIL_RETURN_IF_ERROR(transfers->Authorize(id, caller, transfers::TransferUse::kRead));
+    return transfers->WhenEnded(id, std::move(done));
+  };
+  session_options.max_sessions = MaxSessions(config);
+  session_options.max_sessions_per_uid = config.max_sessions_per_uid();
+  spdlog::info("caps: {} sessions ({} per uid), {} transfers in flight and {} waits/watches per "
+               "session", session_options.max_sessions, session_options.max_sessions_per_uid,
+               config.max_transfers_per_session(), config.max_watchers_per_session());
   KVRAIL_ASSIGN_OR_RETURN(std::unique_ptr<session::SessionServer> sessions,
-                   session::SessionServer::Start(
-                       config.unix_socket() + ".session", config.socket_mode(), regions.get(),
-                       instance_id,
-                       [&transfers](const v1::TransferSpec& spec) {
-                         return transfers->SubmitWithinNode(spec);
-                       },
-                       [&transfers](uint64_t id,
-                                    std::function<void(const v1::TransferStatus&)> done) {
-                         return transfers->WhenEnded(id, std::move(done));
-                       }));
+                          session::SessionServer::Start(session_options, regions.get()));
 
   server::ServerOptions server_options;
   server_options.version = kVersion;
@@ -238,9 +275,14 @@ absl::Status Run(v1::DaemonConfig config) {
   server_options.instance_id = instance_id;
   server_options.notifications = notifications.get();
   server_options.topology = topology;
-  server_options.listen.push_back("unix:" + config.unix_socket());
+  // gRPC binds its socket in a private directory; it is renamed into place with its mode below
+  // (never reachable with the umask's permissions).
+  KVRAIL_ASSIGN_OR_RETURN(std::unique_ptr<server::PrivateBind> grpc_bind,
+                          server::PrivateBind::Create(config.unix_socket()));
+  server_options.listen.push_back("unix:" + grpc_bind->bind_path());
   if (!config.tcp_listen().empty()) server_options.listen.push_back(config.tcp_listen());
   server_options.tcp_serves_api = config.tcp_serves_api();
+  server_options.max_watchers_per_session = config.max_watchers_per_session();
   server_options.tcp_credentials = fabric::PeerServerCredentials(peer_tls);
   if (config.tcp_serves_api()) {
     spdlog::warn("tcp_serves_api: Transfer and Admin answer on {} too (anonymous callers: they "
@@ -257,12 +299,10 @@ absl::Status Run(v1::DaemonConfig config) {
     server_options.list_peers = [d = directory.get()] { return d->List(); };
     server_options.extra_services.push_back(fabric->peer_service());
   }
-  ::unlink(config.unix_socket().c_str());
   KVRAIL_ASSIGN_OR_RETURN(std::unique_ptr<server::Server> server,
                    server::Server::Start(server_options, regions.get(), transfers.get()));
-  if (::chmod(config.unix_socket().c_str(), config.socket_mode()) != 0) {
-    return absl::InternalError(absl::StrCat("unix_socket: chmod failed on ", config.unix_socket()));
-  }
+  KVRAIL_RETURN_IF_ERROR(grpc_bind->Publish(config.socket_mode()));
+  grpc_bind.reset();
   if (server->tcp_port() != 0) spdlog::info("listening on TCP port {}", server->tcp_port());
   if (fabric) fabric->StartLiveness();
   spdlog::info("ready: {} ({}{}{})", config.unix_socket(), engine->Describe(),

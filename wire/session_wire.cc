@@ -109,7 +109,10 @@ std::string EncodeSubmit(const v1::SubmitTransferRequest& request) {
   return absl::StrCat(kSubmit, request.SerializeAsString());
 }
 
-std::string EncodeWait(uint64_t transfer_id) { return absl::StrCat(kWait, transfer_id); }
+std::string EncodeWait(uint64_t transfer_id, absl::string_view credential) {
+  return credential.empty() ? absl::StrCat(kWait, transfer_id)
+                            : absl::StrCat(kWait, transfer_id, " ", credential);
+}
 
 Request ParseRequest(absl::string_view packet) {
   Request request{RequestKind::kOther, packet};
@@ -134,14 +137,23 @@ absl::StatusOr<v1::SubmitTransferRequest> ParseSubmitBody(absl::string_view body
 
 absl::StatusOr<uint64_t> ParseWaitBody(absl::string_view body, bool plain) {
   uint64_t id = 0;
-  if (!plain || !absl::SimpleAtoi(body, &id)) {
+  const absl::string_view digits = body.substr(0, body.find(' '));  // before a credential
+  if (!plain || !absl::SimpleAtoi(digits, &id)) {
     return absl::InvalidArgumentError(absl::StrCat("WAIT: want \"WAIT <transfer id>\", got \"WAIT ",
                                                    body.substr(0, 40), "\""));
   }
   return id;
 }
 
+std::optional<std::pair<uint64_t, std::string>> ParseWaitCredential(absl::string_view body) {
+  const size_t space = body.find(' ');
+  if (space == absl::string_view::npos) return std::nullopt;
+  return ParseSessionMetadata(body.substr(space + 1));
+}
+
 absl::StatusOr<uint64_t> ParseGreeting(absl::string_view packet) {
+  // A daemon at a cap answers the connection with the refusal instead (max_sessions, ...).
+  if (std::optional<absl::Status> refused = ParseRejected(packet)) return *refused;
   absl::string_view text = Line(packet);
   uint64_t id = 0;
   if (!absl::ConsumePrefix(&text, kSession) || !absl::SimpleAtoi(text, &id) || id == 0) {

@@ -6,13 +6,15 @@
 // Protocol (one packet per message, text then an optional serialized proto):
 //   daemon -> client, on accept:   "SESSION <decimal id>" NUL "INSTANCE <32 hex digits>"
 //                                  (the daemon's instance, Stats.instance_id; after a NUL so a
-//                                  client that predates it reads "SESSION <id>" and stops there)
+//                                  client that predates it reads "SESSION <id>" and stops there),
+//                                  or "REJECTED <code> <message>" and the connection closes
+//                                  (a cap: max_sessions, max_sessions_per_uid, descriptors)
 //   client -> daemon:              "FD" with exactly one fd in SCM_RIGHTS ancillary data
 //   daemon -> client:              "TOKEN <token>" or "ERROR <message>"
 //   client -> daemon:              "SUBMIT " + serialized SubmitTransferRequest
 //   daemon -> client:              "SUBMITTED " + serialized SubmitTransferResponse, or
 //                                  "REJECTED <absl status code> <message>"
-//   client -> daemon:              "WAIT <decimal transfer id>"
+//   client -> daemon:              "WAIT <decimal transfer id>" [" <session id>.<secret>"]
 //   daemon -> client:              "DONE " + serialized final TransferStatus, or "REJECTED ..."
 //   daemon -> client:              "ERROR <message>" for a packet it could not read (e.g. one
 //                                  carrying more than kMaxFdsPerPacket descriptors)
@@ -76,7 +78,10 @@ std::string EncodeRejected(const absl::Status& status);
 // Client -> daemon.
 inline constexpr char kFdRequest[] = "FD";
 std::string EncodeSubmit(const v1::SubmitTransferRequest& request);
-std::string EncodeWait(uint64_t transfer_id);
+// "WAIT <id>", or "WAIT <id> <credential>": the credential (SessionMetadataValue) names the
+// session that waits when it is not the connection's own (the client waits on spare
+// connections, as its main session: only a transfer's submitter may wait for it).
+std::string EncodeWait(uint64_t transfer_id, absl::string_view credential = "");
 
 // What a request packet asks for; `body` is what follows "SUBMIT " / "WAIT " (a view into the
 // packet). kOther: anything else, including "FD" with trailing bytes.
@@ -91,9 +96,13 @@ absl::StatusOr<v1::SubmitTransferRequest> ParseSubmitBody(absl::string_view body
 // A WAIT body (decimal digits). INVALID_ARGUMENT quoting the packet when it is not one, or when
 // `plain` is false (the packet carried descriptors or was truncated).
 absl::StatusOr<uint64_t> ParseWaitBody(absl::string_view body, bool plain);
+// The (session id, secret) a WAIT body's credential names; nullopt when it has none or it is
+// malformed (the daemon then refuses the WAIT if there was one: UNAUTHENTICATED).
+std::optional<std::pair<uint64_t, std::string>> ParseWaitCredential(absl::string_view body);
 
 // The daemon's greeting: the session id (never 0). A trailing newline or NUL is tolerated.
-// INTERNAL quoting the packet otherwise.
+// A "REJECTED ..." packet instead (the daemon refused the session: a cap, RESOURCE_EXHAUSTED
+// naming it) is the status it names; anything else INTERNAL quoting the packet.
 absl::StatusOr<uint64_t> ParseGreeting(absl::string_view packet);
 // The daemon instance a greeting names (what follows NUL "INSTANCE "), or "" when it names none
 // (an older daemon) or the part is malformed.

@@ -427,5 +427,15 @@ TEST_CASE("receiving: descriptors, nothing to read, a closed peer, a long packet
   CHECK(closed.status() == absl::UnavailableError("connection closed by peer"));
 }
 
+TEST_CASE("a refused session's answer is the status it names, not a malformed greeting") {
+  const std::string refused = EncodeRejected(absl::ResourceExhaustedError(
+      "max_sessions: 4096 sessions are open, the most this daemon serves"));
+  absl::StatusOr<uint64_t> parsed = ParseGreeting(refused);
+  REQUIRE_FALSE(parsed.ok());
+  CHECK(parsed.status().code() == absl::StatusCode::kResourceExhausted);
+  CHECK(std::string(parsed.status().message()).find("max_sessions") != std::string::npos);
+  CHECK(ParseGreeting("SESSION x").status().code() == absl::StatusCode::kInternal);
+}
+
 }  // namespace
 }  // namespace kvrail::wire

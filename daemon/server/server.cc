@@ -4,7 +4,9 @@
 #include <grpcpp/server.h>
 #include <grpcpp/server_builder.h>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "base/grpc_status.h"
@@ -35,25 +37,70 @@ absl::StatusOr<regions::Caller> CallerOf(grpc::ServerContext* context,
   if (!caller##_or.ok()) return ToGrpcStatus(caller##_or.status());                       \
   const regions::Caller caller = *caller##_or
 
-// PERMISSION_DENIED unless `caller` submitted transfer `id` (the operator included: it ends a
-// tenant's work by ending the tenant, not by reaching into its transfers).
-absl::Status CheckSubmitter(transfers::TransferManager& transfers, uint64_t id,
-                            const regions::Caller& caller) {
-  KVRAIL_ASSIGN_OR_RETURN(const v1::TransferStatus status, transfers.Get(id));
-  if (caller.session_id == 0 || status.spec().session_id() != caller.session_id) {
-    return absl::PermissionDeniedError(absl::StrCat(
-        "transfer_id: transfer ", id, " was submitted by another session; only its submitter "
-        "may cancel it or mark its layers ready"));
+// Returns the refusal unless `caller` may `use` the transfer (TransferManager::Authorize).
+#define KVRAIL_AUTHORIZED_OR_RETURN(id, caller, use)                          \
+  if (absl::Status allowed = transfers_->Authorize((id), (caller), (use));    \
+      !allowed.ok()) {                                                        \
+    return ToGrpcStatus(allowed);                                             \
   }
-  return absl::OkStatus();
-}
+
+// Waits and watches open at once per session (the anonymous callers share one count), so one
+// client cannot hold every server thread (ServerOptions::max_watchers_per_session). Thread-safe.
+class WatcherCounts {
+ public:
+  explicit WatcherCounts(uint32_t max) : max_(max) {}
+  // One place, given back on destruction.
+  class Slot {
+   public:
+    Slot(WatcherCounts* owner, uint64_t session) : owner_(owner), session_(session) {}
+    Slot(Slot&& other) noexcept
+        : owner_(std::exchange(other.owner_, nullptr)), session_(other.session_) {}
+    Slot& operator=(Slot&&) = delete;
+    ~Slot() {
+      if (owner_ != nullptr) owner_->Give(session_);
+    }
+
+   private:
+    WatcherCounts* owner_;
+    uint64_t session_;
+  };
+  // RESOURCE_EXHAUSTED naming max_watchers_per_session at the cap.
+  absl::StatusOr<Slot> Take(uint64_t session) {
+    absl::MutexLock lock(&mu_);
+    uint32_t& n = open_[session];
+    if (n >= max_) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "max_watchers_per_session: ",
+          session == 0 ? std::string("the anonymous callers have ")
+                       : absl::StrCat("session ", session, " has "),
+          n, " waits and watches open, the most allowed (DaemonConfig.max_watchers_per_session)"));
+    }
+    ++n;
+    return Slot(this, session);
+  }
+
+ private:
+  void Give(uint64_t session) {
+    absl::MutexLock lock(&mu_);
+    auto it = open_.find(session);
+    if (it != open_.end() && --it->second == 0) open_.erase(it);
+  }
+  const uint32_t max_;
+  absl::Mutex mu_;
+  absl::flat_hash_map<uint64_t, uint32_t> open_ ABSL_GUARDED_BY(mu_);
+};
+
+#define KVRAIL_WATCHER_OR_RETURN(slot, caller)                       \
+  absl::StatusOr<WatcherCounts::Slot> slot = watchers_.Take((caller).session_id); \
+  if (!slot.ok()) return ToGrpcStatus(slot.status())
 
 class TransferService final : public v1::Transfer::Service {
  public:
   TransferService(regions::RegionTable* regions, transfers::TransferManager* transfers,
-                  transfers::NotificationHub* notifications, bool tcp_api)
+                  transfers::NotificationHub* notifications, bool tcp_api,
+                  uint32_t max_watchers)
       : regions_(regions), transfers_(transfers), notifications_(notifications),
-        tcp_api_(tcp_api) {}
+        tcp_api_(tcp_api), watchers_(max_watchers) {}
 
   grpc::Status RegisterRegion(grpc::ServerContext* context,
                               const v1::RegisterRegionRequest* request,
@@ -102,14 +149,15 @@ class TransferService final : public v1::Transfer::Service {
   grpc::Status GetTransfer(grpc::ServerContext* context, const v1::GetTransferRequest* request,
                            v1::TransferStatus* response) override {
     KVRAIL_CALLER_OR_RETURN(caller);
-    (void)caller;
+    KVRAIL_AUTHORIZED_OR_RETURN(request->transfer_id(), caller, transfers::TransferUse::kRead);
     return Fill(transfers_->Get(request->transfer_id()), response);
   }
 
   grpc::Status WaitTransfer(grpc::ServerContext* context, const v1::WaitTransferRequest* request,
                             v1::TransferStatus* response) override {
     KVRAIL_CALLER_OR_RETURN(caller);
-    (void)caller;
+    KVRAIL_AUTHORIZED_OR_RETURN(request->transfer_id(), caller, transfers::TransferUse::kRead);
+    KVRAIL_WATCHER_OR_RETURN(slot, caller);
     absl::Duration timeout = request->timeout_ms() == 0
                                  ? absl::InfiniteDuration()
                                  : absl::Milliseconds(request->timeout_ms());
@@ -130,29 +178,33 @@ class TransferService final : public v1::Transfer::Service {
   grpc::Status WatchTransfer(grpc::ServerContext* context, const v1::WatchTransferRequest* request,
                              grpc::ServerWriter<v1::TransferEvent>* writer) override {
     KVRAIL_CALLER_OR_RETURN(caller);
-    (void)caller;
+    KVRAIL_AUTHORIZED_OR_RETURN(request->transfer_id(), caller, transfers::TransferUse::kRead);
+    KVRAIL_WATCHER_OR_RETURN(slot, caller);
     const absl::Duration interval =
         absl::Milliseconds(request->min_interval_ms() == 0 ? 50 : request->min_interval_ms());
-    return ToGrpcStatus(transfers_->Watch(request->transfer_id(), interval,
-                                    [&](const v1::TransferEvent& event) {
-                                      return !context->IsCancelled() && writer->Write(event);
-                                    }));
+    // The stream ends when the client goes, even while the transfer makes no progress (a
+    // layer-wise transfer waiting for its producer sends no events): `still_wanted` is asked
+    // between waits.
+    return ToGrpcStatus(transfers_->Watch(
+        request->transfer_id(), interval,
+        [&](const v1::TransferEvent& event) {
+          return !context->IsCancelled() && writer->Write(event);
+        },
+        [&] { return !context->IsCancelled(); }));
   }
 
   grpc::Status CancelTransfer(grpc::ServerContext* context,
                               const v1::CancelTransferRequest* request,
                               v1::TransferStatus* response) override {
     KVRAIL_CALLER_OR_RETURN(caller);
-    absl::Status allowed = CheckSubmitter(*transfers_, request->transfer_id(), caller);
-    if (!allowed.ok()) return ToGrpcStatus(allowed);
+    KVRAIL_AUTHORIZED_OR_RETURN(request->transfer_id(), caller, transfers::TransferUse::kControl);
     return Fill(transfers_->Cancel(request->transfer_id()), response);
   }
 
   grpc::Status MarkReady(grpc::ServerContext* context, const v1::MarkReadyRequest* request,
                          v1::MarkReadyResponse*) override {
     KVRAIL_CALLER_OR_RETURN(caller);
-    absl::Status allowed = CheckSubmitter(*transfers_, request->transfer_id(), caller);
-    if (!allowed.ok()) return ToGrpcStatus(allowed);
+    KVRAIL_AUTHORIZED_OR_RETURN(request->transfer_id(), caller, transfers::TransferUse::kControl);
     return ToGrpcStatus(
         transfers_->MarkReady(request->transfer_id(), request->layer_begin(), request->layer_count()));
   }
@@ -201,6 +253,7 @@ class TransferService final : public v1::Transfer::Service {
         !readable.ok()) {
       return ToGrpcStatus(readable);
     }
+    KVRAIL_WATCHER_OR_RETURN(slot, caller);
     bool first = true;
     // Slices of 250 ms so a client that went away frees its server thread.
     while (!context->IsCancelled()) {
@@ -243,6 +296,7 @@ class TransferService final : public v1::Transfer::Service {
   transfers::TransferManager* const transfers_;
   transfers::NotificationHub* const notifications_;
   const bool tcp_api_;
+  WatcherCounts watchers_;
 };
 
 class AdminService final : public v1::Admin::Service {
@@ -288,7 +342,13 @@ class AdminService final : public v1::Admin::Service {
     filter.region_id = request->region_id();
     filter.label = request->label();
     filter.idempotency_key = request->idempotency_key();
-    for (auto& status : transfers_->List(filter)) {
+    if (!caller.operator_role) {
+      if (caller.session_id == 0) return grpc::Status::OK;  // anonymous callers own none
+      filter.session_id = caller.session_id;
+    }
+    auto listed = transfers_->ListChecked(filter);
+    if (!listed.ok()) return ToGrpcStatus(listed.status());
+    for (auto& status : *listed) {
       if (!caller.operator_role &&
           (caller.session_id == 0 || status.spec().session_id() != caller.session_id)) {
         continue;
@@ -388,7 +448,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
                                                       regions::RegionTable* regions,
                                                       transfers::TransferManager* transfers) {
   auto server = std::make_unique<ServerImpl>(std::make_unique<TransferService>(regions, transfers, options.notifications,
-                                                     options.tcp_serves_api),
+                                                     options.tcp_serves_api,
+                                                     options.max_watchers_per_session),
                                              std::make_unique<AdminService>(options, regions, transfers));
   absl::Status status = server->Build(options);
   if (!status.ok()) return status;

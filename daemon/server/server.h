@@ -44,6 +44,11 @@ struct ServerOptions {
   // Credentials of the TCP listen addresses (fabric::PeerServerCredentials: mTLS with client
   // certificates required); nullptr: plaintext (insecure_peers). The unix socket is plaintext.
   std::shared_ptr<grpc::ServerCredentials> tcp_credentials;
+  // Waits and watches (WaitTransfer, WatchTransfer, WatchNotifications) open at once per session
+  // (DaemonConfig.max_watchers_per_session); beyond, RESOURCE_EXHAUSTED naming it.
+  uint32_t max_watchers_per_session = 64;
+  // Stats fields fixed at start (mps, build_info): GetStats answers them as given.
+  v1::Stats stats_base;
 };
 
 // Owns the grpc::Server. Thread-safe; the services run on gRPC's thread pool.

@@ -1,7 +1,8 @@
 #include "daemon/session/session_server.h"
 
 #include <fcntl.h>
-#include <poll.h>
+#include <sys/epoll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -18,8 +19,10 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "base/status.h"
 #include "base/unique_fd.h"
+#include "daemon/server/private_bind.h"
 #include "spdlog/spdlog.h"
 #include "wire/session_wire.h"
 
@@ -31,19 +34,35 @@ void SendPacket(int fd, const std::string& text) {
   (void)wire::SendPacket(fd, text, -1, MSG_DONTWAIT);
 }
 
+// Whether descriptor number `fd` lies within `headroom` of the soft RLIMIT_NOFILE: descriptors
+// are numbered lowest-free first, so at least `fd` others are open.
+bool ShortOfFds(int fd, size_t headroom) {
+  struct rlimit limit {};
+  if (::getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) return false;
+  return static_cast<rlim_t>(fd) + headroom >= limit.rlim_cur;
+}
+
+absl::Status ShortOfFdsError() {
+  return absl::ResourceExhaustedError(
+      "the daemon is short of file descriptors (RLIMIT_NOFILE); try again later");
+}
+
+// epoll user data for the two fds that are not sessions (sessions carry their fd number).
+constexpr uint64_t kWakeTag = ~uint64_t{0};
+constexpr uint64_t kListenerTag = ~uint64_t{0} - 1;
+
 class SessionServerImpl final : public SessionServer {
  public:
-  SessionServerImpl(UniqueFd listener, UniqueFd wake_read, UniqueFd wake_write,
-                    regions::RegionTable* regions, std::string instance_id, SubmitFn submit,
-                    WaitFn wait)
+  SessionServerImpl(UniqueFd listener, UniqueFd wake_read, UniqueFd wake_write, UniqueFd epoll,
+                    regions::RegionTable* regions, SessionServerOptions options)
       : listener_(std::move(listener)),
         wake_read_(std::move(wake_read)),
         wake_write_(std::move(wake_write)),
+        epoll_(std::move(epoll)),
         regions_(regions),
-        instance_id_(std::move(instance_id)),
-        submit_(std::move(submit)),
-        wait_(std::move(wait)),
+        options_(std::move(options)),
         packet_(wire::kMaxRequestBytes) {
+    reserve_ = OpenReserve();
     thread_ = std::thread([this] { Loop(); });
   }
 
@@ -65,7 +84,8 @@ class SessionServerImpl final : public SessionServer {
   // sends and the close are serialized here; after the close nothing is sent (the fd number may
   // already belong to another connection).
   struct Connection {
-    Connection(uint64_t session_id, UniqueFd socket) : id(session_id), fd(std::move(socket)) {}
+    Connection(uint64_t session_id, uint32_t peer_uid, UniqueFd socket)
+        : id(session_id), uid(peer_uid), fd(std::move(socket)) {}
     void Send(const std::string& text) {
       absl::MutexLock lock(&mu);
       if (fd.valid()) SendPacket(fd.get(), text);
@@ -75,44 +95,156 @@ class SessionServerImpl final : public SessionServer {
       fd = UniqueFd();
     }
     const uint64_t id;
+    const uint32_t uid;
     absl::Mutex mu;
     UniqueFd fd ABSL_GUARDED_BY(mu);
   };
 
+  static UniqueFd OpenReserve() { return UniqueFd(::open("/dev/null", O_RDONLY | O_CLOEXEC)); }
+
+  bool Watch(int fd, uint64_t tag) {
+    epoll_event event{};
+    event.events = EPOLLIN;
+    event.data.u64 = tag;
+    return ::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, fd, &event) == 0;
+  }
+
   void Loop() {
+    if (!Watch(wake_read_.get(), kWakeTag) || !Watch(listener_.get(), kListenerTag)) {
+      spdlog::error("session socket: epoll_ctl failed: {}", std::strerror(errno));
+      return;
+    }
+    std::vector<epoll_event> events(256);
     while (!stop_.load()) {
-      std::vector<pollfd> fds;
-      fds.push_back({wake_read_.get(), POLLIN, 0});
-      fds.push_back({listener_.get(), POLLIN, 0});
-      for (const auto& [fd, session] : sessions_) fds.push_back({fd, POLLIN, 0});
-      const int n = ::poll(fds.data(), fds.size(), -1);
+      // While the listener is paused (out of descriptors with no reserve left) it is retried
+      // every 100 ms instead of being polled in a spin.
+      const int n = ::epoll_wait(epoll_.get(), events.data(), static_cast<int>(events.size()),
+                                 listener_paused_ ? 100 : -1);
       if (n < 0) {
         if (errno == EINTR) continue;
-        spdlog::error("session socket: poll failed: {}", std::strerror(errno));
+        spdlog::error("session socket: epoll_wait failed: {}", std::strerror(errno));
         return;
       }
-      if (fds[1].revents & POLLIN) Accept();
-      for (size_t i = 2; i < fds.size(); ++i) {
-        if (fds[i].revents != 0) Serve(fds[i].fd);
+      if (listener_paused_ && absl::Now() >= resume_at_) ResumeListener();
+      for (int i = 0; i < n; ++i) {
+        const uint64_t tag = events[i].data.u64;
+        if (tag == kWakeTag) continue;
+        if (tag == kListenerTag) {
+          AcceptAll();
+        } else {
+          Serve(static_cast<int>(tag));
+        }
       }
     }
   }
 
-  void Accept() {
+  void PauseListener() {
+    if (listener_paused_) return;
+    ::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, listener_.get(), nullptr);
+    listener_paused_ = true;
+    resume_at_ = absl::Now() + absl::Milliseconds(100);
+  }
+
+  void ResumeListener() {
+    listener_paused_ = false;
+    if (!reserve_.valid()) reserve_ = OpenReserve();
+    if (!Watch(listener_.get(), kListenerTag)) PauseListener();
+  }
+
+  // Accepts what is pending (the listener is non-blocking), a bounded number per wake-up.
+  void AcceptAll() {
+    for (int i = 0; i < 64 && !listener_paused_; ++i) {
+      UniqueFd fd(::accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC));
+      if (fd.valid()) {
+        Admit(std::move(fd));
+        continue;
+      }
+      if (errno == EINTR || errno == ECONNABORTED) continue;
+      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+        RefuseWithReserve();
+        continue;
+      }
+      return;  // EAGAIN: nothing more pending
+    }
+  }
+
+  // accept failed for want of descriptors: the reserve descriptor is given up to take the
+  // connection and refuse it (so it does not stay pending and keep the listener readable), then
+  // taken again. Without a reserve the listener pauses.
+  void RefuseWithReserve() {
+    if (!reserve_.valid()) {
+      spdlog::warn("session socket: out of file descriptors; refusing connections for 100 ms");
+      PauseListener();
+      return;
+    }
+    reserve_ = UniqueFd();
     UniqueFd fd(::accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC));
-    if (!fd.valid()) return;
-    const uint64_t id = regions_->BeginSession();
+    if (fd.valid()) SendPacket(fd.get(), wire::EncodeRejected(ShortOfFdsError()));
+    fd = UniqueFd();
+    reserve_ = OpenReserve();
+    if (++refused_for_fds_ % 1000 == 1) {
+      spdlog::warn("session socket: out of file descriptors; connections refused ({} so far)",
+                   refused_for_fds_);
+    }
+    if (!reserve_.valid()) PauseListener();
+  }
+
+  // RESOURCE_EXHAUSTED naming the cap a new connection of `uid` would pass; OK otherwise.
+  absl::Status CheckCaps(int fd, uint32_t uid) const {
+    if (ShortOfFds(fd, options_.fd_headroom)) return ShortOfFdsError();
+    if (sessions_.size() >= options_.max_sessions) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "max_sessions: ", sessions_.size(), " sessions are open, the most this daemon serves "
+          "(DaemonConfig.max_sessions)"));
+    }
+    auto it = per_uid_.find(uid);
+    if (it != per_uid_.end() && it->second >= options_.max_sessions_per_uid) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "max_sessions_per_uid: uid ", uid, " has ", it->second,
+          " sessions open, the most allowed (DaemonConfig.max_sessions_per_uid)"));
+    }
+    return absl::OkStatus();
+  }
+
+  void Admit(UniqueFd fd) {
     // The connection's process (SO_PEERCRED) decides whether the session is the operator's.
     struct ucred cred {};
     socklen_t len = sizeof(cred);
-    if (::getsockopt(fd.get(), SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0) {
-      regions_->SetSessionPeer(id, cred.uid);
+    const bool known = ::getsockopt(fd.get(), SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0;
+    const uint32_t uid = known ? cred.uid : ~uint32_t{0};
+    if (absl::Status capped = CheckCaps(fd.get(), uid); !capped.ok()) {
+      spdlog::debug("session refused: {}", capped.ToString());
+      SendPacket(fd.get(), wire::EncodeRejected(capped));
+      return;
     }
-    // The secret goes to this connection only: it binds the client's gRPC calls to the session.
-    SendPacket(fd.get(), wire::EncodeGreeting(id, instance_id_, regions_->SessionSecret(id)));
-    spdlog::debug("session {} opened", id);
     const int raw = fd.get();
-    sessions_.emplace(raw, std::make_shared<Connection>(id, std::move(fd)));
+    epoll_event event{};
+    event.events = EPOLLIN | EPOLLRDHUP;
+    event.data.u64 = static_cast<uint64_t>(raw);
+    if (::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, raw, &event) != 0) {
+      SendPacket(raw, wire::EncodeRejected(absl::ResourceExhaustedError(
+                          absl::StrCat("the daemon cannot watch another connection: ",
+                                       std::strerror(errno)))));
+      return;
+    }
+    const uint64_t id = regions_->BeginSession();
+    if (known) regions_->SetSessionPeer(id, cred.uid);
+    // The secret goes to this connection only: it binds the client's gRPC calls to the session.
+    SendPacket(raw, wire::EncodeGreeting(id, options_.instance_id, regions_->SessionSecret(id)));
+    spdlog::debug("session {} opened (uid {})", id, uid);
+    sessions_.emplace(raw, std::make_shared<Connection>(id, uid, std::move(fd)));
+    ++per_uid_[uid];
+    count_.store(sessions_.size());
+  }
+
+  void Drop(absl::flat_hash_map<int, std::shared_ptr<Connection>>::iterator it) {
+    const std::shared_ptr<Connection> conn = it->second;
+    ::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, it->first, nullptr);
+    conn->Close();
+    regions_->EndSession(conn->id);
+    auto uid = per_uid_.find(conn->uid);
+    if (uid != per_uid_.end() && --uid->second == 0) per_uid_.erase(uid);
+    sessions_.erase(it);
     count_.store(sessions_.size());
   }
 
@@ -120,6 +252,7 @@ class SessionServerImpl final : public SessionServer {
   // that could not be read whole (too many descriptors) is answered with ERROR.
   void Serve(int fd) {
     auto it = sessions_.find(fd);
+    if (it == sessions_.end()) return;  // dropped earlier in this round
     const std::shared_ptr<Connection> conn = it->second;
     absl::StatusOr<wire::Received> received = wire::ReceiveMessage(fd, &packet_, MSG_DONTWAIT);
     if (!received.ok()) {
@@ -128,10 +261,7 @@ class SessionServerImpl final : public SessionServer {
           return;
         case absl::StatusCode::kUnavailable:  // closed, reset or broken
           spdlog::debug("session {} closed: {}", conn->id, std::string(received.status().message()));
-          conn->Close();
-          regions_->EndSession(conn->id);
-          sessions_.erase(it);
-          count_.store(sessions_.size());
+          Drop(it);
           return;
         default:
           conn->Send(wire::EncodeError(received.status().message()));
@@ -158,6 +288,10 @@ class SessionServerImpl final : public SessionServer {
         conn->Send(wire::EncodeError("expected the packet \"FD\" carrying exactly one descriptor"));
         return;
     }
+    if (ShortOfFds(received->fds[0].get(), options_.fd_headroom)) {
+      conn->Send(wire::EncodeError(ShortOfFdsError().message()));
+      return;  // the descriptor is closed with `received`
+    }
     absl::StatusOr<std::string> token = regions_->AddFd(conn->id, std::move(received->fds[0]));
     conn->Send(token.ok() ? wire::EncodeToken(*token) : wire::EncodeError(token.status().message()));
   }
@@ -170,21 +304,37 @@ class SessionServerImpl final : public SessionServer {
       conn->Send(wire::EncodeRejected(id.status()));
       return;
     }
-    if (!wait_) {
+    if (!options_.wait) {
       conn->Send(wire::EncodeRejected(
           absl::UnimplementedError("WAIT: this daemon answers waits over gRPC only")));
       return;
     }
+    // The waiting session: the connection's, or the one the credential names (a client waits
+    // on spare connections as its main session).
+    absl::StatusOr<regions::Caller> waiter =
+        regions_->Authenticate(conn->id, regions_->SessionSecret(conn->id));
+    if (body.find(' ') != absl::string_view::npos) {
+      const auto credential = wire::ParseWaitCredential(body);
+      waiter = credential.has_value()
+                   ? regions_->Authenticate(credential->first, credential->second)
+                   : absl::StatusOr<regions::Caller>(absl::UnauthenticatedError(
+                         "WAIT: the credential is not \"<session id>.<secret>\""));
+    }
+    if (!waiter.ok()) {
+      conn->Send(wire::EncodeRejected(waiter.status()));
+      return;
+    }
     std::weak_ptr<Connection> weak = conn;
-    const absl::Status registered = wait_(*id, [weak](const v1::TransferStatus& status) {
-      if (auto c = weak.lock()) c->Send(wire::EncodeDone(status));
-    });
+    const absl::Status registered =
+        options_.wait(*waiter, *id, [weak](const v1::TransferStatus& status) {
+          if (auto c = weak.lock()) c->Send(wire::EncodeDone(status));
+        });
     if (!registered.ok()) conn->Send(wire::EncodeRejected(registered));
   }
 
   // The answer to one SUBMIT packet (`request`: the serialized SubmitTransferRequest).
   std::string Submit(absl::string_view body, uint64_t session_id) {
-    if (!submit_) {
+    if (!options_.submit) {
       return wire::EncodeRejected(
           absl::UnimplementedError("SUBMIT: this daemon takes transfers over gRPC only"));
     }
@@ -192,7 +342,7 @@ class SessionServerImpl final : public SessionServer {
     if (!parsed.ok()) return wire::EncodeRejected(parsed.status());
     // The submitter is this connection's session, whatever the spec claims.
     parsed->mutable_spec()->set_session_id(session_id);
-    absl::StatusOr<v1::SubmitTransferResponse> accepted = submit_(parsed->spec());
+    absl::StatusOr<v1::SubmitTransferResponse> accepted = options_.submit(parsed->spec());
     if (!accepted.ok()) {
       spdlog::info("transfer rejected (session submit): {}", accepted.status().ToString());
       return wire::EncodeRejected(accepted.status());
@@ -203,14 +353,18 @@ class SessionServerImpl final : public SessionServer {
   UniqueFd listener_;
   UniqueFd wake_read_;
   UniqueFd wake_write_;
+  UniqueFd epoll_;
   regions::RegionTable* const regions_;
-  const std::string instance_id_;
-  const SubmitFn submit_;
-  const WaitFn wait_;
+  const SessionServerOptions options_;
   std::atomic<bool> stop_{false};
   std::atomic<size_t> count_{0};
   // Owned by the poll thread only.
   absl::flat_hash_map<int, std::shared_ptr<Connection>> sessions_;
+  absl::flat_hash_map<uint32_t, size_t> per_uid_;  // open sessions per uid
+  UniqueFd reserve_;  // a spare descriptor, given up to refuse a connection when out of them
+  bool listener_paused_ = false;
+  absl::Time resume_at_;
+  uint64_t refused_for_fds_ = 0;
   wire::ReceiveBuffer packet_;  // the poll thread's receive buffer
   std::thread thread_;
 };
@@ -230,33 +384,53 @@ absl::StatusOr<std::unique_ptr<SessionServer>> SessionServer::Start(const std::s
                                                                     const std::string& instance_id,
                                                                     SubmitFn submit,
                                                                     WaitFn wait) {
+  SessionServerOptions options;
+  options.path = path;
+  options.mode = mode;
+  options.instance_id = instance_id;
+  options.submit = std::move(submit);
+  if (wait) {
+    options.wait = [wait = std::move(wait)](const regions::Caller&, uint64_t id,
+                                            std::function<void(const v1::TransferStatus&)> done) {
+      return wait(id, std::move(done));
+    };
+  }
+  return Start(options, regions);
+}
+
+absl::StatusOr<std::unique_ptr<SessionServer>> SessionServer::Start(
+    const SessionServerOptions& options, regions::RegionTable* regions) {
+  const std::string& path = options.path;
   sockaddr_un addr{};
   if (path.empty() || path.size() >= sizeof(addr.sun_path)) {
     return absl::InvalidArgumentError(
         absl::StrCat("unix_socket: session socket path '", path, "' is empty or too long"));
   }
-  UniqueFd listener(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+  UniqueFd listener(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
   if (!listener.valid()) return absl::InternalError(absl::StrCat("socket: ", std::strerror(errno)));
+  // Bound in a private directory and renamed into place with its mode (never with the umask's).
+  KVRAIL_ASSIGN_OR_RETURN(std::unique_ptr<server::PrivateBind> bind,
+                          server::PrivateBind::Create(path));
   addr.sun_family = AF_UNIX;
-  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
-  ::unlink(path.c_str());
+  std::memcpy(addr.sun_path, bind->bind_path().c_str(), bind->bind_path().size() + 1);
   if (::bind(listener.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
     return absl::UnavailableError(
         absl::StrCat("unix_socket: cannot bind ", path, ": ", std::strerror(errno)));
   }
-  if (::chmod(path.c_str(), mode) != 0) {
-    return absl::InternalError(absl::StrCat("chmod ", path, ": ", std::strerror(errno)));
-  }
   if (::listen(listener.get(), 128) != 0) {
     return absl::InternalError(absl::StrCat("listen ", path, ": ", std::strerror(errno)));
   }
+  KVRAIL_RETURN_IF_ERROR(bind->Publish(options.mode));
   int pipe_fds[2];
   if (::pipe2(pipe_fds, O_CLOEXEC) != 0) {
     return absl::InternalError(absl::StrCat("pipe: ", std::strerror(errno)));
   }
+  UniqueFd wake_read(pipe_fds[0]), wake_write(pipe_fds[1]);
+  UniqueFd epoll(::epoll_create1(EPOLL_CLOEXEC));
+  if (!epoll.valid()) return absl::InternalError(absl::StrCat("epoll: ", std::strerror(errno)));
   return std::unique_ptr<SessionServer>(std::make_unique<SessionServerImpl>(
-      std::move(listener), UniqueFd(pipe_fds[0]), UniqueFd(pipe_fds[1]), regions, instance_id,
-      std::move(submit), std::move(wait)));
+      std::move(listener), std::move(wake_read), std::move(wake_write), std::move(epoll), regions,
+      options));
 }
 
 }  // namespace kvrail::session

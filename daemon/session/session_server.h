@@ -30,8 +30,39 @@ namespace kvrail::session {
 // A new daemon instance id: 128 random bits as 32 lowercase hex digits. Thread-safe.
 std::string NewInstanceId();
 
-// Owns the listening socket and one poll thread. Thread-safe to destroy from any thread (stops
-// the poll thread, closes every session, which ends them in the region table).
+// What a session server serves and its caps (docs/security.md, "Caps").
+struct SessionServerOptions {
+  // The socket path (a file there is replaced); the socket is bound in a private directory and
+  // renamed there with `mode`, so it never exists at the path with the umask's permissions.
+  std::string path;
+  uint32_t mode = 0660;
+  // Greetings name it (none when empty).
+  std::string instance_id;
+  // Accepts a SUBMIT; without one SUBMIT is refused (UNIMPLEMENTED).
+  std::function<absl::StatusOr<v1::SubmitTransferResponse>(const v1::TransferSpec& spec)> submit;
+  // WAIT by `caller` (the connection's session, or the session its credential names) for
+  // transfer `id`: registers `done` for its end, or refuses (NOT_FOUND, or PERMISSION_DENIED
+  // when the caller may not read the transfer). `done` must not block. Without one WAIT is
+  // refused (UNIMPLEMENTED).
+  std::function<absl::Status(const regions::Caller& caller, uint64_t id,
+                             std::function<void(const v1::TransferStatus& status)> done)>
+      wait;
+  // Connections open at once, in all and per uid (SO_PEERCRED). A connection beyond either is
+  // answered "REJECTED" RESOURCE_EXHAUSTED naming the cap (max_sessions, max_sessions_per_uid)
+  // instead of a greeting, and closed.
+  size_t max_sessions = 4096;
+  size_t max_sessions_per_uid = 256;
+  // Descriptors kept free below RLIMIT_NOFILE for the rest of the daemon (gRPC's listener and
+  // connections, regions being mapped): a connection or a passed descriptor that arrives as a
+  // number within this many of the limit is refused (RESOURCE_EXHAUSTED) and closed. When
+  // accept itself fails for want of descriptors, a reserve descriptor is closed to take the
+  // connection and refuse it, so the listener is never left readable and unserved.
+  size_t fd_headroom = 64;
+};
+
+// Owns the listening socket and one poll thread (epoll: each wake-up costs what is ready, not
+// what is open). Thread-safe to destroy from any thread (stops the poll thread, closes every
+// session, which ends them in the region table).
 class SessionServer {
  public:
   virtual ~SessionServer() = default;
@@ -54,6 +85,9 @@ class SessionServer {
                                                               const std::string& instance_id,
                                                               SubmitFn submit = nullptr,
                                                               WaitFn wait = nullptr);
+  // The same, with the options above (the server this one starts is the same).
+  static absl::StatusOr<std::unique_ptr<SessionServer>> Start(const SessionServerOptions& options,
+                                                              regions::RegionTable* regions);
   virtual size_t active_sessions() const = 0;
 };
 

@@ -238,5 +238,63 @@ TEST_CASE("block tables and flag words are read only from the submitter's region
   t.f.engine.RunAll();
 }
 
+TEST_CASE("only a transfer's submitter reads and controls it; the operator reads it only") {
+  Tenants t;
+  auto submitted = t.f.manager->Submit(t.Spec(*t.secret, *t.vault, t.victim));
+  REQUIRE(submitted.ok());
+  const uint64_t id = submitted->transfer_id();
+  const regions::Caller victim{t.victim, false};
+  const regions::Caller attacker{t.attacker, false};
+  const regions::Caller anonymous{0, false};
+  const regions::Caller operator_session{t.attacker, true};
+  for (TransferUse use : {TransferUse::kRead, TransferUse::kControl}) {
+    CHECK(t.f.manager->Authorize(id, victim, use).ok());
+    for (const regions::Caller& other : {attacker, anonymous}) {
+      const absl::Status refused = t.f.manager->Authorize(id, other, use);
+      INFO(refused.ToString());
+      CHECK(refused.code() == absl::StatusCode::kPermissionDenied);
+      CHECK(std::string(refused.message()).find("transfer_id") != std::string::npos);
+    }
+  }
+  CHECK(t.f.manager->Authorize(id, operator_session, TransferUse::kRead).ok());
+  CHECK(t.f.manager->Authorize(id, operator_session, TransferUse::kControl).code() ==
+        absl::StatusCode::kPermissionDenied);
+  CHECK(t.f.manager->Authorize(id + 1000, victim, TransferUse::kRead).code() ==
+        absl::StatusCode::kNotFound);
+  t.f.engine.RunAll();
+}
+
+TEST_CASE("idempotency keys are the caller's and name one spec") {
+  Tenants t;
+  v1::TransferSpec first = t.Spec(*t.secret, *t.vault, t.victim);
+  first.set_idempotency_key("request-7");
+  auto a = t.f.manager->Submit(first);
+  REQUIRE(a.ok());
+  CHECK_FALSE(a->deduplicated());
+  // The same spec again: the same transfer.
+  auto again = t.f.manager->Submit(first);
+  REQUIRE(again.ok());
+  CHECK(again->deduplicated());
+  CHECK(again->transfer_id() == a->transfer_id());
+  // Another session's same key is another transfer (its own regions; nothing of the victim's is
+  // reported to it as done).
+  v1::TransferSpec theirs = t.Spec(*t.mine_src, *t.mine, t.attacker);
+  theirs.set_idempotency_key("request-7");
+  auto b = t.f.manager->Submit(theirs);
+  REQUIRE(b.ok());
+  CHECK_FALSE(b->deduplicated());
+  CHECK(b->transfer_id() != a->transfer_id());
+  // A different spec under a key already used by the same session is refused, naming the key.
+  v1::TransferSpec changed = first;
+  changed.set_num_bytes(kTile);
+  auto refused = t.f.manager->Submit(changed);
+  INFO(refused.status().ToString());
+  CHECK(refused.status().code() == absl::StatusCode::kAlreadyExists);
+  CHECK(std::string(refused.status().message()).find("idempotency_key") != std::string::npos);
+  t.f.engine.RunAll();
+  CHECK(t.f.Get(b->transfer_id()).spec().session_id() == t.attacker);
+  CHECK(t.f.Get(a->transfer_id()).spec().session_id() == t.victim);
+}
+
 }  // namespace
 }  // namespace kvrail::transfers

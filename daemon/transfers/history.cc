@@ -2,9 +2,10 @@
 
 namespace kvrail::transfers {
 
-void History::Add(const std::shared_ptr<Record>& record, const std::string& key) {
+void History::Add(const std::shared_ptr<Record>& record, const std::string& key,
+                  uint64_t fingerprint) {
   order_.push_back(record->id());
-  records_[record->id()] = Entry{record, key, std::prev(order_.end())};
+  records_[record->id()] = Entry{record, key, fingerprint, std::prev(order_.end())};
   if (!key.empty()) by_key_[key] = record->id();
   if (record->deadline().has_value()) with_deadline_.push_back(record);
   Trim();
@@ -49,11 +50,14 @@ std::vector<std::shared_ptr<Record>> History::Open() const {
   return out;
 }
 
-std::shared_ptr<Record> History::ByKey(const std::string& key) const {
+std::shared_ptr<Record> History::ByKey(const std::string& key, uint64_t* fingerprint) const {
   if (key.empty()) return nullptr;
   auto it = by_key_.find(key);
   if (it == by_key_.end() || it->second == kReserved) return nullptr;
-  return Find(it->second);
+  auto entry = records_.find(it->second);
+  if (entry == records_.end()) return nullptr;
+  if (fingerprint != nullptr) *fingerprint = entry->second.fingerprint;
+  return entry->second.record;
 }
 
 bool History::Reserved(const std::string& key) const {

@@ -24,16 +24,18 @@ class History {
 
   // Adds an admitted record; `key` (may be empty) now names it, replacing a reservation. Then
   // forgets the oldest ended transfers beyond the limit.
-  void Add(const std::shared_ptr<Record>& record, const std::string& key);
+  void Add(const std::shared_ptr<Record>& record, const std::string& key,
+           uint64_t fingerprint = 0);
   std::shared_ptr<Record> Find(uint64_t id) const;
   // Newest first.
   std::vector<std::shared_ptr<Record>> Newest() const;
   std::vector<std::shared_ptr<Record>> Open() const;
   size_t size() const { return records_.size(); }
 
-  // Idempotency keys. A key is free, reserved (a submit with it is in progress) or names a
-  // transfer still in the history (ByKey).
-  std::shared_ptr<Record> ByKey(const std::string& key) const;
+  // Idempotency keys (the manager scopes them to the submitting session). A key is free,
+  // reserved (a submit with it is in progress) or names a transfer still in the history (ByKey),
+  // with the fingerprint of the spec it was submitted with (*fingerprint, when not null).
+  std::shared_ptr<Record> ByKey(const std::string& key, uint64_t* fingerprint = nullptr) const;
   bool Reserved(const std::string& key) const;
   void Reserve(const std::string& key);
   // Frees a reservation that was not followed by Add (the submit failed); no-op otherwise.
@@ -47,6 +49,7 @@ class History {
   struct Entry {
     std::shared_ptr<Record> record;
     std::string key;  // its idempotency key (kept here: reading it must not copy a status)
+    uint64_t fingerprint = 0;  // of the spec submitted under `key`
     std::list<uint64_t>::iterator order;
   };
   static constexpr uint64_t kReserved = 0;  // transfer ids are never 0

@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
 #include "daemon/planner/parallel_table_checks.h"
 #include "daemon/transfers/flag_watches.h"
@@ -53,12 +54,15 @@ class TransferManagerImpl final : public TransferManager {
   void CheckDeadlines() override;
   void Drain(absl::Duration timeout) override;
   // (observe.cc)
+  absl::Status Authorize(uint64_t id, const regions::Caller& caller,
+                         TransferUse use) const override;
   absl::StatusOr<v1::TransferStatus> Get(uint64_t id) const override;
   absl::StatusOr<v1::TransferStatus> Wait(uint64_t id, absl::Duration timeout) const override;
   absl::Status WhenEnded(uint64_t id,
                          std::function<void(const v1::TransferStatus&)> done) const override;
   absl::Status Watch(uint64_t id, absl::Duration min_interval,
-                     const std::function<bool(const v1::TransferEvent&)>& sink) const override;
+                     const std::function<bool(const v1::TransferEvent&)>& sink,
+                     const std::function<bool()>& still_wanted) const override;
   absl::StatusOr<v1::TransferStatus> Cancel(uint64_t id) override;
   absl::Status MarkReady(uint64_t id, uint32_t layer_begin, uint32_t layer_count) override;
   std::vector<v1::TransferStatus> List(const std::vector<v1::TransferState>& states,
@@ -72,37 +76,83 @@ class TransferManagerImpl final : public TransferManager {
                                         const std::string& sender_node,
                                         uint64_t sender_transfer_id) override;
   void EndInbound(uint64_t id, const absl::Status& why) override;
+  void PeerLost(const std::string& node_id, const absl::Status& why) override;
+  absl::StatusOr<std::vector<v1::TransferStatus>> ListChecked(
+      const ListFilter& filter) const override;
+  void EndSession(uint64_t session_id) override;
 
  private:
   // An idempotency key held by one submit from before its checks until it is admitted or has
   // failed, so a concurrent submit with the same key waits for it and then answers with its
   // transfer instead of starting a second one. Frees the key on destruction unless admitted.
   // Thread-compatible: owned by the one submit; its destructor takes mu_.
+  // The key is the caller's scoped to its session ("<session>/<key>"), held with the
+  // fingerprint of the spec submitted under it.
   class KeyClaim {
    public:
-    KeyClaim(TransferManagerImpl* owner, std::string key)
-        : owner_(owner), key_(std::move(key)) {}
+    KeyClaim(TransferManagerImpl* owner, std::string key, uint64_t fingerprint = 0)
+        : owner_(owner), key_(std::move(key)), fingerprint_(fingerprint) {}
     KeyClaim(KeyClaim&& other) noexcept
-        : owner_(std::exchange(other.owner_, nullptr)), key_(std::move(other.key_)) {}
+        : owner_(std::exchange(other.owner_, nullptr)),
+          key_(std::move(other.key_)),
+          fingerprint_(other.fingerprint_) {}
     KeyClaim& operator=(KeyClaim&&) = delete;
     ~KeyClaim();
     const std::string& key() const { return key_; }
+    uint64_t fingerprint() const { return fingerprint_; }
 
    private:
     TransferManagerImpl* owner_;  // null: nothing held
     std::string key_;
+    uint64_t fingerprint_;
   };
-  // The earlier transfer's answer when `key` names one; otherwise `key` claimed for this submit.
-  // UNAVAILABLE while draining.
+  // The earlier transfer's answer when spec.idempotency_key names one of the same session
+  // submitted with the same spec (ALREADY_EXISTS naming idempotency_key when its spec differed);
+  // otherwise the key claimed for this submit. UNAVAILABLE while draining.
   struct Claimed {
     std::optional<v1::SubmitTransferResponse> earlier;
     KeyClaim claim;
   };
-  absl::StatusOr<Claimed> ClaimKey(const std::string& key);
+  absl::StatusOr<Claimed> ClaimKey(const v1::TransferSpec& spec);
+
+  // Transfers not yet ended per submitting session (Options::max_transfers_per_session).
+  // Thread-safe; shared with the records' end callbacks.
+  struct InFlight {
+    absl::Mutex mu;
+    absl::flat_hash_map<uint64_t, uint32_t> by_session ABSL_GUARDED_BY(mu);
+    void Give(uint64_t session) {
+      absl::MutexLock lock(&mu);
+      auto it = by_session.find(session);
+      if (it != by_session.end() && --it->second == 0) by_session.erase(it);
+    }
+  };
+  // One session's place among its transfers in flight, given back on destruction unless a
+  // record took it over (Admit: given back when the record ends). Thread-compatible.
+  class InFlightSlot {
+   public:
+    InFlightSlot(std::shared_ptr<InFlight> counts, uint64_t session)
+        : counts_(std::move(counts)), session_(session) {}
+    InFlightSlot(InFlightSlot&& other) noexcept
+        : counts_(std::move(other.counts_)), session_(other.session_) {}
+    InFlightSlot& operator=(InFlightSlot&&) = delete;
+    ~InFlightSlot() {
+      if (counts_ != nullptr) counts_->Give(session_);
+    }
+    // Hands the place to `record`: given back when it ends.
+    void HandTo(Record& record);
+
+   private:
+    std::shared_ptr<InFlight> counts_;  // null: handed over
+    uint64_t session_;
+  };
+  // RESOURCE_EXHAUSTED naming max_transfers_per_session when the session is at the cap.
+  absl::StatusOr<InFlightSlot> TakeInFlight(uint64_t session);
+  absl::StatusOr<v1::SubmitTransferResponse> SubmitCapped(const v1::TransferSpec& spec);
 
   // What Admit needs besides the plan and the record's fields.
   struct Admission {
     const KeyClaim* claim = nullptr;  // null: no idempotency key
+    InFlightSlot* in_flight = nullptr;  // handed to the record once admitted; null: not counted
     const ResolvedFlags* ready = nullptr;  // producer flags to watch, if set
     uint32_t first_layer = 0;              // the source layer ready word 0 stands for
     // Runs once the record exists, before it is admitted (the remote path announces it to the
@@ -123,9 +173,11 @@ class TransferManagerImpl final : public TransferManager {
                                                 const Admission& admission);
   absl::StatusOr<v1::SubmitTransferResponse> SubmitLocal(const ResolvedRequest& request,
                                                          int64_t received_us,
-                                                         const KeyClaim& claim);
+                                                         const KeyClaim& claim,
+                                                         InFlightSlot* slot);
   absl::StatusOr<v1::SubmitTransferResponse> SubmitRemote(const ResolvedRequest& request,
-                                                          const KeyClaim& claim);
+                                                          const KeyClaim& claim,
+                                                          InFlightSlot* slot);
   static v1::SubmitTransferResponse Accepted(uint64_t id, const planner::Plan& plan,
                                              bool deduplicated);
   // Arranges spec.notification's delivery when `record` ends (a no-op without one or a hub).
@@ -153,6 +205,7 @@ class TransferManagerImpl final : public TransferManager {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   History history_ ABSL_GUARDED_BY(mu_);
   FlagWatches watches_;
+  const std::shared_ptr<InFlight> in_flight_ = std::make_shared<InFlight>();
   std::thread deadline_thread_;
 };
 

@@ -7,6 +7,25 @@
 
 namespace kvrail::transfers {
 
+absl::Status TransferManagerImpl::Authorize(uint64_t id, const regions::Caller& caller,
+                                            TransferUse use) const {
+  KVRAIL_ASSIGN_OR_RETURN(auto record, Find(id));
+  const bool submitter =
+      caller.session_id != 0 && record->submitter_session() == caller.session_id;
+  if (submitter) return absl::OkStatus();
+  if (use == TransferUse::kRead &&
+      (caller.operator_role ||
+       (caller.session_id != 0 && record->dst_owner_session() == caller.session_id))) {
+    return absl::OkStatus();
+  }
+  // The operator too may not control a tenant's transfer: it ends a tenant's work by ending the
+  // tenant.
+  return absl::PermissionDeniedError(absl::StrCat(
+      "transfer_id: transfer ", id, " was submitted by another session; only its submitter may ",
+      use == TransferUse::kRead ? "read its status (and the operator)"
+                                : "cancel it or mark its layers ready"));
+}
+
 absl::StatusOr<v1::TransferStatus> TransferManagerImpl::Get(uint64_t id) const {
   KVRAIL_ASSIGN_OR_RETURN(auto record, Find(id));
   return record->Status();
@@ -34,7 +53,8 @@ absl::Status TransferManagerImpl::WhenEnded(
 
 absl::Status TransferManagerImpl::Watch(
     uint64_t id, absl::Duration min_interval,
-    const std::function<bool(const v1::TransferEvent&)>& sink) const {
+    const std::function<bool(const v1::TransferEvent&)>& sink,
+    const std::function<bool()>& still_wanted) const {
   KVRAIL_ASSIGN_OR_RETURN(auto record, Find(id));
   uint64_t seen = record->version();
   v1::TransferEvent event;
@@ -47,6 +67,7 @@ absl::Status TransferManagerImpl::Watch(
   if (!sink(event)) return absl::OkStatus();
   while (last_state < v1::TRANSFER_STATE_SUCCEEDED) {
     record->AwaitChange(seen, absl::Milliseconds(100));
+    if (still_wanted && !still_wanted()) return absl::OkStatus();
     seen = record->version();
     v1::TransferStatus status = record->Status();
     const std::vector<uint32_t> layers = record->LayersDone();
@@ -102,6 +123,16 @@ std::vector<v1::TransferStatus> TransferManagerImpl::List(
   return List(filter);
 }
 
+absl::StatusOr<std::vector<v1::TransferStatus>> TransferManagerImpl::ListChecked(
+    const ListFilter& filter) const {
+  if (filter.limit > options_.max_list_transfers) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "limit: ", filter.limit, " is above max_list_transfers (", options_.max_list_transfers,
+        ", DaemonConfig.max_list_transfers); filter by state, region, label or key"));
+  }
+  return List(filter);
+}
+
 std::vector<v1::TransferStatus> TransferManagerImpl::List(const ListFilter& filter) const {
   const uint32_t limit = filter.limit == 0 ? 100 : filter.limit;
   std::vector<std::shared_ptr<Record>> newest;
@@ -113,6 +144,8 @@ std::vector<v1::TransferStatus> TransferManagerImpl::List(const ListFilter& filt
   std::vector<v1::TransferStatus> out;
   for (const auto& record : newest) {
     if (out.size() >= limit) break;
+    // Before the status is copied: a tenant's list skips others' transfers cheaply.
+    if (filter.session_id != 0 && record->submitter_session() != filter.session_id) continue;
     v1::TransferStatus status = record->Status();
     if (!states.empty() &&
         std::find(states.begin(), states.end(), status.state()) == states.end()) {

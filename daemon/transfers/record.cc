@@ -34,7 +34,9 @@ Record::Record(planner::Plan plan, RecordParams params)
       submitted_us_(params.clock->NowUnixMicros()),
       inbound_(params.inbound),
       link_(std::move(params.link)),
-      received_us_(params.received_us) {
+      received_us_(params.received_us),
+      dst_owner_session_(inbound_ ? dst_->session_id() : 0),
+      readiness_session_(params.readiness_session) {
   src_->AcquireUse();
   dst_->AcquireUse();
   absl::MutexLock lock(&mu_);
@@ -78,7 +80,8 @@ void Record::OnEngineNote(absl::string_view note) {
   ++version_;
 }
 
-absl::Status Record::WhenEnded(std::function<void(const v1::TransferStatus&)> done) {
+absl::Status Record::WhenEnded(std::function<void(const v1::TransferStatus&)> done,
+                               bool counted) {
   absl::MutexLock lock(&mu_);
   if (state_ >= v1::TRANSFER_STATE_SUCCEEDED) {
     v1::TransferStatus status;
@@ -86,10 +89,11 @@ absl::Status Record::WhenEnded(std::function<void(const v1::TransferStatus&)> do
     done(status);
     return absl::OkStatus();
   }
-  if (when_ended_.size() >= kMaxWhenEnded) {
+  if (counted && when_ended_counted_ >= kMaxWhenEnded) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "transfer ", id_, " already has ", kMaxWhenEnded, " waiters; wait with WaitTransfer"));
   }
+  if (counted) ++when_ended_counted_;
   when_ended_.push_back(std::move(done));
   return absl::OkStatus();
 }
@@ -162,6 +166,13 @@ std::vector<uint32_t> Record::TakeInitialTiles() {
   std::fill(layer_ready_.begin(), layer_ready_.end(), true);
   tiles_enqueued_ += plan_.num_tiles();
   return tiles;
+}
+
+bool Record::WaitsOn(uint64_t session) const {
+  if (!layerwise_ || session == 0 || readiness_session_ != session) return false;
+  absl::MutexLock lock(&mu_);
+  if (end_request_.has_value() || state_ >= v1::TRANSFER_STATE_SUCCEEDED) return false;
+  return std::find(layer_ready_.begin(), layer_ready_.end(), false) != layer_ready_.end();
 }
 
 absl::StatusOr<std::vector<uint32_t>> Record::MarkReady(uint32_t layer_begin,

@@ -56,6 +56,8 @@ struct RecordParams {
   // A transfer another node writes into this one (PATH_FABRIC, receiving side): its tiles are
   // reported by the fabric as they land, and it cannot be cancelled here.
   bool inbound = false;
+  // The session whose readiness the transfer waits on (Record::WaitsOn); 0: none.
+  uint64_t readiness_session = 0;
   // Consumer readiness (spec.arrival_flags): `words[i] = value` once layer i has landed; the
   // record keeps `arrival_region` mapped until it ends. Null: none.
   std::shared_ptr<regions::Region> arrival_region;
@@ -79,12 +81,26 @@ class Record final : public InboundJob {
   // Calls `done` with the final status once the transfer ends (at once, on this thread, when it
   // already has). `done` runs under the record's lock on whichever thread ends the transfer:
   // it must be quick, must not block and must not call back into the record. At most
-  // kMaxWhenEnded are kept per transfer (RESOURCE_EXHAUSTED beyond: `done` is not kept).
+  // kMaxWhenEnded are kept per transfer (RESOURCE_EXHAUSTED beyond: `done` is not kept);
+  // the manager's own bookkeeping (`counted` false: at most one or two per record) is not
+  // counted, so clients still get all kMaxWhenEnded.
   static constexpr size_t kMaxWhenEnded = 4096;
-  absl::Status WhenEnded(std::function<void(const v1::TransferStatus&)> done);
+  absl::Status WhenEnded(std::function<void(const v1::TransferStatus&)> done,
+                         bool counted = true);
   // The engine that runs the record's tiles.
   engine::Engine* engine() const { return engine_; }
   bool inbound() const { return inbound_; }
+  // The submitting session (spec.session_id; 0: anonymous, and for inbound transfers, whose
+  // submitter is on another node).
+  uint64_t submitter_session() const { return spec_.session_id(); }
+  // The session owning an inbound transfer's destination, which may read its status (0: none,
+  // and for transfers submitted here).
+  uint64_t dst_owner_session() const { return dst_owner_session_; }
+  // Whether the transfer has not ended and waits for a layer `session` must make ready: it is
+  // the producer (MarkReady by the submitter, or spec.ready_flags in its region).
+  bool WaitsOn(uint64_t session) const;
+  // spec.dst.node_id: the peer an outbound fabric transfer writes to ("" or this node: local).
+  const std::string& spec_dst_node() const { return spec_.dst().node_id(); }
 
   // engine::Job
   const planner::Plan& plan() const override { return plan_; }
@@ -163,6 +179,8 @@ class Record final : public InboundJob {
   const bool inbound_;
   const std::string link_;
   const int64_t received_us_;
+  const uint64_t dst_owner_session_;
+  const uint64_t readiness_session_;
 
   mutable absl::Mutex mu_;
   v1::TransferState state_ ABSL_GUARDED_BY(mu_) = v1::TRANSFER_STATE_QUEUED;
@@ -184,6 +202,7 @@ class Record final : public InboundJob {
   uint32_t arrival_value_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<std::string> nics_ ABSL_GUARDED_BY(mu_);
   std::vector<std::function<void(const v1::TransferStatus&)>> when_ended_ ABSL_GUARDED_BY(mu_);
+  size_t when_ended_counted_ ABSL_GUARDED_BY(mu_) = 0;  // of them, callers' (kMaxWhenEnded)
   // The engine's name, refined by OnEngineUsed ("cuda-kernel", "cuda-kernel+cuda-copy-engine").
   std::string engine_name_ ABSL_GUARDED_BY(mu_);
   // The engine's note (OnEngineNote), appended to path_reason_ in the status.

@@ -72,6 +72,10 @@ class InboundSink {
   // Ends an inbound transfer that will get no more tiles (aborted by the sender, the sender lost,
   // or ended short) with `why`; a no-op once it has ended. Afterwards Admitted.job->Ended().
   virtual void EndInbound(uint64_t id, const absl::Status& why) = 0;
+  // Peer `node_id` is down or restarted (the fabric's liveness): every transfer this node sends
+  // to it that has not ended ends now with `why` - including a layer-wise one waiting for its
+  // next layer, which has no tile in the fabric to fail.
+  virtual void PeerLost(const std::string& node_id, const absl::Status& why) = 0;
 };
 
 }  // namespace kvrail::transfers

@@ -1,12 +1,15 @@
 // Admission: Submit -> Resolve -> plan -> route -> Admit; deadlines and drain.
 #include <algorithm>
 
+#include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "base/status.h"
 #include "daemon/scheduler/route.h"
 #include "daemon/transfers/manager_impl.h"
+#include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "spdlog/spdlog.h"
 
 namespace kvrail::transfers {
@@ -68,35 +71,91 @@ TransferManagerImpl::KeyClaim::~KeyClaim() {
   owner_->history_.Unreserve(key_);  // a no-op once the transfer was admitted under the key
 }
 
-absl::StatusOr<TransferManagerImpl::Claimed> TransferManagerImpl::ClaimKey(const std::string& key) {
+// The spec's identity for its idempotency key: a hash of its deterministic serialization (block
+// tables included). Two submits of the same spec by the same session hash alike.
+static uint64_t SpecFingerprint(const v1::TransferSpec& spec) {
+  std::string bytes;
+  {
+    google::protobuf::io::StringOutputStream stream(&bytes);
+    google::protobuf::io::CodedOutputStream coded(&stream);
+    coded.SetSerializationDeterministic(true);
+    spec.SerializeToCodedStream(&coded);
+  }
+  return absl::HashOf(bytes);
+}
+
+absl::StatusOr<TransferManagerImpl::Claimed> TransferManagerImpl::ClaimKey(
+    const v1::TransferSpec& spec) {
+  if (spec.idempotency_key().empty()) {
+    absl::MutexLock lock(&mu_);
+    if (draining_) return Draining();
+    return Claimed{std::nullopt, KeyClaim(nullptr, std::string())};
+  }
+  // Keys are the caller's: another session's same key names another transfer.
+  const std::string key = absl::StrCat(spec.session_id(), "/", spec.idempotency_key());
+  const uint64_t fingerprint = SpecFingerprint(spec);
   absl::MutexLock lock(&mu_);
   if (draining_) return Draining();
-  if (key.empty()) return Claimed{std::nullopt, KeyClaim(nullptr, key)};
   // A submit with this key in progress: wait for its outcome (mu_ is released meanwhile).
   auto settled = [this, &key]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return !history_.Reserved(key);
   };
   mu_.Await(absl::Condition(&settled));
-  if (std::shared_ptr<Record> earlier = history_.ByKey(key)) {
+  uint64_t earlier_fingerprint = 0;
+  if (std::shared_ptr<Record> earlier = history_.ByKey(key, &earlier_fingerprint)) {
+    if (earlier_fingerprint != fingerprint) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          "idempotency_key: '", spec.idempotency_key(), "' names this session's transfer ",
+          earlier->id(), ", submitted with another spec; use a new key for a new transfer"));
+    }
     return Claimed{Accepted(earlier->id(), earlier->plan(), true), KeyClaim(nullptr, key)};
   }
   history_.Reserve(key);
-  return Claimed{std::nullopt, KeyClaim(this, key)};
+  return Claimed{std::nullopt, KeyClaim(this, key, fingerprint)};
+}
+
+void TransferManagerImpl::InFlightSlot::HandTo(Record& record) {
+  std::shared_ptr<InFlight> counts = std::move(counts_);
+  counts_.reset();
+  // Runs once, on the thread ending the record (at once when it has ended): only a counter.
+  const absl::Status kept = record.WhenEnded(
+      [counts, session = session_](const v1::TransferStatus&) { counts->Give(session); },
+      /*counted=*/false);
+  if (!kept.ok()) counts->Give(session_);  // not reached: a new record has no waiters yet
+}
+
+absl::StatusOr<TransferManagerImpl::InFlightSlot> TransferManagerImpl::TakeInFlight(
+    uint64_t session) {
+  absl::MutexLock lock(&in_flight_->mu);
+  uint32_t& n = in_flight_->by_session[session];
+  if (n >= options_.max_transfers_per_session) {
+    const uint32_t held = n;
+    if (n == 0) in_flight_->by_session.erase(session);
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "max_transfers_per_session: ",
+        session == 0 ? std::string("the anonymous callers have ")
+                     : absl::StrCat("session ", session, " has "),
+        held, " transfers in flight, the most allowed (DaemonConfig.max_transfers_per_session); "
+        "wait for some to end"));
+  }
+  ++n;
+  return InFlightSlot(in_flight_, session);
 }
 
 absl::StatusOr<v1::SubmitTransferResponse> TransferManagerImpl::Submit(
     const v1::TransferSpec& spec) {
   const int64_t received_us = clock_->NowUnixMicros();
   KVRAIL_RETURN_IF_ERROR(CheckNotification(spec));
-  KVRAIL_ASSIGN_OR_RETURN(Claimed claimed, ClaimKey(spec.idempotency_key()));
+  KVRAIL_ASSIGN_OR_RETURN(Claimed claimed, ClaimKey(spec));
   if (claimed.earlier.has_value()) return *claimed.earlier;
+  KVRAIL_ASSIGN_OR_RETURN(InFlightSlot slot, TakeInFlight(spec.session_id()));
   KVRAIL_ASSIGN_OR_RETURN(
       const ResolvedRequest request,
       Resolve(spec, *regions_,
               ResolveOptions{options_.node_id, options_.remote != nullptr,
                              options_.check_access}));
-  if (request.remote) return SubmitRemote(request, claimed.claim);
-  return SubmitLocal(request, received_us, claimed.claim);
+  if (request.remote) return SubmitRemote(request, claimed.claim, &slot);
+  return SubmitLocal(request, received_us, claimed.claim, &slot);
 }
 
 absl::StatusOr<v1::SubmitTransferResponse> TransferManagerImpl::SubmitWithinNode(
@@ -110,7 +169,8 @@ absl::StatusOr<v1::SubmitTransferResponse> TransferManagerImpl::SubmitWithinNode
 }
 
 absl::StatusOr<v1::SubmitTransferResponse> TransferManagerImpl::SubmitLocal(
-    const ResolvedRequest& request, int64_t received_us, const KeyClaim& claim) {
+    const ResolvedRequest& request, int64_t received_us, const KeyClaim& claim,
+    InFlightSlot* slot) {
   const v1::TransferSpec& spec = *request.spec;
   planner::PlanOptions plan_options;
   plan_options.tile_bytes = options_.tile_bytes;
@@ -165,8 +225,16 @@ absl::StatusOr<v1::SubmitTransferResponse> TransferManagerImpl::SubmitLocal(
     params.arrival_words = request.arrival.words;
     params.arrival_value = request.arrival.value;
   }
+  // A layer-wise transfer waits for its producer: the owner of its ready flags, else the
+  // submitter (MarkReady). EndSession ends it when that session ends.
+  if (request.ready.set()) {
+    params.readiness_session = request.ready.region->session_id();
+  } else if (spec.layerwise()) {
+    params.readiness_session = spec.session_id();
+  }
   Admission admission;
   admission.claim = &claim;
+  admission.in_flight = slot;
   admission.submitter_session = spec.session_id();
   admission.ready = &request.ready;
   admission.first_layer = spec.src().layer_begin();
@@ -181,7 +249,7 @@ absl::StatusOr<v1::SubmitTransferResponse> TransferManagerImpl::SubmitLocal(
 // PATH_FABRIC: the destination is a region another node exported to this one. Planned against
 // the lease, announced to the peer, then queued on the fabric engine.
 absl::StatusOr<v1::SubmitTransferResponse> TransferManagerImpl::SubmitRemote(
-    const ResolvedRequest& request, const KeyClaim& claim) {
+    const ResolvedRequest& request, const KeyClaim& claim, InFlightSlot* slot) {
   const v1::TransferSpec& spec = *request.spec;
   // Host sources are packed into the staging slots by the host twin, GPU sources by the copy
   // engines (tile_copy.h).
@@ -205,8 +273,10 @@ absl::StatusOr<v1::SubmitTransferResponse> TransferManagerImpl::SubmitRemote(
   }
   params.link = "fabric";
   std::vector<std::string> nics;
+  if (spec.layerwise()) params.readiness_session = spec.session_id();
   Admission admission;
   admission.claim = &claim;
+  admission.in_flight = slot;
   admission.submitter_session = spec.session_id();
   admission.before_admit = [&](const std::shared_ptr<Record>& record) -> absl::Status {
     KVRAIL_ASSIGN_OR_RETURN(nics, options_.remote->Begin(record->id(), request.Traveling(),
@@ -252,8 +322,13 @@ absl::StatusOr<std::shared_ptr<Record>> TransferManagerImpl::Admit(planner::Plan
       ++counters_->submitted;
       ++counters_->active;
     }
-    history_.Add(record, admission.claim != nullptr ? admission.claim->key() : std::string());
+    if (admission.claim != nullptr) {
+      history_.Add(record, admission.claim->key(), admission.claim->fingerprint());
+    } else {
+      history_.Add(record, std::string());
+    }
   }
+  if (admission.in_flight != nullptr) admission.in_flight->HandTo(*record);
   NotifyWhenEnded(record, admission, std::move(recipients));
   // Outside mu_: the watch takes the watcher's lock, Enqueue the engine's.
   if (admission.ready != nullptr && admission.ready->set()) {
@@ -356,6 +431,34 @@ void TransferManagerImpl::Drain(absl::Duration timeout) {
   // end at once: their unlanded tiles are dropped, and tiles landing later are ignored.)
   for (const auto& record : open) {
     while (!record->IsFinal()) record->AwaitChange(record->version(), absl::Milliseconds(50));
+  }
+}
+
+void TransferManagerImpl::EndSession(uint64_t session_id) {
+  if (session_id == 0) return;
+  std::vector<std::shared_ptr<Record>> open;
+  {
+    absl::MutexLock lock(&mu_);
+    open = history_.Open();
+  }
+  for (const auto& record : open) {
+    if (!record->WaitsOn(session_id)) continue;
+    End(record, absl::AbortedError(absl::StrCat(
+                    "the session that makes this transfer's layers ready (session ", session_id,
+                    ": MarkReady or spec.ready_flags) ended before every layer was ready")));
+  }
+}
+
+void TransferManagerImpl::PeerLost(const std::string& node_id, const absl::Status& why) {
+  std::vector<std::shared_ptr<Record>> open;
+  {
+    absl::MutexLock lock(&mu_);
+    open = history_.Open();
+  }
+  for (const auto& record : open) {
+    // Outbound fabric transfers to that node (inbound ones end through EndInbound).
+    if (record->inbound() || record->spec_dst_node() != node_id || node_id.empty()) continue;
+    End(record, why);
   }
 }
 

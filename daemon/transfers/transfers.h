@@ -47,6 +47,12 @@ struct Options {
   // that reads it runs. 0: all checked before the submit is answered.
   uint64_t defer_id_checks_from = 32768;
   uint32_t history = 10000;
+  // Caps (docs/security.md, "Caps"; DaemonConfig fields of the same names): a submit beyond
+  // max_transfers_per_session transfers of its session not yet ended (the anonymous callers
+  // share one count) is RESOURCE_EXHAUSTED naming the cap; a List limit above max_list_transfers
+  // is RESOURCE_EXHAUSTED naming `limit`.
+  uint32_t max_transfers_per_session = 4096;
+  uint32_t max_list_transfers = 1000;
   // Called with the final status of every transfer that ends (metrics); may be empty.
   std::function<void(const v1::TransferStatus&)> on_finished;
   // How often shared-memory ready flags (spec.ready_flags) are polled when none changed.
@@ -63,6 +69,13 @@ struct ListFilter {
   uint64_t region_id = 0;                 // either side, regions of this node only; 0: any
   std::string label;                      // exact; empty: any
   std::string idempotency_key;            // exact; empty: any
+  uint64_t session_id = 0;                // the submitting session; 0: any
+};
+
+// What a caller does with an admitted transfer (TransferManager::Authorize).
+enum class TransferUse {
+  kRead,     // Get, Wait, Watch, the session socket's WAIT
+  kControl,  // Cancel, MarkReady
 };
 
 // Thread-safe. Destroy only after the engine has stopped reporting (drain first).
@@ -75,6 +88,13 @@ class TransferManager : public InboundSink {
                                                  const Options& options);
 
   virtual absl::StatusOr<v1::SubmitTransferResponse> Submit(const v1::TransferSpec& spec) = 0;
+  // Whether `caller` may `use` transfer `id` (docs/security.md): its submitting session may read
+  // and control it; the operator and, for a transfer another node writes into this one, the
+  // destination's owner may read it. NOT_FOUND for unknown ids, else PERMISSION_DENIED naming
+  // transfer_id (anonymous callers submit nothing they could come back to). The server calls it
+  // before Get, Wait, Watch, WhenEnded, Cancel and MarkReady, which check nothing themselves.
+  virtual absl::Status Authorize(uint64_t id, const regions::Caller& caller,
+                                 TransferUse use) const = 0;
   // Submit for callers that must not wait on another daemon (the session socket's poll thread):
   // a destination on another node is refused with FAILED_PRECONDITION naming spec.dst.node_id.
   virtual absl::StatusOr<v1::SubmitTransferResponse> SubmitWithinNode(
@@ -89,16 +109,26 @@ class TransferManager : public InboundSink {
   virtual absl::Status WhenEnded(uint64_t id,
                                  std::function<void(const v1::TransferStatus&)> done) const = 0;
   // Calls `sink` with a snapshot, then with every event until the final state. Stops early, OK,
-  // when `sink` returns false (the watcher went away).
+  // when `sink` returns false, or `still_wanted` (if set; asked at least every 100 ms, also while
+  // nothing happens) returns false: the watcher went away.
   virtual absl::Status Watch(uint64_t id, absl::Duration min_interval,
-                             const std::function<bool(const v1::TransferEvent&)>& sink) const = 0;
+                             const std::function<bool(const v1::TransferEvent&)>& sink,
+                             const std::function<bool()>& still_wanted = nullptr) const = 0;
   virtual absl::StatusOr<v1::TransferStatus> Cancel(uint64_t id) = 0;
   virtual absl::Status MarkReady(uint64_t id, uint32_t layer_begin, uint32_t layer_count) = 0;
   // Newest first; `states` empty means all.
   virtual std::vector<v1::TransferStatus> List(const std::vector<v1::TransferState>& states,
                                                uint32_t limit) const = 0;
   // Newest first, the transfers matching `filter` (at most filter.limit of them).
+  // RESOURCE_EXHAUSTED naming `limit` above Options::max_list_transfers.
+  virtual absl::StatusOr<std::vector<v1::TransferStatus>> ListChecked(
+      const ListFilter& filter) const = 0;
   virtual std::vector<v1::TransferStatus> List(const ListFilter& filter) const = 0;
+  // Session `session_id` ended (the region table's session-end hook). The transfers waiting for
+  // readiness only it could give - layer-wise ones it submitted (only the submitter may mark
+  // layers ready) and those whose spec.ready_flags live in its regions - end at once, ABORTED,
+  // when some of their layers were not ready yet. Others go on (they hold their regions).
+  virtual void EndSession(uint64_t session_id) = 0;
   virtual void FillStats(v1::Stats* stats) const = 0;
   // Fails transfers whose deadline has passed (by the injected clock). A background thread calls
   // it; tests may call it directly.

@@ -1,0 +1,247 @@
+// The session server's caps and descriptor handling (issue 17, docs/security.md "Caps"): sessions
+// in all and per uid refused with RESOURCE_EXHAUSTED naming the cap, a connection arriving when
+// the process is out of descriptors refused at once through the reserve descriptor (not left
+// pending with the listener spinning), WAIT bound to the asking session, and a socket that never
+// exists at its path with the umask's permissions.
+#define CATCH_CONFIG_MAIN
+#include <catch2/catch.hpp>
+
+#include <fcntl.h>
+#include <sys/inotify.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "absl/time/clock.h"
+#include "base/clock.h"
+#include "base/unique_fd.h"
+#include "daemon/session/session_server.h"
+#include "wire/session_wire.h"
+
+namespace kvrail::session {
+namespace {
+
+struct Dir {
+  std::string path;
+  Dir() {
+    char tmpl[] = "/tmp/kvrail-session-test.XXXXXX";
+    REQUIRE(::mkdtemp(tmpl) != nullptr);
+    path = tmpl;
+  }
+  ~Dir() {
+    ::unlink((path + "/s.session").c_str());
+    ::rmdir(path.c_str());
+  }
+};
+
+UniqueFd Socket() {
+  UniqueFd fd(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+  REQUIRE(fd.valid());
+  timeval tv{5, 0};
+  ::setsockopt(fd.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  return fd;
+}
+
+void Connect(int fd, const std::string& path) {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
+}
+
+// The session id the daemon greets with, or the status it refused the connection with.
+absl::StatusOr<uint64_t> Greeting(int fd) {
+  absl::StatusOr<std::string> packet = wire::ReceivePacket(fd);
+  if (!packet.ok()) return packet.status();
+  return wire::ParseGreeting(*packet);
+}
+
+struct Served {
+  Dir dir;
+  std::unique_ptr<regions::RegionTable> regions = regions::RegionTable::Create(Clock::Real());
+  std::unique_ptr<SessionServer> server;
+  std::string path() const { return dir.path + "/s.session"; }
+  explicit Served(SessionServerOptions options) {
+    options.path = path();
+    auto started = SessionServer::Start(options, regions.get());
+    REQUIRE(started.ok());
+    server = *std::move(started);
+  }
+  absl::StatusOr<uint64_t> Open(std::vector<UniqueFd>* keep) {
+    UniqueFd fd = Socket();
+    Connect(fd.get(), path());
+    absl::StatusOr<uint64_t> greeting = Greeting(fd.get());
+    keep->push_back(std::move(fd));
+    return greeting;
+  }
+  // Waits until the server has seen closes (up to 5 s).
+  void AwaitSessions(size_t n) {
+    const absl::Time until = absl::Now() + absl::Seconds(5);
+    while (server->active_sessions() != n && absl::Now() < until) {
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    REQUIRE(server->active_sessions() == n);
+  }
+};
+
+bool Refused(const absl::StatusOr<uint64_t>& greeting, const std::string& cap) {
+  INFO(greeting.status().ToString());
+  return greeting.status().code() == absl::StatusCode::kResourceExhausted &&
+         std::string(greeting.status().message()).find(cap) != std::string::npos;
+}
+
+TEST_CASE("sessions beyond max_sessions are refused, naming the cap; a closed one frees a place") {
+  SessionServerOptions options;
+  options.max_sessions = 3;
+  Served s(options);
+  std::vector<UniqueFd> open;
+  for (int i = 0; i < 3; ++i) REQUIRE(s.Open(&open).ok());
+  CHECK(Refused(s.Open(&open), "max_sessions"));
+  CHECK(Refused(s.Open(&open), "max_sessions"));
+  CHECK(s.server->active_sessions() == 3);
+  open.erase(open.begin());
+  s.AwaitSessions(2);
+  CHECK(s.Open(&open).ok());
+}
+
+TEST_CASE("sessions of one uid beyond max_sessions_per_uid are refused, naming the cap") {
+  SessionServerOptions options;
+  options.max_sessions_per_uid = 2;
+  Served s(options);
+  std::vector<UniqueFd> open;
+  REQUIRE(s.Open(&open).ok());
+  REQUIRE(s.Open(&open).ok());
+  CHECK(Refused(s.Open(&open), "max_sessions_per_uid"));
+  CHECK(s.server->active_sessions() == 2);
+}
+
+TEST_CASE("out of descriptors, a connection is refused at once and later ones are served") {
+  SessionServerOptions options;
+  options.fd_headroom = 0;  // only the kernel's EMFILE stops accept here
+  Served s(options);
+  // Client sockets made before the limit is lowered (connecting takes no descriptor).
+  std::vector<UniqueFd> clients;
+  for (int i = 0; i < 24; ++i) clients.push_back(Socket());
+  int probe = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  REQUIRE(probe >= 0);
+  ::close(probe);
+  struct rlimit before {};
+  REQUIRE(::getrlimit(RLIMIT_NOFILE, &before) == 0);
+  // Room for a few accepted connections beyond what is open now (descriptors are numbered
+  // lowest-free first: `probe` is the first free one; a few holes below it only add room).
+  struct rlimit low = before;
+  low.rlim_cur = static_cast<rlim_t>(probe) + 4;
+  REQUIRE(::setrlimit(RLIMIT_NOFILE, &low) == 0);
+  int greeted = 0, refused = 0;
+  std::vector<std::string> other;
+  for (UniqueFd& c : clients) {
+    Connect(c.get(), s.path());
+    absl::StatusOr<uint64_t> g = Greeting(c.get());  // an answer within 5 s, either way
+    if (g.ok()) {
+      ++greeted;
+    } else if (Refused(g, "file descriptors")) {
+      ++refused;
+    } else {
+      other.push_back(g.status().ToString());
+    }
+  }
+  REQUIRE(::setrlimit(RLIMIT_NOFILE, &before) == 0);
+  CHECK(other.empty());
+  CHECK(greeted >= 1);
+  CHECK(greeted <= 8);
+  CHECK(refused == 24 - greeted);
+  // With descriptors back, the listener serves again.
+  std::vector<UniqueFd> later;
+  CHECK(s.Open(&later).ok());
+}
+
+TEST_CASE("WAIT is asked as the connection's session") {
+  SessionServerOptions options;
+  options.wait = [](const regions::Caller& caller, uint64_t id,
+                    std::function<void(const v1::TransferStatus&)> done) -> absl::Status {
+    if (caller.session_id != id) {
+      return absl::PermissionDeniedError("transfer_id: not this session's");
+    }
+    v1::TransferStatus status;
+    status.set_transfer_id(id);
+    done(status);
+    return absl::OkStatus();
+  };
+  Served s(options);
+  std::vector<UniqueFd> open;
+  auto id = s.Open(&open);
+  REQUIRE(id.ok());
+  const int fd = open.back().get();
+  REQUIRE(wire::SendPacket(fd, wire::EncodeWait(*id)).ok());
+  auto own = wire::ParseDoneAnswer(*wire::ReceivePacket(fd));
+  REQUIRE(own.ok());
+  CHECK(own->transfer_id() == *id);
+  REQUIRE(wire::SendPacket(fd, wire::EncodeWait(*id + 1)).ok());
+  auto others = wire::ParseDoneAnswer(*wire::ReceivePacket(fd));
+  CHECK(others.status().code() == absl::StatusCode::kPermissionDenied);
+
+  // On a spare connection, with the main session's credential: asked as the main session.
+  UniqueFd main_conn = Socket();
+  Connect(main_conn.get(), s.path());
+  auto greeting = wire::ReceivePacket(main_conn.get());
+  REQUIRE(greeting.ok());
+  const uint64_t main_id = *wire::ParseGreeting(*greeting);
+  const std::string secret = wire::ParseGreetingSecret(*greeting);
+  REQUIRE_FALSE(secret.empty());
+  REQUIRE(wire::SendPacket(fd, wire::EncodeWait(main_id, wire::SessionMetadataValue(main_id, secret)))
+              .ok());
+  auto as_main = wire::ParseDoneAnswer(*wire::ReceivePacket(fd));
+  REQUIRE(as_main.ok());
+  CHECK(as_main->transfer_id() == main_id);
+  // A forged or garbled credential is refused: nobody waits as another session without its secret.
+  REQUIRE(wire::SendPacket(fd, wire::EncodeWait(main_id, wire::SessionMetadataValue(
+                                                             main_id, "0123456789abcdef")))
+              .ok());
+  CHECK(wire::ParseDoneAnswer(*wire::ReceivePacket(fd)).status().code() ==
+        absl::StatusCode::kUnauthenticated);
+  REQUIRE(wire::SendPacket(fd, "WAIT 5 garbage").ok());
+  CHECK(wire::ParseDoneAnswer(*wire::ReceivePacket(fd)).status().code() ==
+        absl::StatusCode::kUnauthenticated);
+}
+
+TEST_CASE("the socket appears at its path only with its mode, whatever the umask") {
+  Dir dir;
+  const int watch = ::inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
+  REQUIRE(watch >= 0);
+  REQUIRE(::inotify_add_watch(watch, dir.path.c_str(), IN_CREATE | IN_MOVED_TO) >= 0);
+  const mode_t old_umask = ::umask(0);
+  auto regions = regions::RegionTable::Create(Clock::Real());
+  SessionServerOptions options;
+  options.path = dir.path + "/s.session";
+  options.mode = 0660;
+  auto started = SessionServer::Start(options, regions.get());
+  ::umask(old_umask);
+  REQUIRE(started.ok());
+  struct stat st {};
+  REQUIRE(::stat(options.path.c_str(), &st) == 0);
+  CHECK((st.st_mode & 0777) == 0660);
+  alignas(inotify_event) char events[4096];
+  const ssize_t n = ::read(watch, events, sizeof(events));
+  REQUIRE(n > 0);
+  bool created = false, moved = false;
+  for (ssize_t at = 0; at < n;) {
+    const auto* e = reinterpret_cast<const inotify_event*>(events + at);
+    if (e->len > 0 && std::string(e->name) == "s.session") {
+      created |= (e->mask & IN_CREATE) != 0;
+      moved |= (e->mask & IN_MOVED_TO) != 0;
+    }
+    at += sizeof(inotify_event) + e->len;
+  }
+  CHECK_FALSE(created);  // bound elsewhere (with the umask's bits), renamed in with 0660
+  CHECK(moved);
+  ::close(watch);
+}
+
+}  // namespace
+}  // namespace kvrail::session

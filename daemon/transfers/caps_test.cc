@@ -1,0 +1,182 @@
+// No client can starve the rest (issue 17, docs/security.md "Caps"), at the manager: transfers in
+// flight per session, the ListTransfers page size, a session's end failing the transfers waiting
+// for its readiness, a lost peer failing the transfers sent to it at once, watches that end when
+// their watcher goes, and a history that stays bounded behind a stuck transfer. Each test tries to
+// get past the check.
+#define CATCH_CONFIG_MAIN
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <future>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "daemon/transfers/manager_fixture.h"
+
+namespace kvrail::transfers {
+namespace {
+
+using testing::kTile;
+using testing::ManagerFixture;
+
+bool Names(const absl::Status& status, absl::StatusCode code, const std::string& text) {
+  INFO(status.ToString());
+  return status.code() == code && std::string(status.message()).find(text) != std::string::npos;
+}
+
+v1::TransferSpec Of(uint64_t session, bool layerwise = false) {
+  v1::TransferSpec spec;
+  spec.set_session_id(session);
+  spec.set_layerwise(layerwise);
+  return spec;
+}
+
+TEST_CASE("a session beyond max_transfers_per_session in flight is refused, naming the cap") {
+  Options options;
+  options.max_transfers_per_session = 3;
+  ManagerFixture f(options);
+  const uint64_t greedy = f.regions.NewSession(), other = f.regions.NewSession();
+  for (int i = 0; i < 3; ++i) f.Submit(1, Of(greedy));
+  v1::TransferSpec fourth = Of(greedy);
+  fourth.mutable_src()->set_region_id(f.src->id());
+  fourth.mutable_dst()->set_region_id(f.dst->id());
+  fourth.set_num_bytes(kTile);
+  CHECK(Names(f.manager->Submit(fourth).status(), absl::StatusCode::kResourceExhausted,
+              "max_transfers_per_session"));
+  // Refused submits (bad requests) do not use up places either.
+  v1::TransferSpec bad = fourth;
+  bad.set_session_id(other);
+  bad.set_num_bytes(1ull << 40);
+  for (int i = 0; i < 10; ++i) CHECK_FALSE(f.manager->Submit(bad).ok());
+  // Another session is not starved.
+  for (int i = 0; i < 3; ++i) f.Submit(1, Of(other));
+  // Ended transfers give their places back.
+  f.engine.RunAll();
+  CHECK(f.manager->Submit(fourth).ok());
+  f.engine.RunAll();
+}
+
+TEST_CASE("a ListTransfers page above max_list_transfers is refused; a tenant's page is its own") {
+  Options options;
+  options.max_list_transfers = 10;
+  ManagerFixture f(options);
+  const uint64_t a = f.regions.NewSession(), b = f.regions.NewSession();
+  for (int i = 0; i < 8; ++i) f.Submit(1, Of(a));
+  for (int i = 0; i < 8; ++i) f.Submit(1, Of(b));
+  f.engine.RunAll();
+  ListFilter filter;
+  filter.limit = 11;
+  CHECK(Names(f.manager->ListChecked(filter).status(), absl::StatusCode::kResourceExhausted,
+              "limit"));
+  filter.limit = 10;
+  filter.session_id = a;
+  auto page = f.manager->ListChecked(filter);
+  REQUIRE(page.ok());
+  // All eight of a's, though b's eight are newer: the limit counts the session's own.
+  CHECK(page->size() == 8);
+  for (const auto& s : *page) CHECK(s.spec().session_id() == a);
+}
+
+TEST_CASE("a session's end fails at once the transfers waiting for its readiness, only those") {
+  ManagerFixture f;
+  f.regions.table()->AddSessionEndHook([m = f.manager.get()](uint64_t s) { m->EndSession(s); });
+  const uint64_t producer = f.regions.NewSession(), other = f.regions.NewSession();
+  const uint64_t waiting = f.Submit(4, Of(producer, true));  // layer-wise, nothing ready
+  const uint64_t all_ready = f.Submit(1, Of(producer, true));
+  REQUIRE(f.manager->MarkReady(all_ready, 0, 1).ok());
+  const uint64_t bulk = f.Submit(2, Of(producer));
+  const uint64_t others = f.Submit(1, Of(other, true));
+
+  f.regions.table()->EndSession(producer);  // the producer died
+  const v1::TransferStatus failed = f.Get(waiting);  // no clock advance, no deadline: at once
+  CHECK(failed.state() == v1::TRANSFER_STATE_FAILED);
+  CHECK(failed.error_code() == static_cast<int32_t>(absl::StatusCode::kAborted));
+  CHECK(failed.error_message().find("session") != std::string::npos);
+  f.engine.RunAll();
+  CHECK(f.Get(all_ready).state() == v1::TRANSFER_STATE_SUCCEEDED);
+  CHECK(f.Get(bulk).state() == v1::TRANSFER_STATE_SUCCEEDED);
+  CHECK(f.Get(others).state() == v1::TRANSFER_STATE_QUEUED);
+  REQUIRE(f.manager->Cancel(others).ok());
+}
+
+// A RemotePath to node "peer" whose tiles go to a fake engine. Thread-safe.
+class FakeRemote final : public RemotePath {
+ public:
+  FakeRemote(std::shared_ptr<regions::Region> like, engine::Engine* engine)
+      : like_(std::move(like)), engine_(engine) {}
+  absl::StatusOr<Prepared> Prepare(const v1::TransferSpec&) override {
+    return Prepared{std::make_shared<testing::StandInRegion>(like_), engine_, 1 << 20};
+  }
+  absl::StatusOr<std::vector<std::string>> Begin(uint64_t, const v1::TransferSpec&,
+                                                 const regions::Region&, uint64_t,
+                                                 const std::shared_ptr<engine::Job>&) override {
+    return std::vector<std::string>{"nic0"};
+  }
+
+ private:
+  const std::shared_ptr<regions::Region> like_;
+  engine::Engine* const engine_;
+};
+
+TEST_CASE("a lost peer fails a layer-wise transfer to it at once, not at its deadline") {
+  testing::FakeEngine fabric_engine;
+  testing::TestRegions lease_like;
+  FakeRemote remote(lease_like.Bytes(64 * kTile, true), &fabric_engine);
+  Options options;
+  options.remote = &remote;
+  ManagerFixture f(options);
+  v1::TransferSpec spec = Of(f.regions.session(), true);
+  spec.mutable_dst()->set_node_id("peer");
+  spec.set_timeout_ms(3600 * 1000);
+  const uint64_t to_peer = f.Submit(2, spec);
+  v1::TransferSpec elsewhere = spec;
+  elsewhere.mutable_dst()->set_node_id("another-peer");
+  const uint64_t to_other = f.Submit(2, elsewhere);
+  // Waiting for its producer: nothing of it is in the fabric for the fabric to fail.
+  CHECK(fabric_engine.queued() == 0);
+  REQUIRE(f.Get(to_peer).state() == v1::TRANSFER_STATE_QUEUED);
+
+  f.manager->PeerLost("peer", absl::UnavailableError("peer 'peer' is down: no answer for 3s"));
+  const v1::TransferStatus lost = f.Get(to_peer);
+  CHECK(lost.state() == v1::TRANSFER_STATE_FAILED);
+  CHECK(lost.error_message().find("is down") != std::string::npos);
+  CHECK(f.Get(to_other).state() != v1::TRANSFER_STATE_FAILED);
+  REQUIRE(f.manager->Cancel(to_other).ok());
+  fabric_engine.RunAll();
+}
+
+TEST_CASE("a watch of a transfer that makes no progress ends when its watcher goes") {
+  ManagerFixture f;
+  const uint64_t stuck = f.Submit(1, Of(f.regions.session(), true));  // never made ready
+  std::atomic<bool> gone{false};
+  auto watch = std::async(std::launch::async, [&] {
+    return f.manager->Watch(
+        stuck, absl::Milliseconds(1), [](const v1::TransferEvent&) { return true; },
+        [&] { return !gone.load(); });
+  });
+  CHECK(watch.wait_for(std::chrono::milliseconds(300)) == std::future_status::timeout);
+  gone.store(true);  // the client went away; no event will ever be sent
+  REQUIRE(watch.wait_for(std::chrono::seconds(5)) == std::future_status::ready);
+  CHECK(watch.get().ok());
+  REQUIRE(f.manager->Cancel(stuck).ok());
+}
+
+TEST_CASE("the history stays bounded behind one stuck transfer over thousands of transfers") {
+  Options options;
+  options.history = 100;
+  ManagerFixture f(options);
+  const uint64_t stuck = f.Submit(1, Of(f.regions.session(), true));
+  for (int i = 0; i < 5000; ++i) {
+    f.Submit(1, Of(f.regions.session()));
+    f.engine.RunAll();
+  }
+  ListFilter all;
+  all.limit = 100000;
+  const auto listed = f.manager->List(all);
+  CHECK(listed.size() == 100);  // the limit, the open one among them
+  CHECK(listed.back().transfer_id() == stuck);
+  REQUIRE(f.manager->Cancel(stuck).ok());
+}
+
+}  // namespace
+}  // namespace kvrail::transfers

@@ -1,0 +1,241 @@
+// No client can starve the rest, against a live kvraild (issue 17, docs/security.md "Caps"):
+// transfer status for its submitter only, a killed layer-wise producer's transfer failing at once,
+// watch streams that end when their client goes and are capped per session, and a daemon whose
+// descriptors run short refusing extra sessions while its gRPC API and session socket keep serving.
+#define CATCH_CONFIG_MAIN
+#include <catch2/catch.hpp>
+
+#include <grpcpp/grpcpp.h>
+#include <sys/resource.h>
+
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/time/clock.h"
+#include "proto/kvrail/v1/admin.grpc.pb.h"
+#include "proto/kvrail/v1/transfer.grpc.pb.h"
+#include "tests/integration/kv_fixture.h"
+#include "wire/session_wire.h"
+
+namespace kvrail::testing {
+namespace {
+
+v1::PagedKvLayout Small() {
+  return MakeLayout(2, 2, 16, 16, 2, 8, v1::DTYPE_BF16, v1::LAYOUT_ORDER_LAYER_PART_BLOCK_NHD);
+}
+
+std::shared_ptr<grpc::Channel> Channel(const LiveDaemon& live) {
+  return grpc::CreateChannel("unix:" + live.daemon.socket(), grpc::InsecureChannelCredentials());
+}
+
+bool Has(const grpc::Status& s, grpc::StatusCode code, const std::string& text) {
+  INFO(s.error_code() << ": " << s.error_message());
+  return s.error_code() == code && s.error_message().find(text) != std::string::npos;
+}
+
+// A field of /proc/<pid>/status ("Threads"), or -1.
+long ProcStatus(pid_t pid, const std::string& key) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(key + ":", 0) == 0) return std::stol(line.substr(key.size() + 1));
+  }
+  return -1;
+}
+
+// CPU time (user + system, clock ticks) the process has used.
+long CpuTicks(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::istringstream fields(text.substr(text.rfind(')') + 2));
+  std::string f;
+  long utime = 0, stime = 0;
+  for (int i = 3; i <= 15 && fields >> f; ++i) {
+    if (i == 14) utime = std::stol(f);
+    if (i == 15) stime = std::stol(f);
+  }
+  return utime + stime;
+}
+
+// A layer-wise transfer of `c` between its own pools that waits for MarkReady.
+uint64_t Waiting(client::Client& c, Pool& src, Pool& dst) {
+  v1::TransferSpec spec = client::MakeBlockTransfer(src.id(), {1}, dst.id(), {2});
+  spec.set_layerwise(true);
+  auto submitted = c.Submit(spec);
+  REQUIRE(submitted.ok());
+  return submitted->transfer_id();
+}
+
+TEST_CASE("a transfer's status is its submitter's: anonymous get, wait and watch are refused") {
+  LiveDaemon live;
+  Pool src = MakePool(*live.client, Small(), false, "src");
+  Pool dst = MakePool(*live.client, Small(), true, "dst");
+  const uint64_t id = Waiting(*live.client, src, dst);
+  auto stub = v1::Transfer::NewStub(Channel(live));
+  v1::GetTransferRequest get;
+  get.set_transfer_id(id);
+  v1::TransferStatus status;
+  grpc::ClientContext c1;
+  CHECK(Has(stub->GetTransfer(&c1, get, &status), grpc::StatusCode::PERMISSION_DENIED,
+            "transfer_id"));
+  CHECK_FALSE(status.has_spec());
+  v1::WaitTransferRequest wait;
+  wait.set_transfer_id(id);
+  wait.set_timeout_ms(10);
+  grpc::ClientContext c2;
+  CHECK(Has(stub->WaitTransfer(&c2, wait, &status), grpc::StatusCode::PERMISSION_DENIED,
+            "transfer_id"));
+  v1::WatchTransferRequest watch;
+  watch.set_transfer_id(id);
+  grpc::ClientContext c3;
+  auto reader = stub->WatchTransfer(&c3, watch);
+  v1::TransferEvent event;
+  CHECK_FALSE(reader->Read(&event));
+  CHECK(Has(reader->Finish(), grpc::StatusCode::PERMISSION_DENIED, "transfer_id"));
+  // The submitter reads it, and waits for it (the library's WAIT names its session).
+  REQUIRE(live.client->Get(id).ok());
+  REQUIRE(live.client->MarkReady(id, 0, 2).ok());
+  auto done = live.client->Wait(id);
+  REQUIRE(done.ok());
+  CHECK(done->state() == v1::TRANSFER_STATE_SUCCEEDED);
+}
+
+TEST_CASE("a killed layer-wise producer's transfer fails at once, not never") {
+  LiveDaemon live;
+  uint64_t id = 0;
+  {
+    auto producer = client::Client::Connect(live.daemon.socket());
+    REQUIRE(producer.ok());
+    Pool src = MakePool(**producer, Small(), false, "p-src");
+    Pool dst = MakePool(**producer, Small(), true, "p-dst");
+    id = Waiting(**producer, src, dst);
+    REQUIRE((*producer)->MarkReady(id, 0, 1).ok());  // one of two layers
+  }  // the producer's process goes: its session closes
+  // The operator (this test's uid) reads it: it failed within a moment, naming the session.
+  v1::TransferStatus status;
+  const absl::Time until = absl::Now() + absl::Seconds(5);
+  do {
+    auto got = live.client->Get(id);
+    REQUIRE(got.ok());
+    status = *got;
+    if (status.state() >= v1::TRANSFER_STATE_SUCCEEDED) break;
+    absl::SleepFor(absl::Milliseconds(20));
+  } while (absl::Now() < until);
+  CHECK(status.state() == v1::TRANSFER_STATE_FAILED);
+  CHECK(status.error_code() == static_cast<int32_t>(absl::StatusCode::kAborted));
+  CHECK(status.error_message().find("session") != std::string::npos);
+}
+
+TEST_CASE("watch streams end when their client goes; one session's watches are capped") {
+  LiveDaemon live;
+  Pool src = MakePool(*live.client, Small(), false, "src");
+  Pool dst = MakePool(*live.client, Small(), true, "dst");
+  const uint64_t id = Waiting(*live.client, src, dst);  // no progress: no events to send
+  // A session of its own (this test's uid is the operator's: it may read the transfer).
+  auto session = wire::SessionConnection::Open(wire::SessionSocketPath(live.daemon.socket()));
+  REQUIRE(session.ok());
+  const std::string credential =
+      wire::SessionMetadataValue((*session)->session_id(), (*session)->secret());
+  auto stub = v1::Transfer::NewStub(Channel(live));
+  const long threads_before = ProcStatus(live.daemon.pid(), "Threads");
+  constexpr int kCap = 64;  // DaemonConfig.max_watchers_per_session's default
+  std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
+  std::vector<std::unique_ptr<grpc::ClientReader<v1::TransferEvent>>> readers;
+  v1::WatchTransferRequest request;
+  request.set_transfer_id(id);
+  for (int i = 0; i < kCap; ++i) {
+    contexts.push_back(std::make_unique<grpc::ClientContext>());
+    contexts.back()->AddMetadata(wire::kSessionMetadataKey, credential);
+    readers.push_back(stub->WatchTransfer(contexts.back().get(), request));
+    v1::TransferEvent snapshot;
+    REQUIRE(readers.back()->Read(&snapshot));  // the stream is open on the daemon
+  }
+  {
+    grpc::ClientContext context;
+    context.AddMetadata(wire::kSessionMetadataKey, credential);
+    auto refused = stub->WatchTransfer(&context, request);
+    v1::TransferEvent event;
+    CHECK_FALSE(refused->Read(&event));
+    CHECK(Has(refused->Finish(), grpc::StatusCode::RESOURCE_EXHAUSTED,
+              "max_watchers_per_session"));
+  }
+  const long threads_watching = ProcStatus(live.daemon.pid(), "Threads");
+  // The watching client goes away (its calls are cancelled): the daemon's streams end.
+  for (auto& c : contexts) c->TryCancel();
+  for (auto& r : readers) r->Finish();
+  readers.clear();
+  contexts.clear();
+  long threads_after = 0;
+  bool reopened = false;
+  const absl::Time until = absl::Now() + absl::Seconds(10);
+  while (absl::Now() < until) {
+    threads_after = ProcStatus(live.daemon.pid(), "Threads");
+    grpc::ClientContext context;
+    context.AddMetadata(wire::kSessionMetadataKey, credential);
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    auto again = stub->WatchTransfer(&context, request);
+    v1::TransferEvent event;
+    reopened = again->Read(&event);  // a place is free again
+    context.TryCancel();
+    again->Finish();
+    if (reopened && threads_after <= threads_before + 8) break;
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  INFO("threads: before " << threads_before << ", watching " << threads_watching << ", after "
+                          << threads_after);
+  CHECK(reopened);
+  CHECK(threads_after <= threads_before + 8);
+  REQUIRE(live.client->Cancel(id).ok());
+}
+
+TEST_CASE("short of descriptors, extra sessions are refused and gRPC and sessions still serve") {
+  LiveDaemon live;
+  const pid_t pid = live.daemon.pid();
+  // The daemon may use 256 descriptors from now on (it raised its own limit at start).
+  struct rlimit low {256, 256};
+  REQUIRE(::prlimit(pid, RLIMIT_NOFILE, &low, nullptr) == 0);
+  const std::string path = wire::SessionSocketPath(live.daemon.socket());
+  std::vector<std::unique_ptr<wire::SessionConnection>> sessions;
+  int refused = 0;
+  std::vector<std::string> other;
+  for (int i = 0; i < 300; ++i) {
+    auto s = wire::SessionConnection::Open(path);
+    if (s.ok()) {
+      sessions.push_back(*std::move(s));
+    } else if (s.status().code() == absl::StatusCode::kResourceExhausted) {
+      ++refused;
+    } else {
+      other.push_back(s.status().ToString());
+    }
+  }
+  INFO("open " << sessions.size() << ", refused " << refused);
+  CHECK(other.empty());
+  CHECK(refused > 0);
+  CHECK(sessions.size() > 100);
+  CHECK(sessions.size() < 256);
+  // The gRPC listener still accepts (a new connection, an anonymous call).
+  auto admin = v1::Admin::NewStub(Channel(live));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  v1::Stats stats;
+  CHECK(admin->GetStats(&context, v1::GetStatsRequest(), &stats).ok());
+  // Not spinning while refusing.
+  const long cpu_before = CpuTicks(pid);
+  absl::SleepFor(absl::Seconds(1));
+  CHECK(CpuTicks(pid) - cpu_before < 30);  // well under a third of a core
+  // With places free again, a new client connects and moves bytes.
+  sessions.resize(sessions.size() / 2);
+  absl::SleepFor(absl::Milliseconds(200));
+  auto fresh = client::Client::Connect(live.daemon.socket());
+  REQUIRE(fresh.ok());
+  Pool src = MakePool(**fresh, Small(), false, "src");
+  Pool dst = MakePool(**fresh, Small(), true, "dst");
+  FillPool(src, 5, {1}, 16);
+  CHECK(RunToEnd(**fresh, client::MakeBlockTransfer(src.id(), {1}, dst.id(), {2})).state() ==
+        v1::TRANSFER_STATE_SUCCEEDED);
+}
+
+}  // namespace
+}  // namespace kvrail::testing
