@@ -16,13 +16,16 @@
 #include "absl/synchronization/mutex.h"
 #include "base/clock.h"
 #include "base/logging.h"
+#include "base/logging_systemd.h"
 #include "base/status.h"
 #include "daemon/config/config.h"
 #include "daemon/directory/directory.h"
 #include "daemon/engine/cuda_engine.h"
 #include "daemon/engine/engine.h"
 #include "daemon/engine/host_engine.h"
+#include "daemon/metrics/build_info.h"
 #include "daemon/metrics/metrics.h"
+#include "daemon/metrics/mps.h"
 #include "daemon/fabric/fabric.h"
 #include "daemon/fabric/peer_tls.h"
 #include "daemon/regions/regions.h"
@@ -37,7 +40,7 @@
 namespace kvrail {
 namespace {
 
-constexpr char kVersion[] = "0.1.0";
+constexpr const char* kVersion = build::kVersion;
 
 absl::StatusOr<v1::GetTopologyResponse> LoadTopology(const v1::DaemonConfig& config) {
   v1::GetTopologyResponse response;
@@ -143,6 +146,18 @@ absl::Status Run(v1::DaemonConfig config) {
                topology.desc().nics_size());
 
   Clock* clock = Clock::Real();
+  const int64_t started_us = clock->NowUnixMicros();
+  // Stats that do not change while the daemon runs (GetStats and the metrics answer them).
+  v1::Stats stats_base;
+  stats_base.set_build_info(build::Info("kvraild"));
+  metrics::MpsProbeOptions mps_options;
+  mps_options.daemon_uid = ::getuid();
+  *stats_base.mutable_mps() = metrics::ProbeMps(mps_options);
+  if (metrics::MpsNeedsAttention(stats_base.mps())) {
+    spdlog::warn("CUDA MPS ({}): {}", stats_base.mps().pipe_directory(), stats_base.mps().verdict());
+  } else if (stats_base.mps().active()) {
+    spdlog::info("CUDA MPS ({}): {}", stats_base.mps().pipe_directory(), stats_base.mps().verdict());
+  }
   // This process's instance, in session greetings and Stats: a client that sees it change (or
   // its session socket close) knows its regions are gone. Ids count from random bases so that a
   // stale id from the previous instance names nothing here.
@@ -221,6 +236,17 @@ absl::Status Run(v1::DaemonConfig config) {
   std::atomic<metrics::Metrics*> metrics_sink{nullptr};
   transfer_options.on_finished = [&metrics_sink](const v1::TransferStatus& status) {
     if (metrics::Metrics* m = metrics_sink.load(std::memory_order_acquire)) m->OnTransferFinished(status);
+    // One line per transfer at debug (info would flood the journal at serving rates).
+    LogFields(spdlog::level::debug, "transfer ended",
+              {{"transfer_id", status.transfer_id()},
+               {"state", metrics::ResultLabel(status.state())},
+               {"path", metrics::PathLabel(status.path())},
+               {"priority", metrics::PriorityLabel(status.spec().priority())},
+               {"bytes", status.bytes_done()},
+               {"seconds", status.finished_unix_us() > status.submitted_unix_us()
+                               ? (status.finished_unix_us() - status.submitted_unix_us()) / 1e6
+                               : 0.0},
+               {"engine", status.engine()}});
   };
   std::unique_ptr<transfers::TransferManager> transfers =
       transfers::TransferManager::Create(regions.get(), engine.get(), clock, transfer_options);
@@ -234,15 +260,22 @@ absl::Status Run(v1::DaemonConfig config) {
   if (fabric) fabric->SetInboundSink(transfers.get());
   std::unique_ptr<metrics::Metrics> metrics;
   if (!config.metrics_listen().empty()) {
-    KVRAIL_ASSIGN_OR_RETURN(metrics, metrics::Metrics::Start(config.metrics_listen(), [&] {
-      v1::Stats stats;
+    metrics::MetricsOptions metrics_options;
+    metrics_options.listen = config.metrics_listen();
+    metrics_options.version = kVersion;
+    metrics_options.build_info = stats_base.build_info();
+    if (fabric) metrics_options.peers = [d = directory.get()] { return d->List(); };
+    metrics_options.stats = [&] {
+      v1::Stats stats = stats_base;
       stats.set_version(kVersion);
+      stats.set_started_unix_us(started_us);
       stats.set_node_id(config.node_id());
       stats.set_instance_id(instance_id);
       stats.set_regions(regions->size());
       transfers->FillStats(&stats);
       return stats;
-    }));
+    };
+    KVRAIL_ASSIGN_OR_RETURN(metrics, metrics::Metrics::Start(std::move(metrics_options)));
     metrics_sink.store(metrics.get(), std::memory_order_release);
     spdlog::info("metrics on {} (port {})", config.metrics_listen(), metrics->port());
   }
@@ -273,6 +306,7 @@ absl::Status Run(v1::DaemonConfig config) {
   server_options.version = kVersion;
   server_options.node_id = config.node_id();
   server_options.instance_id = instance_id;
+  server_options.stats_base = stats_base;
   server_options.notifications = notifications.get();
   server_options.topology = topology;
   // gRPC binds its socket in a private directory; it is renamed into place with its mode below
@@ -308,9 +342,21 @@ absl::Status Run(v1::DaemonConfig config) {
   spdlog::info("ready: {} ({}{}{})", config.unix_socket(), engine->Describe(),
                cuda_engine ? "; " : "", cuda_engine ? cuda_engine->Describe() : "");
 
+  // systemd (Type=notify): ready now; the status line is refreshed every 10 s until a signal.
+  auto summary = [&] {
+    v1::Stats stats;
+    transfers->FillStats(&stats);
+    return absl::StrCat("serving ", config.unix_socket(), ": ", regions->size(), " regions, ",
+                        stats.transfers_active(), " transfers active, ",
+                        stats.transfers_succeeded(), " succeeded, ", stats.transfers_failed(),
+                        " failed; ", stats.bytes_moved(), " bytes moved");
+  };
+  NotifyReady(summary());
   int signal_number = 0;
-  sigwait(&signals, &signal_number);
+  const timespec refresh{10, 0};
+  while ((signal_number = sigtimedwait(&signals, nullptr, &refresh)) < 0) NotifyStatus(summary());
   spdlog::info("signal {}: draining (up to {} ms)", signal_number, config.drain_timeout_ms());
+  NotifyStopping(absl::StrCat("draining (up to ", config.drain_timeout_ms(), " ms)"));
   server->SetNotServing();
   transfers->Drain(absl::Milliseconds(config.drain_timeout_ms()));
   server->Shutdown(absl::Seconds(1));
@@ -333,6 +379,7 @@ int main(int argc, char** argv) {
     absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   }
   CLI::App app{"kvraild: moves KV cache between GPUs and nodes for disaggregated LLM serving"};
+  app.set_version_flag("--version", kvrail::build::Info("kvraild"));
   std::string config_path;
   kvrail::v1::DaemonConfig flags;
   std::string socket, tcp_listen, node_id, log_level, log_format, topology_file;

@@ -13,7 +13,7 @@ PACKAGES=(
   bazel-bootstrap bazel-rules-java bazel-platforms
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
   libspdlog-dev libfmt-dev catch2 libcli11-dev nlohmann-json3-dev
-  libfabric-dev libfabric-bin libibverbs-dev librdmacm-dev libhwloc-dev libnuma-dev
+  libfabric-dev libfabric-bin libsystemd-dev help2man
   prometheus-cpp-dev iproute2 procps python3 python3-yaml systemd openssl
   python3-pytest python3-numpy python3-protobuf python3-setuptools
   clang libclang-rt-14-dev lld

@@ -8,6 +8,7 @@
 
 #include <array>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -99,6 +100,9 @@ class Engine {
   }
   // A line for humans ("host: 4 threads").
   virtual std::string Describe() const = 0;
+  // The engine's numeric state by name ("threads", "worker_bytes_per_second", "max_ctas"), for
+  // metrics gauges (a changing measurement never goes into a label). Empty by default.
+  virtual std::map<std::string, double> Gauges() const { return {}; }
   // Where plans this engine may run keep their block tables (PlanOptions.tables); nullptr: any
   // memory. The CUDA engine's pool is pinned host memory, which it uploads asynchronously; the
   // host engine's recycles heap buffers (//daemon/planner:table_pool).

@@ -86,6 +86,12 @@ class HostEngine final : public Engine {
                         absl::StrFormat("%.1f", tile_bytes_per_second_ / 1e9), " GB/s per worker");
   }
 
+  std::map<std::string, double> Gauges() const override {
+    absl::MutexLock lock(&mu_);
+    return {{"threads", static_cast<double>(threads_)},
+            {"worker_bytes_per_second", tile_bytes_per_second_}};
+  }
+
  private:
   // A class may start a tile when it has one queued and is below its running and byte limits.
   bool Runnable(int c) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {

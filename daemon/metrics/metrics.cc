@@ -8,6 +8,7 @@
 
 #include <cctype>
 #include <exception>
+#include <map>
 
 #include "absl/strings/str_cat.h"
 
@@ -36,14 +37,33 @@ void AddSample(prometheus::MetricFamily* family, double value,
   family->metric.push_back(std::move(metric));
 }
 
-// Gauges computed from a Stats snapshot when Prometheus scrapes.
+prometheus::MetricFamily Counter(const std::string& name, const std::string& help) {
+  prometheus::MetricFamily family;
+  family.name = name;
+  family.help = help;
+  family.type = prometheus::MetricType::Counter;
+  return family;
+}
+
+void AddCount(prometheus::MetricFamily* family, double value,
+              std::vector<prometheus::ClientMetric::Label> labels = {}) {
+  prometheus::ClientMetric metric;
+  metric.label = std::move(labels);
+  metric.counter.value = value;
+  family->metric.push_back(std::move(metric));
+}
+
+// Gauges and counters computed from a Stats snapshot (and the peer list) when Prometheus scrapes.
 class StatsCollectable final : public prometheus::Collectable {
  public:
-  explicit StatsCollectable(std::function<v1::Stats()> stats) : stats_(std::move(stats)) {}
+  explicit StatsCollectable(MetricsOptions options) : options_(std::move(options)) {}
 
   std::vector<prometheus::MetricFamily> Collect() const override {
-    const v1::Stats s = stats_();
+    const v1::Stats s = options_.stats();
     std::vector<prometheus::MetricFamily> out;
+    auto build = Gauge("kvrail_build_info", "Always 1; the labels say how kvraild was built.");
+    AddSample(&build, 1, {{"version", options_.version}, {"build", options_.build_info}});
+    out.push_back(std::move(build));
     auto regions = Gauge("kvrail_regions", "Registered regions.");
     AddSample(&regions, static_cast<double>(s.regions()));
     out.push_back(std::move(regions));
@@ -58,10 +78,57 @@ class StatsCollectable final : public prometheus::Collectable {
     auto draining = Gauge("kvrail_draining", "1 once SIGTERM arrived and new work is refused.");
     AddSample(&draining, s.draining() ? 1 : 0);
     out.push_back(std::move(draining));
-    auto engines = Gauge("kvrail_engine_info",
-                         "One sample per engine; the label describes its state (threads, SM budget).");
-    for (const std::string& e : s.engines()) AddSample(&engines, 1, {{"engine", e}});
+    // One sample per engine under its stable name; what changes is in kvrail_engine_<gauge>.
+    auto engines = Gauge("kvrail_engine_info", "Always 1, one sample per engine (host, cuda).");
+    std::map<std::string, prometheus::MetricFamily> engine_gauges;
+    for (const v1::OpsEngineState& e : s.engine_states()) {
+      AddSample(&engines, 1, {{"engine", e.name()}});
+      for (const auto& [gauge, value] : e.gauges()) {
+        const std::string name = EngineGaugeName(gauge);
+        auto it = engine_gauges.find(name);
+        if (it == engine_gauges.end()) {
+          it = engine_gauges.emplace(name, Gauge(name, "Engine state: " + gauge + ".")).first;
+        }
+        AddSample(&it->second, value, {{"engine", e.name()}});
+      }
+    }
     out.push_back(std::move(engines));
+    for (auto& [name, family] : engine_gauges) out.push_back(std::move(family));
+    auto bytes = Counter("kvrail_bytes_total",
+                         "Bytes moved, by path and priority, counted tile by tile as tiles land.");
+    for (const v1::OpsByteCount& b : s.bytes_by_class()) {
+      AddCount(&bytes, static_cast<double>(b.bytes()), {{"path", b.path()}, {"priority", b.priority()}});
+    }
+    out.push_back(std::move(bytes));
+    auto link_bytes = Counter("kvrail_link_bytes_total",
+                              "Bytes moved by link (host, gpu0-gpu1, nic:<address>), tile by tile.");
+    for (const auto& [link, n] : s.bytes_by_link()) {
+      AddCount(&link_bytes, static_cast<double>(n), {{"link", link}});
+    }
+    out.push_back(std::move(link_bytes));
+    auto rejected = Counter("kvrail_submits_rejected_total",
+                            "Submits refused (gRPC and session socket), by status code.");
+    for (const auto& [code, n] : s.rejected_by_code()) {
+      AddCount(&rejected, static_cast<double>(n), {{"code", code}});
+    }
+    out.push_back(std::move(rejected));
+    if (options_.peers) {
+      auto peer_up = Gauge("kvrail_peer_up", "1 when the peer daemon answers heartbeats, else 0.");
+      for (const v1::PeerInfo& p : options_.peers()) {
+        AddSample(&peer_up, p.state() == "up" ? 1 : 0, {{"peer", p.node_id()}});
+      }
+      out.push_back(std::move(peer_up));
+    }
+    if (s.has_mps()) {
+      auto mps = Gauge("kvrail_mps_active", "1 when a CUDA MPS control daemon was found at start.");
+      AddSample(&mps, s.mps().active() ? 1 : 0);
+      out.push_back(std::move(mps));
+      auto corun = Gauge("kvrail_mps_corunning",
+                         "1 when kvraild and the MPS server run as one user (kernels co-run); 0 "
+                         "when they differ or it cannot be told yet. Only with MPS active.");
+      if (s.mps().active()) AddSample(&corun, s.mps().verdict().rfind("co-running", 0) == 0 ? 1 : 0);
+      out.push_back(std::move(corun));
+    }
     auto up = Gauge("kvrail_start_time_seconds", "Unix time the daemon started.");
     AddSample(&up, static_cast<double>(s.started_unix_us()) / 1e6);
     out.push_back(std::move(up));
@@ -69,31 +136,28 @@ class StatsCollectable final : public prometheus::Collectable {
   }
 
  private:
-  const std::function<v1::Stats()> stats_;
+  const MetricsOptions options_;
 };
 
 class MetricsImpl final : public Metrics {
  public:
-  MetricsImpl(std::unique_ptr<prometheus::Exposer> exposer, std::function<v1::Stats()> stats)
+  MetricsImpl(std::unique_ptr<prometheus::Exposer> exposer, MetricsOptions options)
       : exposer_(std::move(exposer)),
         registry_(std::make_shared<prometheus::Registry>()),
         transfers_(prometheus::BuildCounter()
                        .Name("kvrail_transfers_total")
                        .Help("Transfers that ended, by path, priority and result.")
                        .Register(*registry_)),
-        bytes_(prometheus::BuildCounter()
-                   .Name("kvrail_bytes_total")
-                   .Help("Bytes moved by ended transfers, by path and priority.")
-                   .Register(*registry_)),
-        link_bytes_(prometheus::BuildCounter()
-                        .Name("kvrail_link_bytes_total")
-                        .Help("Bytes moved by ended transfers, by link (host, gpu0-gpu1, fabric NIC).")
-                        .Register(*registry_)),
         latency_(prometheus::BuildHistogram()
                      .Name("kvrail_transfer_duration_seconds")
                      .Help("Submit-to-end time of ended transfers, by path and priority.")
                      .Register(*registry_)),
-        collectable_(std::make_shared<StatsCollectable>(std::move(stats))) {
+        queue_wait_(prometheus::BuildHistogram()
+                        .Name("kvrail_transfer_queue_wait_seconds")
+                        .Help("Submit-to-first-tile time of ended transfers that started, by "
+                              "priority (layer-wise transfers include the wait for the first layer).")
+                        .Register(*registry_)),
+        collectable_(std::make_shared<StatsCollectable>(std::move(options))) {
     exposer_->RegisterCollectable(registry_);
     exposer_->RegisterCollectable(collectable_);
   }
@@ -103,22 +167,17 @@ class MetricsImpl final : public Metrics {
     const std::string priority = PriorityLabel(status.spec().priority());
     transfers_.Add({{"path", path}, {"priority", priority}, {"result", ResultLabel(status.state())}})
         .Increment();
-    bytes_.Add({{"path", path}, {"priority", priority}})
-        .Increment(static_cast<double>(status.bytes_done()));
-    // Per link: a fabric transfer's bytes are split evenly over the NICs that carried it.
-    if (status.nics_size() > 0) {
-      for (const std::string& nic : status.nics()) {
-        link_bytes_.Add({{"link", "nic:" + nic}})
-            .Increment(static_cast<double>(status.bytes_done()) / status.nics_size());
-      }
-    } else if (!status.link().empty()) {
-      link_bytes_.Add({{"link", status.link()}}).Increment(static_cast<double>(status.bytes_done()));
-    }
     if (status.finished_unix_us() >= status.submitted_unix_us()) {
       static const prometheus::Histogram::BucketBoundaries kBuckets = {
           1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 0.5, 1, 2.5, 5, 10};
       latency_.Add({{"path", path}, {"priority", priority}}, kBuckets)
           .Observe(static_cast<double>(status.finished_unix_us() - status.submitted_unix_us()) / 1e6);
+    }
+    if (status.started_unix_us() > 0 && status.started_unix_us() >= status.submitted_unix_us()) {
+      static const prometheus::Histogram::BucketBoundaries kWaitBuckets = {
+          1e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 0.1, 0.5, 1, 5};
+      queue_wait_.Add({{"priority", priority}}, kWaitBuckets)
+          .Observe(static_cast<double>(status.started_unix_us() - status.submitted_unix_us()) / 1e6);
     }
   }
 
@@ -131,9 +190,8 @@ class MetricsImpl final : public Metrics {
   std::unique_ptr<prometheus::Exposer> exposer_;
   std::shared_ptr<prometheus::Registry> registry_;
   prometheus::Family<prometheus::Counter>& transfers_;
-  prometheus::Family<prometheus::Counter>& bytes_;
-  prometheus::Family<prometheus::Counter>& link_bytes_;
   prometheus::Family<prometheus::Histogram>& latency_;
+  prometheus::Family<prometheus::Histogram>& queue_wait_;
   std::shared_ptr<StatsCollectable> collectable_;
 };
 
@@ -148,17 +206,33 @@ std::string ResultLabel(v1::TransferState state) {
   return EnumLabel(v1::TransferState_Name(state), "TRANSFER_STATE_");
 }
 
+std::string EngineGaugeName(const std::string& gauge) {
+  std::string name = "kvrail_engine_" + gauge;
+  for (char& c : name) {
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_') c = '_';
+  }
+  return name;
+}
+
 absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Start(const std::string& listen,
                                                         std::function<v1::Stats()> stats) {
+  MetricsOptions options;
+  options.listen = listen;
+  options.stats = std::move(stats);
+  return Start(std::move(options));
+}
+
+absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Start(MetricsOptions options) {
   std::unique_ptr<prometheus::Exposer> exposer;
   try {
     // civetweb reports bind failures by throwing; this is the one place exceptions are caught.
-    exposer = std::make_unique<prometheus::Exposer>(listen, /*num_threads=*/2);
+    exposer = std::make_unique<prometheus::Exposer>(options.listen, /*num_threads=*/2);
   } catch (const std::exception& e) {
     return absl::UnavailableError(
-        absl::StrCat("metrics_listen: cannot serve metrics on '", listen, "': ", e.what()));
+        absl::StrCat("metrics_listen: cannot serve metrics on '", options.listen, "': ", e.what()));
   }
-  return std::unique_ptr<Metrics>(std::make_unique<MetricsImpl>(std::move(exposer), std::move(stats)));
+  return std::unique_ptr<Metrics>(
+      std::make_unique<MetricsImpl>(std::move(exposer), std::move(options)));
 }
 
 }  // namespace kvrail::metrics

@@ -1,10 +1,12 @@
-// Prometheus metrics: counters and latency histograms updated as transfers end, plus gauges read
-// from a Stats snapshot at scrape time (regions, active transfers, queue depths, engine state).
+// Prometheus metrics: counters and latency histograms updated as transfers end, plus gauges and
+// counters read from a Stats snapshot at scrape time (regions, active transfers, queue depths,
+// engine state, bytes counted tile by tile, refused submits) and the peers' liveness.
 #pragma once
 
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "proto/kvrail/v1/admin.pb.h"
@@ -12,14 +14,27 @@
 
 namespace kvrail::metrics {
 
+struct MetricsOptions {
+  // "127.0.0.1:9464"; port 0 picks one.
+  std::string listen;
+  // Called at each scrape. Its started_unix_us feeds kvrail_start_time_seconds.
+  std::function<v1::Stats()> stats;
+  // Called at each scrape when set (kvrail_peer_up); empty: no peers.
+  std::function<std::vector<v1::PeerInfo>()> peers;
+  // kvrail_build_info's labels.
+  std::string version;
+  std::string build_info;
+};
+
 // Thread-safe. Serves GET /metrics on its own HTTP threads (civetweb, inside prometheus-cpp).
 class Metrics {
  public:
   virtual ~Metrics() = default;
-  // Binds `listen` ("127.0.0.1:9464"; port 0 picks one). `stats` is called at each scrape.
+  static absl::StatusOr<std::unique_ptr<Metrics>> Start(MetricsOptions options);
+  // Binds `listen`; `stats` is called at each scrape.
   static absl::StatusOr<std::unique_ptr<Metrics>> Start(const std::string& listen,
                                                         std::function<v1::Stats()> stats);
-  // Counts a transfer that reached a final state.
+  // Counts a transfer that reached a final state (results, duration, queue wait).
   virtual void OnTransferFinished(const v1::TransferStatus& status) = 0;
   virtual int port() const = 0;
 };
@@ -28,5 +43,8 @@ class Metrics {
 std::string PathLabel(v1::Path path);
 std::string PriorityLabel(v1::Priority priority);
 std::string ResultLabel(v1::TransferState state);
+// "worker_bytes_per_second" -> kvrail_engine_worker_bytes_per_second (characters outside
+// [a-zA-Z0-9_] become '_').
+std::string EngineGaugeName(const std::string& gauge);
 
 }  // namespace kvrail::metrics

@@ -11,17 +11,44 @@ namespace {
 
 using testing::HttpGet;
 
-TEST_CASE("metrics count ended transfers and read gauges from stats at scrape time") {
+TEST_CASE("metrics count ended transfers and read gauges and counters from stats at scrape time") {
   int scrapes = 0;
-  auto m = Metrics::Start("127.0.0.1:0", [&] {
+  MetricsOptions options;
+  options.listen = "127.0.0.1:0";
+  options.version = "9.9.9";
+  options.build_info = "kvraild 9.9.9 (gcc, opt)";
+  options.stats = [&] {
     ++scrapes;
     v1::Stats s;
     s.set_regions(3);
     s.set_transfers_active(2);
+    s.set_started_unix_us(1700000000500000);
     (*s.mutable_queued_tiles())["critical"] = 5;
-    s.add_engines("host: 4 threads");
+    s.add_engines("host: 4 threads, 0.7 GB/s per worker");
+    v1::OpsEngineState* e = s.add_engine_states();
+    e->set_name("host");
+    e->set_description("host: 4 threads, 0.7 GB/s per worker");
+    (*e->mutable_gauges())["threads"] = 4;
+    (*e->mutable_gauges())["worker_bytes_per_second"] = 7e8;
+    v1::OpsByteCount* b = s.add_bytes_by_class();
+    b->set_path("host_local");
+    b->set_priority("critical");
+    b->set_bytes(8192);
+    (*s.mutable_bytes_by_link())["host"] = 8192;
+    (*s.mutable_rejected_by_code())["INVALID_ARGUMENT"] = 7;
+    s.mutable_mps()->set_active(true);
+    s.mutable_mps()->set_verdict("not co-running: ...");
     return s;
-  });
+  };
+  options.peers = [] {
+    v1::PeerInfo up, down;
+    up.set_node_id("b");
+    up.set_state("up");
+    down.set_node_id("c");
+    down.set_state("down");
+    return std::vector<v1::PeerInfo>{up, down};
+  };
+  auto m = Metrics::Start(std::move(options));
   REQUIRE(m.ok());
   REQUIRE((*m)->port() > 0);
   v1::TransferStatus t;
@@ -30,23 +57,47 @@ TEST_CASE("metrics count ended transfers and read gauges from stats at scrape ti
   t.set_state(v1::TRANSFER_STATE_SUCCEEDED);
   t.set_bytes_done(4096);
   t.set_submitted_unix_us(1000);
+  t.set_started_unix_us(1020);
   t.set_finished_unix_us(1300);
   (*m)->OnTransferFinished(t);
   (*m)->OnTransferFinished(t);
   t.set_state(v1::TRANSFER_STATE_FAILED);
   t.set_bytes_done(0);
+  t.set_started_unix_us(0);  // failed before it started: no queue wait observed
   (*m)->OnTransferFinished(t);
   const std::string body = HttpGet((*m)->port(), "/metrics");
   INFO(body);
   CHECK(body.find("200 OK") != std::string::npos);
   CHECK(body.find(R"(kvrail_transfers_total{path="host_local",priority="critical",result="succeeded"} 2)") != std::string::npos);
   CHECK(body.find(R"(kvrail_transfers_total{path="host_local",priority="critical",result="failed"} 1)") != std::string::npos);
+  // Bytes come from the stats' tile-by-tile counts, not from ended transfers.
   CHECK(body.find(R"(kvrail_bytes_total{path="host_local",priority="critical"} 8192)") != std::string::npos);
+  CHECK(body.find("# TYPE kvrail_bytes_total counter") != std::string::npos);
+  CHECK(body.find(R"(kvrail_link_bytes_total{link="host"} 8192)") != std::string::npos);
+  CHECK(body.find(R"(kvrail_submits_rejected_total{code="INVALID_ARGUMENT"} 7)") != std::string::npos);
   CHECK(body.find(R"(kvrail_transfer_duration_seconds_count{path="host_local",priority="critical"} 3)") != std::string::npos);
   CHECK(body.find(R"(kvrail_transfer_duration_seconds_bucket{path="host_local",priority="critical",le="0.0005"} 3)") != std::string::npos);
+  CHECK(body.find(R"(kvrail_transfer_queue_wait_seconds_count{priority="critical"} 2)") != std::string::npos);
+  CHECK(body.find(R"(kvrail_transfer_queue_wait_seconds_bucket{priority="critical",le="5e-05"} 2)") != std::string::npos);
   CHECK(body.find("kvrail_regions 3") != std::string::npos);
   CHECK(body.find(R"(kvrail_queued_tiles{priority="critical"} 5)") != std::string::npos);
+  // The engine's label is its stable name; the measurement is a gauge, never a label.
+  CHECK(body.find(R"(kvrail_engine_info{engine="host"} 1)") != std::string::npos);
+  CHECK(body.find("GB/s") == std::string::npos);
+  CHECK(body.find(R"(kvrail_engine_threads{engine="host"} 4)") != std::string::npos);
+  CHECK(body.find(R"(kvrail_engine_worker_bytes_per_second{engine="host"} 700000000)") != std::string::npos);
+  CHECK(body.find(R"x(kvrail_build_info{version="9.9.9",build="kvraild 9.9.9 (gcc, opt)"} 1)x") != std::string::npos);
+  CHECK(body.find(R"(kvrail_peer_up{peer="b"} 1)") != std::string::npos);
+  CHECK(body.find(R"(kvrail_peer_up{peer="c"} 0)") != std::string::npos);
+  CHECK(body.find("kvrail_mps_active 1") != std::string::npos);
+  CHECK(body.find("kvrail_mps_corunning 0") != std::string::npos);
+  CHECK(body.find("kvrail_start_time_seconds 1700000000.5") != std::string::npos);
   CHECK(scrapes == 1);
+}
+
+TEST_CASE("engine gauge names keep to Prometheus' alphabet") {
+  CHECK(EngineGaugeName("worker_bytes_per_second") == "kvrail_engine_worker_bytes_per_second");
+  CHECK(EngineGaugeName("sm budget/ctas") == "kvrail_engine_sm_budget_ctas");
 }
 
 TEST_CASE("a busy metrics address is an error naming the key") {

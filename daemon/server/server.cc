@@ -374,6 +374,7 @@ class AdminService final : public v1::Admin::Service {
                         v1::Stats* response) override {
     KVRAIL_CALLER_OR_RETURN(caller);
     (void)caller;
+    *response = options_.stats_base;
     response->set_version(options_.version);
     response->set_node_id(options_.node_id);
     response->set_started_unix_us(started_us_);
@@ -426,7 +427,9 @@ class ServerImpl final : public Server {
   }
 
   void SetNotServing() override {
-    if (auto* health = server_->GetHealthCheckService()) health->SetServingStatus(false);
+    if (auto* health = server_->GetHealthCheckService()) {
+      health->SetServingStatus("kvrail.v1.Transfer", false);
+    }
   }
 
   void Shutdown(absl::Duration deadline) override {

@@ -58,7 +58,8 @@ class Server {
   static absl::StatusOr<std::unique_ptr<Server>> Start(const ServerOptions& options,
                                                        regions::RegionTable* regions,
                                                        transfers::TransferManager* transfers);
-  // Marks the health service NOT_SERVING (drain has begun).
+  // Marks readiness (health service "kvrail.v1.Transfer") NOT_SERVING: drain has begun. Liveness
+  // (service "") stays SERVING until the server shuts down, so a draining daemon is not killed.
   virtual void SetNotServing() = 0;
   // Stops accepting calls and waits up to `deadline` for running ones (long watches are
   // cancelled at the deadline).

@@ -49,6 +49,9 @@ class TransferManagerImpl final : public TransferManager {
 
   // TransferManager (transfer_manager.cc)
   absl::StatusOr<v1::SubmitTransferResponse> Submit(const v1::TransferSpec& spec) override;
+  // Submit's work; Submit counts what it refuses (Stats.rejected_by_code).
+  absl::StatusOr<v1::SubmitTransferResponse> SubmitCounted(const v1::TransferSpec& spec);
+  void CountRejected(const absl::Status& status);
   absl::StatusOr<v1::SubmitTransferResponse> SubmitWithinNode(
       const v1::TransferSpec& spec) override;
   void CheckDeadlines() override;

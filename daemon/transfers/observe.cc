@@ -184,6 +184,19 @@ void TransferManagerImpl::FillStats(v1::Stats* stats) const {
     for (const auto& [path, bytes] : counters_->bytes_by_path) {
       (*stats->mutable_bytes_by_path())[path] = bytes;
     }
+    for (const auto& [key, slot] : counters_->class_bytes) {
+      v1::OpsByteCount* count = stats->add_bytes_by_class();
+      const size_t slash = key.find('/');
+      count->set_path(key.substr(0, slash));
+      count->set_priority(slash == std::string::npos ? "" : key.substr(slash + 1));
+      count->set_bytes(slot->load(std::memory_order_relaxed));
+    }
+    for (const auto& [link, slot] : counters_->link_bytes) {
+      (*stats->mutable_bytes_by_link())[link] = slot->load(std::memory_order_relaxed);
+    }
+    for (const auto& [code, n] : counters_->rejected_by_code) {
+      (*stats->mutable_rejected_by_code())[code] = n;
+    }
   }
   std::vector<uint64_t> queued = engine_->QueuedTiles();
   if (options_.cuda_engine != nullptr) {
@@ -196,6 +209,13 @@ void TransferManagerImpl::FillStats(v1::Stats* stats) const {
   }
   stats->add_engines(engine_->Describe());
   if (options_.cuda_engine != nullptr) stats->add_engines(options_.cuda_engine->Describe());
+  for (const engine::Engine* e : {engine_, options_.cuda_engine}) {
+    if (e == nullptr) continue;
+    v1::OpsEngineState* state = stats->add_engine_states();
+    state->set_name(e->name());
+    state->set_description(e->Describe());
+    for (const auto& [name, value] : e->Gauges()) (*state->mutable_gauges())[name] = value;
+  }
   absl::MutexLock lock(&mu_);
   stats->set_draining(draining_);
 }

@@ -39,7 +39,15 @@ Record::Record(planner::Plan plan, RecordParams params)
       readiness_session_(params.readiness_session) {
   src_->AcquireUse();
   dst_->AcquireUse();
+  std::atomic<uint64_t>* link_slot = nullptr;
+  {
+    absl::MutexLock c(&counters_->mu);
+    class_slot_ = counters_->Slot(counters_->class_bytes,
+                                  absl::StrCat(PathKey(path_), "/", engine::PriorityClassName(priority_)));
+    link_slot = counters_->Slot(counters_->link_bytes, link_.empty() ? "-" : link_);
+  }
   absl::MutexLock lock(&mu_);
+  link_slots_ = {link_slot};
   arrival_region_ = std::move(params.arrival_region);
   arrival_words_ = params.arrival_words;
   arrival_value_ = params.arrival_value;
@@ -99,8 +107,16 @@ absl::Status Record::WhenEnded(std::function<void(const v1::TransferStatus&)> do
 }
 
 void Record::SetNics(std::vector<std::string> nics) {
+  std::vector<std::atomic<uint64_t>*> slots;
+  if (!nics.empty()) {
+    absl::MutexLock c(&counters_->mu);
+    for (const std::string& nic : nics) {
+      slots.push_back(counters_->Slot(counters_->link_bytes, "nic:" + nic));
+    }
+  }
   absl::MutexLock lock(&mu_);
   nics_ = std::move(nics);
+  if (!slots.empty()) link_slots_ = std::move(slots);
   ++version_;
 }
 
@@ -146,6 +162,13 @@ void Record::OnTileDone(uint32_t tile, const absl::Status& status) {
     const planner::TileInfo info = plan_.tile(tile);
     ++tiles_done_;
     bytes_done_ += info.bytes;
+    // Counted as the tile lands (metrics, Stats.bytes_by_class/bytes_by_link).
+    class_slot_->fetch_add(info.bytes, std::memory_order_relaxed);
+    const uint64_t share = info.bytes / link_slots_.size();
+    for (size_t i = 0; i < link_slots_.size(); ++i) {
+      link_slots_[i]->fetch_add(i == 0 ? info.bytes - share * (link_slots_.size() - 1) : share,
+                                std::memory_order_relaxed);
+    }
     if (--layer_tiles_left_[info.layer] == 0) {
       layers_done_.push_back(info.layer);
       if (arrival_words_ != nullptr) readiness::SignalFlag(arrival_words_, info.layer, arrival_value_);

@@ -2,8 +2,10 @@
 // watches) and the engine (tile reports).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -33,6 +35,21 @@ struct Counters {
   // Called with the final status of every transfer that ends (metrics). Set before the first
   // transfer, then read-only.
   std::function<void(const v1::TransferStatus&)> on_finished;
+  // Bytes counted tile by tile as tiles land (Stats.bytes_by_class, bytes_by_link): one slot per
+  // key, created on first use and never removed, so a record keeps pointers to its slots and adds
+  // to them without the lock. Keys: "<path>/<priority>" and the link name.
+  std::map<std::string, std::unique_ptr<std::atomic<uint64_t>>> class_bytes ABSL_GUARDED_BY(mu);
+  std::map<std::string, std::unique_ptr<std::atomic<uint64_t>>> link_bytes ABSL_GUARDED_BY(mu);
+  // Submits refused, by status code name (Stats.rejected_by_code).
+  std::map<std::string, uint64_t> rejected_by_code ABSL_GUARDED_BY(mu);
+  // The slot for `key` in `slots` (one of the two maps above), created when missing.
+  std::atomic<uint64_t>* Slot(
+      std::map<std::string, std::unique_ptr<std::atomic<uint64_t>>>& slots, const std::string& key)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    auto& slot = slots[key];
+    if (slot == nullptr) slot = std::make_unique<std::atomic<uint64_t>>(0);
+    return slot.get();
+  }
 };
 
 // What a record is made of besides its plan (Record's constructor).
@@ -201,6 +218,10 @@ class Record final : public InboundJob {
   uint32_t* arrival_words_ ABSL_GUARDED_BY(mu_) = nullptr;
   uint32_t arrival_value_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<std::string> nics_ ABSL_GUARDED_BY(mu_);
+  // Counters' tile-by-tile byte slots for this record's path and priority, and its link(s) (the
+  // NICs once SetNics names them; a tile's bytes are split evenly over them).
+  std::atomic<uint64_t>* class_slot_ = nullptr;  // set in the constructor, then read-only
+  std::vector<std::atomic<uint64_t>*> link_slots_ ABSL_GUARDED_BY(mu_);
   std::vector<std::function<void(const v1::TransferStatus&)>> when_ended_ ABSL_GUARDED_BY(mu_);
   size_t when_ended_counted_ ABSL_GUARDED_BY(mu_) = 0;  // of them, callers' (kMaxWhenEnded)
   // The engine's name, refined by OnEngineUsed ("cuda-kernel", "cuda-kernel+cuda-copy-engine").

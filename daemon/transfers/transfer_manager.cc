@@ -144,6 +144,18 @@ absl::StatusOr<TransferManagerImpl::InFlightSlot> TransferManagerImpl::TakeInFli
 
 absl::StatusOr<v1::SubmitTransferResponse> TransferManagerImpl::Submit(
     const v1::TransferSpec& spec) {
+  absl::StatusOr<v1::SubmitTransferResponse> response = SubmitCounted(spec);
+  if (!response.ok()) CountRejected(response.status());
+  return response;
+}
+
+void TransferManagerImpl::CountRejected(const absl::Status& status) {
+  absl::MutexLock c(&counters_->mu);
+  ++counters_->rejected_by_code[absl::StatusCodeToString(status.code())];
+}
+
+absl::StatusOr<v1::SubmitTransferResponse> TransferManagerImpl::SubmitCounted(
+    const v1::TransferSpec& spec) {
   const int64_t received_us = clock_->NowUnixMicros();
   KVRAIL_RETURN_IF_ERROR(CheckNotification(spec));
   KVRAIL_ASSIGN_OR_RETURN(Claimed claimed, ClaimKey(spec));
@@ -161,9 +173,11 @@ absl::StatusOr<v1::SubmitTransferResponse> TransferManagerImpl::Submit(
 absl::StatusOr<v1::SubmitTransferResponse> TransferManagerImpl::SubmitWithinNode(
     const v1::TransferSpec& spec) {
   if (!spec.dst().node_id().empty() && spec.dst().node_id() != options_.node_id) {
-    return absl::FailedPreconditionError(absl::StrCat(
+    absl::Status refused = absl::FailedPreconditionError(absl::StrCat(
         "spec.dst.node_id: '", spec.dst().node_id(),
         "' is another node; submit transfers between nodes with SubmitTransfer (gRPC)"));
+    CountRejected(refused);
+    return refused;
   }
   return Submit(spec);
 }
@@ -240,7 +254,7 @@ absl::StatusOr<v1::SubmitTransferResponse> TransferManagerImpl::SubmitLocal(
   admission.first_layer = spec.src().layer_begin();
   KVRAIL_ASSIGN_OR_RETURN(const std::shared_ptr<Record> record,
                           Admit(std::move(plan), std::move(params), admission));
-  spdlog::info("transfer {} accepted: {} bytes, {} tiles, {}; {} via {} ({})", record->id(),
+  spdlog::debug("transfer {} accepted: {} bytes, {} tiles, {}; {} via {} ({})", record->id(),
                record->plan().bytes_total(), record->plan().num_tiles(),
                record->plan().Describe(), v1::Path_Name(route.path), engine->name(), route.reason);
   return Accepted(record->id(), record->plan(), false);
@@ -287,7 +301,7 @@ absl::StatusOr<v1::SubmitTransferResponse> TransferManagerImpl::SubmitRemote(
   };
   KVRAIL_ASSIGN_OR_RETURN(const std::shared_ptr<Record> record,
                           Admit(std::move(plan), std::move(params), admission));
-  spdlog::info("transfer {} accepted: {} bytes, {} tiles, {}; PATH_FABRIC to '{}' over {}",
+  spdlog::debug("transfer {} accepted: {} bytes, {} tiles, {}; PATH_FABRIC to '{}' over {}",
                record->id(), record->plan().bytes_total(), record->plan().num_tiles(),
                record->plan().Describe(), spec.dst().node_id(), absl::StrJoin(nics, ","));
   return Accepted(record->id(), record->plan(), false);

@@ -51,7 +51,7 @@ TEST_CASE("metrics: counts by path, priority and result after real transfers") {
   CHECK(body.find("kvrail_regions 2") != std::string::npos);
   CHECK(body.find("kvrail_transfers_active 0") != std::string::npos);
   CHECK(body.find(R"(kvrail_queued_tiles{priority="background"} 0)") != std::string::npos);
-  CHECK(body.find("kvrail_engine_info{engine=\"host:") != std::string::npos);
+  CHECK(body.find("kvrail_engine_info{engine=\"host\"} 1") != std::string::npos);
   c->reset();
   CHECK(daemon.Stop(SIGTERM) == 0);
   // Every log line is a JSON object.

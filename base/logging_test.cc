@@ -1,0 +1,95 @@
+#define CATCH_CONFIG_MAIN
+#include <catch2/catch.hpp>
+
+#include <spdlog/spdlog.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <sstream>
+#include <string>
+
+#include "base/logging.h"
+
+namespace kvrail {
+namespace {
+
+TEST_CASE("json lines carry fields as members, not inside the message, and stay valid JSON") {
+  std::ostringstream out;
+  REQUIRE(SetUpLoggingTo("debug", "json", /*journald=*/false, &out).ok());
+  LogFields(spdlog::level::debug, "transfer ended \"x\"\n",
+            {{"transfer_id", uint64_t{42}}, {"path", "host_local"}, {"bytes", uint64_t{1048576}},
+             {"seconds", 0.25}, {"label", "a\"b\\c"}});
+  const std::string line = out.str();
+  INFO(line);
+  CHECK(line.find(R"("msg":"transfer ended \"x\"\n","transfer_id":42,"path":"host_local","bytes":1048576,"seconds":0.25,"label":"a\"b\\c"})") != std::string::npos);
+  CHECK(line.rfind("{\"ts\":", 0) == 0);
+  CHECK(line.find('<') == std::string::npos);
+  // A plain spdlog line has no fields; a field of the previous line never leaks into it.
+  out.str("");
+  spdlog::info("plain");
+  CHECK(out.str().find(R"("msg":"plain"})") != std::string::npos);
+}
+
+TEST_CASE("text lines put fields after the message as key=value") {
+  std::ostringstream out;
+  REQUIRE(SetUpLoggingTo("debug", "text", false, &out).ok());
+  LogFields(spdlog::level::info, "transfer ended", {{"transfer_id", 7}, {"path", "nvlink_p2p"}});
+  INFO(out.str());
+  CHECK(out.str().find("transfer ended transfer_id=7 path=\"nvlink_p2p\"") != std::string::npos);
+}
+
+TEST_CASE("below the level nothing is formatted or written") {
+  std::ostringstream out;
+  REQUIRE(SetUpLoggingTo("info", "json", false, &out).ok());
+  LogFields(spdlog::level::debug, "per-transfer line", {{"transfer_id", 1}});
+  spdlog::debug("also not");
+  CHECK(out.str().empty());
+}
+
+TEST_CASE("under journald each line starts with its syslog priority") {
+  std::ostringstream out;
+  REQUIRE(SetUpLoggingTo("debug", "text", /*journald=*/true, &out).ok());
+  spdlog::debug("d");
+  spdlog::info("i");
+  spdlog::warn("w");
+  spdlog::error("e");
+  const std::string text = out.str();
+  INFO(text);
+  CHECK(text.find("<7>debug") != std::string::npos);
+  CHECK(text.find("<6>info") != std::string::npos);
+  CHECK(text.find("<4>warning") != std::string::npos);
+  CHECK(text.find("<3>error") != std::string::npos);
+  // The journal stamps lines; text lines under it carry no time of their own.
+  CHECK(text.find("T") == std::string::npos);
+  std::ostringstream json;
+  REQUIRE(SetUpLoggingTo("info", "json", true, &json).ok());
+  spdlog::warn("w");
+  CHECK(json.str().rfind("<4>{\"ts\":", 0) == 0);
+}
+
+TEST_CASE("JOURNAL_STREAM counts only when it names this process's stderr") {
+  struct stat st;
+  REQUIRE(::fstat(2, &st) == 0);
+  ::unsetenv("JOURNAL_STREAM");
+  CHECK_FALSE(StderrIsJournal());
+  const std::string mine = std::to_string(st.st_dev) + ":" + std::to_string(st.st_ino);
+  ::setenv("JOURNAL_STREAM", mine.c_str(), 1);
+  CHECK(StderrIsJournal());
+  // Inherited from a parent whose stderr went to the journal, while ours goes elsewhere.
+  const std::string other = std::to_string(st.st_dev) + ":" + std::to_string(st.st_ino + 1);
+  ::setenv("JOURNAL_STREAM", other.c_str(), 1);
+  CHECK_FALSE(StderrIsJournal());
+  ::setenv("JOURNAL_STREAM", "garbage", 1);
+  CHECK_FALSE(StderrIsJournal());
+  ::unsetenv("JOURNAL_STREAM");
+}
+
+TEST_CASE("unknown level or format names the key") {
+  std::ostringstream out;
+  CHECK(std::string(SetUpLoggingTo("loud", "json", false, &out).message()).rfind("log_level:", 0) == 0);
+  CHECK(std::string(SetUpLoggingTo("info", "xml", false, &out).message()).rfind("log_format:", 0) == 0);
+}
+
+}  // namespace
+}  // namespace kvrail
