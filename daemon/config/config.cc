@@ -185,11 +185,15 @@ absl::Status FinalizeConfig(v1::DaemonConfig* config) {
   // 0 stay: kvraild derives them from the node (physical memory, vm.max_map_count).
   if (config->max_regions_per_session() == 0) config->set_max_regions_per_session(4096);
   if (config->max_regions_per_uid() == 0) config->set_max_regions_per_uid(16384);
-  if (config->max_regions_per_session() > (1u << 20) || config->max_regions_per_uid() > (1u << 20) ||
-      config->max_region_mappings() > (1u << 24)) {
-    return absl::InvalidArgumentError(
-        "max_regions_per_session, max_regions_per_uid: at most 1048576; max_region_mappings: at "
-        "most 16777216");
+  if (config->max_regions_per_session() > (1u << 20)) {
+    return absl::InvalidArgumentError("max_regions_per_session: at most 1048576");
+  }
+  if (config->max_regions_per_uid() > (1u << 20)) {
+    return absl::InvalidArgumentError("max_regions_per_uid: at most 1048576");
+  }
+  if (config->max_region_mappings() > (1u << 20)) {
+    // The SIGBUS guard's table holds 2^20 host mappings (daemon/regions/sigbus_guard.h).
+    return absl::InvalidArgumentError("max_region_mappings: at most 1048576");
   }
   for (const auto& [node, address] : config->peers()) {
     if (node.empty() || address.empty() || address.find(':') == std::string::npos) {

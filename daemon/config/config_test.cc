@@ -111,3 +111,27 @@ TEST_CASE("a missing file is NOT_FOUND naming the path") {
 
 }  // namespace
 }  // namespace kvrail::config
+
+namespace kvrail::config {
+namespace {
+
+TEST_CASE("region caps: defaults, derived zeros, bounds naming the key") {
+  auto parsed = ParseConfig("", "t");
+  REQUIRE(parsed.ok());
+  REQUIRE(FinalizeConfig(&*parsed).ok());
+  CHECK(parsed->max_regions_per_session() == 4096);
+  CHECK(parsed->max_regions_per_uid() == 16384);
+  CHECK(parsed->max_mapped_bytes_per_uid() == 0);  // kvraild: the node's physical memory
+  CHECK(parsed->max_region_mappings() == 0);       // kvraild: half of vm.max_map_count
+  for (const char* key : {"max_regions_per_session", "max_regions_per_uid", "max_region_mappings"}) {
+    auto big = ParseConfig(std::string(key) + ": 2000000", "t");
+    REQUIRE(big.ok());
+    const absl::Status status = FinalizeConfig(&*big);
+    INFO(status.message());
+    REQUIRE(!status.ok());
+    CHECK(std::string(status.message()).rfind(std::string(key) + ":", 0) == 0);
+  }
+}
+
+}  // namespace
+}  // namespace kvrail::config
