@@ -188,6 +188,7 @@ absl::Status Run(v1::DaemonConfig config) {
     cuda_options.copy_engine_min_run_bytes = config.cuda_copy_engine_min_run_bytes();
     cuda_options.copy_only_kernel_ctas = static_cast<int>(config.cuda_copy_only_kernel_ctas());
     cuda_options.copy_only_kernel_below_run_bytes = config.cuda_copy_only_kernel_below_run_bytes();
+    cuda_options.warm_up = !config.has_cuda_warm_up() || config.cuda_warm_up();
     cuda_options.run_on_destination = config.cuda_run_on() == "destination";
     cuda_options.batch_bytes = config.cuda_batch_bytes();
     cuda_options.limits = limits;

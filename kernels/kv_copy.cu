@@ -199,19 +199,22 @@ __global__ void __launch_bounds__(kMaxThreads)
 static_assert(kMaxPieceBytes == kLoadsInFlight * 32 * 16, "one piece = one warp step");
 
 // The segment path (plan_math.h: SegmentAt): each warp takes kSegmentsPerStep consecutive
-// segments at a time, lane j < kSegmentsPerStep locating segment j (one chunk lookup per segment,
-// shared through shuffles). Every segment is cut at 8-byte boundaries of its DESTINATION: a head
+// segments at a time, lane j < kSegmentsPerStep locating segment j (one chunk lookup per segment;
+// the next step's lookups are issued before this step's copies, so block-table and data
+// latencies overlap). Every segment is cut at 8-byte boundaries of its DESTINATION: a head
 // (< 8 bytes) and a tail (< 8 bytes) moved bytewise, and a body of aligned 8-byte stores whose
 // bytes come from the source's aligned 8-byte words funnel-shifted by the source's misalignment
 // (two loads, one mostly from L1). So odd vector sizes, odd offsets and padded strides move in
 // 8-byte accesses, not at the plan's narrowest width. Each aligned word read holds at least one
 // byte of the segment, so no read leaves the pages the segment lies in. The bodies of the step's
-// segments are one stream of words, of which each lane keeps kSegmentLoads in flight.
-constexpr int kSegmentsPerStep = 4;
+// segments are one stream of words (each lane finds its word's segment by comparing with the
+// running word counts and takes that segment's bases from its lane by shuffle), of which each
+// lane keeps kSegmentLoads loads in flight.
+constexpr int kSegmentsPerStep = 8;
 constexpr int kSegmentLoads = 8;
 
 struct SegmentPlan {
-  uint64_t src, dst;  // segment start (region offsets resolved to addresses)
+  uint64_t src, dst;  // segment start (addresses)
   uint32_t head;      // bytes before the destination's first 8-byte boundary (or all, if short)
   uint32_t words;     // 8-byte body words
   uint32_t tail;      // bytes after the body
@@ -234,15 +237,25 @@ __device__ __forceinline__ SegmentPlan PlanSegment(uint64_t src, uint64_t dst, u
   return s;
 }
 
-// Body word w of segment s: its value, from the source's aligned words.
-__device__ __forceinline__ uint64_t LoadBodyWord(const SegmentPlan& s, uint32_t w) {
-  const uint64_t at = s.src + s.head + 8ull * w;
+// The 8 bytes at `at` (any alignment), from the aligned words holding them.
+__device__ __forceinline__ uint64_t LoadFunnel(uint64_t at) {
   const uint32_t r = static_cast<uint32_t>(at & 7);
   const uint64_t* aligned = reinterpret_cast<const uint64_t*>(at - r);
   const uint64_t lo = aligned[0];
   if (r == 0) return lo;
   const uint64_t hi = aligned[1];
   return (lo >> (8 * r)) | (hi << (64 - 8 * r));
+}
+
+// Segment `item` of the launch (lanes with nothing to locate get an empty one).
+__device__ __forceinline__ ChunkSpan LocateSegment(const PlanHeader& h, const uint32_t* src_blocks,
+                                                   const uint32_t* dst_blocks, uint32_t tile_begin,
+                                                   uint64_t item, uint64_t items,
+                                                   uint64_t per_tile, const FastDivU32& div) {
+  if (item >= items) return ChunkSpan{0, 0, 0};
+  const ItemPos pos = SplitItem(item, per_tile, div);
+  const TileDesc t = TileAt(h, tile_begin + static_cast<uint32_t>(pos.tile));
+  return SegmentAt(h, src_blocks, dst_blocks, t, pos.index);
 }
 
 __global__ void __launch_bounds__(kMaxThreads)
@@ -261,49 +274,50 @@ __global__ void __launch_bounds__(kMaxThreads)
   const uint64_t items = static_cast<uint64_t>(tile_end - tile_begin) * per_tile;
   const uint64_t warps = static_cast<uint64_t>(gridDim.x) * (blockDim.x / 32);
   const uint64_t warp = static_cast<uint64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
-  for (uint64_t first = warp * kSegmentsPerStep; first < items;
-       first += warps * kSegmentsPerStep) {
-    // Lane j < kSegmentsPerStep locates segment first + j.
-    uint64_t my_src = 0, my_dst = 0, my_len = 0;
-    if (lane < kSegmentsPerStep && first + lane < items) {
-      const ItemPos pos = SplitItem(first + lane, per_tile, tile_div);
-      const TileDesc t = TileAt(h, tile_begin + static_cast<uint32_t>(pos.tile));
-      const ChunkSpan span = SegmentAt(h, src_blocks, dst_blocks, t, pos.index);
-      my_src = src + span.src;
-      my_dst = dst + span.dst;
-      my_len = span.bytes;
+  const uint64_t stride = warps * kSegmentsPerStep;
+  uint64_t first = warp * kSegmentsPerStep;
+  // Lane j < kSegmentsPerStep locates segment first + j; the others hold an empty segment.
+  ChunkSpan next = lane < kSegmentsPerStep
+                       ? LocateSegment(h, src_blocks, dst_blocks, tile_begin, first + lane, items,
+                                       per_tile, tile_div)
+                       : ChunkSpan{0, 0, 0};
+  for (; first < items; first += stride) {
+    const SegmentPlan mine = PlanSegment(src + next.src, dst + next.dst, next.bytes);
+    // The next step's lookups, issued now: their table reads overlap this step's copies.
+    if (lane < kSegmentsPerStep) {
+      next = LocateSegment(h, src_blocks, dst_blocks, tile_begin, first + stride + lane, items,
+                           per_tile, tile_div);
     }
-    SegmentPlan seg[kSegmentsPerStep];
-    uint32_t ends[kSegmentsPerStep];  // running sum of body words
-    uint32_t total = 0;
+    // Running word counts over the step's segments (lanes >= kSegmentsPerStep add 0 words).
+    uint32_t end = lane < kSegmentsPerStep ? mine.words : 0;
 #pragma unroll
-    for (int j = 0; j < kSegmentsPerStep; ++j) {
-      seg[j] = PlanSegment(__shfl_sync(0xffffffffu, my_src, j), __shfl_sync(0xffffffffu, my_dst, j),
-                           __shfl_sync(0xffffffffu, my_len, j));
-      total += seg[j].words;
-      ends[j] = total;
+    for (int d = 1; d < kSegmentsPerStep; d *= 2) {
+      const uint32_t up = __shfl_up_sync(0xffffffffu, end, d);
+      if (lane >= static_cast<uint32_t>(d)) end += up;
     }
-    // Bodies: one stream of `total` words; each lane keeps kSegmentLoads loads in flight.
-    for (uint32_t base = lane; base < total; base += 32 * kSegmentLoads) {
+    uint32_t ends[kSegmentsPerStep];
+#pragma unroll
+    for (int q = 0; q < kSegmentsPerStep; ++q) ends[q] = __shfl_sync(0xffffffffu, end, q);
+    const uint32_t total = ends[kSegmentsPerStep - 1];
+    // Word v of segment j is at (my_dst + 8 v, my_src + 8 v) in lane j's terms.
+    const uint64_t start = 8ull * (end - (lane < kSegmentsPerStep ? mine.words : 0));
+    const uint64_t my_dst = mine.dst + mine.head - start;
+    const uint64_t my_src = mine.src + mine.head - start;
+    for (uint32_t base = 0; base < total; base += 32 * kSegmentLoads) {
       uint64_t value[kSegmentLoads];
       uint64_t to[kSegmentLoads];
 #pragma unroll
       for (int k = 0; k < kSegmentLoads; ++k) {
-        const uint32_t v = base + 32 * k;
+        const uint32_t v = base + 32 * k + lane;
+        uint32_t j = 0;
+#pragma unroll
+        for (int q = 0; q < kSegmentsPerStep - 1; ++q) j += v >= ends[q] ? 1 : 0;
+        const uint64_t d = __shfl_sync(0xffffffffu, my_dst, j);
+        const uint64_t s = __shfl_sync(0xffffffffu, my_src, j);
         to[k] = 0;
         if (v < total) {
-          int j = 0;
-#pragma unroll
-          for (int q = 0; q < kSegmentsPerStep - 1; ++q) j += v >= ends[q] ? 1 : 0;
-          const uint32_t w = v - (j == 0 ? 0 : ends[j - 1]);
-          // Indexing seg[j] by a run-time j would put seg in local memory: select instead.
-          SegmentPlan s = seg[0];
-#pragma unroll
-          for (int q = 1; q < kSegmentsPerStep; ++q) {
-            if (j == q) s = seg[q];
-          }
-          value[k] = LoadBodyWord(s, w);
-          to[k] = s.dst + s.head + 8ull * w;
+          value[k] = LoadFunnel(s + 8ull * v);
+          to[k] = d + 8ull * v;
         }
       }
 #pragma unroll
@@ -311,25 +325,27 @@ __global__ void __launch_bounds__(kMaxThreads)
         if (to[k] != 0) *reinterpret_cast<uint64_t*>(to[k]) = value[k];
       }
     }
-    // Heads, then tails: lane 8j + b moves byte b of segment j's head (tail); both are < 8 bytes.
+    // Heads, then tails: lane 8 (j % 4) + b moves byte b of segment j's head (tail), four
+    // segments per pass; both are < 8 bytes.
 #pragma unroll
-    for (int pass = 0; pass < 2; ++pass) {
-      const int j = lane / 8;
+    for (int pass = 0; pass < 2 * kSegmentsPerStep / 4; ++pass) {
+      const int j = (pass % (kSegmentsPerStep / 4)) * 4 + static_cast<int>(lane / 8);
+      const bool tails = pass >= kSegmentsPerStep / 4;
       const uint32_t b = lane % 8;
-      SegmentPlan s = seg[0];
-#pragma unroll
-      for (int q = 1; q < kSegmentsPerStep; ++q) {
-        if (j == q) s = seg[q];
-      }
-      const uint32_t n = pass == 0 ? s.head : s.tail;
+      const uint64_t s_src = __shfl_sync(0xffffffffu, mine.src, j);
+      const uint64_t s_dst = __shfl_sync(0xffffffffu, mine.dst, j);
+      const uint32_t s_head = __shfl_sync(0xffffffffu, mine.head, j);
+      const uint32_t s_words = __shfl_sync(0xffffffffu, mine.words, j);
+      const uint32_t s_tail = __shfl_sync(0xffffffffu, mine.tail, j);
+      const uint32_t n = tails ? s_tail : s_head;
       if (b < n) {
-        const uint64_t off = pass == 0 ? b : s.head + 8ull * s.words + b;
-        *reinterpret_cast<uint8_t*>(s.dst + off) = *reinterpret_cast<const uint8_t*>(s.src + off);
+        const uint64_t off = tails ? s_head + 8ull * s_words + b : b;
+        *reinterpret_cast<uint8_t*>(s_dst + off) = *reinterpret_cast<const uint8_t*>(s_src + off);
       }
     }
   }
 }
-static_assert(kSegmentsPerStep * 8 == 32, "heads and tails: one lane per byte of 4 segments");
+static_assert(kSegmentsPerStep % 4 == 0 && kSegmentsPerStep <= 32, "heads/tails: 4 segments a pass");
 
 }  // namespace
 

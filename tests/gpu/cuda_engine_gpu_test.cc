@@ -116,6 +116,16 @@ Side MakeSide(client::Client& c, Kind kind, const v1::PagedKvLayout* layout, uin
   return side;
 }
 
+// want_engine for a copy-engine-only daemon with the default small-kernel setting (issue 19).
+const char kCopyOnlyAuto[] = "copy-only-auto";
+
+// A copy-engine-only daemon that never uses a kernel: --config with cuda_copy_only_kernel_ctas 0.
+std::vector<std::string> CopyEnginesOnlyArgs(const testing::TempDir& dir) {
+  const std::string path = dir.path() + "/copy_only.textproto";
+  std::ofstream(path) << "cuda_max_ctas: 0\ncuda_copy_only_kernel_ctas: 0\n";
+  return {"--config", path};
+}
+
 // Moves `c` through the daemon from `src_kind` to `dst_kind` and compares with the host twin.
 void RunCase(client::Client& cl, const planner::testing::RandomCase& c, Kind src_kind,
              Kind dst_kind, std::mt19937_64& rng, const std::string& want_engine) {
@@ -145,7 +155,15 @@ void RunCase(client::Client& cl, const planner::testing::RandomCase& c, Kind src
   // Two GPUs of one node here are joined by NVLink (NV18 on the lent machine).
   const bool peer = src_kind != Kind::kHost && dst_kind != Kind::kHost && src_kind != dst_kind;
   CHECK(status->path() == (peer ? v1::PATH_NVLINK_P2P : v1::PATH_CUDA_LOCAL));
-  if (!want_engine.empty() && plan->bytes_total() > 0) CHECK(status->engine() == want_engine);
+  if (want_engine == kCopyOnlyAuto && plan->bytes_total() > 0) {
+    // cuda_max_ctas 0 with the default cuda_copy_only_kernel_*: plans whose runs average under
+    // 128 KiB go to a small kernel, and path_reason says so.
+    const bool tiny = plan->bytes_total() / std::max<uint64_t>(plan->num_runs(), 1) < (128 << 10);
+    CHECK(status->engine() == (tiny ? "cuda-kernel" : "cuda-copy-engine"));
+    if (tiny) CHECK(status->path_reason().find("cuda_copy_only_kernel_ctas") != std::string::npos);
+  } else if (!want_engine.empty() && plan->bytes_total() > 0) {
+    CHECK(status->engine() == want_engine);
+  }
   const std::vector<uint8_t> got = d.Read(c.dst.size_bytes);
   size_t first = 0;
   while (first < got.size() && got[first] == want[first]) ++first;
@@ -180,9 +198,15 @@ TEST_CASE("CUDA engine, kernel: random layouts GPU->GPU, GPU->host, host->GPU vs
   RunRandomCases({}, "cuda-kernel", 90);
 }
 
-TEST_CASE("CUDA engine, copy engines only (SM budget 0) vs host twin") {
+TEST_CASE("CUDA engine, copy engines only (SM budget 0, no kernel allowed) vs host twin") {
   if (!HaveGpu()) return;
-  RunRandomCases({"--cuda-max-ctas", "0"}, "cuda-copy-engine", 45);
+  testing::TempDir dir;
+  RunRandomCases(CopyEnginesOnlyArgs(dir), "cuda-copy-engine", 45);
+}
+
+TEST_CASE("CUDA engine, SM budget 0: tiny-run plans on a small kernel, said in path_reason") {
+  if (!HaveGpu()) return;
+  RunRandomCases({"--cuda-max-ctas", "0"}, kCopyOnlyAuto, 45);
 }
 
 TEST_CASE("CUDA engine, 4 fixed CTAs and small tiles vs host twin") {
@@ -208,7 +232,8 @@ TEST_CASE("two GPUs, kernel on the destination GPU (peer loads): GPU0->GPU1, GPU
 
 TEST_CASE("two GPUs, copy engines only vs host twin") {
   if (!HaveTwoGpus()) return;
-  RunRandomCases({"--cuda-max-ctas", "0"}, "cuda-copy-engine", 30, /*peer=*/true);
+  testing::TempDir dir;
+  RunRandomCases(CopyEnginesOnlyArgs(dir), "cuda-copy-engine", 30, /*peer=*/true);
 }
 
 // Plans keep their block tables in the CUDA engine's pinned pool, which the engine uploads

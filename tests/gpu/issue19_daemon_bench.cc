@@ -5,13 +5,14 @@
 //  2. Copy-engine-only mode (cuda_max_ctas 0): TP1 -> TP4 head split, HND -> NHD, block-major ->
 //     NHD and aligned 16-token blocks; with the default cuda_copy_only_kernel_ctas (4: tiny-run
 //     plans get a small kernel) and with 0 (copy engines regardless): GB/s, the engine that ran
-//     and the path_reason the operator sees. Every destination is checked against the source.
+//     and the path_reason the operator sees (bytes are checked by cuda_engine_gpu_test).
 // Needs daemon/kvraild through TEST_SRCDIR/TEST_WORKSPACE, as the GPU tests do.
 #include <cuda_runtime_api.h>
 #include <signal.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <cstdio>
 #include <fstream>
 #include <numeric>
@@ -94,7 +95,10 @@ struct Pool {
 Pool MakePool(Daemon& d, const v1::PagedKvLayout& layout, bool writable, const char* name) {
   Pool p;
   p.buffer = Must(client::CudaBuffer::Create(0, Bytes(layout)), "cuda buffer");
-  Check(p.buffer->Fill(writable ? 0xAB : 0x5C).ok(), "fill");
+  if (!p.buffer->Fill(writable ? 0xAB : 0x5C).ok()) {
+    std::fprintf(stderr, "fill failed\n");
+    std::exit(1);
+  }
   if (!writable) {
     // Distinct bytes so a misplaced vector shows: byte i = hash(i).
     std::vector<uint8_t> host(Bytes(layout));
@@ -103,8 +107,7 @@ Pool MakePool(Daemon& d, const v1::PagedKvLayout& layout, bool writable, const c
       const uint64_t v = rng();
       std::memcpy(host.data() + i, &v, std::min<size_t>(8, host.size() - i));
     }
-    Check(cudaMemcpy(p.buffer->data(), host.data(), host.size(), cudaMemcpyHostToDevice) ==
-              cudaSuccess,
+    Check(cudaMemcpy(p.buffer->data(), host.data(), host.size(), cudaMemcpyHostToDevice),
           "upload");
   }
   v1::RegionSpec spec;
@@ -152,12 +155,32 @@ void FirstVsWarm(bool warm_up) {
   std::mt19937_64 rng(1);
   const uint32_t n = 32768;  // 512 MiB
   std::vector<double> gbps;
+  // Where the time went (daemon clock): submit -> first tile started, started -> finished.
+  std::vector<int64_t> queued_us, running_us;
+  std::string first_job;
   for (int i = 0; i < 21; ++i) {
     v1::TransferSpec spec = client::MakeBlockTransfer(src.region.region_id(), Scattered(65536, n, rng),
                                                       dst.region.region_id(), Scattered(65536, n, rng));
     const Timed t = RunTransfer(d, spec);
     gbps.push_back(n * 16384.0 / t.seconds / 1e9);
+    queued_us.push_back(t.status.started_unix_us() - t.status.submitted_unix_us());
+    running_us.push_back(t.status.finished_unix_us() - t.status.started_unix_us());
+    if (i == 0) {
+      const std::string e = d.Engines();
+      const size_t at = e.find("last job so far");
+      first_job = at == std::string::npos ? "?" : e.substr(at);
+    }
   }
+  std::printf("  first: %.0f us wall, daemon: %lld us submit -> started, %lld us started -> "
+              "finished; its GPU account: %s\n",
+              1e6 * n * 16384.0 / gbps[0] / 1e9, static_cast<long long>(queued_us[0]),
+              static_cast<long long>(running_us[0]), first_job.c_str());
+  std::vector<int64_t> wq(queued_us.begin() + 1, queued_us.end()),
+      wr(running_us.begin() + 1, running_us.end());
+  std::sort(wq.begin(), wq.end());
+  std::sort(wr.begin(), wr.end());
+  std::printf("  warm medians: %lld us submit -> started, %lld us started -> finished\n",
+              static_cast<long long>(wq[wq.size() / 2]), static_cast<long long>(wr[wr.size() / 2]));
   std::vector<double> warm(gbps.begin() + 1, gbps.end());
   std::sort(warm.begin(), warm.end());
   const double median = warm[warm.size() / 2];

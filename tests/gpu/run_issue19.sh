@@ -28,10 +28,10 @@ flag_loop() {  # $1: label
 
 if [[ $parts == *flags* ]]; then
   echo "== flags: the old order (producer kernel not loaded before the waits), no MPS"
-  t0=$(date +%s.%N)
+  t0=$SECONDS
   KVRAIL_FLAGS_NO_PRELOAD=1 KVRAIL_FLAGS_ROUNDS=1 run_group timeout 90 .devpack/bin/flags_gpu_test \
       > "$out/flags_nopreload.txt" 2>&1
-  echo "exit $? after $(echo "$(date +%s.%N) - $t0" | bc) s"; tail -8 "$out/flags_nopreload.txt"
+  echo "exit $? after $((SECONDS - t0)) s"; tail -8 "$out/flags_nopreload.txt"
   echo "== flags: the same with CUDA_MODULE_LOADING=EAGER"
   CUDA_MODULE_LOADING=EAGER KVRAIL_FLAGS_NO_PRELOAD=1 KVRAIL_FLAGS_ROUNDS=1 run_group timeout 90 \
       .devpack/bin/flags_gpu_test > "$out/flags_eager.txt" 2>&1
