@@ -117,14 +117,15 @@ tsa_build() {
 # The sanitizer stages (issue 17, "checked continuously"), each in its own clang output base so
 # the GCC build's cache is never invalidated; KVRAIL_SAN=0 skips them all (local runs):
 #   asan  ASan+UBSan (.bazelrc --config=asan) build of the unit tests of base, wire, the planner,
-#         regions and transfers, and of tests/integration: every test counted;
+#         regions and transfers, and of tests/integration, the load and the fault test: every
+#         test counted;
 #   tsan  TSan (--config=tsan) build of the transfer manager's tests (daemon/transfers): counted;
 #   fuzz  the libFuzzer targets of tests/fuzz (--config=fuzz: the asan output base's objects),
 #         each run KVRAIL_FUZZ_SECONDS (default 30) from its committed seed corpus: "fuzz <name>
 #         PASSED/FAILED", counted. Findings are kept under $FUZZ_FINDINGS.
 ASAN_OUTPUT_BASE="${KVRAIL_ASAN_OUTPUT_BASE:-$HOME/.cache/bazel-clang-asan}"
 TSAN_OUTPUT_BASE="${KVRAIL_TSAN_OUTPUT_BASE:-$HOME/.cache/bazel-clang-tsan}"
-ASAN_SCOPE="//base/... //wire/... //daemon/planner/... //daemon/regions/... //daemon/transfers/... //tests/integration/..."
+ASAN_SCOPE="//base/... //wire/... //daemon/planner/... //daemon/regions/... //daemon/transfers/... //tests/integration/... //tests/load:load_test //tests/fault/..."
 TSAN_SCOPE="//daemon/transfers/..."
 FUZZ_SECONDS="${KVRAIL_FUZZ_SECONDS:-30}"
 FUZZ_FINDINGS="${KVRAIL_FUZZ_FINDINGS:-$HOME/.cache/kvrail-fuzz-findings}"
