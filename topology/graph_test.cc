@@ -125,6 +125,22 @@ TEST_CASE("4-GPU PCIe box: PXB p2p within socket 0, PHB staged in socket 1, SYS 
   REQUIRE(FindGpuNicPath(g, 1, "mlx5_0")->bandwidth_gbps() == Approx(12.5));
 }
 
+TEST_CASE("8-GPU PCIe box with one NIC: PIX, PHB, SYS to the same mlx5_0") {
+  TopologyGraph g = ComputeGraph(Fixture("pcie_8gpu_1nic"));
+  REQUIRE(g.gpu_count() == 8);
+  REQUIRE(GpuClass(g, 0, 1) == ::kvrail::v1::PATH_PIX);
+  REQUIRE(GpuClass(g, 0, 2) == ::kvrail::v1::PATH_PHB);
+  REQUIRE(GpuClass(g, 0, 4) == ::kvrail::v1::PATH_SYS);
+  REQUIRE(Route(g, 0, 1) == ::kvrail::v1::TRANSFER_PATH_PCIE_P2P);
+  REQUIRE(Route(g, 0, 2) == ::kvrail::v1::TRANSFER_PATH_PCIE_STAGED);
+  REQUIRE(NicClass(g, 1, "mlx5_0") == ::kvrail::v1::PATH_PIX);
+  REQUIRE(NicClass(g, 3, "mlx5_0") == ::kvrail::v1::PATH_PHB);
+  REQUIRE(NicClass(g, 6, "mlx5_0") == ::kvrail::v1::PATH_SYS);
+  for (int i = 0; i < 8; ++i) REQUIRE(Nearest(g, i) == std::vector<std::string>{"mlx5_0"});
+  // 200 Gb/s caps the Gen4 x16 path.
+  REQUIRE(FindGpuNicPath(g, 0, "mlx5_0")->bandwidth_gbps() == Approx(25.0));
+}
+
 TEST_CASE("2x H200 (from the description): NV18 nvlink-p2p, Ethernet only") {
   TopologyGraph g = ComputeGraph(Fixture("h200_2gpu"));
   REQUIRE(g.gpu_count() == 2);

@@ -12,8 +12,8 @@ namespace kvrail::topology {
 namespace {
 
 TEST_CASE("every fixture round-trips through DumpTopology") {
-  for (const char* name : {"dgx_h100", "p5_48xlarge", "pcie_4gpu", "h200_1gpu", "h200_2gpu",
-                           "cpu_only"}) {
+  for (const char* name : {"dgx_h100", "p5_48xlarge", "pcie_4gpu", "pcie_8gpu_1nic", "h200_1gpu",
+                           "h200_2gpu", "cpu_only"}) {
     INFO(name);
     absl::StatusOr<TopologyDesc> desc =
         LoadTopologyFile(std::string("topology/fixtures/") + name + ".textproto");
