@@ -213,6 +213,7 @@ class Simulation {
   std::vector<Req> reqs_;
   planner::RegionView src_region_, dst_region_;
   std::vector<uint32_t> next_block_;  // per node x GPU: ring block allocator
+  std::vector<uint32_t> scratch_;     // tile ids of a layer being released
   SimReport report_;
   Histogram transfer_s_, handover_s_, tile_wait_s_;
   int examples_ = 0;
@@ -446,7 +447,8 @@ void Simulation::ReleaseLayer(int r, uint32_t layer, double now) {
   Req& req = reqs_[r];
   for (const auto& job : req.jobs) {
     const uint32_t per = job->plan().tiles_per_layer();
-    std::vector<uint32_t> tiles(per);
+    std::vector<uint32_t>& tiles = scratch_;  // reused: one allocation per run, not per layer
+    tiles.resize(per);
     for (uint32_t i = 0; i < per; ++i) tiles[i] = layer * per + i;
     job->layer_ready[layer] = now;
     job->released_layers = layer + 1;
