@@ -200,6 +200,17 @@ struct Daemon {
     Check(stub->AbortRemoteTransfer(c3.get(), abort, &er).ok(), "template abort");
   }
 
+  // Stops in kvraild's order (server, then the fabric's threads, then the regions), so no
+  // fabric thread outlives what it uses when the process exits.
+  ~Daemon() {
+    server->Shutdown();
+    server.reset();
+    stub.reset();
+    fabric.reset();
+    directory.reset();
+    regions.reset();
+  }
+
   std::unique_ptr<grpc::ClientContext> Context(bool as_owner) {
     auto ctx = std::make_unique<grpc::ClientContext>();
     ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
@@ -232,7 +243,13 @@ bool Build(const M& tmpl, bool raw, const uint8_t* p, size_t n, M* out) {
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  static Daemon* d = new Daemon();  // lives for the process
+  static Daemon* d = [] {
+    Daemon* daemon = new Daemon();
+    // libFuzzer ends with exit(): stop the daemon first (handlers run before the destructors of
+    // statics constructed earlier), not under its running threads.
+    std::atexit([] { delete d; });
+    return daemon;
+  }();
   std::vector<uint32_t> handles;
   uint32_t last_handle = 0;
   int calls = 0;

@@ -170,7 +170,15 @@ void SendWithFds(int sock, absl::string_view payload, int n) {
 }
 
 void FuzzConversation(absl::string_view in) {
-  static Server* server = new Server();  // lives for the process
+  static Server* server = [] {
+    Server* s = new Server();
+    // libFuzzer ends with exit(): stop the poll thread before statics it may use are destroyed.
+    std::atexit([] {
+      server->server.reset();
+      server->regions.reset();
+    });
+    return s;
+  }();
   kvrail::UniqueFd sock = Connect(server->path);
   absl::StatusOr<std::string> greeting = wire::ReceivePacket(sock.get());
   Check(greeting.ok() && wire::ParseGreeting(*greeting).ok());
