@@ -18,6 +18,10 @@ absl::Status CudaStatus(int error, const char* what) {
                                           internal::ErrorString(error)));
 }
 
+// The inner-loop choice in Upload (see there).
+constexpr uint32_t kMinWarpPieceBytes = 2048;
+constexpr uint32_t kMaxSegmentPathAccessBytes = 8;
+
 uint32_t NarrowToAlignment(uint32_t access, uint64_t address) {
   while (access > 1 && address % access != 0) access /= 2;
   return access;
@@ -86,8 +90,19 @@ absl::StatusOr<DevicePlanBuffer> DevicePlanBuffer::Upload(const PlanHeader& head
   buffer.plan_.access_bytes =
       NarrowToAlignment(NarrowToAlignment(header.access_bytes, src_base), dst_base);
   buffer.plan_.piece_bytes = PieceBytesFor(header, buffer.plan_.access_bytes);
+  // Which inner loop (issue 19, measured on one H200 GPU0 -> GPU0 at 32 CTAs,
+  // tests/gpu/layout_bench): pieces under 2 KiB keep too little in flight per warp (512-byte
+  // pieces 250 GB/s) where the slab path keeps 64 KiB per CTA (256-byte head vectors with
+  // 16-byte accesses: 607-732 GB/s), so they take the slab path; plans whose accesses are
+  // narrower than 8 bytes (odd vector sizes, odd offsets) take the segment path (657-byte
+  // vectors 223-226 GB/s against 54-65 on the slab path at 1-byte accesses; bf16 at an odd
+  // offset 182 against 125).
+  if (buffer.plan_.piece_bytes != 0 && buffer.plan_.piece_bytes < kMinWarpPieceBytes) {
+    buffer.plan_.piece_bytes = 0;
+  }
   buffer.plan_.segments = buffer.plan_.piece_bytes == 0 &&
-                          static_cast<ChunkKind>(header.chunk_kind) != ChunkKind::kBytes;
+                          static_cast<ChunkKind>(header.chunk_kind) != ChunkKind::kBytes &&
+                          buffer.plan_.access_bytes < kMaxSegmentPathAccessBytes;
   return buffer;
 }
 

@@ -26,7 +26,9 @@ struct DevicePlan {
   uint32_t access_bytes = 1;           // the plan's access width narrowed to the base pointers
   uint32_t piece_bytes = 0;            // > 0: the warp path with pieces of this size (plan_math.h)
   // The segment path (plan_math.h: SegmentAt) when there are no pieces: chunked plans (not
-  // kBytes). Set by Upload; a benchmark may clear it to time the slab path.
+  // kBytes) whose access width is under 8 bytes. Set by Upload; a benchmark may change
+  // piece_bytes / segments to time the other paths (any of the three moves any plan correctly,
+  // pieces only with a piece size from PieceBytesFor).
   bool segments = false;
 };
 

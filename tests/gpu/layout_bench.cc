@@ -14,6 +14,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "kernels/plan_math.h"
 #include "daemon/planner/planner.h"
 #include "kernels/kv_copy.h"
 #include "tests/gpu/gpu_util.h"
@@ -81,6 +83,9 @@ std::string PathOf(const kernels::DevicePlan& p) {
 struct Result {
   std::string name, path, plan;
   double gbps32 = 0, gbps132 = 0;
+  double slab32 = 0;      // the slab path at 32 CTAs (whatever Upload chose)
+  double segments32 = 0;  // the segment path at 32 CTAs
+  double pieces32 = 0;    // the warp path at 32 CTAs, where PieceBytesFor allows it
   bool ok = false;
   uint64_t bytes = 0;
 };
@@ -157,19 +162,36 @@ Result RunCase(const Case& c, std::mt19937_64& rng, int reps) {
     std::fprintf(stderr, "%s: MISMATCH first at dst byte %zu (kernel %d, host twin %d)\n",
                  c.name.c_str(), first, got[first], want[first]);
   }
-  for (int ctas : {32, 132}) {
+  auto time = [&](const kernels::DevicePlan& p, int ctas) {
     std::vector<float> ms;
     gpu_test::Timer timer;
-    launch(ctas);  // warm
+    auto go = [&] {
+      absl::Status s = kernels::LaunchKvCopy(p, 0, plan->num_tiles(), ctas, nullptr);
+      if (!s.ok()) std::exit(1);
+    };
+    go();  // warm
     for (int i = 0; i < reps; ++i) {
       timer.Start();
-      launch(ctas);
+      go();
       ms.push_back(timer.StopMs());
     }
     std::sort(ms.begin(), ms.end());
-    const double gbps = r.bytes / (ms[ms.size() / 2] / 1e3) / 1e9;
-    (ctas == 32 ? r.gbps32 : r.gbps132) = gbps;
+    return r.bytes / (ms[ms.size() / 2] / 1e3) / 1e9;
+  };
+  r.gbps32 = time(dp->plan(), 32);
+  r.gbps132 = time(dp->plan(), 132);
+  // The three inner loops on the same plan, at the daemon's default budget.
+  kernels::DevicePlan alt = dp->plan();
+  alt.piece_bytes = 0;
+  alt.segments = false;
+  r.slab32 = time(alt, 32);
+  if (plan->header().chunk_kind != 0) {  // not kBytes
+    alt.segments = true;
+    r.segments32 = time(alt, 32);
   }
+  alt.segments = false;
+  alt.piece_bytes = kernels::PieceBytesFor(plan->header(), dp->plan().access_bytes);
+  if (alt.piece_bytes != 0) r.pieces32 = time(alt, 32);
   gpu_test::DeviceFree(src_dev);
   gpu_test::DeviceFree(dst_dev);
   return r;
@@ -281,14 +303,18 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
   }
   const double base32 = results.front().gbps32, base132 = results.front().gbps132;
-  std::printf("\n| layout | MiB | kernel path | bytes | GB/s 32 CTAs | vs aligned | GB/s 132 CTAs | vs aligned |\n");
-  std::printf("|---|---|---|---|---|---|---|---|\n");
+  std::printf("\n| layout | MiB | kernel path (chosen) | bytes | GB/s 32 CTAs | vs aligned | GB/s 132 CTAs | vs aligned | 32 CTAs: slab / segments / pieces |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|\n");
   int failed = 0;
   for (const Result& r : results) {
     failed += r.ok ? 0 : 1;
-    std::printf("| %s | %.0f | %s | %s | %.1f | %.0f%% | %.1f | %.0f%% |\n", r.name.c_str(),
+    std::printf("| %s | %.0f | %s | %s | %.1f | %.0f%% | %.1f | %.0f%% | %s |\n", r.name.c_str(),
                 r.bytes / 1048576.0, r.path.c_str(), r.ok ? "OK" : "MISMATCH", r.gbps32,
-                100 * r.gbps32 / base32, r.gbps132, 100 * r.gbps132 / base132);
+                100 * r.gbps32 / base32, r.gbps132, 100 * r.gbps132 / base132,
+                absl::StrFormat("%.1f / %s / %s", r.slab32,
+                                r.segments32 > 0 ? absl::StrFormat("%.1f", r.segments32) : "-",
+                                r.pieces32 > 0 ? absl::StrFormat("%.1f", r.pieces32) : "-")
+                    .c_str());
   }
   return failed == 0 ? 0 : 1;
 }
