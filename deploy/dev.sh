@@ -157,15 +157,23 @@ san_tests() {
 fuzz_tests() {
   local fz=(bazel "--output_base=$ASAN_OUTPUT_BASE") targets bin start=$SECONDS name work rc
   targets=$("${fz[@]}" query --noshow_progress 'attr(tags, "\bfuzz\b", //tests/fuzz:*)' 2>/dev/null) || targets=""
-  if [ -z "$targets" ] || ! "${fz[@]}" build --config=fuzz $targets; then
-    log "fuzz: the fuzz targets did not build"
+  if [ -z "$targets" ]; then
+    log "fuzz: no fuzz targets found"
     SAN_FAILED=$((SAN_FAILED + 1))
     return
   fi
+  # shellcheck disable=SC2086  # one target label per word
+  "${fz[@]}" build --config=fuzz --keep_going $targets || true  # a target that fails is reported below
   bin=$("${fz[@]}" info --config=fuzz bazel-bin 2>/dev/null)
   mkdir -p "$FUZZ_FINDINGS"
   for t in $targets; do
     name=${t##*:}
+    # (Bazel deletes an action's outputs before running it: a failed link leaves no binary.)
+    if [ ! -x "$bin/tests/fuzz/$name" ]; then
+      echo "fuzz $name FAILED (did not build)"
+      SAN_FAILED=$((SAN_FAILED + 1))
+      continue
+    fi
     work=$(mktemp -d)
     set +e
     # The first folder collects what the run finds new (thrown away); the seeds stay as committed.
