@@ -2,6 +2,7 @@
 """Checks deploy/: the systemd unit (systemd-analyze verify, drain and hardening settings), the
 DaemonSet (host IPC and network, the socket hostPath, /dev/infiniband, resources, health probes),
 the container recipe and the default config (every key in config.proto, nothing unknown)."""
+import json
 import os
 import re
 import shutil
@@ -40,6 +41,33 @@ check(any("nvidia-cuda-mps" in v for v in keys.get("After", [])), "unit: ordered
 for k in ["NoNewPrivileges", "ProtectSystem", "ProtectHome", "PrivateTmp", "DevicePolicy"]:
     check(k in keys, f"unit: hardening {k}")
 check("--socket /run/kvrail/kvrail.sock" in keys["ExecStart"][0], "unit: socket in the RuntimeDirectory")
+check(keys.get("Type") == ["notify"] and keys.get("NotifyAccess") == ["main"],
+      "unit: Type=notify (kvraild sends READY=1, STATUS=, STOPPING=1)")
+# DeviceAllow: group names as /proc/devices lists them (the NVIDIA driver's and RDMA's), or
+# device paths. Names that exist nowhere (char-nvidiactl, char-uverbs) allow nothing.
+known_groups = {"nvidia-frontend", "nvidia", "nvidia-uvm", "nvidia-caps", "nvidia-modeset",
+                "infiniband_verbs", "infiniband_mad"}
+allowed = [v.split()[0] for v in keys.get("DeviceAllow", [])]
+for dev in allowed:
+    if dev.startswith("char-"):
+        check(dev[5:] in known_groups, f"unit: DeviceAllow {dev} names a real device group")
+    else:
+        check(dev.startswith("/dev/"), f"unit: DeviceAllow {dev} is a device path")
+check("char-nvidia-frontend" in allowed and "char-nvidia-uvm" in allowed,
+      "unit: DeviceAllow covers /dev/nvidia[0-9]*, /dev/nvidiactl and /dev/nvidia-uvm")
+check("char-infiniband_verbs" in allowed and "/dev/infiniband/rdma_cm" in allowed,
+      "unit: DeviceAllow covers /dev/infiniband/uverbs* and /dev/infiniband/rdma_cm")
+# Documentation= must point at what the package installs.
+deb_files = open(os.path.join(deploy, "deb", "files.txt")).read().split()
+for doc in keys.get("Documentation", [""])[0].split():
+    if doc.startswith("man:"):
+        m = re.match(r"man:([\w.-]+)\((\d)\)", doc)
+        page = f"/usr/share/man/man{m.group(2)}/{m.group(1)}.{m.group(2)}.gz" if m else "?"
+        check(page in deb_files, f"unit: Documentation {doc} is installed by the package ({page})")
+    elif doc.startswith("file:"):
+        check(doc[5:] in deb_files, f"unit: Documentation {doc} is installed by the package")
+    else:
+        check(False, f"unit: Documentation {doc} is neither man: nor file:")
 analyze = shutil.which("systemd-analyze")
 if analyze:
     with tempfile.TemporaryDirectory() as tmp:
@@ -50,9 +78,17 @@ if analyze:
         mps = mps.replace("/usr/bin/nvidia-cuda-mps-control", "/bin/true")
         open(os.path.join(tmp, "kvraild.service"), "w").write(text)
         open(os.path.join(tmp, "nvidia-cuda-mps.service"), "w").write(mps)
+        # The man pages the package installs (help2man, //deploy:man_pages), for Documentation=.
+        env = dict(os.environ)
+        man = os.path.join(tmp, "man")
+        for page, section in [("kvraild", "8"), ("kvrail", "1")]:
+            os.makedirs(os.path.join(man, "man" + section), exist_ok=True)
+            shutil.copy(os.path.join(deploy, f"{page}.{section}"),
+                        os.path.join(man, "man" + section, f"{page}.{section}"))
+        env["MANPATH"] = man
         r = subprocess.run([analyze, "verify", os.path.join(tmp, "kvraild.service"),
                             os.path.join(tmp, "nvidia-cuda-mps.service")],
-                           capture_output=True, text=True)
+                           capture_output=True, text=True, env=env)
         # Lines about units outside ours (e.g. the host's own) are not our concern.
         ours = [l for l in (r.stdout + r.stderr).splitlines()
                 if "kvraild.service" in l or "nvidia-cuda-mps.service" in l]
@@ -64,25 +100,125 @@ else:
 
 # --- Kubernetes ---------------------------------------------------------------------------------
 docs = list(yaml.safe_load_all(open(os.path.join(deploy, "k8s", "kvraild-daemonset.yaml"))))
+for d in docs:
+    check({"apiVersion", "kind", "metadata"} <= set(d), f"k8s: {d.get('kind')} has apiVersion, kind, metadata")
 ds = next(d for d in docs if d["kind"] == "DaemonSet")
+check(ds["apiVersion"] == "apps/v1", "daemonset: apps/v1")
+check(ds["spec"]["selector"]["matchLabels"].items() <= ds["spec"]["template"]["metadata"]["labels"].items(),
+      "daemonset: the selector matches the template's labels")
 spec = ds["spec"]["template"]["spec"]
 check(spec.get("hostIPC") is True, "daemonset: hostIPC (CUDA IPC, shm)")
 check(spec.get("hostNetwork") is True, "daemonset: hostNetwork (NICs)")
+check(spec.get("automountServiceAccountToken") is False, "daemonset: no service-account token")
+check(spec.get("securityContext", {}).get("seccompProfile", {}).get("type") == "RuntimeDefault",
+      "daemonset: seccomp RuntimeDefault")
 vols = {v["name"]: v for v in spec["volumes"]}
-check(any(v.get("hostPath", {}).get("path") == "/run/kvrail" for v in vols.values()),
-      "daemonset: socket on a hostPath shared with inference pods")
-check(any(v.get("hostPath", {}).get("path") == "/dev/infiniband" for v in vols.values()),
-      "daemonset: /dev/infiniband")
+sock_vol = next((n for n, v in vols.items() if v.get("hostPath", {}).get("path") == "/run/kvrail"), None)
+check(sock_vol is not None, "daemonset: socket on a hostPath shared with inference pods")
+check(not any(v.get("hostPath", {}).get("path", "").startswith("/dev/infiniband") for v in vols.values()),
+      "daemonset: no /dev/infiniband hostPath (it grants no device access)")
 c = spec["containers"][0]
-check("requests" in c.get("resources", {}), "daemonset: resource requests")
-mounts = {m["mountPath"] for m in c["volumeMounts"]}
-check("/run/kvrail" in mounts and "/dev/infiniband" in mounts, "daemonset: mounts socket dir and IB devices")
-live = c["livenessProbe"]["exec"]["command"]
-ready = c["readinessProbe"]["exec"]["command"]
-check("health" in live, "daemonset: liveness probe on the health service")
-check("health" in ready and "kvrail.v1.Transfer" in ready, "daemonset: readiness probe on the Transfer service's health")
+sc = c.get("securityContext", {})
+check(sc.get("readOnlyRootFilesystem") is True, "daemonset: read-only root file system")
+check(sc.get("runAsNonRoot") is True and sc.get("allowPrivilegeEscalation") is False,
+      "daemonset: non-root, no privilege escalation")
+check(sc.get("capabilities", {}).get("drop") == ["ALL"] and sc["capabilities"].get("add") == ["IPC_LOCK"],
+      "daemonset: only CAP_IPC_LOCK")
+uid, gid = sc.get("runAsUser"), sc.get("runAsGroup")
+res = c.get("resources", {})
+check("requests" in res, "daemonset: resource requests")
+rdma = [k for k in res.get("limits", {}) if k.startswith("rdma/")]
+check(len(rdma) == 1, "daemonset: RDMA devices through a device-plugin resource (rdma/...)")
+mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+check(mounts.get("/run/kvrail") == sock_vol, "daemonset: mounts the socket dir")
+check("/tmp" in mounts, "daemonset: a writable /tmp beside the read-only root")
+# The socket directory becomes the daemon's: an init container chowns the hostPath (kubelet
+# creates a missing one root-owned 0755, where uid 990 could not bind).
+inits = spec.get("initContainers", [])
+init = next((i for i in inits if any(m["mountPath"] == "/run/kvrail" for m in i.get("volumeMounts", []))), None)
+check(init is not None, "daemonset: an init container prepares the socket directory")
+if init:
+    cmd = " ".join(init.get("command", []) + init.get("args", []))
+    check(f"chown {uid}:{gid} /run/kvrail" in cmd, f"daemonset: the init container chowns it to {uid}:{gid}")
+    check("chmod 2770" in cmd, "daemonset: group-sticky 2770 (the socket keeps the group)")
+    caps = init.get("securityContext", {}).get("capabilities", {})
+    check(caps.get("drop") == ["ALL"] and set(caps.get("add", [])) <= {"CHOWN", "FOWNER"},
+          "daemonset: the init container keeps only CHOWN and FOWNER")
+ports = {p.get("name"): p["containerPort"] for p in c.get("ports", [])}
+check("metrics" in ports, "daemonset: a metrics port")
+cm = next((d for d in docs if d["kind"] == "ConfigMap"), None)
+check(cm is not None, "daemonset: a ConfigMap with the config")
+if cm and "metrics" in ports:
+    check(f':{ports["metrics"]}"' in cm["data"]["kvraild.textproto"], "daemonset: the config serves metrics on that port")
+def probe(name):
+    return c.get(name, {}).get("exec", {}).get("command", [])
+check("health" in probe("livenessProbe") and "--service" not in probe("livenessProbe"),
+      "daemonset: liveness on the server's health (SERVING while draining)")
+check("health" in probe("readinessProbe") and "kvrail.v1.Transfer" in probe("readinessProbe"),
+      "daemonset: readiness probe on the Transfer service's health")
+check("health" in probe("startupProbe"), "daemonset: a startup probe")
+sp = c.get("startupProbe", {})
+check(sp.get("periodSeconds", 10) * sp.get("failureThreshold", 3) >= 30, "daemonset: start-up may take 30 s or more")
 check(spec.get("terminationGracePeriodSeconds", 30) > 10, "daemonset: grace period covers the drain")
-check(any(d["kind"] == "ConfigMap" for d in docs), "daemonset: a ConfigMap with the config")
+
+pod = yaml.safe_load(open(os.path.join(deploy, "k8s", "inference-pod-example.yaml")))
+check(pod["kind"] == "Pod" and pod["apiVersion"] == "v1", "inference pod: a v1 Pod")
+ps = pod["spec"]
+check(ps.get("hostIPC") is True, "inference pod: hostIPC")
+check(gid in ps.get("securityContext", {}).get("supplementalGroups", []),
+      f"inference pod: supplementalGroups has the socket's group {gid}")
+check(ps.get("securityContext", {}).get("runAsUser") == uid,
+      "inference pod: runs as the daemon's uid (one MPS server per user)")
+pvols = {v["name"]: v for v in ps["volumes"]}
+pc = ps["containers"][0]
+smount = next((m for m in pc["volumeMounts"] if m["mountPath"] == "/run/kvrail"), None)
+check(smount is not None and pvols[smount["name"]].get("hostPath", {}).get("path") == "/run/kvrail",
+      "inference pod: mounts the socket hostPath at /run/kvrail")
+env = {e["name"]: e.get("value") for e in pc.get("env", [])}
+check(env.get("KVRAIL_SOCKET") == "/run/kvrail/kvrail.sock", "inference pod: KVRAIL_SOCKET names the socket")
+kubectl = shutil.which("kubectl")
+if kubectl:
+    for f in ["kvraild-daemonset.yaml", "inference-pod-example.yaml"]:
+        r = subprocess.run([kubectl, "apply", "--dry-run=client", "--validate=false", "-o", "name",
+                            "-f", os.path.join(deploy, "k8s", f)], capture_output=True, text=True,
+                           env=dict(os.environ, KUBECONFIG="/nonexistent"))
+        if r.returncode == 0:
+            check(True, f"kubectl --dry-run=client accepts {f}")
+        else:
+            print(f"skip kubectl --dry-run=client {f} (needs a cluster here: {r.stderr.strip()[:120]})")
+else:
+    print("skip kubectl (not installed)")
+
+# --- monitoring -----------------------------------------------------------------------------------
+metrics_src = open(os.path.join(ws, "daemon", "metrics", "metrics.cc")).read()
+exported = set(re.findall(r'"(kvrail_[a-z_]+)"', metrics_src))
+for h in [n for n in exported if "seconds" in n and "duration" in n or "wait" in n]:
+    exported |= {h + "_bucket", h + "_sum", h + "_count"}
+exported |= {"kvrail_engine_threads", "kvrail_engine_worker_bytes_per_second"}  # Engine::Gauges
+def metric_names(expr):
+    return set(re.findall(r"\b(kvrail_[a-z_]+)", expr))
+rules = yaml.safe_load(open(os.path.join(deploy, "monitoring", "kvrail-alerts.yaml")))
+n_rules = 0
+for group in rules["groups"]:
+    for rule in group["rules"]:
+        n_rules += 1
+        check({"alert", "expr", "labels", "annotations"} <= set(rule), f"alerts: {rule.get('alert')} is complete")
+        unknown = metric_names(rule["expr"]) - exported
+        check(not unknown, f"alerts: {rule['alert']} uses metrics kvraild exports {sorted(unknown) or ''}")
+check(n_rules >= 5, "alerts: rules for down, restarts, failures, refusals, peers")
+dash = json.load(open(os.path.join(deploy, "monitoring", "kvrail-dashboard.json")))
+exprs = [t["expr"] for p in dash["panels"] for t in p.get("targets", [])]
+check(len(exprs) >= 10, "dashboard: panels with queries")
+for e in exprs:
+    unknown = metric_names(e) - exported
+    check(not unknown, f"dashboard: {e[:60]} uses metrics kvraild exports {sorted(unknown) or ''}")
+promtool = shutil.which("promtool")
+if promtool:
+    r = subprocess.run([promtool, "check", "rules", os.path.join(deploy, "monitoring", "kvrail-alerts.yaml")],
+                       capture_output=True, text=True)
+    check(r.returncode == 0, "alerts: promtool check rules " + r.stdout.strip().splitlines()[-1] if r.stdout else "")
+else:
+    print("skip promtool (not installed; the structure and metric names were checked above)")
 
 # --- container ----------------------------------------------------------------------------------
 cf = open(os.path.join(deploy, "container", "Containerfile")).read()

@@ -1,11 +1,19 @@
 #include "tools/kvrail/cli_format.h"
 
+#include <grp.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+
 #include <algorithm>
 #include <cmath>
 #include <utility>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -168,7 +176,7 @@ double TransferSeconds(const v1::TransferStatus& status) {
 }
 
 std::string ProgressLine(const v1::TransferStatus& status, uint32_t num_layers, double rate_gbps,
-                         int width) {
+                         int width, double eta_seconds) {
   const double fraction = status.bytes_total() == 0
                               ? (status.state() == v1::TRANSFER_STATE_SUCCEEDED ? 1.0 : 0.0)
                               : std::min(1.0, static_cast<double>(status.bytes_done()) /
@@ -185,13 +193,100 @@ std::string ProgressLine(const v1::TransferStatus& status, uint32_t num_layers, 
                   HumanBytes(status.bytes_done()), " / ", HumanBytes(status.bytes_total()));
   if (rate_gbps >= 0) absl::StrAppend(&out, absl::StrFormat("  %.2f GB/s", rate_gbps));
   if (num_layers > 0) absl::StrAppend(&out, "  layers ", status.layers_done(), "/", num_layers);
+  if (eta_seconds >= 0) {
+    absl::StrAppend(&out, "  ETA ", HumanDuration(absl::Seconds(eta_seconds)));
+  }
   absl::StrAppend(&out, "  ", StateName(status.state()));
   return out;
 }
 
+void RateMeter::Add(absl::Time when, uint64_t bytes_done) {
+  samples_.emplace_back(when, bytes_done);
+  // Keep the newest sample older than the window as the rate's base.
+  size_t first = 0;
+  while (first + 1 < samples_.size() && samples_[first + 1].first <= when - window_) ++first;
+  samples_.erase(samples_.begin(), samples_.begin() + static_cast<std::ptrdiff_t>(first));
+}
+
+double RateMeter::BytesPerSecond() const {
+  if (samples_.size() < 2) return -1;
+  const auto& [t0, b0] = samples_.front();
+  const auto& [t1, b1] = samples_.back();
+  const double seconds = absl::ToDoubleSeconds(t1 - t0);
+  if (seconds <= 0 || b1 < b0) return -1;
+  return static_cast<double>(b1 - b0) / seconds;
+}
+
+double RateMeter::EtaSeconds(uint64_t total) const {
+  const double rate = BytesPerSecond();
+  if (rate <= 0 || samples_.empty()) return -1;
+  const uint64_t done = samples_.back().second;
+  return done >= total ? 0 : static_cast<double>(total - done) / rate;
+}
+
+absl::StatusOr<uint64_t> MatchTransferId(absl::string_view text,
+                                         const std::vector<uint64_t>& newest_first) {
+  if (text == "last") {
+    if (newest_first.empty()) return absl::NotFoundError("transfer id: 'last': no transfers yet");
+    return newest_first.front();
+  }
+  if (text.empty() || text.find_first_not_of("0123456789") != absl::string_view::npos) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "transfer id: '", text, "' is neither a transfer id (or a unique prefix of one) nor 'last'"));
+  }
+  std::vector<uint64_t> matches;
+  for (uint64_t id : newest_first) {
+    const std::string digits = absl::StrCat(id);
+    if (digits == text) return id;
+    if (absl::StartsWith(digits, text)) matches.push_back(id);
+  }
+  if (matches.size() == 1) return matches.front();
+  if (matches.size() > 1) {
+    std::vector<std::string> shown;
+    for (size_t i = 0; i < matches.size() && i < 5; ++i) shown.push_back(absl::StrCat(matches[i]));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "transfer id: '", text, "' is ambiguous: ", matches.size(), " transfers start with it (",
+        absl::StrJoin(shown, ", "), matches.size() > 5 ? ", ..." : "", "); give more digits"));
+  }
+  uint64_t id = 0;
+  if (!absl::SimpleAtoi(text, &id)) {
+    return absl::InvalidArgumentError(absl::StrCat("transfer id: '", text, "' is out of range"));
+  }
+  return id;
+}
+
+bool UseColour(int fd) {
+  if (::isatty(fd) != 1) return false;
+  const char* no_color = std::getenv("NO_COLOR");
+  if (no_color != nullptr && *no_color != '\0') return false;
+  const char* term = std::getenv("TERM");
+  return term == nullptr || std::string(term) != "dumb";
+}
+
+std::string ColourState(v1::TransferState state, const std::string& text, bool colour) {
+  if (!colour) return text;
+  const char* code = nullptr;
+  switch (state) {
+    case v1::TRANSFER_STATE_SUCCEEDED: code = "32"; break;
+    case v1::TRANSFER_STATE_FAILED: code = "31"; break;
+    case v1::TRANSFER_STATE_RUNNING:
+    case v1::TRANSFER_STATE_QUEUED: code = "33"; break;
+    case v1::TRANSFER_STATE_CANCELLED: code = "2"; break;
+    default: return text;
+  }
+  return absl::StrCat("\x1b[", code, "m", text, "\x1b[0m");
+}
+
 size_t DisplayWidth(absl::string_view text) {
   size_t n = 0;
-  for (unsigned char c : text) {
+  for (size_t i = 0; i < text.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(text[i]);
+    if (c == 0x1b && i + 1 < text.size() && text[i + 1] == '[') {
+      // An ANSI CSI sequence: ESC [ parameters final-byte (0x40-0x7e); takes no columns.
+      i += 2;
+      while (i < text.size() && !(text[i] >= 0x40 && text[i] <= 0x7e)) ++i;
+      continue;
+    }
     if ((c & 0xC0) != 0x80) ++n;  // count every byte that starts a code point
   }
   return n;
@@ -232,6 +327,25 @@ std::string Table::Render() const {
   render_row(headers_);
   for (const auto& row : rows_) render_row(row);
   return out;
+}
+
+std::string PermissionHint(const std::string& path, const std::string& group, unsigned gid,
+                           unsigned mode) {
+  const std::string name = group.empty() ? absl::StrCat(gid) : group;
+  return absl::StrCat("permission denied on ", path, " (group ", name, ", mode ",
+                      absl::StrFormat("%04o", mode & 07777), "): join the socket's group: `sudo usermod -aG ",
+                      name, " $USER`, then log in again (or run `newgrp ", name, "`)");
+}
+
+std::string SocketPermissionProblem(const std::string& target) {
+  std::string path = target;
+  if (path.rfind("unix:", 0) == 0) path = path.substr(5);
+  if (path.empty() || path[0] != '/') return "";
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0 || !S_ISSOCK(st.st_mode)) return "";
+  if (::access(path.c_str(), R_OK | W_OK) == 0 || errno != EACCES) return "";
+  const struct group* g = ::getgrgid(st.st_gid);
+  return PermissionHint(path, g != nullptr ? g->gr_name : "", st.st_gid, st.st_mode);
 }
 
 }  // namespace kvrail::client::cli

@@ -48,8 +48,38 @@ double TransferSeconds(const v1::TransferStatus& status);
 
 // "[#########...........]  45.2%  1.1 GiB / 2.5 GiB  3.41 GB/s  layers 12/32  running"; `width`
 // is the bar's width in cells (<= 0: no bar). `rate_gbps` < 0 leaves the rate out.
+// `eta_seconds` >= 0 appends "  ETA 4.1s".
 std::string ProgressLine(const v1::TransferStatus& status, uint32_t num_layers, double rate_gbps,
-                         int width = 30);
+                         int width = 30, double eta_seconds = -1);
+
+// Instantaneous rate from successive progress samples: bytes per second over the samples of the
+// last `window` (at least two samples needed). Not thread-safe (a local value).
+class RateMeter {
+ public:
+  explicit RateMeter(absl::Duration window = absl::Seconds(1)) : window_(window) {}
+  void Add(absl::Time when, uint64_t bytes_done);
+  // < 0 while unknown.
+  double BytesPerSecond() const;
+  // Seconds until `total` at the current rate; < 0 while unknown (no rate, or nothing moving).
+  double EtaSeconds(uint64_t total) const;
+
+ private:
+  absl::Duration window_;
+  std::vector<std::pair<absl::Time, uint64_t>> samples_;
+};
+
+// Resolves what the user typed for a transfer: "last" (the newest of `newest_first`), a unique
+// decimal prefix of one of `newest_first`, or a whole id (used as given when no listed id starts
+// with it, since the history may not list it). INVALID_ARGUMENT naming the candidates when the
+// prefix is ambiguous, or when the text is not a number.
+absl::StatusOr<uint64_t> MatchTransferId(absl::string_view text,
+                                         const std::vector<uint64_t>& newest_first);
+
+// Whether to colour output: `fd` is a terminal, $NO_COLOR is unset and $TERM is not "dumb".
+bool UseColour(int fd);
+// `text` in the colour of `state` (green succeeded, red failed, yellow running/queued, dim
+// cancelled) when `colour`; else `text` unchanged.
+std::string ColourState(v1::TransferState state, const std::string& text, bool colour);
 
 // An aligned text table. Thread contract: not thread-safe (a local value).
 class Table {
@@ -69,7 +99,16 @@ class Table {
   std::vector<std::vector<std::string>> rows_;
 };
 
-// Display width of a UTF-8 string in code points.
+// Display width of a UTF-8 string in code points; ANSI colour sequences ("\x1b[...m") count 0.
 size_t DisplayWidth(absl::string_view text);
+
+// What to tell a user refused by the socket's permissions: "permission denied on <path> (group
+// <name>, mode 0660): join the group ...". `group` is the socket's group name ("" unknown: its
+// number is shown).
+std::string PermissionHint(const std::string& path, const std::string& group, unsigned gid,
+                           unsigned mode);
+// PermissionHint for `target` when it is a unix socket this process may not connect to (no
+// read/write access); "" when it may, or it is not a local path.
+std::string SocketPermissionProblem(const std::string& target);
 
 }  // namespace kvrail::client::cli

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <deque>
 #include <iostream>
 #include <map>
 #include <string>
@@ -13,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "nlohmann/json.hpp"
 #include "tools/kvrail/cli_format.h"
 
 namespace kvrail::client::cli {
@@ -20,50 +22,33 @@ namespace {
 
 struct Frame {
   v1::Stats stats;
+  // Per path: GB/s of the last minute's frames, oldest first (sparklines on a terminal).
+  std::map<std::string, std::deque<double>> history;
   std::map<std::string, double> gbps_by_path;      // path name -> GB/s over the last interval
   std::map<std::string, int> transfers_by_path;    // active transfers per path
   std::vector<std::pair<double, v1::TransferStatus>> busiest;  // (GB/s, status)
 };
 
-std::string JsonEscape(const std::string& s) {
-  std::string out;
-  for (char c : s) {
-    if (c == '"' || c == '\\') out.push_back('\\');
-    out.push_back(c);
-  }
-  return out;
-}
-
 void Print(const Frame& f, bool json, bool tty) {
   const v1::Stats& s = f.stats;
   if (json) {
-    std::string paths;
-    for (const auto& [path, gbps] : f.gbps_by_path) {
-      absl::StrAppend(&paths, paths.empty() ? "" : ",", "\"", path, "\":", absl::StrFormat("%.3f", gbps));
-    }
-    std::string queued;
-    for (const auto& [cls, n] : s.queued_tiles()) {
-      absl::StrAppend(&queued, queued.empty() ? "" : ",", "\"", cls, "\":", n);
-    }
-    std::string engines;
-    for (const auto& e : s.engines()) {
-      absl::StrAppend(&engines, engines.empty() ? "" : ",", "\"", JsonEscape(e), "\"");
-    }
-    std::cout << "{\"gbps_by_path\":{" << paths << "},\"queued_tiles\":{" << queued
-              << "},\"transfers_active\":" << s.transfers_active() << ",\"engines\":[" << engines
-              << "]}" << std::endl;
+    std::cout << TopFrameJson(f.gbps_by_path, s) << std::endl;
     return;
   }
   std::string out = tty ? "\x1b[H\x1b[2J" : "";
   absl::StrAppend(&out, "kvraild ", s.version(), " on ", s.node_id(), "   regions ", s.regions(),
                   "   active ", s.transfers_active(), "   moved ", HumanBytes(s.bytes_moved()),
                   s.draining() ? "   DRAINING" : "", "\n\n");
-  absl::StrAppend(&out, absl::StrFormat("%-28s %10s %10s\n", "PATH / LINK", "GB/s", "ACTIVE"));
+  absl::StrAppend(&out, absl::StrFormat("%-28s %10s %10s%s\n", "PATH / LINK", "GB/s", "ACTIVE",
+                                        tty ? "  LAST MINUTE" : ""));
   if (f.gbps_by_path.empty()) absl::StrAppend(&out, "(idle)\n");
   for (const auto& [path, gbps] : f.gbps_by_path) {
     auto it = f.transfers_by_path.find(path);
-    absl::StrAppend(&out, absl::StrFormat("%-28s %10.2f %10d\n", path, gbps,
-                                          it == f.transfers_by_path.end() ? 0 : it->second));
+    auto h = f.history.find(path);
+    const std::string spark =
+        tty && h != f.history.end() ? "  " + Sparkline({h->second.begin(), h->second.end()}) : "";
+    absl::StrAppend(&out, absl::StrFormat("%-28s %10.2f %10d%s\n", path, gbps,
+                                          it == f.transfers_by_path.end() ? 0 : it->second, spark));
   }
   absl::StrAppend(&out, "\nQUEUED TILES ");
   for (const char* cls : {"critical", "normal", "background"}) {
@@ -85,10 +70,41 @@ void Print(const Frame& f, bool json, bool tty) {
 
 }  // namespace
 
+std::string Sparkline(const std::vector<double>& values) {
+  static const char* const kBars[] = {"\u2581", "\u2582", "\u2583", "\u2584",
+                                      "\u2585", "\u2586", "\u2587", "\u2588"};
+  double top = 0;
+  for (double v : values) top = std::max(top, v);
+  std::string out;
+  for (double v : values) {
+    if (top <= 0 || v <= 0) {
+      out += " ";
+      continue;
+    }
+    const int level = std::min(7, static_cast<int>(v / top * 7.999));
+    out += kBars[level];
+  }
+  return out;
+}
+
+std::string TopFrameJson(const std::map<std::string, double>& gbps_by_path, const v1::Stats& s) {
+  nlohmann::json frame;
+  frame["gbps_by_path"] = nlohmann::json::object();
+  for (const auto& [path, gbps] : gbps_by_path) frame["gbps_by_path"][path] = gbps;
+  frame["queued_tiles"] = nlohmann::json::object();
+  for (const auto& [cls, n] : s.queued_tiles()) frame["queued_tiles"][cls] = n;
+  frame["transfers_active"] = s.transfers_active();
+  frame["engines"] = nlohmann::json::array();
+  for (const auto& e : s.engines()) frame["engines"].push_back(e);
+  return frame.dump(-1, ' ', /*ensure_ascii=*/false, nlohmann::json::error_handler_t::replace);
+}
+
 int RunTop(Client& client, bool json, uint32_t interval_ms, uint32_t iterations) {
   const bool tty = !json && ::isatty(STDOUT_FILENO) == 1;
   if (interval_ms == 0) interval_ms = 1000;
   absl::flat_hash_map<uint64_t, uint64_t> last_bytes;
+  std::map<std::string, std::deque<double>> history;
+  const size_t history_frames = std::max<size_t>(2, 60000 / interval_ms);
   absl::Time last = absl::Now();
   bool first = true;
   for (uint32_t i = 0; iterations == 0 || i < iterations; ++i) {
@@ -124,6 +140,22 @@ int RunTop(Client& client, bool json, uint32_t interval_ms, uint32_t iterations)
     std::sort(f.busiest.begin(), f.busiest.end(),
               [](const auto& a, const auto& b) { return a.first > b.first; });
     if (f.busiest.size() > 10) f.busiest.resize(10);
+    // Every path seen in the last minute keeps a row; idle frames count as 0.
+    for (auto& [path, samples] : history) {
+      if (f.gbps_by_path.find(path) == f.gbps_by_path.end()) samples.push_back(0);
+    }
+    for (const auto& [path, gbps] : f.gbps_by_path) history[path].push_back(gbps);
+    for (auto it = history.begin(); it != history.end();) {
+      while (it->second.size() > history_frames) it->second.pop_front();
+      const bool idle = std::all_of(it->second.begin(), it->second.end(), [](double v) { return v == 0; });
+      if (idle && f.gbps_by_path.find(it->first) == f.gbps_by_path.end()) {
+        it = history.erase(it);
+      } else {
+        f.gbps_by_path.emplace(it->first, 0.0);
+        ++it;
+      }
+    }
+    f.history = history;
     Print(f, json, tty);
     last_bytes = std::move(seen);
     last = now;

@@ -3,6 +3,9 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
 
 #include "client/kvrail_client.h"
 
@@ -12,5 +15,12 @@ namespace kvrail::client::cli {
 // each frame replaces the last; otherwise frames follow each other (--json: one object per line).
 // Returns the process exit code.
 int RunTop(Client& client, bool json, uint32_t interval_ms, uint32_t iterations);
+
+// A sparkline of `values` scaled to their maximum ("▁▃█"); zero (and all-zero) values are blanks.
+std::string Sparkline(const std::vector<double>& values);
+
+// One `top --json` frame: {"gbps_by_path":{...},"queued_tiles":{...},"transfers_active":N,
+// "engines":[...]}, built with nlohmann::json (every string escaped, control characters too).
+std::string TopFrameJson(const std::map<std::string, double>& gbps_by_path, const v1::Stats& stats);
 
 }  // namespace kvrail::client::cli

@@ -25,9 +25,12 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "base/grpc_status.h"
+#include "daemon/metrics/build_info.h"
+#include "nlohmann/json.hpp"
 #include "tools/kvrail/block_list.h"
 #include "tools/kvrail/cli_format.h"
 #include "tools/kvrail/cli_top.h"
+#include "tools/kvrail/cli_topo.h"
 #include "client/kvrail_client.h"
 #include "topology/topology.h"
 #include "proto/grpc/health/v1/health.grpc.pb.h"
@@ -135,6 +138,25 @@ uint32_t LayersOf(Client& client, const v1::TransferStatus& s) {
   return 0;
 }
 
+// What the user typed for a transfer ("last", a unique prefix, an id), resolved against the
+// daemon's newest transfers (as many as it lists at once).
+absl::StatusOr<uint64_t> ResolveTransferId(Client& client, const std::string& text) {
+  std::vector<uint64_t> ids;
+  const bool whole_id = text != "last" && text.size() >= 20;
+  if (!whole_id) {
+    v1::ListTransfersRequest request;
+    request.set_limit(text == "last" ? 1 : 1000);
+    absl::StatusOr<v1::ListTransfersResponse> list = client.ListTransfers(request);
+    if (!list.ok() && list.status().code() == absl::StatusCode::kResourceExhausted) {
+      request.set_limit(0);  // the daemon's own default page
+      list = client.ListTransfers(request);
+    }
+    if (!list.ok()) return list.status();
+    for (const v1::TransferStatus& t : list->transfers()) ids.push_back(t.transfer_id());
+  }
+  return MatchTransferId(text, ids);
+}
+
 // ---- commands -----------------------------------------------------------------------------
 
 int CmdStatus(Client& client, const Globals& g) {
@@ -170,6 +192,14 @@ int CmdStatus(Client& client, const Globals& g) {
   std::cout << "  engines:    " << (s.engines().empty() ? "-" : absl::StrJoin(s.engines(), "; "))
             << "\n";
   std::cout << "  draining:   " << (s.draining() ? "yes (new work is refused)" : "no") << "\n";
+  if (s.has_mps()) std::cout << "  mps:        " << s.mps().verdict() << "\n";
+  if (!s.build_info().empty()) std::cout << "  build:      " << s.build_info() << "\n";
+  if (!s.rejected_by_code().empty()) {
+    std::map<std::string, uint64_t> rejected(s.rejected_by_code().begin(), s.rejected_by_code().end());
+    std::vector<std::string> text;
+    for (const auto& [code, n] : rejected) text.push_back(absl::StrCat(code, " ", n));
+    std::cout << "  refused:    " << absl::StrJoin(text, ", ") << "\n";
+  }
   return kExitOk;
 }
 
@@ -240,7 +270,8 @@ int CmdTransfersList(Client& client, const Globals& g, const std::vector<v1::Tra
   Table t({"ID", "STATE", "PRIO", "PATH", "DONE", "TOTAL", "RATE", "AGE", "LABEL"});
   for (size_t c : {0, 4, 5, 6, 7}) t.RightAlign(c);
   for (const v1::TransferStatus& s : list->transfers()) {
-    t.AddRow({absl::StrCat(s.transfer_id()), StateName(s.state()),
+    t.AddRow({absl::StrCat(s.transfer_id()),
+              ColourState(s.state(), StateName(s.state()), UseColour(STDOUT_FILENO)),
               PriorityName(s.spec().priority()), PathName(s.path()), HumanBytes(s.bytes_done()),
               HumanBytes(s.bytes_total()), RateIfEnded(s), Age(s.submitted_unix_us()),
               s.spec().label()});
@@ -304,6 +335,7 @@ int CmdTransfersWatch(Client& client, const Globals& g, uint64_t id, uint32_t in
   const bool tty = !g.json && ::isatty(STDOUT_FILENO) == 1;
   uint32_t layers = 0;
   bool layers_known = false;
+  RateMeter meter;
   auto on_event = [&](const v1::TransferEvent& e) {
     if (g.json) {
       std::cout << ToJson(e, /*pretty=*/false) << std::endl;
@@ -314,23 +346,26 @@ int CmdTransfersWatch(Client& client, const Globals& g, uint64_t id, uint32_t in
       layers = LayersOf(client, s);
       layers_known = true;
     }
+    // Instantaneous rate (the last second of progress) and the ETA it implies while running;
+    // the whole transfer's average once it ended.
     double rate = -1;
+    double eta = -1;
     if (IsFinal(s.state())) {
       rate = TransferSeconds(s) > 0 ? s.bytes_done() / TransferSeconds(s) / 1e9 : -1;
-    } else if (s.started_unix_us() > 0) {
-      const double seconds =
-          absl::ToDoubleSeconds(absl::Now() - absl::FromUnixMicros(s.started_unix_us()));
-      if (seconds > 0) rate = s.bytes_done() / seconds / 1e9;
+    } else {
+      meter.Add(absl::Now(), s.bytes_done());
+      if (meter.BytesPerSecond() >= 0) rate = meter.BytesPerSecond() / 1e9;
+      eta = meter.EtaSeconds(s.bytes_total());
     }
     if (tty) {
-      std::cout << "\r\033[K" << ProgressLine(s, layers, rate, 30) << std::flush;
+      std::cout << "\r\033[K" << ProgressLine(s, layers, rate, 30, eta) << std::flush;
     } else {
       std::string kind = v1::TransferEvent_Kind_Name(e.kind());
       absl::string_view short_kind = kind;
       absl::ConsumePrefix(&short_kind, "KIND_");
       std::cout << absl::AsciiStrToLower(short_kind);
       if (e.kind() == v1::TransferEvent::KIND_LAYER_DONE) std::cout << " " << e.layer();
-      std::cout << "  " << ProgressLine(s, layers, rate, 0) << std::endl;
+      std::cout << "  " << ProgressLine(s, layers, rate, 0, eta) << std::endl;
     }
     return true;
   };
@@ -341,9 +376,20 @@ int CmdTransfersWatch(Client& client, const Globals& g, uint64_t id, uint32_t in
   return last->state() == v1::TRANSFER_STATE_SUCCEEDED ? kExitOk : kExitFailed;
 }
 
+// Cancels, then waits (up to 30 s) for the transfer to end: tiles already running finish first,
+// so the status Cancel answers may still say "running". Prints the final state.
 int CmdTransfersCancel(Client& client, const Globals& g, uint64_t id) {
   absl::StatusOr<v1::TransferStatus> status = client.Cancel(id);
   if (!status.ok()) return Fail(status.status());
+  if (!IsFinal(status->state())) {
+    absl::StatusOr<v1::TransferStatus> ended = client.Wait(id, absl::Seconds(30));
+    if (!ended.ok()) return Fail(ended.status());
+    status = std::move(ended);
+  }
+  if (!IsFinal(status->state()) && !g.json) {
+    std::cout << "transfer " << id << ": cancelling (tiles still running after 30 s)\n";
+    return kExitFailed;
+  }
   if (g.json) {
     std::cout << ToJson(*status) << "\n";
   } else {
@@ -363,6 +409,7 @@ struct SubmitArgs {
   std::string label, idempotency_key, src_node, dst_node;
   std::string src_grant, dst_grant;  // another session's regions (TransferEndpoint.grant)
   bool wait = false;
+  bool layerwise = false;
 };
 
 // Checks the flags and builds the spec (before connecting: usage errors exit 2 even when the
@@ -411,6 +458,7 @@ absl::StatusOr<v1::TransferSpec> BuildSubmitSpec(const SubmitArgs& a) {
   spec.set_timeout_ms(a.timeout_ms);
   spec.set_label(a.label);
   spec.set_idempotency_key(a.idempotency_key);
+  spec.set_layerwise(a.layerwise);
   return spec;
 }
 
@@ -429,11 +477,33 @@ int CmdSubmit(Client& client, const Globals& g, const v1::TransferSpec& spec, bo
     }
     return kExitOk;
   }
-  absl::StatusOr<v1::TransferStatus> final_status = client.Wait(submitted->transfer_id());
+  absl::StatusOr<v1::TransferStatus> final_status;
+  if (!g.json && ::isatty(STDERR_FILENO) == 1) {
+    // A live progress line (instantaneous rate, ETA) on the terminal while waiting.
+    RateMeter meter;
+    final_status = client.Watch(
+        submitted->transfer_id(),
+        [&](const v1::TransferEvent& e) {
+          const v1::TransferStatus& s = e.status();
+          meter.Add(absl::Now(), s.bytes_done());
+          const double rate = meter.BytesPerSecond();
+          std::cerr << "\r\033[K"
+                    << ProgressLine(s, 0, rate >= 0 ? rate / 1e9 : -1, 30,
+                                    meter.EtaSeconds(s.bytes_total()))
+                    << std::flush;
+          return true;
+        },
+        /*min_interval_ms=*/200);
+    std::cerr << "\r\033[K" << std::flush;
+  } else {
+    final_status = client.Wait(submitted->transfer_id());
+  }
   if (!final_status.ok()) return Fail(final_status.status());
   if (g.json) {
-    std::cout << "{\n\"submit\": " << ToJson(*submitted)
-              << ",\n\"status\": " << ToJson(*final_status) << "\n}\n";
+    nlohmann::json out;
+    out["submit"] = nlohmann::json::parse(ToJson(*submitted, false));
+    out["status"] = nlohmann::json::parse(ToJson(*final_status, false));
+    std::cout << out.dump(2) << "\n";
   } else {
     std::cout << submitted->transfer_id() << "\n" << FinalSummary(*final_status) << "\n";
   }
@@ -458,15 +528,6 @@ int CmdPeers(Client& client, const Globals& g) {
   return kExitOk;
 }
 
-// The daemon's graph is used when present; an older daemon's response is completed here (the
-// graph is a pure function of the description).
-std::string RenderTopologyText(const v1::GetTopologyResponse& response) {
-  const v1::TopologyGraph graph = response.has_graph() ? response.graph()
-                                                       : topology::ComputeGraph(response.desc());
-  return absl::StrCat("source: ", response.source().empty() ? "?" : response.source(), "\n",
-                      topology::RenderTopology(response.desc(), graph));
-}
-
 // The standard gRPC health check (liveness: service ""; readiness: "kvrail.v1.Transfer", which
 // turns NOT_SERVING when a drain begins). Exit 0 only for SERVING.
 int CmdHealth(Client& client, const Globals& g, const std::string& service) {
@@ -488,16 +549,20 @@ int CmdHealth(Client& client, const Globals& g, const std::string& service) {
   return response.status() == grpc::health::v1::HealthCheckResponse::SERVING ? kExitOk : kExitFailed;
 }
 
-int CmdTopo(Client& client, const Globals& g, bool dump) {
+int CmdTopo(Client& client, const Globals& g, bool dump, bool dot) {
   absl::StatusOr<v1::GetTopologyResponse> topo = client.GetTopology();
   if (!topo.ok()) return Fail(topo.status());
   if (dump) {
     // Replayable: `kvraild --topology-file` reads exactly this.
     std::cout << topology::DumpTopology(topo->desc());
+  } else if (dot) {
+    std::cout << RenderTopoDot(*topo);  // `kvrail topo --dot | dot -Tsvg > node.svg`
   } else if (g.json) {
     std::cout << ToJson(*topo) << "\n";
   } else {
-    std::cout << RenderTopologyText(*topo);
+    // The daemon's graph is used when present (an older daemon's is computed here); identical
+    // GPU pairs collapse into one line and the matrix fits the terminal.
+    std::cout << RenderTopo(*topo, TerminalWidth());
   }
   return kExitOk;
 }
@@ -512,6 +577,7 @@ int Main(int argc, char** argv) {
                      std::string(kDefaultSocket))
       ->capture_default_str();
   app.add_flag("--json", g.json, "machine-readable output (protobuf JSON)");
+  app.set_version_flag("--version", build::Info("kvrail"));
 
   CLI::App* status = app.add_subcommand("status", "daemon summary");
   CLI::App* stats = app.add_subcommand("stats", "raw counters (incl. per-path and queue maps)");
@@ -529,6 +595,8 @@ int Main(int argc, char** argv) {
   health->add_option("--service", health_service,
                      "service to ask about (kvrail.v1.Transfer for readiness); empty: the server");
   topo->add_flag("--dump", topo_dump, "print the description as textproto (kvraild --topology-file)");
+  bool topo_dot = false;
+  topo->add_flag("--dot", topo_dot, "print the topology as a Graphviz graph (dot -Tsvg)");
 
   CLI::App* transfers = app.add_subcommand("transfers", "list, show, watch or cancel transfers");
   transfers->require_subcommand(0, 1);
@@ -539,15 +607,15 @@ int Main(int argc, char** argv) {
   CLI::App* t_list = transfers->add_subcommand("list", "transfers, newest first (the default)");
   t_list->add_option("--state", states_text, "only these states, e.g. running,queued");
   t_list->add_option("--limit", limit, "at most N (newest first); default 100");
-  uint64_t transfer_id = 0;
+  std::string transfer_id_text;
   uint32_t interval_ms = 0;
   CLI::App* t_show = transfers->add_subcommand("show", "every field of one transfer");
-  t_show->add_option("id", transfer_id, "transfer id")->required();
+  t_show->add_option("id", transfer_id_text, "transfer id, a unique prefix of one, or 'last'")->required();
   CLI::App* t_watch = transfers->add_subcommand("watch", "live progress until it ends");
-  t_watch->add_option("id", transfer_id, "transfer id")->required();
+  t_watch->add_option("id", transfer_id_text, "transfer id, a unique prefix of one, or 'last'")->required();
   t_watch->add_option("--interval-ms", interval_ms, "minimum spacing of byte-progress events");
   CLI::App* t_cancel = transfers->add_subcommand("cancel", "cancel a queued or running transfer");
-  t_cancel->add_option("id", transfer_id, "transfer id")->required();
+  t_cancel->add_option("id", transfer_id_text, "transfer id, a unique prefix of one, or 'last'")->required();
 
   SubmitArgs a;
   CLI::App* submit = app.add_subcommand("submit", "submit a transfer; prints its id");
@@ -576,6 +644,8 @@ int Main(int argc, char** argv) {
   submit->add_option("--label", a.label, "free text shown by the CLI");
   submit->add_option("--idempotency-key", a.idempotency_key);
   submit->add_flag("--wait", a.wait, "wait for the end; exit 1 unless it succeeded");
+  submit->add_flag("--layerwise", a.layerwise,
+                   "layer-wise: each layer moves once marked ready (by the submitter)");
 
   try {
     app.parse(argc, argv);
@@ -598,6 +668,9 @@ int Main(int argc, char** argv) {
     submit_spec = *std::move(built);
   }
 
+  // A socket the user may not open: say which group to join (before gRPC's generic error).
+  const std::string denied = SocketPermissionProblem(g.socket);
+  if (!denied.empty()) return Fail(absl::PermissionDeniedError(denied));
   absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(g.socket);
   if (!client.ok()) return Fail(client.status());
   Client& c = **client;
@@ -605,11 +678,20 @@ int Main(int argc, char** argv) {
   if (stats->parsed()) return CmdStats(c, g);
   if (regions->parsed()) return CmdRegions(c, g);
   if (peers->parsed()) return CmdPeers(c, g);
-  if (topo->parsed()) return CmdTopo(c, g, topo_dump);
+  if (topo->parsed()) return CmdTopo(c, g, topo_dump, topo_dot);
   if (health->parsed()) return CmdHealth(c, g, health_service);
   if (top->parsed()) return RunTop(c, g.json, top_interval_ms, top_iterations);
   if (submit->parsed()) return CmdSubmit(c, g, submit_spec, a.wait);
   if (transfers->parsed()) {
+    uint64_t transfer_id = 0;
+    if (t_show->parsed() || t_watch->parsed() || t_cancel->parsed()) {
+      absl::StatusOr<uint64_t> id = ResolveTransferId(c, transfer_id_text);
+      if (!id.ok()) {
+        return id.status().code() == absl::StatusCode::kInvalidArgument ? UsageError(id.status())
+                                                                        : Fail(id.status());
+      }
+      transfer_id = *id;
+    }
     if (t_show->parsed()) return CmdTransfersShow(c, g, transfer_id);
     if (t_watch->parsed()) return CmdTransfersWatch(c, g, transfer_id, interval_ms);
     if (t_cancel->parsed()) return CmdTransfersCancel(c, g, transfer_id);

@@ -1,0 +1,53 @@
+#!/bin/bash
+# Builds kvrail_<version>_amd64.deb from the Bazel outputs (//deploy:deb runs it):
+#   build_deb.sh OUT.deb KVRAILD KVRAIL MAN8 MAN1 DEPLOY_DIR OPERATIONS_MD
+# Depends: is computed from the libraries the binaries link (readelf NEEDED -> the Debian package
+# that ships each, by dpkg -S), so it names exactly the runtime packages of this build machine's
+# Debian 12.
+set -euo pipefail
+out=$1 kvraild=$2 kvrail=$3 man8=$4 man1=$5 deploy=$6 ops=$7
+version=$("$kvraild" --version | awk '{print $2}')
+root=$(mktemp -d)
+trap 'rm -rf "$root"' EXIT
+install -D -m 0755 "$kvraild" "$root/usr/bin/kvraild"
+install -D -m 0755 "$kvrail" "$root/usr/bin/kvrail"
+install -D -m 0644 "$deploy/systemd/kvraild.service" "$root/lib/systemd/system/kvraild.service"
+install -D -m 0644 "$deploy/config/kvraild.textproto" "$root/etc/kvrail/kvraild.textproto"
+install -D -m 0644 "$man8" "$root/usr/share/man/man8/kvraild.8"
+install -D -m 0644 "$man1" "$root/usr/share/man/man1/kvrail.1"
+gzip -9n "$root/usr/share/man/man8/kvraild.8" "$root/usr/share/man/man1/kvrail.1"
+install -D -m 0644 "$deploy/deb/kvrail.bash-completion" "$root/usr/share/bash-completion/completions/kvrail"
+doc="$root/usr/share/doc/kvrail"
+install -D -m 0644 "$ops" "$doc/operations.md"
+install -D -m 0644 "$deploy/deb/copyright" "$doc/copyright"
+for f in k8s/kvraild-daemonset.yaml k8s/inference-pod-example.yaml monitoring/kvrail-alerts.yaml \
+         monitoring/kvrail-dashboard.json systemd/nvidia-cuda-mps.service; do
+  install -D -m 0644 "$deploy/$f" "$doc/examples/$(basename "$f")"
+done
+# Runtime dependencies from the binaries' NEEDED libraries.
+deps=$( (readelf -d "$kvraild" "$kvrail" | sed -n 's/.*Shared library: \[\(.*\)\]/\1/p') | sort -u |
+  while read -r lib; do
+    path=$(ldconfig -p | awk -v l="$lib" '$1 == l && /x86-64/ {print $NF; exit}')
+    [ -n "$path" ] || continue
+    dpkg -S "$(readlink -f "$path")" 2>/dev/null | head -1 | cut -d: -f1 ||
+      dpkg -S "$path" 2>/dev/null | head -1 | cut -d: -f1
+  done | grep -v '^libcuda' | sort -u | paste -sd, | sed 's/,/, /g')
+mkdir -p "$root/DEBIAN"
+cat > "$root/DEBIAN/control" <<CONTROL
+Package: kvrail
+Version: $version
+Architecture: amd64
+Maintainer: kvrail developers <kvrail@localhost>
+Section: net
+Priority: optional
+Depends: adduser, ${deps}
+Recommends: bash-completion
+Description: KV-cache transfer daemon for disaggregated LLM serving
+ kvraild moves LLM KV cache between GPU and host regions of inference processes on a node
+ and across nodes (libfabric); kvrail is its operator CLI. The systemd unit is installed but
+ not enabled.
+CONTROL
+echo /etc/kvrail/kvraild.textproto > "$root/DEBIAN/conffiles"
+install -m 0755 "$deploy/deb/postinst" "$root/DEBIAN/postinst"
+install -m 0755 "$deploy/deb/prerm" "$root/DEBIAN/prerm"
+dpkg-deb --root-owner-group -Zxz --build "$root" "$out" >/dev/null
