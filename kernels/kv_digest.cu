@@ -5,7 +5,9 @@
 // 16-byte accesses; CTA slabs, 8- and 16-byte accesses) with the same address arithmetic
 // (plan_math.h); plans with narrower accesses (odd vector sizes or offsets) take a word kernel
 // that assembles each 8-byte word of the logical stream from its 1-, 2- or 4-byte accesses.
-// Per-tile sums are added into tile_digests[tile] with one atomicAdd per warp and item.
+// Per-tile sums are added into tile_digests[tile] with one atomicAdd per warp and tile run (the
+// warp and slab paths keep per-thread sums in registers while consecutive items stay in one
+// tile; the word kernel per warp and item).
 #include <cuda_runtime.h>
 
 #include "kernels/device_abi.h"
@@ -99,7 +101,78 @@ __device__ __forceinline__ uint64_t ReadOffset(const ChunkSpan& s) {
   return kMode == kHashDestination ? s.dst : s.src;
 }
 
-// Warp path (kv_copy.cu: KvCopyPiecesKernel) with the digest.
+// Warp path (kv_copy.cu: KvCopyPiecesKernel) with the digest, software-pipelined: a warp issues
+// the loads of its next piece before it stores and hashes the current one, so the hashing runs
+// while the next loads are in flight instead of between the current stores and the next loads.
+// Each lane keeps its partial sum in registers while the warp's pieces stay in one tile and the
+// warp reduces it (shuffles + one atomic) only when the next piece is in another tile or there is
+// none; that reduction, too, comes after the next piece's loads were issued. Measured on one H200
+// (docs/benchmarks.md, "issue 17 digest"): better only where a warp has several pieces per tile
+// (8 CTAs); with 16-32 CTAs the cost is unchanged, so the per-piece reduction, not the hashing,
+// looks like the remaining cost there.
+struct PieceWork {
+  int4 value[kLoadsInFlight];
+  int4* to;
+  uint64_t key0;     // key of the piece's first word
+  uint32_t vectors;  // 16-byte accesses in the piece
+  uint32_t tile;     // absolute tile index
+};
+
+template <int kMode>
+__device__ __forceinline__ void IssuePiece(const PlanHeader& h,
+                                           const uint8_t* __restrict__ read_base,
+                                           uint8_t* __restrict__ dst,
+                                           const uint32_t* __restrict__ src_blocks,
+                                           const uint32_t* __restrict__ dst_blocks,
+                                           uint32_t tile_begin, uint64_t item,
+                                           uint64_t pieces_per_tile, const FastDivU32& tile_div,
+                                           uint32_t piece_bytes, uint64_t wps, uint32_t lane,
+                                           PieceWork& w) {
+  const ItemPos pos = SplitItem(item, pieces_per_tile, tile_div);
+  w.tile = tile_begin + static_cast<uint32_t>(pos.tile);
+  const TileDesc t = TileAt(h, w.tile);
+  const ChunkSpan span = PieceAt(h, src_blocks, dst_blocks, t, pos.index, piece_bytes);
+  const int4* from = reinterpret_cast<const int4*>(read_base + ReadOffset<kMode>(span));
+  w.to = reinterpret_cast<int4*>(dst + span.dst);
+  w.vectors = static_cast<uint32_t>(span.bytes / 16);
+  // Pieces start at multiples of piece_bytes in the tile.
+  w.key0 = dg::WordKey(wps, static_cast<uint64_t>(t.layer) * h.num_parts + t.part,
+                       t.byte_begin + pos.index * piece_bytes);
+#pragma unroll
+  for (int k = 0; k < kLoadsInFlight; ++k) {
+    const uint32_t v = k * 32 + lane;
+    if (v < w.vectors) w.value[k] = from[v];
+  }
+}
+
+// Stores the piece (copy mode) and returns this lane's digest terms of it.
+template <int kMode>
+__device__ __forceinline__ uint64_t FinishPiece(const PieceWork& w, uint32_t lane) {
+  if (kMode == kCopyHashSource) {
+#pragma unroll
+    for (int k = 0; k < kLoadsInFlight; ++k) {
+      const uint32_t v = k * 32 + lane;
+      if (v < w.vectors) w.to[v] = w.value[k];
+    }
+  }
+  uint64_t sum = 0;
+  if (KeysStayLow(w.key0, 4096 / 8)) {  // nearly always: one key computation per piece
+    const uint32_t kl = dg::PositionKey(w.key0) + 2 * lane * dg::kKeyMul;
+#pragma unroll
+    for (int k = 0; k < kLoadsInFlight; ++k) {
+      const uint32_t v = k * 32 + lane;
+      if (v < w.vectors) sum += AccessTermsKeyed<16>(w.value[k], kl + 2 * (k * 32) * dg::kKeyMul);
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < kLoadsInFlight; ++k) {
+      const uint32_t v = k * 32 + lane;
+      if (v < w.vectors) sum += AccessTerms<16>(w.value[k], w.key0 + 2 * v);
+    }
+  }
+  return sum;
+}
+
 template <int kMode>
 __global__ void __launch_bounds__(kMaxThreads)
     DigestPiecesKernel(const PlanHeader* __restrict__ header, uint32_t tile_begin,
@@ -119,47 +192,41 @@ __global__ void __launch_bounds__(kMaxThreads)
   const uint64_t items = static_cast<uint64_t>(tile_end - tile_begin) * pieces_per_tile;
   const uint64_t step = static_cast<uint64_t>(gridDim.x) * warps_per_cta;
   const uint64_t wps = dg::WordsPerStream(h.part_bytes);
-  for (uint64_t item = static_cast<uint64_t>(blockIdx.x) * warps_per_cta + threadIdx.x / 32;
-       item < items; item += step) {
-    const ItemPos pos = SplitItem(item, pieces_per_tile, tile_div);
-    const uint32_t tile = tile_begin + static_cast<uint32_t>(pos.tile);
-    const TileDesc t = TileAt(h, tile);
-    const ChunkSpan span = PieceAt(h, src_blocks, dst_blocks, t, pos.index, piece_bytes);
-    const int4* from = reinterpret_cast<const int4*>(read_base + ReadOffset<kMode>(span));
-    int4* to = reinterpret_cast<int4*>(dst + span.dst);
-    const uint32_t vectors = static_cast<uint32_t>(span.bytes / 16);
-    // Key of the piece's first word: pieces start at multiples of piece_bytes in the tile.
-    const uint64_t key0 = dg::WordKey(wps, static_cast<uint64_t>(t.layer) * h.num_parts + t.part,
-                                      t.byte_begin + pos.index * piece_bytes);
-    int4 value[kLoadsInFlight];
-#pragma unroll
-    for (int k = 0; k < kLoadsInFlight; ++k) {
-      const uint32_t v = k * 32 + lane;
-      if (v < vectors) value[k] = from[v];
+  // item is the same for the whole warp, so every branch below is warp-uniform (WarpAdd).
+  uint64_t item = static_cast<uint64_t>(blockIdx.x) * warps_per_cta + threadIdx.x / 32;
+  if (item >= items) return;
+  PieceWork a, b;
+  IssuePiece<kMode>(h, read_base, dst, src_blocks, dst_blocks, tile_begin, item, pieces_per_tile,
+                    tile_div, piece_bytes, wps, lane, a);
+  uint64_t acc = 0;
+  // Two half-steps per turn with the buffers' roles swapped (no register copies of the loads).
+  for (;;) {
+    uint64_t next = item + step;
+    bool more = next < items;
+    if (more) {
+      IssuePiece<kMode>(h, read_base, dst, src_blocks, dst_blocks, tile_begin, next,
+                        pieces_per_tile, tile_div, piece_bytes, wps, lane, b);
     }
-    if (kMode == kCopyHashSource) {
-#pragma unroll
-      for (int k = 0; k < kLoadsInFlight; ++k) {
-        const uint32_t v = k * 32 + lane;
-        if (v < vectors) to[v] = value[k];
-      }
+    acc += FinishPiece<kMode>(a, lane);
+    if (!more || b.tile != a.tile) {
+      WarpAdd(acc, tile_digests + a.tile);
+      acc = 0;
     }
-    uint64_t sum = 0;
-    if (KeysStayLow(key0, 4096 / 8)) {  // nearly always: one key computation per piece
-      const uint32_t k0 = dg::PositionKey(key0);
-#pragma unroll
-      for (int k = 0; k < kLoadsInFlight; ++k) {
-        const uint32_t v = k * 32 + lane;
-        if (v < vectors) sum += AccessTermsKeyed<16>(value[k], k0 + 2 * v * dg::kKeyMul);
-      }
-    } else {
-#pragma unroll
-      for (int k = 0; k < kLoadsInFlight; ++k) {
-        const uint32_t v = k * 32 + lane;
-        if (v < vectors) sum += AccessTerms<16>(value[k], key0 + 2 * v);
-      }
+    if (!more) break;
+    item = next;
+    next = item + step;
+    more = next < items;
+    if (more) {
+      IssuePiece<kMode>(h, read_base, dst, src_blocks, dst_blocks, tile_begin, next,
+                        pieces_per_tile, tile_div, piece_bytes, wps, lane, a);
     }
-    WarpAdd(sum, tile_digests + tile);
+    acc += FinishPiece<kMode>(b, lane);
+    if (!more || a.tile != b.tile) {
+      WarpAdd(acc, tile_digests + b.tile);
+      acc = 0;
+    }
+    if (!more) break;
+    item = next;
   }
 }
 
@@ -239,6 +306,7 @@ __global__ void __launch_bounds__(kMaxThreads)
   const uint64_t wps = dg::WordsPerStream(h.part_bytes);
 
   SlabAddr a;
+  uint64_t acc = 0;  // this thread's terms of the current tile (reduced when the tile changes)
   uint64_t item = blockIdx.x;
   if (item < items) {
     LocateSlab<W>(h, src_blocks, dst_blocks, tile_begin, item, slabs_div, slabs_per_tile,
@@ -276,7 +344,12 @@ __global__ void __launch_bounds__(kMaxThreads)
                    : AccessTerms<W>(value[k], key + off / 8);
       }
     }
-    if (len > 0) WarpAdd(sum, tile_digests + tile);  // len is the same for the whole CTA
+    acc += sum;
+    // next (so the branch) is the same for the whole CTA; a.tile is next's tile.
+    if (next >= items || a.tile != tile) {
+      WarpAdd(acc, tile_digests + tile);
+      acc = 0;
+    }
     item = next;
   }
 }
