@@ -83,7 +83,14 @@ int SlotCredits::Acquire(const std::function<bool(uint32_t)>& also_free) {
 
 uint64_t SlotCredits::credit(uint32_t s) const {
   return reinterpret_cast<const std::atomic<uint64_t>*>(const_cast<const uint64_t*>(&credit_[s]))
-      ->load(std::memory_order_acquire);
+             ->load(std::memory_order_acquire) &
+         ~kCreditNotApplied;
+}
+
+bool SlotCredits::NotApplied(uint32_t s) const {
+  return (reinterpret_cast<const std::atomic<uint64_t>*>(const_cast<const uint64_t*>(&credit_[s]))
+              ->load(std::memory_order_acquire) &
+          kCreditNotApplied) != 0;
 }
 
 bool SlotCredits::Returned(uint32_t s) const { return credit(s) + local_returns_[s] >= used_[s]; }

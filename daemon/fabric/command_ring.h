@@ -72,6 +72,9 @@ class CommandRing {
 // Per-lane staging slot accounting. Thread contract: Acquire/Release/IsFree are called by the
 // lane's owner (under its lock); `credit` words are written by the NIC (remote RMA) and read here
 // with acquire loads.
+// Bit 63 of a credit word: the receiver dropped the tile of that use (not applied).
+inline constexpr uint64_t kCreditNotApplied = uint64_t{1} << 63;
+
 class SlotCredits {
  public:
   // `credit_words` points at `slots` uint64 words in registered memory (zeroed).
@@ -83,7 +86,12 @@ class SlotCredits {
   // Whether slot `s` has been returned by the peer for its latest use.
   bool Returned(uint32_t s) const;
   uint64_t used(uint32_t s) const { return used_[s]; }
+  // The peer's consume count for slot `s` (the credit word without kCreditNotApplied).
   uint64_t credit(uint32_t s) const;
+  // Whether the peer's latest credit for slot `s` says the tile was dropped there, not applied.
+  // Read from the credit word (which only that peer can write: its registration's key), not from
+  // the immediate data, which any peer can forge.
+  bool NotApplied(uint32_t s) const;
   // Local return (the use never reached the wire): counts as a credit for that use.
   void ReturnLocally(uint32_t s);
   // The peer restarted: its consume counters start again from 0, so ours re-base to match.

@@ -113,5 +113,20 @@ TEST_CASE("slot credits: a slot is reused only after the peer returns its latest
   CHECK(credits.Acquire() == 0);
 }
 
+TEST_CASE("slot credits: 'not applied' is read from the credit word (forgeable imm bits are not)") {
+  uint64_t words[2] = {0, 0};
+  SlotCredits credits(2, words);
+  CHECK(credits.Acquire() == 0);
+  CHECK_FALSE(credits.Returned(0));  // a completion naming slot 0 now was not sent by the peer
+  words[0] = 1 | kCreditNotApplied;  // the peer consumed the use and dropped its tile
+  CHECK(credits.Returned(0));
+  CHECK(credits.credit(0) == 1);
+  CHECK(credits.NotApplied(0));
+  CHECK(credits.Acquire() == 0);
+  words[0] = 2;  // the next use applied
+  CHECK(credits.Returned(0));
+  CHECK_FALSE(credits.NotApplied(0));
+}
+
 }  // namespace
 }  // namespace kvrail::fabric

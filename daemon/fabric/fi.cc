@@ -136,11 +136,14 @@ absl::StatusOr<std::unique_ptr<Nic>> Nic::Open(const Options& options) {
 Nic::~Nic() = default;
 
 absl::StatusOr<std::unique_ptr<MemoryRegion>> Nic::RegisterMemory(uint8_t* base, uint64_t size,
-                                                                  uint64_t requested_key) {
+                                                                  uint64_t requested_key,
+                                                                  uint64_t access) {
   fid_mr* mr = nullptr;
-  int rc = fi_mr_reg(domain_.get(), base, size,
-                     FI_WRITE | FI_READ | FI_REMOTE_WRITE | FI_REMOTE_READ, 0,
-                     prov_key_ ? 0 : requested_key, 0, &mr, nullptr);
+  int rc = fi_mr_reg(domain_.get(), base, size, access, 0, prov_key_ ? 0 : requested_key, 0, &mr,
+                     nullptr);
+  if (rc == -FI_ENOKEY) {
+    return absl::AlreadyExistsError(absl::StrCat("fi_mr_reg: key ", requested_key, " in use"));
+  }
   if (rc != 0) return FiError("fi_mr_reg", rc);
   FiPtr<fid_mr> owned(mr);
   if (info_->domain_attr->mr_mode & FI_MR_ENDPOINT) {

@@ -85,9 +85,15 @@ class Nic {
   // Whether completion reads can block (a wait object), so an idle proxy sleeps in the kernel.
   bool can_wait() const { return can_wait_; }
 
-  // Registers [base, base+size) for local writes and remote writes/reads (once, at start).
+  // Registers [base, base+size) with `access` (FI_WRITE | FI_READ for a local source only; add
+  // FI_REMOTE_WRITE | FI_REMOTE_READ for a peer's target) once, at start. `requested_key` is the
+  // key unless the provider picks keys (FI_MR_PROV_KEY): read it back with MemoryRegion::key. A
+  // requested key already used in the domain is ALREADY_EXISTS (retry with another).
   absl::StatusOr<std::unique_ptr<MemoryRegion>> RegisterMemory(uint8_t* base, uint64_t size,
-                                                               uint64_t requested_key);
+                                                               uint64_t requested_key,
+                                                               uint64_t access);
+  // Whether the provider picks the registration keys (FI_MR_PROV_KEY) rather than taking ours.
+  bool provider_keys() const { return prov_key_; }
   absl::StatusOr<fi_addr_t> InsertAddress(const std::string& raw);
   void RemoveAddress(fi_addr_t addr);
 

@@ -1,6 +1,9 @@
 #include "daemon/fabric/lanes.h"
 
+#include <sys/random.h>
+
 #include <algorithm>
+#include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -24,6 +27,19 @@ absl::Status Lanes::CheckOptions(const FabricOptions& options) {
   }
   return absl::OkStatus();
 }
+
+namespace {
+
+// 64 random bits from the kernel (a registration key, a nonce start); never 0.
+uint64_t RandomKey() {
+  uint64_t key = 0;
+  while (key == 0) {
+    if (getrandom(&key, sizeof(key), 0) != static_cast<ssize_t>(sizeof(key))) key = 0;
+  }
+  return key;
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<Lanes>> Lanes::Create(const FabricOptions& options,
                                                      PeerTable* peers) {
@@ -49,7 +65,33 @@ absl::StatusOr<std::unique_ptr<Lanes>> Lanes::Create(const FabricOptions& option
     lane->memory_bytes = bytes;
     // GPU regions are packed and unpacked by the copy engines straight from/into the slots.
     lane->pin = PinForGpus(lane->memory.get(), bytes);
-    KVRAIL_ASSIGN_OR_RETURN(lane->mr, lane->nic->RegisterMemory(lane->memory.get(), bytes, i + 1));
+    // The whole staging for local access only; each peer's receive slots + credit words for its
+    // remote writes under a random key (unique in the domain: retried on a clash).
+    KVRAIL_ASSIGN_OR_RETURN(lane->mr, lane->nic->RegisterMemory(lane->memory.get(), bytes, i + 1,
+                                                                FI_WRITE | FI_READ));
+    for (uint32_t p = 0; p < num_peers; ++p) {
+      // (lanes->RecvSlot needs the lane in lanes_: not yet.)
+      uint8_t* const start = lane->memory.get() + p * lanes->PerPeerBytes() +
+                             uint64_t{options.slots} * options.slot_bytes;
+      const uint64_t size = lanes->PerPeerBytes() - uint64_t{options.slots} * options.slot_bytes;
+      absl::StatusOr<std::unique_ptr<MemoryRegion>> mr;
+      uint64_t requested = 0;
+      for (int attempt = 0; attempt < 8; ++attempt) {
+        requested = RandomKey();
+        mr = lane->nic->RegisterMemory(start, size, requested,
+                                       FI_REMOTE_WRITE | FI_REMOTE_READ | FI_WRITE | FI_READ);
+        if (mr.status().code() != absl::StatusCode::kAlreadyExists) break;
+      }
+      if (!mr.ok()) return mr.status();
+      if ((*mr)->key() != requested) {
+        // FI_MR_PROV_KEY (or a provider acting so): its keys, which may be guessable.
+        spdlog::warn("fabric: {} picked its own registration keys (peer {} has key {}): a peer's "
+                     "receive range is only as private as the provider's keys",
+                     lane->nic->name(), p, (*mr)->key());
+      }
+      lane->peer_mrs.push_back(*std::move(mr));
+    }
+    lane->next_nonce = RandomKey() | 1;
     lane->contexts.resize(std::max<size_t>(1, num_peers) * options.slots);
     for (uint32_t p = 0; p < num_peers; ++p) {
       for (uint32_t s = 0; s < options.slots; ++s) {
@@ -68,6 +110,7 @@ absl::StatusOr<std::unique_ptr<Lanes>> Lanes::Create(const FabricOptions& option
           options.slots, lanes->CreditWords(lane->index, peer->index)));
       peer->owners.emplace_back(options.slots);
       peer->consumed.emplace_back(options.slots, 0);
+      peer->sealed.emplace_back(options.slots, 0);
       peer->remote.emplace_back();
     }
   }
@@ -76,7 +119,10 @@ absl::StatusOr<std::unique_ptr<Lanes>> Lanes::Create(const FabricOptions& option
 
 Lanes::~Lanes() {
   Stop();
-  for (auto& lane : lanes_) lane->mr.reset();  // before the domain closes
+  for (auto& lane : lanes_) {  // before the domain closes
+    lane->peer_mrs.clear();
+    lane->mr.reset();
+  }
 }
 
 void Lanes::StartProxies(CreditSink* sender, ArrivalSink* receiver) {
@@ -219,10 +265,19 @@ ssize_t Lanes::PostWrite(Lane* lane, const kernels::NicCommand& cmd) {
   PeerConn* peer = peers_->at(cmd.peer);
   const auto [remote, index_at_peer] = RemoteOn(peer, lane->index);
   OpContext* ctx = &lane->contexts[peer->index * options_.slots + cmd.slot];
+  // The seal after the tile (the sender reserved kTileSealBytes of the slot for it).
+  uint8_t* const staging = SendSlot(lane->index, peer->index, cmd.slot);
+  TileSeal seal;
+  seal.key = remote.key;
+  seal.nonce = lane->next_nonce;
+  seal.handle = cmd.remote_handle;
+  seal.tile = cmd.tile;
+  std::memcpy(staging + cmd.bytes, &seal, sizeof(seal));
   const ssize_t rc = lane->nic->WriteData(
-      SendSlot(lane->index, peer->index, cmd.slot), cmd.bytes, lane->mr->desc(),
+      staging, uint64_t{cmd.bytes} + kTileSealBytes, lane->mr->desc(),
       TileImm(index_at_peer, cmd.remote_handle, cmd.slot, cmd.tile), remote.addr,
       remote.recv_base + uint64_t{cmd.slot} * options_.slot_bytes, remote.key, ctx);
+  if (rc == 0) lane->next_nonce += 2;  // odd, never 0
   if (rc != 0 && rc != -FI_EAGAIN) {
     sender_->OnWriteFailed(peer->index, lane->index, cmd.slot, FiError("fi_writedata", rc));
   }

@@ -23,6 +23,7 @@
 #include "daemon/fabric/command_ring.h"
 #include "daemon/fabric/fabric_options.h"
 #include "daemon/fabric/fi.h"
+#include "daemon/fabric/imm_data.h"
 #include "daemon/fabric/peers.h"
 #include "kernels/device_abi.h"
 
@@ -68,7 +69,12 @@ struct Lane {
   std::unique_ptr<uint8_t, Munmapper> memory;
   uint64_t memory_bytes = 0;
   std::optional<cuda::HostRegistration> pin;  // after `memory`: unpinned before it is unmapped
-  std::unique_ptr<MemoryRegion> mr;           // after `nic`: deregistered before it closes
+  // After `nic`: deregistered before it closes. `mr` covers the whole staging for local access
+  // only (the source of writes: no remote access, so its key opens nothing); `peer_mrs[p]` covers
+  // peer p's receive slots and credit words for remote writes, under a random key only p is told.
+  std::unique_ptr<MemoryRegion> mr;
+  std::vector<std::unique_ptr<MemoryRegion>> peer_mrs;
+  uint64_t next_nonce = 0;  // proxy thread only: the seal nonce of the next tile write
   std::vector<OpContext> contexts;            // [peer * slots + slot]
   std::thread proxy;
   absl::Mutex mu;
@@ -127,6 +133,10 @@ class Lanes {
   uint8_t* SendSlot(uint32_t lane, uint32_t peer, uint32_t slot) const;
   uint8_t* RecvSlot(uint32_t lane, uint32_t peer, uint32_t slot) const;
   uint64_t* CreditWords(uint32_t lane, uint32_t peer) const;
+  // The registration a peer's writes to us on `lane` must name (its receive slots and credit words).
+  const MemoryRegion& PeerRegistration(uint32_t lane, uint32_t peer) const {
+    return *lanes_[lane]->peer_mrs[peer];
+  }
 
   // Hands a write command to `lane`'s proxy (waits while its ring is full) and wakes it.
   void PostCommand(uint32_t lane, const kernels::NicCommand& cmd);

@@ -63,10 +63,14 @@ v1::PeerHello PeerControlImpl::HelloFor(const PeerConn& peer) const {
     v1::PeerNic* nic = hello.add_nics();
     nic->set_name(lane.nic->name());
     nic->set_fabric_address(lane.nic->address());
-    nic->set_mr_key(lane.mr->key());
-    const uint8_t* base = lane.memory.get();
-    nic->set_recv_base(lane.mr->remote_base() + (lanes_->RecvSlot(l, peer.index, 0) - base));
-    nic->set_credit_base(lane.mr->remote_base() +
+    // The registration of this peer's receive slots and credit words only, under a random key
+    // that only this peer is told (over mTLS): other peers' writes to it are refused by the
+    // provider, and writes with this key reach nothing outside this peer's range.
+    const MemoryRegion& mr = lanes_->PeerRegistration(l, peer.index);
+    nic->set_mr_key(mr.key());
+    const uint8_t* base = mr.base();
+    nic->set_recv_base(mr.remote_base() + (lanes_->RecvSlot(l, peer.index, 0) - base));
+    nic->set_credit_base(mr.remote_base() +
                          (reinterpret_cast<uint8_t*>(lanes_->CreditWords(l, peer.index)) - base));
   }
   hello.set_slots(options_.slots);

@@ -49,6 +49,8 @@ struct PeerConn {
   std::vector<std::unique_ptr<SlotCredits>> credits ABSL_GUARDED_BY(mu);  // per lane (sender)
   std::vector<std::vector<SlotOwner>> owners ABSL_GUARDED_BY(mu);   // per lane, per slot (sender)
   std::vector<std::vector<uint64_t>> consumed ABSL_GUARDED_BY(mu);  // per lane, per slot (receiver)
+  // Per lane, per slot (receiver): the nonce of the last tile seal consumed there (lanes.h TileSeal).
+  std::vector<std::vector<uint64_t>> sealed ABSL_GUARDED_BY(mu);
   absl::Time last_ok ABSL_GUARDED_BY(mu) = absl::InfinitePast();
   bool up ABSL_GUARDED_BY(mu) = false;
   uint64_t heartbeat_seq ABSL_GUARDED_BY(mu) = 0;

@@ -1,5 +1,7 @@
 #include "daemon/fabric/receiver.h"
 
+#include <atomic>
+#include <cstring>
 #include <deque>
 #include <map>
 #include <thread>
@@ -61,6 +63,10 @@ class ReceiverImpl final : public Receiver {
 
  private:
   bool HasArrivals() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether the seal after arrival `a`'s tile (at `wire` bytes into its slot) shows it as written
+  // by the peer its immediate data names, for its handle and tile, and not consumed before;
+  // consumes it when so.
+  bool CheckSeal(const Arrival& a, uint64_t wire);
   void UnpackLoop();
   // Scatters an arrived tile of `in` (once: a repeat is not applied again) and reports it to the
   // local record; whether it was applied.
@@ -84,6 +90,7 @@ class ReceiverImpl final : public Receiver {
   std::map<uint32_t, std::shared_ptr<Inbound>> inbound_ ABSL_GUARDED_BY(mu_);
   uint32_t next_handle_ ABSL_GUARDED_BY(mu_) = 1;
   std::deque<Arrival> arrivals_ ABSL_GUARDED_BY(mu_);
+  std::atomic<uint64_t> refused_arrivals_{0};
 };
 
 void ReceiverImpl::Start() {
@@ -131,7 +138,8 @@ absl::StatusOr<uint32_t> ReceiverImpl::Begin(const v1::BeginRemoteTransferReques
         "plans differ: the receiver's has ", plan.bytes_total(), " bytes in ", plan.num_tiles(),
         " tiles, the sender's ", request.bytes_total(), " in ", request.tiles_total()));
   }
-  if (plan.header().tile_bytes + (spec.digest() ? kDigestTrailerBytes : 0) > options_.slot_bytes) {
+  if (plan.header().tile_bytes + (spec.digest() ? kDigestTrailerBytes : 0) + kTileSealBytes >
+      options_.slot_bytes) {
     return absl::InvalidArgumentError("tile_bytes: larger than this daemon's staging slots");
   }
   {
@@ -261,6 +269,27 @@ void ReceiverImpl::OnArrival(const Arrival& arrival) {
 
 bool ReceiverImpl::HasArrivals() const { return stopping_ || !arrivals_.empty(); }
 
+bool ReceiverImpl::CheckSeal(const Arrival& a, uint64_t wire) {
+  TileSeal seal;
+  std::memcpy(&seal, lanes_->RecvSlot(a.lane, a.peer, a.slot) + wire, sizeof(seal));
+  PeerConn* peer = peers_->at(a.peer);
+  const uint64_t key = lanes_->PeerRegistration(a.lane, a.peer).key();
+  const char* why = nullptr;
+  {
+    absl::MutexLock lock(&peer->mu);
+    why = SealRefusal(seal, key, a.handle, a.tile, peer->sealed[a.lane][a.slot]);
+    if (why == nullptr) peer->sealed[a.lane][a.slot] = seal.nonce;
+  }
+  if (why != nullptr) {
+    refused_arrivals_.fetch_add(1);
+    spdlog::warn("fabric: arrival naming '{}' handle {} tile {} slot {} on lane {} refused: {} "
+                 "(not written by that peer for that tile: not applied, not credited)",
+                 peer->node_id, a.handle, a.tile, a.slot, a.lane, why);
+    return false;
+  }
+  return true;
+}
+
 bool ReceiverImpl::ApplyTile(Inbound& in, const Arrival& a) {
   {
     absl::MutexLock lock(&in.mu);
@@ -342,9 +371,16 @@ void ReceiverImpl::UnpackLoop() {
     }
     bool applied = false;
     // Providers need not report the length of a remote write (tcp reports 0); check it when given.
+    const uint64_t wire = in != nullptr && a.tile < in->plan.num_tiles()
+                              ? TileBytes(in->plan, a.tile) + (in->digest ? kDigestTrailerBytes : 0)
+                              : 0;
     if (in != nullptr && a.tile < in->plan.num_tiles() &&
-        (a.len == 0 ||
-         a.len == TileBytes(in->plan, a.tile) + (in->digest ? kDigestTrailerBytes : 0))) {
+        (a.len == 0 || a.len == wire + kTileSealBytes)) {
+      // The seal after the tile in the slot of the peer the immediate data names: written by that
+      // peer (only it holds the key of that range) for this handle and tile, not consumed yet.
+      // Anything else is not what that peer sent (another peer naming its index, a replay): not
+      // applied, not credited (the peer's slot accounting is not touched).
+      if (!CheckSeal(a, wire)) continue;
       applied = ApplyTile(*in, a);
     } else if (in == nullptr) {
       spdlog::debug("fabric: tile {} for unknown handle {} dropped", a.tile, a.handle);
@@ -358,6 +394,7 @@ void ReceiverImpl::UnpackLoop() {
       absl::MutexLock lock(&peer->mu);
       value = ++peer->consumed[a.lane][a.slot];
     }
+    if (!applied) value |= kCreditNotApplied;  // the sender trusts the word, not the imm bit
     lanes_->QueueCredit(a.lane, CreditOp{a.peer, a.slot, a.tile, applied, value});
   }
 }

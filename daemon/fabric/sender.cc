@@ -177,7 +177,9 @@ absl::StatusOr<transfers::RemotePath::Prepared> SenderImpl::Prepare(const v1::Tr
   prepared.dst = MakeLeasedRegion(std::move(lease), std::move(view));
   prepared.engine = this;
   // spec.digest: each tile travels with its 8-byte digest after it (tile_copy.h).
-  prepared.max_tile_bytes = options_.slot_bytes - (spec.digest() ? kDigestTrailerBytes : 0);
+  // Every tile is followed by its seal (lanes.h TileSeal).
+  prepared.max_tile_bytes =
+      options_.slot_bytes - kTileSealBytes - (spec.digest() ? kDigestTrailerBytes : 0);
   return prepared;
 }
 
@@ -392,6 +394,16 @@ void SenderImpl::OnCredit(uint32_t lane, uint32_t peer_index, uint32_t slot, uin
   {
     absl::MutexLock lock(&peer->mu);
     if (lane >= peer->owners.size()) return;
+    // The credit word lies in this peer's registration (only it holds the key): a completion
+    // naming this peer while the word does not show the slot returned did not come from it (the
+    // immediate data is forgeable by any peer); and the word, not the imm bit, says "applied".
+    if (!peer->credits[lane]->Returned(slot)) {
+      spdlog::warn("fabric: credit naming '{}' slot {} lane {} ignored: its credit word shows no "
+                   "return",
+                   peer->node_id, slot, lane);
+      return;
+    }
+    applied = !peer->credits[lane]->NotApplied(slot);
     owner = std::move(peer->owners[lane][slot]);
     peer->owners[lane][slot] = SlotOwner{};
   }
