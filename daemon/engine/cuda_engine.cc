@@ -204,7 +204,7 @@ class DeviceWorker {
                                        options_.batch_bytes),
           limit.max_inflight_bytes,
           inflight_bytes_[c]);
-      auto [job, batch] = queues_.TakeFrom(c, [&](const Job& j, std::deque<uint32_t>& tiles) {
+      auto [job, batch] = queues_.TakeFrom(c, [&](const Job& j, scheduler::TileRanges& tiles) {
         const auto state = states_.find(&j);
         const uint64_t previous = state == states_.end() ? 0 : state->second->last_batch_bytes;
         return scheduler::TakeJobBatch(&tiles, j.plan(), budget, previous);

@@ -119,7 +119,7 @@ class HostEngine final : public Engine {
         for (cls = 0; cls < kNumPriorityClasses; ++cls) {
           if (!Runnable(cls)) continue;
           ++running_[cls];
-          std::tie(job, tile) = queues_.TakeFrom(cls, [](const Job&, std::deque<uint32_t>& tiles) {
+          std::tie(job, tile) = queues_.TakeFrom(cls, [](const Job&, scheduler::TileRanges& tiles) {
             const uint32_t t = tiles.front();
             tiles.pop_front();
             return t;

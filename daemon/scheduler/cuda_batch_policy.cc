@@ -17,7 +17,7 @@ uint64_t MeanRunBytes(const planner::Plan& plan) {
   return plan.bytes_total() / runs;
 }
 
-std::pair<uint32_t, uint32_t> TakeBatch(std::deque<uint32_t>* tiles, const planner::Plan& plan,
+std::pair<uint32_t, uint32_t> TakeBatch(TileRanges* tiles, const planner::Plan& plan,
                                         uint64_t max_bytes) {
   const uint32_t begin = tiles->front();
   uint64_t bytes = plan.tile(begin).bytes;
@@ -49,7 +49,7 @@ uint64_t RampBatchBytes(uint64_t budget, uint64_t previous) {
   return std::min(budget, cap);
 }
 
-JobBatch TakeJobBatch(std::deque<uint32_t>* tiles, const planner::Plan& plan, uint64_t budget,
+JobBatch TakeJobBatch(TileRanges* tiles, const planner::Plan& plan, uint64_t budget,
                       uint64_t previous) {
   const uint64_t aim = RampBatchBytes(budget, previous);
   const auto [begin, end] = TakeBatch(tiles, plan, aim);

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "daemon/planner/planner.h"
+#include "daemon/scheduler/tile_ranges.h"
 
 namespace kvrail::scheduler {
 
@@ -26,7 +27,7 @@ uint64_t MeanRunBytes(const planner::Plan& plan);
 
 // Takes from the front of `tiles` the longest prefix of consecutive tile ids (t, t+1, ...) whose
 // bytes stay within `max_bytes` (always at least one tile) and returns it as [begin, end).
-std::pair<uint32_t, uint32_t> TakeBatch(std::deque<uint32_t>* tiles, const planner::Plan& plan,
+std::pair<uint32_t, uint32_t> TakeBatch(TileRanges* tiles, const planner::Plan& plan,
                                         uint64_t max_bytes);
 
 // The bytes the next batch of a priority class may aim for: `batch_bytes`, within what the class's
@@ -61,7 +62,7 @@ struct JobBatch {
   uint32_t begin = 0, end = 0;  // tiles [begin, end)
   bool ramped = false;
 };
-JobBatch TakeJobBatch(std::deque<uint32_t>* tiles, const planner::Plan& plan, uint64_t budget,
+JobBatch TakeJobBatch(TileRanges* tiles, const planner::Plan& plan, uint64_t budget,
                       uint64_t previous);
 
 // The GPU that runs a job: the one GPU side when the other is host memory; between two GPUs the

@@ -103,11 +103,12 @@ TEST_CASE("batches are runs of consecutive tiles within the byte cap") {
     absl::StatusOr<planner::Plan> plan = planner::MakePlan(c.spec, c.src, c.dst, c.options);
     REQUIRE(plan.ok());
     if (plan->num_tiles() == 0) continue;
-    std::deque<uint32_t> tiles;
     // Queue order as layer-wise marking can produce it: layers out of order.
-    for (uint32_t t = 0; t < plan->num_tiles(); ++t) tiles.push_back(t);
-    std::shuffle(tiles.begin(), tiles.end(), rng);
-    std::sort(tiles.begin(), tiles.begin() + tiles.size() / 2);
+    std::vector<uint32_t> order;
+    for (uint32_t t = 0; t < plan->num_tiles(); ++t) order.push_back(t);
+    std::shuffle(order.begin(), order.end(), rng);
+    std::sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(order.size() / 2));
+    TileRanges tiles(order.begin(), order.end());
     const uint64_t cap = 1 + rng() % (3 * plan->tile(0).bytes + 1);
     std::vector<int> seen(plan->num_tiles(), 0);
     while (!tiles.empty()) {
@@ -341,15 +342,15 @@ planner::Plan MiBTiles(uint32_t n) {
   return *std::move(plan);
 }
 
-std::deque<uint32_t> AllTiles(const planner::Plan& plan) {
-  std::deque<uint32_t> tiles;
+TileRanges AllTiles(const planner::Plan& plan) {
+  TileRanges tiles;
   for (uint32_t t = 0; t < plan.num_tiles(); ++t) tiles.push_back(t);
   return tiles;
 }
 
 TEST_CASE("a job's batches: ramp-cut ones say so; budget-cut and last ones do not") {
   const planner::Plan plan = MiBTiles(100);
-  std::deque<uint32_t> tiles = AllTiles(plan);
+  TileRanges tiles = AllTiles(plan);
   JobBatch b = TakeJobBatch(&tiles, plan, 64 << 20, 0);
   CHECK((b.begin == 0 && b.end == 16 && b.ramped));  // 16 MiB first
   b = TakeJobBatch(&tiles, plan, 64 << 20, 16 << 20);
@@ -359,7 +360,7 @@ TEST_CASE("a job's batches: ramp-cut ones say so; budget-cut and last ones do no
   CHECK(tiles.empty());
 
   const planner::Plan small = MiBTiles(10);
-  std::deque<uint32_t> few = AllTiles(small);
+  TileRanges few = AllTiles(small);
   b = TakeJobBatch(&few, small, 64 << 20, 0);
   CHECK((b.begin == 0 && b.end == 10 && !b.ramped));  // all of it fits the first aim
 }

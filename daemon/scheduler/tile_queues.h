@@ -12,6 +12,8 @@
 #include <utility>
 #include <vector>
 
+#include "daemon/scheduler/tile_ranges.h"
+
 #include "daemon/engine/engine.h"
 
 namespace kvrail::scheduler {
@@ -62,11 +64,11 @@ class TileQueues {
     auto& queue = queues_[static_cast<int>(job->priority())];
     for (Entry& e : queue) {
       if (e.job == job) {
-        e.tiles.insert(e.tiles.end(), tiles.begin(), tiles.end());
+        e.tiles.insert_back(tiles.begin(), tiles.end());
         return;
       }
     }
-    queue.push_back(Entry{job, std::deque<uint32_t>(tiles.begin(), tiles.end())});
+    queue.push_back(Entry{job, TileRanges(tiles.begin(), tiles.end())});
   }
 
   // Drops the job's queued tiles; returns how many.
@@ -160,7 +162,7 @@ class TileQueues {
 
   struct Entry {
     std::shared_ptr<Job> job;
-    std::deque<uint32_t> tiles;
+    TileRanges tiles;  // ranges, not one entry per tile: a 2^20-tile transfer is one range
   };
   const WithinClass within_;
   std::deque<Entry> queues_[kNumPriorityClasses];

@@ -27,7 +27,7 @@ class FakeJob final : public Job {
 std::pair<std::shared_ptr<Job>, uint32_t> TakeOne(TileQueues& q) {
   for (int c = 0; c < kNumPriorityClasses; ++c) {
     if (q.Empty(c)) continue;
-    return q.TakeFrom(c, [](const Job&, std::deque<uint32_t>& t) {
+    return q.TakeFrom(c, [](const Job&, TileRanges& t) {
       const uint32_t x = t.front();
       t.pop_front();
       return x;

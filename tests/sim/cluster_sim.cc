@@ -463,7 +463,7 @@ void Simulation::Pump(int e, double now) {
   while (engine.inflight < c_.inflight_tiles && !engine.queues.AllEmpty()) {
     int cls = 0;
     while (engine.queues.Empty(cls)) ++cls;
-    auto taken = engine.queues.TakeFrom(cls, [](engine::Job&, std::deque<uint32_t>& tiles) {
+    auto taken = engine.queues.TakeFrom(cls, [](engine::Job&, scheduler::TileRanges& tiles) {
       const uint32_t t = tiles.front();
       tiles.pop_front();
       return t;
