@@ -103,10 +103,10 @@ std::string PathClassName(PathClass path_class, int nvlink_count) {
 
 std::string TransferPathName(TransferPath path) {
   switch (path) {
-    case ::kvrail::v1::TRANSFER_PATH_LOCAL: return "local";
-    case ::kvrail::v1::TRANSFER_PATH_NVLINK_P2P: return "nvlink-p2p";
-    case ::kvrail::v1::TRANSFER_PATH_PCIE_P2P: return "pcie-p2p";
-    case ::kvrail::v1::TRANSFER_PATH_PCIE_STAGED: return "pcie-staged";
+    case ::kvrail::v1::TRANSFER_PATH_LOCAL: return "cuda_local";
+    case ::kvrail::v1::TRANSFER_PATH_NVLINK_P2P: return "nvlink_p2p";
+    case ::kvrail::v1::TRANSFER_PATH_PCIE_P2P: return "pcie_p2p";
+    case ::kvrail::v1::TRANSFER_PATH_PCIE_STAGED: return "pcie_staged";
     default: return "?";
   }
 }

@@ -141,7 +141,7 @@ TEST_CASE("8-GPU PCIe box with one NIC: PIX, PHB, SYS to the same mlx5_0") {
   REQUIRE(FindGpuNicPath(g, 0, "mlx5_0")->bandwidth_gbps() == Approx(25.0));
 }
 
-TEST_CASE("2x H200 (from the description): NV18 nvlink-p2p, Ethernet only") {
+TEST_CASE("2x H200 (from the description): NV18 nvlink_p2p, Ethernet only") {
   TopologyGraph g = ComputeGraph(Fixture("h200_2gpu"));
   REQUIRE(g.gpu_count() == 2);
   const PathInfo* p = FindGpuPath(g, 1, 0);
@@ -196,13 +196,13 @@ TEST_CASE("RenderTopology: nvidia-smi style matrix, NIC legend, routes") {
   REQUIRE(text.find("GPU0   X      NV18") != std::string::npos);
   REQUIRE(text.find("CPU Affinity") != std::string::npos);
   REQUIRE(text.find("NIC0: mlx5_0") != std::string::npos);
-  REQUIRE(text.find("GPU0 <-> GPU7: nvlink-p2p") != std::string::npos);
+  REQUIRE(text.find("GPU0 <-> GPU7: nvlink_p2p") != std::string::npos);
   REQUIRE(text.find("0-55,112-167") != std::string::npos);
 
   TopologyDesc box = Fixture("pcie_4gpu");
   std::string box_text = RenderTopology(box, ComputeGraph(box));
-  REQUIRE(box_text.find("GPU2 <-> GPU3: pcie-staged") != std::string::npos);
-  REQUIRE(box_text.find("GPU0 <-> GPU1: pcie-p2p") != std::string::npos);
+  REQUIRE(box_text.find("GPU2 <-> GPU3: pcie_staged") != std::string::npos);
+  REQUIRE(box_text.find("GPU0 <-> GPU1: pcie_p2p") != std::string::npos);
   REQUIRE(box_text.find("PXB") != std::string::npos);
 
   TopologyDesc cpu = Fixture("cpu_only");

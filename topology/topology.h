@@ -65,12 +65,12 @@ const PathInfo* FindGpuPath(const TopologyGraph& graph, int gpu_a, int gpu_b);
 // The path between a GPU and a NIC (by name) or nullptr. Points into `graph`.
 const PathInfo* FindGpuNicPath(const TopologyGraph& graph, int gpu, const std::string& nic);
 
-// The intra-node path kvrail would use from gpu_a to gpu_b: nvlink-p2p for NV#, pcie-p2p for
-// PIX/PXB when peer access is supported, pcie-staged (through pinned host memory) otherwise;
+// The intra-node path kvrail would use from gpu_a to gpu_b: nvlink_p2p for NV#, pcie_p2p for
+// PIX/PXB when peer access is supported, pcie_staged (through pinned host memory) otherwise;
 // local when a == b. NotFound when an index is not a GPU of the graph.
 absl::StatusOr<GpuRoute> ChoosePath(const TopologyGraph& graph, int gpu_a, int gpu_b);
 
-// Short names used in text output: "NV18", "PIX", "SYS"; and "nvlink-p2p", "pcie-staged".
+// Short names used in text output: "NV18", "PIX", "SYS"; and "nvlink_p2p", "pcie_staged" (the same names as metrics labels, logs and the CLI: one naming of paths everywhere).
 std::string PathClassName(::kvrail::v1::PathClass path_class, int nvlink_count);
 std::string TransferPathName(::kvrail::v1::TransferPath path);
 

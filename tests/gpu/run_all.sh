@@ -21,7 +21,7 @@ if [[ ${STREAMING:-1} != 0 ]]; then
 fi
 echo "== summary"
 tail -2 "$out/plan_bench.txt"
-grep -E "NV[0-9]+|nvlink-p2p" "$out/run_topology.txt" | head -4
+grep -E "NV[0-9]+|nvlink_p2p" "$out/run_topology.txt" | head -4
 grep -E "test cases|assertions|All tests" "$out/gpu_test.txt" "$out/kernel_test.txt" "$out"/flags_test*.txt 2>/dev/null
 grep -E "^\| (4|16) KiB \| (slab|warp)|contiguous" "$out/variants.txt" 2>/dev/null
 grep -E "kv_demo decode" "$out/run_engine.txt" | cut -c1-200

@@ -119,7 +119,7 @@ size_t Longest(const std::string& text, const std::string& until) {
 TEST_CASE("topo: identical GPU pairs collapse into one line") {
   const std::string text = RenderTopo(Fixture("dgx_h100"), 0);
   INFO(text);
-  CHECK(text.find("every pair (28): nvlink-p2p") != std::string::npos);
+  CHECK(text.find("every pair (28): nvlink_p2p") != std::string::npos);
   CHECK(text.find("GPU0 <-> GPU1:") == std::string::npos);  // no longer one line per pair
 }
 
