@@ -27,6 +27,7 @@ constexpr int kMaxThreads = 512;
 constexpr int kCopyHashSource = 1;
 constexpr int kHashSource = 2;
 constexpr int kHashDestination = 3;
+constexpr int kCopyNoHash = 4;  // the fused kernels' copy without the hash (benchmark baseline)
 
 template <int W> struct Access;
 template <> struct Access<16> { using T = int4; };
@@ -103,13 +104,13 @@ __device__ __forceinline__ uint64_t ReadOffset(const ChunkSpan& s) {
 
 // Warp path (kv_copy.cu: KvCopyPiecesKernel) with the digest, software-pipelined: a warp issues
 // the loads of its next piece before it stores and hashes the current one, so the hashing runs
-// while the next loads are in flight instead of between the current stores and the next loads.
-// Each lane keeps its partial sum in registers while the warp's pieces stay in one tile and the
-// warp reduces it (shuffles + one atomic) only when the next piece is in another tile or there is
-// none; that reduction, too, comes after the next piece's loads were issued. Measured on one H200
-// (docs/benchmarks.md, "issue 17 digest"): better only where a warp has several pieces per tile
-// (8 CTAs); with 16-32 CTAs the cost is unchanged, so the per-piece reduction, not the hashing,
-// looks like the remaining cost there.
+// while the next loads are in flight. Work distribution: each warp takes one CONTIGUOUS run of
+// the launch's pieces (warp w: pieces [w * n, (w + 1) * n), n = ceil(pieces / warps)), not every
+// (warps)-th piece as the plain kernel's grid stride does, so consecutive pieces of a warp stay
+// in one tile (a 1 MiB tile is 256 pieces) at every CTA count: each lane keeps its partial sum in
+// registers and the warp reduces it (shuffles + one atomic) once per tile it touches, not once
+// per piece, and the warps of a tile no longer all add into its counter at the same time.
+// Measured on one H200: docs/benchmarks.md, "issue 17 digest" (second and third versions).
 struct PieceWork {
   int4 value[kLoadsInFlight];
   int4* to;
@@ -148,7 +149,7 @@ __device__ __forceinline__ void IssuePiece(const PlanHeader& h,
 // Stores the piece (copy mode) and returns this lane's digest terms of it.
 template <int kMode>
 __device__ __forceinline__ uint64_t FinishPiece(const PieceWork& w, uint32_t lane) {
-  if (kMode == kCopyHashSource) {
+  if (kMode == kCopyHashSource || kMode == kCopyNoHash) {
 #pragma unroll
     for (int k = 0; k < kLoadsInFlight; ++k) {
       const uint32_t v = k * 32 + lane;
@@ -156,6 +157,7 @@ __device__ __forceinline__ uint64_t FinishPiece(const PieceWork& w, uint32_t lan
     }
   }
   uint64_t sum = 0;
+  if (kMode == kCopyNoHash) return sum;
   if (KeysStayLow(w.key0, 4096 / 8)) {  // nearly always: one key computation per piece
     const uint32_t kl = dg::PositionKey(w.key0) + 2 * lane * dg::kKeyMul;
 #pragma unroll
@@ -190,38 +192,41 @@ __global__ void __launch_bounds__(kMaxThreads)
   const FastDivU32 tile_div = MakeFastDiv(
       pieces_per_tile <= kFastDivMaxDividend ? static_cast<uint32_t>(pieces_per_tile) : 1);
   const uint64_t items = static_cast<uint64_t>(tile_end - tile_begin) * pieces_per_tile;
-  const uint64_t step = static_cast<uint64_t>(gridDim.x) * warps_per_cta;
+  const uint64_t warps = static_cast<uint64_t>(gridDim.x) * warps_per_cta;
+  const uint64_t per_warp = (items + warps - 1) / warps;
   const uint64_t wps = dg::WordsPerStream(h.part_bytes);
-  // item is the same for the whole warp, so every branch below is warp-uniform (WarpAdd).
-  uint64_t item = static_cast<uint64_t>(blockIdx.x) * warps_per_cta + threadIdx.x / 32;
+  // This warp's run [item, end); item is the same for the whole warp, so every branch below is
+  // warp-uniform (WarpAdd).
+  uint64_t item = (static_cast<uint64_t>(blockIdx.x) * warps_per_cta + threadIdx.x / 32) * per_warp;
   if (item >= items) return;
+  const uint64_t end = item + per_warp < items ? item + per_warp : items;
   PieceWork a, b;
   IssuePiece<kMode>(h, read_base, dst, src_blocks, dst_blocks, tile_begin, item, pieces_per_tile,
                     tile_div, piece_bytes, wps, lane, a);
   uint64_t acc = 0;
   // Two half-steps per turn with the buffers' roles swapped (no register copies of the loads).
   for (;;) {
-    uint64_t next = item + step;
-    bool more = next < items;
+    uint64_t next = item + 1;
+    bool more = next < end;
     if (more) {
       IssuePiece<kMode>(h, read_base, dst, src_blocks, dst_blocks, tile_begin, next,
                         pieces_per_tile, tile_div, piece_bytes, wps, lane, b);
     }
     acc += FinishPiece<kMode>(a, lane);
-    if (!more || b.tile != a.tile) {
+    if (kMode != kCopyNoHash && (!more || b.tile != a.tile)) {
       WarpAdd(acc, tile_digests + a.tile);
       acc = 0;
     }
     if (!more) break;
     item = next;
-    next = item + step;
-    more = next < items;
+    next = item + 1;
+    more = next < end;
     if (more) {
       IssuePiece<kMode>(h, read_base, dst, src_blocks, dst_blocks, tile_begin, next,
                         pieces_per_tile, tile_div, piece_bytes, wps, lane, a);
     }
     acc += FinishPiece<kMode>(b, lane);
-    if (!more || a.tile != b.tile) {
+    if (kMode != kCopyNoHash && (!more || a.tile != b.tile)) {
       WarpAdd(acc, tile_digests + b.tile);
       acc = 0;
     }
@@ -305,14 +310,18 @@ __global__ void __launch_bounds__(kMaxThreads)
   const uint64_t items = static_cast<uint64_t>(tile_end - tile_begin) * slabs_per_tile;
   const uint64_t wps = dg::WordsPerStream(h.part_bytes);
 
+  // This CTA's contiguous run of slabs [item, end) (as the warp path: one reduction per tile
+  // the CTA touches, not per slab; the plain kernel strides by gridDim.x).
+  const uint64_t per_cta = (items + gridDim.x - 1) / gridDim.x;
+  uint64_t item = static_cast<uint64_t>(blockIdx.x) * per_cta;
+  const uint64_t end = item + per_cta < items ? item + per_cta : items;
   SlabAddr a;
   uint64_t acc = 0;  // this thread's terms of the current tile (reduced when the tile changes)
-  uint64_t item = blockIdx.x;
-  if (item < items) {
+  if (item < end) {
     LocateSlab<W>(h, src_blocks, dst_blocks, tile_begin, item, slabs_div, slabs_per_tile,
                   slab_bytes, wps, a);
   }
-  while (item < items) {
+  while (item < end) {
     T value[kLoadsInFlight];
     uint64_t to[kLoadsInFlight];
     const uint32_t len = a.len;
@@ -327,8 +336,8 @@ __global__ void __launch_bounds__(kMaxThreads)
       }
       to[k] = a.to[k];
     }
-    const uint64_t next = item + gridDim.x;
-    if (next < items) {
+    const uint64_t next = item + 1;
+    if (next < end) {
       LocateSlab<W>(h, src_blocks, dst_blocks, tile_begin, next, slabs_div, slabs_per_tile,
                     slab_bytes, wps, a);
     }
@@ -339,14 +348,18 @@ __global__ void __launch_bounds__(kMaxThreads)
     for (int k = 0; k < kLoadsInFlight; ++k) {
       const uint32_t off = (k * blockDim.x + threadIdx.x) * W;
       if (off < len) {
-        if (kMode == kCopyHashSource) *reinterpret_cast<T*>(dst + to[k]) = value[k];
-        sum += low ? AccessTermsKeyed<W>(value[k], k0 + (off / 8) * dg::kKeyMul)
-                   : AccessTerms<W>(value[k], key + off / 8);
+        if (kMode == kCopyHashSource || kMode == kCopyNoHash) {
+          *reinterpret_cast<T*>(dst + to[k]) = value[k];
+        }
+        if (kMode != kCopyNoHash) {
+          sum += low ? AccessTermsKeyed<W>(value[k], k0 + (off / 8) * dg::kKeyMul)
+                     : AccessTerms<W>(value[k], key + off / 8);
+        }
       }
     }
     acc += sum;
     // next (so the branch) is the same for the whole CTA; a.tile is next's tile.
-    if (next >= items || a.tile != tile) {
+    if (kMode != kCopyNoHash && (next >= end || a.tile != tile)) {
       WarpAdd(acc, tile_digests + tile);
       acc = 0;
     }
@@ -438,6 +451,7 @@ int LaunchMode(const PlanHeader* header, uint32_t tile_begin, uint32_t tile_end,
                                                           piece_bytes, digests);
     return cudaGetLastError();
   }
+  if (kMode == kCopyNoHash && access_bytes < 8) return cudaErrorInvalidValue;
   switch (access_bytes) {
     case 16: DigestSlabKernel<kMode, 16><<<grid, block, 0, stream>>>(header, tile_begin, tile_end, digests); break;
     case 8: DigestSlabKernel<kMode, 8><<<grid, block, 0, stream>>>(header, tile_begin, tile_end, digests); break;
@@ -471,6 +485,9 @@ int KvDigestLaunch(const PlanHeader* device_header, uint32_t tile_begin, uint32_
     case kHashDestination:
       return LaunchMode<kHashDestination>(device_header, tile_begin, tile_end, num_ctas, threads,
                                           access_bytes, piece_bytes, tile_digests, stream);
+    case kCopyNoHash:
+      return LaunchMode<kCopyNoHash>(device_header, tile_begin, tile_end, num_ctas, threads,
+                                     access_bytes, piece_bytes, tile_digests, stream);
     default:
       return cudaErrorInvalidValue;
   }

@@ -22,6 +22,10 @@ enum class DigestKernelMode : int {
   kCopyHashSource = 1,
   kHashSource = 2,
   kHashDestination = 3,
+  // Benchmarks only: the fused kernel's copy with the hash left out (same work distribution as
+  // kCopyHashSource, tile_digests untouched), the fair digest-off baseline of its cost. Warp and
+  // slab paths only (plans with accesses under 8 bytes: InvalidArgument).
+  kCopyNoHashForBenchmark = 4,
 };
 
 // Enqueues the digest kernel `mode` for tiles [tile_begin, tile_end) of `plan` on `stream`
