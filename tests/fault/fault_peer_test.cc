@@ -14,12 +14,16 @@
 // happens after the first half is known to have moved and before anything else may move.
 #define CATCH_CONFIG_MAIN
 #include <catch2/catch.hpp>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <optional>
+#include <random>
 #include <string>
 #include <thread>
 
@@ -40,11 +44,26 @@ constexpr uint32_t kDeadlineMs = 60000;
 
 constexpr uint32_t kLayers = 8, kBlocks = 64, kMoved = 48, kTpb = 16;
 
-// A loopback address unique to this process and call (127.x.y.n, as in peer_tls_test).
+// A loopback address 127.x.y.z whose port 7070 (NsDaemon's --tcp-listen) is free now. Random,
+// not from the pid: Bazel's sandbox gives every test its own pid namespace, so parallel runs of
+// this test (--runs_per_test) would otherwise all pick the same addresses and talk to each
+// other's daemons.
 std::string LoopbackIp() {
-  static int n = 0;
-  const int p = getpid();
-  return absl::StrCat("127.", 1 + (p >> 8) % 250, ".", p % 256, ".", 10 + n++);
+  static std::mt19937 rng{std::random_device{}()};
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    const std::string ip = absl::StrCat("127.", 1 + rng() % 250, ".", rng() % 256, ".",
+                                        1 + rng() % 254);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(7070);
+    if (inet_pton(AF_INET, ip.c_str(), &addr.sin_addr) != 1) continue;
+    const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) continue;
+    const bool free = bind(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) == 0;
+    close(fd);
+    if (free) return ip;
+  }
+  return "127.0.0.1";
 }
 
 bool PeerIs(NsDaemon& node, const std::string& peer, const std::string& state,
