@@ -148,6 +148,44 @@ TEST_CASE("topo --dot: a Graphviz graph of GPUs, NICs, links and rails") {
   CHECK(std::count(dot.begin(), dot.end(), '{') == std::count(dot.begin(), dot.end(), '}'));
 }
 
+TEST_CASE("top: keys sort the transfers table; unknown keys change nothing") {
+  auto row = [](double gbps, uint64_t id, uint64_t done, uint64_t total, v1::Priority p) {
+    v1::TransferStatus t;
+    t.set_transfer_id(id);
+    t.set_bytes_done(done);
+    t.set_bytes_total(total);
+    t.mutable_spec()->set_priority(p);
+    return std::make_pair(gbps, t);
+  };
+  const std::vector<std::pair<double, v1::TransferStatus>> base = {
+      row(1.0, 10, 500, 1000, v1::PRIORITY_BACKGROUND),
+      row(9.0, 11, 100, 5000, v1::PRIORITY_NORMAL),
+      row(5.0, 12, 900, 900, v1::PRIORITY_CRITICAL),
+      row(7.0, 13, 0, 100, v1::PRIORITY_UNSPECIFIED),
+  };
+  auto ids = [](const std::vector<std::pair<double, v1::TransferStatus>>& rows) {
+    std::vector<uint64_t> out;
+    for (const auto& r : rows) out.push_back(r.second.transfer_id());
+    return out;
+  };
+  auto sorted = [&](char key) {
+    auto rows = base;
+    REQUIRE(SortTopRows(key, &rows));
+    return ids(rows);
+  };
+  CHECK(sorted('r') == std::vector<uint64_t>{11, 13, 12, 10});
+  CHECK(sorted('b') == std::vector<uint64_t>{12, 10, 11, 13});
+  CHECK(sorted('l') == std::vector<uint64_t>{11, 10, 13, 12});
+  CHECK(sorted('i') == std::vector<uint64_t>{13, 12, 11, 10});
+  // Critical, then normal and unspecified by rate, then background.
+  CHECK(sorted('p') == std::vector<uint64_t>{12, 11, 13, 10});
+  auto rows = base;
+  CHECK_FALSE(SortTopRows('x', &rows));
+  CHECK(ids(rows) == ids(base));
+  CHECK(TopSortName('x').empty());
+  CHECK(TopSortName('l') == "left");
+}
+
 TEST_CASE("top: sparklines scale to the window's peak; idle frames are blank") {
   CHECK(Sparkline({}) == "");
   CHECK(Sparkline({0, 0}) == "  ");

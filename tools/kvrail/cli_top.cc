@@ -1,11 +1,14 @@
 #include "tools/kvrail/cli_top.h"
 
+#include <poll.h>
+#include <termios.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <deque>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -27,6 +30,38 @@ struct Frame {
   std::map<std::string, double> gbps_by_path;      // path name -> GB/s over the last interval
   std::map<std::string, int> transfers_by_path;    // active transfers per path
   std::vector<std::pair<double, v1::TransferStatus>> busiest;  // (GB/s, status)
+  char sort = 'r';
+};
+
+// Puts a terminal's stdin in non-canonical, no-echo mode for single-key commands; restores it.
+class RawStdin {
+ public:
+  RawStdin() {
+    if (::isatty(STDIN_FILENO) != 1 || ::tcgetattr(STDIN_FILENO, &saved_) != 0) return;
+    termios raw = saved_;
+    raw.c_lflag &= ~static_cast<tcflag_t>(ICANON | ECHO);
+    raw.c_cc[VMIN] = 0;
+    raw.c_cc[VTIME] = 0;
+    active_ = ::tcsetattr(STDIN_FILENO, TCSANOW, &raw) == 0;
+  }
+  ~RawStdin() {
+    if (active_) ::tcsetattr(STDIN_FILENO, TCSANOW, &saved_);
+  }
+  RawStdin(const RawStdin&) = delete;
+  RawStdin& operator=(const RawStdin&) = delete;
+  bool active() const { return active_; }
+
+  // Waits up to `ms` for a key; returns it, or 0 when none came.
+  char WaitKey(int ms) const {
+    pollfd p{STDIN_FILENO, POLLIN, 0};
+    if (::poll(&p, 1, ms) <= 0) return 0;
+    char c = 0;
+    return ::read(STDIN_FILENO, &c, 1) == 1 ? c : 0;
+  }
+
+ private:
+  termios saved_{};
+  bool active_ = false;
 };
 
 void Print(const Frame& f, bool json, bool tty) {
@@ -57,8 +92,10 @@ void Print(const Frame& f, bool json, bool tty) {
   }
   absl::StrAppend(&out, "\n\nENGINES\n");
   for (const auto& e : s.engines()) absl::StrAppend(&out, "  ", e, "\n");
-  absl::StrAppend(&out, "\n", absl::StrFormat("%-18s %-10s %-12s %-22s %8s\n", "TRANSFER", "PRIO",
-                                             "PATH", "DONE", "GB/s"));
+  absl::StrAppend(&out, "\n", absl::StrFormat("%-18s %-10s %-12s %-22s %8s   sorted by %s%s\n",
+                                             "TRANSFER", "PRIO", "PATH", "DONE", "GB/s",
+                                             TopSortName(f.sort),
+                                             tty ? " (keys: r rate, b bytes, l left, i id, p priority, q quit)" : ""));
   for (const auto& [gbps, t] : f.busiest) {
     absl::StrAppend(&out, absl::StrFormat("%-18d %-10s %-12s %-22s %8.2f\n", t.transfer_id(),
                                           PriorityName(t.spec().priority()), PathName(t.path()),
@@ -69,6 +106,56 @@ void Print(const Frame& f, bool json, bool tty) {
 }
 
 }  // namespace
+
+std::string TopSortName(char key) {
+  switch (key) {
+    case 'r': return "rate";
+    case 'b': return "bytes";
+    case 'l': return "left";
+    case 'i': return "id";
+    case 'p': return "priority";
+    default: return "";
+  }
+}
+
+bool SortTopRows(char key, std::vector<std::pair<double, v1::TransferStatus>>* rows) {
+  using Row = std::pair<double, v1::TransferStatus>;
+  auto left = [](const v1::TransferStatus& t) {
+    return t.bytes_total() - std::min(t.bytes_done(), t.bytes_total());
+  };
+  switch (key) {
+    case 'r':
+      std::stable_sort(rows->begin(), rows->end(), [](const Row& a, const Row& b) { return a.first > b.first; });
+      return true;
+    case 'b':
+      std::stable_sort(rows->begin(), rows->end(), [](const Row& a, const Row& b) {
+        return a.second.bytes_done() > b.second.bytes_done();
+      });
+      return true;
+    case 'l':
+      std::stable_sort(rows->begin(), rows->end(),
+                       [&](const Row& a, const Row& b) { return left(a.second) > left(b.second); });
+      return true;
+    case 'i':
+      std::stable_sort(rows->begin(), rows->end(), [](const Row& a, const Row& b) {
+        return a.second.transfer_id() > b.second.transfer_id();
+      });
+      return true;
+    case 'p':
+      // Critical (1) before normal (2; unspecified counts as normal) before background (3).
+      std::stable_sort(rows->begin(), rows->end(), [](const Row& a, const Row& b) {
+        auto rank = [](const v1::TransferStatus& t) {
+          const int p = static_cast<int>(t.spec().priority());
+          return p == 0 ? static_cast<int>(v1::PRIORITY_NORMAL) : p;
+        };
+        if (rank(a.second) != rank(b.second)) return rank(a.second) < rank(b.second);
+        return a.first > b.first;
+      });
+      return true;
+    default:
+      return false;
+  }
+}
 
 std::string Sparkline(const std::vector<double>& values) {
   static const char* const kBars[] = {"\u2581", "\u2582", "\u2583", "\u2584",
@@ -99,8 +186,14 @@ std::string TopFrameJson(const std::map<std::string, double>& gbps_by_path, cons
   return frame.dump(-1, ' ', /*ensure_ascii=*/false, nlohmann::json::error_handler_t::replace);
 }
 
-int RunTop(Client& client, bool json, uint32_t interval_ms, uint32_t iterations) {
+int RunTop(Client& client, bool json, uint32_t interval_ms, uint32_t iterations, char sort) {
   const bool tty = !json && ::isatty(STDOUT_FILENO) == 1;
+  if (TopSortName(sort).empty()) {
+    std::cerr << "kvrail: --sort: '" << sort << "' is not one of r, b, l, i, p\n";
+    return 2;
+  }
+  std::optional<RawStdin> keys;
+  if (tty) keys.emplace();
   if (interval_ms == 0) interval_ms = 1000;
   absl::flat_hash_map<uint64_t, uint64_t> last_bytes;
   std::map<std::string, std::deque<double>> history;
@@ -108,7 +201,20 @@ int RunTop(Client& client, bool json, uint32_t interval_ms, uint32_t iterations)
   absl::Time last = absl::Now();
   bool first = true;
   for (uint32_t i = 0; iterations == 0 || i < iterations; ++i) {
-    if (!first) std::this_thread::sleep_for(std::chrono::milliseconds(interval_ms));
+    if (!first) {
+      if (keys && keys->active()) {
+        // Keys change the order at once (the frame is redrawn after the rest of the interval).
+        const absl::Time until = absl::Now() + absl::Milliseconds(interval_ms);
+        for (absl::Duration left = absl::Milliseconds(interval_ms); left > absl::ZeroDuration();
+             left = until - absl::Now()) {
+          const char c = keys->WaitKey(static_cast<int>(absl::ToInt64Milliseconds(left)) + 1);
+          if (c == 'q') return 0;
+          if (c != 0 && !TopSortName(c).empty()) sort = c;
+        }
+      } else {
+        std::this_thread::sleep_for(std::chrono::milliseconds(interval_ms));
+      }
+    }
     Frame f;
     auto stats = client.GetStats();
     auto transfers = client.ListTransfers({}, 500);
@@ -137,8 +243,8 @@ int RunTop(Client& client, bool json, uint32_t interval_ms, uint32_t iterations)
         f.busiest.emplace_back(gbps, t);
       }
     }
-    std::sort(f.busiest.begin(), f.busiest.end(),
-              [](const auto& a, const auto& b) { return a.first > b.first; });
+    SortTopRows(sort, &f.busiest);
+    f.sort = sort;
     if (f.busiest.size() > 10) f.busiest.resize(10);
     // Every path seen in the last minute keeps a row; idle frames count as 0.
     for (auto& [path, samples] : history) {

@@ -590,6 +590,10 @@ int Main(int argc, char** argv) {
   uint32_t top_interval_ms = 1000, top_iterations = 0;
   top->add_option("--interval-ms", top_interval_ms, "refresh period (default 1000)");
   top->add_option("--iterations", top_iterations, "frames to show, 0 = until interrupted");
+  std::string top_sort = "r";
+  top->add_option("--sort", top_sort,
+                  "transfers order: r rate, b bytes done, l bytes left, i id, p priority (keys on a TTY)")
+      ->check(CLI::IsMember({"r", "b", "l", "i", "p"}));
   CLI::App* health = app.add_subcommand("health", "gRPC health check; exit 0 only when SERVING");
   std::string health_service;
   health->add_option("--service", health_service,
@@ -680,7 +684,7 @@ int Main(int argc, char** argv) {
   if (peers->parsed()) return CmdPeers(c, g);
   if (topo->parsed()) return CmdTopo(c, g, topo_dump, topo_dot);
   if (health->parsed()) return CmdHealth(c, g, health_service);
-  if (top->parsed()) return RunTop(c, g.json, top_interval_ms, top_iterations);
+  if (top->parsed()) return RunTop(c, g.json, top_interval_ms, top_iterations, top_sort[0]);
   if (submit->parsed()) return CmdSubmit(c, g, submit_spec, a.wait);
   if (transfers->parsed()) {
     uint64_t transfer_id = 0;
