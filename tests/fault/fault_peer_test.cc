@@ -172,8 +172,12 @@ double SecondsSince(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-TEST_CASE("the receiving peer SIGKILLed mid-transfer: the sender's transfer fails promptly, "
-          "UNAVAILABLE naming it; the sender keeps serving") {
+// The receiving daemon b is SIGKILLed after the first half of the layers arrived. `in_flight`:
+// b is first stopped (SIGSTOP), the rest of the layers is released into the stalled link and
+// the kill comes 300 ms later, so tiles are queued and in flight when b dies; otherwise the
+// rest is withheld and nothing of the transfer is in flight, so only the peer's death can end
+// it before its deadline.
+void ReceiverKilled(bool in_flight) {
   PeerPair p;
   REQUIRE(p.ok);
   Pool src = MakePool(*p.a.client, Layout(), false, "src");
@@ -184,11 +188,20 @@ TEST_CASE("the receiving peer SIGKILLed mid-transfer: the sender's transfer fail
   const auto dst_blocks = ScatteredBlocks(kBlocks, kMoved, 2);
   FillPool(src, 3, src_blocks, kMoved * kTpb);
   const uint64_t id = SubmitHalfReleased(p, src, dst, src_blocks, dst_blocks);
-  // The first half is on b (b's record says so); the rest is withheld: nothing of the transfer
-  // is in flight when b dies, so only the peer's death can end it before its deadline.
   AwaitLayers([&] { return InboundRecord(p.b); }, kLayers / 2);
-
   const pid_t b_pid = p.b.pid;
+  if (in_flight) {
+    REQUIRE(kill(b_pid, SIGSTOP) == 0);
+    REQUIRE(p.a.client->MarkReady(id, kLayers / 2, kLayers / 2).ok());
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    auto running = p.a.client->Get(id);
+    REQUIRE(running.ok());
+    INFO(running->DebugString());
+    REQUIRE(running->state() != v1::TRANSFER_STATE_FAILED);
+    REQUIRE(running->state() != v1::TRANSFER_STATE_SUCCEEDED);
+    REQUIRE(running->bytes_done() < running->bytes_total());
+  }
+
   const auto t0 = std::chrono::steady_clock::now();
   p.b.Kill(SIGKILL);
   auto ended = p.a.client->Wait(id, absl::Milliseconds(kDeadlineMs));
@@ -202,11 +215,22 @@ TEST_CASE("the receiving peer SIGKILLed mid-transfer: the sender's transfer fail
   CHECK(seconds < kLivenessSeconds + kMarginSeconds);
   CHECK(ended->layers_done() <= kLayers / 2);
   CHECK(ended->bytes_done() < ended->bytes_total());
-  WARN("sender's transfer failed " << seconds << " s after the receiving peer was SIGKILLed");
+  WARN("sender's transfer failed " << seconds << " s after the receiving peer was SIGKILLed "
+                                    << (in_flight ? "(tiles in flight)" : "(readiness withheld)"));
   // a knows b is down, wrote nothing into its own pools, and keeps serving.
   CHECK(PeerIs(p.a, "fault-b", "down", absl::Seconds(5)));
   CHECK(CountWritten(bystander) == 0);
   StillServes(p.a, "a");
+}
+
+TEST_CASE("the receiving peer SIGKILLed while the transfer waits for its next layer: the "
+          "sender's transfer fails promptly, UNAVAILABLE naming it; the sender keeps serving") {
+  ReceiverKilled(false);
+}
+
+TEST_CASE("the receiving peer SIGKILLed with tiles in flight: the sender's transfer fails "
+          "promptly, UNAVAILABLE naming it; the sender keeps serving") {
+  ReceiverKilled(true);
 }
 
 TEST_CASE("the sending peer SIGKILLed mid-transfer: the receiver's inbound record fails "
