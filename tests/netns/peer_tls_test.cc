@@ -37,9 +37,15 @@ std::string ReadFile(const std::string& path) {
 }
 
 // A loopback address of this process: 127.<pid bits>.<n>.
+// Random per process, not derived from getpid(): Bazel's sandbox gives every test its own pid
+// namespace (the same small pid) on one shared loopback, so pid-derived addresses clashed when
+// tests ran in parallel.
 std::string LoopbackIp(int n) {
-  const int p = getpid();
-  return absl::StrCat("127.", 1 + (p >> 8) % 250, ".", p % 256, ".", n);
+  static const uint32_t base = [] {
+    std::random_device rd;
+    return static_cast<uint32_t>(rd());
+  }();
+  return absl::StrCat("127.", 1 + (base >> 8) % 250, ".", base % 256, ".", n);
 }
 
 // A caller of a daemon's TCP port. `cert` (CN) from `issuer` is presented when given; the
