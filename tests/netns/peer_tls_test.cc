@@ -16,6 +16,7 @@
 #include <chrono>
 #include <fstream>
 #include <iterator>
+#include <random>
 #include <thread>
 
 #include <grpcpp/grpcpp.h>
