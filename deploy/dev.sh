@@ -132,7 +132,10 @@ FUZZ_FINDINGS="${KVRAIL_FUZZ_FINDINGS:-$HOME/.cache/kvrail-fuzz-findings}"
 SAN_PASSED=0 SAN_FAILED=0
 # CI must end within 60 minutes on two cores: a sanitizer stage starts only when its cold-cache
 # estimate fits in what is left of KVRAIL_CI_BUDGET_S (counted from this script's start, the
-# package set-up included); one that does not fit says so ("SKIPPED") and counts neither way.
+# package set-up included); one that does not fit says so ("SKIPPED") and counts neither way, and
+# one that runs past the budget is stopped ("INCOMPLETE", not counted). Measured cold on the
+# 2-core build VM (2026-12-01, other builds beside it): GCC build + tests ~22 min, asan ~25-39
+# min, fuzz build ~4 min + 4 x 30 s, tsan ~11 min.
 CI_BUDGET_S="${KVRAIL_CI_BUDGET_S:-3300}"
 
 # Whether stage $1, estimated at $2 s, fits in the budget left; prints the skip line when not.
@@ -149,9 +152,18 @@ san_tests() {
   out=$(mktemp)
   log "$name: bazel test --config=$config (output base $base): $scope"
   rc=0
+  # A hard stop a few minutes past the budget, whatever the estimate said: CI stays under an hour.
+  local limit=$((CI_BUDGET_S + 240 - SECONDS))
+  [ "$limit" -gt 60 ] || limit=60
   # shellcheck disable=SC2086  # the scope is several patterns
-  bazel "--output_base=$base" test "--config=$config" --test_tag_filters=-gpu,-manual \
+  timeout "$limit" bazel "--output_base=$base" test "--config=$config" --test_tag_filters=-gpu,-manual \
     --build_tests_only --keep_going -- $scope >"$out" 2>&1 || rc=$?
+  if [ "$rc" -eq 124 ]; then
+    tail -5 "$out" >&2 || true
+    echo "$name stage INCOMPLETE (stopped at the time budget after $((SECONDS - start)) s; not counted; KVRAIL_CI_BUDGET_S=... runs it whole)"
+    rm -f "$out"
+    return
+  fi
   grep -E '^//' "$out" | sed "s/^/$name: /" || true
   p=$(grep -cE '^//[^ ]+ +(\(cached\) )?PASSED' "$out" || true)
   f=$(grep -cE '^//[^ ]+ +(\(cached\) )?(FAILED|TIMEOUT|NO STATUS|FLAKY|INCOMPLETE)' "$out" || true)
@@ -230,7 +242,7 @@ sanitizer_stages() {
     return
   fi
   log "sanitizer stages: ${SECONDS} s used of the ${CI_BUDGET_S} s budget"
-  if stage_fits "asan stage" "${KVRAIL_ASAN_ESTIMATE_S:-1500}"; then
+  if stage_fits "asan stage" "${KVRAIL_ASAN_ESTIMATE_S:-1800}"; then
     san_tests asan "$ASAN_OUTPUT_BASE" asan "$ASAN_SCOPE"
     if stage_fits "fuzz stage" "${KVRAIL_FUZZ_ESTIMATE_S:-$((300 + 4 * FUZZ_SECONDS))}"; then
       fuzz_tests
