@@ -11,6 +11,7 @@
 #include <cuda_runtime.h>
 
 #include "kernels/device_abi.h"
+#include "kernels/gather_common.cuh"
 #include "kernels/digest.h"
 #include "kernels/kv_digest_launch.h"
 #include "kernels/plan_math.h"
@@ -29,35 +30,10 @@ constexpr int kHashSource = 2;
 constexpr int kHashDestination = 3;
 constexpr int kCopyNoHash = 4;  // the fused kernels' copy without the hash (benchmark baseline)
 
-template <int W> struct Access;
-template <> struct Access<16> { using T = int4; };
-template <> struct Access<8> { using T = int2; };
-template <> struct Access<4> { using T = int; };
-template <> struct Access<2> { using T = short; };
-template <> struct Access<1> { using T = char; };
-
-__device__ __forceinline__ void LoadHeader(const PlanHeader* __restrict__ from_header,
-                                           PlanHeader* to_header) {
-  const uint64_t* from = reinterpret_cast<const uint64_t*>(from_header);
-  uint64_t* to = reinterpret_cast<uint64_t*>(to_header);
-  for (int k = threadIdx.x; k < static_cast<int>(sizeof(PlanHeader) / 8); k += blockDim.x) {
-    to[k] = from[k];
-  }
-  __syncthreads();
-}
-
-struct ItemPos {
-  uint64_t tile;
-  uint64_t index;
-};
-__device__ __forceinline__ ItemPos SplitItem(uint64_t item, uint64_t per_tile,
-                                             const FastDivU32& div) {
-  if (item <= kFastDivMaxDividend && per_tile <= kFastDivMaxDividend) {
-    const uint64_t tile = FastDiv(div, static_cast<uint32_t>(item));
-    return ItemPos{tile, item - tile * per_tile};
-  }
-  return ItemPos{item / per_tile, item % per_tile};
-}
+using gather::Access;
+using gather::ItemPos;
+using gather::LoadHeader;
+using gather::SplitItem;
 
 // Sums `v` over the warp and adds it to *out from lane 0 (every lane of the warp must call).
 __device__ __forceinline__ void WarpAdd(uint64_t v, uint64_t* out) {
