@@ -21,37 +21,36 @@ std::string EnumLabel(const std::string& name, const std::string& prefix) {
   return out;
 }
 
-prometheus::MetricFamily Gauge(const std::string& name, const std::string& help) {
+prometheus::MetricFamily Family(const std::string& name, const std::string& help,
+                                prometheus::MetricType type) {
   prometheus::MetricFamily family;
   family.name = name;
   family.help = help;
-  family.type = prometheus::MetricType::Gauge;
+  family.type = type;
   return family;
 }
 
+prometheus::MetricFamily Gauge(const std::string& name, const std::string& help) {
+  return Family(name, help, prometheus::MetricType::Gauge);
+}
+
+prometheus::MetricFamily Counter(const std::string& name, const std::string& help) {
+  return Family(name, help, prometheus::MetricType::Counter);
+}
+
+// One sample of a gauge or counter family (the value goes where the family's type reads it).
 void AddSample(prometheus::MetricFamily* family, double value,
                std::vector<prometheus::ClientMetric::Label> labels = {}) {
   prometheus::ClientMetric metric;
   metric.label = std::move(labels);
-  metric.gauge.value = value;
+  if (family->type == prometheus::MetricType::Counter) {
+    metric.counter.value = value;
+  } else {
+    metric.gauge.value = value;
+  }
   family->metric.push_back(std::move(metric));
 }
 
-prometheus::MetricFamily Counter(const std::string& name, const std::string& help) {
-  prometheus::MetricFamily family;
-  family.name = name;
-  family.help = help;
-  family.type = prometheus::MetricType::Counter;
-  return family;
-}
-
-void AddCount(prometheus::MetricFamily* family, double value,
-              std::vector<prometheus::ClientMetric::Label> labels = {}) {
-  prometheus::ClientMetric metric;
-  metric.label = std::move(labels);
-  metric.counter.value = value;
-  family->metric.push_back(std::move(metric));
-}
 
 // Gauges and counters computed from a Stats snapshot (and the peer list) when Prometheus scrapes.
 class StatsCollectable final : public prometheus::Collectable {
@@ -97,19 +96,19 @@ class StatsCollectable final : public prometheus::Collectable {
     auto bytes = Counter("kvrail_bytes_total",
                          "Bytes moved, by path and priority, counted tile by tile as tiles land.");
     for (const v1::OpsByteCount& b : s.bytes_by_class()) {
-      AddCount(&bytes, static_cast<double>(b.bytes()), {{"path", b.path()}, {"priority", b.priority()}});
+      AddSample(&bytes, static_cast<double>(b.bytes()), {{"path", b.path()}, {"priority", b.priority()}});
     }
     out.push_back(std::move(bytes));
     auto link_bytes = Counter("kvrail_link_bytes_total",
                               "Bytes moved by link (host, gpu0-gpu1, nic:<address>), tile by tile.");
     for (const auto& [link, n] : s.bytes_by_link()) {
-      AddCount(&link_bytes, static_cast<double>(n), {{"link", link}});
+      AddSample(&link_bytes, static_cast<double>(n), {{"link", link}});
     }
     out.push_back(std::move(link_bytes));
     auto rejected = Counter("kvrail_submits_rejected_total",
                             "Submits refused (gRPC and session socket), by status code.");
     for (const auto& [code, n] : s.rejected_by_code()) {
-      AddCount(&rejected, static_cast<double>(n), {{"code", code}});
+      AddSample(&rejected, static_cast<double>(n), {{"code", code}});
     }
     out.push_back(std::move(rejected));
     if (options_.peers) {
