@@ -85,6 +85,10 @@ absl::StatusOr<std::unique_ptr<fabric::Fabric>> StartFabric(const v1::DaemonConf
   if (fc.heartbeat_interval_ms() != 0) {
     options.heartbeat_interval = absl::Milliseconds(fc.heartbeat_interval_ms());
   }
+  if (fc.lane_timeout_ms() != 0) options.lane_timeout = absl::Milliseconds(fc.lane_timeout_ms());
+  if (fc.lane_cooldown_ms() != 0) {
+    options.lane_cooldown = absl::Milliseconds(fc.lane_cooldown_ms());
+  }
   options.topology_summary = absl::StrCat(topology.desc().gpus_size(), " GPUs, ",
                                           topology.desc().nics_size(), " NICs");
   return fabric::Fabric::Create(options, regions, directory);
@@ -189,6 +193,8 @@ absl::Status Run(v1::DaemonConfig config) {
     cuda_options.copy_only_kernel_ctas = static_cast<int>(config.cuda_copy_only_kernel_ctas());
     cuda_options.copy_only_kernel_below_run_bytes = config.cuda_copy_only_kernel_below_run_bytes();
     cuda_options.warm_up = !config.has_cuda_warm_up() || config.cuda_warm_up();
+    cuda_options.copy_split_max_percent = static_cast<int>(config.cuda_copy_split_max_percent());
+    cuda_options.copy_split_fixed_percent = static_cast<int>(config.cuda_copy_split_fixed_percent());
     cuda_options.run_on_destination = config.cuda_run_on() == "destination";
     cuda_options.batch_bytes = config.cuda_batch_bytes();
     cuda_options.limits = limits;

@@ -95,6 +95,79 @@ absl::Status CheckPeerSecurity(const v1::DaemonConfig& config) {
   return absl::OkStatus();
 }
 
+// host:port with a non-empty host and a port in 1..65535 (0 allowed when `allow_zero`).
+bool IsHostPort(const std::string& address, bool allow_zero) {
+  const size_t colon = address.rfind(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 == address.size()) return false;
+  if (address.find("://") != std::string::npos) return false;
+  uint64_t port = 0;
+  for (size_t i = colon + 1; i < address.size(); ++i) {
+    if (address[i] < '0' || address[i] > '9' || port > 65535) return false;
+    port = port * 10 + static_cast<uint64_t>(address[i] - '0');
+  }
+  return port <= 65535 && (allow_zero || port != 0);
+}
+
+// The etcd directory (docs/fabric.md, "Directory"): defaults, then checks naming the key.
+absl::Status FinalizeEtcd(v1::DaemonConfig* config) {
+  v1::EtcdDirectoryConfig* etcd = config->mutable_etcd();
+  if (etcd->endpoints().empty()) {
+    if (config->has_etcd() && etcd->ByteSizeLong() != 0) {
+      return absl::InvalidArgumentError(
+          "etcd.endpoints: not set, but other etcd.* keys are; list etcd's client endpoints "
+          "(host:port) or remove the etcd block");
+    }
+    config->clear_etcd();
+    return absl::OkStatus();
+  }
+  for (int i = 0; i < etcd->endpoints_size(); ++i) {
+    const std::string& endpoint = etcd->endpoints(i);
+    if (!IsHostPort(endpoint, /*allow_zero=*/false)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "etcd.endpoints[", i, "]: '", endpoint,
+          "' is not host:port (write etcd's client URL without the scheme, e.g. "
+          "10.0.0.5:2379)"));
+    }
+  }
+  if (etcd->prefix().empty()) etcd->set_prefix("/kvrail/v1/nodes/");
+  if (etcd->prefix().back() != '/') {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "etcd.prefix: '", etcd->prefix(),
+        "' must end with '/' (otherwise it also matches the keys of a prefix that extends it)"));
+  }
+  if (etcd->ttl_s() == 0) etcd->set_ttl_s(10);
+  if (etcd->ttl_s() < 2 || etcd->ttl_s() > 3600) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "etcd.ttl_s: ", etcd->ttl_s(), " is outside [2, 3600] (etcd grants no lease shorter "
+        "than about 2 s)"));
+  }
+  if (etcd->cert_file().empty() != etcd->key_file().empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        etcd->cert_file().empty() ? "etcd.cert_file" : "etcd.key_file",
+        ": not set; etcd client certificates need both etcd.cert_file and etcd.key_file"));
+  }
+  if (config->node_id().find('/') != std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "node_id: '", config->node_id(), "' contains '/' (it is the last segment of the etcd key)"));
+  }
+  if (config->tcp_listen().empty()) {
+    return absl::InvalidArgumentError(
+        "tcp_listen: not set, but etcd.endpoints is: the other daemons reach this one through "
+        "its Peer service on tcp_listen");
+  }
+  if (etcd->advertise_address().empty()) etcd->set_advertise_address(config->tcp_listen());
+  const std::string& advertise = etcd->advertise_address();
+  const std::string host = advertise.substr(0, advertise.rfind(':'));
+  if (!IsHostPort(advertise, /*allow_zero=*/false) || host == "0.0.0.0" || host == "[::]" ||
+      host == "::") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "etcd.advertise_address: '", advertise,
+        "' is not an address other daemons can dial (host:port, a real host and a fixed port; "
+        "it defaults to tcp_listen)"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status FinalizeConfig(v1::DaemonConfig* config) {
@@ -123,6 +196,7 @@ absl::Status FinalizeConfig(v1::DaemonConfig* config) {
   if (config->cuda_copy_only_kernel_below_run_bytes() == 0) {
     config->set_cuda_copy_only_kernel_below_run_bytes(128 << 10);
   }
+  if (!config->has_cuda_copy_split_max_percent()) config->set_cuda_copy_split_max_percent(40);
 
   if (config->unix_socket().size() >= 100) {
     return absl::InvalidArgumentError(
@@ -158,6 +232,12 @@ absl::Status FinalizeConfig(v1::DaemonConfig* config) {
   }
   if (config->cuda_copy_only_kernel_ctas() > 4096) {
     return absl::InvalidArgumentError("cuda_copy_only_kernel_ctas: at most 4096");
+  }
+  if (config->cuda_copy_split_max_percent() > 90) {
+    return absl::InvalidArgumentError("cuda_copy_split_max_percent: at most 90");
+  }
+  if (config->cuda_copy_split_fixed_percent() > 90) {
+    return absl::InvalidArgumentError("cuda_copy_split_fixed_percent: at most 90");
   }
   if (config->log_format() != "text" && config->log_format() != "json") {
     return absl::InvalidArgumentError(
@@ -201,6 +281,7 @@ absl::Status FinalizeConfig(v1::DaemonConfig* config) {
           absl::StrCat("peers[", node, "]: the address must be host:port, got '", address, "'"));
     }
   }
+  if (absl::Status etcd = FinalizeEtcd(config); !etcd.ok()) return etcd;
   return CheckPeerSecurity(*config);
 }
 

@@ -42,6 +42,11 @@ struct CudaEngineOptions {
   // load them inside the first transfer), keeps the stream-ordered pool's memory between plans,
   // and the engine fills its pinned table pool: the first transfer runs like the hundredth.
   bool warm_up = true;
+  // Kernel and copy engines together: the most percent of a kernel batch's bytes handed to the
+  // copy engines beside the kernel (0: never), and a fixed percent (0: learned per run-size class,
+  // scheduler::SplitTuner).
+  int copy_split_max_percent = 40;
+  int copy_split_fixed_percent = 0;
 };
 
 // The engine is thread-safe (engine.h). FAILED_PRECONDITION (with the runtime's reason) when

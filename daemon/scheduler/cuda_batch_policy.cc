@@ -202,3 +202,141 @@ std::string CtaTuner::Describe() const {
 }
 
 }  // namespace kvrail::scheduler
+
+namespace kvrail::scheduler {
+
+uint32_t SplitPoint(const planner::Plan& plan, uint32_t begin, uint32_t end, double fraction) {
+  if (fraction <= 0 || end - begin < 2) return end;
+  uint64_t total = 0;
+  for (uint32_t t = begin; t < end; ++t) total += plan.tile(t).bytes;
+  const double limit = std::min(fraction, 1.0) * static_cast<double>(total);
+  uint64_t taken = 0;
+  uint32_t split = end;
+  // Whole tiles from the end while they stay within the share; the first tile stays on the kernel.
+  while (split - 1 > begin) {
+    const uint64_t next = taken + plan.tile(split - 1).bytes;
+    if (static_cast<double>(next) > limit) break;
+    taken = next;
+    --split;
+  }
+  return split;
+}
+
+double BalancedSplit(double copy_gbps, double kernel_gbps) {
+  if (copy_gbps <= 0) return 0;
+  if (kernel_gbps <= 0) return 1;
+  return copy_gbps / (copy_gbps + kernel_gbps);
+}
+
+SplitTuner::SplitTuner(double max_fraction, double fixed_fraction, double copy_gbps_prior,
+                       int reprobe_batches, double tolerance)
+    : max_(std::clamp(max_fraction, 0.0, 0.9)),
+      fixed_(std::clamp(fixed_fraction, 0.0, max_)),
+      reprobe_batches_(std::max(reprobe_batches, 1)),
+      tolerance_(tolerance),
+      copy_gbps_(copy_gbps_prior) {
+  if (max_ <= 0) {
+    phase_ = Phase::kDisabled;
+  } else if (fixed_ > 0) {
+    phase_ = Phase::kFixed;
+    fraction_ = fixed_;
+  } else {
+    phase_ = Phase::kBaseline;
+  }
+}
+
+double SplitTuner::Next(uint64_t bytes) const {
+  switch (phase_) {
+    case Phase::kFixed:
+      return fixed_;
+    case Phase::kSplit:
+      return bytes >= kMinSampleBytes ? fraction_ : 0;
+    default:
+      return 0;
+  }
+}
+
+void SplitTuner::StartSplitOrOff() {
+  const double want = std::min(max_, BalancedSplit(copy_gbps_, kernel_gbps_));
+  if (want < kMinFraction) {
+    phase_ = Phase::kOff;
+    fraction_ = 0;
+    off_reason_ = absl::StrFormat(
+        "copy engines %s%.1f GB/s on these runs against the kernel's %.1f: a balanced share "
+        "would be %.1f%%, under %.0f%%",
+        copy_measured_ ? "" : "~", copy_gbps_, kernel_gbps_, 100 * want, 100 * kMinFraction);
+    return;
+  }
+  phase_ = Phase::kSplit;
+  fraction_ = want;
+}
+
+void SplitTuner::Report(const SplitSample& s) {
+  const uint64_t bytes = s.kernel_bytes + s.copy_bytes;
+  if (phase_ == Phase::kDisabled || bytes < kMinSampleBytes || s.total_seconds <= 0) return;
+  const double total = static_cast<double>(bytes) / s.total_seconds / 1e9;
+  if (s.kernel_bytes > 0 && s.kernel_seconds > 0) {
+    kernel_gbps_ = static_cast<double>(s.kernel_bytes) / s.kernel_seconds / 1e9;
+  }
+  if (s.copy_bytes > 0 && s.copy_seconds > 0) {
+    copy_gbps_ = static_cast<double>(s.copy_bytes) / s.copy_seconds / 1e9;
+    copy_measured_ = true;
+  }
+  switch (phase_) {
+    case Phase::kFixed:
+      (s.copy_bytes > 0 ? split_gbps_ : baseline_gbps_) = total;
+      return;
+    case Phase::kBaseline:
+      if (s.copy_bytes != 0) return;  // launched before the re-measure began
+      baseline_gbps_ = total;
+      batches_since_baseline_ = 0;
+      StartSplitOrOff();
+      return;
+    case Phase::kSplit: {
+      if (s.copy_bytes == 0) break;  // a batch too small to split
+      split_gbps_ = total;
+      if (total < (1.0 - tolerance_) * baseline_gbps_) {
+        phase_ = Phase::kOff;
+        off_reason_ = absl::StrFormat(
+            "%.0f%% on the copy engines moved %.1f GB/s, the kernel alone %.1f",
+            100.0 * static_cast<double>(s.copy_bytes) / static_cast<double>(bytes), total,
+            baseline_gbps_);
+        fraction_ = 0;
+        break;
+      }
+      const double want = std::min(max_, BalancedSplit(copy_gbps_, kernel_gbps_));
+      fraction_ = 0.5 * (fraction_ + want);
+      if (fraction_ < kMinFraction) StartSplitOrOff();
+      break;
+    }
+    default:
+      break;
+  }
+  if (++batches_since_baseline_ >= reprobe_batches_) {
+    phase_ = Phase::kBaseline;
+    fraction_ = 0;
+    batches_since_baseline_ = 0;
+  }
+}
+
+std::string SplitTuner::Describe() const {
+  switch (phase_) {
+    case Phase::kDisabled:
+      return "copy engines never (cuda_copy_split_max_percent 0)";
+    case Phase::kFixed:
+      return absl::StrFormat("copy engines %.0f%% (fixed; %.1f GB/s together)", 100 * fixed_,
+                             split_gbps_);
+    case Phase::kBaseline:
+      return "copy engines: measuring the kernel alone";
+    case Phase::kSplit:
+      return absl::StrFormat(
+          "copy engines %.0f%% (balanced: kernel %.1f + copy engines %.1f GB/s side by side, "
+          "%.1f together, kernel alone %.1f)",
+          100 * fraction_, kernel_gbps_, copy_gbps_, split_gbps_, baseline_gbps_);
+    case Phase::kOff:
+      return absl::StrCat("copy engines off (", off_reason_, ")");
+  }
+  return "";
+}
+
+}  // namespace kvrail::scheduler

@@ -156,4 +156,71 @@ class CtaTuner {
   int batches_since_probe_ = 0;
 };
 
+// Kernel and copy engines together (issue 19): a kernel batch's last tiles go to the copy
+// engines (cudaMemcpyBatchAsync on a second stream) while the kernel moves the rest. Tiles
+// [begin, split) run on the kernel, [split, end) on the copy engines: whole tiles from the end,
+// at most `fraction` of the batch's bytes, at least one tile on the kernel. `end` (no copy-engine
+// part) when `fraction` <= 0, the batch is one tile, or no tile fits.
+uint32_t SplitPoint(const planner::Plan& plan, uint32_t begin, uint32_t end, double fraction);
+
+// The share of bytes at which the two sides end together: copy / (copy + kernel), each side's
+// GB/s as measured beside the other.
+double BalancedSplit(double copy_gbps, double kernel_gbps);
+
+// One finished batch as the SplitTuner sees it: the kernel part and the copy-engine part, each
+// timed from the batch's start to its own end (GPU events), and the whole batch.
+struct SplitSample {
+  uint64_t kernel_bytes = 0, copy_bytes = 0;
+  double kernel_seconds = 0, copy_seconds = 0, total_seconds = 0;
+};
+
+// Learns the copy engines' share of a kernel batch, one per run-size class (CtaTunerKey), as the
+// CtaTuner learns the knee: measures the kernel alone on one batch of at least kMinSampleBytes,
+// derives the balanced share from the copy engines' expected rate (`copy_gbps_prior`,
+// EstimateCopyEngineGbps of the class's runs) and, when it is worth it (at least kMinFraction),
+// runs batches at that share, re-balancing after each from both sides' measured rates (halfway to
+// the new balance). Off when the balanced share is under kMinFraction (the copy engines are too
+// slow on these runs to matter) or when a split batch moves less than the kernel alone did
+// (beyond `tolerance`): the two compete for memory or links. Re-measures the kernel alone every
+// `reprobe_batches` sampled batches. `fixed_fraction` > 0 pins the share (measuring); a
+// `max_fraction` of 0 never splits. Not thread-safe (one per device dispatcher and size class).
+class SplitTuner {
+ public:
+  static constexpr uint64_t kMinSampleBytes = 4 << 20;
+  static constexpr double kMinFraction = 0.03;
+  SplitTuner(double max_fraction, double fixed_fraction, double copy_gbps_prior,
+             int reprobe_batches, double tolerance = 0.02);
+
+  // The share of the bytes of the next batch (of `bytes`) to hand to the copy engines.
+  double Next(uint64_t bytes) const;
+  void Report(const SplitSample& sample);
+  // "copy engines 27% (balanced: kernel 268 GB/s + copy engines 101 GB/s = 369, kernel alone
+  // 350)", "copy engines off (...why...)", "copy engines: measuring the kernel alone".
+  std::string Describe() const;
+
+  enum class Phase { kDisabled, kFixed, kBaseline, kSplit, kOff };
+  Phase phase() const { return phase_; }
+  double fraction() const { return fraction_; }
+  double kernel_alone_gbps() const { return baseline_gbps_; }
+  double copy_gbps() const { return copy_gbps_; }
+  double split_gbps() const { return split_gbps_; }
+
+ private:
+  void StartSplitOrOff();
+
+  const double max_;
+  const double fixed_;
+  const int reprobe_batches_;
+  const double tolerance_;
+  Phase phase_;
+  double fraction_ = 0;
+  double copy_gbps_;            // the copy engines beside the kernel (prior until measured)
+  bool copy_measured_ = false;
+  double kernel_gbps_ = 0;      // the kernel part (beside the copy engines when split)
+  double baseline_gbps_ = 0;    // the whole batch with the kernel alone
+  double split_gbps_ = 0;       // the whole batch, latest split sample
+  int batches_since_baseline_ = 0;
+  std::string off_reason_;
+};
+
 }  // namespace kvrail::scheduler

@@ -375,5 +375,152 @@ TEST_CASE("tuner keys: one per log2 of the mean run and destination kind") {
   CHECK(CtaTunerKey(~uint64_t{0}, false, false) == 40 * 4 + 2);  // capped
 }
 
+TEST_CASE("split point: whole tiles from the end within the share, one tile kept on the kernel") {
+  const planner::Plan plan = MiBTiles(64);
+  CHECK(SplitPoint(plan, 0, 64, 0) == 64);
+  CHECK(SplitPoint(plan, 0, 64, -1) == 64);
+  CHECK(SplitPoint(plan, 0, 64, 0.3) == 45);  // 19 of 64 tiles (29.7%), not 20 (31.3%)
+  CHECK(SplitPoint(plan, 10, 20, 0.25) == 18);
+  CHECK(SplitPoint(plan, 0, 64, 1.0) == 1);  // never the whole batch
+  CHECK(SplitPoint(plan, 0, 64, 5.0) == 1);
+  CHECK(SplitPoint(plan, 5, 6, 0.9) == 6);  // one tile: nothing to split
+  CHECK(SplitPoint(plan, 0, 64, 0.01) == 64);  // no whole tile fits
+}
+
+TEST_CASE("split: the kernel part and the copy-engine part move exactly the host twin's bytes") {
+  std::mt19937_64 rng(19);
+  for (int i = 0; i < 100; ++i) {
+    auto c = planner::testing::RandomPagedCase(rng);
+    INFO(c.ToString());
+    absl::StatusOr<planner::Plan> plan = planner::MakePlan(c.spec, c.src, c.dst, c.options);
+    REQUIRE(plan.ok());
+    if (plan->num_tiles() == 0) continue;
+    std::vector<uint8_t> src(c.src.size_bytes);
+    for (auto& b : src) b = static_cast<uint8_t>(rng());
+    std::vector<uint8_t> want(c.dst.size_bytes, 0xAB), got(c.dst.size_bytes, 0xAB);
+    const uint32_t n = plan->num_tiles();
+    const uint32_t begin = static_cast<uint32_t>(rng() % n);
+    const uint32_t end = begin + 1 + static_cast<uint32_t>(rng() % (n - begin));
+    const double fraction = static_cast<double>(rng() % 100) / 100.0;
+    const uint32_t split = SplitPoint(*plan, begin, end, fraction);
+    REQUIRE(split > begin);
+    REQUIRE(split <= end);
+    uint64_t total = 0, copy = 0;
+    for (uint32_t t = begin; t < end; ++t) {
+      planner::ExecuteTileHost(*plan, t, src.data(), want.data());
+      total += plan->tile(t).bytes;
+      if (t < split) {
+        planner::ExecuteTileHost(*plan, t, src.data(), got.data());  // the kernel's part
+      } else {
+        copy += plan->tile(t).bytes;
+      }
+    }
+    std::vector<CopyRun> runs;
+    for (uint32_t t = split; t < end; ++t) AppendTileRuns(*plan, t, &runs);
+    for (const CopyRun& r : runs) {
+      REQUIRE(r.src + r.bytes <= src.size());
+      REQUIRE(r.dst + r.bytes <= got.size());
+      std::memcpy(got.data() + r.dst, src.data() + r.src, r.bytes);
+    }
+    CHECK(static_cast<double>(copy) <= fraction * static_cast<double>(total) + 0.5);
+    CHECK(got == want);
+  }
+}
+
+TEST_CASE("balanced split: both sides end together") {
+  CHECK(BalancedSplit(100, 300) == Approx(0.25));
+  CHECK(BalancedSplit(0, 300) == 0);
+  CHECK(BalancedSplit(50, 0) == 1);
+}
+
+// A model of one GPU: the kernel alone moves `kernel` GB/s, beside the copy engines `kernel *
+// (1 - interference)`; the copy engines move `copy` GB/s. Returns the batch as the GPU's events
+// would time it.
+SplitSample Model(uint64_t bytes, double fraction, double kernel, double copy,
+                  double interference) {
+  SplitSample s;
+  s.copy_bytes = static_cast<uint64_t>(fraction * static_cast<double>(bytes));
+  s.kernel_bytes = bytes - s.copy_bytes;
+  const double k = s.copy_bytes > 0 ? kernel * (1 - interference) : kernel;
+  s.kernel_seconds = static_cast<double>(s.kernel_bytes) / (k * 1e9);
+  s.copy_seconds = s.copy_bytes > 0 ? static_cast<double>(s.copy_bytes) / (copy * 1e9) : 0;
+  s.total_seconds = std::max(s.kernel_seconds, s.copy_seconds);
+  return s;
+}
+
+TEST_CASE("split tuner: measures the kernel alone, then converges to the balanced share") {
+  // NVLink-like: kernel 368 GB/s, copy engines 160 at 128 KiB runs (the prior said 29).
+  SplitTuner tuner(0.4, 0, 29.0, 256);
+  const uint64_t bytes = 64 << 20;
+  CHECK(tuner.phase() == SplitTuner::Phase::kBaseline);
+  CHECK(tuner.Next(bytes) == 0);
+  tuner.Report(Model(bytes, tuner.Next(bytes), 368, 160, 0.05));
+  REQUIRE(tuner.phase() == SplitTuner::Phase::kSplit);
+  CHECK(tuner.kernel_alone_gbps() == Approx(368).epsilon(0.01));
+  // The first share comes from the prior: 29 / (29 + 368) = 7.3%.
+  CHECK(tuner.Next(bytes) == Approx(29.0 / 397.0).epsilon(0.01));
+  for (int i = 0; i < 30; ++i) tuner.Report(Model(bytes, tuner.Next(bytes), 368, 160, 0.05));
+  REQUIRE(tuner.phase() == SplitTuner::Phase::kSplit);
+  const double k = 368 * 0.95;
+  CHECK(tuner.fraction() == Approx(160 / (160 + k)).epsilon(0.02));
+  CHECK(tuner.copy_gbps() == Approx(160).epsilon(0.01));
+  CHECK(tuner.split_gbps() > 1.3 * 368);  // both engines together beat the kernel alone
+  CHECK(tuner.Describe().find("balanced") != std::string::npos);
+  // Small batches are neither split nor sampled.
+  CHECK(tuner.Next(1 << 20) == 0);
+  const double before = tuner.fraction();
+  tuner.Report(Model(1 << 20, 0, 368, 160, 0));
+  CHECK(tuner.fraction() == before);
+}
+
+TEST_CASE("split tuner: off when the copy engines are too slow on these runs, without a probe") {
+  // Same GPU, 4 KiB runs: copy engines ~0.9 GB/s against a 1250 GB/s kernel.
+  SplitTuner tuner(0.4, 0, EstimateCopyEngineGbps(4096), 256);
+  const uint64_t bytes = 64 << 20;
+  tuner.Report(Model(bytes, tuner.Next(bytes), 1250, 0.9, 0));
+  CHECK(tuner.phase() == SplitTuner::Phase::kOff);
+  CHECK(tuner.Next(bytes) == 0);
+  CHECK(tuner.Describe().find("copy engines off (copy engines ~0.9 GB/s") != std::string::npos);
+}
+
+TEST_CASE("split tuner: off when splitting moved less than the kernel alone, re-measured later") {
+  // The copy engines look fast enough but take the kernel's bandwidth (shared HBM).
+  SplitTuner tuner(0.4, 0, 200.0, 8);
+  const uint64_t bytes = 64 << 20;
+  tuner.Report(Model(bytes, tuner.Next(bytes), 400, 200, 0));
+  REQUIRE(tuner.phase() == SplitTuner::Phase::kSplit);
+  tuner.Report(Model(bytes, tuner.Next(bytes), 400, 200, 0.6));
+  REQUIRE(tuner.phase() == SplitTuner::Phase::kOff);
+  CHECK(tuner.Describe().find("the kernel alone 400.0") != std::string::npos);
+  for (int i = 0; i < 7; ++i) {  // the losing split batch was the first of 8
+    CHECK(tuner.Next(bytes) == 0);
+    tuner.Report(Model(bytes, 0, 400, 200, 0));
+  }
+  CHECK(tuner.phase() == SplitTuner::Phase::kBaseline);  // re-measures after 8 sampled batches
+  tuner.Report(Model(bytes, 0, 400, 200, 0));
+  CHECK(tuner.phase() == SplitTuner::Phase::kSplit);  // the interference is gone: split again
+  tuner.Report(Model(bytes, tuner.Next(bytes), 400, 200, 0));
+  CHECK(tuner.phase() == SplitTuner::Phase::kSplit);
+}
+
+TEST_CASE("split tuner: a fixed share, the cap, and never") {
+  SplitTuner fixed(0.4, 0.3, 29.0, 256);
+  CHECK(fixed.phase() == SplitTuner::Phase::kFixed);
+  CHECK(fixed.Next(64 << 20) == Approx(0.3));
+  CHECK(fixed.Next(1 << 20) == Approx(0.3));
+  CHECK(fixed.Describe().find("copy engines 30% (fixed") != std::string::npos);
+  SplitTuner capped(0.2, 0.5, 29.0, 256);
+  CHECK(capped.Next(64 << 20) == Approx(0.2));
+  SplitTuner never(0, 0.3, 29.0, 256);
+  CHECK(never.phase() == SplitTuner::Phase::kDisabled);
+  CHECK(never.Next(64 << 20) == 0);
+  // The learned share stays under the cap even when balance says more.
+  SplitTuner learned(0.1, 0, 1000.0, 256);
+  learned.Report(Model(64 << 20, 0, 100, 1000, 0));
+  for (int i = 0; i < 10; ++i) learned.Report(Model(64 << 20, learned.Next(64 << 20), 100, 1000, 0));
+  CHECK(learned.fraction() <= 0.1 + 1e-9);
+  CHECK(learned.phase() == SplitTuner::Phase::kSplit);
+}
+
 }  // namespace
 }  // namespace kvrail::scheduler
