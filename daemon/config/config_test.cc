@@ -135,3 +135,64 @@ TEST_CASE("region caps: defaults, derived zeros, bounds naming the key") {
 
 }  // namespace
 }  // namespace kvrail::config
+
+namespace kvrail::config {
+namespace {
+
+absl::Status FinalizeText(const std::string& text, v1::DaemonConfig* out = nullptr) {
+  auto parsed = ParseConfig(text, "t");
+  if (!parsed.ok()) return parsed.status();
+  absl::Status status = FinalizeConfig(&*parsed);
+  if (out != nullptr) *out = *parsed;
+  return status;
+}
+
+TEST_CASE("etcd directory: defaults, and each bad value refused naming its key") {
+  const std::string base = "node_id: \"n1\" tcp_listen: \"10.0.0.1:7070\" insecure_peers: true ";
+  v1::DaemonConfig config;
+  REQUIRE(FinalizeText(base + "etcd { endpoints: \"10.0.0.5:2379\" }", &config).ok());
+  CHECK(config.etcd().prefix() == "/kvrail/v1/nodes/");
+  CHECK(config.etcd().ttl_s() == 10);
+  CHECK(config.etcd().advertise_address() == "10.0.0.1:7070");
+  // No endpoints and nothing else: static only (the block is dropped).
+  REQUIRE(FinalizeText(base + "etcd { }", &config).ok());
+  CHECK(!config.has_etcd());
+
+  const std::pair<std::string, std::string> bad[] = {
+      {"etcd { prefix: \"/x/\" }", "etcd.endpoints:"},
+      {"etcd { endpoints: \"http://10.0.0.5:2379\" }", "etcd.endpoints[0]:"},
+      {"etcd { endpoints: \"10.0.0.5:2379\" endpoints: \"10.0.0.6\" }", "etcd.endpoints[1]:"},
+      {"etcd { endpoints: \"10.0.0.5:0\" }", "etcd.endpoints[0]:"},
+      {"etcd { endpoints: \"e:2379\" prefix: \"/kvrail\" }", "etcd.prefix:"},
+      {"etcd { endpoints: \"e:2379\" ttl_s: 1 }", "etcd.ttl_s:"},
+      {"etcd { endpoints: \"e:2379\" ttl_s: 4000 }", "etcd.ttl_s:"},
+      {"etcd { endpoints: \"e:2379\" cert_file: \"c.pem\" }", "etcd.key_file:"},
+      {"etcd { endpoints: \"e:2379\" key_file: \"k.pem\" }", "etcd.cert_file:"},
+      {"etcd { endpoints: \"e:2379\" advertise_address: \"0.0.0.0:7070\" }",
+       "etcd.advertise_address:"},
+      {"etcd { endpoints: \"e:2379\" advertise_address: \"10.0.0.1:0\" }",
+       "etcd.advertise_address:"},
+  };
+  for (const auto& [text, key] : bad) {
+    const absl::Status status = FinalizeText(base + text);
+    INFO(text << " -> " << status.ToString());
+    REQUIRE(status.code() == absl::StatusCode::kInvalidArgument);
+    CHECK(std::string(status.message()).rfind(key, 0) == 0);
+  }
+  // Port 0 in tcp_listen cannot be advertised; an explicit advertise_address can.
+  const std::string zero = "node_id: \"n1\" tcp_listen: \"10.0.0.1:0\" insecure_peers: true ";
+  CHECK(std::string(FinalizeText(zero + "etcd { endpoints: \"e:2379\" }").message())
+            .rfind("etcd.advertise_address:", 0) == 0);
+  CHECK(FinalizeText(zero + "etcd { endpoints: \"e:2379\" advertise_address: \"10.0.0.1:7070\" }")
+            .ok());
+  // The directory needs the Peer service, and node ids are key segments.
+  CHECK(std::string(FinalizeText("node_id: \"n1\" etcd { endpoints: \"e:2379\" }").message())
+            .rfind("tcp_listen:", 0) == 0);
+  CHECK(std::string(FinalizeText("node_id: \"a/b\" tcp_listen: \"h:1\" insecure_peers: true "
+                                 "etcd { endpoints: \"e:2379\" }")
+                        .message())
+            .rfind("node_id:", 0) == 0);
+}
+
+}  // namespace
+}  // namespace kvrail::config
