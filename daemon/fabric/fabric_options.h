@@ -39,6 +39,13 @@ struct FabricOptions {
   absl::Duration heartbeat_interval = absl::Milliseconds(300);
   // A peer silent this long is down: its transfers fail with UNAVAILABLE.
   absl::Duration liveness_timeout = absl::Seconds(3);
+  // Lane failover (sender.cc, lane_health.h): a lane whose credits stop for `lane_timeout` while
+  // it has tiles in flight and another lane to the peer returns credits is failed for that peer
+  // (a write error fails it at once); its unacknowledged tiles are re-sent on the other lanes. It
+  // rests `lane_cooldown`, then one tile probes it. Lanes all silent together are the peer's
+  // matter (liveness), unless that lasts `liveness_timeout`.
+  absl::Duration lane_timeout = absl::Milliseconds(500);
+  absl::Duration lane_cooldown = absl::Seconds(2);
   // For Hello ("1 GPU, 2 NICs").
   std::string topology_summary;
   // mTLS between daemons (docs/security.md, "Peers"): channels to peers present this node's
