@@ -34,30 +34,48 @@ CommandRing::CommandRing(void* memory, size_t bytes, uint32_t capacity)
 CommandRing::~CommandRing() { munmap(memory_, bytes_); }
 
 bool CommandRing::TryPush(const kernels::NicCommand& cmd) {
+  const std::optional<uint64_t> seq = Reserve();
+  if (!seq.has_value()) return false;
+  Publish(*seq, cmd);
+  return true;
+}
+
+std::optional<uint64_t> CommandRing::Reserve() {
   uint64_t seq = header_->reserved.load(std::memory_order_relaxed);
   do {
-    if (seq - header_->consumed.load(std::memory_order_acquire) >= capacity_) return false;
+    if (seq - header_->consumed.load(std::memory_order_acquire) >= capacity_) return std::nullopt;
   } while (!header_->reserved.compare_exchange_weak(seq, seq + 1, std::memory_order_acq_rel));
-  kernels::NicCommand* slot = &slots_[seq & (capacity_ - 1)];
+  return seq;
+}
+
+void CommandRing::Publish(uint64_t seq, const kernels::NicCommand& cmd) {
+  kernels::NicCommand* slot = SlotAt(seq);
   // Body first, epoch last: the consumer trusts the body once it sees this lap's epoch.
   kernels::NicCommand body = cmd;
   body.epoch = 0;
   std::memcpy(static_cast<void*>(slot), &body, offsetof(kernels::NicCommand, epoch));
   reinterpret_cast<std::atomic<uint32_t>*>(&slot->epoch)
       ->store(EpochOf(seq, capacity_), std::memory_order_release);
-  return true;
+}
+
+void CommandRing::PublishNone(uint64_t seq) {
+  kernels::NicCommand none{};
+  none.opcode = kOpNone;
+  Publish(seq, none);
 }
 
 std::optional<kernels::NicCommand> CommandRing::Pop() {
-  const uint64_t seq = header_->consumed.load(std::memory_order_relaxed);
-  kernels::NicCommand* slot = &slots_[seq & (capacity_ - 1)];
-  const uint32_t epoch =
-      reinterpret_cast<std::atomic<uint32_t>*>(&slot->epoch)->load(std::memory_order_acquire);
-  if (epoch != EpochOf(seq, capacity_)) return std::nullopt;
-  kernels::NicCommand cmd;
-  std::memcpy(&cmd, static_cast<const void*>(slot), sizeof(cmd));
-  header_->consumed.store(seq + 1, std::memory_order_release);
-  return cmd;
+  while (true) {
+    const uint64_t seq = header_->consumed.load(std::memory_order_relaxed);
+    kernels::NicCommand* slot = SlotAt(seq);
+    const uint32_t epoch =
+        reinterpret_cast<std::atomic<uint32_t>*>(&slot->epoch)->load(std::memory_order_acquire);
+    if (epoch != EpochOf(seq, capacity_)) return std::nullopt;
+    kernels::NicCommand cmd;
+    std::memcpy(&cmd, static_cast<const void*>(slot), sizeof(cmd));
+    header_->consumed.store(seq + 1, std::memory_order_release);
+    if (cmd.opcode != kOpNone) return cmd;
+  }
 }
 
 uint64_t CommandRing::Pending() const {

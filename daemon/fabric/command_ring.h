@@ -23,12 +23,15 @@
 
 #include "absl/status/statusor.h"
 #include "kernels/device_abi.h"
+#include "kernels/fabric_math.h"
 
 namespace kvrail::fabric {
 
-// NicCommand.opcode values.
+// NicCommand.opcode values. kOpNone fills a reserved sequence number whose producer gave up (a
+// failed kernel launch): the consumer skips it.
 inline constexpr uint32_t kOpNone = 0;
 inline constexpr uint32_t kOpWriteTile = 1;
+static_assert(kOpWriteTile == kernels::kFabricOpWriteTile, "the packing kernel's opcode");
 
 // The ring's shared header, one cache line per writer.
 struct alignas(64) RingHeader {
@@ -51,9 +54,25 @@ class CommandRing {
   }
 
   // Copies `cmd` (its epoch is overwritten) into the ring. False when the ring is full (no
-  // credit): the producer retries later. Never blocks.
+  // credit): the producer retries later. Never blocks. (= Reserve + Publish.)
   bool TryPush(const kernels::NicCommand& cmd);
-  // The next published command, or nullopt when the next slot is not published yet.
+  // For a producer that is no host thread (the packing kernel, kernels/fabric_pack.h): reserves
+  // the next sequence number without writing anything (nullopt when the ring is full). The
+  // producer then writes SlotAt(seq)'s body and, last, its epoch EpochOf(seq) with a release
+  // store (the kernel: st.release.sys). Every reserved number must be published, by the producer
+  // or with Publish/PublishNone, or the consumer stops at it.
+  std::optional<uint64_t> Reserve();
+  // Host publication of a reserved number.
+  void Publish(uint64_t seq, const kernels::NicCommand& cmd);
+  // Publishes kOpNone at a reserved number (its producer gave up): the consumer skips it.
+  void PublishNone(uint64_t seq);
+  // The ring slot of `seq` (host address; the device address is the mapping's of the same byte).
+  kernels::NicCommand* SlotAt(uint64_t seq) const { return &slots_[seq & (capacity_ - 1)]; }
+  // The ring's memory (header and slots): what the daemon registers with CUDA (mapped).
+  uint8_t* memory() const { return static_cast<uint8_t*>(memory_); }
+  size_t bytes() const { return bytes_; }
+  // The next published command, or nullopt when the next slot is not published yet. kOpNone
+  // commands are consumed and skipped.
   std::optional<kernels::NicCommand> Pop();
   // Commands reserved but not yet consumed (approximate under concurrency).
   uint64_t Pending() const;
