@@ -169,54 +169,21 @@ __global__ void __launch_bounds__(kMaxThreads)
 }
 static_assert(kMaxPieceBytes == kLoadsInFlight * 32 * 16, "one piece = one warp step");
 
-// The segment path (plan_math.h: SegmentAt): each warp takes kSegmentsPerStep consecutive
-// segments at a time, lane j < kSegmentsPerStep locating segment j (one chunk lookup per segment;
-// the next step's lookups are issued before this step's copies, so block-table and data
-// latencies overlap). Every segment is cut at 8-byte boundaries of its DESTINATION: a head
-// (< 8 bytes) and a tail (< 8 bytes) moved bytewise, and a body of aligned 8-byte stores whose
-// bytes come from the source's aligned 8-byte words funnel-shifted by the source's misalignment
-// (two loads, one mostly from L1). So odd vector sizes, odd offsets and padded strides move in
-// 8-byte accesses, not at the plan's narrowest width. Each aligned word read holds at least one
-// byte of the segment, so no read leaves the pages the segment lies in. The bodies of the step's
-// segments are one stream of words (each lane finds its word's segment by comparing with the
-// running word counts and takes that segment's bases from its lane by shuffle), of which each
-// lane keeps kSegmentLoads loads in flight.
-constexpr int kSegmentsPerStep = 8;
-constexpr int kSegmentLoads = 8;
-
-struct SegmentPlan {
-  uint64_t src, dst;  // segment start (addresses)
-  uint32_t head;      // bytes before the destination's first 8-byte boundary (or all, if short)
-  uint32_t words;     // 8-byte body words
-  uint32_t tail;      // bytes after the body
-};
-
-__device__ __forceinline__ SegmentPlan PlanSegment(uint64_t src, uint64_t dst, uint64_t len) {
-  SegmentPlan s;
-  s.src = src;
-  s.dst = dst;
-  const uint32_t a = static_cast<uint32_t>((8 - (dst & 7)) & 7);
-  if (a >= len) {
-    s.head = static_cast<uint32_t>(len);
-    s.words = 0;
-    s.tail = 0;
-  } else {
-    s.head = a;
-    s.words = static_cast<uint32_t>((len - a) / 8);
-    s.tail = static_cast<uint32_t>(len - a - 8ull * s.words);
-  }
-  return s;
-}
-
-// The 8 bytes at `at` (any alignment), from the aligned words holding them.
-__device__ __forceinline__ uint64_t LoadFunnel(uint64_t at) {
-  const uint32_t r = static_cast<uint32_t>(at & 7);
-  const uint64_t* aligned = reinterpret_cast<const uint64_t*>(at - r);
-  const uint64_t lo = aligned[0];
-  if (r == 0) return lo;
-  const uint64_t hi = aligned[1];
-  return (lo >> (8 * r)) | (hi << (64 - 8 * r));
-}
+// The segment path (plan_math.h: SegmentAt), second design (issue 19 item 1): a warp takes 32
+// consecutive segments per step, lane j locating segment j (one chunk lookup per segment; the
+// next step's lookups are issued before this step's copies, so block-table and data latencies
+// overlap). Each segment is cut at the 16-byte boundaries of its DESTINATION into "units" (a
+// unit = the segment's bytes inside one aligned 16-byte destination block: a partial head, whole
+// 16-byte bodies, a partial tail), and the units of the step's 32 segments form one stream of
+// which every lane moves kUnitsPerLane per round, all loads of a round issued before any store.
+// A unit's bytes come from the (at most two) aligned 16-byte source blocks holding them, shifted
+// by the source's misalignment relative to the destination (byte funnel shifts in registers);
+// whole units are one 16-byte store, partial ones (a segment's first and last) the widest
+// aligned stores their bytes allow. So odd vector sizes, odd offsets and padded strides move in
+// 16-byte loads and stores, with no separate byte passes for heads and tails. A source block is
+// read only if it holds a byte of the unit, so no read leaves the pages the segment lies in; a
+// destination byte is written only by the unit it belongs to.
+constexpr int kUnitsPerLane = 8;
 
 // Segment `item` of the launch (lanes with nothing to locate get an empty one).
 __device__ __forceinline__ ChunkSpan LocateSegment(const PlanHeader& h, const uint32_t* src_blocks,
@@ -227,6 +194,47 @@ __device__ __forceinline__ ChunkSpan LocateSegment(const PlanHeader& h, const ui
   const ItemPos pos = SplitItem(item, per_tile, div);
   const TileDesc t = TileAt(h, tile_begin + static_cast<uint32_t>(pos.tile));
   return SegmentAt(h, src_blocks, dst_blocks, t, pos.index);
+}
+
+// Bytes [r, r + 16) of the 32 bytes (a, b) (r < 16), as uint4.
+__device__ __forceinline__ uint4 Window16(const uint4& a, const uint4& b, uint32_t r) {
+  uint32_t x0 = a.x, x1 = a.y, x2 = a.z, x3 = a.w, x4 = b.x, x5 = b.y, x6 = b.z, x7 = b.w;
+  if (r & 8) {  // two words
+    x0 = x2; x1 = x3; x2 = x4; x3 = x5; x4 = x6; x5 = x7;
+  }
+  if (r & 4) {  // one word
+    x0 = x1; x1 = x2; x2 = x3; x3 = x4; x4 = x5;
+  }
+  const uint32_t s = 8 * (r & 3);
+  return make_uint4(__funnelshift_r(x0, x1, s), __funnelshift_r(x1, x2, s),
+                    __funnelshift_r(x2, x3, s), __funnelshift_r(x3, x4, s));
+}
+
+// Stores bytes [lo, hi) of `v` (hi <= 16) at block + lo (block 16-byte aligned), in the widest
+// aligned stores those bytes allow.
+__device__ __forceinline__ void StorePartial(uint64_t block, const uint4& v, uint32_t lo,
+                                             uint32_t hi) {
+  const uint64_t v0 = (static_cast<uint64_t>(v.y) << 32) | v.x;
+  const uint64_t v1 = (static_cast<uint64_t>(v.w) << 32) | v.z;
+  uint32_t p = lo;
+  while (p < hi) {
+    const uint64_t val =
+        p == 0 ? v0 : (p < 8 ? (v0 >> (8 * p)) | (v1 << (64 - 8 * p)) : v1 >> (8 * (p - 8)));
+    const uint32_t n = hi - p;
+    if ((p & 7) == 0 && n >= 8) {
+      *reinterpret_cast<uint64_t*>(block + p) = val;
+      p += 8;
+    } else if ((p & 3) == 0 && n >= 4) {
+      *reinterpret_cast<uint32_t*>(block + p) = static_cast<uint32_t>(val);
+      p += 4;
+    } else if ((p & 1) == 0 && n >= 2) {
+      *reinterpret_cast<uint16_t*>(block + p) = static_cast<uint16_t>(val);
+      p += 2;
+    } else {
+      *reinterpret_cast<uint8_t*>(block + p) = static_cast<uint8_t>(val);
+      p += 1;
+    }
+  }
 }
 
 __global__ void __launch_bounds__(kMaxThreads)
@@ -245,78 +253,100 @@ __global__ void __launch_bounds__(kMaxThreads)
   const uint64_t items = static_cast<uint64_t>(tile_end - tile_begin) * per_tile;
   const uint64_t warps = static_cast<uint64_t>(gridDim.x) * (blockDim.x / 32);
   const uint64_t warp = static_cast<uint64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
-  const uint64_t stride = warps * kSegmentsPerStep;
-  uint64_t first = warp * kSegmentsPerStep;
-  // Lane j < kSegmentsPerStep locates segment first + j; the others hold an empty segment.
-  ChunkSpan next = lane < kSegmentsPerStep
-                       ? LocateSegment(h, src_blocks, dst_blocks, tile_begin, first + lane, items,
-                                       per_tile, tile_div)
-                       : ChunkSpan{0, 0, 0};
+  const uint64_t stride = warps * 32;
+  uint64_t first = warp * 32;
+  ChunkSpan next = LocateSegment(h, src_blocks, dst_blocks, tile_begin, first + lane, items,
+                                 per_tile, tile_div);
   for (; first < items; first += stride) {
-    const SegmentPlan mine = PlanSegment(src + next.src, dst + next.dst, next.bytes);
+    // This lane's segment of the step: its units and where they go.
+    const uint64_t d_addr = dst + next.dst;
+    const uint64_t s_addr = src + next.src;
+    const uint64_t len = next.bytes;
+    const uint32_t units =
+        len == 0 ? 0u : static_cast<uint32_t>(((d_addr + len + 15) >> 4) - (d_addr >> 4));
     // The next step's lookups, issued now: their table reads overlap this step's copies.
-    if (lane < kSegmentsPerStep) {
-      next = LocateSegment(h, src_blocks, dst_blocks, tile_begin, first + stride + lane, items,
-                           per_tile, tile_div);
-    }
-    // Running word counts over the step's segments (lanes >= kSegmentsPerStep add 0 words).
-    uint32_t end = lane < kSegmentsPerStep ? mine.words : 0;
+    next = LocateSegment(h, src_blocks, dst_blocks, tile_begin, first + stride + lane, items,
+                         per_tile, tile_div);
+    uint32_t end = units;  // inclusive prefix sum of units over the lanes
 #pragma unroll
-    for (int d = 1; d < kSegmentsPerStep; d *= 2) {
+    for (int d = 1; d < 32; d *= 2) {
       const uint32_t up = __shfl_up_sync(0xffffffffu, end, d);
       if (lane >= static_cast<uint32_t>(d)) end += up;
     }
-    uint32_t ends[kSegmentsPerStep];
+    const uint32_t total = __shfl_sync(0xffffffffu, end, 31);
+    // Unit u of this lane's segment (end - units <= u < end) is destination block
+    // block0 + u (16-byte blocks); its source byte for destination byte x is x + delta.
+    const uint64_t block0 = (d_addr >> 4) - (end - units);
+    const uint32_t d_lo = static_cast<uint32_t>(d_addr);
+    const uint32_t d_hi = static_cast<uint32_t>(d_addr + len);
+    const uint64_t delta = s_addr - d_addr;
+    // The segment holding unit u: the number of lanes whose end is <= u (every lane calls).
+    auto segment_of = [&](uint32_t u) {
+      uint32_t j = 0;
 #pragma unroll
-    for (int q = 0; q < kSegmentsPerStep; ++q) ends[q] = __shfl_sync(0xffffffffu, end, q);
-    const uint32_t total = ends[kSegmentsPerStep - 1];
-    // Word v of segment j is at (my_dst + 8 v, my_src + 8 v) in lane j's terms.
-    const uint64_t start = 8ull * (end - (lane < kSegmentsPerStep ? mine.words : 0));
-    const uint64_t my_dst = mine.dst + mine.head - start;
-    const uint64_t my_src = mine.src + mine.head - start;
-    for (uint32_t base = 0; base < total; base += 32 * kSegmentLoads) {
-      uint64_t value[kSegmentLoads];
-      uint64_t to[kSegmentLoads];
+      for (int step = 16; step > 0; step /= 2) {
+        const uint32_t e = __shfl_sync(0xffffffffu, end, j + step - 1);
+        if (e <= u) j += step;
+      }
+      return j;
+    };
+    for (uint32_t base = 0; base < total; base += 32 * kUnitsPerLane) {
+      uint4 va[kUnitsPerLane], vb[kUnitsPerLane];
+      uint64_t to[kUnitsPerLane];
+      uint32_t meta[kUnitsPerLane];  // r | lo << 8 | hi << 16; hi == 0: nothing to store
+      // A round inside one segment (long segments: nearly every round) finds it once.
+      const uint32_t last = (base + 32 * kUnitsPerLane < total ? base + 32 * kUnitsPerLane : total) - 1;
+      const uint32_t j_first = segment_of(base);
+      const bool one = j_first == segment_of(last);  // warp-uniform
+      uint64_t b0 = __shfl_sync(0xffffffffu, block0, j_first);
+      uint32_t lo32 = __shfl_sync(0xffffffffu, d_lo, j_first);
+      uint32_t hi32 = __shfl_sync(0xffffffffu, d_hi, j_first);
+      uint64_t dl = __shfl_sync(0xffffffffu, delta, j_first);
 #pragma unroll
-      for (int k = 0; k < kSegmentLoads; ++k) {
-        const uint32_t v = base + 32 * k + lane;
-        uint32_t j = 0;
-#pragma unroll
-        for (int q = 0; q < kSegmentsPerStep - 1; ++q) j += v >= ends[q] ? 1 : 0;
-        const uint64_t d = __shfl_sync(0xffffffffu, my_dst, j);
-        const uint64_t s = __shfl_sync(0xffffffffu, my_src, j);
+      for (int k = 0; k < kUnitsPerLane; ++k) {
+        const uint32_t u = base + 32 * k + lane;
+        if (!one) {
+          const uint32_t j = segment_of(u);
+          b0 = __shfl_sync(0xffffffffu, block0, j);
+          lo32 = __shfl_sync(0xffffffffu, d_lo, j);
+          hi32 = __shfl_sync(0xffffffffu, d_hi, j);
+          dl = __shfl_sync(0xffffffffu, delta, j);
+        }
+        meta[k] = 0;
         to[k] = 0;
-        if (v < total) {
-          value[k] = LoadFunnel(s + 8ull * v);
-          to[k] = d + 8ull * v;
+        va[k] = make_uint4(0, 0, 0, 0);
+        vb[k] = make_uint4(0, 0, 0, 0);
+        if (u < total) {
+          const uint64_t block = (b0 + u) << 4;
+          const int32_t lo_rel = static_cast<int32_t>(lo32 - static_cast<uint32_t>(block));
+          const int32_t hi_rel = static_cast<int32_t>(hi32 - static_cast<uint32_t>(block));
+          const uint32_t lo = lo_rel > 0 ? static_cast<uint32_t>(lo_rel) : 0u;
+          const uint32_t hi = hi_rel < 16 ? static_cast<uint32_t>(hi_rel) : 16u;
+          const uint64_t s = block + dl;  // source of the block's byte 0 (maybe not in the unit)
+          const uint32_t r = static_cast<uint32_t>(s & 15);
+          const uint4* aligned = reinterpret_cast<const uint4*>(s - r);
+          if (r + lo < 16) va[k] = aligned[0];
+          if (r + hi > 16) vb[k] = aligned[1];
+          to[k] = block;
+          meta[k] = r | (lo << 8) | (hi << 16);
         }
       }
 #pragma unroll
-      for (int k = 0; k < kSegmentLoads; ++k) {
-        if (to[k] != 0) *reinterpret_cast<uint64_t*>(to[k]) = value[k];
-      }
-    }
-    // Heads, then tails: lane 8 (j % 4) + b moves byte b of segment j's head (tail), four
-    // segments per pass; both are < 8 bytes.
-#pragma unroll
-    for (int pass = 0; pass < 2 * kSegmentsPerStep / 4; ++pass) {
-      const int j = (pass % (kSegmentsPerStep / 4)) * 4 + static_cast<int>(lane / 8);
-      const bool tails = pass >= kSegmentsPerStep / 4;
-      const uint32_t b = lane % 8;
-      const uint64_t s_src = __shfl_sync(0xffffffffu, mine.src, j);
-      const uint64_t s_dst = __shfl_sync(0xffffffffu, mine.dst, j);
-      const uint32_t s_head = __shfl_sync(0xffffffffu, mine.head, j);
-      const uint32_t s_words = __shfl_sync(0xffffffffu, mine.words, j);
-      const uint32_t s_tail = __shfl_sync(0xffffffffu, mine.tail, j);
-      const uint32_t n = tails ? s_tail : s_head;
-      if (b < n) {
-        const uint64_t off = tails ? s_head + 8ull * s_words + b : b;
-        *reinterpret_cast<uint8_t*>(s_dst + off) = *reinterpret_cast<const uint8_t*>(s_src + off);
+      for (int k = 0; k < kUnitsPerLane; ++k) {
+        const uint32_t hi = meta[k] >> 16;
+        if (hi != 0) {
+          const uint32_t lo = (meta[k] >> 8) & 0xff;
+          const uint4 v = Window16(va[k], vb[k], meta[k] & 15);
+          if (lo == 0 && hi == 16) {
+            *reinterpret_cast<uint4*>(to[k]) = v;
+          } else {
+            StorePartial(to[k], v, lo, hi);
+          }
+        }
       }
     }
   }
 }
-static_assert(kSegmentsPerStep % 4 == 0 && kSegmentsPerStep <= 32, "heads/tails: 4 segments a pass");
 
 }  // namespace
 

@@ -29,6 +29,9 @@ constexpr int kCopyHashSource = 1;
 constexpr int kHashSource = 2;
 constexpr int kHashDestination = 3;
 constexpr int kCopyNoHash = 4;  // the fused kernels' copy without the hash (benchmark baseline)
+// Benchmarks: kCopyHashSource on the warp path's register version (DigestPiecesKernel), which
+// the staged version replaced.
+constexpr int kCopyHashRegisters = 5;
 
 using gather::Access;
 using gather::ItemPos;
@@ -208,6 +211,166 @@ __global__ void __launch_bounds__(kMaxThreads)
     }
     if (!more) break;
     item = next;
+  }
+}
+
+// Warp path, staged through shared memory (issue 17, the version the library launches): as
+// DigestPiecesKernel (contiguous runs of pieces per warp, one reduction per tile touched), but
+// each warp keeps a ring of kStages pieces in shared memory filled by cp.async (16-byte copies
+// global -> shared that hold no registers while in flight): piece i + kStages - 1 is requested
+// before piece i is stored and hashed, so kStages - 1 pieces (8 KiB at 4 KiB pieces) stay in
+// flight per warp while it hashes, where the register version could hold only the one next
+// piece (its two 8 x 16-byte buffers already fill the 128 registers a 512-thread CTA allows).
+// Each lane reads back only the vectors it requested itself (cp.async.wait_group covers the
+// thread's own copies), so no barrier is needed. Shared memory: warps x kStages x piece_bytes
+// (dynamic; 192 KiB at 512 threads and 4 KiB pieces).
+constexpr int kStages = 3;
+
+__device__ __forceinline__ void CpAsync16(void* smem, const void* gmem) {
+  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void CpAsyncCommit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void CpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+struct StagedPiece {
+  int4* to;
+  uint64_t key0;     // key of the piece's first word
+  uint32_t vectors;  // 16-byte accesses in the piece
+  uint32_t tile;     // absolute tile index
+};
+
+template <int kMode>
+__device__ __forceinline__ void IssueStaged(const PlanHeader& h,
+                                            const uint8_t* __restrict__ read_base,
+                                            uint8_t* __restrict__ dst,
+                                            const uint32_t* __restrict__ src_blocks,
+                                            const uint32_t* __restrict__ dst_blocks,
+                                            uint32_t tile_begin, uint64_t item,
+                                            uint64_t pieces_per_tile, const FastDivU32& tile_div,
+                                            uint32_t piece_bytes, uint64_t wps, uint32_t lane,
+                                            int4* stage, StagedPiece& w) {
+  const ItemPos pos = SplitItem(item, pieces_per_tile, tile_div);
+  w.tile = tile_begin + static_cast<uint32_t>(pos.tile);
+  const TileDesc t = TileAt(h, w.tile);
+  const ChunkSpan span = PieceAt(h, src_blocks, dst_blocks, t, pos.index, piece_bytes);
+  const int4* from = reinterpret_cast<const int4*>(read_base + ReadOffset<kMode>(span));
+  w.to = reinterpret_cast<int4*>(dst + span.dst);
+  w.vectors = static_cast<uint32_t>(span.bytes / 16);
+  w.key0 = dg::WordKey(wps, static_cast<uint64_t>(t.layer) * h.num_parts + t.part,
+                       t.byte_begin + pos.index * piece_bytes);
+#pragma unroll
+  for (int k = 0; k < kLoadsInFlight; ++k) {
+    const uint32_t v = k * 32 + lane;
+    if (v < w.vectors) CpAsync16(stage + v, from + v);
+  }
+}
+
+template <int kMode>
+__device__ __forceinline__ uint64_t FinishStaged(const StagedPiece& w, const int4* stage,
+                                                 uint32_t lane) {
+  int4 value[kLoadsInFlight];
+#pragma unroll
+  for (int k = 0; k < kLoadsInFlight; ++k) {
+    const uint32_t v = k * 32 + lane;
+    if (v < w.vectors) value[k] = stage[v];
+  }
+  if (kMode == kCopyHashSource || kMode == kCopyNoHash) {
+#pragma unroll
+    for (int k = 0; k < kLoadsInFlight; ++k) {
+      const uint32_t v = k * 32 + lane;
+      if (v < w.vectors) w.to[v] = value[k];
+    }
+  }
+  uint64_t sum = 0;
+  if (kMode == kCopyNoHash) return sum;
+  if (KeysStayLow(w.key0, 4096 / 8)) {
+    const uint32_t kl = dg::PositionKey(w.key0) + 2 * lane * dg::kKeyMul;
+#pragma unroll
+    for (int k = 0; k < kLoadsInFlight; ++k) {
+      const uint32_t v = k * 32 + lane;
+      if (v < w.vectors) sum += AccessTermsKeyed<16>(value[k], kl + 2 * (k * 32) * dg::kKeyMul);
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < kLoadsInFlight; ++k) {
+      const uint32_t v = k * 32 + lane;
+      if (v < w.vectors) sum += AccessTerms<16>(value[k], w.key0 + 2 * v);
+    }
+  }
+  return sum;
+}
+
+template <int kMode>
+__global__ void __launch_bounds__(kMaxThreads)
+    DigestPiecesStagedKernel(const PlanHeader* __restrict__ header, uint32_t tile_begin,
+                             uint32_t tile_end, uint32_t piece_bytes, uint64_t* tile_digests) {
+  extern __shared__ int4 ring[];
+  __shared__ PlanHeader h;
+  LoadHeader(header, &h);
+  const uint8_t* __restrict__ read_base = reinterpret_cast<const uint8_t*>(
+      kMode == kHashDestination ? h.dst.base : h.src.base);
+  uint8_t* __restrict__ dst = reinterpret_cast<uint8_t*>(h.dst.base);
+  const uint32_t* __restrict__ src_blocks = reinterpret_cast<const uint32_t*>(h.src.block_table);
+  const uint32_t* __restrict__ dst_blocks = reinterpret_cast<const uint32_t*>(h.dst.block_table);
+  const uint32_t lane = threadIdx.x & 31;
+  const uint32_t warps_per_cta = blockDim.x / 32;
+  const uint64_t pieces_per_tile = h.tile_bytes / piece_bytes;
+  const FastDivU32 tile_div = MakeFastDiv(
+      pieces_per_tile <= kFastDivMaxDividend ? static_cast<uint32_t>(pieces_per_tile) : 1);
+  const uint64_t items = static_cast<uint64_t>(tile_end - tile_begin) * pieces_per_tile;
+  const uint64_t warps = static_cast<uint64_t>(gridDim.x) * warps_per_cta;
+  const uint64_t per_warp = (items + warps - 1) / warps;
+  const uint64_t wps = dg::WordsPerStream(h.part_bytes);
+  const uint32_t stage_vectors = piece_bytes / 16;
+  int4* my_ring = ring + static_cast<size_t>(threadIdx.x / 32) * kStages * stage_vectors;
+  // This warp's run [item, end), warp-uniform (WarpAdd).
+  uint64_t item = (static_cast<uint64_t>(blockIdx.x) * warps_per_cta + threadIdx.x / 32) * per_warp;
+  if (item >= items) return;
+  const uint64_t end = item + per_warp < items ? item + per_warp : items;
+  StagedPiece m[kStages];
+  uint64_t issued = item;
+#pragma unroll
+  for (int st = 0; st < kStages - 1; ++st) {
+    if (issued < end) {
+      IssueStaged<kMode>(h, read_base, dst, src_blocks, dst_blocks, tile_begin, issued,
+                         pieces_per_tile, tile_div, piece_bytes, wps, lane,
+                         my_ring + st * stage_vectors, m[st]);
+      ++issued;
+    }
+    CpAsyncCommit();  // one group per stage, empty or not, so wait_group counts stages
+  }
+  uint64_t acc = 0;
+  for (;;) {
+    // Piece `item` is in stage st; piece item + kStages - 1 goes into the stage freed last.
+#pragma unroll
+    for (int st = 0; st < kStages; ++st) {
+      const int fill = (st + kStages - 1) % kStages;
+      if (issued < end) {
+        IssueStaged<kMode>(h, read_base, dst, src_blocks, dst_blocks, tile_begin, issued,
+                           pieces_per_tile, tile_div, piece_bytes, wps, lane,
+                           my_ring + fill * stage_vectors, m[fill]);
+        ++issued;
+      }
+      CpAsyncCommit();
+      CpAsyncWait<kStages - 1>();  // this thread's copies of piece `item` have landed
+      acc += FinishStaged<kMode>(m[st], my_ring + st * stage_vectors, lane);
+      const bool more = item + 1 < end;
+      if (kMode != kCopyNoHash && (!more || m[(st + 1) % kStages].tile != m[st].tile)) {
+        WarpAdd(acc, tile_digests + m[st].tile);
+        acc = 0;
+      }
+      if (!more) {
+        CpAsyncWait<0>();
+        return;
+      }
+      ++item;
+    }
   }
 }
 
@@ -423,18 +586,34 @@ int LaunchMode(const PlanHeader* header, uint32_t tile_begin, uint32_t tile_end,
     if (access_bytes != 16 || piece_bytes > 4096 || piece_bytes % 16 != 0) {
       return cudaErrorInvalidValue;
     }
-    DigestPiecesKernel<kMode><<<grid, block, 0, stream>>>(header, tile_begin, tile_end,
-                                                          piece_bytes, digests);
+    if (kMode == kCopyHashRegisters) {
+      DigestPiecesKernel<kCopyHashSource><<<grid, block, 0, stream>>>(header, tile_begin,
+                                                                      tile_end, piece_bytes,
+                                                                      digests);
+      return cudaGetLastError();
+    }
+    constexpr int kStagedMode = kMode == kCopyHashRegisters ? kCopyHashSource : kMode;
+    const size_t ring = static_cast<size_t>(threads / 32) * kStages * piece_bytes;
+    const cudaError_t e = cudaFuncSetAttribute(DigestPiecesStagedKernel<kStagedMode>,
+                                               cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               static_cast<int>(ring));
+    if (e != cudaSuccess) return e;
+    DigestPiecesStagedKernel<kStagedMode><<<grid, block, ring, stream>>>(
+        header, tile_begin, tile_end, piece_bytes, digests);
     return cudaGetLastError();
   }
-  if (kMode == kCopyNoHash && access_bytes < 8) return cudaErrorInvalidValue;
-  switch (access_bytes) {
-    case 16: DigestSlabKernel<kMode, 16><<<grid, block, 0, stream>>>(header, tile_begin, tile_end, digests); break;
-    case 8: DigestSlabKernel<kMode, 8><<<grid, block, 0, stream>>>(header, tile_begin, tile_end, digests); break;
-    case 4: DigestWordsKernel<kMode, 4><<<grid, block, 0, stream>>>(header, tile_begin, tile_end, digests); break;
-    case 2: DigestWordsKernel<kMode, 2><<<grid, block, 0, stream>>>(header, tile_begin, tile_end, digests); break;
-    case 1: DigestWordsKernel<kMode, 1><<<grid, block, 0, stream>>>(header, tile_begin, tile_end, digests); break;
-    default: return cudaErrorInvalidValue;
+  if constexpr (kMode == kCopyHashRegisters) {
+    return cudaErrorInvalidValue;  // the register version exists on the warp path only
+  } else {
+    if (kMode == kCopyNoHash && access_bytes < 8) return cudaErrorInvalidValue;
+    switch (access_bytes) {
+      case 16: DigestSlabKernel<kMode, 16><<<grid, block, 0, stream>>>(header, tile_begin, tile_end, digests); break;
+      case 8: DigestSlabKernel<kMode, 8><<<grid, block, 0, stream>>>(header, tile_begin, tile_end, digests); break;
+      case 4: DigestWordsKernel<kMode, 4><<<grid, block, 0, stream>>>(header, tile_begin, tile_end, digests); break;
+      case 2: DigestWordsKernel<kMode, 2><<<grid, block, 0, stream>>>(header, tile_begin, tile_end, digests); break;
+      case 1: DigestWordsKernel<kMode, 1><<<grid, block, 0, stream>>>(header, tile_begin, tile_end, digests); break;
+      default: return cudaErrorInvalidValue;
+    }
   }
   return cudaGetLastError();
 }
@@ -464,6 +643,10 @@ int KvDigestLaunch(const PlanHeader* device_header, uint32_t tile_begin, uint32_
     case kCopyNoHash:
       return LaunchMode<kCopyNoHash>(device_header, tile_begin, tile_end, num_ctas, threads,
                                      access_bytes, piece_bytes, tile_digests, stream);
+    case kCopyHashRegisters:
+      return LaunchMode<kCopyHashRegisters>(device_header, tile_begin, tile_end, num_ctas,
+                                            threads, access_bytes, piece_bytes, tile_digests,
+                                            stream);
     default:
       return cudaErrorInvalidValue;
   }

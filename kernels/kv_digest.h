@@ -26,6 +26,10 @@ enum class DigestKernelMode : int {
   // kCopyHashSource, tile_digests untouched), the fair digest-off baseline of its cost. Warp and
   // slab paths only (plans with accesses under 8 bytes: InvalidArgument).
   kCopyNoHashForBenchmark = 4,
+  // Benchmarks only: kCopyHashSource on the warp path's previous kernel (the pieces held in
+  // registers, two in flight per warp), which the shared-memory staged kernel replaced; warp-path
+  // plans only (others: InvalidArgument).
+  kCopyHashSourceRegistersForBenchmark = 5,
 };
 
 // Enqueues the digest kernel `mode` for tiles [tile_begin, tile_end) of `plan` on `stream`

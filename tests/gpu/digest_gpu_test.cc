@@ -120,6 +120,11 @@ void RunCase(const planner::testing::RandomCase& c, std::mt19937_64& rng, uint32
     REQUIRE(kept.ok());
     REQUIRE(*kept == after);
   }
+  // The previous (register) warp-path kernel, which the bench compares with: same digests.
+  if (dp->plan().piece_bytes != 0) {
+    REQUIRE(RunDigest(dp->plan(), DigestKernelMode::kCopyHashSourceRegistersForBenchmark, digests,
+                      rng) == ref);
+  }
   gpu_test::DeviceFree(digests);
   gpu_test::DeviceFree(src_dev);
   gpu_test::DeviceFree(dst_dev);
@@ -200,7 +205,8 @@ TEST_CASE("digest cost print", "[bandwidth]") {
                 shape.dst_order == kvrail::v1::LAYOUT_ORDER_LAYER_PART_BLOCK_HND ? "HND" : "NHD",
                 plan->Describe().c_str(), p.piece_bytes != 0 ? "warp" : "slab");
     // 0 plain, 1 copy+hash, 2 read-back, 3 the fused kernel's copy without the hash (the same
-    // work distribution as 1: contiguous runs per warp, where the plain kernel strides)
+    // work distribution as 1: contiguous runs per warp, where the plain kernel strides), 4 the
+    // previous copy+hash warp kernel (registers, no shared-memory staging)
     auto time = [&](int ctas, int what) {
       gpu_test::Timer timer;
       const int iters = 5;
@@ -213,7 +219,8 @@ TEST_CASE("digest cost print", "[bandwidth]") {
           REQUIRE(kernels::LaunchKvDigest(p, 0, p.num_tiles,
                                           what == 1   ? DigestKernelMode::kCopyHashSource
                                           : what == 2 ? DigestKernelMode::kHashDestination
-                                                      : DigestKernelMode::kCopyNoHashForBenchmark,
+                                          : what == 3 ? DigestKernelMode::kCopyNoHashForBenchmark
+                                                      : DigestKernelMode::kCopyHashSourceRegistersForBenchmark,
                                           digests, ctas, nullptr)
                       .ok());
         }
@@ -225,27 +232,30 @@ TEST_CASE("digest cost print", "[bandwidth]") {
     for (int ctas : {8, 16, 32, 132}) {
       time(ctas, 0);
       time(ctas, 1);  // warm-up
-      std::vector<double> off, on, back, same;
+      std::vector<double> off, on, back, same, regs;
       for (int round = 0; round < 5; ++round) {
         off.push_back(time(ctas, 0));
         on.push_back(time(ctas, 1));
         back.push_back(time(ctas, 2));
         same.push_back(time(ctas, 3));
+        if (p.piece_bytes != 0) regs.push_back(time(ctas, 4));
       }
       auto median = [](std::vector<double> v) {
         std::sort(v.begin(), v.end());
         return v[v.size() / 2];
       };
       const double m_off = median(off), m_on = median(on), m_back = median(back),
-                   m_same = median(same);
+                   m_same = median(same), m_regs = regs.empty() ? 0.0 : median(regs);
       // End to end with the read-back: the two passes one after the other.
       const double both = 1.0 / (1.0 / m_on + 1.0 / m_back);
       std::printf(
           "  %3d CTAs: digest off %7.1f GB/s | on (fused copy+hash) %7.1f GB/s (%+.1f%%) | "
           "read-back alone %7.1f GB/s | on + read-back %7.1f GB/s (%+.1f%%) | fused copy "
-          "without hash %7.1f GB/s (on vs it %+.1f%%)\n",
+          "without hash %7.1f GB/s (on vs it %+.1f%%) | previous register kernel %7.1f GB/s "
+          "(%+.1f%%)\n",
           ctas, m_off, m_on, 100.0 * (m_on - m_off) / m_off, m_back, both,
-          100.0 * (both - m_off) / m_off, m_same, 100.0 * (m_on - m_same) / m_same);
+          100.0 * (both - m_off) / m_off, m_same, 100.0 * (m_on - m_same) / m_same, m_regs,
+          m_off > 0 && m_regs > 0 ? 100.0 * (m_regs - m_off) / m_off : 0.0);
     }
     gpu_test::DeviceFree(digests);
     gpu_test::DeviceFree(a);

@@ -19,8 +19,10 @@
 namespace kvrail {
 namespace {
 
-// Cases whose plan took the kernel's warp path (DevicePlan::piece_bytes set).
+// Cases whose plan took the kernel's warp path (DevicePlan::piece_bytes set), and its segment
+// path (DevicePlan::segments).
 int g_warp_path_cases = 0;
+int g_segment_path_cases = 0;
 
 using planner::Plan;
 constexpr uint8_t kPoison = 0xAB;
@@ -68,6 +70,7 @@ void RunCase(const planner::testing::RandomCase& c, std::mt19937_64& rng, bool d
       nullptr);
   REQUIRE(dp.ok());
   if (dp->plan().piece_bytes != 0) ++g_warp_path_cases;
+  if (dp->plan().piece_bytes == 0 && dp->plan().segments) ++g_segment_path_cases;
   // Tiles in a few random ranges, each with a random CTA count.
   uint32_t t = 0;
   while (t < plan->num_tiles()) {
@@ -135,9 +138,130 @@ TEST_CASE("kernel == host twin on random bytes transfers") {
   if (!HaveGpu()) return;
   std::mt19937_64 rng(31);
   for (int n = 0; n < 60; ++n) {
-    RunCase(planner::testing::RandomBytesCase(rng, 1 << 22), rng, n % 4 == 0,
-            n % 3 == 0 ? static_cast<uint32_t>(rng() % 16) : 0);
+    planner::testing::RandomCase c = planner::testing::RandomBytesCase(rng, 1 << 22);
+    // The generator's 1-byte tiles make up to 4M tiles, over the planner's cap (max_tiles, 1M
+    // per transfer: refused, not a kernel case): then the smallest multiple of 16 bytes under
+    // the cap (the planner rounds tile sizes down to the access width, at most 16).
+    const uint64_t cap = c.options.max_tiles;
+    const uint64_t bytes = c.spec.num_bytes();
+    if ((bytes + c.options.tile_bytes - 1) / c.options.tile_bytes > cap / 2) {
+      c.options.tile_bytes = ((bytes + cap - 1) / cap + 15) / 16 * 16;
+    }
+    RunCase(c, rng, n % 4 == 0, n % 3 == 0 ? static_cast<uint32_t>(rng() % 16) : 0);
   }
+}
+
+// Issue 19's narrow layouts (the segment path), small: odd vector sizes at odd offsets, bf16 at
+// an odd offset, padded strides, head sub-ranges; random tile sizes (odd ones too), base
+// misalignments, CTA counts and block sizes.
+kvrail::v1::PagedKvLayout NarrowLayout(kvrail::v1::LayoutOrder order, uint32_t blocks,
+                                       uint32_t tpb, uint32_t heads, uint32_t head_dim,
+                                       kvrail::v1::DType dtype, uint64_t offset, uint64_t pad) {
+  kvrail::v1::PagedKvLayout l;
+  l.set_num_layers(2);
+  l.set_num_parts(2);
+  l.set_num_blocks(blocks);
+  l.set_tokens_per_block(tpb);
+  l.set_num_heads(heads);
+  l.set_head_dim(head_dim);
+  l.set_dtype(dtype);
+  l.set_offset_bytes(offset);
+  if (pad == 0) {
+    l.set_order(order);
+    return l;
+  }
+  // Explicit strides, `pad` bytes after every head vector, token and block.
+  const uint64_t vec = uint64_t{head_dim} * (dtype == kvrail::v1::DTYPE_UINT8 ? 1 : 2);
+  const uint64_t head_stride = vec + pad, token_stride = head_stride * heads + pad;
+  const uint64_t block_stride = token_stride * tpb + pad, part_stride = block_stride * blocks;
+  l.set_head_stride(head_stride);
+  l.set_token_stride(token_stride);
+  l.set_block_stride(block_stride);
+  l.set_part_stride(part_stride);
+  l.set_layer_stride(2 * part_stride);
+  return l;
+}
+
+TEST_CASE("kernel == host twin on narrow layouts (odd sizes, offsets, padded strides)") {
+  if (!HaveGpu()) return;
+  using kvrail::v1::DTYPE_BF16;
+  using kvrail::v1::DTYPE_UINT8;
+  const auto NHD = kvrail::v1::LAYOUT_ORDER_LAYER_PART_BLOCK_NHD;
+  const auto HND = kvrail::v1::LAYOUT_ORDER_LAYER_PART_BLOCK_HND;
+  const auto BNHD = kvrail::v1::LAYOUT_ORDER_BLOCK_LAYER_PART_NHD;
+  std::mt19937_64 rng(1901);
+  const int before = g_segment_path_cases;
+  for (int n = 0; n < 80; ++n) {
+    const uint32_t blocks = 48, tokens = 16 * (1 + static_cast<uint32_t>(rng() % 20)) - rng() % 16;
+    kvrail::v1::PagedKvLayout s, d;
+    uint32_t heads = 1, sh = 0, dh = 0;
+    switch (n % 5) {
+      case 0:  // 657-byte vectors (or another odd size), odd offsets, HND -> NHD
+      case 1: {
+        const uint32_t dim = 600 + static_cast<uint32_t>(rng() % 100);
+        s = NarrowLayout(n % 5 == 0 ? HND : NHD, blocks, 16, 2, dim, DTYPE_UINT8, 1 + rng() % 15, 0);
+        d = NarrowLayout(NHD, blocks, n % 5 == 0 ? 16 : 32, 2, dim, DTYPE_UINT8, 1 + rng() % 15, 0);
+        heads = 2;
+        break;
+      }
+      case 2:  // bf16 at an odd offset (2 mod 4)
+        s = NarrowLayout(NHD, blocks, 16, 4, 128, DTYPE_BF16, 0, 0);
+        d = NarrowLayout(NHD, blocks, 16, 4, 128, DTYPE_BF16, 2 + 4 * (rng() % 4), 0);
+        heads = 4;
+        break;
+      case 3:  // padded strides (+2 B) -> block-major
+        s = NarrowLayout(NHD, blocks, 16, 4, 128, DTYPE_BF16, 0, 2);
+        d = NarrowLayout(BNHD, blocks, 16, 4, 128, DTYPE_BF16, 0, 0);
+        heads = 4;
+        break;
+      default:  // a head sub-range at an odd offset, bf16, into fewer heads
+        s = NarrowLayout(NHD, blocks, 16, 8, 64, DTYPE_BF16, 6, 0);
+        d = NarrowLayout(HND, blocks, 8, 3, 64, DTYPE_BF16, 10, 2);
+        heads = 3;
+        sh = 1 + static_cast<uint32_t>(rng() % 5);
+        dh = 0;
+        break;
+    }
+    planner::testing::RandomCase c;
+    c.src_layout = s;
+    c.dst_layout = d;
+    c.spec.mutable_src()->set_region_id(1);
+    c.spec.mutable_dst()->set_region_id(2);
+    c.spec.set_num_layers(1 + static_cast<uint32_t>(rng() % 2));
+    c.spec.set_num_heads(heads);
+    c.spec.set_num_tokens(tokens);
+    c.spec.mutable_src()->set_head_begin(sh);
+    c.spec.mutable_dst()->set_head_begin(dh);
+    std::vector<uint32_t> ids(blocks);
+    std::iota(ids.begin(), ids.end(), 0u);
+    std::shuffle(ids.begin(), ids.end(), rng);
+    for (uint32_t j = 0; j < (tokens + s.tokens_per_block() - 1) / s.tokens_per_block(); ++j) {
+      c.spec.mutable_src()->add_block_ids(ids[j]);
+    }
+    std::shuffle(ids.begin(), ids.end(), rng);
+    for (uint32_t j = 0; j < (tokens + d.tokens_per_block() - 1) / d.tokens_per_block(); ++j) {
+      c.spec.mutable_dst()->add_block_ids(ids[j]);
+    }
+    const uint64_t big = uint64_t{1} << 26;
+    absl::StatusOr<planner::KvLayout> ks = planner::ResolveLayout(s, big, "");
+    absl::StatusOr<planner::KvLayout> kd = planner::ResolveLayout(d, big, "");
+    REQUIRE(ks.ok());
+    REQUIRE(kd.ok());
+    // Region sizes: up to the last byte either layout reaches (+ slack).
+    auto extent = [](const kvrail::v1::PagedKvLayout& p, const planner::KvLayout& k) {
+      const uint64_t vec = uint64_t{p.head_dim()} * (p.dtype() == kvrail::v1::DTYPE_UINT8 ? 1 : 2);
+      return k.offset + k.layer_stride * (p.num_layers() - 1) +
+             k.part_stride * (p.num_parts() - 1) + k.block_stride * (p.num_blocks() - 1) +
+             k.token_stride * (p.tokens_per_block() - 1) + k.head_stride * (p.num_heads() - 1) + vec;
+    };
+    const uint64_t ss = extent(s, *ks) + rng() % 32, ds = extent(d, *kd) + rng() % 32;
+    c.src = planner::RegionView{ss, false, true, *planner::ResolveLayout(s, ss, "")};
+    c.dst = planner::RegionView{ds, true, true, *planner::ResolveLayout(d, ds, "")};
+    static const uint64_t kTiles[] = {100, 1000, 4096, 5000, 65536, 1 << 20};
+    c.options.tile_bytes = kTiles[rng() % 6];
+    RunCase(c, rng, /*dst_on_host=*/n % 7 == 3, static_cast<uint32_t>(rng() % 16));
+  }
+  CHECK(g_segment_path_cases - before >= 40);
 }
 
 TEST_CASE("kernel == host twin into mapped pinned host memory") {

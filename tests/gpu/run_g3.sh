@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Issues 17.5 / 19.1 kernels on one GPU (GPU0 -> GPU0), from .devpack_g3/ (built here, packed by
+# /work/briefs/devpack_to .devpack_g3 with layout_bench, digest_gpu_test, kv_copy_gpu_test).
+# PARTS picks what runs (default "layouts digest_cost digest_test kernel_test"); logs go to $OUT.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+out=${OUT:-/tmp}
+export LD_LIBRARY_PATH=$PWD/.devpack_g3/lib:${LD_LIBRARY_PATH:-}
+export NCCL_NVLS_ENABLE=0
+parts=${PARTS:-layouts digest_cost digest_test kernel_test}
+nvidia-smi -L; nvidia-smi --query-gpu=clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv; date -u
+bin=.devpack_g3/bin
+step() {  # $1 name, $2 timeout, rest: command
+  local name=$1 limit=$2; shift 2
+  local t0=$SECONDS
+  timeout "$limit" "$@" > "$out/$name.txt" 2>&1
+  echo "== $name: exit $? after $((SECONDS - t0)) s"
+}
+if [[ $parts == *layouts* ]]; then
+  step layouts 120 $bin/layout_bench ${LAYOUT_ARGS:-}
+  grep -E '^\|' "$out/layouts.txt"; grep -i mismatch "$out/layouts.txt" | head -5
+fi
+if [[ $parts == *digest_cost* ]]; then
+  step digest_cost 120 $bin/digest_gpu_test '[bandwidth]'
+  grep -E 'CTAs|blocks' "$out/digest_cost.txt" | sed -E 's/ \| read-back alone/\n      read-back alone/'
+fi
+if [[ $parts == *digest_test* ]]; then
+  step digest_test 100 $bin/digest_gpu_test '~[bandwidth]'
+  grep -E 'digest cases|passed|failed|FAILED' "$out/digest_test.txt" | head -8
+fi
+if [[ $parts == *kernel_test* ]]; then
+  step kernel_test 120 $bin/kv_copy_gpu_test '~[bandwidth]'
+  grep -E 'passed|failed|FAILED|REQUIRE|CHECK|first mismatch' "$out/kernel_test.txt" | head -12
+fi
+date -u
