@@ -35,6 +35,7 @@ using scheduler::CopyRun;
 using scheduler::CtaTuner;
 using scheduler::MayStart;
 using scheduler::Mode;
+using scheduler::SplitTuner;
 using scheduler::TileQueues;
 using scheduler::WithinClass;
 
@@ -59,6 +60,10 @@ struct JobState {
   Mode mode = Mode::kKernel;
   int max_ctas = 0;  // kernel: the most CTAs a launch may use (ChoosePlanMode)
   int tuner_key = 0;
+  // Kernel batches may hand their last tiles to the copy engines (SplitTuner of tuner_key).
+  bool may_split = false;
+  double copy_gbps_prior = 0;  // EstimateCopyEngineGbps of the plan's runs
+  bool split_said = false;     // OnEngineUsed("cuda-copy-engine") sent for a split batch
   uint8_t* src = nullptr;  // device-visible bases (nullptr for per-layer sides)
   uint8_t* dst = nullptr;
   // Per-layer sides: the plan with the layers' addresses on this engine's GPU (the job's plan
@@ -108,6 +113,11 @@ struct Batch {
   int ctas = 0;  // 0: copy engine
   bool capped = false;  // ctas lowered to the class's max_ctas (not the tuner's own choice)
   cuda::Event start, stop;
+  // Kernel and copy engines together: tiles [split, end) ran on the copy engines (second stream)
+  // beside the kernel's [begin, split); each part's end is timed from `start`.
+  uint32_t split = 0;
+  bool split_sampled = false;  // launched at the SplitTuner's choice (not while the knee probed)
+  cuda::Event kernel_done, copy_done;
   absl::Status launch;
 };
 
@@ -149,7 +159,12 @@ class DeviceWorker {
     return absl::StrCat("cuda:", device_, " ", warm_up_text_, last_decision_, ", budget ",
                         options_.max_ctas,
                         " CTAs; ", kernel_batches_, " kernel / ", copy_batches_,
-                        " copy-engine batches; ", CopyOnlyTextLocked(), held_states_,
+                        " copy-engine batches",
+                        split_batches_ > 0 ? absl::StrCat(" (", split_batches_,
+                                                          " kernel batches split with the copy "
+                                                          "engines)")
+                                           : std::string(),
+                        "; ", CopyOnlyTextLocked(), held_states_,
                         " jobs set up (plan on the GPU); last job set-up (plan upload enqueued) ",
                         SetUpTextLocked(), LastJobTextLocked());
   }
@@ -375,6 +390,13 @@ class DeviceWorker {
     s.tuner_key = scheduler::CtaTunerKey(in.mean_run_bytes, dst.cuda, dst.device == device_);
     // The copy-only mode's small kernels learn their own knee, within their own budget.
     if (choice.copy_only_kernel) s.tuner_key += kCopyOnlyTunerKeys;
+    // Kernel and copy engines together: ordinary kernel plans only (the copy-engine-only mode's
+    // small kernels spare the SMs on purpose; digest jobs hash what their kernel moved).
+    s.may_split = s.mode == Mode::kKernel && !choice.copy_only_kernel && !job.wants_digest() &&
+                  options_.copy_split_max_percent > 0;
+    s.copy_gbps_prior = choice.copy_engine_gbps > 0
+                            ? choice.copy_engine_gbps
+                            : scheduler::EstimateCopyEngineGbps(in.mean_run_bytes);
     if (!choice.reason.empty()) {
       s.job->OnEngineNote(choice.reason);
       absl::MutexLock lock(&mu_);
@@ -438,12 +460,34 @@ class DeviceWorker {
     return it->second;
   }
 
+  SplitTuner& SplitTunerFor(int key, double copy_gbps_prior) {
+    auto it = split_tuners_.find(key);
+    if (it == split_tuners_.end()) {
+      it = split_tuners_
+               .emplace(key, SplitTuner(options_.copy_split_max_percent / 100.0,
+                                        options_.copy_split_fixed_percent / 100.0,
+                                        copy_gbps_prior, options_.reprobe_batches))
+               .first;
+    }
+    return it->second;
+  }
+
+  // The second stream the copy-engine part of a split batch runs on (made on first use).
+  absl::StatusOr<cudaStream_t> CopyStream() {
+    if (!copy_stream_.has_value()) {
+      KVRAIL_ASSIGN_OR_RETURN(cuda::Stream stream, cuda::Stream::Create(device_));
+      copy_stream_.emplace(std::move(stream));
+    }
+    return copy_stream_->get();
+  }
+
   Batch Launch(JobState& s, const Taken& taken) {
     const int cls = taken.cls;
     const uint32_t begin = taken.begin, end = taken.end;
     Batch b;
     b.state = &s;
     b.taken = taken;
+    b.split = end;
     ++s.in_flight;
     s.last_batch_bytes = taken.bytes;
     if (!s.first_launch.has_value()) s.first_launch = absl::Now();
@@ -468,19 +512,35 @@ class DeviceWorker {
       KVRAIL_ASSIGN_OR_RETURN(b.stop, cuda::Event::Create());
       KVRAIL_RETURN_IF_ERROR(cuda::CudaStatus(cudaEventRecord(b.start.get(), stream_.get()), "cudaEventRecord"));
       if (s.mode == Mode::kKernel) {
-        b.ctas = TunerFor(s.tuner_key, s.max_ctas).Next(taken.bytes);
+        CtaTuner& ctas = TunerFor(s.tuner_key, s.max_ctas);
+        b.ctas = ctas.Next(taken.bytes);
         const int class_max = static_cast<int>(options_.limits[cls].max_ctas);
         if (class_max > 0 && b.ctas > class_max) {
           b.ctas = class_max;
           b.capped = true;
+        }
+        // The copy engines' share: not while the knee is being probed (its samples must be the
+        // kernel's alone), else the SplitTuner's.
+        if (s.may_split && !(ctas.probing() && taken.bytes >= CtaTuner::kMinSampleBytes)) {
+          const double fraction =
+              SplitTunerFor(s.tuner_key, s.copy_gbps_prior).Next(taken.bytes);
+          b.split = scheduler::SplitPoint(s.job->plan(), begin, end, fraction);
+          b.split_sampled = true;
         }
         if (s.digests) {  // the fused gather that also hashes the source (kv_digest.h)
           KVRAIL_RETURN_IF_ERROR(kernels::LaunchKvDigest(
               s.plan->plan(), begin, end, kernels::DigestKernelMode::kCopyHashSource,
               s.digests->source(), b.ctas, stream_.get(), kThreadsPerCta));
         } else {
-          KVRAIL_RETURN_IF_ERROR(kernels::LaunchKvCopy(s.plan->plan(), begin, end, b.ctas, stream_.get(),
-                                                kThreadsPerCta));
+          KVRAIL_RETURN_IF_ERROR(kernels::LaunchKvCopy(s.plan->plan(), begin, b.split, b.ctas,
+                                                       stream_.get(), kThreadsPerCta));
+        }
+        if (b.split < end) {
+          KVRAIL_RETURN_IF_ERROR(LaunchCopyPart(s, b));
+          if (!s.split_said) {  // TransferStatus.engine: "cuda-kernel+cuda-copy-engine"
+            s.job->OnEngineUsed(scheduler::ModeEngineName(Mode::kCopyEngine));
+            s.split_said = true;
+          }
         }
       } else {
         KVRAIL_RETURN_IF_ERROR(CopyEngine(s, begin, end));
@@ -491,7 +551,26 @@ class DeviceWorker {
     return b;
   }
 
-  absl::Status CopyEngine(const JobState& s, uint32_t begin, uint32_t end) {
+  // The copy-engine part of a split batch, on the second stream: it starts with the batch (waits
+  // for `start`), and the main stream waits for it before `stop`, so the batch's completion (and
+  // its GPU time) covers both parts.
+  absl::Status LaunchCopyPart(const JobState& s, Batch& b) {
+    KVRAIL_ASSIGN_OR_RETURN(cudaStream_t copy, CopyStream());
+    KVRAIL_ASSIGN_OR_RETURN(b.kernel_done, cuda::Event::Create());
+    KVRAIL_ASSIGN_OR_RETURN(b.copy_done, cuda::Event::Create());
+    KVRAIL_RETURN_IF_ERROR(cuda::CudaStatus(cudaEventRecord(b.kernel_done.get(), stream_.get()),
+                                            "cudaEventRecord(kernel part)"));
+    KVRAIL_RETURN_IF_ERROR(cuda::CudaStatus(cudaStreamWaitEvent(copy, b.start.get(), 0),
+                                            "cudaStreamWaitEvent(copy part)"));
+    KVRAIL_RETURN_IF_ERROR(CopyEngine(s, b.split, b.taken.end, copy));
+    KVRAIL_RETURN_IF_ERROR(cuda::CudaStatus(cudaEventRecord(b.copy_done.get(), copy),
+                                            "cudaEventRecord(copy part)"));
+    return cuda::CudaStatus(cudaStreamWaitEvent(stream_.get(), b.copy_done.get(), 0),
+                            "cudaStreamWaitEvent(join copy part)");
+  }
+
+  absl::Status CopyEngine(const JobState& s, uint32_t begin, uint32_t end,
+                          cudaStream_t stream = nullptr) {
     runs_.clear();
     for (uint32_t t = begin; t < end; ++t) scheduler::AppendTileRuns(s.RunPlan(), t, &runs_);
     dsts_.resize(runs_.size());
@@ -503,7 +582,8 @@ class DeviceWorker {
       sizes_[i] = runs_[i].bytes;
     }
     return cuda::BatchCopy(dsts_.data(), srcs_.data(), sizes_.data(), runs_.size(),
-                           cudaMemcpyFlagPreferOverlapWithCompute, stream_.get(), "transfer batch");
+                           cudaMemcpyFlagPreferOverlapWithCompute,
+                           stream != nullptr ? stream : stream_.get(), "transfer batch");
   }
 
   void Complete(Batch& b) {
@@ -532,9 +612,38 @@ class DeviceWorker {
       std::string decision;
       if (b.ctas > 0) {
         CtaTuner& tuner = TunerFor(s.tuner_key, s.max_ctas);
-        if (!b.capped && !b.taken.ramped) tuner.Report(b.ctas, b.taken.bytes, seconds);
+        // The kernel's own part: with a split, its bytes over its own time.
+        uint64_t kernel_bytes = b.taken.bytes;
+        double kernel_seconds = seconds;
+        scheduler::SplitSample split;
+        if (b.split < b.taken.end) {
+          kernel_bytes = 0;
+          for (uint32_t t = b.taken.begin; t < b.split; ++t) {
+            kernel_bytes += s.job->plan().tile(t).bytes;
+          }
+          float kernel_ms = 0, copy_ms = 0;
+          cudaEventElapsedTime(&kernel_ms, b.start.get(), b.kernel_done.get());
+          cudaEventElapsedTime(&copy_ms, b.start.get(), b.copy_done.get());
+          kernel_seconds = kernel_ms / 1e3;
+          split.copy_bytes = b.taken.bytes - kernel_bytes;
+          split.copy_seconds = copy_ms / 1e3;
+        }
+        split.kernel_bytes = kernel_bytes;
+        split.kernel_seconds = kernel_seconds;
+        split.total_seconds = seconds;
+        if (!b.capped && !b.taken.ramped) tuner.Report(b.ctas, kernel_bytes, kernel_seconds);
         decision = absl::StrFormat("kernel %d CTAs%s, now %s", b.ctas,
                                    b.capped ? " (class limit)" : "", tuner.Describe());
+        if (s.may_split) {
+          SplitTuner& splits = SplitTunerFor(s.tuner_key, s.copy_gbps_prior);
+          if (b.split_sampled && !b.capped && !b.taken.ramped) splits.Report(split);
+          if (b.split < b.taken.end) {
+            absl::StrAppendFormat(&decision, " beside the copy engines (%.0f%% of this batch)",
+                                  100.0 * static_cast<double>(split.copy_bytes) /
+                                      static_cast<double>(b.taken.bytes));
+          }
+          absl::StrAppend(&decision, "; ", splits.Describe());
+        }
       } else {
         decision = "copy engine";
       }
@@ -543,6 +652,7 @@ class DeviceWorker {
       ++s.batches;
       absl::MutexLock lock(&mu_);
       (b.ctas > 0 ? kernel_batches_ : copy_batches_)++;
+      if (b.split < b.taken.end) ++split_batches_;
       last_decision_ = absl::StrFormat("%s, %.1f GB/s last batch (%.1f MiB)", decision, gbps,
                                        static_cast<double>(b.taken.bytes) / (1 << 20));
       last_job_ = JobSample{s.batches, s.bytes_done, s.gpu_seconds,
@@ -586,6 +696,7 @@ class DeviceWorker {
   std::optional<JobSample> last_job_ ABSL_GUARDED_BY(mu_);
   uint64_t kernel_batches_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t copy_batches_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t split_batches_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t copy_only_kernel_plans_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t slow_copy_plans_ ABSL_GUARDED_BY(mu_) = 0;
   std::string last_mode_note_ ABSL_GUARDED_BY(mu_);
@@ -598,6 +709,8 @@ class DeviceWorker {
   // Dispatcher thread only (SweepLocked runs there too, under mu_ for the queue lookups).
   std::unordered_map<const Job*, std::unique_ptr<JobState>> states_;
   std::map<int, CtaTuner> tuners_;
+  std::map<int, SplitTuner> split_tuners_;  // same keys as tuners_
+  std::optional<cuda::Stream> copy_stream_;  // the copy-engine part of split batches
   std::vector<CopyRun> runs_;
   std::vector<void*> dsts_;
   std::vector<const void*> srcs_;
