@@ -39,6 +39,11 @@ struct Inbound {
   // the destination read back after the scatter.
   bool digest = false;
   uint32_t applied_count ABSL_GUARDED_BY(mu) = 0;
+  // Per tile: scattered (and checked). A repeat waits for it (lane failover, sender.cc).
+  std::vector<bool> landed ABSL_GUARDED_BY(mu);
+  bool Settled(uint32_t tile) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    return landed[tile] || !applied[tile];
+  }
   bool ended ABSL_GUARDED_BY(mu) = false;
   explicit Inbound(planner::Plan p) : plan(std::move(p)) {}
 };
@@ -157,6 +162,7 @@ absl::StatusOr<uint32_t> ReceiverImpl::Begin(const v1::BeginRemoteTransferReques
   {
     absl::MutexLock lock(&in->mu);
     in->applied.assign(in->plan.num_tiles(), false);
+    in->landed.assign(in->plan.num_tiles(), false);
   }
   {
     // This node's record of it: listed, waited on and watched here too.
@@ -293,7 +299,15 @@ bool ReceiverImpl::CheckSeal(const Arrival& a, uint64_t wire) {
 bool ReceiverImpl::ApplyTile(Inbound& in, const Arrival& a) {
   {
     absl::MutexLock lock(&in.mu);
-    if (in.applied[a.tile]) return false;  // a repeat: applied once already
+    if (in.applied[a.tile]) {
+      // A repeat from the sender (its seal checked): a lane failover's re-send or the late
+      // original after one. Not scattered again; once the first copy has landed the repeat is
+      // credited "applied" too (the sender completes whichever copy it waits for), counted once.
+      const uint32_t tile = a.tile;
+      auto settled = [&in, tile]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(in.mu) { return in.Settled(tile); };
+      in.mu.Await(absl::Condition(&settled));
+      return in.landed[a.tile];
+    }
     in.applied[a.tile] = true;
   }
   const v1::RegionSpec& dst = in.dst->spec();
@@ -344,6 +358,7 @@ bool ReceiverImpl::ApplyTile(Inbound& in, const Arrival& a) {
     in.job->OnTileStart(a.tile);
     in.job->OnTileDone(a.tile, absl::OkStatus());
   }
+  in.landed[a.tile] = true;
   if (++in.applied_count == in.plan.num_tiles()) {
     spdlog::info("fabric: inbound transfer {} from '{}' complete: {} tiles, {} bytes",
                  in.sender_transfer_id, in.sender_node, in.plan.num_tiles(),

@@ -1,7 +1,9 @@
 #include "daemon/fabric/sender.h"
 
+#include <algorithm>
 #include <atomic>
 #include <deque>
+#include <map>
 #include <optional>
 #include <string>
 #include <thread>
@@ -10,9 +12,11 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "base/status.h"
 #include "daemon/fabric/command_ring.h"
+#include "daemon/fabric/lane_health.h"
 #include "daemon/fabric/leases.h"
 #include "daemon/fabric/peer_rpc.h"
 #include "daemon/fabric/tile_copy.h"
@@ -37,6 +41,12 @@ struct Outbound {
   bool closed ABSL_GUARDED_BY(mu) = false;
   // spec.digest: the digest each tile was sent with (indexed by tile; grown on first use).
   std::vector<uint64_t> digests ABSL_GUARDED_BY(mu);
+  // Lane failover: lanes failed under this transfer, tiles re-sent, and the latest failover's
+  // detection and first re-sent tile (for the record's path reason).
+  uint32_t failovers ABSL_GUARDED_BY(mu) = 0;
+  uint32_t resent ABSL_GUARDED_BY(mu) = 0;
+  std::string failover_what ABSL_GUARDED_BY(mu);
+  std::optional<absl::Time> failover_detected ABSL_GUARDED_BY(mu);
 };
 
 namespace {
@@ -68,6 +78,7 @@ class SenderImpl final : public Sender {
   size_t Remove(const engine::Job* job) override;
   std::vector<uint64_t> QueuedTiles() const override;
   std::string Describe() const override { return lanes_->Describe(); }
+  std::map<std::string, double> Gauges() const override;
 
   // CreditSink
   void OnCredit(uint32_t lane, uint32_t peer_index, uint32_t slot, uint32_t tile,
@@ -82,6 +93,9 @@ class SenderImpl final : public Sender {
   struct PackItem {
     std::shared_ptr<Outbound> out;
     uint32_t tile = 0;
+    // Lane failover: re-sent after its lane failed, detected at `detected`.
+    bool resend = false;
+    absl::Time detected;
   };
   // A transfer to end on the peer: End when all its tiles landed, else Abort with `why`.
   struct Closing {
@@ -105,6 +119,21 @@ class SenderImpl final : public Sender {
   void CloseLoop();
   void SendEnd(const Closing& closing);
 
+  // ---- lane failover (lane_health.h) ----
+  // The peer's lane health (created on first use); health_mu_ is taken inside the peer's mu.
+  LaneHealth& HealthOf(const PeerConn* peer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(health_mu_);
+  // Fails `lane` toward `peer` (under the peer's mu): the owners of the slots it was waiting on,
+  // taken out of the slots (which stay used until a late credit or a write error frees them).
+  std::vector<SlotOwner> FailLaneLocked(PeerConn* peer, uint32_t lane, absl::Time now,
+                                        const std::string& why, bool* any_left,
+                                        std::string* state);
+  // After FailLaneLocked: re-queues `tiles` at the front of their classes when a lane is left,
+  // else fails every transfer to the peer (UNAVAILABLE naming it).
+  void Resend(PeerConn* peer, uint32_t lane, std::vector<SlotOwner> tiles, absl::Time detected,
+              const std::string& why, bool any_left, const std::string& state);
+  // The watchdog: fails silent lanes (LaneHealth::Silent) every few milliseconds.
+  void WatchLoop();
+
   const FabricOptions options_;
   const uint64_t boot_id_;
   Lanes* const lanes_;
@@ -113,6 +142,7 @@ class SenderImpl final : public Sender {
 
   std::vector<std::thread> packers_;
   std::thread closer_;
+  std::thread watcher_;
   std::atomic<bool> stop_{false};
   absl::CondVar slots_cv_;  // a slot may have been freed (waited on under a peer's mu)
 
@@ -121,6 +151,12 @@ class SenderImpl final : public Sender {
   std::deque<PackItem> queues_[engine::kNumPriorityClasses] ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<const engine::Job*, std::shared_ptr<Outbound>> outbound_ ABSL_GUARDED_BY(mu_);
   std::deque<Closing> closing_ ABSL_GUARDED_BY(mu_);
+
+  mutable absl::Mutex health_mu_;
+  absl::flat_hash_map<const PeerConn*, std::unique_ptr<LaneHealth>> health_
+      ABSL_GUARDED_BY(health_mu_);
+  uint64_t tiles_resent_ ABSL_GUARDED_BY(health_mu_) = 0;
+  double last_resend_ms_ ABSL_GUARDED_BY(health_mu_) = 0;
 };
 
 void SenderImpl::Start() {
@@ -128,6 +164,7 @@ void SenderImpl::Start() {
     packers_.emplace_back([this] { PackLoop(); });
   }
   closer_ = std::thread([this] { CloseLoop(); });
+  watcher_ = std::thread([this] { WatchLoop(); });
 }
 
 void SenderImpl::Stop() {
@@ -140,6 +177,7 @@ void SenderImpl::Stop() {
     if (t.joinable()) t.join();
   }
   if (closer_.joinable()) closer_.join();
+  if (watcher_.joinable()) watcher_.join();
 }
 
 // ---- RemotePath ----
@@ -295,13 +333,26 @@ std::optional<std::pair<uint32_t, uint32_t>> SenderImpl::TakeSlot(const PackItem
     }
     absl::MutexLock lock(&peer->mu);
     const uint32_t lanes = peer->lanes;
+    const absl::Time now = absl::Now();
+    absl::MutexLock health_lock(&health_mu_);
+    LaneHealth& health = HealthOf(peer);
+    if (!health.AnyLeft(now)) {
+      // Every lane to the peer failed and rests: the transfer fails (lane failover's end).
+      const absl::Status why = absl::UnavailableError(absl::StrCat(
+          "peer '", peer->node_id, "': no fabric lane left (", health.Describe(), ")"));
+      absl::MutexLock out_lock(&out->mu);
+      if (!out->failed.has_value()) out->failed = why;
+      return std::nullopt;
+    }
     for (uint32_t k = 0; k < lanes; ++k) {
       const uint32_t l = (rr + k) % lanes;
+      if (!health.MayUse(l, now)) continue;  // failed and resting, or its probe is out
       auto& owners = peer->owners[l];
       const int slot =
           peer->credits[l]->Acquire([&](uint32_t s) { return owners[s].outbound == nullptr; });
       if (slot >= 0) {
         owners[slot] = SlotOwner{out, item.tile};
+        health.OnSent(l, static_cast<uint32_t>(slot), now);
         return std::make_pair(l, static_cast<uint32_t>(slot));
       }
     }
@@ -381,6 +432,26 @@ void SenderImpl::PackLoop() {
     cmd.transfer_tag = out->id;
     cmd.bytes = static_cast<uint32_t>(wire_bytes);
     lanes_->PostCommand(lane, cmd);
+    if (item.resend) {
+      // Lane failover: the first re-sent tile of a failover is on its new lane's ring.
+      const absl::Time posted = absl::Now();
+      std::string note;
+      {
+        absl::MutexLock lock(&out->mu);
+        ++out->resent;
+        if (out->failover_detected.has_value() && *out->failover_detected == item.detected) {
+          const double ms = absl::ToDoubleMilliseconds(posted - item.detected);
+          note = absl::StrCat("lane failover: ", out->failover_what, "; first re-sent tile on ",
+                              lanes_->at(lane).nic->name(), " ",
+                              absl::StrFormat("%.3f", ms), " ms after detection");
+          out->failover_detected.reset();
+          spdlog::warn("fabric: transfer {} to '{}': {}", out->id, peer->node_id, note);
+          absl::MutexLock health_lock(&health_mu_);
+          last_resend_ms_ = ms;
+        }
+      }
+      if (!note.empty()) out->job->OnEngineNote(note);
+    }
   }
 }
 
@@ -406,6 +477,8 @@ void SenderImpl::OnCredit(uint32_t lane, uint32_t peer_index, uint32_t slot, uin
     applied = !peer->credits[lane]->NotApplied(slot);
     owner = std::move(peer->owners[lane][slot]);
     peer->owners[lane][slot] = SlotOwner{};
+    absl::MutexLock health_lock(&health_mu_);
+    HealthOf(peer).OnCredit(lane, slot, absl::Now());
   }
   slots_cv_.SignalAll();
   if (!owner.outbound || owner.tile != tile) return;  // orphaned by a failure: slot freed only
@@ -435,6 +508,8 @@ SlotOwner SenderImpl::ReleaseUnsentSlot(PeerConn* peer, uint32_t lane, uint32_t 
     owner = std::move(peer->owners[lane][slot]);
     peer->owners[lane][slot] = SlotOwner{};
     peer->credits[lane]->ReturnLocally(slot);  // never reached the peer: no credit will come
+    absl::MutexLock health_lock(&health_mu_);
+    HealthOf(peer).OnReleased(lane, slot);
   }
   slots_cv_.SignalAll();
   return owner;
@@ -442,13 +517,176 @@ SlotOwner SenderImpl::ReleaseUnsentSlot(PeerConn* peer, uint32_t lane, uint32_t 
 
 void SenderImpl::OnWriteFailed(uint32_t peer_index, uint32_t lane, uint32_t slot,
                                const absl::Status& error) {
+  if (peer_index >= peers_->size() || slot >= options_.slots) return;
   PeerConn* peer = peers_->at(peer_index);
-  const SlotOwner owner = ReleaseUnsentSlot(peer, lane, slot);
-  if (owner.outbound) {
-    FinishTile(owner.outbound, owner.tile,
-               absl::UnavailableError(absl::StrCat("fabric write to '", peer->node_id,
-                                                   "' failed: ", error.message())));
+  // Lane failover: a write error fails the lane for this peer at once; the failed write's tile
+  // and every other tile waiting on the lane go out again on the remaining lanes.
+  const std::string why = absl::StrCat("write error: ", error.message());
+  const absl::Time now = absl::Now();
+  std::vector<SlotOwner> tiles;
+  bool any_left = false;
+  std::string state;
+  {
+    absl::MutexLock lock(&peer->mu);
+    if (lane >= peer->owners.size()) return;
+    SlotOwner owner = std::move(peer->owners[lane][slot]);
+    peer->owners[lane][slot] = SlotOwner{};
+    peer->credits[lane]->ReturnLocally(slot);  // never reached the peer: no credit will come
+    {
+      absl::MutexLock health_lock(&health_mu_);
+      HealthOf(peer).OnReleased(lane, slot);
+    }
+    tiles = FailLaneLocked(peer, lane, now, why, &any_left, &state);
+    if (owner.outbound) tiles.insert(tiles.begin(), std::move(owner));
   }
+  slots_cv_.SignalAll();
+  Resend(peer, lane, std::move(tiles), now, why, any_left, state);
+}
+
+// ---- lane failover ----
+
+LaneHealth& SenderImpl::HealthOf(const PeerConn* peer) {
+  std::unique_ptr<LaneHealth>& h = health_[peer];
+  if (h == nullptr) {
+    h = std::make_unique<LaneHealth>(lanes_->size(), options_.slots, options_.lane_timeout,
+                                     options_.lane_cooldown, options_.liveness_timeout);
+  }
+  return *h;
+}
+
+std::vector<SlotOwner> SenderImpl::FailLaneLocked(PeerConn* peer, uint32_t lane, absl::Time now,
+                                                  const std::string& why, bool* any_left,
+                                                  std::string* state) {
+  std::vector<uint32_t> slots;
+  {
+    absl::MutexLock health_lock(&health_mu_);
+    LaneHealth& health = HealthOf(peer);
+    slots = health.Fail(lane, now, why);
+    *any_left = health.AnyLeft(now);
+    *state = health.Describe();
+  }
+  std::vector<SlotOwner> tiles;
+  for (uint32_t s : slots) {
+    SlotOwner& o = peer->owners[lane][s];
+    if (o.outbound) tiles.push_back(std::move(o));
+    o = SlotOwner{};  // the slot stays used: a late credit (or a write error) frees it
+  }
+  return tiles;
+}
+
+void SenderImpl::Resend(PeerConn* peer, uint32_t lane, std::vector<SlotOwner> tiles,
+                        absl::Time detected, const std::string& why, bool any_left,
+                        const std::string& state) {
+  const std::string lane_name = lanes_->at(lane).nic->name();
+  if (!any_left) {
+    spdlog::warn("fabric: lane {} to '{}' failed ({}); no lane to it is left: {}", lane_name,
+                 peer->node_id, why, state);
+    // The tiles taken from the lane are still counted in flight: finish them with the peer's
+    // failure (FailPeer fails the transfers, the queued tiles and the other lanes' tiles).
+    const absl::Status failed = absl::UnavailableError(
+        absl::StrCat("peer '", peer->node_id, "': no fabric lane left (", state, ")"));
+    FailPeer(peer, failed);
+    for (SlotOwner& o : tiles) FinishTile(o.outbound, o.tile, failed);
+    return;
+  }
+  std::vector<PackItem> items;
+  std::vector<SlotOwner> ended;
+  absl::flat_hash_map<Outbound*, uint32_t> per_transfer;
+  for (SlotOwner& o : tiles) {
+    Outbound& out = *o.outbound;
+    absl::MutexLock lock(&out.mu);
+    if (out.failed.has_value() || out.closed) {
+      ended.push_back(std::move(o));
+      continue;
+    }
+    if (out.inflight > 0) --out.inflight;  // queued again: counted in flight when re-taken
+    if (per_transfer[&out]++ == 0) {
+      ++out.failovers;
+      out.failover_detected = detected;
+      out.failover_what = absl::StrCat(lane_name, " to '", peer->node_id, "' failed (", why, ")");
+    }
+    items.push_back(PackItem{o.outbound, o.tile, true, detected});
+  }
+  spdlog::warn("fabric: lane {} to '{}' failed ({}): {} tiles of {} transfers re-sent on the "
+               "other lanes ({})",
+               lane_name, peer->node_id, why, items.size(), per_transfer.size(), state);
+  {
+    absl::MutexLock lock(&health_mu_);
+    tiles_resent_ += items.size();
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    // At the front of their classes, in their order: they were the oldest tiles out.
+    for (auto it = items.rbegin(); it != items.rend(); ++it) {
+      queues_[static_cast<int>(it->out->job->priority())].push_front(std::move(*it));
+    }
+  }
+  for (SlotOwner& o : ended) {
+    absl::Status status;
+    {
+      absl::MutexLock lock(&o.outbound->mu);
+      status = o.outbound->failed.value_or(absl::CancelledError("ended by the sender"));
+    }
+    FinishTile(o.outbound, o.tile, status);
+  }
+}
+
+void SenderImpl::WatchLoop() {
+  const absl::Duration tick =
+      std::clamp(options_.lane_timeout / 20, absl::Milliseconds(1), absl::Milliseconds(20));
+  while (!stop_.load()) {
+    absl::SleepFor(tick);
+    for (uint32_t p = 0; p < peers_->size(); ++p) {
+      PeerConn* peer = peers_->at(p);
+      const absl::Time now = absl::Now();
+      std::vector<std::pair<uint32_t, std::string>> silent;
+      {
+        absl::MutexLock lock(&peer->mu);
+        absl::MutexLock health_lock(&health_mu_);
+        auto it = health_.find(peer);
+        if (it == health_.end()) continue;
+        silent = it->second->Silent(now);
+      }
+      for (const auto& [lane, why] : silent) {
+        std::vector<SlotOwner> tiles;
+        bool any_left = false;
+        std::string state;
+        {
+          absl::MutexLock lock(&peer->mu);
+          tiles = FailLaneLocked(peer, lane, now, why, &any_left, &state);
+        }
+        slots_cv_.SignalAll();
+        Resend(peer, lane, std::move(tiles), now, why, any_left, state);
+      }
+    }
+  }
+}
+
+std::map<std::string, double> SenderImpl::Gauges() const {
+  absl::MutexLock lock(&health_mu_);
+  double up = 0, failed = 0, probing = 0, failovers = 0;
+  for (const auto& [peer, h] : health_) {
+    failovers += static_cast<double>(h->failovers());
+    for (uint32_t l = 0; l < h->lanes(); ++l) {
+      switch (h->state(l)) {
+        case LaneState::kUp:
+          ++up;
+          break;
+        case LaneState::kFailed:
+          ++failed;
+          break;
+        case LaneState::kProbing:
+          ++probing;
+          break;
+      }
+    }
+  }
+  return {{"fabric_lane_failovers_total", failovers},
+          {"fabric_lanes_up", up},
+          {"fabric_lanes_failed", failed},
+          {"fabric_lanes_probing", probing},
+          {"fabric_tiles_resent_total", static_cast<double>(tiles_resent_)},
+          {"fabric_failover_first_resend_ms", last_resend_ms_}};
 }
 
 void SenderImpl::FinishTile(const std::shared_ptr<Outbound>& out, uint32_t tile,
