@@ -86,7 +86,11 @@ bool NsDaemon::Start(const std::string& ns, const std::string& node, const std::
     f << "peers { key: \"" << peer << "\" value: \"" << peer_ip << ":" << options.peer_port
       << "\" }\n";
     f << "fabric {\n";
-    for (int i = 0; i < options.nics; ++i) f << "  nics: \"" << ip << "\"\n";
+    if (options.nic_ips.empty()) {
+      for (int i = 0; i < options.nics; ++i) f << "  nics: \"" << ip << "\"\n";
+    }
+    for (const std::string& nic : options.nic_ips) f << "  nics: \"" << nic << "\"\n";
+    if (!options.fabric_extra.empty()) f << "  " << options.fabric_extra << "\n";
     f << "  slots: " << options.slots << "\n  slot_bytes: " << options.slot_bytes
       << "\n  liveness_timeout_ms: 2000\n  heartbeat_interval_ms: 200\n}\n";
   }

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "client/kvrail_client.h"
@@ -47,6 +48,11 @@ struct NsDaemonOptions {
   // mTLS between the daemons with a certificate from this CA for the node (CN = node id);
   // nullptr: --insecure-peers. Not owned.
   TestCa* ca = nullptr;
+  // Non-empty: one fabric endpoint per address here (in order) instead of `nics` on the daemon's
+  // own address (several links, e.g. one veth pair per lane).
+  std::vector<std::string> nic_ips;
+  // Extra lines inside `fabric { }` ("lane_timeout_ms: 200").
+  std::string fabric_extra;
 };
 
 // kvraild started with `ip netns exec NS` (directly when NS is empty); killed (SIGTERM) on
