@@ -17,6 +17,8 @@ PACKAGES=(
   prometheus-cpp-dev iproute2 procps python3 python3-yaml systemd openssl
   python3-pytest python3-numpy python3-protobuf python3-setuptools
   clang libclang-rt-14-dev lld
+  # the etcd directory and its tests (daemon/directory, tests/cluster): the etcd binary
+  etcd-server etcd-client
 )
 
 log() { printf '[dev.sh] %s\n' "$*" >&2; }
