@@ -19,6 +19,8 @@ PACKAGES=(
   clang libclang-rt-14-dev lld
   # the etcd directory and its tests (daemon/directory, tests/cluster): the etcd binary
   etcd-server etcd-client
+  # tests/deploy: the .deb into a debootstrapped root, the OCI image checked, promtool (prometheus)
+  debootstrap umoci skopeo prometheus
 )
 
 log() { printf '[dev.sh] %s\n' "$*" >&2; }
