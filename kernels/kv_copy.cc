@@ -139,7 +139,7 @@ absl::Status LaunchKvCopy(const DevicePlan& plan, uint32_t tile_begin, uint32_t 
   }
   if (plan.segments && plan.piece_bytes == 0) {
     return CudaStatus(internal::KvCopySegmentsLaunch(plan.header, tile_begin, tile_end, num_ctas,
-                                                     threads_per_cta, stream),
+                                                     threads_per_cta, plan.segment_units, stream),
                       "kv_copy launch");
   }
   return CudaStatus(internal::KvCopyLaunch(plan.header, tile_begin, tile_end, num_ctas,

@@ -183,17 +183,47 @@ static_assert(kMaxPieceBytes == kLoadsInFlight * 32 * 16, "one piece = one warp 
 // 16-byte loads and stores, with no separate byte passes for heads and tails. A source block is
 // read only if it holds a byte of the unit, so no read leaves the pages the segment lies in; a
 // destination byte is written only by the unit it belongs to.
-constexpr int kUnitsPerLane = 8;
+// Units in flight per lane and round: 6 (the default) or 8 (more bytes in flight, but at 128
+// registers per thread, all a 512-thread CTA allows, 8 spill the step's values: measured 2-7%
+// slower at 32 CTAs, up to 17% at 132; docs/benchmarks.md, "issue 17/19 (G3)").
+constexpr int kDefaultUnitsPerLane = 6;
+// DevicePlan::segment_units value of the staged form (two rounds of 6 units per lane in flight).
+constexpr int kStagedSegmentUnits = 12;
 
-// Segment `item` of the launch (lanes with nothing to locate get an empty one).
+// Long segments (whole blocks of a plan whose base is misaligned: 32 KiB and more) are cut into
+// pieces of at most kSegmentPieceBytes, so that a launch has enough of them for every warp (a
+// 256 MiB plan of 32 KiB segments is 8,448 segments: 264 warp steps of 32, fewer than the
+// warps of 32 CTAs; measured, such a plan ran at one rate from 32 to 132 CTAs).
+constexpr uint32_t kSegmentPieceBytes = 4096;
+
+// Segment piece `item` of the launch: piece `item % splits` of segment `item / splits` (lanes
+// with nothing to locate get an empty one).
 __device__ __forceinline__ ChunkSpan LocateSegment(const PlanHeader& h, const uint32_t* src_blocks,
                                                    const uint32_t* dst_blocks, uint32_t tile_begin,
                                                    uint64_t item, uint64_t items,
-                                                   uint64_t per_tile, const FastDivU32& div) {
+                                                   uint64_t per_tile, const FastDivU32& div,
+                                                   uint32_t splits, const FastDivU32& split_div) {
   if (item >= items) return ChunkSpan{0, 0, 0};
   const ItemPos pos = SplitItem(item, per_tile, div);
   const TileDesc t = TileAt(h, tile_begin + static_cast<uint32_t>(pos.tile));
-  return SegmentAt(h, src_blocks, dst_blocks, t, pos.index);
+  const ItemPos part = SplitItem(pos.index, splits, split_div);
+  const ChunkSpan seg = SegmentAt(h, src_blocks, dst_blocks, t, part.tile);
+  const uint64_t begin = part.index * kSegmentPieceBytes;
+  if (begin >= seg.bytes) return ChunkSpan{0, 0, 0};
+  const uint64_t left = seg.bytes - begin;
+  return ChunkSpan{seg.src + begin, seg.dst + begin, left < kSegmentPieceBytes ? left : kSegmentPieceBytes};
+}
+
+__device__ __forceinline__ void CpAsync16(void* smem, const void* gmem) {
+  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void CpAsyncCommit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void CpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
 // Bytes [r, r + 16) of the 32 bytes (a, b) (r < 16), as uint4.
@@ -237,9 +267,17 @@ __device__ __forceinline__ void StorePartial(uint64_t block, const uint4& v, uin
   }
 }
 
+// kStaged (a benchmark variant, DevicePlan::segment_units 12): the round's source blocks go into
+// a per-lane ring in shared memory by cp.async (no registers held while in flight) and two rounds
+// are in flight: round r + 1 is requested before round r is assembled and stored. Shared memory:
+// warps x 2 x kUnitsPerLane x 32 lanes x 32 bytes (dynamic). Measured slower than the register
+// form (25-28% of the aligned layout at 32 CTAs against 26-38%): per-lane 16-byte cp.async costs
+// more than it saves here, as in the digest's staged kernel (kv_digest.cu).
+template <int kUnitsPerLane, bool kStaged>
 __global__ void __launch_bounds__(kMaxThreads)
     KvCopySegmentsKernel(const PlanHeader* __restrict__ header, uint32_t tile_begin,
                          uint32_t tile_end) {
+  extern __shared__ uint4 seg_ring[];
   __shared__ PlanHeader h;
   LoadHeader(header, &h);
   const uint64_t src = h.src.base;
@@ -247,7 +285,11 @@ __global__ void __launch_bounds__(kMaxThreads)
   const uint32_t* __restrict__ src_blocks = reinterpret_cast<const uint32_t*>(h.src.block_table);
   const uint32_t* __restrict__ dst_blocks = reinterpret_cast<const uint32_t*>(h.dst.block_table);
   const uint32_t lane = threadIdx.x & 31;
-  const uint64_t per_tile = SegmentsPerTile(h);
+  // Pieces per segment: a segment is at most a chunk and at most a tile long.
+  const uint64_t longest = h.chunk_bytes < h.tile_bytes ? h.chunk_bytes : h.tile_bytes;
+  const uint32_t splits = static_cast<uint32_t>((longest + kSegmentPieceBytes - 1) / kSegmentPieceBytes);
+  const FastDivU32 split_div = MakeFastDiv(splits);
+  const uint64_t per_tile = SegmentsPerTile(h) * splits;
   const FastDivU32 tile_div =
       MakeFastDiv(per_tile <= kFastDivMaxDividend ? static_cast<uint32_t>(per_tile) : 1);
   const uint64_t items = static_cast<uint64_t>(tile_end - tile_begin) * per_tile;
@@ -256,7 +298,7 @@ __global__ void __launch_bounds__(kMaxThreads)
   const uint64_t stride = warps * 32;
   uint64_t first = warp * 32;
   ChunkSpan next = LocateSegment(h, src_blocks, dst_blocks, tile_begin, first + lane, items,
-                                 per_tile, tile_div);
+                                 per_tile, tile_div, splits, split_div);
   for (; first < items; first += stride) {
     // This lane's segment of the step: its units and where they go.
     const uint64_t d_addr = dst + next.dst;
@@ -264,9 +306,6 @@ __global__ void __launch_bounds__(kMaxThreads)
     const uint64_t len = next.bytes;
     const uint32_t units =
         len == 0 ? 0u : static_cast<uint32_t>(((d_addr + len + 15) >> 4) - (d_addr >> 4));
-    // The next step's lookups, issued now: their table reads overlap this step's copies.
-    next = LocateSegment(h, src_blocks, dst_blocks, tile_begin, first + stride + lane, items,
-                         per_tile, tile_div);
     uint32_t end = units;  // inclusive prefix sum of units over the lanes
 #pragma unroll
     for (int d = 1; d < 32; d *= 2) {
@@ -290,60 +329,158 @@ __global__ void __launch_bounds__(kMaxThreads)
       }
       return j;
     };
-    for (uint32_t base = 0; base < total; base += 32 * kUnitsPerLane) {
-      uint4 va[kUnitsPerLane], vb[kUnitsPerLane];
-      uint64_t to[kUnitsPerLane];
-      uint32_t meta[kUnitsPerLane];  // r | lo << 8 | hi << 16; hi == 0: nothing to store
-      // A round inside one segment (long segments: nearly every round) finds it once.
-      const uint32_t last = (base + 32 * kUnitsPerLane < total ? base + 32 * kUnitsPerLane : total) - 1;
-      const uint32_t j_first = segment_of(base);
-      const bool one = j_first == segment_of(last);  // warp-uniform
-      uint64_t b0 = __shfl_sync(0xffffffffu, block0, j_first);
-      uint32_t lo32 = __shfl_sync(0xffffffffu, d_lo, j_first);
-      uint32_t hi32 = __shfl_sync(0xffffffffu, d_hi, j_first);
-      uint64_t dl = __shfl_sync(0xffffffffu, delta, j_first);
+    // The next step's lookups go between the first round's loads and its stores (as the slab
+    // path does): their block-table reads wait while the round's loads are in flight.
+    bool located = false;
+    if constexpr (kStaged) {
+      constexpr uint32_t kRound = 32 * kUnitsPerLane;
+      // This lane's slots: [stage][k] -> 2 uint4 (the unit's two aligned source blocks).
+      uint4* ring = seg_ring + (static_cast<size_t>(threadIdx.x / 32) * 2 * kUnitsPerLane * 32 + lane) * 2;
+      uint64_t to[2][kUnitsPerLane];
+      uint32_t meta[2][kUnitsPerLane];
+      auto request = [&](uint32_t base, const int stg) {
+        const uint32_t last = (base + kRound < total ? base + kRound : total) - 1;
+        const uint32_t j_first = segment_of(base);
+        const bool one = j_first == segment_of(last);  // warp-uniform
+        uint64_t b0 = __shfl_sync(0xffffffffu, block0, j_first);
+        uint32_t lo32 = __shfl_sync(0xffffffffu, d_lo, j_first);
+        uint32_t hi32 = __shfl_sync(0xffffffffu, d_hi, j_first);
+        uint64_t dl = __shfl_sync(0xffffffffu, delta, j_first);
 #pragma unroll
-      for (int k = 0; k < kUnitsPerLane; ++k) {
-        const uint32_t u = base + 32 * k + lane;
-        if (!one) {
-          const uint32_t j = segment_of(u);
-          b0 = __shfl_sync(0xffffffffu, block0, j);
-          lo32 = __shfl_sync(0xffffffffu, d_lo, j);
-          hi32 = __shfl_sync(0xffffffffu, d_hi, j);
-          dl = __shfl_sync(0xffffffffu, delta, j);
+        for (int k = 0; k < kUnitsPerLane; ++k) {
+          const uint32_t u = base + 32 * k + lane;
+          if (!one) {
+            const uint32_t j = segment_of(u);
+            b0 = __shfl_sync(0xffffffffu, block0, j);
+            lo32 = __shfl_sync(0xffffffffu, d_lo, j);
+            hi32 = __shfl_sync(0xffffffffu, d_hi, j);
+            dl = __shfl_sync(0xffffffffu, delta, j);
+          }
+          meta[stg][k] = 0;
+          to[stg][k] = 0;
+          if (u < total) {
+            const uint64_t block = (b0 + u) << 4;
+            const int32_t lo_rel = static_cast<int32_t>(lo32 - static_cast<uint32_t>(block));
+            const int32_t hi_rel = static_cast<int32_t>(hi32 - static_cast<uint32_t>(block));
+            const uint32_t lo = lo_rel > 0 ? static_cast<uint32_t>(lo_rel) : 0u;
+            const uint32_t hi = hi_rel < 16 ? static_cast<uint32_t>(hi_rel) : 16u;
+            const uint64_t s = block + dl;
+            const uint32_t r = static_cast<uint32_t>(s & 15);
+            const uint4* aligned = reinterpret_cast<const uint4*>(s - r);
+            uint4* slot = ring + (stg * kUnitsPerLane + k) * 64;
+            if (r + lo < 16) CpAsync16(slot, aligned);
+            if (r + hi > 16) CpAsync16(slot + 1, aligned + 1);
+            to[stg][k] = block;
+            meta[stg][k] = r | (lo << 8) | (hi << 16);
+          }
         }
-        meta[k] = 0;
-        to[k] = 0;
-        va[k] = make_uint4(0, 0, 0, 0);
-        vb[k] = make_uint4(0, 0, 0, 0);
-        if (u < total) {
-          const uint64_t block = (b0 + u) << 4;
-          const int32_t lo_rel = static_cast<int32_t>(lo32 - static_cast<uint32_t>(block));
-          const int32_t hi_rel = static_cast<int32_t>(hi32 - static_cast<uint32_t>(block));
-          const uint32_t lo = lo_rel > 0 ? static_cast<uint32_t>(lo_rel) : 0u;
-          const uint32_t hi = hi_rel < 16 ? static_cast<uint32_t>(hi_rel) : 16u;
-          const uint64_t s = block + dl;  // source of the block's byte 0 (maybe not in the unit)
-          const uint32_t r = static_cast<uint32_t>(s & 15);
-          const uint4* aligned = reinterpret_cast<const uint4*>(s - r);
-          if (r + lo < 16) va[k] = aligned[0];
-          if (r + hi > 16) vb[k] = aligned[1];
-          to[k] = block;
-          meta[k] = r | (lo << 8) | (hi << 16);
+        CpAsyncCommit();
+      };
+      auto finish = [&](const int stg) {
+        CpAsyncWait<1>();  // this lane's copies of the older round have landed
+#pragma unroll
+        for (int k = 0; k < kUnitsPerLane; ++k) {
+          const uint32_t hi = meta[stg][k] >> 16;
+          if (hi != 0) {
+            const uint32_t lo = (meta[stg][k] >> 8) & 0xff;
+            const uint4* slot = ring + (stg * kUnitsPerLane + k) * 64;
+            const uint4 v = Window16(slot[0], slot[1], meta[stg][k] & 15);
+            if (lo == 0 && hi == 16) {
+              *reinterpret_cast<uint4*>(to[stg][k]) = v;
+            } else {
+              StorePartial(to[stg][k], v, lo, hi);
+            }
+          }
+        }
+      };
+      if (total > 0) {
+        request(0, 0);
+        next = LocateSegment(h, src_blocks, dst_blocks, tile_begin, first + stride + lane, items,
+                             per_tile, tile_div, splits, split_div);
+        located = true;
+        for (uint32_t base = 0;; base += 2 * kRound) {
+          // Round `base` is in stage 0, round base + kRound goes to stage 1.
+          if (base + kRound < total) {
+            request(base + kRound, 1);
+          } else {
+            CpAsyncCommit();  // an empty group: wait_group counts rounds
+          }
+          finish(0);
+          if (base + kRound >= total) break;
+          if (base + 2 * kRound < total) {
+            request(base + 2 * kRound, 0);
+          } else {
+            CpAsyncCommit();
+          }
+          finish(1);
+          if (base + 2 * kRound >= total) break;
         }
       }
-#pragma unroll
-      for (int k = 0; k < kUnitsPerLane; ++k) {
-        const uint32_t hi = meta[k] >> 16;
-        if (hi != 0) {
-          const uint32_t lo = (meta[k] >> 8) & 0xff;
-          const uint4 v = Window16(va[k], vb[k], meta[k] & 15);
-          if (lo == 0 && hi == 16) {
-            *reinterpret_cast<uint4*>(to[k]) = v;
-          } else {
-            StorePartial(to[k], v, lo, hi);
+    } else {
+      for (uint32_t base = 0; base < total; base += 32 * kUnitsPerLane) {
+        uint4 va[kUnitsPerLane], vb[kUnitsPerLane];
+        uint64_t to[kUnitsPerLane];
+        uint32_t meta[kUnitsPerLane];  // r | lo << 8 | hi << 16; hi == 0: nothing to store
+        // A round inside one segment (long segments: nearly every round) finds it once.
+        const uint32_t last = (base + 32 * kUnitsPerLane < total ? base + 32 * kUnitsPerLane : total) - 1;
+        const uint32_t j_first = segment_of(base);
+        const bool one = j_first == segment_of(last);  // warp-uniform
+        uint64_t b0 = __shfl_sync(0xffffffffu, block0, j_first);
+        uint32_t lo32 = __shfl_sync(0xffffffffu, d_lo, j_first);
+        uint32_t hi32 = __shfl_sync(0xffffffffu, d_hi, j_first);
+        uint64_t dl = __shfl_sync(0xffffffffu, delta, j_first);
+  #pragma unroll
+        for (int k = 0; k < kUnitsPerLane; ++k) {
+          const uint32_t u = base + 32 * k + lane;
+          if (!one) {
+            const uint32_t j = segment_of(u);
+            b0 = __shfl_sync(0xffffffffu, block0, j);
+            lo32 = __shfl_sync(0xffffffffu, d_lo, j);
+            hi32 = __shfl_sync(0xffffffffu, d_hi, j);
+            dl = __shfl_sync(0xffffffffu, delta, j);
+          }
+          meta[k] = 0;
+          to[k] = 0;
+          va[k] = make_uint4(0, 0, 0, 0);
+          vb[k] = make_uint4(0, 0, 0, 0);
+          if (u < total) {
+            const uint64_t block = (b0 + u) << 4;
+            const int32_t lo_rel = static_cast<int32_t>(lo32 - static_cast<uint32_t>(block));
+            const int32_t hi_rel = static_cast<int32_t>(hi32 - static_cast<uint32_t>(block));
+            const uint32_t lo = lo_rel > 0 ? static_cast<uint32_t>(lo_rel) : 0u;
+            const uint32_t hi = hi_rel < 16 ? static_cast<uint32_t>(hi_rel) : 16u;
+            const uint64_t s = block + dl;  // source of the block's byte 0 (maybe not in the unit)
+            const uint32_t r = static_cast<uint32_t>(s & 15);
+            const uint4* aligned = reinterpret_cast<const uint4*>(s - r);
+            if (r + lo < 16) va[k] = aligned[0];
+            if (r + hi > 16) vb[k] = aligned[1];
+            to[k] = block;
+            meta[k] = r | (lo << 8) | (hi << 16);
+          }
+        }
+        if (!located) {  // warp-uniform
+          next = LocateSegment(h, src_blocks, dst_blocks, tile_begin, first + stride + lane, items,
+                               per_tile, tile_div, splits, split_div);
+          located = true;
+        }
+  #pragma unroll
+        for (int k = 0; k < kUnitsPerLane; ++k) {
+          const uint32_t hi = meta[k] >> 16;
+          if (hi != 0) {
+            const uint32_t lo = (meta[k] >> 8) & 0xff;
+            const uint4 v = Window16(va[k], vb[k], meta[k] & 15);
+            if (lo == 0 && hi == 16) {
+              *reinterpret_cast<uint4*>(to[k]) = v;
+            } else {
+              StorePartial(to[k], v, lo, hi);
+            }
           }
         }
       }
+    }
+    if (!located) {  // a step without units
+      next = LocateSegment(h, src_blocks, dst_blocks, tile_begin, first + stride + lane, items,
+                           per_tile, tile_div, splits, split_div);
     }
   }
 }
@@ -377,12 +514,33 @@ int KvCopyLaunch(const PlanHeader* device_header, uint32_t tile_begin, uint32_t 
 }
 
 int KvCopySegmentsLaunch(const PlanHeader* device_header, uint32_t tile_begin, uint32_t tile_end,
-                         int num_ctas, int threads, CUstream_st* stream) {
+                         int num_ctas, int threads, int units_per_lane, CUstream_st* stream) {
   if (tile_end <= tile_begin) return cudaSuccess;
   if (threads > kMaxThreads || threads <= 0 || threads % 32 != 0 || num_ctas <= 0) {
     return cudaErrorInvalidValue;
   }
-  KvCopySegmentsKernel<<<num_ctas, threads, 0, stream>>>(device_header, tile_begin, tile_end);
+  switch (units_per_lane == 0 ? kDefaultUnitsPerLane : units_per_lane) {
+    case 8:
+      KvCopySegmentsKernel<8, false><<<num_ctas, threads, 0, stream>>>(device_header, tile_begin,
+                                                                       tile_end);
+      break;
+    case 6:
+      KvCopySegmentsKernel<6, false><<<num_ctas, threads, 0, stream>>>(device_header, tile_begin,
+                                                                       tile_end);
+      break;
+    case kStagedSegmentUnits: {  // two rounds of 6 in flight, staged in shared memory
+      const size_t ring = static_cast<size_t>(threads / 32) * 2 * 6 * 32 * 32;
+      const cudaError_t e = cudaFuncSetAttribute(KvCopySegmentsKernel<6, true>,
+                                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                 static_cast<int>(ring));
+      if (e != cudaSuccess) return e;
+      KvCopySegmentsKernel<6, true><<<num_ctas, threads, ring, stream>>>(device_header, tile_begin,
+                                                                         tile_end);
+      break;
+    }
+    default:
+      return cudaErrorInvalidValue;
+  }
   return cudaGetLastError();
 }
 
@@ -395,7 +553,9 @@ int WarmUpKernels(CUstream_st* stream) {
   const dim3 grid(1), block(32);
   if (e == cudaSuccess) {
     KvCopyPiecesKernel<<<grid, block, 0, stream>>>(header, 0, 0, kMaxPieceBytes);
-    KvCopySegmentsKernel<<<grid, block, 0, stream>>>(header, 0, 0);
+    KvCopySegmentsKernel<8, false><<<grid, block, 0, stream>>>(header, 0, 0);
+    KvCopySegmentsKernel<6, false><<<grid, block, 0, stream>>>(header, 0, 0);
+    KvCopySegmentsKernel<6, true><<<grid, block, 2 * 6 * 32 * 32, stream>>>(header, 0, 0);
     KvCopyKernel<16><<<grid, block, 0, stream>>>(header, 0, 0);
     KvCopyKernel<8><<<grid, block, 0, stream>>>(header, 0, 0);
     KvCopyKernel<4><<<grid, block, 0, stream>>>(header, 0, 0);

@@ -30,6 +30,10 @@ struct DevicePlan {
   // piece_bytes / segments to time the other paths (any of the three moves any plan correctly,
   // pieces only with a piece size from PieceBytesFor).
   bool segments = false;
+  // The segment path's form: 0 = the default (6 16-byte units per lane and round, in
+  // registers); a benchmark may pick 8 (more in flight, spills) or 12 (two rounds of 6 in
+  // flight, staged in shared memory) to compare.
+  int segment_units = 0;
 };
 
 // Owns one device allocation holding a plan's header followed by its two block tables.

@@ -32,6 +32,10 @@ constexpr int kCopyNoHash = 4;  // the fused kernels' copy without the hash (ben
 // Benchmarks: kCopyHashSource on the warp path's register version (DigestPiecesKernel), which
 // the staged version replaced.
 constexpr int kCopyHashRegisters = 5;
+// Benchmarks: the staged warp kernel's other ways of moving pieces (Staging below).
+constexpr int kCopyHashCpAsync = 6;
+constexpr int kCopyHashBulkLoad = 7;
+constexpr int kCopyNoHashBulkLoad = 8;
 
 using gather::Access;
 using gather::ItemPos;
@@ -238,6 +242,61 @@ __device__ __forceinline__ void CpAsyncWait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
+// The bulk variant (kBulk): lane 0 requests a whole piece with one cp.async.bulk (the copy engine
+// of the SM, TMA), completing on a per-stage mbarrier all lanes wait on.
+__device__ __forceinline__ uint32_t SharedAddr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void BarInit(uint64_t* bar) {
+  asm volatile("mbarrier.init.shared.b64 [%0], 1;\n" ::"r"(SharedAddr(bar)) : "memory");
+}
+__device__ __forceinline__ void BarInitFence() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+__device__ __forceinline__ void ProxyFence() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+// Lane 0: piece bytes [from, from + bytes) into `stage`, completing `bar`'s phase (bytes 0: a plain
+// arrival completes it).
+__device__ __forceinline__ void BulkRequest(void* stage, const void* from, uint32_t bytes,
+                                            uint64_t* bar) {
+  [[maybe_unused]] uint64_t state;  // the arrival's token (unused: waits go by phase parity)
+  if (bytes == 0) {
+    asm volatile("mbarrier.arrive.shared.b64 %0, [%1];\n" : "=l"(state) : "r"(SharedAddr(bar)) : "memory");
+    return;
+  }
+  asm volatile("mbarrier.arrive.expect_tx.shared.b64 %0, [%1], %2;\n"
+               : "=l"(state) : "r"(SharedAddr(bar)), "r"(bytes) : "memory");
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+          SharedAddr(stage)),
+      "l"(from), "r"(bytes), "r"(SharedAddr(bar))
+      : "memory");
+}
+// Lane 0: bytes [ring, ring + bytes) to global `to` (one bulk store, its own bulk group).
+__device__ __forceinline__ void BulkStore(void* to, const void* ring, uint32_t bytes) {
+  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(to),
+               "r"(SharedAddr(ring)), "r"(bytes)
+               : "memory");
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+// Lane 0: every bulk store it issued has read its shared memory (may be refilled) ...
+__device__ __forceinline__ void BulkStoreWaitRead() {
+  asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+}
+// ... or is complete.
+__device__ __forceinline__ void BulkStoreWaitAll() {
+  asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+}
+__device__ __forceinline__ void BarWait(uint64_t* bar, uint32_t parity) {
+  uint32_t done = 0;
+  while (!done) {
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done) : "r"(SharedAddr(bar)), "r"(parity) : "memory");
+  }
+}
+
 struct StagedPiece {
   int4* to;
   uint64_t key0;     // key of the piece's first word
@@ -245,29 +304,36 @@ struct StagedPiece {
   uint32_t tile;     // absolute tile index
 };
 
+// Where piece `item` is (its block-table reads are issued here; the copies a turn later, so
+// the table's latency overlaps a turn of work instead of stalling the warp before its copies).
 template <int kMode>
-__device__ __forceinline__ void IssueStaged(const PlanHeader& h,
-                                            const uint8_t* __restrict__ read_base,
-                                            uint8_t* __restrict__ dst,
-                                            const uint32_t* __restrict__ src_blocks,
-                                            const uint32_t* __restrict__ dst_blocks,
-                                            uint32_t tile_begin, uint64_t item,
-                                            uint64_t pieces_per_tile, const FastDivU32& tile_div,
-                                            uint32_t piece_bytes, uint64_t wps, uint32_t lane,
-                                            int4* stage, StagedPiece& w) {
+__device__ __forceinline__ void LocateStaged(const PlanHeader& h,
+                                             const uint8_t* __restrict__ read_base,
+                                             uint8_t* __restrict__ dst,
+                                             const uint32_t* __restrict__ src_blocks,
+                                             const uint32_t* __restrict__ dst_blocks,
+                                             uint32_t tile_begin, uint64_t item,
+                                             uint64_t pieces_per_tile, const FastDivU32& tile_div,
+                                             uint32_t piece_bytes, uint64_t wps, StagedPiece& w,
+                                             const int4*& from) {
   const ItemPos pos = SplitItem(item, pieces_per_tile, tile_div);
   w.tile = tile_begin + static_cast<uint32_t>(pos.tile);
   const TileDesc t = TileAt(h, w.tile);
   const ChunkSpan span = PieceAt(h, src_blocks, dst_blocks, t, pos.index, piece_bytes);
-  const int4* from = reinterpret_cast<const int4*>(read_base + ReadOffset<kMode>(span));
+  from = reinterpret_cast<const int4*>(read_base + ReadOffset<kMode>(span));
   w.to = reinterpret_cast<int4*>(dst + span.dst);
   w.vectors = static_cast<uint32_t>(span.bytes / 16);
   w.key0 = dg::WordKey(wps, static_cast<uint64_t>(t.layer) * h.num_parts + t.part,
                        t.byte_begin + pos.index * piece_bytes);
+}
+
+// Requests the piece's vectors (lane l: vectors l, l + 32, ...) into `stage`.
+__device__ __forceinline__ void IssueStaged(const int4* from, uint32_t vectors, uint32_t lane,
+                                            int4* stage) {
 #pragma unroll
   for (int k = 0; k < kLoadsInFlight; ++k) {
     const uint32_t v = k * 32 + lane;
-    if (v < w.vectors) CpAsync16(stage + v, from + v);
+    if (v < vectors) CpAsync16(stage + v, from + v);
   }
 }
 
@@ -306,13 +372,27 @@ __device__ __forceinline__ uint64_t FinishStaged(const StagedPiece& w, const int
   return sum;
 }
 
-template <int kMode>
+// How the staged warp kernel moves a piece: per-lane 16-byte cp.async into the ring and stores
+// from registers (kLaneCopies); one bulk copy per piece into the ring (lane 0, mbarrier) and
+// stores from registers (kBulkLoad); or bulk copies both ways (kBulkLoadStore, the library's
+// choice: the ring is written back by one bulk store per piece and the lanes only read it to
+// hash). Measured on one H200 (docs/benchmarks.md, "issue 17/19 (G3)"), copy + hash against the
+// plain kernel at 8 / 16 / 32 / 132 CTAs: kBulkLoadStore -5.4/-1.2/+8.3/+1.6% (32 KiB blocks),
+// kBulkLoad -7.6/-4.0/+4.6/-1.3%, kLaneCopies -16.4/-13.6/-4.7/-0.9%.
+enum class Staging : int { kLaneCopies = 0, kBulkLoad = 1, kBulkLoadStore = 2 };
+constexpr Staging kDefaultStaging = Staging::kBulkLoadStore;
+
+template <int kMode, Staging kHow>
 __global__ void __launch_bounds__(kMaxThreads)
     DigestPiecesStagedKernel(const PlanHeader* __restrict__ header, uint32_t tile_begin,
                              uint32_t tile_end, uint32_t piece_bytes, uint64_t* tile_digests) {
   extern __shared__ int4 ring[];
   __shared__ PlanHeader h;
+  __shared__ uint64_t bars[kMaxThreads / 32][kStages];  // bulk: one mbarrier per warp and stage
   LoadHeader(header, &h);
+  constexpr bool kBulk = kHow != Staging::kLaneCopies;
+  constexpr bool kBulkStore =
+      kHow == Staging::kBulkLoadStore && (kMode == kCopyHashSource || kMode == kCopyNoHash);
   const uint8_t* __restrict__ read_base = reinterpret_cast<const uint8_t*>(
       kMode == kHashDestination ? h.dst.base : h.src.base);
   uint8_t* __restrict__ dst = reinterpret_cast<uint8_t*>(h.dst.base);
@@ -333,40 +413,78 @@ __global__ void __launch_bounds__(kMaxThreads)
   uint64_t item = (static_cast<uint64_t>(blockIdx.x) * warps_per_cta + threadIdx.x / 32) * per_warp;
   if (item >= items) return;
   const uint64_t end = item + per_warp < items ? item + per_warp : items;
+  uint64_t* my_bars = bars[threadIdx.x / 32];
+  uint32_t phases = 0;  // kBulk: bit st = the parity of stage st's next completion
+  if (kBulk) {
+    if (lane == 0) {
+#pragma unroll
+      for (int st = 0; st < kStages; ++st) BarInit(my_bars + st);
+      BarInitFence();
+    }
+    __syncwarp();
+  }
   StagedPiece m[kStages];
+  // The next piece to request (`issued`), already located (`ahead`, `ahead_from`).
   uint64_t issued = item;
+  StagedPiece ahead;
+  const int4* ahead_from;
+  LocateStaged<kMode>(h, read_base, dst, src_blocks, dst_blocks, tile_begin, issued,
+                      pieces_per_tile, tile_div, piece_bytes, wps, ahead, ahead_from);
+  // Requests piece `issued` into stage `fill` and locates the one after it.
+  auto request = [&](int fill) {
+    m[fill] = ahead;
+    if (kBulk) {
+      __syncwarp();  // every lane has read the stage's previous piece
+      if (lane == 0) {
+        if (kBulkStore) BulkStoreWaitRead();  // ... and so has its bulk store
+        ProxyFence();
+        BulkRequest(my_ring + fill * stage_vectors, ahead_from, ahead.vectors * 16, my_bars + fill);
+      }
+    } else {
+      IssueStaged(ahead_from, ahead.vectors, lane, my_ring + fill * stage_vectors);
+    }
+    ++issued;
+    if (issued < end) {
+      LocateStaged<kMode>(h, read_base, dst, src_blocks, dst_blocks, tile_begin, issued,
+                          pieces_per_tile, tile_div, piece_bytes, wps, ahead, ahead_from);
+    }
+  };
 #pragma unroll
   for (int st = 0; st < kStages - 1; ++st) {
-    if (issued < end) {
-      IssueStaged<kMode>(h, read_base, dst, src_blocks, dst_blocks, tile_begin, issued,
-                         pieces_per_tile, tile_div, piece_bytes, wps, lane,
-                         my_ring + st * stage_vectors, m[st]);
-      ++issued;
-    }
-    CpAsyncCommit();  // one group per stage, empty or not, so wait_group counts stages
+    if (issued < end) request(st);
+    if (!kBulk) CpAsyncCommit();  // one group per stage, empty or not: wait_group counts stages
   }
   uint64_t acc = 0;
   for (;;) {
     // Piece `item` is in stage st; piece item + kStages - 1 goes into the stage freed last.
 #pragma unroll
     for (int st = 0; st < kStages; ++st) {
-      const int fill = (st + kStages - 1) % kStages;
-      if (issued < end) {
-        IssueStaged<kMode>(h, read_base, dst, src_blocks, dst_blocks, tile_begin, issued,
-                           pieces_per_tile, tile_div, piece_bytes, wps, lane,
-                           my_ring + fill * stage_vectors, m[fill]);
-        ++issued;
+      if (issued < end) request((st + kStages - 1) % kStages);
+      if (kBulk) {
+        BarWait(my_bars + st, (phases >> st) & 1);  // piece `item` has landed
+        phases ^= 1u << st;
+      } else {
+        CpAsyncCommit();
+        CpAsyncWait<kStages - 1>();  // this thread's copies of piece `item` have landed
       }
-      CpAsyncCommit();
-      CpAsyncWait<kStages - 1>();  // this thread's copies of piece `item` have landed
-      acc += FinishStaged<kMode>(m[st], my_ring + st * stage_vectors, lane);
+      if (kBulkStore) {
+        if (lane == 0 && m[st].vectors != 0) {
+          BulkStore(m[st].to, my_ring + st * stage_vectors, m[st].vectors * 16);
+        }
+        if (kMode != kCopyNoHash) {  // hash only: the bulk store copies
+          acc += FinishStaged<kHashSource>(m[st], my_ring + st * stage_vectors, lane);
+        }
+      } else {
+        acc += FinishStaged<kMode>(m[st], my_ring + st * stage_vectors, lane);
+      }
       const bool more = item + 1 < end;
       if (kMode != kCopyNoHash && (!more || m[(st + 1) % kStages].tile != m[st].tile)) {
         WarpAdd(acc, tile_digests + m[st].tile);
         acc = 0;
       }
       if (!more) {
-        CpAsyncWait<0>();
+        if (!kBulk) CpAsyncWait<0>();
+        if (kBulkStore && lane == 0) BulkStoreWaitAll();  // the ring must outlive its stores
         return;
       }
       ++item;
@@ -592,18 +710,27 @@ int LaunchMode(const PlanHeader* header, uint32_t tile_begin, uint32_t tile_end,
                                                                       digests);
       return cudaGetLastError();
     }
-    constexpr int kStagedMode = kMode == kCopyHashRegisters ? kCopyHashSource : kMode;
+    constexpr Staging kHow = kMode == kCopyHashCpAsync ? Staging::kLaneCopies
+                             : kMode == kCopyHashBulkLoad || kMode == kCopyNoHashBulkLoad
+                                 ? Staging::kBulkLoad
+                                 : kDefaultStaging;
+    constexpr int kStagedMode =
+        kMode == kCopyHashRegisters || kMode == kCopyHashCpAsync || kMode == kCopyHashBulkLoad
+            ? kCopyHashSource
+        : kMode == kCopyNoHashBulkLoad ? kCopyNoHash
+                                       : kMode;
     const size_t ring = static_cast<size_t>(threads / 32) * kStages * piece_bytes;
-    const cudaError_t e = cudaFuncSetAttribute(DigestPiecesStagedKernel<kStagedMode>,
+    const cudaError_t e = cudaFuncSetAttribute(DigestPiecesStagedKernel<kStagedMode, kHow>,
                                                cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                static_cast<int>(ring));
     if (e != cudaSuccess) return e;
-    DigestPiecesStagedKernel<kStagedMode><<<grid, block, ring, stream>>>(
+    DigestPiecesStagedKernel<kStagedMode, kHow><<<grid, block, ring, stream>>>(
         header, tile_begin, tile_end, piece_bytes, digests);
     return cudaGetLastError();
   }
-  if constexpr (kMode == kCopyHashRegisters) {
-    return cudaErrorInvalidValue;  // the register version exists on the warp path only
+  if constexpr (kMode == kCopyHashRegisters || kMode == kCopyHashCpAsync ||
+                kMode == kCopyHashBulkLoad || kMode == kCopyNoHashBulkLoad) {
+    return cudaErrorInvalidValue;  // benchmark variants of the warp path only
   } else {
     if (kMode == kCopyNoHash && access_bytes < 8) return cudaErrorInvalidValue;
     switch (access_bytes) {
@@ -647,6 +774,16 @@ int KvDigestLaunch(const PlanHeader* device_header, uint32_t tile_begin, uint32_
       return LaunchMode<kCopyHashRegisters>(device_header, tile_begin, tile_end, num_ctas,
                                             threads, access_bytes, piece_bytes, tile_digests,
                                             stream);
+    case kCopyHashCpAsync:
+      return LaunchMode<kCopyHashCpAsync>(device_header, tile_begin, tile_end, num_ctas, threads,
+                                          access_bytes, piece_bytes, tile_digests, stream);
+    case kCopyHashBulkLoad:
+      return LaunchMode<kCopyHashBulkLoad>(device_header, tile_begin, tile_end, num_ctas, threads,
+                                           access_bytes, piece_bytes, tile_digests, stream);
+    case kCopyNoHashBulkLoad:
+      return LaunchMode<kCopyNoHashBulkLoad>(device_header, tile_begin, tile_end, num_ctas,
+                                             threads, access_bytes, piece_bytes, tile_digests,
+                                             stream);
     default:
       return cudaErrorInvalidValue;
   }

@@ -30,6 +30,13 @@ enum class DigestKernelMode : int {
   // registers, two in flight per warp), which the shared-memory staged kernel replaced; warp-path
   // plans only (others: InvalidArgument).
   kCopyHashSourceRegistersForBenchmark = 5,
+  // Benchmarks only, warp-path plans only: the staged warp kernel (which takes each piece into
+  // shared memory with one bulk copy, cp.async.bulk, and writes it back with one bulk store) with
+  // per-lane 16-byte cp.async into shared memory and stores from registers (6), or with the bulk
+  // load but stores from registers (7; 8 without the hash).
+  kCopyHashSourceCpAsyncForBenchmark = 6,
+  kCopyHashSourceBulkLoadForBenchmark = 7,
+  kCopyNoHashBulkLoadForBenchmark = 8,
 };
 
 // Enqueues the digest kernel `mode` for tiles [tile_begin, tile_end) of `plan` on `stream`

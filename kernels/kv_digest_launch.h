@@ -12,7 +12,7 @@ struct CUstream_st;
 namespace kvrail::kernels::internal {
 
 // `mode`: DigestKernelMode as int (1 copy + hash source, 2 hash source, 3 hash destination,
-// 4 copy without the hash, 5 copy + hash on the register warp path; 4 and 5 benchmarks only).
+// 4 copy without the hash, 5-8 warp-path variants (kv_digest.h); 4-8 benchmarks only).
 int KvDigestLaunch(const PlanHeader* device_header, uint32_t tile_begin, uint32_t tile_end,
                    int mode, uint64_t* tile_digests, int num_ctas, int threads,
                    uint32_t access_bytes, uint32_t piece_bytes, CUstream_st* stream);

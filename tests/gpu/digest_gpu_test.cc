@@ -121,9 +121,22 @@ void RunCase(const planner::testing::RandomCase& c, std::mt19937_64& rng, uint32
     REQUIRE(*kept == after);
   }
   // The previous (register) warp-path kernel, which the bench compares with: same digests.
+  // So does the bulk-copy variant (its copy is checked after the one without the hash).
   if (dp->plan().piece_bytes != 0) {
     REQUIRE(RunDigest(dp->plan(), DigestKernelMode::kCopyHashSourceRegistersForBenchmark, digests,
                       rng) == ref);
+    for (DigestKernelMode mode : {DigestKernelMode::kCopyHashSourceCpAsyncForBenchmark,
+                                  DigestKernelMode::kCopyHashSourceBulkLoadForBenchmark,
+                                  DigestKernelMode::kCopyNoHashBulkLoadForBenchmark}) {
+      INFO("mode " << static_cast<int>(mode));
+      gpu_test::Memset(dst_dev, 0xAB, dst_alloc);
+      const bool hashes = mode != DigestKernelMode::kCopyNoHashBulkLoadForBenchmark;
+      REQUIRE(RunDigest(dp->plan(), mode, digests, rng) ==
+              (hashes ? ref : std::vector<uint64_t>(plan->num_tiles(), 0)));
+      gpu_test::CopyToHost(got.data(), dst_dev, dst_alloc);
+      for (uint32_t k = 0; k < misalign; ++k) REQUIRE(got[k] == 0xAB);
+      REQUIRE(std::equal(want.begin(), want.end(), got.begin() + misalign));
+    }
   }
   gpu_test::DeviceFree(digests);
   gpu_test::DeviceFree(src_dev);
@@ -149,6 +162,66 @@ TEST_CASE("GPU digest == host reference: random paged, serving and bytes transfe
   CHECK(g_paths[0] > 0);
   CHECK(g_paths[1] > 0);
   CHECK(g_paths[2] > 0);
+}
+
+// The staged warp kernel moves pieces with bulk copies (the SM's tensor memory accelerator):
+// also into and out of mapped pinned host memory (a GPU -> host transfer on the kernel path), and
+// in the variant with register stores.
+TEST_CASE("GPU digest into mapped pinned host memory (bulk copies)") {
+  if (!HaveGpu()) return;
+  std::mt19937_64 rng(4242);
+  int warp_cases = 0;
+  for (int n = 0; n < 30; ++n) {
+    const planner::testing::RandomCase c = planner::testing::RandomServingCase(rng);
+    INFO(c.ToString());
+    absl::StatusOr<Plan> plan = planner::MakePlan(c.spec, c.src, c.dst, c.options);
+    REQUIRE(plan.ok());
+    std::vector<uint8_t> src(c.src.size_bytes);
+    for (auto& b : src) b = static_cast<uint8_t>(rng());
+    std::vector<uint8_t> want(c.dst.size_bytes, 0xAB);
+    std::vector<uint64_t> ref(plan->num_tiles());
+    for (uint32_t t = 0; t < plan->num_tiles(); ++t) {
+      ref[t] = planner::ExecuteTileHostWithDigest(*plan, t, src.data(), want.data());
+    }
+    // Source in device memory (even cases) or in mapped host memory (odd), destination mapped.
+    const bool src_on_host = n % 2 == 1;
+    void* src_mapped = nullptr;
+    uint8_t* src_host = nullptr;
+    uint8_t* src_dev = nullptr;
+    if (src_on_host) {
+      src_host = static_cast<uint8_t*>(gpu_test::HostAllocMapped(src.size(), &src_mapped));
+      std::copy(src.begin(), src.end(), src_host);
+      src_dev = static_cast<uint8_t*>(src_mapped);
+    } else {
+      src_dev = static_cast<uint8_t*>(gpu_test::DeviceAlloc(src.size()));
+      gpu_test::CopyToDevice(src_dev, src.data(), src.size());
+    }
+    void* dst_mapped = nullptr;
+    uint8_t* dst_host = static_cast<uint8_t*>(gpu_test::HostAllocMapped(want.size(), &dst_mapped));
+    uint64_t* digests = static_cast<uint64_t*>(gpu_test::DeviceAlloc(8 * (plan->num_tiles() + 1)));
+    absl::StatusOr<kernels::DevicePlanBuffer> dp = kernels::DevicePlanBuffer::Upload(
+        plan->header(), plan->src_blocks().data(), plan->dst_blocks().data(),
+        reinterpret_cast<uint64_t>(src_dev), reinterpret_cast<uint64_t>(dst_mapped), nullptr);
+    REQUIRE(dp.ok());
+    if (dp->plan().piece_bytes != 0) ++warp_cases;
+    std::vector<DigestKernelMode> modes = {DigestKernelMode::kCopyHashSource};
+    if (dp->plan().piece_bytes != 0) modes.push_back(DigestKernelMode::kCopyHashSourceBulkLoadForBenchmark);
+    for (DigestKernelMode mode : modes) {
+      INFO("mode " << static_cast<int>(mode) << " src_on_host " << src_on_host);
+      std::fill(dst_host, dst_host + want.size(), 0xAB);
+      REQUIRE(RunDigest(dp->plan(), mode, digests, rng) == ref);
+      REQUIRE(std::equal(want.begin(), want.end(), dst_host));
+    }
+    REQUIRE(RunDigest(dp->plan(), DigestKernelMode::kHashDestination, digests, rng) == ref);
+    gpu_test::DeviceFree(digests);
+    gpu_test::HostFree(dst_host);
+    if (src_on_host) {
+      gpu_test::HostFree(src_host);
+    } else {
+      gpu_test::DeviceFree(src_dev);
+    }
+  }
+  CHECK(warp_cases >= 3);
 }
 
 // Cost: 1 GiB of scattered blocks on GPU 0 (16 tokens x heads x 128 x bf16), NHD -> NHD (warp
@@ -206,7 +279,8 @@ TEST_CASE("digest cost print", "[bandwidth]") {
                 plan->Describe().c_str(), p.piece_bytes != 0 ? "warp" : "slab");
     // 0 plain, 1 copy+hash, 2 read-back, 3 the fused kernel's copy without the hash (the same
     // work distribution as 1: contiguous runs per warp, where the plain kernel strides), 4 the
-    // previous copy+hash warp kernel (registers, no shared-memory staging)
+    // previous copy+hash warp kernel (registers, no shared-memory staging), 5 the staged kernel
+    // with per-lane cp.async, 6 / 7 with the bulk load but register stores (with / without hash)
     auto time = [&](int ctas, int what) {
       gpu_test::Timer timer;
       const int iters = 5;
@@ -220,7 +294,10 @@ TEST_CASE("digest cost print", "[bandwidth]") {
                                           what == 1   ? DigestKernelMode::kCopyHashSource
                                           : what == 2 ? DigestKernelMode::kHashDestination
                                           : what == 3 ? DigestKernelMode::kCopyNoHashForBenchmark
-                                                      : DigestKernelMode::kCopyHashSourceRegistersForBenchmark,
+                                          : what == 4 ? DigestKernelMode::kCopyHashSourceRegistersForBenchmark
+                                          : what == 5 ? DigestKernelMode::kCopyHashSourceCpAsyncForBenchmark
+                                          : what == 6 ? DigestKernelMode::kCopyHashSourceBulkLoadForBenchmark
+                                                      : DigestKernelMode::kCopyNoHashBulkLoadForBenchmark,
                                           digests, ctas, nullptr)
                       .ok());
         }
@@ -232,13 +309,18 @@ TEST_CASE("digest cost print", "[bandwidth]") {
     for (int ctas : {8, 16, 32, 132}) {
       time(ctas, 0);
       time(ctas, 1);  // warm-up
-      std::vector<double> off, on, back, same, regs;
+      std::vector<double> off, on, back, same, regs, lanes, bulk, bulk_same;
       for (int round = 0; round < 5; ++round) {
         off.push_back(time(ctas, 0));
         on.push_back(time(ctas, 1));
         back.push_back(time(ctas, 2));
         same.push_back(time(ctas, 3));
-        if (p.piece_bytes != 0) regs.push_back(time(ctas, 4));
+        if (p.piece_bytes != 0) {
+          regs.push_back(time(ctas, 4));
+          lanes.push_back(time(ctas, 5));
+          bulk.push_back(time(ctas, 6));
+          bulk_same.push_back(time(ctas, 7));
+        }
       }
       auto median = [](std::vector<double> v) {
         std::sort(v.begin(), v.end());
@@ -256,6 +338,17 @@ TEST_CASE("digest cost print", "[bandwidth]") {
           ctas, m_off, m_on, 100.0 * (m_on - m_off) / m_off, m_back, both,
           100.0 * (both - m_off) / m_off, m_same, 100.0 * (m_on - m_same) / m_same, m_regs,
           m_off > 0 && m_regs > 0 ? 100.0 * (m_regs - m_off) / m_off : 0.0);
+      char bulk_text[160] = "";
+      if (!bulk.empty()) {
+        std::snprintf(bulk_text, sizeof(bulk_text),
+                      " | lane cp.async %.1f (%+.1f%%) | bulk load only %.1f (%+.1f%%), no-hash %.1f",
+                      median(lanes), 100.0 * (median(lanes) - m_off) / m_off, median(bulk),
+                      100.0 * (median(bulk) - m_off) / m_off, median(bulk_same));
+      }
+      std::printf("  SUMMARY %3d CTAs: off %.1f | on %.1f (%+.1f%%) | same-distr %.1f | read-back "
+                  "%.1f | registers %.1f%s\n",
+                  ctas, m_off, m_on, 100.0 * (m_on - m_off) / m_off, m_same, m_back, m_regs,
+                  bulk_text);
     }
     gpu_test::DeviceFree(digests);
     gpu_test::DeviceFree(a);

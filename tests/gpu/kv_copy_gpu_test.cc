@@ -35,8 +35,9 @@ bool HaveGpu() {
 
 // Runs `c` on the GPU (dst in device memory or mapped pinned host memory, bases shifted by
 // `misalign` bytes to exercise narrow accesses) and compares with the host twin.
+// `segment_units`: DevicePlan::segment_units for plans on the segment path (0: the default).
 void RunCase(const planner::testing::RandomCase& c, std::mt19937_64& rng, bool dst_on_host,
-             uint32_t misalign) {
+             uint32_t misalign, int segment_units = 0) {
   INFO(c.ToString());
   absl::StatusOr<Plan> plan = planner::MakePlan(c.spec, c.src, c.dst, c.options);
   REQUIRE(plan.ok());
@@ -69,6 +70,8 @@ void RunCase(const planner::testing::RandomCase& c, std::mt19937_64& rng, bool d
       reinterpret_cast<uint64_t>(src_dev + misalign), reinterpret_cast<uint64_t>(dst_dev + misalign),
       nullptr);
   REQUIRE(dp.ok());
+  kernels::DevicePlan launch_plan = dp->plan();
+  launch_plan.segment_units = segment_units;
   if (dp->plan().piece_bytes != 0) ++g_warp_path_cases;
   if (dp->plan().piece_bytes == 0 && dp->plan().segments) ++g_segment_path_cases;
   // Tiles in a few random ranges, each with a random CTA count.
@@ -78,7 +81,7 @@ void RunCase(const planner::testing::RandomCase& c, std::mt19937_64& rng, bool d
     const uint32_t end = std::min(plan->num_tiles(), t + n);
     const int ctas = 1 + static_cast<int>(rng() % 40);
     const int threads = 32 * (1 + static_cast<int>(rng() % 16));
-    REQUIRE(kernels::LaunchKvCopy(dp->plan(), t, end, ctas, nullptr, threads).ok());
+    REQUIRE(kernels::LaunchKvCopy(launch_plan, t, end, ctas, nullptr, threads).ok());
     t = end;
   }
   gpu_test::Sync();
@@ -119,7 +122,8 @@ TEST_CASE("kernel == host twin on random paged transfers (device -> device)") {
   for (int n = 0; n < 300; ++n) {
     const bool large = n % 3 == 0;
     RunCase(planner::testing::RandomPagedCase(rng, large ? big : planner::testing::RandomLimits{}),
-            rng, /*dst_on_host=*/false, n % 5 == 0 ? static_cast<uint32_t>(rng() % 16) : 0);
+            rng, /*dst_on_host=*/false, n % 5 == 0 ? static_cast<uint32_t>(rng() % 16) : 0,
+            /*segment_units=*/n % 3 == 0 ? 0 : n % 3 == 1 ? 6 : 12);
   }
 }
 
@@ -259,7 +263,8 @@ TEST_CASE("kernel == host twin on narrow layouts (odd sizes, offsets, padded str
     c.dst = planner::RegionView{ds, true, true, *planner::ResolveLayout(d, ds, "")};
     static const uint64_t kTiles[] = {100, 1000, 4096, 5000, 65536, 1 << 20};
     c.options.tile_bytes = kTiles[rng() % 6];
-    RunCase(c, rng, /*dst_on_host=*/n % 7 == 3, static_cast<uint32_t>(rng() % 16));
+    RunCase(c, rng, /*dst_on_host=*/n % 7 == 3, static_cast<uint32_t>(rng() % 16),
+            /*segment_units=*/n % 3 == 0 ? 0 : n % 3 == 1 ? 6 : 12);
   }
   CHECK(g_segment_path_cases - before >= 40);
 }

@@ -86,6 +86,8 @@ struct Result {
   double slab32 = 0;      // the slab path at 32 CTAs (whatever Upload chose)
   double segments32 = 0;  // the segment path at 32 CTAs
   double pieces32 = 0;    // the warp path at 32 CTAs, where PieceBytesFor allows it
+  double units6_32 = 0, units6_132 = 0;  // the segment path with 6 units per lane (default 8)
+  double staged32 = 0, staged132 = 0;    // the segment path staged in shared memory (12)
   bool ok = false;
   uint64_t bytes = 0;
 };
@@ -188,10 +190,42 @@ Result RunCase(const Case& c, std::mt19937_64& rng, int reps) {
   if (plan->header().chunk_kind != 0) {  // not kBytes
     alt.segments = true;
     r.segments32 = time(alt, 32);
+    alt.segment_units = 6;
+    r.units6_32 = time(alt, 32);
+    if (dp->plan().segments) r.units6_132 = time(alt, 132);
+    alt.segment_units = 12;
+    r.staged32 = time(alt, 32);
+    if (dp->plan().segments) r.staged132 = time(alt, 132);
+    alt.segment_units = 0;
   }
   alt.segments = false;
   alt.piece_bytes = kernels::PieceBytesFor(plan->header(), dp->plan().access_bytes);
   if (alt.piece_bytes != 0) r.pieces32 = time(alt, 32);
+  // The variants timed above wrote the same destination: still byte for byte the host twin's
+  // (a wrong variant would leave its bytes there; the staged segment form ran last of them).
+  if (r.ok && plan->header().chunk_kind != 0) {
+    gpu_test::Memset(dst_dev, 0xAB, dst_size);
+    kernels::DevicePlan staged = dp->plan();
+    staged.piece_bytes = 0;
+    staged.segments = true;
+    staged.segment_units = 12;
+    if (!kernels::LaunchKvCopy(staged, 0, plan->num_tiles(), 32, nullptr).ok()) std::exit(1);
+    gpu_test::Sync();
+    gpu_test::CopyToHost(got.data(), dst_dev, dst_size);
+    if (got != want) {
+      std::fprintf(stderr, "%s: MISMATCH on the staged segment form\n", c.name.c_str());
+      r.ok = false;
+    }
+    gpu_test::Memset(dst_dev, 0xAB, dst_size);
+    staged.segment_units = 6;
+    if (!kernels::LaunchKvCopy(staged, 0, plan->num_tiles(), 32, nullptr).ok()) std::exit(1);
+    gpu_test::Sync();
+    gpu_test::CopyToHost(got.data(), dst_dev, dst_size);
+    if (got != want) {
+      std::fprintf(stderr, "%s: MISMATCH on the 6-unit segment form\n", c.name.c_str());
+      r.ok = false;
+    }
+  }
   gpu_test::DeviceFree(src_dev);
   gpu_test::DeviceFree(dst_dev);
   return r;
@@ -303,17 +337,25 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
   }
   const double base32 = results.front().gbps32, base132 = results.front().gbps132;
-  std::printf("\n| layout | MiB | kernel path (chosen) | bytes | GB/s 32 CTAs | vs aligned | GB/s 132 CTAs | vs aligned | 32 CTAs: slab / segments / pieces |\n");
-  std::printf("|---|---|---|---|---|---|---|---|---|\n");
+  std::printf("\n| layout | MiB | kernel path (chosen) | bytes | GB/s 32 CTAs | vs aligned | GB/s 132 CTAs | vs aligned | 32 CTAs: slab / segments / pieces | segments, 6 units/lane: 32 / 132 CTAs | segments staged (2 x 6): 32 / 132 CTAs |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
   int failed = 0;
   for (const Result& r : results) {
     failed += r.ok ? 0 : 1;
-    std::printf("| %s | %.0f | %s | %s | %.1f | %.0f%% | %.1f | %.0f%% | %s |\n", r.name.c_str(),
+    std::printf("| %s | %.0f | %s | %s | %.1f | %.0f%% | %.1f | %.0f%% | %s | %s | %s |\n", r.name.c_str(),
                 r.bytes / 1048576.0, r.path.c_str(), r.ok ? "OK" : "MISMATCH", r.gbps32,
                 100 * r.gbps32 / base32, r.gbps132, 100 * r.gbps132 / base132,
                 absl::StrFormat("%.1f / %s / %s", r.slab32,
                                 r.segments32 > 0 ? absl::StrFormat("%.1f", r.segments32) : "-",
                                 r.pieces32 > 0 ? absl::StrFormat("%.1f", r.pieces32) : "-")
+                    .c_str(),
+                absl::StrFormat("%s / %s",
+                                r.units6_32 > 0 ? absl::StrFormat("%.1f (%.0f%%)", r.units6_32, 100 * r.units6_32 / base32) : "-",
+                                r.units6_132 > 0 ? absl::StrFormat("%.1f (%.0f%%)", r.units6_132, 100 * r.units6_132 / base132) : "-")
+                    .c_str(),
+                absl::StrFormat("%s / %s",
+                                r.staged32 > 0 ? absl::StrFormat("%.1f (%.0f%%)", r.staged32, 100 * r.staged32 / base32) : "-",
+                                r.staged132 > 0 ? absl::StrFormat("%.1f (%.0f%%)", r.staged132, 100 * r.staged132 / base132) : "-")
                     .c_str());
   }
   return failed == 0 ? 0 : 1;

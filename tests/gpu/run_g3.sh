@@ -22,7 +22,7 @@ if [[ $parts == *layouts* ]]; then
 fi
 if [[ $parts == *digest_cost* ]]; then
   step digest_cost 120 $bin/digest_gpu_test '[bandwidth]'
-  grep -E 'CTAs|blocks' "$out/digest_cost.txt" | sed -E 's/ \| read-back alone/\n      read-back alone/'
+  grep -E 'SUMMARY|blocks ->' "$out/digest_cost.txt" | cut -c1-220
 fi
 if [[ $parts == *digest_test* ]]; then
   step digest_test 100 $bin/digest_gpu_test '~[bandwidth]'
