@@ -86,6 +86,8 @@ struct JobState {
   uint64_t bytes_done = 0;
   uint32_t batches = 0;
   uint64_t last_batch_bytes = 0;  // of the latest batch launched (the ramp, cuda_batch.h)
+  // Where the set-up's time went (the first job's shows in Describe: first-transfer costs).
+  absl::Duration setup_addresses, setup_mode, setup_upload;
 
   JobState() = default;
   JobState(const JobState&) = delete;
@@ -104,6 +106,8 @@ struct Taken {
   // Smaller than the class's batch because the job just started (the ramp): its launch overhead
   // weighs more, so the tuner does not learn from it.
   bool ramped = false;
+  // The dispatcher took it this long after the latest Enqueue (its wake-up, when it was idle).
+  absl::Duration since_enqueue;
 };
 
 // A taken batch once launched (or failed to launch).
@@ -141,6 +145,7 @@ class DeviceWorker {
   void Enqueue(const std::shared_ptr<Job>& job, const std::vector<uint32_t>& tiles) {
     absl::MutexLock lock(&mu_);
     queues_.Add(job, tiles);
+    last_enqueue_ = absl::Now();
   }
 
   size_t Remove(const Job* job) {
@@ -166,7 +171,7 @@ class DeviceWorker {
                                            : std::string(),
                         "; ", CopyOnlyTextLocked(), held_states_,
                         " jobs set up (plan on the GPU); last job set-up (plan upload enqueued) ",
-                        SetUpTextLocked(), LastJobTextLocked());
+                        SetUpTextLocked(), LastJobTextLocked(), first_job_text_);
   }
 
   // Blocks until the dispatcher has warmed its GPU up (or found it cannot).
@@ -224,7 +229,8 @@ class DeviceWorker {
         const uint64_t previous = state == states_.end() ? 0 : state->second->last_batch_bytes;
         return scheduler::TakeJobBatch(&tiles, j.plan(), budget, previous);
       });
-      Taken taken{std::move(job), c, batch.begin, batch.end, 0, batch.ramped};
+      Taken taken{std::move(job), c, batch.begin, batch.end, 0, batch.ramped,
+                  absl::Now() - last_enqueue_};
       for (uint32_t t = taken.begin; t < taken.end; ++t) {
         taken.bytes += taken.job->plan().tile(t).bytes;
       }
@@ -352,6 +358,7 @@ class DeviceWorker {
                                      job->plan().dst_blocks().size()),
                                 job->plan().src_blocks().pinned()};
     }
+    if (first_job_text_pending_) first_launch_from_ = absl::Now();
     JobState& ref = *state;
     states_.emplace(job.get(), std::move(state));
     absl::MutexLock lock(&mu_);
@@ -362,8 +369,10 @@ class DeviceWorker {
   absl::Status SetUp(JobState& s) {
     const Job& job = *s.job;
     const MemoryRef src = job.src(), dst = job.dst();
+    const absl::Time t0 = absl::Now();
     KVRAIL_ASSIGN_OR_RETURN(s.src, job.DeviceAddress(Job::Side::kSrc, device_));
     KVRAIL_ASSIGN_OR_RETURN(s.dst, job.DeviceAddress(Job::Side::kDst, device_));
+    s.setup_addresses = absl::Now() - t0;
     if (job.plan().src_per_layer() || job.plan().dst_per_layer()) {
       KVRAIL_ASSIGN_OR_RETURN(auto src_layers, job.DeviceLayerBases(Job::Side::kSrc, device_));
       KVRAIL_ASSIGN_OR_RETURN(auto dst_layers, job.DeviceLayerBases(Job::Side::kDst, device_));
@@ -407,6 +416,8 @@ class DeviceWorker {
       spdlog::info("cuda:{} transfer plan: {}", device_, choice.reason);
     }
     // A digest job needs the uploaded plan in copy-engine mode too (its hash kernels).
+    const absl::Time t_upload = absl::Now();
+    s.setup_mode = t_upload - t0 - s.setup_addresses;
     if (s.mode == Mode::kKernel || job.wants_digest()) {
       const planner::Plan& plan = s.RunPlan();
       KVRAIL_ASSIGN_OR_RETURN(kernels::DevicePlanBuffer buffer,
@@ -428,6 +439,7 @@ class DeviceWorker {
                               kernels::TileDigestBuffer::Create(job.plan().num_tiles(), stream_.get()));
       s.digests.emplace(std::move(digests));
     }
+    s.setup_upload = absl::Now() - t_upload;
     s.job->OnEngineUsed(scheduler::ModeEngineName(s.mode));
     return absl::OkStatus();
   }
@@ -482,6 +494,28 @@ class DeviceWorker {
   }
 
   Batch Launch(JobState& s, const Taken& taken) {
+    Batch b = LaunchBatch(s, taken);
+    if (first_job_text_pending_) {
+      // The daemon's first job after start: what its first batch waited for and cost here, so
+      // a slow first transfer can be told apart from a slow engine (issue 19).
+      first_job_text_pending_ = false;
+      const absl::Time now = absl::Now();
+      std::string text = absl::StrFormat(
+          "; first job: dispatcher took it %.0f us after its enqueue, set-up %.0f us (device "
+          "addresses %.0f, mode %.0f, plan upload %.0f), first launch enqueued %.0f us after "
+          "its set-up",
+          absl::ToDoubleMicroseconds(taken.since_enqueue),
+          absl::ToDoubleMicroseconds(s.setup_addresses + s.setup_mode + s.setup_upload),
+          absl::ToDoubleMicroseconds(s.setup_addresses), absl::ToDoubleMicroseconds(s.setup_mode),
+          absl::ToDoubleMicroseconds(s.setup_upload),
+          absl::ToDoubleMicroseconds(now - first_launch_from_));
+      absl::MutexLock lock(&mu_);
+      first_job_text_ = std::move(text);
+    }
+    return b;
+  }
+
+  Batch LaunchBatch(JobState& s, const Taken& taken) {
     const int cls = taken.cls;
     const uint32_t begin = taken.begin, end = taken.end;
     Batch b;
@@ -702,6 +736,8 @@ class DeviceWorker {
   std::string last_mode_note_ ABSL_GUARDED_BY(mu_);
   bool warm_done_ ABSL_GUARDED_BY(mu_) = false;
   std::string warm_up_text_ ABSL_GUARDED_BY(mu_);
+  std::string first_job_text_ ABSL_GUARDED_BY(mu_);
+  absl::Time last_enqueue_ ABSL_GUARDED_BY(mu_);
   size_t held_states_ ABSL_GUARDED_BY(mu_) = 0;  // states_.size(), for Describe
   uint64_t inflight_bytes_[kNumPriorityClasses] ABSL_GUARDED_BY(mu_) = {0, 0, 0};
   // Set by the first sticky CUDA error; every later batch fails with it.
@@ -710,6 +746,8 @@ class DeviceWorker {
   std::unordered_map<const Job*, std::unique_ptr<JobState>> states_;
   std::map<int, CtaTuner> tuners_;
   std::map<int, SplitTuner> split_tuners_;  // same keys as tuners_
+  bool first_job_text_pending_ = true;
+  absl::Time first_launch_from_;
   std::optional<cuda::Stream> copy_stream_;  // the copy-engine part of split batches
   std::vector<CopyRun> runs_;
   std::vector<void*> dsts_;

@@ -119,6 +119,9 @@ Side MakeSide(client::Client& c, Kind kind, const v1::PagedKvLayout* layout, uin
 // want_engine for a copy-engine-only daemon with the default small-kernel setting (issue 19).
 const char kCopyOnlyAuto[] = "copy-only-auto";
 
+// want_engine for a daemon that splits kernel batches with the copy engines (issue 19).
+const char kSplit[] = "split";
+
 // A copy-engine-only daemon that never uses a kernel: --config with cuda_copy_only_kernel_ctas 0.
 std::vector<std::string> CopyEnginesOnlyArgs(const testing::TempDir& dir) {
   const std::string path = dir.path() + "/copy_only.textproto";
@@ -161,6 +164,10 @@ void RunCase(client::Client& cl, const planner::testing::RandomCase& c, Kind src
     const bool tiny = plan->bytes_total() / std::max<uint64_t>(plan->num_runs(), 1) < (128 << 10);
     CHECK(status->engine() == (tiny ? "cuda-kernel" : "cuda-copy-engine"));
     if (tiny) CHECK(status->path_reason().find("cuda_copy_only_kernel_ctas") != std::string::npos);
+  } else if (want_engine == kSplit && plan->bytes_total() > 0) {
+    // Kernel batches of two or more tiles hand their last 30% to the copy engines.
+    CHECK((status->engine() == "cuda-kernel" ||
+           status->engine() == "cuda-kernel+cuda-copy-engine"));
   } else if (!want_engine.empty() && plan->bytes_total() > 0) {
     CHECK(status->engine() == want_engine);
   }
@@ -191,6 +198,13 @@ void RunRandomCases(const std::vector<std::string>& daemon_args, const std::stri
   auto stats = cl.GetStats();
   REQUIRE(stats.ok());
   for (const auto& e : stats->engines()) WARN("engine: " << e);
+  if (want_engine == kSplit) {
+    bool split = false;
+    for (const auto& e : stats->engines()) {
+      split = split || e.find("kernel batches split with the copy engines") != std::string::npos;
+    }
+    CHECK(split);  // some batches really ran on both
+  }
 }
 
 TEST_CASE("CUDA engine, kernel: random layouts GPU->GPU, GPU->host, host->GPU vs host twin") {
@@ -212,6 +226,14 @@ TEST_CASE("CUDA engine, SM budget 0: tiny-run plans on a small kernel, said in p
 TEST_CASE("CUDA engine, 4 fixed CTAs and small tiles vs host twin") {
   if (!HaveGpu()) return;
   RunRandomCases({"--cuda-fixed-ctas", "4", "--tile-bytes", "4096"}, "cuda-kernel", 45);
+}
+
+TEST_CASE("CUDA engine, kernel + copy engines (30% of each batch, small tiles) vs host twin") {
+  if (!HaveGpu()) return;
+  testing::TempDir dir;
+  const std::string path = dir.path() + "/split.textproto";
+  std::ofstream(path) << "cuda_copy_split_fixed_percent: 30\ntile_bytes: 4096\n";
+  RunRandomCases({"--config", path}, kSplit, 45);
 }
 
 bool HaveTwoGpus() {
@@ -436,6 +458,13 @@ TEST_CASE("a client that dies while its GPU region is in use: the daemon keeps s
   std::vector<uint32_t> blocks(64);
   for (uint32_t i = 0; i < 64; ++i) blocks[i] = i;
   v1::TransferSpec spec = client::MakeBlockTransfer(src_region, blocks, dst.info.region_id(), blocks);
+  // The exporter's region belongs to its session: reading it takes the grant its info carries.
+  const auto grant_at = info.find("\"grant\":");
+  REQUIRE(grant_at != std::string::npos);
+  const auto open = info.find('"', grant_at + 8);
+  const auto close = info.find('"', open + 1);
+  REQUIRE((open != std::string::npos && close != std::string::npos));
+  spec.mutable_src()->set_grant(info.substr(open + 1, close - open - 1));
   spec.set_num_tokens(1024);
   spec.set_layerwise(true);
   auto submitted = (*cl)->Submit(spec);

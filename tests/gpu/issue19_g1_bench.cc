@@ -1,0 +1,308 @@
+// Issue 19 (G1) through the real kvraild, GPU0 -> GPU0 (one H200). Parts (argv[1], default all):
+//  split    kernel and copy engines together: 256 MiB of scattered 4 / 32 / 128 KiB blocks with
+//           the kernel alone (cuda_copy_split_max_percent 0), the learned split (default), fixed
+//           10% and 30% shares, and the copy engines alone; median of 10 after 6 warm transfers,
+//           one daemon per setting; the destination blocks of the last transfer are compared
+//           with the source byte for byte; the engine's stats line (the split decision) printed.
+//  first    the first transfer after kvraild starts (512 MiB of scattered 16 KiB blocks), with
+//           where its time goes: the client's Submit call up to the daemon's receipt, the
+//           daemon's accept, queued (submit -> first tile started), running, and the client's
+//           Wait after the daemon's finish; then the warm medians, a fresh daemon per row.
+//  latency  a 16 MiB critical transfer (1024 x 16 KiB blocks), submit -> completion seen by the
+//           client, p50 / p90 of 200 after 20 warm-ups, with the phase medians.
+// Needs daemon/kvraild through TEST_SRCDIR/TEST_WORKSPACE, as the GPU tests do.
+#include <cuda_runtime_api.h>
+#include <signal.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "client/cuda_export.h"
+#include "client/kvrail_client.h"
+#include "tests/gpu/bench_check.h"
+#include "tests/harness/daemon_process.h"
+
+namespace kvrail {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using gpu_bench::Check;
+using gpu_bench::Must;
+
+double UnixUs() { return absl::ToDoubleMicroseconds(absl::Now() - absl::UnixEpoch()); }
+
+struct Daemon {
+  testing::TempDir dir;
+  testing::DaemonProcess process;
+  std::unique_ptr<client::Client> client;
+  explicit Daemon(const std::string& config) {
+    std::vector<std::string> args;
+    if (!config.empty()) {
+      const std::string path = dir.path() + "/kvraild.textproto";
+      std::ofstream(path) << config << "\n";
+      args = {"--config", path};
+    }
+    if (!process.Start(dir.path(), args)) {
+      std::fprintf(stderr, "kvraild did not start:\n%s\n", process.ReadLog().c_str());
+      std::exit(1);
+    }
+    client = Must(client::Client::Connect(process.socket()), "connect");
+  }
+  ~Daemon() { process.Stop(SIGTERM); }
+  std::string Engines() {
+    v1::Stats stats = Must(client->GetStats(), "stats");
+    std::string out;
+    for (const auto& e : stats.engines()) absl::StrAppend(&out, out.empty() ? "" : " | ", e);
+    return out;
+  }
+};
+
+// One layer, one part: a block is tokens x heads x 128 bf16.
+v1::PagedKvLayout BlockLayout(uint32_t blocks, uint64_t block_bytes) {
+  v1::PagedKvLayout l;
+  l.set_num_layers(1);
+  l.set_num_parts(1);
+  l.set_num_blocks(blocks);
+  l.set_num_heads(block_bytes >= (32 << 10) ? 8 : 1);
+  l.set_head_dim(128);
+  l.set_tokens_per_block(static_cast<uint32_t>(block_bytes / (l.num_heads() * 128 * 2)));
+  l.set_dtype(v1::DTYPE_BF16);
+  l.set_order(v1::LAYOUT_ORDER_LAYER_PART_BLOCK_NHD);
+  return l;
+}
+
+struct Pool {
+  std::unique_ptr<client::CudaBuffer> buffer;
+  v1::RegionInfo region;
+  std::vector<uint8_t> host;  // the source's bytes
+};
+
+Pool MakePool(Daemon& d, const v1::PagedKvLayout& layout, uint64_t bytes, bool writable) {
+  Pool p;
+  p.buffer = Must(client::CudaBuffer::Create(0, bytes), "cuda buffer");
+  if (writable) {
+    Check(cudaMemset(p.buffer->data(), 0xAB, bytes), "poison");
+  } else {
+    p.host.resize(bytes);
+    std::mt19937_64 rng(7);
+    for (size_t i = 0; i < bytes; i += 8) {
+      const uint64_t v = rng();
+      std::memcpy(p.host.data() + i, &v, std::min<size_t>(8, bytes - i));
+    }
+    Check(cudaMemcpy(p.buffer->data(), p.host.data(), bytes, cudaMemcpyHostToDevice), "upload");
+  }
+  v1::RegionSpec spec;
+  spec.set_name(writable ? "dst" : "src");
+  spec.set_writable(writable);
+  *spec.mutable_paged_kv() = layout;
+  p.region = Must(client::RegisterCudaRegion(*d.client, p.buffer->data(), bytes, spec), "register");
+  return p;
+}
+
+std::vector<uint32_t> Scattered(uint32_t pool, uint32_t n, std::mt19937_64& rng) {
+  std::vector<uint32_t> ids(pool);
+  std::iota(ids.begin(), ids.end(), 0u);
+  std::shuffle(ids.begin(), ids.end(), rng);
+  ids.resize(n);
+  return ids;
+}
+
+struct Timed {
+  double seconds = 0;
+  double u0 = 0, u_submitted = 0, u_done = 0;  // client unix us: call, Submit back, Wait back
+  v1::TransferStatus status;
+};
+
+Timed RunTransfer(Daemon& d, const v1::TransferSpec& spec) {
+  Timed t;
+  const auto t0 = Clock::now();
+  t.u0 = UnixUs();
+  auto submitted = Must(d.client->Submit(spec), "submit");
+  t.u_submitted = UnixUs();
+  t.status = Must(d.client->Wait(submitted.transfer_id(), absl::Seconds(600)), "wait");
+  t.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  t.u_done = UnixUs();
+  if (t.status.state() != v1::TRANSFER_STATE_SUCCEEDED) {
+    std::fprintf(stderr, "transfer failed: %s\n", t.status.ShortDebugString().c_str());
+    std::exit(1);
+  }
+  return t;
+}
+
+// --- split ---------------------------------------------------------------------------------
+void SplitRow(const char* label, const std::string& config) {
+  Daemon d(config);
+  std::printf("| %s |", label);
+  std::vector<std::string> engines;
+  for (uint64_t kib : {4, 32, 128}) {
+    const uint64_t block = kib << 10;
+    const uint32_t n = static_cast<uint32_t>((256ull << 20) / block);
+    const uint32_t pool = 2 * n;
+    const v1::PagedKvLayout layout = BlockLayout(pool, block);
+    Pool src = MakePool(d, layout, uint64_t{pool} * block, false);
+    Pool dst = MakePool(d, layout, uint64_t{pool} * block, true);
+    std::mt19937_64 rng(kib);
+    const std::vector<uint32_t> sb = Scattered(pool, n, rng), db = Scattered(pool, n, rng);
+    v1::TransferSpec spec =
+        client::MakeBlockTransfer(src.region.region_id(), sb, dst.region.region_id(), db);
+    std::vector<double> gbps;
+    std::string engine;
+    for (int i = 0; i < 16; ++i) {
+      const Timed t = RunTransfer(d, spec);
+      if (i >= 6) gbps.push_back(n * static_cast<double>(block) / t.seconds / 1e9);
+      engine = t.status.engine();
+    }
+    std::sort(gbps.begin(), gbps.end());
+    // Byte for byte: every destination block holds its source block.
+    std::vector<uint8_t> got(uint64_t{pool} * block);
+    Check(cudaMemcpy(got.data(), dst.buffer->data(), got.size(), cudaMemcpyDeviceToHost), "read");
+    size_t wrong = 0;
+    for (uint32_t i = 0; i < n; ++i) {
+      wrong += std::memcmp(got.data() + uint64_t{db[i]} * block,
+                           src.host.data() + uint64_t{sb[i]} * block, block) != 0;
+    }
+    std::printf(" %.1f (%s%s) |", gbps[gbps.size() / 2], engine.c_str(),
+                wrong == 0 ? "" : absl::StrCat(", ", wrong, " BLOCKS WRONG").c_str());
+    std::fflush(stdout);
+    engines.push_back(absl::StrCat(kib, " KiB: ", d.Engines()));
+    (void)d.client->UnregisterRegion(src.region.region_id());
+    (void)d.client->UnregisterRegion(dst.region.region_id());
+  }
+  std::printf("\n");
+  for (const std::string& e : engines) std::printf("  engine after %s\n", e.c_str());
+  std::fflush(stdout);
+}
+
+// --- first ---------------------------------------------------------------------------------
+void FirstRow(const char* label, const std::string& config) {
+  const auto t_start = Clock::now();
+  Daemon d(config);
+  const double start_ms =
+      std::chrono::duration<double, std::milli>(Clock::now() - t_start).count();
+  const uint64_t block = 16 << 10;
+  const uint32_t pool = 65536, n = 32768;  // 512 MiB
+  const v1::PagedKvLayout layout = BlockLayout(pool, block);
+  Pool src = MakePool(d, layout, uint64_t{pool} * block, false);
+  Pool dst = MakePool(d, layout, uint64_t{pool} * block, true);
+  std::mt19937_64 rng(1);
+  std::vector<Timed> runs;
+  std::string first_engine;
+  for (int i = 0; i < 21; ++i) {
+    v1::TransferSpec spec = client::MakeBlockTransfer(
+        src.region.region_id(), Scattered(pool, n, rng), dst.region.region_id(),
+        Scattered(pool, n, rng));
+    runs.push_back(RunTransfer(d, spec));
+    if (i == 0) first_engine = d.Engines();
+  }
+  const auto phases = [](const Timed& t) {
+    const v1::TransferStatus& s = t.status;
+    return std::vector<double>{s.received_unix_us() - t.u0,
+                               static_cast<double>(s.submitted_unix_us() - s.received_unix_us()),
+                               t.u_submitted - s.submitted_unix_us(),
+                               static_cast<double>(s.started_unix_us() - s.submitted_unix_us()),
+                               static_cast<double>(s.finished_unix_us() - s.started_unix_us()),
+                               t.u_done - s.finished_unix_us(), t.seconds * 1e6};
+  };
+  std::vector<std::vector<double>> warm(7);
+  std::vector<double> warm_gbps;
+  for (size_t i = 1; i < runs.size(); ++i) {
+    const auto p = phases(runs[i]);
+    for (size_t k = 0; k < p.size(); ++k) warm[k].push_back(p[k]);
+    warm_gbps.push_back(n * static_cast<double>(block) / runs[i].seconds / 1e9);
+  }
+  for (auto& v : warm) std::sort(v.begin(), v.end());
+  std::sort(warm_gbps.begin(), warm_gbps.end());
+  const double first_gbps = n * static_cast<double>(block) / runs[0].seconds / 1e9;
+  const double median = warm_gbps[warm_gbps.size() / 2];
+  const auto f = phases(runs[0]);
+  std::printf("| %s | %.1f | %.1f | %.0f%% | %.0f / %.0f / %.0f / %.0f / %.0f / %.0f / %.0f | "
+              "%.0f / %.0f / %.0f / %.0f / %.0f / %.0f / %.0f |\n",
+              label, first_gbps, median, 100 * first_gbps / median, f[0], f[1], f[2], f[3], f[4],
+              f[5], f[6], warm[0][10], warm[1][10], warm[2][10], warm[3][10], warm[4][10],
+              warm[5][10], warm[6][10]);
+  std::printf("  kvraild start + connect %.1f ms; engine after the first: %s\n", start_ms,
+              first_engine.c_str());
+  std::fflush(stdout);
+}
+
+// --- latency -------------------------------------------------------------------------------
+void Latency(const char* label, const std::string& config) {
+  Daemon d(config);
+  const uint64_t block = 16 << 10;
+  const uint32_t pool = 4096, n = 1024;  // 16 MiB
+  const v1::PagedKvLayout layout = BlockLayout(pool, block);
+  Pool src = MakePool(d, layout, uint64_t{pool} * block, false);
+  Pool dst = MakePool(d, layout, uint64_t{pool} * block, true);
+  std::mt19937_64 rng(3);
+  v1::TransferSpec spec = client::MakeBlockTransfer(
+      src.region.region_id(), Scattered(pool, n, rng), dst.region.region_id(),
+      Scattered(pool, n, rng));
+  spec.set_priority(v1::PRIORITY_CRITICAL);
+  std::vector<double> lat;
+  std::vector<std::vector<double>> ph(6);
+  for (int i = 0; i < 220; ++i) {
+    const Timed t = RunTransfer(d, spec);
+    if (i < 20) continue;
+    const v1::TransferStatus& s = t.status;
+    lat.push_back(t.seconds * 1e6);
+    ph[0].push_back(s.received_unix_us() - t.u0);
+    ph[1].push_back(static_cast<double>(s.submitted_unix_us() - s.received_unix_us()));
+    ph[2].push_back(t.u_submitted - s.submitted_unix_us());
+    ph[3].push_back(static_cast<double>(s.started_unix_us() - s.submitted_unix_us()));
+    ph[4].push_back(static_cast<double>(s.finished_unix_us() - s.started_unix_us()));
+    ph[5].push_back(t.u_done - s.finished_unix_us());
+  }
+  std::sort(lat.begin(), lat.end());
+  for (auto& v : ph) std::sort(v.begin(), v.end());
+  const size_t m = lat.size() / 2;
+  std::printf("| %s | %.1f | %.1f | %.1f | %.1f / %.1f / %.1f / %.1f / %.1f / %.1f |\n", label,
+              lat[m], lat[lat.size() * 9 / 10], lat[0], ph[0][m], ph[1][m], ph[2][m], ph[3][m],
+              ph[4][m], ph[5][m]);
+  std::printf("  engine: %s\n", d.Engines().c_str());
+  std::fflush(stdout);
+}
+
+}  // namespace
+}  // namespace kvrail
+
+int main(int argc, char** argv) {
+  using namespace kvrail;
+  const std::string part = argc > 1 ? argv[1] : "all";
+  if (part == "all" || part == "split") {
+    std::printf("\nsplit: 256 MiB of scattered blocks GPU0 -> GPU0, GB/s (median of 10), "
+                "TransferStatus.engine\n\n| setting | 4 KiB | 32 KiB | 128 KiB |\n|---|---|---|---|\n");
+    SplitRow("kernel only (cuda_copy_split_max_percent 0)", "cuda_copy_split_max_percent: 0");
+    SplitRow("learned split (default, max 40%)", "");
+    SplitRow("fixed 10%", "cuda_copy_split_fixed_percent: 10");
+    SplitRow("fixed 30%", "cuda_copy_split_fixed_percent: 30");
+    SplitRow("copy engines only", "cuda_max_ctas: 0\ncuda_copy_only_kernel_ctas: 0");
+  }
+  if (part == "all" || part == "first") {
+    std::printf("\nfirst: 512 MiB of scattered 16 KiB blocks GPU0 -> GPU0, a fresh kvraild per row;"
+                " phases in us: client call -> daemon received / accept / reply -> client / "
+                "queued (submitted -> first tile started) / running (started -> finished) / "
+                "finished -> client's Wait back / wall\n\n"
+                "| warm-up | first GB/s | warm median GB/s (20) | first / warm | first: phases | "
+                "warm medians: phases |\n|---|---|---|---|---|---|\n");
+    FirstRow("on (default)", "");
+    FirstRow("off", "cuda_warm_up: false");
+    FirstRow("on (again)", "");
+  }
+  if (part == "all" || part == "latency") {
+    std::printf("\nlatency: 16 MiB critical transfer (1024 x 16 KiB blocks) GPU0 -> GPU0, submit -> "
+                "completion seen by the client, 200 after 20 warm-ups (us); phase medians: client "
+                "-> daemon / accept / reply / queued / running / finished -> client\n\n"
+                "| setting | p50 | p90 | min | phases |\n|---|---|---|---|---|\n");
+    Latency("default", "");
+  }
+  return 0;
+}
