@@ -13,6 +13,29 @@ const char* PeerStateName(PeerState state) {
   }
 }
 
+v1::DirectoryStatus Directory::Status() const {
+  v1::DirectoryStatus status;
+  status.set_kind("static");
+  status.set_state("ok");
+  status.set_peers(static_cast<uint32_t>(Peers().size()));
+  return status;
+}
+
+void Directory::SetStateListener(std::function<void(const v1::DirectoryStatus&)>) {}
+
+v1::PeerInfo ToPeerInfo(const Peer& peer) {
+  v1::PeerInfo info;
+  info.set_node_id(peer.node_id);
+  info.set_address(peer.address);
+  info.set_state(PeerStateName(peer.state));
+  if (peer.last_seen != absl::InfinitePast()) {
+    info.set_last_seen_unix_us(absl::ToUnixMicros(peer.last_seen));
+  }
+  info.set_source(peer.is_static ? (peer.has_record ? "static+etcd" : "static") : "etcd");
+  if (peer.has_record) *info.mutable_record() = peer.record;
+  return info;
+}
+
 namespace {
 
 // Thread contract: every member is guarded by mu_.
@@ -59,16 +82,7 @@ class StaticDirectory final : public Directory {
 
   std::vector<v1::PeerInfo> List() const override {
     std::vector<v1::PeerInfo> out;
-    for (const Peer& peer : Peers()) {
-      v1::PeerInfo info;
-      info.set_node_id(peer.node_id);
-      info.set_address(peer.address);
-      info.set_state(PeerStateName(peer.state));
-      if (peer.last_seen != absl::InfinitePast()) {
-        info.set_last_seen_unix_us(absl::ToUnixMicros(peer.last_seen));
-      }
-      out.push_back(std::move(info));
-    }
+    for (const Peer& peer : Peers()) out.push_back(ToPeerInfo(peer));
     return out;
   }
 
