@@ -18,7 +18,7 @@ absl::StatusOr<std::unique_ptr<CommandRing>> CommandRing::Create(uint32_t capaci
   if (memory == MAP_FAILED) {
     return absl::ResourceExhaustedError(absl::StrCat("mmap of a ", bytes, "-byte ring failed"));
   }
-  // On a GPU machine: cudaHostRegister(memory, bytes, cudaHostRegisterMapped) here.
+  // On a GPU machine the packing kernel's first use registers it with CUDA (DeviceMemory).
   return std::unique_ptr<CommandRing>(new CommandRing(memory, bytes, capacity));
 }
 
@@ -31,7 +31,24 @@ CommandRing::CommandRing(void* memory, size_t bytes, uint32_t capacity)
                                                   sizeof(RingHeader));
 }
 
-CommandRing::~CommandRing() { munmap(memory_, bytes_); }
+CommandRing::~CommandRing() {
+  {
+    absl::MutexLock lock(&map_mu_);
+    mapping_.reset();  // unregistered before it is unmapped
+  }
+  munmap(memory_, bytes_);
+}
+
+uint8_t* CommandRing::DeviceMemory(const MapFn& map) {
+  absl::MutexLock lock(&map_mu_);
+  if (!map_tried_) {
+    map_tried_ = true;
+    auto [device, handle] = map(memory(), bytes_);
+    device_memory_ = device;
+    mapping_ = std::move(handle);
+  }
+  return device_memory_;
+}
 
 bool CommandRing::TryPush(const kernels::NicCommand& cmd) {
   const std::optional<uint64_t> seq = Reserve();

@@ -20,8 +20,10 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <utility>
 
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "kernels/device_abi.h"
 #include "kernels/fabric_math.h"
 
@@ -71,6 +73,13 @@ class CommandRing {
   // The ring's memory (header and slots): what the daemon registers with CUDA (mapped).
   uint8_t* memory() const { return static_cast<uint8_t*>(memory_); }
   size_t bytes() const { return bytes_; }
+  // The device address of memory() for the packing kernel, made on the first call by `map`
+  // (which registers the ring with CUDA, mapped, and returns the device address of `host` and a
+  // handle undoing that, kept until the ring is unmapped); nullptr when `map` failed (not tried
+  // again). Thread-safe.
+  using MapFn =
+      std::function<std::pair<uint8_t*, std::shared_ptr<void>>(uint8_t* host, size_t bytes)>;
+  uint8_t* DeviceMemory(const MapFn& map);
   // The next published command, or nullopt when the next slot is not published yet. kOpNone
   // commands are consumed and skipped.
   std::optional<kernels::NicCommand> Pop();
@@ -86,6 +95,10 @@ class CommandRing {
   const uint32_t capacity_;
   RingHeader* header_;
   kernels::NicCommand* slots_;
+  absl::Mutex map_mu_;
+  bool map_tried_ ABSL_GUARDED_BY(map_mu_) = false;
+  uint8_t* device_memory_ ABSL_GUARDED_BY(map_mu_) = nullptr;
+  std::shared_ptr<void> mapping_ ABSL_GUARDED_BY(map_mu_);
 };
 
 // Per-lane staging slot accounting. Thread contract: Acquire/Release/IsFree are called by the

@@ -59,7 +59,19 @@ absl::StatusOr<std::unique_ptr<Nic>> Nic::Open(const Options& options) {
     hints->src_addrlen = sizeof(src);
   }
   fi_info* raw = nullptr;
+  // FI_HMEM first (device memory registration: the NIC reads and writes GPU memory directly); a
+  // provider without it answers -FI_ENODATA, and the endpoint is opened without it.
+  hints->caps |= FI_HMEM;
+  hints->domain_attr->mr_mode |= FI_MR_HMEM;
   int rc = fi_getinfo(FI_VERSION(1, 17), nullptr, nullptr, 0, hints.get(), &raw);
+  const bool hmem = rc == 0 && raw != nullptr && (raw->caps & FI_HMEM) != 0;
+  if (rc != 0 || !hmem) {
+    if (raw != nullptr) fi_freeinfo(raw);
+    raw = nullptr;
+    hints->caps &= ~FI_HMEM;
+    hints->domain_attr->mr_mode &= ~FI_MR_HMEM;
+    rc = fi_getinfo(FI_VERSION(1, 17), nullptr, nullptr, 0, hints.get(), &raw);
+  }
   if (rc != 0) {
     return absl::FailedPreconditionError(absl::StrCat(
         "fabric.provider: no '", options.provider, "' RDM endpoint with FI_RMA on '",
@@ -77,6 +89,7 @@ absl::StatusOr<std::unique_ptr<Nic>> Nic::Open(const Options& options) {
   // specifies for mr_mode without FI_MR_VIRT_ADDR).
   nic->virt_addr_ = (info->domain_attr->mr_mode & FI_MR_VIRT_ADDR) != 0;
   nic->prov_key_ = (info->domain_attr->mr_mode & FI_MR_PROV_KEY) != 0;
+  nic->hmem_ = hmem;
   if (info->domain_attr->cq_data_size < 8) {
     return absl::FailedPreconditionError(absl::StrCat(
         "fabric.provider: '", nic->provider_, "' carries only ", info->domain_attr->cq_data_size,
@@ -145,7 +158,40 @@ absl::StatusOr<std::unique_ptr<MemoryRegion>> Nic::RegisterMemory(uint8_t* base,
     return absl::AlreadyExistsError(absl::StrCat("fi_mr_reg: key ", requested_key, " in use"));
   }
   if (rc != 0) return FiError("fi_mr_reg", rc);
+  return FinishRegistration(mr, base, size);
+}
+
+absl::StatusOr<std::unique_ptr<MemoryRegion>> Nic::RegisterDeviceMemory(uint8_t* base,
+                                                                        uint64_t size,
+                                                                        int cuda_device,
+                                                                        uint64_t requested_key,
+                                                                        uint64_t access) {
+  if (!hmem_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "fabric.provider: '", provider_, "' offers no FI_HMEM: GPU memory cannot be registered "
+        "with it (GPU regions travel through host staging)"));
+  }
+  iovec iov{base, size};
+  fi_mr_attr attr{};
+  attr.mr_iov = &iov;
+  attr.iov_count = 1;
+  attr.access = access;
+  attr.requested_key = prov_key_ ? 0 : requested_key;
+  attr.iface = FI_HMEM_CUDA;
+  attr.device.cuda = cuda_device;
+  fid_mr* mr = nullptr;
+  int rc = fi_mr_regattr(domain_.get(), &attr, 0, &mr);
+  if (rc == -FI_ENOKEY) {
+    return absl::AlreadyExistsError(absl::StrCat("fi_mr_regattr: key ", requested_key, " in use"));
+  }
+  if (rc != 0) return FiError("fi_mr_regattr(FI_HMEM_CUDA)", rc);
+  return FinishRegistration(mr, base, size);
+}
+
+absl::StatusOr<std::unique_ptr<MemoryRegion>> Nic::FinishRegistration(fid_mr* mr, uint8_t* base,
+                                                                      uint64_t size) {
   FiPtr<fid_mr> owned(mr);
+  int rc = 0;
   if (info_->domain_attr->mr_mode & FI_MR_ENDPOINT) {
     rc = fi_mr_bind(mr, &ep_->fid, 0);
     if (rc != 0) return FiError("fi_mr_bind", rc);

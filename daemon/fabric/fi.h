@@ -94,6 +94,19 @@ class Nic {
                                                                uint64_t access);
   // Whether the provider picks the registration keys (FI_MR_PROV_KEY) rather than taking ours.
   bool provider_keys() const { return prov_key_; }
+  // FI_HMEM (issue 19 item 4): whether the provider offers device-memory registration, decided
+  // at Open by its capabilities (fi_getinfo asked with caps FI_HMEM and mr_mode FI_MR_HMEM first,
+  // without them when no endpoint offers them). tcp;ofi_rxm has none here.
+  bool hmem() const { return hmem_; }
+  // Registers CUDA device memory [base, base+size) of GPU `cuda_device` (fi_mr_regattr with
+  // iface FI_HMEM_CUDA, device.cuda = cuda_device), so the NIC reads tiles straight from (or
+  // writes them straight into) device memory; `requested_key` and `access` as RegisterMemory.
+  // FAILED_PRECONDITION naming the provider when !hmem(). Written to the providers' documented
+  // semantics (fi_mr(3), fi_getinfo(3) FI_HMEM); never run here: no provider with FI_HMEM.
+  absl::StatusOr<std::unique_ptr<MemoryRegion>> RegisterDeviceMemory(uint8_t* base, uint64_t size,
+                                                                     int cuda_device,
+                                                                     uint64_t requested_key,
+                                                                     uint64_t access);
   absl::StatusOr<fi_addr_t> InsertAddress(const std::string& raw);
   void RemoveAddress(fi_addr_t addr);
 
@@ -121,6 +134,10 @@ class Nic {
   bool can_wait_ = false;
   bool virt_addr_ = false;
   bool prov_key_ = false;
+  bool hmem_ = false;
+  // After fid_mr creation: binds/enables it where FI_MR_ENDPOINT asks and wraps it.
+  absl::StatusOr<std::unique_ptr<MemoryRegion>> FinishRegistration(fid_mr* mr, uint8_t* base,
+                                                                   uint64_t size);
   FiInfoPtr info_;
   FiPtr<fid_fabric> fabric_;
   FiPtr<fid_domain> domain_;

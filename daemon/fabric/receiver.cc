@@ -45,6 +45,9 @@ struct Inbound {
     return landed[tile] || !applied[tile];
   }
   bool ended ABSL_GUARDED_BY(mu) = false;
+  // issue 19: the fabric kernel for a GPU destination (scatters from the mapped receive slot);
+  // null: the copy engines / host unpack. Set by Begin, before publication; after `plan`.
+  std::unique_ptr<GpuTileKernels> gpu;
   explicit Inbound(planner::Plan p) : plan(std::move(p)) {}
 };
 
@@ -159,6 +162,13 @@ absl::StatusOr<uint32_t> ReceiverImpl::Begin(const v1::BeginRemoteTransferReques
   in->sender_node = peer->node_id;
   in->digest = spec.digest();
   in->dst = *std::move(dst);
+  std::string gpu_why;  // per transfer: the GPU kernel for a GPU destination (path reason)
+  {
+    const v1::RegionSpec& dst_spec = in->dst->spec();
+    const bool cuda = dst_spec.memory_kind() == v1::MEMORY_KIND_CUDA;
+    in->gpu = GpuTileKernels::ForDestination(
+        in->plan, RegionSide{cuda, cuda ? dst_spec.device() : -1, in->dst->data()}, &gpu_why);
+  }
   {
     absl::MutexLock lock(&in->mu);
     in->applied.assign(in->plan.num_tiles(), false);
@@ -181,6 +191,7 @@ absl::StatusOr<uint32_t> ReceiverImpl::Begin(const v1::BeginRemoteTransferReques
                               in->dst, in->sender_node, in->sender_transfer_id));
       in->local_id = admitted.id;
       in->job = std::move(admitted.job);
+      if (!gpu_why.empty()) in->job->OnEngineNote(gpu_why);
     }
   }
   absl::MutexLock lock(&mu_);
@@ -314,7 +325,8 @@ bool ReceiverImpl::ApplyTile(Inbound& in, const Arrival& a) {
   const bool cuda = dst.memory_kind() == v1::MEMORY_KIND_CUDA;
   const uint8_t* const slot = lanes_->RecvSlot(a.lane, a.peer, a.slot);
   const RegionSide dst_side{cuda, cuda ? dst.device() : -1, in.dst->data()};
-  const absl::Status unpacked = UnpackTile(in.plan, a.tile, slot, dst_side);
+  const absl::Status unpacked = in.gpu != nullptr ? in.gpu->Unpack(a.tile, slot)
+                                                 : UnpackTile(in.plan, a.tile, slot, dst_side);
   // spec.digest: the destination read back after the scatter against the digest sent with it.
   absl::Status checked;
   uint64_t sent = 0, landed = 0;

@@ -41,6 +41,9 @@ struct Outbound {
   bool closed ABSL_GUARDED_BY(mu) = false;
   // spec.digest: the digest each tile was sent with (indexed by tile; grown on first use).
   std::vector<uint64_t> digests ABSL_GUARDED_BY(mu);
+  // issue 19: the fabric kernel for a GPU source (packs into the mapped slot and writes the
+  // command ring itself); null: the copy engines / host pack. Set by Begin, before publication.
+  std::unique_ptr<GpuTileKernels> gpu;
   // Lane failover: lanes failed under this transfer, tiles re-sent, and the latest failover's
   // detection and first re-sent tile (for the record's path reason).
   uint32_t failovers ABSL_GUARDED_BY(mu) = 0;
@@ -247,6 +250,16 @@ absl::StatusOr<std::vector<std::string>> SenderImpl::Begin(
   out->peer = peer;
   out->handle = response.handle();
   {
+    // Per transfer: the GPU kernel for a GPU source, else the copy engines / host pack; said in
+    // the path reason.
+    const engine::MemoryRef src_ref = job->src();
+    std::string why;
+    out->gpu = GpuTileKernels::ForSource(
+        job->plan(), RegionSide{src_ref.cuda, src_ref.device, src_ref.base}, job->wants_digest(),
+        &why);
+    job->OnEngineNote(why);
+  }
+  {
     absl::MutexLock lock(&peer->mu);
     for (uint32_t l = 0; l < peer->lanes; ++l) {
       out->nics.push_back(absl::StrCat(lanes_->at(l).nic->name(), "->", peer->remote[l].nic_name));
@@ -403,6 +416,7 @@ void SenderImpl::PackLoop() {
     const RegionSide src_side{src.cuda, src.device, src.base};
     uint8_t* const staging = lanes_->SendSlot(lane, peer->index, slot);
     absl::Status packed;
+    bool published = false;  // the command is in the ring already (written by the GPU)
     uint64_t wire_bytes = bytes;
     if (out->job->wants_digest()) {  // spec.digest: hashed while packing, sent after the bytes
       const absl::StatusOr<uint64_t> digest =
@@ -414,6 +428,15 @@ void SenderImpl::PackLoop() {
         if (out->digests.size() <= item.tile) out->digests.resize(out->job->plan().num_tiles());
         out->digests[item.tile] = *digest;
       }
+    } else if (out->gpu != nullptr) {
+      // issue 19: the GPU gathers the tile into the slot and publishes its command in the ring.
+      kernels::NicCommand engine{};
+      engine.peer = static_cast<uint16_t>(peer->index);
+      engine.remote_handle = static_cast<uint16_t>(out->handle);
+      engine.transfer_tag = out->id;
+      packed = out->gpu->PackAndPublish(item.tile, slot, staging, lanes_->at(lane).ring.get(),
+                                        engine);
+      published = packed.ok();
     } else {
       packed = PackTile(out->job->plan(), item.tile, src_side, staging);
     }
@@ -431,7 +454,11 @@ void SenderImpl::PackLoop() {
     cmd.remote_handle = static_cast<uint16_t>(out->handle);
     cmd.transfer_tag = out->id;
     cmd.bytes = static_cast<uint32_t>(wire_bytes);
-    lanes_->PostCommand(lane, cmd);
+    if (published) {
+      lanes_->at(lane).nic->Signal();  // the proxy takes it from the ring (it may have already)
+    } else {
+      lanes_->PostCommand(lane, cmd);
+    }
     if (item.resend) {
       // Lane failover: the first re-sent tile of a failover is on its new lane's ring.
       const absl::Time posted = absl::Now();

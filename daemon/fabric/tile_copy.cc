@@ -2,14 +2,20 @@
 
 #include <cuda_runtime_api.h>
 
+#include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <map>
+#include <thread>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "base/status.h"
 #include "daemon/fabric/tile_pack.h"
+#include "kernels/fabric_pack.h"
+#include "kernels/kv_copy.h"
 
 namespace kvrail::fabric {
 namespace {
@@ -95,6 +101,196 @@ absl::StatusOr<uint64_t> DestinationTileDigest(const planner::Plan& plan, uint32
   KVRAIL_RETURN_IF_ERROR(CopyTileRuns(plan, tile, dst.device, dst.base, scratch,
                                       /*pack=*/true, /*dst_side=*/true));
   return planner::PackedTileDigest(plan, tile, scratch);
+}
+
+// ---- the fabric kernels (issue 19 item 4) ----
+
+uint8_t* MappedDeviceAddress(const void* host) {
+  cudaPointerAttributes attr{};
+  if (cudaPointerGetAttributes(&attr, host) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return nullptr;
+  }
+  if (attr.type != cudaMemoryTypeHost || attr.devicePointer == nullptr) return nullptr;
+  return static_cast<uint8_t*>(attr.devicePointer);
+}
+
+namespace {
+
+// KVRAIL_FABRIC_GPU_PACK=copy keeps GPU regions on the copy engines (benchmark comparisons).
+bool KernelsDisabled() {
+  static const bool disabled = [] {
+    const char* v = std::getenv("KVRAIL_FABRIC_GPU_PACK");
+    return v != nullptr && std::string(v) == "copy";
+  }();
+  return disabled;
+}
+
+// The ring's device mapping: registered with CUDA (mapped) on the packing kernel's first use.
+uint8_t* RingDeviceMemory(CommandRing* ring) {
+  return ring->DeviceMemory([](uint8_t* host, size_t bytes) {
+    std::pair<uint8_t*, std::shared_ptr<void>> none{nullptr, nullptr};
+    std::optional<cuda::HostRegistration> r = PinForGpus(host, bytes);
+    if (!r.has_value()) return none;
+    auto reg = std::make_shared<cuda::HostRegistration>(*std::move(r));
+    uint8_t* device = reg->DevicePointer(host);
+    return std::pair<uint8_t*, std::shared_ptr<void>>(device, std::move(reg));
+  });
+}
+
+}  // namespace
+
+// Set once under `mu` by EnsureUploaded; read without it after EnsureUploaded returned OK (the
+// mutex orders the writes before). `stream` before the buffers: they free on it first.
+struct GpuTileKernels::State {
+  absl::Mutex mu;
+  bool tried ABSL_GUARDED_BY(mu) = false;
+  absl::Status status ABSL_GUARDED_BY(mu);
+  std::optional<cuda::Stream> stream;
+  std::optional<kernels::DevicePlanBuffer> buffer;
+  std::optional<kernels::FabricArrivals> arrivals;
+  std::atomic<uint64_t> kernel_tiles{0};
+  std::atomic<uint64_t> fallback_tiles{0};
+};
+
+GpuTileKernels::GpuTileKernels(const planner::Plan& plan, const RegionSide& side, bool pack)
+    : plan_(plan), side_(side), pack_(pack), state_(std::make_unique<State>()) {}
+
+GpuTileKernels::~GpuTileKernels() {
+  if (!state_->stream.has_value()) return;
+  cuda::ScopedDevice on(side_.device);
+  state_->arrivals.reset();
+  state_->buffer.reset();
+  (void)cudaStreamSynchronize(state_->stream->get());
+  state_->stream.reset();
+}
+
+std::unique_ptr<GpuTileKernels> GpuTileKernels::ForSource(const planner::Plan& plan,
+                                                          const RegionSide& src, bool digest,
+                                                          std::string* why) {
+  if (!src.cuda) {
+    *why = "fabric pack: host region, packed by the CPU";
+    return nullptr;
+  }
+  if (digest) {
+    *why = "fabric pack: copy engines (spec.digest hashes the packed slot on the host)";
+    return nullptr;
+  }
+  if (KernelsDisabled()) {
+    *why = "fabric pack: copy engines (KVRAIL_FABRIC_GPU_PACK=copy)";
+    return nullptr;
+  }
+  *why = absl::StrCat("fabric pack: GPU", src.device,
+                      " kernel gathers into the mapped send slot and writes the command ring");
+  return std::unique_ptr<GpuTileKernels>(new GpuTileKernels(plan, src, /*pack=*/true));
+}
+
+std::unique_ptr<GpuTileKernels> GpuTileKernels::ForDestination(const planner::Plan& plan,
+                                                               const RegionSide& dst,
+                                                               std::string* why) {
+  if (!dst.cuda) {
+    *why = "fabric unpack: host region, by the CPU";
+    return nullptr;
+  }
+  if (KernelsDisabled()) {
+    *why = "fabric unpack: copy engines (KVRAIL_FABRIC_GPU_PACK=copy)";
+    return nullptr;
+  }
+  *why = absl::StrCat("fabric unpack: GPU", dst.device,
+                      " kernel scatters from the mapped receive slot");
+  return std::unique_ptr<GpuTileKernels>(new GpuTileKernels(plan, dst, /*pack=*/false));
+}
+
+absl::Status GpuTileKernels::EnsureUploaded() {
+  State& st = *state_;
+  absl::MutexLock lock(&st.mu);
+  if (st.tried) return st.status;
+  st.tried = true;
+  st.status = [&]() -> absl::Status {
+    cuda::ScopedDevice on(side_.device);
+    KVRAIL_RETURN_IF_ERROR(on.status());
+    KVRAIL_ASSIGN_OR_RETURN(cuda::Stream stream, cuda::Stream::Create(side_.device));
+    st.stream.emplace(std::move(stream));
+    cudaStream_t s = st.stream->get();
+    KVRAIL_RETURN_IF_ERROR(kernels::WarmUpFabricKernels(s));
+    const uint64_t base = reinterpret_cast<uint64_t>(side_.base);
+    KVRAIL_ASSIGN_OR_RETURN(
+        kernels::DevicePlanBuffer buffer,
+        kernels::DevicePlanBuffer::Upload(plan_.header(), plan_.src_blocks().data(),
+                                          plan_.dst_blocks().data(), pack_ ? base : 0,
+                                          pack_ ? 0 : base, s));
+    st.buffer.emplace(std::move(buffer));
+    if (pack_) {
+      KVRAIL_ASSIGN_OR_RETURN(kernels::FabricArrivals arrivals,
+                              kernels::FabricArrivals::Create(plan_.num_tiles(), s));
+      st.arrivals.emplace(std::move(arrivals));
+    }
+    return cuda::CudaStatus(cudaStreamSynchronize(s), "fabric kernels: plan upload");
+  }();
+  return st.status;
+}
+
+absl::Status GpuTileKernels::PackAndPublish(uint32_t tile, uint32_t slot, uint8_t* staging,
+                                            CommandRing* ring, const kernels::NicCommand& engine) {
+  uint8_t* const device_staging = MappedDeviceAddress(staging);
+  uint8_t* const device_ring = RingDeviceMemory(ring);
+  const absl::Status uploaded = EnsureUploaded();
+  if (device_staging == nullptr || device_ring == nullptr || !uploaded.ok()) {
+    // The GPU cannot reach the slot or the ring (or the plan did not upload): the copy engines
+    // pack, this thread pushes the command.
+    KVRAIL_RETURN_IF_ERROR(PackTile(plan_, tile, side_, staging));
+    kernels::NicCommand cmd = kernels::FabricTileCommand(plan_.header(), tile, slot, engine);
+    while (!ring->TryPush(cmd)) std::this_thread::yield();
+    state_->fallback_tiles.fetch_add(1, std::memory_order_relaxed);
+    return absl::OkStatus();
+  }
+  KVRAIL_RETURN_IF_ERROR(cuda::SetDevice(side_.device));
+  KVRAIL_ASSIGN_OR_RETURN(cudaStream_t stream, ThreadStream(side_.device));
+  std::optional<uint64_t> seq;
+  while (!(seq = ring->Reserve()).has_value()) std::this_thread::yield();
+  kernels::FabricPackTile t;
+  t.tile = tile;
+  t.slot = slot;
+  t.bytes = TileBytes(plan_, tile);
+  t.staging = device_staging;
+  t.ring_slot = reinterpret_cast<kernels::NicCommand*>(
+      device_ring + (reinterpret_cast<uint8_t*>(ring->SlotAt(*seq)) - ring->memory()));
+  t.epoch = CommandRing::EpochOf(*seq, ring->capacity());
+  t.engine = engine;
+  const absl::Status launched =
+      kernels::LaunchFabricPack(state_->buffer->plan(), t, state_->arrivals->at(tile), stream);
+  if (!launched.ok()) {
+    ring->PublishNone(*seq);  // the consumer must not stop at a number nobody will publish
+    return launched;
+  }
+  state_->kernel_tiles.fetch_add(1, std::memory_order_relaxed);
+  // Published by the kernel; an error here is the context's (a fault: everything fails after).
+  return cuda::CudaStatus(cudaStreamSynchronize(stream),
+                          absl::StrCat("fabric pack kernel on GPU", side_.device));
+}
+
+absl::Status GpuTileKernels::Unpack(uint32_t tile, const uint8_t* staging) {
+  const uint8_t* const device_staging = MappedDeviceAddress(staging);
+  const absl::Status uploaded = EnsureUploaded();
+  if (device_staging == nullptr || !uploaded.ok()) {
+    state_->fallback_tiles.fetch_add(1, std::memory_order_relaxed);
+    return UnpackTile(plan_, tile, staging, side_);
+  }
+  KVRAIL_RETURN_IF_ERROR(cuda::SetDevice(side_.device));
+  KVRAIL_ASSIGN_OR_RETURN(cudaStream_t stream, ThreadStream(side_.device));
+  KVRAIL_RETURN_IF_ERROR(kernels::LaunchFabricUnpack(state_->buffer->plan(), tile,
+                                                     TileBytes(plan_, tile), device_staging,
+                                                     stream));
+  state_->kernel_tiles.fetch_add(1, std::memory_order_relaxed);
+  return cuda::CudaStatus(cudaStreamSynchronize(stream),
+                          absl::StrCat("fabric unpack kernel on GPU", side_.device));
+}
+
+uint64_t GpuTileKernels::kernel_tiles() const {
+  return state_->kernel_tiles.load(std::memory_order_relaxed);
+}
+uint64_t GpuTileKernels::fallback_tiles() const {
+  return state_->fallback_tiles.load(std::memory_order_relaxed);
 }
 
 std::optional<cuda::HostRegistration> PinForGpus(uint8_t* base, uint64_t bytes) {

@@ -1,18 +1,24 @@
 // Internal to the fabric module: moving one packed tile between a region and a staging slot, for
-// host regions (the host twin, PackTileHost/UnpackTileHost) and GPU regions (the copy engines
-// between device memory and the staging slot, which the fabric pins for the GPUs when it can).
+// host regions (the host twin, PackTileHost/UnpackTileHost) and GPU regions: the fabric kernels
+// (GpuTileKernels below: the GPU gathers into the mapped send slot and publishes the tile's
+// NicCommand itself; scatters from the mapped receive slot) or, for spec.digest and as the
+// fallback, the copy engines between device memory and the slot (pinned for the GPUs).
 // The run list is the same ForEachTileRun walk in both cases, so CI's host tests cover the
 // arithmetic the GPU path uses. Thread contract: any thread, distinct tiles; each thread keeps its
 // own CUDA stream per GPU.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "base/cuda/cuda_util.h"
+#include "daemon/fabric/command_ring.h"
 #include "daemon/planner/planner.h"
+#include "kernels/device_abi.h"
 
 namespace kvrail::fabric {
 
@@ -48,6 +54,56 @@ uint64_t TrailerDigest(const planner::Plan& plan, uint32_t tile, const uint8_t* 
 // hashed there.
 absl::StatusOr<uint64_t> DestinationTileDigest(const planner::Plan& plan, uint32_t tile,
                                                const RegionSide& dst, uint8_t* scratch);
+
+// The fabric kernels (kernels/fabric_pack.h) for one transfer's GPU side (issue 19 item 4): the
+// plan uploaded once to the region's GPU (on first use, with the kernels' warm-up), then one
+// launch per tile on the calling thread's stream. Chosen per transfer by ForSource /
+// ForDestination, which also give the path reason; host regions, spec.digest (hashed on the host)
+// and KVRAIL_FABRIC_GPU_PACK=copy (benchmarks: the copy engines for comparison) keep the
+// copy-engine / host path. Thread contract: any thread; distinct tiles concurrently.
+class GpuTileKernels {
+ public:
+  // For the sender: the kernel for a GPU `src` without `digest`, else nullptr. `why` gets the
+  // path reason either way ("fabric pack: GPU kernel into the mapped send slot, command ring
+  // written by the GPU" / "fabric pack: copy engines (spec.digest hashes on the host)" / ...).
+  static std::unique_ptr<GpuTileKernels> ForSource(const planner::Plan& plan,
+                                                   const RegionSide& src, bool digest,
+                                                   std::string* why);
+  // For the receiver: the kernel for a GPU `dst` (spec.digest too: the read-back is separate).
+  static std::unique_ptr<GpuTileKernels> ForDestination(const planner::Plan& plan,
+                                                        const RegionSide& dst, std::string* why);
+  ~GpuTileKernels();
+  GpuTileKernels(const GpuTileKernels&) = delete;
+  GpuTileKernels& operator=(const GpuTileKernels&) = delete;
+
+  // Gathers `tile` into send slot `slot` at host address `staging` and publishes its command
+  // (`engine`: peer, remote_handle, transfer_tag; the producer's fields come from the plan on
+  // the GPU) into `ring` at a sequence number reserved here (waiting while the ring is full);
+  // returns when the kernel has ended. The caller then wakes the proxy (or it finds the command
+  // polling). A slot or ring the GPU cannot reach (not registered): the copy engines pack and
+  // this thread pushes the command (same bytes, same command). An error means nothing of the
+  // tile reached the ring (a reserved number is published as kOpNone).
+  absl::Status PackAndPublish(uint32_t tile, uint32_t slot, uint8_t* staging, CommandRing* ring,
+                              const kernels::NicCommand& engine);
+  // Scatters packed `tile` from the receive slot at host address `staging` into the
+  // destination; returns when the bytes are written. An unmapped slot: the copy engines.
+  absl::Status Unpack(uint32_t tile, const uint8_t* staging);
+  // Tiles moved by the kernel, and by the copy-engine fallback (unmapped slots).
+  uint64_t kernel_tiles() const;
+  uint64_t fallback_tiles() const;
+
+ private:
+  struct State;
+  GpuTileKernels(const planner::Plan& plan, const RegionSide& side, bool pack);
+  absl::Status EnsureUploaded();
+  const planner::Plan& plan_;  // the transfer's (outlives this)
+  const RegionSide side_;
+  const bool pack_;
+  std::unique_ptr<State> state_;
+};
+
+// The device address of host address `host` in memory registered with CUDA (mapped), or nullptr.
+uint8_t* MappedDeviceAddress(const void* host);
 
 // [base, base + bytes) pinned for every GPU of the daemon, so copy engines reach it directly;
 // nothing without GPUs. Best effort: without it the copies still work, staged by the driver.

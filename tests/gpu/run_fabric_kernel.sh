@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Issue 19 item 4 on the GPU machine, from .devpack_g2/ (tests/gpu/pack_fabric_kernel.sh; PACK
+# names another): the fabric kernels byte for byte (fabric_kernel_gpu_test), their pack rate into
+# mapped slots against the copy engines, then two daemons on loopback: GPU -> GPU with a head split
+# and NHD->HND against host -> host (fabric_kernel_bench; BENCH_ARGS, e.g. "--dst-gpu 1" on two
+# GPUs). Logs in $OUT. Every benchmark runs in its own process group, ended by its id afterwards.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+pack=${PACK:-.devpack_g2}
+out=${OUT:-/tmp}
+export LD_LIBRARY_PATH=$PWD/$pack/lib:${LD_LIBRARY_PATH:-}
+export NCCL_NVLS_ENABLE=0
+rf=$(mktemp -d /tmp/rf.XXXXXX)
+mkdir -p "$rf/kvrail/daemon"
+ln -s "$PWD/$pack/bin/kvraild" "$rf/kvrail/daemon/kvraild"
+export TEST_SRCDIR=$rf TEST_WORKSPACE=kvrail
+run_group() {
+  setsid "$@" &
+  local pid=$!
+  wait "$pid"
+  local rc=$?
+  kill -TERM -- "-$pid" 2>/dev/null
+  return $rc
+}
+nvidia-smi -L; date -u
+echo "== fabric_kernel_gpu_test (byte for byte)"
+run_group timeout 240 "$pack/bin/fabric_kernel_gpu_test" '~[bandwidth]' > "$out/gpu_test.txt" 2>&1
+echo "exit $?"; tail -6 "$out/gpu_test.txt"
+echo "== pack into mapped slots: kernel + command vs copy engines"
+run_group timeout 90 "$pack/bin/fabric_kernel_gpu_test" '[bandwidth]' > "$out/pack_bw.txt" 2>&1
+echo "exit $?"; grep -E "fabric pack|FAILED|passed" "$out/pack_bw.txt"
+echo "== two daemons on loopback"
+run_group timeout 300 "$pack/bin/fabric_kernel_bench" ${BENCH_ARGS:-} > "$out/bench.txt" 2>&1
+echo "exit $?"; cat "$out/bench.txt"
