@@ -118,6 +118,17 @@ class StatsCollectable final : public prometheus::Collectable {
       }
       out.push_back(std::move(peer_up));
     }
+    if (s.has_directory()) {  // the peer directory (docs/fabric.md, "Directory")
+      auto dir_up = Gauge("kvrail_directory_up",
+                          "1 when the peer directory is ok, 0 when degraded (etcd unreachable: "
+                          "known peers keep working, new ones are not seen).");
+      AddSample(&dir_up, s.directory().state() == "ok" ? 1 : 0, {{"kind", s.directory().kind()}});
+      out.push_back(std::move(dir_up));
+      auto registrations = Counter("kvrail_directory_registrations_total",
+                                   "Times this daemon registered its node record in etcd.");
+      AddSample(&registrations, static_cast<double>(s.directory().registrations()));
+      out.push_back(std::move(registrations));
+    }
     if (s.has_mps()) {
       auto mps = Gauge("kvrail_mps_active", "1 when a CUDA MPS control daemon was found at start.");
       AddSample(&mps, s.mps().active() ? 1 : 0);

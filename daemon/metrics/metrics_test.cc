@@ -1,6 +1,7 @@
 #define CATCH_CONFIG_MAIN
 #include <catch2/catch.hpp>
 
+#include <atomic>
 #include <string>
 
 #include "daemon/metrics/metrics.h"
@@ -106,6 +107,27 @@ TEST_CASE("a busy metrics address is an error naming the key") {
   auto second = Metrics::Start("127.0.0.1:" + std::to_string((*first)->port()), [] { return v1::Stats(); });
   REQUIRE(!second.ok());
   CHECK(std::string(second.status().message()).rfind("metrics_listen:", 0) == 0);
+}
+
+TEST_CASE("the peer directory's state is a gauge: 1 ok, 0 degraded (issue 18)") {
+  std::atomic<bool> ok{true};
+  MetricsOptions options;
+  options.listen = "127.0.0.1:0";
+  options.stats = [&] {
+    v1::Stats s;
+    s.mutable_directory()->set_kind("etcd");
+    s.mutable_directory()->set_state(ok.load() ? "ok" : "degraded");
+    s.mutable_directory()->set_registrations(2);
+    return s;
+  };
+  auto m = Metrics::Start(std::move(options));
+  REQUIRE(m.ok());
+  std::string body = HttpGet((*m)->port(), "/metrics");
+  CHECK(body.find(R"(kvrail_directory_up{kind="etcd"} 1)") != std::string::npos);
+  CHECK(body.find("kvrail_directory_registrations_total 2") != std::string::npos);
+  ok.store(false);
+  body = HttpGet((*m)->port(), "/metrics");
+  CHECK(body.find(R"(kvrail_directory_up{kind="etcd"} 0)") != std::string::npos);
 }
 
 }  // namespace
