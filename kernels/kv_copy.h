@@ -70,9 +70,10 @@ class DevicePlanBuffer {
 
 // Enqueues the kernel for tiles [tile_begin, tile_end) of `plan` on `stream`: `num_ctas` CTAs of
 // `threads_per_cta` threads. With `plan.piece_bytes` set each warp grid-strides over pieces (up
-// to 4 KiB inside one chunk); otherwise each CTA grid-strides over 64 KiB slabs. Either way each
-// thread keeps up to 8 loads of the access width in flight. Returns the CUDA launch error, if
-// any, as a Status naming the CUDA error.
+// to 4 KiB inside one chunk), each thread keeping up to 8 16-byte loads in flight; with
+// `plan.segments` each warp moves 32 chunk segments per step in 16-byte destination units;
+// otherwise each CTA grid-strides over slabs, 8 loads of the access width per thread. Returns the
+// CUDA launch error, if any, as a Status naming the CUDA error.
 absl::Status LaunchKvCopy(const DevicePlan& plan, uint32_t tile_begin, uint32_t tile_end,
                           int num_ctas, CudaStream stream, int threads_per_cta = 512);
 

@@ -1,8 +1,10 @@
 // The integrity digest on the GPU (kv_digest.h; the hash is kernels/digest.h): the fused gather
-// of kv_copy.cu with the source hashed in registers as it is copied (no second read of the
-// source), and hash-only passes over one side (the destination read back after landing; the
-// source of a copy-engine batch). The kernels follow kv_copy.cu's two paths (warp pieces,
-// 16-byte accesses; CTA slabs, 8- and 16-byte accesses) with the same address arithmetic
+// of kv_copy.cu with the source hashed as it is copied (no second read of the source: on the
+// warp path each piece is staged in shared memory by a bulk copy and hashed there, the slab path
+// hashes the values it holds in registers), and hash-only passes over one side (the destination
+// read back after landing; the source of a copy-engine batch). The kernels follow kv_copy.cu's
+// two paths (warp pieces, 16-byte accesses; CTA slabs, 8- and 16-byte accesses) with the same
+// address arithmetic
 // (plan_math.h); plans with narrower accesses (odd vector sizes or offsets) take a word kernel
 // that assembles each 8-byte word of the logical stream from its 1-, 2- or 4-byte accesses.
 // Per-tile sums are added into tile_digests[tile] with one atomicAdd per warp and tile run (the
@@ -723,7 +725,14 @@ int LaunchMode(const PlanHeader* header, uint32_t tile_begin, uint32_t tile_end,
     const cudaError_t e = cudaFuncSetAttribute(DigestPiecesStagedKernel<kStagedMode, kHow>,
                                                cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                static_cast<int>(ring));
-    if (e != cudaSuccess) return e;
+    if (e != cudaSuccess) {
+      // A GPU with less shared memory per CTA than the ring (192 KiB at 512 threads; H100/H200
+      // allow 227 KiB): the register version of the warp path instead.
+      (void)cudaGetLastError();
+      DigestPiecesKernel<kStagedMode><<<grid, block, 0, stream>>>(header, tile_begin, tile_end,
+                                                                  piece_bytes, digests);
+      return cudaGetLastError();
+    }
     DigestPiecesStagedKernel<kStagedMode, kHow><<<grid, block, ring, stream>>>(
         header, tile_begin, tile_end, piece_bytes, digests);
     return cudaGetLastError();

@@ -1,8 +1,9 @@
 // The integrity digest on the GPU (TransferSpec.digest; the hash and its contract:
 // kernels/digest.h). Three kernels over a DevicePlan (kv_copy.h), all adding tile t's digest
 // into tile_digests[t] (a device array of plan.num_tiles uint64, zeroed first: ZeroDigests):
-//  - kCopyHashSource: the fused gather/scatter of kv_copy.h that also hashes the source bytes it
-//    holds in registers (the cost is arithmetic: the source is read once);
+//  - kCopyHashSource: the fused gather/scatter of kv_copy.h that also hashes the source bytes as
+//    it moves them (the source is read once; warp-path plans stage each piece in shared memory,
+//    192 KiB of dynamic shared memory per 512-thread CTA, and hash it there);
 //  - kHashDestination: reads the destination back after the bytes landed and hashes it;
 //  - kHashSource: hashes the source without copying (for copies done by the copy engines).
 // The host twin computes the same values (planner::TileDigestHost); tests/gpu:digest_gpu_test
