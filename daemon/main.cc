@@ -10,9 +10,12 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
+#include <sstream>
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "base/clock.h"
 #include "base/logging.h"
@@ -20,6 +23,8 @@
 #include "base/status.h"
 #include "daemon/config/config.h"
 #include "daemon/directory/directory.h"
+#include "daemon/directory/etcd_directory.h"
+#include "daemon/directory/node_record.h"
 #include "daemon/engine/cuda_engine.h"
 #include "daemon/engine/engine.h"
 #include "daemon/engine/host_engine.h"
@@ -55,13 +60,14 @@ absl::StatusOr<v1::GetTopologyResponse> LoadTopology(const v1::DaemonConfig& con
   return response;
 }
 
-// The inter-node path when peers are configured (nullptr otherwise).
+// The inter-node path when peers are configured or etcd finds them (nullptr otherwise).
 absl::StatusOr<std::unique_ptr<fabric::Fabric>> StartFabric(const v1::DaemonConfig& config,
                                                             const v1::GetTopologyResponse& topology,
                                                             regions::RegionTable* regions,
                                                             directory::Directory* directory,
                                                             std::shared_ptr<const fabric::PeerTlsPem> tls) {
-  if (directory->Peers().empty()) return std::unique_ptr<fabric::Fabric>();
+  // With etcd, peers join later (the fabric takes them from Directory::Peers()): start anyway.
+  if (directory->Peers().empty() && !config.has_etcd()) return std::unique_ptr<fabric::Fabric>();
   const v1::FabricConfig& fc = config.fabric();
   fabric::FabricOptions options;
   options.node_id = config.node_id();
@@ -92,6 +98,67 @@ absl::StatusOr<std::unique_ptr<fabric::Fabric>> StartFabric(const v1::DaemonConf
   options.topology_summary = absl::StrCat(topology.desc().gpus_size(), " GPUs, ",
                                           topology.desc().nics_size(), " NICs");
   return fabric::Fabric::Create(options, regions, directory);
+}
+
+// The etcd directory (DaemonConfig.etcd; docs/fabric.md, "Directory"): registers this node's
+// record (Peer address, NICs with rails, GPUs by UUID, boot id, build) and follows the others.
+absl::StatusOr<std::unique_ptr<directory::Directory>> StartEtcdDirectory(
+    const v1::DaemonConfig& config, const v1::GetTopologyResponse& topology,
+    const std::string& instance_id, const std::string& build_info) {
+  const v1::EtcdDirectoryConfig& etcd = config.etcd();
+  directory::EtcdClientOptions client_options;
+  client_options.endpoints.assign(etcd.endpoints().begin(), etcd.endpoints().end());
+  const std::pair<const char*, const std::string*> files[] = {
+      {"etcd.ca_file", &etcd.ca_file()}, {"etcd.cert_file", &etcd.cert_file()},
+      {"etcd.key_file", &etcd.key_file()}};
+  std::string* pems[] = {&client_options.ca_pem, &client_options.cert_pem,
+                         &client_options.key_pem};
+  for (int i = 0; i < 3; ++i) {
+    if (files[i].second->empty()) continue;
+    std::ifstream in(*files[i].second);
+    std::stringstream text;
+    text << in.rdbuf();
+    if (!in || text.str().empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(files[i].first, ": cannot read ", *files[i].second));
+    }
+    *pems[i] = text.str();
+  }
+  if (client_options.ca_pem.empty() && client_options.cert_pem.empty()) {
+    spdlog::warn("etcd.*_file: not set: the etcd directory talks to {} in plaintext (anyone on "
+                 "the path can read and forge node records); set etcd.ca_file (and "
+                 "etcd.cert_file/key_file for client certificates)",
+                 absl::StrJoin(client_options.endpoints, ","));
+  }
+  KVRAIL_ASSIGN_OR_RETURN(std::unique_ptr<directory::EtcdClient> client,
+                          directory::CreateGrpcEtcdClient(client_options));
+  directory::NodeRecordInputs record;
+  record.node_id = config.node_id();
+  record.address = etcd.advertise_address();
+  record.instance_id = instance_id;
+  record.build_info = build_info;
+  record.fabric_addresses.assign(config.fabric().nics().begin(), config.fabric().nics().end());
+  if (record.fabric_addresses.empty()) {
+    record.fabric_addresses.push_back(
+        config.tcp_listen().substr(0, config.tcp_listen().rfind(':')));
+  }
+  record.topology = topology.desc();
+  record.graph = topology.graph();
+  record.now = absl::Now();
+  directory::EtcdDirectoryOptions options;
+  options.self = config.node_id();
+  options.prefix = etcd.prefix();
+  options.ttl_s = etcd.ttl_s();
+  options.record = directory::BuildNodeRecord(record);
+  options.static_peers = {config.peers().begin(), config.peers().end()};
+  options.endpoints = client_options.endpoints;
+  KVRAIL_ASSIGN_OR_RETURN(std::unique_ptr<directory::Directory> directory,
+                          directory::CreateEtcdDirectory(std::move(options), std::move(client)));
+  const v1::DirectoryStatus status = directory->Status();
+  spdlog::info("etcd directory: {} at {}, prefix {}, TTL {} s: {}{}{}; {} peers", status.kind(),
+               absl::StrJoin(etcd.endpoints(), ","), etcd.prefix(), etcd.ttl_s(), status.state(),
+               status.reason().empty() ? "" : ": ", status.reason(), status.peers());
+  return directory;
 }
 
 // Blocks SIGTERM/SIGINT in every thread (call before starting any) so sigwait receives them.
@@ -207,8 +274,14 @@ absl::Status Run(v1::DaemonConfig config) {
       spdlog::info("no CUDA engine: {}", created.status().ToString());
     }
   }
-  std::unique_ptr<directory::Directory> directory = directory::CreateStaticDirectory(
-      {config.peers().begin(), config.peers().end()}, config.node_id());
+  std::unique_ptr<directory::Directory> directory;
+  if (config.has_etcd()) {
+    KVRAIL_ASSIGN_OR_RETURN(directory, StartEtcdDirectory(config, topology, instance_id,
+                                                          stats_base.build_info()));
+  } else {
+    directory = directory::CreateStaticDirectory({config.peers().begin(), config.peers().end()},
+                                                 config.node_id());
+  }
   // Peers authenticate with mTLS (docs/security.md, "Peers"); FinalizeConfig refused TCP or
   // peers with neither peer_tls nor insecure_peers.
   std::shared_ptr<const fabric::PeerTlsPem> peer_tls;
@@ -280,6 +353,7 @@ absl::Status Run(v1::DaemonConfig config) {
       stats.set_instance_id(instance_id);
       stats.set_regions(regions->size());
       transfers->FillStats(&stats);
+      *stats.mutable_directory() = directory->Status();
       return stats;
     };
     KVRAIL_ASSIGN_OR_RETURN(metrics, metrics::Metrics::Start(std::move(metrics_options)));
@@ -336,6 +410,7 @@ absl::Status Run(v1::DaemonConfig config) {
     peer.set_state("unknown");
     server_options.peers.push_back(peer);
   }
+  server_options.directory_status = [d = directory.get()] { return d->Status(); };
   if (fabric) {
     server_options.list_peers = [d = directory.get()] { return d->List(); };
     server_options.extra_services.push_back(fabric->peer_service());
@@ -345,6 +420,16 @@ absl::Status Run(v1::DaemonConfig config) {
   KVRAIL_RETURN_IF_ERROR(grpc_bind->Publish(config.socket_mode()));
   grpc_bind.reset();
   if (server->tcp_port() != 0) spdlog::info("listening on TCP port {}", server->tcp_port());
+  // The health service's "kvrail.v1.Directory" follows the directory (ok / degraded); the
+  // listener is removed before the server goes away.
+  directory->SetStateListener([s = server.get()](const v1::DirectoryStatus& status) {
+    s->SetDirectoryServing(status.state() == "ok");
+  });
+  struct ClearListener {
+    directory::Directory* directory;
+    ~ClearListener() { directory->SetStateListener(nullptr); }
+  } clear_listener{directory.get()};
+  server->SetDirectoryServing(directory->Status().state() == "ok");
   if (fabric) fabric->StartLiveness();
   spdlog::info("ready: {} ({}{}{})", config.unix_socket(), engine->Describe(),
                cuda_engine ? "; " : "", cuda_engine ? cuda_engine->Describe() : "");

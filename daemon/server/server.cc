@@ -414,6 +414,7 @@ class ServerImpl final : public Server {
     builder.RegisterService(transfer_.get());
     builder.RegisterService(admin_.get());
     for (grpc::Service* service : options.extra_services) builder.RegisterService(service);
+    if (options_.directory_status) *response->mutable_directory() = options_.directory_status();
     server_ = builder.BuildAndStart();
     if (server_ == nullptr) {
       return absl::UnavailableError(absl::StrCat("listen: could not bind every listen address (",
@@ -425,6 +426,9 @@ class ServerImpl final : public Server {
     }
     return absl::OkStatus();
   }
+// Health service name of the peer directory (readiness detail; liveness is "").
+constexpr char kDirectoryHealth[] = "kvrail.v1.Directory";
+
 
   void SetNotServing() override {
     if (auto* health = server_->GetHealthCheckService()) {
@@ -455,8 +459,17 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
                                                      options.max_watchers_per_session),
                                              std::make_unique<AdminService>(options, regions, transfers));
   absl::Status status = server->Build(options);
+      if (options.directory_status) {
+        health->SetServingStatus(kDirectoryHealth, options.directory_status().state() == "ok");
+      }
   if (!status.ok()) return status;
   return std::unique_ptr<Server>(std::move(server));
 }
+
+  void SetDirectoryServing(bool ok) override {
+    if (auto* health = server_->GetHealthCheckService()) {
+      health->SetServingStatus(kDirectoryHealth, ok);
+    }
+  }
 
 }  // namespace kvrail::server

@@ -49,6 +49,10 @@ struct ServerOptions {
   uint32_t max_watchers_per_session = 64;
   // Stats fields fixed at start (mps, build_info): GetStats answers them as given.
   v1::Stats stats_base;
+  // The peer directory's state for Stats.directory; when set, the health service also answers
+  // "kvrail.v1.Directory" (NOT_SERVING while degraded: a readiness detail; liveness "" and
+  // "kvrail.v1.Transfer" do not depend on it). See SetDirectoryServing.
+  std::function<v1::DirectoryStatus()> directory_status;
 };
 
 // Owns the grpc::Server. Thread-safe; the services run on gRPC's thread pool.
@@ -61,6 +65,9 @@ class Server {
   // Marks readiness (health service "kvrail.v1.Transfer") NOT_SERVING: drain has begun. Liveness
   // (service "") stays SERVING until the server shuts down, so a draining daemon is not killed.
   virtual void SetNotServing() = 0;
+  // The health service's "kvrail.v1.Directory": SERVING when the directory is ok, NOT_SERVING
+  // when degraded (etcd unreachable). Liveness is not affected.
+  virtual void SetDirectoryServing(bool ok) = 0;
   // Stops accepting calls and waits up to `deadline` for running ones (long watches are
   // cancelled at the deadline).
   virtual void Shutdown(absl::Duration deadline) = 0;

@@ -159,6 +159,28 @@ absl::StatusOr<uint64_t> ResolveTransferId(Client& client, const std::string& te
 
 // ---- commands -----------------------------------------------------------------------------
 
+// "etcd ok (3 peers, 3 registered; 1 registration)" or "etcd DEGRADED for 5s: why (known
+// peers keep working)".
+std::string DirectoryLine(const v1::DirectoryStatus& d) {
+  std::string line = absl::StrCat(d.kind(), " ", d.state() == "ok" ? "ok" : "DEGRADED");
+  if (d.state() != "ok") {
+    absl::StrAppend(&line, " for ", Age(d.since_unix_us()), ": ", d.reason(),
+                    " (known peers keep working)");
+    return line;
+  }
+  absl::StrAppend(&line, " (", d.peers(), " peers");
+  if (d.kind() == "etcd") {
+    absl::StrAppend(&line, ", ", d.registered_peers(), " registered; ", d.registrations(),
+                    d.registrations() == 1 ? " registration" : " registrations");
+    if (!d.last_error().empty()) {
+      absl::StrAppend(&line, "; last error ", FormatUnixUs(d.last_error_unix_us()), ": ",
+                      d.last_error());
+    }
+  }
+  absl::StrAppend(&line, ")");
+  return line;
+}
+
 int CmdStatus(Client& client, const Globals& g) {
   absl::StatusOr<v1::Stats> stats = client.GetStats();
   if (!stats.ok()) return Fail(stats.status());
@@ -193,6 +215,7 @@ int CmdStatus(Client& client, const Globals& g) {
             << "\n";
   std::cout << "  draining:   " << (s.draining() ? "yes (new work is refused)" : "no") << "\n";
   if (s.has_mps()) std::cout << "  mps:        " << s.mps().verdict() << "\n";
+  if (s.has_directory()) std::cout << "  directory:  " << DirectoryLine(s.directory()) << "\n";
   if (!s.build_info().empty()) std::cout << "  build:      " << s.build_info() << "\n";
   if (!s.rejected_by_code().empty()) {
     std::map<std::string, uint64_t> rejected(s.rejected_by_code().begin(), s.rejected_by_code().end());
