@@ -200,7 +200,11 @@ class EtcdDirectory final : public Directory {
     absl::StatusOr<int64_t> put = client_->Put(self_key_, value, lease_);
     if (!put.ok()) return put.status();
     if (old_lease != 0 && old_lease != lease_) {
-      client_->LeaseRevoke(old_lease).ok();  // best effort: it may be gone already
+      // Best effort: it may be gone already (it expired while etcd was away).
+      if (absl::Status revoked = client_->LeaseRevoke(old_lease); !revoked.ok()) {
+        spdlog::debug("etcd directory: old lease {:x} not revoked: {}", old_lease,
+                      revoked.ToString());
+      }
     }
     absl::StatusOr<EtcdRange> range = client_->RangePrefix(options_.prefix);
     if (!range.ok()) return range.status();
