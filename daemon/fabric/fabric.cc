@@ -1,5 +1,6 @@
 // The fabric facade: builds the parts (peer table, lanes, leases, receiver, sender, peer control,
-// the Peer service), wires them together and stops them in order. The parts are lanes.h,
+// the Peer service), wires them together and stops them in order. Peers join while it runs (peer
+// control adds them from the directory, each with its staging). The parts are lanes.h,
 // sender.h, receiver.h, peer_control.h and peer_service.h.
 #include "daemon/fabric/fabric.h"
 
@@ -43,6 +44,8 @@ class FabricImpl final : public Fabric {
 
   // transfers::RemotePath: the sender's.
   absl::StatusOr<Prepared> Prepare(const v1::TransferSpec& spec) override {
+    // A peer the directory has but the liveness round has not added yet is added now.
+    control_->FindOrAdd(spec.dst().node_id());
     return sender_->Prepare(spec);
   }
   absl::StatusOr<std::vector<std::string>> Begin(uint64_t id, const v1::TransferSpec& spec,
@@ -77,7 +80,7 @@ absl::StatusOr<std::unique_ptr<Fabric>> FabricImpl::Create(const FabricOptions& 
   std::unique_ptr<FabricImpl> fabric(new FabricImpl());
   FabricImpl* f = fabric.get();
   const uint64_t boot_id = MakeBootId();
-  KVRAIL_ASSIGN_OR_RETURN(f->peers_, PeerTable::Create(*directory, options.tls));
+  f->peers_ = std::make_unique<PeerTable>(options.tls);
   KVRAIL_ASSIGN_OR_RETURN(f->lanes_, Lanes::Create(options, f->peers_.get()));
   f->leases_ = std::make_unique<Leases>(options.node_id, regions, f->peers_.get());
   f->receiver_ =
@@ -88,6 +91,12 @@ absl::StatusOr<std::unique_ptr<Fabric>> FabricImpl::Create(const FabricOptions& 
   f->control_ = PeerControl::Create(
       options, boot_id, f->lanes_.get(), f->peers_.get(), directory,
       [f](PeerConn* peer, const absl::Status& why) { f->OnPeerLost(peer, why); });
+  // The directory's peers now (in its order: node ids sorted); later ones join through the
+  // liveness round (PeerControl::SyncDirectory) or their Hello.
+  for (const directory::Peer& p : directory->Peers()) {
+    if (p.node_id == options.node_id) continue;
+    KVRAIL_RETURN_IF_ERROR(f->control_->AddPeer(p).status());
+  }
   f->sender_ = Sender::Create(options, boot_id, f->lanes_.get(), f->peers_.get(),
                               [f](PeerConn* peer) { return f->control_->Introduce(peer); });
   f->lanes_->StartProxies(f->sender_.get(), f->receiver_.get());

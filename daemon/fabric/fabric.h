@@ -1,5 +1,5 @@
 // The fabric module: kvrail between nodes. One libfabric RDM endpoint per NIC (tcp;ofi_rxm here;
-// verbs;ofi_rxm and efa by name), staging registered once at start, a command ring and a proxy
+// verbs;ofi_rxm and efa by name), staging registered per peer as peers join (from the directory), a command ring and a proxy
 // thread per NIC, the sender engine (packs tiles into staging slots, writes 32-byte commands),
 // the receiver (scatters arriving tiles into the destination layout, returns slot credits), the
 // Peer gRPC service (hello, leases, liveness, remote transfer control) and the heartbeat loop
@@ -28,9 +28,10 @@ namespace kvrail::fabric {
 // Thread-safe. Destroy after the transfer manager has drained and the gRPC server has stopped.
 class Fabric : public transfers::RemotePath {
  public:
-  // Opens the NICs, registers staging, starts proxy, packing and unpacking threads. Peers come
-  // from `directory` (its order fixes each peer's index). Errors name the config key
-  // ("fabric.provider: ...", "fabric.nics: ...").
+  // Opens the NICs, starts proxy, packing and unpacking threads, and adds the directory's peers
+  // (staging registered for each). Peers the directory lists later are added by the liveness
+  // round (each gets the next index); `directory` may be empty at start. Errors name the config
+  // key ("fabric.provider: ...", "fabric.nics: ...").
   static absl::StatusOr<std::unique_ptr<Fabric>> Create(const FabricOptions& options,
                                                         regions::RegionTable* regions,
                                                         directory::Directory* directory);

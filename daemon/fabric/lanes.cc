@@ -45,8 +45,6 @@ absl::StatusOr<std::unique_ptr<Lanes>> Lanes::Create(const FabricOptions& option
                                                      PeerTable* peers) {
   KVRAIL_RETURN_IF_ERROR(CheckOptions(options));
   std::unique_ptr<Lanes> lanes(new Lanes(options, peers));
-  const uint32_t num_peers = static_cast<uint32_t>(peers->size());
-  const uint64_t bytes = std::max<uint64_t>(1, num_peers) * lanes->PerPeerBytes();
   for (size_t i = 0; i < options.nic_addresses.size(); ++i) {
     auto lane = std::make_unique<Lane>();
     lane->index = static_cast<uint32_t>(i);
@@ -56,73 +54,93 @@ absl::StatusOr<std::unique_ptr<Lanes>> Lanes::Create(const FabricOptions& option
     nic_options.name = absl::StrCat("nic", i, "@", options.nic_addresses[i]);
     KVRAIL_ASSIGN_OR_RETURN(lane->nic, Nic::Open(nic_options));
     KVRAIL_ASSIGN_OR_RETURN(lane->ring, CommandRing::Create(256));
-    void* mem = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (mem == MAP_FAILED) {
-      return absl::ResourceExhaustedError(absl::StrCat("fabric: staging of ", bytes, " bytes"));
-    }
-    mlock(mem, bytes);  // pinned bounce buffers where RLIMIT_MEMLOCK allows; best effort
-    lane->memory = std::unique_ptr<uint8_t, Munmapper>(static_cast<uint8_t*>(mem), Munmapper{bytes});
-    lane->memory_bytes = bytes;
-    // GPU regions are packed and unpacked by the copy engines straight from/into the slots.
-    lane->pin = PinForGpus(lane->memory.get(), bytes);
-    // The whole staging for local access only; each peer's receive slots + credit words for its
-    // remote writes under a random key (unique in the domain: retried on a clash).
-    KVRAIL_ASSIGN_OR_RETURN(lane->mr, lane->nic->RegisterMemory(lane->memory.get(), bytes, i + 1,
-                                                                FI_WRITE | FI_READ));
-    for (uint32_t p = 0; p < num_peers; ++p) {
-      // (lanes->RecvSlot needs the lane in lanes_: not yet.)
-      uint8_t* const start = lane->memory.get() + p * lanes->PerPeerBytes() +
-                             uint64_t{options.slots} * options.slot_bytes;
-      const uint64_t size = lanes->PerPeerBytes() - uint64_t{options.slots} * options.slot_bytes;
-      absl::StatusOr<std::unique_ptr<MemoryRegion>> mr;
-      uint64_t requested = 0;
-      for (int attempt = 0; attempt < 8; ++attempt) {
-        requested = RandomKey();
-        mr = lane->nic->RegisterMemory(start, size, requested,
-                                       FI_REMOTE_WRITE | FI_REMOTE_READ | FI_WRITE | FI_READ);
-        if (mr.status().code() != absl::StatusCode::kAlreadyExists) break;
-      }
-      if (!mr.ok()) return mr.status();
-      if ((*mr)->key() != requested) {
-        // FI_MR_PROV_KEY (or a provider acting so): its keys, which may be guessable.
-        spdlog::warn("fabric: {} picked its own registration keys (peer {} has key {}): a peer's "
-                     "receive range is only as private as the provider's keys",
-                     lane->nic->name(), p, (*mr)->key());
-      }
-      lane->peer_mrs.push_back(*std::move(mr));
-    }
+    lane->staging.resize(PeerTable::kMaxPeers);
     lane->next_nonce = RandomKey() | 1;
-    lane->contexts.resize(std::max<size_t>(1, num_peers) * options.slots);
-    for (uint32_t p = 0; p < num_peers; ++p) {
-      for (uint32_t s = 0; s < options.slots; ++s) {
-        OpContext& c = lane->contexts[p * options.slots + s];
-        c.peer = p;
-        c.lane = lane->index;
-        c.slot = s;
-      }
-    }
     lanes->lanes_.push_back(std::move(lane));
-  }
-  for (const auto& peer : peers->all()) {
-    absl::MutexLock lock(&peer->mu);
-    for (const auto& lane : lanes->lanes_) {
-      peer->credits.push_back(std::make_unique<SlotCredits>(
-          options.slots, lanes->CreditWords(lane->index, peer->index)));
-      peer->owners.emplace_back(options.slots);
-      peer->consumed.emplace_back(options.slots, 0);
-      peer->sealed.emplace_back(options.slots, 0);
-      peer->remote.emplace_back();
-    }
   }
   return lanes;
 }
 
+namespace {
+
+// Registers [start, start + size) on `nic` under a random key (unique in the domain: retried on a
+// clash). A provider that picks its own keys (FI_MR_PROV_KEY) is warned about: its keys may be
+// guessable.
+absl::StatusOr<std::unique_ptr<MemoryRegion>> RegisterUnderRandomKey(Nic* nic, uint8_t* start,
+                                                                     uint64_t size,
+                                                                     uint64_t access,
+                                                                     const std::string& peer) {
+  absl::StatusOr<std::unique_ptr<MemoryRegion>> mr;
+  uint64_t requested = 0;
+  for (int attempt = 0; attempt < 8; ++attempt) {
+    requested = RandomKey();
+    mr = nic->RegisterMemory(start, size, requested, access);
+    if (mr.status().code() != absl::StatusCode::kAlreadyExists) break;
+  }
+  if (!mr.ok()) return mr.status();
+  if ((access & FI_REMOTE_WRITE) != 0 && (*mr)->key() != requested) {
+    spdlog::warn("fabric: {} picked its own registration keys (peer '{}' has key {}): a peer's "
+                 "receive range is only as private as the provider's keys",
+                 nic->name(), peer, (*mr)->key());
+  }
+  return mr;
+}
+
+}  // namespace
+
+absl::Status Lanes::AddPeer(PeerConn* peer) {
+  const uint64_t bytes = PerPeerBytes();
+  const uint64_t send_bytes = uint64_t{options_.slots} * options_.slot_bytes;
+  std::vector<std::unique_ptr<PeerStaging>> made;
+  for (const auto& lane : lanes_) {
+    auto st = std::make_unique<PeerStaging>();
+    void* mem = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (mem == MAP_FAILED) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "fabric: staging of ", bytes, " bytes for peer '", peer->node_id, "' on ",
+          lane->nic->name(), " (fabric.slots x fabric.slot_bytes x 2 per peer and NIC)"));
+    }
+    mlock(mem, bytes);  // pinned bounce buffers where RLIMIT_MEMLOCK allows; best effort
+    st->memory = std::unique_ptr<uint8_t, Munmapper>(static_cast<uint8_t*>(mem), Munmapper{bytes});
+    st->bytes = bytes;
+    // GPU regions are packed and unpacked by the copy engines straight from/into the slots.
+    st->pin = PinForGpus(st->memory.get(), bytes);
+    // The whole block for local access only; the receive slots + credit words for the peer's
+    // remote writes under a random key.
+    KVRAIL_ASSIGN_OR_RETURN(st->local_mr,
+                            RegisterUnderRandomKey(lane->nic.get(), st->memory.get(), bytes,
+                                                   FI_WRITE | FI_READ, peer->node_id));
+    KVRAIL_ASSIGN_OR_RETURN(
+        st->peer_mr,
+        RegisterUnderRandomKey(lane->nic.get(), st->memory.get() + send_bytes, bytes - send_bytes,
+                               FI_REMOTE_WRITE | FI_REMOTE_READ | FI_WRITE | FI_READ,
+                               peer->node_id));
+    st->contexts.resize(options_.slots);
+    for (uint32_t s = 0; s < options_.slots; ++s) {
+      OpContext& c = st->contexts[s];
+      c.peer = peer->index;
+      c.lane = lane->index;
+      c.slot = s;
+    }
+    made.push_back(std::move(st));
+  }
+  // All lanes made: install (nothing reads entry peer->index before the peer is published).
+  for (size_t l = 0; l < lanes_.size(); ++l) lanes_[l]->staging[peer->index] = std::move(made[l]);
+  absl::MutexLock lock(&peer->mu);
+  for (const auto& lane : lanes_) {
+    peer->credits.push_back(
+        std::make_unique<SlotCredits>(options_.slots, CreditWords(lane->index, peer->index)));
+    peer->owners.emplace_back(options_.slots);
+    peer->consumed.emplace_back(options_.slots, 0);
+    peer->sealed.emplace_back(options_.slots, 0);
+    peer->remote.emplace_back();
+  }
+  return absl::OkStatus();
+}
+
 Lanes::~Lanes() {
   Stop();
-  for (auto& lane : lanes_) {  // before the domain closes
-    lane->peer_mrs.clear();
-    lane->mr.reset();
-  }
+  for (auto& lane : lanes_) lane->staging.clear();  // deregistered before the domain closes
 }
 
 void Lanes::StartProxies(CreditSink* sender, ArrivalSink* receiver) {
@@ -147,7 +165,7 @@ uint64_t Lanes::PerPeerBytes() const {
   return 2 * uint64_t{options_.slots} * options_.slot_bytes + credit_bytes;
 }
 uint8_t* Lanes::SendSlot(uint32_t lane, uint32_t peer, uint32_t slot) const {
-  return lanes_[lane]->memory.get() + peer * PerPeerBytes() + slot * options_.slot_bytes;
+  return lanes_[lane]->staging[peer]->memory.get() + uint64_t{slot} * options_.slot_bytes;
 }
 uint8_t* Lanes::RecvSlot(uint32_t lane, uint32_t peer, uint32_t slot) const {
   return SendSlot(lane, peer, 0) + (uint64_t{options_.slots} + slot) * options_.slot_bytes;
@@ -264,7 +282,8 @@ std::pair<PeerConn::Remote, uint32_t> RemoteOn(PeerConn* peer, uint32_t lane) {
 ssize_t Lanes::PostWrite(Lane* lane, const kernels::NicCommand& cmd) {
   PeerConn* peer = peers_->at(cmd.peer);
   const auto [remote, index_at_peer] = RemoteOn(peer, lane->index);
-  OpContext* ctx = &lane->contexts[peer->index * options_.slots + cmd.slot];
+  PeerStaging* const st = lane->staging[peer->index].get();
+  OpContext* ctx = &st->contexts[cmd.slot];
   // The seal after the tile (the sender reserved kTileSealBytes of the slot for it).
   uint8_t* const staging = SendSlot(lane->index, peer->index, cmd.slot);
   TileSeal seal;
@@ -274,7 +293,7 @@ ssize_t Lanes::PostWrite(Lane* lane, const kernels::NicCommand& cmd) {
   seal.tile = cmd.tile;
   std::memcpy(staging + cmd.bytes, &seal, sizeof(seal));
   const ssize_t rc = lane->nic->WriteData(
-      staging, uint64_t{cmd.bytes} + kTileSealBytes, lane->mr->desc(),
+      staging, uint64_t{cmd.bytes} + kTileSealBytes, st->local_mr->desc(),
       TileImm(index_at_peer, cmd.remote_handle, cmd.slot, cmd.tile), remote.addr,
       remote.recv_base + uint64_t{cmd.slot} * options_.slot_bytes, remote.key, ctx);
   if (rc == 0) lane->next_nonce += 2;  // odd, never 0

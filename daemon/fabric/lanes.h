@@ -1,8 +1,9 @@
 // Internal to the fabric module: the shared endpoint state. One lane per configured NIC: its
 // libfabric endpoint, its command ring, its staging memory (per peer: send slots, receive slots,
-// credit words; registered once at start) and its proxy thread, the only caller of the NIC's data
-// functions. The sender writes commands and the receiver queues credits; the proxies post them
-// and report what completes back to the two (CreditSink, ArrivalSink).
+// credit words; allocated and registered when the peer is added, Lanes::AddPeer) and its proxy
+// thread, the only caller of the NIC's data functions. The sender writes commands and the
+// receiver queues credits; the proxies post them and report what completes back to the two
+// (CreditSink, ArrivalSink).
 #pragma once
 
 #include <sys/mman.h>
@@ -59,23 +60,32 @@ struct Arrival {
   uint64_t len;
 };
 
-// One NIC with its ring, staging and proxy. Thread contract: the fields but `credits` are fixed
-// after Lanes::Create; the proxy thread is the only caller of the NIC's data functions; `mu`
-// guards the credit queue.
+// One peer's staging on one lane, allocated and registered when the peer is added: `slots` send
+// slots, `slots` receive slots, then the credit words (one page-rounded block). Fixed once made.
+struct PeerStaging {
+  std::unique_ptr<uint8_t, Munmapper> memory;
+  uint64_t bytes = 0;
+  std::optional<cuda::HostRegistration> pin;  // after `memory`: unpinned before it is unmapped
+  // After `pin`: deregistered before the memory goes. `local_mr` covers the whole block for local
+  // access only (the source of writes: no remote access, so its key opens nothing); `peer_mr`
+  // covers the receive slots and credit words for the peer's remote writes, under a random key
+  // only that peer is told.
+  std::unique_ptr<MemoryRegion> local_mr;
+  std::unique_ptr<MemoryRegion> peer_mr;
+  std::vector<OpContext> contexts;  // [slot]
+};
+
+// One NIC with its ring, staging and proxy. Thread contract: the fields but `credits` and
+// `staging` are fixed after Lanes::Create; `staging[p]` is set once, by AddPeer, before peer p
+// is published in the PeerTable (so whoever reaches p through the table sees it); the proxy
+// thread is the only caller of the NIC's data functions; `mu` guards the credit queue.
 struct Lane {
   uint32_t index = 0;
   std::unique_ptr<Nic> nic;
   std::unique_ptr<CommandRing> ring;
-  std::unique_ptr<uint8_t, Munmapper> memory;
-  uint64_t memory_bytes = 0;
-  std::optional<cuda::HostRegistration> pin;  // after `memory`: unpinned before it is unmapped
-  // After `nic`: deregistered before it closes. `mr` covers the whole staging for local access
-  // only (the source of writes: no remote access, so its key opens nothing); `peer_mrs[p]` covers
-  // peer p's receive slots and credit words for remote writes, under a random key only p is told.
-  std::unique_ptr<MemoryRegion> mr;
-  std::vector<std::unique_ptr<MemoryRegion>> peer_mrs;
+  // After `nic`: deregistered before it closes. PeerTable::kMaxPeers entries, null until added.
+  std::vector<std::unique_ptr<PeerStaging>> staging;
   uint64_t next_nonce = 0;  // proxy thread only: the seal nonce of the next tile write
-  std::vector<OpContext> contexts;            // [peer * slots + slot]
   std::thread proxy;
   absl::Mutex mu;
   std::deque<CreditOp> credits ABSL_GUARDED_BY(mu);
@@ -102,18 +112,22 @@ class ArrivalSink {
 };
 
 // Thread contract: Create, StartProxies and Stop are called by the owner, in that order (Stop
-// also from the destructor). Everything else may be called from any thread: the lanes and the
-// staging layout are fixed after Create, each lane's proxy is the only caller of its NIC's data
+// also from the destructor). Everything else may be called from any thread: the lanes are fixed
+// after Create, a peer's staging is fixed once AddPeer made it (AddPeer runs under the PeerTable's
+// Add, so adds are serialized), each lane's proxy is the only caller of its NIC's data
 // functions, and a lane's credit queue is guarded by its `mu`. Address-vector changes
 // (Nic::InsertAddress/RemoveAddress) are made under the peer's `mu` by peer control.
 class Lanes {
  public:
   // The options the lanes need, checked before anything is opened. Errors name the config key.
   static absl::Status CheckOptions(const FabricOptions& options);
-  // Opens the NICs and registers staging for every peer of `peers`; sizes the peers' per-lane
-  // state (credits, owners, consume counters, remote endpoints).
+  // Opens the NICs. No staging yet: each peer's comes with AddPeer.
   static absl::StatusOr<std::unique_ptr<Lanes>> Create(const FabricOptions& options,
                                                        PeerTable* peers);
+  // Allocates, pins and registers `peer`'s staging on every lane and sizes its per-lane state
+  // (credits, owners, consume counters, remote endpoints). For PeerTable::Add's `prepare`: the
+  // peer is not yet published. Before or after StartProxies.
+  absl::Status AddPeer(PeerConn* peer);
   ~Lanes();
   Lanes(const Lanes&) = delete;
   Lanes& operator=(const Lanes&) = delete;
@@ -135,7 +149,7 @@ class Lanes {
   uint64_t* CreditWords(uint32_t lane, uint32_t peer) const;
   // The registration a peer's writes to us on `lane` must name (its receive slots and credit words).
   const MemoryRegion& PeerRegistration(uint32_t lane, uint32_t peer) const {
-    return *lanes_[lane]->peer_mrs[peer];
+    return *lanes_[lane]->staging[peer]->peer_mr;
   }
 
   // Hands a write command to `lane`'s proxy (waits while its ring is full) and wakes it.

@@ -5,6 +5,7 @@
 #include <thread>
 #include <utility>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "base/status.h"
@@ -29,6 +30,9 @@ class PeerControlImpl final : public PeerControl {
         on_lost_(std::move(on_lost)) {}
   ~PeerControlImpl() override { Stop(); }
 
+  absl::StatusOr<PeerConn*> AddPeer(const directory::Peer& peer) override;
+  PeerConn* FindOrAdd(const std::string& node_id) override;
+  void SyncDirectory() override;
   absl::Status Introduce(PeerConn* peer) override;
   absl::StatusOr<v1::PeerHello> OnHello(const v1::PeerHello& hello) override;
   void OnHeartbeat(const std::string& node_id, uint64_t boot_id) override;
@@ -39,6 +43,10 @@ class PeerControlImpl final : public PeerControl {
   v1::PeerHello HelloFor(const PeerConn& peer) const;
   absl::Status ApplyHello(PeerConn* peer, const v1::PeerHello& hello);
   void LivenessLoop();
+  // Whether `peer` is still withdrawn: cleared (and false) once the directory lists it again.
+  bool StillWithdrawn(PeerConn* peer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(peer->mu);
+  // The directory's word on a peer of the table (SyncDirectory).
+  void ApplyDirectoryState(PeerConn* peer);
   // One round for `peer`: Hello or Heartbeat, then up, or down after liveness_timeout.
   void CheckPeer(PeerConn* peer);
 
@@ -50,7 +58,84 @@ class PeerControlImpl final : public PeerControl {
   const PeerLost on_lost_;
   std::thread liveness_;
   std::atomic<bool> stop_{false};
+  // Nodes AddPeer refused (logged once each, not every round).
+  absl::Mutex refused_mu_;
+  absl::flat_hash_set<std::string> refused_ ABSL_GUARDED_BY(refused_mu_);
 };
+
+// The directory lists `node` and does not say it is down (or gone).
+bool Listed(const directory::Directory& directory, const std::string& node) {
+  absl::StatusOr<directory::Peer> p = directory.Lookup(node);
+  return p.ok() && p->state != directory::PeerState::kDown;
+}
+
+absl::StatusOr<PeerConn*> PeerControlImpl::AddPeer(const directory::Peer& peer) {
+  absl::StatusOr<PeerConn*> added =
+      peers_->Add(peer, [this](PeerConn* conn) { return lanes_->AddPeer(conn); });
+  if (added.ok()) {
+    spdlog::info("fabric: peer '{}' at {} added (index {}, staging on {} lanes)", peer.node_id,
+                 peer.address, (*added)->index, lanes_->size());
+    return added;
+  }
+  if (added.status().code() == absl::StatusCode::kAlreadyExists) {
+    if (PeerConn* known = peers_->Find(peer.node_id)) return known;
+  }
+  bool first;
+  {
+    absl::MutexLock lock(&refused_mu_);
+    first = refused_.insert(peer.node_id).second;
+  }
+  if (first) spdlog::error("fabric: {}", added.status().ToString());
+  return added.status();
+}
+
+PeerConn* PeerControlImpl::FindOrAdd(const std::string& node_id) {
+  if (PeerConn* peer = peers_->Find(node_id)) return peer;
+  absl::StatusOr<directory::Peer> listed = directory_->Lookup(node_id);
+  if (!listed.ok() || listed->state == directory::PeerState::kDown) return nullptr;
+  absl::StatusOr<PeerConn*> added = AddPeer(*listed);
+  return added.ok() ? *added : nullptr;
+}
+
+void PeerControlImpl::SyncDirectory() {
+  for (const directory::Peer& p : directory_->Peers()) {
+    if (p.node_id == options_.node_id) continue;
+    PeerConn* peer = peers_->Find(p.node_id);
+    if (peer == nullptr) {
+      // A node gone before we met it is not added (it would only cost staging).
+      if (p.state != directory::PeerState::kDown) (void)AddPeer(p);
+      continue;
+    }
+    ApplyDirectoryState(peer);
+  }
+}
+
+bool PeerControlImpl::StillWithdrawn(PeerConn* peer) {
+  if (peer->withdrawn && Listed(*directory_, peer->node_id)) {
+    peer->withdrawn = false;
+    spdlog::info("fabric: peer '{}' is back in the directory", peer->node_id);
+  }
+  return peer->withdrawn;
+}
+
+void PeerControlImpl::ApplyDirectoryState(PeerConn* peer) {
+  {
+    // Read under the peer's lock: our own MarkUp/MarkDown are made under it too, so a kDown seen
+    // here while the peer is up is the directory's (the record vanished), not ours.
+    absl::MutexLock lock(&peer->mu);
+    if (peer->withdrawn) {
+      StillWithdrawn(peer);
+      return;
+    }
+    if (!peer->up || Listed(*directory_, peer->node_id)) return;
+    peer->up = false;
+    peer->withdrawn = true;
+  }
+  spdlog::warn("fabric: peer '{}' left the directory: down", peer->node_id);
+  on_lost_(peer, absl::UnavailableError(absl::StrCat(
+                     "peer '", peer->node_id, "' at ", peer->address,
+                     " is down: its directory record is gone (lease ended or it left)")));
+}
 
 v1::PeerHello PeerControlImpl::HelloFor(const PeerConn& peer) const {
   v1::PeerHello hello;
@@ -111,6 +196,10 @@ absl::Status PeerControlImpl::ApplyHello(PeerConn* peer, const v1::PeerHello& he
   bool restarted = false;
   {
     absl::MutexLock lock(&peer->mu);
+    if (StillWithdrawn(peer)) {
+      return absl::UnavailableError(absl::StrCat(
+          "peer '", peer->node_id, "' is not in the directory (its record is gone)"));
+    }
     restarted = peer->introduced && peer->boot_id != hello.boot_id();
   }
   if (restarted) {
@@ -154,6 +243,13 @@ absl::Status PeerControlImpl::ApplyHello(PeerConn* peer, const v1::PeerHello& he
 }
 
 absl::Status PeerControlImpl::Introduce(PeerConn* peer) {
+  {
+    absl::MutexLock lock(&peer->mu);
+    if (StillWithdrawn(peer)) {
+      return absl::UnavailableError(absl::StrCat("peer '", peer->node_id,
+                                                 "' is down: its directory record is gone"));
+    }
+  }
   v1::HelloRequest request;
   *request.mutable_hello() = HelloFor(*peer);
   v1::HelloResponse response;
@@ -170,7 +266,7 @@ absl::Status PeerControlImpl::Introduce(PeerConn* peer) {
 }
 
 absl::StatusOr<v1::PeerHello> PeerControlImpl::OnHello(const v1::PeerHello& hello) {
-  PeerConn* peer = peers_->Find(hello.node_id());
+  PeerConn* peer = FindOrAdd(hello.node_id());
   if (peer == nullptr) {
     return absl::PermissionDeniedError(
         absl::StrCat("node '", hello.node_id(), "' is not in this daemon's peer directory"));
@@ -183,7 +279,7 @@ void PeerControlImpl::OnHeartbeat(const std::string& node_id, uint64_t boot_id) 
   PeerConn* peer = peers_->Find(node_id);
   if (peer == nullptr) return;
   absl::MutexLock lock(&peer->mu);
-  if (peer->introduced && peer->boot_id == boot_id) {
+  if (peer->introduced && peer->boot_id == boot_id && !peer->withdrawn) {
     peer->last_ok = absl::Now();
     directory_->MarkUp(node_id, peer->last_ok, boot_id);
   }
@@ -200,7 +296,8 @@ void PeerControlImpl::Stop() {
 
 void PeerControlImpl::LivenessLoop() {
   while (!stop_.load()) {
-    for (const auto& peer : peers_->all()) CheckPeer(peer.get());
+    SyncDirectory();
+    for (PeerConn* peer : peers_->Snapshot()) CheckPeer(peer);
     for (absl::Duration left = options_.heartbeat_interval;
          left > absl::ZeroDuration() && !stop_.load(); left -= absl::Milliseconds(50)) {
       absl::SleepFor(std::min(left, absl::Milliseconds(50)));
@@ -213,6 +310,7 @@ void PeerControlImpl::CheckPeer(PeerConn* peer) {
   uint64_t seq, known_boot;
   {
     absl::MutexLock lock(&peer->mu);
+    if (peer->withdrawn) return;  // down already; SyncDirectory brings it back
     introduced = peer->introduced;
     seq = ++peer->heartbeat_seq;
     known_boot = peer->boot_id;
@@ -236,7 +334,9 @@ void PeerControlImpl::CheckPeer(PeerConn* peer) {
   absl::Duration silent;
   {
     absl::MutexLock lock(&peer->mu);
-    if (status.ok()) {
+    if (peer->withdrawn) {
+      // Withdrawn meanwhile (an OnHello could not clear it): the directory's word stands.
+    } else if (status.ok()) {
       peer->up = true;
       peer->last_ok = now;
       directory_->MarkUp(peer->node_id, now, peer->boot_id);

@@ -1,6 +1,8 @@
-// Internal to the fabric module: peer control. Hello (exchanging endpoints, staging addresses and
-// indices; a changed boot id means the peer restarted), the heartbeat loop that declares a silent
-// peer down, and the answers to a peer's Hello and Heartbeat. The Peer gRPC service that serves
+// Internal to the fabric module: peer control. Membership (peers that appear in the directory are
+// added to the table with their staging; peers the directory drops are down), Hello (exchanging
+// endpoints, staging addresses and indices; a changed boot id means the peer restarted), the
+// heartbeat loop that declares a silent peer down, and the answers to a peer's Hello and
+// Heartbeat. The Peer gRPC service that serves
 // them is peer_service.h.
 #pragma once
 
@@ -32,15 +34,27 @@ class PeerControl {
                                              directory::Directory* directory, PeerLost on_lost);
   virtual ~PeerControl() = default;
 
+  // Adds `peer` to the table with its staging on every lane (PeerTable::Add + Lanes::AddPeer);
+  // the known entry when it is there already. RESOURCE_EXHAUSTED past PeerTable::kMaxPeers.
+  virtual absl::StatusOr<PeerConn*> AddPeer(const directory::Peer& peer) = 0;
+  // The table's peer `node_id`; one the directory lists (and does not mark down) but the table
+  // does not have yet is added first. nullptr when neither knows it (or it cannot be added).
+  virtual PeerConn* FindOrAdd(const std::string& node_id) = 0;
+  // Membership from the directory (each liveness round): newcomers are added; a peer that is up
+  // here but down or gone in the directory (its record vanished) is withdrawn: down, its
+  // transfers failed UNAVAILABLE naming it, not contacted until the directory lists it again.
+  virtual void SyncDirectory() = 0;
+
   // Says hello to `peer` (Peer.Hello) and applies its answer.
   virtual absl::Status Introduce(PeerConn* peer) = 0;
-  // A peer's Hello: applied, and answered with ours. PERMISSION_DENIED for a node not in the
-  // directory.
+  // A peer's Hello: applied, and answered with ours. A node the directory lists but the table
+  // does not have yet is added first; PERMISSION_DENIED for a node not in the directory.
   virtual absl::StatusOr<v1::PeerHello> OnHello(const v1::PeerHello& hello) = 0;
   // A peer's Heartbeat: it is alive (when its boot id is the one introduced).
   virtual void OnHeartbeat(const std::string& node_id, uint64_t boot_id) = 0;
-  // Starts the liveness thread: every heartbeat_interval, Hello (until introduced) or Heartbeat
-  // to each peer; a peer silent for liveness_timeout is down.
+  // Starts the liveness thread: every heartbeat_interval, SyncDirectory, then Hello (until
+  // introduced) or Heartbeat to each peer not withdrawn; a peer silent for liveness_timeout is
+  // down.
   virtual void StartLiveness() = 0;
   // Stops and joins the liveness thread.
   virtual void Stop() = 0;

@@ -60,6 +60,48 @@ NetnsPair::~NetnsPair() {
   Sh("ip link del " + veth_a);
 }
 
+NetnsBridge::NetnsBridge() {
+  static int counter = 0;
+  tag_ = std::to_string(getpid() % 100000) + "x" + std::to_string(counter++);
+  subnet_ = "10." + std::to_string(20 + (getpid() + counter * 7) % 200) + ".0.";
+  hub_ns = "kvrH" + tag_;
+  bridge = "kbr" + tag_;
+  hub_ip = subnet_ + "254";
+  const auto in_hub = [&](const std::string& cmd) { return Sh(NetnsPair::In(hub_ns, cmd)) == 0; };
+  ok = Sh("ip netns add " + hub_ns) == 0 && in_hub("ip link set lo up") &&
+       in_hub("ip link add " + bridge + " type bridge") &&
+       in_hub("ip addr add " + hub_ip + "/24 dev " + bridge) &&
+       in_hub("ip link set " + bridge + " up");
+}
+
+NetnsBridge::~NetnsBridge() {
+  for (const Node& n : nodes) Sh("ip netns del " + n.ns);
+  Sh("ip netns del " + hub_ns);
+}
+
+const NetnsBridge::Node* NetnsBridge::AddNode() {
+  if (!ok || nodes.size() >= 250) return nullptr;
+  const std::string n = std::to_string(nodes.size() + 1);
+  Node node{"kvrN" + tag_ + "n" + n, "kn" + tag_ + "n" + n, subnet_ + n};
+  const std::string hub_end = "kh" + tag_ + "n" + n;
+  if (Sh("ip netns add " + node.ns) != 0) return nullptr;
+  nodes.push_back(node);  // deleted on destruction from here on
+  const bool made =
+      Sh("ip link add " + node.veth + " type veth peer name " + hub_end) == 0 &&
+      Sh("ip link set " + node.veth + " netns " + node.ns) == 0 &&
+      Sh("ip link set " + hub_end + " netns " + hub_ns) == 0 &&
+      Sh(NetnsPair::In(hub_ns, "ip link set " + hub_end + " master " + bridge)) == 0 &&
+      Sh(NetnsPair::In(hub_ns, "ip link set " + hub_end + " up")) == 0 &&
+      Sh(NetnsPair::In(node.ns, "ip addr add " + node.ip + "/24 dev " + node.veth)) == 0 &&
+      Sh(NetnsPair::In(node.ns, "ip link set " + node.veth + " up")) == 0 &&
+      Sh(NetnsPair::In(node.ns, "ip link set lo up")) == 0;
+  if (!made) {
+    Sh("ip link del " + node.veth);  // only matters if a move above failed
+    return nullptr;
+  }
+  return &nodes.back();
+}
+
 std::string NetnsPair::In(const std::string& ns, const std::string& cmd) {
   return "ip netns exec " + ns + " " + cmd;
 }
@@ -83,8 +125,10 @@ bool NsDaemon::Start(const std::string& ns, const std::string& node, const std::
     } else {
       f << "insecure_peers: true\n";
     }
-    f << "peers { key: \"" << peer << "\" value: \"" << peer_ip << ":" << options.peer_port
-      << "\" }\n";
+    if (!peer.empty()) {
+      f << "peers { key: \"" << peer << "\" value: \"" << peer_ip << ":" << options.peer_port
+        << "\" }\n";
+    }
     f << "fabric {\n";
     if (options.nic_ips.empty()) {
       for (int i = 0; i < options.nics; ++i) f << "  nics: \"" << ip << "\"\n";
@@ -93,6 +137,7 @@ bool NsDaemon::Start(const std::string& ns, const std::string& node, const std::
     if (!options.fabric_extra.empty()) f << "  " << options.fabric_extra << "\n";
     f << "  slots: " << options.slots << "\n  slot_bytes: " << options.slot_bytes
       << "\n  liveness_timeout_ms: 2000\n  heartbeat_interval_ms: 200\n}\n";
+    f << options.extra_config;
   }
   const std::string bin = RunfilePath("daemon/kvraild");
   const std::string listen = ip + ":" + std::to_string(options.port);

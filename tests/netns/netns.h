@@ -6,6 +6,7 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <string>
 #include <vector>
@@ -53,10 +54,35 @@ struct NsDaemonOptions {
   std::vector<std::string> nic_ips;
   // Extra lines inside `fabric { }` ("lane_timeout_ms: 200").
   std::string fabric_extra;
+  // Extra top-level DaemonConfig text ("etcd { endpoints: ... }").
+  std::string extra_config;
+};
+
+// A hub namespace holding a bridge (10.S.0.254/24) that any number of node namespaces join, each
+// through its own veth pair (node end 10.S.0.N, N = 1, 2, ... in order of AddNode). Services the
+// nodes share (etcd) run in the hub on hub_ip. Names are unique per process and instance; every
+// namespace (and so every veth and the bridge) is deleted on destruction.
+struct NetnsBridge {
+  struct Node {
+    std::string ns, veth, ip;
+  };
+  std::string hub_ns, bridge, hub_ip;
+  std::deque<Node> nodes;  // pointers from AddNode stay valid
+  bool ok = false;
+  NetnsBridge();
+  ~NetnsBridge();
+  NetnsBridge(const NetnsBridge&) = delete;
+  NetnsBridge& operator=(const NetnsBridge&) = delete;
+  // A new namespace on the bridge; nullptr when it could not be made (at most 250 nodes).
+  const Node* AddNode();
+
+ private:
+  std::string tag_, subnet_;
 };
 
 // kvraild started with `ip netns exec NS` (directly when NS is empty); killed (SIGTERM) on
-// destruction.
+// destruction. An empty `peer` configures no static peer (the directory brings them, e.g. etcd in
+// extra_config).
 struct NsDaemon {
   TempDir dir;
   pid_t pid = -1;

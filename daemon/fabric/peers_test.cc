@@ -1,0 +1,316 @@
+// Membership of the fabric (docs/fabric.md, "Membership"): the append-only peer table (indices in
+// order of arrival, entries that never move, the 127-peer cap), per-peer staging registered when
+// a peer is added (also after the proxies started), and peer control following a directory whose
+// peers change (newcomers added; a peer the directory drops while up is withdrawn: down, its
+// transfers failed naming it, not contacted, back once listed again). NICs: the tcp provider on
+// loopback (the lanes cases skip without it).
+#define CATCH_CONFIG_MAIN
+#include <catch2/catch.hpp>
+
+#include <atomic>
+#include <map>
+#include <set>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "daemon/fabric/lanes.h"
+#include "daemon/fabric/peer_control.h"
+#include "daemon/fabric/peers.h"
+
+namespace kvrail::fabric {
+namespace {
+
+directory::Peer PeerNamed(const std::string& node, int port = 1) {
+  directory::Peer p;
+  p.node_id = node;
+  p.address = absl::StrCat("127.0.0.1:", port);
+  return p;
+}
+
+absl::Status Nothing(PeerConn*) { return absl::OkStatus(); }
+
+TEST_CASE("the peer table grows in order of arrival and its entries never move") {
+  PeerTable table;
+  CHECK(table.size() == 0);
+  CHECK(table.Find("a") == nullptr);
+  auto a = table.Add(PeerNamed("a"), Nothing);
+  REQUIRE(a.ok());
+  PeerConn* const first = *a;
+  for (int i = 0; i < 40; ++i) REQUIRE(table.Add(PeerNamed(absl::StrCat("n", i)), Nothing).ok());
+  CHECK(table.size() == 41);
+  CHECK(table.at(0) == first);  // same object after 40 more adds
+  CHECK(first->index == 0);
+  CHECK(first->node_id == "a");
+  CHECK(table.Find("n7")->index == 8);
+  CHECK(table.Find("n7") == table.at(8));
+  const std::vector<PeerConn*> all = table.Snapshot();
+  REQUIRE(all.size() == 41);
+  for (uint32_t i = 0; i < all.size(); ++i) CHECK(all[i]->index == i);
+
+  SECTION("a known node is refused, the table unchanged") {
+    auto again = table.Add(PeerNamed("a", 2), Nothing);
+    CHECK(again.status().code() == absl::StatusCode::kAlreadyExists);
+    CHECK(table.size() == 41);
+    CHECK(table.Find("a")->address == "127.0.0.1:1");
+  }
+  SECTION("a failed prepare adds nothing and takes no index") {
+    auto failed = table.Add(PeerNamed("x"), [](PeerConn*) {
+      return absl::ResourceExhaustedError("no staging");
+    });
+    CHECK(failed.status().code() == absl::StatusCode::kResourceExhausted);
+    CHECK(table.Find("x") == nullptr);
+    auto next = table.Add(PeerNamed("y"), Nothing);
+    REQUIRE(next.ok());
+    CHECK((*next)->index == 41);
+  }
+  SECTION("no node id or no address") {
+    directory::Peer bad = PeerNamed("");
+    CHECK(table.Add(bad, Nothing).status().code() == absl::StatusCode::kInvalidArgument);
+    bad = PeerNamed("z");
+    bad.address.clear();
+    CHECK(table.Add(bad, Nothing).status().code() == absl::StatusCode::kInvalidArgument);
+  }
+}
+
+TEST_CASE("the 128th peer is refused, naming it and the limit") {
+  PeerTable table;
+  for (uint32_t i = 0; i < PeerTable::kMaxPeers; ++i) {
+    REQUIRE(table.Add(PeerNamed(absl::StrCat("n", i)), Nothing).ok());
+  }
+  CHECK(table.at(126)->index == 126);
+  auto over = table.Add(PeerNamed("one-too-many"), Nothing);
+  REQUIRE_FALSE(over.ok());
+  CHECK(over.status().code() == absl::StatusCode::kResourceExhausted);
+  CHECK(over.status().message().find("one-too-many") != std::string::npos);
+  CHECK(over.status().message().find("127") != std::string::npos);
+  CHECK(table.size() == PeerTable::kMaxPeers);
+}
+
+TEST_CASE("readers see only complete entries while peers are added") {
+  PeerTable table;
+  std::atomic<bool> done{false};
+  std::atomic<int> bad{0};
+  std::thread reader([&] {
+    while (!done.load()) {
+      const uint32_t n = table.size();
+      for (uint32_t i = 0; i < n; ++i) {
+        PeerConn* p = table.at(i);
+        absl::MutexLock lock(&p->mu);
+        // `prepare` ran before publication: its mark must be visible.
+        if (p->index != i || p->lanes != 7) bad.fetch_add(1);
+      }
+    }
+  });
+  for (uint32_t i = 0; i < 100; ++i) {
+    REQUIRE(table
+                .Add(PeerNamed(absl::StrCat("n", i)),
+                     [](PeerConn* p) {
+                       absl::MutexLock lock(&p->mu);
+                       p->lanes = 7;
+                       return absl::OkStatus();
+                     })
+                .ok());
+  }
+  done.store(true);
+  reader.join();
+  CHECK(bad.load() == 0);
+}
+
+// A directory whose peers the test changes (E's etcd directory behind the same interface).
+class FakeDirectory final : public directory::Directory {
+ public:
+  void Set(const std::string& node, directory::PeerState state) {
+    absl::MutexLock lock(&mu_);
+    directory::Peer& p = peers_[node];
+    p.node_id = node;
+    p.address = "127.0.0.1:1";  // nothing listens: hellos fail (not needed here)
+    p.state = state;
+  }
+  std::vector<directory::Peer> Peers() const override {
+    absl::MutexLock lock(&mu_);
+    std::vector<directory::Peer> out;
+    for (const auto& [node, p] : peers_) out.push_back(p);
+    return out;
+  }
+  absl::StatusOr<directory::Peer> Lookup(const std::string& node) const override {
+    absl::MutexLock lock(&mu_);
+    auto it = peers_.find(node);
+    if (it == peers_.end()) return absl::NotFoundError("unknown peer");
+    return it->second;
+  }
+  void MarkUp(const std::string& node, absl::Time, uint64_t) override {
+    absl::MutexLock lock(&mu_);
+    auto it = peers_.find(node);
+    if (it != peers_.end() && it->second.state != directory::PeerState::kDown) {
+      it->second.state = directory::PeerState::kUp;
+    }
+  }
+  void MarkDown(const std::string& node) override { Set(node, directory::PeerState::kDown); }
+  std::vector<v1::PeerInfo> List() const override { return {}; }
+
+ private:
+  mutable absl::Mutex mu_;
+  std::map<std::string, directory::Peer> peers_ ABSL_GUARDED_BY(mu_);
+};
+
+FabricOptions LoopbackOptions(int nics) {
+  FabricOptions options;
+  options.node_id = "self";
+  options.slots = 4;
+  options.slot_bytes = 64 << 10;
+  for (int i = 0; i < nics; ++i) options.nic_addresses.push_back("127.0.0.1");
+  return options;
+}
+
+class NoSink final : public CreditSink, public ArrivalSink {
+ public:
+  void OnCredit(uint32_t, uint32_t, uint32_t, uint32_t, bool) override {}
+  void OnWriteFailed(uint32_t, uint32_t, uint32_t, const absl::Status&) override {}
+  void OnArrival(const Arrival&) override {}
+};
+
+TEST_CASE("staging is registered per peer as peers are added, before and after the proxies start") {
+  const FabricOptions options = LoopbackOptions(2);
+  PeerTable table;
+  auto lanes = Lanes::Create(options, &table);
+  if (!lanes.ok()) {
+    WARN("SKIP: " << lanes.status().ToString());
+    return;
+  }
+  auto add = [&](const std::string& node) {
+    return table.Add(PeerNamed(node), [&](PeerConn* p) { return (*lanes)->AddPeer(p); });
+  };
+  REQUIRE(add("a").ok());
+  NoSink sink;
+  (*lanes)->StartProxies(&sink, &sink);
+  REQUIRE(add("b").ok());
+  REQUIRE(add("c").ok());
+  std::set<uint64_t> keys;
+  std::set<const uint8_t*> slots;
+  for (PeerConn* p : table.Snapshot()) {
+    {
+      absl::MutexLock lock(&p->mu);
+      CHECK(p->credits.size() == 2);
+      CHECK(p->owners.size() == 2);
+      CHECK(p->consumed.size() == 2);
+      CHECK(p->sealed.size() == 2);
+      CHECK(p->remote.size() == 2);
+    }
+    for (uint32_t l = 0; l < 2; ++l) {
+      const MemoryRegion& mr = (*lanes)->PeerRegistration(l, p->index);
+      keys.insert(mr.key());
+      // The peer's receive slots and credit words lie inside its registration; its send slots
+      // (ours to fill) do not.
+      const uint8_t* recv = (*lanes)->RecvSlot(l, p->index, 0);
+      const uint8_t* credit = reinterpret_cast<const uint8_t*>((*lanes)->CreditWords(l, p->index));
+      CHECK(recv >= mr.base());
+      CHECK(credit + 8 * options.slots <= mr.base() + mr.size());
+      CHECK((*lanes)->SendSlot(l, p->index, options.slots - 1) < mr.base());
+      for (uint32_t s = 0; s < options.slots; ++s) {
+        slots.insert((*lanes)->SendSlot(l, p->index, s));
+        slots.insert((*lanes)->RecvSlot(l, p->index, s));
+        (*lanes)->SendSlot(l, p->index, s)[options.slot_bytes - 1] = 1;  // writable
+      }
+    }
+  }
+  CHECK(keys.size() == 6);                        // one key per (peer, lane), none shared
+  CHECK(slots.size() == 3 * 2 * 2 * options.slots);  // no two slots overlap
+  CHECK((*lanes)->Describe().find("3 peers") != std::string::npos);
+  (*lanes)->Stop();
+}
+
+TEST_CASE("peer control follows the directory: newcomers added, a dropped peer withdrawn") {
+  const FabricOptions options = LoopbackOptions(1);
+  PeerTable table;
+  auto lanes = Lanes::Create(options, &table);
+  if (!lanes.ok()) {
+    WARN("SKIP: " << lanes.status().ToString());
+    return;
+  }
+  FakeDirectory dir;
+  absl::Mutex lost_mu;
+  std::vector<std::string> lost;
+  auto control = PeerControl::Create(options, 1, lanes->get(), &table, &dir,
+                                     [&](PeerConn*, const absl::Status& why) {
+                                       absl::MutexLock lock(&lost_mu);
+                                       lost.push_back(std::string(why.message()));
+                                     });
+  dir.Set("a", directory::PeerState::kUnknown);
+  dir.Set("self", directory::PeerState::kUp);   // its own record: never a peer
+  dir.Set("gone", directory::PeerState::kDown);  // left before we met it: not added
+  control->SyncDirectory();
+  REQUIRE(table.size() == 1);
+  PeerConn* a = table.Find("a");
+  REQUIRE(a != nullptr);
+  CHECK(table.Find("self") == nullptr);
+  CHECK(table.Find("gone") == nullptr);
+
+  // A node that joins later gets the next index and its staging.
+  dir.Set("b", directory::PeerState::kUnknown);
+  control->SyncDirectory();
+  REQUIRE(table.size() == 2);
+  CHECK(table.Find("b")->index == 1);
+  CHECK((*lanes)->PeerRegistration(0, 1).key() != (*lanes)->PeerRegistration(0, 0).key());
+  // FindOrAdd: one the directory lists is added at once; one it does not know is not.
+  dir.Set("c", directory::PeerState::kUp);
+  PeerConn* c = control->FindOrAdd("c");
+  REQUIRE(table.size() == 3);
+  CHECK(c == table.at(2));
+  CHECK(control->FindOrAdd("nobody") == nullptr);
+  CHECK(table.size() == 3);
+
+  // "a" is up here; the directory drops it (its record vanished): down, its transfers failed.
+  {
+    absl::MutexLock lock(&a->mu);
+    a->up = true;
+    a->introduced = true;
+  }
+  dir.Set("a", directory::PeerState::kDown);
+  control->SyncDirectory();
+  {
+    absl::MutexLock lock(&a->mu);
+    CHECK_FALSE(a->up);
+    CHECK(a->withdrawn);
+  }
+  {
+    absl::MutexLock lock(&lost_mu);
+    REQUIRE(lost.size() == 1);
+    CHECK(lost[0].find("peer 'a'") != std::string::npos);
+    CHECK(lost[0].find("directory") != std::string::npos);
+  }
+  // Withdrawn: not introduced again (the sender's path), no hello accepted from it.
+  const absl::Status hello = control->Introduce(a);
+  CHECK(hello.code() == absl::StatusCode::kUnavailable);
+  CHECK(hello.message().find("'a'") != std::string::npos);
+  v1::PeerHello from_a;
+  from_a.set_version(1);
+  from_a.set_node_id("a");
+  from_a.set_provider((*lanes)->provider());
+  from_a.set_slots(options.slots);
+  from_a.set_slot_bytes(options.slot_bytes);
+  from_a.add_nics()->set_fabric_address((*lanes)->at(0).nic->address());
+  CHECK(control->OnHello(from_a).status().code() == absl::StatusCode::kUnavailable);
+  // A second round changes nothing (no second loss).
+  control->SyncDirectory();
+  {
+    absl::MutexLock lock(&lost_mu);
+    CHECK(lost.size() == 1);
+  }
+  // Listed again (it re-registered, e.g. with a new boot id): no longer withdrawn, and its
+  // Hello is applied.
+  dir.Set("a", directory::PeerState::kUnknown);
+  from_a.set_boot_id(99);
+  auto answer = control->OnHello(from_a);
+  INFO(answer.status().ToString());
+  REQUIRE(answer.ok());
+  CHECK(answer->your_index() == 0);
+  absl::MutexLock lock(&a->mu);
+  CHECK_FALSE(a->withdrawn);
+  CHECK(a->up);
+  CHECK(a->boot_id == 99);
+}
+
+}  // namespace
+}  // namespace kvrail::fabric
