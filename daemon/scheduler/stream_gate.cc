@@ -1,0 +1,58 @@
+#include "daemon/scheduler/stream_gate.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace kvrail::scheduler {
+
+GateChoice ChooseGate(const GateInputs& in) {
+  if (!in.enabled) return {false, "readiness poller (cuda_stream_wait off)"};
+  if (!in.flags_mapped) {
+    return {false, "readiness poller (the ready flags have no device address on this GPU)"};
+  }
+  if (!in.kernel_mode) {
+    return {false, "readiness poller (the plan runs on the copy engines, which cannot skip an "
+                   "aborted layer)"};
+  }
+  if (in.digest) {
+    return {false, "readiness poller (spec.digest: the digest kernels cannot skip an aborted "
+                   "layer)"};
+  }
+  if (in.waiting_jobs >= in.max_jobs) {
+    return {false, absl::StrCat("readiness poller (", in.waiting_jobs,
+                                " jobs already wait on this GPU, cuda_stream_wait_jobs ",
+                                in.max_jobs, ")")};
+  }
+  return {true, "GPU stream wait on the ready flags (cuStreamWaitValue32)"};
+}
+
+bool ReleaseNow(GateEnd end, absl::Duration since_end, absl::Duration grace) {
+  return end == GateEnd::kProducerGone || since_end >= grace;
+}
+
+std::optional<uint32_t> ReleaseStore(uint32_t word, uint32_t value) {
+  if (static_cast<int32_t>(word - value) >= 0) return std::nullopt;
+  return value;
+}
+
+absl::Status GatedTileStatus(bool aborted, const std::string& field, uint32_t layer,
+                             uint32_t value, const absl::Status& ended) {
+  if (!aborted) return absl::OkStatus();
+  const absl::Status why =
+      ended.ok() ? absl::UnavailableError("the transfer ended") : ended;
+  return absl::Status(why.code(),
+                      absl::StrCat(field, "[", layer, "]: the layer's copy waited on the GPU for "
+                                   "the flag to reach ", value,
+                                   " and was cancelled there (no byte written): ",
+                                   why.message()));
+}
+
+GateChoice GateSlots::Admit(const void* job, GateInputs in) {
+  if (held_.contains(job)) return {true, "GPU stream wait on the ready flags (cuStreamWaitValue32)"};
+  in.waiting_jobs = held();
+  in.max_jobs = max_jobs_;
+  GateChoice c = ChooseGate(in);
+  if (c.stream_wait) held_.insert(job);
+  return c;
+}
+
+}  // namespace kvrail::scheduler

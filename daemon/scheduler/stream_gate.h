@@ -1,0 +1,85 @@
+// The CUDA engine's GPU-side readiness wait (issue 19.3), its pure decisions: whether a layer-wise
+// job gated by producer flag words (spec.ready_flags) waits on the GPU (cuStreamWaitValue32 GEQ
+// on the producer's word, on a stream of the job's own, then the copy kernel) or through the
+// readiness poller (CPU wake-up, then launch); how a job that ends with waits still pending gets
+// them released so no stream of the daemon stays blocked; and what its gated tiles report.
+//
+// The release protocol (the engine executes it, daemon/engine/cuda_engine.cc): the job's abort
+// word (daemon-owned, mapped host memory; the copy kernel reads it first and returns without a
+// store when it is set) is raised FIRST, then the producer's word is raised to the awaited value
+// by the daemon (ReleaseStore: only when it has not reached it), which lets the pending wait pass
+// and the aborted kernel run empty. Raising a producer's word is visible to anyone else watching
+// it, so it is done at once only when the producer is gone (its session ended: every transfer
+// waiting on its words ends too); a live producer (the job was cancelled or missed its deadline)
+// gets `grace` to write the word itself first.
+//
+// No CUDA, no threads, no clocks of its own. Thread-compatible.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+
+namespace kvrail::scheduler {
+
+// What the engine knows when a gated layer-wise job first reaches it.
+struct GateInputs {
+  bool enabled = false;        // CudaEngineOptions::stream_wait
+  bool flags_mapped = false;   // the flag words have a device address on the job's GPU
+  bool kernel_mode = false;    // the plan runs on the copy kernel (copy engines cannot honour
+                               // an abort word: a released wait would let them copy)
+  bool digest = false;         // spec.digest: the digest kernels have no abort word either
+  int waiting_jobs = 0;        // gated jobs of this GPU already holding a stream
+  int max_jobs = 0;            // CudaEngineOptions::stream_wait_jobs
+};
+
+struct GateChoice {
+  bool stream_wait = false;
+  std::string reason;  // why (for the engine's note / log), either way
+};
+
+GateChoice ChooseGate(const GateInputs& in);
+
+// Why a job with pending waits ended.
+enum class GateEnd {
+  kProducerGone,  // the session owning the flag words ended (nobody will write them)
+  kOther,         // cancelled, deadline, a failure elsewhere: the producer may still write
+};
+
+// Whether the daemon raises the producer's word now (`since_end` after the job ended).
+bool ReleaseNow(GateEnd end, absl::Duration since_end, absl::Duration grace);
+
+// The value the daemon stores into a producer's word `word` to let a wait for `value` (GEQ,
+// wrapping epoch order) pass; nullopt when the word has reached it already (storing would move
+// a later epoch back).
+std::optional<uint32_t> ReleaseStore(uint32_t word, uint32_t value);
+
+// The status a gated tile of layer `layer` reports once its stream has passed: OK when its copy
+// ran (`aborted` false), else `ended` (the job's end status, or UNAVAILABLE when none was given)
+// prefixed with the readiness that was never met, naming the field ("spec.ready_flags[3]: ...").
+absl::Status GatedTileStatus(bool aborted, const std::string& field, uint32_t layer,
+                             uint32_t value, const absl::Status& ended);
+
+// The gated jobs of one GPU, each holding one wait stream until its last gated launch passed.
+// Thread-compatible (the dispatcher's).
+class GateSlots {
+ public:
+  explicit GateSlots(int max_jobs) : max_jobs_(max_jobs) {}
+  // A job's first gated layer: decides, and takes a slot when the answer is the stream wait.
+  // A job that holds a slot keeps it (same answer, no second slot).
+  GateChoice Admit(const void* job, GateInputs in);
+  bool Holds(const void* job) const { return held_.contains(job); }
+  // The job's stream drained and it gets no more layers: its slot is free again.
+  void Release(const void* job) { held_.erase(job); }
+  int held() const { return static_cast<int>(held_.size()); }
+
+ private:
+  const int max_jobs_;
+  absl::flat_hash_set<const void*> held_;
+};
+
+}  // namespace kvrail::scheduler

@@ -1,0 +1,103 @@
+// The GPU-side readiness wait's pure decisions (scheduler::StreamGate): when a gated layer-wise
+// job waits on the GPU, the release of a dying producer's pending waits (never moving an epoch
+// back, at once only when the producer is gone), what aborted gated tiles report, and the per-GPU
+// stream slots.
+#define CATCH_CONFIG_MAIN
+#include <catch2/catch.hpp>
+
+#include "daemon/scheduler/stream_gate.h"
+
+namespace kvrail::scheduler {
+namespace {
+
+GateInputs Eligible() {
+  GateInputs in;
+  in.enabled = true;
+  in.flags_mapped = true;
+  in.kernel_mode = true;
+  in.digest = false;
+  in.waiting_jobs = 0;
+  in.max_jobs = 8;
+  return in;
+}
+
+TEST_CASE("ChooseGate: the stream wait only where an aborted layer can be skipped") {
+  CHECK(ChooseGate(Eligible()).stream_wait);
+  CHECK(ChooseGate(Eligible()).reason.find("cuStreamWaitValue32") != std::string::npos);
+  GateInputs in = Eligible();
+  in.enabled = false;
+  CHECK(!ChooseGate(in).stream_wait);
+  CHECK(ChooseGate(in).reason.find("cuda_stream_wait off") != std::string::npos);
+  in = Eligible();
+  in.flags_mapped = false;
+  CHECK(!ChooseGate(in).stream_wait);
+  in = Eligible();
+  in.kernel_mode = false;  // copy engines: a released wait would let them copy
+  CHECK(!ChooseGate(in).stream_wait);
+  CHECK(ChooseGate(in).reason.find("copy engines") != std::string::npos);
+  in = Eligible();
+  in.digest = true;
+  CHECK(!ChooseGate(in).stream_wait);
+  in = Eligible();
+  in.waiting_jobs = 8;
+  CHECK(!ChooseGate(in).stream_wait);
+  CHECK(ChooseGate(in).reason.find("cuda_stream_wait_jobs 8") != std::string::npos);
+  in.waiting_jobs = 7;
+  CHECK(ChooseGate(in).stream_wait);
+}
+
+TEST_CASE("ReleaseStore never moves an epoch back, across the 32-bit wrap") {
+  CHECK(ReleaseStore(4, 5) == std::optional<uint32_t>(5));
+  CHECK(!ReleaseStore(5, 5).has_value());
+  CHECK(!ReleaseStore(6, 5).has_value());
+  CHECK(ReleaseStore(0xFFFFFFFFu, 1) == std::optional<uint32_t>(1));  // before the wrap
+  CHECK(!ReleaseStore(2, 0xFFFFFFFFu).has_value());                  // after the wrap
+  CHECK(ReleaseStore(0, 0x7FFFFFFFu) == std::optional<uint32_t>(0x7FFFFFFFu));
+}
+
+TEST_CASE("ReleaseNow: at once for a gone producer, after the grace for a live one") {
+  const absl::Duration grace = absl::Seconds(1);
+  CHECK(ReleaseNow(GateEnd::kProducerGone, absl::ZeroDuration(), grace));
+  CHECK(!ReleaseNow(GateEnd::kOther, absl::ZeroDuration(), grace));
+  CHECK(!ReleaseNow(GateEnd::kOther, absl::Milliseconds(999), grace));
+  CHECK(ReleaseNow(GateEnd::kOther, absl::Seconds(1), grace));
+}
+
+TEST_CASE("GatedTileStatus names the readiness and keeps the end's code") {
+  CHECK(GatedTileStatus(false, "spec.ready_flags", 3, 7, absl::AbortedError("x")).ok());
+  const absl::Status s = GatedTileStatus(
+      true, "spec.ready_flags", 3, 7,
+      absl::AbortedError("the session that makes this transfer's layers ready ended"));
+  CHECK(s.code() == absl::StatusCode::kAborted);
+  INFO(s.message());
+  CHECK(std::string(s.message()).rfind("spec.ready_flags[3]: ", 0) == 0);
+  CHECK(std::string(s.message()).find("reach 7") != std::string::npos);
+  CHECK(std::string(s.message()).find("no byte written") != std::string::npos);
+  CHECK(std::string(s.message()).find("session") != std::string::npos);
+  // An end without a status still fails.
+  CHECK(GatedTileStatus(true, "spec.ready_flags", 0, 1, absl::OkStatus()).code() ==
+        absl::StatusCode::kUnavailable);
+}
+
+TEST_CASE("GateSlots: one slot per job, none beyond the limit, free again after Release") {
+  GateSlots slots(2);
+  int a, b, c;
+  CHECK(slots.Admit(&a, Eligible()).stream_wait);
+  CHECK(slots.Admit(&a, Eligible()).stream_wait);  // same job: still one slot
+  CHECK(slots.held() == 1);
+  CHECK(slots.Admit(&b, Eligible()).stream_wait);
+  CHECK(!slots.Admit(&c, Eligible()).stream_wait);
+  CHECK(!slots.Holds(&c));
+  slots.Release(&a);
+  CHECK(!slots.Holds(&a));
+  CHECK(slots.Admit(&c, Eligible()).stream_wait);
+  CHECK(slots.held() == 2);
+  GateInputs off = Eligible();
+  off.enabled = false;
+  slots.Release(&b);
+  CHECK(!slots.Admit(&b, off).stream_wait);
+  CHECK(slots.held() == 1);
+}
+
+}  // namespace
+}  // namespace kvrail::scheduler
