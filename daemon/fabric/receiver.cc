@@ -4,6 +4,7 @@
 #include <cstring>
 #include <deque>
 #include <map>
+#include <optional>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -16,6 +17,7 @@
 #include "daemon/fabric/tile_copy.h"
 #include "daemon/fabric/tile_pack.h"
 #include "daemon/planner/planner.h"
+#include "kernels/plan_math.h"
 #include "spdlog/spdlog.h"
 
 namespace kvrail::fabric {
@@ -51,6 +53,22 @@ struct Inbound {
   explicit Inbound(planner::Plan p) : plan(std::move(p)) {}
 };
 
+// A transfer that ended here (End, or its peer dropped) while its peer may still have tiles of it
+// in flight: enough to find where such a tile's seal lies, so a tile its peer really wrote is
+// credited back to that peer "not applied" (its slot is freed) and anything else is refused.
+struct Retired {
+  uint32_t peer = 0;
+  uint64_t seq = 0;  // retirement order (the table keeps the newest kMaxRetired)
+  kernels::PlanHeader header{};
+  uint32_t num_tiles = 0;
+  bool digest = false;
+};
+// Retired handles kept (their handles are not reused meanwhile): 60,000 inbound + these < 2^16.
+constexpr size_t kMaxRetired = 4096;
+
+// Whether the `n`th refused arrival is logged: a flood of forged arrivals must not flood the log.
+bool LogRefusal(uint64_t n) { return n <= 16 || (n & (n - 1)) == 0; }
+
 // Thread contract: see Receiver. mu_ guards the handle table and the arrival queue; each
 // Inbound has its own lock; sink_mu_ is held (shared) while the sink is called.
 class ReceiverImpl final : public Receiver {
@@ -68,6 +86,7 @@ class ReceiverImpl final : public Receiver {
   void SetInboundSink(transfers::InboundSink* sink) override;
   void Stop() override;
   void OnArrival(const Arrival& arrival) override;
+  uint64_t refused_arrivals() const override { return refused_arrivals_.load(); }
 
  private:
   bool HasArrivals() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -81,6 +100,8 @@ class ReceiverImpl final : public Receiver {
   bool ApplyTile(Inbound& in, const Arrival& a);
   // Ends `in`'s local record (if any) with `why` unless it has ended; then no tile of it reports.
   void EndInboundRecord(Inbound& in, const absl::Status& why);
+  // Keeps what finds the seals of `in`'s tiles still in flight (see Retired).
+  void Retire(const Inbound& in) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const FabricOptions options_;
   Lanes* const lanes_;
@@ -98,6 +119,10 @@ class ReceiverImpl final : public Receiver {
   std::map<uint32_t, std::shared_ptr<Inbound>> inbound_ ABSL_GUARDED_BY(mu_);
   uint32_t next_handle_ ABSL_GUARDED_BY(mu_) = 1;
   std::deque<Arrival> arrivals_ ABSL_GUARDED_BY(mu_);
+  // Ended transfers by handle, and their handles oldest first (handle, seq).
+  std::map<uint32_t, Retired> retired_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::pair<uint32_t, uint64_t>> retired_order_ ABSL_GUARDED_BY(mu_);
+  uint64_t retired_seq_ ABSL_GUARDED_BY(mu_) = 0;
   std::atomic<uint64_t> refused_arrivals_{0};
 };
 
@@ -199,7 +224,9 @@ absl::StatusOr<uint32_t> ReceiverImpl::Begin(const v1::BeginRemoteTransferReques
     EndInboundRecord(*in, absl::ResourceExhaustedError("too many inbound transfers"));
     return absl::ResourceExhaustedError("too many inbound transfers");
   }
-  while (next_handle_ == 0 || inbound_.count(next_handle_)) next_handle_ = (next_handle_ + 1) & 0xffff;
+  while (next_handle_ == 0 || inbound_.count(next_handle_) || retired_.count(next_handle_)) {
+    next_handle_ = (next_handle_ + 1) & 0xffff;
+  }
   in->handle = next_handle_;
   next_handle_ = (next_handle_ + 1) & 0xffff;
   inbound_[in->handle] = in;
@@ -222,6 +249,7 @@ absl::StatusOr<uint32_t> ReceiverImpl::End(const std::string& sender, uint32_t h
     }
     in = it->second;
     inbound_.erase(it);
+    Retire(*in);
   }
   uint32_t applied = 0;
   {
@@ -250,6 +278,7 @@ void ReceiverImpl::DropPeer(PeerConn* peer, const absl::Status& why) {
         spdlog::warn("fabric: inbound transfer {} from '{}' dropped: {}",
                      it->second->sender_transfer_id, peer->node_id, why.ToString());
         dropped.push_back(it->second);
+        Retire(*it->second);
         it = inbound_.erase(it);
       } else {
         ++it;
@@ -259,6 +288,23 @@ void ReceiverImpl::DropPeer(PeerConn* peer, const absl::Status& why) {
   for (auto& in : dropped) {
     EndInboundRecord(*in, absl::UnavailableError(absl::StrCat(
                               "the sender '", peer->node_id, "' is gone: ", why.message())));
+  }
+}
+
+void ReceiverImpl::Retire(const Inbound& in) {
+  Retired r;
+  r.peer = in.peer;
+  r.seq = ++retired_seq_;
+  r.header = in.plan.header();
+  r.num_tiles = in.plan.num_tiles();
+  r.digest = in.digest;
+  retired_[in.handle] = r;
+  retired_order_.emplace_back(in.handle, r.seq);
+  while (retired_order_.size() > kMaxRetired) {
+    const auto [handle, seq] = retired_order_.front();
+    retired_order_.pop_front();
+    auto it = retired_.find(handle);
+    if (it != retired_.end() && it->second.seq == seq) retired_.erase(it);
   }
 }
 
@@ -298,7 +344,7 @@ bool ReceiverImpl::CheckSeal(const Arrival& a, uint64_t wire) {
     if (why == nullptr) peer->sealed[a.lane][a.slot] = seal.nonce;
   }
   if (why != nullptr) {
-    refused_arrivals_.fetch_add(1);
+    if (!LogRefusal(refused_arrivals_.fetch_add(1) + 1)) return false;
     spdlog::warn("fabric: arrival naming '{}' handle {} tile {} slot {} on lane {} refused: {} "
                  "(not written by that peer for that tile: not applied, not credited)",
                  peer->node_id, a.handle, a.tile, a.slot, a.lane, why);
@@ -383,6 +429,7 @@ void ReceiverImpl::UnpackLoop() {
   while (true) {
     Arrival a;
     std::shared_ptr<Inbound> in;
+    std::optional<Retired> retired;
     {
       absl::MutexLock lock(&mu_);
       mu_.Await(absl::Condition(this, &ReceiverImpl::HasArrivals));
@@ -390,30 +437,54 @@ void ReceiverImpl::UnpackLoop() {
       a = arrivals_.front();
       arrivals_.pop_front();
       auto it = inbound_.find(a.handle);
-      if (it != inbound_.end() && it->second->peer == a.peer) in = it->second;
+      if (it != inbound_.end() && it->second->peer == a.peer) {
+        in = it->second;
+      } else if (auto r = retired_.find(a.handle); r != retired_.end() && r->second.peer == a.peer) {
+        retired = r->second;
+      }
     }
     if (a.peer >= peers_->size() || a.slot >= options_.slots) {
       spdlog::warn("fabric: arrival with peer index {} slot {} ignored", a.peer, a.slot);
       continue;
     }
-    bool applied = false;
+    // Where the tile's seal lies in the slot: after its bytes (and digest trailer), when the
+    // arrival names a tile of a transfer the named peer has, or had, here.
+    std::optional<uint64_t> wire;
+    if (in != nullptr && a.tile < in->plan.num_tiles()) {
+      wire = TileBytes(in->plan, a.tile) + (in->digest ? kDigestTrailerBytes : 0);
+    } else if (retired.has_value() && a.tile < retired->num_tiles) {
+      const kernels::TileDesc t = kernels::TileAt(retired->header, a.tile);
+      wire = (t.byte_end - t.byte_begin) + (retired->digest ? kDigestTrailerBytes : 0);
+    }
     // Providers need not report the length of a remote write (tcp reports 0); check it when given.
-    const uint64_t wire = in != nullptr && a.tile < in->plan.num_tiles()
-                              ? TileBytes(in->plan, a.tile) + (in->digest ? kDigestTrailerBytes : 0)
-                              : 0;
-    if (in != nullptr && a.tile < in->plan.num_tiles() &&
-        (a.len == 0 || a.len == wire + kTileSealBytes)) {
-      // The seal after the tile in the slot of the peer the immediate data names: written by that
-      // peer (only it holds the key of that range) for this handle and tile, not consumed yet.
-      // Anything else is not what that peer sent (another peer naming its index, a replay): not
-      // applied, not credited (the peer's slot accounting is not touched).
-      if (!CheckSeal(a, wire)) continue;
-      applied = ApplyTile(*in, a);
-    } else if (in == nullptr) {
-      spdlog::debug("fabric: tile {} for unknown handle {} dropped", a.tile, a.handle);
-    } else {
-      spdlog::warn("fabric: tile {} ({} bytes) does not fit transfer {}; dropped", a.tile, a.len,
-                   in->sender_transfer_id);
+    if (!wire.has_value() || (a.len != 0 && a.len != *wire + kTileSealBytes)) {
+      // Immediate data is forgeable: nothing shows the named peer sent this (a handle unknown
+      // here, another peer's, a tile out of range or a length that does not fit), so it is
+      // neither applied nor credited. Crediting the named peer's slot "not applied" let any peer
+      // fail another's tiles in flight and skew its slot accounting (denial of service).
+      const uint64_t n = refused_arrivals_.fetch_add(1) + 1;
+      if (LogRefusal(n)) {
+        spdlog::warn("fabric: arrival naming '{}' handle {} tile {} slot {} on lane {} ({} bytes) "
+                     "refused: {} (not applied, not credited; {} refused so far)",
+                     peers_->at(a.peer)->node_id, a.handle, a.tile, a.slot, a.lane, a.len,
+                     in != nullptr || retired.has_value()
+                         ? "its tile or length does not fit that transfer"
+                         : "no transfer of that peer has that handle here",
+                     n);
+      }
+      continue;
+    }
+    // The seal after the tile in the slot of the peer the immediate data names: written by that
+    // peer (only it holds the key of that range) for this handle and tile, not consumed yet.
+    // Anything else is not what that peer sent (another peer naming its index, a replay): not
+    // applied, not credited (the peer's slot accounting is not touched).
+    if (!CheckSeal(a, *wire)) continue;
+    // That peer's own tile: applied (a live transfer) or dropped (one that ended here: End or the
+    // peer dropped), and its slot credited either way.
+    const bool applied = in != nullptr && ApplyTile(*in, a);
+    if (in == nullptr) {
+      spdlog::debug("fabric: tile {} for ended handle {} from '{}' dropped", a.tile, a.handle,
+                    peers_->at(a.peer)->node_id);
     }
     PeerConn* peer = peers_->at(a.peer);
     uint64_t value;

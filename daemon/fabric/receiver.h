@@ -41,6 +41,9 @@ class Receiver : public ArrivalSink {
   virtual void SetInboundSink(transfers::InboundSink* sink) = 0;
   // Stops and joins the unpackers; arrivals afterwards are not applied.
   virtual void Stop() = 0;
+  // Arrivals refused so far: their immediate data named a peer whose seal (or transfer, handle,
+  // tile) does not show it sent them. Neither applied nor credited.
+  virtual uint64_t refused_arrivals() const = 0;
 };
 
 }  // namespace kvrail::fabric
