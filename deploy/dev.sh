@@ -133,7 +133,7 @@ tsa_build() {
 #         $FUZZ_FINDINGS.
 ASAN_OUTPUT_BASE="${KVRAIL_ASAN_OUTPUT_BASE:-$HOME/.cache/bazel-clang-asan}"
 TSAN_OUTPUT_BASE="${KVRAIL_TSAN_OUTPUT_BASE:-$HOME/.cache/bazel-clang-tsan}"
-ASAN_SCOPE="//base/... //wire/... //daemon/planner/... //daemon/regions/... //daemon/transfers/... //tests/integration/... //tests/load:load_test //tests/fault/..."
+ASAN_SCOPE="//base/... //wire/... //daemon/planner/... //daemon/regions/... //daemon/transfers/... //tests/integration/... //tests/load:load_test //tests/fault:fault_test //tests/fault:fault_peer_test"
 TSAN_SCOPE="//daemon/transfers/..."
 FUZZ_SECONDS="${KVRAIL_FUZZ_SECONDS:-30}"
 FUZZ_MIN_SECONDS="${KVRAIL_FUZZ_MIN_SECONDS:-10}"
