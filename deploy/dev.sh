@@ -144,8 +144,9 @@ SAN_PASSED=0 SAN_FAILED=0
 # package set-up included); one that does not fit says so ("SKIPPED") and counts neither way, and
 # one that runs past the budget is stopped ("INCOMPLETE", not counted). Cold, on CI's 2 cores:
 # GCC build + tests ~22 min (2026-12-01, growing), asan 21 min before test sources went to -O0
-# (.bazelrc; ~15 min estimated since), tsan ~11 min measured beside other builds (~5-6 min
-# estimated alone, test sources at -O0), fuzz build ~4 min + 4 x KVRAIL_FUZZ_SECONDS.
+# (.bazelrc; ~15 min estimated since), tsan 287 s from an empty output base with test sources at
+# -O0 (2026-12-02, load average 4 from other builds beside it; 663 s before), fuzz build ~4 min +
+# 4 x KVRAIL_FUZZ_SECONDS.
 # The order puts the two test builds first: the fuzzers' 10-minute runs are done offline, so CI's
 # short runs are what gives way when time is short.
 CI_BUDGET_S="${KVRAIL_CI_BUDGET_S:-3300}"
@@ -271,7 +272,7 @@ sanitizer_stages() {
     asan_ran=1
     bazel "--output_base=$ASAN_OUTPUT_BASE" shutdown  # its memory, while the tsan build runs
   fi
-  if stage_fits "tsan stage" "${KVRAIL_TSAN_ESTIMATE_S:-480}"; then
+  if stage_fits "tsan stage" "${KVRAIL_TSAN_ESTIMATE_S:-420}"; then
     san_tests tsan "$TSAN_OUTPUT_BASE" tsan "$TSAN_SCOPE"
     tsan_canary
     bazel "--output_base=$TSAN_OUTPUT_BASE" shutdown
