@@ -5,127 +5,16 @@
 #define CATCH_CONFIG_MAIN
 #include <catch2/catch.hpp>
 
-#include <fcntl.h>
-#include <netinet/in.h>
-#include <signal.h>
-#include <stdlib.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
-#include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "daemon/directory/etcd_directory.h"
+#include "daemon/directory/etcd_test_server.h"
 #include "daemon/directory/node_record.h"
 
 namespace kvrail::directory {
 namespace {
-
-int FreePort() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  REQUIRE(fd >= 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
-  socklen_t len = sizeof(addr);
-  REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
-  ::close(fd);
-  return ntohs(addr.sin_port);
-}
-
-std::string EtcdBinary() {
-  const char* env = std::getenv("KVRAIL_ETCD_BIN");
-  return env != nullptr ? env : "/usr/bin/etcd";
-}
-
-// One etcd member on loopback; killed (by pid) when destroyed.
-class EtcdProcess {
- public:
-  EtcdProcess() {
-    char tmpl[] = "/tmp/kvrail-etcd-XXXXXX";
-    const char* dir = ::mkdtemp(tmpl);
-    REQUIRE(dir != nullptr);
-    dir_ = dir;
-    client_port_ = FreePort();
-    peer_port_ = FreePort();
-  }
-  ~EtcdProcess() {
-    Kill();
-    std::error_code ignored;
-    std::filesystem::remove_all(dir_, ignored);
-  }
-  std::string endpoint() const { return absl::StrCat("127.0.0.1:", client_port_); }
-
-  void Start() {
-    const std::string client = absl::StrCat("http://127.0.0.1:", client_port_);
-    const std::string peer = absl::StrCat("http://127.0.0.1:", peer_port_);
-    std::vector<std::string> args = {
-        EtcdBinary(), "--name", "kvrail-test", "--data-dir", dir_ + "/data",
-        "--listen-client-urls", client, "--advertise-client-urls", client,
-        "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-        "--initial-cluster", absl::StrCat("kvrail-test=", peer),
-        "--log-outputs", "stderr"};
-    const std::string log = dir_ + "/etcd.log";
-    pid_ = ::fork();
-    REQUIRE(pid_ >= 0);
-    if (pid_ == 0) {
-      const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0600);
-      if (fd >= 0) {
-        ::dup2(fd, 1);
-        ::dup2(fd, 2);
-      }
-      std::vector<char*> argv;
-      for (auto& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      ::execv(argv[0], argv.data());
-      ::_exit(127);
-    }
-    // Ready when a Range answers.
-    auto client_or = CreateGrpcEtcdClient({{endpoint()}, "", "", "", absl::Seconds(1)});
-    REQUIRE(client_or.ok());
-    const absl::Time until = absl::Now() + absl::Seconds(20);
-    absl::Status last;
-    while (absl::Now() < until) {
-      int status;
-      if (::waitpid(pid_, &status, WNOHANG) == pid_) {
-        pid_ = -1;
-        FAIL("etcd exited at start; its log:\n" << ReadLog());
-      }
-      auto range = (*client_or)->RangePrefix("/");
-      if (range.ok()) return;
-      last = range.status();
-      absl::SleepFor(absl::Milliseconds(100));
-    }
-    FAIL("etcd did not answer within 20 s: " << last.ToString() << "\n" << ReadLog());
-  }
-
-  void Kill() {
-    if (pid_ <= 0) return;
-    ::kill(pid_, SIGKILL);
-    int status;
-    ::waitpid(pid_, &status, 0);
-    pid_ = -1;
-  }
-
-  std::string ReadLog() const {
-    std::ifstream in(dir_ + "/etcd.log");
-    std::stringstream s;
-    s << in.rdbuf();
-    std::string text = s.str();
-    return text.size() > 4000 ? text.substr(text.size() - 4000) : text;
-  }
-
- private:
-  std::string dir_;
-  int client_port_ = 0;
-  int peer_port_ = 0;
-  pid_t pid_ = -1;
-};
 
 constexpr char kPrefix[] = "/kvrail/live-test/nodes/";
 constexpr int kTtl = 2;
@@ -168,12 +57,10 @@ bool Eventually(Pred pred, absl::Duration limit) {
 }
 
 TEST_CASE("etcd directory against a real etcd: membership, lease end, outage, restart") {
-  if (::access(EtcdBinary().c_str(), X_OK) != 0) {
-    FAIL("no etcd binary at " << EtcdBinary()
-                              << " (install Debian's etcd-server; deploy/dev.sh setup does)");
-  }
-  EtcdProcess etcd;
-  etcd.Start();
+  testing::EtcdTestServer etcd;
+  const absl::Status started = etcd.Start();  // fails (not skips) without the etcd binary
+  INFO(started.ToString());
+  REQUIRE(started.ok());
 
   std::unique_ptr<Directory> a = Open(etcd.endpoint(), "a");
   std::unique_ptr<Directory> b = Open(etcd.endpoint(), "b", /*revoke_on_close=*/false);
@@ -217,7 +104,7 @@ TEST_CASE("etcd directory against a real etcd: membership, lease end, outage, re
     absl::SleepFor(absl::Seconds(kTtl + 1));
     CHECK(a->Lookup("b")->state == PeerState::kUp);
 
-    etcd.Start();
+    REQUIRE(etcd.Start().ok());
     REQUIRE(Eventually([&] { return a->Status().state() == "ok" && b->Status().state() == "ok"; },
                        absl::Seconds(10)));
     CHECK(a->Status().registrations() >= 2);
