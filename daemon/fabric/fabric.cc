@@ -53,6 +53,7 @@ class FabricImpl final : public Fabric {
                                                  const std::shared_ptr<engine::Job>& job) override {
     return sender_->Begin(id, spec, src, tile_bytes, job);
   }
+  const engine::Engine* engine() const override { return sender_.get(); }
 
  private:
   FabricImpl() = default;

@@ -90,7 +90,8 @@ std::vector<uint32_t> LaneHealth::Fail(uint32_t lane, absl::Time now, const std:
 }
 
 std::vector<std::pair<uint32_t, std::string>> LaneHealth::Silent(absl::Time now) const {
-  // Evidence that the peer itself still consumes: another lane's credit within the timeout.
+  // Evidence that the peer itself still consumes: another lane's credit since this lane's
+  // silence began (another lane's credit from before it says nothing about now).
   std::vector<std::pair<uint32_t, std::string>> silent;
   for (uint32_t i = 0; i < lanes_.size(); ++i) {
     const Lane& l = lanes_[i];
@@ -99,8 +100,7 @@ std::vector<std::pair<uint32_t, std::string>> LaneHealth::Silent(absl::Time now)
     if (quiet < timeout_) continue;
     bool others_alive = false;
     for (uint32_t j = 0; j < lanes_.size(); ++j) {
-      if (j != i && lanes_[j].state != LaneState::kFailed &&
-          now - lanes_[j].last_credit < timeout_) {
+      if (j != i && lanes_[j].state != LaneState::kFailed && lanes_[j].last_credit > l.progress) {
         others_alive = true;
       }
     }

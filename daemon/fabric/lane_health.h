@@ -2,7 +2,7 @@
 // LaneHealth per peer: for each lane (NIC i -> the peer's NIC i) whether tiles may go out on it,
 // which of its send slots wait for the peer's credit, and when it last made progress. A lane
 // fails on a write error (at once) or on silence: tiles in flight and no credit on it for
-// `timeout` while another lane to the peer returned one within `timeout` (a cut link over tcp is
+// `timeout` while another lane to the peer returned one meanwhile (a cut link over tcp is
 // silence, not an error); lanes all silent together are the peer's matter (slow or gone:
 // liveness) unless that lasts `peer_timeout`. A failed lane hands back the slots it was waiting
 // on (their tiles are re-sent elsewhere), rests `cooldown`, then lets one tile through as a

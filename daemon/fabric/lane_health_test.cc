@@ -49,6 +49,20 @@ TEST_CASE("a silent lane fails while the others return credits; its waiting slot
   CHECK(h.Describe().find("lane 2 failed: no credit for 230 ms") != std::string::npos);
 }
 
+TEST_CASE("another lane's credit from before the silence began is no evidence against the lane") {
+  ManualClock clock;
+  LaneHealth h(2, 4, kTimeout, kCooldown, kPeerTimeout);
+  h.OnSent(0, 0, clock.Now());
+  h.OnCredit(0, 0, clock.Now());  // lane 0's last credit
+  clock.Advance(absl::Milliseconds(1));
+  h.OnSent(1, 0, clock.Now());  // lane 1's silence begins after it
+  clock.Advance(absl::Milliseconds(250));
+  CHECK(h.Silent(clock.Now()).empty());  // the peer may be what is slow: nobody is blamed
+  h.OnSent(0, 1, clock.Now());
+  h.OnCredit(0, 1, clock.Now());  // now lane 0 progresses while lane 1 waits
+  REQUIRE(h.Silent(clock.Now()).size() == 1);
+}
+
 TEST_CASE("all lanes silent together is the peer's matter until the peer timeout") {
   ManualClock clock;
   LaneHealth h(2, 4, kTimeout, kCooldown, kPeerTimeout);

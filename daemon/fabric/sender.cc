@@ -347,26 +347,29 @@ std::optional<std::pair<uint32_t, uint32_t>> SenderImpl::TakeSlot(const PackItem
     absl::MutexLock lock(&peer->mu);
     const uint32_t lanes = peer->lanes;
     const absl::Time now = absl::Now();
-    absl::MutexLock health_lock(&health_mu_);
-    LaneHealth& health = HealthOf(peer);
-    if (!health.AnyLeft(now)) {
-      // Every lane to the peer failed and rests: the transfer fails (lane failover's end).
-      const absl::Status why = absl::UnavailableError(absl::StrCat(
-          "peer '", peer->node_id, "': no fabric lane left (", health.Describe(), ")"));
-      absl::MutexLock out_lock(&out->mu);
-      if (!out->failed.has_value()) out->failed = why;
-      return std::nullopt;
-    }
-    for (uint32_t k = 0; k < lanes; ++k) {
-      const uint32_t l = (rr + k) % lanes;
-      if (!health.MayUse(l, now)) continue;  // failed and resting, or its probe is out
-      auto& owners = peer->owners[l];
-      const int slot =
-          peer->credits[l]->Acquire([&](uint32_t s) { return owners[s].outbound == nullptr; });
-      if (slot >= 0) {
-        owners[slot] = SlotOwner{out, item.tile};
-        health.OnSent(l, static_cast<uint32_t>(slot), now);
-        return std::make_pair(l, static_cast<uint32_t>(slot));
+    {
+      // Released before the wait below (which gives up only the peer's mu).
+      absl::MutexLock health_lock(&health_mu_);
+      LaneHealth& health = HealthOf(peer);
+      if (!health.AnyLeft(now)) {
+        // Every lane to the peer failed and rests: the transfer fails (lane failover's end).
+        const absl::Status why = absl::UnavailableError(absl::StrCat(
+            "peer '", peer->node_id, "': no fabric lane left (", health.Describe(), ")"));
+        absl::MutexLock out_lock(&out->mu);
+        if (!out->failed.has_value()) out->failed = why;
+        return std::nullopt;
+      }
+      for (uint32_t k = 0; k < lanes; ++k) {
+        const uint32_t l = (rr + k) % lanes;
+        if (!health.MayUse(l, now)) continue;  // failed and resting, or its probe is out
+        auto& owners = peer->owners[l];
+        const int slot =
+            peer->credits[l]->Acquire([&](uint32_t s) { return owners[s].outbound == nullptr; });
+        if (slot >= 0) {
+          owners[slot] = SlotOwner{out, item.tile};
+          health.OnSent(l, static_cast<uint32_t>(slot), now);
+          return std::make_pair(l, static_cast<uint32_t>(slot));
+        }
       }
     }
     // All slots in flight: wait for a credit (OnCredit signals slots_cv_).

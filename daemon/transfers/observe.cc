@@ -209,7 +209,9 @@ void TransferManagerImpl::FillStats(v1::Stats* stats) const {
   }
   stats->add_engines(engine_->Describe());
   if (options_.cuda_engine != nullptr) stats->add_engines(options_.cuda_engine->Describe());
-  for (const engine::Engine* e : {engine_, options_.cuda_engine}) {
+  const engine::Engine* fabric = options_.remote != nullptr ? options_.remote->engine() : nullptr;
+  for (const engine::Engine* e : std::initializer_list<const engine::Engine*>{
+           engine_, options_.cuda_engine, fabric}) {
     if (e == nullptr) continue;
     v1::OpsEngineState* state = stats->add_engine_states();
     state->set_name(e->name());

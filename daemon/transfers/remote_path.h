@@ -38,6 +38,9 @@ class RemotePath {
                                                          const regions::Region& src,
                                                          uint64_t tile_bytes,
                                                          const std::shared_ptr<engine::Job>& job) = 0;
+  // The engine that runs the fabric's tiles, for stats and metrics (its gauges: lane failover's
+  // counters and lane states); nullptr when there is none to show.
+  virtual const engine::Engine* engine() const { return nullptr; }
 };
 
 // The job an inbound transfer's tiles report to (InboundSink::Admitted.job). Thread-safe.
