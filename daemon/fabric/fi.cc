@@ -59,19 +59,26 @@ absl::StatusOr<std::unique_ptr<Nic>> Nic::Open(const Options& options) {
     hints->src_addrlen = sizeof(src);
   }
   fi_info* raw = nullptr;
-  // FI_HMEM first (device memory registration: the NIC reads and writes GPU memory directly); a
-  // provider without it answers -FI_ENODATA, and the endpoint is opened without it.
-  hints->caps |= FI_HMEM;
-  hints->domain_attr->mr_mode |= FI_MR_HMEM;
-  int rc = fi_getinfo(FI_VERSION(1, 17), nullptr, nullptr, 0, hints.get(), &raw);
-  const bool hmem = rc == 0 && raw != nullptr && (raw->caps & FI_HMEM) != 0;
-  if (rc != 0 || !hmem) {
-    if (raw != nullptr) fi_freeinfo(raw);
-    raw = nullptr;
+  // FI_HMEM (device memory registration: the NIC reads and writes GPU memory directly): asked
+  // for only when options.hmem, first with it and, when no endpoint offers it (-FI_ENODATA; tcp
+  // here), again without it. Not asked for by default: with FI_HMEM a provider may treat every
+  // buffer as possibly device memory (other protocols, per-buffer pointer queries), and nothing
+  // in the data path registers device memory yet.
+  int rc = -FI_ENODATA;
+  bool hmem = false;
+  if (options.hmem) {
+    hints->caps |= FI_HMEM;
+    hints->domain_attr->mr_mode |= FI_MR_HMEM;
+    rc = fi_getinfo(FI_VERSION(1, 17), nullptr, nullptr, 0, hints.get(), &raw);
+    hmem = rc == 0 && raw != nullptr && (raw->caps & FI_HMEM) != 0;
+    if (!hmem && raw != nullptr) {
+      fi_freeinfo(raw);
+      raw = nullptr;
+    }
     hints->caps &= ~FI_HMEM;
     hints->domain_attr->mr_mode &= ~FI_MR_HMEM;
-    rc = fi_getinfo(FI_VERSION(1, 17), nullptr, nullptr, 0, hints.get(), &raw);
   }
+  if (!hmem) rc = fi_getinfo(FI_VERSION(1, 17), nullptr, nullptr, 0, hints.get(), &raw);
   if (rc != 0) {
     return absl::FailedPreconditionError(absl::StrCat(
         "fabric.provider: no '", options.provider, "' RDM endpoint with FI_RMA on '",

@@ -72,6 +72,8 @@ class Nic {
     std::string provider = "tcp;ofi_rxm";  // also accepts "verbs;ofi_rxm", "efa"
     std::string address;                   // local IPv4 address to bind ("10.0.0.1"); "" = any
     std::string name;                      // for humans ("nic0@10.0.0.1")
+    // Ask for FI_HMEM (device-memory registration) and use it when the provider offers it.
+    bool hmem = false;
   };
   static absl::StatusOr<std::unique_ptr<Nic>> Open(const Options& options);
   ~Nic();
@@ -94,9 +96,9 @@ class Nic {
                                                                uint64_t access);
   // Whether the provider picks the registration keys (FI_MR_PROV_KEY) rather than taking ours.
   bool provider_keys() const { return prov_key_; }
-  // FI_HMEM (issue 19 item 4): whether the provider offers device-memory registration, decided
-  // at Open by its capabilities (fi_getinfo asked with caps FI_HMEM and mr_mode FI_MR_HMEM first,
-  // without them when no endpoint offers them). tcp;ofi_rxm has none here.
+  // FI_HMEM (issue 19 item 4): whether this endpoint registers device memory: Options.hmem was
+  // set and the provider offers it (fi_getinfo asked with caps FI_HMEM and mr_mode FI_MR_HMEM
+  // first, without them when no endpoint offers them). tcp;ofi_rxm has none here.
   bool hmem() const { return hmem_; }
   // Registers CUDA device memory [base, base+size) of GPU `cuda_device` (fi_mr_regattr with
   // iface FI_HMEM_CUDA, device.cuda = cuda_device), so the NIC reads tiles straight from (or

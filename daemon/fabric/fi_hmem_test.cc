@@ -17,6 +17,7 @@ TEST_CASE("a provider without FI_HMEM opens, says so and refuses GPU memory regi
   options.provider = "tcp;ofi_rxm";
   options.address = "127.0.0.1";
   options.name = "nic0@127.0.0.1";
+  options.hmem = true;
   absl::StatusOr<std::unique_ptr<Nic>> nic = Nic::Open(options);
   REQUIRE(nic.ok());
   CHECK_FALSE((*nic)->hmem());
@@ -31,6 +32,19 @@ TEST_CASE("a provider without FI_HMEM opens, says so and refuses GPU memory regi
       (*nic)->RegisterMemory(memory.data(), memory.size(), 78, FI_WRITE | FI_READ);
   REQUIRE(host.ok());
   CHECK((*host)->size() == memory.size());
+}
+
+TEST_CASE("FI_HMEM is not asked for unless the options say so") {
+  Nic::Options options;
+  options.provider = "tcp;ofi_rxm";
+  options.address = "127.0.0.1";
+  options.name = "nic0@127.0.0.1";
+  absl::StatusOr<std::unique_ptr<Nic>> nic = Nic::Open(options);
+  REQUIRE(nic.ok());
+  CHECK_FALSE((*nic)->hmem());
+  std::vector<uint8_t> memory(4096);
+  CHECK((*nic)->RegisterDeviceMemory(memory.data(), memory.size(), 0, 79, FI_WRITE).status().code() ==
+        absl::StatusCode::kFailedPrecondition);
 }
 
 }  // namespace

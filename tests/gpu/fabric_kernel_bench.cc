@@ -7,7 +7,7 @@
 // element. The source is 32 layers x K/V x 16-token blocks x 8 heads x 128 bf16 in NHD; the
 // destination takes heads [4, 8) (TP1 -> TP2) into 32-token blocks of 4 heads in HND
 // (block-major), tokens in shuffled blocks on both sides.
-// Usage: fabric_kernel_bench [--mib 256] [--reps 3] [--src-gpu 0] [--dst-gpu 0]
+// Usage: fabric_kernel_bench [--mib 256] [--reps 3] [--src-gpu 0] [--dst-gpu 0] [--copy-pair 0]
 // (the two-GPU issue runs --dst-gpu 1). Needs daemon/kvraild via TEST_SRCDIR.
 #include <cuda_runtime_api.h>
 
@@ -115,7 +115,7 @@ Result Run(testing::NsDaemon& a, testing::NsDaemon& b, const v1::PagedKvLayout& 
   spec.mutable_dst()->set_node_id("b");
   spec.mutable_src()->set_head_begin(kHeadBegin);
   spec.set_num_heads(kDstHeads);
-  spec.set_timeout_ms(600000);
+  spec.set_timeout_ms(120000);  // a stuck transfer fails instead of outwaiting the run
   const uint64_t moved = uint64_t{src_layout.num_layers()} * 2 * n * kSrcTpb * kDstHeads * 256;
   double best = 1e30;
   for (int rep = 0; rep <= reps; ++rep) {
@@ -125,6 +125,8 @@ Result Run(testing::NsDaemon& a, testing::NsDaemon& b, const v1::PagedKvLayout& 
       r.error = "submit: " + sub.status().ToString();
       return r;
     }
+    std::fprintf(stderr, "  rep %d: transfer %lu submitted\n", rep,
+                 static_cast<unsigned long>(sub->transfer_id()));
     auto st = a.client->Wait(sub->transfer_id());
     const double sec = std::chrono::duration<double>(Clock::now() - t0).count();
     if (!st.ok() || st->state() != v1::TRANSFER_STATE_SUCCEEDED) {
@@ -182,14 +184,19 @@ bool StartPair(testing::NsDaemon& a, testing::NsDaemon& b, int port_a, int port_
 }
 
 int Main(int argc, char** argv) {
+  // Line-buffered even into a file, and progress on stderr: a run cut off by its timeout still
+  // says how far it got.
+  setvbuf(stdout, nullptr, _IOLBF, 0);
   uint64_t mib = 256;
   int reps = 3, src_gpu = 0, dst_gpu = 0;
+  bool no_copy = false;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
     if (a == "--mib") mib = std::stoull(argv[i + 1]);
     if (a == "--reps") reps = std::stoi(argv[i + 1]);
     if (a == "--src-gpu") src_gpu = std::stoi(argv[i + 1]);
     if (a == "--dst-gpu") dst_gpu = std::stoi(argv[i + 1]);
+    if (a == "--copy-pair") no_copy = std::string(argv[i + 1]) == "0";
   }
   const int gpus = client::CudaDeviceCount();
   // Source blocks: `mib` MiB of source pool (8 heads), half of it (4 heads) moved.
@@ -201,10 +208,15 @@ int Main(int argc, char** argv) {
       testing::MakeLayout(32, 2, (blocks * kSrcTpb + kDstTpb - 1) / kDstTpb, kDstTpb, kDstHeads,
                           128, v1::DTYPE_BF16, v1::LAYOUT_ORDER_BLOCK_LAYER_PART_HND);
   testing::NsDaemon a, b, ca, cb;
+  std::fprintf(stderr, "starting daemons a, b\n");
   if (!StartPair(a, b, 7370, 7371)) return 1;
-  setenv("KVRAIL_FABRIC_GPU_PACK", "copy", 1);
-  const bool copy_pair = gpus > 0 && StartPair(ca, cb, 7372, 7373);
-  unsetenv("KVRAIL_FABRIC_GPU_PACK");
+  bool copy_pair = false;
+  if (gpus > 0 && !no_copy) {
+    std::fprintf(stderr, "starting the copy-engine pair (KVRAIL_FABRIC_GPU_PACK=copy)\n");
+    setenv("KVRAIL_FABRIC_GPU_PACK", "copy", 1);
+    copy_pair = StartPair(ca, cb, 7372, 7373);
+    unsetenv("KVRAIL_FABRIC_GPU_PACK");
+  }
   std::printf("fabric kernel bench: %lu MiB source pool (32 layers x K/V x %u blocks x 16 tokens x "
               "8 heads x 128 bf16, NHD), heads 4-7 -> 4-head 32-token HND blocks (TP1->TP2 + "
               "NHD->HND), %.0f MiB moved, tiles 1 MiB, 2 lanes, tcp;ofi_rxm over loopback, %d "
@@ -229,6 +241,7 @@ int Main(int argc, char** argv) {
   double host = 0;
   for (const Case& c : cases) {
     if (c.copy && !copy_pair) continue;
+    std::fprintf(stderr, "row: %s\n", c.label.c_str());
     const Result r = c.copy ? Run(ca, cb, src_layout, dst_layout, c.src, c.dst, reps)
                             : Run(a, b, src_layout, dst_layout, c.src, c.dst, reps);
     if (!r.error.empty()) {
