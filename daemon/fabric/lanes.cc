@@ -201,39 +201,93 @@ std::string Lanes::Describe() const {
 
 // ---- the proxy: one per NIC ----
 
+bool Lanes::PeerUp(uint32_t peer) const {
+  PeerConn* p = peers_->at(peer);
+  absl::MutexLock lock(&p->mu);
+  return p->up;
+}
+
 void Lanes::ProxyLoop(Lane* lane) {
-  std::optional<kernels::NicCommand> pending;
-  std::optional<CreditOp> pending_credit;
+  // Commands and credits the provider answered -FI_EAGAIN (its queue to that peer is full, or
+  // the connection to a dead peer is being retried): set aside in order and retried each round,
+  // so one unreachable peer never holds up the others' tiles and credits (head-of-line). A
+  // peer's later ones queue behind its set-aside ones; once the peer is down they are dropped
+  // (a write: failed to the sender).
+  std::deque<kernels::NicCommand> deferred;
+  std::deque<CreditOp> deferred_credits;
+  std::vector<bool> waiting(PeerTable::kMaxPeers), waiting_credit(PeerTable::kMaxPeers);
   uint32_t inflight = 0;
   fi_cq_data_entry entries[32];
   while (!stop_.load()) {
     bool busy = false;
-    // Commands from the ring, in batches, up to the in-flight cap.
-    for (int batch = 0; batch < 32 && inflight < options_.max_inflight; ++batch) {
-      if (!pending) pending = lane->ring->Pop();
-      if (!pending) break;
-      const ssize_t rc = PostWrite(lane, *pending);
-      if (rc == -FI_EAGAIN) break;
+    std::fill(waiting.begin(), waiting.end(), false);
+    std::fill(waiting_credit.begin(), waiting_credit.end(), false);
+    // Set-aside commands first, each once, in order.
+    for (size_t k = deferred.size(); k > 0; --k) {
+      const kernels::NicCommand cmd = deferred.front();
+      deferred.pop_front();
+      if (!PeerUp(cmd.peer)) {
+        busy = true;
+        sender_->OnWriteFailed(cmd.peer, lane->index, cmd.slot,
+                               absl::UnavailableError("the peer is down (write never posted)"));
+        continue;
+      }
+      const ssize_t rc = waiting[cmd.peer] || inflight >= options_.max_inflight
+                             ? -FI_EAGAIN
+                             : PostWrite(lane, cmd);
+      if (rc == -FI_EAGAIN) {
+        waiting[cmd.peer] = true;
+        deferred.push_back(cmd);
+        continue;
+      }
       busy = true;
       if (rc == 0) ++inflight;
-      pending.reset();
     }
-    // Credits owed to senders.
+    // Commands from the ring, in batches, up to the in-flight cap.
+    for (int batch = 0; batch < 32 && inflight < options_.max_inflight; ++batch) {
+      const std::optional<kernels::NicCommand> cmd = lane->ring->Pop();
+      if (!cmd) break;
+      busy = true;
+      const ssize_t rc = waiting[cmd->peer] ? -FI_EAGAIN : PostWrite(lane, *cmd);
+      if (rc == -FI_EAGAIN) {
+        waiting[cmd->peer] = true;
+        deferred.push_back(*cmd);
+        continue;
+      }
+      if (rc == 0) ++inflight;
+    }
+    // Credits owed to senders: set-aside ones first, then the queue.
+    for (size_t k = deferred_credits.size(); k > 0; --k) {
+      const CreditOp op = deferred_credits.front();
+      deferred_credits.pop_front();
+      if (!PeerUp(op.peer)) continue;  // its transfers are gone with it
+      const ssize_t rc = waiting_credit[op.peer] ? -FI_EAGAIN : PostCredit(lane, op);
+      if (rc == -FI_EAGAIN) {
+        waiting_credit[op.peer] = true;
+        deferred_credits.push_back(op);
+        continue;
+      }
+      busy = true;
+    }
     for (int batch = 0; batch < 32; ++batch) {
-      if (!pending_credit) {
+      CreditOp op;
+      {
         absl::MutexLock lock(&lane->mu);
         if (lane->credits.empty()) break;
-        pending_credit = lane->credits.front();
+        op = lane->credits.front();
         lane->credits.pop_front();
       }
-      const ssize_t rc = PostCredit(lane, *pending_credit);
-      if (rc == -FI_EAGAIN) break;
       busy = true;
-      pending_credit.reset();
+      const ssize_t rc = waiting_credit[op.peer] ? -FI_EAGAIN : PostCredit(lane, op);
+      if (rc == -FI_EAGAIN) {
+        waiting_credit[op.peer] = true;
+        deferred_credits.push_back(op);
+      }
     }
-    ssize_t n = busy || pending || pending_credit || inflight > 0
-                    ? lane->nic->ReadCompletions(entries, 32)
-                    : lane->nic->WaitCompletions(entries, 32, 50);
+    // Set-aside work only: a short wait (1 ms) between retries rather than a spin.
+    const bool retrying = !deferred.empty() || !deferred_credits.empty();
+    ssize_t n = busy || inflight > 0 ? lane->nic->ReadCompletions(entries, 32)
+                                     : lane->nic->WaitCompletions(entries, 32, retrying ? 1 : 50);
     if (n == -FI_EAVAIL) {
       void* context = nullptr;
       absl::Status error = lane->nic->ReadError(&context);

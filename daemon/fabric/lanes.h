@@ -165,6 +165,8 @@ class Lanes {
   Lanes(const FabricOptions& options, PeerTable* peers) : options_(options), peers_(peers) {}
   uint64_t PerPeerBytes() const;
   void ProxyLoop(Lane* lane);
+  // Whether peer `peer` is up (peer control's view), for the proxy's set-aside commands.
+  bool PeerUp(uint32_t peer) const;
   ssize_t PostWrite(Lane* lane, const kernels::NicCommand& cmd);
   ssize_t PostCredit(Lane* lane, const CreditOp& op);
 

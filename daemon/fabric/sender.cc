@@ -791,6 +791,12 @@ void SenderImpl::FailPeer(PeerConn* peer, const absl::Status& why) {
   for (auto& o : orphaned) FinishTile(o.outbound, o.tile, why);
   for (auto& item : dropped) item.out->job->OnTileDone(item.tile, why);
   for (auto& out : outs) MaybeClose(out);
+  {
+    // (issue 18.5, membership) A lost peer's lanes start afresh when it is back (restarted with a
+    // new boot id, or listed by the directory again): its failed lanes were its death, not theirs.
+    absl::MutexLock lock(&health_mu_);
+    health_.erase(peer);
+  }
 }
 
 // ---- End / Abort (the closing thread) ----
