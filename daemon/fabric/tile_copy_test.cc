@@ -1,10 +1,12 @@
 // spec.digest on the fabric's tile path, host regions (CI has no GPU): PackTileWithDigest packs
 // what PackTile packs and puts the digest after the bytes; after UnpackTile the destination read
 // back (DestinationTileDigest) gives the same digest, and a changed destination byte changes it.
+// Also the fabric kernels' per-transfer choice and its reason (GpuTileKernels::ForSource/ForDestination).
 #define CATCH_CONFIG_MAIN
 #include <catch2/catch.hpp>
 
 #include <random>
+#include <string>
 #include <vector>
 
 #include "daemon/fabric/tile_copy.h"
@@ -51,6 +53,38 @@ TEST_CASE("digest trailer: sent digest == destination read back; a changed byte 
     const RegionSide dst_side{false, -1, dst.data()};
     CHECK(*DestinationTileDigest(*plan, t, dst_side, scratch.data()) != before);
   }
+}
+
+}  // namespace
+}  // namespace kvrail::fabric
+
+namespace kvrail::fabric {
+namespace {
+
+// The fabric kernels' per-transfer choice (issue 19 item 4): made without touching CUDA, so CI
+// checks which path each kind of side gets and the reason the transfer's path_reason shows.
+TEST_CASE("fabric kernels are chosen per transfer, with the reason") {
+  std::mt19937_64 rng(42);
+  const planner::testing::RandomCase c = planner::testing::RandomPagedCase(rng);
+  auto plan = planner::MakePlan(c.spec, c.src, c.dst, c.options);
+  REQUIRE(plan.ok());
+  uint8_t byte = 0;
+  std::string why;
+  // A GPU source: the kernel, which packs into the mapped slot and writes the command ring.
+  CHECK(GpuTileKernels::ForSource(*plan, RegionSide{true, 3, &byte}, false, &why) != nullptr);
+  CHECK(why == "fabric pack: GPU3 kernel gathers into the mapped send slot and writes the command "
+               "ring");
+  // spec.digest: the copy engines (the packed slot is hashed on the host).
+  CHECK(GpuTileKernels::ForSource(*plan, RegionSide{true, 0, &byte}, true, &why) == nullptr);
+  CHECK(why.find("copy engines") != std::string::npos);
+  CHECK(why.find("spec.digest") != std::string::npos);
+  // Host regions: the CPU.
+  CHECK(GpuTileKernels::ForSource(*plan, RegionSide{false, -1, &byte}, false, &why) == nullptr);
+  CHECK(why == "fabric pack: host region, packed by the CPU");
+  CHECK(GpuTileKernels::ForDestination(*plan, RegionSide{true, 1, &byte}, &why) != nullptr);
+  CHECK(why == "fabric unpack: GPU1 kernel scatters from the mapped receive slot");
+  CHECK(GpuTileKernels::ForDestination(*plan, RegionSide{false, -1, &byte}, &why) == nullptr);
+  CHECK(why == "fabric unpack: host region, by the CPU");
 }
 
 }  // namespace
