@@ -262,6 +262,10 @@ absl::Status Run(v1::DaemonConfig config) {
     cuda_options.warm_up = !config.has_cuda_warm_up() || config.cuda_warm_up();
     cuda_options.copy_split_max_percent = static_cast<int>(config.cuda_copy_split_max_percent());
     cuda_options.copy_split_fixed_percent = static_cast<int>(config.cuda_copy_split_fixed_percent());
+    cuda_options.stream_wait = config.has_cuda_stream_wait() && config.cuda_stream_wait();
+    if (config.cuda_stream_wait_jobs() > 0) {
+      cuda_options.stream_wait_jobs = static_cast<int>(config.cuda_stream_wait_jobs());
+    }
     cuda_options.run_on_destination = config.cuda_run_on() == "destination";
     cuda_options.batch_bytes = config.cuda_batch_bytes();
     cuda_options.limits = limits;

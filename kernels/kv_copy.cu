@@ -86,6 +86,7 @@ __global__ void __launch_bounds__(kMaxThreads)
   using T = typename Access<W>::T;
   __shared__ PlanHeader h;
   LoadHeader(header, &h);
+  if (h.num_tiles == 0) return;  // a gated job that ended (the CUDA engine disarmed it)
   const uint8_t* __restrict__ src = reinterpret_cast<const uint8_t*>(h.src.base);
   uint8_t* __restrict__ dst = reinterpret_cast<uint8_t*>(h.dst.base);
   const uint32_t* __restrict__ src_blocks = reinterpret_cast<const uint32_t*>(h.src.block_table);
@@ -135,6 +136,7 @@ __global__ void __launch_bounds__(kMaxThreads)
                        uint32_t tile_end, uint32_t piece_bytes) {
   __shared__ PlanHeader h;
   LoadHeader(header, &h);
+  if (h.num_tiles == 0) return;  // a gated job that ended (the CUDA engine disarmed it)
   const uint8_t* __restrict__ src = reinterpret_cast<const uint8_t*>(h.src.base);
   uint8_t* __restrict__ dst = reinterpret_cast<uint8_t*>(h.dst.base);
   const uint32_t* __restrict__ src_blocks = reinterpret_cast<const uint32_t*>(h.src.block_table);
@@ -280,6 +282,7 @@ __global__ void __launch_bounds__(kMaxThreads)
   extern __shared__ uint4 seg_ring[];
   __shared__ PlanHeader h;
   LoadHeader(header, &h);
+  if (h.num_tiles == 0) return;  // a gated job that ended (the CUDA engine disarmed it)
   const uint64_t src = h.src.base;
   const uint64_t dst = h.dst.base;
   const uint32_t* __restrict__ src_blocks = reinterpret_cast<const uint32_t*>(h.src.block_table);

@@ -239,6 +239,17 @@ absl::Status FinalizeConfig(v1::DaemonConfig* config) {
   if (config->cuda_copy_split_fixed_percent() > 90) {
     return absl::InvalidArgumentError("cuda_copy_split_fixed_percent: at most 90");
   }
+  if (config->has_cuda_stream_wait() && config->cuda_stream_wait()) {
+    // The CUDA engine waits on the GPU for jobs that hand their gated layers early
+    // (Engine::AdmitGated), which the transfer layer does not do yet: refused rather than
+    // accepted and silently without effect.
+    return absl::InvalidArgumentError(
+        "cuda_stream_wait: not available in kvraild yet (the CUDA engine has the GPU-side wait; "
+        "the transfer layer does not hand it layers gated by spec.ready_flags yet)");
+  }
+  if (config->cuda_stream_wait_jobs() > 256) {
+    return absl::InvalidArgumentError("cuda_stream_wait_jobs: at most 256");
+  }
   if (config->log_format() != "text" && config->log_format() != "json") {
     return absl::InvalidArgumentError(
         absl::StrCat("log_format: '", config->log_format(), "' is not text or json"));

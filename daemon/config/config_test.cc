@@ -61,6 +61,8 @@ TEST_CASE("bad values are rejected naming the key") {
   check("host_engine_threads: 1000", "host_engine_threads:");
   check("cuda_run_on: \"peer\"", "cuda_run_on:");
   check("cuda_batch_bytes: 4096", "cuda_batch_bytes:");
+  check("cuda_stream_wait_jobs: 257", "cuda_stream_wait_jobs:");
+  check("cuda_stream_wait: true", "cuda_stream_wait:");
   check("peers { key: \"x\" value: \"nocolon\" }", "peers[x]:");
 }
 

@@ -1,11 +1,14 @@
 // The CUDA engine: one dispatcher thread and one stream per GPU. It executes what the scheduler's
 // pure policy decides (//daemon/scheduler: tile_queues for the order, cuda_batch_policy for
 // batches, mode and CTAs); see docs/architecture.md ("CUDA engine").
+#include <cuda.h>
 #include <cuda_runtime_api.h>
 
 #include <spdlog/spdlog.h>
 
+#include <cstddef>
 #include <deque>
+#include <list>
 #include <map>
 #include <memory>
 #include <optional>
@@ -24,6 +27,7 @@
 #include "daemon/engine/engine.h"
 #include "daemon/planner/table_pool.h"
 #include "daemon/scheduler/cuda_batch_policy.h"
+#include "daemon/scheduler/stream_gate.h"
 #include "daemon/scheduler/tile_queues.h"
 #include "kernels/kv_copy.h"
 #include "kernels/kv_digest.h"
@@ -52,6 +56,69 @@ constexpr uint64_t kRetainedPoolBytes = 64 << 20;
 constexpr size_t kWarmTableMinBytes = 4 << 10, kWarmTableMaxBytes = 4 << 20;
 // Tuner keys of the copy-only mode's small kernels start here (CtaTunerKey stays below 200).
 constexpr int kCopyOnlyTunerKeys = 1 << 10;
+// GPU-side readiness wait: how often the dispatcher looks at gated jobs that may have ended
+// (their completions wake it at once), and how long a live producer gets to write the words of
+// a job that ended before the daemon raises them itself (scheduler::ReleaseNow).
+constexpr absl::Duration kGatePoll = absl::Milliseconds(1);
+constexpr absl::Duration kGateReleaseGrace = absl::Seconds(1);
+
+using WaitValue32Fn = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
+// cuStreamWaitValue32 through the runtime's driver entry point (nothing links libcuda); nullptr
+// when the driver offers none.
+WaitValue32Fn StreamWaitValue32() {
+  static const WaitValue32Fn fn = [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult q;
+    if (cudaGetDriverEntryPointByVersion("cuStreamWaitValue32", &p, 12000, cudaEnableDefault,
+                                         &q) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return static_cast<WaitValue32Fn>(nullptr);
+    }
+    return reinterpret_cast<WaitValue32Fn>(p);
+  }();
+  return fn;
+}
+
+// Bytes of the tiles from `first` to the end of its layer (a gated job's batch stops there: each
+// layer waits on its own word).
+uint64_t LayerBytesFrom(const planner::Plan& plan, uint32_t first) {
+  const uint32_t layer = plan.tile(first).layer;
+  uint64_t bytes = 0;
+  for (uint32_t t = first; t < plan.num_tiles() && plan.tile(t).layer == layer; ++t) {
+    bytes += plan.tile(t).bytes;
+  }
+  return bytes;
+}
+
+struct JobState;
+
+// Tiles [begin, end) of `job`, taken from class `cls`'s queue (`bytes` of them).
+struct Taken {
+  std::shared_ptr<Job> job;
+  int cls = 0;
+  uint32_t begin = 0, end = 0;
+  uint64_t bytes = 0;
+  // Smaller than the class's batch because the job just started (the ramp): its launch overhead
+  // weighs more, so the tuner does not learn from it.
+  bool ramped = false;
+  // The dispatcher took it this long after the latest Enqueue (its wake-up, when it was idle).
+  absl::Duration since_enqueue;
+};
+
+// A taken batch once launched (or failed to launch).
+struct Batch {
+  JobState* state = nullptr;
+  Taken taken;
+  int ctas = 0;  // 0: copy engine
+  bool capped = false;  // ctas lowered to the class's max_ctas (not the tuner's own choice)
+  cuda::Event start, stop;
+  // Kernel and copy engines together: tiles [split, end) ran on the copy engines (second stream)
+  // beside the kernel's [begin, split); each part's end is timed from `start`.
+  uint32_t split = 0;
+  bool split_sampled = false;  // launched at the SplitTuner's choice (not while the knee probed)
+  cuda::Event kernel_done, copy_done;
+  absl::Status launch;
+};
 
 // What the dispatcher knows about a job it has started (dispatcher thread only).
 struct JobState {
@@ -88,6 +155,19 @@ struct JobState {
   uint64_t last_batch_bytes = 0;  // of the latest batch launched (the ramp, cuda_batch.h)
   // Where the set-up's time went (the first job's shows in Describe: first-transfer costs).
   absl::Duration setup_addresses, setup_mode, setup_upload;
+  // GPU-side readiness wait (admitted by AdmitGated): the job's batches run on `gate_stream`,
+  // each behind cuStreamWaitValue32 on its layer's word, and complete out of the dispatcher's
+  // in-flight pipeline (`gated`, oldest first). An ended job zeroes its device header's
+  // num_tiles (its kernels then store nothing) and has its words released (stream_gate.h).
+  std::optional<Job::ReadyGate> gate;
+  std::optional<cuda::Stream> gate_stream;
+  cuda::Event gate_uploaded;
+  std::list<Batch> gated;
+  bool gate_aborted = false;
+  bool gate_producer_gone = false;
+  bool gate_released = false;
+  absl::Status gate_end;
+  absl::Time gate_ended_at;
 
   JobState() = default;
   JobState(const JobState&) = delete;
@@ -95,34 +175,6 @@ struct JobState {
   ~JobState() {
     if (uploaded.get() != nullptr && src_tables != nullptr) cudaEventSynchronize(uploaded.get());
   }
-};
-
-// Tiles [begin, end) of `job`, taken from class `cls`'s queue (`bytes` of them).
-struct Taken {
-  std::shared_ptr<Job> job;
-  int cls = 0;
-  uint32_t begin = 0, end = 0;
-  uint64_t bytes = 0;
-  // Smaller than the class's batch because the job just started (the ramp): its launch overhead
-  // weighs more, so the tuner does not learn from it.
-  bool ramped = false;
-  // The dispatcher took it this long after the latest Enqueue (its wake-up, when it was idle).
-  absl::Duration since_enqueue;
-};
-
-// A taken batch once launched (or failed to launch).
-struct Batch {
-  JobState* state = nullptr;
-  Taken taken;
-  int ctas = 0;  // 0: copy engine
-  bool capped = false;  // ctas lowered to the class's max_ctas (not the tuner's own choice)
-  cuda::Event start, stop;
-  // Kernel and copy engines together: tiles [split, end) ran on the copy engines (second stream)
-  // beside the kernel's [begin, split); each part's end is timed from `start`.
-  uint32_t split = 0;
-  bool split_sampled = false;  // launched at the SplitTuner's choice (not while the knee probed)
-  cuda::Event kernel_done, copy_done;
-  absl::Status launch;
 };
 
 // Serves one GPU. Thread contract: Enqueue/Remove/QueuedTiles/Describe from any thread (guarded
@@ -153,6 +205,24 @@ class DeviceWorker {
     return queues_.Remove(job);
   }
 
+  // Engine::AdmitGated for this GPU (scheduler::GateSlots decides; any thread).
+  bool AdmitGated(const std::shared_ptr<Job>& job) {
+    std::optional<Job::ReadyGate> gate = job->ready_gate(device_);
+    if (!gate.has_value()) return false;
+    scheduler::GateInputs in;
+    in.enabled = options_.stream_wait;
+    in.flags_mapped = gate->device_words != 0 && gate->host_words != nullptr &&
+                      gate->count >= job->plan().num_layers() && StreamWaitValue32() != nullptr;
+    in.kernel_mode = scheduler::ChoosePlanMode(ModeInputsFor(*job, false)).mode == Mode::kKernel;
+    in.digest = job->wants_digest();
+    absl::MutexLock lock(&mu_);
+    const scheduler::GateChoice choice = gate_slots_.Admit(job.get(), in);
+    last_gate_choice_ = choice.reason;
+    if (!choice.stream_wait) return false;
+    admitted_gates_[job.get()] = AdmittedGate{job, std::move(*gate)};
+    return true;
+  }
+
   void AddQueued(std::vector<uint64_t>* out) const {
     absl::MutexLock lock(&mu_);
     queues_.AddCounts(out);
@@ -171,7 +241,8 @@ class DeviceWorker {
                                            : std::string(),
                         "; ", CopyOnlyTextLocked(), held_states_,
                         " jobs set up (plan on the GPU); last job set-up (plan upload enqueued) ",
-                        SetUpTextLocked(), LastJobTextLocked(), first_job_text_);
+                        SetUpTextLocked(), LastJobTextLocked(), first_job_text_,
+                        GateTextLocked());
   }
 
   // Blocks until the dispatcher has warmed its GPU up (or found it cannot).
@@ -182,6 +253,14 @@ class DeviceWorker {
  private:
   // What the copy-engine-only mode (or an unreachable peer) decided against the copy engines'
   // per-run cost; empty when nothing was.
+  std::string GateTextLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (!options_.stream_wait) return "";
+    return absl::StrCat("; stream wait: ", gate_slots_.held(), " of ", options_.stream_wait_jobs,
+                        " jobs waiting on the GPU, ", gate_releases_,
+                        " released by the daemon; last choice: ",
+                        last_gate_choice_.empty() ? "none" : last_gate_choice_);
+  }
+
   std::string CopyOnlyTextLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (copy_only_kernel_plans_ == 0 && slow_copy_plans_ == 0) return "";
     return absl::StrCat(copy_only_kernel_plans_, " tiny-run plans on a small kernel / ",
@@ -210,6 +289,16 @@ class DeviceWorker {
   bool HasWorkOrStop() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return stop_ || !queues_.AllEmpty();
   }
+  // Also true when a gated batch's stream passed its completion (WakeFromGpu).
+  bool HasWorkOrGpuWake() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return HasWorkOrStop() || gpu_wakes_ != gpu_wakes_seen_;
+  }
+  // cudaLaunchHostFunc after each gated batch: wakes the dispatcher (no CUDA calls here).
+  static void CUDART_CB WakeFromGpu(void* self) {
+    auto* worker = static_cast<DeviceWorker*>(self);
+    absl::MutexLock lock(&worker->mu_);
+    ++worker->gpu_wakes_;
+  }
 
 
   // Takes the next batch in priority order (fewest queued tiles first within a class) that the
@@ -224,9 +313,16 @@ class DeviceWorker {
                                        options_.batch_bytes),
           limit.max_inflight_bytes,
           inflight_bytes_[c]);
+      // Read inside the callback below, which runs under mu_ (held here).
+      const auto* gated = &admitted_gates_;
       auto [job, batch] = queues_.TakeFrom(c, [&](const Job& j, scheduler::TileRanges& tiles) {
         const auto state = states_.find(&j);
         const uint64_t previous = state == states_.end() ? 0 : state->second->last_batch_bytes;
+        if (gated->count(&j) > 0) {  // one layer per batch: each waits on its own word
+          return scheduler::TakeJobBatch(
+              &tiles, j.plan(), std::min(budget, LayerBytesFrom(j.plan(), tiles.front())),
+              previous);
+        }
         return scheduler::TakeJobBatch(&tiles, j.plan(), budget, previous);
       });
       Taken taken{std::move(job), c, batch.begin, batch.end, 0, batch.ramped,
@@ -292,12 +388,30 @@ class DeviceWorker {
         absl::MutexLock lock(&mu_);
         if (in_flight.empty()) {
           SweepLocked();
-          mu_.Await(absl::Condition(this, &DeviceWorker::HasWorkOrStop));
-          if (stop_) return;
+          if (gated_pending_ == 0) {
+            mu_.Await(absl::Condition(this, &DeviceWorker::HasWorkOrStop));
+          } else {
+            // Gated batches complete on their own streams: woken by WakeFromGpu, and every
+            // kGatePoll to see whether a waiting job has ended.
+            mu_.AwaitWithTimeout(absl::Condition(this, &DeviceWorker::HasWorkOrGpuWake),
+                                 kGatePoll);
+          }
+          gpu_wakes_seen_ = gpu_wakes_;
+          if (stop_) break;
         }
         if (in_flight.size() < kMaxInFlight) next = TakeLocked();
       }
-      if (next.has_value()) in_flight.push_back(Launch(StateFor(next->job, bound), *next));
+      if (next.has_value()) {
+        JobState& state = StateFor(next->job, bound);
+        Batch b = Launch(state, *next);
+        if (state.gate.has_value()) {
+          state.gated.push_back(std::move(b));
+          ++gated_pending_;
+        } else {
+          in_flight.push_back(std::move(b));
+        }
+      }
+      if (gated_pending_ > 0) PollGated(false);
       if (!in_flight.empty() && (!next.has_value() || in_flight.size() >= kMaxInFlight)) {
         JobState* done = in_flight.front().state;
         Complete(in_flight.front());
@@ -313,13 +427,111 @@ class DeviceWorker {
         // Freed here, outside the lock (stream-ordered frees, no device synchronization).
       }
     }
+    // Stopping with gated copies still waiting (their jobs not ended, e.g. the engine destroyed
+    // without a drain): they are aborted and released as for a gone producer, so no stream of
+    // the daemon stays blocked on a word nobody will write; bounded.
+    const absl::Time give_up = absl::Now() + absl::Seconds(2);
+    while (gated_pending_ > 0 && absl::Now() < give_up) {
+      PollGated(true);
+      if (gated_pending_ > 0) absl::SleepFor(absl::Microseconds(100));
+    }
+  }
+
+  // Completes the gated batches whose streams have passed, in order per job; aborts and releases
+  // the waits of jobs that ended (all of them when `stopping`).
+  void PollGated(bool stopping) {
+    std::vector<JobState*> drained;
+    for (auto& entry : states_) {
+      JobState& s = *entry.second;
+      if (!s.gate.has_value() || s.gated.empty()) continue;
+      CheckGateEnd(s, stopping);
+      while (!s.gated.empty()) {
+        Batch& b = s.gated.front();
+        if (b.launch.ok() && cudaEventQuery(b.stop.get()) == cudaErrorNotReady) break;
+        Complete(b);
+        s.gated.pop_front();
+        --gated_pending_;
+      }
+      if (s.gated.empty()) drained.push_back(&s);
+    }
+    for (JobState* s : drained) {
+      std::unique_ptr<JobState> finished;
+      absl::MutexLock lock(&mu_);
+      finished = TakeIfFinishedLocked(s);
+    }
+  }
+
+  // A gated job that ended early: its kernels that have not started store nothing (the device
+  // header's num_tiles zeroed on an unblocked stream, waited for), then its waits are released
+  // (the words raised to the value, never moved back) at once when the producer is gone, else
+  // after kGateReleaseGrace.
+  void CheckGateEnd(JobState& s, bool stopping) {
+    if (!s.gate_aborted) {
+      bool gone = false;
+      absl::Status ended = s.job->ended(&gone);
+      if (ended.ok() && !stopping) return;
+      if (ended.ok()) ended = absl::UnavailableError("the daemon's CUDA engine stopped");
+      s.gate_aborted = true;
+      s.gate_end = ended;
+      s.gate_producer_gone = gone || stopping;
+      s.gate_ended_at = absl::Now();
+      if (absl::Status zeroed = ZeroDeviceHeader(s); !zeroed.ok()) {
+        spdlog::error("cuda:{} could not disarm an ended gated job's copies: {}", device_,
+                      zeroed.ToString());
+      }
+    }
+    if (s.gate_released ||
+        !scheduler::ReleaseNow(s.gate_producer_gone ? scheduler::GateEnd::kProducerGone
+                                                    : scheduler::GateEnd::kOther,
+                               absl::Now() - s.gate_ended_at, kGateReleaseGrace)) {
+      return;
+    }
+    s.gate_released = true;
+    uint32_t raised = 0;
+    for (uint32_t i = 0; i < s.gate->count; ++i) {
+      uint32_t* word = &s.gate->host_words[i];
+      uint32_t seen = __atomic_load_n(word, __ATOMIC_ACQUIRE);
+      while (std::optional<uint32_t> store = scheduler::ReleaseStore(seen, s.gate->value)) {
+        if (__atomic_compare_exchange_n(word, &seen, *store, false, __ATOMIC_ACQ_REL,
+                                        __ATOMIC_ACQUIRE)) {
+          ++raised;
+          break;
+        }
+      }
+    }
+    absl::MutexLock lock(&mu_);
+    ++gate_releases_;
+    spdlog::warn("cuda:{} a gated job ended with {} of its {} ready words unwritten ({}); the "
+                 "daemon raised them to release its own waits: {}",
+                 device_, raised, s.gate->count, s.gate->field, s.gate_end.ToString());
+  }
+
+  absl::Status ZeroDeviceHeader(JobState& s) {
+    if (!s.plan.has_value()) return absl::OkStatus();
+    KVRAIL_ASSIGN_OR_RETURN(cudaStream_t side, CopyStream());
+    auto* header = reinterpret_cast<uint8_t*>(const_cast<kernels::PlanHeader*>(s.plan->plan().header));
+    KVRAIL_RETURN_IF_ERROR(cuda::CudaStatus(cudaStreamWaitEvent(side, s.gate_uploaded.get(), 0),
+                                            "cudaStreamWaitEvent(gate abort)"));
+    KVRAIL_RETURN_IF_ERROR(cuda::CudaStatus(
+        cudaMemsetAsync(header + offsetof(kernels::PlanHeader, num_tiles), 0, sizeof(uint32_t), side),
+        "cudaMemsetAsync(gate abort)"));
+    return cuda::CudaStatus(cudaStreamSynchronize(side), "cudaStreamSynchronize(gate abort)");
   }
 
   // Drops states of jobs with nothing queued or running that will get no more tiles (their plan
   // buffers are freed). A layer-wise job keeps its uploaded plan between layers.
   void SweepLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (auto it = admitted_gates_.begin(); it != admitted_gates_.end();) {
+      if (it->second.job.expired()) {  // admitted, never started (its transfer ended first)
+        gate_slots_.Release(it->first);
+        it = admitted_gates_.erase(it);
+      } else {
+        ++it;
+      }
+    }
     for (auto it = states_.begin(); it != states_.end();) {
       if (Finished(*it->second)) {
+        ForgetGateLocked(it->first);
         it = states_.erase(it);
       } else {
         ++it;
@@ -335,12 +547,28 @@ class DeviceWorker {
   std::unique_ptr<JobState> TakeIfFinishedLocked(JobState* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     std::unique_ptr<JobState> out;
     if (Finished(*s)) {
+      ForgetGateLocked(s->job.get());
       auto it = states_.find(s->job.get());
       out = std::move(it->second);
       states_.erase(it);
     }
     held_states_ = states_.size();
     return out;
+  }
+
+  void ForgetGateLocked(const Job* job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (admitted_gates_.erase(job) > 0) gate_slots_.Release(job);
+  }
+
+  scheduler::ModeInputs ModeInputsFor(const Job& job, bool peer_unreachable) const {
+    scheduler::ModeInputs in;
+    in.max_ctas = options_.max_ctas;
+    in.mean_run_bytes = scheduler::MeanRunBytes(job.plan());
+    in.copy_engine_min_run = options_.copy_engine_min_run_bytes;
+    in.peer_unreachable = peer_unreachable;
+    in.copy_only_kernel_ctas = options_.copy_only_kernel_ctas;
+    in.copy_only_kernel_below_run = options_.copy_only_kernel_below_run_bytes;
+    return in;
   }
 
   JobState& StateFor(const std::shared_ptr<Job>& job, const absl::Status& bound) {
@@ -386,13 +614,7 @@ class DeviceWorker {
       const int other = src.device == device_ ? dst.device : src.device;
       peer_unreachable = !cuda::EnablePeerAccess(device_, other).ok();
     }
-    scheduler::ModeInputs in;
-    in.max_ctas = options_.max_ctas;
-    in.mean_run_bytes = scheduler::MeanRunBytes(job.plan());
-    in.copy_engine_min_run = options_.copy_engine_min_run_bytes;
-    in.peer_unreachable = peer_unreachable;
-    in.copy_only_kernel_ctas = options_.copy_only_kernel_ctas;
-    in.copy_only_kernel_below_run = options_.copy_only_kernel_below_run_bytes;
+    const scheduler::ModeInputs in = ModeInputsFor(job, peer_unreachable);
     const scheduler::ModeChoice choice = scheduler::ChoosePlanMode(in);
     s.mode = choice.mode;
     s.max_ctas = choice.max_ctas;
@@ -403,6 +625,19 @@ class DeviceWorker {
     // small kernels spare the SMs on purpose; digest jobs hash what their kernel moved).
     s.may_split = s.mode == Mode::kKernel && !choice.copy_only_kernel && !job.wants_digest() &&
                   options_.copy_split_max_percent > 0;
+    std::optional<Job::ReadyGate> gate;
+    {
+      absl::MutexLock lock(&mu_);
+      if (auto it = admitted_gates_.find(&job); it != admitted_gates_.end()) gate = it->second.gate;
+    }
+    if (gate.has_value()) {
+      if (s.mode != Mode::kKernel) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            gate->field, ": the plan runs on the copy engines on GPU", device_,
+            " (", choice.reason, "), which cannot wait for the flags on the GPU"));
+      }
+      s.may_split = false;  // the copy part would run on the copy stream, not behind the wait
+    }
     s.copy_gbps_prior = choice.copy_engine_gbps > 0
                             ? choice.copy_engine_gbps
                             : scheduler::EstimateCopyEngineGbps(in.mean_run_bytes);
@@ -438,6 +673,20 @@ class DeviceWorker {
       KVRAIL_ASSIGN_OR_RETURN(kernels::TileDigestBuffer digests,
                               kernels::TileDigestBuffer::Create(job.plan().num_tiles(), stream_.get()));
       s.digests.emplace(std::move(digests));
+    }
+    if (gate.has_value()) {
+      // The job's own stream (a pending wait blocks it), after the plan's upload.
+      KVRAIL_ASSIGN_OR_RETURN(cuda::Stream gate_stream, cuda::Stream::Create(device_));
+      KVRAIL_ASSIGN_OR_RETURN(s.gate_uploaded, cuda::Event::Create());
+      KVRAIL_RETURN_IF_ERROR(cuda::CudaStatus(
+          cudaEventRecord(s.gate_uploaded.get(), stream_.get()), "cudaEventRecord(gate upload)"));
+      KVRAIL_RETURN_IF_ERROR(
+          cuda::CudaStatus(cudaStreamWaitEvent(gate_stream.get(), s.gate_uploaded.get(), 0),
+                           "cudaStreamWaitEvent(gate upload)"));
+      s.gate_stream.emplace(std::move(gate_stream));
+      s.gate = std::move(gate);
+      s.job->OnEngineNote(absl::StrCat("layers wait for ", s.gate->field,
+                                       " on the GPU (cuStreamWaitValue32 on the job's stream)"));
     }
     s.setup_upload = absl::Now() - t_upload;
     s.job->OnEngineUsed(scheduler::ModeEngineName(s.mode));
@@ -542,9 +791,29 @@ class DeviceWorker {
       // batch before (a 64 MiB batch of 4 KiB blocks adds 16k ids per side). A failure fails
       // this batch and, sticky, every later one of the job; nothing of it reaches the GPU.
       KVRAIL_RETURN_IF_ERROR(s.job->plan().CheckTiles(begin, end));
+      if (s.gate_aborted) {  // ended before this layer was taken: nothing reaches the GPU
+        const uint32_t layer = s.job->plan().tile(begin).layer;
+        return scheduler::GatedTileStatus(true, s.gate->field, layer, s.gate->value, s.gate_end);
+      }
+      const cudaStream_t stream = s.gate.has_value() ? s.gate_stream->get() : stream_.get();
       KVRAIL_ASSIGN_OR_RETURN(b.start, cuda::Event::Create());
       KVRAIL_ASSIGN_OR_RETURN(b.stop, cuda::Event::Create());
-      KVRAIL_RETURN_IF_ERROR(cuda::CudaStatus(cudaEventRecord(b.start.get(), stream_.get()), "cudaEventRecord"));
+      if (s.gate.has_value()) {
+        // The layers' words first (GEQ, wrapping epoch order): the kernel below starts when the
+        // producer's stream has written them, without the CPU.
+        const uint32_t first = s.job->plan().tile(begin).layer;
+        const uint32_t last = s.job->plan().tile(end - 1).layer;
+        for (uint32_t layer = first; layer <= last; ++layer) {
+          const CUresult r = StreamWaitValue32()(
+              reinterpret_cast<CUstream>(stream), s.gate->device_words + 4ull * layer,
+              s.gate->value, CU_STREAM_WAIT_VALUE_GEQ);
+          if (r != CUDA_SUCCESS) {
+            return absl::InternalError(absl::StrCat(s.gate->field, "[", layer,
+                                                    "]: cuStreamWaitValue32 failed: CUresult ", r));
+          }
+        }
+      }
+      KVRAIL_RETURN_IF_ERROR(cuda::CudaStatus(cudaEventRecord(b.start.get(), stream), "cudaEventRecord"));
       if (s.mode == Mode::kKernel) {
         CtaTuner& ctas = TunerFor(s.tuner_key, s.max_ctas);
         b.ctas = ctas.Next(taken.bytes);
@@ -567,7 +836,7 @@ class DeviceWorker {
               s.digests->source(), b.ctas, stream_.get(), kThreadsPerCta));
         } else {
           KVRAIL_RETURN_IF_ERROR(kernels::LaunchKvCopy(s.plan->plan(), begin, b.split, b.ctas,
-                                                       stream_.get(), kThreadsPerCta));
+                                                       stream, kThreadsPerCta));
         }
         if (b.split < end) {
           KVRAIL_RETURN_IF_ERROR(LaunchCopyPart(s, b));
@@ -580,7 +849,11 @@ class DeviceWorker {
         KVRAIL_RETURN_IF_ERROR(CopyEngine(s, begin, end));
       }
       if (s.digests) KVRAIL_RETURN_IF_ERROR(DigestBatch(s, begin, end, b.ctas));
-      return cuda::CudaStatus(cudaEventRecord(b.stop.get(), stream_.get()), "cudaEventRecord");
+      KVRAIL_RETURN_IF_ERROR(
+          cuda::CudaStatus(cudaEventRecord(b.stop.get(), stream), "cudaEventRecord"));
+      if (!s.gate.has_value()) return absl::OkStatus();
+      return cuda::CudaStatus(cudaLaunchHostFunc(stream, &DeviceWorker::WakeFromGpu, this),
+                              "cudaLaunchHostFunc(gate wake)");
     }();
     return b;
   }
@@ -695,6 +968,10 @@ class DeviceWorker {
     --s.in_flight;
     for (uint32_t t = b.taken.begin; t < b.taken.end; ++t) {
       absl::Status tile_status = status;
+      if (s.gate.has_value() && s.gate_aborted) {  // its kernel ran empty (or it never launched)
+        tile_status = scheduler::GatedTileStatus(true, s.gate->field, s.job->plan().tile(t).layer,
+                                                 s.gate->value, s.gate_end);
+      }
       if (status.ok() && s.digests) {  // spec.digest: the mirror holds this batch's digests
         const uint64_t from = s.digests->host_source(t), to = s.digests->host_destination(t);
         s.job->OnTileDigest(t, from, to);
@@ -740,6 +1017,16 @@ class DeviceWorker {
   absl::Time last_enqueue_ ABSL_GUARDED_BY(mu_);
   size_t held_states_ ABSL_GUARDED_BY(mu_) = 0;  // states_.size(), for Describe
   uint64_t inflight_bytes_[kNumPriorityClasses] ABSL_GUARDED_BY(mu_) = {0, 0, 0};
+  // GPU-side readiness wait: admitted jobs (AdmitGated) until their state is dropped.
+  struct AdmittedGate {
+    std::weak_ptr<Job> job;
+    Job::ReadyGate gate;
+  };
+  scheduler::GateSlots gate_slots_ ABSL_GUARDED_BY(mu_){options_.stream_wait_jobs};
+  std::unordered_map<const Job*, AdmittedGate> admitted_gates_ ABSL_GUARDED_BY(mu_);
+  std::string last_gate_choice_ ABSL_GUARDED_BY(mu_);
+  uint64_t gate_releases_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t gpu_wakes_ ABSL_GUARDED_BY(mu_) = 0;
   // Set by the first sticky CUDA error; every later batch fails with it.
   absl::Status broken_ ABSL_GUARDED_BY(mu_);
   // Dispatcher thread only (SweepLocked runs there too, under mu_ for the queue lookups).
@@ -749,6 +1036,8 @@ class DeviceWorker {
   bool first_job_text_pending_ = true;
   absl::Time first_launch_from_;
   std::optional<cuda::Stream> copy_stream_;  // the copy-engine part of split batches
+  int gated_pending_ = 0;  // gated batches launched and not completed (dispatcher only)
+  uint64_t gpu_wakes_seen_ = 0;
   std::vector<CopyRun> runs_;
   std::vector<void*> dsts_;
   std::vector<const void*> srcs_;
@@ -792,6 +1081,13 @@ class CudaEngine final : public Engine {
       return;
     }
     worker->Enqueue(job, tiles);
+  }
+
+  bool AdmitGated(const std::shared_ptr<Job>& job) override {
+    const MemoryRef src = job->src(), dst = job->dst();
+    DeviceWorker* worker = Worker(scheduler::ExecutingDevice(
+        src.cuda, src.device, dst.cuda, dst.device, run_on_destination_, devices_.front()));
+    return worker != nullptr && worker->AdmitGated(job);
   }
 
   size_t Remove(const Job* job) override {

@@ -47,6 +47,13 @@ struct CudaEngineOptions {
   // scheduler::SplitTuner).
   int copy_split_max_percent = 40;
   int copy_split_fixed_percent = 0;
+  // Layer-wise jobs gated by producer flag words (Job::ready_gate, admitted by AdmitGated) wait
+  // on the GPU: per job a stream of its own, cuStreamWaitValue32 (GEQ) before each layer's copy
+  // (scheduler/stream_gate.h). Off: AdmitGated says no, and such layers reach the engine only
+  // once the readiness poller saw them ready.
+  bool stream_wait = false;
+  // The most gated jobs per GPU waiting at once (one stream each).
+  int stream_wait_jobs = 8;
 };
 
 // The engine is thread-safe (engine.h). FAILED_PRECONDITION (with the runtime's reason) when

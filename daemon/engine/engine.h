@@ -73,6 +73,23 @@ class Job {
   // digests differ as failed (planner::DigestMismatchError, DATA_LOSS). Off: no hashing at all.
   virtual bool wants_digest() const { return false; }
   virtual void OnTileDigest(uint32_t tile, uint64_t source, uint64_t destination) {}
+  // GPU-side readiness wait (issue 19.3; scheduler/stream_gate.h): a layer-wise job whose layers
+  // are gated by producer flag words. Word L (of `count`) gates the tiles of transfer layer L: they
+  // may move once it has reached `value` (wrapping order). Set only by jobs that an engine admitted
+  // with Engine::AdmitGated; such a job hands its tiles before they are ready.
+  struct ReadyGate {
+    uint32_t* host_words = nullptr;  // the daemon's mapping (read, and raised on a release)
+    uint64_t device_words = 0;       // the same words as the GPU sees them (mapped host memory)
+    uint32_t count = 0;
+    uint32_t value = 0;
+    std::string field;                 // "spec.ready_flags"
+    std::shared_ptr<const void> keep;  // keeps the words mapped while the engine holds the gate
+  };
+  virtual std::optional<ReadyGate> ready_gate(int accessor) const { return std::nullopt; }
+  // OK while the job goes on; once it ended early (cancelled, deadline, the producer gone) the
+  // status it ended with, and `*producer_gone` whether nobody may write its ready words any more.
+  // The CUDA engine polls it while gated copies wait.
+  virtual absl::Status ended(bool* producer_gone) const { return absl::OkStatus(); }
   // Called by the worker that is about to move `tile`.
   virtual void OnTileStart(uint32_t tile) = 0;
   // `status` is OK when the tile's bytes landed.
@@ -107,6 +124,11 @@ class Engine {
   // memory. The CUDA engine's pool is pinned host memory, which it uploads asynchronously; the
   // host engine's recycles heap buffers (//daemon/planner:table_pool).
   virtual planner::TableAllocator* table_pool() const { return nullptr; }
+  // GPU-side readiness wait: true when the engine takes all of `job`'s tiles now, before their
+  // layers are ready (Job::ready_gate), and waits for the flags on the GPU; false: hand the tiles
+  // over as their layers become ready (the readiness poller). Called once per job, before its
+  // first Enqueue.
+  virtual bool AdmitGated(const std::shared_ptr<Job>& job) { return false; }
 };
 
 // What one priority class may use at once; 0 means no limit.

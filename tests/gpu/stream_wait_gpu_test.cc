@@ -1,0 +1,386 @@
+// Issue 19.3 on the GPU: the CUDA engine's GPU-side readiness wait (CudaEngineOptions::stream_wait,
+// Job::ready_gate). A layer-wise job hands all its tiles to the engine before any layer is ready;
+// each layer's copy waits on the GPU (cuStreamWaitValue32 on its producer flag word, on the job's
+// own stream). Checked: nothing moves before the flags, every byte right once a producer stream
+// writes them (client::CudaFlags::SignalOnStream after its kernel), the dying producer (the job
+// ends with waits pending: no hang, the unwritten layers' tiles fail naming spec.ready_flags[L],
+// not one byte of them written, the engine keeps serving), a live producer's grace before the
+// daemon raises its words. "[latency]" also prints producer end -> last layer reported, stream
+// wait against a 20 us CPU poller + Enqueue (the readiness poller's way), same engine, same job.
+// A plain binary too: bazel-bin/tests/gpu/stream_wait_gpu_test.
+#define CATCH_CONFIG_MAIN
+#include <catch2/catch.hpp>
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "client/cuda_flags.h"
+#include "daemon/engine/cuda_engine.h"
+#include "daemon/engine/engine.h"
+#include "daemon/planner/planner.h"
+#include "daemon/planner/testing/random_case.h"
+#include "tests/gpu/flag_wait_kernels.h"
+#include "tests/gpu/gpu_util.h"
+
+namespace kvrail::engine {
+namespace {
+
+constexpr uint8_t kPoison = 0xA5;
+constexpr uint32_t kValue = 7;
+
+// One transfer between two device buffers, its layers gated by flag words in mapped host memory.
+class GatedJob final : public Job {
+ public:
+  GatedJob(const planner::testing::RandomCase& c, uint32_t* words, uint64_t device_words,
+           bool gated)
+      : case_(c), plan_(*planner::MakePlan(c.spec, c.src, c.dst, c.options)), words_(words),
+        device_words_(device_words), gated_(gated) {
+    src_ = static_cast<uint8_t*>(gpu_test::DeviceAlloc(std::max<uint64_t>(c.src.size_bytes, 16)));
+    dst_ = static_cast<uint8_t*>(gpu_test::DeviceAlloc(std::max<uint64_t>(c.dst.size_bytes, 16)));
+    host_src_.resize(c.src.size_bytes);
+    std::mt19937_64 rng(c.src.size_bytes * 31 + c.dst.size_bytes);
+    for (auto& b : host_src_) b = static_cast<uint8_t>(rng());
+    gpu_test::CopyToDevice(src_, host_src_.data(), host_src_.size());
+    gpu_test::Memset(dst_, kPoison, c.dst.size_bytes);
+    gpu_test::Sync();
+    statuses_.assign(plan_.num_tiles(), absl::UnknownError("not reported"));
+    done_at_.assign(plan_.num_tiles(), absl::InfinitePast());
+  }
+  ~GatedJob() override {
+    gpu_test::DeviceFree(src_);
+    gpu_test::DeviceFree(dst_);
+  }
+
+  const planner::Plan& plan() const override { return plan_; }
+  const uint8_t* src_base() const override { return src_; }
+  uint8_t* dst_base() const override { return dst_; }
+  MemoryRef src() const override { return MemoryRef{true, 0, src_}; }
+  MemoryRef dst() const override { return MemoryRef{true, 0, dst_}; }
+  absl::StatusOr<uint8_t*> DeviceAddress(Side side, int) const override {
+    return side == Side::kSrc ? src_ : dst_;
+  }
+  PriorityClass priority() const override { return PriorityClass::kCritical; }
+  std::optional<ReadyGate> ready_gate(int) const override {
+    if (!gated_) return std::nullopt;
+    ReadyGate g;
+    g.host_words = words_;
+    g.device_words = device_words_;
+    g.count = plan_.num_layers();
+    g.value = kValue;
+    g.field = "spec.ready_flags";
+    return g;
+  }
+  absl::Status ended(bool* producer_gone) const override {
+    absl::MutexLock lock(&mu_);
+    *producer_gone = producer_gone_;
+    return ended_;
+  }
+  void End(absl::Status status, bool producer_gone) {
+    absl::MutexLock lock(&mu_);
+    ended_ = std::move(status);
+    producer_gone_ = producer_gone;
+  }
+  void OnTileStart(uint32_t) override {}
+  void OnTileDone(uint32_t tile, const absl::Status& status) override {
+    absl::MutexLock lock(&mu_);
+    statuses_[tile] = status;
+    done_at_[tile] = absl::Now();
+    ++done_;
+  }
+  uint32_t done() const {
+    absl::MutexLock lock(&mu_);
+    return done_;
+  }
+  // Waits up to `timeout` for every tile's report; false on a timeout (a hang).
+  bool AwaitAll(absl::Duration timeout) {
+    absl::MutexLock lock(&mu_);
+    auto all = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return done_ == plan_.num_tiles(); };
+    return mu_.AwaitWithTimeout(absl::Condition(&all), timeout);
+  }
+  absl::Status status(uint32_t tile) const {
+    absl::MutexLock lock(&mu_);
+    return statuses_[tile];
+  }
+  absl::Time last_done() const {
+    absl::MutexLock lock(&mu_);
+    return *std::max_element(done_at_.begin(), done_at_.end());
+  }
+  std::vector<uint32_t> TilesOfLayer(uint32_t layer) const {
+    std::vector<uint32_t> out;
+    for (uint32_t t = 0; t < plan_.num_tiles(); ++t) {
+      if (plan_.tile(t).layer == layer) out.push_back(t);
+    }
+    return out;
+  }
+  std::vector<uint32_t> AllTiles() const {
+    std::vector<uint32_t> out(plan_.num_tiles());
+    for (uint32_t t = 0; t < out.size(); ++t) out[t] = t;
+    return out;
+  }
+  std::vector<uint8_t> Destination() const {
+    std::vector<uint8_t> out(case_.dst.size_bytes);
+    gpu_test::CopyToHost(out.data(), dst_, out.size());
+    return out;
+  }
+  std::vector<uint8_t> Reference() const {
+    std::vector<uint8_t> out(case_.dst.size_bytes, kPoison);
+    planner::testing::ReferenceCopy(case_, host_src_.data(), out.data());
+    return out;
+  }
+  uint64_t LayerBytes(uint32_t layer) const {
+    uint64_t bytes = 0;
+    for (uint32_t t : TilesOfLayer(layer)) bytes += plan_.tile(t).bytes;
+    return bytes;
+  }
+  const planner::testing::RandomCase& random_case() const { return case_; }
+
+ private:
+  const planner::testing::RandomCase case_;
+  const planner::Plan plan_;
+  uint32_t* const words_;
+  const uint64_t device_words_;
+  const bool gated_;
+  uint8_t* src_ = nullptr;
+  uint8_t* dst_ = nullptr;
+  std::vector<uint8_t> host_src_;
+  mutable absl::Mutex mu_;
+  absl::Status ended_ ABSL_GUARDED_BY(mu_);
+  bool producer_gone_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<absl::Status> statuses_ ABSL_GUARDED_BY(mu_);
+  std::vector<absl::Time> done_at_ ABSL_GUARDED_BY(mu_);
+  uint32_t done_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// Flag words in page-aligned host memory, pinned and mapped by client::CudaFlags (as a producer
+// maps its flag region), zeroed (no layer ready).
+struct Flags {
+  explicit Flags(uint32_t count) : count(count) {
+    words = static_cast<uint32_t*>(std::aligned_alloc(4096, 4096));
+    std::memset(words, 0, 4096);
+    auto mapped = client::CudaFlags::Map(words, count, 0);
+    INFO(mapped.status().ToString());
+    REQUIRE(mapped.ok());
+    cuda = *std::move(mapped);
+    void* device = nullptr;
+    REQUIRE(cudaHostGetDevicePointer(&device, words, 0) == cudaSuccess);
+    device_words = reinterpret_cast<uint64_t>(device);
+  }
+  ~Flags() {
+    cuda.reset();  // unregisters
+    std::free(words);
+  }
+  uint32_t Load(uint32_t i) const { return __atomic_load_n(&words[i], __ATOMIC_ACQUIRE); }
+  uint32_t count;
+  uint32_t* words = nullptr;
+  uint64_t device_words = 0;
+  std::unique_ptr<client::CudaFlags> cuda;
+};
+
+// Where the producer kernel leaves its end time (unused here).
+unsigned long long* ProducerClock() {
+  static auto* clock = static_cast<unsigned long long*>(gpu_test::DeviceAlloc(64));
+  return clock;
+}
+
+std::unique_ptr<Engine> MakeEngine() {
+  CudaEngineOptions options;
+  options.devices = {0};
+  options.stream_wait = true;
+  options.stream_wait_jobs = 4;
+  auto engine = CreateCudaEngine(options);
+  REQUIRE(engine.ok());
+  return *std::move(engine);
+}
+
+planner::testing::RandomCase LayeredCase(std::mt19937_64& rng, bool serving) {
+  while (true) {
+    planner::testing::RandomCase c =
+        serving ? planner::testing::RandomServingCase(rng) : planner::testing::RandomPagedCase(rng);
+    auto plan = planner::MakePlan(c.spec, c.src, c.dst, c.options);
+    if (plan.ok() && plan->num_layers() >= 2 && plan->num_tiles() >= 2) return c;
+  }
+}
+
+TEST_CASE("stream wait: nothing moves before the flags, then every byte as a producer stream writes them") {
+  REQUIRE(gpu_test::DeviceCount() >= 1);
+  auto engine = MakeEngine();
+  std::mt19937_64 rng(19003);
+  cudaStream_t producer = nullptr;
+  REQUIRE(cudaStreamCreateWithFlags(&producer, cudaStreamNonBlocking) == cudaSuccess);
+  for (int i = 0; i < 24; ++i) {
+    const planner::testing::RandomCase c = LayeredCase(rng, i % 2 == 0);
+    INFO(c.ToString());
+    Flags flags(64);
+    auto job = std::make_shared<GatedJob>(c, flags.words, flags.device_words, true);
+    REQUIRE(engine->AdmitGated(job));
+    engine->Enqueue(job, job->AllTiles());
+    absl::SleepFor(absl::Milliseconds(20));
+    CHECK(job->done() == 0);  // every layer waits on the GPU
+    const std::vector<uint8_t> before = job->Destination();
+    CHECK(std::all_of(before.begin(), before.end(), [](uint8_t b) { return b == kPoison; }));
+    // The producer: a kernel per layer, then its word from the same stream (no CPU).
+    for (uint32_t l = 0; l < job->plan().num_layers(); ++l) {
+      REQUIRE(gpu_bench::LaunchProducer(20000, ProducerClock(), producer) == cudaSuccess);
+      REQUIRE(flags.cuda->SignalOnStream(producer, l, kValue).ok());
+    }
+    REQUIRE(job->AwaitAll(absl::Seconds(20)));
+    for (uint32_t t = 0; t < job->plan().num_tiles(); ++t) CHECK(job->status(t).ok());
+    CHECK(job->Destination() == job->Reference());
+    REQUIRE(cudaStreamSynchronize(producer) == cudaSuccess);
+  }
+  CHECK(engine->Describe().find("stream wait") != std::string::npos);
+  cudaStreamDestroy(producer);
+}
+
+// The producer dies after layer 0: the job ends (the session-end status), its waits must not
+// block the daemon's streams, and the layers never written must not be copied.
+TEST_CASE("stream wait: a producer that dies with waits pending - no hang, no byte of the unready layers") {
+  REQUIRE(gpu_test::DeviceCount() >= 1);
+  auto engine = MakeEngine();
+  std::mt19937_64 rng(19004);
+  for (int i = 0; i < 12; ++i) {
+    const planner::testing::RandomCase c = LayeredCase(rng, i % 2 == 1);
+    INFO(c.ToString());
+    Flags flags(64);
+    auto job = std::make_shared<GatedJob>(c, flags.words, flags.device_words, true);
+    REQUIRE(engine->AdmitGated(job));
+    engine->Enqueue(job, job->AllTiles());
+    const std::vector<uint32_t> first = job->TilesOfLayer(0);
+    __atomic_store_n(&flags.words[0], kValue, __ATOMIC_RELEASE);  // layer 0 only
+    const absl::Time until = absl::Now() + absl::Seconds(10);
+    while (job->done() < first.size() && absl::Now() < until) absl::SleepFor(absl::Microseconds(50));
+    REQUIRE(job->done() == first.size());
+    const bool gone = i % 3 != 2;  // some with a live producer (cancel): released after the grace
+    const absl::Time ended_at = absl::Now();
+    job->End(absl::AbortedError("the session that makes this transfer's layers ready (session "
+                                "9: MarkReady or spec.ready_flags) ended before every layer was "
+                                "ready"),
+             gone);
+    REQUIRE(job->AwaitAll(absl::Seconds(10)));  // no hang
+    const absl::Duration took = job->last_done() - ended_at;
+    if (!gone) CHECK(took >= absl::Milliseconds(900));  // the live producer's grace
+    for (uint32_t t : first) CHECK(job->status(t).ok());
+    for (uint32_t l = 1; l < job->plan().num_layers(); ++l) {
+      for (uint32_t t : job->TilesOfLayer(l)) {
+        const absl::Status s = job->status(t);
+        INFO(s.ToString());
+        CHECK(s.code() == absl::StatusCode::kAborted);
+        CHECK(std::string(s.message()).rfind(absl::StrCat("spec.ready_flags[", l, "]: "), 0) == 0);
+        CHECK(std::string(s.message()).find("no byte written") != std::string::npos);
+      }
+      CHECK(flags.Load(l) == kValue);  // the daemon released its own wait
+    }
+    // Layer 0's bytes landed; nothing else was written.
+    const std::vector<uint8_t> got = job->Destination();
+    const std::vector<uint8_t> want = job->Reference();
+    uint64_t written = 0;
+    bool mismatch = false;
+    for (size_t b = 0; b < got.size(); ++b) {
+      if (got[b] == kPoison) continue;
+      ++written;
+      mismatch = mismatch || got[b] != want[b];
+    }
+    CHECK(!mismatch);
+    CHECK(written <= job->LayerBytes(0));
+  }
+  // The engine still serves: a plain gated job after the aborted ones.
+  const planner::testing::RandomCase c = LayeredCase(rng, true);
+  Flags flags(64);
+  for (uint32_t l = 0; l < flags.count; ++l) flags.words[l] = kValue;
+  auto job = std::make_shared<GatedJob>(c, flags.words, flags.device_words, true);
+  REQUIRE(engine->AdmitGated(job));
+  engine->Enqueue(job, job->AllTiles());
+  REQUIRE(job->AwaitAll(absl::Seconds(10)));
+  CHECK(job->Destination() == job->Reference());
+  CHECK(engine->Describe().find("released by the daemon") != std::string::npos);
+}
+
+// Producer kernel end (seen by the host spinning on an event after the producer's flag write) ->
+// the job's last tile reported, for a 1-layer-at-a-time producer; the last layer's figure.
+double MeasureOnce(Engine& engine, const planner::testing::RandomCase& c, bool gated,
+                   cudaStream_t producer, client::CudaFlags& cuda_flags, Flags& flags) {
+  for (uint32_t l = 0; l < flags.count; ++l) flags.words[l] = 0;
+  auto job = std::make_shared<GatedJob>(c, flags.words, flags.device_words, gated);
+  const uint32_t layers = job->plan().num_layers();
+  std::atomic<bool> stop{false};
+  std::thread poller;
+  if (gated) {
+    REQUIRE(engine.AdmitGated(job));
+    engine.Enqueue(job, job->AllTiles());
+  } else {
+    // The readiness poller's way: a thread sweeping the words, 20 us sleeps, Enqueue per layer.
+    poller = std::thread([&] {
+      uint32_t next = 0;
+      while (next < layers && !stop.load()) {
+        if (flags.Load(next) >= kValue) {
+          engine.Enqueue(job, job->TilesOfLayer(next));
+          ++next;
+          continue;
+        }
+        std::this_thread::sleep_for(std::chrono::microseconds(20));
+      }
+    });
+  }
+  cudaEvent_t end = nullptr;
+  cudaEventCreateWithFlags(&end, cudaEventDisableTiming);
+  for (uint32_t l = 0; l < layers; ++l) {
+    gpu_bench::LaunchProducer(200000, ProducerClock(), producer);  // 200 us of "prefill" per layer
+    (void)cuda_flags.SignalOnStream(producer, l, kValue);
+  }
+  cudaEventRecord(end, producer);
+  while (cudaEventQuery(end) == cudaErrorNotReady) {
+  }
+  const absl::Time producer_done = absl::Now();
+  REQUIRE(job->AwaitAll(absl::Seconds(10)));
+  stop = true;
+  if (poller.joinable()) poller.join();
+  cudaEventDestroy(end);
+  for (uint32_t t = 0; t < job->plan().num_tiles(); ++t) REQUIRE(job->status(t).ok());
+  return absl::ToDoubleMicroseconds(job->last_done() - producer_done);
+}
+
+TEST_CASE("[latency] producer end -> last layer reported: stream wait vs 20 us poller + Enqueue",
+          "[latency]") {
+  REQUIRE(gpu_test::DeviceCount() >= 1);
+  auto engine = MakeEngine();
+  cudaStream_t producer = nullptr;
+  REQUIRE(cudaStreamCreateWithFlags(&producer, cudaStreamNonBlocking) == cudaSuccess);
+  // A serving-like case: 8 layers of bf16 head vectors, scattered blocks.
+  std::mt19937_64 rng(19005);
+  planner::testing::RandomCase c;
+  while (true) {
+    c = planner::testing::RandomServingCase(rng);
+    auto plan = planner::MakePlan(c.spec, c.src, c.dst, c.options);
+    if (plan.ok() && plan->num_layers() >= 2) break;
+  }
+  auto plan = planner::MakePlan(c.spec, c.src, c.dst, c.options);
+  Flags flags(64);
+  for (bool gated : {true, false}) {
+    std::vector<double> us;
+    for (int r = 0; r < 25; ++r) us.push_back(MeasureOnce(*engine, c, gated, producer, *flags.cuda, flags));
+    us.erase(us.begin(), us.begin() + 5);  // warm-up
+    std::sort(us.begin(), us.end());
+    std::printf("latency %s: %u layers, %.1f KiB per layer: p50 %.1f us, p90 %.1f, min %.1f (%zu reps)\n",
+                gated ? "stream wait (cuStreamWaitValue32 + kernel)" : "20 us poller + Enqueue",
+                plan->num_layers(), plan->bytes_total() / 1024.0 / plan->num_layers(),
+                us[us.size() / 2], us[us.size() * 9 / 10], us.front(), us.size());
+  }
+  std::printf("%s\n", engine->Describe().c_str());
+  cudaStreamDestroy(producer);
+}
+
+}  // namespace
+}  // namespace kvrail::engine
