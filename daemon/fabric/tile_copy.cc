@@ -232,6 +232,9 @@ absl::Status GpuTileKernels::EnsureUploaded() {
 
 absl::Status GpuTileKernels::PackAndPublish(uint32_t tile, uint32_t slot, uint8_t* staging,
                                             CommandRing* ring, const kernels::NicCommand& engine) {
+  // Block ids a deferred-check plan has not checked yet are checked before any address uses them
+  // (OK at once for plans checked whole, which the fabric's are today).
+  KVRAIL_RETURN_IF_ERROR(plan_.CheckTiles(tile, tile + 1));
   uint8_t* const device_staging = MappedDeviceAddress(staging);
   uint8_t* const device_ring = RingDeviceMemory(ring);
   const absl::Status uploaded = EnsureUploaded();
@@ -270,6 +273,7 @@ absl::Status GpuTileKernels::PackAndPublish(uint32_t tile, uint32_t slot, uint8_
 }
 
 absl::Status GpuTileKernels::Unpack(uint32_t tile, const uint8_t* staging) {
+  KVRAIL_RETURN_IF_ERROR(plan_.CheckTiles(tile, tile + 1));
   const uint8_t* const device_staging = MappedDeviceAddress(staging);
   const absl::Status uploaded = EnsureUploaded();
   if (device_staging == nullptr || !uploaded.ok()) {
