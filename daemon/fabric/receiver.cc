@@ -43,6 +43,7 @@ struct Inbound {
   uint32_t applied_count ABSL_GUARDED_BY(mu) = 0;
   // Per tile: scattered (and checked). A repeat waits for it (lane failover, sender.cc).
   std::vector<bool> landed ABSL_GUARDED_BY(mu);
+  uint32_t repeats ABSL_GUARDED_BY(mu) = 0;  // tiles that arrived again after landing
   bool Settled(uint32_t tile) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     return landed[tile] || !applied[tile];
   }
@@ -363,6 +364,11 @@ bool ReceiverImpl::ApplyTile(Inbound& in, const Arrival& a) {
       const uint32_t tile = a.tile;
       auto settled = [&in, tile]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(in.mu) { return in.Settled(tile); };
       in.mu.Await(absl::Condition(&settled));
+      if (in.landed[a.tile] && ++in.repeats > 0 && in.job != nullptr && !in.ended) {
+        in.job->OnEngineNote(absl::StrCat(
+            "lane failover on the sender: ", in.repeats,
+            " tile(s) arrived twice (re-sent on another lane, and the original), kept once"));
+      }
       return in.landed[a.tile];
     }
     in.applied[a.tile] = true;

@@ -56,7 +56,8 @@ namespace {
 
 // Thread contract: see Sender. mu_ guards the queues, the transfer table and the closing queue;
 // each PeerConn and Outbound has its own lock, never taken while mu_ is held (FailPeer takes
-// mu_, releases it, then the others).
+// mu_, releases it, then the others). health_mu_ guards the lanes' health (lane failover);
+// when nested, a peer's mu comes first, then health_mu_, then an Outbound's mu.
 class SenderImpl final : public Sender {
  public:
   SenderImpl(const FabricOptions& options, uint64_t boot_id, Lanes* lanes, PeerTable* peers,
@@ -466,6 +467,7 @@ void SenderImpl::PackLoop() {
       // Lane failover: the first re-sent tile of a failover is on its new lane's ring.
       const absl::Time posted = absl::Now();
       std::string note;
+      std::optional<double> resend_ms;
       {
         absl::MutexLock lock(&out->mu);
         ++out->resent;
@@ -476,9 +478,12 @@ void SenderImpl::PackLoop() {
                               absl::StrFormat("%.3f", ms), " ms after detection");
           out->failover_detected.reset();
           spdlog::warn("fabric: transfer {} to '{}': {}", out->id, peer->node_id, note);
-          absl::MutexLock health_lock(&health_mu_);
-          last_resend_ms_ = ms;
+          resend_ms = ms;
         }
+      }
+      if (resend_ms.has_value()) {
+        absl::MutexLock health_lock(&health_mu_);  // never inside an Outbound's mu (TakeSlot)
+        last_resend_ms_ = *resend_ms;
       }
       if (!note.empty()) out->job->OnEngineNote(note);
     }

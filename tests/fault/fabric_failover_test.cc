@@ -228,6 +228,9 @@ TEST_CASE("one of four links cut mid-transfer: its tiles are re-sent on the othe
   CHECK(inbound->state() == v1::TRANSFER_STATE_SUCCEEDED);
   CHECK(inbound->tiles_done() == inbound->tiles_total());
   CHECK(inbound->bytes_done() == inbound->bytes_total());
+  // Whether the late originals landed after their re-sends (then the receiver's record says so)
+  // depends on tcp's retransmission once the link is back: shown, not asserted.
+  WARN("fabric_failover_test: receiver's record: " << inbound->path_reason());
 }
 
 TEST_CASE("all four links cut mid-transfer: the transfer fails UNAVAILABLE naming the peer within "
