@@ -832,6 +832,7 @@ class RegionTableImpl final : public RegionTable {
     auto it = sessions_.find(session_id);
     const int64_t uid = it == sessions_.end() ? -1 : it->second.uid;
     caller.operator_role = uid == 0 || (uid >= 0 && uid == static_cast<int64_t>(::geteuid()));
+    caller.uid = uid;
     return caller;
   }
 

@@ -10,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "base/grpc_status.h"
+#include "base/logging.h"
 #include "base/status.h"
 #include "daemon/server/caller.h"
 #include "proto/kvrail/v1/admin.grpc.pb.h"
@@ -197,8 +198,33 @@ class TransferService final : public v1::Transfer::Service {
                               const v1::CancelTransferRequest* request,
                               v1::TransferStatus* response) override {
     KVRAIL_CALLER_OR_RETURN(caller);
-    KVRAIL_AUTHORIZED_OR_RETURN(request->transfer_id(), caller, transfers::TransferUse::kControl);
-    return Fill(transfers_->Cancel(request->transfer_id()), response);
+    const uint64_t id = request->transfer_id();
+    absl::Status allowed = transfers_->Authorize(id, caller, transfers::TransferUse::kControl);
+    // The operator (root or kvraild's own uid, as for reads) may cancel another session's
+    // transfer - a stuck or runaway one - from a session that owns no regions (the kvrail CLI;
+    // the client library's own block-table region does not count);
+    // every such cancel is an audit line naming its uid. A session that owns regions is a
+    // tenant whatever its uid (under MPS kvraild runs as the inference servers' user), so
+    // tenants never cancel each other's transfers. Other refusals name transfer_id
+    // (TransferManager::Authorize).
+    if (allowed.code() == absl::StatusCode::kPermissionDenied && caller.operator_role) {
+      if (OwnsRegions(caller.session_id)) {
+        return ToGrpcStatus(absl::PermissionDeniedError(absl::StrCat(
+            allowed.message(), "; this session owns regions, so it is a tenant, not the "
+                               "operator, whatever its uid")));
+      }
+      auto before = transfers_->Get(id);
+      if (!before.ok()) return ToGrpcStatus(before.status());
+      LogFields(spdlog::level::warn, "audit: the operator cancels another session's transfer",
+                {{"operator_uid", caller.uid},
+                 {"operator_session", caller.session_id},
+                 {"transfer_id", id},
+                 {"submitter_session", before->spec().session_id()},
+                 {"state", v1::TransferState_Name(before->state())}});
+      allowed = absl::OkStatus();
+    }
+    if (!allowed.ok()) return ToGrpcStatus(allowed);
+    return Fill(transfers_->Cancel(id), response);
   }
 
   grpc::Status MarkReady(grpc::ServerContext* context, const v1::MarkReadyRequest* request,
@@ -275,6 +301,17 @@ class TransferService final : public v1::Transfer::Service {
     if (!status.ok()) return ToGrpcStatus(status.status());
     *out = *std::move(status);
     return grpc::Status::OK;
+  }
+
+  // Whether `session_id` has registered a region of its own (a tenant), for the operator's
+  // cancel. The block-table region every client library registers at Connect is not counted:
+  // its name is reserved for it (client/kvrail_client.h, kBlockTableRegionName).
+  bool OwnsRegions(uint64_t session_id) const {
+    static constexpr char kClientBlockTables[] = "client block tables";
+    for (const v1::RegionInfo& info : regions_->List()) {
+      if (info.session_id() == session_id && info.spec().name() != kClientBlockTables) return true;
+    }
+    return false;
   }
 
   // PERMISSION_DENIED unless `caller` is the session whose queue it asks for; UNIMPLEMENTED

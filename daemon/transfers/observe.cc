@@ -18,12 +18,13 @@ absl::Status TransferManagerImpl::Authorize(uint64_t id, const regions::Caller& 
        (caller.session_id != 0 && record->dst_owner_session() == caller.session_id))) {
     return absl::OkStatus();
   }
-  // The operator too may not control a tenant's transfer: it ends a tenant's work by ending the
-  // tenant.
+  // The operator too may not control a tenant's transfer here; the server's CancelTransfer lets
+  // it cancel one from a session that owns no regions, audited (docs/security.md).
   return absl::PermissionDeniedError(absl::StrCat(
       "transfer_id: transfer ", id, " was submitted by another session; only its submitter may ",
       use == TransferUse::kRead ? "read its status (and the operator)"
-                                : "cancel it or mark its layers ready"));
+                                : "mark its layers ready or cancel it (and the operator may "
+                                  "cancel it with kvrail transfers cancel)"));
 }
 
 absl::StatusOr<v1::TransferStatus> TransferManagerImpl::Get(uint64_t id) const {

@@ -1,11 +1,16 @@
 #!/bin/bash
 # Builds kvrail_<version>_amd64.deb from the Bazel outputs (//deploy:deb runs it):
-#   build_deb.sh OUT.deb KVRAILD KVRAIL MAN8 MAN1 DEPLOY_DIR OPERATIONS_MD
+#   build_deb.sh OUT.deb KVRAILD KVRAIL MAN8 MAN1 DEPLOY_DIR OPERATIONS_MD LIBKVRAIL PY_FILES...
+# PY_FILES are the `kvrail` Python package's files (python/kvrail/**.py and the generated
+# kvrail/proto/*_pb2.py), installed with LIBKVRAIL beside them in /usr/lib/python3/dist-packages
+# (where the package looks for it first); python3 and python3-protobuf are Recommends, so an
+# image installed with --no-install-recommends stays without Python.
 # Depends: is computed from the libraries the binaries link (readelf NEEDED -> the Debian package
 # that ships each, by dpkg -S), so it names exactly the runtime packages of this build machine's
 # Debian 12.
 set -euo pipefail
-out=$1 kvraild=$2 kvrail=$3 man8=$4 man1=$5 deploy=$6 ops=$7
+out=$1 kvraild=$2 kvrail=$3 man8=$4 man1=$5 deploy=$6 ops=$7 libkvrail=$8
+shift 8
 version=$("$kvraild" --version | awk '{print $2}')
 root=$(mktemp -d)
 trap 'rm -rf "$root"' EXIT
@@ -24,8 +29,13 @@ for f in k8s/kvraild-daemonset.yaml k8s/inference-pod-example.yaml monitoring/kv
          monitoring/kvrail-dashboard.json systemd/nvidia-cuda-mps.service; do
   install -D -m 0644 "$deploy/$f" "$doc/examples/$(basename "$f")"
 done
+py="$root/usr/lib/python3/dist-packages/kvrail"
+for f in "$@"; do
+  install -D -m 0644 "$f" "$py/${f##*python/kvrail/}"
+done
+install -D -m 0644 "$libkvrail" "$py/libkvrail.so"
 # Runtime dependencies from the binaries' NEEDED libraries.
-deps=$( (readelf -d "$kvraild" "$kvrail" | sed -n 's/.*Shared library: \[\(.*\)\]/\1/p') | sort -u |
+deps=$( (readelf -d "$kvraild" "$kvrail" "$libkvrail" | sed -n 's/.*Shared library: \[\(.*\)\]/\1/p') | sort -u |
   while read -r lib; do
     path=$(ldconfig -p | awk -v l="$lib" '$1 == l && /x86-64/ {print $NF; exit}')
     [ -n "$path" ] || continue
@@ -41,11 +51,11 @@ Maintainer: kvrail developers <kvrail@localhost>
 Section: net
 Priority: optional
 Depends: adduser, ${deps}
-Recommends: bash-completion
+Recommends: bash-completion, python3, python3-protobuf
 Description: KV-cache transfer daemon for disaggregated LLM serving
  kvraild moves LLM KV cache between GPU and host regions of inference processes on a node
- and across nodes (libfabric); kvrail is its operator CLI. The systemd unit is installed but
- not enabled.
+ and across nodes (libfabric); kvrail is its operator CLI; the kvrail Python module is its
+ client library for inference servers. The systemd unit is installed but not enabled.
 CONTROL
 echo /etc/kvrail/kvraild.textproto > "$root/DEBIAN/conffiles"
 install -m 0755 "$deploy/deb/postinst" "$root/DEBIAN/postinst"

@@ -1,7 +1,7 @@
 // What an operator sees of a live kvraild (issue 20): metrics with the start time, bytes counted
 // tile by tile while a transfer runs, engines under stable labels, refused submits by code,
 // build info; liveness SERVING (readiness NOT_SERVING) during a drain; transfer ids by `last` and
-// prefix; debug per-transfer lines with JSON fields.
+// prefix; debug per-transfer lines with JSON fields. (The operator's cancel: operator_cancel_test.)
 #define CATCH_CONFIG_MAIN
 #include <catch2/catch.hpp>
 #include <signal.h>
@@ -130,9 +130,8 @@ TEST_CASE("metrics: start time, bytes while a transfer runs, stable engine label
   CHECK(ended_line);
 }
 
-// `kvrail transfers cancel` waits for the final state (tiles already running finish first), but it
-// cannot be exercised here: only a transfer's submitter session may cancel it (docs/security.md)
-// and each CLI invocation is a session of its own. What is checked: ids by `last` and prefix.
+// Ids by `last` and prefix (the CLI lists the transfers the grants' owner submitted: it runs as
+// the daemon's uid, so it is the operator and lists every transfer).
 TEST_CASE("kvrail transfers show: 'last' and a unique prefix name the transfer") {
   TempDir dir;
   DaemonProcess daemon;
