@@ -49,6 +49,8 @@ class PeerControlImpl final : public PeerControl {
   void ApplyDirectoryState(PeerConn* peer);
   // One round for `peer`: Hello or Heartbeat, then up, or down after liveness_timeout.
   void CheckPeer(PeerConn* peer);
+  // Marks down every up peer silent for more than liveness_timeout (between rounds).
+  void SweepSilent();
 
   const FabricOptions options_;
   const uint64_t boot_id_;
@@ -298,10 +300,36 @@ void PeerControlImpl::LivenessLoop() {
   while (!stop_.load()) {
     SyncDirectory();
     for (PeerConn* peer : peers_->Snapshot()) CheckPeer(peer);
+    // Between rounds, every 10 ms: a peer silent past liveness_timeout is down now, not at the
+    // next round (up to heartbeat_interval later).
     for (absl::Duration left = options_.heartbeat_interval;
-         left > absl::ZeroDuration() && !stop_.load(); left -= absl::Milliseconds(50)) {
-      absl::SleepFor(std::min(left, absl::Milliseconds(50)));
+         left > absl::ZeroDuration() && !stop_.load(); left -= absl::Milliseconds(10)) {
+      absl::SleepFor(std::min(left, absl::Milliseconds(10)));
+      SweepSilent();
     }
+  }
+}
+
+void PeerControlImpl::SweepSilent() {
+  const absl::Time now = absl::Now();
+  for (PeerConn* peer : peers_->Snapshot()) {
+    absl::Duration silent;
+    std::string last_error;
+    {
+      absl::MutexLock lock(&peer->mu);
+      if (peer->withdrawn || !peer->up || peer->last_ok == absl::InfinitePast() ||
+          now - peer->last_ok <= options_.liveness_timeout) {
+        continue;
+      }
+      peer->up = false;
+      silent = now - peer->last_ok;
+      last_error = peer->last_error;
+      directory_->MarkDown(peer->node_id);
+    }
+    spdlog::warn("fabric: peer '{}' is down (last error: {})", peer->node_id, last_error);
+    on_lost_(peer, absl::UnavailableError(absl::StrCat(
+                       "peer '", peer->node_id, "' at ", peer->address, " is down: no answer for ",
+                       absl::FormatDuration(silent), " (", last_error, ")")));
   }
 }
 
@@ -334,6 +362,7 @@ void PeerControlImpl::CheckPeer(PeerConn* peer) {
   absl::Duration silent;
   {
     absl::MutexLock lock(&peer->mu);
+    if (!status.ok()) peer->last_error = std::string(status.message());
     if (peer->withdrawn) {
       // Withdrawn meanwhile (an OnHello could not clear it): the directory's word stands.
     } else if (status.ok()) {

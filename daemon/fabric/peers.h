@@ -63,6 +63,7 @@ struct PeerConn {
   // still had it up: down, not contacted, until the directory lists it again.
   bool withdrawn ABSL_GUARDED_BY(mu) = false;
   uint64_t heartbeat_seq ABSL_GUARDED_BY(mu) = 0;
+  std::string last_error ABSL_GUARDED_BY(mu);  // of the last failed Hello/Heartbeat (for logs)
 };
 
 // The peers this daemon knows, in order of arrival (which fixes each peer's index), with a gRPC
