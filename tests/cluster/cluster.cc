@@ -27,11 +27,12 @@ std::string ReadFile(const std::string& path) {
 
 }  // namespace
 
-std::string CannotRunCluster() {
-  const std::string why = CannotMakeNamespaces();
-  if (!why.empty()) return why;
+std::string CannotRunCluster() { return CannotMakeNamespaces(); }
+
+std::string MissingEtcd() {
   if (Sh("command -v etcd") != 0 || Sh("command -v etcdctl") != 0) {
-    return "no etcd/etcdctl on PATH (Debian packages etcd-server, etcd-client)";
+    return "no etcd/etcdctl on PATH: install Debian's etcd-server and etcd-client (deploy/dev.sh "
+           "PACKAGES)";
   }
   return "";
 }

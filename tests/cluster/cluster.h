@@ -21,8 +21,11 @@
 
 namespace kvrail::testing {
 
-// Why the cluster cannot run here ("" when it can): not root, no namespaces, no etcd binary.
+// Why the cluster cannot run here ("" when it can): not root, or no namespaces (a reason to
+// skip)...
 std::string CannotRunCluster();
+// ... or no etcd/etcdctl on PATH ("" when both are there): a set-up error on a root machine.
+std::string MissingEtcd();
 
 struct ClusterOptions {
   int etcd_ttl_s = 2;              // DaemonConfig.etcd.ttl_s

@@ -59,7 +59,7 @@ int Main(int argc, char** argv) {
     if (std::strcmp(argv[i], "--nodes") == 0) nodes = std::atoi(argv[i + 1]);
     if (std::strcmp(argv[i], "--trials") == 0) trials = std::atoi(argv[i + 1]);
   }
-  const std::string why = CannotRunCluster();
+  const std::string why = CannotRunCluster() + MissingEtcd();
   if (!why.empty()) {
     std::printf("SKIPPED: %s\n", why.c_str());
     return 0;
