@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <thread>
@@ -364,7 +365,17 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& targe
   // On a unix socket the session opens now: every later call carries its identity. A daemon
   // without a session socket leaves the client anonymous.
   if (!impl->unix_path_.empty()) (void)impl->Session();
-  return std::unique_ptr<Client>(new Client(std::move(impl)));
+  std::unique_ptr<Client> client(new Client(std::move(impl)));
+  // The block-table region is made now, not in the first large Submit (issue 19: its creation
+  // and registration were ~0.3-0.9 ms of the first transfer). A failure here only means Submit
+  // tries again when it needs the region.
+  const char* tables = std::getenv("KVRAIL_BLOCK_TABLE_BUFFER");
+  if (client->impl_->OpenSessionId() != 0 &&
+      (tables == nullptr || std::string(tables) != "lazy")) {
+    absl::MutexLock lock(&client->impl_->table_mu_);
+    (void)client->PrepareTableBuffer(kBlockTableBufferBytes);
+  }
+  return client;
 }
 
 bool Client::session_lost() const { return !impl_->Lost().ok(); }
@@ -673,6 +684,29 @@ absl::StatusOr<v1::SubmitTransferResponse> Client::SubmitRequest(
   return response;
 }
 
+absl::Status Client::PrepareTableBuffer(uint64_t need) {
+  impl_->table_mu_.AssertHeld();
+  if (impl_->table_buffer_ != nullptr && impl_->table_buffer_->size() >= need) {
+    return absl::OkStatus();
+  }
+  if (impl_->table_region_ != 0) (void)UnregisterRegion(impl_->table_region_);
+  impl_->table_region_ = 0;
+  impl_->table_buffer_.reset();
+  uint64_t size = kBlockTableBufferBytes;
+  while (size < need) size *= 2;
+  KVRAIL_ASSIGN_OR_RETURN(std::unique_ptr<HostBuffer> buffer,
+                          HostBuffer::Create(size, "kvrail-block-tables"));
+  // Touch every page now (the daemon maps the same pages): the first Submit then writes into
+  // memory that is already there.
+  std::memset(buffer->data(), 0, buffer->size());
+  v1::RegionSpec region;
+  region.set_name(kBlockTableRegionName);
+  KVRAIL_ASSIGN_OR_RETURN(const v1::RegionInfo info, RegisterHostBuffer(*buffer, region));
+  impl_->table_buffer_ = std::move(buffer);
+  impl_->table_region_ = info.region_id();
+  return absl::OkStatus();
+}
+
 absl::StatusOr<v1::SubmitTransferResponse> Client::Submit(const v1::TransferSpec& given) {
   // A notification names the submitting session, so the daemon does not deliver it back here.
   v1::TransferSpec with_session;
@@ -690,27 +724,7 @@ absl::StatusOr<v1::SubmitTransferResponse> Client::Submit(const v1::TransferSpec
       std::max(src_ids, dst_ids) >= kSharedBlockTableFrom) {
     absl::MutexLock lock(&impl_->table_mu_);
     const uint64_t need = 4 * static_cast<uint64_t>(src_ids + dst_ids);
-    absl::Status ready = absl::OkStatus();
-    if (impl_->table_buffer_ == nullptr || impl_->table_buffer_->size() < need) {
-      if (impl_->table_region_ != 0) (void)UnregisterRegion(impl_->table_region_);
-      impl_->table_region_ = 0;
-      impl_->table_buffer_.reset();
-      uint64_t size = uint64_t{1} << 20;
-      while (size < need) size *= 2;
-      absl::StatusOr<std::unique_ptr<HostBuffer>> buffer =
-          HostBuffer::Create(size, "kvrail-block-tables");
-      ready = buffer.status();
-      if (buffer.ok()) {
-        v1::RegionSpec region;
-        region.set_name("client block tables");
-        absl::StatusOr<v1::RegionInfo> info = RegisterHostBuffer(**buffer, region);
-        if (info.ok()) {
-          impl_->table_buffer_ = *std::move(buffer);
-          impl_->table_region_ = info->region_id();
-        }
-        ready = info.status();
-      }
-    }
+    const absl::Status ready = PrepareTableBuffer(need);
     if (ready.ok()) {
       // The request carries the spec without its tables (no megabyte copies) plus references.
       v1::SubmitTransferRequest shared;
@@ -852,13 +866,21 @@ absl::StatusOr<v1::TransferStatus> Client::Watch(
   return last;
 }
 
-absl::StatusOr<v1::ListRegionsResponse> Client::ListRegions() {
+absl::StatusOr<v1::ListRegionsResponse> Client::ListRegions(bool include_library_regions) {
   v1::ListRegionsResponse response;
   grpc::ClientContext context;
   impl_->Bind(&context);
   SetDeadline(&context, kUnaryDeadline);
   KVRAIL_RETURN_IF_ERROR(
       FromGrpcStatus(impl_->admin_->ListRegions(&context, v1::ListRegionsRequest(), &response)));
+  if (!include_library_regions) {
+    auto* regions = response.mutable_regions();
+    regions->erase(std::remove_if(regions->begin(), regions->end(),
+                                  [](const v1::RegionInfo& r) {
+                                    return r.spec().name() == kBlockTableRegionName;
+                                  }),
+                   regions->end());
+  }
   return response;
 }
 

@@ -60,6 +60,12 @@ class HostBuffer {
   const size_t size_;
 };
 
+// The name of the host region a client library registers for large block tables (Submit);
+// reserved: ListRegions leaves regions of this name out.
+inline constexpr char kBlockTableRegionName[] = "client block tables";
+// Its size when Connect creates it (room for 262144 ids; grown in powers of two when needed).
+inline constexpr uint64_t kBlockTableBufferBytes = uint64_t{1} << 20;
+
 // A connection to one kvraild.
 // Thread contract: every method may be called concurrently from any thread (gRPC stubs are
 // thread-safe; the lazily opened session socket is guarded internally). Watch blocks its caller
@@ -116,8 +122,10 @@ class Client {
   // opens the name for the library (docs/security.md, "Memory").
   absl::StatusOr<v1::RegionInfo> RegisterRegion(v1::RegionSpec spec, uint64_t session_id = 0);
   absl::Status UnregisterRegion(uint64_t region_id);
-  // Block tables of 8192+ ids travel through a host region of this client's session (created on
-  // first use, named "client block tables", grown as needed) on unix sockets, else as
+  // Block tables of 8192+ ids travel through a host region of this client's session (a 1 MiB
+  // one created and registered by Connect, or on first use when that failed or
+  // KVRAIL_BLOCK_TABLE_BUFFER=lazy is set; named kBlockTableRegionName, grown as needed, not
+  // listed by ListRegions) on unix sockets, else as
   // block_ids_le32 from 1024 ids; a spec that already sets block_table or both encodings goes
   // as it is. Thread-safe; large submits from several threads take turns on the table region.
   // On a unix socket, a transfer within this node is submitted over the session socket (one
@@ -184,7 +192,9 @@ class Client {
   absl::Status ResetSession();
 
   // --- Admin service -------------------------------------------------------------------------
-  absl::StatusOr<v1::ListRegionsResponse> ListRegions();
+  // Every region of the daemon the caller may see, except the client libraries' own block-table
+  // regions (named kBlockTableRegionName, any session's) unless `include_library_regions`.
+  absl::StatusOr<v1::ListRegionsResponse> ListRegions(bool include_library_regions = false);
   // `states` empty: all; `limit` 0: the daemon's default (100).
   absl::StatusOr<v1::ListTransfersResponse> ListTransfers(
       const std::vector<v1::TransferState>& states = {}, uint32_t limit = 0);
@@ -196,6 +206,9 @@ class Client {
 
  private:
   absl::StatusOr<v1::SubmitTransferResponse> SubmitRequest(const v1::SubmitTransferRequest& request);
+  // Makes the block-table region hold `need` bytes (creates / grows and registers it); the
+  // caller holds impl_->table_mu_.
+  absl::Status PrepareTableBuffer(uint64_t need);
   class Impl;
   explicit Client(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;

@@ -2,8 +2,11 @@
 // on the host alone (host regions, host engine; no GPU). Prints the phases of the first and later
 // Submits of 32768 + 32768 ids (client call -> daemon received / accept / reply -> client /
 // queued), then what a fresh client's CreateHostBuffer(1 MiB) + RegisterHostBuffer cost (what the
-// client library does on its first such Submit).
+// client library did on its first such Submit before issue 19's fix, and does in Connect now),
+// and whether Connect registered the table region.
 // Usage: first_submit_probe   (starts its own kvraild from runfiles or ./daemon/kvraild)
+//        KVRAIL_BLOCK_TABLE_BUFFER=lazy first_submit_probe   (the region made on first use, as
+//        before)
 #include <signal.h>
 
 #include <chrono>
@@ -71,8 +74,19 @@ int Main() {
                 std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
   }
   for (int i = 0; i < 3; ++i) {
+    const double c0 = UnixUs();
     auto fresh = client::Client::Connect(daemon.socket());
+    const double c1 = UnixUs();
     if (!fresh.ok()) return 1;
+    auto listed = (*fresh)->ListRegions(/*include_library_regions=*/true);
+    int tables = 0;
+    if (!listed.ok()) return 1;
+    for (const auto& r : listed->regions()) {
+      tables += r.spec().name() == client::kBlockTableRegionName &&
+                r.session_id() == *(*fresh)->SessionId();
+    }
+    std::printf("fresh client %d: Connect %.0f us, its block-table region %s\n", i, c1 - c0,
+                tables == 1 ? "registered by Connect" : "not registered yet");
     auto warm = (*fresh)->ListRegions();  // the session and channel up, as after registrations
     const double u0 = UnixUs();
     auto b = (*fresh)->CreateHostBuffer(1 << 20);

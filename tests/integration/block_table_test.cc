@@ -4,6 +4,7 @@
 #define CATCH_CONFIG_MAIN
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cstring>
 
 #include "tests/integration/kv_fixture.h"
@@ -55,11 +56,13 @@ TEST_CASE("a 10000-block transfer: the client passes its tables through shared m
   INFO(status.error_message());
   REQUIRE(status.state() == v1::TRANSFER_STATE_SUCCEEDED);
   CHECK(VerifyPool(dst, Expectation{3, dst_blocks, 10000 * 16, 0, 0, 1, 0, 0, 1}) == "");
-  // The tables went through the client's table region, not the message.
-  auto regions = live.client->ListRegions();
+  // The tables went through the client's table region (listed only on request), not the message.
+  auto regions = live.client->ListRegions(/*include_library_regions=*/true);
   REQUIRE(regions.ok());
   bool table_region = false;
-  for (const auto& r : regions->regions()) table_region |= r.spec().name() == "client block tables";
+  for (const auto& r : regions->regions()) {
+    table_region |= r.spec().name() == client::kBlockTableRegionName;
+  }
   CHECK(table_region);
   // A second, larger pair of tables (into a fresh pool) grows it; still verified.
   Pool dst2 = MakePool(*live.client, ManyBlocks(), true, "decode2");
@@ -69,6 +72,45 @@ TEST_CASE("a 10000-block transfer: the client passes its tables through shared m
   status = RunToEnd(*live.client, client::MakeBlockTransfer(src.id(), more_src, dst2.id(), more_dst));
   REQUIRE(status.state() == v1::TRANSFER_STATE_SUCCEEDED);
   CHECK(VerifyPool(dst2, Expectation{4, more_dst, 16000 * 16, 0, 0, 1, 0, 0, 1}) == "");
+}
+
+// Issue 19 (first transfer): Connect creates and registers the table region, so the first large
+// Submit neither creates nor registers one; the caller's region list leaves it out.
+TEST_CASE("the table region exists from Connect, is not listed by default, and the first large Submit adds none") {
+  LiveDaemon live;
+  auto Count = [&](bool include_library) {
+    auto listed = live.client->ListRegions(include_library);
+    REQUIRE(listed.ok());
+    std::vector<uint64_t> tables;
+    for (const auto& r : listed->regions()) {
+      if (r.spec().name() == client::kBlockTableRegionName) tables.push_back(r.region_id());
+    }
+    return std::make_pair(listed->regions_size(), tables);
+  };
+  const auto [all, tables] = Count(true);
+  REQUIRE(tables.size() == 1);  // registered by Connect (before: only on the first large Submit)
+  CHECK(all == 1);
+  CHECK(Count(false).first == 0);  // the caller's list leaves it out
+  // Another client's table region is left out of this client's list too.
+  auto other = client::Client::Connect(live.daemon.socket());
+  REQUIRE(other.ok());
+  CHECK(Count(false).first == 0);
+  CHECK(Count(true).second.size() == 2);
+  Pool src = MakePool(*live.client, ManyBlocks(), false, "prefill");
+  Pool dst = MakePool(*live.client, ManyBlocks(), true, "decode");
+  CHECK(Count(false).first == 2);
+  const auto src_blocks = ScatteredBlocks(16384, 10000, 7);
+  const auto dst_blocks = ScatteredBlocks(16384, 10000, 8);
+  FillPool(src, 9, src_blocks, 10000 * 16);
+  v1::TransferStatus status =
+      RunToEnd(*live.client, client::MakeBlockTransfer(src.id(), src_blocks, dst.id(), dst_blocks));
+  REQUIRE(status.state() == v1::TRANSFER_STATE_SUCCEEDED);
+  CHECK(VerifyPool(dst, Expectation{9, dst_blocks, 10000 * 16, 0, 0, 1, 0, 0, 1}) == "");
+  // The same table region carried it: nothing new registered by the Submit.
+  const auto after = Count(true);
+  CHECK(after.first == 4);
+  CHECK(after.second.size() == 2);  // this client's and the other's
+  CHECK(std::find(after.second.begin(), after.second.end(), tables[0]) != after.second.end());
 }
 
 TEST_CASE("a bad id in a large table the client moved to shared memory is named as the caller set it") {

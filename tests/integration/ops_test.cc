@@ -48,7 +48,8 @@ TEST_CASE("metrics: counts by path, priority and result after real transfers") {
   CHECK(body.find(R"(kvrail_bytes_total{path="host_local",priority="critical"} )" + std::to_string(3 * per_transfer)) != std::string::npos);
   CHECK(body.find(R"(kvrail_transfer_duration_seconds_count{path="host_local",priority="critical"} 3)") != std::string::npos);
   CHECK(body.find(R"(kvrail_link_bytes_total{link="host"} )" + std::to_string(3 * per_transfer)) != std::string::npos);
-  CHECK(body.find("kvrail_regions 2") != std::string::npos);
+  // The two pools and the client library's block-table region (registered by Connect).
+  CHECK(body.find("kvrail_regions 3") != std::string::npos);
   CHECK(body.find("kvrail_transfers_active 0") != std::string::npos);
   CHECK(body.find(R"(kvrail_queued_tiles{priority="background"} 0)") != std::string::npos);
   CHECK(body.find("kvrail_engine_info{engine=\"host\"} 1") != std::string::npos);
