@@ -130,7 +130,7 @@ class SenderImpl final : public Sender {
   // taken out of the slots (which stay used until a late credit or a write error frees them).
   std::vector<SlotOwner> FailLaneLocked(PeerConn* peer, uint32_t lane, absl::Time now,
                                         const std::string& why, bool* any_left,
-                                        std::string* state);
+                                        std::string* state) ABSL_EXCLUSIVE_LOCKS_REQUIRED(peer->mu);
   // After FailLaneLocked: re-queues `tiles` at the front of their classes when a lane is left,
   // else fails every transfer to the peer (UNAVAILABLE naming it).
   void Resend(PeerConn* peer, uint32_t lane, std::vector<SlotOwner> tiles, absl::Time detected,
