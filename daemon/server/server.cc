@@ -418,6 +418,7 @@ class AdminService final : public v1::Admin::Service {
     response->set_instance_id(options_.instance_id);
     response->set_regions(regions_->size());
     transfers_->FillStats(response);
+    if (options_.directory_status) *response->mutable_directory() = options_.directory_status();
     return grpc::Status::OK;
   }
 
@@ -428,6 +429,9 @@ class AdminService final : public v1::Admin::Service {
   transfers::TransferManager* const transfers_;
   const int64_t started_us_;
 };
+
+// Health service name of the peer directory (readiness detail; liveness is "").
+constexpr char kDirectoryHealth[] = "kvrail.v1.Directory";
 
 class ServerImpl final : public Server {
  public:
@@ -451,7 +455,6 @@ class ServerImpl final : public Server {
     builder.RegisterService(transfer_.get());
     builder.RegisterService(admin_.get());
     for (grpc::Service* service : options.extra_services) builder.RegisterService(service);
-    if (options_.directory_status) *response->mutable_directory() = options_.directory_status();
     server_ = builder.BuildAndStart();
     if (server_ == nullptr) {
       return absl::UnavailableError(absl::StrCat("listen: could not bind every listen address (",
@@ -460,12 +463,18 @@ class ServerImpl final : public Server {
     if (auto* health = server_->GetHealthCheckService()) {
       health->SetServingStatus(true);
       health->SetServingStatus("kvrail.v1.Transfer", true);
+      if (options.directory_status) {
+        health->SetServingStatus(kDirectoryHealth, options.directory_status().state() == "ok");
+      }
     }
     return absl::OkStatus();
   }
-// Health service name of the peer directory (readiness detail; liveness is "").
-constexpr char kDirectoryHealth[] = "kvrail.v1.Directory";
 
+  void SetDirectoryServing(bool ok) override {
+    if (auto* health = server_->GetHealthCheckService()) {
+      health->SetServingStatus(kDirectoryHealth, ok);
+    }
+  }
 
   void SetNotServing() override {
     if (auto* health = server_->GetHealthCheckService()) {
@@ -496,17 +505,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
                                                      options.max_watchers_per_session),
                                              std::make_unique<AdminService>(options, regions, transfers));
   absl::Status status = server->Build(options);
-      if (options.directory_status) {
-        health->SetServingStatus(kDirectoryHealth, options.directory_status().state() == "ok");
-      }
   if (!status.ok()) return status;
   return std::unique_ptr<Server>(std::move(server));
 }
-
-  void SetDirectoryServing(bool ok) override {
-    if (auto* health = server_->GetHealthCheckService()) {
-      health->SetServingStatus(kDirectoryHealth, ok);
-    }
-  }
 
 }  // namespace kvrail::server
