@@ -526,10 +526,28 @@ absl::StatusOr<v1::RegionInfo> Client::RegisterHostBuffer(const HostBuffer& buff
   if (spec.size_bytes() == 0) spec.set_size_bytes(buffer.size() - offset);
   if (spec.layout_case() == v1::RegionSpec::LAYOUT_NOT_SET) spec.mutable_bytes();
 
-  KVRAIL_ASSIGN_OR_RETURN(wire::SessionConnection * session, impl_->Session());
-  KVRAIL_ASSIGN_OR_RETURN(std::string token, session->SendFd(buffer.fd()));
-  spec.mutable_share()->set_fd_token(token);
-  return RegisterRegion(std::move(spec), session->session_id());
+  for (int attempt = 0;; ++attempt) {
+    KVRAIL_ASSIGN_OR_RETURN(wire::SessionConnection * session, impl_->Session());
+    KVRAIL_ASSIGN_OR_RETURN(std::string token, session->SendFd(buffer.fd()));
+    v1::RegionSpec shared = spec;
+    shared.mutable_share()->set_fd_token(token);  // single-use: a retry passes the fd again
+    absl::StatusOr<v1::RegionInfo> info = RegisterRegion(std::move(shared), session->session_id());
+    if (info.ok() || attempt > 0 || !YieldTableRegion(info.status())) return info;
+  }
+}
+
+bool Client::YieldTableRegion(const absl::Status& failed) {
+  if (failed.code() != absl::StatusCode::kResourceExhausted ||
+      !absl::StrContains(failed.message(), "max_regions_per_")) {
+    return false;
+  }
+  // Held: a Submit is using the region, or the failed registration was the region's own.
+  if (!impl_->table_mu_.TryLock()) return false;
+  const uint64_t region = impl_->table_region_;
+  impl_->table_region_ = 0;
+  impl_->table_buffer_.reset();
+  impl_->table_mu_.Unlock();
+  return region != 0 && UnregisterRegion(region).ok();
 }
 
 absl::StatusOr<v1::RegionInfo> Client::RegisterHostLayers(const std::vector<HostLayer>& layers,
@@ -546,17 +564,23 @@ absl::StatusOr<v1::RegionInfo> Client::RegisterHostLayers(const std::vector<Host
   }
   spec.clear_share();
   spec.clear_layer_shares();
-  KVRAIL_ASSIGN_OR_RETURN(wire::SessionConnection * session, impl_->Session());
   for (size_t i = 0; i < layers.size(); ++i) {
     if (layers[i].buffer == nullptr) {
       return absl::InvalidArgumentError(absl::StrCat("layers[", i, "].buffer: NULL"));
     }
-    KVRAIL_ASSIGN_OR_RETURN(std::string token, session->SendFd(layers[i].buffer->fd()));
-    v1::RegionShare* share = spec.add_layer_shares();
-    share->set_fd_token(token);
-    share->set_offset(layers[i].offset);
   }
-  return RegisterRegion(std::move(spec), session->session_id());
+  for (int attempt = 0;; ++attempt) {
+    KVRAIL_ASSIGN_OR_RETURN(wire::SessionConnection * session, impl_->Session());
+    v1::RegionSpec shared = spec;
+    for (size_t i = 0; i < layers.size(); ++i) {
+      KVRAIL_ASSIGN_OR_RETURN(std::string token, session->SendFd(layers[i].buffer->fd()));
+      v1::RegionShare* share = shared.add_layer_shares();
+      share->set_fd_token(token);
+      share->set_offset(layers[i].offset);
+    }
+    absl::StatusOr<v1::RegionInfo> info = RegisterRegion(std::move(shared), session->session_id());
+    if (info.ok() || attempt > 0 || !YieldTableRegion(info.status())) return info;
+  }
 }
 
 absl::StatusOr<v1::RegionInfo> Client::RegisterRegion(v1::RegionSpec spec, uint64_t session_id) {

@@ -125,7 +125,8 @@ class Client {
   // Block tables of 8192+ ids travel through a host region of this client's session (a 1 MiB
   // one created and registered by Connect, or on first use when that failed or
   // KVRAIL_BLOCK_TABLE_BUFFER=lazy is set; named kBlockTableRegionName, grown as needed, not
-  // listed by ListRegions) on unix sockets, else as
+  // listed by ListRegions, given up when RegisterHostBuffer / RegisterHostLayers would otherwise
+  // fail on max_regions_per_session or _uid) on unix sockets, else as
   // block_ids_le32 from 1024 ids; a spec that already sets block_table or both encodings goes
   // as it is. Thread-safe; large submits from several threads take turns on the table region.
   // On a unix socket, a transfer within this node is submitted over the session socket (one
@@ -209,6 +210,9 @@ class Client {
   // Makes the block-table region hold `need` bytes (creates / grows and registers it); the
   // caller holds impl_->table_mu_.
   absl::Status PrepareTableBuffer(uint64_t need);
+  // After a registration refused for max_regions_per_session / _uid: unregisters the block-table
+  // region (when it is not in use) so the caller's region can take its place; true when it did.
+  bool YieldTableRegion(const absl::Status& failed);
   class Impl;
   explicit Client(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
