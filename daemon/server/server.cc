@@ -13,6 +13,7 @@
 #include "base/logging.h"
 #include "base/status.h"
 #include "daemon/server/caller.h"
+#include "daemon/server/operator_cancel.h"
 #include "proto/kvrail/v1/admin.grpc.pb.h"
 #include "proto/kvrail/v1/transfer.grpc.pb.h"
 #include "spdlog/spdlog.h"
@@ -200,18 +201,16 @@ class TransferService final : public v1::Transfer::Service {
     KVRAIL_CALLER_OR_RETURN(caller);
     const uint64_t id = request->transfer_id();
     absl::Status allowed = transfers_->Authorize(id, caller, transfers::TransferUse::kControl);
-    // The operator (root or kvraild's own uid, as for reads) may cancel another session's
-    // transfer - a stuck or runaway one - from a session that owns no regions (the kvrail CLI;
-    // the client library's own block-table region does not count);
-    // every such cancel is an audit line naming its uid. A session that owns regions is a
-    // tenant whatever its uid (under MPS kvraild runs as the inference servers' user), so
-    // tenants never cancel each other's transfers. Other refusals name transfer_id
+    // Root may cancel another session's transfer - a stuck or runaway one - from a session
+    // that owns no regions (the kvrail CLI): MayCancelAsOperator. Every such cancel is an audit
+    // line naming its uid. kvraild's own uid reads every status but cancels only its own: under
+    // MPS the inference servers run as that uid. Other refusals name transfer_id
     // (TransferManager::Authorize).
     if (allowed.code() == absl::StatusCode::kPermissionDenied && caller.operator_role) {
-      if (OwnsRegions(caller.session_id)) {
+      if (!MayCancelAsOperator(caller, OwnsRegions(caller.session_id))) {
         return ToGrpcStatus(absl::PermissionDeniedError(absl::StrCat(
-            allowed.message(), "; this session owns regions, so it is a tenant, not the "
-                               "operator, whatever its uid")));
+            allowed.message(), "; only root may cancel another session's transfer, and only "
+                               "from a session that owns no regions")));
       }
       auto before = transfers_->Get(id);
       if (!before.ok()) return ToGrpcStatus(before.status());

@@ -64,7 +64,7 @@ CommandResult RunAs(uid_t uid, gid_t gid, const std::vector<gid_t>& groups,
   return result;
 }
 
-// Issue 20: an operator (root or kvraild's own uid, from a session that owns no regions) may
+// Issue 20: the operator (root, from a session that owns no regions) may
 // cancel another session's transfer - a stuck or runaway one - with an audit line naming its
 // uid; anyone else, a session of the same uid that owns regions included, is refused naming
 // transfer_id, and the transfer stays as it was. The CLI is the operator here (it runs as the
@@ -119,12 +119,23 @@ TEST_CASE("kvrail transfers cancel: the operator cancels another session's trans
   INFO(tenant_cancel.status().ToString());
   CHECK(tenant_cancel.status().code() == absl::StatusCode::kPermissionDenied);
   CHECK(tenant_cancel.status().message().find("transfer_id: transfer " + id) != std::string::npos);
-  CHECK(tenant_cancel.status().message().find("it is a tenant, not the operator") !=
+  CHECK(tenant_cancel.status().message().find("only root may cancel another session's transfer") !=
         std::string::npos);
   CHECK((*c)->Get(t->transfer_id())->state() == v1::TRANSFER_STATE_QUEUED);
 
   CommandResult cancelled = Cli(daemon, {"transfers", "cancel", id});
   INFO(cancelled.out << cancelled.err);
+  if (::geteuid() != 0) {
+    // kvraild's own uid, not root: it reads every status but cancels only its own (under MPS
+    // every inference server runs as that uid).
+    CHECK(cancelled.exit_code != 0);
+    CHECK((*c)->Get(t->transfer_id())->state() == v1::TRANSFER_STATE_QUEUED);
+    WARN("not root: checked that kvraild's own uid may not cancel; the root half needs root");
+    tenant->reset();
+    c->reset();
+    CHECK(daemon.Stop(SIGTERM) == 0);
+    return;
+  }
   CHECK(cancelled.exit_code == 0);
   CHECK(cancelled.out == "transfer " + id + ": cancelled\n");
   CHECK((*c)->Get(t->transfer_id())->state() == v1::TRANSFER_STATE_CANCELLED);
