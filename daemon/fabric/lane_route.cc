@@ -1,0 +1,161 @@
+#include "daemon/fabric/lane_route.h"
+
+#include <algorithm>
+#include <map>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "daemon/scheduler/rails.h"
+#include "topology/topology.h"
+
+namespace kvrail::fabric {
+namespace {
+
+LaneRoute All(uint32_t lanes, const std::string& why) {
+  LaneRoute r;
+  r.all = true;
+  for (uint32_t l = 0; l < lanes; ++l) {
+    r.lanes.push_back(l);
+    r.shares.push_back(1.0 / lanes);
+  }
+  r.reason = absl::StrCat(why, ": all ", lanes, lanes == 1 ? " lane" : " lanes");
+  return r;
+}
+
+// The peer's rails as scheduler/rails.h numbers them: positions of its fabric NICs (the RDMA
+// capable ones; all when none is) in PCI bus-id order. Name -> rail.
+std::map<std::string, int> PeerRails(const v1::DirectoryNodeRecord& rec) {
+  bool any_rdma = false;
+  for (const auto& nic : rec.nics()) any_rdma = any_rdma || nic.rdma_capable();
+  std::vector<const v1::DirectoryNic*> fabric;
+  for (const auto& nic : rec.nics()) {
+    if (!any_rdma || nic.rdma_capable()) fabric.push_back(&nic);
+  }
+  std::sort(fabric.begin(), fabric.end(), [](const v1::DirectoryNic* x, const v1::DirectoryNic* y) {
+    return x->pci_bus_id() != y->pci_bus_id() ? x->pci_bus_id() < y->pci_bus_id()
+                                              : x->name() < y->name();
+  });
+  std::map<std::string, int> out;
+  for (size_t i = 0; i < fabric.size(); ++i) out.emplace(fabric[i]->name(), static_cast<int>(i));
+  return out;
+}
+
+std::string LaneList(const std::vector<uint32_t>& lanes) {
+  return absl::StrCat(lanes.size() == 1 ? "lane " : "lanes ", absl::StrJoin(lanes, ","));
+}
+
+}  // namespace
+
+std::string NicOfInterface(const v1::TopologyDesc& desc, const std::string& interface) {
+  if (interface.empty()) return "";
+  for (const auto& nic : desc.nics()) {
+    if (nic.netdev() == interface || nic.name() == interface) return nic.name();
+  }
+  return "";
+}
+
+LaneRoute ChooseLanes(const LaneRouteInput& in) {
+  const uint32_t n = in.lanes;
+  if (n == 0) return LaneRoute{true, {}, {}, "no lanes"};
+  if (n == 1) return All(n, "one lane");
+  if (in.src_gpu < 0) return All(n, "host source");
+  if (in.local == nullptr) return All(n, "no local topology");
+  auto built = scheduler::BuildRailNode(*in.local);
+  if (!built.ok()) return All(n, absl::StrCat("local topology: ", built.status().message()));
+  const scheduler::RailNode& node = *built;
+  if (static_cast<size_t>(in.src_gpu) >= node.gpus.size()) {
+    return All(n, absl::StrCat("GPU", in.src_gpu, " not in the local topology"));
+  }
+  // Local lane -> index into node.nics.
+  std::map<std::string, int> local_index;
+  for (size_t i = 0; i < node.nics.size(); ++i) local_index.emplace(node.nics[i].name, i);
+  std::vector<int> lane_nic(n, -1);
+  bool any_mapped = false;
+  for (uint32_t l = 0; l < n && l < in.local_lane_nics.size(); ++l) {
+    auto it = local_index.find(in.local_lane_nics[l]);
+    if (it != local_index.end()) {
+      lane_nic[l] = it->second;
+      any_mapped = true;
+    }
+  }
+  if (!any_mapped) return All(n, "lanes not mapped to topology NICs");
+  const scheduler::RailNode::GpuNics& near = node.gpus[in.src_gpu];
+  const std::set<int> near_set(near.nics.begin(), near.nics.end());
+  std::vector<uint32_t> local_near;
+  for (uint32_t l = 0; l < n; ++l) {
+    if (lane_nic[l] >= 0 && near_set.count(lane_nic[l]) > 0) local_near.push_back(l);
+  }
+  if (local_near.empty()) {
+    std::vector<std::string> names;
+    for (int i : near.nics) names.push_back(node.nics[i].name);
+    return All(n, absl::StrCat("no lane on GPU", in.src_gpu, "'s nearest NICs (",
+                               names.empty() ? "none" : absl::StrJoin(names, ","), ")"));
+  }
+  if (in.dst_gpu < 0) return All(n, "host destination");
+  if (in.peer == nullptr) return All(n, "no directory record for the peer");
+  bool dst_known = false;
+  for (const auto& gpu : in.peer->gpus()) dst_known = dst_known || gpu.index() == in.dst_gpu;
+  if (!dst_known) return All(n, absl::StrCat("peer GPU", in.dst_gpu, " not in its record"));
+  const std::map<std::string, int> peer_rail = PeerRails(*in.peer);
+  std::map<std::string, const v1::DirectoryNic*> peer_nic;
+  for (const auto& nic : in.peer->nics()) peer_nic.emplace(nic.name(), &nic);
+  bool any_peer_mapped = false;
+  for (uint32_t l = 0; l < n && l < in.peer_lane_nics.size(); ++l) {
+    any_peer_mapped = any_peer_mapped || peer_nic.count(in.peer_lane_nics[l]) > 0;
+  }
+  if (!any_peer_mapped) return All(n, "peer's lanes not mapped to its NICs");
+  auto peer_near = [&](uint32_t l) {
+    if (l >= in.peer_lane_nics.size()) return false;
+    auto it = peer_nic.find(in.peer_lane_nics[l]);
+    if (it == peer_nic.end()) return false;
+    const auto& rails = it->second->rails();
+    return std::find(rails.begin(), rails.end(), in.dst_gpu) != rails.end();
+  };
+  auto same_rail = [&](uint32_t l) {
+    auto it = peer_rail.find(in.peer_lane_nics[l]);
+    return it != peer_rail.end() && it->second == node.nics[lane_nic[l]].rail;
+  };
+  // Best first: near on both sides and on the same rail; near on both sides (crosses the spine);
+  // near the source only (the receiver's write crosses its own PCIe / NVLink).
+  std::vector<uint32_t> on_rail, both;
+  for (uint32_t l : local_near) {
+    if (!peer_near(l)) continue;
+    both.push_back(l);
+    if (same_rail(l)) on_rail.push_back(l);
+  }
+  LaneRoute r;
+  r.all = false;
+  std::string tail;
+  if (!on_rail.empty()) {
+    r.lanes = on_rail;
+  } else if (!both.empty()) {
+    r.lanes = both;
+    tail = " (cross-rail: through the spine)";
+  } else {
+    r.lanes = local_near;
+    tail = absl::StrCat(" (no lane lands near peer GPU", in.dst_gpu,
+                        "; NVLink relay not built)");
+  }
+  if (r.lanes.size() == n) r.all = true;
+  double total = 0;
+  for (uint32_t l : r.lanes) total += node.nics[lane_nic[l]].gbps;
+  for (uint32_t l : r.lanes) {
+    r.shares.push_back(total > 0 ? node.nics[lane_nic[l]].gbps / total : 1.0 / r.lanes.size());
+  }
+  std::vector<std::string> src_names, dst_names;
+  std::vector<int> rails;
+  for (uint32_t l : r.lanes) {
+    src_names.push_back(node.nics[lane_nic[l]].name);
+    dst_names.push_back(in.peer_lane_nics[l].empty() ? "?" : in.peer_lane_nics[l]);
+    rails.push_back(node.nics[lane_nic[l]].rail);
+  }
+  r.reason = absl::StrCat(
+      "GPU", in.src_gpu, " -> ", absl::StrJoin(src_names, ","), " (",
+      topology::PathClassName(near.path_class, 0), ") ", rails.size() == 1 ? "rail " : "rails ",
+      absl::StrJoin(rails, ","), " -> peer ", absl::StrJoin(dst_names, ","), " GPU", in.dst_gpu,
+      ": ", LaneList(r.lanes), " of ", n, tail);
+  return r;
+}
+
+}  // namespace kvrail::fabric

@@ -1,0 +1,53 @@
+// Internal to the fabric module: rail-aware lane selection (issue 18 item 2, wired conservatively).
+// The fabric's lanes are fixed pairs (lane i = this node's FabricConfig.nics[i] and the peer's
+// lane i), so what a transfer can choose is WHICH lanes carry its tiles. ChooseLanes picks the
+// lanes whose local NIC is among the source GPU's nearest NICs (scheduler/rails.h: same PCIe
+// switch, then NUMA node) and, among those, the ones whose peer NIC is near the destination GPU
+// on the same rail. A pure function of the inputs (no I/O, no clock): tests run it on the topology
+// fixtures. Whenever something it needs is unknown (a host region, a lane not mapped to a
+// topology NIC, no directory record for the peer, the peer's lanes not mapped to its NICs, a GPU
+// without a NIC on any lane) it returns ALL lanes and says why, which is the fabric's behaviour
+// without routing.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "proto/kvrail/v1/admin.pb.h"
+#include "proto/kvrail/v1/topology.pb.h"
+
+namespace kvrail::fabric {
+
+struct LaneRouteInput {
+  uint32_t lanes = 0;  // lanes to the peer (PeerConn::lanes)
+  // This node's topology; nullptr when unknown.
+  const v1::TopologyDesc* local = nullptr;
+  // Per local lane: the topology NIC (TopologyDesc.nics[].name) it sends through; "" unknown.
+  std::vector<std::string> local_lane_nics;
+  // The peer's directory record (its NICs with rails, GPUs); nullptr when there is none.
+  const v1::DirectoryNodeRecord* peer = nullptr;
+  // Per lane: the peer's NIC (DirectoryNic.name) that lane lands on; "" unknown.
+  std::vector<std::string> peer_lane_nics;
+  // Topology GPU index of the source region on this node / of the destination on the peer;
+  // -1 for host memory (or not known).
+  int src_gpu = -1;
+  int dst_gpu = -1;
+};
+
+struct LaneRoute {
+  bool all = true;              // every lane (nothing narrowed)
+  std::vector<uint32_t> lanes;  // ascending lane indexes to use (all lanes when `all`)
+  std::vector<double> shares;   // per entry of `lanes`, by link rate (equal when unknown); sum 1
+  // For people, one line: "GPU3 -> mlx5_3 (PIX) rail 3 -> peer mlx5_3 GPU3: lane 3 of 8" or
+  // "lanes not mapped to topology NICs: all 8 lanes".
+  std::string reason;
+};
+
+LaneRoute ChooseLanes(const LaneRouteInput& in);
+
+// The lane's topology NIC name from its net interface (TopologyDesc.nics[].netdev or .name);
+// "" when no NIC of `desc` has it.
+std::string NicOfInterface(const v1::TopologyDesc& desc, const std::string& interface);
+
+}  // namespace kvrail::fabric

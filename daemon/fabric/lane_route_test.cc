@@ -1,0 +1,234 @@
+// Rail-aware lane selection on fixtures of real machines: DGX H100 (one CX7 per GPU), p5.48xlarge
+// (four EFA per GPU), an 8-GPU PCIe box with one NIC; and every case where something is unknown
+// and all lanes are kept (today's fabric behaviour).
+#define CATCH_CONFIG_MAIN
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "daemon/directory/node_record.h"
+#include "daemon/fabric/lane_route.h"
+#include "topology/topology.h"
+
+namespace kvrail::fabric {
+namespace {
+
+v1::TopologyDesc Desc(const std::string& name) {
+  auto desc = topology::LoadTopologyFile("topology/fixtures/" + name + ".textproto");
+  INFO(desc.status().ToString());
+  REQUIRE(desc.ok());
+  return *desc;
+}
+
+// The peer's directory record, as the etcd directory publishes it.
+v1::DirectoryNodeRecord Record(const v1::TopologyDesc& desc) {
+  directory::NodeRecordInputs in;
+  in.node_id = "peer";
+  in.address = "10.0.0.2:7000";
+  in.topology = desc;
+  in.graph = topology::ComputeGraph(desc);
+  return directory::BuildNodeRecord(in);
+}
+
+// One lane per RDMA NIC, in PCI bus-id order (FabricConfig.nics listed that way on both nodes).
+std::vector<std::string> LaneNics(const v1::TopologyDesc& desc) {
+  std::vector<const v1::Nic*> nics;
+  for (const auto& nic : desc.nics()) {
+    if (nic.rdma_capable()) nics.push_back(&nic);
+  }
+  std::sort(nics.begin(), nics.end(),
+            [](const v1::Nic* a, const v1::Nic* b) { return a->pci_bus_id() < b->pci_bus_id(); });
+  std::vector<std::string> out;
+  for (const v1::Nic* nic : nics) out.push_back(nic->name());
+  return out;
+}
+
+struct Case {
+  v1::TopologyDesc desc;
+  v1::DirectoryNodeRecord record;
+  LaneRouteInput in;
+};
+
+Case Mirror(const std::string& fixture, int src_gpu, int dst_gpu) {
+  Case c;
+  c.desc = Desc(fixture);
+  c.record = Record(c.desc);
+  const std::vector<std::string> names = LaneNics(c.desc);
+  c.in.lanes = static_cast<uint32_t>(names.size());
+  c.in.local_lane_nics = names;
+  c.in.peer_lane_nics = names;
+  c.in.src_gpu = src_gpu;
+  c.in.dst_gpu = dst_gpu;
+  return c;
+}
+
+LaneRoute Choose(Case& c) {
+  c.in.local = &c.desc;
+  c.in.peer = &c.record;
+  return ChooseLanes(c.in);
+}
+
+void RequireAll(const LaneRoute& r, uint32_t lanes, const std::string& why) {
+  INFO(r.reason);
+  CHECK(r.all);
+  CHECK(r.lanes.size() == lanes);
+  for (uint32_t l = 0; l < r.lanes.size(); ++l) CHECK(r.lanes[l] == l);
+  CHECK(r.reason.find(why) != std::string::npos);
+}
+
+TEST_CASE("DGX H100: GPU3 to peer GPU3 uses only the mlx5_3 lane, rail 3") {
+  Case c = Mirror("dgx_h100", 3, 3);
+  REQUIRE(c.in.lanes >= 8);
+  const LaneRoute r = Choose(c);
+  INFO(r.reason);
+  CHECK_FALSE(r.all);
+  REQUIRE(r.lanes.size() == 1);
+  CHECK(c.in.local_lane_nics[r.lanes[0]] == "mlx5_3");
+  CHECK(r.shares == std::vector<double>{1.0});
+  CHECK(r.reason.find("GPU3 -> mlx5_3 (PIX) rail 3 -> peer mlx5_3 GPU3") == 0);
+  CHECK(r.reason.find("of " + std::to_string(c.in.lanes)) != std::string::npos);
+}
+
+TEST_CASE("DGX H100: every GPU i gets the one lane of mlx5_i") {
+  for (int g = 0; g < 8; ++g) {
+    Case c = Mirror("dgx_h100", g, g);
+    const LaneRoute r = Choose(c);
+    INFO(r.reason);
+    REQUIRE(r.lanes.size() == 1);
+    CHECK(c.in.local_lane_nics[r.lanes[0]] == "mlx5_" + std::to_string(g));
+  }
+}
+
+TEST_CASE("DGX H100: to another rail's GPU, the source's lane, and the reason says the relay is "
+          "not built") {
+  Case c = Mirror("dgx_h100", 3, 5);
+  const LaneRoute r = Choose(c);
+  INFO(r.reason);
+  CHECK_FALSE(r.all);
+  REQUIRE(r.lanes.size() == 1);
+  CHECK(c.in.local_lane_nics[r.lanes[0]] == "mlx5_3");
+  CHECK(r.reason.find("no lane lands near peer GPU5") != std::string::npos);
+}
+
+TEST_CASE("p5.48xlarge: GPU0 to peer GPU0 uses its four EFA lanes, equal shares") {
+  Case c = Mirror("p5_48xlarge", 0, 0);
+  REQUIRE(c.in.lanes == 32);
+  const LaneRoute r = Choose(c);
+  INFO(r.reason);
+  CHECK_FALSE(r.all);
+  CHECK(r.lanes == std::vector<uint32_t>{0, 1, 2, 3});
+  REQUIRE(r.shares.size() == 4);
+  for (double s : r.shares) CHECK(s == Approx(0.25));
+  CHECK(r.reason.find("rails 0,1,2,3") != std::string::npos);
+  CHECK(r.reason.find("lanes 0,1,2,3 of 32") != std::string::npos);
+}
+
+TEST_CASE("p5.48xlarge: GPU5 to peer GPU5 uses rails 20-23") {
+  Case c = Mirror("p5_48xlarge", 5, 5);
+  const LaneRoute r = Choose(c);
+  INFO(r.reason);
+  CHECK(r.lanes == std::vector<uint32_t>{20, 21, 22, 23});
+}
+
+TEST_CASE("lanes numbered differently on the peer: near on both sides, cross-rail") {
+  Case c = Mirror("dgx_h100", 3, 3);
+  // The peer's lane 3 lands on its mlx5_4; its lane 4 on mlx5_3 (swapped): no lane is near both
+  // GPUs on one rail... lane 4 leaves on mlx5_4 (not near GPU3), so only the source side counts.
+  std::swap(c.in.peer_lane_nics[3], c.in.peer_lane_nics[4]);
+  LaneRoute r = Choose(c);
+  INFO(r.reason);
+  REQUIRE(r.lanes.size() == 1);
+  CHECK(r.lanes[0] == 3);
+  CHECK(r.reason.find("no lane lands near peer GPU3") != std::string::npos);
+  // Peer GPU4's NIC (mlx5_4) is now on lane 3: near both, but rail 3 here, rail 4 there.
+  c.in.dst_gpu = 4;
+  r = Choose(c);
+  INFO(r.reason);
+  REQUIRE(r.lanes.size() == 1);
+  CHECK(r.lanes[0] == 3);
+  CHECK(r.reason.find("cross-rail") != std::string::npos);
+}
+
+TEST_CASE("PCIe box with one NIC: several lanes on it are all near, all kept") {
+  Case c = Mirror("pcie_8gpu_1nic", 6, 2);
+  REQUIRE(c.in.lanes == 1);
+  // Two endpoints on the one link (striping over tcp).
+  c.in.lanes = 2;
+  c.in.local_lane_nics = {"mlx5_0", "mlx5_0"};
+  c.in.peer_lane_nics = {"mlx5_0", "mlx5_0"};
+  const LaneRoute r = Choose(c);
+  INFO(r.reason);
+  CHECK(r.all);
+  CHECK(r.lanes == std::vector<uint32_t>{0, 1});
+  CHECK(r.reason.find("GPU6 -> mlx5_0,mlx5_0") == 0);
+  // One lane: nothing to choose.
+  c.in.lanes = 1;
+  RequireAll(Choose(c), 1, "one lane");
+}
+
+TEST_CASE("anything unknown: all lanes, and why") {
+  SECTION("host source") {
+    Case c = Mirror("dgx_h100", -1, 3);
+    RequireAll(Choose(c), c.in.lanes, "host source: all ");
+  }
+  SECTION("host destination") {
+    Case c = Mirror("dgx_h100", 3, -1);
+    RequireAll(Choose(c), c.in.lanes, "host destination");
+  }
+  SECTION("no local topology") {
+    Case c = Mirror("dgx_h100", 3, 3);
+    c.in.peer = &c.record;
+    RequireAll(ChooseLanes(c.in), c.in.lanes, "no local topology");
+  }
+  SECTION("lanes not mapped (tcp on loopback)") {
+    Case c = Mirror("dgx_h100", 3, 3);
+    c.in.local_lane_nics = {"", "", "", "", "", "", "", ""};
+    c.in.lanes = 8;
+    RequireAll(Choose(c), 8, "lanes not mapped to topology NICs: all 8 lanes");
+    c.in.local_lane_nics.clear();
+    RequireAll(Choose(c), 8, "lanes not mapped to topology NICs");
+  }
+  SECTION("no lane on the GPU's nearest NICs") {
+    Case c = Mirror("dgx_h100", 3, 3);
+    c.in.lanes = 2;
+    c.in.local_lane_nics = {"mlx5_0", "mlx5_1"};
+    RequireAll(Choose(c), 2, "no lane on GPU3's nearest NICs (mlx5_3)");
+  }
+  SECTION("no directory record") {
+    Case c = Mirror("dgx_h100", 3, 3);
+    c.in.local = &c.desc;
+    RequireAll(ChooseLanes(c.in), c.in.lanes, "no directory record for the peer");
+  }
+  SECTION("the peer's lanes not mapped to its NICs (names from its hello)") {
+    Case c = Mirror("dgx_h100", 3, 3);
+    for (uint32_t l = 0; l < c.in.lanes; ++l) {
+      c.in.peer_lane_nics[l] = "nic" + std::to_string(l) + "@10.0.0.2";
+    }
+    RequireAll(Choose(c), c.in.lanes, "peer's lanes not mapped to its NICs");
+  }
+  SECTION("GPU not on either node") {
+    Case c = Mirror("dgx_h100", 9, 3);
+    RequireAll(Choose(c), c.in.lanes, "GPU9 not in the local topology");
+    c.in.src_gpu = 3;
+    c.in.dst_gpu = 8;
+    RequireAll(Choose(c), c.in.lanes, "peer GPU8 not in its record");
+  }
+  SECTION("zero lanes") {
+    LaneRouteInput in;
+    const LaneRoute r = ChooseLanes(in);
+    CHECK(r.lanes.empty());
+  }
+}
+
+TEST_CASE("a lane's interface names its topology NIC") {
+  const v1::TopologyDesc desc = Desc("dgx_h100");
+  CHECK(NicOfInterface(desc, "ibp28s0") == "mlx5_0");
+  CHECK(NicOfInterface(desc, "mlx5_0") == "mlx5_0");
+  CHECK(NicOfInterface(desc, "lo").empty());
+  CHECK(NicOfInterface(desc, "").empty());
+}
+
+}  // namespace
+}  // namespace kvrail::fabric
