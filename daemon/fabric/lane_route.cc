@@ -145,10 +145,13 @@ LaneRoute ChooseLanes(const LaneRouteInput& in) {
   }
   std::vector<std::string> src_names, dst_names;
   std::vector<int> rails;
+  auto add = [](auto* v, const auto& x) {  // once each (several lanes may share one NIC)
+    if (std::find(v->begin(), v->end(), x) == v->end()) v->push_back(x);
+  };
   for (uint32_t l : r.lanes) {
-    src_names.push_back(node.nics[lane_nic[l]].name);
-    dst_names.push_back(in.peer_lane_nics[l].empty() ? "?" : in.peer_lane_nics[l]);
-    rails.push_back(node.nics[lane_nic[l]].rail);
+    add(&src_names, node.nics[lane_nic[l]].name);
+    add(&dst_names, in.peer_lane_nics[l].empty() ? std::string("?") : in.peer_lane_nics[l]);
+    add(&rails, node.nics[lane_nic[l]].rail);
   }
   r.reason = absl::StrCat(
       "GPU", in.src_gpu, " -> ", absl::StrJoin(src_names, ","), " (",
@@ -156,6 +159,27 @@ LaneRoute ChooseLanes(const LaneRouteInput& in) {
       absl::StrJoin(rails, ","), " -> peer ", absl::StrJoin(dst_names, ","), " GPU", in.dst_gpu,
       ": ", LaneList(r.lanes), " of ", n, tail);
   return r;
+}
+
+std::vector<uint32_t> LaneTryOrder(const LaneRoute& route, const std::vector<bool>& usable,
+                                   uint32_t rr) {
+  auto ok = [&](uint32_t l) { return l < usable.size() && usable[l]; };
+  auto rotate = [rr](std::vector<uint32_t> v) {
+    if (!v.empty()) std::rotate(v.begin(), v.begin() + rr % v.size(), v.end());
+    return v;
+  };
+  std::vector<uint32_t> chosen;
+  for (uint32_t l : route.lanes) {
+    if (ok(l)) chosen.push_back(l);
+  }
+  if (!chosen.empty()) return rotate(std::move(chosen));
+  std::vector<uint32_t> others;
+  for (uint32_t l = 0; l < usable.size(); ++l) {
+    if (ok(l) && std::find(route.lanes.begin(), route.lanes.end(), l) == route.lanes.end()) {
+      others.push_back(l);
+    }
+  }
+  return rotate(std::move(others));
 }
 
 }  // namespace kvrail::fabric

@@ -46,6 +46,13 @@ struct LaneRoute {
 
 LaneRoute ChooseLanes(const LaneRouteInput& in);
 
+// The order in which a tile tries lanes (what the sender's slot search would use): the route's
+// lanes that are `usable` (LaneHealth::MayUse), rotated by `rr` for striping; when none of them
+// is usable, the OTHER usable lanes (lane failover keeps working when the chosen subset is gone);
+// empty when no lane is usable. `usable` is indexed by lane; lanes beyond it are unusable.
+std::vector<uint32_t> LaneTryOrder(const LaneRoute& route, const std::vector<bool>& usable,
+                                   uint32_t rr);
+
 // The lane's topology NIC name from its net interface (TopologyDesc.nics[].netdev or .name);
 // "" when no NIC of `desc` has it.
 std::string NicOfInterface(const v1::TopologyDesc& desc, const std::string& interface);

@@ -134,8 +134,9 @@ TEST_CASE("p5.48xlarge: GPU5 to peer GPU5 uses rails 20-23") {
 
 TEST_CASE("lanes numbered differently on the peer: near on both sides, cross-rail") {
   Case c = Mirror("dgx_h100", 3, 3);
-  // The peer's lane 3 lands on its mlx5_4; its lane 4 on mlx5_3 (swapped): no lane is near both
-  // GPUs on one rail... lane 4 leaves on mlx5_4 (not near GPU3), so only the source side counts.
+  // The peer's lane 3 lands on its mlx5_4, its lane 4 on mlx5_3 (swapped). To peer GPU3: lane 3
+  // leaves near GPU3 but lands on mlx5_4, lane 4 lands near but leaves on mlx5_4: the source's
+  // lane, said to land far.
   std::swap(c.in.peer_lane_nics[3], c.in.peer_lane_nics[4]);
   LaneRoute r = Choose(c);
   INFO(r.reason);
@@ -162,7 +163,7 @@ TEST_CASE("PCIe box with one NIC: several lanes on it are all near, all kept") {
   INFO(r.reason);
   CHECK(r.all);
   CHECK(r.lanes == std::vector<uint32_t>{0, 1});
-  CHECK(r.reason.find("GPU6 -> mlx5_0,mlx5_0") == 0);
+  CHECK(r.reason.find("GPU6 -> mlx5_0 (SYS) rail 0 -> peer mlx5_0 GPU2: lanes 0,1 of 2") == 0);
   // One lane: nothing to choose.
   c.in.lanes = 1;
   RequireAll(Choose(c), 1, "one lane");
@@ -220,6 +221,32 @@ TEST_CASE("anything unknown: all lanes, and why") {
     const LaneRoute r = ChooseLanes(in);
     CHECK(r.lanes.empty());
   }
+}
+
+TEST_CASE("try order: the chosen lanes striped; when all of them failed, the other live lanes") {
+  Case c = Mirror("p5_48xlarge", 0, 0);
+  const LaneRoute r = Choose(c);
+  REQUIRE(r.lanes == std::vector<uint32_t>{0, 1, 2, 3});
+  std::vector<bool> usable(32, true);
+  CHECK(LaneTryOrder(r, usable, 0) == std::vector<uint32_t>{0, 1, 2, 3});
+  CHECK(LaneTryOrder(r, usable, 1) == std::vector<uint32_t>{1, 2, 3, 0});
+  CHECK(LaneTryOrder(r, usable, 6) == std::vector<uint32_t>{2, 3, 0, 1});
+  // Lane 1 failed (resting): skipped, the rest of the subset carries on.
+  usable[1] = false;
+  CHECK(LaneTryOrder(r, usable, 0) == std::vector<uint32_t>{0, 2, 3});
+  // The whole subset failed: the other live lanes, never a failed one.
+  usable[0] = usable[2] = usable[3] = false;
+  usable[9] = false;
+  const std::vector<uint32_t> fallback = LaneTryOrder(r, usable, 0);
+  CHECK(fallback.size() == 27);
+  CHECK(fallback.front() == 4);
+  CHECK(std::find(fallback.begin(), fallback.end(), 9u) == fallback.end());
+  // Nothing usable: nothing to try (the sender's "no fabric lane left").
+  CHECK(LaneTryOrder(r, std::vector<bool>(32, false), 0).empty());
+  // All lanes (nothing known): plain round robin over the usable ones, as the sender does today.
+  const LaneRoute all = ChooseLanes(LaneRouteInput{4});
+  CHECK(all.all);
+  CHECK(LaneTryOrder(all, {true, false, true, true}, 1) == std::vector<uint32_t>{2, 3, 0});
 }
 
 TEST_CASE("a lane's interface names its topology NIC") {
