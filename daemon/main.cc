@@ -97,6 +97,8 @@ absl::StatusOr<std::unique_ptr<fabric::Fabric>> StartFabric(const v1::DaemonConf
   }
   options.topology_summary = absl::StrCat(topology.desc().gpus_size(), " GPUs, ",
                                           topology.desc().nics_size(), " NICs");
+  // Rail-aware lane choice (daemon/fabric/lane_route.h): lanes mapped to this topology's NICs.
+  options.topology = std::make_shared<const v1::TopologyDesc>(topology.desc());
   return fabric::Fabric::Create(options, regions, directory);
 }
 

@@ -4,11 +4,15 @@
 // sender.h, receiver.h, peer_control.h and peer_service.h.
 #include "daemon/fabric/fabric.h"
 
+#include <arpa/inet.h>
 #include <grpcpp/grpcpp.h>
+#include <ifaddrs.h>
+#include <netinet/in.h>
 
 #include <utility>
 
 #include "base/status.h"
+#include "daemon/fabric/lane_route.h"
 #include "daemon/fabric/lanes.h"
 #include "daemon/fabric/leases.h"
 #include "daemon/fabric/peer_control.h"
@@ -73,11 +77,36 @@ class FabricImpl final : public Fabric {
   transfers::InboundSink* sink_ ABSL_GUARDED_BY(sink_mu_) = nullptr;
 };
 
-absl::StatusOr<std::unique_ptr<Fabric>> FabricImpl::Create(const FabricOptions& options,
+// The net interface holding IPv4 `address` ("" when none does, or it cannot be read).
+std::string InterfaceOf(const std::string& address) {
+  in_addr want{};
+  if (inet_pton(AF_INET, address.c_str(), &want) != 1) return "";
+  struct ifaddrs* list = nullptr;
+  if (getifaddrs(&list) != 0) return "";
+  std::string name;
+  for (const ifaddrs* a = list; a != nullptr; a = a->ifa_next) {
+    if (a->ifa_addr == nullptr || a->ifa_addr->sa_family != AF_INET) continue;
+    if (reinterpret_cast<const sockaddr_in*>(a->ifa_addr)->sin_addr.s_addr == want.s_addr) {
+      name = a->ifa_name;
+      break;
+    }
+  }
+  freeifaddrs(list);
+  return name;
+}
+
+absl::StatusOr<std::unique_ptr<Fabric>> FabricImpl::Create(const FabricOptions& given,
                                                            regions::RegionTable* regions,
                                                            directory::Directory* directory) {
   // The options first, so a bad fabric.* key is reported before anything about the peers.
-  KVRAIL_RETURN_IF_ERROR(Lanes::CheckOptions(options));
+  KVRAIL_RETURN_IF_ERROR(Lanes::CheckOptions(given));
+  FabricOptions options = given;
+  if (options.topology != nullptr && options.lane_nics.empty()) {
+    // Each lane's topology NIC, from its address's interface (rail-aware lane choice).
+    for (const std::string& address : options.nic_addresses) {
+      options.lane_nics.push_back(NicOfInterface(*options.topology, InterfaceOf(address)));
+    }
+  }
   std::unique_ptr<FabricImpl> fabric(new FabricImpl());
   FabricImpl* f = fabric.get();
   const uint64_t boot_id = MakeBootId();
@@ -98,7 +127,7 @@ absl::StatusOr<std::unique_ptr<Fabric>> FabricImpl::Create(const FabricOptions& 
     if (p.node_id == options.node_id) continue;
     KVRAIL_RETURN_IF_ERROR(f->control_->AddPeer(p).status());
   }
-  f->sender_ = Sender::Create(options, boot_id, f->lanes_.get(), f->peers_.get(),
+  f->sender_ = Sender::Create(options, boot_id, f->lanes_.get(), f->peers_.get(), directory,
                               [f](PeerConn* peer) { return f->control_->Introduce(peer); });
   f->lanes_->StartProxies(f->sender_.get(), f->receiver_.get());
   f->service_ = MakePeerService(options.node_id, boot_id, f->control_.get(), f->leases_.get(),

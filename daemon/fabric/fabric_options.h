@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/time/time.h"
+#include "proto/kvrail/v1/topology.pb.h"
 
 namespace kvrail::fabric {
 
@@ -48,6 +49,12 @@ struct FabricOptions {
   absl::Duration lane_cooldown = absl::Seconds(2);
   // For Hello ("1 GPU, 2 NICs").
   std::string topology_summary;
+  // Rail-aware lane choice (lane_route.h): this node's topology (nullptr: unknown, every transfer
+  // uses every lane), and per entry of nic_addresses the topology NIC it is on ("" unknown;
+  // filled by Fabric::Create from the address's interface when empty). A lane mapped to a NIC
+  // names itself "<nic>@<address>" (else "nic<i>@<address>"), so peers see its NIC.
+  std::shared_ptr<const v1::TopologyDesc> topology;
+  std::vector<std::string> lane_nics;
   // mTLS between daemons (docs/security.md, "Peers"): channels to peers present this node's
   // certificate and verify theirs; the Peer service takes a caller's node id from its
   // certificate. nullptr: insecure_peers (node ids as the messages claim them).

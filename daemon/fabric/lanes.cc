@@ -51,7 +51,9 @@ absl::StatusOr<std::unique_ptr<Lanes>> Lanes::Create(const FabricOptions& option
     Nic::Options nic_options;
     nic_options.provider = options.provider;
     nic_options.address = options.nic_addresses[i];
-    nic_options.name = absl::StrCat("nic", i, "@", options.nic_addresses[i]);
+    const bool mapped = i < options.lane_nics.size() && !options.lane_nics[i].empty();
+    nic_options.name = absl::StrCat(mapped ? options.lane_nics[i] : absl::StrCat("nic", i), "@",
+                                    options.nic_addresses[i]);
     KVRAIL_ASSIGN_OR_RETURN(lane->nic, Nic::Open(nic_options));
     KVRAIL_ASSIGN_OR_RETURN(lane->ring, CommandRing::Create(256));
     lane->staging.resize(PeerTable::kMaxPeers);

@@ -81,6 +81,14 @@ class PeerServiceImpl final : public v1::Peer::Service {
     auto handle = receiver_->Begin(*request);
     if (!handle.ok()) return ToGrpcStatus(handle.status());
     response->set_handle(*handle);
+    // For the sender's rail-aware lane choice: the destination's GPU when it was named by UUID
+    // (empty otherwise: the sender then keeps every lane).
+    absl::StatusOr<std::shared_ptr<regions::Region>> dst =
+        regions_->Get(request->spec().dst().region_id());
+    if (dst.ok() && *dst != nullptr &&
+        (*dst)->spec().memory_kind() == v1::MEMORY_KIND_CUDA) {
+      response->set_dst_gpu_uuid((*dst)->spec().device_uuid());
+    }
     return grpc::Status::OK;
   }
   grpc::Status EndRemoteTransfer(grpc::ServerContext* context,

@@ -11,12 +11,14 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "base/status.h"
 #include "daemon/fabric/command_ring.h"
 #include "daemon/fabric/lane_health.h"
+#include "daemon/fabric/lane_route.h"
 #include "daemon/fabric/leases.h"
 #include "daemon/fabric/peer_rpc.h"
 #include "daemon/fabric/tile_copy.h"
@@ -33,6 +35,9 @@ struct Outbound {
   PeerConn* peer = nullptr;
   uint32_t handle = 0;
   std::vector<std::string> nics;
+  // Rail-aware lane choice (lane_route.h): the lanes this transfer's tiles use (all when
+  // route.all; when none of them is usable, the peer's other lanes: failover).
+  LaneRoute route;
   absl::Mutex mu;
   std::optional<absl::Status> failed ABSL_GUARDED_BY(mu);
   bool removed ABSL_GUARDED_BY(mu) = false;
@@ -54,6 +59,23 @@ struct Outbound {
 
 namespace {
 
+// The topology index of a region's GPU: by UUID when the region names one, else by the daemon's
+// CUDA ordinal when exactly one GPU of the topology has it; -1 when unknown.
+int GpuIndexOf(const v1::TopologyDesc& desc, const std::string& uuid, int ordinal) {
+  int found = -1, matches = 0;
+  for (const auto& gpu : desc.gpus()) {
+    if (!uuid.empty()) {
+      if (absl::EqualsIgnoreCase(gpu.uuid(), uuid)) return gpu.index();
+      continue;
+    }
+    if (ordinal >= 0 && gpu.cuda_ordinal() == ordinal) {
+      found = gpu.index();
+      ++matches;
+    }
+  }
+  return matches == 1 ? found : -1;
+}
+
 // Thread contract: see Sender. mu_ guards the queues, the transfer table and the closing queue;
 // each PeerConn and Outbound has its own lock, never taken while mu_ is held (FailPeer takes
 // mu_, releases it, then the others). health_mu_ guards the lanes' health (lane failover);
@@ -61,11 +83,12 @@ namespace {
 class SenderImpl final : public Sender {
  public:
   SenderImpl(const FabricOptions& options, uint64_t boot_id, Lanes* lanes, PeerTable* peers,
-             Introduce introduce)
+             const directory::Directory* directory, Introduce introduce)
       : options_(options),
         boot_id_(boot_id),
         lanes_(lanes),
         peers_(peers),
+        directory_(directory),
         introduce_(std::move(introduce)) {}
   ~SenderImpl() override { Stop(); }
   void Start();
@@ -142,6 +165,7 @@ class SenderImpl final : public Sender {
   const uint64_t boot_id_;
   Lanes* const lanes_;
   PeerTable* const peers_;
+  const directory::Directory* const directory_;
   const Introduce introduce_;
 
   std::vector<std::thread> packers_;
@@ -258,11 +282,47 @@ absl::StatusOr<std::vector<std::string>> SenderImpl::Begin(
     out->gpu = GpuTileKernels::ForSource(
         job->plan(), RegionSide{src_ref.cuda, src_ref.device, src_ref.base}, job->wants_digest(),
         &why);
-    job->OnEngineNote(why);
+    // Which lanes (rail-aware; all of them whenever something is unknown), and why.
+    LaneRouteInput in;
+    std::vector<std::string> remote_names;
+    {
+      absl::MutexLock lock(&peer->mu);
+      in.lanes = peer->lanes;
+      for (uint32_t l = 0; l < peer->lanes; ++l) remote_names.push_back(peer->remote[l].nic_name);
+    }
+    for (const std::string& name : remote_names) {
+      in.peer_lane_nics.push_back(name.substr(0, name.find('@')));  // "<nic>@<address>"
+    }
+    in.local = options_.topology.get();
+    in.local_lane_nics = options_.lane_nics;
+    if (in.local != nullptr && src.spec().memory_kind() == v1::MEMORY_KIND_CUDA) {
+      in.src_gpu = GpuIndexOf(*in.local, src.spec().device_uuid(), src.spec().device());
+    }
+    std::optional<directory::Peer> listed;
+    if (directory_ != nullptr) {
+      absl::StatusOr<directory::Peer> p = directory_->Lookup(peer->node_id);
+      if (p.ok() && p->has_record) listed = *std::move(p);
+    }
+    if (listed.has_value()) {
+      in.peer = &listed->record;
+      for (const auto& gpu : listed->record.gpus()) {
+        if (!response.dst_gpu_uuid().empty() &&
+            absl::EqualsIgnoreCase(gpu.uuid(), response.dst_gpu_uuid())) {
+          in.dst_gpu = gpu.index();
+        }
+      }
+    }
+    out->route = ChooseLanes(in);
+    const std::string lanes_note = absl::StrCat("lanes: ", out->route.reason);
+    job->OnEngineNote(why.empty() ? lanes_note : absl::StrCat(why, "; ", lanes_note));
   }
   {
     absl::MutexLock lock(&peer->mu);
     for (uint32_t l = 0; l < peer->lanes; ++l) {
+      if (!out->route.all &&
+          std::find(out->route.lanes.begin(), out->route.lanes.end(), l) == out->route.lanes.end()) {
+        continue;
+      }
       out->nics.push_back(absl::StrCat(lanes_->at(l).nic->name(), "->", peer->remote[l].nic_name));
     }
   }
@@ -360,16 +420,32 @@ std::optional<std::pair<uint32_t, uint32_t>> SenderImpl::TakeSlot(const PackItem
         if (!out->failed.has_value()) out->failed = why;
         return std::nullopt;
       }
-      for (uint32_t k = 0; k < lanes; ++k) {
-        const uint32_t l = (rr + k) % lanes;
-        if (!health.MayUse(l, now)) continue;  // failed and resting, or its probe is out
-        auto& owners = peer->owners[l];
-        const int slot =
-            peer->credits[l]->Acquire([&](uint32_t s) { return owners[s].outbound == nullptr; });
-        if (slot >= 0) {
-          owners[slot] = SlotOwner{out, item.tile};
-          health.OnSent(l, static_cast<uint32_t>(slot), now);
-          return std::make_pair(l, static_cast<uint32_t>(slot));
+      // The transfer's lanes (rail-aware: LaneTryOrder's rule), round robin from `rr`; when
+      // none of them is usable (failed and resting), the peer's other lanes (lane failover).
+      const LaneRoute& route = out->route;
+      const uint32_t chosen = route.all ? lanes : static_cast<uint32_t>(route.lanes.size());
+      bool chosen_usable = false;
+      for (int pass = 0; pass < 2; ++pass) {
+        if (pass == 1 && (route.all || chosen_usable)) break;
+        for (uint32_t k = 0; k < (pass == 0 ? chosen : lanes); ++k) {
+          const uint32_t l = pass == 1     ? (rr + k) % lanes
+                             : route.all ? (rr + k) % lanes
+                                         : route.lanes[(rr + k) % chosen];
+          if (l >= lanes) continue;
+          if (pass == 1 && std::find(route.lanes.begin(), route.lanes.end(), l) !=
+                               route.lanes.end()) {
+            continue;
+          }
+          if (!health.MayUse(l, now)) continue;  // failed and resting, or its probe is out
+          if (pass == 0) chosen_usable = true;
+          auto& owners = peer->owners[l];
+          const int slot =
+              peer->credits[l]->Acquire([&](uint32_t s) { return owners[s].outbound == nullptr; });
+          if (slot >= 0) {
+            owners[slot] = SlotOwner{out, item.tile};
+            health.OnSent(l, static_cast<uint32_t>(slot), now);
+            return std::make_pair(l, static_cast<uint32_t>(slot));
+          }
         }
       }
     }
@@ -852,9 +928,11 @@ void SenderImpl::SendEnd(const Closing& closing) {
 }  // namespace
 
 std::unique_ptr<Sender> Sender::Create(const FabricOptions& options, uint64_t boot_id,
-                                       Lanes* lanes, PeerTable* peers, Introduce introduce) {
-  auto sender =
-      std::make_unique<SenderImpl>(options, boot_id, lanes, peers, std::move(introduce));
+                                       Lanes* lanes, PeerTable* peers,
+                                       const directory::Directory* directory,
+                                       Introduce introduce) {
+  auto sender = std::make_unique<SenderImpl>(options, boot_id, lanes, peers, directory,
+                                             std::move(introduce));
   sender->Start();
   return sender;
 }

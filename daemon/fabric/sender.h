@@ -10,6 +10,7 @@
 #include <memory>
 
 #include "absl/status/status.h"
+#include "daemon/directory/directory.h"
 #include "daemon/engine/engine.h"
 #include "daemon/fabric/fabric_options.h"
 #include "daemon/fabric/lanes.h"
@@ -25,9 +26,13 @@ class Sender : public transfers::RemotePath, public engine::Engine, public Credi
  public:
   // Says hello to a peer that is not (or no longer) up; peer control's Introduce.
   using Introduce = std::function<absl::Status(PeerConn* peer)>;
-  // Starts the threads. `lanes` and `peers` outlive the sender.
+  // Starts the threads. `lanes`, `peers` and `directory` outlive the sender. The directory's
+  // record of a peer (its NICs and GPUs) feeds the rail-aware lane choice (lane_route.h);
+  // nullptr: every transfer uses every lane.
   static std::unique_ptr<Sender> Create(const FabricOptions& options, uint64_t boot_id,
-                                        Lanes* lanes, PeerTable* peers, Introduce introduce);
+                                        Lanes* lanes, PeerTable* peers,
+                                        const directory::Directory* directory,
+                                        Introduce introduce);
 
   // Fails every transfer to `peer` with `why`: queued tiles, tiles in flight (their slots are
   // freed: a late credit finds no owner) and the transfers themselves (Abort is sent).
