@@ -4,6 +4,7 @@
 #include <map>
 #include <set>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "daemon/scheduler/rails.h"
@@ -46,6 +47,25 @@ std::string LaneList(const std::vector<uint32_t>& lanes) {
 }
 
 }  // namespace
+
+std::string NicOfLaneName(const std::string& lane_name) {
+  return lane_name.substr(0, lane_name.find('@'));
+}
+
+int GpuIndexOf(const v1::TopologyDesc& desc, const std::string& uuid, int ordinal) {
+  int found = -1, matches = 0;
+  for (const auto& gpu : desc.gpus()) {
+    if (!uuid.empty()) {
+      if (absl::EqualsIgnoreCase(gpu.uuid(), uuid)) return gpu.index();
+      continue;
+    }
+    if (ordinal >= 0 && gpu.cuda_ordinal() == ordinal) {
+      found = gpu.index();
+      ++matches;
+    }
+  }
+  return matches == 1 ? found : -1;
+}
 
 std::string NicOfInterface(const v1::TopologyDesc& desc, const std::string& interface) {
   if (interface.empty()) return "";

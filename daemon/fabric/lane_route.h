@@ -53,6 +53,14 @@ LaneRoute ChooseLanes(const LaneRouteInput& in);
 std::vector<uint32_t> LaneTryOrder(const LaneRoute& route, const std::vector<bool>& usable,
                                    uint32_t rr);
 
+// The NIC a peer's lane lands on, from the name the peer gave the lane in Hello: a lane mapped to
+// a NIC is "<nic>@<address>" (lanes.cc), an unmapped one "nic<i>@<address>" (which names no NIC).
+std::string NicOfLaneName(const std::string& lane_name);
+
+// The topology index (Gpu.index) of a region's GPU: by UUID when the region names one (either
+// case), else by the daemon's CUDA ordinal when exactly one GPU of `desc` has it; -1 unknown.
+int GpuIndexOf(const v1::TopologyDesc& desc, const std::string& uuid, int ordinal);
+
 // The lane's topology NIC name from its net interface (TopologyDesc.nics[].netdev or .name);
 // "" when no NIC of `desc` has it.
 std::string NicOfInterface(const v1::TopologyDesc& desc, const std::string& interface);

@@ -249,6 +249,42 @@ TEST_CASE("try order: the chosen lanes striped; when all of them failed, the oth
   CHECK(LaneTryOrder(all, {true, false, true, true}, 1) == std::vector<uint32_t>{2, 3, 0});
 }
 
+TEST_CASE("a peer lane's name gives its NIC; unmapped lanes name none") {
+  CHECK(NicOfLaneName("mlx5_3@10.0.0.3") == "mlx5_3");
+  CHECK(NicOfLaneName("nic0@127.0.0.1") == "nic0");
+  CHECK(NicOfLaneName("mlx5_3") == "mlx5_3");
+  // An unmapped peer ("nic<i>@...") keeps all lanes.
+  Case c = Mirror("dgx_h100", 3, 3);
+  for (uint32_t l = 0; l < c.in.lanes; ++l) {
+    c.in.peer_lane_nics[l] = NicOfLaneName("nic" + std::to_string(l) + "@10.0.0.2");
+  }
+  RequireAll(Choose(c), c.in.lanes, "peer's lanes not mapped to its NICs");
+  // A mapped one ("<nic>@...") narrows.
+  for (uint32_t l = 0; l < c.in.lanes; ++l) {
+    c.in.peer_lane_nics[l] = NicOfLaneName(c.in.local_lane_nics[l] + "@10.0.1." + std::to_string(l));
+  }
+  CHECK(Choose(c).lanes.size() == 1);
+}
+
+TEST_CASE("a region's GPU: by UUID (either case), else by a CUDA ordinal only one GPU has") {
+  v1::TopologyDesc desc;
+  for (int i = 0; i < 3; ++i) {
+    v1::Gpu* g = desc.add_gpus();
+    g->set_index(i);
+    g->set_uuid("GPU-0000000" + std::to_string(i) + "-aaaa-bbbb-cccc-dddddddddddd");
+    g->set_cuda_ordinal(2 - i);  // the runtime numbers them the other way round
+  }
+  CHECK(GpuIndexOf(desc, "GPU-00000001-aaaa-bbbb-cccc-dddddddddddd", -1) == 1);
+  CHECK(GpuIndexOf(desc, "gpu-00000002-AAAA-bbbb-cccc-dddddddddddd", 0) == 2);
+  // A UUID decides: not found is unknown, whatever the ordinal.
+  CHECK(GpuIndexOf(desc, "GPU-00000009-aaaa-bbbb-cccc-dddddddddddd", 0) == -1);
+  CHECK(GpuIndexOf(desc, "", 0) == 2);
+  CHECK(GpuIndexOf(desc, "", -1) == -1);
+  // Two GPUs with one ordinal (a topology probed without CUDA): unknown, not a guess.
+  desc.mutable_gpus(1)->set_cuda_ordinal(2);
+  CHECK(GpuIndexOf(desc, "", 2) == -1);
+}
+
 TEST_CASE("a lane's interface names its topology NIC") {
   const v1::TopologyDesc desc = Desc("dgx_h100");
   CHECK(NicOfInterface(desc, "ibp28s0") == "mlx5_0");

@@ -59,23 +59,6 @@ struct Outbound {
 
 namespace {
 
-// The topology index of a region's GPU: by UUID when the region names one, else by the daemon's
-// CUDA ordinal when exactly one GPU of the topology has it; -1 when unknown.
-int GpuIndexOf(const v1::TopologyDesc& desc, const std::string& uuid, int ordinal) {
-  int found = -1, matches = 0;
-  for (const auto& gpu : desc.gpus()) {
-    if (!uuid.empty()) {
-      if (absl::EqualsIgnoreCase(gpu.uuid(), uuid)) return gpu.index();
-      continue;
-    }
-    if (ordinal >= 0 && gpu.cuda_ordinal() == ordinal) {
-      found = gpu.index();
-      ++matches;
-    }
-  }
-  return matches == 1 ? found : -1;
-}
-
 // Thread contract: see Sender. mu_ guards the queues, the transfer table and the closing queue;
 // each PeerConn and Outbound has its own lock, never taken while mu_ is held (FailPeer takes
 // mu_, releases it, then the others). health_mu_ guards the lanes' health (lane failover);
@@ -290,9 +273,7 @@ absl::StatusOr<std::vector<std::string>> SenderImpl::Begin(
       in.lanes = peer->lanes;
       for (uint32_t l = 0; l < peer->lanes; ++l) remote_names.push_back(peer->remote[l].nic_name);
     }
-    for (const std::string& name : remote_names) {
-      in.peer_lane_nics.push_back(name.substr(0, name.find('@')));  // "<nic>@<address>"
-    }
+    for (const std::string& name : remote_names) in.peer_lane_nics.push_back(NicOfLaneName(name));
     in.local = options_.topology.get();
     in.local_lane_nics = options_.lane_nics;
     if (in.local != nullptr && src.spec().memory_kind() == v1::MEMORY_KIND_CUDA) {
