@@ -44,28 +44,6 @@ constexpr uint32_t kDeadlineMs = 60000;
 
 constexpr uint32_t kLayers = 8, kBlocks = 64, kMoved = 48, kTpb = 16;
 
-// A loopback address 127.x.y.z whose port 7070 (NsDaemon's --tcp-listen) is free now. Random,
-// not from the pid: Bazel's sandbox gives every test its own pid namespace, so parallel runs of
-// this test (--runs_per_test) would otherwise all pick the same addresses and talk to each
-// other's daemons.
-std::string LoopbackIp() {
-  static std::mt19937 rng{std::random_device{}()};
-  for (int attempt = 0; attempt < 100; ++attempt) {
-    const std::string ip = absl::StrCat("127.", 1 + rng() % 250, ".", rng() % 256, ".",
-                                        1 + rng() % 254);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_port = htons(7070);
-    if (inet_pton(AF_INET, ip.c_str(), &addr.sin_addr) != 1) continue;
-    const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) continue;
-    const bool free = bind(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) == 0;
-    close(fd);
-    if (free) return ip;
-  }
-  return "127.0.0.1";
-}
-
 bool PeerIs(NsDaemon& node, const std::string& peer, const std::string& state,
             absl::Duration wait) {
   const absl::Time until = absl::Now() + wait;

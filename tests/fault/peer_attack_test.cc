@@ -42,26 +42,6 @@ namespace {
 
 constexpr uint32_t kLayers = 8, kBlocks = 64, kMoved = 48, kTpb = 16;
 
-// A loopback address 127.x.y.z whose port 7070 (NsDaemon's --tcp-listen) is free now (random:
-// parallel runs must not pick each other's addresses).
-std::string LoopbackIp() {
-  static std::mt19937 rng{std::random_device{}()};
-  for (int attempt = 0; attempt < 100; ++attempt) {
-    const std::string ip = absl::StrCat("127.", 1 + rng() % 250, ".", rng() % 256, ".",
-                                        1 + rng() % 254);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_port = htons(7070);
-    if (inet_pton(AF_INET, ip.c_str(), &addr.sin_addr) != 1) continue;
-    const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) continue;
-    const bool free = bind(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) == 0;
-    close(fd);
-    if (free) return ip;
-  }
-  return "127.0.0.1";
-}
-
 std::string ReadFile(const std::string& path) {
   std::ifstream in(path);
   return std::string(std::istreambuf_iterator<char>(in), {});

@@ -1,6 +1,9 @@
 #include "tests/netns/netns.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -9,11 +12,13 @@
 #include <cstdlib>
 #include <fstream>
 #include <iterator>
+#include <random>
 #include <thread>
 #include <vector>
 
 #include <grpcpp/grpcpp.h>
 
+#include "absl/strings/str_cat.h"
 #include "base/grpc_status.h"
 #include "proto/kvrail/v1/peer.grpc.pb.h"
 
@@ -197,6 +202,24 @@ NsDaemon::~NsDaemon() {
 absl::Status NsDaemon::Export(uint64_t region, const std::string& to) {
   // Through the region owner's client: only the owner may export a region.
   return client->ExportRegion(region, to).status();
+}
+
+std::string LoopbackIp() {
+  static std::mt19937 rng{std::random_device{}()};
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    const std::string ip = absl::StrCat("127.", 1 + rng() % 250, ".", rng() % 256, ".",
+                                        1 + rng() % 254);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(7070);
+    if (inet_pton(AF_INET, ip.c_str(), &addr.sin_addr) != 1) continue;
+    const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) continue;
+    const bool free = bind(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) == 0;
+    close(fd);
+    if (free) return ip;
+  }
+  return "127.0.0.1";
 }
 
 }  // namespace kvrail::testing
