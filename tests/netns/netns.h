@@ -107,7 +107,7 @@ struct NsDaemon {
 };
 
 // A loopback address 127.x.y.z whose port 7070 (NsDaemon's --tcp-listen) is free now. Random,
-// not from the pid: Bazel's sandbox gives every test its own pid namespace, so parallel runs of
+// not from the pid: Bazel's sandbox gives every test its own pid namespace, so parallel runs of a
 // test (--runs_per_test) would otherwise all pick the same addresses and talk to each
 // other's daemons.
 std::string LoopbackIp();
