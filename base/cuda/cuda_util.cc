@@ -1,4 +1,5 @@
 #include "base/cuda/cuda_util.h"
+#include "base/cuda/context_sync.h"
 
 #include <cuda.h>
 
@@ -165,7 +166,11 @@ absl::Status EnablePeerAccess(int device, int peer) {
   }
   ScopedDevice on(device);
   if (!on.status().ok()) return on.status();
-  const cudaError_t e = cudaDeviceEnablePeerAccess(peer, 0);
+  cudaError_t e;
+  {
+    ContextSyncScope sync("cudaDeviceEnablePeerAccess");
+    e = cudaDeviceEnablePeerAccess(peer, 0);
+  }
   if (e != cudaSuccess && e != cudaErrorPeerAccessAlreadyEnabled) {
     return CudaStatus(e, absl::StrCat("cudaDeviceEnablePeerAccess(GPU", device, " -> GPU", peer, ")"));
   }
@@ -236,14 +241,19 @@ absl::StatusOr<HostRegistration> HostRegistration::Register(void* base, uint64_t
                                                             bool read_only) {
   unsigned flags = cudaHostRegisterPortable | cudaHostRegisterMapped;
   if (read_only) flags |= cudaHostRegisterReadOnly;
-  if (absl::Status s = CudaStatus(cudaHostRegister(base, bytes, flags), "cudaHostRegister");
-      !s.ok()) {
+  cudaError_t registered;
+  {
+    ContextSyncScope sync("cudaHostRegister");
+    registered = cudaHostRegister(base, bytes, flags);
+  }
+  if (absl::Status s = CudaStatus(registered, "cudaHostRegister"); !s.ok()) {
     return s;
   }
   void* device = nullptr;
   if (absl::Status s = CudaStatus(cudaHostGetDevicePointer(&device, base, 0),
                                   "cudaHostGetDevicePointer");
       !s.ok()) {
+    ContextSyncScope sync("cudaHostUnregister");
     cudaHostUnregister(base);
     return s;
   }
@@ -255,7 +265,10 @@ HostRegistration::HostRegistration(HostRegistration&& other) noexcept
 
 HostRegistration& HostRegistration::operator=(HostRegistration&& other) noexcept {
   if (this != &other) {
-    if (base_ != nullptr) cudaHostUnregister(base_);
+    if (base_ != nullptr) {
+      ContextSyncScope sync("cudaHostUnregister");
+      cudaHostUnregister(base_);
+    }
     base_ = std::exchange(other.base_, nullptr);
     device_base_ = other.device_base_;
   }
@@ -263,7 +276,9 @@ HostRegistration& HostRegistration::operator=(HostRegistration&& other) noexcept
 }
 
 HostRegistration::~HostRegistration() {
-  if (base_ != nullptr) cudaHostUnregister(base_);
+  if (base_ == nullptr) return;
+  ContextSyncScope sync("cudaHostUnregister");
+  cudaHostUnregister(base_);
 }
 
 }  // namespace kvrail::cuda

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "base/status.h"
+#include "base/cuda/context_sync.h"
 #include "base/cuda/cuda_util.h"
 #include "spdlog/spdlog.h"
 
@@ -27,7 +28,10 @@ class CudaMappingImpl final : public CudaMapping {
     // and launches must still go to its own GPU.
     cuda::ScopedDevice on(device_);
     absl::Status s = on.status();
-    if (s.ok()) s = cuda::CudaStatus(cudaIpcCloseMemHandle(base_), "cudaIpcCloseMemHandle");
+    if (s.ok()) {
+      cuda::ContextSyncScope sync("cudaIpcCloseMemHandle");  // context-synchronizing
+      s = cuda::CudaStatus(cudaIpcCloseMemHandle(base_), "cudaIpcCloseMemHandle");
+    }
     if (!s.ok()) spdlog::warn("closing a CUDA IPC mapping on GPU{}: {}", device_, s.ToString());
     if (s.ok()) spdlog::debug("closed CUDA IPC mapping on GPU{} ({} bytes)", device_, bytes_);
   }
@@ -66,7 +70,11 @@ absl::StatusOr<std::shared_ptr<CudaMapping>> Open(int accessor, int holder,
   cudaIpcMemHandle_t handle;
   std::memcpy(&handle, handle_bytes.data(), sizeof(handle));
   void* ptr = nullptr;
-  const cudaError_t e = cudaIpcOpenMemHandle(&ptr, handle, cudaIpcMemLazyEnablePeerAccess);
+  cudaError_t e;
+  {
+    cuda::ContextSyncScope sync("cudaIpcOpenMemHandle");  // context-synchronizing
+    e = cudaIpcOpenMemHandle(&ptr, handle, cudaIpcMemLazyEnablePeerAccess);
+  }
   if (e != cudaSuccess) {
     return cuda::CudaStatus(
         e,
@@ -87,7 +95,10 @@ absl::StatusOr<std::shared_ptr<CudaMapping>> Open(int accessor, int holder,
     return std::shared_ptr<CudaMapping>(
         std::make_shared<CudaMappingImpl>(accessor, static_cast<uint8_t*>(ptr), range.bytes));
   }();
-  if (!mapping_or_error.ok()) cudaIpcCloseMemHandle(ptr);
+  if (!mapping_or_error.ok()) {
+    cuda::ContextSyncScope sync("cudaIpcCloseMemHandle");
+    cudaIpcCloseMemHandle(ptr);
+  }
   return mapping_or_error;
 }
 

@@ -4,6 +4,7 @@
 #include <cuda_runtime_api.h>
 
 #include "absl/strings/str_cat.h"
+#include "base/cuda/context_sync.h"
 #include "base/cuda/cuda_util.h"
 #include "base/cuda/vmm.h"
 #include "base/status.h"
@@ -42,6 +43,8 @@ absl::StatusOr<std::shared_ptr<VmmMapping>> VmmMapping::Import(
   // The driver calls below need a context: the device's primary one, for this call only.
   cuda::ScopedDevice on(device);
   KVRAIL_RETURN_IF_ERROR(on.status());
+  // cudaFree and the mapping calls may synchronize the context (the CUDA engine's GPU waits).
+  cuda::ContextSyncScope sync("cuMem import (cudaFree(0), cuMemMap)");
   KVRAIL_RETURN_IF_ERROR(cuda::CudaStatus(cudaFree(nullptr), "cudaFree(0) (context)"));
 
   std::vector<std::pair<uint64_t, uint64_t>> handles;  // released on any error below
@@ -107,6 +110,7 @@ VmmMapping::~VmmMapping() {
   absl::StatusOr<const cuda::VmmApi*> api = cuda::Vmm();
   if (!api.ok()) return;
   cuda::ScopedDevice on(device_);
+  cuda::ContextSyncScope sync("cuMemUnmap");  // may synchronize the context
   (*api)->unmap(base_, bytes_);
   (*api)->free_range(base_, bytes_);
   for (const auto& [h, n] : handles_) (*api)->release(h);

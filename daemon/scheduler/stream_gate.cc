@@ -29,6 +29,36 @@ bool ReleaseNow(GateEnd end, absl::Duration since_end, absl::Duration grace) {
   return end == GateEnd::kProducerGone || since_end >= grace;
 }
 
+GateReleaseDecision DecideGateRelease(const GateWatchInputs& in) {
+  GateReleaseDecision d;
+  if (in.ended) {
+    if (ReleaseNow(in.producer_gone ? GateEnd::kProducerGone : GateEnd::kOther, in.since_end,
+                   in.grace)) {
+      d.cause = GateReleaseCause::kEnded;
+    }
+    return d;
+  }
+  if (!in.waits_pending || in.bound <= absl::ZeroDuration()) return d;
+  if (in.sync_blocked_for.has_value() && *in.sync_blocked_for >= in.bound) {
+    d.cause = GateReleaseCause::kContextSync;
+    d.why = absl::UnavailableError(absl::StrCat(
+        "kvraild released its GPU wait: a context-synchronizing CUDA call (", in.sync_what,
+        ") had waited ", absl::ToInt64Milliseconds(*in.sync_blocked_for),
+        " ms behind it (cuda_stream_wait_sync_bound_ms ", absl::ToInt64Milliseconds(in.bound),
+        ")"));
+    return d;
+  }
+  if (in.dispatcher_silent_for >= in.bound) {
+    d.cause = GateReleaseCause::kDispatcherStuck;
+    d.why = absl::UnavailableError(absl::StrCat(
+        "kvraild released its GPU wait: the CUDA engine's dispatcher had been blocked for ",
+        absl::ToInt64Milliseconds(in.dispatcher_silent_for),
+        " ms (a CUDA call waiting behind the wait; cuda_stream_wait_sync_bound_ms ",
+        absl::ToInt64Milliseconds(in.bound), ")"));
+  }
+  return d;
+}
+
 std::optional<uint32_t> ReleaseStore(uint32_t word, uint32_t value) {
   if (static_cast<int32_t>(word - value) >= 0) return std::nullopt;
   return value;

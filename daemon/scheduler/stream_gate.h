@@ -4,11 +4,13 @@
 // readiness poller (CPU wake-up, then launch); how a job that ends with waits still pending gets
 // them released so no stream of the daemon stays blocked; and what its gated tiles report.
 //
-// The release protocol (the engine executes it, daemon/engine/cuda_engine.cc): the job's abort
-// word (daemon-owned, mapped host memory; the copy kernel reads it first and returns without a
-// store when it is set) is raised FIRST, then the producer's word is raised to the awaited value
+// The release protocol (the engine executes it, daemon/engine/cuda_engine.cc, with no CUDA
+// call): the job's abort word (daemon-owned, mapped host memory) is raised FIRST; a stream of
+// the job's own, armed at set-up behind cuStreamWaitValue32 on that word, then zeroes num_tiles
+// in the job's device plan header and writes a done word (the copy kernels return at once on
+// num_tiles 0); once the done word is seen, the producer's word is raised to the awaited value
 // by the daemon (ReleaseStore: only when it has not reached it), which lets the pending wait pass
-// and the aborted kernel run empty. Raising a producer's word is visible to anyone else watching
+// and the disarmed kernel run empty. Raising a producer's word is visible to anyone else watching
 // it, so it is done at once only when the producer is gone (its session ended: every transfer
 // waiting on its words ends too); a live producer (the job was cancelled or missed its deadline)
 // gets `grace` to write the word itself first.
@@ -52,6 +54,42 @@ enum class GateEnd {
 
 // Whether the daemon raises the producer's word now (`since_end` after the job ended).
 bool ReleaseNow(GateEnd end, absl::Duration since_end, absl::Duration grace);
+
+// What the engine's gate watchdog (a thread of its own, no blocking CUDA call) knows about one
+// gated job at a tick. A pending GPU wait blocks every context-synchronizing CUDA call of
+// kvraild (base/cuda/context_sync.h: cudaHostRegister/Unregister, cudaIpcOpen/CloseMemHandle,
+// cuMemMap/Unmap, cudaFreeHost, cudaDeviceEnablePeerAccess, a module load) until the producer
+// writes its word; a producer that itself waits for kvraild (a region registration, a reply)
+// would never write it. The watchdog bounds that: it releases the job's waits (no byte of the
+// unready layers moves; they fail) when such a call has been blocked for `bound`, or when the
+// dispatcher has not come round for `bound` (stuck in a call that was not marked).
+struct GateWatchInputs {
+  bool ended = false;          // Job::ended returned a status
+  bool producer_gone = false;  // ... and nobody may write the words any more
+  absl::Duration since_end;    // since the watchdog first saw it ended
+  absl::Duration grace;        // a live producer's time to write its words (ReleaseNow)
+  bool waits_pending = false;  // a launched layer's word has not reached the value yet
+  // The oldest context-synchronizing call open now (nullopt: none) and how long it has been.
+  std::optional<absl::Duration> sync_blocked_for;
+  std::string sync_what;
+  absl::Duration dispatcher_silent_for;  // since the dispatcher's last loop turn
+  absl::Duration bound;                  // CudaEngineOptions::stream_wait_sync_bound
+};
+
+enum class GateReleaseCause { kNone, kEnded, kContextSync, kDispatcherStuck };
+
+struct GateReleaseDecision {
+  GateReleaseCause cause = GateReleaseCause::kNone;
+  // For kContextSync / kDispatcherStuck: the status the job's unready layers fail with
+  // (UNAVAILABLE, naming the call and how long it waited). kEnded uses the job's own status.
+  absl::Status why;
+  bool release() const { return cause != GateReleaseCause::kNone; }
+};
+
+// The watchdog's decision for one job. An ended job follows ReleaseNow; a live one is released
+// only while one of its waits is pending and the context-synchronizing call (or the silent
+// dispatcher) has waited at least `bound` (zero `bound`: never for those causes).
+GateReleaseDecision DecideGateRelease(const GateWatchInputs& in);
 
 // The value the daemon stores into a producer's word `word` to let a wait for `value` (GEQ,
 // wrapping epoch order) pass; nullopt when the word has reached it already (storing would move

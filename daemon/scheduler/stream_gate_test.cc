@@ -63,6 +63,62 @@ TEST_CASE("ReleaseNow: at once for a gone producer, after the grace for a live o
   CHECK(ReleaseNow(GateEnd::kOther, absl::Seconds(1), grace));
 }
 
+GateWatchInputs Live() {
+  GateWatchInputs in;
+  in.grace = absl::Seconds(1);
+  in.bound = absl::Milliseconds(500);
+  in.waits_pending = true;
+  in.dispatcher_silent_for = absl::Milliseconds(1);
+  return in;
+}
+
+TEST_CASE("DecideGateRelease: an ended job follows the grace rule, whatever else holds") {
+  GateWatchInputs in = Live();
+  in.ended = true;
+  in.producer_gone = true;
+  CHECK(DecideGateRelease(in).cause == GateReleaseCause::kEnded);
+  in.producer_gone = false;
+  in.since_end = absl::Milliseconds(10);
+  in.sync_blocked_for = absl::Seconds(5);  // the end decides, not the call
+  CHECK(!DecideGateRelease(in).release());
+  in.since_end = absl::Seconds(1);
+  CHECK(DecideGateRelease(in).cause == GateReleaseCause::kEnded);
+}
+
+TEST_CASE("DecideGateRelease: a context-synchronizing call blocked for the bound releases a live job") {
+  GateWatchInputs in = Live();
+  CHECK(!DecideGateRelease(in).release());  // nothing blocked
+  in.sync_blocked_for = absl::Milliseconds(499);
+  in.sync_what = "cudaIpcOpenMemHandle";
+  CHECK(!DecideGateRelease(in).release());
+  in.sync_blocked_for = absl::Milliseconds(500);
+  const GateReleaseDecision d = DecideGateRelease(in);
+  CHECK(d.cause == GateReleaseCause::kContextSync);
+  CHECK(d.why.code() == absl::StatusCode::kUnavailable);
+  INFO(d.why.message());
+  CHECK(std::string(d.why.message()).find("cudaIpcOpenMemHandle") != std::string::npos);
+  CHECK(std::string(d.why.message()).find("500 ms") != std::string::npos);
+  // Its words all reached: the waits pass by themselves, nothing to release.
+  in.waits_pending = false;
+  CHECK(!DecideGateRelease(in).release());
+  // A zero bound: never for a call.
+  in.waits_pending = true;
+  in.bound = absl::ZeroDuration();
+  CHECK(!DecideGateRelease(in).release());
+}
+
+TEST_CASE("DecideGateRelease: a dispatcher silent for the bound releases a live job") {
+  GateWatchInputs in = Live();
+  in.dispatcher_silent_for = absl::Milliseconds(499);
+  CHECK(!DecideGateRelease(in).release());
+  in.dispatcher_silent_for = absl::Milliseconds(600);
+  const GateReleaseDecision d = DecideGateRelease(in);
+  CHECK(d.cause == GateReleaseCause::kDispatcherStuck);
+  CHECK(std::string(d.why.message()).find("dispatcher") != std::string::npos);
+  in.waits_pending = false;
+  CHECK(!DecideGateRelease(in).release());
+}
+
 TEST_CASE("GatedTileStatus names the readiness and keeps the end's code") {
   CHECK(GatedTileStatus(false, "spec.ready_flags", 3, 7, absl::AbortedError("x")).ok());
   const absl::Status s = GatedTileStatus(
