@@ -335,6 +335,92 @@ absl::StatusOr<RailRoute> ChooseRailRoute(const RailNode& src, int src_gpu, cons
   return route;
 }
 
+absl::StatusOr<SideRelay> ChooseSideRelay(const RailNode& node, int gpu,
+                                          const std::vector<uint64_t>& nic_load,
+                                          const RailOptions& options) {
+  const int n = static_cast<int>(node.gpus.size());
+  if (gpu < 0 || gpu >= n) {
+    return absl::InvalidArgumentError(absl::StrCat("gpu: GPU", gpu, " is not a GPU of '",
+                                                   node.hostname, "' (", n, " GPUs)"));
+  }
+  const double bytes = options.bytes > 0 ? static_cast<double>(options.bytes) : double{1 << 20};
+  const double margin = std::min(std::max(options.relay_margin, 0.0), 0.95);
+  struct Candidate {
+    int gpu = -1;
+    double cost = 0, ranked = 0;
+  };
+  std::vector<Candidate> candidates;
+  for (int g = 0; g < n; ++g) {
+    if (node.gpus[g].nics.empty()) continue;
+    if (g != gpu && (!options.hierarchical || node.nvlink_gbps[gpu][g] <= 0)) continue;
+    std::vector<RailLane> lanes;
+    std::vector<double> queued;
+    for (int nic : node.gpus[g].nics) {
+      lanes.push_back(RailLane{nic, nic, node.nics[nic].name, node.nics[nic].name,
+                               node.nics[nic].rail, node.gpus[g].gbps, 0});
+      queued.push_back(static_cast<double>(LoadOf(nic_load, nic)));
+    }
+    Candidate c;
+    c.gpu = g;
+    c.cost = WaterFill(&lanes, queued, bytes);
+    if (g != gpu) c.cost += bytes / (node.nvlink_gbps[gpu][g] * 1e9);
+    c.ranked = g != gpu ? c.cost / (1 - margin) : c.cost;
+    candidates.push_back(c);
+  }
+  if (candidates.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "GPU", gpu, " of '", node.hostname, "': no NIC and no NVLink neighbour with one"));
+  }
+  NicTier best_tier = NicTier::kFar;
+  for (const Candidate& c : candidates) best_tier = std::min(best_tier, node.gpus[c.gpu].tier);
+  double fastest = std::numeric_limits<double>::infinity();
+  for (const Candidate& c : candidates) {
+    if (node.gpus[c.gpu].tier == best_tier) fastest = std::min(fastest, c.ranked);
+  }
+  const double tolerance = std::max(options.cost_tolerance, 0.0);
+  auto key = [&](const Candidate& c) { return std::make_tuple(c.gpu != gpu, (c.gpu - gpu + n) % n); };
+  const Candidate* best = nullptr;
+  const Candidate* direct = nullptr;
+  for (const Candidate& c : candidates) {
+    if (c.gpu == gpu) direct = &c;
+    if (node.gpus[c.gpu].tier != best_tier || c.ranked > fastest * (1 + tolerance)) continue;
+    if (best == nullptr || key(c) < key(*best)) best = &c;
+  }
+  SideRelay out;
+  out.gpu = gpu;
+  out.relay_gpu = best->gpu;
+  out.path = best->gpu != gpu ? v1::PATH_HIERARCHICAL : v1::PATH_FABRIC;
+  const auto& via = node.gpus[best->gpu];
+  out.tier = via.tier;
+  out.nics = via.nics;
+  std::vector<std::string> names;
+  for (int nic : via.nics) names.push_back(node.nics[nic].name);
+  std::string text = absl::StrCat("GPU", gpu);
+  if (best->gpu != gpu) {
+    out.nvlinks = node.nvlink_count[gpu][best->gpu];
+    absl::StrAppend(&text, " -NV", out.nvlinks, "-> GPU", best->gpu);
+  }
+  absl::StrAppend(&text, " (", absl::StrJoin(names, ","), ", ", ClassName(via.path_class), ")");
+  const auto& own = node.gpus[gpu];
+  if (best->gpu != gpu) {
+    if (own.nics.empty()) {
+      absl::StrAppend(&text, ": GPU", gpu, " has no NIC");
+    } else if (own.tier > via.tier) {
+      absl::StrAppend(&text, ": GPU", gpu, "'s nearest NIC is ", ClassName(own.path_class), " (",
+                      NicTierName(own.tier), "), GPU", best->gpu, "'s ",
+                      ClassName(via.path_class));
+    } else if (direct != nullptr) {
+      absl::StrAppend(&text, absl::StrFormat(": GPU%d's NICs busy: %.3f ms to drain vs %.3f ms "
+                                             "via GPU%d",
+                                             gpu, direct->cost * 1e3, best->cost * 1e3, best->gpu));
+    }
+  } else if (own.tier == NicTier::kFar) {
+    absl::StrAppend(&text, ": no NVLink neighbour nearer a NIC");
+  }
+  out.reason = std::move(text);
+  return out;
+}
+
 LaneStriper::LaneStriper(const RailRoute& route) : current_(route.lanes.size(), 0) {
   for (const RailLane& lane : route.lanes) share_.push_back(lane.share);
 }

@@ -24,9 +24,9 @@
 //     RailOptions::relay_margin (times within RailOptions::cost_tolerance of the fastest tie),
 //     (4) fewer relays, sender-side relay first (NCCL's PXN), then the relay GPU next after
 //     the source (destination) GPU in index order, so relays spread over the rails. The winner's lanes carry the transfer in proportion to RailLane::share.
-// The result is a plain struct the scheduler consumes; the fabric engine does not act on it yet
-// (its lanes still pair NIC i with NIC i: daemon/fabric), and the NVLink relay data path is not
-// built (issue 18 item 3's two-GPU run).
+// The result is a plain struct the scheduler consumes; the fabric's lanes still pair NIC i with
+// NIC i (daemon/fabric/lane_route chooses among them). The fabric's NVLink relay data path
+// (daemon/fabric/relay.h) acts on ChooseSideRelay below: each daemon decides its own side.
 #pragma once
 
 #include <cstdint>
@@ -132,6 +132,32 @@ struct RailRoute {
 // no plan exists (a side without NICs, or no shared rail with cross_rail off).
 absl::StatusOr<RailRoute> ChooseRailRoute(const RailNode& src, int src_gpu, const RailNode& dst,
                                           int dst_gpu, const RailLoad& load,
+                                          const RailOptions& options);
+
+// One side's half of the hierarchy, for the fabric's relay data path (daemon/fabric/relay.h):
+// which GPU of `node` the fabric tiles of GPU `gpu` leave (sender) or enter (receiver) through,
+// knowing only this node (each daemon decides its own side; the peer decides its half). The same
+// rules as ChooseRailRoute's for that side: candidates are `gpu` and its NVLink neighbours with
+// peer access that have NICs; ranked by (1) the candidate's NIC tier, (2) the estimated drain
+// time of its NICs' queued bytes (`nic_load`, indexed like node.nics) plus the transfer
+// (options.bytes), water-filled, plus the NVLink hop, a relay having to beat the direct GPU by
+// options.relay_margin (times within options.cost_tolerance tie), (3) no relay first, then the
+// relay GPU next after `gpu` in index order. options.hierarchical off: never a relay.
+struct SideRelay {
+  int gpu = -1;        // the region's GPU (topology index)
+  int relay_gpu = -1;  // the GPU whose NICs carry the tiles; == gpu: no relay
+  v1::Path path = v1::PATH_FABRIC;  // PATH_HIERARCHICAL when relay_gpu != gpu
+  NicTier tier = NicTier::kFar;     // of relay_gpu's NICs
+  std::vector<int> nics;            // relay_gpu's nearest fabric NICs (indexes into node.nics)
+  int nvlinks = 0;                  // NVLinks between gpu and relay_gpu (0 without a relay)
+  // "GPU5 -NV18-> GPU6 (mlx5_6, PIX): GPU5's nearest NIC is NODE (same NUMA node), GPU6's PIX",
+  // "GPU3 (mlx5_3, PIX)", "GPU5 (mlx5_0, SYS): no NVLink neighbour nearer a NIC".
+  std::string reason;
+};
+// INVALID_ARGUMENT naming `gpu` when out of range; FAILED_PRECONDITION when neither the GPU nor
+// any NVLink neighbour has a NIC.
+absl::StatusOr<SideRelay> ChooseSideRelay(const RailNode& node, int gpu,
+                                          const std::vector<uint64_t>& nic_load,
                                           const RailOptions& options);
 
 // Which lane carries the next tile of a route: smooth weighted round robin by the lanes' shares

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "daemon/scheduler/rails.h"
 #include "topology/topology.h"
 
@@ -330,6 +331,65 @@ TEST_CASE("errors name the field; nodes without NICs are refused") {
   auto cpu = BuildRailNode(Desc("cpu_only"));
   REQUIRE(cpu.ok());
   CHECK(!ChooseRailRoute(*cpu, 0, dgx, 0, {}, {}).ok());
+}
+
+
+// One side's half (the fabric's relay data path, daemon/fabric/relay.h): each daemon decides
+// which of its GPUs carries its side's tiles from its own topology alone.
+TEST_CASE("ChooseSideRelay: a GPU without a near NIC relays to its NVLink neighbour, a GPU with "
+          "one stays, busy NICs past the margin relay, a PCIe box never relays") {
+  RailNode dgx = Node("dgx_h100");
+  for (int g = 0; g < 8; ++g) {
+    auto r = ChooseSideRelay(dgx, g, {}, {});
+    REQUIRE(r.ok());
+    CHECK(r->relay_gpu == g);
+    CHECK(r->path == v1::PATH_FABRIC);
+    CHECK(r->nvlinks == 0);
+    CHECK(r->reason == absl::StrCat("GPU", g, " (mlx5_", g, ", PIX)"));
+  }
+  RailNode lost = Node(Without(Desc("dgx_h100"), "mlx5_5"));
+  auto r = ChooseSideRelay(lost, 5, {}, {});
+  REQUIRE(r.ok());
+  CHECK(r->path == v1::PATH_HIERARCHICAL);
+  CHECK(r->relay_gpu == 6);  // the next after GPU5 with a PIX NIC
+  CHECK(r->tier == NicTier::kSwitch);
+  CHECK(r->nvlinks == 18);
+  CHECK(Has(r->reason, "GPU5 -NV18-> GPU6 ("));
+  CHECK(Has(r->reason, "GPU5's nearest NIC is NODE (same NUMA node), GPU6's PIX"));
+  // The two-node route agrees with each side's half.
+  RailRoute both = Route(lost, 5, lost, 5);
+  CHECK(both.src_exit_gpu == r->relay_gpu);
+  CHECK(both.dst_entry_gpu == r->relay_gpu);
+  {
+    RailOptions off;
+    off.hierarchical = false;
+    auto d = ChooseSideRelay(lost, 5, {}, off);
+    REQUIRE(d.ok());
+    CHECK(d->relay_gpu == 5);
+    CHECK(d->tier == NicTier::kNuma);
+  }
+  RailOptions options;
+  options.bytes = 64 << 20;
+  std::vector<uint64_t> load(8, 0);
+  load[0] = 8 << 20;  // 12% slower than idle: under the 20% margin
+  auto small = ChooseSideRelay(dgx, 0, load, options);
+  REQUIRE(small.ok());
+  CHECK(small->relay_gpu == 0);
+  load[0] = 512 << 20;
+  auto busy = ChooseSideRelay(dgx, 0, load, options);
+  REQUIRE(busy.ok());
+  CHECK(busy->path == v1::PATH_HIERARCHICAL);
+  CHECK(busy->relay_gpu == 1);
+  CHECK(Has(busy->reason, "GPU0's NICs busy"));
+  // The PCIe box: no NVLink, GPU5's one NIC is on the other socket: stays, and says why.
+  RailNode box = Node("pcie_8gpu_1nic");
+  auto far = ChooseSideRelay(box, 5, {}, {});
+  REQUIRE(far.ok());
+  CHECK(far->relay_gpu == 5);
+  CHECK(far->tier == NicTier::kFar);
+  CHECK(far->reason == "GPU5 (mlx5_0, SYS): no NVLink neighbour nearer a NIC");
+  CHECK(!ChooseSideRelay(dgx, 8, {}, {}).ok());
+  CHECK(!ChooseSideRelay(dgx, -1, {}, {}).ok());
 }
 
 }  // namespace
