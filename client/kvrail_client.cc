@@ -725,6 +725,7 @@ absl::Status Client::PrepareTableBuffer(uint64_t need) {
   std::memset(buffer->data(), 0, buffer->size());
   v1::RegionSpec region;
   region.set_name(kBlockTableRegionName);
+  region.set_library_region(true);  // the daemon's mark of the library's own region (not the name)
   KVRAIL_ASSIGN_OR_RETURN(const v1::RegionInfo info, RegisterHostBuffer(*buffer, region));
   impl_->table_buffer_ = std::move(buffer);
   impl_->table_region_ = info.region_id();
@@ -901,7 +902,7 @@ absl::StatusOr<v1::ListRegionsResponse> Client::ListRegions(bool include_library
     auto* regions = response.mutable_regions();
     regions->erase(std::remove_if(regions->begin(), regions->end(),
                                   [](const v1::RegionInfo& r) {
-                                    return r.spec().name() == kBlockTableRegionName;
+                                    return r.spec().library_region();
                                   }),
                    regions->end());
   }

@@ -60,8 +60,9 @@ class HostBuffer {
   const size_t size_;
 };
 
-// The name of the host region a client library registers for large block tables (Submit);
-// reserved: ListRegions leaves regions of this name out.
+// The name of the host region a client library registers for large block tables (Submit), for
+// humans only: what marks the region as the library's is RegionSpec.library_region (the daemon
+// limits such regions; a region merely named so is an ordinary region).
 inline constexpr char kBlockTableRegionName[] = "client block tables";
 // Its size when Connect creates it (room for 262144 ids; grown in powers of two when needed).
 inline constexpr uint64_t kBlockTableBufferBytes = uint64_t{1} << 20;
@@ -194,7 +195,8 @@ class Client {
 
   // --- Admin service -------------------------------------------------------------------------
   // Every region of the daemon the caller may see, except the client libraries' own block-table
-  // regions (named kBlockTableRegionName, any session's) unless `include_library_regions`.
+  // regions (RegionSpec.library_region, any session's; not recognized by name) unless
+  // `include_library_regions`.
   absl::StatusOr<v1::ListRegionsResponse> ListRegions(bool include_library_regions = false);
   // `states` empty: all; `limit` 0: the daemon's default (100).
   absl::StatusOr<v1::ListTransfersResponse> ListTransfers(

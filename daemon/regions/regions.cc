@@ -16,6 +16,7 @@
 #include <fstream>
 #include <random>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
@@ -238,10 +239,24 @@ class RegionTableImpl final : public RegionTable {
   absl::StatusOr<std::shared_ptr<Region>> Register(const v1::RegionSpec& given,
                                                    uint64_t session_id) override {
     int64_t uid = -1;
+    if (given.library_region()) KVRAIL_RETURN_IF_ERROR(CheckLibraryRegion(given, session_id));
+    bool library_pending = false;
+    // A library registration in progress is pending until Register returns (then its region,
+    // if any, is in regions_): a second one of the session meanwhile is refused.
+    absl::Cleanup end_pending = [&] {
+      if (!library_pending) return;
+      absl::MutexLock lock(&mu_);
+      library_pending_.erase(session_id);
+    };
     {
       // Checked before any mapping work (two racing registers may pass it by one).
       absl::MutexLock lock(&mu_);
       KVRAIL_RETURN_IF_ERROR(CheckRegionCapLocked(session_id));
+      if (given.library_region()) {
+        KVRAIL_RETURN_IF_ERROR(CheckOneLibraryRegionLocked(session_id));
+        library_pending_.insert(session_id);
+        library_pending = true;
+      }
       auto it = sessions_.find(session_id);
       if (it != sessions_.end()) uid = it->second.uid;
     }
@@ -452,6 +467,11 @@ class RegionTableImpl final : public RegionTable {
           "region_id: region ", request.region_id(),
           " belongs to another session; only its owner may grant access to it"));
     }
+    if (region.spec().library_region()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "region_id: region ", request.region_id(),
+          " is a client library's own region (RegionSpec.library_region); it cannot be granted"));
+    }
     if (request.access() == v1::GRANT_ACCESS_WRITE && !region.spec().writable()) {
       return absl::FailedPreconditionError(absl::StrCat(
           "access: region ", request.region_id(), " is not writable (RegionSpec.writable)"));
@@ -482,6 +502,13 @@ class RegionTableImpl final : public RegionTable {
   absl::Status CheckAccess(const Region& region, uint64_t session_id, const std::string& grant,
                            v1::GrantAccess access, uint32_t layer_begin, uint32_t layer_end,
                            absl::string_view field) const override {
+    if (region.spec().library_region()) {
+      // Only block_table references read it (transfers/resolve.cc, its own session's).
+      return absl::PermissionDeniedError(absl::StrCat(
+          field, ".region_id: region ", region.id(),
+          " is a client library's own region (RegionSpec.library_region: block tables); it is "
+          "not a transfer's source, destination or flag words"));
+    }
     if (session_id != 0 && region.session_id() == session_id) return absl::OkStatus();
     const char* verb = access == v1::GRANT_ACCESS_WRITE ? "write" : "read";
     if (grant.empty()) {
@@ -580,8 +607,54 @@ class RegionTableImpl final : public RegionTable {
 
  private:
   static constexpr size_t kMaxTokens = 4096;
+  // RegionSpec.library_region: the client library's block-table region grows by doubling from
+  // 1 MiB; a Submit whose tables need more than this sends them in the message instead.
+  static constexpr uint64_t kMaxLibraryRegionBytes = uint64_t{64} << 20;
   // One session cannot take every token (or every mapping) from the others.
   static constexpr size_t kMaxTokensPerSession = 1024;
+
+  // RegionSpec.library_region's limits that the spec alone decides (region.proto): a session's
+  // host memory of one allocation, a bytes layout, at most kMaxLibraryRegionBytes.
+  static absl::Status CheckLibraryRegion(const v1::RegionSpec& spec, uint64_t session_id) {
+    if (session_id == 0) {
+      return absl::InvalidArgumentError(
+          "spec.library_region: a library region belongs to a session (register it over the "
+          "session socket's session)");
+    }
+    if (spec.memory_kind() != v1::MEMORY_KIND_HOST) {
+      return absl::InvalidArgumentError(
+          "spec.library_region: a library region is host memory (MEMORY_KIND_HOST)");
+    }
+    if (spec.layer_shares_size() > 0 || !spec.has_bytes()) {
+      return absl::InvalidArgumentError(
+          "spec.library_region: a library region is one allocation with a bytes layout (no "
+          "paged_kv, no layer_shares)");
+    }
+    if (spec.size_bytes() > kMaxLibraryRegionBytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "spec.library_region: ", spec.size_bytes(), " bytes; a library region holds at most ",
+          kMaxLibraryRegionBytes, " (64 MiB)"));
+    }
+    return absl::OkStatus();
+  }
+
+  // ALREADY_EXISTS naming spec.library_region when `session_id` holds (or is registering) one.
+  absl::Status CheckOneLibraryRegionLocked(uint64_t session_id) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (const auto& [id, region] : regions_) {
+      if (region->session_id() == session_id && region->spec().library_region()) {
+        return absl::AlreadyExistsError(absl::StrCat(
+            "spec.library_region: the session already holds library region ", id,
+            " (at most one per session; unregister it first)"));
+      }
+    }
+    if (library_pending_.contains(session_id)) {
+      return absl::AlreadyExistsError(
+          "spec.library_region: the session is registering a library region now (at most one "
+          "per session)");
+    }
+    return absl::OkStatus();
+  }
 
   // RESOURCE_EXHAUSTED naming the cap when `session_id` already holds max_regions_per_session.
   absl::Status CheckRegionCapLocked(uint64_t session_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -875,6 +948,8 @@ class RegionTableImpl final : public RegionTable {
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t next_session_ ABSL_GUARDED_BY(mu_) = 1;
   absl::flat_hash_set<uint64_t> open_sessions_ ABSL_GUARDED_BY(mu_);
+  // Sessions registering a RegionSpec.library_region right now (at most one per session).
+  absl::flat_hash_set<uint64_t> library_pending_ ABSL_GUARDED_BY(mu_);
   struct SessionInfo {
     std::string secret;
     int64_t uid = -1;  // SO_PEERCRED of its connection; -1 unknown

@@ -371,3 +371,110 @@ TEST_CASE("one session cannot take every fd token") {
 
 }  // namespace
 }  // namespace kvrail::regions
+
+namespace kvrail::regions {
+namespace {
+
+// RegionSpec.library_region (the client library's block-table region, by flag, not by name).
+v1::RegionSpec LibrarySpec(const std::string& token, uint64_t size) {
+  v1::RegionSpec spec;
+  spec.set_name("anything");
+  spec.set_memory_kind(v1::MEMORY_KIND_HOST);
+  spec.set_size_bytes(size);
+  spec.mutable_bytes();
+  spec.mutable_share()->set_fd_token(token);
+  spec.set_library_region(true);
+  return spec;
+}
+
+TEST_CASE("a library region is recorded and limited: host bytes, <= 64 MiB, one per session") {
+  RegionLimits limits;
+  limits.max_regions_per_session = 2;
+  auto table = RegionTable::Create(Clock::Real(), {}, {}, limits);
+  const uint64_t session = table->BeginSession();
+  UniqueFd fd = Memfd(1 << 20);
+  auto Token = [&] {
+    auto token = table->AddFd(session, UniqueFd(::dup(fd.get())));
+    REQUIRE(token.ok());
+    return *token;
+  };
+  // Each limit is refused naming the flag, and the token is not consumed by the refusal.
+  const std::string token = Token();
+  v1::RegionSpec spec = LibrarySpec(token, 1 << 20);
+  RequireError(table->Register(spec, 0).status(), absl::StatusCode::kInvalidArgument,
+               "spec.library_region: a library region belongs to a session");
+  v1::RegionSpec cuda = spec;
+  cuda.set_memory_kind(v1::MEMORY_KIND_CUDA);
+  RequireError(table->Register(cuda, session).status(), absl::StatusCode::kInvalidArgument,
+               "spec.library_region: a library region is host memory");
+  v1::RegionSpec paged = PagedSpec(kPoolBytes, true);
+  paged.mutable_share()->set_fd_token(token);
+  paged.set_library_region(true);
+  RequireError(table->Register(paged, session).status(), absl::StatusCode::kInvalidArgument,
+               "spec.library_region: a library region is one allocation with a bytes layout");
+  RequireError(table->Register(LibrarySpec(token, (uint64_t{64} << 20) + 1), session).status(),
+               absl::StatusCode::kInvalidArgument, "spec.library_region: 67108865 bytes");
+  // Within the limits it registers, and the flag is shown.
+  auto first = table->Register(spec, session);
+  REQUIRE(first.ok());
+  auto listed = table->List();
+  REQUIRE(listed.size() == 1);
+  CHECK(listed[0].spec().library_region());
+  // A second one in the same session is refused; another session may have its own.
+  RequireError(table->Register(LibrarySpec(Token(), 4096), session).status(),
+               absl::StatusCode::kAlreadyExists, "spec.library_region: the session already holds");
+  const uint64_t other = table->BeginSession();
+  auto other_token = table->AddFd(other, UniqueFd(::dup(fd.get())));
+  REQUIRE(other_token.ok());
+  CHECK(table->Register(LibrarySpec(*other_token, 4096), other).ok());
+  // It still counts toward max_regions_per_session (2): one ordinary region fits, not two.
+  v1::RegionSpec plain = LibrarySpec(Token(), 4096);
+  plain.set_library_region(false);
+  plain.set_name("client block tables");  // the name makes it nothing special
+  REQUIRE(table->Register(plain, session).ok());
+  plain.mutable_share()->set_fd_token(Token());
+  RequireError(table->Register(plain, session).status(), absl::StatusCode::kResourceExhausted,
+               "max_regions_per_session");
+  // Unregistered, the session may register a library region again (the client's table grows).
+  REQUIRE(table->Unregister((*first)->id()).ok());
+  CHECK(table->Register(LibrarySpec(Token(), 1 << 20), session).ok());
+}
+
+TEST_CASE("a library region is no transfer endpoint and cannot be granted") {
+  auto table = RegionTable::Create(Clock::Real());
+  const uint64_t session = table->BeginSession();
+  UniqueFd fd = Memfd(1 << 20);
+  auto token = table->AddFd(session, UniqueFd(::dup(fd.get())));
+  REQUIRE(token.ok());
+  v1::RegionSpec spec = LibrarySpec(*token, 1 << 20);
+  spec.set_writable(true);
+  auto region = table->Register(spec, session);
+  REQUIRE(region.ok());
+  // Even its own session may not name it as a source, destination or flag array.
+  RequireError(table->CheckAccess(**region, session, "", v1::GRANT_ACCESS_READ, 0, 0, "spec.src"),
+               absl::StatusCode::kPermissionDenied, "spec.src.region_id: region");
+  RequireError(table->CheckAccess(**region, session, "", v1::GRANT_ACCESS_WRITE, 0, 0, "spec.dst"),
+               absl::StatusCode::kPermissionDenied, "RegionSpec.library_region");
+  Caller owner;
+  owner.session_id = session;
+  v1::CreateGrantRequest grant;
+  grant.set_region_id((*region)->id());
+  grant.set_access(v1::GRANT_ACCESS_READ);
+  grant.set_ttl_ms(1000);
+  RequireError(table->CreateGrant(grant, owner).status(), absl::StatusCode::kFailedPrecondition,
+               "cannot be granted");
+  // An ordinary region of the same name is an endpoint as any other.
+  auto token2 = table->AddFd(session, UniqueFd(::dup(fd.get())));
+  REQUIRE(token2.ok());
+  v1::RegionSpec named = LibrarySpec(*token2, 1 << 20);
+  named.set_library_region(false);
+  named.set_name("client block tables");
+  auto plain = table->Register(named, session);
+  REQUIRE(plain.ok());
+  CHECK(table->CheckAccess(**plain, session, "", v1::GRANT_ACCESS_READ, 0, 0, "spec.src").ok());
+  grant.set_region_id((*plain)->id());
+  CHECK(table->CreateGrant(grant, owner).ok());
+}
+
+}  // namespace
+}  // namespace kvrail::regions

@@ -3,6 +3,9 @@
 
 #include <catch2/catch.hpp>
 
+#include <string>
+#include <vector>
+
 namespace kvrail::server {
 namespace {
 
@@ -31,6 +34,35 @@ TEST_CASE("kvraild's own non-root uid may read but not cancel others' transfers"
 TEST_CASE("anyone else is refused") {
   CHECK_FALSE(MayCancelAsOperator(MakeCaller(1000, false), false));
   CHECK_FALSE(MayCancelAsOperator(MakeCaller(-1, false), false));
+}
+
+v1::RegionInfo RegionOf(uint64_t session_id, const std::string& name, bool library) {
+  v1::RegionInfo info;
+  info.set_session_id(session_id);
+  info.mutable_spec()->set_name(name);
+  info.mutable_spec()->set_library_region(library);
+  return info;
+}
+
+// The client library's block-table region is recognized by its flag (RegionSpec.library_region,
+// limited by the daemon), not by its name: a tenant naming its own region "client block tables"
+// stays a tenant. Before, the name alone made a region not count.
+TEST_CASE("a region named like the library's block tables is the session's own region") {
+  const std::vector<v1::RegionInfo> regions = {RegionOf(7, "client block tables", false)};
+  CHECK(SessionOwnsRegions(regions, 7));
+  CHECK_FALSE(MayCancelAsOperator(MakeCaller(0, true), SessionOwnsRegions(regions, 7)));
+}
+
+TEST_CASE("the library's flagged region alone leaves a root session region-less") {
+  std::vector<v1::RegionInfo> regions = {RegionOf(7, "client block tables", true),
+                                         RegionOf(8, "kv pool", false)};
+  CHECK_FALSE(SessionOwnsRegions(regions, 7));
+  CHECK(MayCancelAsOperator(MakeCaller(0, true), SessionOwnsRegions(regions, 7)));
+  // Whatever the flagged region is named; and any other region of the session counts.
+  regions[0].mutable_spec()->set_name("x");
+  CHECK_FALSE(SessionOwnsRegions(regions, 7));
+  regions.push_back(RegionOf(7, "kv pool", false));
+  CHECK(SessionOwnsRegions(regions, 7));
 }
 
 }  // namespace

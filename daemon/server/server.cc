@@ -304,13 +304,9 @@ class TransferService final : public v1::Transfer::Service {
 
   // Whether `session_id` has registered a region of its own (a tenant), for the operator's
   // cancel. The block-table region every client library registers at Connect is not counted:
-  // its name is reserved for it (client/kvrail_client.h, kBlockTableRegionName).
+  // it carries RegionSpec.library_region (operator_cancel.h, SessionOwnsRegions).
   bool OwnsRegions(uint64_t session_id) const {
-    static constexpr char kClientBlockTables[] = "client block tables";
-    for (const v1::RegionInfo& info : regions_->List()) {
-      if (info.session_id() == session_id && info.spec().name() != kClientBlockTables) return true;
-    }
-    return false;
+    return SessionOwnsRegions(regions_->List(), session_id);
   }
 
   // PERMISSION_DENIED unless `caller` is the session whose queue it asks for; UNIMPLEMENTED

@@ -82,8 +82,7 @@ int Main() {
     int tables = 0;
     if (!listed.ok()) return 1;
     for (const auto& r : listed->regions()) {
-      tables += r.spec().name() == client::kBlockTableRegionName &&
-                r.session_id() == *(*fresh)->SessionId();
+      tables += r.spec().library_region() && r.session_id() == *(*fresh)->SessionId();
     }
     std::printf("fresh client %d: Connect %.0f us, its block-table region %s\n", i, c1 - c0,
                 tables == 1 ? "registered by Connect" : "not registered yet");
@@ -92,7 +91,7 @@ int Main() {
     auto b = (*fresh)->CreateHostBuffer(1 << 20);
     const double u1 = UnixUs();
     v1::RegionSpec spec;
-    spec.set_name("client block tables");
+    spec.set_name("probe host buffer");  // an ordinary region of the table region's size
     auto info = (*fresh)->RegisterHostBuffer(**b, spec);
     const double u2 = UnixUs();
     std::printf("fresh client %d: CreateHostBuffer(1 MiB) %.0f us, RegisterHostBuffer %.0f us (%s)\n",

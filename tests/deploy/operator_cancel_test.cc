@@ -122,6 +122,28 @@ TEST_CASE("kvrail transfers cancel: the operator cancels another session's trans
   CHECK(tenant_cancel.status().message().find("only root may cancel another session's transfer") !=
         std::string::npos);
   CHECK((*c)->Get(t->transfer_id())->state() == v1::TRANSFER_STATE_QUEUED);
+  // A session whose only region of its own is NAMED like the client library's block-table
+  // region is a tenant as well: the library's region is known by RegionSpec.library_region,
+  // which the daemon limits, not by its name (before, the name alone let a root tenant cancel).
+  auto named = client::Client::Connect(daemon.socket());
+  REQUIRE(named.ok());
+  auto named_buffer = (*named)->CreateHostBuffer(1 << 20);
+  REQUIRE(named_buffer.ok());
+  v1::RegionSpec named_spec;
+  named_spec.set_name(client::kBlockTableRegionName);
+  named_spec.set_writable(true);
+  REQUIRE((*named)->RegisterHostBuffer(**named_buffer, named_spec).ok());
+  auto named_cancel = (*named)->Cancel(t->transfer_id());
+  INFO(named_cancel.status().ToString());
+  CHECK(named_cancel.status().code() == absl::StatusCode::kPermissionDenied);
+  CHECK((*c)->Get(t->transfer_id())->state() == v1::TRANSFER_STATE_QUEUED);
+  // The flag cannot make a tenant's memory "the library's": one per session (Connect already
+  // registered this session's), and never a transfer's source or destination.
+  v1::RegionSpec flagged = named_spec;
+  flagged.set_library_region(true);
+  auto second = (*named)->RegisterHostBuffer(**named_buffer, flagged);
+  CHECK(second.status().code() == absl::StatusCode::kAlreadyExists);
+  named->reset();
 
   CommandResult cancelled = Cli(daemon, {"transfers", "cancel", id});
   INFO(cancelled.out << cancelled.err);

@@ -61,7 +61,7 @@ TEST_CASE("a 10000-block transfer: the client passes its tables through shared m
   REQUIRE(regions.ok());
   bool table_region = false;
   for (const auto& r : regions->regions()) {
-    table_region |= r.spec().name() == client::kBlockTableRegionName;
+    table_region |= r.spec().library_region();
   }
   CHECK(table_region);
   // A second, larger pair of tables (into a fresh pool) grows it; still verified.
@@ -83,7 +83,7 @@ TEST_CASE("the table region exists from Connect, is not listed by default, and t
     REQUIRE(listed.ok());
     std::vector<uint64_t> tables;
     for (const auto& r : listed->regions()) {
-      if (r.spec().name() == client::kBlockTableRegionName) tables.push_back(r.region_id());
+      if (r.spec().library_region()) tables.push_back(r.region_id());
     }
     return std::make_pair(listed->regions_size(), tables);
   };
@@ -111,6 +111,40 @@ TEST_CASE("the table region exists from Connect, is not listed by default, and t
   CHECK(after.first == 4);
   CHECK(after.second.size() == 2);  // this client's and the other's
   CHECK(std::find(after.second.begin(), after.second.end(), tables[0]) != after.second.end());
+}
+
+// The library's region is known by its flag (RegionSpec.library_region), not its name: a caller's
+// region named "client block tables" is listed like any other (before, the name hid it), and the
+// library's own region is no transfer endpoint.
+TEST_CASE("a caller's region named like the table region is an ordinary, listed region") {
+  LiveDaemon live;
+  auto buffer = live.client->CreateHostBuffer(1 << 20);
+  REQUIRE(buffer.ok());
+  v1::RegionSpec spec;
+  spec.set_name(client::kBlockTableRegionName);
+  auto mine = live.client->RegisterHostBuffer(**buffer, spec);
+  REQUIRE(mine.ok());
+  CHECK_FALSE(mine->spec().library_region());
+  auto listed = live.client->ListRegions();
+  REQUIRE(listed.ok());
+  REQUIRE(listed->regions_size() == 1);
+  CHECK(listed->regions(0).region_id() == mine->region_id());
+  auto all = live.client->ListRegions(/*include_library_regions=*/true);
+  REQUIRE(all.ok());
+  uint64_t library = 0;
+  for (const auto& r : all->regions()) {
+    if (r.spec().library_region()) library = r.region_id();
+  }
+  REQUIRE(library != 0);
+  // The library's region as a transfer's source: refused naming the field, for its own session.
+  v1::TransferSpec bytes;
+  bytes.mutable_src()->set_region_id(library);
+  bytes.mutable_dst()->set_region_id(mine->region_id());
+  bytes.set_num_bytes(64);
+  auto refused = live.client->Submit(bytes);
+  INFO(refused.status().ToString());
+  CHECK(refused.status().code() == absl::StatusCode::kPermissionDenied);
+  CHECK(std::string(refused.status().message()).find("spec.src.region_id") != std::string::npos);
 }
 
 TEST_CASE("a bad id in a large table the client moved to shared memory is named as the caller set it") {
