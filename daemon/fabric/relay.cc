@@ -1,0 +1,534 @@
+#include "daemon/fabric/relay.h"
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <optional>
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "absl/synchronization/mutex.h"
+#include "base/cuda/cuda_util.h"
+#include "base/status.h"
+#include "daemon/fabric/tile_pack.h"
+#include "kernels/fabric_pack.h"
+#include "kernels/kv_copy.h"
+
+namespace kvrail::fabric {
+
+// ---- the pure part ----
+
+RelayConfig ParseRelayConfig(const char* value) {
+  RelayConfig c;
+  const std::string v = value == nullptr ? "" : value;
+  if (v.empty() || v == "auto") return c;
+  if (v == "off") {
+    c.mode = RelayMode::kOff;
+  } else if (v == "host") {
+    c.mode = RelayMode::kHost;
+  } else if (absl::string_view rest = v; absl::ConsumePrefix(&rest, "gpu:")) {
+    int gpu = -1;
+    if (absl::SimpleAtoi(rest, &gpu) && gpu >= 0 && gpu < 1024) {
+      c.mode = RelayMode::kGpu;
+      c.gpu = gpu;
+    } else {
+      c.mode = RelayMode::kOff;
+      c.error = absl::StrCat("KVRAIL_FABRIC_RELAY=", v, ": gpu:<ordinal> needs an ordinal");
+    }
+  } else {
+    c.mode = RelayMode::kOff;
+    c.error = absl::StrCat("KVRAIL_FABRIC_RELAY=", v.substr(0, 64),
+                           " not understood (auto, off, host, gpu:<ordinal>)");
+  }
+  return c;
+}
+
+const RelayConfig& RelayConfigFromEnv() {
+  static const RelayConfig config = ParseRelayConfig(std::getenv("KVRAIL_FABRIC_RELAY"));
+  return config;
+}
+
+namespace {
+
+const char* Hop(RelaySide side) { return side == RelaySide::kSend ? "send" : "receive"; }
+
+RelayPlan None(const RelayInput& in, std::string why) {
+  RelayPlan p;
+  p.side = in.side;
+  p.region_device = in.cuda ? in.device : -1;
+  p.reason = absl::StrCat("relay: none (", why, ")");
+  return p;
+}
+
+// The stages of a GPU relay, for the reason.
+std::string GpuStages(RelaySide side, int region, int relay) {
+  const std::string over = region == relay ? "its own memory" : "NVLink";
+  if (side == RelaySide::kSend) {
+    return absl::StrCat("pack kernel on GPU", region, " writes GPU", relay, "'s relay slot (",
+                        over, "), GPU", relay, "'s stream copies it to the send slot");
+  }
+  return absl::StrCat("GPU", relay, "'s stream copies the receive slot to its relay slot, unpack "
+                      "kernel on GPU", region, " reads it (", over, ")");
+}
+
+}  // namespace
+
+RelayPlan PlanRelay(const RelayInput& in) {
+  const RelayConfig& c = in.config;
+  if (!c.error.empty()) return None(in, c.error);
+  if (c.mode == RelayMode::kOff) return None(in, "KVRAIL_FABRIC_RELAY=off");
+  if (in.digest) return None(in, "spec.digest: hashed on the host on the direct path");
+  if (in.slots == 0 || in.slot_bytes == 0) return None(in, "no relay slots");
+  RelayPlan p;
+  p.side = in.side;
+  p.region_device = in.cuda ? in.device : -1;
+  p.slots = in.slots;
+  p.slot_bytes = in.slot_bytes;
+  if (c.mode == RelayMode::kHost) {
+    p.kind = RelayKind::kHost;
+    p.reason = in.side == RelaySide::kSend
+                   ? "relay: host twin (KVRAIL_FABRIC_RELAY=host, test): packed into a host relay "
+                     "slot, then copied to the send slot"
+                   : "relay: host twin (KVRAIL_FABRIC_RELAY=host, test): the receive slot copied "
+                     "to a host relay slot, then scattered from it";
+    return p;
+  }
+  if (!in.cuda) return None(in, "host region");
+  const int s = in.device;
+  int r = -1;
+  std::string why;
+  if (c.mode == RelayMode::kGpu) {
+    r = c.gpu;
+    why = absl::StrCat("GPU", s, " -> GPU", r, " (forced: KVRAIL_FABRIC_RELAY=gpu:", r, ", test)");
+  } else {
+    if (in.node == nullptr) return None(in, "no local topology");
+    if (in.gpu_index < 0) return None(in, absl::StrCat("GPU", s, " not in the local topology"));
+    scheduler::RailOptions options;
+    options.bytes = in.bytes;
+    const absl::StatusOr<scheduler::SideRelay> side =
+        scheduler::ChooseSideRelay(*in.node, in.gpu_index, in.nic_load, options);
+    if (!side.ok()) return None(in, std::string(side.status().message()));
+    if (side->relay_gpu == side->gpu) return None(in, side->reason);
+    const size_t ri = static_cast<size_t>(side->relay_gpu);
+    r = ri < in.ordinal_of_index.size() ? in.ordinal_of_index[ri] : -1;
+    if (r < 0) {
+      return None(in, absl::StrCat(side->reason, "; but GPU", side->relay_gpu,
+                                   " is not visible to this daemon: direct path"));
+    }
+    p.relay_gpu_index = side->relay_gpu;
+    why = side->reason;
+  }
+  if (r >= in.devices) {
+    return None(in, absl::StrCat(why, "; but there is no GPU", r, " here (", in.devices,
+                                 " GPUs): direct path"));
+  }
+  if (r != s && !(in.can_access_peer && in.can_access_peer(s, r))) {
+    return None(in, absl::StrCat(why, "; but GPU", s, " has no peer access to GPU", r,
+                                 ": direct path"));
+  }
+  p.kind = RelayKind::kGpu;
+  p.relay_device = r;
+  p.peer_access = r != s;
+  p.kernel_device = s;
+  p.copy_device = r;
+  p.reason = absl::StrCat("relay (", Hop(in.side), "): ", why, "; ", GpuStages(in.side, s, r));
+  return p;
+}
+
+uint64_t RelaySlotOffset(const RelayPlan& plan, uint32_t k) { return uint64_t{k} * plan.slot_bytes; }
+
+// ---- the runtime ----
+
+namespace {
+
+std::atomic<uint64_t> g_relayed[2];
+
+// This thread's stream on `device` (created on first use, kept for the thread's life).
+absl::StatusOr<cudaStream_t> ThreadStream(int device) {
+  thread_local std::map<int, cuda::Stream> streams;
+  auto it = streams.find(device);
+  if (it == streams.end()) {
+    KVRAIL_ASSIGN_OR_RETURN(cuda::Stream stream, cuda::Stream::Create(device));
+    it = streams.emplace(device, std::move(stream)).first;
+  }
+  return it->second.get();
+}
+
+// A pool of `slots` relay slots of `slot_bytes` in one block (host memory, or device memory of
+// one GPU). Acquire blocks while all are taken (they are as many as the threads that take them,
+// each holding one at a time, so it does not wait in practice). Thread contract: thread-safe.
+class SlotPool {
+ public:
+  SlotPool(uint8_t* base, uint32_t slots, uint64_t slot_bytes)
+      : base_(base), slot_bytes_(slot_bytes), taken_(slots, false) {}
+  uint8_t* base() const { return base_; }
+  uint32_t Acquire() {
+    absl::MutexLock lock(&mu_);
+    while (true) {
+      for (uint32_t k = 0; k < taken_.size(); ++k) {
+        if (!taken_[k]) {
+          taken_[k] = true;
+          return k;
+        }
+      }
+      cv_.Wait(&mu_);
+    }
+  }
+  void Release(uint32_t k) {
+    {
+      absl::MutexLock lock(&mu_);
+      taken_[k] = false;
+    }
+    cv_.Signal();
+  }
+  uint8_t* At(uint32_t k) const { return base_ + uint64_t{k} * slot_bytes_; }
+
+ private:
+  uint8_t* const base_;
+  const uint64_t slot_bytes_;
+  absl::Mutex mu_;
+  absl::CondVar cv_;
+  std::vector<bool> taken_ ABSL_GUARDED_BY(mu_);
+};
+
+// Holds slot k of a pool for one tile.
+class SlotLease {
+ public:
+  explicit SlotLease(SlotPool* pool) : pool_(pool), k_(pool->Acquire()) {}
+  ~SlotLease() { pool_->Release(k_); }
+  SlotLease(const SlotLease&) = delete;
+  SlotLease& operator=(const SlotLease&) = delete;
+  uint8_t* get() const { return pool_->At(k_); }
+
+ private:
+  SlotPool* const pool_;
+  const uint32_t k_;
+};
+
+// Thread contract: see RelayStage. Pools are made on first use under mu_ and kept for the
+// stage's life (their addresses stay valid without the lock).
+class RelayStageImpl final : public RelayStage {
+ public:
+  RelayStageImpl(RelaySide side, const FabricOptions& options, const RelayConfig& config)
+      : side_(side), options_(options), config_(config) {
+    if (options_.topology != nullptr) {
+      absl::StatusOr<scheduler::RailNode> node = scheduler::BuildRailNode(*options_.topology);
+      if (node.ok()) node_.emplace(*std::move(node));
+      ordinal_of_index_.assign(options_.topology->gpus_size(), -1);
+      for (const auto& gpu : options_.topology->gpus()) {
+        if (gpu.index() >= 0 && gpu.index() < options_.topology->gpus_size()) {
+          ordinal_of_index_[gpu.index()] = gpu.cuda_ordinal();
+        }
+      }
+    }
+    const absl::StatusOr<int> count = cuda::DeviceCount();
+    devices_ = count.ok() ? *count : 0;
+    slots_ = static_cast<uint32_t>(
+        std::max(1, std::max(options_.pack_threads, options_.unpack_threads)));
+  }
+  ~RelayStageImpl() override {
+    absl::MutexLock lock(&mu_);
+    for (auto& [device, pool] : gpu_pools_) {
+      cuda::ScopedDevice on(device);
+      (void)cudaFree(pool->base());
+    }
+  }
+
+  std::unique_ptr<RelayTransfer> ForTransfer(const planner::Plan& plan, const RegionSide& region,
+                                             int gpu_index, bool digest,
+                                             std::string* why) override;
+  uint64_t relayed_tiles() const override { return relayed_.load(std::memory_order_relaxed); }
+
+  void CountTile() {
+    relayed_.fetch_add(1, std::memory_order_relaxed);
+    g_relayed[side_ == RelaySide::kSend ? 0 : 1].fetch_add(1, std::memory_order_relaxed);
+  }
+  absl::StatusOr<SlotPool*> HostPool();
+  absl::StatusOr<SlotPool*> GpuPool(int device);
+
+ private:
+  const RelaySide side_;
+  const FabricOptions options_;
+  const RelayConfig config_;
+  std::optional<scheduler::RailNode> node_;
+  std::vector<int> ordinal_of_index_;
+  int devices_ = 0;
+  uint32_t slots_ = 1;
+  std::atomic<uint64_t> relayed_{0};
+  absl::Mutex mu_;
+  std::unique_ptr<uint8_t[]> host_memory_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<SlotPool> host_pool_ ABSL_GUARDED_BY(mu_);
+  std::map<int, std::unique_ptr<SlotPool>> gpu_pools_ ABSL_GUARDED_BY(mu_);
+};
+
+absl::StatusOr<SlotPool*> RelayStageImpl::HostPool() {
+  absl::MutexLock lock(&mu_);
+  if (host_pool_ == nullptr) {
+    host_memory_.reset(new (std::nothrow) uint8_t[slots_ * options_.slot_bytes]);
+    if (host_memory_ == nullptr) {
+      return absl::ResourceExhaustedError(absl::StrCat("relay: ", slots_, " host relay slots of ",
+                                                       options_.slot_bytes, " bytes"));
+    }
+    host_pool_ = std::make_unique<SlotPool>(host_memory_.get(), slots_, options_.slot_bytes);
+  }
+  return host_pool_.get();
+}
+
+absl::StatusOr<SlotPool*> RelayStageImpl::GpuPool(int device) {
+  absl::MutexLock lock(&mu_);
+  auto it = gpu_pools_.find(device);
+  if (it != gpu_pools_.end()) return it->second.get();
+  cuda::ScopedDevice on(device);
+  KVRAIL_RETURN_IF_ERROR(on.status());
+  void* memory = nullptr;
+  KVRAIL_RETURN_IF_ERROR(cuda::CudaStatus(
+      cudaMalloc(&memory, slots_ * options_.slot_bytes),
+      absl::StrCat("relay: cudaMalloc of ", slots_, " relay slots on GPU", device)));
+  auto pool = std::make_unique<SlotPool>(static_cast<uint8_t*>(memory), slots_, options_.slot_bytes);
+  SlotPool* out = pool.get();
+  gpu_pools_.emplace(device, std::move(pool));
+  return out;
+}
+
+absl::Status CheckTile(const planner::Plan& plan, uint32_t tile, uint64_t slot_bytes,
+                       uint64_t* bytes) {
+  if (tile >= plan.num_tiles()) {
+    return absl::InvalidArgumentError(absl::StrCat("relay: tile ", tile, " of ", plan.num_tiles()));
+  }
+  KVRAIL_RETURN_IF_ERROR(plan.CheckTiles(tile, tile + 1));
+  *bytes = TileBytes(plan, tile);
+  if (*bytes > slot_bytes) {
+    return absl::InternalError(absl::StrCat("relay: tile ", tile, " has ", *bytes,
+                                            " bytes, the relay slots ", slot_bytes));
+  }
+  return absl::OkStatus();
+}
+
+// The host twin: the same hops through a host relay slot.
+class HostRelay final : public RelayTransfer {
+ public:
+  HostRelay(RelayStageImpl* stage, SlotPool* pool, const planner::Plan& plan,
+            const RegionSide& region, RelayPlan relay)
+      : stage_(stage), pool_(pool), plan_(plan), region_(region), relay_(std::move(relay)) {}
+  absl::Status Pack(uint32_t tile, uint8_t* send_slot) override {
+    uint64_t bytes = 0;
+    KVRAIL_RETURN_IF_ERROR(CheckTile(plan_, tile, relay_.slot_bytes, &bytes));
+    SlotLease slot(pool_);
+    KVRAIL_RETURN_IF_ERROR(PackTile(plan_, tile, region_, slot.get()));
+    std::memcpy(send_slot, slot.get(), bytes);
+    stage_->CountTile();
+    return absl::OkStatus();
+  }
+  absl::Status Unpack(uint32_t tile, const uint8_t* recv_slot) override {
+    uint64_t bytes = 0;
+    KVRAIL_RETURN_IF_ERROR(CheckTile(plan_, tile, relay_.slot_bytes, &bytes));
+    SlotLease slot(pool_);
+    std::memcpy(slot.get(), recv_slot, bytes);
+    KVRAIL_RETURN_IF_ERROR(UnpackTile(plan_, tile, slot.get(), region_));
+    stage_->CountTile();
+    return absl::OkStatus();
+  }
+  const RelayPlan& plan() const override { return relay_; }
+
+ private:
+  RelayStageImpl* const stage_;
+  SlotPool* const pool_;
+  const planner::Plan& plan_;
+  const RegionSide region_;
+  const RelayPlan relay_;
+};
+
+// The GPU relay: kernel on the region's GPU, relay slot on R, R's stream for the slot copy.
+class GpuRelay final : public RelayTransfer {
+ public:
+  GpuRelay(RelayStageImpl* stage, SlotPool* pool, const planner::Plan& plan,
+           const RegionSide& region, RelayPlan relay)
+      : stage_(stage), pool_(pool), plan_(plan), region_(region), relay_(std::move(relay)) {}
+  ~GpuRelay() override {
+    if (!stream_.has_value()) return;
+    cuda::ScopedDevice on(region_.device);
+    buffer_.reset();
+    (void)cudaStreamSynchronize(stream_->get());
+    stream_.reset();
+  }
+
+  absl::Status Pack(uint32_t tile, uint8_t* send_slot) override {
+    uint64_t bytes = 0;
+    KVRAIL_RETURN_IF_ERROR(CheckTile(plan_, tile, relay_.slot_bytes, &bytes));
+    KVRAIL_RETURN_IF_ERROR(EnsureUploaded());
+    SlotLease slot(pool_);
+    {
+      // S's kernel stores the packed tile through R's device address (peer access).
+      cuda::ScopedDevice on(relay_.kernel_device);
+      KVRAIL_RETURN_IF_ERROR(on.status());
+      KVRAIL_ASSIGN_OR_RETURN(cudaStream_t stream, ThreadStream(relay_.kernel_device));
+      kernels::FabricPackTile t;
+      t.tile = tile;
+      t.bytes = bytes;
+      t.staging = slot.get();
+      t.ring_slot = nullptr;  // the host posts the command once the bytes are in the send slot
+      KVRAIL_RETURN_IF_ERROR(kernels::LaunchFabricPack(buffer_->plan(), t, nullptr, stream));
+      KVRAIL_RETURN_IF_ERROR(cuda::CudaStatus(
+          cudaStreamSynchronize(stream),
+          absl::StrCat("relay: pack kernel on GPU", relay_.kernel_device, " into GPU",
+                       relay_.relay_device, "'s relay slot")));
+    }
+    {
+      // R's stream: relay slot -> the lane's pinned host send slot.
+      cuda::ScopedDevice on(relay_.copy_device);
+      KVRAIL_RETURN_IF_ERROR(on.status());
+      KVRAIL_ASSIGN_OR_RETURN(cudaStream_t stream, ThreadStream(relay_.copy_device));
+      const std::string what =
+          absl::StrCat("relay: GPU", relay_.copy_device, " relay slot to the send slot");
+      KVRAIL_RETURN_IF_ERROR(cuda::CudaStatus(
+          cudaMemcpyAsync(send_slot, slot.get(), bytes, cudaMemcpyDeviceToHost, stream), what));
+      KVRAIL_RETURN_IF_ERROR(cuda::CudaStatus(cudaStreamSynchronize(stream), what));
+    }
+    stage_->CountTile();
+    return absl::OkStatus();
+  }
+
+  absl::Status Unpack(uint32_t tile, const uint8_t* recv_slot) override {
+    uint64_t bytes = 0;
+    KVRAIL_RETURN_IF_ERROR(CheckTile(plan_, tile, relay_.slot_bytes, &bytes));
+    KVRAIL_RETURN_IF_ERROR(EnsureUploaded());
+    SlotLease slot(pool_);
+    {
+      // R's stream: the host receive slot -> R's relay slot.
+      cuda::ScopedDevice on(relay_.copy_device);
+      KVRAIL_RETURN_IF_ERROR(on.status());
+      KVRAIL_ASSIGN_OR_RETURN(cudaStream_t stream, ThreadStream(relay_.copy_device));
+      const std::string what =
+          absl::StrCat("relay: receive slot to GPU", relay_.copy_device, "'s relay slot");
+      KVRAIL_RETURN_IF_ERROR(cuda::CudaStatus(
+          cudaMemcpyAsync(slot.get(), recv_slot, bytes, cudaMemcpyHostToDevice, stream), what));
+      KVRAIL_RETURN_IF_ERROR(cuda::CudaStatus(cudaStreamSynchronize(stream), what));
+    }
+    {
+      // D's kernel reads R's relay slot (peer access) and scatters into the destination.
+      cuda::ScopedDevice on(relay_.kernel_device);
+      KVRAIL_RETURN_IF_ERROR(on.status());
+      KVRAIL_ASSIGN_OR_RETURN(cudaStream_t stream, ThreadStream(relay_.kernel_device));
+      KVRAIL_RETURN_IF_ERROR(
+          kernels::LaunchFabricUnpack(buffer_->plan(), tile, bytes, slot.get(), stream));
+      KVRAIL_RETURN_IF_ERROR(cuda::CudaStatus(
+          cudaStreamSynchronize(stream),
+          absl::StrCat("relay: unpack kernel on GPU", relay_.kernel_device, " from GPU",
+                       relay_.relay_device, "'s relay slot")));
+    }
+    stage_->CountTile();
+    return absl::OkStatus();
+  }
+  const RelayPlan& plan() const override { return relay_; }
+
+ private:
+  // The plan on the region's GPU (once, on first use; the kernels' warm-up with it).
+  absl::Status EnsureUploaded() {
+    absl::MutexLock lock(&mu_);
+    if (tried_) return status_;
+    tried_ = true;
+    status_ = [&]() -> absl::Status {
+      cuda::ScopedDevice on(region_.device);
+      KVRAIL_RETURN_IF_ERROR(on.status());
+      KVRAIL_ASSIGN_OR_RETURN(cuda::Stream stream, cuda::Stream::Create(region_.device));
+      stream_.emplace(std::move(stream));
+      cudaStream_t s = stream_->get();
+      KVRAIL_RETURN_IF_ERROR(kernels::WarmUpFabricKernels(s));
+      const uint64_t base = reinterpret_cast<uint64_t>(region_.base);
+      const bool pack = relay_.side == RelaySide::kSend;
+      KVRAIL_ASSIGN_OR_RETURN(
+          kernels::DevicePlanBuffer buffer,
+          kernels::DevicePlanBuffer::Upload(plan_.header(), plan_.src_blocks().data(),
+                                            plan_.dst_blocks().data(), pack ? base : 0,
+                                            pack ? 0 : base, s));
+      buffer_.emplace(std::move(buffer));
+      return cuda::CudaStatus(cudaStreamSynchronize(s), "relay: plan upload");
+    }();
+    return status_;
+  }
+
+  RelayStageImpl* const stage_;
+  SlotPool* const pool_;
+  const planner::Plan& plan_;
+  const RegionSide region_;
+  const RelayPlan relay_;
+  absl::Mutex mu_;
+  bool tried_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status status_ ABSL_GUARDED_BY(mu_);
+  // Set once under mu_ by EnsureUploaded; read without it after it returned OK. `stream_` before
+  // the buffer: the buffer frees on it first.
+  std::optional<cuda::Stream> stream_;
+  std::optional<kernels::DevicePlanBuffer> buffer_;
+};
+
+std::unique_ptr<RelayTransfer> RelayStageImpl::ForTransfer(const planner::Plan& plan,
+                                                           const RegionSide& region,
+                                                           int gpu_index, bool digest,
+                                                           std::string* why) {
+  RelayInput in;
+  in.side = side_;
+  in.config = config_;
+  in.cuda = region.cuda;
+  in.device = region.device;
+  in.digest = digest;
+  in.bytes = plan.bytes_total();
+  in.node = node_.has_value() ? &*node_ : nullptr;
+  in.gpu_index = gpu_index;
+  in.ordinal_of_index = ordinal_of_index_;
+  in.devices = devices_;
+  in.can_access_peer = [](int a, int b) { return cuda::CanAccessPeer(a, b); };
+  in.slots = slots_;
+  in.slot_bytes = options_.slot_bytes;
+  RelayPlan relay = PlanRelay(in);
+  *why = relay.reason;
+  switch (relay.kind) {
+    case RelayKind::kNone:
+      return nullptr;
+    case RelayKind::kHost: {
+      absl::StatusOr<SlotPool*> pool = HostPool();
+      if (!pool.ok()) {
+        *why = absl::StrCat(relay.reason, "; not made (", pool.status().message(),
+                            "): direct path");
+        return nullptr;
+      }
+      return std::make_unique<HostRelay>(this, *pool, plan, region, std::move(relay));
+    }
+    case RelayKind::kGpu: {
+      if (relay.peer_access) {
+        const absl::Status enabled = cuda::EnablePeerAccess(relay.kernel_device, relay.relay_device);
+        if (!enabled.ok()) {
+          *why = absl::StrCat(relay.reason, "; peer access GPU", relay.kernel_device, " -> GPU",
+                              relay.relay_device, " refused (", enabled.message(),
+                              "): direct path");
+          return nullptr;
+        }
+      }
+      absl::StatusOr<SlotPool*> pool = GpuPool(relay.relay_device);
+      if (!pool.ok()) {
+        *why = absl::StrCat(relay.reason, "; not made (", pool.status().message(),
+                            "): direct path");
+        return nullptr;
+      }
+      return std::make_unique<GpuRelay>(this, *pool, plan, region, std::move(relay));
+    }
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+std::unique_ptr<RelayStage> RelayStage::Create(RelaySide side, const FabricOptions& options,
+                                               const RelayConfig& config) {
+  return std::make_unique<RelayStageImpl>(side, options, config);
+}
+
+uint64_t ProcessRelayedTiles(RelaySide side) {
+  return g_relayed[side == RelaySide::kSend ? 0 : 1].load(std::memory_order_relaxed);
+}
+
+}  // namespace kvrail::fabric
