@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/kv_copy_launch.h"
+#include "kernels/plan_image.h"
 #include "kernels/plan_math.h"
 
 namespace kvrail::kernels {
@@ -33,56 +34,59 @@ absl::StatusOr<DevicePlanBuffer> DevicePlanBuffer::Upload(const PlanHeader& head
                                                           const uint32_t* src_blocks,
                                                           const uint32_t* dst_blocks,
                                                           uint64_t src_base, uint64_t dst_base,
-                                                          CudaStream stream) {
-  const size_t src_n = header.src.num_table_blocks, dst_n = header.dst.num_table_blocks;
+                                                          CudaStream stream, void* staging,
+                                                          size_t staging_bytes) {
   // Per-layer sides: entries [0, layer_begin + num_layers) of their layer tables follow the block
-  // tables (8-byte aligned), and the header points at those copies.
-  const size_t src_l = header.src.layer_bases != 0 ? header.src.layer_begin + header.num_layers : 0;
-  const size_t dst_l = header.dst.layer_bases != 0 ? header.dst.layer_begin + header.num_layers : 0;
-  const size_t tables_end = sizeof(PlanHeader) + 4 * (src_n + dst_n);
-  const size_t layers_at = (tables_end + 7) / 8 * 8;
-  const size_t bytes = layers_at + 8 * (src_l + dst_l);
+  // tables (8-byte aligned), and the header points at those copies (plan_image.h).
+  const PlanImageLayout layout = LayoutPlanImage(header);
   DevicePlanBuffer buffer;
   buffer.stream_ = stream;
-  if (absl::Status s = CudaStatus(internal::DeviceAlloc(&buffer.memory_, bytes, stream), "cudaMallocAsync(plan)");
+  if (absl::Status s = CudaStatus(internal::DeviceAlloc(&buffer.memory_, layout.bytes, stream),
+                                  "cudaMallocAsync(plan)");
       !s.ok()) {
     return s;
   }
   const uint64_t device = reinterpret_cast<uint64_t>(buffer.memory_);
-  PlanHeader h = header;
-  h.src.base = src_base;
-  h.dst.base = dst_base;
-  h.src.block_table = device + sizeof(PlanHeader);
-  h.dst.block_table = device + sizeof(PlanHeader) + 4 * src_n;
-  if (src_l > 0) h.src.layer_bases = device + layers_at;
-  if (dst_l > 0) h.dst.layer_bases = device + layers_at + 8 * src_l;
-  // Three copies straight from the caller's memory, no staging image (a megabyte-sized table
-  // would be copied once more on the host). Copies from pageable memory (`h`, always) are staged
-  // by the driver before cudaMemcpyAsync returns; pinned tables are read later (see kv_copy.h).
-  uint8_t* at = static_cast<uint8_t*>(buffer.memory_);
-  const std::pair<const void*, size_t> parts[3] = {
-      {&h, sizeof(h)}, {src_blocks, 4 * src_n}, {dst_blocks, 4 * dst_n}};
-  for (const auto& [from, n] : parts) {
-    if (n == 0) continue;
-    if (absl::Status s = CudaStatus(internal::CopyToDevice(at, from, n, stream), "upload plan");
+  if (WritePlanImage(header, src_blocks, dst_blocks, src_base, dst_base, device, staging,
+                     staging_bytes)) {
+    // The whole image from the caller's pinned staging: one copy, read by the copy engine later
+    // in stream order (the caller keeps `staging` until the stream has passed this point).
+    if (absl::Status s = CudaStatus(
+            internal::CopyToDevice(buffer.memory_, staging, layout.bytes, stream), "upload plan");
         !s.ok()) {
       return s;
     }
-    at += n;
-  }
-  // The layer tables are the caller's (pageable) host arrays: staged before this returns.
-  const std::pair<uint64_t, size_t> layer_parts[2] = {{header.src.layer_bases, src_l},
-                                                      {header.dst.layer_bases, dst_l}};
-  at = static_cast<uint8_t*>(buffer.memory_) + layers_at;
-  for (const auto& [from, n] : layer_parts) {
-    if (n == 0) continue;
-    if (absl::Status s = CudaStatus(internal::CopyToDevice(at, reinterpret_cast<const void*>(from),
-                                                           8 * n, stream),
-                                    "upload layer table");
-        !s.ok()) {
-      return s;
+  } else {
+    const PlanHeader h = DevicePlanHeader(header, layout, device, src_base, dst_base);
+    // Three copies straight from the caller's memory, no staging image (a megabyte-sized table
+    // would be copied once more on the host). Copies from pageable memory (`h`, always) are
+    // staged by the driver before cudaMemcpyAsync returns; pinned tables are read later (see
+    // kv_copy.h).
+    uint8_t* at = static_cast<uint8_t*>(buffer.memory_);
+    const std::pair<const void*, size_t> parts[3] = {
+        {&h, sizeof(h)}, {src_blocks, 4 * layout.src_n}, {dst_blocks, 4 * layout.dst_n}};
+    for (const auto& [from, n] : parts) {
+      if (n == 0) continue;
+      if (absl::Status s = CudaStatus(internal::CopyToDevice(at, from, n, stream), "upload plan");
+          !s.ok()) {
+        return s;
+      }
+      at += n;
     }
-    at += 8 * n;
+    // The layer tables are the caller's (pageable) host arrays: staged before this returns.
+    const std::pair<uint64_t, size_t> layer_parts[2] = {{header.src.layer_bases, layout.src_l},
+                                                        {header.dst.layer_bases, layout.dst_l}};
+    at = static_cast<uint8_t*>(buffer.memory_) + layout.layers_at;
+    for (const auto& [from, n] : layer_parts) {
+      if (n == 0) continue;
+      if (absl::Status s = CudaStatus(
+              internal::CopyToDevice(at, reinterpret_cast<const void*>(from), 8 * n, stream),
+              "upload layer table");
+          !s.ok()) {
+        return s;
+      }
+      at += 8 * n;
+    }
   }
   buffer.plan_.header = static_cast<const PlanHeader*>(buffer.memory_);
   buffer.plan_.num_tiles = header.num_tiles;
