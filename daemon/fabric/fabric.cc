@@ -111,6 +111,10 @@ absl::StatusOr<std::unique_ptr<Fabric>> FabricImpl::Create(const FabricOptions& 
   FabricImpl* f = fabric.get();
   const uint64_t boot_id = MakeBootId();
   f->peers_ = std::make_unique<PeerTable>(options.tls);
+  // A retired peer's index is reused only after any tile or credit of it could still be in
+  // flight: its own liveness fails its transfers to us within liveness_timeout, a lane's within
+  // lane_timeout; twice that (issue 18, CL; docs/fabric.md "Membership").
+  f->peers_->set_quarantine(2 * (options.liveness_timeout + options.lane_timeout));
   KVRAIL_ASSIGN_OR_RETURN(f->lanes_, Lanes::Create(options, f->peers_.get()));
   f->leases_ = std::make_unique<Leases>(options.node_id, regions, f->peers_.get());
   f->receiver_ =
@@ -129,6 +133,9 @@ absl::StatusOr<std::unique_ptr<Fabric>> FabricImpl::Create(const FabricOptions& 
   }
   f->sender_ = Sender::Create(options, boot_id, f->lanes_.get(), f->peers_.get(), directory,
                               [f](PeerConn* peer) { return f->control_->Introduce(peer); });
+  f->control_->SetBusyCheck([f](const PeerConn* peer) {
+    return f->sender_->HasTransfers(peer) || f->receiver_->HasTransfers(peer);
+  });
   f->lanes_->StartProxies(f->sender_.get(), f->receiver_.get());
   f->service_ = MakePeerService(options.node_id, boot_id, f->control_.get(), f->leases_.get(),
                                 f->receiver_.get(), regions, /*require_certificates=*/

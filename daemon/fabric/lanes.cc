@@ -126,7 +126,8 @@ absl::Status Lanes::AddPeer(PeerConn* peer) {
     }
     made.push_back(std::move(st));
   }
-  // All lanes made: install (nothing reads entry peer->index before the peer is published).
+  // All lanes made: install (nothing reads entry peer->index before the peer is published; a
+  // reused index's former staging was released when its quarantine ended, ReleasePeer).
   for (size_t l = 0; l < lanes_.size(); ++l) lanes_[l]->staging[peer->index] = std::move(made[l]);
   absl::MutexLock lock(&peer->mu);
   for (const auto& lane : lanes_) {
@@ -138,6 +139,11 @@ absl::Status Lanes::AddPeer(PeerConn* peer) {
     peer->remote.emplace_back();
   }
   return absl::OkStatus();
+}
+
+void Lanes::ReleasePeer(uint32_t index) {
+  if (index >= PeerTable::kMaxPeers) return;
+  for (auto& lane : lanes_) lane->staging[index].reset();  // deregistered, unpinned, unmapped
 }
 
 Lanes::~Lanes() {
@@ -288,8 +294,11 @@ void Lanes::ProxyLoop(Lane* lane) {
     }
     // Set-aside work only: a short wait (1 ms) between retries rather than a spin.
     const bool retrying = !deferred.empty() || !deferred_credits.empty();
-    ssize_t n = busy || inflight > 0 ? lane->nic->ReadCompletions(entries, 32)
-                                     : lane->nic->WaitCompletions(entries, 32, retrying ? 1 : 50);
+    // (issue 19 FP) Reserved, unconsumed ring numbers: a pack kernel will publish them without
+    // waking anyone, so poll (no sleep) while there are any.
+    const bool awaited = busy || inflight > 0 || lane->ring->Pending() > 0;
+    ssize_t n = awaited ? lane->nic->ReadCompletions(entries, 32)
+                        : lane->nic->WaitCompletions(entries, 32, retrying ? 1 : 50);
     if (n == -FI_EAVAIL) {
       void* context = nullptr;
       absl::Status error = lane->nic->ReadError(&context);
@@ -327,17 +336,29 @@ void Lanes::ProxyLoop(Lane* lane) {
 
 namespace {
 
-// The peer's endpoint on `lane` and the index it knows this daemon by, read together.
-std::pair<PeerConn::Remote, uint32_t> RemoteOn(PeerConn* peer, uint32_t lane) {
+// The peer's endpoint on `lane`, the index it knows this daemon by and that index's generation
+// there, read together.
+struct RemoteView {
+  PeerConn::Remote remote;
+  uint32_t index_at_peer = 0;
+  uint32_t generation_at_peer = 0;
+};
+RemoteView RemoteOn(PeerConn* peer, uint32_t lane) {
   absl::MutexLock lock(&peer->mu);
-  return {peer->remote[lane], peer->index_at_peer};
+  return {peer->remote[lane], peer->index_at_peer, peer->generation_at_peer};
 }
 
 }  // namespace
 
 ssize_t Lanes::PostWrite(Lane* lane, const kernels::NicCommand& cmd) {
   PeerConn* peer = peers_->at(cmd.peer);
-  const auto [remote, index_at_peer] = RemoteOn(peer, lane->index);
+  if (peer->retired.load(std::memory_order_acquire)) {
+    // A command left behind for a peer that was retired (its transfers failed): never posted.
+    sender_->OnWriteFailed(peer->index, lane->index, cmd.slot,
+                           absl::UnavailableError("the peer left (write never posted)"));
+    return -FI_ENOTCONN;
+  }
+  const auto [remote, index_at_peer, generation_at_peer] = RemoteOn(peer, lane->index);
   PeerStaging* const st = lane->staging[peer->index].get();
   OpContext* ctx = &st->contexts[cmd.slot];
   // The seal after the tile (the sender reserved kTileSealBytes of the slot for it).
@@ -347,6 +368,7 @@ ssize_t Lanes::PostWrite(Lane* lane, const kernels::NicCommand& cmd) {
   seal.nonce = lane->next_nonce;
   seal.handle = cmd.remote_handle;
   seal.tile = cmd.tile;
+  seal.generation = generation_at_peer;
   std::memcpy(staging + cmd.bytes, &seal, sizeof(seal));
   const ssize_t rc = lane->nic->WriteData(
       staging, uint64_t{cmd.bytes} + kTileSealBytes, st->local_mr->desc(),
@@ -361,7 +383,9 @@ ssize_t Lanes::PostWrite(Lane* lane, const kernels::NicCommand& cmd) {
 
 ssize_t Lanes::PostCredit(Lane* lane, const CreditOp& op) {
   PeerConn* peer = peers_->at(op.peer);
-  const auto [remote, index_at_peer] = RemoteOn(peer, lane->index);
+  if (peer->retired.load(std::memory_order_acquire)) return 0;  // it left: owed nothing
+  const auto [remote, index_at_peer, generation_at_peer] = RemoteOn(peer, lane->index);
+  (void)generation_at_peer;
   const ssize_t rc = lane->nic->InjectWriteData(
       &op.value, sizeof(op.value), CreditImm(index_at_peer, op.slot, op.tile, op.applied),
       remote.addr, remote.credit_base + uint64_t{op.slot} * 8, remote.key);

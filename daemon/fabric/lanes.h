@@ -76,8 +76,10 @@ struct PeerStaging {
 };
 
 // One NIC with its ring, staging and proxy. Thread contract: the fields but `credits` and
-// `staging` are fixed after Lanes::Create; `staging[p]` is set once, by AddPeer, before peer p
-// is published in the PeerTable (so whoever reaches p through the table sees it); the proxy
+// `staging` are fixed after Lanes::Create; `staging[p]` is set by AddPeer before the peer holding
+// index p is published in the PeerTable (so whoever reaches p through the table sees it), and
+// reset by ReleasePeer once p's retired holder is past its quarantine (nothing reads it for a
+// retired peer; the quarantine is the grace for a reader that checked just before); the proxy
 // thread is the only caller of the NIC's data functions; `mu` guards the credit queue.
 struct Lane {
   uint32_t index = 0;
@@ -128,6 +130,11 @@ class Lanes {
   // (credits, owners, consume counters, remote endpoints). For PeerTable::Add's `prepare`: the
   // peer is not yet published. Before or after StartProxies.
   absl::Status AddPeer(PeerConn* peer);
+  // Frees the staging of the retired peer that held `index` (its registrations closed: the
+  // provider refuses its writes from then on). For PeerTable::EndQuarantine's `release`: the
+  // index is quarantined (nobody posts or reads for it: retired peers are skipped) and not yet
+  // free for Add.
+  void ReleasePeer(uint32_t index);
   ~Lanes();
   Lanes(const Lanes&) = delete;
   Lanes& operator=(const Lanes&) = delete;

@@ -33,6 +33,11 @@ class PeerControlImpl final : public PeerControl {
   absl::StatusOr<PeerConn*> AddPeer(const directory::Peer& peer) override;
   PeerConn* FindOrAdd(const std::string& node_id) override;
   void SyncDirectory() override;
+  void Reclaim(absl::Time now) override;
+  void SetBusyCheck(std::function<bool(const PeerConn*)> busy) override {
+    absl::MutexLock lock(&busy_mu_);
+    busy_ = std::move(busy);
+  }
   absl::Status Introduce(PeerConn* peer) override;
   absl::StatusOr<v1::PeerHello> OnHello(const v1::PeerHello& hello) override;
   void OnHeartbeat(const std::string& node_id, uint64_t boot_id) override;
@@ -51,6 +56,10 @@ class PeerControlImpl final : public PeerControl {
   void CheckPeer(PeerConn* peer);
   // Marks down every up peer silent for more than liveness_timeout (between rounds).
   void SweepSilent();
+  // Retires `peer` from the table at `now` and removes its addresses from the lanes.
+  absl::Status RetirePeer(PeerConn* peer, absl::Time now);
+  // The directory names `listed.address` for `peer` (another address): re-dial (SyncDirectory).
+  void Redial(PeerConn* peer, const directory::Peer& listed);
 
   const FabricOptions options_;
   const uint64_t boot_id_;
@@ -63,6 +72,8 @@ class PeerControlImpl final : public PeerControl {
   // Nodes AddPeer refused (logged once each, not every round).
   absl::Mutex refused_mu_;
   absl::flat_hash_set<std::string> refused_ ABSL_GUARDED_BY(refused_mu_);
+  absl::Mutex busy_mu_;
+  std::function<bool(const PeerConn*)> busy_ ABSL_GUARDED_BY(busy_mu_);
 };
 
 // The directory lists `node` and does not say it is down (or gone).
@@ -108,7 +119,81 @@ void PeerControlImpl::SyncDirectory() {
       if (p.state != directory::PeerState::kDown) (void)AddPeer(p);
       continue;
     }
+    if (!p.address.empty() && p.address != peer->address &&
+        p.state != directory::PeerState::kDown) {
+      Redial(peer, p);
+      continue;
+    }
     ApplyDirectoryState(peer);
+  }
+}
+
+absl::Status PeerControlImpl::RetirePeer(PeerConn* peer, absl::Time now) {
+  KVRAIL_RETURN_IF_ERROR(peers_->Retire(peer, now));
+  absl::MutexLock lock(&peer->mu);
+  // Its lanes: the addresses leave the address vectors (the provider's connections to it close;
+  // nothing is posted to it any more: the proxies skip retired peers).
+  for (uint32_t l = 0; l < peer->remote.size() && l < lanes_->size(); ++l) {
+    PeerConn::Remote& r = peer->remote[l];
+    if (r.addr != FI_ADDR_UNSPEC) lanes_->at(l).nic->RemoveAddress(r.addr);
+    r = PeerConn::Remote{};
+  }
+  peer->lanes = 0;
+  peer->up = false;
+  peer->introduced = false;
+  return absl::OkStatus();
+}
+
+void PeerControlImpl::Redial(PeerConn* peer, const directory::Peer& listed) {
+  const std::string old_address = peer->address;
+  {
+    absl::MutexLock lock(&peer->mu);
+    peer->up = false;
+  }
+  spdlog::warn("fabric: peer '{}' moved from {} to {}: re-dialing (new stub, new lanes, hello)",
+               peer->node_id, old_address, listed.address);
+  on_lost_(peer, absl::UnavailableError(absl::StrCat("peer '", peer->node_id, "' moved from ",
+                                                     old_address, " to ", listed.address,
+                                                     " (its directory record changed)")));
+  const absl::Status retired = RetirePeer(peer, absl::Now());
+  if (!retired.ok()) {
+    spdlog::error("fabric: re-dialing '{}': {}", peer->node_id, retired.ToString());
+    return;
+  }
+  absl::StatusOr<PeerConn*> added = AddPeer(listed);
+  if (!added.ok()) {
+    spdlog::error("fabric: re-dialing '{}' at {}: {}", peer->node_id, listed.address,
+                  added.status().ToString());
+  }
+}
+
+void PeerControlImpl::Reclaim(absl::Time now) {
+  std::function<bool(const PeerConn*)> busy;
+  {
+    absl::MutexLock lock(&busy_mu_);
+    busy = busy_;
+  }
+  for (PeerConn* peer : peers_->Snapshot()) {
+    absl::StatusOr<directory::Peer> listed = directory_->Lookup(peer->node_id);
+    {
+      absl::MutexLock lock(&peer->mu);
+      // Dropped by the directory: absent, its record gone (etcd), or withdrawn (it vanished while
+      // up here). A peer merely silent (our own MarkDown) is not: it may answer again.
+      const bool dropped = !listed.ok() || (listed->has_record && !listed->registered) ||
+                           peer->withdrawn;
+      if (!dropped || peer->up) continue;
+      if (listed.ok() && listed->state != directory::PeerState::kDown) continue;
+    }
+    if (busy && busy(peer)) continue;
+    const absl::Status retired = RetirePeer(peer, now);
+    if (retired.ok()) {
+      spdlog::info("fabric: peer '{}' left: index {} (generation {}) reclaimed after a quarantine",
+                   peer->node_id, peer->index, peer->generation);
+    }
+  }
+  for (uint32_t index :
+       peers_->EndQuarantine(now, [this](uint32_t i) { lanes_->ReleasePeer(i); })) {
+    spdlog::debug("fabric: peer index {} is free again (staging released)", index);
   }
 }
 
@@ -163,6 +248,7 @@ v1::PeerHello PeerControlImpl::HelloFor(const PeerConn& peer) const {
   hello.set_slots(options_.slots);
   hello.set_slot_bytes(options_.slot_bytes);
   hello.set_your_index(peer.index);
+  hello.set_your_index_generation(peer.generation);
   hello.set_topology_summary(options_.topology_summary);
   hello.set_software_version(options_.software_version);
   return hello;
@@ -210,9 +296,13 @@ absl::Status PeerControlImpl::ApplyHello(PeerConn* peer, const v1::PeerHello& he
   }
   absl::MutexLock lock(&peer->mu);
   if (peer->introduced && peer->boot_id == hello.boot_id()) {
+    // Already applied (both sides say hello). The index it gives us may have changed (it retired
+    // our old entry and added us again: a reclaimed index, issue 18 CL).
+    peer->index_at_peer = hello.your_index();
+    peer->generation_at_peer = hello.your_index_generation();
     peer->up = true;
     peer->last_ok = absl::Now();
-    return absl::OkStatus();  // already applied (both sides say hello)
+    return absl::OkStatus();
   }
   const uint32_t lanes = std::min<uint32_t>(lanes_->size(), hello.nics_size());
   for (uint32_t l = 0; l < lanes_->size(); ++l) {
@@ -233,6 +323,7 @@ absl::Status PeerControlImpl::ApplyHello(PeerConn* peer, const v1::PeerHello& he
   }
   peer->lanes = lanes;
   peer->index_at_peer = hello.your_index();
+  peer->generation_at_peer = hello.your_index_generation();
   peer->boot_id = hello.boot_id();
   peer->peer_slot_bytes = hello.slot_bytes();
   peer->introduced = true;
@@ -299,6 +390,7 @@ void PeerControlImpl::Stop() {
 void PeerControlImpl::LivenessLoop() {
   while (!stop_.load()) {
     SyncDirectory();
+    Reclaim(absl::Now());
     for (PeerConn* peer : peers_->Snapshot()) CheckPeer(peer);
     // Between rounds, every 10 ms: a peer silent past liveness_timeout is down now, not at the
     // next round (up to heartbeat_interval later).

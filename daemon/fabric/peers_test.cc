@@ -13,6 +13,8 @@
 #include <thread>
 #include <vector>
 
+#include <grpcpp/grpcpp.h>
+
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "daemon/fabric/lanes.h"
@@ -121,12 +123,26 @@ TEST_CASE("readers see only complete entries while peers are added") {
 // A directory whose peers the test changes (E's etcd directory behind the same interface).
 class FakeDirectory final : public directory::Directory {
  public:
-  void Set(const std::string& node, directory::PeerState state) {
+  // Default address: nothing listens, hellos fail (not needed in most cases).
+  void Set(const std::string& node, directory::PeerState state,
+           const std::string& address = "127.0.0.1:1") {
     absl::MutexLock lock(&mu_);
     directory::Peer& p = peers_[node];
     p.node_id = node;
-    p.address = "127.0.0.1:1";  // nothing listens: hellos fail (not needed here)
+    p.address = address;
     p.state = state;
+  }
+  // Its record vanished (etcd: lease ended): listed down with its last record.
+  void Vanish(const std::string& node) {
+    absl::MutexLock lock(&mu_);
+    directory::Peer& p = peers_[node];
+    p.state = directory::PeerState::kDown;
+    p.has_record = true;
+    p.registered = false;
+  }
+  void Remove(const std::string& node) {
+    absl::MutexLock lock(&mu_);
+    peers_.erase(node);
   }
   std::vector<directory::Peer> Peers() const override {
     absl::MutexLock lock(&mu_);
@@ -310,6 +326,215 @@ TEST_CASE("peer control follows the directory: newcomers added, a dropped peer w
   CHECK_FALSE(a->withdrawn);
   CHECK(a->up);
   CHECK(a->boot_id == 99);
+}
+
+}  // namespace
+}  // namespace kvrail::fabric
+
+namespace kvrail::fabric {
+namespace {
+
+// issue 18 (CL): indexes of peers that left are reclaimed (after a quarantine) and reused with a
+// new generation and new staging; before, the table was append-only and the 128th peer over a
+// daemon's life was refused.
+TEST_CASE("300 peers join and leave a daemon: indexes reclaimed after their quarantine") {
+  const FabricOptions options = LoopbackOptions(1);
+  PeerTable table;
+  table.set_quarantine(absl::Seconds(7));
+  auto lanes = Lanes::Create(options, &table);
+  if (!lanes.ok()) {
+    WARN("SKIP: " << lanes.status().ToString());
+    return;
+  }
+  FakeDirectory dir;
+  std::atomic<int> lost{0};
+  auto control = PeerControl::Create(options, 1, lanes->get(), &table, &dir,
+                                     [&](PeerConn*, const absl::Status&) { ++lost; });
+  absl::Time now = absl::Now();
+  std::map<uint32_t, uint64_t> last_key;     // per index: the previous holder's registration key
+  std::map<uint32_t, uint32_t> generations;  // per index: the latest generation
+  int joined = 0, reused = 0;
+  for (int wave = 0; wave < 3; ++wave) {
+    std::vector<std::string> nodes;
+    for (int i = 0; i < 100; ++i) nodes.push_back(absl::StrCat("w", wave, "-", i));
+    for (const auto& n : nodes) dir.Set(n, directory::PeerState::kUnknown);
+    control->SyncDirectory();
+    for (const auto& n : nodes) {
+      PeerConn* p = table.Find(n);
+      INFO("wave " << wave << " node " << n);
+      REQUIRE(p != nullptr);
+      ++joined;
+      CHECK(p->index < PeerTable::kMaxPeers);
+      const uint64_t key = (*lanes)->PeerRegistration(0, p->index).key();
+      if (last_key.count(p->index) > 0) {
+        ++reused;
+        // A reused index: the next generation and a new registration (the old key is gone).
+        CHECK(p->generation == generations[p->index] + 1);
+        CHECK(key != last_key[p->index]);
+      } else {
+        CHECK(p->generation == 0);
+      }
+      last_key[p->index] = key;
+      generations[p->index] = p->generation;
+    }
+    CHECK(table.Snapshot().size() == 100);
+    // Half vanish (etcd lease ended), half are deleted from the directory: all leave.
+    for (int i = 0; i < 100; ++i) {
+      if (i % 2 == 0) {
+        dir.Vanish(nodes[i]);
+      } else {
+        dir.Remove(nodes[i]);
+      }
+    }
+    control->SyncDirectory();
+    control->Reclaim(now);
+    CHECK(table.Snapshot().empty());
+    CHECK(table.quarantined() == 100);
+    for (const auto& n : nodes) CHECK(table.Find(n) == nullptr);
+    // In quarantine: not free yet.
+    now += absl::Seconds(6);
+    control->Reclaim(now);
+    CHECK(table.quarantined() == 100);
+    now += absl::Seconds(2);
+    control->Reclaim(now);
+    CHECK(table.quarantined() == 0);
+    CHECK(table.free_indexes() == PeerTable::kMaxPeers);
+  }
+  CHECK(joined == 300);
+  CHECK(reused == 173);  // 127 fresh indexes, then reuse
+  CHECK(table.size() == PeerTable::kMaxPeers);
+  CHECK(lost.load() == 0);  // none was up: nothing to fail
+}
+
+TEST_CASE("no index is reused while quarantined; busy and merely silent peers are not retired") {
+  const FabricOptions options = LoopbackOptions(1);
+  PeerTable table;
+  table.set_quarantine(absl::Seconds(7));
+  auto lanes = Lanes::Create(options, &table);
+  if (!lanes.ok()) {
+    WARN("SKIP: " << lanes.status().ToString());
+    return;
+  }
+  FakeDirectory dir;
+  auto control = PeerControl::Create(options, 1, lanes->get(), &table, &dir,
+                                     [](PeerConn*, const absl::Status&) {});
+  std::atomic<bool> busy{true};
+  control->SetBusyCheck([&](const PeerConn* p) { return p->node_id == "busy" && busy.load(); });
+  for (uint32_t i = 0; i < PeerTable::kMaxPeers; ++i) {
+    dir.Set(absl::StrCat("p", i), directory::PeerState::kUnknown);
+  }
+  control->SyncDirectory();
+  REQUIRE(table.Snapshot().size() == PeerTable::kMaxPeers);
+  // Marked down by our own liveness (still registered): may answer again, kept.
+  dir.Set("p0", directory::PeerState::kDown);
+  for (uint32_t i = 1; i < PeerTable::kMaxPeers; ++i) dir.Vanish(absl::StrCat("p", i));
+  const absl::Time t0 = absl::Now();
+  control->Reclaim(t0);
+  CHECK(table.Find("p0") != nullptr);
+  CHECK(table.quarantined() == PeerTable::kMaxPeers - 1);
+  // Every other index in quarantine: a newcomer is refused, naming the quarantine.
+  dir.Set("busy", directory::PeerState::kUnknown);
+  auto refused = control->AddPeer(dir.Lookup("busy").value());
+  REQUIRE(refused.status().code() == absl::StatusCode::kResourceExhausted);
+  CHECK(refused.status().message().find("quarantine") != std::string::npos);
+  // Past it: the newcomer gets a reclaimed index with generation 1.
+  control->Reclaim(t0 + absl::Seconds(8));
+  auto added = control->AddPeer(dir.Lookup("busy").value());
+  REQUIRE(added.ok());
+  CHECK((*added)->generation == 1);
+  // It leaves while a transfer to it is open: kept until that ends.
+  dir.Vanish("busy");
+  control->Reclaim(t0 + absl::Seconds(9));
+  CHECK(table.Find("busy") == *added);
+  busy = false;
+  control->Reclaim(t0 + absl::Seconds(10));
+  CHECK(table.Find("busy") == nullptr);
+  CHECK((*added)->retired.load());
+}
+
+// A minimal Peer service that counts the hellos it gets (and refuses them).
+class CountingPeer final : public v1::Peer::Service {
+ public:
+  grpc::Status Hello(grpc::ServerContext*, const v1::HelloRequest*, v1::HelloResponse*) override {
+    ++hellos;
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE, "counting only");
+  }
+  std::atomic<int> hellos{0};
+};
+
+// issue 18 (CL): a peer whose directory record names a new Peer address (same node id) kept its
+// old stub and lanes: hellos and transfers went on to the old address.
+TEST_CASE("a peer whose directory address changes is re-dialed: old entry retired, hello at the new address") {
+  const FabricOptions options = LoopbackOptions(1);
+  PeerTable table;
+  auto lanes = Lanes::Create(options, &table);
+  if (!lanes.ok()) {
+    WARN("SKIP: " << lanes.status().ToString());
+    return;
+  }
+  CountingPeer old_peer, new_peer;
+  int old_port = 0, new_port = 0;
+  grpc::ServerBuilder b1, b2;
+  b1.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &old_port);
+  b1.RegisterService(&old_peer);
+  b2.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &new_port);
+  b2.RegisterService(&new_peer);
+  auto s1 = b1.BuildAndStart();
+  auto s2 = b2.BuildAndStart();
+  REQUIRE((s1 != nullptr && s2 != nullptr && old_port > 0 && new_port > 0));
+  const std::string old_address = absl::StrCat("127.0.0.1:", old_port);
+  const std::string new_address = absl::StrCat("127.0.0.1:", new_port);
+
+  FakeDirectory dir;
+  absl::Mutex lost_mu;
+  std::vector<std::string> lost;
+  auto control = PeerControl::Create(options, 1, lanes->get(), &table, &dir,
+                                     [&](PeerConn*, const absl::Status& why) {
+                                       absl::MutexLock lock(&lost_mu);
+                                       lost.push_back(std::string(why.message()));
+                                     });
+  dir.Set("m", directory::PeerState::kUnknown, old_address);
+  control->SyncDirectory();
+  PeerConn* before = table.Find("m");
+  REQUIRE(before != nullptr);
+  CHECK_FALSE(control->Introduce(before).ok());
+  CHECK(old_peer.hellos.load() == 1);
+  {
+    absl::MutexLock lock(&before->mu);
+    before->up = true;
+    before->introduced = true;
+  }
+  // Same node id, new address (it restarted elsewhere).
+  dir.Set("m", directory::PeerState::kUnknown, new_address);
+  control->SyncDirectory();
+  PeerConn* after = table.Find("m");
+  REQUIRE(after != nullptr);
+  CHECK(after != before);
+  CHECK(after->address == new_address);
+  CHECK(before->retired.load());
+  CHECK(after->index != before->index);  // the old index is in quarantine
+  {
+    absl::MutexLock lock(&before->mu);
+    CHECK_FALSE(before->up);
+    CHECK(before->lanes == 0);
+  }
+  {
+    absl::MutexLock lock(&lost_mu);
+    REQUIRE(lost.size() == 1);
+    CHECK(lost[0].find("'m' moved from " + old_address + " to " + new_address) !=
+          std::string::npos);
+  }
+  // Hello again, at the new address; the old one hears nothing more.
+  CHECK_FALSE(control->Introduce(after).ok());
+  CHECK(new_peer.hellos.load() == 1);
+  CHECK(old_peer.hellos.load() == 1);
+  // A second round changes nothing.
+  control->SyncDirectory();
+  CHECK(table.Find("m") == after);
+  absl::MutexLock lock(&lost_mu);
+  CHECK(lost.size() == 1);
+  s1->Shutdown();
+  s2->Shutdown();
 }
 
 }  // namespace

@@ -84,6 +84,13 @@ class ReceiverImpl final : public Receiver {
   absl::StatusOr<uint32_t> End(const std::string& sender, uint32_t handle, bool abort,
                                const std::string& why) override;
   void DropPeer(PeerConn* peer, const absl::Status& why) override;
+  bool HasTransfers(const PeerConn* peer) const override {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [handle, in] : inbound_) {
+      if (in->peer == peer->index) return true;
+    }
+    return false;
+  }
   void SetInboundSink(transfers::InboundSink* sink) override;
   void Stop() override;
   void OnArrival(const Arrival& arrival) override;
@@ -341,7 +348,7 @@ bool ReceiverImpl::CheckSeal(const Arrival& a, uint64_t wire) {
   const char* why = nullptr;
   {
     absl::MutexLock lock(&peer->mu);
-    why = SealRefusal(seal, key, a.handle, a.tile, peer->sealed[a.lane][a.slot]);
+    why = SealRefusal(seal, key, a.handle, a.tile, peer->sealed[a.lane][a.slot], peer->generation);
     if (why == nullptr) peer->sealed[a.lane][a.slot] = seal.nonce;
   }
   if (why != nullptr) {
@@ -451,6 +458,12 @@ void ReceiverImpl::UnpackLoop() {
     }
     if (a.peer >= peers_->size() || a.slot >= options_.slots) {
       spdlog::warn("fabric: arrival with peer index {} slot {} ignored", a.peer, a.slot);
+      continue;
+    }
+    // (issue 18, CL) An index whose peer left (retired, in quarantine): a late tile of it, or one
+    // naming it, is neither applied nor credited (its staging goes when the quarantine ends).
+    if (peers_->at(a.peer)->retired.load(std::memory_order_acquire)) {
+      refused_arrivals_.fetch_add(1);
       continue;
     }
     // Where the tile's seal lies in the slot: after its bytes (and digest trailer), when the

@@ -37,6 +37,8 @@ class Receiver : public ArrivalSink {
                                        const std::string& why) = 0;
   // Drops every inbound transfer from `peer` (down or restarted); their records fail.
   virtual void DropPeer(PeerConn* peer, const absl::Status& why) = 0;
+  // Whether an inbound transfer from `peer` is still open here (its index is not reclaimed before).
+  virtual bool HasTransfers(const PeerConn* peer) const = 0;
   // Where inbound transfers are recorded; nullptr detaches it.
   virtual void SetInboundSink(transfers::InboundSink* sink) = 0;
   // Stops and joins the unpackers; arrivals afterwards are not applied.

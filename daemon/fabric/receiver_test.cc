@@ -13,10 +13,12 @@
 #include <chrono>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "base/clock.h"
 #include "base/unique_fd.h"
 #include "daemon/directory/directory.h"
@@ -156,8 +158,9 @@ struct Rig {
 
   // What `peer` really does: its tile's bytes and then its seal (its registration's key, a fresh
   // nonce) into its own receive slot, as its RMA write would.
+  // `generation`: the one the peer was told for its index (its seals carry it).
   void WriteTile(PeerConn* peer, const planner::Plan& plan, uint32_t handle, uint32_t slot,
-                 uint32_t tile) {
+                 uint32_t tile, std::optional<uint32_t> generation = std::nullopt) {
     uint8_t* s = lanes->RecvSlot(0, peer->index, slot);
     PackTileHost(plan, tile, source.data(), s);
     TileSeal seal;
@@ -165,6 +168,7 @@ struct Rig {
     seal.nonce = (nonce += 2);
     seal.handle = handle;
     seal.tile = tile;
+    seal.generation = generation.value_or(peer->generation);
     std::memcpy(s + TileBytes(plan, tile), &seal, sizeof(seal));
   }
   // The completion the NIC reports: immediate data naming (index, handle, slot, tile).
@@ -301,6 +305,83 @@ TEST_CASE("a dropped peer's late tiles are credited to it; another peer naming i
   CHECK(rig.Credits()[0].peer == rig.a->index);
   CHECK_FALSE(rig.Credits()[0].applied);
   CHECK(rig.receiver->refused_arrivals() == 1);
+}
+
+// issue 18 (CL): a peer index is reclaimed once its peer left, and given to another peer. A late
+// tile of the former holder must never be applied or credited for the new one: while the index
+// is quarantined nothing naming it is taken; after reuse the new holder's seals carry the new
+// generation (and a new registration key), so a seal of the former holder is refused even where
+// the provider reused the registration key (here: the new key written with the old generation).
+TEST_CASE("a stale arrival for a reclaimed peer index is refused") {
+  Rig rig;
+  const uint32_t ha = rig.Begin("peer-a");
+  const planner::Plan plan = rig.Plan(rig.BeginRequest("peer-a"));
+  const uint32_t index = rig.a->index;
+  const uint64_t old_key = rig.lanes->PeerRegistration(0, index).key();
+  // peer-a leaves (its transfers dropped) and is retired: its index is quarantined.
+  rig.receiver->DropPeer(rig.a, absl::UnavailableError("test: left the directory"));
+  REQUIRE(rig.peers.Retire(rig.a, absl::Now()).ok());
+  // Its late tile, sealed by it, during the quarantine: neither applied nor credited.
+  rig.WriteTile(rig.a, plan, ha, 0, 0);
+  rig.Arrive(index, ha, 0, 0);
+  // The table full otherwise (a fresh index is taken before a reclaimed one): fillers without
+  // staging (nothing reads theirs here).
+  while (rig.peers.size() < PeerTable::kMaxPeers) {
+    directory::Peer filler;
+    filler.node_id = absl::StrCat("filler-", rig.peers.size());
+    filler.address = "127.0.0.1:9";
+    REQUIRE(rig.peers.Add(filler, [](PeerConn*) { return absl::OkStatus(); }).ok());
+  }
+  // Quarantine over: the index is free, its staging released; peer-d gets it.
+  const std::vector<uint32_t> freed = rig.peers.EndQuarantine(
+      absl::Now() + absl::Hours(1), [&](uint32_t i) { rig.lanes->ReleasePeer(i); });
+  REQUIRE(freed == std::vector<uint32_t>{index});
+  directory::Peer d;
+  d.node_id = "peer-d";
+  d.address = "127.0.0.1:9";
+  auto added = rig.peers.Add(d, [&](PeerConn* conn) { return rig.lanes->AddPeer(conn); });
+  REQUIRE(added.ok());
+  PeerConn* pd = *added;
+  REQUIRE(pd->index == index);
+  CHECK(pd->generation == rig.a->generation + 1);
+  CHECK(rig.peers.Find("peer-a") == nullptr);
+  CHECK(rig.lanes->PeerRegistration(0, index).key() != old_key);  // the old key is closed
+  {
+    absl::MutexLock lock(&pd->mu);
+    pd->introduced = true;
+    pd->boot_id = kBoot;
+  }
+  REQUIRE(rig.leases->Export(rig.dst->id(), "peer-d").ok());
+  const uint32_t hd = rig.Begin("peer-d");
+  // The former holder's tile as if it had landed in the new holder's slot under a reused key,
+  // for the new holder's transfer: its seal carries the old generation. Refused.
+  rig.WriteTile(pd, plan, hd, 1, 0, /*generation=*/rig.a->generation);
+  rig.Arrive(index, hd, 1, 0);
+  // And with the former holder's key: refused.
+  {
+    uint8_t* slot = rig.lanes->RecvSlot(0, index, 2);
+    PackTileHost(plan, 1, rig.source.data(), slot);
+    TileSeal seal;
+    seal.key = old_key;
+    seal.nonce = (rig.nonce += 2);
+    seal.handle = hd;
+    seal.tile = 1;
+    std::memcpy(slot + TileBytes(plan, 1), &seal, sizeof(seal));
+  }
+  rig.Arrive(index, hd, 2, 1);
+  // The new holder's own tile (its generation): applied and credited to it.
+  rig.WriteTile(pd, plan, hd, 3, 0);
+  rig.Arrive(index, hd, 3, 0);
+  REQUIRE(rig.WaitCredits(1));
+  const std::vector<CreditOp> credits = rig.Credits();
+  REQUIRE(credits.size() == 1);
+  CHECK(credits[0].peer == index);
+  CHECK(credits[0].slot == 3);
+  CHECK(credits[0].applied);
+  CHECK(rig.Consumed(pd, 1) == 0);
+  CHECK(rig.Consumed(pd, 2) == 0);
+  CHECK(rig.Consumed(pd, 3) == 1);
+  CHECK(rig.receiver->refused_arrivals() == 3);
 }
 
 }  // namespace

@@ -97,6 +97,18 @@ class SenderImpl final : public Sender {
                      const absl::Status& error) override;
 
   void FailPeer(PeerConn* peer, const absl::Status& why) override;
+  bool HasTransfers(const PeerConn* peer) const override {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [job, out] : outbound_) {
+      if (out->peer == peer) return true;
+    }
+    for (const auto& queue : queues_) {
+      for (const PackItem& item : queue) {
+        if (item.out->peer == peer) return true;
+      }
+    }
+    return false;
+  }
   void Stop() override;
 
  private:
@@ -553,6 +565,8 @@ void SenderImpl::OnCredit(uint32_t lane, uint32_t peer_index, uint32_t slot, uin
                           bool applied) {
   if (peer_index >= peers_->size() || slot >= options_.slots) return;
   PeerConn* peer = peers_->at(peer_index);
+  // (issue 18, CL) A retired index (its peer left; its transfers failed): nothing is owed.
+  if (peer->retired.load(std::memory_order_acquire)) return;
   SlotOwner owner;
   {
     absl::MutexLock lock(&peer->mu);

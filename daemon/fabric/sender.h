@@ -37,6 +37,8 @@ class Sender : public transfers::RemotePath, public engine::Engine, public Credi
   // Fails every transfer to `peer` with `why`: queued tiles, tiles in flight (their slots are
   // freed: a late credit finds no owner) and the transfers themselves (Abort is sent).
   virtual void FailPeer(PeerConn* peer, const absl::Status& why) = 0;
+  // Whether a transfer to `peer` is still open here (its index is not reclaimed before).
+  virtual bool HasTransfers(const PeerConn* peer) const = 0;
   // Stops and joins the packers, then the closing thread once it has sent what was queued.
   // Credits that arrive afterwards still complete tiles (their RPCs are not sent).
   virtual void Stop() = 0;

@@ -47,6 +47,18 @@ TEST_CASE("a seal consumed already (replay, spoofed completion) and an empty slo
   CHECK(SealRefusal(Seal(0xfeed, 0, 3, 9), 0xfeed, 3, 9, 5) != nullptr);
 }
 
+// issue 18 (CL): a reclaimed peer index is given to another peer with the next generation; a
+// seal of the former holder (its generation) is refused even under the same key.
+TEST_CASE("a seal of an earlier holder of the peer index (another generation) is refused") {
+  TileSeal seal = Seal(0xfeed, 7, 3, 9);
+  seal.generation = 1;
+  CHECK(SealRefusal(seal, 0xfeed, 3, 9, 5, 1) == nullptr);
+  const char* why = SealRefusal(seal, 0xfeed, 3, 9, 5, 2);
+  REQUIRE(why != nullptr);
+  CHECK(std::string(why).find("earlier holder") != std::string::npos);
+  CHECK(SealRefusal(Seal(0xfeed, 7, 3, 9), 0xfeed, 3, 9, 5, 1) != nullptr);
+}
+
 TEST_CASE("the seal is 32 bytes") { CHECK(kTileSealBytes == 32); }
 
 }  // namespace
