@@ -13,7 +13,9 @@
 #include "absl/synchronization/mutex.h"
 #include "base/status.h"
 #include "daemon/engine/engine.h"
+#include "daemon/fabric/lane_route.h"
 #include "daemon/fabric/peer_auth.h"
+#include "daemon/fabric/relay.h"
 #include "daemon/fabric/tile_copy.h"
 #include "daemon/fabric/tile_pack.h"
 #include "daemon/planner/planner.h"
@@ -51,6 +53,9 @@ struct Inbound {
   // issue 19: the fabric kernel for a GPU destination (scatters from the mapped receive slot);
   // null: the copy engines / host unpack. Set by Begin, before publication; after `plan`.
   std::unique_ptr<GpuTileKernels> gpu;
+  // issue 18.3: the hierarchical path's relay hop (relay.h): the receive slot through a relay
+  // slot (GPU R's memory, or the host twin) into the destination; null: the direct path.
+  std::unique_ptr<RelayTransfer> relay;
   explicit Inbound(planner::Plan p) : plan(std::move(p)) {}
 };
 
@@ -76,7 +81,12 @@ class ReceiverImpl final : public Receiver {
  public:
   ReceiverImpl(const FabricOptions& options, Lanes* lanes, PeerTable* peers, const Leases* leases,
                regions::RegionTable* regions)
-      : options_(options), lanes_(lanes), peers_(peers), leases_(leases), regions_(regions) {}
+      : options_(options),
+        lanes_(lanes),
+        peers_(peers),
+        leases_(leases),
+        regions_(regions),
+        relay_(RelayStage::Create(RelaySide::kReceive, options, RelayConfigFromEnv())) {}
   ~ReceiverImpl() override { Stop(); }
   void Start();
 
@@ -116,6 +126,7 @@ class ReceiverImpl final : public Receiver {
   PeerTable* const peers_;
   const Leases* const leases_;
   regions::RegionTable* const regions_;
+  const std::unique_ptr<RelayStage> relay_;  // issue 18.3: the relay hop (PATH_HIERARCHICAL)
   std::vector<std::thread> unpackers_;
 
   // The TransferManager, for inbound records; readers hold sink_mu_ while they call it.
@@ -201,6 +212,23 @@ absl::StatusOr<uint32_t> ReceiverImpl::Begin(const v1::BeginRemoteTransferReques
     const bool cuda = dst_spec.memory_kind() == v1::MEMORY_KIND_CUDA;
     in->gpu = GpuTileKernels::ForDestination(
         in->plan, RegionSide{cuda, cuda ? dst_spec.device() : -1, in->dst->data()}, &gpu_why);
+    // issue 18.3: the relay hop (relay.h): this side's GPU R' for the destination GPU, or none.
+    const int gpu_index = cuda && options_.topology != nullptr
+                              ? GpuIndexOf(*options_.topology, dst_spec.device_uuid(),
+                                           dst_spec.device())
+                              : -1;
+    std::string relay_why;
+    in->relay = relay_->ForTransfer(in->plan,
+                                    RegionSide{cuda, cuda ? dst_spec.device() : -1, in->dst->data()},
+                                    gpu_index, in->digest, &relay_why);
+    if (in->relay != nullptr && in->relay->plan().kind == RelayKind::kGpu) {
+      in->gpu.reset();  // the relay's kernel scatters (from R's slot)
+      gpu_why = relay_why;
+    } else if (in->relay != nullptr || RelayConfigFromEnv().mode != RelayMode::kAuto ||
+               relay_why.find("direct path") != std::string::npos) {
+      if (in->relay != nullptr) in->gpu.reset();  // the host twin scatters
+      gpu_why = gpu_why.empty() ? relay_why : absl::StrCat(gpu_why, "; ", relay_why);
+    }
   }
   {
     absl::MutexLock lock(&in->mu);
@@ -384,8 +412,9 @@ bool ReceiverImpl::ApplyTile(Inbound& in, const Arrival& a) {
   const bool cuda = dst.memory_kind() == v1::MEMORY_KIND_CUDA;
   const uint8_t* const slot = lanes_->RecvSlot(a.lane, a.peer, a.slot);
   const RegionSide dst_side{cuda, cuda ? dst.device() : -1, in.dst->data()};
-  const absl::Status unpacked = in.gpu != nullptr ? in.gpu->Unpack(a.tile, slot)
-                                                 : UnpackTile(in.plan, a.tile, slot, dst_side);
+  const absl::Status unpacked = in.relay != nullptr ? in.relay->Unpack(a.tile, slot)
+                                : in.gpu != nullptr ? in.gpu->Unpack(a.tile, slot)
+                                                    : UnpackTile(in.plan, a.tile, slot, dst_side);
   // spec.digest: the destination read back after the scatter against the digest sent with it.
   absl::Status checked;
   uint64_t sent = 0, landed = 0;

@@ -21,6 +21,7 @@
 #include "daemon/fabric/lane_route.h"
 #include "daemon/fabric/leases.h"
 #include "daemon/fabric/peer_rpc.h"
+#include "daemon/fabric/relay.h"
 #include "daemon/fabric/tile_copy.h"
 #include "daemon/fabric/tile_pack.h"
 #include "spdlog/spdlog.h"
@@ -49,6 +50,9 @@ struct Outbound {
   // issue 19: the fabric kernel for a GPU source (packs into the mapped slot and writes the
   // command ring itself); null: the copy engines / host pack. Set by Begin, before publication.
   std::unique_ptr<GpuTileKernels> gpu;
+  // issue 18.3: the hierarchical path's relay hop (relay.h): packs through a relay slot (on the
+  // relay GPU R, or the host twin) into the send slot; null: the direct path. Set by Begin.
+  std::unique_ptr<RelayTransfer> relay;
   // Lane failover: lanes failed under this transfer, tiles re-sent, and the latest failover's
   // detection and first re-sent tile (for the record's path reason).
   uint32_t failovers ABSL_GUARDED_BY(mu) = 0;
@@ -72,7 +76,8 @@ class SenderImpl final : public Sender {
         lanes_(lanes),
         peers_(peers),
         directory_(directory),
-        introduce_(std::move(introduce)) {}
+        introduce_(std::move(introduce)),
+        relay_(RelayStage::Create(RelaySide::kSend, options, RelayConfigFromEnv())) {}
   ~SenderImpl() override { Stop(); }
   void Start();
 
@@ -162,6 +167,7 @@ class SenderImpl final : public Sender {
   PeerTable* const peers_;
   const directory::Directory* const directory_;
   const Introduce introduce_;
+  const std::unique_ptr<RelayStage> relay_;  // issue 18.3: the relay hop (PATH_HIERARCHICAL)
 
   std::vector<std::thread> packers_;
   std::thread closer_;
@@ -304,6 +310,21 @@ absl::StatusOr<std::vector<std::string>> SenderImpl::Begin(
           in.dst_gpu = gpu.index();
         }
       }
+    }
+    // issue 18.3: the relay hop (relay.h) - the hierarchy's choice of GPU R for this side, or a
+    // forced one; a relay packs through R and the tiles leave by R's NICs.
+    std::string relay_why;
+    out->relay = relay_->ForTransfer(job->plan(),
+                                     RegionSide{src_ref.cuda, src_ref.device, src_ref.base},
+                                     in.src_gpu, job->wants_digest(), &relay_why);
+    if (out->relay != nullptr && out->relay->plan().kind == RelayKind::kGpu) {
+      out->gpu.reset();  // the relay's kernel packs (into R's slot), not the direct one
+      why = relay_why;
+      if (out->relay->plan().relay_gpu_index >= 0) in.src_gpu = out->relay->plan().relay_gpu_index;
+    } else if (out->relay != nullptr || RelayConfigFromEnv().mode != RelayMode::kAuto ||
+               absl::StrContains(relay_why, "direct path")) {
+      if (out->relay != nullptr) out->gpu.reset();  // the host twin packs
+      why = why.empty() ? relay_why : absl::StrCat(why, "; ", relay_why);
     }
     out->route = ChooseLanes(in);
     const std::string lanes_note = absl::StrCat("lanes: ", out->route.reason);
@@ -501,6 +522,9 @@ void SenderImpl::PackLoop() {
         if (out->digests.size() <= item.tile) out->digests.resize(out->job->plan().num_tiles());
         out->digests[item.tile] = *digest;
       }
+    } else if (out->relay != nullptr) {
+      // issue 18.3: through a relay slot (GPU R's memory, or the host twin) into the send slot.
+      packed = out->relay->Pack(item.tile, staging);
     } else if (out->gpu != nullptr) {
       // issue 19: the GPU gathers the tile into the slot and publishes its command in the ring.
       kernels::NicCommand engine{};
@@ -792,7 +816,12 @@ std::map<std::string, double> SenderImpl::Gauges() const {
           {"fabric_lanes_failed", failed},
           {"fabric_lanes_probing", probing},
           {"fabric_tiles_resent_total", static_cast<double>(tiles_resent_)},
-          {"fabric_failover_first_resend_ms", last_resend_ms_}};
+          {"fabric_failover_first_resend_ms", last_resend_ms_},
+          // issue 18.3: tiles through a relay slot in this process (this daemon), each side.
+          {"fabric_relay_tiles_sent_total",
+           static_cast<double>(ProcessRelayedTiles(RelaySide::kSend))},
+          {"fabric_relay_tiles_received_total",
+           static_cast<double>(ProcessRelayedTiles(RelaySide::kReceive))}};
 }
 
 void SenderImpl::FinishTile(const std::shared_ptr<Outbound>& out, uint32_t tile,
