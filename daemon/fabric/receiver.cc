@@ -16,6 +16,7 @@
 #include "daemon/fabric/lane_route.h"
 #include "daemon/fabric/peer_auth.h"
 #include "daemon/fabric/relay.h"
+#include "daemon/fabric/scatter_window.h"
 #include "daemon/fabric/tile_copy.h"
 #include "daemon/fabric/tile_pack.h"
 #include "daemon/planner/planner.h"
@@ -116,6 +117,28 @@ class ReceiverImpl final : public Receiver {
   // Scatters an arrived tile of `in` (once: a repeat is not applied again) and reports it to the
   // local record; whether it was applied.
   bool ApplyTile(Inbound& in, const Arrival& a);
+  // (issue 19 FP) An arrival for a GPU destination without spec.digest: its scatter kernel is
+  // launched and the arrival goes into `window` (nullopt; credited by RetireScatters when its
+  // kernel has ended), or, when nothing was launched, whether it was applied (credit it now).
+  // A repeat whose first copy is still in flight waits in the window too (never blocks here).
+  struct PendingScatter {
+    Arrival a;
+    std::shared_ptr<Inbound> in;
+    uint64_t ticket = 0;  // GpuTileKernels::UnpackAsync's
+    bool repeat = false;
+  };
+  std::optional<bool> StartScatter(const std::shared_ptr<Inbound>& in, const Arrival& a,
+                                   ScatterWindow<PendingScatter>* window);
+  // Credits every entry of `window` whose kernel has ended (or whose first copy has settled).
+  void RetireScatters(ScatterWindow<PendingScatter>* window);
+  // A repeat of a tile that has settled: whether its first copy landed (noted once per repeat).
+  bool RepeatSettledLocked(Inbound& in, uint32_t tile) ABSL_EXCLUSIVE_LOCKS_REQUIRED(in.mu);
+  // The end of applying a tile once its scatter returned `unpacked` (no spec.digest check left):
+  // reported to the local record, counted; whether applied.
+  bool LandTileLocked(Inbound& in, const Arrival& a, const absl::Status& unpacked)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(in.mu);
+  // Returns the arrival's slot to its peer (credit word, then the RMA), `applied` or not.
+  void Credit(const Arrival& a, bool applied);
   // Ends `in`'s local record (if any) with `why` unless it has ended; then no tile of it reports.
   void EndInboundRecord(Inbound& in, const absl::Status& why);
   // Keeps what finds the seals of `in`'s tiles still in flight (see Retired).
@@ -399,12 +422,7 @@ bool ReceiverImpl::ApplyTile(Inbound& in, const Arrival& a) {
       const uint32_t tile = a.tile;
       auto settled = [&in, tile]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(in.mu) { return in.Settled(tile); };
       in.mu.Await(absl::Condition(&settled));
-      if (in.landed[a.tile] && ++in.repeats > 0 && in.job != nullptr && !in.ended) {
-        in.job->OnEngineNote(absl::StrCat(
-            "lane failover on the sender: ", in.repeats,
-            " tile(s) arrived twice (re-sent on another lane, and the original), kept once"));
-      }
-      return in.landed[a.tile];
+      return RepeatSettledLocked(in, a.tile);
     }
     in.applied[a.tile] = true;
   }
@@ -447,6 +465,19 @@ bool ReceiverImpl::ApplyTile(Inbound& in, const Arrival& a) {
       return false;
     }
   }
+  return LandTileLocked(in, a, unpacked);
+}
+
+bool ReceiverImpl::RepeatSettledLocked(Inbound& in, uint32_t tile) {
+  if (in.landed[tile] && ++in.repeats > 0 && in.job != nullptr && !in.ended) {
+    in.job->OnEngineNote(absl::StrCat(
+        "lane failover on the sender: ", in.repeats,
+        " tile(s) arrived twice (re-sent on another lane, and the original), kept once"));
+  }
+  return in.landed[tile];
+}
+
+bool ReceiverImpl::LandTileLocked(Inbound& in, const Arrival& a, const absl::Status& unpacked) {
   if (!unpacked.ok()) {
     // Reported to the sender as not applied (its transfer fails); the tile may come again.
     spdlog::warn("fabric: tile {} of transfer {} from '{}': {}", a.tile, in.sender_transfer_id,
@@ -467,14 +498,74 @@ bool ReceiverImpl::ApplyTile(Inbound& in, const Arrival& a) {
   return true;
 }
 
+std::optional<bool> ReceiverImpl::StartScatter(const std::shared_ptr<Inbound>& in_ptr,
+                                               const Arrival& a,
+                                               ScatterWindow<PendingScatter>* window) {
+  Inbound& in = *in_ptr;
+  {
+    absl::MutexLock lock(&in.mu);
+    if (in.applied[a.tile]) {
+      // A repeat (see ApplyTile): credited once its first copy has settled, which may be in
+      // flight in this very window (waiting here would never end).
+      if (in.Settled(a.tile)) return RepeatSettledLocked(in, a.tile);
+      window->Add(PendingScatter{a, in_ptr, 0, /*repeat=*/true});
+      return std::nullopt;
+    }
+    in.applied[a.tile] = true;
+  }
+  const absl::StatusOr<uint64_t> ticket =
+      in.gpu->UnpackAsync(a.tile, lanes_->RecvSlot(a.lane, a.peer, a.slot));
+  if (!ticket.ok()) {
+    absl::MutexLock lock(&in.mu);
+    return LandTileLocked(in, a, ticket.status());
+  }
+  window->Add(PendingScatter{a, in_ptr, *ticket, /*repeat=*/false});
+  return std::nullopt;
+}
+
+void ReceiverImpl::RetireScatters(ScatterWindow<PendingScatter>* window) {
+  window->Poll(
+      [this](PendingScatter& p) -> std::optional<bool> {
+        Inbound& in = *p.in;
+        if (p.repeat) {
+          absl::MutexLock lock(&in.mu);
+          if (!in.Settled(p.a.tile)) return std::nullopt;
+          return RepeatSettledLocked(in, p.a.tile);
+        }
+        const std::optional<absl::Status> done = in.gpu->Poll(p.ticket);
+        if (!done.has_value()) return std::nullopt;
+        absl::MutexLock lock(&in.mu);
+        return LandTileLocked(in, p.a, *done);
+      },
+      [this](PendingScatter& p, bool applied) { Credit(p.a, applied); });
+}
+
+void ReceiverImpl::Credit(const Arrival& a, bool applied) {
+  PeerConn* peer = peers_->at(a.peer);
+  uint64_t value;
+  {
+    absl::MutexLock lock(&peer->mu);
+    value = ++peer->consumed[a.lane][a.slot];
+  }
+  if (!applied) value |= kCreditNotApplied;  // the sender trusts the word, not the imm bit
+  lanes_->QueueCredit(a.lane, CreditOp{a.peer, a.slot, a.tile, applied, value});
+}
+
 void ReceiverImpl::UnpackLoop() {
+  // (issue 19 FP) This thread's GPU scatters in flight: each arrival's credit goes back when its
+  // own kernel has ended (its event), several kernels queued on the transfer's stream meanwhile.
+  ScatterWindow<PendingScatter> window;
   while (true) {
+    RetireScatters(&window);
     Arrival a;
     std::shared_ptr<Inbound> in;
     std::optional<Retired> retired;
     {
       absl::MutexLock lock(&mu_);
-      mu_.Await(absl::Condition(this, &ReceiverImpl::HasArrivals));
+      if (!mu_.AwaitWithTimeout(absl::Condition(this, &ReceiverImpl::HasArrivals),
+                                ScatterWindow<PendingScatter>::WaitFor(window.empty()))) {
+        continue;  // no arrival yet: look at the scatters in flight again
+      }
       if (stopping_) return;
       a = arrivals_.front();
       arrivals_.pop_front();
@@ -529,19 +620,20 @@ void ReceiverImpl::UnpackLoop() {
     if (!CheckSeal(a, *wire)) continue;
     // That peer's own tile: applied (a live transfer) or dropped (one that ended here: End or the
     // peer dropped), and its slot credited either way.
-    const bool applied = in != nullptr && ApplyTile(*in, a);
+    bool applied;
+    if (in != nullptr && in->gpu != nullptr && !in->digest) {
+      // (issue 19 FP) Launched, credited when its kernel has ended (RetireScatters).
+      const std::optional<bool> now = StartScatter(in, a, &window);
+      if (!now.has_value()) continue;
+      applied = *now;
+    } else {
+      applied = in != nullptr && ApplyTile(*in, a);
+    }
     if (in == nullptr) {
       spdlog::debug("fabric: tile {} for ended handle {} from '{}' dropped", a.tile, a.handle,
                     peers_->at(a.peer)->node_id);
     }
-    PeerConn* peer = peers_->at(a.peer);
-    uint64_t value;
-    {
-      absl::MutexLock lock(&peer->mu);
-      value = ++peer->consumed[a.lane][a.slot];
-    }
-    if (!applied) value |= kCreditNotApplied;  // the sender trusts the word, not the imm bit
-    lanes_->QueueCredit(a.lane, CreditOp{a.peer, a.slot, a.tile, applied, value});
+    Credit(a, applied);
   }
 }
 

@@ -2,6 +2,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -10,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "base/status.h"
@@ -141,7 +143,9 @@ uint8_t* RingDeviceMemory(CommandRing* ring) {
 }  // namespace
 
 // Set once under `mu` by EnsureUploaded; read without it after EnsureUploaded returned OK (the
-// mutex orders the writes before). `stream` before the buffers: they free on it first.
+// mutex orders the writes before). `stream` before the buffers: they free on it first. Every
+// kernel of the transfer runs on `stream`, in launch order (so a tile packed again after a lane
+// failover never overlaps its first pack, which shares its arrival word).
 struct GpuTileKernels::State {
   absl::Mutex mu;
   bool tried ABSL_GUARDED_BY(mu) = false;
@@ -151,7 +155,29 @@ struct GpuTileKernels::State {
   std::optional<kernels::FabricArrivals> arrivals;
   std::atomic<uint64_t> kernel_tiles{0};
   std::atomic<uint64_t> fallback_tiles{0};
+  // The slots' device addresses (cudaPointerGetAttributes once per slot, not per tile).
+  absl::Mutex mapped_mu;
+  absl::flat_hash_map<const void*, uint8_t*> mapped ABSL_GUARDED_BY(mapped_mu);
+  // Scatter events (ticket - 1 indexes `events`); `free_events` may be recorded again.
+  absl::Mutex events_mu;
+  std::vector<cudaEvent_t> events ABSL_GUARDED_BY(events_mu);
+  std::vector<uint32_t> free_events ABSL_GUARDED_BY(events_mu);
 };
+
+namespace {
+
+// The fabric kernels' warm-up (module load), once per GPU per process, not per transfer.
+absl::Status WarmUpOnce(int device, cudaStream_t stream) {
+  static absl::Mutex mu(absl::kConstInit);
+  static std::vector<int>* warm = new std::vector<int>();
+  absl::MutexLock lock(&mu);
+  if (std::find(warm->begin(), warm->end(), device) != warm->end()) return absl::OkStatus();
+  KVRAIL_RETURN_IF_ERROR(kernels::WarmUpFabricKernels(stream));
+  warm->push_back(device);
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 GpuTileKernels::GpuTileKernels(const planner::Plan& plan, const RegionSide& side, bool pack)
     : plan_(plan), side_(side), pack_(pack), state_(std::make_unique<State>()) {}
@@ -162,6 +188,11 @@ GpuTileKernels::~GpuTileKernels() {
   state_->arrivals.reset();
   state_->buffer.reset();
   (void)cudaStreamSynchronize(state_->stream->get());
+  {
+    absl::MutexLock lock(&state_->events_mu);
+    for (cudaEvent_t e : state_->events) (void)cudaEventDestroy(e);
+    state_->events.clear();
+  }
   state_->stream.reset();
 }
 
@@ -181,7 +212,8 @@ std::unique_ptr<GpuTileKernels> GpuTileKernels::ForSource(const planner::Plan& p
     return nullptr;
   }
   *why = absl::StrCat("fabric pack: GPU", src.device,
-                      " kernel gathers into the mapped send slot and writes the command ring");
+                      " kernel gathers into the mapped send slot and writes the command ring "
+                      "(a kernel per free slot in flight)");
   return std::unique_ptr<GpuTileKernels>(new GpuTileKernels(plan, src, /*pack=*/true));
 }
 
@@ -197,7 +229,8 @@ std::unique_ptr<GpuTileKernels> GpuTileKernels::ForDestination(const planner::Pl
     return nullptr;
   }
   *why = absl::StrCat("fabric unpack: GPU", dst.device,
-                      " kernel scatters from the mapped receive slot");
+                      " kernel scatters from the mapped receive slot (several in flight, each "
+                      "slot credited when its kernel ends)");
   return std::unique_ptr<GpuTileKernels>(new GpuTileKernels(plan, dst, /*pack=*/false));
 }
 
@@ -212,7 +245,7 @@ absl::Status GpuTileKernels::EnsureUploaded() {
     KVRAIL_ASSIGN_OR_RETURN(cuda::Stream stream, cuda::Stream::Create(side_.device));
     st.stream.emplace(std::move(stream));
     cudaStream_t s = st.stream->get();
-    KVRAIL_RETURN_IF_ERROR(kernels::WarmUpFabricKernels(s));
+    KVRAIL_RETURN_IF_ERROR(WarmUpOnce(side_.device, s));
     const uint64_t base = reinterpret_cast<uint64_t>(side_.base);
     KVRAIL_ASSIGN_OR_RETURN(
         kernels::DevicePlanBuffer buffer,
@@ -230,12 +263,20 @@ absl::Status GpuTileKernels::EnsureUploaded() {
   return st.status;
 }
 
+uint8_t* GpuTileKernels::DeviceAddressOf(const void* host) {
+  State& st = *state_;
+  absl::MutexLock lock(&st.mapped_mu);
+  auto it = st.mapped.find(host);
+  if (it == st.mapped.end()) it = st.mapped.emplace(host, MappedDeviceAddress(host)).first;
+  return it->second;
+}
+
 absl::Status GpuTileKernels::PackAndPublish(uint32_t tile, uint32_t slot, uint8_t* staging,
                                             CommandRing* ring, const kernels::NicCommand& engine) {
   // Block ids a deferred-check plan has not checked yet are checked before any address uses them
   // (OK at once for plans checked whole, which the fabric's are today).
   KVRAIL_RETURN_IF_ERROR(plan_.CheckTiles(tile, tile + 1));
-  uint8_t* const device_staging = MappedDeviceAddress(staging);
+  uint8_t* const device_staging = DeviceAddressOf(staging);
   uint8_t* const device_ring = RingDeviceMemory(ring);
   const absl::Status uploaded = EnsureUploaded();
   if (device_staging == nullptr || device_ring == nullptr || !uploaded.ok()) {
@@ -248,7 +289,12 @@ absl::Status GpuTileKernels::PackAndPublish(uint32_t tile, uint32_t slot, uint8_
     return absl::OkStatus();
   }
   KVRAIL_RETURN_IF_ERROR(cuda::SetDevice(side_.device));
-  KVRAIL_ASSIGN_OR_RETURN(cudaStream_t stream, ThreadStream(side_.device));
+  cudaStream_t stream = state_->stream->get();
+  // An earlier kernel of this transfer that failed on the device (a fault: the context is
+  // unusable after it) fails this tile rather than queueing behind it.
+  if (const cudaError_t e = cudaStreamQuery(stream); e != cudaSuccess && e != cudaErrorNotReady) {
+    return cuda::CudaStatus(e, absl::StrCat("fabric pack kernel on GPU", side_.device));
+  }
   std::optional<uint64_t> seq;
   while (!(seq = ring->Reserve()).has_value()) std::this_thread::yield();
   kernels::FabricPackTile t;
@@ -267,27 +313,96 @@ absl::Status GpuTileKernels::PackAndPublish(uint32_t tile, uint32_t slot, uint8_
     return launched;
   }
   state_->kernel_tiles.fetch_add(1, std::memory_order_relaxed);
-  // Published by the kernel; an error here is the context's (a fault: everything fails after).
-  return cuda::CudaStatus(cudaStreamSynchronize(stream),
-                          absl::StrCat("fabric pack kernel on GPU", side_.device));
+  // Published by the kernel when it ends; not waited for here.
+  return absl::OkStatus();
 }
 
-absl::Status GpuTileKernels::Unpack(uint32_t tile, const uint8_t* staging) {
+absl::Status GpuTileKernels::Flush() {
+  {
+    absl::MutexLock lock(&state_->mu);
+    if (!state_->tried || !state_->status.ok()) return absl::OkStatus();
+  }
+  KVRAIL_RETURN_IF_ERROR(cuda::SetDevice(side_.device));
+  return cuda::CudaStatus(cudaStreamSynchronize(state_->stream->get()),
+                          absl::StrCat("fabric kernels on GPU", side_.device));
+}
+
+absl::StatusOr<uint64_t> GpuTileKernels::UnpackAsync(uint32_t tile, const uint8_t* staging) {
   KVRAIL_RETURN_IF_ERROR(plan_.CheckTiles(tile, tile + 1));
-  const uint8_t* const device_staging = MappedDeviceAddress(staging);
+  const uint8_t* const device_staging = DeviceAddressOf(staging);
   const absl::Status uploaded = EnsureUploaded();
   if (device_staging == nullptr || !uploaded.ok()) {
     state_->fallback_tiles.fetch_add(1, std::memory_order_relaxed);
-    return UnpackTile(plan_, tile, staging, side_);
+    KVRAIL_RETURN_IF_ERROR(UnpackTile(plan_, tile, staging, side_));
+    return uint64_t{0};
   }
   KVRAIL_RETURN_IF_ERROR(cuda::SetDevice(side_.device));
-  KVRAIL_ASSIGN_OR_RETURN(cudaStream_t stream, ThreadStream(side_.device));
-  KVRAIL_RETURN_IF_ERROR(kernels::LaunchFabricUnpack(state_->buffer->plan(), tile,
-                                                     TileBytes(plan_, tile), device_staging,
-                                                     stream));
-  state_->kernel_tiles.fetch_add(1, std::memory_order_relaxed);
-  return cuda::CudaStatus(cudaStreamSynchronize(stream),
-                          absl::StrCat("fabric unpack kernel on GPU", side_.device));
+  cudaStream_t stream = state_->stream->get();
+  State& st = *state_;
+  uint32_t index;
+  cudaEvent_t event;
+  {
+    absl::MutexLock lock(&st.events_mu);
+    if (st.free_events.empty()) {
+      cudaEvent_t e = nullptr;
+      KVRAIL_RETURN_IF_ERROR(cuda::CudaStatus(
+          cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "fabric unpack: event"));
+      st.events.push_back(e);
+      st.free_events.push_back(static_cast<uint32_t>(st.events.size() - 1));
+    }
+    index = st.free_events.back();
+    st.free_events.pop_back();
+    event = st.events[index];
+  }
+  auto give_back = [&st, index] {
+    absl::MutexLock lock(&st.events_mu);
+    st.free_events.push_back(index);
+  };
+  if (absl::Status s = kernels::LaunchFabricUnpack(st.buffer->plan(), tile,
+                                                   TileBytes(plan_, tile), device_staging, stream);
+      !s.ok()) {
+    give_back();
+    return s;
+  }
+  st.kernel_tiles.fetch_add(1, std::memory_order_relaxed);
+  if (absl::Status s = cuda::CudaStatus(cudaEventRecord(event, stream), "fabric unpack: event");
+      !s.ok()) {
+    give_back();
+    // Launched but not tracked: wait for it here.
+    KVRAIL_RETURN_IF_ERROR(cuda::CudaStatus(cudaStreamSynchronize(stream),
+                                            "fabric unpack kernel"));
+    return s;
+  }
+  return uint64_t{index} + 1;
+}
+
+std::optional<absl::Status> GpuTileKernels::Poll(uint64_t ticket) {
+  if (ticket == 0) return absl::OkStatus();
+  State& st = *state_;
+  cudaEvent_t event;
+  {
+    absl::MutexLock lock(&st.events_mu);
+    if (ticket > st.events.size()) {
+      return absl::InvalidArgumentError("fabric unpack: unknown ticket");
+    }
+    event = st.events[ticket - 1];
+  }
+  const cudaError_t e = cudaEventQuery(event);
+  if (e == cudaErrorNotReady) return std::nullopt;
+  {
+    absl::MutexLock lock(&st.events_mu);
+    st.free_events.push_back(static_cast<uint32_t>(ticket - 1));
+  }
+  return cuda::CudaStatus(e, absl::StrCat("fabric unpack kernel on GPU", side_.device));
+}
+
+absl::Status GpuTileKernels::Unpack(uint32_t tile, const uint8_t* staging) {
+  KVRAIL_ASSIGN_OR_RETURN(const uint64_t ticket, UnpackAsync(tile, staging));
+  while (true) {
+    std::optional<absl::Status> done = Poll(ticket);
+    if (done.has_value()) return *done;
+    std::this_thread::yield();
+  }
 }
 
 uint64_t GpuTileKernels::kernel_tiles() const {

@@ -56,8 +56,8 @@ absl::StatusOr<uint64_t> DestinationTileDigest(const planner::Plan& plan, uint32
                                                const RegionSide& dst, uint8_t* scratch);
 
 // The fabric kernels (kernels/fabric_pack.h) for one transfer's GPU side (issue 19 item 4): the
-// plan uploaded once to the region's GPU (on first use, with the kernels' warm-up), then one
-// launch per tile on the calling thread's stream. Chosen per transfer by ForSource /
+// plan uploaded once to the region's GPU (on first use; the kernels' warm-up once per GPU), then
+// one launch per tile on the transfer's own stream, not waited for (several tiles in flight). Chosen per transfer by ForSource /
 // ForDestination, which also give the path reason; host regions, spec.digest (hashed on the host)
 // and KVRAIL_FABRIC_GPU_PACK=copy (benchmarks: the copy engines for comparison) keep the
 // copy-engine / host path. Thread contract: any thread; distinct tiles concurrently.
@@ -78,15 +78,31 @@ class GpuTileKernels {
 
   // Gathers `tile` into send slot `slot` at host address `staging` and publishes its command
   // (`engine`: peer, remote_handle, transfer_tag; the producer's fields come from the plan on
-  // the GPU) into `ring` at a sequence number reserved here (waiting while the ring is full);
-  // returns when the kernel has ended. The caller then wakes the proxy (or it finds the command
-  // polling). A slot or ring the GPU cannot reach (not registered): the copy engines pack and
-  // this thread pushes the command (same bytes, same command). An error means nothing of the
-  // tile reached the ring (a reserved number is published as kOpNone).
+  // the GPU) into `ring` at a sequence number reserved here (waiting while the ring is full).
+  // Returns once the kernel is enqueued, without waiting for it (issue 19 FP: the sender keeps
+  // a kernel per free send slot in flight): the transfer's kernels run in launch order on its
+  // one stream; the slot's bytes and then the command (body, __threadfence_system, epoch with
+  // st.release.sys) appear when the kernel ends, so a consumer that pops the command sees every
+  // byte of the slot. The caller wakes the proxy at once; it keeps polling while the ring holds
+  // reserved, unconsumed numbers (lanes.cc). A slot or ring the GPU cannot reach (not
+  // registered): the copy engines pack and this thread pushes the command before returning
+  // (same bytes, same command). An error means nothing of the tile reaches the ring (a reserved
+  // number is published as kOpNone); an error of an earlier kernel of the transfer (a device
+  // fault) is returned by the next call.
   absl::Status PackAndPublish(uint32_t tile, uint32_t slot, uint8_t* staging, CommandRing* ring,
                               const kernels::NicCommand& engine);
-  // Scatters packed `tile` from the receive slot at host address `staging` into the
-  // destination; returns when the bytes are written. An unmapped slot: the copy engines.
+  // Waits for every kernel enqueued so far (tests).
+  absl::Status Flush();
+  // The receiver (issue 19 FP: several scatters in flight): enqueues the scatter of packed
+  // `tile` from the receive slot at host address `staging` into the destination on the
+  // transfer's stream and records an event after it; returns the ticket Poll answers for it.
+  // Ticket 0: done already (an unmapped slot: the copy engines, synchronously). The slot must
+  // stay untouched until Poll says done (its credit goes back then).
+  absl::StatusOr<uint64_t> UnpackAsync(uint32_t tile, const uint8_t* staging);
+  // Whether the scatter of `ticket` has ended: nullopt not yet; else its status (OK: every byte
+  // is written), answered once per ticket (its event is reused after).
+  std::optional<absl::Status> Poll(uint64_t ticket);
+  // UnpackAsync and waiting for it: returns when the bytes are written.
   absl::Status Unpack(uint32_t tile, const uint8_t* staging);
   // Tiles moved by the kernel, and by the copy-engine fallback (unmapped slots).
   uint64_t kernel_tiles() const;
@@ -96,6 +112,7 @@ class GpuTileKernels {
   struct State;
   GpuTileKernels(const planner::Plan& plan, const RegionSide& side, bool pack);
   absl::Status EnsureUploaded();
+  uint8_t* DeviceAddressOf(const void* host);  // MappedDeviceAddress, cached per slot
   const planner::Plan& plan_;  // the transfer's (outlives this)
   const RegionSide side_;
   const bool pack_;

@@ -73,7 +73,7 @@ TEST_CASE("fabric kernels are chosen per transfer, with the reason") {
   // A GPU source: the kernel, which packs into the mapped slot and writes the command ring.
   CHECK(GpuTileKernels::ForSource(*plan, RegionSide{true, 3, &byte}, false, &why) != nullptr);
   CHECK(why == "fabric pack: GPU3 kernel gathers into the mapped send slot and writes the command "
-               "ring");
+               "ring (a kernel per free slot in flight)");
   // spec.digest: the copy engines (the packed slot is hashed on the host).
   CHECK(GpuTileKernels::ForSource(*plan, RegionSide{true, 0, &byte}, true, &why) == nullptr);
   CHECK(why.find("copy engines") != std::string::npos);
@@ -82,7 +82,8 @@ TEST_CASE("fabric kernels are chosen per transfer, with the reason") {
   CHECK(GpuTileKernels::ForSource(*plan, RegionSide{false, -1, &byte}, false, &why) == nullptr);
   CHECK(why == "fabric pack: host region, packed by the CPU");
   CHECK(GpuTileKernels::ForDestination(*plan, RegionSide{true, 1, &byte}, &why) != nullptr);
-  CHECK(why == "fabric unpack: GPU1 kernel scatters from the mapped receive slot");
+  CHECK(why == "fabric unpack: GPU1 kernel scatters from the mapped receive slot (several in "
+               "flight, each slot credited when its kernel ends)");
   CHECK(GpuTileKernels::ForDestination(*plan, RegionSide{false, -1, &byte}, &why) == nullptr);
   CHECK(why == "fabric unpack: host region, by the CPU");
 }

@@ -233,6 +233,11 @@ int Main(int argc, char** argv) {
   std::vector<Case> cases = {
       {"host on A -> host on B (CPU pack/unpack)", -1, -1, false},
       {g + " on B (fabric kernels)", src_gpu, dst_gpu, false},
+      // (issue 19 FP) Each side alone: which side's GPU path costs what.
+      {"GPU" + std::to_string(src_gpu) + " on A -> host on B (sender's kernel only)", src_gpu, -1,
+       false},
+      {"host on A -> GPU" + std::to_string(dst_gpu) + " on B (receiver's kernel only)", -1,
+       dst_gpu, false},
       {g + " on B (copy engines, KVRAIL_FABRIC_GPU_PACK=copy)", src_gpu, dst_gpu, true},
       {"host on A -> host on B (again, after the GPU rows)", -1, -1, false},
   };

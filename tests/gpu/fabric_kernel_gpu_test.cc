@@ -1,5 +1,7 @@
 // GPU test of the fabric kernels (issue 19 item 4; runs on the lent GPU machine, not in CI),
 // through the daemon's own code (daemon/fabric/tile_copy.h GpuTileKernels):
+// (issue 19 FP: up to 4 tiles in flight: kernels launched into 4 slots before any command is
+// popped, the slot checked once its command appears; scatters polled by ticket in random order.)
 // - sender: PackAndPublish gathers each tile from GPU memory straight into a send slot (host
 //   memory registered with CUDA, mapped, as the fabric's lanes register it) and the kernel writes
 //   the tile's NicCommand into a CommandRing (mapped on first use); the slot must equal the host
@@ -16,10 +18,12 @@
 #include <catch2/catch.hpp>
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <vector>
 
@@ -64,6 +68,27 @@ struct Staging {
 
 int g_kernel_tiles = 0;
 
+// The consumer's side of the ring: the next command, spinning until the kernel published it (a
+// kernel is not waited for by PackAndPublish: issue 19 FP). Seeing the command must mean every
+// byte of its slot is visible (the callers check the slot right after).
+k::NicCommand PopWithin(CommandRing* ring, double seconds = 10) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (true) {
+    std::optional<k::NicCommand> cmd = ring->Pop();
+    if (cmd.has_value()) return *cmd;
+    REQUIRE(std::chrono::steady_clock::now() < until);
+  }
+}
+
+absl::Status WaitTicket(GpuTileKernels& kernels, uint64_t ticket, double seconds = 10) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (true) {
+    std::optional<absl::Status> done = kernels.Poll(ticket);
+    if (done.has_value()) return *done;
+    REQUIRE(std::chrono::steady_clock::now() < until);
+  }
+}
+
 // Runs case `c` through both kernels (GPU bases shifted by `misalign`).
 void RunCase(const RandomCase& c, std::mt19937_64& rng, uint32_t misalign) {
   INFO(c.ToString() << " misalign " << misalign);
@@ -91,35 +116,52 @@ void RunCase(const RandomCase& c, std::mt19937_64& rng, uint32_t misalign) {
   REQUIRE(sender != nullptr);
   REQUIRE(receiver != nullptr);
   CHECK(why_src.find("kernel") != std::string::npos);
+  // Several tiles in flight (issue 19 FP): up to 4 kernels launched into 4 slots before the
+  // first command is popped; then their scatters launched together and polled in random order.
   std::vector<uint8_t> want;
-  for (uint32_t t = 0; t < plan->num_tiles(); ++t) {
-    INFO("tile " << t);
-    const uint64_t n = TileBytes(*plan, t);
-    const uint32_t slot = static_cast<uint32_t>(rng() % 4);
-    uint8_t* staging = slots.data + slot * (max_tile + 64);
-    std::memset(staging, 0x5C, max_tile + 64);
-    k::NicCommand engine{};
-    engine.peer = static_cast<uint16_t>(rng() % 16);
-    engine.remote_handle = static_cast<uint16_t>(rng() % 65536);
-    engine.transfer_tag = rng();
-    REQUIRE(sender->PackAndPublish(t, slot, staging, ring->get(), engine).ok());
-    want.assign(n, 0);
-    PackTileHost(*plan, t, src.data(), want.data());
-    REQUIRE(std::memcmp(staging, want.data(), n) == 0);
-    REQUIRE(staging[n] == 0x5C);  // nothing past the tile
-    const std::optional<k::NicCommand> cmd = (*ring)->Pop();
-    REQUIRE(cmd.has_value());
-    CHECK(cmd->opcode == kOpWriteTile);
-    CHECK(cmd->tile == t);
-    CHECK(cmd->slot == slot);
-    CHECK(cmd->bytes == n);
-    CHECK(cmd->peer == engine.peer);
-    CHECK(cmd->remote_handle == engine.remote_handle);
-    CHECK(cmd->transfer_tag == engine.transfer_tag);
+  for (uint32_t first = 0; first < plan->num_tiles(); first += 4) {
+    const uint32_t batch = std::min<uint32_t>(4, plan->num_tiles() - first);
+    std::vector<k::NicCommand> engines(batch);
+    for (uint32_t i = 0; i < batch; ++i) {
+      uint8_t* staging = slots.data + i * (max_tile + 64);
+      std::memset(staging, 0x5C, max_tile + 64);
+      engines[i].peer = static_cast<uint16_t>(rng() % 16);
+      engines[i].remote_handle = static_cast<uint16_t>(rng() % 65536);
+      engines[i].transfer_tag = rng();
+      REQUIRE(sender->PackAndPublish(first + i, i, staging, ring->get(), engines[i]).ok());
+    }
+    for (uint32_t i = 0; i < batch; ++i) {
+      const uint32_t t = first + i;
+      INFO("tile " << t);
+      const uint64_t n = TileBytes(*plan, t);
+      const k::NicCommand cmd = PopWithin(ring->get());  // in launch order (one stream)
+      const uint8_t* staging = slots.data + i * (max_tile + 64);
+      want.assign(n, 0);
+      PackTileHost(*plan, t, src.data(), want.data());
+      REQUIRE(std::memcmp(staging, want.data(), n) == 0);
+      REQUIRE(staging[n] == 0x5C);  // nothing past the tile
+      CHECK(cmd.opcode == kOpWriteTile);
+      CHECK(cmd.tile == t);
+      CHECK(cmd.slot == i);
+      CHECK(cmd.bytes == n);
+      CHECK(cmd.peer == engines[i].peer);
+      CHECK(cmd.remote_handle == engines[i].remote_handle);
+      CHECK(cmd.transfer_tag == engines[i].transfer_tag);
+      UnpackTileHost(*plan, t, want.data(), want_dst.data());
+    }
     CHECK_FALSE((*ring)->Pop().has_value());
-    // The receiver's side: the packed tile scattered from the slot.
-    REQUIRE(receiver->Unpack(t, staging).ok());
-    UnpackTileHost(*plan, t, want.data(), want_dst.data());
+    // The receiver's side: the packed tiles scattered from their slots, all in flight at once.
+    std::vector<uint64_t> tickets(batch);
+    for (uint32_t i = 0; i < batch; ++i) {
+      absl::StatusOr<uint64_t> ticket =
+          receiver->UnpackAsync(first + i, slots.data + i * (max_tile + 64));
+      REQUIRE(ticket.ok());
+      tickets[i] = *ticket;
+    }
+    std::vector<uint32_t> order(batch);
+    std::iota(order.begin(), order.end(), 0);
+    std::shuffle(order.begin(), order.end(), rng);
+    for (uint32_t i : order) REQUIRE(WaitTicket(*receiver, tickets[i]).ok());
   }
   CHECK(sender->fallback_tiles() == 0);
   CHECK(receiver->fallback_tiles() == 0);
@@ -224,10 +266,13 @@ TEST_CASE("fabric kernels: pack bandwidth into mapped slots", "[bandwidth]") {
   gpu_test::Memset(src_dev, 0x3C, c.src.size_bytes);
   Staging slots(4 * (4 << 20));
   auto ring = CommandRing::Create(64);
+  uint8_t* dst_dev = static_cast<uint8_t*>(gpu_test::DeviceAlloc(c.dst.size_bytes));
   REQUIRE(ring.ok());
   std::string why;
   auto sender = GpuTileKernels::ForSource(*plan, RegionSide{true, 0, src_dev}, false, &why);
   REQUIRE(sender != nullptr);
+  auto receiver = GpuTileKernels::ForDestination(*plan, RegionSide{true, 0, dst_dev}, &why);
+  REQUIRE(receiver != nullptr);
   const RegionSide side{true, 0, src_dev};
   using Clock = std::chrono::steady_clock;
   for (int pass = 0; pass < 3; ++pass) {
@@ -236,8 +281,14 @@ TEST_CASE("fabric kernels: pack bandwidth into mapped slots", "[bandwidth]") {
       for (uint32_t t = 0; t < plan->num_tiles(); ++t) {
         uint8_t* staging = slots.data + (t % 4) * (uint64_t{4} << 20);
         if (kernel) {
+          // Up to 4 kernels in flight: a slot is reused once its command was popped.
+          if (t >= 4) PopWithin(ring->get());
           REQUIRE(sender->PackAndPublish(t, t % 4, staging, ring->get(), k::NicCommand{}).ok());
-          REQUIRE((*ring)->Pop().has_value());
+          if (t + 1 == plan->num_tiles()) {
+            for (uint32_t left = std::min<uint32_t>(4, plan->num_tiles()); left > 0; --left) {
+              PopWithin(ring->get());
+            }
+          }
         } else {
           REQUIRE(PackTile(*plan, t, side, staging).ok());
         }
@@ -247,7 +298,26 @@ TEST_CASE("fabric kernels: pack bandwidth into mapped slots", "[bandwidth]") {
                   kernel ? "kernel+command" : "copy engines  ", plan->bytes_total() / 1048576.0,
                   plan->num_tiles(), plan->Describe().c_str(), plan->bytes_total() / s / 1e9);
     }
+    // The receiver's scatter from the 4 mapped slots, up to 4 kernels in flight (issue 19 FP).
+    const auto t0 = Clock::now();
+    std::vector<uint64_t> tickets(4, 0);
+    for (uint32_t t = 0; t < plan->num_tiles(); ++t) {
+      if (t >= 4) REQUIRE(WaitTicket(*receiver, tickets[t % 4]).ok());
+      absl::StatusOr<uint64_t> ticket =
+          receiver->UnpackAsync(t, slots.data + (t % 4) * (uint64_t{4} << 20));
+      REQUIRE(ticket.ok());
+      tickets[t % 4] = *ticket;
+    }
+    for (uint32_t t = plan->num_tiles() >= 4 ? plan->num_tiles() - 4 : 0; t < plan->num_tiles();
+         ++t) {
+      REQUIRE(WaitTicket(*receiver, tickets[t % 4]).ok());
+    }
+    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+    std::printf("fabric unpack kernel (4 in flight): %.1f MiB in %u tiles: %.2f GB/s\n",
+                plan->bytes_total() / 1048576.0, plan->num_tiles(), plan->bytes_total() / s / 1e9);
   }
+  receiver.reset();
+  gpu_test::DeviceFree(dst_dev);
   sender.reset();
   gpu_test::DeviceFree(src_dev);
 }
