@@ -527,6 +527,9 @@ void SenderImpl::PackLoop() {
       packed = out->relay->Pack(item.tile, staging);
     } else if (out->gpu != nullptr) {
       // issue 19: the GPU gathers the tile into the slot and publishes its command in the ring.
+      // (FP) Enqueued on the transfer's stream, not waited for: this thread goes on to the next
+      // free slot, so a kernel per free slot is in flight; the proxy polls while the ring holds
+      // reserved numbers. The slot is the tile's until its credit, which needs the command.
       kernels::NicCommand engine{};
       engine.peer = static_cast<uint16_t>(peer->index);
       engine.remote_handle = static_cast<uint16_t>(out->handle);
@@ -552,7 +555,8 @@ void SenderImpl::PackLoop() {
     cmd.transfer_tag = out->id;
     cmd.bytes = static_cast<uint32_t>(wire_bytes);
     if (published) {
-      lanes_->at(lane).nic->Signal();  // the proxy takes it from the ring (it may have already)
+      // Wakes a proxy asleep in fi_cq_sread; it then polls until the kernel's command appears.
+      lanes_->at(lane).nic->Signal();
     } else {
       lanes_->PostCommand(lane, cmd);
     }
