@@ -317,13 +317,12 @@ absl::StatusOr<std::vector<std::string>> SenderImpl::Begin(
     out->relay = relay_->ForTransfer(job->plan(),
                                      RegionSide{src_ref.cuda, src_ref.device, src_ref.base},
                                      in.src_gpu, job->wants_digest(), &relay_why);
-    if (out->relay != nullptr && out->relay->plan().kind == RelayKind::kGpu) {
-      out->gpu.reset();  // the relay's kernel packs (into R's slot), not the direct one
+    if (out->relay != nullptr) {
+      out->gpu.reset();  // the relay packs (a kernel into R's slot, or the host twin)
       why = relay_why;
       if (out->relay->plan().relay_gpu_index >= 0) in.src_gpu = out->relay->plan().relay_gpu_index;
-    } else if (out->relay != nullptr || RelayConfigFromEnv().mode != RelayMode::kAuto ||
+    } else if (RelayConfigFromEnv().mode != RelayMode::kAuto ||
                absl::StrContains(relay_why, "direct path")) {
-      if (out->relay != nullptr) out->gpu.reset();  // the host twin packs
       why = why.empty() ? relay_why : absl::StrCat(why, "; ", relay_why);
     }
     out->route = ChooseLanes(in);
