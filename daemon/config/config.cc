@@ -146,6 +146,11 @@ absl::Status FinalizeEtcd(v1::DaemonConfig* config) {
         etcd->cert_file().empty() ? "etcd.cert_file" : "etcd.key_file",
         ": not set; etcd client certificates need both etcd.cert_file and etcd.key_file"));
   }
+  if (etcd->username().empty() != etcd->password_file().empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        etcd->username().empty() ? "etcd.username" : "etcd.password_file",
+        ": not set; etcd authentication needs both etcd.username and etcd.password_file"));
+  }
   if (config->node_id().find('/') != std::string::npos) {
     return absl::InvalidArgumentError(absl::StrCat(
         "node_id: '", config->node_id(), "' contains '/' (it is the last segment of the etcd key)"));
@@ -238,14 +243,6 @@ absl::Status FinalizeConfig(v1::DaemonConfig* config) {
   }
   if (config->cuda_copy_split_fixed_percent() > 90) {
     return absl::InvalidArgumentError("cuda_copy_split_fixed_percent: at most 90");
-  }
-  if (config->has_cuda_stream_wait() && config->cuda_stream_wait()) {
-    // The CUDA engine waits on the GPU for jobs that hand their gated layers early
-    // (Engine::AdmitGated), which the transfer layer does not do yet: refused rather than
-    // accepted and silently without effect.
-    return absl::InvalidArgumentError(
-        "cuda_stream_wait: not available in kvraild yet (the CUDA engine has the GPU-side wait; "
-        "the transfer layer does not hand it layers gated by spec.ready_flags yet)");
   }
   if (config->cuda_stream_wait_jobs() > 256) {
     return absl::InvalidArgumentError("cuda_stream_wait_jobs: at most 256");

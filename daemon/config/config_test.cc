@@ -39,6 +39,14 @@ TEST_CASE("defer_id_checks_from: unset is 32768, an explicit 0 (check all at sub
   CHECK(parsed->defer_id_checks_from() == 100);
 }
 
+TEST_CASE("cuda_stream_wait is accepted (issue 19.3: the transfer layer hands gated layers over)") {
+  auto parsed = ParseConfig("cuda_stream_wait: true\ncuda_stream_wait_jobs: 16\n", "t");
+  REQUIRE(parsed.ok());
+  REQUIRE(FinalizeConfig(&*parsed).ok());
+  CHECK(parsed->cuda_stream_wait());
+  CHECK(parsed->cuda_stream_wait_jobs() == 16);
+}
+
 TEST_CASE("syntax errors name the origin and the line") {
   auto parsed = ParseConfig("node_id: \"a\"\nno_such_key: 3\n", "bad.textproto");
   REQUIRE(!parsed.ok());
@@ -62,7 +70,6 @@ TEST_CASE("bad values are rejected naming the key") {
   check("cuda_run_on: \"peer\"", "cuda_run_on:");
   check("cuda_batch_bytes: 4096", "cuda_batch_bytes:");
   check("cuda_stream_wait_jobs: 257", "cuda_stream_wait_jobs:");
-  check("cuda_stream_wait: true", "cuda_stream_wait:");
   check("peers { key: \"x\" value: \"nocolon\" }", "peers[x]:");
 }
 
@@ -170,6 +177,9 @@ TEST_CASE("etcd directory: defaults, and each bad value refused naming its key")
       {"etcd { endpoints: \"e:2379\" ttl_s: 4000 }", "etcd.ttl_s:"},
       {"etcd { endpoints: \"e:2379\" cert_file: \"c.pem\" }", "etcd.key_file:"},
       {"etcd { endpoints: \"e:2379\" key_file: \"k.pem\" }", "etcd.cert_file:"},
+      {"etcd { endpoints: \"e:2379\" username: \"kvrail\" }", "etcd.password_file:"},
+      {"etcd { endpoints: \"e:2379\" password_file: \"/etc/kvrail/etcd.pw\" }",
+       "etcd.username:"},
       {"etcd { endpoints: \"e:2379\" advertise_address: \"0.0.0.0:7070\" }",
        "etcd.advertise_address:"},
       {"etcd { endpoints: \"e:2379\" advertise_address: \"10.0.0.1:0\" }",

@@ -76,8 +76,22 @@ struct EtcdClientOptions {
   std::string ca_pem;
   std::string cert_pem;
   std::string key_pem;
+  // etcd user/password authentication (EtcdDirectoryConfig.username / password_file): when
+  // `username` is set, the client calls Auth.Authenticate before its first call and sends the
+  // token as the "token" metadata of every KV, Lease and Watch call; when etcd answers that the
+  // token is invalid (expired, or etcd restarted), it authenticates again and retries the call
+  // once. A refused authentication is UNAUTHENTICATED naming etcd.username and
+  // etcd.password_file. The password is kept in memory only and never put in an error or log.
+  std::string username;
+  std::string password;
   absl::Duration call_timeout = absl::Seconds(3);
 };
+
+// The password for EtcdClientOptions.password from EtcdDirectoryConfig.password_file: its first
+// line (without the line end). INVALID_ARGUMENT naming etcd.password_file when it cannot be read
+// or the line is empty; a warning (never the contents) when the file is readable by group or
+// others.
+absl::StatusOr<std::string> ReadEtcdPasswordFile(const std::string& path);
 
 // The gRPC client. Fails only on bad options (no endpoints).
 absl::StatusOr<std::unique_ptr<EtcdClient>> CreateGrpcEtcdClient(const EtcdClientOptions& options);

@@ -170,10 +170,16 @@ class EtcdDirectory final : public Directory {
           return;
         }
       }
-      const std::string reason =
-          status.code() == absl::StatusCode::kNotFound
-              ? absl::StrCat("lease lost, registering again: ", status.message())
-              : absl::StrCat("etcd unreachable: ", status.message());
+      std::string reason;
+      if (status.code() == absl::StatusCode::kNotFound) {
+        reason = absl::StrCat("lease lost, registering again: ", status.message());
+      } else if (status.code() == absl::StatusCode::kUnauthenticated ||
+                 status.code() == absl::StatusCode::kPermissionDenied) {
+        // The message names the config keys (etcd.username, etcd.password_file).
+        reason = absl::StrCat("etcd refused this daemon: ", status.message());
+      } else {
+        reason = absl::StrCat("etcd unreachable: ", status.message());
+      }
       SetState(false, reason, status);
       {
         absl::MutexLock lock(&mu_);
