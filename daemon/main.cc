@@ -132,6 +132,15 @@ absl::StatusOr<std::unique_ptr<directory::Directory>> StartEtcdDirectory(
                  "etcd.cert_file/key_file for client certificates)",
                  absl::StrJoin(client_options.endpoints, ","));
   }
+  if (!etcd.username().empty()) {
+    // etcd user/password authentication; the password is never logged.
+    client_options.username = etcd.username();
+    KVRAIL_ASSIGN_OR_RETURN(client_options.password,
+                            directory::ReadEtcdPasswordFile(etcd.password_file()));
+    if (client_options.ca_pem.empty()) {
+      spdlog::warn("etcd.username: the password goes to etcd in plaintext; set etcd.ca_file");
+    }
+  }
   KVRAIL_ASSIGN_OR_RETURN(std::unique_ptr<directory::EtcdClient> client,
                           directory::CreateGrpcEtcdClient(client_options));
   directory::NodeRecordInputs record;
