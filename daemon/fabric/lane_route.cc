@@ -178,6 +178,27 @@ LaneRoute ChooseLanes(const LaneRouteInput& in) {
       topology::PathClassName(near.path_class, 0), ") ", rails.size() == 1 ? "rail " : "rails ",
       absl::StrJoin(rails, ","), " -> peer ", absl::StrJoin(dst_names, ","), " GPU", in.dst_gpu,
       ": ", LaneList(r.lanes), " of ", n, tail);
+  if (r.lanes.size() > 1 && !in.lane_load.empty()) {
+    // Least loaded first (stable: equal loads keep lane order); shares stay with their lanes.
+    std::vector<size_t> order(r.lanes.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    auto load = [&](uint32_t l) { return l < in.lane_load.size() ? in.lane_load[l] : 0u; };
+    std::stable_sort(order.begin(), order.end(), [&](size_t x, size_t y) {
+      return load(r.lanes[x]) < load(r.lanes[y]);
+    });
+    std::vector<uint32_t> lanes;
+    std::vector<double> shares;
+    std::vector<std::string> said;
+    for (size_t i : order) {
+      lanes.push_back(r.lanes[i]);
+      shares.push_back(r.shares[i]);
+      said.push_back(absl::StrCat(r.lanes[i], ":", load(r.lanes[i])));
+    }
+    r.lanes = std::move(lanes);
+    r.shares = std::move(shares);
+    absl::StrAppend(&r.reason, "; by load, tiles out per lane now ", absl::StrJoin(said, " "),
+                    ": each tile to the least loaded");
+  }
   return r;
 }
 
@@ -200,6 +221,15 @@ std::vector<uint32_t> LaneTryOrder(const LaneRoute& route, const std::vector<boo
     }
   }
   return rotate(std::move(others));
+}
+
+std::vector<uint32_t> LaneTryOrderByLoad(const LaneRoute& route, const std::vector<bool>& usable,
+                                         const std::vector<uint32_t>& load, uint32_t rr) {
+  std::vector<uint32_t> order = LaneTryOrder(route, usable, rr);
+  auto out = [&](uint32_t l) { return l < load.size() ? load[l] : 0u; };
+  std::stable_sort(order.begin(), order.end(),
+                   [&](uint32_t x, uint32_t y) { return out(x) < out(y); });
+  return order;
 }
 
 }  // namespace kvrail::fabric

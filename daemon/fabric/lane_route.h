@@ -33,11 +33,17 @@ struct LaneRouteInput {
   // -1 for host memory (or not known).
   int src_gpu = -1;
   int dst_gpu = -1;
+  // (issue 18, CL) Per local lane: the tiles this daemon has out on it now (written, not yet
+  // credited; to every peer). Empty: unknown. When several lanes are chosen they are listed
+  // least loaded first and the reason says the loads (tiles then go by LaneTryOrderByLoad).
+  std::vector<uint32_t> lane_load;
 };
 
 struct LaneRoute {
   bool all = true;              // every lane (nothing narrowed)
-  std::vector<uint32_t> lanes;  // ascending lane indexes to use (all lanes when `all`)
+  // Lane indexes to use (all lanes when `all`): ascending, or least loaded first when
+  // LaneRouteInput.lane_load is given.
+  std::vector<uint32_t> lanes;
   std::vector<double> shares;   // per entry of `lanes`, by link rate (equal when unknown); sum 1
   // For people, one line: "GPU3 -> mlx5_3 (PIX) rail 3 -> peer mlx5_3 GPU3: lane 3 of 8" or
   // "lanes not mapped to topology NICs: all 8 lanes".
@@ -52,6 +58,15 @@ LaneRoute ChooseLanes(const LaneRouteInput& in);
 // empty when no lane is usable. `usable` is indexed by lane; lanes beyond it are unusable.
 std::vector<uint32_t> LaneTryOrder(const LaneRoute& route, const std::vector<bool>& usable,
                                    uint32_t rr);
+
+// (issue 18, CL) Load-aware striping, what the sender's slot search uses: LaneTryOrder's lanes
+// (the route's usable ones, else the other usable ones) ordered by the tiles out on each now
+// (`load`, per local lane over all peers: a NIC shared by several GPUs' transfers counts all of
+// them), least first; equal loads keep LaneTryOrder's round-robin order from `rr`. So a tile
+// goes to the least busy of its transfer's lanes, and transfers from GPUs that share NICs
+// spread over them instead of piling onto the same one. Lanes beyond `load` count as 0.
+std::vector<uint32_t> LaneTryOrderByLoad(const LaneRoute& route, const std::vector<bool>& usable,
+                                         const std::vector<uint32_t>& load, uint32_t rr);
 
 // The NIC a peer's lane lands on, from the name the peer gave the lane in Hello: a lane mapped to
 // a NIC is "<nic>@<address>" (lanes.cc), an unmapped one "nic<i>@<address>" (which names no NIC).

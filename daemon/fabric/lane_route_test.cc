@@ -293,5 +293,123 @@ TEST_CASE("a lane's interface names its topology NIC") {
   CHECK(NicOfInterface(desc, "").empty());
 }
 
+// ---- issue 18 (CL): load-aware lane choice ----
+
+TEST_CASE("p5: GPU0's four lanes listed least loaded first, the loads in the reason") {
+  Case c = Mirror("p5_48xlarge", 0, 0);
+  c.in.lane_load = std::vector<uint32_t>(c.in.lanes, 0);
+  c.in.lane_load[0] = 5;
+  c.in.lane_load[2] = 3;
+  c.in.lane_load[9] = 40;  // another GPU's lane: not GPU0's, not listed
+  const LaneRoute r = Choose(c);
+  INFO(r.reason);
+  CHECK_FALSE(r.all);
+  CHECK(r.lanes == std::vector<uint32_t>{1, 3, 2, 0});
+  REQUIRE(r.shares.size() == 4);
+  CHECK(r.reason.find("by load, tiles out per lane now 1:0 3:0 2:3 0:5") != std::string::npos);
+  // Without loads: ascending, as before.
+  c.in.lane_load.clear();
+  const LaneRoute plain = Choose(c);
+  CHECK(plain.lanes == std::vector<uint32_t>{0, 1, 2, 3});
+  CHECK(plain.reason.find("by load") == std::string::npos);
+}
+
+TEST_CASE("try order by load: least loaded usable lane first, ties round robin, failover kept") {
+  LaneRoute route;
+  route.all = false;
+  route.lanes = {0, 1, 2};
+  const std::vector<bool> usable = {true, true, true, true};
+  CHECK(LaneTryOrderByLoad(route, usable, {4, 1, 2, 0}, 0) == std::vector<uint32_t>{1, 2, 0});
+  // Equal loads: LaneTryOrder's rotation.
+  CHECK(LaneTryOrderByLoad(route, usable, {0, 0, 0, 0}, 1) == std::vector<uint32_t>{1, 2, 0});
+  CHECK(LaneTryOrderByLoad(route, usable, {}, 2) == std::vector<uint32_t>{2, 0, 1});
+  // A failed lane is skipped however idle; none of the route's usable: the others.
+  CHECK(LaneTryOrderByLoad(route, {true, false, true, true}, {4, 0, 2, 0}, 0) ==
+        std::vector<uint32_t>{2, 0});
+  CHECK(LaneTryOrderByLoad(route, {false, false, false, true}, {0, 0, 0, 9}, 0) ==
+        std::vector<uint32_t>{3});
+}
+
+// Tiles of concurrent transfers placed one by one (one packer thread taking the transfers' tiles
+// in turn, as the sender's PackLoop does), each on the first lane of its try order; every lane
+// drains `drain` tiles per round. Returns the tiles placed per (transfer, lane) and the largest
+// backlog any lane had.
+struct Placement {
+  std::vector<std::vector<uint32_t>> per_transfer;  // [transfer][lane]
+  std::vector<uint32_t> per_lane;
+  uint32_t max_backlog = 0;
+};
+Placement Place(const std::vector<LaneRoute>& routes, uint32_t lanes, int rounds, uint32_t drain,
+                bool by_load) {
+  Placement p;
+  p.per_transfer.assign(routes.size(), std::vector<uint32_t>(lanes, 0));
+  p.per_lane.assign(lanes, 0);
+  std::vector<uint32_t> out(lanes, 0);  // tiles out per lane
+  const std::vector<bool> usable(lanes, true);
+  uint32_t rr = 0;
+  for (int round = 0; round < rounds; ++round) {
+    for (size_t t = 0; t < routes.size(); ++t) {
+      const std::vector<uint32_t> order = by_load ? LaneTryOrderByLoad(routes[t], usable, out, rr)
+                                                  : LaneTryOrder(routes[t], usable, rr);
+      ++rr;
+      REQUIRE_FALSE(order.empty());
+      const uint32_t l = order[0];
+      ++out[l];
+      ++p.per_transfer[t][l];
+      ++p.per_lane[l];
+      p.max_backlog = std::max(p.max_backlog, out[l]);
+    }
+    for (uint32_t& o : out) o -= std::min(o, drain);
+  }
+  return p;
+}
+
+TEST_CASE("two concurrent transfers from GPUs sharing NICs spread over them, by load") {
+  // The one-NIC PCIe box with two lanes on its NIC (fabric.nics repeats the address): GPU0 and
+  // GPU1 both sit on the NIC's switch, so both transfers get both lanes.
+  Case c0 = Mirror("pcie_8gpu_1nic", 0, 0);
+  REQUIRE(c0.in.lanes == 1);
+  for (Case* c : {&c0}) {
+    c->in.lanes = 2;
+    c->in.local_lane_nics = {c->in.local_lane_nics[0], c->in.local_lane_nics[0]};
+    c->in.peer_lane_nics = {c->in.peer_lane_nics[0], c->in.peer_lane_nics[0]};
+  }
+  Case c1 = c0;
+  c1.in.src_gpu = 1;
+  c1.in.dst_gpu = 1;
+  const LaneRoute r0 = Choose(c0), r1 = Choose(c1);
+  INFO(r0.reason << " | " << r1.reason);
+  CHECK(r0.lanes == std::vector<uint32_t>{0, 1});
+  CHECK(r1.lanes == std::vector<uint32_t>{0, 1});
+  // Each lane drains one tile per round; two transfers offer two tiles per round.
+  const Placement both = Place({r0, r1}, 2, 200, 1, /*by_load=*/true);
+  CHECK(both.per_lane[0] == 200);
+  CHECK(both.per_lane[1] == 200);
+  CHECK(both.max_backlog <= 1);
+
+  // A third transfer whose GPU has only lane 1 (its route is that lane) fills lane 1 (2 tiles per
+  // round, lane 1 drains 2): the two sharing transfers (1 tile each per round) move to lane 0
+  // instead of splitting evenly. Round robin (the old sender) kept sending every other tile to
+  // lane 1: 3 tiles per round for 2 drained, and its backlog grew without bound.
+  LaneRoute only1;
+  only1.all = false;
+  only1.lanes = {1};
+  only1.shares = {1.0};
+  const Placement load = Place({r0, r1, only1, only1}, 2, 300, 2, /*by_load=*/true);
+  const Placement rr = Place({r0, r1, only1, only1}, 2, 300, 2, /*by_load=*/false);
+  INFO("by load: lane0 " << load.per_lane[0] << " lane1 " << load.per_lane[1] << " backlog "
+                         << load.max_backlog << "; round robin: lane0 " << rr.per_lane[0]
+                         << " lane1 " << rr.per_lane[1] << " backlog " << rr.max_backlog);
+  CHECK(load.per_lane[0] + load.per_lane[1] == 1200);
+  CHECK(load.max_backlog <= 4);
+  CHECK(std::max(load.per_lane[0], load.per_lane[1]) -
+            std::min(load.per_lane[0], load.per_lane[1]) <= 4);
+  // The sharing transfers both use lane 0 most.
+  for (int t = 0; t < 2; ++t) CHECK(load.per_transfer[t][0] > 10 * load.per_transfer[t][1]);
+  // What round robin did: lane 1 overloaded, its backlog growing every round.
+  CHECK(rr.per_lane[1] >= rr.per_lane[0] + 500);
+  CHECK(rr.max_backlog > 100);
+}
+
 }  // namespace
 }  // namespace kvrail::fabric

@@ -161,6 +161,18 @@ class SenderImpl final : public Sender {
   // The watchdog: fails silent lanes (LaneHealth::Silent) every few milliseconds.
   void WatchLoop();
 
+  // ---- load-aware striping (issue 18, CL) ----
+  // Tiles out per local lane now (slots with an owner, over all peers).
+  std::vector<uint32_t> LaneLoad() const {
+    std::vector<uint32_t> load(lane_out_.size());
+    for (size_t l = 0; l < load.size(); ++l) load[l] = lane_out_[l].load(std::memory_order_relaxed);
+    return load;
+  }
+  // A slot of `lane` lost its owner (credit, release, failure).
+  void Unowned(uint32_t lane) {
+    if (lane < lane_out_.size()) lane_out_[lane].fetch_sub(1, std::memory_order_relaxed);
+  }
+
   const FabricOptions options_;
   const uint64_t boot_id_;
   Lanes* const lanes_;
@@ -173,6 +185,8 @@ class SenderImpl final : public Sender {
   std::thread closer_;
   std::thread watcher_;
   std::atomic<bool> stop_{false};
+  // Per local lane: slots with an owner (tiles out, to every peer); changed under that peer's mu.
+  std::vector<std::atomic<uint32_t>> lane_out_;
   absl::CondVar slots_cv_;  // a slot may have been freed (waited on under a peer's mu)
 
   mutable absl::Mutex mu_;
@@ -189,6 +203,7 @@ class SenderImpl final : public Sender {
 };
 
 void SenderImpl::Start() {
+  lane_out_ = std::vector<std::atomic<uint32_t>>(lanes_->size());  // before any thread starts
   for (int i = 0; i < std::max(1, options_.pack_threads); ++i) {
     packers_.emplace_back([this] { PackLoop(); });
   }
@@ -294,6 +309,7 @@ absl::StatusOr<std::vector<std::string>> SenderImpl::Begin(
     for (const std::string& name : remote_names) in.peer_lane_nics.push_back(NicOfLaneName(name));
     in.local = options_.topology.get();
     in.local_lane_nics = options_.lane_nics;
+    in.lane_load = LaneLoad();  // (issue 18, CL) the chosen lanes least loaded first
     if (in.local != nullptr && src.spec().memory_kind() == v1::MEMORY_KIND_CUDA) {
       in.src_gpu = GpuIndexOf(*in.local, src.spec().device_uuid(), src.spec().device());
     }
@@ -433,32 +449,31 @@ std::optional<std::pair<uint32_t, uint32_t>> SenderImpl::TakeSlot(const PackItem
         if (!out->failed.has_value()) out->failed = why;
         return std::nullopt;
       }
-      // The transfer's lanes (rail-aware: LaneTryOrder's rule), round robin from `rr`; when
-      // none of them is usable (failed and resting), the peer's other lanes (lane failover).
+      // (issue 18, CL) The transfer's lanes (rail-aware), least loaded first: the tiles this
+      // daemon has out on each lane to every peer, ties round robin from `rr`
+      // (LaneTryOrderByLoad); when none of them is usable (failed and resting, or its probe is
+      // out), the peer's other lanes (lane failover).
       const LaneRoute& route = out->route;
-      const uint32_t chosen = route.all ? lanes : static_cast<uint32_t>(route.lanes.size());
+      std::vector<bool> usable(lanes, false);
       bool chosen_usable = false;
-      for (int pass = 0; pass < 2; ++pass) {
-        if (pass == 1 && (route.all || chosen_usable)) break;
-        for (uint32_t k = 0; k < (pass == 0 ? chosen : lanes); ++k) {
-          const uint32_t l = pass == 1     ? (rr + k) % lanes
-                             : route.all ? (rr + k) % lanes
-                                         : route.lanes[(rr + k) % chosen];
-          if (l >= lanes) continue;
-          if (pass == 1 && std::find(route.lanes.begin(), route.lanes.end(), l) !=
-                               route.lanes.end()) {
-            continue;
-          }
-          if (!health.MayUse(l, now)) continue;  // failed and resting, or its probe is out
-          if (pass == 0) chosen_usable = true;
-          auto& owners = peer->owners[l];
-          const int slot =
-              peer->credits[l]->Acquire([&](uint32_t s) { return owners[s].outbound == nullptr; });
-          if (slot >= 0) {
-            owners[slot] = SlotOwner{out, item.tile};
-            health.OnSent(l, static_cast<uint32_t>(slot), now);
-            return std::make_pair(l, static_cast<uint32_t>(slot));
-          }
+      for (uint32_t l = 0; l < lanes; ++l) {
+        const bool chosen = route.all || std::find(route.lanes.begin(), route.lanes.end(), l) !=
+                                             route.lanes.end();
+        if (chosen && health.MayUse(l, now)) usable[l] = chosen_usable = true;
+      }
+      for (uint32_t l = 0; l < lanes && !chosen_usable; ++l) {
+        if (health.MayUse(l, now)) usable[l] = true;
+      }
+      for (uint32_t l : LaneTryOrderByLoad(route, usable, LaneLoad(), rr)) {
+        if (l >= lanes) continue;
+        auto& owners = peer->owners[l];
+        const int slot =
+            peer->credits[l]->Acquire([&](uint32_t s) { return owners[s].outbound == nullptr; });
+        if (slot >= 0) {
+          owners[slot] = SlotOwner{out, item.tile};
+          lane_out_[l].fetch_add(1, std::memory_order_relaxed);
+          health.OnSent(l, static_cast<uint32_t>(slot), now);
+          return std::make_pair(l, static_cast<uint32_t>(slot));
         }
       }
     }
@@ -610,6 +625,7 @@ void SenderImpl::OnCredit(uint32_t lane, uint32_t peer_index, uint32_t slot, uin
     applied = !peer->credits[lane]->NotApplied(slot);
     owner = std::move(peer->owners[lane][slot]);
     peer->owners[lane][slot] = SlotOwner{};
+    if (owner.outbound) Unowned(lane);
     absl::MutexLock health_lock(&health_mu_);
     HealthOf(peer).OnCredit(lane, slot, absl::Now());
   }
@@ -640,6 +656,7 @@ SlotOwner SenderImpl::ReleaseUnsentSlot(PeerConn* peer, uint32_t lane, uint32_t 
     absl::MutexLock lock(&peer->mu);
     owner = std::move(peer->owners[lane][slot]);
     peer->owners[lane][slot] = SlotOwner{};
+    if (owner.outbound) Unowned(lane);
     peer->credits[lane]->ReturnLocally(slot);  // never reached the peer: no credit will come
     absl::MutexLock health_lock(&health_mu_);
     HealthOf(peer).OnReleased(lane, slot);
@@ -664,6 +681,7 @@ void SenderImpl::OnWriteFailed(uint32_t peer_index, uint32_t lane, uint32_t slot
     if (lane >= peer->owners.size()) return;
     SlotOwner owner = std::move(peer->owners[lane][slot]);
     peer->owners[lane][slot] = SlotOwner{};
+    if (owner.outbound) Unowned(lane);
     peer->credits[lane]->ReturnLocally(slot);  // never reached the peer: no credit will come
     {
       absl::MutexLock health_lock(&health_mu_);
@@ -701,7 +719,10 @@ std::vector<SlotOwner> SenderImpl::FailLaneLocked(PeerConn* peer, uint32_t lane,
   std::vector<SlotOwner> tiles;
   for (uint32_t s : slots) {
     SlotOwner& o = peer->owners[lane][s];
-    if (o.outbound) tiles.push_back(std::move(o));
+    if (o.outbound) {
+      Unowned(lane);
+      tiles.push_back(std::move(o));
+    }
     o = SlotOwner{};  // the slot stays used: a late credit (or a write error) frees it
   }
   return tiles;
@@ -888,9 +909,12 @@ void SenderImpl::FailPeer(PeerConn* peer, const absl::Status& why) {
   std::vector<SlotOwner> orphaned;
   {
     absl::MutexLock lock(&peer->mu);
-    for (auto& lane : peer->owners) {
-      for (SlotOwner& o : lane) {
-        if (o.outbound) orphaned.push_back(std::move(o));
+    for (uint32_t l = 0; l < peer->owners.size(); ++l) {
+      for (SlotOwner& o : peer->owners[l]) {
+        if (o.outbound) {
+          Unowned(l);
+          orphaned.push_back(std::move(o));
+        }
         o = SlotOwner{};
       }
     }
