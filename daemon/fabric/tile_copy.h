@@ -60,7 +60,8 @@ absl::StatusOr<uint64_t> DestinationTileDigest(const planner::Plan& plan, uint32
 // one launch per tile on the transfer's own stream, not waited for (several tiles in flight).
 // Chosen per transfer by ForSource / ForDestination, which also give the path reason; host
 // regions, spec.digest (hashed on the host) and KVRAIL_FABRIC_GPU_PACK=copy (benchmarks: the copy
-// engines for comparison) keep the copy-engine / host path. Thread contract: any thread; distinct tiles concurrently.
+// engines for comparison) keep the copy-engine / host path. Thread contract: any thread; distinct
+// tiles concurrently.
 class GpuTileKernels {
  public:
   // For the sender: the kernel for a GPU `src` without `digest`, else nullptr. `why` gets the
