@@ -9,6 +9,7 @@
 #include "kernels/kv_copy_launch.h"
 #include "kernels/plan_image.h"
 #include "kernels/plan_math.h"
+#include "kernels/segment_math.h"
 
 namespace kvrail::kernels {
 namespace {
@@ -21,7 +22,6 @@ absl::Status CudaStatus(int error, const char* what) {
 
 // The inner-loop choice in Upload (see there).
 constexpr uint32_t kMinWarpPieceBytes = 2048;
-constexpr uint32_t kMaxSegmentPathAccessBytes = 8;
 
 uint32_t NarrowToAlignment(uint32_t access, uint64_t address) {
   while (access > 1 && address % access != 0) access /= 2;
@@ -104,9 +104,11 @@ absl::StatusOr<DevicePlanBuffer> DevicePlanBuffer::Upload(const PlanHeader& head
   if (buffer.plan_.piece_bytes != 0 && buffer.plan_.piece_bytes < kMinWarpPieceBytes) {
     buffer.plan_.piece_bytes = 0;
   }
+  // Issue 19 (NL): segments also for plans whose token chunks merge, and the segment form per
+  // plan (segment_math.h: TakesSegmentPath, SegmentFormFor; docs/benchmarks.md "issue 19 (NL)").
   buffer.plan_.segments = buffer.plan_.piece_bytes == 0 &&
-                          static_cast<ChunkKind>(header.chunk_kind) != ChunkKind::kBytes &&
-                          buffer.plan_.access_bytes < kMaxSegmentPathAccessBytes;
+                          TakesSegmentPath(header, buffer.plan_.access_bytes);
+  buffer.plan_.segment_units = SegmentFormFor(header);
   return buffer;
 }
 

@@ -30,9 +30,12 @@ struct DevicePlan {
   // piece_bytes / segments to time the other paths (any of the three moves any plan correctly,
   // pieces only with a piece size from PieceBytesFor).
   bool segments = false;
-  // The segment path's form: 0 = the default (6 16-byte units per lane and round, in
-  // registers); a benchmark may pick 8 (more in flight, spills) or 12 (two rounds of 6 in
-  // flight, staged in shared memory) to compare.
+  // The segment path's form (kv_copy.cu), set by Upload (segment_math.h: SegmentFormFor): 0 =
+  // the default (103); 100 + stages (2 or 3) =
+  // bulk-staged, each piece's aligned source span one bulk copy (TMA) into a shared-memory
+  // stage (~200 KiB per CTA); 110 + stages = the same, but stages holding several pieces are
+  // filled by the lanes' 16-byte cp.async copies; 6 = the register form (6 16-byte units per
+  // lane and round). A benchmark may pick one to compare.
   int segment_units = 0;
 };
 

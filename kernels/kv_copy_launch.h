@@ -21,9 +21,11 @@ int DeviceFree(void* ptr, CUstream_st* stream);
 // Enqueues the copy on `stream` (a pageable source is staged before this returns).
 int CopyToDevice(void* dst, const void* src, size_t bytes, CUstream_st* stream);
 // The segment path (plan_math.h: SegmentAt): warps move whole chunk segments.
-// `units_per_lane`: DevicePlan::segment_units (0 = the default, 6; 8; 12 = staged).
+// `segment_form`: DevicePlan::segment_units (0 = the default, 103; 102 / 103 = bulk-staged with
+// 2 / 3 stages, one bulk copy per piece; 112 / 113 = the same with lane copies for stages of
+// several pieces; 6 = the register form).
 int KvCopySegmentsLaunch(const PlanHeader* device_header, uint32_t tile_begin, uint32_t tile_end,
-                         int num_ctas, int threads, int units_per_lane, CUstream_st* stream);
+                         int num_ctas, int threads, int segment_form, CUstream_st* stream);
 // Launches every kernel variant once on an empty tile range and waits for `stream`: with lazy
 // module loading (the CUDA 12 default) a kernel's first launch loads it, which can take
 // milliseconds and synchronize the context; done at start it stays out of the first transfer.

@@ -35,9 +35,11 @@ bool HaveGpu() {
 
 // Runs `c` on the GPU (dst in device memory or mapped pinned host memory, bases shifted by
 // `misalign` bytes to exercise narrow accesses) and compares with the host twin.
-// `segment_units`: DevicePlan::segment_units for plans on the segment path (0: the default).
+// `segment_units`: DevicePlan::segment_units for plans on the segment path (0: the default, 103;
+// 6: registers; 103: one bulk copy per piece; 112: lane copies for several-piece stages, 2
+// stages).
 void RunCase(const planner::testing::RandomCase& c, std::mt19937_64& rng, bool dst_on_host,
-             uint32_t misalign, int segment_units = 0) {
+             uint32_t misalign, int segment_units = 0, bool force_segments = false) {
   INFO(c.ToString());
   absl::StatusOr<Plan> plan = planner::MakePlan(c.spec, c.src, c.dst, c.options);
   REQUIRE(plan.ok());
@@ -72,6 +74,10 @@ void RunCase(const planner::testing::RandomCase& c, std::mt19937_64& rng, bool d
   REQUIRE(dp.ok());
   kernels::DevicePlan launch_plan = dp->plan();
   launch_plan.segment_units = segment_units;
+  if (force_segments && plan->header().chunk_kind != 0) {  // any chunked plan (not kBytes)
+    launch_plan.piece_bytes = 0;
+    launch_plan.segments = true;
+  }
   if (dp->plan().piece_bytes != 0) ++g_warp_path_cases;
   if (dp->plan().piece_bytes == 0 && dp->plan().segments) ++g_segment_path_cases;
   // Tiles in a few random ranges, each with a random CTA count.
@@ -123,7 +129,8 @@ TEST_CASE("kernel == host twin on random paged transfers (device -> device)") {
     const bool large = n % 3 == 0;
     RunCase(planner::testing::RandomPagedCase(rng, large ? big : planner::testing::RandomLimits{}),
             rng, /*dst_on_host=*/false, n % 5 == 0 ? static_cast<uint32_t>(rng() % 16) : 0,
-            /*segment_units=*/n % 3 == 0 ? 0 : n % 3 == 1 ? 6 : 12);
+            /*segment_units=*/n % 4 == 0 ? 0 : n % 4 == 1 ? 6 : n % 4 == 2 ? 103 : 112,
+            /*force_segments=*/n % 3 == 1);
   }
 }
 
@@ -133,7 +140,8 @@ TEST_CASE("kernel == host twin on serving layouts (mostly the warp path)") {
   const int before = g_warp_path_cases;
   for (int n = 0; n < 120; ++n) {
     RunCase(planner::testing::RandomServingCase(rng), rng, /*dst_on_host=*/n % 6 == 5,
-            n % 4 == 0 ? static_cast<uint32_t>(rng() % 16) : 0);
+            n % 4 == 0 ? static_cast<uint32_t>(rng() % 16) : 0, /*segment_units=*/0,
+            /*force_segments=*/n % 5 == 2);
   }
   CHECK(g_warp_path_cases - before >= 20);  // misaligned bases take the slab path
 }
@@ -264,7 +272,7 @@ TEST_CASE("kernel == host twin on narrow layouts (odd sizes, offsets, padded str
     static const uint64_t kTiles[] = {100, 1000, 4096, 5000, 65536, 1 << 20};
     c.options.tile_bytes = kTiles[rng() % 6];
     RunCase(c, rng, /*dst_on_host=*/n % 7 == 3, static_cast<uint32_t>(rng() % 16),
-            /*segment_units=*/n % 3 == 0 ? 0 : n % 3 == 1 ? 6 : 12);
+            /*segment_units=*/n % 4 == 0 ? 0 : n % 4 == 1 ? 6 : n % 4 == 2 ? 103 : 112);
   }
   CHECK(g_segment_path_cases - before >= 40);
 }

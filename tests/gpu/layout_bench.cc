@@ -4,9 +4,14 @@
 // aligned serving layout (whole 16-token NHD blocks, scattered) measured in the same run. Prints
 // one table: GB/s, the kernel path taken (warp pieces / chunk segments / slab with its access
 // width) and the ratio to the aligned baseline (issue 19's target: >= 50%).
-// Usage: layout_bench [--quick]
+// Each chunked plan also runs every form of the segment path (registers; bulk-staged with one
+// bulk copy per piece; bulk-staged with lane copies for several-piece stages, 2 and 3 stages) at
+// 32 and 132 CTAs, each checked byte for byte too. LAYOUT_RANDOM=n adds n random
+// layouts (RandomCases) after the named ones.
+// Usage: [LAYOUT_RANDOM=n] layout_bench [--quick]
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <numeric>
 #include <random>
@@ -86,8 +91,11 @@ struct Result {
   double slab32 = 0;      // the slab path at 32 CTAs (whatever Upload chose)
   double segments32 = 0;  // the segment path at 32 CTAs
   double pieces32 = 0;    // the warp path at 32 CTAs, where PieceBytesFor allows it
-  double units6_32 = 0, units6_132 = 0;  // the segment path with 6 units per lane (default 8)
-  double staged32 = 0, staged132 = 0;    // the segment path staged in shared memory (12)
+  // The segment path's forms (DevicePlan::segment_units) at 32 / 132 CTAs: registers (6),
+  // bulk-staged with 3 stages, one bulk copy per piece (103), and with several-piece stages
+  // filled by lane copies, 2 and 3 stages (112, 113).
+  double reg32 = 0, reg132 = 0, bulk3_32 = 0, bulk3_132 = 0, lanes2_32 = 0, lanes2_132 = 0,
+         lanes3_32 = 0, lanes3_132 = 0;
   bool ok = false;
   uint64_t bytes = 0;
 };
@@ -120,6 +128,7 @@ Result RunCase(const Case& c, std::mt19937_64& rng, int reps) {
   absl::StatusOr<planner::Plan> plan = planner::MakePlan(spec, src, dst, options);
   if (!plan.ok()) {
     std::fprintf(stderr, "%s: %s\n", c.name.c_str(), plan.status().ToString().c_str());
+    r.path = "plan refused";
     return r;
   }
   r.plan = plan->Describe();
@@ -182,48 +191,52 @@ Result RunCase(const Case& c, std::mt19937_64& rng, int reps) {
   };
   r.gbps32 = time(dp->plan(), 32);
   r.gbps132 = time(dp->plan(), 132);
-  // The three inner loops on the same plan, at the daemon's default budget.
+  // The three inner loops on the same plan, at the daemon's default budget, and the segment
+  // path's forms at 32 and 132 CTAs on every chunked plan (whichever path Upload chose).
   kernels::DevicePlan alt = dp->plan();
   alt.piece_bytes = 0;
   alt.segments = false;
   r.slab32 = time(alt, 32);
-  if (plan->header().chunk_kind != 0) {  // not kBytes
+  const bool chunked = plan->header().chunk_kind != 0;  // not kBytes
+  if (chunked) {
     alt.segments = true;
     r.segments32 = time(alt, 32);
     alt.segment_units = 6;
-    r.units6_32 = time(alt, 32);
-    if (dp->plan().segments) r.units6_132 = time(alt, 132);
-    alt.segment_units = 12;
-    r.staged32 = time(alt, 32);
-    if (dp->plan().segments) r.staged132 = time(alt, 132);
+    r.reg32 = time(alt, 32);
+    r.reg132 = time(alt, 132);
+    alt.segment_units = 103;
+    r.bulk3_32 = time(alt, 32);
+    r.bulk3_132 = time(alt, 132);
+    alt.segment_units = 112;
+    r.lanes2_32 = time(alt, 32);
+    r.lanes2_132 = time(alt, 132);
+    alt.segment_units = 113;
+    r.lanes3_32 = time(alt, 32);
+    r.lanes3_132 = time(alt, 132);
     alt.segment_units = 0;
   }
   alt.segments = false;
   alt.piece_bytes = kernels::PieceBytesFor(plan->header(), dp->plan().access_bytes);
   if (alt.piece_bytes != 0) r.pieces32 = time(alt, 32);
-  // The variants timed above wrote the same destination: still byte for byte the host twin's
-  // (a wrong variant would leave its bytes there; the staged segment form ran last of them).
-  if (r.ok && plan->header().chunk_kind != 0) {
-    gpu_test::Memset(dst_dev, 0xAB, dst_size);
-    kernels::DevicePlan staged = dp->plan();
-    staged.piece_bytes = 0;
-    staged.segments = true;
-    staged.segment_units = 12;
-    if (!kernels::LaunchKvCopy(staged, 0, plan->num_tiles(), 32, nullptr).ok()) std::exit(1);
-    gpu_test::Sync();
-    gpu_test::CopyToHost(got.data(), dst_dev, dst_size);
-    if (got != want) {
-      std::fprintf(stderr, "%s: MISMATCH on the staged segment form\n", c.name.c_str());
-      r.ok = false;
-    }
-    gpu_test::Memset(dst_dev, 0xAB, dst_size);
-    staged.segment_units = 6;
-    if (!kernels::LaunchKvCopy(staged, 0, plan->num_tiles(), 32, nullptr).ok()) std::exit(1);
-    gpu_test::Sync();
-    gpu_test::CopyToHost(got.data(), dst_dev, dst_size);
-    if (got != want) {
-      std::fprintf(stderr, "%s: MISMATCH on the 6-unit segment form\n", c.name.c_str());
-      r.ok = false;
+  // Every segment form byte for byte against the host twin (destination poisoned each time), at
+  // 32 CTAs and at 132; the variants timed above wrote the same bytes.
+  if (r.ok && chunked) {
+    for (int form : {6, 103, 112, 113}) {
+      for (int ctas : {32, 132}) {
+        gpu_test::Memset(dst_dev, 0xAB, dst_size);
+        kernels::DevicePlan p = dp->plan();
+        p.piece_bytes = 0;
+        p.segments = true;
+        p.segment_units = form;
+        if (!kernels::LaunchKvCopy(p, 0, plan->num_tiles(), ctas, nullptr).ok()) std::exit(1);
+        gpu_test::Sync();
+        gpu_test::CopyToHost(got.data(), dst_dev, dst_size);
+        if (got != want) {
+          std::fprintf(stderr, "%s: MISMATCH on segment form %d at %d CTAs\n", c.name.c_str(),
+                       form, ctas);
+          r.ok = false;
+        }
+      }
     }
   }
   gpu_test::DeviceFree(src_dev);
@@ -314,6 +327,59 @@ std::vector<Case> NamedCases(bool quick) {
   return cs;
 }
 
+// A randomized set beside the named one (issue 19: "every layout of a randomized and a named
+// set"): random vector sizes (odd ones too) and dtypes, head counts and head sub-ranges, block
+// sizes and orders on each side, byte offsets, sometimes padded explicit strides; ~64 MiB each
+// (quick: ~16 MiB).
+std::vector<Case> RandomCases(std::mt19937_64& rng, int n, bool quick) {
+  using v1::DTYPE_BF16;
+  using v1::DTYPE_UINT8;
+  const v1::LayoutOrder orders[] = {v1::LAYOUT_ORDER_LAYER_PART_BLOCK_NHD,
+                                    v1::LAYOUT_ORDER_LAYER_PART_BLOCK_HND,
+                                    v1::LAYOUT_ORDER_BLOCK_LAYER_PART_NHD};
+  const uint32_t tpbs[] = {8, 16, 32, 64};
+  const uint32_t L = 2;
+  std::vector<Case> cs;
+  for (int k = 0; k < n; ++k) {
+    const bool bytes = rng() % 3 == 0;  // uint8 vectors of any size, else bf16
+    const uint32_t head_dim = bytes ? 64 + static_cast<uint32_t>(rng() % 700)
+                                    : 32 * (1 + static_cast<uint32_t>(rng() % 8)) + (rng() % 2 ? 8 : 0);
+    const uint32_t vec = bytes ? head_dim : 2 * head_dim;
+    const uint32_t src_heads = 1 + static_cast<uint32_t>(rng() % 8);
+    const uint32_t heads = 1 + static_cast<uint32_t>(rng() % src_heads);
+    const uint32_t dst_heads = heads + static_cast<uint32_t>(rng() % 3);
+    const uint32_t sh = static_cast<uint32_t>(rng() % (src_heads - heads + 1));
+    const uint32_t dh = static_cast<uint32_t>(rng() % (dst_heads - heads + 1));
+    const uint32_t stpb = tpbs[rng() % 4], dtpb = tpbs[rng() % 4];
+    const uint64_t per_token = uint64_t{L} * 2 * heads * vec;
+    const uint64_t tokens = std::max<uint64_t>(64, (quick ? (16ull << 20) : (64ull << 20)) / per_token);
+    const uint32_t sblocks = static_cast<uint32_t>(2 * ((tokens + stpb - 1) / stpb));
+    const uint32_t dblocks = static_cast<uint32_t>(2 * ((tokens + dtpb - 1) / dtpb));
+    const v1::DType dt = bytes ? DTYPE_UINT8 : DTYPE_BF16;
+    const uint64_t soff = rng() % 4 == 0 ? rng() % 16 : 0, doff = rng() % 3 == 0 ? rng() % 16 : 0;
+    PagedKvLayout s = Layout(orders[rng() % 3], L, 2, sblocks, stpb, src_heads, head_dim, dt, soff);
+    PagedKvLayout d = Layout(orders[rng() % 3], L, 2, dblocks, dtpb, dst_heads, head_dim, dt, doff);
+    std::string padded;
+    if (!bytes && rng() % 4 == 0) {
+      const uint64_t pad = 2 * (1 + rng() % 8);
+      if (rng() % 2 == 0) {
+        s = Padded(L, sblocks, stpb, src_heads, head_dim, pad);
+      } else {
+        d = Padded(L, dblocks, dtpb, dst_heads, head_dim, pad);
+      }
+      padded = absl::StrCat(", padded +", pad);
+    }
+    std::string name = absl::StrFormat(
+        "random %d: %u B x %u of %u -> %u heads (at %u / %u), %u -> %u tok/blk, orders %d -> %d, "
+        "offsets %u / %u%s",
+        k, vec, heads, src_heads, dst_heads, sh, dh, stpb, dtpb, static_cast<int>(s.order()),
+        static_cast<int>(d.order()), static_cast<unsigned>(soff), static_cast<unsigned>(doff),
+        padded);
+    cs.push_back(Case{std::move(name), std::move(s), std::move(d), L, heads, sh, dh, tokens});
+  }
+  return cs;
+}
+
 }  // namespace
 }  // namespace kvrail
 
@@ -328,35 +394,40 @@ int main(int argc, char** argv) {
               gpu_test::DeviceName(0).c_str(), gpu_test::SmCount(0));
   std::mt19937_64 rng(19);
   std::vector<Result> results;
-  for (const Case& c : NamedCases(quick)) {
+  std::vector<Case> cases = NamedCases(quick);
+  if (const char* n = std::getenv("LAYOUT_RANDOM"); n != nullptr && std::atoi(n) > 0) {
+    std::mt19937_64 layout_rng(1919);
+    for (Case& c : RandomCases(layout_rng, std::atoi(n), quick)) cases.push_back(std::move(c));
+  }
+  for (const Case& c : cases) {
     results.push_back(RunCase(c, rng, quick ? 5 : 20));
     const Result& r = results.back();
-    std::printf("  %-48s %s | %s | %.1f / %.1f GB/s | %s\n", r.name.c_str(),
-                r.ok ? "bytes OK" : "MISMATCH", r.path.c_str(), r.gbps32, r.gbps132,
-                r.plan.c_str());
+    std::printf("  %-48s %s | %s | %.1f / %.1f GB/s | slab %.1f | reg %.1f / %.1f | bulk3 %.1f / %.1f | lanes2 %.1f / %.1f | lanes3 %.1f / %.1f | %s\n",
+                r.name.c_str(), r.ok ? "bytes OK" : "MISMATCH", r.path.c_str(), r.gbps32,
+                r.gbps132, r.slab32, r.reg32, r.reg132, r.bulk3_32, r.bulk3_132, r.lanes2_32,
+                r.lanes2_132, r.lanes3_32, r.lanes3_132, r.plan.c_str());
     std::fflush(stdout);
   }
   const double base32 = results.front().gbps32, base132 = results.front().gbps132;
-  std::printf("\n| layout | MiB | kernel path (chosen) | bytes | GB/s 32 CTAs | vs aligned | GB/s 132 CTAs | vs aligned | 32 CTAs: slab / segments / pieces | segments, 6 units/lane: 32 / 132 CTAs | segments staged (2 x 6): 32 / 132 CTAs |\n");
-  std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
+  auto pct = [](double v, double base) {
+    return v > 0 ? absl::StrFormat("%.1f (%.0f%%)", v, 100 * v / base) : std::string("-");
+  };
+  std::printf("\n| layout | MiB | kernel path (chosen) | bytes | GB/s 32 CTAs | vs aligned | GB/s 132 CTAs | vs aligned | 32 CTAs: slab / pieces | segments, registers (6): 32 / 132 | bulk copies, 3 stages: 32 / 132 | lane copies, 2 stages: 32 / 132 | lane copies, 3 stages: 32 / 132 |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   int failed = 0;
   for (const Result& r : results) {
+    if (r.path == "plan refused") continue;  // the planner's call, not a kernel result
     failed += r.ok ? 0 : 1;
-    std::printf("| %s | %.0f | %s | %s | %.1f | %.0f%% | %.1f | %.0f%% | %s | %s | %s |\n", r.name.c_str(),
-                r.bytes / 1048576.0, r.path.c_str(), r.ok ? "OK" : "MISMATCH", r.gbps32,
-                100 * r.gbps32 / base32, r.gbps132, 100 * r.gbps132 / base132,
-                absl::StrFormat("%.1f / %s / %s", r.slab32,
-                                r.segments32 > 0 ? absl::StrFormat("%.1f", r.segments32) : "-",
+    std::printf("| %s | %.0f | %s | %s | %.1f | %.0f%% | %.1f | %.0f%% | %s | %s / %s | %s / %s | %s / %s | %s / %s |\n",
+                r.name.c_str(), r.bytes / 1048576.0, r.path.c_str(), r.ok ? "OK" : "MISMATCH",
+                r.gbps32, 100 * r.gbps32 / base32, r.gbps132, 100 * r.gbps132 / base132,
+                absl::StrFormat("%.1f / %s", r.slab32,
                                 r.pieces32 > 0 ? absl::StrFormat("%.1f", r.pieces32) : "-")
                     .c_str(),
-                absl::StrFormat("%s / %s",
-                                r.units6_32 > 0 ? absl::StrFormat("%.1f (%.0f%%)", r.units6_32, 100 * r.units6_32 / base32) : "-",
-                                r.units6_132 > 0 ? absl::StrFormat("%.1f (%.0f%%)", r.units6_132, 100 * r.units6_132 / base132) : "-")
-                    .c_str(),
-                absl::StrFormat("%s / %s",
-                                r.staged32 > 0 ? absl::StrFormat("%.1f (%.0f%%)", r.staged32, 100 * r.staged32 / base32) : "-",
-                                r.staged132 > 0 ? absl::StrFormat("%.1f (%.0f%%)", r.staged132, 100 * r.staged132 / base132) : "-")
-                    .c_str());
+                pct(r.reg32, base32).c_str(), pct(r.reg132, base132).c_str(),
+                pct(r.bulk3_32, base32).c_str(), pct(r.bulk3_132, base132).c_str(),
+                pct(r.lanes2_32, base32).c_str(), pct(r.lanes2_132, base132).c_str(),
+                pct(r.lanes3_32, base32).c_str(), pct(r.lanes3_132, base132).c_str());
   }
   return failed == 0 ? 0 : 1;
 }

@@ -2,14 +2,17 @@
 # Issues 17.5 / 19.1 kernels on one GPU (GPU0 -> GPU0), from .devpack_g3/ (built here, packed by
 # /work/briefs/devpack_to .devpack_g3 with layout_bench, digest_gpu_test, kv_copy_gpu_test).
 # PARTS picks what runs (default "layouts digest_cost digest_test kernel_test"); logs go to $OUT.
+# DEVPACK names another pack folder (issue 19 NL: DEVPACK=.devpack_nl PARTS="layouts kernel_test"
+# LAYOUT_RANDOM=12, run as `bash tests/gpu/run_g3.sh`); LAYOUT_RANDOM adds random layouts.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out=${OUT:-/tmp}
-export LD_LIBRARY_PATH=$PWD/.devpack_g3/lib:${LD_LIBRARY_PATH:-}
+pack=${DEVPACK:-.devpack_g3}
+export LD_LIBRARY_PATH=$PWD/$pack/lib:${LD_LIBRARY_PATH:-}
 export NCCL_NVLS_ENABLE=0
 parts=${PARTS:-layouts digest_cost digest_test kernel_test}
 nvidia-smi -L; nvidia-smi --query-gpu=clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv; date -u
-bin=.devpack_g3/bin
+bin=$pack/bin
 step() {  # $1 name, $2 timeout, rest: command
   local name=$1 limit=$2; shift 2
   local t0=$SECONDS
@@ -17,7 +20,7 @@ step() {  # $1 name, $2 timeout, rest: command
   echo "== $name: exit $? after $((SECONDS - t0)) s"
 }
 if [[ $parts == *layouts* ]]; then
-  step layouts 120 $bin/layout_bench ${LAYOUT_ARGS:-}
+  step layouts ${LAYOUT_TIMEOUT:-120} $bin/layout_bench ${LAYOUT_ARGS:-}
   grep -E '^\|' "$out/layouts.txt"; grep -i mismatch "$out/layouts.txt" | head -5
 fi
 if [[ $parts == *digest_cost* ]]; then
@@ -29,7 +32,7 @@ if [[ $parts == *digest_test* ]]; then
   grep -E 'digest cases|passed|failed|FAILED' "$out/digest_test.txt" | head -8
 fi
 if [[ $parts == *kernel_test* ]]; then
-  step kernel_test 120 $bin/kv_copy_gpu_test '~[bandwidth]'
+  step kernel_test ${KERNEL_TEST_TIMEOUT:-120} $bin/kv_copy_gpu_test '~[bandwidth]'
   grep -E 'passed|failed|FAILED|REQUIRE|CHECK|first mismatch' "$out/kernel_test.txt" | head -12
 fi
 date -u
