@@ -15,16 +15,10 @@
 // daemon/fabric:fi_test and daemon/fabric:receiver_test.
 #define CATCH_CONFIG_MAIN
 #include <catch2/catch.hpp>
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <chrono>
-#include <fstream>
-#include <iterator>
 #include <optional>
-#include <random>
 #include <string>
 #include <thread>
 
@@ -35,42 +29,13 @@
 #include "proto/kvrail/v1/peer.grpc.pb.h"
 #include "tests/integration/kv_fixture.h"
 #include "tests/netns/netns.h"
+#include "tests/tls/peer_calls.h"
 #include "tests/tls/test_ca.h"
 
 namespace kvrail::testing {
 namespace {
 
 constexpr uint32_t kLayers = 8, kBlocks = 64, kMoved = 48, kTpb = 16;
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
-bool PeerUp(NsDaemon& node, const std::string& peer, absl::Duration wait) {
-  const absl::Time until = absl::Now() + wait;
-  do {
-    auto peers = node.client->ListPeers();
-    if (peers.ok()) {
-      for (const auto& p : peers->peers()) {
-        if (p.node_id() == peer && p.state() == "up") return true;
-      }
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  } while (absl::Now() < until);
-  return false;
-}
-
-std::unique_ptr<grpc::ClientContext> Context() {
-  auto context = std::make_unique<grpc::ClientContext>();
-  context->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-  return context;
-}
-
-bool Says(const grpc::Status& status, grpc::StatusCode code, const std::string& text) {
-  INFO("code " << status.error_code() << ": " << status.error_message());
-  return status.error_code() == code && status.error_message().find(text) != std::string::npos;
-}
 
 v1::PagedKvLayout Layout() {
   return MakeLayout(kLayers, 2, kBlocks, kTpb, 8, 128, v1::DTYPE_BF16,
@@ -101,9 +66,7 @@ struct Trio {
       UNSCOPED_INFO("test CA: " << ca.status());
       return;
     }
-    NsDaemonOptions options;
-    options.nics = 1;
-    options.ca = &ca;
+    const NsDaemonOptions options = TlsDaemonOptions(&ca);
     NsDaemonOptions b_options = options;
     b_options.extra_config = absl::StrCat("peers { key: \"c\" value: \"", ip_c, ":7070\" }\n");
     ok = b.Start("", "b", ip_b, "a", ip_a, b_options) &&
@@ -117,33 +80,9 @@ struct Trio {
   }
   // A caller of b's Peer service presenting c's certificate (what a compromised c can do).
   std::unique_ptr<v1::Peer::Stub> AsC() {
-    auto issued = ca.Issue("c");
-    REQUIRE(issued.ok());
-    grpc::SslCredentialsOptions creds;
-    creds.pem_root_certs = ReadFile(ca.ca_file());
-    creds.pem_cert_chain = ReadFile(issued->cert_file);
-    creds.pem_private_key = ReadFile(issued->key_file);
-    grpc::ChannelArguments args;
-    args.SetSslTargetNameOverride("b");
-    return v1::Peer::NewStub(grpc::CreateCustomChannel(
-        absl::StrCat(ip_b, ":", b.tcp_port), grpc::SslCredentials(creds), args));
+    return v1::Peer::NewStub(TlsChannel(absl::StrCat(ip_b, ":", b.tcp_port), ca, "b", &ca, "c"));
   }
 };
-
-v1::HelloRequest HelloAs(const std::string& node) {
-  v1::HelloRequest request;
-  v1::PeerHello* hello = request.mutable_hello();
-  hello->set_version(1);
-  hello->set_node_id(node);
-  hello->set_boot_id(12345);
-  hello->set_provider("tcp;ofi_rxm");
-  hello->set_slots(8);
-  hello->set_slot_bytes(1 << 20);
-  v1::PeerNic* nic = hello->add_nics();
-  nic->set_name("nic0");
-  nic->set_fabric_address(std::string(16, '\0'));
-  return request;
-}
 
 TEST_CASE("a peer authenticated as itself cannot act as another peer or touch its transfers") {
   Trio t;

@@ -13,11 +13,7 @@
 #include <catch2/catch.hpp>
 #include <unistd.h>
 
-#include <chrono>
-#include <fstream>
-#include <iterator>
 #include <random>
-#include <thread>
 
 #include <grpcpp/grpcpp.h>
 
@@ -27,15 +23,11 @@
 #include "proto/kvrail/v1/peer.grpc.pb.h"
 #include "proto/kvrail/v1/transfer.grpc.pb.h"
 #include "tests/netns/netns.h"
+#include "tests/tls/peer_calls.h"
 #include "tests/tls/test_ca.h"
 
 namespace kvrail::testing {
 namespace {
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
 
 // A loopback address of this process: 127.<pid bits>.<n>.
 // Random per process, not derived from getpid(): Bazel's sandbox gives every test its own pid
@@ -49,65 +41,6 @@ std::string LoopbackIp(int n) {
   return absl::StrCat("127.", 1 + (base >> 8) % 250, ".", base % 256, ".", n);
 }
 
-// A caller of a daemon's TCP port. `cert` (CN) from `issuer` is presented when given; the
-// daemon's certificate is checked against `ca` and must name `server_node`.
-std::shared_ptr<grpc::Channel> TlsChannel(const std::string& address, TestCa& ca,
-                                          const std::string& server_node, TestCa* issuer,
-                                          const std::string& cert) {
-  grpc::SslCredentialsOptions options;
-  options.pem_root_certs = ReadFile(ca.ca_file());
-  if (issuer != nullptr) {
-    auto issued = issuer->Issue(cert);
-    REQUIRE(issued.ok());
-    options.pem_cert_chain = ReadFile(issued->cert_file);
-    options.pem_private_key = ReadFile(issued->key_file);
-  }
-  grpc::ChannelArguments args;
-  args.SetSslTargetNameOverride(server_node);
-  return grpc::CreateCustomChannel(address, grpc::SslCredentials(options), args);
-}
-
-std::unique_ptr<grpc::ClientContext> Context() {
-  auto context = std::make_unique<grpc::ClientContext>();
-  context->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-  return context;
-}
-
-bool Says(const grpc::Status& status, grpc::StatusCode code, const std::string& text) {
-  INFO("code " << status.error_code() << ": " << status.error_message());
-  return status.error_code() == code && status.error_message().find(text) != std::string::npos;
-}
-
-v1::HelloRequest HelloAs(const std::string& node) {
-  v1::HelloRequest request;
-  v1::PeerHello* hello = request.mutable_hello();
-  hello->set_version(1);
-  hello->set_node_id(node);
-  hello->set_boot_id(12345);
-  hello->set_provider("tcp;ofi_rxm");
-  hello->set_slots(8);
-  hello->set_slot_bytes(1 << 20);
-  v1::PeerNic* nic = hello->add_nics();
-  nic->set_name("nic0");
-  nic->set_fabric_address(std::string(16, '\0'));
-  return request;
-}
-
-// Whether `node` lists peer `peer` as up within `wait`.
-bool PeerUp(NsDaemon& node, const std::string& peer, absl::Duration wait) {
-  const absl::Time until = absl::Now() + wait;
-  do {
-    auto peers = node.client->ListPeers();
-    if (peers.ok()) {
-      for (const auto& p : peers->peers()) {
-        if (p.node_id() == peer && p.state() == "up") return true;
-      }
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  } while (absl::Now() < until);
-  return false;
-}
-
 // Daemons "a" and "b" peered over mTLS on two loopback addresses, certificates from `ca`.
 struct TlsPair {
   TestCa ca;
@@ -119,9 +52,7 @@ struct TlsPair {
       UNSCOPED_INFO("test CA: " << ca.status());
       return;
     }
-    NsDaemonOptions options;
-    options.nics = 1;
-    options.ca = &ca;
+    const NsDaemonOptions options = TlsDaemonOptions(&ca);
     ok = a.Start("", "a", ip_a, "b", ip_b, options) && b.Start("", "b", ip_b, "a", ip_a, options);
     if (!ok) UNSCOPED_INFO("a log:\n" << a.Log() << "\nb log:\n" << b.Log());
   }
