@@ -104,8 +104,8 @@ absl::StatusOr<DevicePlanBuffer> DevicePlanBuffer::Upload(const PlanHeader& head
   if (buffer.plan_.piece_bytes != 0 && buffer.plan_.piece_bytes < kMinWarpPieceBytes) {
     buffer.plan_.piece_bytes = 0;
   }
-  // Issue 19 (NL): segments also for plans whose token chunks merge, and the segment form per
-  // plan (segment_math.h: TakesSegmentPath, SegmentFormFor; docs/benchmarks.md "issue 19 (NL)").
+  // Issue 19 (NL): the segment form per plan (segment_math.h: TakesSegmentPath, SegmentFormFor;
+  // docs/benchmarks.md "issue 19 (NL)").
   buffer.plan_.segments = buffer.plan_.piece_bytes == 0 &&
                           TakesSegmentPath(header, buffer.plan_.access_bytes);
   buffer.plan_.segment_units = SegmentFormFor(header);

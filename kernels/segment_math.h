@@ -158,11 +158,11 @@ KVRAIL_HD int SegmentFormFor(const PlanHeader& h) {
 
 // Whether a plan whose inner loop is not the warp path takes the segment path rather than the
 // slab path: chunked plans (not kBytes) whose access width (narrowed to the bases) is under 8
-// bytes, and those whose chunks merge (MLA 576/656-byte tokens, 64 -> 16 tokens per block: 754 /
-// 785 GB/s bulk-staged against 711 / 725 on the slab path at 32 CTAs).
+// bytes. Not chosen: merging 16-byte-access token chunks (MLA 576/656-byte tokens, 64 -> 16
+// tokens per block) on the bulk form ran 754 / 785 GB/s against 711 / 725 on the slab path at 32
+// CTAs, but 1532 / 1568 against 1598 / 1622 at 132 (docs/benchmarks.md, "issue 19 (NL)").
 KVRAIL_HD bool TakesSegmentPath(const PlanHeader& h, uint32_t access_bytes) {
-  return static_cast<ChunkKind>(h.chunk_kind) != ChunkKind::kBytes &&
-         (access_bytes < 8 || ChunksMayMerge(h));
+  return static_cast<ChunkKind>(h.chunk_kind) != ChunkKind::kBytes && access_bytes < 8;
 }
 
 // The stage size of the bulk-staged form for a launch of `warps` warps with `stages` stages each

@@ -332,7 +332,8 @@ TEST_CASE("segment path and form per plan") {
   h.src.token_stride = 576;
   h.dst.token_stride = 576;
   CHECK(ChunksMayMerge(h));
-  CHECK(TakesSegmentPath(h, 16));  // merging beats the slab path even with 16-byte accesses
+  CHECK_FALSE(TakesSegmentPath(h, 16));  // the slab path (faster at 132 CTAs)
+  CHECK(TakesSegmentPath(h, 1));
   CHECK(SegmentFormFor(h) == kSegmentFormDefault);
   h.chunk_bytes = 384;  // one of several heads: tokens 1536 bytes apart on the source
   h.src.token_stride = 1536;
