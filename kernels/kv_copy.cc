@@ -57,14 +57,19 @@ absl::StatusOr<DevicePlanBuffer> DevicePlanBuffer::Upload(const PlanHeader& head
       return s;
     }
   } else {
-    const PlanHeader h = DevicePlanHeader(header, layout, device, src_base, dst_base);
+    PlanHeader h = DevicePlanHeader(header, layout, device, src_base, dst_base);
     // Three copies straight from the caller's memory, no staging image (a megabyte-sized table
-    // would be copied once more on the host). Copies from pageable memory (`h`, always) are
-    // staged by the driver before cudaMemcpyAsync returns; pinned tables are read later (see
-    // kv_copy.h).
+    // would be copied once more on the host). Copies from pageable memory (`h`, unless the
+    // staging holds it) are staged by the driver before cudaMemcpyAsync returns; pinned tables
+    // are read later (see kv_copy.h).
+    const void* h_from = &h;
+    if (staging != nullptr && staging_bytes >= sizeof(h)) {
+      std::memcpy(staging, &h, sizeof(h));
+      h_from = staging;
+    }
     uint8_t* at = static_cast<uint8_t*>(buffer.memory_);
     const std::pair<const void*, size_t> parts[3] = {
-        {&h, sizeof(h)}, {src_blocks, 4 * layout.src_n}, {dst_blocks, 4 * layout.dst_n}};
+        {h_from, sizeof(h)}, {src_blocks, 4 * layout.src_n}, {dst_blocks, 4 * layout.dst_n}};
     for (const auto& [from, n] : parts) {
       if (n == 0) continue;
       if (absl::Status s = CudaStatus(internal::CopyToDevice(at, from, n, stream), "upload plan");

@@ -56,7 +56,7 @@ class DevicePlanBuffer {
   // (plan_image.h: LayoutPlanImage(header).bytes), the image is written there and copied with
   // one asynchronous copy (a small plan's upload: one API call instead of three to five, none
   // from pageable memory); keep `staging` until the stream has passed this point. Otherwise as
-  // above.
+  // above, with the header copied from `staging` when it holds one.
   static absl::StatusOr<DevicePlanBuffer> Upload(const PlanHeader& header,
                                                  const uint32_t* src_blocks,
                                                  const uint32_t* dst_blocks, uint64_t src_base,

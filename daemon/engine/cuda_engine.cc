@@ -6,7 +6,9 @@
 
 #include <spdlog/spdlog.h>
 
+#include <atomic>
 #include <cstddef>
+#include <cstring>
 #include <deque>
 #include <list>
 #include <map>
@@ -31,6 +33,7 @@
 #include "daemon/scheduler/tile_queues.h"
 #include "kernels/kv_copy.h"
 #include "kernels/kv_digest.h"
+#include "kernels/plan_image.h"
 
 namespace kvrail::engine {
 namespace {
@@ -60,6 +63,19 @@ constexpr int kCopyOnlyTunerKeys = 1 << 10;
 // (their completions wake it at once), and how long a live producer gets to write the words of
 // a job that ended before the daemon raises them itself (scheduler::ReleaseNow).
 constexpr absl::Duration kGatePoll = absl::Milliseconds(1);
+// Pinned staging for plan uploads (CudaEngineOptions::staged_plan_upload): slots of this size
+// (a plan image of up to ~32k block ids in all fits whole), each reused once its upload passed.
+constexpr size_t kStagingSlots = 8;
+constexpr size_t kStagingSlotBytes = 128 << 10;
+
+// The dispatcher's idle spin (CudaEngineOptions::dispatcher_spin_us).
+inline void CpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
 constexpr absl::Duration kGateReleaseGrace = absl::Seconds(1);
 
 using WaitValue32Fn = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
@@ -192,12 +208,14 @@ class DeviceWorker {
       stop_ = true;
     }
     thread_.join();
+    if (staging_memory_ != nullptr) cudaFreeHost(staging_memory_);
   }
 
   void Enqueue(const std::shared_ptr<Job>& job, const std::vector<uint32_t>& tiles) {
     absl::MutexLock lock(&mu_);
     queues_.Add(job, tiles);
     last_enqueue_ = absl::Now();
+    work_hint_.store(true, std::memory_order_release);  // ends the dispatcher's idle spin
   }
 
   size_t Remove(const Job* job) {
@@ -360,6 +378,37 @@ class DeviceWorker {
     KVRAIL_RETURN_IF_ERROR(cuda::CudaStatus(cudaFreeAsync(scratch, stream_.get()),
                                             "cudaFreeAsync(warm-up)"));
     KVRAIL_RETURN_IF_ERROR(kernels::WarmUpKvCopy(stream_.get()));
+    if (!staging_.empty()) {
+      // One staged plan upload: the first job's set-up paid ~100 us for its first copies.
+      kernels::PlanHeader header{};
+      header.src.num_table_blocks = header.dst.num_table_blocks = 1;
+      const uint32_t ids[1] = {0};
+      StagingSlot* slot = TakeStaging();
+      if (slot != nullptr) {
+        KVRAIL_ASSIGN_OR_RETURN(kernels::DevicePlanBuffer buffer,
+                                kernels::DevicePlanBuffer::Upload(header, ids, ids, 0, 0,
+                                                                  stream_.get(), slot->memory,
+                                                                  kStagingSlotBytes));
+        KVRAIL_RETURN_IF_ERROR(PassedStaging(*slot));
+        KVRAIL_RETURN_IF_ERROR(cuda::CudaStatus(cudaStreamSynchronize(stream_.get()),
+                                                "cudaStreamSynchronize(warm-up upload)"));
+        // And a large plan's (tables copied straight from pinned memory, the header staged):
+        // 32768 + 32768 ids, read from another slot's pinned memory.
+        StagingSlot* tables = TakeStaging();
+        if (tables != nullptr && tables != slot) {
+          header.src.num_table_blocks = header.dst.num_table_blocks = kStagingSlotBytes / 4;
+          const auto* big = static_cast<const uint32_t*>(tables->memory);
+          KVRAIL_ASSIGN_OR_RETURN(kernels::DevicePlanBuffer large,
+                                  kernels::DevicePlanBuffer::Upload(header, big, big, 0, 0,
+                                                                    stream_.get(), slot->memory,
+                                                                    kStagingSlotBytes));
+          KVRAIL_RETURN_IF_ERROR(PassedStaging(*tables));
+          KVRAIL_RETURN_IF_ERROR(PassedStaging(*slot));
+        }
+        KVRAIL_RETURN_IF_ERROR(cuda::CudaStatus(cudaStreamSynchronize(stream_.get()),
+                                                "cudaStreamSynchronize(warm-up upload)"));
+      }
+    }
     absl::MutexLock lock(&mu_);
     warm_up_text_ = absl::StrFormat("warmed up in %.1f ms; ",
                                     absl::ToDoubleMilliseconds(absl::Now() - t0));
@@ -371,6 +420,13 @@ class DeviceWorker {
     // visits another GPU from this thread (closing another GPU's mapping, enabling peer access)
     // does so under a cuda::ScopedDevice, which gives the thread back its GPU.
     absl::Status bound = cuda::SetDevice(device_);
+    if (bound.ok() && options_.staged_plan_upload) {
+      // Made before serving (cudaHostAlloc may synchronize the context). Without it plans upload
+      // unstaged: only speed is lost.
+      if (absl::Status made = MakeStaging(); !made.ok()) {
+        spdlog::warn("cuda:{} plan uploads unstaged: {}", device_, made.ToString());
+      }
+    }
     if (bound.ok() && options_.warm_up) {
       // A failed warm-up costs only speed: the first transfer pays what it would have.
       if (absl::Status warm = WarmUp(); !warm.ok()) {
@@ -383,6 +439,9 @@ class DeviceWorker {
     }
     std::deque<Batch> in_flight;
     while (true) {
+      if (in_flight.empty() && gated_pending_ == 0 && options_.dispatcher_spin_us > 0) {
+        SpinForWork();
+      }
       std::optional<Taken> next;
       {
         absl::MutexLock lock(&mu_);
@@ -655,13 +714,20 @@ class DeviceWorker {
     s.setup_mode = t_upload - t0 - s.setup_addresses;
     if (s.mode == Mode::kKernel || job.wants_digest()) {
       const planner::Plan& plan = s.RunPlan();
+      // From a pinned staging slot when one is free: the whole image in one copy when it fits
+      // (the tables are then copied on the host and need not be held), else the header.
+      StagingSlot* staging = staging_.empty() ? nullptr : TakeStaging();
+      const bool staged_whole = staging != nullptr && kernels::LayoutPlanImage(plan.header()).bytes <=
+                                                          kStagingSlotBytes;
       KVRAIL_ASSIGN_OR_RETURN(kernels::DevicePlanBuffer buffer,
                        kernels::DevicePlanBuffer::Upload(
                            plan.header(), plan.src_blocks().data(), plan.dst_blocks().data(),
                            reinterpret_cast<uint64_t>(s.src), reinterpret_cast<uint64_t>(s.dst),
-                           stream_.get()));
+                           stream_.get(), staging != nullptr ? staging->memory : nullptr,
+                           staging != nullptr ? kStagingSlotBytes : 0));
       s.plan.emplace(std::move(buffer));
-      if (plan.src_blocks().pinned() || plan.dst_blocks().pinned()) {
+      if (staging != nullptr) KVRAIL_RETURN_IF_ERROR(PassedStaging(*staging));
+      if (!staged_whole && (plan.src_blocks().pinned() || plan.dst_blocks().pinned())) {
         KVRAIL_ASSIGN_OR_RETURN(s.uploaded, cuda::Event::Create());
         KVRAIL_RETURN_IF_ERROR(cuda::CudaStatus(cudaEventRecord(s.uploaded.get(), stream_.get()),
                                          "cudaEventRecord(plan uploaded)"));
@@ -1042,6 +1108,63 @@ class DeviceWorker {
   std::vector<void*> dsts_;
   std::vector<const void*> srcs_;
   std::vector<size_t> sizes_;
+  // Pinned plan-upload staging (CudaEngineOptions::staged_plan_upload; dispatcher only).
+  struct StagingSlot {
+    void* memory = nullptr;
+    cuda::Event passed;  // recorded after the slot's latest upload
+    bool recorded = false;
+  };
+  void* staging_memory_ = nullptr;
+  std::vector<StagingSlot> staging_;
+  size_t next_staging_ = 0;
+  // Set by Enqueue, cleared by the dispatcher before its idle spin.
+  std::atomic<bool> work_hint_{false};
+
+  absl::Status MakeStaging() {
+    KVRAIL_RETURN_IF_ERROR(cuda::CudaStatus(
+        cudaHostAlloc(&staging_memory_, kStagingSlots * kStagingSlotBytes, cudaHostAllocDefault),
+        "cudaHostAlloc(plan staging)"));
+    std::memset(staging_memory_, 0, kStagingSlots * kStagingSlotBytes);
+    std::vector<StagingSlot> slots(kStagingSlots);
+    for (size_t i = 0; i < kStagingSlots; ++i) {
+      slots[i].memory = static_cast<uint8_t*>(staging_memory_) + i * kStagingSlotBytes;
+      KVRAIL_ASSIGN_OR_RETURN(slots[i].passed, cuda::Event::Create());
+    }
+    staging_ = std::move(slots);
+    return absl::OkStatus();
+  }
+
+  // A staging slot whose last upload the stream has passed (round robin), or nullptr when all
+  // are still in use (the upload then goes unstaged).
+  StagingSlot* TakeStaging() {
+    for (size_t i = 0; i < staging_.size(); ++i) {
+      const size_t k = (next_staging_ + i) % staging_.size();
+      StagingSlot& slot = staging_[k];
+      if (slot.recorded && cudaEventQuery(slot.passed.get()) != cudaSuccess) continue;
+      next_staging_ = (k + 1) % staging_.size();
+      return &slot;
+    }
+    return nullptr;
+  }
+
+  absl::Status PassedStaging(StagingSlot& slot) {
+    KVRAIL_RETURN_IF_ERROR(cuda::CudaStatus(cudaEventRecord(slot.passed.get(), stream_.get()),
+                                            "cudaEventRecord(plan staging)"));
+    slot.recorded = true;
+    return absl::OkStatus();
+  }
+
+  // The idle dispatcher spins up to dispatcher_spin_us for the next Enqueue before it sleeps on
+  // mu_ (waking a sleeping thread costs tens of microseconds: a critical transfer's budget).
+  void SpinForWork() {
+    {
+      absl::MutexLock lock(&mu_);
+      if (HasWorkOrStop()) return;
+      work_hint_.store(false, std::memory_order_relaxed);
+    }
+    const absl::Time until = absl::Now() + absl::Microseconds(options_.dispatcher_spin_us);
+    while (!work_hint_.load(std::memory_order_acquire) && absl::Now() < until) CpuRelax();
+  }
 };
 
 // Routes each job to the worker of its executing GPU. Thread-safe (workers are fixed at

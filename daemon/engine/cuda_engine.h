@@ -52,6 +52,11 @@ struct CudaEngineOptions {
   // (scheduler/stream_gate.h). Off: AdmitGated says no, and such layers reach the engine only
   // once the readiness poller saw them ready.
   bool stream_wait = false;
+  // The critical path (issue 19): an idle dispatcher spins this long for the next job before it
+  // sleeps (0: sleeps at once); plan uploads go through pinned staging slots (one copy for a
+  // small plan) instead of up to five copies, the header from pageable memory.
+  int dispatcher_spin_us = 100;
+  bool staged_plan_upload = true;
   // The most gated jobs per GPU waiting at once (one stream each).
   int stream_wait_jobs = 8;
 };
