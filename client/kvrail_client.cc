@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "base/grpc_status.h"
@@ -35,6 +36,8 @@ namespace {
 constexpr absl::Duration kUnaryDeadline = absl::Seconds(30);
 // Extra time given to WaitTransfer beyond its own timeout before the client's deadline fires.
 constexpr absl::Duration kWaitSlack = absl::Seconds(10);
+// SessionConnection::SetAnswerSpin of the session connections (KVRAIL_ANSWER_SPIN_US overrides).
+constexpr absl::Duration kAnswerSpin = absl::Microseconds(200);
 // Responses such as ListTransfers with many block ids can exceed gRPC's 4 MiB default.
 constexpr int kMaxMessageBytes = 256 << 20;
 
@@ -113,6 +116,12 @@ class Client::Impl {
         peer_(v1::Peer::NewStub(channel_)) {
     const char* via = std::getenv("KVRAIL_SUBMIT_VIA");
     if (via != nullptr && std::string(via) == "grpc") session_submit_.store(false);
+    // KVRAIL_ANSWER_SPIN_US: how long an exchange on the session socket polls for its answer
+    // before it sleeps (0: never polls).
+    if (const char* spin = std::getenv("KVRAIL_ANSWER_SPIN_US"); spin != nullptr) {
+      uint32_t us = 0;
+      if (absl::SimpleAtoi(spin, &us)) answer_spin_ = absl::Microseconds(us);
+    }
   }
 
   const std::string target_;
@@ -136,6 +145,10 @@ class Client::Impl {
   // Submits go over the session socket (one round trip) unless this is off: a TCP target, an
   // older daemon that does not know SUBMIT, or KVRAIL_SUBMIT_VIA=grpc in the environment.
   std::atomic<bool> session_submit_{true};
+  // Session-socket exchanges (SUBMIT, WAIT) poll for their answer this long before sleeping: a
+  // critical transfer's answer then costs no thread wake-up (issue 19). Set once, in the
+  // constructor.
+  absl::Duration answer_spin_ = kAnswerSpin;
 
   // Connections that carry WAITs (a WAIT holds its connection until the transfer ends, so each
   // concurrent Wait has its own); idle ones are kept for the next.
@@ -152,7 +165,9 @@ class Client::Impl {
       }
     }
     auto opened = wire::SessionConnection::Open(wire::SessionSocketPath(unix_path_));
-    return opened.ok() ? *std::move(opened) : nullptr;
+    if (!opened.ok()) return nullptr;
+    (*opened)->SetAnswerSpin(answer_spin_);
+    return *std::move(opened);
   }
 
   void ReturnWaitConnection(std::unique_ptr<wire::SessionConnection> conn) {
@@ -184,6 +199,7 @@ class Client::Impl {
                                 wire::SessionConnection::Open(wire::SessionSocketPath(unix_path_)));
         const std::string known = instance_id();
         if (known.empty() || opened->instance_id().empty() || opened->instance_id() == known) {
+          opened->SetAnswerSpin(answer_spin_);
           session_ = std::move(opened);
           StartMonitorLocked();
           return session_.get();

@@ -45,6 +45,13 @@
 namespace kvrail {
 namespace {
 
+// KVRAILD_LOW_LATENCY=off: the critical-path measures of issue 19 off (the CUDA dispatcher's idle
+// spin, staged plan uploads, the session poll thread's spin), for before/after measurements.
+bool LowLatencyOff() {
+  const char* v = std::getenv("KVRAILD_LOW_LATENCY");
+  return v != nullptr && std::string(v) == "off";
+}
+
 constexpr const char* kVersion = build::kVersion;
 
 absl::StatusOr<v1::GetTopologyResponse> LoadTopology(const v1::DaemonConfig& config) {
@@ -280,6 +287,10 @@ absl::Status Run(v1::DaemonConfig config) {
     cuda_options.run_on_destination = config.cuda_run_on() == "destination";
     cuda_options.batch_bytes = config.cuda_batch_bytes();
     cuda_options.limits = limits;
+    if (LowLatencyOff()) {
+      cuda_options.dispatcher_spin_us = 0;
+      cuda_options.staged_plan_upload = false;
+    }
     absl::StatusOr<std::unique_ptr<engine::Engine>> created =
         engine::CreateCudaEngine(cuda_options);
     if (created.ok()) {
@@ -391,6 +402,8 @@ absl::Status Run(v1::DaemonConfig config) {
     return transfers->WhenEnded(id, std::move(done));
   };
   session_options.max_sessions = MaxSessions(config);
+  // The poll thread's spin after a packet (issue 19's critical path; off with the engine's).
+  if (!LowLatencyOff()) session_options.spin = absl::Microseconds(100);
   session_options.max_sessions_per_uid = config.max_sessions_per_uid();
   spdlog::info("caps: {} sessions ({} per uid), {} transfers in flight and {} waits/watches per "
                "session", session_options.max_sessions, session_options.max_sessions_per_uid,

@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "wire/session_wire.h"
 
 namespace kvrail::wire {
@@ -97,6 +98,11 @@ class SessionConnectionImpl final : public SessionConnection {
     SetSocketTimeout(sock_.get(), SO_RCVTIMEO, timeout);
   }
 
+  void SetAnswerSpin(absl::Duration spin) override {
+    absl::MutexLock lock(&mu_);
+    spin_ = spin;
+  }
+
  private:
   // One request (with `fd` passed when >= 0) and its answer; errors say what was awaited.
   absl::StatusOr<std::string> Send(absl::string_view packet, int fd, absl::string_view awaited,
@@ -107,6 +113,14 @@ class SessionConnectionImpl final : public SessionConnection {
       return InContext(s, path_);
     }
     *sent = true;
+    if (spin_ > absl::ZeroDuration()) {
+      // Polls (no sleep) until the answer is readable or the spin is over; the receive below
+      // then finds it at once or sleeps as before.
+      const absl::Time until = absl::Now() + spin_;
+      struct pollfd p = {sock_.get(), POLLIN, 0};
+      while (::poll(&p, 1, 0) == 0 && absl::Now() < until) {
+      }
+    }
     absl::StatusOr<std::string> answer = ReceivePacket(sock_.get());
     if (!answer.ok()) return InContext(answer.status(), path_, awaited);
     return answer;
@@ -117,6 +131,7 @@ class SessionConnectionImpl final : public SessionConnection {
   // replaced, so the number stays this connection's until the object is destroyed.
   const int raw_sock_;
   UniqueFd sock_ ABSL_GUARDED_BY(mu_);
+  absl::Duration spin_ ABSL_GUARDED_BY(mu_) = absl::ZeroDuration();
   const uint64_t id_;
   const std::string path_;
   const std::string instance_;

@@ -214,6 +214,10 @@ class SessionConnection {
   // How long answers may take from now on (InfiniteDuration: no limit; a closed connection still
   // ends a wait with UNAVAILABLE).
   virtual void SetAnswerTimeout(absl::Duration timeout) = 0;
+  // Before it sleeps in the receive, an exchange polls for its answer without sleeping for up to
+  // `spin` (a thread wake-up costs tens of microseconds: issue 19's critical path). Zero (the
+  // default): it sleeps at once.
+  virtual void SetAnswerSpin(absl::Duration spin) = 0;
 };
 
 }  // namespace kvrail::wire

@@ -115,11 +115,17 @@ class SessionServerImpl final : public SessionServer {
       return;
     }
     std::vector<epoll_event> events(256);
+    // After serving a packet the thread polls without sleeping for options_.spin (the next
+    // packet of a critical transfer, e.g. its WAIT, then costs no wake-up).
+    absl::Time spin_until = absl::InfinitePast();
     while (!stop_.load()) {
       // While the listener is paused (out of descriptors with no reserve left) it is retried
       // every 100 ms instead of being polled in a spin.
+      const bool spinning = options_.spin > absl::ZeroDuration() && absl::Now() < spin_until;
       const int n = ::epoll_wait(epoll_.get(), events.data(), static_cast<int>(events.size()),
-                                 listener_paused_ ? 100 : -1);
+                                 spinning ? 0 : listener_paused_ ? 100 : -1);
+      if (n == 0 && spinning) continue;
+      if (n > 0 && options_.spin > absl::ZeroDuration()) spin_until = absl::Now() + options_.spin;
       if (n < 0) {
         if (errno == EINTR) continue;
         spdlog::error("session socket: epoll_wait failed: {}", std::strerror(errno));

@@ -22,6 +22,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "daemon/regions/regions.h"
 #include "proto/kvrail/v1/transfer.pb.h"
 
@@ -58,6 +59,10 @@ struct SessionServerOptions {
   // accept itself fails for want of descriptors, a reserve descriptor is closed to take the
   // connection and refuse it, so the listener is never left readable and unserved.
   size_t fd_headroom = 64;
+  // After each wake-up with work the poll thread keeps polling (epoll_wait without sleeping) this
+  // long before it sleeps again: a client's next packet (the WAIT after a SUBMIT, the next
+  // transfer) then costs no thread wake-up (issue 19's critical path). Zero: sleeps at once.
+  absl::Duration spin = absl::ZeroDuration();
 };
 
 // Owns the listening socket and one poll thread (epoll: each wake-up costs what is ready, not

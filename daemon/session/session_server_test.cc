@@ -16,6 +16,7 @@
 
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/time/clock.h"
@@ -208,6 +209,48 @@ TEST_CASE("WAIT is asked as the connection's session") {
   REQUIRE(wire::SendPacket(fd, "WAIT 5 garbage").ok());
   CHECK(wire::ParseDoneAnswer(*wire::ReceivePacket(fd)).status().code() ==
         absl::StatusCode::kUnauthenticated);
+}
+
+TEST_CASE("spinning poll thread and spinning client: answers during and after the spins") {
+  // Issue 19's critical path: the poll thread polls without sleeping for `spin` after a packet,
+  // the client's exchange polls for its answer; neither may lose or delay a packet that comes
+  // after its spin, and the server still stops at once.
+  std::vector<std::thread> late;
+  SessionServerOptions options;
+  options.spin = absl::Milliseconds(2);
+  options.wait = [&late](const regions::Caller&, uint64_t id,
+                         std::function<void(const v1::TransferStatus&)> done) -> absl::Status {
+    v1::TransferStatus status;
+    status.set_transfer_id(id);
+    if (id % 2 == 0) {
+      done(status);  // at once, inside both spins
+    } else {
+      late.emplace_back([done = std::move(done), status] {  // after both spins
+        absl::SleepFor(absl::Milliseconds(30));
+        done(status);
+      });
+    }
+    return absl::OkStatus();
+  };
+  auto s = std::make_unique<Served>(options);
+  auto conn = wire::SessionConnection::Open(s->path());
+  REQUIRE(conn.ok());
+  (*conn)->SetAnswerSpin(absl::Milliseconds(1));
+  const std::string credential =
+      wire::SessionMetadataValue((*conn)->session_id(), (*conn)->secret());
+  for (uint64_t id : {2, 4, 7, 6, 9}) {
+    if (id == 6) absl::SleepFor(absl::Milliseconds(20));  // the poll thread asleep again
+    bool sent = false;
+    auto answer = (*conn)->Exchange(wire::EncodeWait(id, credential), &sent);
+    REQUIRE(answer.ok());
+    auto done = wire::ParseDoneAnswer(*answer);
+    REQUIRE(done.ok());
+    CHECK(done->transfer_id() == id);
+  }
+  for (auto& t : late) t.join();
+  const absl::Time t0 = absl::Now();
+  s.reset();
+  CHECK(absl::Now() - t0 < absl::Seconds(1));
 }
 
 TEST_CASE("the socket appears at its path only with its mode, whatever the umask") {

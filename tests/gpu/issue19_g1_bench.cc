@@ -22,6 +22,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -39,6 +40,25 @@ using gpu_bench::Check;
 using gpu_bench::Must;
 
 double UnixUs() { return absl::ToDoubleMicroseconds(absl::Now() - absl::UnixEpoch()); }
+
+// Environment variables set for one row (the daemon inherits them; the client reads
+// KVRAIL_ANSWER_SPIN_US when it connects), removed afterwards.
+struct ScopedEnv {
+  std::vector<std::string> names;
+  explicit ScopedEnv(std::vector<std::pair<std::string, std::string>> vars) {
+    for (const auto& [k, v] : vars) {
+      setenv(k.c_str(), v.c_str(), 1);
+      names.push_back(k);
+    }
+  }
+  ~ScopedEnv() {
+    for (const auto& k : names) unsetenv(k.c_str());
+  }
+};
+// The critical-path measures off (issue 19, CP): the daemon's spins and staged plan uploads
+// (KVRAILD_LOW_LATENCY=off) and the client's answer spin.
+const std::vector<std::pair<std::string, std::string>> kAllOff = {
+    {"KVRAILD_LOW_LATENCY", "off"}, {"KVRAIL_ANSWER_SPIN_US", "0"}};
 
 struct Daemon {
   testing::TempDir dir;
@@ -183,7 +203,9 @@ void SplitRow(const char* label, const std::string& config) {
 }
 
 // --- first ---------------------------------------------------------------------------------
-void FirstRow(const char* label, const std::string& config) {
+void FirstRow(const char* label, const std::string& config,
+              std::vector<std::pair<std::string, std::string>> env = {}) {
+  ScopedEnv scoped(std::move(env));
   const auto t_start = Clock::now();
   Daemon d(config);
   const double start_ms =
@@ -231,11 +253,14 @@ void FirstRow(const char* label, const std::string& config) {
               warm[5][10], warm[6][10]);
   std::printf("  kvraild start + connect %.1f ms; engine after the first: %s\n", start_ms,
               first_engine.c_str());
+  std::printf("  engine after the last: %s\n", d.Engines().c_str());
   std::fflush(stdout);
 }
 
 // --- latency -------------------------------------------------------------------------------
-void Latency(const char* label, const std::string& config) {
+void Latency(const char* label, const std::string& config,
+             std::vector<std::pair<std::string, std::string>> env = {}) {
+  ScopedEnv scoped(std::move(env));
   Daemon d(config);
   const uint64_t block = 16 << 10;
   const uint32_t pool = 4096, n = 1024;  // 16 MiB
@@ -296,13 +321,18 @@ int main(int argc, char** argv) {
     FirstRow("on (default)", "");
     FirstRow("off", "cuda_warm_up: false");
     FirstRow("on (again)", "");
+    FirstRow("on, critical-path measures off (KVRAILD_LOW_LATENCY=off)", "", kAllOff);
   }
   if (part == "all" || part == "latency") {
     std::printf("\nlatency: 16 MiB critical transfer (1024 x 16 KiB blocks) GPU0 -> GPU0, submit -> "
                 "completion seen by the client, 200 after 20 warm-ups (us); phase medians: client "
                 "-> daemon / accept / reply / queued / running / finished -> client\n\n"
                 "| setting | p50 | p90 | min | phases |\n|---|---|---|---|---|\n");
-    Latency("default", "");
+    Latency("default (spins, staged plan upload)", "");
+    Latency("client answer spin off (KVRAIL_ANSWER_SPIN_US=0)", "",
+            {{"KVRAIL_ANSWER_SPIN_US", "0"}});
+    Latency("all off (KVRAILD_LOW_LATENCY=off, KVRAIL_ANSWER_SPIN_US=0)", "", kAllOff);
+    Latency("default (again)", "");
   }
   return 0;
 }

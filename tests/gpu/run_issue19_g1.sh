@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Issue 19 (G1) on one GPU, from .devpack_g1/ (packed by tests/gpu/pack_issue19_g1.sh). PARTS picks
+# Issue 19 (G1) on one GPU, from .devpack_g1/ (packed by tests/gpu/pack_issue19_g1.sh; DEVPACK names
+# another pack folder, e.g. DEVPACK=.devpack_cp; BENCH_TIMEOUT: seconds per bench part, 300). PARTS picks
 # what runs (default "engine split first latency flagwait flags"):
 #   engine    cuda_engine_gpu_test (byte for byte, the kernel + copy-engine split case included);
 #   split     issue19_g1_bench split (kernel only / learned / fixed / copy engines, 4-128 KiB);
@@ -10,7 +11,7 @@
 # Logs go to $OUT.
 set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh"
-pack=$PWD/.devpack_g1
+pack=$PWD/${DEVPACK:-.devpack_g1}
 export LD_LIBRARY_PATH=$pack/lib:$LD_LIBRARY_PATH
 ln -sf "$pack/bin/kvraild" "$rf/kvrail/daemon/kvraild"
 [ -e "$pack/bin/kv_demo" ] && ln -sf "$pack/bin/kv_demo" "$rf/kvrail/examples/kv_demo"
@@ -27,7 +28,7 @@ fi
 for p in split first latency; do
   if [[ " $parts " == *" $p "* ]]; then
     echo "== issue19_g1_bench $p"
-    run_group timeout 300 "$pack/bin/issue19_g1_bench" "$p" > "$out/bench_$p.txt" 2>&1
+    run_group timeout "${BENCH_TIMEOUT:-300}" "$pack/bin/issue19_g1_bench" "$p" > "$out/bench_$p.txt" 2>&1
     echo "exit $?"; cat "$out/bench_$p.txt"
   fi
 done
