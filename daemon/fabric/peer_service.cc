@@ -62,6 +62,12 @@ class PeerServiceImpl final : public v1::Peer::Service {
           "region_id: region ", request->region_id(),
           " belongs to another session; only its owner may export it")));
     }
+    if (region.ok() && (*region)->spec().library_region()) {
+      // The client library's own region (block tables) is no transfer endpoint, remote or local.
+      return ToGrpcStatus(absl::PermissionDeniedError(absl::StrCat(
+          "region_id: region ", request->region_id(),
+          " is a client library's own region (RegionSpec.library_region); it cannot be exported")));
+    }
     return Fill(leases_->Export(request->region_id(), request->peer_node_id()), response);
   }
   grpc::Status GetLease(grpc::ServerContext* context, const v1::GetLeaseRequest* request,

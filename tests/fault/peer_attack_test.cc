@@ -94,6 +94,21 @@ TEST_CASE("a peer authenticated as itself cannot act as another peer or touch it
   Pool bystander = MakePool(*t.b.client, Layout(), true, "bystander");
   REQUIRE(t.b.Export(dst.id(), "a").ok());
   REQUIRE(t.b.Export(c_dst.id(), "c").ok());
+  {
+    // The client library's own region (RegionSpec.library_region) is no endpoint for a peer
+    // either: its owner cannot export it.
+    auto all = t.b.client->ListRegions(/*include_library_regions=*/true);
+    REQUIRE(all.ok());
+    uint64_t library = 0;
+    for (const auto& r : all->regions()) {
+      if (r.spec().library_region()) library = r.region_id();
+    }
+    REQUIRE(library != 0);
+    const absl::Status exported = t.b.Export(library, "a");
+    INFO(exported.ToString());
+    CHECK(exported.code() == absl::StatusCode::kPermissionDenied);
+    CHECK(std::string(exported.message()).find("RegionSpec.library_region") != std::string::npos);
+  }
   const auto src_blocks = ScatteredBlocks(kBlocks, kMoved, 31);
   const auto dst_blocks = ScatteredBlocks(kBlocks, kMoved, 32);
   FillPool(src, 33, src_blocks, kMoved * kTpb);
