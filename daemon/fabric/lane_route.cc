@@ -75,7 +75,10 @@ std::string NicOfInterface(const v1::TopologyDesc& desc, const std::string& inte
   return "";
 }
 
-LaneRoute ChooseLanes(const LaneRouteInput& in) {
+namespace {
+
+// ChooseLanes without the load: which lanes, from the topologies.
+LaneRoute LanesByTopology(const LaneRouteInput& in) {
   const uint32_t n = in.lanes;
   if (n == 0) return LaneRoute{true, {}, {}, "no lanes"};
   if (n == 1) return All(n, "one lane");
@@ -178,6 +181,13 @@ LaneRoute ChooseLanes(const LaneRouteInput& in) {
       topology::PathClassName(near.path_class, 0), ") ", rails.size() == 1 ? "rail " : "rails ",
       absl::StrJoin(rails, ","), " -> peer ", absl::StrJoin(dst_names, ","), " GPU", in.dst_gpu,
       ": ", LaneList(r.lanes), " of ", n, tail);
+  return r;
+}
+
+}  // namespace
+
+LaneRoute ChooseLanes(const LaneRouteInput& in) {
+  LaneRoute r = LanesByTopology(in);
   if (r.lanes.size() > 1 && !in.lane_load.empty()) {
     // Least loaded first (stable: equal loads keep lane order); shares stay with their lanes.
     std::vector<size_t> order(r.lanes.size());

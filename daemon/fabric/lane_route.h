@@ -34,8 +34,9 @@ struct LaneRouteInput {
   int src_gpu = -1;
   int dst_gpu = -1;
   // (issue 18, CL) Per local lane: the tiles this daemon has out on it now (written, not yet
-  // credited; to every peer). Empty: unknown. When several lanes are chosen they are listed
-  // least loaded first and the reason says the loads (tiles then go by LaneTryOrderByLoad).
+  // credited; to every peer). Empty: unknown. When several lanes are chosen (all lanes too) they
+  // are listed least loaded first and the reason says the loads (tiles then go by
+  // LaneTryOrderByLoad).
   std::vector<uint32_t> lane_load;
 };
 

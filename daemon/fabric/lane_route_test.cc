@@ -314,6 +314,19 @@ TEST_CASE("p5: GPU0's four lanes listed least loaded first, the loads in the rea
   CHECK(plain.reason.find("by load") == std::string::npos);
 }
 
+TEST_CASE("all lanes (tcp lanes not mapped to NICs): least loaded first, the loads in the reason") {
+  Case c = Mirror("dgx_h100", 3, 3);
+  c.in.local_lane_nics.assign(4, "");
+  c.in.lanes = 4;
+  c.in.lane_load = {2, 0, 1, 0};
+  const LaneRoute r = Choose(c);
+  INFO(r.reason);
+  CHECK(r.all);
+  CHECK(r.lanes == std::vector<uint32_t>{1, 3, 2, 0});
+  CHECK(r.reason.find("lanes not mapped to topology NICs: all 4 lanes; by load, tiles out per "
+                      "lane now 1:0 3:0 2:1 0:2: each tile to the least loaded") == 0);
+}
+
 TEST_CASE("try order by load: least loaded usable lane first, ties round robin, failover kept") {
   LaneRoute route;
   route.all = false;

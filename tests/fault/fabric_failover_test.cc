@@ -187,6 +187,16 @@ TEST_CASE("one of four links cut mid-transfer: its tiles are re-sent on the othe
 
   const uint64_t id = Submit(f, src, dst, src_blocks, dst_blocks, 3);
   AwaitLayers(f.a, f.b, id, 1);  // under way on all four lanes
+  {
+    // issue 18 (CL): the lane choice says it goes by load (a host source: all four lanes, each
+    // tile to the least loaded); a later failover note replaces it.
+    auto running = f.a.client->Get(id);
+    REQUIRE(running.ok());
+    INFO(running->path_reason());
+    CHECK(running->path_reason().find("lanes: host source: all 4 lanes; by load, tiles out per "
+                                      "lane now ") != std::string::npos);
+    CHECK(running->path_reason().find(": each tile to the least loaded") != std::string::npos);
+  }
   REQUIRE(f.SetLink(2, false));  // cut link 2 mid-transfer
   const auto cut = std::chrono::steady_clock::now();
   REQUIRE(f.a.client->MarkReady(id, 3, 3).ok());  // layers 3-5 go out with lane 2 cut
