@@ -322,6 +322,7 @@ int main(int argc, char** argv) {
     FirstRow("off", "cuda_warm_up: false");
     FirstRow("on (again)", "");
     FirstRow("on, critical-path measures off (KVRAILD_LOW_LATENCY=off)", "", kAllOff);
+    FirstRow("on, fixed 32 CTAs (cuda_fixed_ctas: 32, no knee probe)", "cuda_fixed_ctas: 32");
   }
   if (part == "all" || part == "latency") {
     std::printf("\nlatency: 16 MiB critical transfer (1024 x 16 KiB blocks) GPU0 -> GPU0, submit -> "
@@ -333,6 +334,7 @@ int main(int argc, char** argv) {
             {{"KVRAIL_ANSWER_SPIN_US", "0"}});
     Latency("all off (KVRAILD_LOW_LATENCY=off, KVRAIL_ANSWER_SPIN_US=0)", "", kAllOff);
     Latency("default (again)", "");
+    Latency("SM budget 132 CTAs (cuda_max_ctas: 132)", "cuda_max_ctas: 132");
   }
   return 0;
 }
