@@ -578,6 +578,14 @@ int main(int argc, char** argv) {
   }
   kvrail::config::MergeOverrides(flags, &config);
   absl::Status status = kvrail::config::FinalizeConfig(&config);
+  if (status.ok() && config.cuda_stream_wait() && config.cuda_engine() != "off") {
+    // GPU-side readiness waits (issue 19.3), before anything initializes CUDA: a lazy module
+    // load synchronizes the context, i.e. would wait behind a pending wait (the one-GPU hang);
+    // and with the default 8 hardware queues a pending wait could hold up other streams sharing
+    // its queue. An operator's own setting wins.
+    setenv("CUDA_MODULE_LOADING", "EAGER", 0);
+    setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
+  }
   if (status.ok()) status = kvrail::Run(config);
   if (!status.ok()) {
     std::fprintf(stderr, "kvraild: %s\n", status.ToString().c_str());

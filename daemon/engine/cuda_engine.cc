@@ -6,6 +6,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstring>
@@ -24,6 +25,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "base/status.h"
+#include "base/cuda/context_sync.h"
 #include "base/cuda/cuda_util.h"
 #include "daemon/engine/cuda_engine.h"
 #include "daemon/engine/engine.h"
@@ -77,6 +79,14 @@ inline void CpuRelax() {
 #endif
 }
 constexpr absl::Duration kGateReleaseGrace = absl::Seconds(1);
+// The gate watchdog's tick, and how long one release waits for the abort stream's done word
+// (then it tries again at the next tick; the producer's words are never raised before).
+constexpr absl::Duration kGateWatchTick = absl::Microseconds(500);
+constexpr absl::Duration kGateDisarmWait = absl::Milliseconds(50);
+// Abort/done word pairs in the worker's mapped abort page (slots reused oldest-freed first).
+constexpr int kGateWordPairs = 512;
+
+bool Reached(uint32_t word, uint32_t value) { return static_cast<int32_t>(word - value) >= 0; }
 
 using WaitValue32Fn = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
 // cuStreamWaitValue32 through the runtime's driver entry point (nothing links libcuda); nullptr
@@ -94,6 +104,58 @@ WaitValue32Fn StreamWaitValue32() {
   }();
   return fn;
 }
+
+using WriteValue32Fn = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
+WriteValue32Fn StreamWriteValue32() {
+  static const WriteValue32Fn fn = [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult q;
+    if (cudaGetDriverEntryPointByVersion("cuStreamWriteValue32", &p, 12000, cudaEnableDefault,
+                                         &q) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return static_cast<WriteValue32Fn>(nullptr);
+    }
+    return reinterpret_cast<WriteValue32Fn>(p);
+  }();
+  return fn;
+}
+
+// One gated job's release state, shared by the dispatcher (set-up, launches, completions) and
+// the gate watchdog, which decides (scheduler::DecideGateRelease) and releases with CPU stores
+// only: it raises the abort word, waits for the done word (the job's abort stream, armed at
+// set-up behind cuStreamWaitValue32 on the abort word, has then zeroed num_tiles in the job's
+// device plan header), then raises the producer's unwritten words, so the pending waits pass and
+// the disarmed kernels store nothing. No CUDA call, so a release cannot itself block behind the
+// waits it is meant to end. Thread-safe (mu; `armed` and `launched_end` atomic; the rest is
+// immutable once the control is registered with the watchdog).
+struct GateControl {
+  std::weak_ptr<Job> job;
+  Job::ReadyGate gate;
+  uint32_t* abort_word = nullptr;  // host addresses in the worker's abort page
+  const uint32_t* done_word = nullptr;
+  uint32_t epoch = 0;  // the abort stream waits for abort_word >= epoch, writes done = epoch
+  int slot = -1;
+  std::atomic<bool> armed{false};
+  std::atomic<uint32_t> launched_end{0};  // layers [0, launched_end) have their waits enqueued
+  absl::Mutex mu;
+  bool aborted ABSL_GUARDED_BY(mu) = false;   // no kernel of the job copies any more
+  bool fired ABSL_GUARDED_BY(mu) = false;     // abort word stored
+  bool released ABSL_GUARDED_BY(mu) = false;  // the producer's words raised
+  absl::Status end ABSL_GUARDED_BY(mu);
+  std::optional<absl::Time> ended_seen ABSL_GUARDED_BY(mu);
+
+  bool Aborted(absl::Status* why) {
+    absl::MutexLock lock(&mu);
+    if (aborted && why != nullptr) *why = end;
+    return aborted;
+  }
+  // Stores the abort word (once). Under mu.
+  void FireLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (fired || !armed.load(std::memory_order_acquire)) return;
+    __atomic_store_n(abort_word, epoch, __ATOMIC_RELEASE);
+    fired = true;
+  }
+};
 
 // Bytes of the tiles from `first` to the end of its layer (a gated job's batch stops there: each
 // layer waits on its own word).
@@ -179,11 +241,11 @@ struct JobState {
   std::optional<cuda::Stream> gate_stream;
   cuda::Event gate_uploaded;
   std::list<Batch> gated;
-  bool gate_aborted = false;
-  bool gate_producer_gone = false;
-  bool gate_released = false;
-  absl::Status gate_end;
-  absl::Time gate_ended_at;
+  // The release state shared with the gate watchdog, the abort stream (armed at set-up) and the
+  // event after its last op (the plan buffer is freed after it).
+  std::shared_ptr<GateControl> gate_control;
+  std::optional<cuda::Stream> gate_abort_stream;
+  cuda::Event gate_abort_done;
 
   JobState() = default;
   JobState(const JobState&) = delete;
@@ -200,7 +262,9 @@ class DeviceWorker {
  public:
   DeviceWorker(int device, const CudaEngineOptions& options, cuda::Stream stream)
       : device_(device), options_(options), stream_(std::move(stream)) {
+    Beat();
     thread_ = std::thread([this] { Run(); });
+    if (options_.stream_wait) watchdog_ = std::thread([this] { Watch(); });
   }
   ~DeviceWorker() {
     {
@@ -209,6 +273,11 @@ class DeviceWorker {
     }
     thread_.join();
     if (staging_memory_ != nullptr) cudaFreeHost(staging_memory_);
+    {
+      absl::MutexLock lock(&watch_mu_);
+      watch_stop_ = true;
+    }
+    if (watchdog_.joinable()) watchdog_.join();
   }
 
   void Enqueue(const std::shared_ptr<Job>& job, const std::vector<uint32_t>& tiles) {
@@ -228,17 +297,24 @@ class DeviceWorker {
     std::optional<Job::ReadyGate> gate = job->ready_gate(device_);
     if (!gate.has_value()) return false;
     scheduler::GateInputs in;
-    in.enabled = options_.stream_wait;
+    {
+      absl::MutexLock lock(&mu_);  // the abort page is made before serving starts
+      in.enabled = options_.stream_wait && abort_device_ != 0 && StreamWriteValue32() != nullptr;
+    }
     in.flags_mapped = gate->device_words != 0 && gate->host_words != nullptr &&
                       gate->count >= job->plan().num_layers() && StreamWaitValue32() != nullptr;
     in.kernel_mode = scheduler::ChoosePlanMode(ModeInputsFor(*job, false)).mode == Mode::kKernel;
     in.digest = job->wants_digest();
-    absl::MutexLock lock(&mu_);
-    const scheduler::GateChoice choice = gate_slots_.Admit(job.get(), in);
-    last_gate_choice_ = choice.reason;
-    if (!choice.stream_wait) return false;
-    admitted_gates_[job.get()] = AdmittedGate{job, std::move(*gate)};
-    return true;
+    scheduler::GateChoice choice;
+    {
+      absl::MutexLock lock(&mu_);
+      choice = gate_slots_.Admit(job.get(), in);
+      last_gate_choice_ = choice.reason;
+      if (choice.stream_wait) admitted_gates_[job.get()] = AdmittedGate{job, std::move(*gate)};
+    }
+    // The transfer's path_reason says how its layers wait (the set-up notes the GPU wait).
+    if (!choice.stream_wait) job->OnEngineNote(choice.reason);
+    return choice.stream_wait;
   }
 
   void AddQueued(std::vector<uint64_t>* out) const {
@@ -275,7 +351,9 @@ class DeviceWorker {
     if (!options_.stream_wait) return "";
     return absl::StrCat("; stream wait: ", gate_slots_.held(), " of ", options_.stream_wait_jobs,
                         " jobs waiting on the GPU, ", gate_releases_,
-                        " released by the daemon; last choice: ",
+                        " released by the daemon (", gate_bound_releases_,
+                        " for a call blocked behind a wait, bound ",
+                        options_.stream_wait_sync_bound_ms, " ms); last choice: ",
                         last_gate_choice_.empty() ? "none" : last_gate_choice_);
   }
 
@@ -420,6 +498,14 @@ class DeviceWorker {
     // visits another GPU from this thread (closing another GPU's mapping, enabling peer access)
     // does so under a cuda::ScopedDevice, which gives the thread back its GPU.
     absl::Status bound = cuda::SetDevice(device_);
+    if (bound.ok() && options_.stream_wait) {
+      // Made before serving: cudaHostAlloc may synchronize the context, which must not happen
+      // while a gated job's wait is pending.
+      if (absl::Status page = MakeAbortPage(); !page.ok()) {
+        spdlog::warn("cuda:{} no GPU stream wait (gated layers use the readiness poller): {}",
+                     device_, page.ToString());
+      }
+    }
     if (bound.ok() && options_.staged_plan_upload) {
       // Made before serving (cudaHostAlloc may synchronize the context). Without it plans upload
       // unstaged: only speed is lost.
@@ -439,6 +525,7 @@ class DeviceWorker {
     }
     std::deque<Batch> in_flight;
     while (true) {
+      Beat();
       if (in_flight.empty() && gated_pending_ == 0 && options_.dispatcher_spin_us > 0) {
         SpinForWork();
       }
@@ -470,7 +557,7 @@ class DeviceWorker {
           in_flight.push_back(std::move(b));
         }
       }
-      if (gated_pending_ > 0) PollGated(false);
+      if (gated_pending_ > 0) PollGated();
       if (!in_flight.empty() && (!next.has_value() || in_flight.size() >= kMaxInFlight)) {
         JobState* done = in_flight.front().state;
         Complete(in_flight.front());
@@ -489,21 +576,25 @@ class DeviceWorker {
     // Stopping with gated copies still waiting (their jobs not ended, e.g. the engine destroyed
     // without a drain): they are aborted and released as for a gone producer, so no stream of
     // the daemon stays blocked on a word nobody will write; bounded.
+    // The gate watchdog does the releasing (gates_stopping_: as for a gone producer).
+    gates_stopping_.store(true);
     const absl::Time give_up = absl::Now() + absl::Seconds(2);
     while (gated_pending_ > 0 && absl::Now() < give_up) {
-      PollGated(true);
+      Beat();
+      PollGated();
       if (gated_pending_ > 0) absl::SleepFor(absl::Microseconds(100));
     }
+    // No abort stream stays blocked on its word once the engine is gone.
+    for (auto& entry : states_) RetireGate(*entry.second);
   }
 
-  // Completes the gated batches whose streams have passed, in order per job; aborts and releases
-  // the waits of jobs that ended (all of them when `stopping`).
-  void PollGated(bool stopping) {
+  // Completes the gated batches whose streams have passed, in order per job (a released job's
+  // too: the watchdog disarmed its kernels and raised its words).
+  void PollGated() {
     std::vector<JobState*> drained;
     for (auto& entry : states_) {
       JobState& s = *entry.second;
       if (!s.gate.has_value() || s.gated.empty()) continue;
-      CheckGateEnd(s, stopping);
       while (!s.gated.empty()) {
         Batch& b = s.gated.front();
         if (b.launch.ok() && cudaEventQuery(b.stop.get()) == cudaErrorNotReady) break;
@@ -520,61 +611,156 @@ class DeviceWorker {
     }
   }
 
-  // A gated job that ended early: its kernels that have not started store nothing (the device
-  // header's num_tiles zeroed on an unblocked stream, waited for), then its waits are released
-  // (the words raised to the value, never moved back) at once when the producer is gone, else
-  // after kGateReleaseGrace.
-  void CheckGateEnd(JobState& s, bool stopping) {
-    if (!s.gate_aborted) {
-      bool gone = false;
-      absl::Status ended = s.job->ended(&gone);
-      if (ended.ok() && !stopping) return;
-      if (ended.ok()) ended = absl::UnavailableError("the daemon's CUDA engine stopped");
-      s.gate_aborted = true;
-      s.gate_end = ended;
-      s.gate_producer_gone = gone || stopping;
-      s.gate_ended_at = absl::Now();
-      if (absl::Status zeroed = ZeroDeviceHeader(s); !zeroed.ok()) {
-        spdlog::error("cuda:{} could not disarm an ended gated job's copies: {}", device_,
-                      zeroed.ToString());
+  // The worker's abort page: kGateWordPairs (abort, done) word pairs in pinned host memory
+  // mapped for the GPU (the abort streams wait on and write them; the watchdog stores and reads
+  // them from the CPU).
+  absl::Status MakeAbortPage() {
+    void* page = nullptr;
+    cudaError_t e;
+    {
+      cuda::ContextSyncScope sync("cudaHostAlloc(abort page)");
+      e = cudaHostAlloc(&page, 8 * kGateWordPairs, cudaHostAllocMapped | cudaHostAllocPortable);
+    }
+    KVRAIL_RETURN_IF_ERROR(cuda::CudaStatus(e, "cudaHostAlloc(abort page)"));
+    std::memset(page, 0, 8 * kGateWordPairs);
+    void* device = nullptr;
+    KVRAIL_RETURN_IF_ERROR(cuda::CudaStatus(cudaHostGetDevicePointer(&device, page, 0),
+                                            "cudaHostGetDevicePointer(abort page)"));
+    for (int i = 0; i < kGateWordPairs; ++i) free_abort_slots_.push_back(i);
+    absl::MutexLock lock(&mu_);
+    abort_host_ = static_cast<uint32_t*>(page);  // kept for the process's life
+    abort_device_ = reinterpret_cast<uint64_t>(device);
+    return absl::OkStatus();
+  }
+
+  void Beat() {
+    beat_ns_.store(absl::ToUnixNanos(absl::Now()), std::memory_order_relaxed);
+  }
+
+  // The gate watchdog (its own thread; no CUDA call): every kGateWatchTick, each registered gated
+  // job's release decision (scheduler::DecideGateRelease) and, when it says so, the release.
+  void Watch() {
+    while (true) {
+      std::vector<std::shared_ptr<GateControl>> controls;
+      {
+        absl::MutexLock lock(&watch_mu_);
+        watch_mu_.AwaitWithTimeout(absl::Condition(&watch_stop_), kGateWatchTick);
+        if (watch_stop_) return;
+        controls = controls_;
       }
+      if (controls.empty()) continue;
+      const absl::Time now = absl::Now();
+      const std::optional<cuda::OpenContextSync> sync = cuda::OldestContextSync();
+      const absl::Duration silent =
+          now - absl::FromUnixNanos(beat_ns_.load(std::memory_order_relaxed));
+      for (const auto& c : controls) WatchOne(*c, now, sync, silent);
     }
-    if (s.gate_released ||
-        !scheduler::ReleaseNow(s.gate_producer_gone ? scheduler::GateEnd::kProducerGone
-                                                    : scheduler::GateEnd::kOther,
-                               absl::Now() - s.gate_ended_at, kGateReleaseGrace)) {
-      return;
+  }
+
+  void WatchOne(GateControl& c, absl::Time now, const std::optional<cuda::OpenContextSync>& sync,
+                absl::Duration silent) {
+    {
+      absl::MutexLock lock(&c.mu);
+      if (c.released) return;
     }
-    s.gate_released = true;
+    scheduler::GateWatchInputs in;
+    absl::Status ended;
+    if (gates_stopping_.load()) {
+      ended = absl::UnavailableError("the daemon's CUDA engine stopped");
+      in.producer_gone = true;
+    } else {
+      std::shared_ptr<Job> job = c.job.lock();
+      if (job == nullptr) return;
+      bool gone = false;
+      ended = job->ended(&gone);
+      in.producer_gone = gone;
+    }
+    in.ended = !ended.ok();
+    if (in.ended) {
+      absl::MutexLock lock(&c.mu);
+      if (!c.ended_seen.has_value()) c.ended_seen = now;
+      in.since_end = now - *c.ended_seen;
+    }
+    in.grace = kGateReleaseGrace;
+    const uint32_t launched = std::min(c.launched_end.load(), c.gate.count);
+    for (uint32_t i = 0; i < launched && !in.waits_pending; ++i) {
+      in.waits_pending = !Reached(__atomic_load_n(&c.gate.host_words[i], __ATOMIC_ACQUIRE),
+                                  c.gate.value);
+    }
+    if (sync.has_value()) {
+      in.sync_blocked_for = now - sync->since;
+      in.sync_what = sync->what;
+    }
+    in.dispatcher_silent_for = silent;
+    in.bound = absl::Milliseconds(options_.stream_wait_sync_bound_ms);
+    const scheduler::GateReleaseDecision decision = scheduler::DecideGateRelease(in);
+    if (!decision.release()) return;
+    const absl::Status why =
+        decision.cause == scheduler::GateReleaseCause::kEnded ? ended : decision.why;
     uint32_t raised = 0;
-    for (uint32_t i = 0; i < s.gate->count; ++i) {
-      uint32_t* word = &s.gate->host_words[i];
-      uint32_t seen = __atomic_load_n(word, __ATOMIC_ACQUIRE);
-      while (std::optional<uint32_t> store = scheduler::ReleaseStore(seen, s.gate->value)) {
-        if (__atomic_compare_exchange_n(word, &seen, *store, false, __ATOMIC_ACQ_REL,
-                                        __ATOMIC_ACQUIRE)) {
-          ++raised;
-          break;
+    if (!ReleaseGate(c, why, &raised)) return;  // the disarm did not show yet: next tick
+    absl::MutexLock lock(&mu_);
+    ++gate_releases_;
+    if (decision.cause != scheduler::GateReleaseCause::kEnded) ++gate_bound_releases_;
+    spdlog::warn("cuda:{} a gated job's waits released by the daemon ({} of its {} ready words "
+                 "({}) raised): {}",
+                 device_, raised, c.gate.count, c.gate.field, why.ToString());
+  }
+
+  // Disarms the job's kernels (abort word, then the abort stream's done word), then raises its
+  // producer's unwritten words. False when the done word has not shown within kGateDisarmWait.
+  static bool ReleaseGate(GateControl& c, const absl::Status& why, uint32_t* raised) {
+    absl::MutexLock lock(&c.mu);
+    if (c.released) return true;
+    if (!c.aborted) {
+      c.aborted = true;
+      c.end = why;
+    }
+    if (c.armed.load(std::memory_order_acquire)) {
+      c.FireLocked();
+      const absl::Time until = absl::Now() + kGateDisarmWait;
+      while (!Reached(__atomic_load_n(c.done_word, __ATOMIC_ACQUIRE), c.epoch)) {
+        if (absl::Now() > until) return false;
+        absl::SleepFor(absl::Microseconds(20));
+      }
+      for (uint32_t i = 0; i < c.gate.count; ++i) {
+        uint32_t* word = &c.gate.host_words[i];
+        uint32_t seen = __atomic_load_n(word, __ATOMIC_ACQUIRE);
+        while (std::optional<uint32_t> store = scheduler::ReleaseStore(seen, c.gate.value)) {
+          if (__atomic_compare_exchange_n(word, &seen, *store, false, __ATOMIC_ACQ_REL,
+                                          __ATOMIC_ACQUIRE)) {
+            ++*raised;
+            break;
+          }
         }
       }
     }
-    absl::MutexLock lock(&mu_);
-    ++gate_releases_;
-    spdlog::warn("cuda:{} a gated job ended with {} of its {} ready words unwritten ({}); the "
-                 "daemon raised them to release its own waits: {}",
-                 device_, raised, s.gate->count, s.gate->field, s.gate_end.ToString());
+    // Not armed: its set-up has not finished, so nothing of it waits on the GPU (and Launch sees
+    // `aborted` before it enqueues a wait).
+    c.released = true;
+    return true;
   }
 
-  absl::Status ZeroDeviceHeader(JobState& s) {
-    if (!s.plan.has_value()) return absl::OkStatus();
-    KVRAIL_ASSIGN_OR_RETURN(cudaStream_t side, CopyStream());
-    auto* header = reinterpret_cast<uint8_t*>(const_cast<kernels::PlanHeader*>(s.plan->plan().header));
-    KVRAIL_RETURN_IF_ERROR(cuda::CudaStatus(cudaStreamWaitEvent(side, s.gate_uploaded.get(), 0),
-                                            "cudaStreamWaitEvent(gate abort)"));
-    KVRAIL_RETURN_IF_ERROR(cuda::CudaStatus(
-        cudaMemsetAsync(header + offsetof(kernels::PlanHeader, num_tiles), 0, sizeof(uint32_t), side),
-        "cudaMemsetAsync(gate abort)"));
-    return cuda::CudaStatus(cudaStreamSynchronize(side), "cudaStreamSynchronize(gate abort)");
+  // A gated job's state is about to go: its abort stream fires (zeroing the header of a finished
+  // plan is harmless) and the plan buffer's stream-ordered free waits for it; the watchdog stops
+  // watching it; its word pair goes back (reused last).
+  void RetireGate(JobState& s) {
+    if (s.gate_control == nullptr) return;
+    GateControl& c = *s.gate_control;
+    {
+      absl::MutexLock lock(&c.mu);
+      c.FireLocked();
+    }
+    if (s.gate_abort_done.get() != nullptr) {
+      (void)cudaStreamWaitEvent(stream_.get(), s.gate_abort_done.get(), 0);
+    }
+    {
+      absl::MutexLock lock(&watch_mu_);
+      controls_.erase(std::remove(controls_.begin(), controls_.end(), s.gate_control),
+                      controls_.end());
+    }
+    if (c.slot >= 0) free_abort_slots_.push_back(c.slot);
+    s.gate_control.reset();
   }
 
   // Drops states of jobs with nothing queued or running that will get no more tiles (their plan
@@ -591,6 +777,7 @@ class DeviceWorker {
     for (auto it = states_.begin(); it != states_.end();) {
       if (Finished(*it->second)) {
         ForgetGateLocked(it->first);
+        RetireGate(*it->second);
         it = states_.erase(it);
       } else {
         ++it;
@@ -607,6 +794,7 @@ class DeviceWorker {
     std::unique_ptr<JobState> out;
     if (Finished(*s)) {
       ForgetGateLocked(s->job.get());
+      RetireGate(*s);
       auto it = states_.find(s->job.get());
       out = std::move(it->second);
       states_.erase(it);
@@ -750,12 +938,78 @@ class DeviceWorker {
           cuda::CudaStatus(cudaStreamWaitEvent(gate_stream.get(), s.gate_uploaded.get(), 0),
                            "cudaStreamWaitEvent(gate upload)"));
       s.gate_stream.emplace(std::move(gate_stream));
+      KVRAIL_RETURN_IF_ERROR(ArmGate(s, *gate));
       s.gate = std::move(gate);
       s.job->OnEngineNote(absl::StrCat("layers wait for ", s.gate->field,
                                        " on the GPU (cuStreamWaitValue32 on the job's stream)"));
     }
     s.setup_upload = absl::Now() - t_upload;
     s.job->OnEngineUsed(scheduler::ModeEngineName(s.mode));
+    return absl::OkStatus();
+  }
+
+  // The job's abort stream: after the plan upload, it waits for the job's abort word, then zeroes
+  // num_tiles in the device plan header and writes the done word (cuStreamWriteValue32, no
+  // kernel). Registered with the gate watchdog once armed.
+  absl::Status ArmGate(JobState& s, const Job::ReadyGate& gate) {
+    if (free_abort_slots_.empty() || !s.plan.has_value()) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          gate.field, ": no abort word free on GPU", device_, " for the GPU stream wait"));
+    }
+    auto c = std::make_shared<GateControl>();
+    c->job = s.job;
+    c->gate = gate;
+    c->slot = free_abort_slots_.front();
+    free_abort_slots_.pop_front();
+    c->epoch = ++gate_epoch_;
+    if (c->epoch == 0) c->epoch = ++gate_epoch_;
+    uint64_t abort_device = 0;
+    {
+      absl::MutexLock lock(&mu_);
+      c->abort_word = abort_host_ + 2 * c->slot;
+      abort_device = abort_device_ + 8ull * c->slot;
+    }
+    c->done_word = c->abort_word + 1;
+    s.gate_control = c;  // the slot goes back with it (RetireGate), armed or not
+    KVRAIL_ASSIGN_OR_RETURN(cuda::Stream abort_stream, cuda::Stream::Create(device_));
+    KVRAIL_ASSIGN_OR_RETURN(s.gate_abort_done, cuda::Event::Create());
+    const CUstream as = reinterpret_cast<CUstream>(abort_stream.get());
+    KVRAIL_RETURN_IF_ERROR(cuda::CudaStatus(
+        cudaStreamWaitEvent(abort_stream.get(), s.gate_uploaded.get(), 0),
+        "cudaStreamWaitEvent(gate abort stream)"));
+    const CUresult r = StreamWaitValue32()(as, abort_device, c->epoch, CU_STREAM_WAIT_VALUE_GEQ);
+    if (r != CUDA_SUCCESS) {
+      return absl::InternalError(absl::StrCat(gate.field, ": arming the abort stream on GPU",
+                                              device_, ": cuStreamWaitValue32 failed: CUresult ", r));
+    }
+    // From here on the abort stream waits: any failure below lets it pass at once (its header
+    // zeroing is harmless for a job whose set-up failed: none of its kernels runs).
+    absl::Status armed = [&]() -> absl::Status {
+      auto* header = reinterpret_cast<uint8_t*>(
+          const_cast<kernels::PlanHeader*>(s.plan->plan().header));
+      KVRAIL_RETURN_IF_ERROR(cuda::CudaStatus(
+          cudaMemsetAsync(header + offsetof(kernels::PlanHeader, num_tiles), 0, sizeof(uint32_t),
+                          abort_stream.get()),
+          "cudaMemsetAsync(gate abort: num_tiles)"));
+      const CUresult w =
+          StreamWriteValue32()(as, abort_device + 4, c->epoch, CU_STREAM_WRITE_VALUE_DEFAULT);
+      if (w != CUDA_SUCCESS) {
+        return absl::InternalError(
+            absl::StrCat("cuStreamWriteValue32(gate abort: done word) failed: CUresult ", w));
+      }
+      return cuda::CudaStatus(cudaEventRecord(s.gate_abort_done.get(), abort_stream.get()),
+                              "cudaEventRecord(gate abort)");
+    }();
+    if (!armed.ok()) {
+      __atomic_store_n(c->abort_word, c->epoch, __ATOMIC_RELEASE);
+      s.gate_abort_stream.emplace(std::move(abort_stream));
+      return absl::Status(armed.code(), absl::StrCat(gate.field, ": arming the abort stream on GPU",
+                                                     device_, ": ", armed.message()));
+    }
+    s.gate_abort_stream.emplace(std::move(abort_stream));
+    c->armed.store(true, std::memory_order_release);
+    absl::MutexLock lock(&watch_mu_);
+    controls_.push_back(std::move(c));
     return absl::OkStatus();
   }
 
@@ -857,9 +1111,11 @@ class DeviceWorker {
       // batch before (a 64 MiB batch of 4 KiB blocks adds 16k ids per side). A failure fails
       // this batch and, sticky, every later one of the job; nothing of it reaches the GPU.
       KVRAIL_RETURN_IF_ERROR(s.job->plan().CheckTiles(begin, end));
-      if (s.gate_aborted) {  // ended before this layer was taken: nothing reaches the GPU
+      absl::Status released;
+      if (s.gate.has_value() && s.gate_control->Aborted(&released)) {
+        // Released before this layer was taken: nothing reaches the GPU.
         const uint32_t layer = s.job->plan().tile(begin).layer;
-        return scheduler::GatedTileStatus(true, s.gate->field, layer, s.gate->value, s.gate_end);
+        return scheduler::GatedTileStatus(true, s.gate->field, layer, s.gate->value, released);
       }
       const cudaStream_t stream = s.gate.has_value() ? s.gate_stream->get() : stream_.get();
       KVRAIL_ASSIGN_OR_RETURN(b.start, cuda::Event::Create());
@@ -877,6 +1133,10 @@ class DeviceWorker {
             return absl::InternalError(absl::StrCat(s.gate->field, "[", layer,
                                                     "]: cuStreamWaitValue32 failed: CUresult ", r));
           }
+        }
+        // The watchdog now looks at these words (a pending one may be released).
+        uint32_t seen = s.gate_control->launched_end.load();
+        while (seen < last + 1 && !s.gate_control->launched_end.compare_exchange_weak(seen, last + 1)) {
         }
       }
       KVRAIL_RETURN_IF_ERROR(cuda::CudaStatus(cudaEventRecord(b.start.get(), stream), "cudaEventRecord"));
@@ -1034,9 +1294,11 @@ class DeviceWorker {
     --s.in_flight;
     for (uint32_t t = b.taken.begin; t < b.taken.end; ++t) {
       absl::Status tile_status = status;
-      if (s.gate.has_value() && s.gate_aborted) {  // its kernel ran empty (or it never launched)
+      absl::Status released;
+      if (s.gate.has_value() && s.gate_control->Aborted(&released)) {
+        // Its kernel ran empty (or it never launched).
         tile_status = scheduler::GatedTileStatus(true, s.gate->field, s.job->plan().tile(t).layer,
-                                                 s.gate->value, s.gate_end);
+                                                 s.gate->value, released);
       }
       if (status.ok() && s.digests) {  // spec.digest: the mirror holds this batch's digests
         const uint64_t from = s.digests->host_source(t), to = s.digests->host_destination(t);
@@ -1092,6 +1354,18 @@ class DeviceWorker {
   std::unordered_map<const Job*, AdmittedGate> admitted_gates_ ABSL_GUARDED_BY(mu_);
   std::string last_gate_choice_ ABSL_GUARDED_BY(mu_);
   uint64_t gate_releases_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t gate_bound_releases_ ABSL_GUARDED_BY(mu_) = 0;  // of them, for a blocked call
+  // The abort page (MakeAbortPage; 0 / nullptr: none, no stream wait).
+  uint32_t* abort_host_ ABSL_GUARDED_BY(mu_) = nullptr;
+  uint64_t abort_device_ ABSL_GUARDED_BY(mu_) = 0;
+  // The gate watchdog: the armed gated jobs it watches, its stop flag; the dispatcher's last
+  // loop turn (Beat) and whether the engine is stopping (then every wait is released).
+  std::thread watchdog_;
+  absl::Mutex watch_mu_;
+  bool watch_stop_ ABSL_GUARDED_BY(watch_mu_) = false;
+  std::vector<std::shared_ptr<GateControl>> controls_ ABSL_GUARDED_BY(watch_mu_);
+  std::atomic<int64_t> beat_ns_{0};
+  std::atomic<bool> gates_stopping_{false};
   uint64_t gpu_wakes_ ABSL_GUARDED_BY(mu_) = 0;
   // Set by the first sticky CUDA error; every later batch fails with it.
   absl::Status broken_ ABSL_GUARDED_BY(mu_);
@@ -1103,6 +1377,8 @@ class DeviceWorker {
   absl::Time first_launch_from_;
   std::optional<cuda::Stream> copy_stream_;  // the copy-engine part of split batches
   int gated_pending_ = 0;  // gated batches launched and not completed (dispatcher only)
+  std::deque<int> free_abort_slots_;  // word pairs of the abort page not in use (dispatcher)
+  uint32_t gate_epoch_ = 0;
   uint64_t gpu_wakes_seen_ = 0;
   std::vector<CopyRun> runs_;
   std::vector<void*> dsts_;
@@ -1247,13 +1523,17 @@ class CudaEngine final : public Engine {
     planner::TablePool::Allocator a;
     a.allocate = [](size_t bytes) -> void* {
       void* memory = nullptr;
+      cuda::ContextSyncScope sync("cudaHostAlloc(block tables)");
       if (cudaHostAlloc(&memory, bytes, cudaHostAllocPortable) != cudaSuccess) {
         (void)cudaGetLastError();
         return nullptr;
       }
       return memory;
     };
-    a.release = [](void* memory) { cudaFreeHost(memory); };
+    a.release = [](void* memory) {
+      cuda::ContextSyncScope sync("cudaFreeHost(block tables)");
+      cudaFreeHost(memory);
+    };
     a.pinned = true;
     return a;
   }

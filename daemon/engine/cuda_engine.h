@@ -57,8 +57,14 @@ struct CudaEngineOptions {
   // small plan) instead of up to five copies, the header from pageable memory.
   int dispatcher_spin_us = 100;
   bool staged_plan_upload = true;
-  // The most gated jobs per GPU waiting at once (one stream each).
+  // The most gated jobs per GPU waiting at once (two streams each: the waits and the abort).
   int stream_wait_jobs = 8;
+  // A pending GPU wait blocks every context-synchronizing CUDA call of the process
+  // (base/cuda/context_sync.h) until its producer writes the word. The engine's gate watchdog
+  // releases a job's pending waits (its unready layers fail, no byte of them moves) when such a
+  // call has been blocked this long, or the dispatcher has been silent this long; 0: never
+  // (scheduler::DecideGateRelease).
+  int stream_wait_sync_bound_ms = 1000;
 };
 
 // The engine is thread-safe (engine.h). FAILED_PRECONDITION (with the runtime's reason) when

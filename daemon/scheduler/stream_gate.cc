@@ -44,7 +44,7 @@ GateReleaseDecision DecideGateRelease(const GateWatchInputs& in) {
     d.why = absl::UnavailableError(absl::StrCat(
         "kvraild released its GPU wait: a context-synchronizing CUDA call (", in.sync_what,
         ") had waited ", absl::ToInt64Milliseconds(*in.sync_blocked_for),
-        " ms behind it (cuda_stream_wait_sync_bound_ms ", absl::ToInt64Milliseconds(in.bound),
+        " ms behind it (the engine's bound: ", absl::ToInt64Milliseconds(in.bound),
         ")"));
     return d;
   }
@@ -53,7 +53,7 @@ GateReleaseDecision DecideGateRelease(const GateWatchInputs& in) {
     d.why = absl::UnavailableError(absl::StrCat(
         "kvraild released its GPU wait: the CUDA engine's dispatcher had been blocked for ",
         absl::ToInt64Milliseconds(in.dispatcher_silent_for),
-        " ms (a CUDA call waiting behind the wait; cuda_stream_wait_sync_bound_ms ",
+        " ms (a CUDA call waiting behind the wait; the engine's bound: ",
         absl::ToInt64Milliseconds(in.bound), ")"));
   }
   return d;

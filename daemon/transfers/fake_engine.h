@@ -63,6 +63,20 @@ class FakeEngine final : public engine::Engine {
   }
   std::string Describe() const override { return "fake"; }
   planner::TableAllocator* table_pool() const override { return &tables_; }
+  // The GPU-side readiness wait (Engine::AdmitGated): admitted when set_admit_gated(true).
+  bool AdmitGated(const std::shared_ptr<engine::Job>& job) override {
+    absl::MutexLock lock(&mu_);
+    if (admit_gated_) ++admitted_gated_;
+    return admit_gated_;
+  }
+  void set_admit_gated(bool admit) {
+    absl::MutexLock lock(&mu_);
+    admit_gated_ = admit;
+  }
+  size_t admitted_gated() const {
+    absl::MutexLock lock(&mu_);
+    return admitted_gated_;
+  }
   // Plans whose block tables came from this engine's table_pool().
   size_t tables_taken() const { return tables_.taken(); }
 
@@ -136,6 +150,8 @@ class FakeEngine final : public engine::Engine {
   size_t enqueued_ ABSL_GUARDED_BY(mu_) = 0;
   size_t removed_ ABSL_GUARDED_BY(mu_) = 0;
   size_t reported_ ABSL_GUARDED_BY(mu_) = 0;
+  bool admit_gated_ ABSL_GUARDED_BY(mu_) = false;
+  size_t admitted_gated_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace kvrail::transfers::testing

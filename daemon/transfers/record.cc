@@ -51,6 +51,9 @@ Record::Record(planner::Plan plan, RecordParams params)
   arrival_region_ = std::move(params.arrival_region);
   arrival_words_ = params.arrival_words;
   arrival_value_ = params.arrival_value;
+  ready_region_ = std::move(params.ready_region);
+  ready_words_ = params.ready_words;
+  ready_value_ = params.ready_value;
   engine_name_ = engine_->name();
   layer_tiles_left_.assign(plan_.num_layers(), 0);
   layer_ready_.assign(plan_.num_layers(), false);
@@ -71,6 +74,59 @@ void Record::ReleaseRegionsLocked() {
   dst_.reset();
   arrival_words_ = nullptr;
   arrival_region_.reset();
+  ready_words_ = nullptr;
+  ready_region_.reset();
+}
+
+std::optional<engine::Job::ReadyGate> Record::ready_gate(int accessor) const {
+  std::shared_ptr<regions::Region> region;
+  ReadyGate gate;
+  {
+    absl::MutexLock lock(&mu_);
+    if (ready_region_ == nullptr || ready_words_ == nullptr) return std::nullopt;
+    region = ready_region_;
+    gate.host_words = ready_words_;
+    gate.value = ready_value_;
+  }
+  // Outside the lock: the first call pins the flag region for the GPUs (cudaHostRegister).
+  const absl::StatusOr<uint8_t*> device = region->DeviceAddress(accessor);
+  if (!device.ok()) return std::nullopt;
+  gate.device_words = reinterpret_cast<uint64_t>(*device) +
+                      (reinterpret_cast<uint8_t*>(gate.host_words) - region->data());
+  gate.count = plan_.num_layers();
+  gate.field = "spec.ready_flags";
+  gate.keep = region;
+  return gate;
+}
+
+absl::Status Record::ended(bool* producer_gone) const {
+  absl::MutexLock lock(&mu_);
+  *producer_gone = producer_gone_;
+  if (end_request_.has_value()) return *end_request_;
+  return absl::OkStatus();
+}
+
+std::vector<uint32_t> Record::TakeGatedTiles() {
+  std::vector<uint32_t> tiles;
+  absl::MutexLock lock(&mu_);
+  if (end_request_.has_value() || state_ >= v1::TRANSFER_STATE_SUCCEEDED) return tiles;
+  gated_ = true;
+  for (uint32_t t = 0; t < plan_.num_tiles(); ++t) {
+    if (!layer_ready_[plan_.tile(t).layer]) tiles.push_back(t);
+  }
+  std::fill(layer_ready_.begin(), layer_ready_.end(), true);
+  tiles_enqueued_ += tiles.size();
+  return tiles;
+}
+
+bool Record::gated() const {
+  absl::MutexLock lock(&mu_);
+  return gated_;
+}
+
+void Record::MarkProducerGone() {
+  absl::MutexLock lock(&mu_);
+  producer_gone_ = true;
 }
 
 void Record::OnEngineUsed(absl::string_view engine) {
@@ -195,6 +251,16 @@ bool Record::WaitsOn(uint64_t session) const {
   if (!layerwise_ || session == 0 || readiness_session_ != session) return false;
   absl::MutexLock lock(&mu_);
   if (end_request_.has_value() || state_ >= v1::TRANSFER_STATE_SUCCEEDED) return false;
+  if (gated_) {
+    // Handed to the GPU wait at once: it waits on its producer until every word has come.
+    if (ready_words_ == nullptr) return false;
+    for (uint32_t l = 0; l < plan_.num_layers(); ++l) {
+      if (!readiness::Reached(__atomic_load_n(&ready_words_[l], __ATOMIC_ACQUIRE), ready_value_)) {
+        return true;
+      }
+    }
+    return false;
+  }
   return std::find(layer_ready_.begin(), layer_ready_.end(), false) != layer_ready_.end();
 }
 

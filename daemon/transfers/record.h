@@ -80,6 +80,12 @@ struct RecordParams {
   std::shared_ptr<regions::Region> arrival_region;
   uint32_t* arrival_words = nullptr;
   uint32_t arrival_value = 0;
+  // Producer readiness (spec.ready_flags): word i gates transfer layer i. Offered to the engine
+  // (Record::ready_gate) for the GPU-side wait; the record keeps `ready_region` mapped until it
+  // ends. Null: none.
+  std::shared_ptr<regions::Region> ready_region;
+  uint32_t* ready_words = nullptr;
+  uint32_t ready_value = 0;
 };
 
 // Thread-safe: every mutable field is guarded by mu_. `version_` grows with every change so
@@ -141,6 +147,18 @@ class Record final : public InboundJob {
   bool wants_digest() const override { return spec_.digest(); }
   void OnTileDigest(uint32_t tile, uint64_t source, uint64_t destination) override;
   bool MayGetMoreTiles() const override { return layerwise_ && !IsFinal(); }
+  // GPU-side readiness wait (issue 19.3): spec.ready_flags as the CUDA engine's gate (the words'
+  // device address on GPU `accessor` from the flag region's mapping), and the transfer's end.
+  std::optional<ReadyGate> ready_gate(int accessor) const override;
+  absl::Status ended(bool* producer_gone) const override;
+  // The engine admitted the record's gate (Engine::AdmitGated): every layer is handed over now
+  // (returns every tile, counted as enqueued) and the record waits on its producer until each
+  // word has reached the value (WaitsOn).
+  std::vector<uint32_t> TakeGatedTiles();
+  bool gated() const;
+  // The session making the layers ready ended (EndSession): an ended gated record's pending GPU
+  // waits are released at once (Job::ended's producer_gone).
+  void MarkProducerGone();
 
   // Tiles to hand to the engine now (all for bulk transfers, none for layer-wise ones); counts
   // them as enqueued.
@@ -217,6 +235,11 @@ class Record final : public InboundJob {
   std::shared_ptr<regions::Region> arrival_region_ ABSL_GUARDED_BY(mu_);
   uint32_t* arrival_words_ ABSL_GUARDED_BY(mu_) = nullptr;
   uint32_t arrival_value_ ABSL_GUARDED_BY(mu_) = 0;
+  std::shared_ptr<regions::Region> ready_region_ ABSL_GUARDED_BY(mu_);
+  uint32_t* ready_words_ ABSL_GUARDED_BY(mu_) = nullptr;
+  uint32_t ready_value_ ABSL_GUARDED_BY(mu_) = 0;
+  bool gated_ ABSL_GUARDED_BY(mu_) = false;
+  bool producer_gone_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::string> nics_ ABSL_GUARDED_BY(mu_);
   // Counters' tile-by-tile byte slots for this record's path and priority, and its link(s) (the
   // NICs once SetNics names them; a tile's bytes are split evenly over them).

@@ -296,6 +296,9 @@ absl::StatusOr<v1::SubmitTransferResponse> TransferManagerImpl::SubmitLocal(
   // submitter (MarkReady). EndSession ends it when that session ends.
   if (request.ready.set()) {
     params.readiness_session = request.ready.region->session_id();
+    params.ready_region = request.ready.region;
+    params.ready_words = request.ready.words;
+    params.ready_value = request.ready.value;
   } else if (spec.layerwise()) {
     params.readiness_session = spec.session_id();
   }
@@ -399,6 +402,13 @@ absl::StatusOr<std::shared_ptr<Record>> TransferManagerImpl::Admit(planner::Plan
   NotifyWhenEnded(record, admission, std::move(recipients));
   // Outside mu_: the watch takes the watcher's lock, Enqueue the engine's.
   if (admission.ready != nullptr && admission.ready->set()) {
+    // The GPU-side wait first (issue 19.3; the CUDA engine with cuda_stream_wait decides): every
+    // layer goes to the engine now and each waits for its word on the GPU. Otherwise (host
+    // engine, flags not mappable, stream_wait_jobs exhausted, ...) the readiness poller.
+    if (record->engine()->AdmitGated(record)) {
+      record->engine()->Enqueue(record, record->TakeGatedTiles());
+      return record;
+    }
     watches_.Add(record, admission.ready->region, admission.ready->words, admission.ready->value,
                  admission.first_layer);
   }
@@ -510,6 +520,7 @@ void TransferManagerImpl::EndSession(uint64_t session_id) {
   }
   for (const auto& record : open) {
     if (!record->WaitsOn(session_id)) continue;
+    record->MarkProducerGone();  // a gated record's GPU waits are released at once
     End(record, absl::AbortedError(absl::StrCat(
                     "the session that makes this transfer's layers ready (session ", session_id,
                     ": MarkReady or spec.ready_flags) ended before every layer was ready")));

@@ -1,20 +1,70 @@
 #!/usr/bin/env bash
-# Issue 19.3 (G4) on one GPU, from .devpack_g4/ (bazel build //tests/gpu:stream_wait_gpu_test,
-# then /work/briefs/devpack_to .devpack_g4 bazel-bin/tests/gpu/stream_wait_gpu_test): the CUDA
-# engine's GPU-side readiness wait, byte for byte and the dying producer, then "[latency]"
-# (producer end -> last layer reported, stream wait vs 20 us poller + Enqueue), without MPS and
-# under MPS. Logs go to $OUT.
+# Issue 19.3 (SW) on one GPU, from .devpack_sw/ (built here, packed with
+#   /work/briefs/devpack_to .devpack_sw bazel-bin/daemon/kvraild \
+#     bazel-bin/tests/gpu/stream_wait_gpu_test bazel-bin/tests/gpu/flags_gpu_test \
+#     bazel-bin/tests/gpu/streaming_bench):
+#  1. the one-GPU hang shown: the byte-for-byte case in the old order (the producer kernel not
+#     loaded before the engine's waits; KVRAIL_SW_NO_PRELOAD=1), bounded by a short timeout, and
+#     the same with CUDA_MODULE_LOADING=EAGER;
+#  2. stream_wait_gpu_test (every case; the "[latency]" lines) without MPS;
+#  3. flags_gpu_test FLAG_RUNS processes x FLAG_ROUNDS handovers without MPS;
+#  4. under MPS: stream_wait_gpu_test, the flag runs, and streaming_bench --streaming-only with
+#     kvraild's readiness poller (cuda_stream_wait false) and with the GPU stream wait (true).
+# Logs go to $OUT. Run: bash tests/gpu/run_stream_wait.sh
 set -uo pipefail
-source "$(dirname "$0")/gpu_env.sh"
-pack=$PWD/.devpack_g4
+source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
+pack=$PWD/.devpack_sw
 export LD_LIBRARY_PATH=$pack/lib:$LD_LIBRARY_PATH
+ln -sf "$pack/bin/kvraild" "$rf/kvrail/daemon/kvraild"
 nvidia-smi -L; date -u
-echo "== stream_wait_gpu_test (no MPS)"
-run_group timeout 60 "$pack/bin/stream_wait_gpu_test" --durations yes > "$out/stream_wait.txt" 2>&1
-echo "exit $?"; grep -E "latency|passed|failed|FAILED|stream wait:" "$out/stream_wait.txt" | tail -20
-if start_mps; then
+parts=${PARTS:-hang test flags mps}
+
+flag_loop() {  # $1: label
+  local pass=0 fail=0 i
+  for i in $(seq "${FLAG_RUNS:-10}"); do
+    if KVRAIL_FLAGS_ROUNDS=${FLAG_ROUNDS:-10} run_group timeout 30 "$pack/bin/flags_gpu_test" \
+        > "$out/flags_$1_$i.txt" 2>&1; then
+      pass=$((pass + 1)); rm -f "$out/flags_$1_$i.txt"
+    else
+      fail=$((fail + 1)); echo "run $i failed:"; tail -8 "$out/flags_$1_$i.txt"
+    fi
+  done
+  echo "flags $1: $pass passed, $fail failed (runs of ${FLAG_ROUNDS:-10} handovers each)"
+}
+sw_test() {  # $1: label
+  local t0=$SECONDS
+  run_group timeout ${SW_TIMEOUT:-40} "$pack/bin/stream_wait_gpu_test" --durations yes > "$out/stream_wait_$1.txt" 2>&1
+  echo "exit $? after $((SECONDS - t0)) s"
+  grep -E "latency|context-synchronizing\?|passed|failed|FAILED|s: stream wait" "$out/stream_wait_$1.txt" | tail -24
+}
+
+if [[ $parts == *hang* ]]; then
+  echo "== the old order (KVRAIL_SW_NO_PRELOAD=1), no MPS, 12 s timeout"
+  t0=$SECONDS
+  KVRAIL_SW_NO_PRELOAD=1 run_group timeout 12 "$pack/bin/stream_wait_gpu_test" \
+      "stream wait: nothing moves before the flags*" > "$out/sw_nopreload.txt" 2>&1
+  echo "exit $? after $((SECONDS - t0)) s"; tail -4 "$out/sw_nopreload.txt"
+  echo "== the same with CUDA_MODULE_LOADING=EAGER"
+  t0=$SECONDS
+  CUDA_MODULE_LOADING=EAGER KVRAIL_SW_NO_PRELOAD=1 run_group timeout 30 "$pack/bin/stream_wait_gpu_test" \
+      "stream wait: nothing moves before the flags*" > "$out/sw_eager.txt" 2>&1
+  echo "exit $? after $((SECONDS - t0)) s"; tail -3 "$out/sw_eager.txt"
+fi
+if [[ $parts == *test* ]]; then
+  echo "== stream_wait_gpu_test (no MPS)"
+  sw_test nomps
+fi
+[[ $parts == *flags* ]] && { echo "== flags_gpu_test (no MPS)"; flag_loop nomps; }
+if [[ $parts == *mps* ]] && start_mps; then
   echo "== stream_wait_gpu_test (MPS)"
-  run_group timeout 60 "$pack/bin/stream_wait_gpu_test" --durations yes > "$out/stream_wait_mps.txt" 2>&1
-  echo "exit $?"; grep -E "latency|passed|failed|FAILED|stream wait:" "$out/stream_wait_mps.txt" | tail -20
+  sw_test mps
+  [[ $parts == *flags* ]] && { echo "== flags_gpu_test (MPS)"; flag_loop mps; }
+  for sw in 0 1; do
+    echo "== streaming_bench under MPS, cuda_stream_wait $sw"
+    run_group timeout 60 "$pack/bin/streaming_bench" --streaming-only --reps ${REPS:-21} \
+        --stream-wait $sw > "$out/streaming_sw$sw.txt" 2>&1
+    echo "exit $?"; cat "$out/streaming_sw$sw.txt" | head -20
+  done
   stop_mps
 fi
+date -u

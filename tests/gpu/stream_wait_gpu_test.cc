@@ -7,6 +7,14 @@
 // not one byte of them written, the engine keeps serving), a live producer's grace before the
 // daemon raises its words. "[latency]" also prints producer end -> last layer reported, stream
 // wait against a 20 us CPU poller + Enqueue (the readiness poller's way), same engine, same job.
+// The one-GPU hang (docs/benchmarks.md "issue 19 (SW)"): the first producer launch loaded its
+// kernel's module lazily while the engine's stream already waited on a flag; a module load
+// synchronizes the context, i.e. waited for that stream, which waited for the producer's flag:
+// the launch never returned. Every case now loads the test's kernels (and makes the producer's
+// clock buffer) before any wait is pending (PreloadTestKernels). "a context-synchronizing call
+// ... is bounded" checks the engine's escape: the gate watchdog releases the waits of a job a
+// marked call (base/cuda/context_sync.h) has been blocked behind for the bound, and prints which
+// calls of the CUDA runtime actually block behind a pending wait here.
 // A plain binary too: bazel-bin/tests/gpu/stream_wait_gpu_test.
 #define CATCH_CONFIG_MAIN
 #include <catch2/catch.hpp>
@@ -19,6 +27,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <string>
 #include <thread>
@@ -27,6 +36,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "base/cuda/context_sync.h"
 #include "client/cuda_flags.h"
 #include "daemon/engine/cuda_engine.h"
 #include "daemon/engine/engine.h"
@@ -195,11 +205,26 @@ unsigned long long* ProducerClock() {
   return clock;
 }
 
-std::unique_ptr<Engine> MakeEngine() {
+// Loads the producer kernel's module and makes its clock buffer now: a lazy module load (or a
+// cudaMalloc) while an engine stream waits on a flag synchronizes the context behind that wait.
+// KVRAIL_SW_NO_PRELOAD=1: the old order (shows the hang on the GPU; run with a timeout).
+void PreloadTestKernels() {
+  if (std::getenv("KVRAIL_SW_NO_PRELOAD") != nullptr) return;
+  static const bool done = [] {
+    REQUIRE(gpu_bench::LaunchProducer(1000, ProducerClock(), nullptr) == cudaSuccess);
+    REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+    return true;
+  }();
+  (void)done;
+}
+
+std::unique_ptr<Engine> MakeEngine(int sync_bound_ms = 1000) {
+  PreloadTestKernels();
   CudaEngineOptions options;
   options.devices = {0};
   options.stream_wait = true;
   options.stream_wait_jobs = 4;
+  options.stream_wait_sync_bound_ms = sync_bound_ms;
   auto engine = CreateCudaEngine(options);
   REQUIRE(engine.ok());
   return *std::move(engine);
@@ -228,6 +253,7 @@ TEST_CASE("stream wait: nothing moves before the flags, then every byte as a pro
     REQUIRE(engine->AdmitGated(job));
     engine->Enqueue(job, job->AllTiles());
     absl::SleepFor(absl::Milliseconds(20));
+    if (job->done() > 0) UNSCOPED_INFO(job->status(0).ToString());
     CHECK(job->done() == 0);  // every layer waits on the GPU
     const std::vector<uint8_t> before = job->Destination();
     CHECK(std::all_of(before.begin(), before.end(), [](uint8_t b) { return b == kPoison; }));
@@ -237,7 +263,10 @@ TEST_CASE("stream wait: nothing moves before the flags, then every byte as a pro
       REQUIRE(flags.cuda->SignalOnStream(producer, l, kValue).ok());
     }
     REQUIRE(job->AwaitAll(absl::Seconds(20)));
-    for (uint32_t t = 0; t < job->plan().num_tiles(); ++t) CHECK(job->status(t).ok());
+    for (uint32_t t = 0; t < job->plan().num_tiles(); ++t) {
+      INFO(job->status(t).ToString());
+      CHECK(job->status(t).ok());
+    }
     CHECK(job->Destination() == job->Reference());
     REQUIRE(cudaStreamSynchronize(producer) == cudaSuccess);
   }
@@ -306,6 +335,111 @@ TEST_CASE("stream wait: a producer that dies with waits pending - no hang, no by
   REQUIRE(job->AwaitAll(absl::Seconds(10)));
   CHECK(job->Destination() == job->Reference());
   CHECK(engine->Describe().find("released by the daemon") != std::string::npos);
+}
+
+// Nothing of the engine's other work queues behind a pending wait: an ungated job on the same
+// engine completes while a gated one waits, then the gated one completes once its flags come.
+TEST_CASE("stream wait: other transfers move while a gated job waits on the GPU") {
+  REQUIRE(gpu_test::DeviceCount() >= 1);
+  auto engine = MakeEngine();
+  std::mt19937_64 rng(19006);
+  const planner::testing::RandomCase gated_case = LayeredCase(rng, true);
+  Flags flags(64);
+  auto gated = std::make_shared<GatedJob>(gated_case, flags.words, flags.device_words, true);
+  // Made (cudaMalloc, cudaDeviceSynchronize) before the wait is pending, freed after it passed.
+  std::vector<std::shared_ptr<GatedJob>> plains;
+  for (int i = 0; i < 4; ++i) {
+    plains.push_back(std::make_shared<GatedJob>(LayeredCase(rng, i % 2 == 0), nullptr, 0, false));
+  }
+  REQUIRE(engine->AdmitGated(gated));
+  engine->Enqueue(gated, gated->AllTiles());
+  absl::SleepFor(absl::Milliseconds(20));
+  CHECK(gated->done() == 0);
+  for (const auto& plain : plains) {
+    engine->Enqueue(plain, plain->AllTiles());
+    REQUIRE(plain->AwaitAll(absl::Seconds(5)));  // not behind the gated job's wait
+    for (uint32_t t = 0; t < plain->plan().num_tiles(); ++t) CHECK(plain->status(t).ok());
+    CHECK(plain->Destination() == plain->Reference());
+  }
+  CHECK(gated->done() == 0);
+  for (uint32_t l = 0; l < flags.count; ++l) __atomic_store_n(&flags.words[l], kValue, __ATOMIC_RELEASE);
+  REQUIRE(gated->AwaitAll(absl::Seconds(10)));
+  for (uint32_t t = 0; t < gated->plan().num_tiles(); ++t) CHECK(gated->status(t).ok());
+  CHECK(gated->Destination() == gated->Reference());
+}
+
+// A call marked as context-synchronizing (cuda::ContextSyncScope, as kvraild marks its own) that
+// is stuck behind a gated job's pending wait: after the bound the watchdog releases the job's
+// waits from the host (the job's unready layers fail, not one byte of them written) and the call
+// returns. Which runtime calls really wait behind a pending cuStreamWaitValue32 is printed.
+TEST_CASE("stream wait: a context-synchronizing call behind a pending wait is bounded") {
+  REQUIRE(gpu_test::DeviceCount() >= 1);
+  constexpr int kBoundMs = 300;
+  auto engine = MakeEngine(kBoundMs);
+  std::mt19937_64 rng(19007);
+  void* page = std::aligned_alloc(4096, 1 << 20);
+  void* spare = nullptr;
+  REQUIRE(cudaMalloc(&spare, 1 << 20) == cudaSuccess);
+  void* pinned = nullptr;
+  REQUIRE(cudaHostAlloc(&pinned, 1 << 20, cudaHostAllocDefault) == cudaSuccess);
+  struct Call {
+    const char* name;
+    std::function<cudaError_t()> run;
+    bool must_block;
+  };
+  const std::vector<Call> calls = {
+      {"cudaHostRegister", [&] { return cudaHostRegister(page, 1 << 20, cudaHostRegisterMapped); },
+       false},
+      {"cudaHostUnregister", [&] { return cudaHostUnregister(page); }, false},
+      {"cudaFree", [&] { return cudaFree(spare); }, false},
+      {"cudaFreeHost", [&] { return cudaFreeHost(pinned); }, false},
+      {"cudaMalloc", [&] { return cudaMalloc(&spare, 1 << 20); }, false},
+      {"cudaDeviceSynchronize", [] { return cudaDeviceSynchronize(); }, true},
+  };
+  for (const Call& call : calls) {
+    INFO(call.name);
+    const planner::testing::RandomCase c = LayeredCase(rng, true);
+    Flags flags(64);
+    auto job = std::make_shared<GatedJob>(c, flags.words, flags.device_words, true);
+    REQUIRE(engine->AdmitGated(job));
+    engine->Enqueue(job, job->AllTiles());
+    absl::SleepFor(absl::Milliseconds(20));  // every layer's wait enqueued
+    REQUIRE(job->done() == 0);
+    const absl::Time t0 = absl::Now();
+    cudaError_t e;
+    {
+      cuda::ContextSyncScope sync(call.name);
+      e = call.run();
+    }
+    const double ms = absl::ToDoubleMilliseconds(absl::Now() - t0);
+    CHECK(e == cudaSuccess);
+    const bool released = flags.Load(0) == kValue;  // raised by the watchdog before it returned
+    std::printf("context-synchronizing? %-22s returned after %8.1f ms %s\n", call.name, ms,
+                released ? "(blocked: released by the watchdog)" : "(did not wait for the GPU wait)");
+    if (call.must_block) CHECK(released);
+    if (released) {
+      CHECK(ms >= kBoundMs * 0.9);
+      REQUIRE(job->AwaitAll(absl::Seconds(5)));
+      for (uint32_t t = 0; t < job->plan().num_tiles(); ++t) {
+        const absl::Status s = job->status(t);
+        INFO(s.ToString());
+        CHECK(s.code() == absl::StatusCode::kUnavailable);
+        CHECK(std::string(s.message()).find("no byte written") != std::string::npos);
+        CHECK(std::string(s.message()).find(call.name) != std::string::npos);
+      }
+      const std::vector<uint8_t> got = job->Destination();
+      CHECK(std::all_of(got.begin(), got.end(), [](uint8_t b) { return b == kPoison; }));
+      for (uint32_t l = 0; l < job->plan().num_layers(); ++l) CHECK(flags.Load(l) == kValue);
+    } else {
+      // The call did not wait: the job is still waiting; its producer comes now.
+      for (uint32_t l = 0; l < flags.count; ++l) __atomic_store_n(&flags.words[l], kValue, __ATOMIC_RELEASE);
+      REQUIRE(job->AwaitAll(absl::Seconds(10)));
+      CHECK(job->Destination() == job->Reference());
+    }
+  }
+  std::printf("%s\n", engine->Describe().c_str());
+  cudaFree(spare);
+  std::free(page);
 }
 
 // Producer kernel end (seen by the host spinning on an event after the producer's flag write) ->

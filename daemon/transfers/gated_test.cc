@@ -1,0 +1,112 @@
+// Issue 19.3: layer-wise transfers whose producer flags (spec.ready_flags) the engine waits for
+// on the GPU (Engine::AdmitGated). Admitted: every tile goes to the engine at submit (no poller
+// watch), the transfer waits on its producer until each word has come (EndSession ends it then,
+// and Job::ended says the producer is gone, so the engine releases its GPU waits at once).
+// Declined: the readiness poller hands layers over as their words come, as before.
+#define CATCH_CONFIG_MAIN
+#include <catch2/catch.hpp>
+
+#include <memory>
+#include <numeric>
+#include <vector>
+
+#include "absl/time/clock.h"
+#include "daemon/transfers/manager_fixture.h"
+
+namespace kvrail::transfers {
+namespace {
+
+using testing::ManagerFixture;
+
+constexpr uint32_t kLayers = 4, kBlocks = 8;
+constexpr uint32_t kValue = 3;
+
+struct Streaming {
+  ManagerFixture f;
+  uint64_t producer = f.regions.NewSession();
+  std::shared_ptr<regions::Region> src = f.regions.PagedLayers(kBlocks, kLayers, false, producer);
+  std::shared_ptr<regions::Region> dst = f.regions.PagedLayers(kBlocks, kLayers, true, producer);
+  std::shared_ptr<regions::Region> flags = f.regions.Bytes(4096, true, producer);
+  uint32_t* words = reinterpret_cast<uint32_t*>(flags->data());
+
+  uint64_t Submit() {
+    v1::TransferSpec spec;
+    spec.set_session_id(producer);
+    spec.mutable_src()->set_region_id(src->id());
+    spec.mutable_dst()->set_region_id(dst->id());
+    for (uint32_t b = 0; b < kBlocks; ++b) {
+      spec.mutable_src()->add_block_ids(b);
+      spec.mutable_dst()->add_block_ids(kBlocks - 1 - b);
+    }
+    spec.mutable_ready_flags()->set_region_id(flags->id());
+    spec.mutable_ready_flags()->set_value(kValue);
+    auto response = f.manager->Submit(spec);
+    INFO(response.status().ToString());
+    REQUIRE(response.ok());
+    return response->transfer_id();
+  }
+};
+
+TEST_CASE("gated: an admitted layer-wise transfer hands every tile over at submit") {
+  Streaming t;
+  t.f.engine.set_admit_gated(true);
+  const uint64_t id = t.Submit();
+  CHECK(t.f.engine.admitted_gated() == 1);
+  const v1::TransferStatus status = t.f.Get(id);
+  CHECK(status.tiles_total() > 0);
+  CHECK(t.f.engine.enqueued() == status.tiles_total());  // no layer waited for the poller
+  for (uint32_t l = 0; l < kLayers; ++l) __atomic_store_n(&t.words[l], kValue, __ATOMIC_RELEASE);
+  t.f.engine.RunAll();
+  CHECK(t.f.Get(id).state() == v1::TRANSFER_STATE_SUCCEEDED);
+}
+
+TEST_CASE("gated: the producer's session ends with words unwritten - the transfer ends, the engine "
+          "hears the producer is gone") {
+  Streaming t;
+  t.f.engine.set_admit_gated(true);
+  const uint64_t id = t.Submit();
+  __atomic_store_n(&t.words[0], kValue, __ATOMIC_RELEASE);  // layer 0 only
+  std::shared_ptr<engine::Job> job;
+  REQUIRE(t.f.engine.StartNext(&job));  // a tile "waiting on the GPU"
+  bool gone = true;
+  CHECK(job->ended(&gone).ok());
+  CHECK(!gone);
+  t.f.manager->EndSession(t.producer);
+  const absl::Status ended = job->ended(&gone);
+  CHECK(ended.code() == absl::StatusCode::kAborted);
+  CHECK(gone);
+  CHECK(t.f.engine.queued() == 0);  // the rest taken off the engine's queue
+  REQUIRE(t.f.engine.FinishNext(ended));
+  CHECK(t.f.Get(id).state() == v1::TRANSFER_STATE_FAILED);
+}
+
+TEST_CASE("gated: every word written - the producer's end no longer ends the transfer") {
+  Streaming t;
+  t.f.engine.set_admit_gated(true);
+  const uint64_t id = t.Submit();
+  for (uint32_t l = 0; l < kLayers; ++l) __atomic_store_n(&t.words[l], kValue, __ATOMIC_RELEASE);
+  t.f.manager->EndSession(t.producer);
+  t.f.engine.RunAll();
+  CHECK(t.f.Get(id).state() == v1::TRANSFER_STATE_SUCCEEDED);
+}
+
+TEST_CASE("gated: declined, the readiness poller hands layers over as their words come") {
+  Streaming t;
+  const uint64_t id = t.Submit();
+  CHECK(t.f.engine.admitted_gated() == 0);
+  CHECK(t.f.engine.enqueued() == 0);
+  __atomic_store_n(&t.words[0], kValue, __ATOMIC_RELEASE);
+  const absl::Time until = absl::Now() + absl::Seconds(5);
+  while (t.f.engine.enqueued() == 0 && absl::Now() < until) absl::SleepFor(absl::Milliseconds(1));
+  const uint32_t per_layer = t.f.Get(id).tiles_total() / kLayers;
+  CHECK(t.f.engine.enqueued() == per_layer);
+  for (uint32_t l = 1; l < kLayers; ++l) __atomic_store_n(&t.words[l], kValue, __ATOMIC_RELEASE);
+  while (t.f.engine.enqueued() < t.f.Get(id).tiles_total() && absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  t.f.engine.RunAll();
+  CHECK(t.f.Get(id).state() == v1::TRANSFER_STATE_SUCCEEDED);
+}
+
+}  // namespace
+}  // namespace kvrail::transfers
