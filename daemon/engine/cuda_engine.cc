@@ -65,6 +65,12 @@ constexpr int kCopyOnlyTunerKeys = 1 << 10;
 // (their completions wake it at once), and how long a live producer gets to write the words of
 // a job that ended before the daemon raises them itself (scheduler::ReleaseNow).
 constexpr absl::Duration kGatePoll = absl::Milliseconds(1);
+// While gated copies wait, the dispatcher also looks at their producers' words this often: a
+// batch whose words have come is completed by a blocking event wait (its kernel started on the
+// GPU at the word; ~20 us for 16 MiB) instead of waiting for the host function's wake-up, which
+// cost ~40-120 us more than the readiness poller's path on one H200 (docs/benchmarks.md
+// "issue 19 (SW)").
+constexpr absl::Duration kGateWordPoll = absl::Microseconds(20);
 // Pinned staging for plan uploads (CudaEngineOptions::staged_plan_upload): slots of this size
 // (a plan image of up to ~32k block ids in all fits whole), each reused once its upload passed.
 constexpr size_t kStagingSlots = 8;
@@ -538,9 +544,9 @@ class DeviceWorker {
             mu_.Await(absl::Condition(this, &DeviceWorker::HasWorkOrStop));
           } else {
             // Gated batches complete on their own streams: woken by WakeFromGpu, and every
-            // kGatePoll to see whether a waiting job has ended.
+            // kGateWordPoll to see whether a producer's word has come (PollGated).
             mu_.AwaitWithTimeout(absl::Condition(this, &DeviceWorker::HasWorkOrGpuWake),
-                                 kGatePoll);
+                                 kGateWordPoll);
           }
           gpu_wakes_seen_ = gpu_wakes_;
           if (stop_) break;
@@ -597,7 +603,13 @@ class DeviceWorker {
       if (!s.gate.has_value() || s.gated.empty()) continue;
       while (!s.gated.empty()) {
         Batch& b = s.gated.front();
-        if (b.launch.ok() && cudaEventQuery(b.stop.get()) == cudaErrorNotReady) break;
+        // Not passed yet: completed now (Complete waits for its event) only once its words
+        // have come (or were raised by a release), so the wait is the kernel's, never the
+        // producer's.
+        if (b.launch.ok() && cudaEventQuery(b.stop.get()) == cudaErrorNotReady &&
+            !GateWordsCame(s, b)) {
+          break;
+        }
         Complete(b);
         s.gated.pop_front();
         --gated_pending_;
@@ -609,6 +621,17 @@ class DeviceWorker {
       absl::MutexLock lock(&mu_);
       finished = TakeIfFinishedLocked(s);
     }
+  }
+
+  bool GateWordsCame(const JobState& s, const Batch& b) const {
+    const uint32_t first = s.job->plan().tile(b.taken.begin).layer;
+    const uint32_t last = s.job->plan().tile(b.taken.end - 1).layer;
+    for (uint32_t l = first; l <= last && l < s.gate->count; ++l) {
+      if (!Reached(__atomic_load_n(&s.gate->host_words[l], __ATOMIC_ACQUIRE), s.gate->value)) {
+        return false;
+      }
+    }
+    return true;
   }
 
   // The worker's abort page: kGateWordPairs (abort, done) word pairs in pinned host memory
