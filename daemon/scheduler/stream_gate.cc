@@ -45,7 +45,7 @@ GateReleaseDecision DecideGateRelease(const GateWatchInputs& in) {
         "kvraild released its GPU wait: a context-synchronizing CUDA call (", in.sync_what,
         ") had waited ", absl::ToInt64Milliseconds(*in.sync_blocked_for),
         " ms behind it (the engine's bound: ", absl::ToInt64Milliseconds(in.bound),
-        ")"));
+        " ms)"));
     return d;
   }
   if (in.dispatcher_silent_for >= in.bound) {
@@ -54,7 +54,7 @@ GateReleaseDecision DecideGateRelease(const GateWatchInputs& in) {
         "kvraild released its GPU wait: the CUDA engine's dispatcher had been blocked for ",
         absl::ToInt64Milliseconds(in.dispatcher_silent_for),
         " ms (a CUDA call waiting behind the wait; the engine's bound: ",
-        absl::ToInt64Milliseconds(in.bound), ")"));
+        absl::ToInt64Milliseconds(in.bound), " ms)"));
   }
   return d;
 }
