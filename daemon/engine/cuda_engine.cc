@@ -300,6 +300,11 @@ class DeviceWorker {
 
   // Engine::AdmitGated for this GPU (scheduler::GateSlots decides; any thread).
   bool AdmitGated(const std::shared_ptr<Job>& job) {
+    if (!options_.stream_wait) {
+      // Before ready_gate: that would pin the flag region for the GPU, for nothing.
+      job->OnEngineNote(scheduler::ChooseGate(scheduler::GateInputs{}).reason);
+      return false;
+    }
     std::optional<Job::ReadyGate> gate = job->ready_gate(device_);
     if (!gate.has_value()) return false;
     scheduler::GateInputs in;
