@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# The coordinator's one-H200 check of this wave's GPU changes at one commit, from .devpack_v/
+# (built here: bazel build //daemon:kvraild //examples:kv_demo //tests/gpu:{relay_gpu_test,
+# fabric_kernel_bench,layout_bench,cuda_engine_gpu_test}; packed with
+# /work/briefs/devpack_to .devpack_v bazel-bin/...). Runs, each under its own timeout and process
+# group: the relay hop byte for byte (R == S on one GPU) and through two daemons (relay forced vs
+# off), the named layouts at 32 and 132 CTAs with the per-plan kernel choice, the CUDA engine's
+# GPU test cases touched this wave (plan upload from staging, copy-engine-only mode, kernel + copy
+# engines, large tables, a dying client), and the GPU demo. Logs in $OUT.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+pack=${PACK:-.devpack_v}
+out=${OUT:-/tmp}
+export LD_LIBRARY_PATH=$PWD/$pack/lib:${LD_LIBRARY_PATH:-}
+export NCCL_NVLS_ENABLE=0
+rf=$(mktemp -d /tmp/rf.XXXXXX)
+mkdir -p "$rf/kvrail/daemon"
+ln -s "$PWD/$pack/bin/kvraild" "$rf/kvrail/daemon/kvraild"
+export TEST_SRCDIR=$rf TEST_WORKSPACE=kvrail
+# A program as the leader of its own process group; the group is ended after it returns.
+run_group() {
+  setsid "$@" &
+  local pid=$!
+  wait "$pid"
+  local rc=$?
+  kill -TERM -- "-$pid" 2>/dev/null
+  return $rc
+}
+step() {  # NAME LIMIT COMMAND...
+  local name=$1 limit=$2; shift 2
+  local t0=$SECONDS
+  run_group timeout "$limit" "$@" > "$out/$name.txt" 2>&1
+  echo "== $name: exit $? after $((SECONDS - t0)) s"
+}
+nvidia-smi -L; date -u
+bin=$pack/bin
+step relay_gpu_test 60 $bin/relay_gpu_test -s
+grep -E "passed|failed|FAILED" "$out/relay_gpu_test.txt" | tail -3
+for relay in gpu:0 off; do
+  KVRAIL_FABRIC_RELAY=$relay step "bench_relay_${relay%%:*}" 60 \
+      $bin/fabric_kernel_bench --mib 64 --reps 2 --copy-pair 0 --src-gpu 0 --dst-gpu 0
+  grep -E "^\||mismatch|FAIL" "$out/bench_relay_${relay%%:*}.txt" | head -12
+done
+step layouts 100 $bin/layout_bench
+grep -E "^\||MISMATCH" "$out/layouts.txt" | cut -c1-200
+step engine_test 120 $bin/cuda_engine_gpu_test \
+    '*kernel: random layouts GPU->GPU*,*copy engines only*,*tiny-run plans*,*kernel + copy engines*,*large block tables*,a client that dies*'
+grep -E "passed|failed|FAILED" "$out/engine_test.txt" | tail -3
+echo "== demo"
+d=$(mktemp -d /tmp/demo.XXXXXX)
+setsid $bin/kvraild --socket "$d/k.sock" --log-level info > "$out/demo_daemon.txt" 2>&1 &
+dp=$!
+for _ in $(seq 100); do [ -S "$d/k.sock" ] && break; sleep 0.1; done
+setsid $bin/kv_demo prefill --socket "$d/k.sock" --info "$d/p.json" --seed 42 --ignore-stdin \
+    > "$out/demo_prefill.txt" 2>&1 &
+pp=$!
+timeout 60 $bin/kv_demo decode --socket "$d/k.sock" --info "$d/p.json" > "$out/demo.txt" 2>&1
+echo "decode exit $?"; tail -3 "$out/demo.txt"
+kill -TERM -- "-$pp" 2>/dev/null; wait "$pp"
+kill -TERM -- "-$dp" 2>/dev/null; wait "$dp"; echo "kvraild exit $?"
+date -u
