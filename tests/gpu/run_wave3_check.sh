@@ -14,8 +14,10 @@ out=${OUT:-/tmp}
 export LD_LIBRARY_PATH=$PWD/$pack/lib:${LD_LIBRARY_PATH:-}
 export NCCL_NVLS_ENABLE=0
 rf=$(mktemp -d /tmp/rf.XXXXXX)
-mkdir -p "$rf/kvrail/daemon"
+mkdir -p "$rf/kvrail/daemon" "$rf/kvrail/examples"
 ln -s "$PWD/$pack/bin/kvraild" "$rf/kvrail/daemon/kvraild"
+# The dying-client case spawns kv_demo from the runfiles.
+ln -s "$PWD/$pack/bin/kv_demo" "$rf/kvrail/examples/kv_demo"
 export TEST_SRCDIR=$rf TEST_WORKSPACE=kvrail
 # A program as the leader of its own process group; the group is ended after it returns.
 run_group() {
