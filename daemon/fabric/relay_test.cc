@@ -17,6 +17,7 @@
 #include "daemon/fabric/relay.h"
 #include "daemon/fabric/tile_pack.h"
 #include "daemon/planner/testing/random_case.h"
+#include "topology/testing/fixtures.h"
 #include "topology/topology.h"
 
 namespace kvrail::fabric {
@@ -26,32 +27,8 @@ bool Has(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
 }
 
-v1::TopologyDesc Desc(const std::string& name) {
-  auto desc = topology::LoadTopologyFile("topology/fixtures/" + name + ".textproto");
-  INFO(desc.status().ToString());
-  REQUIRE(desc.ok());
-  return *desc;
-}
-
-// The desc without NIC `name` (and its PCI function): a GPU that lost its own NIC.
-v1::TopologyDesc Without(v1::TopologyDesc desc, const std::string& name) {
-  std::string bus;
-  for (int i = 0; i < desc.nics_size(); ++i) {
-    if (desc.nics(i).name() == name) {
-      bus = desc.nics(i).pci_bus_id();
-      desc.mutable_nics()->DeleteSubrange(i, 1);
-      break;
-    }
-  }
-  REQUIRE(!bus.empty());
-  for (int i = 0; i < desc.pci_devices_size(); ++i) {
-    if (desc.pci_devices(i).bus_id() == bus) {
-      desc.mutable_pci_devices()->DeleteSubrange(i, 1);
-      break;
-    }
-  }
-  return desc;
-}
+using topology::testing::WithoutNic;
+v1::TopologyDesc Desc(const std::string& name) { return topology::testing::FixtureDesc(name); }
 
 RelayInput GpuInput(const scheduler::RailNode* node, int gpu, RelaySide side = RelaySide::kSend) {
   RelayInput in;
@@ -88,7 +65,7 @@ TEST_CASE("KVRAIL_FABRIC_RELAY values") {
 }
 
 TEST_CASE("auto: a GPU that lost its NIC relays through its NVLink neighbour, on either side") {
-  const auto node = scheduler::BuildRailNode(Without(Desc("dgx_h100"), "mlx5_5"));
+  const auto node = scheduler::BuildRailNode(WithoutNic(Desc("dgx_h100"), "mlx5_5"));
   REQUIRE(node.ok());
   const RelayPlan send = PlanRelay(GpuInput(&*node, 5));
   INFO(send.reason);

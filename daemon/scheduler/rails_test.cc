@@ -12,17 +12,14 @@
 
 #include "absl/strings/str_cat.h"
 #include "daemon/scheduler/rails.h"
+#include "topology/testing/fixtures.h"
 #include "topology/topology.h"
 
 namespace kvrail::scheduler {
 namespace {
 
-v1::TopologyDesc Desc(const std::string& name) {
-  auto desc = topology::LoadTopologyFile("topology/fixtures/" + name + ".textproto");
-  INFO(desc.status().ToString());
-  REQUIRE(desc.ok());
-  return *desc;
-}
+using topology::testing::WithoutNic;
+v1::TopologyDesc Desc(const std::string& name) { return topology::testing::FixtureDesc(name); }
 
 RailNode Node(const v1::TopologyDesc& desc) {
   auto node = BuildRailNode(desc);
@@ -45,25 +42,6 @@ bool Has(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
 }
 
-// The desc without the NIC `name` (and its PCI function): a node whose GPU lost its own NIC.
-v1::TopologyDesc Without(v1::TopologyDesc desc, const std::string& name) {
-  std::string bus;
-  for (int i = 0; i < desc.nics_size(); ++i) {
-    if (desc.nics(i).name() == name) {
-      bus = desc.nics(i).pci_bus_id();
-      desc.mutable_nics()->DeleteSubrange(i, 1);
-      break;
-    }
-  }
-  REQUIRE(!bus.empty());
-  for (int i = 0; i < desc.pci_devices_size(); ++i) {
-    if (desc.pci_devices(i).bus_id() == bus) {
-      desc.mutable_pci_devices()->DeleteSubrange(i, 1);
-      break;
-    }
-  }
-  return desc;
-}
 
 TEST_CASE("DGX H100: GPU i leaves on mlx5_i, rail i, and lands on the peer's mlx5_i") {
   RailNode dgx = Node("dgx_h100");
@@ -239,7 +217,7 @@ TEST_CASE("PCIe box with one NIC: every GPU goes through mlx5_0, the far ones sa
 TEST_CASE("a GPU without a NIC on its switch relays over NVLink (and symmetrically on the peer)") {
   // Both nodes lost mlx5_5 (rails stay aligned: identical nodes). GPU5's nearest NICs are now
   // NODE (other host bridges of socket 1).
-  RailNode node = Node(Without(Desc("dgx_h100"), "mlx5_5"));
+  RailNode node = Node(WithoutNic(Desc("dgx_h100"), "mlx5_5"));
   REQUIRE(node.nics.size() == 7);
   CHECK(node.gpus[5].tier == NicTier::kNuma);
   RailRoute r = Route(node, 5, node, 5);
@@ -347,7 +325,7 @@ TEST_CASE("ChooseSideRelay: a GPU without a near NIC relays to its NVLink neighb
     CHECK(r->nvlinks == 0);
     CHECK(r->reason == absl::StrCat("GPU", g, " (mlx5_", g, ", PIX)"));
   }
-  RailNode lost = Node(Without(Desc("dgx_h100"), "mlx5_5"));
+  RailNode lost = Node(WithoutNic(Desc("dgx_h100"), "mlx5_5"));
   auto r = ChooseSideRelay(lost, 5, {}, {});
   REQUIRE(r.ok());
   CHECK(r->path == v1::PATH_HIERARCHICAL);
