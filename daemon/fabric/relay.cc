@@ -15,6 +15,7 @@
 #include "absl/synchronization/mutex.h"
 #include "base/cuda/cuda_util.h"
 #include "base/status.h"
+#include "daemon/fabric/tile_copy.h"
 #include "daemon/fabric/tile_pack.h"
 #include "kernels/fabric_pack.h"
 #include "kernels/kv_copy.h"
@@ -147,17 +148,6 @@ uint64_t RelaySlotOffset(const RelayPlan& plan, uint32_t k) { return uint64_t{k}
 namespace {
 
 std::atomic<uint64_t> g_relayed[2];
-
-// This thread's stream on `device` (created on first use, kept for the thread's life).
-absl::StatusOr<cudaStream_t> ThreadStream(int device) {
-  thread_local std::map<int, cuda::Stream> streams;
-  auto it = streams.find(device);
-  if (it == streams.end()) {
-    KVRAIL_ASSIGN_OR_RETURN(cuda::Stream stream, cuda::Stream::Create(device));
-    it = streams.emplace(device, std::move(stream)).first;
-  }
-  return it->second.get();
-}
 
 // A pool of `slots` relay slots of `slot_bytes` in one block (host memory, or device memory of
 // one GPU). Acquire blocks while all are taken (they are as many as the threads that take them,

@@ -20,7 +20,6 @@
 #include "kernels/kv_copy.h"
 
 namespace kvrail::fabric {
-namespace {
 
 // This thread's stream on `device` (created on first use, kept for the thread's life).
 absl::StatusOr<cudaStream_t> ThreadStream(int device) {
@@ -32,6 +31,8 @@ absl::StatusOr<cudaStream_t> ThreadStream(int device) {
   }
   return it->second.get();
 }
+
+namespace {
 
 // Copies the tile's runs between GPU memory at `gpu` (on `device`) and the packed staging slot,
 // into the slot when `pack`, out of it otherwise, and waits for them. `dst_side`: the runs'

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "base/cuda/cuda_util.h"
 #include "daemon/fabric/command_ring.h"
 #include "daemon/planner/planner.h"
@@ -54,6 +55,10 @@ uint64_t TrailerDigest(const planner::Plan& plan, uint32_t tile, const uint8_t* 
 // hashed there.
 absl::StatusOr<uint64_t> DestinationTileDigest(const planner::Plan& plan, uint32_t tile,
                                                const RegionSide& dst, uint8_t* scratch);
+
+// This thread's CUDA stream on GPU `device` (created on first use, kept for the thread's life);
+// the copy-engine paths here and the relay (relay.cc) enqueue on it and wait for it at once.
+absl::StatusOr<cudaStream_t> ThreadStream(int device);
 
 // The fabric kernels (kernels/fabric_pack.h) for one transfer's GPU side (issue 19 item 4): the
 // plan uploaded once to the region's GPU (on first use; the kernels' warm-up once per GPU), then
