@@ -159,18 +159,6 @@ uint64_t Submit(FourLinks& f, const Pool& src, const Pool& dst,
   return submitted->transfer_id();
 }
 
-// The fabric engine's gauge `name` from the sender's stats (-1 when absent).
-double FabricGauge(NsDaemon& node, const std::string& name) {
-  auto stats = node.client->GetStats();
-  if (!stats.ok()) return -1;
-  for (const auto& e : stats->engine_states()) {
-    if (e.name() != "fabric") continue;
-    auto it = e.gauges().find(name);
-    if (it != e.gauges().end()) return it->second;
-  }
-  return -1;
-}
-
 TEST_CASE("one of four links cut mid-transfer: its tiles are re-sent on the other lanes and the "
           "transfer succeeds byte for byte") {
   SKIP_WITHOUT_NETNS();

@@ -26,25 +26,12 @@
 #include "client/kvrail_client.h"
 #include "tests/integration/kv_fixture.h"
 #include "tests/netns/netns.h"
+#include "tests/tls/peer_calls.h"
 
 namespace kvrail::testing {
 namespace {
 
 constexpr uint32_t kLayers = 4, kBlocks = 32, kMoved = 24;
-
-bool PeerUp(NsDaemon& node, const std::string& peer) {
-  const absl::Time until = absl::Now() + absl::Seconds(10);
-  do {
-    auto peers = node.client->ListPeers();
-    if (peers.ok()) {
-      for (const auto& p : peers->peers()) {
-        if (p.node_id() == peer && p.state() == "up") return true;
-      }
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  } while (absl::Now() < until);
-  return false;
-}
 
 // "relay-a" and "relay-b" on two loopback addresses, one fabric endpoint each, started with
 // KVRAIL_FABRIC_RELAY=`relay` in their environment; both up before the test goes on.
@@ -58,8 +45,8 @@ struct RelayPair {
     options.nics = 1;
     options.tile_bytes = 65536;  // several tiles per layer
     ok = a.Start("", "relay-a", ip_a, "relay-b", ip_b, options) &&
-         b.Start("", "relay-b", ip_b, "relay-a", ip_a, options) && PeerUp(a, "relay-b") &&
-         PeerUp(b, "relay-a");
+         b.Start("", "relay-b", ip_b, "relay-a", ip_a, options) &&
+         PeerUp(a, "relay-b", absl::Seconds(10)) && PeerUp(b, "relay-a", absl::Seconds(10));
     unsetenv("KVRAIL_FABRIC_RELAY");
     if (!ok) UNSCOPED_INFO("a log:\n" << a.Log() << "\nb log:\n" << b.Log());
   }
@@ -77,17 +64,6 @@ std::optional<v1::TransferStatus> InboundRecord(NsDaemon& node) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   } while (absl::Now() < until);
   return std::nullopt;
-}
-
-double FabricGauge(NsDaemon& node, const std::string& name) {
-  auto stats = node.client->GetStats();
-  if (!stats.ok()) return -1;
-  for (const auto& e : stats->engine_states()) {
-    if (e.name() != "fabric") continue;
-    auto it = e.gauges().find(name);
-    if (it != e.gauges().end()) return it->second;
-  }
-  return -1;
 }
 
 struct Moved {

@@ -222,4 +222,15 @@ std::string LoopbackIp() {
   return "127.0.0.1";
 }
 
+double FabricGauge(NsDaemon& node, const std::string& name) {
+  auto stats = node.client->GetStats();
+  if (!stats.ok()) return -1;
+  for (const auto& e : stats->engine_states()) {
+    if (e.name() != "fabric") continue;
+    auto it = e.gauges().find(name);
+    if (it != e.gauges().end()) return it->second;
+  }
+  return -1;
+}
+
 }  // namespace kvrail::testing

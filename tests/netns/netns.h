@@ -112,4 +112,7 @@ struct NsDaemon {
 // other's daemons.
 std::string LoopbackIp();
 
+// The fabric engine's gauge `name` in `node`'s stats (-1 when absent or the call fails).
+double FabricGauge(NsDaemon& node, const std::string& name);
+
 }  // namespace kvrail::testing
