@@ -9,22 +9,7 @@
 # R == S == 0. Logs in $OUT. Every program runs in its own process group, ended by its id after.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-pack=${PACK:-.devpack_hr}
-out=${OUT:-/tmp}
-export LD_LIBRARY_PATH=$PWD/$pack/lib:${LD_LIBRARY_PATH:-}
-export NCCL_NVLS_ENABLE=0
-rf=$(mktemp -d /tmp/rf.XXXXXX)
-mkdir -p "$rf/kvrail/daemon"
-ln -s "$PWD/$pack/bin/kvraild" "$rf/kvrail/daemon/kvraild"
-export TEST_SRCDIR=$rf TEST_WORKSPACE=kvrail
-run_group() {
-  setsid "$@" &
-  local pid=$!
-  wait "$pid"
-  local rc=$?
-  kill -TERM -- "-$pid" 2>/dev/null
-  return $rc
-}
+source tests/gpu/pack_env.sh .devpack_hr
 nvidia-smi -L; nvidia-smi topo -m 2>/dev/null | head -5; date -u
 gpus=$(nvidia-smi -L | grep -c '^GPU')
 echo "== relay_gpu_test (byte for byte, poisoned destinations; $gpus GPUs)"

@@ -6,22 +6,7 @@
 # GPUs). Logs in $OUT. Every benchmark runs in its own process group, ended by its id afterwards.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-pack=${PACK:-.devpack_g2}
-out=${OUT:-/tmp}
-export LD_LIBRARY_PATH=$PWD/$pack/lib:${LD_LIBRARY_PATH:-}
-export NCCL_NVLS_ENABLE=0
-rf=$(mktemp -d /tmp/rf.XXXXXX)
-mkdir -p "$rf/kvrail/daemon"
-ln -s "$PWD/$pack/bin/kvraild" "$rf/kvrail/daemon/kvraild"
-export TEST_SRCDIR=$rf TEST_WORKSPACE=kvrail
-run_group() {
-  setsid "$@" &
-  local pid=$!
-  wait "$pid"
-  local rc=$?
-  kill -TERM -- "-$pid" 2>/dev/null
-  return $rc
-}
+source tests/gpu/pack_env.sh .devpack_g2
 nvidia-smi -L; date -u
 echo "== fabric_kernel_gpu_test (byte for byte)"
 run_group timeout 240 "$pack/bin/fabric_kernel_gpu_test" '~[bandwidth]' > "$out/gpu_test.txt" 2>&1
