@@ -23,6 +23,7 @@
 #include "daemon/fabric/lanes.h"
 #include "daemon/fabric/peer_control.h"
 #include "daemon/fabric/peers.h"
+#include "daemon/fabric/testing/counting_peer.h"
 
 namespace kvrail::fabric {
 namespace {
@@ -65,31 +66,7 @@ bool Eventually(Pred pred, absl::Duration limit) {
   return pred();
 }
 
-// A Peer service that counts the hellos it gets (and refuses them).
-class CountingPeer final : public v1::Peer::Service {
- public:
-  grpc::Status Hello(grpc::ServerContext*, const v1::HelloRequest*, v1::HelloResponse*) override {
-    ++hellos;
-    return grpc::Status(grpc::StatusCode::UNAVAILABLE, "counting only");
-  }
-  std::atomic<int> hellos{0};
-};
-
-struct Server {
-  CountingPeer service;
-  std::unique_ptr<grpc::Server> server;
-  std::string address;
-  Server() {
-    int port = 0;
-    grpc::ServerBuilder b;
-    b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-    b.RegisterService(&service);
-    server = b.BuildAndStart();
-    REQUIRE((server != nullptr && port > 0));
-    address = absl::StrCat("127.0.0.1:", port);
-  }
-  ~Server() { server->Shutdown(); }
-};
+using Server = testing::CountingPeerServer;
 
 TEST_CASE("a peer whose etcd record names a new address is re-dialed at it") {
   directory::testing::EtcdTestServer etcd;

@@ -20,6 +20,7 @@
 #include "daemon/fabric/lanes.h"
 #include "daemon/fabric/peer_control.h"
 #include "daemon/fabric/peers.h"
+#include "daemon/fabric/testing/counting_peer.h"
 
 namespace kvrail::fabric {
 namespace {
@@ -452,16 +453,6 @@ TEST_CASE("no index is reused while quarantined; busy and merely silent peers ar
   CHECK((*added)->retired.load());
 }
 
-// A minimal Peer service that counts the hellos it gets (and refuses them).
-class CountingPeer final : public v1::Peer::Service {
- public:
-  grpc::Status Hello(grpc::ServerContext*, const v1::HelloRequest*, v1::HelloResponse*) override {
-    ++hellos;
-    return grpc::Status(grpc::StatusCode::UNAVAILABLE, "counting only");
-  }
-  std::atomic<int> hellos{0};
-};
-
 // issue 18 (CL): a peer whose directory record names a new Peer address (same node id) kept its
 // old stub and lanes: hellos and transfers went on to the old address.
 TEST_CASE("a peer whose directory address changes is re-dialed: old entry retired, hello at the new address") {
@@ -472,18 +463,11 @@ TEST_CASE("a peer whose directory address changes is re-dialed: old entry retire
     WARN("SKIP: " << lanes.status().ToString());
     return;
   }
-  CountingPeer old_peer, new_peer;
-  int old_port = 0, new_port = 0;
-  grpc::ServerBuilder b1, b2;
-  b1.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &old_port);
-  b1.RegisterService(&old_peer);
-  b2.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &new_port);
-  b2.RegisterService(&new_peer);
-  auto s1 = b1.BuildAndStart();
-  auto s2 = b2.BuildAndStart();
-  REQUIRE((s1 != nullptr && s2 != nullptr && old_port > 0 && new_port > 0));
-  const std::string old_address = absl::StrCat("127.0.0.1:", old_port);
-  const std::string new_address = absl::StrCat("127.0.0.1:", new_port);
+  testing::CountingPeerServer s1, s2;
+  testing::CountingPeer& old_peer = s1.service;
+  testing::CountingPeer& new_peer = s2.service;
+  const std::string old_address = s1.address;
+  const std::string new_address = s2.address;
 
   FakeDirectory dir;
   absl::Mutex lost_mu;
@@ -533,8 +517,8 @@ TEST_CASE("a peer whose directory address changes is re-dialed: old entry retire
   CHECK(table.Find("m") == after);
   absl::MutexLock lock(&lost_mu);
   CHECK(lost.size() == 1);
-  s1->Shutdown();
-  s2->Shutdown();
+  s1.server->Shutdown();
+  s2.server->Shutdown();
 }
 
 }  // namespace
