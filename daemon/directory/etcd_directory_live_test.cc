@@ -52,15 +52,7 @@ std::unique_ptr<Directory> Open(const std::string& endpoint, const std::string& 
   return *std::move(d);
 }
 
-template <typename Pred>
-bool Eventually(Pred pred, absl::Duration limit) {
-  const absl::Time until = absl::Now() + limit;
-  while (absl::Now() < until) {
-    if (pred()) return true;
-    absl::SleepFor(absl::Milliseconds(10));
-  }
-  return pred();
-}
+using testing::Eventually;
 
 TEST_CASE("etcd directory against a real etcd: membership, lease end, outage, restart") {
   testing::EtcdTestServer etcd;

@@ -9,6 +9,8 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 
 namespace kvrail::directory::testing {
 
@@ -41,5 +43,16 @@ class EtcdTestServer {
   int peer_port_ = 0;
   pid_t pid_ = -1;
 };
+
+// Polls `pred` every `every` until it holds or `limit` has passed; then whether it holds.
+template <typename Pred>
+bool Eventually(Pred pred, absl::Duration limit, absl::Duration every = absl::Milliseconds(10)) {
+  const absl::Time until = absl::Now() + limit;
+  while (absl::Now() < until) {
+    if (pred()) return true;
+    absl::SleepFor(every);
+  }
+  return pred();
+}
 
 }  // namespace kvrail::directory::testing

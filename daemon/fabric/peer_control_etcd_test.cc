@@ -56,15 +56,7 @@ std::unique_ptr<directory::Directory> Open(const std::string& endpoint, const st
   return *std::move(d);
 }
 
-template <typename Pred>
-bool Eventually(Pred pred, absl::Duration limit) {
-  const absl::Time until = absl::Now() + limit;
-  while (absl::Now() < until) {
-    if (pred()) return true;
-    absl::SleepFor(absl::Milliseconds(10));
-  }
-  return pred();
-}
+using directory::testing::Eventually;
 
 using Server = testing::CountingPeerServer;
 
