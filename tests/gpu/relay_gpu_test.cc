@@ -31,6 +31,7 @@
 #include "daemon/planner/planner.h"
 #include "daemon/planner/testing/random_case.h"
 #include "tests/gpu/gpu_util.h"
+#include "tests/gpu/pinned_staging.h"
 
 namespace kvrail::fabric {
 namespace {
@@ -38,23 +39,7 @@ namespace {
 using planner::testing::RandomCase;
 constexpr uint8_t kPoison = 0xAB;
 
-// Page-aligned host memory registered with CUDA (mapped), as Lanes registers its staging.
-struct Staging {
-  explicit Staging(size_t n) : bytes((n + 4095) / 4096 * 4096) {
-    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    REQUIRE(p != MAP_FAILED);
-    data = static_cast<uint8_t*>(p);
-    pin = PinForGpus(data, bytes);
-    REQUIRE(pin.has_value());
-  }
-  ~Staging() {
-    pin.reset();
-    munmap(data, bytes);
-  }
-  size_t bytes;
-  uint8_t* data = nullptr;
-  std::optional<cuda::HostRegistration> pin;
-};
+using gpu_test::Staging;
 
 void* AllocOn(int device, size_t bytes) {
   REQUIRE(cudaSetDevice(device) == cudaSuccess);
