@@ -9,25 +9,12 @@
 # engines, large tables, a dying client), and the GPU demo. Logs in $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-pack=${PACK:-.devpack_v}
-out=${OUT:-/tmp}
-export LD_LIBRARY_PATH=$PWD/$pack/lib:${LD_LIBRARY_PATH:-}
-export NCCL_NVLS_ENABLE=0
-rf=$(mktemp -d /tmp/rf.XXXXXX)
-mkdir -p "$rf/kvrail/daemon" "$rf/kvrail/examples"
-ln -s "$PWD/$pack/bin/kvraild" "$rf/kvrail/daemon/kvraild"
+# pack, out, LD_LIBRARY_PATH, the runfiles tree with kvraild, run_group (a program as the leader
+# of its own process group; the group is ended after it returns).
+source tests/gpu/pack_env.sh .devpack_v
 # The dying-client case spawns kv_demo from the runfiles.
+mkdir -p "$rf/kvrail/examples"
 ln -s "$PWD/$pack/bin/kv_demo" "$rf/kvrail/examples/kv_demo"
-export TEST_SRCDIR=$rf TEST_WORKSPACE=kvrail
-# A program as the leader of its own process group; the group is ended after it returns.
-run_group() {
-  setsid "$@" &
-  local pid=$!
-  wait "$pid"
-  local rc=$?
-  kill -TERM -- "-$pid" 2>/dev/null
-  return $rc
-}
 step() {  # NAME LIMIT COMMAND...
   local name=$1 limit=$2; shift 2
   local t0=$SECONDS
