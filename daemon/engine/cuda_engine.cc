@@ -61,10 +61,6 @@ constexpr uint64_t kRetainedPoolBytes = 64 << 20;
 constexpr size_t kWarmTableMinBytes = 4 << 10, kWarmTableMaxBytes = 4 << 20;
 // Tuner keys of the copy-only mode's small kernels start here (CtaTunerKey stays below 200).
 constexpr int kCopyOnlyTunerKeys = 1 << 10;
-// GPU-side readiness wait: how often the dispatcher looks at gated jobs that may have ended
-// (their completions wake it at once), and how long a live producer gets to write the words of
-// a job that ended before the daemon raises them itself (scheduler::ReleaseNow).
-constexpr absl::Duration kGatePoll = absl::Milliseconds(1);
 // While gated copies wait, the dispatcher also looks at their producers' words this often: a
 // batch whose words have come is completed by a blocking event wait (its kernel started on the
 // GPU at the word; ~20 us for 16 MiB) instead of waiting for the host function's wake-up, which
