@@ -463,37 +463,6 @@ class DeviceWorker {
     KVRAIL_RETURN_IF_ERROR(cuda::CudaStatus(cudaFreeAsync(scratch, stream_.get()),
                                             "cudaFreeAsync(warm-up)"));
     KVRAIL_RETURN_IF_ERROR(kernels::WarmUpKvCopy(stream_.get()));
-    if (!staging_.empty()) {
-      // One staged plan upload: the first job's set-up paid ~100 us for its first copies.
-      kernels::PlanHeader header{};
-      header.src.num_table_blocks = header.dst.num_table_blocks = 1;
-      const uint32_t ids[1] = {0};
-      StagingSlot* slot = TakeStaging();
-      if (slot != nullptr) {
-        KVRAIL_ASSIGN_OR_RETURN(kernels::DevicePlanBuffer buffer,
-                                kernels::DevicePlanBuffer::Upload(header, ids, ids, 0, 0,
-                                                                  stream_.get(), slot->memory,
-                                                                  kStagingSlotBytes));
-        KVRAIL_RETURN_IF_ERROR(PassedStaging(*slot));
-        KVRAIL_RETURN_IF_ERROR(cuda::CudaStatus(cudaStreamSynchronize(stream_.get()),
-                                                "cudaStreamSynchronize(warm-up upload)"));
-        // And a large plan's (tables copied straight from pinned memory, the header staged):
-        // 32768 + 32768 ids, read from another slot's pinned memory.
-        StagingSlot* tables = TakeStaging();
-        if (tables != nullptr && tables != slot) {
-          header.src.num_table_blocks = header.dst.num_table_blocks = kStagingSlotBytes / 4;
-          const auto* big = static_cast<const uint32_t*>(tables->memory);
-          KVRAIL_ASSIGN_OR_RETURN(kernels::DevicePlanBuffer large,
-                                  kernels::DevicePlanBuffer::Upload(header, big, big, 0, 0,
-                                                                    stream_.get(), slot->memory,
-                                                                    kStagingSlotBytes));
-          KVRAIL_RETURN_IF_ERROR(PassedStaging(*tables));
-          KVRAIL_RETURN_IF_ERROR(PassedStaging(*slot));
-        }
-        KVRAIL_RETURN_IF_ERROR(cuda::CudaStatus(cudaStreamSynchronize(stream_.get()),
-                                                "cudaStreamSynchronize(warm-up upload)"));
-      }
-    }
     absl::MutexLock lock(&mu_);
     warm_up_text_ = absl::StrFormat("warmed up in %.1f ms; ",
                                     absl::ToDoubleMilliseconds(absl::Now() - t0));
