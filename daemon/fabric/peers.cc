@@ -41,7 +41,8 @@ absl::StatusOr<PeerConn*> PeerTable::Add(const directory::Peer& peer,
   }
   auto conn = std::make_unique<PeerConn>();
   conn->index = index;
-  conn->generation = index < size ? generation_[index] + 1 : 0;
+  // A reused index: one past its former holder's generation (slots_ keeps the last holder).
+  conn->generation = index < size ? at(index)->generation + 1 : 0;
   conn->node_id = peer.node_id;
   conn->address = peer.address;
   // Short reconnect backoff: a peer that starts after us (or comes back) is reached quickly.
@@ -54,7 +55,6 @@ absl::StatusOr<PeerConn*> PeerTable::Add(const directory::Peer& peer,
   PeerConn* const added = conn.get();
   owned_.push_back(std::move(conn));
   state_[index] = IndexState::kLive;
-  generation_[index] = added->generation;
   slots_[index].store(added, std::memory_order_release);
   if (index == size) size_.store(index + 1, std::memory_order_release);
   return added;

@@ -139,7 +139,6 @@ class PeerTable {
   std::vector<std::unique_ptr<PeerConn>> owned_ ABSL_GUARDED_BY(add_mu_);
   std::array<IndexState, kMaxPeers> state_ ABSL_GUARDED_BY(add_mu_){};
   std::array<absl::Time, kMaxPeers> free_at_ ABSL_GUARDED_BY(add_mu_){};
-  std::array<uint32_t, kMaxPeers> generation_ ABSL_GUARDED_BY(add_mu_){};
   std::array<std::atomic<PeerConn*>, kMaxPeers> slots_{};
   std::atomic<uint32_t> size_{0};
 };
