@@ -428,7 +428,7 @@ class GpuRelay final : public RelayTransfer {
       KVRAIL_ASSIGN_OR_RETURN(cuda::Stream stream, cuda::Stream::Create(region_.device));
       stream_.emplace(std::move(stream));
       cudaStream_t s = stream_->get();
-      KVRAIL_RETURN_IF_ERROR(kernels::WarmUpFabricKernels(s));
+      KVRAIL_RETURN_IF_ERROR(WarmUpFabricKernelsOnce(region_.device, s));
       const uint64_t base = reinterpret_cast<uint64_t>(region_.base);
       const bool pack = relay_.side == RelaySide::kSend;
       KVRAIL_ASSIGN_OR_RETURN(

@@ -165,10 +165,8 @@ struct GpuTileKernels::State {
   std::vector<uint32_t> free_events ABSL_GUARDED_BY(events_mu);
 };
 
-namespace {
-
 // The fabric kernels' warm-up (module load), once per GPU per process, not per transfer.
-absl::Status WarmUpOnce(int device, cudaStream_t stream) {
+absl::Status WarmUpFabricKernelsOnce(int device, cudaStream_t stream) {
   static absl::Mutex mu(absl::kConstInit);
   static std::vector<int>* warm = new std::vector<int>();
   absl::MutexLock lock(&mu);
@@ -177,8 +175,6 @@ absl::Status WarmUpOnce(int device, cudaStream_t stream) {
   warm->push_back(device);
   return absl::OkStatus();
 }
-
-}  // namespace
 
 GpuTileKernels::GpuTileKernels(const planner::Plan& plan, const RegionSide& side, bool pack)
     : plan_(plan), side_(side), pack_(pack), state_(std::make_unique<State>()) {}
@@ -246,7 +242,7 @@ absl::Status GpuTileKernels::EnsureUploaded() {
     KVRAIL_ASSIGN_OR_RETURN(cuda::Stream stream, cuda::Stream::Create(side_.device));
     st.stream.emplace(std::move(stream));
     cudaStream_t s = st.stream->get();
-    KVRAIL_RETURN_IF_ERROR(WarmUpOnce(side_.device, s));
+    KVRAIL_RETURN_IF_ERROR(WarmUpFabricKernelsOnce(side_.device, s));
     const uint64_t base = reinterpret_cast<uint64_t>(side_.base);
     KVRAIL_ASSIGN_OR_RETURN(
         kernels::DevicePlanBuffer buffer,

@@ -60,6 +60,10 @@ absl::StatusOr<uint64_t> DestinationTileDigest(const planner::Plan& plan, uint32
 // the copy-engine paths here and the relay (relay.cc) enqueue on it and wait for it at once.
 absl::StatusOr<cudaStream_t> ThreadStream(int device);
 
+// The fabric kernels' warm-up (kernels::WarmUpFabricKernels: module load) on `stream`, once per
+// GPU `device` per process (GpuTileKernels and the relay, on their plan upload).
+absl::Status WarmUpFabricKernelsOnce(int device, cudaStream_t stream);
+
 // The fabric kernels (kernels/fabric_pack.h) for one transfer's GPU side (issue 19 item 4): the
 // plan uploaded once to the region's GPU (on first use; the kernels' warm-up once per GPU), then
 // one launch per tile on the transfer's own stream, not waited for (several tiles in flight).
