@@ -384,10 +384,10 @@ ssize_t Lanes::PostWrite(Lane* lane, const kernels::NicCommand& cmd) {
 ssize_t Lanes::PostCredit(Lane* lane, const CreditOp& op) {
   PeerConn* peer = peers_->at(op.peer);
   if (peer->retired.load(std::memory_order_acquire)) return 0;  // it left: owed nothing
-  const auto [remote, index_at_peer, generation_at_peer] = RemoteOn(peer, lane->index);
-  (void)generation_at_peer;
+  const RemoteView view = RemoteOn(peer, lane->index);  // a credit carries no seal: no generation
+  const PeerConn::Remote& remote = view.remote;
   const ssize_t rc = lane->nic->InjectWriteData(
-      &op.value, sizeof(op.value), CreditImm(index_at_peer, op.slot, op.tile, op.applied),
+      &op.value, sizeof(op.value), CreditImm(view.index_at_peer, op.slot, op.tile, op.applied),
       remote.addr, remote.credit_base + uint64_t{op.slot} * 8, remote.key);
   if (rc != 0 && rc != -FI_EAGAIN) {
     spdlog::warn("fabric: credit to '{}' lost: {}", peer->node_id,
