@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <map>
+#include <memory>
 #include <set>
 #include <thread>
 #include <vector>
@@ -188,20 +189,27 @@ class NoSink final : public CreditSink, public ArrivalSink {
   void OnArrival(const Arrival&) override {}
 };
 
+// The lanes for `options` over `table`, or nullptr after a SKIP warning (no tcp provider).
+std::unique_ptr<Lanes> LanesOrSkip(const FabricOptions& options, PeerTable* table) {
+  absl::StatusOr<std::unique_ptr<Lanes>> lanes = Lanes::Create(options, table);
+  if (!lanes.ok()) {
+    WARN("SKIP: " << lanes.status().ToString());
+    return nullptr;
+  }
+  return std::move(*lanes);
+}
+
 TEST_CASE("staging is registered per peer as peers are added, before and after the proxies start") {
   const FabricOptions options = LoopbackOptions(2);
   PeerTable table;
-  auto lanes = Lanes::Create(options, &table);
-  if (!lanes.ok()) {
-    WARN("SKIP: " << lanes.status().ToString());
-    return;
-  }
+  std::unique_ptr<Lanes> lanes = LanesOrSkip(options, &table);
+  if (lanes == nullptr) return;
   auto add = [&](const std::string& node) {
-    return table.Add(PeerNamed(node), [&](PeerConn* p) { return (*lanes)->AddPeer(p); });
+    return table.Add(PeerNamed(node), [&](PeerConn* p) { return lanes->AddPeer(p); });
   };
   REQUIRE(add("a").ok());
   NoSink sink;
-  (*lanes)->StartProxies(&sink, &sink);
+  lanes->StartProxies(&sink, &sink);
   REQUIRE(add("b").ok());
   REQUIRE(add("c").ok());
   std::set<uint64_t> keys;
@@ -216,40 +224,37 @@ TEST_CASE("staging is registered per peer as peers are added, before and after t
       CHECK(p->remote.size() == 2);
     }
     for (uint32_t l = 0; l < 2; ++l) {
-      const MemoryRegion& mr = (*lanes)->PeerRegistration(l, p->index);
+      const MemoryRegion& mr = lanes->PeerRegistration(l, p->index);
       keys.insert(mr.key());
       // The peer's receive slots and credit words lie inside its registration; its send slots
       // (ours to fill) do not.
-      const uint8_t* recv = (*lanes)->RecvSlot(l, p->index, 0);
-      const uint8_t* credit = reinterpret_cast<const uint8_t*>((*lanes)->CreditWords(l, p->index));
+      const uint8_t* recv = lanes->RecvSlot(l, p->index, 0);
+      const uint8_t* credit = reinterpret_cast<const uint8_t*>(lanes->CreditWords(l, p->index));
       CHECK(recv >= mr.base());
       CHECK(credit + 8 * options.slots <= mr.base() + mr.size());
-      CHECK((*lanes)->SendSlot(l, p->index, options.slots - 1) < mr.base());
+      CHECK(lanes->SendSlot(l, p->index, options.slots - 1) < mr.base());
       for (uint32_t s = 0; s < options.slots; ++s) {
-        slots.insert((*lanes)->SendSlot(l, p->index, s));
-        slots.insert((*lanes)->RecvSlot(l, p->index, s));
-        (*lanes)->SendSlot(l, p->index, s)[options.slot_bytes - 1] = 1;  // writable
+        slots.insert(lanes->SendSlot(l, p->index, s));
+        slots.insert(lanes->RecvSlot(l, p->index, s));
+        lanes->SendSlot(l, p->index, s)[options.slot_bytes - 1] = 1;  // writable
       }
     }
   }
   CHECK(keys.size() == 6);                        // one key per (peer, lane), none shared
   CHECK(slots.size() == 3 * 2 * 2 * options.slots);  // no two slots overlap
-  CHECK((*lanes)->Describe().find("3 peers") != std::string::npos);
-  (*lanes)->Stop();
+  CHECK(lanes->Describe().find("3 peers") != std::string::npos);
+  lanes->Stop();
 }
 
 TEST_CASE("peer control follows the directory: newcomers added, a dropped peer withdrawn") {
   const FabricOptions options = LoopbackOptions(1);
   PeerTable table;
-  auto lanes = Lanes::Create(options, &table);
-  if (!lanes.ok()) {
-    WARN("SKIP: " << lanes.status().ToString());
-    return;
-  }
+  std::unique_ptr<Lanes> lanes = LanesOrSkip(options, &table);
+  if (lanes == nullptr) return;
   FakeDirectory dir;
   absl::Mutex lost_mu;
   std::vector<std::string> lost;
-  auto control = PeerControl::Create(options, 1, lanes->get(), &table, &dir,
+  auto control = PeerControl::Create(options, 1, lanes.get(), &table, &dir,
                                      [&](PeerConn*, const absl::Status& why) {
                                        absl::MutexLock lock(&lost_mu);
                                        lost.push_back(std::string(why.message()));
@@ -269,7 +274,7 @@ TEST_CASE("peer control follows the directory: newcomers added, a dropped peer w
   control->SyncDirectory();
   REQUIRE(table.size() == 2);
   CHECK(table.Find("b")->index == 1);
-  CHECK((*lanes)->PeerRegistration(0, 1).key() != (*lanes)->PeerRegistration(0, 0).key());
+  CHECK(lanes->PeerRegistration(0, 1).key() != lanes->PeerRegistration(0, 0).key());
   // FindOrAdd: one the directory lists is added at once; one it does not know is not.
   dir.Set("c", directory::PeerState::kUp);
   PeerConn* c = control->FindOrAdd("c");
@@ -304,10 +309,10 @@ TEST_CASE("peer control follows the directory: newcomers added, a dropped peer w
   v1::PeerHello from_a;
   from_a.set_version(1);
   from_a.set_node_id("a");
-  from_a.set_provider((*lanes)->provider());
+  from_a.set_provider(lanes->provider());
   from_a.set_slots(options.slots);
   from_a.set_slot_bytes(options.slot_bytes);
-  from_a.add_nics()->set_fabric_address((*lanes)->at(0).nic->address());
+  from_a.add_nics()->set_fabric_address(lanes->at(0).nic->address());
   CHECK(control->OnHello(from_a).status().code() == absl::StatusCode::kUnavailable);
   // A second round changes nothing (no second loss).
   control->SyncDirectory();
@@ -342,14 +347,11 @@ TEST_CASE("300 peers join and leave a daemon: indexes reclaimed after their quar
   const FabricOptions options = LoopbackOptions(1);
   PeerTable table;
   table.set_quarantine(absl::Seconds(7));
-  auto lanes = Lanes::Create(options, &table);
-  if (!lanes.ok()) {
-    WARN("SKIP: " << lanes.status().ToString());
-    return;
-  }
+  std::unique_ptr<Lanes> lanes = LanesOrSkip(options, &table);
+  if (lanes == nullptr) return;
   FakeDirectory dir;
   std::atomic<int> lost{0};
-  auto control = PeerControl::Create(options, 1, lanes->get(), &table, &dir,
+  auto control = PeerControl::Create(options, 1, lanes.get(), &table, &dir,
                                      [&](PeerConn*, const absl::Status&) { ++lost; });
   absl::Time now = absl::Now();
   std::map<uint32_t, uint64_t> last_key;     // per index: the previous holder's registration key
@@ -366,7 +368,7 @@ TEST_CASE("300 peers join and leave a daemon: indexes reclaimed after their quar
       REQUIRE(p != nullptr);
       ++joined;
       CHECK(p->index < PeerTable::kMaxPeers);
-      const uint64_t key = (*lanes)->PeerRegistration(0, p->index).key();
+      const uint64_t key = lanes->PeerRegistration(0, p->index).key();
       if (last_key.count(p->index) > 0) {
         ++reused;
         // A reused index: the next generation and a new registration (the old key is gone).
@@ -411,13 +413,10 @@ TEST_CASE("no index is reused while quarantined; busy and merely silent peers ar
   const FabricOptions options = LoopbackOptions(1);
   PeerTable table;
   table.set_quarantine(absl::Seconds(7));
-  auto lanes = Lanes::Create(options, &table);
-  if (!lanes.ok()) {
-    WARN("SKIP: " << lanes.status().ToString());
-    return;
-  }
+  std::unique_ptr<Lanes> lanes = LanesOrSkip(options, &table);
+  if (lanes == nullptr) return;
   FakeDirectory dir;
-  auto control = PeerControl::Create(options, 1, lanes->get(), &table, &dir,
+  auto control = PeerControl::Create(options, 1, lanes.get(), &table, &dir,
                                      [](PeerConn*, const absl::Status&) {});
   std::atomic<bool> busy{true};
   control->SetBusyCheck([&](const PeerConn* p) { return p->node_id == "busy" && busy.load(); });
@@ -458,11 +457,8 @@ TEST_CASE("no index is reused while quarantined; busy and merely silent peers ar
 TEST_CASE("a peer whose directory address changes is re-dialed: old entry retired, hello at the new address") {
   const FabricOptions options = LoopbackOptions(1);
   PeerTable table;
-  auto lanes = Lanes::Create(options, &table);
-  if (!lanes.ok()) {
-    WARN("SKIP: " << lanes.status().ToString());
-    return;
-  }
+  std::unique_ptr<Lanes> lanes = LanesOrSkip(options, &table);
+  if (lanes == nullptr) return;
   testing::CountingPeerServer s1, s2;
   testing::CountingPeer& old_peer = s1.service;
   testing::CountingPeer& new_peer = s2.service;
@@ -472,7 +468,7 @@ TEST_CASE("a peer whose directory address changes is re-dialed: old entry retire
   FakeDirectory dir;
   absl::Mutex lost_mu;
   std::vector<std::string> lost;
-  auto control = PeerControl::Create(options, 1, lanes->get(), &table, &dir,
+  auto control = PeerControl::Create(options, 1, lanes.get(), &table, &dir,
                                      [&](PeerConn*, const absl::Status& why) {
                                        absl::MutexLock lock(&lost_mu);
                                        lost.push_back(std::string(why.message()));
