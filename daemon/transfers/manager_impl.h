@@ -39,12 +39,6 @@ class InboundEngine final : public engine::Engine {
   std::string Describe() const override { return "fabric-receiver"; }
 };
 
-// Issue 19 (first transfer): one synthetic paged plan of `ids` + `ids` block ids (16 KiB blocks)
-// made with `options` (the manager's table pool, checks runner and deferred-check threshold), so
-// the first transfer's MakePlan does not pay the planner's first-use costs (its accept took ~60 us
-// more than later ones on one H200). Thread-safe; the plan is dropped at once.
-absl::Status WarmPlanner(const planner::PlanOptions& options, uint32_t ids);
-
 // Thread-safe. mu_ guards the history, the id counter and the draining flag; lock order:
 // mu_, then a record's lock. Engines, the remote path and flag watches are called outside mu_.
 class TransferManagerImpl final : public TransferManager {

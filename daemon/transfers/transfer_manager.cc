@@ -58,30 +58,6 @@ void WarmFirstUse() {
 
 }  // namespace
 
-absl::Status WarmPlanner(const planner::PlanOptions& options, uint32_t ids) {
-  v1::PagedKvLayout proto;
-  proto.set_num_layers(1);
-  proto.set_num_parts(1);
-  proto.set_num_blocks(ids);
-  proto.set_num_heads(1);
-  proto.set_head_dim(128);
-  proto.set_tokens_per_block(64);  // 16 KiB blocks of bf16
-  proto.set_dtype(v1::DTYPE_BF16);
-  proto.set_order(v1::LAYOUT_ORDER_LAYER_PART_BLOCK_NHD);
-  const uint64_t bytes = uint64_t{ids} * (16 << 10);
-  KVRAIL_ASSIGN_OR_RETURN(planner::KvLayout layout,
-                          planner::ResolveLayout(proto, bytes, "warm-up layout."));
-  planner::RegionView src{bytes, false, true, layout};
-  planner::RegionView dst{bytes, true, true, layout};
-  v1::TransferSpec spec;
-  for (uint32_t i = 0; i < ids; ++i) {
-    spec.mutable_src()->add_block_ids(i);
-    spec.mutable_dst()->add_block_ids(ids - 1 - i);
-  }
-  KVRAIL_ASSIGN_OR_RETURN(planner::Plan plan, planner::MakePlan(spec, src, dst, options));
-  return plan.CheckTiles(0, plan.num_tiles());
-}
-
 TransferManagerImpl::TransferManagerImpl(regions::RegionTable* regions, engine::Engine* engine,
                                          Clock* clock, const Options& options)
     : regions_(regions),
@@ -95,18 +71,6 @@ TransferManagerImpl::TransferManagerImpl(regions::RegionTable* regions, engine::
       history_(options.history),
       watches_(options.flag_poll_interval) {
   WarmFirstUse();
-  {
-    // The planner's first use, as SubmitLocal makes plans (a failure costs only speed).
-    planner::PlanOptions plan_options;
-    plan_options.tile_bytes = options_.tile_bytes;
-    plan_options.defer_checks_from = options_.defer_id_checks_from;
-    plan_options.table_checks = table_checks_.get();
-    plan_options.tables =
-        (options_.cuda_engine != nullptr ? options_.cuda_engine : engine_)->table_pool();
-    if (absl::Status warm = WarmPlanner(plan_options, 16384); !warm.ok()) {
-      spdlog::warn("transfer manager: planner warm-up failed: {}", warm.ToString());
-    }
-  }
   deadline_thread_ = std::thread([this] { DeadlineLoop(); });
 }
 
