@@ -382,11 +382,9 @@ TEST_CASE("two concurrent transfers from GPUs sharing NICs spread over them, by 
   // GPU1 both sit on the NIC's switch, so both transfers get both lanes.
   Case c0 = Mirror("pcie_8gpu_1nic", 0, 0);
   REQUIRE(c0.in.lanes == 1);
-  for (Case* c : {&c0}) {
-    c->in.lanes = 2;
-    c->in.local_lane_nics = {c->in.local_lane_nics[0], c->in.local_lane_nics[0]};
-    c->in.peer_lane_nics = {c->in.peer_lane_nics[0], c->in.peer_lane_nics[0]};
-  }
+  c0.in.lanes = 2;
+  c0.in.local_lane_nics = {c0.in.local_lane_nics[0], c0.in.local_lane_nics[0]};
+  c0.in.peer_lane_nics = {c0.in.peer_lane_nics[0], c0.in.peer_lane_nics[0]};
   Case c1 = c0;
   c1.in.src_gpu = 1;
   c1.in.dst_gpu = 1;
