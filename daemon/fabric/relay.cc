@@ -299,6 +299,18 @@ absl::Status CheckTile(const planner::Plan& plan, uint32_t tile, uint64_t slot_b
   return absl::OkStatus();
 }
 
+// One stage of a GPU relay hop: on `device`, `enqueue` puts its work on this thread's stream
+// there (tile_copy's ThreadStream), then waits for it; `what` names the stage in errors
+// (`enqueue` gets it too).
+template <typename Enqueue>
+absl::Status OnThreadStream(int device, const std::string& what, Enqueue enqueue) {
+  cuda::ScopedDevice on(device);
+  KVRAIL_RETURN_IF_ERROR(on.status());
+  KVRAIL_ASSIGN_OR_RETURN(cudaStream_t stream, ThreadStream(device));
+  KVRAIL_RETURN_IF_ERROR(enqueue(stream, what));
+  return cuda::CudaStatus(cudaStreamSynchronize(stream), what);
+}
+
 // The host twin: the same hops through a host relay slot.
 class HostRelay final : public RelayTransfer {
  public:
@@ -352,33 +364,27 @@ class GpuRelay final : public RelayTransfer {
     KVRAIL_RETURN_IF_ERROR(CheckTile(plan_, tile, relay_.slot_bytes, &bytes));
     KVRAIL_RETURN_IF_ERROR(EnsureUploaded());
     SlotLease slot(pool_);
-    {
-      // S's kernel stores the packed tile through R's device address (peer access).
-      cuda::ScopedDevice on(relay_.kernel_device);
-      KVRAIL_RETURN_IF_ERROR(on.status());
-      KVRAIL_ASSIGN_OR_RETURN(cudaStream_t stream, ThreadStream(relay_.kernel_device));
-      kernels::FabricPackTile t;
-      t.tile = tile;
-      t.bytes = bytes;
-      t.staging = slot.get();
-      t.ring_slot = nullptr;  // the host posts the command once the bytes are in the send slot
-      KVRAIL_RETURN_IF_ERROR(kernels::LaunchFabricPack(buffer_->plan(), t, nullptr, stream));
-      KVRAIL_RETURN_IF_ERROR(cuda::CudaStatus(
-          cudaStreamSynchronize(stream),
-          absl::StrCat("relay: pack kernel on GPU", relay_.kernel_device, " into GPU",
-                       relay_.relay_device, "'s relay slot")));
-    }
-    {
-      // R's stream: relay slot -> the lane's pinned host send slot.
-      cuda::ScopedDevice on(relay_.copy_device);
-      KVRAIL_RETURN_IF_ERROR(on.status());
-      KVRAIL_ASSIGN_OR_RETURN(cudaStream_t stream, ThreadStream(relay_.copy_device));
-      const std::string what =
-          absl::StrCat("relay: GPU", relay_.copy_device, " relay slot to the send slot");
-      KVRAIL_RETURN_IF_ERROR(cuda::CudaStatus(
-          cudaMemcpyAsync(send_slot, slot.get(), bytes, cudaMemcpyDeviceToHost, stream), what));
-      KVRAIL_RETURN_IF_ERROR(cuda::CudaStatus(cudaStreamSynchronize(stream), what));
-    }
+    // S's kernel stores the packed tile through R's device address (peer access).
+    KVRAIL_RETURN_IF_ERROR(OnThreadStream(
+        relay_.kernel_device,
+        absl::StrCat("relay: pack kernel on GPU", relay_.kernel_device, " into GPU",
+                     relay_.relay_device, "'s relay slot"),
+        [&](cudaStream_t stream, const std::string&) {
+          kernels::FabricPackTile t;
+          t.tile = tile;
+          t.bytes = bytes;
+          t.staging = slot.get();
+          t.ring_slot = nullptr;  // the host posts the command once the bytes are in the send slot
+          return kernels::LaunchFabricPack(buffer_->plan(), t, nullptr, stream);
+        }));
+    // R's stream: relay slot -> the lane's pinned host send slot.
+    KVRAIL_RETURN_IF_ERROR(OnThreadStream(
+        relay_.copy_device,
+        absl::StrCat("relay: GPU", relay_.copy_device, " relay slot to the send slot"),
+        [&](cudaStream_t stream, const std::string& what) {
+          return cuda::CudaStatus(
+              cudaMemcpyAsync(send_slot, slot.get(), bytes, cudaMemcpyDeviceToHost, stream), what);
+        }));
     stage_->CountTile();
     return absl::OkStatus();
   }
@@ -388,29 +394,22 @@ class GpuRelay final : public RelayTransfer {
     KVRAIL_RETURN_IF_ERROR(CheckTile(plan_, tile, relay_.slot_bytes, &bytes));
     KVRAIL_RETURN_IF_ERROR(EnsureUploaded());
     SlotLease slot(pool_);
-    {
-      // R's stream: the host receive slot -> R's relay slot.
-      cuda::ScopedDevice on(relay_.copy_device);
-      KVRAIL_RETURN_IF_ERROR(on.status());
-      KVRAIL_ASSIGN_OR_RETURN(cudaStream_t stream, ThreadStream(relay_.copy_device));
-      const std::string what =
-          absl::StrCat("relay: receive slot to GPU", relay_.copy_device, "'s relay slot");
-      KVRAIL_RETURN_IF_ERROR(cuda::CudaStatus(
-          cudaMemcpyAsync(slot.get(), recv_slot, bytes, cudaMemcpyHostToDevice, stream), what));
-      KVRAIL_RETURN_IF_ERROR(cuda::CudaStatus(cudaStreamSynchronize(stream), what));
-    }
-    {
-      // D's kernel reads R's relay slot (peer access) and scatters into the destination.
-      cuda::ScopedDevice on(relay_.kernel_device);
-      KVRAIL_RETURN_IF_ERROR(on.status());
-      KVRAIL_ASSIGN_OR_RETURN(cudaStream_t stream, ThreadStream(relay_.kernel_device));
-      KVRAIL_RETURN_IF_ERROR(
-          kernels::LaunchFabricUnpack(buffer_->plan(), tile, bytes, slot.get(), stream));
-      KVRAIL_RETURN_IF_ERROR(cuda::CudaStatus(
-          cudaStreamSynchronize(stream),
-          absl::StrCat("relay: unpack kernel on GPU", relay_.kernel_device, " from GPU",
-                       relay_.relay_device, "'s relay slot")));
-    }
+    // R's stream: the host receive slot -> R's relay slot.
+    KVRAIL_RETURN_IF_ERROR(OnThreadStream(
+        relay_.copy_device,
+        absl::StrCat("relay: receive slot to GPU", relay_.copy_device, "'s relay slot"),
+        [&](cudaStream_t stream, const std::string& what) {
+          return cuda::CudaStatus(
+              cudaMemcpyAsync(slot.get(), recv_slot, bytes, cudaMemcpyHostToDevice, stream), what);
+        }));
+    // D's kernel reads R's relay slot (peer access) and scatters into the destination.
+    KVRAIL_RETURN_IF_ERROR(OnThreadStream(
+        relay_.kernel_device,
+        absl::StrCat("relay: unpack kernel on GPU", relay_.kernel_device, " from GPU",
+                     relay_.relay_device, "'s relay slot"),
+        [&](cudaStream_t stream, const std::string&) {
+          return kernels::LaunchFabricUnpack(buffer_->plan(), tile, bytes, slot.get(), stream);
+        }));
     stage_->CountTile();
     return absl::OkStatus();
   }
