@@ -7,17 +7,14 @@
 // to a valid certificate; peer RPCs over the unix socket are refused; a peer's sizes are bounded;
 // kvraild refuses tcp_listen without peer_tls or --insecure-peers and warns with the latter.
 //
-// No namespaces: every daemon listens on its own 127.x.y.z address (unique per test process), so
+// No namespaces: every daemon listens on its own random 127.x.y.z address (netns.h LoopbackIp), so
 // it runs without root.
 #define CATCH_CONFIG_MAIN
 #include <catch2/catch.hpp>
 #include <unistd.h>
 
-#include <random>
-
 #include <grpcpp/grpcpp.h>
 
-#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "proto/kvrail/v1/admin.grpc.pb.h"
 #include "proto/kvrail/v1/peer.grpc.pb.h"
@@ -29,23 +26,11 @@
 namespace kvrail::testing {
 namespace {
 
-// A loopback address of this process: 127.<pid bits>.<n>.
-// Random per process, not derived from getpid(): Bazel's sandbox gives every test its own pid
-// namespace (the same small pid) on one shared loopback, so pid-derived addresses clashed when
-// tests ran in parallel.
-std::string LoopbackIp(int n) {
-  static const uint32_t base = [] {
-    std::random_device rd;
-    return static_cast<uint32_t>(rd());
-  }();
-  return absl::StrCat("127.", 1 + (base >> 8) % 250, ".", base % 256, ".", n);
-}
-
 // Daemons "a" and "b" peered over mTLS on two loopback addresses, certificates from `ca`.
 struct TlsPair {
   TestCa ca;
   NsDaemon a, b;
-  std::string ip_a = LoopbackIp(1), ip_b = LoopbackIp(2);
+  std::string ip_a = LoopbackIp(), ip_b = LoopbackIp();
   bool ok = false;
   TlsPair() {
     if (!ca.status().ok()) {
@@ -156,7 +141,7 @@ TEST_CASE("a peer answering with another node's certificate is not introduced") 
   options.ca = &ca;
   // a expects node "b" at c's address; c has a valid certificate, for "c".
   NsDaemon a, c;
-  const std::string ip_a = LoopbackIp(3), ip_c = LoopbackIp(4);
+  const std::string ip_a = LoopbackIp(), ip_c = LoopbackIp();
   REQUIRE(a.Start("", "a", ip_a, "b", ip_c, options));
   REQUIRE(c.Start("", "c", ip_c, "a", ip_a, options));
   CHECK(!PeerUp(a, "b", absl::Seconds(3)));
@@ -241,13 +226,13 @@ TEST_CASE("kvraild refuses tcp_listen without peer_tls, and warns with --insecur
   TempDir dir;
   const std::string bin = RunfilePath("daemon/kvraild");
   const std::string socket = dir.path() + "/k.sock";
-  CommandResult refused =
-      RunCommand({bin, "--socket", socket, "--tcp-listen", LoopbackIp(5) + ":0"});
+  const std::string address = LoopbackIp() + ":0";
+  CommandResult refused = RunCommand({bin, "--socket", socket, "--tcp-listen", address});
   CHECK(refused.exit_code != 0);
   CHECK(refused.err.find("tcp_listen: set, but peer_tls (ca_file, cert_file, key_file)") !=
         std::string::npos);
-  CommandResult half = RunCommand({bin, "--socket", socket, "--tcp-listen",
-                                   LoopbackIp(5) + ":0", "--peer-ca", "/nonexistent/ca.pem"});
+  CommandResult half = RunCommand(
+      {bin, "--socket", socket, "--tcp-listen", address, "--peer-ca", "/nonexistent/ca.pem"});
   CHECK(half.exit_code != 0);
   CHECK(half.err.find("peer_tls.cert_file: not set") != std::string::npos);
   TestCa ca;
@@ -255,13 +240,13 @@ TEST_CASE("kvraild refuses tcp_listen without peer_tls, and warns with --insecur
   auto issued = ca.Issue("solo");
   REQUIRE(issued.ok());
   CommandResult unreadable =
-      RunCommand({bin, "--socket", socket, "--tcp-listen", LoopbackIp(5) + ":0", "--peer-ca",
+      RunCommand({bin, "--socket", socket, "--tcp-listen", address, "--peer-ca",
                   dir.path() + "/missing.pem", "--peer-cert", issued->cert_file, "--peer-key",
                   issued->key_file});
   CHECK(unreadable.exit_code != 0);
   CHECK(unreadable.err.find("peer_tls.ca_file: cannot read") != std::string::npos);
   DaemonProcess insecure;
-  REQUIRE(insecure.Start(dir.path(), {"--tcp-listen", LoopbackIp(5) + ":0", "--insecure-peers"}));
+  REQUIRE(insecure.Start(dir.path(), {"--tcp-listen", address, "--insecure-peers"}));
   CHECK(insecure.ReadLog().find("insecure_peers: tcp_listen and the channels to peers are "
                                 "plaintext") != std::string::npos);
 }
