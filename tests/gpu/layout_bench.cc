@@ -89,7 +89,6 @@ struct Result {
   std::string name, path, plan;
   double gbps32 = 0, gbps132 = 0;
   double slab32 = 0;      // the slab path at 32 CTAs (whatever Upload chose)
-  double segments32 = 0;  // the segment path at 32 CTAs
   double pieces32 = 0;    // the warp path at 32 CTAs, where PieceBytesFor allows it
   // The segment path's forms (DevicePlan::segment_units) at 32 / 132 CTAs: registers (6),
   // bulk-staged with 3 stages, one bulk copy per piece (103), and with several-piece stages
@@ -200,7 +199,6 @@ Result RunCase(const Case& c, std::mt19937_64& rng, int reps) {
   const bool chunked = plan->header().chunk_kind != 0;  // not kBytes
   if (chunked) {
     alt.segments = true;
-    r.segments32 = time(alt, 32);
     alt.segment_units = 6;
     r.reg32 = time(alt, 32);
     r.reg132 = time(alt, 132);
