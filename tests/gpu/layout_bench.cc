@@ -85,16 +85,18 @@ std::string PathOf(const kernels::DevicePlan& p) {
   return absl::StrCat("slab, ", p.access_bytes, " B accesses");
 }
 
+// The segment path's forms (DevicePlan::segment_units): registers (6), bulk-staged with 3 stages,
+// one bulk copy per piece (103), and with several-piece stages filled by lane copies, 2 and 3
+// stages (112, 113).
+constexpr int kSegmentForms[] = {6, 103, 112, 113};
+
 struct Result {
   std::string name, path, plan;
   double gbps32 = 0, gbps132 = 0;
   double slab32 = 0;      // the slab path at 32 CTAs (whatever Upload chose)
   double pieces32 = 0;    // the warp path at 32 CTAs, where PieceBytesFor allows it
-  // The segment path's forms (DevicePlan::segment_units) at 32 / 132 CTAs: registers (6),
-  // bulk-staged with 3 stages, one bulk copy per piece (103), and with several-piece stages
-  // filled by lane copies, 2 and 3 stages (112, 113).
-  double reg32 = 0, reg132 = 0, bulk3_32 = 0, bulk3_132 = 0, lanes2_32 = 0, lanes2_132 = 0,
-         lanes3_32 = 0, lanes3_132 = 0;
+  // kSegmentForms at 32 / 132 CTAs, in that order.
+  double form32[4] = {}, form132[4] = {};
   bool ok = false;
   uint64_t bytes = 0;
 };
@@ -199,18 +201,11 @@ Result RunCase(const Case& c, std::mt19937_64& rng, int reps) {
   const bool chunked = plan->header().chunk_kind != 0;  // not kBytes
   if (chunked) {
     alt.segments = true;
-    alt.segment_units = 6;
-    r.reg32 = time(alt, 32);
-    r.reg132 = time(alt, 132);
-    alt.segment_units = 103;
-    r.bulk3_32 = time(alt, 32);
-    r.bulk3_132 = time(alt, 132);
-    alt.segment_units = 112;
-    r.lanes2_32 = time(alt, 32);
-    r.lanes2_132 = time(alt, 132);
-    alt.segment_units = 113;
-    r.lanes3_32 = time(alt, 32);
-    r.lanes3_132 = time(alt, 132);
+    for (int i = 0; i < 4; ++i) {
+      alt.segment_units = kSegmentForms[i];
+      r.form32[i] = time(alt, 32);
+      r.form132[i] = time(alt, 132);
+    }
     alt.segment_units = 0;
   }
   alt.segments = false;
@@ -219,7 +214,7 @@ Result RunCase(const Case& c, std::mt19937_64& rng, int reps) {
   // Every segment form byte for byte against the host twin (destination poisoned each time), at
   // 32 CTAs and at 132; the variants timed above wrote the same bytes.
   if (r.ok && chunked) {
-    for (int form : {6, 103, 112, 113}) {
+    for (int form : kSegmentForms) {
       for (int ctas : {32, 132}) {
         gpu_test::Memset(dst_dev, 0xAB, dst_size);
         kernels::DevicePlan p = dp->plan();
@@ -402,8 +397,8 @@ int main(int argc, char** argv) {
     const Result& r = results.back();
     std::printf("  %-48s %s | %s | %.1f / %.1f GB/s | slab %.1f | reg %.1f / %.1f | bulk3 %.1f / %.1f | lanes2 %.1f / %.1f | lanes3 %.1f / %.1f | %s\n",
                 r.name.c_str(), r.ok ? "bytes OK" : "MISMATCH", r.path.c_str(), r.gbps32,
-                r.gbps132, r.slab32, r.reg32, r.reg132, r.bulk3_32, r.bulk3_132, r.lanes2_32,
-                r.lanes2_132, r.lanes3_32, r.lanes3_132, r.plan.c_str());
+                r.gbps132, r.slab32, r.form32[0], r.form132[0], r.form32[1], r.form132[1],
+                r.form32[2], r.form132[2], r.form32[3], r.form132[3], r.plan.c_str());
     std::fflush(stdout);
   }
   const double base32 = results.front().gbps32, base132 = results.front().gbps132;
@@ -422,10 +417,10 @@ int main(int argc, char** argv) {
                 absl::StrFormat("%.1f / %s", r.slab32,
                                 r.pieces32 > 0 ? absl::StrFormat("%.1f", r.pieces32) : "-")
                     .c_str(),
-                pct(r.reg32, base32).c_str(), pct(r.reg132, base132).c_str(),
-                pct(r.bulk3_32, base32).c_str(), pct(r.bulk3_132, base132).c_str(),
-                pct(r.lanes2_32, base32).c_str(), pct(r.lanes2_132, base132).c_str(),
-                pct(r.lanes3_32, base32).c_str(), pct(r.lanes3_132, base132).c_str());
+                pct(r.form32[0], base32).c_str(), pct(r.form132[0], base132).c_str(),
+                pct(r.form32[1], base32).c_str(), pct(r.form132[1], base132).c_str(),
+                pct(r.form32[2], base32).c_str(), pct(r.form132[2], base132).c_str(),
+                pct(r.form32[3], base32).c_str(), pct(r.form132[3], base132).c_str());
   }
   return failed == 0 ? 0 : 1;
 }
