@@ -244,13 +244,9 @@ absl::StatusOr<uint32_t> ReceiverImpl::Begin(const v1::BeginRemoteTransferReques
     in->relay = relay_->ForTransfer(in->plan,
                                     RegionSide{cuda, cuda ? dst_spec.device() : -1, in->dst->data()},
                                     gpu_index, in->digest, &relay_why);
-    if (in->relay != nullptr) {
-      in->gpu.reset();  // the relay scatters (a kernel from R's slot, or the host twin)
-      gpu_why = relay_why;
-    } else if (RelayConfigFromEnv().mode != RelayMode::kAuto ||
-               relay_why.find("direct path") != std::string::npos) {
-      gpu_why = gpu_why.empty() ? relay_why : absl::StrCat(gpu_why, "; ", relay_why);
-    }
+    // the relay scatters (a kernel from R's slot, or the host twin)
+    if (in->relay != nullptr) in->gpu.reset();
+    NoteRelay(in->relay != nullptr, relay_why, &gpu_why);
   }
   {
     absl::MutexLock lock(&in->mu);

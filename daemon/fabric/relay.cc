@@ -9,6 +9,7 @@
 #include <optional>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
@@ -518,6 +519,15 @@ std::unique_ptr<RelayStage> RelayStage::Create(RelaySide side, const FabricOptio
 
 uint64_t ProcessRelayedTiles(RelaySide side) {
   return g_relayed[side == RelaySide::kSend ? 0 : 1].load(std::memory_order_relaxed);
+}
+
+void NoteRelay(bool relayed, const std::string& relay_why, std::string* why) {
+  if (relayed) {
+    *why = relay_why;
+  } else if (RelayConfigFromEnv().mode != RelayMode::kAuto ||
+             absl::StrContains(relay_why, "direct path")) {
+    *why = why->empty() ? relay_why : absl::StrCat(*why, "; ", relay_why);
+  }
 }
 
 }  // namespace kvrail::fabric

@@ -146,4 +146,9 @@ class RelayStage {
 // Tiles relayed in this process, per side (the sender's gauges report both).
 uint64_t ProcessRelayedTiles(RelaySide side);
 
+// A transfer's path note `why` (the direct path's) given ForTransfer's answer `relay_why`: a
+// relay made (`relayed`) replaces it; otherwise relay_why is added when it says something (the
+// relay forced or off, or one chosen but not made: "... direct path"), not auto's plain "none".
+void NoteRelay(bool relayed, const std::string& relay_why, std::string* why);
+
 }  // namespace kvrail::fabric

@@ -335,12 +335,9 @@ absl::StatusOr<std::vector<std::string>> SenderImpl::Begin(
                                      in.src_gpu, job->wants_digest(), &relay_why);
     if (out->relay != nullptr) {
       out->gpu.reset();  // the relay packs (a kernel into R's slot, or the host twin)
-      why = relay_why;
       if (out->relay->plan().relay_gpu_index >= 0) in.src_gpu = out->relay->plan().relay_gpu_index;
-    } else if (RelayConfigFromEnv().mode != RelayMode::kAuto ||
-               absl::StrContains(relay_why, "direct path")) {
-      why = why.empty() ? relay_why : absl::StrCat(why, "; ", relay_why);
     }
+    NoteRelay(out->relay != nullptr, relay_why, &why);
     out->route = ChooseLanes(in);
     const std::string lanes_note = absl::StrCat("lanes: ", out->route.reason);
     job->OnEngineNote(why.empty() ? lanes_note : absl::StrCat(why, "; ", lanes_note));
