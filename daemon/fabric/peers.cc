@@ -25,19 +25,15 @@ absl::StatusOr<PeerConn*> PeerTable::Add(const directory::Peer& peer,
   const uint32_t size = size_.load(std::memory_order_relaxed);
   uint32_t index = size;
   if (size >= kMaxPeers) {
-    index = kMaxPeers;
-    uint32_t in_quarantine = 0;
-    for (uint32_t i = 0; i < kMaxPeers; ++i) {
-      if (state_[i] == IndexState::kQuarantined) ++in_quarantine;
-      if (state_[i] == IndexState::kFree && index == kMaxPeers) index = i;
-    }
-    if (index == kMaxPeers) {
+    const auto free = std::find(state_.begin(), state_.end(), IndexState::kFree);
+    if (free == state_.end()) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "peers: node '", peer.node_id, "' not added: ", kMaxPeers,
           " fabric peers at a time at most (the peer index is 7 bits of immediate data); ",
-          in_quarantine, " indexes of peers that left are in quarantine (free again ",
+          QuarantinedLocked(), " indexes of peers that left are in quarantine (free again ",
           "2 x (liveness_timeout + lane_timeout) after they left)"));
     }
+    index = static_cast<uint32_t>(free - state_.begin());
   }
   auto conn = std::make_unique<PeerConn>();
   conn->index = index;
@@ -93,9 +89,13 @@ std::vector<uint32_t> PeerTable::EndQuarantine(absl::Time now,
   return ended;
 }
 
+uint32_t PeerTable::QuarantinedLocked() const {
+  return static_cast<uint32_t>(std::count(state_.begin(), state_.end(), IndexState::kQuarantined));
+}
+
 uint32_t PeerTable::quarantined() const {
   absl::MutexLock lock(&add_mu_);
-  return static_cast<uint32_t>(std::count(state_.begin(), state_.end(), IndexState::kQuarantined));
+  return QuarantinedLocked();
 }
 
 uint32_t PeerTable::free_indexes() const {

@@ -141,6 +141,8 @@ class PeerTable {
   std::array<absl::Time, kMaxPeers> free_at_ ABSL_GUARDED_BY(add_mu_){};
   std::array<std::atomic<PeerConn*>, kMaxPeers> slots_{};
   std::atomic<uint32_t> size_{0};
+
+  uint32_t QuarantinedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(add_mu_);
 };
 
 // A random, odd id for this daemon's run: peers tell a restart by its change.
