@@ -119,11 +119,6 @@ std::vector<uint32_t> Record::TakeGatedTiles() {
   return tiles;
 }
 
-bool Record::gated() const {
-  absl::MutexLock lock(&mu_);
-  return gated_;
-}
-
 void Record::MarkProducerGone() {
   absl::MutexLock lock(&mu_);
   producer_gone_ = true;

@@ -155,7 +155,6 @@ class Record final : public InboundJob {
   // (returns every tile, counted as enqueued) and the record waits on its producer until each
   // word has reached the value (WaitsOn).
   std::vector<uint32_t> TakeGatedTiles();
-  bool gated() const;
   // The session making the layers ready ended (EndSession): an ended gated record's pending GPU
   // waits are released at once (Job::ended's producer_gone).
   void MarkProducerGone();
