@@ -417,7 +417,7 @@ class GpuRelay final : public RelayTransfer {
   const RelayPlan& plan() const override { return relay_; }
 
  private:
-  // The plan on the region's GPU (once, on first use; the kernels' warm-up with it).
+  // The plan on the region's GPU (once, on first use; the kernels' warm-up once per GPU).
   absl::Status EnsureUploaded() {
     absl::MutexLock lock(&mu_);
     if (tried_) return status_;
