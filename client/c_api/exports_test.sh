@@ -10,7 +10,7 @@ exported=$(nm -D --defined-only "$lib" | awk '{print $3}')
 others=$(grep -vE '^(kvrail_[a-z0-9_]+@@KVRAIL_1|KVRAIL_1)$' <<<"$exported" || true)
 if [ -n "$others" ]; then
   echo "libkvrail.so exports symbols outside the C ABI:" >&2
-  echo "$others" | head -20 >&2
+  head -20 <<<"$others" >&2
   exit 1
 fi
 for symbol in kvrail_abi_version kvrail_connect kvrail_submit kvrail_wait kvrail_poll \
@@ -21,7 +21,7 @@ done
 unresolved=$(ldd -r "$lib" 2>&1 | grep -i 'undefined symbol' || true)
 if [ -n "$unresolved" ]; then
   echo "libkvrail.so has unresolved symbols:" >&2
-  echo "$unresolved" | head -20 >&2
+  head -20 <<<"$unresolved" >&2
   exit 1
 fi
 echo "libkvrail.so: $(wc -l <<<"$exported") exported symbols, all kvrail_*; every import resolves"

@@ -34,13 +34,16 @@ for f in "$@"; do
   install -D -m 0644 "$f" "$py/${f##*python/kvrail/}"
 done
 install -D -m 0644 "$libkvrail" "$py/libkvrail.so"
-# Runtime dependencies from the binaries' NEEDED libraries.
+# Runtime dependencies from the binaries' NEEDED libraries. Readers that stop early (head, awk's exit) read a
+# whole output here: under pipefail a producer killed by SIGPIPE would fail the build by chance.
+first_owner() { local out; out=$(dpkg -S "$1" 2>/dev/null) || return 1; head -1 <<<"$out" | cut -d: -f1; }
+libs=$(ldconfig -p)
 deps=$( (readelf -d "$kvraild" "$kvrail" "$libkvrail" | sed -n 's/.*Shared library: \[\(.*\)\]/\1/p') | sort -u |
   while read -r lib; do
-    path=$(ldconfig -p | awk -v l="$lib" '$1 == l && /x86-64/ {print $NF; exit}')
+    path=$(awk -v l="$lib" '$1 == l && /x86-64/ && !found {print $NF; found = 1}' <<<"$libs")
     [ -n "$path" ] || continue
-    dpkg -S "$(readlink -f "$path")" 2>/dev/null | head -1 | cut -d: -f1 ||
-      dpkg -S "$path" 2>/dev/null | head -1 | cut -d: -f1
+    first_owner "$(readlink -f "$path")" ||
+      first_owner "$path"
   done | grep -v '^libcuda' | sort -u | paste -sd, | sed 's/,/, /g')
 mkdir -p "$root/DEBIAN"
 cat > "$root/DEBIAN/control" <<CONTROL

@@ -47,7 +47,7 @@ while read -r f; do
   check "file: $f" '[ -f "$root$f" ]'
 done < "$dir/deploy/deb/files.txt"
 check "conffile: /etc/kvrail/kvraild.textproto is registered as one" \
-  'in_root dpkg-query -W -f="\${Conffiles}" kvrail | grep -q "/etc/kvrail/kvraild.textproto"'
+  'grep -q "/etc/kvrail/kvraild.textproto" <<<"$(in_root dpkg-query -W -f="\${Conffiles}" kvrail)"'
 # The Python module: the root has no python3 (a Recommends; installed without them, as the
 # image is), so Debian's python3 of this machine imports the root's copy and loads its library.
 check "python package: the installed kvrail module imports and loads its libkvrail.so" \
@@ -57,20 +57,20 @@ from kvrail import _lib
 assert kvrail.__file__.startswith(sys.argv[1]), kvrail.__file__
 assert _lib.lib().kvrail_abi_version() == _lib.ABI_VERSION
 " "$root"'
-check "kvraild --version runs inside the root" 'in_root /usr/bin/kvraild --version | grep -q "^kvraild $version ("'
-check "kvrail --version runs inside the root" 'in_root /usr/bin/kvrail --version | grep -q "^kvrail $version ("'
+check "kvraild --version runs inside the root" 'grep -q "^kvraild $version (" <<<"$(in_root /usr/bin/kvraild --version)"'
+check "kvrail --version runs inside the root" 'grep -q "^kvrail $version (" <<<"$(in_root /usr/bin/kvrail --version)"'
 check "no library missing (ldd inside the root)" \
-  '! in_root /usr/bin/ldd /usr/bin/kvraild /usr/bin/kvrail /usr/lib/python3/dist-packages/kvrail/libkvrail.so | grep -q "not found"'
+  '! grep -q "not found" <<<"$(in_root /usr/bin/ldd /usr/bin/kvraild /usr/bin/kvrail /usr/lib/python3/dist-packages/kvrail/libkvrail.so)"'
 check "kvraild validates the installed default config" \
-  'in_root /usr/bin/kvraild --config /etc/kvrail/kvraild.textproto --socket /nonexistent/k.sock 2>&1 |
-     grep -q "unix_socket: cannot open lock file /nonexistent/k.sock.lock"'
+  'grep -q "unix_socket: cannot open lock file /nonexistent/k.sock.lock" \
+     <<<"$(in_root /usr/bin/kvraild --config /etc/kvrail/kvraild.textproto --socket /nonexistent/k.sock 2>&1)"'
 check "postinst: the kvrail system group exists (gid 990 in a fresh root)" \
   '[ "$(in_root getent group kvrail | cut -d: -f3)" = 990 ]'
 check "postinst: the kvrail system user, in group kvrail, no login, uid 990" \
   'IFS=: read -r _ _ uid gid _ home shell <<<"$(in_root getent passwd kvrail)";
    [ "$uid" = 990 ] && [ "$gid" = 990 ] && [ "$home" = /nonexistent ] && [ "$shell" = /usr/sbin/nologin ]'
 check "man pages: man-db would find kvraild(8) and kvrail(1)" \
-  '[ -f "$root/usr/share/man/man8/kvraild.8.gz" ] && zcat "$root/usr/share/man/man1/kvrail.1.gz" | grep -q "^\.TH KVRAIL"'
+  '[ -f "$root/usr/share/man/man8/kvraild.8.gz" ] && grep -q "^\.TH KVRAIL" <<<"$(zcat "$root/usr/share/man/man1/kvrail.1.gz")"'
 check "completion: the installed script completes kvrail's commands" \
   'bash -c "source \"$root/usr/share/bash-completion/completions/kvrail\"; COMP_WORDS=(kvrail tr); COMP_CWORD=1; _kvrail; [ \"\${COMPREPLY[*]}\" = transfers ]"'
 if command -v systemd-analyze >/dev/null; then

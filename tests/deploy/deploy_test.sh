@@ -10,6 +10,6 @@ dir="$TEST_SRCDIR/$TEST_WORKSPACE"
 out=$("$dir/daemon/kvraild" --config "$dir/deploy/config/kvraild.textproto" \
       --socket /nonexistent/dir/k.sock 2>&1 || true)
 echo "$out" | tail -2
-echo "$out" | grep -q "unix_socket: cannot open lock file /nonexistent/dir/k.sock.lock" || {
+grep -q "unix_socket: cannot open lock file /nonexistent/dir/k.sock.lock" <<<"$out" || {
   echo "FAIL: the default config did not get the daemon as far as binding its socket"; exit 1; }
 echo "ok   config: kvraild accepts deploy/config/kvraild.textproto"

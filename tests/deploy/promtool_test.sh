@@ -13,11 +13,11 @@ if [ -z "$promtool" ]; then
 fi
 fail=0
 check() { if eval "$2"; then echo "ok   $1"; else echo "FAIL $1"; fail=1; fi; }
-"$promtool" --version 2>&1 | head -1
+head -1 <<<"$("$promtool" --version 2>&1)"
 
 out=$("$promtool" check rules "$dir/deploy/monitoring/kvrail-alerts.yaml" 2>&1) && rc=0 || rc=$?
 echo "$out" | sed 's/^/     /'
-check "promtool check rules deploy/monitoring/kvrail-alerts.yaml" '[ $rc -eq 0 ] && echo "$out" | grep -q "SUCCESS: [1-9][0-9]* rules found"'
+check "promtool check rules deploy/monitoring/kvrail-alerts.yaml" '[ $rc -eq 0 ] && grep -q "SUCCESS: [1-9][0-9]* rules found" <<<"$out"'
 
 # A host-engine kvraild on a temporary socket, metrics on port 0; stopped by its pid.
 tmp=$(mktemp -d /tmp/kvrail-promtool.XXXXXX)
@@ -32,7 +32,7 @@ trap cleanup EXIT
 pid=$!
 port=""
 for _ in $(seq 100); do
-  port=$(sed -n 's/.*metrics on 127\.0\.0\.1:0 (port \([0-9]*\)).*/\1/p' "$tmp/log" | head -1)
+  port=$(sed -n 's/.*metrics on 127\.0\.0\.1:0 (port \([0-9]*\)).*/\1/p;T;q' "$tmp/log")
   [ -n "$port" ] && [ -S "$tmp/k.sock" ] && break
   sleep 0.1
 done
