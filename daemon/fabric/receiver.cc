@@ -240,13 +240,13 @@ absl::StatusOr<uint32_t> ReceiverImpl::Begin(const v1::BeginRemoteTransferReques
                               ? GpuIndexOf(*options_.topology, dst_spec.device_uuid(),
                                            dst_spec.device())
                               : -1;
-    std::string relay_why;
+    RelayNote relay_note;
     in->relay = relay_->ForTransfer(in->plan,
                                     RegionSide{cuda, cuda ? dst_spec.device() : -1, in->dst->data()},
-                                    gpu_index, in->digest, &relay_why);
+                                    gpu_index, in->digest, &relay_note);
     // the relay scatters (a kernel from R's slot, or the host twin)
     if (in->relay != nullptr) in->gpu.reset();
-    NoteRelay(in->relay != nullptr, relay_why, &gpu_why);
+    NoteRelay(relay_note, &gpu_why);
   }
   {
     absl::MutexLock lock(&in->mu);

@@ -9,7 +9,6 @@
 #include <optional>
 #include <utility>
 
-#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
@@ -67,6 +66,13 @@ RelayPlan None(const RelayInput& in, std::string why) {
   return p;
 }
 
+// A relay chosen (or forced) that cannot be made here: the direct path, `why` saying so.
+RelayPlan NotMade(const RelayInput& in, std::string why) {
+  RelayPlan p = None(in, std::move(why));
+  p.wanted = true;
+  return p;
+}
+
 // The stages of a GPU relay, for the reason.
 std::string GpuStages(RelaySide side, int region, int relay) {
   const std::string over = region == relay ? "its own memory" : "NVLink";
@@ -119,19 +125,19 @@ RelayPlan PlanRelay(const RelayInput& in) {
     const size_t ri = static_cast<size_t>(side->relay_gpu);
     r = ri < in.ordinal_of_index.size() ? in.ordinal_of_index[ri] : -1;
     if (r < 0) {
-      return None(in, absl::StrCat(side->reason, "; but GPU", side->relay_gpu,
-                                   " is not visible to this daemon: direct path"));
+      return NotMade(in, absl::StrCat(side->reason, "; but GPU", side->relay_gpu,
+                                      " is not visible to this daemon: direct path"));
     }
     p.relay_gpu_index = side->relay_gpu;
     why = side->reason;
   }
   if (r >= in.devices) {
-    return None(in, absl::StrCat(why, "; but there is no GPU", r, " here (", in.devices,
-                                 " GPUs): direct path"));
+    return NotMade(in, absl::StrCat(why, "; but there is no GPU", r, " here (", in.devices,
+                                    " GPUs): direct path"));
   }
   if (r != s && !(in.can_access_peer && in.can_access_peer(s, r))) {
-    return None(in, absl::StrCat(why, "; but GPU", s, " has no peer access to GPU", r,
-                                 ": direct path"));
+    return NotMade(in, absl::StrCat(why, "; but GPU", s, " has no peer access to GPU", r,
+                                    ": direct path"));
   }
   p.kind = RelayKind::kGpu;
   p.relay_device = r;
@@ -232,7 +238,7 @@ class RelayStageImpl final : public RelayStage {
 
   std::unique_ptr<RelayTransfer> ForTransfer(const planner::Plan& plan, const RegionSide& region,
                                              int gpu_index, bool digest,
-                                             std::string* why) override;
+                                             RelayNote* note) override;
   uint64_t relayed_tiles() const override { return relayed_.load(std::memory_order_relaxed); }
 
   void CountTile() {
@@ -459,7 +465,7 @@ class GpuRelay final : public RelayTransfer {
 std::unique_ptr<RelayTransfer> RelayStageImpl::ForTransfer(const planner::Plan& plan,
                                                            const RegionSide& region,
                                                            int gpu_index, bool digest,
-                                                           std::string* why) {
+                                                           RelayNote* note) {
   RelayInput in;
   in.side = side_;
   in.config = config_;
@@ -475,16 +481,24 @@ std::unique_ptr<RelayTransfer> RelayStageImpl::ForTransfer(const planner::Plan& 
   in.slots = slots_;
   in.slot_bytes = options_.slot_bytes;
   RelayPlan relay = PlanRelay(in);
-  *why = relay.reason;
+  note->text = relay.reason;
+  note->kind = RelayNote::Kind::kRelayed;
+  // Not made: the direct path; said when the relay was forced or off, or wanted here.
+  auto not_made = [&](std::string text) {
+    note->text = std::move(text);
+    note->kind = RelayNote::Kind::kSaid;
+    return nullptr;
+  };
   switch (relay.kind) {
     case RelayKind::kNone:
+      note->kind = config_.mode == RelayMode::kAuto && !relay.wanted ? RelayNote::Kind::kQuiet
+                                                                     : RelayNote::Kind::kSaid;
       return nullptr;
     case RelayKind::kHost: {
       absl::StatusOr<SlotPool*> pool = HostPool();
       if (!pool.ok()) {
-        *why = absl::StrCat(relay.reason, "; not made (", pool.status().message(),
-                            "): direct path");
-        return nullptr;
+        return not_made(absl::StrCat(relay.reason, "; not made (", pool.status().message(),
+                                     "): direct path"));
       }
       return std::make_unique<HostRelay>(this, *pool, plan, region, std::move(relay));
     }
@@ -492,17 +506,15 @@ std::unique_ptr<RelayTransfer> RelayStageImpl::ForTransfer(const planner::Plan& 
       if (relay.peer_access) {
         const absl::Status enabled = cuda::EnablePeerAccess(relay.kernel_device, relay.relay_device);
         if (!enabled.ok()) {
-          *why = absl::StrCat(relay.reason, "; peer access GPU", relay.kernel_device, " -> GPU",
-                              relay.relay_device, " refused (", enabled.message(),
-                              "): direct path");
-          return nullptr;
+          return not_made(absl::StrCat(relay.reason, "; peer access GPU", relay.kernel_device,
+                                       " -> GPU", relay.relay_device, " refused (",
+                                       enabled.message(), "): direct path"));
         }
       }
       absl::StatusOr<SlotPool*> pool = GpuPool(relay.relay_device);
       if (!pool.ok()) {
-        *why = absl::StrCat(relay.reason, "; not made (", pool.status().message(),
-                            "): direct path");
-        return nullptr;
+        return not_made(absl::StrCat(relay.reason, "; not made (", pool.status().message(),
+                                     "): direct path"));
       }
       return std::make_unique<GpuRelay>(this, *pool, plan, region, std::move(relay));
     }
@@ -521,12 +533,16 @@ uint64_t ProcessRelayedTiles(RelaySide side) {
   return g_relayed[side == RelaySide::kSend ? 0 : 1].load(std::memory_order_relaxed);
 }
 
-void NoteRelay(bool relayed, const std::string& relay_why, std::string* why) {
-  if (relayed) {
-    *why = relay_why;
-  } else if (RelayConfigFromEnv().mode != RelayMode::kAuto ||
-             absl::StrContains(relay_why, "direct path")) {
-    *why = why->empty() ? relay_why : absl::StrCat(*why, "; ", relay_why);
+void NoteRelay(const RelayNote& note, std::string* why) {
+  switch (note.kind) {
+    case RelayNote::Kind::kRelayed:
+      *why = note.text;
+      return;
+    case RelayNote::Kind::kSaid:
+      *why = why->empty() ? note.text : absl::StrCat(*why, "; ", note.text);
+      return;
+    case RelayNote::Kind::kQuiet:
+      return;
   }
 }
 

@@ -105,9 +105,23 @@ struct RelayPlan {
   // is NODE (...); pack kernel on GPU5 writes GPU6's relay slot over NVLink, GPU6's stream copies
   // it to the send slot" or "relay: none (host region)".
   std::string reason;
+  // kNone: a relay was chosen (or forced) but cannot be made here; `reason` ends "direct path".
+  bool wanted = false;
 };
 RelayPlan PlanRelay(const RelayInput& in);
 uint64_t RelaySlotOffset(const RelayPlan& plan, uint32_t k);
+
+// ForTransfer's word for the transfer's path reason.
+struct RelayNote {
+  enum class Kind {
+    kQuiet,    // auto mode's plain "relay: none (...)": not worth saying
+    kSaid,     // no relay, and `text` is added to the direct path's reason: the relay forced or
+               // off, a value not understood, or one wanted but not made ("...: direct path")
+    kRelayed,  // a relay made: `text` replaces the direct path's reason
+  };
+  Kind kind = Kind::kQuiet;
+  std::string text;
+};
 
 // One transfer's relay hop (made by RelayStage::ForTransfer; the plan outlives it). Thread
 // contract: any thread; distinct tiles concurrently.
@@ -133,12 +147,13 @@ class RelayStage {
   static std::unique_ptr<RelayStage> Create(RelaySide side, const FabricOptions& options,
                                             const RelayConfig& config);
   // The relay for one transfer's `region` (its plan: `plan`, outliving the result); nullptr is
-  // the direct path. `why` gets the path reason either way (when the plan wanted a relay that
+  // the direct path. `note` gets the path reason either way (when the plan wanted a relay that
   // could not be made - peer access refused, no memory - it says so and that the direct path is
-  // taken). `gpu_index`: the region's topology index (-1 unknown).
+  // taken) and whether it is said (NoteRelay). `gpu_index`: the region's topology index (-1
+  // unknown).
   virtual std::unique_ptr<RelayTransfer> ForTransfer(const planner::Plan& plan,
                                                      const RegionSide& region, int gpu_index,
-                                                     bool digest, std::string* why) = 0;
+                                                     bool digest, RelayNote* note) = 0;
   // Tiles moved through a relay slot by this stage.
   virtual uint64_t relayed_tiles() const = 0;
 };
@@ -146,9 +161,8 @@ class RelayStage {
 // Tiles relayed in this process, per side (the sender's gauges report both).
 uint64_t ProcessRelayedTiles(RelaySide side);
 
-// A transfer's path note `why` (the direct path's) given ForTransfer's answer `relay_why`: a
-// relay made (`relayed`) replaces it; otherwise relay_why is added when it says something (the
-// relay forced or off, or one chosen but not made: "... direct path"), not auto's plain "none".
-void NoteRelay(bool relayed, const std::string& relay_why, std::string* why);
+// A transfer's path note `why` (the direct path's) given ForTransfer's `note`: kRelayed replaces
+// it, kSaid is added to it, kQuiet leaves it.
+void NoteRelay(const RelayNote& note, std::string* why);
 
 }  // namespace kvrail::fabric

@@ -103,6 +103,7 @@ TEST_CASE("auto: a GPU that lost its NIC relays through its NVLink neighbour, on
     const RelayPlan p = PlanRelay(in);
     CHECK(p.kind == RelayKind::kNone);
     CHECK(Has(p.reason, "GPU5 has no peer access to GPU6: direct path"));
+    CHECK(p.wanted);
     in.can_access_peer = nullptr;
     CHECK(PlanRelay(in).kind == RelayKind::kNone);
   }
@@ -112,6 +113,7 @@ TEST_CASE("auto: a GPU that lost its NIC relays through its NVLink neighbour, on
     const RelayPlan p = PlanRelay(in);
     CHECK(p.kind == RelayKind::kNone);
     CHECK(Has(p.reason, "GPU6 is not visible to this daemon: direct path"));
+    CHECK(p.wanted);
   }
 }
 
@@ -123,6 +125,7 @@ TEST_CASE("auto: GPUs with their own NIC, busy NICs, a box without NVLink, unkno
     CHECK(p.kind == RelayKind::kNone);
     CHECK(p.reason == "relay: none (GPU" + std::to_string(g) + " (mlx5_" + std::to_string(g) +
                           ", PIX))");
+    CHECK(!p.wanted);
   }
   RelayInput busy = GpuInput(&*dgx, 0);
   busy.nic_load.assign(8, 0);
@@ -177,6 +180,7 @@ TEST_CASE("forced relays (tests, the two-GPU run), host twin, off") {
   p = PlanRelay(in);
   CHECK(p.kind == RelayKind::kNone);
   CHECK(Has(p.reason, "no GPU1 here (1 GPUs): direct path"));
+  CHECK(p.wanted);
   // A host region never takes a GPU relay; the host twin takes any region.
   in.cuda = false;
   in.device = -1;
@@ -210,13 +214,14 @@ void RunHostTwin(const planner::testing::RandomCase& c, std::mt19937_64& rng) {
       got(c.dst.size_bytes, 0xAB);
   for (auto& b : src) b = static_cast<uint8_t>(rng());
   planner::testing::ReferenceCopy(c, src.data(), want.data());
-  std::string why_send, why_recv;
+  RelayNote why_send, why_recv;
   auto out = sender->ForTransfer(*plan, RegionSide{false, -1, src.data()}, -1, false, &why_send);
   auto in = receiver->ForTransfer(*plan, RegionSide{false, -1, got.data()}, -1, false, &why_recv);
   REQUIRE(out != nullptr);
   REQUIRE(in != nullptr);
-  CHECK(Has(why_send, "host twin"));
-  CHECK(Has(why_recv, "host twin"));
+  CHECK(Has(why_send.text, "host twin"));
+  CHECK(Has(why_recv.text, "host twin"));
+  CHECK(why_send.kind == RelayNote::Kind::kRelayed);
   // Two threads, as the packers: distinct tiles concurrently through the shared slot pool.
   auto run = [&](uint32_t first) {
     std::vector<uint8_t> wire(max_tile, 0x5A);
@@ -256,7 +261,7 @@ TEST_CASE("a GPU relay that cannot be made here keeps the direct path and says w
   c = planner::testing::RandomBytesCase(rng);
   auto plan = planner::MakePlan(c.spec, c.src, c.dst, c.options);
   REQUIRE(plan.ok());
-  std::string why;
+  RelayNote why;
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess) devices = 0;
   if (devices > 0) {
@@ -265,9 +270,33 @@ TEST_CASE("a GPU relay that cannot be made here keeps the direct path and says w
   }
   static uint8_t dummy[16];
   CHECK(stage->ForTransfer(*plan, RegionSide{true, 0, dummy}, -1, false, &why) == nullptr);
-  CHECK(Has(why, "no GPU0 here (0 GPUs): direct path"));
+  CHECK(Has(why.text, "no GPU0 here (0 GPUs): direct path"));
+  CHECK(why.kind == RelayNote::Kind::kSaid);
   CHECK(stage->ForTransfer(*plan, RegionSide{false, -1, dummy}, -1, false, &why) == nullptr);
-  CHECK(why == "relay: none (host region)");
+  CHECK(why.text == "relay: none (host region)");
+  CHECK(why.kind == RelayNote::Kind::kSaid);  // forced: said even when plain
+  // Auto mode: a plain "none" is not said; a relay wanted but not made is.
+  auto auto_stage = RelayStage::Create(RelaySide::kSend, options, ParseRelayConfig(nullptr));
+  CHECK(auto_stage->ForTransfer(*plan, RegionSide{false, -1, dummy}, -1, false, &why) == nullptr);
+  CHECK(why.text == "relay: none (host region)");
+  CHECK(why.kind == RelayNote::Kind::kQuiet);
+}
+
+TEST_CASE("NoteRelay: a relay made replaces the path note, a said one is added, a quiet one not") {
+  std::string why = "GPU kernel";
+  NoteRelay(RelayNote{RelayNote::Kind::kQuiet, "relay: none (host region)"}, &why);
+  CHECK(why == "GPU kernel");
+  NoteRelay(RelayNote{RelayNote::Kind::kSaid, "relay: none (KVRAIL_FABRIC_RELAY=off)"}, &why);
+  CHECK(why == "GPU kernel; relay: none (KVRAIL_FABRIC_RELAY=off)");
+  // The rule reads the kind, not the words: a plain note that happens to say "direct path".
+  why = "GPU kernel";
+  NoteRelay(RelayNote{RelayNote::Kind::kQuiet, "relay: none (the direct path is nearer)"}, &why);
+  CHECK(why == "GPU kernel");
+  std::string empty;
+  NoteRelay(RelayNote{RelayNote::Kind::kSaid, "relay: none (host region)"}, &empty);
+  CHECK(empty == "relay: none (host region)");
+  NoteRelay(RelayNote{RelayNote::Kind::kRelayed, "relay: host twin"}, &why);
+  CHECK(why == "relay: host twin");
 }
 
 }  // namespace

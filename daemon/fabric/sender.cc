@@ -329,15 +329,15 @@ absl::StatusOr<std::vector<std::string>> SenderImpl::Begin(
     }
     // issue 18.3: the relay hop (relay.h) - the hierarchy's choice of GPU R for this side, or a
     // forced one; a relay packs through R and the tiles leave by R's NICs.
-    std::string relay_why;
+    RelayNote relay_note;
     out->relay = relay_->ForTransfer(job->plan(),
                                      RegionSide{src_ref.cuda, src_ref.device, src_ref.base},
-                                     in.src_gpu, job->wants_digest(), &relay_why);
+                                     in.src_gpu, job->wants_digest(), &relay_note);
     if (out->relay != nullptr) {
       out->gpu.reset();  // the relay packs (a kernel into R's slot, or the host twin)
       if (out->relay->plan().relay_gpu_index >= 0) in.src_gpu = out->relay->plan().relay_gpu_index;
     }
-    NoteRelay(out->relay != nullptr, relay_why, &why);
+    NoteRelay(relay_note, &why);
     out->route = ChooseLanes(in);
     const std::string lanes_note = absl::StrCat("lanes: ", out->route.reason);
     job->OnEngineNote(why.empty() ? lanes_note : absl::StrCat(why, "; ", lanes_note));

@@ -75,17 +75,17 @@ void RunCase(const RandomCase& c, std::mt19937_64& rng, const Route& route) {
                                    ParseRelayConfig(("gpu:" + std::to_string(route.r)).c_str()));
   auto receiver = RelayStage::Create(RelaySide::kReceive, options,
                                      ParseRelayConfig(("gpu:" + std::to_string(route.r2)).c_str()));
-  std::string why_send, why_recv;
+  RelayNote why_send, why_recv;
   auto out = sender->ForTransfer(*plan, RegionSide{true, route.s, src_dev}, -1, false, &why_send);
   auto in = receiver->ForTransfer(*plan, RegionSide{true, route.d, dst_dev}, -1, false, &why_recv);
-  INFO(why_send << "\n" << why_recv);
+  INFO(why_send.text << "\n" << why_recv.text);
   REQUIRE(out != nullptr);
   REQUIRE(in != nullptr);
   CHECK(out->plan().kind == RelayKind::kGpu);
   CHECK(out->plan().relay_device == route.r);
   CHECK(out->plan().peer_access == (route.r != route.s));
   CHECK(in->plan().relay_device == route.r2);
-  CHECK(why_send.find("pack kernel on GPU" + std::to_string(route.s) + " writes GPU" +
+  CHECK(why_send.text.find("pack kernel on GPU" + std::to_string(route.s) + " writes GPU" +
                       std::to_string(route.r) + "'s relay slot") != std::string::npos);
 
   Staging slot(max_tile + 64);
@@ -156,13 +156,13 @@ TEST_CASE("two GPUs: S -> R over NVLink -> send slot, receive slot -> R' -> D ov
     RandomCase c = planner::testing::RandomBytesCase(rng);
     auto plan = planner::MakePlan(c.spec, c.src, c.dst, c.options);
     REQUIRE(plan.ok());
-    std::string why;
+    RelayNote why;
     void* src = AllocOn(0, 1 << 16);
     CHECK(stage->ForTransfer(*plan, RegionSide{true, 0, static_cast<uint8_t*>(src)}, -1, false,
                              &why) == nullptr);
-    CHECK(why.find("no peer access to GPU1: direct path") != std::string::npos);
+    CHECK(why.text.find("no peer access to GPU1: direct path") != std::string::npos);
     gpu_test::DeviceFree(src);
-    WARN("GPU0 and GPU1 have no peer access: relay refused as it should be: " << why);
+    WARN("GPU0 and GPU1 have no peer access: relay refused as it should be: " << why.text);
     return;
   }
   const uint64_t before = g_relayed;
