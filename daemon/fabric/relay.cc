@@ -318,19 +318,39 @@ absl::Status OnThreadStream(int device, const std::string& what, Enqueue enqueue
   return cuda::CudaStatus(cudaStreamSynchronize(stream), what);
 }
 
+// Counts each tile of one transfer once in its stage: a lane failover's re-send packs a tile
+// again (fabric_tiles_resent_total counts those), a repeat is not a second tile. Thread
+// contract: thread-safe; tiles are checked against the plan before Count.
+class TileTally {
+ public:
+  TileTally(RelayStageImpl* stage, uint32_t tiles)
+      : stage_(stage), counted_(new std::atomic<bool>[tiles]()) {}
+  void Count(uint32_t tile) {
+    if (!counted_[tile].exchange(true, std::memory_order_relaxed)) stage_->CountTile();
+  }
+
+ private:
+  RelayStageImpl* const stage_;
+  const std::unique_ptr<std::atomic<bool>[]> counted_;
+};
+
 // The host twin: the same hops through a host relay slot.
 class HostRelay final : public RelayTransfer {
  public:
   HostRelay(RelayStageImpl* stage, SlotPool* pool, const planner::Plan& plan,
             const RegionSide& region, RelayPlan relay)
-      : stage_(stage), pool_(pool), plan_(plan), region_(region), relay_(std::move(relay)) {}
+      : tally_(stage, plan.num_tiles()),
+        pool_(pool),
+        plan_(plan),
+        region_(region),
+        relay_(std::move(relay)) {}
   absl::Status Pack(uint32_t tile, uint8_t* send_slot) override {
     uint64_t bytes = 0;
     KVRAIL_RETURN_IF_ERROR(CheckTile(plan_, tile, relay_.slot_bytes, &bytes));
     SlotLease slot(pool_);
     KVRAIL_RETURN_IF_ERROR(PackTile(plan_, tile, region_, slot.get()));
     std::memcpy(send_slot, slot.get(), bytes);
-    stage_->CountTile();
+    tally_.Count(tile);
     return absl::OkStatus();
   }
   absl::Status Unpack(uint32_t tile, const uint8_t* recv_slot) override {
@@ -339,13 +359,13 @@ class HostRelay final : public RelayTransfer {
     SlotLease slot(pool_);
     std::memcpy(slot.get(), recv_slot, bytes);
     KVRAIL_RETURN_IF_ERROR(UnpackTile(plan_, tile, slot.get(), region_));
-    stage_->CountTile();
+    tally_.Count(tile);
     return absl::OkStatus();
   }
   const RelayPlan& plan() const override { return relay_; }
 
  private:
-  RelayStageImpl* const stage_;
+  TileTally tally_;
   SlotPool* const pool_;
   const planner::Plan& plan_;
   const RegionSide region_;
@@ -357,7 +377,11 @@ class GpuRelay final : public RelayTransfer {
  public:
   GpuRelay(RelayStageImpl* stage, SlotPool* pool, const planner::Plan& plan,
            const RegionSide& region, RelayPlan relay)
-      : stage_(stage), pool_(pool), plan_(plan), region_(region), relay_(std::move(relay)) {}
+      : tally_(stage, plan.num_tiles()),
+        pool_(pool),
+        plan_(plan),
+        region_(region),
+        relay_(std::move(relay)) {}
   ~GpuRelay() override {
     if (!stream_.has_value()) return;
     cuda::ScopedDevice on(region_.device);
@@ -392,7 +416,7 @@ class GpuRelay final : public RelayTransfer {
           return cuda::CudaStatus(
               cudaMemcpyAsync(send_slot, slot.get(), bytes, cudaMemcpyDeviceToHost, stream), what);
         }));
-    stage_->CountTile();
+    tally_.Count(tile);
     return absl::OkStatus();
   }
 
@@ -417,7 +441,7 @@ class GpuRelay final : public RelayTransfer {
         [&](cudaStream_t stream, const std::string&) {
           return kernels::LaunchFabricUnpack(buffer_->plan(), tile, bytes, slot.get(), stream);
         }));
-    stage_->CountTile();
+    tally_.Count(tile);
     return absl::OkStatus();
   }
   const RelayPlan& plan() const override { return relay_; }
@@ -448,7 +472,7 @@ class GpuRelay final : public RelayTransfer {
     return status_;
   }
 
-  RelayStageImpl* const stage_;
+  TileTally tally_;
   SlotPool* const pool_;
   const planner::Plan& plan_;
   const RegionSide region_;

@@ -154,11 +154,13 @@ class RelayStage {
   virtual std::unique_ptr<RelayTransfer> ForTransfer(const planner::Plan& plan,
                                                      const RegionSide& region, int gpu_index,
                                                      bool digest, RelayNote* note) = 0;
-  // Tiles moved through a relay slot by this stage.
+  // Tiles moved through a relay slot by this stage, each tile of a transfer once (a lane
+  // failover's re-send packs it again but is not a second tile).
   virtual uint64_t relayed_tiles() const = 0;
 };
 
-// Tiles relayed in this process, per side (the sender's gauges report both).
+// Tiles relayed in this process, per side, counted as relayed_tiles() (the sender's gauges
+// report both).
 uint64_t ProcessRelayedTiles(RelaySide side);
 
 // A transfer's path note `why` (the direct path's) given ForTransfer's `note`: kRelayed replaces

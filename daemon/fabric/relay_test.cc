@@ -250,6 +250,44 @@ TEST_CASE("host twin: two-stage pack/unpack through relay slots equals the refer
   CHECK(ProcessRelayedTiles(RelaySide::kReceive) == ProcessRelayedTiles(RelaySide::kSend));
 }
 
+TEST_CASE("a tile packed again (a lane failover's re-send) is counted once on each side") {
+  std::mt19937_64 rng(7);
+  planner::testing::RandomCase c;
+  absl::StatusOr<planner::Plan> plan;
+  do {  // a case of several tiles
+    c = planner::testing::RandomPagedCase(rng);
+    plan = planner::MakePlan(c.spec, c.src, c.dst, c.options);
+    REQUIRE(plan.ok());
+  } while (plan->num_tiles() < 3);
+  uint64_t max_tile = 0;
+  for (uint32_t t = 0; t < plan->num_tiles(); ++t) max_tile = std::max(max_tile, TileBytes(*plan, t));
+  FabricOptions options;
+  options.slot_bytes = max_tile;
+  const RelayConfig host = ParseRelayConfig("host");
+  auto sender = RelayStage::Create(RelaySide::kSend, options, host);
+  auto receiver = RelayStage::Create(RelaySide::kReceive, options, host);
+  std::vector<uint8_t> src(c.src.size_bytes, 0x11), dst(c.dst.size_bytes, 0);
+  RelayNote note;
+  auto out = sender->ForTransfer(*plan, RegionSide{false, -1, src.data()}, -1, false, &note);
+  auto in = receiver->ForTransfer(*plan, RegionSide{false, -1, dst.data()}, -1, false, &note);
+  REQUIRE(out != nullptr);
+  REQUIRE(in != nullptr);
+  const uint64_t sent_before = ProcessRelayedTiles(RelaySide::kSend);
+  const uint64_t received_before = ProcessRelayedTiles(RelaySide::kReceive);
+  std::vector<uint8_t> wire(max_tile, 0);
+  for (uint32_t t = 0; t < plan->num_tiles(); ++t) {
+    REQUIRE(out->Pack(t, wire.data()).ok());
+    REQUIRE(in->Unpack(t, wire.data()).ok());
+  }
+  // Tile 0 re-sent (its lane failed before the credit): packed again, and landed again.
+  REQUIRE(out->Pack(0, wire.data()).ok());
+  REQUIRE(in->Unpack(0, wire.data()).ok());
+  CHECK(sender->relayed_tiles() == plan->num_tiles());
+  CHECK(receiver->relayed_tiles() == plan->num_tiles());
+  CHECK(ProcessRelayedTiles(RelaySide::kSend) - sent_before == plan->num_tiles());
+  CHECK(ProcessRelayedTiles(RelaySide::kReceive) - received_before == plan->num_tiles());
+}
+
 TEST_CASE("a GPU relay that cannot be made here keeps the direct path and says why") {
   // This build machine has no GPU (0 devices): a forced GPU relay of a "GPU region" is refused
   // by the plan; nothing is allocated or launched.
