@@ -251,9 +251,8 @@ class RegionTableImpl final : public RegionTable {
     {
       // Checked before any mapping work (two racing registers may pass it by one).
       absl::MutexLock lock(&mu_);
-      KVRAIL_RETURN_IF_ERROR(CheckRegionCapLocked(session_id));
+      KVRAIL_RETURN_IF_ERROR(CheckSessionRegionsLocked(session_id, given.library_region()));
       if (given.library_region()) {
-        KVRAIL_RETURN_IF_ERROR(CheckOneLibraryRegionLocked(session_id));
         library_pending_.insert(session_id);
         library_pending = true;
       }
@@ -638,15 +637,33 @@ class RegionTableImpl final : public RegionTable {
     return absl::OkStatus();
   }
 
-  // ALREADY_EXISTS naming spec.library_region when `session_id` holds (or is registering) one.
-  absl::Status CheckOneLibraryRegionLocked(uint64_t session_id) const
+  // One pass over the session's regions: RESOURCE_EXHAUSTED naming the cap when `session_id`
+  // already holds max_regions_per_session; then, for a `library` region, ALREADY_EXISTS naming
+  // spec.library_region when the session holds (or is registering) one.
+  absl::Status CheckSessionRegionsLocked(uint64_t session_id, bool library) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (session_id == 0 && !library) return absl::OkStatus();
+    size_t held = 0;
+    bool holds_library = false;
+    uint64_t library_id = 0;
     for (const auto& [id, region] : regions_) {
-      if (region->session_id() == session_id && region->spec().library_region()) {
-        return absl::AlreadyExistsError(absl::StrCat(
-            "spec.library_region: the session already holds library region ", id,
-            " (at most one per session; unregister it first)"));
+      if (region->session_id() != session_id) continue;
+      ++held;
+      if (!holds_library && region->spec().library_region()) {
+        holds_library = true;
+        library_id = id;
       }
+    }
+    if (session_id != 0 && held >= limits_.max_regions_per_session) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "max_regions_per_session: the session holds ", held, " regions (at most ",
+          limits_.max_regions_per_session, " per session); unregister some"));
+    }
+    if (!library) return absl::OkStatus();
+    if (holds_library) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          "spec.library_region: the session already holds library region ", library_id,
+          " (at most one per session; unregister it first)"));
     }
     if (library_pending_.contains(session_id)) {
       return absl::AlreadyExistsError(
@@ -654,17 +671,6 @@ class RegionTableImpl final : public RegionTable {
           "per session)");
     }
     return absl::OkStatus();
-  }
-
-  // RESOURCE_EXHAUSTED naming the cap when `session_id` already holds max_regions_per_session.
-  absl::Status CheckRegionCapLocked(uint64_t session_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (session_id == 0) return absl::OkStatus();
-    size_t held = 0;
-    for (const auto& [id, region] : regions_) held += region->session_id() == session_id;
-    if (held < limits_.max_regions_per_session) return absl::OkStatus();
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "max_regions_per_session: the session holds ", held, " regions (at most ",
-        limits_.max_regions_per_session, " per session); unregister some"));
   }
 
   // A POSIX shm object opened by name for a caller of uid `uid` (docs/security.md, "Memory"):
