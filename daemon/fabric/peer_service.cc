@@ -84,18 +84,8 @@ class PeerServiceImpl final : public v1::Peer::Service {
     const absl::Status checked =
         CheckCaller(*context, request->sender_node_id(), "sender_node_id");
     if (!checked.ok()) return ToGrpcStatus(checked);
-    auto handle = receiver_->Begin(*request);
-    if (!handle.ok()) return ToGrpcStatus(handle.status());
-    response->set_handle(*handle);
-    // For the sender's rail-aware lane choice: the destination's GPU when it was named by UUID
-    // (empty otherwise: the sender then keeps every lane).
-    absl::StatusOr<std::shared_ptr<regions::Region>> dst =
-        regions_->Get(request->spec().dst().region_id());
-    if (dst.ok() && *dst != nullptr &&
-        (*dst)->spec().memory_kind() == v1::MEMORY_KIND_CUDA) {
-      response->set_dst_gpu_uuid((*dst)->spec().device_uuid());
-    }
-    return grpc::Status::OK;
+    // The handle and the destination's GPU UUID (the region it looked up once).
+    return ToGrpcStatus(receiver_->Begin(*request, response));
   }
   grpc::Status EndRemoteTransfer(grpc::ServerContext* context,
                                  const v1::EndRemoteTransferRequest* request,

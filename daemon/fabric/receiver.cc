@@ -91,7 +91,8 @@ class ReceiverImpl final : public Receiver {
   ~ReceiverImpl() override { Stop(); }
   void Start();
 
-  absl::StatusOr<uint32_t> Begin(const v1::BeginRemoteTransferRequest& request) override;
+  absl::Status Begin(const v1::BeginRemoteTransferRequest& request,
+                     v1::BeginRemoteTransferResponse* response) override;
   absl::StatusOr<uint32_t> End(const std::string& sender, uint32_t handle, bool abort,
                                const std::string& why) override;
   void DropPeer(PeerConn* peer, const absl::Status& why) override;
@@ -186,7 +187,8 @@ void ReceiverImpl::Stop() {
 
 // ---- Begin / End (gRPC threads) ----
 
-absl::StatusOr<uint32_t> ReceiverImpl::Begin(const v1::BeginRemoteTransferRequest& request) {
+absl::Status ReceiverImpl::Begin(const v1::BeginRemoteTransferRequest& request,
+                                 v1::BeginRemoteTransferResponse* response) {
   // Every size the peer supplies is bounded before anything is planned or allocated.
   KVRAIL_RETURN_IF_ERROR(CheckBeginBounds(request, options_.slot_bytes));
   PeerConn* peer = peers_->Find(request.sender_node_id());
@@ -287,7 +289,12 @@ absl::StatusOr<uint32_t> ReceiverImpl::Begin(const v1::BeginRemoteTransferReques
   spdlog::info("fabric: inbound transfer {} from '{}' into region {}: {} bytes, {} tiles (handle {})",
                in->sender_transfer_id, in->sender_node, region_id, in->plan.bytes_total(),
                in->plan.num_tiles(), in->handle);
-  return in->handle;
+  response->set_handle(in->handle);
+  const v1::RegionSpec& dst_spec = in->dst->spec();
+  if (dst_spec.memory_kind() == v1::MEMORY_KIND_CUDA) {
+    response->set_dst_gpu_uuid(dst_spec.device_uuid());
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<uint32_t> ReceiverImpl::End(const std::string& sender, uint32_t handle, bool abort,

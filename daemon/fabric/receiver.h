@@ -29,9 +29,12 @@ class Receiver : public ArrivalSink {
                                           PeerTable* peers, const Leases* leases,
                                           regions::RegionTable* regions);
 
-  // A transfer from `request.sender_node_id` into an exported region: its handle (what the
-  // sender's tile writes name). Errors name the request field.
-  virtual absl::StatusOr<uint32_t> Begin(const v1::BeginRemoteTransferRequest& request) = 0;
+  // A transfer from `request.sender_node_id` into an exported region: `response` gets its handle
+  // (what the sender's tile writes name) and, for the sender's rail-aware lane choice, the
+  // destination's GPU UUID when the region is GPU memory (empty otherwise: the sender then keeps
+  // every lane). Errors name the request field.
+  virtual absl::Status Begin(const v1::BeginRemoteTransferRequest& request,
+                             v1::BeginRemoteTransferResponse* response) = 0;
   // The sender ended (`abort`: aborted, with `why`) transfer `handle`; returns the tiles applied.
   virtual absl::StatusOr<uint32_t> End(const std::string& sender, uint32_t handle, bool abort,
                                        const std::string& why) = 0;

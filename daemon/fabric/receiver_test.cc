@@ -151,9 +151,10 @@ struct Rig {
     return *std::move(plan);
   }
   uint32_t Begin(const std::string& sender) {
-    auto handle = receiver->Begin(BeginRequest(sender));
-    if (!handle.ok()) FAIL(handle.status().ToString());
-    return *handle;
+    v1::BeginRemoteTransferResponse response;
+    const absl::Status begun = receiver->Begin(BeginRequest(sender), &response);
+    if (!begun.ok()) FAIL(begun.ToString());
+    return response.handle();
   }
 
   // What `peer` really does: its tile's bytes and then its seal (its registration's key, a fresh
