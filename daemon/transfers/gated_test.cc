@@ -3,6 +3,8 @@
 // watch), the transfer waits on its producer until each word has come (EndSession ends it then,
 // and Job::ended says the producer is gone, so the engine releases its GPU waits at once).
 // Declined: the readiness poller hands layers over as their words come, as before.
+// Record::ready_gate (what an engine that admits gets: the words as the daemon and as the GPU
+// see them, their count and value) on a flag region mapped as a GPU would map it, and refused.
 #define CATCH_CONFIG_MAIN
 #include <catch2/catch.hpp>
 
@@ -12,6 +14,7 @@
 
 #include "absl/time/clock.h"
 #include "daemon/transfers/manager_fixture.h"
+#include "daemon/transfers/record.h"
 
 namespace kvrail::transfers {
 namespace {
@@ -106,6 +109,82 @@ TEST_CASE("gated: declined, the readiness poller hands layers over as their word
   }
   t.f.engine.RunAll();
   CHECK(t.f.Get(id).state() == v1::TRANSFER_STATE_SUCCEEDED);
+}
+
+// A flag region as a GPU would map it (no GPU here: the host regions' DeviceAddress pins the
+// memory with CUDA): GPU `accessor` sees byte i of the region at kDeviceBase + accessor * 1 MiB
+// + i; `refuse`: the mapping fails, as a pin can.
+class MappedFlags final : public regions::Region {
+ public:
+  static constexpr uint64_t kDeviceBase = uint64_t{0x7f0000} << 24;
+  MappedFlags(const std::shared_ptr<regions::Region>& like, bool refuse)
+      : like_(like), refuse_(refuse) {}
+  uint64_t id() const override { return like_->id(); }
+  uint64_t session_id() const override { return like_->session_id(); }
+  uint8_t* data() const override { return like_->data(); }
+  absl::StatusOr<uint8_t*> DeviceAddress(int accessor) const override {
+    if (refuse_) return absl::FailedPreconditionError("region: pinning host memory refused");
+    return reinterpret_cast<uint8_t*>(kDeviceBase + (uint64_t{1} << 20) * accessor);
+  }
+  const v1::RegionSpec& spec() const override { return like_->spec(); }
+  const planner::RegionView& view() const override { return like_->view(); }
+  v1::RegionInfo Info() const override { return like_->Info(); }
+  void AcquireUse() override {}
+  void ReleaseUse() override {}
+
+ private:
+  const std::shared_ptr<regions::Region> like_;
+  const bool refuse_;
+};
+
+// A layer-wise record whose producer words start `offset` bytes into the flag region.
+std::shared_ptr<Record> GatedRecord(Streaming& t, std::shared_ptr<regions::Region> flags,
+                                    uint32_t offset) {
+  v1::TransferSpec spec;
+  for (uint32_t b = 0; b < kBlocks; ++b) {
+    spec.mutable_src()->add_block_ids(b);
+    spec.mutable_dst()->add_block_ids(kBlocks - 1 - b);
+  }
+  spec.mutable_ready_flags()->set_region_id(flags->id());
+  spec.mutable_ready_flags()->set_value(kValue);
+  absl::StatusOr<planner::Plan> plan =
+      planner::MakePlan(spec, t.src->view(), t.dst->view(), planner::PlanOptions());
+  REQUIRE(plan.ok());
+  REQUIRE(plan->num_layers() == kLayers);
+  RecordParams params;
+  params.id = 9;
+  params.spec = spec;
+  params.src = t.src;
+  params.dst = t.dst;
+  params.engine = &t.f.engine;
+  params.counters = std::make_shared<Counters>();
+  params.clock = &t.f.clock;
+  params.ready_region = std::move(flags);
+  params.ready_words = reinterpret_cast<uint32_t*>(t.flags->data() + offset);
+  params.ready_value = kValue;
+  return std::make_shared<Record>(*std::move(plan), std::move(params));
+}
+
+TEST_CASE("gated: ready_gate gives the engine the producer's words as the GPU sees them") {
+  Streaming t;
+  constexpr uint32_t kOffset = 64;
+  auto flags = std::make_shared<MappedFlags>(t.flags, false);
+  std::shared_ptr<Record> record = GatedRecord(t, flags, kOffset);
+  for (int accessor : {0, 3}) {
+    const std::optional<engine::Job::ReadyGate> gate = record->ready_gate(accessor);
+    REQUIRE(gate.has_value());
+    CHECK(gate->host_words == reinterpret_cast<uint32_t*>(t.flags->data() + kOffset));
+    // The same words through GPU `accessor`'s mapping of the region: its base plus the offset.
+    CHECK(gate->device_words ==
+          MappedFlags::kDeviceBase + (uint64_t{1} << 20) * accessor + kOffset);
+    CHECK(gate->count == kLayers);  // one word per transfer layer
+    CHECK(gate->value == kValue);
+    CHECK(gate->field == "spec.ready_flags");
+    CHECK(gate->keep == flags);  // the words stay mapped while the engine holds the gate
+  }
+  // A flag region the GPU cannot map: no gate (the engine declines; the poller waits instead).
+  std::shared_ptr<Record> refused = GatedRecord(t, std::make_shared<MappedFlags>(t.flags, true), 0);
+  CHECK(!refused->ready_gate(0).has_value());
 }
 
 }  // namespace
