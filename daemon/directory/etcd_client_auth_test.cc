@@ -7,11 +7,16 @@
 #define CATCH_CONFIG_MAIN
 #include <catch2/catch.hpp>
 #include <grpcpp/grpcpp.h>
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <fstream>
+#include <memory>
 #include <set>
+#include <sstream>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -310,6 +315,44 @@ TEST_CASE("the password file: its first line; unreadable or empty refused naming
   read = ReadEtcdPasswordFile(path);
   CHECK(read.status().code() == absl::StatusCode::kInvalidArgument);
   CHECK(std::string(read.status().message()).rfind("etcd.password_file: cannot read", 0) == 0);
+}
+
+// What ReadEtcdPasswordFile(path) logs (the default logger, captured for the call).
+std::string LoggedReading(const std::string& path) {
+  std::ostringstream log;
+  const std::shared_ptr<spdlog::logger> before = spdlog::default_logger();
+  spdlog::set_default_logger(std::make_shared<spdlog::logger>(
+      "etcd_pw_test", std::make_shared<spdlog::sinks::ostream_sink_mt>(log)));
+  const auto read = ReadEtcdPasswordFile(path);
+  spdlog::set_default_logger(before);
+  CHECK(read.ok());
+  return log.str();
+}
+
+TEST_CASE("the password file: a warning (never the password) when group or others may read it") {
+  char path[] = "/tmp/kvrail-etcd-pw-XXXXXX";
+  const int fd = ::mkstemp(path);
+  REQUIRE(fd >= 0);
+  ::close(fd);
+  {
+    std::ofstream out(path);
+    out << kPassword << "\n";
+  }
+  REQUIRE(::chmod(path, 0600) == 0);
+  CHECK(LoggedReading(path).empty());
+  for (const mode_t mode : {0640, 0604, 0644}) {
+    REQUIRE(::chmod(path, mode) == 0);
+    const std::string logged = LoggedReading(path);
+    INFO(logged);
+    char octal[8];
+    std::snprintf(octal, sizeof(octal), "%o", static_cast<unsigned>(mode));
+    CHECK(logged.find(absl::StrCat("etcd.password_file: ", path,
+                                   " is readable by group or others (mode ", octal, ")")) !=
+          std::string::npos);
+    CHECK(logged.find("chmod 600") != std::string::npos);
+    CHECK(logged.find(kPassword) == std::string::npos);
+  }
+  std::remove(path);
 }
 
 }  // namespace
