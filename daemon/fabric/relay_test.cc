@@ -260,7 +260,9 @@ TEST_CASE("a tile packed again (a lane failover's re-send) is counted once on ea
     REQUIRE(plan.ok());
   } while (plan->num_tiles() < 3);
   uint64_t max_tile = 0;
-  for (uint32_t t = 0; t < plan->num_tiles(); ++t) max_tile = std::max(max_tile, TileBytes(*plan, t));
+  for (uint32_t t = 0; t < plan->num_tiles(); ++t) {
+    max_tile = std::max(max_tile, TileBytes(*plan, t));
+  }
   FabricOptions options;
   options.slot_bytes = max_tile;
   const RelayConfig host = ParseRelayConfig("host");
