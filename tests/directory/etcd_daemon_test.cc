@@ -122,8 +122,12 @@ TEST_CASE("kvraild daemons find each other through etcd; an outage is degraded, 
   // b killed (no goodbye): its lease ends and a marks it down (still listed).
   ::kill(b.pid(), SIGKILL);
   const absl::Time killed = absl::Now();
-  REQUIRE(Eventually([&] { return peer_state(a, "b") == "down"; }, absl::Seconds(4)));
-  INFO("down after " << absl::FormatDuration(absl::Now() - killed));
+  // Its lease (ttl_s 2) or the fabric's liveness timeout (3 s) ends it: 2.0-2.1 s measured with
+  // the 2 cores loaded 3.5x over, each poll running the CLI. The bound is liveness (20 s), not
+  // that time (4 s left less than 2x): it still fails when nothing marks b down. Printed.
+  REQUIRE(Eventually([&] { return peer_state(a, "b") == "down"; }, absl::Seconds(20)));
+  WARN("etcd_daemon_test: b marked down " << absl::FormatDuration(absl::Now() - killed)
+                                          << " after its SIGKILL");
   CHECK(a.Stop(SIGTERM) == 0);
 }
 
