@@ -64,12 +64,17 @@ TEST_CASE("metrics: start time, bytes while a transfer runs, stable engine label
   REQUIRE(t.ok());
   REQUIRE((*c)->MarkReady(t->transfer_id(), 0, 1).ok());
   const uint64_t per_layer = 2ull * 2 * 16 * 2 * 64 * 2;  // parts * blocks * tokens * heads * dim * 2 B
-  for (int i = 0; i < 200; ++i) {
+  // Layer 0 lands (waited for, 20 s at most: a loaded CI machine may take longer than the 2 s
+  // this waited before, and the byte counts below need it landed).
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  uint32_t layers_done = 0;
+  while (layers_done < 1 && std::chrono::steady_clock::now() < until) {
     auto s = (*c)->Get(t->transfer_id());
     REQUIRE(s.ok());
-    if (s->layers_done() >= 1) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    layers_done = s->layers_done();
+    if (layers_done < 1) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
+  REQUIRE(layers_done == 1);
   // A refused submit (unknown region), counted by code.
   auto bad = client::MakeBlockTransfer(src.id(), {0}, 999999, {0});
   REQUIRE_FALSE((*c)->Submit(bad).ok());
