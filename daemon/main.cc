@@ -269,6 +269,8 @@ absl::Status Run(v1::DaemonConfig config) {
   }
   std::unique_ptr<engine::Engine> engine =
       engine::CreateHostEngine(static_cast<int>(config.host_engine_threads()), limits);
+  // Read once: the CUDA engine's measures and the session poll thread's spin follow one value.
+  const bool low_latency_off = LowLatencyOff();
   std::unique_ptr<engine::Engine> cuda_engine;
   if (config.cuda_engine() != "off") {
     engine::CudaEngineOptions cuda_options;
@@ -287,7 +289,7 @@ absl::Status Run(v1::DaemonConfig config) {
     cuda_options.run_on_destination = config.cuda_run_on() == "destination";
     cuda_options.batch_bytes = config.cuda_batch_bytes();
     cuda_options.limits = limits;
-    if (LowLatencyOff()) {
+    if (low_latency_off) {
       cuda_options.dispatcher_spin_us = 0;
       cuda_options.staged_plan_upload = false;
     }
@@ -403,7 +405,7 @@ absl::Status Run(v1::DaemonConfig config) {
   };
   session_options.max_sessions = MaxSessions(config);
   // The poll thread's spin after a packet (issue 19's critical path; off with the engine's).
-  if (!LowLatencyOff()) session_options.spin = absl::Microseconds(100);
+  if (!low_latency_off) session_options.spin = absl::Microseconds(100);
   session_options.max_sessions_per_uid = config.max_sessions_per_uid();
   spdlog::info("caps: {} sessions ({} per uid), {} transfers in flight and {} waits/watches per "
                "session", session_options.max_sessions, session_options.max_sessions_per_uid,
