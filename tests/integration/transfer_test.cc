@@ -359,13 +359,19 @@ TEST_CASE("layer-wise: layers move when marked ready, in readiness order, with p
   uint32_t marked = 0;
   for (uint32_t layer : {2u, 0u, 3u, 1u}) {
     REQUIRE(live.client->MarkReady(id, layer, 1).ok());
-    // Wait for the layer to land before marking the next, so readiness order is observable.
-    for (int i = 0; i < 500; ++i) {
+    // Wait for the layer to land before marking the next, so readiness order is observable (not
+    // a time bound: on a loaded CI machine under ASan a layer may take longer than a second).
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    uint32_t done = 0;
+    while (std::chrono::steady_clock::now() < until) {
       auto s = live.client->Get(id);
       REQUIRE(s.ok());
-      if (s->layers_done() > marked) break;
+      done = s->layers_done();
+      if (done > marked) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
     }
+    INFO("layer " << layer);
+    REQUIRE(done == marked + 1);
     ++marked;
   }
   CHECK(live.client->MarkReady(id, 9, 1).code() == absl::StatusCode::kOutOfRange);
@@ -472,11 +478,15 @@ TEST_CASE("ready and arrival flags in shared memory drive a layer-wise transfer"
     CHECK(CountWritten(dst) == 0);  // old epochs release nothing
     for (uint32_t layer : {2u, 0u, 3u, 1u}) {
       __atomic_store_n(const_cast<uint32_t*>(&words[layer]), 5u, __ATOMIC_RELEASE);
+      // Waited for by its arrival word, 20 s at most (liveness, not a time bound: the watcher
+      // and the copy may wait long for a core on a loaded CI machine under ASan).
       bool arrived = false;
-      for (int i = 0; i < 5000 && !arrived; ++i) {
+      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+      while (!arrived && std::chrono::steady_clock::now() < until) {
         arrived = __atomic_load_n(const_cast<uint32_t*>(&words[256 + layer]), __ATOMIC_ACQUIRE) == 5;
         if (!arrived) std::this_thread::sleep_for(std::chrono::microseconds(200));
       }
+      INFO("layer " << layer);
       REQUIRE(arrived);
     }
     auto done = live.client->Wait(submitted->transfer_id(), absl::Seconds(10));
