@@ -11,6 +11,8 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "base/cuda/cuda_util.h"
@@ -54,7 +56,41 @@ const RelayConfig& RelayConfigFromEnv() {
   return config;
 }
 
+NicLoad NicLoadOfLanes(const scheduler::RailNode& node, const std::vector<std::string>& lane_nics,
+                       const std::vector<uint32_t>& lane_tiles, uint64_t tile_bytes) {
+  NicLoad out;
+  out.bytes.assign(node.nics.size(), 0);
+  out.tiles.assign(node.nics.size(), 0);
+  for (size_t l = 0; l < lane_nics.size() && l < lane_tiles.size(); ++l) {
+    if (lane_nics[l].empty()) continue;
+    for (size_t n = 0; n < node.nics.size(); ++n) {
+      if (node.nics[n].name != lane_nics[l]) continue;
+      out.tiles[n] += lane_tiles[l];
+      out.bytes[n] += uint64_t{lane_tiles[l]} * tile_bytes;
+      break;
+    }
+  }
+  return out;
+}
+
 namespace {
+
+// The live figure behind a relay chosen on load: "tiles out: mlx5_0 12, mlx5_1 0 (each counted
+// as a 4.0 MiB slot)" over the region's GPU's NICs and the relay GPU's; "" without one.
+std::string TilesOut(const RelayInput& in, const scheduler::SideRelay& side) {
+  if (in.nic_tiles.empty()) return "";
+  std::vector<int> nics = in.node->gpus[side.gpu].nics;
+  nics.insert(nics.end(), side.nics.begin(), side.nics.end());
+  std::vector<std::string> parts;
+  for (int nic : nics) {
+    const uint32_t tiles =
+        static_cast<size_t>(nic) < in.nic_tiles.size() ? in.nic_tiles[nic] : 0;
+    parts.push_back(absl::StrCat(in.node->nics[nic].name, " ", tiles));
+  }
+  return absl::StrFormat("; tiles out: %s (each counted as a %.1f MiB slot)",
+                         absl::StrJoin(parts, ", "),
+                         static_cast<double>(in.slot_bytes) / (1 << 20));
+}
 
 const char* Hop(RelaySide side) { return side == RelaySide::kSend ? "send" : "receive"; }
 
@@ -67,9 +103,10 @@ RelayPlan None(const RelayInput& in, std::string why) {
 }
 
 // A relay chosen (or forced) that cannot be made here: the direct path, `why` saying so.
-RelayPlan NotMade(const RelayInput& in, std::string why) {
+RelayPlan NotMade(const RelayInput& in, std::string why, bool by_load = false) {
   RelayPlan p = None(in, std::move(why));
   p.wanted = true;
+  p.by_load = by_load;
   return p;
 }
 
@@ -122,22 +159,26 @@ RelayPlan PlanRelay(const RelayInput& in) {
         scheduler::ChooseSideRelay(*in.node, in.gpu_index, in.nic_load, options);
     if (!side.ok()) return None(in, std::string(side.status().message()));
     if (side->relay_gpu == side->gpu) return None(in, side->reason);
+    p.by_load = side->by_load;
+    why = side->by_load ? absl::StrCat(side->reason, TilesOut(in, *side)) : side->reason;
     const size_t ri = static_cast<size_t>(side->relay_gpu);
     r = ri < in.ordinal_of_index.size() ? in.ordinal_of_index[ri] : -1;
     if (r < 0) {
-      return NotMade(in, absl::StrCat(side->reason, "; but GPU", side->relay_gpu,
-                                      " is not visible to this daemon: direct path"));
+      return NotMade(in, absl::StrCat(why, "; but GPU", side->relay_gpu,
+                                      " is not visible to this daemon: direct path"),
+                     p.by_load);
     }
     p.relay_gpu_index = side->relay_gpu;
-    why = side->reason;
   }
   if (r >= in.devices) {
     return NotMade(in, absl::StrCat(why, "; but there is no GPU", r, " here (", in.devices,
-                                    " GPUs): direct path"));
+                                    " GPUs): direct path"),
+                   p.by_load);
   }
   if (r != s && !(in.can_access_peer && in.can_access_peer(s, r))) {
     return NotMade(in, absl::StrCat(why, "; but GPU", s, " has no peer access to GPU", r,
-                                    ": direct path"));
+                                    ": direct path"),
+                   p.by_load);
   }
   p.kind = RelayKind::kGpu;
   p.relay_device = r;
@@ -211,8 +252,9 @@ class SlotLease {
 // stage's life (their addresses stay valid without the lock).
 class RelayStageImpl final : public RelayStage {
  public:
-  RelayStageImpl(RelaySide side, const FabricOptions& options, const RelayConfig& config)
-      : side_(side), options_(options), config_(config) {
+  RelayStageImpl(RelaySide side, const FabricOptions& options, const RelayConfig& config,
+                 LaneLoadSource lane_load)
+      : side_(side), options_(options), config_(config), lane_load_(std::move(lane_load)) {
     if (options_.topology != nullptr) {
       absl::StatusOr<scheduler::RailNode> node = scheduler::BuildRailNode(*options_.topology);
       if (node.ok()) node_.emplace(*std::move(node));
@@ -252,6 +294,7 @@ class RelayStageImpl final : public RelayStage {
   const RelaySide side_;
   const FabricOptions options_;
   const RelayConfig config_;
+  const LaneLoadSource lane_load_;  // null: no live load (see Create)
   std::optional<scheduler::RailNode> node_;
   std::vector<int> ordinal_of_index_;
   int devices_ = 0;
@@ -500,6 +543,12 @@ std::unique_ptr<RelayTransfer> RelayStageImpl::ForTransfer(const planner::Plan& 
   in.node = node_.has_value() ? &*node_ : nullptr;
   in.gpu_index = gpu_index;
   in.ordinal_of_index = ordinal_of_index_;
+  if (lane_load_ && node_.has_value() && config_.mode == RelayMode::kAuto) {
+    // The daemon gathers, the hierarchy decides: the lanes' tiles out now, per NIC.
+    NicLoad load = NicLoadOfLanes(*node_, options_.lane_nics, lane_load_(), options_.slot_bytes);
+    in.nic_load = std::move(load.bytes);
+    in.nic_tiles = std::move(load.tiles);
+  }
   in.devices = devices_;
   in.can_access_peer = [](int a, int b) { return cuda::CanAccessPeer(a, b); };
   in.slots = slots_;
@@ -549,8 +598,9 @@ std::unique_ptr<RelayTransfer> RelayStageImpl::ForTransfer(const planner::Plan& 
 }  // namespace
 
 std::unique_ptr<RelayStage> RelayStage::Create(RelaySide side, const FabricOptions& options,
-                                               const RelayConfig& config) {
-  return std::make_unique<RelayStageImpl>(side, options, config);
+                                               const RelayConfig& config,
+                                               LaneLoadSource lane_load) {
+  return std::make_unique<RelayStageImpl>(side, options, config, std::move(lane_load));
 }
 
 uint64_t ProcessRelayedTiles(RelaySide side) {

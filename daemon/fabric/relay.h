@@ -54,6 +54,26 @@ RelayConfig ParseRelayConfig(const char* value);
 // The process's config: KVRAIL_FABRIC_RELAY, read on first use.
 const RelayConfig& RelayConfigFromEnv();
 
+// The live load the hierarchy's "busier than a neighbour" rule reads (issue 18.3): tiles this
+// daemon has out per local lane now (written, not yet credited; to every peer), indexed like
+// FabricOptions::lane_nics - the sender's figure for load-aware lane choice (lane_route.h
+// LaneTryOrderByLoad). Thread contract of a source: called by RelayStage::ForTransfer on the
+// thread that begins a transfer, concurrently from several; it must be thread-safe and must not
+// block (the sender's reads per-lane atomics, relaxed, without a lock: a snapshot in which each
+// lane's count is one that was true, not necessarily all at the same instant).
+using LaneLoadSource = std::function<std::vector<uint32_t>()>;
+
+// The NIC load the hierarchy decides on, gathered from the lanes' (pure): each lane's tiles
+// added to its topology NIC (FabricOptions::lane_nics[l], several lanes on one NIC add up);
+// lanes not mapped to one of `node`'s fabric NICs count nowhere. A tile out counts as
+// `tile_bytes` queued (the slot size: the largest tile, so an upper bound).
+struct NicLoad {
+  std::vector<uint64_t> bytes;  // per NIC, indexed like node.nics (ChooseSideRelay's nic_load)
+  std::vector<uint32_t> tiles;  // per NIC: the tiles out behind `bytes`
+};
+NicLoad NicLoadOfLanes(const scheduler::RailNode& node, const std::vector<std::string>& lane_nics,
+                       const std::vector<uint32_t>& lane_tiles, uint64_t tile_bytes);
+
 enum class RelaySide { kSend, kReceive };
 enum class RelayKind {
   kNone,  // the direct path (kernel or copy engines straight between region and lane slot)
@@ -75,6 +95,9 @@ struct RelayInput {
   int gpu_index = -1;
   std::vector<int> ordinal_of_index;
   std::vector<uint64_t> nic_load;
+  // The live figure behind nic_load (NicLoadOfLanes' tiles; empty: none): a relay chosen on load
+  // says the tiles out on the NICs that decided it.
+  std::vector<uint32_t> nic_tiles;
   // CUDA devices here, and whether kernels on device a may access device b's memory
   // (cudaDeviceCanAccessPeer; injected so the plan stays pure). Null: no peer access anywhere.
   int devices = 0;
@@ -107,6 +130,9 @@ struct RelayPlan {
   std::string reason;
   // kNone: a relay was chosen (or forced) but cannot be made here; `reason` ends "direct path".
   bool wanted = false;
+  // Auto: the relay was chosen because the region's GPU's NICs were busier than the relay GPU's by
+  // more than the margin (scheduler::SideRelay::by_load); `reason` names their loads.
+  bool by_load = false;
 };
 RelayPlan PlanRelay(const RelayInput& in);
 uint64_t RelaySlotOffset(const RelayPlan& plan, uint32_t k);
@@ -144,8 +170,13 @@ class RelayStage {
  public:
   virtual ~RelayStage() = default;
   // `config`: normally RelayConfigFromEnv(). Slots: max(pack_threads, unpack_threads).
+  // `lane_load`: the live lane load (the sender's); each ForTransfer in auto mode reads it and
+  // feeds NicLoadOfLanes(its node, options.lane_nics, it, options.slot_bytes) to the hierarchy.
+  // Null: no load is known (the receiver's side: its NICs' inbound load is not counted), the
+  // decision sees idle NICs.
   static std::unique_ptr<RelayStage> Create(RelaySide side, const FabricOptions& options,
-                                            const RelayConfig& config);
+                                            const RelayConfig& config,
+                                            LaneLoadSource lane_load = nullptr);
   // The relay for one transfer's `region` (its plan: `plan`, outliving the result); nullptr is
   // the direct path. `note` gets the path reason either way (when the plan wanted a relay that
   // could not be made - peer access refused, no memory - it says so and that the direct path is

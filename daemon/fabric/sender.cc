@@ -77,7 +77,10 @@ class SenderImpl final : public Sender {
         peers_(peers),
         directory_(directory),
         introduce_(std::move(introduce)),
-        relay_(RelayStage::Create(RelaySide::kSend, options, RelayConfigFromEnv())) {}
+        // issue 18.3: the hierarchy reads the lanes' live load (LaneLoad) when it decides a
+        // transfer's relay; called from Begin, after Start sized lane_out_.
+        relay_(RelayStage::Create(RelaySide::kSend, options, RelayConfigFromEnv(),
+                                  [this] { return LaneLoad(); })) {}
   ~SenderImpl() override { Stop(); }
   void Start();
 
@@ -162,7 +165,10 @@ class SenderImpl final : public Sender {
   void WatchLoop();
 
   // ---- load-aware striping (issue 18, CL) ----
-  // Tiles out per local lane now (slots with an owner, over all peers).
+  // Tiles out per local lane now (slots with an owner, over all peers). Thread contract: any
+  // thread, no lock (relaxed atomic reads: each lane's count was true at some instant, not all
+  // at one); lane_out_'s size is fixed by Start before any caller. Read by the packers'
+  // TakeSlot, Begin's lane choice and the relay stage's hierarchy (issue 18.3).
   std::vector<uint32_t> LaneLoad() const {
     std::vector<uint32_t> load(lane_out_.size());
     for (size_t l = 0; l < load.size(); ++l) load[l] = lane_out_[l].load(std::memory_order_relaxed);

@@ -410,9 +410,20 @@ absl::StatusOr<SideRelay> ChooseSideRelay(const RailNode& node, int gpu,
                       NicTierName(own.tier), "), GPU", best->gpu, "'s ",
                       ClassName(via.path_class));
     } else if (direct != nullptr) {
-      absl::StrAppend(&text, absl::StrFormat(": GPU%d's NICs busy: %.3f ms to drain vs %.3f ms "
-                                             "via GPU%d",
-                                             gpu, direct->cost * 1e3, best->cost * 1e3, best->gpu));
+      // The loads that decided it: each NIC of the two GPUs with its queued bytes.
+      auto queued = [&](const std::vector<int>& nics) {
+        std::vector<std::string> parts;
+        for (int nic : nics) {
+          parts.push_back(absl::StrFormat("%s %.1f MiB queued", node.nics[nic].name,
+                                          static_cast<double>(LoadOf(nic_load, nic)) / (1 << 20)));
+        }
+        return absl::StrJoin(parts, ", ");
+      };
+      out.by_load = true;
+      absl::StrAppend(&text, absl::StrFormat(": GPU%d's NICs busy (%s): %.3f ms to drain vs %.3f "
+                                             "ms via GPU%d (%s)",
+                                             gpu, queued(own.nics), direct->cost * 1e3,
+                                             best->cost * 1e3, best->gpu, queued(via.nics)));
     }
   } else if (own.tier == NicTier::kFar) {
     absl::StrAppend(&text, ": no NVLink neighbour nearer a NIC");

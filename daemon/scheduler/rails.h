@@ -150,8 +150,14 @@ struct SideRelay {
   NicTier tier = NicTier::kFar;     // of relay_gpu's NICs
   std::vector<int> nics;            // relay_gpu's nearest fabric NICs (indexes into node.nics)
   int nvlinks = 0;                  // NVLinks between gpu and relay_gpu (0 without a relay)
+  // The relay won on load alone: `gpu` has NICs as near as relay_gpu's, but their queued bytes
+  // (nic_load) made it slower by more than the margin. The reason then names both GPUs' NICs
+  // with their queued bytes.
+  bool by_load = false;
   // "GPU5 -NV18-> GPU6 (mlx5_6, PIX): GPU5's nearest NIC is NODE (same NUMA node), GPU6's PIX",
-  // "GPU3 (mlx5_3, PIX)", "GPU5 (mlx5_0, SYS): no NVLink neighbour nearer a NIC".
+  // "GPU3 (mlx5_3, PIX)", "GPU5 (mlx5_0, SYS): no NVLink neighbour nearer a NIC",
+  // "GPU0 -NV18-> GPU1 (mlx5_1, PIX): GPU0's NICs busy (mlx5_0 48.0 MiB queued): 1.342 ms to
+  // drain vs 0.893 ms via GPU1 (mlx5_1 0.0 MiB queued)".
   std::string reason;
 };
 // INVALID_ARGUMENT naming `gpu` when out of range; FAILED_PRECONDITION when neither the GPU nor
