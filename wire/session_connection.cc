@@ -6,6 +6,7 @@
 #include <sys/time.h>
 #include <sys/un.h>
 
+#include <atomic>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -103,6 +104,10 @@ class SessionConnectionImpl final : public SessionConnection {
     spin_ = spin;
   }
 
+  uint64_t answer_spin_polls() const override {
+    return spin_polls_.load(std::memory_order_relaxed);
+  }
+
  private:
   // One request (with `fd` passed when >= 0) and its answer; errors say what was awaited.
   absl::StatusOr<std::string> Send(absl::string_view packet, int fd, absl::string_view awaited,
@@ -118,8 +123,9 @@ class SessionConnectionImpl final : public SessionConnection {
       // then finds it at once or sleeps as before.
       const absl::Time until = absl::Now() + spin_;
       struct pollfd p = {sock_.get(), POLLIN, 0};
-      while (::poll(&p, 1, 0) == 0 && absl::Now() < until) {
-      }
+      do {
+        spin_polls_.fetch_add(1, std::memory_order_relaxed);
+      } while (::poll(&p, 1, 0) == 0 && absl::Now() < until);
     }
     absl::StatusOr<std::string> answer = ReceivePacket(sock_.get());
     if (!answer.ok()) return InContext(answer.status(), path_, awaited);
@@ -132,6 +138,7 @@ class SessionConnectionImpl final : public SessionConnection {
   const int raw_sock_;
   UniqueFd sock_ ABSL_GUARDED_BY(mu_);
   absl::Duration spin_ ABSL_GUARDED_BY(mu_) = absl::ZeroDuration();
+  std::atomic<uint64_t> spin_polls_{0};  // answer_spin_polls()
   const uint64_t id_;
   const std::string path_;
   const std::string instance_;

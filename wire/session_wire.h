@@ -218,6 +218,9 @@ class SessionConnection {
   // `spin` (a thread wake-up costs tens of microseconds: issue 19's critical path). Zero (the
   // default): it sleeps at once.
   virtual void SetAnswerSpin(absl::Duration spin) = 0;
+  // How many polls exchanges have made for their answer while spinning (none without a spin), so
+  // that tests see whether the spin ran.
+  virtual uint64_t answer_spin_polls() const = 0;
 };
 
 }  // namespace kvrail::wire

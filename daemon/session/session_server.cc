@@ -122,6 +122,9 @@ class SessionServerImpl final : public SessionServer {
       // While the listener is paused (out of descriptors with no reserve left) it is retried
       // every 100 ms instead of being polled in a spin.
       const bool spinning = options_.spin > absl::ZeroDuration() && absl::Now() < spin_until;
+      if (spinning && options_.spin_polls != nullptr) {
+        options_.spin_polls->fetch_add(1, std::memory_order_relaxed);
+      }
       const int n = ::epoll_wait(epoll_.get(), events.data(), static_cast<int>(events.size()),
                                  spinning ? 0 : listener_paused_ ? 100 : -1);
       if (n == 0 && spinning) continue;

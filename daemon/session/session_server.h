@@ -17,6 +17,8 @@
 // client that closes it meanwhile gets nothing, and nothing else is disturbed.
 #pragma once
 
+#include <atomic>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -63,6 +65,8 @@ struct SessionServerOptions {
   // long before it sleeps again: a client's next packet (the WAIT after a SUBMIT, the next
   // transfer) then costs no thread wake-up (issue 19's critical path). Zero: sleeps at once.
   absl::Duration spin = absl::ZeroDuration();
+  // When set (tests), counts the polls the poll thread makes while spinning (none without `spin`).
+  std::atomic<uint64_t>* spin_polls = nullptr;
 };
 
 // Owns the listening socket and one poll thread (epoll: each wake-up costs what is ready, not

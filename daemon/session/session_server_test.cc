@@ -14,6 +14,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -216,8 +217,10 @@ TEST_CASE("spinning poll thread and spinning client: answers during and after th
   // the client's exchange polls for its answer; neither may lose or delay a packet that comes
   // after its spin, and the server still stops at once.
   std::vector<std::thread> late;
+  std::atomic<uint64_t> server_spins{0};
   SessionServerOptions options;
   options.spin = absl::Milliseconds(2);
+  options.spin_polls = &server_spins;
   options.wait = [&late](const regions::Caller&, uint64_t id,
                          std::function<void(const v1::TransferStatus&)> done) -> absl::Status {
     v1::TransferStatus status;
@@ -247,10 +250,60 @@ TEST_CASE("spinning poll thread and spinning client: answers during and after th
     REQUIRE(done.ok());
     CHECK(done->transfer_id() == id);
   }
+  // Both spins ran: the client polled for each answer at least once; the poll thread polled
+  // without sleeping after a packet. Its spin is 2 ms from the packet, which a loaded machine may
+  // spend elsewhere, so more WAITs (answered at once) are asked until one is seen (10 s at most).
+  CHECK((*conn)->answer_spin_polls() >= 5);
+  const absl::Time until = absl::Now() + absl::Seconds(10);
+  for (uint64_t id = 10; server_spins.load() == 0 && absl::Now() < until; id += 2) {
+    bool sent = false;
+    REQUIRE((*conn)->Exchange(wire::EncodeWait(id, credential), &sent).ok());
+  }
+  CHECK(server_spins.load() > 0);
   for (auto& t : late) t.join();
   const absl::Time t0 = absl::Now();
   s.reset();
   CHECK(absl::Now() - t0 < absl::Seconds(1));
+}
+
+TEST_CASE("without spins neither the poll thread nor the client polls without sleeping") {
+  // KVRAILD_LOW_LATENCY=off (SessionServerOptions.spin zero) and KVRAIL_ANSWER_SPIN_US=0
+  // (SetAnswerSpin zero): every answer still comes, and no spin poll is counted on either side.
+  std::vector<std::thread> late;
+  std::atomic<uint64_t> server_spins{0};
+  SessionServerOptions options;
+  options.spin_polls = &server_spins;
+  options.wait = [&late](const regions::Caller&, uint64_t id,
+                         std::function<void(const v1::TransferStatus&)> done) -> absl::Status {
+    v1::TransferStatus status;
+    status.set_transfer_id(id);
+    if (id % 2 == 0) {
+      done(status);
+    } else {
+      late.emplace_back([done = std::move(done), status] {
+        absl::SleepFor(absl::Milliseconds(10));
+        done(status);
+      });
+    }
+    return absl::OkStatus();
+  };
+  Served s(options);
+  auto conn = wire::SessionConnection::Open(s.path());
+  REQUIRE(conn.ok());
+  (*conn)->SetAnswerSpin(absl::ZeroDuration());
+  const std::string credential =
+      wire::SessionMetadataValue((*conn)->session_id(), (*conn)->secret());
+  for (uint64_t id : {2, 3, 4}) {
+    bool sent = false;
+    auto answer = (*conn)->Exchange(wire::EncodeWait(id, credential), &sent);
+    REQUIRE(answer.ok());
+    auto done = wire::ParseDoneAnswer(*answer);
+    REQUIRE(done.ok());
+    CHECK(done->transfer_id() == id);
+  }
+  for (auto& t : late) t.join();
+  CHECK(server_spins.load() == 0);
+  CHECK((*conn)->answer_spin_polls() == 0);
 }
 
 TEST_CASE("the socket appears at its path only with its mode, whatever the umask") {
