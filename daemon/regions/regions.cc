@@ -909,9 +909,7 @@ class RegionTableImpl final : public RegionTable {
     Caller caller;
     caller.session_id = session_id;
     auto it = sessions_.find(session_id);
-    const int64_t uid = it == sessions_.end() ? -1 : it->second.uid;
-    caller.operator_role = uid == 0 || (uid >= 0 && uid == static_cast<int64_t>(::geteuid()));
-    caller.uid = uid;
+    caller.uid = it == sessions_.end() ? -1 : it->second.uid;
     return caller;
   }
 
@@ -969,6 +967,10 @@ class RegionTableImpl final : public RegionTable {
 };
 
 }  // namespace
+
+bool Caller::operator_role() const {
+  return uid == 0 || (uid >= 0 && uid == static_cast<int64_t>(::geteuid()));
+}
 
 IdBases RandomIdBases() {
   std::random_device random;

@@ -88,14 +88,14 @@ IdBases RandomIdBases();
 // over gRPC are bound to one by their `kvrail-session` metadata (wire/session_wire.h).
 struct Caller {
   uint64_t session_id = 0;  // 0: anonymous (owns nothing)
-  // uid 0 or the daemon's own uid (SO_PEERCRED of the session's connection): may list every
-  // region and transfer; root alone, from a session that owns no regions (the CLI), may cancel
-  // any transfer (server/operator_cancel.h; an audit line). Changes nothing else it does not own
-  // (unregister, grants, MarkReady) and moves no bytes without ownership or a grant either.
-  bool operator_role = false;
   // SO_PEERCRED uid of the session's connection; -1 unknown (anonymous, or no credentials).
   // Named in audit lines (an operator cancelling another session's transfer).
   int64_t uid = -1;
+  // Whether `uid` is 0 or the daemon's own (::geteuid()): may list every region and transfer;
+  // root alone, from a session that owns no regions (the CLI), may cancel any transfer
+  // (server/operator_cancel.h; an audit line). Changes nothing else it does not own (unregister,
+  // grants, MarkReady) and moves no bytes without ownership or a grant either.
+  bool operator_role() const;
 };
 
 // The daemon's region registry. Thread-safe.

@@ -28,7 +28,7 @@ inline bool SessionOwnsRegions(const std::vector<v1::RegionInfo>& regions, uint6
 // servers run as kvraild's uid (docs/operations.md), and any of them could open a second,
 // region-less session.
 inline bool MayCancelAsOperator(const regions::Caller& caller, bool session_owns_regions) {
-  return caller.operator_role && caller.uid == 0 && !session_owns_regions;
+  return caller.uid == 0 && !session_owns_regions;  // root: always operator_role()
 }
 
 }  // namespace kvrail::server

@@ -206,7 +206,7 @@ class TransferService final : public v1::Transfer::Service {
     // line naming its uid. kvraild's own uid reads every status but cancels only its own: under
     // MPS the inference servers run as that uid. Other refusals name transfer_id
     // (TransferManager::Authorize).
-    if (allowed.code() == absl::StatusCode::kPermissionDenied && caller.operator_role) {
+    if (allowed.code() == absl::StatusCode::kPermissionDenied && caller.operator_role()) {
       if (!MayCancelAsOperator(caller, OwnsRegions(caller.session_id))) {
         return ToGrpcStatus(absl::PermissionDeniedError(absl::StrCat(
             allowed.message(), "; only root may cancel another session's transfer, and only "
@@ -354,8 +354,9 @@ class AdminService final : public v1::Admin::Service {
   grpc::Status ListRegions(grpc::ServerContext* context, const v1::ListRegionsRequest*,
                            v1::ListRegionsResponse* response) override {
     KVRAIL_CALLER_OR_RETURN(caller);
+    const bool operator_role = caller.operator_role();
     for (auto& info : regions_->List()) {
-      if (!caller.operator_role &&
+      if (!operator_role &&
           (caller.session_id == 0 || info.session_id() != caller.session_id)) {
         continue;
       }
@@ -374,14 +375,15 @@ class AdminService final : public v1::Admin::Service {
     filter.region_id = request->region_id();
     filter.label = request->label();
     filter.idempotency_key = request->idempotency_key();
-    if (!caller.operator_role) {
+    const bool operator_role = caller.operator_role();
+    if (!operator_role) {
       if (caller.session_id == 0) return grpc::Status::OK;  // anonymous callers own none
       filter.session_id = caller.session_id;
     }
     auto listed = transfers_->ListChecked(filter);
     if (!listed.ok()) return ToGrpcStatus(listed.status());
     for (auto& status : *listed) {
-      if (!caller.operator_role &&
+      if (!operator_role &&
           (caller.session_id == 0 || status.spec().session_id() != caller.session_id)) {
         continue;
       }

@@ -5,6 +5,8 @@
 #define CATCH_CONFIG_MAIN
 #include <catch2/catch.hpp>
 
+#include <unistd.h>
+
 #include <cstring>
 #include <string>
 
@@ -149,7 +151,8 @@ TEST_CASE("only the owner creates grants; a session's grants end with it") {
   CHECK(t.f.regions.table()->CreateGrant(request, regions::Caller{}).status().code() ==
         absl::StatusCode::kPermissionDenied);
   regions::Caller op;  // the operator lists everything but grants nothing it does not own
-  op.operator_role = true;
+  op.uid = static_cast<int64_t>(::geteuid());  // kvraild's own uid
+  REQUIRE(op.operator_role());
   CHECK(t.f.regions.table()->CreateGrant(request, op).status().code() ==
         absl::StatusCode::kPermissionDenied);
   // A read-only region is never granted for writing, even by its owner.
@@ -243,10 +246,11 @@ TEST_CASE("only a transfer's submitter reads and controls it; the operator reads
   auto submitted = t.f.manager->Submit(t.Spec(*t.secret, *t.vault, t.victim));
   REQUIRE(submitted.ok());
   const uint64_t id = submitted->transfer_id();
-  const regions::Caller victim{t.victim, false};
-  const regions::Caller attacker{t.attacker, false};
-  const regions::Caller anonymous{0, false};
-  const regions::Caller operator_session{t.attacker, true};
+  const regions::Caller victim{t.victim};
+  const regions::Caller attacker{t.attacker};
+  const regions::Caller anonymous{0};
+  // kvraild's own uid: operator_role().
+  const regions::Caller operator_session{t.attacker, static_cast<int64_t>(::geteuid())};
   for (TransferUse use : {TransferUse::kRead, TransferUse::kControl}) {
     CHECK(t.f.manager->Authorize(id, victim, use).ok());
     for (const regions::Caller& other : {attacker, anonymous}) {

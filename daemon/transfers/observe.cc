@@ -14,7 +14,7 @@ absl::Status TransferManagerImpl::Authorize(uint64_t id, const regions::Caller& 
       caller.session_id != 0 && record->submitter_session() == caller.session_id;
   if (submitter) return absl::OkStatus();
   if (use == TransferUse::kRead &&
-      (caller.operator_role ||
+      (caller.operator_role() ||
        (caller.session_id != 0 && record->dst_owner_session() == caller.session_id))) {
     return absl::OkStatus();
   }
