@@ -543,8 +543,9 @@ std::unique_ptr<RelayTransfer> RelayStageImpl::ForTransfer(const planner::Plan& 
   in.node = node_.has_value() ? &*node_ : nullptr;
   in.gpu_index = gpu_index;
   in.ordinal_of_index = ordinal_of_index_;
-  if (lane_load_ && node_.has_value() && config_.mode == RelayMode::kAuto) {
-    // The daemon gathers, the hierarchy decides: the lanes' tiles out now, per NIC.
+  if (lane_load_ && region.cuda && node_.has_value() && config_.mode == RelayMode::kAuto) {
+    // The daemon gathers, the hierarchy decides: the lanes' tiles out now, per NIC (a host
+    // region's transfer never relays: PlanRelay does not read it, so it is not gathered).
     NicLoad load = NicLoadOfLanes(*node_, options_.lane_nics, lane_load_(), options_.slot_bytes);
     in.nic_load = std::move(load.bytes);
     in.nic_tiles = std::move(load.tiles);

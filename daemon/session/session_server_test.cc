@@ -92,6 +92,26 @@ struct Served {
   }
 };
 
+// A WAIT handler for the spin cases: an even id is answered at once (inside any spin), an odd one
+// `later` by a thread kept in `late` (after the spins; the test joins them).
+decltype(SessionServerOptions::wait) AnswerEvenNowOddLater(std::vector<std::thread>* late,
+                                                          absl::Duration later) {
+  return [late, later](const regions::Caller&, uint64_t id,
+                       std::function<void(const v1::TransferStatus&)> done) -> absl::Status {
+    v1::TransferStatus status;
+    status.set_transfer_id(id);
+    if (id % 2 == 0) {
+      done(status);
+    } else {
+      late->emplace_back([done = std::move(done), status, later] {
+        absl::SleepFor(later);
+        done(status);
+      });
+    }
+    return absl::OkStatus();
+  };
+}
+
 bool Refused(const absl::StatusOr<uint64_t>& greeting, const std::string& cap) {
   INFO(greeting.status().ToString());
   return greeting.status().code() == absl::StatusCode::kResourceExhausted &&
@@ -221,20 +241,7 @@ TEST_CASE("spinning poll thread and spinning client: answers during and after th
   SessionServerOptions options;
   options.spin = absl::Milliseconds(2);
   options.spin_polls = &server_spins;
-  options.wait = [&late](const regions::Caller&, uint64_t id,
-                         std::function<void(const v1::TransferStatus&)> done) -> absl::Status {
-    v1::TransferStatus status;
-    status.set_transfer_id(id);
-    if (id % 2 == 0) {
-      done(status);  // at once, inside both spins
-    } else {
-      late.emplace_back([done = std::move(done), status] {  // after both spins
-        absl::SleepFor(absl::Milliseconds(30));
-        done(status);
-      });
-    }
-    return absl::OkStatus();
-  };
+  options.wait = AnswerEvenNowOddLater(&late, absl::Milliseconds(30));  // odd: after both spins
   auto s = std::make_unique<Served>(options);
   auto conn = wire::SessionConnection::Open(s->path());
   REQUIRE(conn.ok());
@@ -273,20 +280,7 @@ TEST_CASE("without spins neither the poll thread nor the client polls without sl
   std::atomic<uint64_t> server_spins{0};
   SessionServerOptions options;
   options.spin_polls = &server_spins;
-  options.wait = [&late](const regions::Caller&, uint64_t id,
-                         std::function<void(const v1::TransferStatus&)> done) -> absl::Status {
-    v1::TransferStatus status;
-    status.set_transfer_id(id);
-    if (id % 2 == 0) {
-      done(status);
-    } else {
-      late.emplace_back([done = std::move(done), status] {
-        absl::SleepFor(absl::Milliseconds(10));
-        done(status);
-      });
-    }
-    return absl::OkStatus();
-  };
+  options.wait = AnswerEvenNowOddLater(&late, absl::Milliseconds(10));
   Served s(options);
   auto conn = wire::SessionConnection::Open(s.path());
   REQUIRE(conn.ok());
