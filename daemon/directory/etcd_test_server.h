@@ -11,6 +11,7 @@
 #include "absl/status/status.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "base/eventually.h"
 
 namespace kvrail::directory::testing {
 
@@ -44,15 +45,7 @@ class EtcdTestServer {
   pid_t pid_ = -1;
 };
 
-// Polls `pred` every `every` until it holds or `limit` has passed; then whether it holds.
-template <typename Pred>
-bool Eventually(Pred pred, absl::Duration limit, absl::Duration every = absl::Milliseconds(10)) {
-  const absl::Time until = absl::Now() + limit;
-  while (absl::Now() < until) {
-    if (pred()) return true;
-    absl::SleepFor(every);
-  }
-  return pred();
-}
+// The tests' wait by the clock (base/eventually.h), under the name these tests use.
+using ::kvrail::Eventually;
 
 }  // namespace kvrail::directory::testing

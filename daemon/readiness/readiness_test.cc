@@ -8,6 +8,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "base/eventually.h"
 #include "daemon/readiness/readiness.h"
 
 namespace kvrail::readiness {
@@ -35,12 +36,7 @@ class ReleaseLog {
 // loaded 2-core CI machine: a bound on the time it takes is not what these tests check).
 template <typename Done>
 bool WaitUntil(Done done) {
-  const absl::Time until = absl::Now() + absl::Seconds(10);
-  while (!done()) {
-    if (absl::Now() >= until) return false;
-    std::this_thread::sleep_for(std::chrono::microseconds(50));
-  }
-  return true;
+  return Eventually(done, absl::Seconds(10), absl::Microseconds(50));
 }
 
 TEST_CASE("epoch comparison wraps") {
