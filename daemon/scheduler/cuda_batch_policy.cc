@@ -201,6 +201,27 @@ std::string CtaTuner::Describe() const {
   return absl::StrCat(knee_, " CTAs (knee)");
 }
 
+LaunchCtas ChooseLaunchCtas(const LaunchCtasInputs& in) {
+  LaunchCtas out;
+  out.ctas = in.tuner_ctas;
+  if (in.critical && !in.copy_only_kernel && in.critical_ctas > out.ctas) {
+    out.ctas = in.critical_ctas;
+    out.raised = true;
+  }
+  if (in.class_max_ctas > 0 && out.ctas > in.class_max_ctas) {
+    out.ctas = in.class_max_ctas;
+    out.capped = true;
+    out.raised = out.raised && out.ctas > in.tuner_ctas;
+  }
+  return out;
+}
+
+int ResolveCriticalCtas(int configured, int sm_count, int max_ctas) {
+  if (max_ctas <= 0 || configured == 0) return 0;
+  const int ctas = configured < 0 ? sm_count : configured;
+  return ctas > max_ctas ? ctas : 0;
+}
+
 }  // namespace kvrail::scheduler
 
 namespace kvrail::scheduler {

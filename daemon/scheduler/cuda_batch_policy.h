@@ -156,6 +156,33 @@ class CtaTuner {
   int batches_since_probe_ = 0;
 };
 
+// The CTAs of one kernel launch (issue 19's critical path). The SM budget (cuda_max_ctas, the
+// CtaTuner's candidates) spares SMs for the inference server's compute; a critical-priority
+// transfer is what that compute is waiting for (a decode step's KV), so its batches are raised to
+// `critical_ctas` (16 MiB GPU0 -> GPU0: ~20 us of GPU at 32 CTAs, ~12 at 132; docs/benchmarks.md).
+// The class's own max_ctas (an explicit operator cap) still wins, and the copy-engine-only mode's
+// small kernels are never raised (that mode spares the SMs on purpose).
+struct LaunchCtasInputs {
+  int tuner_ctas = 0;         // CtaTuner::Next
+  int class_max_ctas = 0;     // ClassLimits.max_ctas of the batch's class (0: no cap)
+  bool critical = false;      // the batch's class is PriorityClass::kCritical
+  int critical_ctas = 0;      // ResolveCriticalCtas (0: not raised)
+  bool copy_only_kernel = false;
+};
+struct LaunchCtas {
+  int ctas = 0;
+  bool capped = false;  // lowered to the class's max_ctas
+  bool raised = false;  // raised for a critical transfer
+  // Only the tuner's own choice teaches it the knee.
+  bool tuner_sample() const { return !capped && !raised; }
+};
+LaunchCtas ChooseLaunchCtas(const LaunchCtasInputs& in);
+
+// cuda_critical_ctas for one GPU: `configured` < 0 (the setting unset) is one CTA per SM
+// (`sm_count`); 0 turns the raise off; otherwise `configured`. 0 in copy-engine-only mode
+// (`max_ctas` 0) and whenever the result is not above the budget (nothing to raise).
+int ResolveCriticalCtas(int configured, int sm_count, int max_ctas);
+
 // Kernel and copy engines together (issue 19): a kernel batch's last tiles go to the copy
 // engines (cudaMemcpyBatchAsync on a second stream) while the kernel moves the rest. Tiles
 // [begin, split) run on the kernel, [split, end) on the copy engines: whole tiles from the end,

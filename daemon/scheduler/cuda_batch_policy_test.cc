@@ -522,5 +522,61 @@ TEST_CASE("split tuner: a fixed share, the cap, and never") {
   CHECK(learned.phase() == SplitTuner::Phase::kSplit);
 }
 
+
+TEST_CASE("launch CTAs: a critical batch is raised, the class cap wins, copy-only kernels never") {
+  LaunchCtasInputs in;
+  in.tuner_ctas = 32;
+  LaunchCtas out = ChooseLaunchCtas(in);
+  CHECK(out.ctas == 32);
+  CHECK(out.tuner_sample());
+  // Critical: raised to the critical count, and the tuner does not learn from it.
+  in.critical = true;
+  in.critical_ctas = 132;
+  out = ChooseLaunchCtas(in);
+  CHECK(out.ctas == 132);
+  CHECK(out.raised);
+  CHECK(!out.tuner_sample());
+  // Never lowered by it.
+  in.critical_ctas = 16;
+  out = ChooseLaunchCtas(in);
+  CHECK(out.ctas == 32);
+  CHECK(!out.raised);
+  CHECK(out.tuner_sample());
+  // Not critical: the budget's choice.
+  in.critical = false;
+  in.critical_ctas = 132;
+  CHECK(ChooseLaunchCtas(in).ctas == 32);
+  // The class's max_ctas caps the raise (still above the tuner: raised and capped)...
+  in.critical = true;
+  in.class_max_ctas = 64;
+  out = ChooseLaunchCtas(in);
+  CHECK(out.ctas == 64);
+  CHECK(out.capped);
+  CHECK(out.raised);
+  // ... and below the tuner's choice it is a plain cap.
+  in.class_max_ctas = 16;
+  out = ChooseLaunchCtas(in);
+  CHECK(out.ctas == 16);
+  CHECK(out.capped);
+  CHECK(!out.raised);
+  // The copy-engine-only mode's small kernels keep their count.
+  in.class_max_ctas = 0;
+  in.tuner_ctas = 4;
+  in.copy_only_kernel = true;
+  out = ChooseLaunchCtas(in);
+  CHECK(out.ctas == 4);
+  CHECK(out.tuner_sample());
+}
+
+TEST_CASE("critical CTAs: unset is one per SM; 0, copy-only mode or not above the budget is off") {
+  CHECK(ResolveCriticalCtas(-1, 132, 32) == 132);
+  CHECK(ResolveCriticalCtas(64, 132, 32) == 64);
+  CHECK(ResolveCriticalCtas(264, 132, 32) == 264);
+  CHECK(ResolveCriticalCtas(0, 132, 32) == 0);
+  CHECK(ResolveCriticalCtas(-1, 132, 0) == 0);   // copy-engine-only mode
+  CHECK(ResolveCriticalCtas(32, 132, 32) == 0);  // nothing above the budget
+  CHECK(ResolveCriticalCtas(-1, 132, 200) == 0);
+}
+
 }  // namespace
 }  // namespace kvrail::scheduler
