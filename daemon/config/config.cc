@@ -235,6 +235,9 @@ absl::Status FinalizeConfig(v1::DaemonConfig* config) {
   if (config->cuda_max_ctas() > 4096) {
     return absl::InvalidArgumentError("cuda_max_ctas: at most 4096");
   }
+  if (config->cuda_critical_ctas() > 4096) {
+    return absl::InvalidArgumentError("cuda_critical_ctas: at most 4096");
+  }
   if (config->cuda_copy_only_kernel_ctas() > 4096) {
     return absl::InvalidArgumentError("cuda_copy_only_kernel_ctas: at most 4096");
   }
