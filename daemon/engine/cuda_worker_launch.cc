@@ -1,0 +1,310 @@
+// DeviceWorker's batches: launch (kernel, copy engines, both), completion and the tuners' samples
+// (see cuda_worker.h).
+#include "daemon/engine/cuda_worker.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "base/status.h"
+
+namespace kvrail::engine::cuda_detail {
+
+absl::Status DeviceWorker::DigestBatch(JobState& s, uint32_t begin, uint32_t end, int ctas) {
+  const int hash_ctas = ctas > 0 ? ctas : kDigestCtas;
+  if (s.mode != Mode::kKernel) {
+    KVRAIL_RETURN_IF_ERROR(kernels::LaunchKvDigest(s.plan->plan(), begin, end,
+                                                   kernels::DigestKernelMode::kHashSource,
+                                                   s.digests->source(), hash_ctas,
+                                                   stream_.get(), kThreadsPerCta));
+  }
+  KVRAIL_RETURN_IF_ERROR(kernels::LaunchKvDigest(s.plan->plan(), begin, end,
+                                                 kernels::DigestKernelMode::kHashDestination,
+                                                 s.digests->destination(), hash_ctas,
+                                                 stream_.get(), kThreadsPerCta));
+  return s.digests->CopyBack(begin, end);
+}
+
+CtaTuner& DeviceWorker::TunerFor(int key, int max_ctas) {
+  auto it = tuners_.find(key);
+  if (it == tuners_.end()) {
+    it = tuners_
+             .emplace(key, CtaTuner(max_ctas, options_.fixed_ctas, options_.reprobe_batches))
+             .first;
+  }
+  return it->second;
+}
+
+SplitTuner& DeviceWorker::SplitTunerFor(int key, double copy_gbps_prior) {
+  auto it = split_tuners_.find(key);
+  if (it == split_tuners_.end()) {
+    it = split_tuners_
+             .emplace(key, SplitTuner(options_.copy_split_max_percent / 100.0,
+                                      options_.copy_split_fixed_percent / 100.0,
+                                      copy_gbps_prior, options_.reprobe_batches))
+             .first;
+  }
+  return it->second;
+}
+
+absl::StatusOr<cudaStream_t> DeviceWorker::CopyStream() {
+  if (!copy_stream_.has_value()) {
+    KVRAIL_ASSIGN_OR_RETURN(cuda::Stream stream, cuda::Stream::Create(device_));
+    copy_stream_.emplace(std::move(stream));
+  }
+  return copy_stream_->get();
+}
+
+Batch DeviceWorker::Launch(JobState& s, const Taken& taken) {
+  Batch b = LaunchBatch(s, taken);
+  if (first_job_text_pending_) {
+    // The daemon's first job after start: what its first batch waited for and cost here, so
+    // a slow first transfer can be told apart from a slow engine (issue 19).
+    first_job_text_pending_ = false;
+    const absl::Time now = absl::Now();
+    std::string text = absl::StrFormat(
+        "; first job: dispatcher took it %.0f us after its enqueue, set-up %.0f us (device "
+        "addresses %.0f, mode %.0f, plan upload %.0f), first launch enqueued %.0f us after "
+        "its set-up",
+        absl::ToDoubleMicroseconds(taken.since_enqueue),
+        absl::ToDoubleMicroseconds(s.setup_addresses + s.setup_mode + s.setup_upload),
+        absl::ToDoubleMicroseconds(s.setup_addresses), absl::ToDoubleMicroseconds(s.setup_mode),
+        absl::ToDoubleMicroseconds(s.setup_upload),
+        absl::ToDoubleMicroseconds(now - first_launch_from_));
+    absl::MutexLock lock(&mu_);
+    first_job_text_ = std::move(text);
+  }
+  return b;
+}
+
+Batch DeviceWorker::LaunchBatch(JobState& s, const Taken& taken) {
+  const int cls = taken.cls;
+  const uint32_t begin = taken.begin, end = taken.end;
+  Batch b;
+  b.state = &s;
+  b.taken = taken;
+  b.split = end;
+  ++s.in_flight;
+  s.last_batch_bytes = taken.bytes;
+  if (!s.first_launch.has_value()) s.first_launch = absl::Now();
+  for (uint32_t t = begin; t < end; ++t) s.job->OnTileStart(t);
+  if (!s.setup.ok()) {
+    b.launch = s.setup;
+    return b;
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    if (!broken_.ok()) {
+      b.launch = broken_;
+      return b;
+    }
+  }
+  b.launch = [&]() -> absl::Status {
+    // Ids the planner left unchecked: checked here, on the dispatcher, while the GPU runs the
+    // batch before (a 64 MiB batch of 4 KiB blocks adds 16k ids per side). A failure fails
+    // this batch and, sticky, every later one of the job; nothing of it reaches the GPU.
+    KVRAIL_RETURN_IF_ERROR(s.job->plan().CheckTiles(begin, end));
+    absl::Status released;
+    if (s.gate.has_value() && s.gate_control->Aborted(&released)) {
+      // Released before this layer was taken: nothing reaches the GPU.
+      const uint32_t layer = s.job->plan().tile(begin).layer;
+      return scheduler::GatedTileStatus(true, s.gate->field, layer, s.gate->value, released);
+    }
+    const cudaStream_t stream = s.gate.has_value() ? s.gate_stream->get() : stream_.get();
+    KVRAIL_ASSIGN_OR_RETURN(b.start, cuda::Event::Create());
+    KVRAIL_ASSIGN_OR_RETURN(b.stop, cuda::Event::Create());
+    if (s.gate.has_value()) {
+      // The layers' words first (GEQ, wrapping epoch order): the kernel below starts when the
+      // producer's stream has written them, without the CPU.
+      const uint32_t first = s.job->plan().tile(begin).layer;
+      const uint32_t last = s.job->plan().tile(end - 1).layer;
+      for (uint32_t layer = first; layer <= last; ++layer) {
+        const CUresult r = StreamWaitValue32()(
+            reinterpret_cast<CUstream>(stream), s.gate->device_words + 4ull * layer,
+            s.gate->value, CU_STREAM_WAIT_VALUE_GEQ);
+        if (r != CUDA_SUCCESS) {
+          return absl::InternalError(absl::StrCat(s.gate->field, "[", layer,
+                                                  "]: cuStreamWaitValue32 failed: CUresult ", r));
+        }
+      }
+      // The watchdog now looks at these words (a pending one may be released).
+      uint32_t seen = s.gate_control->launched_end.load();
+      while (seen < last + 1 &&
+             !s.gate_control->launched_end.compare_exchange_weak(seen, last + 1)) {
+      }
+    }
+    KVRAIL_RETURN_IF_ERROR(
+        cuda::CudaStatus(cudaEventRecord(b.start.get(), stream), "cudaEventRecord"));
+    if (s.mode == Mode::kKernel) {
+      CtaTuner& ctas = TunerFor(s.tuner_key, s.max_ctas);
+      b.ctas = ctas.Next(taken.bytes);
+      const int class_max = static_cast<int>(options_.limits[cls].max_ctas);
+      if (class_max > 0 && b.ctas > class_max) {
+        b.ctas = class_max;
+        b.capped = true;
+      }
+      // The copy engines' share: not while the knee is being probed (its samples must be the
+      // kernel's alone), else the SplitTuner's.
+      if (s.may_split && !(ctas.probing() && taken.bytes >= CtaTuner::kMinSampleBytes)) {
+        const double fraction =
+            SplitTunerFor(s.tuner_key, s.copy_gbps_prior).Next(taken.bytes);
+        b.split = scheduler::SplitPoint(s.job->plan(), begin, end, fraction);
+        b.split_sampled = true;
+      }
+      if (s.digests) {  // the fused gather that also hashes the source (kv_digest.h)
+        KVRAIL_RETURN_IF_ERROR(kernels::LaunchKvDigest(
+            s.plan->plan(), begin, end, kernels::DigestKernelMode::kCopyHashSource,
+            s.digests->source(), b.ctas, stream_.get(), kThreadsPerCta));
+      } else {
+        KVRAIL_RETURN_IF_ERROR(kernels::LaunchKvCopy(s.plan->plan(), begin, b.split, b.ctas,
+                                                     stream, kThreadsPerCta));
+      }
+      if (b.split < end) {
+        KVRAIL_RETURN_IF_ERROR(LaunchCopyPart(s, b));
+        if (!s.split_said) {  // TransferStatus.engine: "cuda-kernel+cuda-copy-engine"
+          s.job->OnEngineUsed(scheduler::ModeEngineName(Mode::kCopyEngine));
+          s.split_said = true;
+        }
+      }
+    } else {
+      KVRAIL_RETURN_IF_ERROR(CopyEngine(s, begin, end));
+    }
+    if (s.digests) KVRAIL_RETURN_IF_ERROR(DigestBatch(s, begin, end, b.ctas));
+    KVRAIL_RETURN_IF_ERROR(
+        cuda::CudaStatus(cudaEventRecord(b.stop.get(), stream), "cudaEventRecord"));
+    if (!s.gate.has_value()) return absl::OkStatus();
+    return cuda::CudaStatus(cudaLaunchHostFunc(stream, &DeviceWorker::WakeFromGpu, this),
+                            "cudaLaunchHostFunc(gate wake)");
+  }();
+  return b;
+}
+
+absl::Status DeviceWorker::LaunchCopyPart(const JobState& s, Batch& b) {
+  KVRAIL_ASSIGN_OR_RETURN(cudaStream_t copy, CopyStream());
+  KVRAIL_ASSIGN_OR_RETURN(b.kernel_done, cuda::Event::Create());
+  KVRAIL_ASSIGN_OR_RETURN(b.copy_done, cuda::Event::Create());
+  KVRAIL_RETURN_IF_ERROR(cuda::CudaStatus(cudaEventRecord(b.kernel_done.get(), stream_.get()),
+                                          "cudaEventRecord(kernel part)"));
+  KVRAIL_RETURN_IF_ERROR(cuda::CudaStatus(cudaStreamWaitEvent(copy, b.start.get(), 0),
+                                          "cudaStreamWaitEvent(copy part)"));
+  KVRAIL_RETURN_IF_ERROR(CopyEngine(s, b.split, b.taken.end, copy));
+  KVRAIL_RETURN_IF_ERROR(cuda::CudaStatus(cudaEventRecord(b.copy_done.get(), copy),
+                                          "cudaEventRecord(copy part)"));
+  return cuda::CudaStatus(cudaStreamWaitEvent(stream_.get(), b.copy_done.get(), 0),
+                          "cudaStreamWaitEvent(join copy part)");
+}
+
+absl::Status DeviceWorker::CopyEngine(const JobState& s, uint32_t begin, uint32_t end,
+                                      cudaStream_t stream) {
+  runs_.clear();
+  for (uint32_t t = begin; t < end; ++t) scheduler::AppendTileRuns(s.RunPlan(), t, &runs_);
+  dsts_.resize(runs_.size());
+  srcs_.resize(runs_.size());
+  sizes_.resize(runs_.size());
+  for (size_t i = 0; i < runs_.size(); ++i) {
+    dsts_[i] = s.dst + runs_[i].dst;
+    srcs_[i] = s.src + runs_[i].src;
+    sizes_[i] = runs_[i].bytes;
+  }
+  return cuda::BatchCopy(dsts_.data(), srcs_.data(), sizes_.data(), runs_.size(),
+                         cudaMemcpyFlagPreferOverlapWithCompute,
+                         stream != nullptr ? stream : stream_.get(), "transfer batch");
+}
+
+void DeviceWorker::Complete(Batch& b) {
+  JobState& s = *b.state;
+  absl::Status status = b.launch;
+  float ms = 0;
+  if (status.ok()) {
+    const cudaError_t e = cudaEventSynchronize(b.stop.get());
+    status = cuda::CudaStatus(e, "transfer batch");
+    if (cuda::IsStickyError(e)) {
+      // The daemon's context on this GPU is gone for good: fail everything after this clearly
+      // instead of with a cascade of unrelated runtime errors.
+      absl::MutexLock lock(&mu_);
+      if (broken_.ok()) {
+        broken_ = absl::FailedPreconditionError(absl::StrCat(
+            "GPU", device_, " is unusable in this kvraild after an earlier kernel fault (",
+            cudaGetErrorName(e), "); restart kvraild to use it again"));
+      }
+    }
+  }
+  if (status.ok()) cudaEventElapsedTime(&ms, b.start.get(), b.stop.get());
+  if (status.ok()) {
+    const double seconds = ms / 1e3;
+    const double gbps =
+        seconds > 0 ? static_cast<double>(b.taken.bytes) / seconds / 1e9 : 0;
+    std::string decision;
+    if (b.ctas > 0) {
+      CtaTuner& tuner = TunerFor(s.tuner_key, s.max_ctas);
+      // The kernel's own part: with a split, its bytes over its own time.
+      uint64_t kernel_bytes = b.taken.bytes;
+      double kernel_seconds = seconds;
+      scheduler::SplitSample split;
+      if (b.split < b.taken.end) {
+        kernel_bytes = 0;
+        for (uint32_t t = b.taken.begin; t < b.split; ++t) {
+          kernel_bytes += s.job->plan().tile(t).bytes;
+        }
+        float kernel_ms = 0, copy_ms = 0;
+        cudaEventElapsedTime(&kernel_ms, b.start.get(), b.kernel_done.get());
+        cudaEventElapsedTime(&copy_ms, b.start.get(), b.copy_done.get());
+        kernel_seconds = kernel_ms / 1e3;
+        split.copy_bytes = b.taken.bytes - kernel_bytes;
+        split.copy_seconds = copy_ms / 1e3;
+      }
+      split.kernel_bytes = kernel_bytes;
+      split.kernel_seconds = kernel_seconds;
+      split.total_seconds = seconds;
+      if (!b.capped && !b.taken.ramped) tuner.Report(b.ctas, kernel_bytes, kernel_seconds);
+      decision = absl::StrFormat("kernel %d CTAs%s, now %s", b.ctas,
+                                 b.capped ? " (class limit)" : "", tuner.Describe());
+      if (s.may_split) {
+        SplitTuner& splits = SplitTunerFor(s.tuner_key, s.copy_gbps_prior);
+        if (b.split_sampled && !b.capped && !b.taken.ramped) splits.Report(split);
+        if (b.split < b.taken.end) {
+          absl::StrAppendFormat(&decision, " beside the copy engines (%.0f%% of this batch)",
+                                100.0 * static_cast<double>(split.copy_bytes) /
+                                    static_cast<double>(b.taken.bytes));
+        }
+        absl::StrAppend(&decision, "; ", splits.Describe());
+      }
+    } else {
+      decision = "copy engine";
+    }
+    s.gpu_seconds += seconds;
+    s.bytes_done += b.taken.bytes;
+    ++s.batches;
+    absl::MutexLock lock(&mu_);
+    (b.ctas > 0 ? kernel_batches_ : copy_batches_)++;
+    if (b.split < b.taken.end) ++split_batches_;
+    last_decision_ = absl::StrFormat("%s, %.1f GB/s last batch (%.1f MiB)", decision, gbps,
+                                     static_cast<double>(b.taken.bytes) / (1 << 20));
+    last_job_ = JobSample{s.batches, s.bytes_done, s.gpu_seconds,
+                          absl::ToDoubleSeconds(absl::Now() - *s.first_launch)};
+  }
+  --s.in_flight;
+  for (uint32_t t = b.taken.begin; t < b.taken.end; ++t) {
+    absl::Status tile_status = status;
+    absl::Status released;
+    if (s.gate.has_value() && s.gate_control->Aborted(&released)) {
+      // Its kernel ran empty (or it never launched).
+      tile_status = scheduler::GatedTileStatus(true, s.gate->field, s.job->plan().tile(t).layer,
+                                               s.gate->value, released);
+    }
+    if (status.ok() && s.digests) {  // spec.digest: the mirror holds this batch's digests
+      const uint64_t from = s.digests->host_source(t), to = s.digests->host_destination(t);
+      s.job->OnTileDigest(t, from, to);
+      if (from != to) tile_status = planner::DigestMismatchError(s.job->plan(), t, from, to);
+    }
+    s.job->OnTileDone(t, tile_status);
+  }
+  absl::MutexLock lock(&mu_);
+  inflight_bytes_[b.taken.cls] -= b.taken.bytes;  // after the report, as in the host engine
+}
+
+}  // namespace kvrail::engine::cuda_detail
