@@ -38,6 +38,45 @@ sw_test() {  # $1: label
   grep -E "latency|context-synchronizing\?|passed|failed|FAILED|s: stream wait" "$out/stream_wait_$1.txt" | tail -24
 }
 
+# "probe" (issue 19.3, the one-process hang under MPS): which streams a pending wait holds up and
+# its release time (stream_wait_gpu_test "[queues]") for several hardware-queue counts, and the
+# byte-for-byte case where it hung, without and with MPS.
+queues() {  # $1: label; the environment says the rest
+  run_group timeout 30 "$pack/bin/stream_wait_gpu_test" "[queues]" > "$out/queues_$1.txt" 2>&1
+  echo "exit $?"; grep -E "^queues|FAILED|passed|failed" "$out/queues_$1.txt"
+}
+byte_case() {  # $1: label, $2: timeout
+  local t0=$SECONDS
+  run_group timeout "$2" "$pack/bin/stream_wait_gpu_test" \
+      "stream wait: nothing moves before the flags*" > "$out/byte_$1.txt" 2>&1
+  echo "byte case $1: exit $? after $((SECONDS - t0)) s"; tail -2 "$out/byte_$1.txt"
+}
+if [[ $parts == *probe* ]]; then
+  echo "== probe, no MPS"
+  queues nomps_default
+  CUDA_DEVICE_MAX_CONNECTIONS=1 queues nomps_c1
+  CUDA_DEVICE_MAX_CONNECTIONS=32 queues nomps_c32
+  CUDA_DEVICE_MAX_CONNECTIONS=1 byte_case nomps_c1 12
+  if start_mps; then
+    echo "== probe, MPS"
+    queues mps_default
+    CUDA_DEVICE_MAX_CONNECTIONS=8 queues mps_c8
+    CUDA_DEVICE_MAX_CONNECTIONS=32 queues mps_c32
+    byte_case mps_default 10
+    CUDA_DEVICE_MAX_CONNECTIONS=32 byte_case mps_c32 20
+    for c in 32 8; do
+      echo "== streaming_bench under MPS, cuda_stream_wait 1, kvraild CUDA_DEVICE_MAX_CONNECTIONS=$c"
+      CUDA_DEVICE_MAX_CONNECTIONS=$c run_group timeout 60 "$pack/bin/streaming_bench" \
+          --streaming-only --reps ${REPS:-21} --stream-wait 1 > "$out/streaming_sw1_c$c.txt" 2>&1
+      echo "exit $?"; head -14 "$out/streaming_sw1_c$c.txt"
+    done
+    echo "== streaming_bench under MPS, cuda_stream_wait 0"
+    run_group timeout 60 "$pack/bin/streaming_bench" --streaming-only --reps ${REPS:-21} \
+        --stream-wait 0 > "$out/streaming_sw0.txt" 2>&1
+    echo "exit $?"; head -14 "$out/streaming_sw0.txt"
+    stop_mps
+  fi
+fi
 if [[ $parts == *hang* ]]; then
   echo "== the old order (KVRAIL_SW_NO_PRELOAD=1), no MPS, 12 s timeout"
   t0=$SECONDS

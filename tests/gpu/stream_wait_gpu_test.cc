@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "base/cuda/context_sync.h"
@@ -514,6 +515,117 @@ TEST_CASE("[latency] producer end -> last layer reported: stream wait vs 20 us p
   }
   std::printf("%s\n", engine->Describe().c_str());
   cudaStreamDestroy(producer);
+}
+
+// Which streams a pending cuStreamWaitValue32 holds up, and how long a satisfied wait takes to
+// let its stream go (issue 19.3, the one-process hang under MPS). CUDA maps streams onto a few
+// hardware work queues (CUDA_DEVICE_MAX_CONNECTIONS, default 8; under MPS the clients share the
+// server's pool); work queued behind a pending wait in the same queue waits too. Prints, for the
+// environment it runs in (the script runs it with and without MPS and with several connection
+// counts): (1) with a wait pending on stream 0 (made first, like the engine's stream), which of
+// the next kStreams streams (created after it, kvraild's priority) could not run a kernel;
+// (2) with P streams parked in waits, how many others were held up; (3) host store of the word
+// -> an event after the wait seen done, p50 over 40 reps, with 1 and with 16 other waits parked.
+// Everything is released from the host; a stream still held up after 5 s fails the case.
+TEST_CASE("[queues] streams held up by a pending wait, and the wait's release time", "[queues]") {
+  REQUIRE(gpu_test::DeviceCount() >= 1);
+  PreloadTestKernels();
+  constexpr int kStreams = 40;
+  int least = 0, greatest = 0;
+  REQUIRE(cudaDeviceGetStreamPriorityRange(&least, &greatest) == cudaSuccess);
+  auto make_stream = [&] {
+    cudaStream_t s = nullptr;
+    REQUIRE(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, greatest) == cudaSuccess);
+    return s;
+  };
+  const char* connections = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");
+  const char* mps = std::getenv("CUDA_MPS_PIPE_DIRECTORY");
+  const std::string where = absl::StrCat("CUDA_DEVICE_MAX_CONNECTIONS=",
+                                         connections != nullptr ? connections : "(unset)",
+                                         mps != nullptr ? ", under MPS" : ", no MPS");
+  Flags flags(1024);
+  uint32_t epoch = 0;
+  // Parks waits on `parked` (word i+1 each), runs a kernel + event on every stream of `others`,
+  // looks after 50 ms which ran, releases, and returns the indexes of `others` held up.
+  auto held_up = [&](const std::vector<cudaStream_t>& parked,
+                     const std::vector<cudaStream_t>& others) {
+    ++epoch;
+    for (size_t i = 0; i < parked.size(); ++i) {
+      REQUIRE(flags.cuda->WaitOnStream(parked[i], 1 + i, epoch).ok());
+    }
+    std::vector<cudaEvent_t> done(others.size());
+    for (size_t i = 0; i < others.size(); ++i) {
+      REQUIRE(cudaEventCreateWithFlags(&done[i], cudaEventDisableTiming) == cudaSuccess);
+      REQUIRE(gpu_bench::LaunchProducer(1000, ProducerClock(), others[i]) == cudaSuccess);
+      REQUIRE(cudaEventRecord(done[i], others[i]) == cudaSuccess);
+    }
+    absl::SleepFor(absl::Milliseconds(50));
+    std::vector<int> blocked;
+    for (size_t i = 0; i < others.size(); ++i) {
+      if (cudaEventQuery(done[i]) == cudaErrorNotReady) blocked.push_back(static_cast<int>(i));
+    }
+    for (size_t i = 0; i < parked.size(); ++i) {
+      __atomic_store_n(&flags.words[1 + i], epoch, __ATOMIC_RELEASE);
+    }
+    const absl::Time until = absl::Now() + absl::Seconds(5);
+    for (size_t i = 0; i < others.size(); ++i) {
+      while (cudaEventQuery(done[i]) == cudaErrorNotReady && absl::Now() < until) {
+      }
+      CHECK(cudaEventQuery(done[i]) == cudaSuccess);
+      cudaEventDestroy(done[i]);
+    }
+    for (cudaStream_t s : parked) {
+      while (cudaStreamQuery(s) == cudaErrorNotReady && absl::Now() < until) {
+      }
+      REQUIRE(cudaStreamQuery(s) == cudaSuccess);
+    }
+    return blocked;
+  };
+  std::vector<cudaStream_t> streams;
+  for (int i = 0; i < kStreams + 1; ++i) streams.push_back(make_stream());
+  const std::vector<cudaStream_t> rest(streams.begin() + 1, streams.end());
+  const std::vector<int> one = held_up({streams[0]}, rest);
+  std::printf("queues (%s): a wait pending on stream 0 held up %zu of the next %d streams: [%s]\n",
+              where.c_str(), one.size(), kStreams,
+              absl::StrJoin(one, " ", [](std::string* out, int i) { absl::StrAppend(out, i + 1); }).c_str());
+  for (int parked : {2, 4, 8, 16}) {
+    const std::vector<cudaStream_t> p(streams.begin(), streams.begin() + parked);
+    const std::vector<cudaStream_t> o(streams.begin() + parked, streams.end());
+    const std::vector<int> b = held_up(p, o);
+    std::printf("queues (%s): waits pending on streams 0-%d held up %zu of the other %zu\n",
+                where.c_str(), parked - 1, b.size(), o.size());
+  }
+  // Release time: the host stores the word, then spins on an event recorded after the wait.
+  for (int extra : {0, 16}) {
+    std::vector<double> us;
+    for (int r = 0; r < 40; ++r) {
+      ++epoch;
+      for (int i = 0; i < extra; ++i) {  // other parked waits (words far away, released after)
+        REQUIRE(flags.cuda->WaitOnStream(streams[1 + i], 512 + i, epoch).ok());
+      }
+      cudaEvent_t passed = nullptr;
+      REQUIRE(cudaEventCreateWithFlags(&passed, cudaEventDisableTiming) == cudaSuccess);
+      REQUIRE(flags.cuda->WaitOnStream(streams[0], 0, epoch).ok());
+      REQUIRE(cudaEventRecord(passed, streams[0]) == cudaSuccess);
+      absl::SleepFor(absl::Microseconds(300));
+      const absl::Time t0 = absl::Now();
+      __atomic_store_n(&flags.words[0], epoch, __ATOMIC_RELEASE);
+      const absl::Time until = t0 + absl::Seconds(5);
+      while (cudaEventQuery(passed) == cudaErrorNotReady && absl::Now() < until) {
+      }
+      const absl::Time t1 = absl::Now();
+      for (int i = 0; i < extra; ++i) __atomic_store_n(&flags.words[512 + i], epoch, __ATOMIC_RELEASE);
+      REQUIRE(cudaEventSynchronize(passed) == cudaSuccess);
+      REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+      cudaEventDestroy(passed);
+      us.push_back(absl::ToDoubleMicroseconds(t1 - t0));
+    }
+    std::sort(us.begin(), us.end());
+    std::printf("queues (%s): host store -> the waiting stream's next event done, %d other waits "
+                "parked: p50 %.1f us, p90 %.1f, max %.1f\n",
+                where.c_str(), extra, us[us.size() / 2], us[us.size() * 9 / 10], us.back());
+  }
+  for (cudaStream_t s : streams) cudaStreamDestroy(s);
 }
 
 }  // namespace

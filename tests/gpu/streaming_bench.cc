@@ -12,6 +12,8 @@
 // Flags (issue 19.3): --stream-wait 1 starts kvraild with `cuda_stream_wait: true` (layer-wise
 // layers wait on the GPU, cuStreamWaitValue32, instead of the readiness poller); --reps N
 // streaming repetitions (first one not counted; default 6); --streaming-only skips part 2.
+// Besides the tail it prints every other layer's lag (its ready word seen by the host -> its
+// arrival word seen), so a per-layer cost shows apart from the last layer's.
 #include <fstream>
 #include <signal.h>
 
@@ -84,6 +86,10 @@ v1::RegionSpec PagedSpec(uint32_t blocks, bool writable, const char* name) {
 }
 
 uint64_t PoolBytes(uint32_t blocks) { return kBlockBytes * blocks * kParts * kLayers; }
+
+bool Reached(const uint32_t* word, uint32_t value) {
+  return static_cast<int32_t>(__atomic_load_n(word, __ATOMIC_ACQUIRE) - value) >= 0;
+}
 
 void SpinUntil(volatile uint32_t* word, uint32_t value) {
   while (static_cast<int32_t>(__atomic_load_n(const_cast<uint32_t*>(word), __ATOMIC_ACQUIRE) - value) < 0) {
@@ -185,7 +191,7 @@ int Main(int argc, char** argv) {
   base_spec.set_priority(v1::PRIORITY_CRITICAL);
 
   // --- 1. streaming vs bulk --------------------------------------------------------------------
-  std::vector<double> stream_tail, bulk_tail, layer_alone, prefill_ms;
+  std::vector<double> stream_tail, bulk_tail, layer_alone, prefill_ms, layer_lag;
   bool all_verified = true;
   std::string stream_path_reason;
   for (int rep = 0; rep < reps; ++rep) {
@@ -202,10 +208,29 @@ int Main(int argc, char** argv) {
     CHECK_OK(submitted.status());
     const auto t_start = Clock::now();
     run_prefill(e, rep);
-    SpinUntil(&words[kLayers - 1], e);
-    const auto t_end = Clock::now();
-    for (uint32_t l = 0; l < kLayers; ++l) SpinUntil(&words[256 + l], e);
-    const auto t_all = Clock::now();
+    // Every layer's ready word and arrival word, each time stamped when first seen (one thread
+    // spinning on both arrays): the last layer's pair is the tail; the others show whether the
+    // tail is a per-layer cost or the last layer's own (issue 19.3).
+    std::vector<Clock::time_point> ready_at(kLayers), arrived_at(kLayers);
+    uint32_t next_ready = 0, next_arrived = 0;
+    const auto give_up = t_start + std::chrono::seconds(10);
+    while (next_arrived < kLayers) {
+      const auto now = Clock::now();
+      while (next_ready < kLayers && Reached(&words[next_ready], e)) ready_at[next_ready++] = now;
+      while (next_arrived < next_ready && Reached(&words[256 + next_arrived], e)) {
+        arrived_at[next_arrived++] = now;
+      }
+      if (now > give_up) {
+        std::fprintf(stderr, "streaming: %u layers ready, %u arrived after 10 s\n", next_ready,
+                     next_arrived);
+        return 1;
+      }
+    }
+    const auto t_end = ready_at[kLayers - 1];
+    const auto t_all = arrived_at[kLayers - 1];
+    if (rep > 0) {
+      for (uint32_t l = 0; l + 1 < kLayers; ++l) layer_lag.push_back(Us(arrived_at[l] - ready_at[l]));
+    }
     auto st = cl.Wait(submitted->transfer_id(), absl::Seconds(10));
     CHECK_OK(st.status());
     if (st->state() != v1::TRANSFER_STATE_SUCCEEDED || !verify(rep)) all_verified = false;
@@ -247,6 +272,9 @@ int Main(int argc, char** argv) {
   std::printf("1. from the end of prefill to all KV arrived (p50 / max over %zu runs)\n", stream_tail.size());
   std::printf("   %-44s %10.1f us %10.1f us\n", "layer-wise streaming (GPU flags, no RPC/layer)",
               Pct(stream_tail, 0.5), Pct(stream_tail, 1.0));
+  std::printf("   %-44s %10.1f us %10.1f us (p90 %.1f, %zu layers)\n",
+              "layers 0-30: ready seen -> arrival seen", Pct(layer_lag, 0.5),
+              Pct(layer_lag, 1.0), Pct(layer_lag, 0.9), layer_lag.size());
   std::printf("   %-44s %10.1f us %10.1f us\n", "bulk transfer submitted after prefill",
               Pct(bulk_tail, 0.5), Pct(bulk_tail, 1.0));
   std::printf("   %-44s %10.1f us %10.1f us\n", "one 16 MiB layer alone (submit -> done)",
