@@ -74,12 +74,9 @@ absl::StatusOr<std::unique_ptr<CudaFlags>> CudaFlags::Map(uint32_t* words, uint3
     return cuda::CudaStatus(e, "cudaHostGetDevicePointer(flag words)");
   }
   // Driver entry points through the runtime, so nothing links libcuda directly.
-  void* write = nullptr;
-  void* wait = nullptr;
-  cudaDriverEntryPointQueryResult q1, q2;
-  if (cudaGetDriverEntryPointByVersion("cuStreamWriteValue32", &write, 12000, cudaEnableDefault, &q1) != cudaSuccess ||
-      cudaGetDriverEntryPointByVersion("cuStreamWaitValue32", &wait, 12000, cudaEnableDefault, &q2) != cudaSuccess ||
-      write == nullptr || wait == nullptr) {
+  void* write = cuda::DriverEntryPoint("cuStreamWriteValue32");
+  void* wait = cuda::DriverEntryPoint("cuStreamWaitValue32");
+  if (write == nullptr || wait == nullptr) {
     if (owns) cudaHostUnregister(words);
     return absl::FailedPreconditionError("the driver offers no cuStreamWriteValue32/cuStreamWaitValue32");
   }

@@ -90,21 +90,24 @@ namespace {
 using GetAddressRangeFn = CUresult (*)(CUdeviceptr*, size_t*, CUdeviceptr);
 
 GetAddressRangeFn AddressRangeFn() {
-  static GetAddressRangeFn fn = [] {
-    void* p = nullptr;
-    cudaDriverEntryPointQueryResult found{};
-    if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &p, 12000, cudaEnableDefault,
-                                         &found) != cudaSuccess ||
-        found != cudaDriverEntryPointSuccess) {
-      cudaGetLastError();
-      return static_cast<GetAddressRangeFn>(nullptr);
-    }
-    return reinterpret_cast<GetAddressRangeFn>(p);
-  }();
+  static const auto fn =
+      reinterpret_cast<GetAddressRangeFn>(DriverEntryPoint("cuMemGetAddressRange"));
   return fn;
 }
 
 }  // namespace
+
+void* DriverEntryPoint(const char* name) {
+  void* p = nullptr;
+  cudaDriverEntryPointQueryResult found{};
+  if (cudaGetDriverEntryPointByVersion(name, &p, 12000, cudaEnableDefault, &found) !=
+          cudaSuccess ||
+      found != cudaDriverEntryPointSuccess) {
+    cudaGetLastError();  // not sticky: clear it for the caller's next runtime call
+    return nullptr;
+  }
+  return p;
+}
 
 absl::StatusOr<AllocationRange> GetAllocationRange(const void* ptr) {
   GetAddressRangeFn fn = AddressRangeFn();

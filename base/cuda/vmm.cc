@@ -3,20 +3,15 @@
 #include <cuda_runtime_api.h>
 
 #include "absl/strings/str_cat.h"
+#include "base/cuda/cuda_util.h"
 
 namespace kvrail::cuda {
 namespace {
 
 template <typename Fn>
 bool Resolve(const char* name, Fn* out) {
-  void* p = nullptr;
-  cudaDriverEntryPointQueryResult found{};
-  if (cudaGetDriverEntryPointByVersion(name, &p, 12000, cudaEnableDefault, &found) !=
-          cudaSuccess ||
-      found != cudaDriverEntryPointSuccess || p == nullptr) {
-    cudaGetLastError();  // not sticky: clear it for the caller's next runtime call
-    return false;
-  }
+  void* p = DriverEntryPoint(name);
+  if (p == nullptr) return false;
   *out = reinterpret_cast<Fn>(p);
   return true;
 }

@@ -14,33 +14,15 @@
 
 namespace kvrail::engine::cuda_detail {
 
-// cuStreamWaitValue32 through the runtime's driver entry point (nothing links libcuda); nullptr
-// when the driver offers none.
 WaitValue32Fn StreamWaitValue32() {
-  static const WaitValue32Fn fn = [] {
-    void* p = nullptr;
-    cudaDriverEntryPointQueryResult q;
-    if (cudaGetDriverEntryPointByVersion("cuStreamWaitValue32", &p, 12000, cudaEnableDefault,
-                                         &q) != cudaSuccess) {
-      (void)cudaGetLastError();
-      return static_cast<WaitValue32Fn>(nullptr);
-    }
-    return reinterpret_cast<WaitValue32Fn>(p);
-  }();
+  static const auto fn =
+      reinterpret_cast<WaitValue32Fn>(cuda::DriverEntryPoint("cuStreamWaitValue32"));
   return fn;
 }
 
 WriteValue32Fn StreamWriteValue32() {
-  static const WriteValue32Fn fn = [] {
-    void* p = nullptr;
-    cudaDriverEntryPointQueryResult q;
-    if (cudaGetDriverEntryPointByVersion("cuStreamWriteValue32", &p, 12000, cudaEnableDefault,
-                                         &q) != cudaSuccess) {
-      (void)cudaGetLastError();
-      return static_cast<WriteValue32Fn>(nullptr);
-    }
-    return reinterpret_cast<WriteValue32Fn>(p);
-  }();
+  static const auto fn =
+      reinterpret_cast<WriteValue32Fn>(cuda::DriverEntryPoint("cuStreamWriteValue32"));
   return fn;
 }
 
