@@ -289,6 +289,9 @@ absl::Status Run(v1::DaemonConfig config) {
     cuda_options.run_on_destination = config.cuda_run_on() == "destination";
     cuda_options.batch_bytes = config.cuda_batch_bytes();
     cuda_options.limits = limits;
+    // Unset: one CTA per SM of each GPU (the engine asks the GPU).
+    cuda_options.critical_ctas =
+        config.has_cuda_critical_ctas() ? static_cast<int>(config.cuda_critical_ctas()) : -1;
     if (low_latency_off) {
       cuda_options.dispatcher_spin_us = 0;
       cuda_options.staged_plan_upload = false;

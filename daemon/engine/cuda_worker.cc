@@ -14,8 +14,26 @@
 
 namespace kvrail::engine::cuda_detail {
 
+namespace {
+
+// The GPU's SM count (0 when the runtime cannot say: then no critical raise).
+int SmCount(int device) {
+  int sms = 0;
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return sms;
+}
+
+}  // namespace
+
 DeviceWorker::DeviceWorker(int device, const CudaEngineOptions& options, cuda::Stream stream)
-    : device_(device), options_(options), stream_(std::move(stream)) {
+    : device_(device),
+      options_(options),
+      critical_ctas_(scheduler::ResolveCriticalCtas(options.critical_ctas, SmCount(device),
+                                                    options.max_ctas)),
+      stream_(std::move(stream)) {
   Beat();
   thread_ = std::thread([this] { Run(); });
   if (options_.stream_wait) watchdog_ = std::thread([this] { Watch(); });
@@ -39,8 +57,10 @@ std::string DeviceWorker::Describe() const {
   absl::MutexLock lock(&mu_);
   if (!broken_.ok()) return absl::StrCat("cuda:", device_, " BROKEN: ", broken_.message());
   return absl::StrCat("cuda:", device_, " ", warm_up_text_, last_decision_, ", budget ",
-                      options_.max_ctas,
-                      " CTAs; ", kernel_batches_, " kernel / ", copy_batches_,
+                      options_.max_ctas, " CTAs",
+                      critical_ctas_ > 0 ? absl::StrCat(" (critical transfers ", critical_ctas_, ")")
+                                         : std::string(),
+                      "; ", kernel_batches_, " kernel / ", copy_batches_,
                       " copy-engine batches",
                       split_batches_ > 0 ? absl::StrCat(" (", split_batches_,
                                                         " kernel batches split with the copy "
@@ -322,6 +342,7 @@ absl::Status DeviceWorker::SetUp(JobState& s) {
   s.tuner_key = scheduler::CtaTunerKey(in.mean_run_bytes, dst.cuda, dst.device == device_);
   // The copy-only mode's small kernels learn their own knee, within their own budget.
   if (choice.copy_only_kernel) s.tuner_key += kCopyOnlyTunerKeys;
+  s.copy_only_kernel = choice.copy_only_kernel;
   // Kernel and copy engines together: ordinary kernel plans only (the copy-engine-only mode's
   // small kernels spare the SMs on purpose; digest jobs hash what their kernel moved).
   s.may_split = s.mode == Mode::kKernel && !choice.copy_only_kernel && !job.wants_digest() &&

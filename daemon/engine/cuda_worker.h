@@ -157,6 +157,7 @@ struct Batch {
   Taken taken;
   int ctas = 0;  // 0: copy engine
   bool capped = false;  // ctas lowered to the class's max_ctas (not the tuner's own choice)
+  bool raised = false;  // ctas raised for a critical transfer (CudaEngineOptions::critical_ctas)
   cuda::Event start, stop;
   // Kernel and copy engines together: tiles [split, end) ran on the copy engines (second stream)
   // beside the kernel's [begin, split); each part's end is timed from `start`.
@@ -173,6 +174,7 @@ struct JobState {
   Mode mode = Mode::kKernel;
   int max_ctas = 0;  // kernel: the most CTAs a launch may use (ChoosePlanMode)
   int tuner_key = 0;
+  bool copy_only_kernel = false;  // the copy-engine-only mode's small kernel (ChoosePlanMode)
   // Kernel batches may hand their last tiles to the copy engines (SplitTuner of tuner_key).
   bool may_split = false;
   double copy_gbps_prior = 0;  // EstimateCopyEngineGbps of the plan's runs
@@ -394,6 +396,8 @@ class DeviceWorker {
 
   const int device_;
   const CudaEngineOptions options_;
+  // options_.critical_ctas resolved for this GPU (scheduler::ResolveCriticalCtas; 0: no raise).
+  const int critical_ctas_;
   cuda::Stream stream_;
   std::thread thread_;
 

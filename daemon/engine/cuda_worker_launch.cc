@@ -141,12 +141,16 @@ Batch DeviceWorker::LaunchBatch(JobState& s, const Taken& taken) {
         cuda::CudaStatus(cudaEventRecord(b.start.get(), stream), "cudaEventRecord"));
     if (s.mode == Mode::kKernel) {
       CtaTuner& ctas = TunerFor(s.tuner_key, s.max_ctas);
-      b.ctas = ctas.Next(taken.bytes);
-      const int class_max = static_cast<int>(options_.limits[cls].max_ctas);
-      if (class_max > 0 && b.ctas > class_max) {
-        b.ctas = class_max;
-        b.capped = true;
-      }
+      scheduler::LaunchCtasInputs in;
+      in.tuner_ctas = ctas.Next(taken.bytes);
+      in.class_max_ctas = static_cast<int>(options_.limits[cls].max_ctas);
+      in.critical = cls == static_cast<int>(PriorityClass::kCritical);
+      in.critical_ctas = critical_ctas_;
+      in.copy_only_kernel = s.copy_only_kernel;
+      const scheduler::LaunchCtas chosen = scheduler::ChooseLaunchCtas(in);
+      b.ctas = chosen.ctas;
+      b.capped = chosen.capped;
+      b.raised = chosen.raised;
       // The copy engines' share: not while the knee is being probed (its samples must be the
       // kernel's alone), else the SplitTuner's.
       if (s.may_split && !(ctas.probing() && taken.bytes >= CtaTuner::kMinSampleBytes)) {
@@ -260,12 +264,15 @@ void DeviceWorker::Complete(Batch& b) {
       split.kernel_bytes = kernel_bytes;
       split.kernel_seconds = kernel_seconds;
       split.total_seconds = seconds;
-      if (!b.capped && !b.taken.ramped) tuner.Report(b.ctas, kernel_bytes, kernel_seconds);
-      decision = absl::StrFormat("kernel %d CTAs%s, now %s", b.ctas,
+      // Only the tuner's own choices teach it (not a class cap, a critical raise or the ramp).
+      const bool sample = !b.capped && !b.raised && !b.taken.ramped;
+      if (sample) tuner.Report(b.ctas, kernel_bytes, kernel_seconds);
+      decision = absl::StrFormat("kernel %d CTAs%s%s, now %s", b.ctas,
+                                 b.raised ? " (critical)" : "",
                                  b.capped ? " (class limit)" : "", tuner.Describe());
       if (s.may_split) {
         SplitTuner& splits = SplitTunerFor(s.tuner_key, s.copy_gbps_prior);
-        if (b.split_sampled && !b.capped && !b.taken.ramped) splits.Report(split);
+        if (b.split_sampled && sample) splits.Report(split);
         if (b.split < b.taken.end) {
           absl::StrAppendFormat(&decision, " beside the copy engines (%.0f%% of this batch)",
                                 100.0 * static_cast<double>(split.copy_bytes) /
