@@ -1,5 +1,7 @@
 #include "daemon/scheduler/stream_gate.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 
 namespace kvrail::scheduler {
@@ -18,6 +20,10 @@ GateChoice ChooseGate(const GateInputs& in) {
                    "layer)"};
   }
   if (in.waiting_jobs >= in.max_jobs) {
+    if (!in.queue_limit.empty()) {
+      return {false, absl::StrCat("readiness poller (", in.waiting_jobs,
+                                  " jobs already wait on this GPU: ", in.queue_limit, ")")};
+    }
     return {false, absl::StrCat("readiness poller (", in.waiting_jobs,
                                 " jobs already wait on this GPU, cuda_stream_wait_jobs ",
                                 in.max_jobs, ")")};
@@ -76,10 +82,35 @@ absl::Status GatedTileStatus(bool aborted, const std::string& field, uint32_t la
                                    why.message()));
 }
 
+int HardwareQueuesFromEnv(const char* value) {
+  if (value == nullptr || *value == '\0') return kDefaultHardwareQueues;
+  int n = 0;
+  for (const char* c = value; *c != '\0'; ++c) {
+    if (*c < '0' || *c > '9') return kDefaultHardwareQueues;
+    n = std::min(n * 10 + (*c - '0'), 1000);
+  }
+  if (n < 1) return kDefaultHardwareQueues;
+  return std::min(n, kMaxHardwareQueues);
+}
+
+GateQueuePlan PlanGateQueues(int requested_jobs, int hardware_queues) {
+  GateQueuePlan plan;
+  const int fit = std::max(0, (hardware_queues - kOtherEngineStreams) / kStreamsPerGatedJob);
+  plan.max_jobs = std::max(0, std::min(requested_jobs, fit));
+  if (fit < requested_jobs) {
+    plan.reason = absl::StrCat(
+        hardware_queues, " hardware queues (CUDA_DEVICE_MAX_CONNECTIONS) leave room for ", fit,
+        " gated jobs of ", kStreamsPerGatedJob, " parked streams beside the engine's ",
+        kOtherEngineStreams, " (cuda_stream_wait_jobs ", requested_jobs, ")");
+  }
+  return plan;
+}
+
 GateChoice GateSlots::Admit(const void* job, GateInputs in) {
   if (held_.contains(job)) return {true, "GPU stream wait on the ready flags (cuStreamWaitValue32)"};
   in.waiting_jobs = held();
   in.max_jobs = max_jobs_;
+  in.queue_limit = queue_limit_;
   GateChoice c = ChooseGate(in);
   if (c.stream_wait) held_.insert(job);
   return c;

@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
@@ -36,7 +37,8 @@ struct GateInputs {
                                // an abort word: a released wait would let them copy)
   bool digest = false;         // spec.digest: the digest kernels have no abort word either
   int waiting_jobs = 0;        // gated jobs of this GPU already holding a stream
-  int max_jobs = 0;            // CudaEngineOptions::stream_wait_jobs
+  int max_jobs = 0;            // CudaEngineOptions::stream_wait_jobs (or fewer: queue_limit)
+  std::string queue_limit;     // PlanGateQueues's reason when the hardware queues set max_jobs
 };
 
 struct GateChoice {
@@ -102,11 +104,42 @@ std::optional<uint32_t> ReleaseStore(uint32_t word, uint32_t value);
 absl::Status GatedTileStatus(bool aborted, const std::string& field, uint32_t layer,
                              uint32_t value, const absl::Status& ended);
 
+// Hardware work queues. CUDA maps a process's streams onto a few hardware queues per GPU
+// (CUDA_DEVICE_MAX_CONNECTIONS, read at context creation: 1-32, default 8; under MPS the
+// client's share of the server's pool), and work queued behind a pending cuStreamWaitValue32 in
+// the SAME queue waits with it. Measured on one H200 (docs/benchmarks.md "issue 19 (SW), session
+// 29"): with 1 queue the one-process byte-for-byte case hangs without MPS; under MPS it hung at
+// the default and passed at 32. A gated job parks kStreamsPerGatedJob streams in waits for its
+// life (its copy stream behind the producer's words, its abort stream behind the abort word), so
+// the engine makes those streams once, at start, in a pool of one pair per admitted job beside its
+// kOtherEngineStreams (the dispatcher's stream, the copy-engine part's): a new job reuses a pair
+// instead of creating streams, which the driver would deal onto queues already holding others.
+constexpr int kDefaultHardwareQueues = 8;
+constexpr int kMaxHardwareQueues = 32;
+constexpr int kOtherEngineStreams = 2;
+constexpr int kStreamsPerGatedJob = 2;
+
+// CUDA_DEVICE_MAX_CONNECTIONS's value as the engine counts it: unset, empty, not a whole number
+// or below 1 -> the driver's default (8); above 32 -> 32 (the driver's cap).
+int HardwareQueuesFromEnv(const char* value);
+
+struct GateQueuePlan {
+  int max_jobs = 0;    // gated jobs one GPU may hold at once (each with its pair of streams)
+  std::string reason;  // set when the queues, not cuda_stream_wait_jobs, are the limit
+};
+
+// How many gated jobs one GPU holds so that every parked wait has a queue of its own, apart from
+// the engine's other streams: min(requested_jobs, (hardware_queues - kOtherEngineStreams) /
+// kStreamsPerGatedJob), at least 0. 0 with the reason when the queues leave none (the gated
+// layers then go through the readiness poller).
+GateQueuePlan PlanGateQueues(int requested_jobs, int hardware_queues);
+
 // The gated jobs of one GPU, each holding one wait stream until its last gated launch passed.
 // Thread-compatible (the dispatcher's).
 class GateSlots {
  public:
-  explicit GateSlots(int max_jobs) : max_jobs_(max_jobs) {}
+  explicit GateSlots(int max_jobs, std::string queue_limit = std::string())
+      : max_jobs_(max_jobs), queue_limit_(std::move(queue_limit)) {}
   // A job's first gated layer: decides, and takes a slot when the answer is the stream wait.
   // A job that holds a slot keeps it (same answer, no second slot).
   GateChoice Admit(const void* job, GateInputs in);
@@ -117,6 +150,7 @@ class GateSlots {
 
  private:
   const int max_jobs_;
+  const std::string queue_limit_;
   absl::flat_hash_set<const void*> held_;
 };
 

@@ -155,5 +155,51 @@ TEST_CASE("GateSlots: one slot per job, none beyond the limit, free again after 
   CHECK(slots.held() == 1);
 }
 
+
+// The one-process hang under MPS (docs/benchmarks.md "issue 19 (SW), session 29"): a parked wait
+// holds up every stream sharing its hardware queue, so the gated jobs a GPU holds are bounded by
+// the queues CUDA_DEVICE_MAX_CONNECTIONS gives, two parked streams each beside the engine's two.
+TEST_CASE("HardwareQueuesFromEnv reads CUDA_DEVICE_MAX_CONNECTIONS as the driver does") {
+  CHECK(HardwareQueuesFromEnv(nullptr) == 8);
+  CHECK(HardwareQueuesFromEnv("") == 8);
+  CHECK(HardwareQueuesFromEnv("32") == 32);
+  CHECK(HardwareQueuesFromEnv("1") == 1);
+  CHECK(HardwareQueuesFromEnv("0") == 8);
+  CHECK(HardwareQueuesFromEnv("-4") == 8);
+  CHECK(HardwareQueuesFromEnv("12x") == 8);
+  CHECK(HardwareQueuesFromEnv("64") == 32);
+  CHECK(HardwareQueuesFromEnv("99999999999999") == 32);
+}
+
+TEST_CASE("PlanGateQueues: every parked wait gets a queue apart from the engine's streams") {
+  // kvraild's own setting with the stream wait on (32) holds the default 8 jobs: 2 + 2 x 8 = 18.
+  GateQueuePlan p = PlanGateQueues(8, 32);
+  CHECK(p.max_jobs == 8);
+  CHECK(p.reason.empty());
+  // The driver's default 8 queues: 3 jobs (2 + 2 x 3 = 8), and the reason says why.
+  p = PlanGateQueues(8, 8);
+  CHECK(p.max_jobs == 3);
+  CHECK(p.reason.find("8 hardware queues (CUDA_DEVICE_MAX_CONNECTIONS) leave room for 3") == 0);
+  CHECK(p.reason.find("cuda_stream_wait_jobs 8") != std::string::npos);
+  // One queue (or three): none; the readiness poller serves, saying so.
+  CHECK(PlanGateQueues(8, 1).max_jobs == 0);
+  CHECK(PlanGateQueues(8, 3).max_jobs == 0);
+  CHECK(PlanGateQueues(8, 4).max_jobs == 1);
+  CHECK(PlanGateQueues(20, 32).max_jobs == 15);
+  CHECK(PlanGateQueues(0, 32).max_jobs == 0);
+  CHECK(PlanGateQueues(0, 32).reason.empty());
+  p = PlanGateQueues(8, 1);
+  GateSlots none(p.max_jobs, p.reason);
+  int job;
+  const GateChoice c = none.Admit(&job, Eligible());
+  CHECK(!c.stream_wait);
+  CHECK(c.reason.find("readiness poller (0 jobs already wait on this GPU: 1 hardware queues") == 0);
+  // Without a queue limit the old reason stays.
+  GateSlots one(1);
+  int a, b;
+  CHECK(one.Admit(&a, Eligible()).stream_wait);
+  CHECK(one.Admit(&b, Eligible()).reason.find("cuda_stream_wait_jobs 1") != std::string::npos);
+}
+
 }  // namespace
 }  // namespace kvrail::scheduler
