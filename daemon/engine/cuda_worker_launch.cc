@@ -114,7 +114,7 @@ Batch DeviceWorker::LaunchBatch(JobState& s, const Taken& taken) {
       const uint32_t layer = s.job->plan().tile(begin).layer;
       return scheduler::GatedTileStatus(true, s.gate->field, layer, s.gate->value, released);
     }
-    const cudaStream_t stream = s.gate.has_value() ? s.gate_stream->get() : stream_.get();
+    const cudaStream_t stream = s.gate.has_value() ? s.gate_stream : stream_.get();
     KVRAIL_ASSIGN_OR_RETURN(b.start, cuda::Event::Create());
     KVRAIL_ASSIGN_OR_RETURN(b.stop, cuda::Event::Create());
     if (s.gate.has_value()) {
@@ -178,11 +178,9 @@ Batch DeviceWorker::LaunchBatch(JobState& s, const Taken& taken) {
       KVRAIL_RETURN_IF_ERROR(CopyEngine(s, begin, end));
     }
     if (s.digests) KVRAIL_RETURN_IF_ERROR(DigestBatch(s, begin, end, b.ctas));
-    KVRAIL_RETURN_IF_ERROR(
-        cuda::CudaStatus(cudaEventRecord(b.stop.get(), stream), "cudaEventRecord"));
-    if (!s.gate.has_value()) return absl::OkStatus();
-    return cuda::CudaStatus(cudaLaunchHostFunc(stream, &DeviceWorker::WakeFromGpu, this),
-                            "cudaLaunchHostFunc(gate wake)");
+    // A gated batch ends here too: no host function after it (the dispatcher polls its words
+    // and then waits for this event), so the job's next layer follows on the GPU at once.
+    return cuda::CudaStatus(cudaEventRecord(b.stop.get(), stream), "cudaEventRecord");
   }();
   return b;
 }
@@ -236,6 +234,24 @@ void DeviceWorker::Complete(Batch& b) {
             cudaGetErrorName(e), "); restart kvraild to use it again"));
       }
     }
+  }
+  // The tiles are reported first: the transfer's end (and its DONE to the client) does not wait
+  // for the tuners and the stats line below (issue 19's critical path).
+  --s.in_flight;
+  for (uint32_t t = b.taken.begin; t < b.taken.end; ++t) {
+    absl::Status tile_status = status;
+    absl::Status released;
+    if (s.gate.has_value() && s.gate_control->Aborted(&released)) {
+      // Its kernel ran empty (or it never launched).
+      tile_status = scheduler::GatedTileStatus(true, s.gate->field, s.job->plan().tile(t).layer,
+                                               s.gate->value, released);
+    }
+    if (status.ok() && s.digests) {  // spec.digest: the mirror holds this batch's digests
+      const uint64_t from = s.digests->host_source(t), to = s.digests->host_destination(t);
+      s.job->OnTileDigest(t, from, to);
+      if (from != to) tile_status = planner::DigestMismatchError(s.job->plan(), t, from, to);
+    }
+    s.job->OnTileDone(t, tile_status);
   }
   if (status.ok()) cudaEventElapsedTime(&ms, b.start.get(), b.stop.get());
   if (status.ok()) {
@@ -293,22 +309,6 @@ void DeviceWorker::Complete(Batch& b) {
                                      static_cast<double>(b.taken.bytes) / (1 << 20));
     last_job_ = JobSample{s.batches, s.bytes_done, s.gpu_seconds,
                           absl::ToDoubleSeconds(absl::Now() - *s.first_launch)};
-  }
-  --s.in_flight;
-  for (uint32_t t = b.taken.begin; t < b.taken.end; ++t) {
-    absl::Status tile_status = status;
-    absl::Status released;
-    if (s.gate.has_value() && s.gate_control->Aborted(&released)) {
-      // Its kernel ran empty (or it never launched).
-      tile_status = scheduler::GatedTileStatus(true, s.gate->field, s.job->plan().tile(t).layer,
-                                               s.gate->value, released);
-    }
-    if (status.ok() && s.digests) {  // spec.digest: the mirror holds this batch's digests
-      const uint64_t from = s.digests->host_source(t), to = s.digests->host_destination(t);
-      s.job->OnTileDigest(t, from, to);
-      if (from != to) tile_status = planner::DigestMismatchError(s.job->plan(), t, from, to);
-    }
-    s.job->OnTileDone(t, tile_status);
   }
   absl::MutexLock lock(&mu_);
   inflight_bytes_[b.taken.cls] -= b.taken.bytes;  // after the report, as in the host engine

@@ -331,9 +331,11 @@ void Record::MaybeFinishLocked() {
   if (counters_->on_finished || !when_ended_.empty()) {
     v1::TransferStatus status;
     FillStatusLocked(&status);
-    if (counters_->on_finished) counters_->on_finished(status);
+    // Waiters first (a WAIT's DONE goes out here): the metrics and the log line are not on the
+    // client's critical path (issue 19).
     for (auto& done : when_ended_) done(status);
     when_ended_.clear();
+    if (counters_->on_finished) counters_->on_finished(status);
   }
   absl::MutexLock c(&counters_->mu);
   --counters_->active;

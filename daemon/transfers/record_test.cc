@@ -3,6 +3,8 @@
 #include <catch2/catch.hpp>
 
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "base/manual_clock.h"
 #include "daemon/transfers/fake_engine.h"
@@ -90,6 +92,38 @@ TEST_CASE("tiles reported after an inbound record ended change nothing") {
   absl::MutexLock c(&f.counters->mu);
   CHECK(f.counters->failed == 1);
   CHECK(f.counters->succeeded == 0);
+}
+
+TEST_CASE("a transfer's waiters hear of its end before the metrics hook runs") {
+  // The WAIT's DONE is sent from a waiter callback: the metrics and the log line (on_finished)
+  // come after it, off the client's critical path (issue 19).
+  ManualClock clock;
+  TestRegions regions;
+  FakeEngine engine;
+  std::vector<std::string> order;
+  auto counters = std::make_shared<Counters>();
+  counters->on_finished = [&order](const v1::TransferStatus&) { order.push_back("metrics"); };
+  RecordParams params;
+  params.id = 8;
+  params.src = regions.Bytes(4096, false);
+  params.dst = regions.Bytes(4096, true);
+  params.engine = &engine;
+  params.counters = counters;
+  params.clock = &clock;
+  {
+    absl::MutexLock c(&counters->mu);
+    ++counters->active;
+  }
+  auto record = std::make_shared<Record>(BytesPlan(4096, 4096), std::move(params));
+  REQUIRE(record->WhenEnded([&order](const v1::TransferStatus& status) {
+    CHECK(status.state() == v1::TRANSFER_STATE_SUCCEEDED);
+    order.push_back("waiter");
+  }).ok());
+  REQUIRE(record->TakeInitialTiles().size() == 1);
+  record->OnTileStart(0);
+  record->OnTileDone(0, absl::OkStatus());
+  REQUIRE(record->IsFinal());
+  CHECK(order == std::vector<std::string>{"waiter", "metrics"});
 }
 
 }  // namespace
