@@ -1,6 +1,8 @@
 // DeviceWorker: queues, the dispatch loop, job set-up, plan staging (see cuda_worker.h).
 #include "daemon/engine/cuda_worker.h"
 
+#include <sys/prctl.h>
+
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -158,9 +160,15 @@ void DeviceWorker::Run() {
   // does so under a cuda::ScopedDevice, which gives the thread back its GPU.
   absl::Status bound = cuda::SetDevice(device_);
   if (bound.ok() && options_.stream_wait) {
-    // Made before serving: cudaHostAlloc may synchronize the context, which must not happen
-    // while a gated job's wait is pending.
-    if (absl::Status page = MakeAbortPage(); !page.ok()) {
+    // The 20 us looks at gated words (kGateWordPoll) must not stretch to the default 50 us
+    // timer slack (as the readiness poller, daemon/readiness).
+    ::prctl(PR_SET_TIMERSLACK, 1UL, 0, 0, 0);
+    // Made before serving: the streams in their order (each parked wait on a hardware queue of
+    // its own), and the abort page (cudaHostAlloc may synchronize the context, which must not
+    // happen while a gated job's wait is pending). Without either, no stream wait.
+    absl::Status page = MakeGateStreams();
+    if (page.ok()) page = MakeAbortPage();
+    if (!page.ok()) {
       spdlog::warn("cuda:{} no GPU stream wait (gated layers use the readiness poller): {}",
                    device_, page.ToString());
     }
@@ -196,12 +204,11 @@ void DeviceWorker::Run() {
         if (gated_pending_ == 0) {
           mu_.Await(absl::Condition(this, &DeviceWorker::HasWorkOrStop));
         } else {
-          // Gated batches complete on their own streams: woken by WakeFromGpu, and every
-          // kGateWordPoll to see whether a producer's word has come (PollGated).
-          mu_.AwaitWithTimeout(absl::Condition(this, &DeviceWorker::HasWorkOrGpuWake),
+          // Gated batches complete on their own streams: every kGateWordPoll the dispatcher
+          // looks whether a producer's word has come (PollGated).
+          mu_.AwaitWithTimeout(absl::Condition(this, &DeviceWorker::HasWorkOrStop),
                                kGateWordPoll);
         }
-        gpu_wakes_seen_ = gpu_wakes_;
         if (stop_) break;
       }
       if (in_flight.size() < kMaxInFlight) next = TakeLocked();
@@ -405,15 +412,15 @@ absl::Status DeviceWorker::SetUp(JobState& s) {
     s.digests.emplace(std::move(digests));
   }
   if (gate.has_value()) {
-    // The job's own stream (a pending wait blocks it), after the plan's upload.
-    KVRAIL_ASSIGN_OR_RETURN(cuda::Stream gate_stream, cuda::Stream::Create(device_));
+    // A stream pair of the pool (a pending wait blocks its copy stream), after the plan's upload.
+    KVRAIL_ASSIGN_OR_RETURN(s.gate_streams, TakeGateStreams(gate->field));
+    s.gate_stream = gate_pool_[s.gate_streams].copy.get();
     KVRAIL_ASSIGN_OR_RETURN(s.gate_uploaded, cuda::Event::Create());
     KVRAIL_RETURN_IF_ERROR(cuda::CudaStatus(
         cudaEventRecord(s.gate_uploaded.get(), stream_.get()), "cudaEventRecord(gate upload)"));
     KVRAIL_RETURN_IF_ERROR(
-        cuda::CudaStatus(cudaStreamWaitEvent(gate_stream.get(), s.gate_uploaded.get(), 0),
+        cuda::CudaStatus(cudaStreamWaitEvent(s.gate_stream, s.gate_uploaded.get(), 0),
                          "cudaStreamWaitEvent(gate upload)"));
-    s.gate_stream.emplace(std::move(gate_stream));
     KVRAIL_RETURN_IF_ERROR(ArmGate(s, *gate));
     s.gate = std::move(gate);
     s.job->OnEngineNote(absl::StrCat("layers wait for ", s.gate->field,

@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <cstdlib>
 #include <deque>
 #include <list>
 #include <map>
@@ -50,11 +51,13 @@ constexpr int kDigestCtas = 16;
 constexpr uint64_t kRetainedPoolBytes = 64 << 20;
 // Tuner keys of the copy-only mode's small kernels start here (CtaTunerKey stays below 200).
 constexpr int kCopyOnlyTunerKeys = 1 << 10;
-// While gated copies wait, the dispatcher also looks at their producers' words this often: a
+// While gated copies wait, the dispatcher looks at their producers' words this often (its thread
+// runs with 1 ns timer slack then, else the default 50 us slack stretched each look to ~70 us): a
 // batch whose words have come is completed by a blocking event wait (its kernel started on the
-// GPU at the word; ~20 us for 16 MiB) instead of waiting for the host function's wake-up, which
-// cost ~40-120 us more than the readiness poller's path on one H200 (docs/benchmarks.md
-// "issue 19 (SW)").
+// GPU at the word; ~20 us for 16 MiB). No host function wakes it: a cudaLaunchHostFunc after each
+// gated batch put a CPU round trip (the CUDA callback thread, then the stream resumed) between
+// one layer's copy and the next on the job's stream, which the last layers of a prefill paid in
+// full (docs/benchmarks.md "issue 19 (SW), session 29").
 constexpr absl::Duration kGateWordPoll = absl::Microseconds(20);
 // Pinned staging for plan uploads (CudaEngineOptions::staged_plan_upload): slots of this size
 // (a plan image of up to ~32k block ids in all fits whole), each reused once its upload passed.
@@ -208,13 +211,16 @@ struct JobState {
   // in-flight pipeline (`gated`, oldest first). An ended job zeroes its device header's
   // num_tiles (its kernels then store nothing) and has its words released (stream_gate.h).
   std::optional<Job::ReadyGate> gate;
-  std::optional<cuda::Stream> gate_stream;
+  // The job's copy and abort streams, a pair of the worker's pool (MakeGateStreams; -1: none):
+  // borrowed while the job is set up, given back by RetireGate.
+  int gate_streams = -1;
+  cudaStream_t gate_stream = nullptr;
   cuda::Event gate_uploaded;
   std::list<Batch> gated;
   // The release state shared with the gate watchdog, the abort stream (armed at set-up) and the
   // event after its last op (the plan buffer is freed after it).
   std::shared_ptr<GateControl> gate_control;
-  std::optional<cuda::Stream> gate_abort_stream;
+  cudaStream_t gate_abort_stream = nullptr;
   cuda::Event gate_abort_done;
 
   JobState() = default;
@@ -274,12 +280,6 @@ class DeviceWorker {
   bool HasWorkOrStop() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return stop_ || !queues_.AllEmpty();
   }
-  // Also true when a gated batch's stream passed its completion (WakeFromGpu).
-  bool HasWorkOrGpuWake() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return HasWorkOrStop() || gpu_wakes_ != gpu_wakes_seen_;
-  }
-  // cudaLaunchHostFunc after each gated batch: wakes the dispatcher (no CUDA calls here).
-  static void CUDART_CB WakeFromGpu(void* self);
 
   // Takes the next batch in priority order (fewest queued tiles first within a class) that the
   // class's byte limit allows, or nothing; counts its bytes as in flight for the class.
@@ -306,6 +306,16 @@ class DeviceWorker {
   // mapped for the GPU (the abort streams wait on and write them; the watchdog stores and reads
   // them from the CPU).
   absl::Status MakeAbortPage();
+
+  // The gated jobs' streams, made before serving (dispatcher): gate_queues_.max_jobs pairs (a
+  // copy stream, an abort stream), after the dispatcher's and the copy-engine part's streams, so
+  // that each parked wait has a hardware queue of its own (scheduler::PlanGateQueues). A job
+  // borrows a pair (TakeGateStreams) instead of creating streams: streams made later, per job,
+  // would be dealt onto queues that others already use.
+  absl::Status MakeGateStreams();
+  // A free pair's index; RESOURCE_EXHAUSTED naming `field` when none is (admission bounds the
+  // jobs by the pool, so only a pool that could not be made runs out).
+  absl::StatusOr<int> TakeGateStreams(const std::string& field);
 
   void Beat() {
     beat_ns_.store(absl::ToUnixNanos(absl::Now()), std::memory_order_relaxed);
@@ -435,7 +445,13 @@ class DeviceWorker {
     std::weak_ptr<Job> job;
     Job::ReadyGate gate;
   };
-  scheduler::GateSlots gate_slots_ ABSL_GUARDED_BY(mu_){options_.stream_wait_jobs};
+  // How many gated jobs this GPU holds: cuda_stream_wait_jobs, bounded by the hardware queues
+  // CUDA_DEVICE_MAX_CONNECTIONS gives (read when the worker is made; scheduler::PlanGateQueues).
+  const scheduler::GateQueuePlan gate_queues_ = scheduler::PlanGateQueues(
+      options_.stream_wait_jobs,
+      scheduler::HardwareQueuesFromEnv(std::getenv("CUDA_DEVICE_MAX_CONNECTIONS")));
+  scheduler::GateSlots gate_slots_ ABSL_GUARDED_BY(mu_){gate_queues_.max_jobs,
+                                                        gate_queues_.reason};
   std::unordered_map<const Job*, AdmittedGate> admitted_gates_ ABSL_GUARDED_BY(mu_);
   std::string last_gate_choice_ ABSL_GUARDED_BY(mu_);
   uint64_t gate_releases_ ABSL_GUARDED_BY(mu_) = 0;
@@ -451,7 +467,6 @@ class DeviceWorker {
   std::vector<std::shared_ptr<GateControl>> controls_ ABSL_GUARDED_BY(watch_mu_);
   std::atomic<int64_t> beat_ns_{0};
   std::atomic<bool> gates_stopping_{false};
-  uint64_t gpu_wakes_ ABSL_GUARDED_BY(mu_) = 0;
   // Set by the first sticky CUDA error; every later batch fails with it.
   absl::Status broken_ ABSL_GUARDED_BY(mu_);
   // Dispatcher thread only (SweepLocked runs there too, under mu_ for the queue lookups).
@@ -464,7 +479,13 @@ class DeviceWorker {
   int gated_pending_ = 0;  // gated batches launched and not completed (dispatcher only)
   std::deque<int> free_abort_slots_;  // word pairs of the abort page not in use (dispatcher)
   uint32_t gate_epoch_ = 0;
-  uint64_t gpu_wakes_seen_ = 0;
+  // The gated jobs' stream pairs (MakeGateStreams) and the free ones (dispatcher only).
+  struct GateStreams {
+    cuda::Stream copy;
+    cuda::Stream abort;
+  };
+  std::vector<GateStreams> gate_pool_;
+  std::deque<int> free_gate_streams_;
   std::vector<CopyRun> runs_;
   std::vector<void*> dsts_;
   std::vector<const void*> srcs_;

@@ -57,18 +57,44 @@ bool DeviceWorker::AdmitGated(const std::shared_ptr<Job>& job) {
 
 std::string DeviceWorker::GateTextLocked() const {
   if (!options_.stream_wait) return "";
-  return absl::StrCat("; stream wait: ", gate_slots_.held(), " of ", options_.stream_wait_jobs,
-                      " jobs waiting on the GPU, ", gate_releases_,
+  return absl::StrCat("; stream wait: ", gate_slots_.held(), " of ", gate_queues_.max_jobs,
+                      " jobs waiting on the GPU",
+                      gate_queues_.reason.empty() ? std::string()
+                                                  : absl::StrCat(" (", gate_queues_.reason, ")"),
+                      ", ", gate_releases_,
                       " released by the daemon (", gate_bound_releases_,
                       " for a call blocked behind a wait, bound ",
                       options_.stream_wait_sync_bound_ms, " ms); last choice: ",
                       last_gate_choice_.empty() ? "none" : last_gate_choice_);
 }
 
-void CUDART_CB DeviceWorker::WakeFromGpu(void* self) {
-  auto* worker = static_cast<DeviceWorker*>(self);
-  absl::MutexLock lock(&worker->mu_);
-  ++worker->gpu_wakes_;
+absl::Status DeviceWorker::MakeGateStreams() {
+  // The copy-engine part's stream first (made lazily otherwise, after the pool).
+  KVRAIL_RETURN_IF_ERROR(CopyStream().status());
+  std::vector<GateStreams> pool;
+  for (int i = 0; i < gate_queues_.max_jobs; ++i) {
+    KVRAIL_ASSIGN_OR_RETURN(cuda::Stream copy, cuda::Stream::Create(device_));
+    KVRAIL_ASSIGN_OR_RETURN(cuda::Stream abort, cuda::Stream::Create(device_));
+    pool.push_back(GateStreams{std::move(copy), std::move(abort)});
+  }
+  gate_pool_ = std::move(pool);
+  for (int i = 0; i < static_cast<int>(gate_pool_.size()); ++i) free_gate_streams_.push_back(i);
+  if (!gate_queues_.reason.empty()) {
+    spdlog::warn("cuda:{} GPU stream wait for at most {} jobs at once: {}", device_,
+                 gate_queues_.max_jobs, gate_queues_.reason);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int> DeviceWorker::TakeGateStreams(const std::string& field) {
+  if (free_gate_streams_.empty()) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        field, ": no stream pair free on GPU", device_, " for the GPU stream wait (",
+        gate_pool_.size(), " made at start)"));
+  }
+  const int pair = free_gate_streams_.front();
+  free_gate_streams_.pop_front();
+  return pair;
 }
 
 void DeviceWorker::PollGated() {
@@ -230,6 +256,13 @@ bool DeviceWorker::ReleaseGate(GateControl& c, const absl::Status& why, uint32_t
 }
 
 void DeviceWorker::RetireGate(JobState& s) {
+  // The stream pair goes back first (a set-up that failed before arming holds one too); its
+  // streams are idle or pass at once: every gated batch of the job completed, and the abort
+  // stream's wait passes at the abort word stored below (or at arming's failure).
+  if (s.gate_streams >= 0) {
+    free_gate_streams_.push_back(s.gate_streams);
+    s.gate_streams = -1;
+  }
   if (s.gate_control == nullptr) return;
   GateControl& c = *s.gate_control;
   {
@@ -268,11 +301,12 @@ absl::Status DeviceWorker::ArmGate(JobState& s, const Job::ReadyGate& gate) {
   }
   c->done_word = c->abort_word + 1;
   s.gate_control = c;  // the slot goes back with it (RetireGate), armed or not
-  KVRAIL_ASSIGN_OR_RETURN(cuda::Stream abort_stream, cuda::Stream::Create(device_));
+  const cudaStream_t abort_stream = gate_pool_[s.gate_streams].abort.get();
+  s.gate_abort_stream = abort_stream;
   KVRAIL_ASSIGN_OR_RETURN(s.gate_abort_done, cuda::Event::Create());
-  const CUstream as = reinterpret_cast<CUstream>(abort_stream.get());
+  const CUstream as = reinterpret_cast<CUstream>(abort_stream);
   KVRAIL_RETURN_IF_ERROR(cuda::CudaStatus(
-      cudaStreamWaitEvent(abort_stream.get(), s.gate_uploaded.get(), 0),
+      cudaStreamWaitEvent(abort_stream, s.gate_uploaded.get(), 0),
       "cudaStreamWaitEvent(gate abort stream)"));
   const CUresult r = StreamWaitValue32()(as, abort_device, c->epoch, CU_STREAM_WAIT_VALUE_GEQ);
   if (r != CUDA_SUCCESS) {
@@ -286,7 +320,7 @@ absl::Status DeviceWorker::ArmGate(JobState& s, const Job::ReadyGate& gate) {
         const_cast<kernels::PlanHeader*>(s.plan->plan().header));
     KVRAIL_RETURN_IF_ERROR(cuda::CudaStatus(
         cudaMemsetAsync(header + offsetof(kernels::PlanHeader, num_tiles), 0, sizeof(uint32_t),
-                        abort_stream.get()),
+                        abort_stream),
         "cudaMemsetAsync(gate abort: num_tiles)"));
     const CUresult w =
         StreamWriteValue32()(as, abort_device + 4, c->epoch, CU_STREAM_WRITE_VALUE_DEFAULT);
@@ -294,16 +328,14 @@ absl::Status DeviceWorker::ArmGate(JobState& s, const Job::ReadyGate& gate) {
       return absl::InternalError(
           absl::StrCat("cuStreamWriteValue32(gate abort: done word) failed: CUresult ", w));
     }
-    return cuda::CudaStatus(cudaEventRecord(s.gate_abort_done.get(), abort_stream.get()),
+    return cuda::CudaStatus(cudaEventRecord(s.gate_abort_done.get(), abort_stream),
                             "cudaEventRecord(gate abort)");
   }();
   if (!armed.ok()) {
     __atomic_store_n(c->abort_word, c->epoch, __ATOMIC_RELEASE);
-    s.gate_abort_stream.emplace(std::move(abort_stream));
     return absl::Status(armed.code(), absl::StrCat(gate.field, ": arming the abort stream on GPU",
                                                    device_, ": ", armed.message()));
   }
-  s.gate_abort_stream.emplace(std::move(abort_stream));
   c->armed.store(true, std::memory_order_release);
   absl::MutexLock lock(&watch_mu_);
   controls_.push_back(std::move(c));
