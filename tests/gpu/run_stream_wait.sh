@@ -42,7 +42,7 @@ sw_test() {  # $1: label
 # its release time (stream_wait_gpu_test "[queues]") for several hardware-queue counts, and the
 # byte-for-byte case where it hung, without and with MPS.
 queues() {  # $1: label; the environment says the rest
-  run_group timeout 30 "$pack/bin/stream_wait_gpu_test" "[queues]" > "$out/queues_$1.txt" 2>&1
+  run_group timeout 20 "$pack/bin/stream_wait_gpu_test" "[queues]" > "$out/queues_$1.txt" 2>&1
   echo "exit $?"; grep -E "^queues|FAILED|passed|failed" "$out/queues_$1.txt"
 }
 byte_case() {  # $1: label, $2: timeout
@@ -76,6 +76,33 @@ if [[ $parts == *probe* ]]; then
     echo "exit $?"; head -14 "$out/streaming_sw0.txt"
     stop_mps
   fi
+fi
+# "final" (issue 19.3 after the fixes, session 29): under MPS the streaming rows first (the
+# target), then every stream_wait_gpu_test case (the one-process byte case included) and the
+# queue probe at the driver's default, the flag runs; then without MPS the flag runs and the
+# test again. Ordered by importance: the device time may end before the last parts.
+if [[ $parts == *final* ]]; then
+  if start_mps; then
+    for sw in 1 0; do
+      echo "== streaming_bench under MPS, cuda_stream_wait $sw"
+      run_group timeout 60 "$pack/bin/streaming_bench" --streaming-only --reps ${REPS:-21} \
+          --stream-wait $sw > "$out/streaming_sw$sw.txt" 2>&1
+      echo "exit $?"; head -14 "$out/streaming_sw$sw.txt"
+    done
+    echo "== stream_wait_gpu_test (MPS, the test asks for 32 queues)"
+    sw_test mps
+    echo "== the byte case under MPS at the driver's default queues (engine pool only)"
+    KVRAIL_SW_DRIVER_QUEUES=1 byte_case mps_driver 10
+    echo "== probe under MPS, driver's default queues"
+    KVRAIL_SW_DRIVER_QUEUES=1 queues mps_driver
+    echo "== flags_gpu_test (MPS)"; flag_loop mps
+    stop_mps
+  fi
+  echo "== flags_gpu_test (no MPS)"; flag_loop nomps
+  echo "== probe, no MPS, driver's default queues"
+  KVRAIL_SW_DRIVER_QUEUES=1 queues nomps_driver
+  echo "== stream_wait_gpu_test (no MPS)"
+  sw_test nomps
 fi
 if [[ $parts == *hang* ]]; then
   echo "== the old order (KVRAIL_SW_NO_PRELOAD=1), no MPS, 12 s timeout"
