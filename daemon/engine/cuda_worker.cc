@@ -60,8 +60,9 @@ std::string DeviceWorker::Describe() const {
   if (!broken_.ok()) return absl::StrCat("cuda:", device_, " BROKEN: ", broken_.message());
   return absl::StrCat("cuda:", device_, " ", warm_up_text_, last_decision_, ", budget ",
                       options_.max_ctas, " CTAs",
-                      critical_ctas_ > 0 ? absl::StrCat(" (critical transfers ", critical_ctas_, ")")
-                                         : std::string(),
+                      critical_ctas_ > 0
+                          ? absl::StrCat(" (critical transfers ", critical_ctas_, ")")
+                          : std::string(),
                       "; ", kernel_batches_, " kernel / ", copy_batches_,
                       " copy-engine batches",
                       split_batches_ > 0 ? absl::StrCat(" (", split_batches_,
@@ -148,9 +149,15 @@ absl::Status DeviceWorker::WarmUp() {
   KVRAIL_RETURN_IF_ERROR(cuda::CudaStatus(cudaFreeAsync(scratch, stream_.get()),
                                           "cudaFreeAsync(warm-up)"));
   KVRAIL_RETURN_IF_ERROR(kernels::WarmUpKvCopy(stream_.get()));
+  // A failed seed costs only the first transfers' probes.
+  absl::StatusOr<std::string> seeded = SeedTuners();
+  if (!seeded.ok()) {
+    spdlog::warn("cuda:{} CTA tuners not seeded: {}", device_, seeded.status().ToString());
+  }
   absl::MutexLock lock(&mu_);
-  warm_up_text_ = absl::StrFormat("warmed up in %.1f ms; ",
-                                  absl::ToDoubleMilliseconds(absl::Now() - t0));
+  warm_up_text_ = absl::StrFormat("warmed up in %.1f ms%s; ",
+                                  absl::ToDoubleMilliseconds(absl::Now() - t0),
+                                  seeded.ok() ? *seeded : std::string());
   return absl::OkStatus();
 }
 

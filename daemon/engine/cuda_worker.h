@@ -293,6 +293,10 @@ class DeviceWorker {
   // kernels' lazy module load, and the stream-ordered pool (plan buffers) keeping its memory
   // between plans instead of giving it back at every synchronization.
   absl::Status WarmUp();
+  // Part of the warm-up (cuda_worker_launch.cc): the CTA tuners' knee probes for the serving run
+  // sizes (scheduler::TunerSeedBlockBytes) on scratch memory, so no early transfer runs a probe
+  // batch at half the CTAs. Returns the Describe text ("CTA knees seeded ...").
+  absl::StatusOr<std::string> SeedTuners();
 
   void Run();
 

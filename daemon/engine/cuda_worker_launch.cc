@@ -6,8 +6,10 @@
 
 #include <algorithm>
 #include <cstring>
+#include <string>
 #include <utility>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/status.h"
@@ -215,6 +217,65 @@ absl::Status DeviceWorker::CopyEngine(const JobState& s, uint32_t begin, uint32_
   return cuda::BatchCopy(dsts_.data(), srcs_.data(), sizes_.data(), runs_.size(),
                          cudaMemcpyFlagPreferOverlapWithCompute,
                          stream != nullptr ? stream : stream_.get(), "transfer batch");
+}
+
+absl::StatusOr<std::string> DeviceWorker::SeedTuners() {
+  if (options_.max_ctas <= 0 || options_.fixed_ctas > 0) return std::string();
+  const absl::Time t0 = absl::Now();
+  const uint64_t scratch_bytes = scheduler::kSeedScratchBytes;
+  void* scratch[2] = {nullptr, nullptr};
+  absl::Cleanup free_scratch = [&scratch] {
+    for (void* p : scratch) {
+      if (p != nullptr) cudaFree(p);
+    }
+  };
+  for (void*& p : scratch) {
+    KVRAIL_RETURN_IF_ERROR(
+        cuda::CudaStatus(cudaMalloc(&p, scratch_bytes), "cudaMalloc(CTA tuner seed scratch)"));
+  }
+  KVRAIL_ASSIGN_OR_RETURN(cuda::Event start, cuda::Event::Create());
+  KVRAIL_ASSIGN_OR_RETURN(cuda::Event stop, cuda::Event::Create());
+  std::string knees;
+  int probes = 0;
+  for (uint64_t block : scheduler::TunerSeedBlockBytes()) {
+    const scheduler::SeedCase c = scheduler::MakeSeedCase(block, scratch_bytes);
+    KVRAIL_ASSIGN_OR_RETURN(const planner::KvLayout layout,
+                            planner::ResolveLayout(c.layout, scratch_bytes, "tuner seed: "));
+    const planner::RegionView view{scratch_bytes, true, true, layout, nullptr};
+    KVRAIL_ASSIGN_OR_RETURN(const planner::Plan plan,
+                            planner::MakePlan(c.spec, view, view, planner::PlanOptions{}));
+    CtaTuner& tuner = TunerFor(scheduler::CtaTunerKey(scheduler::MeanRunBytes(plan), true, true),
+                               options_.max_ctas);
+    // Pageable tables without staging: copied before Upload returns.
+    KVRAIL_ASSIGN_OR_RETURN(
+        kernels::DevicePlanBuffer buffer,
+        kernels::DevicePlanBuffer::Upload(plan.header(), plan.src_blocks().data(),
+                                          plan.dst_blocks().data(),
+                                          reinterpret_cast<uint64_t>(scratch[0]),
+                                          reinterpret_cast<uint64_t>(scratch[1]), stream_.get(),
+                                          nullptr, 0));
+    // The tuner's own probe, as a transfer's batches would run it (at most one per candidate).
+    for (size_t i = 0; tuner.probing() && i < tuner.candidates().size(); ++i) {
+      const int ctas = tuner.Next(plan.bytes_total());
+      KVRAIL_RETURN_IF_ERROR(
+          cuda::CudaStatus(cudaEventRecord(start.get(), stream_.get()), "cudaEventRecord"));
+      KVRAIL_RETURN_IF_ERROR(kernels::LaunchKvCopy(buffer.plan(), 0, plan.num_tiles(), ctas,
+                                                   stream_.get(), kThreadsPerCta));
+      KVRAIL_RETURN_IF_ERROR(
+          cuda::CudaStatus(cudaEventRecord(stop.get(), stream_.get()), "cudaEventRecord"));
+      KVRAIL_RETURN_IF_ERROR(
+          cuda::CudaStatus(cudaEventSynchronize(stop.get()), "CTA tuner seed probe"));
+      float ms = 0;
+      cudaEventElapsedTime(&ms, start.get(), stop.get());
+      tuner.Report(ctas, plan.bytes_total(), ms / 1e3);
+      ++probes;
+    }
+    absl::StrAppend(&knees, knees.empty() ? "" : ", ", block >> 10, " KiB ", tuner.knee());
+  }
+  KVRAIL_RETURN_IF_ERROR(cuda::CudaStatus(cudaStreamSynchronize(stream_.get()),
+                                          "CTA tuner seed (plan buffers freed)"));
+  return absl::StrFormat(", CTA knees seeded in %.1f ms by %d probes on scratch blocks (%s)",
+                         absl::ToDoubleMilliseconds(absl::Now() - t0), probes, knees);
 }
 
 void DeviceWorker::Complete(Batch& b) {

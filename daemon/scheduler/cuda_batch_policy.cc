@@ -1,6 +1,8 @@
 #include "daemon/scheduler/cuda_batch_policy.h"
 
 #include <algorithm>
+#include <numeric>
+#include <random>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -199,6 +201,35 @@ std::string CtaTuner::Describe() const {
     return absl::StrCat(knee_, " CTAs (", measured_.empty() ? "not probed yet" : "re-probing", ")");
   }
   return absl::StrCat(knee_, " CTAs (knee)");
+}
+
+std::vector<uint64_t> TunerSeedBlockBytes() {
+  std::vector<uint64_t> out;
+  for (uint64_t b = 4 << 10; b <= (128 << 10); b *= 2) out.push_back(b);
+  return out;
+}
+
+SeedCase MakeSeedCase(uint64_t block_bytes, uint64_t scratch_bytes) {
+  SeedCase c;
+  const uint32_t blocks = static_cast<uint32_t>(scratch_bytes / block_bytes);
+  kvrail::v1::PagedKvLayout& l = c.layout;
+  l.set_num_layers(1);
+  l.set_num_parts(1);
+  l.set_num_blocks(blocks);
+  l.set_num_heads(1);
+  l.set_head_dim(128);
+  l.set_dtype(kvrail::v1::DTYPE_BF16);
+  l.set_tokens_per_block(static_cast<uint32_t>(block_bytes / 256));
+  l.set_order(kvrail::v1::LAYOUT_ORDER_LAYER_PART_BLOCK_NHD);
+  std::vector<uint32_t> ids(blocks);
+  std::iota(ids.begin(), ids.end(), 0u);
+  std::mt19937 rng(19);
+  const uint32_t n = std::min(blocks, kSeedMaxBlocks);
+  for (auto* side : {c.spec.mutable_src(), c.spec.mutable_dst()}) {
+    std::shuffle(ids.begin(), ids.end(), rng);
+    side->mutable_block_ids()->Add(ids.begin(), ids.begin() + n);
+  }
+  return c;
 }
 
 LaunchCtas ChooseLaunchCtas(const LaunchCtasInputs& in) {

@@ -183,6 +183,24 @@ LaunchCtas ChooseLaunchCtas(const LaunchCtasInputs& in);
 // (`max_ctas` 0) and whenever the result is not above the budget (nothing to raise).
 int ResolveCriticalCtas(int configured, int sm_count, int max_ctas);
 
+// Seeding the CTA tuners at start (issue 19: the knee probe cost the first transfer ~100 us of
+// GPU time, one 48-64 MiB batch at half the CTAs). Before serving, each GPU's dispatcher runs the
+// tuner's own probe on scratch memory for the serving layouts' run sizes, whole scattered blocks
+// of 4 KiB to 128 KiB on the GPU's own memory, so the first transfers find their knee known.
+// Other classes (head-vector runs, a peer GPU's or host memory) still probe on first use.
+inline constexpr uint64_t kSeedScratchBytes = 64 << 20;  // per side
+inline constexpr uint32_t kSeedMaxBlocks = 8192;
+std::vector<uint64_t> TunerSeedBlockBytes();  // 4096, 8192, ..., 131072
+// One seed probe's transfer: a one-layer NHD layout of `scratch_bytes` in blocks of
+// `block_bytes` (a multiple of 256), and a spec moving min(blocks, kSeedMaxBlocks) scattered
+// blocks (distinct ids from a fixed shuffle) within it; source and destination use the same
+// layout. Its plan's MeanRunBytes lies in `block_bytes`' CtaTunerKey class.
+struct SeedCase {
+  kvrail::v1::PagedKvLayout layout;
+  kvrail::v1::TransferSpec spec;
+};
+SeedCase MakeSeedCase(uint64_t block_bytes, uint64_t scratch_bytes);
+
 // Kernel and copy engines together (issue 19): a kernel batch's last tiles go to the copy
 // engines (cudaMemcpyBatchAsync on a second stream) while the kernel moves the rest. Tiles
 // [begin, split) run on the kernel, [split, end) on the copy engines: whole tiles from the end,

@@ -580,3 +580,32 @@ TEST_CASE("critical CTAs: unset is one per SM; 0, copy-only mode or not above th
 
 }  // namespace
 }  // namespace kvrail::scheduler
+
+namespace kvrail::scheduler {
+namespace {
+
+TEST_CASE("tuner seeds: scattered whole blocks, plans in their block size's tuner class") {
+  const std::vector<uint64_t> sizes = TunerSeedBlockBytes();
+  REQUIRE(sizes.size() == 6);
+  CHECK(sizes.front() == 4096);
+  CHECK(sizes.back() == 131072);
+  for (uint64_t block : sizes) {
+    INFO("block " << block);
+    const SeedCase c = MakeSeedCase(block, kSeedScratchBytes);
+    auto layout = planner::ResolveLayout(c.layout, kSeedScratchBytes, "seed.");
+    REQUIRE(layout.ok());
+    planner::RegionView view{kSeedScratchBytes, true, true, *layout};
+    auto plan = planner::MakePlan(c.spec, view, view, planner::PlanOptions{});
+    REQUIRE(plan.ok());
+    // Every tuner sample is at least kMinSampleBytes, within the scratch.
+    CHECK(plan->bytes_total() >= CtaTuner::kMinSampleBytes);
+    CHECK(plan->bytes_total() <= kSeedScratchBytes);
+    // Scattered: the runs are (about) single blocks, in the block size's class.
+    CHECK(CtaTunerKey(MeanRunBytes(*plan), true, true) == CtaTunerKey(block, true, true));
+    // Distinct destination blocks (MakePlan checked them), every id in range.
+    CHECK(c.spec.dst().block_ids_size() == c.spec.src().block_ids_size());
+  }
+}
+
+}  // namespace
+}  // namespace kvrail::scheduler

@@ -318,23 +318,24 @@ int main(int argc, char** argv) {
                 "finished -> client's Wait back / wall\n\n"
                 "| warm-up | first GB/s | warm median GB/s (20) | first / warm | first: phases | "
                 "warm medians: phases |\n|---|---|---|---|---|---|\n");
-    FirstRow("on (default)", "");
+    FirstRow("on (default: CTA knees seeded at start)", "");
     FirstRow("off", "cuda_warm_up: false");
     FirstRow("on (again)", "");
-    FirstRow("on, critical-path measures off (KVRAILD_LOW_LATENCY=off)", "", kAllOff);
     FirstRow("on, fixed 32 CTAs (cuda_fixed_ctas: 32, no knee probe)", "cuda_fixed_ctas: 32");
+    FirstRow("on (third)", "");
   }
   if (part == "all" || part == "latency") {
     std::printf("\nlatency: 16 MiB critical transfer (1024 x 16 KiB blocks) GPU0 -> GPU0, submit -> "
                 "completion seen by the client, 200 after 20 warm-ups (us); phase medians: client "
                 "-> daemon / accept / reply / queued / running / finished -> client\n\n"
                 "| setting | p50 | p90 | min | phases |\n|---|---|---|---|---|\n");
-    Latency("default (spins, staged plan upload)", "");
-    Latency("client answer spin off (KVRAIL_ANSWER_SPIN_US=0)", "",
-            {{"KVRAIL_ANSWER_SPIN_US", "0"}});
-    Latency("all off (KVRAILD_LOW_LATENCY=off, KVRAIL_ANSWER_SPIN_US=0)", "", kAllOff);
+    Latency("default (critical transfers one CTA per SM)", "");
+    Latency("critical raise off (cuda_critical_ctas: 0: the 32-CTA budget)",
+            "cuda_critical_ctas: 0");
+    Latency("cuda_critical_ctas: 264 (two per SM)", "cuda_critical_ctas: 264");
+    Latency("cuda_critical_ctas: 66", "cuda_critical_ctas: 66");
     Latency("default (again)", "");
-    Latency("SM budget 132 CTAs (cuda_max_ctas: 132)", "cuda_max_ctas: 132");
+    Latency("all off (KVRAILD_LOW_LATENCY=off, KVRAIL_ANSWER_SPIN_US=0)", "", kAllOff);
   }
   return 0;
 }
