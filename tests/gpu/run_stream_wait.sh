@@ -10,6 +10,10 @@
 #  3. flags_gpu_test FLAG_RUNS processes x FLAG_ROUNDS handovers without MPS;
 #  4. under MPS: stream_wait_gpu_test, the flag runs, and streaming_bench --streaming-only with
 #     kvraild's readiness poller (cuda_stream_wait false) and with the GPU stream wait (true).
+# PARTS picks (default "hang test flags mps"); also "streaming" (the two streaming rows under
+# MPS), "probe" (hardware queues: session 29's first run), "final" (session 29's second run: the
+# streaming rows, every case and the flag runs with and without MPS) and "parked" (which calls
+# wait while another stream's wait is pending; not run yet).
 # Logs go to $OUT. Run: bash tests/gpu/run_stream_wait.sh (DEVPACK names another pack folder).
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
@@ -97,12 +101,26 @@ if [[ $parts == *final* ]]; then
     KVRAIL_SW_DRIVER_QUEUES=1 queues mps_driver
     echo "== flags_gpu_test (MPS)"; flag_loop mps
     stop_mps
+    # gpu_env.sh leaves the pipe directory exported: the probe would call the next runs MPS.
+    unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
   fi
   echo "== flags_gpu_test (no MPS)"; flag_loop nomps
   echo "== probe, no MPS, driver's default queues"
   KVRAIL_SW_DRIVER_QUEUES=1 queues nomps_driver
   echo "== stream_wait_gpu_test (no MPS)"
   sw_test nomps
+fi
+# "parked": which runtime calls wait while another stream's wait is pending (stream creation is
+# the suspect: docs/benchmarks.md "issue 19 (SW), session 29"), without and with MPS.
+if [[ $parts == *parked* ]]; then
+  for mode in nomps mps; do
+    if [[ $mode == mps ]]; then start_mps || continue; fi
+    echo "== calls while a wait is pending ($mode)"
+    run_group timeout 30 "$pack/bin/stream_wait_gpu_test" "[create-while-parked]" \
+        > "$out/parked_$mode.txt" 2>&1
+    echo "exit $?"; grep -E "^while a wait|FAILED|passed|failed" "$out/parked_$mode.txt"
+    if [[ $mode == mps ]]; then stop_mps; unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY; fi
+  done
 fi
 if [[ $parts == *hang* ]]; then
   echo "== the old order (KVRAIL_SW_NO_PRELOAD=1), no MPS, 12 s timeout"
