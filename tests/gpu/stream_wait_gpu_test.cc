@@ -637,7 +637,9 @@ TEST_CASE("[queues] streams held up by a pending wait, and the wait's release ti
     return blocked;
   };
   auto list = [](const std::vector<int>& v, int offset) {
-    return absl::StrJoin(v, " ", [offset](std::string* out, int i) { absl::StrAppend(out, i + offset); });
+    return absl::StrJoin(v, " ", [offset](std::string* out, int i) {
+      absl::StrAppend(out, i + offset);
+    });
   };
   std::vector<cudaStream_t> streams;
   for (int i = 0; i < kStreams + 1; ++i) streams.push_back(make_stream());
@@ -675,7 +677,9 @@ TEST_CASE("[queues] streams held up by a pending wait, and the wait's release ti
       }
       const absl::Time t1 = absl::Now();
       const bool passed_alone = cudaEventQuery(passed) == cudaSuccess;
-      for (int i = 0; i < extra; ++i) __atomic_store_n(&flags.words[512 + i], epoch, __ATOMIC_RELEASE);
+      for (int i = 0; i < extra; ++i) {
+        __atomic_store_n(&flags.words[512 + i], epoch, __ATOMIC_RELEASE);
+      }
       const absl::Time settled = absl::Now() + absl::Seconds(5);
       for (int i = 0; i <= extra; ++i) CHECK(settle(streams[i], settled));
       cudaEventDestroy(passed);
@@ -797,7 +801,9 @@ TEST_CASE("stream wait: a second gated job set up while the first one's waits ar
   CHECK(first->done() == 0);
   CHECK(second->done() == 0);
   for (Flags* f : {&second_flags, &first_flags}) {
-    for (uint32_t l = 0; l < f->count; ++l) __atomic_store_n(&f->words[l], kValue, __ATOMIC_RELEASE);
+    for (uint32_t l = 0; l < f->count; ++l) {
+      __atomic_store_n(&f->words[l], kValue, __ATOMIC_RELEASE);
+    }
   }
   for (GatedJob* job : {first.get(), second.get()}) {
     REQUIRE(job->AwaitAll(absl::Seconds(10)));

@@ -229,7 +229,9 @@ int Main(int argc, char** argv) {
     const auto t_end = ready_at[kLayers - 1];
     const auto t_all = arrived_at[kLayers - 1];
     if (rep > 0) {
-      for (uint32_t l = 0; l + 1 < kLayers; ++l) layer_lag.push_back(Us(arrived_at[l] - ready_at[l]));
+      for (uint32_t l = 0; l + 1 < kLayers; ++l) {
+        layer_lag.push_back(Us(arrived_at[l] - ready_at[l]));
+      }
     }
     auto st = cl.Wait(submitted->transfer_id(), absl::Seconds(10));
     CHECK_OK(st.status());
