@@ -292,6 +292,7 @@ absl::Status Run(v1::DaemonConfig config) {
     // Unset: one CTA per SM of each GPU (the engine asks the GPU).
     cuda_options.critical_ctas =
         config.has_cuda_critical_ctas() ? static_cast<int>(config.cuda_critical_ctas()) : -1;
+    cuda_options.wake_on_submit = !config.has_cuda_wake_on_submit() || config.cuda_wake_on_submit();
     if (low_latency_off) {
       cuda_options.dispatcher_spin_us = 0;
       cuda_options.staged_plan_upload = false;

@@ -73,6 +73,12 @@ class CudaEngine final : public Engine {
     return worker != nullptr && worker->AdmitGated(job);
   }
 
+  void Expect(const MemoryRef& src, const MemoryRef& dst) override {
+    DeviceWorker* worker = Worker(scheduler::ExecutingDevice(
+        src.cuda, src.device, dst.cuda, dst.device, run_on_destination_, devices_.front()));
+    if (worker != nullptr) worker->Expect();
+  }
+
   size_t Remove(const Job* job) override {
     size_t removed = 0;
     for (auto& w : workers_) removed += w->Remove(job);

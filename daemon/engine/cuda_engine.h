@@ -60,6 +60,9 @@ struct CudaEngineOptions {
   // small plan) instead of up to five copies, the header from pageable memory.
   int dispatcher_spin_us = 100;
   bool staged_plan_upload = true;
+  // Engine::Expect wakes the GPU's sleeping dispatcher (then it spins as above) while a submit for
+  // it is planned. Off, or without the spin: Expect does nothing.
+  bool wake_on_submit = true;
   // The most gated jobs per GPU waiting at once (two streams each: the waits and the abort).
   int stream_wait_jobs = 8;
   // A pending GPU wait blocks every context-synchronizing CUDA call of the process

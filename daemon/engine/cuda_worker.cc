@@ -216,6 +216,7 @@ void DeviceWorker::Run() {
           mu_.AwaitWithTimeout(absl::Condition(this, &DeviceWorker::HasWorkOrStop),
                                kGateWordPoll);
         }
+        expect_ = false;  // woken for it: the spin at the loop's top waits for its Enqueue
         if (stop_) break;
       }
       if (in_flight.size() < kMaxInFlight) next = TakeLocked();

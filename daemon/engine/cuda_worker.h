@@ -246,6 +246,15 @@ class DeviceWorker {
     work_hint_.store(true, std::memory_order_release);  // ends the dispatcher's idle spin
   }
 
+  // Engine::Expect for this GPU (any thread): a sleeping dispatcher wakes now and spins up to
+  // dispatcher_spin_us for the job being planned, so the job's Enqueue finds it awake (the wake-up
+  // cost the first tile 25-60 us after an idle spell; issue 19). Nothing without the spin.
+  void Expect() {
+    if (!options_.wake_on_submit || options_.dispatcher_spin_us <= 0) return;
+    absl::MutexLock lock(&mu_);
+    expect_ = true;
+  }
+
   size_t Remove(const Job* job) {
     absl::MutexLock lock(&mu_);
     return queues_.Remove(job);
@@ -277,8 +286,9 @@ class DeviceWorker {
 
   std::string LastJobTextLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // expect_ too: the dispatcher wakes and then spins for the expected job (Expect).
   bool HasWorkOrStop() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return stop_ || !queues_.AllEmpty();
+    return stop_ || expect_ || !queues_.AllEmpty();
   }
 
   // Takes the next batch in priority order (fewest queued tiles first within a class) that the
@@ -417,6 +427,7 @@ class DeviceWorker {
 
   mutable absl::Mutex mu_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  bool expect_ ABSL_GUARDED_BY(mu_) = false;  // Expect() since the dispatcher last woke
   TileQueues queues_ ABSL_GUARDED_BY(mu_){WithinClass::kFewestTilesFirst};
   std::string last_decision_ ABSL_GUARDED_BY(mu_) = "idle";
   struct SetUpSample {

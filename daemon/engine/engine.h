@@ -129,6 +129,10 @@ class Engine {
   // over as their layers become ready (the readiness poller). Called once per job, before its
   // first Enqueue.
   virtual bool AdmitGated(const std::shared_ptr<Job>& job) { return false; }
+  // A hint, before a submit between `src` and `dst` is planned: a job between them is likely to
+  // be enqueued soon. An engine whose worker sleeps may wake it now, so its wake-up overlaps the
+  // planning instead of delaying the first tile (issue 19). No effect on what runs. Any thread.
+  virtual void Expect(const MemoryRef& src, const MemoryRef& dst) {}
 };
 
 // What one priority class may use at once; 0 means no limit.

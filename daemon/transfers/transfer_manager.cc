@@ -212,12 +212,18 @@ absl::StatusOr<v1::SubmitTransferResponse> TransferManagerImpl::SubmitLocal(
   // buffers.
   plan_options.tables =
       (options_.cuda_engine != nullptr ? options_.cuda_engine : engine_)->table_pool();
+  // The GPU's dispatcher, asleep after an idle spell, wakes while the plan is made (issue 19).
+  const scheduler::Placement src_at = PlacementOf(*request.src), dst_at = PlacementOf(*request.dst);
+  if (scheduler::RunsOnCudaEngine(src_at, dst_at, options_.cuda_engine != nullptr)) {
+    options_.cuda_engine->Expect(engine::MemoryRef{src_at.cuda, src_at.device, nullptr},
+                                 engine::MemoryRef{dst_at.cuda, dst_at.device, nullptr});
+  }
   KVRAIL_ASSIGN_OR_RETURN(planner::Plan plan,
                           planner::MakePlan(request.light, request.src->view(),
                                             request.dst->view(), plan_options, request.Tables()));
   KVRAIL_ASSIGN_OR_RETURN(
       const scheduler::Route route,
-      scheduler::ChooseRoute(PlacementOf(*request.src), PlacementOf(*request.dst),
+      scheduler::ChooseRoute(src_at, dst_at,
                              options_.topology_graph, gpu_index_, options_.cuda_engine != nullptr));
   engine::Engine* engine =
       route.engine == scheduler::EngineKind::kCuda ? options_.cuda_engine : engine_;

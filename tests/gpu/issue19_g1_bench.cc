@@ -258,8 +258,10 @@ void FirstRow(const char* label, const std::string& config,
 }
 
 // --- latency -------------------------------------------------------------------------------
+// gap_us > 0: the client sleeps that long between transfers (a decode step's cadence: the
+// daemon's threads go to sleep between transfers, unlike back to back).
 void Latency(const char* label, const std::string& config,
-             std::vector<std::pair<std::string, std::string>> env = {}) {
+             std::vector<std::pair<std::string, std::string>> env = {}, int gap_us = 0) {
   ScopedEnv scoped(std::move(env));
   Daemon d(config);
   const uint64_t block = 16 << 10;
@@ -275,6 +277,7 @@ void Latency(const char* label, const std::string& config,
   std::vector<double> lat;
   std::vector<std::vector<double>> ph(6);
   for (int i = 0; i < 220; ++i) {
+    if (gap_us > 0) absl::SleepFor(absl::Microseconds(gap_us));
     const Timed t = RunTransfer(d, spec);
     if (i < 20) continue;
     const v1::TransferStatus& s = t.status;
@@ -318,10 +321,10 @@ int main(int argc, char** argv) {
                 "finished -> client's Wait back / wall\n\n"
                 "| warm-up | first GB/s | warm median GB/s (20) | first / warm | first: phases | "
                 "warm medians: phases |\n|---|---|---|---|---|---|\n");
-    FirstRow("on (default: CTA knees seeded at start)", "");
-    FirstRow("off", "cuda_warm_up: false");
+    FirstRow("on (default: CTA knees seeded, dispatcher woken at submit)", "");
+    FirstRow("on, cuda_wake_on_submit: false", "cuda_wake_on_submit: false");
     FirstRow("on (again)", "");
-    FirstRow("on, fixed 32 CTAs (cuda_fixed_ctas: 32, no knee probe)", "cuda_fixed_ctas: 32");
+    FirstRow("off", "cuda_warm_up: false");
     FirstRow("on (third)", "");
   }
   if (part == "all" || part == "latency") {
@@ -332,10 +335,11 @@ int main(int argc, char** argv) {
     Latency("default (critical transfers one CTA per SM)", "");
     Latency("critical raise off (cuda_critical_ctas: 0: the 32-CTA budget)",
             "cuda_critical_ctas: 0");
-    Latency("cuda_critical_ctas: 264 (two per SM)", "cuda_critical_ctas: 264");
-    Latency("cuda_critical_ctas: 66", "cuda_critical_ctas: 66");
+    Latency("default, 2 ms between transfers", "", {}, 2000);
+    Latency("cuda_wake_on_submit: false, 2 ms between transfers", "cuda_wake_on_submit: false",
+            {}, 2000);
     Latency("default (again)", "");
-    Latency("all off (KVRAILD_LOW_LATENCY=off, KVRAIL_ANSWER_SPIN_US=0)", "", kAllOff);
+    Latency("default, 2 ms between transfers (again)", "", {}, 2000);
   }
   return 0;
 }
