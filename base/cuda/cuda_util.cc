@@ -195,13 +195,23 @@ absl::StatusOr<Stream> Stream::Create(int device) {
     return s;
   }
   cudaStream_t stream = nullptr;
-  if (absl::Status s = CudaStatus(
-          cudaStreamCreateWithPriority(&stream, cudaStreamNonBlocking, greatest),
-          "cudaStreamCreateWithPriority");
-      !s.ok()) {
-    return s;
+  cudaError_t made;
+  {
+    // Stream creation and destruction were seen not to return while another stream of the
+    // process waited on the GPU (cuStreamWaitValue32; docs/benchmarks.md, issue 19 (SW), session
+    // 29): marked, so the CUDA engine's gate watchdog bounds them like the other such calls.
+    ContextSyncScope sync("cudaStreamCreateWithPriority");
+    made = cudaStreamCreateWithPriority(&stream, cudaStreamNonBlocking, greatest);
   }
+  if (absl::Status s = CudaStatus(made, "cudaStreamCreateWithPriority"); !s.ok()) return s;
   return Stream(stream, device);
+}
+
+void Stream::Destroy() {
+  if (stream_ == nullptr) return;
+  ContextSyncScope sync("cudaStreamDestroy");
+  cudaStreamDestroy(stream_);
+  stream_ = nullptr;
 }
 
 Stream::Stream(Stream&& other) noexcept
@@ -209,16 +219,14 @@ Stream::Stream(Stream&& other) noexcept
 
 Stream& Stream::operator=(Stream&& other) noexcept {
   if (this != &other) {
-    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+    Destroy();
     stream_ = std::exchange(other.stream_, nullptr);
     device_ = other.device_;
   }
   return *this;
 }
 
-Stream::~Stream() {
-  if (stream_ != nullptr) cudaStreamDestroy(stream_);
-}
+Stream::~Stream() { Destroy(); }
 
 absl::StatusOr<Event> Event::Create() {
   cudaEvent_t event = nullptr;

@@ -100,6 +100,7 @@ class Stream {
 
  private:
   Stream(cudaStream_t s, int device) : stream_(s), device_(device) {}
+  void Destroy();  // under a ContextSyncScope (see Create)
   cudaStream_t stream_ = nullptr;
   int device_ = -1;
 };
