@@ -401,6 +401,9 @@ class DeviceWorker {
                           cudaStream_t stream = nullptr);
 
   void Complete(Batch& b);
+  // A batch's timing events: one a completed batch gave back, else a new one (cudaEventCreate
+  // is a driver call on every batch's path; issue 19's critical path). Dispatcher thread.
+  absl::StatusOr<cuda::Event> TakeEvent();
 
   // Pinned plan-upload staging (CudaEngineOptions::staged_plan_upload; dispatcher only).
   struct StagingSlot {
@@ -502,6 +505,7 @@ class DeviceWorker {
   std::vector<GateStreams> gate_pool_;
   std::deque<int> free_gate_streams_;
   std::vector<CopyRun> runs_;
+  std::vector<cuda::Event> spare_events_;  // TakeEvent's (dispatcher only; at most 8)
   std::vector<void*> dsts_;
   std::vector<const void*> srcs_;
   std::vector<size_t> sizes_;

@@ -117,8 +117,8 @@ Batch DeviceWorker::LaunchBatch(JobState& s, const Taken& taken) {
       return scheduler::GatedTileStatus(true, s.gate->field, layer, s.gate->value, released);
     }
     const cudaStream_t stream = s.gate.has_value() ? s.gate_stream : stream_.get();
-    KVRAIL_ASSIGN_OR_RETURN(b.start, cuda::Event::Create());
-    KVRAIL_ASSIGN_OR_RETURN(b.stop, cuda::Event::Create());
+    KVRAIL_ASSIGN_OR_RETURN(b.start, TakeEvent());
+    KVRAIL_ASSIGN_OR_RETURN(b.stop, TakeEvent());
     if (s.gate.has_value()) {
       // The layers' words first (GEQ, wrapping epoch order): the kernel below starts when the
       // producer's stream has written them, without the CPU.
@@ -371,8 +371,23 @@ void DeviceWorker::Complete(Batch& b) {
     last_job_ = JobSample{s.batches, s.bytes_done, s.gpu_seconds,
                           absl::ToDoubleSeconds(absl::Now() - *s.first_launch)};
   }
-  absl::MutexLock lock(&mu_);
-  inflight_bytes_[b.taken.cls] -= b.taken.bytes;  // after the report, as in the host engine
+  {
+    absl::MutexLock lock(&mu_);
+    inflight_bytes_[b.taken.cls] -= b.taken.bytes;  // after the report, as in the host engine
+  }
+  // Passed and read: reusable (not after an error, which may have left them unusable).
+  for (cuda::Event* e : {&b.start, &b.stop}) {
+    if (status.ok() && e->get() != nullptr && spare_events_.size() < 8) {
+      spare_events_.push_back(std::move(*e));
+    }
+  }
+}
+
+absl::StatusOr<cuda::Event> DeviceWorker::TakeEvent() {
+  if (spare_events_.empty()) return cuda::Event::Create();
+  cuda::Event e = std::move(spare_events_.back());
+  spare_events_.pop_back();
+  return e;
 }
 
 }  // namespace kvrail::engine::cuda_detail
