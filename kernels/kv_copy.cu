@@ -200,12 +200,10 @@ static_assert(kMaxPieceBytes == kLoadsInFlight * 32 * 16, "one piece = one warp 
 constexpr int kDefaultUnitsPerLane = 6;
 static_assert(kSegmentFormRegisters == kDefaultUnitsPerLane, "segment_math.h names this form");
 constexpr int kBulkSegmentForm = 100;  // segment_units = kBulkSegmentForm + stages
-// segment_units = kBulkLaneCopiesForm + stages (a benchmark variant): stages holding several
-// pieces are filled by the lanes' 16-byte cp.async copies instead of one bulk copy per piece.
-constexpr int kBulkLaneCopiesForm = 110;
 constexpr int kDefaultBulkStages = 3;
-// The default: one bulk copy per piece, 3 stages (measured last, docs/benchmarks.md "issue 19
-// (NL)": lane copies were 5-20% slower wherever stages held several pieces).
+// The default: one bulk copy per piece, 3 stages (docs/benchmarks.md "issue 19 (NL)": a variant
+// filling several-piece stages with the lanes' cp.async copies, 110 + stages, was 5-20% slower
+// wherever stages held several pieces; removed in session 29).
 constexpr int kDefaultSegmentForm = kBulkSegmentForm + kDefaultBulkStages;
 // Shared memory the bulk form's ring may take per CTA (the H200 allows 227 KiB per block; the
 // header and the mbarriers are static).
@@ -437,19 +435,198 @@ __device__ __forceinline__ void BarWait(uint32_t bar, uint32_t parity) {
         : "=r"(done) : "r"(bar), "r"(parity) : "memory");
   }
 }
-// Per-lane 16-byte copy into shared memory (cp.async), and an arrival on `bar` when all of this
-// lane's earlier cp.async copies have landed (the barrier's pending count is raised first).
+// Per-lane 16-byte copy into shared memory (cp.async; `from` 16-byte aligned).
 __device__ __forceinline__ void CpAsync16(uint32_t to, uint64_t from) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(to), "l"(from) : "memory");
 }
-__device__ __forceinline__ void CpAsyncArrive(uint32_t bar) {
-  asm volatile("cp.async.mbarrier.arrive.shared.b64 [%0];\n" ::"r"(bar) : "memory");
+// Waits for all of this thread's cp.async copies.
+__device__ __forceinline__ void CpAsyncWaitAll() {
+  asm volatile("cp.async.wait_all;\n" ::: "memory");
 }
 __device__ __forceinline__ uint4 LoadShared16(uint32_t addr) {
   uint4 v;
   asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
   return v;
+}
+
+// The split register form (DevicePlan::segment_units kSplitSegmentForm + 10 x (segments per lane
+// - 1) + units per lane; arithmetic in segment_math.h: SplitSegment, UnitSegment). Like the
+// register form, a warp takes 32 x kSegsPerLane segments per step (kSegsPerLane lookups per lane,
+// the next step's issued during the first round), but each segment's WHOLE 16-byte destination
+// units form the step's unit stream, moved with plain 16-byte stores, and its (at most two)
+// partial units are stored by the lane that located it, loaded at the step's start: the per-unit
+// loop has no partial-store path that a warp would execute whenever any of its lanes holds a
+// partial unit. A unit's segment is one multiply-high when the step's segments have equal
+// whole-unit counts (equal chunk lengths and destination alignments: nearly every step of a
+// head-vector or token plan), else the shuffle search; its first block and source offset come
+// from a per-warp table in shared memory (one 16-byte read instead of six shuffles). A unit whose
+// source is 16-byte aligned relative to its destination reads one source block, otherwise the two
+// holding its bytes (Window16). Two segments per lane double the bytes a step moves for the same
+// chain of dependent latencies (lookup, loads, stores), which short segments are bound by. The
+// partial units' source blocks go to shared memory by cp.async (no registers held while the
+// first round and the next lookups run): dynamic shared memory of kPartialSlots x kSegsPerLane
+// 16-byte slots per thread (SplitPartialSlotBytes).
+constexpr int kSplitSegmentForm = 200;
+static_assert(kSegmentFormSplit == kSplitSegmentForm + 6, "segment_math.h names this form");
+constexpr uint32_t kPartialSlots = 4;  // head: two source blocks, tail: two
+__host__ __device__ constexpr uint32_t SplitPartialSlotBytes(uint32_t threads, int segs_per_lane) {
+  return threads * kPartialSlots * static_cast<uint32_t>(segs_per_lane) * 16;
+}
+template <int kUnitsPerLane, int kSegsPerLane>
+__global__ void __launch_bounds__(kMaxThreads)
+    KvCopySegmentsSplitKernel(const PlanHeader* __restrict__ header, uint32_t tile_begin,
+                              uint32_t tile_end) {
+  constexpr int S = kSegsPerLane;
+  __shared__ PlanHeader h;
+  // Per warp, per segment of the step: {block of unit 0 of the step's stream (first whole block
+  // minus the units before it), source address minus destination address}.
+  __shared__ ulonglong2 params[kMaxThreads / 32][32 * S];
+  extern __shared__ __align__(16) uint8_t partial_slots[];
+  LoadHeader(header, &h);
+  if (h.num_tiles == 0) return;  // a gated job that ended (the CUDA engine disarmed it)
+  const uint64_t src = h.src.base;
+  const uint64_t dst = h.dst.base;
+  const uint32_t* __restrict__ src_blocks = reinterpret_cast<const uint32_t*>(h.src.block_table);
+  const uint32_t* __restrict__ dst_blocks = reinterpret_cast<const uint32_t*>(h.dst.block_table);
+  const uint32_t lane = threadIdx.x & 31;
+  ulonglong2* const table = params[threadIdx.x / 32];
+  const SegmentGrid g = MakeSegmentGrid(h, tile_end - tile_begin);
+  const uint64_t items = g.items;
+  const uint64_t warps = static_cast<uint64_t>(gridDim.x) * (blockDim.x / 32);
+  const uint64_t warp = static_cast<uint64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  const uint64_t stride = warps * 32 * S;
+  auto locate = [&](uint64_t item) {
+    return LocateSegment(h, src_blocks, dst_blocks, tile_begin, item, items, g.per_tile,
+                         g.tile_div, g.splits, g.split_div);
+  };
+  // This thread's partial-unit slots: slot i at slots + i * blockDim.x * 16 (consecutive lanes,
+  // consecutive 16-byte words).
+  const uint32_t slots = SharedAddr(partial_slots) + threadIdx.x * 16;
+  const uint32_t slot_step = blockDim.x * 16;
+  // A partial unit's (at most two) aligned source blocks into slots `i` and `i + 1`, each copied
+  // only when it holds bytes of the unit.
+  auto load_partial = [&](const PartialUnit& pu, uint64_t delta, uint32_t i) {
+    if (pu.range.hi == 0) return;
+    const uint64_t s = (pu.block << 4) + delta;
+    const uint32_t r = static_cast<uint32_t>(s & 15);
+    if (r + pu.range.lo < 16) CpAsync16(slots + i * slot_step, s - r);
+    if (r + pu.range.hi > 16) CpAsync16(slots + (i + 1) * slot_step, s - r + 16);
+  };
+  auto store_partial = [&](const PartialUnit& pu, uint64_t delta, uint32_t i) {
+    if (pu.range.hi == 0) return;
+    const uint32_t r = static_cast<uint32_t>(((pu.block << 4) + delta) & 15);
+    StorePartial(pu.block << 4,
+                 Window16(LoadShared16(slots + i * slot_step),
+                          LoadShared16(slots + (i + 1) * slot_step), r),
+                 pu.range.lo, pu.range.hi);
+  };
+  uint64_t first = warp * 32 * S;
+  ChunkSpan next[S];
+#pragma unroll
+  for (int q = 0; q < S; ++q) next[q] = locate(first + 32 * q + lane);
+  for (; first < items; first += stride) {
+    SplitUnits su[S];
+    uint64_t delta[S], d_at[S];
+    uint32_t len[S];
+    bool same = true;
+    uint32_t full0 = 0;
+#pragma unroll
+    for (int q = 0; q < S; ++q) {
+      const uint64_t d_addr = dst + next[q].dst;
+      d_at[q] = d_addr;
+      len[q] = static_cast<uint32_t>(next[q].bytes);
+      delta[q] = src + next[q].src - d_addr;
+      su[q] = SplitSegment(d_addr, next[q].bytes);
+      if (q == 0) full0 = __shfl_sync(0xffffffffu, su[0].full, 0);
+      same = same && su[q].full == full0;
+    }
+    const bool uniform = __all_sync(0xffffffffu, same);
+    uint32_t end[S];
+    uint32_t total = 0;
+#pragma unroll
+    for (int q = 0; q < S; ++q) {
+      end[q] = uniform ? full0 * (32 * q + lane + 1) : total + WarpInclusiveSum(su[q].full, lane);
+      total = __shfl_sync(0xffffffffu, end[q], 31);
+    }
+    const uint32_t magic = UnitMagic(full0);
+    __syncwarp();  // every lane has read the previous step's table
+#pragma unroll
+    for (int q = 0; q < S; ++q) {
+      table[32 * q + lane] = make_ulonglong2(su[q].first_full - (end[q] - su[q].full), delta[q]);
+    }
+    __syncwarp();
+#pragma unroll
+    for (int q = 0; q < S; ++q) {
+      load_partial(su[q].head, delta[q], kPartialSlots * q);
+      load_partial(su[q].tail, delta[q], kPartialSlots * q + 2);
+    }
+    // The partial units, stored after the first round's loads are issued (their copies were
+    // issued before those); their units are found again from the segment (no registers held).
+    auto store_partials = [&]() {
+      CpAsyncWaitAll();
+#pragma unroll
+      for (int q = 0; q < S; ++q) {
+        const SplitUnits again = SplitSegment(d_at[q], len[q]);
+        store_partial(again.head, delta[q], kPartialSlots * q);
+        store_partial(again.tail, delta[q], kPartialSlots * q + 2);
+      }
+    };
+    auto locate_next = [&]() {
+#pragma unroll
+      for (int q = 0; q < S; ++q) next[q] = locate(first + stride + 32 * q + lane);
+    };
+    bool located = false;
+    for (uint32_t base = 0; base < total; base += 32 * kUnitsPerLane) {
+      uint4 va[kUnitsPerLane], vb[kUnitsPerLane];
+      uint64_t to[kUnitsPerLane];
+      uint32_t shift[kUnitsPerLane];  // source offset in its block; 16: nothing to store
+#pragma unroll
+      for (int k = 0; k < kUnitsPerLane; ++k) {
+        const uint32_t u = base + 32 * k + lane;
+        uint32_t j = 0;
+        if (uniform) {
+          j = u < total ? UnitSegment(u, full0, magic) : 0u;
+        } else {
+          // The search over each set of 32 (every lane takes part in each).
+          uint32_t before = 0;
+#pragma unroll
+          for (int q = 0; q < S; ++q) {
+            const uint32_t jq = SegmentOfUnit(end[q], u);
+            if (u >= before) j = 32 * q + jq;
+            before = __shfl_sync(0xffffffffu, end[q], 31);
+          }
+        }
+        shift[k] = 16;
+        to[k] = 0;
+        va[k] = make_uint4(0, 0, 0, 0);
+        vb[k] = make_uint4(0, 0, 0, 0);
+        if (u < total) {
+          const ulonglong2 p = table[j];
+          to[k] = (p.x + u) << 4;
+          const uint64_t s = to[k] + p.y;
+          const uint32_t r = static_cast<uint32_t>(s & 15);
+          const uint4* aligned = reinterpret_cast<const uint4*>(s - r);
+          va[k] = aligned[0];
+          if (r != 0) vb[k] = aligned[1];
+          shift[k] = r;
+        }
+      }
+      if (!located) {  // warp-uniform: the first round
+        locate_next();
+        located = true;
+        store_partials();
+      }
+#pragma unroll
+      for (int k = 0; k < kUnitsPerLane; ++k) {
+        if (shift[k] != 16) *reinterpret_cast<uint4*>(to[k]) = Window16(va[k], vb[k], shift[k]);
+      }
+    }
+    if (!located) {  // a step without whole units
+      locate_next();
+      store_partials();
+    }
+  }
 }
 
 // The bulk-staged form (see above). Dynamic shared memory: kStageRingHead + warps x kStages x
@@ -461,7 +638,7 @@ __device__ __forceinline__ uint4 LoadShared16(uint32_t addr) {
 // lanes then consume stages in order: lane t holds the stage's t-th piece (destination, length,
 // stage position), the stage's units form one stream of which lane l takes units l, l + 32, ...
 // (the piece of a unit found by a shuffle search unless the stage holds one piece).
-template <int kStages, bool kLaneCopies>
+template <int kStages>
 __global__ void __launch_bounds__(kMaxThreads)
     KvCopySegmentsBulkKernel(const PlanHeader* __restrict__ header, uint32_t tile_begin,
                              uint32_t tile_end, uint32_t stage_bytes) {
@@ -571,27 +748,9 @@ __global__ void __launch_bounds__(kMaxThreads)
     const uint64_t s_addr = src + cur.src;
     const uint64_t d_addr = dst + cur.dst;
     const bool mine = lane >= jn && lane < jend && c_span != 0;
-    if (kLaneCopies && __popc(__ballot_sync(0xffffffffu, mine)) > 1) {
-      // Several pieces: the lanes copy the stage's 16-byte blocks (block b of the stage comes
-      // from the piece whose span holds it: StageBlockPiece), and each lane's copies arrive on
-      // the mbarrier when they land.
-      const uint32_t blocks = stage_total / 16;
-      const uint32_t span_end = lane < jn ? 0u : lane >= jend ? 0xffffffffu : (c_incl - base) / 16;
-      const uint64_t from = SourceSpan(s_addr, cur.bytes).begin - 16 * static_cast<uint64_t>((c_incl - c_span - base) / 16);
-      for (uint32_t r = 0; r < blocks; r += 32) {
-        const uint32_t b = r + lane;
-        const uint32_t j = SegmentOfUnit(span_end, b);
-        const uint64_t f = __shfl_sync(0xffffffffu, from, j);
-        if (b < blocks) CpAsync16(stage + 16 * b, f + 16 * static_cast<uint64_t>(b));
-      }
-      CpAsyncArrive(bar);
-      __syncwarp();  // every lane's pending arrival is counted before lane 0's
-      if (lane == 0) BarArriveExpect(bar, 0);
-    } else {
-      if (lane == 0) BarArriveExpect(bar, stage_total);
-      __syncwarp();  // the stage's bytes are expected before any of its copies can complete
-      if (mine) BulkLoad(span_at, SourceSpan(s_addr, cur.bytes).begin, c_span, bar);
-    }
+    if (lane == 0) BarArriveExpect(bar, stage_total);
+    __syncwarp();  // the stage's bytes are expected before any of its copies can complete
+    if (mine) BulkLoad(span_at, SourceSpan(s_addr, cur.bytes).begin, c_span, bar);
     // Where this lane's piece's destination byte d_addr lies in the stage.
     const uint32_t pos = StagePos(span_at, s_addr, d_addr, d_addr);
     const uint32_t from = (jn + lane) & 31;
@@ -714,19 +873,32 @@ int KvCopyLaunch(const PlanHeader* device_header, uint32_t tile_begin, uint32_t 
 }
 
 namespace {
-template <int kStages, bool kLaneCopies>
+template <int kStages>
 int LaunchBulkSegments(const PlanHeader* device_header, uint32_t tile_begin, uint32_t tile_end,
                        int num_ctas, int threads, CUstream_st* stream) {
   const uint32_t warps = static_cast<uint32_t>(threads) / 32;
   const uint32_t stage_bytes = StageBytesFor(kBulkRingBudget, warps, kStages);
   if (stage_bytes == 0) return cudaErrorInvalidValue;
   const size_t ring = kStageRingPad + static_cast<size_t>(warps) * kStages * stage_bytes;
-  const cudaError_t e = cudaFuncSetAttribute(KvCopySegmentsBulkKernel<kStages, kLaneCopies>,
+  const cudaError_t e = cudaFuncSetAttribute(KvCopySegmentsBulkKernel<kStages>,
                                              cudaFuncAttributeMaxDynamicSharedMemorySize,
                                              static_cast<int>(ring));
   if (e != cudaSuccess) return e;
-  KvCopySegmentsBulkKernel<kStages, kLaneCopies><<<num_ctas, threads, ring, stream>>>(
+  KvCopySegmentsBulkKernel<kStages><<<num_ctas, threads, ring, stream>>>(
       device_header, tile_begin, tile_end, stage_bytes);
+  return cudaGetLastError();
+}
+
+template <int kUnitsPerLane, int kSegsPerLane>
+int LaunchSplitSegments(const PlanHeader* device_header, uint32_t tile_begin, uint32_t tile_end,
+                        int num_ctas, int threads, CUstream_st* stream) {
+  const uint32_t slots = SplitPartialSlotBytes(static_cast<uint32_t>(threads), kSegsPerLane);
+  const cudaError_t e = cudaFuncSetAttribute(KvCopySegmentsSplitKernel<kUnitsPerLane, kSegsPerLane>,
+                                             cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             static_cast<int>(slots));
+  if (e != cudaSuccess) return e;
+  KvCopySegmentsSplitKernel<kUnitsPerLane, kSegsPerLane><<<num_ctas, threads, slots, stream>>>(
+      device_header, tile_begin, tile_end);
   return cudaGetLastError();
 }
 }  // namespace
@@ -742,18 +914,22 @@ int KvCopySegmentsLaunch(const PlanHeader* device_header, uint32_t tile_begin, u
       KvCopySegmentsKernel<kDefaultUnitsPerLane><<<num_ctas, threads, 0, stream>>>(
           device_header, tile_begin, tile_end);
       return cudaGetLastError();
+    case kSplitSegmentForm + 4:
+      return LaunchSplitSegments<4, 1>(device_header, tile_begin, tile_end, num_ctas, threads,
+                                      stream);
+    case kSplitSegmentForm + 6:
+      return LaunchSplitSegments<6, 1>(device_header, tile_begin, tile_end, num_ctas, threads,
+                                      stream);
+    case kSplitSegmentForm + 14:
+      return LaunchSplitSegments<4, 2>(device_header, tile_begin, tile_end, num_ctas, threads,
+                                      stream);
+    case kSplitSegmentForm + 16:
+      return LaunchSplitSegments<6, 2>(device_header, tile_begin, tile_end, num_ctas, threads,
+                                      stream);
     case kBulkSegmentForm + 2:
-      return LaunchBulkSegments<2, false>(device_header, tile_begin, tile_end, num_ctas, threads,
-                                          stream);
+      return LaunchBulkSegments<2>(device_header, tile_begin, tile_end, num_ctas, threads, stream);
     case kBulkSegmentForm + 3:
-      return LaunchBulkSegments<3, false>(device_header, tile_begin, tile_end, num_ctas, threads,
-                                          stream);
-    case kBulkLaneCopiesForm + 2:
-      return LaunchBulkSegments<2, true>(device_header, tile_begin, tile_end, num_ctas, threads,
-                                         stream);
-    case kBulkLaneCopiesForm + 3:
-      return LaunchBulkSegments<3, true>(device_header, tile_begin, tile_end, num_ctas, threads,
-                                         stream);
+      return LaunchBulkSegments<3>(device_header, tile_begin, tile_end, num_ctas, threads, stream);
     default:
       return cudaErrorInvalidValue;
   }
@@ -769,10 +945,12 @@ int WarmUpKernels(CUstream_st* stream) {
   if (e == cudaSuccess) {
     KvCopyPiecesKernel<<<grid, block, 0, stream>>>(header, 0, 0, kMaxPieceBytes);
     KvCopySegmentsKernel<kDefaultUnitsPerLane><<<grid, block, 0, stream>>>(header, 0, 0);
-    KvCopySegmentsBulkKernel<2, false><<<grid, block, 0, stream>>>(header, 0, 0, 0);
-    KvCopySegmentsBulkKernel<3, false><<<grid, block, 0, stream>>>(header, 0, 0, 0);
-    KvCopySegmentsBulkKernel<2, true><<<grid, block, 0, stream>>>(header, 0, 0, 0);
-    KvCopySegmentsBulkKernel<3, true><<<grid, block, 0, stream>>>(header, 0, 0, 0);
+    KvCopySegmentsSplitKernel<4, 1><<<grid, block, 0, stream>>>(header, 0, 0);
+    KvCopySegmentsSplitKernel<6, 1><<<grid, block, 0, stream>>>(header, 0, 0);
+    KvCopySegmentsSplitKernel<4, 2><<<grid, block, 0, stream>>>(header, 0, 0);
+    KvCopySegmentsSplitKernel<6, 2><<<grid, block, 0, stream>>>(header, 0, 0);
+    KvCopySegmentsBulkKernel<2><<<grid, block, 0, stream>>>(header, 0, 0, 0);
+    KvCopySegmentsBulkKernel<3><<<grid, block, 0, stream>>>(header, 0, 0, 0);
     KvCopyKernel<16><<<grid, block, 0, stream>>>(header, 0, 0);
     KvCopyKernel<8><<<grid, block, 0, stream>>>(header, 0, 0);
     KvCopyKernel<4><<<grid, block, 0, stream>>>(header, 0, 0);

@@ -134,13 +134,64 @@ KVRAIL_HD bool MergeHead(bool continues, uint32_t lane, uint32_t run_start, uint
   return !continues || (lane - run_start) % per_run == 0;
 }
 
+// The split register form (kv_copy.cu, KvCopySegmentsSplitKernel; issue 19 NL, session 29): a
+// segment's destination cut into its WHOLE 16-byte units, which the warp moves as one stream of
+// plain 16-byte stores (no partial-store path in the per-unit loop), and at most two partial
+// units (its first and last destination block when they hold only some of its bytes), which the
+// lane that located the segment stores itself. `first_full` is the destination block index
+// (address / 16) of the first whole unit; a partial unit's `range.hi` is 0 when there is none.
+// The whole units and the partial ones are exactly SegmentUnits(d, len) units, each destination
+// byte of the segment in exactly one of them.
+struct PartialUnit {
+  uint64_t block;   // destination block index (address / 16)
+  UnitRange range;  // bytes [lo, hi) of the block; hi == 0: no such unit
+};
+struct SplitUnits {
+  uint64_t first_full;
+  uint32_t full;
+  PartialUnit head;
+  PartialUnit tail;
+};
+KVRAIL_HD SplitUnits SplitSegment(uint64_t d, uint64_t len) {
+  SplitUnits u{0, 0, {0, {0, 0}}, {0, {0, 0}}};
+  if (len == 0) return u;
+  const uint64_t d_end = d + len;
+  const uint64_t first = (d + 15) >> 4;  // first block starting at or after d
+  const uint64_t last = d_end >> 4;      // one past the last block ending at or before d_end
+  u.first_full = first;
+  u.full = last > first ? static_cast<uint32_t>(last - first) : 0u;
+  const uint32_t d_lo = static_cast<uint32_t>(d), d_hi = static_cast<uint32_t>(d_end);
+  const uint64_t head_block = d >> 4, tail_block = (d_end - 1) >> 4;
+  if ((d & 15) != 0) {
+    u.head = PartialUnit{head_block, UnitBytes(head_block << 4, d_lo, d_hi)};
+  }
+  if ((d_end & 15) != 0 && !(tail_block == head_block && (d & 15) != 0)) {
+    u.tail = PartialUnit{tail_block, UnitBytes(tail_block << 4, d_lo, d_hi)};
+  }
+  return u;
+}
+
+// Unit u of a warp step whose segments have `full` whole units each (the common case: equal
+// chunk lengths and destination alignments) belongs to segment u / full, found with one
+// multiply-high by UnitMagic(full) instead of a shuffle search (64 segments with two per lane).
+// Exact for u, full < 2^16 (a piece is at most kSegmentPieceBytes: full <= 256, u < 64 * 256).
+KVRAIL_HD uint32_t UnitMagic(uint32_t full) {
+  return full <= 1 ? 0u : static_cast<uint32_t>(((uint64_t{1} << 32) + full - 1) / full);
+}
+KVRAIL_HD uint32_t UnitSegment(uint32_t u, uint32_t full, uint32_t magic) {
+  return full == 1 ? u : UMulHi32(u, magic);
+}
+
 // Which segment form a plan on the segment path takes (DevicePlan::segment_units; kv_copy.cc,
-// Upload), from one H200 at 32 CTAs (docs/benchmarks.md, "issue 19 (NL)"): the register form for
-// short chunks (< kRegisterFormMaxChunk) that cannot merge (head vectors or token chunks not
-// contiguous from token to token: 80-384-byte chunks ran 3-11% faster there than one bulk copy
-// per chunk), the default (bulk-staged, one bulk copy per piece) otherwise.
+// Upload), from one H200 at 32 CTAs (docs/benchmarks.md, "issue 19 (NL)"): the split register
+// form with one segment and 6 whole units per lane and round (206) for short chunks
+// (< kRegisterFormMaxChunk) that cannot merge (head vectors, or token chunks not contiguous from
+// token to token): session 29 measured it 1.1-1.8x the register form there (80-384-byte chunks),
+// ahead of one bulk copy per chunk and of two segments per lane (214 / 216: 5-25% slower); the
+// default (bulk-staged, one bulk copy per piece) otherwise.
 inline constexpr int kSegmentFormDefault = 0;
 inline constexpr int kSegmentFormRegisters = 6;
+inline constexpr int kSegmentFormSplit = 206;  // 200 + 10 x (1 segment per lane - 1) + 6 units
 inline constexpr uint64_t kRegisterFormMaxChunk = 512;
 
 // Whether consecutive chunks of a plan are contiguous on both sides within a block (token chunks
@@ -151,18 +202,31 @@ KVRAIL_HD bool ChunksMayMerge(const PlanHeader& h) {
          h.src.token_stride == h.chunk_bytes && h.dst.token_stride == h.chunk_bytes;
 }
 
+// Short chunks that do not merge: each a piece of its own, under kRegisterFormMaxChunk.
+KVRAIL_HD bool ShortUnmergedChunks(const PlanHeader& h) {
+  return static_cast<ChunkKind>(h.chunk_kind) != ChunkKind::kBytes && !ChunksMayMerge(h) &&
+         h.chunk_bytes < kRegisterFormMaxChunk;
+}
+
 KVRAIL_HD int SegmentFormFor(const PlanHeader& h) {
-  return !ChunksMayMerge(h) && h.chunk_bytes < kRegisterFormMaxChunk ? kSegmentFormRegisters
-                                                                      : kSegmentFormDefault;
+  return ShortUnmergedChunks(h) ? kSegmentFormSplit : kSegmentFormDefault;
 }
 
 // Whether a plan whose inner loop is not the warp path takes the segment path rather than the
 // slab path: chunked plans (not kBytes) whose access width (narrowed to the bases) is under 8
-// bytes. Not chosen: merging 16-byte-access token chunks (MLA 576/656-byte tokens, 64 -> 16
-// tokens per block) on the bulk form ran 754 / 785 GB/s against 711 / 725 on the slab path at 32
-// CTAs, but 1532 / 1568 against 1598 / 1622 at 132 (docs/benchmarks.md, "issue 19 (NL)").
+// bytes, and wider-access plans of short chunks that do not merge where the split form beat the
+// slab path in session 29 at 32 CTAs (at 132 equal or better): 8-byte accesses (232-byte head
+// vectors: slab 324 GB/s, split 502-517) and 16-byte head vectors (192-336 bytes: 539-551 ->
+// 567-640; 256-byte ones 625-682 -> 655-694). Not chosen: 16-byte token chunks (TP1 -> TP8's 256-byte
+// tokens 626 on the slab path against 489; 384-512-byte tokens 710-726 against 628-668), and
+// merging 16-byte token chunks (MLA 576/656-byte tokens, 64 -> 16 tokens per block: faster on
+// the bulk or split form at 32 CTAs, 754-810 against 711-733, but slower at 132, 1532-1626
+// against 1598-1643) (docs/benchmarks.md, "issue 19 (NL)").
 KVRAIL_HD bool TakesSegmentPath(const PlanHeader& h, uint32_t access_bytes) {
-  return static_cast<ChunkKind>(h.chunk_kind) != ChunkKind::kBytes && access_bytes < 8;
+  if (static_cast<ChunkKind>(h.chunk_kind) == ChunkKind::kBytes) return false;
+  if (access_bytes < 8) return true;
+  return ShortUnmergedChunks(h) &&
+         (access_bytes == 8 || static_cast<ChunkKind>(h.chunk_kind) == ChunkKind::kHeadVector);
 }
 
 // The stage size of the bulk-staged form for a launch of `warps` warps with `stages` stages each

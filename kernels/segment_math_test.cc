@@ -1,6 +1,6 @@
-// Host checks of segment_math.h: the bulk-staged segment path of kv_copy.cu replayed on the CPU
-// (the same packing, stage positions, unit ranges and funnel shifts the kernel computes), byte for
-// byte against a plain copy, with poisoned destinations and checks that no read leaves the
+// Host checks of segment_math.h: the bulk-staged and split register segment forms of kv_copy.cu
+// replayed on the CPU (the same packing, stage positions, unit ranges and funnel shifts the kernel
+// computes), byte for byte against a plain copy, with poisoned destinations and checks that no read leaves the
 // 16-byte blocks holding a segment's bytes or the stage ring.
 #define CATCH_CONFIG_MAIN
 #include <catch2/catch.hpp>
@@ -79,7 +79,7 @@ std::vector<Segment> Merge(const std::vector<Segment>& in) {
 }
 
 int ReplayStep(const std::vector<Segment>& in, Memory& src, Memory& dst, uint32_t stage_bytes,
-               bool merge = false, bool lane_copies = false) {
+               bool merge = false) {
   REQUIRE(in.size() == 32);
   const std::vector<Segment> segs = merge ? Merge(in) : in;
   // The ring: head pad, one stage (the kernel rotates several; one shows the arithmetic), tail pad.
@@ -118,32 +118,10 @@ int ReplayStep(const std::vector<Segment>& in, Memory& src, Memory& dst, uint32_
     // The bulk copies and each piece's stage position.
     uint64_t m_dst[32] = {};
     uint32_t m_len[32] = {}, m_pos[32] = {};
-    uint32_t pieces = 0;
-    for (uint32_t j = jn; j < jend; ++j) pieces += span[j] != 0 ? 1 : 0;
-    if (lane_copies && pieces > 1) {
-      // The kernel's lane copies: stage block b from the piece whose span holds it (the search
-      // over span ends in blocks; lanes before the stage count as ended, lanes after never end).
-      uint32_t span_end[32];
-      uint64_t from[32];
-      for (uint32_t j = 0; j < 32; ++j) {
-        span_end[j] = j < jn ? 0u : j >= jend ? 0xffffffffu : (incl[j] - base) / 16;
-        from[j] = SourceSpan(segs[j].s, segs[j].len).begin - 16 * uint64_t{(incl[j] - span[j] - base) / 16};
-      }
-      for (uint32_t b = 0; b < (incl[jend - 1] - base) / 16; ++b) {
-        uint32_t j = 0;
-        for (uint32_t step = 16; step > 0; step /= 2) {
-          if (span_end[j + step - 1] <= b) j += step;
-        }
-        REQUIRE(j >= jn);
-        REQUIRE(j < jend);
-        REQUIRE(span[j] != 0);
-        std::memcpy(ring.data() + (stage_addr + 16 * b - ring_addr), src.at(from[j] + 16 * b), 16);
-      }
-    }
     for (uint32_t j = jn; j < jend; ++j) {
       const uint32_t span_at = stage_addr + (incl[j] - span[j] - base);
       REQUIRE(span_at % 16 == 0);
-      if (span[j] != 0 && !(lane_copies && pieces > 1)) {
+      if (span[j] != 0) {
         const SourceSpanBytes sp = SourceSpan(segs[j].s, segs[j].len);
         std::memcpy(ring.data() + (span_at - ring_addr), src.at(sp.begin), span[j]);
       }
@@ -222,8 +200,7 @@ void RunContiguous(std::mt19937_64& rng, uint32_t max_len, int rounds) {
   }
 }
 
-void RunRandom(std::mt19937_64& rng, uint32_t max_len, uint32_t stage_bytes, int rounds,
-               bool lane_copies = false) {
+void RunRandom(std::mt19937_64& rng, uint32_t max_len, uint32_t stage_bytes, int rounds) {
   for (int n = 0; n < rounds; ++n) {
     Memory src{0x7f0000000000ull + (rng() % 4096) * 16, std::vector<uint8_t>(32 * 8192 + 64)};
     Memory dst{0x7e0000000000ull + (rng() % 4096) * 16, std::vector<uint8_t>(32 * 8192 + 64, kPoison)};
@@ -237,13 +214,210 @@ void RunRandom(std::mt19937_64& rng, uint32_t max_len, uint32_t stage_bytes, int
       segs[j] = Segment{src.base + so, dst.base + d_off, len};
       std::memcpy(want.data() + d_off, src.bytes.data() + so, len);
     }
-    ReplayStep(segs, src, dst, stage_bytes, /*merge=*/false, lane_copies);
+    ReplayStep(segs, src, dst, stage_bytes, /*merge=*/false);
     if (dst.bytes != want) {
       size_t k = 0;
       while (dst.bytes[k] == want[k]) ++k;
       FAIL("first mismatch at destination byte " << k << " (round " << n << ")");
     }
   }
+}
+
+// Replays one warp step of the split register form (KvCopySegmentsSplitKernel) with 32 or 64
+// segments (1 or 2 per lane): segment j cut by SplitSegment; the whole units as one stream (segment of a unit by
+// UnitSegment when every lane has as many whole units, else the search), each read as the kernel
+// reads it (its source block, and the next one when the source is not aligned relative to the
+// destination) and stored whole; then each lane's partial units. Checks that every read lies in
+// the 16-byte blocks holding the segment's source bytes and returns whether the step was uniform.
+bool ReplaySplitStep(const std::vector<Segment>& segs, Memory& src, Memory& dst) {
+  const int n = static_cast<int>(segs.size());
+  REQUIRE((n == 32 || n == 64));
+  SplitUnits su[64];
+  uint32_t end[64];
+  uint64_t table_block[64], delta[64];
+  uint32_t sum = 0;
+  bool uniform = true;
+  for (int j = 0; j < n; ++j) {
+    su[j] = SplitSegment(segs[j].d, segs[j].len);
+    const uint32_t partials = (su[j].head.range.hi != 0 ? 1 : 0) + (su[j].tail.range.hi != 0 ? 1 : 0);
+    CHECK(su[j].full + partials == SegmentUnits(segs[j].d, segs[j].len));
+    uniform = uniform && su[j].full == su[0].full;
+    sum += su[j].full;
+    end[j] = sum;
+    table_block[j] = su[j].first_full - (end[j] - su[j].full);
+    delta[j] = segs[j].s - segs[j].d;
+  }
+  const uint32_t total = end[n - 1];
+  const uint32_t full0 = su[0].full, magic = UnitMagic(full0);
+  auto read16 = [&](int j, uint64_t aligned, uint8_t* to) {
+    REQUIRE(aligned % 16 == 0);
+    // Only blocks holding a byte of the segment's source.
+    CHECK(aligned + 16 > segs[j].s);
+    CHECK(aligned < segs[j].s + segs[j].len);
+    std::memcpy(to, src.at(aligned), 16);
+  };
+  // The window of 16 source bytes for destination block `block` of lane j's segment; only
+  // bytes [lo, hi) are meaningful (the kernel skips a source block holding none of them).
+  auto window = [&](int j, uint64_t block, uint32_t lo, uint32_t hi, uint8_t* out) {
+    const uint64_t s = (block << 4) + delta[j];
+    const uint32_t r = static_cast<uint32_t>(s & 15);
+    uint8_t two[32];
+    std::memset(two, 0, 32);
+    if (r + lo < 16) read16(j, s - r, two);
+    if (r + hi > 16) read16(j, s - r + 16, two + 16);
+    uint32_t w[8];
+    std::memcpy(w, two, 32);
+    const Words4 v = Window16(w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7], r);
+    std::memcpy(out, v.w, 16);
+  };
+  for (uint32_t u = 0; u < total; ++u) {
+    uint32_t j;
+    if (uniform) {
+      j = UnitSegment(u, full0, magic);
+    } else {
+      // The kernel's SegmentOfUnit in each set of 32, the last set whose units start at or
+      // before u.
+      j = 0;
+      uint32_t before = 0;
+      for (int q = 0; q < n / 32; ++q) {
+        uint32_t jq = 0;
+        for (uint32_t step = 16; step > 0; step /= 2) {
+          if (end[32 * q + jq + step - 1] <= u) jq += step;
+        }
+        if (u >= before) j = 32 * q + jq;
+        before = end[32 * q + 31];
+      }
+    }
+    REQUIRE(j < static_cast<uint32_t>(n));
+    REQUIRE(u < end[j]);
+    REQUIRE(u >= end[j] - su[j].full);
+    const uint64_t block = table_block[j] + u;
+    // A whole unit: inside the segment's destination.
+    CHECK(block << 4 >= segs[j].d);
+    CHECK((block << 4) + 16 <= segs[j].d + segs[j].len);
+    uint8_t bytes[16];
+    window(static_cast<int>(j), block, 0, 16, bytes);
+    std::memcpy(dst.at(block << 4), bytes, 16);
+  }
+  for (int j = 0; j < n; ++j) {
+    for (const PartialUnit& pu : {su[j].head, su[j].tail}) {
+      if (pu.range.hi == 0) continue;
+      REQUIRE(pu.range.lo < pu.range.hi);
+      REQUIRE(pu.range.hi <= 16);
+      REQUIRE(!(pu.range.lo == 0 && pu.range.hi == 16));
+      uint8_t bytes[16];
+      window(j, pu.block, pu.range.lo, pu.range.hi, bytes);
+      ForEachPartialStore(pu.range.lo, pu.range.hi, [&](uint32_t p, uint32_t size) {
+        std::memcpy(dst.at((pu.block << 4) + p), bytes + p, size);
+      });
+    }
+  }
+  return uniform;
+}
+
+// Random split-form steps: `equal` gives every lane one length and one destination alignment (a
+// head-vector plan's steps), otherwise lengths and offsets vary per lane.
+int RunSplit(std::mt19937_64& rng, uint32_t max_len, bool equal, int rounds, int per_lane = 1) {
+  int uniform_steps = 0;
+  const int count = 32 * per_lane;
+  for (int n = 0; n < rounds; ++n) {
+    Memory src{0x7f0000000000ull + (rng() % 4096) * 16, std::vector<uint8_t>(count * 8192 + 64)};
+    Memory dst{0x7e0000000000ull + (rng() % 4096) * 16, std::vector<uint8_t>(count * 8192 + 64, kPoison)};
+    for (auto& b : src.bytes) b = static_cast<uint8_t>(rng());
+    std::vector<Segment> segs(count);
+    std::vector<uint8_t> want = dst.bytes;
+    const uint64_t len0 = 1 + rng() % max_len, d_align = rng() % 16;
+    for (int j = 0; j < count; ++j) {
+      const uint64_t len = equal ? len0 : (rng() % 7 == 0 ? 0 : 1 + rng() % max_len);
+      const uint64_t so = j * 8192 + rng() % (8192 - len);
+      const uint64_t d_off = equal ? j * 8192 + 16 * (rng() % ((8192 - len - 16) / 16)) + d_align
+                                   : j * 8192 + rng() % (8192 - len);
+      segs[j] = Segment{src.base + so, dst.base + d_off, len};
+      std::memcpy(want.data() + d_off, src.bytes.data() + so, len);
+    }
+    uniform_steps += ReplaySplitStep(segs, src, dst) ? 1 : 0;
+    if (dst.bytes != want) {
+      size_t k = 0;
+      while (dst.bytes[k] == want[k]) ++k;
+      FAIL("first mismatch at destination byte " << k << " (round " << n << ")");
+    }
+  }
+  return uniform_steps;
+}
+
+TEST_CASE("split form: whole and partial units of a segment") {
+  // 80 bytes at destination offset 5: a head [5, 16), 4 whole units, a tail [0, 5).
+  SplitUnits u = SplitSegment(0x1005, 80);
+  CHECK(u.first_full == 0x101);
+  CHECK(u.full == 4);
+  CHECK(u.head.block == 0x100);
+  CHECK(u.head.range.lo == 5);
+  CHECK(u.head.range.hi == 16);
+  CHECK(u.tail.block == 0x105);
+  CHECK(u.tail.range.lo == 0);
+  CHECK(u.tail.range.hi == 5);
+  u = SplitSegment(0x1000, 256);  // aligned: whole units only
+  CHECK(u.first_full == 0x100);
+  CHECK(u.full == 16);
+  CHECK(u.head.range.hi == 0);
+  CHECK(u.tail.range.hi == 0);
+  u = SplitSegment(0x1003, 5);  // inside one block: one partial unit, the head
+  CHECK(u.full == 0);
+  CHECK(u.head.range.lo == 3);
+  CHECK(u.head.range.hi == 8);
+  CHECK(u.tail.range.hi == 0);
+  u = SplitSegment(0x1000, 5);  // inside one block from its start: the tail
+  CHECK(u.full == 0);
+  CHECK(u.head.range.hi == 0);
+  CHECK(u.tail.block == 0x100);
+  CHECK(u.tail.range.lo == 0);
+  CHECK(u.tail.range.hi == 5);
+  u = SplitSegment(0x1005, 11);  // ends on a block boundary: the head only
+  CHECK(u.full == 0);
+  CHECK(u.head.range.hi == 16);
+  CHECK(u.tail.range.hi == 0);
+  u = SplitSegment(0x100f, 0);
+  CHECK(u.full == 0);
+  CHECK(u.head.range.hi == 0);
+  CHECK(u.tail.range.hi == 0);
+  // Every length and alignment: whole + partial units == SegmentUnits, bytes covered once.
+  for (uint64_t d = 0x2000; d < 0x2010; ++d) {
+    for (uint64_t len = 0; len <= 80; ++len) {
+      const SplitUnits s = SplitSegment(d, len);
+      int covered[128] = {};
+      for (uint32_t k = 0; k < s.full; ++k) {
+        for (int b = 0; b < 16; ++b) ++covered[((s.first_full + k) << 4) + b - 0x2000];
+      }
+      for (const PartialUnit& pu : {s.head, s.tail}) {
+        if (pu.range.hi == 0) continue;
+        for (uint32_t b = pu.range.lo; b < pu.range.hi; ++b) ++covered[(pu.block << 4) + b - 0x2000];
+      }
+      for (uint64_t x = 0x2000; x < 0x2000 + 128; ++x) {
+        REQUIRE(covered[x - 0x2000] == (x >= d && x < d + len ? 1 : 0));
+      }
+    }
+  }
+}
+
+TEST_CASE("split form: a unit's segment by multiply-high == division") {
+  for (uint32_t full = 1; full <= kSegmentPieceBytes / 16; ++full) {
+    const uint32_t magic = UnitMagic(full);
+    for (uint32_t u = 0; u < 64 * full; ++u) REQUIRE(UnitSegment(u, full, magic) == u / full);
+  }
+}
+
+TEST_CASE("split form replay == plain copy (equal and varied segments)") {
+  std::mt19937_64 rng(31);
+  CHECK(RunSplit(rng, 90, /*equal=*/true, 30) == 30);  // 80-byte head vectors and the like
+  CHECK(RunSplit(rng, 700, /*equal=*/true, 20) == 20);
+  CHECK(RunSplit(rng, kSegmentPieceBytes, /*equal=*/true, 10) == 10);
+  RunSplit(rng, 40, /*equal=*/false, 30);  // short, mixed, some empty
+  CHECK(RunSplit(rng, 700, /*equal=*/false, 20) < 20);  // the search path
+  RunSplit(rng, kSegmentPieceBytes, /*equal=*/false, 10);
+  // Two segments per lane (64 per step).
+  CHECK(RunSplit(rng, 90, /*equal=*/true, 15, 2) == 15);
+  CHECK(RunSplit(rng, 700, /*equal=*/false, 10, 2) < 10);
+  RunSplit(rng, 40, /*equal=*/false, 15, 2);
 }
 
 TEST_CASE("units and spans of a segment") {
@@ -334,20 +508,29 @@ TEST_CASE("segment path and form per plan") {
   CHECK(ChunksMayMerge(h));
   CHECK_FALSE(TakesSegmentPath(h, 16));  // the slab path (faster at 132 CTAs)
   CHECK(TakesSegmentPath(h, 1));
+  CHECK_FALSE(TakesSegmentPath(h, 8));  // merging chunks at 8-byte accesses: the slab path
   CHECK(SegmentFormFor(h) == kSegmentFormDefault);
   h.chunk_bytes = 384;  // one of several heads: tokens 1536 bytes apart on the source
   h.src.token_stride = 1536;
   CHECK_FALSE(ChunksMayMerge(h));
   CHECK_FALSE(TakesSegmentPath(h, 16));  // the slab path
   CHECK(TakesSegmentPath(h, 2));
-  CHECK(SegmentFormFor(h) == kSegmentFormRegisters);  // short, not merging
+  CHECK(TakesSegmentPath(h, 8));  // short, not merging: the split form beats the 8-byte slab
+  CHECK(SegmentFormFor(h) == kSegmentFormSplit);  // short, not merging
   h.chunk_bytes = 2700;
   CHECK(SegmentFormFor(h) == kSegmentFormDefault);  // long enough for one bulk copy each
+  CHECK_FALSE(TakesSegmentPath(h, 8));
   h.chunk_kind = static_cast<uint32_t>(ChunkKind::kHeadVector);
   h.chunk_bytes = 256;
   h.src.token_stride = h.dst.token_stride = 256;
   CHECK_FALSE(ChunksMayMerge(h));  // head vectors never merge
-  CHECK(SegmentFormFor(h) == kSegmentFormRegisters);
+  CHECK(SegmentFormFor(h) == kSegmentFormSplit);
+  CHECK(TakesSegmentPath(h, 8));
+  CHECK(TakesSegmentPath(h, 16));  // short head vectors: the split form beats the slab path
+  h.chunk_bytes = 640;
+  CHECK_FALSE(TakesSegmentPath(h, 16));  // not short
+  CHECK(SegmentFormFor(h) == kSegmentFormDefault);
+  h.chunk_bytes = 256;
   h.chunk_kind = static_cast<uint32_t>(ChunkKind::kBlockTokens);
   h.chunk_bytes = 32768;
   CHECK(SegmentFormFor(h) == kSegmentFormDefault);
@@ -390,13 +573,6 @@ TEST_CASE("bulk-staged replay == plain copy (random segments, alignments, length
   RunRandom(rng, kSegmentPieceBytes, kMaxSegmentSpanBytes, 200);  // up to whole pieces
   RunRandom(rng, kSegmentPieceBytes, StageBytesFor(200 * 1024, 16, 2), 100);
   RunRandom(rng, 300, StageBytesFor(200 * 1024, 16, 3), 100);
-}
-
-TEST_CASE("bulk-staged replay with lane copies for several-piece stages == plain copy") {
-  std::mt19937_64 rng(29);
-  RunRandom(rng, 40, kMaxSegmentSpanBytes, 200, /*lane_copies=*/true);
-  RunRandom(rng, 300, kMaxSegmentSpanBytes, 200, /*lane_copies=*/true);
-  RunRandom(rng, kSegmentPieceBytes, StageBytesFor(200 * 1024, 16, 2), 200, /*lane_copies=*/true);
 }
 
 }  // namespace

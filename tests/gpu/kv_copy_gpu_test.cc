@@ -36,8 +36,8 @@ bool HaveGpu() {
 // Runs `c` on the GPU (dst in device memory or mapped pinned host memory, bases shifted by
 // `misalign` bytes to exercise narrow accesses) and compares with the host twin.
 // `segment_units`: DevicePlan::segment_units for plans on the segment path (0: the default, 103;
-// 6: registers; 103: one bulk copy per piece; 112: lane copies for several-piece stages, 2
-// stages).
+// 6: registers; 102 / 103: one bulk copy per piece, 2 / 3 stages; 204 / 206 / 214 / 216: split
+// registers, 4 or 6 whole units per lane and round, 1 or 2 segments per lane).
 void RunCase(const planner::testing::RandomCase& c, std::mt19937_64& rng, bool dst_on_host,
              uint32_t misalign, int segment_units = 0, bool force_segments = false) {
   INFO(c.ToString());
@@ -115,6 +115,10 @@ void RunCase(const planner::testing::RandomCase& c, std::mt19937_64& rng, bool d
   }
 }
 
+// The segment forms the cases alternate over (every form a plan may be given, and variants).
+constexpr int kSegmentForms[] = {0, 6, 103, 102, 206, 204, 214, 216};
+int SegmentFormOf(int n) { return kSegmentForms[n % 8]; }
+
 }  // namespace
 
 TEST_CASE("kernel == host twin on random paged transfers (device -> device)") {
@@ -129,7 +133,7 @@ TEST_CASE("kernel == host twin on random paged transfers (device -> device)") {
     const bool large = n % 3 == 0;
     RunCase(planner::testing::RandomPagedCase(rng, large ? big : planner::testing::RandomLimits{}),
             rng, /*dst_on_host=*/false, n % 5 == 0 ? static_cast<uint32_t>(rng() % 16) : 0,
-            /*segment_units=*/n % 4 == 0 ? 0 : n % 4 == 1 ? 6 : n % 4 == 2 ? 103 : 112,
+            /*segment_units=*/SegmentFormOf(n),
             /*force_segments=*/n % 3 == 1);
   }
 }
@@ -272,7 +276,7 @@ TEST_CASE("kernel == host twin on narrow layouts (odd sizes, offsets, padded str
     static const uint64_t kTiles[] = {100, 1000, 4096, 5000, 65536, 1 << 20};
     c.options.tile_bytes = kTiles[rng() % 6];
     RunCase(c, rng, /*dst_on_host=*/n % 7 == 3, static_cast<uint32_t>(rng() % 16),
-            /*segment_units=*/n % 4 == 0 ? 0 : n % 4 == 1 ? 6 : n % 4 == 2 ? 103 : 112);
+            /*segment_units=*/SegmentFormOf(n));
   }
   CHECK(g_segment_path_cases - before >= 40);
 }

@@ -5,10 +5,11 @@
 // one table: GB/s, the kernel path taken (warp pieces / chunk segments / slab with its access
 // width) and the ratio to the aligned baseline (issue 19's target: >= 50%).
 // Each chunked plan also runs every form of the segment path (registers; bulk-staged with one
-// bulk copy per piece; bulk-staged with lane copies for several-piece stages, 2 and 3 stages) at
-// 32 and 132 CTAs, each checked byte for byte too. LAYOUT_RANDOM=n adds n random
-// layouts (RandomCases) after the named ones.
-// Usage: [LAYOUT_RANDOM=n] layout_bench [--quick]
+// bulk copy per piece; split registers with 4 and 6 whole units per lane) at 32 and 132 CTAs,
+// each checked byte for byte too. LAYOUT_RANDOM=n adds n random layouts (RandomCases) after the
+// named ones; LAYOUT_ONLY=i,j,... keeps only those cases (indices in the printed order, named
+// first; the aligned baseline, case 0, always runs).
+// Usage: [LAYOUT_RANDOM=n] [LAYOUT_ONLY=i,j,...] layout_bench [--quick]
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -86,9 +87,11 @@ std::string PathOf(const kernels::DevicePlan& p) {
 }
 
 // The segment path's forms (DevicePlan::segment_units): registers (6), bulk-staged with 3 stages,
-// one bulk copy per piece (103), and with several-piece stages filled by lane copies, 2 and 3
-// stages (112, 113).
-constexpr int kSegmentForms[] = {6, 103, 112, 113};
+// one bulk copy per piece (103), and split registers (whole units as one stream, partial units
+// per lane) with 4 and 6 whole units per lane and round (204, 206; two segments per lane, 214 /
+// 216, were slower everywhere in session 29 and are not timed here).
+constexpr int kSegmentForms[] = {6, 103, 204, 206};
+constexpr int kNumForms = sizeof(kSegmentForms) / sizeof(kSegmentForms[0]);
 
 struct Result {
   std::string name, path, plan;
@@ -96,7 +99,7 @@ struct Result {
   double slab32 = 0;      // the slab path at 32 CTAs (whatever Upload chose)
   double pieces32 = 0;    // the warp path at 32 CTAs, where PieceBytesFor allows it
   // kSegmentForms at 32 / 132 CTAs, in that order.
-  double form32[4] = {}, form132[4] = {};
+  double form32[kNumForms] = {}, form132[kNumForms] = {};
   bool ok = false;
   uint64_t bytes = 0;
 };
@@ -201,7 +204,7 @@ Result RunCase(const Case& c, std::mt19937_64& rng, int reps) {
   const bool chunked = plan->header().chunk_kind != 0;  // not kBytes
   if (chunked) {
     alt.segments = true;
-    for (int i = 0; i < 4; ++i) {
+    for (int i = 0; i < kNumForms; ++i) {
       alt.segment_units = kSegmentForms[i];
       r.form32[i] = time(alt, 32);
       r.form132[i] = time(alt, 132);
@@ -392,35 +395,61 @@ int main(int argc, char** argv) {
     std::mt19937_64 layout_rng(1919);
     for (Case& c : RandomCases(layout_rng, std::atoi(n), quick)) cases.push_back(std::move(c));
   }
+  if (const char* only = std::getenv("LAYOUT_ONLY"); only != nullptr && *only != '\0') {
+    std::vector<bool> keep(cases.size(), false);
+    keep[0] = true;
+    for (const char* p = only; *p != '\0';) {
+      char* e = nullptr;
+      const long i = std::strtol(p, &e, 10);
+      if (e == p) break;
+      if (i >= 0 && static_cast<size_t>(i) < cases.size()) keep[i] = true;
+      p = *e == ',' ? e + 1 : e;
+    }
+    std::vector<Case> kept;
+    for (size_t i = 0; i < cases.size(); ++i) {
+      if (keep[i]) kept.push_back(std::move(cases[i]));
+    }
+    cases = std::move(kept);
+  }
   for (const Case& c : cases) {
     results.push_back(RunCase(c, rng, quick ? 5 : 20));
     const Result& r = results.back();
-    std::printf("  %-48s %s | %s | %.1f / %.1f GB/s | slab %.1f | reg %.1f / %.1f | bulk3 %.1f / %.1f | lanes2 %.1f / %.1f | lanes3 %.1f / %.1f | %s\n",
-                r.name.c_str(), r.ok ? "bytes OK" : "MISMATCH", r.path.c_str(), r.gbps32,
-                r.gbps132, r.slab32, r.form32[0], r.form132[0], r.form32[1], r.form132[1],
-                r.form32[2], r.form132[2], r.form32[3], r.form132[3], r.plan.c_str());
+    std::string forms;
+    for (int i = 0; i < kNumForms; ++i) {
+      forms += absl::StrFormat(" | %d: %.1f / %.1f", kSegmentForms[i], r.form32[i], r.form132[i]);
+    }
+    std::printf("  %-48s %s | %s | %.1f / %.1f GB/s | slab %.1f%s | %s\n", r.name.c_str(),
+                r.ok ? "bytes OK" : "MISMATCH", r.path.c_str(), r.gbps32, r.gbps132, r.slab32,
+                forms.c_str(), r.plan.c_str());
     std::fflush(stdout);
   }
   const double base32 = results.front().gbps32, base132 = results.front().gbps132;
   auto pct = [](double v, double base) {
     return v > 0 ? absl::StrFormat("%.1f (%.0f%%)", v, 100 * v / base) : std::string("-");
   };
-  std::printf("\n| layout | MiB | kernel path (chosen) | bytes | GB/s 32 CTAs | vs aligned | GB/s 132 CTAs | vs aligned | 32 CTAs: slab / pieces | segments, registers (6): 32 / 132 | bulk copies, 3 stages: 32 / 132 | lane copies, 2 stages: 32 / 132 | lane copies, 3 stages: 32 / 132 |\n");
-  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  // Segment forms, by DevicePlan::segment_units: 6 registers, 103 bulk copies (3 stages), 2UP
+  // split registers with U whole units per lane and round and P + 1 segments per lane.
+  std::string head = "\n| layout | MiB | kernel path (chosen) | bytes | GB/s 32 CTAs | vs aligned | GB/s 132 CTAs | vs aligned | 32 CTAs: slab / pieces |";
+  std::string rule = "|---|---|---|---|---|---|---|---|---|";
+  for (int form : kSegmentForms) {
+    head += absl::StrFormat(" segment form %d: 32 / 132 |", form);
+    rule += "---|";
+  }
+  std::printf("%s\n%s\n", head.c_str(), rule.c_str());
   int failed = 0;
   for (const Result& r : results) {
     if (r.path == "plan refused") continue;  // the planner's call, not a kernel result
     failed += r.ok ? 0 : 1;
-    std::printf("| %s | %.0f | %s | %s | %.1f | %.0f%% | %.1f | %.0f%% | %s | %s / %s | %s / %s | %s / %s | %s / %s |\n",
-                r.name.c_str(), r.bytes / 1048576.0, r.path.c_str(), r.ok ? "OK" : "MISMATCH",
-                r.gbps32, 100 * r.gbps32 / base32, r.gbps132, 100 * r.gbps132 / base132,
-                absl::StrFormat("%.1f / %s", r.slab32,
-                                r.pieces32 > 0 ? absl::StrFormat("%.1f", r.pieces32) : "-")
-                    .c_str(),
-                pct(r.form32[0], base32).c_str(), pct(r.form132[0], base132).c_str(),
-                pct(r.form32[1], base32).c_str(), pct(r.form132[1], base132).c_str(),
-                pct(r.form32[2], base32).c_str(), pct(r.form132[2], base132).c_str(),
-                pct(r.form32[3], base32).c_str(), pct(r.form132[3], base132).c_str());
+    std::string forms;
+    for (int i = 0; i < kNumForms; ++i) {
+      forms += absl::StrFormat(" %s / %s |", pct(r.form32[i], base32), pct(r.form132[i], base132));
+    }
+    const std::string slab = absl::StrFormat(
+        "%.1f / %s", r.slab32, r.pieces32 > 0 ? absl::StrFormat("%.1f", r.pieces32) : "-");
+    std::printf("| %s | %.0f | %s | %s | %.1f | %.0f%% | %.1f | %.0f%% | %s |%s\n", r.name.c_str(),
+                r.bytes / 1048576.0, r.path.c_str(), r.ok ? "OK" : "MISMATCH", r.gbps32,
+                100 * r.gbps32 / base32, r.gbps132, 100 * r.gbps132 / base132, slab.c_str(),
+                forms.c_str());
   }
   return failed == 0 ? 0 : 1;
 }
