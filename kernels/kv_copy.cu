@@ -173,7 +173,8 @@ __global__ void __launch_bounds__(kMaxThreads)
 static_assert(kMaxPieceBytes == kLoadsInFlight * 32 * 16, "one piece = one warp step");
 
 // The segment path (plan_math.h: SegmentAt; arithmetic in segment_math.h), for plans whose
-// accesses are narrower than 8 bytes (odd vector sizes, odd offsets, padded strides). Segments
+// accesses are narrower than 8 bytes (odd vector sizes, odd offsets, padded strides) and for short
+// unmerged chunks at 8- or 16-byte accesses (segment_math.h: TakesSegmentPath). Segments
 // longer than kSegmentPieceBytes (whole blocks of a misaligned plan: 32 KiB and more) are cut
 // into pieces of at most that (a 256 MiB plan of 32 KiB segments is 8,448 segments: 264 warp
 // steps of 32, fewer than the warps of 32 CTAs; measured, such a plan ran at one rate from 32 to
@@ -183,7 +184,7 @@ static_assert(kMaxPieceBytes == kLoadsInFlight * 32 * 16, "one piece = one warp 
 // the destination (byte funnel shifts, Window16), and go out as one 16-byte store or, for a
 // partial unit, the widest aligned stores its bytes allow (StorePartial). A destination byte is
 // written only by the unit it belongs to; a source block is read only if it holds a byte of the
-// segment. Two forms (DevicePlan::segment_units):
+// segment. Three forms (DevicePlan::segment_units):
 // - registers (6, KvCopySegmentsKernel): a warp takes 32 segments per step (one lookup per lane),
 //   the step's units form one stream of which each lane moves 6 per round, all loads of a round
 //   (two 16-byte global loads per unit) before its stores;
@@ -195,8 +196,11 @@ static_assert(kMaxPieceBytes == kLoadsInFlight * 32 * 16, "one piece = one warp 
 //   So a warp keeps up to ~8-12 KiB of loads in flight (registers held none of it), and the
 //   global latency is paid per stage, not per round of 6 units. Pieces contiguous on both sides
 //   (token chunks of plans cut per token) merge into runs of up to kSegmentPieceBytes first
-//   (MergeHead), and partial units go out in straight-line stores (ForEachPartialStore).
-// Upload picks the form per plan (segment_math.h: SegmentFormFor).
+//   (MergeHead), and partial units go out in straight-line stores (ForEachPartialStore);
+// - split registers (200 + ..., KvCopySegmentsSplitKernel, below): the register form with only
+//   whole units in the stream and each segment's partial units stored by its own lane.
+// Upload picks the form per plan (segment_math.h: SegmentFormFor): split registers (206) for
+// short unmerged chunks, bulk-staged otherwise.
 constexpr int kDefaultUnitsPerLane = 6;
 static_assert(kSegmentFormRegisters == kDefaultUnitsPerLane, "segment_math.h names this form");
 constexpr int kBulkSegmentForm = 100;  // segment_units = kBulkSegmentForm + stages
