@@ -1,7 +1,7 @@
 // Host checks of segment_math.h: the bulk-staged and split register segment forms of kv_copy.cu
 // replayed on the CPU (the same packing, stage positions, unit ranges and funnel shifts the kernel
-// computes), byte for byte against a plain copy, with poisoned destinations and checks that no read leaves the
-// 16-byte blocks holding a segment's bytes or the stage ring.
+// computes), byte for byte against a plain copy, with poisoned destinations and checks that no
+// read leaves the 16-byte blocks holding a segment's bytes or the stage ring.
 #define CATCH_CONFIG_MAIN
 #include <catch2/catch.hpp>
 
@@ -224,9 +224,9 @@ void RunRandom(std::mt19937_64& rng, uint32_t max_len, uint32_t stage_bytes, int
 }
 
 // Replays one warp step of the split register form (KvCopySegmentsSplitKernel) with 32 or 64
-// segments (1 or 2 per lane): segment j cut by SplitSegment; the whole units as one stream (segment of a unit by
-// UnitSegment when every lane has as many whole units, else the search), each read as the kernel
-// reads it (its source block, and the next one when the source is not aligned relative to the
+// segments (1 or 2 per lane): segment j cut by SplitSegment; the whole units as one stream
+// (segment of a unit by UnitSegment when every segment has as many whole units, else the
+// search), each read as the kernel reads it (its source block, and the next one when the source is not aligned relative to the
 // destination) and stored whole; then each lane's partial units. Checks that every read lies in
 // the 16-byte blocks holding the segment's source bytes and returns whether the step was uniform.
 bool ReplaySplitStep(const std::vector<Segment>& segs, Memory& src, Memory& dst) {
@@ -239,7 +239,8 @@ bool ReplaySplitStep(const std::vector<Segment>& segs, Memory& src, Memory& dst)
   bool uniform = true;
   for (int j = 0; j < n; ++j) {
     su[j] = SplitSegment(segs[j].d, segs[j].len);
-    const uint32_t partials = (su[j].head.range.hi != 0 ? 1 : 0) + (su[j].tail.range.hi != 0 ? 1 : 0);
+    const uint32_t partials =
+        (su[j].head.range.hi != 0 ? 1 : 0) + (su[j].tail.range.hi != 0 ? 1 : 0);
     CHECK(su[j].full + partials == SegmentUnits(segs[j].d, segs[j].len));
     uniform = uniform && su[j].full == su[0].full;
     sum += su[j].full;
@@ -321,8 +322,10 @@ int RunSplit(std::mt19937_64& rng, uint32_t max_len, bool equal, int rounds, int
   int uniform_steps = 0;
   const int count = 32 * per_lane;
   for (int n = 0; n < rounds; ++n) {
-    Memory src{0x7f0000000000ull + (rng() % 4096) * 16, std::vector<uint8_t>(count * 8192 + 64)};
-    Memory dst{0x7e0000000000ull + (rng() % 4096) * 16, std::vector<uint8_t>(count * 8192 + 64, kPoison)};
+    Memory src{0x7f0000000000ull + (rng() % 4096) * 16,
+               std::vector<uint8_t>(count * 8192 + 64)};
+    Memory dst{0x7e0000000000ull + (rng() % 4096) * 16,
+               std::vector<uint8_t>(count * 8192 + 64, kPoison)};
     for (auto& b : src.bytes) b = static_cast<uint8_t>(rng());
     std::vector<Segment> segs(count);
     std::vector<uint8_t> want = dst.bytes;
@@ -390,7 +393,9 @@ TEST_CASE("split form: whole and partial units of a segment") {
       }
       for (const PartialUnit& pu : {s.head, s.tail}) {
         if (pu.range.hi == 0) continue;
-        for (uint32_t b = pu.range.lo; b < pu.range.hi; ++b) ++covered[(pu.block << 4) + b - 0x2000];
+        for (uint32_t b = pu.range.lo; b < pu.range.hi; ++b) {
+          ++covered[(pu.block << 4) + b - 0x2000];
+        }
       }
       for (uint64_t x = 0x2000; x < 0x2000 + 128; ++x) {
         REQUIRE(covered[x - 0x2000] == (x >= d && x < d + len ? 1 : 0));

@@ -429,7 +429,9 @@ int main(int argc, char** argv) {
   };
   // Segment forms, by DevicePlan::segment_units: 6 registers, 103 bulk copies (3 stages), 2UP
   // split registers with U whole units per lane and round and P + 1 segments per lane.
-  std::string head = "\n| layout | MiB | kernel path (chosen) | bytes | GB/s 32 CTAs | vs aligned | GB/s 132 CTAs | vs aligned | 32 CTAs: slab / pieces |";
+  std::string head =
+      "\n| layout | MiB | kernel path (chosen) | bytes | GB/s 32 CTAs | vs aligned | GB/s 132 CTAs "
+      "| vs aligned | 32 CTAs: slab / pieces |";
   std::string rule = "|---|---|---|---|---|---|---|---|---|";
   for (int form : kSegmentForms) {
     head += absl::StrFormat(" segment form %d: 32 / 132 |", form);

@@ -34,7 +34,8 @@ if [[ $parts == *digest_test* ]]; then
 fi
 if [[ $parts == *ncu* ]]; then
   # Nsight Compute on one timed 32-CTA launch of each segment form named in NCU_KERNELS
-  # ("regex@launches to skip" pairs), with LAYOUT_ONLY=${NCU_ONLY:-16}: where the SM's time goes.
+  # ("regex@launches to skip" pairs; ncu matches the kernel's function name, not the mangled one:
+  # '^KvCopySegmentsSplitKernel$@178'), with LAYOUT_ONLY=${NCU_ONLY:-16}: where the SM's time goes.
   ncu_bin=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null || true)
   if [[ -z $ncu_bin ]]; then
     echo "== ncu: not found"
@@ -42,11 +43,13 @@ if [[ $parts == *ncu* ]]; then
     for spec in ${NCU_KERNELS:-}; do
       name=${spec%@*}; skip=${spec#*@}
       step "ncu_${name//[^A-Za-z0-9]/_}" ${NCU_TIMEOUT:-45} \
-        env LAYOUT_ONLY=${NCU_ONLY:-16} LAYOUT_RANDOM=${LAYOUT_RANDOM:-10} "$ncu_bin" -k "regex:$name" --launch-skip "$skip" --launch-count 1 \
+        env LAYOUT_ONLY=${NCU_ONLY:-16} LAYOUT_RANDOM=${LAYOUT_RANDOM:-10} \
+        "$ncu_bin" -k "regex:$name" --launch-skip "$skip" --launch-count 1 \
         --section SpeedOfLight --section WarpStateStats --section LaunchStats --section Occupancy \
         --section MemoryWorkloadAnalysis --section SchedulerStats $bin/layout_bench
-      grep -E "Duration|Throughput|Stall|Issued Ipc|Warp Cycles|Registers|Achieved Occupancy|ERR|Eligible|No Eligible|One or More" \
+      grep -E "Duration|Throughput|Stall|Issued Ipc|Warp Cycles|Registers|Achieved Occupancy" \
         "$out/ncu_${name//[^A-Za-z0-9]/_}.txt" | head -40
+      grep -E "ERR|Eligible|One or More" "$out/ncu_${name//[^A-Za-z0-9]/_}.txt" | head -10
     done
   fi
 fi
