@@ -72,6 +72,12 @@ std::string DeviceWorker::Describe() const {
                       "; ", CopyOnlyTextLocked(), held_states_,
                       " jobs set up (plan on the GPU); last job set-up (plan upload enqueued) ",
                       SetUpTextLocked(), LastJobTextLocked(), first_job_text_,
+                      first_job_batches_.empty()
+                          ? std::string()
+                          : absl::StrCat("; first job's batches (us: launch enqueued after "
+                                         "the first launch's / GPU start / GPU end after the "
+                                         "GPU reached the first launch): ",
+                                         first_job_batches_),
                       GateTextLocked());
 }
 

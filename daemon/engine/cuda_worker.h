@@ -161,6 +161,9 @@ struct Batch {
   int ctas = 0;  // 0: copy engine
   bool capped = false;  // ctas lowered to the class's max_ctas (not the tuner's own choice)
   bool raised = false;  // ctas raised for a critical transfer (CudaEngineOptions::critical_ctas)
+  // The daemon's first job only (JobState::trace_anchor): when its launch was enqueued, in us
+  // after the job's first launch.
+  double enqueued_us = -1;
   cuda::Event start, stop;
   // Kernel and copy engines together: tiles [split, end) ran on the copy engines (second stream)
   // beside the kernel's [begin, split); each part's end is timed from `start`.
@@ -204,6 +207,11 @@ struct JobState {
   uint64_t bytes_done = 0;
   uint32_t batches = 0;
   uint64_t last_batch_bytes = 0;  // of the latest batch launched (the ramp, cuda_batch.h)
+  // The daemon's first job (not gated): an event recorded before its first batch, from which
+  // Complete times each batch's GPU start and end (Describe: "first job's batches"; issue 19's
+  // unexplained gaps between the first job's batches).
+  cuda::Event trace_anchor;
+  std::string trace;
   // Where the set-up's time went (the first job's shows in Describe: first-transfer costs).
   absl::Duration setup_addresses, setup_mode, setup_upload;
   // GPU-side readiness wait (admitted by AdmitGated): the job's batches run on `gate_stream`,
@@ -455,6 +463,7 @@ class DeviceWorker {
   bool warm_done_ ABSL_GUARDED_BY(mu_) = false;
   std::string warm_up_text_ ABSL_GUARDED_BY(mu_);
   std::string first_job_text_ ABSL_GUARDED_BY(mu_);
+  std::string first_job_batches_ ABSL_GUARDED_BY(mu_);  // JobState::trace of the first job
   absl::Time last_enqueue_ ABSL_GUARDED_BY(mu_);
   size_t held_states_ ABSL_GUARDED_BY(mu_) = 0;  // states_.size(), for Describe
   uint64_t inflight_bytes_[kNumPriorityClasses] ABSL_GUARDED_BY(mu_) = {0, 0, 0};

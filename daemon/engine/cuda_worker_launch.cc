@@ -62,7 +62,17 @@ absl::StatusOr<cudaStream_t> DeviceWorker::CopyStream() {
 }
 
 Batch DeviceWorker::Launch(JobState& s, const Taken& taken) {
+  if (first_job_text_pending_ && !s.gate.has_value() && s.setup.ok()) {
+    // Best effort: without the anchor the first job's batches are not traced.
+    absl::StatusOr<cuda::Event> anchor = TakeEvent();
+    if (anchor.ok() && cudaEventRecord(anchor->get(), stream_.get()) == cudaSuccess) {
+      s.trace_anchor = *std::move(anchor);
+    }
+  }
   Batch b = LaunchBatch(s, taken);
+  if (s.trace_anchor.get() != nullptr && s.first_launch.has_value()) {
+    b.enqueued_us = absl::ToDoubleMicroseconds(absl::Now() - *s.first_launch);
+  }
   if (first_job_text_pending_) {
     // The daemon's first job after start: what its first batch waited for and cost here, so
     // a slow first transfer can be told apart from a slow engine (issue 19).
@@ -363,7 +373,15 @@ void DeviceWorker::Complete(Batch& b) {
     s.gpu_seconds += seconds;
     s.bytes_done += b.taken.bytes;
     ++s.batches;
+    if (s.trace_anchor.get() != nullptr && b.enqueued_us >= 0) {
+      float start_ms = 0, stop_ms = 0;
+      cudaEventElapsedTime(&start_ms, s.trace_anchor.get(), b.start.get());
+      cudaEventElapsedTime(&stop_ms, s.trace_anchor.get(), b.stop.get());
+      absl::StrAppendFormat(&s.trace, "%s%.0f/%.0f/%.0f", s.trace.empty() ? "" : ", ",
+                            b.enqueued_us, start_ms * 1e3, stop_ms * 1e3);
+    }
     absl::MutexLock lock(&mu_);
+    if (s.trace_anchor.get() != nullptr) first_job_batches_ = s.trace;
     (b.ctas > 0 ? kernel_batches_ : copy_batches_)++;
     if (b.split < b.taken.end) ++split_batches_;
     last_decision_ = absl::StrFormat("%s, %.1f GB/s last batch (%.1f MiB)", decision, gbps,
