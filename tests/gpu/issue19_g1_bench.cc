@@ -22,6 +22,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -218,6 +219,11 @@ void FirstRow(const char* label, const std::string& config,
   std::mt19937_64 rng(1);
   std::vector<Timed> runs;
   std::string first_engine;
+  // How long the GPU sat idle before the first transfer (the daemon's warm-up is its last work):
+  // the "after the same idle" runs below wait as long before each, so what the first transfer
+  // still loses to a warm daemon's transfer after the same pause is the daemon's own first-time
+  // cost, and the rest the GPU's return from idle, which every transfer after a pause pays.
+  const auto idle = Clock::now() - t_start - std::chrono::duration<double, std::milli>(start_ms);
   for (int i = 0; i < 21; ++i) {
     v1::TransferSpec spec = client::MakeBlockTransfer(
         src.region.region_id(), Scattered(pool, n, rng), dst.region.region_id(),
@@ -243,14 +249,50 @@ void FirstRow(const char* label, const std::string& config,
   }
   for (auto& v : warm) std::sort(v.begin(), v.end());
   std::sort(warm_gbps.begin(), warm_gbps.end());
+  // Two kinds of pause, five of each: the GPU left alone, and the GPU last used by this process
+  // just before the transfer (as MakePool's poisoning and upload did before the first), which
+  // hands the daemon a GPU running another context.
+  void* scratch = nullptr;
+  Check(cudaMalloc(&scratch, 1 << 20), "scratch");
+  std::vector<std::vector<double>> paused(7), touched(7);
+  std::vector<double> paused_gbps, touched_gbps;
+  for (int i = 0; i < 10; ++i) {
+    const bool touch = i % 2 == 1;
+    std::this_thread::sleep_for(idle);
+    if (touch) {
+      Check(cudaMemset(scratch, i, 1 << 20), "touch");
+      Check(cudaDeviceSynchronize(), "touch");
+    }
+    v1::TransferSpec spec = client::MakeBlockTransfer(
+        src.region.region_id(), Scattered(pool, n, rng), dst.region.region_id(),
+        Scattered(pool, n, rng));
+    const Timed t = RunTransfer(d, spec);
+    const auto p = phases(t);
+    for (size_t k = 0; k < p.size(); ++k) (touch ? touched : paused)[k].push_back(p[k]);
+    (touch ? touched_gbps : paused_gbps)
+        .push_back(n * static_cast<double>(block) / t.seconds / 1e9);
+  }
+  Check(cudaFree(scratch), "scratch");
+  for (auto& v : paused) std::sort(v.begin(), v.end());
+  for (auto& v : touched) std::sort(v.begin(), v.end());
+  std::sort(paused_gbps.begin(), paused_gbps.end());
+  std::sort(touched_gbps.begin(), touched_gbps.end());
+  const double paused_median = paused_gbps[2], touched_median = touched_gbps[2];
   const double first_gbps = n * static_cast<double>(block) / runs[0].seconds / 1e9;
   const double median = warm_gbps[warm_gbps.size() / 2];
   const auto f = phases(runs[0]);
   std::printf("| %s | %.1f | %.1f | %.0f%% | %.0f / %.0f / %.0f / %.0f / %.0f / %.0f / %.0f | "
+              "%.0f / %.0f / %.0f / %.0f / %.0f / %.0f / %.0f | %.0f ms: %.1f | %.0f%% | "
+              "%.0f / %.0f / %.0f / %.0f / %.0f / %.0f / %.0f | %.1f | %.0f%% | "
               "%.0f / %.0f / %.0f / %.0f / %.0f / %.0f / %.0f |\n",
               label, first_gbps, median, 100 * first_gbps / median, f[0], f[1], f[2], f[3], f[4],
               f[5], f[6], warm[0][10], warm[1][10], warm[2][10], warm[3][10], warm[4][10],
-              warm[5][10], warm[6][10]);
+              warm[5][10], warm[6][10],
+              std::chrono::duration<double, std::milli>(idle).count(), paused_median,
+              100 * first_gbps / paused_median, paused[0][2], paused[1][2], paused[2][2],
+              paused[3][2], paused[4][2], paused[5][2], paused[6][2], touched_median,
+              100 * first_gbps / touched_median, touched[0][2], touched[1][2], touched[2][2],
+              touched[3][2], touched[4][2], touched[5][2], touched[6][2]);
   std::printf("  kvraild start + connect %.1f ms; engine after the first: %s\n", start_ms,
               first_engine.c_str());
   std::printf("  engine after the last: %s\n", d.Engines().c_str());
@@ -320,7 +362,10 @@ int main(int argc, char** argv) {
                 "queued (submitted -> first tile started) / running (started -> finished) / "
                 "finished -> client's Wait back / wall\n\n"
                 "| warm-up | first GB/s | warm median GB/s (20) | first / warm | first: phases | "
-                "warm medians: phases |\n|---|---|---|---|---|---|\n");
+                "warm medians: phases | warm after the first's idle, median of 5: idle, GB/s | "
+                "first / warm after idle | after idle: phases | the same with this process's "
+                "GPU work just before (median of 5) GB/s | first / that | that: phases |\n"
+                "|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     FirstRow("on (default: CTA knees seeded, dispatcher woken at submit)", "");
     FirstRow("on, cuda_wake_on_submit: false", "cuda_wake_on_submit: false");
     FirstRow("on (again)", "");
