@@ -2,6 +2,7 @@
 #define CATCH_CONFIG_MAIN
 #include <catch2/catch.hpp>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -28,14 +29,17 @@ planner::Plan BytesPlan(uint64_t bytes, uint64_t tile) {
   return *std::move(plan);
 }
 
-struct InboundFixture {
+// A record of 4096 bytes in tiles of `tile` bytes, counted active as admission counts it.
+struct Fixture {
   ManualClock clock;
   TestRegions regions;
   FakeEngine engine;
   std::shared_ptr<Counters> counters = std::make_shared<Counters>();
   std::shared_ptr<Record> record;
 
-  InboundFixture() {
+  Fixture(bool inbound, uint64_t tile,
+          std::function<void(const v1::TransferStatus&)> on_finished = nullptr) {
+    counters->on_finished = std::move(on_finished);
     RecordParams params;
     params.id = 7;
     params.src = regions.Bytes(4096, false);
@@ -43,12 +47,17 @@ struct InboundFixture {
     params.engine = &engine;
     params.counters = counters;
     params.clock = &clock;
-    params.inbound = true;
+    params.inbound = inbound;
     {
       absl::MutexLock c(&counters->mu);
-      ++counters->active;  // as admission counts it
+      ++counters->active;
     }
-    record = std::make_shared<Record>(BytesPlan(4096, 1024), std::move(params));
+    record = std::make_shared<Record>(BytesPlan(4096, tile), std::move(params));
+  }
+};
+
+struct InboundFixture : Fixture {
+  InboundFixture() : Fixture(/*inbound=*/true, 1024) {
     REQUIRE(record->TakeInitialTiles().size() == 4);  // all expected from the fabric
   }
 };
@@ -97,24 +106,10 @@ TEST_CASE("tiles reported after an inbound record ended change nothing") {
 TEST_CASE("a transfer's waiters hear of its end before the metrics hook runs") {
   // The WAIT's DONE is sent from a waiter callback: the metrics and the log line (on_finished)
   // come after it, off the client's critical path (issue 19).
-  ManualClock clock;
-  TestRegions regions;
-  FakeEngine engine;
   std::vector<std::string> order;
-  auto counters = std::make_shared<Counters>();
-  counters->on_finished = [&order](const v1::TransferStatus&) { order.push_back("metrics"); };
-  RecordParams params;
-  params.id = 8;
-  params.src = regions.Bytes(4096, false);
-  params.dst = regions.Bytes(4096, true);
-  params.engine = &engine;
-  params.counters = counters;
-  params.clock = &clock;
-  {
-    absl::MutexLock c(&counters->mu);
-    ++counters->active;
-  }
-  auto record = std::make_shared<Record>(BytesPlan(4096, 4096), std::move(params));
+  Fixture f(/*inbound=*/false, 4096,
+            [&order](const v1::TransferStatus&) { order.push_back("metrics"); });
+  Record* record = f.record.get();
   REQUIRE(record->WhenEnded([&order](const v1::TransferStatus& status) {
     CHECK(status.state() == v1::TRANSFER_STATE_SUCCEEDED);
     order.push_back("waiter");
