@@ -5,6 +5,7 @@
 #   engine    cuda_engine_gpu_test (byte for byte, the kernel + copy-engine split case included);
 #   split     issue19_g1_bench split (kernel only / learned / fixed / copy engines, 4-128 KiB);
 #   first     issue19_g1_bench first (the first transfer's phases);
+#   first_mps the same under the MPS control daemon;
 #   latency   issue19_g1_bench latency (16 MiB critical transfer);
 #   flagwait  flag_wait_bench (CPU poller vs stream wait vs persistent kernel);
 #   flags     flags_gpu_test FLAG_RUNS x FLAG_ROUNDS handovers, without and with MPS.
@@ -32,6 +33,14 @@ for p in split first latency; do
     echo "exit $?"; cat "$out/bench_$p.txt"
   fi
 done
+# first_mps: the first-transfer rows with kvraild and the bench as two MPS clients (one GPU
+# context: no switch from the bench's context before the daemon's first kernel).
+if [[ " $parts " == *" first_mps "* ]] && start_mps; then
+  echo "== issue19_g1_bench first, under MPS"
+  run_group timeout "${BENCH_TIMEOUT:-300}" "$pack/bin/issue19_g1_bench" first > "$out/bench_first_mps.txt" 2>&1
+  echo "exit $?"; cat "$out/bench_first_mps.txt"
+  stop_mps
+fi
 if [[ $parts == *flagwait* ]]; then
   echo "== flag_wait_bench"
   run_group timeout 120 "$pack/bin/flag_wait_bench" 50 > "$out/flag_wait.txt" 2>&1
