@@ -207,26 +207,26 @@ absl::StatusOr<v1::SubmitTransferResponse> TransferManagerImpl::SubmitLocal(
   plan_options.tile_bytes = options_.tile_bytes;
   plan_options.defer_checks_from = options_.defer_id_checks_from;
   plan_options.table_checks = table_checks_.get();
-  // Any local plan may run on the CUDA engine (the route is chosen below): its tables go where
-  // that engine uploads them from without staging; without one, the host engine's recycled
-  // buffers.
+  // Any local plan may run on the CUDA engine: its tables go where that engine uploads them from
+  // without staging; without one, the host engine's recycled buffers.
   plan_options.tables =
       (options_.cuda_engine != nullptr ? options_.cuda_engine : engine_)->table_pool();
-  // The GPU's dispatcher, asleep after an idle spell, wakes while the plan is made (issue 19).
   const scheduler::Placement src_at = PlacementOf(*request.src), dst_at = PlacementOf(*request.dst);
-  if (scheduler::RunsOnCudaEngine(src_at, dst_at, options_.cuda_engine != nullptr)) {
-    options_.cuda_engine->Expect(engine::MemoryRef{src_at.cuda, src_at.device, nullptr},
-                                 engine::MemoryRef{dst_at.cuda, dst_at.device, nullptr});
-  }
-  KVRAIL_ASSIGN_OR_RETURN(planner::Plan plan,
-                          planner::MakePlan(request.light, request.src->view(),
-                                            request.dst->view(), plan_options, request.Tables()));
+  // The route needs no plan: chosen first, so a GPU's dispatcher asleep after an idle spell wakes
+  // while the plan is made (issue 19).
   KVRAIL_ASSIGN_OR_RETURN(
       const scheduler::Route route,
       scheduler::ChooseRoute(src_at, dst_at,
                              options_.topology_graph, gpu_index_, options_.cuda_engine != nullptr));
   engine::Engine* engine =
       route.engine == scheduler::EngineKind::kCuda ? options_.cuda_engine : engine_;
+  if (route.engine == scheduler::EngineKind::kCuda) {
+    engine->Expect(engine::MemoryRef{src_at.cuda, src_at.device, nullptr},
+                   engine::MemoryRef{dst_at.cuda, dst_at.device, nullptr});
+  }
+  KVRAIL_ASSIGN_OR_RETURN(planner::Plan plan,
+                          planner::MakePlan(request.light, request.src->view(),
+                                            request.dst->view(), plan_options, request.Tables()));
   KVRAIL_RETURN_IF_ERROR(request.ready.CheckFits(plan.num_layers()));
   KVRAIL_RETURN_IF_ERROR(request.arrival.CheckFits(plan.num_layers()));
   std::optional<absl::Time> deadline;
