@@ -20,13 +20,13 @@ GateChoice ChooseGate(const GateInputs& in) {
                    "layer)"};
   }
   if (in.waiting_jobs >= in.max_jobs) {
-    if (!in.queue_limit.empty()) {
-      return {false, absl::StrCat("readiness poller (", in.waiting_jobs,
-                                  " jobs already wait on this GPU: ", in.queue_limit, ")")};
-    }
+    // The limit named: the hardware queues' reason when they set it, else the setting.
     return {false, absl::StrCat("readiness poller (", in.waiting_jobs,
-                                " jobs already wait on this GPU, cuda_stream_wait_jobs ",
-                                in.max_jobs, ")")};
+                                " jobs already wait on this GPU",
+                                in.queue_limit.empty()
+                                    ? absl::StrCat(", cuda_stream_wait_jobs ", in.max_jobs)
+                                    : absl::StrCat(": ", in.queue_limit),
+                                ")")};
   }
   return {true, "GPU stream wait on the ready flags (cuStreamWaitValue32)"};
 }

@@ -134,8 +134,10 @@ struct GateQueuePlan {
 // layers then go through the readiness poller).
 GateQueuePlan PlanGateQueues(int requested_jobs, int hardware_queues);
 
-// The gated jobs of one GPU, each holding one wait stream until its last gated launch passed.
-// Thread-compatible (the dispatcher's).
+// The gated jobs of one GPU, each holding a slot (in the CUDA engine: a pair of parked streams,
+// PlanGateQueues) until its last gated launch passed. `queue_limit` is PlanGateQueues's reason
+// when the hardware queues set `max_jobs`; a refusal at the limit names it. Thread-compatible
+// (the dispatcher's).
 class GateSlots {
  public:
   explicit GateSlots(int max_jobs, std::string queue_limit = std::string())
