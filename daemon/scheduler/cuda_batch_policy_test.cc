@@ -522,7 +522,6 @@ TEST_CASE("split tuner: a fixed share, the cap, and never") {
   CHECK(learned.phase() == SplitTuner::Phase::kSplit);
 }
 
-
 TEST_CASE("launch CTAs: a critical batch is raised, the class cap wins, copy-only kernels never") {
   LaunchCtasInputs in;
   in.tuner_ctas = 32;
@@ -578,12 +577,6 @@ TEST_CASE("critical CTAs: unset is one per SM; 0, copy-only mode or not above th
   CHECK(ResolveCriticalCtas(-1, 132, 200) == 0);
 }
 
-}  // namespace
-}  // namespace kvrail::scheduler
-
-namespace kvrail::scheduler {
-namespace {
-
 TEST_CASE("tuner seeds: scattered whole blocks, plans in their block size's tuner class") {
   const std::vector<uint64_t> sizes = TunerSeedBlockBytes();
   REQUIRE(sizes.size() == 6);
@@ -602,8 +595,12 @@ TEST_CASE("tuner seeds: scattered whole blocks, plans in their block size's tune
     CHECK(plan->bytes_total() <= kSeedScratchBytes);
     // Scattered: the runs are (about) single blocks, in the block size's class.
     CHECK(CtaTunerKey(MeanRunBytes(*plan), true, true) == CtaTunerKey(block, true, true));
-    // Distinct destination blocks (MakePlan checked them), every id in range.
+    // Ids in range and distinct destinations: MakePlan checked them. As many blocks as the
+    // scratch holds, at most kSeedMaxBlocks, each moved whole.
+    const uint64_t n = std::min<uint64_t>(kSeedScratchBytes / block, kSeedMaxBlocks);
+    CHECK(c.spec.src().block_ids_size() == static_cast<int>(n));
     CHECK(c.spec.dst().block_ids_size() == c.spec.src().block_ids_size());
+    CHECK(plan->bytes_total() == n * block);
   }
 }
 
