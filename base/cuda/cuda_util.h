@@ -78,6 +78,7 @@ absl::StatusOr<AllocationRange> GetAllocationRange(const void* ptr);
 // nothing links libcuda directly; nullptr when the driver offers none (the runtime's error is
 // cleared). Cast the result to the function's type.
 void* DriverEntryPoint(const char* name);
+
 // The device that holds `ptr` (device memory), or -1 for host memory.
 absl::StatusOr<int> PointerDevice(const void* ptr);
 // Lets kernels on `device` access `peer`'s memory; idempotent. FAILED_PRECONDITION when the pair

@@ -41,6 +41,14 @@ TEST_CASE("no GPU is FAILED_PRECONDITION with a reason; a GPU is a positive coun
   }
 }
 
+TEST_CASE("a driver function the driver lacks is nullptr, and the runtime's error is cleared") {
+  // Without a driver the query itself fails; with one, the name is not found: nullptr both ways.
+  CHECK(DriverEntryPoint("cuKvrailNoSuchFunction") == nullptr);
+  // With a GPU the next runtime call sees no stale error (without a driver every runtime call
+  // reports the missing driver, cleared or not).
+  if (DeviceCount().ok()) CHECK(cudaGetLastError() == cudaSuccess);
+}
+
 // A fake runtime's current device for ScopedDevice (this thread's only).
 struct FakeRuntime {
   int current = 1;
