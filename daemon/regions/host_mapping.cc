@@ -8,7 +8,6 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -103,24 +102,15 @@ absl::StatusOr<std::pair<std::unique_ptr<Mapping>, uint8_t*>> MapFd(int fd, uint
   return std::make_pair(std::move(mapping), data);
 }
 
-uint64_t PrefaultResident(const Mapping& mapping, const uint8_t* data, uint64_t size) {
-  if (size == 0) return 0;
-  const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
-  const auto base = reinterpret_cast<uintptr_t>(mapping.base());
-  const uintptr_t from = reinterpret_cast<uintptr_t>(data) / page * page;
-  const uintptr_t to = std::min<uintptr_t>(reinterpret_cast<uintptr_t>(data) + size,
-                                           base + mapping.length());
-  if (from < base || to <= from) return 0;
-  std::vector<unsigned char> resident((to - from + page - 1) / page);
-  if (::mincore(reinterpret_cast<void*>(from), to - from, resident.data()) != 0) return 0;
-  uint64_t touched = 0;
+void PrefaultResident(const Mapping& mapping) {
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  const auto* base = static_cast<const volatile uint8_t*>(mapping.base());
+  std::vector<unsigned char> resident((mapping.length() + page - 1) / page);
+  if (::mincore(mapping.base(), mapping.length(), resident.data()) != 0) return;
   for (size_t i = 0; i < resident.size(); ++i) {
-    if ((resident[i] & 1) == 0) continue;
     // A read fault maps the object's existing page; the volatile read is not optimized away.
-    (void)*reinterpret_cast<const volatile uint8_t*>(from + i * page);
-    ++touched;
+    if ((resident[i] & 1) != 0) (void)base[i * page];
   }
-  return touched;
 }
 
 }  // namespace kvrail::regions

@@ -62,9 +62,10 @@ absl::StatusOr<std::pair<std::unique_ptr<Mapping>, uint8_t*>> MapFd(int fd, uint
 // 32k + 32k-id transfer against 54-60 later).
 inline constexpr uint64_t kPrefaultMaxBytes = uint64_t{16} << 20;
 
-// Maps into this process's page tables the pages of [data, data + size) (inside `mapping`) that
-// the shared object already holds (mincore), by reading one byte of each; holes stay holes (no
-// page is committed). Returns the pages touched. Best effort: a failing mincore touches nothing.
-uint64_t PrefaultResident(const Mapping& mapping, const uint8_t* data, uint64_t size);
+// Maps into this process's page tables the pages of `mapping` (MapFd's: exactly the region's
+// pages) that the shared object already holds (mincore), by reading one byte of each; holes stay
+// holes (no page is committed). Best effort: a failing mincore touches nothing. The mapping is
+// guarded, so an object truncated meanwhile poisons the region instead of killing the daemon.
+void PrefaultResident(const Mapping& mapping);
 
 }  // namespace kvrail::regions

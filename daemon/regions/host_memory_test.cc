@@ -250,6 +250,16 @@ uint64_t RssKib() {
   return 0;
 }
 
+// Pages of [data, data + bytes) resident in the shared object (mincore).
+size_t PagesInCore(uint8_t* data, size_t bytes) {
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  std::vector<unsigned char> resident((bytes + page - 1) / page);
+  REQUIRE(::mincore(data, bytes, resident.data()) == 0);
+  size_t in_core = 0;
+  for (unsigned char r : resident) in_core += r & 1;
+  return in_core;
+}
+
 TEST_CASE("a sparse memfd is not committed at registration") {
   constexpr uint64_t kSparse = uint64_t{1} << 30;
   auto table = RegionTable::Create(Clock::Real());
@@ -262,18 +272,10 @@ TEST_CASE("a sparse memfd is not committed at registration") {
   INFO("VmRSS " << before << " KiB -> " << after << " KiB");
   CHECK(after < before + 64 * 1024);  // MAP_POPULATE committed the whole GiB
   // No page of the mapping is resident (mincore).
-  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
-  std::vector<unsigned char> resident(kSparse / page);
-  REQUIRE(::mincore((*region)->data(), kSparse, resident.data()) == 0);
-  size_t in_core = 0;
-  for (unsigned char r : resident) in_core += r & 1;
-  CHECK(in_core == 0);
+  CHECK(PagesInCore((*region)->data(), kSparse) == 0);
   // A transfer touching one page commits one page.
   (*region)->data()[12345] = 1;
-  REQUIRE(::mincore((*region)->data(), kSparse, resident.data()) == 0);
-  in_core = 0;
-  for (unsigned char r : resident) in_core += r & 1;
-  CHECK(in_core == 1);
+  CHECK(PagesInCore((*region)->data(), kSparse) == 1);
 }
 
 // Minor page faults of the calling thread so far.
@@ -310,11 +312,7 @@ TEST_CASE("a small region's pages are mapped at registration; its holes stay hol
   UniqueFd sparse = Memfd(kBytes);
   auto empty = RegisterFd(*table, session, sparse.get(), kBytes, true);
   REQUIRE(empty.ok());
-  std::vector<unsigned char> resident(kBytes / page);
-  REQUIRE(::mincore((*empty)->data(), kBytes, resident.data()) == 0);
-  size_t in_core = 0;
-  for (unsigned char r : resident) in_core += r & 1;
-  CHECK(in_core == 0);
+  CHECK(PagesInCore((*empty)->data(), kBytes) == 0);
 }
 
 }  // namespace

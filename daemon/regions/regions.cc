@@ -344,10 +344,10 @@ class RegionTableImpl final : public RegionTable {
     }
     auto mapped = *std::move(mapped_or);
     const Mapping* host_mapping = mapped.first.get();
-    // Small host regions (block tables) are read on every large submit: their pages go into the
-    // daemon's page tables now, not in the first transfer's accept.
+    // Small host regions (block tables among them, read on every large submit): their pages go
+    // into the daemon's page tables now, not in the first transfer's accept.
     if (spec.size_bytes() <= kPrefaultMaxBytes) {
-      PrefaultResident(*host_mapping, mapped.second, spec.size_bytes());
+      PrefaultResident(*host_mapping);
     }
     return Add(spec, session_id, view, std::shared_ptr<Mapping>(std::move(mapped.first)),
                host_mapping, mapped.second, std::move(charge));
