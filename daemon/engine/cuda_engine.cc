@@ -50,9 +50,7 @@ class CudaEngine final : public Engine {
 
   void Enqueue(const std::shared_ptr<Job>& job, const std::vector<uint32_t>& tiles) override {
     if (tiles.empty()) return;
-    const MemoryRef src = job->src(), dst = job->dst();
-    const int device = scheduler::ExecutingDevice(src.cuda, src.device, dst.cuda, dst.device,
-                                                      run_on_destination_, devices_.front());
+    const int device = ExecutingDevice(job->src(), job->dst());
     DeviceWorker* worker = Worker(device);
     if (worker == nullptr) {
       const absl::Status status = absl::FailedPreconditionError(
@@ -67,15 +65,12 @@ class CudaEngine final : public Engine {
   }
 
   bool AdmitGated(const std::shared_ptr<Job>& job) override {
-    const MemoryRef src = job->src(), dst = job->dst();
-    DeviceWorker* worker = Worker(scheduler::ExecutingDevice(
-        src.cuda, src.device, dst.cuda, dst.device, run_on_destination_, devices_.front()));
+    DeviceWorker* worker = Worker(ExecutingDevice(job->src(), job->dst()));
     return worker != nullptr && worker->AdmitGated(job);
   }
 
   void Expect(const MemoryRef& src, const MemoryRef& dst) override {
-    DeviceWorker* worker = Worker(scheduler::ExecutingDevice(
-        src.cuda, src.device, dst.cuda, dst.device, run_on_destination_, devices_.front()));
+    DeviceWorker* worker = Worker(ExecutingDevice(src, dst));
     if (worker != nullptr) worker->Expect();
   }
 
@@ -101,6 +96,14 @@ class CudaEngine final : public Engine {
   planner::TableAllocator* table_pool() const override { return tables_.get(); }
 
  private:
+  // The GPU whose dispatcher runs a job between `src` and `dst` (scheduler::ExecutingDevice):
+  // one answer for Enqueue, AdmitGated and Expect, so a job is admitted, woken for and queued on
+  // the same worker.
+  int ExecutingDevice(const MemoryRef& src, const MemoryRef& dst) const {
+    return scheduler::ExecutingDevice(src.cuda, src.device, dst.cuda, dst.device,
+                                      run_on_destination_, devices_.front());
+  }
+  // nullptr when the engine does not serve `device`.
   DeviceWorker* Worker(int device) const {
     for (size_t i = 0; i < devices_.size(); ++i) {
       if (devices_[i] == device) return workers_[i].get();
