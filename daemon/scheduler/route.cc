@@ -87,8 +87,4 @@ absl::StatusOr<Route> ChooseRoute(const Placement& src, const Placement& dst,
   return route;
 }
 
-bool RunsOnCudaEngine(const Placement& src, const Placement& dst, bool have_cuda_engine) {
-  return have_cuda_engine && (src.cuda || dst.cuda);
-}
-
 }  // namespace kvrail::scheduler

@@ -26,11 +26,6 @@ struct Route {
   std::string reason;  // for TransferStatus.path_reason, e.g. "GPU0-GPU1 NV18: direct peer ..."
 };
 
-// Whether a submit between these sides will run on the CUDA engine (ChooseRoute's engine when it
-// accepts: anything with GPU memory, given the engine), asked before planning so the engine can
-// wake the dispatcher that will run it (Engine::Expect) while the plan is made.
-bool RunsOnCudaEngine(const Placement& src, const Placement& dst, bool have_cuda_engine);
-
 // Maps CUDA ordinals to the graph's GPU indexes (TopologyDesc.gpus[].cuda_ordinal); ordinals
 // missing from `desc` map to -1.
 std::vector<int> GpuIndexByOrdinal(const v1::TopologyDesc& desc);

@@ -137,19 +137,5 @@ TEST_CASE("ordinals map to graph indexes through the desc") {
   CHECK(GpuIndexByOrdinal(desc) == std::vector<int>{1, 0});
 }
 
-TEST_CASE("the CUDA engine is told ahead exactly when ChooseRoute would pick it") {
-  Machine m = Load("h200_1gpu");
-  for (const Placement& src : {kHost, Gpu(0)}) {
-    for (const Placement& dst : {kHost, Gpu(0)}) {
-      for (bool cuda : {false, true}) {
-        auto r = ChooseRoute(src, dst, m.graph, m.index, cuda);
-        const bool on_cuda = r.ok() && r->engine == EngineKind::kCuda;
-        INFO(src.cuda << " -> " << dst.cuda << " engine " << cuda);
-        CHECK(RunsOnCudaEngine(src, dst, cuda) == on_cuda);
-      }
-    }
-  }
-}
-
 }  // namespace
 }  // namespace kvrail::scheduler
