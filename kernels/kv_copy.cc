@@ -105,7 +105,8 @@ absl::StatusOr<DevicePlanBuffer> DevicePlanBuffer::Upload(const PlanHeader& head
   // 16-byte accesses: 607-732 GB/s), so they take the slab path; plans whose accesses are
   // narrower than 8 bytes (odd vector sizes, odd offsets) take the segment path (657-byte
   // vectors 223-226 GB/s against 54-65 on the slab path at 1-byte accesses; bf16 at an odd
-  // offset 182 against 125).
+  // offset 182 against 125); session 29 (NL) added short unmerged chunks at 8-byte accesses and
+  // short 16-byte head vectors (TakesSegmentPath below).
   if (buffer.plan_.piece_bytes != 0 && buffer.plan_.piece_bytes < kMinWarpPieceBytes) {
     buffer.plan_.piece_bytes = 0;
   }

@@ -26,10 +26,10 @@ struct DevicePlan {
   uint32_t access_bytes = 1;           // the plan's access width narrowed to the base pointers
   uint32_t piece_bytes = 0;            // > 0: the warp path with pieces of this size (plan_math.h)
   // The segment path (plan_math.h: SegmentAt) when there are no pieces: chunked plans (not
-  // kBytes) whose access width is under 8 bytes, or 8 bytes with short chunks that do not merge
-  // (segment_math.h: TakesSegmentPath). Set by Upload; a benchmark may change
-  // piece_bytes / segments to time the other paths (any of the three moves any plan correctly,
-  // pieces only with a piece size from PieceBytesFor).
+  // kBytes) whose access width is under 8 bytes, and short chunks that do not merge at 8-byte
+  // accesses or as 16-byte head vectors (segment_math.h: TakesSegmentPath). Set by Upload; a
+  // benchmark may change piece_bytes / segments to time the other paths (any of the three moves
+  // any plan correctly, pieces only with a piece size from PieceBytesFor).
   bool segments = false;
   // The segment path's form (kv_copy.cu), set by Upload (segment_math.h: SegmentFormFor): 0 =
   // the default (103); 100 + stages (2 or 3) =
@@ -37,7 +37,8 @@ struct DevicePlan {
   // stage (~200 KiB per CTA); 6 = the register form (6 16-byte units per
   // lane and round); 200 + 10 x (S - 1) + U (204, 206, 214, 216) = the split register form (whole
   // units one stream, partial units per lane; U units per lane and round, S segments per lane;
-  // 214 is SegmentFormFor's for short chunks). A benchmark may pick one to compare.
+  // 206, kSegmentFormSplit, is SegmentFormFor's for short unmerged chunks). A benchmark may pick
+  // one to compare.
   int segment_units = 0;
 };
 
