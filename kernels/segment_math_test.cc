@@ -40,9 +40,16 @@ uint32_t Word(const std::vector<uint8_t>& ring, uint32_t ring_addr, uint32_t add
   return w;
 }
 
-// Replays one warp step of the bulk form: 32 pieces (lane j: segments[j]) packed into stages of
-// `stage_bytes`, each stage's spans "bulk copied" into the ring, then consumed unit by unit.
-// Returns the number of stages used.
+// The kernel's SegmentOfUnit (kv_copy.cu, a shuffle search over the lanes' inclusive unit ends)
+// on 32 ends: the number of lanes whose end is <= u.
+uint32_t HostSegmentOfUnit(const uint32_t* end, uint32_t u) {
+  uint32_t j = 0;
+  for (uint32_t step = 16; step > 0; step /= 2) {
+    if (end[j + step - 1] <= u) j += step;
+  }
+  return j;
+}
+
 // The kernel's merge of pieces contiguous on both sides (prepare() in KvCopySegmentsBulkKernel),
 // lane by lane: a run's first piece takes the run's bytes, the others none.
 std::vector<Segment> Merge(const std::vector<Segment>& in) {
@@ -78,6 +85,9 @@ std::vector<Segment> Merge(const std::vector<Segment>& in) {
   return out;
 }
 
+// Replays one warp step of the bulk form: 32 pieces (lane j: segments[j]) packed into stages of
+// `stage_bytes`, each stage's spans "bulk copied" into the ring, then consumed unit by unit.
+// Returns the number of stages used.
 int ReplayStep(const std::vector<Segment>& in, Memory& src, Memory& dst, uint32_t stage_bytes,
                bool merge = false) {
   REQUIRE(in.size() == 32);
@@ -141,10 +151,7 @@ int ReplayStep(const std::vector<Segment>& in, Memory& src, Memory& dst, uint32_
       q[t] = m_pos[t] - static_cast<uint32_t>(m_dst[t]) + (static_cast<uint32_t>(block0[t]) << 4);
     }
     for (uint32_t u = 0; u < end[31]; ++u) {
-      uint32_t j = 0;  // the kernel's SegmentOfUnit
-      for (uint32_t step = 16; step > 0; step /= 2) {
-        if (end[j + step - 1] <= u) j += step;
-      }
+      const uint32_t j = HostSegmentOfUnit(end, u);
       REQUIRE(u < end[j]);
       REQUIRE(u >= end[j] - units[j]);
       const uint64_t block = (block0[j] + u) << 4;
@@ -281,10 +288,7 @@ bool ReplaySplitStep(const std::vector<Segment>& segs, Memory& src, Memory& dst)
       j = 0;
       uint32_t before = 0;
       for (int q = 0; q < n / 32; ++q) {
-        uint32_t jq = 0;
-        for (uint32_t step = 16; step > 0; step /= 2) {
-          if (end[32 * q + jq + step - 1] <= u) jq += step;
-        }
+        const uint32_t jq = HostSegmentOfUnit(end + 32 * q, u);
         if (u >= before) j = 32 * q + jq;
         before = end[32 * q + 31];
       }
