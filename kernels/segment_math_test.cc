@@ -233,9 +233,10 @@ void RunRandom(std::mt19937_64& rng, uint32_t max_len, uint32_t stage_bytes, int
 // Replays one warp step of the split register form (KvCopySegmentsSplitKernel) with 32 or 64
 // segments (1 or 2 per lane): segment j cut by SplitSegment; the whole units as one stream
 // (segment of a unit by UnitSegment when every segment has as many whole units, else the
-// search), each read as the kernel reads it (its source block, and the next one when the source is not aligned relative to the
-// destination) and stored whole; then each lane's partial units. Checks that every read lies in
-// the 16-byte blocks holding the segment's source bytes and returns whether the step was uniform.
+// search), each read as the kernel reads it (its source block, and the next one when the source
+// is not aligned relative to the destination) and stored whole; then each lane's partial units.
+// Checks that every read lies in the 16-byte blocks holding the segment's source bytes and
+// returns whether the step was uniform.
 bool ReplaySplitStep(const std::vector<Segment>& segs, Memory& src, Memory& dst) {
   const int n = static_cast<int>(segs.size());
   REQUIRE((n == 32 || n == 64));
