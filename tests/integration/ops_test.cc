@@ -8,6 +8,7 @@
 #include <regex>
 #include <sstream>
 
+#include "base/eventually.h"
 #include "tests/integration/kv_fixture.h"
 
 namespace kvrail::testing {
@@ -41,7 +42,18 @@ TEST_CASE("metrics: counts by path, priority and result after real transfers") {
   REQUIRE(s.ok());
   REQUIRE((*c)->Cancel(s->transfer_id()).ok());
   const uint64_t per_transfer = 2ull * 2 * 2 * 16 * 2 * 64 * 2;
-  const std::string body = HttpGet(port, "/metrics");
+  // A transfer's counters are updated after its waiters hear of its end (the WAIT's DONE goes
+  // out first: issue 19), so the last transfer's and the cancelled one's counts may land a moment
+  // after Wait and Cancel return: scraped until the end counts show (a liveness bound).
+  std::string body;
+  Eventually(
+      [&] {
+        body = HttpGet(port, "/metrics");
+        return body.find(R"(result="succeeded"} 3)") != std::string::npos &&
+               body.find(R"(result="cancelled"} 1)") != std::string::npos &&
+               body.find("kvrail_transfers_active 0") != std::string::npos;
+      },
+      absl::Seconds(10));
   INFO(body);
   CHECK(body.find(R"(kvrail_transfers_total{path="host_local",priority="critical",result="succeeded"} 3)") != std::string::npos);
   CHECK(body.find(R"(kvrail_transfers_total{path="host_local",priority="background",result="cancelled"} 1)") != std::string::npos);
