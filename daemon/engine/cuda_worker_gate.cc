@@ -37,7 +37,8 @@ bool DeviceWorker::AdmitGated(const std::shared_ptr<Job>& job) {
   scheduler::GateInputs in;
   {
     absl::MutexLock lock(&mu_);  // the abort page is made before serving starts
-    in.enabled = abort_device_ != 0 && StreamWriteValue32() != nullptr;
+    in.enabled = true;
+    in.ready = abort_device_ != 0 && StreamWriteValue32() != nullptr;
   }
   in.flags_mapped = gate->device_words != 0 && gate->host_words != nullptr &&
                     gate->count >= job->plan().num_layers() && StreamWaitValue32() != nullptr;

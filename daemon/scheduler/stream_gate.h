@@ -32,6 +32,7 @@ namespace kvrail::scheduler {
 // What the engine knows when a gated layer-wise job first reaches it.
 struct GateInputs {
   bool enabled = false;        // CudaEngineOptions::stream_wait
+  bool ready = true;           // the engine's abort page and cuStreamWriteValue32 exist
   bool flags_mapped = false;   // the flag words have a device address on the job's GPU
   bool kernel_mode = false;    // the plan runs on the copy kernel (copy engines cannot honour
                                // an abort word: a released wait would let them copy)

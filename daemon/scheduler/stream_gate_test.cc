@@ -28,6 +28,12 @@ TEST_CASE("ChooseGate: the stream wait only where an aborted layer can be skippe
   in.enabled = false;
   CHECK(!ChooseGate(in).stream_wait);
   CHECK(ChooseGate(in).reason.find("cuda_stream_wait off") != std::string::npos);
+  // On, but the engine could not make what the wait needs: not said to be off.
+  in = Eligible();
+  in.ready = false;
+  CHECK(!ChooseGate(in).stream_wait);
+  CHECK(ChooseGate(in).reason.find("cuda_stream_wait off") == std::string::npos);
+  CHECK(ChooseGate(in).reason.find("abort page") != std::string::npos);
   in = Eligible();
   in.flags_mapped = false;
   CHECK(!ChooseGate(in).stream_wait);
