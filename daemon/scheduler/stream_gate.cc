@@ -2,12 +2,17 @@
 
 #include <algorithm>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
 namespace kvrail::scheduler {
 
 GateChoice ChooseGate(const GateInputs& in) {
   if (!in.enabled) return {false, "readiness poller (cuda_stream_wait off)"};
+  if (!in.ready) {
+    return {false, "readiness poller (cuda_stream_wait on, but this GPU's abort page or the "
+                   "driver's stream write was not available at start: see the log)"};
+  }
   if (!in.flags_mapped) {
     return {false, "readiness poller (the ready flags have no device address on this GPU)"};
   }
@@ -83,14 +88,9 @@ absl::Status GatedTileStatus(bool aborted, const std::string& field, uint32_t la
 }
 
 int HardwareQueuesFromEnv(const char* value) {
-  if (value == nullptr || *value == '\0') return kDefaultHardwareQueues;
-  int n = 0;
-  for (const char* c = value; *c != '\0'; ++c) {
-    if (*c < '0' || *c > '9') return kDefaultHardwareQueues;
-    n = std::min(n * 10 + (*c - '0'), 1000);
-  }
-  if (n < 1) return kDefaultHardwareQueues;
-  return std::min(n, kMaxHardwareQueues);
+  int64_t n = 0;
+  if (value == nullptr || !absl::SimpleAtoi(value, &n) || n < 1) return kDefaultHardwareQueues;
+  return static_cast<int>(std::min<int64_t>(n, kMaxHardwareQueues));
 }
 
 GateQueuePlan PlanGateQueues(int requested_jobs, int hardware_queues) {
