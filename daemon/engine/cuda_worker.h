@@ -159,8 +159,9 @@ struct Batch {
   JobState* state = nullptr;
   Taken taken;
   int ctas = 0;  // 0: copy engine
-  bool capped = false;  // ctas lowered to the class's max_ctas (not the tuner's own choice)
-  bool raised = false;  // ctas raised for a critical transfer (CudaEngineOptions::critical_ctas)
+  // How ctas was chosen (capped to the class's max_ctas, raised for a critical transfer; only the
+  // tuner's own choice teaches it).
+  scheduler::LaunchCtas chosen;
   // The daemon's first job only (JobState::trace_anchor): when its launch was enqueued, in us
   // after the job's first launch.
   double enqueued_us = -1;

@@ -161,8 +161,7 @@ Batch DeviceWorker::LaunchBatch(JobState& s, const Taken& taken) {
       in.copy_only_kernel = s.copy_only_kernel;
       const scheduler::LaunchCtas chosen = scheduler::ChooseLaunchCtas(in);
       b.ctas = chosen.ctas;
-      b.capped = chosen.capped;
-      b.raised = chosen.raised;
+      b.chosen = chosen;
       // The copy engines' share: not while the knee is being probed (its samples must be the
       // kernel's alone), else the SplitTuner's.
       if (s.may_split && !(ctas.probing() && taken.bytes >= CtaTuner::kMinSampleBytes)) {
@@ -352,11 +351,11 @@ void DeviceWorker::Complete(Batch& b) {
       split.kernel_seconds = kernel_seconds;
       split.total_seconds = seconds;
       // Only the tuner's own choices teach it (not a class cap, a critical raise or the ramp).
-      const bool sample = !b.capped && !b.raised && !b.taken.ramped;
+      const bool sample = b.chosen.tuner_sample() && !b.taken.ramped;
       if (sample) tuner.Report(b.ctas, kernel_bytes, kernel_seconds);
       decision = absl::StrFormat("kernel %d CTAs%s%s, now %s", b.ctas,
-                                 b.raised ? " (critical)" : "",
-                                 b.capped ? " (class limit)" : "", tuner.Describe());
+                                 b.chosen.raised ? " (critical)" : "",
+                                 b.chosen.capped ? " (class limit)" : "", tuner.Describe());
       if (s.may_split) {
         SplitTuner& splits = SplitTunerFor(s.tuner_key, s.copy_gbps_prior);
         if (b.split_sampled && sample) splits.Report(split);
