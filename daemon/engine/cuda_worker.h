@@ -51,6 +51,8 @@ constexpr int kDigestCtas = 16;
 constexpr uint64_t kRetainedPoolBytes = 64 << 20;
 // Tuner keys of the copy-only mode's small kernels start here (CtaTunerKey stays below 200).
 constexpr int kCopyOnlyTunerKeys = 1 << 10;
+// Batches of the daemon's first job traced in Describe ("first job's batches").
+constexpr uint32_t kFirstJobTraceBatches = 32;
 // While gated copies wait, the dispatcher looks at their producers' words this often (its thread
 // runs with 1 ns timer slack then, else the default 50 us slack stretched each look to ~70 us): a
 // batch whose words have come is completed by a blocking event wait (its kernel started on the

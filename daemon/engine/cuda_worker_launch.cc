@@ -372,15 +372,24 @@ void DeviceWorker::Complete(Batch& b) {
     s.gpu_seconds += seconds;
     s.bytes_done += b.taken.bytes;
     ++s.batches;
-    if (s.trace_anchor.get() != nullptr && b.enqueued_us >= 0) {
-      float start_ms = 0, stop_ms = 0;
-      cudaEventElapsedTime(&start_ms, s.trace_anchor.get(), b.start.get());
-      cudaEventElapsedTime(&stop_ms, s.trace_anchor.get(), b.stop.get());
-      absl::StrAppendFormat(&s.trace, "%s%.0f/%.0f/%.0f", s.trace.empty() ? "" : ", ",
-                            b.enqueued_us, start_ms * 1e3, stop_ms * 1e3);
+    // The first job's trace: its first kFirstJobTraceBatches batches (a long first job would
+    // otherwise grow the stats line, and its copy under mu_, with every batch).
+    bool traced = false;
+    if (s.trace_anchor.get() != nullptr && b.enqueued_us >= 0 &&
+        s.batches <= kFirstJobTraceBatches + 1) {
+      if (s.batches <= kFirstJobTraceBatches) {
+        float start_ms = 0, stop_ms = 0;
+        cudaEventElapsedTime(&start_ms, s.trace_anchor.get(), b.start.get());
+        cudaEventElapsedTime(&stop_ms, s.trace_anchor.get(), b.stop.get());
+        absl::StrAppendFormat(&s.trace, "%s%.0f/%.0f/%.0f", s.trace.empty() ? "" : ", ",
+                              b.enqueued_us, start_ms * 1e3, stop_ms * 1e3);
+      } else {
+        absl::StrAppend(&s.trace, ", ...");
+      }
+      traced = true;
     }
     absl::MutexLock lock(&mu_);
-    if (s.trace_anchor.get() != nullptr) first_job_batches_ = s.trace;
+    if (traced) first_job_batches_ = s.trace;
     (b.ctas > 0 ? kernel_batches_ : copy_batches_)++;
     if (b.split < b.taken.end) ++split_batches_;
     last_decision_ = absl::StrFormat("%s, %.1f GB/s last batch (%.1f MiB)", decision, gbps,
