@@ -22,8 +22,9 @@ int DeviceFree(void* ptr, CUstream_st* stream);
 int CopyToDevice(void* dst, const void* src, size_t bytes, CUstream_st* stream);
 // The segment path (plan_math.h: SegmentAt): warps move whole chunk segments.
 // `segment_form`: DevicePlan::segment_units (0 = the default, 103; 102 / 103 = bulk-staged with
-// 2 / 3 stages, one bulk copy per piece; 112 / 113 = the same with lane copies for stages of
-// several pieces; 6 = the register form).
+// 2 / 3 stages, one bulk copy per piece; 6 = the register form; 204 / 206 / 214 / 216 = the split
+// form, 4 or 6 units per lane, 1 or 2 segments per lane: segment_math.h; 206 is what Upload
+// picks for short unmerged chunks, the others are for benchmarks).
 int KvCopySegmentsLaunch(const PlanHeader* device_header, uint32_t tile_begin, uint32_t tile_end,
                          int num_ctas, int threads, int segment_form, CUstream_st* stream);
 // Launches every kernel variant once on an empty tile range and waits for `stream`: with lazy

@@ -186,8 +186,9 @@ KVRAIL_HD uint32_t UnitSegment(uint32_t u, uint32_t full, uint32_t magic) {
 // Upload), from one H200 at 32 CTAs (docs/benchmarks.md, "issue 19 (NL)"): the split register
 // form with one segment and 6 whole units per lane and round (206) for short chunks
 // (< kRegisterFormMaxChunk) that cannot merge (head vectors, or token chunks not contiguous from
-// token to token): session 29 measured it 1.1-1.8x the register form there (80-384-byte chunks),
-// ahead of one bulk copy per chunk and of two segments per lane (214 / 216: 5-25% slower); the
+// token to token): session 29 measured it 1.2-1.8x the register form there at 32 CTAs
+// (0.97-1.09x at 132; 80-384-byte chunks), ahead of one bulk copy per chunk and of two segments
+// per lane (214 / 216: 1-27% slower); the
 // default (bulk-staged, one bulk copy per piece) otherwise.
 inline constexpr int kSegmentFormDefault = 0;
 inline constexpr int kSegmentFormRegisters = 6;
@@ -215,9 +216,9 @@ KVRAIL_HD int SegmentFormFor(const PlanHeader& h) {
 // Whether a plan whose inner loop is not the warp path takes the segment path rather than the
 // slab path: chunked plans (not kBytes) whose access width (narrowed to the bases) is under 8
 // bytes, and wider-access plans of short chunks that do not merge where the split form beat the
-// slab path in session 29 at 32 CTAs (at 132 equal or better): 8-byte accesses (232-byte head
-// vectors: slab 324 GB/s, split 502-517) and 16-byte head vectors (192-336 bytes: 539-551 ->
-// 567-640; 256-byte ones 625-682 -> 655-694). Not chosen: 16-byte token chunks (TP1 -> TP8's
+// slab path in session 29 at 32 CTAs (at 132 within 2%, one layout 1.8% slower): 8-byte
+// accesses (232-byte head vectors: slab 324 GB/s, split 502-517) and 16-byte head vectors
+// (192-336 bytes: 539-551 -> 567-640; 256-byte ones 625-682 -> 655-694). Not chosen: 16-byte token chunks (TP1 -> TP8's
 // 256-byte tokens 626 on the slab path against 489; 384-512-byte tokens 710-726 against 628-668),
 // and merging 16-byte token chunks (MLA 576/656-byte tokens, 64 -> 16 tokens per block: faster
 // on the bulk or split form at 32 CTAs, 754-810 against 711-733, but slower at 132, 1532-1626
