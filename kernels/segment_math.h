@@ -218,11 +218,12 @@ KVRAIL_HD int SegmentFormFor(const PlanHeader& h) {
 // bytes, and wider-access plans of short chunks that do not merge where the split form beat the
 // slab path in session 29 at 32 CTAs (at 132 within 2%, one layout 1.8% slower): 8-byte
 // accesses (232-byte head vectors: slab 324 GB/s, split 502-517) and 16-byte head vectors
-// (192-336 bytes: 539-551 -> 567-640; 256-byte ones 625-682 -> 655-694). Not chosen: 16-byte
-// token chunks (TP1 -> TP8's 256-byte tokens 626 on the slab path against 489; 384-512-byte
-// tokens 710-726 against 628-668), and merging 16-byte token chunks (MLA 576/656-byte tokens, 64 -> 16 tokens per block: faster
-// on the bulk or split form at 32 CTAs, 754-810 against 711-733, but slower at 132, 1532-1626
-// against 1598-1643) (docs/benchmarks.md, "issue 19 (NL)" and "issue 19 (NL), session 29").
+// (192-336 bytes: 539-551 -> 567-640; 256-byte ones 625-682 -> 655-694). Not chosen: 16-byte token
+// chunks (TP1 -> TP8's 256-byte tokens 626 on the slab path against 489; 384-512-byte tokens
+// 710-726 against 628-668), and merging 16-byte token chunks (MLA 576/656-byte tokens, 64 -> 16
+// tokens per block: faster on the bulk or split form at 32 CTAs, 754-810 against 711-733, but
+// slower at 132, 1532-1626 against 1598-1643) (docs/benchmarks.md, "issue 19 (NL)" and "issue 19
+// (NL), session 29").
 KVRAIL_HD bool TakesSegmentPath(const PlanHeader& h, uint32_t access_bytes) {
   if (static_cast<ChunkKind>(h.chunk_kind) == ChunkKind::kBytes) return false;
   if (access_bytes < 8) return true;
