@@ -289,6 +289,10 @@ sanitizer_stages() {
 
 run_tests() {
   ensure_packages
+  # The PyPI packages the integration tests run against (vllm, torch, transformers, nixl,
+  # Mooncake), pinned in python/requirements-ci.txt; .bazelrc passes KVRAIL_VENV to the tests.
+  KVRAIL_VENV=$(deploy/pyvenv.sh)
+  export KVRAIL_VENV
   local out
   out=$(mktemp)
   set +e
