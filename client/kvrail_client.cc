@@ -599,6 +599,47 @@ absl::StatusOr<v1::RegionInfo> Client::RegisterHostLayers(const std::vector<Host
   }
 }
 
+absl::StatusOr<v1::RegionInfo> Client::RegisterHostFd(int fd, uint64_t offset, uint64_t bytes,
+                                                      v1::RegionSpec spec) {
+  if (fd < 0) return absl::InvalidArgumentError(absl::StrCat("fd: ", fd, " is not a descriptor"));
+  struct stat st;
+  if (::fstat(fd, &st) != 0) return ErrnoError(absl::StrCat("fd: fstat(", fd, ")"));
+  if (!S_ISREG(st.st_mode)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "fd: ", fd, " is not a regular file (a memfd or a /dev/shm object is shared by fd)"));
+  }
+  if (bytes == 0) return absl::InvalidArgumentError("bytes: must be > 0");
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  if (offset >= size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("offset: ", offset, " is at or beyond the end of fd ", fd, " (", size,
+                     " bytes)"));
+  }
+  if (bytes > size - offset) {
+    return absl::InvalidArgumentError(absl::StrCat("bytes: [", offset, ", ", offset + bytes,
+                                                   ") does not fit fd ", fd, " (", size,
+                                                   " bytes)"));
+  }
+  if (spec.memory_kind() == v1::MEMORY_KIND_UNSPECIFIED) {
+    spec.set_memory_kind(v1::MEMORY_KIND_HOST);
+  }
+  if (spec.memory_kind() != v1::MEMORY_KIND_HOST) {
+    return absl::InvalidArgumentError("spec.memory_kind: memory shared by fd is MEMORY_KIND_HOST");
+  }
+  spec.set_size_bytes(bytes);
+  if (spec.layout_case() == v1::RegionSpec::LAYOUT_NOT_SET) spec.mutable_bytes();
+  spec.clear_layer_shares();
+  for (int attempt = 0;; ++attempt) {
+    KVRAIL_ASSIGN_OR_RETURN(wire::SessionConnection * session, impl_->Session());
+    KVRAIL_ASSIGN_OR_RETURN(std::string token, session->SendFd(fd));
+    v1::RegionSpec shared = spec;
+    shared.mutable_share()->set_fd_token(token);  // single-use: a retry passes the fd again
+    shared.mutable_share()->set_offset(offset);
+    absl::StatusOr<v1::RegionInfo> info = RegisterRegion(std::move(shared), session->session_id());
+    if (info.ok() || attempt > 0 || !YieldTableRegion(info.status())) return info;
+  }
+}
+
 absl::StatusOr<v1::RegionInfo> Client::RegisterRegion(v1::RegionSpec spec, uint64_t session_id) {
   if (spec.share().via_case() == v1::RegionShare::kShmName) {
     if (spec.memory_kind() == v1::MEMORY_KIND_UNSPECIFIED) {

@@ -115,6 +115,16 @@ class Client {
   absl::StatusOr<v1::RegionInfo> RegisterHostLayers(const std::vector<HostLayer>& layers,
                                                     v1::RegionSpec spec);
 
+  // Host memory the caller already has, registered without a copy: [offset, offset + bytes) of
+  // `fd` (a memfd or a /dev/shm object; still owned by the caller, which may close it after
+  // this returns: the daemon holds its own reference and maps the same pages). Fills spec.share
+  // (fd_token, offset), memory_kind = HOST when unspecified, size_bytes = `bytes`, and a bytes
+  // layout when none is set. INVALID_ARGUMENT naming fd / offset / bytes when the range does not
+  // lie in the file; the daemon refuses what is not a regular tmpfs file (naming
+  // spec.share.fd_token). FAILED_PRECONDITION for TCP targets.
+  absl::StatusOr<v1::RegionInfo> RegisterHostFd(int fd, uint64_t offset, uint64_t bytes,
+                                                v1::RegionSpec spec);
+
   // --- Transfer service ----------------------------------------------------------------------
   // Passes `spec` through, except for POSIX shm regions (share.shm_name set): the library opens
   // the object itself (read-write when spec.writable), with this process's rights, and passes

@@ -24,6 +24,7 @@ DEFAULT_PROTOS = [
     "proto/kvrail/v1/topology.proto",
     "proto/kvrail/v1/transfer.proto",
     "proto/kvrail/v1/admin.proto",
+    "proto/kvrail/v1/peer.proto",
 ]
 
 _IMPORT = re.compile(r"^from proto\.kvrail\.v1 import (\w+_pb2)", re.MULTILINE)

@@ -306,6 +306,19 @@ int kvrail_register_host_buffer(kvrail_client* handle, kvrail_host_buffer* buffe
   });
 }
 
+int kvrail_register_host_fd(kvrail_client* handle, int fd, uint64_t offset, uint64_t bytes,
+                            const uint8_t* spec, size_t spec_len, uint64_t* region_id,
+                            uint8_t** info, size_t* info_len) {
+  return Guard([&]() -> absl::Status {
+    KVRAIL_RETURN_IF_ERROR(ResetRegionOuts(region_id, info, info_len));
+    KVRAIL_ASSIGN_OR_RETURN(std::shared_ptr<Client> client, FindClient(handle));
+    KVRAIL_ASSIGN_OR_RETURN(v1::RegionSpec parsed, Parse<v1::RegionSpec>(spec, spec_len, "spec"));
+    KVRAIL_ASSIGN_OR_RETURN(v1::RegionInfo result,
+                            client->RegisterHostFd(fd, offset, bytes, std::move(parsed)));
+    return PutRegion(result, region_id, info, info_len);
+  });
+}
+
 int kvrail_register_region(kvrail_client* handle, const uint8_t* spec, size_t spec_len,
                            uint64_t* region_id, uint8_t** info, size_t* info_len) {
   return Guard([&]() -> absl::Status {

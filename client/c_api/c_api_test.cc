@@ -5,6 +5,8 @@
 #include "client/c_api/kvrail.h"
 
 #include <signal.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -175,6 +177,107 @@ TEST_CASE("blocks move between two host regions; wait returns the status bytes a
   CHECK(Take<v1::ListTransfersResponse>(out, len).transfers_size() >= 1);
   REQUIRE(kvrail_get_stats(live.client, &out, &len) == KVRAIL_OK);
   kvrail_free(out);
+}
+
+// An engine's own memfd, mapped by the engine: registered by fd, the daemon maps the same pages
+// (bytes written after registration move; bytes the daemon writes show in the engine's mapping).
+TEST_CASE("register_host_fd: an engine's memfd at an offset, shared without a copy") {
+  Live live;
+  const kvrail_paged_layout layout = Layout();
+  uint64_t bytes = 0;
+  REQUIRE(kvrail_paged_layout_bytes(&layout, &bytes) == KVRAIL_OK);
+  const uint64_t offset = 3 * 4096 + 100;  // not page aligned: the daemon maps around it
+  const int fd = ::memfd_create("engine-pool", MFD_CLOEXEC);
+  REQUIRE(fd >= 0);
+  REQUIRE(::ftruncate(fd, static_cast<off_t>(offset + 2 * bytes)) == 0);
+  void* mapped = ::mmap(nullptr, offset + 2 * bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  REQUIRE(mapped != MAP_FAILED);
+  auto* base = static_cast<uint8_t*>(mapped);
+  uint8_t* src_mem = base + offset;
+  uint8_t* dst_mem = base + offset + bytes;
+  std::memset(dst_mem, 0xAB, bytes);
+
+  v1::RegionSpec spec;
+  spec.set_name("engine src");
+  v1::PagedKvLayout* pl = spec.mutable_paged_kv();
+  pl->set_num_layers(kLayers);
+  pl->set_num_parts(kParts);
+  pl->set_num_blocks(kBlocks);
+  pl->set_tokens_per_block(kTpb);
+  pl->set_num_heads(kHeads);
+  pl->set_head_dim(kHeadDim);
+  pl->set_dtype(v1::DTYPE_BF16);
+  pl->set_order(v1::LAYOUT_ORDER_LAYER_PART_BLOCK_NHD);
+  std::vector<uint8_t> src_spec = Bytes(spec);
+  spec.set_name("engine dst");
+  spec.set_writable(true);
+  std::vector<uint8_t> dst_spec = Bytes(spec);
+  uint64_t src = 0, dst = 0;
+  uint8_t* info = nullptr;
+  size_t info_len = 0;
+  INFO(LastMessage());
+  REQUIRE(kvrail_register_host_fd(live.client, fd, offset, bytes, src_spec.data(),
+                                  src_spec.size(), &src, &info, &info_len) == KVRAIL_OK);
+  const auto parsed = Take<v1::RegionInfo>(info, info_len);
+  CHECK(parsed.region_id() == src);
+  CHECK(parsed.spec().size_bytes() == bytes);
+  CHECK(parsed.spec().memory_kind() == v1::MEMORY_KIND_HOST);
+  REQUIRE(kvrail_register_host_fd(live.client, fd, offset + bytes, bytes, dst_spec.data(),
+                                  dst_spec.size(), &dst, nullptr, nullptr) == KVRAIL_OK);
+  // The engine's fd is its own: closing it leaves the regions valid.
+  REQUIRE(::close(fd) == 0);
+
+  // Written after registration: what moves is what the engine's mapping holds now.
+  for (uint64_t i = 0; i < bytes; ++i) src_mem[i] = static_cast<uint8_t>(i * 7 + 1);
+  const uint64_t id = Submit(live.client, BlockTransfer(src, {2, 5}, dst, {0, 7}));
+  int32_t state = -1;
+  REQUIRE(kvrail_wait(live.client, id, 10000, &state, nullptr, nullptr) == KVRAIL_OK);
+  REQUIRE(state == KVRAIL_STATE_SUCCEEDED);
+  auto chunk = [&](uint8_t* pool, uint32_t l, uint32_t p, uint32_t b) {
+    return pool + ((uint64_t{l} * kParts + p) * kBlocks + b) * kChunk;
+  };
+  for (uint32_t l = 0; l < kLayers; ++l) {
+    for (uint32_t p = 0; p < kParts; ++p) {
+      CHECK(std::memcmp(chunk(dst_mem, l, p, 0), chunk(src_mem, l, p, 2), kChunk) == 0);
+      CHECK(std::memcmp(chunk(dst_mem, l, p, 7), chunk(src_mem, l, p, 5), kChunk) == 0);
+      CHECK(chunk(dst_mem, l, p, 1)[0] == 0xAB);
+    }
+  }
+  ::munmap(mapped, offset + 2 * bytes);
+}
+
+TEST_CASE("register_host_fd: misuse names fd, offset and bytes") {
+  Live live;
+  uint64_t region = 7;
+  CHECK(kvrail_register_host_fd(live.client, -1, 0, 16, nullptr, 0, &region, nullptr, nullptr) ==
+        KVRAIL_INVALID_ARGUMENT);
+  CHECK(LastMessage().rfind("fd: ", 0) == 0);
+  CHECK(region == 0);
+  const int fd = ::memfd_create("small", MFD_CLOEXEC);
+  REQUIRE(fd >= 0);
+  REQUIRE(::ftruncate(fd, 4096) == 0);
+  CHECK(kvrail_register_host_fd(live.client, fd, 4096, 16, nullptr, 0, &region, nullptr,
+                                nullptr) == KVRAIL_INVALID_ARGUMENT);
+  CHECK(LastMessage().rfind("offset: ", 0) == 0);
+  CHECK(kvrail_register_host_fd(live.client, fd, 4000, 200, nullptr, 0, &region, nullptr,
+                                nullptr) == KVRAIL_INVALID_ARGUMENT);
+  CHECK(LastMessage().rfind("bytes: ", 0) == 0);
+  CHECK(kvrail_register_host_fd(live.client, fd, 0, 0, nullptr, 0, &region, nullptr, nullptr) ==
+        KVRAIL_INVALID_ARGUMENT);
+  CHECK(LastMessage().rfind("bytes: ", 0) == 0);
+  int pipe_fds[2];
+  REQUIRE(::pipe(pipe_fds) == 0);
+  CHECK(kvrail_register_host_fd(live.client, pipe_fds[0], 0, 16, nullptr, 0, &region, nullptr,
+                                nullptr) == KVRAIL_INVALID_ARGUMENT);
+  CHECK(LastMessage().find("not a regular file") != std::string::npos);
+  CHECK(kvrail_register_host_fd(nullptr, fd, 0, 16, nullptr, 0, &region, nullptr, nullptr) ==
+        KVRAIL_INVALID_ARGUMENT);
+  CHECK(kvrail_register_host_fd(live.client, fd, 0, 16, nullptr, 0, nullptr, nullptr, nullptr) ==
+        KVRAIL_INVALID_ARGUMENT);
+  ::close(pipe_fds[0]);
+  ::close(pipe_fds[1]);
+  ::close(fd);
+  CHECK(RegionCount(live.client) == 0);
 }
 
 TEST_CASE("daemon errors keep their gRPC code and the message naming the field") {

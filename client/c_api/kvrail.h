@@ -110,6 +110,18 @@ uint64_t kvrail_host_buffer_size(kvrail_host_buffer* buffer);
 int kvrail_register_host_buffer(kvrail_client* client, kvrail_host_buffer* buffer,
                                 const uint8_t* spec, size_t spec_len, uint64_t* region_id,
                                 uint8_t** info, size_t* info_len);
+/* Registers host memory the caller already has, without a copy: [offset, offset + bytes) of
+ * `fd`, a memfd or a /dev/shm object (an engine's own pool, a torch tensor after share_memory_(),
+ * numpy over multiprocessing.shared_memory). The fd stays the caller's (it may be closed once
+ * this returns); the daemon receives its own reference over the session socket and maps the same
+ * pages, so writes on either side are seen by the other. `spec` (may be empty) gives name,
+ * layout and writable; share, memory_kind and size_bytes are filled in. Errors name `fd`,
+ * `offset` or `bytes` (a range outside the file, not a regular file); the daemon refuses files
+ * not on tmpfs, naming spec.share.fd_token. A memfd made with MFD_ALLOW_SEALING is sealed
+ * against shrinking by the daemon. */
+int kvrail_register_host_fd(kvrail_client* client, int fd, uint64_t offset, uint64_t bytes,
+                            const uint8_t* spec, size_t spec_len, uint64_t* region_id,
+                            uint8_t** info, size_t* info_len);
 /* A RegionSpec passed through (e.g. share.shm_name), tied to this client's session. */
 int kvrail_register_region(kvrail_client* client, const uint8_t* spec, size_t spec_len,
                            uint64_t* region_id, uint8_t** info, size_t* info_len);

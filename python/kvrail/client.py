@@ -11,6 +11,8 @@ from __future__ import annotations
 import array
 import asyncio
 import ctypes
+import os
+import stat
 import time
 import weakref
 import dataclasses
@@ -18,8 +20,8 @@ from typing import (Callable, Dict, Iterable, Iterator, List, Optional, Sequence
                     Union)
 
 from kvrail._lib import SESSION_LOST_FN, check, lib, out_bytes, take_bytes
-from kvrail.errors import (KvrailError, SessionLostError, StatusCode, TransferFailedError,
-                           error_for)
+from kvrail.errors import (InvalidArgumentError, KvrailError, SessionLostError, StatusCode,
+                           TransferFailedError, error_for)
 from kvrail.layouts import PagedLayout
 from kvrail.proto import admin_pb2, region_pb2, transfer_pb2
 
@@ -153,6 +155,13 @@ class Region:
             lib().kvrail_create_grant, transfer_pb2.Grant, self.id, 2 if write else 1,
             int(ttl * 1000), int(begin), int(end))
         return granted.token
+
+    def export(self, peer_node: str):
+        """Lets the kvraild of node `peer_node` (in this daemon's peer directory) write into this
+        region, which this client must own: what a decode worker does before a prefill node
+        pushes into its pool (TransferSpec dst.node_id = this node). Returns the
+        kvrail.v1.RegionLease (region id, owner and holder nodes, size, layout)."""
+        return self._client.export_region(self, peer_node)
 
     def unregister(self) -> None:
         """Releases the region. Idempotent; a no-op once the client is closed (the daemon released
@@ -431,6 +440,98 @@ class Client:
 
         return self._track(Region(self, register(), redo=register))
 
+    def register_host_fd(self, fd: int, offset: int, nbytes: int, *,
+                         layout: Union[PagedLayout, "region_pb2.PagedKvLayout", None] = None,
+                         writable: bool = False, name: Optional[str] = None) -> Region:
+        """Registers [offset, offset + nbytes) of `fd` - a memfd or a /dev/shm object the engine
+        made and maps itself - as a region of this client's session, without a copy: kvraild maps
+        the same pages, so what the engine writes after this call is what a transfer reads, and
+        what a transfer writes shows in the engine's own mapping. `layout` (paged KV; default: a
+        bytes region) describes those bytes; `writable` lets transfers write them (the fd must
+        then be open read-write). The fd stays the caller's: the Region keeps a duplicate (for
+        recover()) and the caller may close its own at once. Errors name `fd`, `offset` or
+        `nbytes`; a file that is not on tmpfs is refused by the daemon."""
+        if not isinstance(fd, int) or fd < 0:
+            raise InvalidArgumentError(StatusCode.INVALID_ARGUMENT,
+                                       f"fd: {fd!r} is not an open file descriptor")
+        if int(offset) < 0:
+            raise InvalidArgumentError(StatusCode.INVALID_ARGUMENT, f"offset: {offset} < 0")
+        if int(nbytes) <= 0:
+            raise InvalidArgumentError(StatusCode.INVALID_ARGUMENT, f"nbytes: {nbytes} <= 0")
+        try:
+            st = os.fstat(fd)
+        except OSError as e:
+            raise InvalidArgumentError(StatusCode.INVALID_ARGUMENT, f"fd: {fd}: {e}") from None
+        if not stat.S_ISREG(st.st_mode):
+            raise InvalidArgumentError(StatusCode.INVALID_ARGUMENT,
+                                       f"fd: {fd} is not a regular file (a memfd or /dev/shm "
+                                       "object)")
+        if int(offset) + int(nbytes) > st.st_size:
+            raise InvalidArgumentError(StatusCode.INVALID_ARGUMENT,
+                                       f"nbytes: [{offset}, {int(offset) + int(nbytes)}) does not "
+                                       f"fit fd {fd} ({st.st_size} bytes)")
+        held = _HeldFd(os.dup(fd))
+        data = _host_spec(layout, writable, name).SerializeToString()
+        offset, nbytes = int(offset), int(nbytes)
+
+        def register():
+            return self._register_fd(held.fd, offset, nbytes, data)
+
+        return self._track(Region(self, register(), keepalive=held, redo=register))
+
+    def register_host_array(self, obj, *,
+                            layout: Union[PagedLayout, "region_pb2.PagedKvLayout", None] = None,
+                            writable: bool = False, name: Optional[str] = None) -> Region:
+        """Registers the memory of `obj` - a numpy ndarray or a torch CPU tensor - without a
+        copy, when it is a shared mapping of a memfd or a /dev/shm file: a tensor after
+        share_memory_(), numpy over multiprocessing.shared_memory, an mmap of a memfd or /dev/shm
+        file, a HostBuffer's ndarray(). The region spans obj's bytes from its lowest to its highest
+        element; `layout` (paged KV; default: bytes) describes them from the lowest byte on.
+        The Region holds `obj`, so its memory outlives the registration. Anonymous or private
+        memory (numpy.zeros, a tensor before share_memory_()) is refused with
+        InvalidArgumentError naming `obj`; so is a read-only array with `writable`. torch is
+        never imported here."""
+        from kvrail import host_memory
+        try:
+            address, nbytes, readonly = host_memory.array_span(obj)
+        except (TypeError, ValueError) as e:
+            raise InvalidArgumentError(StatusCode.INVALID_ARGUMENT, str(e)) from None
+        if writable and readonly:
+            raise InvalidArgumentError(StatusCode.INVALID_ARGUMENT,
+                                       "obj: a read-only array cannot back a writable region")
+        spec = _host_spec(layout, writable, name)
+        if spec.HasField("paged_kv"):
+            need = PagedLayout.from_proto(spec.paged_kv).nbytes
+            if need > nbytes:
+                raise InvalidArgumentError(StatusCode.INVALID_ARGUMENT,
+                                           f"layout: needs {need} bytes, obj spans {nbytes}")
+        data = spec.SerializeToString()
+
+        def register():
+            try:
+                backing = host_memory.find_backing(address, nbytes, writable=writable, arg="obj")
+            except ValueError as e:
+                raise InvalidArgumentError(StatusCode.INVALID_ARGUMENT, str(e)) from None
+            try:
+                return self._register_fd(backing.fd, backing.offset, nbytes, data)
+            except KvrailError as e:
+                if "spec.share" not in e.message and "spec.writable" not in e.message:
+                    raise
+                raise type(e)(e.code, f"obj: its memory is a mapping of {backing.path}: "
+                                      f"{e.message}") from None
+            finally:
+                os.close(backing.fd)
+
+        return self._track(Region(self, register(), keepalive=obj, redo=register))
+
+    def _register_fd(self, fd: int, offset: int, nbytes: int, spec: bytes):
+        region_id = ctypes.c_uint64()
+        info, info_len = out_bytes()
+        check(lib().kvrail_register_host_fd(self._h, fd, offset, nbytes, spec, len(spec),
+                                            ctypes.byref(region_id), ctypes.byref(info),
+                                            ctypes.byref(info_len)))
+        return region_pb2.RegionInfo.FromString(take_bytes(info, info_len.value))
+
     def register_region(self, spec) -> Region:
         """Registers a RegionSpec as it is (e.g. share.shm_name), tied to this client's session."""
         data = spec.SerializeToString()
@@ -512,6 +613,17 @@ class Client:
             return region_pb2.RegionInfo.FromString(take_bytes(info, info_len.value))
 
         return self._track(Region(self, register(), keepalive, redo=register))
+
+    def export_region(self, region: Union[Region, int], peer_node: str):
+        """Region.export: lets node `peer_node`'s kvraild write into `region` (a Region or id of
+        this client's session) over the fabric; returns the kvrail.v1.RegionLease."""
+        from kvrail.proto import peer_pb2
+        if not isinstance(peer_node, str) or not peer_node:
+            raise InvalidArgumentError(StatusCode.INVALID_ARGUMENT,
+                                       "peer_node: a node id of the peer directory")
+        region_id = region.id if isinstance(region, Region) else int(region)
+        return self._message_call(lib().kvrail_export_region, peer_pb2.RegionLease, region_id,
+                                  peer_node.encode())
 
     def revoke_grant(self, token: str) -> None:
         """Ends a grant this client created (transfers already accepted under it run on)."""
@@ -628,6 +740,21 @@ class Client:
 
     def __repr__(self) -> str:
         return f"Client({self.target!r}{', closed' if self.closed else ''})"
+
+
+class _HeldFd:
+    """A descriptor a Region holds (register_host_fd's duplicate), closed when collected."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self._finalizer = weakref.finalize(self, os.close, fd)
+
+
+def _host_spec(layout, writable: bool, name: Optional[str]):
+    spec = region_pb2.RegionSpec(name=name or "", writable=bool(writable))
+    if layout is not None:
+        spec.paged_kv.CopyFrom(layout.to_proto() if isinstance(layout, PagedLayout) else layout)
+    return spec
 
 
 def _id_array(blocks, name: str) -> "array.array":
