@@ -9,6 +9,19 @@
 namespace kvrail::transfers {
 namespace {
 
+// A source on another node: the daemon that takes a submit reads only its own node's regions
+// (the fabric carries pushes: tiles leave the sender's staging for the receiver's), whether or
+// not a fabric path is configured.
+absl::Status CheckSourceNode(const v1::TransferEndpoint& src, const std::string& node_id) {
+  if (src.node_id().empty() || src.node_id() == node_id) return absl::OkStatus();
+  return absl::UnimplementedError(absl::StrCat(
+      "spec.src.node_id: '", src.node_id(), "' is another node; a transfer reads only regions of ",
+      "the node whose daemon takes the submit (this is node '", node_id,
+      "'), so a cross-node pull is not possible: submit it on node '", src.node_id(),
+      "' as a push, with spec.dst.node_id = '", node_id,
+      "', after the destination's owner exported it to that node (ExportRegion)"));
+}
+
 absl::Status CheckNode(const v1::TransferEndpoint& ep, const std::string& node_id,
                        const char* field) {
   if (!ep.node_id().empty() && ep.node_id() != node_id) {
@@ -214,7 +227,7 @@ absl::StatusOr<ResolvedRequest> Resolve(const v1::TransferSpec& spec,
         absl::StrCat("spec.priority: unknown value ", spec.priority()));
   }
   out.priority = ToClass(spec.priority());
-  KVRAIL_RETURN_IF_ERROR(CheckNode(spec.src(), options.node_id, "spec.src"));
+  KVRAIL_RETURN_IF_ERROR(CheckSourceNode(spec.src(), options.node_id));
   out.remote = options.has_remote_path && !spec.dst().node_id().empty() &&
                spec.dst().node_id() != options.node_id;
   if (!out.remote) KVRAIL_RETURN_IF_ERROR(CheckNode(spec.dst(), options.node_id, "spec.dst"));

@@ -77,8 +77,9 @@ struct ResolveOptions {
 // value), that the submitter (spec.session_id, set by the server from the caller's
 // credentials) owns every region it names or holds a grant for it (PERMISSION_DENIED naming the
 // side), and looks everything up. Errors name the field: "spec.src.region_id: ...",
-// "spec.dst.block_table.count: ...", "spec.src.node_id: ..." (UNIMPLEMENTED when no fabric path
-// is configured for another node).
+// "spec.dst.block_table.count: ...", "spec.dst.node_id: ..." (UNIMPLEMENTED when no fabric path
+// is configured for another node), "spec.src.node_id: ..." (UNIMPLEMENTED for any other node:
+// a daemon reads only its own node's regions; cross-node transfers are pushes).
 absl::StatusOr<ResolvedRequest> Resolve(const v1::TransferSpec& spec,
                                         const regions::RegionTable& regions,
                                         const ResolveOptions& options);

@@ -159,6 +159,31 @@ TEST_CASE("remote transfers: the ids travel as block_ids_le32; errors name the c
   CHECK(f.Get(accepted->transfer_id()).state() == v1::TRANSFER_STATE_SUCCEEDED);
 }
 
+// A source on another node (a cross-node pull) is refused for what it is, with or without a
+// fabric: the submitting daemon reads only its own node's regions; the fix is a push.
+TEST_CASE("a source on another node is refused naming spec.src.node_id and the push to use") {
+  testing::FakeEngine fabric_engine;
+  testing::TestRegions lease_shape;
+  FakeRemote remote(lease_shape.Paged(kBlocks, true), &fabric_engine);
+  Options with_fabric;
+  with_fabric.remote = &remote;
+  ManagerFixture fabric(with_fabric);
+  ManagerFixture plain;
+  for (ManagerFixture* f : {&fabric, &plain}) {
+    PagedFixture p(f);
+    v1::TransferSpec spec = p.Spec({4, 5, 6, 7});
+    spec.mutable_src()->set_node_id("prefill-node");
+    auto refused = f->manager->Submit(spec);
+    RequireNamed(refused, "spec.src.node_id: 'prefill-node' is another node");
+    const std::string message(refused.status().message());
+    CHECK(refused.status().code() == absl::StatusCode::kUnimplemented);
+    CHECK(message.find("no fabric path configured") == std::string::npos);
+    CHECK(message.find("spec.dst.node_id") != std::string::npos);  // says how: a push
+    CHECK(message.find("ExportRegion") != std::string::npos);
+  }
+  CHECK(remote.AwaitBegins(1, absl::ZeroDuration()) == 0);
+}
+
 TEST_CASE("two remote submits with one idempotency key start one transfer") {
   testing::FakeEngine fabric_engine;
   testing::TestRegions lease_shape;
