@@ -55,7 +55,7 @@ kill -TERM "$daemon"; wait "$daemon"; echo "kvraild exit $?"; untrack "$daemon"
 fi
 
 if has model; then
-echo "== model handover (prefill and decode processes on GPU0)"
+echo "== model handover (prefill on GPU0, decode on GPU1 when two are visible)"
 run_group timeout 400 "$PY" tests/gpu/model_handover.py driver --daemon .devpack/bin/kvraild \
   || { echo "model_handover exit $?"; rc=1; }
 fi

@@ -183,9 +183,15 @@ class PagedPool:
                                             "PBTHD" if order == "NHD" else "PBHTD",
                                             writable=writable, name=name)
 
-    def _index(self, table: Sequence[int]):
+    def index_of(self, table: Sequence[int]):
+        """`table` as a device tensor, made once per table (not a copy per layer)."""
         import torch
-        return torch.tensor(list(table), dtype=torch.long, device=self.device)
+        key = tuple(table)
+        cached = getattr(self, "_cached_index", None)
+        if cached is None or cached[0] != key:
+            cached = (key, torch.tensor(key, dtype=torch.long, device=self.device))
+            self._cached_index = cached
+        return cached[1]
 
     def write_layer(self, layer: int, keys, values, table: Sequence[int]) -> None:
         """Writes K and V ([1, kv_heads, tokens, head_dim]) into blocks `table` (token i in
@@ -195,7 +201,7 @@ class PagedPool:
         nblk = len(table)
         if not (nblk - 1) * self.tpb < tokens <= nblk * self.tpb:
             raise ValueError(f"table: {nblk} blocks of {self.tpb} do not hold {tokens} tokens")
-        index = self._index(table)
+        index = self.index_of(table)
         for part, x in enumerate((keys, values)):
             x = x[0]  # [heads, tokens, dim]
             pad = nblk * self.tpb - tokens
@@ -210,7 +216,7 @@ class PagedPool:
 
     def read_layer(self, layer: int, table: Sequence[int], tokens: int):
         """K and V of blocks `table`, [1, kv_heads, tokens, head_dim] each (contiguous)."""
-        index = self._index(table)
+        index = self.index_of(table)
         out = []
         for part in range(2):
             paged = self.tensors[layer][part].index_select(0, index)
@@ -356,6 +362,7 @@ def run_prefill(args, channel: Channel) -> None:
                     marks.append(time.time())
                 return after_layer
 
+            pool.index_of(req["blocks"])  # made before the forward, not in the first hook
             handles = [m.register_forward_hook(hook(i)) for i, m in enumerate(model.model.layers)]
             t0 = time.time()
             with torch.inference_mode(), (torch.cuda.stream(stream) if cuda

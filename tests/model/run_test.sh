@@ -3,7 +3,8 @@
 # deploy/pyvenv.sh) runs pytest with the runfiles' kvrail package, libkvrail.so and kvraild.
 # Without the venv the test fails, naming what is missing.
 set -eu
-root="${TEST_SRCDIR:?run me with bazel test //tests/model:model_handover_test}/${TEST_WORKSPACE:-kvrail}"
+root="${TEST_SRCDIR:?run me with bazel test //tests/model:model_handover_test}"
+root="$root/${TEST_WORKSPACE:-kvrail}"
 venv=${KVRAIL_VENV:-}
 if [ -z "$venv" ] || [ ! -x "$venv/bin/python" ]; then
   echo "FAIL: KVRAIL_VENV='$venv' is not a venv with bin/python; make it with deploy/pyvenv.sh" \
