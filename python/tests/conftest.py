@@ -17,7 +17,7 @@ import kvrail
 class Daemon:
     """One kvraild child process. Not thread-safe."""
 
-    def __init__(self) -> None:
+    def __init__(self, args=()) -> None:
         binary = os.environ.get("KVRAIL_DAEMON")
         if not binary:
             pytest.skip("KVRAIL_DAEMON is not set (run through bazel test //python:python_test)")
@@ -25,6 +25,7 @@ class Daemon:
         self.dir = tempfile.mkdtemp(prefix="kvpy.", dir="/tmp")
         self.socket = os.path.join(self.dir, "kvrail.sock")
         self.binary = binary
+        self.args = [str(a) for a in args]  # more kvraild flags (--config, --tcp-listen, ...)
         self.starts = 0
         self._start()
 
@@ -33,7 +34,8 @@ class Daemon:
         self.log_path = os.path.join(self.dir, f"kvraild.{self.starts}.log")
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(
-                [self.binary, "--socket", self.socket, "--log-level", "info"], stdout=log,
+                [self.binary, "--socket", self.socket, "--log-level", "info"] + self.args,
+                stdout=log,
                 stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
