@@ -134,6 +134,8 @@ def check(manifest_path: str, tree: str, scripts_dir: str) -> List[str]:
                 findings.append(f"missing: {label} ({rule} in tests/gpu/BUILD) is not in the "
                                 "manifest")
     for kind, src, dest, _ in m.entries:
+        if kind == "tree" and not os.path.exists(os.path.join(tree, src)):
+            findings.append(f"unknown source: {src} is in the manifest but not in the tree")
         if kind != "target":
             continue
         package, _, name = src[2:].partition(":")
