@@ -281,7 +281,8 @@ absl::Status PeerControlImpl::ApplyHello(PeerConn* peer, const v1::PeerHello& he
           "' addresses have ", ours));
     }
   }
-  bool restarted = false;
+  bool restarted = false, readded = false;
+  uint32_t old_index = 0;
   {
     absl::MutexLock lock(&peer->mu);
     if (StillWithdrawn(peer)) {
@@ -289,17 +290,32 @@ absl::Status PeerControlImpl::ApplyHello(PeerConn* peer, const v1::PeerHello& he
           "peer '", peer->node_id, "' is not in the directory (its record is gone)"));
     }
     restarted = peer->introduced && peer->boot_id != hello.boot_id();
+    // The same process, but it retired our entry (we were silent past its liveness timeout and
+    // our directory record lapsed: a stall) and added us again under a new index or generation:
+    // new staging, keys and consume counters there. Our tiles out to the old entry are never
+    // credited and our slot counts no longer match its counters, so the pairing starts afresh as
+    // after a restart; keeping the old state left every slot to it waiting forever.
+    readded = peer->introduced && !restarted &&
+              (peer->index_at_peer != hello.your_index() ||
+               peer->generation_at_peer != hello.your_index_generation());
+    old_index = peer->index_at_peer;
   }
   if (restarted) {
     spdlog::warn("fabric: peer '{}' restarted (boot id changed)", peer->node_id);
     on_lost_(peer, absl::UnavailableError(absl::StrCat("peer '", peer->node_id, "' restarted")));
+  } else if (readded) {
+    spdlog::warn("fabric: peer '{}' dropped this node and added it again (index {} -> {}): its "
+                 "lanes start afresh",
+                 peer->node_id, old_index, hello.your_index());
+    on_lost_(peer, absl::UnavailableError(absl::StrCat(
+                       "peer '", peer->node_id,
+                       "' dropped this node (silent past its liveness timeout) and re-added it")));
   }
   absl::MutexLock lock(&peer->mu);
-  if (peer->introduced && peer->boot_id == hello.boot_id()) {
-    // Already applied (both sides say hello). The index it gives us may have changed (it retired
-    // our old entry and added us again: a reclaimed index, issue 18 CL).
-    peer->index_at_peer = hello.your_index();
-    peer->generation_at_peer = hello.your_index_generation();
+  if (peer->introduced && peer->boot_id == hello.boot_id() &&
+      peer->index_at_peer == hello.your_index() &&
+      peer->generation_at_peer == hello.your_index_generation()) {
+    // Already applied (both sides say hello).
     peer->up = true;
     peer->last_ok = absl::Now();
     return absl::OkStatus();
@@ -316,7 +332,7 @@ absl::Status PeerControlImpl::ApplyHello(PeerConn* peer, const v1::PeerHello& he
     r.recv_base = nic.recv_base();
     r.credit_base = nic.credit_base();
     r.nic_name = nic.name();
-    if (restarted) {
+    if (restarted || readded) {
       peer->credits[l]->Rebase();
       std::fill(peer->consumed[l].begin(), peer->consumed[l].end(), 0);
     }

@@ -435,6 +435,11 @@ std::optional<std::pair<uint32_t, uint32_t>> SenderImpl::TakeSlot(const PackItem
   while (true) {
     {
       absl::MutexLock lock(&out->mu);
+      // Ended (aborted, cancelled, past its deadline) while this tile waited for a slot: the
+      // tile fails and the packer moves on (waiting on held up every transfer behind it).
+      if (out->removed && !out->failed.has_value()) {
+        out->failed = absl::CancelledError("the transfer ended while its tile waited for a slot");
+      }
       if (out->failed.has_value()) return std::nullopt;
     }
     absl::MutexLock lock(&peer->mu);

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <iterator>
@@ -184,7 +185,17 @@ bool NsDaemon::Start(const std::string& ns, const std::string& node, const std::
 void NsDaemon::Kill(int sig) {
   if (pid > 0) {
     kill(pid, sig);
-    waitpid(pid, nullptr, 0);
+    // Bounded: a daemon that does not exit within 15 s of the signal is killed (and said so), so
+    // a stuck shutdown fails its test instead of hanging it until Bazel's timeout.
+    for (int i = 0; i < 1500 && waitpid(pid, nullptr, WNOHANG) == 0; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    if (waitpid(pid, nullptr, WNOHANG) == 0) {
+      std::fprintf(stderr, "kvraild (pid %d, %s) did not exit within 15 s of signal %d: SIGKILL\n",
+                   static_cast<int>(pid), socket.c_str(), sig);
+      kill(pid, SIGKILL);
+      waitpid(pid, nullptr, 0);
+    }
     pid = -1;
   }
 }
