@@ -547,16 +547,18 @@ class _WorkerSide:
             spec.paged_kv.CopyFrom(layout.to_proto())
             return self.client.register_cuda(int(tensors[0].data_ptr()), nbytes, spec,
                                              keepalive=list(tensors))
+        # kvraild maps the engine's own pages, which must be shared memory (a memfd or /dev/shm
+        # mapping). vLLM allocates its CPU cache with torch.zeros (private memory): it is moved
+        # into shared memory once, here, before the first forward pass (share_memory_() keeps
+        # the storage object, so every layer view and binding follows it).
+        storage = tensors[0].untyped_storage()
+        if not storage.is_shared():
+            logger.info("kvrail: moving vLLM's CPU KV cache (%d bytes) into shared memory",
+                        storage.nbytes())
+            storage.share_memory_()
         span = _host_span(tensors[0], nbytes)
-        register = getattr(self.client, "register_host_array", None)
-        if register is not None:
-            return register(span, layout=layout, writable=True, name="vllm kv cache")
-        # A library without register_host_array: the memory must be a kvrail HostBuffer the
-        # engine allocated through host_kv_buffer().
-        buffer, offset = _buffer_holding(int(span.data_ptr()), nbytes)
-        spec = region_pb2.RegionSpec(name="vllm kv cache", writable=True)
-        spec.paged_kv.CopyFrom(dataclasses.replace(layout, offset_bytes=offset).to_proto())
-        return self.client.register_host_buffer(buffer, spec)
+        return self.client.register_host_array(span, layout=layout, writable=True,
+                                               name="vllm kv cache")
 
     def _register_flags_and_scratch(self) -> None:
         assert self.client is not None and self.layout is not None
@@ -802,28 +804,5 @@ def _host_span(first: torch.Tensor, nbytes: int) -> torch.Tensor:
     return span
 
 
-# --- host KV caches in kvrail HostBuffers ----------------------------------------------------
-# For libraries without Client.register_host_array: an engine (or a test) allocates its CPU KV
-# cache with host_kv_buffer() and the connector finds the buffer by address.
-_HOST_BUFFERS: List["kvrail.HostBuffer"] = []
-
-
-def host_kv_buffer(nbytes: int) -> Tuple["kvrail.HostBuffer", torch.Tensor]:
-    """A kvrail HostBuffer of `nbytes` and an int8 torch tensor over it (no copy)."""
-    buffer = kvrail.HostBuffer(nbytes, "vllm kv cache")
-    _HOST_BUFFERS.append(buffer)
-    tensor = torch.frombuffer(buffer.memoryview(), dtype=torch.int8)
-    return buffer, tensor
-
-
-def _buffer_holding(address: int, nbytes: int) -> Tuple["kvrail.HostBuffer", int]:
-    for buffer in _HOST_BUFFERS:
-        if not buffer.closed and buffer.address <= address and \
-                address + nbytes <= buffer.address + buffer.nbytes:
-            return buffer, address - buffer.address
-    raise ValueError("kv_caches: CPU memory kvraild cannot map (this kvrail library has no "
-                     "register_host_array; allocate the cache with kvrail.vllm.host_kv_buffer)")
-
-
 __all__ = ["KvrailConnector", "KvrailConnectorMetadata", "KvrailHandshake",
-           "KvrailWorkerMetadata", "PullOrder", "host_kv_buffer"]
+           "KvrailWorkerMetadata", "PullOrder"]

@@ -145,17 +145,16 @@ class Instance:
             structured_output_manager=StructuredOutputManager(self.config),
             block_size=block_size, log_stats=True)
         # The worker's cache: vLLM's own per-layer views over shared host memory.
-        if hasattr(kvrail.Client, "register_host_array"):
-            self.raw = torch.zeros(tensor.size, dtype=torch.int8).share_memory_()
-            self.buffer = None
-        else:
-            self.buffer, self.raw = kvv.host_kv_buffer(tensor.size)
+        # Allocated as vLLM's allocate_kv_cache does (torch.zeros, private memory): the
+        # connector moves it into shared memory when it registers the cache.
+        self.raw = torch.zeros(tensor.size, dtype=torch.int8)
         self.raw.fill_(0x5A)  # poison: untouched slots read 0x5A5A
         views = create_kv_cache_views(self.raw, spec, num_blocks, kv_layout, tensor)
         self.kv_caches: Dict[str, torch.Tensor] = dict(zip(self.layers, views))
         self.worker = kvv.KvrailConnector(self.config, KVConnectorRole.WORKER,
                                           self.kv_cache_config)
         self.worker.register_kv_caches(self.kv_caches)
+        assert self.raw.is_shared()
         # What the engine core does once workers registered: their handshakes to the scheduler.
         self.scheduler.connector.set_xfer_handshake_metadata_pp_aware(
             {(0, 0): self.worker.get_handshake_metadata()})
