@@ -269,6 +269,7 @@ class _SchedulerSide:
         self.epoch = 0
         self.last_epoch: Dict[str, int] = {}  # request -> the last step that computed it
         self.pulling: Set[str] = set()  # decode requests whose pull was ordered, not finished
+        self.warned_nodes: Set[str] = set()
         self._next = KvrailConnectorMetadata(0)
 
     def set_handshakes(self, metadata) -> None:
@@ -291,7 +292,25 @@ class _SchedulerSide:
         # (a decode block size smaller than the prefill's) is recomputed instead.
         if num_computed_tokens % int(params.get("remote_block_size") or 1):
             return 0, False
+        if not self._same_node(params):
+            return 0, False
         return count, True
+
+    def _same_node(self, params: Dict[str, Any]) -> bool:
+        """Whether the prefill's KV is on this decode's node. kvraild moves KV across nodes only
+        as a push from the source node (ExportRegion, then dst.node_id), which a decode's pull
+        cannot issue: a prompt prefilled on another node is computed here instead."""
+        ranks = params[_PARAMS_KEY].get("ranks") or [{}]
+        remote = str(ranks[0].get("node_id", ""))
+        local = next(iter(self.handshakes.values())).node_id if self.handshakes else remote
+        if remote == local:
+            return True
+        if remote not in self.warned_nodes:
+            self.warned_nodes.add(remote)
+            logger.warning("kvrail: requests prefilled on node %r are computed again on this "
+                           "node (%r): the kvrail connector pulls within a node only", remote,
+                           local)
+        return False
 
     def update_state_after_alloc(self, request: "Request", blocks: "KVCacheBlocks",
                                  num_external_tokens: int) -> None:
@@ -305,6 +324,8 @@ class _SchedulerSide:
             return
         # Called again once the pull is done (with the blocks for the rest): order one pull only.
         params["do_remote_prefill"] = False
+        if num_external_tokens <= 0 and not self._same_node(params):
+            return  # no release either: the prefill's blocks go at its TTL
         local = list(blocks.get_block_ids()[0]) if num_external_tokens > 0 else []
         remote = min(int(params.get("remote_num_tokens") or 0), request.num_prompt_tokens)
         order = PullOrder(req_id=request.request_id,
@@ -344,6 +365,8 @@ class _SchedulerSide:
             # A decode request that ended before it was ever scheduled (aborted): free the
             # prefill's blocks now rather than after their TTL.
             params["do_remote_prefill"] = False
+            if not self._same_node(params):
+                return False, None
             self._next.pulls.append(PullOrder(
                 req_id=req_id, remote_request_id=str(params.get("remote_request_id", "")),
                 params=params, local_block_ids=[], skip_tokens=0, num_tokens=0, release=True))
@@ -679,8 +702,9 @@ class _WorkerSide:
                 num_tokens=order.num_tokens, src_grant=str(src["grant"]),
                 priority=transfer_pb2.PRIORITY_CRITICAL, timeout_ms=self.pull_timeout_ms,
                 notification=order.remote_request_id.encode(), label=f"vllm {order.req_id}")
-            if src["node_id"] and src["node_id"] != self.node_id:
-                fields["src_node_id"] = str(src["node_id"])
+            if src["node_id"] != self.node_id:
+                raise ValueError(f"kv_transfer_params.kvrail.ranks[].node_id: {src['node_id']!r}"
+                                 f" is another node than this worker's {self.node_id!r}")
             epoch = int(order.params[_PARAMS_KEY].get("epoch") or 0)
             if epoch > 0:
                 fields["ready_flags"] = transfer_pb2.FlagArray(

@@ -272,6 +272,31 @@ def test_unusable_params_fail_the_load_not_the_engine(daemon, model, pd, client)
         p.close()
 
 
+def test_a_prefill_on_another_node_is_computed_locally(daemon, model, pd, client):
+    """kvraild crosses nodes only as a push from the source node: a decode handed params of
+    another node's prefill computes the prompt itself (no pull, no failure)."""
+    _, dec = pd
+    p = make("p-remote", model, daemon, ttl_s=1.0)
+    try:
+        prompt = prompt_of(40, 11)
+        params = H.prefill(p, "j-p", prompt)
+        for rank in params["kvrail"]["ranks"]:
+            rank["node_id"] = "another-node"
+        dec.request("j-d", prompt, max_tokens=2, params=params)
+        dec.step()  # computes the whole prompt here
+        assert dec.scheduler.requests["j-d"].num_computed_tokens == 40
+        assert_pulled(dec, "j-d", prompt, range(40))  # written by the decode's own forward
+        finish(dec, [p], "j-d")
+        final = [o for o in dec.outputs["j-d"] if o.finished][-1]
+        assert final.finish_reason is not None and str(final.finish_reason) != "error"
+        assert not client.list_transfers(label="vllm j-d")
+        assert not client.list_transfers(label="vllm release j-d")
+        H.run_until([p, dec], lambda: not p.scheduler.requests and not dec.scheduler.requests,
+                    max_steps=400, sleep=0.01)
+    finally:
+        p.close()
+
+
 def test_every_block_is_free_at_the_end(pd):
     p, dec = pd
     for inst in pd:
