@@ -325,6 +325,7 @@ def run_prefill(args, channel: Channel) -> None:
             ready_flags = FlagArray(ready_buffer, ready_region, count=spec.layers)
             gpu_ready = ready_flags.for_gpu(torch.device(args.device).index or 0)
             stream = torch.cuda.Stream(device=args.device)
+            torch.cuda.synchronize(args.device)  # the pool's zeros, before the side stream
         channel.send({"ready": "prefill", "weights": weights_digest(model)})
         for req in channel.requests():
             r, streaming, peer = req["request"], req["mode"] == "streaming", req["peer"]
