@@ -4,6 +4,7 @@
 #   bash tests/gpu/run.sh one-gpu [STEP...]   # GPU0 -> GPU0
 #   bash tests/gpu/run.sh two-gpu [STEP...]   # GPU0 -> GPU1, plus the steps that need two GPUs
 #   bash tests/gpu/run.sh list                # the steps: limit, expected duration, what they do
+#   bash tests/gpu/run.sh unpack              # unpacks the pack, prints its folder (bin/ lib/ py/)
 # No STEP: every step of the shape, in order (longer than one call: name a few steps per call;
 # `list` says which fit together). A step of the other shape may be named too (e.g. one-gpu
 # scattered runs the 1 GiB table GPU0 -> GPU0). Each step prints its table as it completes,
@@ -31,6 +32,12 @@ steps=(
   "scattered|two|560|300|1 GiB scattered at 4/16/32/128 KiB vs the copy engine's contiguous ceiling: shipped defaults, then tuned"
   "gemm|two|560|320|8192^3 bf16 GEMM alone vs beside a transfer at the shipped defaults, 10 alternating pairs under MPS"
   "relay|two|420|120|relay hop over NVLink byte for byte, through two daemons (relay vs direct); the digest's cost across GPUs"
+  "topology|-|120|20|nvidia-smi's topology beside kvrail's (topo_probe --dump, kvrail topo on a live daemon)"
+  "demo|-|120|15|the GPU demo (kv_demo prefill and decode through one kvraild), as deploy/dev.sh demo"
+  "fabric|-|480|120|the fabric kernels byte for byte and their pack rate; two daemons GPU -> GPU through the fabric (loopback tcp)"
+  "fabric-host|-|300|120|host -> host through two daemons over tcp;ofi_rxm on the GPU machine's CPUs, against fi_pingpong"
+  "interference|-|560|400|GEMM in another process beside transfers at several SM budgets and on the copy engines (MPS)"
+  "stream-wait|-|420|120|the GPU stream wait (every case) and 10 x 10 flag handovers, without and with MPS"
 )
 field() { local IFS='|'; local f=($1); echo "${f[$2]}"; }
 
@@ -43,7 +50,8 @@ usage() {
       "~$(field "$s" 3)s" "$(field "$s" 4)"
   done
   echo
-  echo "A call stops starting steps after CALL_SECONDS (570 s; a step is cut to what is left)." \
+  echo "Steps of shape '-' run only when named. A call stops starting steps after CALL_SECONDS" \
+    "(570 s; a step is cut to what is left)." \
     "Calls that fit by the expected times: 'tests engine-tests python', 'layouts first" \
     "critical', 'model', 'streaming relay', 'scattered', 'gemm'."
 }
@@ -52,6 +60,7 @@ case $shape in
   one-gpu) src=0 dst=0 short=one ;;
   two-gpu) src=0 dst=1 short=two ;;
   list | -h | --help) usage; exit 0 ;;
+  unpack) ;;
   *) usage >&2; exit 2 ;;
 esac
 shift
@@ -90,6 +99,10 @@ if [[ ! -x $root/bin/kvraild || ! -f $root/MANIFEST ]]; then
   exec bash "$dest/tests/gpu/run.sh" "$@"
 fi
 cd "$root" || exit 2
+if [[ $shape == unpack ]]; then
+  echo "$root"
+  exit 0
+fi
 
 # --- The machine.
 final=${OUT:-/tmp/kvrail-gpu-out}
@@ -349,6 +362,86 @@ step_relay() {
   row "### the digest's cost (digest_gpu_test [bandwidth], GPU$src -> GPU$dst: KVRAIL_GPU_PAIR)"
   grep -E 'SUMMARY|blocks ->|^\|' "$logs/digest_cost.txt" | cut -c1-220 | tee -a "$tables"
   return $rc
+}
+step_topology() {
+  nvidia-smi topo -m 2>&1 | tee -a "$tables"
+  prog topo_probe 30 bin/topo_probe --dump
+  local d dp rc=0
+  d=$(mktemp -d /tmp/kvrail-topo.XXXXXX)
+  setsid bin/kvraild --socket "$d/k.sock" > "$logs/kvraild_topology.txt" 2>&1 &
+  dp=$!
+  started_groups+=("$dp")
+  for _ in $(seq 100); do [[ -S $d/k.sock ]] && break; sleep 0.1; done
+  prog kvrail_topo 30 bin/kvrail --socket "$d/k.sock" topo || rc=1
+  tee -a "$tables" < "$logs/kvrail_topo.txt"
+  end_group "$dp"
+  return $rc
+}
+step_demo() {
+  local d dp pp rc
+  d=$(mktemp -d /tmp/kvrail-demo.XXXXXX)
+  setsid bin/kvraild --socket "$d/k.sock" --log-level info > "$logs/kvraild_demo.txt" 2>&1 &
+  dp=$!
+  started_groups+=("$dp")
+  for _ in $(seq 100); do [[ -S $d/k.sock ]] && break; sleep 0.1; done
+  setsid bin/kv_demo prefill --socket "$d/k.sock" --info "$d/p.json" --seed 42 --ignore-stdin \
+    > "$logs/demo_prefill.txt" 2>&1 &
+  pp=$!
+  started_groups+=("$pp")
+  prog demo_decode 60 bin/kv_demo decode --socket "$d/k.sock" --info "$d/p.json"
+  rc=$?
+  tail -5 "$logs/demo_decode.txt" | tee -a "$tables"
+  end_group "$pp"
+  end_group "$dp"
+  return $rc
+}
+step_fabric() {
+  local rc=0
+  catch2_header
+  catch2 fabric_kernel_gpu_test 200 '~[bandwidth]'
+  prog fabric_pack_rate 90 bin/fabric_kernel_gpu_test '[bandwidth]' || rc=1
+  grep -E 'fabric pack' "$logs/fabric_pack_rate.txt" | tee -a "$tables"
+  prog fabric_kernel_bench 180 bin/fabric_kernel_bench --copy-pair 0 $pair || rc=1
+  show fabric_kernel_bench 'verified|mismatch'
+  return $rc
+}
+step_fabric-host() {
+  PATH=$root/bin:$PATH prog fabric_host 280 bin/fabric_bench --host-loopback --mib 512 --reps 3
+  local rc=$?
+  show fabric_host
+  return $rc
+}
+step_interference() {
+  local rc=0
+  start_mps || row "(no MPS control daemon: GEMM and kvraild time-slice)"
+  prog interference 540 bin/cuda_engine_bench --interference $pair || rc=1
+  show interference 'GEMM'
+  stop_mps
+  return $rc
+}
+# FLAG runs of flags_gpu_test (10 handovers each), counted.
+flag_runs() {  # LABEL
+  local pass=0 fail=0 i
+  for i in $(seq 10); do
+    if KVRAIL_FLAGS_ROUNDS=10 prog "flags_$1_$i" 40 bin/flags_gpu_test; then
+      pass=$((pass + 1))
+    else
+      fail=$((fail + 1))
+    fi
+  done
+  row "flags_gpu_test $1: $pass runs passed, $fail failed (10 handovers each)"
+}
+step_stream-wait() {
+  catch2_header
+  catch2 stream_wait_gpu_test 90 --durations yes
+  flag_runs nomps
+  if start_mps; then
+    catch2 stream_wait_gpu_test 90 --durations yes
+    flag_runs mps
+    stop_mps
+  else
+    row "(no MPS control daemon: the MPS half not run)"
+  fi
 }
 export KVRAIL_GPU_PAIR="$src,$dst"
 
