@@ -280,6 +280,31 @@ TEST_CASE("register_host_fd: misuse names fd, offset and bytes") {
   CHECK(RegionCount(live.client) == 0);
 }
 
+TEST_CASE("the paged layout's dtype is carried: fp16 into bf16 is refused naming the flag") {
+  Live live;
+  kvrail_paged_layout fp16 = Layout();
+  fp16.dtype = v1::DTYPE_FP16;
+  uint64_t bytes = 0;
+  REQUIRE(kvrail_paged_layout_bytes(&fp16, &bytes) == KVRAIL_OK);
+  kvrail_host_buffer* buffer = nullptr;
+  REQUIRE(kvrail_host_buffer_create(bytes, "fp16", &buffer) == KVRAIL_OK);
+  uint64_t src = 0;
+  REQUIRE(kvrail_register_paged_host(live.client, buffer, &fp16, 0, "fp16", &src) == KVRAIL_OK);
+  Pool dst(live.client, /*writable=*/true, 0xAB);  // bf16
+  v1::TransferSpec spec = BlockTransfer(src, {0}, dst.region, {1});
+  std::vector<uint8_t> data = Bytes(spec);
+  uint64_t id = 0;
+  CHECK(kvrail_submit(live.client, data.data(), data.size(), &id, nullptr, nullptr) ==
+        KVRAIL_INVALID_ARGUMENT);
+  CHECK(LastMessage().rfind("spec.reinterpret_dtype: ", 0) == 0);
+  spec.set_reinterpret_dtype(true);
+  id = Submit(live.client, spec);
+  int32_t state = 0;
+  REQUIRE(kvrail_wait(live.client, id, 10000, &state, nullptr, nullptr) == KVRAIL_OK);
+  CHECK(state == KVRAIL_STATE_SUCCEEDED);
+  kvrail_host_buffer_free(buffer);
+}
+
 TEST_CASE("daemon errors keep their gRPC code and the message naming the field") {
   Live live;
   Pool src(live.client, false, 0);

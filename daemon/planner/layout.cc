@@ -71,6 +71,7 @@ absl::StatusOr<KvLayout> ResolveLayout(const kvrail::v1::PagedKvLayout& proto, u
   if (k.tokens_per_block == 0) return Invalid(p, "tokens_per_block", "must be > 0");
   if (k.num_heads == 0) return Invalid(p, "num_heads", "must be > 0");
   if (k.head_dim == 0) return Invalid(p, "head_dim", "must be > 0");
+  k.dtype = static_cast<int>(proto.dtype());
   k.dtype_bytes = kvrail::v1::DTypeBytes(proto.dtype());
   if (k.dtype_bytes == 0) {
     return Invalid(p, "dtype", absl::StrCat("unknown or unspecified dtype ", static_cast<int>(proto.dtype())));

@@ -34,6 +34,12 @@ absl::Status CheckTileCount(uint64_t tiles, const PlanOptions& options, absl::st
       " per transfer); use larger tiles or split it"));
 }
 
+std::string DTypeName(int dtype) {
+  return kvrail::v1::DType_IsValid(dtype)
+             ? kvrail::v1::DType_Name(static_cast<kvrail::v1::DType>(dtype))
+             : absl::StrCat(dtype);
+}
+
 absl::Status Invalid(absl::string_view field, absl::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat("spec.", field, ": ", what));
 }
@@ -270,6 +276,13 @@ absl::StatusOr<Plan> MakePlan(const kvrail::v1::TransferSpec& spec, const Region
                    absl::StrCat("head vectors differ: source head_dim ", s.head_dim, " x ",
                                 s.dtype_bytes, " B, destination head_dim ", d.head_dim, " x ",
                                 d.dtype_bytes, " B"));
+  }
+  if (s.dtype != d.dtype && !spec.reinterpret_dtype()) {
+    return Invalid("reinterpret_dtype",
+                   absl::StrCat("the source's paged_kv.dtype is ", DTypeName(s.dtype),
+                                ", the destination's ", DTypeName(d.dtype),
+                                "; bytes are moved, not converted: set reinterpret_dtype to move "
+                                "them unconverted"));
   }
   if (s.num_parts != d.num_parts) {
     return Invalid("dst.region_id", absl::StrCat("source has ", s.num_parts,

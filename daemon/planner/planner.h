@@ -100,6 +100,7 @@ struct KvLayout {
   uint32_t num_heads = 0;
   uint32_t head_dim = 0;
   uint32_t dtype_bytes = 0;
+  int dtype = 0;  // kvrail.v1.DType number (bytes are moved, never converted)
   uint64_t layer_stride = 0;
   uint64_t part_stride = 0;
   uint64_t block_stride = 0;

@@ -220,6 +220,32 @@ TEST_CASE("transfer validation names the field") {
   ExpectError(err(base, src, Paged(Proto(4, 1, 4096, 16, 8, 64, kNhd))), kInv, "spec.dst.region_id:");
 }
 
+TEST_CASE("dtypes of one size are not mixed unless the spec asks to reinterpret") {
+  // Bytes move unconverted: an fp16 pool into a bf16 pool would be silently wrong numbers.
+  const RegionView bf16 = Paged(Proto(4, 2, 64, 16, 8, 64, kNhd, kvrail::v1::DTYPE_BF16));
+  const RegionView fp16 = Paged(Proto(4, 2, 64, 16, 8, 64, kNhd, kvrail::v1::DTYPE_FP16));
+  const RegionView fp8 = Paged(Proto(4, 2, 64, 16, 8, 64, kNhd, kvrail::v1::DTYPE_FP8_E4M3));
+  const RegionView int8 = Paged(Proto(4, 2, 64, 16, 8, 64, kNhd, kvrail::v1::DTYPE_INT8));
+  TransferSpec s = Spec({1, 2}, {3, 4});
+  CHECK(MakePlan(s, bf16, bf16, {}).ok());
+  ExpectError(MakePlan(s, fp16, bf16, {}).status(), absl::StatusCode::kInvalidArgument,
+              "spec.reinterpret_dtype: the source's paged_kv.dtype is DTYPE_FP16, the "
+              "destination's DTYPE_BF16");
+  ExpectError(MakePlan(s, fp8, int8, {}).status(), absl::StatusCode::kInvalidArgument,
+              "spec.reinterpret_dtype:");
+  s.set_reinterpret_dtype(true);
+  const absl::StatusOr<Plan> reinterpreted = MakePlan(s, fp16, bf16, {});
+  REQUIRE(reinterpreted.ok());
+  CHECK(reinterpreted->header().bytes_total == MakePlan(Spec({1, 2}, {3, 4}), bf16, bf16, {})
+                                                   ->header()
+                                                   .bytes_total);
+  CHECK(MakePlan(s, fp8, int8, {}).ok());
+  // Different sizes stay refused: reinterpreting cannot make 4-byte elements out of 2.
+  const RegionView fp32 = Paged(Proto(4, 2, 64, 16, 8, 64, kNhd, kvrail::v1::DTYPE_FP32));
+  ExpectError(MakePlan(s, fp32, bf16, {}).status(), absl::StatusCode::kInvalidArgument,
+              "spec.dst.region_id:");
+}
+
 TEST_CASE("bytes transfers: bounds and tiles") {
   TransferSpec s;
   s.mutable_src()->set_byte_offset(100);

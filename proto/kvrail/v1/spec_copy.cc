@@ -34,6 +34,7 @@ TransferSpec WithoutBlockTables(const TransferSpec& spec) {
   out.set_notification(spec.notification());
   out.set_session_id(spec.session_id());
   out.set_digest(spec.digest());
+  out.set_reinterpret_dtype(spec.reinterpret_dtype());
   return out;
 }
 
