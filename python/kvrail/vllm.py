@@ -84,6 +84,10 @@ EXTRA_PULL_TIMEOUT = "kvrail_pull_timeout_s"  # a pull's deadline (TransferSpec.
 EXTRA_STREAMING = "kvrail_layer_streaming"  # false: pulls do not wait on the layer ready flags
 DEFAULT_TTL_S = 120.0
 DEFAULT_PULL_TIMEOUT_S = 60.0
+# A pull must be over this long before the prefill's blocks expire (kvrail_blocks_ttl_s): a pull
+# later than that is not started (the prompt is computed locally), and a pull's deadline ends it
+# this long before the expiry, so the prefill never frees blocks a pull still reads.
+EXPIRY_MARGIN_S = 0.5
 # Grants are minted for a day (the daemon's maximum) and renewed after half of it.
 GRANT_TTL_S = 86400.0
 GRANT_RENEW_S = GRANT_TTL_S / 2
@@ -292,7 +296,7 @@ class _SchedulerSide:
         # (a decode block size smaller than the prefill's) is recomputed instead.
         if num_computed_tokens % int(params.get("remote_block_size") or 1):
             return 0, False
-        if not self._same_node(params):
+        if not self._same_node(params) or _time_left(params) <= 0:
             return 0, False
         return count, True
 
@@ -324,7 +328,8 @@ class _SchedulerSide:
             return
         # Called again once the pull is done (with the blocks for the rest): order one pull only.
         params["do_remote_prefill"] = False
-        if num_external_tokens <= 0 and not self._same_node(params):
+        if num_external_tokens <= 0 and (not self._same_node(params)
+                                         or _time_left(params) <= 0):
             return  # no release either: the prefill's blocks go at its TTL
         local = list(blocks.get_block_ids()[0]) if num_external_tokens > 0 else []
         remote = min(int(params.get("remote_num_tokens") or 0), request.num_prompt_tokens)
@@ -698,9 +703,14 @@ class _WorkerSide:
                 raise ValueError(f"remote_block_ids: {len(remote_ids)} prefill blocks or "
                                  f"{len(order.local_block_ids)} local blocks do not hold "
                                  f"tokens [{first}, {end})")
+            left_ms = int(_time_left(order.params) * 1000)
+            if left_ms <= 0:
+                raise ValueError("remote_blocks_expire_unix: the prefill's blocks expired before "
+                                 "the pull could start")
             fields: Dict[str, Any] = dict(
                 num_tokens=order.num_tokens, src_grant=str(src["grant"]),
-                priority=transfer_pb2.PRIORITY_CRITICAL, timeout_ms=self.pull_timeout_ms,
+                priority=transfer_pb2.PRIORITY_CRITICAL,
+                timeout_ms=min(self.pull_timeout_ms, left_ms),
                 notification=order.remote_request_id.encode(), label=f"vllm {order.req_id}")
             if src["node_id"] != self.node_id:
                 raise ValueError(f"kv_transfer_params.kvrail.ranks[].node_id: {src['node_id']!r}"
@@ -800,6 +810,15 @@ class _WorkerSide:
             self._gpu_flags = None
         if self.client is not None:
             self.client.close()  # the daemon releases the session's regions
+
+
+def _time_left(params: Dict[str, Any]) -> float:
+    """Seconds a pull may still read the prefill's blocks (their expiry less the margin); no
+    expiry in the params: the pull timeout alone bounds it."""
+    expires = params.get("remote_blocks_expire_unix")
+    if expires is None:
+        return float("inf")
+    return float(expires) - EXPIRY_MARGIN_S - time.time()
 
 
 def _kernel_blocks(block_ids: List[int], per_block: int) -> List[int]:

@@ -250,6 +250,26 @@ def test_decode_that_never_pulls_frees_after_the_ttl(daemon, model):
         p.close()
 
 
+def test_a_decode_after_the_expiry_computes_locally(daemon, model, pd, client):
+    """Blocks past their TTL may be reused by the prefill: a decode scheduled after
+    remote_blocks_expire_unix (less the margin) never reads them; it computes the prompt."""
+    _, dec = pd
+    p = make("p-expired", model, daemon, ttl_s=1.0)
+    try:
+        prompt = prompt_of(30, 12)
+        params = H.prefill(p, "k-p", prompt)
+        H.run_until([p], lambda: not p.scheduler.requests, max_steps=400, sleep=0.01)
+        dec.request("k-d", prompt, max_tokens=2, params=params)
+        dec.step()
+        assert dec.scheduler.requests["k-d"].num_computed_tokens == 30
+        assert_pulled(dec, "k-d", prompt, range(30))
+        finish(dec, [p], "k-d")
+        assert not client.list_transfers(label="vllm k-d")
+        assert not client.list_transfers(label="vllm release k-d")
+    finally:
+        p.close()
+
+
 def test_unusable_params_fail_the_load_not_the_engine(daemon, model, pd, client):
     """A pull the daemon refuses (a forged grant) is a load failure: vLLM's
     kv_load_failure_policy ('fail', its default) ends the request with an error and the engine
