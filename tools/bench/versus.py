@@ -65,12 +65,18 @@ QUICK_TPUT = [("4k", 64), ("32k", 8), ("256k", 1)]
 SMOKE_TPUT = [("32k", 2)]
 
 
+# Mooncake's TCP transport refuses a batch once a peer's queue holds more transfers than
+# MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER ("TCP lane queue-full rejection", the batch returns -1): a
+# 16,384-descriptor request (4k pieces) needs the queue that deep.
+MOONCAKE_ENV = {"MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER": "16384"}
+
+
 def variants(scenario: str, ns: Optional[procs.NetnsPair]) -> List[Dict[str, Any]]:
     """The systems of a scenario: name, transport label, per-side options and environment."""
     if scenario == "A":
         return [
             {"system": "kvrail", "label": "kvrail host engine", "env": {}},
-            {"system": "mooncake", "label": "Mooncake tcp", "env": {},
+            {"system": "mooncake", "label": "Mooncake tcp", "env": MOONCAKE_ENV,
              "options": {"protocol": "tcp", "ip": "127.0.0.1"}},
             {"system": "nixl", "label": "NIXL UCX sm (shm+cma)",
              "env": {"UCX_TLS": "sm,self"},
@@ -81,7 +87,7 @@ def variants(scenario: str, ns: Optional[procs.NetnsPair]) -> List[Dict[str, Any
     assert ns is not None
     return [
         {"system": "kvrail", "label": "kvrail fabric (libfabric tcp)", "env": {}},
-        {"system": "mooncake", "label": "Mooncake tcp", "env": {}, "per_side": [
+        {"system": "mooncake", "label": "Mooncake tcp", "env": MOONCAKE_ENV, "per_side": [
             {"protocol": "tcp", "ip": ns.ip[0]}, {"protocol": "tcp", "ip": ns.ip[1]}]},
         {"system": "nixl", "label": "NIXL UCX tcp", "env": {"UCX_TLS": "tcp,self"},
          "per_side_env": [{"UCX_NET_DEVICES": ns.veth[0]}, {"UCX_NET_DEVICES": ns.veth[1]}]},
@@ -166,6 +172,8 @@ class Bench:
             src, dst = workers
             for i, (w, role) in enumerate(zip(workers, ["src", "dst"])):
                 options = dict(v.get("options", {}), **v.get("per_side", [{}, {}])[i])
+                options.setdefault("num_threads", self.args.nixl_threads)
+                options.setdefault("poll_s", self.args.nixl_poll_us / 1e6)
                 if v["system"] == "kvrail":
                     options["socket"] = self.daemons[min(i, len(self.daemons) - 1)][1]
                     if scenario == "B":
@@ -265,10 +273,12 @@ def print_tables(scenario: str, rows: List[Dict[str, Any]], out=sys.stdout) -> N
     tput = [r for r in rows if not r["latency_row"]]
     lat = [r for r in rows if r["latency_row"]]
     if tput:
+        daemons = ("one kvraild serves both sides: its CPU in brackets, apart" if scenario == "A"
+                   else "each side's kvraild counted in its side; in brackets, that part")
         print(f"\nScenario {scenario}: throughput (GB/s median of the timed requests, [min-max]; "
-              "ratio = kvrail / this row)", file=out)
+              f"ratio = kvrail / this row; CPU seconds per GB moved, {daemons})", file=out)
         print("| piece | request | system | GB/s median [min-max] | kvrail / row | CPU s/GB "
-              "src / dst (kvraild) | set-up ms | verified |", file=out)
+              "src / dst side (kvraild) | set-up ms | verified |", file=out)
         print("|---|---|---|---|---|---|---|---|", file=out)
         for kind in kinds:
             group = [r for r in tput if r["kind"] == kind]
@@ -337,6 +347,10 @@ def parse(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--kvraild", required=True)
     p.add_argument("--kvrail-python", default="", help="folder holding the kvrail package")
     p.add_argument("--kvrail-lib", default="", help="libkvrail.so (KVRAIL_LIB)")
+    p.add_argument("--nixl-threads", type=int, default=4,
+                   help="NIXL UCX backend num_threads (vLLM's NIXL connector default: 4)")
+    p.add_argument("--nixl-poll-us", type=float, default=0.0,
+                   help="sleep between NIXL check_xfer_state polls (0: poll without pause)")
     p.add_argument("--fabric-tile", type=int, default=MIB, help="kvraild --tile-bytes, scenario B")
     p.add_argument("--fabric-slots", type=int, default=16)
     p.add_argument("--json", default="", help="write every row (and the machine) here")

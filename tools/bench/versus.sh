@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 venv=$(deploy/pyvenv.sh)
 bazel build //daemon:kvraild //client/c_api:libkvrail.so //python:protos >&2
-bin=$(bazel info bazel-bin 2>/dev/null)
+bin=$PWD/bazel-bin  # the workspace's symlink: no second bazel call to queue behind others
 stage=$(mktemp -d -t kvrail-versus-pkg.XXXXXX)
 trap 'rm -rf "$stage"' EXIT
 # The kvrail package as the runfiles have it: python/kvrail plus the generated kvrail/proto.

@@ -240,7 +240,10 @@ class NixlSide(Side):
         handle = self.agent.make_prepped_xfer("WRITE", self.local_list, local, self.remote_list,
                                               remote)
         state = self.agent.transfer(handle)
+        poll = float(self.options.get("poll_s", 0.0))
         while state == "PROC":
+            if poll:
+                time.sleep(poll)  # leave the CPU to the backend's progress thread
             state = self.agent.check_xfer_state(handle)
         self.agent.release_xfer_handle(handle)
         if state != "DONE":
