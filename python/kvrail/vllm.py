@@ -75,7 +75,8 @@ if TYPE_CHECKING:
     from vllm.v1.outputs import KVConnectorOutput
     from vllm.v1.request import Request
 
-logger = logging.getLogger("kvrail.vllm")
+# Under vLLM's logger, so `vllm serve` shows these lines with its own.
+logger = logging.getLogger("vllm.kvrail")
 
 # kv_connector_extra_config keys.
 EXTRA_SOCKET = "kvrail_socket"  # kvraild's socket (default: $KVRAIL_SOCKET, then the system's)

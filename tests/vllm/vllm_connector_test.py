@@ -5,12 +5,14 @@ kvraild's host engine. The prefill caches NHD (LBNHC) in blocks of 16 tokens, th
 """
 from __future__ import annotations
 
+import logging
 import time
 
 import numpy as np
 import pytest
 
 import kvrail
+import kvrail.vllm as kvv
 import vllm_harness as H
 from kvrail.proto import transfer_pb2
 from vllm.v1.kv_cache_layout import KVCacheLayout
@@ -292,6 +294,31 @@ def test_unusable_params_fail_the_load_not_the_engine(daemon, model, pd, client)
         p.close()
 
 
+def test_a_tp_mismatch_is_a_failed_load(daemon, model, pd, client, caplog):
+    from vllm.v1.engine import FinishReason
+    _, dec = pd
+    p = make("p-tp2", model, daemon, ttl_s=1.0)
+    try:
+        prompt = prompt_of(20, 14)
+        params = H.prefill(p, "m-p", prompt)
+        params["kvrail"]["ranks"] *= 2  # as a TP-2 prefill's params would be
+        dec.request("m-d", prompt, max_tokens=2, params=params)
+        kvlog = logging.getLogger("vllm.kvrail")  # vLLM's loggers do not propagate to root
+        kvlog.addHandler(caplog.handler)
+        try:
+            finish(dec, [p], "m-d")
+        finally:
+            kvlog.removeHandler(caplog.handler)
+        assert [o for o in dec.outputs["m-d"] if o.finished][-1].finish_reason == \
+            FinishReason.ERROR
+        assert "kv_transfer_params.kvrail.ranks" in caplog.text
+        assert not client.list_transfers(label="vllm m-d")
+        H.run_until([p, dec], lambda: not p.scheduler.requests and not dec.scheduler.requests,
+                    max_steps=400, sleep=0.01)
+    finally:
+        p.close()
+
+
 def test_a_prefill_on_another_node_is_computed_locally(daemon, model, pd, client):
     """kvraild crosses nodes only as a push from the source node: a decode handed params of
     another node's prefill computes the prompt itself (no pull, no failure)."""
@@ -315,6 +342,26 @@ def test_a_prefill_on_another_node_is_computed_locally(daemon, model, pd, client
                     max_steps=400, sleep=0.01)
     finally:
         p.close()
+
+
+def test_grants_are_renewed_through_the_worker_metadata(pd, client):
+    """Grants last a day; after half of it the worker mints new ones and its scheduler learns
+    them through build_connector_worker_meta -> update_connector_output."""
+    p, dec = pd
+    worker = p.worker._work()
+    old = worker.handshake().grant
+    worker._grant_minted -= kvv.GRANT_RENEW_S  # as if 12 hours had passed
+    p.step()
+    new = p.connector._sched().handshakes[(0, 0)].grant
+    assert new != old and new == worker.handshake().grant
+    prompt = prompt_of(24, 13)
+    params = H.prefill(p, "l-p", prompt)
+    assert params["kvrail"]["ranks"][0]["grant"] == new
+    dec.request("l-d", prompt, max_tokens=2, params=params)
+    step_until_received(dec, [p], "l-d")
+    assert_pulled(dec, "l-d", prompt, range(24))
+    finish(dec, [p], "l-d")
+    H.run_until([p, dec], lambda: not p.scheduler.requests and not dec.scheduler.requests)
 
 
 def test_every_block_is_free_at_the_end(pd):
