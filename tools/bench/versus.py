@@ -27,8 +27,12 @@ Every request is the source side pushing (WRITE): kvrail's Client.transfer + res
 batch_transfer_sync_write (the descriptor lists built per request from the block tables, as its
 connector does), NIXL's make_prepped_xfer(WRITE) over descriptor lists prepared once for every
 piece of both pools (vLLM's NIXL connector) + transfer + check_xfer_state polling until DONE.
-Peers run with their connectors' settings: NIXL num_threads=4 (vLLM's default), progress thread
-on; Mooncake defaults (P2PHANDSHAKE, no metadata server). kvraild runs with its defaults.
+Peers run with their connectors' settings: NIXL num_threads=4 (vLLM's default; --nixl-threads),
+progress thread on, ucx_error_handling_mode "none" for the sm row (UCX's shared-memory transports
+have no peer failure handler; NIXL's default "peer" mode refuses them); Mooncake defaults
+(P2PHANDSHAKE, no metadata server) except MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER=16384 (its default
+1024 rejects a 16,384-descriptor batch). kvraild runs with its defaults (scenario B: 1 MiB tiles,
+16 slots, one endpoint per daemon: --fabric-tile, --fabric-slots, --fabric-nics).
 
 Quantities per row: GB/s = request bytes / (request issued -> source side sees it complete),
 median of --reps timed requests after one warm-up, with min and max; CPU seconds per GB moved on
@@ -57,9 +61,10 @@ import kvshape  # noqa: E402
 import procs  # noqa: E402
 
 MIB = 1 << 20
-# (kind, blocks): throughput rows are 64 MiB requests (16,384 / 2,048 / 256 pieces), latency rows
+# (kind, blocks): throughput rows are 64 MiB requests (16,384 / 2,048 / 256 pieces) plus one small
+# request (4 MiB of 32k pieces, 128 pieces: where a fixed per-request cost shows), latency rows
 # 16 MiB (4,096 / 512 / 64 pieces).
-FULL_TPUT = [("4k", 256), ("32k", 32), ("256k", 4)]
+FULL_TPUT = [("4k", 256), ("32k", 2), ("32k", 32), ("256k", 4)]
 FULL_LAT = [("4k", 64), ("32k", 8), ("256k", 1)]
 QUICK_TPUT = [("4k", 64), ("32k", 8), ("256k", 1)]
 SMOKE_TPUT = [("32k", 2)]
@@ -134,7 +139,8 @@ class Bench:
             with open(config, "w") as f:
                 f.write(f'node_id: "{names[i]}"\ninsecure_peers: true\n'
                         f'peers {{ key: "{names[1 - i]}" value: "{ns.ip[1 - i]}:{port}" }}\n'
-                        f'fabric {{\n  nics: "{ns.ip[i]}"\n  slots: {a.fabric_slots}\n'
+                        'fabric {\n' + f'  nics: "{ns.ip[i]}"\n' * a.fabric_nics +
+                        f'  slots: {a.fabric_slots}\n'
                         f'  slot_bytes: {a.fabric_tile}\n  liveness_timeout_ms: 5000\n'
                         f'  heartbeat_interval_ms: 200\n}}\n')
             log = self.log(f"kvraild-{names[i]}")
@@ -268,6 +274,12 @@ def _size(n: int) -> str:
     return f"{n // MIB} MiB" if n >= MIB else f"{n // 1024} KiB"
 
 
+def _shapes(rows: List[Dict[str, Any]], kinds: List[str]) -> List[Tuple[str, int]]:
+    """(kind, blocks) of the rows, kinds in `kinds` order, smaller requests first."""
+    return sorted({(r["kind"], r["blocks"]) for r in rows},
+                  key=lambda kb: (kinds.index(kb[0]), kb[1]))
+
+
 def print_tables(scenario: str, rows: List[Dict[str, Any]], out=sys.stdout) -> None:
     kinds = [k for k in kvshape.PIECES if any(r["kind"] == k for r in rows)]
     tput = [r for r in rows if not r["latency_row"]]
@@ -280,8 +292,8 @@ def print_tables(scenario: str, rows: List[Dict[str, Any]], out=sys.stdout) -> N
         print("| piece | request | system | GB/s median [min-max] | kvrail / row | CPU s/GB "
               "src / dst side (kvraild) | set-up ms | verified |", file=out)
         print("|---|---|---|---|---|---|---|---|", file=out)
-        for kind in kinds:
-            group = [r for r in tput if r["kind"] == kind]
+        for kind, blocks in _shapes(tput, kinds):
+            group = [r for r in tput if r["kind"] == kind and r["blocks"] == blocks]
             kv = next((r for r in group if r["system"] == "kvrail" and r["verified"]), None)
             for r in sorted(group, key=lambda r: r["system"] != "kvrail"):
                 req = f"{_size(r['bytes'])}, {r['blocks']} blocks, {r['descriptors']} desc"
@@ -303,8 +315,8 @@ def print_tables(scenario: str, rows: List[Dict[str, Any]], out=sys.stdout) -> N
         print("| piece | request | system | p50 ms | p99 ms | row p50 / kvrail p50 | verified |",
               file=out)
         print("|---|---|---|---|---|---|---|", file=out)
-        for kind in kinds:
-            group = [r for r in lat if r["kind"] == kind]
+        for kind, blocks in _shapes(lat, kinds):
+            group = [r for r in lat if r["kind"] == kind and r["blocks"] == blocks]
             kv = next((r for r in group if r["system"] == "kvrail" and r["verified"]), None)
             for r in sorted(group, key=lambda r: r["system"] != "kvrail"):
                 req = f"{_size(r['bytes'])}, {r['blocks']} blocks, {r['descriptors']} desc"
@@ -344,7 +356,7 @@ def parse(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--kinds", default="4k,32k,256k")
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--python", default=sys.executable, help="the workers' interpreter (the venv)")
-    p.add_argument("--kvraild", required=True)
+    p.add_argument("--kvraild", default="", help="kvraild (required unless --tables-from)")
     p.add_argument("--kvrail-python", default="", help="folder holding the kvrail package")
     p.add_argument("--kvrail-lib", default="", help="libkvrail.so (KVRAIL_LIB)")
     p.add_argument("--nixl-threads", type=int, default=4,
@@ -353,7 +365,11 @@ def parse(argv: Optional[List[str]] = None) -> argparse.Namespace:
                    help="sleep between NIXL check_xfer_state polls (0: poll without pause)")
     p.add_argument("--fabric-tile", type=int, default=MIB, help="kvraild --tile-bytes, scenario B")
     p.add_argument("--fabric-slots", type=int, default=16)
+    p.add_argument("--fabric-nics", type=int, default=1,
+                   help="fabric endpoints (lanes) per daemon on the one veth address")
     p.add_argument("--json", default="", help="write every row (and the machine) here")
+    p.add_argument("--tables-from", default="",
+                   help="print the tables (and --plot) of an earlier run's --json file; run nothing")
     p.add_argument("--plot", default="", help="write GB/s vs piece size (PNG) here")
     args = p.parse_args(argv)
     if set(args.scenario) - set("AB") or not args.scenario:
@@ -364,6 +380,18 @@ def parse(argv: Optional[List[str]] = None) -> argparse.Namespace:
 
 def main(argv: Optional[List[str]] = None) -> int:
     args = parse(argv)
+    if args.tables_from:
+        with open(args.tables_from) as f:
+            saved = json.load(f)
+        print(f"versus: {saved['date_utc']}; {saved['machine']}")
+        for scenario in sorted({r["scenario"] for r in saved["rows"]}):
+            print_tables(scenario, [r for r in saved["rows"] if r["scenario"] == scenario])
+        if args.plot:
+            import plot
+            plot.plot(saved["rows"], args.plot)
+        return 0
+    if not args.kvraild:
+        raise SystemExit("--kvraild: required (the daemon the kvrail rows run against)")
     procs.install_cleanup()
     systems = set(args.systems.split(","))
     kinds = set(args.kinds.split(","))

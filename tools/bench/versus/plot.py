@@ -8,11 +8,26 @@ import kvshape
 SIZES = {"4k": 4, "32k": 32, "256k": 256}
 
 
+def _color(label: str) -> str:
+    """One colour per system and transport in every panel."""
+    for key, color in (("kvrail", "tab:blue"), ("Mooncake", "tab:red"), ("UCX sm", "tab:orange"),
+                       ("UCX tcp", "tab:green")):
+        if key in label:
+            return color
+    return "tab:gray"
+
+
 def plot(rows: List[Dict[str, Any]], path: str) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    tput = [r for r in rows if not r["latency_row"] and r["verified"]]
+    # The plot compares equal request sizes: the largest request of each piece kind.
+    biggest = {}
+    for r in rows:
+        if not r["latency_row"]:
+            biggest[r["kind"]] = max(biggest.get(r["kind"], 0), r["bytes"])
+    tput = [r for r in rows if not r["latency_row"] and r["verified"]
+            and r["bytes"] == biggest[r["kind"]]]
     scenarios = sorted({r["scenario"] for r in tput})
     if not scenarios:
         raise ValueError("rows: no verified throughput row to plot")
@@ -33,7 +48,7 @@ def plot(rows: List[Dict[str, Any]], path: str) -> None:
             err = [[r["gbps_median"] - r["gbps_min"] for r in mine],
                    [r["gbps_max"] - r["gbps_median"] for r in mine]]
             style = "-o" if label.startswith("kvrail") else "--s"
-            ax.errorbar(x, y, yerr=err, fmt=style, capsize=3, label=label,
+            ax.errorbar(x, y, yerr=err, fmt=style, capsize=3, label=label, color=_color(label),
                         linewidth=2.2 if label.startswith("kvrail") else 1.4)
         ax.set_xscale("log", base=2)
         ax.set_xticks(list(SIZES.values()))
