@@ -28,8 +28,9 @@ handshake of its NIXL connector):
 - Layer streaming: the prefill worker keeps one 32-bit ready flag per layer in shared memory.
   save_kv_layer marks a layer written for the current step (on the CUDA stream for GPU caches),
   wait_for_save marks every layer (it is called every step, also when CUDA graphs skipped
-  save_kv_layer). A decode's pull waits, per layer, for the step that last wrote the request
-  (TransferSpec.ready_flags), so a pull that arrives early streams layers as they are written.
+  save_kv_layer). With `kvrail_layer_streaming` on the prefill, a decode's pull waits, per layer,
+  for the step that last wrote the request (TransferSpec.ready_flags), so a pull that arrives
+  early streams layers as they are written.
 
 Memory: vLLM 0.33's KV cache is one allocation viewed per layer as [blocks, heads, tokens,
 K|V content] ([B, H, N, C], C = head_size + head_size_v elements, the physical order given by the
@@ -82,7 +83,12 @@ logger = logging.getLogger("vllm.kvrail")
 EXTRA_SOCKET = "kvrail_socket"  # kvraild's socket (default: $KVRAIL_SOCKET, then the system's)
 EXTRA_TTL = "kvrail_blocks_ttl_s"  # how long a prefill keeps blocks nobody pulled
 EXTRA_PULL_TIMEOUT = "kvrail_pull_timeout_s"  # a pull's deadline (TransferSpec.timeout_ms)
-EXTRA_STREAMING = "kvrail_layer_streaming"  # false: pulls do not wait on the layer ready flags
+# true: pulls wait per layer on the prefill's layer ready flags. Off by default: vLLM hands out a
+# request's kv_transfer_params only after the step that wrote its KV completed (its sampled token
+# is read after the last layer in stream order), and on the host engine the flag-gated pull cost
+# 6-16 ms more per 125 MiB request (docs/benchmarks.md). On for a router that forwards params
+# before then.
+EXTRA_STREAMING = "kvrail_layer_streaming"
 DEFAULT_TTL_S = 120.0
 DEFAULT_PULL_TIMEOUT_S = 60.0
 # A pull must be over this long before the prefill's blocks expire (kvrail_blocks_ttl_s): a pull
@@ -267,7 +273,7 @@ class _SchedulerSide:
         self.engine_id = str(vllm_config.kv_transfer_config.engine_id)
         self.tp_size = int(vllm_config.parallel_config.tensor_parallel_size)
         self.ttl = float(extra.get(EXTRA_TTL, DEFAULT_TTL_S))
-        self.streaming = _flag(extra.get(EXTRA_STREAMING, True), EXTRA_STREAMING)
+        self.streaming = _flag(extra.get(EXTRA_STREAMING, False), EXTRA_STREAMING)
         if not self.ttl > 0:
             raise ValueError(f"kv_connector_extra_config.{EXTRA_TTL}: {self.ttl} must be > 0")
         self.handshakes: Dict[Tuple[int, int], KvrailHandshake] = {}

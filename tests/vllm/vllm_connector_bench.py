@@ -3,9 +3,9 @@ from a prefill instance into a decode instance through kvraild's host engine, th
 blocks and bytes each time:
 
   api        the Python API directly: client.transfer(src, blocks, dst, blocks) + result()
-  connector  the connector's worker path: start_load_kv (block mapping, grant, ready flags,
-             notification, submit) then get_transfer_results until the request is received
-  no flags   the same without the layer ready flags (kvrail_layer_streaming false)
+  connector  the connector's worker path: start_load_kv (block mapping, grant, notification,
+             submit) then get_transfer_results until the request is received
+  streaming  the same with the layer ready flags (kvrail_layer_streaming true on the prefill)
   engine     the decode engine: add_request -> vLLM scheduler steps (get_num_new_matched_tokens,
              update_state_after_alloc, build_connector_meta) + the worker path, until the
              scheduler has the request back as received
@@ -52,16 +52,17 @@ def run(args, daemon) -> None:
     common = dict(num_layers=args.layers, kv_heads=args.kv_heads, head_dim=args.head_dim,
                   write_kv=False, max_num_batched_tokens=max(2048, args.tokens + 16))
     p = H.Instance("prefill", model, daemon.socket, block_size=16,
-                   kv_layout=KVCacheLayout.LBNHC, num_blocks=blocks, **common)
+                   kv_layout=KVCacheLayout.LBNHC, num_blocks=blocks, streaming=True, **common)
     d = H.Instance("decode", model, daemon.socket, block_size=16,
                    kv_layout=KVCacheLayout.LBNHC, num_blocks=blocks, **common)
     nbytes = args.tokens * args.layers * 2 * args.kv_heads * args.head_dim * 2
     worker = d.worker._work()
-    times = {"api": [], "connector": [], "no flags": [], "engine": []}
-    submits = {"api": [], "connector": [], "no flags": []}  # the submitting call alone
+    times = {"api": [], "connector": [], "streaming": [], "engine": []}
+    submits = {"api": [], "connector": [], "streaming": []}  # the submitting call alone
     for i in range(args.runs + 1):  # run 0 warms up (first submit, page faults)
         prompt = [1 + (i * 7919 + j) % 900 for j in range(args.tokens)]
-        params = H.prefill(p, f"p{i}", prompt)
+        flagged = H.prefill(p, f"p{i}", prompt)  # streaming on: carries the step's epoch
+        params = dict(flagged, kvrail=dict(flagged["kvrail"], epoch=0))  # the default
         # engine: vLLM's decode scheduler and worker through the connector.
         t0 = time.perf_counter()
         d.request(f"e{i}", prompt, max_tokens=1, params=params)
@@ -85,10 +86,9 @@ def run(args, daemon) -> None:
         while f"c{i}" not in d.worker.get_transfer_results(set()).finished_recving:
             time.sleep(POLL_S)
         t_connector = time.perf_counter() - t0
-        # connector without the layer ready flags (kvrail_layer_streaming false on the prefill).
-        bare = dict(params, kvrail=dict(params["kvrail"], epoch=0))
+        # streaming: the same pull waiting on the layer ready flags (already set).
         meta = kvv.KvrailConnectorMetadata(0)
-        meta.pulls.append(dataclasses.replace(order, req_id=f"n{i}", params=bare))
+        meta.pulls.append(dataclasses.replace(order, req_id=f"n{i}", params=flagged))
         t0 = time.perf_counter()
         d.worker.bind_connector_metadata(meta)
         d.worker.start_load_kv(None)
@@ -109,10 +109,10 @@ def run(args, daemon) -> None:
         if i:
             times["engine"].append(t_engine)
             times["connector"].append(t_connector)
-            times["no flags"].append(t_bare)
+            times["streaming"].append(t_bare)
             times["api"].append(t_api)
             submits["connector"].append(s_connector)
-            submits["no flags"].append(s_bare)
+            submits["streaming"].append(s_bare)
             submits["api"].append(s_api)
     p.close()
     d.close()

@@ -50,6 +50,14 @@ def pd(daemon, model):
     d.close()
 
 
+@pytest.fixture(scope="module")
+def streaming(daemon, model):
+    """A prefill whose params make pulls wait on its layer ready flags."""
+    p = make("p-stream", model, daemon, streaming=True)
+    yield p
+    p.close()
+
+
 @pytest.fixture
 def client(daemon):
     with kvrail.connect(daemon.socket) as c:
@@ -103,6 +111,7 @@ def test_pull_byte_for_byte_with_partial_last_block(pd, client):
     prompt = prompt_of(75, 1)  # 4 blocks + 11 tokens at 16, 2 blocks + 11 at 32
     params = H.prefill(p, "a-p", prompt)
     assert params["remote_num_tokens"] == 75 and len(params["remote_block_ids"]) == 5
+    assert params["kvrail"]["epoch"] == 0  # kvrail_layer_streaming is off by default
     assert "a-p" in p.scheduler.requests, "the prefill must hold its blocks until pulled"
     dec.request("a-d", prompt, max_tokens=3, params=params)
     step_until_received(dec, [p], "a-d")
@@ -145,10 +154,11 @@ def test_prefix_hit_pulls_only_the_missing_tokens(pd, client):
     H.run_until([p, dec], lambda: not p.scheduler.requests and not dec.scheduler.requests)
 
 
-def test_layers_stream_as_the_prefill_marks_them(pd, client):
-    """A pull ordered before the prefill's kernels finished (async scheduling) waits per layer for
-    the prefill's save_kv_layer marks of the step that wrote the request."""
-    p, dec = pd
+def test_layers_stream_as_the_prefill_marks_them(pd, streaming, client):
+    """With kvrail_layer_streaming, a pull ordered before the prefill's kernels finished waits per
+    layer for the prefill's save_kv_layer marks of the step that wrote the request."""
+    _, dec = pd
+    p = streaming
     prompt = prompt_of(50, 5)
     p.request("c-p", prompt, max_tokens=1, params={"do_remote_decode": True})
     p.step(save_layers=False)  # one step computes the prompt; its layers are not marked yet
@@ -184,8 +194,9 @@ def test_layers_stream_as_the_prefill_marks_them(pd, client):
     H.run_until([p, dec], lambda: not p.scheduler.requests and not dec.scheduler.requests)
 
 
-def test_decode_abort_while_pulling_frees_both_sides(pd, client):
-    p, dec = pd
+def test_decode_abort_while_pulling_frees_both_sides(pd, streaming, client):
+    _, dec = pd
+    p = streaming  # its unmarked layers hold the pull in flight
     prompt = prompt_of(40, 6)
     p.request("e-p", prompt, max_tokens=1, params={"do_remote_decode": True})
     p.step(save_layers=False)  # the pull will wait for these layers

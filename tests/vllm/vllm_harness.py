@@ -106,6 +106,7 @@ class Instance:
     def __init__(self, name: str, model: str, socket: str, *, block_size: int,
                  kv_layout: KVCacheLayout, num_blocks: int = 64, num_layers: int = 4,
                  kv_heads: int = 2, head_dim: int = 64, ttl_s: float = 120.0,
+                 streaming: bool = False,
                  max_num_batched_tokens: int = 256, layer_prefix: str = "model.layers",
                  write_kv: bool = True) -> None:
         global _none_hash_ready
@@ -117,7 +118,7 @@ class Instance:
         self.block_size = block_size
         self.head_dim = head_dim
         self.kv_heads = kv_heads
-        extra = {kvv.EXTRA_SOCKET: socket, kvv.EXTRA_TTL: ttl_s}
+        extra = {kvv.EXTRA_SOCKET: socket, kvv.EXTRA_TTL: ttl_s, kvv.EXTRA_STREAMING: streaming}
         self.config = VllmConfig(
             model_config=ModelConfig(model=model, skip_tokenizer_init=True, dtype="float16",
                                      seed=0),
