@@ -206,7 +206,11 @@ class Bench:
             detail: Dict[str, Any] = {}
             if latency:
                 dst.call("poison")
+                c0, d0 = [src.cpu(), dst.cpu()], self.daemon_cpu()
                 ran = src.call("run", reps=reps)
+                c1, d1 = [src.cpu(), dst.cpu()], self.daemon_cpu()
+                cpu = [c1[k] - c0[k] for k in range(2)]
+                dcpu = [d1[k] - d0[k] for k in range(len(dcpu))]
                 seconds = ran["seconds"]
                 detail = ran["detail"]
                 bad = dst.call("verify", seed=self.args.seed)["mismatch"]
@@ -233,18 +237,17 @@ class Bench:
             if latency:
                 ms = sorted(1e3 * s for s in seconds)
                 out.update(p50_ms=_pct(ms, 50), p99_ms=_pct(ms, 99))
-            else:
-                # kvraild's CPU is kvrail's cost: the one daemon of scenario A counts on both
-                # sides' total; in B each daemon counts on its own side.
-                if v["system"] == "kvrail" and len(dcpu) == 2:
-                    cpu = [cpu[0] + dcpu[0], cpu[1] + dcpu[1]]
-                    out["cpu_daemon_s_per_gb"] = [d / gb for d in dcpu]
-                elif v["system"] == "kvrail":
-                    out["cpu_daemon_s_per_gb"] = [dcpu[0] / gb]
-                out["cpu_src_s_per_gb"] = cpu[0] / gb
-                out["cpu_dst_s_per_gb"] = cpu[1] / gb
-                out["cpu_total_s_per_gb"] = (cpu[0] + cpu[1]) / gb + (
-                    dcpu[0] / gb if v["system"] == "kvrail" and len(dcpu) == 1 else 0.0)
+            # CPU per GB over the timed requests. kvraild's CPU is kvrail's cost: the one daemon
+            # of scenario A counts apart (both sides' total); in B each daemon on its own side.
+            if v["system"] == "kvrail" and len(dcpu) == 2:
+                cpu = [cpu[0] + dcpu[0], cpu[1] + dcpu[1]]
+                out["cpu_daemon_s_per_gb"] = [d / gb for d in dcpu]
+            elif v["system"] == "kvrail":
+                out["cpu_daemon_s_per_gb"] = [dcpu[0] / gb]
+            out["cpu_src_s_per_gb"] = cpu[0] / gb
+            out["cpu_dst_s_per_gb"] = cpu[1] / gb
+            out["cpu_total_s_per_gb"] = (cpu[0] + cpu[1]) / gb + (
+                dcpu[0] / gb if v["system"] == "kvrail" and len(dcpu) == 1 else 0.0)
         except Exception as e:  # the row fails, the run goes on
             out.update(verified=False, error=str(e).strip()[:2000])
         finally:
@@ -272,6 +275,14 @@ def _pct(sorted_values: List[float], pct: float) -> float:
 
 def _size(n: int) -> str:
     return f"{n // MIB} MiB" if n >= MIB else f"{n // 1024} KiB"
+
+
+def _cpu(r: Dict[str, Any]) -> str:
+    if "cpu_src_s_per_gb" not in r:  # a JSON of a run before latency rows measured CPU
+        return "-"
+    daemon = r.get("cpu_daemon_s_per_gb")
+    dtext = f" ({' / '.join(f'{d:.2f}' for d in daemon)})" if daemon else ""
+    return f"{r['cpu_src_s_per_gb']:.2f} / {r['cpu_dst_s_per_gb']:.2f}{dtext}"
 
 
 def _shapes(rows: List[Dict[str, Any]], kinds: List[str]) -> List[Tuple[str, int]]:
@@ -303,18 +314,15 @@ def print_tables(scenario: str, rows: List[Dict[str, Any]], out=sys.stdout) -> N
                     continue
                 ratio = "-" if r["system"] == "kvrail" or kv is None else \
                     f"{kv['gbps_median'] / r['gbps_median']:.2f}x"
-                daemon = r.get("cpu_daemon_s_per_gb")
-                dtext = f" ({' / '.join(f'{d:.2f}' for d in daemon)})" if daemon else ""
                 print(f"| {kind} | {req} | {r['label']} | {r['gbps_median']:.2f} "
-                      f"[{r['gbps_min']:.2f}-{r['gbps_max']:.2f}] | {ratio} | "
-                      f"{r['cpu_src_s_per_gb']:.2f} / {r['cpu_dst_s_per_gb']:.2f}{dtext} | "
+                      f"[{r['gbps_min']:.2f}-{r['gbps_max']:.2f}] | {ratio} | {_cpu(r)} | "
                       f"{r['setup_ms']:.0f} | yes ({r['reps']}) |", file=out)
     if lat:
         print(f"\nScenario {scenario}: 16 MiB request latency (ms; ratio = row p50 / kvrail p50)",
               file=out)
-        print("| piece | request | system | p50 ms | p99 ms | row p50 / kvrail p50 | verified |",
-              file=out)
-        print("|---|---|---|---|---|---|---|", file=out)
+        print("| piece | request | system | p50 ms | p99 ms | row p50 / kvrail p50 | CPU s/GB src "
+              "/ dst side (kvraild) | verified |", file=out)
+        print("|---|---|---|---|---|---|---|---|", file=out)
         for kind, blocks in _shapes(lat, kinds):
             group = [r for r in lat if r["kind"] == kind and r["blocks"] == blocks]
             kv = next((r for r in group if r["system"] == "kvrail" and r["verified"]), None)
@@ -322,12 +330,12 @@ def print_tables(scenario: str, rows: List[Dict[str, Any]], out=sys.stdout) -> N
                 req = f"{_size(r['bytes'])}, {r['blocks']} blocks, {r['descriptors']} desc"
                 if not r["verified"]:
                     print(f"| {kind} | {req} | {r['label']} | FAILED: "
-                          f"{r['error'].splitlines()[0][:120]} | - | - | no |", file=out)
+                          f"{r['error'].splitlines()[0][:120]} | - | - | - | no |", file=out)
                     continue
                 ratio = "-" if r["system"] == "kvrail" or kv is None else \
                     f"{r['p50_ms'] / kv['p50_ms']:.2f}x"
                 print(f"| {kind} | {req} | {r['label']} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | "
-                      f"{ratio} | yes ({r['reps']}) |", file=out)
+                      f"{ratio} | {_cpu(r)} | yes ({r['reps']}) |", file=out)
 
 
 def machine() -> str:
