@@ -352,7 +352,9 @@ def parse(argv: Optional[List[str]] = None) -> argparse.Namespace:
                "mooncake-transfer-engine-non-cuda 0.3.13.post1, nixl-cu13 1.5.1 (its bundled "
                "UCX); kvrail from this tree. tools/bench/versus.sh builds kvrail and runs this "
                "with the venv's python.")
-    p.add_argument("--scenario", default="AB", help="A, B or AB (C: tools/bench/versus_gpu.py)")
+    p.add_argument("--scenario", default="AB",
+                   help="A, B, AB, or C (GPU VRAM: runs tools/bench/versus_gpu.py, which needs "
+                        "the GPU machine)")
     p.add_argument("--quick", action="store_true",
                    help="16 MiB requests, 3 timed reps, 10 latency reps (minutes less)")
     p.add_argument("--smoke", action="store_true",
@@ -380,9 +382,8 @@ def parse(argv: Optional[List[str]] = None) -> argparse.Namespace:
                    help="print the tables (and --plot) of an earlier run's --json file; run nothing")
     p.add_argument("--plot", default="", help="write GB/s vs piece size (PNG) here")
     args = p.parse_args(argv)
-    if set(args.scenario) - set("AB") or not args.scenario:
-        p.error(f"--scenario: {args.scenario!r}; A, B or AB here (C runs on the GPU machine: "
-                "tools/bench/versus_gpu.py)")
+    if (set(args.scenario) - set("AB") and args.scenario != "C") or not args.scenario:
+        p.error(f"--scenario: {args.scenario!r}; one of A, B, AB, C")
     return args
 
 
@@ -400,6 +401,16 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 0
     if not args.kvraild:
         raise SystemExit("--kvraild: required (the daemon the kvrail rows run against)")
+    if args.scenario == "C":  # GPU memory: its own script (torch), the same request shapes
+        import subprocess
+        gpu = [args.python, os.path.join(HERE, "versus_gpu.py"), "--kvraild", args.kvraild]
+        if args.quick:
+            gpu += ["--mib", "64", "--reps", "3", "--lat-reps", "10"]
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+            p for p in [args.kvrail_python, os.environ.get("PYTHONPATH", "")] if p))
+        if args.kvrail_lib:
+            env["KVRAIL_LIB"] = args.kvrail_lib
+        return subprocess.call(gpu, env=env)
     procs.install_cleanup()
     systems = set(args.systems.split(","))
     kinds = set(args.kinds.split(","))

@@ -3,7 +3,7 @@
 # its --help says what runs and how it is measured). Builds kvraild, libkvrail.so and the Python
 # package's protobuf modules with Bazel, gets the pinned PyPI venv from deploy/pyvenv.sh, and runs
 # the benchmark with the venv's python. Scenario B needs root (network namespaces).
-#   tools/bench/versus.sh [--scenario A|B|AB] [--quick] [--json F] [--plot F.png] [...]
+#   tools/bench/versus.sh [--scenario A|B|AB|C] [--quick] [--json F] [--plot F.png] [...]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 venv=$(deploy/pyvenv.sh)
