@@ -354,10 +354,14 @@ class RegionTableImpl final : public RegionTable {
   }
 
   absl::Status Unregister(uint64_t region_id) override {
-    absl::MutexLock lock(&mu_);
-    if (regions_.erase(region_id) == 0) {
-      return absl::NotFoundError(absl::StrCat("region_id: no region ", region_id));
+    {
+      absl::MutexLock lock(&mu_);
+      if (regions_.erase(region_id) == 0) {
+        return absl::NotFoundError(absl::StrCat("region_id: no region ", region_id));
+      }
+      grants_.DropRegion(region_id);
     }
+    RunAccessHooks();
     return absl::OkStatus();
   }
 
@@ -430,18 +434,21 @@ class RegionTableImpl final : public RegionTable {
   }
 
   absl::Status Unregister(uint64_t region_id, const Caller& caller) override {
-    absl::MutexLock lock(&mu_);
-    auto it = regions_.find(region_id);
-    if (it == regions_.end()) {
-      return absl::NotFoundError(absl::StrCat("region_id: no region ", region_id));
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = regions_.find(region_id);
+      if (it == regions_.end()) {
+        return absl::NotFoundError(absl::StrCat("region_id: no region ", region_id));
+      }
+      if (caller.session_id == 0 || it->second->session_id() != caller.session_id) {
+        return absl::PermissionDeniedError(absl::StrCat(
+            "region_id: region ", region_id,
+            " belongs to another session; only its owner may unregister it"));
+      }
+      regions_.erase(it);
+      grants_.DropRegion(region_id);
     }
-    if (caller.session_id == 0 || it->second->session_id() != caller.session_id) {
-      return absl::PermissionDeniedError(absl::StrCat(
-          "region_id: region ", region_id,
-          " belongs to another session; only its owner may unregister it"));
-    }
-    regions_.erase(it);
-    grants_.DropRegion(region_id);
+    RunAccessHooks();
     return absl::OkStatus();
   }
 
@@ -489,18 +496,33 @@ class RegionTableImpl final : public RegionTable {
   }
 
   absl::Status RevokeGrant(const std::string& token, const Caller& caller) override {
-    absl::MutexLock lock(&mu_);
-    KVRAIL_ASSIGN_OR_RETURN(v1::Grant grant,
-                            grants_.Find(token, clock_->NowUnixMicros(), "token"));
-    auto it = regions_.find(grant.region_id());
-    const bool owner = it != regions_.end() && caller.session_id != 0 &&
-                       it->second->session_id() == caller.session_id;
-    if (!owner) {
-      return absl::PermissionDeniedError(
-          "token: only the owner of the grant's region may revoke it");
+    {
+      absl::MutexLock lock(&mu_);
+      KVRAIL_ASSIGN_OR_RETURN(v1::Grant grant,
+                              grants_.Find(token, clock_->NowUnixMicros(), "token"));
+      auto it = regions_.find(grant.region_id());
+      const bool owner = it != regions_.end() && caller.session_id != 0 &&
+                         it->second->session_id() == caller.session_id;
+      if (!owner) {
+        return absl::PermissionDeniedError(
+            "token: only the owner of the grant's region may revoke it");
+      }
+      grants_.Revoke(token);
     }
-    grants_.Revoke(token);
+    // The transfers moving bytes on it end before the owner hears the revocation succeeded.
+    RunAccessHooks();
     return absl::OkStatus();
+  }
+
+  int64_t GrantExpiresUs(absl::string_view token) const override {
+    absl::MutexLock lock(&mu_);
+    absl::StatusOr<v1::Grant> found = grants_.Find(token, clock_->NowUnixMicros(), "token");
+    return found.ok() ? found->expires_unix_us() : 0;
+  }
+
+  void AddAccessHook(std::function<void()> hook) override {
+    absl::MutexLock lock(&mu_);
+    access_hooks_.push_back(std::move(hook));
   }
 
   absl::Status CheckAccess(const Region& region, uint64_t session_id, const std::string& grant,
@@ -586,9 +608,20 @@ class RegionTableImpl final : public RegionTable {
     }
     // After the session is closed and its regions dropped, outside the lock.
     for (const auto& hook : hooks) hook(session_id);
+    RunAccessHooks();
   }
 
  private:
+  // Outside mu_ (hooks call back into the table: CheckAccess).
+  void RunAccessHooks() ABSL_LOCKS_EXCLUDED(mu_) {
+    std::vector<std::function<void()>> hooks;
+    {
+      absl::MutexLock lock(&mu_);
+      hooks = access_hooks_;
+    }
+    for (const auto& hook : hooks) hook();
+  }
+
   void EndSessionLocked(uint64_t session_id, std::vector<std::shared_ptr<Region>>* dropped_out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     std::vector<std::shared_ptr<Region>>& dropped = *dropped_out;
@@ -966,6 +999,7 @@ class RegionTableImpl final : public RegionTable {
   absl::flat_hash_map<uint64_t, SessionInfo> sessions_ ABSL_GUARDED_BY(mu_);
   GrantTable grants_ ABSL_GUARDED_BY(mu_);
   std::vector<std::function<void(uint64_t)>> end_hooks_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::function<void()>> access_hooks_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, std::shared_ptr<Region>> regions_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, PendingFd> tokens_ ABSL_GUARDED_BY(mu_);
   std::mt19937_64 rng_ ABSL_GUARDED_BY(mu_){std::random_device{}()};

@@ -135,6 +135,11 @@ class RegionTable {
   // table's lock, on the thread ending the session). For daemon wiring (notification queues):
   // add hooks before sessions begin; they live as long as the table.
   virtual void AddSessionEndHook(std::function<void(uint64_t)> hook) = 0;
+  // Adds `hook`, called whenever access that was granted may have ended: after RevokeGrant,
+  // Unregister (its grants go with the region) and EndSession (the owner's grants go with it),
+  // outside the table's lock, on the thread that made the change, before that call returns. The
+  // transfer manager rechecks its transfers' grants there. Hooks live as long as the table.
+  virtual void AddAccessHook(std::function<void()> hook) = 0;
 
   // --- Identity and grants (docs/security.md) ---
   // The session's secret (128 random bits, hex), drawn at BeginSession; "" for unknown sessions.
@@ -154,6 +159,9 @@ class RegionTable {
   // NOT_FOUND naming token for unknown or expired grants; PERMISSION_DENIED unless the caller
   // owns the grant's region.
   virtual absl::Status RevokeGrant(const std::string& token, const Caller& caller) = 0;
+  // When the live grant `token` expires (unix microseconds by the table's clock); 0 when it is
+  // unknown, revoked or expired.
+  virtual int64_t GrantExpiresUs(absl::string_view token) const = 0;
   // OK when session `session_id` (0: none) owns `region`, or `grant` is a live grant of
   // `access` for it covering layers [layer_begin, layer_end) (both 0: the transfer's layers are
   // not known or the region is a bytes region: only whole-region grants pass). Otherwise

@@ -200,7 +200,7 @@ class TransferService final : public v1::Transfer::Service {
                               v1::TransferStatus* response) override {
     KVRAIL_CALLER_OR_RETURN(caller);
     const uint64_t id = request->transfer_id();
-    absl::Status allowed = transfers_->Authorize(id, caller, transfers::TransferUse::kControl);
+    absl::Status allowed = transfers_->Authorize(id, caller, transfers::TransferUse::kCancel);
     // Root may cancel another session's transfer - a stuck or runaway one - from a session
     // that owns no regions (the kvrail CLI): MayCancelAsOperator. Every such cancel is an audit
     // line naming its uid. kvraild's own uid reads every status but cancels only its own: under

@@ -17,6 +17,7 @@
 #include "absl/synchronization/mutex.h"
 #include "daemon/planner/parallel_table_checks.h"
 #include "daemon/transfers/flag_watches.h"
+#include "daemon/transfers/grant_uses.h"
 #include "daemon/transfers/history.h"
 #include "daemon/transfers/record.h"
 #include "daemon/transfers/resolve.h"
@@ -208,6 +209,9 @@ class TransferManagerImpl final : public TransferManager {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   History history_ ABSL_GUARDED_BY(mu_);
   FlagWatches watches_;
+  // Transfers moving bytes on a grant: ended when it ends (the region table's access hook, the
+  // deadline loop for expiry). Shared with the hook, which may outlive the manager.
+  const std::shared_ptr<GrantUses> grant_uses_;
   const std::shared_ptr<InFlight> in_flight_ = std::make_shared<InFlight>();
   std::thread deadline_thread_;
 };

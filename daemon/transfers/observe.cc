@@ -13,6 +13,9 @@ absl::Status TransferManagerImpl::Authorize(uint64_t id, const regions::Caller& 
   const bool submitter =
       caller.session_id != 0 && record->submitter_session() == caller.session_id;
   if (submitter) return absl::OkStatus();
+  if (use == TransferUse::kCancel && grant_uses_->UsesRegionOf(id, caller.session_id)) {
+    return absl::OkStatus();
+  }
   if (use == TransferUse::kRead &&
       (caller.operator_role() ||
        (caller.session_id != 0 && record->dst_owner_session() == caller.session_id))) {
@@ -22,9 +25,10 @@ absl::Status TransferManagerImpl::Authorize(uint64_t id, const regions::Caller& 
   // it cancel one from a session that owns no regions, audited (docs/security.md).
   return absl::PermissionDeniedError(absl::StrCat(
       "transfer_id: transfer ", id, " was submitted by another session; only its submitter may ",
-      use == TransferUse::kRead ? "read its status (and the operator)"
-                                : "mark its layers ready or cancel it (and the operator may "
-                                  "cancel it with kvrail transfers cancel)"));
+      use == TransferUse::kRead      ? "read its status (and the operator)"
+      : use == TransferUse::kControl ? "mark its layers ready"
+                                     : "cancel it (and the owner of a region it uses by a grant; "
+                                       "the operator may cancel it with kvrail transfers cancel)"));
 }
 
 absl::StatusOr<v1::TransferStatus> TransferManagerImpl::Get(uint64_t id) const {

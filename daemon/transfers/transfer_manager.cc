@@ -69,7 +69,11 @@ TransferManagerImpl::TransferManagerImpl(regions::RegionTable* regions, engine::
       table_checks_(planner::CreateParallelTableChecks()),
       next_id_(std::max<uint64_t>(1, static_cast<uint64_t>(clock->NowUnixMicros()))),
       history_(options.history),
-      watches_(options.flag_poll_interval) {
+      watches_(options.flag_poll_interval),
+      grant_uses_(std::make_shared<GrantUses>(regions)) {
+  regions_->AddAccessHook([uses = std::weak_ptr<GrantUses>(grant_uses_)] {
+    if (auto held = uses.lock()) held->Recheck();
+  });
   WarmFirstUse();
   deadline_thread_ = std::thread([this] { DeadlineLoop(); });
 }
@@ -280,6 +284,7 @@ absl::StatusOr<v1::SubmitTransferResponse> TransferManagerImpl::SubmitLocal(
   admission.first_layer = spec.src().layer_begin();
   KVRAIL_ASSIGN_OR_RETURN(const std::shared_ptr<Record> record,
                           Admit(std::move(plan), std::move(params), admission));
+  if (options_.check_access) grant_uses_->Add(record, GrantUsesOf(request));
   spdlog::debug("transfer {} accepted: {} bytes, {} tiles, {}; {} via {} ({})", record->id(),
                record->plan().bytes_total(), record->plan().num_tiles(),
                record->plan().Describe(), v1::Path_Name(route.path), engine->name(), route.reason);
@@ -327,6 +332,7 @@ absl::StatusOr<v1::SubmitTransferResponse> TransferManagerImpl::SubmitRemote(
   };
   KVRAIL_ASSIGN_OR_RETURN(const std::shared_ptr<Record> record,
                           Admit(std::move(plan), std::move(params), admission));
+  if (options_.check_access) grant_uses_->Add(record, GrantUsesOf(request));
   spdlog::debug("transfer {} accepted: {} bytes, {} tiles, {}; PATH_FABRIC to '{}' over {}",
                record->id(), record->plan().bytes_total(), record->plan().num_tiles(),
                record->plan().Describe(), spec.dst().node_id(), absl::StrJoin(nics, ","));
@@ -456,6 +462,7 @@ void TransferManagerImpl::CheckDeadlines() {
   for (const auto& record : late) {
     End(record, absl::DeadlineExceededError("the transfer's deadline (spec.timeout_ms) passed"));
   }
+  grant_uses_->Expire(absl::ToUnixMicros(now));
 }
 
 void TransferManagerImpl::Drain(absl::Duration timeout) {

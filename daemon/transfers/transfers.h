@@ -75,7 +75,10 @@ struct ListFilter {
 // What a caller does with an admitted transfer (TransferManager::Authorize).
 enum class TransferUse {
   kRead,     // Get, Wait, Watch, the session socket's WAIT
-  kControl,  // Cancel, MarkReady
+  kControl,  // MarkReady (and Cancel, which kCancel allows more callers)
+  // Cancel: the submitter, and the owner of a region the transfer moves bytes on by a grant (it
+  // may stop another's use of its memory at any time, as revoking the grant does).
+  kCancel,
 };
 
 // Thread-safe. Destroy only after the engine has stopped reporting (drain first).
@@ -90,7 +93,7 @@ class TransferManager : public InboundSink {
   virtual absl::StatusOr<v1::SubmitTransferResponse> Submit(const v1::TransferSpec& spec) = 0;
   // Whether `caller` may `use` transfer `id` (docs/security.md): its submitting session may read
   // and control it; the operator and, for a transfer another node writes into this one, the
-  // destination's owner may read it. NOT_FOUND for unknown ids, else PERMISSION_DENIED naming
+  // destination's owner may read it; the owner of a region it uses by a grant may cancel it. NOT_FOUND for unknown ids, else PERMISSION_DENIED naming
   // transfer_id (anonymous callers submit nothing they could come back to). The server calls it
   // before Get, Wait, Watch, WhenEnded, Cancel and MarkReady, which check nothing themselves.
   virtual absl::Status Authorize(uint64_t id, const regions::Caller& caller,
