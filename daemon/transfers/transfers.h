@@ -93,9 +93,10 @@ class TransferManager : public InboundSink {
   virtual absl::StatusOr<v1::SubmitTransferResponse> Submit(const v1::TransferSpec& spec) = 0;
   // Whether `caller` may `use` transfer `id` (docs/security.md): its submitting session may read
   // and control it; the operator and, for a transfer another node writes into this one, the
-  // destination's owner may read it; the owner of a region it uses by a grant may cancel it. NOT_FOUND for unknown ids, else PERMISSION_DENIED naming
-  // transfer_id (anonymous callers submit nothing they could come back to). The server calls it
-  // before Get, Wait, Watch, WhenEnded, Cancel and MarkReady, which check nothing themselves.
+  // destination's owner may read it; the owner of a region it uses by a grant may cancel it.
+  // NOT_FOUND for unknown ids, else PERMISSION_DENIED naming transfer_id (anonymous callers
+  // submit nothing they could come back to). The server calls it before Get, Wait, Watch,
+  // WhenEnded, Cancel and MarkReady, which check nothing themselves.
   virtual absl::Status Authorize(uint64_t id, const regions::Caller& caller,
                                  TransferUse use) const = 0;
   // Submit for callers that must not wait on another daemon (the session socket's poll thread):
