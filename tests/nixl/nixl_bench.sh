@@ -3,7 +3,7 @@
 # a socket in a temporary folder, runs bench_nixl.py with the PyPI venv's Python ($KVRAIL_VENV),
 # and stops kvraild by pid.
 set -euo pipefail
-here="${RUNFILES_DIR:-$0.runfiles}/${TEST_WORKSPACE:-kvrail}"
+here="$(cd "${RUNFILES_DIR:-$0.runfiles}/${TEST_WORKSPACE:-kvrail}" && pwd)"
 venv="${KVRAIL_VENV:?set KVRAIL_VENV to the PyPI venv (deploy/pyvenv.sh prints it)}"
 dir=$(mktemp -d /tmp/kvnb.XXXXXX)
 "$here/daemon/kvraild" --socket "$dir/kvrail.sock" --log-level warning >"$dir/kvraild.log" 2>&1 &

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Bazel's wrapper for the NIXL plugin tests: NIXL's own Python API (the nixl-cu13 wheel in the PyPI
 # venv, $KVRAIL_VENV) loads libplugin_KVRAIL.so from the runfiles through NIXL_PLUGIN_DIR; each
-# test module starts kvraild from the runfiles and ends it by pid.
+# test module starts kvraild from the runfiles and ends it by pid. First abi_check.py compares the
+# wheel's binaries with nixl_abi.h.
 set -euo pipefail
 root="${TEST_SRCDIR:?run me with bazel test //tests/nixl:nixl_plugin_test}"
 root="$root/${TEST_WORKSPACE:-kvrail}"
@@ -24,5 +25,9 @@ export PYTHONDONTWRITEBYTECODE=1
 export TMPDIR="${TEST_TMPDIR:-/tmp}"
 unset KVRAIL_SOCKET
 cd "$TMPDIR"
+# The wheel's plugin ABI is still the one nixl_abi.h declares (vtable order), and the plugin
+# exports only its entry points.
+KVRAIL_PLUGIN="$NIXL_PLUGIN_DIR/libplugin_KVRAIL.so" \
+  "$venv/bin/python" "$root/tests/nixl/abi_check.py"
 exec "$venv/bin/python" -m pytest -q -p no:cacheprovider --rootdir="$root/tests/nixl" \
   "$root/tests/nixl/test_nixl_plugin.py" "$@"
