@@ -38,6 +38,28 @@ void AppendJsonEscaped(std::string_view text, spdlog::memory_buf_t& dest) {
   }
 }
 
+// The text format's message: control characters (a client's region name with "\n<3>...", an
+// ANSI escape sequence) become visible escapes - \n, \r, \t, \xNN - and a backslash is doubled,
+// so one call writes one line that no logged string can split, colour or forge.
+void AppendTextEscaped(std::string_view text, spdlog::memory_buf_t& dest) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  for (char c : text) {
+    switch (c) {
+      case '\\': dest.append(std::string_view("\\\\")); break;
+      case '\n': dest.append(std::string_view("\\n")); break;
+      case '\r': dest.append(std::string_view("\\r")); break;
+      case '\t': dest.append(std::string_view("\\t")); break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) {
+          const char esc[4] = {'\\', 'x', kHex[(c >> 4) & 0xf], kHex[c & 0xf]};
+          dest.append(esc, esc + 4);
+        } else {
+          dest.push_back(c);
+        }
+    }
+  }
+}
+
 // `%*`: the message as a JSON string, then the line's fields as members ("msg":%* in the pattern),
 // so any text logged keeps each line one valid JSON object.
 class JsonMessage final : public spdlog::custom_flag_formatter {
@@ -65,11 +87,11 @@ class TextMessage final : public spdlog::custom_flag_formatter {
  public:
   void format(const spdlog::details::log_msg& msg, const std::tm&,
               spdlog::memory_buf_t& dest) override {
-    dest.append(std::string_view(msg.payload.data(), msg.payload.size()));
+    AppendTextEscaped(std::string_view(msg.payload.data(), msg.payload.size()), dest);
     if (current_fields == nullptr) return;
     for (const LogField& f : *current_fields) {
       dest.push_back(' ');
-      dest.append(std::string_view(f.key));
+      AppendTextEscaped(f.key, dest);
       dest.push_back('=');
       dest.append(std::string_view(f.json));
     }

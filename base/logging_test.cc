@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <sstream>
 #include <string>
 
@@ -37,6 +38,23 @@ TEST_CASE("text lines put fields after the message as key=value") {
   LogFields(spdlog::level::info, "transfer ended", {{"transfer_id", 7}, {"path", "nvlink_p2p"}});
   INFO(out.str());
   CHECK(out.str().find("transfer ended transfer_id=7 path=\"nvlink_p2p\"") != std::string::npos);
+}
+
+TEST_CASE("text lines escape control characters: a logged string cannot start a line of its own") {
+  std::ostringstream out;
+  REQUIRE(SetUpLoggingTo("info", "text", /*journald=*/true, &out).ok());
+  spdlog::info("region registered: '{}'", std::string("kv\n<3>forged\r\t\x1b[31m\\n\x7f\0z", 24));
+  const std::string text = out.str();
+  INFO(text);
+  REQUIRE(std::count(text.begin(), text.end(), '\n') == 1);
+  CHECK(text.back() == '\n');
+  CHECK(text.rfind("<6>info", 0) == 0);
+  CHECK(text.find(R"(region registered: 'kv\n<3>forged\r\t\x1b[31m\\n\x7f\x00z')") !=
+        std::string::npos);
+  // Field keys are escaped too (values are JSON strings already).
+  out.str("");
+  LogFields(spdlog::level::info, "m", {{"k\ney", "v\n"}});
+  CHECK(out.str().find(R"(m k\ney="v\n")") != std::string::npos);
 }
 
 TEST_CASE("below the level nothing is formatted or written") {

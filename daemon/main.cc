@@ -219,7 +219,12 @@ sigset_t BlockShutdownSignals() {
   return set;
 }
 
-absl::Status Run(v1::DaemonConfig config) {
+// Exit statuses: 1 a start error (the message names the setting), 3 cuda_engine: required and the
+// CUDA engine did not start (the supervisor restarts kvraild with its back-off).
+constexpr int kExitStartFailed = 1;
+constexpr int kExitCudaRequired = 3;
+
+absl::Status Run(v1::DaemonConfig config, int* exit_code) {
   const sigset_t signals = BlockShutdownSignals();
   KVRAIL_RETURN_IF_ERROR(SetUpLogging(config.log_level(), config.log_format()));
   RaiseFdLimit();
@@ -241,6 +246,7 @@ absl::Status Run(v1::DaemonConfig config) {
   stats_base.set_build_info(build::Info("kvraild"));
   metrics::MpsProbeOptions mps_options;
   mps_options.daemon_uid = ::getuid();
+  mps_options.pipe_directory = config.cuda_mps_pipe_directory();
   *stats_base.mutable_mps() = metrics::ProbeMps(mps_options);
   if (metrics::MpsNeedsAttention(stats_base.mps())) {
     spdlog::warn("CUDA MPS ({}): {}", stats_base.mps().pipe_directory(), stats_base.mps().verdict());
@@ -302,10 +308,29 @@ absl::Status Run(v1::DaemonConfig config) {
     if (created.ok()) {
       cuda_engine = *std::move(created);
       spdlog::info("CUDA engine: {}", cuda_engine->Describe());
+      if (cuda_engine->gpu_count() < topology.desc().gpus_size()) {
+        spdlog::warn("CUDA engine: runs on {} of the {} GPUs the topology shows (CUDA sees fewer: "
+                     "NVIDIA_VISIBLE_DEVICES, CDI devices or CUDA_VISIBLE_DEVICES); transfers on "
+                     "the others are refused",
+                     cuda_engine->gpu_count(), topology.desc().gpus_size());
+      }
+    } else if (config.cuda_engine() == "required") {
+      // Not served without its GPUs: a daemon that answered health checks here would be taken
+      // for working. CUDA's initialisation error is sticky within a process, so the retry is a
+      // new process: systemd's Restart= and the kubelet's crash-loop back-off pace it.
+      *exit_code = kExitCudaRequired;
+      return absl::FailedPreconditionError(
+          absl::StrCat("cuda_engine: required, but the CUDA engine did not start: ",
+                       created.status().ToString(),
+                       " (kvraild exits; its supervisor retries with back-off)"));
     } else {
-      spdlog::info("no CUDA engine: {}", created.status().ToString());
+      spdlog::warn("no CUDA engine (cuda_engine: auto): {}; kvraild serves host memory only and "
+                   "refuses GPU regions (set cuda_engine: required on GPU nodes so this fails "
+                   "the start instead)",
+                   created.status().ToString());
     }
   }
+  const int cuda_gpus = cuda_engine ? cuda_engine->gpu_count() : 0;
   std::unique_ptr<directory::Directory> directory;
   if (config.has_etcd()) {
     KVRAIL_ASSIGN_OR_RETURN(directory, StartEtcdDirectory(config, topology, instance_id,
@@ -376,6 +401,9 @@ absl::Status Run(v1::DaemonConfig config) {
     metrics_options.listen = config.metrics_listen();
     metrics_options.version = kVersion;
     metrics_options.build_info = stats_base.build_info();
+    metrics_options.gpus = topology.desc().gpus_size();
+    metrics_options.cuda_gpus = cuda_gpus;
+    metrics_options.cuda_mode = config.cuda_engine();
     if (fabric) metrics_options.peers = [d = directory.get()] { return d->List(); };
     metrics_options.stats = [&] {
       v1::Stats stats = stats_base;
@@ -495,6 +523,43 @@ absl::Status Run(v1::DaemonConfig config) {
   return absl::OkStatus();
 }
 
+// A fatal start error on stderr: at error priority under journald ("<3>"), and one line whatever
+// the message holds (a config parser's message may quote the file).
+void ReportFatal(const std::string& message) {
+  std::string line = StderrIsJournal() ? "<3>kvraild: " : "kvraild: ";
+  for (char c : message) {
+    if (c == '\n') {
+      line += "\\n";
+    } else if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) {
+      line += ' ';
+    } else {
+      line += c;
+    }
+  }
+  line += '\n';
+  std::fputs(line.c_str(), stderr);
+}
+
+// --check-config FILE: what kvraild would refuse in FILE at start, without starting anything:
+// parsing (unknown fields, types), every setting FinalizeConfig checks, and log_level/log_format.
+// Files the config names (certificates, etcd's password file) are read only at start.
+int CheckConfig(const std::string& path) {
+  absl::StatusOr<v1::DaemonConfig> config = config::LoadConfigFile(path);
+  absl::Status status = config.status();
+  if (status.ok()) status = config::FinalizeConfig(&*config);
+  if (status.ok()) {
+    std::ostringstream discard;
+    status = SetUpLoggingTo(config->log_level(), config->log_format(), false, &discard);
+  }
+  if (!status.ok()) {
+    std::fprintf(stderr, "kvraild: %s: %s\n", path.c_str(), std::string(status.message()).c_str());
+    return 1;
+  }
+  std::printf("%s: ok (cuda_engine %s, socket %s)\n", path.c_str(), config->cuda_engine().c_str(),
+              config->unix_socket().c_str());
+  return 0;
+}
+
 }  // namespace
 }  // namespace kvrail
 
@@ -520,6 +585,9 @@ int main(int argc, char** argv) {
   int64_t defer_id_checks_from = -1;
   uint64_t cuda_batch_bytes = 0;
   app.add_option("--config", config_path, "DaemonConfig textproto file");
+  std::string check_config_path;
+  app.add_option("--check-config", check_config_path,
+                 "validate this DaemonConfig file and exit: 0 valid, 1 not (the field is named)");
   app.add_option("--socket", socket, "unix socket for clients (default /run/kvrail/kvrail.sock)");
   app.add_option("--tcp-listen", tcp_listen, "also serve gRPC on host:port");
   std::string peer_ca, peer_cert, peer_key;
@@ -538,7 +606,8 @@ int main(int argc, char** argv) {
   app.add_option("--topology-file", topology_file, "replay this topology instead of discovering");
   std::string metrics_listen;
   app.add_option("--metrics-listen", metrics_listen, "serve Prometheus metrics on host:port");
-  app.add_option("--cuda-engine", cuda_engine, "auto (when a GPU exists) or off");
+  app.add_option("--cuda-engine", cuda_engine,
+                 "auto (when a GPU exists), required (no CUDA engine: start fails) or off");
   app.add_option("--cuda-max-ctas", cuda_max_ctas, "SM budget in CTAs; 0: copy engines only");
   app.add_option("--cuda-fixed-ctas", cuda_fixed_ctas, "launch this many CTAs (0: find the knee)");
   app.add_option("--cuda-run-on", cuda_run_on,
@@ -549,12 +618,13 @@ int main(int argc, char** argv) {
   app.add_option("--defer-id-checks-from", defer_id_checks_from,
                  "block-table ids from which checks run as tiles start (0: all before the answer)");
   CLI11_PARSE(app, argc, argv);
+  if (!check_config_path.empty()) return kvrail::CheckConfig(check_config_path);
 
   kvrail::v1::DaemonConfig config;
   if (!config_path.empty()) {
     auto loaded = kvrail::config::LoadConfigFile(config_path);
     if (!loaded.ok()) {
-      std::fprintf(stderr, "kvraild: %s\n", loaded.status().ToString().c_str());
+      kvrail::ReportFatal(loaded.status().ToString());
       return 2;
     }
     config = *std::move(loaded);
@@ -592,10 +662,15 @@ int main(int argc, char** argv) {
     setenv("CUDA_MODULE_LOADING", "EAGER", 0);
     setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
   }
-  if (status.ok()) status = kvrail::Run(config);
+  if (status.ok() && !config.cuda_mps_pipe_directory().empty() && config.cuda_engine() != "off") {
+    // Before anything initializes CUDA: the client library finds the MPS server through it.
+    setenv("CUDA_MPS_PIPE_DIRECTORY", config.cuda_mps_pipe_directory().c_str(), 1);
+  }
+  int exit_code = kvrail::kExitStartFailed;
+  if (status.ok()) status = kvrail::Run(config, &exit_code);
   if (!status.ok()) {
-    std::fprintf(stderr, "kvraild: %s\n", status.ToString().c_str());
-    return 1;
+    kvrail::ReportFatal(status.ToString());
+    return exit_code;
   }
   return 0;
 }

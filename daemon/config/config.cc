@@ -221,9 +221,15 @@ absl::Status FinalizeConfig(v1::DaemonConfig* config) {
   if (config->tile_bytes() < 4096 || config->tile_bytes() > (uint64_t{1} << 30)) {
     return absl::InvalidArgumentError("tile_bytes: must be in [4096, 1 GiB]");
   }
-  if (config->cuda_engine() != "auto" && config->cuda_engine() != "off") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("cuda_engine: '", config->cuda_engine(), "' is not auto or off"));
+  if (config->cuda_engine() != "auto" && config->cuda_engine() != "required" &&
+      config->cuda_engine() != "off") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cuda_engine: '", config->cuda_engine(), "' is not auto, required or off"));
+  }
+  if (!config->cuda_mps_pipe_directory().empty() && config->cuda_mps_pipe_directory()[0] != '/') {
+    return absl::InvalidArgumentError(absl::StrCat("cuda_mps_pipe_directory: '",
+                                                   config->cuda_mps_pipe_directory(),
+                                                   "' is not an absolute path"));
   }
   if (config->cuda_run_on() != "source" && config->cuda_run_on() != "destination") {
     return absl::InvalidArgumentError(

@@ -80,6 +80,12 @@ class CudaEngine final : public Engine {
     return removed;
   }
 
+  int gpu_count() const override { return static_cast<int>(devices_.size()); }
+
+  void FinishStartedFirst() override {
+    for (auto& w : workers_) w->FinishStartedFirst();
+  }
+
   std::vector<uint64_t> QueuedTiles() const override {
     std::vector<uint64_t> out(kNumPriorityClasses, 0);
     for (const auto& w : workers_) w->AddQueued(&out);

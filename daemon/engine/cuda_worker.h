@@ -257,6 +257,12 @@ class DeviceWorker {
     work_hint_.store(true, std::memory_order_release);  // ends the dispatcher's idle spin
   }
 
+  // Engine::FinishStartedFirst for this GPU's queues (any thread).
+  void FinishStartedFirst() {
+    absl::MutexLock lock(&mu_);
+    queues_.FinishStartedFirst();
+  }
+
   // Engine::Expect for this GPU (any thread): a sleeping dispatcher wakes now and spins up to
   // dispatcher_spin_us for the job being planned, so the job's Enqueue finds it awake (the wake-up
   // cost the first tile 25-60 us after an idle spell; issue 19). Nothing without the spin.

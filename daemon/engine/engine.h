@@ -133,6 +133,13 @@ class Engine {
   // be enqueued soon. An engine whose worker sleeps may wake it now, so its wake-up overlaps the
   // planning instead of delaying the first tile (issue 19). No effect on what runs. Any thread.
   virtual void Expect(const MemoryRef& src, const MemoryRef& dst) {}
+  // GPUs this engine runs transfers on (0 for engines without GPUs): kvrail_cuda_gpus.
+  virtual int gpu_count() const { return 0; }
+  // The drain's order, from now on and for good: queued tiles of started jobs before any tile of
+  // a job not started yet, and within a priority class one job's tiles to its end before the
+  // next job's (the one with the fewest tiles left first) - so the drain's time finishes
+  // transfers instead of advancing every one of them a little. Any thread.
+  virtual void FinishStartedFirst() {}
 };
 
 // What one priority class may use at once; 0 means no limit.

@@ -70,6 +70,11 @@ class HostEngine final : public Engine {
     return queues_.Remove(job);
   }
 
+  void FinishStartedFirst() override {
+    absl::MutexLock lock(&mu_);
+    queues_.FinishStartedFirst();
+  }
+
   std::vector<uint64_t> QueuedTiles() const override {
     absl::MutexLock lock(&mu_);
     std::vector<uint64_t> out(kNumPriorityClasses, 0);

@@ -63,6 +63,14 @@ class StatsCollectable final : public prometheus::Collectable {
     auto build = Gauge("kvrail_build_info", "Always 1; the labels say how kvraild was built.");
     AddSample(&build, 1, {{"version", options_.version}, {"build", options_.build_info}});
     out.push_back(std::move(build));
+    auto gpus = Gauge("kvrail_gpus", "GPUs in the node's topology (NVML, or the topology file).");
+    AddSample(&gpus, options_.gpus);
+    out.push_back(std::move(gpus));
+    auto cuda_gpus = Gauge("kvrail_cuda_gpus",
+                           "GPUs the CUDA engine runs transfers on (0: no CUDA engine); mode is "
+                           "cuda_engine (auto, required, off).");
+    AddSample(&cuda_gpus, options_.cuda_gpus, {{"mode", options_.cuda_mode}});
+    out.push_back(std::move(cuda_gpus));
     auto regions = Gauge("kvrail_regions", "Registered regions.");
     AddSample(&regions, static_cast<double>(s.regions()));
     out.push_back(std::move(regions));

@@ -24,6 +24,11 @@ struct MetricsOptions {
   // kvrail_build_info's labels.
   std::string version;
   std::string build_info;
+  // kvrail_gpus: GPUs in the node's topology; kvrail_cuda_gpus{mode}: GPUs the CUDA engine runs
+  // on (0 without one), mode being DaemonConfig.cuda_engine (auto, required, off).
+  int gpus = 0;
+  int cuda_gpus = 0;
+  std::string cuda_mode = "auto";
 };
 
 // Thread-safe. Serves GET /metrics on its own HTTP threads (civetweb, inside prometheus-cpp).

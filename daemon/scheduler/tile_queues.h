@@ -71,6 +71,12 @@ class TileQueues {
     queue.push_back(Entry{job, TileRanges(tiles.begin(), tiles.end())});
   }
 
+  // The drain's order from now on (Engine::FinishStartedFirst): each take serves a started job
+  // (one that had tiles taken before) ahead of any job not started, the one with the fewest
+  // queued tiles first, and stays with it until it has none queued - no other job's tiles are
+  // interleaved. Higher classes still come first.
+  void FinishStartedFirst() { finish_started_first_ = true; }
+
   // Drops the job's queued tiles; returns how many.
   size_t Remove(const Job* job) {
     size_t removed = 0;
@@ -139,9 +145,11 @@ class TileQueues {
     Entry& e = queue[at];
     std::shared_ptr<Job> job = e.job;
     auto taken = take(*job, e.tiles);
+    e.started = true;
     if (e.tiles.empty()) {
       queue.erase(queue.begin() + static_cast<std::ptrdiff_t>(at));
-    } else if (within_ == WithinClass::kRoundRobin && queue.size() > 1) {
+    } else if (within_ == WithinClass::kRoundRobin && !finish_started_first_ &&
+               queue.size() > 1) {
       queue.push_back(std::move(e));
       queue.pop_front();
     }
@@ -151,11 +159,17 @@ class TileQueues {
  private:
   // Index of the job the next take of class `cls` serves (the queue must not be empty).
   size_t Next(int cls) const {
-    if (within_ == WithinClass::kRoundRobin) return 0;
+    if (within_ == WithinClass::kRoundRobin && !finish_started_first_) return 0;
     const auto& queue = queues_[cls];
     size_t best = 0;
     for (size_t i = 1; i < queue.size(); ++i) {
-      if (queue[i].tiles.size() < queue[best].tiles.size()) best = i;
+      const Entry& a = queue[i];
+      const Entry& b = queue[best];
+      if (finish_started_first_ && a.started != b.started) {
+        if (a.started) best = i;
+      } else if (a.tiles.size() < b.tiles.size()) {
+        best = i;
+      }
     }
     return best;
   }
@@ -163,8 +177,10 @@ class TileQueues {
   struct Entry {
     std::shared_ptr<Job> job;
     TileRanges tiles;  // ranges, not one entry per tile: a 2^20-tile transfer is one range
+    bool started = false;  // tiles were taken from it
   };
   const WithinClass within_;
+  bool finish_started_first_ = false;
   std::deque<Entry> queues_[kNumPriorityClasses];
 };
 

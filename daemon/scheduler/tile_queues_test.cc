@@ -117,5 +117,29 @@ TEST_CASE("HostClassSlots: background leaves one worker free; one worker serves 
   CHECK(HostClassSlots(0) == Slots{1, 1, 1});  // fewer than one thread runs one
 }
 
+TEST_CASE("the drain's order: started jobs to their end one at a time, unstarted ones after") {
+  TileQueues q;  // round robin until the drain
+  auto a = std::make_shared<FakeJob>(PriorityClass::kNormal);
+  auto b = std::make_shared<FakeJob>(PriorityClass::kNormal);
+  auto c = std::make_shared<FakeJob>(PriorityClass::kNormal);
+  q.Add(a, {0, 1, 2, 3, 4});
+  q.Add(b, {10, 11, 12, 13});
+  std::string order;
+  auto take = [&] {
+    auto [job, tile] = TakeOne(q);
+    order += std::to_string(tile) + " ";
+  };
+  take();  // a:0
+  take();  // b:10 (round robin)
+  take();  // a:1
+  q.Add(c, {20});  // not started: one tile, fewer than any started job
+  q.FinishStartedFirst();
+  // b has the fewest queued tiles of the started jobs (3 against a's 3: the earlier, b, is at the
+  // front after the rotation) and runs to its end; then a; c, not started, last.
+  for (int i = 0; i < 7; ++i) take();
+  CHECK(order == "0 10 1 11 12 13 2 3 4 20 ");
+  CHECK(q.AllEmpty());
+}
+
 }  // namespace
 }  // namespace kvrail::scheduler

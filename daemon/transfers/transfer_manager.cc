@@ -470,6 +470,10 @@ void TransferManagerImpl::Drain(absl::Duration timeout) {
     absl::MutexLock lock(&mu_);
     draining_ = true;
   }
+  // Started transfers finish one after another instead of all advancing in step (which, with
+  // more work queued than the timeout allows, fails every one of them).
+  engine_->FinishStartedFirst();
+  if (options_.cuda_engine != nullptr) options_.cuda_engine->FinishStartedFirst();
   // Measured by the injected clock; the real-time slices only pace the polling.
   const absl::Time until = clock_->Now() + timeout;
   while (clock_->Now() < until && ActiveCount() > 0) absl::SleepFor(absl::Milliseconds(5));
@@ -496,6 +500,19 @@ void TransferManagerImpl::EndSession(uint64_t session_id) {
     open = history_.Open();
   }
   for (const auto& record : open) {
+    // Memory of the ended session: its process is gone (or let go of the region), so nothing
+    // more may be read from or written into it, whoever submitted the transfer (a pull whose
+    // decode died must not land in the dead process's pool when the prefill marks its layers).
+    // Queued tiles are taken off the engine here; a tile already running finishes first.
+    if (record->UsesRegionOf(session_id)) {
+      const bool src = record->src_owner_session() == session_id;
+      record->MarkProducerGone();
+      End(record, absl::AbortedError(absl::StrCat(
+                      "the session owning the transfer's ", src ? "source" : "destination",
+                      " region (session ", session_id,
+                      ") ended: its memory is gone, so nothing more moves")));
+      continue;
+    }
     if (!record->WaitsOn(session_id)) continue;
     record->MarkProducerGone();  // a gated record's GPU waits are released at once
     End(record, absl::AbortedError(absl::StrCat(

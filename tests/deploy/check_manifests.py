@@ -161,6 +161,36 @@ sp = c.get("startupProbe", {})
 check(sp.get("periodSeconds", 10) * sp.get("failureThreshold", 3) >= 30, "daemonset: start-up may take 30 s or more")
 check(spec.get("terminationGracePeriodSeconds", 30) > 10, "daemonset: grace period covers the drain")
 
+# GPU nodes as the GPU operator runs them: the CUDA engine required (a kvraild without its GPUs
+# is never Ready), GPUs through a CDI annotation (or a privileged container), the MPS pipe of the
+# device plugin's layout, and an init container that waits for the driver and toolkit.
+conf_text = cm["data"]["kvraild.textproto"] if cm else ""
+check(re.search(r'^\s*cuda_engine:\s*"required"', conf_text, re.M) is not None,
+      "daemonset: cuda_engine required (no CUDA engine: the start fails, the pod is not Ready)")
+annotations = ds["spec"]["template"]["metadata"].get("annotations", {})
+cdi = [v for k, v in annotations.items() if k.startswith("cdi.k8s.io/")]
+check(any("nvidia.com/gpu=" in v for v in cdi) or sc.get("privileged") is True,
+      "daemonset: GPUs through a CDI annotation or a privileged container")
+env = {e["name"]: e.get("value") for e in c.get("env", [])}
+check("NVIDIA_VISIBLE_DEVICES" not in env or sc.get("privileged") is True,
+      "daemonset: no NVIDIA_VISIBLE_DEVICES in an unprivileged container (hardened toolkits ignore it)")
+pipe = re.search(r'^\s*cuda_mps_pipe_directory:\s*"([^"]+)"', conf_text, re.M)
+check(pipe is not None and re.fullmatch(r"/run/nvidia/mps/[^/]+/[^/]+/pipe", pipe.group(1)) is not None,
+      "daemonset: cuda_mps_pipe_directory in the device plugin's layout /run/nvidia/mps/<resource>/pipe")
+if pipe:
+    mps_mount = next((m for m in c["volumeMounts"] if pipe.group(1).startswith(m["mountPath"].rstrip("/") + "/")), None)
+    check(mps_mount is not None and vols.get(mps_mount["name"], {}).get("hostPath", {}).get("path") == mps_mount["mountPath"],
+          "daemonset: the MPS pipe's host folder is mounted at the same path")
+check("CUDA_MPS_PIPE_DIRECTORY" not in env, "daemonset: the MPS pipe is set in the config, not a second place")
+waiter = next((i for i in inits if "toolkit-ready" in " ".join(i.get("command", []) + i.get("args", []))), None)
+check(waiter is not None, "daemonset: an init container waits for the GPU operator's toolkit-ready")
+if waiter:
+    wm = next((m for m in waiter.get("volumeMounts", []) if m["mountPath"] == "/run/nvidia/validations"), None)
+    check(wm is not None and vols.get(wm["name"], {}).get("hostPath", {}).get("path") == "/run/nvidia/validations",
+          "daemonset: it reads the host's /run/nvidia/validations")
+    check(waiter.get("securityContext", {}).get("capabilities", {}).get("drop") == ["ALL"],
+          "daemonset: the waiting init container drops every capability")
+
 pod = yaml.safe_load(open(os.path.join(deploy, "k8s", "inference-pod-example.yaml")))
 check(pod["kind"] == "Pod" and pod["apiVersion"] == "v1", "inference pod: a v1 Pod")
 ps = pod["spec"]
