@@ -500,19 +500,6 @@ void TransferManagerImpl::EndSession(uint64_t session_id) {
     open = history_.Open();
   }
   for (const auto& record : open) {
-    // Memory of the ended session: its process is gone (or let go of the region), so nothing
-    // more may be read from or written into it, whoever submitted the transfer (a pull whose
-    // decode died must not land in the dead process's pool when the prefill marks its layers).
-    // Queued tiles are taken off the engine here; a tile already running finishes first.
-    if (record->UsesRegionOf(session_id)) {
-      const bool src = record->src_owner_session() == session_id;
-      record->MarkProducerGone();
-      End(record, absl::AbortedError(absl::StrCat(
-                      "the session owning the transfer's ", src ? "source" : "destination",
-                      " region (session ", session_id,
-                      ") ended: its memory is gone, so nothing more moves")));
-      continue;
-    }
     if (!record->WaitsOn(session_id)) continue;
     record->MarkProducerGone();  // a gated record's GPU waits are released at once
     End(record, absl::AbortedError(absl::StrCat(
