@@ -286,16 +286,21 @@ def expected_bytes(prompt: Sequence[int], positions: Sequence[int], layers: int,
                      for p in positions])
 
 
-def run_until(instances: List[Instance], done, max_steps: int = 200, sleep: float = 0.0) -> int:
-    """Steps every instance until done() is true; the number of rounds."""
-    for n in range(max_steps):
-        if done():
-            return n
+def run_until(instances: List[Instance], done, timeout_s: float = 60.0,
+              sleep: float = 0.001) -> int:
+    """Steps every instance until done() is true (an engine loop: a round, then `sleep`); the
+    number of rounds. AssertionError after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    rounds = 0
+    while not done():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not done after {timeout_s} s ({rounds} rounds)")
         for inst in instances:
             inst.step()
+        rounds += 1
         if sleep:
             time.sleep(sleep)
-    raise AssertionError(f"not done after {max_steps} steps")
+    return rounds
 
 
 def prefill(p: Instance, req_id: str, prompt: Sequence[int]) -> dict:
