@@ -28,8 +28,7 @@ TEST_CASE("a memfd mapping is found with its offset, and the fd reads the same b
   REQUIRE(pread(backing->fd.get(), read_back, 64, static_cast<off_t>(backing->offset)) == 64);
   CHECK(read_back[0] == 0x5a);
   CHECK(read_back[63] == 0x5a);
-  // The same memfd found through the process's fd table after the mapping's own fd is closed
-  // would fail; with it open, a second lookup works too.
+  // The whole mapping is found too.
   CHECK(FindSharedBacking(reinterpret_cast<uintptr_t>(base), 4 * page).ok());
   // A range running past the mapping is refused.
   auto past = FindSharedBacking(reinterpret_cast<uintptr_t>(base + 3 * page), 2 * page);

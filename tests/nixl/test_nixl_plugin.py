@@ -198,3 +198,28 @@ def test_a_descriptor_outside_the_registration_fails_and_moves_nothing(
                     pieces=[[0, 0, 4096], [4096, SIZE - 100, 4096]])
     assert answer.get("error"), "a descriptor past the remote registration was accepted"
     assert b.call("digest")["sha256"] == sha(pattern(7, SIZE))
+
+
+def test_a_torch_tensor_after_share_memory_registers_without_a_copy(
+        daemon: Daemon, env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """NIXL's own tensor registration (register_memory(tensor)) of a torch CPU tensor whose
+    storage share_memory_() moved to /dev/shm; a loopback WRITE from its first half to its second
+    half lands in the tensor itself."""
+    import torch
+    from nixl_cu13 import nixl_agent, nixl_agent_config
+
+    monkeypatch.setenv("KVRAIL_SOCKET", daemon.socket)
+    tensor = torch.arange(1 << 20, dtype=torch.int32).share_memory_()
+    agent = nixl_agent("T", nixl_agent_config(backends=["KVRAIL"]))
+    agent.register_memory(tensor)
+    half = tensor.numel() // 2
+    tensor[half:] = 0
+    src = agent.get_xfer_descs([(tensor.data_ptr(), half * 4, 0)], "DRAM")
+    dst = agent.get_xfer_descs([(tensor.data_ptr() + half * 4, half * 4, 0)], "DRAM")
+    handle = agent.initialize_xfer("WRITE", src, dst, "T")
+    state = agent.transfer(handle)
+    while state == "PROC":
+        state = agent.check_xfer_state(handle)
+    assert state == "DONE"
+    assert torch.equal(tensor[half:], torch.arange(half, dtype=torch.int32))
+    agent.release_xfer_handle(handle)
