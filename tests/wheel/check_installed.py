@@ -80,6 +80,17 @@ def main() -> int:
     if not os.path.isdir(libs):
         fail(f"{libs}: no vendored libraries installed")
 
+    # gRPC and its TLS/DNS/zlib are linked into libkvrail.so (//client/c_api:wheel/libkvrail.so),
+    # hidden behind its exports: a vendored copy would mean the wheel was built from the library
+    # that links Debian's shared gRPC.
+    static = re.compile(r"^lib(grpc|gpr|upb|ssl|crypto|cares|address_sorting)\b")
+    vendored = sorted(os.listdir(libs)) if os.path.isdir(libs) else []
+    shared_grpc = [n for n in vendored if static.match(n)]
+    if shared_grpc:
+        fail(f"kvrail.libs/ carries {shared_grpc}: gRPC/OpenSSL should be inside libkvrail.so")
+    print(f"kvrail.libs/: {len(vendored)} libraries (" +
+          ", ".join(sorted({re.sub(r"-[0-9a-f]{8}\.so.*", "", n) for n in vendored})) + ")")
+
     before = mapped_files()
     version = _lib.lib().kvrail_abi_version()
     after = mapped_files()
