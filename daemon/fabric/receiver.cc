@@ -426,6 +426,13 @@ bool ReceiverImpl::ApplyTile(Inbound& in, const Arrival& a) {
       in.mu.Await(absl::Condition(&settled));
       return RepeatSettledLocked(in, a.tile);
     }
+    bool producer_gone = false;
+    if (in.job != nullptr && (in.ended || !in.job->ended(&producer_gone).ok())) {
+      // This node's record of the transfer ended (its destination's session ended, so the
+      // memory is its dead owner's): nothing more is written into it, and the tile is credited
+      // "not applied", so the sender's transfer fails instead of succeeding.
+      return false;
+    }
     in.applied[a.tile] = true;
   }
   const v1::RegionSpec& dst = in.dst->spec();
@@ -512,6 +519,13 @@ std::optional<bool> ReceiverImpl::StartScatter(const std::shared_ptr<Inbound>& i
       if (in.Settled(a.tile)) return RepeatSettledLocked(in, a.tile);
       window->Add(PendingScatter{a, in_ptr, 0, /*repeat=*/true});
       return std::nullopt;
+    }
+    bool producer_gone = false;
+    if (in.job != nullptr && (in.ended || !in.job->ended(&producer_gone).ok())) {
+      // This node's record of the transfer ended (its destination's session ended, so the
+      // memory is its dead owner's): nothing more is written into it, and the tile is credited
+      // "not applied", so the sender's transfer fails instead of succeeding.
+      return false;
     }
     in.applied[a.tile] = true;
   }

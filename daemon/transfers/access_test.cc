@@ -268,6 +268,32 @@ TEST_CASE("only a transfer's submitter reads and controls it; the operator reads
   t.f.engine.RunAll();
 }
 
+TEST_CASE("a pull's producer, the source region's owner, marks its layers ready; no one else") {
+  // The decode (here: attacker's session) pulls the prefill's (victim's) blocks under its read
+  // grant; the prefill writes its layers and says so itself, with no grant of the decode's.
+  Tenants t;
+  v1::TransferSpec spec = t.Spec(*t.secret, *t.mine, t.attacker);
+  spec.mutable_src()->set_grant(t.Grant(*t.secret, v1::GRANT_ACCESS_READ));
+  spec.set_layerwise(true);
+  auto pull = t.f.manager->Submit(spec);
+  REQUIRE(pull.ok());
+  const uint64_t id = pull->transfer_id();
+  const regions::Caller producer{t.victim};
+  CHECK(t.f.manager->Authorize(id, producer, TransferUse::kControl).ok());
+  CHECK(t.f.manager->Authorize(id, regions::Caller{t.attacker}, TransferUse::kControl).ok());
+  const regions::Caller stranger{t.f.regions.NewSession()};
+  const absl::Status refused = t.f.manager->Authorize(id, stranger, TransferUse::kControl);
+  CHECK(refused.code() == absl::StatusCode::kPermissionDenied);
+  CHECK(std::string(refused.message()).find("source region's owner") != std::string::npos);
+  // Owning the source lets the producer mark layers, not read another's transfer status.
+  CHECK(t.f.manager->Authorize(id, producer, TransferUse::kRead).code() ==
+        absl::StatusCode::kPermissionDenied);
+  REQUIRE(t.f.manager->MarkReady(id, 0, 1).ok());  // what the server does once authorized
+  t.f.engine.RunAll();
+  CHECK(t.f.Get(id).state() == v1::TRANSFER_STATE_SUCCEEDED);
+  CHECK(!t.MineUntouched());
+}
+
 TEST_CASE("idempotency keys are the caller's and name one spec") {
   Tenants t;
   v1::TransferSpec first = t.Spec(*t.secret, *t.vault, t.victim);

@@ -7,6 +7,7 @@
 #include <catch2/catch.hpp>
 
 #include <chrono>
+#include <cstring>
 #include <future>
 #include <string>
 
@@ -97,6 +98,72 @@ TEST_CASE("a session's end fails at once the transfers waiting for its readiness
   CHECK(f.Get(bulk).state() == v1::TRANSFER_STATE_SUCCEEDED);
   CHECK(f.Get(others).state() == v1::TRANSFER_STATE_QUEUED);
   REQUIRE(f.manager->Cancel(others).ok());
+}
+
+TEST_CASE("a session's end fails at once every transfer on its regions; no tile moves after") {
+  // A decode's pull (it owns the destination) and a push into the decode (another session
+  // submits): its process dies with both queued and the first one layer-wise, waiting for the
+  // prefill's MarkReady. Neither may write into its pool afterwards.
+  ManagerFixture f;
+  f.regions.table()->AddSessionEndHook([m = f.manager.get()](uint64_t s) { m->EndSession(s); });
+  const uint64_t decode = f.regions.NewSession(), prefill = f.regions.NewSession();
+  const std::shared_ptr<regions::Region> pool = f.regions.Bytes(64 * kTile, true, decode);
+  // Writable so the test can fill it through the daemon's mapping; read as a source.
+  const std::shared_ptr<regions::Region> source = f.regions.Bytes(64 * kTile, true, prefill);
+  std::memset(source->data(), 0x5A, 64 * kTile);
+  auto submit = [&](uint64_t session, bool layerwise) {
+    v1::TransferSpec spec = Of(session, layerwise);
+    spec.mutable_src()->set_region_id(source->id());
+    spec.mutable_dst()->set_region_id(pool->id());
+    spec.set_num_bytes(4 * kTile);
+    auto response = f.manager->Submit(spec);
+    REQUIRE(response.ok());
+    return response->transfer_id();
+  };
+  const uint64_t pull = submit(decode, true);
+  const uint64_t push = submit(prefill, false);
+  const uint64_t unrelated = f.Submit(1, Of(prefill));  // fixture regions: not the decode's
+  REQUIRE(f.engine.queued() > 0);
+
+  f.regions.table()->EndSession(decode);  // the decode process died
+  for (uint64_t id : {pull, push}) {
+    const v1::TransferStatus ended = f.Get(id);  // no engine step, no clock advance: at once
+    CHECK(ended.state() == v1::TRANSFER_STATE_FAILED);
+    CHECK(ended.error_code() == static_cast<int32_t>(absl::StatusCode::kAborted));
+    CHECK(ended.error_message().find("destination region (session " + std::to_string(decode) +
+                                     ") ended") != std::string::npos);
+  }
+  const size_t queued = f.engine.queued();
+  CHECK(f.manager->MarkReady(pull, 0, 1).ok());  // ended: nothing is enqueued
+  CHECK(f.engine.queued() == queued);
+  f.engine.RunAll();
+  CHECK(f.Get(pull).state() == v1::TRANSFER_STATE_FAILED);
+  CHECK(f.Get(push).state() == v1::TRANSFER_STATE_FAILED);
+  CHECK(f.Get(unrelated).state() == v1::TRANSFER_STATE_SUCCEEDED);
+  for (uint64_t i = 0; i < 64 * kTile; ++i) {
+    if (pool->data()[i] != 0) FAIL("byte " << i << " of the dead session's pool was written");
+  }
+
+  // The source's owner dying ends a transfer still waiting for layers of it (nobody vouches for
+  // them); one whose bytes were all ready (a bulk one) finishes.
+  const uint64_t reader = f.regions.NewSession();
+  const std::shared_ptr<regions::Region> into = f.regions.Bytes(64 * kTile, true, reader);
+  auto read = [&](bool layerwise) {
+    v1::TransferSpec spec = Of(reader, layerwise);
+    spec.mutable_src()->set_region_id(source->id());
+    spec.mutable_dst()->set_region_id(into->id());
+    spec.set_num_bytes(4 * kTile);
+    auto reading = f.manager->Submit(spec);
+    REQUIRE(reading.ok());
+    return reading->transfer_id();
+  };
+  const uint64_t waiting = read(true), ready = read(false);
+  f.regions.table()->EndSession(prefill);
+  const v1::TransferStatus gone = f.Get(waiting);
+  CHECK(gone.state() == v1::TRANSFER_STATE_FAILED);
+  CHECK(gone.error_message().find("source region") != std::string::npos);
+  f.engine.RunAll();
+  CHECK(f.Get(ready).state() == v1::TRANSFER_STATE_SUCCEEDED);
 }
 
 // A RemotePath to node "peer" whose tiles go to a fake engine. Thread-safe.

@@ -24,11 +24,14 @@ using testing::ManagerFixture;
 constexpr uint32_t kLayers = 4, kBlocks = 8;
 constexpr uint32_t kValue = 3;
 
+// The producer owns the ready flags and submits; the pools belong to another session (a session's
+// end also ends every transfer on its own regions, which these tests are not about).
 struct Streaming {
   ManagerFixture f;
   uint64_t producer = f.regions.NewSession();
-  std::shared_ptr<regions::Region> src = f.regions.PagedLayers(kBlocks, kLayers, false, producer);
-  std::shared_ptr<regions::Region> dst = f.regions.PagedLayers(kBlocks, kLayers, true, producer);
+  uint64_t owner = f.regions.NewSession();
+  std::shared_ptr<regions::Region> src = f.regions.PagedLayers(kBlocks, kLayers, false, owner);
+  std::shared_ptr<regions::Region> dst = f.regions.PagedLayers(kBlocks, kLayers, true, owner);
   std::shared_ptr<regions::Region> flags = f.regions.Bytes(4096, true, producer);
   uint32_t* words = reinterpret_cast<uint32_t*>(flags->data());
 
@@ -91,6 +94,18 @@ TEST_CASE("gated: every word written - the producer's end no longer ends the tra
   t.f.manager->EndSession(t.producer);
   t.f.engine.RunAll();
   CHECK(t.f.Get(id).state() == v1::TRANSFER_STATE_SUCCEEDED);
+}
+
+TEST_CASE("gated: every word written - the end of the pools' owner still ends the transfer") {
+  Streaming t;
+  t.f.engine.set_admit_gated(true);
+  const uint64_t id = t.Submit();
+  for (uint32_t l = 0; l < kLayers; ++l) __atomic_store_n(&t.words[l], kValue, __ATOMIC_RELEASE);
+  t.f.manager->EndSession(t.owner);
+  t.f.engine.RunAll();
+  const v1::TransferStatus status = t.f.Get(id);
+  CHECK(status.state() == v1::TRANSFER_STATE_FAILED);
+  CHECK(status.error_message().find("ended") != std::string::npos);
 }
 
 TEST_CASE("gated: declined, the readiness poller hands layers over as their words come") {

@@ -16,6 +16,12 @@ absl::Status TransferManagerImpl::Authorize(uint64_t id, const regions::Caller& 
   if (use == TransferUse::kCancel && grant_uses_->UsesRegionOf(id, caller.session_id)) {
     return absl::OkStatus();
   }
+  // A pull's producer: the owner of its source region marks the layers it wrote ready, with no
+  // grant of the submitter's (the source owner already let the transfer read them).
+  if (use == TransferUse::kControl && caller.session_id != 0 && !record->inbound() &&
+      record->src_owner_session() == caller.session_id) {
+    return absl::OkStatus();
+  }
   if (use == TransferUse::kRead &&
       (caller.operator_role() ||
        (caller.session_id != 0 && record->dst_owner_session() == caller.session_id))) {
@@ -26,7 +32,7 @@ absl::Status TransferManagerImpl::Authorize(uint64_t id, const regions::Caller& 
   return absl::PermissionDeniedError(absl::StrCat(
       "transfer_id: transfer ", id, " was submitted by another session; only its submitter may ",
       use == TransferUse::kRead      ? "read its status (and the operator)"
-      : use == TransferUse::kControl ? "mark its layers ready"
+      : use == TransferUse::kControl ? "mark its layers ready (and its source region's owner)"
                                      : "cancel it (and the owner of a region it uses by a grant; "
                                        "the operator may cancel it with kvrail transfers cancel)"));
 }

@@ -36,7 +36,11 @@ Record::Record(planner::Plan plan, RecordParams params)
       link_(std::move(params.link)),
       received_us_(params.received_us),
       dst_owner_session_(inbound_ ? dst_->session_id() : 0),
-      readiness_session_(params.readiness_session) {
+      readiness_session_(params.readiness_session),
+      src_session_(src_->session_id()),
+      dst_session_(dst_->session_id()),
+      arrival_session_(params.arrival_region != nullptr ? params.arrival_region->session_id()
+                                                        : 0) {
   src_->AcquireUse();
   dst_->AcquireUse();
   std::atomic<uint64_t>* link_slot = nullptr;
@@ -243,7 +247,12 @@ std::vector<uint32_t> Record::TakeInitialTiles() {
 }
 
 bool Record::WaitsOn(uint64_t session) const {
-  if (!layerwise_ || session == 0 || readiness_session_ != session) return false;
+  if (session == 0 || readiness_session_ != session) return false;
+  return AwaitsLayers();
+}
+
+bool Record::AwaitsLayers() const {
+  if (!layerwise_) return false;
   absl::MutexLock lock(&mu_);
   if (end_request_.has_value() || state_ >= v1::TRANSFER_STATE_SUCCEEDED) return false;
   if (gated_) {

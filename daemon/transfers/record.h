@@ -119,6 +119,19 @@ class Record final : public InboundJob {
   // The session owning an inbound transfer's destination, which may read its status (0: none,
   // and for transfers submitted here).
   uint64_t dst_owner_session() const { return dst_owner_session_; }
+  // The session owning the source region (0: none, and for inbound transfers, whose source is on
+  // another node): the producer of a pull, which may mark its layers ready.
+  uint64_t src_owner_session() const { return src_session_; }
+  // Whether `session` (not 0) owns memory the transfer writes: its destination or arrival-flag
+  // region. When that session ends the transfer ends too (EndSession): nothing is written into
+  // the memory of an ended session.
+  bool WritesRegionOf(uint64_t session) const {
+    return session != 0 && (dst_session_ == session || arrival_session_ == session);
+  }
+  // Whether the transfer has not ended and some of its layers are not ready yet (layer-wise
+  // only): once the source's owner ended, nobody vouches for those layers' bytes (EndSession).
+  // A transfer whose every layer was ready reads final bytes and may finish.
+  bool AwaitsLayers() const;
   // Whether the transfer has not ended and waits for a layer `session` must make ready: it is
   // the producer (MarkReady by the submitter, or spec.ready_flags in its region).
   bool WaitsOn(uint64_t session) const;
@@ -215,6 +228,11 @@ class Record final : public InboundJob {
   const int64_t received_us_;
   const uint64_t dst_owner_session_;
   const uint64_t readiness_session_;
+  // The sessions owning src_, dst_ and the arrival-flag region (0: none), kept after the regions
+  // are released.
+  const uint64_t src_session_;
+  const uint64_t dst_session_;
+  const uint64_t arrival_session_;
 
   mutable absl::Mutex mu_;
   v1::TransferState state_ ABSL_GUARDED_BY(mu_) = v1::TRANSFER_STATE_QUEUED;

@@ -500,6 +500,22 @@ void TransferManagerImpl::EndSession(uint64_t session_id) {
     open = history_.Open();
   }
   for (const auto& record : open) {
+    // Memory of the ended session: its process is gone (or let go of the region), so nothing
+    // more is written into it, whoever submitted the transfer (a pull whose decode died must
+    // not land in the dead process's pool when the prefill marks its layers). Its source: a
+    // transfer still waiting for layers of it ends (nobody vouches for them any more); one whose
+    // bytes were all ready finishes (a producer may exit once it has marked its last layer).
+    // Queued tiles are taken off the engine here; a tile already running finishes first.
+    const bool writes = record->WritesRegionOf(session_id);
+    if (writes || (record->src_owner_session() == session_id && record->AwaitsLayers())) {
+      record->MarkProducerGone();
+      End(record, absl::AbortedError(absl::StrCat(
+                      "the session owning the transfer's ", writes ? "destination" : "source",
+                      " region (session ", session_id, ") ended",
+                      writes ? ": its memory is gone, so nothing more moves"
+                             : " before every layer was ready")));
+      continue;
+    }
     if (!record->WaitsOn(session_id)) continue;
     record->MarkProducerGone();  // a gated record's GPU waits are released at once
     End(record, absl::AbortedError(absl::StrCat(

@@ -162,3 +162,47 @@ def test_a_cross_node_pull_is_refused_naming_src_node_id(nodes, a, b):
     assert message.startswith("spec.src.node_id: 'a' is another node")
     assert "no fabric path configured" not in message
     assert "spec.dst.node_id = 'b'" in message  # the push that does it
+
+
+DECODE = """
+import json, sys, time
+import kvrail
+from kvtest import Pool, layout
+b = kvrail.connect(sys.argv[1])
+dst = Pool(b, layout(layers=4, blocks=16), writable=True, name="decode")
+dst.region.export("a")
+print(json.dumps({"region": dst.id}), flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_push_into_a_killed_decode_fails_and_writes_nothing(nodes, a):
+    # The decode process dies while the prefill streams into it layer by layer: its daemon ends
+    # its record of the inbound transfer, lands no more tiles, and the prefill's transfer fails.
+    import signal
+    import subprocess
+    import sys
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [os.path.dirname(os.path.abspath(__file__))] + sys.path)  # kvtest and kvrail
+    child = subprocess.Popen([sys.executable, "-c", DECODE, nodes[1].socket], env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    line = child.stdout.readline()
+    assert line, child.stderr.read()
+    region = int(__import__("json").loads(line)["region"])
+    src = Pool(a, layout(layers=4, blocks=16), writable=False, name="prefill")
+    src.fill_random(5)
+    transfer = push(a, src.region, [1, 2], region, [3, 4], layerwise=True)
+    transfer.mark_ready(0, 1)
+    deadline = time.monotonic() + 10
+    while transfer.status.bytes_done == 0 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert transfer.status.bytes_done > 0  # layer 0 landed while the decode lived
+    os.kill(child.pid, signal.SIGKILL)
+    child.wait()
+    time.sleep(0.3)  # the decode's daemon sees its session end
+    transfer.mark_ready(1, 3)
+    status = transfer.wait(timeout=30)
+    assert status.state in (transfer_pb2.TRANSFER_STATE_FAILED,
+                            transfer_pb2.TRANSFER_STATE_CANCELLED), status
+    assert status.bytes_done < status.bytes_total
