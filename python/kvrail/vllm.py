@@ -787,8 +787,8 @@ class _WorkerSide:
         while True:
             batch = self.client.poll_notifications(timeout=0)
             for n in batch:
-                if n.region_id != region_id:
-                    continue  # a release's or flags' echo on another region: not a send
+                if n.region_id != region_id or not n.region_is_source:
+                    continue  # not a read of this worker's cache: says nothing about a send
                 self._notified[n.notification.decode("utf-8", "replace")] = now
             if len(batch) < 256:
                 break
