@@ -19,6 +19,11 @@ out=$("$promtool" check rules "$dir/deploy/monitoring/kvrail-alerts.yaml" 2>&1) 
 echo "$out" | sed 's/^/     /'
 check "promtool check rules deploy/monitoring/kvrail-alerts.yaml" '[ $rc -eq 0 ] && grep -q "SUCCESS: [1-9][0-9]* rules found" <<<"$out"'
 
+# The alert rules' own unit tests (promtool test rules): which nodes each rule fires for.
+out=$(cd "$dir/tests/deploy" && "$promtool" test rules kvrail_alerts_test.yaml 2>&1) && rc=0 || rc=$?
+echo "$out" | sed 's/^/     /'
+check "promtool test rules tests/deploy/kvrail_alerts_test.yaml" '[ $rc -eq 0 ] && grep -q "SUCCESS" <<<"$out"'
+
 # A host-engine kvraild on a temporary socket, metrics on port 0; stopped by its pid.
 tmp=$(mktemp -d /tmp/kvrail-promtool.XXXXXX)
 pid=""
@@ -43,6 +48,7 @@ done
 python3 -c "import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(
   'http://127.0.0.1:%s/metrics' % sys.argv[1], timeout=10).read().decode())" "$port" > "$tmp/metrics"
 check "the scrape has kvraild's families" 'grep -q "^kvrail_build_info{" "$tmp/metrics" && grep -q "^kvrail_submits_rejected_total{" "$tmp/metrics"'
+check "the scrape has the GPU gauges the alert rules read" 'grep -q "^kvrail_gpus " "$tmp/metrics" && grep -q "^kvrail_cuda_gpus{mode=" "$tmp/metrics"'
 lint=$("$promtool" check metrics < "$tmp/metrics" 2>&1) && rc=0 || rc=$?
 [ -z "$lint" ] || echo "$lint" | sed 's/^/     promtool: /'
 check "promtool check metrics on a live /metrics ($(grep -vc '^#' "$tmp/metrics") samples): no problems" '[ $rc -eq 0 ] && [ -z "$lint" ]'
