@@ -1,5 +1,7 @@
 #include "daemon/transfers/resolve.h"
 
+#include <algorithm>
+#include <cstdint>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -43,17 +45,50 @@ absl::StatusOr<std::shared_ptr<regions::Region>> GetRegion(const regions::Region
   return region;
 }
 
+// The most block ids side `side_view` of `spec` can use, for refusing a longer shared table
+// before it is read (the planner would copy every id, then use only these): with num_tokens set,
+// the blocks those tokens fill; otherwise the source's table is the transfer, whose tokens must
+// fit the destination's blocks (its ids are distinct), and the destination's ids are at most its
+// blocks. kMaxTableIds where a side is not known here (a remote destination) or not paged.
+uint64_t MaxTableIds(const v1::TransferSpec& spec, const planner::RegionView* side_view,
+                     const planner::RegionView* other_view, bool is_src) {
+  uint64_t most = kMaxTableIds;
+  if (side_view == nullptr || !side_view->paged || side_view->layout.tokens_per_block == 0) {
+    return most;
+  }
+  const uint64_t tpb = side_view->layout.tokens_per_block;
+  if (spec.num_tokens() != 0) return std::min(most, (spec.num_tokens() + tpb - 1) / tpb);
+  if (!is_src) return std::min<uint64_t>(most, side_view->layout.num_blocks);
+  if (other_view != nullptr && other_view->paged) {
+    const uint64_t tokens =
+        uint64_t{other_view->layout.num_blocks} * other_view->layout.tokens_per_block;
+    most = std::min(most, (tokens + tpb - 1) / tpb);
+  }
+  return most;
+}
+
 // A block table in a client's host region (TransferEndpoint.block_table), checked against the
-// region's bounds. Errors about the reference name `side`.block_table.
+// region's bounds and against `max_ids` (MaxTableIds) before a byte of it is read. Errors about
+// the reference name `side`.block_table.
 absl::Status ResolveTable(const regions::RegionTable& regions, const v1::TransferEndpoint& ep,
                           const std::string& side, bool copy, uint64_t session, bool check,
-                          ResolvedIds* out) {
+                          uint64_t max_ids, ResolvedIds* out) {
   const std::string field = absl::StrCat("spec.", side, ".block_table");
   if (ep.block_ids_size() > 0 || !ep.block_ids_le32().empty()) {
     return absl::InvalidArgumentError(
         absl::StrCat(field, ": set one of block_ids, block_ids_le32 and block_table"));
   }
   const v1::BlockTableRef& table = ep.block_table();
+  if (table.count() > max_ids) {
+    // Named as the caller wrote it (the client library moves long block_ids here).
+    const bool named = table.named_as() == "block_ids" || table.named_as() == "block_ids_le32";
+    return absl::InvalidArgumentError(absl::StrCat(
+        named ? absl::StrCat("spec.", side, ".", table.named_as(), ": ")
+              : absl::StrCat(field, ".count: "),
+        table.count(), " ids; this transfer uses at most ", max_ids,
+        max_ids == kMaxTableIds ? " (the most one table may hold)"
+                                : " (the blocks its tokens fill on this side)"));
+  }
   KVRAIL_ASSIGN_OR_RETURN(out->table_region, GetRegion(regions, table.region_id(), field));
   // Ids are read from the submitter's own memory only: another session's bytes never reach an
   // answer (an out-of-range id would be echoed in the error).
@@ -101,11 +136,19 @@ absl::Status ResolveTable(const regions::RegionTable& regions, const v1::Transfe
 // One side's ids from whichever encoding the caller used.
 absl::StatusOr<ResolvedIds> ResolveIds(const regions::RegionTable& regions,
                                        const v1::TransferEndpoint& ep, const std::string& side,
-                                       bool copy_tables, uint64_t session, bool check) {
+                                       bool copy_tables, uint64_t session, bool check,
+                                       uint64_t max_ids) {
   ResolvedIds out;
   if (ep.has_block_table()) {
-    KVRAIL_RETURN_IF_ERROR(ResolveTable(regions, ep, side, copy_tables, session, check, &out));
+    KVRAIL_RETURN_IF_ERROR(
+        ResolveTable(regions, ep, side, copy_tables, session, check, max_ids, &out));
     return out;
+  }
+  const uint64_t given = std::max<uint64_t>(ep.block_ids_size(), ep.block_ids_le32().size() / 4);
+  if (given > kMaxTableIds) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "spec.", side, ep.block_ids_le32().empty() ? ".block_ids: " : ".block_ids_le32: ", given,
+        " ids; one table holds at most ", kMaxTableIds));
   }
   const std::string& le32 = ep.block_ids_le32();
   if (!le32.empty()) {
@@ -178,7 +221,10 @@ LayerRange TransferLayers(const regions::Region& region, const v1::TransferSpec&
   const uint32_t begin = side.layer_begin();
   if (begin >= total) return LayerRange{begin, begin + 1};  // the planner names the field
   const uint32_t count = spec.num_layers() != 0 ? spec.num_layers() : total - begin;
-  return LayerRange{begin, begin + count};
+  // In 64 bits: a count that wraps uint32 must not look like a small range to a grant's check
+  // (the planner refuses it; the range stays past the region's layers).
+  const uint64_t end = uint64_t{begin} + count;
+  return LayerRange{begin, static_cast<uint32_t>(std::min<uint64_t>(end, UINT32_MAX))};
 }
 
 engine::PriorityClass ToClass(v1::Priority priority) {
@@ -234,10 +280,21 @@ absl::StatusOr<ResolvedRequest> Resolve(const v1::TransferSpec& spec,
   // A remote spec travels on with its ids: tables in shared memory are copied once, here.
   const uint64_t session = spec.session_id();  // the authenticated submitter (server.cc)
   const bool check = options.check_access;
+  // The sides' geometry, where known here, bounds their shared tables before they are read (an
+  // unknown region is named below, by GetRegion).
+  std::shared_ptr<regions::Region> src_region, dst_region;
+  if (auto found = regions.Get(spec.src().region_id()); found.ok()) src_region = *found;
+  if (!out.remote) {
+    if (auto found = regions.Get(spec.dst().region_id()); found.ok()) dst_region = *found;
+  }
+  const planner::RegionView* src_view = src_region ? &src_region->view() : nullptr;
+  const planner::RegionView* dst_view = dst_region ? &dst_region->view() : nullptr;
   KVRAIL_ASSIGN_OR_RETURN(out.src_ids,
-                          ResolveIds(regions, spec.src(), "src", out.remote, session, check));
+                          ResolveIds(regions, spec.src(), "src", out.remote, session, check,
+                                     MaxTableIds(spec, src_view, dst_view, true)));
   KVRAIL_ASSIGN_OR_RETURN(out.dst_ids,
-                          ResolveIds(regions, spec.dst(), "dst", out.remote, session, check));
+                          ResolveIds(regions, spec.dst(), "dst", out.remote, session, check,
+                                     MaxTableIds(spec, dst_view, src_view, false)));
   out.light = v1::WithoutBlockTables(spec);
   KVRAIL_ASSIGN_OR_RETURN(out.src, GetRegion(regions, spec.src().region_id(), "spec.src"));
   if (check) {

@@ -67,6 +67,11 @@ struct ResolvedRequest {
   v1::TransferSpec Traveling() const;
 };
 
+// The most block ids one side's table may hold in any encoding (64 MiB of ids): the work one
+// request may ask of the daemon before anything is planned. A shared table (block_table) is also
+// refused, before it is read, when it holds more ids than its transfer uses.
+inline constexpr uint64_t kMaxTableIds = uint64_t{1} << 24;
+
 struct ResolveOptions {
   std::string node_id;          // this daemon's node
   bool has_remote_path = false;  // transfers to other nodes can go over the fabric
