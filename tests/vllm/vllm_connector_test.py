@@ -285,6 +285,28 @@ def test_a_decode_after_the_expiry_computes_locally(daemon, model, pd, client):
         p.close()
 
 
+def test_only_a_read_of_the_prefill_frees_its_blocks(daemon, model, pd):
+    """A notification naming the request for a transfer that wrote into the prefill's cache (not
+    a read of it) does not free the request's blocks."""
+    _, dec = pd
+    p = make("p-written", model, daemon, ttl_s=3.0)
+    try:
+        params = H.prefill(p, "n-p", prompt_of(20, 15))
+        pw, dw = p.worker._work(), dec.worker._work()
+        write = pw.region.grant(write=True, ttl=60)
+        dw.client.transfer(dw.region, [0], pw.region.id, [params["remote_block_ids"][0]],
+                           num_layers=1, num_tokens=16, dst_grant=write,
+                           notification=b"n-p").result(timeout=30)
+        started = time.monotonic()
+        while time.monotonic() - started < 1.0:
+            p.step()
+            time.sleep(0.01)
+        assert "n-p" in p.scheduler.requests, "a write into the cache freed the request"
+        H.run_until([p], lambda: not p.scheduler.requests, timeout_s=30, sleep=0.01)
+    finally:
+        p.close()
+
+
 def test_unusable_params_fail_the_load_not_the_engine(daemon, model, pd, client):
     """A pull the daemon refuses (a forged grant) is a load failure: vLLM's
     kv_load_failure_policy ('fail', its default) ends the request with an error and the engine
