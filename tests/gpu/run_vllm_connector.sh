@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# On the GPU machine (carry .gpupack, made by tests/gpu/pack_all.sh): the vLLM connector's CUDA
+# On the GPU machine (carry .gpupack, the GPU pack of tests/gpu/pack.sh): the vLLM connector's CUDA
 # worker path, tests/gpu/vllm_connector_gpu.py, against the pack's kvraild, with the working
 # tree's kvrail package (the pack's generated protos). Ends only the daemon it started, by pid.
 #   bash tests/gpu/run_vllm_connector.sh [--device N] [--runs N]
@@ -9,7 +9,7 @@ PY=${PY:-/opt/torch/.venv/bin/python3}
 [[ -x $PY ]] || PY=python3
 work=$(mktemp -d /tmp/kvvllm-gpu.XXXXXX)
 if ! tar -xJf .gpupack/gpupack.tar.xz -C "$work"; then
-  echo "no .gpupack/gpupack.tar.xz: run tests/gpu/pack_all.sh on the build machine" >&2
+  echo "no .gpupack/gpupack.tar.xz: run tests/gpu/pack.sh on the build machine" >&2
   exit 1
 fi
 cp python/kvrail/*.py "$work/py/kvrail/"
