@@ -230,12 +230,14 @@ class KvrailConnector(KVConnectorBase_V1):
 
     def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any,
                       **kwargs: Any) -> None:
-        if self.has_connector_metadata():
-            self._work().mark_layer(layer_name, self._get_connector_metadata().epoch)
+        worker = self._work()
+        if worker.streaming and self.has_connector_metadata():
+            worker.mark_layer(layer_name, self._get_connector_metadata().epoch)
 
     def wait_for_save(self) -> None:
-        if self.has_connector_metadata():
-            self._work().mark_all_layers(self._get_connector_metadata().epoch)
+        worker = self._work()
+        if worker.streaming and self.has_connector_metadata():
+            worker.mark_all_layers(self._get_connector_metadata().epoch)
 
     def get_finished(self, finished_req_ids: Set[str]
                      ) -> Tuple[Optional[Set[str]], Optional[Set[str]]]:
@@ -480,6 +482,10 @@ class _WorkerSide:
         self._gpu_flags = None
         self._scratch: Optional[kvrail.Region] = None
         self._scratch_buffer: Optional[kvrail.HostBuffer] = None
+        # Whether this instance's params make pulls wait on its flags: without, marks are skipped.
+        self.streaming = _flag(extra.get(EXTRA_STREAMING, False), EXTRA_STREAMING)
+        self._marks_epoch = 0
+        self._marked: Set[int] = set()  # layers marked in step _marks_epoch
         # Prefill: requests that may be pulled, those holding blocks (-> monotonic deadline),
         # and notifications that came before the request's deadline did.
         self._in_batch: Set[str] = set()
@@ -639,13 +645,24 @@ class _WorkerSide:
         index = self.layer_index.get(layer_name)
         if index is None or self._flags is None or epoch <= 0:
             return
-        self._signal(index, epoch)
+        if index not in self._marked_in(epoch):
+            self._signal(index, epoch)
+            self._marked.add(index)
 
     def mark_all_layers(self, epoch: int) -> None:
+        """Every layer not yet marked in step `epoch`."""
         if self._flags is None or epoch <= 0:
             return
+        marked = self._marked_in(epoch)
         for index in range(self.num_layers):
-            self._signal(index, epoch)
+            if index not in marked:
+                self._signal(index, epoch)
+        marked.update(range(self.num_layers))
+
+    def _marked_in(self, epoch: int) -> Set[int]:
+        if epoch != self._marks_epoch:
+            self._marks_epoch, self._marked = epoch, set()
+        return self._marked
 
     def _signal(self, index: int, epoch: int) -> None:
         value = epoch & 0xFFFFFFFF or 1

@@ -114,6 +114,7 @@ def test_pull_byte_for_byte_with_partial_last_block(pd, client):
     params = H.prefill(p, "a-p", prompt)
     assert params["remote_num_tokens"] == 75 and len(params["remote_block_ids"]) == 5
     assert params["kvrail"]["epoch"] == 0  # kvrail_layer_streaming is off by default
+    assert not p.worker._work()._flags_buffer.ndarray("uint32").any(), "marks without streaming"
     assert "a-p" in p.scheduler.requests, "the prefill must hold its blocks until pulled"
     dec.request("a-d", prompt, max_tokens=3, params=params)
     step_until_received(dec, [p], "a-d")
@@ -179,7 +180,10 @@ def test_layers_stream_as_the_prefill_marks_them(pd, streaming, client):
                             transfer_pb2.TRANSFER_STATE_RUNNING)
     assert status.layers_done == 0
     assert (dec.token_bytes("c-d", range(50)) == POISON).all()
+    words = p.worker._work()._flags_buffer.ndarray("uint32")
+    assert (words < epoch).all()
     p.mark_saved(epoch, layers=[0, 1])
+    assert (words[:2] == epoch).all() and (words[2:] < epoch).all()
     deadline = time.monotonic() + 5
     while pull_status(client, "c-d").layers_done < 2 and time.monotonic() < deadline:
         time.sleep(0.01)
