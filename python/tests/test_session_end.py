@@ -128,8 +128,13 @@ def test_a_killed_decode_ends_its_pull_in_mark_ready_mode_too(fresh_daemon):
         path, pool = decode_pool(lay)
         try:
             child, transfer_id = run_decode(fresh_daemon, src, path, [2, 3])
-            prefill.mark_ready(transfer_id, 0, 1)
-            time.sleep(0.3)
+            prefill.mark_ready(transfer_id, 0, 1)  # the producer's own call, no grant
+            paged = np.ndarray(lay.shape6(), np.uint16, pool, strides=lay.strides6())
+            deadline = time.monotonic() + 10
+            while (paged[0, :, 2:4] != src.view[0, :, 2:4]).any() and \
+                    time.monotonic() < deadline:
+                time.sleep(0.01)
+            np.testing.assert_array_equal(paged[0, :, 2:4], src.view[0, :, 2:4])  # layer 0 moved
             killed = time.monotonic()
             os.kill(child.pid, signal.SIGKILL)
             child.wait()
@@ -145,7 +150,6 @@ def test_a_killed_decode_ends_its_pull_in_mark_ready_mode_too(fresh_daemon):
                                   kvrail.StatusCode.NOT_FOUND), e
             time.sleep(0.3)
             np.testing.assert_array_equal(pool, landed)
-            paged = np.ndarray(lay.shape6(), np.uint16, pool, strides=lay.strides6())
             assert (paged[1:].view(np.uint8) == POISON).all()
         finally:
             os.unlink(path)
