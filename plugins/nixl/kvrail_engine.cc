@@ -1,5 +1,6 @@
 #include "plugins/nixl/kvrail_engine.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -236,13 +237,52 @@ nixl_status_t KvrailEngine::registerMem(const nixlBlobDesc& mem, const nixl_mem_
                                         nixlBackendMD*& out) {
   auto md = Register(mem, nixl_mem);
   if (!md.ok()) return Fail("registerMem", md.status());
+  std::vector<uint64_t> views = {(*md)->bytes.region_id};
+  if ((*md)->paged.region_id != 0) views.push_back((*md)->paged.region_id);
+  std::vector<std::string> nodes;
+  {
+    absl::MutexLock lock(&mu_);
+    local_views_[(*md)->bytes.region_id] = views;
+    nodes = export_nodes_;
+  }
+  for (const std::string& node : nodes) {
+    const absl::Status exported = ExportTo(node, views);
+    if (!exported.ok()) {
+      (void)deregisterMem(md->release());
+      return Fail("registerMem", exported);
+    }
+  }
   out = md->release();
   return NIXL_SUCCESS;
+}
+
+absl::Status KvrailEngine::ExportTo(const std::string& node,
+                                    const std::vector<uint64_t>& region_ids) {
+  for (const uint64_t id : region_ids) {
+    auto lease = client_->ExportRegion(id, node);
+    if (!lease.ok()) {
+      return absl::Status(lease.status().code(),
+                          absl::StrCat("exporting region ", id, " to node '", node,
+                                       "': ", lease.status().message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::vector<uint64_t> KvrailEngine::LocalRegions() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<uint64_t> ids = {mailbox_region_};
+  for (const auto& [key, views] : local_views_) ids.insert(ids.end(), views.begin(), views.end());
+  return ids;
 }
 
 nixl_status_t KvrailEngine::deregisterMem(nixlBackendMD* meta) {
   auto* md = static_cast<RegionMD*>(meta);
   if (md == nullptr || !md->local()) return NIXL_ERR_INVALID_PARAM;
+  {
+    absl::MutexLock lock(&mu_);
+    local_views_.erase(md->bytes.region_id);
+  }
   absl::Status status = client_->UnregisterRegion(md->bytes.region_id);
   if (md->paged.region_id != 0) status.Update(client_->UnregisterRegion(md->paged.region_id));
   delete md;
@@ -276,8 +316,21 @@ nixl_status_t KvrailEngine::loadRemoteConnInfo(const std::string& remote_agent,
   if (!mailbox.ok()) return Fail("loadRemoteConnInfo", mailbox.status());
   remote.mailbox_region = *mailbox;
   remote.mailbox_grant = FieldStr(fields, "mw");
-  absl::MutexLock lock(&mu_);
-  remotes_[remote_agent] = std::move(remote);
+  const std::string node = remote.node;
+  bool new_node = false;
+  {
+    absl::MutexLock lock(&mu_);
+    remotes_[remote_agent] = std::move(remote);
+    if (!node.empty() && node != node_ &&
+        std::find(export_nodes_.begin(), export_nodes_.end(), node) == export_nodes_.end()) {
+      export_nodes_.push_back(node);
+      new_node = true;
+    }
+  }
+  if (new_node) {
+    const absl::Status exported = ExportTo(node, LocalRegions());
+    if (!exported.ok()) return Fail("loadRemoteConnInfo", exported);
+  }
   return NIXL_SUCCESS;
 }
 

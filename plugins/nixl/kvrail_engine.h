@@ -6,7 +6,9 @@
 //   and registered twice: as a bytes region and as a paged view of `granule_bytes` blocks (one
 //   block = one granule), each with a READ and a WRITE grant. VRAM_SEG: the same over CUDA IPC.
 // - getPublicData / loadRemoteMD: a registration's region ids, granule and grants. getConnInfo /
-//   loadRemoteConnInfo: the agent's node, its mailbox region and a WRITE grant for it.
+//   loadRemoteConnInfo: the agent's node, its mailbox region and a WRITE grant for it; loading an
+//   agent of another node exports this agent's regions (and later registrations) to that node,
+//   so a WRITE from there is accepted (it still needs the grant).
 // - prepXfer: the descriptor list becomes kvrail transfers, one per (local registration, remote
 //   registration) pair: block tables over the paged views when every descriptor is
 //   granule-aligned on both sides, else byte ranges (runs contiguous on both sides merged).
@@ -150,6 +152,11 @@ class KvrailEngine : public nixlBackendEngine {
   };
 
   absl::Status Init();
+  // Lets the daemon of `node` write into `region_ids` (Peer.ExportRegion); a remote agent on
+  // another node writes into this agent's registrations only after that.
+  absl::Status ExportTo(const std::string& node, const std::vector<uint64_t>& region_ids);
+  // This agent's regions (mailbox and every view) and the nodes they are exported to.
+  std::vector<uint64_t> LocalRegions() const;
   absl::StatusOr<std::unique_ptr<RegionMD>> Register(const nixlBlobDesc& mem, nixl_mem_t kind);
   absl::StatusOr<View> RegisterView(const nixlBlobDesc& mem, nixl_mem_t kind,
                                     const v1::RegionSpec& spec);
@@ -173,6 +180,10 @@ class KvrailEngine : public nixlBackendEngine {
 
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, RemoteAgent> remotes_ ABSL_GUARDED_BY(mu_);
+  // Registrations of this agent (deregisterMem removes them) and the other nodes of the remote
+  // agents loaded so far, to which every registration is exported.
+  absl::flat_hash_map<uint64_t, std::vector<uint64_t>> local_views_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> export_nodes_ ABSL_GUARDED_BY(mu_);
   mutable notif_list_t self_notifs_ ABSL_GUARDED_BY(mu_);
 };
 

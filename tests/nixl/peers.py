@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from typing import Any
 
 import numpy as np
@@ -19,9 +20,9 @@ class PeerProcess:
 
     def __init__(self, name: str, backend: str, size: int, env: dict[str, str]) -> None:
         self.name = name
-        self.stderr_path = os.path.join(env.get("TMPDIR", "/tmp"),
-                                        f"nixl_peer.{name}.{os.getpid()}.err")
-        self.stderr = open(self.stderr_path, "w+")
+        fd, self.stderr_path = tempfile.mkstemp(prefix=f"nixl_peer.{name}.", suffix=".err",
+                                                dir=env.get("TMPDIR", "/tmp"))
+        self.stderr = os.fdopen(fd, "w+")
         self.proc = subprocess.Popen(
             [sys.executable, os.path.join(HERE, "nixl_peer.py"), "--name", name, "--backend",
              backend, "--bytes", str(size)],

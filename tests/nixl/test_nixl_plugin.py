@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import time
@@ -21,20 +22,35 @@ from peers import PeerProcess, apply, pair, scattered
 SIZE = 16 << 20
 
 
-class Daemon:
-    """A kvraild child on a socket in a temporary folder, ended by pid. Not thread-safe."""
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
-    def __init__(self) -> None:
+
+class Daemon:
+    """A kvraild child on a socket in a temporary folder, ended by pid. Not thread-safe.
+    With `node`: a loopback "node" of that id listening on 127.0.0.1:`port`, whose peer `peer`
+    listens on `peer_port` (the fabric over libfabric's tcp provider on 127.0.0.1)."""
+
+    def __init__(self, node: str = "", port: int = 0, peer: str = "", peer_port: int = 0) -> None:
         binary = os.environ.get("KVRAIL_DAEMON")
         if not binary:
             raise RuntimeError("KVRAIL_DAEMON is not set (bazel test //tests/nixl:...)")
         self.dir = tempfile.mkdtemp(prefix="kvnx.", dir="/tmp")
         self.socket = os.path.join(self.dir, "kvrail.sock")
         self.log_path = os.path.join(self.dir, "kvraild.log")
+        args = [binary, "--socket", self.socket, "--log-level", "info"]
+        if node:
+            config = os.path.join(self.dir, "kvraild.textproto")
+            with open(config, "w") as f:
+                f.write(f'node_id: "{node}"\ninsecure_peers: true\n'
+                        f'peers {{ key: "{peer}" value: "127.0.0.1:{peer_port}" }}\n'
+                        'fabric {\n  nics: "127.0.0.1"\n  liveness_timeout_ms: 2000\n'
+                        '  heartbeat_interval_ms: 200\n}\n')
+            args += ["--tcp-listen", f"127.0.0.1:{port}", "--node-id", node, "--config", config]
         with open(self.log_path, "wb") as log:
-            self.process = subprocess.Popen(
-                [binary, "--socket", self.socket, "--log-level", "info"], stdout=log,
-                stderr=subprocess.STDOUT)
+            self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 20
         while "ready: " not in self.log():
             if self.process.poll() is not None or time.monotonic() > deadline:
@@ -223,3 +239,49 @@ def test_a_torch_tensor_after_share_memory_registers_without_a_copy(
     assert state == "DONE"
     assert torch.equal(tensor[half:], torch.arange(half, dtype=torch.int32))
     agent.release_xfer_handle(handle)
+
+
+@pytest.fixture(scope="module")
+def two_nodes() -> Iterator[tuple[Daemon, Daemon]]:
+    p1, p2 = free_port(), free_port()
+    n1 = Daemon("n1", p1, "n2", p2)
+    try:
+        n2 = Daemon("n2", p2, "n1", p1)
+    except Exception:
+        n1.stop()
+        raise
+    yield n1, n2
+    n1.stop()
+    n2.stop()
+
+
+def test_across_nodes_writes_and_notifications_go_over_the_fabric(
+        two_nodes: tuple[Daemon, Daemon]) -> None:
+    """Agent A on node n1, agent B on node n2 (two daemons over the tcp fabric on loopback):
+    loading each other's metadata exports each agent's registrations to the other's node; WRITEs
+    (block tables and byte ranges) land byte for byte with their notifications; a READ from the
+    other node is refused (kvrail pushes across nodes) and moves nothing."""
+    n1, n2 = two_nodes
+    plugin_dir = os.environ["NIXL_PLUGIN_DIR"]
+    a = PeerProcess("A", "KVRAIL", SIZE, dict(os.environ, KVRAIL_SOCKET=n1.socket,
+                                                NIXL_PLUGIN_DIR=plugin_dir))
+    b = PeerProcess("B", "KVRAIL", SIZE, dict(os.environ, KVRAIL_SOCKET=n2.socket,
+                                                NIXL_PLUGIN_DIR=plugin_dir))
+    try:
+        assert a.call("add_remote", metadata=b.metadata)["name"] == "B"
+        assert b.call("add_remote", metadata=a.metadata)["name"] == "A"
+        run_and_check(a, b, "WRITE", scattered(SIZE, 4096, 128, seed=8), notif="far-blocks")
+        assert ["A", "far-blocks"] in b.call("notifs", want=[["A", "far-blocks"]])["got"]
+        run_and_check(a, b, "WRITE", [[5, 7, 1000], [9000, 20001, 333]], notif="far-bytes")
+        assert ["A", "far-bytes"] in b.call("notifs", want=[["A", "far-bytes"]])["got"]
+        b.call("send_notif", remote="A", msg="far hello")
+        assert ["B", "far hello"] in a.call("notifs", want=[["B", "far hello"]])["got"]
+        a.call("fill", seed=9)
+        answer = a.call("xfer", check=False, kind="READ", remote="B", remote_base=b.base,
+                        pieces=scattered(SIZE, 4096, 8, seed=9))
+        assert answer.get("error"), "a cross-node READ was accepted"
+        assert "cross-node pull is not possible" in a.log()
+        assert a.call("digest")["sha256"] == sha(pattern(9, SIZE))
+    finally:
+        a.close()
+        b.close()
