@@ -24,12 +24,12 @@ TEST_CASE("a drain finishes started transfers first instead of advancing all of 
   constexpr uint32_t kBlocks = 1280;
   TempDir dir;
   DaemonProcess daemon;
-  REQUIRE(daemon.Start(dir.path(), {"--host-threads", "1", "--tile-bytes", "262144",
-                                    "--drain-timeout-ms", "200"}));
+  REQUIRE(daemon.Start(
+      dir.path(), {"--host-threads", "1", "--tile-bytes", "262144", "--drain-timeout-ms", "200"}));
   auto c = client::Client::Connect(daemon.socket());
   REQUIRE(c.ok());
-  const auto src_layout = MakeLayout(1, 1, kBlocks, 16, 8, 128, v1::DTYPE_BF16,
-                                     v1::LAYOUT_ORDER_LAYER_PART_BLOCK_NHD);
+  const auto src_layout =
+      MakeLayout(1, 1, kBlocks, 16, 8, 128, v1::DTYPE_BF16, v1::LAYOUT_ORDER_LAYER_PART_BLOCK_NHD);
   const auto dst_layout = MakeLayout(1, 1, kBlocks * kTransfers, 16, 8, 128, v1::DTYPE_BF16,
                                      v1::LAYOUT_ORDER_LAYER_PART_BLOCK_NHD);
   Pool src = MakePool(**c, src_layout, false, "prefill");

@@ -35,17 +35,20 @@ void WriteFile(const std::string& path, const std::string& text) {
 // did not exit by itself (exit 124).
 CommandResult RunDaemonUnderJournal(const std::vector<std::string>& args, const std::string& log,
                                     int timeout_s) {
-  std::string command = "exec 2>\"$1\"; shift; JOURNAL_STREAM=$(stat -c %d:%i \"$LOG\") exec "
-                        "timeout -s TERM " + std::to_string(timeout_s) + " \"$@\"";
-  std::vector<std::string> argv = {"/bin/bash", "-c", "LOG=\"$1\"; " + command, "bash", log,
-                                   RunfilePath("daemon/kvraild")};
+  std::string command =
+      "exec 2>\"$1\"; shift; JOURNAL_STREAM=$(stat -c %d:%i \"$LOG\") exec "
+      "timeout -s TERM " +
+      std::to_string(timeout_s) + " \"$@\"";
+  std::vector<std::string> argv = {"/bin/bash", "-c", "LOG=\"$1\"; " + command,
+                                   "bash",      log,  RunfilePath("daemon/kvraild")};
   argv.insert(argv.end(), args.begin(), args.end());
   return RunCommand(argv);
 }
 
 int MetricsPort(const std::string& log) {
   std::smatch m;
-  if (!std::regex_search(log, m, std::regex(R"(metrics on 127\.0\.0\.1:0 \(port (\d+)\))"))) return 0;
+  if (!std::regex_search(log, m, std::regex(R"(metrics on 127\.0\.0\.1:0 \(port (\d+)\))")))
+    return 0;
   return std::stoi(m[1]);
 }
 
@@ -79,7 +82,8 @@ TEST_CASE("cuda_engine auto without CUDA: serves, says why at warning, kvrail_cu
   REQUIRE(daemon.Start(dir.path(), {"--cuda-engine", "auto", "--metrics-listen", "127.0.0.1:0"}));
   const std::string log = daemon.ReadLog();
   INFO(log);
-  CHECK(std::regex_search(log, std::regex(R"(\bwarning \[\d+\] no CUDA engine \(cuda_engine: auto\))")));
+  CHECK(std::regex_search(log,
+                          std::regex(R"(\bwarning \[\d+\] no CUDA engine \(cuda_engine: auto\))")));
   const int port = MetricsPort(log);
   REQUIRE(port > 0);
   const std::string body = HttpGet(port, "/metrics");
@@ -94,8 +98,9 @@ TEST_CASE("--check-config: 0 for a valid file, 1 naming the field otherwise, not
   TempDir dir;
   const std::string kvraild = RunfilePath("daemon/kvraild");
   const std::string good = dir.path() + "/good.textproto";
-  WriteFile(good, "unix_socket: \"/nonexistent/dir/kvrail.sock\"\ncuda_engine: \"required\"\n"
-                  "cuda_mps_pipe_directory: \"/run/nvidia/mps/nvidia.com/gpu/pipe\"\n");
+  WriteFile(good,
+            "unix_socket: \"/nonexistent/dir/kvrail.sock\"\ncuda_engine: \"required\"\n"
+            "cuda_mps_pipe_directory: \"/run/nvidia/mps/nvidia.com/gpu/pipe\"\n");
   CommandResult r = RunCommand({kvraild, "--check-config", good});
   INFO(r.out << r.err);
   CHECK(r.exit_code == 0);
