@@ -285,3 +285,12 @@ def test_across_nodes_writes_and_notifications_go_over_the_fabric(
     finally:
         a.close()
         b.close()
+
+
+def test_no_daemon_fails_backend_creation_naming_the_socket(env: dict[str, str]) -> None:
+    missing = os.path.join(tempfile.mkdtemp(prefix="kvnx.", dir="/tmp"), "none.sock")
+    with pytest.raises(RuntimeError) as failed:
+        PeerProcess("Z", "KVRAIL", 1 << 20, dict(env, KVRAIL_SOCKET=missing))
+    assert "backend not created" in str(failed.value)
+    assert missing in str(failed.value)
+    os.rmdir(os.path.dirname(missing))
