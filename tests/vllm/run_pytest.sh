@@ -4,7 +4,8 @@
 # libkvrail.so and kvraild. No venv (or one without vllm) is a failure, never a skip.
 #   run_pytest.sh FILE [ARGS...]   pytest on tests/vllm/FILE
 #   run_pytest.sh --script FILE [ARGS...]   the venv's python on tests/vllm/FILE
-set -euo pipefail
+# Every step that can fail is checked where it runs; the last one execs the test.
+set -uo pipefail
 root="${TEST_SRCDIR:?run me with bazel test //tests/vllm:...}/${TEST_WORKSPACE:-kvrail}"
 if [[ -z "${KVRAIL_VENV:-}" || ! -x "${KVRAIL_VENV}/bin/python" ]]; then
   echo "KVRAIL_VENV is not set or has no bin/python: run deploy/pyvenv.sh and export" \
@@ -20,11 +21,11 @@ export KVRAIL_DAEMON="$root/daemon/kvraild"
 export PYTHONPATH="$root/python:$root/tests/vllm"
 export PYTHONDONTWRITEBYTECODE=1
 # vLLM and Hugging Face: offline, caches in the test's temporary folder.
-tmp="${TEST_TMPDIR:-$(mktemp -d)}"
+tmp="${TEST_TMPDIR:-$(mktemp -d)}" || exit 1
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
 export HF_HOME="$tmp/hf" VLLM_CACHE_ROOT="$tmp/vllm" XDG_CACHE_HOME="$tmp/cache"
 unset KVRAIL_SOCKET
-cd "$tmp"
+cd "$tmp" || exit 1
 if [[ "${1:-}" == "--script" ]]; then
   shift
   file="$1"
