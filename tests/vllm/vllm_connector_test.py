@@ -134,6 +134,24 @@ def test_pull_byte_for_byte_with_partial_last_block(pd, client):
     H.run_until([dec], lambda: not dec.scheduler.requests)
 
 
+def test_producer_and_consumer_roles(daemon, model, client):
+    """kv_role kv_producer on the prefill and kv_consumer on the decode work as kv_both does."""
+    p = make("p-producer", model, daemon, kv_role="kv_producer")
+    dec = make("d-consumer", model, daemon, kv_role="kv_consumer")
+    try:
+        prompt = prompt_of(50, 16)
+        params = H.prefill(p, "o-p", prompt)
+        dec.request("o-d", prompt, max_tokens=2, params=params)
+        step_until_received(dec, [p], "o-d")
+        assert_pulled(dec, "o-d", prompt, range(50))
+        finish(dec, [p], "o-d")
+        H.run_until([p, dec], lambda: not p.scheduler.requests and not dec.scheduler.requests)
+        assert pull_status(client, "o-d").state == transfer_pb2.TRANSFER_STATE_SUCCEEDED
+    finally:
+        p.close()
+        dec.close()
+
+
 def test_prefix_hit_pulls_only_the_missing_tokens(pd, client):
     p, dec = pd
     base = prompt_of(64, 2)

@@ -106,7 +106,7 @@ class Instance:
     def __init__(self, name: str, model: str, socket: str, *, block_size: int,
                  kv_layout: KVCacheLayout, num_blocks: int = 64, num_layers: int = 4,
                  kv_heads: int = 2, head_dim: int = 64, ttl_s: float = 120.0,
-                 streaming: bool = False,
+                 streaming: bool = False, kv_role: str = "kv_both",
                  max_num_batched_tokens: int = 256, layer_prefix: str = "model.layers",
                  write_kv: bool = True) -> None:
         global _none_hash_ready
@@ -129,7 +129,7 @@ class Instance:
                                      cache_dtype="auto", enable_prefix_caching=True),
             kv_transfer_config=KVTransferConfig(
                 kv_connector="KvrailConnector", kv_connector_module_path="kvrail.vllm",
-                kv_role="kv_both", engine_id=name, kv_connector_extra_config=extra),
+                kv_role=kv_role, engine_id=name, kv_connector_extra_config=extra),
             device_config=DeviceConfig("cpu"))
         self.config.cache_config.num_gpu_blocks = num_blocks
         self.layers = [f"{layer_prefix}.{i}.self_attn.attn" for i in range(num_layers)]
