@@ -160,10 +160,15 @@ absl::Status DeviceWorker::WarmUp() {
   if (!seeded.ok()) {
     spdlog::warn("cuda:{} CTA tuners not seeded: {}", device_, seeded.status().ToString());
   }
+  // A failed measurement leaves the pairs at the one-GPU default cost.
+  absl::StatusOr<std::string> costs = MeasureCopyEngineCosts();
+  if (!costs.ok()) {
+    spdlog::warn("cuda:{} copy-engine cost not measured: {}", device_, costs.status().ToString());
+  }
   absl::MutexLock lock(&mu_);
-  warm_up_text_ = absl::StrFormat("warmed up in %.1f ms%s; ",
-                                  absl::ToDoubleMilliseconds(absl::Now() - t0),
-                                  seeded.ok() ? *seeded : std::string());
+  warm_up_text_ =
+      absl::StrFormat("warmed up in %.1f ms%s%s; ", absl::ToDoubleMilliseconds(absl::Now() - t0),
+                      seeded.ok() ? *seeded : std::string(), costs.ok() ? *costs : std::string());
   return absl::OkStatus();
 }
 
@@ -356,7 +361,15 @@ absl::Status DeviceWorker::SetUp(JobState& s) {
     const int other = src.device == device_ ? dst.device : src.device;
     peer_unreachable = !cuda::EnablePeerAccess(device_, other).ok();
   }
-  const scheduler::ModeInputs in = ModeInputsFor(job, peer_unreachable);
+  scheduler::ModeInputs in = ModeInputsFor(job, peer_unreachable);
+  // Copy-engine runs between two GPUs cost what the warm-up measured for the pair (this GPU and
+  // the other side); same-GPU plans their own measured cost; host sides the default.
+  if (src.cuda && dst.cuda) {
+    const int other = src.device == device_ ? dst.device : src.device;
+    if (copy_costs_.measured(device_, other)) {
+      in.copy_engine_seconds_per_run = copy_costs_.SecondsPerRun(device_, other);
+    }
+  }
   const scheduler::ModeChoice choice = scheduler::ChoosePlanMode(in);
   s.mode = choice.mode;
   s.max_ctas = choice.max_ctas;

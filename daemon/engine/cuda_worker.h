@@ -324,6 +324,10 @@ class DeviceWorker {
   // sizes (scheduler::TunerSeedBlockBytes) on scratch memory, so no early transfer runs a probe
   // batch at half the CTAs. Returns the Describe text ("CTA knees seeded ...").
   absl::StatusOr<std::string> SeedTuners();
+  // Part of the warm-up: the copy engines' cost per run from this GPU to itself and to each peer
+  // GPU it can reach (CopyEngineSecondsPerRun of a scattered batch vs one contiguous copy), into
+  // copy_costs_ for the plans' mode choice and SplitTuner prior. Returns the Describe text.
+  absl::StatusOr<std::string> MeasureCopyEngineCosts();
 
   void Run();
 
@@ -509,6 +513,7 @@ class DeviceWorker {
   std::unordered_map<const Job*, std::unique_ptr<JobState>> states_;
   std::map<int, CtaTuner> tuners_;
   std::map<int, SplitTuner> split_tuners_;  // same keys as tuners_
+  scheduler::CopyEngineCosts copy_costs_;   // written by WarmUp, read by SetUp (both dispatcher)
   bool first_job_text_pending_ = true;
   absl::Time first_launch_from_;
   std::optional<cuda::Stream> copy_stream_;  // the copy-engine part of split batches

@@ -78,8 +78,36 @@ const char* ModeEngineName(Mode mode) {
 
 Mode ChooseMode(const ModeInputs& in) { return ChoosePlanMode(in).mode; }
 
-double EstimateCopyEngineGbps(uint64_t mean_run_bytes) {
-  return std::min(1000.0, static_cast<double>(mean_run_bytes) / kCopyEngineSecondsPerRun / 1e9);
+double EstimateCopyEngineGbps(uint64_t mean_run_bytes, double seconds_per_run) {
+  const double per_run = seconds_per_run > 0 ? seconds_per_run : kCopyEngineSecondsPerRun;
+  return std::min(1000.0, static_cast<double>(mean_run_bytes) / per_run / 1e9);
+}
+
+double CopyEngineSecondsPerRun(uint64_t runs, double scattered_seconds, double contiguous_seconds) {
+  if (runs < 2 || scattered_seconds <= 0 || contiguous_seconds <= 0 ||
+      scattered_seconds <= contiguous_seconds) {
+    return 0;
+  }
+  return (scattered_seconds - contiguous_seconds) / static_cast<double>(runs);
+}
+
+void CopyEngineCosts::Set(int executing, int other, double seconds_per_run) {
+  if (seconds_per_run > 0) seconds_[{executing, other}] = seconds_per_run;
+}
+
+double CopyEngineCosts::SecondsPerRun(int executing, int other) const {
+  const auto it = seconds_.find({executing, other});
+  return it == seconds_.end() ? kCopyEngineSecondsPerRun : it->second;
+}
+
+std::string CopyEngineCosts::Describe() const {
+  std::string out;
+  for (const auto& [pair, seconds] : seconds_) {
+    absl::StrAppend(
+        &out, out.empty() ? "" : ", ",
+        absl::StrFormat("GPU%d -> GPU%d %.2f us", pair.first, pair.second, seconds * 1e6));
+  }
+  return out.empty() ? out : absl::StrCat(out, " per copy-engine run");
 }
 
 namespace {
@@ -94,11 +122,14 @@ std::string RunSize(uint64_t bytes) {
 
 ModeChoice ChoosePlanMode(const ModeInputs& in) {
   ModeChoice c;
-  c.copy_engine_gbps = EstimateCopyEngineGbps(in.mean_run_bytes);
+  c.copy_engine_gbps = EstimateCopyEngineGbps(in.mean_run_bytes, in.copy_engine_seconds_per_run);
   const bool slow = c.copy_engine_gbps < kCopyEngineSlowGbps;
+  const double per_run = in.copy_engine_seconds_per_run > 0 ? in.copy_engine_seconds_per_run
+                                                            : kCopyEngineSecondsPerRun;
   const std::string runs = absl::StrFormat(
-      "its contiguous runs average %s (copy engines ~%.2f GB/s at ~%.1f us per run)",
-      RunSize(in.mean_run_bytes), c.copy_engine_gbps, kCopyEngineSecondsPerRun * 1e6);
+      "its contiguous runs average %s (copy engines ~%.2f GB/s at ~%.1f us per run%s)",
+      RunSize(in.mean_run_bytes), c.copy_engine_gbps, per_run * 1e6,
+      in.copy_engine_seconds_per_run > 0 ? ", measured" : "");
   if (in.peer_unreachable) {
     c.mode = Mode::kCopyEngine;
     if (slow) {

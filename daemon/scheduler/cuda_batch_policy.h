@@ -82,21 +82,50 @@ struct ModeInputs {
   // run on a kernel of at most `copy_only_kernel_ctas` CTAs (0: never). options.copy_only_*.
   int copy_only_kernel_ctas = 0;
   uint64_t copy_only_kernel_below_run = 0;
+  // The copy engines' cost per run between the plan's two GPUs as measured at start
+  // (CopyEngineCosts); 0: not measured, kCopyEngineSecondsPerRun.
+  double copy_engine_seconds_per_run = 0;
 };
 // Copy engines when the budget is zero, the runs are large, or the two GPUs cannot reach each
 // other directly (the driver stages the copy through host memory); else the kernel. The
 // copy-engine-only exception is ChoosePlanMode's; this is ChoosePlanMode(in).mode.
 Mode ChooseMode(const ModeInputs& in);
 
-// The copy engines' cost per contiguous run (cudaMemcpyBatchAsync, one descriptor per run),
-// measured on one H200 (docs/benchmarks.md: 4 KiB runs 1.0 GB/s, 128 KiB runs 26 GB/s, 256-byte
-// head vectors 0.05-0.07 GB/s, i.e. ~4-5 us per run whatever its size), and the rate below which
-// a plan on them is called slow (issue 19's target: no plan under 20 GB/s without a reason shown).
+// The copy engines' cost per contiguous run (cudaMemcpyBatchAsync, one descriptor per run) where
+// it was not measured: one H200, GPU0 -> GPU0 (docs/benchmarks.md: 4 KiB runs 1.0 GB/s, 128 KiB
+// runs 26 GB/s, 256-byte head vectors 0.05-0.07 GB/s, i.e. ~4-5 us per run whatever its size).
+// Between two GPUs a run costs less (0.6-1.0 us), so the engine measures each GPU pair at start
+// (CopyEngineCosts). Below kCopyEngineSlowGbps a plan on them is called slow (no plan under
+// 20 GB/s without a reason shown).
 inline constexpr double kCopyEngineSecondsPerRun = 4.5e-6;
 inline constexpr double kCopyEngineSlowGbps = 20.0;
 // Coarse expected copy-engine rate of a plan whose runs average `mean_run_bytes`: one run per
-// kCopyEngineSecondsPerRun, at most 1000 GB/s. For the operator's message and the slow mark.
-double EstimateCopyEngineGbps(uint64_t mean_run_bytes);
+// `seconds_per_run` (kCopyEngineSecondsPerRun when 0), at most 1000 GB/s. For the operator's
+// message, the slow mark and the SplitTuner's prior (whether the copy engines may take a share).
+double EstimateCopyEngineGbps(uint64_t mean_run_bytes, double seconds_per_run = 0);
+
+// The copy engines' cost per run from one probe: `runs` runs (one cudaMemcpyBatchAsync) took
+// `scattered_seconds`, the same bytes as one contiguous copy `contiguous_seconds`; what each run
+// costs beyond its bytes. 0 when the probe tells nothing (under 2 runs, a time not positive, or
+// the runs not slower than the contiguous copy).
+double CopyEngineSecondsPerRun(uint64_t runs, double scattered_seconds, double contiguous_seconds);
+
+// The copy engines' measured cost per run, by (executing GPU, other GPU): the other GPU is the
+// one the executing GPU's copies read from or write to (itself for a same-GPU plan). Pairs never
+// measured (no peer access, a failed probe, the warm-up off) cost kCopyEngineSecondsPerRun.
+// Not thread-safe (one per device dispatcher: written by its warm-up, read by its set-ups).
+class CopyEngineCosts {
+ public:
+  // Records a measurement; one that is not positive is ignored (the pair keeps the default).
+  void Set(int executing, int other, double seconds_per_run);
+  double SecondsPerRun(int executing, int other) const;
+  bool measured(int executing, int other) const { return seconds_.count({executing, other}) != 0; }
+  // "GPU0 -> GPU0 4.2 us, GPU0 -> GPU1 0.8 us per copy-engine run" ("" when none measured).
+  std::string Describe() const;
+
+ private:
+  std::map<std::pair<int, int>, double> seconds_;
+};
 
 // The mode of one plan and what to tell the operator about it.
 struct ModeChoice {

@@ -604,5 +604,68 @@ TEST_CASE("tuner seeds: scattered whole blocks, plans in their block size's tune
   }
 }
 
+TEST_CASE("a copy-engine run's cost from a probe: the scattered time beyond the contiguous one") {
+  // 4096 runs of 4 KiB: 4.1 ms scattered against 0.05 ms contiguous -> ~0.99 us per run.
+  CHECK(CopyEngineSecondsPerRun(4096, 4.1e-3, 0.05e-3) == Approx(0.989e-6).epsilon(0.01));
+  // A probe that tells nothing leaves the pair at the default.
+  CHECK(CopyEngineSecondsPerRun(1, 4e-3, 1e-3) == 0);
+  CHECK(CopyEngineSecondsPerRun(4096, 0, 1e-3) == 0);
+  CHECK(CopyEngineSecondsPerRun(4096, 1e-3, 0) == 0);
+  CHECK(CopyEngineSecondsPerRun(4096, 1e-3, 2e-3) == 0);
+}
+
+TEST_CASE("copy-engine costs per GPU pair: measured pairs, the default elsewhere") {
+  CopyEngineCosts costs;
+  CHECK(costs.Describe().empty());
+  costs.Set(0, 1, 0.8e-6);
+  costs.Set(0, 0, 4.2e-6);
+  costs.Set(1, 0, 0);  // a failed probe: ignored
+  CHECK(costs.SecondsPerRun(0, 1) == 0.8e-6);
+  CHECK(costs.SecondsPerRun(0, 0) == 4.2e-6);
+  CHECK(costs.SecondsPerRun(1, 0) == kCopyEngineSecondsPerRun);
+  CHECK(costs.SecondsPerRun(2, 3) == kCopyEngineSecondsPerRun);
+  CHECK(costs.measured(0, 1));
+  CHECK_FALSE(costs.measured(1, 0));
+  CHECK(costs.Describe() == "GPU0 -> GPU0 4.20 us, GPU0 -> GPU1 0.80 us per copy-engine run");
+  CHECK(EstimateCopyEngineGbps(16 << 10, 0.8e-6) == Approx(20.48).epsilon(0.001));
+  CHECK(EstimateCopyEngineGbps(16 << 10, 0) == EstimateCopyEngineGbps(16 << 10));
+}
+
+// The split decision with injected costs: the SplitTuner's prior comes from ChoosePlanMode's
+// estimate, which now takes the pair's measured cost. Across GPUs (0.8 us per run) the copy
+// engines take a share of 16-32 KiB plans that the one-GPU constant (4.5 us) kept them out of.
+TEST_CASE("a measured cross-GPU copy-engine cost turns the kernel + copy-engine split on") {
+  const uint64_t bytes = 64 << 20;
+  for (uint64_t run : {uint64_t{16} << 10, uint64_t{32} << 10}) {
+    CAPTURE(run);
+    ModeInputs in;
+    in.max_ctas = 32;
+    in.mean_run_bytes = run;
+    const ModeChoice constant = ChoosePlanMode(in);
+    in.copy_engine_seconds_per_run = 0.8e-6;
+    const ModeChoice measured = ChoosePlanMode(in);
+    REQUIRE(constant.mode == Mode::kKernel);
+    REQUIRE(measured.mode == Mode::kKernel);
+    CHECK(measured.copy_engine_gbps == Approx(static_cast<double>(run) / 0.8e-6 / 1e9));
+    // Kernel alone 350 GB/s GPU0 -> GPU1; the copy engines move what the measured cost says.
+    const double copy_gbps = static_cast<double>(run) / 0.8e-6 / 1e9;
+    SplitTuner with_constant(0.4, 0, constant.copy_engine_gbps, 256);
+    with_constant.Report(Model(bytes, with_constant.Next(bytes), 350, copy_gbps, 0));
+    CHECK(with_constant.phase() == SplitTuner::Phase::kOff);
+    SplitTuner with_measured(0.4, 0, measured.copy_engine_gbps, 256);
+    with_measured.Report(Model(bytes, with_measured.Next(bytes), 350, copy_gbps, 0));
+    REQUIRE(with_measured.phase() == SplitTuner::Phase::kSplit);
+    CHECK(with_measured.Next(bytes) == Approx(copy_gbps / (copy_gbps + 350)).epsilon(0.01));
+  }
+  // Same GPU, 4 KiB runs, measured at the constant's cost: still off.
+  ModeInputs in;
+  in.max_ctas = 32;
+  in.mean_run_bytes = 4096;
+  in.copy_engine_seconds_per_run = 4.5e-6;
+  SplitTuner same_gpu(0.4, 0, ChoosePlanMode(in).copy_engine_gbps, 256);
+  same_gpu.Report(Model(bytes, same_gpu.Next(bytes), 1250, 0.9, 0));
+  CHECK(same_gpu.phase() == SplitTuner::Phase::kOff);
+}
+
 }  // namespace
 }  // namespace kvrail::scheduler
