@@ -18,6 +18,7 @@
 
 #include "daemon/regions/cuda_import.h"
 #include "proto/kvrail/v1/region.pb.h"
+#include "tests/gpu/gpu_skip.h"
 
 namespace kvrail::regions {
 namespace {
@@ -29,7 +30,7 @@ struct Exporter {
   pid_t pid = -1;
   int handle_fd = -1;  // the child writes the 64-byte handle here
   int hold_fd = -1;    // closing it tells the child to free and exit
-  std::string handle;
+  std::string handle;  // empty when the child could not export (no GPU)
 };
 
 Exporter StartExporter() {
@@ -60,7 +61,10 @@ Exporter StartExporter() {
   size_t got = 0;
   while (got < e.handle.size()) {
     const ssize_t n = read(e.handle_fd, e.handle.data() + got, e.handle.size() - got);
-    REQUIRE(n > 0);
+    if (n <= 0) {  // the child exited without a handle
+      e.handle.clear();
+      break;
+    }
     got += static_cast<size_t>(n);
   }
   return e;
@@ -83,8 +87,14 @@ int CurrentDevice() {
 TEST_CASE("opening and closing a mapping leave the thread's current device as they found it") {
   Exporter exporter = StartExporter();  // before this process's first CUDA call
   int count = 0;
-  REQUIRE(cudaGetDeviceCount(&count) == cudaSuccess);
-  REQUIRE(count > 0);
+  if (cudaGetDeviceCount(&count) != cudaSuccess) count = 0;
+  if (!gpu_test::HaveGpus(1, count)) {
+    close(exporter.hold_fd);
+    close(exporter.handle_fd);
+    waitpid(exporter.pid, nullptr, 0);
+    return;
+  }
+  REQUIRE(!exporter.handle.empty());  // the child exported its allocation
   // The thread works for the last GPU (a dispatcher of GPU count-1); the mapping is on GPU 0.
   const int own = count - 1;
   REQUIRE(cudaSetDevice(own) == cudaSuccess);

@@ -31,6 +31,7 @@
 #include "client/kvrail_client.h"
 #include "daemon/planner/planner.h"
 #include "daemon/planner/testing/random_case.h"
+#include "tests/gpu/gpu_skip.h"
 #include "tests/harness/daemon_process.h"
 #include "tests/integration/kv_fixture.h"
 
@@ -42,11 +43,7 @@ namespace {
 constexpr uint8_t kPoison = 0xAB;
 using client::CudaBuffer;
 
-bool HaveGpu() {
-  if (client::CudaDeviceCount() > 0) return true;
-  WARN("no CUDA device: skipped");
-  return false;
-}
+bool HaveGpu() { return gpu_test::HaveGpus(1, client::CudaDeviceCount()); }
 
 // kGpu is GPU0; kGpu1 is the second GPU (peer cases, only where two exist).
 enum class Kind { kGpu, kGpu1, kHost };
@@ -236,11 +233,7 @@ TEST_CASE("CUDA engine, kernel + copy engines (30% of each batch, small tiles) v
   RunRandomCases({"--config", path}, kSplit, 45);
 }
 
-bool HaveTwoGpus() {
-  if (client::CudaDeviceCount() >= 2) return true;
-  WARN("fewer than two CUDA devices: peer cases skipped");
-  return false;
-}
+bool HaveTwoGpus() { return gpu_test::HaveGpus(2, client::CudaDeviceCount()); }
 
 TEST_CASE("two GPUs, kernel: random layouts GPU0->GPU1, GPU1->GPU0, GPU1->host vs host twin") {
   if (!HaveTwoGpus()) return;

@@ -8,9 +8,8 @@
 // (LaunchKvCopy, digest off) against the fused copy-and-hash kernel (digest on), interleaved in
 // one run, and the destination read-back pass on its own.
 #define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
-
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <cstdio>
 #include <numeric>
 #include <random>
@@ -20,6 +19,7 @@
 #include "daemon/planner/testing/random_case.h"
 #include "kernels/kv_copy.h"
 #include "kernels/kv_digest.h"
+#include "tests/gpu/gpu_skip.h"
 #include "tests/gpu/gpu_util.h"
 
 namespace kvrail {
@@ -30,11 +30,7 @@ using planner::Plan;
 
 int g_paths[3] = {0, 0, 0};  // cases on the warp path, the slab path, the word path
 
-bool HaveGpu() {
-  if (gpu_test::DeviceCount() > 0) return true;
-  WARN("no CUDA device: skipped");
-  return false;
-}
+bool HaveGpu() { return gpu_test::HaveGpus(1, gpu_test::DeviceCount()); }
 
 std::vector<uint64_t> RunDigest(const kernels::DevicePlan& plan, DigestKernelMode mode,
                                 uint64_t* digests, std::mt19937_64& rng) {
@@ -224,12 +220,17 @@ TEST_CASE("GPU digest into mapped pinned host memory (bulk copies)") {
   CHECK(warp_cases >= 3);
 }
 
-// Cost: 1 GiB of scattered blocks on GPU 0 (16 tokens x heads x 128 x bf16), NHD -> NHD (warp
-// path) and NHD -> HND (slab path, 256-byte runs), at several CTA counts. Each round times the
-// plain kernel then the fused one (5 launches each), 5 rounds; medians printed.
+// Cost: 1 GiB of scattered blocks (16 tokens x heads x 128 x bf16) from the source to the
+// destination GPU of KVRAIL_GPU_PAIR (GPU0 -> GPU0 unless set; the kernels run on the source),
+// NHD -> NHD (warp path) and NHD -> HND (slab path, 256-byte runs), at several CTA counts. Each
+// round times the plain kernel then the fused one (5 launches each), 5 rounds; medians printed.
 TEST_CASE("digest cost print", "[bandwidth]") {
-  if (!HaveGpu()) return;
-  std::printf("device: %s, %d SMs\n", gpu_test::DeviceName(0).c_str(), gpu_test::SmCount(0));
+  const std::pair<int, int> gpus = gpu_test::GpuPairFromEnv();
+  const int src_gpu = gpus.first, dst_gpu = gpus.second;
+  if (!gpu_test::HaveGpus(std::max(src_gpu, dst_gpu) + 1, gpu_test::DeviceCount())) return;
+  gpu_test::UseGpuPair(src_gpu, dst_gpu);
+  std::printf("device: %s, %d SMs; GPU%d -> GPU%d\n", gpu_test::DeviceName(src_gpu).c_str(),
+              gpu_test::SmCount(src_gpu), src_gpu, dst_gpu);
   const uint64_t total = uint64_t{1} << 30;
   std::mt19937_64 rng(5);
   struct Shape {
@@ -264,8 +265,8 @@ TEST_CASE("digest cost print", "[bandwidth]") {
     for (uint32_t j = 0; j < n; ++j) spec.mutable_dst()->add_block_ids(ids[j]);
     absl::StatusOr<Plan> plan = planner::MakePlan(spec, src, dst, {});
     REQUIRE(plan.ok());
-    void* a = gpu_test::DeviceAlloc(region);
-    void* b = gpu_test::DeviceAlloc(region);
+    void* a = gpu_test::DeviceAllocOn(src_gpu, region);
+    void* b = gpu_test::DeviceAllocOn(dst_gpu, region);
     gpu_test::Memset(a, 1, region);
     uint64_t* digests = static_cast<uint64_t*>(gpu_test::DeviceAlloc(8 * plan->num_tiles()));
     absl::StatusOr<kernels::DevicePlanBuffer> dp = kernels::DevicePlanBuffer::Upload(

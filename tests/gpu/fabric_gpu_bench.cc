@@ -110,7 +110,10 @@ Result Run(testing::NsDaemon& a, testing::NsDaemon& b, const v1::PagedKvLayout& 
   std::shuffle(sb.begin(), sb.end(), rng);
   std::shuffle(db.begin(), db.end(), rng);
   v1::TransferSpec spec = client::MakeBlockTransfer(src.info.region_id(), sb, dst.info.region_id(), db);
-  if (!a_to_a) spec.mutable_dst()->set_node_id("b");
+  if (!a_to_a) {
+    spec.mutable_dst()->set_node_id("b");
+    spec.mutable_dst()->set_grant(b.WriteGrant(dst.info.region_id()));
+  }
   spec.set_timeout_ms(600000);
   double best = 1e30;
   for (int rep = 0; rep <= reps; ++rep) {

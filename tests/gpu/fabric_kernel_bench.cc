@@ -113,6 +113,7 @@ Result Run(testing::NsDaemon& a, testing::NsDaemon& b, const v1::PagedKvLayout& 
   v1::TransferSpec spec =
       client::MakeBlockTransfer(src.info.region_id(), sb, dst.info.region_id(), db);
   spec.mutable_dst()->set_node_id("b");
+  spec.mutable_dst()->set_grant(b.WriteGrant(dst.info.region_id()));
   spec.mutable_src()->set_head_begin(kHeadBegin);
   spec.set_num_heads(kDstHeads);
   spec.set_timeout_ms(120000);  // a stuck transfer fails instead of outwaiting the run

@@ -33,6 +33,7 @@
 #include "daemon/planner/planner.h"
 #include "daemon/planner/testing/random_case.h"
 #include "kernels/fabric_math.h"
+#include "tests/gpu/gpu_skip.h"
 #include "tests/gpu/gpu_util.h"
 #include "tests/gpu/pinned_staging.h"
 
@@ -43,11 +44,7 @@ namespace k = ::kvrail::kernels;
 using planner::testing::RandomCase;
 constexpr uint8_t kPoison = 0xAB;
 
-bool HaveGpu() {
-  if (gpu_test::DeviceCount() > 0) return true;
-  WARN("no CUDA device: skipped");
-  return false;
-}
+bool HaveGpu() { return gpu_test::HaveGpus(1, gpu_test::DeviceCount()); }
 
 using gpu_test::Staging;
 

@@ -1,4 +1,5 @@
-# Sourced by the run_*.sh scripts on the GPU machine: runfiles for the harness, the library path,
+# Sourced by run_stream_wait.sh on the GPU machine (tests/gpu/run.sh needs none of it): runfiles
+# for the harness, the library path (.devpack/lib; the sourcing script points at its pack),
 # NVLink multicast off, an MPS control daemon that is always stopped, and the bookkeeping that
 # ends exactly the processes the script started (below).
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."

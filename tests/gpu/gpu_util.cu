@@ -43,6 +43,45 @@ void* DeviceAlloc(size_t bytes) {
 
 void DeviceFree(void* ptr) { Check(cudaFree(ptr), "cudaFree"); }
 
+void* DeviceAllocOn(int device, size_t bytes) {
+  int current = 0;
+  Check(cudaGetDevice(&current), "cudaGetDevice");
+  Check(cudaSetDevice(device), "cudaSetDevice");
+  void* p = DeviceAlloc(bytes);
+  Check(cudaSetDevice(current), "cudaSetDevice");
+  return p;
+}
+
+std::pair<int, int> GpuPairFromEnv() {
+  const char* env = std::getenv("KVRAIL_GPU_PAIR");
+  std::pair<int, int> pair{0, 0};
+  if (env == nullptr || *env == '\0') return pair;
+  if (std::sscanf(env, "%d,%d", &pair.first, &pair.second) != 2 || pair.first < 0 ||
+      pair.second < 0) {
+    std::fprintf(stderr, "KVRAIL_GPU_PAIR: expected \"SRC,DST\", got \"%s\"\n", env);
+    std::abort();
+  }
+  return pair;
+}
+
+void UseGpuPair(int src, int dst) {
+  if (src != dst) {
+    for (const auto& [from, to] : {std::pair<int, int>{src, dst}, std::pair<int, int>{dst, src}}) {
+      int can = 0;
+      Check(cudaDeviceCanAccessPeer(&can, from, to), "cudaDeviceCanAccessPeer");
+      if (can == 0) {
+        std::fprintf(stderr, "GPU%d cannot reach GPU%d (no peer access)\n", from, to);
+        std::abort();
+      }
+      Check(cudaSetDevice(from), "cudaSetDevice");
+      const cudaError_t e = cudaDeviceEnablePeerAccess(to, 0);
+      if (e != cudaErrorPeerAccessAlreadyEnabled) Check(e, "cudaDeviceEnablePeerAccess");
+      cudaGetLastError();
+    }
+  }
+  Check(cudaSetDevice(src), "cudaSetDevice");
+}
+
 void* HostAllocMapped(size_t bytes, void** device_ptr) {
   void* p = nullptr;
   Check(cudaHostAlloc(&p, bytes, cudaHostAllocMapped), "cudaHostAlloc");

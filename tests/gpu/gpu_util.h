@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <string>
+#include <utility>
 
 namespace kvrail::gpu_test {
 
@@ -13,6 +14,15 @@ std::string DeviceName(int device);
 int SmCount(int device);
 
 void* DeviceAlloc(size_t bytes);
+// `bytes` on GPU `device`; the calling thread's current device is kept.
+void* DeviceAllocOn(int device, size_t bytes);
+
+// The GPU pair a test moves between, from KVRAIL_GPU_PAIR ("SRC,DST", as tests/gpu/run.sh
+// exports it); {0, 0} when unset. Aborts on a malformed value.
+std::pair<int, int> GpuPairFromEnv();
+// Makes `src` current and, when the two differ, enables peer access both ways (aborts when the
+// pair has none).
+void UseGpuPair(int src, int dst);
 void DeviceFree(void* ptr);
 // Pinned host memory mapped into the device's address space; `device_ptr` receives its device
 // address.

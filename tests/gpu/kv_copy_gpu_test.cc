@@ -14,6 +14,7 @@
 #include "daemon/planner/planner.h"
 #include "daemon/planner/testing/random_case.h"
 #include "kernels/kv_copy.h"
+#include "tests/gpu/gpu_skip.h"
 #include "tests/gpu/gpu_util.h"
 
 namespace kvrail {
@@ -27,11 +28,7 @@ int g_segment_path_cases = 0;
 using planner::Plan;
 constexpr uint8_t kPoison = 0xAB;
 
-bool HaveGpu() {
-  if (gpu_test::DeviceCount() > 0) return true;
-  WARN("no CUDA device: skipped");
-  return false;
-}
+bool HaveGpu() { return gpu_test::HaveGpus(1, gpu_test::DeviceCount()); }
 
 // Runs `c` on the GPU (dst in device memory or mapped pinned host memory, bases shifted by
 // `misalign` bytes to exercise narrow accesses) and compares with the host twin.

@@ -1,6 +1,8 @@
-// Issue 19's named layouts through the fused kernel alone (no daemon), GPU0 -> GPU0: each case is
-// checked byte for byte against the host twin (destination poisoned first), then timed (median
-// of 20 launches, CUDA events) at 32 CTAs (the daemon's default budget) and 132, beside the
+// The named layouts through the fused kernel alone (no daemon), sources on --src-gpu and
+// destinations on --dst-gpu (GPU0 -> GPU0 by default; the kernel runs on the source GPU): each
+// case is checked byte for byte against the host twin (destination poisoned first), then timed
+// (median, min and max of 20 launches, CUDA events) at 32 CTAs (the daemon's shipped default
+// budget, cuda_max_ctas) and 132 (tuned: the whole GPU), beside the
 // aligned serving layout (whole 16-token NHD blocks, scattered) measured in the same run. Prints
 // one table: GB/s, the kernel path taken (warp pieces / chunk segments / slab with its access
 // width) and the ratio to the aligned baseline (issue 19's target: >= 50%).
@@ -9,7 +11,7 @@
 // each checked byte for byte too. LAYOUT_RANDOM=n adds n random layouts (RandomCases) after the
 // named ones; LAYOUT_ONLY=i,j,... keeps only those cases (indices in the printed order, named
 // first; the aligned baseline, case 0, always runs).
-// Usage: [LAYOUT_RANDOM=n] [LAYOUT_ONLY=i,j,...] layout_bench [--quick]
+// Usage: [LAYOUT_RANDOM=n] [LAYOUT_ONLY=i,j,...] layout_bench [--quick] [--src-gpu N] [--dst-gpu N]
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -24,12 +26,23 @@
 #include "kernels/plan_math.h"
 #include "daemon/planner/planner.h"
 #include "kernels/kv_copy.h"
+#include "tests/gpu/bench_check.h"
 #include "tests/gpu/gpu_util.h"
 
 namespace kvrail {
 namespace {
 
 using v1::PagedKvLayout;
+
+gpu_bench::GpuPair g_pair;  // set once by main
+
+// `bytes` of device memory on GPU `device`; the source GPU stays current (the kernel runs there).
+void* AllocOn(int device, size_t bytes) {
+  gpu_bench::Check(cudaSetDevice(device), "cudaSetDevice");
+  void* p = gpu_test::DeviceAlloc(bytes);
+  gpu_bench::Check(cudaSetDevice(g_pair.src), "cudaSetDevice");
+  return p;
+}
 
 struct Side {
   PagedKvLayout layout;
@@ -95,7 +108,8 @@ constexpr int kNumForms = sizeof(kSegmentForms) / sizeof(kSegmentForms[0]);
 
 struct Result {
   std::string name, path, plan;
-  double gbps32 = 0, gbps132 = 0;
+  double gbps32 = 0, gbps132 = 0;  // medians of spread32 / spread132
+  gpu_bench::Spread spread32, spread132;
   double slab32 = 0;      // the slab path at 32 CTAs (whatever Upload chose)
   double pieces32 = 0;    // the warp path at 32 CTAs, where PieceBytesFor allows it
   // kSegmentForms at 32 / 132 CTAs, in that order.
@@ -147,8 +161,8 @@ Result RunCase(const Case& c, std::mt19937_64& rng, int reps) {
   for (uint32_t t = 0; t < plan->num_tiles(); ++t) {
     planner::ExecuteTileHost(*plan, t, host_src.data(), want.data());
   }
-  uint8_t* src_dev = static_cast<uint8_t*>(gpu_test::DeviceAlloc(src_size));
-  uint8_t* dst_dev = static_cast<uint8_t*>(gpu_test::DeviceAlloc(dst_size));
+  uint8_t* src_dev = static_cast<uint8_t*>(AllocOn(g_pair.src, src_size));
+  uint8_t* dst_dev = static_cast<uint8_t*>(AllocOn(g_pair.dst, dst_size));
   gpu_test::CopyToDevice(src_dev, host_src.data(), src_size);
   gpu_test::Memset(dst_dev, 0xAB, dst_size);
   absl::StatusOr<kernels::DevicePlanBuffer> dp = kernels::DevicePlanBuffer::Upload(
@@ -177,8 +191,9 @@ Result RunCase(const Case& c, std::mt19937_64& rng, int reps) {
     std::fprintf(stderr, "%s: MISMATCH first at dst byte %zu (kernel %d, host twin %d)\n",
                  c.name.c_str(), first, got[first], want[first]);
   }
-  auto time = [&](const kernels::DevicePlan& p, int ctas) {
-    std::vector<float> ms;
+  // GB/s of each of `reps` launches (after one warm-up).
+  auto runs = [&](const kernels::DevicePlan& p, int ctas) {
+    std::vector<double> gbps;
     gpu_test::Timer timer;
     auto go = [&] {
       absl::Status s = kernels::LaunchKvCopy(p, 0, plan->num_tiles(), ctas, nullptr);
@@ -188,13 +203,15 @@ Result RunCase(const Case& c, std::mt19937_64& rng, int reps) {
     for (int i = 0; i < reps; ++i) {
       timer.Start();
       go();
-      ms.push_back(timer.StopMs());
+      gbps.push_back(r.bytes / (timer.StopMs() / 1e3) / 1e9);
     }
-    std::sort(ms.begin(), ms.end());
-    return r.bytes / (ms[ms.size() / 2] / 1e3) / 1e9;
+    return gpu_bench::SpreadOf(gbps);
   };
-  r.gbps32 = time(dp->plan(), 32);
-  r.gbps132 = time(dp->plan(), 132);
+  auto time = [&](const kernels::DevicePlan& p, int ctas) { return runs(p, ctas).median; };
+  r.spread32 = runs(dp->plan(), 32);
+  r.spread132 = runs(dp->plan(), 132);
+  r.gbps32 = r.spread32.median;
+  r.gbps132 = r.spread132.median;
   // The three inner loops on the same plan, at the daemon's default budget, and the segment
   // path's forms at 32 and 132 CTAs on every chunked plan (whichever path Upload chose).
   kernels::DevicePlan alt = dp->plan();
@@ -381,13 +398,15 @@ std::vector<Case> RandomCases(std::mt19937_64& rng, int n, bool quick) {
 
 int main(int argc, char** argv) {
   using namespace kvrail;
-  const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
   if (gpu_test::DeviceCount() == 0) {
     std::printf("no CUDA device\n");
     return 1;
   }
-  std::printf("layout_bench on %s (%d SMs), GPU0 -> GPU0, kernel only\n",
-              gpu_test::DeviceName(0).c_str(), gpu_test::SmCount(0));
+  g_pair = gpu_bench::TakeGpuPair(&argc, argv);
+  const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  std::printf("layout_bench on %s (%d SMs), %s, kernel only (on GPU%d)\n",
+              gpu_test::DeviceName(g_pair.src).c_str(), gpu_test::SmCount(g_pair.src),
+              g_pair.Name().c_str(), g_pair.src);
   std::mt19937_64 rng(19);
   std::vector<Result> results;
   std::vector<Case> cases = NamedCases(quick);
@@ -430,8 +449,9 @@ int main(int argc, char** argv) {
   // Segment forms, by DevicePlan::segment_units: 6 registers, 103 bulk copies (3 stages), 2UP
   // split registers with U whole units per lane and round and P + 1 segments per lane.
   std::string head =
-      "\n| layout | MiB | kernel path (chosen) | bytes | GB/s 32 CTAs | vs aligned | GB/s 132 CTAs "
-      "| vs aligned | 32 CTAs: slab / pieces |";
+      "\n| layout | MiB | kernel path (chosen) | bytes | GB/s at 32 CTAs, shipped default: median "
+      "(min-max) | vs aligned | GB/s at 132 CTAs, tuned: median (min-max) | vs aligned | 32 CTAs: "
+      "slab / pieces |";
   std::string rule = "|---|---|---|---|---|---|---|---|---|";
   for (int form : kSegmentForms) {
     head += absl::StrFormat(" segment form %d: 32 / 132 |", form);
@@ -448,9 +468,10 @@ int main(int argc, char** argv) {
     }
     const std::string slab = absl::StrFormat(
         "%.1f / %s", r.slab32, r.pieces32 > 0 ? absl::StrFormat("%.1f", r.pieces32) : "-");
-    std::printf("| %s | %.0f | %s | %s | %.1f | %.0f%% | %.1f | %.0f%% | %s |%s\n", r.name.c_str(),
-                r.bytes / 1048576.0, r.path.c_str(), r.ok ? "OK" : "MISMATCH", r.gbps32,
-                100 * r.gbps32 / base32, r.gbps132, 100 * r.gbps132 / base132, slab.c_str(),
+    std::printf("| %s | %.0f | %s | %s | %s | %.0f%% | %s | %.0f%% | %s |%s\n", r.name.c_str(),
+                r.bytes / 1048576.0, r.path.c_str(), r.ok ? "OK" : "MISMATCH",
+                gpu_bench::Cell(r.spread32).c_str(), 100 * r.gbps32 / base32,
+                gpu_bench::Cell(r.spread132).c_str(), 100 * r.gbps132 / base132, slab.c_str(),
                 forms.c_str());
   }
   return failed == 0 ? 0 : 1;

@@ -30,6 +30,7 @@
 #include "daemon/fabric/tile_pack.h"
 #include "daemon/planner/planner.h"
 #include "daemon/planner/testing/random_case.h"
+#include "tests/gpu/gpu_skip.h"
 #include "tests/gpu/gpu_util.h"
 #include "tests/gpu/pinned_staging.h"
 
@@ -133,20 +134,14 @@ void RunAll(const Route& route) {
 }
 
 TEST_CASE("relay through the same GPU (R == S forced), byte for byte with poisoned destinations") {
-  if (gpu_test::DeviceCount() < 1) {
-    WARN("no CUDA device: skipped");
-    return;
-  }
+  if (!gpu_test::HaveGpus(1, gpu_test::DeviceCount())) return;
   RunAll(Route{0, 0, 0, 0});
   WARN("relay_gpu_test: R == S on GPU0 (" << gpu_test::DeviceName(0) << "): " << g_relayed
                                           << " tiles relayed, byte for byte");
 }
 
 TEST_CASE("two GPUs: S -> R over NVLink -> send slot, receive slot -> R' -> D over NVLink") {
-  if (gpu_test::DeviceCount() < 2) {
-    WARN("fewer than two CUDA devices: the two-GPU relay is not run here");
-    return;
-  }
+  if (!gpu_test::HaveGpus(2, gpu_test::DeviceCount())) return;
   if (!cuda::CanAccessPeer(0, 1) || !cuda::CanAccessPeer(1, 0)) {
     // The stage must refuse the relay and name it (the transfer keeps the direct path).
     FabricOptions options;

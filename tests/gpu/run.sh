@@ -316,9 +316,9 @@ step_layouts() {
 }
 step_first() {
   local rc=0
-  prog first_vs_warm 150 bin/issue19_daemon_bench first $pair || rc=1
+  prog first_vs_warm 150 bin/first_transfer_bench first $pair || rc=1
   show first_vs_warm
-  prog first_phases 120 bin/issue19_g1_bench first $pair || rc=1
+  prog first_phases 120 bin/critical_path_bench first $pair || rc=1
   show first_phases
   return $rc
 }
@@ -335,9 +335,9 @@ step_streaming() {
 }
 step_critical() {
   local rc=0
-  prog critical_latency 150 bin/issue19_g1_bench latency $pair || rc=1
+  prog critical_latency 150 bin/critical_path_bench latency $pair || rc=1
   show critical_latency 'p50|phase'
-  prog copy_split 200 bin/issue19_g1_bench split $pair || rc=1
+  prog copy_split 200 bin/critical_path_bench split $pair || rc=1
   show copy_split
   return $rc
 }

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Issue 19.3 (SW) on one GPU, from .devpack_sw/ (built here, packed with
-#   /work/briefs/devpack_to .devpack_sw bazel-bin/daemon/kvraild \
-#     bazel-bin/tests/gpu/stream_wait_gpu_test bazel-bin/tests/gpu/flags_gpu_test \
-#     bazel-bin/tests/gpu/streaming_bench):
+# The GPU stream wait's diagnostics on one GPU, from the GPU pack (tests/gpu/pack.sh; carry
+# .gpupack: the pack is unpacked with tests/gpu/run.sh unpack) or from the pack folder DEVPACK
+# names (tests/gpu/devpack.sh -o DEVPACK ...). The routine runs are tests/gpu/run.sh's
+# stream-wait and streaming steps; this script keeps the probes below:
 #  1. the one-GPU hang shown: the byte-for-byte case in the old order (the producer kernel not
 #     loaded before the engine's waits; KVRAIL_SW_NO_PRELOAD=1), bounded by a short timeout, and
 #     the same with CUDA_MODULE_LOADING=EAGER;
@@ -17,7 +17,7 @@
 # Logs go to $OUT. Run: bash tests/gpu/run_stream_wait.sh (DEVPACK names another pack folder).
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
-pack=$PWD/${DEVPACK:-.devpack_sw}
+if [[ -n ${DEVPACK:-} ]]; then pack=$PWD/$DEVPACK; else pack=$(bash tests/gpu/run.sh unpack) || exit 2; fi
 export LD_LIBRARY_PATH=$pack/lib:$LD_LIBRARY_PATH
 ln -sf "$pack/bin/kvraild" "$rf/kvrail/daemon/kvraild"
 nvidia-smi -L; date -u

@@ -1,4 +1,4 @@
-// Issue 6 on the GPU machine, one program, printed tables:
+// Layer-wise streaming and priorities on the GPU machine, one program, printed tables:
 //  1. Layer-wise streaming: a simulated 32-layer prefill (one kernel per layer of known duration,
 //     each writing that layer's KV: Llama-3-8B shape, 4096 tokens, 16 MiB per layer) whose stream
 //     marks each layer ready with cuStreamWriteValue32 on a shared flag word; kvraild moves each
@@ -7,14 +7,15 @@
 //     prefill; and one layer's transfer alone.
 //  2. Priorities: 16 MiB critical transfers while an 8 GiB background transfer runs, vs the same
 //     transfers in the background's class (FIFO behind it), vs an idle engine.
-// With one GPU both pools live on GPU0; with two, the destination is on GPU1.
+// Sources (and the simulated prefill) on --src-gpu, destinations on --dst-gpu (GPU0 -> GPU0 by
+// default; KVRAIL_GPU_PAIR as tests/gpu/run.sh sets it). Rows print p50 with min and max.
 // Outside Bazel: TEST_SRCDIR/TEST_WORKSPACE point at a folder holding daemon/kvraild.
-// Flags (issue 19.3): --stream-wait 1 starts kvraild with `cuda_stream_wait: true` (layer-wise
+// Flags: --stream-wait 1 starts kvraild with `cuda_stream_wait: true` (layer-wise
 // layers wait on the GPU, cuStreamWaitValue32, instead of the readiness poller); --reps N
 // streaming repetitions (first one not counted; default 6); --streaming-only skips part 2.
 // Besides the tail it prints every other layer's lag (its ready word seen by the host -> its
 // arrival word seen), so a per-layer cost shows apart from the last layer's.
-#include <fstream>
+#include <cuda_runtime_api.h>
 #include <signal.h>
 
 #include <algorithm>
@@ -23,17 +24,17 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <numeric>
 #include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include <cuda_runtime_api.h>
-
 #include "client/cuda_export.h"
 #include "client/cuda_flags.h"
 #include "client/kvrail_client.h"
+#include "tests/gpu/bench_check.h"
 #include "tests/gpu/prefill_sim.h"
 #include "tests/harness/daemon_process.h"
 
@@ -97,6 +98,7 @@ void SpinUntil(volatile uint32_t* word, uint32_t value) {
 }
 
 int Main(int argc, char** argv) {
+  const gpu_bench::GpuPair pair = gpu_bench::TakeGpuPair(&argc, argv);
   bool stream_wait = false, streaming_only = false;
   int reps = 6;
   for (int i = 1; i < argc; ++i) {
@@ -105,9 +107,7 @@ int Main(int argc, char** argv) {
     else if (a == "--reps" && i + 1 < argc) reps = std::max(2, std::atoi(argv[++i]));
     else if (a == "--streaming-only") streaming_only = true;
   }
-  int devices = 0;
-  CHECK_CUDA(cudaGetDeviceCount(&devices));
-  const int dst_device = devices > 1 ? 1 : 0;
+  const int dst_device = pair.dst;
   testing::TempDir dir;
   testing::DaemonProcess daemon;
   std::vector<std::string> args;
@@ -125,7 +125,7 @@ int Main(int argc, char** argv) {
   client::Client& cl = **c;
 
   // Pools: the prompt's 256 blocks on the source; a 512-block destination, scattered.
-  auto src = client::CudaBuffer::Create(0, PoolBytes(kPromptBlocks));
+  auto src = client::CudaBuffer::Create(pair.src, PoolBytes(kPromptBlocks));
   auto dst = client::CudaBuffer::Create(dst_device, PoolBytes(2 * kPromptBlocks));
   CHECK_OK(src.status());
   CHECK_OK(dst.status());
@@ -154,10 +154,10 @@ int Main(int argc, char** argv) {
   flag_spec.mutable_bytes();
   auto flags_region = cl.RegisterHostBuffer(**flag_buffer, flag_spec);
   CHECK_OK(flags_region.status());
-  auto gpu_flags = client::CudaFlags::Map(words, 1024, 0);
+  auto gpu_flags = client::CudaFlags::Map(words, 1024, pair.src);
   CHECK_OK(gpu_flags.status());
 
-  CHECK_CUDA(cudaSetDevice(0));
+  CHECK_CUDA(cudaSetDevice(pair.src));
   cudaStream_t stream;
   CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   const uint64_t layer_ns = 400000;  // 400 us of "compute" per layer
@@ -268,19 +268,22 @@ int Main(int argc, char** argv) {
     CHECK_OK(cl.Wait(os->transfer_id(), absl::Seconds(10)).status());
     if (rep > 0) layer_alone.push_back(Us(Clock::now() - o0));
   }
-  std::printf("kvrail streaming benchmark: GPU0 -> GPU%d, Llama-3-8B KV (32 layers x 16 MiB), "
-              "%llu us per simulated layer\n\n", dst_device,
-              static_cast<unsigned long long>(layer_ns / 1000));
-  std::printf("1. from the end of prefill to all KV arrived (p50 / max over %zu runs)\n", stream_tail.size());
-  std::printf("   %-44s %10.1f us %10.1f us\n", "layer-wise streaming (GPU flags, no RPC/layer)",
-              Pct(stream_tail, 0.5), Pct(stream_tail, 1.0));
-  std::printf("   %-44s %10.1f us %10.1f us (p90 %.1f, %zu layers)\n",
-              "layers 0-30: ready seen -> arrival seen", Pct(layer_lag, 0.5),
+  std::printf(
+      "kvrail streaming benchmark: %s, Llama-3-8B KV (32 layers x 16 MiB), "
+      "%llu us per simulated layer\n\n",
+      pair.Name().c_str(), static_cast<unsigned long long>(layer_ns / 1000));
+  std::printf("1. from the end of prefill to all KV arrived (p50 / min / max over %zu runs)\n",
+              stream_tail.size());
+  std::printf("   %-44s %10.1f us %10.1f us %10.1f us\n",
+              "layer-wise streaming (GPU flags, no RPC/layer)", Pct(stream_tail, 0.5),
+              Pct(stream_tail, 0), Pct(stream_tail, 1.0));
+  std::printf("   %-44s %10.1f us %10.1f us %10.1f us (p90 %.1f, %zu layers)\n",
+              "layers 0-30: ready seen -> arrival seen", Pct(layer_lag, 0.5), Pct(layer_lag, 0),
               Pct(layer_lag, 1.0), Pct(layer_lag, 0.9), layer_lag.size());
-  std::printf("   %-44s %10.1f us %10.1f us\n", "bulk transfer submitted after prefill",
-              Pct(bulk_tail, 0.5), Pct(bulk_tail, 1.0));
-  std::printf("   %-44s %10.1f us %10.1f us\n", "one 16 MiB layer alone (submit -> done)",
-              Pct(layer_alone, 0.5), Pct(layer_alone, 1.0));
+  std::printf("   %-44s %10.1f us %10.1f us %10.1f us\n", "bulk transfer submitted after prefill",
+              Pct(bulk_tail, 0.5), Pct(bulk_tail, 0), Pct(bulk_tail, 1.0));
+  std::printf("   %-44s %10.1f us %10.1f us %10.1f us\n", "one 16 MiB layer alone (submit -> done)",
+              Pct(layer_alone, 0.5), Pct(layer_alone, 0), Pct(layer_alone, 1.0));
   std::printf("   target: streaming tail <= one layer's transfer + 50 us = %.1f us -> %s\n",
               Pct(layer_alone, 0.5) + 50,
               Pct(stream_tail, 0.5) <= Pct(layer_alone, 0.5) + 50 ? "met" : "MISSED");
@@ -299,7 +302,7 @@ int Main(int argc, char** argv) {
 
   // --- 2. priorities -----------------------------------------------------------------------
   const uint32_t bg_blocks = 4096;  // 8 GiB per pool
-  auto bg_src = client::CudaBuffer::Create(0, PoolBytes(bg_blocks));
+  auto bg_src = client::CudaBuffer::Create(pair.src, PoolBytes(bg_blocks));
   auto bg_dst = client::CudaBuffer::Create(dst_device, PoolBytes(bg_blocks));
   CHECK_OK(bg_src.status());
   CHECK_OK(bg_dst.status());
@@ -353,10 +356,15 @@ int Main(int argc, char** argv) {
                          ((bg_status->finished_unix_us() - bg_status->submitted_unix_us()) * 1e3);
   auto fifo = measure(true, v1::PRIORITY_BACKGROUND, 1000, &bg_id);
   std::printf("2. 16 MiB critical transfers, submit -> done, beside an 8 GiB background transfer\n");
-  std::printf("   %-36s %8s %10s %10s\n", "", "samples", "p50 us", "p99 us");
-  std::printf("   %-36s %8zu %10.1f %10.1f\n", "idle engine", idle.size(), Pct(idle, 0.5), Pct(idle, 0.99));
-  std::printf("   %-36s %8zu %10.1f %10.1f\n", "critical class (priorities)", prio.size(), Pct(prio, 0.5), Pct(prio, 0.99));
-  std::printf("   %-36s %8zu %10.1f %10.1f\n", "same class as the background (FIFO)", fifo.size(), Pct(fifo, 0.5), Pct(fifo, 0.99));
+  std::printf("   %-36s %8s %10s %10s %10s %10s\n", "", "samples", "p50 us", "p99 us", "min us",
+              "max us");
+  for (const auto& [label, v] :
+       {std::pair<const char*, const std::vector<double>*>{"idle engine", &idle},
+        {"critical class (priorities)", &prio},
+        {"same class as the background (FIFO)", &fifo}}) {
+    std::printf("   %-36s %8zu %10.1f %10.1f %10.1f %10.1f\n", label, v->size(), Pct(*v, 0.5),
+                Pct(*v, 0.99), Pct(*v, 0), Pct(*v, 1.0));
+  }
   std::printf("   background transfer alone moved at %.1f GB/s (8 GiB, submit -> done)\n", bg_gbps);
   std::printf("   target: critical p99 <= 2x idle p99 (%.1f us) -> %s\n", 2 * Pct(idle, 0.99),
               Pct(prio, 0.99) <= 2 * Pct(idle, 0.99) ? "met" : "MISSED");

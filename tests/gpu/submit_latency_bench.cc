@@ -1,8 +1,9 @@
 // The C++ client's half of the Python overhead benchmark (tests/gpu/python_overhead.py runs both
-// against one kvraild): 16 MiB GPU0 -> GPU0 transfers, submit -> completion seen by the client
-// (Submit + Wait on the session socket), one at a time. Prints one machine-readable line:
-//   cxx p50_us=.. p99_us=.. min_us=.. n=..
-// Usage: submit_latency_bench SOCKET [ITERATIONS]
+// against one kvraild): 16 MiB transfers from --src-gpu to --dst-gpu (GPU0 -> GPU0 by default),
+// submit -> completion seen by the client (Submit + Wait on the session socket), one at a time.
+// Prints one machine-readable line:
+//   cxx p50_us=.. p99_us=.. min_us=.. max_us=.. n=..
+// Usage: submit_latency_bench SOCKET [ITERATIONS] [--src-gpu N] [--dst-gpu N]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -12,6 +13,7 @@
 
 #include "client/cuda_export.h"
 #include "client/kvrail_client.h"
+#include "tests/gpu/bench_check.h"
 
 namespace kvrail {
 namespace {
@@ -34,11 +36,11 @@ v1::RegionSpec PoolSpec(const char* name, bool writable) {
   return spec;
 }
 
-int Run(const std::string& socket, int iterations) {
+int Run(const std::string& socket, int iterations, const gpu_bench::GpuPair& pair) {
   constexpr size_t kPoolBytes = 2ull * 512 * 16 * 8 * 128 * 2;
   auto client = client::Client::Connect(socket);
-  auto src = client::CudaBuffer::Create(0, kPoolBytes);
-  auto dst = client::CudaBuffer::Create(0, kPoolBytes);
+  auto src = client::CudaBuffer::Create(pair.src, kPoolBytes);
+  auto dst = client::CudaBuffer::Create(pair.dst, kPoolBytes);
   if (!client.ok() || !src.ok() || !dst.ok()) {
     std::fprintf(stderr, "setup failed\n");
     return 1;
@@ -70,8 +72,8 @@ int Run(const std::string& socket, int iterations) {
     if (i >= 20) us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
   }
   std::sort(us.begin(), us.end());
-  std::printf("cxx p50_us=%.1f p99_us=%.1f min_us=%.1f n=%zu\n", us[us.size() / 2],
-              us[us.size() * 99 / 100], us.front(), us.size());
+  std::printf("cxx p50_us=%.1f p99_us=%.1f min_us=%.1f max_us=%.1f n=%zu\n", us[us.size() / 2],
+              us[us.size() * 99 / 100], us.front(), us.back(), us.size());
   return 0;
 }
 
@@ -79,9 +81,10 @@ int Run(const std::string& socket, int iterations) {
 }  // namespace kvrail
 
 int main(int argc, char** argv) {
+  const kvrail::gpu_bench::GpuPair pair = kvrail::gpu_bench::TakeGpuPair(&argc, argv);
   if (argc < 2) {
-    std::fprintf(stderr, "usage: %s SOCKET [ITERATIONS]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s SOCKET [ITERATIONS] [--src-gpu N] [--dst-gpu N]\n", argv[0]);
     return 2;
   }
-  return kvrail::Run(argv[1], argc > 2 ? std::atoi(argv[2]) : 300);
+  return kvrail::Run(argv[1], argc > 2 ? std::atoi(argv[2]) : 300, pair);
 }

@@ -1,4 +1,5 @@
-// Issue 19 through the real kvraild, GPU0 -> GPU0 (one H200):
+// The first transfer and the copy-engine-only mode through the real kvraild, sources on
+// --src-gpu and destinations on --dst-gpu (GPU0 -> GPU0 by default):
 //  1. First transfer after start against the warm rate: a fresh daemon, 512 MiB of scattered
 //     16 KiB blocks, the first transfer then 20 more (median), with the engine's warm-up on
 //     (default) and off (cuda_warm_up: false), each daemon started fresh.
@@ -7,6 +8,7 @@
 //     plans get a small kernel) and with 0 (copy engines regardless): GB/s, the engine that ran
 //     and the path_reason the operator sees (bytes are checked by cuda_engine_gpu_test).
 // Needs daemon/kvraild through TEST_SRCDIR/TEST_WORKSPACE, as the GPU tests do.
+// Usage: first_transfer_bench [first|copy|all] [--src-gpu N] [--dst-gpu N]
 #include <cuda_runtime_api.h>
 #include <signal.h>
 
@@ -32,6 +34,8 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using gpu_bench::Check;
 using gpu_bench::Must;
+
+gpu_bench::GpuPair g_pair;  // set once by main: sources on src, destinations on dst
 
 struct Daemon {
   testing::TempDir dir;
@@ -94,7 +98,8 @@ struct Pool {
 
 Pool MakePool(Daemon& d, const v1::PagedKvLayout& layout, bool writable, const char* name) {
   Pool p;
-  p.buffer = Must(client::CudaBuffer::Create(0, Bytes(layout)), "cuda buffer");
+  p.buffer = Must(client::CudaBuffer::Create(writable ? g_pair.dst : g_pair.src, Bytes(layout)),
+                  "cuda buffer");
   if (!p.buffer->Fill(writable ? 0xAB : 0x5C).ok()) {
     std::fprintf(stderr, "fill failed\n");
     std::exit(1);
@@ -181,11 +186,10 @@ void FirstVsWarm(bool warm_up) {
   std::sort(wr.begin(), wr.end());
   std::printf("  warm medians: %lld us submit -> started, %lld us started -> finished\n",
               static_cast<long long>(wq[wq.size() / 2]), static_cast<long long>(wr[wr.size() / 2]));
-  std::vector<double> warm(gbps.begin() + 1, gbps.end());
-  std::sort(warm.begin(), warm.end());
-  const double median = warm[warm.size() / 2];
-  std::printf("| %s | %.1f | %.1f | %.0f%% |\n", warm_up ? "on (default)" : "off", gbps[0], median,
-              100 * gbps[0] / median);
+  const gpu_bench::Spread warm =
+      gpu_bench::SpreadOf(std::vector<double>(gbps.begin() + 1, gbps.end()));
+  std::printf("| %s | %.1f | %s | %.0f%% |\n", warm_up ? "on (default)" : "off", gbps[0],
+              gpu_bench::Cell(warm).c_str(), 100 * gbps[0] / warm.median);
   std::printf("  engine: %s\n", d.Engines().c_str());
   std::fflush(stdout);
 }
@@ -237,17 +241,21 @@ void CopyOnly(const std::string& config, const std::string& label, bool small) {
 
 int main(int argc, char** argv) {
   using namespace kvrail;
+  g_pair = gpu_bench::TakeGpuPair(&argc, argv);
   const std::string part = argc > 1 ? argv[1] : "all";
+  const std::string where = g_pair.Name();
   if (part == "all" || part == "first") {
-    std::printf("\n1. First transfer after start vs warm (512 MiB of scattered 16 KiB blocks, GPU0 -> "
-                "GPU0, submit -> completion, a fresh kvraild each row)\n\n");
-    std::printf("| warm-up | first GB/s | warm median GB/s (20) | first / warm |\n|---|---|---|---|\n");
+    std::printf("\n1. First transfer after start vs warm (512 MiB of scattered 16 KiB blocks, %s, "
+                "submit -> completion, a fresh kvraild each row)\n\n", where.c_str());
+    std::printf("| warm-up | first GB/s | warm GB/s: median (min-max) of 20 | first / warm |\n"
+                "|---|---|---|---|\n");
     FirstVsWarm(true);
     FirstVsWarm(false);
     FirstVsWarm(true);
   }
   if (part == "all" || part == "copy") {
-    std::printf("\n2. Copy-engine-only mode (cuda_max_ctas 0), GPU0 -> GPU0, second of two runs\n\n");
+    std::printf("\n2. Copy-engine-only mode (cuda_max_ctas 0), %s, second of two runs\n\n",
+                where.c_str());
     std::printf("| setting | layout | MiB | GB/s | engine | path_reason |\n|---|---|---|---|---|---|\n");
     CopyOnly("cuda_max_ctas: 0", "cuda_copy_only_kernel_ctas 4 (default)", false);
     CopyOnly("cuda_max_ctas: 0 cuda_copy_only_kernel_ctas: 0", "cuda_copy_only_kernel_ctas 0", true);

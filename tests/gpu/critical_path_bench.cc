@@ -1,4 +1,5 @@
-// Issue 19 (G1) through the real kvraild, GPU0 -> GPU0 (one H200). Parts (argv[1], default all):
+// The critical path through the real kvraild, sources on --src-gpu and destinations on --dst-gpu
+// (GPU0 -> GPU0 by default). Parts (the first argument, default all):
 //  split    kernel and copy engines together: 256 MiB of scattered 4 / 32 / 128 KiB blocks with
 //           the kernel alone (cuda_copy_split_max_percent 0), the learned split (default), fixed
 //           10% and 30% shares, and the copy engines alone; median of 10 after 6 warm transfers,
@@ -10,7 +11,9 @@
 //           Wait after the daemon's finish; then the warm medians, a fresh daemon per row.
 //  latency  a 16 MiB critical transfer (1024 x 16 KiB blocks), submit -> completion seen by the
 //           client, p50 / p90 of 200 after 20 warm-ups, with the phase medians.
-// Needs daemon/kvraild through TEST_SRCDIR/TEST_WORKSPACE, as the GPU tests do.
+// Rows print the median with min-max of their runs. Needs daemon/kvraild through
+// TEST_SRCDIR/TEST_WORKSPACE, as the GPU tests do.
+// Usage: critical_path_bench [split|first|latency|all] [--src-gpu N] [--dst-gpu N]
 #include <cuda_runtime_api.h>
 #include <signal.h>
 
@@ -39,6 +42,8 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using gpu_bench::Check;
 using gpu_bench::Must;
+
+gpu_bench::GpuPair g_pair;  // set once by main: sources on src, destinations on dst
 
 double UnixUs() { return absl::ToDoubleMicroseconds(absl::Now() - absl::UnixEpoch()); }
 
@@ -109,7 +114,9 @@ struct Pool {
 
 Pool MakePool(Daemon& d, const v1::PagedKvLayout& layout, uint64_t bytes, bool writable) {
   Pool p;
-  p.buffer = Must(client::CudaBuffer::Create(0, bytes), "cuda buffer");
+  const int device = writable ? g_pair.dst : g_pair.src;
+  p.buffer = Must(client::CudaBuffer::Create(device, bytes), "cuda buffer");
+  Check(cudaSetDevice(device), "cudaSetDevice");
   if (writable) {
     Check(cudaMemset(p.buffer->data(), 0xAB, bytes), "poison");
   } else {
@@ -121,6 +128,7 @@ Pool MakePool(Daemon& d, const v1::PagedKvLayout& layout, uint64_t bytes, bool w
     }
     Check(cudaMemcpy(p.buffer->data(), p.host.data(), bytes, cudaMemcpyHostToDevice), "upload");
   }
+  Check(cudaSetDevice(g_pair.src), "cudaSetDevice");
   v1::RegionSpec spec;
   spec.set_name(writable ? "dst" : "src");
   spec.set_writable(writable);
@@ -182,7 +190,6 @@ void SplitRow(const char* label, const std::string& config) {
       if (i >= 6) gbps.push_back(n * static_cast<double>(block) / t.seconds / 1e9);
       engine = t.status.engine();
     }
-    std::sort(gbps.begin(), gbps.end());
     // Byte for byte: every destination block holds its source block.
     std::vector<uint8_t> got(uint64_t{pool} * block);
     Check(cudaMemcpy(got.data(), dst.buffer->data(), got.size(), cudaMemcpyDeviceToHost), "read");
@@ -191,7 +198,7 @@ void SplitRow(const char* label, const std::string& config) {
       wrong += std::memcmp(got.data() + uint64_t{db[i]} * block,
                            src.host.data() + uint64_t{sb[i]} * block, block) != 0;
     }
-    std::printf(" %.1f (%s%s) |", gbps[gbps.size() / 2], engine.c_str(),
+    std::printf(" %s (%s%s) |", gpu_bench::Cell(gpu_bench::SpreadOf(gbps)).c_str(), engine.c_str(),
                 wrong == 0 ? "" : absl::StrCat(", ", wrong, " BLOCKS WRONG").c_str());
     std::fflush(stdout);
     engines.push_back(absl::StrCat(kib, " KiB: ", d.Engines()));
@@ -248,6 +255,7 @@ void FirstRow(const char* label, const std::string& config,
     warm_gbps.push_back(n * static_cast<double>(block) / runs[i].seconds / 1e9);
   }
   for (auto& v : warm) std::sort(v.begin(), v.end());
+  const gpu_bench::Spread warm_spread = gpu_bench::SpreadOf(warm_gbps);
   std::sort(warm_gbps.begin(), warm_gbps.end());
   // Two kinds of pause, five of each: the GPU left alone, and the GPU last used by this process
   // just before the transfer (as MakePool's poisoning and upload did before the first), which
@@ -281,18 +289,19 @@ void FirstRow(const char* label, const std::string& config,
   const double first_gbps = n * static_cast<double>(block) / runs[0].seconds / 1e9;
   const double median = warm_gbps[warm_gbps.size() / 2];
   const auto f = phases(runs[0]);
-  std::printf("| %s | %.1f | %.1f | %.0f%% | %.0f / %.0f / %.0f / %.0f / %.0f / %.0f / %.0f | "
-              "%.0f / %.0f / %.0f / %.0f / %.0f / %.0f / %.0f | %.0f ms: %.1f | %.0f%% | "
-              "%.0f / %.0f / %.0f / %.0f / %.0f / %.0f / %.0f | %.1f | %.0f%% | "
-              "%.0f / %.0f / %.0f / %.0f / %.0f / %.0f / %.0f |\n",
-              label, first_gbps, median, 100 * first_gbps / median, f[0], f[1], f[2], f[3], f[4],
-              f[5], f[6], warm[0][10], warm[1][10], warm[2][10], warm[3][10], warm[4][10],
-              warm[5][10], warm[6][10],
-              std::chrono::duration<double, std::milli>(idle).count(), paused_median,
-              100 * first_gbps / paused_median, paused[0][2], paused[1][2], paused[2][2],
-              paused[3][2], paused[4][2], paused[5][2], paused[6][2], touched_median,
-              100 * first_gbps / touched_median, touched[0][2], touched[1][2], touched[2][2],
-              touched[3][2], touched[4][2], touched[5][2], touched[6][2]);
+  std::printf(
+      "| %s | %.1f | %s | %.0f%% | %.0f / %.0f / %.0f / %.0f / %.0f / %.0f / %.0f | "
+      "%.0f / %.0f / %.0f / %.0f / %.0f / %.0f / %.0f | %.0f ms: %.1f | %.0f%% | "
+      "%.0f / %.0f / %.0f / %.0f / %.0f / %.0f / %.0f | %.1f | %.0f%% | "
+      "%.0f / %.0f / %.0f / %.0f / %.0f / %.0f / %.0f |\n",
+      label, first_gbps, gpu_bench::Cell(warm_spread).c_str(), 100 * first_gbps / median, f[0],
+      f[1], f[2], f[3], f[4], f[5], f[6], warm[0][10], warm[1][10], warm[2][10], warm[3][10],
+      warm[4][10], warm[5][10], warm[6][10],
+      std::chrono::duration<double, std::milli>(idle).count(), paused_median,
+      100 * first_gbps / paused_median, paused[0][2], paused[1][2], paused[2][2], paused[3][2],
+      paused[4][2], paused[5][2], paused[6][2], touched_median, 100 * first_gbps / touched_median,
+      touched[0][2], touched[1][2], touched[2][2], touched[3][2], touched[4][2], touched[5][2],
+      touched[6][2]);
   std::printf("  kvraild start + connect %.1f ms; engine after the first: %s\n", start_ms,
               first_engine.c_str());
   std::printf("  engine after the last: %s\n", d.Engines().c_str());
@@ -334,9 +343,9 @@ void Latency(const char* label, const std::string& config,
   std::sort(lat.begin(), lat.end());
   for (auto& v : ph) std::sort(v.begin(), v.end());
   const size_t m = lat.size() / 2;
-  std::printf("| %s | %.1f | %.1f | %.1f | %.1f / %.1f / %.1f / %.1f / %.1f / %.1f |\n", label,
-              lat[m], lat[lat.size() * 9 / 10], lat[0], ph[0][m], ph[1][m], ph[2][m], ph[3][m],
-              ph[4][m], ph[5][m]);
+  std::printf("| %s | %.1f | %.1f | %.1f | %.1f | %.1f / %.1f / %.1f / %.1f / %.1f / %.1f |\n",
+              label, lat[m], lat[lat.size() * 9 / 10], lat[0], lat.back(), ph[0][m], ph[1][m],
+              ph[2][m], ph[3][m], ph[4][m], ph[5][m]);
   std::printf("  engine: %s\n", d.Engines().c_str());
   std::fflush(stdout);
 }
@@ -346,10 +355,15 @@ void Latency(const char* label, const std::string& config,
 
 int main(int argc, char** argv) {
   using namespace kvrail;
+  g_pair = gpu_bench::TakeGpuPair(&argc, argv);
   const std::string part = argc > 1 ? argv[1] : "all";
+  const std::string where_text = g_pair.Name();
+  const char* where = where_text.c_str();
   if (part == "all" || part == "split") {
-    std::printf("\nsplit: 256 MiB of scattered blocks GPU0 -> GPU0, GB/s (median of 10), "
-                "TransferStatus.engine\n\n| setting | 4 KiB | 32 KiB | 128 KiB |\n|---|---|---|---|\n");
+    std::printf(
+        "\nsplit: 256 MiB of scattered blocks %s, GB/s median (min-max) of 10, "
+        "TransferStatus.engine\n\n| setting | 4 KiB | 32 KiB | 128 KiB |\n|---|---|---|---|\n",
+        where);
     SplitRow("kernel only (cuda_copy_split_max_percent 0)", "cuda_copy_split_max_percent: 0");
     SplitRow("learned split (default, max 40%)", "");
     SplitRow("fixed 10%", "cuda_copy_split_fixed_percent: 10");
@@ -357,15 +371,18 @@ int main(int argc, char** argv) {
     SplitRow("copy engines only", "cuda_max_ctas: 0\ncuda_copy_only_kernel_ctas: 0");
   }
   if (part == "all" || part == "first") {
-    std::printf("\nfirst: 512 MiB of scattered 16 KiB blocks GPU0 -> GPU0, a fresh kvraild per row;"
-                " phases in us: client call -> daemon received / accept / reply -> client / "
-                "queued (submitted -> first tile started) / running (started -> finished) / "
-                "finished -> client's Wait back / wall\n\n"
-                "| warm-up | first GB/s | warm median GB/s (20) | first / warm | first: phases | "
-                "warm medians: phases | warm after the first's idle, median of 5: idle, GB/s | "
-                "first / warm after idle | after idle: phases | the same with this process's "
-                "GPU work just before (median of 5) GB/s | first / that | that: phases |\n"
-                "|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    std::printf(
+        "\nfirst: 512 MiB of scattered 16 KiB blocks %s, a fresh kvraild per row;"
+        " phases in us: client call -> daemon received / accept / reply -> client / "
+        "queued (submitted -> first tile started) / running (started -> finished) / "
+        "finished -> client's Wait back / wall\n\n"
+        "| warm-up | first GB/s | warm GB/s: median (min-max) of 20 | first / warm | first: phases "
+        "| "
+        "warm medians: phases | warm after the first's idle, median of 5: idle, GB/s | "
+        "first / warm after idle | after idle: phases | the same with this process's "
+        "GPU work just before (median of 5) GB/s | first / that | that: phases |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        where);
     FirstRow("on (default: CTA knees seeded, dispatcher woken at submit)", "");
     FirstRow("on, cuda_wake_on_submit: false", "cuda_wake_on_submit: false");
     FirstRow("on (again)", "");
@@ -373,10 +390,12 @@ int main(int argc, char** argv) {
     FirstRow("on (third)", "");
   }
   if (part == "all" || part == "latency") {
-    std::printf("\nlatency: 16 MiB critical transfer (1024 x 16 KiB blocks) GPU0 -> GPU0, submit -> "
-                "completion seen by the client, 200 after 20 warm-ups (us); phase medians: client "
-                "-> daemon / accept / reply / queued / running / finished -> client\n\n"
-                "| setting | p50 | p90 | min | phases |\n|---|---|---|---|---|\n");
+    std::printf(
+        "\nlatency: 16 MiB critical transfer (1024 x 16 KiB blocks) %s, submit -> "
+        "completion seen by the client, 200 after 20 warm-ups (us); phase medians: client "
+        "-> daemon / accept / reply / queued / running / finished -> client\n\n"
+        "| setting | p50 (median) | p90 | min | max | phases |\n|---|---|---|---|---|---|\n",
+        where);
     Latency("default (critical transfers one CTA per SM)", "");
     Latency("critical raise off (cuda_critical_ctas: 0: the 32-CTA budget)",
             "cuda_critical_ctas: 0");
