@@ -39,6 +39,7 @@ steps=(
   "fabric-host|-|300|120|host -> host through two daemons over tcp;ofi_rxm on the GPU machine's CPUs, against fi_pingpong"
   "interference|-|560|400|GEMM in another process beside transfers at several SM budgets and on the copy engines (MPS)"
   "stream-wait|-|420|120|the GPU stream wait (every case) and 10 x 10 flag handovers, without and with MPS"
+  "versus|-|560|300|the repository's tools/bench/versus_gpu.py (kvrail vs Mooncake, NIXL, NCCL, torch) on this pair; wheels unpacked into VERSUS_PYTHONPATH"
 )
 field() { local IFS='|'; local f=($1); echo "${f[$2]}"; }
 
@@ -97,7 +98,8 @@ if [[ ! -x $root/bin/kvraild || ! -f $root/MANIFEST ]]; then
     fi || { echo "run.sh: could not unpack $archive" >&2; exit 2; }
     touch "$dest/.unpacked"
   fi
-  exec bash "$dest/tests/gpu/run.sh" "${all_args[@]}"
+  # The checkout the pack came with (steps that run the repository's own tools find it here).
+  KVRAIL_TREE=$root exec bash "$dest/tests/gpu/run.sh" "${all_args[@]}"
 fi
 cd "$root" || exit 2
 if [[ $shape == unpack ]]; then
@@ -281,8 +283,9 @@ step_engine-tests() {
 }
 step_model() {
   [[ -n $PYTHON ]] || { row "SKIPPED: model: no Python with torch found"; return 1; }
+  # MODEL_RUNS: the handover modes in order (model_handover.py --runs); one of each fits a call.
   prog model_handover 540 "$PYTHON" tests/gpu/model_handover.py driver --daemon "$root/bin/kvraild" \
-    --prefill-gpu "$src" --decode-gpu "$dst"
+    --prefill-gpu "$src" --decode-gpu "$dst" --runs "${MODEL_RUNS:-bulk,streaming}"
   local rc=$?
   grep -E '^\||^run: |handover|reference|mismatch|Error|error' "$logs/model_handover.txt" |
     tail -40 | tee -a "$tables"
@@ -325,8 +328,10 @@ step_first() {
 step_streaming() {
   local rc=0
   start_mps || row "(no MPS control daemon: the streaming rows run without MPS)"
+  # The GPU stream wait with the priorities table, then the readiness poller's streaming rows alone.
   for sw in 1 0; do
-    prog "streaming_sw$sw" 180 bin/streaming_bench --stream-wait "$sw" $pair || rc=1
+    prog "streaming_sw$sw" 200 bin/streaming_bench --stream-wait "$sw" \
+      $([[ $sw == 0 ]] && echo --streaming-only) $pair || rc=1
     row "### streaming_bench, cuda_stream_wait $sw$([[ -n $mps_pid ]] && echo ', under MPS')"
     show "streaming_sw$sw" 'tail|target|streaming|bulk|critical'
   done
@@ -453,6 +458,16 @@ step_stream-wait() {
   else
     row "(no MPS control daemon: the MPS half not run)"
   fi
+  return $rc
+}
+step_versus() {
+  local tool=${KVRAIL_TREE:-}/tools/bench/versus_gpu.py
+  [[ -f $tool ]] || { row "SKIPPED: versus: no $tool (run run.sh from the checkout)"; return 1; }
+  [[ -n $PYTHON ]] || { row "SKIPPED: versus: no Python with torch found"; return 1; }
+  PYTHONPATH=$PYTHONPATH${VERSUS_PYTHONPATH:+:$VERSUS_PYTHONPATH} prog versus 540 "$PYTHON" "$tool" \
+    --kvraild "$root/bin/kvraild" --pairs "$src-$dst"
+  local rc=$?
+  show versus 'FAILED|not a result'
   return $rc
 }
 export KVRAIL_GPU_PAIR="$src,$dst"
