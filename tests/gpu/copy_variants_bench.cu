@@ -179,7 +179,7 @@ double TimeIt(cudaStream_t stream, int reps, const std::function<void()>& launch
   Check(cudaEventCreate(&b), "event");
   launch();  // warm-up
   Check(cudaStreamSynchronize(stream), "warm-up");
-  double best = 1e30;
+  std::vector<double> ms_each;
   for (int r = 0; r < reps; ++r) {
     Check(cudaEventRecord(a, stream), "record");
     launch();
@@ -187,11 +187,11 @@ double TimeIt(cudaStream_t stream, int reps, const std::function<void()>& launch
     Check(cudaEventSynchronize(b), "sync");
     float ms = 0;
     Check(cudaEventElapsedTime(&ms, a, b), "elapsed");
-    best = std::min(best, static_cast<double>(ms));
+    ms_each.push_back(ms);
   }
   cudaEventDestroy(a);
   cudaEventDestroy(b);
-  return best;
+  return kvrail::gpu_bench::SpreadOf(ms_each).median;
 }
 
 // Enqueues `main_work` on `main` and, beside it, `other_work` on `other` (a stream of device
@@ -260,7 +260,7 @@ int main(int argc, char** argv) {
     for (size_t i = 0; i < pattern.size(); ++i) pattern[i] = static_cast<uint32_t>(i * 2654435761u);
     Check(cudaMemcpy(src, pattern.data(), pool, cudaMemcpyHostToDevice), "fill");
   }
-  std::printf("copy variants, GPU0 -> GPU%d, 1 GiB of randomly scattered blocks per launch, best of 5 (GB/s)\n",
+  std::printf("copy variants, GPU0 -> GPU%d, 1 GiB of randomly scattered blocks per launch, median of 5 (GB/s)\n",
               dst_dev);
   std::vector<int> ctas = {8, 16, 32, 64, 132};
   if (argc > 1) ctas = {std::atoi(argv[1])};
