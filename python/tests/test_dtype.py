@@ -30,9 +30,10 @@ def test_reinterpret_dtype_moves_the_bytes_as_they_are(client):
     src = Pool(client, dataclasses.replace(layout(), dtype=DTYPE_FP16), writable=False)
     dst = Pool(client, layout(), writable=True)
     src.fill_random(4)
-    status = client.transfer(src.region, [0, 5], dst.region, [2, 3],
-                             reinterpret_dtype=True).result(timeout=30)
-    assert status.spec.reinterpret_dtype
+    client.transfer(src.region, [0, 5], dst.region, [2, 3], reinterpret_dtype=True,
+                    label="reinterpreted").result(timeout=30)
+    listed = client.list_transfers(label="reinterpreted")
+    assert len(listed) == 1 and listed[0].spec.reinterpret_dtype  # the record keeps the flag
     np.testing.assert_array_equal(dst.tokens([2, 3], 8), src.tokens([0, 5], 8))
 
 
