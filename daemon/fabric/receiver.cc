@@ -201,6 +201,25 @@ absl::Status ReceiverImpl::Begin(const v1::BeginRemoteTransferRequest& request,
   KVRAIL_ASSIGN_OR_RETURN(v1::RegionLease lease, leases_->Get(region_id, request.sender_node_id()));
   auto dst = regions_->Get(region_id);
   if (!dst.ok()) return absl::NotFoundError(absl::StrCat("spec.dst.region_id: ", dst.status().message()));
+  {
+    // The export lets the sender's node reach the region; which of that node's tenants may write
+    // it is the owner's to say, with a write grant (spec.dst.grant), checked here where the
+    // region lives: an export alone lets nobody write. Layers as the submitting node checks them
+    // (in 64 bits: a count that wraps cannot look like a small range).
+    const planner::RegionView& view = (*dst)->view();
+    uint32_t layer_begin = 0, layer_end = 0;
+    if (view.paged) {
+      const uint32_t total = view.layout.num_layers;
+      layer_begin = spec.dst().layer_begin();
+      const uint64_t count = spec.num_layers() != 0                ? spec.num_layers()
+                             : layer_begin < total ? total - layer_begin
+                                                   : 1;
+      layer_end = static_cast<uint32_t>(std::min<uint64_t>(layer_begin + count, UINT32_MAX));
+    }
+    KVRAIL_RETURN_IF_ERROR(regions_->CheckAccess(**dst, /*session_id=*/0, spec.dst().grant(),
+                                                 v1::GRANT_ACCESS_WRITE, layer_begin, layer_end,
+                                                 "spec.dst"));
+  }
   const v1::RemoteSource& source = request.source();
   KVRAIL_ASSIGN_OR_RETURN(
       planner::RegionView src_view,

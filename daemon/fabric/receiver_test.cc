@@ -63,6 +63,7 @@ struct Rig {
   planner::KvLayout layout;
   uint64_t region_size = 0;
   std::shared_ptr<regions::Region> dst;
+  std::string grant;  // the owner's write grant of dst
   PeerConn* a = nullptr;
   PeerConn* c = nullptr;
   std::vector<uint8_t> source;  // the senders' source region (same layout)
@@ -112,6 +113,15 @@ struct Rig {
     auto region = regions->Register(spec, session);
     REQUIRE(region.ok());
     dst = *region;
+    // The owner's write grant, which the receiver checks beside the export (spec.dst.grant).
+    v1::CreateGrantRequest grant_request;
+    grant_request.set_region_id(dst->id());
+    grant_request.set_access(v1::GRANT_ACCESS_WRITE);
+    regions::Caller owner;
+    owner.session_id = session;
+    auto granted = regions->CreateGrant(grant_request, owner);
+    REQUIRE(granted.ok());
+    grant = granted->token();
     REQUIRE(leases->Export(dst->id(), "peer-a").ok());
     REQUIRE(leases->Export(dst->id(), "peer-c").ok());
     source.resize(region_size);
@@ -132,6 +142,7 @@ struct Rig {
     t->mutable_src()->add_block_ids(3);
     t->mutable_src()->add_block_ids(1);
     t->mutable_dst()->set_region_id(dst->id());
+    t->mutable_dst()->set_grant(grant);
     t->mutable_dst()->add_block_ids(5);
     t->mutable_dst()->add_block_ids(6);
     begin.mutable_source()->set_size_bytes(region_size);

@@ -24,7 +24,7 @@ absl::StatusOr<InboundSink::Admitted> TransferManagerImpl::BeginInbound(
   params.spec.clear_ready_flags();
   params.spec.clear_arrival_flags();
   params.src = std::move(source);
-  params.dst = std::move(dst);
+  params.dst = dst;
   params.priority = ToClass(spec.priority());
   params.path = v1::PATH_FABRIC;
   params.path_reason =
@@ -40,6 +40,13 @@ absl::StatusOr<InboundSink::Admitted> TransferManagerImpl::BeginInbound(
   admission.submitter_transfer_id = sender_transfer_id;
   KVRAIL_ASSIGN_OR_RETURN(const std::shared_ptr<Record> record,
                           Admit(plan, std::move(params), admission));
+  // The fabric let it in on the owner's write grant (spec.dst.grant, checked by the receiver):
+  // its revocation, expiry or the owner's end stops it here too, before the next tile lands.
+  if (!spec.dst().grant().empty()) {
+    const LayerRange layers = TransferLayers(*dst, spec, spec.dst());
+    grant_uses_->Add(record, {GrantUse{dst, 0, spec.dst().grant(), v1::GRANT_ACCESS_WRITE,
+                                       layers.begin, layers.end, "spec.dst"}});
+  }
   spdlog::info("transfer {} accepted: inbound from '{}' (its transfer {}), {} bytes, {} tiles",
                record->id(), sender_node, sender_transfer_id, plan.bytes_total(),
                plan.num_tiles());

@@ -96,7 +96,10 @@ def test_export_then_push_across_nodes_byte_for_byte(nodes, a, b):
     assert lease.paged_kv.num_blocks == 32
     src.fill_random(11)
     src_blocks, dst_blocks = [3, 17, 0, 29, 8], [30, 1, 12, 5, 22]
-    transfer = push(a, src.region, src_blocks, dst.id, dst_blocks, notification=b"req-7")
+    # The export opens the region to node a; the owner's write grant says which of a's tenants
+    # may write it (checked on node b).
+    transfer = push(a, src.region, src_blocks, dst.id, dst_blocks, notification=b"req-7",
+                    dst_grant=dst.region.grant(write=True))
     status = transfer.result(timeout=60)
     assert status.state == SUCCEEDED
     assert status.path == transfer_pb2.PATH_FABRIC
@@ -127,7 +130,8 @@ def test_push_between_engine_owned_arrays(nodes, a, b):
         b.export_region(dst_region, "a")
         src[:] = np.random.default_rng(3).integers(0, 1 << 16, size=src.shape, dtype=np.uint16)
         dst[:] = 0
-        push(a, src_region, [2, 9], dst_region.id, [6, 4]).result(timeout=60)
+        push(a, src_region, [2, 9], dst_region.id, [6, 4],
+             dst_grant=dst_region.grant(write=True)).result(timeout=60)
         view = lambda arr: np.ndarray(lay.shape6(), np.uint16, arr, strides=lay.strides6())
         np.testing.assert_array_equal(view(dst)[:, :, 6], view(src)[:, :, 2])
         np.testing.assert_array_equal(view(dst)[:, :, 4], view(src)[:, :, 9])
@@ -171,7 +175,7 @@ from kvtest import Pool, layout
 b = kvrail.connect(sys.argv[1])
 dst = Pool(b, layout(layers=4, blocks=16), writable=True, name="decode")
 dst.region.export("a")
-print(json.dumps({"region": dst.id}), flush=True)
+print(json.dumps({"region": dst.id, "grant": dst.region.grant(write=True)}), flush=True)
 time.sleep(600)
 """
 
@@ -189,10 +193,12 @@ def test_a_push_into_a_killed_decode_fails_and_writes_nothing(nodes, a):
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     line = child.stdout.readline()
     assert line, child.stderr.read()
-    region = int(__import__("json").loads(line)["region"])
+    decode = __import__("json").loads(line)
+    region = int(decode["region"])
     src = Pool(a, layout(layers=4, blocks=16), writable=False, name="prefill")
     src.fill_random(5)
-    transfer = push(a, src.region, [1, 2], region, [3, 4], layerwise=True)
+    transfer = push(a, src.region, [1, 2], region, [3, 4], layerwise=True,
+                    dst_grant=decode["grant"])
     transfer.mark_ready(0, 1)
     deadline = time.monotonic() + 10
     while transfer.status.bytes_done == 0 and time.monotonic() < deadline:

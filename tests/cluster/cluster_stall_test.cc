@@ -66,6 +66,7 @@ Moved Submit(Cluster& c, ClusterNode& from, ClusterNode& to, uint32_t seed, bool
   FillPool(m.src, seed + 2, src_blocks, kMoved * kTpb);
   auto spec = client::MakeBlockTransfer(m.src.id(), src_blocks, m.dst.id(), m.dst_blocks);
   spec.mutable_dst()->set_node_id(to.name);
+  spec.mutable_dst()->set_grant(to.daemon->WriteGrant(m.dst.id()));
   spec.set_timeout_ms(deadline_ms);
   spec.set_layerwise(layerwise);
   auto submitted = from.daemon->client->Submit(spec);

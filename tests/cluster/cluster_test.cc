@@ -42,6 +42,8 @@ struct Data {
   std::map<std::string, uint32_t> seed;
   std::map<std::string, Pool> src;
   std::map<std::pair<std::string, std::string>, Pool> dst;  // (receiver, sender)
+  // The receiver's write grant of each destination, for its sender's spec.dst.grant.
+  std::map<std::pair<std::string, std::string>, std::string> grant;
 };
 
 std::vector<uint32_t> SrcBlocks(uint32_t seed) { return ScatteredBlocks(kBlocks, kMoved, seed); }
@@ -65,6 +67,7 @@ void AddDestination(Data& d, ClusterNode& to, const ClusterNode& from) {
   const absl::Status exported = to.daemon->Export(pool.id(), from.name);
   INFO(to.name << " exports to " << from.name << ": " << exported);
   REQUIRE(exported.ok());
+  d.grant[{to.name, from.name}] = to.daemon->WriteGrant(pool.id());
   d.dst.emplace(std::make_pair(to.name, from.name), std::move(pool));
 }
 
@@ -74,6 +77,7 @@ v1::TransferSpec Spec(const Data& d, const ClusterNode& from, const ClusterNode&
   auto spec = client::MakeBlockTransfer(d.src.at(from.name).id(), SrcBlocks(seed),
                                         d.dst.at({to.name, from.name}).id(), DstBlocks(seed));
   spec.mutable_dst()->set_node_id(to.name);
+  spec.mutable_dst()->set_grant(d.grant.at({to.name, from.name}));
   spec.set_timeout_ms(timeout_ms);
   return spec;
 }

@@ -150,6 +150,7 @@ uint64_t Submit(FourLinks& f, const Pool& src, const Pool& dst,
                 uint32_t released) {
   auto spec = client::MakeBlockTransfer(src.id(), src_blocks, dst.id(), dst_blocks);
   spec.mutable_dst()->set_node_id("fo-b");
+  spec.mutable_dst()->set_grant(f.b.WriteGrant(dst.id()));  // the owner's, beside its export
   spec.set_timeout_ms(kDeadlineMs);
   spec.set_layerwise(true);
   auto submitted = f.a.client->Submit(spec);

@@ -90,6 +90,7 @@ void Round(PeerPair& p, NsDaemon& from, NsDaemon& to, const std::string& from_id
   FillPool(src, seed + 2, src_blocks, kMoved * kTpb);
   auto spec = client::MakeBlockTransfer(src.id(), src_blocks, dst.id(), dst_blocks);
   spec.mutable_dst()->set_node_id(to_id);
+  spec.mutable_dst()->set_grant(to.WriteGrant(dst.id()));
   spec.set_timeout_ms(kRoundDeadlineMs);
   const auto t0 = std::chrono::steady_clock::now();
   auto submitted = from.client->Submit(spec);
@@ -124,6 +125,7 @@ Pending SubmitLayerwise(PeerPair& p, NsDaemon& from, NsDaemon& to, const std::st
   FillPool(t.src, seed + 2, src_blocks, kMoved * kTpb);
   auto spec = client::MakeBlockTransfer(t.src.id(), src_blocks, t.dst.id(), t.dst_blocks);
   spec.mutable_dst()->set_node_id(to_id);
+  spec.mutable_dst()->set_grant(to.WriteGrant(t.dst.id()));
   spec.set_timeout_ms(kDeadlineMs);
   spec.set_layerwise(true);
   auto submitted = from.client->Submit(spec);

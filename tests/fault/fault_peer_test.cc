@@ -137,6 +137,7 @@ uint64_t SubmitHalfReleased(PeerPair& p, const Pool& src, const Pool& dst,
                             const std::vector<uint32_t>& dst_blocks) {
   auto spec = client::MakeBlockTransfer(src.id(), src_blocks, dst.id(), dst_blocks);
   spec.mutable_dst()->set_node_id("fault-b");
+  spec.mutable_dst()->set_grant(p.b.WriteGrant(dst.id()));  // the owner's, beside its export
   spec.set_timeout_ms(kDeadlineMs);
   spec.set_layerwise(true);
   auto submitted = p.a.client->Submit(spec);

@@ -119,6 +119,7 @@ TEST_CASE("a peer authenticated as itself cannot act as another peer or touch it
     FillPool(c_src, 34, src_blocks, kMoved * kTpb);
     auto spec = client::MakeBlockTransfer(c_src.id(), src_blocks, c_dst.id(), dst_blocks);
     spec.mutable_dst()->set_node_id("b");
+    spec.mutable_dst()->set_grant(t.b.WriteGrant(c_dst.id()));
     const v1::TransferStatus done = RunToEnd(*t.c.client, spec);
     INFO(done.DebugString() << "\nc log:\n" << t.c.Log());
     REQUIRE(done.state() == v1::TRANSFER_STATE_SUCCEEDED);
@@ -129,6 +130,7 @@ TEST_CASE("a peer authenticated as itself cannot act as another peer or touch it
   // a -> b, layer-wise: the first half released and landed, the rest withheld during the attack.
   auto spec = client::MakeBlockTransfer(src.id(), src_blocks, dst.id(), dst_blocks);
   spec.mutable_dst()->set_node_id("b");
+  spec.mutable_dst()->set_grant(t.b.WriteGrant(dst.id()));
   spec.set_timeout_ms(120000);
   spec.set_layerwise(true);
   auto submitted = t.a.client->Submit(spec);

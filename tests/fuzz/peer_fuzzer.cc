@@ -119,6 +119,14 @@ struct Daemon {
     if (!region.ok()) fprintf(stderr, "%s\n", region.status().ToString().c_str());
     Check(region.ok(), "register");
     region_id = (*region)->id();
+    // The owner's write grant, which a Begin needs beside the export (spec.dst.grant).
+    v1::CreateGrantRequest grant_request;
+    grant_request.set_region_id(region_id);
+    grant_request.set_access(v1::GRANT_ACCESS_WRITE);
+    kvrail::regions::Caller owner;
+    owner.session_id = session;
+    auto granted = regions->CreateGrant(grant_request, owner);
+    Check(granted.ok(), "grant");
 
     grpc::ServerBuilder builder;
     const std::string address = "unix:" + dir + "/peer.sock";
@@ -167,6 +175,7 @@ struct Daemon {
     t->mutable_src()->add_block_ids(3);
     t->mutable_src()->add_block_ids(1);
     t->mutable_dst()->set_region_id(region_id);
+    t->mutable_dst()->set_grant(granted->token());
     t->mutable_dst()->add_block_ids(5);
     t->mutable_dst()->add_block_ids(6);
     begin.mutable_source()->set_size_bytes(region_size);

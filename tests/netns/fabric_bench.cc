@@ -265,6 +265,7 @@ KvResult KvRail(const std::string& ns_a, const std::string& ip_a, int port_a,
   auto spec = client::MakeBlockTransfer(src_info->region_id(), src_blocks,
                                         dst_info->region_id(), dst_blocks);
   spec.mutable_dst()->set_node_id("b");
+  spec.mutable_dst()->set_grant(b.WriteGrant(dst_info->region_id()));
   spec.set_timeout_ms(300000);
 
   std::vector<double> gbps;

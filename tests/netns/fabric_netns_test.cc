@@ -125,6 +125,7 @@ TEST_CASE("a paged KV cache moves between two nodes over tcp, striped over 2 NIC
   FillPool(src, 7, src_blocks, 40 * 16);
   auto spec = client::MakeBlockTransfer(src.id(), src_blocks, dst.id(), dst_blocks);
   spec.mutable_dst()->set_node_id("b");
+  spec.mutable_dst()->set_grant(nodes.b.WriteGrant(dst.id()));
   spec.set_timeout_ms(60000);
   auto submitted = nodes.a.client->Submit(spec);
   INFO(submitted.status().ToString() << "\n" << nodes.a.Log() << "\n" << nodes.b.Log());
@@ -168,6 +169,8 @@ TEST_CASE("a paged KV cache moves between two nodes over tcp, striped over 2 NIC
     Pool other = MakePool(*nodes.b.client, layout, true, "private");
     auto bad = client::MakeBlockTransfer(src.id(), src_blocks, other.id(), dst_blocks);
     bad.mutable_dst()->set_node_id("b");
+    // Even with its owner's write grant: the export is what opens a region to a node.
+    bad.mutable_dst()->set_grant(nodes.b.WriteGrant(other.id()));
     auto refused = nodes.a.client->Submit(bad);
     REQUIRE_FALSE(refused.ok());
     CHECK(refused.status().code() == absl::StatusCode::kPermissionDenied);
@@ -192,6 +195,7 @@ TEST_CASE("layout conversion across nodes: NHD 16-token blocks to HND 32-token b
   FillPool(src, 9, src_blocks, 16 * 10);
   auto spec = client::MakeBlockTransfer(src.id(), src_blocks, dst.id(), dst_blocks);
   spec.mutable_dst()->set_node_id("b");
+  spec.mutable_dst()->set_grant(nodes.b.WriteGrant(dst.id()));
   spec.set_num_tokens(tokens);
   spec.mutable_src()->set_head_begin(4);
   spec.set_num_heads(4);
@@ -227,6 +231,7 @@ TEST_CASE("a netem-delayed, lossy link still completes, verified") {
   FillPool(src, 11, src_blocks, 24 * 16);
   auto spec = client::MakeBlockTransfer(src.id(), src_blocks, dst.id(), dst_blocks);
   spec.mutable_dst()->set_node_id("b");
+  spec.mutable_dst()->set_grant(nodes.b.WriteGrant(dst.id()));
   spec.set_timeout_ms(60000);
   auto submitted = nodes.a.client->Submit(spec);
   INFO(submitted.status().ToString());
@@ -252,6 +257,7 @@ void BreakMidTransfer(const std::function<void(TwoNodes&)>& breaker) {
   FillPool(src, 13, src_blocks, 48 * 16);
   auto spec = client::MakeBlockTransfer(src.id(), src_blocks, dst.id(), dst_blocks);
   spec.mutable_dst()->set_node_id("b");
+  spec.mutable_dst()->set_grant(nodes.b.WriteGrant(dst.id()));
   spec.set_timeout_ms(15000);
   // Layer-wise: half the layers move, then the break, then the rest is released into it.
   spec.set_layerwise(true);

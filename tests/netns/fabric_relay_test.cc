@@ -91,6 +91,7 @@ Moved MoveConverted(RelayPair& p) {
   FillPool(src, 183, src_blocks, tokens);
   auto spec = client::MakeBlockTransfer(src.id(), src_blocks, dst.id(), dst_blocks);
   spec.mutable_dst()->set_node_id("relay-b");
+  spec.mutable_dst()->set_grant(p.b.WriteGrant(dst.id()));
   spec.set_timeout_ms(30000);
   spec.set_num_tokens(tokens);
   spec.mutable_src()->set_head_begin(2);

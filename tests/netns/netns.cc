@@ -215,6 +215,16 @@ absl::Status NsDaemon::Export(uint64_t region, const std::string& to) {
   return client->ExportRegion(region, to).status();
 }
 
+std::string NsDaemon::WriteGrant(uint64_t region) {
+  absl::StatusOr<v1::Grant> grant = client->CreateGrant(region, v1::GRANT_ACCESS_WRITE);
+  if (!grant.ok()) {
+    std::fprintf(stderr, "write grant of region %llu: %s\n",
+                 static_cast<unsigned long long>(region), grant.status().ToString().c_str());
+    return "";
+  }
+  return grant->token();
+}
+
 std::string LoopbackIp() {
   static std::mt19937 rng{std::random_device{}()};
   for (int attempt = 0; attempt < 100; ++attempt) {
