@@ -21,6 +21,7 @@
 #include "base/grpc_status.h"
 #include "base/status.h"
 #include "base/unique_fd.h"
+#include "client/completion_table.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/kvrail/v1/admin.grpc.pb.h"
 #include "proto/kvrail/v1/peer.grpc.pb.h"
@@ -122,6 +123,15 @@ class Client::Impl {
       uint32_t us = 0;
       if (absl::SimpleAtoi(spin, &us)) answer_spin_ = absl::Microseconds(us);
     }
+    // KVRAIL_COMPLETION_QUEUE=0: no completion queue (waits go by packets / gRPC);
+    // KVRAIL_COMPLETION_SPIN_US: how long a wait polls the queue before it sleeps.
+    if (const char* cq = std::getenv("KVRAIL_COMPLETION_QUEUE"); cq != nullptr) {
+      completion_queue_ = std::string(cq) != "0";
+    }
+    if (const char* spin = std::getenv("KVRAIL_COMPLETION_SPIN_US"); spin != nullptr) {
+      uint32_t us = 0;
+      if (absl::SimpleAtoi(spin, &us)) completion_spin_ = absl::Microseconds(us);
+    }
   }
 
   const std::string target_;
@@ -149,6 +159,29 @@ class Client::Impl {
   // critical transfer's answer then costs no thread wake-up (issue 19). Set once, in the
   // constructor.
   absl::Duration answer_spin_ = kAnswerSpin;
+
+  // The session's completion queue (client/completion_table.h), mapped when the session opens;
+  // null without one. Tables of lost sessions stay alive (abandoned) with the client, so a
+  // pointer loaded here never dangles.
+  bool completion_queue_ = true;
+  absl::Duration completion_spin_ = absl::Microseconds(50);
+  std::atomic<CompletionTable*> completions_{nullptr};
+  std::vector<std::unique_ptr<CompletionTable>> tables_ ABSL_GUARDED_BY(session_mu_);
+
+  void OpenCompletionQueueLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(session_mu_) {
+    if (!completion_queue_) return;
+    absl::StatusOr<std::unique_ptr<CompletionTable>> table =
+        CompletionTable::Create(4096, completion_spin_);
+    // Without a queue (an older daemon, no memfd) everything goes the old way.
+    if (!table.ok() || !session_->SendCompletionQueue((*table)->memfd(), (*table)->eventfd()).ok()) {
+      return;
+    }
+    completions_.store(table->get());
+    tables_.push_back(*std::move(table));
+  }
+  void AbandonCompletions() {
+    if (CompletionTable* table = completions_.exchange(nullptr)) table->Abandon();
+  }
 
   // Connections that carry WAITs (a WAIT holds its connection until the transfer ends, so each
   // concurrent Wait has its own); idle ones are kept for the next.
@@ -202,6 +235,7 @@ class Client::Impl {
           opened->SetAnswerSpin(answer_spin_);
           session_ = std::move(opened);
           StartMonitorLocked();
+          OpenCompletionQueueLocked();
           return session_.get();
         }
         lost_why = absl::StrCat("kvraild restarted (instance ", known, " when connected, now ",
@@ -260,6 +294,7 @@ class Client::Impl {
           "again)"));
       lost = lost_;
       callback = on_lost_;
+      AbandonCompletions();
     }
     if (callback) callback(lost);
   }
@@ -408,6 +443,7 @@ absl::Status Client::ResetSession() {
     absl::MutexLock lock(&impl_->session_mu_);
     impl_->StopMonitorLocked();
     impl_->session_.reset();
+    impl_->AbandonCompletions();
   }
   {
     absl::MutexLock lock(&impl_->wait_mu_);
@@ -743,10 +779,16 @@ absl::StatusOr<v1::SubmitTransferResponse> Client::SubmitRequest(
     absl::StatusOr<wire::SessionConnection*> session = impl_->Session();
     if (session.ok()) {
       bool sent = false;
+      // The daemon posts this transfer's end into the completion queue (when there is one).
+      CompletionTable* completions = impl_->completions_.load();
+      const uint64_t mark = completions != nullptr ? completions->OverflowMark() : 0;
       absl::StatusOr<std::string> answer =
           (*session)->Exchange(wire::EncodeSubmit(request), &sent);
       if (answer.ok()) {
         absl::StatusOr<v1::SubmitTransferResponse> response = wire::ParseSubmitAnswer(*answer);
+        if (response.ok() && completions != nullptr) {
+          completions->Follow(response->transfer_id(), mark);
+        }
         if (response.status().code() != absl::StatusCode::kUnimplemented) {
           return impl_->Checked(std::move(response));
         }
@@ -846,7 +888,82 @@ absl::StatusOr<v1::TransferStatus> Client::Get(uint64_t transfer_id) {
   return response;
 }
 
+namespace {
+
+v1::TransferStatus StatusOf(const wire::Completion& c) {
+  v1::TransferStatus status;
+  status.set_transfer_id(c.transfer_id);
+  status.set_state(static_cast<v1::TransferState>(c.state));
+  status.set_error_code(c.error_code);
+  status.set_bytes_total(c.bytes_total);
+  status.set_bytes_done(c.bytes_done);
+  status.set_finished_unix_us(c.finished_unix_us);
+  return status;
+}
+
+wire::Completion CompletionOf(const v1::TransferStatus& status) {
+  wire::Completion c;
+  c.flags = wire::kCompletionHasMore;  // the full status is the daemon's
+  c.transfer_id = status.transfer_id();
+  c.state = static_cast<int32_t>(status.state());
+  c.error_code = status.error_code();
+  c.bytes_total = status.bytes_total();
+  c.bytes_done = status.bytes_done();
+  c.finished_unix_us = status.finished_unix_us();
+  return c;
+}
+
+}  // namespace
+
 absl::StatusOr<v1::TransferStatus> Client::Wait(uint64_t transfer_id, absl::Duration timeout) {
+  // A transfer submitted on the session with a completion queue: its end is read locally.
+  CompletionTable* completions = impl_->completions_.load();
+  if (completions == nullptr || !completions->Follows(transfer_id)) {
+    return WaitByCall(transfer_id, timeout);
+  }
+  const bool bounded = timeout > absl::ZeroDuration() && timeout != absl::InfiniteDuration();
+  const CompletionTable::Result seen = completions->Wait(
+      transfer_id, bounded ? absl::Now() + timeout : absl::InfiniteFuture());
+  switch (seen.outcome) {
+    case CompletionTable::Outcome::kDone:
+      if ((seen.completion.flags & wire::kCompletionHasMore) == 0) return StatusOf(seen.completion);
+      return WaitByCall(transfer_id, timeout);  // it ended: answered at once, in full
+    case CompletionTable::Outcome::kTimeout:
+      return Get(transfer_id);
+    case CompletionTable::Outcome::kUnsure:
+      break;
+  }
+  // The queue overflowed (or the session went): the old way, remembered for the next reader.
+  absl::StatusOr<v1::TransferStatus> status = WaitByCall(transfer_id, timeout);
+  if (status.ok() && IsFinal(status->state())) completions->Resolve(CompletionOf(*status));
+  return status;
+}
+
+void Client::LocalStates(const uint64_t* ids, size_t count, int32_t* states) {
+  CompletionTable* completions = impl_->completions_.load();
+  for (size_t i = 0; i < count; ++i) states[i] = v1::TRANSFER_STATE_UNSPECIFIED;
+  if (completions != nullptr) completions->States(ids, count, states);
+}
+
+int Client::CompletionFd() {
+  CompletionTable* completions = impl_->completions_.load();
+  return completions != nullptr ? completions->eventfd() : -1;
+}
+
+bool Client::FollowsCompletion(uint64_t transfer_id) {
+  CompletionTable* completions = impl_->completions_.load();
+  return completions != nullptr && completions->Follows(transfer_id);
+}
+
+void Client::ArmCompletions(bool armed) {
+  if (CompletionTable* completions = impl_->completions_.load()) {
+    completions->SetArmed(armed);
+    completions->Drain();
+  }
+}
+
+absl::StatusOr<v1::TransferStatus> Client::WaitByCall(uint64_t transfer_id,
+                                                      absl::Duration timeout) {
   // A WAIT on a session connection: the final status, the daemon's error, the current status when
   // a bounded wait times out; anything else (no session, an older daemon, a broken connection)
   // asks over gRPC below, where waiting again is harmless.

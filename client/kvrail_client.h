@@ -148,8 +148,25 @@ class Client {
   // Blocks until the transfer ends or `timeout` passes (zero or infinite: until it ends); on
   // timeout the current (non-final) status is returned. On a unix socket the wait goes over a
   // session connection ("WAIT", answered by the daemon when the transfer ends), else WaitTransfer.
+  // A transfer submitted over the session socket ends in the session's completion queue
+  // (shared memory the daemon writes, mapped when the session opens unless
+  // KVRAIL_COMPLETION_QUEUE=0): the wait reads it there without a call, polling for up to
+  // KVRAIL_COMPLETION_SPIN_US (default 50, adaptive) before it sleeps. Such a status carries
+  // transfer_id, state, error_code, bytes_total, bytes_done and finished_unix_us (Get has the
+  // rest); one with an error message or a digest is read from the daemon in full.
   absl::StatusOr<v1::TransferStatus> Wait(uint64_t transfer_id,
                                           absl::Duration timeout = absl::ZeroDuration());
+  // Without a call: states[i] for ids[i] as the completion queue knows it - the final state of
+  // an ended transfer, TRANSFER_STATE_RUNNING for one it follows that has not ended, and
+  // TRANSFER_STATE_UNSPECIFIED for what it cannot tell (not submitted over the session, older
+  // than it remembers, or missed when the queue was full): ask Get for those.
+  void LocalStates(const uint64_t* ids, size_t count, int32_t* states);
+  // The completion queue's eventfd for an event loop (-1 without a queue). While armed, the
+  // daemon rings it for every completion; ArmCompletions also clears it and drains the queue.
+  int CompletionFd();
+  // Whether transfer `id`'s end will be (or was) read from the completion queue.
+  bool FollowsCompletion(uint64_t transfer_id);
+  void ArmCompletions(bool armed);
   absl::StatusOr<v1::TransferStatus> Cancel(uint64_t transfer_id);
   // Layers [layer_begin, layer_begin + layer_count) of a layer-wise transfer are written.
   absl::Status MarkReady(uint64_t transfer_id, uint32_t layer_begin, uint32_t layer_count = 1);
@@ -219,6 +236,8 @@ class Client {
 
  private:
   absl::StatusOr<v1::SubmitTransferResponse> SubmitRequest(const v1::SubmitTransferRequest& request);
+  // Wait by a WAIT packet or WaitTransfer (without the completion queue).
+  absl::StatusOr<v1::TransferStatus> WaitByCall(uint64_t transfer_id, absl::Duration timeout);
   // Makes the block-table region hold `need` bytes (creates / grows and registers it); the
   // caller holds impl_->table_mu_.
   absl::Status PrepareTableBuffer(uint64_t need);

@@ -7,8 +7,10 @@
 #include <sys/un.h>
 
 #include <atomic>
+#include <optional>
 #include <utility>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
@@ -92,6 +94,20 @@ class SessionConnectionImpl final : public SessionConnection {
 
   absl::StatusOr<std::string> Exchange(const std::string& packet, bool* sent) override {
     return Send(packet, -1, "the answer", sent);
+  }
+
+  absl::Status SendCompletionQueue(int memfd, int eventfd) override {
+    absl::MutexLock lock(&mu_);
+    const int fds[2] = {memfd, eventfd};
+    if (absl::Status s = SendPacketFds(sock_.get(), kCompletionQueueRequest, fds, 2); !s.ok()) {
+      return InContext(s, path_);
+    }
+    absl::StatusOr<std::string> answer = ReceivePacket(sock_.get());
+    if (!answer.ok()) return InContext(answer.status(), path_, "the CQ answer");
+    if (*answer == kCompletionQueueAccepted) return absl::OkStatus();
+    if (std::optional<absl::Status> rejected = ParseRejected(*answer)) return *rejected;
+    return absl::UnimplementedError(
+        absl::StrCat("kvraild does not take completion queues: ", absl::CEscape(*answer)));
   }
 
   void SetAnswerTimeout(absl::Duration timeout) override {

@@ -120,6 +120,9 @@ Request ParseRequest(absl::string_view packet) {
     request.kind = RequestKind::kSubmit;
   } else if (absl::ConsumePrefix(&request.body, kWait)) {
     request.kind = RequestKind::kWait;
+  } else if (packet == kCompletionQueueRequest) {
+    request.kind = RequestKind::kCompletionQueue;
+    request.body = absl::string_view();
   } else if (packet == kFdRequest) {
     request.kind = RequestKind::kFd;
     request.body = absl::string_view();
@@ -248,6 +251,14 @@ absl::StatusOr<v1::TransferStatus> ParseDoneAnswer(absl::string_view packet) {
 // --- Sending and receiving -----------------------------------------------------------------------
 
 absl::Status SendPacket(int sock, absl::string_view payload, int fd, int flags) {
+  return SendPacketFds(sock, payload, &fd, fd >= 0 ? 1 : 0, flags);
+}
+
+absl::Status SendPacketFds(int sock, absl::string_view payload, const int* fds, size_t count,
+                           int flags) {
+  if (count > kMaxFdsPerPacket) {
+    return absl::InvalidArgumentError(absl::StrCat("fds: ", count, " exceed ", kMaxFdsPerPacket));
+  }
   struct iovec iov;
   iov.iov_base = const_cast<char*>(payload.data());
   iov.iov_len = payload.size();
@@ -255,16 +266,16 @@ absl::Status SendPacket(int sock, absl::string_view payload, int fd, int flags) 
   memset(&msg, 0, sizeof(msg));
   msg.msg_iov = &iov;
   msg.msg_iovlen = 1;
-  alignas(struct cmsghdr) char control[CMSG_SPACE(sizeof(int))];
-  if (fd >= 0) {
+  alignas(struct cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFdsPerPacket)];
+  if (count > 0) {
     memset(control, 0, sizeof(control));
     msg.msg_control = control;
-    msg.msg_controllen = sizeof(control);
+    msg.msg_controllen = CMSG_SPACE(sizeof(int) * count);
     struct cmsghdr* cmsg = CMSG_FIRSTHDR(&msg);
     cmsg->cmsg_level = SOL_SOCKET;
     cmsg->cmsg_type = SCM_RIGHTS;
-    cmsg->cmsg_len = CMSG_LEN(sizeof(int));
-    memcpy(CMSG_DATA(cmsg), &fd, sizeof(int));
+    cmsg->cmsg_len = CMSG_LEN(sizeof(int) * count);
+    memcpy(CMSG_DATA(cmsg), fds, sizeof(int) * count);
   }
   while (true) {
     const ssize_t n = ::sendmsg(sock, &msg, MSG_NOSIGNAL | flags);

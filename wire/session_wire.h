@@ -16,6 +16,10 @@
 //                                  "REJECTED <absl status code> <message>"
 //   client -> daemon:              "WAIT <decimal transfer id>" [" <session id>.<secret>"]
 //   daemon -> client:              "DONE " + serialized final TransferStatus, or "REJECTED ..."
+//   client -> daemon:              "CQ" with two fds in SCM_RIGHTS: a completion queue's memfd
+//                                  and its eventfd (wire/shm_ring.h); the daemon posts the final
+//                                  state of each transfer this connection SUBMITs there
+//   daemon -> client:              "CQ OK", or "REJECTED <code> <message>" (the old path stays)
 //   daemon -> client:              "ERROR <message>" for a packet it could not read (e.g. one
 //                                  carrying more than kMaxFdsPerPacket descriptors)
 // A token is single-use and belongs to the session; RegisterRegion(spec.share.fd_token = token,
@@ -77,6 +81,8 @@ std::string EncodeRejected(const absl::Status& status);
 
 // Client -> daemon.
 inline constexpr char kFdRequest[] = "FD";
+inline constexpr char kCompletionQueueRequest[] = "CQ";
+inline constexpr char kCompletionQueueAccepted[] = "CQ OK";
 std::string EncodeSubmit(const v1::SubmitTransferRequest& request);
 // "WAIT <id>", or "WAIT <id> <credential>": the credential (SessionMetadataValue) names the
 // session that waits when it is not the connection's own (the client waits on spare
@@ -85,7 +91,7 @@ std::string EncodeWait(uint64_t transfer_id, absl::string_view credential = "");
 
 // What a request packet asks for; `body` is what follows "SUBMIT " / "WAIT " (a view into the
 // packet). kOther: anything else, including "FD" with trailing bytes.
-enum class RequestKind { kFd, kSubmit, kWait, kOther };
+enum class RequestKind { kFd, kSubmit, kWait, kCompletionQueue, kOther };
 struct Request {
   RequestKind kind = RequestKind::kOther;
   absl::string_view body;
@@ -133,6 +139,9 @@ absl::StatusOr<v1::TransferStatus> ParseDoneAnswer(absl::string_view packet);
 // are added to MSG_NOSIGNAL (the daemon passes MSG_DONTWAIT). EAGAIN (a send timeout, or a full
 // buffer with MSG_DONTWAIT) is DEADLINE_EXCEEDED, other failures UNAVAILABLE.
 absl::Status SendPacket(int sock, absl::string_view payload, int fd = -1, int flags = 0);
+// The same with `count` descriptors (at most kMaxFdsPerPacket) in one SCM_RIGHTS message.
+absl::Status SendPacketFds(int sock, absl::string_view payload, const int* fds, size_t count,
+                           int flags = 0);
 
 // The memory one receive uses: the payload (a longer packet is truncated) and the ancillary data
 // (room for kMaxFdsPerPacket descriptors). Reused by a caller that receives often. Not
@@ -210,6 +219,11 @@ class SessionConnection {
   // Sends `packet` and returns the daemon's answer (one exchange at a time, as SendFd). `*sent`
   // tells whether the packet left: a failure after that may have been acted on by the daemon.
   virtual absl::StatusOr<std::string> Exchange(const std::string& packet, bool* sent) = 0;
+
+  // Passes a completion queue's memfd and eventfd (still owned by the caller; wire/shm_ring.h)
+  // to the daemon. OK when it took them; the REJECTED status, or UNIMPLEMENTED from a daemon
+  // that does not know "CQ" (the caller then keeps the packet path).
+  virtual absl::Status SendCompletionQueue(int memfd, int eventfd) = 0;
 
   // How long answers may take from now on (InfiniteDuration: no limit; a closed connection still
   // ends a wait with UNAVAILABLE).

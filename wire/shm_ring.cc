@@ -53,7 +53,7 @@ bool ValidCapacity(uint32_t capacity) {
 }  // namespace
 
 // --- Completion entries ------------------------------------------------------------------------
-// Entry layout: kind u16 @0, entry_bytes u16 @2, reserved u32 @4, tag u64 @8, transfer_id u64 @16,
+// Entry layout: kind u16 @0, entry_bytes u16 @2, flags u32 @4, tag u64 @8, transfer_id u64 @16,
 // state i32 @24, error_code i32 @28, bytes_total u64 @32, bytes_done u64 @40,
 // finished_unix_us i64 @48, reserved @56.
 
@@ -61,6 +61,7 @@ void EncodeCompletion(const Completion& c, uint8_t out[kCompletionEntryBytes]) {
   std::memset(out, 0, kCompletionEntryBytes);
   Store<uint16_t>(out, kCompletionKind);
   Store<uint16_t>(out + 2, static_cast<uint16_t>(kCompletionEntryBytes));
+  Store<uint32_t>(out + 4, c.flags);
   Store<uint64_t>(out + 8, c.tag);
   Store<uint64_t>(out + 16, c.transfer_id);
   Store<int32_t>(out + 24, c.state);
@@ -89,6 +90,7 @@ absl::StatusOr<Completion> ParseCompletion(const uint8_t* bytes, size_t size) {
                                                    ", expected ", kCompletionEntryBytes));
   }
   Completion c;
+  c.flags = Load<uint32_t>(copy + 4);
   c.tag = Load<uint64_t>(copy + 8);
   c.transfer_id = Load<uint64_t>(copy + 16);
   c.state = Load<int32_t>(copy + 24);
@@ -97,8 +99,8 @@ absl::StatusOr<Completion> ParseCompletion(const uint8_t* bytes, size_t size) {
   c.bytes_done = Load<uint64_t>(copy + 40);
   c.finished_unix_us = Load<int64_t>(copy + 48);
   if (c.transfer_id == 0) return absl::InvalidArgumentError("completion.transfer_id: 0");
-  // TransferState: SUCCEEDED 4, FAILED 5, CANCELLED 6 (proto/kvrail/v1/transfer.proto).
-  if (c.state < 4 || c.state > 6) {
+  // TransferState: SUCCEEDED 3, FAILED 4, CANCELLED 5 (proto/kvrail/v1/transfer.proto).
+  if (c.state < 3 || c.state > 5) {
     return absl::InvalidArgumentError(
         absl::StrCat("completion.state: ", c.state, " is not a final TransferState"));
   }
@@ -243,7 +245,7 @@ absl::StatusOr<std::unique_ptr<SharedRing>> SharedRing::Create(uint32_t capacity
                                                    ", ", kMaxRingCapacity, "]"));
   }
   const size_t bytes = RingBytes(capacity, slot_bytes);
-  UniqueFd memfd(::memfd_create("kvrail-ring", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  UniqueFd memfd(::memfd_create("completion-queue", MFD_CLOEXEC | MFD_ALLOW_SEALING));
   if (!memfd.valid())
     return absl::InternalError(absl::StrCat("memfd_create: ", std::strerror(errno)));
   if (::ftruncate(memfd.get(), static_cast<off_t>(bytes)) != 0) {

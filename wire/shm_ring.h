@@ -51,10 +51,14 @@ inline constexpr uint32_t kMaxRingCapacity = 1u << 20;
 // One 64-byte completion entry: the final state of one transfer of the session.
 inline constexpr uint16_t kCompletionKind = 1;
 inline constexpr uint32_t kCompletionEntryBytes = 64;
+// flags: the final TransferStatus has more than the entry carries (an error message, a
+// digest): a client that needs it reads the status itself.
+inline constexpr uint32_t kCompletionHasMore = 1;
 struct Completion {
+  uint32_t flags = 0;        // kCompletionHasMore
   uint64_t tag = 0;          // the client's tag for the transfer (0: none)
   uint64_t transfer_id = 0;  // never 0
-  int32_t state = 0;         // a final v1::TransferState (SUCCEEDED, FAILED, CANCELLED)
+  int32_t state = 0;         // a final v1::TransferState (SUCCEEDED 3, FAILED 4, CANCELLED 5)
   int32_t error_code = 0;    // google.rpc.Code for FAILED / CANCELLED, else 0
   uint64_t bytes_total = 0;
   uint64_t bytes_done = 0;

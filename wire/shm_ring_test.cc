@@ -23,7 +23,7 @@ Completion Make(uint64_t id) {
   Completion c;
   c.tag = id * 7;
   c.transfer_id = id;
-  c.state = 4;  // SUCCEEDED
+  c.state = 3;  // SUCCEEDED
   c.bytes_total = c.bytes_done = 4096;
   c.finished_unix_us = 1000 + static_cast<int64_t>(id);
   return c;
@@ -51,14 +51,14 @@ absl::StatusOr<size_t> Drain(RingView& ring, std::vector<Completion>* out,
 TEST_CASE("completion entries round trip and bad ones are refused naming the field") {
   uint8_t entry[kCompletionEntryBytes];
   Completion c = Make(42);
-  c.state = 5;
+  c.state = 4;  // FAILED
   c.error_code = 3;
   EncodeCompletion(c, entry);
   absl::StatusOr<Completion> back = ParseCompletion(entry, sizeof(entry));
   REQUIRE(back.ok());
   CHECK(back->transfer_id == 42);
   CHECK(back->tag == 42 * 7);
-  CHECK(back->state == 5);
+  CHECK(back->state == 4);
   CHECK(back->error_code == 3);
   CHECK(back->bytes_done == 4096);
   CHECK(back->finished_unix_us == 1042);
@@ -75,7 +75,7 @@ TEST_CASE("completion entries round trip and bad ones are refused naming the fie
   };
   const uint16_t kind = 9, size = 48;
   const uint64_t zero = 0;
-  const int32_t running = 2, code = 99;
+  const int32_t running = 2, code = 99;  // RUNNING is not final
   refused(0, &kind, 2, "completion.kind");
   refused(2, &size, 2, "completion.entry_bytes");
   refused(16, &zero, 8, "completion.transfer_id");

@@ -488,7 +488,14 @@ int kvrail_submit_blocks(kvrail_client* handle, const uint8_t* spec, size_t spec
 int kvrail_wait(kvrail_client* handle, uint64_t transfer_id, int64_t timeout_ms, int32_t* state,
                 uint8_t** status, size_t* status_len) {
   return kvrail::c_api::StatusCall(handle, state, status, status_len, [&](Client& client) {
-    if (timeout_ms == 0) return client.Get(transfer_id);
+    if (timeout_ms == 0) {
+      // An end the completion queue holds is read from it (no call).
+      int32_t local = 0;
+      client.LocalStates(&transfer_id, 1, &local);
+      if (!kvrail::client::IsFinal(static_cast<v1::TransferState>(local))) {
+        return client.Get(transfer_id);
+      }
+    }
     // The C++ client waits without limit for a zero or infinite timeout.
     return client.Wait(transfer_id,
                        timeout_ms < 0 ? absl::InfiniteDuration() : absl::Milliseconds(timeout_ms));
@@ -526,9 +533,12 @@ int kvrail_poll(kvrail_client* handle, const uint64_t* ids, size_t count, int32_
       if (codes != nullptr) codes[i] = KVRAIL_OK;
     }
     KVRAIL_ASSIGN_OR_RETURN(std::shared_ptr<Client> client, FindClient(handle));
-    // One GetTransfer per id: the daemon has no batch read yet.
+    // What the completion queue knows is read without a call; one GetTransfer for each of the
+    // rest (the daemon has no batch read yet).
+    client->LocalStates(ids, count, states);
     absl::Status first = absl::OkStatus();
     for (size_t i = 0; i < count; ++i) {
+      if (states[i] != KVRAIL_STATE_UNSPECIFIED) continue;
       absl::StatusOr<v1::TransferStatus> status = client->Get(ids[i]);
       if (status.ok()) {
         states[i] = static_cast<int32_t>(status->state());
@@ -541,6 +551,34 @@ int kvrail_poll(kvrail_client* handle, const uint64_t* ids, size_t count, int32_
       }
     }
     return first;
+  });
+}
+
+int kvrail_completion_fd(kvrail_client* handle, int* fd) {
+  return Guard([&]() -> absl::Status {
+    KVRAIL_RETURN_IF_ERROR(RequireOut(fd, "fd"));
+    *fd = -1;
+    KVRAIL_ASSIGN_OR_RETURN(std::shared_ptr<Client> client, FindClient(handle));
+    *fd = client->CompletionFd();
+    return absl::OkStatus();
+  });
+}
+
+int kvrail_completion_follows(kvrail_client* handle, uint64_t transfer_id, int* follows) {
+  return Guard([&]() -> absl::Status {
+    KVRAIL_RETURN_IF_ERROR(RequireOut(follows, "follows"));
+    *follows = 0;
+    KVRAIL_ASSIGN_OR_RETURN(std::shared_ptr<Client> client, FindClient(handle));
+    *follows = client->FollowsCompletion(transfer_id) ? 1 : 0;
+    return absl::OkStatus();
+  });
+}
+
+int kvrail_arm_completions(kvrail_client* handle, int armed) {
+  return Guard([&]() -> absl::Status {
+    KVRAIL_ASSIGN_OR_RETURN(std::shared_ptr<Client> client, FindClient(handle));
+    client->ArmCompletions(armed != 0);
+    return absl::OkStatus();
   });
 }
 

@@ -197,6 +197,18 @@ int kvrail_mark_ready(kvrail_client* client, uint64_t transfer_id, uint32_t laye
  * error, its message naming the index ("ids[2]: ..."), with every state still filled in. */
 int kvrail_poll(kvrail_client* client, const uint64_t* ids, size_t count, int32_t* states,
                 int32_t* codes);
+/* The completion queue: a transfer submitted over the session socket ends in shared memory the
+ * daemon writes (unless KVRAIL_COMPLETION_QUEUE=0), so kvrail_wait and kvrail_poll read its end
+ * without a call (kvrail_poll asks the daemon only for the ids the queue cannot tell).
+ * kvrail_completion_fd: the queue's eventfd for an event loop's reader (-1: no queue; owned by
+ * the library). kvrail_arm_completions(1): the daemon rings it for every completion from now on
+ * (0: only when a kvrail_wait sleeps); each call also clears it, so call it (or kvrail_poll
+ * after it) when the fd turned readable. */
+int kvrail_completion_fd(kvrail_client* client, int* fd);
+int kvrail_arm_completions(kvrail_client* client, int armed);
+/* *follows = 1 when the transfer's end comes through the completion queue (it was submitted over
+ * the session socket of a client with a queue), else 0. */
+int kvrail_completion_follows(kvrail_client* client, uint64_t transfer_id, int* follows);
 
 /* --- Admin ------------------------------------------------------------------------------------ */
 /* Serialized kvrail.v1.ListRegionsResponse / ListTransfersResponse / Stats. list_transfers:

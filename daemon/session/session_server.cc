@@ -25,6 +25,7 @@
 #include "daemon/server/private_bind.h"
 #include "spdlog/spdlog.h"
 #include "wire/session_wire.h"
+#include "wire/shm_ring.h"
 
 namespace kvrail::session {
 namespace {
@@ -46,6 +47,50 @@ absl::Status ShortOfFdsError() {
   return absl::ResourceExhaustedError(
       "the daemon is short of file descriptors (RLIMIT_NOFILE); try again later");
 }
+
+// A session's completion queue, daemon side: the threads that end its transfers post their
+// final states here (one at a time: the ring has one producer). A full ring, or one the client
+// broke, counts the entry in the ring's overflow word and rings the eventfd: the client then
+// reads those transfers' states the old way (the daemon keeps their records).
+class CompletionSink {
+ public:
+  explicit CompletionSink(std::unique_ptr<wire::SharedRing> ring) : ring_(std::move(ring)) {}
+
+  void Post(const v1::TransferStatus& status) {
+    wire::Completion c;
+    c.flags = status.has_digest() || !status.error_message().empty() ? wire::kCompletionHasMore : 0;
+    c.transfer_id = status.transfer_id();
+    c.state = static_cast<int32_t>(status.state());
+    c.error_code = status.error_code();
+    c.bytes_total = status.bytes_total();
+    c.bytes_done = status.bytes_done();
+    c.finished_unix_us = status.finished_unix_us();
+    uint8_t entry[wire::kCompletionEntryBytes];
+    wire::EncodeCompletion(c, entry);
+    absl::MutexLock lock(&mu_);
+    absl::Status pushed = broken_ ? absl::DataLossError("broken")
+                                  : ring_->view().TryPush(entry, sizeof(entry));
+    if (absl::IsDataLoss(pushed) && !broken_) {
+      broken_ = true;
+      spdlog::warn("completion queue: {}; the session's completions go by packets from now on",
+                   std::string(pushed.message()));
+    }
+    if (!pushed.ok()) ring_->view().AddOverflow();
+    if (!pushed.ok() || ring_->view().ConsumerSleeps()) ring_->Wake();
+  }
+
+  // Tells the client that a transfer's completion will not come through the ring.
+  void Missed() {
+    absl::MutexLock lock(&mu_);
+    ring_->view().AddOverflow();
+    ring_->Wake();
+  }
+
+ private:
+  absl::Mutex mu_;
+  const std::unique_ptr<wire::SharedRing> ring_ ABSL_PT_GUARDED_BY(mu_);
+  bool broken_ ABSL_GUARDED_BY(mu_) = false;
+};
 
 // epoll user data for the two fds that are not sessions (sessions carry their fd number).
 constexpr uint64_t kWakeTag = ~uint64_t{0};
@@ -98,6 +143,8 @@ class SessionServerImpl final : public SessionServer {
     const uint32_t uid;
     absl::Mutex mu;
     UniqueFd fd ABSL_GUARDED_BY(mu);
+    // Set once by "CQ"; read and set on the poll thread only.
+    std::shared_ptr<CompletionSink> completions;
   };
 
   static UniqueFd OpenReserve() { return UniqueFd(::open("/dev/null", O_RDONLY | O_CLOEXEC)); }
@@ -281,8 +328,11 @@ class SessionServerImpl final : public SessionServer {
     const bool plain = received->fds.empty() && !received->truncated;
     const wire::Request request = wire::ParseRequest(received->payload);
     switch (request.kind) {
+      case wire::RequestKind::kCompletionQueue:
+        conn->Send(MapCompletionQueue(conn.get(), std::move(received->fds), received->truncated));
+        return;
       case wire::RequestKind::kSubmit:
-        conn->Send(plain ? Submit(request.body, conn->id)
+        conn->Send(plain ? Submit(request.body, conn)
                          : wire::EncodeRejected(absl::InvalidArgumentError(absl::StrCat(
                                "SUBMIT: the packet is larger than ", wire::kMaxRequestBytes,
                                " bytes or carries descriptors; use SubmitTransfer"))));
@@ -341,8 +391,56 @@ class SessionServerImpl final : public SessionServer {
     if (!registered.ok()) conn->Send(wire::EncodeRejected(registered));
   }
 
+  // "CQ" with a completion queue's memfd and eventfd: mapped (and sealed) here, checked, and
+  // used for every transfer this connection submits from now on. Answers "CQ OK" or REJECTED.
+  std::string MapCompletionQueue(Connection* conn, std::vector<UniqueFd> fds, bool truncated) {
+    if (fds.size() != 2 || truncated) {
+      return wire::EncodeRejected(absl::InvalidArgumentError(
+          "CQ: expected the packet \"CQ\" carrying exactly two descriptors (memfd, eventfd)"));
+    }
+    if (conn->completions != nullptr) {
+      return wire::EncodeRejected(
+          absl::AlreadyExistsError("CQ: this session already has a completion queue"));
+    }
+    if (!options_.wait) {
+      return wire::EncodeRejected(
+          absl::UnimplementedError("CQ: this daemon answers waits over gRPC only"));
+    }
+    for (const UniqueFd& fd : fds) {
+      if (ShortOfFds(fd.get(), options_.fd_headroom)) return wire::EncodeRejected(ShortOfFdsError());
+    }
+    absl::StatusOr<std::unique_ptr<wire::SharedRing>> ring = wire::SharedRing::Attach(
+        std::move(fds[0]), std::move(fds[1]), wire::kCompletionEntryBytes);
+    if (!ring.ok()) {
+      return wire::EncodeRejected(absl::InvalidArgumentError(
+          absl::StrCat("CQ: ", ring.status().message())));
+    }
+    conn->completions = std::make_shared<CompletionSink>(std::move(*ring));
+    spdlog::debug("session {}: completion queue mapped", conn->id);
+    return wire::kCompletionQueueAccepted;
+  }
+
+  // Posts transfer `id`'s final state into the connection's completion queue when it ends.
+  void PostWhenDone(const Connection& conn, uint64_t id) {
+    absl::StatusOr<regions::Caller> caller =
+        regions_->Authenticate(conn.id, regions_->SessionSecret(conn.id));
+    std::weak_ptr<CompletionSink> weak = conn.completions;
+    const absl::Status registered =
+        caller.ok() ? options_.wait(*caller, id,
+                                    [weak](const v1::TransferStatus& status) {
+                                      if (auto sink = weak.lock()) sink->Post(status);
+                                    })
+                    : caller.status();
+    if (!registered.ok()) {
+      spdlog::debug("session {}: transfer {} not followed by the completion queue: {}", conn.id,
+                    id, registered.ToString());
+      conn.completions->Missed();
+    }
+  }
+
   // The answer to one SUBMIT packet (`request`: the serialized SubmitTransferRequest).
-  std::string Submit(absl::string_view body, uint64_t session_id) {
+  std::string Submit(absl::string_view body, const std::shared_ptr<Connection>& conn) {
+    const uint64_t session_id = conn->id;
     if (!options_.submit) {
       return wire::EncodeRejected(
           absl::UnimplementedError("SUBMIT: this daemon takes transfers over gRPC only"));
@@ -356,6 +454,7 @@ class SessionServerImpl final : public SessionServer {
       spdlog::info("transfer rejected (session submit): {}", accepted.status().ToString());
       return wire::EncodeRejected(accepted.status());
     }
+    if (conn->completions != nullptr) PostWhenDone(*conn, accepted->transfer_id());
     return wire::EncodeSubmitted(*accepted);
   }
 

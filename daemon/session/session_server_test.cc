@@ -3,11 +3,14 @@
 // the process is out of descriptors refused at once through the reserve descriptor (not left
 // pending with the listener spinning), WAIT bound to the asking session, and a socket that never
 // exists at its path with the umask's permissions.
+// The completion queue: every submitted transfer's end posted, a full ring counting overflow, a
+// client scribbling on its ring harming neither the daemon nor other sessions.
 #define CATCH_CONFIG_MAIN
 #include <catch2/catch.hpp>
 
 #include <fcntl.h>
 #include <sys/inotify.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -25,6 +28,7 @@
 #include "base/unique_fd.h"
 #include "daemon/session/session_server.h"
 #include "wire/session_wire.h"
+#include "wire/shm_ring.h"
 
 namespace kvrail::session {
 namespace {
@@ -331,6 +335,118 @@ TEST_CASE("the socket appears at its path only with its mode, whatever the umask
   CHECK_FALSE(created);  // bound elsewhere (with the umask's bits), renamed in with 0660
   CHECK(moved);
   ::close(watch);
+}
+
+namespace cq {
+
+// A server whose SUBMIT accepts every spec (transfer ids 1, 2, ...) and whose WAIT ends each
+// transfer at once (SUCCEEDED), so every submit posts one completion.
+SessionServerOptions EndAtOnce(std::atomic<uint64_t>* next_id) {
+  SessionServerOptions options;
+  options.submit = [next_id](const v1::TransferSpec&) -> absl::StatusOr<v1::SubmitTransferResponse> {
+    v1::SubmitTransferResponse response;
+    response.set_transfer_id(next_id->fetch_add(1) + 1);
+    return response;
+  };
+  options.wait = [](const regions::Caller&, uint64_t id,
+                    std::function<void(const v1::TransferStatus&)> done) -> absl::Status {
+    v1::TransferStatus status;
+    status.set_transfer_id(id);
+    status.set_state(v1::TRANSFER_STATE_SUCCEEDED);
+    status.set_bytes_total(4096);
+    status.set_bytes_done(4096);
+    done(status);
+    return absl::OkStatus();
+  };
+  return options;
+}
+
+uint64_t Submit(wire::SessionConnection& conn) {
+  bool sent = false;
+  v1::SubmitTransferRequest request;
+  auto answer = conn.Exchange(wire::EncodeSubmit(request), &sent);
+  REQUIRE(answer.ok());
+  auto response = wire::ParseSubmitAnswer(*answer);
+  REQUIRE(response.ok());
+  return response->transfer_id();
+}
+
+std::vector<uint64_t> DrainIds(wire::RingView& view, size_t* refused = nullptr) {
+  std::vector<uint64_t> ids;
+  auto taken = view.Pop(~size_t{0}, [&](const uint8_t* bytes, size_t size) {
+    auto c = wire::ParseCompletion(bytes, size);
+    if (c.ok()) {
+      ids.push_back(c->transfer_id);
+    } else if (refused != nullptr) {
+      ++*refused;
+    }
+  });
+  REQUIRE(taken.ok());
+  return ids;
+}
+
+}  // namespace cq
+
+TEST_CASE("a mapped completion queue gets every submitted transfer's end; full rings overflow") {
+  std::atomic<uint64_t> next_id{0};
+  Served s(cq::EndAtOnce(&next_id));
+  auto conn = wire::SessionConnection::Open(s.path());
+  REQUIRE(conn.ok());
+  auto ring = wire::SharedRing::Create(8, wire::kCompletionEntryBytes);
+  REQUIRE(ring.ok());
+  REQUIRE((*conn)->SendCompletionQueue((*ring)->memfd(), (*ring)->eventfd()).ok());
+  // A second queue for the same session is refused.
+  CHECK((*conn)->SendCompletionQueue((*ring)->memfd(), (*ring)->eventfd()).code() ==
+        absl::StatusCode::kAlreadyExists);
+  std::vector<uint64_t> submitted;
+  for (int i = 0; i < 3; ++i) submitted.push_back(cq::Submit(**conn));
+  CHECK(cq::DrainIds((*ring)->view()) == submitted);
+  // Ten more into eight slots: eight posted, two counted as overflow (the client reads those the
+  // old way); nothing overwritten.
+  submitted.clear();
+  for (int i = 0; i < 10; ++i) submitted.push_back(cq::Submit(**conn));
+  CHECK((*ring)->view().overflow() == 2);
+  CHECK(cq::DrainIds((*ring)->view()) ==
+        std::vector<uint64_t>(submitted.begin(), submitted.begin() + 8));
+}
+
+TEST_CASE("a client that scribbles on its completion queue harms neither the daemon nor others") {
+  std::atomic<uint64_t> next_id{0};
+  Served s(cq::EndAtOnce(&next_id));
+  auto bad = wire::SessionConnection::Open(s.path());
+  auto good = wire::SessionConnection::Open(s.path());
+  REQUIRE(bad.ok());
+  REQUIRE(good.ok());
+  auto bad_ring = wire::SharedRing::Create(8, wire::kCompletionEntryBytes);
+  auto good_ring = wire::SharedRing::Create(8, wire::kCompletionEntryBytes);
+  REQUIRE(bad_ring.ok());
+  REQUIRE(good_ring.ok());
+  REQUIRE((*bad)->SendCompletionQueue((*bad_ring)->memfd(), (*bad_ring)->eventfd()).ok());
+  REQUIRE((*good)->SendCompletionQueue((*good_ring)->memfd(), (*good_ring)->eventfd()).ok());
+  // Garbage everywhere in the bad ring's memory, including its head (far ahead of any tail).
+  {
+    const size_t bytes = wire::RingBytes(8, wire::kCompletionEntryBytes);
+    void* map = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, (*bad_ring)->memfd(), 0);
+    REQUIRE(map != MAP_FAILED);
+    std::memset(static_cast<uint8_t*>(map) + 64, 0xEE, bytes - 64);
+    ::munmap(map, bytes);
+  }
+  // The daemon refuses to write into it (counts overflow instead) and keeps serving.
+  for (int i = 0; i < 5; ++i) cq::Submit(**bad);
+  std::vector<uint64_t> good_ids;
+  for (int i = 0; i < 5; ++i) good_ids.push_back(cq::Submit(**good));
+  CHECK(cq::DrainIds((*good_ring)->view()) == good_ids);
+  CHECK_FALSE((*bad)->PeerClosed());
+  CHECK(s.server->active_sessions() == 2);
+  // Not a ring at all: refused naming it; the session goes on without one.
+  auto other = wire::SessionConnection::Open(s.path());
+  REQUIRE(other.ok());
+  UniqueFd junk(::memfd_create("junk", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  REQUIRE(::ftruncate(junk.get(), 4096) == 0);
+  absl::Status refused = (*other)->SendCompletionQueue(junk.get(), (*good_ring)->eventfd());
+  CHECK(refused.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(std::string(refused.message()).find("CQ: ring") != std::string::npos);
+  CHECK(cq::Submit(**other) > 0);
 }
 
 }  // namespace

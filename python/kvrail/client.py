@@ -188,8 +188,10 @@ class Transfer:
 
     wait(timeout) returns its status (final, or the current one on timeout); result() and
     `await transfer` return the final status and raise TransferFailedError when it FAILED or was
-    CANCELLED. `await` never blocks the event loop: it waits in short slices on the default
-    executor, so cancelling the awaiting task takes effect within a slice.
+    CANCELLED. A transfer submitted over the session socket ends in the session's completion
+    queue (shared memory kvraild writes): wait(), done() and poll() read it without a call, and
+    `await` sleeps on the queue's eventfd registered with the event loop (no thread, no
+    polling). Otherwise `await` waits in short slices on the default executor.
     """
 
     _AWAIT_SLICE_MS = 200
@@ -223,8 +225,11 @@ class Transfer:
         return self.status.state
 
     def done(self) -> bool:
-        """Whether the transfer has ended (any final state)."""
-        return is_final(self.state)
+        """Whether the transfer has ended (any final state); no call when the completion queue
+        can tell."""
+        if self._final is not None:
+            return True
+        return is_final(self._client.poll([self.id])[0])
 
     def wait(self, timeout: Optional[float] = None):
         """Waits up to `timeout` seconds (None: until it ends); returns the status."""
@@ -261,6 +266,11 @@ class Transfer:
     async def wait_async(self):
         """The final status, awaited without blocking the event loop (no raise on failure)."""
         loop = asyncio.get_running_loop()
+        if self._final is None:
+            waiter = self._client._completion_waiter(loop)
+            if waiter is not None and self._client._follows(self.id):
+                await waiter.ended(self.id)
+                self._note(self._client.wait(self.id))  # read from the queue: no call
         while self._final is None:
             await loop.run_in_executor(None, self.wait, self._AWAIT_SLICE_MS / 1000.0)
         return self._final
@@ -276,6 +286,77 @@ class Transfer:
 
 
 TransferLike = Union[Transfer, int]
+
+
+class _CompletionWaiter:
+    """Awaits transfer ends for one client on one event loop: the completion queue's eventfd is
+    the loop's reader while anything is awaited (the daemon rings it for every completion), and
+    each wake-up reads the states of every awaited transfer in one kvrail_poll (local for what
+    the queue holds). A re-check every second covers a transfer whose end went by the old path
+    because the queue was full."""
+
+    _RECHECK_S = 1.0
+
+    def __init__(self, client: "Client", loop: asyncio.AbstractEventLoop, fd: int) -> None:
+        self._client = client
+        self._loop = loop
+        self._fd = fd
+        self._futures: Dict[int, List[asyncio.Future]] = {}
+        self._recheck: Optional[asyncio.TimerHandle] = None
+
+    async def ended(self, transfer_id: int) -> None:
+        future = self._loop.create_future()
+        first = not self._futures
+        self._futures.setdefault(transfer_id, []).append(future)
+        if first:
+            # Armed before the first look, so no completion falls between them.
+            check(lib().kvrail_arm_completions(self._client._h, 1))
+            self._loop.add_reader(self._fd, self._on_ready)
+        self._on_ready()
+        try:
+            await future
+        finally:
+            waiting = self._futures.get(transfer_id)
+            if waiting is not None and future in waiting:
+                waiting.remove(future)
+                if not waiting:
+                    del self._futures[transfer_id]
+            self._stop_if_idle()
+
+    def _stop_if_idle(self) -> None:
+        if self._futures:
+            return
+        self._loop.remove_reader(self._fd)
+        if self._recheck is not None:
+            self._recheck.cancel()
+            self._recheck = None
+        if not self._client.closed:
+            lib().kvrail_arm_completions(self._client._h, 0)
+
+    def _on_ready(self) -> None:
+        if self._client.closed:
+            return
+        lib().kvrail_arm_completions(self._client._h, 1)  # clears the eventfd, drains the queue
+        ids = list(self._futures)
+        if not ids:
+            return
+        try:
+            states = self._client.poll(ids, raise_on_error=False)
+        except KvrailError as e:
+            for waiting in self._futures.values():
+                for future in waiting:
+                    if not future.done():
+                        future.set_exception(e)
+            return
+        for transfer_id, state in zip(ids, states):
+            # 0: the daemon could not say (e.g. not found): the transfer's own wait tells why.
+            if is_final(state) or state == 0:
+                for future in self._futures.get(transfer_id, []):
+                    if not future.done():
+                        future.set_result(None)
+        if self._recheck is not None:
+            self._recheck.cancel()
+        self._recheck = self._loop.call_later(self._RECHECK_S, self._on_ready)
 
 
 class Client:
@@ -695,8 +776,27 @@ class Client:
     def mark_ready(self, transfer: TransferLike, layer_begin: int, layer_count: int = 1) -> None:
         check(lib().kvrail_mark_ready(self._h, _id(transfer), layer_begin, layer_count))
 
+    def _follows(self, transfer_id: int) -> bool:
+        """Whether the transfer's end comes through this client's completion queue."""
+        follows = ctypes.c_int(0)
+        check(lib().kvrail_completion_follows(self._h, transfer_id, ctypes.byref(follows)))
+        return bool(follows.value)
+
+    def _completion_waiter(self, loop: asyncio.AbstractEventLoop) -> "Optional[_CompletionWaiter]":
+        """This client's completion waiter on `loop`; None without a completion queue."""
+        waiters = self.__dict__.setdefault("_waiters", weakref.WeakKeyDictionary())
+        waiter = waiters.get(loop)
+        if waiter is None:
+            fd = ctypes.c_int(-1)
+            check(lib().kvrail_completion_fd(self._h, ctypes.byref(fd)))
+            if fd.value < 0:
+                return None
+            waiter = waiters[loop] = _CompletionWaiter(self, loop, fd.value)
+        return waiter
+
     def poll(self, transfers: Iterable[TransferLike], raise_on_error: bool = True) -> List[int]:
-        """The TransferStates of many transfers in one call. An id the daemon does not know
+        """The TransferStates of many transfers in one call, read from the completion queue
+        where it can tell (no call), else from the daemon. An id the daemon does not know
         raises (NotFoundError naming its index) unless raise_on_error is False, when its state
         reads 0 (TRANSFER_STATE_UNSPECIFIED)."""
         ids = [_id(t) for t in transfers]
@@ -791,9 +891,14 @@ def poll(transfers: Sequence[Transfer], raise_on_error: bool = True) -> List[int
 
 
 async def wait_all(transfers: Sequence[Transfer], poll_interval: float = 0.005) -> list:
-    """Awaits many transfers with one poll call per round (not one thread each); returns their
-    final statuses in order (no raise on failure)."""
+    """Awaits many transfers (not one thread each): on the completion queue's eventfd when the
+    client has one, else with one poll call per `poll_interval`; returns their final statuses in
+    order (no raise on failure)."""
     pending = [t for t in transfers if t._final is None]
+    if pending and pending[0]._client._completion_waiter(asyncio.get_running_loop()) is not None \
+            and all(t._client._follows(t.id) for t in pending):
+        await asyncio.gather(*(t.wait_async() for t in pending))
+        pending = [t for t in pending if t._final is None]
     while pending:
         states = poll(pending)
         for t, state in zip(pending, states):

@@ -1,0 +1,108 @@
+// The client's end of a session's completion queue (wire/shm_ring.h): kvraild posts the final
+// state of each transfer the session submitted over the session socket; this table drains the
+// ring into a map so that Wait, a batch of states and an event loop read them without a call.
+// Internal to the client library (kvrail_client.h is its public face).
+//
+// A full ring (or a ring the daemon could not use) moves the ring's overflow word: every
+// followed transfer still pending then becomes "unsure" and its caller reads the state the old
+// way (WAIT / GetTransfer), then Resolve()s it. Nothing is lost: the daemon keeps the record.
+//
+// Thread contract: thread-safe. Any number of threads may wait, read states and follow at once;
+// one of the waiters at a time sleeps on the eventfd, the others on a condition variable, and
+// whoever drains the ring wakes the rest.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <optional>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "wire/shm_ring.h"
+
+namespace kvrail::client {
+
+class CompletionTable {
+ public:
+  // A ring of `capacity` entries; waits poll the ring for up to `max_spin` before they sleep
+  // (adaptive: the spin shrinks while it keeps missing; zero never spins).
+  static absl::StatusOr<std::unique_ptr<CompletionTable>> Create(uint32_t capacity,
+                                                                 absl::Duration max_spin);
+
+  int memfd() const { return memfd_; }
+  int eventfd() const { return eventfd_; }
+
+  // The overflow count now; read before a submit and handed to Follow after it.
+  uint64_t OverflowMark();
+  // Transfer `id` was submitted on the session: its completion comes through the ring. When the
+  // ring overflowed since `mark`, its completion may have been missed: it is unsure at once.
+  void Follow(uint64_t id, uint64_t mark);
+  // Whether `id` is followed (pending, or ended and still remembered).
+  bool Follows(uint64_t id);
+
+  enum class Outcome { kDone, kTimeout, kUnsure };
+  struct Result {
+    Outcome outcome = Outcome::kTimeout;
+    wire::Completion completion;  // kDone
+  };
+  // Waits until `id`'s completion is in (kDone), `deadline` passes (kTimeout), or it became
+  // unsure (read it the old way). `id` must be followed.
+  Result Wait(uint64_t id, absl::Time deadline);
+  // Without waiting: the completion when in, kUnsure, or kTimeout (still pending).
+  Result Peek(uint64_t id);
+  // One drain, then for each ids[i]: its final state when in, TRANSFER_STATE_RUNNING (2) when
+  // pending and sure; states[i] is left as it is otherwise.
+  void States(const uint64_t* ids, size_t count, int32_t* states);
+  // The old way found `id` ended: remembered as if it came through the ring.
+  void Resolve(const wire::Completion& completion);
+
+  // An event loop sleeps on eventfd() instead of a waiter: while armed the daemon rings it for
+  // every completion. Drain() then takes what came (and clears the eventfd); returns how many.
+  void SetArmed(bool armed);
+  size_t Drain();
+
+  // Every pending transfer becomes unsure and waiters wake (the session is gone).
+  void Abandon();
+
+  // Counters for tests and benchmarks.
+  uint64_t refused_entries() const;
+  uint64_t spin_hits() const;
+
+ private:
+  CompletionTable(std::unique_ptr<wire::SharedRing> ring, absl::Duration max_spin)
+      : memfd_(ring->memfd()),
+        eventfd_(ring->eventfd()),
+        ring_(std::move(ring)),
+        max_spin_(max_spin),
+        spin_(max_spin) {}
+  // Takes what the ring holds into done_; true when anything new came or became unsure.
+  bool DrainLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Remember(const wire::Completion& completion) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  Result LookLocked(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void UpdateNeedWakeLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const int memfd_;    // the ring's, immutable
+  const int eventfd_;  // the ring's, immutable
+  mutable absl::Mutex mu_;
+  absl::CondVar changed_;
+  const std::unique_ptr<wire::SharedRing> ring_ ABSL_PT_GUARDED_BY(mu_);
+  const absl::Duration max_spin_;
+  absl::Duration spin_ ABSL_GUARDED_BY(mu_);  // the adaptive spin, in [max_spin_ / 8, max_spin_]
+  absl::flat_hash_map<uint64_t, wire::Completion> done_ ABSL_GUARDED_BY(mu_);
+  std::deque<uint64_t> done_order_ ABSL_GUARDED_BY(mu_);  // oldest first, for the bound
+  absl::flat_hash_set<uint64_t> pending_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_set<uint64_t> unsure_ ABSL_GUARDED_BY(mu_);
+  uint64_t overflow_seen_ ABSL_GUARDED_BY(mu_) = 0;
+  bool sleeper_ ABSL_GUARDED_BY(mu_) = false;  // a waiter sleeps on the eventfd
+  bool armed_ ABSL_GUARDED_BY(mu_) = false;
+  bool broken_ ABSL_GUARDED_BY(mu_) = false;  // the ring's indices were impossible
+  uint64_t refused_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t spin_hits_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace kvrail::client

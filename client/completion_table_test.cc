@@ -1,0 +1,170 @@
+// The client's completion table against a producer that stands in for kvraild (the same ring,
+// attached through its memfd and eventfd): waits see posted ends, a full ring's overflow makes
+// pending transfers unsure (never waited for forever), a bad entry is refused and counted,
+// sleeping waiters on many threads all wake, and abandoning the table wakes them.
+#define CATCH_CONFIG_MAIN
+#include "client/completion_table.h"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <catch2/catch.hpp>
+#include <thread>
+#include <vector>
+
+#include "absl/time/clock.h"
+
+namespace kvrail::client {
+namespace {
+
+using Outcome = CompletionTable::Outcome;
+
+struct Producer {
+  std::unique_ptr<wire::SharedRing> ring;
+  explicit Producer(CompletionTable& table) {
+    auto attached =
+        wire::SharedRing::Attach(UniqueFd(::dup(table.memfd())), UniqueFd(::dup(table.eventfd())),
+                                 wire::kCompletionEntryBytes);
+    REQUIRE(attached.ok());
+    ring = *std::move(attached);
+  }
+  // What the daemon does: push, or count overflow; wake a sleeping consumer.
+  bool Post(uint64_t id, int32_t state = 3) {
+    wire::Completion c;
+    c.transfer_id = id;
+    c.state = state;
+    uint8_t entry[wire::kCompletionEntryBytes];
+    wire::EncodeCompletion(c, entry);
+    const bool pushed = ring->view().TryPush(entry, sizeof(entry)).ok();
+    if (!pushed) ring->view().AddOverflow();
+    if (!pushed || ring->view().ConsumerSleeps()) ring->Wake();
+    return pushed;
+  }
+};
+
+std::unique_ptr<CompletionTable> Table(uint32_t capacity = 64,
+                                       absl::Duration spin = absl::ZeroDuration()) {
+  auto table = CompletionTable::Create(capacity, spin);
+  REQUIRE(table.ok());
+  return *std::move(table);
+}
+
+TEST_CASE("a posted end is seen by Wait, Peek and States; unknown ids are not followed") {
+  auto table = Table(64, absl::Microseconds(50));
+  Producer daemon(*table);
+  table->Follow(7, table->OverflowMark());
+  table->Follow(8, table->OverflowMark());
+  CHECK(table->Follows(7));
+  CHECK_FALSE(table->Follows(9));
+  CHECK(table->Peek(7).outcome == Outcome::kTimeout);
+  REQUIRE(daemon.Post(7));
+  const auto seen = table->Wait(7, absl::Now() + absl::Seconds(5));
+  REQUIRE(seen.outcome == Outcome::kDone);
+  CHECK(seen.completion.transfer_id == 7);
+  CHECK(seen.completion.state == 3);
+  const uint64_t ids[3] = {7, 8, 9};
+  int32_t states[3] = {0, 0, 0};
+  table->States(ids, 3, states);
+  CHECK(states[0] == 3);  // ended
+  CHECK(states[1] == 2);  // followed, not ended: RUNNING
+  CHECK(states[2] == 0);  // not followed: the caller asks the daemon
+  // A bounded wait for what does not end returns at its deadline.
+  const absl::Time t0 = absl::Now();
+  CHECK(table->Wait(8, t0 + absl::Milliseconds(30)).outcome == Outcome::kTimeout);
+  CHECK(absl::Now() - t0 >= absl::Milliseconds(30));
+}
+
+TEST_CASE("an end posted before the submit's answer was followed is not lost") {
+  auto table = Table();
+  Producer daemon(*table);
+  const uint64_t mark = table->OverflowMark();
+  REQUIRE(daemon.Post(11));
+  // Not followed yet, but kept: the submit's answer may come after the end.
+  CHECK(table->Peek(11).outcome == Outcome::kDone);
+  table->Follow(11, mark);
+  CHECK(table->Follows(11));
+  CHECK(table->Wait(11, absl::Now() + absl::Seconds(5)).outcome == Outcome::kDone);
+}
+
+TEST_CASE("a full ring makes the pending transfers unsure; the old way resolves them") {
+  auto table = Table(8);
+  Producer daemon(*table);
+  for (uint64_t id = 1; id <= 10; ++id) table->Follow(id, table->OverflowMark());
+  int posted = 0;
+  for (uint64_t id = 1; id <= 10; ++id) posted += daemon.Post(id) ? 1 : 0;
+  CHECK(posted == 8);
+  // 9 and 10 missed the ring: their waits return kUnsure instead of sleeping forever.
+  CHECK(table->Wait(1, absl::Now() + absl::Seconds(5)).outcome == Outcome::kDone);
+  CHECK(table->Wait(10, absl::Now() + absl::Seconds(5)).outcome == Outcome::kUnsure);
+  CHECK(table->Wait(9, absl::Now() + absl::Seconds(5)).outcome == Outcome::kUnsure);
+  wire::Completion resolved;
+  resolved.transfer_id = 9;
+  resolved.state = 4;
+  table->Resolve(resolved);
+  const auto nine = table->Peek(9);
+  REQUIRE(nine.outcome == Outcome::kDone);
+  CHECK(nine.completion.state == 4);
+  // A submit whose end overflowed before it was followed is unsure at once.
+  const uint64_t mark = table->OverflowMark();
+  for (uint64_t id = 100; id < 120; ++id) daemon.Post(id);
+  table->Follow(119, mark);
+  CHECK(table->Peek(119).outcome == Outcome::kUnsure);
+}
+
+TEST_CASE("a bad entry is refused and counted; the ones around it are read") {
+  auto table = Table();
+  Producer daemon(*table);
+  table->Follow(1, table->OverflowMark());
+  table->Follow(2, table->OverflowMark());
+  REQUIRE(daemon.Post(1));
+  uint8_t junk[wire::kCompletionEntryBytes] = {0xFF, 0xFF};
+  REQUIRE(daemon.ring->view().TryPush(junk, sizeof(junk)).ok());
+  REQUIRE(daemon.Post(2, 5));
+  CHECK(table->Wait(2, absl::Now() + absl::Seconds(5)).completion.state == 5);
+  CHECK(table->Peek(1).outcome == Outcome::kDone);
+  CHECK(table->refused_entries() == 1);
+}
+
+TEST_CASE("many sleeping waiters all see their ends; abandoning wakes the rest") {
+  auto table = Table(16);  // no spin: every waiter sleeps
+  Producer daemon(*table);
+  constexpr int kThreads = 8;
+  constexpr uint64_t kPerThread = 200;
+  for (uint64_t id = 1; id <= kThreads * kPerThread; ++id) table->Follow(id, 0);
+  std::atomic<int> done{0};
+  std::vector<std::thread> waiters;
+  for (int t = 0; t < kThreads; ++t) {
+    waiters.emplace_back([&, t] {
+      for (uint64_t i = 0; i < kPerThread; ++i) {
+        const uint64_t id = 1 + t + i * kThreads;
+        if (table->Wait(id, absl::Now() + absl::Seconds(20)).outcome == Outcome::kDone) ++done;
+      }
+    });
+  }
+  for (uint64_t id = 1; id <= kThreads * kPerThread;) {
+    wire::Completion c;
+    c.transfer_id = id;
+    c.state = 3;
+    uint8_t entry[wire::kCompletionEntryBytes];
+    wire::EncodeCompletion(c, entry);
+    if (daemon.ring->view().TryPush(entry, sizeof(entry)).ok()) {
+      if (daemon.ring->view().ConsumerSleeps()) daemon.ring->Wake();
+      ++id;
+    } else {
+      // Full: a real daemon would count overflow; this producer waits for room instead.
+      absl::SleepFor(absl::Microseconds(50));
+    }
+  }
+  for (auto& w : waiters) w.join();
+  CHECK(done.load() == kThreads * kPerThread);
+
+  table->Follow(5000, table->OverflowMark());
+  std::thread sleeper(
+      [&] { CHECK(table->Wait(5000, absl::InfiniteFuture()).outcome == Outcome::kUnsure); });
+  absl::SleepFor(absl::Milliseconds(20));
+  table->Abandon();
+  sleeper.join();
+}
+
+}  // namespace
+}  // namespace kvrail::client

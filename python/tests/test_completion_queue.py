@@ -1,0 +1,99 @@
+"""The session's completion queue: transfer ends read from shared memory (wait, done, poll, await
+on the eventfd) and the old path for a client without the queue (KVRAIL_COMPLETION_QUEUE=0)."""
+from __future__ import annotations
+
+import asyncio
+import ctypes
+
+import pytest
+
+import kvrail
+from kvrail import transfer_pb2
+from kvrail._lib import lib
+from kvtest import Pool, layout
+
+SUCCEEDED = transfer_pb2.TRANSFER_STATE_SUCCEEDED
+
+
+def _queue_fd(client) -> int:
+    fd = ctypes.c_int(-2)
+    assert lib().kvrail_completion_fd(client._h, ctypes.byref(fd)) == 0
+    return fd.value
+
+
+def _pools(client):
+    src = Pool(client, layout(), writable=False, name="src")
+    dst = Pool(client, layout(), writable=True, name="dst")
+    src.fill_random(3)
+    return src, dst
+
+
+class _NoExecutor:
+    """Fails the test if `await` falls back to an executor thread."""
+
+    def __init__(self, loop):
+        self.loop = loop
+
+    def __call__(self, *args, **kwargs):
+        raise AssertionError("await used an executor thread; the eventfd path should serve it")
+
+
+def test_waits_and_awaits_read_the_queue(daemon):
+    with kvrail.connect(daemon.socket) as client:
+        src, dst = _pools(client)
+        first = client.transfer(src.region, [1, 2], dst.region, [3, 4])
+        assert _queue_fd(client) >= 0, "the session mapped no completion queue"
+        status = first.result(timeout=30)
+        assert status.state == SUCCEEDED
+        assert status.transfer_id == first.id
+        assert status.bytes_done == status.bytes_total > 0
+        assert first.done()
+        assert (dst.tokens([3, 4], 8) == src.tokens([1, 2], 8)).all()
+
+        async def many():
+            loop = asyncio.get_running_loop()
+            loop.run_in_executor = _NoExecutor(loop)
+            transfers = [client.transfer(src.region, [i % 16], dst.region, [(i * 5) % 16])
+                         for i in range(200)]
+            statuses = await asyncio.gather(*transfers)
+            return transfers, statuses
+
+        transfers, statuses = asyncio.run(many())
+        assert [s.state for s in statuses] == [SUCCEEDED] * 200
+        assert [s.transfer_id for s in statuses] == [t.id for t in transfers]
+        # Batch status of them all, from the queue; an id the queue never saw still asks the
+        # daemon (and a bad one raises naming its index).
+        assert client.poll(transfers) == [SUCCEEDED] * 200
+        with pytest.raises(kvrail.KvrailError, match=r"ids\[1\]"):
+            client.poll([transfers[0].id, 987654321])
+
+
+def test_wait_all_uses_the_eventfd(daemon):
+    with kvrail.connect(daemon.socket) as client:
+        src, dst = _pools(client)
+
+        async def run():
+            loop = asyncio.get_running_loop()
+            loop.run_in_executor = _NoExecutor(loop)
+            transfers = [client.transfer(src.region, [i % 16], dst.region, [i % 16])
+                         for i in range(64)]
+            return await kvrail.wait_all(transfers, poll_interval=60.0)  # no poll slice used
+
+        statuses = asyncio.run(run())
+        assert all(s.state == SUCCEEDED for s in statuses)
+
+
+def test_old_path_without_the_queue(daemon, monkeypatch):
+    monkeypatch.setenv("KVRAIL_COMPLETION_QUEUE", "0")
+    with kvrail.connect(daemon.socket) as client:
+        src, dst = _pools(client)
+        transfer = client.transfer(src.region, [5], dst.region, [6])
+        assert _queue_fd(client) == -1
+        assert transfer.result(timeout=30).state == SUCCEEDED
+        assert transfer.done()
+        assert client.poll([transfer]) == [SUCCEEDED]
+
+        async def one():
+            return await client.transfer(src.region, [7], dst.region, [8])
+
+        assert asyncio.run(one()).state == SUCCEEDED
