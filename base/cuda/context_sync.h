@@ -1,4 +1,4 @@
-// Context-synchronizing CUDA calls in flight, process-wide (issue 19.3). A call such as
+// Context-synchronizing CUDA calls in flight, process-wide. A call such as
 // cudaHostRegister/Unregister, cudaIpcOpenMemHandle/CloseMemHandle, cuMemMap/Unmap, cudaFreeHost,
 // cudaHostAlloc, cudaDeviceEnablePeerAccess or a lazy module load waits for every stream of the
 // context to drain - including a stream of the CUDA engine that waits on the GPU for a
