@@ -1,4 +1,4 @@
-// The integrity digest of a transfer (TransferSpec.digest, issue 17): one definition, compiled for
+// The integrity digest of a transfer (TransferSpec.digest): one definition, compiled for
 // the host (host twin, host engine, copy-engine and fabric paths) and the GPU (kv_digest.cu).
 //
 // Contract.
@@ -28,7 +28,7 @@
 //   position enters through the keys, so a word written to the wrong place changes its term too.
 //   Chosen for the GPU: about ten integer operations per 8-byte word (a 32x32->64 multiply, no
 //   64-bit multiplies), so the fused kernel's hashing hides behind its memory traffic
-//   (docs/benchmarks.md, "issue 17 digest"). Not a MAC: it detects corruption and stale or
+//   (docs/benchmarks.md). Not a MAC: it detects corruption and stale or
 //   misplaced writes, not an adversary who chooses bytes.
 #pragma once
 
