@@ -1,4 +1,4 @@
-// The fabric kernels' arithmetic (issue 19 item 4), shared by the CUDA kernels (fabric_pack.cu)
+// The fabric kernels' arithmetic, shared by the CUDA kernels (fabric_pack.cu)
 // and their host twin, so CI checks without a GPU the code the kernels run. Built only from
 // plan_math.h (TileAt, AdvanceChunkPos, ChunkAtInLayer: the walk the copy kernel's slab path and
 // planner::ForEachTileRun use); nothing here computes an address any other way.
