@@ -1,4 +1,4 @@
-// The fabric kernels (issue 19 item 4; arithmetic in fabric_math.h, host twin there too):
+// The fabric kernels (arithmetic in fabric_math.h, host twin there too):
 // - pack: gathers tile `tile` of a plan from the GPU source region straight into its send slot
 //   (pinned host memory registered with CUDA and mapped: the kernel stores through the slot's
 //   device address) and then, in the same launch, publishes the tile's 32-byte NicCommand into
