@@ -215,7 +215,7 @@ KVRAIL_HD ChunkSpan PieceAtInLayer(const PlanHeader& h, const uint32_t* src_bloc
   return ChunkSpan{span.src + offset, span.dst + offset, bytes};
 }
 
-// The kernel's segment path (issue 19), for chunked plans the warp path cannot take (head-vector
+// The kernel's segment path, for chunked plans the warp path cannot take (head-vector
 // chunks, odd vector sizes, odd offsets, padded strides): a warp moves whole "segments", segment
 // k of tile t being the part of chunk (first chunk of t) + k inside the tile, with one chunk
 // lookup per segment (not per access) and the widest accesses each segment's own addresses allow.
