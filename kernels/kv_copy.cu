@@ -205,9 +205,9 @@ constexpr int kDefaultUnitsPerLane = 6;
 static_assert(kSegmentFormRegisters == kDefaultUnitsPerLane, "segment_math.h names this form");
 constexpr int kBulkSegmentForm = 100;  // segment_units = kBulkSegmentForm + stages
 constexpr int kDefaultBulkStages = 3;
-// The default: one bulk copy per piece, 3 stages (docs/benchmarks.md "issue 19 (NL)": a variant
-// filling several-piece stages with the lanes' cp.async copies, 110 + stages, was 5-20% slower
-// wherever stages held several pieces; removed in session 29).
+// The default: one bulk copy per piece, 3 stages (docs/benchmarks.md: a variant
+// filling several-piece stages with the lanes' cp.async copies was 5-20% slower wherever stages
+// held several pieces, and is gone).
 constexpr int kDefaultSegmentForm = kBulkSegmentForm + kDefaultBulkStages;
 // Shared memory the bulk form's ring may take per CTA (the H200 allows 227 KiB per block; the
 // header and the mbarriers are static).
@@ -468,8 +468,8 @@ __device__ __forceinline__ uint4 LoadShared16(uint32_t addr) {
 // source is 16-byte aligned relative to its destination reads one source block, otherwise the two
 // holding its bytes (Window16). Two segments per lane (214, 216) double the bytes a step moves
 // for the same chain of dependent latencies (lookup, loads, stores) that short segments are bound
-// by, but measured slower on every layout (registers, 64 KiB of slots per CTA; docs/benchmarks.md
-// "issue 19 (NL), session 29"): benchmark forms only. The partial units' source blocks go to shared memory by cp.async (no registers held while the
+// by, but measured slower on every layout (registers, 64 KiB of slots per CTA; docs/benchmarks.md):
+// benchmark forms only. The partial units' source blocks go to shared memory by cp.async (no registers held while the
 // first round and the next lookups run): dynamic shared memory of kPartialSlots x kSegsPerLane
 // 16-byte slots per thread (SplitPartialSlotBytes).
 constexpr int kSplitSegmentForm = 200;
