@@ -95,7 +95,7 @@ __device__ __forceinline__ uint64_t ReadOffset(const ChunkSpan& s) {
 // in one tile (a 1 MiB tile is 256 pieces) at every CTA count: each lane keeps its partial sum in
 // registers and the warp reduces it (shuffles + one atomic) once per tile it touches, not once
 // per piece, and the warps of a tile no longer all add into its counter at the same time.
-// Measured on one H200: docs/benchmarks.md, "issue 17 digest" (second and third versions).
+// Measured on one H200: docs/benchmarks.md.
 struct PieceWork {
   int4 value[kLoadsInFlight];
   int4* to;
@@ -220,7 +220,7 @@ __global__ void __launch_bounds__(kMaxThreads)
   }
 }
 
-// Warp path, staged through shared memory (issue 17, the version the library launches): as
+// Warp path, staged through shared memory (the version the library launches): as
 // DigestPiecesKernel (contiguous runs of pieces per warp, one reduction per tile touched), but
 // each warp keeps a ring of kStages pieces in shared memory filled by cp.async (16-byte copies
 // global -> shared that hold no registers while in flight): piece i + kStages - 1 is requested
@@ -378,7 +378,7 @@ __device__ __forceinline__ uint64_t FinishStaged(const StagedPiece& w, const int
 // from registers (kLaneCopies); one bulk copy per piece into the ring (lane 0, mbarrier) and
 // stores from registers (kBulkLoad); or bulk copies both ways (kBulkLoadStore, the library's
 // choice: the ring is written back by one bulk store per piece and the lanes only read it to
-// hash). Measured on one H200 (docs/benchmarks.md, "issue 17/19 (G3)"), copy + hash against the
+// hash). Measured on one H200 (docs/benchmarks.md), copy + hash against the
 // plain kernel at 8 / 16 / 32 / 132 CTAs: kBulkLoadStore -5.4/-1.2/+8.3/+1.6% (32 KiB blocks),
 // kBulkLoad -7.6/-4.0/+4.6/-1.3%, kLaneCopies -16.4/-13.6/-4.7/-0.9%.
 enum class Staging : int { kLaneCopies = 0, kBulkLoad = 1, kBulkLoadStore = 2 };
