@@ -1,4 +1,4 @@
-// Arithmetic of the kernel's segment path (kv_copy.cu, issue 19 item 1), shared by the kernel and
+// Arithmetic of the kernel's segment path (kv_copy.cu), shared by the kernel and
 // its host test (segment_math_test.cc, which replays the bulk-staged form byte for byte on the
 // CPU). Where segments come from is plan_math.h (SegmentAt); this file only says how one segment
 // [s, s + len) -> [d, d + len) moves in 16-byte units:
@@ -134,7 +134,7 @@ KVRAIL_HD bool MergeHead(bool continues, uint32_t lane, uint32_t run_start, uint
   return !continues || (lane - run_start) % per_run == 0;
 }
 
-// The split register form (kv_copy.cu, KvCopySegmentsSplitKernel; issue 19 NL, session 29): a
+// The split register form (kv_copy.cu, KvCopySegmentsSplitKernel): a
 // segment's destination cut into its WHOLE 16-byte units, which the warp moves as one stream of
 // plain 16-byte stores (no partial-store path in the per-unit loop), and at most two partial
 // units (its first and last destination block when they hold only some of its bytes), which the
@@ -183,10 +183,10 @@ KVRAIL_HD uint32_t UnitSegment(uint32_t u, uint32_t full, uint32_t magic) {
 }
 
 // Which segment form a plan on the segment path takes (DevicePlan::segment_units; kv_copy.cc,
-// Upload), from one H200 at 32 CTAs (docs/benchmarks.md, "issue 19 (NL)"): the split register
+// Upload), from one H200 at 32 CTAs (docs/benchmarks.md): the split register
 // form with one segment and 6 whole units per lane and round (206) for short chunks
 // (< kRegisterFormMaxChunk) that cannot merge (head vectors, or token chunks not contiguous from
-// token to token): session 29 measured it 1.2-1.8x the register form there at 32 CTAs
+// token to token): measured 1.2-1.8x the register form there at 32 CTAs
 // (0.97-1.09x at 132; 80-384-byte chunks), ahead of one bulk copy per chunk and of two segments
 // per lane (214 / 216: 1-27% slower); the
 // default (bulk-staged, one bulk copy per piece) otherwise.
@@ -216,14 +216,13 @@ KVRAIL_HD int SegmentFormFor(const PlanHeader& h) {
 // Whether a plan whose inner loop is not the warp path takes the segment path rather than the
 // slab path: chunked plans (not kBytes) whose access width (narrowed to the bases) is under 8
 // bytes, and wider-access plans of short chunks that do not merge where the split form beat the
-// slab path in session 29 at 32 CTAs (at 132 within 2%, one layout 1.8% slower): 8-byte
+// slab path at 32 CTAs (at 132 within 2%, one layout 1.8% slower): 8-byte
 // accesses (232-byte head vectors: slab 324 GB/s, split 502-517) and 16-byte head vectors
 // (192-336 bytes: 539-551 -> 567-640; 256-byte ones 625-682 -> 655-694). Not chosen: 16-byte token
 // chunks (TP1 -> TP8's 256-byte tokens 626 on the slab path against 489; 384-512-byte tokens
 // 710-726 against 628-668), and merging 16-byte token chunks (MLA 576/656-byte tokens, 64 -> 16
 // tokens per block: faster on the bulk or split form at 32 CTAs, 754-810 against 711-733, but
-// slower at 132, 1532-1626 against 1598-1643) (docs/benchmarks.md, "issue 19 (NL)" and "issue 19
-// (NL), session 29").
+// slower at 132, 1532-1626 against 1598-1643) (docs/benchmarks.md).
 KVRAIL_HD bool TakesSegmentPath(const PlanHeader& h, uint32_t access_bytes) {
   if (static_cast<ChunkKind>(h.chunk_kind) == ChunkKind::kBytes) return false;
   if (access_bytes < 8) return true;
