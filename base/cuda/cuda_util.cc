@@ -198,7 +198,8 @@ absl::StatusOr<Stream> Stream::Create(int device) {
   cudaError_t made;
   {
     // Stream creation and destruction were seen not to return while another stream of the
-    // process waited on the GPU (cuStreamWaitValue32; docs/benchmarks.md): marked, so the CUDA engine's gate watchdog bounds them like the other such calls.
+    // process waited on the GPU (cuStreamWaitValue32; docs/benchmarks.md): marked, so the CUDA
+    // engine's gate watchdog bounds them like the other such calls.
     ContextSyncScope sync("cudaStreamCreateWithPriority");
     made = cudaStreamCreateWithPriority(&stream, cudaStreamNonBlocking, greatest);
   }
