@@ -11,8 +11,8 @@
 // CUDA_MODULE_LOADING=LAZY) loads its module and may synchronize the context. If the work that
 // leads to the awaited flag runs in the SAME process (a producer stream beside the consumer, as
 // in tests/gpu/flags_gpu_test.cc on one GPU), such a call after the waits deadlocks: the
-// one-GPU hang seen in tests/gpu was exactly this (the producer's kernel launched for the first time
-// after the consumer's waits). So: use non-blocking streams, load every kernel the process will
+// one-GPU hang seen in tests/gpu was exactly this (the producer's kernel launched for the first
+// time after the consumer's waits). So: use non-blocking streams, load every kernel the process will
 // launch while waits are pending beforehand (launch it once, or run with
 // CUDA_MODULE_LOADING=EAGER), and make no synchronous CUDA call between enqueuing waits and
 // the producer's work. A consumer whose producer is another process (kvraild plus a prefill
