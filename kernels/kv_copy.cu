@@ -468,9 +468,9 @@ __device__ __forceinline__ uint4 LoadShared16(uint32_t addr) {
 // source is 16-byte aligned relative to its destination reads one source block, otherwise the two
 // holding its bytes (Window16). Two segments per lane (214, 216) double the bytes a step moves
 // for the same chain of dependent latencies (lookup, loads, stores) that short segments are bound
-// by, but measured slower on every layout (registers, 64 KiB of slots per CTA; docs/benchmarks.md):
-// benchmark forms only. The partial units' source blocks go to shared memory by cp.async (no registers held while the
-// first round and the next lookups run): dynamic shared memory of kPartialSlots x kSegsPerLane
+// by, but measured slower on every layout (registers, 64 KiB of slots per CTA;
+// docs/benchmarks.md): benchmark forms only. The partial units' source blocks go to shared memory
+// by cp.async (no registers held while the first round and the next lookups run): dynamic shared memory of kPartialSlots x kSegsPerLane
 // 16-byte slots per thread (SplitPartialSlotBytes).
 constexpr int kSplitSegmentForm = 200;
 static_assert(kSegmentFormSplit == kSplitSegmentForm + 6, "segment_math.h names this form");
