@@ -100,7 +100,8 @@ absl::StatusOr<DevicePlanBuffer> DevicePlanBuffer::Upload(const PlanHeader& head
       NarrowToAlignment(NarrowToAlignment(header.access_bytes, src_base), dst_base);
   buffer.plan_.piece_bytes = PieceBytesFor(header, buffer.plan_.access_bytes);
   // Which inner loop (measured on one H200 GPU0 -> GPU0 at 32 CTAs, tests/gpu/layout_bench):
-  // pieces under 2 KiB keep too little in flight per warp (512-byte pieces 250 GB/s) where the slab path keeps 64 KiB per CTA (256-byte head vectors with
+  // pieces under 2 KiB keep too little in flight per warp (512-byte pieces 250 GB/s) where the
+  // slab path keeps 64 KiB per CTA (256-byte head vectors with
   // 16-byte accesses: 607-732 GB/s), so they take the slab path; plans whose accesses are
   // narrower than 8 bytes (odd vector sizes, odd offsets) take the segment path (657-byte
   // vectors 223-226 GB/s against 54-65 on the slab path at 1-byte accesses; bf16 at an odd
