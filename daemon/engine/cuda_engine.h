@@ -32,8 +32,8 @@ struct CudaEngineOptions {
   std::vector<int> devices;
   // Per priority class: CTAs per launch and bytes in flight.
   PriorityLimits limits;
-  // CTAs of a critical-priority transfer's kernel launches, above max_ctas (issue 19's critical
-  // path; scheduler::ChooseLaunchCtas): < 0 one per SM of the GPU, 0 off (the budget applies).
+  // CTAs of a critical-priority transfer's kernel launches, above max_ctas (latency-critical
+  // work gets the whole GPU; scheduler::ChooseLaunchCtas): < 0 one per SM of the GPU, 0 off (the budget applies).
   int critical_ctas = -1;
   // Copy-engine-only mode (max_ctas 0): plans whose coalesced runs average under
   // `copy_only_kernel_below_run_bytes` run on a kernel of at most `copy_only_kernel_ctas` CTAs
@@ -55,7 +55,7 @@ struct CudaEngineOptions {
   // (scheduler/stream_gate.h). Off: AdmitGated says no, and such layers reach the engine only
   // once the readiness poller saw them ready.
   bool stream_wait = false;
-  // The critical path (issue 19): an idle dispatcher spins this long for the next job before it
+  // The critical path: an idle dispatcher spins this long for the next job before it
   // sleeps (0: sleeps at once); plan uploads go through pinned staging slots (one copy for a
   // small plan) instead of up to five copies, the header from pageable memory.
   int dispatcher_spin_us = 100;
