@@ -59,7 +59,7 @@ constexpr uint32_t kFirstJobTraceBatches = 32;
 // GPU at the word; ~20 us for 16 MiB). No host function wakes it: a cudaLaunchHostFunc after each
 // gated batch put a CPU round trip (the CUDA callback thread, then the stream resumed) between
 // one layer's copy and the next on the job's stream, which the last layers of a prefill paid in
-// full (docs/benchmarks.md "issue 19 (SW), session 29").
+// full (docs/benchmarks.md).
 constexpr absl::Duration kGateWordPoll = absl::Microseconds(20);
 // Pinned staging for plan uploads (CudaEngineOptions::staged_plan_upload): slots of this size
 // (a plan image of up to ~32k block ids in all fits whole), each reused once its upload passed.
@@ -195,7 +195,7 @@ struct JobState {
   std::optional<planner::Plan> device_plan;
   const planner::Plan& RunPlan() const { return device_plan ? *device_plan : job->plan(); }
   std::optional<kernels::DevicePlanBuffer> plan;
-  // spec.digest (issue 17): per-tile source and destination digests (kernels/kv_digest.h).
+  // spec.digest: per-tile source and destination digests (kernels/kv_digest.h).
   std::optional<kernels::TileDigestBuffer> digests;
   // A plan uploaded from pinned tables: the copy runs after SetUp returns, so the tables are
   // held until `uploaded` has passed (the first batch's completion implies it; a job dropped
@@ -211,8 +211,8 @@ struct JobState {
   uint32_t batches = 0;
   uint64_t last_batch_bytes = 0;  // of the latest batch launched (the ramp, cuda_batch.h)
   // The daemon's first job (not gated): an event recorded before its first batch, from which
-  // Complete times each batch's GPU start and end (Describe: "first job's batches"; issue 19's
-  // unexplained gaps between the first job's batches).
+  // Complete times each batch's GPU start and end (Describe: "first job's batches"), so
+  // gaps between the first job's batches can be told apart from a slow engine.
   cuda::Event trace_anchor;
   std::string trace;
   // Where the set-up's time went (the first job's shows in Describe: first-transfer costs).
@@ -265,7 +265,7 @@ class DeviceWorker {
 
   // Engine::Expect for this GPU (any thread): a sleeping dispatcher wakes now and spins up to
   // dispatcher_spin_us for the job being planned, so the job's Enqueue finds it awake (the wake-up
-  // cost the first tile 25-60 us after an idle spell; issue 19). Nothing without the spin.
+  // cost the first tile 25-60 us after an idle spell). Nothing without the spin.
   void Expect() {
     if (!options_.wake_on_submit || options_.dispatcher_spin_us <= 0) return;
     absl::MutexLock lock(&mu_);
@@ -423,7 +423,7 @@ class DeviceWorker {
 
   void Complete(Batch& b);
   // A batch's timing events: one a completed batch gave back, else a new one (cudaEventCreate
-  // is a driver call on every batch's path; issue 19's critical path). Dispatcher thread.
+  // is a driver call on every batch's path, which the first byte waits for). Dispatcher thread.
   absl::StatusOr<cuda::Event> TakeEvent();
 
   // Pinned plan-upload staging (CudaEngineOptions::staged_plan_upload; dispatcher only).
