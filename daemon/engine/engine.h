@@ -67,13 +67,13 @@ class Job {
   // state (an uploaded plan, pinned addresses) while this holds, instead of setting it up again
   // for every layer.
   virtual bool MayGetMoreTiles() const { return false; }
-  // TransferSpec.digest (issue 17): whether the engine hashes the job's tiles (kernels/digest.h):
+  // TransferSpec.digest: whether the engine hashes the job's tiles (kernels/digest.h):
   // the source bytes while moving them, the destination's bytes read back after they landed. It
   // then calls OnTileDigest before OnTileDone for each tile it moved, and reports a tile whose
   // digests differ as failed (planner::DigestMismatchError, DATA_LOSS). Off: no hashing at all.
   virtual bool wants_digest() const { return false; }
   virtual void OnTileDigest(uint32_t tile, uint64_t source, uint64_t destination) {}
-  // GPU-side readiness wait (issue 19.3; scheduler/stream_gate.h): a layer-wise job whose layers
+  // GPU-side readiness wait (scheduler/stream_gate.h): a layer-wise job whose layers
   // are gated by producer flag words. Word L (of `count`) gates the tiles of transfer layer L: they
   // may move once it has reached `value` (wrapping order). Set only by jobs that an engine admitted
   // with Engine::AdmitGated; such a job hands its tiles before they are ready.
@@ -131,7 +131,7 @@ class Engine {
   virtual bool AdmitGated(const std::shared_ptr<Job>& job) { return false; }
   // A hint, before a submit between `src` and `dst` is planned: a job between them is likely to
   // be enqueued soon. An engine whose worker sleeps may wake it now, so its wake-up overlaps the
-  // planning instead of delaying the first tile (issue 19). No effect on what runs. Any thread.
+  // planning instead of delaying the first tile. No effect on what runs. Any thread.
   virtual void Expect(const MemoryRef& src, const MemoryRef& dst) {}
   // GPUs this engine runs transfers on (0 for engines without GPUs): kvrail_cuda_gpus.
   virtual int gpu_count() const { return 0; }
