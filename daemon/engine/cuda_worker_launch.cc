@@ -75,7 +75,7 @@ Batch DeviceWorker::Launch(JobState& s, const Taken& taken) {
   }
   if (first_job_text_pending_) {
     // The daemon's first job after start: what its first batch waited for and cost here, so
-    // a slow first transfer can be told apart from a slow engine (issue 19).
+    // a slow first transfer can be told apart from a slow engine.
     first_job_text_pending_ = false;
     const absl::Time now = absl::Now();
     std::string text = absl::StrFormat(
@@ -382,7 +382,7 @@ void DeviceWorker::Complete(Batch& b) {
     }
   }
   // The tiles are reported first: the transfer's end (and its DONE to the client) does not wait
-  // for the tuners and the stats line below (issue 19's critical path).
+  // for the tuners and the stats line below (they are off the critical path).
   --s.in_flight;
   for (uint32_t t = b.taken.begin; t < b.taken.end; ++t) {
     absl::Status tile_status = status;
