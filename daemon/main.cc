@@ -45,7 +45,7 @@
 namespace kvrail {
 namespace {
 
-// KVRAILD_LOW_LATENCY=off: the critical-path measures of issue 19 off (the CUDA dispatcher's idle
+// KVRAILD_LOW_LATENCY=off: the critical-path measures off (the CUDA dispatcher's idle
 // spin, staged plan uploads, the session poll thread's spin), for before/after measurements.
 bool LowLatencyOff() {
   const char* v = std::getenv("KVRAILD_LOW_LATENCY");
@@ -436,7 +436,7 @@ absl::Status Run(v1::DaemonConfig config, int* exit_code) {
     return transfers->WhenEnded(id, std::move(done));
   };
   session_options.max_sessions = MaxSessions(config);
-  // The poll thread's spin after a packet (issue 19's critical path; off with the engine's).
+  // The poll thread's spin after a packet (a critical-path measure; off with the engine's).
   if (!low_latency_off) session_options.spin = absl::Microseconds(100);
   session_options.max_sessions_per_uid = config.max_sessions_per_uid();
   spdlog::info("caps: {} sessions ({} per uid), {} transfers in flight and {} waits/watches per "
@@ -655,7 +655,7 @@ int main(int argc, char** argv) {
   kvrail::config::MergeOverrides(flags, &config);
   absl::Status status = kvrail::config::FinalizeConfig(&config);
   if (status.ok() && config.cuda_stream_wait() && config.cuda_engine() != "off") {
-    // GPU-side readiness waits (issue 19.3), before anything initializes CUDA: a lazy module
+    // GPU-side readiness waits, before anything initializes CUDA: a lazy module
     // load synchronizes the context, i.e. would wait behind a pending wait (the one-GPU hang);
     // and with the default 8 hardware queues a pending wait could hold up other streams sharing
     // its queue. An operator's own setting wins.
