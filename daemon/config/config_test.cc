@@ -39,7 +39,7 @@ TEST_CASE("defer_id_checks_from: unset is 32768, an explicit 0 (check all at sub
   CHECK(parsed->defer_id_checks_from() == 100);
 }
 
-TEST_CASE("cuda_stream_wait is accepted (issue 19.3: the transfer layer hands gated layers over)") {
+TEST_CASE("cuda_stream_wait is accepted (the transfer layer hands gated layers over)") {
   auto parsed = ParseConfig("cuda_stream_wait: true\ncuda_stream_wait_jobs: 16\n", "t");
   REQUIRE(parsed.ok());
   REQUIRE(FinalizeConfig(&*parsed).ok());
