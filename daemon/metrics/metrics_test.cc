@@ -109,7 +109,7 @@ TEST_CASE("a busy metrics address is an error naming the key") {
   CHECK(std::string(second.status().message()).rfind("metrics_listen:", 0) == 0);
 }
 
-TEST_CASE("the peer directory's state is a gauge: 1 ok, 0 degraded (issue 18)") {
+TEST_CASE("the peer directory's state is a gauge: 1 ok, 0 degraded") {
   std::atomic<bool> ok{true};
   MetricsOptions options;
   options.listen = "127.0.0.1:0";
