@@ -59,9 +59,8 @@ absl::StatusOr<std::pair<std::unique_ptr<Mapping>, uint8_t*>> MapFd(int fd, uint
 // the client library's block-table region (1 MiB by default, RegionSpec.library_region) and the
 // servers' own BlockTableRef regions are read by the daemon on every large submit, and the first
 // submit otherwise takes the minor faults (17 per MiB read, the kernel mapping 64 KiB around each;
-// host_memory_test). Issue 19 suspected them in the first transfer's slow accept (123 us against
-// 54-60 later); on one H200 the pre-fault did not shorten it (docs/benchmarks.md, "issue 19 (CP),
-// session 29").
+// host_memory_test). They were suspected in the first transfer's slow accept (123 us against
+// 54-60 later); on one H200 the pre-fault did not shorten it (docs/benchmarks.md).
 inline constexpr uint64_t kPrefaultMaxBytes = uint64_t{16} << 20;
 
 // Maps into this process's page tables the pages of `mapping` (MapFd's: exactly the region's
