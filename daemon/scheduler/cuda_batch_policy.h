@@ -185,7 +185,7 @@ class CtaTuner {
   int batches_since_probe_ = 0;
 };
 
-// The CTAs of one kernel launch (issue 19's critical path). The SM budget (cuda_max_ctas, the
+// The CTAs of one kernel launch, on the critical path. The SM budget (cuda_max_ctas, the
 // CtaTuner's candidates) spares SMs for the inference server's compute; a critical-priority
 // transfer is what that compute is waiting for (a decode step's KV), so its batches are raised to
 // `critical_ctas` (16 MiB GPU0 -> GPU0: ~20 us of GPU at 32 CTAs, ~12 at 132; docs/benchmarks.md).
@@ -212,7 +212,7 @@ LaunchCtas ChooseLaunchCtas(const LaunchCtasInputs& in);
 // (`max_ctas` 0) and whenever the result is not above the budget (nothing to raise).
 int ResolveCriticalCtas(int configured, int sm_count, int max_ctas);
 
-// Seeding the CTA tuners at start (issue 19: the knee probe cost the first transfer ~100 us of
+// Seeding the CTA tuners at start (unseeded, the knee probe cost the first transfer ~100 us of
 // GPU time, one 48-64 MiB batch at half the CTAs). Before serving, each GPU's dispatcher runs the
 // tuner's own probe on scratch memory for the serving layouts' run sizes, whole scattered blocks
 // of 4 KiB to 128 KiB on the GPU's own memory, so the first transfers find their knee known.
@@ -230,7 +230,7 @@ struct SeedCase {
 };
 SeedCase MakeSeedCase(uint64_t block_bytes, uint64_t scratch_bytes);
 
-// Kernel and copy engines together (issue 19): a kernel batch's last tiles go to the copy
+// Kernel and copy engines together: a kernel batch's last tiles go to the copy
 // engines (cudaMemcpyBatchAsync on a second stream) while the kernel moves the rest. Tiles
 // [begin, split) run on the kernel, [split, end) on the copy engines: whole tiles from the end,
 // at most `fraction` of the batch's bytes, at least one tile on the kernel. `end` (no copy-engine
