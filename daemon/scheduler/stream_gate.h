@@ -1,4 +1,4 @@
-// The CUDA engine's GPU-side readiness wait (issue 19.3), its pure decisions: whether a layer-wise
+// The CUDA engine's GPU-side readiness wait, its pure decisions: whether a layer-wise
 // job gated by producer flag words (spec.ready_flags) waits on the GPU (cuStreamWaitValue32 GEQ
 // on the producer's word, on a stream of the job's own, then the copy kernel) or through the
 // readiness poller (CPU wake-up, then launch); how a job that ends with waits still pending gets
@@ -108,8 +108,7 @@ absl::Status GatedTileStatus(bool aborted, const std::string& field, uint32_t la
 // Hardware work queues. CUDA maps a process's streams onto a few hardware queues per GPU
 // (CUDA_DEVICE_MAX_CONNECTIONS, read at context creation: 1-32, default 8; under MPS the
 // client's share of the server's pool), and work queued behind a pending cuStreamWaitValue32 in
-// the SAME queue waits with it. Measured on one H200 (docs/benchmarks.md "issue 19 (SW), session
-// 29"): with 1 queue the one-process byte-for-byte case hangs without MPS; under MPS it hung at
+// the SAME queue waits with it. Measured on one H200 (docs/benchmarks.md): with 1 queue the one-process byte-for-byte case hangs without MPS; under MPS it hung at
 // the default and passed at 32. A gated job parks kStreamsPerGatedJob streams in waits for its
 // life (its copy stream behind the producer's words, its abort stream behind the abort word), so
 // the engine makes those streams once, at start, in a pool of one pair per admitted job beside its
