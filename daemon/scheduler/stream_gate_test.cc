@@ -162,7 +162,7 @@ TEST_CASE("GateSlots: one slot per job, none beyond the limit, free again after 
 }
 
 
-// The one-process hang under MPS (docs/benchmarks.md "issue 19 (SW), session 29"): a parked wait
+// The one-process hang under MPS (docs/benchmarks.md): a parked wait
 // holds up every stream sharing its hardware queue, so the gated jobs a GPU holds are bounded by
 // the queues CUDA_DEVICE_MAX_CONNECTIONS gives, two parked streams each beside the engine's two.
 TEST_CASE("HardwareQueuesFromEnv reads CUDA_DEVICE_MAX_CONNECTIONS as the driver does") {
