@@ -12,7 +12,7 @@ namespace kvrail::scheduler {
 namespace {
 
 TEST_CASE("a whole transfer's tiles are one range, not one entry per tile") {
-  // Issue 17: a 2^20-tile transfer held 2^20 deque entries in the queue that carried it.
+  // One entry per tile: a 2^20-tile transfer would hold 2^20 deque entries in the queue that carried it.
   std::vector<uint32_t> all(1u << 20);
   for (uint32_t i = 0; i < all.size(); ++i) all[i] = i;
   TileRanges q(all.begin(), all.end());
