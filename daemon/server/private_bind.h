@@ -1,6 +1,6 @@
 // Unix sockets that appear with their final permissions. A socket bound at its path gets the
 // process umask's permission bits until it is chmod'ed, a window in which any user on the node
-// could connect (issue 17). Instead the socket is bound inside a fresh 0700 directory beside
+// could connect. Instead the socket is bound inside a fresh 0700 directory beside
 // its path, chmod'ed there, and renamed over the path: at the path it has its mode from the
 // first moment, or does not exist.
 #pragma once
