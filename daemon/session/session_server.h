@@ -63,7 +63,7 @@ struct SessionServerOptions {
   size_t fd_headroom = 64;
   // After each wake-up with work the poll thread keeps polling (epoll_wait without sleeping) this
   // long before it sleeps again: a client's next packet (the WAIT after a SUBMIT, the next
-  // transfer) then costs no thread wake-up (issue 19's critical path). Zero: sleeps at once.
+  // transfer) then costs no thread wake-up on the critical path. Zero: sleeps at once.
   absl::Duration spin = absl::ZeroDuration();
   // When set (tests), counts the polls the poll thread makes while spinning (none without `spin`).
   std::atomic<uint64_t>* spin_polls = nullptr;
