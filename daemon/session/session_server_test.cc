@@ -1,4 +1,4 @@
-// The session server's caps and descriptor handling (issue 17, docs/security.md "Caps"): sessions
+// The session server's caps and descriptor handling (docs/security.md "Caps"): sessions
 // in all and per uid refused with RESOURCE_EXHAUSTED naming the cap, a connection arriving when
 // the process is out of descriptors refused at once through the reserve descriptor (not left
 // pending with the listener spinning), WAIT bound to the asking session, and a socket that never
@@ -237,7 +237,7 @@ TEST_CASE("WAIT is asked as the connection's session") {
 }
 
 TEST_CASE("spinning poll thread and spinning client: answers during and after the spins") {
-  // Issue 19's critical path: the poll thread polls without sleeping for `spin` after a packet,
+  // The critical path: the poll thread polls without sleeping for `spin` after a packet,
   // the client's exchange polls for its answer; neither may lose or delay a packet that comes
   // after its spin, and the server still stops at once.
   std::vector<std::thread> late;
