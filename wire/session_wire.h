@@ -229,7 +229,7 @@ class SessionConnection {
   // ends a wait with UNAVAILABLE).
   virtual void SetAnswerTimeout(absl::Duration timeout) = 0;
   // Before it sleeps in the receive, an exchange polls for its answer without sleeping for up to
-  // `spin` (a thread wake-up costs tens of microseconds: issue 19's critical path). Zero (the
+  // `spin` (a thread wake-up costs tens of microseconds on the critical path). Zero (the
   // default): it sleeps at once.
   virtual void SetAnswerSpin(absl::Duration spin) = 0;
   // How many polls exchanges have made for their answer while spinning (none without a spin), so
