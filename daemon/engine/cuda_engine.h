@@ -33,7 +33,8 @@ struct CudaEngineOptions {
   // Per priority class: CTAs per launch and bytes in flight.
   PriorityLimits limits;
   // CTAs of a critical-priority transfer's kernel launches, above max_ctas (latency-critical
-  // work gets the whole GPU; scheduler::ChooseLaunchCtas): < 0 one per SM of the GPU, 0 off (the budget applies).
+  // work gets the whole GPU; scheduler::ChooseLaunchCtas): < 0 one per SM of the GPU, 0 off
+  // (the budget applies).
   int critical_ctas = -1;
   // Copy-engine-only mode (max_ctas 0): plans whose coalesced runs average under
   // `copy_only_kernel_below_run_bytes` run on a kernel of at most `copy_only_kernel_ctas` CTAs
