@@ -108,8 +108,9 @@ absl::Status GatedTileStatus(bool aborted, const std::string& field, uint32_t la
 // Hardware work queues. CUDA maps a process's streams onto a few hardware queues per GPU
 // (CUDA_DEVICE_MAX_CONNECTIONS, read at context creation: 1-32, default 8; under MPS the
 // client's share of the server's pool), and work queued behind a pending cuStreamWaitValue32 in
-// the SAME queue waits with it. Measured on one H200 (docs/benchmarks.md): with 1 queue the one-process byte-for-byte case hangs without MPS; under MPS it hung at
-// the default and passed at 32. A gated job parks kStreamsPerGatedJob streams in waits for its
+// the SAME queue waits with it. Measured on one H200 (docs/benchmarks.md): with 1 queue the
+// one-process byte-for-byte case hangs without MPS; under MPS it hung at the default and passed
+// at 32. A gated job parks kStreamsPerGatedJob streams in waits for its
 // life (its copy stream behind the producer's words, its abort stream behind the abort word), so
 // the engine makes those streams once, at start, in a pool of one pair per admitted job beside its
 // kOtherEngineStreams (the dispatcher's stream, the copy-engine part's): a new job reuses a pair
