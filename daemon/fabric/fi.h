@@ -96,7 +96,7 @@ class Nic {
                                                                uint64_t access);
   // Whether the provider picks the registration keys (FI_MR_PROV_KEY) rather than taking ours.
   bool provider_keys() const { return prov_key_; }
-  // FI_HMEM (issue 19 item 4): whether this endpoint registers device memory: Options.hmem was
+  // FI_HMEM: whether this endpoint registers device memory: Options.hmem was
   // set and the provider offers it (fi_getinfo asked with caps FI_HMEM and mr_mode FI_MR_HMEM
   // first, without them when no endpoint offers them). tcp;ofi_rxm has none here.
   bool hmem() const { return hmem_; }
