@@ -1,4 +1,4 @@
-// Internal to the fabric module: lane failover's pure part (issue 18 item 4). The sender keeps one
+// Internal to the fabric module: lane failover's pure part. The sender keeps one
 // LaneHealth per peer: for each lane (NIC i -> the peer's NIC i) whether tiles may go out on it,
 // which of its send slots wait for the peer's credit, and when it last made progress. A lane
 // fails on a write error (at once) or on silence: tiles in flight and no credit on it for
