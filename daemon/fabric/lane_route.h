@@ -1,4 +1,4 @@
-// Internal to the fabric module: rail-aware lane selection (issue 18 item 2, wired conservatively).
+// Internal to the fabric module: rail-aware lane selection (wired conservatively).
 // The fabric's lanes are fixed pairs (lane i = this node's FabricConfig.nics[i] and the peer's
 // lane i), so what a transfer can choose is WHICH lanes carry its tiles. ChooseLanes picks the
 // lanes whose local NIC is among the source GPU's nearest NICs (scheduler/rails.h: same PCIe
@@ -33,7 +33,7 @@ struct LaneRouteInput {
   // -1 for host memory (or not known).
   int src_gpu = -1;
   int dst_gpu = -1;
-  // (issue 18, CL) Per local lane: the tiles this daemon has out on it now (written, not yet
+  // Per local lane: the tiles this daemon has out on it now (written, not yet
   // credited; to every peer). Empty: unknown. When several lanes are chosen (all lanes too) they
   // are listed least loaded first and the reason says the loads (tiles then go by
   // LaneTryOrderByLoad).
@@ -60,7 +60,7 @@ LaneRoute ChooseLanes(const LaneRouteInput& in);
 std::vector<uint32_t> LaneTryOrder(const LaneRoute& route, const std::vector<bool>& usable,
                                    uint32_t rr);
 
-// (issue 18, CL) Load-aware striping, what the sender's slot search uses: LaneTryOrder's lanes
+// Load-aware striping, what the sender's slot search uses: LaneTryOrder's lanes
 // (the route's usable ones, else the other usable ones) ordered by the tiles out on each now
 // (`load`, per local lane over all peers: a NIC shared by several GPUs' transfers counts all of
 // them), least first; equal loads keep LaneTryOrder's round-robin order from `rr`. So a tile
