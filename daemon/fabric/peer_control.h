@@ -44,12 +44,12 @@ class PeerControl {
   // Membership from the directory (each liveness round): newcomers are added; a peer that is up
   // here but down or gone in the directory (its record vanished) is withdrawn: down, its
   // transfers failed UNAVAILABLE naming it, not contacted until the directory lists it again.
-  // Also (issue 18, CL): a peer whose directory record names another Peer address than its
+  // Also: a peer whose directory record names another Peer address than its
   // entry's (same node id; it moved) is re-dialed: its transfers fail UNAVAILABLE naming both
   // addresses, its entry is retired (old stub and lanes dropped) and a new entry with a new stub
   // is added, which says Hello again.
   virtual void SyncDirectory() = 0;
-  // (issue 18, CL) Reclaims peer indexes (each liveness round, at `now`): a peer the directory
+  // Reclaims peer indexes (each liveness round, at `now`): a peer the directory
   // dropped (absent, its record gone, or withdrawn) that is not up and has no transfer either way
   // (`busy`, SetBusyCheck) is retired from the table (its addresses removed from the lanes), its
   // index quarantined; indexes whose quarantine ended get their staging released and are free
