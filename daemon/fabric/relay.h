@@ -1,5 +1,5 @@
-// Internal to the fabric module: the hierarchical path's relay hop (issue 18 item 3,
-// PATH_HIERARCHICAL). When a region's GPU has no near NIC, or its NICs are busier than an NVLink
+// Internal to the fabric module: the hierarchical path's relay hop
+// (PATH_HIERARCHICAL). When a region's GPU has no near NIC, or its NICs are busier than an NVLink
 // neighbour's (scheduler::ChooseSideRelay, each daemon deciding its own side), a tile goes through
 // a relay slot on that neighbour R before the lane:
 //   send:    the pack kernel on the source GPU S writes the tile into a relay slot in R's device
@@ -54,7 +54,7 @@ RelayConfig ParseRelayConfig(const char* value);
 // The process's config: KVRAIL_FABRIC_RELAY, read on first use.
 const RelayConfig& RelayConfigFromEnv();
 
-// The live load the hierarchy's "busier than a neighbour" rule reads (issue 18.3): tiles this
+// The live load the hierarchy's "busier than a neighbour" rule reads: tiles this
 // daemon has out per local lane now (written, not yet credited; to every peer), indexed like
 // FabricOptions::lane_nics - the sender's figure for load-aware lane choice (lane_route.h
 // LaneTryOrderByLoad). Thread contract of a source: called by RelayStage::ForTransfer on the
