@@ -1,4 +1,4 @@
-// Internal to the fabric module (issue 19 FP): the receiver's scatters in flight on one unpack
+// Internal to the fabric module: the receiver's scatters in flight on one unpack
 // thread. Each entry is an arrival whose GPU scatter kernel was launched (or a repeat of a tile
 // whose first copy is still in flight); an entry is retired - its slot's credit goes back - when
 // ITS work has ended, in any order, instead of after a wait for the device. Pure: the completion
