@@ -38,7 +38,7 @@ absl::Status PackTile(const planner::Plan& plan, uint32_t tile, const RegionSide
 absl::Status UnpackTile(const planner::Plan& plan, uint32_t tile, const uint8_t* staging,
                         const RegionSide& dst);
 
-// TransferSpec.digest (issue 17): a packed tile then travels as its TileBytes followed by the
+// TransferSpec.digest: a packed tile then travels as its TileBytes followed by the
 // sender's 8-byte digest of them (kernels/digest.h), so the receiver checks each tile as it lands
 // (slots must hold tile_bytes + kDigestTrailerBytes).
 inline constexpr uint64_t kDigestTrailerBytes = 8;
@@ -64,7 +64,7 @@ absl::StatusOr<cudaStream_t> ThreadStream(int device);
 // GPU `device` per process (GpuTileKernels and the relay, on their plan upload).
 absl::Status WarmUpFabricKernelsOnce(int device, cudaStream_t stream);
 
-// The fabric kernels (kernels/fabric_pack.h) for one transfer's GPU side (issue 19 item 4): the
+// The fabric kernels (kernels/fabric_pack.h) for one transfer's GPU side: the
 // plan uploaded once to the region's GPU (on first use; the kernels' warm-up once per GPU), then
 // one launch per tile on the transfer's own stream, not waited for (several tiles in flight).
 // Chosen per transfer by ForSource / ForDestination, which also give the path reason; host
@@ -89,8 +89,8 @@ class GpuTileKernels {
   // Gathers `tile` into send slot `slot` at host address `staging` and publishes its command
   // (`engine`: peer, remote_handle, transfer_tag; the producer's fields come from the plan on
   // the GPU) into `ring` at a sequence number reserved here (waiting while the ring is full).
-  // Returns once the kernel is enqueued, without waiting for it (issue 19 FP: the sender keeps
-  // a kernel per free send slot in flight): the transfer's kernels run in launch order on its
+  // Returns once the kernel is enqueued, without waiting for it (the sender keeps a
+  // kernel per free send slot in flight): the transfer's kernels run in launch order on its
   // one stream; the slot's bytes and then the command (body, __threadfence_system, epoch with
   // st.release.sys) appear when the kernel ends, so a consumer that pops the command sees every
   // byte of the slot. The caller wakes the proxy at once; it keeps polling while the ring holds
@@ -103,7 +103,7 @@ class GpuTileKernels {
                               const kernels::NicCommand& engine);
   // Waits for every kernel enqueued so far (tests).
   absl::Status Flush();
-  // The receiver (issue 19 FP: several scatters in flight): enqueues the scatter of packed
+  // The receiver (several scatters in flight): enqueues the scatter of packed
   // `tile` from the receive slot at host address `staging` into the destination on the
   // transfer's stream and records an event after it; returns the ticket Poll answers for it.
   // Ticket 0: done already (an unmapped slot: the copy engines, synchronously). The slot must
