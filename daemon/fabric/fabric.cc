@@ -113,7 +113,7 @@ absl::StatusOr<std::unique_ptr<Fabric>> FabricImpl::Create(const FabricOptions& 
   f->peers_ = std::make_unique<PeerTable>(options.tls);
   // A retired peer's index is reused only after any tile or credit of it could still be in
   // flight: its own liveness fails its transfers to us within liveness_timeout, a lane's within
-  // lane_timeout; twice that (issue 18, CL; docs/fabric.md "Membership").
+  // lane_timeout; twice that (docs/fabric.md "Membership").
   f->peers_->set_quarantine(2 * (options.liveness_timeout + options.lane_timeout));
   KVRAIL_ASSIGN_OR_RETURN(f->lanes_, Lanes::Create(options, f->peers_.get()));
   f->leases_ = std::make_unique<Leases>(options.node_id, regions, f->peers_.get());
