@@ -1,4 +1,4 @@
-// FI_HMEM selection (issue 19 item 4): a provider without FI_HMEM (tcp;ofi_rxm here) still opens
+// FI_HMEM selection: a provider without FI_HMEM (tcp;ofi_rxm here) still opens
 // (the fi_getinfo without FI_HMEM), reports hmem() false, refuses device-memory registration with
 // an error naming the provider and FI_HMEM, and registers host memory as before. The FI_HMEM
 // registration itself (fi_mr_regattr, FI_HMEM_CUDA) needs a provider that offers it: not here.
