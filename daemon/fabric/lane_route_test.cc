@@ -293,7 +293,7 @@ TEST_CASE("a lane's interface names its topology NIC") {
   CHECK(NicOfInterface(desc, "").empty());
 }
 
-// ---- issue 18 (CL): load-aware lane choice ----
+// ---- load-aware lane choice ----
 
 TEST_CASE("p5: GPU0's four lanes listed least loaded first, the loads in the reason") {
   Case c = Mirror("p5_48xlarge", 0, 0);
