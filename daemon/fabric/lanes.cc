@@ -294,7 +294,7 @@ void Lanes::ProxyLoop(Lane* lane) {
     }
     // Set-aside work only: a short wait (1 ms) between retries rather than a spin.
     const bool retrying = !deferred.empty() || !deferred_credits.empty();
-    // (issue 19 FP) Reserved, unconsumed ring numbers: a pack kernel will publish them without
+    // Reserved, unconsumed ring numbers: a pack kernel will publish them without
     // waking anyone, so poll (no sleep) while there are any.
     const bool awaited = busy || inflight > 0 || lane->ring->Pending() > 0;
     ssize_t n = awaited ? lane->nic->ReadCompletions(entries, 32)
