@@ -1,4 +1,4 @@
-// issue 18 (CL): a peer whose etcd record changes its Peer address (same node id: the daemon
+// A peer whose etcd record changes its Peer address (same node id: the daemon
 // moved or restarted elsewhere) is re-dialed by peer control: its old entry (stub, lanes) is
 // retired, its transfers fail naming both addresses, and Hello goes to the new address. Against a
 // real etcd (Debian's etcd-server, started here on loopback; fails without it, like the
