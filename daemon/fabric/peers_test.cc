@@ -340,9 +340,8 @@ TEST_CASE("peer control follows the directory: newcomers added, a dropped peer w
 namespace kvrail::fabric {
 namespace {
 
-// issue 18 (CL): indexes of peers that left are reclaimed (after a quarantine) and reused with a
-// new generation and new staging; before, the table was append-only and the 128th peer over a
-// daemon's life was refused.
+// Indexes of peers that left are reclaimed (after a quarantine) and reused with a new generation
+// and new staging, so a daemon serves any number of peers over its life, not only its first 128.
 TEST_CASE("300 peers join and leave a daemon: indexes reclaimed after their quarantine") {
   const FabricOptions options = LoopbackOptions(1);
   PeerTable table;
@@ -452,8 +451,8 @@ TEST_CASE("no index is reused while quarantined; busy and merely silent peers ar
   CHECK((*added)->retired.load());
 }
 
-// issue 18 (CL): a peer whose directory record names a new Peer address (same node id) kept its
-// old stub and lanes: hellos and transfers went on to the old address.
+// A peer whose directory record names a new Peer address (same node id) gets a new stub and
+// lanes: hellos and transfers must not go on to the old address.
 TEST_CASE("a peer whose directory address changes is re-dialed: old entry retired, hello at the new address") {
   const FabricOptions options = LoopbackOptions(1);
   PeerTable table;
