@@ -230,9 +230,9 @@ TEST_CASE("a peer's own tile, sealed by it, is applied and credited to it") {
   CHECK(rig.receiver->refused_arrivals() == 0);
 }
 
-// The residual of issue 17: a peer naming another's index in its immediate data, with a handle
-// that is not that peer's, made the receiver credit that peer's slot "not applied": the victim's
-// tile in flight there failed ("peer dropped tile") and its consume counter was skewed.
+// A peer naming another's index in its immediate data, with a handle that is not that peer's,
+// must not make the receiver credit that peer's slot "not applied": the victim's tile in flight
+// there would fail ("peer dropped tile") and its consume counter would be skewed.
 TEST_CASE("forged arrivals naming another peer's index touch none of that peer's slots") {
   Rig rig;
   const uint32_t ha = rig.Begin("peer-a");
@@ -319,7 +319,7 @@ TEST_CASE("a dropped peer's late tiles are credited to it; another peer naming i
   CHECK(rig.receiver->refused_arrivals() == 1);
 }
 
-// issue 18 (CL): a peer index is reclaimed once its peer left, and given to another peer. A late
+// A peer index is reclaimed once its peer left, and given to another peer. A late
 // tile of the former holder must never be applied or credited for the new one: while the index
 // is quarantined nothing naming it is taken; after reuse the new holder's seals carry the new
 // generation (and a new registration key), so a seal of the former holder is refused even where
