@@ -1,4 +1,4 @@
-// The hierarchy fed the live lane load (issue 18.3): the daemon gathers the tiles out per lane
+// The hierarchy fed the live lane load: the daemon gathers the tiles out per lane
 // (the sender's load-aware lane figure) into a load per NIC (NicLoadOfLanes), the RelayStage
 // feeds it to the pure decision (scheduler::ChooseSideRelay through PlanRelay), and a region's
 // GPU whose near NIC is loaded relays through the NVLink neighbour whose NIC is idle once the
