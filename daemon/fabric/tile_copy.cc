@@ -106,7 +106,7 @@ absl::StatusOr<uint64_t> DestinationTileDigest(const planner::Plan& plan, uint32
   return planner::PackedTileDigest(plan, tile, scratch);
 }
 
-// ---- the fabric kernels (issue 19 item 4) ----
+// ---- the fabric kernels ----
 
 uint8_t* MappedDeviceAddress(const void* host) {
   cudaPointerAttributes attr{};
