@@ -61,7 +61,7 @@ TEST_CASE("digest trailer: sent digest == destination read back; a changed byte 
 namespace kvrail::fabric {
 namespace {
 
-// The fabric kernels' per-transfer choice (issue 19 item 4): made without touching CUDA, so CI
+// The fabric kernels' per-transfer choice: made without touching CUDA, so CI
 // checks which path each kind of side gets and the reason the transfer's path_reason shows.
 TEST_CASE("fabric kernels are chosen per transfer, with the reason") {
   std::mt19937_64 rng(42);
