@@ -47,7 +47,7 @@ TEST_CASE("a seal consumed already (replay, spoofed completion) and an empty slo
   CHECK(SealRefusal(Seal(0xfeed, 0, 3, 9), 0xfeed, 3, 9, 5) != nullptr);
 }
 
-// issue 18 (CL): a reclaimed peer index is given to another peer with the next generation; a
+// A reclaimed peer index is given to another peer with the next generation; a
 // seal of the former holder (its generation) is refused even under the same key.
 TEST_CASE("a seal of an earlier holder of the peer index (another generation) is refused") {
   TileSeal seal = Seal(0xfeed, 7, 3, 9);
