@@ -47,10 +47,10 @@ struct Outbound {
   bool closed ABSL_GUARDED_BY(mu) = false;
   // spec.digest: the digest each tile was sent with (indexed by tile; grown on first use).
   std::vector<uint64_t> digests ABSL_GUARDED_BY(mu);
-  // issue 19: the fabric kernel for a GPU source (packs into the mapped slot and writes the
+  // The fabric kernel for a GPU source (packs into the mapped slot and writes the
   // command ring itself); null: the copy engines / host pack. Set by Begin, before publication.
   std::unique_ptr<GpuTileKernels> gpu;
-  // issue 18.3: the hierarchical path's relay hop (relay.h): packs through a relay slot (on the
+  // The hierarchical path's relay hop (relay.h): packs through a relay slot (on the
   // relay GPU R, or the host twin) into the send slot; null: the direct path. Set by Begin.
   std::unique_ptr<RelayTransfer> relay;
   // Lane failover: lanes failed under this transfer, tiles re-sent, and the latest failover's
@@ -77,7 +77,7 @@ class SenderImpl final : public Sender {
         peers_(peers),
         directory_(directory),
         introduce_(std::move(introduce)),
-        // issue 18.3: the hierarchy reads the lanes' live load (LaneLoad) when it decides a
+        // The hierarchy reads the lanes' live load (LaneLoad) when it decides a
         // transfer's relay; called from Begin, after Start sized lane_out_.
         relay_(RelayStage::Create(RelaySide::kSend, options, RelayConfigFromEnv(),
                                   [this] { return LaneLoad(); })) {}
@@ -164,11 +164,11 @@ class SenderImpl final : public Sender {
   // The watchdog: fails silent lanes (LaneHealth::Silent) every few milliseconds.
   void WatchLoop();
 
-  // ---- load-aware striping (issue 18, CL) ----
+  // ---- load-aware striping ----
   // Tiles out per local lane now (slots with an owner, over all peers). Thread contract: any
   // thread, no lock (relaxed atomic reads: each lane's count was true at some instant, not all
   // at one); lane_out_'s size is fixed by Start before any caller. Read by the packers'
-  // TakeSlot, Begin's lane choice and the relay stage's hierarchy (issue 18.3).
+  // TakeSlot, Begin's lane choice and the relay stage's hierarchy.
   std::vector<uint32_t> LaneLoad() const {
     std::vector<uint32_t> load(lane_out_.size());
     for (size_t l = 0; l < load.size(); ++l) load[l] = lane_out_[l].load(std::memory_order_relaxed);
@@ -185,7 +185,7 @@ class SenderImpl final : public Sender {
   PeerTable* const peers_;
   const directory::Directory* const directory_;
   const Introduce introduce_;
-  const std::unique_ptr<RelayStage> relay_;  // issue 18.3: the relay hop (PATH_HIERARCHICAL)
+  const std::unique_ptr<RelayStage> relay_;  // the relay hop (PATH_HIERARCHICAL)
 
   std::vector<std::thread> packers_;
   std::thread closer_;
@@ -315,7 +315,7 @@ absl::StatusOr<std::vector<std::string>> SenderImpl::Begin(
     for (const std::string& name : remote_names) in.peer_lane_nics.push_back(NicOfLaneName(name));
     in.local = options_.topology.get();
     in.local_lane_nics = options_.lane_nics;
-    in.lane_load = LaneLoad();  // (issue 18, CL) the chosen lanes least loaded first
+    in.lane_load = LaneLoad();  // the chosen lanes least loaded first
     if (in.local != nullptr && src.spec().memory_kind() == v1::MEMORY_KIND_CUDA) {
       in.src_gpu = GpuIndexOf(*in.local, src.spec().device_uuid(), src.spec().device());
     }
@@ -333,7 +333,7 @@ absl::StatusOr<std::vector<std::string>> SenderImpl::Begin(
         }
       }
     }
-    // issue 18.3: the relay hop (relay.h) - the hierarchy's choice of GPU R for this side, or a
+    // The relay hop (relay.h): the hierarchy's choice of GPU R for this side, or a
     // forced one; a relay packs through R and the tiles leave by R's NICs.
     RelayNote relay_note;
     out->relay = relay_->ForTransfer(job->plan(),
@@ -457,7 +457,7 @@ std::optional<std::pair<uint32_t, uint32_t>> SenderImpl::TakeSlot(const PackItem
         if (!out->failed.has_value()) out->failed = why;
         return std::nullopt;
       }
-      // (issue 18, CL) The transfer's lanes (rail-aware), least loaded first: the tiles this
+      // The transfer's lanes (rail-aware), least loaded first: the tiles this
       // daemon has out on each lane to every peer, ties round robin from `rr`
       // (LaneTryOrderByLoad); when none of them is usable (failed and resting, or its probe is
       // out), the peer's other lanes (lane failover).
@@ -545,11 +545,11 @@ void SenderImpl::PackLoop() {
         out->digests[item.tile] = *digest;
       }
     } else if (out->relay != nullptr) {
-      // issue 18.3: through a relay slot (GPU R's memory, or the host twin) into the send slot.
+      // Through a relay slot (GPU R's memory, or the host twin) into the send slot.
       packed = out->relay->Pack(item.tile, staging);
     } else if (out->gpu != nullptr) {
-      // issue 19: the GPU gathers the tile into the slot and publishes its command in the ring.
-      // (FP) Enqueued on the transfer's stream, not waited for: this thread goes on to the next
+      // The GPU gathers the tile into the slot and publishes its command in the ring.
+      // Enqueued on the transfer's stream, not waited for: this thread goes on to the next
       // free slot, so a kernel per free slot is in flight; the proxy polls while the ring holds
       // reserved numbers. The slot is the tile's until its credit, which needs the command.
       kernels::NicCommand engine{};
@@ -615,7 +615,7 @@ void SenderImpl::OnCredit(uint32_t lane, uint32_t peer_index, uint32_t slot, uin
                           bool applied) {
   if (peer_index >= peers_->size() || slot >= options_.slots) return;
   PeerConn* peer = peers_->at(peer_index);
-  // (issue 18, CL) A retired index (its peer left; its transfers failed): nothing is owed.
+  // A retired index (its peer left; its transfers failed): nothing is owed.
   if (peer->retired.load(std::memory_order_acquire)) return;
   SlotOwner owner;
   {
@@ -849,7 +849,7 @@ std::map<std::string, double> SenderImpl::Gauges() const {
           {"fabric_lanes_probing", probing},
           {"fabric_tiles_resent_total", static_cast<double>(tiles_resent_)},
           {"fabric_failover_first_resend_ms", last_resend_ms_},
-          // issue 18.3: tiles through a relay slot in this process (this daemon), each side.
+          // Tiles through a relay slot in this process (this daemon), each side.
           {"fabric_relay_tiles_sent_total",
            static_cast<double>(ProcessRelayedTiles(RelaySide::kSend))},
           {"fabric_relay_tiles_received_total",
@@ -932,7 +932,7 @@ void SenderImpl::FailPeer(PeerConn* peer, const absl::Status& why) {
   for (auto& item : dropped) item.out->job->OnTileDone(item.tile, why);
   for (auto& out : outs) MaybeClose(out);
   {
-    // (issue 18.5, membership) A lost peer's lanes start afresh when it is back (restarted with a
+    // Membership: a lost peer's lanes start afresh when it is back (restarted with a
     // new boot id, or listed by the directory again): its failed lanes were its death, not theirs.
     absl::MutexLock lock(&health_mu_);
     health_.erase(peer);
