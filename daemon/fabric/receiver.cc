@@ -51,10 +51,10 @@ struct Inbound {
     return landed[tile] || !applied[tile];
   }
   bool ended ABSL_GUARDED_BY(mu) = false;
-  // issue 19: the fabric kernel for a GPU destination (scatters from the mapped receive slot);
+  // The fabric kernel for a GPU destination (scatters from the mapped receive slot);
   // null: the copy engines / host unpack. Set by Begin, before publication; after `plan`.
   std::unique_ptr<GpuTileKernels> gpu;
-  // issue 18.3: the hierarchical path's relay hop (relay.h): the receive slot through a relay
+  // The hierarchical path's relay hop (relay.h): the receive slot through a relay
   // slot (GPU R's memory, or the host twin) into the destination; null: the direct path.
   std::unique_ptr<RelayTransfer> relay;
   explicit Inbound(planner::Plan p) : plan(std::move(p)) {}
@@ -118,7 +118,7 @@ class ReceiverImpl final : public Receiver {
   // Scatters an arrived tile of `in` (once: a repeat is not applied again) and reports it to the
   // local record; whether it was applied.
   bool ApplyTile(Inbound& in, const Arrival& a);
-  // (issue 19 FP) An arrival for a GPU destination without spec.digest: its scatter kernel is
+  // An arrival for a GPU destination without spec.digest: its scatter kernel is
   // launched and the arrival goes into `window` (nullopt; credited by RetireScatters when its
   // kernel has ended), or, when nothing was launched, whether it was applied (credit it now).
   // A repeat whose first copy is still in flight waits in the window too (never blocks here).
@@ -150,7 +150,7 @@ class ReceiverImpl final : public Receiver {
   PeerTable* const peers_;
   const Leases* const leases_;
   regions::RegionTable* const regions_;
-  const std::unique_ptr<RelayStage> relay_;  // issue 18.3: the relay hop (PATH_HIERARCHICAL)
+  const std::unique_ptr<RelayStage> relay_;  // the relay hop (PATH_HIERARCHICAL)
   std::vector<std::thread> unpackers_;
 
   // The TransferManager, for inbound records; readers hold sink_mu_ while they call it.
@@ -256,7 +256,7 @@ absl::Status ReceiverImpl::Begin(const v1::BeginRemoteTransferRequest& request,
     const bool cuda = dst_spec.memory_kind() == v1::MEMORY_KIND_CUDA;
     in->gpu = GpuTileKernels::ForDestination(
         in->plan, RegionSide{cuda, cuda ? dst_spec.device() : -1, in->dst->data()}, &gpu_why);
-    // issue 18.3: the relay hop (relay.h): this side's GPU R' for the destination GPU, or none.
+    // The relay hop (relay.h): this side's GPU R' for the destination GPU, or none.
     const int gpu_index = cuda && options_.topology != nullptr
                               ? GpuIndexOf(*options_.topology, dst_spec.device_uuid(),
                                            dst_spec.device())
@@ -587,7 +587,7 @@ void ReceiverImpl::Credit(const Arrival& a, bool applied) {
 }
 
 void ReceiverImpl::UnpackLoop() {
-  // (issue 19 FP) This thread's GPU scatters in flight: each arrival's credit goes back when its
+  // This thread's GPU scatters in flight: each arrival's credit goes back when its
   // own kernel has ended (its event), several kernels queued on the transfer's stream meanwhile.
   ScatterWindow<PendingScatter> window;
   while (true) {
@@ -615,7 +615,7 @@ void ReceiverImpl::UnpackLoop() {
       spdlog::warn("fabric: arrival with peer index {} slot {} ignored", a.peer, a.slot);
       continue;
     }
-    // (issue 18, CL) An index whose peer left (retired, in quarantine): a late tile of it, or one
+    // An index whose peer left (retired, in quarantine): a late tile of it, or one
     // naming it, is neither applied nor credited (its staging goes when the quarantine ends).
     if (peers_->at(a.peer)->retired.load(std::memory_order_acquire)) {
       refused_arrivals_.fetch_add(1);
@@ -657,7 +657,7 @@ void ReceiverImpl::UnpackLoop() {
     // peer dropped), and its slot credited either way.
     bool applied;
     if (in != nullptr && in->gpu != nullptr && !in->digest) {
-      // (issue 19 FP) Launched, credited when its kernel has ended (RetireScatters).
+      // Launched, credited when its kernel has ended (RetireScatters).
       const std::optional<bool> now = StartScatter(in, a, &window);
       if (!now.has_value()) continue;
       applied = *now;
