@@ -1,4 +1,4 @@
-// No client can starve the rest (issue 17, docs/security.md "Caps"), at the manager: transfers in
+// No client can starve the rest (docs/security.md "Caps"), at the manager: transfers in
 // flight per session, the ListTransfers page size, a session's end failing the transfers waiting
 // for its readiness, a lost peer failing the transfers sent to it at once, watches that end when
 // their watcher goes, and a history that stays bounded behind a stuck transfer. Each test tries to
