@@ -1,4 +1,4 @@
-// Issue 19.3: layer-wise transfers whose producer flags (spec.ready_flags) the engine waits for
+// Layer-wise transfers whose producer flags (spec.ready_flags) the engine waits for
 // on the GPU (Engine::AdmitGated). Admitted: every tile goes to the engine at submit (no poller
 // watch), the transfer waits on its producer until each word has come (EndSession ends it then,
 // and Job::ended says the producer is gone, so the engine releases its GPU waits at once).
