@@ -341,7 +341,7 @@ void Record::MaybeFinishLocked() {
     v1::TransferStatus status;
     FillStatusLocked(&status);
     // Waiters first (a WAIT's DONE goes out here): the metrics and the log line are not on the
-    // client's critical path (issue 19).
+    // client's critical path.
     for (auto& done : when_ended_) done(status);
     when_ended_.clear();
     if (counters_->on_finished) counters_->on_finished(status);
