@@ -105,7 +105,7 @@ TEST_CASE("tiles reported after an inbound record ended change nothing") {
 
 TEST_CASE("a transfer's waiters hear of its end before the metrics hook runs") {
   // The WAIT's DONE is sent from a waiter callback: the metrics and the log line (on_finished)
-  // come after it, off the client's critical path (issue 19).
+  // come after it, off the client's critical path.
   std::vector<std::string> order;
   Fixture f(/*inbound=*/false, 4096,
             [&order](const v1::TransferStatus&) { order.push_back("metrics"); });
