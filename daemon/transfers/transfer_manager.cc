@@ -46,8 +46,8 @@ namespace {
 
 // What the first Submit would otherwise pay after its "submitted" stamp: its record's first
 // v1::Path_Name (the counters' key) builds the generated descriptors of
-// proto/kvrail/v1/transfer.proto and its imports, 350-450 us on the build machine (issue 19,
-// docs/benchmarks.md "issue 19 (G1b)"). Done once, when the manager is made at start.
+// proto/kvrail/v1/transfer.proto and its imports, 350-450 us on the build machine
+// (docs/benchmarks.md). Done once, when the manager is made at start.
 void WarmFirstUse() {
   for (int p = v1::Path_MIN; p <= v1::Path_MAX; ++p) {
     if (v1::Path_IsValid(p)) (void)v1::Path_Name(static_cast<v1::Path>(p));
@@ -217,7 +217,7 @@ absl::StatusOr<v1::SubmitTransferResponse> TransferManagerImpl::SubmitLocal(
       (options_.cuda_engine != nullptr ? options_.cuda_engine : engine_)->table_pool();
   const scheduler::Placement src_at = PlacementOf(*request.src), dst_at = PlacementOf(*request.dst);
   // The route needs no plan: chosen first, so a GPU's dispatcher asleep after an idle spell wakes
-  // while the plan is made (issue 19).
+  // while the plan is made.
   KVRAIL_ASSIGN_OR_RETURN(
       const scheduler::Route route,
       scheduler::ChooseRoute(src_at, dst_at,
@@ -378,7 +378,7 @@ absl::StatusOr<std::shared_ptr<Record>> TransferManagerImpl::Admit(planner::Plan
   NotifyWhenEnded(record, admission, std::move(recipients));
   // Outside mu_: the watch takes the watcher's lock, Enqueue the engine's.
   if (admission.ready != nullptr && admission.ready->set()) {
-    // The GPU-side wait first (issue 19.3; the CUDA engine with cuda_stream_wait decides): every
+    // The GPU-side wait first (the CUDA engine with cuda_stream_wait decides): every
     // layer goes to the engine now and each waits for its word on the GPU. Otherwise (host
     // engine, flags not mappable, stream_wait_jobs exhausted, ...) the readiness poller.
     if (record->engine()->AdmitGated(record)) {
