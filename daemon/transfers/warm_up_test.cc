@@ -1,4 +1,4 @@
-// Issue 19 (first transfer): making the manager builds what the first Submit used to build after
+// The first transfer: making the manager builds what the first Submit would build after
 // its "submitted" stamp (the generated descriptors behind v1::Path_Name, ~350-450 us on the
 // build machine). Alone in its binary: nothing else in the process may have built them first.
 #define CATCH_CONFIG_MAIN
