@@ -156,11 +156,11 @@ class Record final : public InboundJob {
   engine::PriorityClass priority() const override { return priority_; }
   void OnTileStart(uint32_t tile) override;
   void OnTileDone(uint32_t tile, const absl::Status& status) override;
-  // spec.digest (issue 17): the engines' per-tile digests, summed into TransferStatus.digest.
+  // spec.digest: the engines' per-tile digests, summed into TransferStatus.digest.
   bool wants_digest() const override { return spec_.digest(); }
   void OnTileDigest(uint32_t tile, uint64_t source, uint64_t destination) override;
   bool MayGetMoreTiles() const override { return layerwise_ && !IsFinal(); }
-  // GPU-side readiness wait (issue 19.3): spec.ready_flags as the CUDA engine's gate (the words'
+  // GPU-side readiness wait: spec.ready_flags as the CUDA engine's gate (the words'
   // device address on GPU `accessor` from the flag region's mapping), and the transfer's end.
   std::optional<ReadyGate> ready_gate(int accessor) const override;
   absl::Status ended(bool* producer_gone) const override;
