@@ -118,7 +118,7 @@ tsa_build() {
   return "$rc"
 }
 
-# The sanitizer stages (issue 17, "checked continuously"), in this order, each in its own clang
+# The sanitizer stages (the code is checked continuously), in this order, each in its own clang
 # output base so the GCC build's cache is never invalidated; KVRAIL_SAN=0 skips them all:
 #   asan  ASan+UBSan (.bazelrc --config=asan) build of the unit tests of base, wire, the planner,
 #         regions and transfers, and of tests/integration, the load and the fault test: every
