@@ -42,7 +42,7 @@ def test_nhd_to_hnd_with_a_block_size_change(client):
 
 
 def test_digest_is_requested_by_keyword_and_reported_in_the_status(client):
-    # The docstring's promise: digest=True checks every tile end to end (issue 17), across a layout
+    # The docstring's promise: digest=True checks every tile end to end, across a layout
     # change, and the status says so; without it no digest is reported.
     src = Pool(client, layout(order=ORDER_LAYER_PART_BLOCK_NHD, tpb=4), writable=False)
     dst = Pool(client, layout(order=ORDER_LAYER_PART_BLOCK_HND, tpb=8, blocks=8), writable=True)
