@@ -1,8 +1,8 @@
-// Issue 19 (first transfer): where a client's first Submit of a large block table spends its time,
-// on the host alone (host regions, host engine; no GPU). Prints the phases of the first and later
+// The first transfer: where a client's first Submit of a large block table spends its time, on
+// the host alone (host regions, host engine; no GPU). Prints the phases of the first and later
 // Submits of 32768 + 32768 ids (client call -> daemon received / accept / reply -> client /
 // queued), then what a fresh client's CreateHostBuffer(1 MiB) + RegisterHostBuffer cost (what the
-// client library did on its first such Submit before issue 19's fix, and does in Connect now),
+// client library would do on its first such Submit; it does it in Connect),
 // and whether Connect registered the table region.
 // Usage: first_submit_probe   (starts its own kvraild from runfiles or ./daemon/kvraild)
 //        KVRAIL_BLOCK_TABLE_BUFFER=lazy first_submit_probe   (the region made on first use, as
