@@ -1,4 +1,4 @@
-// Issue 2's benchmark, one run, one printed table:
+// The host engine's benchmark, one run, one printed table:
 //  1. the host engine moving scattered paged blocks between two regions (each registered through
 //     its own client session) vs single-thread memcpy of the same blocks, and a contiguous memcpy;
 //  2. SubmitTransfer of a 100k-block transfer, client-side latency (accepted, not completed);
