@@ -1,4 +1,4 @@
-// Issue 18's membership benchmark (root; run by hand): N kvraild daemons (default 16), each in its
+// The cluster membership benchmark (root; run by hand): N kvraild daemons (default 16), each in its
 // own network namespace, find each other through etcd; then, `trials` times each, a new node
 // joins (time until every one of the N lists it, and until every one has it "up" after a Hello,
 // from its etcd registration) and a node is killed by pid (time until every survivor lists it
