@@ -1,4 +1,4 @@
-// Many daemons through a real etcd (issue 18.5): 4 kvraild daemons, each in its own network
+// Many daemons through a real etcd: 4 kvraild daemons, each in its own network
 // namespace on one bridge, find each other through etcd (no static peers) and move paged KV
 // caches many-to-many, verified byte for byte; a fifth node joins later and is seen up by all
 // (measured and printed); a node killed by pid fails its transfers within their deadline and is
