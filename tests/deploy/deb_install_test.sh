@@ -1,5 +1,5 @@
 #!/bin/bash
-# Issue 20: the .deb installed as an operator would (`apt install ./kvrail_*.deb`) into a minimal
+# The .deb installed as an operator would (`apt install ./kvrail_*.deb`) into a minimal
 # Debian 12 root file system (deploy/container/make_rootfs.sh: debootstrap bookworm minbase,
 # cached in ~/.cache/kvrail-rootfs), checked inside it with chroot; then the container image
 # built from that root file system (deploy/container/build_oci.py, an OCI image layout) and
