@@ -1,4 +1,4 @@
-// Issue 20: `kvrail transfers cancel` of another session's transfer, as the operator (audited),
+// `kvrail transfers cancel` of another session's transfer, as the operator (audited),
 // as another uid and as a tenant session of the operator's uid. Its own target, tagged local:
 // running the CLI as another uid (setuid, root only) is not allowed inside Bazel's sandbox.
 #define CATCH_CONFIG_MAIN
@@ -64,7 +64,7 @@ CommandResult RunAs(uid_t uid, gid_t gid, const std::vector<gid_t>& groups,
   return result;
 }
 
-// Issue 20: the operator (root, from a session that owns no regions) may
+// The operator (root, from a session that owns no regions) may
 // cancel another session's transfer - a stuck or runaway one - with an audit line naming its
 // uid; anyone else, a session of the same uid that owns regions included, is refused naming
 // transfer_id, and the transfer stays as it was. The CLI is the operator here (it runs as the
