@@ -1,4 +1,4 @@
-// What an operator sees of a live kvraild (issue 20): metrics with the start time, bytes counted
+// What an operator sees of a live kvraild: metrics with the start time, bytes counted
 // tile by tile while a transfer runs, engines under stable labels, refused submits by code,
 // build info; liveness SERVING (readiness NOT_SERVING) during a drain; transfer ids by `last` and
 // prefix; debug per-transfer lines with JSON fields. (The operator's cancel: operator_cancel_test.)
