@@ -1,5 +1,5 @@
 #!/bin/bash
-# Issue 20: Prometheus's own checker on what operators load into Prometheus: `promtool check
+# Prometheus's own checker on what operators load into Prometheus: `promtool check
 # rules` on deploy/monitoring/kvrail-alerts.yaml and `promtool check metrics` (the exposition
 # format and naming lint) on a live kvraild's /metrics, scraped after a refused submit and a
 # transfer so counters and histograms have samples. promtool is Debian's prometheus package
