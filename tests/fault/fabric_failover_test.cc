@@ -1,4 +1,4 @@
-// Lane failover (issue 18 item 4) between two kvraild daemons in two network namespaces joined
+// Lane failover between two kvraild daemons in two network namespaces joined
 // by FOUR veth pairs, one fabric lane each (fabric.nics = the four addresses of each side, lane i
 // over link i; the Peer service and heartbeats over link 0), peered over mTLS (test CA):
 //
@@ -177,7 +177,7 @@ TEST_CASE("one of four links cut mid-transfer: its tiles are re-sent on the othe
   const uint64_t id = Submit(f, src, dst, src_blocks, dst_blocks, 3);
   AwaitLayers(f.a, f.b, id, 1);  // under way on all four lanes
   {
-    // issue 18 (CL): the lane choice says it goes by load (a host source: all four lanes, each
+    // The lane choice says it goes by load (a host source: all four lanes, each
     // tile to the least loaded); a later failover note replaces it.
     auto running = f.a.client->Get(id);
     REQUIRE(running.ok());
