@@ -1,5 +1,5 @@
 // Peer faults against two real kvraild daemons peered over tcp;ofi_rxm on two loopback addresses
-// (issue 17 part 6, "peers killed mid-transfer"; --insecure-peers, no namespaces, no root):
+// (peers killed mid-transfer; --insecure-peers, no namespaces, no root):
 //
 // - the RECEIVING daemon is SIGKILLed while a layer-wise transfer into it waits for its next
 //   layer: the sender's transfer fails promptly (UNAVAILABLE naming the peer, well within
