@@ -1,4 +1,4 @@
-// Faults against a real kvraild (issue 17, "checked continuously"): a client process killed
+// Faults against a real kvraild: a client process killed
 // (SIGKILL) while its transfers run, and a layer-wise producer killed before it marked its
 // layers ready. The daemon must survive each (it still answers, and stops cleanly), the killed
 // party's transfers must end (a failure with a message, not a transfer left running), and no
