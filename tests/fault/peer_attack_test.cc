@@ -1,4 +1,4 @@
-// A peer attacking another peer's transfer (issue 17, "peers are authenticated"): three kvraild
+// A peer attacking another peer's transfer (peers are authenticated): three kvraild
 // daemons "a", "b" and "c" on loopback addresses, peered over mTLS with certificates from one
 // test CA (tests/tls, openssl; no namespaces, no root). b's peers are a and c; a and c each have
 // b. While a layer-wise transfer a -> b is half done, a caller holding c's certificate (c is
