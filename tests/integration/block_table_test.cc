@@ -74,7 +74,7 @@ TEST_CASE("a 10000-block transfer: the client passes its tables through shared m
   CHECK(VerifyPool(dst2, Expectation{4, more_dst, 16000 * 16, 0, 0, 1, 0, 0, 1}) == "");
 }
 
-// Issue 19 (first transfer): Connect creates and registers the table region, so the first large
+// The first transfer: Connect creates and registers the table region, so the first large
 // Submit neither creates nor registers one; the caller's region list leaves it out.
 TEST_CASE("the table region exists from Connect, is not listed by default, and the first large Submit adds none") {
   LiveDaemon live;
