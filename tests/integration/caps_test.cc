@@ -1,4 +1,4 @@
-// No client can starve the rest, against a live kvraild (issue 17, docs/security.md "Caps"):
+// No client can starve the rest, against a live kvraild (docs/security.md "Caps"):
 // transfer status for its submitter only, a killed layer-wise producer's transfer failing at once,
 // watch streams that end when their client goes and are capped per session, and a daemon whose
 // descriptors run short refusing extra sessions while its gRPC API and session socket keep serving.
