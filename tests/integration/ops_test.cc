@@ -43,7 +43,7 @@ TEST_CASE("metrics: counts by path, priority and result after real transfers") {
   REQUIRE((*c)->Cancel(s->transfer_id()).ok());
   const uint64_t per_transfer = 2ull * 2 * 2 * 16 * 2 * 64 * 2;
   // A transfer's counters are updated after its waiters hear of its end (the WAIT's DONE goes
-  // out first: issue 19), so the last transfer's and the cancelled one's counts may land a moment
+  // out first, off the critical path), so the last transfer's and the cancelled one's counts may land a moment
   // after Wait and Cancel return: scraped until the end counts show (a liveness bound).
   std::string body;
   Eventually(
