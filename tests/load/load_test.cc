@@ -1,4 +1,4 @@
-// A multi-client checksummed load against a real kvraild (issue 17, "checked continuously").
+// A multi-client checksummed load against a real kvraild.
 // Several clients, each on its own thread with its own connection and session, register a
 // read-only source pool and a writable destination pool and run thousands of transfers with
 // cancels, deadlines and invalid requests mixed in (out-of-range and repeated block ids, unknown
