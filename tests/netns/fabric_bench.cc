@@ -1,4 +1,4 @@
-// Issue 5's benchmark, one run, one printed table: kvraild A -> kvraild B over libfabric's
+// The fabric benchmark, one run, one printed table: kvraild A -> kvraild B over libfabric's
 // tcp;ofi_rxm provider between two network namespaces joined by a veth pair, against
 // `fi_pingpong -p tcp -e rdm` over the same path (client in A's namespace, server in B's, the veth
 // addresses), for fabric tiles of 64 KiB, 256 KiB, 1 MiB and 4 MiB; plus one row over loopback
