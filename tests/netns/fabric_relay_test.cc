@@ -1,4 +1,4 @@
-// The hierarchical path's relay hop (issue 18 item 3, daemon/fabric/relay.h) between two real
+// The hierarchical path's relay hop (daemon/fabric/relay.h) between two real
 // kvraild daemons peered over tcp;ofi_rxm on two loopback addresses (--insecure-peers, no
 // namespaces, no root), with the host twin selected (KVRAIL_FABRIC_RELAY=host in both daemons'
 // environment): every tile is packed by the sender into a host relay slot and copied from there
