@@ -1,4 +1,4 @@
-// Peers are authenticated (issue 17, part 2): kvraild daemons on loopback addresses with
+// Peers are authenticated: kvraild daemons on loopback addresses with
 // certificates from a test CA (tests/tls, made by openssl). Two daemons introduce each other over
 // mTLS; a caller without a certificate, with another CA's certificate or over plaintext never
 // reaches the Peer service; a caller with a valid certificate for one node claiming another in
