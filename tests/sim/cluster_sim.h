@@ -1,4 +1,4 @@
-// Cluster simulation (issue 18 item 6): a disaggregated prefill/decode cluster built from a
+// Cluster simulation: a disaggregated prefill/decode cluster built from a
 // topology fixture, driven by a replayed workload on a discrete-event clock. What is real and what
 // is simulated:
 //   real      the planner (planner::MakePlan builds every GPU-to-GPU transfer's plan from a
