@@ -1,4 +1,4 @@
-// cluster_sim: the cluster simulation as a benchmark (docs/benchmarks.md, issue 18).
+// cluster_sim: the cluster simulation as a benchmark (docs/benchmarks.md).
 //   bazel run -c opt //tests/sim:cluster_sim -- [--fixture=dgx_h100] [--nodes=128]
 //       [--prefill_nodes=32] [--prefill_tp=8] [--decode_tp=8] [--seconds=3600] [--rate=40]
 //       [--median_tokens=1536] [--layers=80] [--tokens_per_s=12000] [--seed=1]
