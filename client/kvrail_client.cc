@@ -156,7 +156,7 @@ class Client::Impl {
   // older daemon that does not know SUBMIT, or KVRAIL_SUBMIT_VIA=grpc in the environment.
   std::atomic<bool> session_submit_{true};
   // Session-socket exchanges (SUBMIT, WAIT) poll for their answer this long before sleeping: a
-  // critical transfer's answer then costs no thread wake-up (issue 19). Set once, in the
+  // critical transfer's answer then costs no thread wake-up. Set once, in the
   // constructor.
   absl::Duration answer_spin_ = kAnswerSpin;
 
@@ -417,8 +417,8 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& targe
   // without a session socket leaves the client anonymous.
   if (!impl->unix_path_.empty()) (void)impl->Session();
   std::unique_ptr<Client> client(new Client(std::move(impl)));
-  // The block-table region is made now, not in the first large Submit (issue 19: its creation
-  // and registration were ~0.3-0.9 ms of the first transfer). A failure here only means Submit
+  // The block-table region is made now, not in the first large Submit (its creation and
+  // registration would be ~0.3-0.9 ms of the first transfer). A failure here only means Submit
   // tries again when it needs the region.
   const char* tables = std::getenv("KVRAIL_BLOCK_TABLE_BUFFER");
   if (client->impl_->OpenSessionId() != 0 &&
