@@ -727,7 +727,7 @@ class Client:
                  dst: Union[Region, int], dst_blocks: Sequence[int], **fields) -> Transfer:
         """Submits a paged transfer of `src_blocks` of `src` into `dst_blocks` of `dst`. Other
         TransferSpec fields by keyword (num_layers=, num_tokens=, layerwise=, priority=, ...;
-        digest=True checks every tile end to end, result in the status's `digest`: issue 17);
+        digest=True checks every tile end to end, result in the status's `digest`);
         src_/dst_ prefixed ones set the endpoints' (src_layer_begin=, dst_head_begin=, ...)."""
         spec = transfer_pb2.TransferSpec()
         spec.src.region_id = src.id if isinstance(src, Region) else int(src)
