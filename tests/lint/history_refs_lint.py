@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Finds project history in code: tracker issue numbers, session numbers, wave numbers, helper names.
+"""Finds project history in code: tracker issue, session and wave numbers, helper names.
 
 Code and its comments state contracts and reasons; where a figure or a decision came from belongs
 in the tracker and the commit log, and current figures in docs/. This lint reads source files
@@ -86,7 +86,8 @@ def read_allowlist(path):
                 continue
             line, sep, reason = raw.partition("  # ")
             if ": " not in line or not sep or not reason.strip():
-                raise ValueError(f"{path}:{number}: want `PATH: MATCHED TEXT  # reason`: {raw.strip()}")
+                raise ValueError(
+                    f"{path}:{number}: want `PATH: MATCHED TEXT  # reason`: {raw.strip()}")
             file_path, matched = line.split(": ", 1)
             entries.append((file_path.strip(), matched.strip(), number))
     return entries
