@@ -43,6 +43,7 @@ bool CompletionTable::Follows(uint64_t id) {
 }
 
 void CompletionTable::Remember(const wire::Completion& completion) {
+  if (armed_) fresh_.push_back(completion.transfer_id);
   pending_.erase(completion.transfer_id);
   unsure_.erase(completion.transfer_id);
   if (done_.insert_or_assign(completion.transfer_id, completion).second) {
@@ -78,7 +79,9 @@ bool CompletionTable::DrainLocked() {
   }
   const uint64_t overflow = ring_->view().overflow();
   if ((overflow != overflow_seen_ || broken_) && !pending_.empty()) {
-    for (uint64_t id : pending_) unsure_.insert(id);
+    for (uint64_t id : pending_) {
+      if (unsure_.insert(id).second && armed_) fresh_.push_back(id);
+    }
     changed = true;
   }
   overflow_seen_ = overflow;
@@ -183,6 +186,7 @@ void CompletionTable::UpdateNeedWakeLocked() { ring_->view().SetNeedWake(sleeper
 void CompletionTable::SetArmed(bool armed) {
   absl::MutexLock lock(&mu_);
   armed_ = armed;
+  if (!armed) fresh_.clear();
   UpdateNeedWakeLocked();
 }
 
@@ -194,10 +198,24 @@ size_t CompletionTable::Drain() {
   return done_order_.size() - std::min(before, done_order_.size());
 }
 
+size_t CompletionTable::TakeFresh(uint64_t* ids, size_t max) {
+  absl::MutexLock lock(&mu_);
+  if (!sleeper_) ring_->DrainWakes();
+  DrainLocked();
+  size_t n = 0;
+  while (n < max && !fresh_.empty()) {
+    ids[n++] = fresh_.front();
+    fresh_.pop_front();
+  }
+  return n;
+}
+
 void CompletionTable::Abandon() {
   absl::MutexLock lock(&mu_);
   broken_ = true;
-  for (uint64_t id : pending_) unsure_.insert(id);
+  for (uint64_t id : pending_) {
+    if (unsure_.insert(id).second && armed_) fresh_.push_back(id);
+  }
   changed_.SignalAll();
   ring_->Wake();  // the sleeper on the eventfd
 }

@@ -65,6 +65,9 @@ class CompletionTable {
   // every completion. Drain() then takes what came (and clears the eventfd); returns how many.
   void SetArmed(bool armed);
   size_t Drain();
+  // While armed: the ids of transfers that ended (or became unsure) since the last call, at
+  // most `max` of them into `ids` (the rest stay for the next call); drains the ring first.
+  size_t TakeFresh(uint64_t* ids, size_t max);
 
   // Every pending transfer becomes unsure and waiters wake (the session is gone).
   void Abandon();
@@ -97,6 +100,7 @@ class CompletionTable {
   std::deque<uint64_t> done_order_ ABSL_GUARDED_BY(mu_);  // oldest first, for the bound
   absl::flat_hash_set<uint64_t> pending_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_set<uint64_t> unsure_ ABSL_GUARDED_BY(mu_);
+  std::deque<uint64_t> fresh_ ABSL_GUARDED_BY(mu_);  // TakeFresh's, collected while armed
   uint64_t overflow_seen_ ABSL_GUARDED_BY(mu_) = 0;
   bool sleeper_ ABSL_GUARDED_BY(mu_) = false;  // a waiter sleeps on the eventfd
   bool armed_ ABSL_GUARDED_BY(mu_) = false;

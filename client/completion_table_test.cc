@@ -7,6 +7,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <thread>
@@ -109,6 +110,30 @@ TEST_CASE("a full ring makes the pending transfers unsure; the old way resolves 
   for (uint64_t id = 100; id < 120; ++id) daemon.Post(id);
   table->Follow(119, mark);
   CHECK(table->Peek(119).outcome == Outcome::kUnsure);
+}
+
+TEST_CASE("while armed, the ids that ended or were missed are handed out once, in order") {
+  auto table = Table(8);
+  Producer daemon(*table);
+  for (uint64_t id = 1; id <= 12; ++id) table->Follow(id, table->OverflowMark());
+  uint64_t ids[16];
+  REQUIRE(daemon.Post(1));
+  CHECK(table->TakeFresh(ids, 16) == 0);  // not armed: nothing collected
+  table->SetArmed(true);
+  for (uint64_t id = 2; id <= 12; ++id) daemon.Post(id);  // 2..9 fit, 10..12 overflow
+  size_t n = table->TakeFresh(ids, 4);
+  REQUIRE(n == 4);
+  CHECK(ids[0] == 2);
+  CHECK(ids[3] == 5);
+  n = table->TakeFresh(ids, 16);
+  // 6..9 ended; 10, 11, 12 missed (unsure: read them the old way).
+  REQUIRE(n == 7);
+  CHECK(ids[3] == 9);
+  std::vector<uint64_t> missed(ids + 4, ids + 7);
+  std::sort(missed.begin(), missed.end());
+  CHECK(missed == std::vector<uint64_t>{10, 11, 12});
+  CHECK(table->Peek(11).outcome == Outcome::kUnsure);
+  CHECK(table->TakeFresh(ids, 16) == 0);
 }
 
 TEST_CASE("a bad entry is refused and counted; the ones around it are read") {

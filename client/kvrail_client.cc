@@ -950,6 +950,11 @@ int Client::CompletionFd() {
   return completions != nullptr ? completions->eventfd() : -1;
 }
 
+size_t Client::TakeCompletions(uint64_t* ids, size_t max) {
+  CompletionTable* completions = impl_->completions_.load();
+  return completions != nullptr ? completions->TakeFresh(ids, max) : 0;
+}
+
 bool Client::FollowsCompletion(uint64_t transfer_id) {
   CompletionTable* completions = impl_->completions_.load();
   return completions != nullptr && completions->Follows(transfer_id);

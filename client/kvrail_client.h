@@ -167,6 +167,9 @@ class Client {
   // Whether transfer `id`'s end will be (or was) read from the completion queue.
   bool FollowsCompletion(uint64_t transfer_id);
   void ArmCompletions(bool armed);
+  // While armed: ids of transfers whose end came (or that the queue missed: read those the old
+  // way) since the last call, at most `max`; clears the eventfd.
+  size_t TakeCompletions(uint64_t* ids, size_t max);
   absl::StatusOr<v1::TransferStatus> Cancel(uint64_t transfer_id);
   // Layers [layer_begin, layer_begin + layer_count) of a layer-wise transfer are written.
   absl::Status MarkReady(uint64_t transfer_id, uint32_t layer_begin, uint32_t layer_count = 1);

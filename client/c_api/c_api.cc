@@ -574,6 +574,17 @@ int kvrail_completion_follows(kvrail_client* handle, uint64_t transfer_id, int* 
   });
 }
 
+int kvrail_take_completions(kvrail_client* handle, uint64_t* ids, size_t max, size_t* count) {
+  return Guard([&]() -> absl::Status {
+    KVRAIL_RETURN_IF_ERROR(RequireOut(count, "count"));
+    *count = 0;
+    if (max > 0 && ids == nullptr) return absl::InvalidArgumentError("ids: NULL with max > 0");
+    KVRAIL_ASSIGN_OR_RETURN(std::shared_ptr<Client> client, FindClient(handle));
+    *count = client->TakeCompletions(ids, max);
+    return absl::OkStatus();
+  });
+}
+
 int kvrail_arm_completions(kvrail_client* handle, int armed) {
   return Guard([&]() -> absl::Status {
     KVRAIL_ASSIGN_OR_RETURN(std::shared_ptr<Client> client, FindClient(handle));

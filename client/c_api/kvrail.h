@@ -209,6 +209,10 @@ int kvrail_arm_completions(kvrail_client* client, int armed);
 /* *follows = 1 when the transfer's end comes through the completion queue (it was submitted over
  * the session socket of a client with a queue), else 0. */
 int kvrail_completion_follows(kvrail_client* client, uint64_t transfer_id, int* follows);
+/* While armed: the ids of transfers whose end came through the queue (or that it missed: read
+ * those with kvrail_wait) since the last call, at most `max` into `ids`; *count how many (call
+ * again while it equals `max`). Clears the eventfd; what an event loop calls when it is readable. */
+int kvrail_take_completions(kvrail_client* client, uint64_t* ids, size_t max, size_t* count);
 
 /* --- Admin ------------------------------------------------------------------------------------ */
 /* Serialized kvrail.v1.ListRegionsResponse / ListTransfersResponse / Stats. list_transfers:

@@ -103,6 +103,7 @@ _SIGNATURES = {
     "kvrail_arm_completions": (ctypes.c_int, [_c_client, ctypes.c_int]),
     "kvrail_completion_follows": (ctypes.c_int, [_c_client, ctypes.c_uint64,
                                                  ctypes.POINTER(ctypes.c_int)]),
+    "kvrail_take_completions": (ctypes.c_int, [_c_client, _u64p, ctypes.c_size_t, _sizep]),
     "kvrail_list_regions": (ctypes.c_int, [_c_client, _u8pp, _sizep]),
     "kvrail_list_transfers": (ctypes.c_int, [_c_client, _i32p, ctypes.c_size_t, ctypes.c_uint32,
                                              _u8pp, _sizep]),

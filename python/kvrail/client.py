@@ -270,7 +270,9 @@ class Transfer:
             waiter = self._client._completion_waiter(loop)
             if waiter is not None and self._client._follows(self.id):
                 await waiter.ended(self.id)
-                self._note(self._client.wait(self.id))  # read from the queue: no call
+                # From the queue (no call); one it missed is read from the daemon, and one
+                # still running then is waited for below.
+                self._note(self._client.wait(self.id, 0))
         while self._final is None:
             await loop.run_in_executor(None, self.wait, self._AWAIT_SLICE_MS / 1000.0)
         return self._final
@@ -291,11 +293,12 @@ TransferLike = Union[Transfer, int]
 class _CompletionWaiter:
     """Awaits transfer ends for one client on one event loop: the completion queue's eventfd is
     the loop's reader while anything is awaited (the daemon rings it for every completion), and
-    each wake-up reads the states of every awaited transfer in one kvrail_poll (local for what
-    the queue holds). A re-check every second covers a transfer whose end went by the old path
-    because the queue was full."""
+    each wake-up takes the ids of the transfers that ended since the last one (no call) and
+    resolves their awaits. A transfer the queue missed (it was full) comes back the same way and
+    its await reads it from the daemon; a re-check every second is the safety net."""
 
     _RECHECK_S = 1.0
+    _BATCH = 4096
 
     def __init__(self, client: "Client", loop: asyncio.AbstractEventLoop, fd: int) -> None:
         self._client = client
@@ -303,16 +306,20 @@ class _CompletionWaiter:
         self._fd = fd
         self._futures: Dict[int, List[asyncio.Future]] = {}
         self._recheck: Optional[asyncio.TimerHandle] = None
+        self._ids = (ctypes.c_uint64 * self._BATCH)()
+        self._count = ctypes.c_size_t(0)
 
     async def ended(self, transfer_id: int) -> None:
         future = self._loop.create_future()
-        first = not self._futures
-        self._futures.setdefault(transfer_id, []).append(future)
-        if first:
-            # Armed before the first look, so no completion falls between them.
+        if not self._futures:
+            # Armed before the look below, so no end falls between them.
             check(lib().kvrail_arm_completions(self._client._h, 1))
             self._loop.add_reader(self._fd, self._on_ready)
-        self._on_ready()
+            self._recheck = self._loop.call_later(self._RECHECK_S, self._on_recheck)
+        self._futures.setdefault(transfer_id, []).append(future)
+        # It may have ended already (read from the queue: no call).
+        if is_final(self._client.poll([transfer_id], raise_on_error=False)[0]):
+            future.set_result(None)
         try:
             await future
         finally:
@@ -333,30 +340,35 @@ class _CompletionWaiter:
         if not self._client.closed:
             lib().kvrail_arm_completions(self._client._h, 0)
 
+    def _resolve(self, transfer_id: int) -> None:
+        for future in self._futures.get(transfer_id, ()):
+            if not future.done():
+                future.set_result(None)
+
     def _on_ready(self) -> None:
         if self._client.closed:
             return
-        lib().kvrail_arm_completions(self._client._h, 1)  # clears the eventfd, drains the queue
+        while True:
+            check(lib().kvrail_take_completions(self._client._h, self._ids, self._BATCH,
+                                                ctypes.byref(self._count)))
+            n = self._count.value
+            for transfer_id in self._ids[:n]:
+                self._resolve(transfer_id)
+            if n < self._BATCH:
+                return
+
+    def _on_recheck(self) -> None:
+        self._recheck = None
+        if self._client.closed or not self._futures:
+            return
+        self._on_ready()
         ids = list(self._futures)
-        if not ids:
-            return
-        try:
-            states = self._client.poll(ids, raise_on_error=False)
-        except KvrailError as e:
-            for waiting in self._futures.values():
-                for future in waiting:
-                    if not future.done():
-                        future.set_exception(e)
-            return
+        states = self._client.poll(ids, raise_on_error=False)
         for transfer_id, state in zip(ids, states):
             # 0: the daemon could not say (e.g. not found): the transfer's own wait tells why.
             if is_final(state) or state == 0:
-                for future in self._futures.get(transfer_id, []):
-                    if not future.done():
-                        future.set_result(None)
-        if self._recheck is not None:
-            self._recheck.cancel()
-        self._recheck = self._loop.call_later(self._RECHECK_S, self._on_ready)
+                self._resolve(transfer_id)
+        self._recheck = self._loop.call_later(self._RECHECK_S, self._on_recheck)
 
 
 class Client:
