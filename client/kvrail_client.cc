@@ -132,6 +132,12 @@ class Client::Impl {
       uint32_t us = 0;
       if (absl::SimpleAtoi(spin, &us)) completion_spin_ = absl::Microseconds(us);
     }
+    // KVRAIL_COMPLETION_QUEUE_ENTRIES: the ring's capacity (a power of 2, 8..1048576; default
+    // 4096). A transfer whose end finds it full is read the old way.
+    if (const char* entries = std::getenv("KVRAIL_COMPLETION_QUEUE_ENTRIES"); entries != nullptr) {
+      uint32_t n = 0;
+      if (absl::SimpleAtoi(entries, &n)) completion_entries_ = n;
+    }
   }
 
   const std::string target_;
@@ -165,13 +171,14 @@ class Client::Impl {
   // pointer loaded here never dangles.
   bool completion_queue_ = true;
   absl::Duration completion_spin_ = absl::Microseconds(50);
+  uint32_t completion_entries_ = 4096;
   std::atomic<CompletionTable*> completions_{nullptr};
   std::vector<std::unique_ptr<CompletionTable>> tables_ ABSL_GUARDED_BY(session_mu_);
 
   void OpenCompletionQueueLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(session_mu_) {
     if (!completion_queue_) return;
     absl::StatusOr<std::unique_ptr<CompletionTable>> table =
-        CompletionTable::Create(4096, completion_spin_);
+        CompletionTable::Create(completion_entries_, completion_spin_);
     // Without a queue (an older daemon, no memfd) everything goes the old way.
     if (!table.ok() || !session_->SendCompletionQueue((*table)->memfd(), (*table)->eventfd()).ok()) {
       return;

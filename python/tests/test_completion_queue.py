@@ -1,5 +1,6 @@
 """The session's completion queue: transfer ends read from shared memory (wait, done, poll, await
-on the eventfd) and the old path for a client without the queue (KVRAIL_COMPLETION_QUEUE=0)."""
+on the eventfd), a full queue falling back without loss, and the old path for a client without the
+queue (KVRAIL_COMPLETION_QUEUE=0)."""
 from __future__ import annotations
 
 import asyncio
@@ -97,3 +98,23 @@ def test_old_path_without_the_queue(daemon, monkeypatch):
             return await client.transfer(src.region, [7], dst.region, [8])
 
         assert asyncio.run(one()).state == SUCCEEDED
+
+
+def test_a_full_queue_falls_back_and_loses_nothing(daemon, monkeypatch):
+    # An 8-entry ring with 300 transfers in flight: most ends find it full and are read the old
+    # way (WAIT / GetTransfer); every wait, await and poll still sees every end.
+    monkeypatch.setenv("KVRAIL_COMPLETION_QUEUE_ENTRIES", "8")
+    with kvrail.connect(daemon.socket) as client:
+        src, dst = _pools(client)
+        assert _queue_fd(client) >= 0
+        burst = [client.transfer(src.region, [i % 16], dst.region, [(i * 3) % 16])
+                 for i in range(300)]
+        assert [t.wait(30).state for t in burst] == [SUCCEEDED] * 300
+        assert client.poll(burst) == [SUCCEEDED] * 300
+
+        async def awaited():
+            transfers = [client.transfer(src.region, [i % 16], dst.region, [i % 16])
+                         for i in range(300)]
+            return await asyncio.wait_for(asyncio.gather(*transfers), 60)
+
+        assert [s.state for s in asyncio.run(awaited())] == [SUCCEEDED] * 300
