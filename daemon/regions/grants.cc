@@ -1,5 +1,6 @@
 #include "daemon/regions/grants.h"
 
+#include <iterator>
 #include <random>
 #include <vector>
 
@@ -17,8 +18,8 @@ std::string RandomHex128() {
 absl::StatusOr<v1::Grant> GrantTable::Create(const v1::CreateGrantRequest& request,
                                              uint64_t owner_session, int64_t now_us) {
   DropExpired(now_us);
-  size_t owned = 0;
-  for (const auto& [token, entry] : grants_) owned += entry.owner_session == owner_session;
+  auto counted = per_owner_.find(owner_session);
+  const size_t owned = counted == per_owner_.end() ? 0 : counted->second;
   if (owned >= kMaxGrantsPerSession) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "grants: the session holds ", owned, " live grants (at most ", kMaxGrantsPerSession,
@@ -32,8 +33,17 @@ absl::StatusOr<v1::Grant> GrantTable::Create(const v1::CreateGrantRequest& reque
   grant.set_expires_unix_us(now_us + static_cast<int64_t>(ttl_ms) * 1000);
   grant.set_layer_begin(request.layer_begin());
   grant.set_layer_end(request.layer_end());
-  grants_[grant.token()] = Entry{grant, owner_session};
+  auto expiry = by_expiry_.emplace(grant.expires_unix_us(), grant.token());
+  grants_[grant.token()] = Entry{grant, owner_session, expiry};
+  ++per_owner_[owner_session];
   return grant;
+}
+
+void GrantTable::Erase(absl::flat_hash_map<std::string, Entry>::iterator it) {
+  by_expiry_.erase(it->second.by_expiry);
+  auto counted = per_owner_.find(it->second.owner_session);
+  if (counted != per_owner_.end() && --counted->second == 0) per_owner_.erase(counted);
+  grants_.erase(it);
 }
 
 absl::StatusOr<v1::Grant> GrantTable::Find(absl::string_view token, int64_t now_us,
@@ -45,18 +55,38 @@ absl::StatusOr<v1::Grant> GrantTable::Find(absl::string_view token, int64_t now_
   return it->second.grant;
 }
 
-bool GrantTable::Revoke(absl::string_view token) { return grants_.erase(token) > 0; }
+bool GrantTable::Revoke(absl::string_view token) {
+  auto it = grants_.find(token);
+  if (it == grants_.end()) return false;
+  Erase(it);
+  return true;
+}
 
 void GrantTable::DropRegion(uint64_t region_id) {
-  absl::erase_if(grants_, [&](const auto& kv) { return kv.second.grant.region_id() == region_id; });
+  for (auto it = grants_.begin(); it != grants_.end();) {
+    auto next = std::next(it);
+    if (it->second.grant.region_id() == region_id) Erase(it);
+    it = next;
+  }
 }
 
 void GrantTable::DropOwner(uint64_t owner_session) {
-  absl::erase_if(grants_, [&](const auto& kv) { return kv.second.owner_session == owner_session; });
+  for (auto it = grants_.begin(); it != grants_.end();) {
+    auto next = std::next(it);
+    if (it->second.owner_session == owner_session) Erase(it);
+    it = next;
+  }
 }
 
 void GrantTable::DropExpired(int64_t now_us) {
-  absl::erase_if(grants_, [&](const auto& kv) { return kv.second.grant.expires_unix_us() <= now_us; });
+  while (!by_expiry_.empty() && by_expiry_.begin()->first <= now_us) {
+    auto it = grants_.find(by_expiry_.begin()->second);
+    if (it == grants_.end()) {
+      by_expiry_.erase(by_expiry_.begin());  // not reached: every grant is indexed once
+      continue;
+    }
+    Erase(it);
+  }
 }
 
 }  // namespace kvrail::regions

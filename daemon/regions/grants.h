@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 
 #include "absl/container/flat_hash_map.h"
@@ -15,7 +16,9 @@ namespace kvrail::regions {
 inline constexpr size_t kMaxGrantsPerSession = 4096;
 
 // Thread-compatible: RegionTableImpl guards it with its mutex. Time is passed in (the table's
-// injected clock).
+// injected clock). Create and Revoke cost O(log n) (per-owner counts and an expiry index: they
+// run under the region table's lock, which every submit takes; a scan of every grant cost
+// 4.6 ms at 131k grants); DropRegion and DropOwner scan.
 class GrantTable {
  public:
   // A new grant for a region owned by `owner_session` (validated request). RESOURCE_EXHAUSTED
@@ -36,9 +39,14 @@ class GrantTable {
   struct Entry {
     v1::Grant grant;
     uint64_t owner_session = 0;
+    std::multimap<int64_t, std::string>::iterator by_expiry;
   };
   void DropExpired(int64_t now_us);
+  // Removes `it` and its index entries.
+  void Erase(absl::flat_hash_map<std::string, Entry>::iterator it);
   absl::flat_hash_map<std::string, Entry> grants_;
+  absl::flat_hash_map<uint64_t, size_t> per_owner_;  // live grants per owner session
+  std::multimap<int64_t, std::string> by_expiry_;     // (expires_unix_us, token)
 };
 
 // 32 lowercase hex digits from std::random_device (thread-safe).
