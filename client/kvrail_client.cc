@@ -897,17 +897,6 @@ absl::StatusOr<v1::TransferStatus> Client::Get(uint64_t transfer_id) {
 
 namespace {
 
-v1::TransferStatus StatusOf(const wire::Completion& c) {
-  v1::TransferStatus status;
-  status.set_transfer_id(c.transfer_id);
-  status.set_state(static_cast<v1::TransferState>(c.state));
-  status.set_error_code(c.error_code);
-  status.set_bytes_total(c.bytes_total);
-  status.set_bytes_done(c.bytes_done);
-  status.set_finished_unix_us(c.finished_unix_us);
-  return status;
-}
-
 wire::Completion CompletionOf(const v1::TransferStatus& status) {
   wire::Completion c;
   c.flags = wire::kCompletionHasMore;  // the full status is the daemon's
@@ -933,8 +922,11 @@ absl::StatusOr<v1::TransferStatus> Client::Wait(uint64_t transfer_id, absl::Dura
       transfer_id, bounded ? absl::Now() + timeout : absl::InfiniteFuture());
   switch (seen.outcome) {
     case CompletionTable::Outcome::kDone:
-      if ((seen.completion.flags & wire::kCompletionHasMore) == 0) return StatusOf(seen.completion);
-      return WaitByCall(transfer_id, timeout);  // it ended: answered at once, in full
+      // Wait's contract is the transfer's whole status (path, engine, link, phases, layers), as
+      // WaitTransfer answers it; the queue's entry holds only the state and counts. The transfer
+      // has ended, so the call below is answered at once. Callers that need only the end read
+      // it locally, without a call: LocalStates (done, poll, batch status) and the eventfd.
+      return WaitByCall(transfer_id, timeout);
     case CompletionTable::Outcome::kTimeout:
       return Get(transfer_id);
     case CompletionTable::Outcome::kUnsure:

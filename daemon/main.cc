@@ -435,6 +435,11 @@ absl::Status Run(v1::DaemonConfig config, int* exit_code) {
     KVRAIL_RETURN_IF_ERROR(transfers->Authorize(id, caller, transfers::TransferUse::kRead));
     return transfers->WhenEnded(id, std::move(done));
   };
+  session_options.follow = [&transfers](const regions::Caller& caller, uint64_t id,
+                                        std::function<void(const v1::TransferStatus&)> done) {
+    KVRAIL_RETURN_IF_ERROR(transfers->Authorize(id, caller, transfers::TransferUse::kRead));
+    return transfers->WhenEnded(id, std::move(done), /*counted=*/false);
+  };
   session_options.max_sessions = MaxSessions(config);
   // The poll thread's spin after a packet (a critical-path measure; off with the engine's).
   if (!low_latency_off) session_options.spin = absl::Microseconds(100);

@@ -425,8 +425,9 @@ class SessionServerImpl final : public SessionServer {
     absl::StatusOr<regions::Caller> caller =
         regions_->Authenticate(conn.id, regions_->SessionSecret(conn.id));
     std::weak_ptr<CompletionSink> weak = conn.completions;
+    const auto& follow = options_.follow ? options_.follow : options_.wait;
     const absl::Status registered =
-        caller.ok() ? options_.wait(*caller, id,
+        caller.ok() ? follow(*caller, id,
                                     [weak](const v1::TransferStatus& status) {
                                       if (auto sink = weak.lock()) sink->Post(status);
                                     })

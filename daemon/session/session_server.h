@@ -50,6 +50,11 @@ struct SessionServerOptions {
   std::function<absl::Status(const regions::Caller& caller, uint64_t id,
                              std::function<void(const v1::TransferStatus& status)> done)>
       wait;
+  // As `wait`, for the connection's completion queue: the daemon's own follower of a transfer
+  // its connection submitted, not counted against the transfer's cap of waiters. Unset: `wait`.
+  std::function<absl::Status(const regions::Caller& caller, uint64_t id,
+                             std::function<void(const v1::TransferStatus& status)> done)>
+      follow;
   // Connections open at once, in all and per uid (SO_PEERCRED). A connection beyond either is
   // answered "REJECTED" RESOURCE_EXHAUSTED naming the cap (max_sessions, max_sessions_per_uid)
   // instead of a greeting, and closed.

@@ -62,8 +62,8 @@ class TransferManagerImpl final : public TransferManager {
                          TransferUse use) const override;
   absl::StatusOr<v1::TransferStatus> Get(uint64_t id) const override;
   absl::StatusOr<v1::TransferStatus> Wait(uint64_t id, absl::Duration timeout) const override;
-  absl::Status WhenEnded(uint64_t id,
-                         std::function<void(const v1::TransferStatus&)> done) const override;
+  absl::Status WhenEnded(uint64_t id, std::function<void(const v1::TransferStatus&)> done,
+                         bool counted = true) const override;
   absl::Status Watch(uint64_t id, absl::Duration min_interval,
                      const std::function<bool(const v1::TransferEvent&)>& sink,
                      const std::function<bool()>& still_wanted) const override;

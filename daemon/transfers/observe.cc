@@ -57,9 +57,9 @@ absl::StatusOr<v1::TransferStatus> TransferManagerImpl::Wait(uint64_t id,
 }
 
 absl::Status TransferManagerImpl::WhenEnded(
-    uint64_t id, std::function<void(const v1::TransferStatus&)> done) const {
+    uint64_t id, std::function<void(const v1::TransferStatus&)> done, bool counted) const {
   KVRAIL_ASSIGN_OR_RETURN(auto record, Find(id));
-  return record->WhenEnded(std::move(done));
+  return record->WhenEnded(std::move(done), counted);
 }
 
 absl::Status TransferManagerImpl::Watch(

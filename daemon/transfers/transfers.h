@@ -109,9 +109,11 @@ class TransferManager : public InboundSink {
   // Calls `done` with the final status when the transfer ends (at once when it has), on the
   // thread that ends it; `done` must be quick and must not block or call into the manager.
   // NOT_FOUND for an unknown id, RESOURCE_EXHAUSTED when the transfer has thousands of waiters
-  // already (then `done` is never called).
-  virtual absl::Status WhenEnded(uint64_t id,
-                                 std::function<void(const v1::TransferStatus&)> done) const = 0;
+  // already (then `done` is never called). `counted` false is for the daemon's own followers (a
+  // session's completion queue: one per transfer, from its submitter), which do not take a
+  // client's place under that cap.
+  virtual absl::Status WhenEnded(uint64_t id, std::function<void(const v1::TransferStatus&)> done,
+                                 bool counted = true) const = 0;
   // Calls `sink` with a snapshot, then with every event until the final state. Stops early, OK,
   // when `sink` returns false, or `still_wanted` (if set; asked at least every 100 ms, also while
   // nothing happens) returns false: the watcher went away.
