@@ -89,8 +89,9 @@ class KvrailSide(Side):
             if node:  # another node's daemon writes here: Peer.ExportRegion to that node
                 self.region.export(node)
                 info["node"] = self.options["node"]
-            else:
-                info["grant"] = self.region.grant(write=True, ttl=3600)
+            # The writer needs the owner's write grant, on this node and across nodes (the
+            # receiving daemon checks it too).
+            info["grant"] = self.region.grant(write=True, ttl=3600)
         return {"info": info, "register_s": time.perf_counter() - t0}
 
     def connect(self, peer: Dict[str, Any]) -> None:
