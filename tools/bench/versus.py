@@ -291,6 +291,21 @@ def _shapes(rows: List[Dict[str, Any]], kinds: List[str]) -> List[Tuple[str, int
                   key=lambda kb: (kinds.index(kb[0]), kb[1]))
 
 
+def _verified_rows(rows: list, kinds: list, out):
+    """Each request shape's rows, kvrail's first, as (kind, request text, row, kvrail's verified
+    row or None); a row that did not verify is printed as FAILED here and not yielded."""
+    for kind, blocks in _shapes(rows, kinds):
+        group = [r for r in rows if r["kind"] == kind and r["blocks"] == blocks]
+        kv = next((r for r in group if r["system"] == "kvrail" and r["verified"]), None)
+        for r in sorted(group, key=lambda r: r["system"] != "kvrail"):
+            req = f"{_size(r['bytes'])}, {r['blocks']} blocks, {r['descriptors']} desc"
+            if not r["verified"]:
+                print(f"| {kind} | {req} | {r['label']} | FAILED: "
+                      f"{r['error'].splitlines()[0][:120]} | - | - | - | no |", file=out)
+                continue
+            yield kind, req, r, kv
+
+
 def print_tables(scenario: str, rows: List[Dict[str, Any]], out=sys.stdout) -> None:
     kinds = [k for k in kvshape.PIECES if any(r["kind"] == k for r in rows)]
     tput = [r for r in rows if not r["latency_row"]]
@@ -303,39 +318,23 @@ def print_tables(scenario: str, rows: List[Dict[str, Any]], out=sys.stdout) -> N
         print("| piece | request | system | GB/s median [min-max] | kvrail / row | CPU s/GB "
               "src / dst side (kvraild) | set-up ms | verified |", file=out)
         print("|---|---|---|---|---|---|---|---|", file=out)
-        for kind, blocks in _shapes(tput, kinds):
-            group = [r for r in tput if r["kind"] == kind and r["blocks"] == blocks]
-            kv = next((r for r in group if r["system"] == "kvrail" and r["verified"]), None)
-            for r in sorted(group, key=lambda r: r["system"] != "kvrail"):
-                req = f"{_size(r['bytes'])}, {r['blocks']} blocks, {r['descriptors']} desc"
-                if not r["verified"]:
-                    print(f"| {kind} | {req} | {r['label']} | FAILED: "
-                          f"{r['error'].splitlines()[0][:120]} | - | - | - | no |", file=out)
-                    continue
-                ratio = "-" if r["system"] == "kvrail" or kv is None else \
-                    f"{kv['gbps_median'] / r['gbps_median']:.2f}x"
-                print(f"| {kind} | {req} | {r['label']} | {r['gbps_median']:.2f} "
-                      f"[{r['gbps_min']:.2f}-{r['gbps_max']:.2f}] | {ratio} | {_cpu(r)} | "
-                      f"{r['setup_ms']:.0f} | yes ({r['reps']}) |", file=out)
+        for kind, req, r, kv in _verified_rows(tput, kinds, out):
+            ratio = "-" if r["system"] == "kvrail" or kv is None else \
+                f"{kv['gbps_median'] / r['gbps_median']:.2f}x"
+            print(f"| {kind} | {req} | {r['label']} | {r['gbps_median']:.2f} "
+                  f"[{r['gbps_min']:.2f}-{r['gbps_max']:.2f}] | {ratio} | {_cpu(r)} | "
+                  f"{r['setup_ms']:.0f} | yes ({r['reps']}) |", file=out)
     if lat:
         print(f"\nScenario {scenario}: 16 MiB request latency (ms; ratio = row p50 / kvrail p50)",
               file=out)
         print("| piece | request | system | p50 ms | p99 ms | row p50 / kvrail p50 | CPU s/GB src "
               "/ dst side (kvraild) | verified |", file=out)
         print("|---|---|---|---|---|---|---|---|", file=out)
-        for kind, blocks in _shapes(lat, kinds):
-            group = [r for r in lat if r["kind"] == kind and r["blocks"] == blocks]
-            kv = next((r for r in group if r["system"] == "kvrail" and r["verified"]), None)
-            for r in sorted(group, key=lambda r: r["system"] != "kvrail"):
-                req = f"{_size(r['bytes'])}, {r['blocks']} blocks, {r['descriptors']} desc"
-                if not r["verified"]:
-                    print(f"| {kind} | {req} | {r['label']} | FAILED: "
-                          f"{r['error'].splitlines()[0][:120]} | - | - | - | no |", file=out)
-                    continue
-                ratio = "-" if r["system"] == "kvrail" or kv is None else \
-                    f"{r['p50_ms'] / kv['p50_ms']:.2f}x"
-                print(f"| {kind} | {req} | {r['label']} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | "
-                      f"{ratio} | {_cpu(r)} | yes ({r['reps']}) |", file=out)
+        for kind, req, r, kv in _verified_rows(lat, kinds, out):
+            ratio = "-" if r["system"] == "kvrail" or kv is None else \
+                f"{r['p50_ms'] / kv['p50_ms']:.2f}x"
+            print(f"| {kind} | {req} | {r['label']} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | "
+                  f"{ratio} | {_cpu(r)} | yes ({r['reps']}) |", file=out)
 
 
 def machine() -> str:
