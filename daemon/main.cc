@@ -25,7 +25,7 @@
 #include "daemon/directory/directory.h"
 #include "daemon/directory/etcd_directory.h"
 #include "daemon/directory/node_record.h"
-#include "daemon/engine/cuda_engine.h"
+#include "daemon/engine/cuda/cuda_engine.h"
 #include "daemon/engine/engine.h"
 #include "daemon/engine/host_engine.h"
 #include "daemon/metrics/build_info.h"

@@ -39,7 +39,7 @@
 #include "absl/time/clock.h"
 #include "base/cuda/context_sync.h"
 #include "client/cuda_flags.h"
-#include "daemon/engine/cuda_engine.h"
+#include "daemon/engine/cuda/cuda_engine.h"
 #include "daemon/engine/engine.h"
 #include "daemon/planner/planner.h"
 #include "daemon/planner/testing/random_case.h"

@@ -1,5 +1,5 @@
 // DeviceWorker: queues, the dispatch loop, job set-up, plan staging (see cuda_worker.h).
-#include "daemon/engine/cuda_worker.h"
+#include "daemon/engine/cuda/cuda_worker.h"
 
 #include <sys/prctl.h>
 

@@ -25,7 +25,7 @@
 #include "absl/time/time.h"
 #include "base/cuda/context_sync.h"
 #include "base/cuda/cuda_util.h"
-#include "daemon/engine/cuda_engine.h"
+#include "daemon/engine/cuda/cuda_engine.h"
 #include "daemon/engine/engine.h"
 #include "daemon/scheduler/cuda_batch_policy.h"
 #include "daemon/scheduler/stream_gate.h"

@@ -12,7 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/status.h"
-#include "daemon/engine/cuda_worker.h"
+#include "daemon/engine/cuda/cuda_worker.h"
 
 namespace kvrail::engine::cuda_detail {
 

@@ -12,8 +12,8 @@
 #include "base/status.h"
 #include "base/cuda/context_sync.h"
 #include "base/cuda/cuda_util.h"
-#include "daemon/engine/cuda_engine.h"
-#include "daemon/engine/cuda_worker.h"
+#include "daemon/engine/cuda/cuda_engine.h"
+#include "daemon/engine/cuda/cuda_worker.h"
 #include "daemon/planner/table_pool.h"
 #include "daemon/scheduler/cuda_batch_policy.h"
 

@@ -1,6 +1,6 @@
 // DeviceWorker's GPU-side readiness wait: admission, arming a job's abort stream, completing gated
 // batches, and the watchdog that releases waits with CPU stores (see cuda_worker.h).
-#include "daemon/engine/cuda_worker.h"
+#include "daemon/engine/cuda/cuda_worker.h"
 
 #include <spdlog/spdlog.h>
 
