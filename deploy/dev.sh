@@ -21,6 +21,8 @@ PACKAGES=(
   etcd-server etcd-client
   # tests/deploy: the .deb into a debootstrapped root, the OCI image checked, promtool (prometheus)
   debootstrap umoci skopeo prometheus
+  # tests/deploy:lintian_test: the .deb and its -dbgsym package
+  lintian
 )
 
 log() { printf '[dev.sh] %s\n' "$*" >&2; }

@@ -32,5 +32,24 @@ check "man page: kvraild(8) documents --metrics-listen" 'grep -q "metrics.-liste
 check "completion: completes kvrail's commands" \
   'bash -c "source \"$root/usr/share/bash-completion/completions/kvrail\"; COMP_WORDS=(kvrail tr); COMP_CWORD=1; _kvrail; [ \"\${COMPREPLY[*]}\" = transfers ]"'
 check "unit: ExecStart names the installed binary" 'grep -q "^ExecStart=/usr/bin/kvraild " "$root/lib/systemd/system/kvraild.service"'
+check "unit: CUDA's JIT cache in the unit's CacheDirectory" \
+  'grep -qx "CacheDirectory=kvrail" "$root/lib/systemd/system/kvraild.service" &&
+   grep -qx "Environment=CUDA_CACHE_PATH=/var/cache/kvrail/cuda-jit" "$root/lib/systemd/system/kvraild.service"'
+check "binaries: stripped (no .symtab), with a debug link" \
+  '(for b in usr/bin/kvraild usr/bin/kvrail usr/lib/python3/dist-packages/kvrail/libkvrail.so; do
+     s=$(readelf -S -W "$root/$b"); ! grep -q "\.symtab" <<<"$s" && grep -q "\.gnu_debuglink" <<<"$s" || exit 1; done)'
+check "control: md5sums cover every file" \
+  '[ "$(dpkg-deb --ctrl-tarfile "$deb" | tar -xO ./md5sums | wc -l)" = "$(grep -c . "$dir/deploy/deb/files.txt")" ] &&
+   (cd "$root" && dpkg-deb --ctrl-tarfile "$deb" | tar -xO ./md5sums | md5sum --quiet -c -)'
+check "postrm: a purge removes the JIT cache" 'grep -q "rm -rf /var/cache/kvrail" <<<"$(dpkg-deb --ctrl-tarfile "$deb" | tar -xO ./postrm)"'
+check "changelog: names this version" 'grep -q "^kvrail (0.1.0) " <<<"$(zcat "$root/usr/share/doc/kvrail/changelog.gz")"'
+dbgsym="$dir/deploy/kvrail-dbgsym_amd64.deb"
+dbg_info=$(dpkg-deb --info "$dbgsym")
+check "dbgsym: depends on this exact kvrail" 'grep -q "^ Depends: kvrail (= 0.1.0)$" <<<"$dbg_info"'
+check "dbgsym: one .debug file per binary, named by its build id" \
+  '(for b in usr/bin/kvraild usr/bin/kvrail usr/lib/python3/dist-packages/kvrail/libkvrail.so; do
+     id=$(readelf -n "$root/$b" | sed -n "s/.*Build ID: \([0-9a-f]*\).*/\1/p")
+     grep -q "^\./usr/lib/debug/\.build-id/${id:0:2}/${id:2}\.debug$" <<<"$(dpkg-deb --fsys-tarfile "$dbgsym" | tar -t)" || exit 1
+     grep -qw "$id" <<<"$(grep "^ Build-Ids:" <<<"$dbg_info")" || exit 1; done)'
 check "postinst: creates the kvrail system user" 'grep -q "adduser --system" <<<"$(dpkg-deb --ctrl-tarfile "$deb" | tar -xO ./postinst)"'
 exit $fail
