@@ -55,6 +55,59 @@ void MergeOverrides(const v1::DaemonConfig& overrides, v1::DaemonConfig* base) {
 
 namespace {
 
+// fabric.relay's values: auto, off, host, gpu:<ordinal in [0, 1024)>.
+bool IsRelayValue(const std::string& value) {
+  if (value == "auto" || value == "off" || value == "host") return true;
+  if (value.rfind("gpu:", 0) != 0 || value.size() == 4 || value.size() > 8) return false;
+  int ordinal = 0;
+  for (size_t i = 4; i < value.size(); ++i) {
+    if (value[i] < '0' || value[i] > '9') return false;
+    ordinal = ordinal * 10 + (value[i] - '0');
+  }
+  return ordinal < 1024;
+}
+
+bool IsGpuPackValue(const std::string& value) { return value == "kernel" || value == "copy"; }
+
+}  // namespace
+
+absl::Status ApplyEnvironment(const Getenv& getenv, v1::DaemonConfig* config) {
+  auto value = [&getenv](const char* name) -> std::string {
+    const char* v = getenv(name);
+    return v == nullptr ? std::string() : std::string(v);
+  };
+  if (const std::string v = value("KVRAILD_LOW_LATENCY"); !v.empty()) {
+    if (v != "off" && v != "on") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "KVRAILD_LOW_LATENCY: '", v.substr(0, 64), "' is not off or on (it overrides low_latency)"));
+    }
+    config->set_low_latency(v == "on");
+  }
+  if (const std::string v = value("KVRAIL_FABRIC_RELAY"); !v.empty()) {
+    if (!IsRelayValue(v)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "KVRAIL_FABRIC_RELAY: '", v.substr(0, 64),
+          "' is not auto, off, host or gpu:<ordinal> (it overrides fabric.relay)"));
+    }
+    config->mutable_fabric()->set_relay(v);
+  }
+  if (const std::string v = value("KVRAIL_FABRIC_GPU_PACK"); !v.empty()) {
+    if (!IsGpuPackValue(v)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "KVRAIL_FABRIC_GPU_PACK: '", v.substr(0, 64),
+          "' is not kernel or copy (it overrides fabric.gpu_pack)"));
+    }
+    config->mutable_fabric()->set_gpu_pack(v);
+  }
+  if (const std::string v = value("CUDA_MPS_PIPE_DIRECTORY");
+      !v.empty() && config->cuda_mps_pipe_directory().empty()) {
+    config->set_cuda_mps_pipe_directory(v);
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
 // TCP and peers need mTLS (peer_tls) unless insecure_peers says otherwise, explicitly
 // (docs/security.md, "Peers").
 absl::Status CheckPeerSecurity(const v1::DaemonConfig& config) {
@@ -173,6 +226,40 @@ absl::Status FinalizeEtcd(v1::DaemonConfig* config) {
   return absl::OkStatus();
 }
 
+// The inter-node data path (docs/fabric.md): defaults, then checks naming the key. fabric.nics
+// defaults to the host of tcp_listen; a node with peers (static or through etcd) needs one.
+absl::Status FinalizeFabric(v1::DaemonConfig* config) {
+  v1::FabricConfig* fabric = config->mutable_fabric();
+  if (fabric->provider().empty()) fabric->set_provider("tcp;ofi_rxm");
+  if (fabric->slots() == 0) fabric->set_slots(16);
+  if (fabric->slot_bytes() == 0) fabric->set_slot_bytes(4 << 20);
+  if (fabric->liveness_timeout_ms() == 0) fabric->set_liveness_timeout_ms(3000);
+  if (fabric->heartbeat_interval_ms() == 0) fabric->set_heartbeat_interval_ms(300);
+  if (fabric->lane_timeout_ms() == 0) fabric->set_lane_timeout_ms(500);
+  if (fabric->lane_cooldown_ms() == 0) fabric->set_lane_cooldown_ms(2000);
+  if (fabric->relay().empty()) fabric->set_relay("auto");
+  if (fabric->gpu_pack().empty()) fabric->set_gpu_pack("kernel");
+  if (!IsRelayValue(fabric->relay())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "fabric.relay: '", fabric->relay(), "' is not auto, off, host or gpu:<ordinal>"));
+  }
+  if (!IsGpuPackValue(fabric->gpu_pack())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("fabric.gpu_pack: '", fabric->gpu_pack(), "' is not kernel or copy"));
+  }
+  if (fabric->nics().empty()) {
+    const std::string& listen = config->tcp_listen();
+    const std::string host = listen.substr(0, listen.rfind(':'));
+    const bool has_peers = config->peers_size() > 0 || config->has_etcd();
+    if (!host.empty() && host != "0.0.0.0") {
+      fabric->add_nics(host);
+    } else if (has_peers) {
+      return absl::InvalidArgumentError("fabric.nics: set it, or tcp_listen to a host address");
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status FinalizeConfig(v1::DaemonConfig* config) {
@@ -202,6 +289,15 @@ absl::Status FinalizeConfig(v1::DaemonConfig* config) {
     config->set_cuda_copy_only_kernel_below_run_bytes(128 << 10);
   }
   if (!config->has_cuda_copy_split_max_percent()) config->set_cuda_copy_split_max_percent(40);
+  if (!config->has_cuda_warm_up()) config->set_cuda_warm_up(true);
+  if (!config->has_cuda_stream_wait()) config->set_cuda_stream_wait(false);
+  if (config->cuda_stream_wait_jobs() == 0) config->set_cuda_stream_wait_jobs(8);
+  if (!config->has_cuda_wake_on_submit()) config->set_cuda_wake_on_submit(true);
+  if (!config->has_low_latency()) config->set_low_latency(true);
+  // CUDA's own default folder; kvraild exports the value to CUDA before it starts.
+  if (config->cuda_mps_pipe_directory().empty()) {
+    config->set_cuda_mps_pipe_directory("/tmp/nvidia-mps");
+  }
 
   if (config->unix_socket().size() >= 100) {
     return absl::InvalidArgumentError(
@@ -299,7 +395,8 @@ absl::Status FinalizeConfig(v1::DaemonConfig* config) {
     }
   }
   if (absl::Status etcd = FinalizeEtcd(config); !etcd.ok()) return etcd;
-  return CheckPeerSecurity(*config);
+  if (absl::Status peers = CheckPeerSecurity(*config); !peers.ok()) return peers;
+  return FinalizeFabric(config);
 }
 
 }  // namespace kvrail::config

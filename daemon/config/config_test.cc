@@ -1,6 +1,8 @@
 #define CATCH_CONFIG_MAIN
 #include <catch2/catch.hpp>
 
+#include <map>
+
 #include "daemon/config/config.h"
 
 namespace kvrail::config {
@@ -13,6 +15,7 @@ TEST_CASE("a config file parses, and flags override it key by key") {
     host_engine_threads: 8
     peers { key: "decode-0" value: "10.0.0.2:7070" }
     insecure_peers: true
+    fabric { nics: "10.0.0.1" }
   )", "test.textproto");
   REQUIRE(parsed.ok());
   v1::DaemonConfig overrides;
@@ -205,6 +208,102 @@ TEST_CASE("etcd directory: defaults, and each bad value refused naming its key")
                                  "etcd { endpoints: \"e:2379\" }")
                         .message())
             .rfind("node_id:", 0) == 0);
+}
+
+}  // namespace
+}  // namespace kvrail::config
+
+namespace kvrail::config {
+namespace {
+
+// An environment of `vars` (a test never reads or changes the process's own).
+Getenv EnvOf(std::map<std::string, std::string> vars) {
+  return [vars = std::move(vars)](const char* name) -> const char* {
+    auto it = vars.find(name);
+    return it == vars.end() ? nullptr : it->second.c_str();
+  };
+}
+
+TEST_CASE("environment: each variable overrides its key; unset and empty change nothing") {
+  v1::DaemonConfig config;
+  config.set_low_latency(true);
+  config.mutable_fabric()->set_relay("off");
+  config.mutable_fabric()->set_gpu_pack("kernel");
+  REQUIRE(ApplyEnvironment(EnvOf({}), &config).ok());
+  CHECK(config.low_latency());
+  CHECK(config.fabric().relay() == "off");
+  REQUIRE(ApplyEnvironment(EnvOf({{"KVRAIL_FABRIC_RELAY", ""}}), &config).ok());
+  CHECK(config.fabric().relay() == "off");
+  REQUIRE(ApplyEnvironment(EnvOf({{"KVRAILD_LOW_LATENCY", "off"},
+                                  {"KVRAIL_FABRIC_RELAY", "gpu:3"},
+                                  {"KVRAIL_FABRIC_GPU_PACK", "copy"}}),
+                           &config)
+              .ok());
+  CHECK_FALSE(config.low_latency());
+  CHECK(config.fabric().relay() == "gpu:3");
+  CHECK(config.fabric().gpu_pack() == "copy");
+  REQUIRE(ApplyEnvironment(EnvOf({{"KVRAILD_LOW_LATENCY", "on"}}), &config).ok());
+  CHECK(config.low_latency());
+}
+
+TEST_CASE("environment: CUDA_MPS_PIPE_DIRECTORY fills an empty key; the config's value wins") {
+  v1::DaemonConfig config;
+  REQUIRE(ApplyEnvironment(EnvOf({{"CUDA_MPS_PIPE_DIRECTORY", "/run/env-mps"}}), &config).ok());
+  CHECK(config.cuda_mps_pipe_directory() == "/run/env-mps");
+  config.set_cuda_mps_pipe_directory("/run/config-mps");
+  REQUIRE(ApplyEnvironment(EnvOf({{"CUDA_MPS_PIPE_DIRECTORY", "/run/env-mps"}}), &config).ok());
+  CHECK(config.cuda_mps_pipe_directory() == "/run/config-mps");
+  v1::DaemonConfig unset;
+  REQUIRE(FinalizeConfig(&unset).ok());
+  CHECK(unset.cuda_mps_pipe_directory() == "/tmp/nvidia-mps");
+}
+
+TEST_CASE("environment: a value not understood is refused naming the variable") {
+  const std::pair<const char*, const char*> bad[] = {{"KVRAILD_LOW_LATENCY", "of"},
+                                                     {"KVRAIL_FABRIC_RELAY", "gpu:"},
+                                                     {"KVRAIL_FABRIC_RELAY", "nvlink"},
+                                                     {"KVRAIL_FABRIC_GPU_PACK", "kernels"}};
+  for (const auto& [name, value] : bad) {
+    v1::DaemonConfig config;
+    absl::Status status = ApplyEnvironment(EnvOf({{name, value}}), &config);
+    INFO(name << "=" << value);
+    CHECK(status.code() == absl::StatusCode::kInvalidArgument);
+    CHECK(std::string(status.message()).rfind(std::string(name) + ": '", 0) == 0);
+  }
+}
+
+TEST_CASE("fabric: defaults, nics from tcp_listen's host, bad keys named") {
+  auto parsed = ParseConfig("tcp_listen: '10.1.2.3:7070' insecure_peers: true", "t");
+  REQUIRE(parsed.ok());
+  REQUIRE(FinalizeConfig(&*parsed).ok());
+  const v1::FabricConfig& f = parsed->fabric();
+  CHECK(f.provider() == "tcp;ofi_rxm");
+  CHECK(f.slots() == 16);
+  CHECK(f.slot_bytes() == 4u << 20);
+  CHECK(f.liveness_timeout_ms() == 3000);
+  CHECK(f.heartbeat_interval_ms() == 300);
+  CHECK(f.lane_timeout_ms() == 500);
+  CHECK(f.lane_cooldown_ms() == 2000);
+  CHECK(f.relay() == "auto");
+  CHECK(f.gpu_pack() == "kernel");
+  REQUIRE(f.nics_size() == 1);
+  CHECK(f.nics(0) == "10.1.2.3");
+  CHECK(parsed->low_latency());
+  CHECK(parsed->cuda_warm_up());
+  CHECK(parsed->cuda_wake_on_submit());
+  CHECK(parsed->cuda_stream_wait_jobs() == 8);
+
+  auto refused = [](const char* text) {
+    auto config = ParseConfig(text, "t");
+    REQUIRE(config.ok());
+    return std::string(FinalizeConfig(&*config).message());
+  };
+  CHECK(refused("fabric { relay: 'gpu:x' }").rfind("fabric.relay: 'gpu:x'", 0) == 0);
+  CHECK(refused("fabric { gpu_pack: 'dma' }").rfind("fabric.gpu_pack: 'dma'", 0) == 0);
+  // Peers need a NIC address: none given, and tcp_listen's host is the wildcard.
+  CHECK(refused("tcp_listen: '0.0.0.0:7070' insecure_peers: true "
+                "peers { key: 'b' value: '10.0.0.2:7070' }")
+            .rfind("fabric.nics: ", 0) == 0);
 }
 
 }  // namespace

@@ -59,6 +59,11 @@ struct FabricOptions {
   // certificate and verify theirs; the Peer service takes a caller's node id from its
   // certificate. nullptr: insecure_peers (node ids as the messages claim them).
   std::shared_ptr<const PeerTlsPem> tls;
+  // The relay hop (relay.h): fabric.relay's value ("auto", "off", "host", "gpu:<ordinal>").
+  std::string relay = "auto";
+  // GPU regions packed and scattered by the fabric kernels (fabric.gpu_pack "kernel"); false
+  // ("copy"): by the copy engines, for benchmark comparisons.
+  bool gpu_pack_kernels = true;
 };
 
 }  // namespace kvrail::fabric

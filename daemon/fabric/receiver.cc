@@ -87,7 +87,8 @@ class ReceiverImpl final : public Receiver {
         peers_(peers),
         leases_(leases),
         regions_(regions),
-        relay_(RelayStage::Create(RelaySide::kReceive, options, RelayConfigFromEnv())) {}
+        relay_(RelayStage::Create(RelaySide::kReceive, options,
+                                  ParseRelayConfig(options.relay.c_str()))) {}
   ~ReceiverImpl() override { Stop(); }
   void Start();
 
@@ -255,7 +256,8 @@ absl::Status ReceiverImpl::Begin(const v1::BeginRemoteTransferRequest& request,
     const v1::RegionSpec& dst_spec = in->dst->spec();
     const bool cuda = dst_spec.memory_kind() == v1::MEMORY_KIND_CUDA;
     in->gpu = GpuTileKernels::ForDestination(
-        in->plan, RegionSide{cuda, cuda ? dst_spec.device() : -1, in->dst->data()}, &gpu_why);
+        in->plan, RegionSide{cuda, cuda ? dst_spec.device() : -1, in->dst->data()},
+        options_.gpu_pack_kernels, &gpu_why);
     // The relay hop (relay.h): this side's GPU R' for the destination GPU, or none.
     const int gpu_index = cuda && options_.topology != nullptr
                               ? GpuIndexOf(*options_.topology, dst_spec.device_uuid(),

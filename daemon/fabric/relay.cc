@@ -41,19 +41,14 @@ RelayConfig ParseRelayConfig(const char* value) {
       c.gpu = gpu;
     } else {
       c.mode = RelayMode::kOff;
-      c.error = absl::StrCat("KVRAIL_FABRIC_RELAY=", v, ": gpu:<ordinal> needs an ordinal");
+      c.error = absl::StrCat("fabric.relay: ", v, ": gpu:<ordinal> needs an ordinal");
     }
   } else {
     c.mode = RelayMode::kOff;
-    c.error = absl::StrCat("KVRAIL_FABRIC_RELAY=", v.substr(0, 64),
+    c.error = absl::StrCat("fabric.relay: ", v.substr(0, 64),
                            " not understood (auto, off, host, gpu:<ordinal>)");
   }
   return c;
-}
-
-const RelayConfig& RelayConfigFromEnv() {
-  static const RelayConfig config = ParseRelayConfig(std::getenv("KVRAIL_FABRIC_RELAY"));
-  return config;
 }
 
 NicLoad NicLoadOfLanes(const scheduler::RailNode& node, const std::vector<std::string>& lane_nics,
@@ -126,7 +121,7 @@ std::string GpuStages(RelaySide side, int region, int relay) {
 RelayPlan PlanRelay(const RelayInput& in) {
   const RelayConfig& c = in.config;
   if (!c.error.empty()) return None(in, c.error);
-  if (c.mode == RelayMode::kOff) return None(in, "KVRAIL_FABRIC_RELAY=off");
+  if (c.mode == RelayMode::kOff) return None(in, "fabric.relay off");
   if (in.digest) return None(in, "spec.digest: hashed on the host on the direct path");
   if (in.slots == 0 || in.slot_bytes == 0) return None(in, "no relay slots");
   RelayPlan p;
@@ -137,9 +132,9 @@ RelayPlan PlanRelay(const RelayInput& in) {
   if (c.mode == RelayMode::kHost) {
     p.kind = RelayKind::kHost;
     p.reason = in.side == RelaySide::kSend
-                   ? "relay: host twin (KVRAIL_FABRIC_RELAY=host, test): packed into a host relay "
+                   ? "relay: host twin (fabric.relay host, test): packed into a host relay "
                      "slot, then copied to the send slot"
-                   : "relay: host twin (KVRAIL_FABRIC_RELAY=host, test): the receive slot copied "
+                   : "relay: host twin (fabric.relay host, test): the receive slot copied "
                      "to a host relay slot, then scattered from it";
     return p;
   }
@@ -149,7 +144,7 @@ RelayPlan PlanRelay(const RelayInput& in) {
   std::string why;
   if (c.mode == RelayMode::kGpu) {
     r = c.gpu;
-    why = absl::StrCat("GPU", s, " -> GPU", r, " (forced: KVRAIL_FABRIC_RELAY=gpu:", r, ", test)");
+    why = absl::StrCat("GPU", s, " -> GPU", r, " (forced: fabric.relay gpu:", r, ", test)");
   } else {
     if (in.node == nullptr) return None(in, "no local topology");
     if (in.gpu_index < 0) return None(in, absl::StrCat("GPU", s, " not in the local topology"));

@@ -14,8 +14,8 @@
 // memory, the same hops done by the CPU or the copy engines) lets CI run a two-daemon transfer
 // through the stage byte for byte without GPUs.
 //
-// Selection: KVRAIL_FABRIC_RELAY in kvraild's environment (read once per process, like
-// KVRAIL_FABRIC_GPU_PACK): unset or "auto" - the hierarchy decides from this node's topology;
+// Selection: FabricOptions::relay (fabric.relay in the config; KVRAIL_FABRIC_RELAY in kvraild's
+// environment overrides it, config::ApplyEnvironment): "auto" - the hierarchy decides from this node's topology;
 // "off" - never; "host" - every transfer relays through the host twin (tests); "gpu:<ordinal>" -
 // every GPU region relays through that GPU (tests and the two-GPU validation run; gpu:S on a
 // one-GPU machine forces R == S). Anything that prevents a relay (a host region in auto/gpu mode,
@@ -49,10 +49,9 @@ struct RelayConfig {
   int gpu = -1;       // kGpu: the relay GPU (CUDA ordinal)
   std::string error;  // a value that did not parse (mode is then kOff); said in path reasons
 };
-// Parses KVRAIL_FABRIC_RELAY's value (nullptr: unset).
+// Parses fabric.relay's value (nullptr or empty: auto). FinalizeConfig has refused what does not
+// parse; `error` is for values given here directly.
 RelayConfig ParseRelayConfig(const char* value);
-// The process's config: KVRAIL_FABRIC_RELAY, read on first use.
-const RelayConfig& RelayConfigFromEnv();
 
 // The live load the hierarchy's "busier than a neighbour" rule reads: tiles this
 // daemon has out per local lane now (written, not yet credited; to every peer), indexed like
@@ -169,7 +168,7 @@ class RelayTransfer {
 class RelayStage {
  public:
   virtual ~RelayStage() = default;
-  // `config`: normally RelayConfigFromEnv(). Slots: max(pack_threads, unpack_threads).
+  // `config`: normally ParseRelayConfig(options.relay). Slots: max(pack_threads, unpack_threads).
   // `lane_load`: the live lane load (the sender's); each ForTransfer in auto mode reads it and
   // feeds NicLoadOfLanes(its node, options.lane_nics, it, options.slot_bytes) to the hierarchy.
   // Null: no load is known (the receiver's side: its NICs' inbound load is not counted), the

@@ -198,7 +198,7 @@ TEST_CASE("a stage without a load source (the receiver's) and a forced mode igno
   auto off = RelayStage::Create(RelaySide::kSend, f.options, ParseRelayConfig("off"),
                                 [&] { return f.lanes; });
   CHECK(off->ForTransfer(*f.plan, RegionSide{true, 0, dummy}, 0, false, &note) == nullptr);
-  CHECK(note.text == "relay: none (KVRAIL_FABRIC_RELAY=off)");
+  CHECK(note.text == "relay: none (fabric.relay off)");
 }
 
 }  // namespace

@@ -46,7 +46,7 @@ RelayInput GpuInput(const scheduler::RailNode* node, int gpu, RelaySide side = R
   return in;
 }
 
-TEST_CASE("KVRAIL_FABRIC_RELAY values") {
+TEST_CASE("fabric.relay values") {
   CHECK(ParseRelayConfig(nullptr).mode == RelayMode::kAuto);
   CHECK(ParseRelayConfig("").mode == RelayMode::kAuto);
   CHECK(ParseRelayConfig("auto").mode == RelayMode::kAuto);
@@ -60,7 +60,7 @@ TEST_CASE("KVRAIL_FABRIC_RELAY values") {
     const RelayConfig c = ParseRelayConfig(bad);
     INFO(bad);
     CHECK(c.mode == RelayMode::kOff);
-    CHECK(Has(c.error, "KVRAIL_FABRIC_RELAY="));
+    CHECK(Has(c.error, "fabric.relay: "));
   }
 }
 
@@ -165,7 +165,7 @@ TEST_CASE("forced relays (tests, the two-GPU run), host twin, off") {
   CHECK(p.relay_device == 1);
   CHECK(p.relay_gpu_index == -1);
   CHECK(p.peer_access);
-  CHECK(Has(p.reason, "GPU0 -> GPU1 (forced: KVRAIL_FABRIC_RELAY=gpu:1, test)"));
+  CHECK(Has(p.reason, "GPU0 -> GPU1 (forced: fabric.relay gpu:1, test)"));
   // R == S on a one-GPU machine: no peer access needed, the slot is in the GPU's own memory.
   in.config = ParseRelayConfig("gpu:0");
   in.devices = 1;
@@ -191,7 +191,7 @@ TEST_CASE("forced relays (tests, the two-GPU run), host twin, off") {
   CHECK(p.relay_device == -1);
   CHECK(Has(p.reason, "host twin"));
   in.config = ParseRelayConfig("off");
-  CHECK(PlanRelay(in).reason == "relay: none (KVRAIL_FABRIC_RELAY=off)");
+  CHECK(PlanRelay(in).reason == "relay: none (fabric.relay off)");
   in.config = ParseRelayConfig("bogus");
   CHECK(Has(PlanRelay(in).reason, "not understood"));
 }
@@ -326,8 +326,8 @@ TEST_CASE("NoteRelay: a relay made replaces the path note, a said one is added, 
   std::string why = "GPU kernel";
   NoteRelay(RelayNote{RelayNote::Kind::kQuiet, "relay: none (host region)"}, &why);
   CHECK(why == "GPU kernel");
-  NoteRelay(RelayNote{RelayNote::Kind::kSaid, "relay: none (KVRAIL_FABRIC_RELAY=off)"}, &why);
-  CHECK(why == "GPU kernel; relay: none (KVRAIL_FABRIC_RELAY=off)");
+  NoteRelay(RelayNote{RelayNote::Kind::kSaid, "relay: none (fabric.relay off)"}, &why);
+  CHECK(why == "GPU kernel; relay: none (fabric.relay off)");
   // The rule reads the kind, not the words: a plain note that happens to say "direct path".
   why = "GPU kernel";
   NoteRelay(RelayNote{RelayNote::Kind::kQuiet, "relay: none (the direct path is nearer)"}, &why);

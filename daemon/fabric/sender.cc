@@ -79,7 +79,7 @@ class SenderImpl final : public Sender {
         introduce_(std::move(introduce)),
         // The hierarchy reads the lanes' live load (LaneLoad) when it decides a
         // transfer's relay; called from Begin, after Start sized lane_out_.
-        relay_(RelayStage::Create(RelaySide::kSend, options, RelayConfigFromEnv(),
+        relay_(RelayStage::Create(RelaySide::kSend, options, ParseRelayConfig(options.relay.c_str()),
                                   [this] { return LaneLoad(); })) {}
   ~SenderImpl() override { Stop(); }
   void Start();
@@ -303,7 +303,7 @@ absl::StatusOr<std::vector<std::string>> SenderImpl::Begin(
     std::string why;
     out->gpu = GpuTileKernels::ForSource(
         job->plan(), RegionSide{src_ref.cuda, src_ref.device, src_ref.base}, job->wants_digest(),
-        &why);
+        options_.gpu_pack_kernels, &why);
     // Which lanes (rail-aware; all of them whenever something is unknown), and why.
     LaneRouteInput in;
     std::vector<std::string> remote_names;

@@ -120,15 +120,6 @@ uint8_t* MappedDeviceAddress(const void* host) {
 
 namespace {
 
-// KVRAIL_FABRIC_GPU_PACK=copy keeps GPU regions on the copy engines (benchmark comparisons).
-bool KernelsDisabled() {
-  static const bool disabled = [] {
-    const char* v = std::getenv("KVRAIL_FABRIC_GPU_PACK");
-    return v != nullptr && std::string(v) == "copy";
-  }();
-  return disabled;
-}
-
 // The ring's device mapping: registered with CUDA (mapped) on the packing kernel's first use.
 uint8_t* RingDeviceMemory(CommandRing* ring) {
   return ring->DeviceMemory([](uint8_t* host, size_t bytes) {
@@ -195,7 +186,7 @@ GpuTileKernels::~GpuTileKernels() {
 
 std::unique_ptr<GpuTileKernels> GpuTileKernels::ForSource(const planner::Plan& plan,
                                                           const RegionSide& src, bool digest,
-                                                          std::string* why) {
+                                                          bool kernels, std::string* why) {
   if (!src.cuda) {
     *why = "fabric pack: host region, packed by the CPU";
     return nullptr;
@@ -204,8 +195,8 @@ std::unique_ptr<GpuTileKernels> GpuTileKernels::ForSource(const planner::Plan& p
     *why = "fabric pack: copy engines (spec.digest hashes the packed slot on the host)";
     return nullptr;
   }
-  if (KernelsDisabled()) {
-    *why = "fabric pack: copy engines (KVRAIL_FABRIC_GPU_PACK=copy)";
+  if (!kernels) {
+    *why = "fabric pack: copy engines (fabric.gpu_pack copy)";
     return nullptr;
   }
   *why = absl::StrCat("fabric pack: GPU", src.device,
@@ -216,13 +207,13 @@ std::unique_ptr<GpuTileKernels> GpuTileKernels::ForSource(const planner::Plan& p
 
 std::unique_ptr<GpuTileKernels> GpuTileKernels::ForDestination(const planner::Plan& plan,
                                                                const RegionSide& dst,
-                                                               std::string* why) {
+                                                               bool kernels, std::string* why) {
   if (!dst.cuda) {
     *why = "fabric unpack: host region, by the CPU";
     return nullptr;
   }
-  if (KernelsDisabled()) {
-    *why = "fabric unpack: copy engines (KVRAIL_FABRIC_GPU_PACK=copy)";
+  if (!kernels) {
+    *why = "fabric unpack: copy engines (fabric.gpu_pack copy)";
     return nullptr;
   }
   *why = absl::StrCat("fabric unpack: GPU", dst.device,

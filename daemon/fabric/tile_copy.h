@@ -68,8 +68,8 @@ absl::Status WarmUpFabricKernelsOnce(int device, cudaStream_t stream);
 // plan uploaded once to the region's GPU (on first use; the kernels' warm-up once per GPU), then
 // one launch per tile on the transfer's own stream, not waited for (several tiles in flight).
 // Chosen per transfer by ForSource / ForDestination, which also give the path reason; host
-// regions, spec.digest (hashed on the host) and KVRAIL_FABRIC_GPU_PACK=copy (benchmarks: the copy
-// engines for comparison) keep the copy-engine / host path. Thread contract: any thread; distinct
+// regions, spec.digest (hashed on the host) and `kernels` false (fabric.gpu_pack copy; benchmarks:
+// the copy engines for comparison) keep the copy-engine / host path. Thread contract: any thread; distinct
 // tiles concurrently.
 class GpuTileKernels {
  public:
@@ -78,10 +78,11 @@ class GpuTileKernels {
   // written by the GPU" / "fabric pack: copy engines (spec.digest hashes on the host)" / ...).
   static std::unique_ptr<GpuTileKernels> ForSource(const planner::Plan& plan,
                                                    const RegionSide& src, bool digest,
-                                                   std::string* why);
+                                                   bool kernels, std::string* why);
   // For the receiver: the kernel for a GPU `dst` (spec.digest too: the read-back is separate).
   static std::unique_ptr<GpuTileKernels> ForDestination(const planner::Plan& plan,
-                                                        const RegionSide& dst, std::string* why);
+                                                        const RegionSide& dst, bool kernels,
+                                                        std::string* why);
   ~GpuTileKernels();
   GpuTileKernels(const GpuTileKernels&) = delete;
   GpuTileKernels& operator=(const GpuTileKernels&) = delete;

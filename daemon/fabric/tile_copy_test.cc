@@ -71,21 +71,26 @@ TEST_CASE("fabric kernels are chosen per transfer, with the reason") {
   uint8_t byte = 0;
   std::string why;
   // A GPU source: the kernel, which packs into the mapped slot and writes the command ring.
-  CHECK(GpuTileKernels::ForSource(*plan, RegionSide{true, 3, &byte}, false, &why) != nullptr);
+  CHECK(GpuTileKernels::ForSource(*plan, RegionSide{true, 3, &byte}, false, true, &why) != nullptr);
   CHECK(why == "fabric pack: GPU3 kernel gathers into the mapped send slot and writes the command "
                "ring (a kernel per free slot in flight)");
   // spec.digest: the copy engines (the packed slot is hashed on the host).
-  CHECK(GpuTileKernels::ForSource(*plan, RegionSide{true, 0, &byte}, true, &why) == nullptr);
+  CHECK(GpuTileKernels::ForSource(*plan, RegionSide{true, 0, &byte}, true, true, &why) == nullptr);
   CHECK(why.find("copy engines") != std::string::npos);
   CHECK(why.find("spec.digest") != std::string::npos);
   // Host regions: the CPU.
-  CHECK(GpuTileKernels::ForSource(*plan, RegionSide{false, -1, &byte}, false, &why) == nullptr);
+  CHECK(GpuTileKernels::ForSource(*plan, RegionSide{false, -1, &byte}, false, true, &why) == nullptr);
   CHECK(why == "fabric pack: host region, packed by the CPU");
-  CHECK(GpuTileKernels::ForDestination(*plan, RegionSide{true, 1, &byte}, &why) != nullptr);
+  CHECK(GpuTileKernels::ForDestination(*plan, RegionSide{true, 1, &byte}, true, &why) != nullptr);
   CHECK(why == "fabric unpack: GPU1 kernel scatters from the mapped receive slot (several in "
                "flight, each slot credited when its kernel ends)");
-  CHECK(GpuTileKernels::ForDestination(*plan, RegionSide{false, -1, &byte}, &why) == nullptr);
+  CHECK(GpuTileKernels::ForDestination(*plan, RegionSide{false, -1, &byte}, true, &why) == nullptr);
   CHECK(why == "fabric unpack: host region, by the CPU");
+  // fabric.gpu_pack copy: GPU regions stay on the copy engines, both sides.
+  CHECK(GpuTileKernels::ForSource(*plan, RegionSide{true, 3, &byte}, false, false, &why) == nullptr);
+  CHECK(why == "fabric pack: copy engines (fabric.gpu_pack copy)");
+  CHECK(GpuTileKernels::ForDestination(*plan, RegionSide{true, 1, &byte}, false, &why) == nullptr);
+  CHECK(why == "fabric unpack: copy engines (fabric.gpu_pack copy)");
 }
 
 }  // namespace

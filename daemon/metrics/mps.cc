@@ -44,11 +44,7 @@ std::set<int64_t> MpsServerUids(const std::string& proc_root) {
 
 v1::OpsMps ProbeMps(const MpsProbeOptions& options) {
   v1::OpsMps mps;
-  std::string dir = options.pipe_directory;
-  if (dir.empty()) {
-    const char* env = std::getenv("CUDA_MPS_PIPE_DIRECTORY");
-    dir = env != nullptr && *env != '\0' ? env : "/tmp/nvidia-mps";
-  }
+  const std::string dir = options.pipe_directory.empty() ? "/tmp/nvidia-mps" : options.pipe_directory;
   mps.set_pipe_directory(dir);
   mps.set_daemon_uid(options.daemon_uid);
   mps.set_server_uid(-1);

@@ -14,7 +14,8 @@
 namespace kvrail::metrics {
 
 struct MpsProbeOptions {
-  // The control pipe's folder; empty: $CUDA_MPS_PIPE_DIRECTORY, else /tmp/nvidia-mps.
+  // The control pipe's folder (cuda_mps_pipe_directory, which config::ApplyEnvironment fills
+  // from $CUDA_MPS_PIPE_DIRECTORY); empty: CUDA's default, /tmp/nvidia-mps.
   std::string pipe_directory;
   // Where processes are listed (tests pass a fake tree).
   std::string proc_root = "/proc";

@@ -94,9 +94,9 @@ void RunCase(const RandomCase& c, std::mt19937_64& rng, uint32_t misalign) {
   REQUIRE(ring.ok());
   std::string why_src, why_dst;
   auto sender = GpuTileKernels::ForSource(*plan, RegionSide{true, 0, src_dev + misalign},
-                                          /*digest=*/false, &why_src);
+                                          /*digest=*/false, /*kernels=*/true, &why_src);
   auto receiver = GpuTileKernels::ForDestination(*plan, RegionSide{true, 0, dst_dev + misalign},
-                                                 &why_dst);
+                                                 /*kernels=*/true, &why_dst);
   REQUIRE(sender != nullptr);
   REQUIRE(receiver != nullptr);
   CHECK(why_src.find("kernel") != std::string::npos);
@@ -262,9 +262,9 @@ TEST_CASE("fabric kernels: pack bandwidth into mapped slots", "[bandwidth]") {
   uint8_t* dst_dev = static_cast<uint8_t*>(gpu_test::DeviceAlloc(c.dst.size_bytes));
   REQUIRE(ring.ok());
   std::string why;
-  auto sender = GpuTileKernels::ForSource(*plan, RegionSide{true, 0, src_dev}, false, &why);
+  auto sender = GpuTileKernels::ForSource(*plan, RegionSide{true, 0, src_dev}, false, true, &why);
   REQUIRE(sender != nullptr);
-  auto receiver = GpuTileKernels::ForDestination(*plan, RegionSide{true, 0, dst_dev}, &why);
+  auto receiver = GpuTileKernels::ForDestination(*plan, RegionSide{true, 0, dst_dev}, true, &why);
   REQUIRE(receiver != nullptr);
   const RegionSide side{true, 0, src_dev};
   using Clock = std::chrono::steady_clock;

@@ -116,9 +116,9 @@ TEST_CASE("host twin: a two-daemon transfer goes through the relay stage on both
   REQUIRE(p.ok);
   const Moved m = MoveConverted(p);
   INFO("sender: " << m.sender.path_reason() << "\nreceiver: " << m.receiver.path_reason());
-  CHECK(m.sender.path_reason().find("relay: host twin (KVRAIL_FABRIC_RELAY=host, test): packed "
+  CHECK(m.sender.path_reason().find("relay: host twin (fabric.relay host, test): packed "
                                     "into a host relay slot") != std::string::npos);
-  CHECK(m.receiver.path_reason().find("relay: host twin (KVRAIL_FABRIC_RELAY=host, test): the "
+  CHECK(m.receiver.path_reason().find("relay: host twin (fabric.relay host, test): the "
                                       "receive slot copied to a host relay slot") !=
         std::string::npos);
   REQUIRE(m.sender.tiles_total() > 1);

@@ -1,0 +1,512 @@
+#include "daemon/daemon.h"
+
+#include <signal.h>
+#include <unistd.h>
+#include <sys/resource.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/cord.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "base/clock.h"
+#include "base/logging.h"
+#include "base/logging_systemd.h"
+#include "base/status.h"
+#include "daemon/directory/directory.h"
+#include "daemon/directory/etcd_directory.h"
+#include "daemon/directory/node_record.h"
+#include "daemon/engine/cuda/cuda_engine.h"
+#include "daemon/engine/engine.h"
+#include "daemon/engine/host_engine.h"
+#include "daemon/fabric/fabric.h"
+#include "daemon/fabric/peer_tls.h"
+#include "daemon/metrics/build_info.h"
+#include "daemon/metrics/metrics.h"
+#include "daemon/metrics/mps.h"
+#include "daemon/options.h"
+#include "daemon/regions/regions.h"
+#include "daemon/server/private_bind.h"
+#include "daemon/server/server.h"
+#include "daemon/server/socket_lock.h"
+#include "daemon/session/session_server.h"
+#include "daemon/transfers/transfers.h"
+#include "spdlog/spdlog.h"
+#include "topology/topology.h"
+
+namespace kvrail::daemon {
+namespace {
+
+constexpr const char* kVersion = build::kVersion;
+// The payload a Start error carries when its exit status is not kExitStartFailed.
+constexpr char kExitCodePayload[] = "kvrail.daemon.exit_code";
+
+sigset_t BlockShutdownSignals() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  return set;
+}
+
+// File descriptors: the soft RLIMIT_NOFILE raised to the hard limit, so sessions, regions and
+// gRPC connections have room. Returns the limit now in force (0: unlimited or unknown).
+uint64_t RaiseFdLimit() {
+  struct rlimit limit {};
+  if (::getrlimit(RLIMIT_NOFILE, &limit) != 0) return 0;
+  const rlim_t before = limit.rlim_cur;
+  if (limit.rlim_cur < limit.rlim_max) {
+    limit.rlim_cur = limit.rlim_max;
+    if (::setrlimit(RLIMIT_NOFILE, &limit) != 0) limit.rlim_cur = before;
+  }
+  spdlog::info("file descriptors: RLIMIT_NOFILE {} (was {})", limit.rlim_cur, before);
+  return limit.rlim_cur == RLIM_INFINITY ? 0 : static_cast<uint64_t>(limit.rlim_cur);
+}
+
+// The CUDA runtime's environment, before anything initializes CUDA. GPU-side readiness waits
+// (cuda_stream_wait): a lazy module load synchronizes the context, i.e. would wait behind a
+// pending wait (the one-GPU hang); and with the default 8 hardware queues a pending wait could
+// hold up other streams sharing its queue (an operator's own setting wins). The MPS client
+// library finds the MPS server through CUDA_MPS_PIPE_DIRECTORY.
+void PrepareCudaEnvironment(const v1::DaemonConfig& config) {
+  if (config.cuda_engine() == "off") return;
+  if (config.cuda_stream_wait()) {
+    ::setenv("CUDA_MODULE_LOADING", "EAGER", 0);
+    ::setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
+  }
+  ::setenv("CUDA_MPS_PIPE_DIRECTORY", config.cuda_mps_pipe_directory().c_str(), 1);
+}
+
+absl::StatusOr<v1::GetTopologyResponse> LoadTopology(const v1::DaemonConfig& config) {
+  v1::GetTopologyResponse response;
+  if (!config.topology_file().empty()) {
+    KVRAIL_ASSIGN_OR_RETURN(*response.mutable_desc(),
+                            topology::LoadTopologyFile(config.topology_file()));
+    response.set_source(config.topology_file());
+  } else {
+    KVRAIL_ASSIGN_OR_RETURN(*response.mutable_desc(),
+                            topology::Discover(DiscoverOptionsFrom(config)));
+    response.set_source("discovered");
+  }
+  *response.mutable_graph() = topology::ComputeGraph(response.desc());
+  return response;
+}
+
+// The node's GPUs by UUID, for regions named by RegionSpec.device_uuid.
+std::vector<regions::GpuName> GpuNames(const v1::TopologyDesc& desc) {
+  std::vector<regions::GpuName> gpus;
+  for (const v1::Gpu& gpu : desc.gpus()) {
+    if (!gpu.uuid().empty()) gpus.push_back({gpu.uuid(), gpu.cuda_ordinal()});
+  }
+  return gpus;
+}
+
+// The etcd client's PEM text and password, read from the files the config names.
+absl::Status ReadEtcdSecrets(const v1::EtcdDirectoryConfig& etcd,
+                             directory::EtcdClientOptions* options) {
+  const std::pair<const char*, const std::string*> files[] = {
+      {"etcd.ca_file", &etcd.ca_file()}, {"etcd.cert_file", &etcd.cert_file()},
+      {"etcd.key_file", &etcd.key_file()}};
+  std::string* pems[] = {&options->ca_pem, &options->cert_pem, &options->key_pem};
+  for (int i = 0; i < 3; ++i) {
+    if (files[i].second->empty()) continue;
+    std::ifstream in(*files[i].second);
+    std::stringstream text;
+    text << in.rdbuf();
+    if (!in || text.str().empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(files[i].first, ": cannot read ", *files[i].second));
+    }
+    *pems[i] = text.str();
+  }
+  if (options->ca_pem.empty() && options->cert_pem.empty()) {
+    spdlog::warn("etcd.*_file: not set: the etcd directory talks to {} in plaintext (anyone on "
+                 "the path can read and forge node records); set etcd.ca_file (and "
+                 "etcd.cert_file/key_file for client certificates)",
+                 absl::StrJoin(options->endpoints, ","));
+  }
+  if (!etcd.username().empty()) {
+    // etcd user/password authentication; the password is never logged.
+    KVRAIL_ASSIGN_OR_RETURN(options->password,
+                            directory::ReadEtcdPasswordFile(etcd.password_file()));
+    if (options->ca_pem.empty()) {
+      spdlog::warn("etcd.username: the password goes to etcd in plaintext; set etcd.ca_file");
+    }
+  }
+  return absl::OkStatus();
+}
+
+// One line per ended transfer at debug (info would flood the journal at serving rates).
+void LogTransferEnded(const v1::TransferStatus& status) {
+  LogFields(spdlog::level::debug, "transfer ended",
+            {{"transfer_id", status.transfer_id()},
+             {"state", metrics::ResultLabel(status.state())},
+             {"path", metrics::PathLabel(status.path())},
+             {"priority", metrics::PriorityLabel(status.spec().priority())},
+             {"bytes", status.bytes_done()},
+             {"seconds", status.finished_unix_us() > status.submitted_unix_us()
+                             ? (status.finished_unix_us() - status.submitted_unix_us()) / 1e6
+                             : 0.0},
+             {"engine", status.engine()}});
+}
+
+// What does not change while the daemon runs: its config, topology and identity.
+struct Identity {
+  v1::DaemonConfig config;
+  v1::GetTopologyResponse topology;
+  // This process's instance, in session greetings and Stats: a client that sees it change (or
+  // its session socket close) knows its regions are gone.
+  std::string instance_id;
+  int64_t started_us = 0;
+  // Stats that do not change while the daemon runs (GetStats and the metrics answer them).
+  v1::Stats stats_base;
+  uint64_t fd_limit = 0;  // RLIMIT_NOFILE in force; 0: unlimited
+};
+
+class DaemonImpl final : public Daemon {
+ public:
+  DaemonImpl(v1::DaemonConfig config, sigset_t signals) : signals_(signals) {
+    id_.config = std::move(config);
+  }
+  ~DaemonImpl() override;
+
+  // The start steps, in order; each starts one module (or a pair that only make sense together).
+  absl::Status Start();
+  void Serve() override;
+
+ private:
+  absl::Status StartRegions();
+  absl::Status StartEngines();
+  absl::Status StartDirectory();
+  absl::Status StartFabric();
+  absl::Status StartTransfers();
+  absl::Status StartMetrics();
+  absl::Status StartSessions();
+  absl::Status StartServer();
+  v1::Stats CurrentStats() const;
+  std::string Summary() const;
+
+  const v1::DaemonConfig& config() const { return id_.config; }
+
+  const sigset_t signals_;
+  Clock* const clock_ = Clock::Real();
+  // Declared first so that it is released last, after the sockets are removed on the way out.
+  std::unique_ptr<server::SocketLock> socket_lock_;
+  Identity id_;
+  std::unique_ptr<regions::RegionTable> regions_;
+  std::unique_ptr<engine::Engine> engine_;
+  std::unique_ptr<engine::Engine> cuda_engine_;  // nullptr: no CUDA engine
+  std::unique_ptr<directory::Directory> directory_;
+  std::shared_ptr<const fabric::PeerTlsPem> peer_tls_;  // nullptr: insecure_peers or no TCP
+  std::unique_ptr<fabric::Fabric> fabric_;              // nullptr: no peers
+  std::unique_ptr<transfers::NotificationHub> notifications_;
+  // Metrics count transfers as they end; the endpoint starts once the manager exists.
+  std::atomic<metrics::Metrics*> metrics_sink_{nullptr};
+  std::unique_ptr<transfers::TransferManager> transfers_;
+  std::unique_ptr<metrics::Metrics> metrics_;
+  std::unique_ptr<session::SessionServer> sessions_;
+  std::unique_ptr<server::Server> server_;
+};
+
+DaemonImpl::~DaemonImpl() {
+  // The listeners and sinks that point at later modules are detached before those go.
+  if (server_ != nullptr) directory_->SetStateListener(nullptr);
+  server_.reset();
+  sessions_.reset();
+  metrics_sink_.store(nullptr, std::memory_order_release);
+  metrics_.reset();
+  if (fabric_ != nullptr) fabric_->SetInboundSink(nullptr);
+  transfers_.reset();
+}
+
+absl::Status DaemonImpl::Start() {
+  const v1::DaemonConfig& c = config();
+  KVRAIL_RETURN_IF_ERROR(SetUpLogging(c.log_level(), c.log_format()));
+  PrepareCudaEnvironment(c);
+  id_.fd_limit = RaiseFdLimit();
+  spdlog::info("kvraild {} starting: node '{}', socket {}", kVersion, c.node_id(),
+               c.unix_socket());
+  // One daemon per socket, decided before anything at that path is unlinked or bound.
+  KVRAIL_ASSIGN_OR_RETURN(socket_lock_, server::SocketLock::Acquire(c.unix_socket()));
+  KVRAIL_ASSIGN_OR_RETURN(id_.topology, LoadTopology(c));
+  spdlog::info("topology ({}): {} GPUs, {} NICs", id_.topology.source(),
+               id_.topology.desc().gpus_size(), id_.topology.desc().nics_size());
+  id_.started_us = clock_->NowUnixMicros();
+  id_.stats_base.set_build_info(build::Info("kvraild"));
+  *id_.stats_base.mutable_mps() = metrics::ProbeMps(MpsProbeOptionsFrom(c, ::getuid()));
+  const v1::OpsMps& mps = id_.stats_base.mps();
+  if (metrics::MpsNeedsAttention(mps)) {
+    spdlog::warn("CUDA MPS ({}): {}", mps.pipe_directory(), mps.verdict());
+  } else if (mps.active()) {
+    spdlog::info("CUDA MPS ({}): {}", mps.pipe_directory(), mps.verdict());
+  }
+  // Ids count from random bases so that a stale id from the previous instance names nothing.
+  id_.instance_id = session::NewInstanceId();
+  spdlog::info("instance {}", id_.instance_id);
+  KVRAIL_RETURN_IF_ERROR(StartRegions());
+  KVRAIL_RETURN_IF_ERROR(StartEngines());
+  KVRAIL_RETURN_IF_ERROR(StartDirectory());
+  KVRAIL_RETURN_IF_ERROR(StartFabric());
+  KVRAIL_RETURN_IF_ERROR(StartTransfers());
+  KVRAIL_RETURN_IF_ERROR(StartMetrics());
+  KVRAIL_RETURN_IF_ERROR(StartSessions());
+  KVRAIL_RETURN_IF_ERROR(StartServer());
+  if (fabric_) fabric_->StartLiveness();
+  spdlog::info("ready: {} ({}{}{})", c.unix_socket(), engine_->Describe(),
+               cuda_engine_ ? "; " : "", cuda_engine_ ? cuda_engine_->Describe() : "");
+  return absl::OkStatus();
+}
+
+absl::Status DaemonImpl::StartRegions() {
+  regions_ = regions::RegionTable::Create(clock_, regions::RandomIdBases(),
+                                          GpuNames(id_.topology.desc()), RegionLimitsFrom(config()));
+  return absl::OkStatus();
+}
+
+absl::Status DaemonImpl::StartEngines() {
+  const v1::DaemonConfig& c = config();
+  engine_ = engine::CreateHostEngine(static_cast<int>(c.host_engine_threads()),
+                                     PriorityLimitsFrom(c));
+  if (c.cuda_engine() == "off") return absl::OkStatus();
+  absl::StatusOr<std::unique_ptr<engine::Engine>> created =
+      engine::CreateCudaEngine(CudaEngineOptionsFrom(c));
+  if (created.ok()) {
+    cuda_engine_ = *std::move(created);
+    spdlog::info("CUDA engine: {}", cuda_engine_->Describe());
+    if (cuda_engine_->gpu_count() < id_.topology.desc().gpus_size()) {
+      spdlog::warn("CUDA engine: runs on {} of the {} GPUs the topology shows (CUDA sees fewer: "
+                   "NVIDIA_VISIBLE_DEVICES, CDI devices or CUDA_VISIBLE_DEVICES); transfers on "
+                   "the others are refused",
+                   cuda_engine_->gpu_count(), id_.topology.desc().gpus_size());
+    }
+  } else if (c.cuda_engine() == "required") {
+    // Not served without its GPUs: a daemon that answered health checks here would be taken
+    // for working. CUDA's initialisation error is sticky within a process, so the retry is a
+    // new process: systemd's Restart= and the kubelet's crash-loop back-off pace it.
+    absl::Status status = absl::FailedPreconditionError(
+        absl::StrCat("cuda_engine: required, but the CUDA engine did not start: ",
+                     created.status().ToString(),
+                     " (kvraild exits; its supervisor retries with back-off)"));
+    status.SetPayload(kExitCodePayload, absl::Cord(absl::StrCat(kExitCudaRequired)));
+    return status;
+  } else {
+    spdlog::warn("no CUDA engine (cuda_engine: auto): {}; kvraild serves host memory only and "
+                 "refuses GPU regions (set cuda_engine: required on GPU nodes so this fails "
+                 "the start instead)",
+                 created.status().ToString());
+  }
+  return absl::OkStatus();
+}
+
+// The etcd directory (DaemonConfig.etcd; docs/fabric.md, "Directory") registers this node's
+// record (Peer address, NICs with rails, GPUs by UUID, boot id, build) and follows the others;
+// without etcd, the static peers.
+absl::Status DaemonImpl::StartDirectory() {
+  const v1::DaemonConfig& c = config();
+  if (!c.has_etcd()) {
+    directory_ =
+        directory::CreateStaticDirectory({c.peers().begin(), c.peers().end()}, c.node_id());
+    return absl::OkStatus();
+  }
+  directory::EtcdClientOptions client_options = EtcdClientOptionsFrom(c);
+  KVRAIL_RETURN_IF_ERROR(ReadEtcdSecrets(c.etcd(), &client_options));
+  KVRAIL_ASSIGN_OR_RETURN(std::unique_ptr<directory::EtcdClient> client,
+                          directory::CreateGrpcEtcdClient(client_options));
+  directory::NodeRecordInputs record = NodeRecordInputsFrom(
+      c, id_.topology, id_.instance_id, id_.stats_base.build_info());
+  record.now = absl::Now();
+  KVRAIL_ASSIGN_OR_RETURN(directory_, directory::CreateEtcdDirectory(
+                                          EtcdDirectoryOptionsFrom(c, record), std::move(client)));
+  const v1::DirectoryStatus status = directory_->Status();
+  spdlog::info("etcd directory: {} at {}, prefix {}, TTL {} s: {}{}{}; {} peers", status.kind(),
+               absl::StrJoin(c.etcd().endpoints(), ","), c.etcd().prefix(), c.etcd().ttl_s(),
+               status.state(), status.reason().empty() ? "" : ": ", status.reason(),
+               status.peers());
+  return absl::OkStatus();
+}
+
+// Peers authenticate with mTLS (docs/security.md, "Peers"); FinalizeConfig refused TCP or peers
+// with neither peer_tls nor insecure_peers. The inter-node path starts when peers are configured
+// or etcd may find them (with etcd, peers join later: the fabric takes them from the directory).
+absl::Status DaemonImpl::StartFabric() {
+  const v1::DaemonConfig& c = config();
+  if (!c.peer_tls().ca_file().empty()) {
+    KVRAIL_ASSIGN_OR_RETURN(peer_tls_, fabric::LoadPeerTls(c.peer_tls()));
+    spdlog::info("peers: mTLS (CA {}, certificate {}: its CN must be '{}')",
+                 c.peer_tls().ca_file(), c.peer_tls().cert_file(), c.node_id());
+  } else if (c.insecure_peers()) {
+    spdlog::warn("insecure_peers: tcp_listen and the channels to peers are plaintext; any host "
+                 "that reaches {} may claim any node id (tests and closed networks only)",
+                 c.tcp_listen().empty() ? std::string("the peers") : c.tcp_listen());
+  }
+  if (directory_->Peers().empty() && !c.has_etcd()) return absl::OkStatus();
+  fabric::FabricOptions options = FabricOptionsFrom(c, id_.topology);
+  options.tls = peer_tls_;
+  KVRAIL_ASSIGN_OR_RETURN(fabric_,
+                          fabric::Fabric::Create(options, regions_.get(), directory_.get()));
+  return absl::OkStatus();
+}
+
+absl::Status DaemonImpl::StartTransfers() {
+  // Notification queues live as long as their sessions (a session's end drops its queue).
+  notifications_ = transfers::NotificationHub::Create(
+      [table = regions_.get()](uint64_t session) { return table->SessionOpen(session); });
+  regions_->AddSessionEndHook([hub = notifications_.get()](uint64_t s) { hub->EndSession(s); });
+  transfers::Options options = TransferOptionsFrom(config(), id_.topology);
+  options.notifications = notifications_.get();
+  options.remote = fabric_.get();
+  options.cuda_engine = cuda_engine_.get();
+  options.on_finished = [this](const v1::TransferStatus& status) {
+    if (metrics::Metrics* m = metrics_sink_.load(std::memory_order_acquire)) {
+      m->OnTransferFinished(status);
+    }
+    LogTransferEnded(status);
+  };
+  transfers_ = transfers::TransferManager::Create(regions_.get(), engine_.get(), clock_, options);
+  // Inbound fabric transfers are recorded by the manager (detached in the destructor).
+  if (fabric_) fabric_->SetInboundSink(transfers_.get());
+  // A session's end fails the transfers waiting for readiness only it could give.
+  regions_->AddSessionEndHook([t = transfers_.get()](uint64_t s) { t->EndSession(s); });
+  return absl::OkStatus();
+}
+
+v1::Stats DaemonImpl::CurrentStats() const {
+  v1::Stats stats = id_.stats_base;
+  stats.set_version(kVersion);
+  stats.set_started_unix_us(id_.started_us);
+  stats.set_node_id(config().node_id());
+  stats.set_instance_id(id_.instance_id);
+  stats.set_regions(regions_->size());
+  transfers_->FillStats(&stats);
+  *stats.mutable_directory() = directory_->Status();
+  return stats;
+}
+
+absl::Status DaemonImpl::StartMetrics() {
+  if (config().metrics_listen().empty()) return absl::OkStatus();
+  metrics::MetricsOptions options =
+      MetricsOptionsFrom(config(), id_.topology.desc().gpus_size(),
+                         cuda_engine_ ? cuda_engine_->gpu_count() : 0);
+  options.build_info = id_.stats_base.build_info();
+  if (fabric_) options.peers = [d = directory_.get()] { return d->List(); };
+  options.stats = [this] { return CurrentStats(); };
+  KVRAIL_ASSIGN_OR_RETURN(metrics_, metrics::Metrics::Start(std::move(options)));
+  metrics_sink_.store(metrics_.get(), std::memory_order_release);
+  spdlog::info("metrics on {} (port {})", config().metrics_listen(), metrics_->port());
+  return absl::OkStatus();
+}
+
+absl::Status DaemonImpl::StartSessions() {
+  session::SessionServerOptions options = SessionOptionsFrom(config(), id_.fd_limit);
+  options.instance_id = id_.instance_id;
+  transfers::TransferManager* transfers = transfers_.get();
+  options.submit = [transfers](const v1::TransferSpec& spec) {
+    return transfers->SubmitWithinNode(spec);
+  };
+  options.wait = [transfers](const regions::Caller& caller, uint64_t id,
+                             std::function<void(const v1::TransferStatus&)> done) {
+    KVRAIL_RETURN_IF_ERROR(transfers->Authorize(id, caller, transfers::TransferUse::kRead));
+    return transfers->WhenEnded(id, std::move(done));
+  };
+  options.follow = [transfers](const regions::Caller& caller, uint64_t id,
+                               std::function<void(const v1::TransferStatus&)> done) {
+    KVRAIL_RETURN_IF_ERROR(transfers->Authorize(id, caller, transfers::TransferUse::kRead));
+    return transfers->WhenEnded(id, std::move(done), /*counted=*/false);
+  };
+  spdlog::info("caps: {} sessions ({} per uid), {} transfers in flight and {} waits/watches per "
+               "session", options.max_sessions, options.max_sessions_per_uid,
+               config().max_transfers_per_session(), config().max_watchers_per_session());
+  KVRAIL_ASSIGN_OR_RETURN(sessions_, session::SessionServer::Start(options, regions_.get()));
+  return absl::OkStatus();
+}
+
+absl::Status DaemonImpl::StartServer() {
+  const v1::DaemonConfig& c = config();
+  server::ServerOptions options = ServerOptionsFrom(c);
+  options.instance_id = id_.instance_id;
+  options.stats_base = id_.stats_base;
+  options.notifications = notifications_.get();
+  options.topology = id_.topology;
+  // gRPC binds its socket in a private directory; it is renamed into place with its mode below
+  // (never reachable with the umask's permissions).
+  KVRAIL_ASSIGN_OR_RETURN(std::unique_ptr<server::PrivateBind> grpc_bind,
+                          server::PrivateBind::Create(c.unix_socket()));
+  options.listen.insert(options.listen.begin(), "unix:" + grpc_bind->bind_path());
+  options.tcp_credentials = fabric::PeerServerCredentials(peer_tls_);
+  if (c.tcp_serves_api()) {
+    spdlog::warn("tcp_serves_api: Transfer and Admin answer on {} too (anonymous callers: they "
+                 "reach regions only through grants)", c.tcp_listen());
+  }
+  options.directory_status = [d = directory_.get()] { return d->Status(); };
+  if (fabric_) {
+    options.list_peers = [d = directory_.get()] { return d->List(); };
+    options.extra_services.push_back(fabric_->peer_service());
+  }
+  KVRAIL_ASSIGN_OR_RETURN(server_,
+                          server::Server::Start(options, regions_.get(), transfers_.get()));
+  KVRAIL_RETURN_IF_ERROR(grpc_bind->Publish(c.socket_mode()));
+  grpc_bind.reset();
+  if (server_->tcp_port() != 0) spdlog::info("listening on TCP port {}", server_->tcp_port());
+  // The health service's "kvrail.v1.Directory" follows the directory (ok / degraded); the
+  // listener is removed before the server goes away (the destructor).
+  directory_->SetStateListener([s = server_.get()](const v1::DirectoryStatus& status) {
+    s->SetDirectoryServing(status.state() == "ok");
+  });
+  server_->SetDirectoryServing(directory_->Status().state() == "ok");
+  return absl::OkStatus();
+}
+
+std::string DaemonImpl::Summary() const {
+  v1::Stats stats;
+  transfers_->FillStats(&stats);
+  return absl::StrCat("serving ", config().unix_socket(), ": ", regions_->size(), " regions, ",
+                      stats.transfers_active(), " transfers active, ",
+                      stats.transfers_succeeded(), " succeeded, ", stats.transfers_failed(),
+                      " failed; ", stats.bytes_moved(), " bytes moved");
+}
+
+void DaemonImpl::Serve() {
+  const v1::DaemonConfig& c = config();
+  // systemd (Type=notify): ready now; the status line is refreshed every 10 s until a signal.
+  NotifyReady(Summary());
+  int signal_number = 0;
+  const timespec refresh{10, 0};
+  while ((signal_number = sigtimedwait(&signals_, nullptr, &refresh)) < 0) NotifyStatus(Summary());
+  spdlog::info("signal {}: draining (up to {} ms)", signal_number, c.drain_timeout_ms());
+  NotifyStopping(absl::StrCat("draining (up to ", c.drain_timeout_ms(), " ms)"));
+  server_->SetNotServing();
+  transfers_->Drain(absl::Milliseconds(c.drain_timeout_ms()));
+  server_->Shutdown(absl::Seconds(1));
+  sessions_.reset();
+  ::unlink(c.unix_socket().c_str());
+  ::unlink((c.unix_socket() + ".session").c_str());
+  metrics_sink_.store(nullptr, std::memory_order_release);
+  metrics_.reset();
+  spdlog::info("stopped");
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(v1::DaemonConfig config) {
+  const sigset_t signals = BlockShutdownSignals();
+  auto daemon = std::make_unique<DaemonImpl>(std::move(config), signals);
+  KVRAIL_RETURN_IF_ERROR(daemon->Start());
+  return std::unique_ptr<Daemon>(std::move(daemon));
+}
+
+int Daemon::ExitCodeOf(const absl::Status& status) {
+  const auto payload = status.GetPayload(kExitCodePayload);
+  int code = 0;
+  if (payload.has_value() && absl::SimpleAtoi(std::string(*payload), &code)) return code;
+  return kExitStartFailed;
+}
+
+}  // namespace kvrail::daemon

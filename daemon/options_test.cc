@@ -1,0 +1,144 @@
+// Each module's options from a finalized config: the values kvraild starts with, without
+// starting it.
+#include "daemon/options.h"
+
+#define CATCH_CONFIG_MAIN
+#include <catch2/catch.hpp>
+
+#include "daemon/config/config.h"
+
+namespace kvrail::daemon {
+namespace {
+
+v1::DaemonConfig Finalized(const std::string& text) {
+  absl::StatusOr<v1::DaemonConfig> config = config::ParseConfig(text, "test");
+  REQUIRE(config.ok());
+  REQUIRE(config::FinalizeConfig(&*config).ok());
+  return *config;
+}
+
+v1::GetTopologyResponse TwoGpus() {
+  v1::GetTopologyResponse topology;
+  topology.mutable_desc()->add_gpus()->set_uuid("GPU-a");
+  topology.mutable_desc()->add_gpus()->set_uuid("GPU-b");
+  topology.mutable_desc()->add_nics()->set_name("mlx5_0");
+  return topology;
+}
+
+TEST_CASE("CUDA engine: the config's defaults, critical_ctas unset is -1, low_latency off") {
+  engine::CudaEngineOptions o = CudaEngineOptionsFrom(Finalized(""));
+  CHECK(o.max_ctas == 32);
+  CHECK(o.batch_bytes == uint64_t{64} << 20);
+  CHECK(o.copy_only_kernel_ctas == 4);
+  CHECK(o.copy_split_max_percent == 40);
+  CHECK(o.warm_up);
+  CHECK(o.wake_on_submit);
+  CHECK_FALSE(o.stream_wait);
+  CHECK(o.stream_wait_jobs == 8);
+  CHECK(o.critical_ctas == -1);
+  CHECK_FALSE(o.run_on_destination);
+  CHECK(o.dispatcher_spin_us == 100);
+  CHECK(o.staged_plan_upload);
+
+  o = CudaEngineOptionsFrom(Finalized(
+      "cuda_critical_ctas: 0 cuda_warm_up: false cuda_run_on: 'destination' low_latency: false "
+      "cuda_stream_wait: true cuda_stream_wait_jobs: 3 critical_limits { max_ctas: 7 }"));
+  CHECK(o.critical_ctas == 0);
+  CHECK_FALSE(o.warm_up);
+  CHECK(o.run_on_destination);
+  CHECK(o.stream_wait);
+  CHECK(o.stream_wait_jobs == 3);
+  CHECK(o.dispatcher_spin_us == 0);
+  CHECK_FALSE(o.staged_plan_upload);
+  CHECK(o.limits[0].max_ctas == 7);
+  CHECK(o.limits[1].max_ctas == 0);
+}
+
+TEST_CASE("fabric: defaults from the config, nics from tcp_listen's host, relay and gpu_pack") {
+  fabric::FabricOptions o = FabricOptionsFrom(
+      Finalized("tcp_listen: '10.0.0.5:7070' insecure_peers: true peers { key: 'b' value: "
+                "'10.0.0.6:7070' } fabric { relay: 'gpu:1' gpu_pack: 'copy' }"),
+      TwoGpus());
+  CHECK(o.node_id != "");
+  CHECK(o.provider == "tcp;ofi_rxm");
+  CHECK(o.nic_addresses == std::vector<std::string>{"10.0.0.5"});
+  CHECK(o.slots == 16);
+  CHECK(o.slot_bytes == uint64_t{4} << 20);
+  CHECK(o.liveness_timeout == absl::Seconds(3));
+  CHECK(o.heartbeat_interval == absl::Milliseconds(300));
+  CHECK(o.lane_timeout == absl::Milliseconds(500));
+  CHECK(o.lane_cooldown == absl::Seconds(2));
+  CHECK(o.relay == "gpu:1");
+  CHECK_FALSE(o.gpu_pack_kernels);
+  CHECK(o.topology_summary == "2 GPUs, 1 NICs");
+  REQUIRE(o.topology != nullptr);
+  CHECK(o.topology->gpus_size() == 2);
+}
+
+TEST_CASE("sessions: max_sessions from the fd limit when 0; spin follows low_latency") {
+  const v1::DaemonConfig config = Finalized("unix_socket: '/tmp/k.sock'");
+  CHECK(MaxSessionsFrom(config, 1024) == 256);
+  CHECK(MaxSessionsFrom(config, 40) == 16);          // at least 16
+  CHECK(MaxSessionsFrom(config, 1 << 30) == 65536);  // at most 65536
+  CHECK(MaxSessionsFrom(config, 0) == 65536);        // unlimited
+  CHECK(MaxSessionsFrom(Finalized("max_sessions: 9"), 1024) == 9);
+  session::SessionServerOptions o = SessionOptionsFrom(config, 1024);
+  CHECK(o.path == "/tmp/k.sock.session");
+  CHECK(o.mode == 0660u);
+  CHECK(o.max_sessions_per_uid == 256);
+  CHECK(o.spin == absl::Microseconds(100));
+  CHECK(SessionOptionsFrom(Finalized("low_latency: false"), 1024).spin == absl::ZeroDuration());
+}
+
+TEST_CASE("server, transfers, regions, metrics, MPS: copied from the config") {
+  const v1::DaemonConfig config = Finalized(
+      "node_id: 'n1' tcp_listen: '127.0.0.1:0' insecure_peers: true tile_bytes: 65536 "
+      "peers { key: 'n2' value: '127.0.0.2:1' } metrics_listen: '127.0.0.1:0' "
+      "max_regions_per_session: 5 cuda_mps_pipe_directory: '/run/mps'");
+  server::ServerOptions s = ServerOptionsFrom(config);
+  CHECK(s.node_id == "n1");
+  CHECK(s.listen == std::vector<std::string>{"127.0.0.1:0"});
+  REQUIRE(s.peers.size() == 1);
+  CHECK(s.peers[0].node_id() == "n2");
+  CHECK(s.peers[0].state() == "unknown");
+  CHECK(s.max_watchers_per_session == 64);
+  transfers::Options t = TransferOptionsFrom(config, TwoGpus());
+  CHECK(t.node_id == "n1");
+  CHECK(t.tile_bytes == 65536);
+  CHECK(t.defer_id_checks_from == 32768);
+  CHECK(t.history == 10000);
+  CHECK(t.topology.gpus_size() == 2);
+  CHECK(RegionLimitsFrom(config).max_regions_per_session == 5);
+  CHECK(RegionLimitsFrom(config).max_regions_per_uid == 16384);
+  metrics::MetricsOptions m = MetricsOptionsFrom(config, 2, 1);
+  CHECK(m.listen == "127.0.0.1:0");
+  CHECK(m.cuda_mode == "auto");
+  CHECK(m.gpus == 2);
+  CHECK(m.cuda_gpus == 1);
+  CHECK(MpsProbeOptionsFrom(config, 42).pipe_directory == "/run/mps");
+  CHECK(MpsProbeOptionsFrom(config, 42).daemon_uid == 42u);
+  CHECK(DiscoverOptionsFrom(config).mps_pipe_directory == "/run/mps");
+  CHECK(MpsProbeOptionsFrom(Finalized(""), 0).pipe_directory == "/tmp/nvidia-mps");
+}
+
+TEST_CASE("etcd: client, record and directory options") {
+  const v1::DaemonConfig config = Finalized(
+      "node_id: 'n1' tcp_listen: '10.0.0.5:7070' insecure_peers: true "
+      "etcd { endpoints: '10.0.0.9:2379' username: 'kv' password_file: '/p' }");
+  directory::EtcdClientOptions c = EtcdClientOptionsFrom(config);
+  CHECK(c.endpoints == std::vector<std::string>{"10.0.0.9:2379"});
+  CHECK(c.username == "kv");
+  CHECK(c.password.empty());  // read from the file at start, not here
+  directory::NodeRecordInputs r = NodeRecordInputsFrom(config, TwoGpus(), "inst", "build");
+  CHECK(r.address == "10.0.0.5:7070");
+  CHECK(r.fabric_addresses == std::vector<std::string>{"10.0.0.5"});
+  CHECK(r.instance_id == "inst");
+  directory::EtcdDirectoryOptions d = EtcdDirectoryOptionsFrom(config, r);
+  CHECK(d.self == "n1");
+  CHECK(d.prefix == "/kvrail/v1/nodes/");
+  CHECK(d.ttl_s == 10);
+  CHECK(d.endpoints == c.endpoints);
+}
+
+}  // namespace
+}  // namespace kvrail::daemon
