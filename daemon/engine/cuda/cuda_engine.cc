@@ -13,7 +13,8 @@
 #include "base/cuda/context_sync.h"
 #include "base/cuda/cuda_util.h"
 #include "daemon/engine/cuda/cuda_engine.h"
-#include "daemon/engine/cuda/cuda_worker.h"
+#include "daemon/engine/cuda/cuda_gpu_ops.h"
+#include "daemon/engine/cuda/device_worker.h"
 #include "daemon/planner/table_pool.h"
 #include "daemon/scheduler/cuda_batch_policy.h"
 
@@ -156,8 +157,9 @@ absl::StatusOr<std::unique_ptr<Engine>> CreateCudaEngine(const CudaEngineOptions
     if (d < 0 || d >= count) {
       return absl::InvalidArgumentError(absl::StrCat("cuda devices: GPU", d, " does not exist"));
     }
-    KVRAIL_ASSIGN_OR_RETURN(cuda::Stream stream, cuda::Stream::Create(d));
-    workers.push_back(std::make_unique<DeviceWorker>(d, options, std::move(stream)));
+    KVRAIL_ASSIGN_OR_RETURN(std::unique_ptr<cuda_detail::GpuOps> ops,
+                            cuda_detail::CreateCudaGpuOps(d));
+    workers.push_back(std::make_unique<DeviceWorker>(options, std::move(ops)));
   }
   // Serving starts warm (CudaEngineOptions::warm_up): every dispatcher has loaded its kernels.
   for (const auto& w : workers) w->AwaitWarm();

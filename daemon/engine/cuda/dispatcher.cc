@@ -1,0 +1,321 @@
+// Dispatcher: the loop, job set-up and the sweep (see dispatcher.h).
+#include "daemon/engine/cuda/dispatcher.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "base/status.h"
+#include "kernels/plan_image.h"
+
+namespace kvrail::engine::cuda_detail {
+
+namespace {
+
+// The dispatcher's idle spin (CudaEngineOptions::dispatcher_spin_us).
+inline void CpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+}  // namespace
+
+Dispatcher::Dispatcher(GpuOps* ops, const Clock* clock, const CudaEngineOptions& options,
+                       int critical_ctas, DispatchQueues* queues, GpuGate* gate,
+                       WorkerStats* stats)
+    : ops_(ops),
+      clock_(clock),
+      options_(options),
+      critical_ctas_(critical_ctas),
+      queues_(queues),
+      gate_(gate),
+      stats_(stats),
+      stager_(ops),
+      tuners_(options) {}
+
+Dispatcher::~Dispatcher() {
+  for (auto& entry : states_) Drop(std::move(entry.second));
+  states_.clear();
+  gate_->Reap();
+}
+
+void Dispatcher::Serve() {
+  while (Turn(/*block=*/true)) {
+  }
+  Finish();
+}
+
+bool Dispatcher::Turn(bool block) {
+  gate_->Beat();
+  if (block && in_flight_.empty() && gated_pending_ == 0 && options_.dispatcher_spin_us > 0) {
+    SpinForWork();
+  }
+  if (in_flight_.empty()) {
+    Sweep();
+    if (block) {
+      // Gated batches complete on their own streams: every kGateWordPoll the dispatcher looks
+      // whether a producer's word has come (PollGated).
+      std::optional<absl::Duration> timeout;
+      if (gated_pending_ > 0) timeout = kGateWordPoll;
+      if (!queues_->AwaitWork(timeout)) return false;
+    } else if (queues_->stopped()) {
+      return false;
+    }
+  }
+  std::optional<Taken> next;
+  if (in_flight_.size() < kMaxInFlight) {
+    next = queues_->Take(
+        [this](const Job& j) { return gate_->IsAdmitted(&j); },
+        [this](const Job& j) -> uint64_t {
+          const auto it = states_.find(&j);
+          return it == states_.end() ? 0 : it->second->progress.last_batch_bytes;
+        });
+  }
+  if (next.has_value()) {
+    JobState& state = StateFor(next->job);
+    Batch b = Launch(state, *next);
+    if (state.gate.has_value()) {
+      state.gated.push_back(std::move(b));
+      ++gated_pending_;
+    } else {
+      in_flight_.push_back(std::move(b));
+    }
+  }
+  if (gated_pending_ > 0) PollGated();
+  if (!in_flight_.empty() && (!next.has_value() || in_flight_.size() >= kMaxInFlight)) {
+    JobState* done = in_flight_.front().state;
+    Complete(in_flight_.front());
+    in_flight_.pop_front();
+    // A job that has ended gives back its plan buffer and pinned tables now, not when the GPU
+    // next goes idle: under steady load that may be never, and every new plan would pin fresh
+    // table memory.
+    DropIfFinished(done);
+  }
+  return true;
+}
+
+void Dispatcher::Finish() {
+  // Stopping with gated copies still waiting (their jobs not ended, e.g. the engine destroyed
+  // without a drain): the watchdog releases them as for a gone producer, so no stream of the
+  // daemon stays blocked on a word nobody will write; bounded (real time: the process stops).
+  gate_->Stopping();
+  const absl::Time give_up = absl::Now() + absl::Seconds(2);
+  while (gated_pending_ > 0 && absl::Now() < give_up) {
+    gate_->Beat();
+    PollGated();
+    if (gated_pending_ > 0) absl::SleepFor(absl::Microseconds(100));
+  }
+  // No abort stream stays blocked on its word once the engine is gone.
+  for (auto& entry : states_) gate_->Retire(entry.second->lease);
+  gate_->Reap();
+}
+
+void Dispatcher::Sweep() {
+  gate_->SweepAdmitted();
+  if (states_.empty()) return;
+  std::vector<const Job*> jobs;
+  jobs.reserve(states_.size());
+  for (const auto& entry : states_) jobs.push_back(entry.first);
+  const std::vector<const Job*> idle = queues_->SelectIdle(jobs, [this](const Job* j) {
+    const JobState& s = *states_.at(j);
+    if (s.in_flight > 0 || s.job->MayGetMoreTiles()) return false;
+    gate_->Forget(j);
+    return true;
+  });
+  for (const Job* j : idle) {
+    auto it = states_.find(j);
+    std::unique_ptr<JobState> state = std::move(it->second);
+    states_.erase(it);
+    Drop(std::move(state));
+  }
+  stats_->HeldStates(states_.size());
+}
+
+void Dispatcher::DropIfFinished(JobState* s) {
+  const Job* job = s->job.get();
+  const std::vector<const Job*> idle = queues_->SelectIdle({job}, [&](const Job*) {
+    if (s->in_flight > 0 || s->job->MayGetMoreTiles()) return false;
+    gate_->Forget(job);
+    return true;
+  });
+  if (!idle.empty()) {
+    auto it = states_.find(job);
+    std::unique_ptr<JobState> state = std::move(it->second);
+    states_.erase(it);
+    Drop(std::move(state));
+  }
+  stats_->HeldStates(states_.size());
+}
+
+void Dispatcher::Drop(std::unique_ptr<JobState> state) {
+  if (state == nullptr) return;
+  // The abort stream fires and the main stream waits for it before the plan's stream-ordered
+  // free; pinned tables go once their upload has passed. No lock is held here: the state's
+  // references (the job, its regions, its flag words) go last, on this thread.
+  gate_->Retire(state->lease);
+  if (state->uploaded != nullptr && state->src_tables != nullptr) {
+    bool sticky = false;
+    (void)ops_->Wait(*state->uploaded, &sticky);
+  }
+  state.reset();
+  gate_->Reap();
+}
+
+scheduler::ModeInputs Dispatcher::ModeInputsFor(const Job& job, bool peer_unreachable) const {
+  scheduler::ModeInputs in;
+  in.max_ctas = options_.max_ctas;
+  in.mean_run_bytes = scheduler::MeanRunBytes(job.plan());
+  in.copy_engine_min_run = options_.copy_engine_min_run_bytes;
+  in.peer_unreachable = peer_unreachable;
+  in.copy_only_kernel_ctas = options_.copy_only_kernel_ctas;
+  in.copy_only_kernel_below_run = options_.copy_only_kernel_below_run_bytes;
+  return in;
+}
+
+JobState& Dispatcher::StateFor(const std::shared_ptr<Job>& job) {
+  auto it = states_.find(job.get());
+  if (it != states_.end()) return *it->second;
+  auto state = std::make_unique<JobState>();
+  state->job = job;
+  const absl::Time t0 = clock_->Now();
+  if (stats_->first_job_pending()) stats_->FirstSetUpAt(t0);
+  state->setup = stats_->broken().ok() ? SetUp(*state) : stats_->broken();
+  // Formatted only when asked for (Describe): this runs once per job on the dispatcher.
+  stats_->SetUp(SetUpSample{clock_->Now() - t0,
+                            4 * (job->plan().src_blocks().size() + job->plan().dst_blocks().size()),
+                            job->plan().src_blocks().pinned()});
+  JobState& ref = *state;
+  states_.emplace(job.get(), std::move(state));
+  stats_->HeldStates(states_.size());
+  return ref;
+}
+
+absl::Status Dispatcher::SetUp(JobState& s) {
+  const Job& job = *s.job;
+  const int device = ops_->device();
+  const MemoryRef src = job.src(), dst = job.dst();
+  const absl::Time t0 = clock_->Now();
+  KVRAIL_ASSIGN_OR_RETURN(s.src, job.DeviceAddress(Job::Side::kSrc, device));
+  KVRAIL_ASSIGN_OR_RETURN(s.dst, job.DeviceAddress(Job::Side::kDst, device));
+  s.progress.setup_addresses = clock_->Now() - t0;
+  if (job.plan().src_per_layer() || job.plan().dst_per_layer()) {
+    KVRAIL_ASSIGN_OR_RETURN(auto src_layers, job.DeviceLayerBases(Job::Side::kSrc, device));
+    KVRAIL_ASSIGN_OR_RETURN(auto dst_layers, job.DeviceLayerBases(Job::Side::kDst, device));
+    s.device_plan = job.plan().WithLayerBases(std::move(src_layers), std::move(dst_layers));
+    // Run offsets of a per-layer side are whole addresses (kernels::SideBase is 0).
+    if (job.plan().src_per_layer()) s.src = nullptr;
+    if (job.plan().dst_per_layer()) s.dst = nullptr;
+  }
+  bool peer_unreachable = false;
+  if (src.cuda && dst.cuda && src.device != dst.device) {
+    const int other = src.device == device ? dst.device : src.device;
+    peer_unreachable = !ops_->EnablePeerAccess(other).ok();
+  }
+  scheduler::ModeInputs in = ModeInputsFor(job, peer_unreachable);
+  // Copy-engine runs between two GPUs cost what the warm-up measured for the pair; same-GPU
+  // plans their own measured cost; host sides the default.
+  if (src.cuda && dst.cuda) {
+    const int other = src.device == device ? dst.device : src.device;
+    if (tuners_.copy_costs().measured(device, other)) {
+      in.copy_engine_seconds_per_run = tuners_.copy_costs().SecondsPerRun(device, other);
+    }
+  }
+  const scheduler::ModeChoice choice = scheduler::ChoosePlanMode(in);
+  PlanRun& run = s.run;
+  run.mode = choice.mode;
+  run.max_ctas = choice.max_ctas;
+  run.tuner_key = scheduler::CtaTunerKey(in.mean_run_bytes, dst.cuda, dst.device == device);
+  // The copy-only mode's small kernels learn their own knee, within their own budget.
+  if (choice.copy_only_kernel) run.tuner_key += kCopyOnlyTunerKeys;
+  run.copy_only_kernel = choice.copy_only_kernel;
+  // Kernel and copy engines together: ordinary kernel plans only (the copy-engine-only mode's
+  // small kernels spare the SMs on purpose; digest jobs hash what their kernel moved).
+  run.may_split = run.mode == scheduler::Mode::kKernel && !choice.copy_only_kernel &&
+                  !job.wants_digest() && options_.copy_split_max_percent > 0;
+  std::optional<Job::ReadyGate> gate = gate_->Admitted(&job);
+  if (gate.has_value()) {
+    if (run.mode != scheduler::Mode::kKernel) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          gate->field, ": the plan runs on the copy engines on GPU", device, " (", choice.reason,
+          "), which cannot wait for the flags on the GPU"));
+    }
+    run.may_split = false;  // the copy part would run on the copy stream, not behind the wait
+  }
+  run.copy_gbps_prior = choice.copy_engine_gbps > 0
+                            ? choice.copy_engine_gbps
+                            : scheduler::EstimateCopyEngineGbps(in.mean_run_bytes);
+  if (!choice.reason.empty()) {
+    s.job->OnEngineNote(choice.reason);
+    stats_->ModeNote(choice.copy_only_kernel, choice.reason);
+    // The log: once per plan whose choice is worth an operator's attention (rare by design:
+    // only the copy-engine-only mode and unreachable peers produce one).
+    spdlog::info("cuda:{} transfer plan: {}", device, choice.reason);
+  }
+  const absl::Time t_upload = clock_->Now();
+  s.progress.setup_mode = t_upload - t0 - s.progress.setup_addresses;
+  // A digest job needs the uploaded plan in copy-engine mode too (its hash kernels).
+  if (run.mode == scheduler::Mode::kKernel || job.wants_digest()) {
+    KVRAIL_RETURN_IF_ERROR(UploadPlan(s));
+  }
+  if (job.wants_digest()) {
+    KVRAIL_ASSIGN_OR_RETURN(s.digests,
+                            ops_->CreateDigests(job.plan().num_tiles(), ops_->main_stream()));
+  }
+  if (gate.has_value()) {
+    KVRAIL_RETURN_IF_ERROR(gate_->Arm(s.lease, s.job, *gate, *s.plan));
+    s.gate = std::move(gate);
+    s.job->OnEngineNote(absl::StrCat("layers wait for ", s.gate->field,
+                                     " on the GPU (cuStreamWaitValue32 on the job's stream)"));
+  }
+  s.progress.setup_upload = clock_->Now() - t_upload;
+  s.job->OnEngineUsed(scheduler::ModeEngineName(run.mode));
+  return absl::OkStatus();
+}
+
+absl::Status Dispatcher::UploadPlan(JobState& s) {
+  const planner::Plan& plan = s.RunPlan();
+  // From a pinned staging slot when one is free: the whole image in one copy when it fits (the
+  // tables are then copied on the host and need not be held), else the header.
+  PlanStager::Slot* staging = options_.staged_plan_upload ? stager_.Take() : nullptr;
+  const bool staged_whole =
+      staging != nullptr && kernels::LayoutPlanImage(plan.header()).bytes <= kStagingSlotBytes;
+  KVRAIL_ASSIGN_OR_RETURN(
+      s.plan, ops_->UploadPlan(plan, s.src, s.dst, ops_->main_stream(),
+                               staging != nullptr ? staging->memory : nullptr,
+                               staging != nullptr ? kStagingSlotBytes : 0));
+  if (staging != nullptr) KVRAIL_RETURN_IF_ERROR(stager_.Used(*staging));
+  if (!staged_whole && (plan.src_blocks().pinned() || plan.dst_blocks().pinned())) {
+    KVRAIL_ASSIGN_OR_RETURN(s.uploaded, ops_->CreateEvent());
+    KVRAIL_RETURN_IF_ERROR(ops_->Record(*s.uploaded, ops_->main_stream()));
+    s.src_tables = plan.src_blocks().Hold();
+    s.dst_tables = plan.dst_blocks().Hold();
+  }
+  return absl::OkStatus();
+}
+
+void Dispatcher::SpinForWork() {
+  if (queues_->ClearHintUnlessWork()) return;
+  const absl::Time until = absl::Now() + absl::Microseconds(options_.dispatcher_spin_us);
+  while (!queues_->hint() && absl::Now() < until) CpuRelax();
+}
+
+absl::StatusOr<GpuStream*> Dispatcher::CopyStream() {
+  if (copy_stream_ == nullptr) {
+    KVRAIL_ASSIGN_OR_RETURN(copy_stream_, ops_->CreateStream());
+  }
+  return copy_stream_.get();
+}
+
+absl::StatusOr<std::unique_ptr<GpuEvent>> Dispatcher::TakeEvent() {
+  if (spare_events_.empty()) return ops_->CreateEvent();
+  std::unique_ptr<GpuEvent> e = std::move(spare_events_.back());
+  spare_events_.pop_back();
+  return e;
+}
+
+}  // namespace kvrail::engine::cuda_detail

@@ -1,0 +1,475 @@
+// The CUDA engine's dispatcher and gate on a fake GPU (fake_gpu_ops.h), driven turn by turn from
+// the test's thread with a manual clock: batches copy byte for byte, a finished job's state goes
+// outside the queue lock, gated layers wait for their words, the watchdog releases a job whose
+// producer is gone or whose wait blocks a context-synchronizing call, a launch that fails after
+// its kernel was enqueued reports its tiles only once nothing writes them, and neither the
+// watchdog nor a release in progress holds what the dispatcher needs.
+#define CATCH_CONFIG_MAIN
+#include <catch2/catch.hpp>
+
+#include <atomic>
+#include <functional>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "base/manual_clock.h"
+#include "daemon/engine/cuda/dispatch_queues.h"
+#include "daemon/engine/cuda/dispatcher.h"
+#include "daemon/engine/cuda/fake_gpu_ops.h"
+#include "daemon/engine/cuda/gpu_gate.h"
+#include "daemon/engine/cuda/worker_stats.h"
+#include "daemon/engine/engine.h"
+#include "daemon/planner/testing/random_case.h"
+
+namespace kvrail::engine::cuda_detail {
+namespace {
+
+// Where and how a reference was dropped.
+struct DropSeen {
+  std::atomic<bool> dropped{false};
+  std::atomic<bool> under_queue_lock{false};
+  std::thread::id thread;
+};
+
+// A paged transfer between two host buffers the fake GPU reads and writes directly, recording
+// its reports; optionally gated by one ready word per layer.
+class TestJob final : public Job {
+ public:
+  TestJob(const planner::testing::RandomCase& c, std::mt19937_64& rng)
+      : src_(c.src.size_bytes), dst_(c.dst.size_bytes, 0), want_(c.dst.size_bytes, 0),
+        plan_(*planner::MakePlan(c.spec, c.src, c.dst, c.options)) {
+    for (auto& b : src_) b = static_cast<uint8_t>(rng() | 1);
+    planner::testing::ReferenceCopy(c, src_.data(), want_.data());
+    words_.assign(plan_.num_layers(), 0);
+  }
+  const planner::Plan& plan() const override { return plan_; }
+  const uint8_t* src_base() const override { return src_.data(); }
+  uint8_t* dst_base() const override { return const_cast<uint8_t*>(dst_.data()); }
+  MemoryRef src() const override { return {true, 0, const_cast<uint8_t*>(src_.data())}; }
+  MemoryRef dst() const override { return {true, 0, dst_base()}; }
+  absl::StatusOr<uint8_t*> DeviceAddress(Side side, int) const override {
+    return side == Side::kSrc ? const_cast<uint8_t*>(src_.data()) : dst_base();
+  }
+  PriorityClass priority() const override { return PriorityClass::kNormal; }
+  bool wants_digest() const override { return digest_; }
+  std::optional<ReadyGate> ready_gate(int) const override {
+    ReadyGate g;
+    g.host_words = const_cast<uint32_t*>(words_.data());
+    g.device_words = reinterpret_cast<uint64_t>(words_.data());
+    g.count = static_cast<uint32_t>(words_.size());
+    g.value = 1;
+    g.field = "spec.ready_flags";
+    g.keep = keep_;
+    return g;
+  }
+  absl::Status ended(bool* producer_gone) const override {
+    if (on_ended_) on_ended_();
+    absl::MutexLock lock(&mu_);
+    *producer_gone = producer_gone_;
+    return ended_;
+  }
+  void OnTileStart(uint32_t) override {}
+  void OnTileDone(uint32_t tile, const absl::Status& status) override {
+    const int pending = fake_ != nullptr ? fake_->pending_writes() : 0;
+    absl::MutexLock lock(&mu_);
+    statuses_[tile] = status;
+    writes_pending_at_report_ = std::max(writes_pending_at_report_, pending);
+  }
+
+  void set_digest(bool on) { digest_ = on; }
+  // Reports look at what the fake GPU still has queued to write.
+  void WatchWrites(const FakeGpuOps* fake) { fake_ = fake; }
+  // The words stay mapped while `keep` lives (the test then drops its own reference).
+  void set_keep(std::shared_ptr<const void> keep) { keep_ = std::move(keep); }
+  void set_on_ended(std::function<void()> fn) { on_ended_ = std::move(fn); }
+  void End(absl::Status why, bool producer_gone) {
+    absl::MutexLock lock(&mu_);
+    ended_ = std::move(why);
+    producer_gone_ = producer_gone;
+  }
+  void Write(uint32_t layer) { __atomic_store_n(&words_[layer], 1u, __ATOMIC_RELEASE); }
+  uint32_t word(uint32_t layer) const { return __atomic_load_n(&words_[layer], __ATOMIC_ACQUIRE); }
+
+  std::vector<uint32_t> AllTiles() const {
+    std::vector<uint32_t> t(plan_.num_tiles());
+    for (uint32_t i = 0; i < t.size(); ++i) t[i] = i;
+    return t;
+  }
+  size_t reported() const {
+    absl::MutexLock lock(&mu_);
+    return statuses_.size();
+  }
+  std::map<uint32_t, absl::Status> statuses() const {
+    absl::MutexLock lock(&mu_);
+    return statuses_;
+  }
+  int writes_pending_at_report() const {
+    absl::MutexLock lock(&mu_);
+    return writes_pending_at_report_;
+  }
+  bool copied() const { return dst_ == want_; }
+  bool untouched() const {
+    for (uint8_t b : dst_) {
+      if (b != 0) return false;
+    }
+    return true;
+  }
+  // Whether the tiles of `layer` landed (each tile's reference bytes).
+  bool LayerReported(uint32_t layer) const {
+    absl::MutexLock lock(&mu_);
+    for (uint32_t t = 0; t < plan_.num_tiles(); ++t) {
+      if (plan_.tile(t).layer == layer && statuses_.count(t) == 0) return false;
+    }
+    return true;
+  }
+
+ private:
+  std::vector<uint8_t> src_, dst_, want_;
+  planner::Plan plan_;
+  std::vector<uint32_t> words_;
+  bool digest_ = false;
+  const FakeGpuOps* fake_ = nullptr;
+  std::shared_ptr<const void> keep_;
+  std::function<void()> on_ended_;
+  mutable absl::Mutex mu_;
+  std::map<uint32_t, absl::Status> statuses_ ABSL_GUARDED_BY(mu_);
+  int writes_pending_at_report_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Status ended_ ABSL_GUARDED_BY(mu_);
+  bool producer_gone_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+// A paged case of at least two layers (the gate's cases wait per layer).
+planner::testing::RandomCase LayeredCase(std::mt19937_64& rng) {
+  while (true) {
+    planner::testing::RandomCase c = planner::testing::RandomPagedCase(rng);
+    auto plan = planner::MakePlan(c.spec, c.src, c.dst, c.options);
+    if (plan.ok() && plan->num_layers() >= 2 && plan->num_tiles() >= 4) return c;
+  }
+}
+
+CudaEngineOptions TestOptions() {
+  CudaEngineOptions o;
+  o.max_ctas = 8;
+  o.fixed_ctas = 8;  // no knee probing: every batch is the tuner's plain choice
+  o.copy_split_max_percent = 0;
+  o.warm_up = false;
+  o.dispatcher_spin_us = 0;
+  o.staged_plan_upload = true;
+  o.stream_wait = true;
+  o.batch_bytes = 1 << 10;  // several batches per job
+  return o;
+}
+
+// One GPU's parts on the fake GPU, driven from the test's thread.
+struct Rig {
+  explicit Rig(CudaEngineOptions o = TestOptions())
+      : options(o),
+        queues(o.limits, o.batch_bytes, &clock),
+        gate(&fake, &clock, Gate(o)),
+        dispatcher(&fake, &clock, o, 0, &queues, &gate, &stats) {
+    REQUIRE(gate.Make().ok());
+    REQUIRE(dispatcher.stager().Make().ok());
+  }
+  static GateOptions Gate(const CudaEngineOptions& o) {
+    GateOptions g;
+    g.enabled = o.stream_wait;
+    g.max_jobs = 4;
+    g.sync_bound_ms = 1000;
+    return g;
+  }
+  // Turns until `done` holds (at most `turns`).
+  bool TurnUntil(const std::function<bool()>& done, int turns = 2000) {
+    for (int i = 0; i < turns && !done(); ++i) dispatcher.Turn(/*block=*/false);
+    return done();
+  }
+  // Admits `job` for the GPU wait (as Engine::AdmitGated).
+  bool Admit(const std::shared_ptr<TestJob>& job) {
+    scheduler::GateInputs in;
+    in.flags_mapped = true;
+    in.kernel_mode = true;
+    return gate.Admit(job, *job->ready_gate(0), in);
+  }
+
+  ManualClock clock;
+  FakeGpuOps fake;
+  const CudaEngineOptions options;
+  DispatchQueues queues;
+  WorkerStats stats;
+  GpuGate gate;
+  Dispatcher dispatcher;
+};
+
+TEST_CASE("sweep: batches land byte for byte; an ended job's state goes outside the queue lock") {
+  std::mt19937_64 rng(11);
+  Rig rig;
+  for (int n = 0; n < 8; ++n) {
+    auto seen = std::make_shared<DropSeen>();
+    const planner::testing::RandomCase c = planner::testing::RandomPagedCase(rng);
+    INFO(c.ToString());
+    // The job's last reference is the dispatcher's: its deleter sees where it is dropped.
+    Rig* r = &rig;
+    std::shared_ptr<TestJob> job(new TestJob(c, rng), [seen, r](TestJob* j) {
+      seen->under_queue_lock = r->queues.HeldForTest();
+      seen->thread = std::this_thread::get_id();
+      seen->dropped = true;
+      delete j;
+    });
+    TestJob* raw = job.get();
+    const size_t tiles = raw->plan().num_tiles();
+    rig.queues.Enqueue(job, raw->AllTiles());
+    job.reset();
+    REQUIRE(rig.TurnUntil([&] { return seen->dropped.load(); }));
+    CHECK_FALSE(seen->under_queue_lock.load());
+    CHECK(seen->thread == std::this_thread::get_id());
+    CHECK(rig.dispatcher.states() == 0);
+    (void)tiles;
+  }
+  CHECK(rig.fake.kernels_run() > 0);
+}
+
+TEST_CASE("sweep: every tile reported OK and copied; no write pending at any report") {
+  std::mt19937_64 rng(12);
+  Rig rig;
+  for (int n = 0; n < 12; ++n) {
+    const planner::testing::RandomCase c = planner::testing::RandomPagedCase(rng);
+    INFO(c.ToString());
+    auto job = std::make_shared<TestJob>(c, rng);
+    job->WatchWrites(&rig.fake);
+    rig.queues.Enqueue(job, job->AllTiles());
+    REQUIRE(rig.TurnUntil([&] { return job->reported() == job->plan().num_tiles(); }));
+    for (const auto& [tile, status] : job->statuses()) {
+      INFO("tile " << tile << ": " << status.ToString());
+      CHECK(status.ok());
+    }
+    CHECK(job->copied());
+    CHECK(job->writes_pending_at_report() == 0);
+    REQUIRE(rig.TurnUntil([&] { return rig.dispatcher.states() == 0; }));
+  }
+}
+
+TEST_CASE("retire: gated layers wait for their words; the lease and the words go back") {
+  std::mt19937_64 rng(13);
+  Rig rig;
+  auto seen = std::make_shared<DropSeen>();
+  auto job = std::make_shared<TestJob>(LayeredCase(rng), rng);
+  Rig* r = &rig;
+  job->set_keep(std::shared_ptr<const void>(new int(0), [seen, r](const void* p) {
+    seen->under_queue_lock = r->queues.HeldForTest();
+    seen->thread = std::this_thread::get_id();
+    seen->dropped = true;
+    delete static_cast<const int*>(p);
+  }));
+  REQUIRE(rig.Admit(job));
+  job->set_keep(nullptr);  // the gate's copy holds the words now
+  rig.queues.Enqueue(job, job->AllTiles());
+  // Nothing moves before its word: every layer's batch is launched and waits on the GPU.
+  rig.TurnUntil([] { return false; }, 50);
+  CHECK(job->reported() == 0);
+  CHECK(rig.dispatcher.gated_pending() > 0);
+  CHECK(job->untouched());
+  job->Write(0);
+  REQUIRE(rig.TurnUntil([&] { return job->LayerReported(0); }));
+  CHECK_FALSE(job->LayerReported(1));
+  for (uint32_t l = 1; l < job->plan().num_layers(); ++l) job->Write(l);
+  REQUIRE(rig.TurnUntil([&] { return job->reported() == job->plan().num_tiles(); }));
+  for (const auto& [tile, status] : job->statuses()) CHECK(status.ok());
+  CHECK(job->copied());
+  // The ended job's state goes: its gate retired, its slot back, the words' last reference
+  // dropped on this thread with no lock held.
+  REQUIRE(rig.TurnUntil([&] { return rig.dispatcher.states() == 0; }));
+  CHECK(rig.gate.Text().find("0 of 4 jobs") != std::string::npos);
+  CHECK(seen->dropped.load());
+  CHECK_FALSE(seen->under_queue_lock.load());
+  CHECK(seen->thread == std::this_thread::get_id());
+}
+
+TEST_CASE("release: a job whose producer is gone is disarmed, its words raised; nothing lands") {
+  std::mt19937_64 rng(14);
+  Rig rig;
+  auto job = std::make_shared<TestJob>(LayeredCase(rng), rng);
+  REQUIRE(rig.Admit(job));
+  rig.queues.Enqueue(job, job->AllTiles());
+  rig.TurnUntil([] { return false; }, 50);
+  REQUIRE(rig.dispatcher.gated_pending() > 0);
+  job->End(absl::CancelledError("the session ended"), /*producer_gone=*/true);
+  // The first look fires the abort word; the abort stream then zeroes the plan's tile count and
+  // writes the done word (the fake GPU runs as the dispatcher polls); a later look raises the
+  // words, the waits pass, the disarmed kernels copy nothing.
+  for (int i = 0; i < 20 && rig.gate.releases() == 0; ++i) {
+    rig.gate.WatchOnce();
+    rig.dispatcher.Turn(false);
+  }
+  REQUIRE(rig.gate.releases() == 1);
+  CHECK(job->word(0) == 1);
+  REQUIRE(rig.TurnUntil([&] { return job->reported() == job->plan().num_tiles(); }));
+  for (const auto& [tile, status] : job->statuses()) {
+    INFO(status.ToString());
+    CHECK_FALSE(status.ok());
+    CHECK(status.message().find("spec.ready_flags") != std::string::npos);
+  }
+  CHECK(job->untouched());
+  REQUIRE(rig.TurnUntil([&] { return rig.dispatcher.states() == 0; }));
+  CHECK(rig.gate.Text().find("1 released by the daemon (0 for a call blocked") !=
+        std::string::npos);
+}
+
+TEST_CASE("watchdog: a call blocked behind a live job's wait gets the wait released") {
+  std::mt19937_64 rng(15);
+  CudaEngineOptions o = TestOptions();
+  Rig rig(o);
+  GateOptions g = Rig::Gate(o);
+  // A context-synchronizing call blocked 2 s (bound 1 s): the live job's waits are released.
+  g.blocked_sync = [](absl::Time) {
+    return std::optional<std::pair<absl::Duration, std::string>>(
+        std::make_pair(absl::Seconds(2), std::string("cudaHostRegister(region)")));
+  };
+  GpuGate gate(&rig.fake, &rig.clock, g);
+  REQUIRE(gate.Make().ok());
+  auto job = std::make_shared<TestJob>(LayeredCase(rng), rng);
+  auto plan = rig.fake.UploadPlan(job->plan(), nullptr, nullptr, rig.fake.main_stream(),
+                                  nullptr, 0);
+  REQUIRE(plan.ok());
+  GateLease lease;
+  REQUIRE(gate.Arm(lease, job, *job->ready_gate(0), **plan).ok());
+  REQUIRE(rig.fake.WaitWord(*lease.stream, job->ready_gate(0)->device_words, 1).ok());
+  lease.control->launched_end.store(1);
+  for (int i = 0; i < 10 && gate.releases() == 0; ++i) {
+    gate.WatchOnce();
+    rig.fake.Run();
+  }
+  CHECK(gate.releases() == 1);
+  CHECK(job->word(0) == 1);
+  CHECK(gate.Text().find("1 released by the daemon (1 for a call blocked") != std::string::npos);
+  absl::Status why;
+  CHECK(lease.control->Aborted(&why));
+  CHECK(why.message().find("cudaHostRegister") != std::string::npos);
+  gate.Retire(lease);
+  gate.Reap();
+}
+
+TEST_CASE("watchdog: never drops a job's or its flag words' last reference") {
+  std::mt19937_64 rng(16);
+  Rig rig;
+  auto seen = std::make_shared<DropSeen>();
+  auto job = std::make_shared<TestJob>(LayeredCase(rng), rng);
+  job->set_keep(std::shared_ptr<const void>(new int(0), [seen](const void* p) {
+    seen->thread = std::this_thread::get_id();
+    seen->dropped = true;
+    delete static_cast<const int*>(p);
+  }));
+  std::optional<Job::ReadyGate> words = job->ready_gate(0);
+  job->set_keep(nullptr);
+  auto plan = rig.fake.UploadPlan(job->plan(), nullptr, nullptr, rig.fake.main_stream(),
+                                  nullptr, 0);
+  REQUIRE(plan.ok());
+  auto lease = std::make_shared<GateLease>();
+  REQUIRE(rig.gate.Arm(*lease, job, *words, **plan).ok());
+  words.reset();  // the gate's control holds the words now
+  // The dispatcher retires the job while the watchdog is looking at it (here: from inside the
+  // look, as the job's end is read), and drops its own references.
+  job->set_on_ended([&rig, lease] {
+    if (lease->control != nullptr) rig.gate.Retire(*lease);
+  });
+  TestJob* raw = job.get();
+  job.reset();
+  std::thread::id watchdog;
+  std::thread w([&] {
+    watchdog = std::this_thread::get_id();
+    rig.gate.WatchOnce();
+  });
+  w.join();
+  CHECK(lease->control == nullptr);
+  CHECK_FALSE(seen->dropped.load());  // not on the watchdog: the reaper has it
+  (void)raw;
+  rig.gate.Reap();
+  CHECK(seen->dropped.load());
+  CHECK(seen->thread == std::this_thread::get_id());
+  CHECK(seen->thread != watchdog);
+}
+
+TEST_CASE("release: waiting for the done word holds no lock the dispatcher needs") {
+  std::mt19937_64 rng(17);
+  Rig rig;
+  rig.fake.set_auto_run(false);  // the abort stream does not run: the done word never shows
+  auto job = std::make_shared<TestJob>(LayeredCase(rng), rng);
+  auto plan = rig.fake.UploadPlan(job->plan(), nullptr, nullptr, rig.fake.main_stream(),
+                                  nullptr, 0);
+  REQUIRE(plan.ok());
+  GateLease lease;
+  REQUIRE(rig.gate.Arm(lease, job, *job->ready_gate(0), **plan).ok());
+  job->End(absl::CancelledError("the session ended"), /*producer_gone=*/true);
+  const uint32_t* abort_word = lease.control->abort_word;
+  const uint32_t epoch = lease.control->epoch;
+  std::thread w([&] { rig.gate.WatchOnce(); });
+  // Once the abort word is stored, the dispatcher retires the job (as its sweep would, with the
+  // queues' lock held in the old order): that must not wait for the release's done word.
+  while (__atomic_load_n(abort_word, __ATOMIC_ACQUIRE) != epoch) absl::SleepFor(absl::Microseconds(10));
+  const absl::Time t0 = absl::Now();
+  rig.gate.Retire(lease);
+  const absl::Duration took = absl::Now() - t0;
+  w.join();
+  CHECK(took < absl::Milliseconds(10));
+  rig.fake.Run();
+  rig.gate.Reap();
+}
+
+TEST_CASE("partial launch failure: tiles report only once nothing writes them") {
+  std::mt19937_64 rng(18);
+  SECTION("the digest's copy-back fails after the fused kernel was enqueued") {
+    Rig rig;
+    auto job = std::make_shared<TestJob>(planner::testing::RandomPagedCase(rng), rng);
+    job->set_digest(true);
+    job->WatchWrites(&rig.fake);
+    rig.fake.FailNext("CopyBackDigests", absl::InternalError("copy-back refused"));
+    rig.queues.Enqueue(job, job->AllTiles());
+    REQUIRE(rig.TurnUntil([&] { return job->reported() == job->plan().num_tiles(); }));
+    int failed = 0;
+    for (const auto& [tile, status] : job->statuses()) failed += status.ok() ? 0 : 1;
+    CHECK(failed > 0);
+    CHECK(job->writes_pending_at_report() == 0);
+  }
+  SECTION("the copy-engine part of a split batch fails after the kernel part was enqueued") {
+    CudaEngineOptions o = TestOptions();
+    o.copy_split_max_percent = 50;
+    o.copy_split_fixed_percent = 50;
+    o.batch_bytes = 64 << 20;  // one batch of many tiles
+    Rig rig(o);
+    auto job = std::make_shared<TestJob>(planner::testing::RandomPagedCase(rng), rng);
+    job->WatchWrites(&rig.fake);
+    rig.fake.FailNext("CopyRuns", absl::InternalError("copy engines refused"));
+    rig.queues.Enqueue(job, job->AllTiles());
+    REQUIRE(rig.TurnUntil([&] { return job->reported() == job->plan().num_tiles(); }));
+    int failed = 0;
+    for (const auto& [tile, status] : job->statuses()) failed += status.ok() ? 0 : 1;
+    CHECK(failed > 0);
+    CHECK(rig.fake.kernels_run() > 0);
+    CHECK(job->writes_pending_at_report() == 0);
+  }
+}
+
+TEST_CASE("sticky fault: the batch fails, and so does every later one, naming the GPU") {
+  std::mt19937_64 rng(19);
+  Rig rig;
+  auto job = std::make_shared<TestJob>(planner::testing::RandomPagedCase(rng), rng);
+  rig.fake.FailNext("Wait", absl::InternalError("cudaErrorIllegalAddress"), /*sticky=*/true);
+  rig.queues.Enqueue(job, job->AllTiles());
+  REQUIRE(rig.TurnUntil([&] { return job->reported() == job->plan().num_tiles(); }));
+  CHECK_FALSE(rig.stats.broken().ok());
+  auto later = std::make_shared<TestJob>(planner::testing::RandomPagedCase(rng), rng);
+  rig.queues.Enqueue(later, later->AllTiles());
+  REQUIRE(rig.TurnUntil([&] { return later->reported() == later->plan().num_tiles(); }));
+  for (const auto& [tile, status] : later->statuses()) {
+    CHECK(status.message().find("GPU0 is unusable") != std::string::npos);
+  }
+  CHECK(rig.stats.Describe(0, 8, 0).find("BROKEN") != std::string::npos);
+}
+
+}  // namespace
+}  // namespace kvrail::engine::cuda_detail

@@ -1,0 +1,108 @@
+#include "daemon/engine/cuda/worker_stats.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace kvrail::engine::cuda_detail {
+
+void WorkerStats::WarmDone(std::string text) {
+  absl::MutexLock lock(&mu_);
+  warm_up_text_ = std::move(text);
+  warm_done_ = true;
+}
+
+void WorkerStats::AwaitWarm() const {
+  absl::MutexLock lock(&mu_);
+  mu_.Await(absl::Condition(&warm_done_));
+}
+
+void WorkerStats::Broke(const absl::Status& why) {
+  absl::MutexLock lock(&mu_);
+  if (broken_.ok()) broken_ = why;
+}
+
+absl::Status WorkerStats::broken() const {
+  absl::MutexLock lock(&mu_);
+  return broken_;
+}
+
+void WorkerStats::SetUp(const SetUpSample& sample) {
+  absl::MutexLock lock(&mu_);
+  last_setup_ = sample;
+}
+
+void WorkerStats::ModeNote(bool copy_only_kernel, const std::string& note) {
+  absl::MutexLock lock(&mu_);
+  (copy_only_kernel ? copy_only_kernel_plans_ : slow_copy_plans_)++;
+  last_mode_note_ = note;
+}
+
+void WorkerStats::HeldStates(size_t n) {
+  absl::MutexLock lock(&mu_);
+  held_states_ = n;
+}
+
+void WorkerStats::Batch(bool kernel, bool split, std::string decision, const JobSample& job,
+                        const std::string* first_job_trace) {
+  absl::MutexLock lock(&mu_);
+  if (first_job_trace != nullptr) first_job_batches_ = *first_job_trace;
+  (kernel ? kernel_batches_ : copy_batches_)++;
+  if (split) ++split_batches_;
+  last_decision_ = std::move(decision);
+  last_job_ = job;
+}
+
+void WorkerStats::FirstJob(std::string text) {
+  absl::MutexLock lock(&mu_);
+  first_job_text_ = std::move(text);
+}
+
+std::string WorkerStats::Describe(int device, int max_ctas, int critical_ctas) const {
+  absl::MutexLock lock(&mu_);
+  if (!broken_.ok()) return absl::StrCat("cuda:", device, " BROKEN: ", broken_.message());
+  return absl::StrCat(
+      "cuda:", device, " ", warm_up_text_, last_decision_, ", budget ", max_ctas, " CTAs",
+      critical_ctas > 0 ? absl::StrCat(" (critical transfers ", critical_ctas, ")")
+                        : std::string(),
+      "; ", kernel_batches_, " kernel / ", copy_batches_, " copy-engine batches",
+      split_batches_ > 0
+          ? absl::StrCat(" (", split_batches_, " kernel batches split with the copy engines)")
+          : std::string(),
+      "; ", CopyOnlyTextLocked(), held_states_,
+      " jobs set up (plan on the GPU); last job set-up (plan upload enqueued) ",
+      SetUpTextLocked(), LastJobTextLocked(), first_job_text_,
+      first_job_batches_.empty()
+          ? std::string()
+          : absl::StrCat("; first job's batches (us: launch enqueued after the first launch's "
+                         "/ GPU start / GPU end after the GPU reached the first launch): ",
+                         first_job_batches_));
+}
+
+std::string WorkerStats::CopyOnlyTextLocked() const {
+  if (copy_only_kernel_plans_ == 0 && slow_copy_plans_ == 0) return "";
+  return absl::StrCat(copy_only_kernel_plans_, " tiny-run plans on a small kernel / ",
+                      slow_copy_plans_, " slow plans kept on the copy engines (latest: ",
+                      last_mode_note_, "); ");
+}
+
+std::string WorkerStats::SetUpTextLocked() const {
+  if (!last_setup_.has_value()) return "none yet";
+  return absl::StrFormat("%.0f us (%.1f MiB of block tables, %s)",
+                         absl::ToDoubleMicroseconds(last_setup_->took),
+                         last_setup_->table_bytes / 1048576.0,
+                         last_setup_->pinned ? "pinned" : "pageable");
+}
+
+std::string WorkerStats::LastJobTextLocked() const {
+  if (!last_job_.has_value()) return "";
+  const JobSample& j = *last_job_;
+  return absl::StrFormat(
+      "; last job so far: %u batches, GPU busy %.3f of %.3f ms since its first launch "
+      "(%.1f GB/s while busy)",
+      j.batches, j.gpu_seconds * 1e3, j.wall_seconds * 1e3,
+      j.gpu_seconds > 0 ? j.bytes / j.gpu_seconds / 1e9 : 0.0);
+}
+
+}  // namespace kvrail::engine::cuda_detail
