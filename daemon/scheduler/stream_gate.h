@@ -4,7 +4,7 @@
 // readiness poller (CPU wake-up, then launch); how a job that ends with waits still pending gets
 // them released so no stream of the daemon stays blocked; and what its gated tiles report.
 //
-// The release protocol (the engine executes it, daemon/engine/cuda/cuda_worker_gate.cc, with no CUDA
+// The release protocol (the engine executes it, daemon/engine/cuda/gpu_gate.cc, with no CUDA
 // call): the job's abort word (daemon-owned, mapped host memory) is raised FIRST; a stream of
 // the job's own, armed at set-up behind cuStreamWaitValue32 on that word, then zeroes num_tiles
 // in the job's device plan header and writes a done word (the copy kernels return at once on

@@ -1,6 +1,6 @@
-// GPU test of the fabric kernels (issue 19 item 4; runs on the lent GPU machine, not in CI),
+// GPU test of the fabric kernels (runs on the lent GPU machine, not in CI),
 // through the daemon's own code (daemon/fabric/tile_copy.h GpuTileKernels):
-// (issue 19 FP: up to 4 tiles in flight: kernels launched into 4 slots before any command is
+// (up to 4 tiles in flight: kernels launched into 4 slots before any command is
 // popped, the slot checked once its command appears; scatters polled by ticket in random order.)
 // - sender: PackAndPublish gathers each tile from GPU memory straight into a send slot (host
 //   memory registered with CUDA, mapped, as the fabric's lanes register it) and the kernel writes
@@ -53,7 +53,7 @@ using gpu_test::Staging;
 int g_kernel_tiles = 0;
 
 // The consumer's side of the ring: the next command, spinning until the kernel published it (a
-// kernel is not waited for by PackAndPublish: issue 19 FP). Seeing the command must mean every
+// kernel is not waited for by PackAndPublish). Seeing the command must mean every
 // byte of its slot is visible (the callers check the slot right after).
 k::NicCommand PopWithin(CommandRing* ring, double seconds = 10) {
   const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
@@ -100,7 +100,7 @@ void RunCase(const RandomCase& c, std::mt19937_64& rng, uint32_t misalign) {
   REQUIRE(sender != nullptr);
   REQUIRE(receiver != nullptr);
   CHECK(why_src.find("kernel") != std::string::npos);
-  // Several tiles in flight (issue 19 FP): up to 4 kernels launched into 4 slots before the
+  // Several tiles in flight: up to 4 kernels launched into 4 slots before the
   // first command is popped; then their scatters launched together and polled in random order.
   std::vector<uint8_t> want;
   std::string mismatch;  // the first tile whose slot or command is wrong
@@ -291,7 +291,7 @@ TEST_CASE("fabric kernels: pack bandwidth into mapped slots", "[bandwidth]") {
                   kernel ? "kernel+command" : "copy engines  ", plan->bytes_total() / 1048576.0,
                   plan->num_tiles(), plan->Describe().c_str(), plan->bytes_total() / s / 1e9);
     }
-    // The receiver's scatter from the 4 mapped slots, up to 4 kernels in flight (issue 19 FP).
+    // The receiver's scatter from the 4 mapped slots, up to 4 kernels in flight.
     const auto t0 = Clock::now();
     std::vector<uint64_t> tickets(4, 0);
     for (uint32_t t = 0; t < plan->num_tiles(); ++t) {
