@@ -9,13 +9,11 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstdlib>
 #include <thread>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "base/grpc_status.h"
@@ -37,12 +35,12 @@ namespace {
 constexpr absl::Duration kUnaryDeadline = absl::Seconds(30);
 // Extra time given to WaitTransfer beyond its own timeout before the client's deadline fires.
 constexpr absl::Duration kWaitSlack = absl::Seconds(10);
-// SessionConnection::SetAnswerSpin of the session connections (KVRAIL_ANSWER_SPIN_US overrides).
-constexpr absl::Duration kAnswerSpin = absl::Microseconds(200);
 // Responses such as ListTransfers with many block ids can exceed gRPC's 4 MiB default.
 constexpr int kMaxMessageBytes = 256 << 20;
 
+// An infinite `timeout` sets none.
 void SetDeadline(grpc::ClientContext* context, absl::Duration timeout) {
+  if (timeout == absl::InfiniteDuration()) return;
   context->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
 }
 
@@ -74,13 +72,30 @@ ParsedTarget ParseTarget(const std::string& target) {
   return parsed;
 }
 
-}  // namespace
-
-std::string DefaultTarget() {
-  const char* env = std::getenv("KVRAIL_SOCKET");
-  if (env != nullptr && env[0] != '\0') return env;
-  return kDefaultSocket;
+// Who the errors name: "kvraild on unix socket PATH" or "kvraild at HOST:PORT".
+std::string Where(const ParsedTarget& parsed) {
+  return parsed.unix_path.empty() ? absl::StrCat("kvraild at ", parsed.grpc_target)
+                                  : absl::StrCat("kvraild on unix socket ", parsed.unix_path);
 }
+
+constexpr char kHint[] = " (is kvraild running? pass --socket or set KVRAIL_SOCKET)";
+
+// UNAVAILABLE when `unix_path` names no socket (a stopped kvraild removes its own); OK for TCP.
+absl::Status CheckSocket(const std::string& unix_path, const std::string& where) {
+  if (unix_path.empty()) return absl::OkStatus();
+  struct stat st;
+  if (::stat(unix_path.c_str(), &st) != 0) {
+    const int err = errno;
+    return absl::UnavailableError(absl::StrCat(where, " is not reachable: ", strerror(err), kHint));
+  }
+  if (!S_ISSOCK(st.st_mode)) {
+    return absl::UnavailableError(
+        absl::StrCat(where, " is not reachable: ", unix_path, " is not a socket"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 // --- HostBuffer ----------------------------------------------------------------------------------
 
@@ -105,51 +120,40 @@ HostBuffer::~HostBuffer() {
 
 // --- Client --------------------------------------------------------------------------------------
 
+// Thread contract: every member may be used from any thread; the session, the wait connections,
+// the block-table region and the loss state each have their own mutex (below), the rest is set
+// once in the constructor.
 class Client::Impl {
  public:
-  Impl(std::string target, ParsedTarget parsed, std::shared_ptr<grpc::Channel> channel)
-      : target_(std::move(target)),
+  Impl(const ClientOptions& options, ParsedTarget parsed, std::shared_ptr<grpc::Channel> channel,
+       absl::Duration probe_timeout)
+      : target_(options.target),
         grpc_target_(std::move(parsed.grpc_target)),
         unix_path_(std::move(parsed.unix_path)),
+        where_(Where({grpc_target_, unix_path_})),
+        options_(options),
+        probe_timeout_(probe_timeout),
         channel_(std::move(channel)),
         transfer_(v1::Transfer::NewStub(channel_)),
         admin_(v1::Admin::NewStub(channel_)),
-        peer_(v1::Peer::NewStub(channel_)) {
-    const char* via = std::getenv("KVRAIL_SUBMIT_VIA");
-    if (via != nullptr && std::string(via) == "grpc") session_submit_.store(false);
-    // KVRAIL_ANSWER_SPIN_US: how long an exchange on the session socket polls for its answer
-    // before it sleeps (0: never polls).
-    if (const char* spin = std::getenv("KVRAIL_ANSWER_SPIN_US"); spin != nullptr) {
-      uint32_t us = 0;
-      if (absl::SimpleAtoi(spin, &us)) answer_spin_ = absl::Microseconds(us);
-    }
-    // KVRAIL_COMPLETION_QUEUE=0: no completion queue (waits go by packets / gRPC);
-    // KVRAIL_COMPLETION_SPIN_US: how long a wait polls the queue before it sleeps.
-    if (const char* cq = std::getenv("KVRAIL_COMPLETION_QUEUE"); cq != nullptr) {
-      completion_queue_ = std::string(cq) != "0";
-    }
-    if (const char* spin = std::getenv("KVRAIL_COMPLETION_SPIN_US"); spin != nullptr) {
-      uint32_t us = 0;
-      if (absl::SimpleAtoi(spin, &us)) completion_spin_ = absl::Microseconds(us);
-    }
-    // KVRAIL_COMPLETION_QUEUE_ENTRIES: the ring's capacity (a power of 2, 8..1048576; default
-    // 4096). A transfer whose end finds it full is read the old way.
-    if (const char* entries = std::getenv("KVRAIL_COMPLETION_QUEUE_ENTRIES"); entries != nullptr) {
-      uint32_t n = 0;
-      if (absl::SimpleAtoi(entries, &n)) completion_entries_ = n;
-    }
-  }
+        peer_(v1::Peer::NewStub(channel_)),
+        session_submit_(options.submit_via_session) {}
 
   const std::string target_;
   const std::string grpc_target_;
   const std::string unix_path_;
+  const std::string where_;  // "kvraild on unix socket PATH" (Where)
+  const ClientOptions options_;
+  const absl::Duration probe_timeout_;  // Connect's, for ResetSession's probe too
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Transfer::Stub> transfer_;
   std::unique_ptr<v1::Admin::Stub> admin_;
   std::unique_ptr<v1::Peer::Stub> peer_;
 
+  // Shared: a caller holds its own reference while it uses the connection, so ResetSession
+  // dropping the session never frees it under a call.
   absl::Mutex session_mu_;
-  std::unique_ptr<wire::SessionConnection> session_ ABSL_GUARDED_BY(session_mu_);
+  std::shared_ptr<wire::SessionConnection> session_ ABSL_GUARDED_BY(session_mu_);
 
   // Large block tables go to the daemon through this host region instead of the gRPC message
   // (TransferEndpoint.block_table). Held for the whole Submit that fills it: the daemon has
@@ -159,26 +163,19 @@ class Client::Impl {
   uint64_t table_region_ ABSL_GUARDED_BY(table_mu_) = 0;
 
   // Submits go over the session socket (one round trip) unless this is off: a TCP target, an
-  // older daemon that does not know SUBMIT, or KVRAIL_SUBMIT_VIA=grpc in the environment.
-  std::atomic<bool> session_submit_{true};
-  // Session-socket exchanges (SUBMIT, WAIT) poll for their answer this long before sleeping: a
-  // critical transfer's answer then costs no thread wake-up. Set once, in the
-  // constructor.
-  absl::Duration answer_spin_ = kAnswerSpin;
+  // older daemon that does not know SUBMIT, or ClientOptions::submit_via_session false.
+  std::atomic<bool> session_submit_;
 
   // The session's completion queue (client/completion_table.h), mapped when the session opens;
   // null without one. Tables of lost sessions stay alive (abandoned) with the client, so a
   // pointer loaded here never dangles.
-  bool completion_queue_ = true;
-  absl::Duration completion_spin_ = absl::Microseconds(50);
-  uint32_t completion_entries_ = 4096;
   std::atomic<CompletionTable*> completions_{nullptr};
   std::vector<std::unique_ptr<CompletionTable>> tables_ ABSL_GUARDED_BY(session_mu_);
 
   void OpenCompletionQueueLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(session_mu_) {
-    if (!completion_queue_) return;
-    absl::StatusOr<std::unique_ptr<CompletionTable>> table =
-        CompletionTable::Create(completion_entries_, completion_spin_);
+    if (!options_.completion_queue) return;
+    absl::StatusOr<std::unique_ptr<CompletionTable>> table = CompletionTable::Create(
+        options_.completion_queue_entries, options_.completion_spin);
     // Without a queue (an older daemon, no memfd) everything goes the old way.
     if (!table.ok() || !session_->SendCompletionQueue((*table)->memfd(), (*table)->eventfd()).ok()) {
       return;
@@ -206,7 +203,7 @@ class Client::Impl {
     }
     auto opened = wire::SessionConnection::Open(wire::SessionSocketPath(unix_path_));
     if (!opened.ok()) return nullptr;
-    (*opened)->SetAnswerSpin(answer_spin_);
+    (*opened)->SetAnswerSpin(options_.answer_spin);
     return *std::move(opened);
   }
 
@@ -220,13 +217,15 @@ class Client::Impl {
     StopMonitorLocked();
   }
 
-  absl::StatusOr<wire::SessionConnection*> Session() {
+  // The session connection, opened on first use; the caller's reference keeps it alive for as
+  // long as the caller uses it.
+  absl::StatusOr<std::shared_ptr<wire::SessionConnection>> Session() {
     KVRAIL_RETURN_IF_ERROR(Lost());
     std::string lost_why;
     {
       absl::MutexLock lock(&session_mu_);
       if (session_ != nullptr) {
-        if (!session_->PeerClosed()) return session_.get();
+        if (!session_->PeerClosed()) return session_;
         lost_why = absl::StrCat("kvraild closed session ", session_->session_id(),
                                 " (it stopped or restarted)");
       } else {
@@ -239,11 +238,11 @@ class Client::Impl {
                                 wire::SessionConnection::Open(wire::SessionSocketPath(unix_path_)));
         const std::string known = instance_id();
         if (known.empty() || opened->instance_id().empty() || opened->instance_id() == known) {
-          opened->SetAnswerSpin(answer_spin_);
+          opened->SetAnswerSpin(options_.answer_spin);
           session_ = std::move(opened);
           StartMonitorLocked();
           OpenCompletionQueueLocked();
-          return session_.get();
+          return session_;
         }
         lost_why = absl::StrCat("kvraild restarted (instance ", known, " when connected, now ",
                                 opened->instance_id(), ")");
@@ -336,13 +335,48 @@ class Client::Impl {
     return Checked(value.status());
   }
 
+  // Every unary RPC of the client goes through here: tied to the session (Bind), bounded by
+  // `deadline` (infinite: none), and its failure passed through Checked, so every call reports a
+  // lost session the same way (kvrail_client.h, "Session lost").
+  template <typename Stub, typename Request, typename Response>
+  absl::StatusOr<Response> Unary(Stub& stub,
+                                 grpc::Status (Stub::*method)(grpc::ClientContext*, const Request&,
+                                                              Response*),
+                                 const Request& request, absl::Duration deadline = kUnaryDeadline) {
+    grpc::ClientContext context;
+    Bind(&context);
+    SetDeadline(&context, deadline);
+    Response response;
+    KVRAIL_RETURN_IF_ERROR(Checked(FromGrpcStatus((stub.*method)(&context, request, &response))));
+    return response;
+  }
+
+  // The daemon's Stats for ResetSession. Calls made while the daemon was away leave the channel
+  // in reconnect back-off, where a call fails at once with UNAVAILABLE although the daemon may
+  // be back: so the back-off is reset and the probe waits for a connection (up to
+  // probe_timeout_). A unix socket that is not there fails at once.
+  absl::StatusOr<v1::Stats> Probe() {
+    KVRAIL_RETURN_IF_ERROR(CheckSocket(unix_path_, where_));
+    grpc::experimental::ChannelResetConnectionBackoff(channel_.get());
+    grpc::ClientContext context;
+    context.set_wait_for_ready(true);
+    SetDeadline(&context, probe_timeout_);
+    v1::Stats stats;
+    const grpc::Status status = admin_->GetStats(&context, v1::GetStatsRequest(), &stats);
+    if (!status.ok()) {
+      return absl::UnavailableError(
+          absl::StrCat(where_, " is not answering: ", status.error_message(), kHint));
+    }
+    return stats;
+  }
+
   // Watches session_ for the daemon closing it. Requires session_mu_ and session_ set.
   void StartMonitorLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(session_mu_) {
     int fds[2];
     if (::pipe2(fds, O_CLOEXEC) != 0) return;  // no monitor: the next call still finds out
     monitor_wake_read_ = UniqueFd(fds[0]);
     monitor_wake_write_ = UniqueFd(fds[1]);
-    monitor_ = std::thread([this, conn = session_.get(), wake = monitor_wake_read_.get()] {
+    monitor_ = std::thread([this, conn = session_, wake = monitor_wake_read_.get()] {
       absl::StatusOr<bool> closed = conn->WaitForClose(wake);
       if (closed.ok() && *closed) {
         MarkLost(absl::StrCat("kvraild closed session ", conn->session_id(),
@@ -381,30 +415,23 @@ const std::string& Client::unix_socket_path() const { return impl_->unix_path_; 
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& target,
                                                         absl::Duration probe_timeout) {
-  if (target.empty()) return absl::InvalidArgumentError("empty kvraild target");
-  ParsedTarget parsed = ParseTarget(target);
-  const std::string where = parsed.unix_path.empty()
-                                ? absl::StrCat("kvraild at ", parsed.grpc_target)
-                                : absl::StrCat("kvraild on unix socket ", parsed.unix_path);
-  constexpr char kHint[] = " (is kvraild running? pass --socket or set KVRAIL_SOCKET)";
-  if (!parsed.unix_path.empty()) {
-    struct stat st;
-    if (::stat(parsed.unix_path.c_str(), &st) != 0) {
-      const int err = errno;
-      return absl::UnavailableError(
-          absl::StrCat(where, " is not reachable: ", strerror(err), kHint));
-    }
-    if (!S_ISSOCK(st.st_mode)) {
-      return absl::UnavailableError(
-          absl::StrCat(where, " is not reachable: ", parsed.unix_path, " is not a socket"));
-    }
-  }
+  ClientOptions options = ClientOptions::FromEnvironment();
+  options.target = target;
+  return Connect(options, probe_timeout);
+}
+
+absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options,
+                                                        absl::Duration probe_timeout) {
+  if (options.target.empty()) return absl::InvalidArgumentError("empty kvraild target");
+  ParsedTarget parsed = ParseTarget(options.target);
+  const std::string where = Where(parsed);
+  KVRAIL_RETURN_IF_ERROR(CheckSocket(parsed.unix_path, where));
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(kMaxMessageBytes);
   args.SetMaxSendMessageSize(kMaxMessageBytes);
   auto channel =
       grpc::CreateCustomChannel(parsed.grpc_target, grpc::InsecureChannelCredentials(), args);
-  auto impl = std::make_unique<Impl>(target, std::move(parsed), std::move(channel));
+  auto impl = std::make_unique<Impl>(options, std::move(parsed), std::move(channel), probe_timeout);
 
   // Fail fast (no wait_for_ready): a refused connection is reported at once with gRPC's reason
   // ("Connection refused") rather than as a bare deadline.
@@ -427,9 +454,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& targe
   // The block-table region is made now, not in the first large Submit (its creation and
   // registration would be ~0.3-0.9 ms of the first transfer). A failure here only means Submit
   // tries again when it needs the region.
-  const char* tables = std::getenv("KVRAIL_BLOCK_TABLE_BUFFER");
-  if (client->impl_->OpenSessionId() != 0 &&
-      (tables == nullptr || std::string(tables) != "lazy")) {
+  if (client->impl_->OpenSessionId() != 0 && options.eager_block_table) {
     absl::MutexLock lock(&client->impl_->table_mu_);
     (void)client->PrepareTableBuffer(kBlockTableBufferBytes);
   }
@@ -445,7 +470,7 @@ void Client::OnSessionLost(std::function<void(const absl::Status&)> callback) {
 }
 
 absl::Status Client::ResetSession() {
-  KVRAIL_ASSIGN_OR_RETURN(const v1::Stats stats, GetStats());
+  KVRAIL_ASSIGN_OR_RETURN(const v1::Stats stats, impl_->Probe());
   {
     absl::MutexLock lock(&impl_->session_mu_);
     impl_->StopMonitorLocked();
@@ -477,23 +502,13 @@ absl::StatusOr<v1::Grant> Client::CreateGrant(uint64_t region_id, v1::GrantAcces
   request.set_ttl_ms(static_cast<uint64_t>(absl::ToInt64Milliseconds(ttl)));
   request.set_layer_begin(layer_begin);
   request.set_layer_end(layer_end);
-  v1::Grant grant;
-  grpc::ClientContext context;
-  impl_->Bind(&context);
-  SetDeadline(&context, kUnaryDeadline);
-  KVRAIL_RETURN_IF_ERROR(
-      impl_->Checked(FromGrpcStatus(impl_->transfer_->CreateGrant(&context, request, &grant))));
-  return grant;
+  return impl_->Unary(*impl_->transfer_, &v1::Transfer::Stub::CreateGrant, request);
 }
 
 absl::Status Client::RevokeGrant(const std::string& token) {
   v1::RevokeGrantRequest request;
   request.set_token(token);
-  v1::RevokeGrantResponse response;
-  grpc::ClientContext context;
-  impl_->Bind(&context);
-  SetDeadline(&context, kUnaryDeadline);
-  return FromGrpcStatus(impl_->transfer_->RevokeGrant(&context, request, &response));
+  return impl_->Unary(*impl_->transfer_, &v1::Transfer::Stub::RevokeGrant, request).status();
 }
 
 absl::StatusOr<v1::RegionLease> Client::ExportRegion(uint64_t region_id,
@@ -501,13 +516,7 @@ absl::StatusOr<v1::RegionLease> Client::ExportRegion(uint64_t region_id,
   v1::ExportRegionRequest request;
   request.set_region_id(region_id);
   request.set_peer_node_id(peer_node);
-  v1::RegionLease lease;
-  grpc::ClientContext context;
-  impl_->Bind(&context);
-  SetDeadline(&context, kUnaryDeadline);
-  KVRAIL_RETURN_IF_ERROR(
-      impl_->Checked(FromGrpcStatus(impl_->peer_->ExportRegion(&context, request, &lease))));
-  return lease;
+  return impl_->Unary(*impl_->peer_, &v1::Peer::Stub::ExportRegion, request);
 }
 
 absl::StatusOr<std::vector<v1::Notification>> Client::PollNotifications(uint32_t max,
@@ -523,12 +532,9 @@ absl::StatusOr<std::vector<v1::Notification>> Client::PollNotifications(uint32_t
   // Round up so that a sub-millisecond timeout still waits.
   request.set_timeout_ms(static_cast<uint32_t>(
       absl::ToInt64Milliseconds(timeout + absl::Milliseconds(1) - absl::Nanoseconds(1))));
-  v1::NotificationPollResponse response;
-  grpc::ClientContext context;
-  impl_->Bind(&context);
-  SetDeadline(&context, timeout + kUnaryDeadline);
-  KVRAIL_RETURN_IF_ERROR(impl_->Checked(
-      FromGrpcStatus(impl_->transfer_->PollNotifications(&context, request, &response))));
+  KVRAIL_ASSIGN_OR_RETURN(v1::NotificationPollResponse response,
+                          impl_->Unary(*impl_->transfer_, &v1::Transfer::Stub::PollNotifications,
+                                       request, timeout + kUnaryDeadline));
   std::vector<v1::Notification> out;
   out.reserve(response.notifications_size());
   for (auto& n : *response.mutable_notifications()) out.push_back(std::move(n));
@@ -560,12 +566,14 @@ absl::StatusOr<std::unique_ptr<HostBuffer>> Client::CreateHostBuffer(size_t byte
 }
 
 absl::StatusOr<uint64_t> Client::SessionId() {
-  KVRAIL_ASSIGN_OR_RETURN(wire::SessionConnection * session, impl_->Session());
+  KVRAIL_ASSIGN_OR_RETURN(const std::shared_ptr<wire::SessionConnection> session,
+                          impl_->Session());
   return session->session_id();
 }
 
 absl::StatusOr<std::string> Client::ShareFd(int fd) {
-  KVRAIL_ASSIGN_OR_RETURN(wire::SessionConnection * session, impl_->Session());
+  KVRAIL_ASSIGN_OR_RETURN(const std::shared_ptr<wire::SessionConnection> session,
+                          impl_->Session());
   return session->SendFd(fd);
 }
 
@@ -586,7 +594,8 @@ absl::StatusOr<v1::RegionInfo> Client::RegisterHostBuffer(const HostBuffer& buff
   if (spec.layout_case() == v1::RegionSpec::LAYOUT_NOT_SET) spec.mutable_bytes();
 
   for (int attempt = 0;; ++attempt) {
-    KVRAIL_ASSIGN_OR_RETURN(wire::SessionConnection * session, impl_->Session());
+    KVRAIL_ASSIGN_OR_RETURN(const std::shared_ptr<wire::SessionConnection> session,
+                            impl_->Session());
     KVRAIL_ASSIGN_OR_RETURN(std::string token, session->SendFd(buffer.fd()));
     v1::RegionSpec shared = spec;
     shared.mutable_share()->set_fd_token(token);  // single-use: a retry passes the fd again
@@ -629,7 +638,8 @@ absl::StatusOr<v1::RegionInfo> Client::RegisterHostLayers(const std::vector<Host
     }
   }
   for (int attempt = 0;; ++attempt) {
-    KVRAIL_ASSIGN_OR_RETURN(wire::SessionConnection * session, impl_->Session());
+    KVRAIL_ASSIGN_OR_RETURN(const std::shared_ptr<wire::SessionConnection> session,
+                            impl_->Session());
     v1::RegionSpec shared = spec;
     for (size_t i = 0; i < layers.size(); ++i) {
       KVRAIL_ASSIGN_OR_RETURN(std::string token, session->SendFd(layers[i].buffer->fd()));
@@ -673,7 +683,8 @@ absl::StatusOr<v1::RegionInfo> Client::RegisterHostFd(int fd, uint64_t offset, u
   if (spec.layout_case() == v1::RegionSpec::LAYOUT_NOT_SET) spec.mutable_bytes();
   spec.clear_layer_shares();
   for (int attempt = 0;; ++attempt) {
-    KVRAIL_ASSIGN_OR_RETURN(wire::SessionConnection * session, impl_->Session());
+    KVRAIL_ASSIGN_OR_RETURN(const std::shared_ptr<wire::SessionConnection> session,
+                            impl_->Session());
     KVRAIL_ASSIGN_OR_RETURN(std::string token, session->SendFd(fd));
     v1::RegionSpec shared = spec;
     shared.mutable_share()->set_fd_token(token);  // single-use: a retry passes the fd again
@@ -705,7 +716,7 @@ absl::StatusOr<v1::RegionInfo> Client::RegisterRegion(v1::RegionSpec spec, uint6
     }
     // Without a session (a TCP target) the name goes as it is: kvraild then refuses it unless
     // the caller's uid owns the object, which it cannot know over TCP.
-    absl::StatusOr<wire::SessionConnection*> session = impl_->Session();
+    absl::StatusOr<std::shared_ptr<wire::SessionConnection>> session = impl_->Session();
     if (session.ok()) {
       KVRAIL_ASSIGN_OR_RETURN(std::string token, (*session)->SendFd(fd.get()));
       spec.mutable_share()->set_fd_token(token);  // keeps share.offset
@@ -715,24 +726,16 @@ absl::StatusOr<v1::RegionInfo> Client::RegisterRegion(v1::RegionSpec spec, uint6
   v1::RegisterRegionRequest request;
   *request.mutable_spec() = std::move(spec);
   request.set_session_id(session_id);
-  v1::RegisterRegionResponse response;
-  grpc::ClientContext context;
-  impl_->Bind(&context);
-  SetDeadline(&context, kUnaryDeadline);
-  KVRAIL_RETURN_IF_ERROR(
-      impl_->Checked(FromGrpcStatus(impl_->transfer_->RegisterRegion(&context, request, &response))));
+  KVRAIL_ASSIGN_OR_RETURN(
+      v1::RegisterRegionResponse response,
+      impl_->Unary(*impl_->transfer_, &v1::Transfer::Stub::RegisterRegion, request));
   return std::move(*response.mutable_region());
 }
 
 absl::Status Client::UnregisterRegion(uint64_t region_id) {
   v1::UnregisterRegionRequest request;
   request.set_region_id(region_id);
-  v1::UnregisterRegionResponse response;
-  grpc::ClientContext context;
-  impl_->Bind(&context);
-  SetDeadline(&context, kUnaryDeadline);
-  return impl_->Checked(
-      FromGrpcStatus(impl_->transfer_->UnregisterRegion(&context, request, &response)));
+  return impl_->Unary(*impl_->transfer_, &v1::Transfer::Stub::UnregisterRegion, request).status();
 }
 
 namespace {
@@ -783,7 +786,7 @@ absl::StatusOr<v1::SubmitTransferResponse> Client::SubmitRequest(
   // Transfers within this node, over the session socket when the daemon has one.
   if (impl_->session_submit_.load() && !impl_->unix_path_.empty() &&
       request.spec().dst().node_id().empty() && request.ByteSizeLong() <= wire::kMaxSessionSubmitBytes) {
-    absl::StatusOr<wire::SessionConnection*> session = impl_->Session();
+    absl::StatusOr<std::shared_ptr<wire::SessionConnection>> session = impl_->Session();
     if (session.ok()) {
       bool sent = false;
       // The daemon posts this transfer's end into the completion queue (when there is one).
@@ -805,13 +808,7 @@ absl::StatusOr<v1::SubmitTransferResponse> Client::SubmitRequest(
       }
     }
   }
-  v1::SubmitTransferResponse response;
-  grpc::ClientContext context;
-  impl_->Bind(&context);
-  SetDeadline(&context, kUnaryDeadline);
-  KVRAIL_RETURN_IF_ERROR(
-      impl_->Checked(FromGrpcStatus(impl_->transfer_->SubmitTransfer(&context, request, &response))));
-  return response;
+  return impl_->Unary(*impl_->transfer_, &v1::Transfer::Stub::SubmitTransfer, request);
 }
 
 absl::Status Client::PrepareTableBuffer(uint64_t need) {
@@ -886,13 +883,7 @@ absl::StatusOr<v1::SubmitTransferResponse> Client::Submit(const v1::TransferSpec
 absl::StatusOr<v1::TransferStatus> Client::Get(uint64_t transfer_id) {
   v1::GetTransferRequest request;
   request.set_transfer_id(transfer_id);
-  v1::TransferStatus response;
-  grpc::ClientContext context;
-  impl_->Bind(&context);
-  SetDeadline(&context, kUnaryDeadline);
-  KVRAIL_RETURN_IF_ERROR(
-      impl_->Checked(FromGrpcStatus(impl_->transfer_->GetTransfer(&context, request, &response))));
-  return response;
+  return impl_->Unary(*impl_->transfer_, &v1::Transfer::Stub::GetTransfer, request);
 }
 
 namespace {
@@ -1001,30 +992,20 @@ absl::StatusOr<v1::TransferStatus> Client::WaitByCall(uint64_t transfer_id,
   }
   v1::WaitTransferRequest request;
   request.set_transfer_id(transfer_id);
-  grpc::ClientContext context;
-  impl_->Bind(&context);
+  absl::Duration deadline = absl::InfiniteDuration();
   if (timeout > absl::ZeroDuration() && timeout != absl::InfiniteDuration()) {
     // Round up so that a sub-millisecond timeout does not become "forever" (0).
     request.set_timeout_ms(static_cast<uint64_t>(
         absl::ToInt64Milliseconds(timeout + absl::Milliseconds(1) - absl::Nanoseconds(1))));
-    SetDeadline(&context, timeout + kWaitSlack);
+    deadline = timeout + kWaitSlack;
   }
-  v1::TransferStatus response;
-  KVRAIL_RETURN_IF_ERROR(
-      impl_->Checked(FromGrpcStatus(impl_->transfer_->WaitTransfer(&context, request, &response))));
-  return response;
+  return impl_->Unary(*impl_->transfer_, &v1::Transfer::Stub::WaitTransfer, request, deadline);
 }
 
 absl::StatusOr<v1::TransferStatus> Client::Cancel(uint64_t transfer_id) {
   v1::CancelTransferRequest request;
   request.set_transfer_id(transfer_id);
-  v1::TransferStatus response;
-  grpc::ClientContext context;
-  impl_->Bind(&context);
-  SetDeadline(&context, kUnaryDeadline);
-  KVRAIL_RETURN_IF_ERROR(
-      impl_->Checked(FromGrpcStatus(impl_->transfer_->CancelTransfer(&context, request, &response))));
-  return response;
+  return impl_->Unary(*impl_->transfer_, &v1::Transfer::Stub::CancelTransfer, request);
 }
 
 absl::Status Client::MarkReady(uint64_t transfer_id, uint32_t layer_begin, uint32_t layer_count) {
@@ -1032,11 +1013,7 @@ absl::Status Client::MarkReady(uint64_t transfer_id, uint32_t layer_begin, uint3
   request.set_transfer_id(transfer_id);
   request.set_layer_begin(layer_begin);
   request.set_layer_count(layer_count);
-  v1::MarkReadyResponse response;
-  grpc::ClientContext context;
-  impl_->Bind(&context);
-  SetDeadline(&context, kUnaryDeadline);
-  return impl_->Checked(FromGrpcStatus(impl_->transfer_->MarkReady(&context, request, &response)));
+  return impl_->Unary(*impl_->transfer_, &v1::Transfer::Stub::MarkReady, request).status();
 }
 
 absl::StatusOr<v1::TransferStatus> Client::Watch(
@@ -1061,7 +1038,7 @@ absl::StatusOr<v1::TransferStatus> Client::Watch(
       return last;
     }
   }
-  KVRAIL_RETURN_IF_ERROR(FromGrpcStatus(reader->Finish()));
+  KVRAIL_RETURN_IF_ERROR(impl_->Checked(FromGrpcStatus(reader->Finish())));
   if (!seen) {
     return absl::InternalError(
         absl::StrCat("WatchTransfer(", transfer_id, ") ended without any event"));
@@ -1070,12 +1047,9 @@ absl::StatusOr<v1::TransferStatus> Client::Watch(
 }
 
 absl::StatusOr<v1::ListRegionsResponse> Client::ListRegions(bool include_library_regions) {
-  v1::ListRegionsResponse response;
-  grpc::ClientContext context;
-  impl_->Bind(&context);
-  SetDeadline(&context, kUnaryDeadline);
-  KVRAIL_RETURN_IF_ERROR(
-      FromGrpcStatus(impl_->admin_->ListRegions(&context, v1::ListRegionsRequest(), &response)));
+  KVRAIL_ASSIGN_OR_RETURN(
+      v1::ListRegionsResponse response,
+      impl_->Unary(*impl_->admin_, &v1::Admin::Stub::ListRegions, v1::ListRegionsRequest()));
   if (!include_library_regions) {
     auto* regions = response.mutable_regions();
     regions->erase(std::remove_if(regions->begin(), regions->end(),
@@ -1097,42 +1071,19 @@ absl::StatusOr<v1::ListTransfersResponse> Client::ListTransfers(
 
 absl::StatusOr<v1::ListTransfersResponse> Client::ListTransfers(
     const v1::ListTransfersRequest& request) {
-  v1::ListTransfersResponse response;
-  grpc::ClientContext context;
-  impl_->Bind(&context);
-  SetDeadline(&context, kUnaryDeadline);
-  KVRAIL_RETURN_IF_ERROR(FromGrpcStatus(impl_->admin_->ListTransfers(&context, request, &response)));
-  return response;
+  return impl_->Unary(*impl_->admin_, &v1::Admin::Stub::ListTransfers, request);
 }
 
 absl::StatusOr<v1::ListPeersResponse> Client::ListPeers() {
-  v1::ListPeersResponse response;
-  grpc::ClientContext context;
-  impl_->Bind(&context);
-  SetDeadline(&context, kUnaryDeadline);
-  KVRAIL_RETURN_IF_ERROR(
-      FromGrpcStatus(impl_->admin_->ListPeers(&context, v1::ListPeersRequest(), &response)));
-  return response;
+  return impl_->Unary(*impl_->admin_, &v1::Admin::Stub::ListPeers, v1::ListPeersRequest());
 }
 
 absl::StatusOr<v1::Stats> Client::GetStats() {
-  v1::Stats response;
-  grpc::ClientContext context;
-  impl_->Bind(&context);
-  SetDeadline(&context, kUnaryDeadline);
-  KVRAIL_RETURN_IF_ERROR(
-      FromGrpcStatus(impl_->admin_->GetStats(&context, v1::GetStatsRequest(), &response)));
-  return response;
+  return impl_->Unary(*impl_->admin_, &v1::Admin::Stub::GetStats, v1::GetStatsRequest());
 }
 
 absl::StatusOr<v1::GetTopologyResponse> Client::GetTopology() {
-  v1::GetTopologyResponse response;
-  grpc::ClientContext context;
-  impl_->Bind(&context);
-  SetDeadline(&context, kUnaryDeadline);
-  KVRAIL_RETURN_IF_ERROR(
-      FromGrpcStatus(impl_->admin_->GetTopology(&context, v1::GetTopologyRequest(), &response)));
-  return response;
+  return impl_->Unary(*impl_->admin_, &v1::Admin::Stub::GetTopology, v1::GetTopologyRequest());
 }
 
 }  // namespace kvrail::client

@@ -34,6 +34,36 @@ namespace kvrail::client {
 inline constexpr char kDefaultSocket[] = "/run/kvrail/kvrail.sock";
 std::string DefaultTarget();
 
+// How a Client works, each field with the environment variable that sets it. FromEnvironment is
+// the one place the library reads the environment; Connect(target) applies it, Connect(options)
+// takes the caller's. Defaults are the field initializers; an unparsable number keeps them.
+struct ClientOptions {
+  // KVRAIL_SOCKET (when set and non-empty): the daemon Connect talks to (see Connect).
+  std::string target = kDefaultSocket;
+  // KVRAIL_SUBMIT_VIA=grpc sets false: transfers within the node are submitted and waited for
+  // over gRPC rather than the session socket.
+  bool submit_via_session = true;
+  // KVRAIL_ANSWER_SPIN_US: how long an exchange on the session socket (SUBMIT, WAIT) polls for
+  // its answer before it sleeps (0: never polls); a critical transfer's answer then costs no
+  // thread wake-up.
+  absl::Duration answer_spin = absl::Microseconds(200);
+  // KVRAIL_COMPLETION_QUEUE=0 sets false: no completion queue (waits go by packets / gRPC).
+  bool completion_queue = true;
+  // KVRAIL_COMPLETION_SPIN_US: how long a wait polls the completion queue before it sleeps.
+  absl::Duration completion_spin = absl::Microseconds(50);
+  // KVRAIL_COMPLETION_QUEUE_ENTRIES: the queue's capacity (a power of 2, 8..1048576). A
+  // transfer whose end finds it full is read the old way.
+  uint32_t completion_queue_entries = 4096;
+  // KVRAIL_BLOCK_TABLE_BUFFER=lazy sets false: the block-table region (see Submit) is made by
+  // the first Submit that needs it rather than by Connect.
+  bool eager_block_table = true;
+
+  // The defaults with the process environment's overrides.
+  static ClientOptions FromEnvironment();
+  // The same over `getenv` (a variable's value, or null when unset): a replayable environment.
+  static ClientOptions FromEnvironment(const std::function<const char*(const char*)>& getenv);
+};
+
 // Host memory that can be shared with kvraild: an anonymous memfd, sized with ftruncate and
 // mapped MAP_SHARED, so the daemon's mapping of the same fd sees the same pages.
 // Thread contract: the object is immutable after creation; the bytes behind data() may be read
@@ -76,8 +106,11 @@ class Client {
   // `target`: a unix socket path ("/run/kvrail/kvrail.sock", or "unix:PATH") or "host:port".
   // Probes the daemon with GetStats (deadline `probe_timeout`); UNAVAILABLE naming the socket
   // when it does not answer.
+  // The options are ClientOptions::FromEnvironment() with `target`.
   static absl::StatusOr<std::unique_ptr<Client>> Connect(
       const std::string& target = DefaultTarget(), absl::Duration probe_timeout = absl::Seconds(3));
+  static absl::StatusOr<std::unique_ptr<Client>> Connect(
+      const ClientOptions& options, absl::Duration probe_timeout = absl::Seconds(3));
   ~Client();
   Client(const Client&) = delete;
   Client& operator=(const Client&) = delete;
@@ -135,14 +168,14 @@ class Client {
   absl::Status UnregisterRegion(uint64_t region_id);
   // Block tables of 8192+ ids travel through a host region of this client's session (a 1 MiB
   // one created and registered by Connect, or on first use when that failed or
-  // KVRAIL_BLOCK_TABLE_BUFFER=lazy is set; named kBlockTableRegionName, grown as needed, not
+  // ClientOptions::eager_block_table is false; named kBlockTableRegionName, grown as needed, not
   // listed by ListRegions, given up when RegisterHostBuffer / RegisterHostLayers would otherwise
   // fail on max_regions_per_session or _uid) on unix sockets, else as
   // block_ids_le32 from 1024 ids; a spec that already sets block_table or both encodings goes
   // as it is. Thread-safe; large submits from several threads take turns on the table region.
   // On a unix socket, a transfer within this node is submitted over the session socket (one
   // round trip, same validation and errors as the SubmitTransfer RPC, which is used otherwise,
-  // for a daemon without it, or with KVRAIL_SUBMIT_VIA=grpc set).
+  // for a daemon without it, or with ClientOptions::submit_via_session false).
   absl::StatusOr<v1::SubmitTransferResponse> Submit(const v1::TransferSpec& spec);
   absl::StatusOr<v1::TransferStatus> Get(uint64_t transfer_id);
   // Blocks until the transfer ends or `timeout` passes (zero or infinite: until it ends); on
@@ -150,8 +183,8 @@ class Client {
   // session connection ("WAIT", answered by the daemon when the transfer ends), else WaitTransfer.
   // A transfer submitted over the session socket ends in the session's completion queue
   // (shared memory the daemon writes, mapped when the session opens unless
-  // KVRAIL_COMPLETION_QUEUE=0): the wait reads it there without a call, polling for up to
-  // KVRAIL_COMPLETION_SPIN_US (default 50, adaptive) before it sleeps. Such a status carries
+  // ClientOptions::completion_queue is false): the wait reads it there without a call, polling
+  // for up to ClientOptions::completion_spin (adaptive) before it sleeps. Such a status carries
   // transfer_id, state, error_code, bytes_total, bytes_done and finished_unix_us (Get has the
   // rest); one with an error message or a digest is read from the daemon in full.
   absl::StatusOr<v1::TransferStatus> Wait(uint64_t transfer_id,
@@ -219,8 +252,10 @@ class Client {
   // the "session lost" status. Must not call ResetSession or destroy the client itself.
   void OnSessionLost(std::function<void(const absl::Status&)> callback);
   // Drops the lost session (if any) and adopts the daemon's current instance; the next call
-  // opens a new session, under which regions must be registered again. UNAVAILABLE when the
-  // daemon does not answer.
+  // opens a new session, under which regions must be registered again. Right after a restart it
+  // waits (up to Connect's probe_timeout) for the daemon to answer, however recently calls
+  // failed to reach it. UNAVAILABLE when the daemon does not answer. Safe to call while other
+  // threads use the session: they finish on the old session.
   absl::Status ResetSession();
 
   // --- Admin service -------------------------------------------------------------------------

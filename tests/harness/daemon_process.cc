@@ -55,7 +55,8 @@ std::string RunfilePath(const std::string& workspace_relative) {
   return workspace_relative;  // a test's working directory is the runfiles root
 }
 
-bool DaemonProcess::Start(const std::string& dir, const std::vector<std::string>& extra_args) {
+bool DaemonProcess::Start(const std::string& dir, const std::vector<std::string>& extra_args,
+                          bool probe) {
   socket_ = dir + "/kvrail.sock";
   log_ = dir + "/kvraild.log";
   std::vector<std::string> args = {RunfilePath("daemon/kvraild"), "--socket", socket_,
@@ -68,6 +69,8 @@ bool DaemonProcess::Start(const std::string& dir, const std::vector<std::string>
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_addopen(&actions, 1, log_.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
   posix_spawn_file_actions_addopen(&actions, 2, log_.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+  // The log is appended to across restarts: only this start's "ready: " counts.
+  const size_t logged_before = ReadLog().size();
   const int rc = posix_spawn(&pid_, argv[0], &actions, nullptr, argv.data(), environ);
   posix_spawn_file_actions_destroy(&actions);
   if (rc != 0) return false;
@@ -79,7 +82,8 @@ bool DaemonProcess::Start(const std::string& dir, const std::vector<std::string>
     }
     // The daemon logs "ready:" once it serves; connecting earlier would put the gRPC channel into
     // reconnect back-off (a second or more).
-    if (ReadLog().find("ready: ") != std::string::npos) {
+    if (ReadLog().find("ready: ", logged_before) != std::string::npos) {
+      if (!probe) return true;
       auto client = client::Client::Connect(socket_, absl::Milliseconds(500));
       if (client.ok()) return true;
     }

@@ -28,9 +28,13 @@ class TempDir {
 // One kvraild child process. Not thread-safe. The destructor kills a daemon still running.
 class DaemonProcess {
  public:
-  // Starts kvraild with --socket <dir>/kvrail.sock plus `extra_args`; waits until the socket
-  // answers a health RPC (aborts the test process's expectations by returning false otherwise).
-  bool Start(const std::string& dir, const std::vector<std::string>& extra_args = {});
+  // Starts kvraild with --socket <dir>/kvrail.sock plus `extra_args`; waits until it logs
+  // "ready: " and, with `probe`, until the socket answers a health RPC (false otherwise). Without
+  // `probe` this process makes no gRPC connection of its own to the daemon, as when another
+  // process restarts it: a client's channel then sees only its own reconnect attempts (gRPC
+  // shares one connection between channels to the same target).
+  bool Start(const std::string& dir, const std::vector<std::string>& extra_args = {},
+             bool probe = true);
   // Sends `signal` and waits up to `timeout_ms`; returns the exit status (WEXITSTATUS) or -1 when
   // it did not exit normally in time (it is then killed).
   int Stop(int signal, int timeout_ms = 20000);
