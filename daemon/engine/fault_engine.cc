@@ -99,7 +99,7 @@ class FaultInjectingEngineImpl final : public FaultInjectingEngine {
                         inner_->Describe());
   }
   planner::TableAllocator* table_pool() const override { return inner_->table_pool(); }
-  void Expect(const MemoryRef& src, const MemoryRef& dst) override { inner_->Expect(src, dst); }
+  void Expect(const Placement& src, const Placement& dst) override { inner_->Expect(src, dst); }
 
   void SetPolicy(FaultPolicy policy) override {
     absl::MutexLock lock(&mu_);

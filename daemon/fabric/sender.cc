@@ -299,7 +299,7 @@ absl::StatusOr<std::vector<std::string>> SenderImpl::Begin(
   {
     // Per transfer: the GPU kernel for a GPU source, else the copy engines / host pack; said in
     // the path reason.
-    const engine::MemoryRef src_ref = job->src();
+    const job::Placement src_ref = job->src();
     std::string why;
     out->gpu = GpuTileKernels::ForSource(
         job->plan(), RegionSide{src_ref.cuda, src_ref.device, src_ref.base}, job->wants_digest(),
@@ -528,7 +528,7 @@ void SenderImpl::PackLoop() {
     }
     out->job->OnTileStart(item.tile);
     const uint64_t bytes = TileBytes(out->job->plan(), item.tile);
-    const engine::MemoryRef src = out->job->src();
+    const job::Placement src = out->job->src();
     const RegionSide src_side{src.cuda, src.device, src.base};
     uint8_t* const staging = lanes_->SendSlot(lane, peer->index, slot);
     absl::Status packed;

@@ -7,16 +7,14 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "daemon/job/job.h"
 #include "proto/kvrail/v1/topology.pb.h"
 #include "proto/kvrail/v1/transfer.pb.h"
 
 namespace kvrail::scheduler {
 
-// Where one side of a transfer lives.
-struct Placement {
-  bool cuda = false;  // GPU memory (else host memory of this node)
-  int device = -1;    // CUDA ordinal (cuda only)
-};
+// Where one side of a transfer lives (only the memory's kind and GPU matter here).
+using job::Placement;
 
 enum class EngineKind { kHost, kCuda };
 

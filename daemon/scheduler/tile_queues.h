@@ -12,16 +12,15 @@
 #include <utility>
 #include <vector>
 
+#include "daemon/job/job.h"
 #include "daemon/scheduler/tile_ranges.h"
-
-#include "daemon/engine/engine.h"
 
 namespace kvrail::scheduler {
 
-using engine::ClassLimits;
-using engine::Job;
-using engine::kNumPriorityClasses;
-using engine::PriorityClass;
+using job::ClassLimits;
+using job::Job;
+using job::kNumPriorityClasses;
+using job::PriorityClass;
 
 // Whether a class with `inflight` bytes being moved may start `next` more under `limit`.
 inline bool MayStart(const ClassLimits& limit, uint64_t inflight, uint64_t next) {

@@ -142,8 +142,8 @@ class Record final : public InboundJob {
   const planner::Plan& plan() const override { return plan_; }
   const uint8_t* src_base() const override { return src_->data(); }
   uint8_t* dst_base() const override { return dst_->data(); }
-  engine::MemoryRef src() const override { return Ref(*src_); }
-  engine::MemoryRef dst() const override { return Ref(*dst_); }
+  job::Placement src() const override { return Ref(*src_); }
+  job::Placement dst() const override { return Ref(*dst_); }
   absl::StatusOr<uint8_t*> DeviceAddress(Side side, int accessor) const override {
     return (side == Side::kSrc ? src_ : dst_)->DeviceAddress(accessor);
   }
@@ -195,9 +195,9 @@ class Record final : public InboundJob {
   std::vector<uint32_t> LayersDone() const;
 
  private:
-  static engine::MemoryRef Ref(const regions::Region& region) {
+  static job::Placement Ref(const regions::Region& region) {
     const bool cuda = region.spec().memory_kind() == v1::MEMORY_KIND_CUDA;
-    return engine::MemoryRef{cuda, cuda ? region.spec().device() : -1, region.data()};
+    return job::Placement{cuda, cuda ? region.spec().device() : -1, region.data()};
   }
   void MaybeFinishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Drops the record's hold on its regions (and arrival flags); idempotent.

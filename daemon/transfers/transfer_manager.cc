@@ -31,9 +31,10 @@ std::string LinkName(const regions::Region& src, const regions::Region& dst) {
   return a == b ? a : absl::StrCat(a, "-", b);
 }
 
-scheduler::Placement PlacementOf(const regions::Region& r) {
-  const bool cuda = r.spec().memory_kind() == v1::MEMORY_KIND_CUDA;
-  return scheduler::Placement{cuda, cuda ? r.spec().device() : -1};
+// The region's memory kind and GPU (the route's input; no address).
+job::Placement PlacementOf(const regions::Region& r) {
+  return r.spec().memory_kind() == v1::MEMORY_KIND_CUDA ? job::Placement::Gpu(r.spec().device())
+                                                       : job::Placement::Host();
 }
 
 absl::Status Draining() {
@@ -215,7 +216,7 @@ absl::StatusOr<v1::SubmitTransferResponse> TransferManagerImpl::SubmitLocal(
   // without staging; without one, the host engine's recycled buffers.
   plan_options.tables =
       (options_.cuda_engine != nullptr ? options_.cuda_engine : engine_)->table_pool();
-  const scheduler::Placement src_at = PlacementOf(*request.src), dst_at = PlacementOf(*request.dst);
+  const job::Placement src_at = PlacementOf(*request.src), dst_at = PlacementOf(*request.dst);
   // The route needs no plan: chosen first, so a GPU's dispatcher asleep after an idle spell wakes
   // while the plan is made.
   KVRAIL_ASSIGN_OR_RETURN(
@@ -225,8 +226,7 @@ absl::StatusOr<v1::SubmitTransferResponse> TransferManagerImpl::SubmitLocal(
   engine::Engine* engine =
       route.engine == scheduler::EngineKind::kCuda ? options_.cuda_engine : engine_;
   if (route.engine == scheduler::EngineKind::kCuda) {
-    engine->Expect(engine::MemoryRef{src_at.cuda, src_at.device, nullptr},
-                   engine::MemoryRef{dst_at.cuda, dst_at.device, nullptr});
+    engine->Expect(src_at, dst_at);
   }
   KVRAIL_ASSIGN_OR_RETURN(planner::Plan plan,
                           planner::MakePlan(request.light, request.src->view(),

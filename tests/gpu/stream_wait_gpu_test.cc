@@ -79,8 +79,8 @@ class GatedJob final : public Job {
   const planner::Plan& plan() const override { return plan_; }
   const uint8_t* src_base() const override { return src_; }
   uint8_t* dst_base() const override { return dst_; }
-  MemoryRef src() const override { return MemoryRef{true, 0, src_}; }
-  MemoryRef dst() const override { return MemoryRef{true, 0, dst_}; }
+  Placement src() const override { return Placement{true, 0, src_}; }
+  Placement dst() const override { return Placement{true, 0, dst_}; }
   absl::StatusOr<uint8_t*> DeviceAddress(Side side, int) const override {
     return side == Side::kSrc ? src_ : dst_;
   }

@@ -14,7 +14,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "base/status.h"
-#include "daemon/engine/engine.h"
+#include "daemon/job/job.h"
 #include "daemon/planner/planner.h"
 #include "daemon/scheduler/tile_queues.h"
 #include "proto/kvrail/v1/transfer.pb.h"
@@ -77,13 +77,13 @@ struct Link {
 };
 
 // One GPU-to-GPU transfer as the sending engine sees it (the real engine interface).
-class SimJob : public engine::Job {
+class SimJob : public job::Job {
  public:
   SimJob(planner::Plan plan) : plan_(std::move(plan)) {}
   const planner::Plan& plan() const override { return plan_; }
   const uint8_t* src_base() const override { return nullptr; }
   uint8_t* dst_base() const override { return nullptr; }
-  engine::PriorityClass priority() const override { return engine::PriorityClass::kNormal; }
+  job::PriorityClass priority() const override { return job::PriorityClass::kNormal; }
   bool MayGetMoreTiles() const override { return released_layers < plan_.num_layers(); }
   void OnTileStart(uint32_t) override {}
   void OnTileDone(uint32_t, const absl::Status&) override { ++tiles_done; }
@@ -463,7 +463,7 @@ void Simulation::Pump(int e, double now) {
   while (engine.inflight < c_.inflight_tiles && !engine.queues.AllEmpty()) {
     int cls = 0;
     while (engine.queues.Empty(cls)) ++cls;
-    auto taken = engine.queues.TakeFrom(cls, [](engine::Job&, scheduler::TileRanges& tiles) {
+    auto taken = engine.queues.TakeFrom(cls, [](job::Job&, scheduler::TileRanges& tiles) {
       const uint32_t t = tiles.front();
       tiles.pop_front();
       return t;

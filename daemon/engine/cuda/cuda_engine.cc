@@ -70,7 +70,7 @@ class CudaEngine final : public Engine {
     return worker != nullptr && worker->AdmitGated(job);
   }
 
-  void Expect(const MemoryRef& src, const MemoryRef& dst) override {
+  void Expect(const Placement& src, const Placement& dst) override {
     DeviceWorker* worker = Worker(ExecutingDevice(src, dst));
     if (worker != nullptr) worker->Expect();
   }
@@ -106,7 +106,7 @@ class CudaEngine final : public Engine {
   // The GPU whose dispatcher runs a job between `src` and `dst` (scheduler::ExecutingDevice):
   // one answer for Enqueue, AdmitGated and Expect, so a job is admitted, woken for and queued on
   // the same worker.
-  int ExecutingDevice(const MemoryRef& src, const MemoryRef& dst) const {
+  int ExecutingDevice(const Placement& src, const Placement& dst) const {
     return scheduler::ExecutingDevice(src.cuda, src.device, dst.cuda, dst.device,
                                       run_on_destination_, devices_.front());
   }

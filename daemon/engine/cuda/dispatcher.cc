@@ -198,7 +198,7 @@ JobState& Dispatcher::StateFor(const std::shared_ptr<Job>& job) {
 absl::Status Dispatcher::SetUp(JobState& s) {
   const Job& job = *s.job;
   const int device = ops_->device();
-  const MemoryRef src = job.src(), dst = job.dst();
+  const Placement src = job.src(), dst = job.dst();
   const absl::Time t0 = clock_->Now();
   KVRAIL_ASSIGN_OR_RETURN(s.src, job.DeviceAddress(Job::Side::kSrc, device));
   KVRAIL_ASSIGN_OR_RETURN(s.dst, job.DeviceAddress(Job::Side::kDst, device));

@@ -52,8 +52,8 @@ class TestJob final : public Job {
   const planner::Plan& plan() const override { return plan_; }
   const uint8_t* src_base() const override { return src_.data(); }
   uint8_t* dst_base() const override { return const_cast<uint8_t*>(dst_.data()); }
-  MemoryRef src() const override { return {true, 0, const_cast<uint8_t*>(src_.data())}; }
-  MemoryRef dst() const override { return {true, 0, dst_base()}; }
+  Placement src() const override { return {true, 0, const_cast<uint8_t*>(src_.data())}; }
+  Placement dst() const override { return {true, 0, dst_base()}; }
   absl::StatusOr<uint8_t*> DeviceAddress(Side side, int) const override {
     return side == Side::kSrc ? const_cast<uint8_t*>(src_.data()) : dst_base();
   }

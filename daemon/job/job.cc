@@ -1,6 +1,6 @@
-#include "daemon/engine/engine.h"
+#include "daemon/job/job.h"
 
-namespace kvrail::engine {
+namespace kvrail::job {
 
 const char* PriorityClassName(PriorityClass p) {
   switch (p) {
@@ -11,4 +11,4 @@ const char* PriorityClassName(PriorityClass p) {
   return "normal";
 }
 
-}  // namespace kvrail::engine
+}  // namespace kvrail::job
