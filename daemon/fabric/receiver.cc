@@ -13,6 +13,7 @@
 #include "absl/synchronization/mutex.h"
 #include "base/status.h"
 #include "daemon/engine/engine.h"
+#include "daemon/fabric/inbound_admit.h"
 #include "daemon/fabric/lane_route.h"
 #include "daemon/fabric/peer_auth.h"
 #include "daemon/fabric/relay.h"
@@ -72,6 +73,8 @@ struct Retired {
 };
 // Retired handles kept (their handles are not reused meanwhile): 60,000 inbound + these < 2^16.
 constexpr size_t kMaxRetired = 4096;
+// Inbound transfers open at once (with kMaxRetired, fewer than the 16-bit handles).
+constexpr size_t kMaxInbound = 60000;
 
 // Whether the `n`th refused arrival is logged: a flood of forged arrivals must not flood the log.
 bool LogRefusal(uint64_t n) { return n <= 16 || (n & (n - 1)) == 0; }
@@ -143,6 +146,13 @@ class ReceiverImpl final : public Receiver {
   void Credit(const Arrival& a, bool applied);
   // Ends `in`'s local record (if any) with `why` unless it has ended; then no tile of it reports.
   void EndInboundRecord(Inbound& in, const absl::Status& why);
+  // Begin's steps after admission: this side's unpack path (GPU kernel, relay or CPU; the path
+  // reason returned), this node's record of the transfer (when a sink is set), and a handle.
+  std::string ChooseUnpackPath(Inbound& in);
+  absl::Status RecordInbound(const v1::BeginRemoteTransferRequest& request,
+                             const planner::RegionView& src_view,
+                             const std::shared_ptr<Inbound>& in, const std::string& unpack_why);
+  absl::Status Register(const std::shared_ptr<Inbound>& in);
   // Keeps what finds the seals of `in`'s tiles still in flight (see Retired).
   void Retire(const Inbound& in) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -188,6 +198,8 @@ void ReceiverImpl::Stop() {
 
 // ---- Begin / End (gRPC threads) ----
 
+// Admission, step by step (inbound_admit.h): bounds, sender, destination and grant, plan, hello;
+// then this side's unpack path, this node's record, and the handle.
 absl::Status ReceiverImpl::Begin(const v1::BeginRemoteTransferRequest& request,
                                  v1::BeginRemoteTransferResponse* response) {
   // Every size the peer supplies is bounded before anything is planned or allocated.
@@ -197,124 +209,88 @@ absl::Status ReceiverImpl::Begin(const v1::BeginRemoteTransferRequest& request,
     return absl::PermissionDeniedError(absl::StrCat(
         "node '", request.sender_node_id(), "' is not in this daemon's peer directory"));
   }
-  const v1::TransferSpec& spec = request.spec();
-  const uint64_t region_id = spec.dst().region_id();
-  KVRAIL_ASSIGN_OR_RETURN(v1::RegionLease lease, leases_->Get(region_id, request.sender_node_id()));
-  auto dst = regions_->Get(region_id);
-  if (!dst.ok()) return absl::NotFoundError(absl::StrCat("spec.dst.region_id: ", dst.status().message()));
-  {
-    // The export lets the sender's node reach the region; which of that node's tenants may write
-    // it is the owner's to say, with a write grant (spec.dst.grant), checked here where the
-    // region lives: an export alone lets nobody write. Layers as the submitting node checks them
-    // (in 64 bits: a count that wraps cannot look like a small range).
-    const planner::RegionView& view = (*dst)->view();
-    uint32_t layer_begin = 0, layer_end = 0;
-    if (view.paged) {
-      const uint32_t total = view.layout.num_layers;
-      layer_begin = spec.dst().layer_begin();
-      const uint64_t count = spec.num_layers() != 0                ? spec.num_layers()
-                             : layer_begin < total ? total - layer_begin
-                                                   : 1;
-      layer_end = static_cast<uint32_t>(std::min<uint64_t>(layer_begin + count, UINT32_MAX));
-    }
-    KVRAIL_RETURN_IF_ERROR(regions_->CheckAccess(**dst, /*session_id=*/0, spec.dst().grant(),
-                                                 v1::GRANT_ACCESS_WRITE, layer_begin, layer_end,
-                                                 "spec.dst"));
-  }
-  const v1::RemoteSource& source = request.source();
-  KVRAIL_ASSIGN_OR_RETURN(
-      planner::RegionView src_view,
-      RemoteViewOf(source.size_bytes(), false,
-                   source.has_paged_kv() ? &source.paged_kv() : nullptr, "source.paged_kv."));
-  planner::PlanOptions plan_options;
-  plan_options.tile_bytes = request.tile_bytes();
-  KVRAIL_ASSIGN_OR_RETURN(planner::Plan plan,
-                          planner::MakePlan(spec, src_view, (*dst)->view(), plan_options));
-  if (plan.bytes_total() != request.bytes_total() || plan.num_tiles() != request.tiles_total()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "plans differ: the receiver's has ", plan.bytes_total(), " bytes in ", plan.num_tiles(),
-        " tiles, the sender's ", request.bytes_total(), " in ", request.tiles_total()));
-  }
-  if (plan.header().tile_bytes + (spec.digest() ? kDigestTrailerBytes : 0) + kTileSealBytes >
-      options_.slot_bytes) {
-    return absl::InvalidArgumentError("tile_bytes: larger than this daemon's staging slots");
-  }
-  {
-    absl::MutexLock lock(&peer->mu);
-    if (!peer->introduced || peer->boot_id != request.sender_boot_id()) {
-      return absl::FailedPreconditionError("say hello first (unknown or changed boot id)");
-    }
-  }
-  auto in = std::make_shared<Inbound>(std::move(plan));
+  KVRAIL_ASSIGN_OR_RETURN(std::shared_ptr<regions::Region> dst,
+                          AdmitDestination(request, *leases_, *regions_));
+  KVRAIL_ASSIGN_OR_RETURN(InboundPlan planned,
+                          PlanInbound(request, dst->view(), options_.slot_bytes));
+  KVRAIL_RETURN_IF_ERROR(CheckIntroduced(*peer, request.sender_boot_id()));
+  auto in = std::make_shared<Inbound>(std::move(planned.plan));
   in->peer = peer->index;
   in->sender_transfer_id = request.sender_transfer_id();
   in->sender_node = peer->node_id;
-  in->digest = spec.digest();
-  in->dst = *std::move(dst);
-  std::string gpu_why;  // per transfer: the GPU kernel for a GPU destination (path reason)
-  {
-    const v1::RegionSpec& dst_spec = in->dst->spec();
-    const bool cuda = dst_spec.memory_kind() == v1::MEMORY_KIND_CUDA;
-    in->gpu = GpuTileKernels::ForDestination(
-        in->plan, RegionSide{cuda, cuda ? dst_spec.device() : -1, in->dst->data()},
-        options_.gpu_pack_kernels, &gpu_why);
-    // The relay hop (relay.h): this side's GPU R' for the destination GPU, or none.
-    const int gpu_index = cuda && options_.topology != nullptr
-                              ? GpuIndexOf(*options_.topology, dst_spec.device_uuid(),
-                                           dst_spec.device())
-                              : -1;
-    RelayNote relay_note;
-    in->relay = relay_->ForTransfer(in->plan,
-                                    RegionSide{cuda, cuda ? dst_spec.device() : -1, in->dst->data()},
-                                    gpu_index, in->digest, &relay_note);
-    // the relay scatters (a kernel from R's slot, or the host twin)
-    if (in->relay != nullptr) in->gpu.reset();
-    NoteRelay(relay_note, &gpu_why);
-  }
+  in->digest = request.spec().digest();
+  in->dst = std::move(dst);
   {
     absl::MutexLock lock(&in->mu);
     in->applied.assign(in->plan.num_tiles(), false);
     in->landed.assign(in->plan.num_tiles(), false);
   }
-  {
-    // This node's record of it: listed, waited on and watched here too.
-    absl::ReaderMutexLock sink_lock(&sink_mu_);
-    if (sink_ != nullptr) {
-      v1::RegionLease source_lease;
-      source_lease.set_region_id(spec.src().region_id());
-      source_lease.set_owner_node_id(request.sender_node_id());
-      source_lease.set_holder_node_id(options_.node_id);
-      source_lease.set_size_bytes(source.size_bytes());
-      if (source.has_paged_kv()) *source_lease.mutable_paged_kv() = source.paged_kv();
-      KVRAIL_ASSIGN_OR_RETURN(
-          transfers::InboundSink::Admitted admitted,
-          sink_->BeginInbound(spec, in->plan,
-                              MakeLeasedRegion(std::move(source_lease), src_view, "source"),
-                              in->dst, in->sender_node, in->sender_transfer_id));
-      in->local_id = admitted.id;
-      in->job = std::move(admitted.job);
-      if (!gpu_why.empty()) in->job->OnEngineNote(gpu_why);
-    }
-  }
-  absl::MutexLock lock(&mu_);
-  if (inbound_.size() >= 60000) {
-    EndInboundRecord(*in, absl::ResourceExhaustedError("too many inbound transfers"));
-    return absl::ResourceExhaustedError("too many inbound transfers");
-  }
-  while (next_handle_ == 0 || inbound_.count(next_handle_) || retired_.count(next_handle_)) {
-    next_handle_ = (next_handle_ + 1) & 0xffff;
-  }
-  in->handle = next_handle_;
-  next_handle_ = (next_handle_ + 1) & 0xffff;
-  inbound_[in->handle] = in;
+  const std::string unpack_why = ChooseUnpackPath(*in);
+  KVRAIL_RETURN_IF_ERROR(RecordInbound(request, planned.src_view, in, unpack_why));
+  KVRAIL_RETURN_IF_ERROR(Register(in));
   spdlog::info("fabric: inbound transfer {} from '{}' into region {}: {} bytes, {} tiles (handle {})",
-               in->sender_transfer_id, in->sender_node, region_id, in->plan.bytes_total(),
-               in->plan.num_tiles(), in->handle);
+               in->sender_transfer_id, in->sender_node, request.spec().dst().region_id(),
+               in->plan.bytes_total(), in->plan.num_tiles(), in->handle);
   response->set_handle(in->handle);
   const v1::RegionSpec& dst_spec = in->dst->spec();
   if (dst_spec.memory_kind() == v1::MEMORY_KIND_CUDA) {
     response->set_dst_gpu_uuid(dst_spec.device_uuid());
   }
+  return absl::OkStatus();
+}
+
+std::string ReceiverImpl::ChooseUnpackPath(Inbound& in) {
+  std::string why;
+  const v1::RegionSpec& dst_spec = in.dst->spec();
+  const bool cuda = dst_spec.memory_kind() == v1::MEMORY_KIND_CUDA;
+  const RegionSide side{cuda, cuda ? dst_spec.device() : -1, in.dst->data()};
+  in.gpu = GpuTileKernels::ForDestination(in.plan, side, options_.gpu_pack_kernels, &why);
+  // The relay hop (relay.h): this side's GPU R' for the destination GPU, or none.
+  const int gpu_index =
+      cuda && options_.topology != nullptr
+          ? GpuIndexOf(*options_.topology, dst_spec.device_uuid(), dst_spec.device())
+          : -1;
+  RelayNote relay_note;
+  in.relay = relay_->ForTransfer(in.plan, side, gpu_index, in.digest, &relay_note);
+  // the relay scatters (a kernel from R's slot, or the host twin)
+  if (in.relay != nullptr) in.gpu.reset();
+  NoteRelay(relay_note, &why);
+  return why;
+}
+
+absl::Status ReceiverImpl::RecordInbound(const v1::BeginRemoteTransferRequest& request,
+                                         const planner::RegionView& src_view,
+                                         const std::shared_ptr<Inbound>& in,
+                                         const std::string& unpack_why) {
+  absl::ReaderMutexLock sink_lock(&sink_mu_);
+  if (sink_ == nullptr) return absl::OkStatus();
+  KVRAIL_ASSIGN_OR_RETURN(
+      transfers::InboundSink::Admitted admitted,
+      sink_->BeginInbound(request.spec(), in->plan,
+                          MakeLeasedRegion(SourceLease(request, options_.node_id), src_view,
+                                           "source"),
+                          in->dst, in->sender_node, in->sender_transfer_id));
+  in->local_id = admitted.id;
+  in->job = std::move(admitted.job);
+  if (!unpack_why.empty()) in->job->OnEngineNote(unpack_why);
+  return absl::OkStatus();
+}
+
+absl::Status ReceiverImpl::Register(const std::shared_ptr<Inbound>& in) {
+  absl::MutexLock lock(&mu_);
+  std::optional<uint32_t> handle;
+  if (inbound_.size() < kMaxInbound) {
+    handle = NextFreeHandle(next_handle_, [this](uint32_t h) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+      return inbound_.count(h) > 0 || retired_.count(h) > 0;
+    });
+  }
+  if (!handle.has_value()) {
+    EndInboundRecord(*in, absl::ResourceExhaustedError("too many inbound transfers"));
+    return absl::ResourceExhaustedError("too many inbound transfers");
+  }
+  in->handle = *handle;
+  next_handle_ = (*handle + 1) & 0xffff;
+  inbound_[in->handle] = in;
   return absl::OkStatus();
 }
 
