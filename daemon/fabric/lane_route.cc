@@ -24,9 +24,11 @@ LaneRoute All(uint32_t lanes, const std::string& why) {
   return r;
 }
 
-// The peer's rails as scheduler/rails.h numbers them: positions of its fabric NICs (the RDMA
-// capable ones; all when none is) in PCI bus-id order. Name -> rail.
-std::map<std::string, int> PeerRails(const v1::DirectoryNodeRecord& rec) {
+// The peer's routing view from its directory record, as scheduler::BuildRailNode numbers it:
+// fabric NICs (the RDMA capable ones; all when none is) in PCI bus-id order, a NIC's rail its
+// position; a GPU's NICs those whose record lists its index. The record has no PCIe path
+// classes: every GPU's NICs count as the same tier, so the sender's side ranks the plans.
+scheduler::RailNode PeerRailNode(const v1::DirectoryNodeRecord& rec) {
   bool any_rdma = false;
   for (const auto& nic : rec.nics()) any_rdma = any_rdma || nic.rdma_capable();
   std::vector<const v1::DirectoryNic*> fabric;
@@ -37,9 +39,28 @@ std::map<std::string, int> PeerRails(const v1::DirectoryNodeRecord& rec) {
     return x->pci_bus_id() != y->pci_bus_id() ? x->pci_bus_id() < y->pci_bus_id()
                                               : x->name() < y->name();
   });
-  std::map<std::string, int> out;
-  for (size_t i = 0; i < fabric.size(); ++i) out.emplace(fabric[i]->name(), static_cast<int>(i));
-  return out;
+  scheduler::RailNode node;
+  node.hostname = rec.node_id();
+  int gpus = 0;
+  for (const auto& gpu : rec.gpus()) gpus = std::max(gpus, gpu.index() + 1);
+  node.gpus.resize(gpus);
+  for (size_t i = 0; i < fabric.size(); ++i) {
+    scheduler::RailNic nic;
+    nic.name = fabric[i]->name();
+    nic.rail = static_cast<int>(i);
+    nic.gbps = fabric[i]->link_speed_gbps() / 8;
+    node.nics.push_back(nic);
+    for (int g : fabric[i]->rails()) {
+      if (g < 0 || g >= gpus) continue;
+      scheduler::RailNode::GpuNics& near = node.gpus[g];
+      near.nics.push_back(static_cast<int>(i));
+      near.tier = scheduler::NicTier::kSwitch;
+      near.gbps = near.gbps > 0 ? std::min(near.gbps, nic.gbps) : nic.gbps;
+    }
+  }
+  node.nvlink_gbps.assign(gpus, std::vector<double>(gpus, 0));
+  node.nvlink_count.assign(gpus, std::vector<int>(gpus, 0));
+  return node;
 }
 
 std::string LaneList(const std::vector<uint32_t>& lanes) {
@@ -120,52 +141,53 @@ LaneRoute LanesByTopology(const LaneRouteInput& in) {
   bool dst_known = false;
   for (const auto& gpu : in.peer->gpus()) dst_known = dst_known || gpu.index() == in.dst_gpu;
   if (!dst_known) return All(n, absl::StrCat("peer GPU", in.dst_gpu, " not in its record"));
-  const std::map<std::string, int> peer_rail = PeerRails(*in.peer);
-  std::map<std::string, const v1::DirectoryNic*> peer_nic;
-  for (const auto& nic : in.peer->nics()) peer_nic.emplace(nic.name(), &nic);
-  bool any_peer_mapped = false;
+  // The router (scheduler::ChooseRailRoute) over the lanes this node has: each lane is a pair
+  // (local NIC, peer NIC); the route's pairs are the lanes that carry the tiles.
+  const scheduler::RailNode peer_node = PeerRailNode(*in.peer);
+  std::map<std::string, int> peer_index;
+  for (size_t i = 0; i < peer_node.nics.size(); ++i) peer_index.emplace(peer_node.nics[i].name, i);
+  std::map<std::pair<int, int>, std::vector<uint32_t>> lanes_of_pair;
+  std::set<std::pair<int, int>> pairs;
   for (uint32_t l = 0; l < n && l < in.peer_lane_nics.size(); ++l) {
-    any_peer_mapped = any_peer_mapped || peer_nic.count(in.peer_lane_nics[l]) > 0;
+    auto it = peer_index.find(in.peer_lane_nics[l]);
+    if (lane_nic[l] < 0 || it == peer_index.end()) continue;
+    pairs.emplace(lane_nic[l], it->second);
+    lanes_of_pair[{lane_nic[l], it->second}].push_back(l);
   }
-  if (!any_peer_mapped) return All(n, "peer's lanes not mapped to its NICs");
-  auto peer_near = [&](uint32_t l) {
-    if (l >= in.peer_lane_nics.size()) return false;
-    auto it = peer_nic.find(in.peer_lane_nics[l]);
-    if (it == peer_nic.end()) return false;
-    const auto& rails = it->second->rails();
-    return std::find(rails.begin(), rails.end(), in.dst_gpu) != rails.end();
-  };
-  auto same_rail = [&](uint32_t l) {
-    auto it = peer_rail.find(in.peer_lane_nics[l]);
-    return it != peer_rail.end() && it->second == node.nics[lane_nic[l]].rail;
-  };
-  // Best first: near on both sides and on the same rail; near on both sides (crosses the spine);
-  // near the source only (the receiver's write crosses its own PCIe / NVLink).
-  std::vector<uint32_t> on_rail, both;
-  for (uint32_t l : local_near) {
-    if (!peer_near(l)) continue;
-    both.push_back(l);
-    if (same_rail(l)) on_rail.push_back(l);
-  }
+  if (pairs.empty()) return All(n, "peer's lanes not mapped to its NICs");
+  scheduler::RailOptions options;
+  options.hierarchical = false;  // each side's relay is its own (relay.h), decided before
+  options.cross_rail = true;
+  options.pairs = &pairs;
+  absl::StatusOr<scheduler::RailRoute> route =
+      scheduler::ChooseRailRoute(node, in.src_gpu, peer_node, in.dst_gpu, {}, options);
   LaneRoute r;
   r.all = false;
   std::string tail;
-  if (!on_rail.empty()) {
-    r.lanes = on_rail;
-  } else if (!both.empty()) {
-    r.lanes = both;
-    tail = " (cross-rail: through the spine)";
+  if (route.ok()) {
+    std::map<uint32_t, double> share_of_lane;  // ascending lanes
+    for (const scheduler::RailLane& lane : route->lanes) {
+      const std::vector<uint32_t>& lanes = lanes_of_pair[{lane.src_nic, lane.dst_nic}];
+      for (uint32_t l : lanes) share_of_lane[l] += lane.share / lanes.size();
+    }
+    for (const auto& [l, share] : share_of_lane) {
+      r.lanes.push_back(l);
+      r.shares.push_back(share);
+    }
+    if (route->cross_rail) tail = " (cross-rail: through the spine)";
   } else {
+    // No lane lands near the peer's GPU: the source's lanes (the receiver's write crosses its
+    // own PCIe / NVLink), by their NICs' rates.
     r.lanes = local_near;
     tail = absl::StrCat(" (no lane lands near peer GPU", in.dst_gpu,
                         "; NVLink relay not built)");
+    double total = 0;
+    for (uint32_t l : r.lanes) total += node.nics[lane_nic[l]].gbps;
+    for (uint32_t l : r.lanes) {
+      r.shares.push_back(total > 0 ? node.nics[lane_nic[l]].gbps / total : 1.0 / r.lanes.size());
+    }
   }
   if (r.lanes.size() == n) r.all = true;
-  double total = 0;
-  for (uint32_t l : r.lanes) total += node.nics[lane_nic[l]].gbps;
-  for (uint32_t l : r.lanes) {
-    r.shares.push_back(total > 0 ? node.nics[lane_nic[l]].gbps / total : 1.0 / r.lanes.size());
-  }
   std::vector<std::string> src_names, dst_names;
   std::vector<int> rails;
   auto add = [](auto* v, const auto& x) {  // once each (several lanes may share one NIC)

@@ -10,6 +10,7 @@
 
 #include "daemon/directory/node_record.h"
 #include "daemon/fabric/lane_route.h"
+#include "daemon/scheduler/rails.h"
 #include "topology/topology.h"
 
 namespace kvrail::fabric {
@@ -150,6 +151,40 @@ TEST_CASE("lanes numbered differently on the peer: near on both sides, cross-rai
   REQUIRE(r.lanes.size() == 1);
   CHECK(r.lanes[0] == 3);
   CHECK(r.reason.find("cross-rail") != std::string::npos);
+}
+
+// The one router: on mirrored nodes the lanes the fabric picks are exactly the NIC pairs
+// scheduler::ChooseRailRoute picks (without relays, which each side decides itself), with its
+// shares.
+TEST_CASE("the fabric's lanes are scheduler::ChooseRailRoute's NIC pairs") {
+  for (const char* fixture : {"dgx_h100", "p5_48xlarge"}) {
+    const v1::TopologyDesc desc = Desc(fixture);
+    auto node = scheduler::BuildRailNode(desc);
+    REQUIRE(node.ok());
+    scheduler::RailOptions options;
+    options.hierarchical = false;
+    for (int src = 0; src < desc.gpus_size(); ++src) {
+      for (int dst : {src, (src + 3) % desc.gpus_size()}) {
+        Case c = Mirror(fixture, src, dst);
+        const LaneRoute lanes = Choose(c);
+        auto route = scheduler::ChooseRailRoute(*node, src, *node, dst, {}, options);
+        INFO(fixture << " GPU" << src << " -> GPU" << dst << ": " << lanes.reason);
+        REQUIRE(route.ok());
+        if (route->cross_rail) continue;  // pairs in order there; the fabric keeps its lanes'
+        std::vector<std::string> from_route, from_lanes;
+        for (const auto& lane : route->lanes) from_route.push_back(lane.src_name + ">" + lane.dst_name);
+        for (uint32_t l : lanes.lanes) {
+          from_lanes.push_back(c.in.local_lane_nics[l] + ">" + c.in.peer_lane_nics[l]);
+        }
+        std::sort(from_route.begin(), from_route.end());
+        std::sort(from_lanes.begin(), from_lanes.end());
+        CHECK(from_lanes == from_route);
+        double sum = 0;
+        for (double share : lanes.shares) sum += share;
+        CHECK(sum == Approx(1.0));
+      }
+    }
+  }
 }
 
 TEST_CASE("PCIe box with one NIC: several lanes on it are all near, all kept") {

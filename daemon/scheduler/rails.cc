@@ -191,6 +191,7 @@ absl::StatusOr<RailRoute> ChooseRailRoute(const RailNode& src, int src_gpu, cons
       for (int s : out.nics) {
         for (int d : in.nics) {
           if (src.nics[s].rail != dst.nics[d].rail) continue;
+          if (options.pairs != nullptr && options.pairs->count({s, d}) == 0) continue;
           plan.lanes.push_back(RailLane{s, d, src.nics[s].name, dst.nics[d].name, src.nics[s].rail,
                                         lane_gbps, 0});
         }
@@ -198,11 +199,22 @@ absl::StatusOr<RailRoute> ChooseRailRoute(const RailNode& src, int src_gpu, cons
       if (plan.lanes.empty()) {
         if (!options.cross_rail) continue;
         plan.cross = true;
-        const size_t k = std::min(out.nics.size(), in.nics.size());
-        for (size_t i = 0; i < k; ++i) {
-          const int s = out.nics[i], d = in.nics[i];
-          plan.lanes.push_back(
-              RailLane{s, d, src.nics[s].name, dst.nics[d].name, -1, lane_gbps, 0});
+        if (options.pairs != nullptr) {
+          for (int s : out.nics) {
+            for (int d : in.nics) {
+              if (options.pairs->count({s, d}) == 0) continue;
+              plan.lanes.push_back(
+                  RailLane{s, d, src.nics[s].name, dst.nics[d].name, -1, lane_gbps, 0});
+            }
+          }
+          if (plan.lanes.empty()) continue;
+        } else {
+          const size_t k = std::min(out.nics.size(), in.nics.size());
+          for (size_t i = 0; i < k; ++i) {
+            const int s = out.nics[i], d = in.nics[i];
+            plan.lanes.push_back(
+                RailLane{s, d, src.nics[s].name, dst.nics[d].name, -1, lane_gbps, 0});
+          }
         }
       }
       std::vector<double> queued;
@@ -224,7 +236,8 @@ absl::StatusOr<RailRoute> ChooseRailRoute(const RailNode& src, int src_gpu, cons
         dst.hostname, "': ",
         src.gpus[src_gpu].nics.empty() || dst.gpus[dst_gpu].nics.empty()
             ? "a GPU without a NIC and no NVLink neighbour with one"
-            : "no shared rail and cross-rail routing is off"));
+        : options.pairs != nullptr ? "no available NIC pair between their NICs"
+                                   : "no shared rail and cross-rail routing is off"));
   }
   // Locality tier and staying on rails first; then the fastest, where times within the
   // tolerance of the fastest tie and the tie-breaks decide.

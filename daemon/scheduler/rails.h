@@ -24,13 +24,16 @@
 //     RailOptions::relay_margin (times within RailOptions::cost_tolerance of the fastest tie),
 //     (4) fewer relays, sender-side relay first (NCCL's PXN), then the relay GPU next after
 //     the source (destination) GPU in index order, so relays spread over the rails. The winner's lanes carry the transfer in proportion to RailLane::share.
-// The result is a plain struct the scheduler consumes; the fabric's lanes still pair NIC i with
-// NIC i (daemon/fabric/lane_route chooses among them). The fabric's NVLink relay data path
+// The result is a plain struct the scheduler consumes. It is the one router: the fabric's sender
+// runs it over its lanes (fixed NIC pairs, RailOptions::pairs; daemon/fabric/lane_route.h) and
+// the cluster simulation (tests/sim) over whole nodes. The fabric's NVLink relay data path
 // (daemon/fabric/relay.h) acts on ChooseSideRelay below: each daemon decides its own side.
 #pragma once
 
 #include <cstdint>
+#include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -99,6 +102,11 @@ struct RailOptions {
   // When no plan shares a rail (e.g. rails numbered differently on the two nodes), pair NICs of
   // different rails (traffic crosses the fabric's spine). Off: such transfers fail.
   bool cross_rail = true;
+  // The NIC pairs (index into the sender's RailNode::nics, index into the receiver's) that can
+  // carry tiles; nullptr: every pair. The fabric's lanes are fixed NIC pairs (daemon/fabric/
+  // lane_route.h passes them), so its routes use only pairs it has; a cross-rail plan then takes
+  // every available pair between the two GPUs' NICs instead of pairing them in order.
+  const std::set<std::pair<int, int>>* pairs = nullptr;
 };
 
 // One lane: a NIC pair carrying `share` of the transfer's bytes.
