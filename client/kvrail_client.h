@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -293,15 +294,24 @@ class Client {
 // Bytes of one element of `dtype`; 0 for DTYPE_UNSPECIFIED or unknown values.
 uint32_t DTypeSize(v1::DType dtype);
 
-// The byte strides of a paged layout: the explicit ones when any is non-zero, else derived,
-// densely packed, from `order`. INVALID_ARGUMENT for zero dimensions, an unknown dtype, or zero
-// strides with LAYOUT_ORDER_UNSPECIFIED.
+// Paged layouts are checked by the validator kvraild's planner uses (layout/paged_layout.h): the
+// same layouts are valid, and an error is INVALID_ARGUMENT "paged_kv.<field>: ..." naming the
+// field the daemon would name.
+//
+// Checks `layout` and returns the bytes a region needs to hold it: offset_bytes + the end of its
+// highest-addressed element (of one layer when `per_layer`, a RegionSpec.layer_shares region).
+// `region_bytes`, when given, is what it must fit (one layer's span when `per_layer`).
+absl::StatusOr<uint64_t> CheckPagedLayout(const v1::PagedKvLayout& layout,
+                                          std::optional<uint64_t> region_bytes = std::nullopt,
+                                          bool per_layer = false);
+// The byte strides of a checked layout: the explicit ones when any is non-zero, else derived,
+// densely packed, from `order`.
 struct PagedStrides {
   uint64_t layer = 0, part = 0, block = 0, token = 0, head = 0;
   uint32_t dtype_size = 0;
 };
 absl::StatusOr<PagedStrides> ResolveStrides(const v1::PagedKvLayout& layout);
-// Bytes a region needs to hold `layout`: offset_bytes + the end of its highest-addressed element.
+// CheckPagedLayout(layout): the bytes a region needs to hold `layout`.
 absl::StatusOr<uint64_t> PagedLayoutBytes(const v1::PagedKvLayout& layout);
 // Byte offset of element (layer, part, block, token, head, 0) in the region.
 uint64_t PagedOffset(const v1::PagedKvLayout& layout, const PagedStrides& strides, uint32_t layer,

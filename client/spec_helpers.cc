@@ -1,53 +1,49 @@
 // Pure helpers declared in kvrail_client.h: layout arithmetic and spec builders.
 #include <utility>
 
+#include "base/status.h"
 #include "client/kvrail_client.h"
+#include "layout/paged_layout.h"
 #include "proto/kvrail/v1/layout.h"
 
 namespace kvrail::client {
+namespace {
+
+// The field prefix of the client's layout errors.
+constexpr char kLayoutPrefix[] = "paged_kv.";
+
+}  // namespace
 
 uint32_t DTypeSize(v1::DType dtype) { return v1::DTypeBytes(dtype); }
 
+absl::StatusOr<uint64_t> CheckPagedLayout(const v1::PagedKvLayout& layout,
+                                          std::optional<uint64_t> region_bytes, bool per_layer) {
+  layout::CheckOptions options;
+  options.field_prefix = kLayoutPrefix;
+  options.region_bytes = region_bytes;
+  options.per_layer = per_layer;
+  KVRAIL_ASSIGN_OR_RETURN(const layout::ResolvedLayout resolved,
+                          layout::CheckPagedLayout(layout, options));
+  return resolved.end;
+}
+
 absl::StatusOr<PagedStrides> ResolveStrides(const v1::PagedKvLayout& layout) {
+  layout::CheckOptions options;
+  options.field_prefix = kLayoutPrefix;
+  KVRAIL_ASSIGN_OR_RETURN(const layout::ResolvedLayout resolved,
+                          layout::CheckPagedLayout(layout, options));
   PagedStrides s;
-  s.dtype_size = DTypeSize(layout.dtype());
-  if (s.dtype_size == 0)
-    return absl::InvalidArgumentError("paged_kv.dtype: unspecified or unknown");
-  if (layout.num_layers() == 0 || layout.num_parts() == 0 || layout.num_blocks() == 0 ||
-      layout.tokens_per_block() == 0 || layout.num_heads() == 0 || layout.head_dim() == 0) {
-    return absl::InvalidArgumentError(
-        "paged_kv: num_layers, num_parts, num_blocks, tokens_per_block, num_heads and head_dim "
-        "must all be > 0");
-  }
-  if (layout.layer_stride() != 0 || layout.part_stride() != 0 || layout.block_stride() != 0 ||
-      layout.token_stride() != 0 || layout.head_stride() != 0) {
-    s.layer = layout.layer_stride();
-    s.part = layout.part_stride();
-    s.block = layout.block_stride();
-    s.token = layout.token_stride();
-    s.head = layout.head_stride();
-    return s;
-  }
-  v1::LayoutStrides dense;
-  if (v1::DeriveDenseStrides(layout, s.dtype_size, &dense) != v1::DeriveResult::kOk) {
-    return absl::InvalidArgumentError(
-        "paged_kv: strides are all zero and order is unspecified, or the layout is too large");
-  }
-  s.layer = dense.layer;
-  s.part = dense.part;
-  s.block = dense.block;
-  s.token = dense.token;
-  s.head = dense.head;
+  s.layer = resolved.layer_stride;
+  s.part = resolved.part_stride;
+  s.block = resolved.block_stride;
+  s.token = resolved.token_stride;
+  s.head = resolved.head_stride;
+  s.dtype_size = resolved.dtype_bytes;
   return s;
 }
 
 absl::StatusOr<uint64_t> PagedLayoutBytes(const v1::PagedKvLayout& layout) {
-  absl::StatusOr<PagedStrides> s = ResolveStrides(layout);
-  if (!s.ok()) return s.status();
-  return layout.offset_bytes() + (layout.num_layers() - 1) * s->layer +
-         (layout.num_parts() - 1) * s->part + (layout.num_blocks() - 1) * s->block +
-         (layout.tokens_per_block() - 1) * s->token + (layout.num_heads() - 1) * s->head +
-         uint64_t{layout.head_dim()} * s->dtype_size;
+  return CheckPagedLayout(layout);
 }
 
 uint64_t PagedOffset(const v1::PagedKvLayout& layout, const PagedStrides& strides, uint32_t layer,

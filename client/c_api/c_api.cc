@@ -22,6 +22,7 @@
 #include "client/cuda_export.h"
 #include "client/kvrail_client.h"
 #include "google/protobuf/message_lite.h"
+#include "layout/paged_layout.h"
 
 namespace kvrail::c_api {
 
@@ -133,20 +134,14 @@ absl::Status PutRegion(const v1::RegionInfo& info, uint64_t* region_id, uint8_t*
   return PutBytes(info, out, out_len);
 }
 
+// The struct as the message, unchecked: the values are judged by the one validator
+// (layout/paged_layout.h), here or by the daemon, never by rules of the C ABI's own.
 absl::StatusOr<v1::PagedKvLayout> ToLayout(const kvrail_paged_layout* in) {
   if (in == nullptr) return absl::InvalidArgumentError("layout: NULL");
   if (in->struct_size != sizeof(kvrail_paged_layout)) {
     return absl::InvalidArgumentError(
         absl::StrCat("layout.struct_size: ", in->struct_size, ", this library (ABI ",
                      KVRAIL_ABI_VERSION, ") knows ", sizeof(kvrail_paged_layout)));
-  }
-  if (!v1::DType_IsValid(in->dtype)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("layout.dtype: ", in->dtype, " is not a kvrail.v1.DType"));
-  }
-  if (!v1::LayoutOrder_IsValid(in->order)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("layout.order: ", in->order, " is not a kvrail.v1.LayoutOrder"));
   }
   v1::PagedKvLayout out;
   out.set_num_layers(in->num_layers);
@@ -164,6 +159,24 @@ absl::StatusOr<v1::PagedKvLayout> ToLayout(const kvrail_paged_layout* in) {
   out.set_head_stride(in->head_stride);
   out.set_offset_bytes(in->offset_bytes);
   return out;
+}
+
+// kvrail_paged_layout_check: the one validator, its errors naming "layout.<field>".
+absl::Status CheckLayout(const kvrail_paged_layout* in, uint64_t region_bytes, uint32_t flags,
+                         uint64_t* bytes) {
+  if (bytes != nullptr) *bytes = 0;
+  if ((flags & ~KVRAIL_LAYOUT_PER_LAYER) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("flags: unknown bits ", flags));
+  }
+  KVRAIL_ASSIGN_OR_RETURN(const v1::PagedKvLayout converted, ToLayout(in));
+  layout::CheckOptions options;
+  options.field_prefix = "layout.";
+  if (region_bytes != 0) options.region_bytes = region_bytes;
+  options.per_layer = (flags & KVRAIL_LAYOUT_PER_LAYER) != 0;
+  KVRAIL_ASSIGN_OR_RETURN(const layout::ResolvedLayout resolved,
+                          layout::CheckPagedLayout(converted, options));
+  if (bytes != nullptr) *bytes = resolved.end;
+  return absl::OkStatus();
 }
 
 // What kvrail_get/wait/cancel share: resolve the client, clear the outputs, run `call`.
@@ -342,10 +355,14 @@ int kvrail_unregister_region(kvrail_client* handle, uint64_t region_id) {
 int kvrail_paged_layout_bytes(const kvrail_paged_layout* layout, uint64_t* bytes) {
   return Guard([&]() -> absl::Status {
     KVRAIL_RETURN_IF_ERROR(RequireOut(bytes, "bytes"));
-    *bytes = 0;
-    KVRAIL_ASSIGN_OR_RETURN(v1::PagedKvLayout converted, kvrail::c_api::ToLayout(layout));
-    KVRAIL_ASSIGN_OR_RETURN(*bytes, kvrail::client::PagedLayoutBytes(converted));
-    return absl::OkStatus();
+    return kvrail::c_api::CheckLayout(layout, 0, 0, bytes);
+  });
+}
+
+int kvrail_paged_layout_check(const kvrail_paged_layout* layout, uint64_t region_bytes,
+                              uint32_t flags, uint64_t* bytes) {
+  return Guard([&]() -> absl::Status {
+    return kvrail::c_api::CheckLayout(layout, region_bytes, flags, bytes);
   });
 }
 

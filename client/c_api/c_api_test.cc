@@ -457,7 +457,7 @@ TEST_CASE("misuse answers with INVALID_ARGUMENT naming the argument, never a cra
   CHECK(LastMessage() == "spec: 4 bytes are not a serialized kvrail.v1.TransferSpec");
   CHECK(kvrail_submit(live.client, nullptr, 12, &id, nullptr, nullptr) == KVRAIL_INVALID_ARGUMENT);
 
-  // Layouts: the struct size is checked, enums are range-checked.
+  // Layouts: the struct size is checked; values are the validator's (layout/paged_layout.h).
   kvrail_paged_layout layout = Layout();
   layout.struct_size = 40;
   CHECK(kvrail_register_paged_host(live.client, buffer, &layout, 1, nullptr, &region) ==
@@ -467,7 +467,14 @@ TEST_CASE("misuse answers with INVALID_ARGUMENT naming the argument, never a cra
   layout.dtype = 99;
   uint64_t bytes = 0;
   CHECK(kvrail_paged_layout_bytes(&layout, &bytes) == KVRAIL_INVALID_ARGUMENT);
-  CHECK(LastMessage() == "layout.dtype: 99 is not a kvrail.v1.DType");
+  CHECK(LastMessage() == "layout.dtype: unknown or unspecified dtype 99");
+  CHECK(kvrail_paged_layout_check(&layout, 0, 0, &bytes) == KVRAIL_INVALID_ARGUMENT);
+  CHECK(LastMessage() == "layout.dtype: unknown or unspecified dtype 99");
+  layout = Layout();
+  CHECK(kvrail_paged_layout_check(&layout, 0, 4, &bytes) == KVRAIL_INVALID_ARGUMENT);
+  CHECK(LastMessage() == "flags: unknown bits 4");
+  CHECK(kvrail_paged_layout_check(&layout, 0, KVRAIL_LAYOUT_PER_LAYER, nullptr) == KVRAIL_OK);
+  layout.dtype = 99;
   CHECK(kvrail_paged_layout_bytes(nullptr, &bytes) == KVRAIL_INVALID_ARGUMENT);
   // Too small a buffer for the layout: the daemon's answer.
   layout = Layout();

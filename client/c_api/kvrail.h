@@ -137,8 +137,18 @@ typedef struct kvrail_paged_layout {
   uint64_t offset_bytes;
 } kvrail_paged_layout;
 
-/* Bytes a region needs to hold `layout` (offset_bytes + the end of its last element). */
+/* Bytes a region needs to hold `layout` (offset_bytes + the end of its last element); the same
+ * checks as kvrail_paged_layout_check without a region. */
 int kvrail_paged_layout_bytes(const kvrail_paged_layout* layout, uint64_t* bytes);
+/* Checks `layout` with the validator kvraild's planner uses, so a layout is valid here exactly
+ * when the daemon takes it: KVRAIL_OK, or KVRAIL_INVALID_ARGUMENT whose message names the field
+ * ("layout.num_parts: must be 1 (MLA) or 2 (K and V), got 3"). `region_bytes` (0: unbounded) is
+ * what it must fit; with KVRAIL_LAYOUT_PER_LAYER in `flags` it is a per-layer region's layout
+ * (layer_stride 0; region_bytes and `bytes` are one layer's span). Out (may be NULL): the bytes
+ * it spans, offset_bytes + the end of its last element. */
+#define KVRAIL_LAYOUT_PER_LAYER 1u
+int kvrail_paged_layout_check(const kvrail_paged_layout* layout, uint64_t region_bytes,
+                              uint32_t flags, uint64_t* bytes);
 /* Registers `buffer` as a paged KV region with `layout`. `name` may be NULL. */
 int kvrail_register_paged_host(kvrail_client* client, kvrail_host_buffer* buffer,
                                const kvrail_paged_layout* layout, int writable, const char* name,

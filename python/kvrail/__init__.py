@@ -9,15 +9,16 @@ Pure Python over libkvrail.so (the C ABI, client/c_api/kvrail.h); see docs/pytho
 from kvrail.client import (Client, HostBuffer, Region, Transfer, connect, is_final, poll,
                            wait_all)
 from kvrail.errors import (DeadlineExceededError, FailedPreconditionError, InvalidArgumentError,
-                           KvrailError, NotFoundError, ResourceExhaustedError, SessionLostError,
-                           StatusCode, TransferFailedError, UnavailableError)
+                           InvalidLayoutError, KvrailError, NotFoundError,
+                           ResourceExhaustedError, SessionLostError, StatusCode,
+                           TransferFailedError, UnavailableError)
 from kvrail.flags import FlagArray, GpuFlags
 from kvrail.layouts import KV_LAYOUTS, PagedLayout, layout_from_strides
 from kvrail.proto import admin_pb2, region_pb2, transfer_pb2
 
 __all__ = [
     "Client", "HostBuffer", "Region", "Transfer", "connect", "is_final", "poll", "wait_all",
-    "KvrailError", "StatusCode", "InvalidArgumentError", "NotFoundError",
+    "KvrailError", "StatusCode", "InvalidArgumentError", "InvalidLayoutError", "NotFoundError",
     "FailedPreconditionError", "UnavailableError", "DeadlineExceededError",
     "ResourceExhaustedError", "SessionLostError", "TransferFailedError", "KV_LAYOUTS", "PagedLayout",
     "layout_from_strides", "FlagArray", "GpuFlags", "admin_pb2", "region_pb2", "transfer_pb2",

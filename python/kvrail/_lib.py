@@ -49,6 +49,8 @@ class PagedLayoutStruct(ctypes.Structure):
     ]
 
 
+LAYOUT_PER_LAYER = 1  # KVRAIL_LAYOUT_PER_LAYER
+
 # name: (restype, argtypes). int-returning functions return the gRPC code.
 _SIGNATURES = {
     "kvrail_abi_version": (ctypes.c_uint32, []),
@@ -74,6 +76,8 @@ _SIGNATURES = {
                                               _u8pp, _sizep]),
     "kvrail_unregister_region": (ctypes.c_int, [_c_client, ctypes.c_uint64]),
     "kvrail_paged_layout_bytes": (ctypes.c_int, [ctypes.POINTER(PagedLayoutStruct), _u64p]),
+    "kvrail_paged_layout_check": (ctypes.c_int, [ctypes.POINTER(PagedLayoutStruct),
+                                                 ctypes.c_uint64, ctypes.c_uint32, _u64p]),
     "kvrail_register_paged_host": (ctypes.c_int, [_c_client, _c_buffer,
                                                   ctypes.POINTER(PagedLayoutStruct), ctypes.c_int,
                                                   ctypes.c_char_p, _u64p]),

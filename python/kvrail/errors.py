@@ -51,6 +51,12 @@ class InvalidArgumentError(KvrailError):
     """INVALID_ARGUMENT: a spec or argument the daemon or library rejected; the message names it."""
 
 
+class InvalidLayoutError(InvalidArgumentError, ValueError):
+    """INVALID_ARGUMENT from the paged-layout validator kvraild itself uses (through the C ABI,
+    kvrail_paged_layout_check): the message names the PagedKvLayout field ("layout.num_parts:
+    ..."). Also a ValueError, as layout errors were before the library judged them."""
+
+
 class NotFoundError(KvrailError):
     """NOT_FOUND: an unknown region or transfer id (or one aged out of the history)."""
 

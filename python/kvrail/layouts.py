@@ -1,5 +1,6 @@
-"""Paged KV layouts: the arithmetic of kvrail.v1.PagedKvLayout in pure Python (no library, no
-torch), so it is testable anywhere.
+"""Paged KV layouts: the arithmetic of kvrail.v1.PagedKvLayout in pure Python (no torch). Whether a
+layout is valid is the library's verdict (PagedLayout.check: the validator kvraild's planner uses,
+through the C ABI), never rules of this module's own.
 
 Element (layer l, part p, block b, token t, head h, element d) of a layout lives at
   offset_bytes + l*layer_stride + p*part_stride + b*block_stride + t*token_stride
@@ -13,8 +14,11 @@ Presets (KV_LAYOUTS) name the common ones; a missing L means one tensor holds on
 """
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 from typing import Dict, Optional, Sequence, Tuple
+
+from kvrail.errors import InvalidLayoutError, StatusCode
 
 # kvrail.v1.DType numbers and sizes.
 DTYPE_BF16, DTYPE_FP16, DTYPE_FP32 = 1, 2, 3
@@ -57,6 +61,10 @@ KV_LAYOUTS: Dict[str, str] = {
 }
 
 _AXES = "LPBTHD"
+# PagedLayout fields that are uint32 in the C ABI's kvrail_paged_layout (the strides and
+# offset_bytes are uint64, dtype and order int32).
+_U32_FIELDS = ("num_layers", "num_parts", "num_blocks", "tokens_per_block", "num_heads",
+               "head_dim")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,10 +86,42 @@ class PagedLayout:
     head_stride: int = 0
     offset_bytes: int = 0
 
+    def check(self, region_bytes: Optional[int] = None, per_layer: bool = False) -> int:
+        """Checks the layout with the validator kvraild itself uses and returns the bytes it spans:
+        offset_bytes + the end of its highest-addressed element (of one layer with `per_layer`, a
+        per-layer region's layout). `region_bytes` (> 0), when given, is what it must fit (one
+        layer's span with `per_layer`). InvalidLayoutError (INVALID_ARGUMENT, also a ValueError)
+        names the field otherwise: "layout.part_stride: ..."."""
+        from kvrail import _lib
+        if region_bytes is not None and not 0 < int(region_bytes) < 2**64:
+            raise InvalidLayoutError(StatusCode.INVALID_ARGUMENT,
+                                     f"region_bytes: {region_bytes} is not in [1, 2^64)")
+        out = ctypes.c_uint64()
+        code = _lib.lib().kvrail_paged_layout_check(
+            ctypes.byref(self._struct()), int(region_bytes or 0),
+            _lib.LAYOUT_PER_LAYER if per_layer else 0, ctypes.byref(out))
+        if code != 0:
+            message = _lib.lib().kvrail_last_error_message()
+            raise InvalidLayoutError(code, message.decode("utf-8", "replace") if message else "")
+        return out.value
+
+    def _struct(self):
+        """The layout as the C ABI's kvrail_paged_layout (values must fit its field types)."""
+        from kvrail import _lib
+        values = dataclasses.asdict(self)
+        for name, value in values.items():
+            bits = 32 if name in _U32_FIELDS else 64
+            low = -(2 ** 31) if name in ("dtype", "order") else 0
+            high = 2 ** 31 if name in ("dtype", "order") else 2 ** bits
+            if not isinstance(value, int) or not low <= value < high:
+                raise InvalidLayoutError(StatusCode.INVALID_ARGUMENT,
+                                         f"layout.{name}: {value!r} does not fit the C ABI's field")
+        return _lib.PagedLayoutStruct(struct_size=ctypes.sizeof(_lib.PagedLayoutStruct), **values)
+
     @property
     def dtype_size(self) -> int:
         if self.dtype not in DTYPE_SIZE:
-            raise ValueError(f"dtype: {self.dtype} is not a kvrail.v1.DType")
+            self.check()  # the validator's error names layout.dtype (or an earlier field)
         return DTYPE_SIZE[self.dtype]
 
     def dims(self) -> Dict[str, int]:
@@ -90,14 +130,14 @@ class PagedLayout:
                 "T": self.tokens_per_block, "H": self.num_heads, "D": self.head_dim}
 
     def strides(self) -> Dict[str, int]:
-        """Axis letter -> byte stride: the explicit ones, or dense from `order`."""
+        """Axis letter -> byte stride of a valid layout (check()): the explicit ones, or dense
+        from `order`."""
+        self.check()
         size = self.dtype_size
         explicit = {"L": self.layer_stride, "P": self.part_stride, "B": self.block_stride,
                     "T": self.token_stride, "H": self.head_stride}
         if any(explicit.values()):
             return {**explicit, "D": size}
-        if self.order not in ORDER_AXES:
-            raise ValueError("order: LAYOUT_ORDER_UNSPECIFIED with all strides zero")
         dims, out, step = self.dims(), {}, size
         for axis in reversed(ORDER_AXES[self.order]):
             out[axis] = step
@@ -106,12 +146,9 @@ class PagedLayout:
 
     @property
     def nbytes(self) -> int:
-        """Bytes a region needs: offset_bytes + the end of the highest-addressed element."""
-        dims, strides = self.dims(), self.strides()
-        if min(dims.values()) <= 0:
-            raise ValueError("every dimension of a paged layout must be > 0")
-        last = sum((dims[a] - 1) * strides[a] for a in "LPBTH")
-        return self.offset_bytes + last + self.head_dim * self.dtype_size
+        """Bytes a region needs: offset_bytes + the end of the highest-addressed element (check()).
+        """
+        return self.check()
 
     def element_offset(self, layer: int, part: int, block: int, token: int, head: int) -> int:
         """Byte offset of element (layer, part, block, token, head, 0)."""

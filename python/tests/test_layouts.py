@@ -4,6 +4,8 @@ in for tensors), and the torch entry points' argument handling."""
 from __future__ import annotations
 
 import ctypes
+import os
+import re
 
 import numpy as np
 import pytest
@@ -12,6 +14,7 @@ import kvrail
 from kvrail import layouts, tensors
 from kvrail._lib import PagedLayoutStruct, check, lib
 from kvrail.layouts import PagedLayout, layout_from_strides
+from kvrail.proto import region_pb2
 
 
 def c_layout_bytes(layout: PagedLayout) -> int:
@@ -88,6 +91,55 @@ def test_mla_and_single_layer_and_padded_strides():
                                  layouts.DTYPE_BF16)
     assert padded.block_stride == 200
     assert padded.nbytes == c_layout_bytes(padded) == 2 * (300 + 200 + 48 + 8 + 7 + 1)
+
+
+def _layout_cases():
+    """layout/paged_layout_cases.txt (its header says the format), from the test's runfiles."""
+    root = os.path.join(os.environ.get("TEST_SRCDIR", ""), os.environ.get("TEST_WORKSPACE", "kvrail"))
+    cases = []
+    with open(os.path.join(root, "layout", "paged_layout_cases.txt")) as f:
+        for line in f:
+            t = line.split("#")[0].split()
+            if not t:
+                continue
+            assert len(t) == 18, line
+            enum = lambda e, v: int(v) if v.isdigit() else e.Value(v)  # noqa: E731
+            layout = PagedLayout(*map(int, t[1:7]), dtype=enum(region_pb2.DType, t[7]),
+                                 order=enum(region_pb2.LayoutOrder, t[8]),
+                                 layer_stride=int(t[9]), part_stride=int(t[10]),
+                                 block_stride=int(t[11]), token_stride=int(t[12]),
+                                 head_stride=int(t[13]), offset_bytes=int(t[14]))
+            region = None if t[15] == "-" else int(t[15])
+            cases.append(pytest.param(layout, region, t[16] == "1", t[17], id=t[0]))
+    assert cases
+    return cases
+
+
+@pytest.mark.parametrize("layout,region_bytes,per_layer,expect", _layout_cases())
+def test_the_table_of_layouts_gets_the_daemons_verdicts(layout, region_bytes, per_layer, expect):
+    # The same table runs through the planner, the C++ client and the C ABI in C++
+    # (tests/layout): the Python package must judge it alike, through the library.
+    if expect.startswith("ok:"):
+        assert layout.check(region_bytes, per_layer) == int(expect[3:])
+        return
+    with pytest.raises(kvrail.InvalidLayoutError) as e:
+        layout.check(region_bytes, per_layer)
+    assert e.value.code == kvrail.StatusCode.INVALID_ARGUMENT
+    blamed = re.match(r"layout\.(\w+): ", e.value.message)
+    assert blamed and blamed.group(1) == expect, e.value.message
+
+
+def test_layout_arithmetic_refuses_what_the_library_refuses():
+    three_parts = PagedLayout(2, 3, 8, 16, 4, 64)
+    with pytest.raises(ValueError, match=r"layout\.num_parts: "):
+        three_parts.nbytes
+    with pytest.raises(kvrail.InvalidLayoutError, match=r"layout\.block_stride: "):
+        PagedLayout(2, 2, 8, 16, 4, 64, order=0, layer_stride=131072, part_stride=65536,
+                    block_stride=8190, token_stride=512, head_stride=128).strides()
+    with pytest.raises(kvrail.InvalidLayoutError, match=r"layout\.num_heads: -1 "):
+        PagedLayout(2, 2, 8, 16, -1, 64).nbytes
+    with pytest.raises(kvrail.InvalidLayoutError, match=r"region_bytes: "):
+        PagedLayout(2, 2, 8, 16, 4, 64).check(region_bytes=0)
 
 
 def test_bad_tensor_layouts_are_named():
