@@ -326,5 +326,57 @@ TEST_CASE("idempotency keys are the caller's and name one spec") {
   CHECK(t.f.Get(a->transfer_id()).spec().session_id() == t.victim);
 }
 
+TEST_CASE("no status returns a grant token: not to the submitter, the operator or a waiter") {
+  // A token is a bearer credential: whoever reads it may use the grant. The operator role reads
+  // every transfer (under MPS that is every inference server's uid), so a status naming the
+  // tokens a transfer was submitted with handed them out.
+  Tenants t;
+  const std::string read = t.Grant(*t.secret, v1::GRANT_ACCESS_READ);
+  const std::string write = t.Grant(*t.vault, v1::GRANT_ACCESS_WRITE);
+  v1::TransferSpec spec = t.Spec(*t.secret, *t.vault, t.attacker);
+  spec.mutable_src()->set_grant(read);
+  spec.mutable_dst()->set_grant(write);
+  spec.set_layerwise(true);
+  auto submitted = t.f.manager->Submit(spec);
+  INFO(submitted.status().ToString());
+  REQUIRE(submitted.ok());
+  const uint64_t id = submitted->transfer_id();
+
+  std::vector<v1::TransferStatus> seen;
+  seen.push_back(t.f.Get(id));
+  ListFilter all;
+  for (auto& listed : t.f.manager->List(all)) seen.push_back(std::move(listed));
+  auto waited = t.f.manager->Wait(id, absl::ZeroDuration());
+  REQUIRE(waited.ok());
+  seen.push_back(*waited);
+  REQUIRE(t.f.manager->Watch(id, absl::Milliseconds(1), [&](const v1::TransferEvent& event) {
+    seen.push_back(event.status());
+    return false;  // the snapshot is enough
+  }).ok());
+  v1::TransferStatus ended;
+  REQUIRE(t.f.manager->WhenEnded(id, [&](const v1::TransferStatus& s) { ended = s; }).ok());
+  REQUIRE(t.f.manager->MarkReady(id, 0, 1).ok());
+  t.f.engine.RunAll();
+  REQUIRE(ended.state() == v1::TRANSFER_STATE_SUCCEEDED);
+  seen.push_back(ended);
+  seen.push_back(t.f.Get(id));
+  CHECK(seen.size() >= 6);
+  for (const v1::TransferStatus& status : seen) {
+    const std::string text = status.DebugString();
+    INFO(text);
+    CHECK(status.transfer_id() == id);
+    CHECK(text.find(read) == std::string::npos);
+    CHECK(text.find(write) == std::string::npos);
+    CHECK(text.find("kvg1.") == std::string::npos);
+  }
+  // The grants still hold the transfer's uses: their revocation ends a live transfer as before
+  // (grant_end_test), and the tokens still work for their holder.
+  v1::TransferSpec again = t.Spec(*t.secret, *t.vault, t.attacker);
+  again.mutable_src()->set_grant(read);
+  again.mutable_dst()->set_grant(write);
+  CHECK(t.f.manager->Submit(again).ok());
+  t.f.engine.RunAll();
+}
+
 }  // namespace
 }  // namespace kvrail::transfers

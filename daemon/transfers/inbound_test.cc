@@ -71,6 +71,34 @@ TEST_CASE("EndInbound, then late tiles: ignored, no overshoot, no hang") {
   CHECK(f.Get(in.id).error_code() == static_cast<int32_t>(absl::StatusCode::kUnavailable));
 }
 
+TEST_CASE("an inbound transfer's status shows no grant token to the destination's owner") {
+  // The sender names the destination owner's WRITE grant in spec.dst.grant; the receiving
+  // record keeps no token, so neither the owner (who reads inbound transfers) nor the operator
+  // reads it back from a status.
+  ManagerFixture f;
+  const uint64_t owner = f.regions.NewSession();
+  std::shared_ptr<regions::Region> dst = f.regions.Bytes(64 * testing::kTile, true, owner);
+  v1::CreateGrantRequest request;
+  request.set_region_id(dst->id());
+  request.set_access(v1::GRANT_ACCESS_WRITE);
+  regions::Caller caller;
+  caller.session_id = owner;
+  auto grant = f.regions.table()->CreateGrant(request, caller);
+  REQUIRE(grant.ok());
+  v1::TransferSpec spec = testing::BytesSpec(f.src->id(), dst->id(), testing::kTile);
+  spec.mutable_dst()->set_grant(grant->token());
+  auto admitted =
+      f.manager->BeginInbound(spec, InboundPlan(f, 1),
+                              std::make_shared<testing::StandInRegion>(f.src), dst, "peer", 78);
+  REQUIRE(admitted.ok());
+  CHECK(f.Get(admitted->id).spec().dst().grant().empty());
+  Land(*admitted, 0);
+  const v1::TransferStatus status = f.Get(admitted->id);
+  CHECK(status.state() == v1::TRANSFER_STATE_SUCCEEDED);
+  CHECK(status.DebugString().find(grant->token()) == std::string::npos);
+  CHECK(status.DebugString().find("kvg1.") == std::string::npos);
+}
+
 TEST_CASE("drain ends an open inbound transfer at once; tiles landing meanwhile count once") {
   ManagerFixture f;
   const InboundSink::Admitted in = Begin(f, 64);

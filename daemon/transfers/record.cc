@@ -15,11 +15,24 @@ std::string PathKey(v1::Path path) {
   return name;
 }
 
+// `spec` without its grant tokens (TransferEndpoint.grant, FlagArray.grant). A token is a
+// bearer credential handed to the other party once, out of band; the record keeps none, so no
+// status (Get, Wait, Watch, List, the session socket's DONE) shows one to the operator, to an
+// inbound transfer's destination owner or to anyone else. The grants were checked and their uses
+// registered (GrantUses) before the record was made.
+v1::TransferSpec WithoutGrantTokens(v1::TransferSpec spec) {
+  if (spec.has_src()) spec.mutable_src()->clear_grant();
+  if (spec.has_dst()) spec.mutable_dst()->clear_grant();
+  if (spec.has_ready_flags()) spec.mutable_ready_flags()->clear_grant();
+  if (spec.has_arrival_flags()) spec.mutable_arrival_flags()->clear_grant();
+  return spec;
+}
+
 }  // namespace
 
 Record::Record(planner::Plan plan, RecordParams params)
     : id_(params.id),
-      spec_(std::move(params.spec)),
+      spec_(WithoutGrantTokens(std::move(params.spec))),
       src_(std::move(params.src)),
       dst_(std::move(params.dst)),
       plan_(std::move(plan)),

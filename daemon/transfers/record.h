@@ -56,6 +56,7 @@ struct Counters {
 struct RecordParams {
   uint64_t id = 0;
   // The caller's spec without block tables (v1::WithoutBlockTables: the tables are in the plan).
+  // The record drops its grant tokens (no status returns one).
   v1::TransferSpec spec;
   std::shared_ptr<regions::Region> src;
   std::shared_ptr<regions::Region> dst;
@@ -205,7 +206,7 @@ class Record final : public InboundJob {
   void FillStatusLocked(v1::TransferStatus* status) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const uint64_t id_;
-  const v1::TransferSpec spec_;  // block ids stripped
+  const v1::TransferSpec spec_;  // block ids and grant tokens stripped
   // Dropped when the transfer ends (so an unregistered region's memory, e.g. a CUDA IPC mapping,
   // is released then, not when the record leaves the history). Engines read them only while
   // tiles of the record run, which ends before the final state.
