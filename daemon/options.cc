@@ -152,6 +152,8 @@ session::SessionServerOptions SessionOptionsFrom(const v1::DaemonConfig& config,
   options.mode = config.socket_mode();
   options.max_sessions = MaxSessionsFrom(config, fd_limit);
   options.max_sessions_per_uid = config.max_sessions_per_uid();
+  options.max_waits_per_connection = config.max_watchers_per_session();
+  options.max_waits_per_uid = config.max_watchers_per_uid();
   // The poll thread's spin after a packet (a critical-path measure; off with the engine's).
   if (config.low_latency()) options.spin = absl::Microseconds(100);
   return options;
@@ -164,6 +166,7 @@ server::ServerOptions ServerOptionsFrom(const v1::DaemonConfig& config) {
   if (!config.tcp_listen().empty()) options.listen.push_back(config.tcp_listen());
   options.tcp_serves_api = config.tcp_serves_api();
   options.max_watchers_per_session = config.max_watchers_per_session();
+  options.max_watchers_per_uid = config.max_watchers_per_uid();
   for (const auto& [node, address] : config.peers()) {
     v1::PeerInfo peer;
     peer.set_node_id(node);

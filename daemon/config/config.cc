@@ -361,6 +361,7 @@ absl::Status FinalizeConfig(v1::DaemonConfig* config) {
   if (config->max_sessions_per_uid() == 0) config->set_max_sessions_per_uid(256);
   if (config->max_transfers_per_session() == 0) config->set_max_transfers_per_session(4096);
   if (config->max_watchers_per_session() == 0) config->set_max_watchers_per_session(64);
+  if (config->max_watchers_per_uid() == 0) config->set_max_watchers_per_uid(1024);
   if (config->max_list_transfers() == 0) config->set_max_list_transfers(1000);
   if (config->max_sessions() > (1u << 20) || config->max_sessions_per_uid() > (1u << 20)) {
     return absl::InvalidArgumentError("max_sessions, max_sessions_per_uid: at most 1048576");
@@ -370,6 +371,9 @@ absl::Status FinalizeConfig(v1::DaemonConfig* config) {
   }
   if (config->max_watchers_per_session() > 65536) {
     return absl::InvalidArgumentError("max_watchers_per_session: at most 65536");
+  }
+  if (config->max_watchers_per_uid() > (1u << 20)) {
+    return absl::InvalidArgumentError("max_watchers_per_uid: at most 1048576");
   }
   if (config->max_list_transfers() > 1000000) {
     return absl::InvalidArgumentError("max_list_transfers: at most 1000000");

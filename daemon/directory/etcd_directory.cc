@@ -212,6 +212,12 @@ class EtcdDirectory final : public Directory {
                       revoked.ToString());
       }
     }
+    {
+      absl::MutexLock lock(&mu_);
+      self_value_ = value;
+      self_lease_ = lease_;
+      self_wrong_ = false;
+    }
     absl::StatusOr<EtcdRange> range = client_->RangePrefix(options_.prefix);
     if (!range.ok()) return range.status();
     ApplySnapshot(range->kvs);
@@ -223,7 +229,6 @@ class EtcdDirectory final : public Directory {
       if (stopping_) return absl::OkStatus();
       watch_ = watch->get();
       watch_error_ = absl::OkStatus();
-      self_deleted_ = false;
       current_lease_ = lease_;
       ++registrations_;
     }
@@ -241,7 +246,7 @@ class EtcdDirectory final : public Directory {
       bool reput = false;
       {
         absl::MutexLock lock(&mu_);
-        while (!stopping_ && watch_error_.ok() && !self_deleted_ && absl::Now() < next_keepalive) {
+        while (!stopping_ && watch_error_.ok() && !self_wrong_ && absl::Now() < next_keepalive) {
           cv_.WaitWithTimeout(&mu_, next_keepalive - absl::Now());
         }
         if (stopping_) break;
@@ -249,12 +254,14 @@ class EtcdDirectory final : public Directory {
           result = watch_error_;
           break;
         }
-        reput = self_deleted_;
-        self_deleted_ = false;
+        reput = self_wrong_;
+        self_wrong_ = false;
       }
       if (reput) {
-        spdlog::warn("etcd directory: this node's record {} was deleted; putting it again",
-                     self_key_);
+        // Deleted, or overwritten (another value, another lease or none: a lease-less record
+        // would never expire, and its address would cut this node off while it says "ok").
+        spdlog::warn("etcd directory: this node's record {} was deleted or overwritten; putting "
+                     "it again", self_key_);
         absl::StatusOr<int64_t> again = client_->Put(self_key_, value, lease_);
         if (!again.ok()) {
           result = again.status();
@@ -296,11 +303,18 @@ class EtcdDirectory final : public Directory {
   void ApplySnapshot(const std::vector<EtcdKv>& kvs) {
     absl::MutexLock lock(&mu_);
     std::set<std::string> present;
+    bool self_found = false;
     for (const EtcdKv& kv : kvs) {
       const std::string node = NodeIdFromKey(options_.prefix, kv.key);
-      if (node.empty() || node == options_.self) continue;
+      if (node.empty()) continue;
+      if (node == options_.self) {
+        self_found = true;
+        CheckSelfLocked(kv);
+        continue;
+      }
       if (UpsertLocked(kv)) present.insert(node);
     }
+    if (!self_found) self_wrong_ = true;
     for (auto& [node, peer] : peers_) {
       if (peer.registered && present.count(node) == 0) LeftLocked(&peer);
     }
@@ -310,19 +324,39 @@ class EtcdDirectory final : public Directory {
     const std::string node = NodeIdFromKey(options_.prefix, event.kv.key);
     if (node.empty()) return;
     if (node == options_.self) {
-      if (event.type == EtcdEvent::Type::kDelete) self_deleted_ = true;
+      if (event.type == EtcdEvent::Type::kDelete) {
+        self_wrong_ = true;
+      } else {
+        CheckSelfLocked(event.kv);
+      }
       return;
     }
     if (event.type == EtcdEvent::Type::kPut) {
-      UpsertLocked(event.kv);
+      if (UpsertLocked(event.kv)) return;
+      // The peer's record was overwritten with one that does not count (no lease, or it does
+      // not decode): its own record is gone.
+      auto it = peers_.find(node);
+      if (it != peers_.end() && it->second.registered) LeftLocked(&it->second);
       return;
     }
     auto it = peers_.find(node);
     if (it != peers_.end() && it->second.registered) LeftLocked(&it->second);
   }
 
-  // A record put under the prefix: the peer is (again) a member. False when it does not decode.
+  // This node's own record as etcd has it: anything but this session's value under this
+  // session's lease is repaired (put again) by the session thread.
+  void CheckSelfLocked(const EtcdKv& kv) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (kv.lease != self_lease_ || kv.value != self_value_) self_wrong_ = true;
+  }
+
+  // A record put under the prefix: the peer is (again) a member. False when it does not count:
+  // it has no lease (every daemon puts its record under a lease; one without would outlive its
+  // node and cannot be told from a forgery) or does not decode.
   bool UpsertLocked(const EtcdKv& kv) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (kv.lease == 0) {
+      spdlog::warn("etcd directory: ignoring the record {}: it has no lease", kv.key);
+      return false;
+    }
     absl::StatusOr<v1::DirectoryNodeRecord> record =
         DecodeNodeRecord(options_.prefix, kv.key, kv.value);
     if (!record.ok()) {
@@ -376,7 +410,11 @@ class EtcdDirectory final : public Directory {
   bool first_attempt_done_ ABSL_GUARDED_BY(mu_) = false;
   EtcdWatch* watch_ ABSL_GUARDED_BY(mu_) = nullptr;
   absl::Status watch_error_ ABSL_GUARDED_BY(mu_);
-  bool self_deleted_ ABSL_GUARDED_BY(mu_) = false;
+  // This session's record of this node and its lease (CheckSelfLocked), and whether etcd holds
+  // something else under its key (deleted or overwritten): the session thread puts it again.
+  std::string self_value_ ABSL_GUARDED_BY(mu_);
+  int64_t self_lease_ ABSL_GUARDED_BY(mu_) = 0;
+  bool self_wrong_ ABSL_GUARDED_BY(mu_) = false;
   bool ok_ ABSL_GUARDED_BY(mu_) = false;
   std::string reason_ ABSL_GUARDED_BY(mu_);
   std::string last_error_ ABSL_GUARDED_BY(mu_);

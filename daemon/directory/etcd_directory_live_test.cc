@@ -136,6 +136,70 @@ int Etcdctl(const std::string& endpoint, std::vector<std::string> args) {
 // etcd with `auth enable`: the right password registers and sees its peer; a wrong one is
 // degraded with a reason naming the config keys (and not the password); after etcd restarts
 // (its simple tokens are gone: "invalid auth token") the directory authenticates again.
+TEST_CASE("forged lease-less records: a node repairs its own, peers ignore them") {
+  // A record without a lease never expires. Put over a node's own key it used to stand (the node
+  // re-put only deleted records): peers dialled its forged address while it said "etcd ok".
+  testing::EtcdTestServer etcd;
+  const absl::Status started = etcd.Start();
+  INFO(started.ToString());
+  REQUIRE(started.ok());
+  std::unique_ptr<Directory> a = Open(etcd.endpoint(), "a");
+  std::unique_ptr<Directory> b = Open(etcd.endpoint(), "b");
+  const std::string real = absl::StrCat("127.0.0.1:", 7000 + 'a');
+  REQUIRE(Eventually([&] { return b->Lookup("a").ok() && b->Lookup("a")->registered; },
+                     absl::Seconds(2)));
+  REQUIRE(b->Lookup("a")->address == real);
+
+  EtcdClientOptions raw_options;
+  raw_options.endpoints = {etcd.endpoint()};
+  auto raw = CreateGrpcEtcdClient(raw_options);
+  REQUIRE(raw.ok());
+  auto forged = [](const std::string& node) {
+    NodeRecordInputs in;
+    in.node_id = node;
+    in.address = "10.66.66.66:1";
+    in.instance_id = "ffffffffffffffff";
+    in.now = absl::Now();
+    return EncodeNodeRecord(BuildNodeRecord(in));
+  };
+  // a's own key overwritten without a lease, and a node that does not exist.
+  const std::string forged_a = forged("a");
+  REQUIRE((*raw)->Put(std::string(kPrefix) + "a", forged_a, 0).ok());
+  REQUIRE((*raw)->Put(std::string(kPrefix) + "x", forged("x"), 0).ok());
+
+  // a puts its record back under its lease; b never takes the forged address nor the
+  // lease-less node; a says ok throughout.
+  bool forged_seen = false;
+  const absl::Time until = absl::Now() + absl::Seconds(kTtl + 2);
+  bool repaired = false;
+  while (absl::Now() < until && !repaired) {
+    auto range = (*raw)->RangePrefix(std::string(kPrefix) + "a");
+    REQUIRE(range.ok());
+    for (const EtcdKv& kv : range->kvs) {
+      if (kv.key == std::string(kPrefix) + "a" && kv.lease != 0 && kv.value != forged_a) {
+        repaired = true;
+      }
+    }
+    auto seen = b->Lookup("a");
+    if (seen.ok() && seen->address != real) forged_seen = true;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  CHECK(repaired);  // before: the forged record stayed, with no lease, for good
+  CHECK_FALSE(forged_seen);
+  CHECK(a->Status().state() == "ok");
+  REQUIRE(Eventually([&] { return b->Lookup("a").ok() && b->Lookup("a")->registered; },
+                     absl::Seconds(2)));
+  CHECK(b->Lookup("a")->address == real);
+  CHECK_FALSE(b->Lookup("x").ok());
+  CHECK_FALSE(a->Lookup("x").ok());
+  // A directory that starts now, with the lease-less "x" in its first range, ignores it too.
+  std::unique_ptr<Directory> c = Open(etcd.endpoint(), "c");
+  REQUIRE(Eventually([&] { return c->Lookup("a").ok() && c->Lookup("a")->registered; },
+                     absl::Seconds(2)));
+  CHECK(c->Lookup("a")->address == real);
+  CHECK_FALSE(c->Lookup("x").ok());
+}
+
 TEST_CASE("etcd directory with etcd authentication enabled") {
   testing::EtcdTestServer etcd;
   const absl::Status started = etcd.Start();

@@ -370,7 +370,7 @@ TEST_CASE("backoff: doubles from initial, capped, jittered down, reset after a s
 TEST_CASE("etcd directory: registers under a lease, finds peers by range and watch, keeps static ones") {
   auto etcd = std::make_shared<FakeEtcd>();
   ManualClock clock;
-  etcd->Put(std::string(kPrefix) + "early", EncodeNodeRecord(Record("early", "10.0.0.2:7070", 7)), 0);
+  etcd->Put(std::string(kPrefix) + "early", EncodeNodeRecord(Record("early", "10.0.0.2:7070", 7)), etcd->Grant());
   etcd->Put("/elsewhere/x", "not ours", 0);
   EtcdDirectoryOptions o = Options("self", &clock);
   o.static_peers = {{"fixed", "10.0.0.9:7070"}, {"self", "10.0.0.1:7070"}};
@@ -405,7 +405,7 @@ TEST_CASE("etcd directory: registers under a lease, finds peers by range and wat
   // A node that joins later is seen through the watch, with its record's fields.
   v1::DirectoryNodeRecord late = Record("late", "10.0.0.3:7070", 9);
   late.add_gpus()->set_uuid("GPU-late");
-  etcd->Put(std::string(kPrefix) + "late", EncodeNodeRecord(late), 0);
+  etcd->Put(std::string(kPrefix) + "late", EncodeNodeRecord(late), etcd->Grant());
   REQUIRE(Eventually([&] { return Find(d, "late").has_value(); }));
   CHECK(Find(d, "late")->record.gpus(0).uuid() == "GPU-late");
   CHECK(Find(d, "late")->state == PeerState::kUnknown);
@@ -442,7 +442,7 @@ TEST_CASE("etcd directory: a vanished record is down and stays listed; MarkUp ca
   CHECK(Find(d, "p")->state == PeerState::kDown);
 
   // It restarts: a new record (new boot id) makes it kUp-able again.
-  etcd->Put(key, EncodeNodeRecord(Record("p", "10.0.0.5:7071", 2)), 0);
+  etcd->Put(key, EncodeNodeRecord(Record("p", "10.0.0.5:7071", 2)), etcd->Grant());
   REQUIRE(Eventually([&] { return Find(d, "p")->registered; }));
   CHECK(Find(d, "p")->state == PeerState::kUnknown);
   CHECK(Find(d, "p")->address == "10.0.0.5:7071");
@@ -450,15 +450,15 @@ TEST_CASE("etcd directory: a vanished record is down and stays listed; MarkUp ca
   CHECK(Find(d, "p")->state == PeerState::kUp);
   // A new boot id while up resets it to unknown (the fabric must introduce it again); the same
   // boot id re-put (a re-registration) keeps it up.
-  etcd->Put(key, EncodeNodeRecord(Record("p", "10.0.0.5:7071", 2)), 0);
+  etcd->Put(key, EncodeNodeRecord(Record("p", "10.0.0.5:7071", 2)), etcd->Grant());
   absl::SleepFor(absl::Milliseconds(50));
   CHECK(Find(d, "p")->state == PeerState::kUp);
-  etcd->Put(key, EncodeNodeRecord(Record("p", "10.0.0.5:7071", 3)), 0);
+  etcd->Put(key, EncodeNodeRecord(Record("p", "10.0.0.5:7071", 3)), etcd->Grant());
   REQUIRE(Eventually([&] { return Find(d, "p")->state == PeerState::kUnknown; }));
   // Records that do not decode are ignored, not applied.
   etcd->Put(std::string(kPrefix) + "bad", "garbage", 0);
-  etcd->Put(std::string(kPrefix) + "liar", EncodeNodeRecord(Record("p", "10.6.6.6:1", 4)), 0);
-  etcd->Put(std::string(kPrefix) + "q", EncodeNodeRecord(Record("q", "10.0.0.7:7070", 1)), 0);
+  etcd->Put(std::string(kPrefix) + "liar", EncodeNodeRecord(Record("p", "10.6.6.6:1", 4)), etcd->Grant());
+  etcd->Put(std::string(kPrefix) + "q", EncodeNodeRecord(Record("q", "10.0.0.7:7070", 1)), etcd->Grant());
   REQUIRE(Eventually([&] { return Find(d, "q").has_value(); }));
   CHECK(!Find(d, "bad").has_value());
   CHECK(!Find(d, "liar").has_value());
@@ -478,8 +478,8 @@ TEST_CASE("etcd directory: etcd down keeps every peer, says degraded, backs off,
     states.push_back(s.state());
   });
   const int64_t first_lease = d.Status().lease_id();
-  etcd->Put(std::string(kPrefix) + "p", EncodeNodeRecord(Record("p", "10.0.0.5:7070", 1)), 0);
-  etcd->Put(std::string(kPrefix) + "gone", EncodeNodeRecord(Record("gone", "10.0.0.6:7070", 1)), 0);
+  etcd->Put(std::string(kPrefix) + "p", EncodeNodeRecord(Record("p", "10.0.0.5:7070", 1)), etcd->Grant());
+  etcd->Put(std::string(kPrefix) + "gone", EncodeNodeRecord(Record("gone", "10.0.0.6:7070", 1)), etcd->Grant());
   REQUIRE(Eventually([&] { return d.Peers().size() == 2; }));
   d.MarkUp("p", absl::FromUnixSeconds(5), 1);
 
@@ -506,7 +506,7 @@ TEST_CASE("etcd directory: etcd down keeps every peer, says degraded, backs off,
 
   // While etcd was away, "gone"'s record vanished; a newcomer registered.
   etcd->Delete(std::string(kPrefix) + "gone");
-  etcd->Put(std::string(kPrefix) + "new", EncodeNodeRecord(Record("new", "10.0.0.8:7070", 1)), 0);
+  etcd->Put(std::string(kPrefix) + "new", EncodeNodeRecord(Record("new", "10.0.0.8:7070", 1)), etcd->Grant());
   CHECK(!Find(d, "new").has_value());
   etcd->SetDown(false);
   REQUIRE(Eventually([&] { return d.Status().state() == "ok"; }));

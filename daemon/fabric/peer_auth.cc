@@ -3,6 +3,9 @@
 #include <grpc/grpc_security_constants.h>
 #include <grpcpp/security/auth_context.h>
 
+#include <cctype>
+#include <string>
+
 #include "absl/strings/str_cat.h"
 
 namespace kvrail::fabric {
@@ -39,17 +42,110 @@ absl::StatusOr<std::string> NodeIdFromCommonNames(const std::vector<std::string>
   return cn;
 }
 
+std::vector<std::string> CommonNamesOfSubject(absl::string_view subject) {
+  std::vector<std::string> names;
+  std::string attribute;  // one "type=value", escapes kept
+  auto flush = [&names, &attribute] {
+    const size_t eq = attribute.find('=');
+    if (eq != std::string::npos) {
+      std::string type = attribute.substr(0, eq);
+      for (char& c : type) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+      if (type == "CN" || type == "2.5.4.3" || type == "COMMONNAME") {
+        // The value unescaped: "\," is ",", "\XX" a byte in hex.
+        std::string value;
+        const std::string raw = attribute.substr(eq + 1);
+        for (size_t i = 0; i < raw.size(); ++i) {
+          if (raw[i] == '\\' && i + 1 < raw.size()) {
+            if (i + 2 < raw.size() && std::isxdigit(static_cast<unsigned char>(raw[i + 1])) &&
+                std::isxdigit(static_cast<unsigned char>(raw[i + 2]))) {
+              value.push_back(static_cast<char>(std::stoi(raw.substr(i + 1, 2), nullptr, 16)));
+              i += 2;
+            } else {
+              value.push_back(raw[++i]);
+            }
+          } else {
+            value.push_back(raw[i]);
+          }
+        }
+        names.push_back(std::move(value));
+      }
+    }
+    attribute.clear();
+  };
+  for (size_t i = 0; i < subject.size(); ++i) {
+    const char c = subject[i];
+    if (c == '\\' && i + 1 < subject.size()) {
+      attribute.push_back(c);
+      attribute.push_back(subject[++i]);
+    } else if (c == ',' || c == '+') {
+      flush();
+    } else {
+      attribute.push_back(c);
+    }
+  }
+  flush();
+  return names;
+}
+
+absl::StatusOr<std::string> NodeIdFromCertificate(const std::vector<std::string>& reported_cns,
+                                                  const std::vector<std::string>& subject_cns) {
+  if (subject_cns.size() != 1) {
+    return absl::UnauthenticatedError(absl::StrCat(
+        "certificate CN: the peer certificate must name exactly one node id as its subject "
+        "common name, its subject has ",
+        subject_cns.size()));
+  }
+  if (reported_cns.size() != 1 || reported_cns[0] != subject_cns[0]) {
+    return absl::UnauthenticatedError(
+        "certificate CN: the subject's common name is not the one the TLS library reported");
+  }
+  return NodeIdFromCommonNames(reported_cns);
+}
+
+namespace {
+
+// The node id a verified certificate's AuthContext names.
+absl::StatusOr<std::string> NodeIdOf(const grpc::AuthContext& auth) {
+  std::vector<std::string> names;
+  for (const grpc::string_ref& value : auth.FindPropertyValues(GRPC_X509_CN_PROPERTY_NAME)) {
+    names.emplace_back(value.data(), value.size());
+  }
+  // x509_common_name is only the subject's first CN: the whole subject is counted too.
+  const std::vector<grpc::string_ref> subjects =
+      auth.FindPropertyValues(GRPC_X509_SUBJECT_PROPERTY_NAME);
+  if (subjects.size() != 1) {
+    return absl::UnauthenticatedError(
+        "certificate CN: the TLS library reported no single subject for the peer certificate");
+  }
+  return NodeIdFromCertificate(
+      names, CommonNamesOfSubject(absl::string_view(subjects[0].data(), subjects[0].size())));
+}
+
+}  // namespace
+
 absl::StatusOr<std::string> AuthenticatedNode(const grpc::ServerContext& context) {
   const std::shared_ptr<const grpc::AuthContext> auth = context.auth_context();
   if (auth == nullptr || !auth->IsPeerAuthenticated()) {
     return absl::UnauthenticatedError(
         "peer RPCs are served to peers presenting a certificate (mTLS on tcp_listen) only");
   }
-  std::vector<std::string> names;
-  for (const grpc::string_ref& value : auth->FindPropertyValues(GRPC_X509_CN_PROPERTY_NAME)) {
-    names.emplace_back(value.data(), value.size());
+  return NodeIdOf(*auth);
+}
+
+absl::Status CheckServerCertificate(const grpc::ClientContext& context, absl::string_view node,
+                                    absl::string_view prefix) {
+  const std::shared_ptr<const grpc::AuthContext> auth = context.auth_context();
+  if (auth == nullptr || !auth->IsPeerAuthenticated()) return absl::OkStatus();
+  absl::StatusOr<std::string> named = NodeIdOf(*auth);
+  if (!named.ok()) {
+    return absl::UnauthenticatedError(absl::StrCat(prefix, named.status().message()));
   }
-  return NodeIdFromCommonNames(names);
+  if (*named != node) {
+    return absl::UnauthenticatedError(absl::StrCat(
+        prefix, "certificate CN: the server's certificate names '", *named, "', not '", node,
+        "'"));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status CheckClaimedNode(absl::string_view claimed, absl::string_view authenticated,

@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include <string>
+#include <vector>
 
 #include "daemon/fabric/peer_auth.h"
 
@@ -52,6 +53,35 @@ TEST_CASE("the node id is the certificate's one CN") {
              absl::StatusCode::kUnauthenticated, "not a node id"));
   CHECK(Says(NodeIdFromCommonNames({std::string("node-a\nnode-b")}).status(),
              absl::StatusCode::kUnauthenticated, "not a node id"));
+}
+
+TEST_CASE("a certificate whose subject has two CNs is refused, not read as its first") {
+  // gRPC's x509_common_name reports the subject's first CN only: "CN=c,CN=a" (RFC 2253, last
+  // RDN first) would have been node "a".
+  using V = std::vector<std::string>;
+  CHECK(CommonNamesOfSubject("CN=node-a") == V{"node-a"});
+  CHECK(CommonNamesOfSubject("CN=node-a,O=kvrail,C=DE") == V{"node-a"});
+  CHECK(CommonNamesOfSubject("CN=c,CN=a") == V{"c", "a"});
+  CHECK(CommonNamesOfSubject("CN=a+CN=c,O=x") == V{"a", "c"});  // one multi-valued RDN
+  CHECK(CommonNamesOfSubject("cn=a,commonName=c") == V{"a", "c"});
+  CHECK(CommonNamesOfSubject("2.5.4.3=a,CN=c") == V{"a", "c"});
+  // Escaped separators are part of the value, not a second attribute.
+  CHECK(CommonNamesOfSubject("CN=a\\,CN=c") == V{"a,CN=c"});
+  CHECK(CommonNamesOfSubject("CN=a\\+CN\\3Dc") == V{"a+CN=c"});
+  CHECK(CommonNamesOfSubject("O=no common name").empty());
+  CHECK(CommonNamesOfSubject("").empty());
+
+  CHECK(*NodeIdFromCertificate({"node-a"}, {"node-a"}) == "node-a");
+  CHECK(Says(NodeIdFromCertificate({"a"}, {"a", "c"}).status(),
+             absl::StatusCode::kUnauthenticated, "its subject has 2"));
+  CHECK(Says(NodeIdFromCertificate({"c"}, {"a", "c"}).status(),
+             absl::StatusCode::kUnauthenticated, "exactly one node id"));
+  CHECK(Says(NodeIdFromCertificate({"a"}, {}).status(), absl::StatusCode::kUnauthenticated,
+             "its subject has 0"));
+  CHECK(Says(NodeIdFromCertificate({"a"}, {"b"}).status(), absl::StatusCode::kUnauthenticated,
+             "not the one the TLS library reported"));
+  CHECK(Says(NodeIdFromCertificate({}, {"a"}).status(), absl::StatusCode::kUnauthenticated,
+             "certificate CN"));
 }
 
 TEST_CASE("a claim of another node is refused naming the field") {

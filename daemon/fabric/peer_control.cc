@@ -366,8 +366,10 @@ absl::Status PeerControlImpl::Introduce(PeerConn* peer) {
   KVRAIL_RETURN_IF_ERROR(
       FromPeerRpc(peer->stub->Hello(context.get(), request, &response),
                   absl::StrCat("hello to '", peer->node_id, "' at ", peer->address, ": ")));
-  // With mTLS the channel accepted only a certificate naming the peer; the answer must name it
-  // too (and, either way, be of bounded size).
+  // With mTLS the channel accepted only a certificate naming the peer (as its first CN: one CN
+  // exactly, checked here); the answer must name it too (and, either way, be of bounded size).
+  KVRAIL_RETURN_IF_ERROR(CheckServerCertificate(
+      *context, peer->node_id, absl::StrCat("hello to '", peer->node_id, "': ")));
   KVRAIL_RETURN_IF_ERROR(CheckHelloBounds(response.hello(), "response.hello."));
   KVRAIL_RETURN_IF_ERROR(
       CheckClaimedNode(response.hello().node_id(), peer->node_id, "response.hello.node_id"));

@@ -8,7 +8,7 @@
 
 namespace kvrail::server {
 
-absl::StatusOr<regions::Caller> CallerFromMetadata(const grpc::ServerContext& context,
+absl::StatusOr<regions::Caller> CallerFromMetadata(const grpc::ServerContextBase& context,
                                                    const regions::RegionTable& regions) {
   const auto& metadata = context.client_metadata();
   auto it = metadata.find(wire::kSessionMetadataKey);
@@ -21,6 +21,6 @@ absl::StatusOr<regions::Caller> CallerFromMetadata(const grpc::ServerContext& co
   return regions.Authenticate(parsed->first, parsed->second);
 }
 
-bool IsLocal(const grpc::ServerContext& context) { return context.peer().rfind("unix:", 0) == 0; }
+bool IsLocal(const grpc::ServerContextBase& context) { return context.peer().rfind("unix:", 0) == 0; }
 
 }  // namespace kvrail::server

@@ -12,10 +12,10 @@ namespace kvrail::server {
 
 // Anonymous (session 0) without the metadata; UNAUTHENTICATED when it is malformed or names no
 // open session with that secret. Thread-safe.
-absl::StatusOr<regions::Caller> CallerFromMetadata(const grpc::ServerContext& context,
+absl::StatusOr<regions::Caller> CallerFromMetadata(const grpc::ServerContextBase& context,
                                                    const regions::RegionTable& regions);
 
 // Whether the call arrived on a unix socket (gRPC's peer "unix:...").
-bool IsLocal(const grpc::ServerContext& context);
+bool IsLocal(const grpc::ServerContextBase& context);
 
 }  // namespace kvrail::server

@@ -14,6 +14,7 @@
 #include "base/status.h"
 #include "daemon/server/caller.h"
 #include "daemon/server/operator_cancel.h"
+#include "daemon/server/watch_calls.h"
 #include "proto/kvrail/v1/admin.grpc.pb.h"
 #include "proto/kvrail/v1/transfer.grpc.pb.h"
 #include "spdlog/spdlog.h"
@@ -23,7 +24,7 @@ namespace {
 
 // The caller of a Transfer or Admin call (docs/security.md): PERMISSION_DENIED over TCP unless
 // the API is served there, else CallerFromMetadata.
-absl::StatusOr<regions::Caller> CallerOf(grpc::ServerContext* context,
+absl::StatusOr<regions::Caller> CallerOf(grpc::ServerContextBase* context,
                                          const regions::RegionTable& regions,
                                          bool tcp_serves_api) {
   if (!tcp_serves_api && !IsLocal(*context)) {
@@ -46,63 +47,38 @@ absl::StatusOr<regions::Caller> CallerOf(grpc::ServerContext* context,
     return ToGrpcStatus(allowed);                                             \
   }
 
-// Waits and watches open at once per session (the anonymous callers share one count), so one
-// client cannot hold every server thread (ServerOptions::max_watchers_per_session). Thread-safe.
-class WatcherCounts {
- public:
-  explicit WatcherCounts(uint32_t max) : max_(max) {}
-  // One place, given back on destruction.
-  class Slot {
-   public:
-    Slot(WatcherCounts* owner, uint64_t session) : owner_(owner), session_(session) {}
-    Slot(Slot&& other) noexcept
-        : owner_(std::exchange(other.owner_, nullptr)), session_(other.session_) {}
-    Slot& operator=(Slot&&) = delete;
-    ~Slot() {
-      if (owner_ != nullptr) owner_->Give(session_);
-    }
+#define KVRAIL_WATCHER_OR_REFUSE(slot, caller, refuse)                          \
+  absl::StatusOr<WatcherCounts::Slot> slot = watchers_.Take(caller);              \
+  if (!slot.ok()) return refuse(ToGrpcStatus(slot.status()))
 
-   private:
-    WatcherCounts* owner_;
-    uint64_t session_;
-  };
-  // RESOURCE_EXHAUSTED naming max_watchers_per_session at the cap.
-  absl::StatusOr<Slot> Take(uint64_t session) {
-    absl::MutexLock lock(&mu_);
-    uint32_t& n = open_[session];
-    if (n >= max_) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "max_watchers_per_session: ",
-          session == 0 ? std::string("the anonymous callers have ")
-                       : absl::StrCat("session ", session, " has "),
-          n, " waits and watches open, the most allowed (DaemonConfig.max_watchers_per_session)"));
-    }
-    ++n;
-    return Slot(this, session);
-  }
+// The refusal of a unary callback call before it began.
+grpc::ServerUnaryReactor* RefusedUnary(grpc::CallbackServerContext* context,
+                                       const grpc::Status& status) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(status);
+  return reactor;
+}
 
- private:
-  void Give(uint64_t session) {
-    absl::MutexLock lock(&mu_);
-    auto it = open_.find(session);
-    if (it != open_.end() && --it->second == 0) open_.erase(it);
-  }
-  const uint32_t max_;
-  absl::Mutex mu_;
-  absl::flat_hash_map<uint64_t, uint32_t> open_ ABSL_GUARDED_BY(mu_);
-};
+// How often the watch pump looks at every open wait and watch (a transfer's end wakes it at
+// once): the most a watch event waits to be sent.
+constexpr absl::Duration kWatchTick = absl::Milliseconds(5);
 
-#define KVRAIL_WATCHER_OR_RETURN(slot, caller)                       \
-  absl::StatusOr<WatcherCounts::Slot> slot = watchers_.Take((caller).session_id); \
-  if (!slot.ok()) return ToGrpcStatus(slot.status())
-
-class TransferService final : public v1::Transfer::Service {
+// WaitTransfer, WatchTransfer and WatchNotifications are callback methods driven by the watch
+// pump (watch_calls.h): they hold no thread while they wait. The rest answer at once on gRPC's
+// synchronous pool.
+class TransferService final
+    : public v1::Transfer::WithCallbackMethod_WaitTransfer<
+          v1::Transfer::WithCallbackMethod_WatchTransfer<
+              v1::Transfer::WithCallbackMethod_WatchNotifications<v1::Transfer::Service>>> {
  public:
   TransferService(regions::RegionTable* regions, transfers::TransferManager* transfers,
                   transfers::NotificationHub* notifications, bool tcp_api,
-                  uint32_t max_watchers)
+                  uint32_t max_watchers_per_session, uint32_t max_watchers_per_uid)
       : regions_(regions), transfers_(transfers), notifications_(notifications),
-        tcp_api_(tcp_api), watchers_(max_watchers) {}
+        tcp_api_(tcp_api), watchers_(max_watchers_per_session, max_watchers_per_uid),
+        pump_(std::make_shared<WatchPump>(kWatchTick)) {}
+
+  size_t open_watches() const { return pump_->open(); }
 
   grpc::Status RegisterRegion(grpc::ServerContext* context,
                               const v1::RegisterRegionRequest* request,
@@ -155,44 +131,41 @@ class TransferService final : public v1::Transfer::Service {
     return Fill(transfers_->Get(request->transfer_id()), response);
   }
 
-  grpc::Status WaitTransfer(grpc::ServerContext* context, const v1::WaitTransferRequest* request,
-                            v1::TransferStatus* response) override {
-    KVRAIL_CALLER_OR_RETURN(caller);
-    KVRAIL_AUTHORIZED_OR_RETURN(request->transfer_id(), caller, transfers::TransferUse::kRead);
-    KVRAIL_WATCHER_OR_RETURN(slot, caller);
-    absl::Duration timeout = request->timeout_ms() == 0
-                                 ? absl::InfiniteDuration()
-                                 : absl::Milliseconds(request->timeout_ms());
-    // Wait in slices so a client that went away frees its server thread.
-    const absl::Time until = absl::Now() + timeout;
-    while (true) {
-      const absl::Duration slice = std::min(until - absl::Now(), absl::Milliseconds(250));
-      auto status = transfers_->Wait(request->transfer_id(), std::max(slice, absl::ZeroDuration()));
-      if (!status.ok()) return ToGrpcStatus(status.status());
-      if (status->state() >= v1::TRANSFER_STATE_SUCCEEDED || absl::Now() >= until ||
-          context->IsCancelled()) {
-        *response = *std::move(status);
-        return grpc::Status::OK;
-      }
+  grpc::ServerUnaryReactor* WaitTransfer(grpc::CallbackServerContext* context,
+                                         const v1::WaitTransferRequest* request,
+                                         v1::TransferStatus* response) override {
+    auto refuse = [context](const grpc::Status& status) { return RefusedUnary(context, status); };
+    absl::StatusOr<regions::Caller> caller = CallerOf(context, *regions_, tcp_api_);
+    if (!caller.ok()) return refuse(ToGrpcStatus(caller.status()));
+    if (absl::Status allowed = transfers_->Authorize(request->transfer_id(), *caller,
+                                                     transfers::TransferUse::kRead);
+        !allowed.ok()) {
+      return refuse(ToGrpcStatus(allowed));
     }
+    KVRAIL_WATCHER_OR_REFUSE(slot, *caller, refuse);
+    const absl::Duration timeout = request->timeout_ms() == 0
+                                       ? absl::InfiniteDuration()
+                                       : absl::Milliseconds(request->timeout_ms());
+    return StartWait(context, request->transfer_id(), timeout, response, *std::move(slot),
+                     transfers_, pump_);
   }
 
-  grpc::Status WatchTransfer(grpc::ServerContext* context, const v1::WatchTransferRequest* request,
-                             grpc::ServerWriter<v1::TransferEvent>* writer) override {
-    KVRAIL_CALLER_OR_RETURN(caller);
-    KVRAIL_AUTHORIZED_OR_RETURN(request->transfer_id(), caller, transfers::TransferUse::kRead);
-    KVRAIL_WATCHER_OR_RETURN(slot, caller);
+  grpc::ServerWriteReactor<v1::TransferEvent>* WatchTransfer(
+      grpc::CallbackServerContext* context, const v1::WatchTransferRequest* request) override {
+    auto refuse = RefusedStream<v1::TransferEvent>;
+    absl::StatusOr<regions::Caller> caller = CallerOf(context, *regions_, tcp_api_);
+    if (!caller.ok()) return refuse(ToGrpcStatus(caller.status()));
+    if (absl::Status allowed = transfers_->Authorize(request->transfer_id(), *caller,
+                                                     transfers::TransferUse::kRead);
+        !allowed.ok()) {
+      return refuse(ToGrpcStatus(allowed));
+    }
+    KVRAIL_WATCHER_OR_REFUSE(slot, *caller, refuse);
     const absl::Duration interval =
         absl::Milliseconds(request->min_interval_ms() == 0 ? 50 : request->min_interval_ms());
-    // The stream ends when the client goes, even while the transfer makes no progress (a
-    // layer-wise transfer waiting for its producer sends no events): `still_wanted` is asked
-    // between waits.
-    return ToGrpcStatus(transfers_->Watch(
-        request->transfer_id(), interval,
-        [&](const v1::TransferEvent& event) {
-          return !context->IsCancelled() && writer->Write(event);
-        },
-        [&] { return !context->IsCancelled(); }));
+    // The stream ends when the client goes, even while the transfer makes no progress.
+    return StartWatch(context, request->transfer_id(), interval, *std::move(slot), transfers_,
+                      pump_);
   }
 
   grpc::Status CancelTransfer(grpc::ServerContext* context,
@@ -270,29 +243,18 @@ class TransferService final : public v1::Transfer::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status WatchNotifications(grpc::ServerContext* context,
-                                  const v1::NotificationWatchRequest* request,
-                                  grpc::ServerWriter<v1::Notification>* writer) override {
-    KVRAIL_CALLER_OR_RETURN(caller);
-    if (absl::Status readable = NotificationsReadable(request->session_id(), caller);
+  grpc::ServerWriteReactor<v1::Notification>* WatchNotifications(
+      grpc::CallbackServerContext* context, const v1::NotificationWatchRequest* request) override {
+    auto refuse = RefusedStream<v1::Notification>;
+    absl::StatusOr<regions::Caller> caller = CallerOf(context, *regions_, tcp_api_);
+    if (!caller.ok()) return refuse(ToGrpcStatus(caller.status()));
+    if (absl::Status readable = NotificationsReadable(request->session_id(), *caller);
         !readable.ok()) {
-      return ToGrpcStatus(readable);
+      return refuse(ToGrpcStatus(readable));
     }
-    KVRAIL_WATCHER_OR_RETURN(slot, caller);
-    bool first = true;
-    // Slices of 250 ms so a client that went away frees its server thread.
-    while (!context->IsCancelled()) {
-      auto taken = notifications_->Take(request->session_id(), 0, absl::Milliseconds(250));
-      if (!taken.ok()) {
-        // The session ended while watched: the stream ends OK; unknown at the start: NOT_FOUND.
-        return first ? ToGrpcStatus(taken.status()) : grpc::Status::OK;
-      }
-      first = false;
-      for (const auto& n : *taken) {
-        if (!writer->Write(n)) return grpc::Status::OK;
-      }
-    }
-    return grpc::Status::OK;
+    KVRAIL_WATCHER_OR_REFUSE(slot, *caller, refuse);
+    return StartNotificationWatch(context, request->session_id(), *std::move(slot),
+                                  notifications_, pump_);
   }
 
  private:
@@ -329,6 +291,8 @@ class TransferService final : public v1::Transfer::Service {
   transfers::NotificationHub* const notifications_;
   const bool tcp_api_;
   WatcherCounts watchers_;
+  // Declared after watchers_: destroyed first (its calls give their places back).
+  const std::shared_ptr<WatchPump> pump_;
 };
 
 class AdminService final : public v1::Admin::Service {
@@ -499,7 +463,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
                                                       transfers::TransferManager* transfers) {
   auto server = std::make_unique<ServerImpl>(std::make_unique<TransferService>(regions, transfers, options.notifications,
                                                      options.tcp_serves_api,
-                                                     options.max_watchers_per_session),
+                                                     options.max_watchers_per_session,
+                                                     options.max_watchers_per_uid),
                                              std::make_unique<AdminService>(options, regions, transfers));
   absl::Status status = server->Build(options);
   if (!status.ok()) return status;

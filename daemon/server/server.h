@@ -47,6 +47,10 @@ struct ServerOptions {
   // Waits and watches (WaitTransfer, WatchTransfer, WatchNotifications) open at once per session
   // (DaemonConfig.max_watchers_per_session); beyond, RESOURCE_EXHAUSTED naming it.
   uint32_t max_watchers_per_session = 64;
+  // The same for all sessions of one uid together (DaemonConfig.max_watchers_per_uid).
+  // Waits and watches hold no server thread (gRPC's callback API): these caps bound their
+  // memory and polling, not threads.
+  uint32_t max_watchers_per_uid = 1024;
   // Stats fields fixed at start (mps, build_info): GetStats answers them as given.
   v1::Stats stats_base;
   // The peer directory's state for Stats.directory; when set, the health service also answers

@@ -92,6 +92,42 @@ class CompletionSink {
   bool broken_ ABSL_GUARDED_BY(mu_) = false;
 };
 
+// WAITs pending per uid (SessionServerOptions::max_waits_per_uid). Shared with the `done`
+// callbacks registered for them, which give their place back when their transfer ends, whichever
+// thread ends it and whether or not the connection is still open. Thread-safe.
+class PendingWaits {
+ public:
+  explicit PendingWaits(size_t max_per_uid) : max_per_uid_(max_per_uid) {}
+  // Takes a place for `uid`, or RESOURCE_EXHAUSTED naming max_watchers_per_uid.
+  absl::Status Take(uint32_t uid) {
+    absl::MutexLock lock(&mu_);
+    size_t& n = per_uid_[uid];
+    if (n >= max_per_uid_) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "max_watchers_per_uid: uid ", uid, " has ", n,
+          " WAITs pending on the session socket, the most allowed "
+          "(DaemonConfig.max_watchers_per_uid; a WAIT counts until its transfer ends)"));
+    }
+    ++n;
+    return absl::OkStatus();
+  }
+  void Give(uint32_t uid) {
+    absl::MutexLock lock(&mu_);
+    auto it = per_uid_.find(uid);
+    if (it != per_uid_.end() && --it->second == 0) per_uid_.erase(it);
+  }
+  size_t Pending(uint32_t uid) const {
+    absl::MutexLock lock(&mu_);
+    auto it = per_uid_.find(uid);
+    return it == per_uid_.end() ? 0 : it->second;
+  }
+
+ private:
+  const size_t max_per_uid_;
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<uint32_t, size_t> per_uid_ ABSL_GUARDED_BY(mu_);
+};
+
 // epoll user data for the two fds that are not sessions (sessions carry their fd number).
 constexpr uint64_t kWakeTag = ~uint64_t{0};
 constexpr uint64_t kListenerTag = ~uint64_t{0} - 1;
@@ -106,6 +142,7 @@ class SessionServerImpl final : public SessionServer {
         epoll_(std::move(epoll)),
         regions_(regions),
         options_(std::move(options)),
+        pending_waits_(std::make_shared<PendingWaits>(options_.max_waits_per_uid)),
         packet_(wire::kMaxRequestBytes) {
     reserve_ = OpenReserve();
     thread_ = std::thread([this] { Loop(); });
@@ -143,6 +180,9 @@ class SessionServerImpl final : public SessionServer {
     const uint32_t uid;
     absl::Mutex mu;
     UniqueFd fd ABSL_GUARDED_BY(mu);
+    // WAITs of this connection not answered yet (SessionServerOptions::max_waits_per_connection);
+    // taken on the poll thread, given back by whichever thread ends the transfer.
+    std::atomic<size_t> pending_waits{0};
     // Set once by "CQ"; read and set on the poll thread only.
     std::shared_ptr<CompletionSink> completions;
   };
@@ -383,12 +423,37 @@ class SessionServerImpl final : public SessionServer {
       conn->Send(wire::EncodeRejected(waiter.status()));
       return;
     }
+    // A client waits on one transfer per connection; each WAIT held costs memory until its
+    // transfer ends, so they are capped per connection and per uid.
+    if (conn->pending_waits.load() >= options_.max_waits_per_connection) {
+      conn->Send(wire::EncodeRejected(absl::ResourceExhaustedError(absl::StrCat(
+          "max_watchers_per_session: this connection has ", conn->pending_waits.load(),
+          " WAITs pending, the most allowed (DaemonConfig.max_watchers_per_session); wait on "
+          "one transfer per connection"))));
+      return;
+    }
+    if (absl::Status placed = pending_waits_->Take(conn->uid); !placed.ok()) {
+      conn->Send(wire::EncodeRejected(placed));
+      return;
+    }
+    conn->pending_waits.fetch_add(1);
     std::weak_ptr<Connection> weak = conn;
-    const absl::Status registered =
-        options_.wait(*waiter, *id, [weak](const v1::TransferStatus& status) {
-          if (auto c = weak.lock()) c->Send(wire::EncodeDone(status));
+    // Called at most once: when the transfer ends (at once when it has), or never when the
+    // registration is refused.
+    const absl::Status registered = options_.wait(
+        *waiter, *id,
+        [weak, uid = conn->uid, counts = pending_waits_](const v1::TransferStatus& status) {
+          counts->Give(uid);
+          if (auto c = weak.lock()) {
+            c->pending_waits.fetch_sub(1);
+            c->Send(wire::EncodeDone(status));
+          }
         });
-    if (!registered.ok()) conn->Send(wire::EncodeRejected(registered));
+    if (!registered.ok()) {
+      pending_waits_->Give(conn->uid);
+      conn->pending_waits.fetch_sub(1);
+      conn->Send(wire::EncodeRejected(registered));
+    }
   }
 
   // "CQ" with a completion queue's memfd and eventfd: mapped (and sealed) here, checked, and
@@ -465,6 +530,7 @@ class SessionServerImpl final : public SessionServer {
   UniqueFd epoll_;
   regions::RegionTable* const regions_;
   const SessionServerOptions options_;
+  const std::shared_ptr<PendingWaits> pending_waits_;
   std::atomic<bool> stop_{false};
   std::atomic<size_t> count_{0};
   // Owned by the poll thread only.

@@ -60,6 +60,14 @@ struct SessionServerOptions {
   // instead of a greeting, and closed.
   size_t max_sessions = 4096;
   size_t max_sessions_per_uid = 256;
+  // WAITs pending at once per connection (DaemonConfig.max_watchers_per_session) and per uid
+  // (DaemonConfig.max_watchers_per_uid). A WAIT is pending from its registration until its
+  // transfer ends - for the uid's count also after its connection closed, since its `done` stays
+  // with the transfer until then. Beyond either, the WAIT is answered REJECTED
+  // RESOURCE_EXHAUSTED naming the cap. (Each transfer also keeps at most
+  // transfers::Record::kMaxWhenEnded waiters.)
+  size_t max_waits_per_connection = 64;
+  size_t max_waits_per_uid = 1024;
   // Descriptors kept free below RLIMIT_NOFILE for the rest of the daemon (gRPC's listener and
   // connections, regions being mapped): a connection or a passed descriptor that arrives as a
   // number within this many of the limit is refused (RESOURCE_EXHAUSTED) and closed. When

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "daemon/transfers/manager_fixture.h"
 
 namespace kvrail::transfers {
@@ -254,12 +255,21 @@ TEST_CASE("only a transfer's submitter reads and controls it; the operator reads
   for (TransferUse use : {TransferUse::kRead, TransferUse::kControl}) {
     CHECK(t.f.manager->Authorize(id, victim, use).ok());
     for (const regions::Caller& other : {attacker, anonymous}) {
+      // Another tenant's id answers exactly as an id nobody has: code and message (with the
+      // probed id in both), so its existence cannot be probed.
       const absl::Status refused = t.f.manager->Authorize(id, other, use);
-      INFO(refused.ToString());
-      CHECK(refused.code() == absl::StatusCode::kPermissionDenied);
-      CHECK(std::string(refused.message()).find("transfer_id") != std::string::npos);
+      const absl::Status unknown = t.f.manager->Authorize(id + 1000, other, use);
+      INFO(refused.ToString() << " / " << unknown.ToString());
+      CHECK(refused.code() == absl::StatusCode::kNotFound);
+      CHECK(unknown.code() == refused.code());
+      CHECK(std::string(refused.message()) == absl::StrCat("transfer_id: no transfer ", id));
+      CHECK(std::string(unknown.message()) ==
+            absl::StrCat("transfer_id: no transfer ", id + 1000));
     }
   }
+  // Cancel likewise (the victim has no grant use of the attacker's regions).
+  CHECK(t.f.manager->Authorize(id, attacker, TransferUse::kCancel).ToString() ==
+        absl::StrCat("NOT_FOUND: transfer_id: no transfer ", id));
   CHECK(t.f.manager->Authorize(id, operator_session, TransferUse::kRead).ok());
   CHECK(t.f.manager->Authorize(id, operator_session, TransferUse::kControl).code() ==
         absl::StatusCode::kPermissionDenied);
@@ -282,12 +292,18 @@ TEST_CASE("a pull's producer, the source region's owner, marks its layers ready;
   CHECK(t.f.manager->Authorize(id, producer, TransferUse::kControl).ok());
   CHECK(t.f.manager->Authorize(id, regions::Caller{t.attacker}, TransferUse::kControl).ok());
   const regions::Caller stranger{t.f.regions.NewSession()};
+  // A stranger learns nothing (NOT_FOUND, as for an unknown id); the operator, which reads
+  // every transfer, is told why it may not mark layers.
   const absl::Status refused = t.f.manager->Authorize(id, stranger, TransferUse::kControl);
-  CHECK(refused.code() == absl::StatusCode::kPermissionDenied);
-  CHECK(std::string(refused.message()).find("source region's owner") != std::string::npos);
+  CHECK(refused.code() == absl::StatusCode::kNotFound);
+  const regions::Caller operator_session{t.f.regions.NewSession(),
+                                         static_cast<int64_t>(::geteuid())};
+  const absl::Status told = t.f.manager->Authorize(id, operator_session, TransferUse::kControl);
+  CHECK(told.code() == absl::StatusCode::kPermissionDenied);
+  CHECK(std::string(told.message()).find("source region's owner") != std::string::npos);
   // Owning the source lets the producer mark layers, not read another's transfer status.
   CHECK(t.f.manager->Authorize(id, producer, TransferUse::kRead).code() ==
-        absl::StatusCode::kPermissionDenied);
+        absl::StatusCode::kNotFound);
   REQUIRE(t.f.manager->MarkReady(id, 0, 1).ok());  // what the server does once authorized
   t.f.engine.RunAll();
   CHECK(t.f.Get(id).state() == v1::TRANSFER_STATE_SUCCEEDED);

@@ -42,6 +42,10 @@ class InboundEngine final : public engine::Engine {
 
 // Thread-safe. mu_ guards the history, the id counter and the draining flag; lock order:
 // mu_, then a record's lock. Engines, the remote path and flag watches are called outside mu_.
+// The answer for a transfer id this daemon does not know (NOT_FOUND naming transfer_id). A caller
+// that may not read a transfer gets exactly this for it too, so ids cannot be probed.
+absl::Status UnknownTransfer(uint64_t id);
+
 class TransferManagerImpl final : public TransferManager {
  public:
   TransferManagerImpl(regions::RegionTable* regions, engine::Engine* engine, Clock* clock,
@@ -67,6 +71,8 @@ class TransferManagerImpl final : public TransferManager {
   absl::Status Watch(uint64_t id, absl::Duration min_interval,
                      const std::function<bool(const v1::TransferEvent&)>& sink,
                      const std::function<bool()>& still_wanted) const override;
+  absl::Status WatchStep(uint64_t id, absl::Duration min_interval, WatchCursor* cursor,
+                         std::vector<v1::TransferEvent>* events) const override;
   absl::StatusOr<v1::TransferStatus> Cancel(uint64_t id) override;
   absl::Status MarkReady(uint64_t id, uint32_t layer_begin, uint32_t layer_count) override;
   std::vector<v1::TransferStatus> List(const std::vector<v1::TransferState>& states,

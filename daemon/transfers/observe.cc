@@ -22,19 +22,20 @@ absl::Status TransferManagerImpl::Authorize(uint64_t id, const regions::Caller& 
       record->src_owner_session() == caller.session_id) {
     return absl::OkStatus();
   }
-  if (use == TransferUse::kRead &&
-      (caller.operator_role() ||
-       (caller.session_id != 0 && record->dst_owner_session() == caller.session_id))) {
-    return absl::OkStatus();
-  }
+  const bool reader =
+      caller.operator_role() ||
+      (caller.session_id != 0 && record->dst_owner_session() == caller.session_id);
+  if (use == TransferUse::kRead && reader) return absl::OkStatus();
+  // A caller that may not read the transfer learns nothing of it, not even that it exists: the
+  // answer is the unknown id's, code and message alike.
+  if (!reader) return UnknownTransfer(id);
   // The operator too may not control a tenant's transfer here; the server's CancelTransfer lets
   // it cancel one from a session that owns no regions, audited (docs/security.md).
   return absl::PermissionDeniedError(absl::StrCat(
       "transfer_id: transfer ", id, " was submitted by another session; only its submitter may ",
-      use == TransferUse::kRead      ? "read its status (and the operator)"
-      : use == TransferUse::kControl ? "mark its layers ready (and its source region's owner)"
-                                     : "cancel it (and the owner of a region it uses by a grant; "
-                                       "the operator may cancel it with kvrail transfers cancel)"));
+      use == TransferUse::kControl ? "mark its layers ready (and its source region's owner)"
+                                   : "cancel it (and the owner of a region it uses by a grant; "
+                                     "the operator may cancel it with kvrail transfers cancel)"));
 }
 
 absl::StatusOr<v1::TransferStatus> TransferManagerImpl::Get(uint64_t id) const {
@@ -62,48 +63,78 @@ absl::Status TransferManagerImpl::WhenEnded(
   return record->WhenEnded(std::move(done), counted);
 }
 
+absl::Status TransferManagerImpl::WatchStep(uint64_t id, absl::Duration min_interval,
+                                            WatchCursor* cursor,
+                                            std::vector<v1::TransferEvent>* events) const {
+  if (cursor->over) return absl::OkStatus();
+  if (cursor->record == nullptr) {
+    KVRAIL_ASSIGN_OR_RETURN(cursor->record, Find(id));
+    const Record& record = *cursor->record;
+    cursor->version = record.version();
+    v1::TransferEvent event;
+    event.set_kind(v1::TransferEvent::KIND_SNAPSHOT);
+    *event.mutable_status() = record.Status();
+    cursor->state = event.status().state();
+    cursor->bytes = event.status().bytes_done();
+    cursor->layers_sent = record.LayersDone().size();
+    cursor->last_progress = clock_->Now();
+    cursor->over = cursor->state >= v1::TRANSFER_STATE_SUCCEEDED;
+    events->push_back(std::move(event));
+    return absl::OkStatus();
+  }
+  const Record& record = *cursor->record;
+  const uint64_t version = record.version();
+  const bool progress_due =
+      cursor->bytes_pending && clock_->Now() - cursor->last_progress >= min_interval;
+  if (version == cursor->version && !progress_due) return absl::OkStatus();
+  cursor->version = version;
+  v1::TransferStatus status = record.Status();
+  const std::vector<uint32_t> layers = record.LayersDone();
+  for (; cursor->layers_sent < layers.size(); ++cursor->layers_sent) {
+    v1::TransferEvent layer_event;
+    layer_event.set_kind(v1::TransferEvent::KIND_LAYER_DONE);
+    layer_event.set_layer(status.spec().src().layer_begin() + layers[cursor->layers_sent]);
+    *layer_event.mutable_status() = status;
+    events->push_back(std::move(layer_event));
+  }
+  v1::TransferEvent next;
+  if (status.state() != cursor->state) {
+    next.set_kind(v1::TransferEvent::KIND_STATE);
+    cursor->state = status.state();
+  } else if (status.bytes_done() != cursor->bytes) {
+    if (clock_->Now() - cursor->last_progress < min_interval) {
+      cursor->bytes_pending = true;  // sent once min_interval has passed (or with the next state)
+      return absl::OkStatus();
+    }
+    next.set_kind(v1::TransferEvent::KIND_PROGRESS);
+  } else {
+    return absl::OkStatus();
+  }
+  cursor->bytes = status.bytes_done();
+  cursor->bytes_pending = false;
+  cursor->last_progress = clock_->Now();
+  cursor->over = cursor->state >= v1::TRANSFER_STATE_SUCCEEDED;
+  *next.mutable_status() = std::move(status);
+  events->push_back(std::move(next));
+  return absl::OkStatus();
+}
+
 absl::Status TransferManagerImpl::Watch(
     uint64_t id, absl::Duration min_interval,
     const std::function<bool(const v1::TransferEvent&)>& sink,
     const std::function<bool()>& still_wanted) const {
-  KVRAIL_ASSIGN_OR_RETURN(auto record, Find(id));
-  uint64_t seen = record->version();
-  v1::TransferEvent event;
-  event.set_kind(v1::TransferEvent::KIND_SNAPSHOT);
-  *event.mutable_status() = record->Status();
-  v1::TransferState last_state = event.status().state();
-  uint64_t last_bytes = event.status().bytes_done();
-  size_t layers_sent = record->LayersDone().size();
-  absl::Time last_progress = clock_->Now();
-  if (!sink(event)) return absl::OkStatus();
-  while (last_state < v1::TRANSFER_STATE_SUCCEEDED) {
-    record->AwaitChange(seen, absl::Milliseconds(100));
+  WatchCursor cursor;
+  std::vector<v1::TransferEvent> events;
+  while (true) {
+    events.clear();
+    KVRAIL_RETURN_IF_ERROR(WatchStep(id, min_interval, &cursor, &events));
+    for (const v1::TransferEvent& event : events) {
+      if (!sink(event)) return absl::OkStatus();
+    }
+    if (cursor.over) return absl::OkStatus();
+    cursor.record->AwaitChange(cursor.version, absl::Milliseconds(100));
     if (still_wanted && !still_wanted()) return absl::OkStatus();
-    seen = record->version();
-    v1::TransferStatus status = record->Status();
-    const std::vector<uint32_t> layers = record->LayersDone();
-    for (; layers_sent < layers.size(); ++layers_sent) {
-      v1::TransferEvent layer_event;
-      layer_event.set_kind(v1::TransferEvent::KIND_LAYER_DONE);
-      layer_event.set_layer(status.spec().src().layer_begin() + layers[layers_sent]);
-      *layer_event.mutable_status() = status;
-      if (!sink(layer_event)) return absl::OkStatus();
-    }
-    v1::TransferEvent next;
-    *next.mutable_status() = status;
-    if (status.state() != last_state) {
-      next.set_kind(v1::TransferEvent::KIND_STATE);
-      last_state = status.state();
-    } else if (status.bytes_done() != last_bytes && clock_->Now() - last_progress >= min_interval) {
-      next.set_kind(v1::TransferEvent::KIND_PROGRESS);
-    } else {
-      continue;
-    }
-    last_bytes = status.bytes_done();
-    last_progress = clock_->Now();
-    if (!sink(next)) return absl::OkStatus();
   }
-  return absl::OkStatus();
 }
 
 absl::StatusOr<v1::TransferStatus> TransferManagerImpl::Cancel(uint64_t id) {

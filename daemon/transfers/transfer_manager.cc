@@ -440,10 +440,14 @@ void TransferManagerImpl::End(const std::shared_ptr<Record>& record, const absl:
   }
 }
 
+absl::Status UnknownTransfer(uint64_t id) {
+  return absl::NotFoundError(absl::StrCat("transfer_id: no transfer ", id));
+}
+
 absl::StatusOr<std::shared_ptr<Record>> TransferManagerImpl::Find(uint64_t id) const {
   absl::MutexLock lock(&mu_);
   std::shared_ptr<Record> record = history_.Find(id);
-  if (record == nullptr) return absl::NotFoundError(absl::StrCat("transfer_id: no transfer ", id));
+  if (record == nullptr) return UnknownTransfer(id);
   return record;
 }
 

@@ -81,6 +81,21 @@ enum class TransferUse {
   kCancel,
 };
 
+class Record;
+
+// One watcher's place in a transfer's events (TransferManager::WatchStep): start with a default
+// cursor. Owned by one watcher; not thread-safe.
+struct WatchCursor {
+  std::shared_ptr<Record> record;  // set by the first step (the snapshot)
+  uint64_t version = 0;            // the record's change count last looked at
+  v1::TransferState state = v1::TRANSFER_STATE_UNSPECIFIED;
+  uint64_t bytes = 0;              // bytes_done last sent
+  bool bytes_pending = false;      // bytes moved since, not sent yet (min_interval)
+  size_t layers_sent = 0;
+  absl::Time last_progress;        // by the manager's clock
+  bool over = false;               // the final state's event was produced: the stream ends
+};
+
 // Thread-safe. Destroy only after the engine has stopped reporting (drain first).
 class TransferManager : public InboundSink {
  public:
@@ -94,8 +109,10 @@ class TransferManager : public InboundSink {
   // Whether `caller` may `use` transfer `id` (docs/security.md): its submitting session may read
   // and control it; the operator and, for a transfer another node writes into this one, the
   // destination's owner may read it; the owner of a region it uses by a grant may cancel it.
-  // NOT_FOUND for unknown ids, else PERMISSION_DENIED naming transfer_id (anonymous callers
-  // submit nothing they could come back to). The server calls it before Get, Wait, Watch,
+  // NOT_FOUND naming transfer_id for unknown ids and, with the same message, for a caller that
+  // may not read the transfer (so another tenant's id looks exactly like a nonexistent one); a
+  // caller that may read it but not `use` it: PERMISSION_DENIED naming transfer_id (anonymous
+  // callers submit nothing they could come back to). The server calls it before Get, Wait, Watch,
   // WhenEnded, Cancel and MarkReady, which check nothing themselves.
   virtual absl::Status Authorize(uint64_t id, const regions::Caller& caller,
                                  TransferUse use) const = 0;
@@ -120,6 +137,12 @@ class TransferManager : public InboundSink {
   virtual absl::Status Watch(uint64_t id, absl::Duration min_interval,
                              const std::function<bool(const v1::TransferEvent&)>& sink,
                              const std::function<bool()>& still_wanted = nullptr) const = 0;
+  // Watch without waiting, for watchers driven by completions (the gRPC server's watch pump): the
+  // first step appends the snapshot, each later one the events Watch would have sent since
+  // (none while nothing changed), and sets cursor->over with the final state's. Costs one lock
+  // of the transfer's record while nothing changed. NOT_FOUND for an unknown id (first step).
+  virtual absl::Status WatchStep(uint64_t id, absl::Duration min_interval, WatchCursor* cursor,
+                                 std::vector<v1::TransferEvent>* events) const = 0;
   virtual absl::StatusOr<v1::TransferStatus> Cancel(uint64_t id) = 0;
   virtual absl::Status MarkReady(uint64_t id, uint32_t layer_begin, uint32_t layer_count) = 0;
   // Newest first; `states` empty means all.

@@ -12,6 +12,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 
 #include "wire/session_wire.h"
 #include "tests/integration/kv_fixture.h"
@@ -185,8 +186,94 @@ TEST_CASE("WAIT on the session socket answers like WaitTransfer") {
 }
 
 
+// A daemon started with `config` (DaemonConfig text).
+std::vector<std::string> ConfigArgs(const TempDir& dir, const std::string& config) {
+  const std::string path = dir.path() + "/kvraild.textproto";
+  std::ofstream(path) << config;
+  return {"--config", path};
+}
+
+// A raw session connection to `live` whose greeting was read; receives time out after `wait`.
+UniqueFd RawSession(const LiveDaemon& live, int wait_seconds) {
+  UniqueFd sock(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+  REQUIRE(sock.valid());
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  const std::string path = wire::SessionSocketPath(live.daemon.socket());
+  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  REQUIRE(::connect(sock.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
+  timeval tv{wait_seconds, 0};
+  ::setsockopt(sock.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  REQUIRE(wire::ReceivePacket(sock.get()).ok());  // the SESSION greeting
+  return sock;
+}
+
+TEST_CASE("WAIT: pending WAITs are capped per connection and per uid, closed connections too") {
+  // One connection used to hold any number of WAITs (4,096 per transfer, for every transfer it
+  // could read: millions pending, hundreds of MB). Now: max_watchers_per_session per connection,
+  // max_watchers_per_uid for all of one uid's, counted until the transfer ends.
+  TempDir config_dir;
+  LiveDaemon live(ConfigArgs(config_dir, "max_watchers_per_session: 8\nmax_watchers_per_uid: 20\n"));
+  Pool src = MakePool(*live.client, Small(), false, "prefill");
+  Pool dst = MakePool(*live.client, Small(), true, "decode");
+  v1::TransferSpec spec = client::MakeBlockTransfer(src.id(), {1}, dst.id(), {1});
+  spec.set_layerwise(true);
+  auto submitted = live.client->Submit(spec);
+  REQUIRE(submitted.ok());
+  const uint64_t id = submitted->transfer_id();
+  // Raw connections are other sessions of the test's uid, kvraild's own: the operator reads
+  // every transfer, so each may wait for it.
+  const std::string wait = absl::StrCat("WAIT ", id);
+
+  UniqueFd a = RawSession(live, 2);
+  for (int i = 0; i < 9; ++i) REQUIRE(wire::SendPacket(a.get(), wait).ok());
+  auto refused = wire::ReceivePacket(a.get());
+  REQUIRE(refused.ok());  // before the caps: nothing came (all nine were pending)
+  CHECK(refused->rfind("REJECTED 8 max_watchers_per_session: this connection has 8", 0) == 0);
+
+  UniqueFd b = RawSession(live, 2);
+  for (int i = 0; i < 8; ++i) REQUIRE(wire::SendPacket(b.get(), wait).ok());
+  UniqueFd c = RawSession(live, 2);
+  for (int i = 0; i < 5; ++i) REQUIRE(wire::SendPacket(c.get(), wait).ok());
+  refused = wire::ReceivePacket(c.get());
+  REQUIRE(refused.ok());
+  CHECK(refused->rfind("REJECTED 8 max_watchers_per_uid: uid ", 0) == 0);
+  CHECK(refused->find(" has 20 WAITs pending") != std::string::npos);
+
+  // Closing connections frees no place while their transfer runs (their WAITs stay with it).
+  b = UniqueFd();
+  c = UniqueFd();
+  UniqueFd d = RawSession(live, 2);
+  REQUIRE(wire::SendPacket(d.get(), wait).ok());
+  refused = wire::ReceivePacket(d.get());
+  REQUIRE(refused.ok());
+  CHECK(refused->rfind("REJECTED 8 max_watchers_per_uid: uid ", 0) == 0);
+
+  // The transfer ends: a's eight WAITs are answered, every place comes back.
+  REQUIRE(live.client->MarkReady(id, 0, 2).ok());
+  for (int i = 0; i < 8; ++i) {
+    auto done = wire::ReceivePacket(a.get());
+    REQUIRE(done.ok());
+    CHECK(done->rfind("DONE ", 0) == 0);
+  }
+  for (UniqueFd* conn : {&a, &d}) {
+    for (int i = 0; i < 8; ++i) REQUIRE(wire::SendPacket(conn->get(), wait).ok());
+    for (int i = 0; i < 8; ++i) {
+      auto done = wire::ReceivePacket(conn->get());
+      REQUIRE(done.ok());
+      CHECK(done->rfind("DONE ", 0) == 0);
+    }
+  }
+  auto status = live.client->Wait(id);
+  REQUIRE(status.ok());
+  CHECK(status->state() == v1::TRANSFER_STATE_SUCCEEDED);
+}
+
 TEST_CASE("WAIT: a transfer keeps at most kMaxWhenEnded waiters; the rest are refused at once") {
-  LiveDaemon live;
+  // The per-connection and per-uid caps raised above the transfer's own.
+  TempDir config_dir;
+  LiveDaemon live(ConfigArgs(config_dir,
+                             "max_watchers_per_session: 8192\nmax_watchers_per_uid: 8192\n"));
   Pool src = MakePool(*live.client, Small(), false, "prefill");
   Pool dst = MakePool(*live.client, Small(), true, "decode");
   v1::TransferSpec spec = client::MakeBlockTransfer(src.id(), {1}, dst.id(), {1});

@@ -133,6 +133,27 @@ TEST_CASE("a valid certificate for one node claiming another is PERMISSION_DENIE
   CHECK(pair.b.Log().find("peer 'a' restarted") == std::string::npos);
 }
 
+TEST_CASE("a certificate with two CNs is refused, not read as its first") {
+  // The CA signed a certificate whose subject is CN=a, CN=c. gRPC reports its first CN only, so
+  // it spoke as "a" while its holder may be "c".
+  TlsPair pair;
+  REQUIRE(pair.ok);
+  REQUIRE(PeerUp(pair.b, "a", absl::Seconds(10)));
+  REQUIRE(pair.ca.IssueSubject("two-cns", "/CN=a/CN=c").ok());
+  auto peer = v1::Peer::NewStub(TlsChannel(pair.b_address(), pair.ca, "b", &pair.ca, "two-cns"));
+  v1::HelloResponse hello;
+  CHECK(Says(peer->Hello(Context().get(), HelloAs("a"), &hello),
+             grpc::StatusCode::UNAUTHENTICATED, "certificate CN"));
+  v1::HeartbeatRequest beat;
+  beat.set_node_id("a");
+  v1::HeartbeatResponse beat_answer;
+  CHECK(Says(peer->Heartbeat(Context().get(), beat, &beat_answer),
+             grpc::StatusCode::UNAUTHENTICATED, "its subject has 2"));
+  // The real "a" is untouched.
+  CHECK(PeerUp(pair.b, "a", absl::Seconds(5)));
+  CHECK(pair.b.Log().find("peer 'a' restarted") == std::string::npos);
+}
+
 TEST_CASE("a peer answering with another node's certificate is not introduced") {
   TestCa ca;
   REQUIRE(ca.status().ok());

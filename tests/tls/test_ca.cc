@@ -42,16 +42,21 @@ TestCa::TestCa(const std::string& name) : name_(name) {
 }
 
 absl::StatusOr<TestCa::Issued> TestCa::Issue(const std::string& cn) {
+  return IssueSubject(cn, "/CN=" + cn);
+}
+
+absl::StatusOr<TestCa::Issued> TestCa::IssueSubject(const std::string& name,
+                                                    const std::string& subject) {
   if (!status_.ok()) return status_;
   Issued issued;
-  issued.cert_file = absl::StrCat(dir_.path(), "/", cn, ".pem");
-  issued.key_file = absl::StrCat(dir_.path(), "/", cn, ".key");
+  issued.cert_file = absl::StrCat(dir_.path(), "/", name, ".pem");
+  issued.key_file = absl::StrCat(dir_.path(), "/", name, ".key");
   if (::access(issued.cert_file.c_str(), R_OK) == 0) return issued;
-  const std::string csr = absl::StrCat(dir_.path(), "/", cn, ".csr");
+  const std::string csr = absl::StrCat(dir_.path(), "/", name, ".csr");
   absl::Status made =
       OpenSsl({"req", "-new", "-config", config_, "-newkey", "ec", "-pkeyopt",
                "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", issued.key_file, "-out", csr,
-               "-subj", "/CN=" + cn});
+               "-subj", subject});
   if (!made.ok()) return made;
   made = OpenSsl({"x509", "-req", "-in", csr, "-CA", ca_file_, "-CAkey", ca_key_, "-set_serial",
                   std::to_string(++serial_), "-out", issued.cert_file, "-days", "2", "-extfile",

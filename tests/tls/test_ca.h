@@ -27,6 +27,9 @@ class TestCa {
   // A certificate whose subject CN is `cn`, signed by this CA (issued once per CN; later calls
   // return the same files).
   absl::StatusOr<Issued> Issue(const std::string& cn);
+  // A certificate with subject `subject` (openssl's "/CN=a/CN=b" form), signed by this CA, in
+  // files named after `name` (issued once per name; Issue(name) then returns the same files).
+  absl::StatusOr<Issued> IssueSubject(const std::string& name, const std::string& subject);
   // The same files as DaemonConfig text: `peer_tls { ca_file: ... cert_file: ... key_file: ... }`.
   absl::StatusOr<std::string> ConfigFor(const std::string& cn);
 
