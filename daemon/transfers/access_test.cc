@@ -293,7 +293,7 @@ TEST_CASE("a pull's producer, the source region's owner, marks its layers ready;
   CHECK(t.f.manager->Authorize(id, regions::Caller{t.attacker}, TransferUse::kControl).ok());
   const regions::Caller stranger{t.f.regions.NewSession()};
   // A stranger learns nothing (NOT_FOUND, as for an unknown id); the operator, which reads
-  // every transfer, is told why it may not mark layers.
+  // every transfer, is told why it may not mark layers, and the producer why it may not read.
   const absl::Status refused = t.f.manager->Authorize(id, stranger, TransferUse::kControl);
   CHECK(refused.code() == absl::StatusCode::kNotFound);
   const regions::Caller operator_session{t.f.regions.NewSession(),
@@ -303,7 +303,7 @@ TEST_CASE("a pull's producer, the source region's owner, marks its layers ready;
   CHECK(std::string(told.message()).find("source region's owner") != std::string::npos);
   // Owning the source lets the producer mark layers, not read another's transfer status.
   CHECK(t.f.manager->Authorize(id, producer, TransferUse::kRead).code() ==
-        absl::StatusCode::kNotFound);
+        absl::StatusCode::kPermissionDenied);
   REQUIRE(t.f.manager->MarkReady(id, 0, 1).ok());  // what the server does once authorized
   t.f.engine.RunAll();
   CHECK(t.f.Get(id).state() == v1::TRANSFER_STATE_SUCCEEDED);

@@ -26,14 +26,21 @@ absl::Status TransferManagerImpl::Authorize(uint64_t id, const regions::Caller& 
       caller.operator_role() ||
       (caller.session_id != 0 && record->dst_owner_session() == caller.session_id);
   if (use == TransferUse::kRead && reader) return absl::OkStatus();
-  // A caller that may not read the transfer learns nothing of it, not even that it exists: the
-  // answer is the unknown id's, code and message alike.
-  if (!reader) return UnknownTransfer(id);
+  // A caller with no part in the transfer learns nothing of it, not even that it exists: the
+  // answer is the unknown id's, code and message alike. Its readers, the owner of a region it
+  // uses by a grant (who may cancel it) and its source's owner (who may mark it ready) are
+  // told why they may not do this.
+  const bool party =
+      reader || (caller.session_id != 0 &&
+                 (grant_uses_->UsesRegionOf(id, caller.session_id) ||
+                  (!record->inbound() && record->src_owner_session() == caller.session_id)));
+  if (!party) return UnknownTransfer(id);
   // The operator too may not control a tenant's transfer here; the server's CancelTransfer lets
   // it cancel one from a session that owns no regions, audited (docs/security.md).
   return absl::PermissionDeniedError(absl::StrCat(
       "transfer_id: transfer ", id, " was submitted by another session; only its submitter may ",
-      use == TransferUse::kControl ? "mark its layers ready (and its source region's owner)"
+      use == TransferUse::kRead      ? "read its status (and the operator)"
+      : use == TransferUse::kControl ? "mark its layers ready (and its source region's owner)"
                                    : "cancel it (and the owner of a region it uses by a grant; "
                                      "the operator may cancel it with kvrail transfers cancel)"));
 }
