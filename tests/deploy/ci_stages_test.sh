@@ -7,6 +7,7 @@ set -u
 dir="$TEST_SRCDIR/$TEST_WORKSPACE"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
+export HOME="${HOME:-$tmp}"  # dev.sh names its output bases under it; bazel test sets none
 fails=0
 check() {  # check NAME CONDITION...
   local name=$1
