@@ -1,16 +1,19 @@
 #include "base/logging.h"
 
 #include <spdlog/pattern_formatter.h>
+#include <spdlog/sinks/base_sink.h>
 #include <spdlog/sinks/ostream_sink.h>
 #include <spdlog/sinks/stdout_sinks.h>
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
 
+#include <cctype>
 #include <cinttypes>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <mutex>
 #include <vector>
 
 namespace kvrail {
@@ -101,27 +104,73 @@ class TextMessage final : public spdlog::custom_flag_formatter {
   }
 };
 
+int SyslogPriority(spdlog::level::level_enum level) {
+  switch (level) {
+    case spdlog::level::trace:
+    case spdlog::level::debug: return 7;
+    case spdlog::level::info: return 6;
+    case spdlog::level::warn: return 4;
+    case spdlog::level::err: return 3;
+    case spdlog::level::critical: return 2;
+    default: return 6;
+  }
+}
+
 // `%J`: the syslog priority journald reads from the start of a line ("<6>" for info).
 class JournalPriority final : public spdlog::custom_flag_formatter {
  public:
   void format(const spdlog::details::log_msg& msg, const std::tm&,
               spdlog::memory_buf_t& dest) override {
-    int priority = 6;
-    switch (msg.level) {
-      case spdlog::level::trace:
-      case spdlog::level::debug: priority = 7; break;
-      case spdlog::level::info: priority = 6; break;
-      case spdlog::level::warn: priority = 4; break;
-      case spdlog::level::err: priority = 3; break;
-      case spdlog::level::critical: priority = 2; break;
-      default: break;
-    }
+    const int priority = SyslogPriority(msg.level);
     const char text[3] = {'<', static_cast<char>('0' + priority), '>'};
     dest.append(text, text + 3);
   }
   std::unique_ptr<custom_flag_formatter> clone() const override {
     return std::make_unique<JournalPriority>();
   }
+};
+
+// Sends items (owned strings) as one entry; false when the journal refused it.
+bool SendItems(const JournalSend& send, std::vector<std::string>& items) {
+  std::vector<struct iovec> iov(items.size());
+  for (size_t i = 0; i < items.size(); ++i) {
+    iov[i].iov_base = items[i].data();
+    iov[i].iov_len = items[i].size();
+  }
+  return send(iov.data(), static_cast<int>(iov.size())) >= 0;
+}
+
+// The journal sink (SetUpLoggingToJournal). Called on the logging thread, inside LogFields when
+// there are fields (current_fields).
+class JournalSink final : public spdlog::sinks::base_sink<std::mutex> {
+ public:
+  explicit JournalSink(JournalSend send) : send_(std::move(send)) {}
+
+ protected:
+  void sink_it_(const spdlog::details::log_msg& msg) override {
+    spdlog::memory_buf_t line;
+    TextMessage().format(msg, std::tm{}, line);
+    const int priority = SyslogPriority(msg.level);
+    std::vector<std::string> items;
+    items.push_back("MESSAGE=" + std::string(line.data(), line.size()));
+    items.push_back("PRIORITY=" + std::to_string(priority));
+    items.push_back("SYSLOG_IDENTIFIER=kvraild");
+    items.push_back("TID=" + std::to_string(msg.thread_id));
+    if (current_fields != nullptr) {
+      for (const LogField& f : *current_fields) {
+        items.push_back(JournalFieldName(f.key) + "=" + f.text);
+      }
+    }
+    if (!SendItems(send_, items)) {
+      // The journal refused it (journald restarting): the escaped line on stderr, which the
+      // journal also reads, with its priority prefix.
+      std::fprintf(stderr, "<%d>%s\n", priority, items[0].c_str() + 8);
+    }
+  }
+  void flush_() override {}
+
+ private:
+  const JournalSend send_;
 };
 
 absl::Status Configure(std::shared_ptr<spdlog::logger> logger, const std::string& level,
@@ -178,6 +227,39 @@ absl::Status SetUpLoggingTo(const std::string& level, const std::string& format,
                    journald);
 }
 
+absl::Status SetUpLoggingToJournal(const std::string& level, JournalSend send) {
+  if (!send) return absl::InvalidArgumentError("SetUpLoggingToJournal: no sender");
+  spdlog::drop("kvraild");
+  auto logger =
+      std::make_shared<spdlog::logger>("kvraild", std::make_shared<JournalSink>(std::move(send)));
+  // The level is parsed as for the other formats; the formatter is unused by the sink.
+  return Configure(std::move(logger), level, "text", /*journald=*/true);
+}
+
+void ReportStartErrorTo(std::string_view message, const JournalSend& send) {
+  spdlog::memory_buf_t line;
+  line.append(std::string_view("kvraild: "));
+  AppendTextEscaped(message, line);
+  std::string text(line.data(), line.size());
+  if (send) {
+    std::vector<std::string> items = {"MESSAGE=" + text, "PRIORITY=3",
+                                      "SYSLOG_IDENTIFIER=kvraild"};
+    if (SendItems(send, items)) return;
+    text = "<3>" + text;
+  }
+  text += '\n';
+  std::fputs(text.c_str(), stderr);
+}
+
+std::string JournalFieldName(std::string_view key) {
+  std::string name = "KVRAIL_";
+  for (char c : key) {
+    const unsigned char u = static_cast<unsigned char>(c);
+    name += std::isalnum(u) ? static_cast<char>(std::toupper(u)) : '_';
+  }
+  return name.substr(0, 64);  // journald's limit on a field name
+}
+
 std::string JsonEscape(std::string_view text) {
   spdlog::memory_buf_t buf;
   AppendJsonEscaped(text, buf);
@@ -185,17 +267,21 @@ std::string JsonEscape(std::string_view text) {
 }
 
 LogField::LogField(std::string_view k, std::string_view value)
-    : key(k), json("\"" + JsonEscape(value) + "\"") {}
-LogField::LogField(std::string_view k, uint64_t value) : key(k), json(std::to_string(value)) {}
-LogField::LogField(std::string_view k, int64_t value) : key(k), json(std::to_string(value)) {}
+    : key(k), json("\"" + JsonEscape(value) + "\""), text(value) {}
+LogField::LogField(std::string_view k, uint64_t value)
+    : key(k), json(std::to_string(value)), text(json) {}
+LogField::LogField(std::string_view k, int64_t value)
+    : key(k), json(std::to_string(value)), text(json) {}
 LogField::LogField(std::string_view k, double value) : key(k) {
   if (!std::isfinite(value)) {
     json = "null";
+    text = std::isnan(value) ? "nan" : (value > 0 ? "inf" : "-inf");
     return;
   }
-  char text[32];
-  std::snprintf(text, sizeof(text), "%.6g", value);
-  json = text;
+  char number[32];
+  std::snprintf(number, sizeof(number), "%.6g", value);
+  json = number;
+  text = json;
 }
 
 void LogFields(spdlog::level::level_enum level, std::string_view message,

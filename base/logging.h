@@ -4,8 +4,10 @@
 #pragma once
 
 #include <spdlog/common.h>
+#include <sys/uio.h>
 
 #include <cstdint>
+#include <functional>
 #include <initializer_list>
 #include <ostream>
 #include <string>
@@ -29,7 +31,27 @@ absl::Status SetUpLoggingTo(const std::string& level, const std::string& format,
 // True when stderr is connected to the journal: $JOURNAL_STREAM ("<dev>:<inode>") matches fd 2.
 bool StderrIsJournal();
 
-// One structured field. The value is kept JSON-encoded (a number, or a string escaped).
+// Sends one journal entry made of "FIELD=value" items; >= 0 when it was sent (sd_journal_sendv's
+// contract). //base:logging_systemd has the real one; tests pass a fake.
+using JournalSend = std::function<int(const struct iovec* items, int count)>;
+
+// Logs through the journal's native protocol: one entry per line, with MESSAGE (the message and
+// its fields escaped as in the text format: one line no logged text can split or forge), PRIORITY
+// (the syslog level: 7 debug, 6 info, 4 warn, 3 error, 2 critical), SYSLOG_IDENTIFIER=kvraild,
+// TID, and each LogField as a field of its own, KVRAIL_<KEY>, holding the raw value (journald
+// stores any bytes: `journalctl -o verbose` or `KVRAIL_REGION_NAME=...` matches show it as given).
+// log_format does not apply: the journal keeps the fields itself.
+absl::Status SetUpLoggingToJournal(const std::string& level, JournalSend send);
+
+// A fatal start error: with `send` one journal entry at PRIORITY=3 whose MESSAGE is
+// "kvraild: <message>" escaped to one line; without it (nullptr) that line on stderr.
+void ReportStartErrorTo(std::string_view message, const JournalSend& send);
+
+// "region_name" -> "KVRAIL_REGION_NAME" (journal field names: upper case letters, digits, '_').
+std::string JournalFieldName(std::string_view key);
+
+// One structured field. The value is kept JSON-encoded (a number, or a string escaped) for the
+// text and JSON formats, and as given for the journal.
 struct LogField {
   LogField(std::string_view key, std::string_view value);
   LogField(std::string_view key, const char* value) : LogField(key, std::string_view(value)) {}
@@ -41,6 +63,7 @@ struct LogField {
   LogField(std::string_view key, double value);
   std::string key;
   std::string json;
+  std::string text;  // the value as given (strings) or in decimal (numbers)
 };
 
 // Logs `message` at `level` with `fields` through the default logger: JSON members beside "msg"

@@ -1,6 +1,9 @@
 #include "base/logging_systemd.h"
 
 #include <systemd/sd-daemon.h>
+#include <systemd/sd-journal.h>
+
+#include "base/logging.h"
 
 namespace kvrail {
 namespace {
@@ -28,5 +31,19 @@ bool NotifyStopping(const std::string& status) {
 }
 
 bool NotifyStatus(const std::string& status) { return Notify("STATUS=" + OneLine(status)); }
+
+absl::Status SetUpDaemonLogging(const std::string& level, const std::string& format) {
+  if (!StderrIsJournal()) return SetUpLogging(level, format);
+  return SetUpLoggingToJournal(level, [](const struct iovec* items, int count) {
+    return sd_journal_sendv(items, count);
+  });
+}
+
+void ReportStartError(std::string_view message) {
+  if (!StderrIsJournal()) return ReportStartErrorTo(message, nullptr);
+  ReportStartErrorTo(message, [](const struct iovec* items, int count) {
+    return sd_journal_sendv(items, count);
+  });
+}
 
 }  // namespace kvrail

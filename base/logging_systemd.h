@@ -4,6 +4,9 @@
 #pragma once
 
 #include <string>
+#include <string_view>
+
+#include "absl/status/status.h"
 
 namespace kvrail {
 
@@ -11,5 +14,13 @@ namespace kvrail {
 bool NotifyReady(const std::string& status);
 bool NotifyStopping(const std::string& status);
 bool NotifyStatus(const std::string& status);
+
+// kvraild's logging: under journald (StderrIsJournal) straight to the journal's native protocol
+// (sd_journal_sendv: SetUpLoggingToJournal's fields); elsewhere SetUpLogging on stderr.
+absl::Status SetUpDaemonLogging(const std::string& level, const std::string& format);
+
+// A fatal start error: under journald one entry at error priority (PRIORITY=3), else one line on
+// stderr (ReportStartErrorTo).
+void ReportStartError(std::string_view message);
 
 }  // namespace kvrail

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "base/logging.h"
 
@@ -107,6 +108,92 @@ TEST_CASE("unknown level or format names the key") {
   std::ostringstream out;
   CHECK(std::string(SetUpLoggingTo("loud", "json", false, &out).message()).rfind("log_level:", 0) == 0);
   CHECK(std::string(SetUpLoggingTo("info", "xml", false, &out).message()).rfind("log_format:", 0) == 0);
+}
+
+// What a journal sender was given: one entry per call, its "FIELD=value" items.
+struct FakeJournal {
+  std::vector<std::vector<std::string>> entries;
+  int result = 0;
+  JournalSend Sender() {
+    return [this](const struct iovec* items, int count) {
+      std::vector<std::string> entry;
+      for (int i = 0; i < count; ++i) {
+        entry.emplace_back(static_cast<const char*>(items[i].iov_base), items[i].iov_len);
+      }
+      entries.push_back(std::move(entry));
+      return result;
+    };
+  }
+  // The value of FIELD in entry `i` ("" when absent), and how often FIELD occurs there.
+  std::string Field(size_t i, const std::string& field) const {
+    for (const std::string& item : entries.at(i)) {
+      if (item.rfind(field + "=", 0) == 0) return item.substr(field.size() + 1);
+    }
+    return "";
+  }
+  int Count(size_t i, const std::string& field) const {
+    return static_cast<int>(std::count_if(entries.at(i).begin(), entries.at(i).end(),
+                                          [&](const std::string& item) {
+                                            return item.rfind(field + "=", 0) == 0;
+                                          }));
+  }
+};
+
+TEST_CASE("journal: a forged priority in a region name stays one entry at the line's priority") {
+  FakeJournal journal;
+  REQUIRE(SetUpLoggingToJournal("info", journal.Sender()).ok());
+  const std::string forged = "kv\n<3>kvraild: disk on fire\r\x1b[31m";
+  LogFields(spdlog::level::info, "region registered",
+            {{"region_id", uint64_t{7}}, {"region_name", forged}, {"bytes", uint64_t{4096}}});
+  REQUIRE(journal.entries.size() == 1);
+  CHECK(journal.Count(0, "PRIORITY") == 1);
+  CHECK(journal.Field(0, "PRIORITY") == "6");
+  CHECK(journal.Count(0, "MESSAGE") == 1);
+  const std::string message = journal.Field(0, "MESSAGE");
+  INFO(message);
+  CHECK(message.rfind("region registered", 0) == 0);
+  CHECK(message.find('\n') == std::string::npos);
+  CHECK(message.find('\r') == std::string::npos);
+  CHECK(message.find('\x1b') == std::string::npos);
+  // The name is a field of its own, byte for byte as the client gave it.
+  CHECK(journal.Field(0, "KVRAIL_REGION_NAME") == forged);
+  CHECK(journal.Field(0, "KVRAIL_REGION_ID") == "7");
+  CHECK(journal.Field(0, "KVRAIL_BYTES") == "4096");
+  CHECK(journal.Field(0, "SYSLOG_IDENTIFIER") == "kvraild");
+  CHECK_FALSE(journal.Field(0, "TID").empty());
+}
+
+TEST_CASE("journal: plain lines are escaped into MESSAGE; levels map to syslog priorities") {
+  FakeJournal journal;
+  REQUIRE(SetUpLoggingToJournal("info", journal.Sender()).ok());
+  spdlog::debug("not at info");
+  spdlog::info("session from '{}'", "a\n<2>b");
+  spdlog::warn("w");
+  spdlog::error("e");
+  spdlog::critical("c");
+  REQUIRE(journal.entries.size() == 4);
+  CHECK(journal.Field(0, "MESSAGE") == "session from 'a\\n<2>b'");
+  CHECK(journal.Field(0, "PRIORITY") == "6");
+  CHECK(journal.Field(1, "PRIORITY") == "4");
+  CHECK(journal.Field(2, "PRIORITY") == "3");
+  CHECK(journal.Field(3, "PRIORITY") == "2");
+  // No field of an earlier LogFields line leaks into a plain one.
+  CHECK(journal.Count(0, "KVRAIL_REGION_NAME") == 0);
+  CHECK_FALSE(SetUpLoggingToJournal("loud", journal.Sender()).ok());
+}
+
+TEST_CASE("journal: a fatal start error is one entry at error priority") {
+  FakeJournal journal;
+  ReportStartErrorTo("config: line 3\n<6>all is well", journal.Sender());
+  REQUIRE(journal.entries.size() == 1);
+  CHECK(journal.Field(0, "PRIORITY") == "3");
+  CHECK(journal.Field(0, "MESSAGE") == "kvraild: config: line 3\\n<6>all is well");
+}
+
+TEST_CASE("journal field names: upper case, digits and underscores") {
+  CHECK(JournalFieldName("region_name") == "KVRAIL_REGION_NAME");
+  CHECK(JournalFieldName("peer-node.id") == "KVRAIL_PEER_NODE_ID");
+  CHECK(JournalFieldName(std::string(100, 'a')).size() == 64);
 }
 
 }  // namespace

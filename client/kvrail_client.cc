@@ -447,9 +447,9 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
     absl::MutexLock lock(&impl->lost_mu_);
     impl->instance_id_ = stats.instance_id();
   }
-  // On a unix socket the session opens now: every later call carries its identity. A daemon
-  // without a session socket leaves the client anonymous.
-  if (!impl->unix_path_.empty()) (void)impl->Session();
+  // On a unix socket the session opens now (unless the caller wants none yet): every later call
+  // carries its identity. A daemon without a session socket leaves the client anonymous.
+  if (!impl->unix_path_.empty() && options.open_session) (void)impl->Session();
   std::unique_ptr<Client> client(new Client(std::move(impl)));
   // The block-table region is made now, not in the first large Submit (its creation and
   // registration would be ~0.3-0.9 ms of the first transfer). A failure here only means Submit

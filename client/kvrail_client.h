@@ -58,6 +58,10 @@ struct ClientOptions {
   // KVRAIL_BLOCK_TABLE_BUFFER=lazy sets false: the block-table region (see Submit) is made by
   // the first Submit that needs it rather than by Connect.
   bool eager_block_table = true;
+  // false: Connect opens no session; until a call needs one (Submit, RegisterRegion, SessionId)
+  // the client is anonymous and sees only what anyone may (stats, health): a probe. No
+  // environment variable: the caller's choice (the CLI's health).
+  bool open_session = true;
 
   // The defaults with the process environment's overrides.
   static ClientOptions FromEnvironment();

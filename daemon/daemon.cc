@@ -229,7 +229,7 @@ DaemonImpl::~DaemonImpl() {
 
 absl::Status DaemonImpl::Start() {
   const v1::DaemonConfig& c = config();
-  KVRAIL_RETURN_IF_ERROR(SetUpLogging(c.log_level(), c.log_format()));
+  KVRAIL_RETURN_IF_ERROR(SetUpDaemonLogging(c.log_level(), c.log_format()));
   PrepareCudaEnvironment(c);
   id_.fd_limit = RaiseFdLimit();
   spdlog::info("kvraild {} starting: node '{}', socket {}", kVersion, c.node_id(),
@@ -396,6 +396,9 @@ absl::Status DaemonImpl::StartMetrics() {
       MetricsOptionsFrom(config(), id_.topology.desc().gpus_size(),
                          cuda_engine_ ? cuda_engine_->gpu_count() : 0);
   options.build_info = id_.stats_base.build_info();
+  for (const v1::Gpu& g : id_.topology.desc().gpus()) {
+    options.gpu_labels.push_back({g.index(), g.uuid(), g.name()});
+  }
   if (fabric_) options.peers = [d = directory_.get()] { return d->List(); };
   options.stats = [this] { return CurrentStats(); };
   KVRAIL_ASSIGN_OR_RETURN(metrics_, metrics::Metrics::Start(std::move(options)));

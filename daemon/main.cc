@@ -8,6 +8,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "base/logging.h"
+#include "base/logging_systemd.h"
 #include "daemon/config/config.h"
 #include "daemon/daemon.h"
 #include "daemon/metrics/build_info.h"
@@ -15,22 +16,9 @@
 namespace kvrail {
 namespace {
 
-// A fatal start error on stderr: at error priority under journald ("<3>"), and one line whatever
+// A fatal start error: at error priority in the journal under journald, and one line whatever
 // the message holds (a config parser's message may quote the file).
-void ReportFatal(const std::string& message) {
-  std::string line = StderrIsJournal() ? "<3>kvraild: " : "kvraild: ";
-  for (char c : message) {
-    if (c == '\n') {
-      line += "\\n";
-    } else if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) {
-      line += ' ';
-    } else {
-      line += c;
-    }
-  }
-  line += '\n';
-  std::fputs(line.c_str(), stderr);
-}
+void ReportFatal(const std::string& message) { ReportStartError(message); }
 
 // --check-config FILE: what kvraild would refuse in FILE at start, without starting anything:
 // parsing (unknown fields, types), every setting FinalizeConfig checks, and log_level/log_format.

@@ -25,6 +25,10 @@ PACKAGES=(
   lintian
 )
 
+# tests/deploy:k8s_validate_test renders deploy/k8s with kubectl's kustomize: Debian's
+# kubernetes-client, unless a kubectl from elsewhere is installed (it would conflict).
+command -v kubectl >/dev/null 2>&1 || PACKAGES+=(kubernetes-client)
+
 log() { printf '[dev.sh] %s\n' "$*" >&2; }
 
 ensure_packages() {

@@ -11,6 +11,8 @@
 #include <map>
 
 #include "absl/strings/str_cat.h"
+#include "base/dcheck.h"
+#include "daemon/metrics/process_stats.h"
 
 namespace kvrail::metrics {
 namespace {
@@ -52,6 +54,30 @@ void AddSample(prometheus::MetricFamily* family, double value,
 }
 
 
+// The standard process_* families (names and meanings as Prometheus' client libraries export
+// them, so the usual dashboards and alerts work). Nothing when /proc cannot be read.
+void AppendProcessFamilies(std::vector<prometheus::MetricFamily>* out) {
+  const absl::StatusOr<ProcessStats> p = ReadProcessStats();
+  if (!p.ok()) return;
+  const std::pair<prometheus::MetricFamily, double> families[] = {
+      {Counter("process_cpu_seconds_total", "Total user and system CPU time spent in seconds."),
+       p->cpu_seconds},
+      {Gauge("process_resident_memory_bytes", "Resident memory size in bytes."),
+       p->resident_bytes},
+      {Gauge("process_virtual_memory_bytes", "Virtual memory size in bytes."), p->virtual_bytes},
+      {Gauge("process_open_fds", "Number of open file descriptors."), p->open_fds},
+      {Gauge("process_max_fds", "Maximum number of open file descriptors."), p->max_fds},
+      {Gauge("process_start_time_seconds",
+             "Start time of the process since unix epoch in seconds."),
+       p->start_time_seconds},
+  };
+  for (const auto& [family, value] : families) {
+    prometheus::MetricFamily f = family;
+    AddSample(&f, value);
+    out->push_back(std::move(f));
+  }
+}
+
 // Gauges and counters computed from a Stats snapshot (and the peer list) when Prometheus scrapes.
 class StatsCollectable final : public prometheus::Collectable {
  public:
@@ -66,6 +92,14 @@ class StatsCollectable final : public prometheus::Collectable {
     auto gpus = Gauge("kvrail_gpus", "GPUs in the node's topology (NVML, or the topology file).");
     AddSample(&gpus, options_.gpus);
     out.push_back(std::move(gpus));
+    auto gpu_info = Gauge("kvrail_gpu_info",
+                          "Always 1, one sample per GPU of the topology: kvraild's index (gpuN in "
+                          "link names) with dcgm-exporter's UUID and modelName labels.");
+    for (const GpuLabel& g : options_.gpu_labels) {
+      AddSample(&gpu_info, 1,
+                {{"gpu", std::to_string(g.index)}, {"UUID", g.uuid}, {"modelName", g.name}});
+    }
+    out.push_back(std::move(gpu_info));
     auto cuda_gpus = Gauge("kvrail_cuda_gpus",
                            "GPUs the CUDA engine runs transfers on (0: no CUDA engine); mode is "
                            "cuda_engine (auto, required, off).");
@@ -91,12 +125,17 @@ class StatsCollectable final : public prometheus::Collectable {
     for (const v1::OpsEngineState& e : s.engine_states()) {
       AddSample(&engines, 1, {{"engine", e.name()}});
       for (const auto& [gauge, value] : e.gauges()) {
-        const std::string name = EngineGaugeName(gauge);
-        auto it = engine_gauges.find(name);
+        const EngineSeries series = EngineSeriesOf(gauge, value);
+        auto it = engine_gauges.find(series.name);
         if (it == engine_gauges.end()) {
-          it = engine_gauges.emplace(name, Gauge(name, "Engine state: " + gauge + ".")).first;
+          it = engine_gauges
+                   .emplace(series.name,
+                            Family(series.name, "Engine state: " + gauge + ".",
+                                   series.counter ? prometheus::MetricType::Counter
+                                                  : prometheus::MetricType::Gauge))
+                   .first;
         }
-        AddSample(&it->second, value, {{"engine", e.name()}});
+        AddSample(&it->second, series.value, {{"engine", e.name()}});
       }
     }
     out.push_back(std::move(engines));
@@ -108,7 +147,8 @@ class StatsCollectable final : public prometheus::Collectable {
     }
     out.push_back(std::move(bytes));
     auto link_bytes = Counter("kvrail_link_bytes_total",
-                              "Bytes moved by link (host, gpu0-gpu1, nic:<address>), tile by tile.");
+                              "Bytes moved by link, tile by tile: host, gpu0, gpu0-gpu1, gpu0-host, and "
+                              "fabric:<sender node>-><receiver node> (the same name on both daemons).");
     for (const auto& [link, n] : s.bytes_by_link()) {
       AddSample(&link_bytes, static_cast<double>(n), {{"link", link}});
     }
@@ -147,9 +187,15 @@ class StatsCollectable final : public prometheus::Collectable {
       if (s.mps().active()) AddSample(&corun, s.mps().verdict().rfind("co-running", 0) == 0 ? 1 : 0);
       out.push_back(std::move(corun));
     }
+    auto invariants = Counter("kvrail_invariant_violations_total",
+                              "Internal invariants found broken (KVRAIL_DCHECK in a release "
+                              "build: counted, logged once per place, and survived). Any is a bug.");
+    AddSample(&invariants, static_cast<double>(InvariantViolations()));
+    out.push_back(std::move(invariants));
     auto up = Gauge("kvrail_start_time_seconds", "Unix time the daemon started.");
     AddSample(&up, static_cast<double>(s.started_unix_us()) / 1e6);
     out.push_back(std::move(up));
+    AppendProcessFamilies(&out);
     return out;
   }
 
@@ -222,6 +268,22 @@ std::string PriorityLabel(v1::Priority priority) {
 }
 std::string ResultLabel(v1::TransferState state) {
   return EnumLabel(v1::TransferState_Name(state), "TRANSFER_STATE_");
+}
+
+EngineSeries EngineSeriesOf(const std::string& gauge, double value) {
+  auto ends_with = [](const std::string& s, const std::string& suffix) {
+    return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+  };
+  EngineSeries out{EngineGaugeName(gauge), value, ends_with(gauge, "_total")};
+  // Prometheus spells units out, in base units.
+  if (ends_with(out.name, "_ms")) {
+    out.name = out.name.substr(0, out.name.size() - 3) + "_seconds";
+    out.value = value / 1e3;
+  } else if (ends_with(out.name, "_us")) {
+    out.name = out.name.substr(0, out.name.size() - 3) + "_seconds";
+    out.value = value / 1e6;
+  }
+  return out;
 }
 
 std::string EngineGaugeName(const std::string& gauge) {

@@ -14,6 +14,13 @@
 
 namespace kvrail::metrics {
 
+// One GPU of the node's topology, for kvrail_gpu_info.
+struct GpuLabel {
+  int index = 0;     // TopologyDesc's Gpu.index (NVML's, PCI bus order): "gpu0" in link names
+  std::string uuid;  // "GPU-..."
+  std::string name;  // "NVIDIA H200"
+};
+
 struct MetricsOptions {
   // "127.0.0.1:9464"; port 0 picks one.
   std::string listen;
@@ -28,6 +35,9 @@ struct MetricsOptions {
   // on (0 without one), mode being DaemonConfig.cuda_engine (auto, required, off).
   int gpus = 0;
   int cuda_gpus = 0;
+  // kvrail_gpu_info{gpu, UUID, modelName}: dcgm-exporter's label names, so its series join on
+  // UUID (`* on(UUID) group_left(gpu) kvrail_gpu_info`).
+  std::vector<GpuLabel> gpu_labels;
   std::string cuda_mode = "auto";
 };
 
@@ -51,5 +61,14 @@ std::string ResultLabel(v1::TransferState state);
 // "worker_bytes_per_second" -> kvrail_engine_worker_bytes_per_second (characters outside
 // [a-zA-Z0-9_] become '_').
 std::string EngineGaugeName(const std::string& gauge);
+// How an engine's gauge is exported: EngineGaugeName's name, except that "..._ms" and "..._us"
+// become "..._seconds" (the value converted), and "..._total" (a count that only grows) is a
+// counter; everything else is a gauge as it is.
+struct EngineSeries {
+  std::string name;
+  double value = 0;
+  bool counter = false;
+};
+EngineSeries EngineSeriesOf(const std::string& gauge, double value);
 
 }  // namespace kvrail::metrics

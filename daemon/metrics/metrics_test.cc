@@ -4,6 +4,7 @@
 #include <atomic>
 #include <string>
 
+#include "base/dcheck.h"
 #include "daemon/metrics/metrics.h"
 #include "tests/harness/daemon_process.h"
 
@@ -49,6 +50,8 @@ TEST_CASE("metrics count ended transfers and read gauges and counters from stats
     down.set_state("down");
     return std::vector<v1::PeerInfo>{up, down};
   };
+  options.gpu_labels = {{0, "GPU-0b1c2d3e-0000-1111-2222-333344445555", "NVIDIA H200"},
+                        {1, "GPU-9f8e7d6c-0000-1111-2222-333344445555", "NVIDIA H200"}};
   auto m = Metrics::Start(std::move(options));
   REQUIRE(m.ok());
   REQUIRE((*m)->port() > 0);
@@ -93,7 +96,49 @@ TEST_CASE("metrics count ended transfers and read gauges and counters from stats
   CHECK(body.find("kvrail_mps_active 1") != std::string::npos);
   CHECK(body.find("kvrail_mps_corunning 0") != std::string::npos);
   CHECK(body.find("kvrail_start_time_seconds 1700000000.5") != std::string::npos);
+  CHECK(body.find(R"(kvrail_gpu_info{gpu="1",UUID="GPU-9f8e7d6c-0000-1111-2222-333344445555",modelName="NVIDIA H200"} 1)") != std::string::npos);
   CHECK(scrapes == 1);
+}
+
+TEST_CASE("metrics: invariant violations and the process_* families") {
+  MetricsOptions options;
+  options.listen = "127.0.0.1:0";
+  options.stats = [] { return v1::Stats(); };
+  auto m = Metrics::Start(std::move(options));
+  REQUIRE(m.ok());
+  std::string body = HttpGet((*m)->port(), "/metrics");
+  CHECK(body.find("# TYPE kvrail_invariant_violations_total counter") != std::string::npos);
+  CHECK(body.find("kvrail_invariant_violations_total 0") != std::string::npos);
+  SetInvariantModeForTest(InvariantMode::kCount);
+  const int broken = 2;
+  KVRAIL_DCHECK(broken < 1, "a test's invariant");
+  SetInvariantModeForTest(BuildInvariantMode());
+  body = HttpGet((*m)->port(), "/metrics");
+  INFO(body);
+  CHECK(body.find("kvrail_invariant_violations_total 1") != std::string::npos);
+  CHECK(body.find("# TYPE process_cpu_seconds_total counter") != std::string::npos);
+  for (const char* name : {"process_resident_memory_bytes ", "process_virtual_memory_bytes ",
+                           "process_open_fds ", "process_max_fds ", "process_start_time_seconds "}) {
+    INFO(name);
+    CHECK(body.find(std::string("\n") + name) != std::string::npos);
+  }
+}
+
+TEST_CASE("engine gauges: units spelled out in base units, counts that only grow are counters") {
+  const EngineSeries ms = EngineSeriesOf("failover_first_resend_ms", 250);
+  CHECK(ms.name == "kvrail_engine_failover_first_resend_seconds");
+  CHECK(ms.value == Approx(0.25));
+  CHECK_FALSE(ms.counter);
+  const EngineSeries us = EngineSeriesOf("launch_us", 5);
+  CHECK(us.name == "kvrail_engine_launch_seconds");
+  CHECK(us.value == Approx(5e-6));
+  const EngineSeries total = EngineSeriesOf("fabric_tiles_resent_total", 7);
+  CHECK(total.name == "kvrail_engine_fabric_tiles_resent_total");
+  CHECK(total.counter);
+  CHECK(total.value == 7);
+  const EngineSeries plain = EngineSeriesOf("threads", 4);
+  CHECK(plain.name == "kvrail_engine_threads");
+  CHECK_FALSE(plain.counter);
 }
 
 TEST_CASE("engine gauge names keep to Prometheus' alphabet") {

@@ -96,8 +96,12 @@ class TransferService final
     auto region = regions_->Register(request->spec(), caller.session_id);
     if (!region.ok()) return ToGrpcStatus(region.status());
     *response->mutable_region() = (*region)->Info();
-    spdlog::info("region {} registered: '{}' {} bytes, session {}", (*region)->id(),
-                 request->spec().name(), request->spec().size_bytes(), request->session_id());
+    // The name is the client's text: a field, never part of the message.
+    LogFields(spdlog::level::info, "region registered",
+              {{"region_id", (*region)->id()},
+               {"region_name", request->spec().name()},
+               {"bytes", request->spec().size_bytes()},
+               {"session_id", caller.session_id}});
     return grpc::Status::OK;
   }
 

@@ -30,7 +30,7 @@ absl::StatusOr<InboundSink::Admitted> TransferManagerImpl::BeginInbound(
   params.path_reason =
       absl::StrCat("from node '", sender_node, "' (its transfer ", sender_transfer_id, ")");
   params.engine = &inbound_engine_;  // enqueues nothing: the fabric reports tiles as they land
-  params.link = absl::StrCat("fabric:", sender_node);
+  params.link = FabricLinkName(sender_node, options_.node_id);
   params.inbound = true;
   // The notification (kept in the spec) goes to the owner of `dst`; spec.session_id is a session
   // of the sender's daemon, meaningless here.

@@ -44,7 +44,8 @@ TEST_CASE("an inbound transfer succeeds when every tile has landed") {
   const v1::TransferStatus status = f.Get(in.id);
   CHECK(status.state() == v1::TRANSFER_STATE_SUCCEEDED);
   CHECK(status.path() == v1::PATH_FABRIC);
-  CHECK(status.link() == "fabric:peer");
+  // The sender's daemon names the link the same: sender -> receiver.
+  CHECK(status.link() == "fabric:peer->here");
   CHECK(status.spec().idempotency_key().empty());
   CHECK(in.job->Ended());
   CHECK(f.manager->Cancel(in.id).ok());  // ended: a cancel is a no-op

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "base/dcheck.h"
 #include "daemon/readiness/readiness.h"
 
 namespace kvrail::transfers {
@@ -174,17 +175,15 @@ absl::Status Record::WhenEnded(std::function<void(const v1::TransferStatus&)> do
   return absl::OkStatus();
 }
 
+std::string FabricLinkName(const std::string& from_node, const std::string& to_node) {
+  return absl::StrCat("fabric:", from_node, "->", to_node);
+}
+
+// The bytes stay counted under the node-to-node link (FabricLinkName): the receiver cannot tell
+// the sender's lanes apart, and one link must have one name on both sides.
 void Record::SetNics(std::vector<std::string> nics) {
-  std::vector<std::atomic<uint64_t>*> slots;
-  if (!nics.empty()) {
-    absl::MutexLock c(&counters_->mu);
-    for (const std::string& nic : nics) {
-      slots.push_back(counters_->Slot(counters_->link_bytes, "nic:" + nic));
-    }
-  }
   absl::MutexLock lock(&mu_);
   nics_ = std::move(nics);
-  if (!slots.empty()) link_slots_ = std::move(slots);
   ++version_;
 }
 
@@ -316,7 +315,9 @@ bool Record::RequestEnd(const absl::Status& status, size_t removed) {
   // An inbound transfer's unlanded tiles are queued at the sender: ending it here drops them all.
   // Counted now, under the lock, so a tile that landed since the engine counted `removed` is not
   // counted twice (which left the count past tiles_enqueued_ and the record open for ever).
-  const uint32_t unreported = tiles_enqueued_ - tiles_reported_;
+  KVRAIL_DCHECK(tiles_reported_ <= tiles_enqueued_, "transfer: more tiles reported than enqueued");
+  const uint32_t unreported =
+      tiles_reported_ <= tiles_enqueued_ ? tiles_enqueued_ - tiles_reported_ : 0;
   tiles_reported_ += inbound_ ? unreported
                               : static_cast<uint32_t>(std::min<size_t>(removed, unreported));
   if (!end_request_.has_value()) end_request_ = status;

@@ -22,6 +22,10 @@
 
 namespace kvrail::transfers {
 
+// TransferStatus.link and the metrics' link label of a fabric transfer, the same on the sending
+// and the receiving daemon: "fabric:<sender node>-><receiver node>".
+std::string FabricLinkName(const std::string& from_node, const std::string& to_node);
+
 // Counters shared by all records of one manager. Thread-safe (guarded by `mu`).
 struct Counters {
   mutable absl::Mutex mu;

@@ -155,8 +155,14 @@ TEST_CASE("remote transfers: the ids travel as block_ids_le32; errors name the c
   const v1::TransferStatus status = f.Get(accepted->transfer_id());
   CHECK(status.path() == v1::PATH_FABRIC);
   CHECK(status.nics_size() == 1);
+  // The receiving daemon names this link the same way (inbound_test).
+  CHECK(status.link() == "fabric:here->peer");
   fabric_engine.RunAll();
   CHECK(f.Get(accepted->transfer_id()).state() == v1::TRANSFER_STATE_SUCCEEDED);
+  v1::Stats stats;
+  f.manager->FillStats(&stats);
+  CHECK(stats.bytes_by_link().count("fabric:here->peer") == 1);
+  CHECK(stats.bytes_by_link().at("fabric:here->peer") > 0);
 }
 
 // A source on another node (a cross-node pull) is refused for what it is, with or without a

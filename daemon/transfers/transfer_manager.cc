@@ -316,7 +316,7 @@ absl::StatusOr<v1::SubmitTransferResponse> TransferManagerImpl::SubmitRemote(
   if (spec.timeout_ms() > 0) {
     params.deadline = clock_->Now() + absl::Milliseconds(spec.timeout_ms());
   }
-  params.link = "fabric";
+  params.link = FabricLinkName(options_.node_id, spec.dst().node_id());
   std::vector<std::string> nics;
   if (spec.layerwise()) params.readiness_session = spec.session_id();
   Admission admission;

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the kvraild container image from the project's Debian package, without a container
 # engine and without pulling a base image from a registry:
-#   1. `bazel build -c opt //deploy:deb` (the .deb operators install);
+#   1. `bazel build --config=release //deploy:deb` (the .deb operators install);
 #   2. make_rootfs.sh: debootstrap --variant=minbase bookworm from Debian's archive, then
 #      `apt install ./kvrail_<version>_amd64.deb` inside it (apt resolves the Depends; the
 #      package's postinst makes the kvrail user and group, uid/gid 990 as the DaemonSet expects);
@@ -20,8 +20,8 @@ cd "$(dirname "$0")/../.."
 out=${1:-/tmp/kvrail-image}
 mkdir -p "$out"
 if [ -z "${KVRAIL_DEB:-}" ]; then
-  bazel build -c opt //deploy:deb
-  KVRAIL_DEB="$(bazel info -c opt bazel-bin 2>/dev/null)/deploy/kvrail_amd64.deb"
+  bazel build --config=release //deploy:deb
+  KVRAIL_DEB="$(bazel info --config=release bazel-bin 2>/dev/null)/deploy/kvrail_amd64.deb"
 fi
 version=$(dpkg-deb -f "$KVRAIL_DEB" Version)
 revision=$(git rev-parse HEAD 2>/dev/null || echo unknown)

@@ -33,7 +33,7 @@ install -D -m 0644 "$deploy/deb/copyright" "$doc/copyright"
 install -D -m 0644 "$deploy/deb/changelog" "$doc/changelog"
 gzip -9n "$doc/changelog"
 install -D -m 0644 "$deploy/deb/lintian-overrides" "$root/usr/share/lintian/overrides/kvrail"
-for f in k8s/kvraild-daemonset.yaml k8s/inference-pod-example.yaml monitoring/kvrail-alerts.yaml \
+for f in k8s/base/kvraild-daemonset.yaml k8s/inference-pod-example.yaml monitoring/kvrail-alerts.yaml \
          monitoring/kvrail-dashboard.json systemd/nvidia-cuda-mps.service; do
   install -D -m 0644 "$deploy/$f" "$doc/examples/$(basename "$f")"
 done

@@ -99,7 +99,7 @@ else:
     print("skip systemd-analyze (not installed)")
 
 # --- Kubernetes ---------------------------------------------------------------------------------
-docs = list(yaml.safe_load_all(open(os.path.join(deploy, "k8s", "kvraild-daemonset.yaml"))))
+docs = list(yaml.safe_load_all(open(os.path.join(deploy, "k8s", "base", "kvraild-daemonset.yaml"))))
 for d in docs:
     check({"apiVersion", "kind", "metadata"} <= set(d), f"k8s: {d.get('kind')} has apiVersion, kind, metadata")
 ds = next(d for d in docs if d["kind"] == "DaemonSet")
@@ -128,7 +128,9 @@ uid, gid = sc.get("runAsUser"), sc.get("runAsGroup")
 res = c.get("resources", {})
 check("requests" in res, "daemonset: resource requests")
 rdma = [k for k in res.get("limits", {}) if k.startswith("rdma/")]
-check(len(rdma) == 1, "daemonset: RDMA devices through a device-plugin resource (rdma/...)")
+check(not rdma, "daemonset: the base asks for no RDMA resource (the rdma overlay does: no Pending pod without the plugin)")
+check({"name": "CUDA_CACHE_PATH", "value": "/var/cache/kvrail/cuda-jit"} in c.get("env", []),
+      "daemonset: CUDA's JIT cache on a volume, not the read-only root")
 mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
 check(mounts.get("/run/kvrail") == sock_vol, "daemonset: mounts the socket dir")
 check("/tmp" in mounts, "daemonset: a writable /tmp beside the read-only root")
@@ -208,7 +210,7 @@ env = {e["name"]: e.get("value") for e in pc.get("env", [])}
 check(env.get("KVRAIL_SOCKET") == "/run/kvrail/kvrail.sock", "inference pod: KVRAIL_SOCKET names the socket")
 kubectl = shutil.which("kubectl")
 if kubectl:
-    for f in ["kvraild-daemonset.yaml", "inference-pod-example.yaml"]:
+    for f in ["base/kvraild-daemonset.yaml", "inference-pod-example.yaml"]:
         r = subprocess.run([kubectl, "apply", "--dry-run=client", "--validate=false", "-o", "name",
                             "-f", os.path.join(deploy, "k8s", f)], capture_output=True, text=True,
                            env=dict(os.environ, KUBECONFIG="/nonexistent"))
@@ -236,6 +238,15 @@ for group in rules["groups"]:
         unknown = metric_names(rule["expr"]) - exported
         check(not unknown, f"alerts: {rule['alert']} uses metrics kvraild exports {sorted(unknown) or ''}")
 check(n_rules >= 5, "alerts: rules for down, restarts, failures, refusals, peers")
+# Each rule's runbook is a heading of docs/operations.md (GitHub's anchor: the heading lower-cased).
+ops_md = open(os.path.join(ws, "docs", "operations.md")).read()
+anchors = {h.strip().lower().replace(" ", "-") for h in re.findall(r"^#+ (.+)$", ops_md, re.M)}
+for group in rules["groups"]:
+    for rule in group["rules"]:
+        url = rule.get("annotations", {}).get("runbook_url", "")
+        check(url.startswith("docs/operations.md#") and url.split("#", 1)[1] in anchors,
+              f"alerts: {rule['alert']} has a runbook_url at a docs/operations.md heading ({url})")
+        check("job=" not in rule["expr"].replace(" ", ""), f"alerts: {rule['alert']} names no scrape job")
 dash = json.load(open(os.path.join(deploy, "monitoring", "kvrail-dashboard.json")))
 exprs = [t["expr"] for p in dash["panels"] for t in p.get("targets", [])]
 check(len(exprs) >= 10, "dashboard: panels with queries")

@@ -3,13 +3,13 @@
 # rules` on deploy/monitoring/kvrail-alerts.yaml and `promtool check metrics` (the exposition
 # format and naming lint) on a live kvraild's /metrics, scraped after a refused submit and a
 # transfer so counters and histograms have samples. promtool is Debian's prometheus package
-# (deploy/dev.sh's PACKAGES); without it this prints "SKIPPED" and passes, saying so.
+# (deploy/dev.sh's PACKAGES); without it the test fails (it does not skip).
 set -euo pipefail
 dir="$TEST_SRCDIR/$TEST_WORKSPACE"
 promtool=$(command -v promtool || true)
 if [ -z "$promtool" ]; then
-  echo "SKIPPED (promtool not installed: apt-get install prometheus). Nothing was checked."
-  exit 0
+  echo "FAIL promtool not installed (apt-get install prometheus; deploy/dev.sh installs it)"
+  exit 1
 fi
 fail=0
 check() { if eval "$2"; then echo "ok   $1"; else echo "FAIL $1"; fail=1; fi; }

@@ -163,7 +163,7 @@ TEST_CASE("a paged KV cache moves between two nodes over tcp, striped over 2 NIC
   CHECK(seen_by_b.spec().dst().region_id() == dst.id());
   CHECK(seen_by_b.path_reason().find(absl::StrCat("its transfer ", submitted->transfer_id())) !=
         std::string::npos);
-  CHECK(seen_by_b.link() == "fabric:a");
+  CHECK(seen_by_b.link() == "fabric:a->b");
 
   SECTION("a region not exported to the sender is refused and not written") {
     Pool other = MakePool(*nodes.b.client, layout, true, "private");

@@ -698,7 +698,14 @@ int Main(int argc, char** argv) {
   // A socket the user may not open: say which group to join (before gRPC's generic error).
   const std::string denied = SocketPermissionProblem(g.socket);
   if (!denied.empty()) return Fail(absl::PermissionDeniedError(denied));
-  absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(g.socket);
+  // The CLI registers no region (kvrail_regions and the daemon's info log stay the inference
+  // servers'); its session says who calls (the operator sees every transfer and may cancel).
+  // health, the pods' probe, needs no identity: no session at all.
+  ClientOptions options = ClientOptions::FromEnvironment();
+  options.target = g.socket;
+  options.eager_block_table = false;
+  options.open_session = !health->parsed();
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(options, absl::Seconds(3));
   if (!client.ok()) return Fail(client.status());
   Client& c = **client;
   if (status->parsed()) return CmdStatus(c, g);

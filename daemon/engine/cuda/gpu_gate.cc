@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "base/dcheck.h"
 #include "base/status.h"
 
 namespace kvrail::engine::cuda_detail {
@@ -269,7 +270,11 @@ void GpuGate::WatchOne(GateControl& c, absl::Time now,
     in.since_end = now - *c.ended_seen;
   }
   in.grace = kGateReleaseGrace;
-  const uint32_t launched = std::min(c.launched_end.load(), c.gate.count);
+  // Launches mark the layers of their own plan, so never past the gate's words; the clamp keeps
+  // a release build within them if that breaks.
+  const uint32_t launched_end = c.launched_end.load();
+  KVRAIL_DCHECK(launched_end <= c.gate.count, "gate: waits launched past the gate's layer words");
+  const uint32_t launched = std::min(launched_end, c.gate.count);
   for (uint32_t i = 0; i < launched && !in.waits_pending; ++i) {
     in.waits_pending = !Reached(__atomic_load_n(&c.gate.host_words[i], __ATOMIC_ACQUIRE),
                                 c.gate.value);
