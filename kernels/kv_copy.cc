@@ -113,7 +113,7 @@ absl::StatusOr<DevicePlanBuffer> DevicePlanBuffer::Upload(const PlanHeader& head
   // The segment form per plan (segment_math.h: TakesSegmentPath, SegmentFormFor).
   buffer.plan_.segments = buffer.plan_.piece_bytes == 0 &&
                           TakesSegmentPath(header, buffer.plan_.access_bytes);
-  buffer.plan_.segment_units = SegmentFormFor(header);
+  buffer.plan_.segment_form = SegmentFormFor(header);
   return buffer;
 }
 
@@ -149,8 +149,13 @@ absl::Status LaunchKvCopy(const DevicePlan& plan, uint32_t tile_begin, uint32_t 
                                                    threads_per_cta, " threads"));
   }
   if (plan.segments && plan.piece_bytes == 0) {
+    if (!IsDaemonSegmentForm(plan.segment_form)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "DevicePlan::segment_form ", static_cast<int>(plan.segment_form),
+          " is a benchmark form: launch it with kernels/kv_copy_forms.h"));
+    }
     return CudaStatus(internal::KvCopySegmentsLaunch(plan.header, tile_begin, tile_end, num_ctas,
-                                                     threads_per_cta, plan.segment_units, stream),
+                                                     threads_per_cta, plan.segment_form, stream),
                       "kv_copy launch");
   }
   return CudaStatus(internal::KvCopyLaunch(plan.header, tile_begin, tile_end, num_ctas,

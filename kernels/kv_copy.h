@@ -12,6 +12,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "kernels/device_abi.h"
+#include "kernels/segment_math.h"
 
 struct CUstream_st;
 
@@ -31,15 +32,10 @@ struct DevicePlan {
   // benchmark may change piece_bytes / segments to time the other paths (any of the three moves
   // any plan correctly, pieces only with a piece size from PieceBytesFor).
   bool segments = false;
-  // The segment path's form (kv_copy.cu), set by Upload (segment_math.h: SegmentFormFor): 0 =
-  // the default (103); 100 + stages (2 or 3) =
-  // bulk-staged, each piece's aligned source span one bulk copy (TMA) into a shared-memory
-  // stage (~200 KiB per CTA); 6 = the register form (6 16-byte units per
-  // lane and round); 200 + 10 x (S - 1) + U (204, 206, 214, 216) = the split register form (whole
-  // units one stream, partial units per lane; U units per lane and round, S segments per lane;
-  // 206, kSegmentFormSplit, is SegmentFormFor's for short unmerged chunks). A benchmark may pick
-  // one to compare.
-  int segment_units = 0;
+  // The segment path's form, set by Upload (segment_math.h: SegmentFormFor). LaunchKvCopy runs
+  // the forms the daemon uses (IsDaemonSegmentForm); a benchmark picks any form through
+  // kv_copy_forms.h.
+  SegmentForm segment_form = SegmentForm::kDefault;
 };
 
 // Owns one device allocation holding a plan's header followed by its two block tables.

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "kernels/device_abi.h"
+#include "kernels/segment_math.h"
 
 struct CUstream_st;
 
@@ -21,12 +22,11 @@ int DeviceFree(void* ptr, CUstream_st* stream);
 // Enqueues the copy on `stream` (a pageable source is staged before this returns).
 int CopyToDevice(void* dst, const void* src, size_t bytes, CUstream_st* stream);
 // The segment path (plan_math.h: SegmentAt): warps move whole chunk segments.
-// `segment_form`: DevicePlan::segment_units (0 = the default, 103; 102 / 103 = bulk-staged with
-// 2 / 3 stages, one bulk copy per piece; 6 = the register form; 204 / 206 / 214 / 216 = the split
-// form, 4 or 6 units per lane, 1 or 2 segments per lane: segment_math.h; 206 is what Upload
-// picks for short unmerged chunks, the others are for benchmarks).
+// `segment_form`: DevicePlan::segment_form, one the daemon's library builds
+// (IsDaemonSegmentForm: the default bulk-staged form, or the split form for short unmerged
+// chunks); any other gives cudaErrorInvalidValue (kv_copy_forms.h launches those).
 int KvCopySegmentsLaunch(const PlanHeader* device_header, uint32_t tile_begin, uint32_t tile_end,
-                         int num_ctas, int threads, int segment_form, CUstream_st* stream);
+                         int num_ctas, int threads, SegmentForm segment_form, CUstream_st* stream);
 // Launches every kernel variant once on an empty tile range and waits for `stream`: with lazy
 // module loading (the CUDA 12 default) a kernel's first launch loads it, which can take
 // milliseconds and synchronize the context; done at start it stays out of the first transfer.

@@ -30,6 +30,12 @@ absl::Status LaunchKvDigest(const DevicePlan& plan, uint32_t tile_begin, uint32_
                                                    threads_per_cta, " threads"));
   }
   if (tile_digests == nullptr) return absl::InvalidArgumentError("tile_digests: null");
+  if (mode != DigestKernelMode::kCopyHashSource && mode != DigestKernelMode::kHashSource &&
+      mode != DigestKernelMode::kHashDestination) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "mode ", static_cast<int>(mode), " is a benchmark mode: launch it with "
+        "kernels/kv_digest_forms.h"));
+  }
   return CudaStatus(internal::KvDigestLaunch(plan.header, tile_begin, tile_end,
                                              static_cast<int>(mode), tile_digests, num_ctas,
                                              threads_per_cta, plan.access_bytes, plan.piece_bytes,

@@ -11,8 +11,8 @@ struct CUstream_st;
 
 namespace kvrail::kernels::internal {
 
-// `mode`: DigestKernelMode as int (1 copy + hash source, 2 hash source, 3 hash destination,
-// 4 copy without the hash, 5-8 warp-path variants (kv_digest.h); 4-8 benchmarks only).
+// `mode`: DigestKernelMode as int, one the daemon launches (1 copy + hash source, 2 hash source,
+// 3 hash destination); the benchmark modes 4-8 give cudaErrorInvalidValue (kv_digest_forms.h).
 int KvDigestLaunch(const PlanHeader* device_header, uint32_t tile_begin, uint32_t tile_end,
                    int mode, uint64_t* tile_digests, int num_ctas, int threads,
                    uint32_t access_bytes, uint32_t piece_bytes, CUstream_st* stream);

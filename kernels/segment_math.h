@@ -182,7 +182,30 @@ KVRAIL_HD uint32_t UnitSegment(uint32_t u, uint32_t full, uint32_t magic) {
   return full == 1 ? u : UMulHi32(u, magic);
 }
 
-// Which segment form a plan on the segment path takes (DevicePlan::segment_units; kv_copy.cc,
+// The segment path's forms (kv_copy_segments.cuh; DevicePlan::segment_form). A value names its
+// shape: 6 units per lane and round for the register form, 100 + stages for the bulk-staged form,
+// 200 + 10 x (segments per lane - 1) + units per lane for the split register form. The daemon's
+// library (//kernels:kv_copy) builds only the forms SegmentFormFor picks; the others exist for
+// benchmarks and tests (//kernels:kv_copy_forms, kv_copy_forms.h).
+enum class SegmentForm : int {
+  kDefault = 0,     // the library's choice for the plan: kBulk3
+  kRegisters = 6,   // benchmarks
+  kBulk2 = 102,     // benchmarks
+  kBulk3 = 103,
+  kSplit4 = 204,    // benchmarks
+  kSplit6 = 206,
+  kSplit4x2 = 214,  // benchmarks
+  kSplit6x2 = 216,  // benchmarks
+};
+
+// Whether //kernels:kv_copy launches `form` (LaunchKvCopy); the others launch through
+// kv_copy_forms.h.
+KVRAIL_HD constexpr bool IsDaemonSegmentForm(SegmentForm form) {
+  return form == SegmentForm::kDefault || form == SegmentForm::kBulk3 ||
+         form == SegmentForm::kSplit6;
+}
+
+// Which segment form a plan on the segment path takes (DevicePlan::segment_form; kv_copy.cc,
 // Upload), from one H200 at 32 CTAs (docs/benchmarks.md): the split register
 // form with one segment and 6 whole units per lane and round (206) for short chunks
 // (< kRegisterFormMaxChunk) that cannot merge (head vectors, or token chunks not contiguous from
@@ -190,9 +213,6 @@ KVRAIL_HD uint32_t UnitSegment(uint32_t u, uint32_t full, uint32_t magic) {
 // (0.97-1.09x at 132; 80-384-byte chunks), ahead of one bulk copy per chunk and of two segments
 // per lane (214 / 216: 1-27% slower); the
 // default (bulk-staged, one bulk copy per piece) otherwise.
-inline constexpr int kSegmentFormDefault = 0;
-inline constexpr int kSegmentFormRegisters = 6;
-inline constexpr int kSegmentFormSplit = 206;  // 200 + 10 x (1 segment per lane - 1) + 6 units
 inline constexpr uint64_t kRegisterFormMaxChunk = 512;
 
 // Whether consecutive chunks of a plan are contiguous on both sides within a block (token chunks
@@ -209,8 +229,8 @@ KVRAIL_HD bool ShortUnmergedChunks(const PlanHeader& h) {
          h.chunk_bytes < kRegisterFormMaxChunk;
 }
 
-KVRAIL_HD int SegmentFormFor(const PlanHeader& h) {
-  return ShortUnmergedChunks(h) ? kSegmentFormSplit : kSegmentFormDefault;
+KVRAIL_HD SegmentForm SegmentFormFor(const PlanHeader& h) {
+  return ShortUnmergedChunks(h) ? SegmentForm::kSplit6 : SegmentForm::kDefault;
 }
 
 // Whether a plan whose inner loop is not the warp path takes the segment path rather than the

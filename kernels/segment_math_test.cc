@@ -519,31 +519,31 @@ TEST_CASE("segment path and form per plan") {
   CHECK_FALSE(TakesSegmentPath(h, 16));  // the slab path (faster at 132 CTAs)
   CHECK(TakesSegmentPath(h, 1));
   CHECK_FALSE(TakesSegmentPath(h, 8));  // merging chunks at 8-byte accesses: the slab path
-  CHECK(SegmentFormFor(h) == kSegmentFormDefault);
+  CHECK(SegmentFormFor(h) == SegmentForm::kDefault);
   h.chunk_bytes = 384;  // one of several heads: tokens 1536 bytes apart on the source
   h.src.token_stride = 1536;
   CHECK_FALSE(ChunksMayMerge(h));
   CHECK_FALSE(TakesSegmentPath(h, 16));  // the slab path
   CHECK(TakesSegmentPath(h, 2));
   CHECK(TakesSegmentPath(h, 8));  // short, not merging: the split form beats the 8-byte slab
-  CHECK(SegmentFormFor(h) == kSegmentFormSplit);  // short, not merging
+  CHECK(SegmentFormFor(h) == SegmentForm::kSplit6);  // short, not merging
   h.chunk_bytes = 2700;
-  CHECK(SegmentFormFor(h) == kSegmentFormDefault);  // long enough for one bulk copy each
+  CHECK(SegmentFormFor(h) == SegmentForm::kDefault);  // long enough for one bulk copy each
   CHECK_FALSE(TakesSegmentPath(h, 8));
   h.chunk_kind = static_cast<uint32_t>(ChunkKind::kHeadVector);
   h.chunk_bytes = 256;
   h.src.token_stride = h.dst.token_stride = 256;
   CHECK_FALSE(ChunksMayMerge(h));  // head vectors never merge
-  CHECK(SegmentFormFor(h) == kSegmentFormSplit);
+  CHECK(SegmentFormFor(h) == SegmentForm::kSplit6);
   CHECK(TakesSegmentPath(h, 8));
   CHECK(TakesSegmentPath(h, 16));  // short head vectors: the split form beats the slab path
   h.chunk_bytes = 640;
   CHECK_FALSE(TakesSegmentPath(h, 16));  // not short
-  CHECK(SegmentFormFor(h) == kSegmentFormDefault);
+  CHECK(SegmentFormFor(h) == SegmentForm::kDefault);
   h.chunk_bytes = 256;
   h.chunk_kind = static_cast<uint32_t>(ChunkKind::kBlockTokens);
   h.chunk_bytes = 32768;
-  CHECK(SegmentFormFor(h) == kSegmentFormDefault);
+  CHECK(SegmentFormFor(h) == SegmentForm::kDefault);
   CHECK(TakesSegmentPath(h, 2));
   CHECK_FALSE(TakesSegmentPath(h, 8));
   h.chunk_kind = static_cast<uint32_t>(ChunkKind::kBytes);

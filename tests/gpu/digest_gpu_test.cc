@@ -19,6 +19,7 @@
 #include "daemon/planner/testing/random_case.h"
 #include "kernels/kv_copy.h"
 #include "kernels/kv_digest.h"
+#include "kernels/kv_digest_forms.h"
 #include "tests/gpu/gpu_skip.h"
 #include "tests/gpu/gpu_util.h"
 
@@ -41,7 +42,7 @@ std::vector<uint64_t> RunDigest(const kernels::DevicePlan& plan, DigestKernelMod
     const uint32_t end = std::min(plan.num_tiles, t + n);
     const int ctas = 1 + static_cast<int>(rng() % 40);
     const int threads = 32 * (1 + static_cast<int>(rng() % 16));
-    REQUIRE(kernels::LaunchKvDigest(plan, t, end, mode, digests, ctas, nullptr, threads).ok());
+    REQUIRE(kernels::LaunchKvDigestForm(plan, t, end, mode, digests, ctas, nullptr, threads).ok());
     t = end;
   }
   absl::StatusOr<std::vector<uint64_t>> got = kernels::ReadDigests(digests, 0, plan.num_tiles, nullptr);
@@ -105,7 +106,7 @@ void RunCase(const planner::testing::RandomCase& c, std::mt19937_64& rng, uint32
   // changed byte written back) and leaves the digests alone.
   if (dp->plan().piece_bytes != 0 || dp->plan().access_bytes >= 8) {
     const int ctas = 1 + static_cast<int>(rng() % 40);
-    REQUIRE(kernels::LaunchKvDigest(dp->plan(), 0, plan->num_tiles(),
+    REQUIRE(kernels::LaunchKvDigestForm(dp->plan(), 0, plan->num_tiles(),
                                     DigestKernelMode::kCopyNoHashForBenchmark, digests, ctas,
                                     nullptr)
                 .ok());
@@ -291,7 +292,7 @@ TEST_CASE("digest cost print", "[bandwidth]") {
           REQUIRE(kernels::LaunchKvCopy(p, 0, p.num_tiles, ctas, nullptr).ok());
         } else {
           REQUIRE(kernels::ZeroDigests(digests, p.num_tiles, nullptr).ok());
-          REQUIRE(kernels::LaunchKvDigest(p, 0, p.num_tiles,
+          REQUIRE(kernels::LaunchKvDigestForm(p, 0, p.num_tiles,
                                           what == 1   ? DigestKernelMode::kCopyHashSource
                                           : what == 2 ? DigestKernelMode::kHashDestination
                                           : what == 3 ? DigestKernelMode::kCopyNoHashForBenchmark

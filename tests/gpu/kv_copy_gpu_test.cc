@@ -14,6 +14,7 @@
 #include "daemon/planner/planner.h"
 #include "daemon/planner/testing/random_case.h"
 #include "kernels/kv_copy.h"
+#include "kernels/kv_copy_forms.h"
 #include "tests/gpu/gpu_skip.h"
 #include "tests/gpu/gpu_util.h"
 
@@ -32,11 +33,11 @@ bool HaveGpu() { return gpu_test::HaveGpus(1, gpu_test::DeviceCount()); }
 
 // Runs `c` on the GPU (dst in device memory or mapped pinned host memory, bases shifted by
 // `misalign` bytes to exercise narrow accesses) and compares with the host twin.
-// `segment_units`: DevicePlan::segment_units for plans on the segment path (0: the default, 103;
-// 6: registers; 102 / 103: one bulk copy per piece, 2 / 3 stages; 204 / 206 / 214 / 216: split
-// registers, 4 or 6 whole units per lane and round, 1 or 2 segments per lane).
+// `form`: the segment path's form for plans on it (kernels/segment_math.h: SegmentForm; the
+// benchmark forms launch through kernels/kv_copy_forms.h).
 void RunCase(const planner::testing::RandomCase& c, std::mt19937_64& rng, bool dst_on_host,
-             uint32_t misalign, int segment_units = 0, bool force_segments = false) {
+             uint32_t misalign, kernels::SegmentForm form = kernels::SegmentForm::kDefault,
+             bool force_segments = false) {
   INFO(c.ToString());
   absl::StatusOr<Plan> plan = planner::MakePlan(c.spec, c.src, c.dst, c.options);
   REQUIRE(plan.ok());
@@ -70,7 +71,7 @@ void RunCase(const planner::testing::RandomCase& c, std::mt19937_64& rng, bool d
       nullptr);
   REQUIRE(dp.ok());
   kernels::DevicePlan launch_plan = dp->plan();
-  launch_plan.segment_units = segment_units;
+  launch_plan.segment_form = form;
   if (force_segments && plan->header().chunk_kind != 0) {  // any chunked plan (not kBytes)
     launch_plan.piece_bytes = 0;
     launch_plan.segments = true;
@@ -84,7 +85,7 @@ void RunCase(const planner::testing::RandomCase& c, std::mt19937_64& rng, bool d
     const uint32_t end = std::min(plan->num_tiles(), t + n);
     const int ctas = 1 + static_cast<int>(rng() % 40);
     const int threads = 32 * (1 + static_cast<int>(rng() % 16));
-    REQUIRE(kernels::LaunchKvCopy(launch_plan, t, end, ctas, nullptr, threads).ok());
+    REQUIRE(kernels::LaunchKvCopyForm(launch_plan, t, end, ctas, nullptr, form, threads).ok());
     t = end;
   }
   gpu_test::Sync();
@@ -113,8 +114,11 @@ void RunCase(const planner::testing::RandomCase& c, std::mt19937_64& rng, bool d
 }
 
 // The segment forms the cases alternate over (every form a plan may be given, and variants).
-constexpr int kSegmentForms[] = {0, 6, 103, 102, 206, 204, 214, 216};
-int SegmentFormOf(int n) { return kSegmentForms[n % 8]; }
+using kernels::SegmentForm;
+constexpr SegmentForm kSegmentForms[] = {
+    SegmentForm::kDefault, SegmentForm::kRegisters, SegmentForm::kBulk3,   SegmentForm::kBulk2,
+    SegmentForm::kSplit6,  SegmentForm::kSplit4,    SegmentForm::kSplit4x2, SegmentForm::kSplit6x2};
+SegmentForm SegmentFormOf(int n) { return kSegmentForms[n % 8]; }
 
 }  // namespace
 
@@ -130,7 +134,7 @@ TEST_CASE("kernel == host twin on random paged transfers (device -> device)") {
     const bool large = n % 3 == 0;
     RunCase(planner::testing::RandomPagedCase(rng, large ? big : planner::testing::RandomLimits{}),
             rng, /*dst_on_host=*/false, n % 5 == 0 ? static_cast<uint32_t>(rng() % 16) : 0,
-            /*segment_units=*/SegmentFormOf(n),
+            /*form=*/SegmentFormOf(n),
             /*force_segments=*/n % 3 == 1);
   }
 }
@@ -141,7 +145,7 @@ TEST_CASE("kernel == host twin on serving layouts (mostly the warp path)") {
   const int before = g_warp_path_cases;
   for (int n = 0; n < 120; ++n) {
     RunCase(planner::testing::RandomServingCase(rng), rng, /*dst_on_host=*/n % 6 == 5,
-            n % 4 == 0 ? static_cast<uint32_t>(rng() % 16) : 0, /*segment_units=*/0,
+            n % 4 == 0 ? static_cast<uint32_t>(rng() % 16) : 0, /*form=*/kernels::SegmentForm::kDefault,
             /*force_segments=*/n % 5 == 2);
   }
   CHECK(g_warp_path_cases - before >= 20);  // misaligned bases take the slab path
@@ -273,7 +277,7 @@ TEST_CASE("kernel == host twin on narrow layouts (odd sizes, offsets, padded str
     static const uint64_t kTiles[] = {100, 1000, 4096, 5000, 65536, 1 << 20};
     c.options.tile_bytes = kTiles[rng() % 6];
     RunCase(c, rng, /*dst_on_host=*/n % 7 == 3, static_cast<uint32_t>(rng() % 16),
-            /*segment_units=*/SegmentFormOf(n));
+            /*form=*/SegmentFormOf(n));
   }
   CHECK(g_segment_path_cases - before >= 40);
 }

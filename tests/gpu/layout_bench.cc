@@ -26,6 +26,7 @@
 #include "kernels/plan_math.h"
 #include "daemon/planner/planner.h"
 #include "kernels/kv_copy.h"
+#include "kernels/kv_copy_forms.h"
 #include "tests/gpu/bench_check.h"
 #include "tests/gpu/gpu_util.h"
 
@@ -99,11 +100,13 @@ std::string PathOf(const kernels::DevicePlan& p) {
   return absl::StrCat("slab, ", p.access_bytes, " B accesses");
 }
 
-// The segment path's forms (DevicePlan::segment_units): registers (6), bulk-staged with 3 stages,
+// The segment path's forms (DevicePlan::segment_form): registers (6), bulk-staged with 3 stages,
 // one bulk copy per piece (103), and split registers (whole units as one stream, partial units
 // per lane) with 4 and 6 whole units per lane and round (204, 206; two segments per lane, 214 /
 // 216, were slower everywhere in session 29 and are not timed here).
-constexpr int kSegmentForms[] = {6, 103, 204, 206};
+constexpr kernels::SegmentForm kSegmentForms[] = {
+    kernels::SegmentForm::kRegisters, kernels::SegmentForm::kBulk3, kernels::SegmentForm::kSplit4,
+    kernels::SegmentForm::kSplit6};
 constexpr int kNumForms = sizeof(kSegmentForms) / sizeof(kSegmentForms[0]);
 
 struct Result {
@@ -196,7 +199,8 @@ Result RunCase(const Case& c, std::mt19937_64& rng, int reps) {
     std::vector<double> gbps;
     gpu_test::Timer timer;
     auto go = [&] {
-      absl::Status s = kernels::LaunchKvCopy(p, 0, plan->num_tiles(), ctas, nullptr);
+      absl::Status s =
+          kernels::LaunchKvCopyForm(p, 0, plan->num_tiles(), ctas, nullptr, p.segment_form);
       if (!s.ok()) std::exit(1);
     };
     go();  // warm
@@ -222,11 +226,11 @@ Result RunCase(const Case& c, std::mt19937_64& rng, int reps) {
   if (chunked) {
     alt.segments = true;
     for (int i = 0; i < kNumForms; ++i) {
-      alt.segment_units = kSegmentForms[i];
+      alt.segment_form = kSegmentForms[i];
       r.form32[i] = time(alt, 32);
       r.form132[i] = time(alt, 132);
     }
-    alt.segment_units = 0;
+    alt.segment_form = kernels::SegmentForm::kDefault;
   }
   alt.segments = false;
   alt.piece_bytes = kernels::PieceBytesFor(plan->header(), dp->plan().access_bytes);
@@ -234,19 +238,21 @@ Result RunCase(const Case& c, std::mt19937_64& rng, int reps) {
   // Every segment form byte for byte against the host twin (destination poisoned each time), at
   // 32 CTAs and at 132; the variants timed above wrote the same bytes.
   if (r.ok && chunked) {
-    for (int form : kSegmentForms) {
+    for (kernels::SegmentForm form : kSegmentForms) {
       for (int ctas : {32, 132}) {
         gpu_test::Memset(dst_dev, 0xAB, dst_size);
         kernels::DevicePlan p = dp->plan();
         p.piece_bytes = 0;
         p.segments = true;
-        p.segment_units = form;
-        if (!kernels::LaunchKvCopy(p, 0, plan->num_tiles(), ctas, nullptr).ok()) std::exit(1);
+        p.segment_form = form;
+        if (!kernels::LaunchKvCopyForm(p, 0, plan->num_tiles(), ctas, nullptr, form).ok()) {
+          std::exit(1);
+        }
         gpu_test::Sync();
         gpu_test::CopyToHost(got.data(), dst_dev, dst_size);
         if (got != want) {
           std::fprintf(stderr, "%s: MISMATCH on segment form %d at %d CTAs\n", c.name.c_str(),
-                       form, ctas);
+                       static_cast<int>(form), ctas);
           r.ok = false;
         }
       }
@@ -435,7 +441,8 @@ int main(int argc, char** argv) {
     const Result& r = results.back();
     std::string forms;
     for (int i = 0; i < kNumForms; ++i) {
-      forms += absl::StrFormat(" | %d: %.1f / %.1f", kSegmentForms[i], r.form32[i], r.form132[i]);
+      forms += absl::StrFormat(" | %d: %.1f / %.1f", static_cast<int>(kSegmentForms[i]),
+                               r.form32[i], r.form132[i]);
     }
     std::printf("  %-48s %s | %s | %.1f / %.1f GB/s | slab %.1f%s | %s\n", r.name.c_str(),
                 r.ok ? "bytes OK" : "MISMATCH", r.path.c_str(), r.gbps32, r.gbps132, r.slab32,
@@ -446,15 +453,15 @@ int main(int argc, char** argv) {
   auto pct = [](double v, double base) {
     return v > 0 ? absl::StrFormat("%.1f (%.0f%%)", v, 100 * v / base) : std::string("-");
   };
-  // Segment forms, by DevicePlan::segment_units: 6 registers, 103 bulk copies (3 stages), 2UP
+  // Segment forms, by DevicePlan::segment_form: 6 registers, 103 bulk copies (3 stages), 2UP
   // split registers with U whole units per lane and round and P + 1 segments per lane.
   std::string head =
       "\n| layout | MiB | kernel path (chosen) | bytes | GB/s at 32 CTAs, shipped default: median "
       "(min-max) | vs aligned | GB/s at 132 CTAs, tuned: median (min-max) | vs aligned | 32 CTAs: "
       "slab / pieces |";
   std::string rule = "|---|---|---|---|---|---|---|---|---|";
-  for (int form : kSegmentForms) {
-    head += absl::StrFormat(" segment form %d: 32 / 132 |", form);
+  for (kernels::SegmentForm form : kSegmentForms) {
+    head += absl::StrFormat(" segment form %d: 32 / 132 |", static_cast<int>(form));
     rule += "---|";
   }
   std::printf("%s\n%s\n", head.c_str(), rule.c_str());
