@@ -281,11 +281,11 @@ absl::Status DaemonImpl::StartEngines() {
   if (created.ok()) {
     cuda_engine_ = *std::move(created);
     spdlog::info("CUDA engine: {}", cuda_engine_->Describe());
-    if (cuda_engine_->gpu_count() < id_.topology.desc().gpus_size()) {
+    if (cuda_engine_->capabilities().gpu_count < id_.topology.desc().gpus_size()) {
       spdlog::warn("CUDA engine: runs on {} of the {} GPUs the topology shows (CUDA sees fewer: "
                    "NVIDIA_VISIBLE_DEVICES, CDI devices or CUDA_VISIBLE_DEVICES); transfers on "
                    "the others are refused",
-                   cuda_engine_->gpu_count(), id_.topology.desc().gpus_size());
+                   cuda_engine_->capabilities().gpu_count, id_.topology.desc().gpus_size());
     }
   } else if (c.cuda_engine() == "required") {
     // Not served without its GPUs: a daemon that answered health checks here would be taken
@@ -363,14 +363,17 @@ absl::Status DaemonImpl::StartTransfers() {
   transfers::Options options = TransferOptionsFrom(config(), id_.topology);
   options.notifications = notifications_.get();
   options.remote = fabric_.get();
-  options.cuda_engine = cuda_engine_.get();
   options.on_finished = [this](const v1::TransferStatus& status) {
     if (metrics::Metrics* m = metrics_sink_.load(std::memory_order_acquire)) {
       m->OnTransferFinished(status);
     }
     LogTransferEnded(status);
   };
-  transfers_ = transfers::TransferManager::Create(regions_.get(), engine_.get(), clock_, options);
+  // The engines local transfers run on, one line each (engine_registry.h).
+  transfers::EngineRegistry engines;
+  engines.Add(engine_.get());
+  engines.Add(cuda_engine_.get());  // null when there is none
+  transfers_ = transfers::TransferManager::Create(regions_.get(), engines, clock_, options);
   // Inbound fabric transfers are recorded by the manager (detached in the destructor).
   if (fabric_) fabric_->SetInboundSink(transfers_.get());
   // A session's end fails the transfers waiting for readiness only it could give.
@@ -394,7 +397,7 @@ absl::Status DaemonImpl::StartMetrics() {
   if (config().metrics_listen().empty()) return absl::OkStatus();
   metrics::MetricsOptions options =
       MetricsOptionsFrom(config(), id_.topology.desc().gpus_size(),
-                         cuda_engine_ ? cuda_engine_->gpu_count() : 0);
+                         cuda_engine_ ? cuda_engine_->capabilities().gpu_count : 0);
   options.build_info = id_.stats_base.build_info();
   for (const v1::Gpu& g : id_.topology.desc().gpus()) {
     options.gpu_labels.push_back({g.index(), g.uuid(), g.name()});

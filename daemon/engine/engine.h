@@ -23,18 +23,42 @@ namespace kvrail::engine {
 
 // The job package's types, as the engines name them.
 using job::ClassLimits;
+using job::DeviceSides;
 using job::Job;
 using job::kNumPriorityClasses;
 using job::Placement;
 using job::PriorityClass;
 using job::PriorityClassName;
 using job::PriorityLimits;
+using job::ReadyGate;
+
+// What an engine declares it can do, fixed once it is made. The transfer layer routes and asks
+// by these (//daemon/transfers:engine_registry), never by an engine's name.
+struct Capabilities {
+  // The memory it moves: transfers between two host regions, and transfers with a side in GPU
+  // memory (either side or both).
+  bool host_to_host = false;
+  bool gpu_memory = false;
+  // GPUs it runs transfers on (kvrail_cuda_gpus); 0 for engines without GPUs.
+  int gpu_count = 0;
+  // AdmitGated may take a job's tiles before their layers are ready (the GPU-side readiness
+  // wait); false: it is never asked.
+  bool gated_admission = false;
+  // It hashes tiles when Job::wants_digest (TransferSpec.digest); false: such transfers are
+  // refused before they are queued.
+  bool digest = false;
+  // Where plans it may run keep their block tables (PlanOptions.tables); nullptr: any memory.
+  // The CUDA engine's pool is pinned host memory, which it uploads asynchronously; the host
+  // engine's recycles heap buffers (//daemon/planner:table_pool).
+  planner::TableAllocator* table_pool = nullptr;
+};
 
 // Thread-safe.
 class Engine {
  public:
   virtual ~Engine() = default;
   virtual std::string name() const = 0;
+  virtual Capabilities capabilities() const = 0;
   // Queues `tiles` of `job` (they may start at once). The engine keeps `job` alive until each
   // queued tile is reported or removed.
   virtual void Enqueue(const std::shared_ptr<Job>& job, const std::vector<uint32_t>& tiles) = 0;
@@ -54,21 +78,15 @@ class Engine {
   // The engine's numeric state by name ("threads", "worker_bytes_per_second", "max_ctas"), for
   // metrics gauges (a changing measurement never goes into a label). Empty by default.
   virtual std::map<std::string, double> Gauges() const { return {}; }
-  // Where plans this engine may run keep their block tables (PlanOptions.tables); nullptr: any
-  // memory. The CUDA engine's pool is pinned host memory, which it uploads asynchronously; the
-  // host engine's recycles heap buffers (//daemon/planner:table_pool).
-  virtual planner::TableAllocator* table_pool() const { return nullptr; }
   // GPU-side readiness wait: true when the engine takes all of `job`'s tiles now, before their
   // layers are ready (Job::ready_gate), and waits for the flags on the GPU; false: hand the tiles
   // over as their layers become ready (the readiness poller). Called once per job, before its
-  // first Enqueue.
+  // first Enqueue, when Capabilities::gated_admission.
   virtual bool AdmitGated(const std::shared_ptr<Job>& job) { return false; }
   // A hint, before a submit between `src` and `dst` is planned: a job between them is likely to
   // be enqueued soon. An engine whose worker sleeps may wake it now, so its wake-up overlaps the
   // planning instead of delaying the first tile. No effect on what runs. Any thread.
   virtual void Expect(const Placement& src, const Placement& dst) {}
-  // GPUs this engine runs transfers on (0 for engines without GPUs): kvrail_cuda_gpus.
-  virtual int gpu_count() const { return 0; }
   // The drain's order, from now on and for good: queued tiles of started jobs before any tile of
   // a job not started yet, and within a priority class one job's tiles to its end before the
   // next job's (the one with the fewest tiles left first) - so the drain's time finishes

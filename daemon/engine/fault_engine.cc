@@ -98,7 +98,12 @@ class FaultInjectingEngineImpl final : public FaultInjectingEngine {
     return absl::StrCat("fault-injecting (", failed_, " failed, ", pending_.size(), " held) over ",
                         inner_->Describe());
   }
-  planner::TableAllocator* table_pool() const override { return inner_->table_pool(); }
+  // The inner engine's, but gated admission: AdmitGated is not passed on.
+  Capabilities capabilities() const override {
+    Capabilities caps = inner_->capabilities();
+    caps.gated_admission = false;
+    return caps;
+  }
   void Expect(const Placement& src, const Placement& dst) override { inner_->Expect(src, dst); }
 
   void SetPolicy(FaultPolicy policy) override {

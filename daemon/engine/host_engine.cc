@@ -82,7 +82,13 @@ class HostEngine final : public Engine {
     return out;
   }
 
-  planner::TableAllocator* table_pool() const override { return tables_.get(); }
+  Capabilities capabilities() const override {
+    Capabilities caps;
+    caps.host_to_host = true;
+    caps.digest = true;
+    caps.table_pool = tables_.get();
+    return caps;
+  }
 
   std::string Describe() const override {
     absl::MutexLock lock(&mu_);

@@ -11,7 +11,7 @@
 namespace kvrail::engine {
 
 // Runs tiles with memcpy on `threads` worker threads (the host twin of the kernels' arithmetic).
-// The engine is thread-safe (engine.h); its table_pool() recycles heap table buffers.
+// The engine is thread-safe (engine.h); its table pool (Capabilities) recycles heap table buffers.
 std::unique_ptr<Engine> CreateHostEngine(int threads, const PriorityLimits& limits = {});
 
 // Tests only: called on the worker after a digest job's tile was copied and before its

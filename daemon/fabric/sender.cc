@@ -92,6 +92,15 @@ class SenderImpl final : public Sender {
 
   // engine::Engine
   std::string name() const override { return "fabric"; }
+  // Runs PATH_FABRIC transfers from host or GPU sources (not routed through the engine registry:
+  // the remote path hands it its transfers).
+  engine::Capabilities capabilities() const override {
+    engine::Capabilities caps;
+    caps.host_to_host = true;
+    caps.gpu_memory = true;
+    caps.digest = true;
+    return caps;
+  }
   void Enqueue(const std::shared_ptr<engine::Job>& job, const std::vector<uint32_t>& tiles) override;
   size_t Remove(const engine::Job* job) override;
   std::vector<uint64_t> QueuedTiles() const override;

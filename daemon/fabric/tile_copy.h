@@ -18,18 +18,15 @@
 #include "absl/status/statusor.h"
 #include "base/cuda/cuda_util.h"
 #include "daemon/fabric/command_ring.h"
+#include "daemon/job/job.h"
 #include "daemon/planner/planner.h"
 #include "kernels/device_abi.h"
 
 namespace kvrail::fabric {
 
 // Where a region's bytes are: host memory, or device memory of GPU `device` (an address valid in
-// that GPU's context).
-struct RegionSide {
-  bool cuda = false;
-  int device = -1;
-  uint8_t* base = nullptr;
-};
+// that GPU's context). The daemon's one placement type (//daemon/job), as the fabric names it.
+using RegionSide = job::Placement;
 
 // Gathers `tile` from `src` into `staging` (TileBytes bytes); returns when the bytes are there.
 absl::Status PackTile(const planner::Plan& plan, uint32_t tile, const RegionSide& src,

@@ -41,37 +41,68 @@ struct Placement {
   }
 };
 
-// One transfer as an engine sees it. Implemented by the transfer layer. OnTileDone may be called
-// from any engine thread, concurrently for different tiles.
-class Job {
+// A side of a job.
+enum class Side { kSrc, kDst };
+
+// GPU-side readiness wait (scheduler/stream_gate.h): a layer-wise job whose layers
+// are gated by producer flag words. Word L (of `count`) gates the tiles of transfer layer L: they
+// may move once it has reached `value` (wrapping order). Set only by jobs that an engine admitted
+// with Engine::AdmitGated; such a job hands its tiles before they are ready.
+struct ReadyGate {
+  uint32_t* host_words = nullptr;  // the daemon's mapping (read, and raised on a release)
+  uint64_t device_words = 0;       // the same words as the GPU sees them (mapped host memory)
+  uint32_t count = 0;
+  uint32_t value = 0;
+  std::string field;                 // "spec.ready_flags"
+  std::shared_ptr<const void> keep;  // keeps the words mapped while the engine holds the gate
+};
+
+// A job's sides as engines that run CUDA code (the CUDA engine, the fabric's GPU pack) reach
+// them: where each lives, its device addresses, the ready flags' gate, and the GPU mode report.
+// Engines without GPUs never ask for it. Thread-safe; valid while tiles of its job run (the transfer layer keeps the sides until then).
+class DeviceSides {
  public:
-  enum class Side { kSrc, kDst };
-  virtual ~Job() = default;
-  virtual const planner::Plan& plan() const = 0;
-  virtual const uint8_t* src_base() const = 0;
-  virtual uint8_t* dst_base() const = 0;
-  // Placement of each side; the defaults describe host memory at src_base() / dst_base().
-  virtual Placement src() const { return Placement::Host(const_cast<uint8_t*>(src_base())); }
-  virtual Placement dst() const { return Placement::Host(dst_base()); }
+  virtual ~DeviceSides() = default;
+  virtual Placement src() const = 0;
+  virtual Placement dst() const = 0;
   // The address CUDA code running on GPU `accessor` uses for a side (host memory pinned and
-  // mapped on first use; a peer GPU's memory mapped into the accessor's context). Called by the
-  // CUDA engine only.
-  virtual absl::StatusOr<uint8_t*> DeviceAddress(Side side, int accessor) const {
-    return absl::UnimplementedError("this job has no device addresses");
-  }
+  // mapped on first use; a peer GPU's memory mapped into the accessor's context).
+  virtual absl::StatusOr<uint8_t*> DeviceAddress(Side side, int accessor) const = 0;
   // Per-layer sides (planner::Plan::src_per_layer): the layers' addresses for CUDA code on GPU
   // `accessor` (Region::DeviceLayerBases); nullptr for a side of one base.
   virtual absl::StatusOr<std::shared_ptr<const planner::LayerBases>> DeviceLayerBases(
       Side side, int accessor) const {
     return std::shared_ptr<const planner::LayerBases>();
   }
+  // The GPU-side readiness wait's words on GPU `accessor` (ReadyGate); nullopt: none. Set only
+  // for jobs that an engine admitted with Engine::AdmitGated.
+  virtual std::optional<ReadyGate> ready_gate(int accessor) const { return std::nullopt; }
   // The engine says how it moved (some of) the job's tiles: "cuda-kernel", "cuda-copy-engine".
   virtual void OnEngineUsed(absl::string_view engine) {}
-  // The engine says why it moved the job as it did when that is worth an operator's attention
-  // (the copy-engine-only mode handing a plan to a small kernel, or keeping a slow one): shown
-  // after the route's reason in TransferStatus.path_reason. The latest note wins.
-  virtual void OnEngineNote(absl::string_view note) {}
+};
+
+// One transfer as an engine sees it: a small core every engine uses, and device_sides() for
+// engines that run CUDA code. Implemented by the transfer layer. OnTileDone may be called from
+// any engine thread, concurrently for different tiles.
+class Job {
+ public:
+  using Side = job::Side;
+  using ReadyGate = job::ReadyGate;
+  virtual ~Job() = default;
+  virtual const planner::Plan& plan() const = 0;
   virtual PriorityClass priority() const = 0;
+  // The sides' bases in the daemon: host memory that the host engine reads and writes (for GPU
+  // memory, an address in its GPU's context: see device_sides()).
+  virtual const uint8_t* src_base() const = 0;
+  virtual uint8_t* dst_base() const = 0;
+  // Called by the worker that is about to move `tile`.
+  virtual void OnTileStart(uint32_t tile) = 0;
+  // `status` is OK when the tile's bytes landed.
+  virtual void OnTileDone(uint32_t tile, const absl::Status& status) = 0;
+  // OK while the job goes on; once it ended early (cancelled, deadline, the producer gone) the
+  // status it ended with, and `*producer_gone` whether nobody may write its ready words any more.
+  // The CUDA engine polls it while gated copies wait.
+  virtual absl::Status ended(bool* producer_gone) const { return absl::OkStatus(); }
   // Whether more tiles may still come (a layer-wise job between layers). Engines keep per-job
   // state (an uploaded plan, pinned addresses) while this holds, instead of setting it up again
   // for every layer.
@@ -82,27 +113,22 @@ class Job {
   // digests differ as failed (planner::DigestMismatchError, DATA_LOSS). Off: no hashing at all.
   virtual bool wants_digest() const { return false; }
   virtual void OnTileDigest(uint32_t tile, uint64_t source, uint64_t destination) {}
-  // GPU-side readiness wait (scheduler/stream_gate.h): a layer-wise job whose layers
-  // are gated by producer flag words. Word L (of `count`) gates the tiles of transfer layer L: they
-  // may move once it has reached `value` (wrapping order). Set only by jobs that an engine admitted
-  // with Engine::AdmitGated; such a job hands its tiles before they are ready.
-  struct ReadyGate {
-    uint32_t* host_words = nullptr;  // the daemon's mapping (read, and raised on a release)
-    uint64_t device_words = 0;       // the same words as the GPU sees them (mapped host memory)
-    uint32_t count = 0;
-    uint32_t value = 0;
-    std::string field;                 // "spec.ready_flags"
-    std::shared_ptr<const void> keep;  // keeps the words mapped while the engine holds the gate
-  };
-  virtual std::optional<ReadyGate> ready_gate(int accessor) const { return std::nullopt; }
-  // OK while the job goes on; once it ended early (cancelled, deadline, the producer gone) the
-  // status it ended with, and `*producer_gone` whether nobody may write its ready words any more.
-  // The CUDA engine polls it while gated copies wait.
-  virtual absl::Status ended(bool* producer_gone) const { return absl::OkStatus(); }
-  // Called by the worker that is about to move `tile`.
-  virtual void OnTileStart(uint32_t tile) = 0;
-  // `status` is OK when the tile's bytes landed.
-  virtual void OnTileDone(uint32_t tile, const absl::Status& status) = 0;
+  // The engine says why it moved the job as it did when that is worth an operator's attention
+  // (the copy-engine-only mode handing a plan to a small kernel, or keeping a slow one): shown
+  // after the route's reason in TransferStatus.path_reason. The latest note wins.
+  virtual void OnEngineNote(absl::string_view note) {}
+  // The job's GPU side; nullptr: both sides are host memory at src_base() / dst_base().
+  virtual DeviceSides* device_sides() const { return nullptr; }
+
+  // Placement of each side: device_sides()'s, else host memory at src_base() / dst_base().
+  Placement src() const {
+    const DeviceSides* sides = device_sides();
+    return sides != nullptr ? sides->src() : Placement::Host(const_cast<uint8_t*>(src_base()));
+  }
+  Placement dst() const {
+    const DeviceSides* sides = device_sides();
+    return sides != nullptr ? sides->dst() : Placement::Host(dst_base());
+  }
 };
 
 }  // namespace kvrail::job

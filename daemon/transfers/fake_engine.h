@@ -62,7 +62,15 @@ class FakeEngine final : public engine::Engine {
     return out;
   }
   std::string Describe() const override { return "fake"; }
-  planner::TableAllocator* table_pool() const override { return &tables_; }
+  // Host memory, gated admission offered (set_admit_gated decides), digest, its own tables.
+  engine::Capabilities capabilities() const override {
+    engine::Capabilities caps;
+    caps.host_to_host = true;
+    caps.gated_admission = true;
+    caps.digest = true;
+    caps.table_pool = &tables_;
+    return caps;
+  }
   // The GPU-side readiness wait (Engine::AdmitGated): admitted when set_admit_gated(true).
   bool AdmitGated(const std::shared_ptr<engine::Job>& job) override {
     absl::MutexLock lock(&mu_);
@@ -77,7 +85,7 @@ class FakeEngine final : public engine::Engine {
     absl::MutexLock lock(&mu_);
     return admitted_gated_;
   }
-  // Plans whose block tables came from this engine's table_pool().
+  // Plans whose block tables came from this engine's table pool.
   size_t tables_taken() const { return tables_.taken(); }
 
   // Starts the oldest queued tile (OnTileStart) and returns it as running; false when none.

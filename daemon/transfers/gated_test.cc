@@ -3,7 +3,7 @@
 // watch), the transfer waits on its producer until each word has come (EndSession ends it then,
 // and Job::ended says the producer is gone, so the engine releases its GPU waits at once).
 // Declined: the readiness poller hands layers over as their words come, as before.
-// Record::ready_gate (what an engine that admits gets: the words as the daemon and as the GPU
+// Record's device sides' ready_gate (what an engine that admits gets: the words as the daemon and as the GPU
 // see them, their count and value) on a flag region mapped as a GPU would map it, and refused.
 #define CATCH_CONFIG_MAIN
 #include <catch2/catch.hpp>
@@ -186,7 +186,7 @@ TEST_CASE("gated: ready_gate gives the engine the producer's words as the GPU se
   auto flags = std::make_shared<MappedFlags>(t.flags, false);
   std::shared_ptr<Record> record = GatedRecord(t, flags, kOffset);
   for (int accessor : {0, 3}) {
-    const std::optional<engine::Job::ReadyGate> gate = record->ready_gate(accessor);
+    const std::optional<job::ReadyGate> gate = record->device_sides()->ready_gate(accessor);
     REQUIRE(gate.has_value());
     CHECK(gate->host_words == reinterpret_cast<uint32_t*>(t.flags->data() + kOffset));
     // The same words through GPU `accessor`'s mapping of the region: its base plus the offset.
@@ -199,7 +199,7 @@ TEST_CASE("gated: ready_gate gives the engine the producer's words as the GPU se
   }
   // A flag region the GPU cannot map: no gate (the engine declines; the poller waits instead).
   std::shared_ptr<Record> refused = GatedRecord(t, std::make_shared<MappedFlags>(t.flags, true), 0);
-  CHECK(!refused->ready_gate(0).has_value());
+  CHECK(!refused->device_sides()->ready_gate(0).has_value());
 }
 
 }  // namespace

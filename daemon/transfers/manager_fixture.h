@@ -38,8 +38,8 @@ struct ManagerFixture {
     options.tile_bytes = kTile;
     if (options.notifications == nullptr) options.notifications = hub.get();
     regions.table()->AddSessionEndHook([h = hub.get()](uint64_t s) { h->EndSession(s); });
-    manager = TransferManager::Create(regions.table(), use != nullptr ? use : &engine, &clock,
-                                      options);
+    manager = TransferManager::Create(
+        regions.table(), EngineRegistry({use != nullptr ? use : &engine}), &clock, options);
   }
   ~ManagerFixture() {
     manager->Drain(absl::ZeroDuration());

@@ -32,6 +32,7 @@ namespace kvrail::transfers {
 class InboundEngine final : public engine::Engine {
  public:
   std::string name() const override { return "fabric-receiver"; }
+  engine::Capabilities capabilities() const override { return engine::Capabilities(); }
   void Enqueue(const std::shared_ptr<engine::Job>&, const std::vector<uint32_t>&) override {}
   size_t Remove(const engine::Job*) override { return 0; }
   std::vector<uint64_t> QueuedTiles() const override {
@@ -48,7 +49,7 @@ absl::Status UnknownTransfer(uint64_t id);
 
 class TransferManagerImpl final : public TransferManager {
  public:
-  TransferManagerImpl(regions::RegionTable* regions, engine::Engine* engine, Clock* clock,
+  TransferManagerImpl(regions::RegionTable* regions, EngineRegistry engines, Clock* clock,
                       const Options& options);
   ~TransferManagerImpl() override;
 
@@ -200,7 +201,7 @@ class TransferManagerImpl final : public TransferManager {
   void DeadlineLoop();
 
   regions::RegionTable* const regions_;
-  engine::Engine* const engine_;
+  const EngineRegistry engines_;
   InboundEngine inbound_engine_;
   Clock* const clock_;
   const Options options_;

@@ -247,21 +247,21 @@ void TransferManagerImpl::FillStats(v1::Stats* stats) const {
       (*stats->mutable_rejected_by_code())[code] = n;
     }
   }
-  std::vector<uint64_t> queued = engine_->QueuedTiles();
-  if (options_.cuda_engine != nullptr) {
-    const std::vector<uint64_t> cuda = options_.cuda_engine->QueuedTiles();
-    for (size_t c = 0; c < queued.size() && c < cuda.size(); ++c) queued[c] += cuda[c];
+  std::vector<uint64_t> queued(engine::kNumPriorityClasses, 0);
+  for (const engine::Engine* e : engines_.engines()) {
+    const std::vector<uint64_t> more = e->QueuedTiles();
+    for (size_t c = 0; c < queued.size() && c < more.size(); ++c) queued[c] += more[c];
   }
   for (int c = 0; c < engine::kNumPriorityClasses; ++c) {
     (*stats->mutable_queued_tiles())[engine::PriorityClassName(
         static_cast<engine::PriorityClass>(c))] = queued[c];
   }
-  stats->add_engines(engine_->Describe());
-  if (options_.cuda_engine != nullptr) stats->add_engines(options_.cuda_engine->Describe());
-  const engine::Engine* fabric = options_.remote != nullptr ? options_.remote->engine() : nullptr;
-  for (const engine::Engine* e : std::initializer_list<const engine::Engine*>{
-           engine_, options_.cuda_engine, fabric}) {
-    if (e == nullptr) continue;
+  for (const engine::Engine* e : engines_.engines()) stats->add_engines(e->Describe());
+  std::vector<const engine::Engine*> shown(engines_.engines().begin(), engines_.engines().end());
+  if (options_.remote != nullptr && options_.remote->engine() != nullptr) {
+    shown.push_back(options_.remote->engine());
+  }
+  for (const engine::Engine* e : shown) {
     v1::OpsEngineState* state = stats->add_engine_states();
     state->set_name(e->name());
     state->set_description(e->Describe());

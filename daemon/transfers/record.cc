@@ -96,9 +96,9 @@ void Record::ReleaseRegionsLocked() {
   ready_region_.reset();
 }
 
-std::optional<engine::Job::ReadyGate> Record::ready_gate(int accessor) const {
+std::optional<job::ReadyGate> Record::ReadyGateFor(int accessor) const {
   std::shared_ptr<regions::Region> region;
-  ReadyGate gate;
+  job::ReadyGate gate;
   {
     absl::MutexLock lock(&mu_);
     if (ready_region_ == nullptr || ready_words_ == nullptr) return std::nullopt;
@@ -142,7 +142,7 @@ void Record::MarkProducerGone() {
   producer_gone_ = true;
 }
 
-void Record::OnEngineUsed(absl::string_view engine) {
+void Record::EngineUsed(absl::string_view engine) {
   absl::MutexLock lock(&mu_);
   if (engine_name_ == engine_->name()) {
     engine_name_ = std::string(engine);

@@ -143,32 +143,22 @@ class Record final : public InboundJob {
   // spec.dst.node_id: the peer an outbound fabric transfer writes to ("" or this node: local).
   const std::string& spec_dst_node() const { return spec_.dst().node_id(); }
 
-  // engine::Job
+  // job::Job
   const planner::Plan& plan() const override { return plan_; }
   const uint8_t* src_base() const override { return src_->data(); }
   uint8_t* dst_base() const override { return dst_->data(); }
-  job::Placement src() const override { return Ref(*src_); }
-  job::Placement dst() const override { return Ref(*dst_); }
-  absl::StatusOr<uint8_t*> DeviceAddress(Side side, int accessor) const override {
-    return (side == Side::kSrc ? src_ : dst_)->DeviceAddress(accessor);
-  }
-  absl::StatusOr<std::shared_ptr<const planner::LayerBases>> DeviceLayerBases(
-      Side side, int accessor) const override {
-    return (side == Side::kSrc ? src_ : dst_)->DeviceLayerBases(accessor);
-  }
-  void OnEngineUsed(absl::string_view engine) override;
   void OnEngineNote(absl::string_view note) override;
-  engine::PriorityClass priority() const override { return priority_; }
+  job::PriorityClass priority() const override { return priority_; }
   void OnTileStart(uint32_t tile) override;
   void OnTileDone(uint32_t tile, const absl::Status& status) override;
   // spec.digest: the engines' per-tile digests, summed into TransferStatus.digest.
   bool wants_digest() const override { return spec_.digest(); }
   void OnTileDigest(uint32_t tile, uint64_t source, uint64_t destination) override;
   bool MayGetMoreTiles() const override { return layerwise_ && !IsFinal(); }
-  // GPU-side readiness wait: spec.ready_flags as the CUDA engine's gate (the words'
-  // device address on GPU `accessor` from the flag region's mapping), and the transfer's end.
-  std::optional<ReadyGate> ready_gate(int accessor) const override;
   absl::Status ended(bool* producer_gone) const override;
+  // The regions' placements and device addresses, spec.ready_flags as the GPU-side readiness
+  // wait's gate, and the engine's mode report.
+  job::DeviceSides* device_sides() const override { return &sides_; }
   // The engine admitted the record's gate (Engine::AdmitGated): every layer is handed over now
   // (returns every tile, counted as enqueued) and the record waits on its producer until each
   // word has reached the value (WaitsOn).
@@ -200,10 +190,38 @@ class Record final : public InboundJob {
   std::vector<uint32_t> LayersDone() const;
 
  private:
-  static job::Placement Ref(const regions::Region& region) {
-    const bool cuda = region.spec().memory_kind() == v1::MEMORY_KIND_CUDA;
-    return job::Placement{cuda, cuda ? region.spec().device() : -1, region.data()};
-  }
+  // Job::device_sides: the record's regions as GPU code reaches them. Thread-safe (the regions
+  // are read only while tiles of the record run, which ends before they are released; the gate
+  // and the report take the record's lock).
+  class Sides final : public job::DeviceSides {
+   public:
+    explicit Sides(Record* record) : record_(record) {}
+    job::Placement src() const override { return PlacementOf(*record_->src_); }
+    job::Placement dst() const override { return PlacementOf(*record_->dst_); }
+    absl::StatusOr<uint8_t*> DeviceAddress(job::Side side, int accessor) const override {
+      return (side == job::Side::kSrc ? record_->src_ : record_->dst_)->DeviceAddress(accessor);
+    }
+    absl::StatusOr<std::shared_ptr<const planner::LayerBases>> DeviceLayerBases(
+        job::Side side, int accessor) const override {
+      return (side == job::Side::kSrc ? record_->src_ : record_->dst_)->DeviceLayerBases(accessor);
+    }
+    // spec.ready_flags as the CUDA engine's gate: the words' device address on GPU `accessor`
+    // from the flag region's mapping.
+    std::optional<job::ReadyGate> ready_gate(int accessor) const override {
+      return record_->ReadyGateFor(accessor);
+    }
+    void OnEngineUsed(absl::string_view engine) override { record_->EngineUsed(engine); }
+
+   private:
+    static job::Placement PlacementOf(const regions::Region& region) {
+      return region.spec().memory_kind() == v1::MEMORY_KIND_CUDA
+                 ? job::Placement::Gpu(region.spec().device(), region.data())
+                 : job::Placement::Host(region.data());
+    }
+    Record* const record_;
+  };
+  std::optional<job::ReadyGate> ReadyGateFor(int accessor) const;
+  void EngineUsed(absl::string_view engine);
   void MaybeFinishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Drops the record's hold on its regions (and arrival flags); idempotent.
   void ReleaseRegionsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -238,6 +256,8 @@ class Record final : public InboundJob {
   const uint64_t src_session_;
   const uint64_t dst_session_;
   const uint64_t arrival_session_;
+
+  mutable Sides sides_{this};
 
   mutable absl::Mutex mu_;
   v1::TransferState state_ ABSL_GUARDED_BY(mu_) = v1::TRANSFER_STATE_QUEUED;

@@ -59,10 +59,10 @@ void WarmFirstUse() {
 
 }  // namespace
 
-TransferManagerImpl::TransferManagerImpl(regions::RegionTable* regions, engine::Engine* engine,
+TransferManagerImpl::TransferManagerImpl(regions::RegionTable* regions, EngineRegistry engines,
                                          Clock* clock, const Options& options)
     : regions_(regions),
-      engine_(engine),
+      engines_(std::move(engines)),
       clock_(clock),
       options_(options),
       counters_(MakeCounters(options.on_finished)),
@@ -212,19 +212,24 @@ absl::StatusOr<v1::SubmitTransferResponse> TransferManagerImpl::SubmitLocal(
   plan_options.tile_bytes = options_.tile_bytes;
   plan_options.defer_checks_from = options_.defer_id_checks_from;
   plan_options.table_checks = table_checks_.get();
-  // Any local plan may run on the CUDA engine: its tables go where that engine uploads them from
-  // without staging; without one, the host engine's recycled buffers.
-  plan_options.tables =
-      (options_.cuda_engine != nullptr ? options_.cuda_engine : engine_)->table_pool();
+  plan_options.tables = engines_.TablePool();
   const job::Placement src_at = PlacementOf(*request.src), dst_at = PlacementOf(*request.dst);
   // The route needs no plan: chosen first, so a GPU's dispatcher asleep after an idle spell wakes
   // while the plan is made.
   KVRAIL_ASSIGN_OR_RETURN(
       const scheduler::Route route,
       scheduler::ChooseRoute(src_at, dst_at,
-                             options_.topology_graph, gpu_index_, options_.cuda_engine != nullptr));
-  engine::Engine* engine =
-      route.engine == scheduler::EngineKind::kCuda ? options_.cuda_engine : engine_;
+                             options_.topology_graph, gpu_index_, engines_.MovesGpuMemory()));
+  engine::Engine* engine = engines_.For(route.engine);
+  if (engine == nullptr) {
+    return absl::FailedPreconditionError(
+        "spec.src.region_id: no engine of this daemon moves host memory between two regions");
+  }
+  if (spec.digest() && !engine->capabilities().digest) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "spec.digest: the ", engine->name(), " engine that would run this transfer does not "
+        "hash tiles; submit it without digest"));
+  }
   if (route.engine == scheduler::EngineKind::kCuda) {
     engine->Expect(src_at, dst_at);
   }
@@ -381,7 +386,8 @@ absl::StatusOr<std::shared_ptr<Record>> TransferManagerImpl::Admit(planner::Plan
     // The GPU-side wait first (the CUDA engine with cuda_stream_wait decides): every
     // layer goes to the engine now and each waits for its word on the GPU. Otherwise (host
     // engine, flags not mappable, stream_wait_jobs exhausted, ...) the readiness poller.
-    if (record->engine()->AdmitGated(record)) {
+    if (record->engine()->capabilities().gated_admission &&
+        record->engine()->AdmitGated(record)) {
       record->engine()->Enqueue(record, record->TakeGatedTiles());
       return record;
     }
@@ -476,8 +482,7 @@ void TransferManagerImpl::Drain(absl::Duration timeout) {
   }
   // Started transfers finish one after another instead of all advancing in step (which, with
   // more work queued than the timeout allows, fails every one of them).
-  engine_->FinishStartedFirst();
-  if (options_.cuda_engine != nullptr) options_.cuda_engine->FinishStartedFirst();
+  for (engine::Engine* e : engines_.engines()) e->FinishStartedFirst();
   // Measured by the injected clock; the real-time slices only pace the polling.
   const absl::Time until = clock_->Now() + timeout;
   while (clock_->Now() < until && ActiveCount() > 0) absl::SleepFor(absl::Milliseconds(5));
@@ -554,9 +559,9 @@ void TransferManagerImpl::DeadlineLoop() {
 }
 
 std::unique_ptr<TransferManager> TransferManager::Create(regions::RegionTable* regions,
-                                                         engine::Engine* engine, Clock* clock,
+                                                         EngineRegistry engines, Clock* clock,
                                                          const Options& options) {
-  return std::make_unique<TransferManagerImpl>(regions, engine, clock, options);
+  return std::make_unique<TransferManagerImpl>(regions, std::move(engines), clock, options);
 }
 
 }  // namespace kvrail::transfers

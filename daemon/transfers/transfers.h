@@ -17,6 +17,7 @@
 #include "daemon/engine/engine.h"
 #include "daemon/planner/planner.h"
 #include "daemon/regions/regions.h"
+#include "daemon/transfers/engine_registry.h"
 #include "daemon/transfers/notifications.h"
 #include "daemon/transfers/remote_path.h"
 #include "proto/kvrail/v1/admin.pb.h"
@@ -34,9 +35,6 @@ struct Options {
   // Transfers whose spec.dst.node_id names another node go here (nullptr: refused UNIMPLEMENTED).
   RemotePath* remote = nullptr;
   std::string node_id;
-  // The CUDA engine (nullptr: none); transfers touching GPU memory go there (see
-  // daemon/scheduler/route.h). Not owned.
-  engine::Engine* cuda_engine = nullptr;
   // The node's topology, for GPU pair paths and their reasons.
   v1::TopologyDesc topology;
   v1::TopologyGraph topology_graph;
@@ -100,9 +98,10 @@ struct WatchCursor {
 class TransferManager : public InboundSink {
  public:
   virtual ~TransferManager() = default;
-  // `engine` runs host-to-host transfers; options.cuda_engine the rest.
+  // Local transfers run on `engines` (engine_registry.h): host-to-host ones on the first that
+  // moves host memory, the rest on the first that moves GPU memory (daemon/scheduler/route.h).
   static std::unique_ptr<TransferManager> Create(regions::RegionTable* regions,
-                                                 engine::Engine* engine, Clock* clock,
+                                                 EngineRegistry engines, Clock* clock,
                                                  const Options& options);
 
   virtual absl::StatusOr<v1::SubmitTransferResponse> Submit(const v1::TransferSpec& spec) = 0;

@@ -54,8 +54,9 @@ constexpr uint8_t kPoison = 0xA5;
 constexpr uint32_t kValue = 7;
 
 // One transfer between two device buffers, its layers gated by flag words in mapped host memory.
-class GatedJob final : public Job {
+class GatedJob final : public Job, public DeviceSides {
  public:
+  DeviceSides* device_sides() const override { return const_cast<GatedJob*>(this); }
   GatedJob(const planner::testing::RandomCase& c, uint32_t* words, uint64_t device_words,
            bool gated)
       : case_(c), plan_(*planner::MakePlan(c.spec, c.src, c.dst, c.options)), words_(words),

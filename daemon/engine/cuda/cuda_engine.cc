@@ -81,7 +81,16 @@ class CudaEngine final : public Engine {
     return removed;
   }
 
-  int gpu_count() const override { return static_cast<int>(devices_.size()); }
+  Capabilities capabilities() const override {
+    Capabilities caps;
+    caps.gpu_memory = true;
+    caps.gpu_count = static_cast<int>(devices_.size());
+    // Every job is offered: AdmitGated decides (cuda_stream_wait) and notes why it declined.
+    caps.gated_admission = true;
+    caps.digest = true;
+    caps.table_pool = tables_.get();
+    return caps;
+  }
 
   void FinishStartedFirst() override {
     for (auto& w : workers_) w->FinishStartedFirst();
@@ -100,7 +109,6 @@ class CudaEngine final : public Engine {
     return absl::StrJoin(lines, "; ");
   }
 
-  planner::TableAllocator* table_pool() const override { return tables_.get(); }
 
  private:
   // The GPU whose dispatcher runs a job between `src` and `dst` (scheduler::ExecutingDevice):

@@ -117,7 +117,9 @@ bool DeviceWorker::AdmitGated(const std::shared_ptr<Job>& job) {
     job->OnEngineNote(scheduler::ChooseGate(scheduler::GateInputs{}).reason);
     return false;
   }
-  std::optional<Job::ReadyGate> gate = job->ready_gate(ops_->device());
+  const DeviceSides* sides = job->device_sides();
+  std::optional<Job::ReadyGate> gate =
+      sides != nullptr ? sides->ready_gate(ops_->device()) : std::nullopt;
   if (!gate.has_value()) return false;
   scheduler::GateInputs in;
   in.flags_mapped = gate->device_words != 0 && gate->host_words != nullptr &&

@@ -198,14 +198,19 @@ JobState& Dispatcher::StateFor(const std::shared_ptr<Job>& job) {
 absl::Status Dispatcher::SetUp(JobState& s) {
   const Job& job = *s.job;
   const int device = ops_->device();
-  const Placement src = job.src(), dst = job.dst();
+  DeviceSides* const sides = job.device_sides();
+  if (sides == nullptr) {
+    return absl::FailedPreconditionError(
+        "the job has no device sides (host memory only): the CUDA engine cannot run it");
+  }
+  const Placement src = sides->src(), dst = sides->dst();
   const absl::Time t0 = clock_->Now();
-  KVRAIL_ASSIGN_OR_RETURN(s.src, job.DeviceAddress(Job::Side::kSrc, device));
-  KVRAIL_ASSIGN_OR_RETURN(s.dst, job.DeviceAddress(Job::Side::kDst, device));
+  KVRAIL_ASSIGN_OR_RETURN(s.src, sides->DeviceAddress(Job::Side::kSrc, device));
+  KVRAIL_ASSIGN_OR_RETURN(s.dst, sides->DeviceAddress(Job::Side::kDst, device));
   s.progress.setup_addresses = clock_->Now() - t0;
   if (job.plan().src_per_layer() || job.plan().dst_per_layer()) {
-    KVRAIL_ASSIGN_OR_RETURN(auto src_layers, job.DeviceLayerBases(Job::Side::kSrc, device));
-    KVRAIL_ASSIGN_OR_RETURN(auto dst_layers, job.DeviceLayerBases(Job::Side::kDst, device));
+    KVRAIL_ASSIGN_OR_RETURN(auto src_layers, sides->DeviceLayerBases(Job::Side::kSrc, device));
+    KVRAIL_ASSIGN_OR_RETURN(auto dst_layers, sides->DeviceLayerBases(Job::Side::kDst, device));
     s.device_plan = job.plan().WithLayerBases(std::move(src_layers), std::move(dst_layers));
     // Run offsets of a per-layer side are whole addresses (kernels::SideBase is 0).
     if (job.plan().src_per_layer()) s.src = nullptr;
@@ -273,7 +278,7 @@ absl::Status Dispatcher::SetUp(JobState& s) {
                                      " on the GPU (cuStreamWaitValue32 on the job's stream)"));
   }
   s.progress.setup_upload = clock_->Now() - t_upload;
-  s.job->OnEngineUsed(scheduler::ModeEngineName(run.mode));
+  sides->OnEngineUsed(scheduler::ModeEngineName(run.mode));
   return absl::OkStatus();
 }
 

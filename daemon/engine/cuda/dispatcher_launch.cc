@@ -132,7 +132,8 @@ absl::Status Dispatcher::EnqueueBatch(JobState& s, Batch& b) {
     if (b.split < end) {
       KVRAIL_RETURN_IF_ERROR(LaunchCopyPart(s, b));
       if (!s.run.split_said) {  // TransferStatus.engine: "cuda-kernel+cuda-copy-engine"
-        s.job->OnEngineUsed(scheduler::ModeEngineName(Mode::kCopyEngine));
+        // SetUp refused a job without device sides.
+        s.job->device_sides()->OnEngineUsed(scheduler::ModeEngineName(Mode::kCopyEngine));
         s.run.split_said = true;
       }
     }

@@ -40,8 +40,9 @@ struct DropSeen {
 
 // A paged transfer between two host buffers the fake GPU reads and writes directly, recording
 // its reports; optionally gated by one ready word per layer.
-class TestJob final : public Job {
+class TestJob final : public Job, public DeviceSides {
  public:
+  DeviceSides* device_sides() const override { return const_cast<TestJob*>(this); }
   TestJob(const planner::testing::RandomCase& c, std::mt19937_64& rng)
       : src_(c.src.size_bytes), dst_(c.dst.size_bytes, 0), want_(c.dst.size_bytes, 0),
         plan_(*planner::MakePlan(c.spec, c.src, c.dst, c.options)) {
