@@ -74,6 +74,7 @@ bool CompletionTable::DrainLocked() {
     if (!taken.ok()) broken_ = true;  // a daemon bug or a scribble: the old way from here on
     refused_ += refused;
     for (size_t i = 0; i < count; ++i) Remember(batch[i]);
+    taken_ += count;
     changed = changed || count > 0;
     if (!taken.ok() || *taken < kBatch) break;
   }
@@ -192,10 +193,12 @@ void CompletionTable::SetArmed(bool armed) {
 
 size_t CompletionTable::Drain() {
   absl::MutexLock lock(&mu_);
-  const size_t before = done_order_.size();
+  // Counted as they are taken, not from the remembered ends' size: that stays at its bound once
+  // the oldest ends are let go.
+  const uint64_t before = taken_;
   if (!sleeper_) ring_->DrainWakes();  // a sleeping waiter clears it itself
   DrainLocked();
-  return done_order_.size() - std::min(before, done_order_.size());
+  return static_cast<size_t>(taken_ - before);
 }
 
 size_t CompletionTable::TakeFresh(uint64_t* ids, size_t max) {

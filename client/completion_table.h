@@ -106,6 +106,7 @@ class CompletionTable {
   bool armed_ ABSL_GUARDED_BY(mu_) = false;
   bool broken_ ABSL_GUARDED_BY(mu_) = false;  // the ring's indices were impossible
   uint64_t refused_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t taken_ ABSL_GUARDED_BY(mu_) = 0;  // ends read from the ring, ever
   uint64_t spin_hits_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
