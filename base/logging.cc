@@ -43,12 +43,20 @@ void AppendJsonEscaped(std::string_view text, spdlog::memory_buf_t& dest) {
 
 // The text format's message: control characters (a client's region name with "\n<3>...", an
 // ANSI escape sequence) become visible escapes - \n, \r, \t, \xNN - and a backslash is doubled,
-// so one call writes one line that no logged string can split, colour or forge.
-void AppendTextEscaped(std::string_view text, spdlog::memory_buf_t& dest) {
+// so one call writes one line that no logged string can split, colour or forge. With `quoted`
+// (a field's value between double quotes) a double quote becomes \" as well.
+void AppendTextEscaped(std::string_view text, spdlog::memory_buf_t& dest, bool quoted = false) {
   static constexpr char kHex[] = "0123456789abcdef";
   for (char c : text) {
     switch (c) {
       case '\\': dest.append(std::string_view("\\\\")); break;
+      case '"':
+        if (quoted) {
+          dest.append(std::string_view("\\\""));
+        } else {
+          dest.push_back(c);
+        }
+        break;
       case '\n': dest.append(std::string_view("\\n")); break;
       case '\r': dest.append(std::string_view("\\r")); break;
       case '\t': dest.append(std::string_view("\\t")); break;
@@ -85,7 +93,9 @@ class JsonMessage final : public spdlog::custom_flag_formatter {
   }
 };
 
-// `%~`: the message, then " key=value" for each field (text format).
+// `%~`: the message, then " key=value" for each field (text format): a number as it is, a
+// string between double quotes with the message's escapes (the same bytes read the same way
+// wherever they stand in a line).
 class TextMessage final : public spdlog::custom_flag_formatter {
  public:
   void format(const spdlog::details::log_msg& msg, const std::tm&,
@@ -96,7 +106,13 @@ class TextMessage final : public spdlog::custom_flag_formatter {
       dest.push_back(' ');
       AppendTextEscaped(f.key, dest);
       dest.push_back('=');
-      dest.append(std::string_view(f.json));
+      if (f.json.empty() || f.json[0] != '"') {
+        dest.append(std::string_view(f.json));
+        continue;
+      }
+      dest.push_back('"');
+      AppendTextEscaped(f.text, dest, /*quoted=*/true);
+      dest.push_back('"');
     }
   }
   std::unique_ptr<custom_flag_formatter> clone() const override {
@@ -140,11 +156,26 @@ bool SendItems(const JournalSend& send, std::vector<std::string>& items) {
   return send(iov.data(), static_cast<int>(iov.size())) >= 0;
 }
 
+// The text format's pattern: under journald with the priority prefix and no time stamp (the
+// journal stamps each line).
+constexpr char kJournaldTextPattern[] = "%J%l [%t] %~";
+constexpr char kTextPattern[] = "%Y-%m-%dT%H:%M:%S.%fZ %^%l%$ [%t] %~";
+
+std::unique_ptr<spdlog::pattern_formatter> NewFormatter() {
+  auto formatter = std::make_unique<spdlog::pattern_formatter>(spdlog::pattern_time_type::utc);
+  formatter->add_flag<JsonMessage>('*');
+  formatter->add_flag<TextMessage>('~');
+  formatter->add_flag<JournalPriority>('J');
+  return formatter;
+}
+
 // The journal sink (SetUpLoggingToJournal). Called on the logging thread, inside LogFields when
 // there are fields (current_fields).
 class JournalSink final : public spdlog::sinks::base_sink<std::mutex> {
  public:
-  explicit JournalSink(JournalSend send) : send_(std::move(send)) {}
+  explicit JournalSink(JournalSend send) : send_(std::move(send)), fallback_(NewFormatter()) {
+    fallback_->set_pattern(kJournaldTextPattern);
+  }
 
  protected:
   void sink_it_(const spdlog::details::log_msg& msg) override {
@@ -162,15 +193,18 @@ class JournalSink final : public spdlog::sinks::base_sink<std::mutex> {
       }
     }
     if (!SendItems(send_, items)) {
-      // The journal refused it (journald restarting): the escaped line on stderr, which the
-      // journal also reads, with its priority prefix.
-      std::fprintf(stderr, "<%d>%s\n", priority, items[0].c_str() + 8);
+      // The journal refused it (journald restarting): the line on stderr, which the journal also
+      // reads, as the text format writes it under journald (priority prefix, level, thread).
+      spdlog::memory_buf_t text;
+      fallback_->format(msg, text);
+      std::fwrite(text.data(), 1, text.size(), stderr);
     }
   }
   void flush_() override {}
 
  private:
   const JournalSend send_;
+  const std::unique_ptr<spdlog::pattern_formatter> fallback_;  // under base_sink's mutex
 };
 
 absl::Status Configure(std::shared_ptr<spdlog::logger> logger, const std::string& level,
@@ -181,13 +215,9 @@ absl::Status Configure(std::shared_ptr<spdlog::logger> logger, const std::string
                                       "' (trace, debug, info, warn, error)");
   }
   const std::string prefix = journald ? "%J" : "";
-  auto formatter = std::make_unique<spdlog::pattern_formatter>(spdlog::pattern_time_type::utc);
-  formatter->add_flag<JsonMessage>('*');
-  formatter->add_flag<TextMessage>('~');
-  formatter->add_flag<JournalPriority>('J');
+  std::unique_ptr<spdlog::pattern_formatter> formatter = NewFormatter();
   if (format.empty() || format == "text") {
-    // The journal stamps each line itself.
-    formatter->set_pattern(journald ? "%J%l [%t] %~" : "%Y-%m-%dT%H:%M:%S.%fZ %^%l%$ [%t] %~");
+    formatter->set_pattern(journald ? kJournaldTextPattern : kTextPattern);
   } else if (format == "json") {
     formatter->set_pattern(prefix +
                            R"({"ts":"%Y-%m-%dT%H:%M:%S.%fZ","level":"%l","thread":%t,"msg":%*})");
@@ -214,6 +244,11 @@ bool StderrIsJournal() {
   return static_cast<uintmax_t>(st.st_dev) == dev && static_cast<uintmax_t>(st.st_ino) == ino;
 }
 
+bool JournalSocketExists(const char* path) {
+  struct stat st;
+  return ::stat(path, &st) == 0 && S_ISSOCK(st.st_mode);
+}
+
 absl::Status SetUpLogging(const std::string& level, const std::string& format) {
   spdlog::drop("kvraild");
   return Configure(spdlog::stderr_logger_mt("kvraild"), level, format, StderrIsJournal());
@@ -236,7 +271,8 @@ absl::Status SetUpLoggingToJournal(const std::string& level, JournalSend send) {
   return Configure(std::move(logger), level, "text", /*journald=*/true);
 }
 
-void ReportStartErrorTo(std::string_view message, const JournalSend& send) {
+void ReportStartErrorTo(std::string_view message, const JournalSend& send,
+                        bool stderr_is_journal) {
   spdlog::memory_buf_t line;
   line.append(std::string_view("kvraild: "));
   AppendTextEscaped(message, line);
@@ -245,8 +281,8 @@ void ReportStartErrorTo(std::string_view message, const JournalSend& send) {
     std::vector<std::string> items = {"MESSAGE=" + text, "PRIORITY=3",
                                       "SYSLOG_IDENTIFIER=kvraild"};
     if (SendItems(send, items)) return;
-    text = "<3>" + text;
   }
+  if (stderr_is_journal) text = "<3>" + text;
   text += '\n';
   std::fputs(text.c_str(), stderr);
 }

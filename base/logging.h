@@ -31,6 +31,13 @@ absl::Status SetUpLoggingTo(const std::string& level, const std::string& format,
 // True when stderr is connected to the journal: $JOURNAL_STREAM ("<dev>:<inode>") matches fd 2.
 bool StderrIsJournal();
 
+// journald's native-protocol socket. sd_journal_sendv reports success when it is missing (the
+// entry is dropped), so kvraild looks for it before choosing the native protocol.
+inline constexpr char kJournalSocket[] = "/run/systemd/journal/socket";
+
+// True when `path` is a unix socket.
+bool JournalSocketExists(const char* path = kJournalSocket);
+
 // Sends one journal entry made of "FIELD=value" items; >= 0 when it was sent (sd_journal_sendv's
 // contract). //base:logging_systemd has the real one; tests pass a fake.
 using JournalSend = std::function<int(const struct iovec* items, int count)>;
@@ -44,8 +51,11 @@ using JournalSend = std::function<int(const struct iovec* items, int count)>;
 absl::Status SetUpLoggingToJournal(const std::string& level, JournalSend send);
 
 // A fatal start error: with `send` one journal entry at PRIORITY=3 whose MESSAGE is
-// "kvraild: <message>" escaped to one line; without it (nullptr) that line on stderr.
-void ReportStartErrorTo(std::string_view message, const JournalSend& send);
+// "kvraild: <message>" escaped to one line; without it (nullptr), or when the journal refused
+// the entry, that line on stderr, prefixed "<3>" when `stderr_is_journal` (journald reads the
+// priority from it).
+void ReportStartErrorTo(std::string_view message, const JournalSend& send,
+                        bool stderr_is_journal);
 
 // "region_name" -> "KVRAIL_REGION_NAME" (journal field names: upper case letters, digits, '_').
 std::string JournalFieldName(std::string_view key);

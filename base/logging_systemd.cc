@@ -3,7 +3,10 @@
 #include <systemd/sd-daemon.h>
 #include <systemd/sd-journal.h>
 
+#include <spdlog/spdlog.h>
+
 #include "base/logging.h"
+#include "base/status.h"
 
 namespace kvrail {
 namespace {
@@ -15,6 +18,8 @@ std::string OneLine(std::string text) {
   }
   return text;
 }
+
+int SendToJournal(const struct iovec* items, int count) { return sd_journal_sendv(items, count); }
 
 bool Notify(const std::string& state) {
   return sd_notify(/*unset_environment=*/0, state.c_str()) > 0;
@@ -34,16 +39,21 @@ bool NotifyStatus(const std::string& status) { return Notify("STATUS=" + OneLine
 
 absl::Status SetUpDaemonLogging(const std::string& level, const std::string& format) {
   if (!StderrIsJournal()) return SetUpLogging(level, format);
-  return SetUpLoggingToJournal(level, [](const struct iovec* items, int count) {
-    return sd_journal_sendv(items, count);
-  });
+  // JOURNAL_STREAM without journald's socket (a unit started while journald is down, a
+  // container given systemd's environment): sd_journal_sendv would drop every entry and say it
+  // sent them, so the lines go to stderr, each with its priority prefix.
+  if (!JournalSocketExists()) {
+    KVRAIL_RETURN_IF_ERROR(SetUpLogging(level, format));
+    spdlog::warn("journald's socket {} is missing: logging to stderr", kJournalSocket);
+    return absl::OkStatus();
+  }
+  return SetUpLoggingToJournal(level, SendToJournal);
 }
 
 void ReportStartError(std::string_view message) {
-  if (!StderrIsJournal()) return ReportStartErrorTo(message, nullptr);
-  ReportStartErrorTo(message, [](const struct iovec* items, int count) {
-    return sd_journal_sendv(items, count);
-  });
+  const bool journal = StderrIsJournal();
+  ReportStartErrorTo(message, journal && JournalSocketExists() ? SendToJournal : nullptr,
+                     journal);
 }
 
 }  // namespace kvrail

@@ -15,12 +15,14 @@ bool NotifyReady(const std::string& status);
 bool NotifyStopping(const std::string& status);
 bool NotifyStatus(const std::string& status);
 
-// kvraild's logging: under journald (StderrIsJournal) straight to the journal's native protocol
-// (sd_journal_sendv: SetUpLoggingToJournal's fields); elsewhere SetUpLogging on stderr.
+// kvraild's logging: under journald (StderrIsJournal, and its socket kJournalSocket exists)
+// straight to the journal's native protocol (sd_journal_sendv: SetUpLoggingToJournal's fields);
+// elsewhere SetUpLogging on stderr, whose lines carry their priority prefix while stderr is the
+// journal's stream (then a warning says the socket is missing).
 absl::Status SetUpDaemonLogging(const std::string& level, const std::string& format);
 
 // A fatal start error: under journald one entry at error priority (PRIORITY=3), else one line on
-// stderr (ReportStartErrorTo).
+// stderr (ReportStartErrorTo), prefixed "<3>" while stderr is the journal's stream.
 void ReportStartError(std::string_view message);
 
 }  // namespace kvrail

@@ -3,10 +3,16 @@
 
 #include <spdlog/spdlog.h>
 #include <stdlib.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <regex>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -184,10 +190,93 @@ TEST_CASE("journal: plain lines are escaped into MESSAGE; levels map to syslog p
 
 TEST_CASE("journal: a fatal start error is one entry at error priority") {
   FakeJournal journal;
-  ReportStartErrorTo("config: line 3\n<6>all is well", journal.Sender());
+  ReportStartErrorTo("config: line 3\n<6>all is well", journal.Sender(), true);
   REQUIRE(journal.entries.size() == 1);
   CHECK(journal.Field(0, "PRIORITY") == "3");
   CHECK(journal.Field(0, "MESSAGE") == "kvraild: config: line 3\\n<6>all is well");
+}
+
+// fd 2 goes to a temporary file while this lives; Text() is what was written there.
+class CapturedStderr {
+ public:
+  CapturedStderr() {
+    char path[] = "/tmp/kvrail-stderr-XXXXXX";
+    fd_ = ::mkstemp(path);
+    REQUIRE(fd_ >= 0);
+    path_ = path;
+    std::fflush(stderr);
+    saved_ = ::dup(2);
+    REQUIRE(::dup2(fd_, 2) == 2);
+  }
+  ~CapturedStderr() {
+    std::fflush(stderr);
+    ::dup2(saved_, 2);
+    ::close(saved_);
+    ::close(fd_);
+    ::unlink(path_.c_str());
+  }
+  std::string Text() const {
+    std::fflush(stderr);
+    std::ifstream in(path_);
+    std::stringstream text;
+    text << in.rdbuf();
+    return text.str();
+  }
+
+ private:
+  int fd_ = -1;
+  int saved_ = -1;
+  std::string path_;
+};
+
+TEST_CASE("stderr fallbacks: prefixed lines a reader of the journal's stream can read") {
+  CapturedStderr captured;
+  // Without the native protocol, with stderr the journal's stream: "<3>" first.
+  ReportStartErrorTo("cuda_engine: required\nbut none", nullptr, /*stderr_is_journal=*/true);
+  // Off the journal: the line as it is.
+  ReportStartErrorTo("bad config", nullptr, /*stderr_is_journal=*/false);
+  // The journal refused the entry: the same line, prefixed.
+  FakeJournal journal;
+  journal.result = -11;
+  ReportStartErrorTo("socket in use", journal.Sender(), true);
+  // A logged line the journal refused: as the text format writes it under journald.
+  REQUIRE(SetUpLoggingToJournal("info", journal.Sender()).ok());
+  LogFields(spdlog::level::warn, "region registered", {{"region_name", "a\n<3>b"}});
+  const std::string text = captured.Text();
+  INFO(text);
+  CHECK(text.find("<3>kvraild: cuda_engine: required\\nbut none\n") == 0);
+  CHECK(text.find("\nkvraild: bad config\n") != std::string::npos);
+  CHECK(text.find("\n<3>kvraild: socket in use\n") != std::string::npos);
+  CHECK(std::regex_search(text, std::regex(R"(\n<4>warning \[\d+\] region registered region_name="a\\n<3>b"\n$)")));
+}
+
+TEST_CASE("text fields: a string value escaped as the message is, between double quotes") {
+  std::ostringstream out;
+  REQUIRE(SetUpLoggingTo("info", "text", false, &out).ok());
+  LogFields(spdlog::level::info, "m", {{"name", std::string("a\"b\\\r\t\x1b[2J\0z", 12)}, {"n", 3}});
+  INFO(out.str());
+  CHECK(out.str().find(R"(m name="a\"b\\\r\t\x1b[2J\x00z" n=3)") != std::string::npos);
+}
+
+TEST_CASE("journal socket: only a unix socket counts") {
+  char dir[] = "/tmp/kvrail-journal-XXXXXX";
+  REQUIRE(::mkdtemp(dir) != nullptr);
+  const std::string socket_path = std::string(dir) + "/socket";
+  const std::string file_path = std::string(dir) + "/file";
+  CHECK_FALSE(JournalSocketExists(socket_path.c_str()));
+  const int fd = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, socket_path.c_str(), sizeof(addr.sun_path) - 1);
+  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
+  CHECK(JournalSocketExists(socket_path.c_str()));
+  std::ofstream(file_path) << "x";
+  CHECK_FALSE(JournalSocketExists(file_path.c_str()));
+  ::close(fd);
+  ::unlink(socket_path.c_str());
+  ::unlink(file_path.c_str());
+  ::rmdir(dir);
 }
 
 TEST_CASE("journal field names: upper case, digits and underscores") {
