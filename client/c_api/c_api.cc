@@ -542,14 +542,17 @@ int kvrail_mark_ready(kvrail_client* handle, uint64_t transfer_id, uint32_t laye
 int kvrail_poll(kvrail_client* handle, const uint64_t* ids, size_t count, int32_t* states,
                 int32_t* codes) {
   return Guard([&]() -> absl::Status {
-    if (count == 0) return absl::OkStatus();
-    if (ids == nullptr) return absl::InvalidArgumentError("ids: NULL with count > 0");
-    KVRAIL_RETURN_IF_ERROR(RequireOut(states, "states"));
+    if (count > 0) {
+      if (ids == nullptr) return absl::InvalidArgumentError("ids: NULL with count > 0");
+      KVRAIL_RETURN_IF_ERROR(RequireOut(states, "states"));
+    }
     for (size_t i = 0; i < count; ++i) {
       states[i] = KVRAIL_STATE_UNSPECIFIED;
       if (codes != nullptr) codes[i] = KVRAIL_OK;
     }
+    // Checked with nothing to poll too: a closed handle is never answered OK.
     KVRAIL_ASSIGN_OR_RETURN(std::shared_ptr<Client> client, FindClient(handle));
+    if (count == 0) return absl::OkStatus();
     // What the completion queue knows is read without a call; one GetTransfer for each of the
     // rest (the daemon has no batch read yet).
     client->LocalStates(ids, count, states);

@@ -421,6 +421,9 @@ TEST_CASE("closing a client releases its regions; calls after close fail cleanly
   CHECK(LastMessage() == "client: not a live kvrail_client handle (closed, or never issued)");
   int32_t state = 0;
   CHECK(kvrail_wait(other, 1, -1, &state, nullptr, nullptr) == KVRAIL_INVALID_ARGUMENT);
+  // A call with nothing to do checks the handle all the same.
+  CHECK(kvrail_poll(other, nullptr, 0, nullptr, nullptr) == KVRAIL_INVALID_ARGUMENT);
+  CHECK(LastMessage() == "client: not a live kvrail_client handle (closed, or never issued)");
 }
 
 TEST_CASE("misuse answers with INVALID_ARGUMENT naming the argument, never a crash") {
