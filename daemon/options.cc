@@ -156,6 +156,7 @@ session::SessionServerOptions SessionOptionsFrom(const v1::DaemonConfig& config,
   options.max_waits_per_uid = config.max_watchers_per_uid();
   // The poll thread's spin after a packet (a critical-path measure; off with the engine's).
   if (config.low_latency()) options.spin = absl::Microseconds(100);
+  options.admission_workers = config.session_admission_workers();
   return options;
 }
 

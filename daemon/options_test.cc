@@ -88,6 +88,9 @@ TEST_CASE("sessions: max_sessions from the fd limit when 0; spin follows low_lat
   CHECK(o.max_sessions_per_uid == 256);
   CHECK(o.spin == absl::Microseconds(100));
   CHECK(SessionOptionsFrom(Finalized("low_latency: false"), 1024).spin == absl::ZeroDuration());
+  CHECK(o.admission_workers == 4);  // unset: the documented default
+  CHECK(SessionOptionsFrom(Finalized("session_admission_workers: 0"), 1024).admission_workers == 0);
+  CHECK(SessionOptionsFrom(Finalized("session_admission_workers: 9"), 1024).admission_workers == 9);
 }
 
 TEST_CASE("server, transfers, regions, metrics, MPS: copied from the config") {

@@ -294,6 +294,7 @@ absl::Status FinalizeConfig(v1::DaemonConfig* config) {
   if (config->cuda_stream_wait_jobs() == 0) config->set_cuda_stream_wait_jobs(8);
   if (!config->has_cuda_wake_on_submit()) config->set_cuda_wake_on_submit(true);
   if (!config->has_low_latency()) config->set_low_latency(true);
+  if (!config->has_session_admission_workers()) config->set_session_admission_workers(4);
   // CUDA's own default folder; kvraild exports the value to CUDA before it starts.
   if (config->cuda_mps_pipe_directory().empty()) {
     config->set_cuda_mps_pipe_directory("/tmp/nvidia-mps");
@@ -348,6 +349,9 @@ absl::Status FinalizeConfig(v1::DaemonConfig* config) {
   }
   if (config->cuda_copy_split_fixed_percent() > 90) {
     return absl::InvalidArgumentError("cuda_copy_split_fixed_percent: at most 90");
+  }
+  if (config->session_admission_workers() > 64) {
+    return absl::InvalidArgumentError("session_admission_workers: at most 64");
   }
   if (config->cuda_stream_wait_jobs() > 256) {
     return absl::InvalidArgumentError("cuda_stream_wait_jobs: at most 256");

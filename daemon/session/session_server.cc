@@ -12,6 +12,7 @@
 #include <cerrno>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <random>
 #include <thread>
 #include <vector>
@@ -22,6 +23,7 @@
 #include "absl/time/clock.h"
 #include "base/status.h"
 #include "base/unique_fd.h"
+#include "daemon/session/admission.h"
 #include "daemon/server/private_bind.h"
 #include "spdlog/spdlog.h"
 #include "wire/session_wire.h"
@@ -132,6 +134,11 @@ class PendingWaits {
 constexpr uint64_t kWakeTag = ~uint64_t{0};
 constexpr uint64_t kListenerTag = ~uint64_t{0} - 1;
 
+// Thread contract: the poll thread (Loop) owns the listener, epoll and the session map and reads
+// every packet; admission workers serve the packets it posts to AdmissionPool (SUBMITs, and what
+// a session sent behind one), one at a time per session; the threads that end transfers answer
+// WAITs and post completions. What they share is a Connection (its own lock), PendingWaits and
+// the region table (thread-safe). The public methods are thread-safe.
 class SessionServerImpl final : public SessionServer {
  public:
   SessionServerImpl(UniqueFd listener, UniqueFd wake_read, UniqueFd wake_write, UniqueFd epoll,
@@ -144,6 +151,10 @@ class SessionServerImpl final : public SessionServer {
         options_(std::move(options)),
         pending_waits_(std::make_shared<PendingWaits>(options_.max_waits_per_uid)),
         packet_(wire::kMaxRequestBytes) {
+    if (options_.admission_workers > 0) {
+      admission_ = std::make_unique<AdmissionPool>(options_.admission_workers,
+                                                   options_.max_queued_per_session);
+    }
     reserve_ = OpenReserve();
     thread_ = std::thread([this] { Loop(); });
   }
@@ -153,6 +164,9 @@ class SessionServerImpl final : public SessionServer {
     const char b = 1;
     (void)::write(wake_write_.get(), &b, 1);
     thread_.join();
+    // Admissions running finish (their answers go out), queued ones are dropped unrun, and the
+    // sessions closed while one of theirs ran are ended, before the open ones are below.
+    admission_.reset();
     for (auto& [fd, session] : sessions_) {
       session->Close();
       regions_->EndSession(session->id);
@@ -160,11 +174,14 @@ class SessionServerImpl final : public SessionServer {
   }
 
   size_t active_sessions() const override { return count_.load(); }
+  size_t admissions_queued() const override {
+    return admission_ != nullptr ? admission_->queued() : 0;
+  }
 
  private:
-  // One client connection. Answers to WAIT are sent from whichever thread ends the transfer, so
-  // sends and the close are serialized here; after the close nothing is sent (the fd number may
-  // already belong to another connection).
+  // One client connection. Answers to WAIT are sent from whichever thread ends the transfer, and
+  // answers to SUBMIT from an admission worker, so sends and the close are serialized here; after
+  // the close nothing is sent (the fd number may already belong to another connection).
   struct Connection {
     Connection(uint64_t session_id, uint32_t peer_uid, UniqueFd socket)
         : id(session_id), uid(peer_uid), fd(std::move(socket)) {}
@@ -183,8 +200,20 @@ class SessionServerImpl final : public SessionServer {
     // WAITs of this connection not answered yet (SessionServerOptions::max_waits_per_connection);
     // taken on the poll thread, given back by whichever thread ends the transfer.
     std::atomic<size_t> pending_waits{0};
-    // Set once by "CQ"; read and set on the poll thread only.
-    std::shared_ptr<CompletionSink> completions;
+    // Set once by "CQ"; read by its SUBMITs (on the poll thread or an admission worker).
+    std::shared_ptr<CompletionSink> Completions() {
+      absl::MutexLock lock(&mu);
+      return completions;
+    }
+    std::shared_ptr<CompletionSink> completions ABSL_GUARDED_BY(mu);
+  };
+
+  // One packet as read by the poll thread, to be served on it or by an admission worker.
+  struct Packet {
+    wire::RequestKind kind = wire::RequestKind::kOther;
+    std::string body;  // what follows "SUBMIT " / "WAIT " (a copy: the receive buffer is reused)
+    std::vector<UniqueFd> fds;
+    bool truncated = false;
   };
 
   static UniqueFd OpenReserve() { return UniqueFd(::open("/dev/null", O_RDONLY | O_CLOEXEC)); }
@@ -325,6 +354,7 @@ class SessionServerImpl final : public SessionServer {
     }
     const uint64_t id = regions_->BeginSession();
     if (known) regions_->SetSessionPeer(id, cred.uid);
+    if (admission_ != nullptr) admission_->Open(id);
     // The secret goes to this connection only: it binds the client's gRPC calls to the session.
     SendPacket(raw, wire::EncodeGreeting(id, options_.instance_id, regions_->SessionSecret(id)));
     spdlog::debug("session {} opened (uid {})", id, uid);
@@ -337,7 +367,19 @@ class SessionServerImpl final : public SessionServer {
     const std::shared_ptr<Connection> conn = it->second;
     ::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, it->first, nullptr);
     conn->Close();
-    regions_->EndSession(conn->id);
+    if (admission_ != nullptr) {
+      // Its queued packets are dropped unrun (nothing of them reaches its memory or its socket);
+      // a SUBMIT being admitted finishes first, and the session ends after it, so that transfer
+      // is ended with the session's others.
+      const size_t dropped = admission_->Close(
+          conn->id, [regions = regions_, id = conn->id] { regions->EndSession(id); });
+      if (dropped > 0) {
+        spdlog::info("session {} closed with {} packets queued for admission: not served",
+                     conn->id, dropped);
+      }
+    } else {
+      regions_->EndSession(conn->id);
+    }
     auto uid = per_uid_.find(conn->uid);
     if (uid != per_uid_.end() && --uid->second == 0) per_uid_.erase(uid);
     sessions_.erase(it);
@@ -365,33 +407,62 @@ class SessionServerImpl final : public SessionServer {
       }
     }
     // Every descriptor received is owned by `received` and closed unless handed on below.
-    const bool plain = received->fds.empty() && !received->truncated;
     const wire::Request request = wire::ParseRequest(received->payload);
-    switch (request.kind) {
+    // A SUBMIT is admitted by a worker; a packet behind one still queued or running follows it
+    // there, so the session's answers keep the order of its packets. Other packets are served
+    // here (FD, WAIT and CQ cost no more than a lookup).
+    if (admission_ != nullptr &&
+        (request.kind == wire::RequestKind::kSubmit || !admission_->Idle(conn->id))) {
+      auto packet = std::make_unique<Packet>();
+      packet->kind = request.kind;
+      packet->body = std::string(request.body);
+      packet->fds = std::move(received->fds);
+      packet->truncated = received->truncated;
+      absl::Status queued = admission_->Post(
+          conn->id, [this, conn, packet = std::move(packet)]() mutable { Handle(conn, *packet); });
+      // Refused at once (ahead of the answers still queued): the client library sends one
+      // packet at a time per connection, so only a client that pipelines meets the cap.
+      if (!queued.ok()) conn->Send(wire::EncodeRejected(queued));
+      return;
+    }
+    Packet packet;
+    packet.kind = request.kind;
+    packet.fds = std::move(received->fds);
+    packet.truncated = received->truncated;
+    Handle(conn, packet, request.body);
+  }
+
+  // Serves one packet of `conn` (`body`: the packet's, unless given). Thread-safe; one at a time
+  // per session (the poll thread while the session's admission queue is idle, else its worker).
+  void Handle(const std::shared_ptr<Connection>& conn, Packet& packet,
+              std::optional<absl::string_view> given_body = std::nullopt) {
+    const absl::string_view body = given_body.has_value() ? *given_body : packet.body;
+    const bool plain = packet.fds.empty() && !packet.truncated;
+    switch (packet.kind) {
       case wire::RequestKind::kCompletionQueue:
-        conn->Send(MapCompletionQueue(conn.get(), std::move(received->fds), received->truncated));
+        conn->Send(MapCompletionQueue(conn.get(), std::move(packet.fds), packet.truncated));
         return;
       case wire::RequestKind::kSubmit:
-        conn->Send(plain ? Submit(request.body, conn)
+        conn->Send(plain ? Submit(body, conn)
                          : wire::EncodeRejected(absl::InvalidArgumentError(absl::StrCat(
                                "SUBMIT: the packet is larger than ", wire::kMaxRequestBytes,
                                " bytes or carries descriptors; use SubmitTransfer"))));
         return;
       case wire::RequestKind::kWait:
-        Wait(conn, plain, request.body);
+        Wait(conn, plain, body);
         return;
       case wire::RequestKind::kFd:
-        if (received->fds.size() == 1) break;
+        if (packet.fds.size() == 1) break;
         [[fallthrough]];
       case wire::RequestKind::kOther:
         conn->Send(wire::EncodeError("expected the packet \"FD\" carrying exactly one descriptor"));
         return;
     }
-    if (ShortOfFds(received->fds[0].get(), options_.fd_headroom)) {
+    if (ShortOfFds(packet.fds[0].get(), options_.fd_headroom)) {
       conn->Send(wire::EncodeError(ShortOfFdsError().message()));
-      return;  // the descriptor is closed with `received`
+      return;  // the descriptor is closed with `packet`
     }
-    absl::StatusOr<std::string> token = regions_->AddFd(conn->id, std::move(received->fds[0]));
+    absl::StatusOr<std::string> token = regions_->AddFd(conn->id, std::move(packet.fds[0]));
     conn->Send(token.ok() ? wire::EncodeToken(*token) : wire::EncodeError(token.status().message()));
   }
 
@@ -463,7 +534,7 @@ class SessionServerImpl final : public SessionServer {
       return wire::EncodeRejected(absl::InvalidArgumentError(
           "CQ: expected the packet \"CQ\" carrying exactly two descriptors (memfd, eventfd)"));
     }
-    if (conn->completions != nullptr) {
+    if (conn->Completions() != nullptr) {
       return wire::EncodeRejected(
           absl::AlreadyExistsError("CQ: this session already has a completion queue"));
     }
@@ -480,16 +551,20 @@ class SessionServerImpl final : public SessionServer {
       return wire::EncodeRejected(absl::InvalidArgumentError(
           absl::StrCat("CQ: ", ring.status().message())));
     }
-    conn->completions = std::make_shared<CompletionSink>(std::move(*ring));
+    {
+      absl::MutexLock lock(&conn->mu);
+      conn->completions = std::make_shared<CompletionSink>(std::move(*ring));
+    }
     spdlog::debug("session {}: completion queue mapped", conn->id);
     return wire::kCompletionQueueAccepted;
   }
 
   // Posts transfer `id`'s final state into the connection's completion queue when it ends.
-  void PostWhenDone(const Connection& conn, uint64_t id) {
+  void PostWhenDone(const Connection& conn, const std::shared_ptr<CompletionSink>& sink,
+                    uint64_t id) {
     absl::StatusOr<regions::Caller> caller =
         regions_->Authenticate(conn.id, regions_->SessionSecret(conn.id));
-    std::weak_ptr<CompletionSink> weak = conn.completions;
+    std::weak_ptr<CompletionSink> weak = sink;
     const auto& follow = options_.follow ? options_.follow : options_.wait;
     const absl::Status registered =
         caller.ok() ? follow(*caller, id,
@@ -500,7 +575,7 @@ class SessionServerImpl final : public SessionServer {
     if (!registered.ok()) {
       spdlog::debug("session {}: transfer {} not followed by the completion queue: {}", conn.id,
                     id, registered.ToString());
-      conn.completions->Missed();
+      sink->Missed();
     }
   }
 
@@ -520,7 +595,7 @@ class SessionServerImpl final : public SessionServer {
       spdlog::info("transfer rejected (session submit): {}", accepted.status().ToString());
       return wire::EncodeRejected(accepted.status());
     }
-    if (conn->completions != nullptr) PostWhenDone(*conn, accepted->transfer_id());
+    if (auto sink = conn->Completions()) PostWhenDone(*conn, sink, accepted->transfer_id());
     return wire::EncodeSubmitted(*accepted);
   }
 
@@ -541,6 +616,9 @@ class SessionServerImpl final : public SessionServer {
   absl::Time resume_at_;
   uint64_t refused_for_fds_ = 0;
   wire::ReceiveBuffer packet_;  // the poll thread's receive buffer
+  // Admits SUBMITs off the poll thread (none with admission_workers 0). Its tasks use the
+  // fields above; it is destroyed first (explicitly, in the destructor).
+  std::unique_ptr<AdmissionPool> admission_;
   std::thread thread_;
 };
 

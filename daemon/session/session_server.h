@@ -41,7 +41,8 @@ struct SessionServerOptions {
   uint32_t mode = 0660;
   // Greetings name it (none when empty).
   std::string instance_id;
-  // Accepts a SUBMIT; without one SUBMIT is refused (UNIMPLEMENTED).
+  // Accepts a SUBMIT (on an admission worker, see admission_workers: thread-safe); without one
+  // SUBMIT is refused (UNIMPLEMENTED).
   std::function<absl::StatusOr<v1::SubmitTransferResponse>(const v1::TransferSpec& spec)> submit;
   // WAIT by `caller` (the connection's session, or the session its credential names) for
   // transfer `id`: registers `done` for its end, or refuses (NOT_FOUND, or PERMISSION_DENIED
@@ -80,16 +81,27 @@ struct SessionServerOptions {
   absl::Duration spin = absl::ZeroDuration();
   // When set (tests), counts the polls the poll thread makes while spinning (none without `spin`).
   std::atomic<uint64_t>* spin_polls = nullptr;
+  // Threads that admit SUBMITs (parse, validate, resolve, plan: `submit`) off the poll thread
+  // (DaemonConfig.session_admission_workers): one session's large submit (a million-tile plan)
+  // then delays neither the poll thread nor other sessions' submits, while each session's
+  // packets are still answered in the order sent. 0: SUBMITs are admitted on the poll thread.
+  size_t admission_workers = 4;
+  // Packets one session may have queued behind a SUBMIT not yet admitted; beyond, a packet is
+  // answered REJECTED RESOURCE_EXHAUSTED at once. A session that closes has its queued packets
+  // dropped unserved.
+  size_t max_queued_per_session = 64;
 };
 
-// Owns the listening socket and one poll thread (epoll: each wake-up costs what is ready, not
-// what is open). Thread-safe to destroy from any thread (stops the poll thread, closes every
-// session, which ends them in the region table).
+// Owns the listening socket, one poll thread (epoll: each wake-up costs what is ready, not
+// what is open) and the admission workers (admission_workers). Thread-safe to destroy from any
+// thread (stops the poll thread, lets running admissions finish and drops queued ones, closes
+// every session, which ends them in the region table).
 class SessionServer {
  public:
   virtual ~SessionServer() = default;
 
-  // Accepts a transfer for a SUBMIT packet. Runs on the poll thread: must not block for long.
+  // Accepts a transfer for a SUBMIT packet. Runs on an admission worker (on the poll thread with
+  // admission_workers 0), for different sessions at once: must be thread-safe.
   using SubmitFn =
       std::function<absl::StatusOr<v1::SubmitTransferResponse>(const v1::TransferSpec& spec)>;
 
@@ -111,6 +123,8 @@ class SessionServer {
   static absl::StatusOr<std::unique_ptr<SessionServer>> Start(const SessionServerOptions& options,
                                                               regions::RegionTable* regions);
   virtual size_t active_sessions() const = 0;
+  // Packets waiting for an admission worker, every session together (stats, tests).
+  virtual size_t admissions_queued() const = 0;
 };
 
 }  // namespace kvrail::session

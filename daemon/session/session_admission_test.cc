@@ -1,0 +1,250 @@
+// SUBMITs admitted off the poll thread, through the server (a fake `submit` stands in for the
+// transfer manager): a session's pipelined packets are admitted and answered in the order sent;
+// another tenant's submits are answered while one tenant's admission is still running; a session
+// closed with SUBMITs queued has none of them admitted, and ends only after the one running; a
+// session's full queue refuses, naming the cap.
+#define CATCH_CONFIG_MAIN
+#include <catch2/catch.hpp>
+
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "base/clock.h"
+#include "base/unique_fd.h"
+#include "daemon/session/session_server.h"
+#include "wire/session_wire.h"
+
+namespace kvrail::session {
+namespace {
+
+// The spec's src.region_id of the submit the fake holds until released (the "large" one).
+constexpr uint64_t kHeld = 999999;
+
+// A fake transfer manager: records each admitted spec (session id, src.region_id) in order and
+// answers with transfer_id = src.region_id; holds kHeld until `release`.
+struct FakeAdmission {
+  absl::Mutex mu;
+  std::vector<std::pair<uint64_t, uint64_t>> admitted ABSL_GUARDED_BY(mu);
+  absl::Notification held_entered, release;
+
+  SessionServer::SubmitFn Fn() {
+    return [this](const v1::TransferSpec& spec) -> absl::StatusOr<v1::SubmitTransferResponse> {
+      if (spec.src().region_id() == kHeld) {
+        held_entered.Notify();
+        release.WaitForNotification();
+      }
+      {
+        absl::MutexLock lock(&mu);
+        admitted.emplace_back(spec.session_id(), spec.src().region_id());
+      }
+      v1::SubmitTransferResponse response;
+      response.set_transfer_id(spec.src().region_id());
+      return response;
+    };
+  }
+  std::vector<uint64_t> Of(uint64_t session) {
+    absl::MutexLock lock(&mu);
+    std::vector<uint64_t> out;
+    for (const auto& [s, r] : admitted) {
+      if (s == session) out.push_back(r);
+    }
+    return out;
+  }
+};
+
+struct Served {
+  std::string dir;
+  std::unique_ptr<regions::RegionTable> regions = regions::RegionTable::Create(Clock::Real());
+  std::unique_ptr<SessionServer> server;
+  std::string path() const { return dir + "/s.session"; }
+  explicit Served(SessionServerOptions options) {
+    char tmpl[] = "/tmp/kvrail-admission-test.XXXXXX";
+    REQUIRE(::mkdtemp(tmpl) != nullptr);
+    dir = tmpl;
+    options.path = path();
+    auto started = SessionServer::Start(options, regions.get());
+    REQUIRE(started.ok());
+    server = *std::move(started);
+  }
+  ~Served() {
+    server.reset();
+    ::unlink(path().c_str());
+    ::rmdir(dir.c_str());
+  }
+  // A new session's connection (its id in *id).
+  UniqueFd Open(uint64_t* id) {
+    UniqueFd fd(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+    REQUIRE(fd.valid());
+    timeval tv{10, 0};
+    ::setsockopt(fd.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::memcpy(addr.sun_path, path().c_str(), path().size() + 1);
+    REQUIRE(::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
+    absl::StatusOr<std::string> greeting = wire::ReceivePacket(fd.get());
+    REQUIRE(greeting.ok());
+    absl::StatusOr<uint64_t> session = wire::ParseGreeting(*greeting);
+    REQUIRE(session.ok());
+    *id = *session;
+    return fd;
+  }
+  template <typename F>
+  bool Eventually(F done) {
+    const absl::Time until = absl::Now() + absl::Seconds(10);
+    while (!done()) {
+      if (absl::Now() > until) return false;
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+    return true;
+  }
+};
+
+std::string SubmitPacket(uint64_t tag) {
+  v1::SubmitTransferRequest request;
+  request.mutable_spec()->mutable_src()->set_region_id(tag);
+  return wire::EncodeSubmit(request);
+}
+
+// The transfer id a SUBMITTED answer names, or the status it was refused with.
+absl::StatusOr<uint64_t> Answer(int fd) {
+  absl::StatusOr<std::string> packet = wire::ReceivePacket(fd);
+  if (!packet.ok()) return packet.status();
+  absl::StatusOr<v1::SubmitTransferResponse> response = wire::ParseSubmitAnswer(*packet);
+  if (!response.ok()) return response.status();
+  return response->transfer_id();
+}
+
+TEST_CASE("a session's pipelined SUBMITs are admitted and answered in the order sent") {
+  FakeAdmission fake;
+  SessionServerOptions options;
+  options.submit = fake.Fn();
+  options.admission_workers = 4;
+  options.max_queued_per_session = 256;
+  Served s(options);
+  constexpr int kSessions = 3, kSubmits = 100;
+  std::vector<UniqueFd> fds;
+  std::vector<uint64_t> ids(kSessions);
+  for (int c = 0; c < kSessions; ++c) fds.push_back(s.Open(&ids[c]));
+  // Each session sends all its SUBMITs before reading an answer; the sessions interleave.
+  for (int i = 1; i <= kSubmits; ++i) {
+    for (int c = 0; c < kSessions; ++c) {
+      REQUIRE(wire::SendPacket(fds[c].get(), SubmitPacket(c * 1000 + i)).ok());
+    }
+  }
+  for (int c = 0; c < kSessions; ++c) {
+    for (int i = 1; i <= kSubmits; ++i) {
+      absl::StatusOr<uint64_t> answer = Answer(fds[c].get());
+      REQUIRE(answer.ok());
+      CHECK(*answer == static_cast<uint64_t>(c * 1000 + i));
+    }
+    std::vector<uint64_t> expected;
+    for (int i = 1; i <= kSubmits; ++i) expected.push_back(c * 1000 + i);
+    CHECK(fake.Of(ids[c]) == expected);
+  }
+}
+
+TEST_CASE("another tenant's SUBMITs are answered while one tenant's admission runs") {
+  FakeAdmission fake;
+  SessionServerOptions options;
+  options.submit = fake.Fn();
+  options.admission_workers = 2;
+  Served s(options);
+  uint64_t large_id = 0, small_id = 0;
+  UniqueFd large = s.Open(&large_id);
+  UniqueFd small = s.Open(&small_id);
+  REQUIRE(wire::SendPacket(large.get(), SubmitPacket(kHeld)).ok());
+  REQUIRE(fake.held_entered.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  // The large tenant's admission holds a worker; the small tenant's round trips go on.
+  for (int i = 1; i <= 50; ++i) {
+    REQUIRE(wire::SendPacket(small.get(), SubmitPacket(i)).ok());
+    absl::StatusOr<uint64_t> answer = Answer(small.get());
+    REQUIRE(answer.ok());
+    CHECK(*answer == static_cast<uint64_t>(i));
+  }
+  CHECK(fake.Of(large_id).empty());  // still being admitted
+  fake.release.Notify();
+  absl::StatusOr<uint64_t> answer = Answer(large.get());
+  REQUIRE(answer.ok());
+  CHECK(*answer == kHeld);
+}
+
+TEST_CASE("a session closed with SUBMITs queued has none admitted; it ends after the running one") {
+  FakeAdmission fake;
+  SessionServerOptions options;
+  options.submit = fake.Fn();
+  options.admission_workers = 2;
+  Served s(options);
+  uint64_t id = 0;
+  UniqueFd fd = s.Open(&id);
+  REQUIRE(wire::SendPacket(fd.get(), SubmitPacket(kHeld)).ok());
+  REQUIRE(fake.held_entered.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  for (int i = 1; i <= 5; ++i) REQUIRE(wire::SendPacket(fd.get(), SubmitPacket(i)).ok());
+  // A packet of another kind behind them is queued too (its answer must follow theirs).
+  REQUIRE(wire::SendPacket(fd.get(), wire::EncodeWait(1)).ok());
+  REQUIRE(s.Eventually([&] { return s.server->admissions_queued() == 6; }));
+  fd = UniqueFd();  // the client goes away
+  REQUIRE(s.Eventually([&] { return s.server->active_sessions() == 0; }));
+  CHECK(s.server->admissions_queued() == 0);  // dropped, not run
+  // The session ends once the admission in progress returns, not before: a transfer admitted
+  // after its end would escape the session's end (which stops what writes into its memory).
+  CHECK(s.regions->SessionOpen(id));
+  fake.release.Notify();
+  REQUIRE(s.Eventually([&] { return !s.regions->SessionOpen(id); }));
+  CHECK(fake.Of(id) == std::vector<uint64_t>{kHeld});
+}
+
+TEST_CASE("a session's full admission queue refuses the next packet at once, naming the cap") {
+  FakeAdmission fake;
+  SessionServerOptions options;
+  options.submit = fake.Fn();
+  options.admission_workers = 1;
+  options.max_queued_per_session = 2;
+  Served s(options);
+  uint64_t id = 0;
+  UniqueFd fd = s.Open(&id);
+  REQUIRE(wire::SendPacket(fd.get(), SubmitPacket(kHeld)).ok());
+  REQUIRE(fake.held_entered.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  for (int i = 1; i <= 3; ++i) REQUIRE(wire::SendPacket(fd.get(), SubmitPacket(i)).ok());
+  // Two queue behind the running one; the third is refused before any of them is answered.
+  absl::StatusOr<uint64_t> refused = Answer(fd.get());
+  REQUIRE_FALSE(refused.ok());
+  CHECK(refused.status().code() == absl::StatusCode::kResourceExhausted);
+  CHECK(refused.status().message().find("2 packets queued for admission") !=
+        absl::string_view::npos);
+  fake.release.Notify();
+  for (uint64_t expected : {kHeld, uint64_t{1}, uint64_t{2}}) {
+    absl::StatusOr<uint64_t> answer = Answer(fd.get());
+    REQUIRE(answer.ok());
+    CHECK(*answer == expected);
+  }
+  CHECK(fake.Of(id) == std::vector<uint64_t>{kHeld, 1, 2});
+}
+
+TEST_CASE("with admission_workers 0 SUBMITs are admitted on the poll thread, in order") {
+  FakeAdmission fake;
+  SessionServerOptions options;
+  options.submit = fake.Fn();
+  options.admission_workers = 0;
+  Served s(options);
+  uint64_t id = 0;
+  UniqueFd fd = s.Open(&id);
+  for (int i = 1; i <= 20; ++i) REQUIRE(wire::SendPacket(fd.get(), SubmitPacket(i)).ok());
+  for (int i = 1; i <= 20; ++i) {
+    absl::StatusOr<uint64_t> answer = Answer(fd.get());
+    REQUIRE(answer.ok());
+    CHECK(*answer == static_cast<uint64_t>(i));
+  }
+  CHECK(s.server->admissions_queued() == 0);
+}
+
+}  // namespace
+}  // namespace kvrail::session
