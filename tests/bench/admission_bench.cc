@@ -1,0 +1,171 @@
+// Head of line on the session socket: a small tenant's 4 KiB transfer (submit -> completion seen
+// by the C++ client, sequential, p50/p99) unloaded and beside another tenant that keeps
+// submitting a very large transfer (2^20 blocks per side in a shared block table, every id
+// checked at admission: defer_id_checks_from 0; each cancelled once answered), with SUBMITs
+// admitted on the poll thread (session_admission_workers 0, the old behaviour), by one worker,
+// and by four workers. One kvraild per setting, host engine; each figure taken `runs` times
+// (default 3), median and min/max printed, plus the large SUBMIT's admission time (received ->
+// answered, the daemon's timestamps).
+// Usage: admission_bench [runs] [small transfers per run]
+#include <stdlib.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <numeric>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "client/kvrail_client.h"
+#include "tests/harness/daemon_process.h"
+
+namespace kvrail::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Us(Clock::duration d) { return std::chrono::duration<double, std::micro>(d).count(); }
+
+double Percentile(std::vector<double> v, double p) {
+  std::sort(v.begin(), v.end());
+  return v[std::min(v.size() - 1, static_cast<size_t>(p * v.size()))];
+}
+
+struct Region {
+  std::unique_ptr<client::HostBuffer> buffer;
+  uint64_t id = 0;
+};
+
+bool Register(client::Client& c, const v1::PagedKvLayout& layout, bool writable, Region* out) {
+  auto buffer = c.CreateHostBuffer(testing::LayoutBytes(layout));
+  if (!buffer.ok()) return false;
+  v1::RegionSpec spec;
+  spec.set_memory_kind(v1::MEMORY_KIND_HOST);
+  spec.set_writable(writable);
+  *spec.mutable_paged_kv() = layout;
+  auto info = c.RegisterHostBuffer(**buffer, spec);
+  if (!info.ok()) return false;
+  out->buffer = *std::move(buffer);
+  out->id = info->region_id();
+  return true;
+}
+
+std::vector<uint32_t> Shuffled(uint32_t n, uint32_t seed) {
+  std::vector<uint32_t> ids(n);
+  std::iota(ids.begin(), ids.end(), 0u);
+  std::shuffle(ids.begin(), ids.end(), std::mt19937(seed));
+  return ids;
+}
+
+constexpr uint32_t kLargeBlocks = 1u << 20;
+
+// One run against `socket`: the small tenant's latencies, with the large tenant submitting in a
+// loop when `loaded`. Adds p50_us, p99_us (and admit_ms when loaded) to `out`.
+bool RunOnce(const std::string& socket, bool loaded, int transfers,
+             std::map<std::string, std::vector<double>>* out) {
+  auto small = client::Client::Connect(socket);
+  auto large = client::Client::Connect(socket);
+  if (!small.ok() || !large.ok()) return false;
+  // 4 KiB blocks: 1 layer x 1 part x 256 blocks of 1 token x 1 head x 2048 bf16.
+  const auto four_kib = testing::MakeLayout(1, 1, 256, 1, 1, 2048, v1::DTYPE_BF16,
+                                            v1::LAYOUT_ORDER_LAYER_PART_BLOCK_NHD);
+  // 16-byte blocks, 2^20 of them (16 MiB).
+  const auto tiny = testing::MakeLayout(1, 1, kLargeBlocks, 1, 1, 8, v1::DTYPE_BF16,
+                                        v1::LAYOUT_ORDER_LAYER_PART_BLOCK_NHD);
+  Region a, b, la, lb;
+  if (!Register(**small, four_kib, false, &a) || !Register(**small, four_kib, true, &b) ||
+      !Register(**large, tiny, false, &la) || !Register(**large, tiny, true, &lb)) {
+    return false;
+  }
+  const v1::TransferSpec large_spec = client::MakeBlockTransfer(
+      la.id, Shuffled(kLargeBlocks, 1), lb.id, Shuffled(kLargeBlocks, 2));
+  std::atomic<bool> stop{false}, failed{false};
+  std::vector<double> admit_ms;
+  std::thread large_thread;
+  if (loaded) {
+    large_thread = std::thread([&] {
+      while (!stop.load()) {
+        auto submitted = (*large)->Submit(large_spec);
+        if (!submitted.ok()) {
+          std::fprintf(stderr, "large submit: %s\n", submitted.status().ToString().c_str());
+          failed.store(true);
+          return;
+        }
+        (void)(*large)->Cancel(submitted->transfer_id());
+        auto ended = (*large)->Wait(submitted->transfer_id());
+        if (ended.ok()) {
+          admit_ms.push_back((ended->submitted_unix_us() - ended->received_unix_us()) / 1000.0);
+        }
+      }
+    });
+    // The first large SUBMIT under way before the small tenant starts.
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  std::vector<double> lat;
+  for (int i = 0; i < transfers && !failed.load(); ++i) {
+    const auto t = client::MakeBlockTransfer(a.id, {static_cast<uint32_t>(i % 256)}, b.id,
+                                             {static_cast<uint32_t>(i * 7 % 256)});
+    const auto t0 = Clock::now();
+    auto submitted = (*small)->Submit(t);
+    if (!submitted.ok()) return false;
+    auto done = (*small)->Wait(submitted->transfer_id());
+    if (!done.ok() || done->state() != v1::TRANSFER_STATE_SUCCEEDED) return false;
+    lat.push_back(Us(Clock::now() - t0));
+  }
+  stop.store(true);
+  if (large_thread.joinable()) large_thread.join();
+  if (failed.load() || lat.empty()) return false;
+  (*out)["p50_us"].push_back(Percentile(lat, 0.5));
+  (*out)["p99_us"].push_back(Percentile(lat, 0.99));
+  if (!admit_ms.empty()) (*out)["admit_ms"].push_back(Percentile(admit_ms, 0.5));
+  return true;
+}
+
+int Main(int argc, char** argv) {
+  const int runs = argc > 1 ? std::max(1, std::atoi(argv[1])) : 3;
+  const int transfers = argc > 2 ? std::max(10, std::atoi(argv[2])) : 300;
+  std::printf("small tenant's 4 KiB submit -> completion beside a 2^20-block SUBMIT, host engine "
+              "(%d runs of %d transfers)\n", runs, transfers);
+  std::printf("| admission | small tenant | figure | median | min | max |\n"
+              "|---|---|---|---|---|---|\n");
+  for (int workers : {0, 1, 4}) {
+    testing::TempDir dir;
+    const std::string config = dir.path() + "/kvraild.textproto";
+    std::ofstream(config) << "session_admission_workers: " << workers
+                          << "\ndefer_id_checks_from: 0\n";
+    testing::DaemonProcess daemon;
+    if (!daemon.Start(dir.path(), {"--config", config})) {
+      std::fprintf(stderr, "kvraild did not start\n");
+      return 1;
+    }
+    const std::string name =
+        workers == 0 ? "poll thread (old)" : std::to_string(workers) + " worker(s)";
+    for (bool loaded : {false, true}) {
+      std::map<std::string, std::vector<double>> figures;
+      for (int r = 0; r < runs; ++r) {
+        if (!RunOnce(daemon.socket(), loaded, transfers, &figures)) {
+          std::fprintf(stderr, "run failed\n");
+          return 1;
+        }
+      }
+      for (auto& [figure, xs] : figures) {
+        std::printf("| %s | %s | %s | %.1f | %.1f | %.1f |\n", name.c_str(),
+                    loaded ? "beside large" : "unloaded", figure.c_str(), Percentile(xs, 0.5),
+                    *std::min_element(xs.begin(), xs.end()),
+                    *std::max_element(xs.begin(), xs.end()));
+      }
+      std::fflush(stdout);
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace kvrail::bench
+
+int main(int argc, char** argv) { return kvrail::bench::Main(argc, argv); }
