@@ -1,12 +1,13 @@
 // Head of line on the session socket: a small tenant's 4 KiB transfer (submit -> completion seen
 // by the C++ client, sequential, p50/p99) unloaded and beside another tenant that keeps
-// submitting a very large transfer (2^20 blocks per side in a shared block table, every id
-// checked at admission: defer_id_checks_from 0; each cancelled once answered), with SUBMITs
-// admitted on the poll thread (session_admission_workers 0, the old behaviour), by one worker,
-// and by four workers. One kvraild per setting, host engine; each figure taken `runs` times
-// (default 3), median and min/max printed, plus the large SUBMIT's admission time (received ->
-// answered, the daemon's timestamps).
-// Usage: admission_bench [runs] [small transfers per run]
+// submitting a very large transfer (2^20 blocks per side by default, ids in a shared block table,
+// every id checked at admission: defer_id_checks_from 0; layer-wise and cancelled once answered,
+// so it never occupies the engine), with SUBMITs admitted on the poll thread
+// (session_admission_workers 0, the old behaviour), by one worker, and by four workers. One
+// kvraild per setting, host engine; each figure taken `runs` times, median and min/max printed,
+// plus the large SUBMIT's admission time (received -> answered, the daemon's timestamps).
+// Usage: admission_bench [runs (3)] [small transfers per run (1000)] [log2 of the large
+//        SUBMIT's blocks per side (20)]
 #include <stdlib.h>
 
 #include <algorithm>
@@ -62,11 +63,10 @@ std::vector<uint32_t> Shuffled(uint32_t n, uint32_t seed) {
   return ids;
 }
 
-constexpr uint32_t kLargeBlocks = 1u << 20;
 
 // One run against `socket`: the small tenant's latencies, with the large tenant submitting in a
 // loop when `loaded`. Adds p50_us, p99_us (and admit_ms when loaded) to `out`.
-bool RunOnce(const std::string& socket, bool loaded, int transfers,
+bool RunOnce(const std::string& socket, bool loaded, int transfers, uint32_t large_blocks,
              std::map<std::string, std::vector<double>>* out) {
   auto small = client::Client::Connect(socket);
   auto large = client::Client::Connect(socket);
@@ -74,16 +74,19 @@ bool RunOnce(const std::string& socket, bool loaded, int transfers,
   // 4 KiB blocks: 1 layer x 1 part x 256 blocks of 1 token x 1 head x 2048 bf16.
   const auto four_kib = testing::MakeLayout(1, 1, 256, 1, 1, 2048, v1::DTYPE_BF16,
                                             v1::LAYOUT_ORDER_LAYER_PART_BLOCK_NHD);
-  // 16-byte blocks, 2^20 of them (16 MiB).
-  const auto tiny = testing::MakeLayout(1, 1, kLargeBlocks, 1, 1, 8, v1::DTYPE_BF16,
+  // 16-byte blocks (2^20 of them: 16 MiB).
+  const auto tiny = testing::MakeLayout(1, 1, large_blocks, 1, 1, 8, v1::DTYPE_BF16,
                                         v1::LAYOUT_ORDER_LAYER_PART_BLOCK_NHD);
   Region a, b, la, lb;
   if (!Register(**small, four_kib, false, &a) || !Register(**small, four_kib, true, &b) ||
       !Register(**large, tiny, false, &la) || !Register(**large, tiny, true, &lb)) {
     return false;
   }
-  const v1::TransferSpec large_spec = client::MakeBlockTransfer(
-      la.id, Shuffled(kLargeBlocks, 1), lb.id, Shuffled(kLargeBlocks, 2));
+  v1::TransferSpec large_spec = client::MakeBlockTransfer(
+      la.id, Shuffled(large_blocks, 1), lb.id, Shuffled(large_blocks, 2));
+  // Admitted, then waiting for layers never marked until cancelled: the engine stays free for
+  // the small tenant, so the large tenant's cost to it is admission (and CPU) alone.
+  large_spec.set_layerwise(true);
   std::atomic<bool> stop{false}, failed{false};
   std::vector<double> admit_ms;
   std::thread large_thread;
@@ -128,9 +131,11 @@ bool RunOnce(const std::string& socket, bool loaded, int transfers,
 
 int Main(int argc, char** argv) {
   const int runs = argc > 1 ? std::max(1, std::atoi(argv[1])) : 3;
-  const int transfers = argc > 2 ? std::max(10, std::atoi(argv[2])) : 300;
-  std::printf("small tenant's 4 KiB submit -> completion beside a 2^20-block SUBMIT, host engine "
-              "(%d runs of %d transfers)\n", runs, transfers);
+  const int transfers = argc > 2 ? std::max(10, std::atoi(argv[2])) : 1000;
+  const int log2_blocks = argc > 3 ? std::clamp(std::atoi(argv[3]), 10, 24) : 20;
+  const uint32_t large_blocks = uint32_t{1} << log2_blocks;
+  std::printf("small tenant's 4 KiB submit -> completion beside a 2^%d-block SUBMIT, host engine "
+              "(%d runs of %d transfers)\n", log2_blocks, runs, transfers);
   std::printf("| admission | small tenant | figure | median | min | max |\n"
               "|---|---|---|---|---|---|\n");
   for (int workers : {0, 1, 4}) {
@@ -148,7 +153,7 @@ int Main(int argc, char** argv) {
     for (bool loaded : {false, true}) {
       std::map<std::string, std::vector<double>> figures;
       for (int r = 0; r < runs; ++r) {
-        if (!RunOnce(daemon.socket(), loaded, transfers, &figures)) {
+        if (!RunOnce(daemon.socket(), loaded, transfers, large_blocks, &figures)) {
           std::fprintf(stderr, "run failed\n");
           return 1;
         }
