@@ -6,6 +6,15 @@
 
 namespace kvrail::session {
 
+bool AdmitsInline(const v1::TransferSpec& spec, uint64_t max_ids) {
+  if (max_ids == 0 || spec.src().has_block_table() || spec.dst().has_block_table()) return false;
+  uint64_t ids = 0;
+  for (const v1::TransferEndpoint* side : {&spec.src(), &spec.dst()}) {
+    ids += static_cast<uint64_t>(side->block_ids_size()) + side->block_ids_le32().size() / 4;
+  }
+  return ids <= max_ids;
+}
+
 AdmissionPool::AdmissionPool(size_t workers, size_t max_queued) : max_queued_(max_queued) {
   workers_.reserve(workers);
   for (size_t i = 0; i < workers; ++i) workers_.emplace_back([this] { Work(); });

@@ -17,8 +17,15 @@
 #include "absl/functional/any_invocable.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "proto/kvrail/v1/transfer.pb.h"
 
 namespace kvrail::session {
+
+// Whether a SUBMIT of `spec` is cheap enough to admit on the poll thread: its block ids travel in
+// the packet (no shared block table, which may hold 2^24 of them) and number at most `max_ids`
+// on both sides together. Such an admission costs about what handing it to a worker does, so the
+// poll thread keeps it (max_ids 0: none). Pure.
+bool AdmitsInline(const v1::TransferSpec& spec, uint64_t max_ids);
 
 // Thread contract: Open, Post, Idle and Close are called by one thread (the poll thread: the
 // only producer, which is what makes Idle's answer stable until its next Post); tasks and Close's

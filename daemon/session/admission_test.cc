@@ -28,6 +28,19 @@ bool Eventually(F done) {
   return true;
 }
 
+TEST_CASE("AdmitsInline: ids in the packet up to the bound; never a shared table") {
+  v1::TransferSpec spec;
+  CHECK(AdmitsInline(spec, 4));  // no ids (a bytes transfer)
+  CHECK_FALSE(AdmitsInline(spec, 0));  // 0: never
+  for (uint32_t id : {1, 2}) spec.mutable_src()->add_block_ids(id);
+  spec.mutable_dst()->set_block_ids_le32(std::string(8, '\0'));  // 2 ids
+  CHECK(AdmitsInline(spec, 4));
+  CHECK_FALSE(AdmitsInline(spec, 3));
+  v1::TransferSpec table;
+  table.mutable_dst()->mutable_block_table()->set_count(1);
+  CHECK_FALSE(AdmitsInline(table, 1 << 20));
+}
+
 TEST_CASE("each session's tasks run in order and one at a time; sessions run in parallel") {
   constexpr int kSessions = 6, kTasks = 300;
   absl::Mutex mu;

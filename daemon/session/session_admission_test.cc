@@ -108,9 +108,22 @@ struct Served {
   }
 };
 
-std::string SubmitPacket(uint64_t tag) {
+// A SUBMIT tagged src.region_id = `tag`; with `shared_table` its ids are in a shared block table
+// (a large one: admitted by a worker), else 4 ids in the packet (admitted on the poll thread when
+// its session has nothing queued and max_inline_submit_ids allows). kHeld always has a table.
+std::string SubmitPacket(uint64_t tag, bool shared_table = false) {
   v1::SubmitTransferRequest request;
-  request.mutable_spec()->mutable_src()->set_region_id(tag);
+  v1::TransferSpec& spec = *request.mutable_spec();
+  spec.mutable_src()->set_region_id(tag);
+  if (shared_table || tag == kHeld) {
+    spec.mutable_src()->mutable_block_table()->set_count(1 << 20);
+    spec.mutable_dst()->mutable_block_table()->set_count(1 << 20);
+  } else {
+    for (uint32_t id : {1, 2}) {
+      spec.mutable_src()->add_block_ids(id);
+      spec.mutable_dst()->add_block_ids(id);
+    }
+  }
   return wire::EncodeSubmit(request);
 }
 
@@ -129,6 +142,8 @@ TEST_CASE("a session's pipelined SUBMITs are admitted and answered in the order 
   options.submit = fake.Fn();
   options.admission_workers = 4;
   options.max_queued_per_session = 256;
+  // Every SUBMIT by a worker, or small ones on the poll thread whenever their session is idle.
+  options.max_inline_submit_ids = GENERATE(0, 1024);
   Served s(options);
   constexpr int kSessions = 3, kSubmits = 100;
   std::vector<UniqueFd> fds;
@@ -137,7 +152,7 @@ TEST_CASE("a session's pipelined SUBMITs are admitted and answered in the order 
   // Each session sends all its SUBMITs before reading an answer; the sessions interleave.
   for (int i = 1; i <= kSubmits; ++i) {
     for (int c = 0; c < kSessions; ++c) {
-      REQUIRE(wire::SendPacket(fds[c].get(), SubmitPacket(c * 1000 + i)).ok());
+      REQUIRE(wire::SendPacket(fds[c].get(), SubmitPacket(c * 1000 + i, i % 7 == 0)).ok());
     }
   }
   for (int c = 0; c < kSessions; ++c) {
@@ -227,6 +242,39 @@ TEST_CASE("a session's full admission queue refuses the next packet at once, nam
     CHECK(*answer == expected);
   }
   CHECK(fake.Of(id) == std::vector<uint64_t>{kHeld, 1, 2});
+}
+
+TEST_CASE("small SUBMITs of an idle session are admitted on the poll thread, others by workers") {
+  FakeAdmission fake;
+  SessionServerOptions options;
+  options.submit = fake.Fn();
+  options.admission_workers = 1;
+  Served s(options);
+  uint64_t a_id = 0, b_id = 0;
+  UniqueFd a = s.Open(&a_id);
+  UniqueFd b = s.Open(&b_id);
+  REQUIRE(wire::SendPacket(a.get(), SubmitPacket(kHeld)).ok());
+  REQUIRE(fake.held_entered.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  // The only worker is held: b's small SUBMITs are answered all the same (on the poll thread)...
+  for (uint64_t i = 1; i <= 3; ++i) {
+    REQUIRE(wire::SendPacket(b.get(), SubmitPacket(i)).ok());
+    absl::StatusOr<uint64_t> answer = Answer(b.get());
+    REQUIRE(answer.ok());
+    CHECK(*answer == i);
+  }
+  // ...its SUBMIT with a shared table waits for the worker, and its small one behind it follows.
+  REQUIRE(wire::SendPacket(b.get(), SubmitPacket(4, /*shared_table=*/true)).ok());
+  REQUIRE(wire::SendPacket(b.get(), SubmitPacket(5)).ok());
+  REQUIRE(s.Eventually([&] { return s.server->admissions_queued() == 2; }));
+  CHECK(fake.Of(b_id) == std::vector<uint64_t>{1, 2, 3});
+  fake.release.Notify();
+  for (uint64_t expected : {uint64_t{4}, uint64_t{5}}) {
+    absl::StatusOr<uint64_t> answer = Answer(b.get());
+    REQUIRE(answer.ok());
+    CHECK(*answer == expected);
+  }
+  CHECK(fake.Of(b_id) == std::vector<uint64_t>{1, 2, 3, 4, 5});
+  CHECK(*Answer(a.get()) == kHeld);
 }
 
 TEST_CASE("with admission_workers 0 SUBMITs are admitted on the poll thread, in order") {

@@ -130,6 +130,10 @@ class PendingWaits {
   absl::flat_hash_map<uint32_t, size_t> per_uid_ ABSL_GUARDED_BY(mu_);
 };
 
+// A SUBMIT packet longer than this is never parsed on the poll thread (it goes to a worker): a
+// body within SessionServerOptions::max_inline_submit_ids ids is far shorter.
+constexpr size_t kMaxInlineSubmitBytes = 16 << 10;
+
 // epoll user data for the two fds that are not sessions (sessions carry their fd number).
 constexpr uint64_t kWakeTag = ~uint64_t{0};
 constexpr uint64_t kListenerTag = ~uint64_t{0} - 1;
@@ -408,6 +412,17 @@ class SessionServerImpl final : public SessionServer {
     }
     // Every descriptor received is owned by `received` and closed unless handed on below.
     const wire::Request request = wire::ParseRequest(received->payload);
+    // A small SUBMIT (AdmitsInline) of a session with nothing queued is admitted here: the
+    // hand-off to a worker would cost it as much as its admission.
+    if (admission_ != nullptr && request.kind == wire::RequestKind::kSubmit && options_.submit &&
+        received->fds.empty() && !received->truncated &&
+        request.body.size() <= kMaxInlineSubmitBytes && admission_->Idle(conn->id)) {
+      absl::StatusOr<v1::SubmitTransferRequest> parsed = wire::ParseSubmitBody(request.body);
+      if (parsed.ok() && AdmitsInline(parsed->spec(), options_.max_inline_submit_ids)) {
+        conn->Send(SubmitParsed(*std::move(parsed), conn));
+        return;
+      }
+    }
     // A SUBMIT is admitted by a worker; a packet behind one still queued or running follows it
     // there, so the session's answers keep the order of its packets. Other packets are served
     // here (FD, WAIT and CQ cost no more than a lookup).
@@ -581,16 +596,22 @@ class SessionServerImpl final : public SessionServer {
 
   // The answer to one SUBMIT packet (`request`: the serialized SubmitTransferRequest).
   std::string Submit(absl::string_view body, const std::shared_ptr<Connection>& conn) {
-    const uint64_t session_id = conn->id;
     if (!options_.submit) {
       return wire::EncodeRejected(
           absl::UnimplementedError("SUBMIT: this daemon takes transfers over gRPC only"));
     }
     absl::StatusOr<v1::SubmitTransferRequest> parsed = wire::ParseSubmitBody(body);
     if (!parsed.ok()) return wire::EncodeRejected(parsed.status());
+    return SubmitParsed(*std::move(parsed), conn);
+  }
+
+  // The answer to a parsed SUBMIT (options_.submit is set).
+  std::string SubmitParsed(v1::SubmitTransferRequest request,
+                           const std::shared_ptr<Connection>& conn) {
+    const uint64_t session_id = conn->id;
     // The submitter is this connection's session, whatever the spec claims.
-    parsed->mutable_spec()->set_session_id(session_id);
-    absl::StatusOr<v1::SubmitTransferResponse> accepted = options_.submit(parsed->spec());
+    request.mutable_spec()->set_session_id(session_id);
+    absl::StatusOr<v1::SubmitTransferResponse> accepted = options_.submit(request.spec());
     if (!accepted.ok()) {
       spdlog::info("transfer rejected (session submit): {}", accepted.status().ToString());
       return wire::EncodeRejected(accepted.status());
