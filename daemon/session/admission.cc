@@ -49,7 +49,7 @@ absl::Status AdmissionPool::Post(uint64_t id, Task task) {
   Queue& queue = it->second;
   if (queue.tasks.size() >= max_queued_) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        "SUBMIT: this session has ", queue.tasks.size(),
+        "admission queue: this session has ", queue.tasks.size(),
         " packets queued for admission behind a SUBMIT, the most allowed; wait for their "
         "answers before sending more"));
   }
