@@ -2,6 +2,7 @@
 
 #include <systemd/sd-daemon.h>
 #include <systemd/sd-journal.h>
+#include <unistd.h>
 
 #include <spdlog/spdlog.h>
 
@@ -28,7 +29,9 @@ bool Notify(const std::string& state) {
 }  // namespace
 
 bool NotifyReady(const std::string& status) {
-  return Notify("READY=1\nSTATUS=" + OneLine(status));
+  // MAINPID: a hot restart's successor (started by ExecReload=, not by systemd) becomes the
+  // unit's main process; for the process systemd started it changes nothing.
+  return Notify("READY=1\nMAINPID=" + std::to_string(::getpid()) + "\nSTATUS=" + OneLine(status));
 }
 
 bool NotifyStopping(const std::string& status) {

@@ -72,6 +72,12 @@ ParsedTarget ParseTarget(const std::string& target) {
   return parsed;
 }
 
+// The line of daemons a session belongs to: Stats.lineage_id, kept across hot restarts
+// (instance_id from daemons without it). The session greeting names the same.
+const std::string& LineageOf(const v1::Stats& stats) {
+  return stats.lineage_id().empty() ? stats.instance_id() : stats.lineage_id();
+}
+
 // Who the errors name: "kvraild on unix socket PATH" or "kvraild at HOST:PORT".
 std::string Where(const ParsedTarget& parsed) {
   return parsed.unix_path.empty() ? absl::StrCat("kvraild at ", parsed.grpc_target)
@@ -322,11 +328,11 @@ class Client::Impl {
     SetDeadline(&context, absl::Seconds(2));
     v1::Stats stats;
     if (!admin_->GetStats(&context, v1::GetStatsRequest(), &stats).ok() ||
-        stats.instance_id().empty() || stats.instance_id() == known) {
+        LineageOf(stats).empty() || LineageOf(stats) == known) {
       return status;
     }
     MarkLost(absl::StrCat("kvraild restarted (instance ", known, " when connected, now ",
-                          stats.instance_id(), ")"));
+                          LineageOf(stats), ")"));
     return Lost();
   }
   template <typename T>
@@ -429,6 +435,20 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(kMaxMessageBytes);
   args.SetMaxSendMessageSize(kMaxMessageBytes);
+  // A lost connection is tried again within 100 ms (gRPC's default waits a second, failing
+  // every call meanwhile): a hot restart's successor serves the path at once.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  // Calls that change nothing are tried again on UNAVAILABLE: a connection idle since a hot
+  // restart is found dead only when a call is written to it ("Broken pipe"), and gRPC does not
+  // retry that itself. Calls that change state are not retried here (they may have arrived).
+  args.SetServiceConfigJSON(R"({"methodConfig": [{
+      "name": [{"service": "kvrail.v1.Admin"},
+               {"service": "kvrail.v1.Transfer", "method": "GetTransfer"},
+               {"service": "kvrail.v1.Transfer", "method": "WaitTransfer"}],
+      "retryPolicy": {"maxAttempts": 3, "initialBackoff": "0.05s", "maxBackoff": "0.5s",
+                      "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]}}]})");
   auto channel =
       grpc::CreateCustomChannel(parsed.grpc_target, grpc::InsecureChannelCredentials(), args);
   auto impl = std::make_unique<Impl>(options, std::move(parsed), std::move(channel), probe_timeout);
@@ -445,7 +465,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   }
   {
     absl::MutexLock lock(&impl->lost_mu_);
-    impl->instance_id_ = stats.instance_id();
+    impl->instance_id_ = LineageOf(stats);
   }
   // On a unix socket the session opens now (unless the caller wants none yet): every later call
   // carries its identity. A daemon without a session socket leaves the client anonymous.
@@ -488,7 +508,7 @@ absl::Status Client::ResetSession() {
   }
   absl::MutexLock lock(&impl_->lost_mu_);
   impl_->lost_ = absl::OkStatus();
-  impl_->instance_id_ = stats.instance_id();
+  impl_->instance_id_ = LineageOf(stats);
   return absl::OkStatus();
 }
 

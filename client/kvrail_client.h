@@ -247,11 +247,12 @@ class Client {
   // When kvraild stops or restarts, every region this client registered is gone. The client
   // finds out when the daemon closes its session socket (a monitor thread watches it once the
   // session is open), when a new session names another daemon instance than Connect saw
-  // (Stats.instance_id), or when a call fails with NOT_FOUND / UNAVAILABLE and the daemon's
-  // instance turns out to have changed. From then on calls that use the session, and calls that
+  // (Stats.lineage_id), or when a call fails with NOT_FOUND / UNAVAILABLE and the daemon's
+  // lineage turns out to have changed (a hot restart keeps it: nothing is lost then). From then on calls that use the session, and calls that
   // fail, return FAILED_PRECONDITION "session lost: ..." until ResetSession.
   bool session_lost() const;
-  // The daemon instance this client works with ("" from older daemons).
+  // The daemon lineage this client's session belongs to (Stats.lineage_id, which a hot restart
+  // keeps; Stats.instance_id from daemons without it; "" from older daemons).
   std::string instance_id() const;
   // Called once per loss, on the thread that found it (the monitor thread, or a caller's), with
   // the "session lost" status. Must not call ResetSession or destroy the client itself.

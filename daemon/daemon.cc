@@ -1,8 +1,10 @@
 #include "daemon/daemon.h"
 
+#include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 
 #include <atomic>
 #include <cstdlib>
@@ -20,6 +22,7 @@
 #include "base/logging.h"
 #include "base/logging_systemd.h"
 #include "base/status.h"
+#include "base/unique_fd.h"
 #include "daemon/directory/directory.h"
 #include "daemon/directory/etcd_directory.h"
 #include "daemon/directory/node_record.h"
@@ -28,6 +31,7 @@
 #include "daemon/engine/host_engine.h"
 #include "daemon/fabric/fabric.h"
 #include "daemon/fabric/peer_tls.h"
+#include "daemon/handover/handover.h"
 #include "daemon/metrics/build_info.h"
 #include "daemon/metrics/metrics.h"
 #include "daemon/metrics/mps.h"
@@ -53,6 +57,7 @@ sigset_t BlockShutdownSignals() {
   sigemptyset(&set);
   sigaddset(&set, SIGTERM);
   sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGUSR2);  // a hot restart released this daemon (daemon/handover)
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
   return set;
 }
@@ -165,16 +170,36 @@ struct Identity {
   // This process's instance, in session greetings and Stats: a client that sees it change (or
   // its session socket close) knows its regions are gone.
   std::string instance_id;
+  // Sessions, regions and transfer ids belong to the lineage (Stats.lineage_id): this instance
+  // when started cold, the predecessor's when taken over.
+  std::string lineage_id;
   int64_t started_us = 0;
   // Stats that do not change while the daemon runs (GetStats and the metrics answer them).
   v1::Stats stats_base;
   uint64_t fd_limit = 0;  // RLIMIT_NOFILE in force; 0: unlimited
 };
 
+// A hot restart's state on either side (daemon/handover). Thread contract: `takeover` is the
+// start thread's; the listener calls back on its own thread, which alone uses `held_back`.
+struct HotRestartState {
+  HotRestart options;
+  // The successor's side while it starts: the predecessor's bundle, committed at the end.
+  std::unique_ptr<handover::Takeover> takeover;
+  // The predecessor's side: the handover socket, and whether a successor took over.
+  std::unique_ptr<handover::Listener> listener;
+  std::atomic<bool> released{false};
+  // Notifications taken for the bundle: given back if the successor does not commit.
+  std::vector<std::pair<uint64_t, v1::Notification>> held_back;
+  // This daemon's gRPC socket (its inode): after a release, the successor's replaces it.
+  ino_t grpc_socket_inode = 0;
+};
+
 class DaemonImpl final : public Daemon {
  public:
-  DaemonImpl(v1::DaemonConfig config, sigset_t signals) : signals_(signals) {
+  DaemonImpl(v1::DaemonConfig config, HotRestart hot_restart, sigset_t signals)
+      : signals_(signals) {
     id_.config = std::move(config);
+    hot_.options = std::move(hot_restart);
   }
   ~DaemonImpl() override;
 
@@ -191,6 +216,13 @@ class DaemonImpl final : public Daemon {
   absl::Status StartMetrics();
   absl::Status StartSessions();
   absl::Status StartServer();
+  // Hot restart: the successor's takeover (before the sessions start) and the predecessor's
+  // handover socket (once everything serves).
+  absl::Status BeginTakeover();
+  absl::Status StartHandoverListener();
+  absl::StatusOr<handover::Bundle> PrepareHandover();
+  void ResumeAfterHandover();
+  void Released(const std::string& successor_address);
   v1::Stats CurrentStats() const;
   std::string Summary() const;
 
@@ -214,9 +246,11 @@ class DaemonImpl final : public Daemon {
   std::unique_ptr<metrics::Metrics> metrics_;
   std::unique_ptr<session::SessionServer> sessions_;
   std::unique_ptr<server::Server> server_;
+  HotRestartState hot_;
 };
 
 DaemonImpl::~DaemonImpl() {
+  hot_.listener.reset();  // its callbacks use the modules below
   // The listeners and sinks that point at later modules are detached before those go.
   if (server_ != nullptr) directory_->SetStateListener(nullptr);
   server_.reset();
@@ -234,8 +268,11 @@ absl::Status DaemonImpl::Start() {
   id_.fd_limit = RaiseFdLimit();
   spdlog::info("kvraild {} starting: node '{}', socket {}", kVersion, c.node_id(),
                c.unix_socket());
-  // One daemon per socket, decided before anything at that path is unlinked or bound.
-  KVRAIL_ASSIGN_OR_RETURN(socket_lock_, server::SocketLock::Acquire(c.unix_socket()));
+  // One daemon per socket, decided before anything at that path is unlinked or bound. A hot
+  // restart's successor adopts its predecessor's lock instead (BeginTakeover).
+  if (hot_.options.take_over.empty()) {
+    KVRAIL_ASSIGN_OR_RETURN(socket_lock_, server::SocketLock::Acquire(c.unix_socket()));
+  }
   KVRAIL_ASSIGN_OR_RETURN(id_.topology, LoadTopology(c));
   spdlog::info("topology ({}): {} GPUs, {} NICs", id_.topology.source(),
                id_.topology.desc().gpus_size(), id_.topology.desc().nics_size());
@@ -250,15 +287,19 @@ absl::Status DaemonImpl::Start() {
   }
   // Ids count from random bases so that a stale id from the previous instance names nothing.
   id_.instance_id = session::NewInstanceId();
+  id_.lineage_id = id_.instance_id;
   spdlog::info("instance {}", id_.instance_id);
   KVRAIL_RETURN_IF_ERROR(StartRegions());
   KVRAIL_RETURN_IF_ERROR(StartEngines());
   KVRAIL_RETURN_IF_ERROR(StartDirectory());
   KVRAIL_RETURN_IF_ERROR(StartFabric());
   KVRAIL_RETURN_IF_ERROR(StartTransfers());
-  KVRAIL_RETURN_IF_ERROR(StartMetrics());
+  KVRAIL_RETURN_IF_ERROR(BeginTakeover());
+  // A successor opens the metrics port once its predecessor has let go of it (StartServer).
+  if (hot_.takeover == nullptr) KVRAIL_RETURN_IF_ERROR(StartMetrics());
   KVRAIL_RETURN_IF_ERROR(StartSessions());
   KVRAIL_RETURN_IF_ERROR(StartServer());
+  KVRAIL_RETURN_IF_ERROR(StartHandoverListener());
   if (fabric_) fabric_->StartLiveness();
   spdlog::info("ready: {} ({}{}{})", c.unix_socket(), engine_->Describe(),
                cuda_engine_ ? "; " : "", cuda_engine_ ? cuda_engine_->Describe() : "");
@@ -387,6 +428,7 @@ v1::Stats DaemonImpl::CurrentStats() const {
   stats.set_started_unix_us(id_.started_us);
   stats.set_node_id(config().node_id());
   stats.set_instance_id(id_.instance_id);
+  stats.set_lineage_id(id_.lineage_id);
   stats.set_regions(regions_->size());
   transfers_->FillStats(&stats);
   *stats.mutable_directory() = directory_->Status();
@@ -412,7 +454,8 @@ absl::Status DaemonImpl::StartMetrics() {
 
 absl::Status DaemonImpl::StartSessions() {
   session::SessionServerOptions options = SessionOptionsFrom(config(), id_.fd_limit);
-  options.instance_id = id_.instance_id;
+  // The greeting names the lineage: a client's session outlives a hot restart.
+  options.instance_id = id_.lineage_id;
   transfers::TransferManager* transfers = transfers_.get();
   options.submit = [transfers](const v1::TransferSpec& spec) {
     return transfers->SubmitWithinNode(spec);
@@ -430,6 +473,17 @@ absl::Status DaemonImpl::StartSessions() {
   spdlog::info("caps: {} sessions ({} per uid), {} transfers in flight and {} waits/watches per "
                "session", options.max_sessions, options.max_sessions_per_uid,
                config().max_transfers_per_session(), config().max_watchers_per_session());
+  if (hot_.takeover != nullptr) {
+    // The predecessor's listener and connections, served from the commit on (StartServer).
+    handover::Bundle& bundle = hot_.takeover->bundle();
+    KVRAIL_ASSIGN_OR_RETURN(sessions_, session::SessionServer::Adopt(options, regions_.get(),
+                                                                     bundle.state.sessions(),
+                                                                     &bundle.fds));
+    for (const handover::QueuedNotification& queued : bundle.state.notifications()) {
+      notifications_->Deliver(queued.session_id(), queued.notification());
+    }
+    return absl::OkStatus();
+  }
   KVRAIL_ASSIGN_OR_RETURN(sessions_, session::SessionServer::Start(options, regions_.get()));
   return absl::OkStatus();
 }
@@ -438,6 +492,7 @@ absl::Status DaemonImpl::StartServer() {
   const v1::DaemonConfig& c = config();
   server::ServerOptions options = ServerOptionsFrom(c);
   options.instance_id = id_.instance_id;
+  options.lineage_id = id_.lineage_id;
   options.stats_base = id_.stats_base;
   options.notifications = notifications_.get();
   options.topology = id_.topology;
@@ -458,8 +513,26 @@ absl::Status DaemonImpl::StartServer() {
   }
   KVRAIL_ASSIGN_OR_RETURN(server_,
                           server::Server::Start(options, regions_.get(), transfers_.get()));
+  if (hot_.takeover != nullptr) {
+    // Nothing can fail any more: the predecessor lets go, then this daemon serves (its gRPC
+    // socket renamed over the predecessor's: no moment without one at the path). Calls still
+    // reaching the predecessor are sent here, to the socket's private path.
+    KVRAIL_RETURN_IF_ERROR(
+        hot_.takeover->Commit(absl::Seconds(10), "unix:" + grpc_bind->bind_path()));
+    hot_.takeover.reset();
+    sessions_->Resume();
+    spdlog::info("take_over: committed; serving the predecessor's sessions");
+  }
   KVRAIL_RETURN_IF_ERROR(grpc_bind->Publish(c.socket_mode()));
   grpc_bind.reset();
+  struct stat published {};
+  if (::stat(c.unix_socket().c_str(), &published) == 0) hot_.grpc_socket_inode = published.st_ino;
+  if (metrics_ == nullptr && !c.metrics_listen().empty()) {
+    // After a commit the daemon serves: a metrics port still taken is logged, not fatal.
+    if (absl::Status metrics = StartMetrics(); !metrics.ok()) {
+      spdlog::error("metrics: {} (serving without them)", metrics.ToString());
+    }
+  }
   if (server_->tcp_port() != 0) spdlog::info("listening on TCP port {}", server_->tcp_port());
   // The health service's "kvrail.v1.Directory" follows the directory (ok / degraded); the
   // listener is removed before the server goes away (the destructor).
@@ -485,7 +558,34 @@ void DaemonImpl::Serve() {
   NotifyReady(Summary());
   int signal_number = 0;
   const timespec refresh{10, 0};
-  while ((signal_number = sigtimedwait(&signals_, nullptr, &refresh)) < 0) NotifyStatus(Summary());
+  while ((signal_number = sigtimedwait(&signals_, nullptr, &refresh)) < 0 ||
+         (signal_number == SIGUSR2 && !hot_.released.load())) {
+    if (signal_number < 0) NotifyStatus(Summary());
+  }
+  hot_.listener.reset();  // waits for a handover in progress
+  if (hot_.released.load()) {
+    // Everything was handed over: the sockets and their paths are the successor's. No
+    // STOPPING=1: the unit goes on with the successor as its main process (it sent MAINPID).
+    spdlog::info("handed over to the successor");
+    // Clients' gRPC connections close with this server: they reconnect to the path, which must
+    // name the successor's socket by then (it renames it there right after the release).
+    for (int i = 0; i < 500; ++i) {
+      struct stat now {};
+      if (::stat(c.unix_socket().c_str(), &now) != 0 || now.st_ino != hot_.grpc_socket_inode) {
+        break;
+      }
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    server_->Shutdown(absl::Seconds(1));
+    sessions_.reset();
+    if (hot_.options.linger_after_handover) {
+      spdlog::info("--linger-after-handover: idle until SIGTERM");
+      while ((signal_number = sigwaitinfo(&signals_, nullptr)) == SIGUSR2 || signal_number < 0) {
+      }
+    }
+    spdlog::info("stopped");
+    return;
+  }
   spdlog::info("signal {}: draining (up to {} ms)", signal_number, c.drain_timeout_ms());
   NotifyStopping(absl::StrCat("draining (up to ", c.drain_timeout_ms(), " ms)"));
   server_->SetNotServing();
@@ -499,11 +599,114 @@ void DaemonImpl::Serve() {
   spdlog::info("stopped");
 }
 
+absl::Status DaemonImpl::BeginTakeover() {
+  const v1::DaemonConfig& c = config();
+  const std::string& take_over = hot_.options.take_over;
+  if (take_over.empty()) return absl::OkStatus();
+  const bool automatic = take_over == "auto";
+  const std::string path = automatic ? handover::HandoverSocketPath(c.unix_socket()) : take_over;
+  // The predecessor finishes its running transfers first (at most drain_timeout_ms).
+  absl::StatusOr<std::unique_ptr<handover::Takeover>> begun = handover::Takeover::Begin(
+      path, absl::Milliseconds(c.drain_timeout_ms()) + absl::Seconds(30));
+  if (!begun.ok()) {
+    if (automatic && absl::IsUnavailable(begun.status())) {
+      spdlog::info("take_over: auto: no predecessor answers {}; starting cold", path);
+      KVRAIL_ASSIGN_OR_RETURN(socket_lock_, server::SocketLock::Acquire(c.unix_socket()));
+      return absl::OkStatus();
+    }
+    return begun.status();
+  }
+  hot_.takeover = *std::move(begun);
+  handover::Bundle& bundle = hot_.takeover->bundle();
+  const int32_t lock_index = bundle.state.socket_lock_fd();
+  if (lock_index < 0 || static_cast<size_t>(lock_index) >= bundle.fds.size()) {
+    return absl::InvalidArgumentError("handover: socket_lock_fd is not in the bundle");
+  }
+  KVRAIL_ASSIGN_OR_RETURN(socket_lock_, server::SocketLock::Adopt(
+                                            std::move(bundle.fds[lock_index]), c.unix_socket()));
+  id_.lineage_id = bundle.state.lineage_id();
+  spdlog::info("take_over: {} (instance {}, kvraild {}) hands over {} sessions, {} regions, {} "
+               "connections; lineage {}", path, bundle.state.predecessor_instance_id(),
+               bundle.state.predecessor_version(), bundle.state.regions().sessions_size(),
+               bundle.state.regions().regions_size(), bundle.state.sessions().connections_size(),
+               id_.lineage_id);
+  KVRAIL_RETURN_IF_ERROR(regions_->ImportState(bundle.state.regions(), &bundle.fds));
+  transfers_->ImportState(bundle.state.transfers());
+  return absl::OkStatus();
+}
+
+absl::Status DaemonImpl::StartHandoverListener() {
+  handover::Predecessor predecessor;
+  predecessor.prepare = [this] { return PrepareHandover(); };
+  predecessor.resume = [this] { ResumeAfterHandover(); };
+  predecessor.released = [this](const std::string& address) { Released(address); };
+  KVRAIL_ASSIGN_OR_RETURN(
+      hot_.listener,
+      handover::Listener::Start(handover::HandoverSocketPath(config().unix_socket()),
+                                std::move(predecessor), absl::Seconds(30)));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<handover::Bundle> DaemonImpl::PrepareHandover() {
+  // Nothing changes from here on: gRPC changes wait, the session socket is not read, and the
+  // transfers already started finish (their waiters are answered as they end).
+  server_->HoldChanges();
+  sessions_->Pause();
+  KVRAIL_RETURN_IF_ERROR(transfers_->Quiesce(absl::Milliseconds(config().drain_timeout_ms())));
+  handover::Bundle bundle;
+  bundle.state.set_lineage_id(id_.lineage_id);
+  bundle.state.set_predecessor_instance_id(id_.instance_id);
+  bundle.state.set_predecessor_version(kVersion);
+  UniqueFd lock(::fcntl(socket_lock_->fd(), F_DUPFD_CLOEXEC, 0));
+  if (!lock.valid()) return absl::ResourceExhaustedError("handover: cannot duplicate the lock");
+  bundle.fds.push_back(std::move(lock));
+  bundle.state.set_socket_lock_fd(0);
+  KVRAIL_RETURN_IF_ERROR(regions_->ExportState(bundle.state.mutable_regions(), &bundle.fds));
+  transfers_->ExportState(bundle.state.mutable_transfers());
+  KVRAIL_RETURN_IF_ERROR(sessions_->ExportState(bundle.state.mutable_sessions(), &bundle.fds));
+  hot_.held_back.clear();
+  for (const handover::SessionRecord& session : bundle.state.regions().sessions()) {
+    absl::StatusOr<std::vector<v1::Notification>> queued = notifications_->Take(
+        session.session_id(), static_cast<uint32_t>(transfers::kNotificationQueueLimit),
+        absl::ZeroDuration());
+    if (!queued.ok()) continue;
+    for (v1::Notification& n : *queued) {
+      handover::QueuedNotification* q = bundle.state.add_notifications();
+      q->set_session_id(session.session_id());
+      *q->mutable_notification() = n;
+      hot_.held_back.emplace_back(session.session_id(), std::move(n));
+    }
+  }
+  spdlog::info("handover: {} sessions, {} regions, {} connections, {} descriptors",
+               bundle.state.regions().sessions_size(), bundle.state.regions().regions_size(),
+               bundle.state.sessions().connections_size(), bundle.fds.size());
+  return bundle;
+}
+
+void DaemonImpl::ResumeAfterHandover() {
+  for (auto& [session, notification] : hot_.held_back) {
+    notifications_->Deliver(session, std::move(notification));
+  }
+  hot_.held_back.clear();
+  sessions_->Resume();
+  server_->ResumeChanges();
+}
+
+void DaemonImpl::Released(const std::string& successor_address) {
+  hot_.released.store(true);
+  server_->ForwardChanges(successor_address);
+  // The metrics port is the successor's from now on.
+  metrics_sink_.store(nullptr, std::memory_order_release);
+  metrics_.reset();
+  ::kill(::getpid(), SIGUSR2);  // Serve returns
+}
+
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(v1::DaemonConfig config) {
+absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(v1::DaemonConfig config,
+                                                      HotRestart hot_restart) {
   const sigset_t signals = BlockShutdownSignals();
-  auto daemon = std::make_unique<DaemonImpl>(std::move(config), signals);
+  auto daemon = std::make_unique<DaemonImpl>(std::move(config), std::move(hot_restart), signals);
   KVRAIL_RETURN_IF_ERROR(daemon->Start());
   return std::unique_ptr<Daemon>(std::move(daemon));
 }

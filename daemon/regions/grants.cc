@@ -39,6 +39,20 @@ absl::StatusOr<v1::Grant> GrantTable::Create(const v1::CreateGrantRequest& reque
   return grant;
 }
 
+std::vector<std::pair<v1::Grant, uint64_t>> GrantTable::All() const {
+  std::vector<std::pair<v1::Grant, uint64_t>> all;
+  all.reserve(grants_.size());
+  for (const auto& [token, entry] : grants_) all.emplace_back(entry.grant, entry.owner_session);
+  return all;
+}
+
+void GrantTable::Restore(const v1::Grant& grant, uint64_t owner_session, int64_t now_us) {
+  if (grant.expires_unix_us() <= now_us || grants_.contains(grant.token())) return;
+  auto expiry = by_expiry_.emplace(grant.expires_unix_us(), grant.token());
+  grants_[grant.token()] = Entry{grant, owner_session, expiry};
+  ++per_owner_[owner_session];
+}
+
 void GrantTable::Erase(absl::flat_hash_map<std::string, Entry>::iterator it) {
   by_expiry_.erase(it->second.by_expiry);
   auto counted = per_owner_.find(it->second.owner_session);

@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
@@ -34,6 +36,10 @@ class GrantTable {
   void DropRegion(uint64_t region_id);
   void DropOwner(uint64_t owner_session);
   size_t size() const { return grants_.size(); }
+  // Every grant with its owner session (a hot restart hands them over), and the way back: a
+  // grant the table already holds, or one that expired by `now_us`, is skipped.
+  std::vector<std::pair<v1::Grant, uint64_t>> All() const;
+  void Restore(const v1::Grant& grant, uint64_t owner_session, int64_t now_us);
 
  private:
   struct Entry {

@@ -238,6 +238,34 @@ class RegionTableImpl final : public RegionTable {
 
   absl::StatusOr<std::shared_ptr<Region>> Register(const v1::RegionSpec& given,
                                                    uint64_t session_id) override {
+    return RegisterImpl(given, session_id, nullptr);
+  }
+
+ private:
+  // A region re-registered from a predecessor's state (ImportState): its id, its registration
+  // time and its descriptors, taken in the order the spec names them instead of fd tokens.
+  struct Restore {
+    uint64_t id = 0;
+    int64_t registered_us = 0;
+    std::vector<UniqueFd> fds;
+    size_t next = 0;
+  };
+
+  // The descriptor for the share named `token`: the session's fd token, or while restoring the
+  // next handed-over descriptor.
+  absl::StatusOr<UniqueFd> TakeFd(const std::string& token, uint64_t session_id, Restore* restore) {
+    if (restore == nullptr) return TakeToken(token, session_id);
+    if (restore->next >= restore->fds.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("region ", restore->id, ": ",
+                                                     restore->fds.size(),
+                                                     " descriptors handed over, the spec needs more"));
+    }
+    return std::move(restore->fds[restore->next++]);
+  }
+
+  // Register's work; `restore` (ImportState) names the id and supplies the descriptors.
+  absl::StatusOr<std::shared_ptr<Region>> RegisterImpl(const v1::RegionSpec& given,
+                                                       uint64_t session_id, Restore* restore) {
     int64_t uid = -1;
     if (given.library_region()) KVRAIL_RETURN_IF_ERROR(CheckLibraryRegion(given, session_id));
     bool library_pending = false;
@@ -275,29 +303,34 @@ class RegionTableImpl final : public RegionTable {
       KVRAIL_RETURN_IF_ERROR(ResolveDeviceUuid(gpus_, &resolved));
     }
     const v1::RegionSpec& spec = given.device_uuid().empty() ? given : resolved;
-    if (spec.layer_shares_size() > 0) return RegisterLayered(spec, session_id, std::move(charge));
+    if (spec.layer_shares_size() > 0) {
+      return RegisterLayered(spec, session_id, std::move(charge), restore);
+    }
     KVRAIL_ASSIGN_OR_RETURN(planner::RegionView view, Validate(spec, false));
     if (spec.memory_kind() == v1::MEMORY_KIND_CUDA) {
       std::shared_ptr<CudaMapping> cuda;
       std::shared_ptr<VmmMapping> vmm;
+      std::vector<UniqueFd> kept;
       if (spec.share().via_case() == v1::RegionShare::kCudaVmm) {
         std::vector<std::pair<std::string, UniqueFd>> taken;
         absl::StatusOr<std::shared_ptr<VmmMapping>> imported =
             ImportVmm(spec.share(), spec.device(), spec.size_bytes(), session_id,
-                      "spec.share.cuda_vmm", &taken);
+                      "spec.share.cuda_vmm", &taken, restore);
         if (!imported.ok()) {
-          GiveBack(session_id, &taken);  // a mistake does not cost the client its fds
+          if (restore == nullptr) GiveBack(session_id, &taken);  // a mistake costs no fds
           return imported.status();
         }
-        // The import holds its own references: the fds close here.
+        // The import holds its own references; the fds are kept for a successor (handover).
         vmm = *imported;
         cuda = vmm;
+        for (auto& [token, fd] : taken) kept.push_back(std::move(fd));
       } else {
         KVRAIL_ASSIGN_OR_RETURN(cuda, ImportCudaIpc(spec));
       }
       uint8_t* data = cuda->base() + spec.share().offset();
-      std::shared_ptr<Region> region = Add(spec, session_id, view, std::move(cuda), nullptr, data,
-                                           std::move(charge), std::move(vmm));
+      std::shared_ptr<Region> region =
+          Add(spec, session_id, view, std::move(cuda), nullptr, data, std::move(charge),
+              std::move(kept), restore, std::move(vmm));
       // Map it into the peer GPUs now: opening an IPC handle takes milliseconds, which would
       // otherwise land on the first peer transfer. A GPU that cannot map it is tried again (and
       // the error reported) when a transfer needs it.
@@ -313,11 +346,15 @@ class RegionTableImpl final : public RegionTable {
       case v1::RegionShare::kFdToken: {
         // Sealed against shrinking where the kernel allows, guarded either way (MapFd).
         field = "spec.share.fd_token";
-        KVRAIL_ASSIGN_OR_RETURN(fd, TakeToken(spec.share().fd_token(), session_id));
+        KVRAIL_ASSIGN_OR_RETURN(fd, TakeFd(spec.share().fd_token(), session_id, restore));
         break;
       }
       case v1::RegionShare::kShmName: {
         field = "spec.share.shm_name";
+        if (restore != nullptr) {  // the object may be unlinked by now: its descriptor came
+          KVRAIL_ASSIGN_OR_RETURN(fd, TakeFd("", session_id, restore));
+          break;
+        }
         KVRAIL_ASSIGN_OR_RETURN(fd, OpenShmAs(spec.share().shm_name(), spec.writable(), uid));
         break;
       }
@@ -336,7 +373,7 @@ class RegionTableImpl final : public RegionTable {
     auto mapped_or = MapFd(fd.get(), spec.share().offset(), spec.size_bytes(), spec.writable(), field);
     if (!mapped_or.ok()) {
       // A size or permission mistake should not cost the client its fd: the token stays valid.
-      if (spec.share().via_case() == v1::RegionShare::kFdToken) {
+      if (spec.share().via_case() == v1::RegionShare::kFdToken && restore == nullptr) {
         absl::MutexLock lock(&mu_);
         tokens_.emplace(spec.share().fd_token(), PendingFd{session_id, std::move(fd)});
       }
@@ -349,9 +386,13 @@ class RegionTableImpl final : public RegionTable {
     if (spec.size_bytes() <= kPrefaultMaxBytes) {
       PrefaultResident(*host_mapping);
     }
+    std::vector<UniqueFd> kept;
+    kept.push_back(std::move(fd));  // for a successor (handover)
     return Add(spec, session_id, view, std::shared_ptr<Mapping>(std::move(mapped.first)),
-               host_mapping, mapped.second, std::move(charge));
+               host_mapping, mapped.second, std::move(charge), std::move(kept), restore);
   }
+
+ public:
 
   absl::Status Unregister(uint64_t region_id) override {
     {
@@ -359,6 +400,7 @@ class RegionTableImpl final : public RegionTable {
       if (regions_.erase(region_id) == 0) {
         return absl::NotFoundError(absl::StrCat("region_id: no region ", region_id));
       }
+      region_fds_.erase(region_id);
       grants_.DropRegion(region_id);
     }
     RunAccessHooks();
@@ -446,6 +488,7 @@ class RegionTableImpl final : public RegionTable {
             " belongs to another session; only its owner may unregister it"));
       }
       regions_.erase(it);
+      region_fds_.erase(region_id);
       grants_.DropRegion(region_id);
     }
     RunAccessHooks();
@@ -565,6 +608,108 @@ class RegionTableImpl final : public RegionTable {
     return absl::OkStatus();
   }
 
+  absl::Status ExportState(handover::RegionTableState* out,
+                           std::vector<UniqueFd>* fds) const override {
+    // Duplicates, so this table keeps serving unchanged if the successor never commits.
+    auto dup = [fds](int fd) -> absl::StatusOr<int32_t> {
+      UniqueFd copy(::fcntl(fd, F_DUPFD_CLOEXEC, 0));
+      if (!copy.valid()) {
+        return absl::ResourceExhaustedError(
+            absl::StrCat("handover: cannot duplicate a region descriptor: ", ErrnoText(errno)));
+      }
+      fds->push_back(std::move(copy));
+      return static_cast<int32_t>(fds->size() - 1);
+    };
+    absl::MutexLock lock(&mu_);
+    out->set_next_region_id(next_id_);
+    out->set_next_session_id(next_session_);
+    for (uint64_t id : open_sessions_) {
+      auto it = sessions_.find(id);
+      if (it == sessions_.end()) continue;
+      handover::SessionRecord* session = out->add_sessions();
+      session->set_session_id(id);
+      session->set_secret(it->second.secret);
+      session->set_uid(it->second.uid);
+    }
+    for (const auto& [token, pending] : tokens_) {
+      handover::PendingFdRecord* record = out->add_pending_fds();
+      record->set_token(token);
+      record->set_session_id(pending.session_id);
+      KVRAIL_ASSIGN_OR_RETURN(const int32_t index, dup(pending.fd.get()));
+      record->set_fd(index);
+    }
+    for (const auto& [id, region] : regions_) {
+      handover::RegionRecord* record = out->add_regions();
+      record->set_region_id(id);
+      record->set_session_id(region->session_id());
+      *record->mutable_spec() = region->spec();
+      record->set_registered_unix_us(region->Info().registered_unix_us());
+      auto kept = region_fds_.find(id);
+      if (kept == region_fds_.end()) continue;
+      for (const UniqueFd& fd : kept->second) {
+        KVRAIL_ASSIGN_OR_RETURN(const int32_t index, dup(fd.get()));
+        record->add_fds(index);
+      }
+    }
+    for (const auto& [grant, owner] : grants_.All()) {
+      handover::GrantRecord* record = out->add_grants();
+      *record->mutable_grant() = grant;
+      record->set_owner_session(owner);
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status ImportState(const handover::RegionTableState& state,
+                           std::vector<UniqueFd>* fds) override {
+    // Each index names a descriptor of the bundle, used once.
+    auto take = [fds](int32_t index, absl::string_view field) -> absl::StatusOr<UniqueFd> {
+      if (index < 0 || static_cast<size_t>(index) >= fds->size() || !(*fds)[index].valid()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(field, ": descriptor ", index, " is not in the bundle (or used twice)"));
+      }
+      return std::move((*fds)[index]);
+    };
+    {
+      absl::MutexLock lock(&mu_);
+      if (!regions_.empty() || !open_sessions_.empty()) {
+        return absl::FailedPreconditionError("handover: the region table is not empty");
+      }
+      next_id_ = std::max(next_id_, state.next_region_id());
+      next_session_ = std::max(next_session_, state.next_session_id());
+      for (const handover::SessionRecord& session : state.sessions()) {
+        open_sessions_.insert(session.session_id());
+        sessions_[session.session_id()] = SessionInfo{session.secret(), session.uid()};
+      }
+      for (const handover::PendingFdRecord& pending : state.pending_fds()) {
+        KVRAIL_ASSIGN_OR_RETURN(UniqueFd fd, take(pending.fd(), "pending_fds.fd"));
+        tokens_.emplace(pending.token(), PendingFd{pending.session_id(), std::move(fd)});
+      }
+    }
+    for (const handover::RegionRecord& record : state.regions()) {
+      Restore restore;
+      restore.id = record.region_id();
+      restore.registered_us = record.registered_unix_us();
+      for (int32_t index : record.fds()) {
+        KVRAIL_ASSIGN_OR_RETURN(UniqueFd fd, take(index, absl::StrCat("regions[", record.region_id(),
+                                                                     "].fds")));
+        restore.fds.push_back(std::move(fd));
+      }
+      absl::StatusOr<std::shared_ptr<Region>> region =
+          RegisterImpl(record.spec(), record.session_id(), &restore);
+      if (!region.ok()) {
+        return absl::Status(region.status().code(),
+                            absl::StrCat("handover: region ", record.region_id(), " (session ",
+                                         record.session_id(), "): ", region.status().message()));
+      }
+    }
+    absl::MutexLock lock(&mu_);
+    const int64_t now_us = clock_->NowUnixMicros();
+    for (const handover::GrantRecord& record : state.grants()) {
+      grants_.Restore(record.grant(), record.owner_session(), now_us);
+    }
+    return absl::OkStatus();
+  }
+
   bool SessionOpen(uint64_t session_id) const override {
     absl::MutexLock lock(&mu_);
     return open_sessions_.contains(session_id);
@@ -635,6 +780,7 @@ class RegionTableImpl final : public RegionTable {
     for (auto it = regions_.begin(); it != regions_.end();) {
       if (it->second->session_id() == session_id) {
         dropped.push_back(std::move(it->second));
+        region_fds_.erase(it->first);
         regions_.erase(it++);
       } else {
         ++it;
@@ -768,14 +914,18 @@ class RegionTableImpl final : public RegionTable {
   std::shared_ptr<Region> Add(const v1::RegionSpec& spec, uint64_t session_id,
                               const planner::RegionView& view, std::shared_ptr<void> backing,
                               const Mapping* host_mapping, uint8_t* data,
-                              std::shared_ptr<void> charge,
+                              std::shared_ptr<void> charge, std::vector<UniqueFd> kept,
+                              const Restore* restore,
                               std::shared_ptr<VmmMapping> vmm = nullptr) ABSL_LOCKS_EXCLUDED(mu_) {
     absl::MutexLock lock(&mu_);
-    const uint64_t id = next_id_++;
+    const uint64_t id = restore != nullptr ? restore->id : next_id_++;
+    const int64_t registered_us =
+        restore != nullptr ? restore->registered_us : clock_->NowUnixMicros();
     auto region = std::make_shared<RegionImpl>(id, session_id, spec, view, std::move(backing),
-                                               host_mapping, data, clock_->NowUnixMicros(),
+                                               host_mapping, data, registered_us,
                                                std::move(vmm), std::move(charge));
     regions_[id] = region;
+    if (!kept.empty()) region_fds_[id] = std::move(kept);
     return region;
   }
 
@@ -795,7 +945,8 @@ class RegionTableImpl final : public RegionTable {
   // against the chain. Errors name `field`.
   absl::StatusOr<std::shared_ptr<VmmMapping>> ImportVmm(
       const v1::RegionShare& share, int device, uint64_t size, uint64_t session_id,
-      const std::string& field, std::vector<std::pair<std::string, UniqueFd>>* taken) {
+      const std::string& field, std::vector<std::pair<std::string, UniqueFd>>* taken,
+      Restore* restore) {
     absl::StatusOr<int> count = cuda::DeviceCount();
     if (!count.ok()) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -814,7 +965,7 @@ class RegionTableImpl final : public RegionTable {
     std::vector<std::pair<int, uint64_t>> chunks;
     for (int i = 0; i < share.cuda_vmm().chunks_size(); ++i) {
       const v1::CudaVmmChunk& chunk = share.cuda_vmm().chunks(i);
-      absl::StatusOr<UniqueFd> fd = TakeToken(chunk.fd_token(), session_id);
+      absl::StatusOr<UniqueFd> fd = TakeFd(chunk.fd_token(), session_id, restore);
       if (!fd.ok()) {
         return absl::Status(fd.status().code(), absl::StrCat(field, ".chunks[", i, "].fd_token: ",
                                                              fd.status().message()));
@@ -853,7 +1004,8 @@ class RegionTableImpl final : public RegionTable {
   // all taken or, on any error, all given back), then added.
   absl::StatusOr<std::shared_ptr<Region>> RegisterLayered(const v1::RegionSpec& spec,
                                                           uint64_t session_id,
-                                                          std::shared_ptr<void> charge) {
+                                                          std::shared_ptr<void> charge,
+                                                          Restore* restore) {
     if (spec.share().via_case() != v1::RegionShare::VIA_NOT_SET) {
       return absl::InvalidArgumentError(
           "spec.share: a per-layer region shares each layer in spec.layer_shares; leave "
@@ -879,8 +1031,9 @@ class RegionTableImpl final : public RegionTable {
       LayerMemory& layer = layers[l];
       layer.spec = LayerSpec(spec, l);
       if (cuda && share.via_case() == v1::RegionShare::kCudaVmm) {
-        absl::StatusOr<std::shared_ptr<VmmMapping>> imported = ImportVmm(
-            share, spec.device(), spec.size_bytes(), session_id, field + ".cuda_vmm", &taken);
+        absl::StatusOr<std::shared_ptr<VmmMapping>> imported =
+            ImportVmm(share, spec.device(), spec.size_bytes(), session_id, field + ".cuda_vmm",
+                      &taken, restore);
         if (!imported.ok()) {
           failed = imported.status();
           break;
@@ -911,7 +1064,7 @@ class RegionTableImpl final : public RegionTable {
             field, ": a host layer is shared with fd_token (the daemon opens nothing by name)"));
         break;
       }
-      absl::StatusOr<UniqueFd> fd = TakeToken(share.fd_token(), session_id);
+      absl::StatusOr<UniqueFd> fd = TakeFd(share.fd_token(), session_id, restore);
       if (!fd.ok()) {
         failed = absl::Status(fd.status().code(),
                               absl::StrCat(field, ".fd_token: ", fd.status().message()));
@@ -931,15 +1084,18 @@ class RegionTableImpl final : public RegionTable {
       layer.data = mapped->second;
     }
     if (!failed.ok()) {
-      GiveBack(session_id, &taken);
+      if (restore == nullptr) GiveBack(session_id, &taken);
       return failed;
     }
     absl::MutexLock lock(&mu_);
-    const uint64_t id = next_id_++;
-    std::shared_ptr<Region> region =
-        MakeLayeredRegion(id, session_id, spec, std::move(view), std::move(layers),
-                          clock_->NowUnixMicros(), std::move(charge));
+    const uint64_t id = restore != nullptr ? restore->id : next_id_++;
+    std::shared_ptr<Region> region = MakeLayeredRegion(
+        id, session_id, spec, std::move(view), std::move(layers),
+        restore != nullptr ? restore->registered_us : clock_->NowUnixMicros(), std::move(charge));
     regions_[id] = region;
+    std::vector<UniqueFd> kept;  // for a successor (handover)
+    for (auto& [token, fd] : taken) kept.push_back(std::move(fd));
+    if (!kept.empty()) region_fds_[id] = std::move(kept);
     return region;
   }
 
@@ -1002,6 +1158,9 @@ class RegionTableImpl final : public RegionTable {
   std::vector<std::function<void()>> access_hooks_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, std::shared_ptr<Region>> regions_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, PendingFd> tokens_ ABSL_GUARDED_BY(mu_);
+  // Each region's descriptors (host fds, cuMem chunk fds), kept while it is registered so that a
+  // hot restart can hand them to the successor (ExportState). One per share or layer.
+  absl::flat_hash_map<uint64_t, std::vector<UniqueFd>> region_fds_ ABSL_GUARDED_BY(mu_);
   std::mt19937_64 rng_ ABSL_GUARDED_BY(mu_){std::random_device{}()};
 };
 

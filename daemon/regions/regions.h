@@ -14,6 +14,7 @@
 #include "base/clock.h"
 #include "base/unique_fd.h"
 #include "daemon/planner/planner.h"
+#include "daemon/handover/state.pb.h"
 #include "daemon/regions/device_uuid.h"
 #include "proto/kvrail/v1/region.pb.h"
 #include "proto/kvrail/v1/transfer.pb.h"
@@ -140,6 +141,19 @@ class RegionTable {
   // outside the table's lock, on the thread that made the change, before that call returns. The
   // transfer manager rechecks its transfers' grants there. Hooks live as long as the table.
   virtual void AddAccessHook(std::function<void()> hook) = 0;
+
+  // --- Hot restart (daemon/handover) ---
+  // The table as a successor rebuilds it: open sessions (ids, secrets, uids), unused fd tokens,
+  // regions (spec, id, owner, with duplicates of their descriptors appended to `fds` and named
+  // by index), grants and the id counters. The table is unchanged and keeps serving.
+  virtual absl::Status ExportState(handover::RegionTableState* out,
+                                   std::vector<UniqueFd>* fds) const = 0;
+  // Rebuilds an empty table from a predecessor's state: the same session ids and secrets, fd
+  // tokens and grants, and every region mapped again under its id from its descriptors (taken
+  // out of `fds`; CUDA IPC handles opened again). An error names the region; the table is then
+  // to be dropped.
+  virtual absl::Status ImportState(const handover::RegionTableState& state,
+                                   std::vector<UniqueFd>* fds) = 0;
 
   // --- Identity and grants (docs/security.md) ---
   // The session's secret (128 random bits, hex), drawn at BeginSession; "" for unknown sessions.

@@ -14,6 +14,7 @@
 #include "base/status.h"
 #include "daemon/server/caller.h"
 #include "daemon/server/operator_cancel.h"
+#include "daemon/server/change_gate.h"
 #include "daemon/server/watch_calls.h"
 #include "proto/kvrail/v1/admin.grpc.pb.h"
 #include "proto/kvrail/v1/transfer.grpc.pb.h"
@@ -63,6 +64,20 @@ grpc::ServerUnaryReactor* RefusedUnary(grpc::CallbackServerContext* context,
 // once): the most a watch event waits to be sent.
 constexpr absl::Duration kWatchTick = absl::Milliseconds(5);
 
+// In a Transfer call that changes handed-over state: waits while a handover is prepared; after
+// one, answers with the successor's answer. Otherwise counts the call until it returns.
+#define KVRAIL_GATE_OR_FORWARD(method)                                                     \
+  if (gate_->Enter() == ChangeGate::Mode::kForward) {                                      \
+    return ForwardCall(*context, gate_->successor(),                                       \
+                       [&](v1::Transfer::Stub* stub, grpc::ClientContext* out) {           \
+                         return stub->method(out, *request, response);                     \
+                       });                                                                 \
+  }                                                                                        \
+  struct GateLeave {                                                                       \
+    ChangeGate* gate;                                                                      \
+    ~GateLeave() { gate->Leave(); }                                                        \
+  } gate_leave{gate_}
+
 // WaitTransfer, WatchTransfer and WatchNotifications are callback methods driven by the watch
 // pump (watch_calls.h): they hold no thread while they wait. The rest answer at once on gRPC's
 // synchronous pool.
@@ -73,10 +88,11 @@ class TransferService final
  public:
   TransferService(regions::RegionTable* regions, transfers::TransferManager* transfers,
                   transfers::NotificationHub* notifications, bool tcp_api,
-                  uint32_t max_watchers_per_session, uint32_t max_watchers_per_uid)
+                  uint32_t max_watchers_per_session, uint32_t max_watchers_per_uid,
+                  ChangeGate* gate)
       : regions_(regions), transfers_(transfers), notifications_(notifications),
         tcp_api_(tcp_api), watchers_(max_watchers_per_session, max_watchers_per_uid),
-        pump_(std::make_shared<WatchPump>(kWatchTick)) {}
+        pump_(std::make_shared<WatchPump>(kWatchTick)), gate_(gate) {}
 
   size_t open_watches() const { return pump_->open(); }
 
@@ -84,6 +100,7 @@ class TransferService final
                               const v1::RegisterRegionRequest* request,
                               v1::RegisterRegionResponse* response) override {
     KVRAIL_CALLER_OR_RETURN(caller);
+    KVRAIL_GATE_OR_FORWARD(RegisterRegion);
     if (caller.session_id == 0) {
       return ToGrpcStatus(absl::PermissionDeniedError(
           "session_id: regions belong to a session; register over the unix socket with the "
@@ -107,8 +124,9 @@ class TransferService final
 
   grpc::Status UnregisterRegion(grpc::ServerContext* context,
                                 const v1::UnregisterRegionRequest* request,
-                                v1::UnregisterRegionResponse*) override {
+                                v1::UnregisterRegionResponse* response) override {
     KVRAIL_CALLER_OR_RETURN(caller);
+    KVRAIL_GATE_OR_FORWARD(UnregisterRegion);
     return ToGrpcStatus(regions_->Unregister(request->region_id(), caller));
   }
 
@@ -116,6 +134,7 @@ class TransferService final
                               const v1::SubmitTransferRequest* request,
                               v1::SubmitTransferResponse* response) override {
     KVRAIL_CALLER_OR_RETURN(caller);
+    KVRAIL_GATE_OR_FORWARD(SubmitTransfer);
     // The submitter is who the credentials say, whatever the spec claims.
     v1::TransferSpec spec = request->spec();
     spec.set_session_id(caller.session_id);
@@ -214,6 +233,7 @@ class TransferService final
   grpc::Status CreateGrant(grpc::ServerContext* context, const v1::CreateGrantRequest* request,
                            v1::Grant* response) override {
     KVRAIL_CALLER_OR_RETURN(caller);
+    KVRAIL_GATE_OR_FORWARD(CreateGrant);
     auto grant = regions_->CreateGrant(*request, caller);
     if (!grant.ok()) return ToGrpcStatus(grant.status());
     *response = *std::move(grant);
@@ -223,8 +243,9 @@ class TransferService final
   }
 
   grpc::Status RevokeGrant(grpc::ServerContext* context, const v1::RevokeGrantRequest* request,
-                           v1::RevokeGrantResponse*) override {
+                           v1::RevokeGrantResponse* response) override {
     KVRAIL_CALLER_OR_RETURN(caller);
+    KVRAIL_GATE_OR_FORWARD(RevokeGrant);
     return ToGrpcStatus(regions_->RevokeGrant(request->token(), caller));
   }
 
@@ -232,6 +253,12 @@ class TransferService final
                                  const v1::NotificationPollRequest* request,
                                  v1::NotificationPollResponse* response) override {
     KVRAIL_CALLER_OR_RETURN(caller);
+    if (gate_->forwarding()) {
+      v1::Transfer::Stub* successor = gate_->successor();
+      return ForwardCall(*context, successor, [&](v1::Transfer::Stub* stub, grpc::ClientContext* out) {
+        return stub->PollNotifications(out, *request, response);
+      });
+    }
     if (absl::Status readable = NotificationsReadable(request->session_id(), caller);
         !readable.ok()) {
       return ToGrpcStatus(readable);
@@ -297,6 +324,7 @@ class TransferService final
   WatcherCounts watchers_;
   // Declared after watchers_: destroyed first (its calls give their places back).
   const std::shared_ptr<WatchPump> pump_;
+  ChangeGate* const gate_;  // the server's; outlives the service
 };
 
 class AdminService final : public v1::Admin::Service {
@@ -381,6 +409,8 @@ class AdminService final : public v1::Admin::Service {
     response->set_node_id(options_.node_id);
     response->set_started_unix_us(started_us_);
     response->set_instance_id(options_.instance_id);
+    response->set_lineage_id(options_.lineage_id.empty() ? options_.instance_id
+                                                         : options_.lineage_id);
     response->set_regions(regions_->size());
     transfers_->FillStats(response);
     if (options_.directory_status) *response->mutable_directory() = options_.directory_status();
@@ -400,8 +430,9 @@ constexpr char kDirectoryHealth[] = "kvrail.v1.Directory";
 
 class ServerImpl final : public Server {
  public:
-  ServerImpl(std::unique_ptr<TransferService> transfer, std::unique_ptr<AdminService> admin)
-      : transfer_(std::move(transfer)), admin_(std::move(admin)) {}
+  ServerImpl(std::unique_ptr<ChangeGate> gate, std::unique_ptr<TransferService> transfer,
+             std::unique_ptr<AdminService> admin)
+      : gate_(std::move(gate)), transfer_(std::move(transfer)), admin_(std::move(admin)) {}
 
   absl::Status Build(const ServerOptions& options) {
     grpc::EnableDefaultHealthCheckService(true);
@@ -453,7 +484,12 @@ class ServerImpl final : public Server {
 
   int tcp_port() const override { return tcp_port_; }
 
+  void HoldChanges() override { gate_->Hold(); }
+  void ResumeChanges() override { gate_->Resume(); }
+  void ForwardChanges(const std::string& successor) override { gate_->Forward(successor); }
+
  private:
+  const std::unique_ptr<ChangeGate> gate_;  // declared first: outlives the services
   std::unique_ptr<TransferService> transfer_;
   std::unique_ptr<AdminService> admin_;
   std::unique_ptr<grpc::Server> server_;
@@ -465,10 +501,11 @@ class ServerImpl final : public Server {
 absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& options,
                                                       regions::RegionTable* regions,
                                                       transfers::TransferManager* transfers) {
-  auto server = std::make_unique<ServerImpl>(std::make_unique<TransferService>(regions, transfers, options.notifications,
-                                                     options.tcp_serves_api,
-                                                     options.max_watchers_per_session,
-                                                     options.max_watchers_per_uid),
+  auto gate = std::make_unique<ChangeGate>();
+  auto transfer = std::make_unique<TransferService>(
+      regions, transfers, options.notifications, options.tcp_serves_api,
+      options.max_watchers_per_session, options.max_watchers_per_uid, gate.get());
+  auto server = std::make_unique<ServerImpl>(std::move(gate), std::move(transfer),
                                              std::make_unique<AdminService>(options, regions, transfers));
   absl::Status status = server->Build(options);
   if (!status.ok()) return status;

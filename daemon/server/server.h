@@ -27,6 +27,8 @@ struct ServerOptions {
   std::string node_id;
   // Stats.instance_id: this daemon process's instance (session::NewInstanceId).
   std::string instance_id;
+  // Stats.lineage_id: kept across hot restarts (daemon/handover).
+  std::string lineage_id;
   // What GetTopology returns.
   v1::GetTopologyResponse topology;
   // Returns the peer directory for ListPeers.
@@ -77,6 +79,17 @@ class Server {
   virtual void Shutdown(absl::Duration deadline) = 0;
   // The TCP port bound when a listen address asked for port 0 (else 0).
   virtual int tcp_port() const = 0;
+
+  // --- Hot restart (daemon/handover) ---
+  // Calls that change what a handover moves (RegisterRegion, UnregisterRegion, SubmitTransfer,
+  // CreateGrant, RevokeGrant) wait from HoldChanges (which returns once none runs) until
+  // ResumeChanges; after ForwardChanges they, and PollNotifications, are made on the successor
+  // at gRPC target `successor` (connected before this returns, up to 2 s) with the caller's
+  // credentials and deadline, and its answer is the answer (a client whose connection still
+  // reaches this daemon loses nothing). With `successor` empty they are refused UNAVAILABLE.
+  virtual void HoldChanges() = 0;
+  virtual void ResumeChanges() = 0;
+  virtual void ForwardChanges(const std::string& successor) = 0;
 };
 
 }  // namespace kvrail::server

@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <utility>
@@ -34,6 +35,7 @@ class SocketLockImpl final : public SocketLock {
  public:
   SocketLockImpl(UniqueFd fd, std::string path) : fd_(std::move(fd)), path_(std::move(path)) {}
   const std::string& path() const override { return path_; }
+  int fd() const override { return fd_.get(); }
 
  private:
   const UniqueFd fd_;  // the open file description that holds the flock
@@ -56,6 +58,30 @@ absl::StatusOr<std::unique_ptr<SocketLock>> SocketLock::Acquire(const std::strin
         "unix_socket: ", unix_socket, " is served by another kvraild (pid ", HolderPid(fd.get()),
         ", holding ", path, "); stop it first or choose another --socket"));
   }
+  return Own(std::move(fd), path);
+}
+
+absl::StatusOr<std::unique_ptr<SocketLock>> SocketLock::Adopt(UniqueFd fd,
+                                                             const std::string& unix_socket) {
+  const std::string path = SocketLockPath(unix_socket);
+  struct stat handed {}, at_path {};
+  if (!fd.valid() || ::fstat(fd.get(), &handed) != 0 || ::stat(path.c_str(), &at_path) != 0 ||
+      handed.st_dev != at_path.st_dev || handed.st_ino != at_path.st_ino) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "handover: the lock descriptor handed over is not ", path, " (the predecessor serves ",
+        "another socket?)"));
+  }
+  // Succeeds only on the open file that holds the lock (any other would find it taken).
+  while (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) {
+    if (errno == EINTR) continue;
+    return absl::FailedPreconditionError(absl::StrCat(
+        "handover: the descriptor handed over does not hold the lock on ", path, ": ",
+        strerror(errno)));
+  }
+  return Own(std::move(fd), path);
+}
+
+absl::StatusOr<std::unique_ptr<SocketLock>> SocketLock::Own(UniqueFd fd, const std::string& path) {
   const std::string pid = absl::StrCat(::getpid(), "\n");
   if (::ftruncate(fd.get(), 0) != 0 ||
       ::pwrite(fd.get(), pid.data(), pid.size(), 0) != static_cast<ssize_t>(pid.size())) {

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "base/unique_fd.h"
 
 namespace kvrail::server {
 
@@ -24,7 +25,20 @@ class SocketLock {
   // holds the lock; UNAVAILABLE when the lock file cannot be opened or written.
   static absl::StatusOr<std::unique_ptr<SocketLock>> Acquire(const std::string& unix_socket);
 
+  // Takes over the lock of a predecessor in a hot restart: `fd` is a duplicate of its
+  // descriptor (fd()), so both hold the one open file that holds the flock, and the lock stays
+  // held while either process lives. Writes this process's pid into the file. FAILED_PRECONDITION
+  // when `fd` is not the lock file of `unix_socket` or does not hold its lock.
+  static absl::StatusOr<std::unique_ptr<SocketLock>> Adopt(UniqueFd fd,
+                                                          const std::string& unix_socket);
+
   virtual const std::string& path() const = 0;
+  // The descriptor that holds the lock (its duplicate goes to a successor).
+  virtual int fd() const = 0;
+
+ private:
+  // Writes this process's pid into the locked file and wraps `fd`.
+  static absl::StatusOr<std::unique_ptr<SocketLock>> Own(UniqueFd fd, const std::string& path);
 };
 
 // The lock file that belongs to a unix socket path.

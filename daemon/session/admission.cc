@@ -90,6 +90,11 @@ size_t AdmissionPool::Close(uint64_t id, std::function<void()> then) {
   return dropped.size();
 }
 
+void AdmissionPool::AwaitIdle() const {
+  absl::MutexLock lock(&mu_);
+  mu_.Await(absl::Condition(this, &AdmissionPool::NothingLeft));
+}
+
 size_t AdmissionPool::queued() const {
   absl::MutexLock lock(&mu_);
   return queued_;
@@ -101,6 +106,8 @@ size_t AdmissionPool::running() const {
 }
 
 bool AdmissionPool::HasWork() const { return stop_ || !ready_.empty(); }
+
+bool AdmissionPool::NothingLeft() const { return queued_ == 0 && running_ == 0; }
 
 void AdmissionPool::Work() {
   for (;;) {

@@ -27,11 +27,12 @@ namespace kvrail::session {
 // poll thread keeps it (max_ids 0: none). Pure.
 bool AdmitsInline(const v1::TransferSpec& spec, uint64_t max_ids);
 
-// Thread contract: Open, Post, Idle and Close are called by one thread (the poll thread: the
-// only producer, which is what makes Idle's answer stable until its next Post); tasks and Close's
-// `then` run on the pool's workers (or on the caller of Close, see there). Destroying the pool
-// (from the producer's thread, after it stopped posting) lets each running task finish, drops
-// the tasks still queued unrun, and joins the workers. Every shared field is guarded by mu_.
+// Thread contract: Open, Post, Idle, Close and AwaitIdle are called by one thread (the poll
+// thread: the only producer, which is what makes Idle's answer stable until its next Post); tasks
+// and Close's `then` run on the pool's workers (or on the caller of Close, see there). Destroying
+// the pool (from the producer's thread, after it stopped posting) lets each running task finish,
+// drops the tasks still queued unrun, and joins the workers. Every shared field is guarded by
+// mu_.
 class AdmissionPool {
  public:
   using Task = absl::AnyInvocable<void() &&>;
@@ -56,6 +57,10 @@ class AdmissionPool {
   // thread when none does, else on the worker right after its task returns.
   size_t Close(uint64_t id, std::function<void()> then);
 
+  // Returns once no task is queued or running (the producer has stopped posting: a hot
+  // restart's pause, daemon/handover). Tasks queued then run first, none is dropped.
+  void AwaitIdle() const;
+
   // Tasks of every session waiting to start, and tasks running (for tests and stats).
   size_t queued() const;
   size_t running() const;
@@ -69,6 +74,7 @@ class AdmissionPool {
   };
 
   bool HasWork() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);  // stopping, or a session ready
+  bool NothingLeft() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);  // no task queued or running
   void Work();
 
   const size_t max_queued_;

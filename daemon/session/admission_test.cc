@@ -82,6 +82,38 @@ TEST_CASE("each session's tasks run in order and one at a time; sessions run in 
   }
 }
 
+TEST_CASE("AwaitIdle returns once every queued task has run (none dropped)") {
+  AdmissionPool pool(2, 64);
+  pool.Open(1);
+  pool.Open(2);
+  absl::Notification release;
+  std::atomic<int> ran{0};
+  REQUIRE(pool.Post(1, [&] {
+                release.WaitForNotification();
+                ran.fetch_add(1);
+              })
+              .ok());
+  for (int i = 0; i < 20; ++i) {
+    REQUIRE(pool.Post(1 + i % 2, [&] {
+                  absl::SleepFor(absl::Microseconds(200));
+                  ran.fetch_add(1);
+                })
+                .ok());
+  }
+  std::atomic<bool> idle{false};
+  std::thread waiter([&] {
+    pool.AwaitIdle();
+    idle.store(true);
+  });
+  absl::SleepFor(absl::Milliseconds(50));
+  CHECK_FALSE(idle.load());  // the first task of session 1 still runs, and tasks wait behind it
+  release.Notify();
+  waiter.join();
+  CHECK(ran.load() == 21);
+  CHECK(pool.queued() == 0);
+  CHECK(pool.running() == 0);
+}
+
 TEST_CASE("a session closed with tasks queued has none of them run; `then` follows the running one") {
   AdmissionPool pool(2, 16);
   pool.Open(7);

@@ -58,6 +58,10 @@ class CompletionSink {
  public:
   explicit CompletionSink(std::unique_ptr<wire::SharedRing> ring) : ring_(std::move(ring)) {}
 
+  // The ring's descriptors (a hot restart hands duplicates over).
+  int memfd() const { return ring_->memfd(); }
+  int eventfd() const { return ring_->eventfd(); }
+
   void Post(const v1::TransferStatus& status) {
     wire::Completion c;
     c.flags = status.has_digest() || !status.error_message().empty() ? wire::kCompletionHasMore : 0;
@@ -160,14 +164,13 @@ class SessionServerImpl final : public SessionServer {
                                                    options_.max_queued_per_session);
     }
     reserve_ = OpenReserve();
-    thread_ = std::thread([this] { Loop(); });
+    if (!Watch(wake_read_.get(), kWakeTag) || !Watch(listener_.get(), kListenerTag)) {
+      spdlog::error("session socket: epoll_ctl failed: {}", std::strerror(errno));
+    }
   }
 
   ~SessionServerImpl() override {
-    stop_.store(true);
-    const char b = 1;
-    (void)::write(wake_write_.get(), &b, 1);
-    thread_.join();
+    StopPolling();
     // Admissions running finish (their answers go out), queued ones are dropped unrun, and the
     // sessions closed while one of theirs ran are ended, before the open ones are below.
     admission_.reset();
@@ -180,6 +183,103 @@ class SessionServerImpl final : public SessionServer {
   size_t active_sessions() const override { return count_.load(); }
   size_t admissions_queued() const override {
     return admission_ != nullptr ? admission_->queued() : 0;
+  }
+
+  void Pause() override {
+    StopPolling();
+    // Nothing is posted any more: the packets already read are served (SUBMITs admitted and
+    // answered), so a handover leaves none of them behind.
+    if (admission_ != nullptr) admission_->AwaitIdle();
+  }
+
+  void Resume() override {
+    if (thread_.joinable()) return;
+    stop_.store(false);
+    thread_ = std::thread([this] { Loop(); });
+  }
+
+  absl::Status ExportState(handover::SessionServerState* out,
+                           std::vector<UniqueFd>* fds) const override {
+    if (thread_.joinable()) {
+      return absl::FailedPreconditionError("handover: the session server is not paused");
+    }
+    auto dup = [fds](int fd) -> absl::StatusOr<int32_t> {
+      UniqueFd copy(::fcntl(fd, F_DUPFD_CLOEXEC, 0));
+      if (!copy.valid()) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "handover: cannot duplicate a session socket descriptor: ", std::strerror(errno)));
+      }
+      fds->push_back(std::move(copy));
+      return static_cast<int32_t>(fds->size() - 1);
+    };
+    KVRAIL_ASSIGN_OR_RETURN(const int32_t listener, dup(listener_.get()));
+    out->set_listener_fd(listener);
+    for (const auto& [raw, conn] : sessions_) {
+      handover::ConnectionRecord* record = out->add_connections();
+      record->set_session_id(conn->id);
+      record->set_uid(conn->uid);
+      KVRAIL_ASSIGN_OR_RETURN(const int32_t index, dup(raw));
+      record->set_fd(index);
+      record->set_completion_memfd(-1);
+      record->set_completion_eventfd(-1);
+      if (conn->completions != nullptr) {
+        KVRAIL_ASSIGN_OR_RETURN(const int32_t memfd, dup(conn->completions->memfd()));
+        KVRAIL_ASSIGN_OR_RETURN(const int32_t eventfd, dup(conn->completions->eventfd()));
+        record->set_completion_memfd(memfd);
+        record->set_completion_eventfd(eventfd);
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  // Takes a predecessor's connections (their sessions are already in the region table). Before
+  // Resume: the poll thread does not run yet.
+  absl::Status AdoptConnections(const handover::SessionServerState& state,
+                                std::vector<UniqueFd>* fds) {
+    for (const handover::ConnectionRecord& record : state.connections()) {
+      KVRAIL_ASSIGN_OR_RETURN(UniqueFd fd, TakeHanded(fds, record.fd(), "connections.fd"));
+      if (!regions_->SessionOpen(record.session_id())) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "handover: connections: session ", record.session_id(), " is not in the region table"));
+      }
+      const int raw = fd.get();
+      epoll_event event{};
+      event.events = EPOLLIN | EPOLLRDHUP;
+      event.data.u64 = static_cast<uint64_t>(raw);
+      if (::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, raw, &event) != 0) {
+        return absl::InternalError(absl::StrCat("handover: epoll_ctl: ", std::strerror(errno)));
+      }
+      auto conn = std::make_shared<Connection>(record.session_id(), record.uid(), std::move(fd));
+      if (record.completion_memfd() >= 0) {
+        KVRAIL_ASSIGN_OR_RETURN(UniqueFd memfd,
+                                TakeHanded(fds, record.completion_memfd(), "completion_memfd"));
+        KVRAIL_ASSIGN_OR_RETURN(UniqueFd eventfd,
+                                TakeHanded(fds, record.completion_eventfd(), "completion_eventfd"));
+        // The ring's head and tail are in the shared memory: posting goes on where it stopped.
+        absl::StatusOr<std::unique_ptr<wire::SharedRing>> ring = wire::SharedRing::Attach(
+            std::move(memfd), std::move(eventfd), wire::kCompletionEntryBytes);
+        if (!ring.ok()) {
+          return absl::Status(ring.status().code(),
+                              absl::StrCat("handover: session ", record.session_id(),
+                                           ": completion queue: ", ring.status().message()));
+        }
+        conn->completions = std::make_shared<CompletionSink>(std::move(*ring));
+      }
+      if (admission_ != nullptr) admission_->Open(record.session_id());
+      sessions_.emplace(raw, std::move(conn));
+      ++per_uid_[record.uid()];
+    }
+    count_.store(sessions_.size());
+    return absl::OkStatus();
+  }
+
+  static absl::StatusOr<UniqueFd> TakeHanded(std::vector<UniqueFd>* fds, int32_t index,
+                                             absl::string_view field) {
+    if (index < 0 || static_cast<size_t>(index) >= fds->size() || !(*fds)[index].valid()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "handover: ", field, ": descriptor ", index, " is not in the bundle (or used twice)"));
+    }
+    return std::move((*fds)[index]);
   }
 
  private:
@@ -222,6 +322,19 @@ class SessionServerImpl final : public SessionServer {
 
   static UniqueFd OpenReserve() { return UniqueFd(::open("/dev/null", O_RDONLY | O_CLOEXEC)); }
 
+  // Stops the poll thread (if it runs) and returns once it has stopped.
+  void StopPolling() {
+    if (!thread_.joinable()) return;
+    stop_.store(true);
+    const char b = 1;
+    (void)::write(wake_write_.get(), &b, 1);
+    thread_.join();
+    // The wake-up bytes are spent: a resumed loop must not spin on them.
+    char drain[64];
+    while (::read(wake_read_.get(), drain, sizeof(drain)) > 0) {
+    }
+  }
+
   bool Watch(int fd, uint64_t tag) {
     epoll_event event{};
     event.events = EPOLLIN;
@@ -230,10 +343,6 @@ class SessionServerImpl final : public SessionServer {
   }
 
   void Loop() {
-    if (!Watch(wake_read_.get(), kWakeTag) || !Watch(listener_.get(), kListenerTag)) {
-      spdlog::error("session socket: epoll_ctl failed: {}", std::strerror(errno));
-      return;
-    }
     std::vector<epoll_event> events(256);
     // After serving a packet the thread polls without sleeping for options_.spin (the next
     // packet of a critical transfer, e.g. its WAIT, then costs no wake-up).
@@ -696,15 +805,47 @@ absl::StatusOr<std::unique_ptr<SessionServer>> SessionServer::Start(
   }
   KVRAIL_RETURN_IF_ERROR(bind->Publish(options.mode));
   int pipe_fds[2];
-  if (::pipe2(pipe_fds, O_CLOEXEC) != 0) {
+  if (::pipe2(pipe_fds, O_CLOEXEC | O_NONBLOCK) != 0) {
     return absl::InternalError(absl::StrCat("pipe: ", std::strerror(errno)));
   }
   UniqueFd wake_read(pipe_fds[0]), wake_write(pipe_fds[1]);
   UniqueFd epoll(::epoll_create1(EPOLL_CLOEXEC));
   if (!epoll.valid()) return absl::InternalError(absl::StrCat("epoll: ", std::strerror(errno)));
-  return std::unique_ptr<SessionServer>(std::make_unique<SessionServerImpl>(
-      std::move(listener), std::move(wake_read), std::move(wake_write), std::move(epoll), regions,
-      options));
+  auto server = std::make_unique<SessionServerImpl>(std::move(listener), std::move(wake_read),
+                                                   std::move(wake_write), std::move(epoll),
+                                                   regions, options);
+  server->Resume();
+  return std::unique_ptr<SessionServer>(std::move(server));
+}
+
+absl::StatusOr<std::unique_ptr<SessionServer>> SessionServer::Adopt(
+    const SessionServerOptions& options, regions::RegionTable* regions,
+    const handover::SessionServerState& state, std::vector<UniqueFd>* fds) {
+  KVRAIL_ASSIGN_OR_RETURN(UniqueFd listener,
+                          SessionServerImpl::TakeHanded(fds, state.listener_fd(), "listener_fd"));
+  int type = 0;
+  socklen_t len = sizeof(type);
+  if (::getsockopt(listener.get(), SOL_SOCKET, SO_TYPE, &type, &len) != 0 ||
+      type != SOCK_SEQPACKET) {
+    return absl::InvalidArgumentError("handover: listener_fd is not a SOCK_SEQPACKET socket");
+  }
+  // accept4 on it must not block the poll thread.
+  const int flags = ::fcntl(listener.get(), F_GETFL);
+  if (flags < 0 || ::fcntl(listener.get(), F_SETFL, flags | O_NONBLOCK) != 0) {
+    return absl::InternalError(absl::StrCat("handover: listener_fd: ", std::strerror(errno)));
+  }
+  int pipe_fds[2];
+  if (::pipe2(pipe_fds, O_CLOEXEC | O_NONBLOCK) != 0) {
+    return absl::InternalError(absl::StrCat("pipe: ", std::strerror(errno)));
+  }
+  UniqueFd wake_read(pipe_fds[0]), wake_write(pipe_fds[1]);
+  UniqueFd epoll(::epoll_create1(EPOLL_CLOEXEC));
+  if (!epoll.valid()) return absl::InternalError(absl::StrCat("epoll: ", std::strerror(errno)));
+  auto server = std::make_unique<SessionServerImpl>(std::move(listener), std::move(wake_read),
+                                                   std::move(wake_write), std::move(epoll),
+                                                   regions, options);
+  KVRAIL_RETURN_IF_ERROR(server->AdoptConnections(state, fds));
+  return std::unique_ptr<SessionServer>(std::move(server));
 }
 
 }  // namespace kvrail::session

@@ -22,9 +22,12 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "base/unique_fd.h"
+#include "daemon/handover/state.pb.h"
 #include "daemon/regions/regions.h"
 #include "proto/kvrail/v1/transfer.pb.h"
 
@@ -130,6 +133,27 @@ class SessionServer {
   virtual size_t active_sessions() const = 0;
   // Packets waiting for an admission worker, every session together (stats, tests).
   virtual size_t admissions_queued() const = 0;
+
+  // --- Hot restart (daemon/handover) ---
+  // A predecessor's listener and connections (their sessions already imported into `regions`),
+  // with their completion queues; descriptors are taken out of `fds` by the state's indices.
+  // The server is returned paused: it serves from Resume (after the handover commits), so a
+  // successor that fails before then has answered nothing.
+  static absl::StatusOr<std::unique_ptr<SessionServer>> Adopt(
+      const SessionServerOptions& options, regions::RegionTable* regions,
+      const handover::SessionServerState& state, std::vector<UniqueFd>* fds);
+  // Stops the poll thread and lets the admission workers finish the packets it had read (returns
+  // once both are done): nothing more is accepted or read, packets wait in the sockets, and every
+  // SUBMIT read before has been answered. Answers to waits registered earlier are still sent (by
+  // the threads that end the transfers). Pause, Resume and ExportState are called from one
+  // thread.
+  virtual void Pause() = 0;
+  // Starts the poll thread again (a server that Start returned runs already).
+  virtual void Resume() = 0;
+  // While paused: duplicates of the listener, of every connection and of their completion
+  // queues' descriptors, appended to `fds` and named by index.
+  virtual absl::Status ExportState(handover::SessionServerState* out,
+                                   std::vector<UniqueFd>* fds) const = 0;
 };
 
 }  // namespace kvrail::session

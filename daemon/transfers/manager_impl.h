@@ -62,6 +62,10 @@ class TransferManagerImpl final : public TransferManager {
       const v1::TransferSpec& spec) override;
   void CheckDeadlines() override;
   void Drain(absl::Duration timeout) override;
+  // (inherited.cc)
+  absl::Status Quiesce(absl::Duration timeout) override;
+  void ExportState(handover::TransferState* out) const override;
+  void ImportState(const handover::TransferState& state) override;
   // (observe.cc)
   absl::Status Authorize(uint64_t id, const regions::Caller& caller,
                          TransferUse use) const override;
@@ -212,6 +216,13 @@ class TransferManagerImpl final : public TransferManager {
 
   mutable absl::Mutex mu_;
   uint64_t next_id_ ABSL_GUARDED_BY(mu_);
+  // Transfers that ended in a predecessor (ImportState), answered by id.
+  absl::flat_hash_map<uint64_t, handover::EndedTransfer> inherited_ ABSL_GUARDED_BY(mu_);
+  // The inherited transfer `id`, if any (a copy).
+  std::optional<handover::EndedTransfer> FindInherited(uint64_t id) const ABSL_LOCKS_EXCLUDED(mu_);
+  // Authorize for an inherited transfer (the same rules, from its recorded sessions).
+  static absl::Status AuthorizeInherited(const handover::EndedTransfer& ended,
+                                         const regions::Caller& caller, TransferUse use);
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   History history_ ABSL_GUARDED_BY(mu_);

@@ -9,7 +9,12 @@ namespace kvrail::transfers {
 
 absl::Status TransferManagerImpl::Authorize(uint64_t id, const regions::Caller& caller,
                                             TransferUse use) const {
-  KVRAIL_ASSIGN_OR_RETURN(auto record, Find(id));
+  absl::StatusOr<std::shared_ptr<Record>> found = Find(id);
+  if (!found.ok()) {
+    std::optional<handover::EndedTransfer> ended = FindInherited(id);
+    return ended.has_value() ? AuthorizeInherited(*ended, caller, use) : found.status();
+  }
+  const std::shared_ptr<Record>& record = *found;
   const bool submitter =
       caller.session_id != 0 && record->submitter_session() == caller.session_id;
   if (submitter) return absl::OkStatus();
@@ -46,12 +51,14 @@ absl::Status TransferManagerImpl::Authorize(uint64_t id, const regions::Caller& 
 }
 
 absl::StatusOr<v1::TransferStatus> TransferManagerImpl::Get(uint64_t id) const {
+  if (std::optional<handover::EndedTransfer> ended = FindInherited(id)) return ended->status();
   KVRAIL_ASSIGN_OR_RETURN(auto record, Find(id));
   return record->Status();
 }
 
 absl::StatusOr<v1::TransferStatus> TransferManagerImpl::Wait(uint64_t id,
                                                             absl::Duration timeout) const {
+  if (std::optional<handover::EndedTransfer> ended = FindInherited(id)) return ended->status();
   KVRAIL_ASSIGN_OR_RETURN(auto record, Find(id));
   // The timeout is measured by the injected clock (as deadlines are); waiting happens in short
   // real-time slices, so a clock that a test moves by hand ends the wait on the next slice.
@@ -66,6 +73,10 @@ absl::StatusOr<v1::TransferStatus> TransferManagerImpl::Wait(uint64_t id,
 
 absl::Status TransferManagerImpl::WhenEnded(
     uint64_t id, std::function<void(const v1::TransferStatus&)> done, bool counted) const {
+  if (std::optional<handover::EndedTransfer> ended = FindInherited(id)) {
+    done(ended->status());
+    return absl::OkStatus();
+  }
   KVRAIL_ASSIGN_OR_RETURN(auto record, Find(id));
   return record->WhenEnded(std::move(done), counted);
 }
@@ -75,6 +86,14 @@ absl::Status TransferManagerImpl::WatchStep(uint64_t id, absl::Duration min_inte
                                             std::vector<v1::TransferEvent>* events) const {
   if (cursor->over) return absl::OkStatus();
   if (cursor->record == nullptr) {
+    if (std::optional<handover::EndedTransfer> ended = FindInherited(id)) {
+      v1::TransferEvent event;  // ended already: the snapshot is the whole story
+      event.set_kind(v1::TransferEvent::KIND_SNAPSHOT);
+      *event.mutable_status() = ended->status();
+      cursor->over = true;
+      events->push_back(std::move(event));
+      return absl::OkStatus();
+    }
     KVRAIL_ASSIGN_OR_RETURN(cursor->record, Find(id));
     const Record& record = *cursor->record;
     cursor->version = record.version();
@@ -145,6 +164,8 @@ absl::Status TransferManagerImpl::Watch(
 }
 
 absl::StatusOr<v1::TransferStatus> TransferManagerImpl::Cancel(uint64_t id) {
+  // An inherited transfer has ended: cancelling it changes nothing, as for a record here.
+  if (std::optional<handover::EndedTransfer> ended = FindInherited(id)) return ended->status();
   KVRAIL_ASSIGN_OR_RETURN(auto record, Find(id));
   if (record->inbound() && !record->IsFinal()) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -157,6 +178,10 @@ absl::StatusOr<v1::TransferStatus> TransferManagerImpl::Cancel(uint64_t id) {
 
 absl::Status TransferManagerImpl::MarkReady(uint64_t id, uint32_t layer_begin,
                                             uint32_t layer_count) {
+  if (FindInherited(id).has_value()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "transfer_id: transfer ", id, " has ended (before kvraild's hot restart)"));
+  }
   KVRAIL_ASSIGN_OR_RETURN(auto record, Find(id));
   KVRAIL_ASSIGN_OR_RETURN(std::vector<uint32_t> tiles,
                           record->MarkReady(layer_begin, layer_count == 0 ? 1 : layer_count));

@@ -15,6 +15,7 @@
 #include "absl/time/time.h"
 #include "base/clock.h"
 #include "daemon/engine/engine.h"
+#include "daemon/handover/state.pb.h"
 #include "daemon/planner/planner.h"
 #include "daemon/regions/regions.h"
 #include "daemon/transfers/engine_registry.h"
@@ -161,6 +162,17 @@ class TransferManager : public InboundSink {
   // Fails transfers whose deadline has passed (by the injected clock). A background thread calls
   // it; tests may call it directly.
   virtual void CheckDeadlines() = 0;
+  // --- Hot restart (daemon/handover) ---
+  // Waits until no transfer of this manager is running (their submitters' waits are answered
+  // as they end) or `timeout` passes: then FAILED_PRECONDITION naming how many still run (the
+  // caller keeps serving; nothing is refused or failed here). The caller holds new submits back.
+  virtual absl::Status Quiesce(absl::Duration timeout) = 0;
+  // The ended transfers (newest first) and the next transfer id, for a successor that answers
+  // questions about them (Get, Wait, WhenEnded, Authorize).
+  virtual void ExportState(handover::TransferState* out) const = 0;
+  // Before the first submit: takes a predecessor's ended transfers (answered as the
+  // predecessor would: same status, same submitter) and continues its ids.
+  virtual void ImportState(const handover::TransferState& state) = 0;
   // Refuses new transfers, lets running ones finish for up to `timeout`, then fails the rest with
   // UNAVAILABLE and waits until none of their tiles runs.
   virtual void Drain(absl::Duration timeout) = 0;

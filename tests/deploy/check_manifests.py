@@ -41,8 +41,12 @@ check(any("nvidia-cuda-mps" in v for v in keys.get("After", [])), "unit: ordered
 for k in ["NoNewPrivileges", "ProtectSystem", "ProtectHome", "PrivateTmp", "DevicePolicy"]:
     check(k in keys, f"unit: hardening {k}")
 check("--socket /run/kvrail/kvrail.sock" in keys["ExecStart"][0], "unit: socket in the RuntimeDirectory")
-check(keys.get("Type") == ["notify"] and keys.get("NotifyAccess") == ["main"],
-      "unit: Type=notify (kvraild sends READY=1, STATUS=, STOPPING=1)")
+check(keys.get("Type") == ["notify"] and keys.get("NotifyAccess") == ["all"],
+      "unit: Type=notify (kvraild sends READY=1, STATUS=, STOPPING=1; a hot restart's successor "
+      "READY=1 and MAINPID=, hence NotifyAccess=all)")
+reload = keys.get("ExecReload", [""])[0]
+check("--take-over auto" in reload and "--socket /run/kvrail/kvrail.sock" in reload,
+      "unit: reload is a hot restart (a successor with --take-over auto on the same socket)")
 # DeviceAllow: group names as /proc/devices lists them (the NVIDIA driver's and RDMA's), or
 # device paths. Names that exist nowhere (char-nvidiactl, char-uverbs) allow nothing.
 known_groups = {"nvidia-frontend", "nvidia", "nvidia-uvm", "nvidia-caps", "nvidia-modeset",
@@ -146,12 +150,23 @@ if init:
     caps = init.get("securityContext", {}).get("capabilities", {})
     check(caps.get("drop") == ["ALL"] and set(caps.get("add", [])) <= {"CHOWN", "FOWNER"},
           "daemonset: the init container keeps only CHOWN and FOWNER")
-ports = {p.get("name"): p["containerPort"] for p in c.get("ports", [])}
-check("metrics" in ports, "daemonset: a metrics port")
+# Hot restart on update: the new pod starts beside the old one and takes over through the shared
+# socket directory; a declared port would be a host port (hostNetwork) and keep it off the node.
+rolling = ds["spec"].get("updateStrategy", {}).get("rollingUpdate", {})
+check(rolling.get("maxSurge") == 1 and rolling.get("maxUnavailable") == 0,
+      "daemonset: updates surge one pod per node and keep the old one until the new one serves")
+args = c.get("args", [])
+check("--take-over" in args and args[args.index("--take-over") + 1] == "auto",
+      "daemonset: kvraild takes over from the old pod's (--take-over auto)")
+check("--linger-after-handover" in args,
+      "daemonset: the old kvraild idles after handing over (an exit would be restarted)")
+check(not c.get("ports"), "daemonset: no declared ports (host ports would block the surge pod)")
+metrics_port = ds["spec"]["template"]["metadata"].get("annotations", {}).get("prometheus.io/port")
+check(metrics_port is not None, "daemonset: the metrics port in the scrape annotation")
 cm = next((d for d in docs if d["kind"] == "ConfigMap"), None)
 check(cm is not None, "daemonset: a ConfigMap with the config")
-if cm and "metrics" in ports:
-    check(f':{ports["metrics"]}"' in cm["data"]["kvraild.textproto"], "daemonset: the config serves metrics on that port")
+if cm and metrics_port:
+    check(f':{metrics_port}"' in cm["data"]["kvraild.textproto"], "daemonset: the config serves metrics on that port")
 def probe(name):
     return c.get(name, {}).get("exec", {}).get("command", [])
 check("health" in probe("livenessProbe") and "--service" not in probe("livenessProbe"),

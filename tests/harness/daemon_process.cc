@@ -56,9 +56,9 @@ std::string RunfilePath(const std::string& workspace_relative) {
 }
 
 bool DaemonProcess::Start(const std::string& dir, const std::vector<std::string>& extra_args,
-                          bool probe) {
+                          bool probe, const std::string& log_name, int wait_ms) {
   socket_ = dir + "/kvrail.sock";
-  log_ = dir + "/kvraild.log";
+  log_ = dir + "/" + log_name;
   std::vector<std::string> args = {RunfilePath("daemon/kvraild"), "--socket", socket_,
                                    "--log-level", "debug"};
   args.insert(args.end(), extra_args.begin(), extra_args.end());
@@ -74,7 +74,7 @@ bool DaemonProcess::Start(const std::string& dir, const std::vector<std::string>
   const int rc = posix_spawn(&pid_, argv[0], &actions, nullptr, argv.data(), environ);
   posix_spawn_file_actions_destroy(&actions);
   if (rc != 0) return false;
-  for (int i = 0; i < 200; ++i) {
+  for (int i = 0; i < wait_ms / 10; ++i) {
     int status;
     if (::waitpid(pid_, &status, WNOHANG) == pid_) {
       pid_ = -1;
@@ -94,7 +94,7 @@ bool DaemonProcess::Start(const std::string& dir, const std::vector<std::string>
 
 int DaemonProcess::Stop(int signal, int timeout_ms) {
   if (pid_ < 0) return -1;
-  ::kill(pid_, signal);
+  if (signal != 0) ::kill(pid_, signal);
   for (int waited = 0; waited < timeout_ms; waited += 10) {
     int status;
     if (::waitpid(pid_, &status, WNOHANG) == pid_) {

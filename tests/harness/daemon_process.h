@@ -28,15 +28,17 @@ class TempDir {
 // One kvraild child process. Not thread-safe. The destructor kills a daemon still running.
 class DaemonProcess {
  public:
-  // Starts kvraild with --socket <dir>/kvrail.sock plus `extra_args`; waits until it logs
-  // "ready: " and, with `probe`, until the socket answers a health RPC (false otherwise). Without
-  // `probe` this process makes no gRPC connection of its own to the daemon, as when another
-  // process restarts it: a client's channel then sees only its own reconnect attempts (gRPC
-  // shares one connection between channels to the same target).
+  // Starts kvraild with --socket <dir>/kvrail.sock plus `extra_args`, logging to <dir>/`log_name`;
+  // waits up to `wait_ms` until it logs "ready: " and, with `probe`, until the socket answers a
+  // health RPC (false otherwise, or when it exits first). Without `probe` this process makes no
+  // gRPC connection of its own to the daemon, as when another process restarts it: a client's
+  // channel then sees only its own reconnect attempts (gRPC shares one connection between
+  // channels to the same target). A hot restart's successor runs in its predecessor's folder
+  // with a log of its own.
   bool Start(const std::string& dir, const std::vector<std::string>& extra_args = {},
-             bool probe = true);
-  // Sends `signal` and waits up to `timeout_ms`; returns the exit status (WEXITSTATUS) or -1 when
-  // it did not exit normally in time (it is then killed).
+             bool probe = true, const std::string& log_name = "kvraild.log", int wait_ms = 2000);
+  // Sends `signal` (0: none, only waits) and waits up to `timeout_ms`; returns the exit status
+  // (WEXITSTATUS) or -1 when it did not exit normally in time (it is then killed).
   int Stop(int signal, int timeout_ms = 20000);
   ~DaemonProcess();
 
