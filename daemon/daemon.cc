@@ -182,7 +182,7 @@ struct Identity {
 // A hot restart's state on either side (daemon/handover). Thread contract: `takeover` is the
 // start thread's; the listener calls back on its own thread, which alone uses `held_back`.
 struct HotRestartState {
-  HotRestart options;
+  handover::HotRestartOptions options;  // HotRestartOptionsFrom
   // The successor's side while it starts: the predecessor's bundle, committed at the end.
   std::unique_ptr<handover::Takeover> takeover;
   // The predecessor's side: the handover socket, and whether a successor took over.
@@ -196,10 +196,9 @@ struct HotRestartState {
 
 class DaemonImpl final : public Daemon {
  public:
-  DaemonImpl(v1::DaemonConfig config, HotRestart hot_restart, sigset_t signals)
-      : signals_(signals) {
+  DaemonImpl(v1::DaemonConfig config, sigset_t signals) : signals_(signals) {
     id_.config = std::move(config);
-    hot_.options = std::move(hot_restart);
+    hot_.options = HotRestartOptionsFrom(id_.config);
   }
   ~DaemonImpl() override;
 
@@ -270,7 +269,7 @@ absl::Status DaemonImpl::Start() {
                c.unix_socket());
   // One daemon per socket, decided before anything at that path is unlinked or bound. A hot
   // restart's successor adopts its predecessor's lock instead (BeginTakeover).
-  if (hot_.options.take_over.empty()) {
+  if (hot_.options.take_over_path.empty()) {
     KVRAIL_ASSIGN_OR_RETURN(socket_lock_, server::SocketLock::Acquire(c.unix_socket()));
   }
   KVRAIL_ASSIGN_OR_RETURN(id_.topology, LoadTopology(c));
@@ -518,7 +517,7 @@ absl::Status DaemonImpl::StartServer() {
     // socket renamed over the predecessor's: no moment without one at the path). Calls still
     // reaching the predecessor are sent here, to the socket's private path.
     KVRAIL_RETURN_IF_ERROR(
-        hot_.takeover->Commit(absl::Seconds(10), "unix:" + grpc_bind->bind_path()));
+        hot_.takeover->Commit(hot_.options.release_timeout, "unix:" + grpc_bind->bind_path()));
     hot_.takeover.reset();
     sessions_->Resume();
     spdlog::info("take_over: committed; serving the predecessor's sessions");
@@ -601,15 +600,13 @@ void DaemonImpl::Serve() {
 
 absl::Status DaemonImpl::BeginTakeover() {
   const v1::DaemonConfig& c = config();
-  const std::string& take_over = hot_.options.take_over;
-  if (take_over.empty()) return absl::OkStatus();
-  const bool automatic = take_over == "auto";
-  const std::string path = automatic ? handover::HandoverSocketPath(c.unix_socket()) : take_over;
+  const std::string& path = hot_.options.take_over_path;
+  if (path.empty()) return absl::OkStatus();
   // The predecessor finishes its running transfers first (at most drain_timeout_ms).
-  absl::StatusOr<std::unique_ptr<handover::Takeover>> begun = handover::Takeover::Begin(
-      path, absl::Milliseconds(c.drain_timeout_ms()) + absl::Seconds(30));
+  absl::StatusOr<std::unique_ptr<handover::Takeover>> begun =
+      handover::Takeover::Begin(path, hot_.options.bundle_timeout);
   if (!begun.ok()) {
-    if (automatic && absl::IsUnavailable(begun.status())) {
+    if (hot_.options.cold_when_nobody_answers && absl::IsUnavailable(begun.status())) {
       spdlog::info("take_over: auto: no predecessor answers {}; starting cold", path);
       KVRAIL_ASSIGN_OR_RETURN(socket_lock_, server::SocketLock::Acquire(c.unix_socket()));
       return absl::OkStatus();
@@ -642,8 +639,8 @@ absl::Status DaemonImpl::StartHandoverListener() {
   predecessor.released = [this](const std::string& address) { Released(address); };
   KVRAIL_ASSIGN_OR_RETURN(
       hot_.listener,
-      handover::Listener::Start(handover::HandoverSocketPath(config().unix_socket()),
-                                std::move(predecessor), absl::Seconds(30)));
+      handover::Listener::Start(hot_.options.listen_path, std::move(predecessor),
+                                hot_.options.commit_timeout));
   return absl::OkStatus();
 }
 
@@ -703,10 +700,9 @@ void DaemonImpl::Released(const std::string& successor_address) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(v1::DaemonConfig config,
-                                                      HotRestart hot_restart) {
+absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(v1::DaemonConfig config) {
   const sigset_t signals = BlockShutdownSignals();
-  auto daemon = std::make_unique<DaemonImpl>(std::move(config), std::move(hot_restart), signals);
+  auto daemon = std::make_unique<DaemonImpl>(std::move(config), signals);
   KVRAIL_RETURN_IF_ERROR(daemon->Start());
   return std::unique_ptr<Daemon>(std::move(daemon));
 }

@@ -85,14 +85,16 @@ int main(int argc, char** argv) {
   app.add_option("--tile-bytes", tile_bytes, "target tile size in bytes");
   app.add_option("--drain-timeout-ms", drain_ms, "how long SIGTERM lets transfers finish");
   app.add_option("--topology-file", topology_file, "replay this topology instead of discovering");
-  kvrail::daemon::HotRestart hot_restart;
-  app.add_option("--take-over", hot_restart.take_over,
-                 "hot restart: take sessions, regions and sockets over from the kvraild serving "
-                 "this socket (\"auto\": when one answers its handover socket, else start cold; "
-                 "or a handover socket path)");
-  app.add_flag("--linger-after-handover", hot_restart.linger_after_handover,
-               "after a hot restart handed everything over, idle until SIGTERM instead of "
-               "exiting (for supervisors that restart an exited process: the DaemonSet)");
+  std::string take_over;
+  bool linger_after_handover = false;
+  app.add_option("--take-over", take_over,
+                 "take_over: hot restart: take sessions, regions and sockets over from the "
+                 "kvraild serving this socket (\"auto\": when one answers its handover socket, "
+                 "else start cold; or a handover socket path)");
+  app.add_flag("--linger-after-handover", linger_after_handover,
+               "linger_after_handover: after a hot restart handed everything over, idle until "
+               "SIGTERM instead of exiting (for supervisors that restart an exited process: the "
+               "DaemonSet)");
   std::string metrics_listen;
   app.add_option("--metrics-listen", metrics_listen, "serve Prometheus metrics on host:port");
   app.add_option("--cuda-engine", cuda_engine,
@@ -131,6 +133,8 @@ int main(int argc, char** argv) {
   flags.set_tile_bytes(tile_bytes);
   flags.set_drain_timeout_ms(drain_ms);
   flags.set_topology_file(topology_file);
+  flags.set_take_over(take_over);
+  flags.set_linger_after_handover(linger_after_handover);
   flags.set_metrics_listen(metrics_listen);
   flags.set_cuda_engine(cuda_engine);
   if (cuda_max_ctas >= 0) flags.set_cuda_max_ctas(static_cast<uint32_t>(cuda_max_ctas));
@@ -149,7 +153,7 @@ int main(int argc, char** argv) {
     return kvrail::daemon::kExitStartFailed;
   }
   absl::StatusOr<std::unique_ptr<kvrail::daemon::Daemon>> daemon =
-      kvrail::daemon::Daemon::Start(std::move(config), std::move(hot_restart));
+      kvrail::daemon::Daemon::Start(std::move(config));
   if (!daemon.ok()) {
     kvrail::ReportFatal(daemon.status().ToString());
     return kvrail::daemon::Daemon::ExitCodeOf(daemon.status());

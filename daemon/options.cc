@@ -189,4 +189,19 @@ metrics::MetricsOptions MetricsOptionsFrom(const v1::DaemonConfig& config, int g
   return options;
 }
 
+handover::HotRestartOptions HotRestartOptionsFrom(const v1::DaemonConfig& config) {
+  handover::HotRestartOptions options;
+  options.listen_path = handover::HandoverSocketPath(config.unix_socket());
+  const std::string& take_over = config.take_over();
+  options.cold_when_nobody_answers = take_over == "auto";
+  if (!take_over.empty()) {
+    options.take_over_path = take_over == "auto" ? options.listen_path : take_over;
+  }
+  const absl::Duration timeout = absl::Milliseconds(config.handover_timeout_ms());
+  options.bundle_timeout = absl::Milliseconds(config.drain_timeout_ms()) + timeout;
+  options.commit_timeout = timeout;
+  options.linger_after_handover = config.linger_after_handover();
+  return options;
+}
+
 }  // namespace kvrail::daemon

@@ -17,6 +17,7 @@
 #include "daemon/engine/cuda/cuda_engine.h"
 #include "daemon/engine/engine.h"
 #include "daemon/fabric/fabric.h"
+#include "daemon/handover/handover.h"
 #include "daemon/metrics/metrics.h"
 #include "daemon/metrics/mps.h"
 #include "daemon/regions/regions.h"
@@ -83,5 +84,10 @@ server::ServerOptions ServerOptionsFrom(const v1::DaemonConfig& config);
 // The metrics endpoint's options (the stats and peers callbacks are the Daemon's).
 metrics::MetricsOptions MetricsOptionsFrom(const v1::DaemonConfig& config, int gpus,
                                            int cuda_gpus);
+
+// Hot restart: this daemon's handover socket ("<unix_socket>.handover"), whom it takes over from
+// (take_over: "auto" is that same path, cold when nobody answers) and the waits
+// (handover_timeout_ms; the successor's wait for the bundle adds drain_timeout_ms).
+handover::HotRestartOptions HotRestartOptionsFrom(const v1::DaemonConfig& config);
 
 }  // namespace kvrail::daemon

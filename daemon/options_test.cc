@@ -143,5 +143,30 @@ TEST_CASE("etcd: client, record and directory options") {
   CHECK(d.endpoints == c.endpoints);
 }
 
+TEST_CASE("hot restart: the handover socket, whom to take over from, and the waits") {
+  handover::HotRestartOptions cold = HotRestartOptionsFrom(Finalized("unix_socket: '/r/k.sock'"));
+  CHECK(cold.listen_path == "/r/k.sock.handover");
+  CHECK(cold.take_over_path.empty());
+  CHECK_FALSE(cold.cold_when_nobody_answers);
+  CHECK(cold.commit_timeout == absl::Seconds(30));
+  CHECK(cold.bundle_timeout == absl::Seconds(40));  // drain_timeout_ms (10 s) + 30 s
+  CHECK_FALSE(cold.linger_after_handover);
+
+  handover::HotRestartOptions automatic = HotRestartOptionsFrom(
+      Finalized("unix_socket: '/r/k.sock' take_over: 'auto' linger_after_handover: true "
+                "handover_timeout_ms: 5000 drain_timeout_ms: 2000"));
+  CHECK(automatic.take_over_path == "/r/k.sock.handover");
+  CHECK(automatic.cold_when_nobody_answers);
+  CHECK(automatic.commit_timeout == absl::Seconds(5));
+  CHECK(automatic.bundle_timeout == absl::Seconds(7));
+  CHECK(automatic.linger_after_handover);
+
+  handover::HotRestartOptions named = HotRestartOptionsFrom(
+      Finalized("unix_socket: '/r/k.sock' take_over: '/old/k.sock.handover'"));
+  CHECK(named.take_over_path == "/old/k.sock.handover");
+  CHECK_FALSE(named.cold_when_nobody_answers);
+  CHECK(named.listen_path == "/r/k.sock.handover");
+}
+
 }  // namespace
 }  // namespace kvrail::daemon

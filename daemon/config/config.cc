@@ -226,6 +226,34 @@ absl::Status FinalizeEtcd(v1::DaemonConfig* config) {
   return absl::OkStatus();
 }
 
+// Hot restart (docs/operations.md, "Hot restart"): defaults, then checks naming the key. The
+// handover socket is "<unix_socket>.handover", which must fit a socket address too.
+absl::Status FinalizeHotRestart(v1::DaemonConfig* config) {
+  if (config->handover_timeout_ms() == 0) config->set_handover_timeout_ms(30000);
+  if (config->handover_timeout_ms() < 1000 || config->handover_timeout_ms() > 600000) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "handover_timeout_ms: ", config->handover_timeout_ms(), " is outside [1000, 600000]"));
+  }
+  constexpr size_t kMaxSocketPath = 107;  // sockaddr_un.sun_path less its terminating NUL
+  if (config->unix_socket().size() + 9 > kMaxSocketPath) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "unix_socket: its handover socket ", config->unix_socket(),
+        ".handover is longer than 107 bytes; use a shorter path"));
+  }
+  const std::string& take_over = config->take_over();
+  if (take_over.empty() || take_over == "auto") return absl::OkStatus();
+  if (take_over[0] != '/') {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "take_over: '", take_over.substr(0, 128),
+        "' is not auto or the absolute path of a handover socket"));
+  }
+  if (take_over.size() > kMaxSocketPath) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("take_over: path longer than 107 bytes: ", take_over.substr(0, 128)));
+  }
+  return absl::OkStatus();
+}
+
 // The inter-node data path (docs/fabric.md): defaults, then checks naming the key. fabric.nics
 // defaults to the host of tcp_listen; a node with peers (static or through etcd) needs one.
 absl::Status FinalizeFabric(v1::DaemonConfig* config) {
@@ -401,6 +429,9 @@ absl::Status FinalizeConfig(v1::DaemonConfig* config) {
       return absl::InvalidArgumentError(
           absl::StrCat("peers[", node, "]: the address must be host:port, got '", address, "'"));
     }
+  }
+  if (absl::Status hot_restart = FinalizeHotRestart(config); !hot_restart.ok()) {
+    return hot_restart;
   }
   if (absl::Status etcd = FinalizeEtcd(config); !etcd.ok()) return etcd;
   if (absl::Status peers = CheckPeerSecurity(*config); !peers.ok()) return peers;

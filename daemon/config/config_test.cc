@@ -78,6 +78,35 @@ TEST_CASE("bad values are rejected naming the key") {
   check("peers { key: \"x\" value: \"nocolon\" }", "peers[x]:");
 }
 
+TEST_CASE("hot restart: handover_timeout_ms defaults, take_over and the handover path checked") {
+  auto parsed = ParseConfig("take_over: 'auto'", "t");
+  REQUIRE(parsed.ok());
+  REQUIRE(FinalizeConfig(&*parsed).ok());
+  CHECK(parsed->handover_timeout_ms() == 30000);
+  CHECK(parsed->take_over() == "auto");
+  auto path = ParseConfig("take_over: '/run/old/kvrail.sock.handover'", "t");
+  REQUIRE(path.ok());
+  CHECK(FinalizeConfig(&*path).ok());
+  auto check = [](const std::string& text, const std::string& key) {
+    auto bad = ParseConfig(text, "t");
+    REQUIRE(bad.ok());
+    const absl::Status status = FinalizeConfig(&*bad);
+    INFO(text << ": " << status.message());
+    REQUIRE(!status.ok());
+    CHECK(std::string(status.message()).rfind(key, 0) == 0);
+  };
+  check("take_over: 'yes'", "take_over:");
+  check("take_over: 'relative/kvrail.sock.handover'", "take_over:");
+  check("take_over: '/" + std::string(107, 'a') + "'", "take_over:");
+  check("handover_timeout_ms: 999", "handover_timeout_ms:");
+  check("handover_timeout_ms: 600001", "handover_timeout_ms:");
+  // 99 bytes pass the socket's own limit; its ".handover" (108 bytes) does not fit.
+  check("unix_socket: '/" + std::string(98, 's') + "'", "unix_socket:");
+  auto longest = ParseConfig("unix_socket: '/" + std::string(97, 's') + "'", "t");
+  REQUIRE(longest.ok());
+  CHECK(FinalizeConfig(&*longest).ok());
+}
+
 TEST_CASE("peers and TCP need mTLS unless insecure_peers says so explicitly") {
   auto finalize = [](const char* text) {
     auto parsed = ParseConfig(text, "t");

@@ -34,6 +34,26 @@ namespace kvrail::handover {
 // The handover socket that belongs to a daemon's unix socket path.
 std::string HandoverSocketPath(const std::string& unix_socket);
 
+// How one daemon takes part in hot restarts, on either side (daemon/options.h,
+// HotRestartOptionsFrom: the config's take_over, linger_after_handover, handover_timeout_ms).
+struct HotRestartOptions {
+  // This daemon's handover socket, served for its successor.
+  std::string listen_path;
+  // Empty: start cold. Otherwise the predecessor's handover socket to take over from.
+  std::string take_over_path;
+  // take_over "auto": when nothing answers take_over_path, start cold instead of failing.
+  bool cold_when_nobody_answers = false;
+  // The successor's wait for the bundle (Takeover::Begin; the predecessor finishes its running
+  // transfers first).
+  absl::Duration bundle_timeout = absl::Seconds(40);
+  // The predecessor's wait for the successor's commit (Listener::Start).
+  absl::Duration commit_timeout = absl::Seconds(30);
+  // The successor's wait for RELEASED after its commit (Takeover::Commit).
+  absl::Duration release_timeout = absl::Seconds(10);
+  // After a release, idle until SIGTERM instead of exiting.
+  bool linger_after_handover = false;
+};
+
 // The state and the descriptors its `*_fd` fields index.
 struct Bundle {
   HandoverState state;
