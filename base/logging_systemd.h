@@ -11,6 +11,9 @@
 namespace kvrail {
 
 // Thread-safe. Each returns whether systemd was told (false outside a notify unit or on error).
+// READY=1 with MAINPID= this process: a hot restart's successor, which systemd did not start,
+// becomes the unit's main process (NotifyAccess=all); for the process systemd started it changes
+// nothing.
 bool NotifyReady(const std::string& status);
 bool NotifyStopping(const std::string& status);
 bool NotifyStatus(const std::string& status);

@@ -42,10 +42,12 @@ struct FakeSystemd {
   }
 };
 
-TEST_CASE("sd_notify: READY, STATUS and STOPPING reach the notify socket, one line each") {
+TEST_CASE("sd_notify: READY (with MAINPID), STATUS and STOPPING reach the notify socket, one line each") {
   FakeSystemd systemd;
   CHECK(NotifyReady("serving: 0 regions"));
-  CHECK(systemd.Receive() == "READY=1\nSTATUS=serving: 0 regions");
+  // MAINPID: a hot restart's successor makes itself the unit's main process this way.
+  CHECK(systemd.Receive() ==
+        "READY=1\nMAINPID=" + std::to_string(::getpid()) + "\nSTATUS=serving: 0 regions");
   CHECK(NotifyStatus("serving: 2 regions,\n1 active"));
   CHECK(systemd.Receive() == "STATUS=serving: 2 regions, 1 active");
   CHECK(NotifyStopping("draining"));
