@@ -37,12 +37,21 @@ for name, docs in (("base", base), ("rdma", rdma)):
     check(all(pod["metadata"]["labels"].get(k) == v for k, v in svc["spec"]["selector"].items()),
           f"{name}: the Service selects the DaemonSet's pods")
     ports = {p["name"]: p["containerPort"] for p in c.get("ports", [])}
+
+    def target(svc_port):
+        # A container port's name, or a number (the DaemonSet declares no ports: with hostNetwork
+        # they would be host ports and keep the hot restart's surge pod off the node).
+        t = svc_port["targetPort"]
+        return ports.get(t) if isinstance(t, str) else t
+
     sm_ports = {e["port"] for e in sm["spec"]["endpoints"]}
     svc_ports = {p["name"]: p for p in svc["spec"]["ports"]}
-    check(sm_ports <= set(svc_ports) and all(svc_ports[p]["targetPort"] in ports for p in sm_ports),
-          f"{name}: the ServiceMonitor's port is the Service's, which is the container's")
+    check(sm_ports <= set(svc_ports) and all(target(svc_ports[p]) is not None for p in sm_ports),
+          f"{name}: the ServiceMonitor's port is the Service's, which targets the container")
+    metrics_port = target(svc_ports["metrics"]) if "metrics" in svc_ports else None
     config = docs[("ConfigMap", "kvraild-config")]["data"]["kvraild.textproto"]
-    check(f':{ports.get("metrics")}"' in config, f"{name}: metrics_listen binds the metrics port")
+    check(metrics_port is not None and f':{metrics_port}"' in config,
+          f"{name}: metrics_listen binds the port the Service targets")
     check(ns["metadata"]["labels"].get("pod-security.kubernetes.io/enforce") == "privileged",
           f"{name}: the namespace's Pod Security level admits hostNetwork/hostIPC/hostPath")
     check(c["securityContext"].get("runAsUser") == 990 and c["image"].startswith("kvraild"),
