@@ -32,6 +32,8 @@ cleanup() {
   rm -rf "$tmp"
 }
 trap cleanup EXIT
+# The log exists before the loop below reads it (the background shell may open it later).
+: >"$tmp/log"
 "$dir/daemon/kvraild" --socket "$tmp/k.sock" --metrics-listen 127.0.0.1:0 --log-level info \
   2>"$tmp/log" &
 pid=$!
