@@ -27,7 +27,7 @@ steps=(
   "model|one two|560|300|model handover: prefill process on the source GPU, decode on the destination, tokens vs one process, handover vs TTFT, bulk vs streaming"
   "python|one two|300|60|Python 16 MiB overhead vs the C++ client (same daemon, interleaved); per-layer and cuMem regions"
   "layouts|one two|420|110|named + 12 random layouts through the kernel vs the aligned layout, at the default 32 CTAs and tuned 132"
-  "first|one two|300|60|first transfer vs warm (warm-up on/off) and the first transfer's phases"
+  "first|one two|360|150|first transfer vs warm (warm-up on/off) and the first transfer's phases"
   "streaming|one two|420|200|layer-wise streaming vs bulk under MPS: the last layer's tail after prefill's last kernel"
   "critical|one two|360|90|16 MiB critical transfer latency (phases) and the kernel + copy-engine split at 4-128 KiB"
   "scattered|two|560|300|1 GiB scattered at 4/16/32/128 KiB vs the copy engine's contiguous ceiling: shipped defaults, then tuned"
@@ -321,7 +321,7 @@ step_first() {
   local rc=0
   prog first_vs_warm 150 bin/first_transfer_bench first $pair || rc=1
   show first_vs_warm
-  prog first_phases 120 bin/critical_path_bench first $pair || rc=1
+  prog first_phases 200 bin/critical_path_bench first $pair || rc=1
   show first_phases
   return $rc
 }
