@@ -24,6 +24,7 @@ all_args=("$@")
 steps=(
   "tests|one two|480|150|every GPU test binary but the daemon's (kernel, digest, import, relay, fabric kernels, stream wait): passed/failed/skipped per binary"
   "engine-tests|one two|480|200|the daemon end to end (cuda_engine_gpu_test) and the consumer-side flags (flags_gpu_test): passed/failed/skipped"
+  "restart|one two|180|40|hot restart with GPU regions: a successor kvraild takes over while 3 clients keep CUDA-engine transfers between GPU regions in flight; bytes read back, pre-restart regions used after: passed/failed/skipped"
   "model|one two|560|300|model handover: prefill process on the source GPU, decode on the destination, tokens vs one process, handover vs TTFT, bulk vs streaming"
   "python|one two|300|60|Python 16 MiB overhead vs the C++ client (same daemon, interleaved); per-layer and cuMem regions"
   "layouts|one two|420|110|named + 12 random layouts through the kernel vs the aligned layout, at the default 32 CTAs and tuned 132"
@@ -54,7 +55,7 @@ usage() {
   echo
   echo "Steps of shape '-' run only when named. A call stops starting steps after CALL_SECONDS" \
     "(570 s; a step is cut to what is left)." \
-    "Calls that fit by the expected times: 'tests engine-tests python', 'layouts first" \
+    "Calls that fit by the expected times: 'tests engine-tests python restart', 'layouts first" \
     "critical', 'model', 'streaming relay', 'scattered', 'gemm'."
 }
 shape=${1:-}
@@ -279,6 +280,12 @@ step_engine-tests() {
   catch2_header
   catch2 cuda_engine_gpu_test 330 --durations yes || rc=1
   catch2 flags_gpu_test 120 || rc=1
+  return $rc
+}
+step_restart() {
+  local rc=0
+  catch2_header
+  catch2 hot_restart_gpu_test 150 --durations yes || rc=1
   return $rc
 }
 step_model() {

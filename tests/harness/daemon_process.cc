@@ -51,6 +51,11 @@ std::string RunfilePath(const std::string& workspace_relative) {
     self[n] = '\0';
     std::string p = std::string(self) + ".runfiles/kvrail/" + workspace_relative;
     if (::access(p.c_str(), X_OK) == 0) return p;
+    // A packed binary (tests/gpu/pack.sh): the programs lie beside it in bin/.
+    const std::string exe(self);
+    const std::string dir = exe.substr(0, exe.rfind('/') + 1);
+    p = dir + workspace_relative.substr(workspace_relative.rfind('/') + 1);
+    if (::access(p.c_str(), X_OK) == 0) return p;
   }
   return workspace_relative;  // a test's working directory is the runfiles root
 }

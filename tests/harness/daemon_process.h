@@ -53,7 +53,9 @@ class DaemonProcess {
   std::string log_;
 };
 
-// Path of a binary built by Bazel, from the test's runfiles ("daemon/kvraild").
+// Path of a binary built by Bazel, from the test's runfiles ("daemon/kvraild"): TEST_SRCDIR /
+// TEST_WORKSPACE, else the runfiles tree beside the running binary, else (a packed binary, see
+// tests/gpu/pack.sh) the program of that base name in the running binary's own folder.
 std::string RunfilePath(const std::string& workspace_relative);
 
 // Runs a command, captures stdout and stderr separately; returns the exit status.

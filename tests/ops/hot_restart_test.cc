@@ -8,7 +8,6 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -24,66 +23,10 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "tests/integration/kv_fixture.h"
-
-extern char** environ;
+#include "tests/ops/child_process.h"
 
 namespace kvrail::testing {
 namespace {
-
-// A child process with a pipe to its stdin and one from its stdout.
-class Child {
- public:
-  explicit Child(const std::vector<std::string>& args) {
-    int in[2], out[2];
-    REQUIRE(::pipe2(in, O_CLOEXEC) == 0);
-    REQUIRE(::pipe2(out, O_CLOEXEC) == 0);
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_adddup2(&actions, in[0], 0);
-    posix_spawn_file_actions_adddup2(&actions, out[1], 1);
-    std::vector<std::string> copy = args;
-    std::vector<char*> argv;
-    for (auto& a : copy) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    REQUIRE(posix_spawn(&pid_, argv[0], &actions, nullptr, argv.data(), environ) == 0);
-    posix_spawn_file_actions_destroy(&actions);
-    ::close(in[0]);
-    ::close(out[1]);
-    stdin_ = in[1];
-    stdout_ = ::fdopen(out[0], "r");
-  }
-  ~Child() {
-    CloseStdin();
-    if (pid_ > 0) {
-      ::kill(pid_, SIGKILL);
-      ::waitpid(pid_, nullptr, 0);
-    }
-    if (stdout_ != nullptr) ::fclose(stdout_);
-  }
-  // The next line of its stdout ("" at the end).
-  std::string ReadLine() {
-    char line[512];
-    if (std::fgets(line, sizeof(line), stdout_) == nullptr) return "";
-    std::string text(line);
-    if (!text.empty() && text.back() == '\n') text.pop_back();
-    return text;
-  }
-  void CloseStdin() {
-    if (stdin_ >= 0) ::close(stdin_);
-    stdin_ = -1;
-  }
-  int Wait() {
-    int status = 0;
-    ::waitpid(pid_, &status, 0);
-    pid_ = -1;
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  }
-
- private:
-  pid_t pid_ = -1;
-  int stdin_ = -1;
-  FILE* stdout_ = nullptr;
-};
 
 v1::Stats StatsOf(const std::string& socket) {
   auto c = client::Client::Connect(socket);
@@ -131,9 +74,9 @@ TEST_CASE("a successor takes over while 150 transfers from 3 processes are in fl
 
   constexpr int kClients = 3;
   constexpr int kBatch = 50;  // in flight per client: 150 in all
-  std::vector<std::unique_ptr<Child>> clients;
+  std::vector<std::unique_ptr<ChildProcess>> clients;
   for (int i = 0; i < kClients; ++i) {
-    clients.push_back(std::make_unique<Child>(std::vector<std::string>{
+    clients.push_back(std::make_unique<ChildProcess>(std::vector<std::string>{
         RunfilePath("tests/ops/hot_restart_client"), old_daemon.socket(),
         std::to_string(kBatch), std::to_string(i + 1)}));
   }
