@@ -8,7 +8,8 @@ set -euo pipefail
 dir="$TEST_SRCDIR/$TEST_WORKSPACE/tests/gpu"
 manifest="$dir/pack_manifest.txt"
 src=$(dirname "$(dirname "$(dirname "$(readlink -f "$manifest")")")")
-if [[ ! -d $src/.git || ! -f $src/WORKSPACE ]]; then
+# .git is a folder in a checkout, a file in a git worktree.
+if [[ ! -e $src/.git || ! -f $src/WORKSPACE ]]; then
   echo "FAIL: the source tree is not reachable from the runfiles ($src)"
   exit 1
 fi
