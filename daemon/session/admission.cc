@@ -137,7 +137,6 @@ void AdmissionPool::Work() {
     std::function<void()> then;
     {
       absl::MutexLock lock(&mu_);
-      --running_;
       auto it = queues_.find(id);
       if (it != queues_.end()) {
         Queue& queue = it->second;
@@ -149,8 +148,13 @@ void AdmissionPool::Work() {
           ready_.push_back(id);  // its next task after the other sessions' turns
         }
       }
+      if (!then) --running_;
     }
-    if (then) then();
+    if (then) {
+      then();  // counted as running until it returns (AwaitIdle waits for it too)
+      absl::MutexLock lock(&mu_);
+      --running_;
+    }
   }
 }
 

@@ -114,6 +114,31 @@ TEST_CASE("AwaitIdle returns once every queued task has run (none dropped)") {
   CHECK(pool.running() == 0);
 }
 
+TEST_CASE("AwaitIdle also waits for a closed session's `then` (its session's end)") {
+  AdmissionPool pool(1, 8);
+  pool.Open(1);
+  absl::Notification entered, release;
+  REQUIRE(pool.Post(1, [&] {
+                entered.Notify();
+                release.WaitForNotification();
+              })
+              .ok());
+  REQUIRE(entered.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  std::atomic<bool> awaited{false}, awaited_during_then{true};
+  pool.Close(1, [&] {
+    absl::SleepFor(absl::Milliseconds(50));  // AwaitIdle would return meanwhile if it could
+    awaited_during_then.store(awaited.load());
+  });
+  std::thread waiter([&] {
+    pool.AwaitIdle();
+    awaited.store(true);
+  });
+  release.Notify();
+  waiter.join();
+  CHECK_FALSE(awaited_during_then.load());
+  CHECK(pool.running() == 0);
+}
+
 TEST_CASE("a session closed with tasks queued has none of them run; `then` follows the running one") {
   AdmissionPool pool(2, 16);
   pool.Open(7);

@@ -59,8 +59,14 @@ class CompletionSink {
   explicit CompletionSink(std::unique_ptr<wire::SharedRing> ring) : ring_(std::move(ring)) {}
 
   // The ring's descriptors (a hot restart hands duplicates over).
-  int memfd() const { return ring_->memfd(); }
-  int eventfd() const { return ring_->eventfd(); }
+  int memfd() {
+    absl::MutexLock lock(&mu_);
+    return ring_->memfd();
+  }
+  int eventfd() {
+    absl::MutexLock lock(&mu_);
+    return ring_->eventfd();
+  }
 
   void Post(const v1::TransferStatus& status) {
     wire::Completion c;
@@ -222,9 +228,9 @@ class SessionServerImpl final : public SessionServer {
       record->set_fd(index);
       record->set_completion_memfd(-1);
       record->set_completion_eventfd(-1);
-      if (conn->completions != nullptr) {
-        KVRAIL_ASSIGN_OR_RETURN(const int32_t memfd, dup(conn->completions->memfd()));
-        KVRAIL_ASSIGN_OR_RETURN(const int32_t eventfd, dup(conn->completions->eventfd()));
+      if (const std::shared_ptr<CompletionSink> sink = conn->Completions(); sink != nullptr) {
+        KVRAIL_ASSIGN_OR_RETURN(const int32_t memfd, dup(sink->memfd()));
+        KVRAIL_ASSIGN_OR_RETURN(const int32_t eventfd, dup(sink->eventfd()));
         record->set_completion_memfd(memfd);
         record->set_completion_eventfd(eventfd);
       }
@@ -263,6 +269,7 @@ class SessionServerImpl final : public SessionServer {
                               absl::StrCat("handover: session ", record.session_id(),
                                            ": completion queue: ", ring.status().message()));
         }
+        absl::MutexLock lock(&conn->mu);
         conn->completions = std::make_shared<CompletionSink>(std::move(*ring));
       }
       if (admission_ != nullptr) admission_->Open(record.session_id());
