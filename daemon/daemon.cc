@@ -36,7 +36,9 @@
 #include "daemon/metrics/metrics.h"
 #include "daemon/metrics/mps.h"
 #include "daemon/options.h"
+#include "daemon/access/access.h"
 #include "daemon/regions/regions.h"
+#include "daemon/sessions/sessions.h"
 #include "daemon/server/private_bind.h"
 #include "daemon/server/server.h"
 #include "daemon/server/socket_lock.h"
@@ -232,7 +234,10 @@ class DaemonImpl final : public Daemon {
   // Declared first so that it is released last, after the sockets are removed on the way out.
   std::unique_ptr<server::SocketLock> socket_lock_;
   Identity id_;
+  // In this order: the region table and the grants hook the session table's ends.
+  std::unique_ptr<sessions::SessionTable> session_table_;
   std::unique_ptr<regions::RegionTable> regions_;
+  std::unique_ptr<access::Grants> grants_;
   std::unique_ptr<engine::Engine> engine_;
   std::unique_ptr<engine::Engine> cuda_engine_;  // nullptr: no CUDA engine
   std::unique_ptr<directory::Directory> directory_;
@@ -306,8 +311,11 @@ absl::Status DaemonImpl::Start() {
 }
 
 absl::Status DaemonImpl::StartRegions() {
-  regions_ = regions::RegionTable::Create(clock_, regions::RandomIdBases(),
+  session_table_ = sessions::SessionTable::Create(sessions::SessionLimits{},
+                                                 sessions::RandomIdBase());
+  regions_ = regions::RegionTable::Create(clock_, session_table_.get(), sessions::RandomIdBase(),
                                           GpuNames(id_.topology.desc()), RegionLimitsFrom(config()));
+  grants_ = access::Grants::Create(clock_, session_table_.get(), regions_.get());
   return absl::OkStatus();
 }
 
@@ -391,15 +399,16 @@ absl::Status DaemonImpl::StartFabric() {
   fabric::FabricOptions options = FabricOptionsFrom(c, id_.topology);
   options.tls = peer_tls_;
   KVRAIL_ASSIGN_OR_RETURN(fabric_,
-                          fabric::Fabric::Create(options, regions_.get(), directory_.get()));
+                          fabric::Fabric::Create(options, session_table_.get(), regions_.get(),
+                                                 grants_.get(), directory_.get()));
   return absl::OkStatus();
 }
 
 absl::Status DaemonImpl::StartTransfers() {
   // Notification queues live as long as their sessions (a session's end drops its queue).
   notifications_ = transfers::NotificationHub::Create(
-      [table = regions_.get()](uint64_t session) { return table->SessionOpen(session); });
-  regions_->AddSessionEndHook([hub = notifications_.get()](uint64_t s) { hub->EndSession(s); });
+      [table = session_table_.get()](uint64_t session) { return table->SessionOpen(session); });
+  session_table_->AddSessionEndHook([hub = notifications_.get()](uint64_t s) { hub->EndSession(s); });
   transfers::Options options = TransferOptionsFrom(config(), id_.topology);
   options.notifications = notifications_.get();
   options.remote = fabric_.get();
@@ -413,11 +422,12 @@ absl::Status DaemonImpl::StartTransfers() {
   transfers::EngineRegistry engines;
   engines.Add(engine_.get());
   engines.Add(cuda_engine_.get());  // null when there is none
-  transfers_ = transfers::TransferManager::Create(regions_.get(), engines, clock_, options);
+  transfers_ = transfers::TransferManager::Create(regions_.get(), grants_.get(), engines, clock_,
+                                                  options);
   // Inbound fabric transfers are recorded by the manager (detached in the destructor).
   if (fabric_) fabric_->SetInboundSink(transfers_.get());
   // A session's end fails the transfers waiting for readiness only it could give.
-  regions_->AddSessionEndHook([t = transfers_.get()](uint64_t s) { t->EndSession(s); });
+  session_table_->AddSessionEndHook([t = transfers_.get()](uint64_t s) { t->EndSession(s); });
   return absl::OkStatus();
 }
 
@@ -459,12 +469,12 @@ absl::Status DaemonImpl::StartSessions() {
   options.submit = [transfers](const v1::TransferSpec& spec) {
     return transfers->SubmitWithinNode(spec);
   };
-  options.wait = [transfers](const regions::Caller& caller, uint64_t id,
+  options.wait = [transfers](const sessions::Caller& caller, uint64_t id,
                              std::function<void(const v1::TransferStatus&)> done) {
     KVRAIL_RETURN_IF_ERROR(transfers->Authorize(id, caller, transfers::TransferUse::kRead));
     return transfers->WhenEnded(id, std::move(done));
   };
-  options.follow = [transfers](const regions::Caller& caller, uint64_t id,
+  options.follow = [transfers](const sessions::Caller& caller, uint64_t id,
                                std::function<void(const v1::TransferStatus&)> done) {
     KVRAIL_RETURN_IF_ERROR(transfers->Authorize(id, caller, transfers::TransferUse::kRead));
     return transfers->WhenEnded(id, std::move(done), /*counted=*/false);
@@ -475,7 +485,7 @@ absl::Status DaemonImpl::StartSessions() {
   if (hot_.takeover != nullptr) {
     // The predecessor's listener and connections, served from the commit on (StartServer).
     handover::Bundle& bundle = hot_.takeover->bundle();
-    KVRAIL_ASSIGN_OR_RETURN(sessions_, session::SessionServer::Adopt(options, regions_.get(),
+    KVRAIL_ASSIGN_OR_RETURN(sessions_, session::SessionServer::Adopt(options, session_table_.get(),
                                                                      bundle.state.sessions(),
                                                                      &bundle.fds));
     for (const handover::QueuedNotification& queued : bundle.state.notifications()) {
@@ -483,7 +493,7 @@ absl::Status DaemonImpl::StartSessions() {
     }
     return absl::OkStatus();
   }
-  KVRAIL_ASSIGN_OR_RETURN(sessions_, session::SessionServer::Start(options, regions_.get()));
+  KVRAIL_ASSIGN_OR_RETURN(sessions_, session::SessionServer::Start(options, session_table_.get()));
   return absl::OkStatus();
 }
 
@@ -511,7 +521,8 @@ absl::Status DaemonImpl::StartServer() {
     options.extra_services.push_back(fabric_->peer_service());
   }
   KVRAIL_ASSIGN_OR_RETURN(server_,
-                          server::Server::Start(options, regions_.get(), transfers_.get()));
+                          server::Server::Start(options, session_table_.get(), regions_.get(),
+                                                grants_.get(), transfers_.get()));
   if (hot_.takeover != nullptr) {
     // Nothing can fail any more: the predecessor lets go, then this daemon serves (its gRPC
     // socket renamed over the predecessor's: no moment without one at the path). Calls still
@@ -627,7 +638,11 @@ absl::Status DaemonImpl::BeginTakeover() {
                bundle.state.predecessor_version(), bundle.state.regions().sessions_size(),
                bundle.state.regions().regions_size(), bundle.state.sessions().connections_size(),
                id_.lineage_id);
+  // Sessions and fd tokens first (the regions' owners and uids), then the regions, then the
+  // grants of them.
+  KVRAIL_RETURN_IF_ERROR(session_table_->ImportState(bundle.state.regions(), &bundle.fds));
   KVRAIL_RETURN_IF_ERROR(regions_->ImportState(bundle.state.regions(), &bundle.fds));
+  grants_->ImportState(bundle.state.regions());
   transfers_->ImportState(bundle.state.transfers());
   return absl::OkStatus();
 }
@@ -658,7 +673,10 @@ absl::StatusOr<handover::Bundle> DaemonImpl::PrepareHandover() {
   if (!lock.valid()) return absl::ResourceExhaustedError("handover: cannot duplicate the lock");
   bundle.fds.push_back(std::move(lock));
   bundle.state.set_socket_lock_fd(0);
+  KVRAIL_RETURN_IF_ERROR(
+      session_table_->ExportState(bundle.state.mutable_regions(), &bundle.fds));
   KVRAIL_RETURN_IF_ERROR(regions_->ExportState(bundle.state.mutable_regions(), &bundle.fds));
+  grants_->ExportState(bundle.state.mutable_regions());
   transfers_->ExportState(bundle.state.mutable_transfers());
   KVRAIL_RETURN_IF_ERROR(sessions_->ExportState(bundle.state.mutable_sessions(), &bundle.fds));
   hot_.held_back.clear();

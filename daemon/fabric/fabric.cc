@@ -33,7 +33,9 @@ class FabricImpl final : public Fabric {
  public:
   ~FabricImpl() override;
   static absl::StatusOr<std::unique_ptr<Fabric>> Create(const FabricOptions& options,
+                                                        const sessions::SessionTable* sessions,
                                                         regions::RegionTable* regions,
+                                                        const access::Grants* grants,
                                                         directory::Directory* directory);
 
   // Fabric
@@ -96,7 +98,9 @@ std::string InterfaceOf(const std::string& address) {
 }
 
 absl::StatusOr<std::unique_ptr<Fabric>> FabricImpl::Create(const FabricOptions& given,
+                                                           const sessions::SessionTable* sessions,
                                                            regions::RegionTable* regions,
+                                                           const access::Grants* grants,
                                                            directory::Directory* directory) {
   // The options first, so a bad fabric.* key is reported before anything about the peers.
   KVRAIL_RETURN_IF_ERROR(Lanes::CheckOptions(given));
@@ -118,7 +122,7 @@ absl::StatusOr<std::unique_ptr<Fabric>> FabricImpl::Create(const FabricOptions& 
   KVRAIL_ASSIGN_OR_RETURN(f->lanes_, Lanes::Create(options, f->peers_.get()));
   f->leases_ = std::make_unique<Leases>(options.node_id, regions, f->peers_.get());
   f->receiver_ =
-      Receiver::Create(options, f->lanes_.get(), f->peers_.get(), f->leases_.get(), regions);
+      Receiver::Create(options, f->lanes_.get(), f->peers_.get(), f->leases_.get(), regions, grants);
   // Peer control and the sender need each other (a lost peer fails the sender's transfers; the
   // sender introduces a peer that is not up): both calls go through this facade, and neither
   // happens before Create returns (the liveness thread and the service start later).
@@ -138,7 +142,7 @@ absl::StatusOr<std::unique_ptr<Fabric>> FabricImpl::Create(const FabricOptions& 
   });
   f->lanes_->StartProxies(f->sender_.get(), f->receiver_.get());
   f->service_ = MakePeerService(options.node_id, boot_id, f->control_.get(), f->leases_.get(),
-                                f->receiver_.get(), regions, /*require_certificates=*/
+                                f->receiver_.get(), sessions, regions, /*require_certificates=*/
                                 options.tls != nullptr);
   spdlog::info("{}", f->Describe());
   return std::unique_ptr<Fabric>(std::move(fabric));
@@ -163,9 +167,11 @@ void FabricImpl::OnPeerLost(PeerConn* peer, const absl::Status& why) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Fabric>> Fabric::Create(const FabricOptions& options,
+                                                       const sessions::SessionTable* sessions,
                                                        regions::RegionTable* regions,
+                                                       const access::Grants* grants,
                                                        directory::Directory* directory) {
-  return FabricImpl::Create(options, regions, directory);
+  return FabricImpl::Create(options, sessions, regions, grants, directory);
 }
 
 }  // namespace kvrail::fabric

@@ -16,7 +16,9 @@
 #include "absl/status/statusor.h"
 #include "daemon/directory/directory.h"
 #include "daemon/fabric/fabric_options.h"  // FabricOptions
+#include "daemon/access/access.h"
 #include "daemon/regions/regions.h"
+#include "daemon/sessions/sessions.h"
 #include "daemon/transfers/remote_path.h"
 
 namespace grpc {
@@ -32,8 +34,12 @@ class Fabric : public transfers::RemotePath {
   // (staging registered for each). Peers the directory lists later are added by the liveness
   // round (each gets the next index); `directory` may be empty at start. Errors name the config
   // key ("fabric.provider: ...", "fabric.nics: ...").
+  // `sessions` identify ExportRegion's caller; `grants` decide which tenant of a peer node may
+  // write a region. All outlive the fabric.
   static absl::StatusOr<std::unique_ptr<Fabric>> Create(const FabricOptions& options,
+                                                        const sessions::SessionTable* sessions,
                                                         regions::RegionTable* regions,
+                                                        const access::Grants* grants,
                                                         directory::Directory* directory);
   ~Fabric() override = default;
 

@@ -24,7 +24,7 @@ LayerRange DestinationLayers(const planner::RegionView& dst, const v1::TransferS
 
 absl::StatusOr<std::shared_ptr<regions::Region>> AdmitDestination(
     const v1::BeginRemoteTransferRequest& request, const Leases& leases,
-    regions::RegionTable& regions) {
+    const regions::RegionTable& regions, const access::Grants& grants) {
   const v1::TransferSpec& spec = request.spec();
   const uint64_t region_id = spec.dst().region_id();
   KVRAIL_RETURN_IF_ERROR(leases.Get(region_id, request.sender_node_id()).status());
@@ -33,9 +33,9 @@ absl::StatusOr<std::shared_ptr<regions::Region>> AdmitDestination(
     return absl::NotFoundError(absl::StrCat("spec.dst.region_id: ", dst.status().message()));
   }
   const LayerRange layers = DestinationLayers((*dst)->view(), spec);
-  KVRAIL_RETURN_IF_ERROR(regions.CheckAccess(**dst, /*session_id=*/0, spec.dst().grant(),
-                                             v1::GRANT_ACCESS_WRITE, layers.begin, layers.end,
-                                             "spec.dst"));
+  KVRAIL_RETURN_IF_ERROR(grants.CheckAccess(**dst, /*session_id=*/0, spec.dst().grant(),
+                                            v1::GRANT_ACCESS_WRITE, layers.begin, layers.end,
+                                            "spec.dst"));
   return dst;
 }
 

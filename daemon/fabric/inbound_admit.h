@@ -12,6 +12,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "daemon/access/access.h"
 #include "daemon/fabric/leases.h"
 #include "daemon/fabric/peers.h"
 #include "daemon/planner/planner.h"
@@ -30,10 +31,10 @@ LayerRange DestinationLayers(const planner::RegionView& dst, const v1::TransferS
 
 // The destination region, checked: the sender's node holds a lease on it (the export), and the
 // sender's write grant (spec.dst.grant) allows writing these layers: an export alone lets nobody
-// write. Errors name spec.dst.
+// write (`grants` decides). Errors name spec.dst.
 absl::StatusOr<std::shared_ptr<regions::Region>> AdmitDestination(
     const v1::BeginRemoteTransferRequest& request, const Leases& leases,
-    regions::RegionTable& regions);
+    const regions::RegionTable& regions, const access::Grants& grants);
 
 // The receiver's plan, made from the sender's description of the source (request.source) and
 // the destination's view; it must agree with the sender's (bytes_total, tiles_total), and its

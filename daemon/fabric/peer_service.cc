@@ -16,13 +16,14 @@ namespace {
 class PeerServiceImpl final : public v1::Peer::Service {
  public:
   PeerServiceImpl(std::string node_id, uint64_t boot_id, PeerControl* control, Leases* leases,
-                  Receiver* receiver, const regions::RegionTable* regions,
-                  bool require_certificates)
+                  Receiver* receiver, const sessions::SessionTable* sessions,
+                  const regions::RegionTable* regions, bool require_certificates)
       : node_id_(std::move(node_id)),
         boot_id_(boot_id),
         control_(control),
         leases_(leases),
         receiver_(receiver),
+        sessions_(sessions),
         regions_(regions),
         require_certificates_(require_certificates) {}
 
@@ -53,7 +54,7 @@ class PeerServiceImpl final : public v1::Peer::Service {
                           "ExportRegion is served to local clients (the unix socket) only");
     }
     // Exporting lets another node write the region: its owner's decision alone.
-    absl::StatusOr<regions::Caller> caller = server::CallerFromMetadata(*context, *regions_);
+    absl::StatusOr<sessions::Caller> caller = server::CallerFromMetadata(*context, *sessions_);
     if (!caller.ok()) return ToGrpcStatus(caller.status());
     absl::StatusOr<std::shared_ptr<regions::Region>> region = regions_->Get(request->region_id());
     if (region.ok() &&
@@ -133,6 +134,7 @@ class PeerServiceImpl final : public v1::Peer::Service {
   PeerControl* const control_;
   Leases* const leases_;
   Receiver* const receiver_;
+  const sessions::SessionTable* const sessions_;
   const regions::RegionTable* const regions_;
   const bool require_certificates_;
 };
@@ -142,10 +144,11 @@ class PeerServiceImpl final : public v1::Peer::Service {
 std::unique_ptr<grpc::Service> MakePeerService(std::string node_id, uint64_t boot_id,
                                                PeerControl* control, Leases* leases,
                                                Receiver* receiver,
+                                               const sessions::SessionTable* sessions,
                                                const regions::RegionTable* regions,
                                                bool require_certificates) {
   return std::make_unique<PeerServiceImpl>(std::move(node_id), boot_id, control, leases, receiver,
-                                           regions, require_certificates);
+                                           sessions, regions, require_certificates);
 }
 
 }  // namespace kvrail::fabric

@@ -4,6 +4,7 @@
 #pragma once
 
 #include "daemon/regions/regions.h"
+#include "daemon/sessions/sessions.h"
 
 #include <grpcpp/grpcpp.h>
 
@@ -19,13 +20,14 @@ namespace kvrail::fabric {
 
 // The service answers as `node_id` (this run: `boot_id`). The parts outlive it. Thread contract:
 // gRPC calls it concurrently; the parts are thread-safe.
-// `regions` identifies ExportRegion's caller (only a region's owner may export it).
+// `sessions` identify ExportRegion's caller (only a region's owner may export it).
 // `require_certificates` (mTLS, peer_tls.h): every peer RPC takes the caller's node id from its
 // certificate (the unix socket has none: refused) and refuses a message naming another node
 // (PERMISSION_DENIED naming the field); without it (insecure_peers) node ids are as claimed.
 std::unique_ptr<grpc::Service> MakePeerService(std::string node_id, uint64_t boot_id,
                                                PeerControl* control, Leases* leases,
                                                Receiver* receiver,
+                                               const sessions::SessionTable* sessions,
                                                const regions::RegionTable* regions,
                                                bool require_certificates);
 

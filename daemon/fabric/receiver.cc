@@ -84,12 +84,13 @@ bool LogRefusal(uint64_t n) { return n <= 16 || (n & (n - 1)) == 0; }
 class ReceiverImpl final : public Receiver {
  public:
   ReceiverImpl(const FabricOptions& options, Lanes* lanes, PeerTable* peers, const Leases* leases,
-               regions::RegionTable* regions)
+               regions::RegionTable* regions, const access::Grants* grants)
       : options_(options),
         lanes_(lanes),
         peers_(peers),
         leases_(leases),
         regions_(regions),
+        grants_(grants),
         relay_(RelayStage::Create(RelaySide::kReceive, options,
                                   ParseRelayConfig(options.relay.c_str()))) {}
   ~ReceiverImpl() override { Stop(); }
@@ -161,6 +162,7 @@ class ReceiverImpl final : public Receiver {
   PeerTable* const peers_;
   const Leases* const leases_;
   regions::RegionTable* const regions_;
+  const access::Grants* const grants_;
   const std::unique_ptr<RelayStage> relay_;  // the relay hop (PATH_HIERARCHICAL)
   std::vector<std::thread> unpackers_;
 
@@ -210,7 +212,7 @@ absl::Status ReceiverImpl::Begin(const v1::BeginRemoteTransferRequest& request,
         "node '", request.sender_node_id(), "' is not in this daemon's peer directory"));
   }
   KVRAIL_ASSIGN_OR_RETURN(std::shared_ptr<regions::Region> dst,
-                          AdmitDestination(request, *leases_, *regions_));
+                          AdmitDestination(request, *leases_, *regions_, *grants_));
   KVRAIL_ASSIGN_OR_RETURN(InboundPlan planned,
                           PlanInbound(request, dst->view(), options_.slot_bytes));
   KVRAIL_RETURN_IF_ERROR(CheckIntroduced(*peer, request.sender_boot_id()));
@@ -654,8 +656,9 @@ void ReceiverImpl::UnpackLoop() {
 
 std::unique_ptr<Receiver> Receiver::Create(const FabricOptions& options, Lanes* lanes,
                                            PeerTable* peers, const Leases* leases,
-                                           regions::RegionTable* regions) {
-  auto receiver = std::make_unique<ReceiverImpl>(options, lanes, peers, leases, regions);
+                                           regions::RegionTable* regions,
+                                           const access::Grants* grants) {
+  auto receiver = std::make_unique<ReceiverImpl>(options, lanes, peers, leases, regions, grants);
   receiver->Start();
   return receiver;
 }

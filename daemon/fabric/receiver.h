@@ -14,6 +14,7 @@
 #include "daemon/fabric/lanes.h"
 #include "daemon/fabric/leases.h"
 #include "daemon/fabric/peers.h"
+#include "daemon/access/access.h"
 #include "daemon/regions/regions.h"
 #include "daemon/transfers/remote_path.h"
 #include "proto/kvrail/v1/peer.pb.h"
@@ -27,7 +28,8 @@ class Receiver : public ArrivalSink {
   // Starts the unpackers. The arguments outlive the receiver.
   static std::unique_ptr<Receiver> Create(const FabricOptions& options, Lanes* lanes,
                                           PeerTable* peers, const Leases* leases,
-                                          regions::RegionTable* regions);
+                                          regions::RegionTable* regions,
+                                          const access::Grants* grants);
 
   // A transfer from `request.sender_node_id` into an exported region: `response` gets its handle
   // (what the sender's tile writes name) and, for the sender's rail-aware lane choice, the

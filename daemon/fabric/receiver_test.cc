@@ -30,7 +30,9 @@
 #include "daemon/fabric/receiver.h"
 #include "daemon/fabric/tile_pack.h"
 #include "daemon/planner/planner.h"
+#include "daemon/access/access.h"
 #include "daemon/regions/regions.h"
+#include "daemon/sessions/sessions.h"
 
 namespace kvrail::fabric {
 namespace {
@@ -54,7 +56,11 @@ v1::PagedKvLayout Layout() {
 
 // One receiving daemon ("node-b") without its gRPC side. Thread-compatible.
 struct Rig {
-  std::unique_ptr<regions::RegionTable> regions = regions::RegionTable::Create(Clock::Real());
+  std::unique_ptr<sessions::SessionTable> session_table = sessions::SessionTable::Create();
+  std::unique_ptr<regions::RegionTable> regions =
+      regions::RegionTable::Create(Clock::Real(), session_table.get());
+  std::unique_ptr<access::Grants> grants =
+      access::Grants::Create(Clock::Real(), session_table.get(), regions.get());
   FabricOptions options;
   PeerTable peers;
   std::unique_ptr<Lanes> lanes;
@@ -93,16 +99,17 @@ struct Rig {
     REQUIRE(a != nullptr);
     REQUIRE(c != nullptr);
     leases = std::make_unique<Leases>(options.node_id, regions.get(), &peers);
-    receiver = Receiver::Create(options, lanes.get(), &peers, leases.get(), regions.get());
+    receiver = Receiver::Create(options, lanes.get(), &peers, leases.get(), regions.get(),
+                                grants.get());
 
     auto k = planner::ResolveLayout(Layout(), UINT64_MAX, "");
     REQUIRE(k.ok());
     layout = *k;
     region_size = k->offset + k->layer_stride * k->num_layers;
-    const uint64_t session = regions->BeginSession();
+    const uint64_t session = session_table->BeginSession();
     UniqueFd fd(::memfd_create("receiver_test", MFD_CLOEXEC | MFD_ALLOW_SEALING));
     REQUIRE((fd.valid() && ::ftruncate(fd.get(), static_cast<off_t>(region_size)) == 0));
-    auto token = regions->AddFd(session, std::move(fd));
+    auto token = session_table->AddFd(session, std::move(fd));
     REQUIRE(token.ok());
     v1::RegionSpec spec;
     *spec.mutable_paged_kv() = Layout();
@@ -117,9 +124,9 @@ struct Rig {
     v1::CreateGrantRequest grant_request;
     grant_request.set_region_id(dst->id());
     grant_request.set_access(v1::GRANT_ACCESS_WRITE);
-    regions::Caller owner;
+    sessions::Caller owner;
     owner.session_id = session;
-    auto granted = regions->CreateGrant(grant_request, owner);
+    auto granted = grants->CreateGrant(grant_request, owner);
     REQUIRE(granted.ok());
     grant = granted->token();
     REQUIRE(leases->Export(dst->id(), "peer-a").ok());

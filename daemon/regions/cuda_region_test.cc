@@ -12,9 +12,12 @@
 #include "base/clock.h"
 #include "base/cuda/cuda_util.h"
 #include "daemon/regions/regions.h"
+#include "daemon/regions/test_tables.h"
 
 namespace kvrail::regions {
 namespace {
+
+using testing::Tables;
 
 v1::RegionSpec CudaSpec() {
   v1::RegionSpec spec;
@@ -37,7 +40,8 @@ TEST_CASE("CUDA specs: the share must be a 64-byte CUDA IPC handle") {
     WARN("no CUDA device: the share checks need one (the no-driver case below covers CI)");
     return;
   }
-  auto table = RegionTable::Create(Clock::Real());
+  Tables tables;
+  RegionTable* table = tables.regions.get();
   v1::RegionSpec spec = CudaSpec();
   spec.mutable_share()->set_cuda_ipc_handle("short");
   auto r = table->Register(spec, 0);
@@ -56,7 +60,8 @@ TEST_CASE("CUDA specs: the share must be a 64-byte CUDA IPC handle") {
 }
 
 TEST_CASE("host specs with a CUDA IPC handle say to set memory_kind") {
-  auto table = RegionTable::Create(Clock::Real());
+  Tables tables;
+  RegionTable* table = tables.regions.get();
   v1::RegionSpec spec = CudaSpec();
   spec.set_memory_kind(v1::MEMORY_KIND_HOST);
   auto r = table->Register(spec, 0);
@@ -66,7 +71,8 @@ TEST_CASE("host specs with a CUDA IPC handle say to set memory_kind") {
 }
 
 TEST_CASE("layout errors come before any CUDA call") {
-  auto table = RegionTable::Create(Clock::Real());
+  Tables tables;
+  RegionTable* table = tables.regions.get();
   v1::RegionSpec spec = CudaSpec();
   spec.set_size_bytes(0);
   auto r = table->Register(spec, 0);
@@ -79,7 +85,8 @@ TEST_CASE("without a CUDA driver or device: FAILED_PRECONDITION naming spec.memo
     WARN("a CUDA device is present: the no-driver case is covered on CI machines only");
     return;
   }
-  auto table = RegionTable::Create(Clock::Real());
+  Tables tables;
+  RegionTable* table = tables.regions.get();
   v1::RegionSpec bad_share = CudaSpec();
   bad_share.mutable_share()->set_fd_token("t");
   v1::RegionSpec short_handle = CudaSpec();
@@ -104,12 +111,14 @@ namespace {
 // import, on a GPU machine the import refuses the fd; either way the error names the field and
 // the client's fd token is not lost.
 TEST_CASE("cuMem shares: errors name the field and give the fd tokens back") {
-  auto table = RegionTable::Create(Clock::Real());
-  const uint64_t session = table->BeginSession();
+  Tables tables;
+  RegionTable* table = tables.regions.get();
+  ::kvrail::sessions::SessionTable* session_table = tables.sessions.get();
+  const uint64_t session = session_table->BeginSession();
   UniqueFd fd(::memfd_create("not-cumem", MFD_CLOEXEC | MFD_ALLOW_SEALING));
   REQUIRE(fd.valid());
   REQUIRE(::ftruncate(fd.get(), 1 << 21) == 0);
-  auto token = table->AddFd(session, UniqueFd(::dup(fd.get())));
+  auto token = session_table->AddFd(session, UniqueFd(::dup(fd.get())));
   REQUIRE(token.ok());
   v1::RegionSpec spec = CudaSpec();
   spec.mutable_share()->Clear();
@@ -137,8 +146,8 @@ TEST_CASE("cuMem shares: errors name the field and give the fd tokens back") {
   CHECK(again.ok());
 
   // Another session's token is refused, naming the chunk.
-  const uint64_t other = table->BeginSession();
-  auto foreign = table->AddFd(other, UniqueFd(::dup(fd.get())));
+  const uint64_t other = session_table->BeginSession();
+  auto foreign = session_table->AddFd(other, UniqueFd(::dup(fd.get())));
   REQUIRE(foreign.ok());
   chunk->set_fd_token(*foreign);
   if (cuda::DeviceCount().ok()) {

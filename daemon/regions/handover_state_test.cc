@@ -1,6 +1,7 @@
-// A region table handed to a successor (ExportState / ImportState, daemon/handover): the same
-// sessions, secrets, fd tokens, region ids over the same memory, and grants; the exported state
-// survives serialization; bad bundles are refused naming the field.
+// The identity and memory tables handed to a successor (each one's ExportState / ImportState,
+// daemon/handover: the session table, the region table, the grants): the same sessions, secrets,
+// fd tokens, region ids over the same memory, and grants; the exported state survives
+// serialization; bad bundles are refused naming the field.
 #define CATCH_CONFIG_MAIN
 #include <catch2/catch.hpp>
 #include <fcntl.h>
@@ -11,7 +12,9 @@
 #include <string>
 
 #include "base/clock.h"
+#include "daemon/access/access.h"
 #include "daemon/regions/regions.h"
+#include "daemon/sessions/sessions.h"
 
 namespace kvrail::regions {
 namespace {
@@ -41,9 +44,29 @@ struct Handed {
   std::vector<UniqueFd> fds;
 };
 
-Handed Export(const RegionTable& table) {
+// The three tables as kvraild holds them (each outlives the ones that hook it).
+struct Tables {
+  explicit Tables(uint64_t first_session_id = 1, uint64_t first_region_id = 1)
+      : sessions(sessions::SessionTable::Create({}, first_session_id)),
+        regions(RegionTable::Create(Clock::Real(), sessions.get(), first_region_id)),
+        grants(access::Grants::Create(Clock::Real(), sessions.get(), regions.get())) {}
+  // As kvraild imports: sessions and fd tokens, then regions, then grants.
+  absl::Status Import(const handover::RegionTableState& state, std::vector<UniqueFd>* fds) {
+    if (absl::Status s = sessions->ImportState(state, fds); !s.ok()) return s;
+    if (absl::Status s = regions->ImportState(state, fds); !s.ok()) return s;
+    grants->ImportState(state);
+    return absl::OkStatus();
+  }
+  std::unique_ptr<sessions::SessionTable> sessions;
+  std::unique_ptr<RegionTable> regions;
+  std::unique_ptr<access::Grants> grants;
+};
+
+Handed Export(const Tables& tables) {
   Handed handed;
-  REQUIRE(table.ExportState(&handed.state, &handed.fds).ok());
+  REQUIRE(tables.sessions->ExportState(&handed.state, &handed.fds).ok());
+  REQUIRE(tables.regions->ExportState(&handed.state, &handed.fds).ok());
+  tables.grants->ExportState(&handed.state);
   // What crosses the socket is bytes: the successor reads it back.
   std::string bytes;
   REQUIRE(handed.state.SerializeToString(&bytes));
@@ -54,46 +77,47 @@ Handed Export(const RegionTable& table) {
 }
 
 TEST_CASE("a successor's table holds the same sessions, regions, tokens and grants") {
-  auto old_table = RegionTable::Create(Clock::Real(), IdBases{1000, 5000});
-  const uint64_t owner = old_table->BeginSession();
-  const uint64_t other = old_table->BeginSession();
-  old_table->SetSessionPeer(owner, 1234);
-  const std::string secret = old_table->SessionSecret(owner);
+  auto old_tables = std::make_unique<Tables>(5000, 1000);
+  Tables& old = *old_tables;
+  const uint64_t owner = old.sessions->BeginSession();
+  const uint64_t other = old.sessions->BeginSession();
+  old.sessions->SetSessionPeer(owner, 1234);
+  const std::string secret = old.sessions->SessionSecret(owner);
 
   UniqueFd memory = Memfd(kBytes);
   uint8_t* client_view = static_cast<uint8_t*>(
       ::mmap(nullptr, kBytes, PROT_READ | PROT_WRITE, MAP_SHARED, memory.get(), 0));
   REQUIRE(client_view != MAP_FAILED);
-  auto token = old_table->AddFd(owner, UniqueFd(::dup(memory.get())));
+  auto token = old.sessions->AddFd(owner, UniqueFd(::dup(memory.get())));
   REQUIRE(token.ok());
-  auto region = old_table->Register(BytesSpec(*token), owner);
+  auto region = old.regions->Register(BytesSpec(*token), owner);
   REQUIRE(region.ok());
   const uint64_t region_id = (*region)->id();
   // An fd passed and not used yet, and a grant to the other session.
-  auto unused = old_table->AddFd(owner, Memfd(kBytes));
+  auto unused = old.sessions->AddFd(owner, Memfd(kBytes));
   REQUIRE(unused.ok());
   v1::CreateGrantRequest grant_request;
   grant_request.set_region_id(region_id);
   grant_request.set_access(v1::GRANT_ACCESS_READ);
-  auto grant = old_table->CreateGrant(grant_request, Caller{owner, 1234});
+  auto grant = old.grants->CreateGrant(grant_request, sessions::Caller{owner, 1234});
   REQUIRE(grant.ok());
 
-  Handed handed = Export(*old_table);
+  Handed handed = Export(old);
   CHECK(handed.state.sessions_size() == 2);
   CHECK(handed.state.regions_size() == 1);
   CHECK(handed.state.pending_fds_size() == 1);
   CHECK(handed.state.grants_size() == 1);
   // The old table is unchanged: it serves on if the successor never commits.
-  CHECK(old_table->size() == 1);
-  CHECK(old_table->Authenticate(owner, secret).ok());
+  CHECK(old.regions->size() == 1);
+  CHECK(old.sessions->Authenticate(owner, secret).ok());
 
-  auto new_table = RegionTable::Create(Clock::Real(), IdBases{900000, 900000});
-  REQUIRE(new_table->ImportState(handed.state, &handed.fds).ok());
-  auto caller = new_table->Authenticate(owner, secret);
+  Tables successor(900000, 900000);
+  REQUIRE(successor.Import(handed.state, &handed.fds).ok());
+  auto caller = successor.sessions->Authenticate(owner, secret);
   REQUIRE(caller.ok());
   CHECK(caller->uid == 1234);
-  CHECK(new_table->SessionOpen(other));
-  auto moved = new_table->Get(region_id);
+  CHECK(successor.sessions->SessionOpen(other));
+  auto moved = successor.regions->Get(region_id);
   REQUIRE(moved.ok());
   CHECK((*moved)->session_id() == owner);
   CHECK((*moved)->spec().name() == "pool");
@@ -101,44 +125,44 @@ TEST_CASE("a successor's table holds the same sessions, regions, tokens and gran
   std::memcpy(client_view, "handed over", 12);
   CHECK(std::memcmp((*moved)->data(), "handed over", 12) == 0);
   // The grant lets the other session read; the unused token registers in the successor.
-  CHECK(new_table
+  CHECK(successor.grants
             ->CheckAccess(**moved, other, grant->token(), v1::GRANT_ACCESS_READ, 0, 0, "spec.src")
             .ok());
-  auto second = new_table->Register(BytesSpec(*unused), owner);
+  auto second = successor.regions->Register(BytesSpec(*unused), owner);
   REQUIRE(second.ok());
   // New ids continue past the predecessor's: none names an old session or region again.
   CHECK((*second)->id() > region_id);
-  CHECK(new_table->BeginSession() > other);
-  // Dropping the old table (the predecessor exits) leaves the successor's mapping intact.
-  old_table.reset();
+  CHECK(successor.sessions->BeginSession() > other);
+  // Dropping the old tables (the predecessor exits) leaves the successor's mapping intact.
+  old_tables.reset();
   CHECK(std::memcmp((*moved)->data(), "handed over", 12) == 0);
   ::munmap(client_view, kBytes);
 }
 
 TEST_CASE("a bundle whose descriptors do not match is refused naming the field") {
-  auto old_table = RegionTable::Create(Clock::Real());
-  const uint64_t session = old_table->BeginSession();
-  auto token = old_table->AddFd(session, Memfd(kBytes));
+  Tables old;
+  const uint64_t session = old.sessions->BeginSession();
+  auto token = old.sessions->AddFd(session, Memfd(kBytes));
   REQUIRE(token.ok());
-  REQUIRE(old_table->Register(BytesSpec(*token), session).ok());
-  Handed handed = Export(*old_table);
+  REQUIRE(old.regions->Register(BytesSpec(*token), session).ok());
+  Handed handed = Export(old);
   SECTION("a region's descriptor is missing") {
     handed.fds.clear();
-    auto table = RegionTable::Create(Clock::Real());
-    const absl::Status status = table->ImportState(handed.state, &handed.fds);
+    Tables successor;
+    const absl::Status status = successor.Import(handed.state, &handed.fds);
     CHECK(status.code() == absl::StatusCode::kInvalidArgument);
     CHECK(std::string(status.message()).find(".fds") != std::string::npos);
   }
   SECTION("a table that already serves is not overwritten") {
-    auto table = RegionTable::Create(Clock::Real());
-    table->BeginSession();
-    CHECK(table->ImportState(handed.state, &handed.fds).code() ==
+    Tables successor;
+    successor.sessions->BeginSession();
+    CHECK(successor.Import(handed.state, &handed.fds).code() ==
           absl::StatusCode::kFailedPrecondition);
   }
   SECTION("a descriptor that is not the region's memory fails that region") {
     handed.fds[handed.state.regions(0).fds(0)] = UniqueFd(::open("/dev/null", O_RDWR | O_CLOEXEC));
-    auto table = RegionTable::Create(Clock::Real());
-    const absl::Status status = table->ImportState(handed.state, &handed.fds);
+    Tables successor;
+    const absl::Status status = successor.Import(handed.state, &handed.fds);
     CHECK_FALSE(status.ok());
     CHECK(std::string(status.message()).find("handover: region") != std::string::npos);
   }

@@ -21,10 +21,13 @@
 
 #include "base/clock.h"
 #include "daemon/regions/regions.h"
+#include "daemon/regions/test_tables.h"
 #include "daemon/regions/sigbus_guard.h"
 
 namespace kvrail::regions {
 namespace {
+
+using testing::Tables;
 
 constexpr uint64_t kBytes = 1 << 20;
 
@@ -67,40 +70,43 @@ void RequireError(const absl::Status& s, absl::StatusCode code, const std::strin
   CHECK(std::string(s.message()).find(text) != std::string::npos);
 }
 
-absl::StatusOr<std::shared_ptr<Region>> RegisterFd(RegionTable& table, uint64_t session, int fd,
+absl::StatusOr<std::shared_ptr<Region>> RegisterFd(Tables& tables, uint64_t session, int fd,
                                                    uint64_t size, bool writable) {
-  auto token = table.AddFd(session, UniqueFd(::dup(fd)));
+  auto token = tables.sessions->AddFd(session, UniqueFd(::dup(fd)));
   if (!token.ok()) return token.status();
   auto spec = BytesSpec(size, writable);
   spec.mutable_share()->set_fd_token(*token);
-  return table.Register(spec, session);
+  return tables.regions->Register(spec, session);
 }
 
 TEST_CASE("sealable memfds are sealed; shm objects and unsealable memfds are guarded") {
-  auto table = RegionTable::Create(Clock::Real());
-  const uint64_t session = table->BeginSession();
+  Tables tables;
+  ::kvrail::sessions::SessionTable* session_table = tables.sessions.get();
+  const uint64_t session = session_table->BeginSession();
   UniqueFd sealable = Memfd(kBytes);
-  auto sealed = RegisterFd(*table, session, sealable.get(), kBytes, true);
+  auto sealed = RegisterFd(tables, session, sealable.get(), kBytes, true);
   REQUIRE(sealed.ok());
   CHECK((*sealed)->Info().host_sealed());
   CHECK(::ftruncate(sealable.get(), 0) != 0);  // the owner cannot shrink it any more
 
   UniqueFd plain = Memfd(kBytes, MFD_CLOEXEC);  // no MFD_ALLOW_SEALING
-  auto guarded = RegisterFd(*table, session, plain.get(), kBytes, true);
+  auto guarded = RegisterFd(tables, session, plain.get(), kBytes, true);
   REQUIRE(guarded.ok());
   CHECK(!(*guarded)->Info().host_sealed());
   CHECK(!(*guarded)->Info().poisoned());
   CHECK((*guarded)->Health("spec.src").ok());
 
   Shm shm("guarded", kBytes);
-  auto shm_region = RegisterFd(*table, session, shm.fd.get(), kBytes, false);
+  auto shm_region = RegisterFd(tables, session, shm.fd.get(), kBytes, false);
   REQUIRE(shm_region.ok());
   CHECK(!(*shm_region)->Info().host_sealed());
 }
 
 TEST_CASE("a truncated shm object poisons its region; the process survives and reads zeros") {
-  auto table = RegionTable::Create(Clock::Real());
-  const uint64_t session = table->BeginSession();
+  Tables tables;
+  RegionTable* table = tables.regions.get();
+  ::kvrail::sessions::SessionTable* session_table = tables.sessions.get();
+  const uint64_t session = session_table->BeginSession();
   Shm victim("victim", kBytes);
   Shm bystander("bystander", kBytes);
   {
@@ -109,8 +115,8 @@ TEST_CASE("a truncated shm object poisons its region; the process survives and r
     std::memset(view, 0x5a, kBytes);
     ::munmap(view, kBytes);
   }
-  auto src = RegisterFd(*table, session, victim.fd.get(), kBytes, false);
-  auto other = RegisterFd(*table, session, bystander.fd.get(), kBytes, true);
+  auto src = RegisterFd(tables, session, victim.fd.get(), kBytes, false);
+  auto other = RegisterFd(tables, session, bystander.fd.get(), kBytes, true);
   REQUIRE(src.ok());
   REQUIRE(other.ok());
   std::vector<uint8_t> copy(kBytes);
@@ -137,10 +143,11 @@ TEST_CASE("a truncated shm object poisons its region; the process survives and r
 }
 
 TEST_CASE("a truncated destination is poisoned too: writes land on zero pages") {
-  auto table = RegionTable::Create(Clock::Real());
-  const uint64_t session = table->BeginSession();
+  Tables tables;
+  ::kvrail::sessions::SessionTable* session_table = tables.sessions.get();
+  const uint64_t session = session_table->BeginSession();
   UniqueFd plain = Memfd(kBytes, MFD_CLOEXEC);  // unsealable memfd
-  auto dst = RegisterFd(*table, session, plain.get(), kBytes, true);
+  auto dst = RegisterFd(tables, session, plain.get(), kBytes, true);
   REQUIRE(dst.ok());
   REQUIRE(::ftruncate(plain.get(), 4096) == 0);  // shrink below the region
   std::memset((*dst)->data(), 0x11, kBytes);  // SIGBUS past 4 KiB without the guard
@@ -154,8 +161,10 @@ TEST_CASE("a truncated destination is poisoned too: writes land on zero pages") 
 }
 
 TEST_CASE("a per-layer region is poisoned when any layer faults") {
-  auto table = RegionTable::Create(Clock::Real());
-  const uint64_t session = table->BeginSession();
+  Tables tables;
+  RegionTable* table = tables.regions.get();
+  ::kvrail::sessions::SessionTable* session_table = tables.sessions.get();
+  const uint64_t session = session_table->BeginSession();
   v1::RegionSpec spec;
   spec.set_memory_kind(v1::MEMORY_KIND_HOST);
   auto* l = spec.mutable_paged_kv();
@@ -172,7 +181,7 @@ TEST_CASE("a per-layer region is poisoned when any layer faults") {
   Shm a("layer-a", layer_bytes);
   Shm b("layer-b", layer_bytes);
   for (const Shm* shm : {&a, &b}) {
-    auto token = table->AddFd(session, UniqueFd(::dup(shm->fd.get())));
+    auto token = session_table->AddFd(session, UniqueFd(::dup(shm->fd.get())));
     REQUIRE(token.ok());
     spec.add_layer_shares()->set_fd_token(*token);
   }
@@ -189,10 +198,11 @@ TEST_CASE("a per-layer region is poisoned when any layer faults") {
 }
 
 TEST_CASE("a SIGBUS outside every guarded mapping still kills the process") {
-  auto table = RegionTable::Create(Clock::Real());
-  const uint64_t session = table->BeginSession();
+  Tables tables;
+  ::kvrail::sessions::SessionTable* session_table = tables.sessions.get();
+  const uint64_t session = session_table->BeginSession();
   UniqueFd guarded = Memfd(kBytes, MFD_CLOEXEC);
-  REQUIRE(RegisterFd(*table, session, guarded.get(), kBytes, false).ok());  // handler installed
+  REQUIRE(RegisterFd(tables, session, guarded.get(), kBytes, false).ok());  // handler installed
   UniqueFd loose = Memfd(kBytes, MFD_CLOEXEC);
   void* view = ::mmap(nullptr, kBytes, PROT_READ, MAP_SHARED, loose.get(), 0);
   REQUIRE(view != MAP_FAILED);
@@ -212,8 +222,10 @@ TEST_CASE("a SIGBUS outside every guarded mapping still kills the process") {
 }
 
 TEST_CASE("hugetlbfs, disk files and other fds are refused, naming the field") {
-  auto table = RegionTable::Create(Clock::Real());
-  const uint64_t session = table->BeginSession();
+  Tables tables;
+  RegionTable* table = tables.regions.get();
+  ::kvrail::sessions::SessionTable* session_table = tables.sessions.get();
+  const uint64_t session = session_table->BeginSession();
   UniqueFd huge(::memfd_create("host_memory_test_huge", MFD_CLOEXEC | MFD_HUGETLB | MFD_ALLOW_SEALING));
   if (!huge.valid()) {
     WARN("memfd_create(MFD_HUGETLB) is not available here (" << std::strerror(errno)
@@ -223,19 +235,19 @@ TEST_CASE("hugetlbfs, disk files and other fds are refused, naming the field") {
     if (::ftruncate(huge.get(), huge_page) != 0) {
       WARN("ftruncate on a hugetlbfs memfd failed (" << std::strerror(errno) << "): not tried");
     } else {
-      RequireError(RegisterFd(*table, session, huge.get(), huge_page, true).status(),
+      RequireError(RegisterFd(tables, session, huge.get(), huge_page, true).status(),
                    absl::StatusCode::kFailedPrecondition, "spec.share.fd_token: hugetlbfs");
     }
   }
   // A file on disk (this test's own binary): it could shrink or fail I/O under the daemon.
   UniqueFd disk(::open("/proc/self/exe", O_RDONLY | O_CLOEXEC));
   REQUIRE(disk.valid());
-  RequireError(RegisterFd(*table, session, disk.get(), 4096, false).status(),
+  RequireError(RegisterFd(tables, session, disk.get(), 4096, false).status(),
                absl::StatusCode::kFailedPrecondition, "not shared memory");
   int pipe_fds[2];
   REQUIRE(::pipe(pipe_fds) == 0);
   UniqueFd read_end(pipe_fds[0]), write_end(pipe_fds[1]);
-  RequireError(RegisterFd(*table, session, read_end.get(), 4096, false).status(),
+  RequireError(RegisterFd(tables, session, read_end.get(), 4096, false).status(),
                absl::StatusCode::kFailedPrecondition, "not a regular file");
   CHECK(table->size() == 0);
 }
@@ -262,11 +274,12 @@ size_t PagesInCore(uint8_t* data, size_t bytes) {
 
 TEST_CASE("a sparse memfd is not committed at registration") {
   constexpr uint64_t kSparse = uint64_t{1} << 30;
-  auto table = RegionTable::Create(Clock::Real());
-  const uint64_t session = table->BeginSession();
+  Tables tables;
+  ::kvrail::sessions::SessionTable* session_table = tables.sessions.get();
+  const uint64_t session = session_table->BeginSession();
   UniqueFd sparse = Memfd(kSparse);
   const uint64_t before = RssKib();
-  auto region = RegisterFd(*table, session, sparse.get(), kSparse, true);
+  auto region = RegisterFd(tables, session, sparse.get(), kSparse, true);
   REQUIRE(region.ok());
   const uint64_t after = RssKib();
   INFO("VmRSS " << before << " KiB -> " << after << " KiB");
@@ -286,8 +299,10 @@ long MinorFaults() {
 }
 
 TEST_CASE("a small region's pages are mapped at registration; its holes stay holes") {
-  auto table = RegionTable::Create(Clock::Real());
-  const uint64_t session = table->BeginSession();
+  Tables tables;
+  RegionTable* table = tables.regions.get();
+  ::kvrail::sessions::SessionTable* session_table = tables.sessions.get();
+  const uint64_t session = session_table->BeginSession();
   const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
   // What the client library does with its block-table region: every page written first.
   UniqueFd written = Memfd(kBytes);
@@ -297,7 +312,7 @@ TEST_CASE("a small region's pages are mapped at registration; its holes stay hol
     std::memset(client, 7, kBytes);
     ::munmap(client, kBytes);
   }
-  auto region = RegisterFd(*table, session, written.get(), kBytes, false);
+  auto region = RegisterFd(tables, session, written.get(), kBytes, false);
   REQUIRE(region.ok());
   // Reading every page (what a submit's accept does with its ids) faults no more.
   const long before = MinorFaults();
@@ -310,7 +325,7 @@ TEST_CASE("a small region's pages are mapped at registration; its holes stay hol
   CHECK(faults < 4);
   // A memfd nobody wrote: registering it commits nothing.
   UniqueFd sparse = Memfd(kBytes);
-  auto empty = RegisterFd(*table, session, sparse.get(), kBytes, true);
+  auto empty = RegisterFd(tables, session, sparse.get(), kBytes, true);
   REQUIRE(empty.ok());
   CHECK(PagesInCore((*empty)->data(), kBytes) == 0);
 }
@@ -328,8 +343,10 @@ v1::RegionSpec ShmSpec(const std::string& name, uint64_t size, bool writable) {
 }
 
 TEST_CASE("shm names: strictly one component, opened only for a caller that owns the object") {
-  auto table = RegionTable::Create(Clock::Real());
-  const uint64_t session = table->BeginSession();
+  Tables tables;
+  RegionTable* table = tables.regions.get();
+  ::kvrail::sessions::SessionTable* session_table = tables.sessions.get();
+  const uint64_t session = session_table->BeginSession();
   const uint32_t me = static_cast<uint32_t>(::geteuid());
 
   // Names that could leave /dev/shm, or are not names at all.
@@ -343,7 +360,7 @@ TEST_CASE("shm names: strictly one component, opened only for a caller that owns
   // A session whose uid the daemon does not know (no SO_PEERCRED) gets nothing by name.
   RequireError(table->Register(ShmSpec(mine.name, kBytes, false), session).status(),
                absl::StatusCode::kPermissionDenied, "SO_PEERCRED");
-  table->SetSessionPeer(session, me);
+  session_table->SetSessionPeer(session, me);
   auto ok = table->Register(ShmSpec(mine.name, kBytes, true), session);
   REQUIRE(ok.ok());
   CHECK(!(*ok)->Info().host_sealed());
@@ -371,8 +388,8 @@ TEST_CASE("shm names: strictly one component, opened only for a caller that owns
   // caller's uid is what SO_PEERCRED reported for its session; no chown needed, so this runs
   // in a sandbox's user namespace too.)
   const uint32_t stranger_uid = me + 4321;
-  const uint64_t stranger = table->BeginSession();
-  table->SetSessionPeer(stranger, stranger_uid);
+  const uint64_t stranger = session_table->BeginSession();
+  session_table->SetSessionPeer(stranger, stranger_uid);
   for (bool writable : {false, true}) {
     RequireError(table->Register(ShmSpec(mine.name, kBytes, writable), stranger).status(),
                  absl::StatusCode::kPermissionDenied,
@@ -393,37 +410,39 @@ TEST_CASE("caps: regions per session, mappings and host bytes per uid, mappings 
   limits.max_regions_per_uid = 4;
   limits.max_mapped_bytes_per_uid = 5 * kBytes;
   limits.max_region_mappings = 6;
-  auto table = RegionTable::Create(Clock::Real(), {}, {}, limits);
+  Tables tables(limits);
+  RegionTable* table = tables.regions.get();
+  ::kvrail::sessions::SessionTable* session_table = tables.sessions.get();
   UniqueFd fd = Memfd(8 * kBytes);
-  const uint64_t a1 = table->BeginSession();
-  const uint64_t a2 = table->BeginSession();
-  const uint64_t b = table->BeginSession();
-  table->SetSessionPeer(a1, 1000);
-  table->SetSessionPeer(a2, 1000);
-  table->SetSessionPeer(b, 2000);
+  const uint64_t a1 = session_table->BeginSession();
+  const uint64_t a2 = session_table->BeginSession();
+  const uint64_t b = session_table->BeginSession();
+  session_table->SetSessionPeer(a1, 1000);
+  session_table->SetSessionPeer(a2, 1000);
+  session_table->SetSessionPeer(b, 2000);
 
   std::vector<std::shared_ptr<Region>> held;
   for (int i = 0; i < 3; ++i) {
-    auto r = RegisterFd(*table, a1, fd.get(), kBytes, false);
+    auto r = RegisterFd(tables, a1, fd.get(), kBytes, false);
     REQUIRE(r.ok());
     held.push_back(*r);
   }
-  RequireError(RegisterFd(*table, a1, fd.get(), kBytes, false).status(),
+  RequireError(RegisterFd(tables, a1, fd.get(), kBytes, false).status(),
                absl::StatusCode::kResourceExhausted, "max_regions_per_session");
   // The uid's second session: one more mapping, then the uid's cap.
-  auto fourth = RegisterFd(*table, a2, fd.get(), kBytes, false);
+  auto fourth = RegisterFd(tables, a2, fd.get(), kBytes, false);
   REQUIRE(fourth.ok());
-  RequireError(RegisterFd(*table, a2, fd.get(), kBytes, false).status(),
+  RequireError(RegisterFd(tables, a2, fd.get(), kBytes, false).status(),
                absl::StatusCode::kResourceExhausted, "max_regions_per_uid: uid 1000 holds 4");
   // Another uid is not starved by uid 1000, until the daemon-wide cap.
-  auto b1 = RegisterFd(*table, b, fd.get(), kBytes, false);
+  auto b1 = RegisterFd(tables, b, fd.get(), kBytes, false);
   REQUIRE(b1.ok());
   // Bytes: uid 2000 has 1 MiB of 5 mapped.
-  RequireError(RegisterFd(*table, b, fd.get(), 5 * kBytes, false).status(),
+  RequireError(RegisterFd(tables, b, fd.get(), 5 * kBytes, false).status(),
                absl::StatusCode::kResourceExhausted, "max_mapped_bytes_per_uid: uid 2000");
-  auto b2 = RegisterFd(*table, b, fd.get(), kBytes, false);
+  auto b2 = RegisterFd(tables, b, fd.get(), kBytes, false);
   REQUIRE(b2.ok());
-  RequireError(RegisterFd(*table, b, fd.get(), kBytes, false).status(),
+  RequireError(RegisterFd(tables, b, fd.get(), kBytes, false).status(),
                absl::StatusCode::kResourceExhausted, "max_region_mappings");
   CHECK(table->size() == 6);
 
@@ -431,24 +450,26 @@ TEST_CASE("caps: regions per session, mappings and host bytes per uid, mappings 
   std::shared_ptr<Region> in_use = *fourth;
   REQUIRE(table->Unregister(in_use->id()).ok());
   fourth = absl::NotFoundError("moved");
-  RequireError(RegisterFd(*table, a2, fd.get(), kBytes, false).status(),
+  RequireError(RegisterFd(tables, a2, fd.get(), kBytes, false).status(),
                absl::StatusCode::kResourceExhausted, "max_region");
   in_use.reset();  // the transfer ends: the mapping goes
-  CHECK(RegisterFd(*table, a2, fd.get(), kBytes, false).ok());
+  CHECK(RegisterFd(tables, a2, fd.get(), kBytes, false).ok());
 
   // Ending a session gives its caps back.
   held.clear();
-  table->EndSession(a1);
-  const uint64_t a3 = table->BeginSession();
-  table->SetSessionPeer(a3, 1000);
-  CHECK(RegisterFd(*table, a3, fd.get(), kBytes, false).ok());
+  session_table->EndSession(a1);
+  const uint64_t a3 = session_table->BeginSession();
+  session_table->SetSessionPeer(a3, 1000);
+  CHECK(RegisterFd(tables, a3, fd.get(), kBytes, false).ok());
 }
 
 TEST_CASE("a per-layer region counts one mapping per layer; sizes cannot overflow the caps") {
   RegionLimits limits;
   limits.max_regions_per_uid = 3;
-  auto table = RegionTable::Create(Clock::Real(), {}, {}, limits);
-  const uint64_t session = table->BeginSession();
+  Tables tables(limits);
+  RegionTable* table = tables.regions.get();
+  ::kvrail::sessions::SessionTable* session_table = tables.sessions.get();
+  const uint64_t session = session_table->BeginSession();
   v1::RegionSpec spec;
   spec.set_memory_kind(v1::MEMORY_KIND_HOST);
   spec.mutable_paged_kv()->set_num_layers(4);

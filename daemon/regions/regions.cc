@@ -14,7 +14,6 @@
 #include <map>
 #include <optional>
 #include <fstream>
-#include <random>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/container/flat_hash_map.h"
@@ -25,7 +24,6 @@
 #include "base/cuda/cuda_util.h"
 #include "daemon/regions/cuda_import.h"
 #include "daemon/regions/cuda_vmm.h"
-#include "daemon/regions/grants.h"
 #include "daemon/regions/host_mapping.h"
 #include "daemon/regions/layered_region.h"
 
@@ -225,16 +223,18 @@ class RegionImpl final : public Region {
 };
 
 // Thread-safe: the id counters, regions and pending fd tokens are guarded by mu_. Mapping and
-// CUDA imports happen outside mu_; Add and TakeToken take it for the table updates only.
+// CUDA imports happen outside mu_; Add takes it for the table updates only. fd tokens are the
+// session table's.
 class RegionTableImpl final : public RegionTable {
  public:
-  RegionTableImpl(Clock* clock, IdBases bases, std::vector<GpuName> gpus, RegionLimits limits)
+  RegionTableImpl(Clock* clock, sessions::SessionTable* sessions, uint64_t first_region_id,
+                  std::vector<GpuName> gpus, RegionLimits limits)
       : clock_(clock),
+        sessions_(sessions),
         gpus_(std::move(gpus)),
         limits_(Concrete(limits)),
         usage_(std::make_shared<Usage>(limits_)),
-        next_id_(bases.first_region_id),
-        next_session_(bases.first_session_id) {}
+        next_id_(first_region_id) {}
 
   absl::StatusOr<std::shared_ptr<Region>> Register(const v1::RegionSpec& given,
                                                    uint64_t session_id) override {
@@ -254,7 +254,7 @@ class RegionTableImpl final : public RegionTable {
   // The descriptor for the share named `token`: the session's fd token, or while restoring the
   // next handed-over descriptor.
   absl::StatusOr<UniqueFd> TakeFd(const std::string& token, uint64_t session_id, Restore* restore) {
-    if (restore == nullptr) return TakeToken(token, session_id);
+    if (restore == nullptr) return sessions_->TakeFd(token, session_id);
     if (restore->next >= restore->fds.size()) {
       return absl::InvalidArgumentError(absl::StrCat("region ", restore->id, ": ",
                                                      restore->fds.size(),
@@ -284,9 +284,8 @@ class RegionTableImpl final : public RegionTable {
         library_pending_.insert(session_id);
         library_pending = true;
       }
-      auto it = sessions_.find(session_id);
-      if (it != sessions_.end()) uid = it->second.uid;
     }
+    uid = sessions_->CallerOf(session_id).uid;
     // The caps on mappings and host bytes (per uid, and every uid together), taken before any
     // mapping work and given back when the region goes (or now, on an error).
     const bool host = given.memory_kind() == v1::MEMORY_KIND_HOST;
@@ -374,8 +373,7 @@ class RegionTableImpl final : public RegionTable {
     if (!mapped_or.ok()) {
       // A size or permission mistake should not cost the client its fd: the token stays valid.
       if (spec.share().via_case() == v1::RegionShare::kFdToken && restore == nullptr) {
-        absl::MutexLock lock(&mu_);
-        tokens_.emplace(spec.share().fd_token(), PendingFd{session_id, std::move(fd)});
+        sessions_->ReturnFd(spec.share().fd_token(), session_id, std::move(fd));
       }
       return mapped_or.status();
     }
@@ -395,15 +393,18 @@ class RegionTableImpl final : public RegionTable {
  public:
 
   absl::Status Unregister(uint64_t region_id) override {
+    std::shared_ptr<Region> dropped;  // unmapped outside the lock
     {
       absl::MutexLock lock(&mu_);
-      if (regions_.erase(region_id) == 0) {
+      auto it = regions_.find(region_id);
+      if (it == regions_.end()) {
         return absl::NotFoundError(absl::StrCat("region_id: no region ", region_id));
       }
       region_fds_.erase(region_id);
-      grants_.DropRegion(region_id);
+      dropped = std::move(it->second);
+      regions_.erase(it);
     }
-    RunAccessHooks();
+    RunUnregisterHooks(region_id);
     return absl::OkStatus();
   }
 
@@ -434,48 +435,8 @@ class RegionTableImpl final : public RegionTable {
     return regions_.size();
   }
 
-  uint64_t BeginSession() override {
-    std::string secret = RandomHex128();  // outside the lock: random_device may block briefly
-    absl::MutexLock lock(&mu_);
-    open_sessions_.insert(next_session_);
-    sessions_[next_session_] = SessionInfo{std::move(secret), -1};
-    return next_session_++;
-  }
-
-  std::string SessionSecret(uint64_t session_id) const override {
-    absl::MutexLock lock(&mu_);
-    auto it = sessions_.find(session_id);
-    return it == sessions_.end() ? std::string() : it->second.secret;
-  }
-
-  void SetSessionPeer(uint64_t session_id, uint32_t uid) override {
-    absl::MutexLock lock(&mu_);
-    auto it = sessions_.find(session_id);
-    if (it != sessions_.end()) it->second.uid = static_cast<int64_t>(uid);
-  }
-
-  absl::StatusOr<Caller> Authenticate(uint64_t session_id,
-                                      absl::string_view secret) const override {
-    absl::MutexLock lock(&mu_);
-    auto it = sessions_.find(session_id);
-    // The comparison looks at every character whatever matches, so timing says nothing.
-    bool same = it != sessions_.end() && it->second.secret.size() == secret.size();
-    if (it != sessions_.end()) {
-      unsigned diff = it->second.secret.size() ^ secret.size();
-      for (size_t i = 0; i < secret.size() && i < it->second.secret.size(); ++i) {
-        diff |= static_cast<unsigned char>(it->second.secret[i]) ^
-                static_cast<unsigned char>(secret[i]);
-      }
-      same = same && diff == 0;
-    }
-    if (!same) {
-      return absl::UnauthenticatedError(
-          "kvrail-session: not an open session of this daemon, or the wrong secret");
-    }
-    return CallerOfLocked(session_id);
-  }
-
-  absl::Status Unregister(uint64_t region_id, const Caller& caller) override {
+  absl::Status Unregister(uint64_t region_id, const sessions::Caller& caller) override {
+    std::shared_ptr<Region> dropped;  // unmapped outside the lock
     {
       absl::MutexLock lock(&mu_);
       auto it = regions_.find(region_id);
@@ -487,125 +448,23 @@ class RegionTableImpl final : public RegionTable {
             "region_id: region ", region_id,
             " belongs to another session; only its owner may unregister it"));
       }
+      dropped = std::move(it->second);
       regions_.erase(it);
       region_fds_.erase(region_id);
-      grants_.DropRegion(region_id);
     }
-    RunAccessHooks();
+    RunUnregisterHooks(region_id);
     return absl::OkStatus();
   }
 
-  absl::StatusOr<v1::Grant> CreateGrant(const v1::CreateGrantRequest& request,
-                                        const Caller& caller) override {
-    if (request.access() != v1::GRANT_ACCESS_READ && request.access() != v1::GRANT_ACCESS_WRITE) {
-      return absl::InvalidArgumentError("access: GRANT_ACCESS_READ or GRANT_ACCESS_WRITE");
-    }
-    if (request.ttl_ms() > 86400000) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("ttl_ms: ", request.ttl_ms(), " is more than a day (86400000)"));
-    }
-    if (request.layer_end() < request.layer_begin() ||
-        (request.layer_end() == request.layer_begin() && request.layer_begin() != 0)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("layer_end: ", request.layer_end(), " must be above layer_begin ",
-                       request.layer_begin(), " (both 0: every layer)"));
-    }
+  std::shared_ptr<Region> Find(uint64_t region_id) const override {
     absl::MutexLock lock(&mu_);
-    auto it = regions_.find(request.region_id());
-    if (it == regions_.end()) {
-      return absl::NotFoundError(absl::StrCat("region_id: no region ", request.region_id()));
-    }
-    const Region& region = *it->second;
-    if (caller.session_id == 0 || region.session_id() != caller.session_id) {
-      return absl::PermissionDeniedError(absl::StrCat(
-          "region_id: region ", request.region_id(),
-          " belongs to another session; only its owner may grant access to it"));
-    }
-    if (region.spec().library_region()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "region_id: region ", request.region_id(),
-          " is a client library's own region (RegionSpec.library_region); it cannot be granted"));
-    }
-    if (request.access() == v1::GRANT_ACCESS_WRITE && !region.spec().writable()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "access: region ", request.region_id(), " is not writable (RegionSpec.writable)"));
-    }
-    if (request.layer_end() != 0 &&
-        (!region.view().paged || request.layer_end() > region.view().layout.num_layers)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "layer_end: ", request.layer_end(), " is beyond the region's layers"));
-    }
-    return grants_.Create(request, region.session_id(), clock_->NowUnixMicros());
+    auto it = regions_.find(region_id);
+    return it == regions_.end() ? nullptr : it->second;
   }
 
-  absl::Status RevokeGrant(const std::string& token, const Caller& caller) override {
-    {
-      absl::MutexLock lock(&mu_);
-      KVRAIL_ASSIGN_OR_RETURN(v1::Grant grant,
-                              grants_.Find(token, clock_->NowUnixMicros(), "token"));
-      auto it = regions_.find(grant.region_id());
-      const bool owner = it != regions_.end() && caller.session_id != 0 &&
-                         it->second->session_id() == caller.session_id;
-      if (!owner) {
-        return absl::PermissionDeniedError(
-            "token: only the owner of the grant's region may revoke it");
-      }
-      grants_.Revoke(token);
-    }
-    // The transfers moving bytes on it end before the owner hears the revocation succeeded.
-    RunAccessHooks();
-    return absl::OkStatus();
-  }
-
-  int64_t GrantExpiresUs(absl::string_view token) const override {
+  void AddUnregisterHook(std::function<void(uint64_t)> hook) override {
     absl::MutexLock lock(&mu_);
-    absl::StatusOr<v1::Grant> found = grants_.Find(token, clock_->NowUnixMicros(), "token");
-    return found.ok() ? found->expires_unix_us() : 0;
-  }
-
-  void AddAccessHook(std::function<void()> hook) override {
-    absl::MutexLock lock(&mu_);
-    access_hooks_.push_back(std::move(hook));
-  }
-
-  absl::Status CheckAccess(const Region& region, uint64_t session_id, const std::string& grant,
-                           v1::GrantAccess access, uint32_t layer_begin, uint32_t layer_end,
-                           absl::string_view field) const override {
-    if (region.spec().library_region()) {
-      // Only block_table references read it (transfers/resolve.cc, its own session's).
-      return absl::PermissionDeniedError(absl::StrCat(
-          field, ".region_id: region ", region.id(),
-          " is a client library's own region (RegionSpec.library_region: block tables); it is "
-          "not a transfer's source, destination or flag words"));
-    }
-    if (session_id != 0 && region.session_id() == session_id) return absl::OkStatus();
-    const char* verb = access == v1::GRANT_ACCESS_WRITE ? "write" : "read";
-    if (grant.empty()) {
-      return absl::PermissionDeniedError(absl::StrCat(
-          field, ".region_id: region ", region.id(), " belongs to another session; to ", verb,
-          " it, pass a grant of its owner in ", field, ".grant (Transfer.CreateGrant)"));
-    }
-    const std::string grant_field = absl::StrCat(field, ".grant");
-    absl::MutexLock lock(&mu_);
-    absl::StatusOr<v1::Grant> found = grants_.Find(grant, clock_->NowUnixMicros(), grant_field);
-    if (!found.ok()) return absl::PermissionDeniedError(found.status().message());
-    if (found->region_id() != region.id()) {
-      return absl::PermissionDeniedError(absl::StrCat(grant_field, ": the grant is for region ",
-                                                      found->region_id(), ", not region ",
-                                                      region.id()));
-    }
-    if (found->access() != access) {
-      return absl::PermissionDeniedError(absl::StrCat(
-          grant_field, ": the grant lets the holder ",
-          found->access() == v1::GRANT_ACCESS_WRITE ? "write" : "read", ", not ", verb));
-    }
-    if (found->layer_end() != 0 &&
-        (layer_end == 0 || layer_begin < found->layer_begin() || layer_end > found->layer_end())) {
-      return absl::PermissionDeniedError(absl::StrCat(
-          grant_field, ": the grant covers layers [", found->layer_begin(), ", ",
-          found->layer_end(), "), the transfer touches [", layer_begin, ", ", layer_end, ")"));
-    }
-    return absl::OkStatus();
+    unregister_hooks_.push_back(std::move(hook));
   }
 
   absl::Status ExportState(handover::RegionTableState* out,
@@ -622,22 +481,6 @@ class RegionTableImpl final : public RegionTable {
     };
     absl::MutexLock lock(&mu_);
     out->set_next_region_id(next_id_);
-    out->set_next_session_id(next_session_);
-    for (uint64_t id : open_sessions_) {
-      auto it = sessions_.find(id);
-      if (it == sessions_.end()) continue;
-      handover::SessionRecord* session = out->add_sessions();
-      session->set_session_id(id);
-      session->set_secret(it->second.secret);
-      session->set_uid(it->second.uid);
-    }
-    for (const auto& [token, pending] : tokens_) {
-      handover::PendingFdRecord* record = out->add_pending_fds();
-      record->set_token(token);
-      record->set_session_id(pending.session_id);
-      KVRAIL_ASSIGN_OR_RETURN(const int32_t index, dup(pending.fd.get()));
-      record->set_fd(index);
-    }
     for (const auto& [id, region] : regions_) {
       handover::RegionRecord* record = out->add_regions();
       record->set_region_id(id);
@@ -650,11 +493,6 @@ class RegionTableImpl final : public RegionTable {
         KVRAIL_ASSIGN_OR_RETURN(const int32_t index, dup(fd.get()));
         record->add_fds(index);
       }
-    }
-    for (const auto& [grant, owner] : grants_.All()) {
-      handover::GrantRecord* record = out->add_grants();
-      *record->mutable_grant() = grant;
-      record->set_owner_session(owner);
     }
     return absl::OkStatus();
   }
@@ -671,27 +509,18 @@ class RegionTableImpl final : public RegionTable {
     };
     {
       absl::MutexLock lock(&mu_);
-      if (!regions_.empty() || !open_sessions_.empty()) {
+      if (!regions_.empty()) {
         return absl::FailedPreconditionError("handover: the region table is not empty");
       }
       next_id_ = std::max(next_id_, state.next_region_id());
-      next_session_ = std::max(next_session_, state.next_session_id());
-      for (const handover::SessionRecord& session : state.sessions()) {
-        open_sessions_.insert(session.session_id());
-        sessions_[session.session_id()] = SessionInfo{session.secret(), session.uid()};
-      }
-      for (const handover::PendingFdRecord& pending : state.pending_fds()) {
-        KVRAIL_ASSIGN_OR_RETURN(UniqueFd fd, take(pending.fd(), "pending_fds.fd"));
-        tokens_.emplace(pending.token(), PendingFd{pending.session_id(), std::move(fd)});
-      }
     }
     for (const handover::RegionRecord& record : state.regions()) {
       Restore restore;
       restore.id = record.region_id();
       restore.registered_us = record.registered_unix_us();
       for (int32_t index : record.fds()) {
-        KVRAIL_ASSIGN_OR_RETURN(UniqueFd fd, take(index, absl::StrCat("regions[", record.region_id(),
-                                                                     "].fds")));
+        KVRAIL_ASSIGN_OR_RETURN(
+            UniqueFd fd, take(index, absl::StrCat("regions[", record.region_id(), "].fds")));
         restore.fds.push_back(std::move(fd));
       }
       absl::StatusOr<std::shared_ptr<Region>> region =
@@ -702,81 +531,14 @@ class RegionTableImpl final : public RegionTable {
                                          record.session_id(), "): ", region.status().message()));
       }
     }
-    absl::MutexLock lock(&mu_);
-    const int64_t now_us = clock_->NowUnixMicros();
-    for (const handover::GrantRecord& record : state.grants()) {
-      grants_.Restore(record.grant(), record.owner_session(), now_us);
-    }
     return absl::OkStatus();
   }
 
-  bool SessionOpen(uint64_t session_id) const override {
+  // The session table's end hook: the session's regions go (unmapped once no transfer holds
+  // them).
+  void EndSession(uint64_t session_id) ABSL_LOCKS_EXCLUDED(mu_) {
+    std::vector<std::shared_ptr<Region>> dropped;  // unmapped outside the lock
     absl::MutexLock lock(&mu_);
-    return open_sessions_.contains(session_id);
-  }
-
-  void AddSessionEndHook(std::function<void(uint64_t)> hook) override {
-    absl::MutexLock lock(&mu_);
-    end_hooks_.push_back(std::move(hook));
-  }
-
-  absl::StatusOr<std::string> AddFd(uint64_t session_id, UniqueFd fd) override {
-    absl::MutexLock lock(&mu_);
-    if (tokens_.size() >= kMaxTokens) {
-      return absl::ResourceExhaustedError("too many unused fd tokens; register or close them");
-    }
-    size_t held = 0;
-    for (const auto& [token, pending] : tokens_) held += pending.session_id == session_id;
-    if (held >= kMaxTokensPerSession) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "fd tokens: the session holds ", held, " unused fd tokens (at most ",
-          kMaxTokensPerSession, " per session); register or close them"));
-    }
-    std::string token;
-    do {
-      token = absl::StrCat(absl::Hex(rng_(), absl::kZeroPad16), absl::Hex(rng_(), absl::kZeroPad16));
-    } while (tokens_.contains(token));
-    tokens_.emplace(token, PendingFd{session_id, std::move(fd)});
-    return token;
-  }
-
-  void EndSession(uint64_t session_id) override {
-    std::vector<std::function<void(uint64_t)>> hooks;
-    {
-      std::vector<std::shared_ptr<Region>> dropped;  // unmapped outside the lock
-      absl::MutexLock lock(&mu_);
-      open_sessions_.erase(session_id);
-      sessions_.erase(session_id);
-      grants_.DropOwner(session_id);
-      hooks = end_hooks_;
-      EndSessionLocked(session_id, &dropped);
-    }
-    // After the session is closed and its regions dropped, outside the lock.
-    for (const auto& hook : hooks) hook(session_id);
-    RunAccessHooks();
-  }
-
- private:
-  // Outside mu_ (hooks call back into the table: CheckAccess).
-  void RunAccessHooks() ABSL_LOCKS_EXCLUDED(mu_) {
-    std::vector<std::function<void()>> hooks;
-    {
-      absl::MutexLock lock(&mu_);
-      hooks = access_hooks_;
-    }
-    for (const auto& hook : hooks) hook();
-  }
-
-  void EndSessionLocked(uint64_t session_id, std::vector<std::shared_ptr<Region>>* dropped_out)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    std::vector<std::shared_ptr<Region>>& dropped = *dropped_out;
-    for (auto it = tokens_.begin(); it != tokens_.end();) {
-      if (it->second.session_id == session_id) {
-        tokens_.erase(it++);
-      } else {
-        ++it;
-      }
-    }
     for (auto it = regions_.begin(); it != regions_.end();) {
       if (it->second->session_id() == session_id) {
         dropped.push_back(std::move(it->second));
@@ -789,12 +551,18 @@ class RegionTableImpl final : public RegionTable {
   }
 
  private:
-  static constexpr size_t kMaxTokens = 4096;
+  void RunUnregisterHooks(uint64_t region_id) ABSL_LOCKS_EXCLUDED(mu_) {
+    std::vector<std::function<void(uint64_t)>> hooks;
+    {
+      absl::MutexLock lock(&mu_);
+      hooks = unregister_hooks_;
+    }
+    for (const auto& hook : hooks) hook(region_id);
+  }
+
   // RegionSpec.library_region: the client library's block-table region grows by doubling from
   // 1 MiB; a Submit whose tables need more than this sends them in the message instead.
   static constexpr uint64_t kMaxLibraryRegionBytes = uint64_t{64} << 20;
-  // One session cannot take every token (or every mapping) from the others.
-  static constexpr size_t kMaxTokensPerSession = 1024;
 
   // RegionSpec.library_region's limits that the spec alone decides (region.proto): a session's
   // host memory of one allocation, a bytes layout, at most kMaxLibraryRegionBytes.
@@ -906,11 +674,6 @@ class RegionTableImpl final : public RegionTable {
     }
     return fd;
   }
-  struct PendingFd {
-    uint64_t session_id;
-    UniqueFd fd;
-  };
-
   std::shared_ptr<Region> Add(const v1::RegionSpec& spec, uint64_t session_id,
                               const planner::RegionView& view, std::shared_ptr<void> backing,
                               const Mapping* host_mapping, uint8_t* data,
@@ -933,10 +696,7 @@ class RegionTableImpl final : public RegionTable {
   // the client its fds.
   void GiveBack(uint64_t session_id, std::vector<std::pair<std::string, UniqueFd>>* taken)
       ABSL_LOCKS_EXCLUDED(mu_) {
-    absl::MutexLock lock(&mu_);
-    for (auto& [token, fd] : *taken) {
-      tokens_.emplace(token, PendingFd{session_id, std::move(fd)});
-    }
+    for (auto& [token, fd] : *taken) sessions_->ReturnFd(token, session_id, std::move(fd));
     taken->clear();
   }
 
@@ -981,23 +741,6 @@ class RegionTableImpl final : public RegionTable {
           ") does not fit the ", vmm->allocation_bytes(), " bytes of ", field, ".chunks"));
     }
     return vmm;
-  }
-
-  absl::StatusOr<UniqueFd> TakeToken(const std::string& token, uint64_t session_id)
-      ABSL_LOCKS_EXCLUDED(mu_) {
-    absl::MutexLock lock(&mu_);
-    auto it = tokens_.find(token);
-    if (it == tokens_.end()) {
-      return absl::NotFoundError("spec.share.fd_token: unknown or already used token");
-    }
-    if (it->second.session_id != session_id) {
-      return absl::PermissionDeniedError(
-          "spec.share.fd_token: the token belongs to another session (session_id must be the "
-          "session that passed the fd)");
-    }
-    UniqueFd fd = std::move(it->second.fd);
-    tokens_.erase(it);
-    return fd;
   }
 
   // A per-layer region (spec.layer_shares): validated, each layer imported (host fd tokens are
@@ -1099,14 +842,6 @@ class RegionTableImpl final : public RegionTable {
     return region;
   }
 
-  Caller CallerOfLocked(uint64_t session_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    Caller caller;
-    caller.session_id = session_id;
-    auto it = sessions_.find(session_id);
-    caller.uid = it == sessions_.end() ? -1 : it->second.uid;
-    return caller;
-  }
-
   static absl::StatusOr<planner::RegionView> Validate(const v1::RegionSpec& spec,
                                                       bool per_layer) {
     if (spec.memory_kind() == v1::MEMORY_KIND_UNSPECIFIED) {
@@ -1139,53 +874,30 @@ class RegionTableImpl final : public RegionTable {
   }
 
   Clock* const clock_;
+  sessions::SessionTable* const sessions_;
   const std::vector<GpuName> gpus_;  // RegionSpec.device_uuid lookups
   const RegionLimits limits_;  // zeros made concrete
   const std::shared_ptr<Usage> usage_;
   mutable absl::Mutex mu_;
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
-  uint64_t next_session_ ABSL_GUARDED_BY(mu_) = 1;
-  absl::flat_hash_set<uint64_t> open_sessions_ ABSL_GUARDED_BY(mu_);
   // Sessions registering a RegionSpec.library_region right now (at most one per session).
   absl::flat_hash_set<uint64_t> library_pending_ ABSL_GUARDED_BY(mu_);
-  struct SessionInfo {
-    std::string secret;
-    int64_t uid = -1;  // SO_PEERCRED of its connection; -1 unknown
-  };
-  absl::flat_hash_map<uint64_t, SessionInfo> sessions_ ABSL_GUARDED_BY(mu_);
-  GrantTable grants_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::function<void(uint64_t)>> end_hooks_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::function<void()>> access_hooks_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::function<void(uint64_t)>> unregister_hooks_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, std::shared_ptr<Region>> regions_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<std::string, PendingFd> tokens_ ABSL_GUARDED_BY(mu_);
   // Each region's descriptors (host fds, cuMem chunk fds), kept while it is registered so that a
   // hot restart can hand them to the successor (ExportState). One per share or layer.
   absl::flat_hash_map<uint64_t, std::vector<UniqueFd>> region_fds_ ABSL_GUARDED_BY(mu_);
-  std::mt19937_64 rng_ ABSL_GUARDED_BY(mu_){std::random_device{}()};
 };
 
 }  // namespace
 
-bool Caller::operator_role() const {
-  return uid == 0 || (uid >= 0 && uid == static_cast<int64_t>(::geteuid()));
-}
-
-IdBases RandomIdBases() {
-  std::random_device random;
-  // 31 random bits, never 0: a base in [2^32, 2^63).
-  auto base = [&random] {
-    const uint64_t high = static_cast<uint64_t>(random()) & 0x7fffffffu;
-    return (high == 0 ? 1 : high) << 32;
-  };
-  IdBases bases;
-  bases.first_region_id = base();
-  bases.first_session_id = base();
-  return bases;
-}
-
-std::unique_ptr<RegionTable> RegionTable::Create(Clock* clock, IdBases bases,
+std::unique_ptr<RegionTable> RegionTable::Create(Clock* clock, sessions::SessionTable* sessions,
+                                                 uint64_t first_region_id,
                                                  std::vector<GpuName> gpus, RegionLimits limits) {
-  return std::make_unique<RegionTableImpl>(clock, bases, std::move(gpus), limits);
+  auto table =
+      std::make_unique<RegionTableImpl>(clock, sessions, first_region_id, std::move(gpus), limits);
+  sessions->AddSessionEndHook([raw = table.get()](uint64_t session) { raw->EndSession(session); });
+  return table;
 }
 
 }  // namespace kvrail::regions

@@ -16,6 +16,7 @@
 #include "daemon/planner/planner.h"
 #include "daemon/handover/state.pb.h"
 #include "daemon/regions/device_uuid.h"
+#include "daemon/sessions/sessions.h"
 #include "proto/kvrail/v1/region.pb.h"
 #include "proto/kvrail/v1/transfer.pb.h"
 
@@ -73,118 +74,58 @@ struct RegionLimits {
   size_t max_region_mappings = 0;  // every uid together; 0: half of vm.max_map_count
 };
 
-// Where a table's region and session ids start counting (each id is then used once).
-struct IdBases {
-  uint64_t first_region_id = 1;
-  uint64_t first_session_id = 1;
-};
-// Bases for a daemon process: each a random multiple of 2^32 in [2^32, 2^63) (31 random bits;
-// below 2^63 so signed 64-bit consumers read ids as positive). A daemon that restarts counts
-// from new bases, so a client still holding an id of the previous instance gets NOT_FOUND rather
-// than naming another client's region or session (the chance of a clash is 2^-31 per restart,
-// until an instance has issued 2^32 ids). Thread-safe (std::random_device).
-IdBases RandomIdBases();
-
-// Who is calling (docs/security.md). A session is a connection to the session socket; calls
-// over gRPC are bound to one by their `kvrail-session` metadata (wire/session_wire.h).
-struct Caller {
-  uint64_t session_id = 0;  // 0: anonymous (owns nothing)
-  // SO_PEERCRED uid of the session's connection; -1 unknown (anonymous, or no credentials).
-  // Named in audit lines (an operator cancelling another session's transfer).
-  int64_t uid = -1;
-  // Whether `uid` is 0 or the daemon's own (::geteuid()): may list every region and transfer;
-  // root alone, from a session that owns no regions (the CLI), may cancel any transfer
-  // (server/operator_cancel.h; an audit line). Changes nothing else it does not own (unregister,
-  // grants, MarkReady) and moves no bytes without ownership or a grant either.
-  bool operator_role() const;
-};
-
-// The daemon's region registry. Thread-safe.
+// The daemon's region registry: memory only. Who may use a region is daemon/access's business;
+// sessions, their uids and fd tokens are daemon/sessions'. Thread-safe.
 class RegionTable {
  public:
   virtual ~RegionTable() = default;
-  // `bases`: ids count from 1 by default (tests); kvraild passes RandomIdBases(). `gpus`: the
-  // node's GPUs by UUID (from its topology), for RegionSpec.device_uuid.
-  static std::unique_ptr<RegionTable> Create(Clock* clock, IdBases bases = {},
+  // `sessions`: fd tokens and uids of the registering sessions; a session's end unregisters its
+  // regions (the table hooks it: create it before sessions begin; it must outlive the last
+  // EndSession of `sessions`). Region ids count from `first_region_id` (1 for tests; kvraild
+  // passes sessions::RandomIdBase()). `gpus`: the node's GPUs by UUID (from its topology), for
+  // RegionSpec.device_uuid.
+  static std::unique_ptr<RegionTable> Create(Clock* clock, sessions::SessionTable* sessions,
+                                             uint64_t first_region_id = 1,
                                              std::vector<GpuName> gpus = {},
                                              RegionLimits limits = {});
 
   // Validates `spec` (errors name the field, e.g. "spec.paged_kv.block_stride: ...") and maps
   // the memory. fd tokens are consumed and must belong to `session_id`. Host memory comes as fds
   // (docs/security.md, "Memory"); a share.shm_name is opened only for a session whose uid
-  // (SetSessionPeer) owns the object, with the mode the access needs. RESOURCE_EXHAUSTED naming
-  // the cap beyond RegionLimits; FAILED_PRECONDITION naming the field for hugetlbfs and
+  // (SessionTable::SetSessionPeer) owns the object, with the mode the access needs.
+  // RESOURCE_EXHAUSTED naming the cap beyond RegionLimits; FAILED_PRECONDITION naming the field for hugetlbfs and
   // non-tmpfs fds.
   virtual absl::StatusOr<std::shared_ptr<Region>> Register(const v1::RegionSpec& spec,
                                                            uint64_t session_id) = 0;
   // NOT_FOUND for unknown ids. The daemon's own use (no caller check).
   virtual absl::Status Unregister(uint64_t region_id) = 0;
   // As a caller: only the owning session (PERMISSION_DENIED naming region_id).
-  virtual absl::Status Unregister(uint64_t region_id, const Caller& caller) = 0;
+  virtual absl::Status Unregister(uint64_t region_id, const sessions::Caller& caller) = 0;
+  // NOT_FOUND for unknown ids, FAILED_PRECONDITION for a poisoned region (it refuses new use).
   virtual absl::StatusOr<std::shared_ptr<Region>> Get(uint64_t region_id) const = 0;
+  // The region, poisoned or not; nullptr for unknown ids.
+  virtual std::shared_ptr<Region> Find(uint64_t region_id) const = 0;
   virtual std::vector<v1::RegionInfo> List() const = 0;
   virtual size_t size() const = 0;
 
-  // Sessions (see daemon/session): a session's fds wait under one-use tokens; ending the
-  // session drops its unused tokens and unregisters its regions.
-  virtual uint64_t BeginSession() = 0;
-  virtual absl::StatusOr<std::string> AddFd(uint64_t session_id, UniqueFd fd) = 0;
-  virtual void EndSession(uint64_t session_id) = 0;
-  // Whether `session_id` was begun and has not ended.
-  virtual bool SessionOpen(uint64_t session_id) const = 0;
-  // Adds `hook`, called with a session's id after EndSession dropped its regions (outside the
-  // table's lock, on the thread ending the session). For daemon wiring (notification queues):
-  // add hooks before sessions begin; they live as long as the table.
-  virtual void AddSessionEndHook(std::function<void(uint64_t)> hook) = 0;
-  // Adds `hook`, called whenever access that was granted may have ended: after RevokeGrant,
-  // Unregister (its grants go with the region) and EndSession (the owner's grants go with it),
-  // outside the table's lock, on the thread that made the change, before that call returns. The
-  // transfer manager rechecks its transfers' grants there. Hooks live as long as the table.
-  virtual void AddAccessHook(std::function<void()> hook) = 0;
+  // Adds `hook`, called with a region's id after Unregister removed it (outside the table's
+  // lock, on the thread unregistering it, before Unregister returns; not for the regions a
+  // session's end drops). For wiring (daemon/access drops the region's grants); hooks live as
+  // long as the table.
+  virtual void AddUnregisterHook(std::function<void(uint64_t region_id)> hook) = 0;
 
   // --- Hot restart (daemon/handover) ---
-  // The table as a successor rebuilds it: open sessions (ids, secrets, uids), unused fd tokens,
-  // regions (spec, id, owner, with duplicates of their descriptors appended to `fds` and named
-  // by index), grants and the id counters. The table is unchanged and keeps serving.
+  // The regions as a successor rebuilds them (spec, id, owner, with duplicates of their
+  // descriptors appended to `fds` and named by index) and the region id counter. The table is
+  // unchanged and keeps serving. Sessions and fd tokens are the session table's part of `out`,
+  // grants daemon/access's.
   virtual absl::Status ExportState(handover::RegionTableState* out,
                                    std::vector<UniqueFd>* fds) const = 0;
-  // Rebuilds an empty table from a predecessor's state: the same session ids and secrets, fd
-  // tokens and grants, and every region mapped again under its id from its descriptors (taken
-  // out of `fds`; CUDA IPC handles opened again). An error names the region; the table is then
-  // to be dropped.
+  // Rebuilds an empty table from a predecessor's state (after the session table imported its
+  // part): every region mapped again under its id from its descriptors (taken out of `fds`;
+  // CUDA IPC handles opened again). An error names the region; the table is then to be dropped.
   virtual absl::Status ImportState(const handover::RegionTableState& state,
                                    std::vector<UniqueFd>* fds) = 0;
-
-  // --- Identity and grants (docs/security.md) ---
-  // The session's secret (128 random bits, hex), drawn at BeginSession; "" for unknown sessions.
-  virtual std::string SessionSecret(uint64_t session_id) const = 0;
-  // The uid of the process on the session's connection (SO_PEERCRED), which decides whether the
-  // session is the operator's.
-  virtual void SetSessionPeer(uint64_t session_id, uint32_t uid) = 0;
-  // The caller a `kvrail-session` credential names: UNAUTHENTICATED when the session is not
-  // open or the secret differs.
-  virtual absl::StatusOr<Caller> Authenticate(uint64_t session_id,
-                                              absl::string_view secret) const = 0;
-  // A grant of `request.region_id` by its owner. INVALID_ARGUMENT naming the
-  // field (access, ttl_ms, layer range), NOT_FOUND for unknown regions, PERMISSION_DENIED when
-  // the caller does not own the region, RESOURCE_EXHAUSTED beyond 4096 live grants per session.
-  virtual absl::StatusOr<v1::Grant> CreateGrant(const v1::CreateGrantRequest& request,
-                                                const Caller& caller) = 0;
-  // NOT_FOUND naming token for unknown or expired grants; PERMISSION_DENIED unless the caller
-  // owns the grant's region.
-  virtual absl::Status RevokeGrant(const std::string& token, const Caller& caller) = 0;
-  // When the live grant `token` expires (unix microseconds by the table's clock); 0 when it is
-  // unknown, revoked or expired.
-  virtual int64_t GrantExpiresUs(absl::string_view token) const = 0;
-  // OK when session `session_id` (0: none) owns `region`, or `grant` is a live grant of
-  // `access` for it covering layers [layer_begin, layer_end) (both 0: the transfer's layers are
-  // not known or the region is a bytes region: only whole-region grants pass). Otherwise
-  // PERMISSION_DENIED naming `field` (".grant" or ".region_id"); its message never contains the
-  // region's contents.
-  virtual absl::Status CheckAccess(const Region& region, uint64_t session_id,
-                                   const std::string& grant, v1::GrantAccess access,
-                                   uint32_t layer_begin, uint32_t layer_end,
-                                   absl::string_view field) const = 0;
 };
 
 }  // namespace kvrail::regions

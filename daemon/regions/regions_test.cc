@@ -9,9 +9,12 @@
 
 #include "base/clock.h"
 #include "daemon/regions/regions.h"
+#include "daemon/regions/test_tables.h"
 
 namespace kvrail::regions {
 namespace {
+
+using testing::Tables;
 
 UniqueFd Memfd(size_t bytes, unsigned flags = MFD_CLOEXEC | MFD_ALLOW_SEALING) {
   UniqueFd fd(::memfd_create("regions_test", flags));
@@ -48,14 +51,16 @@ void RequireError(const absl::Status& s, absl::StatusCode code, const std::strin
 }
 
 TEST_CASE("a memfd region maps the client's memory, sealed against shrinking") {
-  auto table = RegionTable::Create(Clock::Real());
-  const uint64_t session = table->BeginSession();
+  Tables tables;
+  RegionTable* table = tables.regions.get();
+  ::kvrail::sessions::SessionTable* session_table = tables.sessions.get();
+  const uint64_t session = session_table->BeginSession();
   UniqueFd fd = Memfd(kPoolBytes);
   const int raw = fd.get();
   void* client_view = ::mmap(nullptr, kPoolBytes, PROT_READ | PROT_WRITE, MAP_SHARED, raw, 0);
   REQUIRE(client_view != MAP_FAILED);
   UniqueFd dup(::dup(raw));
-  auto token = table->AddFd(session, std::move(dup));
+  auto token = session_table->AddFd(session, std::move(dup));
   REQUIRE(token.ok());
   auto spec = PagedSpec(kPoolBytes, true);
   spec.mutable_share()->set_fd_token(*token);
@@ -73,24 +78,15 @@ TEST_CASE("a memfd region maps the client's memory, sealed against shrinking") {
   ::munmap(client_view, kPoolBytes);
 }
 
-TEST_CASE("ids count from the table's bases; a daemon's bases are random multiples of 2^32") {
+TEST_CASE("ids count from the tables' bases") {
   constexpr uint64_t k32 = uint64_t{1} << 32;
-  const IdBases bases = RandomIdBases();
-  for (uint64_t base : {bases.first_region_id, bases.first_session_id}) {
-    CHECK(base >= k32);
-    CHECK(base < (uint64_t{1} << 63));
-    CHECK(base % k32 == 0);
-  }
-  // Two daemon starts draw different bases (the chance of equal ones is 2^-31).
-  const IdBases again = RandomIdBases();
-  CHECK((again.first_region_id != bases.first_region_id ||
-         again.first_session_id != bases.first_session_id));
-
-  auto table = RegionTable::Create(Clock::Real(), IdBases{7 * k32, 9 * k32});
-  const uint64_t session = table->BeginSession();
+  Tables tables({}, 7 * k32, {}, 9 * k32);
+  RegionTable* table = tables.regions.get();
+  ::kvrail::sessions::SessionTable* session_table = tables.sessions.get();
+  const uint64_t session = session_table->BeginSession();
   CHECK(session == 9 * k32);
-  CHECK(table->BeginSession() == 9 * k32 + 1);
-  auto token = table->AddFd(session, Memfd(kPoolBytes));
+  CHECK(session_table->BeginSession() == 9 * k32 + 1);
+  auto token = session_table->AddFd(session, Memfd(kPoolBytes));
   REQUIRE(token.ok());
   auto spec = PagedSpec(kPoolBytes, true);
   spec.mutable_share()->set_fd_token(*token);
@@ -104,9 +100,11 @@ TEST_CASE("ids count from the table's bases; a daemon's bases are random multipl
 
 TEST_CASE("a memfd that cannot be sealed is mapped guarded, not sealed") {
   // host_memory_test tries truncating one under the daemon.
-  auto table = RegionTable::Create(Clock::Real());
-  const uint64_t session = table->BeginSession();
-  auto token = table->AddFd(session, Memfd(kPoolBytes, MFD_CLOEXEC));  // no MFD_ALLOW_SEALING
+  Tables tables;
+  RegionTable* table = tables.regions.get();
+  ::kvrail::sessions::SessionTable* session_table = tables.sessions.get();
+  const uint64_t session = session_table->BeginSession();
+  auto token = session_table->AddFd(session, Memfd(kPoolBytes, MFD_CLOEXEC));  // no MFD_ALLOW_SEALING
   REQUIRE(token.ok());
   auto spec = PagedSpec(kPoolBytes, true);
   spec.mutable_share()->set_fd_token(*token);
@@ -116,11 +114,13 @@ TEST_CASE("a memfd that cannot be sealed is mapped guarded, not sealed") {
 }
 
 TEST_CASE("tokens belong to their session; ending a session drops its tokens and regions") {
-  auto table = RegionTable::Create(Clock::Real());
-  const uint64_t a = table->BeginSession();
-  const uint64_t b = table->BeginSession();
+  Tables tables;
+  RegionTable* table = tables.regions.get();
+  ::kvrail::sessions::SessionTable* session_table = tables.sessions.get();
+  const uint64_t a = session_table->BeginSession();
+  const uint64_t b = session_table->BeginSession();
   CHECK(a != b);
-  auto token = table->AddFd(a, Memfd(kPoolBytes));
+  auto token = session_table->AddFd(a, Memfd(kPoolBytes));
   REQUIRE(token.ok());
   auto spec = PagedSpec(kPoolBytes, false);
   spec.mutable_share()->set_fd_token(*token);
@@ -129,10 +129,10 @@ TEST_CASE("tokens belong to their session; ending a session drops its tokens and
   auto region = table->Register(spec, a);
   REQUIRE(region.ok());
   const uint64_t id = (*region)->id();
-  auto second_token = table->AddFd(a, Memfd(kPoolBytes));
+  auto second_token = session_table->AddFd(a, Memfd(kPoolBytes));
   REQUIRE(second_token.ok());
   CHECK(table->size() == 1);
-  table->EndSession(a);
+  session_table->EndSession(a);
   CHECK(table->size() == 0);
   CHECK(table->Get(id).status().code() == absl::StatusCode::kNotFound);
   // The transfer that still holds the region keeps a valid mapping.
@@ -142,10 +142,12 @@ TEST_CASE("tokens belong to their session; ending a session drops its tokens and
 }
 
 TEST_CASE("bad specs are rejected naming the field, before any token is consumed") {
-  auto table = RegionTable::Create(Clock::Real());
-  const uint64_t session = table->BeginSession();
-  table->SetSessionPeer(session, static_cast<uint32_t>(::geteuid()));  // shm names below
-  auto token = table->AddFd(session, Memfd(kPoolBytes));
+  Tables tables;
+  RegionTable* table = tables.regions.get();
+  ::kvrail::sessions::SessionTable* session_table = tables.sessions.get();
+  const uint64_t session = session_table->BeginSession();
+  session_table->SetSessionPeer(session, static_cast<uint32_t>(::geteuid()));  // shm names below
+  auto token = session_table->AddFd(session, Memfd(kPoolBytes));
   REQUIRE(token.ok());
   auto base = PagedSpec(kPoolBytes, true);
   base.mutable_share()->set_fd_token(*token);
@@ -209,7 +211,9 @@ TEST_CASE("bad specs are rejected naming the field, before any token is consumed
 }
 
 TEST_CASE("shm regions map by name; read-only regions refuse nothing but are mapped read-only") {
-  auto table = RegionTable::Create(Clock::Real());
+  Tables tables;
+  RegionTable* table = tables.regions.get();
+  ::kvrail::sessions::SessionTable* session_table = tables.sessions.get();
   const std::string name = "/kvrail-regions-test-" + std::to_string(::getpid());
   UniqueFd fd(::shm_open(name.c_str(), O_CREAT | O_RDWR, 0600));
   REQUIRE(fd.valid());
@@ -217,8 +221,8 @@ TEST_CASE("shm regions map by name; read-only regions refuse nothing but are map
   auto spec = PagedSpec(kPoolBytes, false);
   spec.mutable_share()->set_shm_name(name);
   // By name only for a session whose uid owns the object (host_memory_test tries the rest).
-  const uint64_t session = table->BeginSession();
-  table->SetSessionPeer(session, static_cast<uint32_t>(::geteuid()));
+  const uint64_t session = session_table->BeginSession();
+  session_table->SetSessionPeer(session, static_cast<uint32_t>(::geteuid()));
   auto region = table->Register(spec, session);
   ::shm_unlink(name.c_str());
   REQUIRE(region.ok());
@@ -244,15 +248,17 @@ v1::RegionSpec LayeredSpec(bool writable) {
 }
 
 TEST_CASE("a per-layer region maps each layer's memory at its own base") {
-  auto table = RegionTable::Create(Clock::Real());
-  const uint64_t session = table->BeginSession();
+  Tables tables;
+  RegionTable* table = tables.regions.get();
+  ::kvrail::sessions::SessionTable* session_table = tables.sessions.get();
+  const uint64_t session = session_table->BeginSession();
   // Layer 0 in its own memfd; layer 1 at 8 KiB into a second, larger one.
   UniqueFd a = Memfd(kLayerBytes), b = Memfd(kLayerBytes + 8192);
   void* view_b = ::mmap(nullptr, kLayerBytes + 8192, PROT_READ | PROT_WRITE, MAP_SHARED, b.get(), 0);
   REQUIRE(view_b != MAP_FAILED);
   auto spec = LayeredSpec(true);
   for (const int fd : {a.get(), b.get()}) {
-    auto token = table->AddFd(session, UniqueFd(::dup(fd)));
+    auto token = session_table->AddFd(session, UniqueFd(::dup(fd)));
     REQUIRE(token.ok());
     v1::RegionShare* share = spec.add_layer_shares();
     share->set_fd_token(*token);
@@ -274,11 +280,13 @@ TEST_CASE("a per-layer region maps each layer's memory at its own base") {
 }
 
 TEST_CASE("per-layer region errors name the field, and a failed layer consumes no token") {
-  auto table = RegionTable::Create(Clock::Real());
-  const uint64_t session = table->BeginSession();
+  Tables tables;
+  RegionTable* table = tables.regions.get();
+  ::kvrail::sessions::SessionTable* session_table = tables.sessions.get();
+  const uint64_t session = session_table->BeginSession();
   UniqueFd small = Memfd(kLayerBytes / 2), big = Memfd(kLayerBytes);
-  auto big_token = table->AddFd(session, UniqueFd(::dup(big.get())));
-  auto small_token = table->AddFd(session, UniqueFd(::dup(small.get())));
+  auto big_token = session_table->AddFd(session, UniqueFd(::dup(big.get())));
+  auto small_token = session_table->AddFd(session, UniqueFd(::dup(small.get())));
   REQUIRE(big_token.ok());
   REQUIRE(small_token.ok());
 
@@ -291,7 +299,7 @@ TEST_CASE("per-layer region errors name the field, and a failed layer consumes n
   spec.add_layer_shares()->set_fd_token(*small_token);
   RequireError(table->Register(spec, session).status(), absl::StatusCode::kInvalidArgument,
                "spec.layer_shares[1]");
-  auto third = table->AddFd(session, UniqueFd(::dup(big.get())));
+  auto third = session_table->AddFd(session, UniqueFd(::dup(big.get())));
   REQUIRE(third.ok());
   spec.mutable_layer_shares(1)->set_fd_token(*third);
   auto ok = table->Register(spec, session);
@@ -329,44 +337,14 @@ TEST_CASE("per-layer region errors name the field, and a failed layer consumes n
                "spec.layer_shares");
 
   // Another session's token is refused, naming the layer.
-  const uint64_t other = table->BeginSession();
-  auto foreign = table->AddFd(other, UniqueFd(::dup(big.get())));
+  const uint64_t other = session_table->BeginSession();
+  auto foreign = session_table->AddFd(other, UniqueFd(::dup(big.get())));
   REQUIRE(foreign.ok());
   auto stolen = LayeredSpec(false);
   stolen.add_layer_shares()->set_fd_token(*foreign);
   stolen.add_layer_shares()->set_fd_token(*foreign);
   RequireError(table->Register(stolen, session).status(), absl::StatusCode::kPermissionDenied,
                "spec.layer_shares[0].fd_token");
-}
-
-}  // namespace
-}  // namespace kvrail::regions
-
-namespace kvrail::regions {
-namespace {
-
-TEST_CASE("one session cannot take every fd token") {
-  auto table = RegionTable::Create(Clock::Real());
-  const uint64_t greedy = table->BeginSession();
-  const uint64_t other = table->BeginSession();
-  UniqueFd fd = Memfd(4096);
-  int taken = 0;
-  absl::Status last;
-  for (int i = 0; i < 2000; ++i) {
-    auto token = table->AddFd(greedy, UniqueFd(::dup(fd.get())));
-    if (!token.ok()) {
-      last = token.status();
-      break;
-    }
-    ++taken;
-  }
-  CHECK(taken == 1024);
-  RequireError(last, absl::StatusCode::kResourceExhausted, "fd tokens: the session holds 1024");
-  // Another session still gets tokens; the greedy one's go when it ends.
-  CHECK(table->AddFd(other, UniqueFd(::dup(fd.get()))).ok());
-  table->EndSession(greedy);
-  const uint64_t again = table->BeginSession();
-  CHECK(table->AddFd(again, UniqueFd(::dup(fd.get()))).ok());
 }
 
 }  // namespace
@@ -390,11 +368,13 @@ v1::RegionSpec LibrarySpec(const std::string& token, uint64_t size) {
 TEST_CASE("a library region is recorded and limited: host bytes, <= 64 MiB, one per session") {
   RegionLimits limits;
   limits.max_regions_per_session = 2;
-  auto table = RegionTable::Create(Clock::Real(), {}, {}, limits);
-  const uint64_t session = table->BeginSession();
+  Tables tables(limits);
+  RegionTable* table = tables.regions.get();
+  ::kvrail::sessions::SessionTable* session_table = tables.sessions.get();
+  const uint64_t session = session_table->BeginSession();
   UniqueFd fd = Memfd(1 << 20);
   auto Token = [&] {
-    auto token = table->AddFd(session, UniqueFd(::dup(fd.get())));
+    auto token = session_table->AddFd(session, UniqueFd(::dup(fd.get())));
     REQUIRE(token.ok());
     return *token;
   };
@@ -423,8 +403,8 @@ TEST_CASE("a library region is recorded and limited: host bytes, <= 64 MiB, one 
   // A second one in the same session is refused; another session may have its own.
   RequireError(table->Register(LibrarySpec(Token(), 4096), session).status(),
                absl::StatusCode::kAlreadyExists, "spec.library_region: the session already holds");
-  const uint64_t other = table->BeginSession();
-  auto other_token = table->AddFd(other, UniqueFd(::dup(fd.get())));
+  const uint64_t other = session_table->BeginSession();
+  auto other_token = session_table->AddFd(other, UniqueFd(::dup(fd.get())));
   REQUIRE(other_token.ok());
   CHECK(table->Register(LibrarySpec(*other_token, 4096), other).ok());
   // It still counts toward max_regions_per_session (2): one ordinary region fits, not two.
@@ -438,42 +418,6 @@ TEST_CASE("a library region is recorded and limited: host bytes, <= 64 MiB, one 
   // Unregistered, the session may register a library region again (the client's table grows).
   REQUIRE(table->Unregister((*first)->id()).ok());
   CHECK(table->Register(LibrarySpec(Token(), 1 << 20), session).ok());
-}
-
-TEST_CASE("a library region is no transfer endpoint and cannot be granted") {
-  auto table = RegionTable::Create(Clock::Real());
-  const uint64_t session = table->BeginSession();
-  UniqueFd fd = Memfd(1 << 20);
-  auto token = table->AddFd(session, UniqueFd(::dup(fd.get())));
-  REQUIRE(token.ok());
-  v1::RegionSpec spec = LibrarySpec(*token, 1 << 20);
-  spec.set_writable(true);
-  auto region = table->Register(spec, session);
-  REQUIRE(region.ok());
-  // Even its own session may not name it as a source, destination or flag array.
-  RequireError(table->CheckAccess(**region, session, "", v1::GRANT_ACCESS_READ, 0, 0, "spec.src"),
-               absl::StatusCode::kPermissionDenied, "spec.src.region_id: region");
-  RequireError(table->CheckAccess(**region, session, "", v1::GRANT_ACCESS_WRITE, 0, 0, "spec.dst"),
-               absl::StatusCode::kPermissionDenied, "RegionSpec.library_region");
-  Caller owner;
-  owner.session_id = session;
-  v1::CreateGrantRequest grant;
-  grant.set_region_id((*region)->id());
-  grant.set_access(v1::GRANT_ACCESS_READ);
-  grant.set_ttl_ms(1000);
-  RequireError(table->CreateGrant(grant, owner).status(), absl::StatusCode::kFailedPrecondition,
-               "cannot be granted");
-  // An ordinary region of the same name is an endpoint as any other.
-  auto token2 = table->AddFd(session, UniqueFd(::dup(fd.get())));
-  REQUIRE(token2.ok());
-  v1::RegionSpec named = LibrarySpec(*token2, 1 << 20);
-  named.set_library_region(false);
-  named.set_name("client block tables");
-  auto plain = table->Register(named, session);
-  REQUIRE(plain.ok());
-  CHECK(table->CheckAccess(**plain, session, "", v1::GRANT_ACCESS_READ, 0, 0, "spec.src").ok());
-  grant.set_region_id((*plain)->id());
-  CHECK(table->CreateGrant(grant, owner).ok());
 }
 
 }  // namespace

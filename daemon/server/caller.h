@@ -1,19 +1,19 @@
 // Who is calling a gRPC service of kvraild (docs/security.md): the session a call's
-// `kvrail-session` metadata names (wire/session_wire.h), checked against the region table.
+// `kvrail-session` metadata names (wire/session_wire.h), checked against the session table.
 // Shared by the Transfer/Admin services and the Peer service's local calls (ExportRegion).
 #pragma once
 
 #include <grpcpp/server_context.h>
 
 #include "absl/status/statusor.h"
-#include "daemon/regions/regions.h"
+#include "daemon/sessions/sessions.h"
 
 namespace kvrail::server {
 
 // Anonymous (session 0) without the metadata; UNAUTHENTICATED when it is malformed or names no
 // open session with that secret. Thread-safe.
-absl::StatusOr<regions::Caller> CallerFromMetadata(const grpc::ServerContextBase& context,
-                                                   const regions::RegionTable& regions);
+absl::StatusOr<sessions::Caller> CallerFromMetadata(const grpc::ServerContextBase& context,
+                                                    const sessions::SessionTable& sessions);
 
 // Whether the call arrived on a unix socket (gRPC's peer "unix:...").
 bool IsLocal(const grpc::ServerContextBase& context);

@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "daemon/regions/regions.h"
+#include "daemon/sessions/sessions.h"
 #include "proto/kvrail/v1/region.pb.h"
 
 namespace kvrail::server {
@@ -27,7 +27,7 @@ inline bool SessionOwnsRegions(const std::vector<v1::RegionInfo>& regions, uint6
 // kvraild's own uid is NOT enough, though it may read every status: under MPS the inference
 // servers run as kvraild's uid (docs/operations.md), and any of them could open a second,
 // region-less session.
-inline bool MayCancelAsOperator(const regions::Caller& caller, bool session_owns_regions) {
+inline bool MayCancelAsOperator(const sessions::Caller& caller, bool session_owns_regions) {
   return caller.uid == 0 && !session_owns_regions;  // root: always operator_role()
 }
 

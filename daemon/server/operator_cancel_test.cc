@@ -11,8 +11,8 @@
 namespace kvrail::server {
 namespace {
 
-regions::Caller MakeCaller(int64_t uid) {
-  regions::Caller caller;
+sessions::Caller MakeCaller(int64_t uid) {
+  sessions::Caller caller;
   caller.session_id = 7;
   caller.uid = uid;
   return caller;
@@ -32,7 +32,7 @@ TEST_CASE("kvraild's own non-root uid may read but not cancel others' transfers"
   CHECK_FALSE(MayCancelAsOperator(MakeCaller(990), /*session_owns_regions=*/false));
   // This process stands for kvraild: its own uid has operator_role() (reads every status), which
   // still cancels nothing of others' unless it is root.
-  const regions::Caller own = MakeCaller(static_cast<int64_t>(::geteuid()));
+  const sessions::Caller own = MakeCaller(static_cast<int64_t>(::geteuid()));
   CHECK(own.operator_role());
   CHECK(MayCancelAsOperator(own, false) == (own.uid == 0));
 }

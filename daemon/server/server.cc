@@ -25,21 +25,21 @@ namespace {
 
 // The caller of a Transfer or Admin call (docs/security.md): PERMISSION_DENIED over TCP unless
 // the API is served there, else CallerFromMetadata.
-absl::StatusOr<regions::Caller> CallerOf(grpc::ServerContextBase* context,
-                                         const regions::RegionTable& regions,
-                                         bool tcp_serves_api) {
+absl::StatusOr<sessions::Caller> CallerOf(grpc::ServerContextBase* context,
+                                          const sessions::SessionTable& sessions,
+                                          bool tcp_serves_api) {
   if (!tcp_serves_api && !IsLocal(*context)) {
     return absl::PermissionDeniedError(
         "Transfer and Admin calls are served on kvraild's unix socket only (TCP serves the Peer "
         "service; DaemonConfig.tcp_serves_api opts in)");
   }
-  return CallerFromMetadata(*context, regions);
+  return CallerFromMetadata(*context, sessions);
 }
 
-#define KVRAIL_CALLER_OR_RETURN(caller)                                                  \
-  absl::StatusOr<regions::Caller> caller##_or = CallerOf(context, *regions_, tcp_api_); \
-  if (!caller##_or.ok()) return ToGrpcStatus(caller##_or.status());                       \
-  const regions::Caller caller = *caller##_or
+#define KVRAIL_CALLER_OR_RETURN(caller)                                                    \
+  absl::StatusOr<sessions::Caller> caller##_or = CallerOf(context, *sessions_, tcp_api_); \
+  if (!caller##_or.ok()) return ToGrpcStatus(caller##_or.status());                         \
+  const sessions::Caller caller = *caller##_or
 
 // Returns the refusal unless `caller` may `use` the transfer (TransferManager::Authorize).
 #define KVRAIL_AUTHORIZED_OR_RETURN(id, caller, use)                          \
@@ -86,12 +86,14 @@ class TransferService final
           v1::Transfer::WithCallbackMethod_WatchTransfer<
               v1::Transfer::WithCallbackMethod_WatchNotifications<v1::Transfer::Service>>> {
  public:
-  TransferService(regions::RegionTable* regions, transfers::TransferManager* transfers,
+  TransferService(const sessions::SessionTable* sessions, regions::RegionTable* regions,
+                  access::Grants* grants, transfers::TransferManager* transfers,
                   transfers::NotificationHub* notifications, bool tcp_api,
                   uint32_t max_watchers_per_session, uint32_t max_watchers_per_uid,
                   ChangeGate* gate)
-      : regions_(regions), transfers_(transfers), notifications_(notifications),
-        tcp_api_(tcp_api), watchers_(max_watchers_per_session, max_watchers_per_uid),
+      : sessions_(sessions), regions_(regions), grants_(grants), transfers_(transfers),
+        notifications_(notifications), tcp_api_(tcp_api),
+        watchers_(max_watchers_per_session, max_watchers_per_uid),
         pump_(std::make_shared<WatchPump>(kWatchTick)), gate_(gate) {}
 
   size_t open_watches() const { return pump_->open(); }
@@ -158,7 +160,7 @@ class TransferService final
                                          const v1::WaitTransferRequest* request,
                                          v1::TransferStatus* response) override {
     auto refuse = [context](const grpc::Status& status) { return RefusedUnary(context, status); };
-    absl::StatusOr<regions::Caller> caller = CallerOf(context, *regions_, tcp_api_);
+    absl::StatusOr<sessions::Caller> caller = CallerOf(context, *sessions_, tcp_api_);
     if (!caller.ok()) return refuse(ToGrpcStatus(caller.status()));
     if (absl::Status allowed = transfers_->Authorize(request->transfer_id(), *caller,
                                                      transfers::TransferUse::kRead);
@@ -176,7 +178,7 @@ class TransferService final
   grpc::ServerWriteReactor<v1::TransferEvent>* WatchTransfer(
       grpc::CallbackServerContext* context, const v1::WatchTransferRequest* request) override {
     auto refuse = RefusedStream<v1::TransferEvent>;
-    absl::StatusOr<regions::Caller> caller = CallerOf(context, *regions_, tcp_api_);
+    absl::StatusOr<sessions::Caller> caller = CallerOf(context, *sessions_, tcp_api_);
     if (!caller.ok()) return refuse(ToGrpcStatus(caller.status()));
     if (absl::Status allowed = transfers_->Authorize(request->transfer_id(), *caller,
                                                      transfers::TransferUse::kRead);
@@ -234,7 +236,7 @@ class TransferService final
                            v1::Grant* response) override {
     KVRAIL_CALLER_OR_RETURN(caller);
     KVRAIL_GATE_OR_FORWARD(CreateGrant);
-    auto grant = regions_->CreateGrant(*request, caller);
+    auto grant = grants_->CreateGrant(*request, caller);
     if (!grant.ok()) return ToGrpcStatus(grant.status());
     *response = *std::move(grant);
     spdlog::debug("grant of region {} ({}) to be used by another party", response->region_id(),
@@ -246,7 +248,7 @@ class TransferService final
                            v1::RevokeGrantResponse* response) override {
     KVRAIL_CALLER_OR_RETURN(caller);
     KVRAIL_GATE_OR_FORWARD(RevokeGrant);
-    return ToGrpcStatus(regions_->RevokeGrant(request->token(), caller));
+    return ToGrpcStatus(grants_->RevokeGrant(request->token(), caller));
   }
 
   grpc::Status PollNotifications(grpc::ServerContext* context,
@@ -277,7 +279,7 @@ class TransferService final
   grpc::ServerWriteReactor<v1::Notification>* WatchNotifications(
       grpc::CallbackServerContext* context, const v1::NotificationWatchRequest* request) override {
     auto refuse = RefusedStream<v1::Notification>;
-    absl::StatusOr<regions::Caller> caller = CallerOf(context, *regions_, tcp_api_);
+    absl::StatusOr<sessions::Caller> caller = CallerOf(context, *sessions_, tcp_api_);
     if (!caller.ok()) return refuse(ToGrpcStatus(caller.status()));
     if (absl::Status readable = NotificationsReadable(request->session_id(), *caller);
         !readable.ok()) {
@@ -304,7 +306,7 @@ class TransferService final
 
   // PERMISSION_DENIED unless `caller` is the session whose queue it asks for; UNIMPLEMENTED
   // without a notification hub.
-  absl::Status NotificationsReadable(uint64_t session_id, const regions::Caller& caller) const {
+  absl::Status NotificationsReadable(uint64_t session_id, const sessions::Caller& caller) const {
     if (session_id != caller.session_id) {
       return absl::PermissionDeniedError(
           "session_id: notifications are read by their own session only");
@@ -317,7 +319,9 @@ class TransferService final
 
   static constexpr uint32_t kMaxPollTimeoutMs = 60000;
 
+  const sessions::SessionTable* const sessions_;
   regions::RegionTable* const regions_;
+  access::Grants* const grants_;
   transfers::TransferManager* const transfers_;
   transfers::NotificationHub* const notifications_;
   const bool tcp_api_;
@@ -329,10 +333,11 @@ class TransferService final
 
 class AdminService final : public v1::Admin::Service {
  public:
-  AdminService(const ServerOptions& options, regions::RegionTable* regions,
-               transfers::TransferManager* transfers)
+  AdminService(const ServerOptions& options, const sessions::SessionTable* sessions,
+               regions::RegionTable* regions, transfers::TransferManager* transfers)
       : tcp_api_(options.tcp_serves_api),
         options_(options),
+        sessions_(sessions),
         regions_(regions),
         transfers_(transfers),
         started_us_(absl::ToUnixMicros(absl::Now())) {}
@@ -420,6 +425,7 @@ class AdminService final : public v1::Admin::Service {
  private:
   const bool tcp_api_;  // declared first: initialised first
   const ServerOptions options_;
+  const sessions::SessionTable* const sessions_;
   regions::RegionTable* const regions_;
   transfers::TransferManager* const transfers_;
   const int64_t started_us_;
@@ -499,14 +505,17 @@ class ServerImpl final : public Server {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& options,
+                                                      const sessions::SessionTable* sessions,
                                                       regions::RegionTable* regions,
+                                                      access::Grants* grants,
                                                       transfers::TransferManager* transfers) {
   auto gate = std::make_unique<ChangeGate>();
   auto transfer = std::make_unique<TransferService>(
-      regions, transfers, options.notifications, options.tcp_serves_api,
+      sessions, regions, grants, transfers, options.notifications, options.tcp_serves_api,
       options.max_watchers_per_session, options.max_watchers_per_uid, gate.get());
-  auto server = std::make_unique<ServerImpl>(std::move(gate), std::move(transfer),
-                                             std::make_unique<AdminService>(options, regions, transfers));
+  auto server = std::make_unique<ServerImpl>(
+      std::move(gate), std::move(transfer),
+      std::make_unique<AdminService>(options, sessions, regions, transfers));
   absl::Status status = server->Build(options);
   if (!status.ok()) return status;
   return std::unique_ptr<Server>(std::move(server));

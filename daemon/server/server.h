@@ -8,7 +8,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "daemon/access/access.h"
 #include "daemon/regions/regions.h"
+#include "daemon/sessions/sessions.h"
 #include "daemon/transfers/transfers.h"
 #include "proto/kvrail/v1/admin.pb.h"
 #include "proto/kvrail/v1/topology.pb.h"
@@ -65,8 +67,11 @@ struct ServerOptions {
 class Server {
  public:
   virtual ~Server() = default;
+  // The tables and the manager outlive the server.
   static absl::StatusOr<std::unique_ptr<Server>> Start(const ServerOptions& options,
+                                                       const sessions::SessionTable* sessions,
                                                        regions::RegionTable* regions,
+                                                       access::Grants* grants,
                                                        transfers::TransferManager* transfers);
   // Marks readiness (health service "kvrail.v1.Transfer") NOT_SERVING: drain has begun. Liveness
   // (service "") stays SERVING until the server shuts down, so a draining daemon is not killed.

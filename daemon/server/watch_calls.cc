@@ -10,7 +10,7 @@
 
 namespace kvrail::server {
 
-absl::StatusOr<WatcherCounts::Slot> WatcherCounts::Take(const regions::Caller& caller) {
+absl::StatusOr<WatcherCounts::Slot> WatcherCounts::Take(const sessions::Caller& caller) {
   absl::MutexLock lock(&mu_);
   uint32_t& in_session = per_session_[caller.session_id];
   if (in_session >= max_per_session_) {

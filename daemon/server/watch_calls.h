@@ -21,7 +21,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "daemon/regions/regions.h"
+#include "daemon/sessions/sessions.h"
 #include "daemon/transfers/transfers.h"
 #include "proto/kvrail/v1/transfer.pb.h"
 
@@ -60,7 +60,7 @@ class WatcherCounts {
     int64_t uid_ = -1;
   };
   // RESOURCE_EXHAUSTED naming max_watchers_per_session or max_watchers_per_uid at a cap.
-  absl::StatusOr<Slot> Take(const regions::Caller& caller);
+  absl::StatusOr<Slot> Take(const sessions::Caller& caller);
   // Open calls of `uid` (tests, stats).
   uint32_t OpenOfUid(int64_t uid) const;
 

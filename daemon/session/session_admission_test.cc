@@ -18,7 +18,6 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
-#include "base/clock.h"
 #include "base/unique_fd.h"
 #include "daemon/session/session_server.h"
 #include "wire/session_wire.h"
@@ -63,7 +62,7 @@ struct FakeAdmission {
 
 struct Served {
   std::string dir;
-  std::unique_ptr<regions::RegionTable> regions = regions::RegionTable::Create(Clock::Real());
+  std::unique_ptr<sessions::SessionTable> sessions = sessions::SessionTable::Create();
   std::unique_ptr<SessionServer> server;
   std::string path() const { return dir + "/s.session"; }
   explicit Served(SessionServerOptions options) {
@@ -71,7 +70,7 @@ struct Served {
     REQUIRE(::mkdtemp(tmpl) != nullptr);
     dir = tmpl;
     options.path = path();
-    auto started = SessionServer::Start(options, regions.get());
+    auto started = SessionServer::Start(options, sessions.get());
     REQUIRE(started.ok());
     server = *std::move(started);
   }
@@ -211,9 +210,9 @@ TEST_CASE("a session closed with SUBMITs queued has none admitted; it ends after
   CHECK(s.server->admissions_queued() == 0);  // dropped, not run
   // The session ends once the admission in progress returns, not before: a transfer admitted
   // after its end would escape the session's end (which stops what writes into its memory).
-  CHECK(s.regions->SessionOpen(id));
+  CHECK(s.sessions->SessionOpen(id));
   fake.release.Notify();
-  REQUIRE(s.Eventually([&] { return !s.regions->SessionOpen(id); }));
+  REQUIRE(s.Eventually([&] { return !s.sessions->SessionOpen(id); }));
   CHECK(fake.Of(id) == std::vector<uint64_t>{kHeld});
 }
 

@@ -156,12 +156,12 @@ constexpr uint64_t kListenerTag = ~uint64_t{0} - 1;
 class SessionServerImpl final : public SessionServer {
  public:
   SessionServerImpl(UniqueFd listener, UniqueFd wake_read, UniqueFd wake_write, UniqueFd epoll,
-                    regions::RegionTable* regions, SessionServerOptions options)
+                    sessions::SessionTable* sessions, SessionServerOptions options)
       : listener_(std::move(listener)),
         wake_read_(std::move(wake_read)),
         wake_write_(std::move(wake_write)),
         epoll_(std::move(epoll)),
-        regions_(regions),
+        table_(sessions),
         options_(std::move(options)),
         pending_waits_(std::make_shared<PendingWaits>(options_.max_waits_per_uid)),
         packet_(wire::kMaxRequestBytes) {
@@ -182,7 +182,7 @@ class SessionServerImpl final : public SessionServer {
     admission_.reset();
     for (auto& [fd, session] : sessions_) {
       session->Close();
-      regions_->EndSession(session->id);
+      table_->EndSession(session->id);
     }
   }
 
@@ -244,7 +244,7 @@ class SessionServerImpl final : public SessionServer {
                                 std::vector<UniqueFd>* fds) {
     for (const handover::ConnectionRecord& record : state.connections()) {
       KVRAIL_ASSIGN_OR_RETURN(UniqueFd fd, TakeHanded(fds, record.fd(), "connections.fd"));
-      if (!regions_->SessionOpen(record.session_id())) {
+      if (!table_->SessionOpen(record.session_id())) {
         return absl::InvalidArgumentError(absl::StrCat(
             "handover: connections: session ", record.session_id(), " is not in the region table"));
       }
@@ -472,11 +472,11 @@ class SessionServerImpl final : public SessionServer {
                                        std::strerror(errno)))));
       return;
     }
-    const uint64_t id = regions_->BeginSession();
-    if (known) regions_->SetSessionPeer(id, cred.uid);
+    const uint64_t id = table_->BeginSession();
+    if (known) table_->SetSessionPeer(id, cred.uid);
     if (admission_ != nullptr) admission_->Open(id);
     // The secret goes to this connection only: it binds the client's gRPC calls to the session.
-    SendPacket(raw, wire::EncodeGreeting(id, options_.instance_id, regions_->SessionSecret(id)));
+    SendPacket(raw, wire::EncodeGreeting(id, options_.instance_id, table_->SessionSecret(id)));
     spdlog::debug("session {} opened (uid {})", id, uid);
     sessions_.emplace(raw, std::make_shared<Connection>(id, uid, std::move(fd)));
     ++per_uid_[uid];
@@ -492,13 +492,13 @@ class SessionServerImpl final : public SessionServer {
       // a SUBMIT being admitted finishes first, and the session ends after it, so that transfer
       // is ended with the session's others.
       const size_t dropped = admission_->Close(
-          conn->id, [regions = regions_, id = conn->id] { regions->EndSession(id); });
+          conn->id, [table = table_, id = conn->id] { table->EndSession(id); });
       if (dropped > 0) {
         spdlog::info("session {} closed with {} packets queued for admission: not served",
                      conn->id, dropped);
       }
     } else {
-      regions_->EndSession(conn->id);
+      table_->EndSession(conn->id);
     }
     auto uid = per_uid_.find(conn->uid);
     if (uid != per_uid_.end() && --uid->second == 0) per_uid_.erase(uid);
@@ -593,7 +593,7 @@ class SessionServerImpl final : public SessionServer {
       conn->Send(wire::EncodeError(ShortOfFdsError().message()));
       return;  // the descriptor is closed with `packet`
     }
-    absl::StatusOr<std::string> token = regions_->AddFd(conn->id, std::move(packet.fds[0]));
+    absl::StatusOr<std::string> token = table_->AddFd(conn->id, std::move(packet.fds[0]));
     conn->Send(token.ok() ? wire::EncodeToken(*token) : wire::EncodeError(token.status().message()));
   }
 
@@ -612,13 +612,13 @@ class SessionServerImpl final : public SessionServer {
     }
     // The waiting session: the connection's, or the one the credential names (a client waits
     // on spare connections as its main session).
-    absl::StatusOr<regions::Caller> waiter =
-        regions_->Authenticate(conn->id, regions_->SessionSecret(conn->id));
+    absl::StatusOr<sessions::Caller> waiter =
+        table_->Authenticate(conn->id, table_->SessionSecret(conn->id));
     if (body.find(' ') != absl::string_view::npos) {
       const auto credential = wire::ParseWaitCredential(body);
       waiter = credential.has_value()
-                   ? regions_->Authenticate(credential->first, credential->second)
-                   : absl::StatusOr<regions::Caller>(absl::UnauthenticatedError(
+                   ? table_->Authenticate(credential->first, credential->second)
+                   : absl::StatusOr<sessions::Caller>(absl::UnauthenticatedError(
                          "WAIT: the credential is not \"<session id>.<secret>\""));
     }
     if (!waiter.ok()) {
@@ -693,8 +693,8 @@ class SessionServerImpl final : public SessionServer {
   // Posts transfer `id`'s final state into the connection's completion queue when it ends.
   void PostWhenDone(const Connection& conn, const std::shared_ptr<CompletionSink>& sink,
                     uint64_t id) {
-    absl::StatusOr<regions::Caller> caller =
-        regions_->Authenticate(conn.id, regions_->SessionSecret(conn.id));
+    absl::StatusOr<sessions::Caller> caller =
+        table_->Authenticate(conn.id, table_->SessionSecret(conn.id));
     std::weak_ptr<CompletionSink> weak = sink;
     const auto& follow = options_.follow ? options_.follow : options_.wait;
     const absl::Status registered =
@@ -740,7 +740,7 @@ class SessionServerImpl final : public SessionServer {
   UniqueFd wake_read_;
   UniqueFd wake_write_;
   UniqueFd epoll_;
-  regions::RegionTable* const regions_;
+  sessions::SessionTable* const table_;  // the sessions this server begins and ends
   const SessionServerOptions options_;
   const std::shared_ptr<PendingWaits> pending_waits_;
   std::atomic<bool> stop_{false};
@@ -770,7 +770,7 @@ std::string NewInstanceId() {
 
 absl::StatusOr<std::unique_ptr<SessionServer>> SessionServer::Start(const std::string& path,
                                                                     uint32_t mode,
-                                                                    regions::RegionTable* regions,
+                                                                    sessions::SessionTable* sessions,
                                                                     const std::string& instance_id,
                                                                     SubmitFn submit,
                                                                     WaitFn wait) {
@@ -780,16 +780,16 @@ absl::StatusOr<std::unique_ptr<SessionServer>> SessionServer::Start(const std::s
   options.instance_id = instance_id;
   options.submit = std::move(submit);
   if (wait) {
-    options.wait = [wait = std::move(wait)](const regions::Caller&, uint64_t id,
+    options.wait = [wait = std::move(wait)](const sessions::Caller&, uint64_t id,
                                             std::function<void(const v1::TransferStatus&)> done) {
       return wait(id, std::move(done));
     };
   }
-  return Start(options, regions);
+  return Start(options, sessions);
 }
 
 absl::StatusOr<std::unique_ptr<SessionServer>> SessionServer::Start(
-    const SessionServerOptions& options, regions::RegionTable* regions) {
+    const SessionServerOptions& options, sessions::SessionTable* sessions) {
   const std::string& path = options.path;
   sockaddr_un addr{};
   if (path.empty() || path.size() >= sizeof(addr.sun_path)) {
@@ -820,13 +820,13 @@ absl::StatusOr<std::unique_ptr<SessionServer>> SessionServer::Start(
   if (!epoll.valid()) return absl::InternalError(absl::StrCat("epoll: ", std::strerror(errno)));
   auto server = std::make_unique<SessionServerImpl>(std::move(listener), std::move(wake_read),
                                                    std::move(wake_write), std::move(epoll),
-                                                   regions, options);
+                                                   sessions, options);
   server->Resume();
   return std::unique_ptr<SessionServer>(std::move(server));
 }
 
 absl::StatusOr<std::unique_ptr<SessionServer>> SessionServer::Adopt(
-    const SessionServerOptions& options, regions::RegionTable* regions,
+    const SessionServerOptions& options, sessions::SessionTable* sessions,
     const handover::SessionServerState& state, std::vector<UniqueFd>* fds) {
   KVRAIL_ASSIGN_OR_RETURN(UniqueFd listener,
                           SessionServerImpl::TakeHanded(fds, state.listener_fd(), "listener_fd"));
@@ -850,7 +850,7 @@ absl::StatusOr<std::unique_ptr<SessionServer>> SessionServer::Adopt(
   if (!epoll.valid()) return absl::InternalError(absl::StrCat("epoll: ", std::strerror(errno)));
   auto server = std::make_unique<SessionServerImpl>(std::move(listener), std::move(wake_read),
                                                    std::move(wake_write), std::move(epoll),
-                                                   regions, options);
+                                                   sessions, options);
   KVRAIL_RETURN_IF_ERROR(server->AdoptConnections(state, fds));
   return std::unique_ptr<SessionServer>(std::move(server));
 }

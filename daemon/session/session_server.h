@@ -28,7 +28,7 @@
 #include "absl/time/time.h"
 #include "base/unique_fd.h"
 #include "daemon/handover/state.pb.h"
-#include "daemon/regions/regions.h"
+#include "daemon/sessions/sessions.h"
 #include "proto/kvrail/v1/transfer.pb.h"
 
 namespace kvrail::session {
@@ -51,12 +51,12 @@ struct SessionServerOptions {
   // transfer `id`: registers `done` for its end, or refuses (NOT_FOUND, or PERMISSION_DENIED
   // when the caller may not read the transfer). `done` must not block. Without one WAIT is
   // refused (UNIMPLEMENTED).
-  std::function<absl::Status(const regions::Caller& caller, uint64_t id,
+  std::function<absl::Status(const sessions::Caller& caller, uint64_t id,
                              std::function<void(const v1::TransferStatus& status)> done)>
       wait;
   // As `wait`, for the connection's completion queue: the daemon's own follower of a transfer
   // its connection submitted, not counted against the transfer's cap of waiters. Unset: `wait`.
-  std::function<absl::Status(const regions::Caller& caller, uint64_t id,
+  std::function<absl::Status(const sessions::Caller& caller, uint64_t id,
                              std::function<void(const v1::TransferStatus& status)> done)>
       follow;
   // Connections open at once, in all and per uid (SO_PEERCRED). A connection beyond either is
@@ -103,7 +103,7 @@ struct SessionServerOptions {
 // Owns the listening socket, one poll thread (epoll: each wake-up costs what is ready, not
 // what is open) and the admission workers (admission_workers). Thread-safe to destroy from any
 // thread (stops the poll thread, lets running admissions finish and drops queued ones, closes
-// every session, which ends them in the region table).
+// every session, which ends them in the session table).
 class SessionServer {
  public:
   virtual ~SessionServer() = default;
@@ -123,24 +123,24 @@ class SessionServer {
   // packets are refused (UNIMPLEMENTED).
   static absl::StatusOr<std::unique_ptr<SessionServer>> Start(const std::string& path,
                                                               uint32_t mode,
-                                                              regions::RegionTable* regions,
+                                                              sessions::SessionTable* sessions,
                                                               const std::string& instance_id,
                                                               SubmitFn submit = nullptr,
                                                               WaitFn wait = nullptr);
   // The same, with the options above (the server this one starts is the same).
   static absl::StatusOr<std::unique_ptr<SessionServer>> Start(const SessionServerOptions& options,
-                                                              regions::RegionTable* regions);
+                                                              sessions::SessionTable* sessions);
   virtual size_t active_sessions() const = 0;
   // Packets waiting for an admission worker, every session together (stats, tests).
   virtual size_t admissions_queued() const = 0;
 
   // --- Hot restart (daemon/handover) ---
-  // A predecessor's listener and connections (their sessions already imported into `regions`),
+  // A predecessor's listener and connections (their sessions already imported into `sessions`),
   // with their completion queues; descriptors are taken out of `fds` by the state's indices.
   // The server is returned paused: it serves from Resume (after the handover commits), so a
   // successor that fails before then has answered nothing.
   static absl::StatusOr<std::unique_ptr<SessionServer>> Adopt(
-      const SessionServerOptions& options, regions::RegionTable* regions,
+      const SessionServerOptions& options, sessions::SessionTable* sessions,
       const handover::SessionServerState& state, std::vector<UniqueFd>* fds);
   // Stops the poll thread and lets the admission workers finish the packets it had read (returns
   // once both are done): nothing more is accepted or read, packets wait in the sockets, and every

@@ -70,12 +70,13 @@ absl::StatusOr<uint64_t> Greeting(int fd) {
 
 struct Served {
   Dir dir;
-  std::unique_ptr<regions::RegionTable> regions = regions::RegionTable::Create(Clock::Real());
+  std::unique_ptr<::kvrail::sessions::SessionTable> sessions =
+      ::kvrail::sessions::SessionTable::Create();
   std::unique_ptr<SessionServer> server;
   std::string path() const { return dir.path + "/s.session"; }
   explicit Served(SessionServerOptions options) {
     options.path = path();
-    auto started = SessionServer::Start(options, regions.get());
+    auto started = SessionServer::Start(options, sessions.get());
     REQUIRE(started.ok());
     server = *std::move(started);
   }
@@ -100,7 +101,7 @@ struct Served {
 // `later` by a thread kept in `late` (after the spins; the test joins them).
 decltype(SessionServerOptions::wait) AnswerEvenNowOddLater(std::vector<std::thread>* late,
                                                           absl::Duration later) {
-  return [late, later](const regions::Caller&, uint64_t id,
+  return [late, later](const sessions::Caller&, uint64_t id,
                        std::function<void(const v1::TransferStatus&)> done) -> absl::Status {
     v1::TransferStatus status;
     status.set_transfer_id(id);
@@ -189,7 +190,7 @@ TEST_CASE("out of descriptors, a connection is refused at once and later ones ar
 
 TEST_CASE("WAIT is asked as the connection's session") {
   SessionServerOptions options;
-  options.wait = [](const regions::Caller& caller, uint64_t id,
+  options.wait = [](const sessions::Caller& caller, uint64_t id,
                     std::function<void(const v1::TransferStatus&)> done) -> absl::Status {
     if (caller.session_id != id) {
       return absl::PermissionDeniedError("transfer_id: not this session's");
@@ -310,11 +311,11 @@ TEST_CASE("the socket appears at its path only with its mode, whatever the umask
   REQUIRE(watch >= 0);
   REQUIRE(::inotify_add_watch(watch, dir.path.c_str(), IN_CREATE | IN_MOVED_TO) >= 0);
   const mode_t old_umask = ::umask(0);
-  auto regions = regions::RegionTable::Create(Clock::Real());
+  auto sessions = ::kvrail::sessions::SessionTable::Create();
   SessionServerOptions options;
   options.path = dir.path + "/s.session";
   options.mode = 0660;
-  auto started = SessionServer::Start(options, regions.get());
+  auto started = SessionServer::Start(options, sessions.get());
   ::umask(old_umask);
   REQUIRE(started.ok());
   struct stat st {};
@@ -348,7 +349,7 @@ SessionServerOptions EndAtOnce(std::atomic<uint64_t>* next_id) {
     response.set_transfer_id(next_id->fetch_add(1) + 1);
     return response;
   };
-  options.wait = [](const regions::Caller&, uint64_t id,
+  options.wait = [](const sessions::Caller&, uint64_t id,
                     std::function<void(const v1::TransferStatus&)> done) -> absl::Status {
     v1::TransferStatus status;
     status.set_transfer_id(id);

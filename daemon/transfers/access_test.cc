@@ -53,9 +53,9 @@ struct Tenants {
     request.set_ttl_ms(ttl_ms);
     request.set_layer_begin(layer_begin);
     request.set_layer_end(layer_end);
-    regions::Caller owner;
+    sessions::Caller owner;
     owner.session_id = region.session_id();
-    auto grant = f.regions.table()->CreateGrant(request, owner);
+    auto grant = f.regions.grants()->CreateGrant(request, owner);
     REQUIRE(grant.ok());
     CHECK(grant->token().rfind("kvg1.", 0) == 0);
     CHECK(grant->token().size() == 5 + 32);
@@ -129,13 +129,13 @@ TEST_CASE("grants of another region, expired, revoked or unknown are refused") {
   RequireDenied(t.f.manager->Submit(spec), "unknown, revoked or expired");
 
   spec.mutable_src()->set_grant(t.Grant(*t.secret, v1::GRANT_ACCESS_READ));
-  regions::Caller attacker;
+  sessions::Caller attacker;
   attacker.session_id = t.attacker;
-  CHECK(t.f.regions.table()->RevokeGrant(spec.src().grant(), attacker).code() ==
+  CHECK(t.f.regions.grants()->RevokeGrant(spec.src().grant(), attacker).code() ==
         absl::StatusCode::kPermissionDenied);  // only the owner revokes
-  regions::Caller victim;
+  sessions::Caller victim;
   victim.session_id = t.victim;
-  REQUIRE(t.f.regions.table()->RevokeGrant(spec.src().grant(), victim).ok());
+  REQUIRE(t.f.regions.grants()->RevokeGrant(spec.src().grant(), victim).ok());
   RequireDenied(t.f.manager->Submit(spec), "unknown, revoked or expired");
   t.f.engine.RunAll();
 }
@@ -145,32 +145,32 @@ TEST_CASE("only the owner creates grants; a session's grants end with it") {
   v1::CreateGrantRequest request;
   request.set_region_id(t.secret->id());
   request.set_access(v1::GRANT_ACCESS_READ);
-  regions::Caller attacker;
+  sessions::Caller attacker;
   attacker.session_id = t.attacker;
-  CHECK(t.f.regions.table()->CreateGrant(request, attacker).status().code() ==
+  CHECK(t.f.regions.grants()->CreateGrant(request, attacker).status().code() ==
         absl::StatusCode::kPermissionDenied);
-  CHECK(t.f.regions.table()->CreateGrant(request, regions::Caller{}).status().code() ==
+  CHECK(t.f.regions.grants()->CreateGrant(request, sessions::Caller{}).status().code() ==
         absl::StatusCode::kPermissionDenied);
-  regions::Caller op;  // the operator lists everything but grants nothing it does not own
+  sessions::Caller op;  // the operator lists everything but grants nothing it does not own
   op.uid = static_cast<int64_t>(::geteuid());  // kvraild's own uid
   REQUIRE(op.operator_role());
-  CHECK(t.f.regions.table()->CreateGrant(request, op).status().code() ==
+  CHECK(t.f.regions.grants()->CreateGrant(request, op).status().code() ==
         absl::StatusCode::kPermissionDenied);
   // A read-only region is never granted for writing, even by its owner.
   v1::CreateGrantRequest write_ro;
   write_ro.set_region_id(t.mine_src->id());
   write_ro.set_access(v1::GRANT_ACCESS_WRITE);
-  CHECK(t.f.regions.table()->CreateGrant(write_ro, attacker).status().code() ==
+  CHECK(t.f.regions.grants()->CreateGrant(write_ro, attacker).status().code() ==
         absl::StatusCode::kFailedPrecondition);
-  regions::Caller victim;
+  sessions::Caller victim;
   victim.session_id = t.victim;
   request.set_access(v1::GRANT_ACCESS_UNSPECIFIED);
-  CHECK(t.f.regions.table()->CreateGrant(request, victim).status().code() ==
+  CHECK(t.f.regions.grants()->CreateGrant(request, victim).status().code() ==
         absl::StatusCode::kInvalidArgument);
 
   v1::TransferSpec spec = t.Spec(*t.secret, *t.mine, t.attacker);
   spec.mutable_src()->set_grant(t.Grant(*t.secret, v1::GRANT_ACCESS_READ));
-  t.f.regions.table()->EndSession(t.victim);  // the victim exits: its regions and grants go
+  t.f.regions.sessions()->EndSession(t.victim);  // the victim exits: its regions and grants go
   auto refused = t.f.manager->Submit(spec);
   CHECK(!refused.ok());
 }
@@ -190,9 +190,9 @@ TEST_CASE("layer-limited grants cover only their layers") {
   request.set_access(v1::GRANT_ACCESS_READ);
   request.set_layer_begin(1);
   request.set_layer_end(3);
-  regions::Caller caller;
+  sessions::Caller caller;
   caller.session_id = owner;
-  auto grant = f.regions.table()->CreateGrant(request, caller);
+  auto grant = f.regions.grants()->CreateGrant(request, caller);
   REQUIRE(grant.ok());
   v1::TransferSpec spec;
   spec.set_session_id(other);
@@ -247,14 +247,14 @@ TEST_CASE("only a transfer's submitter reads and controls it; the operator reads
   auto submitted = t.f.manager->Submit(t.Spec(*t.secret, *t.vault, t.victim));
   REQUIRE(submitted.ok());
   const uint64_t id = submitted->transfer_id();
-  const regions::Caller victim{t.victim};
-  const regions::Caller attacker{t.attacker};
-  const regions::Caller anonymous{0};
+  const sessions::Caller victim{t.victim};
+  const sessions::Caller attacker{t.attacker};
+  const sessions::Caller anonymous{0};
   // kvraild's own uid: operator_role().
-  const regions::Caller operator_session{t.attacker, static_cast<int64_t>(::geteuid())};
+  const sessions::Caller operator_session{t.attacker, static_cast<int64_t>(::geteuid())};
   for (TransferUse use : {TransferUse::kRead, TransferUse::kControl}) {
     CHECK(t.f.manager->Authorize(id, victim, use).ok());
-    for (const regions::Caller& other : {attacker, anonymous}) {
+    for (const sessions::Caller& other : {attacker, anonymous}) {
       // Another tenant's id answers exactly as an id nobody has: code and message (with the
       // probed id in both), so its existence cannot be probed.
       const absl::Status refused = t.f.manager->Authorize(id, other, use);
@@ -288,15 +288,15 @@ TEST_CASE("a pull's producer, the source region's owner, marks its layers ready;
   auto pull = t.f.manager->Submit(spec);
   REQUIRE(pull.ok());
   const uint64_t id = pull->transfer_id();
-  const regions::Caller producer{t.victim};
+  const sessions::Caller producer{t.victim};
   CHECK(t.f.manager->Authorize(id, producer, TransferUse::kControl).ok());
-  CHECK(t.f.manager->Authorize(id, regions::Caller{t.attacker}, TransferUse::kControl).ok());
-  const regions::Caller stranger{t.f.regions.NewSession()};
+  CHECK(t.f.manager->Authorize(id, sessions::Caller{t.attacker}, TransferUse::kControl).ok());
+  const sessions::Caller stranger{t.f.regions.NewSession()};
   // A stranger learns nothing (NOT_FOUND, as for an unknown id); the operator, which reads
   // every transfer, is told why it may not mark layers, and the producer why it may not read.
   const absl::Status refused = t.f.manager->Authorize(id, stranger, TransferUse::kControl);
   CHECK(refused.code() == absl::StatusCode::kNotFound);
-  const regions::Caller operator_session{t.f.regions.NewSession(),
+  const sessions::Caller operator_session{t.f.regions.NewSession(),
                                          static_cast<int64_t>(::geteuid())};
   const absl::Status told = t.f.manager->Authorize(id, operator_session, TransferUse::kControl);
   CHECK(told.code() == absl::StatusCode::kPermissionDenied);

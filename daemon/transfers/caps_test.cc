@@ -80,7 +80,7 @@ TEST_CASE("a ListTransfers page above max_list_transfers is refused; a tenant's 
 
 TEST_CASE("a session's end fails at once the transfers waiting for its readiness, only those") {
   ManagerFixture f;
-  f.regions.table()->AddSessionEndHook([m = f.manager.get()](uint64_t s) { m->EndSession(s); });
+  f.regions.sessions()->AddSessionEndHook([m = f.manager.get()](uint64_t s) { m->EndSession(s); });
   const uint64_t producer = f.regions.NewSession(), other = f.regions.NewSession();
   const uint64_t waiting = f.Submit(4, Of(producer, true));  // layer-wise, nothing ready
   const uint64_t all_ready = f.Submit(1, Of(producer, true));
@@ -88,7 +88,7 @@ TEST_CASE("a session's end fails at once the transfers waiting for its readiness
   const uint64_t bulk = f.Submit(2, Of(producer));
   const uint64_t others = f.Submit(1, Of(other, true));
 
-  f.regions.table()->EndSession(producer);  // the producer died
+  f.regions.sessions()->EndSession(producer);  // the producer died
   const v1::TransferStatus failed = f.Get(waiting);  // no clock advance, no deadline: at once
   CHECK(failed.state() == v1::TRANSFER_STATE_FAILED);
   CHECK(failed.error_code() == static_cast<int32_t>(absl::StatusCode::kAborted));
@@ -105,7 +105,7 @@ TEST_CASE("a session's end fails at once every transfer on its regions; no tile 
   // submits): its process dies with both queued and the first one layer-wise, waiting for the
   // prefill's MarkReady. Neither may write into its pool afterwards.
   ManagerFixture f;
-  f.regions.table()->AddSessionEndHook([m = f.manager.get()](uint64_t s) { m->EndSession(s); });
+  f.regions.sessions()->AddSessionEndHook([m = f.manager.get()](uint64_t s) { m->EndSession(s); });
   const uint64_t decode = f.regions.NewSession(), prefill = f.regions.NewSession();
   const std::shared_ptr<regions::Region> pool = f.regions.Bytes(64 * kTile, true, decode);
   // Writable so the test can fill it through the daemon's mapping; read as a source.
@@ -125,7 +125,7 @@ TEST_CASE("a session's end fails at once every transfer on its regions; no tile 
   const uint64_t unrelated = f.Submit(1, Of(prefill));  // fixture regions: not the decode's
   REQUIRE(f.engine.queued() > 0);
 
-  f.regions.table()->EndSession(decode);  // the decode process died
+  f.regions.sessions()->EndSession(decode);  // the decode process died
   for (uint64_t id : {pull, push}) {
     const v1::TransferStatus ended = f.Get(id);  // no engine step, no clock advance: at once
     CHECK(ended.state() == v1::TRANSFER_STATE_FAILED);
@@ -158,7 +158,7 @@ TEST_CASE("a session's end fails at once every transfer on its regions; no tile 
     return reading->transfer_id();
   };
   const uint64_t waiting = read(true), ready = read(false);
-  f.regions.table()->EndSession(prefill);
+  f.regions.sessions()->EndSession(prefill);
   const v1::TransferStatus gone = f.Get(waiting);
   CHECK(gone.state() == v1::TRANSFER_STATE_FAILED);
   CHECK(gone.error_message().find("source region") != std::string::npos);

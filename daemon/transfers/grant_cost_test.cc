@@ -35,9 +35,9 @@ absl::StatusOr<v1::Grant> Grant(ManagerFixture& f, const Owner& o, uint64_t ttl_
   request.set_region_id(o.region->id());
   request.set_access(v1::GRANT_ACCESS_READ);
   request.set_ttl_ms(ttl_ms);
-  regions::Caller caller;
+  sessions::Caller caller;
   caller.session_id = o.session;
-  return f.regions.table()->CreateGrant(request, caller);
+  return f.regions.grants()->CreateGrant(request, caller);
 }
 
 TEST_CASE("the per-session grant cap counts exactly through revoke, expiry, unregister, end") {
@@ -51,9 +51,9 @@ TEST_CASE("the per-session grant cap counts exactly through revoke, expiry, unre
   }
   CHECK(Grant(f, a).status().code() == absl::StatusCode::kResourceExhausted);
   CHECK(Grant(f, b).ok());  // another session's count is its own
-  regions::Caller as_a;
+  sessions::Caller as_a;
   as_a.session_id = a.session;
-  REQUIRE(f.regions.table()->RevokeGrant(tokens.back(), as_a).ok());
+  REQUIRE(f.regions.grants()->RevokeGrant(tokens.back(), as_a).ok());
   CHECK(Grant(f, a).ok());  // the revoked one's place
   CHECK(Grant(f, a).status().code() == absl::StatusCode::kResourceExhausted);
   f.clock.Advance(absl::Milliseconds(1001));
@@ -66,7 +66,7 @@ TEST_CASE("the per-session grant cap counts exactly through revoke, expiry, unre
   for (size_t i = 0; i < kCap; ++i) REQUIRE(Grant(f, a2).ok());
   CHECK(Grant(f, a2).status().code() == absl::StatusCode::kResourceExhausted);
   // The session's end drops the rest; b's grant is still live.
-  f.regions.table()->EndSession(a.session);
+  f.regions.sessions()->EndSession(a.session);
   CHECK(Grant(f, b).ok());
 }
 
@@ -77,14 +77,14 @@ TEST_CASE("creating and revoking a grant costs the same with 64k grants held by 
     for (size_t i = 0; i < kCap; ++i) REQUIRE(Grant(f, o).ok());
   }
   Owner me = NewOwner(f);
-  regions::Caller caller;
+  sessions::Caller caller;
   caller.session_id = me.session;
   constexpr int kPairs = 2000;
   const auto t0 = std::chrono::steady_clock::now();
   for (int i = 0; i < kPairs; ++i) {
     auto g = Grant(f, me);
     REQUIRE(g.ok());
-    REQUIRE(f.regions.table()->RevokeGrant(g->token(), caller).ok());
+    REQUIRE(f.regions.grants()->RevokeGrant(g->token(), caller).ok());
   }
   const double us =
       std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() /

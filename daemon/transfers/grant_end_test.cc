@@ -35,8 +35,8 @@ struct Holder {
     std::memset(owner_pool->data(), 0x0A, pool_bytes);
     std::memset(holder_pool->data(), 0x0B, pool_bytes);
   }
-  regions::Caller As(uint64_t session) const {
-    regions::Caller c;
+  sessions::Caller As(uint64_t session) const {
+    sessions::Caller c;
     c.session_id = session;
     return c;
   }
@@ -45,7 +45,7 @@ struct Holder {
     request.set_region_id(owner_pool->id());
     request.set_access(access);
     request.set_ttl_ms(ttl_ms);
-    auto grant = f.regions.table()->CreateGrant(request, As(owner));
+    auto grant = f.regions.grants()->CreateGrant(request, As(owner));
     REQUIRE(grant.ok());
     return grant->token();
   }
@@ -101,7 +101,7 @@ TEST_CASE("a revoked read grant ends the holder's layer-wise transfer before its
   Holder h;
   const std::string grant = h.Grant(v1::GRANT_ACCESS_READ);
   const uint64_t id = h.Start(true, grant);
-  REQUIRE(h.f.regions.table()->RevokeGrant(grant, h.As(h.owner)).ok());
+  REQUIRE(h.f.regions.grants()->RevokeGrant(grant, h.As(h.owner)).ok());
   h.RequireStopped(id, "spec.src.grant");
 }
 
@@ -111,7 +111,7 @@ TEST_CASE("a revoked write grant ends the holder's transfer into the owner's reg
   const uint64_t id = h.Start(false, grant);
   const uint64_t written = Holder::Changed(*h.owner_pool, 0x0A);
   CHECK(written > 0);  // layer 0 landed while the grant was live
-  REQUIRE(h.f.regions.table()->RevokeGrant(grant, h.As(h.owner)).ok());
+  REQUIRE(h.f.regions.grants()->RevokeGrant(grant, h.As(h.owner)).ok());
   h.RequireStopped(id, "spec.dst.grant");
 }
 
@@ -137,7 +137,7 @@ TEST_CASE("unregistering the granted region ends the holder's transfer") {
 TEST_CASE("the owner's session ending ends the holder's transfer") {
   Holder h;
   const uint64_t id = h.Start(false, h.Grant(v1::GRANT_ACCESS_WRITE));
-  h.f.regions.table()->EndSession(h.owner);
+  h.f.regions.sessions()->EndSession(h.owner);
   h.RequireStopped(id, "spec.dst.grant");
 }
 
@@ -146,7 +146,7 @@ TEST_CASE("revoking another grant leaves the transfer running; it completes") {
   const std::string used = h.Grant(v1::GRANT_ACCESS_READ);
   const std::string other = h.Grant(v1::GRANT_ACCESS_READ);
   const uint64_t id = h.Start(true, used);
-  REQUIRE(h.f.regions.table()->RevokeGrant(other, h.As(h.owner)).ok());
+  REQUIRE(h.f.regions.grants()->RevokeGrant(other, h.As(h.owner)).ok());
   CHECK(h.f.Get(id).state() == v1::TRANSFER_STATE_RUNNING);
   REQUIRE(h.f.manager->MarkReady(id, 1, kLayers - 1).ok());
   h.f.engine.RunAll();

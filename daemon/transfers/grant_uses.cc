@@ -49,7 +49,7 @@ void GrantUses::Add(const std::shared_ptr<Record>& record, std::vector<GrantUse>
   entry.expires_us = std::numeric_limits<int64_t>::max();
   for (const GrantUse& use : entry.uses) {
     // 0: already gone; Check below ends the record.
-    entry.expires_us = std::min(entry.expires_us, regions_->GrantExpiresUs(use.grant));
+    entry.expires_us = std::min(entry.expires_us, grants_->GrantExpiresUs(use.grant));
   }
   const absl::Status held = Check(entry);
   if (!held.ok()) {
@@ -65,7 +65,7 @@ void GrantUses::Add(const std::shared_ptr<Record>& record, std::vector<GrantUse>
 absl::Status GrantUses::Check(const Entry& entry) const {
   for (const GrantUse& use : entry.uses) {
     const absl::Status held =
-        regions_->CheckAccess(*use.region, use.session, use.grant, use.access, use.layer_begin,
+        grants_->CheckAccess(*use.region, use.session, use.grant, use.access, use.layer_begin,
                               use.layer_end, use.field);
     if (!held.ok()) {
       return absl::PermissionDeniedError(absl::StrCat(

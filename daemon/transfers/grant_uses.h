@@ -17,6 +17,7 @@
 
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "daemon/access/access.h"
 #include "daemon/regions/regions.h"
 #include "daemon/transfers/record.h"
 #include "daemon/transfers/resolve.h"
@@ -42,7 +43,7 @@ std::vector<GrantUse> GrantUsesOf(const ResolvedRequest& request);
 // (their engine's Remove, Record::RequestEnd) outside mu_.
 class GrantUses {
  public:
-  explicit GrantUses(const regions::RegionTable* regions) : regions_(regions) {}
+  explicit GrantUses(const access::Grants* grants) : grants_(grants) {}
 
   // Registers `record`'s uses (none: nothing is kept), then checks them at once: a grant that
   // ended between the submit's check and now ends the record here.
@@ -67,7 +68,7 @@ class GrantUses {
   // Drops entries whose record ended or is gone (every kPruneEvery adds).
   void PruneLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  const regions::RegionTable* const regions_;
+  const access::Grants* const grants_;
   mutable absl::Mutex mu_;
   std::map<uint64_t, Entry> entries_ ABSL_GUARDED_BY(mu_);  // by record id
   // (expiry, record id) of every entry, so Expire looks only at the expired (an id whose entry

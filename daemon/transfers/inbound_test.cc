@@ -82,9 +82,9 @@ TEST_CASE("an inbound transfer's status shows no grant token to the destination'
   v1::CreateGrantRequest request;
   request.set_region_id(dst->id());
   request.set_access(v1::GRANT_ACCESS_WRITE);
-  regions::Caller caller;
+  sessions::Caller caller;
   caller.session_id = owner;
-  auto grant = f.regions.table()->CreateGrant(request, caller);
+  auto grant = f.regions.grants()->CreateGrant(request, caller);
   REQUIRE(grant.ok());
   v1::TransferSpec spec = testing::BytesSpec(f.src->id(), dst->id(), testing::kTile);
   spec.mutable_dst()->set_grant(grant->token());

@@ -61,7 +61,7 @@ std::optional<handover::EndedTransfer> TransferManagerImpl::FindInherited(uint64
 }
 
 absl::Status TransferManagerImpl::AuthorizeInherited(const handover::EndedTransfer& ended,
-                                                     const regions::Caller& caller,
+                                                     const sessions::Caller& caller,
                                                      TransferUse use) {
   const uint64_t id = ended.status().transfer_id();
   const bool known = caller.session_id != 0;

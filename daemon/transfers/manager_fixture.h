@@ -26,7 +26,7 @@ struct ManagerFixture {
   // Notification queues of the table's sessions (wired as the daemon wires them), used unless
   // the options name another hub.
   std::unique_ptr<NotificationHub> hub = NotificationHub::Create(
-      [table = regions.table()](uint64_t session) { return table->SessionOpen(session); });
+      [table = regions.sessions()](uint64_t session) { return table->SessionOpen(session); });
   std::unique_ptr<TransferManager> manager;
 
   // Access control (Options::check_access) is off unless `check_access`: most tests here are
@@ -37,9 +37,10 @@ struct ManagerFixture {
     options.node_id = "here";
     options.tile_bytes = kTile;
     if (options.notifications == nullptr) options.notifications = hub.get();
-    regions.table()->AddSessionEndHook([h = hub.get()](uint64_t s) { h->EndSession(s); });
-    manager = TransferManager::Create(
-        regions.table(), EngineRegistry({use != nullptr ? use : &engine}), &clock, options);
+    regions.sessions()->AddSessionEndHook([h = hub.get()](uint64_t s) { h->EndSession(s); });
+    manager = TransferManager::Create(regions.table(), regions.grants(),
+                                      EngineRegistry({use != nullptr ? use : &engine}), &clock,
+                                      options);
   }
   ~ManagerFixture() {
     manager->Drain(absl::ZeroDuration());

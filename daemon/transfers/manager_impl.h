@@ -49,8 +49,8 @@ absl::Status UnknownTransfer(uint64_t id);
 
 class TransferManagerImpl final : public TransferManager {
  public:
-  TransferManagerImpl(regions::RegionTable* regions, EngineRegistry engines, Clock* clock,
-                      const Options& options);
+  TransferManagerImpl(regions::RegionTable* regions, access::Grants* grants,
+                      EngineRegistry engines, Clock* clock, const Options& options);
   ~TransferManagerImpl() override;
 
   // TransferManager (transfer_manager.cc)
@@ -67,7 +67,7 @@ class TransferManagerImpl final : public TransferManager {
   void ExportState(handover::TransferState* out) const override;
   void ImportState(const handover::TransferState& state) override;
   // (observe.cc)
-  absl::Status Authorize(uint64_t id, const regions::Caller& caller,
+  absl::Status Authorize(uint64_t id, const sessions::Caller& caller,
                          TransferUse use) const override;
   absl::StatusOr<v1::TransferStatus> Get(uint64_t id) const override;
   absl::StatusOr<v1::TransferStatus> Wait(uint64_t id, absl::Duration timeout) const override;
@@ -205,6 +205,7 @@ class TransferManagerImpl final : public TransferManager {
   void DeadlineLoop();
 
   regions::RegionTable* const regions_;
+  access::Grants* const grants_;
   const EngineRegistry engines_;
   InboundEngine inbound_engine_;
   Clock* const clock_;
@@ -222,7 +223,7 @@ class TransferManagerImpl final : public TransferManager {
   std::optional<handover::EndedTransfer> FindInherited(uint64_t id) const ABSL_LOCKS_EXCLUDED(mu_);
   // Authorize for an inherited transfer (the same rules, from its recorded sessions).
   static absl::Status AuthorizeInherited(const handover::EndedTransfer& ended,
-                                         const regions::Caller& caller, TransferUse use);
+                                         const sessions::Caller& caller, TransferUse use);
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   History history_ ABSL_GUARDED_BY(mu_);

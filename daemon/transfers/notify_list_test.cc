@@ -127,7 +127,7 @@ TEST_CASE("a notification for a session that ended is dropped, not queued") {
   REQUIRE(t.f.manager->Submit(t.Spec(1, "late", t.decode)).ok());
   // The prefill process exits before the transfer ends: its region stays alive for the transfer,
   // its notification goes nowhere, and no queue is left behind.
-  t.f.regions.table()->EndSession(t.prefill);
+  t.f.regions.sessions()->EndSession(t.prefill);
   t.f.engine.RunAll();
   CHECK(t.f.hub->Queued(t.prefill) == 0);
   CHECK(t.f.hub->Take(t.prefill, 0, absl::ZeroDuration()).status().code() ==

@@ -7,7 +7,7 @@
 
 namespace kvrail::transfers {
 
-absl::Status TransferManagerImpl::Authorize(uint64_t id, const regions::Caller& caller,
+absl::Status TransferManagerImpl::Authorize(uint64_t id, const sessions::Caller& caller,
                                             TransferUse use) const {
   absl::StatusOr<std::shared_ptr<Record>> found = Find(id);
   if (!found.ok()) {

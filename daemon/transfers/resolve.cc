@@ -177,6 +177,7 @@ absl::StatusOr<ResolvedIds> ResolveIds(const regions::RegionTable& regions,
 // A FlagArray's region and static checks; whether its words fit is checked once the plan says
 // how many layers there are (ResolvedFlags::CheckFits).
 absl::StatusOr<ResolvedFlags> ResolveFlags(const regions::RegionTable& regions,
+                                           const access::Grants& grants,
                                            const v1::FlagArray& flags, bool writable,
                                            const std::string& field, uint64_t session,
                                            bool check) {
@@ -185,7 +186,7 @@ absl::StatusOr<ResolvedFlags> ResolveFlags(const regions::RegionTable& regions,
   KVRAIL_ASSIGN_OR_RETURN(out.region, GetRegion(regions, flags.region_id(), field));
   // Ready flags are read (the producer's words), arrival flags written (the consumer's).
   if (check) {
-    KVRAIL_RETURN_IF_ERROR(regions.CheckAccess(
+    KVRAIL_RETURN_IF_ERROR(grants.CheckAccess(
         *out.region, session, flags.grant(),
         writable ? v1::GRANT_ACCESS_WRITE : v1::GRANT_ACCESS_READ, 0, 0, field));
   }
@@ -265,6 +266,7 @@ v1::TransferSpec ResolvedRequest::Traveling() const {
 
 absl::StatusOr<ResolvedRequest> Resolve(const v1::TransferSpec& spec,
                                         const regions::RegionTable& regions,
+                                        const access::Grants& grants,
                                         const ResolveOptions& options) {
   ResolvedRequest out;
   out.spec = &spec;
@@ -299,24 +301,24 @@ absl::StatusOr<ResolvedRequest> Resolve(const v1::TransferSpec& spec,
   KVRAIL_ASSIGN_OR_RETURN(out.src, GetRegion(regions, spec.src().region_id(), "spec.src"));
   if (check) {
     const LayerRange layers = TransferLayers(*out.src, spec, spec.src());
-    KVRAIL_RETURN_IF_ERROR(regions.CheckAccess(*out.src, session, spec.src().grant(),
-                                               v1::GRANT_ACCESS_READ, layers.begin, layers.end,
-                                               "spec.src"));
+    KVRAIL_RETURN_IF_ERROR(grants.CheckAccess(*out.src, session, spec.src().grant(),
+                                              v1::GRANT_ACCESS_READ, layers.begin, layers.end,
+                                              "spec.src"));
   }
   if (out.remote) return out;  // the destination, and any flag words, are the peer's
   KVRAIL_ASSIGN_OR_RETURN(out.dst, GetRegion(regions, spec.dst().region_id(), "spec.dst"));
   if (check) {
     const LayerRange layers = TransferLayers(*out.dst, spec, spec.dst());
-    KVRAIL_RETURN_IF_ERROR(regions.CheckAccess(*out.dst, session, spec.dst().grant(),
-                                               v1::GRANT_ACCESS_WRITE, layers.begin, layers.end,
-                                               "spec.dst"));
+    KVRAIL_RETURN_IF_ERROR(grants.CheckAccess(*out.dst, session, spec.dst().grant(),
+                                              v1::GRANT_ACCESS_WRITE, layers.begin, layers.end,
+                                              "spec.dst"));
   }
   if (spec.has_ready_flags()) {
-    KVRAIL_ASSIGN_OR_RETURN(out.ready, ResolveFlags(regions, spec.ready_flags(), false,
+    KVRAIL_ASSIGN_OR_RETURN(out.ready, ResolveFlags(regions, grants, spec.ready_flags(), false,
                                                     "spec.ready_flags", session, check));
   }
   if (spec.has_arrival_flags()) {
-    KVRAIL_ASSIGN_OR_RETURN(out.arrival, ResolveFlags(regions, spec.arrival_flags(), true,
+    KVRAIL_ASSIGN_OR_RETURN(out.arrival, ResolveFlags(regions, grants, spec.arrival_flags(), true,
                                                       "spec.arrival_flags", session, check));
   }
   return out;

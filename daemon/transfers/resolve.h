@@ -15,6 +15,7 @@
 #include "absl/status/statusor.h"
 #include "daemon/engine/engine.h"
 #include "daemon/planner/planner.h"
+#include "daemon/access/access.h"
 #include "daemon/regions/regions.h"
 #include "proto/kvrail/v1/transfer.pb.h"
 
@@ -87,6 +88,7 @@ struct ResolveOptions {
 // a daemon reads only its own node's regions; cross-node transfers are pushes).
 absl::StatusOr<ResolvedRequest> Resolve(const v1::TransferSpec& spec,
                                         const regions::RegionTable& regions,
+                                        const access::Grants& grants,
                                         const ResolveOptions& options);
 
 engine::PriorityClass ToClass(v1::Priority priority);

@@ -96,9 +96,9 @@ TEST_CASE("a layer count wrapping 32 bits does not pass a grant limited to layer
   request.set_access(v1::GRANT_ACCESS_READ);
   request.set_layer_begin(0);
   request.set_layer_end(2);
-  regions::Caller caller;
+  sessions::Caller caller;
   caller.session_id = owner;
-  auto grant = t.f.regions.table()->CreateGrant(request, caller);
+  auto grant = t.f.regions.grants()->CreateGrant(request, caller);
   REQUIRE(grant.ok());
   v1::TransferSpec spec;
   spec.set_session_id(t.me);

@@ -1,5 +1,5 @@
 // Test helpers for the transfers module: host regions registered in a real RegionTable (memfd
-// backed), a stand-in region (a lease, a remote source), and bytes / paged specs.
+// backed, over a real SessionTable and Grants), a stand-in region (a lease, a remote source), and bytes / paged specs.
 #pragma once
 
 #include <sys/mman.h>
@@ -12,22 +12,29 @@
 
 #include "base/clock.h"
 #include "base/unique_fd.h"
+#include "daemon/access/access.h"
 #include "daemon/regions/regions.h"
+#include "daemon/sessions/sessions.h"
 #include "proto/kvrail/v1/transfer.pb.h"
 
 namespace kvrail::transfers::testing {
 
-// Registers host regions with a RegionTable of its own. Thread-compatible. Aborts on failure
-// (a broken fixture, not a finding).
+// Registers host regions with a RegionTable of its own (over a SessionTable and Grants of its
+// own). Thread-compatible. Aborts on failure (a broken fixture, not a finding).
 class TestRegions {
  public:
   explicit TestRegions(Clock* clock = Clock::Real())
-      : table_(regions::RegionTable::Create(clock)), session_(table_->BeginSession()) {}
+      : sessions_(sessions::SessionTable::Create()),
+        table_(regions::RegionTable::Create(clock, sessions_.get())),
+        grants_(access::Grants::Create(clock, sessions_.get(), table_.get())),
+        session_(sessions_->BeginSession()) {}
   regions::RegionTable* table() const { return table_.get(); }
+  sessions::SessionTable* sessions() const { return sessions_.get(); }
+  access::Grants* grants() const { return grants_.get(); }
   // The session the regions are registered with unless a test names another.
   uint64_t session() const { return session_; }
   // Begins another session of the table (for regions owned by different clients).
-  uint64_t NewSession() { return table_->BeginSession(); }
+  uint64_t NewSession() { return sessions_->BeginSession(); }
 
   std::shared_ptr<regions::Region> Bytes(uint64_t size, bool writable, uint64_t session = 0) {
     v1::RegionSpec spec;
@@ -62,7 +69,7 @@ class TestRegions {
     if (session == 0) session = session_;
     UniqueFd fd(::memfd_create("transfers_test", MFD_CLOEXEC | MFD_ALLOW_SEALING));
     if (!fd.valid() || ::ftruncate(fd.get(), static_cast<off_t>(size)) != 0) std::abort();
-    auto token = table_->AddFd(session, std::move(fd));
+    auto token = sessions_->AddFd(session, std::move(fd));
     if (!token.ok()) std::abort();
     spec.set_memory_kind(v1::MEMORY_KIND_HOST);
     spec.set_size_bytes(size);
@@ -76,7 +83,10 @@ class TestRegions {
     return *region;
   }
 
+  // In this order: each outlives the tables that hook it.
+  std::unique_ptr<sessions::SessionTable> sessions_;
   std::unique_ptr<regions::RegionTable> table_;
+  std::unique_ptr<access::Grants> grants_;
   uint64_t session_;
 };
 

@@ -59,9 +59,11 @@ void WarmFirstUse() {
 
 }  // namespace
 
-TransferManagerImpl::TransferManagerImpl(regions::RegionTable* regions, EngineRegistry engines,
-                                         Clock* clock, const Options& options)
+TransferManagerImpl::TransferManagerImpl(regions::RegionTable* regions, access::Grants* grants,
+                                         EngineRegistry engines, Clock* clock,
+                                         const Options& options)
     : regions_(regions),
+      grants_(grants),
       engines_(std::move(engines)),
       clock_(clock),
       options_(options),
@@ -71,8 +73,8 @@ TransferManagerImpl::TransferManagerImpl(regions::RegionTable* regions, EngineRe
       next_id_(std::max<uint64_t>(1, static_cast<uint64_t>(clock->NowUnixMicros()))),
       history_(options.history),
       watches_(options.flag_poll_interval),
-      grant_uses_(std::make_shared<GrantUses>(regions)) {
-  regions_->AddAccessHook([uses = std::weak_ptr<GrantUses>(grant_uses_)] {
+      grant_uses_(std::make_shared<GrantUses>(grants)) {
+  grants_->AddAccessHook([uses = std::weak_ptr<GrantUses>(grant_uses_)] {
     if (auto held = uses.lock()) held->Recheck();
   });
   WarmFirstUse();
@@ -185,7 +187,7 @@ absl::StatusOr<v1::SubmitTransferResponse> TransferManagerImpl::SubmitCounted(
   KVRAIL_ASSIGN_OR_RETURN(InFlightSlot slot, TakeInFlight(spec.session_id()));
   KVRAIL_ASSIGN_OR_RETURN(
       const ResolvedRequest request,
-      Resolve(spec, *regions_,
+      Resolve(spec, *regions_, *grants_,
               ResolveOptions{options_.node_id, options_.remote != nullptr,
                              options_.check_access}));
   if (request.remote) return SubmitRemote(request, claimed.claim, &slot);
@@ -559,9 +561,11 @@ void TransferManagerImpl::DeadlineLoop() {
 }
 
 std::unique_ptr<TransferManager> TransferManager::Create(regions::RegionTable* regions,
+                                                         access::Grants* grants,
                                                          EngineRegistry engines, Clock* clock,
                                                          const Options& options) {
-  return std::make_unique<TransferManagerImpl>(regions, std::move(engines), clock, options);
+  return std::make_unique<TransferManagerImpl>(regions, grants, std::move(engines), clock,
+                                               options);
 }
 
 }  // namespace kvrail::transfers

@@ -14,10 +14,12 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "base/clock.h"
+#include "daemon/access/access.h"
 #include "daemon/engine/engine.h"
 #include "daemon/handover/state.pb.h"
 #include "daemon/planner/planner.h"
 #include "daemon/regions/regions.h"
+#include "daemon/sessions/sessions.h"
 #include "daemon/transfers/engine_registry.h"
 #include "daemon/transfers/notifications.h"
 #include "daemon/transfers/remote_path.h"
@@ -101,8 +103,11 @@ class TransferManager : public InboundSink {
   virtual ~TransferManager() = default;
   // Local transfers run on `engines` (engine_registry.h): host-to-host ones on the first that
   // moves host memory, the rest on the first that moves GPU memory (daemon/scheduler/route.h).
+  // `grants` decides who may use a region (the manager hooks its access changes: create the
+  // manager before sessions end).
   static std::unique_ptr<TransferManager> Create(regions::RegionTable* regions,
-                                                 EngineRegistry engines, Clock* clock,
+                                                 access::Grants* grants, EngineRegistry engines,
+                                                 Clock* clock,
                                                  const Options& options);
 
   virtual absl::StatusOr<v1::SubmitTransferResponse> Submit(const v1::TransferSpec& spec) = 0;
@@ -114,7 +119,7 @@ class TransferManager : public InboundSink {
   // caller that may read it but not `use` it: PERMISSION_DENIED naming transfer_id (anonymous
   // callers submit nothing they could come back to). The server calls it before Get, Wait, Watch,
   // WhenEnded, Cancel and MarkReady, which check nothing themselves.
-  virtual absl::Status Authorize(uint64_t id, const regions::Caller& caller,
+  virtual absl::Status Authorize(uint64_t id, const sessions::Caller& caller,
                                  TransferUse use) const = 0;
   // Submit for callers that must not wait on another daemon (the session socket's poll thread):
   // a destination on another node is refused with FAILED_PRECONDITION naming spec.dst.node_id.

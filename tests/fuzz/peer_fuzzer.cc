@@ -31,7 +31,9 @@
 #include "daemon/directory/directory.h"
 #include "daemon/fabric/fabric.h"
 #include "daemon/planner/planner.h"
+#include "daemon/access/access.h"
 #include "daemon/regions/regions.h"
+#include "daemon/sessions/sessions.h"
 #include "proto/kvrail/v1/peer.grpc.pb.h"
 #include "spdlog/spdlog.h"
 #include "wire/session_wire.h"
@@ -65,7 +67,9 @@ v1::PagedKvLayout Layout() {
 
 struct Daemon {
   std::string dir;
+  std::unique_ptr<kvrail::sessions::SessionTable> sessions;
   std::unique_ptr<kvrail::regions::RegionTable> regions;
+  std::unique_ptr<kvrail::access::Grants> grants;
   std::unique_ptr<kvrail::directory::Directory> directory;
   std::unique_ptr<kvrail::fabric::Fabric> fabric;
   std::unique_ptr<grpc::Server> server;
@@ -83,7 +87,9 @@ struct Daemon {
     char tmpl[] = "/tmp/kvrail-fuzz-peer.XXXXXX";
     Check(::mkdtemp(tmpl) != nullptr, "mkdtemp");
     dir = tmpl;
-    regions = kvrail::regions::RegionTable::Create(kvrail::Clock::Real());
+    sessions = kvrail::sessions::SessionTable::Create();
+    regions = kvrail::regions::RegionTable::Create(kvrail::Clock::Real(), sessions.get());
+    grants = kvrail::access::Grants::Create(kvrail::Clock::Real(), sessions.get(), regions.get());
     directory = kvrail::directory::CreateStaticDirectory({{"peer-a", "127.0.0.1:9"}}, "node-fuzz");
     kvrail::fabric::FabricOptions options;
     options.node_id = "node-fuzz";
@@ -92,14 +98,15 @@ struct Daemon {
     options.slot_bytes = kSlotBytes;
     options.pack_threads = 1;
     options.unpack_threads = 1;
-    auto created = kvrail::fabric::Fabric::Create(options, regions.get(), directory.get());
+    auto created = kvrail::fabric::Fabric::Create(options, sessions.get(), regions.get(),
+                                                  grants.get(), directory.get());
     if (!created.ok()) fprintf(stderr, "%s\n", created.status().ToString().c_str());
     Check(created.ok(), "fabric");
     fabric = *std::move(created);
 
     // The destination: a host region of a local session.
-    session = regions->BeginSession();
-    metadata = kvrail::wire::SessionMetadataValue(session, regions->SessionSecret(session));
+    session = sessions->BeginSession();
+    metadata = kvrail::wire::SessionMetadataValue(session, sessions->SessionSecret(session));
     v1::RegionSpec spec;
     *spec.mutable_paged_kv() = Layout();
     absl::StatusOr<kvrail::planner::KvLayout> k =
@@ -109,7 +116,7 @@ struct Daemon {
     region_size = k->offset + k->layer_stride * k->num_layers;
     kvrail::UniqueFd fd(::memfd_create("peer_fuzzer", MFD_CLOEXEC | MFD_ALLOW_SEALING));
     Check(fd.valid() && ::ftruncate(fd.get(), region_size) == 0, "memfd");
-    auto token = regions->AddFd(session, std::move(fd));
+    auto token = sessions->AddFd(session, std::move(fd));
     Check(token.ok(), "token");
     spec.set_memory_kind(v1::MEMORY_KIND_HOST);
     spec.set_size_bytes(region_size);
@@ -123,9 +130,9 @@ struct Daemon {
     v1::CreateGrantRequest grant_request;
     grant_request.set_region_id(region_id);
     grant_request.set_access(v1::GRANT_ACCESS_WRITE);
-    kvrail::regions::Caller owner;
+    kvrail::sessions::Caller owner;
     owner.session_id = session;
-    auto granted = regions->CreateGrant(grant_request, owner);
+    auto granted = grants->CreateGrant(grant_request, owner);
     Check(granted.ok(), "grant");
 
     grpc::ServerBuilder builder;
@@ -217,7 +224,9 @@ struct Daemon {
     stub.reset();
     fabric.reset();
     directory.reset();
+    grants.reset();
     regions.reset();
+    sessions.reset();
   }
 
   std::unique_ptr<grpc::ClientContext> Context(bool as_owner) {

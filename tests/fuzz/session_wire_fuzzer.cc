@@ -30,7 +30,7 @@
 #include "absl/time/clock.h"
 #include "base/clock.h"
 #include "base/unique_fd.h"
-#include "daemon/regions/regions.h"
+#include "daemon/sessions/sessions.h"
 #include "daemon/session/session_server.h"
 #include "spdlog/spdlog.h"
 #include "wire/session_wire.h"
@@ -100,7 +100,7 @@ void FuzzParsers(absl::string_view in) {
 struct Server {
   std::string dir;
   std::string path;
-  std::unique_ptr<kvrail::regions::RegionTable> regions;
+  std::unique_ptr<kvrail::sessions::SessionTable> sessions;
   std::unique_ptr<kvrail::session::SessionServer> server;
   Server() {
     spdlog::set_level(spdlog::level::off);
@@ -109,9 +109,9 @@ struct Server {
     Check(::mkdtemp(tmpl) != nullptr);
     dir = tmpl;
     path = dir + "/kvrail.sock.session";
-    regions = kvrail::regions::RegionTable::Create(kvrail::Clock::Real());
+    sessions = kvrail::sessions::SessionTable::Create();
     auto started = kvrail::session::SessionServer::Start(
-        path, 0600, regions.get(), "0123456789abcdef0123456789abcdef",
+        path, 0600, sessions.get(), "0123456789abcdef0123456789abcdef",
         [](const v1::TransferSpec& spec) -> absl::StatusOr<v1::SubmitTransferResponse> {
           if (spec.session_id() == 0) return absl::InternalError("no session bound");
           v1::SubmitTransferResponse response;
@@ -175,7 +175,7 @@ void FuzzConversation(absl::string_view in) {
     // libFuzzer ends with exit(): stop the poll thread before statics it may use are destroyed.
     std::atexit([] {
       server->server.reset();
-      server->regions.reset();
+      server->sessions.reset();
     });
     return s;
   }();

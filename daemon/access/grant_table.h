@@ -1,5 +1,5 @@
-// Internal to regions/: grants - capabilities a region's owner creates so that another party
-// may read or write the region (Transfer.CreateGrant, TransferEndpoint.grant).
+// Internal to access/: the grant table - capabilities a region's owner creates so that another
+// party may read or write the region (Transfer.CreateGrant, TransferEndpoint.grant).
 #pragma once
 
 #include <cstdint>
@@ -11,15 +11,14 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "daemon/access/access.h"
 #include "proto/kvrail/v1/transfer.pb.h"
 
-namespace kvrail::regions {
+namespace kvrail::access {
 
-inline constexpr size_t kMaxGrantsPerSession = 4096;
-
-// Thread-compatible: RegionTableImpl guards it with its mutex. Time is passed in (the table's
+// Thread-compatible: GrantsImpl guards it with its mutex. Time is passed in (the table's
 // injected clock). Create and Revoke cost O(log n) (per-owner counts and an expiry index: they
-// run under the region table's lock, which every submit takes; a scan of every grant cost
+// run under the grants' lock, which every submit using a grant takes; a scan of every grant cost
 // 4.6 ms at 131k grants); DropRegion and DropOwner scan.
 class GrantTable {
  public:
@@ -55,7 +54,4 @@ class GrantTable {
   std::multimap<int64_t, std::string> by_expiry_;     // (expires_unix_us, token)
 };
 
-// 32 lowercase hex digits from std::random_device (thread-safe).
-std::string RandomHex128();
-
-}  // namespace kvrail::regions
+}  // namespace kvrail::access

@@ -1,19 +1,12 @@
-#include "daemon/regions/grants.h"
+#include "daemon/access/grant_table.h"
 
 #include <iterator>
-#include <random>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "daemon/sessions/sessions.h"
 
-namespace kvrail::regions {
-
-std::string RandomHex128() {
-  std::random_device random;
-  std::string out;
-  for (int i = 0; i < 4; ++i) absl::StrAppend(&out, absl::Hex(random(), absl::kZeroPad8));
-  return out;
-}
+namespace kvrail::access {
 
 absl::StatusOr<v1::Grant> GrantTable::Create(const v1::CreateGrantRequest& request,
                                              uint64_t owner_session, int64_t now_us) {
@@ -27,7 +20,7 @@ absl::StatusOr<v1::Grant> GrantTable::Create(const v1::CreateGrantRequest& reque
   }
   const uint64_t ttl_ms = request.ttl_ms() == 0 ? 600000 : request.ttl_ms();
   v1::Grant grant;
-  grant.set_token(absl::StrCat("kvg1.", RandomHex128()));
+  grant.set_token(absl::StrCat("kvg1.", sessions::RandomHex128()));
   grant.set_region_id(request.region_id());
   grant.set_access(request.access());
   grant.set_expires_unix_us(now_us + static_cast<int64_t>(ttl_ms) * 1000);
@@ -103,4 +96,4 @@ void GrantTable::DropExpired(int64_t now_us) {
   }
 }
 
-}  // namespace kvrail::regions
+}  // namespace kvrail::access
