@@ -471,13 +471,11 @@ absl::Status DaemonImpl::StartSessions() {
   };
   options.wait = [transfers](const sessions::Caller& caller, uint64_t id,
                              std::function<void(const v1::TransferStatus&)> done) {
-    KVRAIL_RETURN_IF_ERROR(transfers->Authorize(id, caller, transfers::TransferUse::kRead));
-    return transfers->WhenEnded(id, std::move(done));
+    return transfers->WhenEnded(caller, id, std::move(done));
   };
   options.follow = [transfers](const sessions::Caller& caller, uint64_t id,
                                std::function<void(const v1::TransferStatus&)> done) {
-    KVRAIL_RETURN_IF_ERROR(transfers->Authorize(id, caller, transfers::TransferUse::kRead));
-    return transfers->WhenEnded(id, std::move(done), /*counted=*/false);
+    return transfers->WhenEnded(caller, id, std::move(done), /*counted=*/false);
   };
   spdlog::info("caps: {} sessions ({} per uid), {} transfers in flight and {} waits/watches per "
                "session", options.max_sessions, options.max_sessions_per_uid,

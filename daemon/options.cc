@@ -145,13 +145,18 @@ size_t MaxSessionsFrom(const v1::DaemonConfig& config, uint64_t fd_limit) {
   return static_cast<size_t>(std::clamp<uint64_t>(fd_limit / 4, 16, 65536));
 }
 
+size_t MaxSessionsPerUidFrom(const v1::DaemonConfig& config, size_t max_sessions) {
+  if (config.max_sessions_per_uid() != 0) return config.max_sessions_per_uid();
+  return std::clamp<size_t>(max_sessions / 4, 1, 256);
+}
+
 session::SessionServerOptions SessionOptionsFrom(const v1::DaemonConfig& config,
                                                  uint64_t fd_limit) {
   session::SessionServerOptions options;
   options.path = config.unix_socket() + ".session";
   options.mode = config.socket_mode();
   options.max_sessions = MaxSessionsFrom(config, fd_limit);
-  options.max_sessions_per_uid = config.max_sessions_per_uid();
+  options.max_sessions_per_uid = MaxSessionsPerUidFrom(config, options.max_sessions);
   options.max_waits_per_connection = config.max_watchers_per_session();
   options.max_waits_per_uid = config.max_watchers_per_uid();
   // The poll thread's spin after a packet (a critical-path measure; off with the engine's).

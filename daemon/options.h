@@ -72,6 +72,10 @@ transfers::Options TransferOptionsFrom(const v1::DaemonConfig& config,
 // 16 and at most 65536.
 size_t MaxSessionsFrom(const v1::DaemonConfig& config, uint64_t fd_limit);
 
+// max_sessions_per_uid, or when 0 a quarter of `max_sessions` (at least 1, at most 256): one uid
+// never takes every session (at RLIMIT_NOFILE 1024, 64 of the 256).
+size_t MaxSessionsPerUidFrom(const v1::DaemonConfig& config, size_t max_sessions);
+
 // The session server's options (callbacks and instance id are the Daemon's); `fd_limit` as for
 // MaxSessionsFrom.
 session::SessionServerOptions SessionOptionsFrom(const v1::DaemonConfig& config,

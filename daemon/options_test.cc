@@ -85,7 +85,13 @@ TEST_CASE("sessions: max_sessions from the fd limit when 0; spin follows low_lat
   session::SessionServerOptions o = SessionOptionsFrom(config, 1024);
   CHECK(o.path == "/tmp/k.sock.session");
   CHECK(o.mode == 0660u);
-  CHECK(o.max_sessions_per_uid == 256);
+  // One uid cannot take every session: a quarter of them per uid unless configured.
+  CHECK(o.max_sessions == 256);
+  CHECK(o.max_sessions_per_uid == 64);
+  CHECK(MaxSessionsPerUidFrom(config, 16) == 4);
+  CHECK(MaxSessionsPerUidFrom(config, 3) == 1);
+  CHECK(MaxSessionsPerUidFrom(config, 65536) == 256);
+  CHECK(MaxSessionsPerUidFrom(Finalized("max_sessions_per_uid: 300"), 256) == 300);
   CHECK(o.spin == absl::Microseconds(100));
   CHECK(SessionOptionsFrom(Finalized("low_latency: false"), 1024).spin == absl::ZeroDuration());
   CHECK(o.admission_workers == 4);  // unset: the documented default

@@ -388,9 +388,8 @@ absl::Status FinalizeConfig(v1::DaemonConfig* config) {
     return absl::InvalidArgumentError(
         absl::StrCat("log_format: '", config->log_format(), "' is not text or json"));
   }
-  // Caps (docs/security.md, "Caps"); max_sessions 0 stays: kvraild derives it from
-  // RLIMIT_NOFILE.
-  if (config->max_sessions_per_uid() == 0) config->set_max_sessions_per_uid(256);
+  // Caps (docs/security.md, "Caps"); max_sessions and max_sessions_per_uid 0 stay: kvraild
+  // derives them from RLIMIT_NOFILE (daemon/options.h).
   if (config->max_transfers_per_session() == 0) config->set_max_transfers_per_session(4096);
   if (config->max_watchers_per_session() == 0) config->set_max_watchers_per_session(64);
   if (config->max_watchers_per_uid() == 0) config->set_max_watchers_per_uid(1024);

@@ -13,7 +13,6 @@
 #include "base/logging.h"
 #include "base/status.h"
 #include "daemon/server/caller.h"
-#include "daemon/server/operator_cancel.h"
 #include "daemon/server/change_gate.h"
 #include "daemon/server/watch_calls.h"
 #include "proto/kvrail/v1/admin.grpc.pb.h"
@@ -40,13 +39,6 @@ absl::StatusOr<sessions::Caller> CallerOf(grpc::ServerContextBase* context,
   absl::StatusOr<sessions::Caller> caller##_or = CallerOf(context, *sessions_, tcp_api_); \
   if (!caller##_or.ok()) return ToGrpcStatus(caller##_or.status());                         \
   const sessions::Caller caller = *caller##_or
-
-// Returns the refusal unless `caller` may `use` the transfer (TransferManager::Authorize).
-#define KVRAIL_AUTHORIZED_OR_RETURN(id, caller, use)                          \
-  if (absl::Status allowed = transfers_->Authorize((id), (caller), (use));    \
-      !allowed.ok()) {                                                        \
-    return ToGrpcStatus(allowed);                                             \
-  }
 
 #define KVRAIL_WATCHER_OR_REFUSE(slot, caller, refuse)                          \
   absl::StatusOr<WatcherCounts::Slot> slot = watchers_.Take(caller);              \
@@ -152,8 +144,7 @@ class TransferService final
   grpc::Status GetTransfer(grpc::ServerContext* context, const v1::GetTransferRequest* request,
                            v1::TransferStatus* response) override {
     KVRAIL_CALLER_OR_RETURN(caller);
-    KVRAIL_AUTHORIZED_OR_RETURN(request->transfer_id(), caller, transfers::TransferUse::kRead);
-    return Fill(transfers_->Get(request->transfer_id()), response);
+    return Fill(transfers_->Get(caller, request->transfer_id()), response);
   }
 
   grpc::ServerUnaryReactor* WaitTransfer(grpc::CallbackServerContext* context,
@@ -162,16 +153,15 @@ class TransferService final
     auto refuse = [context](const grpc::Status& status) { return RefusedUnary(context, status); };
     absl::StatusOr<sessions::Caller> caller = CallerOf(context, *sessions_, tcp_api_);
     if (!caller.ok()) return refuse(ToGrpcStatus(caller.status()));
-    if (absl::Status allowed = transfers_->Authorize(request->transfer_id(), *caller,
-                                                     transfers::TransferUse::kRead);
-        !allowed.ok()) {
-      return refuse(ToGrpcStatus(allowed));
+    // A refusal comes before the watcher cap (the manager checks the caller on every call).
+    if (auto readable = transfers_->Get(*caller, request->transfer_id()); !readable.ok()) {
+      return refuse(ToGrpcStatus(readable.status()));
     }
     KVRAIL_WATCHER_OR_REFUSE(slot, *caller, refuse);
     const absl::Duration timeout = request->timeout_ms() == 0
                                        ? absl::InfiniteDuration()
                                        : absl::Milliseconds(request->timeout_ms());
-    return StartWait(context, request->transfer_id(), timeout, response, *std::move(slot),
+    return StartWait(context, *caller, request->transfer_id(), timeout, response, *std::move(slot),
                      transfers_, pump_);
   }
 
@@ -180,56 +170,30 @@ class TransferService final
     auto refuse = RefusedStream<v1::TransferEvent>;
     absl::StatusOr<sessions::Caller> caller = CallerOf(context, *sessions_, tcp_api_);
     if (!caller.ok()) return refuse(ToGrpcStatus(caller.status()));
-    if (absl::Status allowed = transfers_->Authorize(request->transfer_id(), *caller,
-                                                     transfers::TransferUse::kRead);
-        !allowed.ok()) {
-      return refuse(ToGrpcStatus(allowed));
+    if (auto readable = transfers_->Get(*caller, request->transfer_id()); !readable.ok()) {
+      return refuse(ToGrpcStatus(readable.status()));
     }
     KVRAIL_WATCHER_OR_REFUSE(slot, *caller, refuse);
     const absl::Duration interval =
         absl::Milliseconds(request->min_interval_ms() == 0 ? 50 : request->min_interval_ms());
     // The stream ends when the client goes, even while the transfer makes no progress.
-    return StartWatch(context, request->transfer_id(), interval, *std::move(slot), transfers_,
-                      pump_);
+    return StartWatch(context, *caller, request->transfer_id(), interval, *std::move(slot),
+                      transfers_, pump_);
   }
 
   grpc::Status CancelTransfer(grpc::ServerContext* context,
                               const v1::CancelTransferRequest* request,
                               v1::TransferStatus* response) override {
     KVRAIL_CALLER_OR_RETURN(caller);
-    const uint64_t id = request->transfer_id();
-    absl::Status allowed = transfers_->Authorize(id, caller, transfers::TransferUse::kCancel);
-    // Root may cancel another session's transfer - a stuck or runaway one - from a session
-    // that owns no regions (the kvrail CLI): MayCancelAsOperator. Every such cancel is an audit
-    // line naming its uid. kvraild's own uid reads every status but cancels only its own: under
-    // MPS the inference servers run as that uid. Other refusals name transfer_id
-    // (TransferManager::Authorize).
-    if (allowed.code() == absl::StatusCode::kPermissionDenied && caller.operator_role()) {
-      if (!MayCancelAsOperator(caller, OwnsRegions(caller.session_id))) {
-        return ToGrpcStatus(absl::PermissionDeniedError(absl::StrCat(
-            allowed.message(), "; only root may cancel another session's transfer, and only "
-                               "from a session that owns no regions")));
-      }
-      auto before = transfers_->Get(id);
-      if (!before.ok()) return ToGrpcStatus(before.status());
-      LogFields(spdlog::level::warn, "audit: the operator cancels another session's transfer",
-                {{"operator_uid", caller.uid},
-                 {"operator_session", caller.session_id},
-                 {"transfer_id", id},
-                 {"submitter_session", before->spec().session_id()},
-                 {"state", v1::TransferState_Name(before->state())}});
-      allowed = absl::OkStatus();
-    }
-    if (!allowed.ok()) return ToGrpcStatus(allowed);
-    return Fill(transfers_->Cancel(id), response);
+    // The manager decides who may (the operator's audited cancel included).
+    return Fill(transfers_->Cancel(caller, request->transfer_id()), response);
   }
 
   grpc::Status MarkReady(grpc::ServerContext* context, const v1::MarkReadyRequest* request,
                          v1::MarkReadyResponse*) override {
     KVRAIL_CALLER_OR_RETURN(caller);
-    KVRAIL_AUTHORIZED_OR_RETURN(request->transfer_id(), caller, transfers::TransferUse::kControl);
-    return ToGrpcStatus(
-        transfers_->MarkReady(request->transfer_id(), request->layer_begin(), request->layer_count()));
+    return ToGrpcStatus(transfers_->MarkReady(caller, request->transfer_id(),
+                                              request->layer_begin(), request->layer_count()));
   }
 
   grpc::Status CreateGrant(grpc::ServerContext* context, const v1::CreateGrantRequest* request,
@@ -295,13 +259,6 @@ class TransferService final
     if (!status.ok()) return ToGrpcStatus(status.status());
     *out = *std::move(status);
     return grpc::Status::OK;
-  }
-
-  // Whether `session_id` has registered a region of its own (a tenant), for the operator's
-  // cancel. The block-table region every client library registers at Connect is not counted:
-  // it carries RegionSpec.library_region (operator_cancel.h, SessionOwnsRegions).
-  bool OwnsRegions(uint64_t session_id) const {
-    return SessionOwnsRegions(regions_->List(), session_id);
   }
 
   // PERMISSION_DENIED unless `caller` is the session whose queue it asks for; UNIMPLEMENTED
@@ -376,20 +333,9 @@ class AdminService final : public v1::Admin::Service {
     filter.region_id = request->region_id();
     filter.label = request->label();
     filter.idempotency_key = request->idempotency_key();
-    const bool operator_role = caller.operator_role();
-    if (!operator_role) {
-      if (caller.session_id == 0) return grpc::Status::OK;  // anonymous callers own none
-      filter.session_id = caller.session_id;
-    }
-    auto listed = transfers_->ListChecked(filter);
+    auto listed = transfers_->ListChecked(caller, filter);
     if (!listed.ok()) return ToGrpcStatus(listed.status());
-    for (auto& status : *listed) {
-      if (!operator_role &&
-          (caller.session_id == 0 || status.spec().session_id() != caller.session_id)) {
-        continue;
-      }
-      *response->add_transfers() = std::move(status);
-    }
+    for (auto& status : *listed) *response->add_transfers() = std::move(status);
     return grpc::Status::OK;
   }
 

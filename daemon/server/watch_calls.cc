@@ -102,11 +102,12 @@ namespace {
 // record's lock) only stores the status and wakes the pump; the pump answers.
 class WaitCall final : public PumpedCall {
  public:
-  WaitCall(grpc::CallbackServerContext* context, uint64_t id, absl::Time until,
-           v1::TransferStatus* response, WatcherCounts::Slot slot,
+  WaitCall(grpc::CallbackServerContext* context, const sessions::Caller& caller, uint64_t id,
+           absl::Time until, v1::TransferStatus* response, WatcherCounts::Slot slot,
            const transfers::TransferManager* transfers)
       : context_(context),
         reactor_(context->DefaultReactor()),
+        caller_(caller),
         id_(id),
         until_(until),
         response_(response),
@@ -134,11 +135,11 @@ class WaitCall final : public PumpedCall {
       status = *std::move(ended);
     } else {
       if (poll_state_) {
-        status = transfers_->Get(id_);
+        status = transfers_->Get(caller_, id_);
         if (status.ok() && status->state() >= v1::TRANSFER_STATE_SUCCEEDED) ended.emplace();
       }
       if (!ended.has_value() && absl::Now() < until_ && !context_->IsCancelled()) return true;
-      if (!poll_state_) status = transfers_->Get(id_);
+      if (!poll_state_) status = transfers_->Get(caller_, id_);
     }
     // After Finish the context and response belong to gRPC again: nothing here touches them.
     if (status.ok()) *response_ = *std::move(status);
@@ -150,6 +151,7 @@ class WaitCall final : public PumpedCall {
  private:
   grpc::CallbackServerContext* const context_;
   grpc::ServerUnaryReactor* const reactor_;
+  const sessions::Caller caller_;
   const uint64_t id_;
   const absl::Time until_;
   v1::TransferStatus* const response_;
@@ -276,16 +278,22 @@ class StreamCall : public grpc::ServerWriteReactor<T>, public PumpedCall {
 
 class WatchCall final : public StreamCall<v1::TransferEvent> {
  public:
-  WatchCall(uint64_t id, absl::Duration min_interval, WatcherCounts::Slot slot,
-            const transfers::TransferManager* transfers)
-      : StreamCall(std::move(slot)), id_(id), min_interval_(min_interval), transfers_(transfers) {}
+  WatchCall(const sessions::Caller& caller, uint64_t id, absl::Duration min_interval,
+            WatcherCounts::Slot slot, const transfers::TransferManager* transfers)
+      : StreamCall(std::move(slot)),
+        caller_(caller),
+        id_(id),
+        min_interval_(min_interval),
+        transfers_(transfers) {}
 
  private:
   absl::Status Produce(std::vector<v1::TransferEvent>* out, bool* over) override {
-    const absl::Status stepped = transfers_->WatchStep(id_, min_interval_, &cursor_, out);
+    const absl::Status stepped =
+        transfers_->WatchStep(caller_, id_, min_interval_, &cursor_, out);
     *over = cursor_.over;
     return stepped;
   }
+  const sessions::Caller caller_;
   const uint64_t id_;
   const absl::Duration min_interval_;
   const transfers::TransferManager* const transfers_;
@@ -317,19 +325,21 @@ class NotificationCall final : public StreamCall<v1::Notification> {
 
 }  // namespace
 
-grpc::ServerUnaryReactor* StartWait(grpc::CallbackServerContext* context, uint64_t id,
+grpc::ServerUnaryReactor* StartWait(grpc::CallbackServerContext* context,
+                                    const sessions::Caller& caller, uint64_t id,
                                     absl::Duration timeout, v1::TransferStatus* response,
                                     WatcherCounts::Slot slot,
                                     const transfers::TransferManager* transfers,
                                     const std::shared_ptr<WatchPump>& pump) {
   const absl::Time until =
       timeout == absl::InfiniteDuration() ? absl::InfiniteFuture() : absl::Now() + timeout;
-  auto call = std::make_shared<WaitCall>(context, id, until, response, std::move(slot), transfers);
+  auto call = std::make_shared<WaitCall>(context, caller, id, until, response, std::move(slot),
+                                         transfers);
   grpc::ServerUnaryReactor* reactor = call->reactor();
   std::weak_ptr<WaitCall> weak_call = call;
   std::weak_ptr<WatchPump> weak_pump = pump;
   const absl::Status followed =
-      transfers->WhenEnded(id, [weak_call, weak_pump](const v1::TransferStatus& status) {
+      transfers->WhenEnded(caller, id, [weak_call, weak_pump](const v1::TransferStatus& status) {
         if (auto c = weak_call.lock()) c->Ended(status);
         if (auto p = weak_pump.lock()) p->Wake();
       });
@@ -339,10 +349,10 @@ grpc::ServerUnaryReactor* StartWait(grpc::CallbackServerContext* context, uint64
 }
 
 grpc::ServerWriteReactor<v1::TransferEvent>* StartWatch(
-    grpc::CallbackServerContext* /*context*/, uint64_t id, absl::Duration min_interval,
-    WatcherCounts::Slot slot, const transfers::TransferManager* transfers,
-    const std::shared_ptr<WatchPump>& pump) {
-  auto call = std::make_shared<WatchCall>(id, min_interval, std::move(slot), transfers);
+    grpc::CallbackServerContext* /*context*/, const sessions::Caller& caller, uint64_t id,
+    absl::Duration min_interval, WatcherCounts::Slot slot,
+    const transfers::TransferManager* transfers, const std::shared_ptr<WatchPump>& pump) {
+  auto call = std::make_shared<WatchCall>(caller, id, min_interval, std::move(slot), transfers);
   grpc::ServerWriteReactor<v1::TransferEvent>* reactor = call.get();
   call->Begin(call, pump.get());
   return reactor;

@@ -106,18 +106,20 @@ class WatchPump {
 };
 
 // WaitTransfer: answers when transfer `id` ends (TransferManager::WhenEnded), after `timeout`
-// (infinite: none) with its current status, or when the client goes. The caller was authorized
-// and holds `slot` until the answer.
-grpc::ServerUnaryReactor* StartWait(grpc::CallbackServerContext* context, uint64_t id,
+// (infinite: none) with its current status, or when the client goes. The manager checks
+// `caller` on every look at the transfer; the call holds `slot` until the answer.
+grpc::ServerUnaryReactor* StartWait(grpc::CallbackServerContext* context,
+                                    const sessions::Caller& caller, uint64_t id,
                                     absl::Duration timeout, v1::TransferStatus* response,
                                     WatcherCounts::Slot slot,
                                     const transfers::TransferManager* transfers,
                                     const std::shared_ptr<WatchPump>& pump);
 
 // WatchTransfer: the snapshot, then every event until the final state (TransferManager::
-// WatchStep), one write at a time; ends when the client goes.
+// WatchStep, which checks `caller`), one write at a time; ends when the client goes.
 grpc::ServerWriteReactor<v1::TransferEvent>* StartWatch(
-    grpc::CallbackServerContext* context, uint64_t id, absl::Duration min_interval,
+    grpc::CallbackServerContext* context, const sessions::Caller& caller, uint64_t id,
+    absl::Duration min_interval,
     WatcherCounts::Slot slot, const transfers::TransferManager* transfers,
     const std::shared_ptr<WatchPump>& pump);
 

@@ -48,9 +48,9 @@ struct SessionServerOptions {
   // thread-safe); without one SUBMIT is refused (UNIMPLEMENTED).
   std::function<absl::StatusOr<v1::SubmitTransferResponse>(const v1::TransferSpec& spec)> submit;
   // WAIT by `caller` (the connection's session, or the session its credential names) for
-  // transfer `id`: registers `done` for its end, or refuses (NOT_FOUND, or PERMISSION_DENIED
-  // when the caller may not read the transfer). `done` must not block. Without one WAIT is
-  // refused (UNIMPLEMENTED).
+  // transfer `id`: registers `done` for its end, or refuses as the transfer manager does
+  // (NOT_FOUND for an unknown id and for a caller with no part in the transfer). `done` must not
+  // block. Without one WAIT is refused (UNIMPLEMENTED).
   std::function<absl::Status(const sessions::Caller& caller, uint64_t id,
                              std::function<void(const v1::TransferStatus& status)> done)>
       wait;

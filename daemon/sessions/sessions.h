@@ -27,7 +27,7 @@ struct Caller {
   int64_t uid = -1;
   // Whether `uid` is 0 or the daemon's own (::geteuid()): may list every region and transfer;
   // root alone, from a session that owns no regions (the CLI), may cancel any transfer
-  // (server/operator_cancel.h; an audit line). Changes nothing else it does not own (unregister,
+  // (transfers/operator_cancel.h; an audit line). Changes nothing else it does not own (unregister,
   // grants, MarkReady) and moves no bytes without ownership or a grant either.
   bool operator_role() const;
 };
@@ -38,8 +38,8 @@ struct SessionLimits {
   size_t max_fd_tokens = 4096;              // every session together
   size_t max_fd_tokens_per_session = 1024;  // one session cannot take them all
   // The sessions of one uid together: one tenant opening several sessions cannot take them all
-  // either.
-  size_t max_fd_tokens_per_uid = 4096;
+  // either (a quarter of max_fd_tokens).
+  size_t max_fd_tokens_per_uid = 1024;
 };
 
 // A base for a daemon process's ids: a random multiple of 2^32 in [2^32, 2^63) (31 random bits;

@@ -92,8 +92,12 @@ TEST_CASE("fd tokens are single use and belong to their session; a session's end
 
 TEST_CASE("one session cannot take every fd token") {
   auto table = SessionTable::Create();
+  // Two uids: the sessions of one uid share its cap (max_fd_tokens_per_uid, a quarter of all:
+  // as many as one session's), which the next case tries.
   const uint64_t greedy = table->BeginSession();
+  table->SetSessionPeer(greedy, 1000);
   const uint64_t other = table->BeginSession();
+  table->SetSessionPeer(other, 2000);
   UniqueFd fd = AnyFd();
   int taken = 0;
   absl::Status last;
@@ -112,7 +116,52 @@ TEST_CASE("one session cannot take every fd token") {
   CHECK(table->AddFd(other, UniqueFd(::dup(fd.get()))).ok());
   table->EndSession(greedy);
   const uint64_t again = table->BeginSession();
+  table->SetSessionPeer(again, 1000);
   CHECK(table->AddFd(again, UniqueFd(::dup(fd.get()))).ok());
+}
+
+TEST_CASE("several sessions of one uid cannot take every fd token; another uid still gets them") {
+  SessionLimits limits;
+  limits.max_fd_tokens = 16;
+  limits.max_fd_tokens_per_session = 8;
+  limits.max_fd_tokens_per_uid = 10;
+  auto table = SessionTable::Create(limits);
+  std::vector<uint64_t> greedy;
+  for (int i = 0; i < 3; ++i) {
+    greedy.push_back(table->BeginSession());
+    table->SetSessionPeer(greedy.back(), 1000);
+  }
+  const uint64_t other = table->BeginSession();
+  table->SetSessionPeer(other, 2000);
+  UniqueFd fd = AnyFd();
+  // Each of uid 1000's sessions takes what it can: 8 (its session's cap), then 2, then none.
+  std::vector<int> taken;
+  absl::Status last;
+  for (uint64_t session : greedy) {
+    int n = 0;
+    for (int i = 0; i < 16; ++i) {
+      auto token = table->AddFd(session, UniqueFd(::dup(fd.get())));
+      if (!token.ok()) {
+        last = token.status();
+        break;
+      }
+      ++n;
+    }
+    taken.push_back(n);
+  }
+  CHECK(taken == std::vector<int>{8, 2, 0});
+  RequireError(last, absl::StatusCode::kResourceExhausted,
+               "max_fd_tokens_per_uid: uid 1000 holds 10 unused fd tokens in all its sessions");
+  // Another uid still gets tokens (6 are left of the 16 in all).
+  for (int i = 0; i < 6; ++i) CHECK(table->AddFd(other, UniqueFd(::dup(fd.get()))).ok());
+  RequireError(table->AddFd(other, UniqueFd(::dup(fd.get()))).status(),
+               absl::StatusCode::kResourceExhausted, "max_fd_tokens: kvraild holds 16");
+  // A token taken (registered) or a session ended gives uid 1000 room again.
+  table->EndSession(greedy[1]);
+  CHECK(table->AddFd(greedy[2], UniqueFd(::dup(fd.get()))).ok());
+  // kvraild's defaults: a quarter of every token per uid.
+  const SessionLimits defaults;
+  CHECK(defaults.max_fd_tokens_per_uid * 4 == defaults.max_fd_tokens);
 }
 
 }  // namespace

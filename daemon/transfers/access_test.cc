@@ -9,8 +9,10 @@
 
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "daemon/handover/state.pb.h"
 #include "daemon/transfers/manager_fixture.h"
 
 namespace kvrail::transfers {
@@ -22,7 +24,7 @@ using testing::ManagerFixture;
 // The victim's session owns `secret` (source) and `vault` (writable); the attacker's owns its
 // own pair. Access checks on.
 struct Tenants {
-  ManagerFixture f{Options(), nullptr, /*check_access=*/true};
+  ManagerFixture f{Options(), nullptr};
   uint64_t victim = f.regions.NewSession();
   uint64_t attacker = f.regions.NewSession();
   // Writable so the test can fill it through the daemon's mapping; read as a source.
@@ -176,7 +178,7 @@ TEST_CASE("only the owner creates grants; a session's grants end with it") {
 }
 
 TEST_CASE("layer-limited grants cover only their layers") {
-  ManagerFixture f{Options(), nullptr, /*check_access=*/true};
+  ManagerFixture f{Options(), nullptr};
   const uint64_t owner = f.regions.NewSession(), other = f.regions.NewSession();
   // Two sessions' paged pools of 4 layers.
   v1::RegionSpec layout;
@@ -207,7 +209,8 @@ TEST_CASE("layer-limited grants cover only their layers") {
   INFO(ok.status().ToString());
   CHECK(ok.ok());
   spec.set_num_layers(3);  // layers 1..3: layer 3 is outside
-  RequireDenied(f.manager->Submit(spec), "covers layers [1, 3), the transfer touches [1, 4)");
+  RequireDenied(f.manager->Submit(spec),
+                "covers layers [1, 3), the transfer touches [1, 4)");
   spec.clear_num_layers();  // every layer from 1: outside too
   RequireDenied(f.manager->Submit(spec), "spec.src.grant");
   f.engine.RunAll();
@@ -243,39 +246,90 @@ TEST_CASE("block tables and flag words are read only from the submitter's region
 }
 
 TEST_CASE("only a transfer's submitter reads and controls it; the operator reads it only") {
+  // Every call of the manager's is tried as another tenant and as an anonymous caller: each is
+  // refused by the manager itself (no front door in between), as an unknown id is (NOT_FOUND
+  // naming transfer_id), and nothing about the transfer changes.
   Tenants t;
   auto submitted = t.f.manager->Submit(t.Spec(*t.secret, *t.vault, t.victim));
   REQUIRE(submitted.ok());
   const uint64_t id = submitted->transfer_id();
-  const sessions::Caller victim{t.victim};
-  const sessions::Caller attacker{t.attacker};
-  const sessions::Caller anonymous{0};
-  // kvraild's own uid: operator_role().
-  const sessions::Caller operator_session{t.attacker, static_cast<int64_t>(::geteuid())};
-  for (TransferUse use : {TransferUse::kRead, TransferUse::kControl}) {
-    CHECK(t.f.manager->Authorize(id, victim, use).ok());
-    for (const sessions::Caller& other : {attacker, anonymous}) {
-      // Another tenant's id answers exactly as an id nobody has: code and message (with the
-      // probed id in both), so its existence cannot be probed.
-      const absl::Status refused = t.f.manager->Authorize(id, other, use);
-      const absl::Status unknown = t.f.manager->Authorize(id + 1000, other, use);
-      INFO(refused.ToString() << " / " << unknown.ToString());
-      CHECK(refused.code() == absl::StatusCode::kNotFound);
-      CHECK(unknown.code() == refused.code());
-      CHECK(std::string(refused.message()) == absl::StrCat("transfer_id: no transfer ", id));
-      CHECK(std::string(unknown.message()) ==
-            absl::StrCat("transfer_id: no transfer ", id + 1000));
-    }
+  const sessions::Caller victim = t.f.As(t.victim);
+  const sessions::Caller attacker = t.f.As(t.attacker);
+  const sessions::Caller anonymous{};
+  // Another tenant's id answers exactly as an id nobody has: code and message (with the probed
+  // id in both), so its existence cannot be probed.
+  auto RequireUnknown = [id](const absl::Status& refused) {
+    INFO(refused.ToString());
+    CHECK(refused.code() == absl::StatusCode::kNotFound);
+    CHECK(std::string(refused.message()) == absl::StrCat("transfer_id: no transfer ", id));
+  };
+  for (const sessions::Caller& other : {attacker, anonymous}) {
+    RequireUnknown(t.f.manager->Get(other, id).status());
+    RequireUnknown(t.f.manager->Wait(other, id, absl::ZeroDuration()).status());
+    bool heard = false;
+    RequireUnknown(t.f.manager->WhenEnded(other, id, [&](const v1::TransferStatus&) {
+      heard = true;
+    }));
+    bool watched = false;
+    RequireUnknown(t.f.manager->Watch(other, id, absl::Milliseconds(1),
+                                      [&](const v1::TransferEvent&) { return watched = true; }));
+    CHECK(!watched);
+    WatchCursor cursor;
+    std::vector<v1::TransferEvent> events;
+    RequireUnknown(t.f.manager->WatchStep(other, id, absl::Milliseconds(1), &cursor, &events));
+    CHECK(events.empty());
+    RequireUnknown(t.f.manager->MarkReady(other, id, 0, 1));
+    RequireUnknown(t.f.manager->Cancel(other, id).status());
+    // Listing shows another tenant nothing of the victim's (anonymous callers nothing at all).
+    for (const auto& listed : t.f.manager->List(other, {}, 100)) CHECK(listed.transfer_id() != id);
+    ListFilter by_session;
+    by_session.session_id = t.victim;
+    auto page = t.f.manager->ListChecked(other, by_session);
+    REQUIRE(page.ok());
+    CHECK(page->empty());
+    t.f.engine.RunAll();
+    CHECK(!heard);  // the transfer ended; the refused follower heard nothing
+    CHECK(t.f.manager->Get(victim, id)->state() == v1::TRANSFER_STATE_SUCCEEDED);
   }
-  // Cancel likewise (the victim has no grant use of the attacker's regions).
-  CHECK(t.f.manager->Authorize(id, attacker, TransferUse::kCancel).ToString() ==
-        absl::StrCat("NOT_FOUND: transfer_id: no transfer ", id));
-  CHECK(t.f.manager->Authorize(id, operator_session, TransferUse::kRead).ok());
-  CHECK(t.f.manager->Authorize(id, operator_session, TransferUse::kControl).code() ==
+  // The submitter reads and lists it; an unknown id is NOT_FOUND for everyone, with the message
+  // another tenant got for this one.
+  CHECK(t.f.manager->Wait(victim, id, absl::ZeroDuration()).ok());
+  CHECK(t.f.manager->List(victim, {}, 100).size() == 1);
+  for (const sessions::Caller& caller : {victim, attacker, anonymous}) {
+    const absl::Status unknown = t.f.manager->Get(caller, id + 1000).status();
+    CHECK(unknown.code() == absl::StatusCode::kNotFound);
+    CHECK(std::string(unknown.message()) == absl::StrCat("transfer_id: no transfer ", id + 1000));
+    CHECK(t.f.manager->Cancel(caller, id + 1000).status().code() ==
+          absl::StatusCode::kNotFound);
+  }
+}
+
+TEST_CASE("the operator reads every transfer but controls none; root cancels from a bare session") {
+  Tenants t;
+  v1::TransferSpec spec = t.Spec(*t.secret, *t.vault, t.victim);
+  auto submitted = t.f.manager->Submit(spec);
+  REQUIRE(submitted.ok());
+  const uint64_t id = submitted->transfer_id();
+  // kvraild's own uid (this process's): operator_role(), reads and lists everything.
+  const sessions::Caller own_uid{t.f.regions.NewSession(), static_cast<int64_t>(::geteuid())};
+  CHECK(t.f.manager->Get(own_uid, id).ok());
+  CHECK(t.f.manager->List(own_uid, {}, 100).size() == 1);
+  CHECK(t.f.manager->MarkReady(own_uid, id, 0, 1).code() == absl::StatusCode::kPermissionDenied);
+  if (::geteuid() != 0) {
+    const absl::Status refused = t.f.manager->Cancel(own_uid, id).status();
+    CHECK(refused.code() == absl::StatusCode::kPermissionDenied);
+    CHECK(std::string(refused.message()).find("only root may cancel") != std::string::npos);
+  }
+  // Root from a session that owns regions is a tenant: refused.
+  const sessions::Caller root_tenant{t.attacker, 0};
+  CHECK(t.f.manager->Cancel(root_tenant, id).status().code() ==
         absl::StatusCode::kPermissionDenied);
-  CHECK(t.f.manager->Authorize(id + 1000, victim, TransferUse::kRead).code() ==
-        absl::StatusCode::kNotFound);
-  t.f.engine.RunAll();
+  CHECK(t.f.Get(id).state() < v1::TRANSFER_STATE_SUCCEEDED);
+  // Root from a region-less session (the CLI) cancels it (an audit line).
+  const sessions::Caller root_cli{t.f.regions.NewSession(), 0};
+  auto cancelled = t.f.manager->Cancel(root_cli, id);
+  REQUIRE(cancelled.ok());
+  CHECK(cancelled->state() == v1::TRANSFER_STATE_CANCELLED);
 }
 
 TEST_CASE("a pull's producer, the source region's owner, marks its layers ready; no one else") {
@@ -288,23 +342,22 @@ TEST_CASE("a pull's producer, the source region's owner, marks its layers ready;
   auto pull = t.f.manager->Submit(spec);
   REQUIRE(pull.ok());
   const uint64_t id = pull->transfer_id();
-  const sessions::Caller producer{t.victim};
-  CHECK(t.f.manager->Authorize(id, producer, TransferUse::kControl).ok());
-  CHECK(t.f.manager->Authorize(id, sessions::Caller{t.attacker}, TransferUse::kControl).ok());
-  const sessions::Caller stranger{t.f.regions.NewSession()};
+  const sessions::Caller producer = t.f.As(t.victim);
   // A stranger learns nothing (NOT_FOUND, as for an unknown id); the operator, which reads
   // every transfer, is told why it may not mark layers, and the producer why it may not read.
-  const absl::Status refused = t.f.manager->Authorize(id, stranger, TransferUse::kControl);
+  const sessions::Caller stranger = t.f.As(t.f.regions.NewSession());
+  const absl::Status refused = t.f.manager->MarkReady(stranger, id, 0, 1);
   CHECK(refused.code() == absl::StatusCode::kNotFound);
+  CHECK(std::string(refused.message()) == absl::StrCat("transfer_id: no transfer ", id));
   const sessions::Caller operator_session{t.f.regions.NewSession(),
-                                         static_cast<int64_t>(::geteuid())};
-  const absl::Status told = t.f.manager->Authorize(id, operator_session, TransferUse::kControl);
+                                          static_cast<int64_t>(::geteuid())};
+  const absl::Status told = t.f.manager->MarkReady(operator_session, id, 0, 1);
   CHECK(told.code() == absl::StatusCode::kPermissionDenied);
   CHECK(std::string(told.message()).find("source region's owner") != std::string::npos);
   // Owning the source lets the producer mark layers, not read another's transfer status.
-  CHECK(t.f.manager->Authorize(id, producer, TransferUse::kRead).code() ==
-        absl::StatusCode::kPermissionDenied);
-  REQUIRE(t.f.manager->MarkReady(id, 0, 1).ok());  // what the server does once authorized
+  CHECK(t.f.manager->Get(producer, id).status().code() == absl::StatusCode::kPermissionDenied);
+  CHECK(t.f.Get(id).state() < v1::TRANSFER_STATE_SUCCEEDED);
+  REQUIRE(t.f.manager->MarkReady(producer, id, 0, 1).ok());
   t.f.engine.RunAll();
   CHECK(t.f.Get(id).state() == v1::TRANSFER_STATE_SUCCEEDED);
   CHECK(!t.MineUntouched());
@@ -357,26 +410,32 @@ TEST_CASE("no status returns a grant token: not to the submitter, the operator o
   INFO(submitted.status().ToString());
   REQUIRE(submitted.ok());
   const uint64_t id = submitted->transfer_id();
+  const sessions::Caller submitter = t.f.As(t.attacker);
 
   std::vector<v1::TransferStatus> seen;
-  seen.push_back(t.f.Get(id));
+  seen.push_back(t.f.Get(id));  // the operator's read
   ListFilter all;
-  for (auto& listed : t.f.manager->List(all)) seen.push_back(std::move(listed));
-  auto waited = t.f.manager->Wait(id, absl::ZeroDuration());
+  for (auto& listed : t.f.manager->List(t.f.reader, all)) seen.push_back(std::move(listed));
+  for (auto& listed : t.f.manager->List(submitter, all)) seen.push_back(std::move(listed));
+  auto waited = t.f.manager->Wait(submitter, id, absl::ZeroDuration());
   REQUIRE(waited.ok());
   seen.push_back(*waited);
-  REQUIRE(t.f.manager->Watch(id, absl::Milliseconds(1), [&](const v1::TransferEvent& event) {
-    seen.push_back(event.status());
-    return false;  // the snapshot is enough
-  }).ok());
+  REQUIRE(t.f.manager
+              ->Watch(submitter, id, absl::Milliseconds(1),
+                      [&](const v1::TransferEvent& event) {
+                        seen.push_back(event.status());
+                        return false;  // the snapshot is enough
+                      })
+              .ok());
   v1::TransferStatus ended;
-  REQUIRE(t.f.manager->WhenEnded(id, [&](const v1::TransferStatus& s) { ended = s; }).ok());
-  REQUIRE(t.f.manager->MarkReady(id, 0, 1).ok());
+  REQUIRE(t.f.manager->WhenEnded(submitter, id, [&](const v1::TransferStatus& s) { ended = s; })
+              .ok());
+  REQUIRE(t.f.manager->MarkReady(submitter, id, 0, 1).ok());
   t.f.engine.RunAll();
   REQUIRE(ended.state() == v1::TRANSFER_STATE_SUCCEEDED);
   seen.push_back(ended);
   seen.push_back(t.f.Get(id));
-  CHECK(seen.size() >= 6);
+  CHECK(seen.size() >= 7);
   for (const v1::TransferStatus& status : seen) {
     const std::string text = status.DebugString();
     INFO(text);
@@ -392,6 +451,49 @@ TEST_CASE("no status returns a grant token: not to the submitter, the operator o
   again.mutable_dst()->set_grant(write);
   CHECK(t.f.manager->Submit(again).ok());
   t.f.engine.RunAll();
+}
+
+TEST_CASE("a transfer inherited from a predecessor is checked as one of this daemon's") {
+  // A hot restart hands ended transfers over (ImportState); every call about one still names
+  // its caller and is refused as for a transfer admitted here.
+  Tenants t;
+  constexpr uint64_t kId = 77;
+  handover::TransferState state;
+  state.set_next_transfer_id(kId + 1);
+  handover::EndedTransfer* ended = state.add_ended();
+  ended->mutable_status()->set_transfer_id(kId);
+  ended->mutable_status()->set_state(v1::TRANSFER_STATE_SUCCEEDED);
+  ended->set_submitter_session(t.victim);
+  ended->set_src_owner_session(t.attacker);  // a pull of the attacker's blocks
+  ended->set_dst_owner_session(t.victim);
+  t.f.manager->ImportState(state);
+  const sessions::Caller victim = t.f.As(t.victim);
+  const sessions::Caller stranger = t.f.As(t.f.regions.NewSession());
+  const sessions::Caller anonymous{};
+  const std::string unknown = absl::StrCat("NOT_FOUND: transfer_id: no transfer ", kId);
+  for (const sessions::Caller& other : {stranger, anonymous}) {
+    CHECK(t.f.manager->Get(other, kId).status().ToString() == unknown);
+    CHECK(t.f.manager->Wait(other, kId, absl::ZeroDuration()).status().ToString() == unknown);
+    bool heard = false;
+    CHECK(t.f.manager->WhenEnded(other, kId, [&](const v1::TransferStatus&) { heard = true; })
+              .ToString() == unknown);
+    CHECK(!heard);
+    WatchCursor cursor;
+    std::vector<v1::TransferEvent> events;
+    CHECK(t.f.manager->WatchStep(other, kId, absl::Milliseconds(1), &cursor, &events)
+              .ToString() == unknown);
+    CHECK(events.empty());
+    CHECK(t.f.manager->Cancel(other, kId).status().ToString() == unknown);
+    CHECK(t.f.manager->MarkReady(other, kId, 0, 1).ToString() == unknown);
+  }
+  // The source's owner is a party: told why it may not read it.
+  CHECK(t.f.manager->Get(t.f.As(t.attacker), kId).status().code() ==
+        absl::StatusCode::kPermissionDenied);
+  // Its submitter and the operator read it; it has ended, so no layer is marked ready.
+  CHECK(t.f.manager->Get(victim, kId)->state() == v1::TRANSFER_STATE_SUCCEEDED);
+  CHECK(t.f.Get(kId).state() == v1::TRANSFER_STATE_SUCCEEDED);
+  CHECK(t.f.manager->MarkReady(victim, kId, 0, 1).code() ==
+        absl::StatusCode::kFailedPrecondition);
 }
 
 }  // namespace

@@ -41,19 +41,21 @@ TEST_CASE("a session beyond max_transfers_per_session in flight is refused, nami
   v1::TransferSpec fourth = Of(greedy);
   fourth.mutable_src()->set_region_id(f.src->id());
   fourth.mutable_dst()->set_region_id(f.dst->id());
+  fourth.mutable_src()->set_grant(f.src_grant);  // the fixture's owner's, made by f.Submit
+  fourth.mutable_dst()->set_grant(f.dst_grant);
   fourth.set_num_bytes(kTile);
-  CHECK(Names(f.manager->Submit(fourth).status(), absl::StatusCode::kResourceExhausted,
+  CHECK(Names(f.manager->Submit(f.Bound(fourth)).status(), absl::StatusCode::kResourceExhausted,
               "max_transfers_per_session"));
   // Refused submits (bad requests) do not use up places either.
   v1::TransferSpec bad = fourth;
   bad.set_session_id(other);
   bad.set_num_bytes(1ull << 40);
-  for (int i = 0; i < 10; ++i) CHECK_FALSE(f.manager->Submit(bad).ok());
+  for (int i = 0; i < 10; ++i) CHECK_FALSE(f.manager->Submit(f.Bound(bad)).ok());
   // Another session is not starved.
   for (int i = 0; i < 3; ++i) f.Submit(1, Of(other));
   // Ended transfers give their places back.
   f.engine.RunAll();
-  CHECK(f.manager->Submit(fourth).ok());
+  CHECK(f.manager->Submit(f.Bound(fourth)).ok());
   f.engine.RunAll();
 }
 
@@ -67,11 +69,11 @@ TEST_CASE("a ListTransfers page above max_list_transfers is refused; a tenant's 
   f.engine.RunAll();
   ListFilter filter;
   filter.limit = 11;
-  CHECK(Names(f.manager->ListChecked(filter).status(), absl::StatusCode::kResourceExhausted,
-              "limit"));
+  CHECK(Names(f.manager->ListChecked(f.As(a), filter).status(),
+              absl::StatusCode::kResourceExhausted, "limit"));
   filter.limit = 10;
   filter.session_id = a;
-  auto page = f.manager->ListChecked(filter);
+  auto page = f.manager->ListChecked(f.As(a), filter);
   REQUIRE(page.ok());
   // All eight of a's, though b's eight are newer: the limit counts the session's own.
   CHECK(page->size() == 8);
@@ -84,7 +86,7 @@ TEST_CASE("a session's end fails at once the transfers waiting for its readiness
   const uint64_t producer = f.regions.NewSession(), other = f.regions.NewSession();
   const uint64_t waiting = f.Submit(4, Of(producer, true));  // layer-wise, nothing ready
   const uint64_t all_ready = f.Submit(1, Of(producer, true));
-  REQUIRE(f.manager->MarkReady(all_ready, 0, 1).ok());
+  REQUIRE(f.manager->MarkReady(f.As(producer), all_ready, 0, 1).ok());
   const uint64_t bulk = f.Submit(2, Of(producer));
   const uint64_t others = f.Submit(1, Of(other, true));
 
@@ -97,7 +99,7 @@ TEST_CASE("a session's end fails at once the transfers waiting for its readiness
   CHECK(f.Get(all_ready).state() == v1::TRANSFER_STATE_SUCCEEDED);
   CHECK(f.Get(bulk).state() == v1::TRANSFER_STATE_SUCCEEDED);
   CHECK(f.Get(others).state() == v1::TRANSFER_STATE_QUEUED);
-  REQUIRE(f.manager->Cancel(others).ok());
+  REQUIRE(f.manager->Cancel(f.As(other), others).ok());
 }
 
 TEST_CASE("a session's end fails at once every transfer on its regions; no tile moves after") {
@@ -111,12 +113,18 @@ TEST_CASE("a session's end fails at once every transfer on its regions; no tile 
   // Writable so the test can fill it through the daemon's mapping; read as a source.
   const std::shared_ptr<regions::Region> source = f.regions.Bytes(64 * kTile, true, prefill);
   std::memset(source->data(), 0x5A, 64 * kTile);
+  // Each side's owner lets the other's transfer use its region: the prefill's read grant of
+  // its source for the pull, the decode's write grant of its pool for the push.
+  const std::string read_grant = f.Grant(*source, v1::GRANT_ACCESS_READ);
+  const std::string write_grant = f.Grant(*pool, v1::GRANT_ACCESS_WRITE);
   auto submit = [&](uint64_t session, bool layerwise) {
     v1::TransferSpec spec = Of(session, layerwise);
     spec.mutable_src()->set_region_id(source->id());
     spec.mutable_dst()->set_region_id(pool->id());
+    if (session != prefill) spec.mutable_src()->set_grant(read_grant);
+    if (session != decode) spec.mutable_dst()->set_grant(write_grant);
     spec.set_num_bytes(4 * kTile);
-    auto response = f.manager->Submit(spec);
+    auto response = f.manager->Submit(f.Bound(spec));
     REQUIRE(response.ok());
     return response->transfer_id();
   };
@@ -134,7 +142,7 @@ TEST_CASE("a session's end fails at once every transfer on its regions; no tile 
                                      ") ended") != std::string::npos);
   }
   const size_t queued = f.engine.queued();
-  CHECK(f.manager->MarkReady(pull, 0, 1).ok());  // ended: nothing is enqueued
+  CHECK(f.manager->MarkReady(f.As(decode), pull, 0, 1).ok());  // ended: nothing is enqueued
   CHECK(f.engine.queued() == queued);
   f.engine.RunAll();
   CHECK(f.Get(pull).state() == v1::TRANSFER_STATE_FAILED);
@@ -145,19 +153,24 @@ TEST_CASE("a session's end fails at once every transfer on its regions; no tile 
   }
 
   // The source's owner dying ends a transfer still waiting for layers of it (nobody vouches for
-  // them); one whose bytes were all ready (a bulk one) finishes.
+  // them); one whose bytes were all ready finishes: a bulk push of its own (another session's
+  // read by its grant ends with the grant: grant_end_test).
   const uint64_t reader = f.regions.NewSession();
   const std::shared_ptr<regions::Region> into = f.regions.Bytes(64 * kTile, true, reader);
-  auto read = [&](bool layerwise) {
-    v1::TransferSpec spec = Of(reader, layerwise);
+  const std::string into_grant = f.Grant(*into, v1::GRANT_ACCESS_WRITE);
+  auto read = [&](uint64_t submitter, bool layerwise) {
+    v1::TransferSpec spec = Of(submitter, layerwise);
     spec.mutable_src()->set_region_id(source->id());
     spec.mutable_dst()->set_region_id(into->id());
+    if (submitter != prefill) spec.mutable_src()->set_grant(read_grant);
+    if (submitter != reader) spec.mutable_dst()->set_grant(into_grant);
     spec.set_num_bytes(4 * kTile);
-    auto reading = f.manager->Submit(spec);
+    auto reading = f.manager->Submit(f.Bound(spec));
+    INFO(reading.status().ToString());
     REQUIRE(reading.ok());
     return reading->transfer_id();
   };
-  const uint64_t waiting = read(true), ready = read(false);
+  const uint64_t waiting = read(reader, true), ready = read(prefill, false);
   f.regions.sessions()->EndSession(prefill);
   const v1::TransferStatus gone = f.Get(waiting);
   CHECK(gone.state() == v1::TRANSFER_STATE_FAILED);
@@ -208,7 +221,7 @@ TEST_CASE("a lost peer fails a layer-wise transfer to it at once, not at its dea
   CHECK(lost.state() == v1::TRANSFER_STATE_FAILED);
   CHECK(lost.error_message().find("is down") != std::string::npos);
   CHECK(f.Get(to_other).state() != v1::TRANSFER_STATE_FAILED);
-  REQUIRE(f.manager->Cancel(to_other).ok());
+  REQUIRE(f.manager->Cancel(f.caller, to_other).ok());
   fabric_engine.RunAll();
 }
 
@@ -218,14 +231,14 @@ TEST_CASE("a watch of a transfer that makes no progress ends when its watcher go
   std::atomic<bool> gone{false};
   auto watch = std::async(std::launch::async, [&] {
     return f.manager->Watch(
-        stuck, absl::Milliseconds(1), [](const v1::TransferEvent&) { return true; },
+        f.caller, stuck, absl::Milliseconds(1), [](const v1::TransferEvent&) { return true; },
         [&] { return !gone.load(); });
   });
   CHECK(watch.wait_for(std::chrono::milliseconds(300)) == std::future_status::timeout);
   gone.store(true);  // the client went away; no event will ever be sent
   REQUIRE(watch.wait_for(std::chrono::seconds(5)) == std::future_status::ready);
   CHECK(watch.get().ok());
-  REQUIRE(f.manager->Cancel(stuck).ok());
+  REQUIRE(f.manager->Cancel(f.caller, stuck).ok());
 }
 
 TEST_CASE("the history stays bounded behind one stuck transfer over thousands of transfers") {
@@ -239,10 +252,10 @@ TEST_CASE("the history stays bounded behind one stuck transfer over thousands of
   }
   ListFilter all;
   all.limit = 100000;
-  const auto listed = f.manager->List(all);
+  const auto listed = f.manager->List(f.caller, all);
   CHECK(listed.size() == 100);  // the limit, the open one among them
   CHECK(listed.back().transfer_id() == stuck);
-  REQUIRE(f.manager->Cancel(stuck).ok());
+  REQUIRE(f.manager->Cancel(f.caller, stuck).ok());
 }
 
 }  // namespace

@@ -72,10 +72,10 @@ struct ToyFixture {
     EngineRegistry engines;
     engines.Add(&toy);
     Options options;
-    options.check_access = false;
     options.node_id = "here";
     options.tile_bytes = kTile;
-    manager = TransferManager::Create(regions.table(), engines, &clock, options);
+    manager =
+        TransferManager::Create(regions.table(), regions.grants(), engines, &clock, options);
   }
   ~ToyFixture() { manager->Drain(absl::ZeroDuration()); }
 };
@@ -87,10 +87,14 @@ TEST_CASE("registry: an engine registered through it runs a real transfer") {
   auto dst = f.regions.Bytes(kBytes, true);
   for (uint64_t i = 0; i < kBytes; ++i) src->data()[i] = static_cast<uint8_t>(i * 7 + 1);
   std::memset(dst->data(), 0, kBytes);
-  auto response = f.manager->Submit(testing::BytesSpec(src->id(), dst->id(), kBytes));
+  // Submitted, then waited for, by the session owning both regions.
+  v1::TransferSpec spec = testing::BytesSpec(src->id(), dst->id(), kBytes);
+  spec.set_session_id(f.regions.session());
+  auto response = f.manager->Submit(spec);
   INFO(response.status().ToString());
   REQUIRE(response.ok());
-  auto status = f.manager->Wait(response->transfer_id(), absl::Seconds(5));
+  auto status = f.manager->Wait(f.regions.sessions()->CallerOf(f.regions.session()),
+                                response->transfer_id(), absl::Seconds(5));
   REQUIRE(status.ok());
   CHECK(status->state() == v1::TRANSFER_STATE_SUCCEEDED);
   CHECK(status->engine() == "toy");
@@ -110,6 +114,7 @@ TEST_CASE("registry: a transfer needing what no engine declares is refused, noth
   auto src = f.regions.Bytes(4 * kTile, false);
   auto dst = f.regions.Bytes(4 * kTile, true);
   v1::TransferSpec spec = testing::BytesSpec(src->id(), dst->id(), 4 * kTile);
+  spec.set_session_id(f.regions.session());
   spec.set_digest(true);  // the toy does not declare digest
   auto response = f.manager->Submit(spec);
   REQUIRE(!response.ok());

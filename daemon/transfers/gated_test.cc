@@ -44,9 +44,12 @@ struct Streaming {
       spec.mutable_src()->add_block_ids(b);
       spec.mutable_dst()->add_block_ids(kBlocks - 1 - b);
     }
+    // The pools' owner lets the producer's transfer read and write them.
+    spec.mutable_src()->set_grant(f.Grant(*src, v1::GRANT_ACCESS_READ));
+    spec.mutable_dst()->set_grant(f.Grant(*dst, v1::GRANT_ACCESS_WRITE));
     spec.mutable_ready_flags()->set_region_id(flags->id());
     spec.mutable_ready_flags()->set_value(kValue);
-    auto response = f.manager->Submit(spec);
+    auto response = f.manager->Submit(f.Bound(spec));
     INFO(response.status().ToString());
     REQUIRE(response.ok());
     return response->transfer_id();

@@ -48,14 +48,20 @@ TEST_CASE("an inbound transfer succeeds when every tile has landed") {
   CHECK(status.link() == "fabric:peer->here");
   CHECK(status.spec().idempotency_key().empty());
   CHECK(in.job->Ended());
-  CHECK(f.manager->Cancel(in.id).ok());  // ended: a cancel is a no-op
+  // Only root from a region-less session may cancel a transfer another node writes into this one.
+  const sessions::Caller root_cli{f.regions.NewSession(), 0};
+  CHECK(f.manager->Cancel(f.caller, in.id).status().code() ==
+        absl::StatusCode::kPermissionDenied);
+  CHECK(f.manager->Cancel(root_cli, in.id).ok());  // ended: a cancel is a no-op
 }
 
 TEST_CASE("EndInbound, then late tiles: ignored, no overshoot, no hang") {
   ManagerFixture f;
   const InboundSink::Admitted in = Begin(f, 4);
   Land(in, 0);
-  CHECK(f.manager->Cancel(in.id).status().code() == absl::StatusCode::kFailedPrecondition);
+  const sessions::Caller root_cli{f.regions.NewSession(), 0};
+  CHECK(f.manager->Cancel(root_cli, in.id).status().code() ==
+        absl::StatusCode::kFailedPrecondition);
   CHECK_FALSE(in.job->Ended());
   f.manager->EndInbound(in.id, absl::UnavailableError("aborted by the sender"));
   CHECK(in.job->Ended());  // the fabric's check: later tiles are dropped, not reported

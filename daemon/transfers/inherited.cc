@@ -61,21 +61,20 @@ std::optional<handover::EndedTransfer> TransferManagerImpl::FindInherited(uint64
 }
 
 absl::Status TransferManagerImpl::AuthorizeInherited(const handover::EndedTransfer& ended,
-                                                     const sessions::Caller& caller,
-                                                     TransferUse use) {
+                                                     const sessions::Caller& caller, Use use) {
   const uint64_t id = ended.status().transfer_id();
   const bool known = caller.session_id != 0;
   if (known && ended.submitter_session() == caller.session_id) return absl::OkStatus();
-  if (use == TransferUse::kControl && known && ended.src_owner_session() == caller.session_id) {
-    return absl::OkStatus();
-  }
-  if (use == TransferUse::kRead &&
-      (caller.operator_role() || (known && ended.dst_owner_session() == caller.session_id))) {
-    return absl::OkStatus();
-  }
+  const bool source_owner = known && ended.src_owner_session() == caller.session_id;
+  if (use == Use::kControl && source_owner) return absl::OkStatus();
+  const bool reader =
+      caller.operator_role() || (known && ended.dst_owner_session() == caller.session_id);
+  if (use == Use::kRead && reader) return absl::OkStatus();
+  // As for a transfer of this daemon's (Authorized): a caller with no part in it learns nothing.
+  if (!reader && !source_owner) return UnknownTransfer(id);
   return absl::PermissionDeniedError(absl::StrCat(
       "transfer_id: transfer ", id, " was submitted by another session; only its submitter may ",
-      use == TransferUse::kRead ? "read its status (and the operator)" : "control it"));
+      use == Use::kRead ? "read its status (and the operator)" : "control it"));
 }
 
 }  // namespace kvrail::transfers

@@ -4,6 +4,8 @@
 
 #include <catch2/catch.hpp>
 
+#include <unistd.h>
+
 #include <memory>
 
 #include "base/manual_clock.h"
@@ -28,12 +30,18 @@ struct ManagerFixture {
   std::unique_ptr<NotificationHub> hub = NotificationHub::Create(
       [table = regions.sessions()](uint64_t session) { return table->SessionOpen(session); });
   std::unique_ptr<TransferManager> manager;
+  std::string src_grant, dst_grant;  // Submit's, for other sessions (made on first use)
 
-  // Access control (Options::check_access) is off unless `check_access`: most tests here are
-  // about other behaviour; access_test.cc checks it.
-  explicit ManagerFixture(Options options = Options(), engine::Engine* use = nullptr,
-                          bool check_access = false) {
-    options.check_access = check_access;
+  // The tenant the fixture's own transfers belong to: the session owning src and dst, which
+  // submits (Bound), reads and controls them. Access is checked as in kvraild: a test of another
+  // rule says whose call it makes (As).
+  sessions::Caller caller;
+  // The operator (kvraild's own uid, no session): reads every transfer's status, controls none.
+  sessions::Caller reader;
+
+  explicit ManagerFixture(Options options = Options(), engine::Engine* use = nullptr) {
+    caller = regions.sessions()->CallerOf(regions.session());
+    reader.uid = static_cast<int64_t>(::geteuid());
     options.node_id = "here";
     options.tile_bytes = kTile;
     if (options.notifications == nullptr) options.notifications = hub.get();
@@ -46,20 +54,47 @@ struct ManagerFixture {
     manager->Drain(absl::ZeroDuration());
     engine.RunAll();  // nothing should be left; if something is, it reports before teardown
   }
-  // A bulk transfer of `tiles` tiles; REQUIREs it is accepted.
+  // A bulk transfer of `tiles` tiles from src to dst; REQUIREs it is accepted. A spec naming
+  // another session is that session's transfer on the fixture's regions, by the owner's grants.
   uint64_t Submit(uint32_t tiles, v1::TransferSpec spec = v1::TransferSpec()) {
     spec.mutable_src()->set_region_id(src->id());
     spec.mutable_dst()->set_region_id(dst->id());
+    if (spec.session_id() != 0 && spec.session_id() != caller.session_id) {
+      if (src_grant.empty()) src_grant = Grant(*src, v1::GRANT_ACCESS_READ);
+      if (dst_grant.empty()) dst_grant = Grant(*dst, v1::GRANT_ACCESS_WRITE);
+      spec.mutable_src()->set_grant(src_grant);
+      spec.mutable_dst()->set_grant(dst_grant);
+    }
     spec.set_num_bytes(uint64_t{tiles} * kTile);
-    auto response = manager->Submit(spec);
+    auto response = manager->Submit(Bound(std::move(spec)));
     INFO(response.status().ToString());
     REQUIRE(response.ok());
     return response->transfer_id();
   }
+  // `spec` as its tenant submits it: spec.session_id is the fixture's session unless the test
+  // named another (the front doors set it from the caller's credentials).
+  v1::TransferSpec Bound(v1::TransferSpec spec) const {
+    if (spec.session_id() == 0) spec.set_session_id(caller.session_id);
+    return spec;
+  }
+  // The caller session `session` is (its uid as the session table knows it).
+  sessions::Caller As(uint64_t session) const { return regions.sessions()->CallerOf(session); }
+  // The transfer's status as the operator reads it.
   v1::TransferStatus Get(uint64_t id) {
-    auto status = manager->Get(id);
+    auto status = manager->Get(reader, id);
     REQUIRE(status.ok());
     return *status;
+  }
+  // A grant of `region` by its owner, live for a day (the longest: tests move the clock).
+  std::string Grant(const regions::Region& region, v1::GrantAccess access) {
+    v1::CreateGrantRequest request;
+    request.set_region_id(region.id());
+    request.set_access(access);
+    request.set_ttl_ms(86400000);
+    auto grant = regions.grants()->CreateGrant(request, As(region.session_id()));
+    INFO(grant.status().ToString());
+    REQUIRE(grant.ok());
+    return grant->token();
   }
   v1::Stats Stats() {
     v1::Stats stats;

@@ -41,12 +41,12 @@ class InboundEngine final : public engine::Engine {
   std::string Describe() const override { return "fabric-receiver"; }
 };
 
-// Thread-safe. mu_ guards the history, the id counter and the draining flag; lock order:
-// mu_, then a record's lock. Engines, the remote path and flag watches are called outside mu_.
 // The answer for a transfer id this daemon does not know (NOT_FOUND naming transfer_id). A caller
-// that may not read a transfer gets exactly this for it too, so ids cannot be probed.
+// with no part in a transfer gets exactly this for it too, so ids cannot be probed.
 absl::Status UnknownTransfer(uint64_t id);
 
+// Thread-safe. mu_ guards the history, the id counter and the draining flag; lock order:
+// mu_, then a record's lock. Engines, the remote path and flag watches are called outside mu_.
 class TransferManagerImpl final : public TransferManager {
  public:
   TransferManagerImpl(regions::RegionTable* regions, access::Grants* grants,
@@ -67,22 +67,27 @@ class TransferManagerImpl final : public TransferManager {
   void ExportState(handover::TransferState* out) const override;
   void ImportState(const handover::TransferState& state) override;
   // (observe.cc)
-  absl::Status Authorize(uint64_t id, const sessions::Caller& caller,
-                         TransferUse use) const override;
-  absl::StatusOr<v1::TransferStatus> Get(uint64_t id) const override;
-  absl::StatusOr<v1::TransferStatus> Wait(uint64_t id, absl::Duration timeout) const override;
-  absl::Status WhenEnded(uint64_t id, std::function<void(const v1::TransferStatus&)> done,
+  absl::StatusOr<v1::TransferStatus> Get(const sessions::Caller& caller,
+                                         uint64_t id) const override;
+  absl::StatusOr<v1::TransferStatus> Wait(const sessions::Caller& caller, uint64_t id,
+                                          absl::Duration timeout) const override;
+  absl::Status WhenEnded(const sessions::Caller& caller, uint64_t id,
+                         std::function<void(const v1::TransferStatus&)> done,
                          bool counted = true) const override;
-  absl::Status Watch(uint64_t id, absl::Duration min_interval,
+  absl::Status Watch(const sessions::Caller& caller, uint64_t id, absl::Duration min_interval,
                      const std::function<bool(const v1::TransferEvent&)>& sink,
                      const std::function<bool()>& still_wanted) const override;
-  absl::Status WatchStep(uint64_t id, absl::Duration min_interval, WatchCursor* cursor,
+  absl::Status WatchStep(const sessions::Caller& caller, uint64_t id, absl::Duration min_interval,
+                         WatchCursor* cursor,
                          std::vector<v1::TransferEvent>* events) const override;
-  absl::StatusOr<v1::TransferStatus> Cancel(uint64_t id) override;
-  absl::Status MarkReady(uint64_t id, uint32_t layer_begin, uint32_t layer_count) override;
-  std::vector<v1::TransferStatus> List(const std::vector<v1::TransferState>& states,
+  absl::StatusOr<v1::TransferStatus> Cancel(const sessions::Caller& caller, uint64_t id) override;
+  absl::Status MarkReady(const sessions::Caller& caller, uint64_t id, uint32_t layer_begin,
+                         uint32_t layer_count) override;
+  std::vector<v1::TransferStatus> List(const sessions::Caller& caller,
+                                       const std::vector<v1::TransferState>& states,
                                        uint32_t limit) const override;
-  std::vector<v1::TransferStatus> List(const ListFilter& filter) const override;
+  std::vector<v1::TransferStatus> List(const sessions::Caller& caller,
+                                       const ListFilter& filter) const override;
   void FillStats(v1::Stats* stats) const override;
   // InboundSink (inbound.cc)
   absl::StatusOr<Admitted> BeginInbound(const v1::TransferSpec& spec, const planner::Plan& plan,
@@ -93,10 +98,25 @@ class TransferManagerImpl final : public TransferManager {
   void EndInbound(uint64_t id, const absl::Status& why) override;
   void PeerLost(const std::string& node_id, const absl::Status& why) override;
   absl::StatusOr<std::vector<v1::TransferStatus>> ListChecked(
-      const ListFilter& filter) const override;
+      const sessions::Caller& caller, const ListFilter& filter) const override;
   void EndSession(uint64_t session_id) override;
 
  private:
+  // What a caller does with an admitted transfer (the rules: TransferManager's class comment).
+  enum class Use {
+    kRead,     // Get, Wait, WhenEnded, Watch
+    kControl,  // MarkReady
+    kCancel,   // Cancel (the operator's own rule is Cancel's)
+  };
+  // The record of transfer `id` if `caller` may `use` it: NOT_FOUND (UnknownTransfer) for
+  // unknown ids and for a caller with no part in the transfer, else PERMISSION_DENIED naming
+  // transfer_id.
+  absl::StatusOr<std::shared_ptr<Record>> Authorized(uint64_t id, const sessions::Caller& caller,
+                                                    Use use) const;
+  // `filter` limited to what `caller` may list; false when it may list nothing.
+  static bool ListableBy(const sessions::Caller& caller, ListFilter* filter);
+  std::vector<v1::TransferStatus> ListUnchecked(const ListFilter& filter) const;
+
   // An idempotency key held by one submit from before its checks until it is admitted or has
   // failed, so a concurrent submit with the same key waits for it and then answers with its
   // transfer instead of starting a second one. Frees the key on destruction unless admitted.
@@ -223,7 +243,7 @@ class TransferManagerImpl final : public TransferManager {
   std::optional<handover::EndedTransfer> FindInherited(uint64_t id) const ABSL_LOCKS_EXCLUDED(mu_);
   // Authorize for an inherited transfer (the same rules, from its recorded sessions).
   static absl::Status AuthorizeInherited(const handover::EndedTransfer& ended,
-                                         const sessions::Caller& caller, TransferUse use);
+                                         const sessions::Caller& caller, Use use);
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   History history_ ABSL_GUARDED_BY(mu_);

@@ -15,18 +15,23 @@ using testing::kTile;
 using testing::ManagerFixture;
 
 // A prefill session owning the source and a decode session owning the destination; the decode
-// side submits (it pulls the prefill's blocks).
+// side submits (it pulls the prefill's blocks). Each owner grants the other side's use.
 struct TwoOwners {
   ManagerFixture f;
   uint64_t prefill = f.regions.NewSession();
   uint64_t decode = f.regions.NewSession();
   std::shared_ptr<regions::Region> src = f.regions.Bytes(8 * kTile, false, prefill);
   std::shared_ptr<regions::Region> dst = f.regions.Bytes(8 * kTile, true, decode);
+  std::string read = f.Grant(*src, v1::GRANT_ACCESS_READ);
+  std::string write = f.Grant(*dst, v1::GRANT_ACCESS_WRITE);
 
+  // `submitter` 0: the fixture's own session (f.Bound), a third party to both regions.
   v1::TransferSpec Spec(uint32_t tiles, const std::string& note, uint64_t submitter) {
     v1::TransferSpec spec;
     spec.mutable_src()->set_region_id(src->id());
     spec.mutable_dst()->set_region_id(dst->id());
+    if (submitter != prefill) spec.mutable_src()->set_grant(read);
+    if (submitter != decode) spec.mutable_dst()->set_grant(write);
     spec.set_num_bytes(uint64_t{tiles} * kTile);
     spec.set_notification(note);
     spec.set_session_id(submitter);
@@ -41,7 +46,7 @@ struct TwoOwners {
 
 TEST_CASE("the owner of the other region is notified when the transfer succeeds") {
   TwoOwners t;
-  auto accepted = t.f.manager->Submit(t.Spec(2, "request-17", t.decode));
+  auto accepted = t.f.manager->Submit(t.f.Bound(t.Spec(2, "request-17", t.decode)));
   REQUIRE(accepted.ok());
   CHECK(t.Take(t.prefill).empty());  // nothing before the end
   t.f.engine.RunAll();
@@ -71,14 +76,17 @@ TEST_CASE("a failed or cancelled transfer notifies with its final state and erro
   v1::TransferSpec spec;
   spec.mutable_src()->set_region_id(src->id());
   spec.mutable_dst()->set_region_id(dst->id());
+  // Each owner's grant for the other side (an owner's own region needs none; passing it is fine).
+  spec.mutable_src()->set_grant(f.Grant(*src, v1::GRANT_ACCESS_READ));
+  spec.mutable_dst()->set_grant(f.Grant(*dst, v1::GRANT_ACCESS_WRITE));
   spec.set_num_bytes(2 * kTile);
   spec.set_notification("failing");
   spec.set_session_id(decode);
-  auto first = f.manager->Submit(spec);
+  auto first = f.manager->Submit(f.Bound(spec));
   REQUIRE(first.ok());
   inner.RunAll();
   // The injected failure reports from the decorator's own thread: wait for the end.
-  REQUIRE(f.manager->Wait(first->transfer_id(), absl::Hours(1))->state() ==
+  REQUIRE(f.manager->Wait(f.As(decode), first->transfer_id(), absl::Hours(1))->state() ==
           v1::TRANSFER_STATE_FAILED);
   auto failed = f.hub->Take(prefill, 0, absl::ZeroDuration());
   REQUIRE(failed.ok());
@@ -90,9 +98,9 @@ TEST_CASE("a failed or cancelled transfer notifies with its final state and erro
   // The prefill side submits this time (a push): the decode side hears of the cancel.
   spec.set_notification("cancelled");
   spec.set_session_id(prefill);
-  auto accepted = f.manager->Submit(spec);
+  auto accepted = f.manager->Submit(f.Bound(spec));
   REQUIRE(accepted.ok());
-  REQUIRE(f.manager->Cancel(accepted->transfer_id()).ok());
+  REQUIRE(f.manager->Cancel(f.As(prefill), accepted->transfer_id()).ok());
   inner.RunAll();
   auto cancelled = f.hub->Take(decode, 0, absl::ZeroDuration());
   REQUIRE(cancelled.ok());
@@ -104,9 +112,9 @@ TEST_CASE("a failed or cancelled transfer notifies with its final state and erro
   CHECK(f.hub->Queued(prefill) == 0);
 }
 
-TEST_CASE("without a submitter session both owners are notified; one owner of both, once") {
+TEST_CASE("a third party's transfer notifies both owners; one owner of both, once") {
   TwoOwners t;
-  REQUIRE(t.f.manager->Submit(t.Spec(1, "both", 0)).ok());
+  REQUIRE(t.f.manager->Submit(t.f.Bound(t.Spec(1, "both", 0))).ok());
   t.f.engine.RunAll();
   CHECK(t.Take(t.prefill).size() == 1);
   CHECK(t.Take(t.decode).size() == 1);
@@ -124,7 +132,7 @@ TEST_CASE("without a submitter session both owners are notified; one owner of bo
 
 TEST_CASE("a notification for a session that ended is dropped, not queued") {
   TwoOwners t;
-  REQUIRE(t.f.manager->Submit(t.Spec(1, "late", t.decode)).ok());
+  REQUIRE(t.f.manager->Submit(t.f.Bound(t.Spec(1, "late", t.decode))).ok());
   // The prefill process exits before the transfer ends: its region stays alive for the transfer,
   // its notification goes nowhere, and no queue is left behind.
   t.f.regions.sessions()->EndSession(t.prefill);
@@ -136,10 +144,10 @@ TEST_CASE("a notification for a session that ended is dropped, not queued") {
 
 TEST_CASE("a notification above 1024 bytes is refused, naming the field") {
   TwoOwners t;
-  auto refused = t.f.manager->Submit(t.Spec(1, std::string(1025, 'x'), t.decode));
+  auto refused = t.f.manager->Submit(t.f.Bound(t.Spec(1, std::string(1025, 'x'), t.decode)));
   CHECK(refused.status().code() == absl::StatusCode::kInvalidArgument);
   CHECK(refused.status().message().find("spec.notification") != std::string::npos);
-  CHECK(t.f.manager->Submit(t.Spec(1, std::string(1024, 'x'), t.decode)).ok());
+  CHECK(t.f.manager->Submit(t.f.Bound(t.Spec(1, std::string(1024, 'x'), t.decode))).ok());
   t.f.engine.RunAll();
 }
 
@@ -148,13 +156,13 @@ TEST_CASE("List filters by region, label and idempotency key") {
   v1::TransferSpec labelled = t.Spec(1, "", 0);
   labelled.set_label("req-a");
   labelled.set_idempotency_key("key-a");
-  const uint64_t a = t.f.manager->Submit(labelled)->transfer_id();
+  const uint64_t a = t.f.manager->Submit(t.f.Bound(labelled))->transfer_id();
   const uint64_t b = t.f.Submit(1);  // the fixture's own regions, no label
   t.f.engine.RunAll();
 
   auto ids = [&](const ListFilter& filter) {
     std::vector<uint64_t> out;
-    for (const auto& s : t.f.manager->List(filter)) out.push_back(s.transfer_id());
+    for (const auto& s : t.f.manager->List(t.f.caller, filter)) out.push_back(s.transfer_id());
     return out;
   };
   ListFilter by_src;

@@ -2,35 +2,31 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "base/logging.h"
 #include "base/status.h"
+#include "spdlog/spdlog.h"
 #include "daemon/transfers/manager_impl.h"
+#include "daemon/transfers/operator_cancel.h"
 
 namespace kvrail::transfers {
 
-absl::Status TransferManagerImpl::Authorize(uint64_t id, const sessions::Caller& caller,
-                                            TransferUse use) const {
-  absl::StatusOr<std::shared_ptr<Record>> found = Find(id);
-  if (!found.ok()) {
-    std::optional<handover::EndedTransfer> ended = FindInherited(id);
-    return ended.has_value() ? AuthorizeInherited(*ended, caller, use) : found.status();
-  }
-  const std::shared_ptr<Record>& record = *found;
+absl::StatusOr<std::shared_ptr<Record>> TransferManagerImpl::Authorized(
+    uint64_t id, const sessions::Caller& caller, Use use) const {
+  KVRAIL_ASSIGN_OR_RETURN(auto record, Find(id));
   const bool submitter =
       caller.session_id != 0 && record->submitter_session() == caller.session_id;
-  if (submitter) return absl::OkStatus();
-  if (use == TransferUse::kCancel && grant_uses_->UsesRegionOf(id, caller.session_id)) {
-    return absl::OkStatus();
-  }
+  if (submitter) return record;
+  if (use == Use::kCancel && grant_uses_->UsesRegionOf(id, caller.session_id)) return record;
   // A pull's producer: the owner of its source region marks the layers it wrote ready, with no
   // grant of the submitter's (the source owner already let the transfer read them).
-  if (use == TransferUse::kControl && caller.session_id != 0 && !record->inbound() &&
+  if (use == Use::kControl && caller.session_id != 0 && !record->inbound() &&
       record->src_owner_session() == caller.session_id) {
-    return absl::OkStatus();
+    return record;
   }
   const bool reader =
       caller.operator_role() ||
       (caller.session_id != 0 && record->dst_owner_session() == caller.session_id);
-  if (use == TransferUse::kRead && reader) return absl::OkStatus();
+  if (use == Use::kRead && reader) return record;
   // A caller with no part in the transfer learns nothing of it, not even that it exists: the
   // answer is the unknown id's, code and message alike. Its readers, the owner of a region it
   // uses by a grant (who may cancel it) and its source's owner (who may mark it ready) are
@@ -40,26 +36,34 @@ absl::Status TransferManagerImpl::Authorize(uint64_t id, const sessions::Caller&
                  (grant_uses_->UsesRegionOf(id, caller.session_id) ||
                   (!record->inbound() && record->src_owner_session() == caller.session_id)));
   if (!party) return UnknownTransfer(id);
-  // The operator too may not control a tenant's transfer here; the server's CancelTransfer lets
-  // it cancel one from a session that owns no regions, audited (docs/security.md).
+  // The operator too may not control a tenant's transfer here; Cancel lets root cancel one from
+  // a session that owns no regions, audited (docs/security.md).
   return absl::PermissionDeniedError(absl::StrCat(
       "transfer_id: transfer ", id, " was submitted by another session; only its submitter may ",
-      use == TransferUse::kRead      ? "read its status (and the operator)"
-      : use == TransferUse::kControl ? "mark its layers ready (and its source region's owner)"
-                                   : "cancel it (and the owner of a region it uses by a grant; "
-                                     "the operator may cancel it with kvrail transfers cancel)"));
+      use == Use::kRead      ? "read its status (and the operator)"
+      : use == Use::kControl ? "mark its layers ready (and its source region's owner)"
+                             : "cancel it (and the owner of a region it uses by a grant; "
+                               "the operator may cancel it with kvrail transfers cancel)"));
 }
 
-absl::StatusOr<v1::TransferStatus> TransferManagerImpl::Get(uint64_t id) const {
-  if (std::optional<handover::EndedTransfer> ended = FindInherited(id)) return ended->status();
-  KVRAIL_ASSIGN_OR_RETURN(auto record, Find(id));
+absl::StatusOr<v1::TransferStatus> TransferManagerImpl::Get(const sessions::Caller& caller,
+                                                           uint64_t id) const {
+  if (std::optional<handover::EndedTransfer> ended = FindInherited(id)) {
+    KVRAIL_RETURN_IF_ERROR(AuthorizeInherited(*ended, caller, Use::kRead));
+    return ended->status();
+  }
+  KVRAIL_ASSIGN_OR_RETURN(auto record, Authorized(id, caller, Use::kRead));
   return record->Status();
 }
 
-absl::StatusOr<v1::TransferStatus> TransferManagerImpl::Wait(uint64_t id,
+absl::StatusOr<v1::TransferStatus> TransferManagerImpl::Wait(const sessions::Caller& caller,
+                                                            uint64_t id,
                                                             absl::Duration timeout) const {
-  if (std::optional<handover::EndedTransfer> ended = FindInherited(id)) return ended->status();
-  KVRAIL_ASSIGN_OR_RETURN(auto record, Find(id));
+  if (std::optional<handover::EndedTransfer> ended = FindInherited(id)) {
+    KVRAIL_RETURN_IF_ERROR(AuthorizeInherited(*ended, caller, Use::kRead));
+    return ended->status();
+  }
+  KVRAIL_ASSIGN_OR_RETURN(auto record, Authorized(id, caller, Use::kRead));
   // The timeout is measured by the injected clock (as deadlines are); waiting happens in short
   // real-time slices, so a clock that a test moves by hand ends the wait on the next slice.
   const absl::Time until = clock_->Now() + timeout;
@@ -72,21 +76,24 @@ absl::StatusOr<v1::TransferStatus> TransferManagerImpl::Wait(uint64_t id,
 }
 
 absl::Status TransferManagerImpl::WhenEnded(
-    uint64_t id, std::function<void(const v1::TransferStatus&)> done, bool counted) const {
+    const sessions::Caller& caller, uint64_t id,
+    std::function<void(const v1::TransferStatus&)> done, bool counted) const {
   if (std::optional<handover::EndedTransfer> ended = FindInherited(id)) {
+    KVRAIL_RETURN_IF_ERROR(AuthorizeInherited(*ended, caller, Use::kRead));
     done(ended->status());
     return absl::OkStatus();
   }
-  KVRAIL_ASSIGN_OR_RETURN(auto record, Find(id));
+  KVRAIL_ASSIGN_OR_RETURN(auto record, Authorized(id, caller, Use::kRead));
   return record->WhenEnded(std::move(done), counted);
 }
 
-absl::Status TransferManagerImpl::WatchStep(uint64_t id, absl::Duration min_interval,
-                                            WatchCursor* cursor,
+absl::Status TransferManagerImpl::WatchStep(const sessions::Caller& caller, uint64_t id,
+                                            absl::Duration min_interval, WatchCursor* cursor,
                                             std::vector<v1::TransferEvent>* events) const {
   if (cursor->over) return absl::OkStatus();
   if (cursor->record == nullptr) {
     if (std::optional<handover::EndedTransfer> ended = FindInherited(id)) {
+      KVRAIL_RETURN_IF_ERROR(AuthorizeInherited(*ended, caller, Use::kRead));
       v1::TransferEvent event;  // ended already: the snapshot is the whole story
       event.set_kind(v1::TransferEvent::KIND_SNAPSHOT);
       *event.mutable_status() = ended->status();
@@ -94,7 +101,7 @@ absl::Status TransferManagerImpl::WatchStep(uint64_t id, absl::Duration min_inte
       events->push_back(std::move(event));
       return absl::OkStatus();
     }
-    KVRAIL_ASSIGN_OR_RETURN(cursor->record, Find(id));
+    KVRAIL_ASSIGN_OR_RETURN(cursor->record, Authorized(id, caller, Use::kRead));
     const Record& record = *cursor->record;
     cursor->version = record.version();
     v1::TransferEvent event;
@@ -146,14 +153,14 @@ absl::Status TransferManagerImpl::WatchStep(uint64_t id, absl::Duration min_inte
 }
 
 absl::Status TransferManagerImpl::Watch(
-    uint64_t id, absl::Duration min_interval,
+    const sessions::Caller& caller, uint64_t id, absl::Duration min_interval,
     const std::function<bool(const v1::TransferEvent&)>& sink,
     const std::function<bool()>& still_wanted) const {
   WatchCursor cursor;
   std::vector<v1::TransferEvent> events;
   while (true) {
     events.clear();
-    KVRAIL_RETURN_IF_ERROR(WatchStep(id, min_interval, &cursor, &events));
+    KVRAIL_RETURN_IF_ERROR(WatchStep(caller, id, min_interval, &cursor, &events));
     for (const v1::TransferEvent& event : events) {
       if (!sink(event)) return absl::OkStatus();
     }
@@ -163,10 +170,35 @@ absl::Status TransferManagerImpl::Watch(
   }
 }
 
-absl::StatusOr<v1::TransferStatus> TransferManagerImpl::Cancel(uint64_t id) {
-  // An inherited transfer has ended: cancelling it changes nothing, as for a record here.
-  if (std::optional<handover::EndedTransfer> ended = FindInherited(id)) return ended->status();
-  KVRAIL_ASSIGN_OR_RETURN(auto record, Find(id));
+absl::StatusOr<v1::TransferStatus> TransferManagerImpl::Cancel(const sessions::Caller& caller,
+                                                              uint64_t id) {
+  // An inherited transfer has ended: its submitter's cancel changes nothing, as for a record here.
+  if (std::optional<handover::EndedTransfer> ended = FindInherited(id)) {
+    KVRAIL_RETURN_IF_ERROR(AuthorizeInherited(*ended, caller, Use::kCancel));
+    return ended->status();
+  }
+  absl::StatusOr<std::shared_ptr<Record>> allowed = Authorized(id, caller, Use::kCancel);
+  // Root may cancel another session's transfer - a stuck or runaway one - from a session that
+  // owns no regions (the kvrail CLI): MayCancelAsOperator. Every such cancel is an audit
+  // line naming its uid. kvraild's own uid reads every status but cancels only its own: under
+  // MPS the inference servers run as that uid.
+  if (allowed.status().code() == absl::StatusCode::kPermissionDenied && caller.operator_role()) {
+    if (!MayCancelAsOperator(
+            caller, SessionOwnsRegions(regions_->List(), caller.session_id))) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          allowed.status().message(), "; only root may cancel another session's transfer, and "
+                                      "only from a session that owns no regions"));
+    }
+    KVRAIL_ASSIGN_OR_RETURN(allowed, Find(id));
+    const v1::TransferStatus before = (*allowed)->Status();
+    LogFields(spdlog::level::warn, "audit: the operator cancels another session's transfer",
+              {{"operator_uid", caller.uid},
+               {"operator_session", caller.session_id},
+               {"transfer_id", id},
+               {"submitter_session", before.spec().session_id()},
+               {"state", v1::TransferState_Name(before.state())}});
+  }
+  KVRAIL_ASSIGN_OR_RETURN(auto record, std::move(allowed));
   if (record->inbound() && !record->IsFinal()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "transfer_id: transfer ", id, " is written into this node by another (",
@@ -176,13 +208,14 @@ absl::StatusOr<v1::TransferStatus> TransferManagerImpl::Cancel(uint64_t id) {
   return record->Status();
 }
 
-absl::Status TransferManagerImpl::MarkReady(uint64_t id, uint32_t layer_begin,
-                                            uint32_t layer_count) {
-  if (FindInherited(id).has_value()) {
+absl::Status TransferManagerImpl::MarkReady(const sessions::Caller& caller, uint64_t id,
+                                            uint32_t layer_begin, uint32_t layer_count) {
+  if (std::optional<handover::EndedTransfer> ended = FindInherited(id)) {
+    KVRAIL_RETURN_IF_ERROR(AuthorizeInherited(*ended, caller, Use::kControl));
     return absl::FailedPreconditionError(absl::StrCat(
         "transfer_id: transfer ", id, " has ended (before kvraild's hot restart)"));
   }
-  KVRAIL_ASSIGN_OR_RETURN(auto record, Find(id));
+  KVRAIL_ASSIGN_OR_RETURN(auto record, Authorized(id, caller, Use::kControl));
   KVRAIL_ASSIGN_OR_RETURN(std::vector<uint32_t> tiles,
                           record->MarkReady(layer_begin, layer_count == 0 ? 1 : layer_count));
   record->engine()->Enqueue(record, tiles);
@@ -190,24 +223,43 @@ absl::Status TransferManagerImpl::MarkReady(uint64_t id, uint32_t layer_begin,
 }
 
 std::vector<v1::TransferStatus> TransferManagerImpl::List(
-    const std::vector<v1::TransferState>& states, uint32_t limit) const {
+    const sessions::Caller& caller, const std::vector<v1::TransferState>& states,
+    uint32_t limit) const {
   ListFilter filter;
   filter.states = states;
   filter.limit = limit;
-  return List(filter);
+  return List(caller, filter);
+}
+
+bool TransferManagerImpl::ListableBy(const sessions::Caller& caller, ListFilter* filter) {
+  if (caller.operator_role()) return true;  // every transfer
+  if (caller.session_id == 0) return false;  // anonymous callers own none
+  if (filter->session_id != 0 && filter->session_id != caller.session_id) return false;
+  filter->session_id = caller.session_id;
+  return true;
 }
 
 absl::StatusOr<std::vector<v1::TransferStatus>> TransferManagerImpl::ListChecked(
-    const ListFilter& filter) const {
+    const sessions::Caller& caller, const ListFilter& given) const {
+  ListFilter filter = given;
+  if (!ListableBy(caller, &filter)) return std::vector<v1::TransferStatus>();
   if (filter.limit > options_.max_list_transfers) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "limit: ", filter.limit, " is above max_list_transfers (", options_.max_list_transfers,
         ", DaemonConfig.max_list_transfers); filter by state, region, label or key"));
   }
-  return List(filter);
+  return ListUnchecked(filter);
 }
 
-std::vector<v1::TransferStatus> TransferManagerImpl::List(const ListFilter& filter) const {
+std::vector<v1::TransferStatus> TransferManagerImpl::List(const sessions::Caller& caller,
+                                                          const ListFilter& given) const {
+  ListFilter filter = given;
+  if (!ListableBy(caller, &filter)) return {};
+  return ListUnchecked(filter);
+}
+
+std::vector<v1::TransferStatus> TransferManagerImpl::ListUnchecked(
+    const ListFilter& filter) const {
   const uint32_t limit = filter.limit == 0 ? 100 : filter.limit;
   std::vector<std::shared_ptr<Record>> newest;
   {

@@ -71,7 +71,7 @@ uint64_t MaxTableIds(const v1::TransferSpec& spec, const planner::RegionView* si
 // region's bounds and against `max_ids` (MaxTableIds) before a byte of it is read. Errors about
 // the reference name `side`.block_table.
 absl::Status ResolveTable(const regions::RegionTable& regions, const v1::TransferEndpoint& ep,
-                          const std::string& side, bool copy, uint64_t session, bool check,
+                          const std::string& side, bool copy, uint64_t session,
                           uint64_t max_ids, ResolvedIds* out) {
   const std::string field = absl::StrCat("spec.", side, ".block_table");
   if (ep.block_ids_size() > 0 || !ep.block_ids_le32().empty()) {
@@ -92,7 +92,7 @@ absl::Status ResolveTable(const regions::RegionTable& regions, const v1::Transfe
   KVRAIL_ASSIGN_OR_RETURN(out->table_region, GetRegion(regions, table.region_id(), field));
   // Ids are read from the submitter's own memory only: another session's bytes never reach an
   // answer (an out-of-range id would be echoed in the error).
-  if (check && (session == 0 || out->table_region->session_id() != session)) {
+  if (session == 0 || out->table_region->session_id() != session) {
     return absl::PermissionDeniedError(absl::StrCat(
         field, ".region_id: region ", table.region_id(),
         " belongs to another session; block tables are read from the submitter's own regions"));
@@ -136,12 +136,11 @@ absl::Status ResolveTable(const regions::RegionTable& regions, const v1::Transfe
 // One side's ids from whichever encoding the caller used.
 absl::StatusOr<ResolvedIds> ResolveIds(const regions::RegionTable& regions,
                                        const v1::TransferEndpoint& ep, const std::string& side,
-                                       bool copy_tables, uint64_t session, bool check,
-                                       uint64_t max_ids) {
+                                       bool copy_tables, uint64_t session, uint64_t max_ids) {
   ResolvedIds out;
   if (ep.has_block_table()) {
     KVRAIL_RETURN_IF_ERROR(
-        ResolveTable(regions, ep, side, copy_tables, session, check, max_ids, &out));
+        ResolveTable(regions, ep, side, copy_tables, session, max_ids, &out));
     return out;
   }
   const uint64_t given = std::max<uint64_t>(ep.block_ids_size(), ep.block_ids_le32().size() / 4);
@@ -179,17 +178,14 @@ absl::StatusOr<ResolvedIds> ResolveIds(const regions::RegionTable& regions,
 absl::StatusOr<ResolvedFlags> ResolveFlags(const regions::RegionTable& regions,
                                            const access::Grants& grants,
                                            const v1::FlagArray& flags, bool writable,
-                                           const std::string& field, uint64_t session,
-                                           bool check) {
+                                           const std::string& field, uint64_t session) {
   ResolvedFlags out;
   out.field = field;
   KVRAIL_ASSIGN_OR_RETURN(out.region, GetRegion(regions, flags.region_id(), field));
   // Ready flags are read (the producer's words), arrival flags written (the consumer's).
-  if (check) {
-    KVRAIL_RETURN_IF_ERROR(grants.CheckAccess(
-        *out.region, session, flags.grant(),
-        writable ? v1::GRANT_ACCESS_WRITE : v1::GRANT_ACCESS_READ, 0, 0, field));
-  }
+  KVRAIL_RETURN_IF_ERROR(grants.CheckAccess(
+      *out.region, session, flags.grant(),
+      writable ? v1::GRANT_ACCESS_WRITE : v1::GRANT_ACCESS_READ, 0, 0, field));
   const v1::RegionSpec& region = out.region->spec();
   if (region.memory_kind() != v1::MEMORY_KIND_HOST) {
     return absl::FailedPreconditionError(
@@ -281,7 +277,6 @@ absl::StatusOr<ResolvedRequest> Resolve(const v1::TransferSpec& spec,
   if (!out.remote) KVRAIL_RETURN_IF_ERROR(CheckNode(spec.dst(), options.node_id, "spec.dst"));
   // A remote spec travels on with its ids: tables in shared memory are copied once, here.
   const uint64_t session = spec.session_id();  // the authenticated submitter (server.cc)
-  const bool check = options.check_access;
   // The sides' geometry, where known here, bounds their shared tables before they are read (an
   // unknown region is named below, by GetRegion).
   std::shared_ptr<regions::Region> src_region, dst_region;
@@ -292,34 +287,30 @@ absl::StatusOr<ResolvedRequest> Resolve(const v1::TransferSpec& spec,
   const planner::RegionView* src_view = src_region ? &src_region->view() : nullptr;
   const planner::RegionView* dst_view = dst_region ? &dst_region->view() : nullptr;
   KVRAIL_ASSIGN_OR_RETURN(out.src_ids,
-                          ResolveIds(regions, spec.src(), "src", out.remote, session, check,
+                          ResolveIds(regions, spec.src(), "src", out.remote, session,
                                      MaxTableIds(spec, src_view, dst_view, true)));
   KVRAIL_ASSIGN_OR_RETURN(out.dst_ids,
-                          ResolveIds(regions, spec.dst(), "dst", out.remote, session, check,
+                          ResolveIds(regions, spec.dst(), "dst", out.remote, session,
                                      MaxTableIds(spec, dst_view, src_view, false)));
   out.light = v1::WithoutBlockTables(spec);
   KVRAIL_ASSIGN_OR_RETURN(out.src, GetRegion(regions, spec.src().region_id(), "spec.src"));
-  if (check) {
-    const LayerRange layers = TransferLayers(*out.src, spec, spec.src());
-    KVRAIL_RETURN_IF_ERROR(grants.CheckAccess(*out.src, session, spec.src().grant(),
-                                              v1::GRANT_ACCESS_READ, layers.begin, layers.end,
-                                              "spec.src"));
-  }
+  const LayerRange src_layers = TransferLayers(*out.src, spec, spec.src());
+  KVRAIL_RETURN_IF_ERROR(grants.CheckAccess(*out.src, session, spec.src().grant(),
+                                            v1::GRANT_ACCESS_READ, src_layers.begin,
+                                            src_layers.end, "spec.src"));
   if (out.remote) return out;  // the destination, and any flag words, are the peer's
   KVRAIL_ASSIGN_OR_RETURN(out.dst, GetRegion(regions, spec.dst().region_id(), "spec.dst"));
-  if (check) {
-    const LayerRange layers = TransferLayers(*out.dst, spec, spec.dst());
-    KVRAIL_RETURN_IF_ERROR(grants.CheckAccess(*out.dst, session, spec.dst().grant(),
-                                              v1::GRANT_ACCESS_WRITE, layers.begin, layers.end,
-                                              "spec.dst"));
-  }
+  const LayerRange dst_layers = TransferLayers(*out.dst, spec, spec.dst());
+  KVRAIL_RETURN_IF_ERROR(grants.CheckAccess(*out.dst, session, spec.dst().grant(),
+                                            v1::GRANT_ACCESS_WRITE, dst_layers.begin,
+                                            dst_layers.end, "spec.dst"));
   if (spec.has_ready_flags()) {
     KVRAIL_ASSIGN_OR_RETURN(out.ready, ResolveFlags(regions, grants, spec.ready_flags(), false,
-                                                    "spec.ready_flags", session, check));
+                                                    "spec.ready_flags", session));
   }
   if (spec.has_arrival_flags()) {
     KVRAIL_ASSIGN_OR_RETURN(out.arrival, ResolveFlags(regions, grants, spec.arrival_flags(), true,
-                                                      "spec.arrival_flags", session, check));
+                                                      "spec.arrival_flags", session));
   }
   return out;
 }

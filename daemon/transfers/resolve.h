@@ -76,7 +76,6 @@ inline constexpr uint64_t kMaxTableIds = uint64_t{1} << 24;
 struct ResolveOptions {
   std::string node_id;          // this daemon's node
   bool has_remote_path = false;  // transfers to other nodes can go over the fabric
-  bool check_access = true;      // ownership and grants (transfers::Options::check_access)
 };
 
 // Checks the fields that need no plan (priority, node ids, flag words' region, alignment and

@@ -102,25 +102,25 @@ const std::vector<uint32_t> kBadDst = {4, 5, 6, kBlocks};  // [3] is out of rang
 TEST_CASE("local errors name the block-id field the caller used") {
   ManagerFixture f;
   PagedFixture p(&f);
-  RequireNamed(f.manager->Submit(p.Spec(kBadDst)), "spec.dst.block_ids[3]: block 8");
+  RequireNamed(f.manager->Submit(f.Bound(p.Spec(kBadDst))), "spec.dst.block_ids[3]: block 8");
   v1::TransferSpec le32 = p.Spec({});
   le32.mutable_dst()->set_block_ids_le32(
       std::string(reinterpret_cast<const char*>(kBadDst.data()), 4 * kBadDst.size()));
-  RequireNamed(f.manager->Submit(le32), "spec.dst.block_ids_le32[3]: block 8");
+  RequireNamed(f.manager->Submit(f.Bound(le32)), "spec.dst.block_ids_le32[3]: block 8");
   le32.mutable_dst()->set_block_ids_le32("abcde");
-  RequireNamed(f.manager->Submit(le32), "spec.dst.block_ids_le32: 5 bytes");
+  RequireNamed(f.manager->Submit(f.Bound(le32)), "spec.dst.block_ids_le32: 5 bytes");
   v1::TransferSpec table = p.Spec({});
   p.PutTable(table.mutable_dst(), kBadDst);
-  RequireNamed(f.manager->Submit(table), "spec.dst.block_table[3]: block 8");
+  RequireNamed(f.manager->Submit(f.Bound(table)), "spec.dst.block_table[3]: block 8");
   p.PutTable(table.mutable_dst(), kBadDst, "block_ids");
-  RequireNamed(f.manager->Submit(table), "spec.dst.block_ids[3]: block 8");
+  RequireNamed(f.manager->Submit(f.Bound(table)), "spec.dst.block_ids[3]: block 8");
   p.PutTable(table.mutable_dst(), kBadDst, "ids");
-  RequireNamed(f.manager->Submit(table), "spec.dst.block_table.named_as");
+  RequireNamed(f.manager->Submit(f.Bound(table)), "spec.dst.block_table.named_as");
   table.mutable_dst()->mutable_block_table()->set_region_id(987654);
-  RequireNamed(f.manager->Submit(table), "spec.dst.block_table.region_id");
+  RequireNamed(f.manager->Submit(f.Bound(table)), "spec.dst.block_table.region_id");
   // Good ids in a table move.
   p.PutTable(table.mutable_dst(), {4, 5, 6, 7});
-  auto ok = f.manager->Submit(table);
+  auto ok = f.manager->Submit(f.Bound(table));
   REQUIRE(ok.ok());
   f.engine.RunAll();
   CHECK(f.Get(ok->transfer_id()).state() == v1::TRANSFER_STATE_SUCCEEDED);
@@ -138,13 +138,13 @@ TEST_CASE("remote transfers: the ids travel as block_ids_le32; errors name the c
   v1::TransferSpec spec = p.Spec({});
   spec.mutable_dst()->set_node_id("peer");
   p.PutTable(spec.mutable_dst(), kBadDst);
-  RequireNamed(f.manager->Submit(spec), "spec.dst.block_table[3]: block 8");
+  RequireNamed(f.manager->Submit(f.Bound(spec)), "spec.dst.block_table[3]: block 8");
   p.PutTable(spec.mutable_dst(), kBadDst, "block_ids");
-  RequireNamed(f.manager->Submit(spec), "spec.dst.block_ids[3]: block 8");
+  RequireNamed(f.manager->Submit(f.Bound(spec)), "spec.dst.block_ids[3]: block 8");
   CHECK(remote.AwaitBegins(1, absl::ZeroDuration()) == 0);
   const std::vector<uint32_t> good = {4, 5, 6, 7};
   p.PutTable(spec.mutable_dst(), good);
-  auto accepted = f.manager->Submit(spec);
+  auto accepted = f.manager->Submit(f.Bound(spec));
   REQUIRE(accepted.ok());
   const v1::TransferSpec travelled = remote.travelled();
   CHECK_FALSE(travelled.dst().has_block_table());
@@ -179,7 +179,7 @@ TEST_CASE("a source on another node is refused naming spec.src.node_id and the p
     PagedFixture p(f);
     v1::TransferSpec spec = p.Spec({4, 5, 6, 7});
     spec.mutable_src()->set_node_id("prefill-node");
-    auto refused = f->manager->Submit(spec);
+    auto refused = f->manager->Submit(f->Bound(spec));
     RequireNamed(refused, "spec.src.node_id: 'prefill-node' is another node");
     const std::string message(refused.status().message());
     CHECK(refused.status().code() == absl::StatusCode::kUnimplemented);
@@ -203,9 +203,9 @@ TEST_CASE("two remote submits with one idempotency key start one transfer") {
   spec.set_idempotency_key("once");
   remote.Block();
   absl::StatusOr<v1::SubmitTransferResponse> first, second;
-  std::thread a([&] { first = f.manager->Submit(spec); });
+  std::thread a([&] { first = f.manager->Submit(f.Bound(spec)); });
   REQUIRE(remote.AwaitBegins(1, absl::Seconds(10)) == 1);  // the first is inside Begin
-  std::thread b([&] { second = f.manager->Submit(spec); });
+  std::thread b([&] { second = f.manager->Submit(f.Bound(spec)); });
   // Before the fix the second submit also reached Begin (a second transfer); now it waits for
   // the first. Give it time to get there if it were going to.
   CHECK(remote.AwaitBegins(2, absl::Milliseconds(300)) == 1);
@@ -225,7 +225,7 @@ TEST_CASE("two remote submits with one idempotency key start one transfer") {
 TEST_CASE("without a CUDA engine, plans take their block tables from the host engine's pool") {
   ManagerFixture f;
   PagedFixture p(&f);
-  auto accepted = f.manager->Submit(p.Spec({4, 5, 6, 7}));
+  auto accepted = f.manager->Submit(f.Bound(p.Spec({4, 5, 6, 7})));
   REQUIRE(accepted.ok());
   CHECK(f.engine.tables_taken() == 2);  // the source's table and the destination's
 }

@@ -21,7 +21,7 @@ using testing::ManagerFixture;
 // A session's paged pools (8 blocks x 4 layers of 16 tokens) and a 64 MiB table region, zeroed
 // (every id 0: a valid source block).
 struct Tables {
-  ManagerFixture f{Options(), nullptr, /*check_access=*/true};
+  ManagerFixture f{Options(), nullptr};
   uint64_t me = f.regions.NewSession();
   std::shared_ptr<regions::Region> src = f.regions.PagedLayers(8, 4, false, me);
   std::shared_ptr<regions::Region> dst = f.regions.PagedLayers(8, 4, true, me);

@@ -188,8 +188,7 @@ absl::StatusOr<v1::SubmitTransferResponse> TransferManagerImpl::SubmitCounted(
   KVRAIL_ASSIGN_OR_RETURN(
       const ResolvedRequest request,
       Resolve(spec, *regions_, *grants_,
-              ResolveOptions{options_.node_id, options_.remote != nullptr,
-                             options_.check_access}));
+              ResolveOptions{options_.node_id, options_.remote != nullptr}));
   if (request.remote) return SubmitRemote(request, claimed.claim, &slot);
   return SubmitLocal(request, received_us, claimed.claim, &slot);
 }
@@ -291,7 +290,7 @@ absl::StatusOr<v1::SubmitTransferResponse> TransferManagerImpl::SubmitLocal(
   admission.first_layer = spec.src().layer_begin();
   KVRAIL_ASSIGN_OR_RETURN(const std::shared_ptr<Record> record,
                           Admit(std::move(plan), std::move(params), admission));
-  if (options_.check_access) grant_uses_->Add(record, GrantUsesOf(request));
+  grant_uses_->Add(record, GrantUsesOf(request));
   spdlog::debug("transfer {} accepted: {} bytes, {} tiles, {}; {} via {} ({})", record->id(),
                record->plan().bytes_total(), record->plan().num_tiles(),
                record->plan().Describe(), v1::Path_Name(route.path), engine->name(), route.reason);
@@ -339,7 +338,7 @@ absl::StatusOr<v1::SubmitTransferResponse> TransferManagerImpl::SubmitRemote(
   };
   KVRAIL_ASSIGN_OR_RETURN(const std::shared_ptr<Record> record,
                           Admit(std::move(plan), std::move(params), admission));
-  if (options_.check_access) grant_uses_->Add(record, GrantUsesOf(request));
+  grant_uses_->Add(record, GrantUsesOf(request));
   spdlog::debug("transfer {} accepted: {} bytes, {} tiles, {}; PATH_FABRIC to '{}' over {}",
                record->id(), record->plan().bytes_total(), record->plan().num_tiles(),
                record->plan().Describe(), spec.dst().node_id(), absl::StrJoin(nics, ","));

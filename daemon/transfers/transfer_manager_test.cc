@@ -21,7 +21,7 @@ TEST_CASE("cancel while a tile runs: the tile completes, then the transfer is CA
   const uint64_t id = f.Submit(4);
   REQUIRE(f.engine.queued() == 4);
   REQUIRE(f.engine.StartNext());
-  auto cancelled = f.manager->Cancel(id);
+  auto cancelled = f.manager->Cancel(f.caller, id);
   REQUIRE(cancelled.ok());
   // The running tile has not reported: not final yet, and nothing of it is queued any more.
   CHECK(cancelled->state() == v1::TRANSFER_STATE_RUNNING);
@@ -40,7 +40,7 @@ TEST_CASE("cancel while a tile runs: the tile completes, then the transfer is CA
   CHECK(stats.transfers_active() == 0);
   CHECK(stats.bytes_moved() == testing::kTile);
   // A second cancel changes nothing.
-  CHECK(f.manager->Cancel(id)->state() == v1::TRANSFER_STATE_CANCELLED);
+  CHECK(f.manager->Cancel(f.caller, id)->state() == v1::TRANSFER_STATE_CANCELLED);
   CHECK(f.Stats().transfers_cancelled() == 1);
 }
 
@@ -60,7 +60,7 @@ TEST_CASE("the last tile completing races a cancel on another thread: one consis
     std::thread canceller([&] {
       while (!go.load()) {
       }
-      (void)f.manager->Cancel(id);
+      (void)f.manager->Cancel(f.caller, id);
     });
     go = true;
     finisher.join();
@@ -95,8 +95,9 @@ TEST_CASE("drain returns only after running tiles reported; nothing starts after
   });
   // Drain has refused new work and removed the queued tiles; it waits for the running one.
   while (f.engine.queued() != 0) std::this_thread::yield();
-  CHECK(f.manager->Submit(testing::BytesSpec(f.src->id(), f.dst->id(), 1024)).status().code() ==
-        absl::StatusCode::kUnavailable);
+  CHECK(f.manager->Submit(f.Bound(testing::BytesSpec(f.src->id(), f.dst->id(), 1024)))
+            .status()
+            .code() == absl::StatusCode::kUnavailable);
   CHECK_FALSE(f.Get(id).state() >= v1::TRANSFER_STATE_SUCCEEDED);
   CHECK_FALSE(drained.load());
   REQUIRE(f.engine.FinishNext());
@@ -107,7 +108,7 @@ TEST_CASE("drain returns only after running tiles reported; nothing starts after
   CHECK(status.tiles_done() == 1);
   CHECK(f.engine.queued() == 0);
   CHECK(f.engine.running() == 0);
-  CHECK(f.manager->MarkReady(id, 0, 1).code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(f.manager->MarkReady(f.caller, id, 0, 1).code() == absl::StatusCode::kFailedPrecondition);
   CHECK(f.engine.queued() == 0);
 }
 
@@ -161,7 +162,7 @@ TEST_CASE("Wait measures its timeout by the injected clock") {
   absl::StatusOr<v1::TransferStatus> waited;
   const absl::Time real_start = absl::Now();
   std::thread waiter([&] {
-    waited = f.manager->Wait(id, absl::Seconds(30));
+    waited = f.manager->Wait(f.caller, id, absl::Seconds(30));
     returned = true;
   });
   // Only the manual clock ends this wait (the real one would take 30 s). It is moved until the
@@ -176,7 +177,7 @@ TEST_CASE("Wait measures its timeout by the injected clock") {
   CHECK(waited->state() == v1::TRANSFER_STATE_QUEUED);
   // With the clock standing still, the wait ends when the transfer does.
   std::thread finisher([&] { f.engine.RunAll(); });
-  auto done = f.manager->Wait(id, absl::Seconds(30));
+  auto done = f.manager->Wait(f.caller, id, absl::Seconds(30));
   finisher.join();
   REQUIRE(done.ok());
   CHECK(done->state() == v1::TRANSFER_STATE_SUCCEEDED);
@@ -197,18 +198,18 @@ TEST_CASE("the history stays bounded while an old transfer stays open") {
     if (i == 0) first_done = id;
     f.engine.RunAll();
   }
-  const auto all = f.manager->List({}, 1000);
+  const auto all = f.manager->List(f.caller, {}, 1000);
   CHECK(all.size() <= 6);
   CHECK(all.back().transfer_id() == open);  // the open one is kept (oldest, listed last)
   CHECK(f.Get(open).state() == v1::TRANSFER_STATE_QUEUED);
-  CHECK(f.manager->Get(first_done).status().code() == absl::StatusCode::kNotFound);
+  CHECK(f.manager->Get(f.caller, first_done).status().code() == absl::StatusCode::kNotFound);
   // A trimmed transfer's key is free again: the same key starts a new transfer.
   v1::TransferSpec again;
   again.set_idempotency_key("key-0");
   again.mutable_src()->set_region_id(f.src->id());
   again.mutable_dst()->set_region_id(f.dst->id());
   again.set_num_bytes(testing::kTile);
-  auto response = f.manager->Submit(again);
+  auto response = f.manager->Submit(f.Bound(again));
   REQUIRE(response.ok());
   CHECK_FALSE(response->deduplicated());
   f.engine.RunAll();
@@ -223,7 +224,8 @@ TEST_CASE("an injected tile failure fails the transfer with the injected status"
     const uint64_t id = f.Submit(3);
     CHECK(inner.queued() == 2);  // tile 1 never reaches the engine
     inner.RunAll();
-    auto status = f.manager->Wait(id, absl::Hours(1));  // the clock stands still: ends by itself
+    // The clock stands still: it ends by itself.
+    auto status = f.manager->Wait(f.caller, id, absl::Hours(1));
     REQUIRE(status.ok());
     CHECK(status->state() == v1::TRANSFER_STATE_FAILED);
     CHECK(status->error_code() == static_cast<int32_t>(injected.code()));
@@ -240,7 +242,7 @@ TEST_CASE("a held tile lets a cancel win: nothing of the transfer runs") {
   ManagerFixture f(Options(), faulty.get());
   const uint64_t id = f.Submit(2);
   CHECK(faulty->held() == 2);
-  auto cancelled = f.manager->Cancel(id);
+  auto cancelled = f.manager->Cancel(f.caller, id);
   REQUIRE(cancelled.ok());
   CHECK(cancelled->state() == v1::TRANSFER_STATE_CANCELLED);
   CHECK(cancelled->tiles_done() == 0);

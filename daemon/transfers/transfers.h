@@ -30,11 +30,6 @@
 namespace kvrail::transfers {
 
 struct Options {
-  // Whether submits are checked against region ownership and grants (docs/security.md):
-  // spec.session_id (set by the server from the caller's credentials) must own every region the
-  // spec names or hold a grant for it. On in kvraild; tests of the manager's other behaviour
-  // turn it off (ManagerFixture), access_test.cc checks it.
-  bool check_access = true;
   // Transfers whose spec.dst.node_id names another node go here (nullptr: refused UNIMPLEMENTED).
   RemotePath* remote = nullptr;
   std::string node_id;
@@ -73,15 +68,6 @@ struct ListFilter {
   uint64_t session_id = 0;                // the submitting session; 0: any
 };
 
-// What a caller does with an admitted transfer (TransferManager::Authorize).
-enum class TransferUse {
-  kRead,     // Get, Wait, Watch, the session socket's WAIT
-  kControl,  // MarkReady (and Cancel, which kCancel allows more callers)
-  // Cancel: the submitter, and the owner of a region the transfer moves bytes on by a grant (it
-  // may stop another's use of its memory at any time, as revoking the grant does).
-  kCancel,
-};
-
 class Record;
 
 // One watcher's place in a transfer's events (TransferManager::WatchStep): start with a default
@@ -98,6 +84,25 @@ struct WatchCursor {
 };
 
 // Thread-safe. Destroy only after the engine has stopped reporting (drain first).
+//
+// Access (docs/security.md): every call names its caller and is checked here, whichever front
+// door it came through (gRPC, the session socket), and denied unless a rule allows it:
+// - Submit: spec.session_id is the submitter (the front door sets it from the caller's
+//   credentials); it must own every region the spec names or hold a grant for it.
+// - reading a transfer (Get, Wait, WhenEnded, Watch): its submitting session, the owner of the
+//   destination of a transfer another node writes into this one, and the operator
+//   (Caller::operator_role);
+// - MarkReady: its submitting session and the owner of its source region (a pull's producer);
+// - Cancel: its submitting session, the owner of a region it uses by a grant (which may stop
+//   another's use of its memory at any time, as revoking the grant does), and root from a
+//   session that owns no regions (the CLI; an audit line);
+// - List: the operator lists every transfer, anyone else those its session submitted
+//   (anonymous callers none).
+// A refusal names transfer_id. It is NOT_FOUND for an unknown id and, with the same message, for
+// a caller with no part in the transfer (another tenant's id looks exactly like a nonexistent
+// one); a party to it (a reader, the owner of a region it uses by a grant, its source's owner)
+// that may not do this gets PERMISSION_DENIED saying who may. Anonymous callers submit nothing
+// they could come back to.
 class TransferManager : public InboundSink {
  public:
   virtual ~TransferManager() = default;
@@ -110,54 +115,55 @@ class TransferManager : public InboundSink {
                                                  Clock* clock,
                                                  const Options& options);
 
+  // Accepts a transfer submitted by session spec.session_id (see the class comment).
   virtual absl::StatusOr<v1::SubmitTransferResponse> Submit(const v1::TransferSpec& spec) = 0;
-  // Whether `caller` may `use` transfer `id` (docs/security.md): its submitting session may read
-  // and control it; the operator and, for a transfer another node writes into this one, the
-  // destination's owner may read it; the owner of a region it uses by a grant may cancel it.
-  // NOT_FOUND naming transfer_id for unknown ids and, with the same message, for a caller that
-  // may not read the transfer (so another tenant's id looks exactly like a nonexistent one); a
-  // caller that may read it but not `use` it: PERMISSION_DENIED naming transfer_id (anonymous
-  // callers submit nothing they could come back to). The server calls it before Get, Wait, Watch,
-  // WhenEnded, Cancel and MarkReady, which check nothing themselves.
-  virtual absl::Status Authorize(uint64_t id, const sessions::Caller& caller,
-                                 TransferUse use) const = 0;
   // Submit for callers that must not wait on another daemon (the session socket's poll thread):
   // a destination on another node is refused with FAILED_PRECONDITION naming spec.dst.node_id.
   virtual absl::StatusOr<v1::SubmitTransferResponse> SubmitWithinNode(
       const v1::TransferSpec& spec) = 0;
-  virtual absl::StatusOr<v1::TransferStatus> Get(uint64_t id) const = 0;
+  virtual absl::StatusOr<v1::TransferStatus> Get(const sessions::Caller& caller,
+                                                 uint64_t id) const = 0;
   // Returns when the transfer ends or after `timeout` (the current status then).
-  virtual absl::StatusOr<v1::TransferStatus> Wait(uint64_t id, absl::Duration timeout) const = 0;
+  virtual absl::StatusOr<v1::TransferStatus> Wait(const sessions::Caller& caller, uint64_t id,
+                                                  absl::Duration timeout) const = 0;
   // Calls `done` with the final status when the transfer ends (at once when it has), on the
   // thread that ends it; `done` must be quick and must not block or call into the manager.
   // NOT_FOUND for an unknown id, RESOURCE_EXHAUSTED when the transfer has thousands of waiters
   // already (then `done` is never called). `counted` false is for the daemon's own followers (a
   // session's completion queue: one per transfer, from its submitter), which do not take a
   // client's place under that cap.
-  virtual absl::Status WhenEnded(uint64_t id, std::function<void(const v1::TransferStatus&)> done,
+  virtual absl::Status WhenEnded(const sessions::Caller& caller, uint64_t id,
+                                 std::function<void(const v1::TransferStatus&)> done,
                                  bool counted = true) const = 0;
   // Calls `sink` with a snapshot, then with every event until the final state. Stops early, OK,
   // when `sink` returns false, or `still_wanted` (if set; asked at least every 100 ms, also while
   // nothing happens) returns false: the watcher went away.
-  virtual absl::Status Watch(uint64_t id, absl::Duration min_interval,
+  virtual absl::Status Watch(const sessions::Caller& caller, uint64_t id,
+                             absl::Duration min_interval,
                              const std::function<bool(const v1::TransferEvent&)>& sink,
                              const std::function<bool()>& still_wanted = nullptr) const = 0;
   // Watch without waiting, for watchers driven by completions (the gRPC server's watch pump): the
-  // first step appends the snapshot, each later one the events Watch would have sent since
-  // (none while nothing changed), and sets cursor->over with the final state's. Costs one lock
-  // of the transfer's record while nothing changed. NOT_FOUND for an unknown id (first step).
-  virtual absl::Status WatchStep(uint64_t id, absl::Duration min_interval, WatchCursor* cursor,
+  // first step checks that `caller` may read the transfer and appends the snapshot, each later
+  // one the events Watch would have sent since (none while nothing changed), and sets
+  // cursor->over with the final state's. Costs one lock of the transfer's record while nothing
+  // changed. Refusals (first step) as Get's.
+  virtual absl::Status WatchStep(const sessions::Caller& caller, uint64_t id,
+                                 absl::Duration min_interval, WatchCursor* cursor,
                                  std::vector<v1::TransferEvent>* events) const = 0;
-  virtual absl::StatusOr<v1::TransferStatus> Cancel(uint64_t id) = 0;
-  virtual absl::Status MarkReady(uint64_t id, uint32_t layer_begin, uint32_t layer_count) = 0;
-  // Newest first; `states` empty means all.
-  virtual std::vector<v1::TransferStatus> List(const std::vector<v1::TransferState>& states,
+  virtual absl::StatusOr<v1::TransferStatus> Cancel(const sessions::Caller& caller,
+                                                    uint64_t id) = 0;
+  virtual absl::Status MarkReady(const sessions::Caller& caller, uint64_t id,
+                                 uint32_t layer_begin, uint32_t layer_count) = 0;
+  // Newest first, of the transfers `caller` may list; `states` empty means all.
+  virtual std::vector<v1::TransferStatus> List(const sessions::Caller& caller,
+                                               const std::vector<v1::TransferState>& states,
                                                uint32_t limit) const = 0;
-  // Newest first, the transfers matching `filter` (at most filter.limit of them).
-  // RESOURCE_EXHAUSTED naming `limit` above Options::max_list_transfers.
+  // Newest first, the transfers matching `filter` (at most filter.limit of them) of those
+  // `caller` may list. RESOURCE_EXHAUSTED naming `limit` above Options::max_list_transfers.
   virtual absl::StatusOr<std::vector<v1::TransferStatus>> ListChecked(
-      const ListFilter& filter) const = 0;
-  virtual std::vector<v1::TransferStatus> List(const ListFilter& filter) const = 0;
+      const sessions::Caller& caller, const ListFilter& filter) const = 0;
+  virtual std::vector<v1::TransferStatus> List(const sessions::Caller& caller,
+                                               const ListFilter& filter) const = 0;
   // Session `session_id` ended (the region table's session-end hook). The transfers waiting for
   // readiness only it could give - layer-wise ones it submitted (only the submitter may mark
   // layers ready) and those whose spec.ready_flags live in its regions - end at once, ABORTED,

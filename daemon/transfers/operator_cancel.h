@@ -1,4 +1,5 @@
-// Who may cancel a transfer it did not submit (docs/security.md, "The operator").
+// Internal to transfers/: who may cancel a transfer it did not submit (docs/security.md, "The
+// operator"); TransferManager::Cancel applies it.
 #pragma once
 
 #include <cstdint>
@@ -7,7 +8,7 @@
 #include "daemon/sessions/sessions.h"
 #include "proto/kvrail/v1/region.pb.h"
 
-namespace kvrail::server {
+namespace kvrail::transfers {
 
 // Whether `session_id` holds a region of its own in `regions` (a tenant), for the operator's
 // cancel. Regions the client library registered for itself (RegionSpec.library_region: its
@@ -31,4 +32,4 @@ inline bool MayCancelAsOperator(const sessions::Caller& caller, bool session_own
   return caller.uid == 0 && !session_owns_regions;  // root: always operator_role()
 }
 
-}  // namespace kvrail::server
+}  // namespace kvrail::transfers

@@ -1,5 +1,5 @@
 #define CATCH_CONFIG_MAIN
-#include "daemon/server/operator_cancel.h"
+#include "daemon/transfers/operator_cancel.h"
 
 #include <catch2/catch.hpp>
 
@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-namespace kvrail::server {
+namespace kvrail::transfers {
 namespace {
 
 sessions::Caller MakeCaller(int64_t uid) {
@@ -77,4 +77,4 @@ TEST_CASE("the library's flagged region alone leaves a root session region-less"
 }
 
 }  // namespace
-}  // namespace kvrail::server
+}  // namespace kvrail::transfers
