@@ -16,7 +16,7 @@ PACKAGES=(
   libfabric-dev libfabric-bin libsystemd-dev help2man
   prometheus-cpp-dev iproute2 procps python3 python3-yaml systemd openssl
   python3-pytest python3-numpy python3-protobuf python3-setuptools
-  clang libclang-rt-14-dev lld
+  clang libclang-rt-14-dev lld clang-format
   # the etcd directory and its tests (daemon/directory, tests/cluster): the etcd binary
   etcd-server etcd-client
   # tests/deploy: the .deb into a debootstrapped root, the OCI image checked, promtool (prometheus)
