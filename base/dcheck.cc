@@ -32,8 +32,8 @@ void SetInvariantModeForTest(InvariantMode m) { mode.store(m, std::memory_order_
 void InvariantViolated(InvariantSite* site, const char* what) {
   if (mode.load(std::memory_order_relaxed) == InvariantMode::kAbort) {
     // stderr directly: the logger may be what is broken, and abort() must follow at once.
-    std::fprintf(stderr, "kvrail: invariant violated at %s:%d: %s (%s)\n", site->file,
-                 site->line, site->condition, what);
+    std::fprintf(stderr, "kvrail: invariant violated at %s:%d: %s (%s)\n", site->file, site->line,
+                 site->condition, what);
     std::fflush(stderr);
     std::abort();
   }

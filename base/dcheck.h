@@ -47,10 +47,10 @@ void SetInvariantModeForTest(InvariantMode mode);
 
 }  // namespace kvrail
 
-#define KVRAIL_DCHECK(condition, what)                                                      \
-  do {                                                                                      \
-    if (ABSL_PREDICT_FALSE(!(condition))) {                                                 \
-      static ::kvrail::InvariantSite kvrail_dcheck_site{__FILE__, __LINE__, #condition};     \
-      ::kvrail::InvariantViolated(&kvrail_dcheck_site, (what));                             \
-    }                                                                                       \
+#define KVRAIL_DCHECK(condition, what)                                                   \
+  do {                                                                                   \
+    if (ABSL_PREDICT_FALSE(!(condition))) {                                              \
+      static ::kvrail::InvariantSite kvrail_dcheck_site{__FILE__, __LINE__, #condition}; \
+      ::kvrail::InvariantViolated(&kvrail_dcheck_site, (what));                          \
+    }                                                                                    \
   } while (false)

@@ -28,7 +28,8 @@ TEST_CASE("ToGrpcStatus keeps code number and message") {
 TEST_CASE("every code survives the round trip both ways") {
   for (int code = 1; code <= static_cast<int>(absl::StatusCode::kUnauthenticated); ++code) {
     INFO("code " << code);
-    const absl::Status status(static_cast<absl::StatusCode>(code), "message " + std::to_string(code));
+    const absl::Status status(static_cast<absl::StatusCode>(code),
+                              "message " + std::to_string(code));
     const grpc::Status wire = ToGrpcStatus(status);
     CHECK(static_cast<int>(wire.error_code()) == code);
     CHECK(wire.error_message() == "message " + std::to_string(code));

@@ -27,9 +27,15 @@ void AppendJsonEscaped(std::string_view text, spdlog::memory_buf_t& dest) {
   static constexpr char kHex[] = "0123456789abcdef";
   for (char c : text) {
     switch (c) {
-      case '"': dest.append(std::string_view("\\\"")); break;
-      case '\\': dest.append(std::string_view("\\\\")); break;
-      case '\n': dest.append(std::string_view("\\n")); break;
+      case '"':
+        dest.append(std::string_view("\\\""));
+        break;
+      case '\\':
+        dest.append(std::string_view("\\\\"));
+        break;
+      case '\n':
+        dest.append(std::string_view("\\n"));
+        break;
       default:
         if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) {
           const char esc[6] = {'\\', 'u', '0', '0', kHex[(c >> 4) & 0xf], kHex[c & 0xf]};
@@ -49,7 +55,9 @@ void AppendTextEscaped(std::string_view text, spdlog::memory_buf_t& dest, bool q
   static constexpr char kHex[] = "0123456789abcdef";
   for (char c : text) {
     switch (c) {
-      case '\\': dest.append(std::string_view("\\\\")); break;
+      case '\\':
+        dest.append(std::string_view("\\\\"));
+        break;
       case '"':
         if (quoted) {
           dest.append(std::string_view("\\\""));
@@ -57,9 +65,15 @@ void AppendTextEscaped(std::string_view text, spdlog::memory_buf_t& dest, bool q
           dest.push_back(c);
         }
         break;
-      case '\n': dest.append(std::string_view("\\n")); break;
-      case '\r': dest.append(std::string_view("\\r")); break;
-      case '\t': dest.append(std::string_view("\\t")); break;
+      case '\n':
+        dest.append(std::string_view("\\n"));
+        break;
+      case '\r':
+        dest.append(std::string_view("\\r"));
+        break;
+      case '\t':
+        dest.append(std::string_view("\\t"));
+        break;
       default:
         if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) {
           const char esc[4] = {'\\', 'x', kHex[(c >> 4) & 0xf], kHex[c & 0xf]};
@@ -123,12 +137,18 @@ class TextMessage final : public spdlog::custom_flag_formatter {
 int SyslogPriority(spdlog::level::level_enum level) {
   switch (level) {
     case spdlog::level::trace:
-    case spdlog::level::debug: return 7;
-    case spdlog::level::info: return 6;
-    case spdlog::level::warn: return 4;
-    case spdlog::level::err: return 3;
-    case spdlog::level::critical: return 2;
-    default: return 6;
+    case spdlog::level::debug:
+      return 7;
+    case spdlog::level::info:
+      return 6;
+    case spdlog::level::warn:
+      return 4;
+    case spdlog::level::err:
+      return 3;
+    case spdlog::level::critical:
+      return 2;
+    default:
+      return 6;
   }
 }
 
@@ -271,15 +291,13 @@ absl::Status SetUpLoggingToJournal(const std::string& level, JournalSend send) {
   return Configure(std::move(logger), level, "text", /*journald=*/true);
 }
 
-void ReportStartErrorTo(std::string_view message, const JournalSend& send,
-                        bool stderr_is_journal) {
+void ReportStartErrorTo(std::string_view message, const JournalSend& send, bool stderr_is_journal) {
   spdlog::memory_buf_t line;
   line.append(std::string_view("kvraild: "));
   AppendTextEscaped(message, line);
   std::string text(line.data(), line.size());
   if (send) {
-    std::vector<std::string> items = {"MESSAGE=" + text, "PRIORITY=3",
-                                      "SYSLOG_IDENTIFIER=kvraild"};
+    std::vector<std::string> items = {"MESSAGE=" + text, "PRIORITY=3", "SYSLOG_IDENTIFIER=kvraild"};
     if (SendItems(send, items)) return;
   }
   if (stderr_is_journal) text = "<3>" + text;

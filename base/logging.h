@@ -54,8 +54,7 @@ absl::Status SetUpLoggingToJournal(const std::string& level, JournalSend send);
 // "kvraild: <message>" escaped to one line; without it (nullptr), or when the journal refused
 // the entry, that line on stderr, prefixed "<3>" when `stderr_is_journal` (journald reads the
 // priority from it).
-void ReportStartErrorTo(std::string_view message, const JournalSend& send,
-                        bool stderr_is_journal);
+void ReportStartErrorTo(std::string_view message, const JournalSend& send, bool stderr_is_journal);
 
 // "region_name" -> "KVRAIL_REGION_NAME" (journal field names: upper case letters, digits, '_').
 std::string JournalFieldName(std::string_view key);
@@ -65,7 +64,8 @@ std::string JournalFieldName(std::string_view key);
 struct LogField {
   LogField(std::string_view key, std::string_view value);
   LogField(std::string_view key, const char* value) : LogField(key, std::string_view(value)) {}
-  LogField(std::string_view key, const std::string& value) : LogField(key, std::string_view(value)) {}
+  LogField(std::string_view key, const std::string& value)
+      : LogField(key, std::string_view(value)) {}
   LogField(std::string_view key, uint64_t value);
   LogField(std::string_view key, int64_t value);
   LogField(std::string_view key, uint32_t value) : LogField(key, uint64_t{value}) {}

@@ -1,10 +1,9 @@
 #include "base/logging_systemd.h"
 
+#include <spdlog/spdlog.h>
 #include <systemd/sd-daemon.h>
 #include <systemd/sd-journal.h>
 #include <unistd.h>
-
-#include <spdlog/spdlog.h>
 
 #include "base/logging.h"
 #include "base/status.h"
@@ -55,8 +54,7 @@ absl::Status SetUpDaemonLogging(const std::string& level, const std::string& for
 
 void ReportStartError(std::string_view message) {
   const bool journal = StderrIsJournal();
-  ReportStartErrorTo(message, journal && JournalSocketExists() ? SendToJournal : nullptr,
-                     journal);
+  ReportStartErrorTo(message, journal && JournalSocketExists() ? SendToJournal : nullptr, journal);
 }
 
 }  // namespace kvrail

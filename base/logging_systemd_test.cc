@@ -1,15 +1,14 @@
 #define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
+#include "base/logging_systemd.h"
 
 #include <stdlib.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <catch2/catch.hpp>
 #include <cstring>
 #include <string>
-
-#include "base/logging_systemd.h"
 
 namespace kvrail {
 namespace {
@@ -42,7 +41,8 @@ struct FakeSystemd {
   }
 };
 
-TEST_CASE("sd_notify: READY (with MAINPID), STATUS and STOPPING reach the notify socket, one line each") {
+TEST_CASE(
+    "sd_notify: READY (with MAINPID), STATUS and STOPPING reach the notify socket, one line each") {
   FakeSystemd systemd;
   CHECK(NotifyReady("serving: 0 regions"));
   // MAINPID: a hot restart's successor makes itself the unit's main process this way.

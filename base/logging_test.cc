@@ -1,5 +1,5 @@
 #define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
+#include "base/logging.h"
 
 #include <spdlog/spdlog.h>
 #include <stdlib.h>
@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -17,8 +18,6 @@
 #include <string>
 #include <vector>
 
-#include "base/logging.h"
-
 namespace kvrail {
 namespace {
 
@@ -26,11 +25,17 @@ TEST_CASE("json lines carry fields as members, not inside the message, and stay 
   std::ostringstream out;
   REQUIRE(SetUpLoggingTo("debug", "json", /*journald=*/false, &out).ok());
   LogFields(spdlog::level::debug, "transfer ended \"x\"\n",
-            {{"transfer_id", uint64_t{42}}, {"path", "host_local"}, {"bytes", uint64_t{1048576}},
-             {"seconds", 0.25}, {"label", "a\"b\\c"}});
+            {{"transfer_id", uint64_t{42}},
+             {"path", "host_local"},
+             {"bytes", uint64_t{1048576}},
+             {"seconds", 0.25},
+             {"label", "a\"b\\c"}});
   const std::string line = out.str();
   INFO(line);
-  CHECK(line.find(R"("msg":"transfer ended \"x\"\n","transfer_id":42,"path":"host_local","bytes":1048576,"seconds":0.25,"label":"a\"b\\c"})") != std::string::npos);
+  CHECK(
+      line.find(
+          R"("msg":"transfer ended \"x\"\n","transfer_id":42,"path":"host_local","bytes":1048576,"seconds":0.25,"label":"a\"b\\c"})") !=
+      std::string::npos);
   CHECK(line.rfind("{\"ts\":", 0) == 0);
   CHECK(line.find('<') == std::string::npos);
   // A plain spdlog line has no fields; a field of the previous line never leaks into it.
@@ -112,8 +117,10 @@ TEST_CASE("JOURNAL_STREAM counts only when it names this process's stderr") {
 
 TEST_CASE("unknown level or format names the key") {
   std::ostringstream out;
-  CHECK(std::string(SetUpLoggingTo("loud", "json", false, &out).message()).rfind("log_level:", 0) == 0);
-  CHECK(std::string(SetUpLoggingTo("info", "xml", false, &out).message()).rfind("log_format:", 0) == 0);
+  CHECK(std::string(SetUpLoggingTo("loud", "json", false, &out).message()).rfind("log_level:", 0) ==
+        0);
+  CHECK(std::string(SetUpLoggingTo("info", "xml", false, &out).message()).rfind("log_format:", 0) ==
+        0);
 }
 
 // What a journal sender was given: one entry per call, its "FIELD=value" items.
@@ -138,10 +145,9 @@ struct FakeJournal {
     return "";
   }
   int Count(size_t i, const std::string& field) const {
-    return static_cast<int>(std::count_if(entries.at(i).begin(), entries.at(i).end(),
-                                          [&](const std::string& item) {
-                                            return item.rfind(field + "=", 0) == 0;
-                                          }));
+    return static_cast<int>(
+        std::count_if(entries.at(i).begin(), entries.at(i).end(),
+                      [&](const std::string& item) { return item.rfind(field + "=", 0) == 0; }));
   }
 };
 
@@ -247,13 +253,15 @@ TEST_CASE("stderr fallbacks: prefixed lines a reader of the journal's stream can
   CHECK(text.find("<3>kvraild: cuda_engine: required\\nbut none\n") == 0);
   CHECK(text.find("\nkvraild: bad config\n") != std::string::npos);
   CHECK(text.find("\n<3>kvraild: socket in use\n") != std::string::npos);
-  CHECK(std::regex_search(text, std::regex(R"(\n<4>warning \[\d+\] region registered region_name="a\\n<3>b"\n$)")));
+  CHECK(std::regex_search(
+      text, std::regex(R"(\n<4>warning \[\d+\] region registered region_name="a\\n<3>b"\n$)")));
 }
 
 TEST_CASE("text fields: a string value escaped as the message is, between double quotes") {
   std::ostringstream out;
   REQUIRE(SetUpLoggingTo("info", "text", false, &out).ok());
-  LogFields(spdlog::level::info, "m", {{"name", std::string("a\"b\\\r\t\x1b[2J\0z", 12)}, {"n", 3}});
+  LogFields(spdlog::level::info, "m",
+            {{"name", std::string("a\"b\\\r\t\x1b[2J\0z", 12)}, {"n", 3}});
   INFO(out.str());
   CHECK(out.str().find(R"(m name="a\"b\\\r\t\x1b[2J\x00z" n=3)") != std::string::npos);
 }

@@ -9,9 +9,9 @@
 #define KVRAIL_CONCAT_(a, b) KVRAIL_CONCAT_INNER_(a, b)
 
 // Returns the status from the enclosing function when `expr` is not OK.
-#define KVRAIL_RETURN_IF_ERROR(expr)                     \
-  do {                                            \
-    const ::absl::Status kvrail_status_ = (expr); \
+#define KVRAIL_RETURN_IF_ERROR(expr)                 \
+  do {                                               \
+    const ::absl::Status kvrail_status_ = (expr);    \
     if (!kvrail_status_.ok()) return kvrail_status_; \
   } while (0)
 
@@ -20,6 +20,6 @@
   KVRAIL_ASSIGN_OR_RETURN_IMPL_(KVRAIL_CONCAT_(kvrail_statusor_, __LINE__), lhs, expr)
 
 #define KVRAIL_ASSIGN_OR_RETURN_IMPL_(tmp, lhs, expr) \
-  auto tmp = (expr);                           \
-  if (!tmp.ok()) return std::move(tmp).status(); \
+  auto tmp = (expr);                                  \
+  if (!tmp.ok()) return std::move(tmp).status();      \
   lhs = std::move(tmp).value()

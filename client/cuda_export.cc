@@ -5,9 +5,9 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "base/status.h"
 #include "base/cuda/cuda_util.h"
 #include "base/cuda/vmm.h"
+#include "base/status.h"
 #include "base/unique_fd.h"
 
 namespace kvrail::client {
@@ -19,8 +19,8 @@ using cuda::CudaStatus;
 absl::StatusOr<std::pair<uint8_t*, uint64_t>> AllocationOf(const void* ptr) {
   absl::StatusOr<cuda::AllocationRange> range = cuda::GetAllocationRange(ptr);
   if (!range.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("device_ptr: not inside a CUDA allocation (",
-                                                   range.status().message(), ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("device_ptr: not inside a CUDA allocation (", range.status().message(), ")"));
   }
   return std::make_pair(reinterpret_cast<uint8_t*>(range->base), range->bytes);
 }
@@ -33,7 +33,8 @@ class ScopedDevice {
   static absl::StatusOr<ScopedDevice> Enter(int device) {
     int previous = 0;
     KVRAIL_RETURN_IF_ERROR(CudaStatus(cudaGetDevice(&previous), "cudaGetDevice"));
-    KVRAIL_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device), absl::StrCat("cudaSetDevice(", device, ")")));
+    KVRAIL_RETURN_IF_ERROR(
+        CudaStatus(cudaSetDevice(device), absl::StrCat("cudaSetDevice(", device, ")")));
     return ScopedDevice(previous);
   }
   ScopedDevice(ScopedDevice&& other) noexcept : previous_(other.previous_) { other.previous_ = -1; }
@@ -52,10 +53,10 @@ class ScopedDevice {
 absl::StatusOr<uint64_t> Attribute(const cuda::VmmApi& api, CUpointer_attribute what,
                                    const void* ptr, const char* name) {
   uint64_t value = 0;
-  KVRAIL_RETURN_IF_ERROR(cuda::DriverStatus(
-      api.pointer_attribute(&value, what, reinterpret_cast<CUdeviceptr>(ptr)),
-      absl::StrCat("device_ptr: cuPointerGetAttribute(", name, ")"),
-      absl::StatusCode::kInvalidArgument));
+  KVRAIL_RETURN_IF_ERROR(
+      cuda::DriverStatus(api.pointer_attribute(&value, what, reinterpret_cast<CUdeviceptr>(ptr)),
+                         absl::StrCat("device_ptr: cuPointerGetAttribute(", name, ")"),
+                         absl::StatusCode::kInvalidArgument));
   return value;
 }
 
@@ -64,11 +65,12 @@ absl::StatusOr<uint64_t> Attribute(const cuda::VmmApi& api, CUpointer_attribute 
 absl::StatusOr<bool> IsVmm(const void* ptr) {
   absl::StatusOr<const cuda::VmmApi*> api = cuda::Vmm();
   if (!api.ok()) return false;  // no driver: the IPC path reports the CUDA error
-  absl::StatusOr<uint64_t> legacy = Attribute(**api, CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE,
-                                              ptr, "IS_LEGACY_CUDA_IPC_CAPABLE");
+  absl::StatusOr<uint64_t> legacy = Attribute(
+      **api, CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE, ptr, "IS_LEGACY_CUDA_IPC_CAPABLE");
   if (!legacy.ok() || *legacy != 0) return false;
-  KVRAIL_ASSIGN_OR_RETURN(uint64_t types, Attribute(**api, CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES,
-                                                    ptr, "ALLOWED_HANDLE_TYPES"));
+  KVRAIL_ASSIGN_OR_RETURN(
+      uint64_t types,
+      Attribute(**api, CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES, ptr, "ALLOWED_HANDLE_TYPES"));
   if ((types & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) == 0) {
     return absl::FailedPreconditionError(
         "device_ptr: cuMem memory whose allocation did not request "
@@ -97,12 +99,12 @@ absl::StatusOr<VmmChunks> ExportVmm(const void* ptr, uint64_t bytes) {
     const void* p = reinterpret_cast<const void*>(at);
     KVRAIL_ASSIGN_OR_RETURN(uint64_t start, Attribute(*api, CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR,
                                                       p, "MAPPING_BASE_ADDR"));
-    KVRAIL_ASSIGN_OR_RETURN(uint64_t size, Attribute(*api, CU_POINTER_ATTRIBUTE_MAPPING_SIZE, p,
-                                                     "MAPPING_SIZE"));
+    KVRAIL_ASSIGN_OR_RETURN(uint64_t size,
+                            Attribute(*api, CU_POINTER_ATTRIBUTE_MAPPING_SIZE, p, "MAPPING_SIZE"));
     if (start != at || size == 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "bytes: the cuMem mappings under [device_ptr, device_ptr + ", bytes,
-          ") are not contiguous at offset ", at - base));
+      return absl::InvalidArgumentError(
+          absl::StrCat("bytes: the cuMem mappings under [device_ptr, device_ptr + ", bytes,
+                       ") are not contiguous at offset ", at - base));
     }
     if (out.fds.size() >= 4096) {
       return absl::InvalidArgumentError("bytes: the range spans more than 4096 cuMem mappings");
@@ -149,7 +151,8 @@ absl::StatusOr<v1::RegionSpec> ShareCuda(Client* client, const void* device_ptr,
                                          v1::RegionSpec spec) {
   cudaPointerAttributes attributes{};
   KVRAIL_RETURN_IF_ERROR(CudaStatus(cudaPointerGetAttributes(&attributes, device_ptr),
-                       "cudaPointerGetAttributes", absl::StatusCode::kInvalidArgument));
+                                    "cudaPointerGetAttributes",
+                                    absl::StatusCode::kInvalidArgument));
   if (attributes.type != cudaMemoryTypeDevice) {
     return absl::InvalidArgumentError("device_ptr: not device memory from cudaMalloc");
   }
@@ -186,19 +189,21 @@ absl::StatusOr<v1::RegionSpec> ShareCuda(Client* client, const void* device_ptr,
                                                    allocation.second, " bytes"));
   }
   cudaIpcMemHandle_t handle;
-  KVRAIL_RETURN_IF_ERROR(CudaStatus(cudaIpcGetMemHandle(&handle, allocation.first), "cudaIpcGetMemHandle"));
+  KVRAIL_RETURN_IF_ERROR(
+      CudaStatus(cudaIpcGetMemHandle(&handle, allocation.first), "cudaIpcGetMemHandle"));
   spec.set_memory_kind(v1::MEMORY_KIND_CUDA);
   spec.set_device(attributes.device);
   spec.set_size_bytes(bytes);
-  spec.mutable_share()->set_cuda_ipc_handle(std::string(reinterpret_cast<const char*>(&handle),
-                                                        sizeof(handle)));
+  spec.mutable_share()->set_cuda_ipc_handle(
+      std::string(reinterpret_cast<const char*>(&handle), sizeof(handle)));
   spec.mutable_share()->set_offset(offset);
   if (spec.layout_case() == v1::RegionSpec::LAYOUT_NOT_SET) spec.mutable_bytes();
   return spec;
 }
 
 // Per-layer specs over IPC or cuMem layers (`client` as for ShareCuda).
-absl::StatusOr<v1::RegionSpec> LayersSpec(Client* client, const std::vector<const void*>& layer_ptrs,
+absl::StatusOr<v1::RegionSpec> LayersSpec(Client* client,
+                                          const std::vector<const void*>& layer_ptrs,
                                           uint64_t layer_bytes, v1::RegionSpec spec) {
   if (layer_ptrs.empty()) return absl::InvalidArgumentError("layer_ptrs: empty");
   spec.clear_share();
@@ -214,9 +219,9 @@ absl::StatusOr<v1::RegionSpec> LayersSpec(Client* client, const std::vector<cons
       out = *layer;
       out.clear_share();
     } else if (layer->device() != out.device()) {
-      return absl::InvalidArgumentError(absl::StrCat("layer_ptrs[", i, "]: on GPU",
-                                                     layer->device(), ", layer 0 on GPU",
-                                                     out.device(), " (one region, one GPU)"));
+      return absl::InvalidArgumentError(absl::StrCat("layer_ptrs[", i, "]: on GPU", layer->device(),
+                                                     ", layer 0 on GPU", out.device(),
+                                                     " (one region, one GPU)"));
     }
     *out.add_layer_shares() = layer->share();
   }
@@ -254,10 +259,12 @@ absl::StatusOr<v1::RegionInfo> RegisterCudaLayers(Client& client,
 }
 
 absl::StatusOr<std::unique_ptr<CudaBuffer>> CudaBuffer::Create(int device, size_t bytes) {
-  KVRAIL_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device), absl::StrCat("cudaSetDevice(", device, ")"),
-                       absl::StatusCode::kFailedPrecondition));
+  KVRAIL_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device),
+                                    absl::StrCat("cudaSetDevice(", device, ")"),
+                                    absl::StatusCode::kFailedPrecondition));
   void* p = nullptr;
-  KVRAIL_RETURN_IF_ERROR(CudaStatus(cudaMalloc(&p, bytes), "cudaMalloc", absl::StatusCode::kResourceExhausted));
+  KVRAIL_RETURN_IF_ERROR(
+      CudaStatus(cudaMalloc(&p, bytes), "cudaMalloc", absl::StatusCode::kResourceExhausted));
   return std::unique_ptr<CudaBuffer>(new CudaBuffer(device, static_cast<uint8_t*>(p), bytes));
 }
 
@@ -268,12 +275,14 @@ CudaBuffer::~CudaBuffer() {
 
 absl::Status CudaBuffer::CopyFromHost(size_t offset, const void* src, size_t bytes) {
   KVRAIL_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device_), "cudaSetDevice"));
-  return CudaStatus(cudaMemcpy(data_ + offset, src, bytes, cudaMemcpyHostToDevice), "cudaMemcpy H2D");
+  return CudaStatus(cudaMemcpy(data_ + offset, src, bytes, cudaMemcpyHostToDevice),
+                    "cudaMemcpy H2D");
 }
 
 absl::Status CudaBuffer::CopyToHost(size_t offset, void* dst, size_t bytes) const {
   KVRAIL_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device_), "cudaSetDevice"));
-  return CudaStatus(cudaMemcpy(dst, data_ + offset, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy D2H");
+  return CudaStatus(cudaMemcpy(dst, data_ + offset, bytes, cudaMemcpyDeviceToHost),
+                    "cudaMemcpy D2H");
 }
 
 absl::Status CudaBuffer::Fill(uint8_t value) {

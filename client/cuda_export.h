@@ -4,7 +4,8 @@
 // Typical use (a prefill process exporting its KV pool on GPU 0):
 //   KVRAIL_ASSIGN_OR_RETURN(auto pool, CudaBuffer::Create(/*device=*/0, bytes));
 //   RegionSpec spec; *spec.mutable_paged_kv() = layout; spec.set_writable(true);
-//   KVRAIL_ASSIGN_OR_RETURN(RegionInfo region, RegisterCudaRegion(*client, pool->data(), bytes, spec));
+//   KVRAIL_ASSIGN_OR_RETURN(RegionInfo region, RegisterCudaRegion(*client, pool->data(), bytes,
+//   spec));
 // The daemon imports the handle on the same device ordinal: run both with the same
 // CUDA_VISIBLE_DEVICES. The region lives as long as the client's session (this Client object or
 // the process), or until UnregisterRegion; the daemon's mapping keeps the memory valid until its

@@ -12,8 +12,8 @@
 // leads to the awaited flag runs in the SAME process (a producer stream beside the consumer, as
 // in tests/gpu/flags_gpu_test.cc on one GPU), such a call after the waits deadlocks: the
 // one-GPU hang seen in tests/gpu was exactly this (the producer's kernel launched for the first
-// time after the consumer's waits). So: use non-blocking streams, load every kernel the process will
-// launch while waits are pending beforehand (launch it once, or run with
+// time after the consumer's waits). So: use non-blocking streams, load every kernel the process
+// will launch while waits are pending beforehand (launch it once, or run with
 // CUDA_MODULE_LOADING=EAGER), and make no synchronous CUDA call between enqueuing waits and
 // the producer's work. A consumer whose producer is another process (kvraild plus a prefill
 // process) only stalls on such calls until the flags arrive.
@@ -35,7 +35,8 @@ class CudaFlags {
   virtual ~CudaFlags() = default;
   // Pins and maps `words` (count 32-bit words, 4-byte aligned host memory) for GPU `device`.
   // The calling thread's current device is unchanged afterwards (here and in the destructor).
-  static absl::StatusOr<std::unique_ptr<CudaFlags>> Map(uint32_t* words, uint32_t count, int device);
+  static absl::StatusOr<std::unique_ptr<CudaFlags>> Map(uint32_t* words, uint32_t count,
+                                                        int device);
   // Enqueues "words[index] = value" on `stream`: it happens after all earlier work of the stream
   // (cuStreamWriteValue32; the write is visible to the host once performed).
   virtual absl::Status SignalOnStream(CUstream_st* stream, uint32_t index, uint32_t value) = 0;

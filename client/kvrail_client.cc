@@ -180,10 +180,11 @@ class Client::Impl {
 
   void OpenCompletionQueueLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(session_mu_) {
     if (!options_.completion_queue) return;
-    absl::StatusOr<std::unique_ptr<CompletionTable>> table = CompletionTable::Create(
-        options_.completion_queue_entries, options_.completion_spin);
+    absl::StatusOr<std::unique_ptr<CompletionTable>> table =
+        CompletionTable::Create(options_.completion_queue_entries, options_.completion_spin);
     // Without a queue (an older daemon, no memfd) everything goes the old way.
-    if (!table.ok() || !session_->SendCompletionQueue((*table)->memfd(), (*table)->eventfd()).ok()) {
+    if (!table.ok() ||
+        !session_->SendCompletionQueue((*table)->memfd(), (*table)->eventfd()).ok()) {
       return;
     }
     completions_.store(table->get());
@@ -586,14 +587,12 @@ absl::StatusOr<std::unique_ptr<HostBuffer>> Client::CreateHostBuffer(size_t byte
 }
 
 absl::StatusOr<uint64_t> Client::SessionId() {
-  KVRAIL_ASSIGN_OR_RETURN(const std::shared_ptr<wire::SessionConnection> session,
-                          impl_->Session());
+  KVRAIL_ASSIGN_OR_RETURN(const std::shared_ptr<wire::SessionConnection> session, impl_->Session());
   return session->session_id();
 }
 
 absl::StatusOr<std::string> Client::ShareFd(int fd) {
-  KVRAIL_ASSIGN_OR_RETURN(const std::shared_ptr<wire::SessionConnection> session,
-                          impl_->Session());
+  KVRAIL_ASSIGN_OR_RETURN(const std::shared_ptr<wire::SessionConnection> session, impl_->Session());
   return session->SendFd(fd);
 }
 
@@ -684,14 +683,12 @@ absl::StatusOr<v1::RegionInfo> Client::RegisterHostFd(int fd, uint64_t offset, u
   if (bytes == 0) return absl::InvalidArgumentError("bytes: must be > 0");
   const uint64_t size = static_cast<uint64_t>(st.st_size);
   if (offset >= size) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("offset: ", offset, " is at or beyond the end of fd ", fd, " (", size,
-                     " bytes)"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "offset: ", offset, " is at or beyond the end of fd ", fd, " (", size, " bytes)"));
   }
   if (bytes > size - offset) {
-    return absl::InvalidArgumentError(absl::StrCat("bytes: [", offset, ", ", offset + bytes,
-                                                   ") does not fit fd ", fd, " (", size,
-                                                   " bytes)"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "bytes: [", offset, ", ", offset + bytes, ") does not fit fd ", fd, " (", size, " bytes)"));
   }
   if (spec.memory_kind() == v1::MEMORY_KIND_UNSPECIFIED) {
     spec.set_memory_kind(v1::MEMORY_KIND_HOST);
@@ -805,15 +802,15 @@ absl::StatusOr<v1::SubmitTransferResponse> Client::SubmitRequest(
     const v1::SubmitTransferRequest& request) {
   // Transfers within this node, over the session socket when the daemon has one.
   if (impl_->session_submit_.load() && !impl_->unix_path_.empty() &&
-      request.spec().dst().node_id().empty() && request.ByteSizeLong() <= wire::kMaxSessionSubmitBytes) {
+      request.spec().dst().node_id().empty() &&
+      request.ByteSizeLong() <= wire::kMaxSessionSubmitBytes) {
     absl::StatusOr<std::shared_ptr<wire::SessionConnection>> session = impl_->Session();
     if (session.ok()) {
       bool sent = false;
       // The daemon posts this transfer's end into the completion queue (when there is one).
       CompletionTable* completions = impl_->completions_.load();
       const uint64_t mark = completions != nullptr ? completions->OverflowMark() : 0;
-      absl::StatusOr<std::string> answer =
-          (*session)->Exchange(wire::EncodeSubmit(request), &sent);
+      absl::StatusOr<std::string> answer = (*session)->Exchange(wire::EncodeSubmit(request), &sent);
       if (answer.ok()) {
         absl::StatusOr<v1::SubmitTransferResponse> response = wire::ParseSubmitAnswer(*answer);
         if (response.ok() && completions != nullptr) {
@@ -865,9 +862,10 @@ absl::StatusOr<v1::SubmitTransferResponse> Client::Submit(const v1::TransferSpec
   }
   const v1::TransferSpec& spec = fill ? with_session : given;
   const size_t src_ids = TableIds(spec.src()), dst_ids = TableIds(spec.dst());
-  const bool in_message = !spec.src().has_block_table() && !spec.dst().has_block_table() &&
-                          (spec.src().block_ids_size() == 0 || spec.src().block_ids_le32().empty()) &&
-                          (spec.dst().block_ids_size() == 0 || spec.dst().block_ids_le32().empty());
+  const bool in_message =
+      !spec.src().has_block_table() && !spec.dst().has_block_table() &&
+      (spec.src().block_ids_size() == 0 || spec.src().block_ids_le32().empty()) &&
+      (spec.dst().block_ids_size() == 0 || spec.dst().block_ids_le32().empty());
   if (!impl_->unix_path_.empty() && in_message &&
       std::max(src_ids, dst_ids) >= kSharedBlockTableFrom) {
     absl::MutexLock lock(&impl_->table_mu_);
@@ -929,8 +927,8 @@ absl::StatusOr<v1::TransferStatus> Client::Wait(uint64_t transfer_id, absl::Dura
     return WaitByCall(transfer_id, timeout);
   }
   const bool bounded = timeout > absl::ZeroDuration() && timeout != absl::InfiniteDuration();
-  const CompletionTable::Result seen = completions->Wait(
-      transfer_id, bounded ? absl::Now() + timeout : absl::InfiniteFuture());
+  const CompletionTable::Result seen =
+      completions->Wait(transfer_id, bounded ? absl::Now() + timeout : absl::InfiniteFuture());
   switch (seen.outcome) {
     case CompletionTable::Outcome::kDone:
       // Wait's contract is the transfer's whole status (path, engine, link, phases, layers), as
@@ -1072,11 +1070,10 @@ absl::StatusOr<v1::ListRegionsResponse> Client::ListRegions(bool include_library
       impl_->Unary(*impl_->admin_, &v1::Admin::Stub::ListRegions, v1::ListRegionsRequest()));
   if (!include_library_regions) {
     auto* regions = response.mutable_regions();
-    regions->erase(std::remove_if(regions->begin(), regions->end(),
-                                  [](const v1::RegionInfo& r) {
-                                    return r.spec().library_region();
-                                  }),
-                   regions->end());
+    regions->erase(
+        std::remove_if(regions->begin(), regions->end(),
+                       [](const v1::RegionInfo& r) { return r.spec().library_region(); }),
+        regions->end());
   }
   return response;
 }

@@ -248,8 +248,9 @@ class Client {
   // finds out when the daemon closes its session socket (a monitor thread watches it once the
   // session is open), when a new session names another daemon instance than Connect saw
   // (Stats.lineage_id), or when a call fails with NOT_FOUND / UNAVAILABLE and the daemon's
-  // lineage turns out to have changed (a hot restart keeps it: nothing is lost then). From then on calls that use the session, and calls that
-  // fail, return FAILED_PRECONDITION "session lost: ..." until ResetSession.
+  // lineage turns out to have changed (a hot restart keeps it: nothing is lost then). From then on
+  // calls that use the session, and calls that fail, return FAILED_PRECONDITION "session lost: ..."
+  // until ResetSession.
   bool session_lost() const;
   // The daemon lineage this client's session belongs to (Stats.lineage_id, which a hot restart
   // keeps; Stats.instance_id from daemons without it; "" from older daemons).
@@ -279,7 +280,8 @@ class Client {
   absl::StatusOr<v1::GetTopologyResponse> GetTopology();
 
  private:
-  absl::StatusOr<v1::SubmitTransferResponse> SubmitRequest(const v1::SubmitTransferRequest& request);
+  absl::StatusOr<v1::SubmitTransferResponse> SubmitRequest(
+      const v1::SubmitTransferRequest& request);
   // Wait by a WAIT packet or WaitTransfer (without the completion queue).
   absl::StatusOr<v1::TransferStatus> WaitByCall(uint64_t transfer_id, absl::Duration timeout);
   // Makes the block-table region hold `need` bytes (creates / grows and registers it); the

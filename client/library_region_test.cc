@@ -6,7 +6,6 @@
 // older daemon's view of region.proto (RegionSpec without field 150) carries the spec through.
 #define CATCH_CONFIG_MAIN
 #include <catch2/catch.hpp>
-
 #include <memory>
 
 #include "client/kvrail_client.h"

@@ -2,9 +2,9 @@
 
 #include <fcntl.h>
 #include <signal.h>
-#include <unistd.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cstdlib>
@@ -23,6 +23,7 @@
 #include "base/logging_systemd.h"
 #include "base/status.h"
 #include "base/unique_fd.h"
+#include "daemon/access/access.h"
 #include "daemon/directory/directory.h"
 #include "daemon/directory/etcd_directory.h"
 #include "daemon/directory/node_record.h"
@@ -36,13 +37,12 @@
 #include "daemon/metrics/metrics.h"
 #include "daemon/metrics/mps.h"
 #include "daemon/options.h"
-#include "daemon/access/access.h"
 #include "daemon/regions/regions.h"
-#include "daemon/sessions/sessions.h"
 #include "daemon/server/private_bind.h"
 #include "daemon/server/server.h"
 #include "daemon/server/socket_lock.h"
 #include "daemon/session/session_server.h"
+#include "daemon/sessions/sessions.h"
 #include "daemon/transfers/transfers.h"
 #include "spdlog/spdlog.h"
 #include "topology/topology.h"
@@ -119,9 +119,9 @@ std::vector<regions::GpuName> GpuNames(const v1::TopologyDesc& desc) {
 // The etcd client's PEM text and password, read from the files the config names.
 absl::Status ReadEtcdSecrets(const v1::EtcdDirectoryConfig& etcd,
                              directory::EtcdClientOptions* options) {
-  const std::pair<const char*, const std::string*> files[] = {
-      {"etcd.ca_file", &etcd.ca_file()}, {"etcd.cert_file", &etcd.cert_file()},
-      {"etcd.key_file", &etcd.key_file()}};
+  const std::pair<const char*, const std::string*> files[] = {{"etcd.ca_file", &etcd.ca_file()},
+                                                              {"etcd.cert_file", &etcd.cert_file()},
+                                                              {"etcd.key_file", &etcd.key_file()}};
   std::string* pems[] = {&options->ca_pem, &options->cert_pem, &options->key_pem};
   for (int i = 0; i < 3; ++i) {
     if (files[i].second->empty()) continue;
@@ -135,10 +135,11 @@ absl::Status ReadEtcdSecrets(const v1::EtcdDirectoryConfig& etcd,
     *pems[i] = text.str();
   }
   if (options->ca_pem.empty() && options->cert_pem.empty()) {
-    spdlog::warn("etcd.*_file: not set: the etcd directory talks to {} in plaintext (anyone on "
-                 "the path can read and forge node records); set etcd.ca_file (and "
-                 "etcd.cert_file/key_file for client certificates)",
-                 absl::StrJoin(options->endpoints, ","));
+    spdlog::warn(
+        "etcd.*_file: not set: the etcd directory talks to {} in plaintext (anyone on "
+        "the path can read and forge node records); set etcd.ca_file (and "
+        "etcd.cert_file/key_file for client certificates)",
+        absl::StrJoin(options->endpoints, ","));
   }
   if (!etcd.username().empty()) {
     // etcd user/password authentication; the password is never logged.
@@ -270,8 +271,7 @@ absl::Status DaemonImpl::Start() {
   KVRAIL_RETURN_IF_ERROR(SetUpDaemonLogging(c.log_level(), c.log_format()));
   PrepareCudaEnvironment(c);
   id_.fd_limit = RaiseFdLimit();
-  spdlog::info("kvraild {} starting: node '{}', socket {}", kVersion, c.node_id(),
-               c.unix_socket());
+  spdlog::info("kvraild {} starting: node '{}', socket {}", kVersion, c.node_id(), c.unix_socket());
   // One daemon per socket, decided before anything at that path is unlinked or bound. A hot
   // restart's successor adopts its predecessor's lock instead (BeginTakeover).
   if (hot_.options.take_over_path.empty()) {
@@ -305,24 +305,25 @@ absl::Status DaemonImpl::Start() {
   KVRAIL_RETURN_IF_ERROR(StartServer());
   KVRAIL_RETURN_IF_ERROR(StartHandoverListener());
   if (fabric_) fabric_->StartLiveness();
-  spdlog::info("ready: {} ({}{}{})", c.unix_socket(), engine_->Describe(),
-               cuda_engine_ ? "; " : "", cuda_engine_ ? cuda_engine_->Describe() : "");
+  spdlog::info("ready: {} ({}{}{})", c.unix_socket(), engine_->Describe(), cuda_engine_ ? "; " : "",
+               cuda_engine_ ? cuda_engine_->Describe() : "");
   return absl::OkStatus();
 }
 
 absl::Status DaemonImpl::StartRegions() {
-  session_table_ = sessions::SessionTable::Create(sessions::SessionLimits{},
-                                                 sessions::RandomIdBase());
-  regions_ = regions::RegionTable::Create(clock_, session_table_.get(), sessions::RandomIdBase(),
-                                          GpuNames(id_.topology.desc()), RegionLimitsFrom(config()));
+  session_table_ =
+      sessions::SessionTable::Create(sessions::SessionLimits{}, sessions::RandomIdBase());
+  regions_ =
+      regions::RegionTable::Create(clock_, session_table_.get(), sessions::RandomIdBase(),
+                                   GpuNames(id_.topology.desc()), RegionLimitsFrom(config()));
   grants_ = access::Grants::Create(clock_, session_table_.get(), regions_.get());
   return absl::OkStatus();
 }
 
 absl::Status DaemonImpl::StartEngines() {
   const v1::DaemonConfig& c = config();
-  engine_ = engine::CreateHostEngine(static_cast<int>(c.host_engine_threads()),
-                                     PriorityLimitsFrom(c));
+  engine_ =
+      engine::CreateHostEngine(static_cast<int>(c.host_engine_threads()), PriorityLimitsFrom(c));
   if (c.cuda_engine() == "off") return absl::OkStatus();
   absl::StatusOr<std::unique_ptr<engine::Engine>> created =
       engine::CreateCudaEngine(CudaEngineOptionsFrom(c));
@@ -330,26 +331,27 @@ absl::Status DaemonImpl::StartEngines() {
     cuda_engine_ = *std::move(created);
     spdlog::info("CUDA engine: {}", cuda_engine_->Describe());
     if (cuda_engine_->capabilities().gpu_count < id_.topology.desc().gpus_size()) {
-      spdlog::warn("CUDA engine: runs on {} of the {} GPUs the topology shows (CUDA sees fewer: "
-                   "NVIDIA_VISIBLE_DEVICES, CDI devices or CUDA_VISIBLE_DEVICES); transfers on "
-                   "the others are refused",
-                   cuda_engine_->capabilities().gpu_count, id_.topology.desc().gpus_size());
+      spdlog::warn(
+          "CUDA engine: runs on {} of the {} GPUs the topology shows (CUDA sees fewer: "
+          "NVIDIA_VISIBLE_DEVICES, CDI devices or CUDA_VISIBLE_DEVICES); transfers on "
+          "the others are refused",
+          cuda_engine_->capabilities().gpu_count, id_.topology.desc().gpus_size());
     }
   } else if (c.cuda_engine() == "required") {
     // Not served without its GPUs: a daemon that answered health checks here would be taken
     // for working. CUDA's initialisation error is sticky within a process, so the retry is a
     // new process: systemd's Restart= and the kubelet's crash-loop back-off pace it.
-    absl::Status status = absl::FailedPreconditionError(
-        absl::StrCat("cuda_engine: required, but the CUDA engine did not start: ",
-                     created.status().ToString(),
-                     " (kvraild exits; its supervisor retries with back-off)"));
+    absl::Status status = absl::FailedPreconditionError(absl::StrCat(
+        "cuda_engine: required, but the CUDA engine did not start: ", created.status().ToString(),
+        " (kvraild exits; its supervisor retries with back-off)"));
     status.SetPayload(kExitCodePayload, absl::Cord(absl::StrCat(kExitCudaRequired)));
     return status;
   } else {
-    spdlog::warn("no CUDA engine (cuda_engine: auto): {}; kvraild serves host memory only and "
-                 "refuses GPU regions (set cuda_engine: required on GPU nodes so this fails "
-                 "the start instead)",
-                 created.status().ToString());
+    spdlog::warn(
+        "no CUDA engine (cuda_engine: auto): {}; kvraild serves host memory only and "
+        "refuses GPU regions (set cuda_engine: required on GPU nodes so this fails "
+        "the start instead)",
+        created.status().ToString());
   }
   return absl::OkStatus();
 }
@@ -368,8 +370,8 @@ absl::Status DaemonImpl::StartDirectory() {
   KVRAIL_RETURN_IF_ERROR(ReadEtcdSecrets(c.etcd(), &client_options));
   KVRAIL_ASSIGN_OR_RETURN(std::unique_ptr<directory::EtcdClient> client,
                           directory::CreateGrpcEtcdClient(client_options));
-  directory::NodeRecordInputs record = NodeRecordInputsFrom(
-      c, id_.topology, id_.instance_id, id_.stats_base.build_info());
+  directory::NodeRecordInputs record =
+      NodeRecordInputsFrom(c, id_.topology, id_.instance_id, id_.stats_base.build_info());
   record.now = absl::Now();
   KVRAIL_ASSIGN_OR_RETURN(directory_, directory::CreateEtcdDirectory(
                                           EtcdDirectoryOptionsFrom(c, record), std::move(client)));
@@ -388,19 +390,20 @@ absl::Status DaemonImpl::StartFabric() {
   const v1::DaemonConfig& c = config();
   if (!c.peer_tls().ca_file().empty()) {
     KVRAIL_ASSIGN_OR_RETURN(peer_tls_, fabric::LoadPeerTls(c.peer_tls()));
-    spdlog::info("peers: mTLS (CA {}, certificate {}: its CN must be '{}')",
-                 c.peer_tls().ca_file(), c.peer_tls().cert_file(), c.node_id());
+    spdlog::info("peers: mTLS (CA {}, certificate {}: its CN must be '{}')", c.peer_tls().ca_file(),
+                 c.peer_tls().cert_file(), c.node_id());
   } else if (c.insecure_peers()) {
-    spdlog::warn("insecure_peers: tcp_listen and the channels to peers are plaintext; any host "
-                 "that reaches {} may claim any node id (tests and closed networks only)",
-                 c.tcp_listen().empty() ? std::string("the peers") : c.tcp_listen());
+    spdlog::warn(
+        "insecure_peers: tcp_listen and the channels to peers are plaintext; any host "
+        "that reaches {} may claim any node id (tests and closed networks only)",
+        c.tcp_listen().empty() ? std::string("the peers") : c.tcp_listen());
   }
   if (directory_->Peers().empty() && !c.has_etcd()) return absl::OkStatus();
   fabric::FabricOptions options = FabricOptionsFrom(c, id_.topology);
   options.tls = peer_tls_;
-  KVRAIL_ASSIGN_OR_RETURN(fabric_,
-                          fabric::Fabric::Create(options, session_table_.get(), regions_.get(),
-                                                 grants_.get(), directory_.get()));
+  KVRAIL_ASSIGN_OR_RETURN(
+      fabric_, fabric::Fabric::Create(options, session_table_.get(), regions_.get(), grants_.get(),
+                                      directory_.get()));
   return absl::OkStatus();
 }
 
@@ -408,7 +411,8 @@ absl::Status DaemonImpl::StartTransfers() {
   // Notification queues live as long as their sessions (a session's end drops its queue).
   notifications_ = transfers::NotificationHub::Create(
       [table = session_table_.get()](uint64_t session) { return table->SessionOpen(session); });
-  session_table_->AddSessionEndHook([hub = notifications_.get()](uint64_t s) { hub->EndSession(s); });
+  session_table_->AddSessionEndHook(
+      [hub = notifications_.get()](uint64_t s) { hub->EndSession(s); });
   transfers::Options options = TransferOptionsFrom(config(), id_.topology);
   options.notifications = notifications_.get();
   options.remote = fabric_.get();
@@ -422,8 +426,8 @@ absl::Status DaemonImpl::StartTransfers() {
   transfers::EngineRegistry engines;
   engines.Add(engine_.get());
   engines.Add(cuda_engine_.get());  // null when there is none
-  transfers_ = transfers::TransferManager::Create(regions_.get(), grants_.get(), engines, clock_,
-                                                  options);
+  transfers_ =
+      transfers::TransferManager::Create(regions_.get(), grants_.get(), engines, clock_, options);
   // Inbound fabric transfers are recorded by the manager (detached in the destructor).
   if (fabric_) fabric_->SetInboundSink(transfers_.get());
   // A session's end fails the transfers waiting for readiness only it could give.
@@ -477,15 +481,17 @@ absl::Status DaemonImpl::StartSessions() {
                                std::function<void(const v1::TransferStatus&)> done) {
     return transfers->WhenEnded(caller, id, std::move(done), /*counted=*/false);
   };
-  spdlog::info("caps: {} sessions ({} per uid), {} transfers in flight and {} waits/watches per "
-               "session", options.max_sessions, options.max_sessions_per_uid,
-               config().max_transfers_per_session(), config().max_watchers_per_session());
+  spdlog::info(
+      "caps: {} sessions ({} per uid), {} transfers in flight and {} waits/watches per "
+      "session",
+      options.max_sessions, options.max_sessions_per_uid, config().max_transfers_per_session(),
+      config().max_watchers_per_session());
   if (hot_.takeover != nullptr) {
     // The predecessor's listener and connections, served from the commit on (StartServer).
     handover::Bundle& bundle = hot_.takeover->bundle();
-    KVRAIL_ASSIGN_OR_RETURN(sessions_, session::SessionServer::Adopt(options, session_table_.get(),
-                                                                     bundle.state.sessions(),
-                                                                     &bundle.fds));
+    KVRAIL_ASSIGN_OR_RETURN(sessions_,
+                            session::SessionServer::Adopt(options, session_table_.get(),
+                                                          bundle.state.sessions(), &bundle.fds));
     for (const handover::QueuedNotification& queued : bundle.state.notifications()) {
       notifications_->Deliver(queued.session_id(), queued.notification());
     }
@@ -510,17 +516,19 @@ absl::Status DaemonImpl::StartServer() {
   options.listen.insert(options.listen.begin(), "unix:" + grpc_bind->bind_path());
   options.tcp_credentials = fabric::PeerServerCredentials(peer_tls_);
   if (c.tcp_serves_api()) {
-    spdlog::warn("tcp_serves_api: Transfer and Admin answer on {} too (anonymous callers: they "
-                 "reach regions only through grants)", c.tcp_listen());
+    spdlog::warn(
+        "tcp_serves_api: Transfer and Admin answer on {} too (anonymous callers: they "
+        "reach regions only through grants)",
+        c.tcp_listen());
   }
   options.directory_status = [d = directory_.get()] { return d->Status(); };
   if (fabric_) {
     options.list_peers = [d = directory_.get()] { return d->List(); };
     options.extra_services.push_back(fabric_->peer_service());
   }
-  KVRAIL_ASSIGN_OR_RETURN(server_,
-                          server::Server::Start(options, session_table_.get(), regions_.get(),
-                                                grants_.get(), transfers_.get()));
+  KVRAIL_ASSIGN_OR_RETURN(
+      server_, server::Server::Start(options, session_table_.get(), regions_.get(), grants_.get(),
+                                     transfers_.get()));
   if (hot_.takeover != nullptr) {
     // Nothing can fail any more: the predecessor lets go, then this daemon serves (its gRPC
     // socket renamed over the predecessor's: no moment without one at the path). Calls still
@@ -555,9 +563,9 @@ std::string DaemonImpl::Summary() const {
   v1::Stats stats;
   transfers_->FillStats(&stats);
   return absl::StrCat("serving ", config().unix_socket(), ": ", regions_->size(), " regions, ",
-                      stats.transfers_active(), " transfers active, ",
-                      stats.transfers_succeeded(), " succeeded, ", stats.transfers_failed(),
-                      " failed; ", stats.bytes_moved(), " bytes moved");
+                      stats.transfers_active(), " transfers active, ", stats.transfers_succeeded(),
+                      " succeeded, ", stats.transfers_failed(), " failed; ", stats.bytes_moved(),
+                      " bytes moved");
 }
 
 void DaemonImpl::Serve() {
@@ -628,14 +636,15 @@ absl::Status DaemonImpl::BeginTakeover() {
   if (lock_index < 0 || static_cast<size_t>(lock_index) >= bundle.fds.size()) {
     return absl::InvalidArgumentError("handover: socket_lock_fd is not in the bundle");
   }
-  KVRAIL_ASSIGN_OR_RETURN(socket_lock_, server::SocketLock::Adopt(
-                                            std::move(bundle.fds[lock_index]), c.unix_socket()));
+  KVRAIL_ASSIGN_OR_RETURN(
+      socket_lock_, server::SocketLock::Adopt(std::move(bundle.fds[lock_index]), c.unix_socket()));
   id_.lineage_id = bundle.state.lineage_id();
-  spdlog::info("take_over: {} (instance {}, kvraild {}) hands over {} sessions, {} regions, {} "
-               "connections; lineage {}", path, bundle.state.predecessor_instance_id(),
-               bundle.state.predecessor_version(), bundle.state.regions().sessions_size(),
-               bundle.state.regions().regions_size(), bundle.state.sessions().connections_size(),
-               id_.lineage_id);
+  spdlog::info(
+      "take_over: {} (instance {}, kvraild {}) hands over {} sessions, {} regions, {} "
+      "connections; lineage {}",
+      path, bundle.state.predecessor_instance_id(), bundle.state.predecessor_version(),
+      bundle.state.regions().sessions_size(), bundle.state.regions().regions_size(),
+      bundle.state.sessions().connections_size(), id_.lineage_id);
   // Sessions and fd tokens first (the regions' owners and uids), then the regions, then the
   // grants of them.
   KVRAIL_RETURN_IF_ERROR(session_table_->ImportState(bundle.state.regions(), &bundle.fds));
@@ -651,9 +660,8 @@ absl::Status DaemonImpl::StartHandoverListener() {
   predecessor.resume = [this] { ResumeAfterHandover(); };
   predecessor.released = [this](const std::string& address) { Released(address); };
   KVRAIL_ASSIGN_OR_RETURN(
-      hot_.listener,
-      handover::Listener::Start(hot_.options.listen_path, std::move(predecessor),
-                                hot_.options.commit_timeout));
+      hot_.listener, handover::Listener::Start(hot_.options.listen_path, std::move(predecessor),
+                                               hot_.options.commit_timeout));
   return absl::OkStatus();
 }
 
@@ -671,8 +679,7 @@ absl::StatusOr<handover::Bundle> DaemonImpl::PrepareHandover() {
   if (!lock.valid()) return absl::ResourceExhaustedError("handover: cannot duplicate the lock");
   bundle.fds.push_back(std::move(lock));
   bundle.state.set_socket_lock_fd(0);
-  KVRAIL_RETURN_IF_ERROR(
-      session_table_->ExportState(bundle.state.mutable_regions(), &bundle.fds));
+  KVRAIL_RETURN_IF_ERROR(session_table_->ExportState(bundle.state.mutable_regions(), &bundle.fds));
   KVRAIL_RETURN_IF_ERROR(regions_->ExportState(bundle.state.mutable_regions(), &bundle.fds));
   grants_->ExportState(bundle.state.mutable_regions());
   transfers_->ExportState(bundle.state.mutable_transfers());

@@ -26,7 +26,8 @@ void ReportFatal(const std::string& message) { ReportStartError(message); }
 int CheckConfig(const std::string& path) {
   absl::StatusOr<v1::DaemonConfig> config = config::LoadConfigFile(path);
   absl::Status status = config.status();
-  if (status.ok()) status = config::ApplyEnvironment([](const char* name) { return std::getenv(name); }, &*config);
+  if (status.ok())
+    status = config::ApplyEnvironment([](const char* name) { return std::getenv(name); }, &*config);
   if (status.ok()) status = config::FinalizeConfig(&*config);
   if (status.ok()) {
     std::ostringstream discard;
@@ -74,7 +75,8 @@ int main(int argc, char** argv) {
   std::string peer_ca, peer_cert, peer_key;
   bool insecure_peers = false;
   app.add_option("--peer-ca", peer_ca, "peer_tls.ca_file: CA of the nodes' certificates (PEM)");
-  app.add_option("--peer-cert", peer_cert, "peer_tls.cert_file: this node's certificate (CN = node id)");
+  app.add_option("--peer-cert", peer_cert,
+                 "peer_tls.cert_file: this node's certificate (CN = node id)");
   app.add_option("--peer-key", peer_key, "peer_tls.key_file: its private key");
   app.add_flag("--insecure-peers", insecure_peers,
                "no TLS on tcp_listen and to peers: node ids as claimed (tests only)");
@@ -146,7 +148,8 @@ int main(int argc, char** argv) {
     flags.set_defer_id_checks_from(static_cast<uint64_t>(defer_id_checks_from));
   }
   kvrail::config::MergeOverrides(flags, &config);
-  absl::Status status = kvrail::config::ApplyEnvironment([](const char* name) { return std::getenv(name); }, &config);
+  absl::Status status =
+      kvrail::config::ApplyEnvironment([](const char* name) { return std::getenv(name); }, &config);
   if (status.ok()) status = kvrail::config::FinalizeConfig(&config);
   if (!status.ok()) {
     kvrail::ReportFatal(status.ToString());

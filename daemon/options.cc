@@ -84,8 +84,8 @@ fabric::FabricOptions FabricOptionsFrom(const v1::DaemonConfig& config,
   options.lane_cooldown = absl::Milliseconds(fc.lane_cooldown_ms());
   options.relay = fc.relay();
   options.gpu_pack_kernels = fc.gpu_pack() != "copy";
-  options.topology_summary = absl::StrCat(topology.desc().gpus_size(), " GPUs, ",
-                                          topology.desc().nics_size(), " NICs");
+  options.topology_summary =
+      absl::StrCat(topology.desc().gpus_size(), " GPUs, ", topology.desc().nics_size(), " NICs");
   // Rail-aware lane choice (daemon/fabric/lane_route.h): lanes mapped to this topology's NICs.
   options.topology = std::make_shared<const v1::TopologyDesc>(topology.desc());
   return options;
@@ -113,8 +113,8 @@ directory::NodeRecordInputs NodeRecordInputsFrom(const v1::DaemonConfig& config,
   return record;
 }
 
-directory::EtcdDirectoryOptions EtcdDirectoryOptionsFrom(const v1::DaemonConfig& config,
-                                                         const directory::NodeRecordInputs& record) {
+directory::EtcdDirectoryOptions EtcdDirectoryOptionsFrom(
+    const v1::DaemonConfig& config, const directory::NodeRecordInputs& record) {
   directory::EtcdDirectoryOptions options;
   options.self = config.node_id();
   options.prefix = config.etcd().prefix();

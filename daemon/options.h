@@ -78,16 +78,14 @@ size_t MaxSessionsPerUidFrom(const v1::DaemonConfig& config, size_t max_sessions
 
 // The session server's options (callbacks and instance id are the Daemon's); `fd_limit` as for
 // MaxSessionsFrom.
-session::SessionServerOptions SessionOptionsFrom(const v1::DaemonConfig& config,
-                                                 uint64_t fd_limit);
+session::SessionServerOptions SessionOptionsFrom(const v1::DaemonConfig& config, uint64_t fd_limit);
 
 // The gRPC server's options: tcp_listen (the private unix bind is the Daemon's), static peers as
 // "unknown"; the topology, stats, credentials and callbacks are the Daemon's.
 server::ServerOptions ServerOptionsFrom(const v1::DaemonConfig& config);
 
 // The metrics endpoint's options (the stats and peers callbacks are the Daemon's).
-metrics::MetricsOptions MetricsOptionsFrom(const v1::DaemonConfig& config, int gpus,
-                                           int cuda_gpus);
+metrics::MetricsOptions MetricsOptionsFrom(const v1::DaemonConfig& config, int gpus, int cuda_gpus);
 
 // Hot restart: this daemon's handover socket ("<unix_socket>.handover"), whom it takes over from
 // (take_over: "auto" is that same path, cold when nobody answers) and the waits

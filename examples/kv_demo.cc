@@ -40,9 +40,9 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "base/status.h"
 #include "client/cuda_export.h"
 #include "client/kvrail_client.h"
-#include "base/status.h"
 
 namespace kvrail::client::demo {
 namespace {
@@ -274,8 +274,8 @@ int Prefill(const std::string& socket, const std::string& info_path, uint64_t se
   }
   std::cout << "kv_demo prefill: region " << region->region_id() << " (session "
             << region->session_id() << "), " << blocks.size() << " blocks, "
-            << absl::StrFormat("%.1f MiB", static_cast<double>(*bytes) / (1 << 20))
-            << " pool in " << Where(gpu) << "; info in " << info_path << "; holding until "
+            << absl::StrFormat("%.1f MiB", static_cast<double>(*bytes) / (1 << 20)) << " pool in "
+            << Where(gpu) << "; info in " << info_path << "; holding until "
             << (ignore_stdin ? "SIGTERM" : "stdin EOF or SIGTERM") << std::endl;
   WaitForEofOrSignal(ignore_stdin);
   std::cout << "kv_demo prefill: done" << std::endl;

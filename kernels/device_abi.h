@@ -134,14 +134,14 @@ static_assert(sizeof(TileDesc) == 24, "TileDesc ABI");
 // Publication protocol: every field but `epoch` first, `epoch` last with release semantics; the
 // proxy takes the command once `epoch` equals the ring lap of its sequence number.
 struct NicCommand {
-  uint32_t opcode;          // producer: 0 none, 1 write tile (fabric: kOpWriteTile)
-  uint32_t tile;            // producer: tile index within the transfer (low 32 bits of imm data)
-  uint32_t slot;            // producer: send slot of (peer, NIC) (send slot s -> peer's recv slot s)
-  uint16_t peer;            // engine: the receiving peer's index in this daemon's peer table
-  uint16_t remote_handle;   // engine: the receiver's handle for the transfer (from Begin)
-  uint64_t transfer_tag;    // engine: the sender daemon's transfer id, copied by the producer
-  uint32_t bytes;           // producer: packed bytes of the tile in the slot
-  uint32_t epoch;           // producer, written last: ring lap (seq / capacity + 1), never reset
+  uint32_t opcode;         // producer: 0 none, 1 write tile (fabric: kOpWriteTile)
+  uint32_t tile;           // producer: tile index within the transfer (low 32 bits of imm data)
+  uint32_t slot;           // producer: send slot of (peer, NIC) (send slot s -> peer's recv slot s)
+  uint16_t peer;           // engine: the receiving peer's index in this daemon's peer table
+  uint16_t remote_handle;  // engine: the receiver's handle for the transfer (from Begin)
+  uint64_t transfer_tag;   // engine: the sender daemon's transfer id, copied by the producer
+  uint32_t bytes;          // producer: packed bytes of the tile in the slot
+  uint32_t epoch;          // producer, written last: ring lap (seq / capacity + 1), never reset
 };
 static_assert(sizeof(NicCommand) == 32, "NicCommand is one 32-byte ring slot");
 

@@ -116,8 +116,7 @@ class TileHasher {
         n -= words * kWordBytes;
         continue;
       }
-      const uint32_t take =
-          static_cast<uint32_t>(n < kWordBytes - lane ? n : kWordBytes - lane);
+      const uint32_t take = static_cast<uint32_t>(n < kWordBytes - lane ? n : kWordBytes - lane);
       if (has_pending_ && pending_key_ != key) Flush();
       pending_ |= PartialWord(p, take, lane);
       pending_key_ = key;

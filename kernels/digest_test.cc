@@ -1,13 +1,12 @@
 // kernels/digest.h on the host: the definition pinned by golden values, TileHasher equal to a
 // word-by-word reference however the bytes are split into runs, and the bijection property.
 #define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
+#include "kernels/digest.h"
 
+#include <catch2/catch.hpp>
 #include <map>
 #include <random>
 #include <vector>
-
-#include "kernels/digest.h"
 
 namespace kvrail::kernels::digest {
 namespace {
@@ -34,14 +33,16 @@ TEST_CASE("Mix: golden values (the digest's definition; changing them breaks pee
   // The definition spelled out once more: (lo + k) * (hi + (k ^ flip)), 32-bit halves.
   const uint64_t w = 0xfedcba9876543210ull, key = (uint64_t{3} << 32) + 77;
   const uint32_t k = 77u * kKeyMul + 3u * kKeyMulHigh + kKeyOffset;
-  CHECK(Mix(w, key) == uint64_t{uint32_t(0x76543210u + k)} * uint32_t(0xfedcba98u + (k ^ kKeyFlip)));
+  CHECK(Mix(w, key) ==
+        uint64_t{uint32_t(0x76543210u + k)} * uint32_t(0xfedcba98u + (k ^ kKeyFlip)));
 }
 
 TEST_CASE("a change of one 32-bit half is caught unless the other half cancels its key") {
   std::mt19937_64 rng(5);
   for (int n = 0; n < 100000; ++n) {
     const uint64_t w = rng(), key = rng() % (1ull << 40);
-    const uint64_t lo_changed = (w & ~0xffffffffull) | ((w + 1 + rng() % 0xfffffffe) & 0xffffffffull);
+    const uint64_t lo_changed =
+        (w & ~0xffffffffull) | ((w + 1 + rng() % 0xfffffffe) & 0xffffffffull);
     const uint64_t hi_changed = w ^ ((1 + rng() % 0xffffffffull) << 32);
     REQUIRE(Mix(w, key) != Mix(lo_changed, key));
     REQUIRE(Mix(w, key) != Mix(hi_changed, key));

@@ -30,8 +30,8 @@ KVRAIL_HD ChunkPos FabricTileStart(const PlanHeader& h, const TileDesc& t) {
   ChunkPos start;
   if (t.byte_begin <= kFastDivMaxDividend) {
     start.chunk = FastDiv(h.chunk_div, static_cast<uint32_t>(t.byte_begin));
-    start.offset = static_cast<uint32_t>(t.byte_begin) -
-                   start.chunk * static_cast<uint32_t>(h.chunk_bytes);
+    start.offset =
+        static_cast<uint32_t>(t.byte_begin) - start.chunk * static_cast<uint32_t>(h.chunk_bytes);
   } else {
     start.chunk = static_cast<uint32_t>(t.byte_begin / h.chunk_bytes);
     start.offset = static_cast<uint32_t>(t.byte_begin % h.chunk_bytes);
@@ -44,9 +44,8 @@ KVRAIL_HD ChunkPos FabricTileStart(const PlanHeader& h, const TileDesc& t) {
 // FabricTileStart(h, t). Valid for any packed < tile length; the bytes up to the end of the
 // unit (W bytes) follow contiguously when `packed` is a multiple of the plan's access width.
 KVRAIL_HD uint64_t FabricUnitOffset(const PlanHeader& h, const uint32_t* src_blocks,
-                                    const uint32_t* dst_blocks, const TileDesc& t,
-                                    LayerSpan layer, ChunkPos start, uint32_t packed,
-                                    bool src_side) {
+                                    const uint32_t* dst_blocks, const TileDesc& t, LayerSpan layer,
+                                    ChunkPos start, uint32_t packed, bool src_side) {
   if (static_cast<ChunkKind>(h.chunk_kind) == ChunkKind::kBytes) {
     return (src_side ? h.src.origin : h.dst.origin) + t.byte_begin + packed;
   }

@@ -86,9 +86,9 @@ absl::Status LaunchFabricPack(const DevicePlan& plan, const FabricPackTile& tile
   const uint32_t w = FabricAccessBytes(plan, tile.staging);
   // Every CTA of the grid arrives (one with no slab of a short tile too).
   const int ctas = FabricCtasFor(tile.bytes, w);
-  return CudaStatus(internal::FabricTileLaunch(plan.header, a, /*pack=*/true, w, ctas, kThreads,
-                                               stream),
-                    "fabric pack launch");
+  return CudaStatus(
+      internal::FabricTileLaunch(plan.header, a, /*pack=*/true, w, ctas, kThreads, stream),
+      "fabric pack launch");
 }
 
 absl::Status LaunchFabricUnpack(const DevicePlan& plan, uint32_t tile, uint64_t bytes,
@@ -99,8 +99,7 @@ absl::Status LaunchFabricUnpack(const DevicePlan& plan, uint32_t tile, uint64_t 
   a.staging = const_cast<uint8_t*>(staging);
   const uint32_t w = FabricAccessBytes(plan, staging);
   return CudaStatus(internal::FabricTileLaunch(plan.header, a, /*pack=*/false, w,
-                                               FabricCtasFor(bytes, w), kThreads,
-                                               stream),
+                                               FabricCtasFor(bytes, w), kThreads, stream),
                     "fabric unpack launch");
 }
 

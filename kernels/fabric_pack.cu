@@ -20,7 +20,8 @@ using gather::LoadHeader;
 // The 28 bytes before `epoch`, then `epoch` with a system-scope release: the proxy thread (on
 // the CPU, polling the ring in host memory) that sees the epoch sees the body and, through the
 // caller's __threadfence_system, every byte of the slot.
-__device__ __forceinline__ void PublishCommand(NicCommand* to, const NicCommand& c, uint32_t epoch) {
+__device__ __forceinline__ void PublishCommand(NicCommand* to, const NicCommand& c,
+                                               uint32_t epoch) {
   volatile uint32_t* words = reinterpret_cast<volatile uint32_t*>(to);
   const uint32_t* from = reinterpret_cast<const uint32_t*>(&c);
 #pragma unroll
@@ -57,8 +58,8 @@ __global__ void __launch_bounds__(kMaxThreads)
       const uint32_t q = s + (k * blockDim.x + threadIdx.x) * W;
       if (q < len) {
         at[k] = region + FabricUnitOffset(h, src_blocks, dst_blocks, t, layer, start, q, kPack);
-        value[k] = kPack ? *reinterpret_cast<const T*>(at[k])
-                         : *reinterpret_cast<const T*>(a.staging + q);
+        value[k] =
+            kPack ? *reinterpret_cast<const T*>(at[k]) : *reinterpret_cast<const T*>(a.staging + q);
       }
     }
 #pragma unroll
@@ -92,12 +93,23 @@ template <bool kPack>
 int Launch(const PlanHeader* header, const internal::FabricTileArgs& a, uint32_t access_bytes,
            int num_ctas, int threads, cudaStream_t stream) {
   switch (access_bytes) {
-    case 16: FabricTileKernel<16, kPack><<<num_ctas, threads, 0, stream>>>(header, a); break;
-    case 8: FabricTileKernel<8, kPack><<<num_ctas, threads, 0, stream>>>(header, a); break;
-    case 4: FabricTileKernel<4, kPack><<<num_ctas, threads, 0, stream>>>(header, a); break;
-    case 2: FabricTileKernel<2, kPack><<<num_ctas, threads, 0, stream>>>(header, a); break;
-    case 1: FabricTileKernel<1, kPack><<<num_ctas, threads, 0, stream>>>(header, a); break;
-    default: return cudaErrorInvalidValue;
+    case 16:
+      FabricTileKernel<16, kPack><<<num_ctas, threads, 0, stream>>>(header, a);
+      break;
+    case 8:
+      FabricTileKernel<8, kPack><<<num_ctas, threads, 0, stream>>>(header, a);
+      break;
+    case 4:
+      FabricTileKernel<4, kPack><<<num_ctas, threads, 0, stream>>>(header, a);
+      break;
+    case 2:
+      FabricTileKernel<2, kPack><<<num_ctas, threads, 0, stream>>>(header, a);
+      break;
+    case 1:
+      FabricTileKernel<1, kPack><<<num_ctas, threads, 0, stream>>>(header, a);
+      break;
+    default:
+      return cudaErrorInvalidValue;
   }
   return cudaGetLastError();
 }

@@ -41,12 +41,12 @@ class FabricArrivals {
 // One tile to pack and publish.
 struct FabricPackTile {
   uint32_t tile = 0;
-  uint32_t slot = 0;                 // send slot index (goes into the command)
-  uint64_t bytes = 0;                // the tile's packed length (sizes the grid; > 0)
-  uint8_t* staging = nullptr;        // device address of the send slot
-  NicCommand* ring_slot = nullptr;   // device address of ring slot seq % capacity; null: no command
-  uint32_t epoch = 0;                // CommandRing::EpochOf(seq)
-  NicCommand engine{};               // peer, remote_handle, transfer_tag
+  uint32_t slot = 0;                // send slot index (goes into the command)
+  uint64_t bytes = 0;               // the tile's packed length (sizes the grid; > 0)
+  uint8_t* staging = nullptr;       // device address of the send slot
+  NicCommand* ring_slot = nullptr;  // device address of ring slot seq % capacity; null: no command
+  uint32_t epoch = 0;               // CommandRing::EpochOf(seq)
+  NicCommand engine{};              // peer, remote_handle, transfer_tag
 };
 
 // The unit width the fabric kernels use for `plan` with a slot at `staging` (the plan's access

@@ -13,13 +13,13 @@ namespace kvrail::kernels::internal {
 
 // One tile for the fabric kernels (by value as a kernel parameter).
 struct FabricTileArgs {
-  uint32_t tile;           // tile of the plan
-  uint32_t slot;           // send slot index (NicCommand.slot); pack only
-  uint8_t* staging;        // device address of the (mapped) slot holding the packed tile
-  NicCommand* ring_slot;   // device address of the ring slot to publish into; null: no command
-  uint32_t epoch;          // the ring lap of the reserved sequence number (written last)
-  uint32_t* arrivals;      // device word counting CTAs done with this tile (0 before, 0 after)
-  NicCommand engine;       // peer, remote_handle, transfer_tag to copy into the command
+  uint32_t tile;          // tile of the plan
+  uint32_t slot;          // send slot index (NicCommand.slot); pack only
+  uint8_t* staging;       // device address of the (mapped) slot holding the packed tile
+  NicCommand* ring_slot;  // device address of the ring slot to publish into; null: no command
+  uint32_t epoch;         // the ring lap of the reserved sequence number (written last)
+  uint32_t* arrivals;     // device word counting CTAs done with this tile (0 before, 0 after)
+  NicCommand engine;      // peer, remote_handle, transfer_tag to copy into the command
 };
 
 // pack: the plan's source side -> staging (then the command); unpack: staging -> destination.

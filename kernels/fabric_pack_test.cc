@@ -2,9 +2,9 @@
 // tile outside the plan, a null slot, a published pack without its arrival word or epoch, and a
 // plan never uploaded are refused with INVALID_ARGUMENT; nothing is launched.
 #define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
-
 #include "kernels/fabric_pack.h"
+
+#include <catch2/catch.hpp>
 
 namespace kvrail::kernels {
 namespace {
@@ -21,14 +21,12 @@ TEST_CASE("fabric kernel launches outside the plan or without a slot are refused
   t.tile = 3;  // one past the last tile
   t.bytes = 64;
   t.staging = slot;
-  CHECK(LaunchFabricPack(plan, t, &arrivals, nullptr).code() ==
-        absl::StatusCode::kInvalidArgument);
+  CHECK(LaunchFabricPack(plan, t, &arrivals, nullptr).code() == absl::StatusCode::kInvalidArgument);
   CHECK(LaunchFabricUnpack(plan, 3, 64, slot, nullptr).code() ==
         absl::StatusCode::kInvalidArgument);
   t.tile = 2;
   t.staging = nullptr;
-  CHECK(LaunchFabricPack(plan, t, &arrivals, nullptr).code() ==
-        absl::StatusCode::kInvalidArgument);
+  CHECK(LaunchFabricPack(plan, t, &arrivals, nullptr).code() == absl::StatusCode::kInvalidArgument);
   CHECK(LaunchFabricUnpack(plan, 2, 64, nullptr, nullptr).code() ==
         absl::StatusCode::kInvalidArgument);
   // A command to publish needs the tile's arrival word and a lap (epoch 0 is "empty").
@@ -38,8 +36,7 @@ TEST_CASE("fabric kernel launches outside the plan or without a slot are refused
   t.epoch = 1;
   CHECK(LaunchFabricPack(plan, t, nullptr, nullptr).code() == absl::StatusCode::kInvalidArgument);
   t.epoch = 0;
-  CHECK(LaunchFabricPack(plan, t, &arrivals, nullptr).code() ==
-        absl::StatusCode::kInvalidArgument);
+  CHECK(LaunchFabricPack(plan, t, &arrivals, nullptr).code() == absl::StatusCode::kInvalidArgument);
   CHECK(ring_slot.epoch == 0);  // nothing written
   DevicePlan none;
   CHECK(LaunchFabricUnpack(none, 0, 64, slot, nullptr).code() ==

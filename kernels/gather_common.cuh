@@ -1,6 +1,6 @@
 // Device helpers shared by the gather kernels (kv_copy.cu, kv_digest.cu): one copy of the access
-// types, the plan-header load, the item split and the slab locator, so the digest's fused copy reads plans exactly
-// as the plain copy does. Device-only, included by .cu files.
+// types, the plan-header load, the item split and the slab locator, so the digest's fused copy
+// reads plans exactly as the plain copy does. Device-only, included by .cu files.
 #ifndef KVRAIL_KERNELS_GATHER_COMMON_CUH_
 #define KVRAIL_KERNELS_GATHER_COMMON_CUH_
 
@@ -15,12 +15,28 @@ namespace kvrail::kernels::gather {
 // latency with few CTAs (measured: 8 CTAs x 512 threads x 8 loads ~ 300-350 GB/s on H200).
 constexpr int kLoadsInFlight = 8;
 
-template <int W> struct Access;
-template <> struct Access<16> { using T = int4; };
-template <> struct Access<8> { using T = int2; };
-template <> struct Access<4> { using T = int; };
-template <> struct Access<2> { using T = short; };
-template <> struct Access<1> { using T = char; };
+template <int W>
+struct Access;
+template <>
+struct Access<16> {
+  using T = int4;
+};
+template <>
+struct Access<8> {
+  using T = int2;
+};
+template <>
+struct Access<4> {
+  using T = int;
+};
+template <>
+struct Access<2> {
+  using T = short;
+};
+template <>
+struct Access<1> {
+  using T = char;
+};
 
 // Copies the plan header into the CTA's shared memory (every thread reads it all the time) and
 // waits for the whole CTA.
@@ -95,7 +111,8 @@ __device__ __forceinline__ void LocateSlab(const PlanHeader& h, const uint32_t* 
   ChunkPos start;
   if (begin <= kFastDivMaxDividend) {
     start.chunk = FastDiv(h.chunk_div, static_cast<uint32_t>(begin));
-    start.offset = static_cast<uint32_t>(begin) - start.chunk * static_cast<uint32_t>(h.chunk_bytes);
+    start.offset =
+        static_cast<uint32_t>(begin) - start.chunk * static_cast<uint32_t>(h.chunk_bytes);
   } else {
     start.chunk = static_cast<uint32_t>(begin / h.chunk_bytes);
     start.offset = static_cast<uint32_t>(begin % h.chunk_bytes);

@@ -16,8 +16,8 @@ namespace {
 
 absl::Status CudaStatus(int error, const char* what) {
   if (error == 0) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat(what, ": ", internal::ErrorName(error), ": ",
-                                          internal::ErrorString(error)));
+  return absl::InternalError(
+      absl::StrCat(what, ": ", internal::ErrorName(error), ": ", internal::ErrorString(error)));
 }
 
 // The inner-loop choice in Upload (see there).
@@ -30,12 +30,9 @@ uint32_t NarrowToAlignment(uint32_t access, uint64_t address) {
 
 }  // namespace
 
-absl::StatusOr<DevicePlanBuffer> DevicePlanBuffer::Upload(const PlanHeader& header,
-                                                          const uint32_t* src_blocks,
-                                                          const uint32_t* dst_blocks,
-                                                          uint64_t src_base, uint64_t dst_base,
-                                                          CudaStream stream, void* staging,
-                                                          size_t staging_bytes) {
+absl::StatusOr<DevicePlanBuffer> DevicePlanBuffer::Upload(
+    const PlanHeader& header, const uint32_t* src_blocks, const uint32_t* dst_blocks,
+    uint64_t src_base, uint64_t dst_base, CudaStream stream, void* staging, size_t staging_bytes) {
   // Per-layer sides: entries [0, layer_begin + num_layers) of their layer tables follow the block
   // tables (8-byte aligned), and the header points at those copies (plan_image.h).
   const PlanImageLayout layout = LayoutPlanImage(header);
@@ -111,8 +108,8 @@ absl::StatusOr<DevicePlanBuffer> DevicePlanBuffer::Upload(const PlanHeader& head
     buffer.plan_.piece_bytes = 0;
   }
   // The segment form per plan (segment_math.h: TakesSegmentPath, SegmentFormFor).
-  buffer.plan_.segments = buffer.plan_.piece_bytes == 0 &&
-                          TakesSegmentPath(header, buffer.plan_.access_bytes);
+  buffer.plan_.segments =
+      buffer.plan_.piece_bytes == 0 && TakesSegmentPath(header, buffer.plan_.access_bytes);
   buffer.plan_.segment_form = SegmentFormFor(header);
   return buffer;
 }
@@ -145,23 +142,23 @@ absl::Status LaunchKvCopy(const DevicePlan& plan, uint32_t tile_begin, uint32_t 
                                                    ") outside the plan's ", plan.num_tiles));
   }
   if (num_ctas <= 0 || threads_per_cta <= 0 || threads_per_cta > 512 || threads_per_cta % 32 != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("bad launch shape: ", num_ctas, " CTAs x ",
-                                                   threads_per_cta, " threads"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("bad launch shape: ", num_ctas, " CTAs x ", threads_per_cta, " threads"));
   }
   if (plan.segments && plan.piece_bytes == 0) {
     if (!IsDaemonSegmentForm(plan.segment_form)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "DevicePlan::segment_form ", static_cast<int>(plan.segment_form),
-          " is a benchmark form: launch it with kernels/kv_copy_forms.h"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("DevicePlan::segment_form ", static_cast<int>(plan.segment_form),
+                       " is a benchmark form: launch it with kernels/kv_copy_forms.h"));
     }
     return CudaStatus(internal::KvCopySegmentsLaunch(plan.header, tile_begin, tile_end, num_ctas,
                                                      threads_per_cta, plan.segment_form, stream),
                       "kv_copy launch");
   }
-  return CudaStatus(internal::KvCopyLaunch(plan.header, tile_begin, tile_end, num_ctas,
-                                           threads_per_cta, plan.access_bytes, plan.piece_bytes,
-                                           stream),
-                    "kv_copy launch");
+  return CudaStatus(
+      internal::KvCopyLaunch(plan.header, tile_begin, tile_end, num_ctas, threads_per_cta,
+                             plan.access_bytes, plan.piece_bytes, stream),
+      "kv_copy launch");
 }
 
 }  // namespace kvrail::kernels

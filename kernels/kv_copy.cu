@@ -40,8 +40,8 @@ __global__ void __launch_bounds__(kMaxThreads)
 
   const uint32_t slab_bytes = blockDim.x * kLoadsInFlight * W;
   const uint64_t slabs_per_tile = (h.tile_bytes + slab_bytes - 1) / slab_bytes;
-  const FastDivU32 slabs_div =
-      MakeFastDiv(static_cast<uint32_t>(slabs_per_tile <= kFastDivMaxDividend ? slabs_per_tile : 1));
+  const FastDivU32 slabs_div = MakeFastDiv(
+      static_cast<uint32_t>(slabs_per_tile <= kFastDivMaxDividend ? slabs_per_tile : 1));
   const uint64_t items = static_cast<uint64_t>(tile_end - tile_begin) * slabs_per_tile;
 
   SlabAddr a;
@@ -131,16 +131,28 @@ int KvCopyLaunch(const PlanHeader* device_header, uint32_t tile_begin, uint32_t 
     if (access_bytes != 16 || piece_bytes > kMaxPieceBytes || piece_bytes % 16 != 0) {
       return cudaErrorInvalidValue;
     }
-    KvCopyPiecesKernel<<<grid, block, 0, stream>>>(device_header, tile_begin, tile_end, piece_bytes);
+    KvCopyPiecesKernel<<<grid, block, 0, stream>>>(device_header, tile_begin, tile_end,
+                                                   piece_bytes);
     return cudaGetLastError();
   }
   switch (access_bytes) {
-    case 16: KvCopyKernel<16><<<grid, block, 0, stream>>>(device_header, tile_begin, tile_end); break;
-    case 8: KvCopyKernel<8><<<grid, block, 0, stream>>>(device_header, tile_begin, tile_end); break;
-    case 4: KvCopyKernel<4><<<grid, block, 0, stream>>>(device_header, tile_begin, tile_end); break;
-    case 2: KvCopyKernel<2><<<grid, block, 0, stream>>>(device_header, tile_begin, tile_end); break;
-    case 1: KvCopyKernel<1><<<grid, block, 0, stream>>>(device_header, tile_begin, tile_end); break;
-    default: return cudaErrorInvalidValue;
+    case 16:
+      KvCopyKernel<16><<<grid, block, 0, stream>>>(device_header, tile_begin, tile_end);
+      break;
+    case 8:
+      KvCopyKernel<8><<<grid, block, 0, stream>>>(device_header, tile_begin, tile_end);
+      break;
+    case 4:
+      KvCopyKernel<4><<<grid, block, 0, stream>>>(device_header, tile_begin, tile_end);
+      break;
+    case 2:
+      KvCopyKernel<2><<<grid, block, 0, stream>>>(device_header, tile_begin, tile_end);
+      break;
+    case 1:
+      KvCopyKernel<1><<<grid, block, 0, stream>>>(device_header, tile_begin, tile_end);
+      break;
+    default:
+      return cudaErrorInvalidValue;
   }
   return cudaGetLastError();
 }
@@ -160,7 +172,7 @@ int KvCopySegmentsLaunch(const PlanHeader* device_header, uint32_t tile_begin, u
                                                     threads, stream);
     case SegmentForm::kSplit6:
       return LaunchSplitSegments<6, 1>(device_header, tile_begin, tile_end, num_ctas, threads,
-                                      stream);
+                                       stream);
     default:
       return cudaErrorInvalidValue;
   }

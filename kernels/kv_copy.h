@@ -60,8 +60,7 @@ class DevicePlanBuffer {
                                                  const uint32_t* src_blocks,
                                                  const uint32_t* dst_blocks, uint64_t src_base,
                                                  uint64_t dst_base, CudaStream stream,
-                                                 void* staging = nullptr,
-                                                 size_t staging_bytes = 0);
+                                                 void* staging = nullptr, size_t staging_bytes = 0);
   DevicePlanBuffer(DevicePlanBuffer&& other) noexcept;
   DevicePlanBuffer& operator=(DevicePlanBuffer&& other) noexcept;
   DevicePlanBuffer(const DevicePlanBuffer&) = delete;

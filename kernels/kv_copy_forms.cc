@@ -16,8 +16,8 @@ absl::Status LaunchKvCopyForm(const DevicePlan& plan, uint32_t tile_begin, uint3
     return absl::InvalidArgumentError(absl::StrCat("tiles [", tile_begin, ", ", tile_end,
                                                    ") outside the plan's ", plan.num_tiles));
   }
-  const int error = internal::KvCopySegmentsFormLaunch(plan.header, tile_begin, tile_end,
-                                                       num_ctas, threads_per_cta, form, stream);
+  const int error = internal::KvCopySegmentsFormLaunch(plan.header, tile_begin, tile_end, num_ctas,
+                                                       threads_per_cta, form, stream);
   if (error == 0) return absl::OkStatus();
   return absl::InternalError(absl::StrCat("kv_copy launch (segment form ", static_cast<int>(form),
                                           "): ", internal::ErrorName(error), ": ",

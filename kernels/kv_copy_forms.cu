@@ -18,8 +18,8 @@ int KvCopySegmentsFormLaunch(const PlanHeader* device_header, uint32_t tile_begi
   }
   switch (form) {
     case SegmentForm::kRegisters:
-      KvCopySegmentsKernel<kDefaultUnitsPerLane><<<num_ctas, threads, 0, stream>>>(
-          device_header, tile_begin, tile_end);
+      KvCopySegmentsKernel<kDefaultUnitsPerLane>
+          <<<num_ctas, threads, 0, stream>>>(device_header, tile_begin, tile_end);
       return cudaGetLastError();
     case SegmentForm::kBulk2:
       return LaunchBulkSegments<2>(device_header, tile_begin, tile_end, num_ctas, threads, stream);
@@ -28,16 +28,16 @@ int KvCopySegmentsFormLaunch(const PlanHeader* device_header, uint32_t tile_begi
       return LaunchBulkSegments<3>(device_header, tile_begin, tile_end, num_ctas, threads, stream);
     case SegmentForm::kSplit4:
       return LaunchSplitSegments<4, 1>(device_header, tile_begin, tile_end, num_ctas, threads,
-                                      stream);
+                                       stream);
     case SegmentForm::kSplit6:
       return LaunchSplitSegments<6, 1>(device_header, tile_begin, tile_end, num_ctas, threads,
-                                      stream);
+                                       stream);
     case SegmentForm::kSplit4x2:
       return LaunchSplitSegments<4, 2>(device_header, tile_begin, tile_end, num_ctas, threads,
-                                      stream);
+                                       stream);
     case SegmentForm::kSplit6x2:
       return LaunchSplitSegments<6, 2>(device_header, tile_begin, tile_end, num_ctas, threads,
-                                      stream);
+                                       stream);
   }
   return cudaErrorInvalidValue;
 }

@@ -70,9 +70,9 @@ constexpr uint32_t kBulkRingBudget = 200 * 1024;
 // with nothing to locate get an empty one).
 __device__ __forceinline__ ChunkSpan LocateSegment(const PlanHeader& h, const uint32_t* src_blocks,
                                                    const uint32_t* dst_blocks, uint32_t tile_begin,
-                                                   uint64_t item, uint64_t items,
-                                                   uint64_t per_tile, const FastDivU32& div,
-                                                   uint32_t splits, const FastDivU32& split_div) {
+                                                   uint64_t item, uint64_t items, uint64_t per_tile,
+                                                   const FastDivU32& div, uint32_t splits,
+                                                   const FastDivU32& split_div) {
   if (item >= items) return ChunkSpan{0, 0, 0};
   const ItemPos pos = SplitItem(item, per_tile, div);
   const TileDesc t = TileAt(h, tile_begin + static_cast<uint32_t>(pos.tile));
@@ -81,7 +81,8 @@ __device__ __forceinline__ ChunkSpan LocateSegment(const PlanHeader& h, const ui
   const uint64_t begin = part.index * kSegmentPieceBytes;
   if (begin >= seg.bytes) return ChunkSpan{0, 0, 0};
   const uint64_t left = seg.bytes - begin;
-  return ChunkSpan{seg.src + begin, seg.dst + begin, left < kSegmentPieceBytes ? left : kSegmentPieceBytes};
+  return ChunkSpan{seg.src + begin, seg.dst + begin,
+                   left < kSegmentPieceBytes ? left : kSegmentPieceBytes};
 }
 
 // The launch's segment pieces: `items` in all, `per_tile` per tile, `splits` per segment.
@@ -182,8 +183,8 @@ __global__ void __launch_bounds__(segments::kMaxThreads)
   const uint64_t warp = static_cast<uint64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   const uint64_t stride = warps * 32;
   auto locate = [&](uint64_t item) {
-    return LocateSegment(h, src_blocks, dst_blocks, tile_begin, item, items, g.per_tile,
-                         g.tile_div, g.splits, g.split_div);
+    return LocateSegment(h, src_blocks, dst_blocks, tile_begin, item, items, g.per_tile, g.tile_div,
+                         g.splits, g.split_div);
   };
   uint64_t first = warp * 32;
   ChunkSpan next = locate(first + lane);
@@ -209,7 +210,8 @@ __global__ void __launch_bounds__(segments::kMaxThreads)
       uint64_t to[kUnitsPerLane];
       uint32_t meta[kUnitsPerLane];  // r | lo << 8 | hi << 16; hi == 0: nothing to store
       // A round inside one segment (long segments: nearly every round) finds it once.
-      const uint32_t last = (base + 32 * kUnitsPerLane < total ? base + 32 * kUnitsPerLane : total) - 1;
+      const uint32_t last =
+          (base + 32 * kUnitsPerLane < total ? base + 32 * kUnitsPerLane : total) - 1;
       const uint32_t j_first = SegmentOfUnit(end, base);
       const bool one = j_first == SegmentOfUnit(end, last);  // warp-uniform
       uint64_t b0 = __shfl_sync(0xffffffffu, block0, j_first);
@@ -276,11 +278,14 @@ __device__ __forceinline__ void ProxyFence() {
 __device__ __forceinline__ void BarArriveExpect(uint32_t bar, uint32_t bytes) {
   [[maybe_unused]] uint64_t state;
   asm volatile("mbarrier.arrive.expect_tx.shared.b64 %0, [%1], %2;\n"
-               : "=l"(state) : "r"(bar), "r"(bytes) : "memory");
+               : "=l"(state)
+               : "r"(bar), "r"(bytes)
+               : "memory");
 }
 __device__ __forceinline__ void BulkLoad(uint32_t to, uint64_t from, uint32_t bytes, uint32_t bar) {
   asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(to),
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::
+          "r"(to),
       "l"(from), "r"(bytes), "r"(bar)
       : "memory");
 }
@@ -288,8 +293,11 @@ __device__ __forceinline__ void BarWait(uint32_t bar, uint32_t parity) {
   uint32_t done = 0;
   while (!done) {
     asm volatile(
-        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, "
+        "p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
   }
 }
 // Per-lane 16-byte copy into shared memory (cp.async; `from` 16-byte aligned).
@@ -303,7 +311,8 @@ __device__ __forceinline__ void CpAsyncWaitAll() {
 __device__ __forceinline__ uint4 LoadShared16(uint32_t addr) {
   uint4 v;
   asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "r"(addr));
   return v;
 }
 
@@ -323,8 +332,8 @@ __device__ __forceinline__ uint4 LoadShared16(uint32_t addr) {
 // for the same chain of dependent latencies (lookup, loads, stores) that short segments are bound
 // by, but measured slower on every layout (registers, 64 KiB of slots per CTA;
 // docs/benchmarks.md): benchmark forms only. The partial units' source blocks go to shared memory
-// by cp.async (no registers held while the first round and the next lookups run): dynamic shared memory of kPartialSlots x kSegsPerLane
-// 16-byte slots per thread (SplitPartialSlotBytes).
+// by cp.async (no registers held while the first round and the next lookups run): dynamic shared
+// memory of kPartialSlots x kSegsPerLane 16-byte slots per thread (SplitPartialSlotBytes).
 constexpr int kSplitSegmentForm = 200;
 static_assert(static_cast<int>(SegmentForm::kSplit6) == kSplitSegmentForm + 6,
               "segment_math.h names this form");
@@ -356,8 +365,8 @@ __global__ void __launch_bounds__(segments::kMaxThreads)
   const uint64_t warp = static_cast<uint64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   const uint64_t stride = warps * 32 * S;
   auto locate = [&](uint64_t item) {
-    return LocateSegment(h, src_blocks, dst_blocks, tile_begin, item, items, g.per_tile,
-                         g.tile_div, g.splits, g.split_div);
+    return LocateSegment(h, src_blocks, dst_blocks, tile_begin, item, items, g.per_tile, g.tile_div,
+                         g.splits, g.split_div);
   };
   // This thread's partial-unit slots: slot i at slots + i * blockDim.x * 16 (consecutive lanes,
   // consecutive 16-byte words).
@@ -375,10 +384,10 @@ __global__ void __launch_bounds__(segments::kMaxThreads)
   auto store_partial = [&](const PartialUnit& pu, uint64_t delta, uint32_t i) {
     if (pu.range.hi == 0) return;
     const uint32_t r = static_cast<uint32_t>(((pu.block << 4) + delta) & 15);
-    StorePartial(pu.block << 4,
-                 Window16(LoadShared16(slots + i * slot_step),
-                          LoadShared16(slots + (i + 1) * slot_step), r),
-                 pu.range.lo, pu.range.hi);
+    StorePartial(
+        pu.block << 4,
+        Window16(LoadShared16(slots + i * slot_step), LoadShared16(slots + (i + 1) * slot_step), r),
+        pu.range.lo, pu.range.hi);
   };
   uint64_t first = warp * 32 * S;
   ChunkSpan next[S];
@@ -519,8 +528,8 @@ __global__ void __launch_bounds__(segments::kMaxThreads)
   uint64_t first = (static_cast<uint64_t>(blockIdx.x) * (blockDim.x / 32) + warp_in_cta) * 32;
   if (first >= items) return;  // warp-uniform; nothing of this warp's is in flight
   auto locate = [&](uint64_t item) {
-    return LocateSegment(h, src_blocks, dst_blocks, tile_begin, item, items, g.per_tile,
-                         g.tile_div, g.splits, g.split_div);
+    return LocateSegment(h, src_blocks, dst_blocks, tile_begin, item, items, g.per_tile, g.tile_div,
+                         g.splits, g.split_div);
   };
   // Shared addresses: stage st of this warp, its mbarrier.
   const uint32_t ring = SharedAddr(seg_ring) + kStageRingHead +
@@ -547,12 +556,12 @@ __global__ void __launch_bounds__(segments::kMaxThreads)
     const uint64_t prev_s_end = __shfl_up_sync(0xffffffffu, s + len, 1);
     const uint64_t prev_d_end = __shfl_up_sync(0xffffffffu, d + len, 1);
     const uint32_t prev_len = __shfl_up_sync(0xffffffffu, len, 1);
-    const bool continues =
-        lane > 0 && ContinuesPiece(prev_s_end, prev_d_end, prev_len, s, d, len);
+    const bool continues = lane > 0 && ContinuesPiece(prev_s_end, prev_d_end, prev_len, s, d, len);
     if (__any_sync(0xffffffffu, continues)) {
       uint32_t max_len = len;
 #pragma unroll
-      for (int o = 16; o > 0; o /= 2) max_len = max(max_len, __shfl_xor_sync(0xffffffffu, max_len, o));
+      for (int o = 16; o > 0; o /= 2)
+        max_len = max(max_len, __shfl_xor_sync(0xffffffffu, max_len, o));
       const uint32_t per_run = MergeRunPieces(max_len);
       const uint32_t upto = lane == 31 ? 0xffffffffu : (2u << lane) - 1;  // lanes <= this one
       const uint32_t starts = __ballot_sync(0xffffffffu, !continues);
@@ -577,7 +586,7 @@ __global__ void __launch_bounds__(segments::kMaxThreads)
     uint32_t len;  // bytes
     uint32_t pos;  // shared address of the destination's first byte's source byte
   };
-  auto produce = [&](uint32_t fill, StageMeta& m) __attribute__((always_inline)) -> bool {
+  auto produce = [&](uint32_t fill, StageMeta & m) __attribute__((always_inline))->bool {
     uint32_t base = 0;
     for (;;) {
       if (exhausted) return false;
@@ -703,7 +712,6 @@ __global__ void __launch_bounds__(segments::kMaxThreads)
   }
 }
 
-
 template <int kStages>
 int LaunchBulkSegments(const PlanHeader* device_header, uint32_t tile_begin, uint32_t tile_end,
                        int num_ctas, int threads, CUstream_st* stream) {
@@ -711,12 +719,12 @@ int LaunchBulkSegments(const PlanHeader* device_header, uint32_t tile_begin, uin
   const uint32_t stage_bytes = StageBytesFor(kBulkRingBudget, warps, kStages);
   if (stage_bytes == 0) return cudaErrorInvalidValue;
   const size_t ring = kStageRingPad + static_cast<size_t>(warps) * kStages * stage_bytes;
-  const cudaError_t e = cudaFuncSetAttribute(KvCopySegmentsBulkKernel<kStages>,
-                                             cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             static_cast<int>(ring));
+  const cudaError_t e =
+      cudaFuncSetAttribute(KvCopySegmentsBulkKernel<kStages>,
+                           cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(ring));
   if (e != cudaSuccess) return e;
-  KvCopySegmentsBulkKernel<kStages><<<num_ctas, threads, ring, stream>>>(
-      device_header, tile_begin, tile_end, stage_bytes);
+  KvCopySegmentsBulkKernel<kStages>
+      <<<num_ctas, threads, ring, stream>>>(device_header, tile_begin, tile_end, stage_bytes);
   return cudaGetLastError();
 }
 
@@ -724,12 +732,12 @@ template <int kUnitsPerLane, int kSegsPerLane>
 int LaunchSplitSegments(const PlanHeader* device_header, uint32_t tile_begin, uint32_t tile_end,
                         int num_ctas, int threads, CUstream_st* stream) {
   const uint32_t slots = SplitPartialSlotBytes(static_cast<uint32_t>(threads), kSegsPerLane);
-  const cudaError_t e = cudaFuncSetAttribute(KvCopySegmentsSplitKernel<kUnitsPerLane, kSegsPerLane>,
-                                             cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             static_cast<int>(slots));
+  const cudaError_t e =
+      cudaFuncSetAttribute(KvCopySegmentsSplitKernel<kUnitsPerLane, kSegsPerLane>,
+                           cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(slots));
   if (e != cudaSuccess) return e;
-  KvCopySegmentsSplitKernel<kUnitsPerLane, kSegsPerLane><<<num_ctas, threads, slots, stream>>>(
-      device_header, tile_begin, tile_end);
+  KvCopySegmentsSplitKernel<kUnitsPerLane, kSegsPerLane>
+      <<<num_ctas, threads, slots, stream>>>(device_header, tile_begin, tile_end);
   return cudaGetLastError();
 }
 

@@ -26,20 +26,19 @@ absl::Status LaunchKvDigest(const DevicePlan& plan, uint32_t tile_begin, uint32_
                                                    ") outside the plan's ", plan.num_tiles));
   }
   if (num_ctas <= 0 || threads_per_cta <= 0 || threads_per_cta > 512 || threads_per_cta % 32 != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("bad launch shape: ", num_ctas, " CTAs x ",
-                                                   threads_per_cta, " threads"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("bad launch shape: ", num_ctas, " CTAs x ", threads_per_cta, " threads"));
   }
   if (tile_digests == nullptr) return absl::InvalidArgumentError("tile_digests: null");
   if (mode != DigestKernelMode::kCopyHashSource && mode != DigestKernelMode::kHashSource &&
       mode != DigestKernelMode::kHashDestination) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "mode ", static_cast<int>(mode), " is a benchmark mode: launch it with "
-        "kernels/kv_digest_forms.h"));
+    return absl::InvalidArgumentError(absl::StrCat("mode ", static_cast<int>(mode),
+                                                   " is a benchmark mode: launch it with "
+                                                   "kernels/kv_digest_forms.h"));
   }
-  return CudaStatus(internal::KvDigestLaunch(plan.header, tile_begin, tile_end,
-                                             static_cast<int>(mode), tile_digests, num_ctas,
-                                             threads_per_cta, plan.access_bytes, plan.piece_bytes,
-                                             stream),
+  return CudaStatus(internal::KvDigestLaunch(
+                        plan.header, tile_begin, tile_end, static_cast<int>(mode), tile_digests,
+                        num_ctas, threads_per_cta, plan.access_bytes, plan.piece_bytes, stream),
                     "kv_digest launch");
 }
 
@@ -63,8 +62,8 @@ absl::StatusOr<TileDigestBuffer> TileDigestBuffer::Create(uint32_t num_tiles, Cu
   b.stream_ = stream;
   const size_t bytes = 2 * sizeof(uint64_t) * (num_tiles == 0 ? 1 : num_tiles);
   void* device = nullptr;
-  absl::Status s = CudaStatus(internal::DigestDeviceAlloc(&device, bytes, stream),
-                              "cudaMallocAsync(digests)");
+  absl::Status s =
+      CudaStatus(internal::DigestDeviceAlloc(&device, bytes, stream), "cudaMallocAsync(digests)");
   if (!s.ok()) return s;
   b.device_ = static_cast<uint64_t*>(device);
   void* host = nullptr;
@@ -106,17 +105,17 @@ void TileDigestBuffer::Release() {
 
 absl::Status TileDigestBuffer::CopyBack(uint32_t begin, uint32_t end) {
   if (end > num_tiles_ || begin > end) {
-    return absl::InvalidArgumentError(absl::StrCat("digest tiles [", begin, ", ", end,
-                                                   ") outside ", num_tiles_));
+    return absl::InvalidArgumentError(
+        absl::StrCat("digest tiles [", begin, ", ", end, ") outside ", num_tiles_));
   }
   if (begin == end) return absl::OkStatus();
-  KVRAIL_RETURN_IF_ERROR(CudaStatus(internal::DigestCopyToHostAsync(host_ + begin, device_ + begin,
-                                                                  end - begin, stream_),
-                                  "copy source digests"));
-  return CudaStatus(internal::DigestCopyToHostAsync(host_ + num_tiles_ + begin,
-                                                    device_ + num_tiles_ + begin, end - begin,
-                                                    stream_),
-                    "copy destination digests");
+  KVRAIL_RETURN_IF_ERROR(CudaStatus(
+      internal::DigestCopyToHostAsync(host_ + begin, device_ + begin, end - begin, stream_),
+      "copy source digests"));
+  return CudaStatus(
+      internal::DigestCopyToHostAsync(host_ + num_tiles_ + begin, device_ + num_tiles_ + begin,
+                                      end - begin, stream_),
+      "copy destination digests");
 }
 
 }  // namespace kvrail::kernels

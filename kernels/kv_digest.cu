@@ -37,8 +37,8 @@ int DigestZero(uint64_t* digests, size_t count, CUstream_st* stream) {
 }
 
 int DigestToHost(uint64_t* host, const uint64_t* digests, size_t count, CUstream_st* stream) {
-  const int e = cudaMemcpyAsync(host, digests, count * sizeof(uint64_t), cudaMemcpyDeviceToHost,
-                                stream);
+  const int e =
+      cudaMemcpyAsync(host, digests, count * sizeof(uint64_t), cudaMemcpyDeviceToHost, stream);
   if (e != cudaSuccess) return e;
   return cudaStreamSynchronize(stream);
 }
@@ -54,9 +54,7 @@ int DigestCopyToHostAsync(uint64_t* host, const uint64_t* device, size_t count,
   return cudaMemcpyAsync(host, device, count * sizeof(uint64_t), cudaMemcpyDeviceToHost, stream);
 }
 
-const char* DigestErrorName(int error) {
-  return cudaGetErrorName(static_cast<cudaError_t>(error));
-}
+const char* DigestErrorName(int error) { return cudaGetErrorName(static_cast<cudaError_t>(error)); }
 const char* DigestErrorString(int error) {
   return cudaGetErrorString(static_cast<cudaError_t>(error));
 }

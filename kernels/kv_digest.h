@@ -41,7 +41,8 @@ enum class DigestKernelMode : int {
 };
 
 // Enqueues the digest kernel `mode` (kCopyHashSource, kHashSource or kHashDestination; the
-// benchmark modes launch through kv_digest_forms.h, INVALID_ARGUMENT here) for tiles [tile_begin, tile_end) of `plan` on `stream`
+// benchmark modes launch through kv_digest_forms.h, INVALID_ARGUMENT here) for tiles [tile_begin,
+// tile_end) of `plan` on `stream`
 // (`tile_digests`: device memory, at least plan.num_tiles entries). Launch shape as LaunchKvCopy.
 absl::Status LaunchKvDigest(const DevicePlan& plan, uint32_t tile_begin, uint32_t tile_end,
                             DigestKernelMode mode, uint64_t* tile_digests, int num_ctas,

@@ -14,8 +14,8 @@ absl::Status LaunchKvDigestForm(const DevicePlan& plan, uint32_t tile_begin, uin
                                                    ") outside the plan's ", plan.num_tiles));
   }
   if (num_ctas <= 0 || threads_per_cta <= 0 || threads_per_cta > 512 || threads_per_cta % 32 != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("bad launch shape: ", num_ctas, " CTAs x ",
-                                                   threads_per_cta, " threads"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("bad launch shape: ", num_ctas, " CTAs x ", threads_per_cta, " threads"));
   }
   if (tile_digests == nullptr) return absl::InvalidArgumentError("tile_digests: null");
   const int error = internal::KvDigestFormLaunch(

@@ -29,9 +29,8 @@ int KvDigestFormLaunch(const PlanHeader* device_header, uint32_t tile_begin, uin
       return LaunchMode<kCopyNoHash>(device_header, tile_begin, tile_end, num_ctas, threads,
                                      access_bytes, piece_bytes, tile_digests, stream);
     case kCopyHashRegisters:
-      return LaunchMode<kCopyHashRegisters>(device_header, tile_begin, tile_end, num_ctas,
-                                            threads, access_bytes, piece_bytes, tile_digests,
-                                            stream);
+      return LaunchMode<kCopyHashRegisters>(device_header, tile_begin, tile_end, num_ctas, threads,
+                                            access_bytes, piece_bytes, tile_digests, stream);
     case kCopyHashCpAsync:
       return LaunchMode<kCopyHashCpAsync>(device_header, tile_begin, tile_end, num_ctas, threads,
                                           access_bytes, piece_bytes, tile_digests, stream);
@@ -39,9 +38,8 @@ int KvDigestFormLaunch(const PlanHeader* device_header, uint32_t tile_begin, uin
       return LaunchMode<kCopyHashBulkLoad>(device_header, tile_begin, tile_end, num_ctas, threads,
                                            access_bytes, piece_bytes, tile_digests, stream);
     case kCopyNoHashBulkLoad:
-      return LaunchMode<kCopyNoHashBulkLoad>(device_header, tile_begin, tile_end, num_ctas,
-                                             threads, access_bytes, piece_bytes, tile_digests,
-                                             stream);
+      return LaunchMode<kCopyNoHashBulkLoad>(device_header, tile_begin, tile_end, num_ctas, threads,
+                                             access_bytes, piece_bytes, tile_digests, stream);
     default:
       return cudaErrorInvalidValue;
   }

@@ -21,8 +21,8 @@
 #include <cuda_runtime.h>
 
 #include "kernels/device_abi.h"
-#include "kernels/gather_common.cuh"
 #include "kernels/digest.h"
+#include "kernels/gather_common.cuh"
 #include "kernels/plan_math.h"
 
 namespace kvrail::kernels {
@@ -114,15 +114,11 @@ struct PieceWork {
 };
 
 template <int kMode>
-__device__ __forceinline__ void IssuePiece(const PlanHeader& h,
-                                           const uint8_t* __restrict__ read_base,
-                                           uint8_t* __restrict__ dst,
-                                           const uint32_t* __restrict__ src_blocks,
-                                           const uint32_t* __restrict__ dst_blocks,
-                                           uint32_t tile_begin, uint64_t item,
-                                           uint64_t pieces_per_tile, const FastDivU32& tile_div,
-                                           uint32_t piece_bytes, uint64_t wps, uint32_t lane,
-                                           PieceWork& w) {
+__device__ __forceinline__ void IssuePiece(
+    const PlanHeader& h, const uint8_t* __restrict__ read_base, uint8_t* __restrict__ dst,
+    const uint32_t* __restrict__ src_blocks, const uint32_t* __restrict__ dst_blocks,
+    uint32_t tile_begin, uint64_t item, uint64_t pieces_per_tile, const FastDivU32& tile_div,
+    uint32_t piece_bytes, uint64_t wps, uint32_t lane, PieceWork& w) {
   const ItemPos pos = SplitItem(item, pieces_per_tile, tile_div);
   w.tile = tile_begin + static_cast<uint32_t>(pos.tile);
   const TileDesc t = TileAt(h, w.tile);
@@ -175,8 +171,8 @@ __global__ void __launch_bounds__(kMaxThreads)
                        uint32_t tile_end, uint32_t piece_bytes, uint64_t* tile_digests) {
   __shared__ PlanHeader h;
   LoadHeader(header, &h);
-  const uint8_t* __restrict__ read_base = reinterpret_cast<const uint8_t*>(
-      kMode == kHashDestination ? h.dst.base : h.src.base);
+  const uint8_t* __restrict__ read_base =
+      reinterpret_cast<const uint8_t*>(kMode == kHashDestination ? h.dst.base : h.src.base);
   uint8_t* __restrict__ dst = reinterpret_cast<uint8_t*>(h.dst.base);
   const uint32_t* __restrict__ src_blocks = reinterpret_cast<const uint32_t*>(h.src.block_table);
   const uint32_t* __restrict__ dst_blocks = reinterpret_cast<const uint32_t*>(h.dst.block_table);
@@ -273,14 +269,19 @@ __device__ __forceinline__ void BulkRequest(void* stage, const void* from, uint3
                                             uint64_t* bar) {
   [[maybe_unused]] uint64_t state;  // the arrival's token (unused: waits go by phase parity)
   if (bytes == 0) {
-    asm volatile("mbarrier.arrive.shared.b64 %0, [%1];\n" : "=l"(state) : "r"(SharedAddr(bar)) : "memory");
+    asm volatile("mbarrier.arrive.shared.b64 %0, [%1];\n"
+                 : "=l"(state)
+                 : "r"(SharedAddr(bar))
+                 : "memory");
     return;
   }
   asm volatile("mbarrier.arrive.expect_tx.shared.b64 %0, [%1], %2;\n"
-               : "=l"(state) : "r"(SharedAddr(bar)), "r"(bytes) : "memory");
+               : "=l"(state)
+               : "r"(SharedAddr(bar)), "r"(bytes)
+               : "memory");
   asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-          SharedAddr(stage)),
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::
+          "r"(SharedAddr(stage)),
       "l"(from), "r"(bytes), "r"(SharedAddr(bar))
       : "memory");
 }
@@ -303,8 +304,11 @@ __device__ __forceinline__ void BarWait(uint64_t* bar, uint32_t parity) {
   uint32_t done = 0;
   while (!done) {
     asm volatile(
-        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done) : "r"(SharedAddr(bar)), "r"(parity) : "memory");
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, "
+        "p;\n}\n"
+        : "=r"(done)
+        : "r"(SharedAddr(bar)), "r"(parity)
+        : "memory");
   }
 }
 
@@ -318,15 +322,11 @@ struct StagedPiece {
 // Where piece `item` is (its block-table reads are issued here; the copies a turn later, so
 // the table's latency overlaps a turn of work instead of stalling the warp before its copies).
 template <int kMode>
-__device__ __forceinline__ void LocateStaged(const PlanHeader& h,
-                                             const uint8_t* __restrict__ read_base,
-                                             uint8_t* __restrict__ dst,
-                                             const uint32_t* __restrict__ src_blocks,
-                                             const uint32_t* __restrict__ dst_blocks,
-                                             uint32_t tile_begin, uint64_t item,
-                                             uint64_t pieces_per_tile, const FastDivU32& tile_div,
-                                             uint32_t piece_bytes, uint64_t wps, StagedPiece& w,
-                                             const int4*& from) {
+__device__ __forceinline__ void LocateStaged(
+    const PlanHeader& h, const uint8_t* __restrict__ read_base, uint8_t* __restrict__ dst,
+    const uint32_t* __restrict__ src_blocks, const uint32_t* __restrict__ dst_blocks,
+    uint32_t tile_begin, uint64_t item, uint64_t pieces_per_tile, const FastDivU32& tile_div,
+    uint32_t piece_bytes, uint64_t wps, StagedPiece& w, const int4*& from) {
   const ItemPos pos = SplitItem(item, pieces_per_tile, tile_div);
   w.tile = tile_begin + static_cast<uint32_t>(pos.tile);
   const TileDesc t = TileAt(h, w.tile);
@@ -404,8 +404,8 @@ __global__ void __launch_bounds__(kMaxThreads)
   constexpr bool kBulk = kHow != Staging::kLaneCopies;
   constexpr bool kBulkStore =
       kHow == Staging::kBulkLoadStore && (kMode == kCopyHashSource || kMode == kCopyNoHash);
-  const uint8_t* __restrict__ read_base = reinterpret_cast<const uint8_t*>(
-      kMode == kHashDestination ? h.dst.base : h.src.base);
+  const uint8_t* __restrict__ read_base =
+      reinterpret_cast<const uint8_t*>(kMode == kHashDestination ? h.dst.base : h.src.base);
   uint8_t* __restrict__ dst = reinterpret_cast<uint8_t*>(h.dst.base);
   const uint32_t* __restrict__ src_blocks = reinterpret_cast<const uint32_t*>(h.src.block_table);
   const uint32_t* __restrict__ dst_blocks = reinterpret_cast<const uint32_t*>(h.dst.block_table);
@@ -524,8 +524,8 @@ __global__ void __launch_bounds__(kMaxThreads)
   const uint32_t* __restrict__ dst_blocks = reinterpret_cast<const uint32_t*>(h.dst.block_table);
   const uint32_t slab_bytes = blockDim.x * kLoadsInFlight * W;
   const uint64_t slabs_per_tile = (h.tile_bytes + slab_bytes - 1) / slab_bytes;
-  const FastDivU32 slabs_div =
-      MakeFastDiv(static_cast<uint32_t>(slabs_per_tile <= kFastDivMaxDividend ? slabs_per_tile : 1));
+  const FastDivU32 slabs_div = MakeFastDiv(
+      static_cast<uint32_t>(slabs_per_tile <= kFastDivMaxDividend ? slabs_per_tile : 1));
   const uint64_t items = static_cast<uint64_t>(tile_end - tile_begin) * slabs_per_tile;
   const uint64_t wps = dg::WordsPerStream(h.part_bytes);
 
@@ -551,7 +551,7 @@ __global__ void __launch_bounds__(kMaxThreads)
       const uint32_t off = (k * blockDim.x + threadIdx.x) * W;
       if (off < len) {
         value[k] = *reinterpret_cast<const T*>(kMode == kHashDestination ? dst + a.to[k]
-                                                                          : src + a.from[k]);
+                                                                         : src + a.from[k]);
       }
       to[k] = a.to[k];
     }
@@ -592,8 +592,8 @@ __global__ void __launch_bounds__(kMaxThreads)
 // stream byte 8 * (t.byte_begin / 8 + j), clipped to the tile.
 template <int kMode, int W>
 __global__ void __launch_bounds__(kMaxThreads)
-    DigestWordsKernel(const PlanHeader* __restrict__ header, uint32_t tile_begin,
-                      uint32_t tile_end, uint64_t* tile_digests) {
+    DigestWordsKernel(const PlanHeader* __restrict__ header, uint32_t tile_begin, uint32_t tile_end,
+                      uint64_t* tile_digests) {
   using T = typename Access<W>::T;
   __shared__ PlanHeader h;
   LoadHeader(header, &h);
@@ -609,8 +609,8 @@ __global__ void __launch_bounds__(kMaxThreads)
   const uint64_t step = static_cast<uint64_t>(gridDim.x) * blockDim.x;
   // Whole warps iterate together (WarpAdd needs every lane).
   const uint64_t rounded = (items + 31) / 32 * 32;
-  for (uint64_t item = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-       item < rounded; item += step) {
+  for (uint64_t item = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x; item < rounded;
+       item += step) {
     uint64_t term = 0;
     uint32_t tile = 0xffffffffu;
     if (item < items) {
@@ -630,19 +630,21 @@ __global__ void __launch_bounds__(kMaxThreads)
             to = h.dst.origin + q;
           } else {
             const uint64_t c = q / h.chunk_bytes;
-            const ChunkSpan span = ChunkAtInLayer(h, src_blocks, dst_blocks, layer, t.part,
-                                                  static_cast<uint32_t>(c));
+            const ChunkSpan span =
+                ChunkAtInLayer(h, src_blocks, dst_blocks, layer, t.part, static_cast<uint32_t>(c));
             from = span.src + (q - c * h.chunk_bytes);
             to = span.dst + (q - c * h.chunk_bytes);
           }
-          const T v = *reinterpret_cast<const T*>(kMode == kHashDestination ? dst + to : src + from);
+          const T v =
+              *reinterpret_cast<const T*>(kMode == kHashDestination ? dst + to : src + from);
           if (kMode == kCopyHashSource) *reinterpret_cast<T*>(dst + to) = v;
           uint64_t bits = 0;
-          for (int j = 0; j < W; ++j) bits |= static_cast<uint64_t>(reinterpret_cast<const uint8_t*>(&v)[j]) << (8 * j);
+          for (int j = 0; j < W; ++j)
+            bits |= static_cast<uint64_t>(reinterpret_cast<const uint8_t*>(&v)[j]) << (8 * j);
           w |= bits << (8 * (q % 8));
         }
-        term = dg::Mix(w, dg::WordKey(wps, static_cast<uint64_t>(t.layer) * h.num_parts + t.part,
-                                      word_begin));
+        term = dg::Mix(
+            w, dg::WordKey(wps, static_cast<uint64_t>(t.layer) * h.num_parts + t.part, word_begin));
       }
     }
     // One atomic per warp when the warp's words share a tile (nearly always), else per lane.
@@ -667,9 +669,8 @@ int LaunchMode(const PlanHeader* header, uint32_t tile_begin, uint32_t tile_end,
       return cudaErrorInvalidValue;
     }
     if (kMode == kCopyHashRegisters) {
-      DigestPiecesKernel<kCopyHashSource><<<grid, block, 0, stream>>>(header, tile_begin,
-                                                                      tile_end, piece_bytes,
-                                                                      digests);
+      DigestPiecesKernel<kCopyHashSource>
+          <<<grid, block, 0, stream>>>(header, tile_begin, tile_end, piece_bytes, digests);
       return cudaGetLastError();
     }
     constexpr Staging kHow = kMode == kCopyHashCpAsync ? Staging::kLaneCopies
@@ -682,19 +683,19 @@ int LaunchMode(const PlanHeader* header, uint32_t tile_begin, uint32_t tile_end,
         : kMode == kCopyNoHashBulkLoad ? kCopyNoHash
                                        : kMode;
     const size_t ring = static_cast<size_t>(threads / 32) * kStages * piece_bytes;
-    const cudaError_t e = cudaFuncSetAttribute(DigestPiecesStagedKernel<kStagedMode, kHow>,
-                                               cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               static_cast<int>(ring));
+    const cudaError_t e =
+        cudaFuncSetAttribute(DigestPiecesStagedKernel<kStagedMode, kHow>,
+                             cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(ring));
     if (e != cudaSuccess) {
       // A GPU with less shared memory per CTA than the ring (192 KiB at 512 threads; H100/H200
       // allow 227 KiB): the register version of the warp path instead.
       (void)cudaGetLastError();
-      DigestPiecesKernel<kStagedMode><<<grid, block, 0, stream>>>(header, tile_begin, tile_end,
-                                                                  piece_bytes, digests);
+      DigestPiecesKernel<kStagedMode>
+          <<<grid, block, 0, stream>>>(header, tile_begin, tile_end, piece_bytes, digests);
       return cudaGetLastError();
     }
-    DigestPiecesStagedKernel<kStagedMode, kHow><<<grid, block, ring, stream>>>(
-        header, tile_begin, tile_end, piece_bytes, digests);
+    DigestPiecesStagedKernel<kStagedMode, kHow>
+        <<<grid, block, ring, stream>>>(header, tile_begin, tile_end, piece_bytes, digests);
     return cudaGetLastError();
   }
   if constexpr (kMode == kCopyHashRegisters || kMode == kCopyHashCpAsync ||
@@ -703,12 +704,28 @@ int LaunchMode(const PlanHeader* header, uint32_t tile_begin, uint32_t tile_end,
   } else {
     if (kMode == kCopyNoHash && access_bytes < 8) return cudaErrorInvalidValue;
     switch (access_bytes) {
-      case 16: DigestSlabKernel<kMode, 16><<<grid, block, 0, stream>>>(header, tile_begin, tile_end, digests); break;
-      case 8: DigestSlabKernel<kMode, 8><<<grid, block, 0, stream>>>(header, tile_begin, tile_end, digests); break;
-      case 4: DigestWordsKernel<kMode, 4><<<grid, block, 0, stream>>>(header, tile_begin, tile_end, digests); break;
-      case 2: DigestWordsKernel<kMode, 2><<<grid, block, 0, stream>>>(header, tile_begin, tile_end, digests); break;
-      case 1: DigestWordsKernel<kMode, 1><<<grid, block, 0, stream>>>(header, tile_begin, tile_end, digests); break;
-      default: return cudaErrorInvalidValue;
+      case 16:
+        DigestSlabKernel<kMode, 16>
+            <<<grid, block, 0, stream>>>(header, tile_begin, tile_end, digests);
+        break;
+      case 8:
+        DigestSlabKernel<kMode, 8>
+            <<<grid, block, 0, stream>>>(header, tile_begin, tile_end, digests);
+        break;
+      case 4:
+        DigestWordsKernel<kMode, 4>
+            <<<grid, block, 0, stream>>>(header, tile_begin, tile_end, digests);
+        break;
+      case 2:
+        DigestWordsKernel<kMode, 2>
+            <<<grid, block, 0, stream>>>(header, tile_begin, tile_end, digests);
+        break;
+      case 1:
+        DigestWordsKernel<kMode, 1>
+            <<<grid, block, 0, stream>>>(header, tile_begin, tile_end, digests);
+        break;
+      default:
+        return cudaErrorInvalidValue;
     }
   }
   return cudaGetLastError();

@@ -25,7 +25,8 @@ int DigestDeviceFree(void* ptr, CUstream_st* stream);
 int DigestHostAlloc(void** ptr, size_t bytes);
 int DigestHostFree(void* ptr);
 // Enqueues a device -> host copy (the host memory pinned).
-int DigestCopyToHostAsync(uint64_t* host, const uint64_t* device, size_t count, CUstream_st* stream);
+int DigestCopyToHostAsync(uint64_t* host, const uint64_t* device, size_t count,
+                          CUstream_st* stream);
 const char* DigestErrorName(int error);
 const char* DigestErrorString(int error);
 

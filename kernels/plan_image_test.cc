@@ -1,13 +1,13 @@
 // The plan image the upload stages (plan_image.h): every part where the device header says it
 // is, nothing written when the staging is too small.
 #define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
+#include "kernels/plan_image.h"
 
+#include <catch2/catch.hpp>
 #include <cstring>
 #include <vector>
 
 #include "kernels/device_abi.h"
-#include "kernels/plan_image.h"
 
 namespace kvrail::kernels {
 namespace {

@@ -56,9 +56,8 @@ KVRAIL_HD uint32_t FastDiv(const FastDivU32& f, uint32_t n) {
 // layer_bases[layer_begin + l] for a per-layer side. Callers that visit many elements of one layer
 // (a tile never spans layers) compute it once and use the *InLayer forms below.
 KVRAIL_HD uint64_t LayerOffset(const SideGeometry& g, uint32_t l) {
-  return g.layer_bases != 0
-             ? reinterpret_cast<const uint64_t*>(g.layer_bases)[g.layer_begin + l]
-             : static_cast<uint64_t>(l) * g.layer_stride;
+  return g.layer_bases != 0 ? reinterpret_cast<const uint64_t*>(g.layer_bases)[g.layer_begin + l]
+                            : static_cast<uint64_t>(l) * g.layer_stride;
 }
 
 // What plan offsets of a side are added to: the region base `base` for a single-base side, 0 for
@@ -124,8 +123,7 @@ KVRAIL_HD ChunkSpan ChunkAtInLayer(const PlanHeader& h, const uint32_t* src_bloc
     }
     case ChunkKind::kTokenHeads:
       return ChunkSpan{ElementOffsetInLayer(h.src, src_blocks, layer.src, p, c, 0),
-                       ElementOffsetInLayer(h.dst, dst_blocks, layer.dst, p, c, 0),
-                       h.chunk_bytes};
+                       ElementOffsetInLayer(h.dst, dst_blocks, layer.dst, p, c, 0), h.chunk_bytes};
     case ChunkKind::kHeadVector:
     default: {
       const uint32_t i = FastDiv(h.heads_div, c);
@@ -180,9 +178,9 @@ inline constexpr uint32_t kMinPieceBytes = 512;
 KVRAIL_HD uint32_t PieceBytesFor(const PlanHeader& h, uint32_t access_bytes) {
   if (access_bytes != 16) return 0;
   for (uint32_t p = kMaxPieceBytes; p >= kMinPieceBytes; p /= 2) {
-    const bool chunk_ok = static_cast<ChunkKind>(h.chunk_kind) == ChunkKind::kBytes ||
-                          (static_cast<ChunkKind>(h.chunk_kind) != ChunkKind::kHeadVector &&
-                           h.chunk_bytes % p == 0);
+    const bool chunk_ok =
+        static_cast<ChunkKind>(h.chunk_kind) == ChunkKind::kBytes ||
+        (static_cast<ChunkKind>(h.chunk_kind) != ChunkKind::kHeadVector && h.chunk_bytes % p == 0);
     if (chunk_ok && h.tile_bytes % p == 0) return p;
   }
   return 0;
@@ -193,8 +191,8 @@ KVRAIL_HD uint32_t PieceBytesFor(const PlanHeader& h, uint32_t access_bytes) {
 // tile and P or less otherwise. This form takes the tile's layer offsets already computed
 // (LayerAt(h, t.layer)); PieceAt below computes them.
 KVRAIL_HD ChunkSpan PieceAtInLayer(const PlanHeader& h, const uint32_t* src_blocks,
-                                   const uint32_t* dst_blocks, const TileDesc& t,
-                                   LayerSpan layer, uint64_t k, uint32_t piece_bytes) {
+                                   const uint32_t* dst_blocks, const TileDesc& t, LayerSpan layer,
+                                   uint64_t k, uint32_t piece_bytes) {
   const uint64_t begin = t.byte_begin + k * piece_bytes;
   if (begin >= t.byte_end) return ChunkSpan{0, 0, 0};
   const uint64_t left = t.byte_end - begin;
@@ -229,8 +227,8 @@ KVRAIL_HD uint64_t SegmentsPerTile(const PlanHeader& h) {
 // Segment `k` (< SegmentsPerTile) of tile `t`: where it starts on both sides and its length (0
 // for an empty slot). `layer` is LayerAt(h, t.layer).
 KVRAIL_HD ChunkSpan SegmentAtInLayer(const PlanHeader& h, const uint32_t* src_blocks,
-                                     const uint32_t* dst_blocks, const TileDesc& t,
-                                     LayerSpan layer, uint64_t k) {
+                                     const uint32_t* dst_blocks, const TileDesc& t, LayerSpan layer,
+                                     uint64_t k) {
   uint64_t first;
   if (t.byte_begin <= kFastDivMaxDividend) {
     first = FastDiv(h.chunk_div, static_cast<uint32_t>(t.byte_begin));
@@ -245,8 +243,7 @@ KVRAIL_HD ChunkSpan SegmentAtInLayer(const PlanHeader& h, const uint32_t* src_bl
   const uint64_t end = chunk_end < t.byte_end ? chunk_end : t.byte_end;
   const ChunkSpan span =
       ChunkAtInLayer(h, src_blocks, dst_blocks, layer, t.part, static_cast<uint32_t>(c));
-  return ChunkSpan{span.src + (begin - chunk_begin), span.dst + (begin - chunk_begin),
-                   end - begin};
+  return ChunkSpan{span.src + (begin - chunk_begin), span.dst + (begin - chunk_begin), end - begin};
 }
 
 KVRAIL_HD ChunkSpan SegmentAt(const PlanHeader& h, const uint32_t* src_blocks,

@@ -1,11 +1,10 @@
 // Host-side checks of the device ABI and of plan_math.h (the kernel runs the same code).
 #define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
+#include "kernels/plan_math.h"
 
+#include <catch2/catch.hpp>
 #include <cstddef>
 #include <vector>
-
-#include "kernels/plan_math.h"
 
 namespace kvrail::kernels {
 

@@ -87,10 +87,19 @@ KVRAIL_HD Words4 Window16(uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, ui
                           uint32_t b1, uint32_t b2, uint32_t b3, uint32_t r) {
   uint32_t x0 = a0, x1 = a1, x2 = a2, x3 = a3, x4 = b0, x5 = b1, x6 = b2, x7 = b3;
   if (r & 8) {  // two words
-    x0 = x2; x1 = x3; x2 = x4; x3 = x5; x4 = x6; x5 = x7;
+    x0 = x2;
+    x1 = x3;
+    x2 = x4;
+    x3 = x5;
+    x4 = x6;
+    x5 = x7;
   }
   if (r & 4) {  // one word
-    x0 = x1; x1 = x2; x2 = x3; x3 = x4; x4 = x5;
+    x0 = x1;
+    x1 = x2;
+    x2 = x3;
+    x3 = x4;
+    x4 = x5;
   }
   const uint32_t sh = 8 * (r & 3);
   return Words4{{FunnelShiftR(x0, x1, sh), FunnelShiftR(x1, x2, sh), FunnelShiftR(x2, x3, sh),
@@ -106,14 +115,38 @@ KVRAIL_HD Words4 Window16(uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, ui
 template <class Store>
 KVRAIL_HD void ForEachPartialStore(uint32_t lo, uint32_t hi, Store&& store) {
   uint32_t p = lo;
-  if ((p & 1) && p + 1 <= hi) { store(p, 1u); p += 1; }
-  if ((p & 2) && p + 2 <= hi) { store(p, 2u); p += 2; }
-  if ((p & 4) && p + 4 <= hi) { store(p, 4u); p += 4; }
-  if ((p & 8) && p + 8 <= hi) { store(p, 8u); p += 8; }
-  if (p + 8 <= hi) { store(p, 8u); p += 8; }
-  if (p + 4 <= hi) { store(p, 4u); p += 4; }
-  if (p + 2 <= hi) { store(p, 2u); p += 2; }
-  if (p + 1 <= hi) { store(p, 1u); p += 1; }
+  if ((p & 1) && p + 1 <= hi) {
+    store(p, 1u);
+    p += 1;
+  }
+  if ((p & 2) && p + 2 <= hi) {
+    store(p, 2u);
+    p += 2;
+  }
+  if ((p & 4) && p + 4 <= hi) {
+    store(p, 4u);
+    p += 4;
+  }
+  if ((p & 8) && p + 8 <= hi) {
+    store(p, 8u);
+    p += 8;
+  }
+  if (p + 8 <= hi) {
+    store(p, 8u);
+    p += 8;
+  }
+  if (p + 4 <= hi) {
+    store(p, 4u);
+    p += 4;
+  }
+  if (p + 2 <= hi) {
+    store(p, 2u);
+    p += 2;
+  }
+  if (p + 1 <= hi) {
+    store(p, 1u);
+    p += 1;
+  }
 }
 
 // Merging pieces contiguous on both sides (bulk form): a plan cut per token where consecutive
@@ -188,11 +221,11 @@ KVRAIL_HD uint32_t UnitSegment(uint32_t u, uint32_t full, uint32_t magic) {
 // library (//kernels:kv_copy) builds only the forms SegmentFormFor picks; the others exist for
 // benchmarks and tests (//kernels:kv_copy_forms, kv_copy_forms.h).
 enum class SegmentForm : int {
-  kDefault = 0,     // the library's choice for the plan: kBulk3
-  kRegisters = 6,   // benchmarks
-  kBulk2 = 102,     // benchmarks
+  kDefault = 0,    // the library's choice for the plan: kBulk3
+  kRegisters = 6,  // benchmarks
+  kBulk2 = 102,    // benchmarks
   kBulk3 = 103,
-  kSplit4 = 204,    // benchmarks
+  kSplit4 = 204,  // benchmarks
   kSplit6 = 206,
   kSplit4x2 = 214,  // benchmarks
   kSplit6x2 = 216,  // benchmarks

@@ -3,14 +3,13 @@
 // computes), byte for byte against a plain copy, with poisoned destinations and checks that no
 // read leaves the 16-byte blocks holding a segment's bytes or the stage ring.
 #define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
+#include "kernels/segment_math.h"
 
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <cstring>
 #include <random>
 #include <vector>
-
-#include "kernels/segment_math.h"
 
 namespace kvrail::kernels {
 namespace {
@@ -210,7 +209,8 @@ void RunContiguous(std::mt19937_64& rng, uint32_t max_len, int rounds) {
 void RunRandom(std::mt19937_64& rng, uint32_t max_len, uint32_t stage_bytes, int rounds) {
   for (int n = 0; n < rounds; ++n) {
     Memory src{0x7f0000000000ull + (rng() % 4096) * 16, std::vector<uint8_t>(32 * 8192 + 64)};
-    Memory dst{0x7e0000000000ull + (rng() % 4096) * 16, std::vector<uint8_t>(32 * 8192 + 64, kPoison)};
+    Memory dst{0x7e0000000000ull + (rng() % 4096) * 16,
+               std::vector<uint8_t>(32 * 8192 + 64, kPoison)};
     for (auto& b : src.bytes) b = static_cast<uint8_t>(rng());
     std::vector<Segment> segs(32);
     std::vector<uint8_t> want = dst.bytes;
@@ -327,8 +327,7 @@ int RunSplit(std::mt19937_64& rng, uint32_t max_len, bool equal, int rounds, int
   int uniform_steps = 0;
   const int count = 32 * per_lane;
   for (int n = 0; n < rounds; ++n) {
-    Memory src{0x7f0000000000ull + (rng() % 4096) * 16,
-               std::vector<uint8_t>(count * 8192 + 64)};
+    Memory src{0x7f0000000000ull + (rng() % 4096) * 16, std::vector<uint8_t>(count * 8192 + 64)};
     Memory dst{0x7e0000000000ull + (rng() % 4096) * 16,
                std::vector<uint8_t>(count * 8192 + 64, kPoison)};
     for (auto& b : src.bytes) b = static_cast<uint8_t>(rng());
@@ -421,7 +420,7 @@ TEST_CASE("split form replay == plain copy (equal and varied segments)") {
   CHECK(RunSplit(rng, 90, /*equal=*/true, 30) == 30);  // 80-byte head vectors and the like
   CHECK(RunSplit(rng, 700, /*equal=*/true, 20) == 20);
   CHECK(RunSplit(rng, kSegmentPieceBytes, /*equal=*/true, 10) == 10);
-  RunSplit(rng, 40, /*equal=*/false, 30);  // short, mixed, some empty
+  RunSplit(rng, 40, /*equal=*/false, 30);               // short, mixed, some empty
   CHECK(RunSplit(rng, 700, /*equal=*/false, 20) < 20);  // the search path
   RunSplit(rng, kSegmentPieceBytes, /*equal=*/false, 10);
   // Two segments per lane (64 per step).
@@ -502,7 +501,8 @@ TEST_CASE("merging contiguous pieces: runs of at most a piece, same bytes") {
   std::vector<Segment> segs(32);
   for (int j = 0; j < 32; ++j) segs[j] = Segment{1001 + 657u * j, 5003 + 657u * j, 657};
   const std::vector<Segment> m = Merge(segs);
-  for (int j = 0; j < 32; ++j) CHECK(m[j].len == (j % 6 == 0 ? (j == 30 ? 2 * 657u : 6 * 657u) : 0u));
+  for (int j = 0; j < 32; ++j)
+    CHECK(m[j].len == (j % 6 == 0 ? (j == 30 ? 2 * 657u : 6 * 657u) : 0u));
   std::mt19937_64 rng(23);
   RunContiguous(rng, 700, 300);
   RunContiguous(rng, 100, 200);
@@ -567,9 +567,11 @@ TEST_CASE("packing: a stage takes pieces while their spans fit, at least one") {
   Memory src{0x7f0000000000ull, std::vector<uint8_t>(32 * 8192 + 64)};
   Memory dst{0x7e0000000000ull, std::vector<uint8_t>(32 * 8192 + 64, kPoison)};
   std::vector<Segment> segs(32);
-  for (int j = 0; j < 32; ++j) segs[j] = Segment{src.base + j * 8192 + 1, dst.base + j * 8192 + 3, 4096};
+  for (int j = 0; j < 32; ++j)
+    segs[j] = Segment{src.base + j * 8192 + 1, dst.base + j * 8192 + 3, 4096};
   CHECK(ReplayStep(segs, src, dst, kMaxSegmentSpanBytes) == 32);  // one 4 KiB piece per stage
-  for (int j = 0; j < 32; ++j) segs[j] = Segment{src.base + j * 8192 + 1, dst.base + j * 8192 + 3, 657};
+  for (int j = 0; j < 32; ++j)
+    segs[j] = Segment{src.base + j * 8192 + 1, dst.base + j * 8192 + 3, 657};
   // Spans of 672 bytes: 6 per 4128-byte stage, 32 pieces in 6 stages.
   CHECK(ReplayStep(segs, src, dst, kMaxSegmentSpanBytes) == 6);
   for (int j = 0; j < 32; ++j) segs[j] = Segment{0, 0, 0};

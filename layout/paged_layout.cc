@@ -108,9 +108,9 @@ absl::StatusOr<ResolvedLayout> CheckPagedLayout(const v1::PagedKvLayout& layout,
                               {"layer_stride", per_layer ? 1u : k.num_layers, k.layer_stride}}};
   for (const Dim& d : dims) {
     if (d.stride % k.dtype_bytes != 0) {
-      return Invalid(p, d.field,
-                     absl::StrCat(d.stride, " is not a multiple of the dtype size ",
-                                  k.dtype_bytes));
+      return Invalid(
+          p, d.field,
+          absl::StrCat(d.stride, " is not a multiple of the dtype size ", k.dtype_bytes));
     }
   }
 
@@ -124,10 +124,10 @@ absl::StatusOr<ResolvedLayout> CheckPagedLayout(const v1::PagedKvLayout& layout,
   for (const Dim& d : dims) {
     if (d.extent <= 1) continue;
     if (Wide{d.stride} < extent) {
-      return Invalid(p, d.field,
-                     absl::StrCat(d.stride,
-                                  " makes elements overlap: the dimensions inside it span ",
-                                  static_cast<uint64_t>(extent), " bytes"));
+      return Invalid(
+          p, d.field,
+          absl::StrCat(d.stride, " makes elements overlap: the dimensions inside it span ",
+                       static_cast<uint64_t>(extent), " bytes"));
     }
     extent += Wide{d.stride} * (d.extent - 1);
   }

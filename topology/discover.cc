@@ -83,7 +83,8 @@ absl::StatusOr<TopologyDesc> Discover(const DiscoverOptions& options) {
   std::error_code ec;
   const bool have_sysfs = std::filesystem::is_directory(options.sysfs_root, ec);
   if (!have_sysfs) {
-    desc.add_notes(absl::StrCat("sysfs: ", options.sysfs_root, " not found; no NUMA, NIC or PCIe data"));
+    desc.add_notes(
+        absl::StrCat("sysfs: ", options.sysfs_root, " not found; no NUMA, NIC or PCIe data"));
   }
 
   GpuFacts facts;
@@ -144,8 +145,10 @@ absl::StatusOr<TopologyDesc> Discover(const DiscoverOptions& options) {
       if (nic.numa_node() < 0) nic.set_numa_node(only), mapped = true;
     }
     if (mapped) {
-      desc.add_notes(absl::StrCat("devices without a NUMA node (numa_node -1, usual in VMs) were "
-                                  "placed on the only NUMA node, ", only));
+      desc.add_notes(
+          absl::StrCat("devices without a NUMA node (numa_node -1, usual in VMs) were "
+                       "placed on the only NUMA node, ",
+                       only));
     }
   }
   return desc;

@@ -1,7 +1,6 @@
 // Discover() against a fake sysfs tree in a temporary folder (no GPU, NVML or RDMA needed).
 #define CATCH_CONFIG_MAIN
 #include <catch2/catch.hpp>
-
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -45,7 +44,8 @@ fs::path MakeSysfs() {
   Write(root / "devices/system/node/node1/cpulist", "4-7");
   Write(root / "devices/system/node/node1/distance", "21 10");
   for (int cpu = 0; cpu < 8; ++cpu) {
-    Write(root / "devices/system/cpu" / ("cpu" + std::to_string(cpu)) / "topology/physical_package_id",
+    Write(root / "devices/system/cpu" / ("cpu" + std::to_string(cpu)) /
+              "topology/physical_package_id",
           cpu < 4 ? "0" : "1");
   }
   const std::string rp = "pci0000:00/0000:00:01.0";
@@ -65,11 +65,13 @@ fs::path MakeSysfs() {
   fs::create_symlink(root / "devices" / hca, root / "class/net/ib0/device");
 
   Device(root, "pci0000:80/0000:80:01.0", "0x8086", "0x060400", 1);
-  Device(root, "pci0000:80/0000:80:01.0/0000:82:00.0", "0x10de", "0x030000", 1, "16.0 GT/s PCIe", 8);
+  Device(root, "pci0000:80/0000:80:01.0/0000:82:00.0", "0x10de", "0x030000", 1, "16.0 GT/s PCIe",
+         8);
   Device(root, "pci0000:80/0000:80:02.0", "0x1af4", "0x020000", 1);
   fs::create_directories(root / "devices/pci0000:80/0000:80:02.0/virtio0");
   fs::create_directories(root / "class/net/eth0");
-  fs::create_symlink(root / "devices/pci0000:80/0000:80:02.0/virtio0", root / "class/net/eth0/device");
+  fs::create_symlink(root / "devices/pci0000:80/0000:80:02.0/virtio0",
+                     root / "class/net/eth0/device");
   Write(root / "class/net/eth0/speed", "25000");
   fs::create_directories(root / "class/net/lo");
   return root;
@@ -193,7 +195,8 @@ TEST_CASE("a VM's numa_node -1 is placed on the only NUMA node") {
   Device(root, "pci0000:00/0000:00:03.0", "0x1af4", "0x020000", -1);
   fs::create_directories(root / "devices/pci0000:00/0000:00:03.0/virtio0");
   fs::create_directories(root / "class/net/eth0");
-  fs::create_symlink(root / "devices/pci0000:00/0000:00:03.0/virtio0", root / "class/net/eth0/device");
+  fs::create_symlink(root / "devices/pci0000:00/0000:00:03.0/virtio0",
+                     root / "class/net/eth0/device");
   absl::StatusOr<TopologyDesc> desc = Discover(SysfsOnly(root));
   REQUIRE(desc.ok());
   REQUIRE(desc->numa_nodes_size() == 1);

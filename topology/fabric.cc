@@ -22,15 +22,15 @@ void ProbeFabric(::kvrail::v1::TopologyDesc* desc) {
   int rc = fi_getinfo(FI_VERSION(1, 9), nullptr, nullptr, 0, hints, &info);
   fi_freeinfo(hints);
   if (rc != 0) {
-    desc->add_notes(absl::StrCat("libfabric: no RDM+RMA provider (fi_getinfo: ", fi_strerror(-rc),
-                                 ")"));
+    desc->add_notes(
+        absl::StrCat("libfabric: no RDM+RMA provider (fi_getinfo: ", fi_strerror(-rc), ")"));
     return;
   }
   // fi_getinfo lists one entry per provider/domain/address format; keep each triple once.
   std::set<std::tuple<std::string, std::string, std::string>> seen;
   for (fi_info* cur = info; cur != nullptr; cur = cur->next) {
-    std::string provider = cur->fabric_attr && cur->fabric_attr->prov_name
-                               ? cur->fabric_attr->prov_name : "";
+    std::string provider =
+        cur->fabric_attr && cur->fabric_attr->prov_name ? cur->fabric_attr->prov_name : "";
     std::string domain = cur->domain_attr && cur->domain_attr->name ? cur->domain_attr->name : "";
     std::string fabric = cur->fabric_attr && cur->fabric_attr->name ? cur->fabric_attr->name : "";
     if (!seen.insert({provider, domain, fabric}).second) continue;

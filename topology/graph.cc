@@ -24,10 +24,22 @@ using ::kvrail::v1::TransferPath;
 // NVLink5 (Blackwell) 50 GB/s, NVLink4 (Hopper) 26.56 GB/s (18 links ~ 478 GB/s), NVLink3
 // (Ampere) and NVLink2 (Volta) 25 GB/s, NVLink1 (Pascal) 20 GB/s.
 double NvLinkGbps(int cc_major, std::string* generation) {
-  if (cc_major >= 10) { *generation = "NVLink5"; return 50.0; }
-  if (cc_major == 9) { *generation = "NVLink4"; return 26.56; }
-  if (cc_major >= 7) { *generation = cc_major == 8 ? "NVLink3" : "NVLink2"; return 25.0; }
-  if (cc_major == 6) { *generation = "NVLink1"; return 20.0; }
+  if (cc_major >= 10) {
+    *generation = "NVLink5";
+    return 50.0;
+  }
+  if (cc_major == 9) {
+    *generation = "NVLink4";
+    return 26.56;
+  }
+  if (cc_major >= 7) {
+    *generation = cc_major == 8 ? "NVLink3" : "NVLink2";
+    return 25.0;
+  }
+  if (cc_major == 6) {
+    *generation = "NVLink1";
+    return 20.0;
+  }
   *generation = "NVLink, generation unknown, assumed NVLink4";
   return 26.56;
 }
@@ -57,7 +69,8 @@ PathInfo GpuPairPath(const TopologyDesc& desc, const internal::PciIndex& pci, co
                               absl::StrFormat("%.2f", per_link), " GB/s (", generation, ")"));
     return path;
   }
-  internal::PciPath pcie = pci.Classify(a.pci_bus_id(), a.numa_node(), b.pci_bus_id(), b.numa_node());
+  internal::PciPath pcie =
+      pci.Classify(a.pci_bus_id(), a.numa_node(), b.pci_bus_id(), b.numa_node());
   path.set_path_class(pcie.path_class);
   path.set_bandwidth_gbps(pcie.bandwidth_gbps);
   path.set_why(absl::StrCat("no NVLink; ", pcie.why));
@@ -90,24 +103,37 @@ PathInfo GpuNicPath(const internal::PciIndex& pci, const Gpu& gpu, const Nic& ni
 
 std::string PathClassName(PathClass path_class, int nvlink_count) {
   switch (path_class) {
-    case ::kvrail::v1::PATH_NV: return absl::StrCat("NV", nvlink_count);
-    case ::kvrail::v1::PATH_PIX: return "PIX";
-    case ::kvrail::v1::PATH_PXB: return "PXB";
-    case ::kvrail::v1::PATH_PHB: return "PHB";
-    case ::kvrail::v1::PATH_NODE: return "NODE";
-    case ::kvrail::v1::PATH_SYS: return "SYS";
-    case ::kvrail::v1::PATH_NET: return "NET";
-    default: return "?";
+    case ::kvrail::v1::PATH_NV:
+      return absl::StrCat("NV", nvlink_count);
+    case ::kvrail::v1::PATH_PIX:
+      return "PIX";
+    case ::kvrail::v1::PATH_PXB:
+      return "PXB";
+    case ::kvrail::v1::PATH_PHB:
+      return "PHB";
+    case ::kvrail::v1::PATH_NODE:
+      return "NODE";
+    case ::kvrail::v1::PATH_SYS:
+      return "SYS";
+    case ::kvrail::v1::PATH_NET:
+      return "NET";
+    default:
+      return "?";
   }
 }
 
 std::string TransferPathName(TransferPath path) {
   switch (path) {
-    case ::kvrail::v1::TRANSFER_PATH_LOCAL: return "cuda_local";
-    case ::kvrail::v1::TRANSFER_PATH_NVLINK_P2P: return "nvlink_p2p";
-    case ::kvrail::v1::TRANSFER_PATH_PCIE_P2P: return "pcie_p2p";
-    case ::kvrail::v1::TRANSFER_PATH_PCIE_STAGED: return "pcie_staged";
-    default: return "?";
+    case ::kvrail::v1::TRANSFER_PATH_LOCAL:
+      return "cuda_local";
+    case ::kvrail::v1::TRANSFER_PATH_NVLINK_P2P:
+      return "nvlink_p2p";
+    case ::kvrail::v1::TRANSFER_PATH_PCIE_P2P:
+      return "pcie_p2p";
+    case ::kvrail::v1::TRANSFER_PATH_PCIE_STAGED:
+      return "pcie_staged";
+    default:
+      return "?";
   }
 }
 
@@ -122,8 +148,8 @@ TopologyGraph ComputeGraph(const TopologyDesc& desc) {
   for (int a = 0; a < desc.gpus_size(); ++a) {
     for (int b = a + 1; b < desc.gpus_size(); ++b) {
       auto it = links.find({a, b});
-      *graph.add_gpu_pairs() =
-          GpuPairPath(desc, pci, desc.gpus(a), desc.gpus(b), it == links.end() ? nullptr : it->second);
+      *graph.add_gpu_pairs() = GpuPairPath(desc, pci, desc.gpus(a), desc.gpus(b),
+                                           it == links.end() ? nullptr : it->second);
     }
   }
   for (const auto& gpu : desc.gpus()) {
@@ -145,7 +171,8 @@ TopologyGraph ComputeGraph(const TopologyDesc& desc) {
     if (candidates.empty()) continue;
     auto better = [](const PathInfo* x, const PathInfo* y) {
       if (x->path_class() != y->path_class()) return x->path_class() < y->path_class();
-      return x->bandwidth_gbps() > y->bandwidth_gbps() && !SameBandwidth(x->bandwidth_gbps(), y->bandwidth_gbps());
+      return x->bandwidth_gbps() > y->bandwidth_gbps() &&
+             !SameBandwidth(x->bandwidth_gbps(), y->bandwidth_gbps());
     };
     const PathInfo* best = *std::min_element(candidates.begin(), candidates.end(), better);
     std::vector<const Nic*> chosen;
@@ -161,11 +188,11 @@ TopologyGraph ComputeGraph(const TopologyDesc& desc) {
     for (const Nic* nic : chosen) nearest->add_nics(nic->name());
     nearest->set_path_class(best->path_class());
     nearest->set_bandwidth_gbps(best->bandwidth_gbps());
-    nearest->set_why(absl::StrCat(
-        PathClassName(best->path_class(), 0), " at ", Gb(best->bandwidth_gbps()),
-        chosen.size() > 1 ? absl::StrCat(", ", chosen.size(), " NICs tie") : "",
-        any_rdma ? "" : "; no RDMA NIC on this node, plain Ethernet (tcp provider)", ": ",
-        best->why()));
+    nearest->set_why(
+        absl::StrCat(PathClassName(best->path_class(), 0), " at ", Gb(best->bandwidth_gbps()),
+                     chosen.size() > 1 ? absl::StrCat(", ", chosen.size(), " NICs tie") : "",
+                     any_rdma ? "" : "; no RDMA NIC on this node, plain Ethernet (tcp provider)",
+                     ": ", best->why()));
     auto* rail = graph.add_rails();
     rail->set_index(gpu.index());
     rail->set_gpu(gpu.index());
@@ -197,8 +224,8 @@ const PathInfo* FindGpuNicPath(const TopologyGraph& graph, int gpu, const std::s
 
 absl::StatusOr<GpuRoute> ChoosePath(const TopologyGraph& graph, int gpu_a, int gpu_b) {
   if (gpu_a < 0 || gpu_b < 0 || gpu_a >= graph.gpu_count() || gpu_b >= graph.gpu_count()) {
-    return absl::NotFoundError(absl::StrCat("no GPU pair (", gpu_a, ", ", gpu_b, ") on this node: ",
-                                            graph.gpu_count(), " GPUs"));
+    return absl::NotFoundError(absl::StrCat("no GPU pair (", gpu_a, ", ", gpu_b,
+                                            ") on this node: ", graph.gpu_count(), " GPUs"));
   }
   GpuRoute route;
   route.set_gpu_a(gpu_a);
@@ -222,8 +249,8 @@ absl::StatusOr<GpuRoute> ChoosePath(const TopologyGraph& graph, int gpu_a, int g
   } else if ((c == ::kvrail::v1::PATH_PIX || c == ::kvrail::v1::PATH_PXB) &&
              path->p2p_supported()) {
     route.set_path(::kvrail::v1::TRANSFER_PATH_PCIE_P2P);
-    route.set_why(absl::StrCat(cls, " with peer access: PCIe P2P below the host bridge (",
-                               path->why(), ")"));
+    route.set_why(
+        absl::StrCat(cls, " with peer access: PCIe P2P below the host bridge (", path->why(), ")"));
   } else {
     route.set_path(::kvrail::v1::TRANSFER_PATH_PCIE_STAGED);
     std::string reason;
@@ -233,8 +260,8 @@ absl::StatusOr<GpuRoute> ChoosePath(const TopologyGraph& graph, int gpu_a, int g
     } else {
       reason = "the path crosses the host bridge/CPU, where PCIe P2P is slow or unsupported";
     }
-    route.set_why(absl::StrCat(cls, ", ", reason, ": staged through pinned host memory (",
-                               path->why(), ")"));
+    route.set_why(
+        absl::StrCat(cls, ", ", reason, ": staged through pinned host memory (", path->why(), ")"));
   }
   return route;
 }

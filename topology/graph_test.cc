@@ -1,7 +1,6 @@
 // ComputeGraph, ChoosePath and RenderTopology on the fixtures of real machines.
 #define CATCH_CONFIG_MAIN
 #include <catch2/catch.hpp>
-
 #include <set>
 #include <string>
 #include <vector>

@@ -15,10 +15,10 @@ namespace {
 using nvmlReturn_t = int;  // NVML_SUCCESS == 0
 using nvmlDevice_t = struct NvmlDeviceOpaque*;
 constexpr nvmlReturn_t kNvmlSuccess = 0;
-constexpr unsigned kNvmlMaxLinks = 18;   // NVML_NVLINK_MAX_LINKS
-constexpr int kNvmlP2pCapsRead = 0;      // NVML_P2P_CAPS_INDEX_READ
-constexpr int kNvmlP2pCapsWrite = 1;     // NVML_P2P_CAPS_INDEX_WRITE
-constexpr int kNvmlP2pStatusOk = 0;      // NVML_P2P_STATUS_OK
+constexpr unsigned kNvmlMaxLinks = 18;      // NVML_NVLINK_MAX_LINKS
+constexpr int kNvmlP2pCapsRead = 0;         // NVML_P2P_CAPS_INDEX_READ
+constexpr int kNvmlP2pCapsWrite = 1;        // NVML_P2P_CAPS_INDEX_WRITE
+constexpr int kNvmlP2pStatusOk = 0;         // NVML_P2P_STATUS_OK
 constexpr int kNvmlNvLinkDeviceSwitch = 2;  // NVML_NVLINK_DEVICE_TYPE_SWITCH
 
 struct NvmlPciInfo {  // nvmlPciInfo_t
@@ -127,7 +127,8 @@ void ProbeNvml(GpuFacts* facts) {
     if (nvml.GetName && nvml.GetName(dev, text, sizeof(text)) == kNvmlSuccess) gpu->set_name(text);
     if (nvml.GetUuid && nvml.GetUuid(dev, text, sizeof(text)) == kNvmlSuccess) gpu->set_uuid(text);
     NvmlMemory mem{};
-    if (nvml.GetMemory && nvml.GetMemory(dev, &mem) == kNvmlSuccess) gpu->set_memory_bytes(mem.total);
+    if (nvml.GetMemory && nvml.GetMemory(dev, &mem) == kNvmlSuccess)
+      gpu->set_memory_bytes(mem.total);
     int major = 0, minor = 0;
     if (nvml.GetCc && nvml.GetCc(dev, &major, &minor) == kNvmlSuccess) {
       gpu->set_compute_capability_major(major);

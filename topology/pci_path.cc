@@ -23,13 +23,20 @@ using ::kvrail::v1::PciKind;
 // Per-lane raw rate in GB/s by generation (after 8b/10b or 128b/130b line coding).
 double LaneGbps(int gen) {
   switch (gen) {
-    case 1: return 0.25;
-    case 2: return 0.5;
-    case 3: return 0.985;
-    case 4: return 1.969;
-    case 5: return 3.938;
-    case 6: return 7.563;
-    default: return 0;
+    case 1:
+      return 0.25;
+    case 2:
+      return 0.5;
+    case 3:
+      return 0.985;
+    case 4:
+      return 1.969;
+    case 5:
+      return 3.938;
+    case 6:
+      return 7.563;
+    default:
+      return 0;
   }
 }
 
@@ -77,8 +84,10 @@ PciPath PciIndex::Classify(const std::string& bus_a, int numa_a, const std::stri
                               ": across the socket interconnect", link_note);
     } else {
       path.path_class = ::kvrail::v1::PATH_PHB;
-      path.why = absl::StrCat("not in the PCIe tree; same NUMA node, assumed through the host "
-                              "bridge", link_note);
+      path.why = absl::StrCat(
+          "not in the PCIe tree; same NUMA node, assumed through the host "
+          "bridge",
+          link_note);
     }
     return path;
   }
@@ -104,9 +113,9 @@ PciPath PciIndex::Classify(const std::string& bus_a, int numa_a, const std::stri
   if (a->host_bridge() != b->host_bridge()) {
     if (numa_differs) {
       path.path_class = ::kvrail::v1::PATH_SYS;
-      path.why = absl::StrCat("host bridges ", a->host_bridge(), " and ", b->host_bridge(),
-                              " on NUMA ", numa_a, " and ", numa_b,
-                              ": across the socket interconnect", link_note);
+      path.why =
+          absl::StrCat("host bridges ", a->host_bridge(), " and ", b->host_bridge(), " on NUMA ",
+                       numa_a, " and ", numa_b, ": across the socket interconnect", link_note);
     } else {
       path.path_class = ::kvrail::v1::PATH_NODE;
       path.why = absl::StrCat("host bridges ", a->host_bridge(), " and ", b->host_bridge(),
@@ -140,14 +149,16 @@ PciPath PciIndex::Classify(const std::string& bus_a, int numa_a, const std::stri
   }
   int switches = 0;
   for (const PciDevice* dev : between) {
-    if (dev->kind() == PciKind::PCI_KIND_SWITCH_UPSTREAM || dev->kind() == PciKind::PCI_KIND_BRIDGE) {
+    if (dev->kind() == PciKind::PCI_KIND_SWITCH_UPSTREAM ||
+        dev->kind() == PciKind::PCI_KIND_BRIDGE) {
       ++switches;
     }
   }
   if (switches <= 1) {
     path.path_class = ::kvrail::v1::PATH_PIX;
-    path.why = switches == 0 ? absl::StrCat("functions of one device / one port", link_note)
-                             : absl::StrCat("through one PCIe switch (", lca->bus_id(), ")", link_note);
+    path.why = switches == 0
+                   ? absl::StrCat("functions of one device / one port", link_note)
+                   : absl::StrCat("through one PCIe switch (", lca->bus_id(), ")", link_note);
   } else {
     path.path_class = ::kvrail::v1::PATH_PXB;
     path.why = absl::StrCat(switches, " PCIe switches, below the host bridge", link_note);

@@ -24,16 +24,15 @@ std::string NumaText(int node) { return node < 0 ? "N/A" : absl::StrCat(node); }
 std::string RenderTopology(const TopologyDesc& desc, const TopologyGraph& graph) {
   std::string out;
   absl::StrAppend(&out, "Host ", desc.hostname().empty() ? "(unnamed)" : desc.hostname(), ": ",
-                  desc.gpus_size(), " GPU(s), ", desc.nics_size(), " NIC(s), ",
-                  desc.sockets_size(), " socket(s), ", desc.numa_nodes_size(), " NUMA node(s)\n");
+                  desc.gpus_size(), " GPU(s), ", desc.nics_size(), " NIC(s), ", desc.sockets_size(),
+                  " socket(s), ", desc.numa_nodes_size(), " NUMA node(s)\n");
   for (const auto& gpu : desc.gpus()) {
-    absl::StrAppend(&out, absl::StrFormat("  GPU%d  %s  %s  sm_%d%d  %d SMs  %.1f GiB%s%s\n",
-                                          gpu.index(), gpu.name(), gpu.pci_bus_id(),
-                                          gpu.compute_capability_major(),
-                                          gpu.compute_capability_minor(), gpu.sm_count(),
-                                          gpu.memory_bytes() / 1073741824.0,
-                                          gpu.mig_enabled() ? "  MIG" : "",
-                                          gpu.mps_active() ? "  MPS" : ""));
+    absl::StrAppend(
+        &out, absl::StrFormat("  GPU%d  %s  %s  sm_%d%d  %d SMs  %.1f GiB%s%s\n", gpu.index(),
+                              gpu.name(), gpu.pci_bus_id(), gpu.compute_capability_major(),
+                              gpu.compute_capability_minor(), gpu.sm_count(),
+                              gpu.memory_bytes() / 1073741824.0, gpu.mig_enabled() ? "  MIG" : "",
+                              gpu.mps_active() ? "  MPS" : ""));
   }
   out += "\n";
 
@@ -92,16 +91,17 @@ Legend:
     out += "\nNIC Legend:\n";
     for (int n = 0; n < desc.nics_size(); ++n) {
       const auto& nic = desc.nics(n);
-      absl::StrAppend(&out, absl::StrFormat("  NIC%d: %s  (%s, %s, %g Gb/s%s)\n", n, nic.name(),
-                                            ::kvrail::v1::NicKind_Name(nic.kind()),
-                                            nic.pci_bus_id(), nic.link_speed_gbps(),
-                                            nic.rdma_capable() ? ", RDMA" : ""));
+      absl::StrAppend(&out,
+                      absl::StrFormat("  NIC%d: %s  (%s, %s, %g Gb/s%s)\n", n, nic.name(),
+                                      ::kvrail::v1::NicKind_Name(nic.kind()), nic.pci_bus_id(),
+                                      nic.link_speed_gbps(), nic.rdma_capable() ? ", RDMA" : ""));
     }
   }
   if (desc.fabric_domains_size() > 0) {
     out += "\nlibfabric (RDM, RMA):\n";
     for (const auto& d : desc.fabric_domains()) {
-      absl::StrAppend(&out, "  ", d.provider(), "  domain ", d.domain(), "  fabric ", d.fabric(), "\n");
+      absl::StrAppend(&out, "  ", d.provider(), "  domain ", d.domain(), "  fabric ", d.fabric(),
+                      "\n");
     }
   }
   if (graph.nearest_nics_size() > 0) {
@@ -114,10 +114,10 @@ Legend:
   if (graph.routes_size() > 0) {
     out += "\nIntra-node paths kvrail would use:\n";
     for (const auto& route : graph.routes()) {
-      absl::StrAppend(&out, absl::StrFormat("  GPU%d <-> GPU%d: %s, ~%.1f GB/s: %s\n",
-                                            route.gpu_a(), route.gpu_b(),
-                                            TransferPathName(route.path()), route.bandwidth_gbps(),
-                                            route.why()));
+      absl::StrAppend(
+          &out,
+          absl::StrFormat("  GPU%d <-> GPU%d: %s, ~%.1f GB/s: %s\n", route.gpu_a(), route.gpu_b(),
+                          TransferPathName(route.path()), route.bandwidth_gbps(), route.why()));
     }
   } else if (desc.gpus_size() <= 1) {
     out += "\nIntra-node paths kvrail would use: none (fewer than two GPUs)\n";

@@ -57,8 +57,8 @@ absl::Status Validate(const TopologyDesc& desc, const std::string& name) {
   }
   for (const auto& dev : desc.pci_devices()) {
     if (!dev.parent_bus_id().empty() && buses.count(dev.parent_bus_id()) == 0) {
-      return bad(absl::StrCat("pci device ", dev.bus_id(), " has unknown parent ",
-                              dev.parent_bus_id()));
+      return bad(
+          absl::StrCat("pci device ", dev.bus_id(), " has unknown parent ", dev.parent_bus_id()));
     }
   }
   return absl::OkStatus();

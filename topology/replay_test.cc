@@ -1,7 +1,6 @@
 // Replay: textproto round trips, clear errors, JSON.
 #define CATCH_CONFIG_MAIN
 #include <catch2/catch.hpp>
-
 #include <cstdio>
 #include <fstream>
 
@@ -41,14 +40,15 @@ TEST_CASE("a missing file is NotFound and named") {
 }
 
 TEST_CASE("inconsistent descs are rejected with the file name") {
-  REQUIRE(absl::IsInvalidArgument(
-      ParseTopology("gpus { index: 1 }", "f.textproto").status()));
+  REQUIRE(absl::IsInvalidArgument(ParseTopology("gpus { index: 1 }", "f.textproto").status()));
   REQUIRE(absl::IsInvalidArgument(
       ParseTopology("gpus { index: 0 } gpu_links { gpu_a: 0 gpu_b: 1 }", "f").status()));
-  REQUIRE(absl::IsInvalidArgument(ParseTopology("nics { name: \"a\" } nics { name: \"a\" }", "f").status()));
+  REQUIRE(absl::IsInvalidArgument(
+      ParseTopology("nics { name: \"a\" } nics { name: \"a\" }", "f").status()));
   absl::Status s =
       ParseTopology("pci_devices { bus_id: \"0000:01:00.0\" parent_bus_id: \"0000:00:01.0\" }",
-                    "tree.textproto").status();
+                    "tree.textproto")
+          .status();
   REQUIRE(absl::IsInvalidArgument(s));
   REQUIRE(std::string(s.message()).find("tree.textproto") != std::string::npos);
 }

@@ -127,12 +127,21 @@ int PortTypeFromConfig(const fs::path& config) {
 
 PciKind KindFromPortType(int type) {
   switch (type) {
-    case 0: case 1: case 9: return PciKind::PCI_KIND_ENDPOINT;
-    case 4: return PciKind::PCI_KIND_ROOT_PORT;
-    case 5: return PciKind::PCI_KIND_SWITCH_UPSTREAM;
-    case 6: return PciKind::PCI_KIND_SWITCH_DOWNSTREAM;
-    case 7: case 8: return PciKind::PCI_KIND_BRIDGE;
-    default: return PciKind::PCI_KIND_UNSPECIFIED;
+    case 0:
+    case 1:
+    case 9:
+      return PciKind::PCI_KIND_ENDPOINT;
+    case 4:
+      return PciKind::PCI_KIND_ROOT_PORT;
+    case 5:
+      return PciKind::PCI_KIND_SWITCH_UPSTREAM;
+    case 6:
+      return PciKind::PCI_KIND_SWITCH_DOWNSTREAM;
+    case 7:
+    case 8:
+      return PciKind::PCI_KIND_BRIDGE;
+    default:
+      return PciKind::PCI_KIND_UNSPECIFIED;
   }
 }
 
@@ -269,7 +278,8 @@ void ProbeNics(const std::string& root, TopologyDesc* desc) {
     std::string link_layer;
     if (!ports.empty()) {
       link_layer = ReadText(ib / name / "ports" / ports.front() / "link_layer");
-      nic.set_link_speed_gbps(ParseRateGbps(ReadText(ib / name / "ports" / ports.front() / "rate")));
+      nic.set_link_speed_gbps(
+          ParseRateGbps(ReadText(ib / name / "ports" / ports.front() / "rate")));
     }
     if (nic.driver() == "efa" || name.rfind("efa", 0) == 0 || name.rfind("rdmap", 0) == 0) {
       nic.set_kind(NicKind::NIC_KIND_EFA);
@@ -345,9 +355,8 @@ absl::Status BuildPciTree(const std::string& root, TopologyDesc* desc) {
         dev.set_link_width(ReadInt(walked / "current_link_width", 0));
         PciKind kind = KindFromPortType(PortTypeFromConfig(walked / "config"));
         if (kind == PciKind::PCI_KIND_UNSPECIFIED) {
-          PciKind parent_kind = parent.empty()
-                                    ? PciKind::PCI_KIND_UNSPECIFIED
-                                    : desc->pci_devices(index_of[parent]).kind();
+          PciKind parent_kind = parent.empty() ? PciKind::PCI_KIND_UNSPECIFIED
+                                               : desc->pci_devices(index_of[parent]).kind();
           kind = KindFromShape(dev.class_code(), parent_kind, !parent.empty());
         }
         dev.set_kind(kind);

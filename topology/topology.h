@@ -37,7 +37,8 @@ struct DiscoverOptions {
   bool probe_fabric = true;
   // Host name to record; empty means gethostname().
   std::string hostname;
-  // Folder of the CUDA MPS control pipe; empty means $CUDA_MPS_PIPE_DIRECTORY, else /tmp/nvidia-mps.
+  // Folder of the CUDA MPS control pipe; empty means $CUDA_MPS_PIPE_DIRECTORY, else
+  // /tmp/nvidia-mps.
   std::string mps_pipe_directory;
 };
 
@@ -70,7 +71,8 @@ const PathInfo* FindGpuNicPath(const TopologyGraph& graph, int gpu, const std::s
 // local when a == b. NotFound when an index is not a GPU of the graph.
 absl::StatusOr<GpuRoute> ChoosePath(const TopologyGraph& graph, int gpu_a, int gpu_b);
 
-// Short names used in text output: "NV18", "PIX", "SYS"; and "nvlink_p2p", "pcie_staged" (the same names as metrics labels, logs and the CLI: one naming of paths everywhere).
+// Short names used in text output: "NV18", "PIX", "SYS"; and "nvlink_p2p", "pcie_staged" (the same
+// names as metrics labels, logs and the CLI: one naming of paths everywhere).
 std::string PathClassName(::kvrail::v1::PathClass path_class, int nvlink_count);
 std::string TransferPathName(::kvrail::v1::TransferPath path);
 

@@ -35,10 +35,11 @@ void SetSocketTimeout(int sock, int option, absl::Duration timeout) {
 // `status` with "session socket PATH: " (and what was awaited, when given) in front.
 absl::Status InContext(const absl::Status& status, absl::string_view path,
                        absl::string_view awaited = "") {
-  return absl::Status(status.code(),
-                      absl::StrCat("session socket ", path, ": ",
-                                   awaited.empty() ? "" : absl::StrCat("waiting for ", awaited, ": "),
-                                   status.message()));
+  return absl::Status(
+      status.code(),
+      absl::StrCat("session socket ", path, ": ",
+                   awaited.empty() ? "" : absl::StrCat("waiting for ", awaited, ": "),
+                   status.message()));
 }
 
 // Thread contract: see SessionConnection; mu_ serialises whole exchanges.
@@ -71,8 +72,8 @@ class SessionConnectionImpl final : public SessionConnection {
       const int n = ::poll(p, 2, -1);
       if (n < 0 && errno == EINTR) continue;
       if (n < 0) {
-        return absl::InternalError(absl::StrCat("session socket ", path_, ": poll: ",
-                                                strerror(errno)));
+        return absl::InternalError(
+            absl::StrCat("session socket ", path_, ": poll: ", strerror(errno)));
       }
       if ((p[0].revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0) return true;
       if (p[1].revents != 0) return false;
@@ -179,8 +180,7 @@ absl::StatusOr<std::unique_ptr<SessionConnection>> SessionConnection::Open(
   UniqueFd sock(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
   if (!sock.valid()) {
     const int err = errno;
-    return absl::UnavailableError(
-        absl::StrCat("socket(AF_UNIX, SOCK_SEQPACKET): ", strerror(err)));
+    return absl::UnavailableError(absl::StrCat("socket(AF_UNIX, SOCK_SEQPACKET): ", strerror(err)));
   }
   SetSocketTimeout(sock.get(), SO_RCVTIMEO, timeout);
   SetSocketTimeout(sock.get(), SO_SNDTIMEO, timeout);
@@ -197,8 +197,7 @@ absl::StatusOr<std::unique_ptr<SessionConnection>> SessionConnection::Open(
   if (!id.ok()) return InContext(id.status(), session_socket_path);
   return std::unique_ptr<SessionConnection>(
       new SessionConnectionImpl(std::move(sock), *id, session_socket_path,
-                                ParseGreetingInstance(*greeting),
-                                ParseGreetingSecret(*greeting)));
+                                ParseGreetingInstance(*greeting), ParseGreetingSecret(*greeting)));
 }
 
 }  // namespace kvrail::wire

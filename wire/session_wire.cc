@@ -142,8 +142,8 @@ absl::StatusOr<uint64_t> ParseWaitBody(absl::string_view body, bool plain) {
   uint64_t id = 0;
   const absl::string_view digits = body.substr(0, body.find(' '));  // before a credential
   if (!plain || !absl::SimpleAtoi(digits, &id)) {
-    return absl::InvalidArgumentError(absl::StrCat("WAIT: want \"WAIT <transfer id>\", got \"WAIT ",
-                                                   body.substr(0, 40), "\""));
+    return absl::InvalidArgumentError(
+        absl::StrCat("WAIT: want \"WAIT <transfer id>\", got \"WAIT ", body.substr(0, 40), "\""));
   }
   return id;
 }
@@ -174,9 +174,8 @@ std::string GreetingPart(absl::string_view packet, absl::string_view key) {
   size_t at = packet.find('\0');
   while (at != absl::string_view::npos) {
     const size_t next = packet.find('\0', at + 1);
-    absl::string_view part = packet.substr(at + 1, next == absl::string_view::npos
-                                                       ? absl::string_view::npos
-                                                       : next - at - 1);
+    absl::string_view part = packet.substr(
+        at + 1, next == absl::string_view::npos ? absl::string_view::npos : next - at - 1);
     absl::string_view text = Line(part);
     if (absl::ConsumePrefix(&text, key)) {
       if (text.empty() || text.size() > 64) return "";

@@ -72,7 +72,7 @@ std::string SessionSocketPath(const std::string& grpc_socket_path);
 // only on this connection; kvrail_client.h attaches it as `kvrail-session` metadata).
 std::string EncodeGreeting(uint64_t session_id, absl::string_view instance_id = "",
                            absl::string_view secret = "");
-std::string EncodeToken(absl::string_view token);  // "TOKEN <token>"
+std::string EncodeToken(absl::string_view token);    // "TOKEN <token>"
 std::string EncodeError(absl::string_view message);  // "ERROR <message>"
 std::string EncodeSubmitted(const v1::SubmitTransferResponse& response);
 std::string EncodeDone(const v1::TransferStatus& status);
@@ -165,9 +165,9 @@ class ReceiveBuffer {
 };
 
 struct Received {
-  absl::string_view payload;   // into the ReceiveBuffer; valid until its next receive
-  std::vector<UniqueFd> fds;   // every descriptor that came (close-on-exec), in order
-  bool truncated = false;      // the packet was longer than max_payload_bytes
+  absl::string_view payload;  // into the ReceiveBuffer; valid until its next receive
+  std::vector<UniqueFd> fds;  // every descriptor that came (close-on-exec), in order
+  bool truncated = false;     // the packet was longer than max_payload_bytes
 };
 
 // Receives one packet into `buffer`. `flags` are added to MSG_CMSG_CLOEXEC (the daemon passes

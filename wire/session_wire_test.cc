@@ -301,8 +301,7 @@ TEST_CASE("every packet kind has the protocol's bytes and parses back") {
   CHECK(ParseSubmitAnswer(EncodeSubmitted(response)).value().transfer_id() == 12);
   CHECK(ParseSubmitAnswer(EncodeRejected(absl::InvalidArgumentError("spec.src: bad"))).status() ==
         absl::InvalidArgumentError("spec.src: bad"));
-  CHECK(ParseSubmitAnswer("ERROR expected FD").status().code() ==
-        absl::StatusCode::kUnimplemented);
+  CHECK(ParseSubmitAnswer("ERROR expected FD").status().code() == absl::StatusCode::kUnimplemented);
   CHECK(ParseSubmitAnswer("SUBMITTED \xff").status().code() == absl::StatusCode::kInternal);
   CHECK(ParseDoneAnswer(EncodeDone(status)).value().SerializeAsString() ==
         status.SerializeAsString());
@@ -400,7 +399,9 @@ TEST_CASE("receiving: descriptors, nothing to read, a closed peer, a long packet
   std::vector<int> fds(kMaxFdsPerPacket + 2, write_end.get());
   {
     char byte = 'F';
-    struct iovec iov {&byte, 1};
+    struct iovec iov {
+      &byte, 1
+    };
     std::vector<char> control(CMSG_SPACE(sizeof(int) * fds.size()));
     struct msghdr msg {};
     msg.msg_iov = &iov;

@@ -32,7 +32,7 @@ class ContextSyncScope {
 };
 
 struct OpenContextSync {
-  absl::Time since;      // when the oldest open scope began
+  absl::Time since;       // when the oldest open scope began
   const char* what = "";  // its name
   int open = 0;           // scopes open now
 };

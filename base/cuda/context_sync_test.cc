@@ -1,10 +1,9 @@
 #define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
+#include "base/cuda/context_sync.h"
 
+#include <catch2/catch.hpp>
 #include <cstring>
 #include <optional>
-
-#include "base/cuda/context_sync.h"
 
 namespace kvrail::cuda {
 namespace {

@@ -1,5 +1,4 @@
 #include "base/cuda/cuda_util.h"
-#include "base/cuda/context_sync.h"
 
 #include <cuda.h>
 
@@ -9,14 +8,15 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "base/cuda/context_sync.h"
 
 namespace kvrail::cuda {
 
 absl::Status CudaStatus(cudaError_t error, absl::string_view what, absl::StatusCode code) {
   if (error == cudaSuccess) return absl::OkStatus();
   cudaGetLastError();  // clear a non-sticky error so the next call starts clean
-  return absl::Status(code, absl::StrCat(what, ": ", cudaGetErrorName(error), ": ",
-                                         cudaGetErrorString(error)));
+  return absl::Status(
+      code, absl::StrCat(what, ": ", cudaGetErrorName(error), ": ", cudaGetErrorString(error)));
 }
 
 absl::Status BatchCopy(void* const* dsts, const void* const* srcs, const size_t* sizes, size_t n,
@@ -100,8 +100,7 @@ GetAddressRangeFn AddressRangeFn() {
 void* DriverEntryPoint(const char* name) {
   void* p = nullptr;
   cudaDriverEntryPointQueryResult found{};
-  if (cudaGetDriverEntryPointByVersion(name, &p, 12000, cudaEnableDefault, &found) !=
-          cudaSuccess ||
+  if (cudaGetDriverEntryPointByVersion(name, &p, 12000, cudaEnableDefault, &found) != cudaSuccess ||
       found != cudaDriverEntryPointSuccess) {
     cudaGetLastError();  // not sticky: clear it for the caller's next runtime call
     return nullptr;
@@ -128,7 +127,8 @@ absl::StatusOr<int> PointerDevice(const void* ptr) {
   cudaPointerAttributes attributes{};
   const cudaError_t e = cudaPointerGetAttributes(&attributes, ptr);
   if (e != cudaSuccess) return CudaStatus(e, "cudaPointerGetAttributes");
-  if (attributes.type != cudaMemoryTypeDevice && attributes.type != cudaMemoryTypeManaged) return -1;
+  if (attributes.type != cudaMemoryTypeDevice && attributes.type != cudaMemoryTypeManaged)
+    return -1;
   return attributes.device;
 }
 
@@ -175,7 +175,8 @@ absl::Status EnablePeerAccess(int device, int peer) {
     e = cudaDeviceEnablePeerAccess(peer, 0);
   }
   if (e != cudaSuccess && e != cudaErrorPeerAccessAlreadyEnabled) {
-    return CudaStatus(e, absl::StrCat("cudaDeviceEnablePeerAccess(GPU", device, " -> GPU", peer, ")"));
+    return CudaStatus(e,
+                      absl::StrCat("cudaDeviceEnablePeerAccess(GPU", device, " -> GPU", peer, ")"));
   }
   cudaGetLastError();
   table.enabled.insert({device, peer});
@@ -261,8 +262,8 @@ absl::StatusOr<HostRegistration> HostRegistration::Register(void* base, uint64_t
     return s;
   }
   void* device = nullptr;
-  if (absl::Status s = CudaStatus(cudaHostGetDevicePointer(&device, base, 0),
-                                  "cudaHostGetDevicePointer");
+  if (absl::Status s =
+          CudaStatus(cudaHostGetDevicePointer(&device, base, 0), "cudaHostGetDevicePointer");
       !s.ok()) {
     ContextSyncScope sync("cudaHostUnregister");
     cudaHostUnregister(base);

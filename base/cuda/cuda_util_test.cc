@@ -4,7 +4,6 @@
 #include "base/cuda/cuda_util.h"
 
 #include <catch2/catch.hpp>
-
 #include <string>
 
 namespace kvrail::cuda {

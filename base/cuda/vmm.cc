@@ -21,14 +21,14 @@ bool Resolve(const char* name, Fn* out) {
 absl::StatusOr<const VmmApi*> Vmm() {
   static const VmmApi* api = []() -> const VmmApi* {
     auto* a = new VmmApi();
-    const bool all = Resolve("cuMemImportFromShareableHandle", &a->import_handle) &&
-                     Resolve("cuMemExportToShareableHandle", &a->export_handle) &&
-                     Resolve("cuMemRetainAllocationHandle", &a->retain_handle) &&
-                     Resolve("cuMemRelease", &a->release) &&
-                     Resolve("cuMemAddressReserve", &a->reserve) &&
-                     Resolve("cuMemAddressFree", &a->free_range) && Resolve("cuMemMap", &a->map) &&
-                     Resolve("cuMemUnmap", &a->unmap) && Resolve("cuMemSetAccess", &a->set_access) &&
-                     Resolve("cuPointerGetAttribute", &a->pointer_attribute);
+    const bool all =
+        Resolve("cuMemImportFromShareableHandle", &a->import_handle) &&
+        Resolve("cuMemExportToShareableHandle", &a->export_handle) &&
+        Resolve("cuMemRetainAllocationHandle", &a->retain_handle) &&
+        Resolve("cuMemRelease", &a->release) && Resolve("cuMemAddressReserve", &a->reserve) &&
+        Resolve("cuMemAddressFree", &a->free_range) && Resolve("cuMemMap", &a->map) &&
+        Resolve("cuMemUnmap", &a->unmap) && Resolve("cuMemSetAccess", &a->set_access) &&
+        Resolve("cuPointerGetAttribute", &a->pointer_attribute);
     if (!all) {
       delete a;
       return nullptr;

@@ -2,8 +2,6 @@
 // Every entry point: look the handles up (HandleTable), convert the arguments, call the C++
 // client, and leave the result in the calling thread's last error. No C++ exception crosses the
 // ABI (each body runs under Guard).
-#include "client/c_api/kvrail.h"
-
 #include <cstdlib>
 #include <cstring>
 #include <exception>
@@ -19,6 +17,7 @@
 #include "base/status.h"
 #include "client/c_api/entry.h"
 #include "client/c_api/handle_table.h"
+#include "client/c_api/kvrail.h"
 #include "client/cuda_export.h"
 #include "client/kvrail_client.h"
 #include "google/protobuf/message_lite.h"
@@ -68,7 +67,6 @@ absl::StatusOr<std::shared_ptr<HostBuffer>> FindBuffer(kvrail_host_buffer* handl
   return buffer;
 }
 
-
 // Parses `len` bytes as a `T`; the error names the argument and the expected message type.
 template <typename T>
 absl::StatusOr<T> Parse(const uint8_t* data, size_t len, const char* name) {
@@ -79,8 +77,8 @@ absl::StatusOr<T> Parse(const uint8_t* data, size_t len, const char* name) {
   }
   if (len > static_cast<size_t>(INT32_MAX) ||
       !message.ParseFromArray(data, static_cast<int>(len))) {
-    return absl::InvalidArgumentError(absl::StrCat(name, ": ", len, " bytes are not a serialized ",
-                                                   message.GetTypeName()));
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, ": ", len, " bytes are not a serialized ", message.GetTypeName()));
   }
   return message;
 }
@@ -139,9 +137,9 @@ absl::Status PutRegion(const v1::RegionInfo& info, uint64_t* region_id, uint8_t*
 absl::StatusOr<v1::PagedKvLayout> ToLayout(const kvrail_paged_layout* in) {
   if (in == nullptr) return absl::InvalidArgumentError("layout: NULL");
   if (in->struct_size != sizeof(kvrail_paged_layout)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("layout.struct_size: ", in->struct_size, ", this library (ABI ",
-                     KVRAIL_ABI_VERSION, ") knows ", sizeof(kvrail_paged_layout)));
+    return absl::InvalidArgumentError(absl::StrCat("layout.struct_size: ", in->struct_size,
+                                                   ", this library (ABI ", KVRAIL_ABI_VERSION,
+                                                   ") knows ", sizeof(kvrail_paged_layout)));
   }
   v1::PagedKvLayout out;
   out.set_num_layers(in->num_layers);
@@ -217,9 +215,9 @@ using kvrail::c_api::HandleOf;
 using kvrail::c_api::Parse;
 using kvrail::c_api::PutBytes;
 using kvrail::c_api::PutRegion;
-using kvrail::c_api::ResetRegionOuts;
 using kvrail::c_api::RequireOut;
 using kvrail::c_api::ResetBytes;
+using kvrail::c_api::ResetRegionOuts;
 using kvrail::client::Client;
 using kvrail::client::HostBuffer;
 namespace v1 = kvrail::v1;
@@ -270,8 +268,7 @@ int kvrail_host_buffer_create(uint64_t bytes, const char* name, kvrail_host_buff
     KVRAIL_RETURN_IF_ERROR(RequireOut(out, "out"));
     *out = nullptr;
     if (bytes == 0) return absl::InvalidArgumentError("bytes: must be > 0");
-    const std::string label =
-        name != nullptr && name[0] != '\0' ? name : "kvrail-host-buffer";
+    const std::string label = name != nullptr && name[0] != '\0' ? name : "kvrail-host-buffer";
     KVRAIL_ASSIGN_OR_RETURN(std::unique_ptr<HostBuffer> buffer, HostBuffer::Create(bytes, label));
     *out = HandleFrom<kvrail_host_buffer>(Buffers().Add(std::move(buffer)));
     return absl::OkStatus();
@@ -386,8 +383,8 @@ int kvrail_register_paged_host(kvrail_client* handle, kvrail_host_buffer* buffer
 }
 
 int kvrail_register_cuda(kvrail_client* handle, const void* device_ptr, uint64_t bytes,
-                         const uint8_t* spec, size_t spec_len, uint64_t* region_id,
-                         uint8_t** info, size_t* info_len) {
+                         const uint8_t* spec, size_t spec_len, uint64_t* region_id, uint8_t** info,
+                         size_t* info_len) {
   return Guard([&]() -> absl::Status {
     KVRAIL_RETURN_IF_ERROR(ResetRegionOuts(region_id, info, info_len));
     KVRAIL_ASSIGN_OR_RETURN(std::shared_ptr<Client> client, FindClient(handle));
@@ -412,7 +409,8 @@ int kvrail_register_cuda_layers(kvrail_client* handle, const void* const* layer_
     }
     std::vector<const void*> ptrs(layer_ptrs, layer_ptrs + num_layers);
     for (size_t i = 0; i < ptrs.size(); ++i) {
-      if (ptrs[i] == nullptr) return absl::InvalidArgumentError(absl::StrCat("layer_ptrs[", i, "]: NULL"));
+      if (ptrs[i] == nullptr)
+        return absl::InvalidArgumentError(absl::StrCat("layer_ptrs[", i, "]: NULL"));
     }
     KVRAIL_ASSIGN_OR_RETURN(v1::RegionSpec parsed, Parse<v1::RegionSpec>(spec, spec_len, "spec"));
     KVRAIL_ASSIGN_OR_RETURN(
@@ -621,8 +619,7 @@ int kvrail_list_regions(kvrail_client* handle, uint8_t** out, size_t* out_len) {
 int kvrail_list_transfers(kvrail_client* handle, const int32_t* states, size_t num_states,
                           uint32_t limit, uint8_t** out, size_t* out_len) {
   return kvrail::c_api::MessageCall(
-      handle, out, out_len,
-      [&](Client& client) -> absl::StatusOr<v1::ListTransfersResponse> {
+      handle, out, out_len, [&](Client& client) -> absl::StatusOr<v1::ListTransfersResponse> {
         if (num_states > 0 && states == nullptr) {
           return absl::InvalidArgumentError("states: NULL with num_states > 0");
         }
@@ -647,9 +644,8 @@ int kvrail_list_transfers_filtered(kvrail_client* handle, const uint8_t* request
                                    size_t request_len, uint8_t** out, size_t* out_len) {
   return kvrail::c_api::MessageCall(
       handle, out, out_len, [&](Client& client) -> absl::StatusOr<v1::ListTransfersResponse> {
-        KVRAIL_ASSIGN_OR_RETURN(
-            const v1::ListTransfersRequest parsed,
-            Parse<v1::ListTransfersRequest>(request, request_len, "request"));
+        KVRAIL_ASSIGN_OR_RETURN(const v1::ListTransfersRequest parsed,
+                                Parse<v1::ListTransfersRequest>(request, request_len, "request"));
         return client.ListTransfers(parsed);
       });
 }
@@ -680,11 +676,12 @@ int kvrail_revoke_grant(kvrail_client* handle, const char* token) {
 
 int kvrail_export_region(kvrail_client* handle, uint64_t region_id, const char* peer_node,
                          uint8_t** out, size_t* out_len) {
-  return kvrail::c_api::MessageCall(
-      handle, out, out_len, [&](Client& client) -> absl::StatusOr<v1::RegionLease> {
-        if (peer_node == nullptr) return absl::InvalidArgumentError("peer_node: NULL");
-        return client.ExportRegion(region_id, peer_node);
-      });
+  return kvrail::c_api::MessageCall(handle, out, out_len,
+                                    [&](Client& client) -> absl::StatusOr<v1::RegionLease> {
+                                      if (peer_node == nullptr)
+                                        return absl::InvalidArgumentError("peer_node: NULL");
+                                      return client.ExportRegion(region_id, peer_node);
+                                    });
 }
 
 int kvrail_poll_notifications(kvrail_client* handle, uint32_t max, int64_t timeout_ms,

@@ -2,8 +2,6 @@
 // errors with their codes and field names, and misuse (NULL and retired handles, bad bytes,
 // wrong struct sizes), which must answer with an error and never crash.
 #define CATCH_CONFIG_MAIN  // //third_party/system:catch2 has no main of its own
-#include "client/c_api/kvrail.h"
-
 #include <signal.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -16,6 +14,7 @@
 #include <vector>
 
 #include "catch2/catch.hpp"
+#include "client/c_api/kvrail.h"
 #include "proto/kvrail/v1/admin.pb.h"
 #include "proto/kvrail/v1/region.pb.h"
 #include "proto/kvrail/v1/transfer.pb.h"
@@ -216,8 +215,8 @@ TEST_CASE("register_host_fd: an engine's memfd at an offset, shared without a co
   uint8_t* info = nullptr;
   size_t info_len = 0;
   INFO(LastMessage());
-  REQUIRE(kvrail_register_host_fd(live.client, fd, offset, bytes, src_spec.data(),
-                                  src_spec.size(), &src, &info, &info_len) == KVRAIL_OK);
+  REQUIRE(kvrail_register_host_fd(live.client, fd, offset, bytes, src_spec.data(), src_spec.size(),
+                                  &src, &info, &info_len) == KVRAIL_OK);
   const auto parsed = Take<v1::RegionInfo>(info, info_len);
   CHECK(parsed.region_id() == src);
   CHECK(parsed.spec().size_bytes() == bytes);
@@ -256,8 +255,8 @@ TEST_CASE("register_host_fd: misuse names fd, offset and bytes") {
   const int fd = ::memfd_create("small", MFD_CLOEXEC);
   REQUIRE(fd >= 0);
   REQUIRE(::ftruncate(fd, 4096) == 0);
-  CHECK(kvrail_register_host_fd(live.client, fd, 4096, 16, nullptr, 0, &region, nullptr,
-                                nullptr) == KVRAIL_INVALID_ARGUMENT);
+  CHECK(kvrail_register_host_fd(live.client, fd, 4096, 16, nullptr, 0, &region, nullptr, nullptr) ==
+        KVRAIL_INVALID_ARGUMENT);
   CHECK(LastMessage().rfind("offset: ", 0) == 0);
   CHECK(kvrail_register_host_fd(live.client, fd, 4000, 200, nullptr, 0, &region, nullptr,
                                 nullptr) == KVRAIL_INVALID_ARGUMENT);
@@ -441,8 +440,8 @@ TEST_CASE("misuse answers with INVALID_ARGUMENT naming the argument, never a cra
   // A buffer handle is not a client handle.
   CHECK(kvrail_register_host_buffer(reinterpret_cast<kvrail_client*>(buffer), buffer, nullptr, 0,
                                     &region, nullptr, nullptr) == KVRAIL_INVALID_ARGUMENT);
-  CHECK(kvrail_register_host_buffer(live.client, nullptr, nullptr, 0, &region, nullptr,
-                                    nullptr) == KVRAIL_INVALID_ARGUMENT);
+  CHECK(kvrail_register_host_buffer(live.client, nullptr, nullptr, 0, &region, nullptr, nullptr) ==
+        KVRAIL_INVALID_ARGUMENT);
   CHECK(LastMessage() == "buffer: NULL");
   uint8_t* info = nullptr;
   CHECK(kvrail_register_host_buffer(live.client, buffer, nullptr, 0, &region, &info, nullptr) ==
@@ -451,8 +450,8 @@ TEST_CASE("misuse answers with INVALID_ARGUMENT naming the argument, never a cra
 
   // Bad bytes: not a message of the expected type.
   const uint8_t garbage[] = {0xFF, 0xFF, 0xFF, 0xFF};
-  CHECK(kvrail_register_host_buffer(live.client, buffer, garbage, sizeof(garbage), &region,
-                                    nullptr, nullptr) == KVRAIL_INVALID_ARGUMENT);
+  CHECK(kvrail_register_host_buffer(live.client, buffer, garbage, sizeof(garbage), &region, nullptr,
+                                    nullptr) == KVRAIL_INVALID_ARGUMENT);
   CHECK(LastMessage() == "spec: 4 bytes are not a serialized kvrail.v1.RegionSpec");
   uint64_t id = 0;
   CHECK(kvrail_submit(live.client, garbage, sizeof(garbage), &id, nullptr, nullptr) ==
@@ -529,8 +528,8 @@ TEST_CASE("this wave's entry points: misuse is named, a stopped daemon is sessio
   kvrail_free(out);
   // Per-layer registration: NULL arrays, freed buffers, NULL layer pointers.
   uint64_t region = 0;
-  CHECK(kvrail_register_host_layers(live.client, nullptr, nullptr, 2, nullptr, 0, &region,
-                                    nullptr, nullptr) == KVRAIL_INVALID_ARGUMENT);
+  CHECK(kvrail_register_host_layers(live.client, nullptr, nullptr, 2, nullptr, 0, &region, nullptr,
+                                    nullptr) == KVRAIL_INVALID_ARGUMENT);
   kvrail_host_buffer* buffer = nullptr;
   REQUIRE(kvrail_host_buffer_create(4096, nullptr, &buffer) == KVRAIL_OK);
   kvrail_host_buffer* layers[2] = {buffer, buffer};

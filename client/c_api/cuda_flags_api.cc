@@ -47,9 +47,9 @@ int kvrail_cuda_flags_map(void* words, uint32_t count, int device, kvrail_cuda_f
     if (words == nullptr) return absl::InvalidArgumentError("words: NULL");
     if (device < 0) return absl::InvalidArgumentError("device: negative");
     // CudaFlags::Map checks alignment and count before it touches CUDA.
-    KVRAIL_ASSIGN_OR_RETURN(std::unique_ptr<kvrail::client::CudaFlags> flags,
-                            kvrail::client::CudaFlags::Map(static_cast<uint32_t*>(words), count,
-                                                           device));
+    KVRAIL_ASSIGN_OR_RETURN(
+        std::unique_ptr<kvrail::client::CudaFlags> flags,
+        kvrail::client::CudaFlags::Map(static_cast<uint32_t*>(words), count, device));
     *out = HandleFrom<kvrail_cuda_flags>(Flags().Add(std::move(flags)));
     return absl::OkStatus();
   });

@@ -158,8 +158,8 @@ int kvrail_register_paged_host(kvrail_client* client, kvrail_host_buffer* buffer
  * the daemon maps it on the same device ordinal). `spec` (may be empty) gives name, layout and
  * writable. Without a GPU or driver: the CUDA error as KVRAIL_INVALID_ARGUMENT/INTERNAL. */
 int kvrail_register_cuda(kvrail_client* client, const void* device_ptr, uint64_t bytes,
-                         const uint8_t* spec, size_t spec_len, uint64_t* region_id,
-                         uint8_t** info, size_t* info_len);
+                         const uint8_t* spec, size_t spec_len, uint64_t* region_id, uint8_t** info,
+                         size_t* info_len);
 
 /* Per-layer regions (RegionSpec.layer_shares): a paged KV region whose layers live in separate
  * allocations, so one transfer moves every layer (vLLM keeps one tensor per layer). `spec` (a
@@ -221,7 +221,8 @@ int kvrail_arm_completions(kvrail_client* client, int armed);
 int kvrail_completion_follows(kvrail_client* client, uint64_t transfer_id, int* follows);
 /* While armed: the ids of transfers whose end came through the queue (or that it missed: read
  * those with kvrail_wait) since the last call, at most `max` into `ids`; *count how many (call
- * again while it equals `max`). Clears the eventfd; what an event loop calls when it is readable. */
+ * again while it equals `max`). Clears the eventfd; what an event loop calls when it is readable.
+ */
 int kvrail_take_completions(kvrail_client* client, uint64_t* ids, size_t max, size_t* count);
 
 /* --- Admin ------------------------------------------------------------------------------------ */

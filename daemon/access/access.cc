@@ -39,9 +39,9 @@ class GrantsImpl final : public Grants {
     }
     const regions::Region& region = *found;
     if (caller.session_id == 0 || region.session_id() != caller.session_id) {
-      return absl::PermissionDeniedError(absl::StrCat(
-          "region_id: region ", request.region_id(),
-          " belongs to another session; only its owner may grant access to it"));
+      return absl::PermissionDeniedError(
+          absl::StrCat("region_id: region ", request.region_id(),
+                       " belongs to another session; only its owner may grant access to it"));
     }
     if (region.spec().library_region()) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -49,13 +49,13 @@ class GrantsImpl final : public Grants {
           " is a client library's own region (RegionSpec.library_region); it cannot be granted"));
     }
     if (request.access() == v1::GRANT_ACCESS_WRITE && !region.spec().writable()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "access: region ", request.region_id(), " is not writable (RegionSpec.writable)"));
+      return absl::FailedPreconditionError(absl::StrCat("access: region ", request.region_id(),
+                                                        " is not writable (RegionSpec.writable)"));
     }
     if (request.layer_end() != 0 &&
         (!region.view().paged || request.layer_end() > region.view().layout.num_layers)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "layer_end: ", request.layer_end(), " is beyond the region's layers"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("layer_end: ", request.layer_end(), " is beyond the region's layers"));
     }
     absl::StatusOr<v1::Grant> grant;
     {
@@ -80,10 +80,11 @@ class GrantsImpl final : public Grants {
       KVRAIL_ASSIGN_OR_RETURN(grant, grants_.Find(token, clock_->NowUnixMicros(), "token"));
     }
     std::shared_ptr<regions::Region> region = regions_->Find(grant.region_id());
-    const bool owner = region != nullptr && caller.session_id != 0 &&
-                       region->session_id() == caller.session_id;
+    const bool owner =
+        region != nullptr && caller.session_id != 0 && region->session_id() == caller.session_id;
     if (!owner) {
-      return absl::PermissionDeniedError("token: only the owner of the grant's region may revoke it");
+      return absl::PermissionDeniedError(
+          "token: only the owner of the grant's region may revoke it");
     }
     {
       absl::MutexLock lock(&mu_);

@@ -1,11 +1,12 @@
 #define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
+#include "daemon/access/access.h"
+
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <catch2/catch.hpp>
 #include <string>
 
-#include "daemon/access/access.h"
 #include "daemon/regions/test_tables.h"
 
 namespace kvrail::access {

@@ -14,9 +14,9 @@ absl::StatusOr<v1::Grant> GrantTable::Create(const v1::CreateGrantRequest& reque
   auto counted = per_owner_.find(owner_session);
   const size_t owned = counted == per_owner_.end() ? 0 : counted->second;
   if (owned >= kMaxGrantsPerSession) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "grants: the session holds ", owned, " live grants (at most ", kMaxGrantsPerSession,
-        "); revoke some or let them expire"));
+    return absl::ResourceExhaustedError(absl::StrCat("grants: the session holds ", owned,
+                                                     " live grants (at most ", kMaxGrantsPerSession,
+                                                     "); revoke some or let them expire"));
   }
   const uint64_t ttl_ms = request.ttl_ms() == 0 ? 600000 : request.ttl_ms();
   v1::Grant grant;

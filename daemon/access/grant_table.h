@@ -51,7 +51,7 @@ class GrantTable {
   void Erase(absl::flat_hash_map<std::string, Entry>::iterator it);
   absl::flat_hash_map<std::string, Entry> grants_;
   absl::flat_hash_map<uint64_t, size_t> per_owner_;  // live grants per owner session
-  std::multimap<int64_t, std::string> by_expiry_;     // (expires_unix_us, token)
+  std::multimap<int64_t, std::string> by_expiry_;    // (expires_unix_us, token)
 };
 
 }  // namespace kvrail::access

@@ -1,13 +1,12 @@
 #include "daemon/config/config.h"
 
+#include <google/protobuf/io/tokenizer.h>
+#include <google/protobuf/text_format.h>
 #include <unistd.h>
 
 #include <fstream>
 #include <sstream>
 #include <utility>
-
-#include <google/protobuf/io/tokenizer.h>
-#include <google/protobuf/text_format.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -20,7 +19,8 @@ class ErrorCollector final : public google::protobuf::io::ErrorCollector {
  public:
   void AddError(int line, google::protobuf::io::ColumnNumber column,
                 const std::string& message) override {
-    if (first_.empty()) first_ = absl::StrCat("line ", line + 1, " column ", column + 1, ": ", message);
+    if (first_.empty())
+      first_ = absl::StrCat("line ", line + 1, " column ", column + 1, ": ", message);
   }
   const std::string& first() const { return first_; }
 
@@ -78,24 +78,25 @@ absl::Status ApplyEnvironment(const Getenv& getenv, v1::DaemonConfig* config) {
   };
   if (const std::string v = value("KVRAILD_LOW_LATENCY"); !v.empty()) {
     if (v != "off" && v != "on") {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "KVRAILD_LOW_LATENCY: '", v.substr(0, 64), "' is not off or on (it overrides low_latency)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("KVRAILD_LOW_LATENCY: '", v.substr(0, 64),
+                       "' is not off or on (it overrides low_latency)"));
     }
     config->set_low_latency(v == "on");
   }
   if (const std::string v = value("KVRAIL_FABRIC_RELAY"); !v.empty()) {
     if (!IsRelayValue(v)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "KVRAIL_FABRIC_RELAY: '", v.substr(0, 64),
-          "' is not auto, off, host or gpu:<ordinal> (it overrides fabric.relay)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("KVRAIL_FABRIC_RELAY: '", v.substr(0, 64),
+                       "' is not auto, off, host or gpu:<ordinal> (it overrides fabric.relay)"));
     }
     config->mutable_fabric()->set_relay(v);
   }
   if (const std::string v = value("KVRAIL_FABRIC_GPU_PACK"); !v.empty()) {
     if (!IsGpuPackValue(v)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "KVRAIL_FABRIC_GPU_PACK: '", v.substr(0, 64),
-          "' is not kernel or copy (it overrides fabric.gpu_pack)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("KVRAIL_FABRIC_GPU_PACK: '", v.substr(0, 64),
+                       "' is not kernel or copy (it overrides fabric.gpu_pack)"));
     }
     config->mutable_fabric()->set_gpu_pack(v);
   }
@@ -122,8 +123,9 @@ absl::Status CheckPeerSecurity(const v1::DaemonConfig& config) {
     for (const auto& [key, value] : files) {
       if (value->empty()) {
         return absl::InvalidArgumentError(absl::StrCat(
-            key, ": not set; mTLS between daemons needs peer_tls.ca_file, peer_tls.cert_file "
-                 "and peer_tls.key_file"));
+            key,
+            ": not set; mTLS between daemons needs peer_tls.ca_file, peer_tls.cert_file "
+            "and peer_tls.key_file"));
       }
     }
     if (config.insecure_peers()) {
@@ -176,10 +178,10 @@ absl::Status FinalizeEtcd(v1::DaemonConfig* config) {
   for (int i = 0; i < etcd->endpoints_size(); ++i) {
     const std::string& endpoint = etcd->endpoints(i);
     if (!IsHostPort(endpoint, /*allow_zero=*/false)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "etcd.endpoints[", i, "]: '", endpoint,
-          "' is not host:port (write etcd's client URL without the scheme, e.g. "
-          "10.0.0.5:2379)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("etcd.endpoints[", i, "]: '", endpoint,
+                       "' is not host:port (write etcd's client URL without the scheme, e.g. "
+                       "10.0.0.5:2379)"));
     }
   }
   if (etcd->prefix().empty()) etcd->set_prefix("/kvrail/v1/nodes/");
@@ -190,9 +192,10 @@ absl::Status FinalizeEtcd(v1::DaemonConfig* config) {
   }
   if (etcd->ttl_s() == 0) etcd->set_ttl_s(10);
   if (etcd->ttl_s() < 2 || etcd->ttl_s() > 3600) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "etcd.ttl_s: ", etcd->ttl_s(), " is outside [2, 3600] (etcd grants no lease shorter "
-        "than about 2 s)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("etcd.ttl_s: ", etcd->ttl_s(),
+                     " is outside [2, 3600] (etcd grants no lease shorter "
+                     "than about 2 s)"));
   }
   if (etcd->cert_file().empty() != etcd->key_file().empty()) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -205,8 +208,9 @@ absl::Status FinalizeEtcd(v1::DaemonConfig* config) {
         ": not set; etcd authentication needs both etcd.username and etcd.password_file"));
   }
   if (config->node_id().find('/') != std::string::npos) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "node_id: '", config->node_id(), "' contains '/' (it is the last segment of the etcd key)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("node_id: '", config->node_id(),
+                     "' contains '/' (it is the last segment of the etcd key)"));
   }
   if (config->tcp_listen().empty()) {
     return absl::InvalidArgumentError(
@@ -236,16 +240,16 @@ absl::Status FinalizeHotRestart(v1::DaemonConfig* config) {
   }
   constexpr size_t kMaxSocketPath = 107;  // sockaddr_un.sun_path less its terminating NUL
   if (config->unix_socket().size() + 9 > kMaxSocketPath) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "unix_socket: its handover socket ", config->unix_socket(),
-        ".handover is longer than 107 bytes; use a shorter path"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("unix_socket: its handover socket ", config->unix_socket(),
+                     ".handover is longer than 107 bytes; use a shorter path"));
   }
   const std::string& take_over = config->take_over();
   if (take_over.empty() || take_over == "auto") return absl::OkStatus();
   if (take_over[0] != '/') {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "take_over: '", take_over.substr(0, 128),
-        "' is not auto or the absolute path of a handover socket"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("take_over: '", take_over.substr(0, 128),
+                     "' is not auto or the absolute path of a handover socket"));
   }
   if (take_over.size() > kMaxSocketPath) {
     return absl::InvalidArgumentError(
@@ -268,8 +272,8 @@ absl::Status FinalizeFabric(v1::DaemonConfig* config) {
   if (fabric->relay().empty()) fabric->set_relay("auto");
   if (fabric->gpu_pack().empty()) fabric->set_gpu_pack("kernel");
   if (!IsRelayValue(fabric->relay())) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "fabric.relay: '", fabric->relay(), "' is not auto, off, host or gpu:<ordinal>"));
+    return absl::InvalidArgumentError(absl::StrCat("fabric.relay: '", fabric->relay(),
+                                                   "' is not auto, off, host or gpu:<ordinal>"));
   }
   if (!IsGpuPackValue(fabric->gpu_pack())) {
     return absl::InvalidArgumentError(
@@ -333,12 +337,14 @@ absl::Status FinalizeConfig(v1::DaemonConfig* config) {
         absl::StrCat("unix_socket: path longer than 99 bytes: ", config->unix_socket()));
   }
   if ((config->socket_mode() & ~0777u) != 0) {
-    return absl::InvalidArgumentError(absl::StrFormat("socket_mode: %o is not a permission mask", config->socket_mode()));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("socket_mode: %o is not a permission mask", config->socket_mode()));
   }
   if ((config->socket_mode() & 0002u) != 0) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "socket_mode: %o lets every user on the node move memory through the daemon; use a group "
-        "(0660)", config->socket_mode()));
+        "(0660)",
+        config->socket_mode()));
   }
   if (config->host_engine_threads() > 256) {
     return absl::InvalidArgumentError("host_engine_threads: at most 256");
@@ -348,8 +354,8 @@ absl::Status FinalizeConfig(v1::DaemonConfig* config) {
   }
   if (config->cuda_engine() != "auto" && config->cuda_engine() != "required" &&
       config->cuda_engine() != "off") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "cuda_engine: '", config->cuda_engine(), "' is not auto, required or off"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("cuda_engine: '", config->cuda_engine(), "' is not auto, required or off"));
   }
   if (!config->cuda_mps_pipe_directory().empty() && config->cuda_mps_pipe_directory()[0] != '/') {
     return absl::InvalidArgumentError(absl::StrCat("cuda_mps_pipe_directory: '",

@@ -1,9 +1,8 @@
 #define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
-
-#include <map>
-
 #include "daemon/config/config.h"
+
+#include <catch2/catch.hpp>
+#include <map>
 
 namespace kvrail::config {
 namespace {
@@ -16,7 +15,8 @@ TEST_CASE("a config file parses, and flags override it key by key") {
     peers { key: "decode-0" value: "10.0.0.2:7070" }
     insecure_peers: true
     fabric { nics: "10.0.0.1" }
-  )", "test.textproto");
+  )",
+                            "test.textproto");
   REQUIRE(parsed.ok());
   v1::DaemonConfig overrides;
   overrides.set_host_engine_threads(2);
@@ -149,7 +149,8 @@ TEST_CASE("a missing file is NOT_FOUND naming the path") {
   auto parsed = LoadConfigFile("/nonexistent/kvraild.textproto");
   REQUIRE(!parsed.ok());
   CHECK(parsed.status().code() == absl::StatusCode::kNotFound);
-  CHECK(std::string(parsed.status().message()).find("/nonexistent/kvraild.textproto") != std::string::npos);
+  CHECK(std::string(parsed.status().message()).find("/nonexistent/kvraild.textproto") !=
+        std::string::npos);
 }
 
 }  // namespace
@@ -166,7 +167,8 @@ TEST_CASE("region caps: defaults, derived zeros, bounds naming the key") {
   CHECK(parsed->max_regions_per_uid() == 16384);
   CHECK(parsed->max_mapped_bytes_per_uid() == 0);  // kvraild: the node's physical memory
   CHECK(parsed->max_region_mappings() == 0);       // kvraild: half of vm.max_map_count
-  for (const char* key : {"max_regions_per_session", "max_regions_per_uid", "max_region_mappings"}) {
+  for (const char* key :
+       {"max_regions_per_session", "max_regions_per_uid", "max_region_mappings"}) {
     auto big = ParseConfig(std::string(key) + ": 2000000", "t");
     REQUIRE(big.ok());
     const absl::Status status = FinalizeConfig(&*big);
@@ -212,8 +214,7 @@ TEST_CASE("etcd directory: defaults, and each bad value refused naming its key")
       {"etcd { endpoints: \"e:2379\" cert_file: \"c.pem\" }", "etcd.key_file:"},
       {"etcd { endpoints: \"e:2379\" key_file: \"k.pem\" }", "etcd.cert_file:"},
       {"etcd { endpoints: \"e:2379\" username: \"kvrail\" }", "etcd.password_file:"},
-      {"etcd { endpoints: \"e:2379\" password_file: \"/etc/kvrail/etcd.pw\" }",
-       "etcd.username:"},
+      {"etcd { endpoints: \"e:2379\" password_file: \"/etc/kvrail/etcd.pw\" }", "etcd.username:"},
       {"etcd { endpoints: \"e:2379\" advertise_address: \"0.0.0.0:7070\" }",
        "etcd.advertise_address:"},
       {"etcd { endpoints: \"e:2379\" advertise_address: \"10.0.0.1:0\" }",

@@ -7,9 +7,12 @@ namespace kvrail::directory {
 
 const char* PeerStateName(PeerState state) {
   switch (state) {
-    case PeerState::kUp: return "up";
-    case PeerState::kDown: return "down";
-    default: return "unknown";
+    case PeerState::kUp:
+      return "up";
+    case PeerState::kDown:
+      return "down";
+    default:
+      return "unknown";
   }
 }
 
@@ -59,8 +62,8 @@ class StaticDirectory final : public Directory {
     absl::MutexLock lock(&mu_);
     auto it = peers_.find(node_id);
     if (it == peers_.end()) {
-      return absl::NotFoundError(
-          absl::StrCat("node '", node_id, "' is not in this daemon's peer directory (config peers)"));
+      return absl::NotFoundError(absl::StrCat(
+          "node '", node_id, "' is not in this daemon's peer directory (config peers)"));
     }
     return it->second;
   }

@@ -44,9 +44,9 @@ struct Peer {
   absl::Time last_seen = absl::InfinitePast();
   uint64_t boot_id = 0;  // the fabric's hello boot id; 0 until the first hello
   // Etcd directory only:
-  bool is_static = true;     // from config peers
-  bool registered = false;   // has a live etcd record now
-  bool has_record = false;   // `record` is set (the live one, or the last one seen)
+  bool is_static = true;    // from config peers
+  bool registered = false;  // has a live etcd record now
+  bool has_record = false;  // `record` is set (the live one, or the last one seen)
   v1::DirectoryNodeRecord record;
 };
 

@@ -1,7 +1,7 @@
 #define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
-
 #include "daemon/directory/directory.h"
+
+#include <catch2/catch.hpp>
 
 namespace kvrail::directory {
 namespace {

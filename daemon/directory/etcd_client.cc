@@ -43,8 +43,9 @@ constexpr char kAuthNotEnabled[] = "authentication is not enabled";
 class GrpcWatch final : public EtcdWatch {
  public:
   GrpcWatch(std::string where, std::unique_ptr<grpc::ClientContext> context,
-            std::unique_ptr<grpc::ClientReaderWriter<etcdserverpb::WatchRequest,
-                                                     etcdserverpb::WatchResponse>> stream)
+            std::unique_ptr<
+                grpc::ClientReaderWriter<etcdserverpb::WatchRequest, etcdserverpb::WatchResponse>>
+                stream)
       : where_(std::move(where)), context_(std::move(context)), stream_(std::move(stream)) {}
 
   ~GrpcWatch() override {
@@ -69,8 +70,8 @@ class GrpcWatch final : public EtcdWatch {
     events.reserve(response.events_size());
     for (const mvccpb::Event& e : response.events()) {
       EtcdEvent event;
-      event.type = e.type() == mvccpb::Event::DELETE ? EtcdEvent::Type::kDelete
-                                                     : EtcdEvent::Type::kPut;
+      event.type =
+          e.type() == mvccpb::Event::DELETE ? EtcdEvent::Type::kDelete : EtcdEvent::Type::kPut;
       event.kv.key = e.kv().key();
       event.kv.value = e.kv().value();
       event.kv.mod_revision = e.kv().mod_revision();
@@ -95,9 +96,7 @@ class GrpcWatch final : public EtcdWatch {
 class GrpcEtcdClient final : public EtcdClient {
  public:
   explicit GrpcEtcdClient(const EtcdClientOptions& options)
-      : timeout_(options.call_timeout),
-        username_(options.username),
-        password_(options.password) {
+      : timeout_(options.call_timeout), username_(options.username), password_(options.password) {
     std::shared_ptr<grpc::ChannelCredentials> credentials;
     const bool tls = !options.ca_pem.empty() || !options.cert_pem.empty();
     if (tls) {
@@ -141,8 +140,7 @@ class GrpcEtcdClient final : public EtcdClient {
       return endpoints_[e].lease->LeaseGrant(context, request, &response);
     }));
     if (!response.error().empty()) {
-      return absl::UnavailableError(
-          absl::StrCat(Where(e), " LeaseGrant: ", response.error()));
+      return absl::UnavailableError(absl::StrCat(Where(e), " LeaseGrant: ", response.error()));
     }
     return response.id();
   }
@@ -305,8 +303,7 @@ class GrpcEtcdClient final : public EtcdClient {
   // metadata.
   std::unique_ptr<grpc::ClientContext> Context(const std::string& token) const {
     auto context = std::make_unique<grpc::ClientContext>();
-    context->set_deadline(std::chrono::system_clock::now() +
-                          absl::ToChronoMilliseconds(timeout_));
+    context->set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(timeout_));
     if (!token.empty()) context->AddMetadata("token", token);
     return context;
   }
@@ -331,8 +328,8 @@ class GrpcEtcdClient final : public EtcdClient {
       const grpc::Status status = call(context.get());
       if (status.ok()) return absl::OkStatus();
       if (attempt == 0 && TokenRejected(status.error_message())) {
-        spdlog::info("etcd {} {}: {}; authenticating again as '{}'", endpoints_[e].address,
-                     method, status.error_message(), username_);
+        spdlog::info("etcd {} {}: {}; authenticating again as '{}'", endpoints_[e].address, method,
+                     status.error_message(), username_);
         InvalidateToken(token);
         continue;
       }
@@ -371,9 +368,9 @@ class GrpcEtcdClient final : public EtcdClient {
     const grpc::Status status = endpoints_[e].auth->Authenticate(context.get(), request, &response);
     if (status.ok()) {
       if (response.token().empty()) {
-        return absl::UnauthenticatedError(absl::StrCat(
-            Where(e), " Authenticate as etcd.username '", username_,
-            "': etcd answered no token (etcd.username, etcd.password_file)"));
+        return absl::UnauthenticatedError(
+            absl::StrCat(Where(e), " Authenticate as etcd.username '", username_,
+                         "': etcd answered no token (etcd.username, etcd.password_file)"));
       }
       return response.token();
     }
@@ -433,8 +430,10 @@ absl::StatusOr<std::string> ReadEtcdPasswordFile(const std::string& path) {
   }
   struct stat st {};
   if (::stat(path.c_str(), &st) == 0 && (st.st_mode & (S_IRWXG | S_IRWXO)) != 0) {
-    spdlog::warn("etcd.password_file: {} is readable by group or others (mode {:o}); make it "
-                 "readable by kvraild's user only (chmod 600)", path, st.st_mode & 0777);
+    spdlog::warn(
+        "etcd.password_file: {} is readable by group or others (mode {:o}); make it "
+        "readable by kvraild's user only (chmod 600)",
+        path, st.st_mode & 0777);
   }
   return line;
 }

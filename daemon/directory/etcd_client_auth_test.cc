@@ -5,13 +5,13 @@
 // auth token" - the client authenticates again and retries once. A wrong password is refused
 // naming etcd.username and etcd.password_file, never echoing the password.
 #define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
 #include <grpcpp/grpcpp.h>
 #include <spdlog/sinks/ostream_sink.h>
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <catch2/catch.hpp>
 #include <cstdio>
 #include <fstream>
 #include <memory>

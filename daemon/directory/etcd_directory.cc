@@ -25,8 +25,7 @@ class EtcdDirectory final : public Directory {
         keepalive_interval_(options_.keepalive_interval > absl::ZeroDuration()
                                 ? options_.keepalive_interval
                                 : absl::Seconds(options_.ttl_s) / 3),
-        backoff_(options_.backoff_initial, options_.backoff_max, 0.2,
-                 options_.backoff_uniform01) {
+        backoff_(options_.backoff_initial, options_.backoff_max, 0.2, options_.backoff_uniform01) {
     for (const auto& [node, address] : options_.static_peers) {
       if (node == options_.self) continue;
       Peer peer;
@@ -72,7 +71,8 @@ class EtcdDirectory final : public Directory {
     if (it == peers_.end()) {
       return absl::NotFoundError(absl::StrCat("node '", node_id,
                                               "' is not in this daemon's peer directory (config "
-                                              "peers and etcd prefix ", options_.prefix, ")"));
+                                              "peers and etcd prefix ",
+                                              options_.prefix, ")"));
     }
     return it->second;
   }
@@ -260,8 +260,10 @@ class EtcdDirectory final : public Directory {
       if (reput) {
         // Deleted, or overwritten (another value, another lease or none: a lease-less record
         // would never expire, and its address would cut this node off while it says "ok").
-        spdlog::warn("etcd directory: this node's record {} was deleted or overwritten; putting "
-                     "it again", self_key_);
+        spdlog::warn(
+            "etcd directory: this node's record {} was deleted or overwritten; putting "
+            "it again",
+            self_key_);
         absl::StatusOr<int64_t> again = client_->Put(self_key_, value, lease_);
         if (!again.ok()) {
           result = again.status();
@@ -378,8 +380,10 @@ class EtcdDirectory final : public Directory {
     if (!peer.is_static) {
       peer.address = record->address();
     } else if (peer.address != record->address()) {
-      spdlog::warn("etcd directory: peer '{}' registers address {} but the config says {}; "
-                   "using the config's", peer.node_id, record->address(), peer.address);
+      spdlog::warn(
+          "etcd directory: peer '{}' registers address {} but the config says {}; "
+          "using the config's",
+          peer.node_id, record->address(), peer.address);
     }
     peer.registered = true;
     peer.has_record = true;
@@ -390,8 +394,10 @@ class EtcdDirectory final : public Directory {
   void LeftLocked(Peer* peer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     peer->registered = false;
     peer->state = PeerState::kDown;
-    spdlog::warn("etcd directory: peer '{}' left (its record is gone: lease ended or deleted); "
-                 "it is down", peer->node_id);
+    spdlog::warn(
+        "etcd directory: peer '{}' left (its record is gone: lease ended or deleted); "
+        "it is down",
+        peer->node_id);
   }
 
   const EtcdDirectoryOptions options_;

@@ -3,10 +3,10 @@
 // etcd killed: peers stay, state degraded; etcd restarted: ok again, registered again. Fails
 // (does not skip) when the etcd binary is missing: CI installs etcd-server.
 #define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <catch2/catch.hpp>
 #include <filesystem>
 #include <vector>
 
@@ -236,8 +236,7 @@ TEST_CASE("etcd directory with etcd authentication enabled") {
   std::unique_ptr<Directory> d = Open(etcd.endpoint(), "d");
   INFO(d->Status().ShortDebugString());
   CHECK(d->Status().state() == "degraded");
-  CHECK(d->Status().reason().find("set etcd.username and etcd.password_file") !=
-        std::string::npos);
+  CHECK(d->Status().reason().find("set etcd.username and etcd.password_file") != std::string::npos);
 
   // etcd restarts: the tokens it issued are gone; both directories authenticate again.
   const uint64_t before = a->Status().registrations();

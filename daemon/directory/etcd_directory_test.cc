@@ -2,8 +2,9 @@
 // leases, revisions, watches from a revision, an outage switch), plus its record encoding and
 // backoff. The real etcd is exercised by etcd_directory_live_test.
 #define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
+#include "daemon/directory/etcd_directory.h"
 
+#include <catch2/catch.hpp>
 #include <deque>
 #include <map>
 #include <set>
@@ -11,7 +12,6 @@
 #include "absl/synchronization/mutex.h"
 #include "base/manual_clock.h"
 #include "daemon/directory/backoff.h"
-#include "daemon/directory/etcd_directory.h"
 #include "daemon/directory/node_record.h"
 
 namespace kvrail::directory {
@@ -30,9 +30,8 @@ class FakeWatch final : public EtcdWatch {
   absl::StatusOr<std::vector<EtcdEvent>> Next() override {
     absl::MutexLock lock(&mu_);
     mu_.Await(absl::Condition(
-        +[](FakeWatch* w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(w->mu_) {
-          return !w->queue_.empty() || w->ended_;
-        },
+        +[](FakeWatch* w)
+             ABSL_EXCLUSIVE_LOCKS_REQUIRED(w->mu_) { return !w->queue_.empty() || w->ended_; },
         this));
     if (!queue_.empty()) {
       auto batch = std::move(queue_.front());
@@ -228,8 +227,7 @@ class FakeClient final : public EtcdClient {
 
 // ---- helpers -------------------------------------------------------------------------------
 
-v1::DirectoryNodeRecord Record(const std::string& node, const std::string& address,
-                               uint64_t boot) {
+v1::DirectoryNodeRecord Record(const std::string& node, const std::string& address, uint64_t boot) {
   v1::DirectoryNodeRecord r;
   r.set_node_id(node);
   r.set_address(address);
@@ -272,7 +270,9 @@ std::optional<Peer> Find(const Directory& d, const std::string& node) {
 
 // ---- record encoding -----------------------------------------------------------------------
 
-TEST_CASE("node record: NICs carry the rails that name them, GPUs their UUIDs, boot id from the instance") {
+TEST_CASE(
+    "node record: NICs carry the rails that name them, GPUs their UUIDs, boot id from the "
+    "instance") {
   NodeRecordInputs in;
   in.node_id = "n1";
   in.address = "10.0.0.1:7070";
@@ -367,10 +367,12 @@ TEST_CASE("backoff: doubles from initial, capped, jittered down, reset after a s
 
 // ---- the directory -------------------------------------------------------------------------
 
-TEST_CASE("etcd directory: registers under a lease, finds peers by range and watch, keeps static ones") {
+TEST_CASE(
+    "etcd directory: registers under a lease, finds peers by range and watch, keeps static ones") {
   auto etcd = std::make_shared<FakeEtcd>();
   ManualClock clock;
-  etcd->Put(std::string(kPrefix) + "early", EncodeNodeRecord(Record("early", "10.0.0.2:7070", 7)), etcd->Grant());
+  etcd->Put(std::string(kPrefix) + "early", EncodeNodeRecord(Record("early", "10.0.0.2:7070", 7)),
+            etcd->Grant());
   etcd->Put("/elsewhere/x", "not ours", 0);
   EtcdDirectoryOptions o = Options("self", &clock);
   o.static_peers = {{"fixed", "10.0.0.9:7070"}, {"self", "10.0.0.1:7070"}};
@@ -420,7 +422,9 @@ TEST_CASE("etcd directory: registers under a lease, finds peers by range and wat
   CHECK(Eventually([&] { return etcd->keepalives() >= before + 3; }));
 }
 
-TEST_CASE("etcd directory: a vanished record is down and stays listed; MarkUp cannot revive it; a new registration can") {
+TEST_CASE(
+    "etcd directory: a vanished record is down and stays listed; MarkUp cannot revive it; a new "
+    "registration can") {
   auto etcd = std::make_shared<FakeEtcd>();
   ManualClock clock;
   auto created = CreateEtcdDirectory(Options("self", &clock), std::make_unique<FakeClient>(etcd));
@@ -457,15 +461,19 @@ TEST_CASE("etcd directory: a vanished record is down and stays listed; MarkUp ca
   REQUIRE(Eventually([&] { return Find(d, "p")->state == PeerState::kUnknown; }));
   // Records that do not decode are ignored, not applied.
   etcd->Put(std::string(kPrefix) + "bad", "garbage", 0);
-  etcd->Put(std::string(kPrefix) + "liar", EncodeNodeRecord(Record("p", "10.6.6.6:1", 4)), etcd->Grant());
-  etcd->Put(std::string(kPrefix) + "q", EncodeNodeRecord(Record("q", "10.0.0.7:7070", 1)), etcd->Grant());
+  etcd->Put(std::string(kPrefix) + "liar", EncodeNodeRecord(Record("p", "10.6.6.6:1", 4)),
+            etcd->Grant());
+  etcd->Put(std::string(kPrefix) + "q", EncodeNodeRecord(Record("q", "10.0.0.7:7070", 1)),
+            etcd->Grant());
   REQUIRE(Eventually([&] { return Find(d, "q").has_value(); }));
   CHECK(!Find(d, "bad").has_value());
   CHECK(!Find(d, "liar").has_value());
   CHECK(Find(d, "p")->address == "10.0.0.5:7071");
 }
 
-TEST_CASE("etcd directory: etcd down keeps every peer, says degraded, backs off, and re-registers with a new lease") {
+TEST_CASE(
+    "etcd directory: etcd down keeps every peer, says degraded, backs off, and re-registers with a "
+    "new lease") {
   auto etcd = std::make_shared<FakeEtcd>();
   ManualClock clock;
   std::vector<std::string> states;
@@ -478,8 +486,10 @@ TEST_CASE("etcd directory: etcd down keeps every peer, says degraded, backs off,
     states.push_back(s.state());
   });
   const int64_t first_lease = d.Status().lease_id();
-  etcd->Put(std::string(kPrefix) + "p", EncodeNodeRecord(Record("p", "10.0.0.5:7070", 1)), etcd->Grant());
-  etcd->Put(std::string(kPrefix) + "gone", EncodeNodeRecord(Record("gone", "10.0.0.6:7070", 1)), etcd->Grant());
+  etcd->Put(std::string(kPrefix) + "p", EncodeNodeRecord(Record("p", "10.0.0.5:7070", 1)),
+            etcd->Grant());
+  etcd->Put(std::string(kPrefix) + "gone", EncodeNodeRecord(Record("gone", "10.0.0.6:7070", 1)),
+            etcd->Grant());
   REQUIRE(Eventually([&] { return d.Peers().size() == 2; }));
   d.MarkUp("p", absl::FromUnixSeconds(5), 1);
 
@@ -506,7 +516,8 @@ TEST_CASE("etcd directory: etcd down keeps every peer, says degraded, backs off,
 
   // While etcd was away, "gone"'s record vanished; a newcomer registered.
   etcd->Delete(std::string(kPrefix) + "gone");
-  etcd->Put(std::string(kPrefix) + "new", EncodeNodeRecord(Record("new", "10.0.0.8:7070", 1)), etcd->Grant());
+  etcd->Put(std::string(kPrefix) + "new", EncodeNodeRecord(Record("new", "10.0.0.8:7070", 1)),
+            etcd->Grant());
   CHECK(!Find(d, "new").has_value());
   etcd->SetDown(false);
   REQUIRE(Eventually([&] { return d.Status().state() == "ok"; }));
@@ -538,14 +549,16 @@ TEST_CASE("etcd directory: a lost lease or a deleted record registers again") {
   // The lease expires (etcd unreachable from here for a TTL, say): the keep-alive finds it gone,
   // and a new session registers with a new lease.
   etcd->Revoke(lease);
-  REQUIRE(Eventually([&] { return d.Status().registrations() == 2 && d.Status().state() == "ok"; }));
+  REQUIRE(
+      Eventually([&] { return d.Status().registrations() == 2 && d.Status().state() == "ok"; }));
   CHECK(d.Status().last_error().find("lease") != std::string::npos);
   REQUIRE(etcd->Get(key).has_value());
   CHECK(etcd->Get(key)->lease == d.Status().lease_id());
   CHECK(etcd->Get(key)->lease != lease);
 }
 
-TEST_CASE("etcd directory: starts degraded when etcd is unreachable, and closing revokes the lease") {
+TEST_CASE(
+    "etcd directory: starts degraded when etcd is unreachable, and closing revokes the lease") {
   auto etcd = std::make_shared<FakeEtcd>();
   ManualClock clock;
   etcd->SetDown(true);

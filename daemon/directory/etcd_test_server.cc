@@ -74,13 +74,20 @@ absl::Status EtcdTestServer::Start() {
   const std::string client = absl::StrCat("http://", host_, ":", client_port_);
   const std::string peer = absl::StrCat("http://", host_, ":", peer_port_);
   std::vector<std::string> args = {binary,
-                                   "--name", "kvrail-test",
-                                   "--data-dir", dir_ + "/data",
-                                   "--listen-client-urls", client,
-                                   "--advertise-client-urls", client,
-                                   "--listen-peer-urls", peer,
-                                   "--initial-advertise-peer-urls", peer,
-                                   "--initial-cluster", absl::StrCat("kvrail-test=", peer)};
+                                   "--name",
+                                   "kvrail-test",
+                                   "--data-dir",
+                                   dir_ + "/data",
+                                   "--listen-client-urls",
+                                   client,
+                                   "--advertise-client-urls",
+                                   client,
+                                   "--listen-peer-urls",
+                                   peer,
+                                   "--initial-advertise-peer-urls",
+                                   peer,
+                                   "--initial-cluster",
+                                   absl::StrCat("kvrail-test=", peer)};
   const std::string log = dir_ + "/etcd.log";
   pid_ = ::fork();
   if (pid_ < 0) return absl::InternalError("fork failed");

@@ -1,8 +1,8 @@
 // Engines execute plans tile by tile. The transfer layer hands an engine a job (//daemon/job) and
 // the tiles that are ready; the engine runs them in the order the scheduler's policy decides
 // (//daemon/scheduler: tile_queues, cuda_batch_policy: critical > normal > background, re-chosen
-// per tile or batch, so preemption at that granularity) and reports each tile. This header is the interface only (no
-// CUDA); the engines are //daemon/engine:host_engine (host_engine.h) and
+// per tile or batch, so preemption at that granularity) and reports each tile. This header is the
+// interface only (no CUDA); the engines are //daemon/engine:host_engine (host_engine.h) and
 // //daemon/engine:cuda_engine (cuda_engine.h, the only target that links CUDA).
 #pragma once
 

@@ -54,8 +54,8 @@ class FaultInjectingEngineImpl final : public FaultInjectingEngine {
       absl::MutexLock lock(&mu_);
       const uint64_t job_ordinal = OrdinalLocked(job);
       for (uint32_t tile : tiles) {
-        const Fault fault = policy_ ? policy_(TileRef{job.get(), job_ordinal, tile, next_tile_++})
-                                    : Fault::None();
+        const Fault fault =
+            policy_ ? policy_(TileRef{job.get(), job_ordinal, tile, next_tile_++}) : Fault::None();
         if (fault.kind == Fault::Kind::kNone) {
           pass.push_back(tile);
           continue;
@@ -118,8 +118,8 @@ class FaultInjectingEngineImpl final : public FaultInjectingEngine {
   }
   size_t held() const override {
     absl::MutexLock lock(&mu_);
-    return static_cast<size_t>(std::count_if(pending_.begin(), pending_.end(),
-                                             [](const Pending& p) { return !p.fail; }));
+    return static_cast<size_t>(
+        std::count_if(pending_.begin(), pending_.end(), [](const Pending& p) { return !p.fail; }));
   }
   uint64_t failed() const override {
     absl::MutexLock lock(&mu_);

@@ -2,15 +2,15 @@
 // injected status and move no byte; held and delayed tiles let a Remove (a cancel, a deadline)
 // win; the Engine contract (each tile reported once or removed) holds.
 #define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
+#include "daemon/engine/fault_engine.h"
 
+#include <catch2/catch.hpp>
 #include <cstring>
 #include <memory>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
 #include "base/manual_clock.h"
-#include "daemon/engine/fault_engine.h"
 #include "daemon/engine/host_engine.h"
 
 namespace kvrail::engine {
@@ -137,9 +137,9 @@ TEST_CASE("every nth tile fails; each tile still reports exactly once") {
 
 TEST_CASE("held tiles are removed by Remove and never report; released ones run") {
   auto host = CreateHostEngine(2);
-  auto faulty = FaultInjectingEngine::Create(
-      host.get(),
-      [](const TileRef& t) { return t.job_ordinal == 0 ? Fault::Hold() : Fault::None(); });
+  auto faulty = FaultInjectingEngine::Create(host.get(), [](const TileRef& t) {
+    return t.job_ordinal == 0 ? Fault::Hold() : Fault::None();
+  });
   auto cancelled = std::make_shared<RecordingJob>(4 * kTile);
   auto released = std::make_shared<RecordingJob>(2 * kTile);
   faulty->Enqueue(cancelled, AllTiles(*cancelled));

@@ -1,16 +1,17 @@
+#include "daemon/engine/host_engine.h"
+
 #include <algorithm>
 #include <array>
 #include <chrono>
 #include <deque>
+#include <thread>
 #include <tuple>
 #include <utility>
-#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "daemon/engine/engine.h"
-#include "daemon/engine/host_engine.h"
 #include "daemon/planner/table_pool.h"
 #include "daemon/scheduler/tile_queues.h"
 
@@ -158,7 +159,8 @@ class HostEngine final : public Engine {
         absl::MutexLock lock(&mu_);
         --running_[cls];
         inflight_bytes_[cls] -= job->plan().tile(tile).bytes;
-        const double rate = static_cast<double>(job->plan().tile(tile).bytes) / std::max(seconds, 1e-7);
+        const double rate =
+            static_cast<double>(job->plan().tile(tile).bytes) / std::max(seconds, 1e-7);
         // Exponential moving average of one worker's throughput.
         tile_bytes_per_second_ =
             measured_tiles_ == 0 ? rate : 0.9 * tile_bytes_per_second_ + 0.1 * rate;

@@ -1,9 +1,10 @@
 // The host engine's per-class byte limit, observed from a job's own tile callbacks.
 #define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
+#include "daemon/engine/host_engine.h"
 
 #include <algorithm>
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <cstring>
 #include <map>
 #include <random>
@@ -12,7 +13,6 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "daemon/engine/engine.h"
-#include "daemon/engine/host_engine.h"
 #include "daemon/planner/testing/random_case.h"
 
 namespace kvrail::engine {
@@ -129,8 +129,11 @@ TEST_CASE("a limit on one class leaves the others alone") {
 class DigestJob final : public Job {
  public:
   DigestJob(const planner::testing::RandomCase& c, bool digest, std::mt19937_64& rng)
-      : src_(c.src.size_bytes), dst_(c.dst.size_bytes, 0xAB), want_(c.dst.size_bytes, 0xAB),
-        plan_(*planner::MakePlan(c.spec, c.src, c.dst, c.options)), digest_(digest) {
+      : src_(c.src.size_bytes),
+        dst_(c.dst.size_bytes, 0xAB),
+        want_(c.dst.size_bytes, 0xAB),
+        plan_(*planner::MakePlan(c.spec, c.src, c.dst, c.options)),
+        digest_(digest) {
     for (auto& b : src_) b = static_cast<uint8_t>(rng());
     planner::testing::ReferenceCopy(c, src_.data(), want_.data());
   }
@@ -186,8 +189,8 @@ TEST_CASE("digest: every tile hashed on both sides, equal, and equal to the host
   std::mt19937_64 rng(1701);
   auto engine = CreateHostEngine(3);
   for (int n = 0; n < 60; ++n) {
-    const planner::testing::RandomCase c = n % 2 ? planner::testing::RandomPagedCase(rng)
-                                                 : planner::testing::RandomServingCase(rng);
+    const planner::testing::RandomCase c =
+        n % 2 ? planner::testing::RandomPagedCase(rng) : planner::testing::RandomServingCase(rng);
     INFO(c.ToString());
     auto job = std::make_shared<DigestJob>(c, /*digest=*/true, rng);
     DigestJob::Run(*engine, job);

@@ -27,8 +27,8 @@ CommandRing::CommandRing(void* memory, size_t bytes, uint32_t capacity)
   header_ = new (memory) RingHeader();
   header_->reserved.store(0);
   header_->consumed.store(0);
-  slots_ = reinterpret_cast<kernels::NicCommand*>(static_cast<uint8_t*>(memory) +
-                                                  sizeof(RingHeader));
+  slots_ =
+      reinterpret_cast<kernels::NicCommand*>(static_cast<uint8_t*>(memory) + sizeof(RingHeader));
 }
 
 CommandRing::~CommandRing() {

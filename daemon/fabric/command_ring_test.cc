@@ -1,13 +1,12 @@
 // The command ring and slot credits: wraparound, ring credits (full ring refuses), epochs (a
 // stale slot from an earlier lap is never taken), many producers with one consumer.
 #define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
+#include "daemon/fabric/command_ring.h"
 
+#include <catch2/catch.hpp>
 #include <set>
 #include <thread>
 #include <vector>
-
-#include "daemon/fabric/command_ring.h"
 
 namespace kvrail::fabric {
 namespace {

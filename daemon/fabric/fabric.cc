@@ -121,8 +121,8 @@ absl::StatusOr<std::unique_ptr<Fabric>> FabricImpl::Create(const FabricOptions& 
   f->peers_->set_quarantine(2 * (options.liveness_timeout + options.lane_timeout));
   KVRAIL_ASSIGN_OR_RETURN(f->lanes_, Lanes::Create(options, f->peers_.get()));
   f->leases_ = std::make_unique<Leases>(options.node_id, regions, f->peers_.get());
-  f->receiver_ =
-      Receiver::Create(options, f->lanes_.get(), f->peers_.get(), f->leases_.get(), regions, grants);
+  f->receiver_ = Receiver::Create(options, f->lanes_.get(), f->peers_.get(), f->leases_.get(),
+                                  regions, grants);
   // Peer control and the sender need each other (a lost peer fails the sender's transfers; the
   // sender introduces a peer that is not up): both calls go through this facade, and neither
   // happens before Create returns (the liveness thread and the service start later).

@@ -1,10 +1,10 @@
 // The fabric module: kvrail between nodes. One libfabric RDM endpoint per NIC (tcp;ofi_rxm here;
-// verbs;ofi_rxm and efa by name), staging registered per peer as peers join (from the directory), a command ring and a proxy
-// thread per NIC, the sender engine (packs tiles into staging slots, writes 32-byte commands),
-// the receiver (scatters arriving tiles into the destination layout, returns slot credits), the
-// Peer gRPC service (hello, leases, liveness, remote transfer control) and the heartbeat loop
-// that fails transfers of a dead peer with UNAVAILABLE. See docs/fabric.md. This header is the
-// module's public interface; the parts behind it (lanes.h, sender.h, receiver.h,
+// verbs;ofi_rxm and efa by name), staging registered per peer as peers join (from the directory), a
+// command ring and a proxy thread per NIC, the sender engine (packs tiles into staging slots,
+// writes 32-byte commands), the receiver (scatters arriving tiles into the destination layout,
+// returns slot credits), the Peer gRPC service (hello, leases, liveness, remote transfer control)
+// and the heartbeat loop that fails transfers of a dead peer with UNAVAILABLE. See docs/fabric.md.
+// This header is the module's public interface; the parts behind it (lanes.h, sender.h, receiver.h,
 // peer_control.h, peer_service.h) are private to the package.
 #pragma once
 
@@ -14,9 +14,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "daemon/access/access.h"
 #include "daemon/directory/directory.h"
 #include "daemon/fabric/fabric_options.h"  // FabricOptions
-#include "daemon/access/access.h"
 #include "daemon/regions/regions.h"
 #include "daemon/sessions/sessions.h"
 #include "daemon/transfers/remote_path.h"

@@ -6,10 +6,9 @@
 // kernel follows (host-reserved sequence numbers, body then epoch with release, published in any
 // order, kOpNone for a producer that gave up) must deliver every command once, in order.
 #define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
-
 #include <algorithm>
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <cstring>
 #include <random>
 #include <thread>

@@ -80,9 +80,9 @@ absl::StatusOr<std::unique_ptr<Nic>> Nic::Open(const Options& options) {
   }
   if (!hmem) rc = fi_getinfo(FI_VERSION(1, 17), nullptr, nullptr, 0, hints.get(), &raw);
   if (rc != 0) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "fabric.provider: no '", options.provider, "' RDM endpoint with FI_RMA on '",
-        options.address, "': ", fi_strerror(-rc)));
+    return absl::FailedPreconditionError(absl::StrCat("fabric.provider: no '", options.provider,
+                                                      "' RDM endpoint with FI_RMA on '",
+                                                      options.address, "': ", fi_strerror(-rc)));
   }
   std::unique_ptr<Nic> nic(new Nic());
   nic->info_.reset(raw);
@@ -98,9 +98,9 @@ absl::StatusOr<std::unique_ptr<Nic>> Nic::Open(const Options& options) {
   nic->prov_key_ = (info->domain_attr->mr_mode & FI_MR_PROV_KEY) != 0;
   nic->hmem_ = hmem;
   if (info->domain_attr->cq_data_size < 8) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "fabric.provider: '", nic->provider_, "' carries only ", info->domain_attr->cq_data_size,
-        " bytes of immediate data; kvrail needs 8"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("fabric.provider: '", nic->provider_, "' carries only ",
+                     info->domain_attr->cq_data_size, " bytes of immediate data; kvrail needs 8"));
   }
 
   fid_fabric* fabric = nullptr;
@@ -168,15 +168,13 @@ absl::StatusOr<std::unique_ptr<MemoryRegion>> Nic::RegisterMemory(uint8_t* base,
   return FinishRegistration(mr, base, size);
 }
 
-absl::StatusOr<std::unique_ptr<MemoryRegion>> Nic::RegisterDeviceMemory(uint8_t* base,
-                                                                        uint64_t size,
-                                                                        int cuda_device,
-                                                                        uint64_t requested_key,
-                                                                        uint64_t access) {
+absl::StatusOr<std::unique_ptr<MemoryRegion>> Nic::RegisterDeviceMemory(
+    uint8_t* base, uint64_t size, int cuda_device, uint64_t requested_key, uint64_t access) {
   if (!hmem_) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "fabric.provider: '", provider_, "' offers no FI_HMEM: GPU memory cannot be registered "
-        "with it (GPU regions travel through host staging)"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("fabric.provider: '", provider_,
+                     "' offers no FI_HMEM: GPU memory cannot be registered "
+                     "with it (GPU regions travel through host staging)"));
   }
   iovec iov{base, size};
   fi_mr_attr attr{};
@@ -245,8 +243,9 @@ absl::Status Nic::ReadError(void** context) {
   *context = err.op_context;
   char buf[256];
   const char* detail = fi_cq_strerror(cq_.get(), err.prov_errno, err.err_data, buf, sizeof(buf));
-  return FiError(absl::StrCat("completion error on ", name_, " (", detail ? detail : "", ")").c_str(),
-                 -err.err);
+  return FiError(
+      absl::StrCat("completion error on ", name_, " (", detail ? detail : "", ")").c_str(),
+      -err.err);
 }
 
 void Nic::Signal() {

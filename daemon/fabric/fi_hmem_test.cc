@@ -4,7 +4,6 @@
 // registration itself (fi_mr_regattr, FI_HMEM_CUDA) needs a provider that offers it: not here.
 #define CATCH_CONFIG_MAIN
 #include <catch2/catch.hpp>
-
 #include <vector>
 
 #include "daemon/fabric/fi.h"
@@ -22,8 +21,8 @@ TEST_CASE("a provider without FI_HMEM opens, says so and refuses GPU memory regi
   REQUIRE(nic.ok());
   CHECK_FALSE((*nic)->hmem());
   std::vector<uint8_t> memory(1 << 16);
-  absl::StatusOr<std::unique_ptr<MemoryRegion>> device = (*nic)->RegisterDeviceMemory(
-      memory.data(), memory.size(), 0, 77, FI_WRITE | FI_READ);
+  absl::StatusOr<std::unique_ptr<MemoryRegion>> device =
+      (*nic)->RegisterDeviceMemory(memory.data(), memory.size(), 0, 77, FI_WRITE | FI_READ);
   REQUIRE_FALSE(device.ok());
   CHECK(device.status().code() == absl::StatusCode::kFailedPrecondition);
   CHECK(device.status().message().find("FI_HMEM") != absl::string_view::npos);
@@ -43,8 +42,9 @@ TEST_CASE("FI_HMEM is not asked for unless the options say so") {
   REQUIRE(nic.ok());
   CHECK_FALSE((*nic)->hmem());
   std::vector<uint8_t> memory(4096);
-  CHECK((*nic)->RegisterDeviceMemory(memory.data(), memory.size(), 0, 79, FI_WRITE).status().code() ==
-        absl::StatusCode::kFailedPrecondition);
+  CHECK(
+      (*nic)->RegisterDeviceMemory(memory.data(), memory.size(), 0, 79, FI_WRITE).status().code() ==
+      absl::StatusCode::kFailedPrecondition);
 }
 
 }  // namespace

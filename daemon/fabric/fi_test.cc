@@ -2,7 +2,7 @@
 // fi_writedata with 8 bytes of immediate data into a registered buffer, and an injected credit
 // write back. Skips when the tcp provider is missing.
 #define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
+#include "daemon/fabric/fi.h"
 
 #include <poll.h>
 #include <sys/mman.h>
@@ -11,11 +11,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <chrono>
 #include <cstring>
 #include <vector>
-
-#include "daemon/fabric/fi.h"
 
 namespace kvrail::fabric {
 namespace {
@@ -165,8 +164,8 @@ TEST_CASE("per-peer receive registrations: a third peer cannot write into anothe
     auto b = Nic::Open({"tcp;ofi_rxm", "127.0.0.1", "b"});
     if (!b.ok()) _exit(2);
     // [C's range][A's range], each under its own key; the whole under a local-only one.
-    auto* mem = static_cast<uint8_t*>(mmap(nullptr, 2 * kRange, PROT_READ | PROT_WRITE,
-                                           MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+    auto* mem = static_cast<uint8_t*>(
+        mmap(nullptr, 2 * kRange, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
     uint64_t ka = 0, kc = 0;
     if (getrandom(&ka, 8, 0) != 8 || getrandom(&kc, 8, 0) != 8) _exit(3);
     auto local = (*b)->RegisterMemory(mem, 2 * kRange, 1, FI_READ | FI_WRITE);
@@ -212,7 +211,8 @@ TEST_CASE("per-peer receive registrations: a third peer cannot write into anothe
   CHECK(keys.key_a != keys.key_c);
   // Offsets from C's registration, or virtual addresses where the provider verifies those.
   const uint64_t at = keys.user_keys ? 0 : keys.c_base;
-  if (!keys.user_keys) WARN("the provider picked the keys (FI_MR_BASIC behaviour): virtual addresses");
+  if (!keys.user_keys)
+    WARN("the provider picked the keys (FI_MR_BASIC behaviour): virtual addresses");
   std::vector<uint8_t> from_a(4096, 0xaa), from_c(4096, 0xcc);
   fi_context ctx[8]{};
 
@@ -258,8 +258,7 @@ TEST_CASE("per-peer receive registrations: a third peer cannot write into anothe
   auto b_at_a = (*a)->InsertAddress(b_address);
   REQUIRE(b_at_a.ok());
   REQUIRE(Post(**a, from_a.data(), from_a.size(), (*a_mr)->desc(), 0xa1, *b_at_a,
-               keys.user_keys ? 0 : keys.c_base + kRange, keys.key_a,
-               &ctx[2]) == 0);
+               keys.user_keys ? 0 : keys.c_base + kRange, keys.key_a, &ctx[2]) == 0);
   // Progress on the writers until B reports (it exits once both good writes arrived).
   pollfd done{seen_pipe[0], POLLIN, 0};
   while (poll(&done, 1, 0) == 0) {
@@ -276,9 +275,9 @@ TEST_CASE("per-peer receive registrations: a third peer cannot write into anothe
   std::vector<uint64_t> arrived(seen.data, seen.data + seen.arrivals);
   std::sort(arrived.begin(), arrived.end());
   CHECK(arrived == std::vector<uint64_t>{0xa1, 0xc4});  // the two writes with the right key only
-  CHECK(seen.a_bytes_aa == 4096);                      // A's tile landed
-  CHECK(seen.a_bytes_cc == 0);                         // nothing of C's in A's range
-  CHECK(seen.c_bytes_cc == 4096);                      // C's own write landed in its own range
+  CHECK(seen.a_bytes_aa == 4096);                       // A's tile landed
+  CHECK(seen.a_bytes_cc == 0);                          // nothing of C's in A's range
+  CHECK(seen.c_bytes_cc == 4096);                       // C's own write landed in its own range
   a_mr->reset();
   c_mr->reset();
 }

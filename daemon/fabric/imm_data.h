@@ -49,8 +49,8 @@ static_assert(kTileSealBytes == 32);
 // Why the seal found after a tile does not show it as written by the peer whose receive
 // registration has `key`, holding the index at `generation`, for `handle` and `tile`, fresh (the
 // slot's last consumed nonce is `last_nonce`); nullptr when it does. Pure.
-inline const char* SealRefusal(const TileSeal& seal, uint64_t key, uint32_t handle,
-                               uint32_t tile, uint64_t last_nonce, uint32_t generation = 0) {
+inline const char* SealRefusal(const TileSeal& seal, uint64_t key, uint32_t handle, uint32_t tile,
+                               uint64_t last_nonce, uint32_t generation = 0) {
   if (seal.key != key) return "its seal does not carry the key of that peer's registration";
   if (seal.generation != generation) {
     return "its seal names an earlier holder of that peer index (a late tile of a peer that left)";

@@ -44,8 +44,8 @@ absl::StatusOr<InboundPlan> PlanInbound(const v1::BeginRemoteTransferRequest& re
   const v1::RemoteSource& source = request.source();
   KVRAIL_ASSIGN_OR_RETURN(
       planner::RegionView src_view,
-      RemoteViewOf(source.size_bytes(), false,
-                   source.has_paged_kv() ? &source.paged_kv() : nullptr, "source.paged_kv."));
+      RemoteViewOf(source.size_bytes(), false, source.has_paged_kv() ? &source.paged_kv() : nullptr,
+                   "source.paged_kv."));
   planner::PlanOptions plan_options;
   plan_options.tile_bytes = request.tile_bytes();
   KVRAIL_ASSIGN_OR_RETURN(planner::Plan plan,

@@ -1,11 +1,11 @@
 // The receiver's admission steps that decide something (inbound_admit.h): the destination layers
 // a transfer writes, the receiver's plan against the sender's, the source's lease, the handles.
 #define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
+#include "daemon/fabric/inbound_admit.h"
 
+#include <catch2/catch.hpp>
 #include <set>
 
-#include "daemon/fabric/inbound_admit.h"
 #include "daemon/planner/planner.h"
 
 namespace kvrail::fabric {

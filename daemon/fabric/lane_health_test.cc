@@ -2,10 +2,10 @@
 // the other lanes, the all-silent fallback), which slots' tiles are handed back for re-sending,
 // the cool-down and the one-tile probe, and when no lane is left. Time is a manual clock.
 #define CATCH_CONFIG_MAIN  // //third_party/system:catch2 has no main of its own
-#include "catch2/catch.hpp"
+#include "daemon/fabric/lane_health.h"
 
 #include "base/manual_clock.h"
-#include "daemon/fabric/lane_health.h"
+#include "catch2/catch.hpp"
 
 namespace kvrail::fabric {
 namespace {

@@ -179,8 +179,7 @@ LaneRoute LanesByTopology(const LaneRouteInput& in) {
     // No lane lands near the peer's GPU: the source's lanes (the receiver's write crosses its
     // own PCIe / NVLink), by their NICs' rates.
     r.lanes = local_near;
-    tail = absl::StrCat(" (no lane lands near peer GPU", in.dst_gpu,
-                        "; NVLink relay not built)");
+    tail = absl::StrCat(" (no lane lands near peer GPU", in.dst_gpu, "; NVLink relay not built)");
     double total = 0;
     for (uint32_t l : r.lanes) total += node.nics[lane_nic[l]].gbps;
     for (uint32_t l : r.lanes) {
@@ -198,11 +197,11 @@ LaneRoute LanesByTopology(const LaneRouteInput& in) {
     add(&dst_names, in.peer_lane_nics[l].empty() ? std::string("?") : in.peer_lane_nics[l]);
     add(&rails, node.nics[lane_nic[l]].rail);
   }
-  r.reason = absl::StrCat(
-      "GPU", in.src_gpu, " -> ", absl::StrJoin(src_names, ","), " (",
-      topology::PathClassName(near.path_class, 0), ") ", rails.size() == 1 ? "rail " : "rails ",
-      absl::StrJoin(rails, ","), " -> peer ", absl::StrJoin(dst_names, ","), " GPU", in.dst_gpu,
-      ": ", LaneList(r.lanes), " of ", n, tail);
+  r.reason = absl::StrCat("GPU", in.src_gpu, " -> ", absl::StrJoin(src_names, ","), " (",
+                          topology::PathClassName(near.path_class, 0), ") ",
+                          rails.size() == 1 ? "rail " : "rails ", absl::StrJoin(rails, ","),
+                          " -> peer ", absl::StrJoin(dst_names, ","), " GPU", in.dst_gpu, ": ",
+                          LaneList(r.lanes), " of ", n, tail);
   return r;
 }
 
@@ -215,9 +214,8 @@ LaneRoute ChooseLanes(const LaneRouteInput& in) {
     std::vector<size_t> order(r.lanes.size());
     for (size_t i = 0; i < order.size(); ++i) order[i] = i;
     auto load = [&](uint32_t l) { return l < in.lane_load.size() ? in.lane_load[l] : 0u; };
-    std::stable_sort(order.begin(), order.end(), [&](size_t x, size_t y) {
-      return load(r.lanes[x]) < load(r.lanes[y]);
-    });
+    std::stable_sort(order.begin(), order.end(),
+                     [&](size_t x, size_t y) { return load(r.lanes[x]) < load(r.lanes[y]); });
     std::vector<uint32_t> lanes;
     std::vector<double> shares;
     std::vector<std::string> said;

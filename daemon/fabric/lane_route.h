@@ -41,11 +41,11 @@ struct LaneRouteInput {
 };
 
 struct LaneRoute {
-  bool all = true;              // every lane (nothing narrowed)
+  bool all = true;  // every lane (nothing narrowed)
   // Lane indexes to use (all lanes when `all`): ascending, or least loaded first when
   // LaneRouteInput.lane_load is given.
   std::vector<uint32_t> lanes;
-  std::vector<double> shares;   // per entry of `lanes`, by link rate (equal when unknown); sum 1
+  std::vector<double> shares;  // per entry of `lanes`, by link rate (equal when unknown); sum 1
   // For people, one line: "GPU3 -> mlx5_3 (PIX) rail 3 -> peer mlx5_3 GPU3: lane 3 of 8" or
   // "lanes not mapped to topology NICs: all 8 lanes".
   std::string reason;

@@ -2,14 +2,14 @@
 // (four EFA per GPU), an 8-GPU PCIe box with one NIC; and every case where something is unknown
 // and all lanes are kept (today's fabric behaviour).
 #define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
+#include "daemon/fabric/lane_route.h"
 
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <string>
 #include <vector>
 
 #include "daemon/directory/node_record.h"
-#include "daemon/fabric/lane_route.h"
 #include "daemon/scheduler/rails.h"
 #include "topology/topology.h"
 
@@ -102,8 +102,9 @@ TEST_CASE("DGX H100: every GPU i gets the one lane of mlx5_i") {
   }
 }
 
-TEST_CASE("DGX H100: to another rail's GPU, the source's lane, and the reason says the relay is "
-          "not built") {
+TEST_CASE(
+    "DGX H100: to another rail's GPU, the source's lane, and the reason says the relay is "
+    "not built") {
   Case c = Mirror("dgx_h100", 3, 5);
   const LaneRoute r = Choose(c);
   INFO(r.reason);
@@ -172,7 +173,8 @@ TEST_CASE("the fabric's lanes are scheduler::ChooseRailRoute's NIC pairs") {
         REQUIRE(route.ok());
         if (route->cross_rail) continue;  // pairs in order there; the fabric keeps its lanes'
         std::vector<std::string> from_route, from_lanes;
-        for (const auto& lane : route->lanes) from_route.push_back(lane.src_name + ">" + lane.dst_name);
+        for (const auto& lane : route->lanes)
+          from_route.push_back(lane.src_name + ">" + lane.dst_name);
         for (uint32_t l : lanes.lanes) {
           from_lanes.push_back(c.in.local_lane_nics[l] + ">" + c.in.peer_lane_nics[l]);
         }
@@ -296,7 +298,8 @@ TEST_CASE("a peer lane's name gives its NIC; unmapped lanes name none") {
   RequireAll(Choose(c), c.in.lanes, "peer's lanes not mapped to its NICs");
   // A mapped one ("<nic>@...") narrows.
   for (uint32_t l = 0; l < c.in.lanes; ++l) {
-    c.in.peer_lane_nics[l] = NicOfLaneName(c.in.local_lane_nics[l] + "@10.0.1." + std::to_string(l));
+    c.in.peer_lane_nics[l] =
+        NicOfLaneName(c.in.local_lane_nics[l] + "@10.0.1." + std::to_string(l));
   }
   CHECK(Choose(c).lanes.size() == 1);
 }
@@ -449,7 +452,8 @@ TEST_CASE("two concurrent transfers from GPUs sharing NICs spread over them, by 
   CHECK(load.per_lane[0] + load.per_lane[1] == 1200);
   CHECK(load.max_backlog <= 4);
   CHECK(std::max(load.per_lane[0], load.per_lane[1]) -
-            std::min(load.per_lane[0], load.per_lane[1]) <= 4);
+            std::min(load.per_lane[0], load.per_lane[1]) <=
+        4);
   // The sharing transfers both use lane 0 most.
   for (int t = 0; t < 2; ++t) CHECK(load.per_transfer[t][0] > 10 * load.per_transfer[t][1]);
   // What round robin did: lane 1 overloaded, its backlog growing every round.

@@ -69,8 +69,7 @@ namespace {
 // clash). A provider that picks its own keys (FI_MR_PROV_KEY) is warned about: its keys may be
 // guessable.
 absl::StatusOr<std::unique_ptr<MemoryRegion>> RegisterUnderRandomKey(Nic* nic, uint8_t* start,
-                                                                     uint64_t size,
-                                                                     uint64_t access,
+                                                                     uint64_t size, uint64_t access,
                                                                      const std::string& peer) {
   absl::StatusOr<std::unique_ptr<MemoryRegion>> mr;
   uint64_t requested = 0;
@@ -81,9 +80,10 @@ absl::StatusOr<std::unique_ptr<MemoryRegion>> RegisterUnderRandomKey(Nic* nic, u
   }
   if (!mr.ok()) return mr.status();
   if ((access & FI_REMOTE_WRITE) != 0 && (*mr)->key() != requested) {
-    spdlog::warn("fabric: {} picked its own registration keys (peer '{}' has key {}): a peer's "
-                 "receive range is only as private as the provider's keys",
-                 nic->name(), peer, (*mr)->key());
+    spdlog::warn(
+        "fabric: {} picked its own registration keys (peer '{}' has key {}): a peer's "
+        "receive range is only as private as the provider's keys",
+        nic->name(), peer, (*mr)->key());
   }
   return mr;
 }
@@ -113,10 +113,9 @@ absl::Status Lanes::AddPeer(PeerConn* peer) {
                             RegisterUnderRandomKey(lane->nic.get(), st->memory.get(), bytes,
                                                    FI_WRITE | FI_READ, peer->node_id));
     KVRAIL_ASSIGN_OR_RETURN(
-        st->peer_mr,
-        RegisterUnderRandomKey(lane->nic.get(), st->memory.get() + send_bytes, bytes - send_bytes,
-                               FI_REMOTE_WRITE | FI_REMOTE_READ | FI_WRITE | FI_READ,
-                               peer->node_id));
+        st->peer_mr, RegisterUnderRandomKey(
+                         lane->nic.get(), st->memory.get() + send_bytes, bytes - send_bytes,
+                         FI_REMOTE_WRITE | FI_REMOTE_READ | FI_WRITE | FI_READ, peer->node_id));
     st->contexts.resize(options_.slots);
     for (uint32_t s = 0; s < options_.slots; ++s) {
       OpContext& c = st->contexts[s];

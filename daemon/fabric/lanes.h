@@ -154,7 +154,8 @@ class Lanes {
   uint8_t* SendSlot(uint32_t lane, uint32_t peer, uint32_t slot) const;
   uint8_t* RecvSlot(uint32_t lane, uint32_t peer, uint32_t slot) const;
   uint64_t* CreditWords(uint32_t lane, uint32_t peer) const;
-  // The registration a peer's writes to us on `lane` must name (its receive slots and credit words).
+  // The registration a peer's writes to us on `lane` must name (its receive slots and credit
+  // words).
   const MemoryRegion& PeerRegistration(uint32_t lane, uint32_t peer) const {
     return *lanes_[lane]->staging[peer]->peer_mr;
   }

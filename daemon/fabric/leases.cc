@@ -14,8 +14,8 @@ class LeasedRegion final : public regions::Region {
  public:
   LeasedRegion(v1::RegionLease lease, planner::RegionView view, const std::string& what)
       : lease_(std::move(lease)), view_(std::move(view)) {
-    spec_.set_name(absl::StrCat(what, " region ", lease_.region_id(), " on '",
-                                lease_.owner_node_id(), "'"));
+    spec_.set_name(
+        absl::StrCat(what, " region ", lease_.region_id(), " on '", lease_.owner_node_id(), "'"));
     spec_.set_memory_kind(v1::MEMORY_KIND_HOST);
     spec_.set_size_bytes(lease_.size_bytes());
     spec_.set_writable(lease_.writable());
@@ -52,7 +52,8 @@ absl::StatusOr<v1::RegionLease> Leases::Export(uint64_t region_id, const std::st
         absl::StrCat("peer_node_id: '", peer_node, "' is not in this daemon's peer directory"));
   }
   auto region = regions_->Get(region_id);
-  if (!region.ok()) return absl::NotFoundError(absl::StrCat("region_id: ", region.status().message()));
+  if (!region.ok())
+    return absl::NotFoundError(absl::StrCat("region_id: ", region.status().message()));
   // Host and GPU regions alike: arriving tiles are scattered by the host twin or, for GPU memory,
   // by the copy engines from the pinned staging slots (tile_copy.h).
   {
@@ -64,9 +65,10 @@ absl::StatusOr<v1::RegionLease> Leases::Export(uint64_t region_id, const std::st
 }
 
 absl::StatusOr<v1::RegionLease> Leases::Get(uint64_t region_id,
-                                             const std::string& requester) const {
+                                            const std::string& requester) const {
   auto region = regions_->Get(region_id);
-  if (!region.ok()) return absl::NotFoundError(absl::StrCat("region_id: ", region.status().message()));
+  if (!region.ok())
+    return absl::NotFoundError(absl::StrCat("region_id: ", region.status().message()));
   {
     absl::MutexLock lock(&mu_);
     auto it = exports_.find(region_id);

@@ -18,8 +18,7 @@ bool HasControlCharacters(absl::string_view s) {
   return false;
 }
 
-absl::Status TooLong(absl::string_view prefix, absl::string_view field, size_t size,
-                     size_t limit) {
+absl::Status TooLong(absl::string_view prefix, absl::string_view field, size_t size, size_t limit) {
   return absl::InvalidArgumentError(
       absl::StrCat(prefix, field, ": ", size, " bytes, at most ", limit));
 }
@@ -35,9 +34,8 @@ absl::StatusOr<std::string> NodeIdFromCommonNames(const std::vector<std::string>
   }
   const std::string& cn = common_names[0];
   if (cn.empty() || cn.size() > kMaxNodeIdBytes || HasControlCharacters(cn)) {
-    return absl::UnauthenticatedError(absl::StrCat(
-        "certificate CN: not a node id (1 to ", kMaxNodeIdBytes,
-        " printable bytes)"));
+    return absl::UnauthenticatedError(
+        absl::StrCat("certificate CN: not a node id (1 to ", kMaxNodeIdBytes, " printable bytes)"));
   }
   return cn;
 }
@@ -142,8 +140,7 @@ absl::Status CheckServerCertificate(const grpc::ClientContext& context, absl::st
   }
   if (*named != node) {
     return absl::UnauthenticatedError(absl::StrCat(
-        prefix, "certificate CN: the server's certificate names '", *named, "', not '", node,
-        "'"));
+        prefix, "certificate CN: the server's certificate names '", *named, "', not '", node, "'"));
   }
   return absl::OkStatus();
 }
@@ -151,9 +148,9 @@ absl::Status CheckServerCertificate(const grpc::ClientContext& context, absl::st
 absl::Status CheckClaimedNode(absl::string_view claimed, absl::string_view authenticated,
                               absl::string_view field) {
   if (claimed == authenticated) return absl::OkStatus();
-  return absl::PermissionDeniedError(absl::StrCat(
-      field, ": '", claimed.substr(0, kMaxNodeIdBytes),
-      "' is not the node this caller's certificate names ('", authenticated, "')"));
+  return absl::PermissionDeniedError(
+      absl::StrCat(field, ": '", claimed.substr(0, kMaxNodeIdBytes),
+                   "' is not the node this caller's certificate names ('", authenticated, "')"));
 }
 
 absl::Status CheckHelloBounds(const v1::PeerHello& hello, absl::string_view prefix) {
@@ -167,12 +164,10 @@ absl::Status CheckHelloBounds(const v1::PeerHello& hello, absl::string_view pref
     return TooLong(prefix, "provider", hello.provider().size(), kMaxPeerTextBytes);
   }
   if (hello.topology_summary().size() > kMaxPeerTextBytes) {
-    return TooLong(prefix, "topology_summary", hello.topology_summary().size(),
-                   kMaxPeerTextBytes);
+    return TooLong(prefix, "topology_summary", hello.topology_summary().size(), kMaxPeerTextBytes);
   }
   if (hello.software_version().size() > kMaxPeerTextBytes) {
-    return TooLong(prefix, "software_version", hello.software_version().size(),
-                   kMaxPeerTextBytes);
+    return TooLong(prefix, "software_version", hello.software_version().size(), kMaxPeerTextBytes);
   }
   if (hello.nics_size() > kMaxPeerNics) {
     return absl::InvalidArgumentError(
@@ -185,37 +180,35 @@ absl::Status CheckHelloBounds(const v1::PeerHello& hello, absl::string_view pref
       return TooLong(prefix, field + "name", nic.name().size(), kMaxPeerTextBytes);
     }
     if (nic.fabric_address().empty() || nic.fabric_address().size() > kMaxFabricAddressBytes) {
-      return absl::InvalidArgumentError(absl::StrCat(prefix, field, "fabric_address: ",
-                                                     nic.fabric_address().size(),
-                                                     " bytes, must be 1 to ",
-                                                     kMaxFabricAddressBytes));
+      return absl::InvalidArgumentError(
+          absl::StrCat(prefix, field, "fabric_address: ", nic.fabric_address().size(),
+                       " bytes, must be 1 to ", kMaxFabricAddressBytes));
     }
   }
   if (hello.your_index() > kMaxPeerIndex) {
-    return absl::InvalidArgumentError(absl::StrCat(prefix, "your_index: ", hello.your_index(),
-                                                   ", at most ", kMaxPeerIndex));
+    return absl::InvalidArgumentError(
+        absl::StrCat(prefix, "your_index: ", hello.your_index(), ", at most ", kMaxPeerIndex));
   }
   return absl::OkStatus();
 }
 
-absl::Status CheckBeginBounds(const v1::BeginRemoteTransferRequest& request,
-                              uint64_t slot_bytes) {
+absl::Status CheckBeginBounds(const v1::BeginRemoteTransferRequest& request, uint64_t slot_bytes) {
   if (request.sender_node_id().size() > kMaxNodeIdBytes) {
     return TooLong("", "sender_node_id", request.sender_node_id().size(), kMaxNodeIdBytes);
   }
   if (request.tile_bytes() < kMinPeerTileBytes || request.tile_bytes() > slot_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "tile_bytes: ", request.tile_bytes(), " is outside [", kMinPeerTileBytes, ", ",
-        slot_bytes, "] (fabric.slot_bytes)"));
+    return absl::InvalidArgumentError(absl::StrCat("tile_bytes: ", request.tile_bytes(),
+                                                   " is outside [", kMinPeerTileBytes, ", ",
+                                                   slot_bytes, "] (fabric.slot_bytes)"));
   }
   if (request.tiles_total() == 0 || request.tiles_total() > kMaxPeerTiles) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "tiles_total: ", request.tiles_total(), " is outside [1, ", kMaxPeerTiles, "]"));
+    return absl::InvalidArgumentError(absl::StrCat("tiles_total: ", request.tiles_total(),
+                                                   " is outside [1, ", kMaxPeerTiles, "]"));
   }
   // tiles_total * tile_bytes cannot overflow: 2^20 * 2^30 at most.
   if (request.bytes_total() > uint64_t{request.tiles_total()} * request.tile_bytes()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "bytes_total: ", request.bytes_total(), " is more than tiles_total x tile_bytes"));
+    return absl::InvalidArgumentError(absl::StrCat("bytes_total: ", request.bytes_total(),
+                                                   " is more than tiles_total x tile_bytes"));
   }
   return absl::OkStatus();
 }

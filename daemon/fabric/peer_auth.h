@@ -6,12 +6,12 @@
 // AuthContext.
 #pragma once
 
+#include <grpcpp/client_context.h>
+#include <grpcpp/server_context.h>
+
 #include <cstdint>
 #include <string>
 #include <vector>
-
-#include <grpcpp/client_context.h>
-#include <grpcpp/server_context.h>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"

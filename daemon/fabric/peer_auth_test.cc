@@ -2,12 +2,11 @@
 // against it, and the bounds on a peer's Hello and BeginRemoteTransfer. Each check is tried with
 // a value just past it.
 #define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
+#include "daemon/fabric/peer_auth.h"
 
+#include <catch2/catch.hpp>
 #include <string>
 #include <vector>
-
-#include "daemon/fabric/peer_auth.h"
 
 namespace kvrail::fabric {
 namespace {
@@ -72,10 +71,10 @@ TEST_CASE("a certificate whose subject has two CNs is refused, not read as its f
   CHECK(CommonNamesOfSubject("").empty());
 
   CHECK(*NodeIdFromCertificate({"node-a"}, {"node-a"}) == "node-a");
-  CHECK(Says(NodeIdFromCertificate({"a"}, {"a", "c"}).status(),
-             absl::StatusCode::kUnauthenticated, "its subject has 2"));
-  CHECK(Says(NodeIdFromCertificate({"c"}, {"a", "c"}).status(),
-             absl::StatusCode::kUnauthenticated, "exactly one node id"));
+  CHECK(Says(NodeIdFromCertificate({"a"}, {"a", "c"}).status(), absl::StatusCode::kUnauthenticated,
+             "its subject has 2"));
+  CHECK(Says(NodeIdFromCertificate({"c"}, {"a", "c"}).status(), absl::StatusCode::kUnauthenticated,
+             "exactly one node id"));
   CHECK(Says(NodeIdFromCertificate({"a"}, {}).status(), absl::StatusCode::kUnauthenticated,
              "its subject has 0"));
   CHECK(Says(NodeIdFromCertificate({"a"}, {"b"}).status(), absl::StatusCode::kUnauthenticated,

@@ -179,8 +179,8 @@ void PeerControlImpl::Reclaim(absl::Time now) {
       absl::MutexLock lock(&peer->mu);
       // Dropped by the directory: absent, its record gone (etcd), or withdrawn (it vanished while
       // up here). A peer merely silent (our own MarkDown) is not: it may answer again.
-      const bool dropped = !listed.ok() || (listed->has_record && !listed->registered) ||
-                           peer->withdrawn;
+      const bool dropped =
+          !listed.ok() || (listed->has_record && !listed->registered) || peer->withdrawn;
       if (!dropped || peer->up) continue;
       if (listed.ok() && listed->state != directory::PeerState::kDown) continue;
     }
@@ -260,9 +260,9 @@ absl::Status PeerControlImpl::ApplyHello(PeerConn* peer, const v1::PeerHello& he
         "peer '", hello.node_id(), "' speaks peer protocol ", hello.version(), ", not 1"));
   }
   if (hello.provider() != lanes_->provider()) {
-    return absl::FailedPreconditionError(absl::StrCat("peer '", hello.node_id(), "' uses provider '",
-                                                      hello.provider(), "', this daemon '",
-                                                      lanes_->provider(), "'"));
+    return absl::FailedPreconditionError(absl::StrCat("peer '", hello.node_id(),
+                                                      "' uses provider '", hello.provider(),
+                                                      "', this daemon '", lanes_->provider(), "'"));
   }
   if (hello.slots() != options_.slots || hello.slot_bytes() != options_.slot_bytes ||
       hello.nics_size() == 0) {
@@ -286,8 +286,8 @@ absl::Status PeerControlImpl::ApplyHello(PeerConn* peer, const v1::PeerHello& he
   {
     absl::MutexLock lock(&peer->mu);
     if (StillWithdrawn(peer)) {
-      return absl::UnavailableError(absl::StrCat(
-          "peer '", peer->node_id, "' is not in the directory (its record is gone)"));
+      return absl::UnavailableError(
+          absl::StrCat("peer '", peer->node_id, "' is not in the directory (its record is gone)"));
     }
     restarted = peer->introduced && peer->boot_id != hello.boot_id();
     // The same process, but it retired our entry (we were silent past its liveness timeout and
@@ -304,9 +304,10 @@ absl::Status PeerControlImpl::ApplyHello(PeerConn* peer, const v1::PeerHello& he
     spdlog::warn("fabric: peer '{}' restarted (boot id changed)", peer->node_id);
     on_lost_(peer, absl::UnavailableError(absl::StrCat("peer '", peer->node_id, "' restarted")));
   } else if (readded) {
-    spdlog::warn("fabric: peer '{}' dropped this node and added it again (index {} -> {}): its "
-                 "lanes start afresh",
-                 peer->node_id, old_index, hello.your_index());
+    spdlog::warn(
+        "fabric: peer '{}' dropped this node and added it again (index {} -> {}): its "
+        "lanes start afresh",
+        peer->node_id, old_index, hello.your_index());
     on_lost_(peer, absl::UnavailableError(absl::StrCat(
                        "peer '", peer->node_id,
                        "' dropped this node (silent past its liveness timeout) and re-added it")));
@@ -355,8 +356,8 @@ absl::Status PeerControlImpl::Introduce(PeerConn* peer) {
   {
     absl::MutexLock lock(&peer->mu);
     if (StillWithdrawn(peer)) {
-      return absl::UnavailableError(absl::StrCat("peer '", peer->node_id,
-                                                 "' is down: its directory record is gone"));
+      return absl::UnavailableError(
+          absl::StrCat("peer '", peer->node_id, "' is down: its directory record is gone"));
     }
   }
   v1::HelloRequest request;
@@ -368,8 +369,8 @@ absl::Status PeerControlImpl::Introduce(PeerConn* peer) {
                   absl::StrCat("hello to '", peer->node_id, "' at ", peer->address, ": ")));
   // With mTLS the channel accepted only a certificate naming the peer (as its first CN: one CN
   // exactly, checked here); the answer must name it too (and, either way, be of bounded size).
-  KVRAIL_RETURN_IF_ERROR(CheckServerCertificate(
-      *context, peer->node_id, absl::StrCat("hello to '", peer->node_id, "': ")));
+  KVRAIL_RETURN_IF_ERROR(CheckServerCertificate(*context, peer->node_id,
+                                                absl::StrCat("hello to '", peer->node_id, "': ")));
   KVRAIL_RETURN_IF_ERROR(CheckHelloBounds(response.hello(), "response.hello."));
   KVRAIL_RETURN_IF_ERROR(
       CheckClaimedNode(response.hello().node_id(), peer->node_id, "response.hello.node_id"));

@@ -6,10 +6,10 @@
 // counts hellos, at two addresses. Before, the entry kept its first stub: hellos went on to the
 // old address.
 #define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
 #include <grpcpp/grpcpp.h>
 
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <memory>
 #include <string>
 #include <vector>

@@ -2,8 +2,8 @@
 
 #include <utility>
 
-#include "absl/time/clock.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "base/grpc_status.h"
 #include "daemon/fabric/peer_auth.h"
 #include "daemon/server/caller.h"
@@ -57,11 +57,10 @@ class PeerServiceImpl final : public v1::Peer::Service {
     absl::StatusOr<sessions::Caller> caller = server::CallerFromMetadata(*context, *sessions_);
     if (!caller.ok()) return ToGrpcStatus(caller.status());
     absl::StatusOr<std::shared_ptr<regions::Region>> region = regions_->Get(request->region_id());
-    if (region.ok() &&
-        (caller->session_id == 0 || (*region)->session_id() != caller->session_id)) {
-      return ToGrpcStatus(absl::PermissionDeniedError(absl::StrCat(
-          "region_id: region ", request->region_id(),
-          " belongs to another session; only its owner may export it")));
+    if (region.ok() && (caller->session_id == 0 || (*region)->session_id() != caller->session_id)) {
+      return ToGrpcStatus(absl::PermissionDeniedError(
+          absl::StrCat("region_id: region ", request->region_id(),
+                       " belongs to another session; only its owner may export it")));
     }
     if (region.ok() && (*region)->spec().library_region()) {
       // The client library's own region (block tables) is no transfer endpoint, remote or local.
@@ -82,8 +81,7 @@ class PeerServiceImpl final : public v1::Peer::Service {
                                    const v1::BeginRemoteTransferRequest* request,
                                    v1::BeginRemoteTransferResponse* response) override {
     // The sizes are bounded by the receiver, before it plans (CheckBeginBounds).
-    const absl::Status checked =
-        CheckCaller(*context, request->sender_node_id(), "sender_node_id");
+    const absl::Status checked = CheckCaller(*context, request->sender_node_id(), "sender_node_id");
     if (!checked.ok()) return ToGrpcStatus(checked);
     // The handle and the destination's GPU UUID (the region it looked up once).
     return ToGrpcStatus(receiver_->Begin(*request, response));
@@ -91,8 +89,7 @@ class PeerServiceImpl final : public v1::Peer::Service {
   grpc::Status EndRemoteTransfer(grpc::ServerContext* context,
                                  const v1::EndRemoteTransferRequest* request,
                                  v1::EndRemoteTransferResponse* response) override {
-    const absl::Status checked =
-        CheckCaller(*context, request->sender_node_id(), "sender_node_id");
+    const absl::Status checked = CheckCaller(*context, request->sender_node_id(), "sender_node_id");
     if (!checked.ok()) return ToGrpcStatus(checked);
     auto applied = receiver_->End(request->sender_node_id(), request->handle(), false, "");
     if (!applied.ok()) return ToGrpcStatus(applied.status());
@@ -102,8 +99,7 @@ class PeerServiceImpl final : public v1::Peer::Service {
   grpc::Status AbortRemoteTransfer(grpc::ServerContext* context,
                                    const v1::AbortRemoteTransferRequest* request,
                                    v1::EndRemoteTransferResponse* response) override {
-    const absl::Status checked =
-        CheckCaller(*context, request->sender_node_id(), "sender_node_id");
+    const absl::Status checked = CheckCaller(*context, request->sender_node_id(), "sender_node_id");
     if (!checked.ok()) return ToGrpcStatus(checked);
     auto applied = receiver_->End(request->sender_node_id(), request->handle(), true,
                                   BoundedPeerText(request->error_message()));

@@ -3,9 +3,6 @@
 // the receiver (Begin/End/AbortRemoteTransfer).
 #pragma once
 
-#include "daemon/regions/regions.h"
-#include "daemon/sessions/sessions.h"
-
 #include <grpcpp/grpcpp.h>
 
 #include <cstdint>
@@ -15,6 +12,8 @@
 #include "daemon/fabric/leases.h"
 #include "daemon/fabric/peer_control.h"
 #include "daemon/fabric/receiver.h"
+#include "daemon/regions/regions.h"
+#include "daemon/sessions/sessions.h"
 
 namespace kvrail::fabric {
 

@@ -14,9 +14,8 @@ namespace kvrail::fabric {
 absl::StatusOr<PeerConn*> PeerTable::Add(const directory::Peer& peer,
                                          const std::function<absl::Status(PeerConn*)>& prepare) {
   if (peer.node_id.empty() || peer.address.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat("peers: node '", peer.node_id,
-                                                   "' has no node id or no address ('",
-                                                   peer.address, "')"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "peers: node '", peer.node_id, "' has no node id or no address ('", peer.address, "')"));
   }
   absl::MutexLock lock(&add_mu_);
   if (Find(peer.node_id) != nullptr) {
@@ -65,9 +64,9 @@ absl::Status PeerTable::Retire(PeerConn* peer, absl::Time now) {
   absl::MutexLock lock(&add_mu_);
   if (peer->index >= size_.load(std::memory_order_relaxed) || at(peer->index) != peer ||
       peer->retired.load()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("peers: node '", peer->node_id, "' (index ", peer->index, " generation ",
-                     peer->generation, ") is not a live entry"));
+    return absl::FailedPreconditionError(absl::StrCat("peers: node '", peer->node_id, "' (index ",
+                                                      peer->index, " generation ", peer->generation,
+                                                      ") is not a live entry"));
   }
   peer->retired.store(true, std::memory_order_release);
   state_[peer->index] = IndexState::kQuarantined;
@@ -100,10 +99,10 @@ uint32_t PeerTable::quarantined() const {
 
 uint32_t PeerTable::free_indexes() const {
   absl::MutexLock lock(&add_mu_);
-  return static_cast<uint32_t>(
-      kMaxPeers - size_.load(std::memory_order_relaxed) +
-      std::count(state_.begin(), state_.begin() + size_.load(std::memory_order_relaxed),
-                 IndexState::kFree));
+  return static_cast<uint32_t>(kMaxPeers - size_.load(std::memory_order_relaxed) +
+                               std::count(state_.begin(),
+                                          state_.begin() + size_.load(std::memory_order_relaxed),
+                                          IndexState::kFree));
 }
 
 PeerConn* PeerTable::Find(const std::string& node_id) const {

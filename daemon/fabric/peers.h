@@ -53,7 +53,7 @@ struct PeerConn {
   uint64_t boot_id ABSL_GUARDED_BY(mu) = 0;
   uint32_t index_at_peer ABSL_GUARDED_BY(mu) = 0;
   uint32_t generation_at_peer ABSL_GUARDED_BY(mu) = 0;  // of index_at_peer (Hello)
-  uint32_t lanes ABSL_GUARDED_BY(mu) = 0;  // min(our NICs, its NICs)
+  uint32_t lanes ABSL_GUARDED_BY(mu) = 0;               // min(our NICs, its NICs)
   uint64_t peer_slot_bytes ABSL_GUARDED_BY(mu) = 0;
   struct Remote {
     fi_addr_t addr = FI_ADDR_UNSPEC;
@@ -64,7 +64,8 @@ struct PeerConn {
   std::vector<std::unique_ptr<SlotCredits>> credits ABSL_GUARDED_BY(mu);  // per lane (sender)
   std::vector<std::vector<SlotOwner>> owners ABSL_GUARDED_BY(mu);   // per lane, per slot (sender)
   std::vector<std::vector<uint64_t>> consumed ABSL_GUARDED_BY(mu);  // per lane, per slot (receiver)
-  // Per lane, per slot (receiver): the nonce of the last tile seal consumed there (lanes.h TileSeal).
+  // Per lane, per slot (receiver): the nonce of the last tile seal consumed there (lanes.h
+  // TileSeal).
   std::vector<std::vector<uint64_t>> sealed ABSL_GUARDED_BY(mu);
   absl::Time last_ok ABSL_GUARDED_BY(mu) = absl::InfinitePast();
   bool up ABSL_GUARDED_BY(mu) = false;
@@ -115,8 +116,7 @@ class PeerTable {
   absl::Status Retire(PeerConn* peer, absl::Time now) ABSL_LOCKS_EXCLUDED(add_mu_);
   // Frees the indexes whose quarantine ended by `now`: `release` (Lanes::ReleasePeer) runs on
   // each, serialized with Add, before Add may reuse it. Returns them.
-  std::vector<uint32_t> EndQuarantine(absl::Time now,
-                                      const std::function<void(uint32_t)>& release)
+  std::vector<uint32_t> EndQuarantine(absl::Time now, const std::function<void(uint32_t)>& release)
       ABSL_LOCKS_EXCLUDED(add_mu_);
   // Indexes retired and still in quarantine, and free ones (for logs and tests).
   uint32_t quarantined() const ABSL_LOCKS_EXCLUDED(add_mu_);

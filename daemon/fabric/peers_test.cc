@@ -5,22 +5,22 @@
 // transfers failed naming it, not contacted, back once listed again). NICs: the tcp provider on
 // loopback (the lanes cases skip without it).
 #define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
+#include "daemon/fabric/peers.h"
+
+#include <grpcpp/grpcpp.h>
 
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <map>
 #include <memory>
 #include <set>
 #include <thread>
 #include <vector>
 
-#include <grpcpp/grpcpp.h>
-
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "daemon/fabric/lanes.h"
 #include "daemon/fabric/peer_control.h"
-#include "daemon/fabric/peers.h"
 #include "daemon/fabric/testing/counting_peer.h"
 
 namespace kvrail::fabric {
@@ -60,9 +60,8 @@ TEST_CASE("the peer table grows in order of arrival and its entries never move")
     CHECK(table.Find("a")->address == "127.0.0.1:1");
   }
   SECTION("a failed prepare adds nothing and takes no index") {
-    auto failed = table.Add(PeerNamed("x"), [](PeerConn*) {
-      return absl::ResourceExhaustedError("no staging");
-    });
+    auto failed = table.Add(PeerNamed("x"),
+                            [](PeerConn*) { return absl::ResourceExhaustedError("no staging"); });
     CHECK(failed.status().code() == absl::StatusCode::kResourceExhausted);
     CHECK(table.Find("x") == nullptr);
     auto next = table.Add(PeerNamed("y"), Nothing);
@@ -240,7 +239,7 @@ TEST_CASE("staging is registered per peer as peers are added, before and after t
       }
     }
   }
-  CHECK(keys.size() == 6);                        // one key per (peer, lane), none shared
+  CHECK(keys.size() == 6);                           // one key per (peer, lane), none shared
   CHECK(slots.size() == 3 * 2 * 2 * options.slots);  // no two slots overlap
   CHECK(lanes->Describe().find("3 peers") != std::string::npos);
   lanes->Stop();
@@ -260,7 +259,7 @@ TEST_CASE("peer control follows the directory: newcomers added, a dropped peer w
                                        lost.push_back(std::string(why.message()));
                                      });
   dir.Set("a", directory::PeerState::kUnknown);
-  dir.Set("self", directory::PeerState::kUp);   // its own record: never a peer
+  dir.Set("self", directory::PeerState::kUp);    // its own record: never a peer
   dir.Set("gone", directory::PeerState::kDown);  // left before we met it: not added
   control->SyncDirectory();
   REQUIRE(table.size() == 1);
@@ -453,7 +452,9 @@ TEST_CASE("no index is reused while quarantined; busy and merely silent peers ar
 
 // A peer whose directory record names a new Peer address (same node id) gets a new stub and
 // lanes: hellos and transfers must not go on to the old address.
-TEST_CASE("a peer whose directory address changes is re-dialed: old entry retired, hello at the new address") {
+TEST_CASE(
+    "a peer whose directory address changes is re-dialed: old entry retired, hello at the new "
+    "address") {
   const FabricOptions options = LoopbackOptions(1);
   PeerTable table;
   std::unique_ptr<Lanes> lanes = LanesOrSkip(options, &table);

@@ -208,8 +208,8 @@ absl::Status ReceiverImpl::Begin(const v1::BeginRemoteTransferRequest& request,
   KVRAIL_RETURN_IF_ERROR(CheckBeginBounds(request, options_.slot_bytes));
   PeerConn* peer = peers_->Find(request.sender_node_id());
   if (peer == nullptr) {
-    return absl::PermissionDeniedError(absl::StrCat(
-        "node '", request.sender_node_id(), "' is not in this daemon's peer directory"));
+    return absl::PermissionDeniedError(absl::StrCat("node '", request.sender_node_id(),
+                                                    "' is not in this daemon's peer directory"));
   }
   KVRAIL_ASSIGN_OR_RETURN(std::shared_ptr<regions::Region> dst,
                           AdmitDestination(request, *leases_, *regions_, *grants_));
@@ -230,9 +230,10 @@ absl::Status ReceiverImpl::Begin(const v1::BeginRemoteTransferRequest& request,
   const std::string unpack_why = ChooseUnpackPath(*in);
   KVRAIL_RETURN_IF_ERROR(RecordInbound(request, planned.src_view, in, unpack_why));
   KVRAIL_RETURN_IF_ERROR(Register(in));
-  spdlog::info("fabric: inbound transfer {} from '{}' into region {}: {} bytes, {} tiles (handle {})",
-               in->sender_transfer_id, in->sender_node, request.spec().dst().region_id(),
-               in->plan.bytes_total(), in->plan.num_tiles(), in->handle);
+  spdlog::info(
+      "fabric: inbound transfer {} from '{}' into region {}: {} bytes, {} tiles (handle {})",
+      in->sender_transfer_id, in->sender_node, request.spec().dst().region_id(),
+      in->plan.bytes_total(), in->plan.num_tiles(), in->handle);
   response->set_handle(in->handle);
   const v1::RegionSpec& dst_spec = in->dst->spec();
   if (dst_spec.memory_kind() == v1::MEMORY_KIND_CUDA) {
@@ -268,10 +269,10 @@ absl::Status ReceiverImpl::RecordInbound(const v1::BeginRemoteTransferRequest& r
   if (sink_ == nullptr) return absl::OkStatus();
   KVRAIL_ASSIGN_OR_RETURN(
       transfers::InboundSink::Admitted admitted,
-      sink_->BeginInbound(request.spec(), in->plan,
-                          MakeLeasedRegion(SourceLease(request, options_.node_id), src_view,
-                                           "source"),
-                          in->dst, in->sender_node, in->sender_transfer_id));
+      sink_->BeginInbound(
+          request.spec(), in->plan,
+          MakeLeasedRegion(SourceLease(request, options_.node_id), src_view, "source"), in->dst,
+          in->sender_node, in->sender_transfer_id));
   in->local_id = admitted.id;
   in->job = std::move(admitted.job);
   if (!unpack_why.empty()) in->job->OnEngineNote(unpack_why);
@@ -304,8 +305,8 @@ absl::StatusOr<uint32_t> ReceiverImpl::End(const std::string& sender, uint32_t h
     absl::MutexLock lock(&mu_);
     auto it = inbound_.find(handle);
     if (peer == nullptr || it == inbound_.end() || it->second->peer != peer->index) {
-      return absl::NotFoundError(absl::StrCat("handle: no inbound transfer ", handle, " from '",
-                                              sender, "'"));
+      return absl::NotFoundError(
+          absl::StrCat("handle: no inbound transfer ", handle, " from '", sender, "'"));
     }
     in = it->second;
     inbound_.erase(it);
@@ -319,12 +320,12 @@ absl::StatusOr<uint32_t> ReceiverImpl::End(const std::string& sender, uint32_t h
   if (abort) {
     spdlog::info("fabric: inbound transfer {} from '{}' aborted after {} of {} tiles: {}",
                  in->sender_transfer_id, sender, applied, in->plan.num_tiles(), why);
-    EndInboundRecord(*in, absl::UnavailableError(absl::StrCat("aborted by the sender '", sender,
-                                                              "': ", why)));
+    EndInboundRecord(
+        *in, absl::UnavailableError(absl::StrCat("aborted by the sender '", sender, "': ", why)));
   } else if (applied < in->plan.num_tiles()) {
-    EndInboundRecord(*in, absl::DataLossError(absl::StrCat(
-                              "the sender '", sender, "' ended the transfer after ", applied,
-                              " of ", in->plan.num_tiles(), " tiles")));
+    EndInboundRecord(
+        *in, absl::DataLossError(absl::StrCat("the sender '", sender, "' ended the transfer after ",
+                                              applied, " of ", in->plan.num_tiles(), " tiles")));
   }
   return applied;
 }
@@ -346,8 +347,8 @@ void ReceiverImpl::DropPeer(PeerConn* peer, const absl::Status& why) {
     }
   }
   for (auto& in : dropped) {
-    EndInboundRecord(*in, absl::UnavailableError(absl::StrCat(
-                              "the sender '", peer->node_id, "' is gone: ", why.message())));
+    EndInboundRecord(*in, absl::UnavailableError(absl::StrCat("the sender '", peer->node_id,
+                                                              "' is gone: ", why.message())));
   }
 }
 
@@ -405,9 +406,10 @@ bool ReceiverImpl::CheckSeal(const Arrival& a, uint64_t wire) {
   }
   if (why != nullptr) {
     if (!LogRefusal(refused_arrivals_.fetch_add(1) + 1)) return false;
-    spdlog::warn("fabric: arrival naming '{}' handle {} tile {} slot {} on lane {} refused: {} "
-                 "(not written by that peer for that tile: not applied, not credited)",
-                 peer->node_id, a.handle, a.tile, a.slot, a.lane, why);
+    spdlog::warn(
+        "fabric: arrival naming '{}' handle {} tile {} slot {} on lane {} refused: {} "
+        "(not written by that peer for that tile: not applied, not credited)",
+        peer->node_id, a.handle, a.tile, a.slot, a.lane, why);
     return false;
   }
   return true;
@@ -421,7 +423,8 @@ bool ReceiverImpl::ApplyTile(Inbound& in, const Arrival& a) {
       // original after one. Not scattered again; once the first copy has landed the repeat is
       // credited "applied" too (the sender completes whichever copy it waits for), counted once.
       const uint32_t tile = a.tile;
-      auto settled = [&in, tile]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(in.mu) { return in.Settled(tile); };
+      auto settled = [&in, tile]()
+                         ABSL_EXCLUSIVE_LOCKS_REQUIRED(in.mu) { return in.Settled(tile); };
       in.mu.Await(absl::Condition(&settled));
       return RepeatSettledLocked(in, a.tile);
     }
@@ -500,8 +503,7 @@ bool ReceiverImpl::LandTileLocked(Inbound& in, const Arrival& a, const absl::Sta
   in.landed[a.tile] = true;
   if (++in.applied_count == in.plan.num_tiles()) {
     spdlog::info("fabric: inbound transfer {} from '{}' complete: {} tiles, {} bytes",
-                 in.sender_transfer_id, in.sender_node, in.plan.num_tiles(),
-                 in.plan.bytes_total());
+                 in.sender_transfer_id, in.sender_node, in.plan.num_tiles(), in.plan.bytes_total());
   }
   return true;
 }
@@ -587,7 +589,8 @@ void ReceiverImpl::UnpackLoop() {
       auto it = inbound_.find(a.handle);
       if (it != inbound_.end() && it->second->peer == a.peer) {
         in = it->second;
-      } else if (auto r = retired_.find(a.handle); r != retired_.end() && r->second.peer == a.peer) {
+      } else if (auto r = retired_.find(a.handle);
+                 r != retired_.end() && r->second.peer == a.peer) {
         retired = r->second;
       }
     }
@@ -618,13 +621,13 @@ void ReceiverImpl::UnpackLoop() {
       // fail another's tiles in flight and skew its slot accounting (denial of service).
       const uint64_t n = refused_arrivals_.fetch_add(1) + 1;
       if (LogRefusal(n)) {
-        spdlog::warn("fabric: arrival naming '{}' handle {} tile {} slot {} on lane {} ({} bytes) "
-                     "refused: {} (not applied, not credited; {} refused so far)",
-                     peers_->at(a.peer)->node_id, a.handle, a.tile, a.slot, a.lane, a.len,
-                     in != nullptr || retired.has_value()
-                         ? "its tile or length does not fit that transfer"
-                         : "no transfer of that peer has that handle here",
-                     n);
+        spdlog::warn(
+            "fabric: arrival naming '{}' handle {} tile {} slot {} on lane {} ({} bytes) "
+            "refused: {} (not applied, not credited; {} refused so far)",
+            peers_->at(a.peer)->node_id, a.handle, a.tile, a.slot, a.lane, a.len,
+            in != nullptr || retired.has_value() ? "its tile or length does not fit that transfer"
+                                                 : "no transfer of that peer has that handle here",
+            n);
       }
       continue;
     }

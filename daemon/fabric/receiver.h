@@ -10,11 +10,11 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "daemon/access/access.h"
 #include "daemon/fabric/fabric_options.h"
 #include "daemon/fabric/lanes.h"
 #include "daemon/fabric/leases.h"
 #include "daemon/fabric/peers.h"
-#include "daemon/access/access.h"
 #include "daemon/regions/regions.h"
 #include "daemon/transfers/remote_path.h"
 #include "proto/kvrail/v1/peer.pb.h"

@@ -6,10 +6,12 @@
 // checked is each peer's slot accounting: the consume counters and the credits queued for the
 // lane's proxy (what the sender would see).
 #define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
+#include "daemon/fabric/receiver.h"
+
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <catch2/catch.hpp>
 #include <chrono>
 #include <cstring>
 #include <memory>
@@ -21,16 +23,15 @@
 #include "absl/strings/str_cat.h"
 #include "base/clock.h"
 #include "base/unique_fd.h"
+#include "daemon/access/access.h"
 #include "daemon/directory/directory.h"
 #include "daemon/fabric/command_ring.h"
 #include "daemon/fabric/imm_data.h"
 #include "daemon/fabric/lanes.h"
 #include "daemon/fabric/leases.h"
 #include "daemon/fabric/peers.h"
-#include "daemon/fabric/receiver.h"
 #include "daemon/fabric/tile_pack.h"
 #include "daemon/planner/planner.h"
-#include "daemon/access/access.h"
 #include "daemon/regions/regions.h"
 #include "daemon/sessions/sessions.h"
 
@@ -99,8 +100,8 @@ struct Rig {
     REQUIRE(a != nullptr);
     REQUIRE(c != nullptr);
     leases = std::make_unique<Leases>(options.node_id, regions.get(), &peers);
-    receiver = Receiver::Create(options, lanes.get(), &peers, leases.get(), regions.get(),
-                                grants.get());
+    receiver =
+        Receiver::Create(options, lanes.get(), &peers, leases.get(), regions.get(), grants.get());
 
     auto k = planner::ResolveLayout(Layout(), UINT64_MAX, "");
     REQUIRE(k.ok());

@@ -78,8 +78,7 @@ std::string TilesOut(const RelayInput& in, const scheduler::SideRelay& side) {
   nics.insert(nics.end(), side.nics.begin(), side.nics.end());
   std::vector<std::string> parts;
   for (int nic : nics) {
-    const uint32_t tiles =
-        static_cast<size_t>(nic) < in.nic_tiles.size() ? in.nic_tiles[nic] : 0;
+    const uint32_t tiles = static_cast<size_t>(nic) < in.nic_tiles.size() ? in.nic_tiles[nic] : 0;
     parts.push_back(absl::StrCat(in.node->nics[nic].name, " ", tiles));
   }
   return absl::StrFormat("; tiles out: %s (each counted as a %.1f MiB slot)",
@@ -109,11 +108,13 @@ RelayPlan NotMade(const RelayInput& in, std::string why, bool by_load = false) {
 std::string GpuStages(RelaySide side, int region, int relay) {
   const std::string over = region == relay ? "its own memory" : "NVLink";
   if (side == RelaySide::kSend) {
-    return absl::StrCat("pack kernel on GPU", region, " writes GPU", relay, "'s relay slot (",
-                        over, "), GPU", relay, "'s stream copies it to the send slot");
+    return absl::StrCat("pack kernel on GPU", region, " writes GPU", relay, "'s relay slot (", over,
+                        "), GPU", relay, "'s stream copies it to the send slot");
   }
-  return absl::StrCat("GPU", relay, "'s stream copies the receive slot to its relay slot, unpack "
-                      "kernel on GPU", region, " reads it (", over, ")");
+  return absl::StrCat("GPU", relay,
+                      "'s stream copies the receive slot to its relay slot, unpack "
+                      "kernel on GPU",
+                      region, " reads it (", over, ")");
 }
 
 }  // namespace
@@ -159,21 +160,23 @@ RelayPlan PlanRelay(const RelayInput& in) {
     const size_t ri = static_cast<size_t>(side->relay_gpu);
     r = ri < in.ordinal_of_index.size() ? in.ordinal_of_index[ri] : -1;
     if (r < 0) {
-      return NotMade(in, absl::StrCat(why, "; but GPU", side->relay_gpu,
-                                      " is not visible to this daemon: direct path"),
+      return NotMade(in,
+                     absl::StrCat(why, "; but GPU", side->relay_gpu,
+                                  " is not visible to this daemon: direct path"),
                      p.by_load);
     }
     p.relay_gpu_index = side->relay_gpu;
   }
   if (r >= in.devices) {
-    return NotMade(in, absl::StrCat(why, "; but there is no GPU", r, " here (", in.devices,
-                                    " GPUs): direct path"),
-                   p.by_load);
+    return NotMade(
+        in,
+        absl::StrCat(why, "; but there is no GPU", r, " here (", in.devices, " GPUs): direct path"),
+        p.by_load);
   }
   if (r != s && !(in.can_access_peer && in.can_access_peer(s, r))) {
-    return NotMade(in, absl::StrCat(why, "; but GPU", s, " has no peer access to GPU", r,
-                                    ": direct path"),
-                   p.by_load);
+    return NotMade(
+        in, absl::StrCat(why, "; but GPU", s, " has no peer access to GPU", r, ": direct path"),
+        p.by_load);
   }
   p.kind = RelayKind::kGpu;
   p.relay_device = r;
@@ -184,7 +187,9 @@ RelayPlan PlanRelay(const RelayInput& in) {
   return p;
 }
 
-uint64_t RelaySlotOffset(const RelayPlan& plan, uint32_t k) { return uint64_t{k} * plan.slot_bytes; }
+uint64_t RelaySlotOffset(const RelayPlan& plan, uint32_t k) {
+  return uint64_t{k} * plan.slot_bytes;
+}
 
 // ---- the runtime ----
 
@@ -274,8 +279,7 @@ class RelayStageImpl final : public RelayStage {
   }
 
   std::unique_ptr<RelayTransfer> ForTransfer(const planner::Plan& plan, const RegionSide& region,
-                                             int gpu_index, bool digest,
-                                             RelayNote* note) override;
+                                             int gpu_index, bool digest, RelayNote* note) override;
   uint64_t relayed_tiles() const override { return relayed_.load(std::memory_order_relaxed); }
 
   void CountTile() {
@@ -306,8 +310,8 @@ absl::StatusOr<SlotPool*> RelayStageImpl::HostPool() {
   if (host_pool_ == nullptr) {
     host_memory_.reset(new (std::nothrow) uint8_t[slots_ * options_.slot_bytes]);
     if (host_memory_ == nullptr) {
-      return absl::ResourceExhaustedError(absl::StrCat("relay: ", slots_, " host relay slots of ",
-                                                       options_.slot_bytes, " bytes"));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("relay: ", slots_, " host relay slots of ", options_.slot_bytes, " bytes"));
     }
     host_pool_ = std::make_unique<SlotPool>(host_memory_.get(), slots_, options_.slot_bytes);
   }
@@ -324,7 +328,8 @@ absl::StatusOr<SlotPool*> RelayStageImpl::GpuPool(int device) {
   KVRAIL_RETURN_IF_ERROR(cuda::CudaStatus(
       cudaMalloc(&memory, slots_ * options_.slot_bytes),
       absl::StrCat("relay: cudaMalloc of ", slots_, " relay slots on GPU", device)));
-  auto pool = std::make_unique<SlotPool>(static_cast<uint8_t*>(memory), slots_, options_.slot_bytes);
+  auto pool =
+      std::make_unique<SlotPool>(static_cast<uint8_t*>(memory), slots_, options_.slot_bytes);
   SlotPool* out = pool.get();
   gpu_pools_.emplace(device, std::move(pool));
   return out;
@@ -499,11 +504,10 @@ class GpuRelay final : public RelayTransfer {
       KVRAIL_RETURN_IF_ERROR(WarmUpFabricKernelsOnce(region_.device, s));
       const uint64_t base = reinterpret_cast<uint64_t>(region_.base);
       const bool pack = relay_.side == RelaySide::kSend;
-      KVRAIL_ASSIGN_OR_RETURN(
-          kernels::DevicePlanBuffer buffer,
-          kernels::DevicePlanBuffer::Upload(plan_.header(), plan_.src_blocks().data(),
-                                            plan_.dst_blocks().data(), pack ? base : 0,
-                                            pack ? 0 : base, s));
+      KVRAIL_ASSIGN_OR_RETURN(kernels::DevicePlanBuffer buffer,
+                              kernels::DevicePlanBuffer::Upload(
+                                  plan_.header(), plan_.src_blocks().data(),
+                                  plan_.dst_blocks().data(), pack ? base : 0, pack ? 0 : base, s));
       buffer_.emplace(std::move(buffer));
       return cuda::CudaStatus(cudaStreamSynchronize(s), "relay: plan upload");
     }();
@@ -525,9 +529,8 @@ class GpuRelay final : public RelayTransfer {
 };
 
 std::unique_ptr<RelayTransfer> RelayStageImpl::ForTransfer(const planner::Plan& plan,
-                                                           const RegionSide& region,
-                                                           int gpu_index, bool digest,
-                                                           RelayNote* note) {
+                                                           const RegionSide& region, int gpu_index,
+                                                           bool digest, RelayNote* note) {
   RelayInput in;
   in.side = side_;
   in.config = config_;
@@ -566,14 +569,15 @@ std::unique_ptr<RelayTransfer> RelayStageImpl::ForTransfer(const planner::Plan& 
     case RelayKind::kHost: {
       absl::StatusOr<SlotPool*> pool = HostPool();
       if (!pool.ok()) {
-        return not_made(absl::StrCat(relay.reason, "; not made (", pool.status().message(),
-                                     "): direct path"));
+        return not_made(
+            absl::StrCat(relay.reason, "; not made (", pool.status().message(), "): direct path"));
       }
       return std::make_unique<HostRelay>(this, *pool, plan, region, std::move(relay));
     }
     case RelayKind::kGpu: {
       if (relay.peer_access) {
-        const absl::Status enabled = cuda::EnablePeerAccess(relay.kernel_device, relay.relay_device);
+        const absl::Status enabled =
+            cuda::EnablePeerAccess(relay.kernel_device, relay.relay_device);
         if (!enabled.ok()) {
           return not_made(absl::StrCat(relay.reason, "; peer access GPU", relay.kernel_device,
                                        " -> GPU", relay.relay_device, " refused (",
@@ -582,8 +586,8 @@ std::unique_ptr<RelayTransfer> RelayStageImpl::ForTransfer(const planner::Plan& 
       }
       absl::StatusOr<SlotPool*> pool = GpuPool(relay.relay_device);
       if (!pool.ok()) {
-        return not_made(absl::StrCat(relay.reason, "; not made (", pool.status().message(),
-                                     "): direct path"));
+        return not_made(
+            absl::StrCat(relay.reason, "; not made (", pool.status().message(), "): direct path"));
       }
       return std::make_unique<GpuRelay>(this, *pool, plan, region, std::move(relay));
     }

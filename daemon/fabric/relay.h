@@ -15,12 +15,12 @@
 // through the stage byte for byte without GPUs.
 //
 // Selection: FabricOptions::relay (fabric.relay in the config; KVRAIL_FABRIC_RELAY in kvraild's
-// environment overrides it, config::ApplyEnvironment): "auto" - the hierarchy decides from this node's topology;
-// "off" - never; "host" - every transfer relays through the host twin (tests); "gpu:<ordinal>" -
-// every GPU region relays through that GPU (tests and the two-GPU validation run; gpu:S on a
-// one-GPU machine forces R == S). Anything that prevents a relay (a host region in auto/gpu mode,
-// spec.digest, no topology, no peer access, no such GPU, a failed allocation) keeps the direct
-// path and the transfer's path reason says why.
+// environment overrides it, config::ApplyEnvironment): "auto" - the hierarchy decides from this
+// node's topology; "off" - never; "host" - every transfer relays through the host twin (tests);
+// "gpu:<ordinal>" - every GPU region relays through that GPU (tests and the two-GPU validation run;
+// gpu:S on a one-GPU machine forces R == S). Anything that prevents a relay (a host region in
+// auto/gpu mode, spec.digest, no topology, no peer access, no such GPU, a failed allocation) keeps
+// the direct path and the transfer's path reason says why.
 //
 // Not built: with an FI_HMEM provider the lane could post straight from R's relay slot (fi.h's
 // Nic::RegisterDeviceMemory) instead of the copy into the host send slot; the host slot copy is
@@ -110,8 +110,8 @@ struct RelayInput {
 struct RelayPlan {
   RelayKind kind = RelayKind::kNone;
   RelaySide side = RelaySide::kSend;
-  int region_device = -1;  // S (send) / D (receive); -1 host region
-  int relay_device = -1;   // R (kGpu): CUDA ordinal
+  int region_device = -1;    // S (send) / D (receive); -1 host region
+  int relay_device = -1;     // R (kGpu): CUDA ordinal
   int relay_gpu_index = -1;  // R's topology index (auto), else -1: the lane choice's source GPU
   bool peer_access = false;  // region_device's kernels must reach relay_device's memory (R != S)
   // Streams: the calling thread's stream on kernel_device runs the pack/unpack kernel, its

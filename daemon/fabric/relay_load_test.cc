@@ -8,9 +8,9 @@
 // here: direct path", RelayNote::Kind::kSaid), which is what shows the decision; the plain
 // direct path is quiet.
 #define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
 #include <cuda_runtime_api.h>
 
+#include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdio>
 #include <memory>
@@ -69,8 +69,8 @@ TEST_CASE("NicLoadOfLanes: lanes' tiles out add up per NIC, unmapped lanes count
 struct Fixture {
   explicit Fixture(uint64_t slot_bytes) {
     options.slot_bytes = slot_bytes;
-    options.topology = std::make_shared<const v1::TopologyDesc>(
-        topology::testing::FixtureDesc("dgx_h100"));
+    options.topology =
+        std::make_shared<const v1::TopologyDesc>(topology::testing::FixtureDesc("dgx_h100"));
     options.lane_nics = DgxLaneNics();
     lanes.assign(8, 0);
     stage = RelayStage::Create(RelaySide::kSend, options, ParseRelayConfig(nullptr),

@@ -5,16 +5,17 @@
 // relay slot), with poisoned destinations. The GPU relay itself runs in
 // //tests/gpu:relay_gpu_test (tag gpu).
 #define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
+#include "daemon/fabric/relay.h"
+
 #include <cuda_runtime_api.h>
 
+#include <catch2/catch.hpp>
 #include <memory>
 #include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include "daemon/fabric/relay.h"
 #include "daemon/fabric/tile_pack.h"
 #include "daemon/planner/testing/random_case.h"
 #include "topology/testing/fixtures.h"
@@ -78,7 +79,8 @@ TEST_CASE("auto: a GPU that lost its NIC relays through its NVLink neighbour, on
   CHECK(send.copy_device == 6);    // R's stream copies the relay slot to the send slot
   CHECK(send.slots == 2);
   CHECK(RelaySlotOffset(send, 1) == (4u << 20));
-  CHECK(Has(send.reason, "relay (send): GPU5 -NV18-> GPU6 (mlx5_6, PIX): GPU5's nearest NIC is NODE"));
+  CHECK(Has(send.reason,
+            "relay (send): GPU5 -NV18-> GPU6 (mlx5_6, PIX): GPU5's nearest NIC is NODE"));
   CHECK(Has(send.reason, "pack kernel on GPU5 writes GPU6's relay slot (NVLink)"));
   const RelayPlan recv = PlanRelay(GpuInput(&*node, 5, RelaySide::kReceive));
   INFO(recv.reason);
@@ -123,8 +125,8 @@ TEST_CASE("auto: GPUs with their own NIC, busy NICs, a box without NVLink, unkno
   for (int g = 0; g < 8; ++g) {
     const RelayPlan p = PlanRelay(GpuInput(&*dgx, g));
     CHECK(p.kind == RelayKind::kNone);
-    CHECK(p.reason == "relay: none (GPU" + std::to_string(g) + " (mlx5_" + std::to_string(g) +
-                          ", PIX))");
+    CHECK(p.reason ==
+          "relay: none (GPU" + std::to_string(g) + " (mlx5_" + std::to_string(g) + ", PIX))");
     CHECK(!p.wanted);
   }
   RelayInput busy = GpuInput(&*dgx, 0);
@@ -203,7 +205,8 @@ void RunHostTwin(const planner::testing::RandomCase& c, std::mt19937_64& rng) {
   auto plan = planner::MakePlan(c.spec, c.src, c.dst, c.options);
   REQUIRE(plan.ok());
   uint64_t max_tile = 0;
-  for (uint32_t t = 0; t < plan->num_tiles(); ++t) max_tile = std::max(max_tile, TileBytes(*plan, t));
+  for (uint32_t t = 0; t < plan->num_tiles(); ++t)
+    max_tile = std::max(max_tile, TileBytes(*plan, t));
   FabricOptions options;
   options.slot_bytes = max_tile;
   options.pack_threads = 2;

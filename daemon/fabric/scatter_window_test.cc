@@ -2,14 +2,13 @@
 // when ITS kernel has ended, in any order, several in flight at once; a repeat whose first copy
 // is in flight waits for it without blocking; simulated with fake kernels ending at random ticks.
 #define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
+#include "daemon/fabric/scatter_window.h"
 
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <optional>
 #include <random>
 #include <vector>
-
-#include "daemon/fabric/scatter_window.h"
 
 namespace kvrail::fabric {
 namespace {

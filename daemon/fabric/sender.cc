@@ -79,7 +79,8 @@ class SenderImpl final : public Sender {
         introduce_(std::move(introduce)),
         // The hierarchy reads the lanes' live load (LaneLoad) when it decides a
         // transfer's relay; called from Begin, after Start sized lane_out_.
-        relay_(RelayStage::Create(RelaySide::kSend, options, ParseRelayConfig(options.relay.c_str()),
+        relay_(RelayStage::Create(RelaySide::kSend, options,
+                                  ParseRelayConfig(options.relay.c_str()),
                                   [this] { return LaneLoad(); })) {}
   ~SenderImpl() override { Stop(); }
   void Start();
@@ -101,7 +102,8 @@ class SenderImpl final : public Sender {
     caps.digest = true;
     return caps;
   }
-  void Enqueue(const std::shared_ptr<engine::Job>& job, const std::vector<uint32_t>& tiles) override;
+  void Enqueue(const std::shared_ptr<engine::Job>& job,
+               const std::vector<uint32_t>& tiles) override;
   size_t Remove(const engine::Job* job) override;
   std::vector<uint64_t> QueuedTiles() const override;
   std::string Describe() const override { return lanes_->Describe(); }
@@ -164,8 +166,8 @@ class SenderImpl final : public Sender {
   // Fails `lane` toward `peer` (under the peer's mu): the owners of the slots it was waiting on,
   // taken out of the slots (which stay used until a late credit or a write error frees them).
   std::vector<SlotOwner> FailLaneLocked(PeerConn* peer, uint32_t lane, absl::Time now,
-                                        const std::string& why, bool* any_left,
-                                        std::string* state) ABSL_EXCLUSIVE_LOCKS_REQUIRED(peer->mu);
+                                        const std::string& why, bool* any_left, std::string* state)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(peer->mu);
   // After FailLaneLocked: re-queues `tiles` at the front of their classes when a lane is left,
   // else fails every transfer to the peer (UNAVAILABLE naming it).
   void Resend(PeerConn* peer, uint32_t lane, std::vector<SlotOwner> tiles, absl::Time detected,
@@ -264,8 +266,8 @@ absl::StatusOr<transfers::RemotePath::Prepared> SenderImpl::Prepare(const v1::Tr
   request.set_requester_node_id(options_.node_id);
   v1::RegionLease lease;
   auto context = PeerCallContext(absl::Seconds(5));
-  KVRAIL_RETURN_IF_ERROR(FromPeerRpc(peer->stub->GetLease(context.get(), request, &lease),
-                                     "spec.dst.region_id: "));
+  KVRAIL_RETURN_IF_ERROR(
+      FromPeerRpc(peer->stub->GetLease(context.get(), request, &lease), "spec.dst.region_id: "));
   KVRAIL_ASSIGN_OR_RETURN(
       planner::RegionView view,
       RemoteViewOf(lease.size_bytes(), lease.writable(),
@@ -291,7 +293,8 @@ absl::StatusOr<std::vector<std::string>> SenderImpl::Begin(
   request.set_sender_transfer_id(id);
   *request.mutable_spec() = spec;
   request.mutable_source()->set_size_bytes(src.spec().size_bytes());
-  if (src.spec().has_paged_kv()) *request.mutable_source()->mutable_paged_kv() = src.spec().paged_kv();
+  if (src.spec().has_paged_kv())
+    *request.mutable_source()->mutable_paged_kv() = src.spec().paged_kv();
   request.set_tile_bytes(tile_bytes);
   request.set_bytes_total(job->plan().bytes_total());
   request.set_tiles_total(job->plan().num_tiles());
@@ -310,9 +313,9 @@ absl::StatusOr<std::vector<std::string>> SenderImpl::Begin(
     // the path reason.
     const job::Placement src_ref = job->src();
     std::string why;
-    out->gpu = GpuTileKernels::ForSource(
-        job->plan(), RegionSide{src_ref.cuda, src_ref.device, src_ref.base}, job->wants_digest(),
-        options_.gpu_pack_kernels, &why);
+    out->gpu = GpuTileKernels::ForSource(job->plan(),
+                                         RegionSide{src_ref.cuda, src_ref.device, src_ref.base},
+                                         job->wants_digest(), options_.gpu_pack_kernels, &why);
     // Which lanes (rail-aware; all of them whenever something is unknown), and why.
     LaneRouteInput in;
     std::vector<std::string> remote_names;
@@ -345,9 +348,9 @@ absl::StatusOr<std::vector<std::string>> SenderImpl::Begin(
     // The relay hop (relay.h): the hierarchy's choice of GPU R for this side, or a
     // forced one; a relay packs through R and the tiles leave by R's NICs.
     RelayNote relay_note;
-    out->relay = relay_->ForTransfer(job->plan(),
-                                     RegionSide{src_ref.cuda, src_ref.device, src_ref.base},
-                                     in.src_gpu, job->wants_digest(), &relay_note);
+    out->relay =
+        relay_->ForTransfer(job->plan(), RegionSide{src_ref.cuda, src_ref.device, src_ref.base},
+                            in.src_gpu, job->wants_digest(), &relay_note);
     if (out->relay != nullptr) {
       out->gpu.reset();  // the relay packs (a kernel into R's slot, or the host twin)
       if (out->relay->plan().relay_gpu_index >= 0) in.src_gpu = out->relay->plan().relay_gpu_index;
@@ -360,8 +363,8 @@ absl::StatusOr<std::vector<std::string>> SenderImpl::Begin(
   {
     absl::MutexLock lock(&peer->mu);
     for (uint32_t l = 0; l < peer->lanes; ++l) {
-      if (!out->route.all &&
-          std::find(out->route.lanes.begin(), out->route.lanes.end(), l) == out->route.lanes.end()) {
+      if (!out->route.all && std::find(out->route.lanes.begin(), out->route.lanes.end(), l) ==
+                                 out->route.lanes.end()) {
         continue;
       }
       out->nics.push_back(absl::StrCat(lanes_->at(l).nic->name(), "->", peer->remote[l].nic_name));
@@ -474,8 +477,8 @@ std::optional<std::pair<uint32_t, uint32_t>> SenderImpl::TakeSlot(const PackItem
       std::vector<bool> usable(lanes, false);
       bool chosen_usable = false;
       for (uint32_t l = 0; l < lanes; ++l) {
-        const bool chosen = route.all || std::find(route.lanes.begin(), route.lanes.end(), l) !=
-                                             route.lanes.end();
+        const bool chosen =
+            route.all || std::find(route.lanes.begin(), route.lanes.end(), l) != route.lanes.end();
         if (chosen && health.MayUse(l, now)) usable[l] = chosen_usable = true;
       }
       for (uint32_t l = 0; l < lanes && !chosen_usable; ++l) {
@@ -565,8 +568,8 @@ void SenderImpl::PackLoop() {
       engine.peer = static_cast<uint16_t>(peer->index);
       engine.remote_handle = static_cast<uint16_t>(out->handle);
       engine.transfer_tag = out->id;
-      packed = out->gpu->PackAndPublish(item.tile, slot, staging, lanes_->at(lane).ring.get(),
-                                        engine);
+      packed =
+          out->gpu->PackAndPublish(item.tile, slot, staging, lanes_->at(lane).ring.get(), engine);
       published = packed.ok();
     } else {
       packed = PackTile(out->job->plan(), item.tile, src_side, staging);
@@ -602,8 +605,8 @@ void SenderImpl::PackLoop() {
         if (out->failover_detected.has_value() && *out->failover_detected == item.detected) {
           const double ms = absl::ToDoubleMilliseconds(posted - item.detected);
           note = absl::StrCat("lane failover: ", out->failover_what, "; first re-sent tile on ",
-                              lanes_->at(lane).nic->name(), " ",
-                              absl::StrFormat("%.3f", ms), " ms after detection");
+                              lanes_->at(lane).nic->name(), " ", absl::StrFormat("%.3f", ms),
+                              " ms after detection");
           out->failover_detected.reset();
           spdlog::warn("fabric: transfer {} to '{}': {}", out->id, peer->node_id, note);
           resend_ms = ms;
@@ -634,9 +637,10 @@ void SenderImpl::OnCredit(uint32_t lane, uint32_t peer_index, uint32_t slot, uin
     // naming this peer while the word does not show the slot returned did not come from it (the
     // immediate data is forgeable by any peer); and the word, not the imm bit, says "applied".
     if (!peer->credits[lane]->Returned(slot)) {
-      spdlog::warn("fabric: credit naming '{}' slot {} lane {} ignored: its credit word shows no "
-                   "return",
-                   peer->node_id, slot, lane);
+      spdlog::warn(
+          "fabric: credit naming '{}' slot {} lane {} ignored: its credit word shows no "
+          "return",
+          peer->node_id, slot, lane);
       return;
     }
     applied = !peer->credits[lane]->NotApplied(slot);
@@ -778,9 +782,10 @@ void SenderImpl::Resend(PeerConn* peer, uint32_t lane, std::vector<SlotOwner> ti
     }
     items.push_back(PackItem{o.outbound, o.tile, true, detected});
   }
-  spdlog::warn("fabric: lane {} to '{}' failed ({}): {} tiles of {} transfers re-sent on the "
-               "other lanes ({})",
-               lane_name, peer->node_id, why, items.size(), per_transfer.size(), state);
+  spdlog::warn(
+      "fabric: lane {} to '{}' failed ({}): {} tiles of {} transfers re-sent on the "
+      "other lanes ({})",
+      lane_name, peer->node_id, why, items.size(), per_transfer.size(), state);
   {
     absl::MutexLock lock(&health_mu_);
     tiles_resent_ += items.size();
@@ -852,17 +857,17 @@ std::map<std::string, double> SenderImpl::Gauges() const {
       }
     }
   }
-  return {{"fabric_lane_failovers_total", failovers},
-          {"fabric_lanes_up", up},
-          {"fabric_lanes_failed", failed},
-          {"fabric_lanes_probing", probing},
-          {"fabric_tiles_resent_total", static_cast<double>(tiles_resent_)},
-          {"fabric_failover_first_resend_ms", last_resend_ms_},
-          // Tiles through a relay slot in this process (this daemon), each side.
-          {"fabric_relay_tiles_sent_total",
-           static_cast<double>(ProcessRelayedTiles(RelaySide::kSend))},
-          {"fabric_relay_tiles_received_total",
-           static_cast<double>(ProcessRelayedTiles(RelaySide::kReceive))}};
+  return {
+      {"fabric_lane_failovers_total", failovers},
+      {"fabric_lanes_up", up},
+      {"fabric_lanes_failed", failed},
+      {"fabric_lanes_probing", probing},
+      {"fabric_tiles_resent_total", static_cast<double>(tiles_resent_)},
+      {"fabric_failover_first_resend_ms", last_resend_ms_},
+      // Tiles through a relay slot in this process (this daemon), each side.
+      {"fabric_relay_tiles_sent_total", static_cast<double>(ProcessRelayedTiles(RelaySide::kSend))},
+      {"fabric_relay_tiles_received_total",
+       static_cast<double>(ProcessRelayedTiles(RelaySide::kReceive))}};
 }
 
 void SenderImpl::FinishTile(const std::shared_ptr<Outbound>& out, uint32_t tile,
@@ -995,12 +1000,11 @@ void SenderImpl::SendEnd(const Closing& closing) {
 
 }  // namespace
 
-std::unique_ptr<Sender> Sender::Create(const FabricOptions& options, uint64_t boot_id,
-                                       Lanes* lanes, PeerTable* peers,
-                                       const directory::Directory* directory,
+std::unique_ptr<Sender> Sender::Create(const FabricOptions& options, uint64_t boot_id, Lanes* lanes,
+                                       PeerTable* peers, const directory::Directory* directory,
                                        Introduce introduce) {
-  auto sender = std::make_unique<SenderImpl>(options, boot_id, lanes, peers, directory,
-                                             std::move(introduce));
+  auto sender =
+      std::make_unique<SenderImpl>(options, boot_id, lanes, peers, directory, std::move(introduce));
   sender->Start();
   return sender;
 }

@@ -31,8 +31,7 @@ class Sender : public transfers::RemotePath, public engine::Engine, public Credi
   // nullptr: every transfer uses every lane.
   static std::unique_ptr<Sender> Create(const FabricOptions& options, uint64_t boot_id,
                                         Lanes* lanes, PeerTable* peers,
-                                        const directory::Directory* directory,
-                                        Introduce introduce);
+                                        const directory::Directory* directory, Introduce introduce);
 
   // Fails every transfer to `peer` with `why`: queued tiles, tiles in flight (their slots are
   // freed: a late credit finds no owner) and the transfers themselves (Abort is sent).

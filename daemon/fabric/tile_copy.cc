@@ -53,8 +53,8 @@ absl::Status CopyTileRuns(const planner::Plan& plan, uint32_t tile, int device, 
   const std::string what = absl::StrCat(pack ? "packing from GPU" : "unpacking into GPU", device);
   KVRAIL_RETURN_IF_ERROR(cuda::SetDevice(device));
   KVRAIL_ASSIGN_OR_RETURN(cudaStream_t stream, ThreadStream(device));
-  KVRAIL_RETURN_IF_ERROR(cuda::BatchCopy(dsts.data(), srcs.data(), sizes.data(), sizes.size(), 0, stream,
-                                  what));
+  KVRAIL_RETURN_IF_ERROR(
+      cuda::BatchCopy(dsts.data(), srcs.data(), sizes.data(), sizes.size(), 0, stream, what));
   return cuda::CudaStatus(cudaStreamSynchronize(stream), what);
 }
 
@@ -206,8 +206,8 @@ std::unique_ptr<GpuTileKernels> GpuTileKernels::ForSource(const planner::Plan& p
 }
 
 std::unique_ptr<GpuTileKernels> GpuTileKernels::ForDestination(const planner::Plan& plan,
-                                                               const RegionSide& dst,
-                                                               bool kernels, std::string* why) {
+                                                               const RegionSide& dst, bool kernels,
+                                                               std::string* why) {
   if (!dst.cuda) {
     *why = "fabric unpack: host region, by the CPU";
     return nullptr;
@@ -235,11 +235,10 @@ absl::Status GpuTileKernels::EnsureUploaded() {
     cudaStream_t s = st.stream->get();
     KVRAIL_RETURN_IF_ERROR(WarmUpFabricKernelsOnce(side_.device, s));
     const uint64_t base = reinterpret_cast<uint64_t>(side_.base);
-    KVRAIL_ASSIGN_OR_RETURN(
-        kernels::DevicePlanBuffer buffer,
-        kernels::DevicePlanBuffer::Upload(plan_.header(), plan_.src_blocks().data(),
-                                          plan_.dst_blocks().data(), pack_ ? base : 0,
-                                          pack_ ? 0 : base, s));
+    KVRAIL_ASSIGN_OR_RETURN(kernels::DevicePlanBuffer buffer,
+                            kernels::DevicePlanBuffer::Upload(
+                                plan_.header(), plan_.src_blocks().data(),
+                                plan_.dst_blocks().data(), pack_ ? base : 0, pack_ ? 0 : base, s));
     st.buffer.emplace(std::move(buffer));
     if (pack_) {
       KVRAIL_ASSIGN_OR_RETURN(kernels::FabricArrivals arrivals,
@@ -333,8 +332,8 @@ absl::StatusOr<uint64_t> GpuTileKernels::UnpackAsync(uint32_t tile, const uint8_
     absl::MutexLock lock(&st.events_mu);
     if (st.free_events.empty()) {
       cudaEvent_t e = nullptr;
-      KVRAIL_RETURN_IF_ERROR(cuda::CudaStatus(
-          cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "fabric unpack: event"));
+      KVRAIL_RETURN_IF_ERROR(cuda::CudaStatus(cudaEventCreateWithFlags(&e, cudaEventDisableTiming),
+                                              "fabric unpack: event"));
       st.events.push_back(e);
       st.free_events.push_back(static_cast<uint32_t>(st.events.size() - 1));
     }
@@ -346,8 +345,8 @@ absl::StatusOr<uint64_t> GpuTileKernels::UnpackAsync(uint32_t tile, const uint8_
     absl::MutexLock lock(&st.events_mu);
     st.free_events.push_back(index);
   };
-  if (absl::Status s = kernels::LaunchFabricUnpack(st.buffer->plan(), tile,
-                                                   TileBytes(plan_, tile), device_staging, stream);
+  if (absl::Status s = kernels::LaunchFabricUnpack(st.buffer->plan(), tile, TileBytes(plan_, tile),
+                                                   device_staging, stream);
       !s.ok()) {
     give_back();
     return s;
@@ -357,8 +356,7 @@ absl::StatusOr<uint64_t> GpuTileKernels::UnpackAsync(uint32_t tile, const uint8_
       !s.ok()) {
     give_back();
     // Launched but not tracked: wait for it here.
-    KVRAIL_RETURN_IF_ERROR(cuda::CudaStatus(cudaStreamSynchronize(stream),
-                                            "fabric unpack kernel"));
+    KVRAIL_RETURN_IF_ERROR(cuda::CudaStatus(cudaStreamSynchronize(stream), "fabric unpack kernel"));
     return s;
   }
   return uint64_t{index} + 1;

@@ -66,16 +66,15 @@ absl::Status WarmUpFabricKernelsOnce(int device, cudaStream_t stream);
 // one launch per tile on the transfer's own stream, not waited for (several tiles in flight).
 // Chosen per transfer by ForSource / ForDestination, which also give the path reason; host
 // regions, spec.digest (hashed on the host) and `kernels` false (fabric.gpu_pack copy; benchmarks:
-// the copy engines for comparison) keep the copy-engine / host path. Thread contract: any thread; distinct
-// tiles concurrently.
+// the copy engines for comparison) keep the copy-engine / host path. Thread contract: any thread;
+// distinct tiles concurrently.
 class GpuTileKernels {
  public:
   // For the sender: the kernel for a GPU `src` without `digest`, else nullptr. `why` gets the
   // path reason either way ("fabric pack: GPU kernel into the mapped send slot, command ring
   // written by the GPU" / "fabric pack: copy engines (spec.digest hashes on the host)" / ...).
-  static std::unique_ptr<GpuTileKernels> ForSource(const planner::Plan& plan,
-                                                   const RegionSide& src, bool digest,
-                                                   bool kernels, std::string* why);
+  static std::unique_ptr<GpuTileKernels> ForSource(const planner::Plan& plan, const RegionSide& src,
+                                                   bool digest, bool kernels, std::string* why);
   // For the receiver: the kernel for a GPU `dst` (spec.digest too: the read-back is separate).
   static std::unique_ptr<GpuTileKernels> ForDestination(const planner::Plan& plan,
                                                         const RegionSide& dst, bool kernels,
@@ -121,7 +120,7 @@ class GpuTileKernels {
   GpuTileKernels(const planner::Plan& plan, const RegionSide& side, bool pack);
   absl::Status EnsureUploaded();
   uint8_t* DeviceAddressOf(const void* host);  // MappedDeviceAddress, cached per slot
-  const planner::Plan& plan_;  // the transfer's (outlives this)
+  const planner::Plan& plan_;                  // the transfer's (outlives this)
   const RegionSide side_;
   const bool pack_;
   std::unique_ptr<State> state_;

@@ -1,15 +1,16 @@
 // spec.digest on the fabric's tile path, host regions (CI has no GPU): PackTileWithDigest packs
 // what PackTile packs and puts the digest after the bytes; after UnpackTile the destination read
 // back (DestinationTileDigest) gives the same digest, and a changed destination byte changes it.
-// Also the fabric kernels' per-transfer choice and its reason (GpuTileKernels::ForSource/ForDestination).
+// Also the fabric kernels' per-transfer choice and its reason
+// (GpuTileKernels::ForSource/ForDestination).
 #define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
+#include "daemon/fabric/tile_copy.h"
 
+#include <catch2/catch.hpp>
 #include <random>
 #include <string>
 #include <vector>
 
-#include "daemon/fabric/tile_copy.h"
 #include "daemon/fabric/tile_pack.h"
 #include "daemon/planner/testing/random_case.h"
 
@@ -20,7 +21,7 @@ TEST_CASE("digest trailer: sent digest == destination read back; a changed byte 
   std::mt19937_64 rng(41);
   for (int n = 0; n < 150; ++n) {
     const planner::testing::RandomCase c = n % 3 == 0 ? planner::testing::RandomBytesCase(rng)
-                                                       : planner::testing::RandomPagedCase(rng);
+                                                      : planner::testing::RandomPagedCase(rng);
     INFO(c.ToString());
     auto plan = planner::MakePlan(c.spec, c.src, c.dst, c.options);
     REQUIRE(plan.ok());
@@ -72,22 +73,26 @@ TEST_CASE("fabric kernels are chosen per transfer, with the reason") {
   std::string why;
   // A GPU source: the kernel, which packs into the mapped slot and writes the command ring.
   CHECK(GpuTileKernels::ForSource(*plan, RegionSide{true, 3, &byte}, false, true, &why) != nullptr);
-  CHECK(why == "fabric pack: GPU3 kernel gathers into the mapped send slot and writes the command "
-               "ring (a kernel per free slot in flight)");
+  CHECK(why ==
+        "fabric pack: GPU3 kernel gathers into the mapped send slot and writes the command "
+        "ring (a kernel per free slot in flight)");
   // spec.digest: the copy engines (the packed slot is hashed on the host).
   CHECK(GpuTileKernels::ForSource(*plan, RegionSide{true, 0, &byte}, true, true, &why) == nullptr);
   CHECK(why.find("copy engines") != std::string::npos);
   CHECK(why.find("spec.digest") != std::string::npos);
   // Host regions: the CPU.
-  CHECK(GpuTileKernels::ForSource(*plan, RegionSide{false, -1, &byte}, false, true, &why) == nullptr);
+  CHECK(GpuTileKernels::ForSource(*plan, RegionSide{false, -1, &byte}, false, true, &why) ==
+        nullptr);
   CHECK(why == "fabric pack: host region, packed by the CPU");
   CHECK(GpuTileKernels::ForDestination(*plan, RegionSide{true, 1, &byte}, true, &why) != nullptr);
-  CHECK(why == "fabric unpack: GPU1 kernel scatters from the mapped receive slot (several in "
-               "flight, each slot credited when its kernel ends)");
+  CHECK(why ==
+        "fabric unpack: GPU1 kernel scatters from the mapped receive slot (several in "
+        "flight, each slot credited when its kernel ends)");
   CHECK(GpuTileKernels::ForDestination(*plan, RegionSide{false, -1, &byte}, true, &why) == nullptr);
   CHECK(why == "fabric unpack: host region, by the CPU");
   // fabric.gpu_pack copy: GPU regions stay on the copy engines, both sides.
-  CHECK(GpuTileKernels::ForSource(*plan, RegionSide{true, 3, &byte}, false, false, &why) == nullptr);
+  CHECK(GpuTileKernels::ForSource(*plan, RegionSide{true, 3, &byte}, false, false, &why) ==
+        nullptr);
   CHECK(why == "fabric pack: copy engines (fabric.gpu_pack copy)");
   CHECK(GpuTileKernels::ForDestination(*plan, RegionSide{true, 1, &byte}, false, &why) == nullptr);
   CHECK(why == "fabric unpack: copy engines (fabric.gpu_pack copy)");

@@ -1,12 +1,12 @@
 // Pack on the sender's plan side + unpack on the receiver's equals the naive reference copy, for
 // random layouts (layout conversion included) and bytes transfers.
 #define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
+#include "daemon/fabric/tile_pack.h"
 
+#include <catch2/catch.hpp>
 #include <random>
 #include <vector>
 
-#include "daemon/fabric/tile_pack.h"
 #include "daemon/planner/testing/random_case.h"
 
 namespace kvrail::fabric {

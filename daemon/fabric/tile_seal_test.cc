@@ -6,7 +6,6 @@
 // replayed or spoofed completion cannot make a tile count twice or credit a slot twice).
 #define CATCH_CONFIG_MAIN
 #include <catch2/catch.hpp>
-
 #include <string>
 
 #include "daemon/fabric/imm_data.h"

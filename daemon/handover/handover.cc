@@ -236,9 +236,9 @@ class TakeoverImpl final : public Takeover {
         conn_.get(), address.empty() ? std::string(kCommit) : absl::StrCat(kCommit, " ", address)));
     KVRAIL_ASSIGN_OR_RETURN(Packet answer, ReceivePacket(conn_.get(), absl::Now() + timeout));
     if (answer.payload != kReleased) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "handover: the predecessor answered the commit with '", answer.payload.substr(0, 200),
-          "'"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("handover: the predecessor answered the commit with '",
+                       answer.payload.substr(0, 200), "'"));
     }
     return absl::OkStatus();
   }
@@ -250,15 +250,13 @@ class TakeoverImpl final : public Takeover {
 
 }  // namespace
 
-std::string HandoverSocketPath(const std::string& unix_socket) {
-  return unix_socket + ".handover";
-}
+std::string HandoverSocketPath(const std::string& unix_socket) { return unix_socket + ".handover"; }
 
 absl::Status CheckPeerUid(uint32_t peer_uid, uint32_t own_euid) {
   if (peer_uid == own_euid || peer_uid == 0) return absl::OkStatus();
-  return absl::PermissionDeniedError(absl::StrCat(
-      "handover: the other end runs as uid ", peer_uid, ", this kvraild as uid ", own_euid,
-      "; a hot restart is between daemons of the same uid (or root)"));
+  return absl::PermissionDeniedError(
+      absl::StrCat("handover: the other end runs as uid ", peer_uid, ", this kvraild as uid ",
+                   own_euid, "; a hot restart is between daemons of the same uid (or root)"));
 }
 
 absl::Status SendBundle(int sock, const Bundle& bundle) {
@@ -272,8 +270,7 @@ absl::Status SendBundle(int sock, const Bundle& bundle) {
     if (!fd.valid()) return absl::InternalError("handover: an invalid descriptor in the bundle");
     raw.push_back(fd.get());
   }
-  KVRAIL_RETURN_IF_ERROR(
-      SendPacket(sock, absl::StrCat(kBundle, bytes.size(), " ", raw.size())));
+  KVRAIL_RETURN_IF_ERROR(SendPacket(sock, absl::StrCat(kBundle, bytes.size(), " ", raw.size())));
   size_t offset = 0, sent_fds = 0;
   while (offset < bytes.size() || sent_fds < raw.size()) {
     const size_t chunk = std::min(kChunkBytes, bytes.size() - offset);
@@ -290,8 +287,8 @@ absl::StatusOr<Bundle> ReceiveBundle(int sock, absl::Duration timeout) {
   const absl::Time until = absl::Now() + timeout;
   KVRAIL_ASSIGN_OR_RETURN(Packet header, ReceivePacket(sock, until));
   if (absl::StartsWith(header.payload, kRefused)) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "handover: the predecessor refused: ", header.payload.substr(sizeof(kRefused) - 1)));
+    return absl::FailedPreconditionError(absl::StrCat("handover: the predecessor refused: ",
+                                                      header.payload.substr(sizeof(kRefused) - 1)));
   }
   std::vector<std::string> parts = absl::StrSplit(header.payload, ' ');
   uint64_t total_bytes = 0, total_fds = 0;
@@ -356,8 +353,8 @@ absl::StatusOr<std::unique_ptr<Takeover>> Takeover::Begin(const std::string& pat
   std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
   if (::connect(conn.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
     const int err = errno;
-    return absl::UnavailableError(absl::StrCat("take_over: no kvraild hands over at ", path, ": ",
-                                               std::strerror(err)));
+    return absl::UnavailableError(
+        absl::StrCat("take_over: no kvraild hands over at ", path, ": ", std::strerror(err)));
   }
   if (absl::Status peer = CheckPeer(conn.get()); !peer.ok()) {
     return absl::PermissionDeniedError(absl::StrCat("take_over: ", path, ": ", peer.message()));

@@ -2,20 +2,21 @@
 // rule, and a listener with fake predecessor callbacks (commit, a successor that goes away, a
 // refusal).
 #define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
+#include "daemon/handover/handover.h"
+
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <cstdlib>
 #include <string>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
-#include "daemon/handover/handover.h"
 
 namespace kvrail::handover {
 namespace {

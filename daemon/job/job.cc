@@ -4,9 +4,12 @@ namespace kvrail::job {
 
 const char* PriorityClassName(PriorityClass p) {
   switch (p) {
-    case PriorityClass::kCritical: return "critical";
-    case PriorityClass::kNormal: return "normal";
-    case PriorityClass::kBackground: return "background";
+    case PriorityClass::kCritical:
+      return "critical";
+    case PriorityClass::kNormal:
+      return "normal";
+    case PriorityClass::kBackground:
+      return "background";
   }
   return "normal";
 }

@@ -59,7 +59,8 @@ struct ReadyGate {
 
 // A job's sides as engines that run CUDA code (the CUDA engine, the fabric's GPU pack) reach
 // them: where each lives, its device addresses, the ready flags' gate, and the GPU mode report.
-// Engines without GPUs never ask for it. Thread-safe; valid while tiles of its job run (the transfer layer keeps the sides until then).
+// Engines without GPUs never ask for it. Thread-safe; valid while tiles of its job run (the
+// transfer layer keeps the sides until then).
 class DeviceSides {
  public:
   virtual ~DeviceSides() = default;

@@ -53,7 +53,6 @@ void AddSample(prometheus::MetricFamily* family, double value,
   family->metric.push_back(std::move(metric));
 }
 
-
 // The standard process_* families (names and meanings as Prometheus' client libraries export
 // them, so the usual dashboards and alerts work). Nothing when /proc cannot be read.
 void AppendProcessFamilies(std::vector<prometheus::MetricFamily>* out) {
@@ -62,8 +61,7 @@ void AppendProcessFamilies(std::vector<prometheus::MetricFamily>* out) {
   const std::pair<prometheus::MetricFamily, double> families[] = {
       {Counter("process_cpu_seconds_total", "Total user and system CPU time spent in seconds."),
        p->cpu_seconds},
-      {Gauge("process_resident_memory_bytes", "Resident memory size in bytes."),
-       p->resident_bytes},
+      {Gauge("process_resident_memory_bytes", "Resident memory size in bytes."), p->resident_bytes},
       {Gauge("process_virtual_memory_bytes", "Virtual memory size in bytes."), p->virtual_bytes},
       {Gauge("process_open_fds", "Number of open file descriptors."), p->open_fds},
       {Gauge("process_max_fds", "Maximum number of open file descriptors."), p->max_fds},
@@ -111,7 +109,8 @@ class StatsCollectable final : public prometheus::Collectable {
     auto active = Gauge("kvrail_transfers_active", "Transfers queued or running.");
     AddSample(&active, static_cast<double>(s.transfers_active()));
     out.push_back(std::move(active));
-    auto queued = Gauge("kvrail_queued_tiles", "Tiles waiting in engine queues, by priority class.");
+    auto queued =
+        Gauge("kvrail_queued_tiles", "Tiles waiting in engine queues, by priority class.");
     for (const auto& [priority, tiles] : s.queued_tiles()) {
       AddSample(&queued, static_cast<double>(tiles), {{"priority", priority}});
     }
@@ -129,10 +128,9 @@ class StatsCollectable final : public prometheus::Collectable {
         auto it = engine_gauges.find(series.name);
         if (it == engine_gauges.end()) {
           it = engine_gauges
-                   .emplace(series.name,
-                            Family(series.name, "Engine state: " + gauge + ".",
-                                   series.counter ? prometheus::MetricType::Counter
-                                                  : prometheus::MetricType::Gauge))
+                   .emplace(series.name, Family(series.name, "Engine state: " + gauge + ".",
+                                                series.counter ? prometheus::MetricType::Counter
+                                                               : prometheus::MetricType::Gauge))
                    .first;
         }
         AddSample(&it->second, series.value, {{"engine", e.name()}});
@@ -143,12 +141,14 @@ class StatsCollectable final : public prometheus::Collectable {
     auto bytes = Counter("kvrail_bytes_total",
                          "Bytes moved, by path and priority, counted tile by tile as tiles land.");
     for (const v1::OpsByteCount& b : s.bytes_by_class()) {
-      AddSample(&bytes, static_cast<double>(b.bytes()), {{"path", b.path()}, {"priority", b.priority()}});
+      AddSample(&bytes, static_cast<double>(b.bytes()),
+                {{"path", b.path()}, {"priority", b.priority()}});
     }
     out.push_back(std::move(bytes));
-    auto link_bytes = Counter("kvrail_link_bytes_total",
-                              "Bytes moved by link, tile by tile: host, gpu0, gpu0-gpu1, gpu0-host, and "
-                              "fabric:<sender node>-><receiver node> (the same name on both daemons).");
+    auto link_bytes =
+        Counter("kvrail_link_bytes_total",
+                "Bytes moved by link, tile by tile: host, gpu0, gpu0-gpu1, gpu0-host, and "
+                "fabric:<sender node>-><receiver node> (the same name on both daemons).");
     for (const auto& [link, n] : s.bytes_by_link()) {
       AddSample(&link_bytes, static_cast<double>(n), {{"link", link}});
     }
@@ -184,12 +184,14 @@ class StatsCollectable final : public prometheus::Collectable {
       auto corun = Gauge("kvrail_mps_corunning",
                          "1 when kvraild and the MPS server run as one user (kernels co-run); 0 "
                          "when they differ or it cannot be told yet. Only with MPS active.");
-      if (s.mps().active()) AddSample(&corun, s.mps().verdict().rfind("co-running", 0) == 0 ? 1 : 0);
+      if (s.mps().active())
+        AddSample(&corun, s.mps().verdict().rfind("co-running", 0) == 0 ? 1 : 0);
       out.push_back(std::move(corun));
     }
-    auto invariants = Counter("kvrail_invariant_violations_total",
-                              "Internal invariants found broken (KVRAIL_DCHECK in a release "
-                              "build: counted, logged once per place, and survived). Any is a bug.");
+    auto invariants =
+        Counter("kvrail_invariant_violations_total",
+                "Internal invariants found broken (KVRAIL_DCHECK in a release "
+                "build: counted, logged once per place, and survived). Any is a bug.");
     AddSample(&invariants, static_cast<double>(InvariantViolations()));
     out.push_back(std::move(invariants));
     auto up = Gauge("kvrail_start_time_seconds", "Unix time the daemon started.");
@@ -216,11 +218,12 @@ class MetricsImpl final : public Metrics {
                      .Name("kvrail_transfer_duration_seconds")
                      .Help("Submit-to-end time of ended transfers, by path and priority.")
                      .Register(*registry_)),
-        queue_wait_(prometheus::BuildHistogram()
-                        .Name("kvrail_transfer_queue_wait_seconds")
-                        .Help("Submit-to-first-tile time of ended transfers that started, by "
-                              "priority (layer-wise transfers include the wait for the first layer).")
-                        .Register(*registry_)),
+        queue_wait_(
+            prometheus::BuildHistogram()
+                .Name("kvrail_transfer_queue_wait_seconds")
+                .Help("Submit-to-first-tile time of ended transfers that started, by "
+                      "priority (layer-wise transfers include the wait for the first layer).")
+                .Register(*registry_)),
         collectable_(std::make_shared<StatsCollectable>(std::move(options))) {
     exposer_->RegisterCollectable(registry_);
     exposer_->RegisterCollectable(collectable_);
@@ -229,19 +232,23 @@ class MetricsImpl final : public Metrics {
   void OnTransferFinished(const v1::TransferStatus& status) override {
     const std::string path = PathLabel(status.path());
     const std::string priority = PriorityLabel(status.spec().priority());
-    transfers_.Add({{"path", path}, {"priority", priority}, {"result", ResultLabel(status.state())}})
+    transfers_
+        .Add({{"path", path}, {"priority", priority}, {"result", ResultLabel(status.state())}})
         .Increment();
     if (status.finished_unix_us() >= status.submitted_unix_us()) {
       static const prometheus::Histogram::BucketBoundaries kBuckets = {
-          1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 0.5, 1, 2.5, 5, 10};
+          1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2,
+          5e-2, 0.1,    0.25, 0.5,  1,      2.5,  5,    10};
       latency_.Add({{"path", path}, {"priority", priority}}, kBuckets)
-          .Observe(static_cast<double>(status.finished_unix_us() - status.submitted_unix_us()) / 1e6);
+          .Observe(static_cast<double>(status.finished_unix_us() - status.submitted_unix_us()) /
+                   1e6);
     }
     if (status.started_unix_us() > 0 && status.started_unix_us() >= status.submitted_unix_us()) {
       static const prometheus::Histogram::BucketBoundaries kWaitBuckets = {
           1e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 0.1, 0.5, 1, 5};
       queue_wait_.Add({{"priority", priority}}, kWaitBuckets)
-          .Observe(static_cast<double>(status.started_unix_us() - status.submitted_unix_us()) / 1e6);
+          .Observe(static_cast<double>(status.started_unix_us() - status.submitted_unix_us()) /
+                   1e6);
     }
   }
 
@@ -272,7 +279,8 @@ std::string ResultLabel(v1::TransferState state) {
 
 EngineSeries EngineSeriesOf(const std::string& gauge, double value) {
   auto ends_with = [](const std::string& s, const std::string& suffix) {
-    return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+    return s.size() >= suffix.size() &&
+           s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
   };
   EngineSeries out{EngineGaugeName(gauge), value, ends_with(gauge, "_total")};
   // Prometheus spells units out, in base units.

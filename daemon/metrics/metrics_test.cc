@@ -1,11 +1,11 @@
 #define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
+#include "daemon/metrics/metrics.h"
 
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <string>
 
 #include "base/dcheck.h"
-#include "daemon/metrics/metrics.h"
 #include "tests/harness/daemon_process.h"
 
 namespace kvrail::metrics {
@@ -72,31 +72,51 @@ TEST_CASE("metrics count ended transfers and read gauges and counters from stats
   const std::string body = HttpGet((*m)->port(), "/metrics");
   INFO(body);
   CHECK(body.find("200 OK") != std::string::npos);
-  CHECK(body.find(R"(kvrail_transfers_total{path="host_local",priority="critical",result="succeeded"} 2)") != std::string::npos);
-  CHECK(body.find(R"(kvrail_transfers_total{path="host_local",priority="critical",result="failed"} 1)") != std::string::npos);
+  CHECK(
+      body.find(
+          R"(kvrail_transfers_total{path="host_local",priority="critical",result="succeeded"} 2)") !=
+      std::string::npos);
+  CHECK(body.find(
+            R"(kvrail_transfers_total{path="host_local",priority="critical",result="failed"} 1)") !=
+        std::string::npos);
   // Bytes come from the stats' tile-by-tile counts, not from ended transfers.
-  CHECK(body.find(R"(kvrail_bytes_total{path="host_local",priority="critical"} 8192)") != std::string::npos);
+  CHECK(body.find(R"(kvrail_bytes_total{path="host_local",priority="critical"} 8192)") !=
+        std::string::npos);
   CHECK(body.find("# TYPE kvrail_bytes_total counter") != std::string::npos);
   CHECK(body.find(R"(kvrail_link_bytes_total{link="host"} 8192)") != std::string::npos);
-  CHECK(body.find(R"(kvrail_submits_rejected_total{code="INVALID_ARGUMENT"} 7)") != std::string::npos);
-  CHECK(body.find(R"(kvrail_transfer_duration_seconds_count{path="host_local",priority="critical"} 3)") != std::string::npos);
-  CHECK(body.find(R"(kvrail_transfer_duration_seconds_bucket{path="host_local",priority="critical",le="0.0005"} 3)") != std::string::npos);
-  CHECK(body.find(R"(kvrail_transfer_queue_wait_seconds_count{priority="critical"} 2)") != std::string::npos);
-  CHECK(body.find(R"(kvrail_transfer_queue_wait_seconds_bucket{priority="critical",le="5e-05"} 2)") != std::string::npos);
+  CHECK(body.find(R"(kvrail_submits_rejected_total{code="INVALID_ARGUMENT"} 7)") !=
+        std::string::npos);
+  CHECK(body.find(
+            R"(kvrail_transfer_duration_seconds_count{path="host_local",priority="critical"} 3)") !=
+        std::string::npos);
+  CHECK(
+      body.find(
+          R"(kvrail_transfer_duration_seconds_bucket{path="host_local",priority="critical",le="0.0005"} 3)") !=
+      std::string::npos);
+  CHECK(body.find(R"(kvrail_transfer_queue_wait_seconds_count{priority="critical"} 2)") !=
+        std::string::npos);
+  CHECK(
+      body.find(R"(kvrail_transfer_queue_wait_seconds_bucket{priority="critical",le="5e-05"} 2)") !=
+      std::string::npos);
   CHECK(body.find("kvrail_regions 3") != std::string::npos);
   CHECK(body.find(R"(kvrail_queued_tiles{priority="critical"} 5)") != std::string::npos);
   // The engine's label is its stable name; the measurement is a gauge, never a label.
   CHECK(body.find(R"(kvrail_engine_info{engine="host"} 1)") != std::string::npos);
   CHECK(body.find("GB/s") == std::string::npos);
   CHECK(body.find(R"(kvrail_engine_threads{engine="host"} 4)") != std::string::npos);
-  CHECK(body.find(R"(kvrail_engine_worker_bytes_per_second{engine="host"} 700000000)") != std::string::npos);
-  CHECK(body.find(R"x(kvrail_build_info{version="9.9.9",build="kvraild 9.9.9 (gcc, opt)"} 1)x") != std::string::npos);
+  CHECK(body.find(R"(kvrail_engine_worker_bytes_per_second{engine="host"} 700000000)") !=
+        std::string::npos);
+  CHECK(body.find(R"x(kvrail_build_info{version="9.9.9",build="kvraild 9.9.9 (gcc, opt)"} 1)x") !=
+        std::string::npos);
   CHECK(body.find(R"(kvrail_peer_up{peer="b"} 1)") != std::string::npos);
   CHECK(body.find(R"(kvrail_peer_up{peer="c"} 0)") != std::string::npos);
   CHECK(body.find("kvrail_mps_active 1") != std::string::npos);
   CHECK(body.find("kvrail_mps_corunning 0") != std::string::npos);
   CHECK(body.find("kvrail_start_time_seconds 1700000000.5") != std::string::npos);
-  CHECK(body.find(R"(kvrail_gpu_info{gpu="1",UUID="GPU-9f8e7d6c-0000-1111-2222-333344445555",modelName="NVIDIA H200"} 1)") != std::string::npos);
+  CHECK(
+      body.find(
+          R"(kvrail_gpu_info{gpu="1",UUID="GPU-9f8e7d6c-0000-1111-2222-333344445555",modelName="NVIDIA H200"} 1)") !=
+      std::string::npos);
   CHECK(scrapes == 1);
 }
 
@@ -117,8 +137,9 @@ TEST_CASE("metrics: invariant violations and the process_* families") {
   INFO(body);
   CHECK(body.find("kvrail_invariant_violations_total 1") != std::string::npos);
   CHECK(body.find("# TYPE process_cpu_seconds_total counter") != std::string::npos);
-  for (const char* name : {"process_resident_memory_bytes ", "process_virtual_memory_bytes ",
-                           "process_open_fds ", "process_max_fds ", "process_start_time_seconds "}) {
+  for (const char* name :
+       {"process_resident_memory_bytes ", "process_virtual_memory_bytes ", "process_open_fds ",
+        "process_max_fds ", "process_start_time_seconds "}) {
     INFO(name);
     CHECK(body.find(std::string("\n") + name) != std::string::npos);
   }
@@ -149,7 +170,8 @@ TEST_CASE("engine gauge names keep to Prometheus' alphabet") {
 TEST_CASE("a busy metrics address is an error naming the key") {
   auto first = Metrics::Start("127.0.0.1:0", [] { return v1::Stats(); });
   REQUIRE(first.ok());
-  auto second = Metrics::Start("127.0.0.1:" + std::to_string((*first)->port()), [] { return v1::Stats(); });
+  auto second =
+      Metrics::Start("127.0.0.1:" + std::to_string((*first)->port()), [] { return v1::Stats(); });
   REQUIRE(!second.ok());
   CHECK(std::string(second.status().message()).rfind("metrics_listen:", 0) == 0);
 }

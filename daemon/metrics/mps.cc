@@ -44,7 +44,8 @@ std::set<int64_t> MpsServerUids(const std::string& proc_root) {
 
 v1::OpsMps ProbeMps(const MpsProbeOptions& options) {
   v1::OpsMps mps;
-  const std::string dir = options.pipe_directory.empty() ? "/tmp/nvidia-mps" : options.pipe_directory;
+  const std::string dir =
+      options.pipe_directory.empty() ? "/tmp/nvidia-mps" : options.pipe_directory;
   mps.set_pipe_directory(dir);
   mps.set_daemon_uid(options.daemon_uid);
   mps.set_server_uid(-1);
@@ -59,16 +60,17 @@ v1::OpsMps ProbeMps(const MpsProbeOptions& options) {
   if (uids.empty()) {
     mps.set_verdict(absl::StrCat(
         "unknown: no MPS server runs yet (the control daemon starts one for the first client, "
-        "as that client's user); kvraild (uid ", me,
-        ") co-runs with inference servers only if they run as uid ", me, " too"));
+        "as that client's user); kvraild (uid ",
+        me, ") co-runs with inference servers only if they run as uid ", me, " too"));
   } else if (uids.size() == 1 && *uids.begin() == options.daemon_uid) {
     mps.set_server_uid(*uids.begin());
     mps.set_verdict(absl::StrCat("co-running: the MPS server runs as uid ", me, ", as kvraild"));
   } else {
     mps.set_server_uid(*uids.begin());
     mps.set_verdict(absl::StrCat(
-        "not co-running: the MPS server runs as uid ", absl::StrJoin(uids, ","), " and kvraild as uid ",
-        me, "; an MPS server serves one user, so kvraild's kernels wait for it to exit; run "
+        "not co-running: the MPS server runs as uid ", absl::StrJoin(uids, ","),
+        " and kvraild as uid ", me,
+        "; an MPS server serves one user, so kvraild's kernels wait for it to exit; run "
         "kvraild and the inference servers as one user (docs/operations.md, MPS)"));
   }
   return mps;

@@ -1,11 +1,11 @@
 #define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
+#include "daemon/metrics/mps.h"
 
+#include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
 #include <string>
 
-#include "daemon/metrics/mps.h"
 #include "tests/harness/daemon_process.h"
 
 namespace kvrail::metrics {
@@ -63,7 +63,8 @@ TEST_CASE("mps: a server of another user means kvraild does not co-run (warn)") 
   CHECK(mps.server_uid() == 1000);
   CHECK(mps.daemon_uid() == 990);
   INFO(mps.verdict());
-  CHECK(mps.verdict().rfind("not co-running: the MPS server runs as uid 1000 and kvraild as uid 990", 0) == 0);
+  CHECK(mps.verdict().rfind(
+            "not co-running: the MPS server runs as uid 1000 and kvraild as uid 990", 0) == 0);
   CHECK(MpsNeedsAttention(mps));
 }
 

@@ -25,8 +25,9 @@ std::string ReadFile(const char* path) {
 
 }  // namespace
 
-absl::StatusOr<ProcessStats> ParseProcessStats(absl::string_view stat, absl::string_view system_stat,
-                                               long ticks_per_second, long page_bytes) {
+absl::StatusOr<ProcessStats> ParseProcessStats(absl::string_view stat,
+                                               absl::string_view system_stat, long ticks_per_second,
+                                               long page_bytes) {
   // "pid (comm) state ppid ...": comm may hold spaces and parentheses, so fields are counted
   // from the last ')'. After it, field 3 (state) is index 0: utime is field 14, stime 15,
   // starttime 22, vsize 23, rss 24.
@@ -45,8 +46,8 @@ absl::StatusOr<ProcessStats> ParseProcessStats(absl::string_view stat, absl::str
     return absl::OkStatus();
   };
   uint64_t utime = 0, stime = 0, starttime = 0, vsize = 0, rss = 0;
-  for (auto [number, out] : {std::pair{14, &utime}, {15, &stime}, {22, &starttime}, {23, &vsize},
-                             {24, &rss}}) {
+  for (auto [number, out] :
+       {std::pair{14, &utime}, {15, &stime}, {22, &starttime}, {23, &vsize}, {24, &rss}}) {
     if (absl::Status s = field(number, out); !s.ok()) return s;
   }
   uint64_t btime = 0;
@@ -69,8 +70,8 @@ absl::StatusOr<ProcessStats> ParseProcessStats(absl::string_view stat, absl::str
 
 absl::StatusOr<ProcessStats> ReadProcessStats() {
   absl::StatusOr<ProcessStats> out =
-      ParseProcessStats(ReadFile("/proc/self/stat"), ReadFile("/proc/stat"),
-                        ::sysconf(_SC_CLK_TCK), ::sysconf(_SC_PAGESIZE));
+      ParseProcessStats(ReadFile("/proc/self/stat"), ReadFile("/proc/stat"), ::sysconf(_SC_CLK_TCK),
+                        ::sysconf(_SC_PAGESIZE));
   if (!out.ok()) return out;
   if (DIR* dir = ::opendir("/proc/self/fd")) {
     int n = 0;

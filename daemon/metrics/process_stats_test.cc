@@ -18,7 +18,7 @@ constexpr char kSystemStat[] = "cpu  1 2 3 4\nintr 5\nbtime 1700000000\nprocesse
 TEST_CASE("process stats come from the fields after the command name") {
   auto s = ParseProcessStats(kStat, kSystemStat, /*ticks_per_second=*/100, /*page_bytes=*/4096);
   REQUIRE(s.ok());
-  CHECK(s->cpu_seconds == Approx(3.0));            // (250 + 50) / 100
+  CHECK(s->cpu_seconds == Approx(3.0));                   // (250 + 50) / 100
   CHECK(s->start_time_seconds == Approx(1700001234.56));  // btime + 123456 / 100
   CHECK(s->virtual_bytes == 1073741824.0);
   CHECK(s->resident_bytes == 25600.0 * 4096);

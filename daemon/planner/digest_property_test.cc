@@ -6,7 +6,6 @@
 // odd head-vector sizes at odd offsets, odd tile sizes).
 #define CATCH_CONFIG_MAIN
 #include <catch2/catch.hpp>
-
 #include <map>
 #include <numeric>
 #include <random>
@@ -39,7 +38,8 @@ void ForEachLogicalByte(const testing::RandomCase& c, const uint8_t* src, uint8_
   const KvLayout& d = c.dst.layout;
   const uint64_t layers =
       spec.num_layers() ? spec.num_layers() : s.num_layers - spec.src().layer_begin();
-  const uint64_t heads = spec.num_heads() ? spec.num_heads() : s.num_heads - spec.src().head_begin();
+  const uint64_t heads =
+      spec.num_heads() ? spec.num_heads() : s.num_heads - spec.src().head_begin();
   const uint64_t tokens = spec.num_tokens()
                               ? spec.num_tokens()
                               : uint64_t(spec.src().block_ids_size()) * s.tokens_per_block;
@@ -77,8 +77,8 @@ void ForEachLogicalByte(const testing::RandomCase& c, const uint8_t* src, uint8_
 struct RefDigests {
   std::vector<uint64_t> src, dst;
 };
-RefDigests Reference(const testing::RandomCase& c, const kernels::PlanHeader& h,
-                     const uint8_t* src, uint8_t* dst) {
+RefDigests Reference(const testing::RandomCase& c, const kernels::PlanHeader& h, const uint8_t* src,
+                     uint8_t* dst) {
   TileWords s_words, d_words;
   const uint64_t wps = (h.part_bytes + 7) / 8;
   ForEachLogicalByte(c, src, dst, [&](uint64_t stream, uint64_t q, const uint8_t* s, uint8_t* d) {

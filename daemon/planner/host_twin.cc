@@ -77,11 +77,11 @@ uint64_t PackedTileDigest(const Plan& plan, uint32_t tile, const uint8_t* packed
 
 absl::Status DigestMismatchError(const Plan& plan, uint32_t tile, uint64_t source,
                                  uint64_t destination) {
-  return absl::DataLossError(absl::StrCat(
-      "integrity digest mismatch in tile ", tile, " (layer ",
-      plan.header().src.layer_begin + plan.tile(tile).layer, "): destination digest ",
-      absl::Hex(destination, absl::kZeroPad16), " != source digest ",
-      absl::Hex(source, absl::kZeroPad16)));
+  return absl::DataLossError(
+      absl::StrCat("integrity digest mismatch in tile ", tile, " (layer ",
+                   plan.header().src.layer_begin + plan.tile(tile).layer, "): destination digest ",
+                   absl::Hex(destination, absl::kZeroPad16), " != source digest ",
+                   absl::Hex(source, absl::kZeroPad16)));
 }
 
 }  // namespace kvrail::planner

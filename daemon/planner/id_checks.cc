@@ -28,9 +28,9 @@ absl::Status CheckIds(const uint32_t* ids, size_t begin, size_t end, uint32_t nu
     if ((word & bit) != 0) {
       size_t first = 0;
       while (ids[first] != b) ++first;
-      return absl::InvalidArgumentError(
-          absl::StrCat("spec.", field, "[", j, "]: block ", b, " repeats spec.", field, "[",
-                       first, "]: two tokens would land on the same bytes"));
+      return absl::InvalidArgumentError(absl::StrCat("spec.", field, "[", j, "]: block ", b,
+                                                     " repeats spec.", field, "[", first,
+                                                     "]: two tokens would land on the same bytes"));
     }
     word |= bit;
   }

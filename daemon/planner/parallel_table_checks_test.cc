@@ -1,13 +1,13 @@
 // The threaded table checker: large tables copied and checked on two threads give exactly the
 // plan and the errors of the pure planner's one-thread path.
 #define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
+#include "daemon/planner/parallel_table_checks.h"
 
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <memory>
 #include <thread>
 
-#include "daemon/planner/parallel_table_checks.h"
 #include "daemon/planner/planner.h"
 #include "daemon/planner/testing/plan_fixtures.h"
 
@@ -55,12 +55,14 @@ TEST_CASE("the runner uses a second thread only for large tables, and runs both 
   const std::unique_ptr<TableCheckRunner> runner = CreateParallelTableChecks(100);
   const std::thread::id caller = std::this_thread::get_id();
   std::thread::id src_on, dst_on;
-  runner->RunBoth(99, [&] { src_on = std::this_thread::get_id(); },
-                  [&] { dst_on = std::this_thread::get_id(); });
+  runner->RunBoth(
+      99, [&] { src_on = std::this_thread::get_id(); },
+      [&] { dst_on = std::this_thread::get_id(); });
   CHECK(src_on == caller);
   CHECK(dst_on == caller);
-  runner->RunBoth(100, [&] { src_on = std::this_thread::get_id(); },
-                  [&] { dst_on = std::this_thread::get_id(); });
+  runner->RunBoth(
+      100, [&] { src_on = std::this_thread::get_id(); },
+      [&] { dst_on = std::this_thread::get_id(); });
   CHECK(src_on != caller);
   CHECK(dst_on == caller);
 }

@@ -29,9 +29,9 @@ constexpr uint64_t kRunSampleChunks = 8192;
 
 absl::Status CheckTileCount(uint64_t tiles, const PlanOptions& options, absl::string_view field) {
   if (options.max_tiles == 0 || tiles <= options.max_tiles) return absl::OkStatus();
-  return absl::ResourceExhaustedError(absl::StrCat(
-      field, ": the transfer would be ", tiles, " tiles (at most ", options.max_tiles,
-      " per transfer); use larger tiles or split it"));
+  return absl::ResourceExhaustedError(absl::StrCat(field, ": the transfer would be ", tiles,
+                                                   " tiles (at most ", options.max_tiles,
+                                                   " per transfer); use larger tiles or split it"));
 }
 
 std::string DTypeName(int dtype) {
@@ -60,8 +60,8 @@ struct IdSource {
   std::string field;
 };
 
-absl::StatusOr<IdSource> FindBlockIds(const kvrail::v1::TransferEndpoint& ep, absl::string_view side,
-                                      const std::optional<TableRef>& ref) {
+absl::StatusOr<IdSource> FindBlockIds(const kvrail::v1::TransferEndpoint& ep,
+                                      absl::string_view side, const std::optional<TableRef>& ref) {
   const std::string& le32 = ep.block_ids_le32();
   if (ref.has_value()) {
     if (ep.block_ids_size() != 0 || !le32.empty()) {
@@ -92,8 +92,8 @@ absl::StatusOr<BlockTable> CopyBlockIds(const IdSource& from, uint32_t num_block
                                         bool check, TableAllocator* tables) {
   BlockTable ids = BlockTable::Allocate(from.count, tables);
   if (!ids.ok()) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "spec.", from.field, ": no memory for a table of ", from.count, " block ids"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("spec.", from.field, ": no memory for a table of ", from.count, " block ids"));
   }
   if (from.count > 0) std::memcpy(ids.data(), from.ids, 4 * from.count);
   if (check) {
@@ -203,18 +203,25 @@ uint64_t Plan::num_chunks() const {
 std::string Plan::Describe() const {
   const char* kind = "bytes";
   switch (chunk_kind()) {
-    case k::ChunkKind::kBytes: kind = "bytes range"; break;
-    case k::ChunkKind::kHeadVector: kind = "head vector"; break;
-    case k::ChunkKind::kTokenHeads: kind = "token (heads merged)"; break;
-    case k::ChunkKind::kBlockTokens: kind = "block (tokens merged)"; break;
+    case k::ChunkKind::kBytes:
+      kind = "bytes range";
+      break;
+    case k::ChunkKind::kHeadVector:
+      kind = "head vector";
+      break;
+    case k::ChunkKind::kTokenHeads:
+      kind = "token (heads merged)";
+      break;
+    case k::ChunkKind::kBlockTokens:
+      kind = "block (tokens merged)";
+      break;
   }
   return absl::StrFormat(
       "%d B over %d layers x %d parts; chunk %d B (%s), %d chunks -> %s%d contiguous runs; "
       "%d-byte accesses; %d tiles of <= %d B (%d per layer); tables %d src + %d dst blocks%s",
       header_.bytes_total, header_.num_layers, header_.num_parts, header_.chunk_bytes, kind,
-      num_chunks(), runs_estimated_ ? "~" : "", num_runs_, header_.access_bytes,
-      header_.num_tiles, header_.tile_bytes,
-      tiles_per_layer(), src_blocks_.size(), dst_blocks_.size(),
+      num_chunks(), runs_estimated_ ? "~" : "", num_runs_, header_.access_bytes, header_.num_tiles,
+      header_.tile_bytes, tiles_per_layer(), src_blocks_.size(), dst_blocks_.size(),
       checks_ != nullptr ? " (ids checked as tiles start)" : "");
 }
 
@@ -230,10 +237,10 @@ absl::StatusOr<Plan> MakePlan(const kvrail::v1::TransferSpec& spec, const Region
     return absl::FailedPreconditionError("spec.dst.region_id: region is not writable");
   }
   if (src.paged != dst.paged) {
-    return Invalid("dst.region_id", absl::StrCat("source is a ", src.paged ? "paged KV" : "bytes",
-                                                 " region but destination is a ",
-                                                 dst.paged ? "paged KV" : "bytes",
-                                                 " region; they cannot be mixed"));
+    return Invalid("dst.region_id",
+                   absl::StrCat("source is a ", src.paged ? "paged KV" : "bytes",
+                                " region but destination is a ", dst.paged ? "paged KV" : "bytes",
+                                " region; they cannot be mixed"));
   }
   Plan plan;
   k::PlanHeader& h = plan.header_;
@@ -242,12 +249,14 @@ absl::StatusOr<Plan> MakePlan(const kvrail::v1::TransferSpec& spec, const Region
     const uint64_t n = spec.num_bytes();
     if (n == 0) return Invalid("num_bytes", "must be > 0 for bytes regions");
     if (Wide{spec.src().byte_offset()} + n > src.size_bytes) {
-      return Invalid("src.byte_offset", absl::StrCat("range [", spec.src().byte_offset(), ", +", n,
-                                                     ") exceeds the region's ", src.size_bytes, " bytes"));
+      return Invalid("src.byte_offset",
+                     absl::StrCat("range [", spec.src().byte_offset(), ", +", n,
+                                  ") exceeds the region's ", src.size_bytes, " bytes"));
     }
     if (Wide{spec.dst().byte_offset()} + n > dst.size_bytes) {
-      return Invalid("dst.byte_offset", absl::StrCat("range [", spec.dst().byte_offset(), ", +", n,
-                                                     ") exceeds the region's ", dst.size_bytes, " bytes"));
+      return Invalid("dst.byte_offset",
+                     absl::StrCat("range [", spec.dst().byte_offset(), ", +", n,
+                                  ") exceeds the region's ", dst.size_bytes, " bytes"));
     }
     h.src.origin = spec.src().byte_offset();
     h.dst.origin = spec.dst().byte_offset();
@@ -272,10 +281,10 @@ absl::StatusOr<Plan> MakePlan(const kvrail::v1::TransferSpec& spec, const Region
   const auto& se = spec.src();
   const auto& de = spec.dst();
   if (s.head_dim != d.head_dim || s.dtype_bytes != d.dtype_bytes) {
-    return Invalid("dst.region_id",
-                   absl::StrCat("head vectors differ: source head_dim ", s.head_dim, " x ",
-                                s.dtype_bytes, " B, destination head_dim ", d.head_dim, " x ",
-                                d.dtype_bytes, " B"));
+    return Invalid(
+        "dst.region_id",
+        absl::StrCat("head vectors differ: source head_dim ", s.head_dim, " x ", s.dtype_bytes,
+                     " B, destination head_dim ", d.head_dim, " x ", d.dtype_bytes, " B"));
   }
   if (s.dtype != d.dtype && !spec.reinterpret_dtype()) {
     return Invalid("reinterpret_dtype",
@@ -290,9 +299,11 @@ absl::StatusOr<Plan> MakePlan(const kvrail::v1::TransferSpec& spec, const Region
   }
   // Layers.
   if (se.layer_begin() >= s.num_layers) {
-    return Invalid("src.layer_begin", absl::StrCat(se.layer_begin(), " out of range [0, ", s.num_layers, ")"));
+    return Invalid("src.layer_begin",
+                   absl::StrCat(se.layer_begin(), " out of range [0, ", s.num_layers, ")"));
   }
-  const uint32_t layers = spec.num_layers() != 0 ? spec.num_layers() : s.num_layers - se.layer_begin();
+  const uint32_t layers =
+      spec.num_layers() != 0 ? spec.num_layers() : s.num_layers - se.layer_begin();
   if (uint64_t{se.layer_begin()} + layers > s.num_layers) {
     return Invalid("num_layers", absl::StrCat("layers [", se.layer_begin(), ", +", layers,
                                               ") exceed the source's ", s.num_layers));
@@ -303,7 +314,8 @@ absl::StatusOr<Plan> MakePlan(const kvrail::v1::TransferSpec& spec, const Region
   }
   // Heads.
   if (se.head_begin() >= s.num_heads) {
-    return Invalid("src.head_begin", absl::StrCat(se.head_begin(), " out of range [0, ", s.num_heads, ")"));
+    return Invalid("src.head_begin",
+                   absl::StrCat(se.head_begin(), " out of range [0, ", s.num_heads, ")"));
   }
   const uint32_t heads = spec.num_heads() != 0 ? spec.num_heads() : s.num_heads - se.head_begin();
   if (uint64_t{se.head_begin()} + heads > s.num_heads) {
@@ -319,28 +331,31 @@ absl::StatusOr<Plan> MakePlan(const kvrail::v1::TransferSpec& spec, const Region
   KVRAIL_ASSIGN_OR_RETURN(const IdSource dst_from, FindBlockIds(de, "dst", tables.dst));
   if (src_from.count == 0) return Invalid("src.block_ids", "empty");
   BlockTable src_ids, dst_ids;
-  const bool defer = options.defer_checks_from > 0 &&
-                     src_from.count + dst_from.count >= options.defer_checks_from;
+  const bool defer =
+      options.defer_checks_from > 0 && src_from.count + dst_from.count >= options.defer_checks_from;
   KVRAIL_RETURN_IF_ERROR(CopyBothSides(src_from, s.num_blocks, dst_from, d.num_blocks, !defer,
                                        options, &src_ids, &dst_ids));
   const std::string& dst_field = dst_from.field;
-  const uint64_t src_capacity = uint64_t{static_cast<uint32_t>(src_ids.size())} * s.tokens_per_block;
+  const uint64_t src_capacity =
+      uint64_t{static_cast<uint32_t>(src_ids.size())} * s.tokens_per_block;
   const uint64_t tokens = spec.num_tokens() != 0 ? spec.num_tokens() : src_capacity;
   if (tokens > src_capacity) {
-    return Invalid("num_tokens", absl::StrCat(tokens, " tokens need ",
-                                              (tokens + s.tokens_per_block - 1) / s.tokens_per_block,
-                                              " source blocks, ", src_ids.size(), " given"));
+    return Invalid("num_tokens",
+                   absl::StrCat(tokens, " tokens need ",
+                                (tokens + s.tokens_per_block - 1) / s.tokens_per_block,
+                                " source blocks, ", src_ids.size(), " given"));
   }
   if (Wide{tokens} * heads > k::kFastDivMaxDividend) {
-    return Invalid("num_tokens", absl::StrCat(tokens, " tokens x ", heads,
-                                              " heads is too many for one transfer (max 2^31 - 1); split it"));
+    return Invalid("num_tokens",
+                   absl::StrCat(tokens, " tokens x ", heads,
+                                " heads is too many for one transfer (max 2^31 - 1); split it"));
   }
   const uint64_t src_used = (tokens + s.tokens_per_block - 1) / s.tokens_per_block;
   const uint64_t dst_used = (tokens + d.tokens_per_block - 1) / d.tokens_per_block;
   if (static_cast<uint64_t>(dst_ids.size()) < dst_used) {
-    return Invalid(dst_field, absl::StrCat(tokens, " tokens need ", dst_used,
-                                           " destination blocks of ", d.tokens_per_block,
-                                           " tokens, ", dst_ids.size(), " given"));
+    return Invalid(dst_field,
+                   absl::StrCat(tokens, " tokens need ", dst_used, " destination blocks of ",
+                                d.tokens_per_block, " tokens, ", dst_ids.size(), " given"));
   }
 
   if (defer) {
@@ -403,7 +418,8 @@ absl::StatusOr<Plan> MakePlan(const kvrail::v1::TransferSpec& spec, const Region
   FinishTiling(h, options.tile_bytes);
   const Wide tiles = Wide{h.tiles_per_part} * layers * h.num_parts;
   if (tiles > UINT32_MAX) {
-    return Invalid("num_tokens", "the transfer needs more than 2^32 tiles; raise the tile size or split it");
+    return Invalid("num_tokens",
+                   "the transfer needs more than 2^32 tiles; raise the tile size or split it");
   }
   KVRAIL_RETURN_IF_ERROR(CheckTileCount(static_cast<uint64_t>(tiles), options, "spec.num_tokens"));
   h.num_tiles = static_cast<uint32_t>(tiles);
@@ -427,7 +443,8 @@ absl::StatusOr<Plan> MakePlan(const kvrail::v1::TransferSpec& spec, const Region
     if (counted < per_part_chunks) {
       plan.runs_estimated_ = true;
       breaks = static_cast<uint64_t>(static_cast<double>(breaks) * (per_part_chunks - 1) /
-                                     static_cast<double>(counted - 1) + 0.5);
+                                         static_cast<double>(counted - 1) +
+                                     0.5);
     }
     runs_per_part = per_part_chunks == 0 ? 0 : 1 + breaks;
   }

@@ -1,11 +1,12 @@
 // The planner: turns a validated transfer request into a compact plan (kernels/device_abi.h) and
 // executes plans on the host (the "host twin" of the CUDA kernel). Pure: no I/O, no CUDA, no
 // clocks, no threads of its own and no process-wide state (table memory and a second checking
-// thread are injected: TableAllocator, TableCheckRunner). Functions are thread-safe. Everything a transfer could get wrong is rejected here, before anything moves: every
-// byte a plan touches lies inside its region. One exception, asked for by the caller
-// (PlanOptions::defer_checks_from): the per-id checks of very large block tables run slice by
-// slice as tiles start (Plan::CheckTiles), so checking 262k ids no longer delays the first byte;
-// no tile runs before the ids it uses have passed, so the guarantee about bytes is unchanged.
+// thread are injected: TableAllocator, TableCheckRunner). Functions are thread-safe. Everything a
+// transfer could get wrong is rejected here, before anything moves: every byte a plan touches lies
+// inside its region. One exception, asked for by the caller (PlanOptions::defer_checks_from): the
+// per-id checks of very large block tables run slice by slice as tiles start (Plan::CheckTiles), so
+// checking 262k ids no longer delays the first byte; no tile runs before the ids it uses have
+// passed, so the guarantee about bytes is unchanged.
 #pragma once
 
 #include <algorithm>
@@ -57,7 +58,8 @@ class TableCheckRunner {
   // Runs `src` and `dst`, which are independent of each other (each writes only its own result),
   // and returns once both have returned. `ids`: both tables' ids together (the runner's measure
   // of whether a second thread pays).
-  virtual void RunBoth(size_t ids, absl::FunctionRef<void()> src, absl::FunctionRef<void()> dst) = 0;
+  virtual void RunBoth(size_t ids, absl::FunctionRef<void()> src,
+                       absl::FunctionRef<void()> dst) = 0;
 };
 
 // A block table: `size()` uint32 block ids in memory from a TableAllocator (or the heap). Copies
@@ -198,7 +200,9 @@ class Plan {
   // Block-table entries (as many as the tokens need), in token order.
   const BlockTable& src_blocks() const { return src_blocks_; }
   const BlockTable& dst_blocks() const { return dst_blocks_; }
-  kernels::ChunkKind chunk_kind() const { return static_cast<kernels::ChunkKind>(header_.chunk_kind); }
+  kernels::ChunkKind chunk_kind() const {
+    return static_cast<kernels::ChunkKind>(header_.chunk_kind);
+  }
   uint64_t chunk_bytes() const { return header_.chunk_bytes; }
   // Chunks in the whole transfer, and the contiguous copies they merge into (runs of consecutive
   // block ids adjacent on both sides merge; the host twin does exactly these copies when no tile
@@ -277,8 +281,8 @@ struct CopyRun {
 // The host pointer of offset `offset` of a side whose region base is `base` (ignored for a
 // per-layer side). Integer arithmetic: a per-layer side's offsets are whole addresses.
 inline uint8_t* HostAddress(const kernels::SideGeometry& g, const void* base, uint64_t offset) {
-  return reinterpret_cast<uint8_t*>(
-      kernels::SideBase(g, reinterpret_cast<uintptr_t>(base)) + offset);
+  return reinterpret_cast<uint8_t*>(kernels::SideBase(g, reinterpret_cast<uintptr_t>(base)) +
+                                    offset);
 }
 
 // Calls `fn(const CopyRun&)` for tile `tile`'s pieces in order, each the tile's chunks merged for
@@ -290,7 +294,8 @@ void ForEachTileRun(const Plan& plan, uint32_t tile, Fn&& fn) {
   const k::PlanHeader& h = plan.header();
   const k::TileDesc t = k::TileAt(h, tile);
   if (static_cast<k::ChunkKind>(h.chunk_kind) == k::ChunkKind::kBytes) {
-    fn(CopyRun{h.src.origin + t.byte_begin, h.dst.origin + t.byte_begin, t.byte_end - t.byte_begin});
+    fn(CopyRun{h.src.origin + t.byte_begin, h.dst.origin + t.byte_begin,
+               t.byte_end - t.byte_begin});
     return;
   }
   const uint32_t* sb = plan.src_blocks().data();

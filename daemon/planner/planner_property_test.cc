@@ -2,9 +2,8 @@
 // plan with the host twin (in random order) writes exactly what the naive reference writes, and
 // nothing else (the destination is poisoned with 0xAB).
 #define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
-
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <cstring>
 #include <numeric>
 #include <random>
@@ -86,7 +85,8 @@ void CheckCase(const testing::RandomCase& c, std::mt19937_64& rng) {
     REQUIRE(pieces == want);
   }
   // The reference writes exactly bytes_total bytes; everything else still holds the poison.
-  const uint64_t touched = std::count_if(want.begin(), want.end(), [](uint8_t b) { return b != kPoison; });
+  const uint64_t touched =
+      std::count_if(want.begin(), want.end(), [](uint8_t b) { return b != kPoison; });
   REQUIRE(touched <= plan->bytes_total());
 }
 
@@ -154,7 +154,8 @@ TEST_CASE("per-layer regions: random cases, either side or both, == naive refere
     // Would the same case with single-base sides have been wider?
     uint64_t bits = 0;
     for (uint32_t l = 0; l < plan->num_layers(); ++l) {
-      bits |= kernels::LayerOffset(plan->header().src, l) | kernels::LayerOffset(plan->header().dst, l);
+      bits |=
+          kernels::LayerOffset(plan->header().src, l) | kernels::LayerOffset(plan->header().dst, l);
     }
     if (bits % 16 != 0) ++narrowed;
   }

@@ -1,15 +1,15 @@
 // Unit tests of the planner: layout resolution and validation, request validation (code and the
 // field named), coalescing, tiling and plan size.
 #define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
+#include "daemon/planner/planner.h"
 
+#include <catch2/catch.hpp>
 #include <cstring>
 #include <numeric>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include "daemon/planner/planner.h"
 #include "daemon/planner/testing/plan_fixtures.h"
 #include "kernels/plan_math.h"
 
@@ -48,7 +48,8 @@ TEST_CASE("derived strides for every layout order") {
   };
   for (const Case& c : cases) {
     INFO("order " << c.order);
-    absl::StatusOr<KvLayout> l = ResolveLayout(Proto(3, 2, 5, 4, 6, 8, c.order), 3 * 2 * 5 * blk, "x.");
+    absl::StatusOr<KvLayout> l =
+        ResolveLayout(Proto(3, 2, 5, 4, 6, 8, c.order), 3 * 2 * 5 * blk, "x.");
     REQUIRE(l.ok());
     CHECK(l->layer_stride == c.ls);
     CHECK(l->part_stride == c.ps);
@@ -57,19 +58,25 @@ TEST_CASE("derived strides for every layout order") {
     CHECK(l->head_stride == c.hs);
     CHECK(l->dtype_bytes == 2);
     // Dense: exactly the region size fits, one byte less does not.
-    CHECK(ResolveLayout(Proto(3, 2, 5, 4, 6, 8, c.order), 3 * 2 * 5 * blk - 1, "x.").status().code() ==
-          absl::StatusCode::kInvalidArgument);
+    CHECK(ResolveLayout(Proto(3, 2, 5, 4, 6, 8, c.order), 3 * 2 * 5 * blk - 1, "x.")
+              .status()
+              .code() == absl::StatusCode::kInvalidArgument);
   }
 }
 
 TEST_CASE("layout validation names the field") {
   const std::string p = "spec.paged_kv.";
   auto check = [&](PagedKvLayout l, const std::string& field, uint64_t size = kBig) {
-    ExpectError(ResolveLayout(l, size, p).status(), absl::StatusCode::kInvalidArgument, p + field + ":");
+    ExpectError(ResolveLayout(l, size, p).status(), absl::StatusCode::kInvalidArgument,
+                p + field + ":");
   };
   PagedKvLayout good = Proto(2, 2, 8, 16, 4, 64, kNhd);
   REQUIRE(ResolveLayout(good, kBig, p).ok());
-  auto with = [&](auto f) { PagedKvLayout l = good; f(l); return l; };
+  auto with = [&](auto f) {
+    PagedKvLayout l = good;
+    f(l);
+    return l;
+  };
   check(with([](auto& l) { l.set_num_layers(0); }), "num_layers");
   check(with([](auto& l) { l.set_num_parts(0); }), "num_parts");
   check(with([](auto& l) { l.set_num_parts(3); }), "num_parts");
@@ -110,7 +117,8 @@ TEST_CASE("layout validation names the field") {
 }
 
 TEST_CASE("fast division is exact") {
-  std::vector<uint32_t> divisors = {1, 2, 3, 5, 7, 16, 17, 100, 4095, 4096, 65537, 1u << 30, (1u << 30) + 1};
+  std::vector<uint32_t> divisors = {
+      1, 2, 3, 5, 7, 16, 17, 100, 4095, 4096, 65537, 1u << 30, (1u << 30) + 1};
   uint64_t x = 12345;
   for (int k = 0; k < 200; ++k) {
     x = x * 6364136223846793005ull + 1442695040888963407ull;
@@ -142,8 +150,8 @@ TEST_CASE("a transfer of too many tiles is refused before anything is built") {
   tiny.tile_bytes = 16;  // a peer asking for 16-byte tiles: 4M tiles
   ExpectError(MakePlan(spec, src, dst, tiny).status(), absl::StatusCode::kResourceExhausted,
               "spec.num_tokens: the transfer would be ");
-  CHECK(std::string(MakePlan(spec, src, dst, tiny).status().message()).find(
-            "tiles (at most 1048576 per transfer)") != std::string::npos);
+  CHECK(std::string(MakePlan(spec, src, dst, tiny).status().message())
+            .find("tiles (at most 1048576 per transfer)") != std::string::npos);
   tiny.max_tiles = 0;  // no cap (the planner's own tests)
   CHECK(MakePlan(spec, src, dst, tiny).ok());
   PlanOptions bytes_options;
@@ -174,7 +182,8 @@ TEST_CASE("transfer validation names the field") {
   s = Spec({1, 2, 3}, {7, 8, 9, 1, 2, 4096});
   ExpectError(err(s, src, dst), kInv, "spec.dst.block_ids[5]: block 4096 out of range [0, 4096)");
   s = Spec({1, 2, 3}, {7, 8, 7});
-  ExpectError(err(s, src, dst), kInv, "spec.dst.block_ids[2]: block 7 repeats spec.dst.block_ids[0]");
+  ExpectError(err(s, src, dst), kInv,
+              "spec.dst.block_ids[2]: block 7 repeats spec.dst.block_ids[0]");
   s = Spec({1, 1, 1}, {7, 8, 9});  // repeats are fine on the source
   CHECK(MakePlan(s, src, dst, {}).ok());
   ExpectError(err(Spec({}, {7}), src, dst), kInv, "spec.src.block_ids:");
@@ -214,10 +223,12 @@ TEST_CASE("transfer validation names the field") {
   ExpectError(err(s, src, dst), kInv, "spec.dst.head_begin:");
 
   // Head vector and part mismatches.
-  ExpectError(err(base, src, Paged(Proto(4, 2, 4096, 16, 8, 128, kNhd))), kInv, "spec.dst.region_id:");
+  ExpectError(err(base, src, Paged(Proto(4, 2, 4096, 16, 8, 128, kNhd))), kInv,
+              "spec.dst.region_id:");
   ExpectError(err(base, src, Paged(Proto(4, 2, 4096, 16, 8, 64, kNhd, kvrail::v1::DTYPE_FP32))),
               kInv, "spec.dst.region_id:");
-  ExpectError(err(base, src, Paged(Proto(4, 1, 4096, 16, 8, 64, kNhd))), kInv, "spec.dst.region_id:");
+  ExpectError(err(base, src, Paged(Proto(4, 1, 4096, 16, 8, 64, kNhd))), kInv,
+              "spec.dst.region_id:");
 }
 
 TEST_CASE("dtypes of one size are not mixed unless the spec asks to reinterpret") {
@@ -236,9 +247,8 @@ TEST_CASE("dtypes of one size are not mixed unless the spec asks to reinterpret"
   s.set_reinterpret_dtype(true);
   const absl::StatusOr<Plan> reinterpreted = MakePlan(s, fp16, bf16, {});
   REQUIRE(reinterpreted.ok());
-  CHECK(reinterpreted->header().bytes_total == MakePlan(Spec({1, 2}, {3, 4}), bf16, bf16, {})
-                                                   ->header()
-                                                   .bytes_total);
+  CHECK(reinterpreted->header().bytes_total ==
+        MakePlan(Spec({1, 2}, {3, 4}), bf16, bf16, {})->header().bytes_total);
   CHECK(MakePlan(s, fp8, int8, {}).ok());
   // Different sizes stay refused: reinterpreting cannot make 4-byte elements out of 2.
   const RegionView fp32 = Paged(Proto(4, 2, 64, 16, 8, 64, kNhd, kvrail::v1::DTYPE_FP32));
@@ -442,7 +452,8 @@ TEST_CASE("block tables read in place: same plan, errors name the table field") 
   src_ids[3] = 7;
   TransferSpec both;
   both.mutable_src()->add_block_ids(1);
-  ExpectError(MakePlan(both, src, dst, {}, refs).status(), kInv, "spec.src.block_table: set one of");
+  ExpectError(MakePlan(both, src, dst, {}, refs).status(), kInv,
+              "spec.src.block_table: set one of");
 }
 
 TEST_CASE("deferred id checks: accepted at once, each tile's ids checked before it may run") {
@@ -538,8 +549,8 @@ TEST_CASE("deferred id checks: accepted at once, each tile's ids checked before 
   ExpectError(half->CheckTiles(half->num_tiles() - 1, half->num_tiles()),
               absl::StatusCode::kInvalidArgument,
               "spec.src.block_ids[39999]: block 80001 out of range");
-  ExpectError(MakePlan(tail, r, r, plain).status(),
-              absl::StatusCode::kInvalidArgument, "spec.src.block_ids[39999]");
+  ExpectError(MakePlan(tail, r, r, plain).status(), absl::StatusCode::kInvalidArgument,
+              "spec.src.block_ids[39999]");
 
   // Sides with different tokens per block: each side's table is checked as far as its tokens go.
   const RegionView fine = Paged(Proto(1, 1, 4 * n, 8, 1, 64, kNhd));  // 8-token blocks
@@ -591,7 +602,8 @@ TEST_CASE("deferred id checks: concurrent callers check each id once and agree")
 }
 
 }  // namespace
-TEST_CASE("ResolveLayout per-layer: layer_stride must be 0, layers not checked against each other") {
+TEST_CASE(
+    "ResolveLayout per-layer: layer_stride must be 0, layers not checked against each other") {
   const auto kInv = absl::StatusCode::kInvalidArgument;
   PagedKvLayout p = Proto(32, 2, 64, 16, 8, 128, kNhd);
   // Derived strides: those of one layer, layer_stride 0, and one layer's span must fit.

@@ -2,13 +2,13 @@
 // failed and capped allocations, pools outliving or outlived by plans, and plans handing their
 // tables back (ReleaseBlockTables).
 #define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
+#include "daemon/planner/table_pool.h"
 
+#include <catch2/catch.hpp>
 #include <cstring>
 #include <memory>
 
 #include "daemon/planner/planner.h"
-#include "daemon/planner/table_pool.h"
 #include "daemon/planner/testing/plan_fixtures.h"
 
 namespace kvrail::planner {

@@ -67,8 +67,8 @@ class FlagWatcherImpl final : public FlagWatcher {
                                      std::function<void(uint32_t)> on_ready) override
       ABSL_LOCKS_EXCLUDED(mu_) {
     absl::MutexLock lock(&mu_);
-    entries_.push_back(Entry{words, count, value, std::move(on_ready),
-                             std::vector<bool>(count, false), count});
+    entries_.push_back(
+        Entry{words, count, value, std::move(on_ready), std::vector<bool>(count, false), count});
     return std::make_unique<HandleImpl>(this, std::prev(entries_.end()));
   }
 
@@ -97,8 +97,8 @@ class FlagWatcherImpl final : public FlagWatcher {
         if (e.remaining == 0) continue;
         for (uint32_t i = 0; i < e.count; ++i) {
           if (e.fired[i]) continue;
-          const uint32_t word = __atomic_load_n(const_cast<const uint32_t*>(&e.words[i]),
-                                                __ATOMIC_ACQUIRE);
+          const uint32_t word =
+              __atomic_load_n(const_cast<const uint32_t*>(&e.words[i]), __ATOMIC_ACQUIRE);
           if (!Reached(word, e.value)) continue;
           e.fired[i] = true;
           --e.remaining;

@@ -1,7 +1,8 @@
 #define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
+#include "daemon/readiness/readiness.h"
 
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <chrono>
 #include <thread>
 #include <vector>
@@ -9,7 +10,6 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "base/eventually.h"
-#include "daemon/readiness/readiness.h"
 
 namespace kvrail::readiness {
 namespace {

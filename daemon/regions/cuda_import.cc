@@ -9,9 +9,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "base/status.h"
 #include "base/cuda/context_sync.h"
 #include "base/cuda/cuda_util.h"
+#include "base/status.h"
 #include "spdlog/spdlog.h"
 
 namespace kvrail::regions {
@@ -89,8 +89,8 @@ absl::StatusOr<std::shared_ptr<CudaMapping>> Open(int accessor, int holder,
     // The runtime reports a peer view's pointer on the accessor's device, so the holder can be
     // checked only for the holder's own mapping (which every view follows).
     if (accessor == holder && where != holder) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "spec.device: the handle's memory is on GPU", where, ", not GPU", holder));
+      return absl::InvalidArgumentError(
+          absl::StrCat("spec.device: the handle's memory is on GPU", where, ", not GPU", holder));
     }
     return std::shared_ptr<CudaMapping>(
         std::make_shared<CudaMappingImpl>(accessor, static_cast<uint8_t*>(ptr), range.bytes));
@@ -132,7 +132,8 @@ absl::StatusOr<std::shared_ptr<CudaMapping>> ImportCudaIpc(const v1::RegionSpec&
   if (!count.ok()) {
     return absl::FailedPreconditionError(
         absl::StrCat("spec.memory_kind: MEMORY_KIND_CUDA needs a CUDA device and this daemon has "
-                     "none (", count.status().message(), ")"));
+                     "none (",
+                     count.status().message(), ")"));
   }
   if (spec.share().via_case() != v1::RegionShare::kCudaIpcHandle) {
     return absl::InvalidArgumentError(
@@ -145,12 +146,11 @@ absl::StatusOr<std::shared_ptr<CudaMapping>> ImportCudaIpc(const v1::RegionSpec&
                                                    handle.size()));
   }
   if (spec.device() < 0 || spec.device() >= *count) {
-    return absl::InvalidArgumentError(absl::StrCat("spec.device: GPU", spec.device(),
-                                                   " does not exist (this daemon sees ", *count,
-                                                   " GPUs)"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "spec.device: GPU", spec.device(), " does not exist (this daemon sees ", *count, " GPUs)"));
   }
   KVRAIL_ASSIGN_OR_RETURN(std::shared_ptr<CudaMapping> mapping,
-                   Cached(spec.device(), spec.device(), handle));
+                          Cached(spec.device(), spec.device(), handle));
   const uint64_t offset = spec.share().offset();
   if (offset > mapping->allocation_bytes() ||
       spec.size_bytes() > mapping->allocation_bytes() - offset) {

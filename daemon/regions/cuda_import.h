@@ -24,10 +24,10 @@ class CudaMapping {
 // Imports spec.share.cuda_ipc_handle on spec.device, or returns the mapping already open for the
 // same handle and device (the runtime maps a handle once per context). Checks, with errors naming
 // the field: a driver and devices (FAILED_PRECONDITION spec.memory_kind, before anything else), a
-// 64-byte handle (INVALID_ARGUMENT spec.share.cuda_ipc_handle), the ordinal (INVALID_ARGUMENT spec.device), that the
-// handle opens (INVALID_ARGUMENT spec.share.cuda_ipc_handle), that its memory is on spec.device
-// (INVALID_ARGUMENT spec.device) and that [share.offset, + size_bytes) fits the allocation
-// (INVALID_ARGUMENT spec.size_bytes). Thread-safe.
+// 64-byte handle (INVALID_ARGUMENT spec.share.cuda_ipc_handle), the ordinal (INVALID_ARGUMENT
+// spec.device), that the handle opens (INVALID_ARGUMENT spec.share.cuda_ipc_handle), that its
+// memory is on spec.device (INVALID_ARGUMENT spec.device) and that [share.offset, + size_bytes)
+// fits the allocation (INVALID_ARGUMENT spec.size_bytes). Thread-safe.
 absl::StatusOr<std::shared_ptr<CudaMapping>> ImportCudaIpc(const v1::RegionSpec& spec);
 
 // The same allocation (already imported with ImportCudaIpc) mapped into GPU `accessor`'s context,

@@ -7,12 +7,11 @@
 // A CUDA IPC handle cannot be opened in the process that exported it, so a child (forked before
 // this process touches CUDA) exports a cudaMalloc allocation and holds it until told to exit.
 #define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
-
 #include <cuda_runtime_api.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <catch2/catch.hpp>
 #include <cstdlib>
 #include <string>
 

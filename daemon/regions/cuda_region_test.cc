@@ -2,11 +2,10 @@
 // FAILED_PRECONDITION naming spec.memory_kind, before the share is looked at; with a GPU, bad
 // shares name spec.share.cuda_ipc_handle (tests/gpu covers real imports).
 #define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
-
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <catch2/catch.hpp>
 #include <string>
 
 #include "base/clock.h"

@@ -34,9 +34,8 @@ absl::StatusOr<std::shared_ptr<VmmMapping>> VmmMapping::Import(
   uint64_t total = 0;
   for (size_t i = 0; i < chunks.size(); ++i) {
     if (chunks[i].second == 0 || chunks[i].second > (uint64_t{1} << 40)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(field, ".chunks[", i, "].size_bytes: ", chunks[i].second,
-                       " is not in (0, 1 TiB]"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ".chunks[", i, "].size_bytes: ", chunks[i].second, " is not in (0, 1 TiB]"));
     }
     total += chunks[i].second;
   }
@@ -57,9 +56,9 @@ absl::StatusOr<std::shared_ptr<VmmMapping>> VmmMapping::Import(
   };
   for (size_t i = 0; i < chunks.size(); ++i) {
     CUmemGenericAllocationHandle h = 0;
-    const CUresult r = api->import_handle(
-        &h, reinterpret_cast<void*>(static_cast<intptr_t>(chunks[i].first)),
-        CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+    const CUresult r =
+        api->import_handle(&h, reinterpret_cast<void*>(static_cast<intptr_t>(chunks[i].first)),
+                           CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
     if (r != CUDA_SUCCESS) {
       undo();
       return cuda::DriverStatus(
@@ -96,8 +95,8 @@ absl::StatusOr<std::shared_ptr<VmmMapping>> VmmMapping::Import(
     undo();
     return cuda::DriverStatus(r, absl::StrCat(field, ": cuMemSetAccess for GPU", device));
   }
-  auto mapping = std::make_shared<VmmMapping>(device, static_cast<uint64_t>(va), total,
-                                              std::move(handles));
+  auto mapping =
+      std::make_shared<VmmMapping>(device, static_cast<uint64_t>(va), total, std::move(handles));
   {
     absl::MutexLock lock(&mapping->mu_);
     mapping->granted_.insert(device);

@@ -41,10 +41,10 @@ absl::Status ResolveDeviceUuid(const std::vector<GpuName>& gpus, v1::RegionSpec*
     auto have = NormalizeGpuUuid(gpu.uuid, "topology");
     if (!have.ok() || *have != *wanted) continue;
     if (gpu.cuda_ordinal < 0) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "spec.device_uuid: ", *wanted,
-          " is a GPU of this node but kvraild's CUDA runtime does not see it "
-          "(CUDA_VISIBLE_DEVICES of the daemon?)"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("spec.device_uuid: ", *wanted,
+                       " is a GPU of this node but kvraild's CUDA runtime does not see it "
+                       "(CUDA_VISIBLE_DEVICES of the daemon?)"));
     }
     spec->set_device(gpu.cuda_ordinal);
     spec->set_device_uuid(*wanted);

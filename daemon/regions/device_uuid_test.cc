@@ -8,7 +8,7 @@ namespace {
 
 const std::vector<GpuName> kGpus = {
     {"GPU-8c1a9e2f-1111-2222-3333-444455556666", 0},
-    {"GPU-DEADBEEF-0000-1111-2222-333344445555", 1},  // topology spelled in upper case
+    {"GPU-DEADBEEF-0000-1111-2222-333344445555", 1},   // topology spelled in upper case
     {"GPU-aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee", -1},  // not visible to the daemon's CUDA
 };
 
@@ -25,10 +25,10 @@ TEST_CASE("NormalizeGpuUuid accepts both spellings and refuses the rest") {
         "GPU-8c1a9e2f-1111-2222-3333-444455556666");
   CHECK(*NormalizeGpuUuid("8c1a9e2f-1111-2222-3333-444455556666", "f") ==
         "GPU-8c1a9e2f-1111-2222-3333-444455556666");
-  for (const char* bad : {"", "GPU-", "GPU-8c1a9e2f-1111-2222-3333-44445555666",
-                          "GPU-8c1a9e2f-1111-2222-3333-4444555566667",
-                          "GPU-8c1a9e2f_1111-2222-3333-444455556666",
-                          "GPU-8c1a9e2g-1111-2222-3333-444455556666", "0"}) {
+  for (const char* bad :
+       {"", "GPU-", "GPU-8c1a9e2f-1111-2222-3333-44445555666",
+        "GPU-8c1a9e2f-1111-2222-3333-4444555566667", "GPU-8c1a9e2f_1111-2222-3333-444455556666",
+        "GPU-8c1a9e2g-1111-2222-3333-444455556666", "0"}) {
     auto r = NormalizeGpuUuid(bad, "spec.device_uuid");
     CHECK(r.status().code() == absl::StatusCode::kInvalidArgument);
     CHECK(r.status().message().find("spec.device_uuid") != std::string::npos);
@@ -64,7 +64,6 @@ TEST_CASE("ResolveDeviceUuid errors name the field") {
 
   v1::RegionSpec hidden = Cuda("GPU-aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee");
   CHECK(ResolveDeviceUuid(kGpus, &hidden).code() == absl::StatusCode::kFailedPrecondition);
-
 
   v1::RegionSpec host = Cuda("GPU-8c1a9e2f-1111-2222-3333-444455556666");
   host.set_memory_kind(v1::MEMORY_KIND_HOST);

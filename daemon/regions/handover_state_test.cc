@@ -3,11 +3,11 @@
 // fd tokens, region ids over the same memory, and grants; the exported state survives
 // serialization; bad bundles are refused naming the field.
 #define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <catch2/catch.hpp>
 #include <cstring>
 #include <string>
 

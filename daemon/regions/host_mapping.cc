@@ -29,8 +29,8 @@ absl::Status CheckKind(int fd, const char* field) {
     return absl::InvalidArgumentError(absl::StrCat(field, ": fstat failed: ", ErrnoText(errno)));
   }
   if (!S_ISREG(st.st_mode)) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        field, ": not a memfd or POSIX shared memory object (not a regular file)"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(field, ": not a memfd or POSIX shared memory object (not a regular file)"));
   }
   struct statfs fs;
   if (::fstatfs(fd, &fs) != 0) {
@@ -38,13 +38,14 @@ absl::Status CheckKind(int fd, const char* field) {
   }
   if (static_cast<unsigned long>(fs.f_type) == HUGETLBFS_MAGIC) {
     return absl::FailedPreconditionError(absl::StrCat(
-        field, ": hugetlbfs memory (MFD_HUGETLB, /dev/hugepages) is refused: a hole punched into "
-               "it would fault under kvraild even when sealed; use a plain memfd or shm object"));
+        field,
+        ": hugetlbfs memory (MFD_HUGETLB, /dev/hugepages) is refused: a hole punched into "
+        "it would fault under kvraild even when sealed; use a plain memfd or shm object"));
   }
   if (static_cast<unsigned long>(fs.f_type) != TMPFS_MAGIC) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        field, ": the fd is a file on a file system of type 0x", absl::Hex(fs.f_type),
-        ", not shared memory; pass a memfd or a /dev/shm object"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(field, ": the fd is a file on a file system of type 0x", absl::Hex(fs.f_type),
+                     ", not shared memory; pass a memfd or a /dev/shm object"));
   }
   return absl::OkStatus();
 }
@@ -71,9 +72,9 @@ absl::StatusOr<std::pair<std::unique_ptr<Mapping>, uint8_t*>> MapFd(int fd, uint
   }
   if (offset > static_cast<uint64_t>(st.st_size) ||
       size > static_cast<uint64_t>(st.st_size) - offset) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "spec.size_bytes: region [", offset, ", ", offset + size, ") does not fit the shared object of ",
-        st.st_size, " bytes"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("spec.size_bytes: region [", offset, ", ", offset + size,
+                     ") does not fit the shared object of ", st.st_size, " bytes"));
   }
   const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
   const uint64_t aligned = offset - offset % page;

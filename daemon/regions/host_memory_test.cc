@@ -5,7 +5,6 @@
 // a sparse memfd (not committed at registration), a small region pre-faulted at registration
 // (its holes left alone), and the per-uid and daemon-wide caps.
 #define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -14,6 +13,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <catch2/catch.hpp>
 #include <cstring>
 #include <fstream>
 #include <string>
@@ -21,8 +21,8 @@
 
 #include "base/clock.h"
 #include "daemon/regions/regions.h"
-#include "daemon/regions/test_tables.h"
 #include "daemon/regions/sigbus_guard.h"
+#include "daemon/regions/test_tables.h"
 
 namespace kvrail::regions {
 namespace {
@@ -124,7 +124,7 @@ TEST_CASE("a truncated shm object poisons its region; the process survives and r
   CHECK(copy[kBytes - 1] == 0x5a);
 
   const uint64_t faults = SigbusGuard::FaultsCaught();
-  REQUIRE(::ftruncate(victim.fd.get(), 0) == 0);  // the owner pulls the memory away
+  REQUIRE(::ftruncate(victim.fd.get(), 0) == 0);     // the owner pulls the memory away
   std::memcpy(copy.data(), (*src)->data(), kBytes);  // SIGBUS without the guard
   CHECK(SigbusGuard::FaultsCaught() == faults + 1);  // one fault for the whole mapping
   CHECK(copy[0] == 0);
@@ -150,7 +150,7 @@ TEST_CASE("a truncated destination is poisoned too: writes land on zero pages") 
   auto dst = RegisterFd(tables, session, plain.get(), kBytes, true);
   REQUIRE(dst.ok());
   REQUIRE(::ftruncate(plain.get(), 4096) == 0);  // shrink below the region
-  std::memset((*dst)->data(), 0x11, kBytes);  // SIGBUS past 4 KiB without the guard
+  std::memset((*dst)->data(), 0x11, kBytes);     // SIGBUS past 4 KiB without the guard
   CHECK((*dst)->Info().poisoned());
   RequireError((*dst)->Health("spec.dst"), absl::StatusCode::kFailedPrecondition,
                "spec.dst.region_id");
@@ -226,10 +226,11 @@ TEST_CASE("hugetlbfs, disk files and other fds are refused, naming the field") {
   RegionTable* table = tables.regions.get();
   ::kvrail::sessions::SessionTable* session_table = tables.sessions.get();
   const uint64_t session = session_table->BeginSession();
-  UniqueFd huge(::memfd_create("host_memory_test_huge", MFD_CLOEXEC | MFD_HUGETLB | MFD_ALLOW_SEALING));
+  UniqueFd huge(
+      ::memfd_create("host_memory_test_huge", MFD_CLOEXEC | MFD_HUGETLB | MFD_ALLOW_SEALING));
   if (!huge.valid()) {
     WARN("memfd_create(MFD_HUGETLB) is not available here (" << std::strerror(errno)
-                                                              << "): hugetlbfs refusal not tried");
+                                                             << "): hugetlbfs refusal not tried");
   } else {
     const long huge_page = 2 << 20;
     if (::ftruncate(huge.get(), huge_page) != 0) {
@@ -350,8 +351,8 @@ TEST_CASE("shm names: strictly one component, opened only for a caller that owns
   const uint32_t me = static_cast<uint32_t>(::geteuid());
 
   // Names that could leave /dev/shm, or are not names at all.
-  for (const char* bad : {"/..", "/.", "/", "no-slash", "/a/b", "/../etc/passwd", "//x",
-                          "/x y", "/x\n"}) {
+  for (const char* bad :
+       {"/..", "/.", "/", "no-slash", "/a/b", "/../etc/passwd", "//x", "/x y", "/x\n"}) {
     INFO(bad);
     RequireError(table->Register(ShmSpec(bad, 4096, false), session).status(),
                  absl::StatusCode::kInvalidArgument, "spec.share.shm_name");

@@ -55,29 +55,29 @@ class LayeredRegion final : public Region {
       if (cuda && layer.vmm != nullptr) {
         absl::Status granted = layer.vmm->GrantAccess(accessor);
         if (!granted.ok()) {
-          return absl::Status(granted.code(), absl::StrCat("region ", id_, " layer ", l, ": ",
-                                                           granted.message()));
+          return absl::Status(granted.code(),
+                              absl::StrCat("region ", id_, " layer ", l, ": ", granted.message()));
         }
         bases->push_back(reinterpret_cast<uint64_t>(layer.data));
       } else if (cuda) {
-        absl::StatusOr<std::shared_ptr<CudaMapping>> opened =
-            ImportCudaIpcOn(layer.spec, accessor);
+        absl::StatusOr<std::shared_ptr<CudaMapping>> opened = ImportCudaIpcOn(layer.spec, accessor);
         if (!opened.ok()) {
-          return absl::Status(opened.status().code(),
-                              absl::StrCat("region ", id_, " layer ", l, ": mapping GPU",
-                                           spec_.device(), " memory into GPU", accessor, ": ",
-                                           opened.status().message()));
+          return absl::Status(
+              opened.status().code(),
+              absl::StrCat("region ", id_, " layer ", l, ": mapping GPU", spec_.device(),
+                           " memory into GPU", accessor, ": ", opened.status().message()));
         }
-        bases->push_back(reinterpret_cast<uint64_t>((*opened)->base() + layer.spec.share().offset()));
+        bases->push_back(
+            reinterpret_cast<uint64_t>((*opened)->base() + layer.spec.share().offset()));
         views.push_back(*std::move(opened));
       } else {
         absl::StatusOr<cuda::HostRegistration> pin = cuda::HostRegistration::Register(
             layer.host->base(), layer.host->length(), !spec_.writable());
         if (!pin.ok()) {
-          return absl::Status(pin.status().code(),
-                              absl::StrCat("region ", id_, " layer ", l,
-                                           ": pinning host memory for the GPU: ",
-                                           pin.status().message()));
+          return absl::Status(
+              pin.status().code(),
+              absl::StrCat("region ", id_, " layer ", l,
+                           ": pinning host memory for the GPU: ", pin.status().message()));
         }
         bases->push_back(reinterpret_cast<uint64_t>(pin->DevicePointer(layer.data)));
         pins.push_back(*std::move(pin));
@@ -118,7 +118,8 @@ class LayeredRegion final : public Region {
   static planner::RegionView WithBases(planner::RegionView view,
                                        const std::vector<LayerMemory>& layers) {
     auto bases = std::make_shared<planner::LayerBases>();
-    for (const LayerMemory& layer : layers) bases->push_back(reinterpret_cast<uint64_t>(layer.data));
+    for (const LayerMemory& layer : layers)
+      bases->push_back(reinterpret_cast<uint64_t>(layer.data));
     view.layer_bases = std::move(bases);
     return view;
   }
@@ -161,10 +162,8 @@ v1::RegionSpec LayerSpec(const v1::RegionSpec& spec, int index) {
 }
 
 std::shared_ptr<Region> MakeLayeredRegion(uint64_t id, uint64_t session_id, v1::RegionSpec spec,
-                                          planner::RegionView view,
-                                          std::vector<LayerMemory> layers,
-                                          int64_t registered_us,
-                                          std::shared_ptr<void> charge) {
+                                          planner::RegionView view, std::vector<LayerMemory> layers,
+                                          int64_t registered_us, std::shared_ptr<void> charge) {
   return std::make_shared<LayeredRegion>(id, session_id, std::move(spec), std::move(view),
                                          std::move(layers), registered_us, std::move(charge));
 }

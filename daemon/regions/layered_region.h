@@ -31,8 +31,7 @@ struct LayerMemory {
 // view; its layer_bases are filled in here from the layers' addresses. `charge` (what the region
 // counts against RegionLimits) is held until the region goes.
 std::shared_ptr<Region> MakeLayeredRegion(uint64_t id, uint64_t session_id, v1::RegionSpec spec,
-                                          planner::RegionView view,
-                                          std::vector<LayerMemory> layers,
+                                          planner::RegionView view, std::vector<LayerMemory> layers,
                                           int64_t registered_us, std::shared_ptr<void> charge);
 
 // The RegionInfo both region kinds show clients (`active` read by the caller).

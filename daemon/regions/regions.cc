@@ -7,21 +7,20 @@
 #include <unistd.h>
 
 #include <algorithm>
-
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <fstream>
 #include <map>
 #include <optional>
-#include <fstream>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "base/status.h"
 #include "base/cuda/cuda_util.h"
+#include "base/status.h"
 #include "daemon/regions/cuda_import.h"
 #include "daemon/regions/cuda_vmm.h"
 #include "daemon/regions/host_mapping.h"
@@ -54,30 +53,30 @@ class Usage : public std::enable_shared_from_this<Usage> {
       Held& held = by_uid_[uid];
       if (mappings > limits_.max_region_mappings - total_mappings_) {
         return absl::ResourceExhaustedError(absl::StrCat(
-            "max_region_mappings: kvraild holds ", total_mappings_, " region mappings of every uid; "
-            "this region needs ", mappings, " more (at most ", limits_.max_region_mappings,
-            " in all); unregister some"));
+            "max_region_mappings: kvraild holds ", total_mappings_,
+            " region mappings of every uid; "
+            "this region needs ",
+            mappings, " more (at most ", limits_.max_region_mappings, " in all); unregister some"));
       }
       if (mappings > limits_.max_regions_per_uid - held.mappings) {
-        return absl::ResourceExhaustedError(absl::StrCat(
-            "max_regions_per_uid: uid ", uid, " holds ", held.mappings,
-            " region mappings; this region needs ", mappings, " more (at most ",
-            limits_.max_regions_per_uid, " per uid); unregister some"));
+        return absl::ResourceExhaustedError(
+            absl::StrCat("max_regions_per_uid: uid ", uid, " holds ", held.mappings,
+                         " region mappings; this region needs ", mappings, " more (at most ",
+                         limits_.max_regions_per_uid, " per uid); unregister some"));
       }
       if (bytes > limits_.max_mapped_bytes_per_uid - held.bytes) {
-        return absl::ResourceExhaustedError(absl::StrCat(
-            "max_mapped_bytes_per_uid: uid ", uid, " has ", held.bytes,
-            " host bytes mapped; this region needs ", bytes, " more (at most ",
-            limits_.max_mapped_bytes_per_uid, " per uid); unregister some"));
+        return absl::ResourceExhaustedError(
+            absl::StrCat("max_mapped_bytes_per_uid: uid ", uid, " has ", held.bytes,
+                         " host bytes mapped; this region needs ", bytes, " more (at most ",
+                         limits_.max_mapped_bytes_per_uid, " per uid); unregister some"));
       }
       held.mappings += mappings;
       held.bytes += bytes;
       total_mappings_ += mappings;
     }
     std::shared_ptr<Usage> self = shared_from_this();
-    return std::shared_ptr<void>(nullptr, [self, uid, mappings, bytes](void*) {
-      self->Release(uid, mappings, bytes);
-    });
+    return std::shared_ptr<void>(
+        nullptr, [self, uid, mappings, bytes](void*) { self->Release(uid, mappings, bytes); });
   }
 
  private:
@@ -160,10 +159,10 @@ class RegionImpl final : public Region {
         absl::StatusOr<std::shared_ptr<CudaMapping>> opened = ImportCudaIpcOn(spec_, accessor);
         if (!opened.ok()) {
           peer_views_.erase(accessor);
-          return absl::Status(opened.status().code(),
-                              absl::StrCat("region ", id_, ": mapping GPU", spec_.device(),
-                                           " memory into GPU", accessor, ": ",
-                                           opened.status().message()));
+          return absl::Status(
+              opened.status().code(),
+              absl::StrCat("region ", id_, ": mapping GPU", spec_.device(), " memory into GPU",
+                           accessor, ": ", opened.status().message()));
         }
         view = *std::move(opened);
       }
@@ -256,9 +255,9 @@ class RegionTableImpl final : public RegionTable {
   absl::StatusOr<UniqueFd> TakeFd(const std::string& token, uint64_t session_id, Restore* restore) {
     if (restore == nullptr) return sessions_->TakeFd(token, session_id);
     if (restore->next >= restore->fds.size()) {
-      return absl::InvalidArgumentError(absl::StrCat("region ", restore->id, ": ",
-                                                     restore->fds.size(),
-                                                     " descriptors handed over, the spec needs more"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("region ", restore->id, ": ", restore->fds.size(),
+                       " descriptors handed over, the spec needs more"));
     }
     return std::move(restore->fds[restore->next++]);
   }
@@ -291,7 +290,7 @@ class RegionTableImpl final : public RegionTable {
     const bool host = given.memory_kind() == v1::MEMORY_KIND_HOST;
     const uint64_t mappings = std::max<uint64_t>(1, given.layer_shares_size());
     const uint64_t size = given.size_bytes();
-    const uint64_t bytes = !host ? 0
+    const uint64_t bytes = !host                          ? 0
                            : size > UINT64_MAX / mappings ? UINT64_MAX  // refused below
                                                           : size * mappings;
     KVRAIL_ASSIGN_OR_RETURN(std::shared_ptr<void> charge, usage_->Reserve(uid, mappings, bytes));
@@ -369,7 +368,8 @@ class RegionTableImpl final : public RegionTable {
         return absl::InvalidArgumentError(
             "spec.share: say how the memory is shared (fd_token or shm_name)");
     }
-    auto mapped_or = MapFd(fd.get(), spec.share().offset(), spec.size_bytes(), spec.writable(), field);
+    auto mapped_or =
+        MapFd(fd.get(), spec.share().offset(), spec.size_bytes(), spec.writable(), field);
     if (!mapped_or.ok()) {
       // A size or permission mistake should not cost the client its fd: the token stays valid.
       if (spec.share().via_case() == v1::RegionShare::kFdToken && restore == nullptr) {
@@ -391,7 +391,6 @@ class RegionTableImpl final : public RegionTable {
   }
 
  public:
-
   absl::Status Unregister(uint64_t region_id) override {
     std::shared_ptr<Region> dropped;  // unmapped outside the lock
     {
@@ -444,9 +443,9 @@ class RegionTableImpl final : public RegionTable {
         return absl::NotFoundError(absl::StrCat("region_id: no region ", region_id));
       }
       if (caller.session_id == 0 || it->second->session_id() != caller.session_id) {
-        return absl::PermissionDeniedError(absl::StrCat(
-            "region_id: region ", region_id,
-            " belongs to another session; only its owner may unregister it"));
+        return absl::PermissionDeniedError(
+            absl::StrCat("region_id: region ", region_id,
+                         " belongs to another session; only its owner may unregister it"));
       }
       dropped = std::move(it->second);
       regions_.erase(it);
@@ -519,8 +518,8 @@ class RegionTableImpl final : public RegionTable {
       restore.id = record.region_id();
       restore.registered_us = record.registered_unix_us();
       for (int32_t index : record.fds()) {
-        KVRAIL_ASSIGN_OR_RETURN(
-            UniqueFd fd, take(index, absl::StrCat("regions[", record.region_id(), "].fds")));
+        KVRAIL_ASSIGN_OR_RETURN(UniqueFd fd,
+                                take(index, absl::StrCat("regions[", record.region_id(), "].fds")));
         restore.fds.push_back(std::move(fd));
       }
       absl::StatusOr<std::shared_ptr<Region>> region =
@@ -582,9 +581,9 @@ class RegionTableImpl final : public RegionTable {
           "paged_kv, no layer_shares)");
     }
     if (spec.size_bytes() > kMaxLibraryRegionBytes) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "spec.library_region: ", spec.size_bytes(), " bytes; a library region holds at most ",
-          kMaxLibraryRegionBytes, " (64 MiB)"));
+      return absl::InvalidArgumentError(absl::StrCat("spec.library_region: ", spec.size_bytes(),
+                                                     " bytes; a library region holds at most ",
+                                                     kMaxLibraryRegionBytes, " (64 MiB)"));
     }
     return absl::OkStatus();
   }
@@ -607,15 +606,15 @@ class RegionTableImpl final : public RegionTable {
       }
     }
     if (session_id != 0 && held >= limits_.max_regions_per_session) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "max_regions_per_session: the session holds ", held, " regions (at most ",
-          limits_.max_regions_per_session, " per session); unregister some"));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("max_regions_per_session: the session holds ", held, " regions (at most ",
+                       limits_.max_regions_per_session, " per session); unregister some"));
     }
     if (!library) return absl::OkStatus();
     if (holds_library) {
-      return absl::AlreadyExistsError(absl::StrCat(
-          "spec.library_region: the session already holds library region ", library_id,
-          " (at most one per session; unregister it first)"));
+      return absl::AlreadyExistsError(
+          absl::StrCat("spec.library_region: the session already holds library region ", library_id,
+                       " (at most one per session; unregister it first)"));
     }
     if (library_pending_.contains(session_id)) {
       return absl::AlreadyExistsError(
@@ -650,17 +649,18 @@ class RegionTableImpl final : public RegionTable {
           "(fd_token)");
     }
     const std::string path = absl::StrCat("/dev/shm/", rest);
-    UniqueFd fd(::open(path.c_str(),
-                       (writable ? O_RDWR : O_RDONLY) | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY | O_NONBLOCK));
+    UniqueFd fd(::open(path.c_str(), (writable ? O_RDWR : O_RDONLY) | O_NOFOLLOW | O_CLOEXEC |
+                                         O_NOCTTY | O_NONBLOCK));
     if (!fd.valid()) {
       const int err = errno;
       if (err == ENOENT) {
-        return absl::NotFoundError(absl::StrCat("spec.share.shm_name: no shared memory object ", name));
+        return absl::NotFoundError(
+            absl::StrCat("spec.share.shm_name: no shared memory object ", name));
       }
       // ELOOP: a symbolic link; anything else is refused without detail.
-      return absl::PermissionDeniedError(absl::StrCat(
-          "spec.share.shm_name: cannot open ", name,
-          err == ELOOP ? ": it is a symbolic link" : "", " for this caller"));
+      return absl::PermissionDeniedError(absl::StrCat("spec.share.shm_name: cannot open ", name,
+                                                      err == ELOOP ? ": it is a symbolic link" : "",
+                                                      " for this caller"));
     }
     struct stat st;
     if (::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode) ||
@@ -678,15 +678,15 @@ class RegionTableImpl final : public RegionTable {
                               const planner::RegionView& view, std::shared_ptr<void> backing,
                               const Mapping* host_mapping, uint8_t* data,
                               std::shared_ptr<void> charge, std::vector<UniqueFd> kept,
-                              const Restore* restore,
-                              std::shared_ptr<VmmMapping> vmm = nullptr) ABSL_LOCKS_EXCLUDED(mu_) {
+                              const Restore* restore, std::shared_ptr<VmmMapping> vmm = nullptr)
+      ABSL_LOCKS_EXCLUDED(mu_) {
     absl::MutexLock lock(&mu_);
     const uint64_t id = restore != nullptr ? restore->id : next_id_++;
     const int64_t registered_us =
         restore != nullptr ? restore->registered_us : clock_->NowUnixMicros();
-    auto region = std::make_shared<RegionImpl>(id, session_id, spec, view, std::move(backing),
-                                               host_mapping, data, registered_us,
-                                               std::move(vmm), std::move(charge));
+    auto region =
+        std::make_shared<RegionImpl>(id, session_id, spec, view, std::move(backing), host_mapping,
+                                     data, registered_us, std::move(vmm), std::move(charge));
     regions_[id] = region;
     if (!kept.empty()) region_fds_[id] = std::move(kept);
     return region;
@@ -718,24 +718,25 @@ class RegionTableImpl final : public RegionTable {
           "spec.device: GPU", device, " does not exist (this daemon sees ", *count, " GPUs)"));
     }
     if (share.cuda_vmm().chunks_size() > kMaxVmmChunks) {
-      return absl::InvalidArgumentError(absl::StrCat(field, ".chunks: ",
-                                                     share.cuda_vmm().chunks_size(),
-                                                     " chunks; at most ", kMaxVmmChunks));
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ".chunks: ", share.cuda_vmm().chunks_size(), " chunks; at most ", kMaxVmmChunks));
     }
     std::vector<std::pair<int, uint64_t>> chunks;
     for (int i = 0; i < share.cuda_vmm().chunks_size(); ++i) {
       const v1::CudaVmmChunk& chunk = share.cuda_vmm().chunks(i);
       absl::StatusOr<UniqueFd> fd = TakeFd(chunk.fd_token(), session_id, restore);
       if (!fd.ok()) {
-        return absl::Status(fd.status().code(), absl::StrCat(field, ".chunks[", i, "].fd_token: ",
-                                                             fd.status().message()));
+        return absl::Status(
+            fd.status().code(),
+            absl::StrCat(field, ".chunks[", i, "].fd_token: ", fd.status().message()));
       }
       taken->emplace_back(chunk.fd_token(), *std::move(fd));
       chunks.emplace_back(taken->back().second.get(), chunk.size_bytes());
     }
     KVRAIL_ASSIGN_OR_RETURN(std::shared_ptr<VmmMapping> vmm,
                             VmmMapping::Import(device, chunks, field));
-    if (share.offset() > vmm->allocation_bytes() || size > vmm->allocation_bytes() - share.offset()) {
+    if (share.offset() > vmm->allocation_bytes() ||
+        size > vmm->allocation_bytes() - share.offset()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "spec.size_bytes: region [", share.offset(), ", ", share.offset() + size,
           ") does not fit the ", vmm->allocation_bytes(), " bytes of ", field, ".chunks"));
@@ -816,8 +817,8 @@ class RegionTableImpl final : public RegionTable {
       taken.emplace_back(share.fd_token(), *std::move(fd));
       const int raw = taken.back().second.get();  // sealed where possible, guarded (MapFd)
       const std::string fd_field = field + ".fd_token";
-      auto mapped = MapFd(raw, share.offset(), spec.size_bytes(), spec.writable(),
-                          fd_field.c_str());
+      auto mapped =
+          MapFd(raw, share.offset(), spec.size_bytes(), spec.writable(), fd_field.c_str());
       if (!mapped.ok()) {
         failed = absl::Status(mapped.status().code(),
                               absl::StrCat(field, ": ", mapped.status().message()));
@@ -842,10 +843,10 @@ class RegionTableImpl final : public RegionTable {
     return region;
   }
 
-  static absl::StatusOr<planner::RegionView> Validate(const v1::RegionSpec& spec,
-                                                      bool per_layer) {
+  static absl::StatusOr<planner::RegionView> Validate(const v1::RegionSpec& spec, bool per_layer) {
     if (spec.memory_kind() == v1::MEMORY_KIND_UNSPECIFIED) {
-      return absl::InvalidArgumentError("spec.memory_kind: must be MEMORY_KIND_HOST or MEMORY_KIND_CUDA");
+      return absl::InvalidArgumentError(
+          "spec.memory_kind: must be MEMORY_KIND_HOST or MEMORY_KIND_CUDA");
     }
     if (spec.size_bytes() == 0) {
       return absl::InvalidArgumentError("spec.size_bytes: must be > 0");
@@ -860,8 +861,8 @@ class RegionTableImpl final : public RegionTable {
       case v1::RegionSpec::kPagedKv: {
         view.paged = true;
         KVRAIL_ASSIGN_OR_RETURN(view.layout,
-                         planner::ResolveLayout(spec.paged_kv(), spec.size_bytes(),
-                                                "spec.paged_kv.", per_layer));
+                                planner::ResolveLayout(spec.paged_kv(), spec.size_bytes(),
+                                                       "spec.paged_kv.", per_layer));
         break;
       }
       case v1::RegionSpec::kBytes:
@@ -876,7 +877,7 @@ class RegionTableImpl final : public RegionTable {
   Clock* const clock_;
   sessions::SessionTable* const sessions_;
   const std::vector<GpuName> gpus_;  // RegionSpec.device_uuid lookups
-  const RegionLimits limits_;  // zeros made concrete
+  const RegionLimits limits_;        // zeros made concrete
   const std::shared_ptr<Usage> usage_;
   mutable absl::Mutex mu_;
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;

@@ -13,8 +13,8 @@
 #include "absl/strings/string_view.h"
 #include "base/clock.h"
 #include "base/unique_fd.h"
-#include "daemon/planner/planner.h"
 #include "daemon/handover/state.pb.h"
+#include "daemon/planner/planner.h"
 #include "daemon/regions/device_uuid.h"
 #include "daemon/sessions/sessions.h"
 #include "proto/kvrail/v1/region.pb.h"
@@ -69,9 +69,9 @@ absl::Status PoisonedError(absl::string_view field, uint64_t id);
 // (one for a region of one base). RESOURCE_EXHAUSTED naming the cap beyond each.
 struct RegionLimits {
   size_t max_regions_per_session = 4096;
-  size_t max_regions_per_uid = 16384;  // mappings
+  size_t max_regions_per_uid = 16384;     // mappings
   uint64_t max_mapped_bytes_per_uid = 0;  // host bytes; 0: the node's physical memory
-  size_t max_region_mappings = 0;  // every uid together; 0: half of vm.max_map_count
+  size_t max_region_mappings = 0;         // every uid together; 0: half of vm.max_map_count
 };
 
 // The daemon's region registry: memory only. Who may use a region is daemon/access's business;
@@ -93,8 +93,8 @@ class RegionTable {
   // the memory. fd tokens are consumed and must belong to `session_id`. Host memory comes as fds
   // (docs/security.md, "Memory"); a share.shm_name is opened only for a session whose uid
   // (SessionTable::SetSessionPeer) owns the object, with the mode the access needs.
-  // RESOURCE_EXHAUSTED naming the cap beyond RegionLimits; FAILED_PRECONDITION naming the field for hugetlbfs and
-  // non-tmpfs fds.
+  // RESOURCE_EXHAUSTED naming the cap beyond RegionLimits; FAILED_PRECONDITION naming the field for
+  // hugetlbfs and non-tmpfs fds.
   virtual absl::StatusOr<std::shared_ptr<Region>> Register(const v1::RegionSpec& spec,
                                                            uint64_t session_id) = 0;
   // NOT_FOUND for unknown ids. The daemon's own use (no caller check).

@@ -1,14 +1,15 @@
 #define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
+#include "daemon/regions/regions.h"
+
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <catch2/catch.hpp>
 #include <cstring>
 #include <string>
 
 #include "base/clock.h"
-#include "daemon/regions/regions.h"
 #include "daemon/regions/test_tables.h"
 
 namespace kvrail::regions {
@@ -104,7 +105,8 @@ TEST_CASE("a memfd that cannot be sealed is mapped guarded, not sealed") {
   RegionTable* table = tables.regions.get();
   ::kvrail::sessions::SessionTable* session_table = tables.sessions.get();
   const uint64_t session = session_table->BeginSession();
-  auto token = session_table->AddFd(session, Memfd(kPoolBytes, MFD_CLOEXEC));  // no MFD_ALLOW_SEALING
+  auto token =
+      session_table->AddFd(session, Memfd(kPoolBytes, MFD_CLOEXEC));  // no MFD_ALLOW_SEALING
   REQUIRE(token.ok());
   auto spec = PagedSpec(kPoolBytes, true);
   spec.mutable_share()->set_fd_token(*token);
@@ -138,7 +140,8 @@ TEST_CASE("tokens belong to their session; ending a session drops its tokens and
   // The transfer that still holds the region keeps a valid mapping.
   (void)(*region)->data()[0];
   spec.mutable_share()->set_fd_token(*second_token);
-  RequireError(table->Register(spec, a).status(), absl::StatusCode::kNotFound, "spec.share.fd_token");
+  RequireError(table->Register(spec, a).status(), absl::StatusCode::kNotFound,
+               "spec.share.fd_token");
 }
 
 TEST_CASE("bad specs are rejected naming the field, before any token is consumed") {
@@ -254,7 +257,8 @@ TEST_CASE("a per-layer region maps each layer's memory at its own base") {
   const uint64_t session = session_table->BeginSession();
   // Layer 0 in its own memfd; layer 1 at 8 KiB into a second, larger one.
   UniqueFd a = Memfd(kLayerBytes), b = Memfd(kLayerBytes + 8192);
-  void* view_b = ::mmap(nullptr, kLayerBytes + 8192, PROT_READ | PROT_WRITE, MAP_SHARED, b.get(), 0);
+  void* view_b =
+      ::mmap(nullptr, kLayerBytes + 8192, PROT_READ | PROT_WRITE, MAP_SHARED, b.get(), 0);
   REQUIRE(view_b != MAP_FAILED);
   auto spec = LayeredSpec(true);
   for (const int fd : {a.get(), b.get()}) {

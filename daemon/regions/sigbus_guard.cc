@@ -104,8 +104,8 @@ absl::StatusOr<uint32_t> SigbusGuard::Add(void* base, size_t length) {
   }
   if (slot == kCapacity) {
     if (high == kCapacity) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "host mappings: the daemon guards ", kCapacity, " host mappings, its most"));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("host mappings: the daemon guards ", kCapacity, " host mappings, its most"));
     }
     slot = high;
   }

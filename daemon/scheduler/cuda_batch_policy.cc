@@ -134,8 +134,10 @@ ModeChoice ChoosePlanMode(const ModeInputs& in) {
     c.mode = Mode::kCopyEngine;
     if (slow) {
       c.slow_copy_engine = true;
-      c.reason = absl::StrCat("copy engines: the GPUs have no peer access, so no kernel reaches "
-                              "both sides; ", runs);
+      c.reason = absl::StrCat(
+          "copy engines: the GPUs have no peer access, so no kernel reaches "
+          "both sides; ",
+          runs);
     }
     return c;
   }
@@ -380,10 +382,10 @@ void SplitTuner::Report(const SplitSample& s) {
       split_gbps_ = total;
       if (total < (1.0 - tolerance_) * baseline_gbps_) {
         phase_ = Phase::kOff;
-        off_reason_ = absl::StrFormat(
-            "%.0f%% on the copy engines moved %.1f GB/s, the kernel alone %.1f",
-            100.0 * static_cast<double>(s.copy_bytes) / static_cast<double>(bytes), total,
-            baseline_gbps_);
+        off_reason_ =
+            absl::StrFormat("%.0f%% on the copy engines moved %.1f GB/s, the kernel alone %.1f",
+                            100.0 * static_cast<double>(s.copy_bytes) / static_cast<double>(bytes),
+                            total, baseline_gbps_);
         fraction_ = 0;
         break;
       }

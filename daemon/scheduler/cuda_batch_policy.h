@@ -74,10 +74,10 @@ enum class Mode { kKernel, kCopyEngine };
 const char* ModeEngineName(Mode mode);  // "cuda-kernel" / "cuda-copy-engine"
 
 struct ModeInputs {
-  int max_ctas = 0;                 // SM budget
-  uint64_t mean_run_bytes = 0;      // MeanRunBytes(plan)
+  int max_ctas = 0;                  // SM budget
+  uint64_t mean_run_bytes = 0;       // MeanRunBytes(plan)
   uint64_t copy_engine_min_run = 0;  // options.copy_engine_min_run_bytes
-  bool peer_unreachable = false;    // GPU -> other GPU without peer access
+  bool peer_unreachable = false;     // GPU -> other GPU without peer access
   // Copy-engine-only mode (max_ctas 0): plans whose mean run is below `copy_only_kernel_below_run`
   // run on a kernel of at most `copy_only_kernel_ctas` CTAs (0: never). options.copy_only_*.
   int copy_only_kernel_ctas = 0;
@@ -192,10 +192,10 @@ class CtaTuner {
 // The class's own max_ctas (an explicit operator cap) still wins, and the copy-engine-only mode's
 // small kernels are never raised (that mode spares the SMs on purpose).
 struct LaunchCtasInputs {
-  int tuner_ctas = 0;         // CtaTuner::Next
-  int class_max_ctas = 0;     // ClassLimits.max_ctas of the batch's class (0: no cap)
-  bool critical = false;      // the batch's class is PriorityClass::kCritical
-  int critical_ctas = 0;      // ResolveCriticalCtas (0: not raised)
+  int tuner_ctas = 0;      // CtaTuner::Next
+  int class_max_ctas = 0;  // ClassLimits.max_ctas of the batch's class (0: no cap)
+  bool critical = false;   // the batch's class is PriorityClass::kCritical
+  int critical_ctas = 0;   // ResolveCriticalCtas (0: not raised)
   bool copy_only_kernel = false;
 };
 struct LaunchCtas {
@@ -288,11 +288,11 @@ class SplitTuner {
   const double tolerance_;
   Phase phase_;
   double fraction_ = 0;
-  double copy_gbps_;            // the copy engines beside the kernel (prior until measured)
+  double copy_gbps_;  // the copy engines beside the kernel (prior until measured)
   bool copy_measured_ = false;
-  double kernel_gbps_ = 0;      // the kernel part (beside the copy engines when split)
-  double baseline_gbps_ = 0;    // the whole batch with the kernel alone
-  double split_gbps_ = 0;       // the whole batch, latest split sample
+  double kernel_gbps_ = 0;    // the kernel part (beside the copy engines when split)
+  double baseline_gbps_ = 0;  // the whole batch with the kernel alone
+  double split_gbps_ = 0;     // the whole batch, latest split sample
   int batches_since_baseline_ = 0;
   std::string off_reason_;
 };

@@ -2,15 +2,15 @@
 // move exactly the host twin's bytes (random layouts, block tables, conversions), batches are
 // consecutive tiles within the byte cap, the mode choice, and the CTA knee finder.
 #define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
+#include "daemon/scheduler/cuda_batch_policy.h"
 
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <cstring>
 #include <deque>
 #include <random>
 #include <vector>
 
-#include "daemon/scheduler/cuda_batch_policy.h"
 #include "daemon/planner/planner.h"
 #include "daemon/planner/testing/random_case.h"
 #include "kernels/plan_math.h"
@@ -62,8 +62,8 @@ void CheckSegmentsMatchHostTwin(const planner::testing::RandomCase& c, std::mt19
     const kernels::TileDesc tile = kernels::TileAt(h, t);
     uint64_t tile_moved = 0;
     for (uint64_t k = 0; k < kernels::SegmentsPerTile(h); ++k) {
-      const kernels::ChunkSpan s = kernels::SegmentAt(h, plan->src_blocks().data(),
-                                                      plan->dst_blocks().data(), tile, k);
+      const kernels::ChunkSpan s =
+          kernels::SegmentAt(h, plan->src_blocks().data(), plan->dst_blocks().data(), tile, k);
       if (s.bytes == 0) continue;
       REQUIRE(s.bytes <= h.chunk_bytes);
       const uint8_t* from = reinterpret_cast<const uint8_t*>(src_base + s.src);
@@ -87,7 +87,8 @@ TEST_CASE("segment path: every tile's segments move exactly the host twin's byte
   for (int i = 0; i < 300; ++i) {
     CheckSegmentsMatchHostTwin(planner::testing::RandomPagedCase(rng), rng);
   }
-  for (int i = 0; i < 30; ++i) CheckSegmentsMatchHostTwin(planner::testing::RandomServingCase(rng), rng);
+  for (int i = 0; i < 30; ++i)
+    CheckSegmentsMatchHostTwin(planner::testing::RandomServingCase(rng), rng);
 }
 
 TEST_CASE("copy-engine descriptors move exactly the host twin's bytes") {
@@ -298,12 +299,12 @@ TEST_CASE("the tuner respects the budget and a fixed count") {
 }
 
 TEST_CASE("a class's byte limit bounds its batches, never below one tile") {
-  CHECK(ClassBatchBytes(64 << 20, 0, 0) == (64u << 20));          // no limit
-  CHECK(ClassBatchBytes(64 << 20, 0, 1ull << 40) == (64u << 20));  // no limit, whatever in flight
-  CHECK(ClassBatchBytes(64 << 20, 8 << 20, 0) == (8u << 20));      // the limit is smaller
-  CHECK(ClassBatchBytes(64 << 20, 8 << 20, 6 << 20) == (2u << 20)); // what the limit leaves
-  CHECK(ClassBatchBytes(64 << 20, 8 << 20, 9 << 20) == 0);         // over: TakeBatch takes 1 tile
-  CHECK(ClassBatchBytes(4 << 20, 1ull << 30, 0) == (4u << 20));    // the batch size is smaller
+  CHECK(ClassBatchBytes(64 << 20, 0, 0) == (64u << 20));             // no limit
+  CHECK(ClassBatchBytes(64 << 20, 0, 1ull << 40) == (64u << 20));    // no limit, whatever in flight
+  CHECK(ClassBatchBytes(64 << 20, 8 << 20, 0) == (8u << 20));        // the limit is smaller
+  CHECK(ClassBatchBytes(64 << 20, 8 << 20, 6 << 20) == (2u << 20));  // what the limit leaves
+  CHECK(ClassBatchBytes(64 << 20, 8 << 20, 9 << 20) == 0);           // over: TakeBatch takes 1 tile
+  CHECK(ClassBatchBytes(4 << 20, 1ull << 30, 0) == (4u << 20));      // the batch size is smaller
 }
 
 TEST_CASE("batch sizes: background a quarter (at most 16 MiB); a job's batches ramp up") {
@@ -324,8 +325,8 @@ TEST_CASE("batch sizes: background a quarter (at most 16 MiB); a job's batches r
 TEST_CASE("ExecutingDevice: the GPU side, or between GPUs the source unless told the destination") {
   CHECK(ExecutingDevice(true, 0, true, 1, false, 7) == 0);
   CHECK(ExecutingDevice(true, 0, true, 1, true, 7) == 1);
-  CHECK(ExecutingDevice(true, 3, true, 3, true, 7) == 3);   // same GPU either way
-  CHECK(ExecutingDevice(true, 2, false, -1, true, 7) == 2);  // GPU -> host: the GPU
+  CHECK(ExecutingDevice(true, 3, true, 3, true, 7) == 3);     // same GPU either way
+  CHECK(ExecutingDevice(true, 2, false, -1, true, 7) == 2);   // GPU -> host: the GPU
   CHECK(ExecutingDevice(false, -1, true, 1, false, 7) == 1);  // host -> GPU: the GPU
   CHECK(ExecutingDevice(false, -1, false, -1, true, 7) == 7);
 }
@@ -367,7 +368,7 @@ TEST_CASE("a job's batches: ramp-cut ones say so; budget-cut and last ones do no
 
 TEST_CASE("tuner keys: one per log2 of the mean run and destination kind") {
   CHECK(CtaTunerKey(4096, true, true) == 12 * 4 + 0);
-  CHECK(CtaTunerKey(4096, true, false) == 12 * 4 + 1);  // a peer GPU's memory
+  CHECK(CtaTunerKey(4096, true, false) == 12 * 4 + 1);   // a peer GPU's memory
   CHECK(CtaTunerKey(4096, false, false) == 12 * 4 + 2);  // host memory
   CHECK(CtaTunerKey(8191, true, true) == CtaTunerKey(4096, true, true));
   CHECK(CtaTunerKey(8192, true, true) != CtaTunerKey(4096, true, true));
@@ -383,7 +384,7 @@ TEST_CASE("split point: whole tiles from the end within the share, one tile kept
   CHECK(SplitPoint(plan, 10, 20, 0.25) == 18);
   CHECK(SplitPoint(plan, 0, 64, 1.0) == 1);  // never the whole batch
   CHECK(SplitPoint(plan, 0, 64, 5.0) == 1);
-  CHECK(SplitPoint(plan, 5, 6, 0.9) == 6);  // one tile: nothing to split
+  CHECK(SplitPoint(plan, 5, 6, 0.9) == 6);     // one tile: nothing to split
   CHECK(SplitPoint(plan, 0, 64, 0.01) == 64);  // no whole tile fits
 }
 
@@ -517,7 +518,8 @@ TEST_CASE("split tuner: a fixed share, the cap, and never") {
   // The learned share stays under the cap even when balance says more.
   SplitTuner learned(0.1, 0, 1000.0, 256);
   learned.Report(Model(64 << 20, 0, 100, 1000, 0));
-  for (int i = 0; i < 10; ++i) learned.Report(Model(64 << 20, learned.Next(64 << 20), 100, 1000, 0));
+  for (int i = 0; i < 10; ++i)
+    learned.Report(Model(64 << 20, learned.Next(64 << 20), 100, 1000, 0));
   CHECK(learned.fraction() <= 0.1 + 1e-9);
   CHECK(learned.phase() == SplitTuner::Phase::kSplit);
 }

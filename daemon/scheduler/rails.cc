@@ -48,8 +48,8 @@ struct Plan {
   NicTier tier = NicTier::kFar;
   bool cross = false;
   int relays = 0;
-  double cost = 0;     // estimated seconds, relay time included
-  double ranked = 0;   // cost as ranked (relay plans: divided by 1 - margin)
+  double cost = 0;    // estimated seconds, relay time included
+  double ranked = 0;  // cost as ranked (relay plans: divided by 1 - margin)
   std::vector<RailLane> lanes;
 };
 
@@ -60,9 +60,8 @@ double WaterFill(std::vector<RailLane>* lanes, const std::vector<double>& queued
   std::vector<size_t> order(n);
   for (size_t i = 0; i < n; ++i) order[i] = i;
   auto drain = [&](size_t i) { return queued[i] / ((*lanes)[i].gbps * 1e9); };
-  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-    return drain(a) != drain(b) ? drain(a) < drain(b) : a < b;
-  });
+  std::sort(order.begin(), order.end(),
+            [&](size_t a, size_t b) { return drain(a) != drain(b) ? drain(a) < drain(b) : a < b; });
   // Add lanes in drain order while the level T stays above the next lane's drain time.
   double rate = 0, queued_sum = 0, level = 0;
   size_t used = 0;
@@ -91,9 +90,12 @@ double WaterFill(std::vector<RailLane>* lanes, const std::vector<double>& queued
 
 const char* NicTierName(NicTier tier) {
   switch (tier) {
-    case NicTier::kSwitch: return "same PCIe switch";
-    case NicTier::kNuma: return "same NUMA node";
-    default: return "other socket";
+    case NicTier::kSwitch:
+      return "same PCIe switch";
+    case NicTier::kNuma:
+      return "same NUMA node";
+    default:
+      return "other socket";
   }
 }
 
@@ -122,8 +124,9 @@ absl::StatusOr<RailNode> BuildRailNode(const v1::TopologyDesc& desc) {
     node.nics.push_back(nic);
   }
   if (desc.gpus_size() > 0 && node.nics.empty()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "topology '", desc.hostname(), "': ", desc.gpus_size(), " GPUs and no NIC to route through"));
+    return absl::FailedPreconditionError(absl::StrCat("topology '", desc.hostname(),
+                                                      "': ", desc.gpus_size(),
+                                                      " GPUs and no NIC to route through"));
   }
   const int n = desc.gpus_size();
   node.gpus.resize(n);
@@ -168,7 +171,8 @@ absl::StatusOr<RailRoute> ChooseRailRoute(const RailNode& src, int src_gpu, cons
     std::vector<int> out{gpu};
     if (!options.hierarchical) return out;
     for (size_t g = 0; g < node.gpus.size(); ++g) {
-      if (static_cast<int>(g) != gpu && node.nvlink_gbps[gpu][g] > 0 && !node.gpus[g].nics.empty()) {
+      if (static_cast<int>(g) != gpu && node.nvlink_gbps[gpu][g] > 0 &&
+          !node.gpus[g].nics.empty()) {
         out.push_back(static_cast<int>(g));
       }
     }
@@ -192,8 +196,8 @@ absl::StatusOr<RailRoute> ChooseRailRoute(const RailNode& src, int src_gpu, cons
         for (int d : in.nics) {
           if (src.nics[s].rail != dst.nics[d].rail) continue;
           if (options.pairs != nullptr && options.pairs->count({s, d}) == 0) continue;
-          plan.lanes.push_back(RailLane{s, d, src.nics[s].name, dst.nics[d].name, src.nics[s].rail,
-                                        lane_gbps, 0});
+          plan.lanes.push_back(
+              RailLane{s, d, src.nics[s].name, dst.nics[d].name, src.nics[s].rail, lane_gbps, 0});
         }
       }
       if (plan.lanes.empty()) {
@@ -231,13 +235,13 @@ absl::StatusOr<RailRoute> ChooseRailRoute(const RailNode& src, int src_gpu, cons
     }
   }
   if (plans.empty()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "no route from GPU", src_gpu, " of '", src.hostname, "' to GPU", dst_gpu, " of '",
-        dst.hostname, "': ",
-        src.gpus[src_gpu].nics.empty() || dst.gpus[dst_gpu].nics.empty()
-            ? "a GPU without a NIC and no NVLink neighbour with one"
-        : options.pairs != nullptr ? "no available NIC pair between their NICs"
-                                   : "no shared rail and cross-rail routing is off"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("no route from GPU", src_gpu, " of '", src.hostname, "' to GPU", dst_gpu,
+                     " of '", dst.hostname, "': ",
+                     src.gpus[src_gpu].nics.empty() || dst.gpus[dst_gpu].nics.empty()
+                         ? "a GPU without a NIC and no NVLink neighbour with one"
+                     : options.pairs != nullptr ? "no available NIC pair between their NICs"
+                                                : "no shared rail and cross-rail routing is off"));
   }
   // Locality tier and staying on rails first; then the fastest, where times within the
   // tolerance of the fastest tie and the tie-breaks decide.
@@ -304,7 +308,8 @@ absl::StatusOr<RailRoute> ChooseRailRoute(const RailNode& src, int src_gpu, cons
   if (best->entry != dst_gpu) {
     absl::StrAppend(&text, " -NV", dst.nvlink_count[best->entry][dst_gpu], "-> GPU", dst_gpu);
   }
-  if (route.lanes.size() > 1) absl::StrAppend(&text, ", striped over ", route.lanes.size(), " lanes");
+  if (route.lanes.size() > 1)
+    absl::StrAppend(&text, ", striped over ", route.lanes.size(), " lanes");
   std::vector<std::string> why;
   if (best->relays > 0) {
     const auto& own_src = src.gpus[src_gpu];
@@ -312,8 +317,9 @@ absl::StatusOr<RailRoute> ChooseRailRoute(const RailNode& src, int src_gpu, cons
     if (best->exit != src_gpu && own_src.nics.empty()) {
       why.push_back(absl::StrCat("GPU", src_gpu, " has no NIC"));
     } else if (best->exit != src_gpu && own_src.tier > src.gpus[best->exit].tier) {
-      why.push_back(absl::StrCat("GPU", src_gpu, "'s nearest NIC is ", ClassName(own_src.path_class),
-                                 " (", NicTierName(own_src.tier), "), GPU", best->exit, "'s ",
+      why.push_back(absl::StrCat("GPU", src_gpu, "'s nearest NIC is ",
+                                 ClassName(own_src.path_class), " (", NicTierName(own_src.tier),
+                                 "), GPU", best->exit, "'s ",
                                  ClassName(src.gpus[best->exit].path_class)));
     }
     if (best->entry != dst_gpu && own_dst.nics.empty()) {
@@ -334,12 +340,13 @@ absl::StatusOr<RailRoute> ChooseRailRoute(const RailNode& src, int src_gpu, cons
     }
   } else {
     if (src.gpus[src_gpu].tier == NicTier::kFar) {
-      why.push_back(absl::StrCat("no NIC near GPU", src_gpu, " (",
-                                 ClassName(src.gpus[src_gpu].path_class), ": ",
-                                 NicTierName(NicTier::kFar), ") and no NVLink neighbour nearer one"));
+      why.push_back(
+          absl::StrCat("no NIC near GPU", src_gpu, " (", ClassName(src.gpus[src_gpu].path_class),
+                       ": ", NicTierName(NicTier::kFar), ") and no NVLink neighbour nearer one"));
     }
     if (dst.gpus[dst_gpu].tier == NicTier::kFar) {
-      why.push_back(absl::StrCat("no NIC near peer GPU", dst_gpu, " and no NVLink neighbour nearer one"));
+      why.push_back(
+          absl::StrCat("no NIC near peer GPU", dst_gpu, " and no NVLink neighbour nearer one"));
     }
     if (best->cross) why.push_back("no rail shared by the two GPUs' NICs");
   }
@@ -353,8 +360,8 @@ absl::StatusOr<SideRelay> ChooseSideRelay(const RailNode& node, int gpu,
                                           const RailOptions& options) {
   const int n = static_cast<int>(node.gpus.size());
   if (gpu < 0 || gpu >= n) {
-    return absl::InvalidArgumentError(absl::StrCat("gpu: GPU", gpu, " is not a GPU of '",
-                                                   node.hostname, "' (", n, " GPUs)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("gpu: GPU", gpu, " is not a GPU of '", node.hostname, "' (", n, " GPUs)"));
   }
   const double bytes = options.bytes > 0 ? static_cast<double>(options.bytes) : double{1 << 20};
   const double margin = std::min(std::max(options.relay_margin, 0.0), 0.95);
@@ -391,7 +398,9 @@ absl::StatusOr<SideRelay> ChooseSideRelay(const RailNode& node, int gpu,
     if (node.gpus[c.gpu].tier == best_tier) fastest = std::min(fastest, c.ranked);
   }
   const double tolerance = std::max(options.cost_tolerance, 0.0);
-  auto key = [&](const Candidate& c) { return std::make_tuple(c.gpu != gpu, (c.gpu - gpu + n) % n); };
+  auto key = [&](const Candidate& c) {
+    return std::make_tuple(c.gpu != gpu, (c.gpu - gpu + n) % n);
+  };
   const Candidate* best = nullptr;
   const Candidate* direct = nullptr;
   for (const Candidate& c : candidates) {
@@ -420,8 +429,7 @@ absl::StatusOr<SideRelay> ChooseSideRelay(const RailNode& node, int gpu,
       absl::StrAppend(&text, ": GPU", gpu, " has no NIC");
     } else if (own.tier > via.tier) {
       absl::StrAppend(&text, ": GPU", gpu, "'s nearest NIC is ", ClassName(own.path_class), " (",
-                      NicTierName(own.tier), "), GPU", best->gpu, "'s ",
-                      ClassName(via.path_class));
+                      NicTierName(own.tier), "), GPU", best->gpu, "'s ", ClassName(via.path_class));
     } else if (direct != nullptr) {
       // The loads that decided it: each NIC of the two GPUs with its queued bytes.
       auto queued = [&](const std::vector<int>& nics) {

@@ -23,7 +23,8 @@
 //     NVLink relay pays the NVLink time and must beat the best plan without one by
 //     RailOptions::relay_margin (times within RailOptions::cost_tolerance of the fastest tie),
 //     (4) fewer relays, sender-side relay first (NCCL's PXN), then the relay GPU next after
-//     the source (destination) GPU in index order, so relays spread over the rails. The winner's lanes carry the transfer in proportion to RailLane::share.
+//     the source (destination) GPU in index order, so relays spread over the rails. The winner's
+//     lanes carry the transfer in proportion to RailLane::share.
 // The result is a plain struct the scheduler consumes. It is the one router: the fabric's sender
 // runs it over its lanes (fixed NIC pairs, RailOptions::pairs; daemon/fabric/lane_route.h) and
 // the cluster simulation (tests/sim) over whole nodes. The fabric's NVLink relay data path
@@ -114,9 +115,9 @@ struct RailLane {
   int src_nic = -1;  // index into the sender's RailNode::nics
   int dst_nic = -1;  // index into the receiver's RailNode::nics
   std::string src_name, dst_name;
-  int rail = -1;      // the rail both NICs are on; -1 for a cross-rail pair
-  double gbps = 0;    // the lane's rate: both NICs' GPU paths, both links
-  double share = 0;   // fraction of the bytes (shares sum to 1)
+  int rail = -1;     // the rail both NICs are on; -1 for a cross-rail pair
+  double gbps = 0;   // the lane's rate: both NICs' GPU paths, both links
+  double share = 0;  // fraction of the bytes (shares sum to 1)
 };
 
 // What the router returns: consumed by the scheduler (and shown with the transfer).
@@ -152,8 +153,8 @@ absl::StatusOr<RailRoute> ChooseRailRoute(const RailNode& src, int src_gpu, cons
 // options.relay_margin (times within options.cost_tolerance tie), (3) no relay first, then the
 // relay GPU next after `gpu` in index order. options.hierarchical off: never a relay.
 struct SideRelay {
-  int gpu = -1;        // the region's GPU (topology index)
-  int relay_gpu = -1;  // the GPU whose NICs carry the tiles; == gpu: no relay
+  int gpu = -1;                     // the region's GPU (topology index)
+  int relay_gpu = -1;               // the GPU whose NICs carry the tiles; == gpu: no relay
   v1::Path path = v1::PATH_FABRIC;  // PATH_HIERARCHICAL when relay_gpu != gpu
   NicTier tier = NicTier::kFar;     // of relay_gpu's NICs
   std::vector<int> nics;            // relay_gpu's nearest fabric NICs (indexes into node.nics)

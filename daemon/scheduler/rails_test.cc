@@ -2,16 +2,16 @@
 // GPU), p5.48xlarge (32 EFA, four per GPU), an 8-GPU PCIe box with one NIC; NICs and rails per
 // GPU, balance across rails, relays when a GPU has no near NIC or its NICs are busier, errors.
 #define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
+#include "daemon/scheduler/rails.h"
 
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <map>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/scheduler/rails.h"
 #include "topology/testing/fixtures.h"
 #include "topology/topology.h"
 
@@ -41,7 +41,6 @@ RailRoute Route(const RailNode& a, int ga, const RailNode& b, int gb, const Rail
 bool Has(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
 }
-
 
 TEST_CASE("DGX H100: GPU i leaves on mlx5_i, rail i, and lands on the peer's mlx5_i") {
   RailNode dgx = Node("dgx_h100");
@@ -311,11 +310,11 @@ TEST_CASE("errors name the field; nodes without NICs are refused") {
   CHECK(!ChooseRailRoute(*cpu, 0, dgx, 0, {}, {}).ok());
 }
 
-
 // One side's half (the fabric's relay data path, daemon/fabric/relay.h): each daemon decides
 // which of its GPUs carries its side's tiles from its own topology alone.
-TEST_CASE("ChooseSideRelay: a GPU without a near NIC relays to its NVLink neighbour, a GPU with "
-          "one stays, busy NICs past the margin relay, a PCIe box never relays") {
+TEST_CASE(
+    "ChooseSideRelay: a GPU without a near NIC relays to its NVLink neighbour, a GPU with "
+    "one stays, busy NICs past the margin relay, a PCIe box never relays") {
   RailNode dgx = Node("dgx_h100");
   for (int g = 0; g < 8; ++g) {
     auto r = ChooseSideRelay(dgx, g, {}, {});

@@ -42,9 +42,10 @@ absl::StatusOr<Route> ChooseRoute(const Placement& src, const Placement& dst,
     return route;
   }
   if (!have_cuda_engine) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        src.cuda ? src_field : dst_field, ": the region is GPU memory and this daemon has no CUDA "
-        "engine (no GPU or driver, or cuda_max_ctas/cuda engine disabled)"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(src.cuda ? src_field : dst_field,
+                     ": the region is GPU memory and this daemon has no CUDA "
+                     "engine (no GPU or driver, or cuda_max_ctas/cuda engine disabled)"));
   }
   route.engine = EngineKind::kCuda;
   if (!src.cuda || !dst.cuda) {

@@ -1,11 +1,11 @@
 // Route choice on fixtures of real machines: host/host, same GPU, GPU <-> host, NVLink pairs,
 // PCIe pairs, unknown GPUs, and no CUDA engine.
 #define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
+#include "daemon/scheduler/route.h"
 
+#include <catch2/catch.hpp>
 #include <string>
 
-#include "daemon/scheduler/route.h"
 #include "topology/topology.h"
 
 namespace kvrail::scheduler {

@@ -10,28 +10,31 @@ namespace kvrail::scheduler {
 GateChoice ChooseGate(const GateInputs& in) {
   if (!in.enabled) return {false, "readiness poller (cuda_stream_wait off)"};
   if (!in.ready) {
-    return {false, "readiness poller (cuda_stream_wait on, but this GPU's abort page or the "
-                   "driver's stream write was not available at start: see the log)"};
+    return {false,
+            "readiness poller (cuda_stream_wait on, but this GPU's abort page or the "
+            "driver's stream write was not available at start: see the log)"};
   }
   if (!in.flags_mapped) {
     return {false, "readiness poller (the ready flags have no device address on this GPU)"};
   }
   if (!in.kernel_mode) {
-    return {false, "readiness poller (the plan runs on the copy engines, which cannot skip an "
-                   "aborted layer)"};
+    return {false,
+            "readiness poller (the plan runs on the copy engines, which cannot skip an "
+            "aborted layer)"};
   }
   if (in.digest) {
-    return {false, "readiness poller (spec.digest: the digest kernels cannot skip an aborted "
-                   "layer)"};
+    return {false,
+            "readiness poller (spec.digest: the digest kernels cannot skip an aborted "
+            "layer)"};
   }
   if (in.waiting_jobs >= in.max_jobs) {
     // The limit named: the hardware queues' reason when they set it, else the setting.
-    return {false, absl::StrCat("readiness poller (", in.waiting_jobs,
-                                " jobs already wait on this GPU",
-                                in.queue_limit.empty()
-                                    ? absl::StrCat(", cuda_stream_wait_jobs ", in.max_jobs)
-                                    : absl::StrCat(": ", in.queue_limit),
-                                ")")};
+    return {
+        false,
+        absl::StrCat("readiness poller (", in.waiting_jobs, " jobs already wait on this GPU",
+                     in.queue_limit.empty() ? absl::StrCat(", cuda_stream_wait_jobs ", in.max_jobs)
+                                            : absl::StrCat(": ", in.queue_limit),
+                     ")")};
   }
   return {true, "GPU stream wait on the ready flags (cuStreamWaitValue32)"};
 }
@@ -55,8 +58,7 @@ GateReleaseDecision DecideGateRelease(const GateWatchInputs& in) {
     d.why = absl::UnavailableError(absl::StrCat(
         "kvraild released its GPU wait: a context-synchronizing CUDA call (", in.sync_what,
         ") had waited ", absl::ToInt64Milliseconds(*in.sync_blocked_for),
-        " ms behind it (the engine's bound: ", absl::ToInt64Milliseconds(in.bound),
-        " ms)"));
+        " ms behind it (the engine's bound: ", absl::ToInt64Milliseconds(in.bound), " ms)"));
     return d;
   }
   if (in.dispatcher_silent_for >= in.bound) {
@@ -75,16 +77,16 @@ std::optional<uint32_t> ReleaseStore(uint32_t word, uint32_t value) {
   return value;
 }
 
-absl::Status GatedTileStatus(bool aborted, const std::string& field, uint32_t layer,
-                             uint32_t value, const absl::Status& ended) {
+absl::Status GatedTileStatus(bool aborted, const std::string& field, uint32_t layer, uint32_t value,
+                             const absl::Status& ended) {
   if (!aborted) return absl::OkStatus();
-  const absl::Status why =
-      ended.ok() ? absl::UnavailableError("the transfer ended") : ended;
-  return absl::Status(why.code(),
-                      absl::StrCat(field, "[", layer, "]: the layer's copy waited on the GPU for "
-                                   "the flag to reach ", value,
-                                   " and was cancelled there (no byte written): ",
-                                   why.message()));
+  const absl::Status why = ended.ok() ? absl::UnavailableError("the transfer ended") : ended;
+  return absl::Status(
+      why.code(),
+      absl::StrCat(field, "[", layer,
+                   "]: the layer's copy waited on the GPU for "
+                   "the flag to reach ",
+                   value, " and was cancelled there (no byte written): ", why.message()));
 }
 
 int HardwareQueuesFromEnv(const char* value) {
@@ -107,7 +109,8 @@ GateQueuePlan PlanGateQueues(int requested_jobs, int hardware_queues) {
 }
 
 GateChoice GateSlots::Admit(const void* job, GateInputs in) {
-  if (held_.contains(job)) return {true, "GPU stream wait on the ready flags (cuStreamWaitValue32)"};
+  if (held_.contains(job))
+    return {true, "GPU stream wait on the ready flags (cuStreamWaitValue32)"};
   in.waiting_jobs = held();
   in.max_jobs = max_jobs_;
   in.queue_limit = queue_limit_;

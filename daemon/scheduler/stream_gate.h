@@ -31,15 +31,15 @@ namespace kvrail::scheduler {
 
 // What the engine knows when a gated layer-wise job first reaches it.
 struct GateInputs {
-  bool enabled = false;        // CudaEngineOptions::stream_wait
-  bool ready = true;           // the engine's abort page and cuStreamWriteValue32 exist
-  bool flags_mapped = false;   // the flag words have a device address on the job's GPU
-  bool kernel_mode = false;    // the plan runs on the copy kernel (copy engines cannot honour
-                               // an abort word: a released wait would let them copy)
-  bool digest = false;         // spec.digest: the digest kernels have no abort word either
-  int waiting_jobs = 0;        // gated jobs of this GPU already holding a stream
-  int max_jobs = 0;            // CudaEngineOptions::stream_wait_jobs (or fewer: queue_limit)
-  std::string queue_limit;     // PlanGateQueues's reason when the hardware queues set max_jobs
+  bool enabled = false;       // CudaEngineOptions::stream_wait
+  bool ready = true;          // the engine's abort page and cuStreamWriteValue32 exist
+  bool flags_mapped = false;  // the flag words have a device address on the job's GPU
+  bool kernel_mode = false;   // the plan runs on the copy kernel (copy engines cannot honour
+                              // an abort word: a released wait would let them copy)
+  bool digest = false;        // spec.digest: the digest kernels have no abort word either
+  int waiting_jobs = 0;       // gated jobs of this GPU already holding a stream
+  int max_jobs = 0;           // CudaEngineOptions::stream_wait_jobs (or fewer: queue_limit)
+  std::string queue_limit;    // PlanGateQueues's reason when the hardware queues set max_jobs
 };
 
 struct GateChoice {
@@ -102,8 +102,8 @@ std::optional<uint32_t> ReleaseStore(uint32_t word, uint32_t value);
 // The status a gated tile of layer `layer` reports once its stream has passed: OK when its copy
 // ran (`aborted` false), else `ended` (the job's end status, or UNAVAILABLE when none was given)
 // prefixed with the readiness that was never met, naming the field ("spec.ready_flags[3]: ...").
-absl::Status GatedTileStatus(bool aborted, const std::string& field, uint32_t layer,
-                             uint32_t value, const absl::Status& ended);
+absl::Status GatedTileStatus(bool aborted, const std::string& field, uint32_t layer, uint32_t value,
+                             const absl::Status& ended);
 
 // Hardware work queues. CUDA maps a process's streams onto a few hardware queues per GPU
 // (CUDA_DEVICE_MAX_CONNECTIONS, read at context creation: 1-32, default 8; under MPS the

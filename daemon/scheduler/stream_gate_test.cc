@@ -3,9 +3,9 @@
 // back, at once only when the producer is gone), what aborted gated tiles report, and the per-GPU
 // stream slots.
 #define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
-
 #include "daemon/scheduler/stream_gate.h"
+
+#include <catch2/catch.hpp>
 
 namespace kvrail::scheduler {
 namespace {
@@ -57,7 +57,7 @@ TEST_CASE("ReleaseStore never moves an epoch back, across the 32-bit wrap") {
   CHECK(!ReleaseStore(5, 5).has_value());
   CHECK(!ReleaseStore(6, 5).has_value());
   CHECK(ReleaseStore(0xFFFFFFFFu, 1) == std::optional<uint32_t>(1));  // before the wrap
-  CHECK(!ReleaseStore(2, 0xFFFFFFFFu).has_value());                  // after the wrap
+  CHECK(!ReleaseStore(2, 0xFFFFFFFFu).has_value());                   // after the wrap
   CHECK(ReleaseStore(0, 0x7FFFFFFFu) == std::optional<uint32_t>(0x7FFFFFFFu));
 }
 
@@ -91,7 +91,8 @@ TEST_CASE("DecideGateRelease: an ended job follows the grace rule, whatever else
   CHECK(DecideGateRelease(in).cause == GateReleaseCause::kEnded);
 }
 
-TEST_CASE("DecideGateRelease: a context-synchronizing call blocked for the bound releases a live job") {
+TEST_CASE(
+    "DecideGateRelease: a context-synchronizing call blocked for the bound releases a live job") {
   GateWatchInputs in = Live();
   CHECK(!DecideGateRelease(in).release());  // nothing blocked
   in.sync_blocked_for = absl::Milliseconds(499);
@@ -160,7 +161,6 @@ TEST_CASE("GateSlots: one slot per job, none beyond the limit, free again after 
   CHECK(!slots.Admit(&b, off).stream_wait);
   CHECK(slots.held() == 1);
 }
-
 
 // The one-process hang under MPS (docs/benchmarks.md): a parked wait
 // holds up every stream sharing its hardware queue, so the gated jobs a GPU holds are bounded by

@@ -147,8 +147,7 @@ class TileQueues {
     e.started = true;
     if (e.tiles.empty()) {
       queue.erase(queue.begin() + static_cast<std::ptrdiff_t>(at));
-    } else if (within_ == WithinClass::kRoundRobin && !finish_started_first_ &&
-               queue.size() > 1) {
+    } else if (within_ == WithinClass::kRoundRobin && !finish_started_first_ && queue.size() > 1) {
       queue.push_back(std::move(e));
       queue.pop_front();
     }
@@ -175,7 +174,7 @@ class TileQueues {
 
   struct Entry {
     std::shared_ptr<Job> job;
-    TileRanges tiles;  // ranges, not one entry per tile: a 2^20-tile transfer is one range
+    TileRanges tiles;      // ranges, not one entry per tile: a 2^20-tile transfer is one range
     bool started = false;  // tiles were taken from it
   };
   const WithinClass within_;

@@ -1,10 +1,9 @@
 #define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
+#include "daemon/scheduler/tile_queues.h"
 
 #include <array>
+#include <catch2/catch.hpp>
 #include <string>
-
-#include "daemon/scheduler/tile_queues.h"
 
 namespace kvrail::scheduler {
 namespace {
@@ -54,15 +53,15 @@ TEST_CASE("higher classes first; round robin within a class; removal counts") {
     auto [job, tile] = TakeOne(q);
     order += std::to_string(tile) + " ";
   };
-  take();                  // a:10
-  take();                  // b:20
-  q.Add(crit, {99});       // a critical job arrives: it goes next
-  take();                  // crit:99
-  take();                  // a:11
+  take();                         // a:10
+  take();                         // b:20
+  q.Add(crit, {99});              // a critical job arrives: it goes next
+  take();                         // crit:99
+  take();                         // a:11
   CHECK(q.Remove(b.get()) == 1);  // b:21 dropped
   CHECK(!q.Contains(b.get()));
-  take();                  // a:12
-  take();                  // bg:0 (only background left)
+  take();  // a:12
+  take();  // bg:0 (only background left)
   CHECK(order == "10 20 99 11 12 0 ");
   CHECK(q.Remove(bg.get()) == 2);
   CHECK(q.AllEmpty());
@@ -81,19 +80,19 @@ TEST_CASE("fewest queued tiles first within a class; classes still first; ties b
     auto [job, tile] = TakeOne(q);
     order += std::to_string(tile) + " ";
   };
-  take();                      // big:0 (ties go to the earlier job)
-  take();                      // big:1 (now the fewest: 4 left against 6)
-  q.Add(small, {20, 21});      // a short transfer passes
-  take();                      // small:20
+  take();                  // big:0 (ties go to the earlier job)
+  take();                  // big:1 (now the fewest: 4 left against 6)
+  q.Add(small, {20, 21});  // a short transfer passes
+  take();                  // small:20
   q.Add(crit, {99});
-  take();                      // crit:99
-  take();                      // small:21
-  take();                      // big:2
+  take();                                 // crit:99
+  take();                                 // small:21
+  take();                                 // big:2
   q.Add(next, {16, 17, 18, 19, 30, 31});  // layer-wise growth: `next` has 12 now, big 3
-  take();                      // big:3
-  take();                      // big:4
-  take();                      // big:5
-  take();                      // next:10
+  take();                                 // big:3
+  take();                                 // big:4
+  take();                                 // big:5
+  take();                                 // next:10
   CHECK(order == "0 1 20 99 21 2 3 4 5 10 ");
   CHECK(q.Remove(next.get()) == 11);
   CHECK(q.AllEmpty());
@@ -129,9 +128,9 @@ TEST_CASE("the drain's order: started jobs to their end one at a time, unstarted
     auto [job, tile] = TakeOne(q);
     order += std::to_string(tile) + " ";
   };
-  take();  // a:0
-  take();  // b:10 (round robin)
-  take();  // a:1
+  take();          // a:0
+  take();          // b:10 (round robin)
+  take();          // a:1
   q.Add(c, {20});  // not started: one tile, fewer than any started job
   q.FinishStartedFirst();
   // b has the fewest queued tiles of the started jobs (3 against a's 3: the earlier, b, is at the

@@ -1,18 +1,18 @@
 #define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
+#include "daemon/scheduler/tile_ranges.h"
 
+#include <catch2/catch.hpp>
 #include <cstdint>
 #include <deque>
 #include <random>
 #include <vector>
 
-#include "daemon/scheduler/tile_ranges.h"
-
 namespace kvrail::scheduler {
 namespace {
 
 TEST_CASE("a whole transfer's tiles are one range, not one entry per tile") {
-  // One entry per tile: a 2^20-tile transfer would hold 2^20 deque entries in the queue that carried it.
+  // One entry per tile: a 2^20-tile transfer would hold 2^20 deque entries in the queue that
+  // carried it.
   std::vector<uint32_t> all(1u << 20);
   for (uint32_t i = 0; i < all.size(); ++i) all[i] = i;
   TileRanges q(all.begin(), all.end());
@@ -61,7 +61,8 @@ TEST_CASE("ids after a gap start a new range; insert_back extends") {
   std::vector<uint32_t> b = {12, 13};
   q.insert_back(b.begin(), b.end());
   CHECK(q.num_ranges() == 2);
-  CHECK(std::vector<uint32_t>(q.begin(), q.end()) == std::vector<uint32_t>{4, 5, 6, 10, 11, 12, 13});
+  CHECK(std::vector<uint32_t>(q.begin(), q.end()) ==
+        std::vector<uint32_t>{4, 5, 6, 10, 11, 12, 13});
   for (int i = 0; i < 3; ++i) q.pop_front();
   CHECK(q.num_ranges() == 1);
   CHECK(q.front() == 10);

@@ -21,6 +21,8 @@ absl::StatusOr<sessions::Caller> CallerFromMetadata(const grpc::ServerContextBas
   return sessions.Authenticate(parsed->first, parsed->second);
 }
 
-bool IsLocal(const grpc::ServerContextBase& context) { return context.peer().rfind("unix:", 0) == 0; }
+bool IsLocal(const grpc::ServerContextBase& context) {
+  return context.peer().rfind("unix:", 0) == 0;
+}
 
 }  // namespace kvrail::server

@@ -12,7 +12,8 @@ namespace kvrail::server {
 
 ChangeGate::Mode ChangeGate::Enter() {
   absl::MutexLock lock(&mu_);
-  mu_.Await(absl::Condition(+[](Mode* mode) { return *mode != Mode::kHold; }, &mode_));
+  mu_.Await(absl::Condition(
+      +[](Mode* mode) { return *mode != Mode::kHold; }, &mode_));
   if (mode_ == Mode::kServe) ++running_;
   return mode_;
 }
@@ -26,7 +27,8 @@ void ChangeGate::Hold() {
   absl::MutexLock lock(&mu_);
   if (mode_ == Mode::kForward) return;
   mode_ = Mode::kHold;
-  mu_.Await(absl::Condition(+[](int* running) { return *running == 0; }, &running_));
+  mu_.Await(absl::Condition(
+      +[](int* running) { return *running == 0; }, &running_));
 }
 
 void ChangeGate::Resume() {
@@ -40,13 +42,14 @@ void ChangeGate::Forward(const std::string& grpc_target) {
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(256 << 20);
     args.SetMaxSendMessageSize(256 << 20);
-    auto channel =
-        grpc::CreateCustomChannel(grpc_target, grpc::InsecureChannelCredentials(), args);
+    auto channel = grpc::CreateCustomChannel(grpc_target, grpc::InsecureChannelCredentials(), args);
     // Connected now: the successor's socket is about to be renamed into place, and this
     // connection is what stays.
     if (!channel->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(2))) {
-      spdlog::warn("handover: cannot reach the successor at {}; changes still arriving here are "
-                   "refused", grpc_target);
+      spdlog::warn(
+          "handover: cannot reach the successor at {}; changes still arriving here are "
+          "refused",
+          grpc_target);
     }
     stub = v1::Transfer::NewStub(channel);
   }

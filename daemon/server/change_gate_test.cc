@@ -3,9 +3,8 @@
 #define CATCH_CONFIG_MAIN
 #include "daemon/server/change_gate.h"
 
-#include <catch2/catch.hpp>
-
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <thread>
 
 #include "absl/synchronization/notification.h"

@@ -47,8 +47,8 @@ absl::StatusOr<std::unique_ptr<PrivateBind>> PrivateBind::Create(const std::stri
       slash == std::string::npos ? std::string(".") : (slash == 0 ? "" : path.substr(0, slash));
   std::string tmpl = absl::StrCat(parent, "/.kvrail-XXXXXX");
   if (tmpl.size() + 2 >= sizeof(sockaddr_un{}.sun_path)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "unix_socket: the directory of ", path, " is too long for a socket bound beside it"));
+    return absl::InvalidArgumentError(absl::StrCat("unix_socket: the directory of ", path,
+                                                   " is too long for a socket bound beside it"));
   }
   if (::mkdtemp(tmpl.data()) == nullptr) {  // mode 0700
     return absl::UnavailableError(

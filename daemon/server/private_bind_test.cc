@@ -1,7 +1,7 @@
 // PrivateBind: a socket appears at its path only by rename, already with its mode, whatever the
 // umask; the private directory is 0700 and is removed.
 #define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
+#include "daemon/server/private_bind.h"
 
 #include <stdlib.h>
 #include <sys/inotify.h>
@@ -10,10 +10,9 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <catch2/catch.hpp>
 #include <cstring>
 #include <string>
-
-#include "daemon/server/private_bind.h"
 
 namespace kvrail::server {
 namespace {

@@ -6,8 +6,8 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "base/grpc_status.h"
 #include "base/logging.h"
@@ -35,13 +35,13 @@ absl::StatusOr<sessions::Caller> CallerOf(grpc::ServerContextBase* context,
   return CallerFromMetadata(*context, sessions);
 }
 
-#define KVRAIL_CALLER_OR_RETURN(caller)                                                    \
+#define KVRAIL_CALLER_OR_RETURN(caller)                                                   \
   absl::StatusOr<sessions::Caller> caller##_or = CallerOf(context, *sessions_, tcp_api_); \
-  if (!caller##_or.ok()) return ToGrpcStatus(caller##_or.status());                         \
+  if (!caller##_or.ok()) return ToGrpcStatus(caller##_or.status());                       \
   const sessions::Caller caller = *caller##_or
 
-#define KVRAIL_WATCHER_OR_REFUSE(slot, caller, refuse)                          \
-  absl::StatusOr<WatcherCounts::Slot> slot = watchers_.Take(caller);              \
+#define KVRAIL_WATCHER_OR_REFUSE(slot, caller, refuse)               \
+  absl::StatusOr<WatcherCounts::Slot> slot = watchers_.Take(caller); \
   if (!slot.ok()) return refuse(ToGrpcStatus(slot.status()))
 
 // The refusal of a unary callback call before it began.
@@ -58,17 +58,19 @@ constexpr absl::Duration kWatchTick = absl::Milliseconds(5);
 
 // In a Transfer call that changes handed-over state: waits while a handover is prepared; after
 // one, answers with the successor's answer. Otherwise counts the call until it returns.
-#define KVRAIL_GATE_OR_FORWARD(method)                                                     \
-  if (gate_->Enter() == ChangeGate::Mode::kForward) {                                      \
-    return ForwardCall(*context, gate_->successor(),                                       \
-                       [&](v1::Transfer::Stub* stub, grpc::ClientContext* out) {           \
-                         return stub->method(out, *request, response);                     \
-                       });                                                                 \
-  }                                                                                        \
-  struct GateLeave {                                                                       \
-    ChangeGate* gate;                                                                      \
-    ~GateLeave() { gate->Leave(); }                                                        \
-  } gate_leave{gate_}
+#define KVRAIL_GATE_OR_FORWARD(method)                                           \
+  if (gate_->Enter() == ChangeGate::Mode::kForward) {                            \
+    return ForwardCall(*context, gate_->successor(),                             \
+                       [&](v1::Transfer::Stub* stub, grpc::ClientContext* out) { \
+                         return stub->method(out, *request, response);           \
+                       });                                                       \
+  }                                                                              \
+  struct GateLeave {                                                             \
+    ChangeGate* gate;                                                            \
+    ~GateLeave() { gate->Leave(); }                                              \
+  } gate_leave {                                                                 \
+    gate_                                                                        \
+  }
 
 // WaitTransfer, WatchTransfer and WatchNotifications are callback methods driven by the watch
 // pump (watch_calls.h): they hold no thread while they wait. The rest answer at once on gRPC's
@@ -83,10 +85,15 @@ class TransferService final
                   transfers::NotificationHub* notifications, bool tcp_api,
                   uint32_t max_watchers_per_session, uint32_t max_watchers_per_uid,
                   ChangeGate* gate)
-      : sessions_(sessions), regions_(regions), grants_(grants), transfers_(transfers),
-        notifications_(notifications), tcp_api_(tcp_api),
+      : sessions_(sessions),
+        regions_(regions),
+        grants_(grants),
+        transfers_(transfers),
+        notifications_(notifications),
+        tcp_api_(tcp_api),
         watchers_(max_watchers_per_session, max_watchers_per_uid),
-        pump_(std::make_shared<WatchPump>(kWatchTick)), gate_(gate) {}
+        pump_(std::make_shared<WatchPump>(kWatchTick)),
+        gate_(gate) {}
 
   size_t open_watches() const { return pump_->open(); }
 
@@ -101,8 +108,8 @@ class TransferService final
           "session's kvrail-session credentials (the client library does)"));
     }
     if (request->session_id() != 0 && request->session_id() != caller.session_id) {
-      return ToGrpcStatus(absl::PermissionDeniedError(absl::StrCat(
-          "session_id: ", request->session_id(), " is not the caller's session")));
+      return ToGrpcStatus(absl::PermissionDeniedError(
+          absl::StrCat("session_id: ", request->session_id(), " is not the caller's session")));
     }
     auto region = regions_->Register(request->spec(), caller.session_id);
     if (!region.ok()) return ToGrpcStatus(region.status());
@@ -221,9 +228,10 @@ class TransferService final
     KVRAIL_CALLER_OR_RETURN(caller);
     if (gate_->forwarding()) {
       v1::Transfer::Stub* successor = gate_->successor();
-      return ForwardCall(*context, successor, [&](v1::Transfer::Stub* stub, grpc::ClientContext* out) {
-        return stub->PollNotifications(out, *request, response);
-      });
+      return ForwardCall(*context, successor,
+                         [&](v1::Transfer::Stub* stub, grpc::ClientContext* out) {
+                           return stub->PollNotifications(out, *request, response);
+                         });
     }
     if (absl::Status readable = NotificationsReadable(request->session_id(), caller);
         !readable.ok()) {
@@ -250,8 +258,8 @@ class TransferService final
       return refuse(ToGrpcStatus(readable));
     }
     KVRAIL_WATCHER_OR_REFUSE(slot, *caller, refuse);
-    return StartNotificationWatch(context, request->session_id(), *std::move(slot),
-                                  notifications_, pump_);
+    return StartNotificationWatch(context, request->session_id(), *std::move(slot), notifications_,
+                                  pump_);
   }
 
  private:
@@ -314,8 +322,7 @@ class AdminService final : public v1::Admin::Service {
     KVRAIL_CALLER_OR_RETURN(caller);
     const bool operator_role = caller.operator_role();
     for (auto& info : regions_->List()) {
-      if (!operator_role &&
-          (caller.session_id == 0 || info.session_id() != caller.session_id)) {
+      if (!operator_role && (caller.session_id == 0 || info.session_id() != caller.session_id)) {
         continue;
       }
       *response->add_regions() = std::move(info);

@@ -18,7 +18,7 @@
 namespace grpc {
 class Service;
 class ServerCredentials;
-}
+}  // namespace grpc
 
 namespace kvrail::server {
 

@@ -62,21 +62,22 @@ absl::StatusOr<std::unique_ptr<SocketLock>> SocketLock::Acquire(const std::strin
 }
 
 absl::StatusOr<std::unique_ptr<SocketLock>> SocketLock::Adopt(UniqueFd fd,
-                                                             const std::string& unix_socket) {
+                                                              const std::string& unix_socket) {
   const std::string path = SocketLockPath(unix_socket);
-  struct stat handed {}, at_path {};
+  struct stat handed {
+  }, at_path{};
   if (!fd.valid() || ::fstat(fd.get(), &handed) != 0 || ::stat(path.c_str(), &at_path) != 0 ||
       handed.st_dev != at_path.st_dev || handed.st_ino != at_path.st_ino) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "handover: the lock descriptor handed over is not ", path, " (the predecessor serves ",
-        "another socket?)"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("handover: the lock descriptor handed over is not ", path,
+                     " (the predecessor serves ", "another socket?)"));
   }
   // Succeeds only on the open file that holds the lock (any other would find it taken).
   while (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) {
     if (errno == EINTR) continue;
-    return absl::FailedPreconditionError(absl::StrCat(
-        "handover: the descriptor handed over does not hold the lock on ", path, ": ",
-        strerror(errno)));
+    return absl::FailedPreconditionError(
+        absl::StrCat("handover: the descriptor handed over does not hold the lock on ", path, ": ",
+                     strerror(errno)));
   }
   return Own(std::move(fd), path);
 }

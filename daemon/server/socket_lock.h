@@ -30,7 +30,7 @@ class SocketLock {
   // held while either process lives. Writes this process's pid into the file. FAILED_PRECONDITION
   // when `fd` is not the lock file of `unix_socket` or does not hold its lock.
   static absl::StatusOr<std::unique_ptr<SocketLock>> Adopt(UniqueFd fd,
-                                                          const std::string& unix_socket);
+                                                           const std::string& unix_socket);
 
   virtual const std::string& path() const = 0;
   // The descriptor that holds the lock (its duplicate goes to a successor).

@@ -26,10 +26,10 @@ absl::StatusOr<WatcherCounts::Slot> WatcherCounts::Take(const sessions::Caller& 
     auto it = per_uid_.find(caller.uid);
     if (it != per_uid_.end() && it->second >= max_per_uid_) {
       if (in_session == 0) per_session_.erase(caller.session_id);
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "max_watchers_per_uid: uid ", caller.uid, " has ", it->second,
-          " waits and watches open in its sessions, the most allowed "
-          "(DaemonConfig.max_watchers_per_uid)"));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("max_watchers_per_uid: uid ", caller.uid, " has ", it->second,
+                       " waits and watches open in its sessions, the most allowed "
+                       "(DaemonConfig.max_watchers_per_uid)"));
     }
     ++per_uid_[caller.uid];
   }
@@ -288,8 +288,7 @@ class WatchCall final : public StreamCall<v1::TransferEvent> {
 
  private:
   absl::Status Produce(std::vector<v1::TransferEvent>* out, bool* over) override {
-    const absl::Status stepped =
-        transfers_->WatchStep(caller_, id_, min_interval_, &cursor_, out);
+    const absl::Status stepped = transfers_->WatchStep(caller_, id_, min_interval_, &cursor_, out);
     *over = cursor_.over;
     return stepped;
   }
@@ -333,8 +332,8 @@ grpc::ServerUnaryReactor* StartWait(grpc::CallbackServerContext* context,
                                     const std::shared_ptr<WatchPump>& pump) {
   const absl::Time until =
       timeout == absl::InfiniteDuration() ? absl::InfiniteFuture() : absl::Now() + timeout;
-  auto call = std::make_shared<WaitCall>(context, caller, id, until, response, std::move(slot),
-                                         transfers);
+  auto call =
+      std::make_shared<WaitCall>(context, caller, id, until, response, std::move(slot), transfers);
   grpc::ServerUnaryReactor* reactor = call->reactor();
   std::weak_ptr<WaitCall> weak_call = call;
   std::weak_ptr<WatchPump> weak_pump = pump;
@@ -348,10 +347,12 @@ grpc::ServerUnaryReactor* StartWait(grpc::CallbackServerContext* context,
   return reactor;
 }
 
-grpc::ServerWriteReactor<v1::TransferEvent>* StartWatch(
-    grpc::CallbackServerContext* /*context*/, const sessions::Caller& caller, uint64_t id,
-    absl::Duration min_interval, WatcherCounts::Slot slot,
-    const transfers::TransferManager* transfers, const std::shared_ptr<WatchPump>& pump) {
+grpc::ServerWriteReactor<v1::TransferEvent>* StartWatch(grpc::CallbackServerContext* /*context*/,
+                                                        const sessions::Caller& caller, uint64_t id,
+                                                        absl::Duration min_interval,
+                                                        WatcherCounts::Slot slot,
+                                                        const transfers::TransferManager* transfers,
+                                                        const std::shared_ptr<WatchPump>& pump) {
   auto call = std::make_shared<WatchCall>(caller, id, min_interval, std::move(slot), transfers);
   grpc::ServerWriteReactor<v1::TransferEvent>* reactor = call.get();
   call->Begin(call, pump.get());

@@ -41,7 +41,9 @@ class WatcherCounts {
     Slot(WatcherCounts* owner, uint64_t session, int64_t uid)
         : owner_(owner), session_(session), uid_(uid) {}
     Slot(Slot&& other) noexcept
-        : owner_(std::exchange(other.owner_, nullptr)), session_(other.session_), uid_(other.uid_) {}
+        : owner_(std::exchange(other.owner_, nullptr)),
+          session_(other.session_),
+          uid_(other.uid_) {}
     Slot& operator=(Slot&& other) noexcept {
       reset();
       owner_ = std::exchange(other.owner_, nullptr);
@@ -117,11 +119,12 @@ grpc::ServerUnaryReactor* StartWait(grpc::CallbackServerContext* context,
 
 // WatchTransfer: the snapshot, then every event until the final state (TransferManager::
 // WatchStep, which checks `caller`), one write at a time; ends when the client goes.
-grpc::ServerWriteReactor<v1::TransferEvent>* StartWatch(
-    grpc::CallbackServerContext* context, const sessions::Caller& caller, uint64_t id,
-    absl::Duration min_interval,
-    WatcherCounts::Slot slot, const transfers::TransferManager* transfers,
-    const std::shared_ptr<WatchPump>& pump);
+grpc::ServerWriteReactor<v1::TransferEvent>* StartWatch(grpc::CallbackServerContext* context,
+                                                        const sessions::Caller& caller, uint64_t id,
+                                                        absl::Duration min_interval,
+                                                        WatcherCounts::Slot slot,
+                                                        const transfers::TransferManager* transfers,
+                                                        const std::shared_ptr<WatchPump>& pump);
 
 // WatchNotifications: the session's notifications as they are queued; ends OK when the session
 // ends (NOT_FOUND when it was not open at the start).

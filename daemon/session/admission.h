@@ -73,7 +73,7 @@ class AdmissionPool {
     std::function<void()> then;  // set by Close while a task runs
   };
 
-  bool HasWork() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);  // stopping, or a session ready
+  bool HasWork() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);      // stopping, or a session ready
   bool NothingLeft() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);  // no task queued or running
   void Work();
 

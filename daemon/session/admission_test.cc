@@ -2,9 +2,10 @@
 // parallel; a session closed with tasks queued has none of them run, and its `then` runs only
 // after the task that was running; a full queue refuses, naming the cap.
 #define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
+#include "daemon/session/admission.h"
 
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -12,7 +13,6 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
-#include "daemon/session/admission.h"
 
 namespace kvrail::session {
 namespace {
@@ -30,7 +30,7 @@ bool Eventually(F done) {
 
 TEST_CASE("AdmitsInline: ids in the packet up to the bound; never a shared table") {
   v1::TransferSpec spec;
-  CHECK(AdmitsInline(spec, 4));  // no ids (a bytes transfer)
+  CHECK(AdmitsInline(spec, 4));        // no ids (a bytes transfer)
   CHECK_FALSE(AdmitsInline(spec, 0));  // 0: never
   for (uint32_t id : {1, 2}) spec.mutable_src()->add_block_ids(id);
   spec.mutable_dst()->set_block_ids_le32(std::string(8, '\0'));  // 2 ids
@@ -53,20 +53,23 @@ TEST_CASE("each session's tasks run in order and one at a time; sessions run in 
     for (int s = 0; s < kSessions; ++s) pool.Open(s + 1);
     for (int i = 0; i < kTasks; ++i) {
       for (int s = 0; s < kSessions; ++s) {
-        REQUIRE(pool.Post(s + 1, [&, s, i] {
-                      if (inside[s]->fetch_add(1) != 0) overlapped.fetch_add(1);
-                      const int at_once = now.fetch_add(1) + 1;
-                      int seen = most_at_once.load();
-                      while (at_once > seen && !most_at_once.compare_exchange_weak(seen, at_once)) {
-                      }
-                      if (i % 50 == 0) absl::SleepFor(absl::Milliseconds(2));  // let others in
-                      {
-                        absl::MutexLock lock(&mu);
-                        ran[s].push_back(i);
-                      }
-                      now.fetch_sub(1);
-                      inside[s]->fetch_sub(1);
-                    })
+        REQUIRE(pool.Post(s + 1,
+                          [&, s, i] {
+                            if (inside[s]->fetch_add(1) != 0) overlapped.fetch_add(1);
+                            const int at_once = now.fetch_add(1) + 1;
+                            int seen = most_at_once.load();
+                            while (at_once > seen &&
+                                   !most_at_once.compare_exchange_weak(seen, at_once)) {
+                            }
+                            if (i % 50 == 0)
+                              absl::SleepFor(absl::Milliseconds(2));  // let others in
+                            {
+                              absl::MutexLock lock(&mu);
+                              ran[s].push_back(i);
+                            }
+                            now.fetch_sub(1);
+                            inside[s]->fetch_sub(1);
+                          })
                     .ok());
       }
     }
@@ -88,16 +91,18 @@ TEST_CASE("AwaitIdle returns once every queued task has run (none dropped)") {
   pool.Open(2);
   absl::Notification release;
   std::atomic<int> ran{0};
-  REQUIRE(pool.Post(1, [&] {
-                release.WaitForNotification();
-                ran.fetch_add(1);
-              })
+  REQUIRE(pool.Post(1,
+                    [&] {
+                      release.WaitForNotification();
+                      ran.fetch_add(1);
+                    })
               .ok());
   for (int i = 0; i < 20; ++i) {
-    REQUIRE(pool.Post(1 + i % 2, [&] {
-                  absl::SleepFor(absl::Microseconds(200));
-                  ran.fetch_add(1);
-                })
+    REQUIRE(pool.Post(1 + i % 2,
+                      [&] {
+                        absl::SleepFor(absl::Microseconds(200));
+                        ran.fetch_add(1);
+                      })
                 .ok());
   }
   std::atomic<bool> idle{false};
@@ -118,10 +123,11 @@ TEST_CASE("AwaitIdle also waits for a closed session's `then` (its session's end
   AdmissionPool pool(1, 8);
   pool.Open(1);
   absl::Notification entered, release;
-  REQUIRE(pool.Post(1, [&] {
-                entered.Notify();
-                release.WaitForNotification();
-              })
+  REQUIRE(pool.Post(1,
+                    [&] {
+                      entered.Notify();
+                      release.WaitForNotification();
+                    })
               .ok());
   REQUIRE(entered.WaitForNotificationWithTimeout(absl::Seconds(10)));
   std::atomic<bool> awaited{false}, awaited_during_then{true};
@@ -139,18 +145,20 @@ TEST_CASE("AwaitIdle also waits for a closed session's `then` (its session's end
   CHECK(pool.running() == 0);
 }
 
-TEST_CASE("a session closed with tasks queued has none of them run; `then` follows the running one") {
+TEST_CASE(
+    "a session closed with tasks queued has none of them run; `then` follows the running one") {
   AdmissionPool pool(2, 16);
   pool.Open(7);
   pool.Open(8);
   absl::Notification entered, release;
   std::atomic<int> queued_ran{0}, other_ran{0};
   std::atomic<bool> first_done{false}, then_ran{false}, then_after_first{false};
-  REQUIRE(pool.Post(7, [&] {
-                entered.Notify();
-                release.WaitForNotification();
-                first_done.store(true);
-              })
+  REQUIRE(pool.Post(7,
+                    [&] {
+                      entered.Notify();
+                      release.WaitForNotification();
+                      first_done.store(true);
+                    })
               .ok());
   REQUIRE(entered.WaitForNotificationWithTimeout(absl::Seconds(10)));
   for (int i = 0; i < 5; ++i) REQUIRE(pool.Post(7, [&] { queued_ran.fetch_add(1); }).ok());
@@ -161,9 +169,9 @@ TEST_CASE("a session closed with tasks queued has none of them run; `then` follo
   REQUIRE(Eventually([&] { return other_ran.load() == 1; }));
 
   CHECK(pool.Close(7, [&] {
-          then_after_first.store(first_done.load());
-          then_ran.store(true);
-        }) == 5);
+    then_after_first.store(first_done.load());
+    then_ran.store(true);
+  }) == 5);
   CHECK(pool.queued() == 0);
   CHECK_FALSE(then_ran.load());  // the first task still runs
   CHECK(absl::IsFailedPrecondition(pool.Post(7, [&] { queued_ran.fetch_add(1); })));
@@ -183,10 +191,11 @@ TEST_CASE("a session's full queue refuses the next task, naming the cap; others 
   pool.Open(1);
   pool.Open(2);
   absl::Notification entered, release;
-  REQUIRE(pool.Post(1, [&] {
-                entered.Notify();
-                release.WaitForNotification();
-              })
+  REQUIRE(pool.Post(1,
+                    [&] {
+                      entered.Notify();
+                      release.WaitForNotification();
+                    })
               .ok());
   REQUIRE(entered.WaitForNotificationWithTimeout(absl::Seconds(10)));
   std::atomic<int> ran{0};
@@ -209,11 +218,12 @@ TEST_CASE("destroying the pool lets the running task finish and drops the queued
   {
     AdmissionPool pool(1, 8);
     pool.Open(3);
-    REQUIRE(pool.Post(3, [&] {
-                  entered.Notify();
-                  release.WaitForNotification();
-                  finished.store(true);
-                })
+    REQUIRE(pool.Post(3,
+                      [&] {
+                        entered.Notify();
+                        release.WaitForNotification();
+                        finished.store(true);
+                      })
                 .ok());
     REQUIRE(entered.WaitForNotificationWithTimeout(absl::Seconds(10)));
     for (int i = 0; i < 3; ++i) REQUIRE(pool.Post(3, [&] { ran.fetch_add(1); }).ok());

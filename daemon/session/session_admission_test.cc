@@ -4,13 +4,12 @@
 // closed with SUBMITs queued has none of them admitted, and ends only after the one running; a
 // session's full queue refuses, naming the cap.
 #define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
-
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <cstring>
 #include <string>
 #include <vector>

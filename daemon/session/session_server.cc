@@ -23,8 +23,8 @@
 #include "absl/time/clock.h"
 #include "base/status.h"
 #include "base/unique_fd.h"
-#include "daemon/session/admission.h"
 #include "daemon/server/private_bind.h"
+#include "daemon/session/admission.h"
 #include "spdlog/spdlog.h"
 #include "wire/session_wire.h"
 #include "wire/shm_ring.h"
@@ -80,8 +80,8 @@ class CompletionSink {
     uint8_t entry[wire::kCompletionEntryBytes];
     wire::EncodeCompletion(c, entry);
     absl::MutexLock lock(&mu_);
-    absl::Status pushed = broken_ ? absl::DataLossError("broken")
-                                  : ring_->view().TryPush(entry, sizeof(entry));
+    absl::Status pushed =
+        broken_ ? absl::DataLossError("broken") : ring_->view().TryPush(entry, sizeof(entry));
     if (absl::IsDataLoss(pushed) && !broken_) {
       broken_ = true;
       spdlog::warn("completion queue: {}; the session's completions go by packets from now on",
@@ -283,8 +283,8 @@ class SessionServerImpl final : public SessionServer {
   static absl::StatusOr<UniqueFd> TakeHanded(std::vector<UniqueFd>* fds, int32_t index,
                                              absl::string_view field) {
     if (index < 0 || static_cast<size_t>(index) >= fds->size() || !(*fds)[index].valid()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "handover: ", field, ": descriptor ", index, " is not in the bundle (or used twice)"));
+      return absl::InvalidArgumentError(absl::StrCat("handover: ", field, ": descriptor ", index,
+                                                     " is not in the bundle (or used twice)"));
     }
     return std::move((*fds)[index]);
   }
@@ -362,7 +362,9 @@ class SessionServerImpl final : public SessionServer {
         options_.spin_polls->fetch_add(1, std::memory_order_relaxed);
       }
       const int n = ::epoll_wait(epoll_.get(), events.data(), static_cast<int>(events.size()),
-                                 spinning ? 0 : listener_paused_ ? 100 : -1);
+                                 spinning           ? 0
+                                 : listener_paused_ ? 100
+                                                    : -1);
       if (n == 0 && spinning) continue;
       if (n > 0 && options_.spin > absl::ZeroDuration()) spin_until = absl::Now() + options_.spin;
       if (n < 0) {
@@ -438,15 +440,16 @@ class SessionServerImpl final : public SessionServer {
   absl::Status CheckCaps(int fd, uint32_t uid) const {
     if (ShortOfFds(fd, options_.fd_headroom)) return ShortOfFdsError();
     if (sessions_.size() >= options_.max_sessions) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "max_sessions: ", sessions_.size(), " sessions are open, the most this daemon serves "
-          "(DaemonConfig.max_sessions)"));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("max_sessions: ", sessions_.size(),
+                       " sessions are open, the most this daemon serves "
+                       "(DaemonConfig.max_sessions)"));
     }
     auto it = per_uid_.find(uid);
     if (it != per_uid_.end() && it->second >= options_.max_sessions_per_uid) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "max_sessions_per_uid: uid ", uid, " has ", it->second,
-          " sessions open, the most allowed (DaemonConfig.max_sessions_per_uid)"));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("max_sessions_per_uid: uid ", uid, " has ", it->second,
+                       " sessions open, the most allowed (DaemonConfig.max_sessions_per_uid)"));
     }
     return absl::OkStatus();
   }
@@ -467,9 +470,8 @@ class SessionServerImpl final : public SessionServer {
     event.events = EPOLLIN | EPOLLRDHUP;
     event.data.u64 = static_cast<uint64_t>(raw);
     if (::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, raw, &event) != 0) {
-      SendPacket(raw, wire::EncodeRejected(absl::ResourceExhaustedError(
-                          absl::StrCat("the daemon cannot watch another connection: ",
-                                       std::strerror(errno)))));
+      SendPacket(raw, wire::EncodeRejected(absl::ResourceExhaustedError(absl::StrCat(
+                          "the daemon cannot watch another connection: ", std::strerror(errno)))));
       return;
     }
     const uint64_t id = table_->BeginSession();
@@ -491,11 +493,11 @@ class SessionServerImpl final : public SessionServer {
       // Its queued packets are dropped unrun (nothing of them reaches its memory or its socket);
       // a SUBMIT being admitted finishes first, and the session ends after it, so that transfer
       // is ended with the session's others.
-      const size_t dropped = admission_->Close(
-          conn->id, [table = table_, id = conn->id] { table->EndSession(id); });
+      const size_t dropped =
+          admission_->Close(conn->id, [table = table_, id = conn->id] { table->EndSession(id); });
       if (dropped > 0) {
-        spdlog::info("session {} closed with {} packets queued for admission: not served",
-                     conn->id, dropped);
+        spdlog::info("session {} closed with {} packets queued for admission: not served", conn->id,
+                     dropped);
       }
     } else {
       table_->EndSession(conn->id);
@@ -518,7 +520,8 @@ class SessionServerImpl final : public SessionServer {
         case absl::StatusCode::kDeadlineExceeded:  // nothing to read after all
           return;
         case absl::StatusCode::kUnavailable:  // closed, reset or broken
-          spdlog::debug("session {} closed: {}", conn->id, std::string(received.status().message()));
+          spdlog::debug("session {} closed: {}", conn->id,
+                        std::string(received.status().message()));
           Drop(it);
           return;
         default:
@@ -594,7 +597,8 @@ class SessionServerImpl final : public SessionServer {
       return;  // the descriptor is closed with `packet`
     }
     absl::StatusOr<std::string> token = table_->AddFd(conn->id, std::move(packet.fds[0]));
-    conn->Send(token.ok() ? wire::EncodeToken(*token) : wire::EncodeError(token.status().message()));
+    conn->Send(token.ok() ? wire::EncodeToken(*token)
+                          : wire::EncodeError(token.status().message()));
   }
 
   // WAIT <id>: answered with DONE when the transfer ends, from the thread that ends it (at once
@@ -674,13 +678,14 @@ class SessionServerImpl final : public SessionServer {
           absl::UnimplementedError("CQ: this daemon answers waits over gRPC only"));
     }
     for (const UniqueFd& fd : fds) {
-      if (ShortOfFds(fd.get(), options_.fd_headroom)) return wire::EncodeRejected(ShortOfFdsError());
+      if (ShortOfFds(fd.get(), options_.fd_headroom))
+        return wire::EncodeRejected(ShortOfFdsError());
     }
-    absl::StatusOr<std::unique_ptr<wire::SharedRing>> ring = wire::SharedRing::Attach(
-        std::move(fds[0]), std::move(fds[1]), wire::kCompletionEntryBytes);
+    absl::StatusOr<std::unique_ptr<wire::SharedRing>> ring =
+        wire::SharedRing::Attach(std::move(fds[0]), std::move(fds[1]), wire::kCompletionEntryBytes);
     if (!ring.ok()) {
-      return wire::EncodeRejected(absl::InvalidArgumentError(
-          absl::StrCat("CQ: ", ring.status().message())));
+      return wire::EncodeRejected(
+          absl::InvalidArgumentError(absl::StrCat("CQ: ", ring.status().message())));
     }
     {
       absl::MutexLock lock(&conn->mu);
@@ -697,15 +702,15 @@ class SessionServerImpl final : public SessionServer {
         table_->Authenticate(conn.id, table_->SessionSecret(conn.id));
     std::weak_ptr<CompletionSink> weak = sink;
     const auto& follow = options_.follow ? options_.follow : options_.wait;
-    const absl::Status registered =
-        caller.ok() ? follow(*caller, id,
-                                    [weak](const v1::TransferStatus& status) {
-                                      if (auto sink = weak.lock()) sink->Post(status);
-                                    })
-                    : caller.status();
+    const absl::Status registered = caller.ok() ? follow(*caller, id,
+                                                         [weak](const v1::TransferStatus& status) {
+                                                           if (auto sink = weak.lock())
+                                                             sink->Post(status);
+                                                         })
+                                                : caller.status();
     if (!registered.ok()) {
-      spdlog::debug("session {}: transfer {} not followed by the completion queue: {}", conn.id,
-                    id, registered.ToString());
+      spdlog::debug("session {}: transfer {} not followed by the completion queue: {}", conn.id, id,
+                    registered.ToString());
       sink->Missed();
     }
   }
@@ -768,12 +773,9 @@ std::string NewInstanceId() {
   return id;
 }
 
-absl::StatusOr<std::unique_ptr<SessionServer>> SessionServer::Start(const std::string& path,
-                                                                    uint32_t mode,
-                                                                    sessions::SessionTable* sessions,
-                                                                    const std::string& instance_id,
-                                                                    SubmitFn submit,
-                                                                    WaitFn wait) {
+absl::StatusOr<std::unique_ptr<SessionServer>> SessionServer::Start(
+    const std::string& path, uint32_t mode, sessions::SessionTable* sessions,
+    const std::string& instance_id, SubmitFn submit, WaitFn wait) {
   SessionServerOptions options;
   options.path = path;
   options.mode = mode;
@@ -819,8 +821,8 @@ absl::StatusOr<std::unique_ptr<SessionServer>> SessionServer::Start(
   UniqueFd epoll(::epoll_create1(EPOLL_CLOEXEC));
   if (!epoll.valid()) return absl::InternalError(absl::StrCat("epoll: ", std::strerror(errno)));
   auto server = std::make_unique<SessionServerImpl>(std::move(listener), std::move(wake_read),
-                                                   std::move(wake_write), std::move(epoll),
-                                                   sessions, options);
+                                                    std::move(wake_write), std::move(epoll),
+                                                    sessions, options);
   server->Resume();
   return std::unique_ptr<SessionServer>(std::move(server));
 }
@@ -849,8 +851,8 @@ absl::StatusOr<std::unique_ptr<SessionServer>> SessionServer::Adopt(
   UniqueFd epoll(::epoll_create1(EPOLL_CLOEXEC));
   if (!epoll.valid()) return absl::InternalError(absl::StrCat("epoll: ", std::strerror(errno)));
   auto server = std::make_unique<SessionServerImpl>(std::move(listener), std::move(wake_read),
-                                                   std::move(wake_write), std::move(epoll),
-                                                   sessions, options);
+                                                    std::move(wake_write), std::move(epoll),
+                                                    sessions, options);
   KVRAIL_RETURN_IF_ERROR(server->AdoptConnections(state, fds));
   return std::unique_ptr<SessionServer>(std::move(server));
 }

@@ -121,12 +121,9 @@ class SessionServer {
   // Binds `path` (an existing socket file there is replaced) with permission bits `mode`.
   // Greetings name `instance_id` (none when empty). Without `submit` / `wait`, SUBMIT / WAIT
   // packets are refused (UNIMPLEMENTED).
-  static absl::StatusOr<std::unique_ptr<SessionServer>> Start(const std::string& path,
-                                                              uint32_t mode,
-                                                              sessions::SessionTable* sessions,
-                                                              const std::string& instance_id,
-                                                              SubmitFn submit = nullptr,
-                                                              WaitFn wait = nullptr);
+  static absl::StatusOr<std::unique_ptr<SessionServer>> Start(
+      const std::string& path, uint32_t mode, sessions::SessionTable* sessions,
+      const std::string& instance_id, SubmitFn submit = nullptr, WaitFn wait = nullptr);
   // The same, with the options above (the server this one starts is the same).
   static absl::StatusOr<std::unique_ptr<SessionServer>> Start(const SessionServerOptions& options,
                                                               sessions::SessionTable* sessions);

@@ -6,7 +6,7 @@
 // The completion queue: every submitted transfer's end posted, a full ring counting overflow, a
 // client scribbling on its ring harming neither the daemon nor other sessions.
 #define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
+#include "daemon/session/session_server.h"
 
 #include <fcntl.h>
 #include <sys/inotify.h>
@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -26,7 +27,6 @@
 #include "absl/time/clock.h"
 #include "base/clock.h"
 #include "base/unique_fd.h"
-#include "daemon/session/session_server.h"
 #include "wire/session_wire.h"
 #include "wire/shm_ring.h"
 
@@ -100,7 +100,7 @@ struct Served {
 // A WAIT handler for the spin cases: an even id is answered at once (inside any spin), an odd one
 // `later` by a thread kept in `late` (after the spins; the test joins them).
 decltype(SessionServerOptions::wait) AnswerEvenNowOddLater(std::vector<std::thread>* late,
-                                                          absl::Duration later) {
+                                                           absl::Duration later) {
   return [late, later](const sessions::Caller&, uint64_t id,
                        std::function<void(const v1::TransferStatus&)> done) -> absl::Status {
     v1::TransferStatus status;
@@ -221,8 +221,9 @@ TEST_CASE("WAIT is asked as the connection's session") {
   const uint64_t main_id = *wire::ParseGreeting(*greeting);
   const std::string secret = wire::ParseGreetingSecret(*greeting);
   REQUIRE_FALSE(secret.empty());
-  REQUIRE(wire::SendPacket(fd, wire::EncodeWait(main_id, wire::SessionMetadataValue(main_id, secret)))
-              .ok());
+  REQUIRE(
+      wire::SendPacket(fd, wire::EncodeWait(main_id, wire::SessionMetadataValue(main_id, secret)))
+          .ok());
   auto as_main = wire::ParseDoneAnswer(*wire::ReceivePacket(fd));
   REQUIRE(as_main.ok());
   CHECK(as_main->transfer_id() == main_id);
@@ -344,7 +345,8 @@ namespace cq {
 // transfer at once (SUCCEEDED), so every submit posts one completion.
 SessionServerOptions EndAtOnce(std::atomic<uint64_t>* next_id) {
   SessionServerOptions options;
-  options.submit = [next_id](const v1::TransferSpec&) -> absl::StatusOr<v1::SubmitTransferResponse> {
+  options.submit =
+      [next_id](const v1::TransferSpec&) -> absl::StatusOr<v1::SubmitTransferResponse> {
     v1::SubmitTransferResponse response;
     response.set_transfer_id(next_id->fetch_add(1) + 1);
     return response;

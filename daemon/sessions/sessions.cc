@@ -104,9 +104,10 @@ class SessionTableImpl final : public SessionTable {
       ABSL_LOCKS_EXCLUDED(mu_) {
     absl::MutexLock lock(&mu_);
     if (tokens_.size() >= limits_.max_fd_tokens) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "max_fd_tokens: kvraild holds ", tokens_.size(), " unused fd tokens of every uid (at most ",
-          limits_.max_fd_tokens, "); register or close them"));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("max_fd_tokens: kvraild holds ", tokens_.size(),
+                       " unused fd tokens of every uid (at most ", limits_.max_fd_tokens,
+                       "); register or close them"));
     }
     const size_t held = Count(per_session_, session_id);
     if (held >= limits_.max_fd_tokens_per_session) {
@@ -117,14 +118,15 @@ class SessionTableImpl final : public SessionTable {
     const int64_t uid = CallerOfLocked(session_id).uid;
     const size_t uid_held = Count(per_uid_, uid);
     if (uid_held >= limits_.max_fd_tokens_per_uid) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "max_fd_tokens_per_uid: uid ", uid, " holds ", uid_held,
-          " unused fd tokens in all its sessions (at most ", limits_.max_fd_tokens_per_uid,
-          " per uid); register or close them"));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("max_fd_tokens_per_uid: uid ", uid, " holds ", uid_held,
+                       " unused fd tokens in all its sessions (at most ",
+                       limits_.max_fd_tokens_per_uid, " per uid); register or close them"));
     }
     std::string token;
     do {
-      token = absl::StrCat(absl::Hex(rng_(), absl::kZeroPad16), absl::Hex(rng_(), absl::kZeroPad16));
+      token =
+          absl::StrCat(absl::Hex(rng_(), absl::kZeroPad16), absl::Hex(rng_(), absl::kZeroPad16));
     } while (tokens_.contains(token));
     AddTokenLocked(token, session_id, uid, std::move(fd));
     return token;
@@ -194,8 +196,8 @@ class SessionTableImpl final : public SessionTable {
       // Each index names a descriptor of the bundle, used once.
       const int32_t index = pending.fd();
       if (index < 0 || static_cast<size_t>(index) >= fds->size() || !(*fds)[index].valid()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "pending_fds.fd: descriptor ", index, " is not in the bundle (or used twice)"));
+        return absl::InvalidArgumentError(absl::StrCat("pending_fds.fd: descriptor ", index,
+                                                       " is not in the bundle (or used twice)"));
       }
       if (!sessions_.contains(pending.session_id()) || tokens_.contains(pending.token())) {
         continue;  // its session was not handed over: the descriptor closes with the bundle

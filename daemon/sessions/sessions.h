@@ -84,8 +84,7 @@ class SessionTable {
   // every hook added without it (daemon/access rechecks the grants transfers use once the other
   // hooks have ended what they end). For wiring: add hooks before sessions begin; they live as
   // long as the table.
-  virtual void AddSessionEndHook(std::function<void(uint64_t)> hook,
-                                 bool after_others = false) = 0;
+  virtual void AddSessionEndHook(std::function<void(uint64_t)> hook, bool after_others = false) = 0;
 
   // --- fd tokens (single use, bound to their session) ---
   // Keeps `fd` under a new token of `session_id`. RESOURCE_EXHAUSTED naming the cap beyond

@@ -1,12 +1,12 @@
 #define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
+#include "daemon/sessions/sessions.h"
+
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <catch2/catch.hpp>
 #include <string>
 #include <vector>
-
-#include "daemon/sessions/sessions.h"
 
 namespace kvrail::sessions {
 namespace {

@@ -3,10 +3,9 @@
 // the other side - another session's source, destination, block table and flag words, grants of
 // the wrong access, region or layers, expired and revoked - and a refused transfer moves nothing.
 #define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
-
 #include <unistd.h>
 
+#include <catch2/catch.hpp>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -209,8 +208,7 @@ TEST_CASE("layer-limited grants cover only their layers") {
   INFO(ok.status().ToString());
   CHECK(ok.ok());
   spec.set_num_layers(3);  // layers 1..3: layer 3 is outside
-  RequireDenied(f.manager->Submit(spec),
-                "covers layers [1, 3), the transfer touches [1, 4)");
+  RequireDenied(f.manager->Submit(spec), "covers layers [1, 3), the transfer touches [1, 4)");
   spec.clear_num_layers();  // every layer from 1: outside too
   RequireDenied(f.manager->Submit(spec), "spec.src.grant");
   f.engine.RunAll();
@@ -267,9 +265,8 @@ TEST_CASE("only a transfer's submitter reads and controls it; the operator reads
     RequireUnknown(t.f.manager->Get(other, id).status());
     RequireUnknown(t.f.manager->Wait(other, id, absl::ZeroDuration()).status());
     bool heard = false;
-    RequireUnknown(t.f.manager->WhenEnded(other, id, [&](const v1::TransferStatus&) {
-      heard = true;
-    }));
+    RequireUnknown(
+        t.f.manager->WhenEnded(other, id, [&](const v1::TransferStatus&) { heard = true; }));
     bool watched = false;
     RequireUnknown(t.f.manager->Watch(other, id, absl::Milliseconds(1),
                                       [&](const v1::TransferEvent&) { return watched = true; }));
@@ -299,8 +296,7 @@ TEST_CASE("only a transfer's submitter reads and controls it; the operator reads
     const absl::Status unknown = t.f.manager->Get(caller, id + 1000).status();
     CHECK(unknown.code() == absl::StatusCode::kNotFound);
     CHECK(std::string(unknown.message()) == absl::StrCat("transfer_id: no transfer ", id + 1000));
-    CHECK(t.f.manager->Cancel(caller, id + 1000).status().code() ==
-          absl::StatusCode::kNotFound);
+    CHECK(t.f.manager->Cancel(caller, id + 1000).status().code() == absl::StatusCode::kNotFound);
   }
 }
 
@@ -428,8 +424,8 @@ TEST_CASE("no status returns a grant token: not to the submitter, the operator o
                       })
               .ok());
   v1::TransferStatus ended;
-  REQUIRE(t.f.manager->WhenEnded(submitter, id, [&](const v1::TransferStatus& s) { ended = s; })
-              .ok());
+  REQUIRE(
+      t.f.manager->WhenEnded(submitter, id, [&](const v1::TransferStatus& s) { ended = s; }).ok());
   REQUIRE(t.f.manager->MarkReady(submitter, id, 0, 1).ok());
   t.f.engine.RunAll();
   REQUIRE(ended.state() == v1::TRANSFER_STATE_SUCCEEDED);
@@ -480,8 +476,8 @@ TEST_CASE("a transfer inherited from a predecessor is checked as one of this dae
     CHECK(!heard);
     WatchCursor cursor;
     std::vector<v1::TransferEvent> events;
-    CHECK(t.f.manager->WatchStep(other, kId, absl::Milliseconds(1), &cursor, &events)
-              .ToString() == unknown);
+    CHECK(t.f.manager->WatchStep(other, kId, absl::Milliseconds(1), &cursor, &events).ToString() ==
+          unknown);
     CHECK(events.empty());
     CHECK(t.f.manager->Cancel(other, kId).status().ToString() == unknown);
     CHECK(t.f.manager->MarkReady(other, kId, 0, 1).ToString() == unknown);
@@ -492,8 +488,7 @@ TEST_CASE("a transfer inherited from a predecessor is checked as one of this dae
   // Its submitter and the operator read it; it has ended, so no layer is marked ready.
   CHECK(t.f.manager->Get(victim, kId)->state() == v1::TRANSFER_STATE_SUCCEEDED);
   CHECK(t.f.Get(kId).state() == v1::TRANSFER_STATE_SUCCEEDED);
-  CHECK(t.f.manager->MarkReady(victim, kId, 0, 1).code() ==
-        absl::StatusCode::kFailedPrecondition);
+  CHECK(t.f.manager->MarkReady(victim, kId, 0, 1).code() == absl::StatusCode::kFailedPrecondition);
 }
 
 }  // namespace

@@ -5,7 +5,6 @@
 // get past the check.
 #define CATCH_CONFIG_MAIN
 #include <catch2/catch.hpp>
-
 #include <chrono>
 #include <cstring>
 #include <future>
@@ -90,7 +89,7 @@ TEST_CASE("a session's end fails at once the transfers waiting for its readiness
   const uint64_t bulk = f.Submit(2, Of(producer));
   const uint64_t others = f.Submit(1, Of(other, true));
 
-  f.regions.sessions()->EndSession(producer);  // the producer died
+  f.regions.sessions()->EndSession(producer);        // the producer died
   const v1::TransferStatus failed = f.Get(waiting);  // no clock advance, no deadline: at once
   CHECK(failed.state() == v1::TRANSFER_STATE_FAILED);
   CHECK(failed.error_code() == static_cast<int32_t>(absl::StatusCode::kAborted));

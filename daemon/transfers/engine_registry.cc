@@ -10,12 +10,11 @@ engine::Engine* EngineRegistry::For(scheduler::EngineKind kind) const {
   return nullptr;
 }
 
-bool EngineRegistry::MovesGpuMemory() const {
-  return For(scheduler::EngineKind::kCuda) != nullptr;
-}
+bool EngineRegistry::MovesGpuMemory() const { return For(scheduler::EngineKind::kCuda) != nullptr; }
 
 planner::TableAllocator* EngineRegistry::TablePool() const {
-  if (engine::Engine* gpu = For(scheduler::EngineKind::kCuda)) return gpu->capabilities().table_pool;
+  if (engine::Engine* gpu = For(scheduler::EngineKind::kCuda))
+    return gpu->capabilities().table_pool;
   return engines_.empty() ? nullptr : engines_.front()->capabilities().table_pool;
 }
 

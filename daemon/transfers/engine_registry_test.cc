@@ -2,8 +2,9 @@
 // the engines' declared capabilities; an engine known to the manager only through the registry
 // (a toy one, below) runs a real transfer, shows in the stats and is held to what it declares.
 #define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
+#include "daemon/transfers/engine_registry.h"
 
+#include <catch2/catch.hpp>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -11,7 +12,6 @@
 
 #include "absl/synchronization/mutex.h"
 #include "base/manual_clock.h"
-#include "daemon/transfers/engine_registry.h"
 #include "daemon/transfers/fake_engine.h"
 #include "daemon/transfers/test_support.h"
 #include "daemon/transfers/transfers.h"
@@ -74,8 +74,7 @@ struct ToyFixture {
     Options options;
     options.node_id = "here";
     options.tile_bytes = kTile;
-    manager =
-        TransferManager::Create(regions.table(), regions.grants(), engines, &clock, options);
+    manager = TransferManager::Create(regions.table(), regions.grants(), engines, &clock, options);
   }
   ~ToyFixture() { manager->Drain(absl::ZeroDuration()); }
 };

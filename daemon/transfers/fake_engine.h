@@ -24,8 +24,8 @@ class CountingTables final : public planner::TableAllocator {
   Memory Take(size_t bytes) override {
     absl::MutexLock lock(&mu_);
     ++taken_;
-    return Memory{std::shared_ptr<void>(::operator new(bytes), [](void* p) { ::operator delete(p); }),
-                  false};
+    return Memory{
+        std::shared_ptr<void>(::operator new(bytes), [](void* p) { ::operator delete(p); }), false};
   }
   size_t taken() const {
     absl::MutexLock lock(&mu_);

@@ -1,10 +1,10 @@
 // Ready-flag watches: a watch stops before the memory it reads may be unmapped.
 #define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
+#include "daemon/transfers/flag_watches.h"
 
+#include <catch2/catch.hpp>
 #include <memory>
 
-#include "daemon/transfers/flag_watches.h"
 #include "daemon/transfers/test_support.h"
 
 namespace kvrail::transfers {

@@ -3,11 +3,11 @@
 // watch), the transfer waits on its producer until each word has come (EndSession ends it then,
 // and Job::ended says the producer is gone, so the engine releases its GPU waits at once).
 // Declined: the readiness poller hands layers over as their words come, as before.
-// Record's device sides' ready_gate (what an engine that admits gets: the words as the daemon and as the GPU
-// see them, their count and value) on a flag region mapped as a GPU would map it, and refused.
+// Record's device sides' ready_gate (what an engine that admits gets: the words as the daemon and
+// as the GPU see them, their count and value) on a flag region mapped as a GPU would map it, and
+// refused.
 #define CATCH_CONFIG_MAIN
 #include <catch2/catch.hpp>
-
 #include <memory>
 #include <numeric>
 #include <vector>
@@ -69,8 +69,9 @@ TEST_CASE("gated: an admitted layer-wise transfer hands every tile over at submi
   CHECK(t.f.Get(id).state() == v1::TRANSFER_STATE_SUCCEEDED);
 }
 
-TEST_CASE("gated: the producer's session ends with words unwritten - the transfer ends, the engine "
-          "hears the producer is gone") {
+TEST_CASE(
+    "gated: the producer's session ends with words unwritten - the transfer ends, the engine "
+    "hears the producer is gone") {
   Streaming t;
   t.f.engine.set_admit_gated(true);
   const uint64_t id = t.Submit();

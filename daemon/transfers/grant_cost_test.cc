@@ -4,7 +4,6 @@
 // through revocations, expiry, a region's unregistration and a session's end.
 #define CATCH_CONFIG_MAIN
 #include <catch2/catch.hpp>
-
 #include <chrono>
 #include <string>
 #include <vector>

@@ -7,7 +7,6 @@
 // third session may not.
 #define CATCH_CONFIG_MAIN
 #include <catch2/catch.hpp>
-
 #include <cstring>
 #include <string>
 

@@ -64,9 +64,8 @@ void GrantUses::Add(const std::shared_ptr<Record>& record, std::vector<GrantUse>
 
 absl::Status GrantUses::Check(const Entry& entry) const {
   for (const GrantUse& use : entry.uses) {
-    const absl::Status held =
-        grants_->CheckAccess(*use.region, use.session, use.grant, use.access, use.layer_begin,
-                              use.layer_end, use.field);
+    const absl::Status held = grants_->CheckAccess(*use.region, use.session, use.grant, use.access,
+                                                   use.layer_begin, use.layer_end, use.field);
     if (!held.ok()) {
       return absl::PermissionDeniedError(absl::StrCat(
           "the transfer ended: ", held.message(),
@@ -132,8 +131,9 @@ bool GrantUses::UsesRegionOf(uint64_t id, uint64_t session) const {
   absl::MutexLock lock(&mu_);
   auto it = entries_.find(id);
   if (it == entries_.end()) return false;
-  return std::any_of(it->second.uses.begin(), it->second.uses.end(),
-                     [session](const GrantUse& use) { return use.region->session_id() == session; });
+  return std::any_of(
+      it->second.uses.begin(), it->second.uses.end(),
+      [session](const GrantUse& use) { return use.region->session_id() == session; });
 }
 
 size_t GrantUses::size() const {

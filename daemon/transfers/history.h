@@ -24,8 +24,7 @@ class History {
 
   // Adds an admitted record; `key` (may be empty) now names it, replacing a reservation. Then
   // forgets the oldest ended transfers beyond the limit.
-  void Add(const std::shared_ptr<Record>& record, const std::string& key,
-           uint64_t fingerprint = 0);
+  void Add(const std::shared_ptr<Record>& record, const std::string& key, uint64_t fingerprint = 0);
   std::shared_ptr<Record> Find(uint64_t id) const;
   // Newest first.
   std::vector<std::shared_ptr<Record>> Newest() const;
@@ -48,7 +47,7 @@ class History {
  private:
   struct Entry {
     std::shared_ptr<Record> record;
-    std::string key;  // its idempotency key (kept here: reading it must not copy a status)
+    std::string key;           // its idempotency key (kept here: reading it must not copy a status)
     uint64_t fingerprint = 0;  // of the spec submitted under `key`
     std::list<uint64_t>::iterator order;
   };

@@ -48,8 +48,7 @@ absl::StatusOr<InboundSink::Admitted> TransferManagerImpl::BeginInbound(
                                        layers.begin, layers.end, "spec.dst"}});
   }
   spdlog::info("transfer {} accepted: inbound from '{}' (its transfer {}), {} bytes, {} tiles",
-               record->id(), sender_node, sender_transfer_id, plan.bytes_total(),
-               plan.num_tiles());
+               record->id(), sender_node, sender_transfer_id, plan.bytes_total(), plan.num_tiles());
   return Admitted{record->id(), record};
 }
 

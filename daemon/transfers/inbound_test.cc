@@ -1,9 +1,8 @@
 // Inbound fabric transfers (InboundSink): ended by the fabric or by a drain while tiles still
 // land; late tiles are ignored, counts never overshoot, drain terminates.
 #define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
-
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <thread>
 
 #include "daemon/transfers/manager_fixture.h"
@@ -50,8 +49,7 @@ TEST_CASE("an inbound transfer succeeds when every tile has landed") {
   CHECK(in.job->Ended());
   // Only root from a region-less session may cancel a transfer another node writes into this one.
   const sessions::Caller root_cli{f.regions.NewSession(), 0};
-  CHECK(f.manager->Cancel(f.caller, in.id).status().code() ==
-        absl::StatusCode::kPermissionDenied);
+  CHECK(f.manager->Cancel(f.caller, in.id).status().code() == absl::StatusCode::kPermissionDenied);
   CHECK(f.manager->Cancel(root_cli, in.id).ok());  // ended: a cancel is a no-op
 }
 
@@ -94,9 +92,8 @@ TEST_CASE("an inbound transfer's status shows no grant token to the destination'
   REQUIRE(grant.ok());
   v1::TransferSpec spec = testing::BytesSpec(f.src->id(), dst->id(), testing::kTile);
   spec.mutable_dst()->set_grant(grant->token());
-  auto admitted =
-      f.manager->BeginInbound(spec, InboundPlan(f, 1),
-                              std::make_shared<testing::StandInRegion>(f.src), dst, "peer", 78);
+  auto admitted = f.manager->BeginInbound(
+      spec, InboundPlan(f, 1), std::make_shared<testing::StandInRegion>(f.src), dst, "peer", 78);
   REQUIRE(admitted.ok());
   CHECK(f.Get(admitted->id).spec().dst().grant().empty());
   Land(*admitted, 0);

@@ -14,9 +14,9 @@ absl::Status TransferManagerImpl::Quiesce(absl::Duration timeout) {
     const uint64_t active = ActiveCount();
     if (active == 0) return absl::OkStatus();
     if (clock_->Now() >= until) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          active, " transfers still run after ", absl::FormatDuration(timeout),
-          " (drain_timeout_ms); they are not cut short: this daemon keeps serving"));
+      return absl::FailedPreconditionError(
+          absl::StrCat(active, " transfers still run after ", absl::FormatDuration(timeout),
+                       " (drain_timeout_ms); they are not cut short: this daemon keeps serving"));
     }
     absl::SleepFor(absl::Milliseconds(2));
   }

@@ -2,10 +2,9 @@
 // tests.
 #pragma once
 
-#include <catch2/catch.hpp>
-
 #include <unistd.h>
 
+#include <catch2/catch.hpp>
 #include <memory>
 
 #include "base/manual_clock.h"
@@ -46,9 +45,9 @@ struct ManagerFixture {
     options.tile_bytes = kTile;
     if (options.notifications == nullptr) options.notifications = hub.get();
     regions.sessions()->AddSessionEndHook([h = hub.get()](uint64_t s) { h->EndSession(s); });
-    manager = TransferManager::Create(regions.table(), regions.grants(),
-                                      EngineRegistry({use != nullptr ? use : &engine}), &clock,
-                                      options);
+    manager =
+        TransferManager::Create(regions.table(), regions.grants(),
+                                EngineRegistry({use != nullptr ? use : &engine}), &clock, options);
   }
   ~ManagerFixture() {
     manager->Drain(absl::ZeroDuration());

@@ -49,8 +49,8 @@ absl::Status UnknownTransfer(uint64_t id);
 // mu_, then a record's lock. Engines, the remote path and flag watches are called outside mu_.
 class TransferManagerImpl final : public TransferManager {
  public:
-  TransferManagerImpl(regions::RegionTable* regions, access::Grants* grants,
-                      EngineRegistry engines, Clock* clock, const Options& options);
+  TransferManagerImpl(regions::RegionTable* regions, access::Grants* grants, EngineRegistry engines,
+                      Clock* clock, const Options& options);
   ~TransferManagerImpl() override;
 
   // TransferManager (transfer_manager.cc)
@@ -112,7 +112,7 @@ class TransferManagerImpl final : public TransferManager {
   // unknown ids and for a caller with no part in the transfer, else PERMISSION_DENIED naming
   // transfer_id.
   absl::StatusOr<std::shared_ptr<Record>> Authorized(uint64_t id, const sessions::Caller& caller,
-                                                    Use use) const;
+                                                     Use use) const;
   // `filter` limited to what `caller` may list; false when it may list nothing.
   static bool ListableBy(const sessions::Caller& caller, ListFilter* filter);
   std::vector<v1::TransferStatus> ListUnchecked(const ListFilter& filter) const;
@@ -186,8 +186,8 @@ class TransferManagerImpl final : public TransferManager {
 
   // What Admit needs besides the plan and the record's fields.
   struct Admission {
-    const KeyClaim* claim = nullptr;  // null: no idempotency key
-    InFlightSlot* in_flight = nullptr;  // handed to the record once admitted; null: not counted
+    const KeyClaim* claim = nullptr;       // null: no idempotency key
+    InFlightSlot* in_flight = nullptr;     // handed to the record once admitted; null: not counted
     const ResolvedFlags* ready = nullptr;  // producer flags to watch, if set
     uint32_t first_layer = 0;              // the source layer ready word 0 stands for
     // Runs once the record exists, before it is admitted (the remote path announces it to the
@@ -207,8 +207,7 @@ class TransferManagerImpl final : public TransferManager {
   absl::StatusOr<std::shared_ptr<Record>> Admit(planner::Plan plan, RecordParams params,
                                                 const Admission& admission);
   absl::StatusOr<v1::SubmitTransferResponse> SubmitLocal(const ResolvedRequest& request,
-                                                         int64_t received_us,
-                                                         const KeyClaim& claim,
+                                                         int64_t received_us, const KeyClaim& claim,
                                                          InFlightSlot* slot);
   absl::StatusOr<v1::SubmitTransferResponse> SubmitRemote(const ResolvedRequest& request,
                                                           const KeyClaim& claim,

@@ -11,8 +11,9 @@ namespace kvrail::transfers {
 
 absl::Status CheckNotification(const v1::TransferSpec& spec) {
   if (spec.notification().size() > kMaxNotificationBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("spec.notification: ", spec.notification().size(),
-                                                   " bytes; at most ", kMaxNotificationBytes));
+    return absl::InvalidArgumentError(
+        absl::StrCat("spec.notification: ", spec.notification().size(), " bytes; at most ",
+                     kMaxNotificationBytes));
   }
   return absl::OkStatus();
 }

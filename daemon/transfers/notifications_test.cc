@@ -3,9 +3,8 @@
 #define CATCH_CONFIG_MAIN
 #include "daemon/transfers/notifications.h"
 
-#include <catch2/catch.hpp>
-
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <set>
 #include <thread>
 

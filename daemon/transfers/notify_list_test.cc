@@ -2,7 +2,6 @@
 // when it ends, and who does not) and List's filters (region, label, idempotency key).
 #define CATCH_CONFIG_MAIN
 #include <catch2/catch.hpp>
-
 #include <string>
 
 #include "daemon/engine/fault_engine.h"

@@ -4,17 +4,16 @@
 #include "absl/strings/str_cat.h"
 #include "base/logging.h"
 #include "base/status.h"
-#include "spdlog/spdlog.h"
 #include "daemon/transfers/manager_impl.h"
 #include "daemon/transfers/operator_cancel.h"
+#include "spdlog/spdlog.h"
 
 namespace kvrail::transfers {
 
 absl::StatusOr<std::shared_ptr<Record>> TransferManagerImpl::Authorized(
     uint64_t id, const sessions::Caller& caller, Use use) const {
   KVRAIL_ASSIGN_OR_RETURN(auto record, Find(id));
-  const bool submitter =
-      caller.session_id != 0 && record->submitter_session() == caller.session_id;
+  const bool submitter = caller.session_id != 0 && record->submitter_session() == caller.session_id;
   if (submitter) return record;
   if (use == Use::kCancel && grant_uses_->UsesRegionOf(id, caller.session_id)) return record;
   // A pull's producer: the owner of its source region marks the layers it wrote ready, with no
@@ -23,9 +22,8 @@ absl::StatusOr<std::shared_ptr<Record>> TransferManagerImpl::Authorized(
       record->src_owner_session() == caller.session_id) {
     return record;
   }
-  const bool reader =
-      caller.operator_role() ||
-      (caller.session_id != 0 && record->dst_owner_session() == caller.session_id);
+  const bool reader = caller.operator_role() ||
+                      (caller.session_id != 0 && record->dst_owner_session() == caller.session_id);
   if (use == Use::kRead && reader) return record;
   // A caller with no part in the transfer learns nothing of it, not even that it exists: the
   // answer is the unknown id's, code and message alike. Its readers, the owner of a region it
@@ -47,7 +45,7 @@ absl::StatusOr<std::shared_ptr<Record>> TransferManagerImpl::Authorized(
 }
 
 absl::StatusOr<v1::TransferStatus> TransferManagerImpl::Get(const sessions::Caller& caller,
-                                                           uint64_t id) const {
+                                                            uint64_t id) const {
   if (std::optional<handover::EndedTransfer> ended = FindInherited(id)) {
     KVRAIL_RETURN_IF_ERROR(AuthorizeInherited(*ended, caller, Use::kRead));
     return ended->status();
@@ -57,8 +55,8 @@ absl::StatusOr<v1::TransferStatus> TransferManagerImpl::Get(const sessions::Call
 }
 
 absl::StatusOr<v1::TransferStatus> TransferManagerImpl::Wait(const sessions::Caller& caller,
-                                                            uint64_t id,
-                                                            absl::Duration timeout) const {
+                                                             uint64_t id,
+                                                             absl::Duration timeout) const {
   if (std::optional<handover::EndedTransfer> ended = FindInherited(id)) {
     KVRAIL_RETURN_IF_ERROR(AuthorizeInherited(*ended, caller, Use::kRead));
     return ended->status();
@@ -75,9 +73,9 @@ absl::StatusOr<v1::TransferStatus> TransferManagerImpl::Wait(const sessions::Cal
   return record->Status();
 }
 
-absl::Status TransferManagerImpl::WhenEnded(
-    const sessions::Caller& caller, uint64_t id,
-    std::function<void(const v1::TransferStatus&)> done, bool counted) const {
+absl::Status TransferManagerImpl::WhenEnded(const sessions::Caller& caller, uint64_t id,
+                                            std::function<void(const v1::TransferStatus&)> done,
+                                            bool counted) const {
   if (std::optional<handover::EndedTransfer> ended = FindInherited(id)) {
     KVRAIL_RETURN_IF_ERROR(AuthorizeInherited(*ended, caller, Use::kRead));
     done(ended->status());
@@ -152,10 +150,10 @@ absl::Status TransferManagerImpl::WatchStep(const sessions::Caller& caller, uint
   return absl::OkStatus();
 }
 
-absl::Status TransferManagerImpl::Watch(
-    const sessions::Caller& caller, uint64_t id, absl::Duration min_interval,
-    const std::function<bool(const v1::TransferEvent&)>& sink,
-    const std::function<bool()>& still_wanted) const {
+absl::Status TransferManagerImpl::Watch(const sessions::Caller& caller, uint64_t id,
+                                        absl::Duration min_interval,
+                                        const std::function<bool(const v1::TransferEvent&)>& sink,
+                                        const std::function<bool()>& still_wanted) const {
   WatchCursor cursor;
   std::vector<v1::TransferEvent> events;
   while (true) {
@@ -171,7 +169,7 @@ absl::Status TransferManagerImpl::Watch(
 }
 
 absl::StatusOr<v1::TransferStatus> TransferManagerImpl::Cancel(const sessions::Caller& caller,
-                                                              uint64_t id) {
+                                                               uint64_t id) {
   // An inherited transfer has ended: its submitter's cancel changes nothing, as for a record here.
   if (std::optional<handover::EndedTransfer> ended = FindInherited(id)) {
     KVRAIL_RETURN_IF_ERROR(AuthorizeInherited(*ended, caller, Use::kCancel));
@@ -183,11 +181,11 @@ absl::StatusOr<v1::TransferStatus> TransferManagerImpl::Cancel(const sessions::C
   // line naming its uid. kvraild's own uid reads every status but cancels only its own: under
   // MPS the inference servers run as that uid.
   if (allowed.status().code() == absl::StatusCode::kPermissionDenied && caller.operator_role()) {
-    if (!MayCancelAsOperator(
-            caller, SessionOwnsRegions(regions_->List(), caller.session_id))) {
-      return absl::PermissionDeniedError(absl::StrCat(
-          allowed.status().message(), "; only root may cancel another session's transfer, and "
-                                      "only from a session that owns no regions"));
+    if (!MayCancelAsOperator(caller, SessionOwnsRegions(regions_->List(), caller.session_id))) {
+      return absl::PermissionDeniedError(
+          absl::StrCat(allowed.status().message(),
+                       "; only root may cancel another session's transfer, and "
+                       "only from a session that owns no regions"));
     }
     KVRAIL_ASSIGN_OR_RETURN(allowed, Find(id));
     const v1::TransferStatus before = (*allowed)->Status();
@@ -200,9 +198,9 @@ absl::StatusOr<v1::TransferStatus> TransferManagerImpl::Cancel(const sessions::C
   }
   KVRAIL_ASSIGN_OR_RETURN(auto record, std::move(allowed));
   if (record->inbound() && !record->IsFinal()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "transfer_id: transfer ", id, " is written into this node by another (",
-        record->Status().path_reason(), "); cancel it on the sending node"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("transfer_id: transfer ", id, " is written into this node by another (",
+                     record->Status().path_reason(), "); cancel it on the sending node"));
   }
   End(record, absl::CancelledError("cancelled by a client"));
   return record->Status();
@@ -212,8 +210,8 @@ absl::Status TransferManagerImpl::MarkReady(const sessions::Caller& caller, uint
                                             uint32_t layer_begin, uint32_t layer_count) {
   if (std::optional<handover::EndedTransfer> ended = FindInherited(id)) {
     KVRAIL_RETURN_IF_ERROR(AuthorizeInherited(*ended, caller, Use::kControl));
-    return absl::FailedPreconditionError(absl::StrCat(
-        "transfer_id: transfer ", id, " has ended (before kvraild's hot restart)"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("transfer_id: transfer ", id, " has ended (before kvraild's hot restart)"));
   }
   KVRAIL_ASSIGN_OR_RETURN(auto record, Authorized(id, caller, Use::kControl));
   KVRAIL_ASSIGN_OR_RETURN(std::vector<uint32_t> tiles,
@@ -232,7 +230,7 @@ std::vector<v1::TransferStatus> TransferManagerImpl::List(
 }
 
 bool TransferManagerImpl::ListableBy(const sessions::Caller& caller, ListFilter* filter) {
-  if (caller.operator_role()) return true;  // every transfer
+  if (caller.operator_role()) return true;   // every transfer
   if (caller.session_id == 0) return false;  // anonymous callers own none
   if (filter->session_id != 0 && filter->session_id != caller.session_id) return false;
   filter->session_id = caller.session_id;
@@ -258,8 +256,7 @@ std::vector<v1::TransferStatus> TransferManagerImpl::List(const sessions::Caller
   return ListUnchecked(filter);
 }
 
-std::vector<v1::TransferStatus> TransferManagerImpl::ListUnchecked(
-    const ListFilter& filter) const {
+std::vector<v1::TransferStatus> TransferManagerImpl::ListUnchecked(const ListFilter& filter) const {
   const uint32_t limit = filter.limit == 0 ? 100 : filter.limit;
   std::vector<std::shared_ptr<Record>> newest;
   {

@@ -1,10 +1,9 @@
 #define CATCH_CONFIG_MAIN
 #include "daemon/transfers/operator_cancel.h"
 
-#include <catch2/catch.hpp>
-
 #include <unistd.h>
 
+#include <catch2/catch.hpp>
 #include <string>
 #include <vector>
 

@@ -53,15 +53,15 @@ Record::Record(planner::Plan plan, RecordParams params)
       readiness_session_(params.readiness_session),
       src_session_(src_->session_id()),
       dst_session_(dst_->session_id()),
-      arrival_session_(params.arrival_region != nullptr ? params.arrival_region->session_id()
-                                                        : 0) {
+      arrival_session_(params.arrival_region != nullptr ? params.arrival_region->session_id() : 0) {
   src_->AcquireUse();
   dst_->AcquireUse();
   std::atomic<uint64_t>* link_slot = nullptr;
   {
     absl::MutexLock c(&counters_->mu);
-    class_slot_ = counters_->Slot(counters_->class_bytes,
-                                  absl::StrCat(PathKey(path_), "/", engine::PriorityClassName(priority_)));
+    class_slot_ =
+        counters_->Slot(counters_->class_bytes,
+                        absl::StrCat(PathKey(path_), "/", engine::PriorityClassName(priority_)));
     link_slot = counters_->Slot(counters_->link_bytes, link_.empty() ? "-" : link_);
   }
   absl::MutexLock lock(&mu_);
@@ -157,8 +157,7 @@ void Record::OnEngineNote(absl::string_view note) {
   ++version_;
 }
 
-absl::Status Record::WhenEnded(std::function<void(const v1::TransferStatus&)> done,
-                               bool counted) {
+absl::Status Record::WhenEnded(std::function<void(const v1::TransferStatus&)> done, bool counted) {
   absl::MutexLock lock(&mu_);
   if (state_ >= v1::TRANSFER_STATE_SUCCEEDED) {
     v1::TransferStatus status;
@@ -222,7 +221,8 @@ void Record::OnTileDone(uint32_t tile, const absl::Status& status) {
   ++tiles_reported_;
   // A region whose host memory faulted under the copy (its owner truncated it) fails the tile:
   // its bytes came from or went to zero pages (docs/security.md, "Memory").
-  absl::Status health = status.ok() && src_ != nullptr ? src_->Health("spec.src") : absl::OkStatus();
+  absl::Status health =
+      status.ok() && src_ != nullptr ? src_->Health("spec.src") : absl::OkStatus();
   if (health.ok() && status.ok() && dst_ != nullptr) health = dst_->Health("spec.dst");
   const absl::Status& outcome = health.ok() ? status : health;
   if (outcome.ok()) {
@@ -238,7 +238,8 @@ void Record::OnTileDone(uint32_t tile, const absl::Status& status) {
     }
     if (--layer_tiles_left_[info.layer] == 0) {
       layers_done_.push_back(info.layer);
-      if (arrival_words_ != nullptr) readiness::SignalFlag(arrival_words_, info.layer, arrival_value_);
+      if (arrival_words_ != nullptr)
+        readiness::SignalFlag(arrival_words_, info.layer, arrival_value_);
     }
   } else if (!end_request_.has_value()) {
     end_request_ = outcome;
@@ -290,9 +291,10 @@ absl::StatusOr<std::vector<uint32_t>> Record::MarkReady(uint32_t layer_begin,
   const uint32_t first = spec_.src().layer_begin();
   if (layer_begin < first || layer_begin - first >= plan_.num_layers() ||
       layer_count > plan_.num_layers() - (layer_begin - first)) {
-    return absl::OutOfRangeError(absl::StrCat(
-        "layer_begin: layers [", layer_begin, ", ", uint64_t{layer_begin} + layer_count,
-        ") are outside the transfer's source layers [", first, ", ", first + plan_.num_layers(), ")"));
+    return absl::OutOfRangeError(absl::StrCat("layer_begin: layers [", layer_begin, ", ",
+                                              uint64_t{layer_begin} + layer_count,
+                                              ") are outside the transfer's source layers [", first,
+                                              ", ", first + plan_.num_layers(), ")"));
   }
   std::vector<uint32_t> tiles;
   if (end_request_.has_value() || state_ >= v1::TRANSFER_STATE_SUCCEEDED) return tiles;
@@ -318,8 +320,8 @@ bool Record::RequestEnd(const absl::Status& status, size_t removed) {
   KVRAIL_DCHECK(tiles_reported_ <= tiles_enqueued_, "transfer: more tiles reported than enqueued");
   const uint32_t unreported =
       tiles_reported_ <= tiles_enqueued_ ? tiles_enqueued_ - tiles_reported_ : 0;
-  tiles_reported_ += inbound_ ? unreported
-                              : static_cast<uint32_t>(std::min<size_t>(removed, unreported));
+  tiles_reported_ +=
+      inbound_ ? unreported : static_cast<uint32_t>(std::min<size_t>(removed, unreported));
   if (!end_request_.has_value()) end_request_ = status;
   ++version_;
   MaybeFinishLocked();
@@ -380,7 +382,7 @@ void Record::FillStatusLocked(v1::TransferStatus* status) const {
   status->set_layers_done(static_cast<uint32_t>(layers_done_.size()));
   status->set_path(path_);
   status->set_path_reason(engine_note_.empty() ? path_reason_
-                                              : absl::StrCat(path_reason_, "; ", engine_note_));
+                                               : absl::StrCat(path_reason_, "; ", engine_note_));
   status->set_engine(engine_name_);
   if (spec_.digest()) {
     *status->mutable_digest() = digest_;

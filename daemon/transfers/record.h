@@ -47,9 +47,8 @@ struct Counters {
   // Submits refused, by status code name (Stats.rejected_by_code).
   std::map<std::string, uint64_t> rejected_by_code ABSL_GUARDED_BY(mu);
   // The slot for `key` in `slots` (one of the two maps above), created when missing.
-  std::atomic<uint64_t>* Slot(
-      std::map<std::string, std::unique_ptr<std::atomic<uint64_t>>>& slots, const std::string& key)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+  std::atomic<uint64_t>* Slot(std::map<std::string, std::unique_ptr<std::atomic<uint64_t>>>& slots,
+                              const std::string& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     auto& slot = slots[key];
     if (slot == nullptr) slot = std::make_unique<std::atomic<uint64_t>>(0);
     return slot.get();
@@ -113,8 +112,7 @@ class Record final : public InboundJob {
   // the manager's own bookkeeping (`counted` false: at most one or two per record) is not
   // counted, so clients still get all kMaxWhenEnded.
   static constexpr size_t kMaxWhenEnded = 4096;
-  absl::Status WhenEnded(std::function<void(const v1::TransferStatus&)> done,
-                         bool counted = true);
+  absl::Status WhenEnded(std::function<void(const v1::TransferStatus&)> done, bool counted = true);
   // The engine that runs the record's tiles.
   engine::Engine* engine() const { return engine_; }
   bool inbound() const { return inbound_; }

@@ -1,7 +1,8 @@
 // One transfer's record: tile accounting at its end (inbound records ended while tiles land).
 #define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
+#include "daemon/transfers/record.h"
 
+#include <catch2/catch.hpp>
 #include <functional>
 #include <memory>
 #include <string>
@@ -9,7 +10,6 @@
 
 #include "base/manual_clock.h"
 #include "daemon/transfers/fake_engine.h"
-#include "daemon/transfers/record.h"
 #include "daemon/transfers/test_support.h"
 
 namespace kvrail::transfers {
@@ -110,10 +110,12 @@ TEST_CASE("a transfer's waiters hear of its end before the metrics hook runs") {
   Fixture f(/*inbound=*/false, 4096,
             [&order](const v1::TransferStatus&) { order.push_back("metrics"); });
   Record* record = f.record.get();
-  REQUIRE(record->WhenEnded([&order](const v1::TransferStatus& status) {
-    CHECK(status.state() == v1::TRANSFER_STATE_SUCCEEDED);
-    order.push_back("waiter");
-  }).ok());
+  REQUIRE(record
+              ->WhenEnded([&order](const v1::TransferStatus& status) {
+                CHECK(status.state() == v1::TRANSFER_STATE_SUCCEEDED);
+                order.push_back("waiter");
+              })
+              .ok());
   REQUIRE(record->TakeInitialTiles().size() == 1);
   record->OnTileStart(0);
   record->OnTileDone(0, absl::OkStatus());

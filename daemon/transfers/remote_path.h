@@ -34,10 +34,9 @@ class RemotePath {
   virtual absl::StatusOr<Prepared> Prepare(const v1::TransferSpec& spec) = 0;
   // Announces the planned transfer to the peer and binds `job` (created with Prepared.engine) to
   // it; returns the NICs it will use. Tiles are enqueued only after this returns OK.
-  virtual absl::StatusOr<std::vector<std::string>> Begin(uint64_t id, const v1::TransferSpec& spec,
-                                                         const regions::Region& src,
-                                                         uint64_t tile_bytes,
-                                                         const std::shared_ptr<engine::Job>& job) = 0;
+  virtual absl::StatusOr<std::vector<std::string>> Begin(
+      uint64_t id, const v1::TransferSpec& spec, const regions::Region& src, uint64_t tile_bytes,
+      const std::shared_ptr<engine::Job>& job) = 0;
   // The engine that runs the fabric's tiles, for stats and metrics (its gauges: lane failover's
   // counters and lane states); nullptr when there is none to show.
   virtual const engine::Engine* engine() const { return nullptr; }

@@ -27,9 +27,9 @@ absl::Status CheckSourceNode(const v1::TransferEndpoint& src, const std::string&
 absl::Status CheckNode(const v1::TransferEndpoint& ep, const std::string& node_id,
                        const char* field) {
   if (!ep.node_id().empty() && ep.node_id() != node_id) {
-    return absl::UnimplementedError(absl::StrCat(
-        field, ".node_id: '", ep.node_id(), "' is another node; this daemon (node '", node_id,
-        "') has no fabric path configured"));
+    return absl::UnimplementedError(absl::StrCat(field, ".node_id: '", ep.node_id(),
+                                                 "' is another node; this daemon (node '", node_id,
+                                                 "') has no fabric path configured"));
   }
   return absl::OkStatus();
 }
@@ -71,8 +71,8 @@ uint64_t MaxTableIds(const v1::TransferSpec& spec, const planner::RegionView* si
 // region's bounds and against `max_ids` (MaxTableIds) before a byte of it is read. Errors about
 // the reference name `side`.block_table.
 absl::Status ResolveTable(const regions::RegionTable& regions, const v1::TransferEndpoint& ep,
-                          const std::string& side, bool copy, uint64_t session,
-                          uint64_t max_ids, ResolvedIds* out) {
+                          const std::string& side, bool copy, uint64_t session, uint64_t max_ids,
+                          ResolvedIds* out) {
   const std::string field = absl::StrCat("spec.", side, ".block_table");
   if (ep.block_ids_size() > 0 || !ep.block_ids_le32().empty()) {
     return absl::InvalidArgumentError(
@@ -82,12 +82,12 @@ absl::Status ResolveTable(const regions::RegionTable& regions, const v1::Transfe
   if (table.count() > max_ids) {
     // Named as the caller wrote it (the client library moves long block_ids here).
     const bool named = table.named_as() == "block_ids" || table.named_as() == "block_ids_le32";
-    return absl::InvalidArgumentError(absl::StrCat(
-        named ? absl::StrCat("spec.", side, ".", table.named_as(), ": ")
-              : absl::StrCat(field, ".count: "),
-        table.count(), " ids; this transfer uses at most ", max_ids,
-        max_ids == kMaxTableIds ? " (the most one table may hold)"
-                                : " (the blocks its tokens fill on this side)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(named ? absl::StrCat("spec.", side, ".", table.named_as(), ": ")
+                           : absl::StrCat(field, ".count: "),
+                     table.count(), " ids; this transfer uses at most ", max_ids,
+                     max_ids == kMaxTableIds ? " (the most one table may hold)"
+                                             : " (the blocks its tokens fill on this side)"));
   }
   KVRAIL_ASSIGN_OR_RETURN(out->table_region, GetRegion(regions, table.region_id(), field));
   // Ids are read from the submitter's own memory only: another session's bytes never reach an
@@ -99,9 +99,9 @@ absl::Status ResolveTable(const regions::RegionTable& regions, const v1::Transfe
   }
   const v1::RegionSpec& region = out->table_region->spec();
   if (region.memory_kind() != v1::MEMORY_KIND_HOST) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        field, ".region_id: region ", table.region_id(),
-        " is GPU memory; block tables are read from host memory"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(field, ".region_id: region ", table.region_id(),
+                     " is GPU memory; block tables are read from host memory"));
   }
   const uint64_t size = region.size_bytes();
   const uint64_t bytes = uint64_t{4} * table.count();
@@ -139,8 +139,7 @@ absl::StatusOr<ResolvedIds> ResolveIds(const regions::RegionTable& regions,
                                        bool copy_tables, uint64_t session, uint64_t max_ids) {
   ResolvedIds out;
   if (ep.has_block_table()) {
-    KVRAIL_RETURN_IF_ERROR(
-        ResolveTable(regions, ep, side, copy_tables, session, max_ids, &out));
+    KVRAIL_RETURN_IF_ERROR(ResolveTable(regions, ep, side, copy_tables, session, max_ids, &out));
     return out;
   }
   const uint64_t given = std::max<uint64_t>(ep.block_ids_size(), ep.block_ids_le32().size() / 4);
@@ -157,8 +156,8 @@ absl::StatusOr<ResolvedIds> ResolveIds(const regions::RegionTable& regions,
           absl::StrCat("spec.", out.field, ": set block_ids or block_ids_le32, not both"));
     }
     if (le32.size() % 4 != 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "spec.", out.field, ": ", le32.size(), " bytes is not a whole number of uint32 ids"));
+      return absl::InvalidArgumentError(absl::StrCat("spec.", out.field, ": ", le32.size(),
+                                                     " bytes is not a whole number of uint32 ids"));
     }
     // x86-64 and aarch64 are little-endian; the planner copies with memcpy (any alignment).
     out.ids = reinterpret_cast<const uint32_t*>(le32.data());
@@ -176,16 +175,16 @@ absl::StatusOr<ResolvedIds> ResolveIds(const regions::RegionTable& regions,
 // A FlagArray's region and static checks; whether its words fit is checked once the plan says
 // how many layers there are (ResolvedFlags::CheckFits).
 absl::StatusOr<ResolvedFlags> ResolveFlags(const regions::RegionTable& regions,
-                                           const access::Grants& grants,
-                                           const v1::FlagArray& flags, bool writable,
-                                           const std::string& field, uint64_t session) {
+                                           const access::Grants& grants, const v1::FlagArray& flags,
+                                           bool writable, const std::string& field,
+                                           uint64_t session) {
   ResolvedFlags out;
   out.field = field;
   KVRAIL_ASSIGN_OR_RETURN(out.region, GetRegion(regions, flags.region_id(), field));
   // Ready flags are read (the producer's words), arrival flags written (the consumer's).
-  KVRAIL_RETURN_IF_ERROR(grants.CheckAccess(
-      *out.region, session, flags.grant(),
-      writable ? v1::GRANT_ACCESS_WRITE : v1::GRANT_ACCESS_READ, 0, 0, field));
+  KVRAIL_RETURN_IF_ERROR(
+      grants.CheckAccess(*out.region, session, flags.grant(),
+                         writable ? v1::GRANT_ACCESS_WRITE : v1::GRANT_ACCESS_READ, 0, 0, field));
   const v1::RegionSpec& region = out.region->spec();
   if (region.memory_kind() != v1::MEMORY_KIND_HOST) {
     return absl::FailedPreconditionError(
@@ -226,9 +225,12 @@ LayerRange TransferLayers(const regions::Region& region, const v1::TransferSpec&
 
 engine::PriorityClass ToClass(v1::Priority priority) {
   switch (priority) {
-    case v1::PRIORITY_CRITICAL: return engine::PriorityClass::kCritical;
-    case v1::PRIORITY_BACKGROUND: return engine::PriorityClass::kBackground;
-    default: return engine::PriorityClass::kNormal;
+    case v1::PRIORITY_CRITICAL:
+      return engine::PriorityClass::kCritical;
+    case v1::PRIORITY_BACKGROUND:
+      return engine::PriorityClass::kBackground;
+    default:
+      return engine::PriorityClass::kNormal;
   }
 }
 
@@ -252,8 +254,8 @@ planner::TableRefs ResolvedRequest::Tables() const {
 
 v1::TransferSpec ResolvedRequest::Traveling() const {
   v1::TransferSpec out = light;
-  for (const auto& [ids, ep] : {std::pair{&src_ids, out.mutable_src()},
-                                std::pair{&dst_ids, out.mutable_dst()}}) {
+  for (const auto& [ids, ep] :
+       {std::pair{&src_ids, out.mutable_src()}, std::pair{&dst_ids, out.mutable_dst()}}) {
     if (!ids->given) continue;
     ep->set_block_ids_le32(std::string(reinterpret_cast<const char*>(ids->ids), 4 * ids->count));
   }
@@ -286,18 +288,16 @@ absl::StatusOr<ResolvedRequest> Resolve(const v1::TransferSpec& spec,
   }
   const planner::RegionView* src_view = src_region ? &src_region->view() : nullptr;
   const planner::RegionView* dst_view = dst_region ? &dst_region->view() : nullptr;
-  KVRAIL_ASSIGN_OR_RETURN(out.src_ids,
-                          ResolveIds(regions, spec.src(), "src", out.remote, session,
-                                     MaxTableIds(spec, src_view, dst_view, true)));
-  KVRAIL_ASSIGN_OR_RETURN(out.dst_ids,
-                          ResolveIds(regions, spec.dst(), "dst", out.remote, session,
-                                     MaxTableIds(spec, dst_view, src_view, false)));
+  KVRAIL_ASSIGN_OR_RETURN(out.src_ids, ResolveIds(regions, spec.src(), "src", out.remote, session,
+                                                  MaxTableIds(spec, src_view, dst_view, true)));
+  KVRAIL_ASSIGN_OR_RETURN(out.dst_ids, ResolveIds(regions, spec.dst(), "dst", out.remote, session,
+                                                  MaxTableIds(spec, dst_view, src_view, false)));
   out.light = v1::WithoutBlockTables(spec);
   KVRAIL_ASSIGN_OR_RETURN(out.src, GetRegion(regions, spec.src().region_id(), "spec.src"));
   const LayerRange src_layers = TransferLayers(*out.src, spec, spec.src());
   KVRAIL_RETURN_IF_ERROR(grants.CheckAccess(*out.src, session, spec.src().grant(),
-                                            v1::GRANT_ACCESS_READ, src_layers.begin,
-                                            src_layers.end, "spec.src"));
+                                            v1::GRANT_ACCESS_READ, src_layers.begin, src_layers.end,
+                                            "spec.src"));
   if (out.remote) return out;  // the destination, and any flag words, are the peer's
   KVRAIL_ASSIGN_OR_RETURN(out.dst, GetRegion(regions, spec.dst().region_id(), "spec.dst"));
   const LayerRange dst_layers = TransferLayers(*out.dst, spec, spec.dst());

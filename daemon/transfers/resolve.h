@@ -13,9 +13,9 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "daemon/access/access.h"
 #include "daemon/engine/engine.h"
 #include "daemon/planner/planner.h"
-#include "daemon/access/access.h"
 #include "daemon/regions/regions.h"
 #include "proto/kvrail/v1/transfer.pb.h"
 
@@ -74,7 +74,7 @@ struct ResolvedRequest {
 inline constexpr uint64_t kMaxTableIds = uint64_t{1} << 24;
 
 struct ResolveOptions {
-  std::string node_id;          // this daemon's node
+  std::string node_id;           // this daemon's node
   bool has_remote_path = false;  // transfers to other nodes can go over the fabric
 };
 

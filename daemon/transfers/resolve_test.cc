@@ -3,7 +3,6 @@
 // keys are held from before Begin.
 #define CATCH_CONFIG_MAIN
 #include <catch2/catch.hpp>
-
 #include <cstring>
 #include <thread>
 

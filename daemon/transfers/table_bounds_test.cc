@@ -5,7 +5,6 @@
 // that wraps 32 bits.
 #define CATCH_CONFIG_MAIN
 #include <catch2/catch.hpp>
-
 #include <chrono>
 #include <cstring>
 #include <string>
@@ -49,8 +48,7 @@ void RequireRefusedCount(const absl::StatusOr<v1::SubmitTransferResponse>& r,
   INFO(r.status().ToString());
   REQUIRE(!r.ok());
   CHECK(r.status().code() == absl::StatusCode::kInvalidArgument);
-  CHECK(std::string(r.status().message()).find("spec.src.block_table.count") !=
-        std::string::npos);
+  CHECK(std::string(r.status().message()).find("spec.src.block_table.count") != std::string::npos);
   CHECK(std::string(r.status().message()).find(at_most) != std::string::npos);
 }
 

@@ -1,5 +1,6 @@
 // Test helpers for the transfers module: host regions registered in a real RegionTable (memfd
-// backed, over a real SessionTable and Grants), a stand-in region (a lease, a remote source), and bytes / paged specs.
+// backed, over a real SessionTable and Grants), a stand-in region (a lease, a remote source), and
+// bytes / paged specs.
 #pragma once
 
 #include <sys/mman.h>

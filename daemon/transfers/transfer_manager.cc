@@ -34,7 +34,7 @@ std::string LinkName(const regions::Region& src, const regions::Region& dst) {
 // The region's memory kind and GPU (the route's input; no address).
 job::Placement PlacementOf(const regions::Region& r) {
   return r.spec().memory_kind() == v1::MEMORY_KIND_CUDA ? job::Placement::Gpu(r.spec().device())
-                                                       : job::Placement::Host();
+                                                        : job::Placement::Host();
 }
 
 absl::Status Draining() {
@@ -121,9 +121,8 @@ absl::StatusOr<TransferManagerImpl::Claimed> TransferManagerImpl::ClaimKey(
   absl::MutexLock lock(&mu_);
   if (draining_) return Draining();
   // A submit with this key in progress: wait for its outcome (mu_ is released meanwhile).
-  auto settled = [this, &key]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return !history_.Reserved(key);
-  };
+  auto settled = [this, &key]()
+                     ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !history_.Reserved(key); };
   mu_.Await(absl::Condition(&settled));
   uint64_t earlier_fingerprint = 0;
   if (std::shared_ptr<Record> earlier = history_.ByKey(key, &earlier_fingerprint)) {
@@ -159,7 +158,8 @@ absl::StatusOr<TransferManagerImpl::InFlightSlot> TransferManagerImpl::TakeInFli
         "max_transfers_per_session: ",
         session == 0 ? std::string("the anonymous callers have ")
                      : absl::StrCat("session ", session, " has "),
-        held, " transfers in flight, the most allowed (DaemonConfig.max_transfers_per_session); "
+        held,
+        " transfers in flight, the most allowed (DaemonConfig.max_transfers_per_session); "
         "wait for some to end"));
   }
   ++n;
@@ -185,10 +185,9 @@ absl::StatusOr<v1::SubmitTransferResponse> TransferManagerImpl::SubmitCounted(
   KVRAIL_ASSIGN_OR_RETURN(Claimed claimed, ClaimKey(spec));
   if (claimed.earlier.has_value()) return *claimed.earlier;
   KVRAIL_ASSIGN_OR_RETURN(InFlightSlot slot, TakeInFlight(spec.session_id()));
-  KVRAIL_ASSIGN_OR_RETURN(
-      const ResolvedRequest request,
-      Resolve(spec, *regions_, *grants_,
-              ResolveOptions{options_.node_id, options_.remote != nullptr}));
+  KVRAIL_ASSIGN_OR_RETURN(const ResolvedRequest request,
+                          Resolve(spec, *regions_, *grants_,
+                                  ResolveOptions{options_.node_id, options_.remote != nullptr}));
   if (request.remote) return SubmitRemote(request, claimed.claim, &slot);
   return SubmitLocal(request, received_us, claimed.claim, &slot);
 }
@@ -217,26 +216,26 @@ absl::StatusOr<v1::SubmitTransferResponse> TransferManagerImpl::SubmitLocal(
   const job::Placement src_at = PlacementOf(*request.src), dst_at = PlacementOf(*request.dst);
   // The route needs no plan: chosen first, so a GPU's dispatcher asleep after an idle spell wakes
   // while the plan is made.
-  KVRAIL_ASSIGN_OR_RETURN(
-      const scheduler::Route route,
-      scheduler::ChooseRoute(src_at, dst_at,
-                             options_.topology_graph, gpu_index_, engines_.MovesGpuMemory()));
+  KVRAIL_ASSIGN_OR_RETURN(const scheduler::Route route,
+                          scheduler::ChooseRoute(src_at, dst_at, options_.topology_graph,
+                                                 gpu_index_, engines_.MovesGpuMemory()));
   engine::Engine* engine = engines_.For(route.engine);
   if (engine == nullptr) {
     return absl::FailedPreconditionError(
         "spec.src.region_id: no engine of this daemon moves host memory between two regions");
   }
   if (spec.digest() && !engine->capabilities().digest) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "spec.digest: the ", engine->name(), " engine that would run this transfer does not "
-        "hash tiles; submit it without digest"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("spec.digest: the ", engine->name(),
+                     " engine that would run this transfer does not "
+                     "hash tiles; submit it without digest"));
   }
   if (route.engine == scheduler::EngineKind::kCuda) {
     engine->Expect(src_at, dst_at);
   }
   KVRAIL_ASSIGN_OR_RETURN(planner::Plan plan,
-                          planner::MakePlan(request.light, request.src->view(),
-                                            request.dst->view(), plan_options, request.Tables()));
+                          planner::MakePlan(request.light, request.src->view(), request.dst->view(),
+                                            plan_options, request.Tables()));
   KVRAIL_RETURN_IF_ERROR(request.ready.CheckFits(plan.num_layers()));
   KVRAIL_RETURN_IF_ERROR(request.arrival.CheckFits(plan.num_layers()));
   std::optional<absl::Time> deadline;
@@ -292,8 +291,8 @@ absl::StatusOr<v1::SubmitTransferResponse> TransferManagerImpl::SubmitLocal(
                           Admit(std::move(plan), std::move(params), admission));
   grant_uses_->Add(record, GrantUsesOf(request));
   spdlog::debug("transfer {} accepted: {} bytes, {} tiles, {}; {} via {} ({})", record->id(),
-               record->plan().bytes_total(), record->plan().num_tiles(),
-               record->plan().Describe(), v1::Path_Name(route.path), engine->name(), route.reason);
+                record->plan().bytes_total(), record->plan().num_tiles(), record->plan().Describe(),
+                v1::Path_Name(route.path), engine->name(), route.reason);
   return Accepted(record->id(), record->plan(), false);
 }
 
@@ -330,9 +329,9 @@ absl::StatusOr<v1::SubmitTransferResponse> TransferManagerImpl::SubmitRemote(
   admission.in_flight = slot;
   admission.submitter_session = spec.session_id();
   admission.before_admit = [&](const std::shared_ptr<Record>& record) -> absl::Status {
-    KVRAIL_ASSIGN_OR_RETURN(nics, options_.remote->Begin(record->id(), request.Traveling(),
-                                                         *request.src, plan_options.tile_bytes,
-                                                         record));
+    KVRAIL_ASSIGN_OR_RETURN(nics,
+                            options_.remote->Begin(record->id(), request.Traveling(), *request.src,
+                                                   plan_options.tile_bytes, record));
     record->SetNics(nics);
     return absl::OkStatus();
   };
@@ -340,8 +339,8 @@ absl::StatusOr<v1::SubmitTransferResponse> TransferManagerImpl::SubmitRemote(
                           Admit(std::move(plan), std::move(params), admission));
   grant_uses_->Add(record, GrantUsesOf(request));
   spdlog::debug("transfer {} accepted: {} bytes, {} tiles, {}; PATH_FABRIC to '{}' over {}",
-               record->id(), record->plan().bytes_total(), record->plan().num_tiles(),
-               record->plan().Describe(), spec.dst().node_id(), absl::StrJoin(nics, ","));
+                record->id(), record->plan().bytes_total(), record->plan().num_tiles(),
+                record->plan().Describe(), spec.dst().node_id(), absl::StrJoin(nics, ","));
   return Accepted(record->id(), record->plan(), false);
 }
 
@@ -358,9 +357,9 @@ absl::StatusOr<std::shared_ptr<Record>> TransferManagerImpl::Admit(planner::Plan
   // Regions on another node (a lease, a sender's source) have no owning session here.
   std::vector<NotificationRecipient> recipients;
   if (!params.spec.notification().empty()) {
-    recipients = NotificationRecipients(params.src->id(), params.src->session_id(),
-                                        params.dst->id(), params.dst->session_id(),
-                                        admission.submitter_session);
+    recipients =
+        NotificationRecipients(params.src->id(), params.src->session_id(), params.dst->id(),
+                               params.dst->session_id(), admission.submitter_session);
   }
   // The record (a copy of the spec) is built outside the manager's lock.
   auto record = std::make_shared<Record>(std::move(plan), std::move(params));
@@ -387,8 +386,7 @@ absl::StatusOr<std::shared_ptr<Record>> TransferManagerImpl::Admit(planner::Plan
     // The GPU-side wait first (the CUDA engine with cuda_stream_wait decides): every
     // layer goes to the engine now and each waits for its word on the GPU. Otherwise (host
     // engine, flags not mappable, stream_wait_jobs exhausted, ...) the readiness poller.
-    if (record->engine()->capabilities().gated_admission &&
-        record->engine()->AdmitGated(record)) {
+    if (record->engine()->capabilities().gated_admission && record->engine()->AdmitGated(record)) {
       record->engine()->Enqueue(record, record->TakeGatedTiles());
       return record;
     }
@@ -416,13 +414,12 @@ void TransferManagerImpl::NotifyWhenEnded(const std::shared_ptr<Record>& record,
   v1::Notification base;
   base.set_submitter_node_id(admission.submitter_node.empty() ? options_.node_id
                                                               : admission.submitter_node);
-  base.set_submitter_transfer_id(admission.submitter_transfer_id != 0
-                                     ? admission.submitter_transfer_id
-                                     : record->id());
+  base.set_submitter_transfer_id(
+      admission.submitter_transfer_id != 0 ? admission.submitter_transfer_id : record->id());
   // Runs under the record's lock on the thread ending it: Deliver only queues (never blocks).
-  const absl::Status kept = record->WhenEnded(
-      [hub = options_.notifications, recipients = std::move(recipients),
-       base = std::move(base)](const v1::TransferStatus& status) {
+  const absl::Status kept =
+      record->WhenEnded([hub = options_.notifications, recipients = std::move(recipients),
+                         base = std::move(base)](const v1::TransferStatus& status) {
         v1::Notification n = base;
         n.set_transfer_id(status.transfer_id());
         n.set_notification(status.spec().notification());
@@ -563,8 +560,7 @@ std::unique_ptr<TransferManager> TransferManager::Create(regions::RegionTable* r
                                                          access::Grants* grants,
                                                          EngineRegistry engines, Clock* clock,
                                                          const Options& options) {
-  return std::make_unique<TransferManagerImpl>(regions, grants, std::move(engines), clock,
-                                               options);
+  return std::make_unique<TransferManagerImpl>(regions, grants, std::move(engines), clock, options);
 }
 
 }  // namespace kvrail::transfers

@@ -1,13 +1,11 @@
 // The transfer manager over a hand-driven engine and a manual clock: cancel, drain and deadlines
 // against running tiles, waits measured by the clock, and a bounded history.
 #define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
-
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-
 #include "daemon/engine/fault_engine.h"
 #include "daemon/transfers/manager_fixture.h"
 

@@ -76,11 +76,11 @@ struct WatchCursor {
   std::shared_ptr<Record> record;  // set by the first step (the snapshot)
   uint64_t version = 0;            // the record's change count last looked at
   v1::TransferState state = v1::TRANSFER_STATE_UNSPECIFIED;
-  uint64_t bytes = 0;              // bytes_done last sent
-  bool bytes_pending = false;      // bytes moved since, not sent yet (min_interval)
+  uint64_t bytes = 0;          // bytes_done last sent
+  bool bytes_pending = false;  // bytes moved since, not sent yet (min_interval)
   size_t layers_sent = 0;
-  absl::Time last_progress;        // by the manager's clock
-  bool over = false;               // the final state's event was produced: the stream ends
+  absl::Time last_progress;  // by the manager's clock
+  bool over = false;         // the final state's event was produced: the stream ends
 };
 
 // Thread-safe. Destroy only after the engine has stopped reporting (drain first).
@@ -112,8 +112,7 @@ class TransferManager : public InboundSink {
   // manager before sessions end).
   static std::unique_ptr<TransferManager> Create(regions::RegionTable* regions,
                                                  access::Grants* grants, EngineRegistry engines,
-                                                 Clock* clock,
-                                                 const Options& options);
+                                                 Clock* clock, const Options& options);
 
   // Accepts a transfer submitted by session spec.session_id (see the class comment).
   virtual absl::StatusOr<v1::SubmitTransferResponse> Submit(const v1::TransferSpec& spec) = 0;
@@ -152,8 +151,8 @@ class TransferManager : public InboundSink {
                                  std::vector<v1::TransferEvent>* events) const = 0;
   virtual absl::StatusOr<v1::TransferStatus> Cancel(const sessions::Caller& caller,
                                                     uint64_t id) = 0;
-  virtual absl::Status MarkReady(const sessions::Caller& caller, uint64_t id,
-                                 uint32_t layer_begin, uint32_t layer_count) = 0;
+  virtual absl::Status MarkReady(const sessions::Caller& caller, uint64_t id, uint32_t layer_begin,
+                                 uint32_t layer_count) = 0;
   // Newest first, of the transfers `caller` may list; `states` empty means all.
   virtual std::vector<v1::TransferStatus> List(const sessions::Caller& caller,
                                                const std::vector<v1::TransferState>& states,

@@ -63,7 +63,6 @@ std::vector<uint32_t> Shuffled(uint32_t n, uint32_t seed) {
   return ids;
 }
 
-
 // One run against `socket`: the small tenant's latencies, with the large tenant submitting in a
 // loop when `loaded`. Adds p50_us, p99_us (and admit_ms when loaded) to `out`.
 bool RunOnce(const std::string& socket, bool loaded, int transfers, uint32_t large_blocks,
@@ -82,8 +81,8 @@ bool RunOnce(const std::string& socket, bool loaded, int transfers, uint32_t lar
       !Register(**large, tiny, false, &la) || !Register(**large, tiny, true, &lb)) {
     return false;
   }
-  v1::TransferSpec large_spec = client::MakeBlockTransfer(
-      la.id, Shuffled(large_blocks, 1), lb.id, Shuffled(large_blocks, 2));
+  v1::TransferSpec large_spec =
+      client::MakeBlockTransfer(la.id, Shuffled(large_blocks, 1), lb.id, Shuffled(large_blocks, 2));
   // Admitted, then waiting for layers never marked until cancelled: the engine stays free for
   // the small tenant, so the large tenant's cost to it is admission (and CPU) alone.
   large_spec.set_layerwise(true);
@@ -134,10 +133,13 @@ int Main(int argc, char** argv) {
   const int transfers = argc > 2 ? std::max(10, std::atoi(argv[2])) : 1000;
   const int log2_blocks = argc > 3 ? std::clamp(std::atoi(argv[3]), 10, 24) : 20;
   const uint32_t large_blocks = uint32_t{1} << log2_blocks;
-  std::printf("small tenant's 4 KiB submit -> completion beside a 2^%d-block SUBMIT, host engine "
-              "(%d runs of %d transfers)\n", log2_blocks, runs, transfers);
-  std::printf("| admission | small tenant | figure | median | min | max |\n"
-              "|---|---|---|---|---|---|\n");
+  std::printf(
+      "small tenant's 4 KiB submit -> completion beside a 2^%d-block SUBMIT, host engine "
+      "(%d runs of %d transfers)\n",
+      log2_blocks, runs, transfers);
+  std::printf(
+      "| admission | small tenant | figure | median | min | max |\n"
+      "|---|---|---|---|---|---|\n");
   for (int workers : {0, 1, 4}) {
     testing::TempDir dir;
     const std::string config = dir.path() + "/kvraild.textproto";

@@ -30,7 +30,8 @@ double Percentile(std::vector<double> v, double p) {
 
 // One configuration's figures: p50 and p99 (us) of 4 KiB submit -> completion, batch status of
 // 10,000 (ms).
-bool RunOnce(const std::string& socket, bool queue, std::map<std::string, std::vector<double>>* out) {
+bool RunOnce(const std::string& socket, bool queue,
+             std::map<std::string, std::vector<double>>* out) {
   ::setenv("KVRAIL_COMPLETION_QUEUE", queue ? "1" : "0", 1);
   auto client = client::Client::Connect(socket);
   if (!client.ok()) return false;

@@ -50,7 +50,9 @@ int Main() {
     buffers.push_back(*std::move(b));
   }
   std::mt19937_64 rng(1);
-  std::printf("| submit | client -> received | accept | reply | queued | wall ms |\n|---|---|---|---|---|---|\n");
+  std::printf(
+      "| submit | client -> received | accept | reply | queued | wall ms "
+      "|\n|---|---|---|---|---|---|\n");
   for (int i = 0; i < 6; ++i) {
     std::vector<uint32_t> s(pool), d(pool);
     std::iota(s.begin(), s.end(), 0u);
@@ -67,11 +69,12 @@ int Main() {
     if (!sub.ok()) return 1;
     auto st = (*cl)->Wait(sub->transfer_id());
     if (!st.ok() || st->state() != v1::TRANSFER_STATE_SUCCEEDED) return 1;
-    std::printf("| %d | %.0f | %lld | %.0f | %lld | %.1f |\n", i, st->received_unix_us() - u0,
-                static_cast<long long>(st->submitted_unix_us() - st->received_unix_us()),
-                u1 - st->submitted_unix_us(),
-                static_cast<long long>(st->started_unix_us() - st->submitted_unix_us()),
-                std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    std::printf(
+        "| %d | %.0f | %lld | %.0f | %lld | %.1f |\n", i, st->received_unix_us() - u0,
+        static_cast<long long>(st->submitted_unix_us() - st->received_unix_us()),
+        u1 - st->submitted_unix_us(),
+        static_cast<long long>(st->started_unix_us() - st->submitted_unix_us()),
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
   }
   for (int i = 0; i < 3; ++i) {
     const double c0 = UnixUs();
@@ -94,8 +97,9 @@ int Main() {
     spec.set_name("probe host buffer");  // an ordinary region of the table region's size
     auto info = (*fresh)->RegisterHostBuffer(**b, spec);
     const double u2 = UnixUs();
-    std::printf("fresh client %d: CreateHostBuffer(1 MiB) %.0f us, RegisterHostBuffer %.0f us (%s)\n",
-                i, u1 - u0, u2 - u1, info.ok() ? "ok" : info.status().ToString().c_str());
+    std::printf(
+        "fresh client %d: CreateHostBuffer(1 MiB) %.0f us, RegisterHostBuffer %.0f us (%s)\n", i,
+        u1 - u0, u2 - u1, info.ok() ? "ok" : info.status().ToString().c_str());
   }
   return 0;
 }

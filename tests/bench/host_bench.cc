@@ -68,15 +68,18 @@ int Main(int argc, char** argv) {
 
   const uint64_t moved_target = quick ? (64ull << 20) : (512ull << 20);
   std::printf("kvrail host-engine benchmark (%s)\n\n", quick ? "quick" : "full");
-  std::printf("1. scattered paged blocks, %llu MiB moved per run, 32 layers x K/V, random block ids\n",
-              static_cast<unsigned long long>(moved_target >> 20));
+  std::printf(
+      "1. scattered paged blocks, %llu MiB moved per run, 32 layers x K/V, random block ids\n",
+      static_cast<unsigned long long>(moved_target >> 20));
   std::printf("%-10s %14s %14s %14s %10s\n", "block", "kvraild GB/s", "memcpy 1T GB/s",
               "contig GB/s", "ratio");
   // Block sizes via heads per token: 16 tokens x heads x 128 x bf16.
-  for (uint32_t heads : submit_only ? std::vector<uint32_t>{} : std::vector<uint32_t>{1, 4, 8, 32}) {
+  for (uint32_t heads :
+       submit_only ? std::vector<uint32_t>{} : std::vector<uint32_t>{1, 4, 8, 32}) {
     const uint64_t block_bytes = 16ull * heads * 128 * 2;
     const uint32_t layers = 32, parts = 2;
-    const uint32_t moved_blocks = static_cast<uint32_t>(moved_target / (block_bytes * layers * parts));
+    const uint32_t moved_blocks =
+        static_cast<uint32_t>(moved_target / (block_bytes * layers * parts));
     const uint32_t pool_blocks = moved_blocks * 2;
     const auto layout = MakeLayout(layers, parts, pool_blocks, 16, heads, 128, v1::DTYPE_BF16,
                                    v1::LAYOUT_ORDER_LAYER_PART_BLOCK_NHD);
@@ -100,8 +103,8 @@ int Main(int argc, char** argv) {
     std::vector<uint32_t> src_blocks(ids.begin(), ids.begin() + moved_blocks);
     std::shuffle(ids.begin(), ids.end(), rng);
     std::vector<uint32_t> dst_blocks(ids.begin(), ids.begin() + moved_blocks);
-    auto spec = client::MakeBlockTransfer(src_info->region_id(), src_blocks,
-                                          dst_info->region_id(), dst_blocks);
+    auto spec = client::MakeBlockTransfer(src_info->region_id(), src_blocks, dst_info->region_id(),
+                                          dst_blocks);
     // The decode client reads the prefill client's pool under its read grant.
     spec.mutable_src()->set_grant(
         (*prefill)->CreateGrant(src_info->region_id(), v1::GRANT_ACCESS_READ)->token());
@@ -151,8 +154,8 @@ int Main(int argc, char** argv) {
   // 2. Submission cost of a 100k-block transfer (1 layer, 1 head: the plan, not the bytes).
   {
     const uint32_t n = submit_blocks;
-    const auto layout = MakeLayout(1, 1, 2 * n, 16, 1, 8, v1::DTYPE_BF16,
-                                   v1::LAYOUT_ORDER_LAYER_PART_BLOCK_NHD);
+    const auto layout =
+        MakeLayout(1, 1, 2 * n, 16, 1, 8, v1::DTYPE_BF16, v1::LAYOUT_ORDER_LAYER_PART_BLOCK_NHD);
     const uint64_t bytes = testing::LayoutBytes(layout);
     auto src = *(*prefill)->CreateHostBuffer(bytes);
     auto dst = *(*decode)->CreateHostBuffer(bytes);
@@ -168,7 +171,8 @@ int Main(int argc, char** argv) {
         dst_info->region_id(), std::vector<uint32_t>(ids.begin() + n, ids.end()));
     spec.mutable_src()->set_grant(
         (*prefill)->CreateGrant(src_info->region_id(), v1::GRANT_ACCESS_READ)->token());
-    std::printf("\n2. SubmitTransfer, 100k source + 100k destination block ids (accepted, planned)\n");
+    std::printf(
+        "\n2. SubmitTransfer, 100k source + 100k destination block ids (accepted, planned)\n");
     // Bulk: the engine starts copying while the response is on its way (on this 2-core machine
     // the copy competes with the RPC for the CPUs). Layer-wise: nothing moves until MarkReady,
     // which isolates the cost of accepting and planning.
@@ -189,10 +193,11 @@ int Main(int argc, char** argv) {
           accept_ms.push_back((done->submitted_unix_us() - done->received_unix_us()) / 1e3);
         }
       }
-      std::printf("   %-10s p50 %.3f ms   p99 %.3f ms   (target < 2 ms); the daemon's accept work "
-                  "p50 %.3f ms\n",
-                  layerwise ? "layer-wise" : "bulk", Percentile(ms, 0.5), Percentile(ms, 0.99),
-                  Percentile(accept_ms, 0.5));
+      std::printf(
+          "   %-10s p50 %.3f ms   p99 %.3f ms   (target < 2 ms); the daemon's accept work "
+          "p50 %.3f ms\n",
+          layerwise ? "layer-wise" : "bulk", Percentile(ms, 0.5), Percentile(ms, 0.99),
+          Percentile(accept_ms, 0.5));
     }
     // The transport alone: the same message, rejected before planning (unknown region).
     auto rejected = spec;
@@ -204,8 +209,9 @@ int Main(int argc, char** argv) {
       ms.push_back(Seconds(Clock::now() - t0) * 1e3);
       if (r.ok()) return 1;
     }
-    std::printf("   %-10s p50 %.3f ms   p99 %.3f ms   (same message rejected at once: transport cost)\n",
-                "rejected", Percentile(ms, 0.5), Percentile(ms, 0.99));
+    std::printf(
+        "   %-10s p50 %.3f ms   p99 %.3f ms   (same message rejected at once: transport cost)\n",
+        "rejected", Percentile(ms, 0.5), Percentile(ms, 0.99));
   }
 
   // 3. Small RPC latency on the unix socket.

@@ -14,8 +14,8 @@
 
 int main() {
   using Clock = std::chrono::steady_clock;
-  std::printf("%-10s %14s %16s %16s %14s %14s %14s\n", "blocks", "MakePlan us",
-              "deferred: plan us", "then checks us", "copy ids us", "serialize us", "parse us");
+  std::printf("%-10s %14s %16s %16s %14s %14s %14s\n", "blocks", "MakePlan us", "deferred: plan us",
+              "then checks us", "copy ids us", "serialize us", "parse us");
   for (uint32_t n : {1000u, 10000u, 100000u, 262144u}) {
     kvrail::v1::PagedKvLayout proto;
     proto.set_num_layers(1);
@@ -56,8 +56,10 @@ int main() {
       if (!deferred.ok() || !deferred->checks_deferred()) return 1;
       if (!deferred->CheckTiles(0, deferred->num_tiles()).ok()) return 1;
       auto t8 = Clock::now();
-      best_deferred = std::min(best_deferred, std::chrono::duration<double, std::micro>(t7 - t6).count());
-      best_checks = std::min(best_checks, std::chrono::duration<double, std::micro>(t8 - t7).count());
+      best_deferred =
+          std::min(best_deferred, std::chrono::duration<double, std::micro>(t7 - t6).count());
+      best_checks =
+          std::min(best_checks, std::chrono::duration<double, std::micro>(t8 - t7).count());
       // The wire cost on both ends of SubmitTransfer: protobuf encode and decode of the spec.
       auto t3 = Clock::now();
       const std::string wire = spec.SerializeAsString();

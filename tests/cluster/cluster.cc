@@ -143,8 +143,8 @@ bool Cluster::StartDaemon(ClusterNode* node) {
   node->daemon = std::make_unique<NsDaemon>();
   node->started = absl::Now();
   if (!node->daemon->Start(node->net->ns, node->name, node->net->ip, "", "", o)) {
-    error_ = absl::StrCat("node '", node->name, "' did not start:\n",
-                          Tail(node->daemon->Log(), 4000));
+    error_ =
+        absl::StrCat("node '", node->name, "' did not start:\n", Tail(node->daemon->Log(), 4000));
     return false;
   }
   return true;

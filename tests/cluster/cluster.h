@@ -28,9 +28,9 @@ std::string CannotRunCluster();
 std::string MissingEtcd();
 
 struct ClusterOptions {
-  int etcd_ttl_s = 2;              // DaemonConfig.etcd.ttl_s
-  bool tls = true;                 // mTLS between daemons (test CA); false: insecure_peers
-  uint64_t slot_bytes = 262144;    // small staging: 16 daemons x 15 peers stay cheap
+  int etcd_ttl_s = 2;            // DaemonConfig.etcd.ttl_s
+  bool tls = true;               // mTLS between daemons (test CA); false: insecure_peers
+  uint64_t slot_bytes = 262144;  // small staging: 16 daemons x 15 peers stay cheap
   uint32_t slots = 4;
   uint64_t tile_bytes = 131072;
   std::string log_level = "info";

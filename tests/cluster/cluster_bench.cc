@@ -111,10 +111,10 @@ int Main(int argc, char** argv) {
         },
         absl::Seconds(10));
     const absl::Time t0 = registered != absl::InfinitePast() ? registered : joiner->started;
-    rows.push_back({absl::StrCat("join ", t, ": listed by all ", observers.size()),
-                    Since(listed, t0), 1000});
-    rows.push_back({absl::StrCat("join ", t, ": up (hello) in all ", observers.size()),
-                    Since(up, t0), 1000});
+    rows.push_back(
+        {absl::StrCat("join ", t, ": listed by all ", observers.size()), Since(listed, t0), 1000});
+    rows.push_back(
+        {absl::StrCat("join ", t, ": up (hello) in all ", observers.size()), Since(up, t0), 1000});
     std::printf("join %d: registered %.0f ms after its process started\n", t,
                 registered == absl::InfinitePast() ? -1.0 : Ms(registered - joiner->started));
     // Let the joiner settle before the next event (everyone up with everyone).
@@ -131,20 +131,20 @@ int Main(int argc, char** argv) {
           return Cluster::StateOf(p, victim->name) == "down";
         },
         absl::Seconds(15));
-    rows.push_back({absl::StrCat("kill ", t, " (", victim->name, "): down in all ",
-                                 survivors.size()),
-                    Since(down, killed), kLivenessMs});
+    rows.push_back(
+        {absl::StrCat("kill ", t, " (", victim->name, "): down in all ", survivors.size()),
+         Since(down, killed), kLivenessMs});
   }
   bool ok = true;
-  std::printf("\n| event | observers | min ms | median ms | max ms | target ms | met |\n"
-              "|---|---|---|---|---|---|---|\n");
+  std::printf(
+      "\n| event | observers | min ms | median ms | max ms | target ms | met |\n"
+      "|---|---|---|---|---|---|---|\n");
   for (Row& r : rows) {
     std::sort(r.ms.begin(), r.ms.end());
     const bool met = r.ms.back() <= r.target_ms;
     ok = ok && met;
     std::printf("| %s | %zu | %.0f | %.0f | %.0f | %.0f | %s |\n", r.event.c_str(), r.ms.size(),
-                r.ms.front(), r.ms[r.ms.size() / 2], r.ms.back(), r.target_ms,
-                met ? "yes" : "NO");
+                r.ms.front(), r.ms[r.ms.size() / 2], r.ms.back(), r.target_ms, met ? "yes" : "NO");
   }
   std::printf("\ntotal %.1f s\n", absl::ToDoubleSeconds(absl::Now() - t_start));
   return ok ? 0 : 1;

@@ -8,11 +8,13 @@
 //
 // Needs root (CI runs as root; SKIPs with the reason otherwise) and etcd (FAILs without it).
 #define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
+#include "tests/cluster/cluster.h"
+
 #include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <cstdio>
 #include <map>
 #include <string>
@@ -22,7 +24,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
-#include "tests/cluster/cluster.h"
 #include "tests/integration/kv_fixture.h"
 
 namespace kvrail::testing {
@@ -97,8 +98,8 @@ std::vector<std::string> AllToAll(const Data& d, const std::vector<ClusterNode*>
       if (from == to) continue;
       auto submitted = from->daemon->client->Submit(Spec(d, *from, *to));
       if (!submitted.ok()) {
-        failures.push_back(absl::StrCat(from->name, "->", to->name, " submit: ",
-                                        submitted.status().ToString()));
+        failures.push_back(
+            absl::StrCat(from->name, "->", to->name, " submit: ", submitted.status().ToString()));
         continue;
       }
       pending.push_back({from, to, submitted->transfer_id()});
@@ -119,9 +120,9 @@ std::vector<std::string> AllToAll(const Data& d, const std::vector<ClusterNode*>
       continue;
     }
     if (!status.ok() || status->state() != v1::TRANSFER_STATE_SUCCEEDED) {
-      failures.push_back(absl::StrCat(
-          p.from->name, "->", p.to->name, ": ",
-          status.ok() ? status->error_message() : status.status().ToString()));
+      failures.push_back(
+          absl::StrCat(p.from->name, "->", p.to->name, ": ",
+                       status.ok() ? status->error_message() : status.status().ToString()));
       continue;
     }
     const uint32_t seed = d.seed.at(p.from->name);
@@ -143,10 +144,10 @@ std::pair<std::string, double> Spread(const std::vector<ClusterNode*>& observers
   for (size_t i = 0; i < observers.size(); ++i) {
     const double ms = when[i] == absl::InfinitePast() ? 1e9 : Ms(when[i] - t0);
     worst = std::max(worst, ms);
-    absl::StrAppend(&line, observers[i]->name, " ",
-                    when[i] == absl::InfinitePast() ? std::string("never")
-                                                    : absl::StrCat(static_cast<int>(ms)),
-                    " ms  ");
+    absl::StrAppend(
+        &line, observers[i]->name, " ",
+        when[i] == absl::InfinitePast() ? std::string("never") : absl::StrCat(static_cast<int>(ms)),
+        " ms  ");
   }
   return {line, worst};
 }
@@ -228,14 +229,15 @@ TEST_CASE("4 daemons through etcd: many-to-many, a join, a kill, an etcd restart
     const absl::Time t0 = registered != absl::InfinitePast() ? registered : e->started;
     const auto [listed_line, listed_worst] = Spread(nodes, listed, t0);
     const auto [up_line, up_worst] = Spread(nodes, up, t0);
-    std::printf("join: e registered in etcd %.0f ms after its process started\n"
-                "join: listed by  %s(all: %.0f ms after registering)\n"
-                "join: up (hello) %s(all: %.0f ms after registering)\n",
-                registered == absl::InfinitePast() ? -1.0 : Ms(registered - e->started),
-                listed_line.c_str(), listed_worst, up_line.c_str(), up_worst);
+    std::printf(
+        "join: e registered in etcd %.0f ms after its process started\n"
+        "join: listed by  %s(all: %.0f ms after registering)\n"
+        "join: up (hello) %s(all: %.0f ms after registering)\n",
+        registered == absl::InfinitePast() ? -1.0 : Ms(registered - e->started),
+        listed_line.c_str(), listed_worst, up_line.c_str(), up_worst);
     INFO(up_line << "\n" << c.Logs());
     CHECK(registered != absl::InfinitePast());  // its etcd record is in everyone's ListPeers
-    CHECK(up_worst < 1000.0);                    // seen by all within 1 s
+    CHECK(up_worst < 1000.0);                   // seen by all within 1 s
   }
   nodes = c.Running();
   REQUIRE(nodes.size() == 5);
@@ -284,8 +286,9 @@ TEST_CASE("4 daemons through etcd: many-to-many, a join, a kill, an etcd restart
       absl::Seconds(10));
   {
     const auto [line, worst] = Spread(survivors, down, killed);
-    std::printf("kill: d marked down by  %s(all: %.0f ms after SIGKILL; liveness timeout %.0f ms)\n",
-                line.c_str(), worst, Ms(kLiveness));
+    std::printf(
+        "kill: d marked down by  %s(all: %.0f ms after SIGKILL; liveness timeout %.0f ms)\n",
+        line.c_str(), worst, Ms(kLiveness));
     INFO(line << "\n" << c.Logs());
     CHECK(worst < Ms(kLiveness) + 1000.0);
   }
@@ -372,10 +375,11 @@ TEST_CASE("4 daemons through etcd: many-to-many, a join, a kill, an etcd restart
     for (std::string& f : AllToAll(d, nodes)) failures.push_back("after the restart: " + f);
     ++rounds;
   }
-  std::printf("etcd: %d all-to-all rounds (%zu transfers each) during a %.1f s outage and after "
-              "the restart: %zu failed\n",
-              rounds, nodes.size() * (nodes.size() - 1), absl::ToDoubleSeconds(back - outage),
-              failures.size());
+  std::printf(
+      "etcd: %d all-to-all rounds (%zu transfers each) during a %.1f s outage and after "
+      "the restart: %zu failed\n",
+      rounds, nodes.size() * (nodes.size() - 1), absl::ToDoubleSeconds(back - outage),
+      failures.size());
   {
     INFO(absl::StrJoin(failures, "\n") << "\n" << c.Logs());
     CHECK(failures.empty());

@@ -3,11 +3,10 @@
 // move KV blocks a -> b; then `promtool check metrics` must find nothing on either /metrics, the
 // families an operator relies on are there (process_*, fabric bytes, peers), and both daemons
 // name the link of the transfer the same way. The CLI's calls (status, health, regions) register
-// no region and log no info line. promtool is Debian's prometheus package (deploy/dev.sh): without it the
-// test fails. About 5 s.
+// no region and log no info line. promtool is Debian's prometheus package (deploy/dev.sh): without
+// it the test fails. About 5 s.
 #define CATCH_CONFIG_MAIN
 #include <catch2/catch.hpp>
-
 #include <chrono>
 #include <fstream>
 #include <regex>
@@ -76,9 +75,11 @@ std::set<std::string> LabelValues(const std::string& text, const std::string& fa
 std::string PromtoolFindings(const std::string& text, const std::string& dir) {
   const std::string file = dir + "/scrape.txt";
   std::ofstream(file) << text;
-  CommandResult r = RunCommand({"/bin/sh", "-c", "command -v promtool >/dev/null || "
-                                                 "{ echo 'promtool not installed'; exit 2; }; "
-                                                 "promtool check metrics < '" + file + "' 2>&1"});
+  CommandResult r = RunCommand({"/bin/sh", "-c",
+                                "command -v promtool >/dev/null || "
+                                "{ echo 'promtool not installed'; exit 2; }; "
+                                "promtool check metrics < '" +
+                                    file + "' 2>&1"});
   if (r.exit_code != 0 && r.out.empty()) return "promtool exited " + std::to_string(r.exit_code);
   return r.out;
 }
@@ -133,10 +134,10 @@ TEST_CASE("a peered pair's /metrics pass promtool after moving bytes, and name t
   CHECK(PromtoolFindings(text_a, dir.path()) == "");
   CHECK(PromtoolFindings(text_b, dir.path()) == "");
   for (const std::string* text : {&text_a, &text_b}) {
-    for (const char* family : {"process_cpu_seconds_total ", "process_resident_memory_bytes ",
-                               "process_open_fds ", "process_max_fds ",
-                               "process_start_time_seconds ", "kvrail_invariant_violations_total ",
-                               "kvrail_peer_up{"}) {
+    for (const char* family :
+         {"process_cpu_seconds_total ", "process_resident_memory_bytes ", "process_open_fds ",
+          "process_max_fds ", "process_start_time_seconds ", "kvrail_invariant_violations_total ",
+          "kvrail_peer_up{"}) {
       INFO(family);
       CHECK(text->find(std::string("\n") + family) != std::string::npos);
     }
@@ -145,10 +146,13 @@ TEST_CASE("a peered pair's /metrics pass promtool after moving bytes, and name t
   // The link the bytes crossed, as each side names it: one name for one link.
   const std::set<std::string> links_a = LabelValues(text_a, "kvrail_link_bytes_total", "link");
   const std::set<std::string> links_b = LabelValues(text_b, "kvrail_link_bytes_total", "link");
-  INFO("a links: " << absl::StrJoin(links_a, ", ") << "; b links: " << absl::StrJoin(links_b, ", "));
+  INFO("a links: " << absl::StrJoin(links_a, ", ")
+                   << "; b links: " << absl::StrJoin(links_b, ", "));
   std::set<std::string> fabric_a, fabric_b;
-  for (const std::string& l : links_a) if (l.rfind("fabric:", 0) == 0) fabric_a.insert(l);
-  for (const std::string& l : links_b) if (l.rfind("fabric:", 0) == 0) fabric_b.insert(l);
+  for (const std::string& l : links_a)
+    if (l.rfind("fabric:", 0) == 0) fabric_a.insert(l);
+  for (const std::string& l : links_b)
+    if (l.rfind("fabric:", 0) == 0) fabric_b.insert(l);
   CHECK(!fabric_a.empty());
   CHECK(fabric_a == fabric_b);
 }

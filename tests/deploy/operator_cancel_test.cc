@@ -2,7 +2,6 @@
 // as another uid and as a tenant session of the operator's uid. Its own target, tagged local:
 // running the CLI as another uid (setuid, root only) is not allowed inside Bazel's sandbox.
 #define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
 #include <fcntl.h>
 #include <grp.h>
 #include <signal.h>
@@ -10,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <catch2/catch.hpp>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -42,7 +42,8 @@ CommandResult RunAs(uid_t uid, gid_t gid, const std::vector<gid_t>& groups,
     const int err = ::open(err_path.c_str(), O_WRONLY | O_CREAT, 0644);
     ::dup2(out, 1);
     ::dup2(err, 2);
-    if (::setgroups(groups.size(), groups.data()) != 0 || ::setgid(gid) != 0 || ::setuid(uid) != 0) {
+    if (::setgroups(groups.size(), groups.data()) != 0 || ::setgid(gid) != 0 ||
+        ::setuid(uid) != 0) {
       ::dprintf(2, "cannot become uid %u gid %u: %s\n", uid, gid, std::strerror(errno));
       ::_exit(126);
     }
@@ -77,8 +78,8 @@ TEST_CASE("kvrail transfers cancel: the operator cancels another session's trans
   REQUIRE(daemon.Start(dir.path(), {"--log-format", "json"}));
   auto c = client::Client::Connect(daemon.socket());
   REQUIRE(c.ok());
-  const auto layout = MakeLayout(4, 2, 16, 16, 2, 64, v1::DTYPE_BF16,
-                                 v1::LAYOUT_ORDER_LAYER_PART_BLOCK_NHD);
+  const auto layout =
+      MakeLayout(4, 2, 16, 16, 2, 64, v1::DTYPE_BF16, v1::LAYOUT_ORDER_LAYER_PART_BLOCK_NHD);
   Pool src = MakePool(**c, layout, false);
   Pool dst = MakePool(**c, layout, true);
   // Layer-wise with no layer marked ready: it waits until someone cancels it.

@@ -3,9 +3,9 @@
 // build info; liveness SERVING (readiness NOT_SERVING) during a drain; transfer ids by `last` and
 // prefix; debug per-transfer lines with JSON fields. (The operator's cancel: operator_cancel_test.)
 #define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
 #include <signal.h>
 
+#include <catch2/catch.hpp>
 #include <chrono>
 #include <nlohmann/json.hpp>
 #include <regex>
@@ -20,7 +20,8 @@ namespace {
 int MetricsPort(const DaemonProcess& daemon) {
   std::smatch m;
   const std::string log = daemon.ReadLog();
-  if (!std::regex_search(log, m, std::regex(R"(metrics on 127\.0\.0\.1:0 \(port (\d+)\))"))) return 0;
+  if (!std::regex_search(log, m, std::regex(R"(metrics on 127\.0\.0\.1:0 \(port (\d+)\))")))
+    return 0;
   return std::stoi(m[1]);
 }
 
@@ -42,8 +43,8 @@ CommandResult Cli(const DaemonProcess& daemon, std::vector<std::string> args) {
 TEST_CASE("metrics: start time, bytes while a transfer runs, stable engine labels, refusals") {
   TempDir dir;
   DaemonProcess daemon;
-  const double before = std::chrono::duration<double>(
-                            std::chrono::system_clock::now().time_since_epoch()).count();
+  const double before =
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   // (The harness starts kvraild with --log-level debug.)
   REQUIRE(daemon.Start(dir.path(), {"--metrics-listen", "127.0.0.1:0", "--log-format", "json",
                                     "--drain-timeout-ms", "4000"}));
@@ -51,8 +52,8 @@ TEST_CASE("metrics: start time, bytes while a transfer runs, stable engine label
   REQUIRE(port > 0);
   auto c = client::Client::Connect(daemon.socket());
   REQUIRE(c.ok());
-  const auto layout = MakeLayout(4, 2, 16, 16, 2, 64, v1::DTYPE_BF16,
-                                 v1::LAYOUT_ORDER_LAYER_PART_BLOCK_NHD);
+  const auto layout =
+      MakeLayout(4, 2, 16, 16, 2, 64, v1::DTYPE_BF16, v1::LAYOUT_ORDER_LAYER_PART_BLOCK_NHD);
   Pool src = MakePool(**c, layout, false);
   Pool dst = MakePool(**c, layout, true);
   // Layer-wise: only layer 0 is marked ready, so the transfer runs (and stays running) with one
@@ -63,7 +64,8 @@ TEST_CASE("metrics: start time, bytes while a transfer runs, stable engine label
   auto t = (*c)->Submit(spec);
   REQUIRE(t.ok());
   REQUIRE((*c)->MarkReady(t->transfer_id(), 0, 1).ok());
-  const uint64_t per_layer = 2ull * 2 * 16 * 2 * 64 * 2;  // parts * blocks * tokens * heads * dim * 2 B
+  const uint64_t per_layer =
+      2ull * 2 * 16 * 2 * 64 * 2;  // parts * blocks * tokens * heads * dim * 2 B
   // Layer 0 lands (waited for, 20 s at most: a loaded CI machine may take longer than the 2 s
   // this waited before, and the byte counts below need it landed).
   const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
@@ -97,15 +99,18 @@ TEST_CASE("metrics: start time, bytes while a transfer runs, stable engine label
   CHECK(Sample(body, R"(kvrail_engine_threads{engine="host"})") >= 1);
   CHECK(body.find("kvrail_engine_worker_bytes_per_second{engine=\"host\"}") != std::string::npos);
   CHECK(body.find("GB/s") == std::string::npos);
-  CHECK(body.find("kvrail_build_info{version=\"0.1.0\",build=\"kvraild 0.1.0 (") != std::string::npos);
+  CHECK(body.find("kvrail_build_info{version=\"0.1.0\",build=\"kvraild 0.1.0 (") !=
+        std::string::npos);
 
   // Drain: readiness turns NOT_SERVING, liveness stays SERVING while the transfer holds the drain.
   REQUIRE(::kill(daemon.pid(), SIGTERM) == 0);
   bool saw_drain = false;
   for (int i = 0; i < 100 && !saw_drain; ++i) {
     CommandResult ready = Cli(daemon, {"health", "--service", "kvrail.v1.Transfer"});
-    if (ready.exit_code == 1 && ready.out.find("NOT_SERVING") != std::string::npos) saw_drain = true;
-    else std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    if (ready.exit_code == 1 && ready.out.find("NOT_SERVING") != std::string::npos)
+      saw_drain = true;
+    else
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   REQUIRE(saw_drain);
   CommandResult live = Cli(daemon, {"health"});
@@ -143,8 +148,8 @@ TEST_CASE("kvrail transfers show: 'last' and a unique prefix name the transfer")
   REQUIRE(daemon.Start(dir.path()));
   auto c = client::Client::Connect(daemon.socket());
   REQUIRE(c.ok());
-  const auto layout = MakeLayout(4, 2, 16, 16, 2, 64, v1::DTYPE_BF16,
-                                 v1::LAYOUT_ORDER_LAYER_PART_BLOCK_NHD);
+  const auto layout =
+      MakeLayout(4, 2, 16, 16, 2, 64, v1::DTYPE_BF16, v1::LAYOUT_ORDER_LAYER_PART_BLOCK_NHD);
   Pool src = MakePool(**c, layout, false);
   Pool dst = MakePool(**c, layout, true);
   // The CLI owns no regions: the owner hands it grants.

@@ -3,14 +3,13 @@
 // and everything says degraded while liveness stays SERVING; etcd restarted: ok again; a daemon
 // killed: the other marks it down.
 #define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
-
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <catch2/catch.hpp>
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
@@ -66,14 +65,13 @@ TEST_CASE("kvraild daemons find each other through etcd; an outage is degraded, 
     const int port = FreePort();
     if (node == "a") metrics_port = FreePort();
     const std::string config = dir.path() + "/kvraild.textproto";
-    std::ofstream(config) << "node_id: \"" << node << "\"\n"
-                          << "tcp_listen: \"127.0.0.1:" << port << "\"\n"
-                          << "insecure_peers: true\n"
-                          << "cuda_engine: \"off\"\n"
-                          << (node == "a" ? absl::StrCat("metrics_listen: \"127.0.0.1:",
-                                                         metrics_port, "\"\n")
-                                          : "")
-                          << "etcd { endpoints: \"" << etcd.endpoint() << "\" ttl_s: 2 }\n";
+    std::ofstream(config)
+        << "node_id: \"" << node << "\"\n"
+        << "tcp_listen: \"127.0.0.1:" << port << "\"\n"
+        << "insecure_peers: true\n"
+        << "cuda_engine: \"off\"\n"
+        << (node == "a" ? absl::StrCat("metrics_listen: \"127.0.0.1:", metrics_port, "\"\n") : "")
+        << "etcd { endpoints: \"" << etcd.endpoint() << "\" ttl_s: 2 }\n";
     REQUIRE(d.Start(dir.path(), {"--config", config}));
   };
   start(a, dir_a, "a");

@@ -17,9 +17,9 @@
 // Needs root (CI runs as root): without the rights to create namespaces every case SKIPs with a
 // message. Names are unique per run (pid) and the namespaces are deleted even when a case fails.
 #define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
 #include <unistd.h>
 
+#include <catch2/catch.hpp>
 #include <chrono>
 #include <cstdlib>
 #include <optional>
@@ -48,13 +48,13 @@ constexpr double kResendBoundMs = 500;
 
 constexpr uint32_t kLayers = 8, kBlocks = 64, kMoved = 48, kTpb = 16;
 
-#define SKIP_WITHOUT_NETNS()                                 \
-  do {                                                       \
-    static const std::string why = CannotMakeNamespaces();   \
-    if (!why.empty()) {                                      \
-      WARN("SKIPPED (fabric_failover_test): " << why);       \
-      return;                                                \
-    }                                                        \
+#define SKIP_WITHOUT_NETNS()                               \
+  do {                                                     \
+    static const std::string why = CannotMakeNamespaces(); \
+    if (!why.empty()) {                                    \
+      WARN("SKIPPED (fabric_failover_test): " << why);     \
+      return;                                              \
+    }                                                      \
   } while (0)
 
 v1::PagedKvLayout Layout() {
@@ -81,16 +81,16 @@ struct FourLinks {
     ips_b.push_back(net.ip_b);
     const std::string prefix = net.ip_a.substr(0, net.ip_a.find('.', 3) + 1);  // "10.S."
     for (int k = 1; k < kLinks; ++k) {
-      const std::string va = absl::StrCat(net.veth_a, "l", k), vb = absl::StrCat(net.veth_b, "l", k);
+      const std::string va = absl::StrCat(net.veth_a, "l", k),
+                        vb = absl::StrCat(net.veth_b, "l", k);
       const std::string ia = absl::StrCat(prefix, k, ".1"), ib = absl::StrCat(prefix, k, ".2");
-      const bool made =
-          Sh("ip link add " + va + " type veth peer name " + vb) == 0 &&
-          Sh("ip link set " + va + " netns " + net.ns_a) == 0 &&
-          Sh("ip link set " + vb + " netns " + net.ns_b) == 0 &&
-          Sh(NetnsPair::In(net.ns_a, "ip addr add " + ia + "/24 dev " + va)) == 0 &&
-          Sh(NetnsPair::In(net.ns_b, "ip addr add " + ib + "/24 dev " + vb)) == 0 &&
-          Sh(NetnsPair::In(net.ns_a, "ip link set " + va + " up")) == 0 &&
-          Sh(NetnsPair::In(net.ns_b, "ip link set " + vb + " up")) == 0;
+      const bool made = Sh("ip link add " + va + " type veth peer name " + vb) == 0 &&
+                        Sh("ip link set " + va + " netns " + net.ns_a) == 0 &&
+                        Sh("ip link set " + vb + " netns " + net.ns_b) == 0 &&
+                        Sh(NetnsPair::In(net.ns_a, "ip addr add " + ia + "/24 dev " + va)) == 0 &&
+                        Sh(NetnsPair::In(net.ns_b, "ip addr add " + ib + "/24 dev " + vb)) == 0 &&
+                        Sh(NetnsPair::In(net.ns_a, "ip link set " + va + " up")) == 0 &&
+                        Sh(NetnsPair::In(net.ns_b, "ip link set " + vb + " up")) == 0;
       if (!made) {
         UNSCOPED_INFO("could not make veth pair " << va << "/" << vb);
         Sh("ip link del " + va);
@@ -102,8 +102,8 @@ struct FourLinks {
     }
     NsDaemonOptions options;
     options.ca = &ca;
-    options.fabric_extra = absl::StrCat("lane_timeout_ms: ", kLaneTimeoutMs,
-                                        "\n  lane_cooldown_ms: ", kCooldownMs);
+    options.fabric_extra =
+        absl::StrCat("lane_timeout_ms: ", kLaneTimeoutMs, "\n  lane_cooldown_ms: ", kCooldownMs);
     options.nic_ips = ips_a;
     NsDaemonOptions options_b = options;
     options_b.nic_ips = ips_b;
@@ -139,8 +139,9 @@ void AwaitLayers(NsDaemon& node, NsDaemon& peer, uint64_t id, uint32_t layers) {
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
-  INFO((last ? last->DebugString() : std::string("no record")) << "\nsender log:\n" << node.Log()
-                                                                << "\nreceiver log:\n" << peer.Log());
+  INFO((last ? last->DebugString() : std::string("no record")) << "\nsender log:\n"
+                                                               << node.Log() << "\nreceiver log:\n"
+                                                               << peer.Log());
   FAIL("layers did not move within 20 s");
 }
 
@@ -160,8 +161,9 @@ uint64_t Submit(FourLinks& f, const Pool& src, const Pool& dst,
   return submitted->transfer_id();
 }
 
-TEST_CASE("one of four links cut mid-transfer: its tiles are re-sent on the other lanes and the "
-          "transfer succeeds byte for byte") {
+TEST_CASE(
+    "one of four links cut mid-transfer: its tiles are re-sent on the other lanes and the "
+    "transfer succeeds byte for byte") {
   SKIP_WITHOUT_NETNS();
   FourLinks f;
   REQUIRE(f.ok);
@@ -210,12 +212,14 @@ TEST_CASE("one of four links cut mid-transfer: its tiles are re-sent on the othe
   CHECK(reason.find("lane failover: nic2@") != std::string::npos);
   CHECK(reason.find("'fo-b'") != std::string::npos);
   std::smatch m;
-  REQUIRE(std::regex_search(reason, m, std::regex("first re-sent tile on (nic[013])@\\S+ "
-                                                  "([0-9.]+) ms after detection")));
+  REQUIRE(std::regex_search(reason, m,
+                            std::regex("first re-sent tile on (nic[013])@\\S+ "
+                                       "([0-9.]+) ms after detection")));
   const double resend_ms = std::stod(m[2].str());
-  WARN("fabric_failover_test: link 2 of 4 cut mid-transfer; lane_timeout_ms " << kLaneTimeoutMs
-       << "; detection -> first re-sent tile on " << m[1].str() << ": " << resend_ms
-       << " ms (target < 50 ms); the cut -> layers 3-5 all landed: " << recovered_s << " s");
+  WARN("fabric_failover_test: link 2 of 4 cut mid-transfer; lane_timeout_ms "
+       << kLaneTimeoutMs << "; detection -> first re-sent tile on " << m[1].str() << ": "
+       << resend_ms << " ms (target < 50 ms); the cut -> layers 3-5 all landed: " << recovered_s
+       << " s");
   CHECK(resend_ms < kResendBoundMs);
   CHECK(FabricGauge(f.a, "fabric_lane_failovers_total") >= 1);
   CHECK(FabricGauge(f.a, "fabric_tiles_resent_total") >= 1);
@@ -232,8 +236,9 @@ TEST_CASE("one of four links cut mid-transfer: its tiles are re-sent on the othe
   WARN("fabric_failover_test: receiver's record: " << inbound->path_reason());
 }
 
-TEST_CASE("all four links cut mid-transfer: the transfer fails UNAVAILABLE naming the peer within "
-          "the deadline") {
+TEST_CASE(
+    "all four links cut mid-transfer: the transfer fails UNAVAILABLE naming the peer within "
+    "the deadline") {
   SKIP_WITHOUT_NETNS();
   FourLinks f;
   REQUIRE(f.ok);
@@ -253,13 +258,14 @@ TEST_CASE("all four links cut mid-transfer: the transfer fails UNAVAILABLE namin
       std::chrono::duration<double>(std::chrono::steady_clock::now() - cut).count();
   REQUIRE(ended.ok());
   INFO("ended " << seconds << " s after the cut:\n"
-                << ended->DebugString() << "\na log:\n" << f.a.Log());
+                << ended->DebugString() << "\na log:\n"
+                << f.a.Log());
   CHECK(ended->state() == v1::TRANSFER_STATE_FAILED);
   CHECK(ended->error_code() == static_cast<int>(absl::StatusCode::kUnavailable));
   CHECK(ended->error_message().find("'fo-b'") != std::string::npos);
   CHECK(seconds < kLivenessSeconds + kMarginSeconds);
-  WARN("fabric_failover_test: all 4 links cut: UNAVAILABLE after " << seconds << " s: "
-                                                                   << ended->error_message());
+  WARN("fabric_failover_test: all 4 links cut: UNAVAILABLE after "
+       << seconds << " s: " << ended->error_message());
 }
 
 }  // namespace

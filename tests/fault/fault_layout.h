@@ -12,7 +12,8 @@ inline constexpr uint32_t kFaultBlocks = 8;
 
 // `layers` layers, 2 parts, 16 blocks of 16 tokens, 4 heads of 64 bf16.
 inline v1::PagedKvLayout FaultLayout(uint32_t layers) {
-  return MakeLayout(layers, 2, 16, 16, 4, 64, v1::DTYPE_BF16, v1::LAYOUT_ORDER_LAYER_PART_BLOCK_NHD);
+  return MakeLayout(layers, 2, 16, 16, 4, 64, v1::DTYPE_BF16,
+                    v1::LAYOUT_ORDER_LAYER_PART_BLOCK_NHD);
 }
 
 // PatternByte(77, ...) for every element of blocks [0, kFaultBlocks).

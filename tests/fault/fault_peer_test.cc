@@ -13,7 +13,6 @@
 // The layer-wise transfer with readiness withheld makes "mid-transfer" deterministic: the kill
 // happens after the first half is known to have moved and before anything else may move.
 #define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -21,6 +20,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <catch2/catch.hpp>
 #include <chrono>
 #include <optional>
 #include <random>
@@ -126,8 +126,7 @@ void StillServes(NsDaemon& node, const std::string& what) {
       RunToEnd(*node.client, client::MakeBlockTransfer(src.id(), src_blocks, dst.id(), dst_blocks));
   INFO(done.DebugString());
   REQUIRE(done.state() == v1::TRANSFER_STATE_SUCCEEDED);
-  CHECK(VerifyPool(dst, Expectation{23, dst_blocks, kMoved * kTpb, 0, 0, kLayers, 0, 0, 8}) ==
-        "");
+  CHECK(VerifyPool(dst, Expectation{23, dst_blocks, kMoved * kTpb, 0, 0, kLayers, 0, 0, 8}) == "");
 }
 
 // Submits the layer-wise transfer a -> b of `kMoved` scattered blocks and releases its first
@@ -187,7 +186,8 @@ void ReceiverKilled(bool in_flight) {
   const double seconds = SecondsSince(t0);
   REQUIRE(ended.ok());
   INFO("b (pid " << b_pid << ") killed; a's transfer ended after " << seconds << " s:\n"
-                 << ended->DebugString() << "\na log:\n" << p.a.Log());
+                 << ended->DebugString() << "\na log:\n"
+                 << p.a.Log());
   CHECK(ended->state() == v1::TRANSFER_STATE_FAILED);
   CHECK(ended->error_code() == static_cast<int>(absl::StatusCode::kUnavailable));
   CHECK(ended->error_message().find("'fault-b'") != std::string::npos);
@@ -195,26 +195,29 @@ void ReceiverKilled(bool in_flight) {
   CHECK(ended->layers_done() <= kLayers / 2);
   CHECK(ended->bytes_done() < ended->bytes_total());
   WARN("sender's transfer failed " << seconds << " s after the receiving peer was SIGKILLed "
-                                    << (in_flight ? "(tiles in flight)" : "(readiness withheld)"));
+                                   << (in_flight ? "(tiles in flight)" : "(readiness withheld)"));
   // a knows b is down, wrote nothing into its own pools, and keeps serving.
   CHECK(PeerIs(p.a, "fault-b", "down", absl::Seconds(5)));
   CHECK(CountWritten(bystander) == 0);
   StillServes(p.a, "a");
 }
 
-TEST_CASE("the receiving peer SIGKILLed while the transfer waits for its next layer: the "
-          "sender's transfer fails promptly, UNAVAILABLE naming it; the sender keeps serving") {
+TEST_CASE(
+    "the receiving peer SIGKILLed while the transfer waits for its next layer: the "
+    "sender's transfer fails promptly, UNAVAILABLE naming it; the sender keeps serving") {
   ReceiverKilled(false);
 }
 
-TEST_CASE("the receiving peer SIGKILLed with tiles in flight: the sender's transfer fails "
-          "promptly, UNAVAILABLE naming it; the sender keeps serving") {
+TEST_CASE(
+    "the receiving peer SIGKILLed with tiles in flight: the sender's transfer fails "
+    "promptly, UNAVAILABLE naming it; the sender keeps serving") {
   ReceiverKilled(true);
 }
 
-TEST_CASE("the sending peer SIGKILLed mid-transfer: the receiver's inbound record fails "
-          "promptly, UNAVAILABLE naming it; only the layers that arrived are written; the "
-          "receiver keeps serving") {
+TEST_CASE(
+    "the sending peer SIGKILLed mid-transfer: the receiver's inbound record fails "
+    "promptly, UNAVAILABLE naming it; only the layers that arrived are written; the "
+    "receiver keeps serving") {
   PeerPair p;
   REQUIRE(p.ok);
   Pool src = MakePool(*p.a.client, Layout(), false, "src");
@@ -238,15 +241,15 @@ TEST_CASE("the sending peer SIGKILLed mid-transfer: the receiver's inbound recor
   const double seconds = SecondsSince(t0);
   REQUIRE(ended.ok());
   INFO("a (pid " << a_pid << ") killed; b's inbound record ended after " << seconds << " s:\n"
-                 << ended->DebugString() << "\nb log:\n" << p.b.Log());
+                 << ended->DebugString() << "\nb log:\n"
+                 << p.b.Log());
   CHECK(ended->state() == v1::TRANSFER_STATE_FAILED);
   CHECK(ended->error_code() == static_cast<int>(absl::StatusCode::kUnavailable));
   CHECK(ended->error_message().find("'fault-a'") != std::string::npos);
   CHECK(seconds < kLivenessSeconds + kMarginSeconds);
   CHECK(ended->layers_done() == kLayers / 2);
   CHECK(ended->bytes_done() < ended->bytes_total());
-  WARN("receiver's inbound record failed " << seconds
-                                           << " s after the sending peer was SIGKILLed");
+  WARN("receiver's inbound record failed " << seconds << " s after the sending peer was SIGKILLed");
   // Exactly the released layers of the destination blocks hold the source's bytes; every other
   // byte (other blocks; layers 4..7 of these blocks) is still poison, and so is the bystander.
   CHECK(VerifyPool(dst, Expectation{6, dst_blocks, kMoved * kTpb, 0, 0, kLayers / 2, 0, 0, 8}) ==

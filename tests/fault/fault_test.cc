@@ -4,7 +4,6 @@
 // party's transfers must end (a failure with a message, not a transfer left running), and no
 // byte outside a destination changes.
 #define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -12,6 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <catch2/catch.hpp>
 #include <chrono>
 #include <cstring>
 #include <sstream>
@@ -126,7 +126,8 @@ TEST_CASE("a client killed while its transfers run: the daemon survives and they
   child.Kill();
   for (uint64_t id : ids) {
     const v1::TransferStatus end = AwaitEnd(**observer, id, 60);
-    INFO("transfer " << id << ": " << v1::TransferState_Name(end.state()) << " " << end.error_message());
+    INFO("transfer " << id << ": " << v1::TransferState_Name(end.state()) << " "
+                     << end.error_message());
     CHECK(end.state() != v1::TRANSFER_STATE_UNSPECIFIED);  // ended
     if (end.state() == v1::TRANSFER_STATE_FAILED || end.state() == v1::TRANSFER_STATE_CANCELLED) {
       CHECK_FALSE(end.error_message().empty());
@@ -141,8 +142,9 @@ TEST_CASE("a client killed while its transfers run: the daemon survives and they
   CHECK(daemon.Stop(SIGTERM) == 0);
 }
 
-TEST_CASE("a layer-wise producer killed before marking its layers ready: its transfer fails at "
-          "once, only the ready layer landed, nothing outside the destination changed") {
+TEST_CASE(
+    "a layer-wise producer killed before marking its layers ready: its transfer fails at "
+    "once, only the ready layer landed, nothing outside the destination changed") {
   constexpr uint32_t kLayers = 4;
   TempDir dir;
   DaemonProcess daemon;
@@ -208,7 +210,8 @@ TEST_CASE("a layer-wise producer killed before marking its layers ready: its tra
       break;
     }
   }
-  INFO("first differing byte " << first << " of " << bytes << " (layer " << first / layer_bytes << ")");
+  INFO("first differing byte " << first << " of " << bytes << " (layer " << first / layer_bytes
+                               << ")");
   CHECK(first == bytes);
 
   // The daemon still serves, and stops cleanly.

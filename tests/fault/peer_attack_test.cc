@@ -14,15 +14,14 @@
 // naming a's index refused without touching a's slots) are tried below the daemons in
 // daemon/fabric:fi_test and daemon/fabric:receiver_test.
 #define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
+#include <grpcpp/grpcpp.h>
 #include <unistd.h>
 
+#include <catch2/catch.hpp>
 #include <chrono>
 #include <optional>
 #include <string>
 #include <thread>
-
-#include <grpcpp/grpcpp.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -70,10 +69,9 @@ struct Trio {
     NsDaemonOptions b_options = options;
     b_options.extra_config = absl::StrCat("peers { key: \"c\" value: \"", ip_c, ":7070\" }\n");
     ok = b.Start("", "b", ip_b, "a", ip_a, b_options) &&
-         a.Start("", "a", ip_a, "b", ip_b, options) &&
-         c.Start("", "c", ip_c, "b", ip_b, options) && PeerUp(b, "a", absl::Seconds(15)) &&
-         PeerUp(b, "c", absl::Seconds(15)) && PeerUp(a, "b", absl::Seconds(15)) &&
-         PeerUp(c, "b", absl::Seconds(15));
+         a.Start("", "a", ip_a, "b", ip_b, options) && c.Start("", "c", ip_c, "b", ip_b, options) &&
+         PeerUp(b, "a", absl::Seconds(15)) && PeerUp(b, "c", absl::Seconds(15)) &&
+         PeerUp(a, "b", absl::Seconds(15)) && PeerUp(c, "b", absl::Seconds(15));
     if (!ok) {
       UNSCOPED_INFO("a log:\n" << a.Log() << "\nb log:\n" << b.Log() << "\nc log:\n" << c.Log());
     }
@@ -151,8 +149,8 @@ TEST_CASE("a peer authenticated as itself cannot act as another peer or touch it
   {
     INFO("(a) c speaking as a");
     v1::HelloResponse hello;
-    CHECK(Says(c->Hello(Context().get(), HelloAs("a"), &hello),
-               grpc::StatusCode::PERMISSION_DENIED, "hello.node_id: 'a'"));
+    CHECK(Says(c->Hello(Context().get(), HelloAs("a"), &hello), grpc::StatusCode::PERMISSION_DENIED,
+               "hello.node_id: 'a'"));
     v1::HeartbeatRequest beat;
     beat.set_node_id("a");
     v1::HeartbeatResponse beat_answer;

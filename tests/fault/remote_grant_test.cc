@@ -8,7 +8,6 @@
 // b lands nothing more, the push fails, and the layers after the revocation stay poison.
 #define CATCH_CONFIG_MAIN
 #include <catch2/catch.hpp>
-
 #include <chrono>
 #include <optional>
 #include <string>

@@ -70,16 +70,22 @@ int Checked(int code) {
   return code;
 }
 
-bool StartsWith(const std::string& text, const char* prefix) {
-  return text.rfind(prefix, 0) == 0;
-}
+bool StartsWith(const std::string& text, const char* prefix) { return text.rfind(prefix, 0) == 0; }
 
 uint64_t DtypeBytes(int32_t dtype) {
   switch (dtype) {
-    case 1: case 2: return 2;  // BF16, FP16
-    case 3: return 4;          // FP32
-    case 4: case 5: case 6: case 7: return 1;
-    default: return 0;
+    case 1:
+    case 2:
+      return 2;  // BF16, FP16
+    case 3:
+      return 4;  // FP32
+    case 4:
+    case 5:
+    case 6:
+    case 7:
+      return 1;
+    default:
+      return 0;
   }
 }
 
@@ -236,8 +242,9 @@ struct Outs {
 void FuzzClientCall(Input& in, const Buffers& buffers) {
   const uint8_t which = in.Take<uint8_t>();
   kvrail_client* client =
-      (which & 0x80) ? nullptr
-                     : reinterpret_cast<kvrail_client*>(static_cast<uintptr_t>(in.Take<uint64_t>()));
+      (which & 0x80)
+          ? nullptr
+          : reinterpret_cast<kvrail_client*>(static_cast<uintptr_t>(in.Take<uint64_t>()));
   kvrail_host_buffer* buffer =
       buffers.live.empty() ? reinterpret_cast<kvrail_host_buffer*>(uintptr_t{in.Take<uint16_t>()})
                            : buffers.live[in.Take<uint8_t>() % buffers.live.size()];
@@ -254,7 +261,10 @@ void FuzzClientCall(Input& in, const Buffers& buffers) {
   uint8_t** bytes_out = (which & 0x40) ? nullptr : &o.bytes;
   int code = KVRAIL_OK;
   switch (which % 20) {
-    case 0: code = kvrail_session_id(client, &o.id); Check(o.id == 0); break;
+    case 0:
+      code = kvrail_session_id(client, &o.id);
+      Check(o.id == 0);
+      break;
     case 1:
       code = kvrail_register_host_buffer(client, buffer, spec_bytes, spec.size(), &o.id, bytes_out,
                                          &o.len);
@@ -269,11 +279,13 @@ void FuzzClientCall(Input& in, const Buffers& buffers) {
       code = kvrail_register_region(client, spec_bytes, spec.size(), &o.id, bytes_out, &o.len);
       Check(o.id == 0);
       break;
-    case 4: code = kvrail_unregister_region(client, id); break;
+    case 4:
+      code = kvrail_unregister_region(client, id);
+      break;
     case 5: {
       const kvrail_paged_layout layout = FuzzLayout(in);
-      code = kvrail_register_paged_host(client, buffer, &layout, static_cast<int>(n),
-                                        text.c_str(), &o.id);
+      code = kvrail_register_paged_host(client, buffer, &layout, static_cast<int>(n), text.c_str(),
+                                        &o.id);
       Check(o.id == 0);
       break;
     }
@@ -299,7 +311,9 @@ void FuzzClientCall(Input& in, const Buffers& buffers) {
       code = kvrail_cancel(client, id, &o.state, bytes_out, &o.len);
       Check(o.state == KVRAIL_STATE_UNSPECIFIED);
       break;
-    case 11: code = kvrail_mark_ready(client, id, n, static_cast<uint32_t>(id)); break;
+    case 11:
+      code = kvrail_mark_ready(client, id, n, static_cast<uint32_t>(id));
+      break;
     case 12:
       code = kvrail_poll(client, (which & 0x20) ? nullptr : ids.data(), n, states.data(),
                          codes.data());
@@ -317,17 +331,19 @@ void FuzzClientCall(Input& in, const Buffers& buffers) {
                                    &o.len);
       break;
     case 16:
-      code = kvrail_create_grant(client, id, static_cast<int32_t>(n), id, n, n + 1, bytes_out,
-                                 &o.len);
+      code =
+          kvrail_create_grant(client, id, static_cast<int32_t>(n), id, n, n + 1, bytes_out, &o.len);
       break;
-    case 17: code = kvrail_revoke_grant(client, (which & 0x20) ? nullptr : text.c_str()); break;
+    case 17:
+      code = kvrail_revoke_grant(client, (which & 0x20) ? nullptr : text.c_str());
+      break;
     case 18:
       code = kvrail_export_region(client, id, (which & 0x20) ? nullptr : text.c_str(), bytes_out,
                                   &o.len);
       break;
     default:
-      code = kvrail_poll_notifications(client, n, static_cast<int64_t>(id % 100), bytes_out,
-                                       &o.len);
+      code =
+          kvrail_poll_notifications(client, n, static_cast<int64_t>(id % 100), bytes_out, &o.len);
       break;
   }
   Checked(code);
@@ -342,13 +358,11 @@ void FuzzClientCall(Input& in, const Buffers& buffers) {
 }
 
 void FuzzFlags(Input& in) {
-  auto* flags =
-      reinterpret_cast<kvrail_cuda_flags*>(static_cast<uintptr_t>(in.Take<uint64_t>()));
+  auto* flags = reinterpret_cast<kvrail_cuda_flags*>(static_cast<uintptr_t>(in.Take<uint64_t>()));
   const uint32_t index = in.Take<uint32_t>();
   const uint32_t value = in.Take<uint32_t>();
   // No flag array is ever mapped here: every handle is dead.
-  Check(Checked(kvrail_cuda_flags_signal(flags, nullptr, index, value)) ==
-        KVRAIL_INVALID_ARGUMENT);
+  Check(Checked(kvrail_cuda_flags_signal(flags, nullptr, index, value)) == KVRAIL_INVALID_ARGUMENT);
   Check(Checked(kvrail_cuda_flags_wait(flags, nullptr, index, value)) == KVRAIL_INVALID_ARGUMENT);
   kvrail_cuda_flags_free(flags);
   // Arguments refused before CUDA is asked: no words, a negative device, no out-parameter.
@@ -378,12 +392,24 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   Buffers buffers;
   for (int ops = 0; !in.empty() && ops < 64; ++ops) {
     switch (in.Take<uint8_t>() % 6) {
-      case 0: FuzzLayoutCheck(in); break;
-      case 1: FuzzCreate(in, buffers); break;
-      case 2: FuzzFree(in, buffers); break;
-      case 3: FuzzClientCall(in, buffers); break;
-      case 4: FuzzFlags(in); break;
-      default: FuzzMisc(in); break;
+      case 0:
+        FuzzLayoutCheck(in);
+        break;
+      case 1:
+        FuzzCreate(in, buffers);
+        break;
+      case 2:
+        FuzzFree(in, buffers);
+        break;
+      case 3:
+        FuzzClientCall(in, buffers);
+        break;
+      case 4:
+        FuzzFlags(in);
+        break;
+      default:
+        FuzzMisc(in);
+        break;
     }
   }
   for (kvrail_host_buffer* b : buffers.live) {

@@ -4,8 +4,8 @@
 // and checks what must hold whatever the input: an OK config is within the documented bounds,
 // and a failed one names a key (an error message is never empty).
 #include <cstddef>
-#include <cstdio>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 

@@ -10,6 +10,8 @@
 // change any field. Whatever the calls, the daemon must answer each (no crash, no hang, ASan and
 // UBSan quiet), and every inbound transfer begun in an input is aborted at its end.
 #include <fcntl.h>
+#include <google/protobuf/stubs/logging.h>
+#include <grpcpp/grpcpp.h>
 #include <netinet/in.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -21,17 +23,13 @@
 #include <string>
 #include <vector>
 
-#include <grpcpp/grpcpp.h>
-
-#include <google/protobuf/stubs/logging.h>
-
 #include "absl/strings/str_cat.h"
 #include "base/clock.h"
 #include "base/unique_fd.h"
+#include "daemon/access/access.h"
 #include "daemon/directory/directory.h"
 #include "daemon/fabric/fabric.h"
 #include "daemon/planner/planner.h"
-#include "daemon/access/access.h"
 #include "daemon/regions/regions.h"
 #include "daemon/sessions/sessions.h"
 #include "proto/kvrail/v1/peer.grpc.pb.h"

@@ -11,8 +11,8 @@
 #include <fuzzer/FuzzedDataProvider.h>
 
 #include <cstddef>
-#include <cstdio>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <random>
@@ -66,66 +66,134 @@ struct Side {
 
 uint64_t PickU64(FuzzedDataProvider& in) {
   switch (in.ConsumeIntegralInRange<int>(0, 3)) {
-    case 0: return in.ConsumeIntegralInRange<uint64_t>(0, 8);
-    case 1: return in.ConsumeIntegralInRange<uint64_t>(0, 4096);
-    case 2: return uint64_t{1} << in.ConsumeIntegralInRange<int>(0, 63);
-    default: return in.ConsumeIntegral<uint64_t>();
+    case 0:
+      return in.ConsumeIntegralInRange<uint64_t>(0, 8);
+    case 1:
+      return in.ConsumeIntegralInRange<uint64_t>(0, 4096);
+    case 2:
+      return uint64_t{1} << in.ConsumeIntegralInRange<int>(0, 63);
+    default:
+      return in.ConsumeIntegral<uint64_t>();
   }
 }
 uint32_t PickU32(FuzzedDataProvider& in) { return static_cast<uint32_t>(PickU64(in)); }
 
 void MutateLayout(FuzzedDataProvider& in, v1::PagedKvLayout* p) {
   switch (in.ConsumeIntegralInRange<int>(0, 13)) {
-    case 0: p->set_num_layers(PickU32(in)); break;
-    case 1: p->set_num_parts(PickU32(in)); break;
-    case 2: p->set_num_blocks(PickU32(in)); break;
-    case 3: p->set_tokens_per_block(PickU32(in)); break;
-    case 4: p->set_num_heads(PickU32(in)); break;
-    case 5: p->set_head_dim(PickU32(in)); break;
-    case 6: p->set_dtype(static_cast<v1::DType>(in.ConsumeIntegralInRange<int>(0, 8))); break;
-    case 7: p->set_layer_stride(PickU64(in)); break;
-    case 8: p->set_part_stride(PickU64(in)); break;
-    case 9: p->set_block_stride(PickU64(in)); break;
-    case 10: p->set_token_stride(PickU64(in)); break;
-    case 11: p->set_head_stride(PickU64(in)); break;
-    case 12: p->set_offset_bytes(PickU64(in)); break;
-    default: p->set_order(static_cast<v1::LayoutOrder>(in.ConsumeIntegralInRange<int>(0, 4))); break;
+    case 0:
+      p->set_num_layers(PickU32(in));
+      break;
+    case 1:
+      p->set_num_parts(PickU32(in));
+      break;
+    case 2:
+      p->set_num_blocks(PickU32(in));
+      break;
+    case 3:
+      p->set_tokens_per_block(PickU32(in));
+      break;
+    case 4:
+      p->set_num_heads(PickU32(in));
+      break;
+    case 5:
+      p->set_head_dim(PickU32(in));
+      break;
+    case 6:
+      p->set_dtype(static_cast<v1::DType>(in.ConsumeIntegralInRange<int>(0, 8)));
+      break;
+    case 7:
+      p->set_layer_stride(PickU64(in));
+      break;
+    case 8:
+      p->set_part_stride(PickU64(in));
+      break;
+    case 9:
+      p->set_block_stride(PickU64(in));
+      break;
+    case 10:
+      p->set_token_stride(PickU64(in));
+      break;
+    case 11:
+      p->set_head_stride(PickU64(in));
+      break;
+    case 12:
+      p->set_offset_bytes(PickU64(in));
+      break;
+    default:
+      p->set_order(static_cast<v1::LayoutOrder>(in.ConsumeIntegralInRange<int>(0, 4)));
+      break;
   }
 }
 
 void MutateEndpoint(FuzzedDataProvider& in, v1::TransferEndpoint* e) {
   switch (in.ConsumeIntegralInRange<int>(0, 6)) {
-    case 0: e->set_layer_begin(PickU32(in)); break;
-    case 1: e->set_head_begin(PickU32(in)); break;
-    case 2: e->set_byte_offset(PickU64(in)); break;
+    case 0:
+      e->set_layer_begin(PickU32(in));
+      break;
+    case 1:
+      e->set_head_begin(PickU32(in));
+      break;
+    case 2:
+      e->set_byte_offset(PickU64(in));
+      break;
     case 3:
       if (e->block_ids_size() > 0) {
         e->set_block_ids(in.ConsumeIntegralInRange<int>(0, e->block_ids_size() - 1), PickU32(in));
       }
       break;
-    case 4: e->add_block_ids(PickU32(in)); break;
+    case 4:
+      e->add_block_ids(PickU32(in));
+      break;
     case 5:
       if (e->block_ids_size() > 0) e->mutable_block_ids()->RemoveLast();
       break;
-    default: e->clear_block_ids(); break;
+    default:
+      e->clear_block_ids();
+      break;
   }
 }
 
 void Mutate(FuzzedDataProvider& in, RandomCase& c, uint64_t& src_size, uint64_t& dst_size) {
   switch (in.ConsumeIntegralInRange<int>(0, 12)) {
-    case 0: c.spec.set_num_layers(PickU32(in)); break;
-    case 1: c.spec.set_num_heads(PickU32(in)); break;
-    case 2: c.spec.set_num_tokens(PickU64(in)); break;
-    case 3: c.spec.set_num_bytes(PickU64(in)); break;
-    case 4: MutateEndpoint(in, c.spec.mutable_src()); break;
-    case 5: MutateEndpoint(in, c.spec.mutable_dst()); break;
-    case 6: MutateLayout(in, &c.src_layout); break;
-    case 7: MutateLayout(in, &c.dst_layout); break;
-    case 8: src_size = PickU64(in); break;
-    case 9: dst_size = PickU64(in); break;
-    case 10: c.options.tile_bytes = PickU64(in); break;
-    case 11: c.options.defer_checks_from = in.ConsumeIntegralInRange<uint64_t>(0, 64); break;
-    default: c.dst.writable = !c.dst.writable; break;
+    case 0:
+      c.spec.set_num_layers(PickU32(in));
+      break;
+    case 1:
+      c.spec.set_num_heads(PickU32(in));
+      break;
+    case 2:
+      c.spec.set_num_tokens(PickU64(in));
+      break;
+    case 3:
+      c.spec.set_num_bytes(PickU64(in));
+      break;
+    case 4:
+      MutateEndpoint(in, c.spec.mutable_src());
+      break;
+    case 5:
+      MutateEndpoint(in, c.spec.mutable_dst());
+      break;
+    case 6:
+      MutateLayout(in, &c.src_layout);
+      break;
+    case 7:
+      MutateLayout(in, &c.dst_layout);
+      break;
+    case 8:
+      src_size = PickU64(in);
+      break;
+    case 9:
+      dst_size = PickU64(in);
+      break;
+    case 10:
+      c.options.tile_bytes = PickU64(in);
+      break;
+    case 11:
+      c.options.defer_checks_from = in.ConsumeIntegralInRange<uint64_t>(0, 64);
+      break;
+    default:
+      c.dst.writable = !c.dst.writable;
+      break;
   }
 }
 
@@ -140,7 +208,8 @@ bool BuildSide(const v1::PagedKvLayout& layout, bool paged, bool per_layer, uint
   view->paged = paged;
   side->size = size;
   if (paged) {
-    absl::StatusOr<planner::KvLayout> k = planner::ResolveLayout(layout, size, "spec.paged_kv.", per_layer);
+    absl::StatusOr<planner::KvLayout> k =
+        planner::ResolveLayout(layout, size, "spec.paged_kv.", per_layer);
     if (!k.ok()) {
       Check(k.status().code() == absl::StatusCode::kInvalidArgument);
       Check(k.status().message().rfind("spec.paged_kv.", 0) == 0);
@@ -171,9 +240,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::mt19937_64 rng(in.ConsumeIntegral<uint64_t>());
   bool src_per_layer = false, dst_per_layer = false;
   switch (start) {
-    case 0: c = planner::testing::RandomPagedCase(rng); break;
-    case 1: c = planner::testing::RandomServingCase(rng); break;
-    case 2: c = planner::testing::RandomBytesCase(rng); break;
+    case 0:
+      c = planner::testing::RandomPagedCase(rng);
+      break;
+    case 1:
+      c = planner::testing::RandomServingCase(rng);
+      break;
+    case 2:
+      c = planner::testing::RandomBytesCase(rng);
+      break;
     default: {  // from the input alone
       c.src.paged = c.dst.paged = in.ConsumeBool();
       c.src.writable = true;
@@ -207,15 +282,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (dst_per_layer) c.dst_layout.set_layer_stride(0);
     // A per-layer side's size is one layer's span: take it from the resolved single-base
     // layout's span when the generator made one.
-    for (auto [per_layer, layout, view] :
-         {std::tuple{src_per_layer, &c.src_layout, &c.src}, std::tuple{dst_per_layer, &c.dst_layout, &c.dst}}) {
+    for (auto [per_layer, layout, view] : {std::tuple{src_per_layer, &c.src_layout, &c.src},
+                                           std::tuple{dst_per_layer, &c.dst_layout, &c.dst}}) {
       if (!per_layer) continue;
       absl::StatusOr<planner::KvLayout> k = planner::ResolveLayout(*layout, UINT64_MAX, "", true);
       if (!k.ok()) continue;
-      const uint64_t span = k->offset + k->part_stride * (k->num_parts - 1) +
-                            k->block_stride * (k->num_blocks - 1) +
-                            k->token_stride * (k->tokens_per_block - 1) +
-                            k->head_stride * (k->num_heads - 1) + uint64_t{k->head_dim} * k->dtype_bytes;
+      const uint64_t span =
+          k->offset + k->part_stride * (k->num_parts - 1) + k->block_stride * (k->num_blocks - 1) +
+          k->token_stride * (k->tokens_per_block - 1) + k->head_stride * (k->num_heads - 1) +
+          uint64_t{k->head_dim} * k->dtype_bytes;
       view->size_bytes = span;
     }
   }
@@ -235,8 +310,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   c.options.tile_bytes = std::max<uint64_t>(c.options.tile_bytes, 1);
 
   Side src, dst;
-  if (!BuildSide(c.src_layout, c.src.paged, src_per_layer, src_size, c.src.writable, &c.src, &src) ||
-      !BuildSide(c.dst_layout, c.dst.paged, dst_per_layer, dst_size, c.dst.writable, &c.dst, &dst)) {
+  if (!BuildSide(c.src_layout, c.src.paged, src_per_layer, src_size, c.src.writable, &c.src,
+                 &src) ||
+      !BuildSide(c.dst_layout, c.dst.paged, dst_per_layer, dst_size, c.dst.writable, &c.dst,
+                 &dst)) {
     return 0;
   }
   absl::StatusOr<planner::Plan> plan = planner::MakePlan(spec, c.src, c.dst, c.options, refs);

@@ -8,6 +8,7 @@
 //         its answer read. The server must answer every packet with a well-formed answer, never
 //         crash or hang, and end the session when the connection closes.
 #include <fcntl.h>
+#include <google/protobuf/stubs/logging.h>
 #include <poll.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
@@ -15,23 +16,21 @@
 #include <unistd.h>
 
 #include <cstddef>
-#include <cstdio>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
 
-#include <google/protobuf/stubs/logging.h>
-
 #include "absl/strings/escaping.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
 #include "base/clock.h"
 #include "base/unique_fd.h"
-#include "daemon/sessions/sessions.h"
 #include "daemon/session/session_server.h"
+#include "daemon/sessions/sessions.h"
 #include "spdlog/spdlog.h"
 #include "wire/session_wire.h"
 
@@ -63,7 +62,8 @@ void FuzzParsers(absl::string_view in) {
   (void)wire::ParseGreetingSecret(in);
   auto metadata = wire::ParseSessionMetadata(in);
   if (metadata) {
-    auto again = wire::ParseSessionMetadata(wire::SessionMetadataValue(metadata->first, metadata->second));
+    auto again =
+        wire::ParseSessionMetadata(wire::SessionMetadataValue(metadata->first, metadata->second));
     Check(again && again->first == metadata->first && again->second == metadata->second);
   }
   (void)wire::ParseTokenAnswer(in);
@@ -81,7 +81,8 @@ void FuzzParsers(absl::string_view in) {
     Check(parsed.ok() && *parsed == id);
     Check(wire::ParseGreetingSecret(g) == "s3cr3t");
   }
-  absl::StatusOr<uint64_t> wait = wire::ParseWaitBody(wire::ParseRequest(wire::EncodeWait(id)).body, true);
+  absl::StatusOr<uint64_t> wait =
+      wire::ParseWaitBody(wire::ParseRequest(wire::EncodeWait(id)).body, true);
   Check(wait.ok() && *wait == id);
   const int code = 1 + static_cast<int>(id % 16);  // every non-OK absl code
   const absl::Status status(static_cast<absl::StatusCode>(code), in);
@@ -194,7 +195,7 @@ void FuzzConversation(absl::string_view in) {
     SendWithFds(sock.get(), payload, (flags & 2) ? 9 : (flags & 1) ? 1 : 0);
     kvrail::UniqueFd passed;
     absl::StatusOr<std::string> answer = wire::ReceivePacket(sock.get(), &passed);
-    Check(answer.ok());  // every packet is answered
+    Check(answer.ok());      // every packet is answered
     Check(!passed.valid());  // the daemon never hands descriptors out
     const absl::string_view a = *answer;
     Check(a.rfind("TOKEN ", 0) == 0 || a.rfind("ERROR ", 0) == 0 || a.rfind("REJECTED ", 0) == 0 ||

@@ -34,7 +34,7 @@ struct Job {
   const uint32_t* dst_blocks;
   uint32_t num_blocks;
   uint32_t block_bytes;
-  uint32_t piece_bytes;      // block_bytes split into pieces of this size (divides it)
+  uint32_t piece_bytes;  // block_bytes split into pieces of this size (divides it)
   uint32_t pieces_per_block;
 };
 
@@ -55,7 +55,8 @@ __global__ void __launch_bounds__(512) SlabKernel(Job j) {
       if (ok[k]) {
         const uint32_t b = static_cast<uint32_t>(q / j.block_bytes);
         const uint32_t off = static_cast<uint32_t>(q - static_cast<uint64_t>(b) * j.block_bytes);
-        v[k] = *reinterpret_cast<const int4*>(j.src + static_cast<uint64_t>(j.src_blocks[b]) * j.block_bytes + off);
+        v[k] = *reinterpret_cast<const int4*>(
+            j.src + static_cast<uint64_t>(j.src_blocks[b]) * j.block_bytes + off);
         to[k] = static_cast<uint64_t>(j.dst_blocks[b]) * j.block_bytes + off;
       }
     }
@@ -77,8 +78,10 @@ __global__ void __launch_bounds__(512) WarpKernel(Job j) {
     const uint32_t b = static_cast<uint32_t>(p / j.pieces_per_block);
     const uint32_t piece = static_cast<uint32_t>(p - static_cast<uint64_t>(b) * j.pieces_per_block);
     const uint64_t base = static_cast<uint64_t>(piece) * j.piece_bytes;
-    const int4* from = reinterpret_cast<const int4*>(j.src + static_cast<uint64_t>(j.src_blocks[b]) * j.block_bytes + base);
-    int4* to = reinterpret_cast<int4*>(j.dst + static_cast<uint64_t>(j.dst_blocks[b]) * j.block_bytes + base);
+    const int4* from = reinterpret_cast<const int4*>(
+        j.src + static_cast<uint64_t>(j.src_blocks[b]) * j.block_bytes + base);
+    int4* to = reinterpret_cast<int4*>(
+        j.dst + static_cast<uint64_t>(j.dst_blocks[b]) * j.block_bytes + base);
     const uint32_t vecs = j.piece_bytes / 16;
     for (uint32_t v0 = 0; v0 < vecs; v0 += 32 * InFlight) {
       int4 v[InFlight];
@@ -119,15 +122,18 @@ __global__ void TmaKernel(Job j, int stages) {
     const uint32_t b = static_cast<uint32_t>(p / j.pieces_per_block);
     const uint32_t piece = static_cast<uint32_t>(p - static_cast<uint64_t>(b) * j.pieces_per_block);
     const uint64_t base = static_cast<uint64_t>(piece) * j.piece_bytes;
-    *from = reinterpret_cast<uint64_t>(j.src + static_cast<uint64_t>(j.src_blocks[b]) * j.block_bytes + base);
-    *to = reinterpret_cast<uint64_t>(j.dst + static_cast<uint64_t>(j.dst_blocks[b]) * j.block_bytes + base);
+    *from = reinterpret_cast<uint64_t>(
+        j.src + static_cast<uint64_t>(j.src_blocks[b]) * j.block_bytes + base);
+    *to = reinterpret_cast<uint64_t>(j.dst +
+                                     static_cast<uint64_t>(j.dst_blocks[b]) * j.block_bytes + base);
   };
   auto load = [&](uint64_t m) {
     const int s = static_cast<int>(m % stages);
     uint64_t from, to;
     addr(m, &from, &to);
     const uint32_t b = Smem(&bar[s]);
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(b), "r"(j.piece_bytes)
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(b),
+                 "r"(j.piece_bytes)
                  : "memory");
     asm volatile(
         "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::
@@ -143,7 +149,8 @@ __global__ void TmaKernel(Job j, int stages) {
     uint32_t done = 0;
     while (!done) {
       asm volatile(
-          "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+          "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, "
+          "0, p; }"
           : "=r"(done)
           : "r"(b), "r"(parity)
           : "memory");
@@ -215,10 +222,12 @@ void ForkJoin(cudaStream_t main, cudaEvent_t go, cudaStream_t other, cudaEvent_t
 bool Verify(const Setup& s) {
   std::vector<uint8_t> a(s.block_bytes), b(s.block_bytes);
   for (uint32_t i = 0; i < s.num_blocks; i += std::max(1u, s.num_blocks / 64)) {
-    Check(cudaMemcpy(a.data(), s.src + uint64_t{s.host_src_blocks[i]} * s.block_bytes, s.block_bytes,
-                     cudaMemcpyDefault), "verify");
-    Check(cudaMemcpy(b.data(), s.dst + uint64_t{s.host_dst_blocks[i]} * s.block_bytes, s.block_bytes,
-                     cudaMemcpyDefault), "verify");
+    Check(cudaMemcpy(a.data(), s.src + uint64_t{s.host_src_blocks[i]} * s.block_bytes,
+                     s.block_bytes, cudaMemcpyDefault),
+          "verify");
+    Check(cudaMemcpy(b.data(), s.dst + uint64_t{s.host_dst_blocks[i]} * s.block_bytes,
+                     s.block_bytes, cudaMemcpyDefault),
+          "verify");
     if (a != b) return false;
   }
   return true;
@@ -260,8 +269,10 @@ int main(int argc, char** argv) {
     for (size_t i = 0; i < pattern.size(); ++i) pattern[i] = static_cast<uint32_t>(i * 2654435761u);
     Check(cudaMemcpy(src, pattern.data(), pool, cudaMemcpyHostToDevice), "fill");
   }
-  std::printf("copy variants, GPU0 -> GPU%d, 1 GiB of randomly scattered blocks per launch, median of 5 (GB/s)\n",
-              dst_dev);
+  std::printf(
+      "copy variants, GPU0 -> GPU%d, 1 GiB of randomly scattered blocks per launch, median of 5 "
+      "(GB/s)\n",
+      dst_dev);
   std::vector<int> ctas = {8, 16, 32, 64, 132};
   if (argc > 1) ctas = {std::atoi(argv[1])};
   {
@@ -271,16 +282,21 @@ int main(int argc, char** argv) {
     });
     std::printf("contiguous cudaMemcpyAsync: %.1f GB/s\n\n", moved / (ms / 1e3) / 1e9);
   }
-  std::printf("| block | variant | %s |\n", [&] {
-    std::string h;
-    for (size_t i = 0; i < ctas.size(); ++i) h += (i ? " | " : "") + std::to_string(ctas[i]) + " CTAs";
-    return h;
-  }().c_str());
-  std::printf("|---|---|%s\n", [&] {
-    std::string h;
-    for (size_t i = 0; i < ctas.size(); ++i) h += "---|";
-    return h;
-  }().c_str());
+  std::printf("| block | variant | %s |\n",
+              [&] {
+                std::string h;
+                for (size_t i = 0; i < ctas.size(); ++i)
+                  h += (i ? " | " : "") + std::to_string(ctas[i]) + " CTAs";
+                return h;
+              }()
+                  .c_str());
+  std::printf("|---|---|%s\n",
+              [&] {
+                std::string h;
+                for (size_t i = 0; i < ctas.size(); ++i) h += "---|";
+                return h;
+              }()
+                  .c_str());
   std::mt19937 rng(7);
   for (uint32_t kib : {4u, 16u, 32u, 128u}) {
     Setup s;
@@ -296,20 +312,26 @@ int main(int argc, char** argv) {
     s.host_dst_blocks.assign(ids.begin(), ids.begin() + s.num_blocks);
     Check(cudaMalloc(&s.src_blocks, s.num_blocks * 4), "table");
     Check(cudaMalloc(&s.dst_blocks, s.num_blocks * 4), "table");
-    Check(cudaMemcpy(s.src_blocks, s.host_src_blocks.data(), s.num_blocks * 4, cudaMemcpyHostToDevice), "table");
-    Check(cudaMemcpy(s.dst_blocks, s.host_dst_blocks.data(), s.num_blocks * 4, cudaMemcpyHostToDevice), "table");
+    Check(cudaMemcpy(s.src_blocks, s.host_src_blocks.data(), s.num_blocks * 4,
+                     cudaMemcpyHostToDevice),
+          "table");
+    Check(cudaMemcpy(s.dst_blocks, s.host_dst_blocks.data(), s.num_blocks * 4,
+                     cudaMemcpyHostToDevice),
+          "table");
     struct Variant {
       std::string name;
       std::function<void(int)> launch;
     };
     auto job = [&](uint32_t piece) {
-      Job j{s.src, s.dst, s.src_blocks, s.dst_blocks, s.num_blocks, s.block_bytes, piece,
-            s.block_bytes / piece};
+      Job j{s.src,        s.dst,         s.src_blocks, s.dst_blocks,
+            s.num_blocks, s.block_bytes, piece,        s.block_bytes / piece};
       return j;
     };
     std::vector<Variant> variants;
-    variants.push_back({"slab 512x8", [&](int n) { SlabKernel<<<n, 512, 0, stream>>>(job(s.block_bytes)); }});
-    variants.push_back({"warp 512 thr", [&](int n) { WarpKernel<><<<n, 512, 0, stream>>>(job(4096)); }});
+    variants.push_back(
+        {"slab 512x8", [&](int n) { SlabKernel<<<n, 512, 0, stream>>>(job(s.block_bytes)); }});
+    variants.push_back(
+        {"warp 512 thr", [&](int n) { WarpKernel<><<<n, 512, 0, stream>>>(job(4096)); }});
     if (kib >= 8) {  // a piece must fit in a block
       variants.push_back({"warp 512 thr, 16 in flight (8 KiB steps)",
                           [&](int n) { WarpKernel<16><<<n, 512, 0, stream>>>(job(8192)); }});
@@ -321,9 +343,10 @@ int main(int argc, char** argv) {
         const int stages = std::min<int>(16, static_cast<int>((192u << 10) / (warps * piece)));
         const size_t smem = static_cast<size_t>(warps) * stages * piece;
         Check(cudaFuncSetAttribute(TmaKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                   static_cast<int>(smem)), "smem attribute");
-        variants.push_back({"tma " + std::to_string(warps) + "w x " + std::to_string(stages) + " x " +
-                                std::to_string(piece_kib) + "K",
+                                   static_cast<int>(smem)),
+              "smem attribute");
+        variants.push_back({"tma " + std::to_string(warps) + "w x " + std::to_string(stages) +
+                                " x " + std::to_string(piece_kib) + "K",
                             [&, warps, stages, piece, smem](int n) {
                               TmaKernel<<<n, 32 * warps, smem, stream>>>(job(piece), stages);
                             }});
@@ -337,25 +360,30 @@ int main(int argc, char** argv) {
     if (dst_dev != 0) {
       Check(cudaSetDevice(dst_dev), "set device");
       Check(cudaMalloc(&peer_tables, 2ull * s.num_blocks * 4), "peer tables");
-      Check(cudaMemcpy(peer_tables, s.host_src_blocks.data(), s.num_blocks * 4, cudaMemcpyHostToDevice), "t");
+      Check(cudaMemcpy(peer_tables, s.host_src_blocks.data(), s.num_blocks * 4,
+                       cudaMemcpyHostToDevice),
+            "t");
       Check(cudaMemcpy(peer_tables + s.num_blocks, s.host_dst_blocks.data(), s.num_blocks * 4,
-                       cudaMemcpyHostToDevice), "t");
+                       cudaMemcpyHostToDevice),
+            "t");
       Check(cudaSetDevice(0), "set device");
       for (int push_pct : {50, 60}) {
         variants.push_back({"warp push " + std::to_string(push_pct) + "% + pull " +
                                 std::to_string(100 - push_pct) + "%",
                             [&, push_pct](int n) {
-          const uint32_t pushed = static_cast<uint32_t>(uint64_t{s.num_blocks} * push_pct / 100);
-          Job push = job(4096);
-          push.num_blocks = pushed;
-          Job pull = job(4096);
-          pull.src_blocks = peer_tables + pushed;
-          pull.dst_blocks = peer_tables + s.num_blocks + pushed;
-          pull.num_blocks = s.num_blocks - pushed;
-          ForkJoin(stream, go, peer_stream, peer_done, dst_dev,
-                   [&] { WarpKernel<><<<n, 512, 0, stream>>>(push); },
-                   [&] { WarpKernel<><<<n, 512, 0, peer_stream>>>(pull); });
-        }});
+                              const uint32_t pushed =
+                                  static_cast<uint32_t>(uint64_t{s.num_blocks} * push_pct / 100);
+                              Job push = job(4096);
+                              push.num_blocks = pushed;
+                              Job pull = job(4096);
+                              pull.src_blocks = peer_tables + pushed;
+                              pull.dst_blocks = peer_tables + s.num_blocks + pushed;
+                              pull.num_blocks = s.num_blocks - pushed;
+                              ForkJoin(
+                                  stream, go, peer_stream, peer_done, dst_dev,
+                                  [&] { WarpKernel<><<<n, 512, 0, stream>>>(push); },
+                                  [&] { WarpKernel<><<<n, 512, 0, peer_stream>>>(pull); });
+                            }});
       }
     }
     // Kernel + copy engines: GPU0's SMs store most blocks while its copy engines move the rest
@@ -372,28 +400,29 @@ int main(int argc, char** argv) {
         ce_sizes.push_back(s.block_bytes);
       }
       for (int ce_pct : {10, 20, 30}) {
-        variants.push_back({"warp " + std::to_string(100 - ce_pct) + "% + copy engines " +
-                                std::to_string(ce_pct) + "%",
-                            [&, ce_pct](int n) {
-          const uint32_t by_kernel =
-              static_cast<uint32_t>(uint64_t{s.num_blocks} * (100 - ce_pct) / 100);
-          Job j = job(4096);
-          j.num_blocks = by_kernel;
-          ForkJoin(stream, go, ce_stream, local_done, 0,
+        variants.push_back(
+            {"warp " + std::to_string(100 - ce_pct) + "% + copy engines " + std::to_string(ce_pct) +
+                 "%",
+             [&, ce_pct](int n) {
+               const uint32_t by_kernel =
+                   static_cast<uint32_t>(uint64_t{s.num_blocks} * (100 - ce_pct) / 100);
+               Job j = job(4096);
+               j.num_blocks = by_kernel;
+               ForkJoin(
+                   stream, go, ce_stream, local_done, 0,
                    [&] { WarpKernel<><<<n, 512, 0, stream>>>(j); },
                    [&] {
                      cudaMemcpyAttributes attrs{};
                      attrs.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
                      attrs.flags = cudaMemcpyFlagPreferOverlapWithCompute;
                      size_t idx = 0;
-                     Check(cudaMemcpyBatchAsync(ce_dsts.data() + by_kernel,
-                                                ce_srcs.data() + by_kernel,
-                                                ce_sizes.data() + by_kernel,
-                                                s.num_blocks - by_kernel, &attrs, &idx, 1,
-                                                ce_stream),
+                     Check(cudaMemcpyBatchAsync(
+                               ce_dsts.data() + by_kernel, ce_srcs.data() + by_kernel,
+                               ce_sizes.data() + by_kernel, s.num_blocks - by_kernel, &attrs, &idx,
+                               1, ce_stream),
                            "batch copy");
                    });
-        }});
+             }});
       }
     }
     for (const Variant& v : variants) {
@@ -403,7 +432,8 @@ int main(int argc, char** argv) {
         const double ms = TimeIt(stream, 5, [&] { v.launch(n); });
         Check(cudaGetLastError(), v.name.c_str());
         char cell[64];
-        std::snprintf(cell, sizeof cell, " %.1f%s |", moved / (ms / 1e3) / 1e9, Verify(s) ? "" : " WRONG");
+        std::snprintf(cell, sizeof cell, " %.1f%s |", moved / (ms / 1e3) / 1e9,
+                      Verify(s) ? "" : " WRONG");
         row += cell;
       }
       std::printf("%s\n", row.c_str());

@@ -63,8 +63,8 @@ struct ScopedEnv {
 };
 // The critical-path measures off (issue 19, CP): the daemon's spins and staged plan uploads
 // (KVRAILD_LOW_LATENCY=off) and the client's answer spin.
-const std::vector<std::pair<std::string, std::string>> kAllOff = {
-    {"KVRAILD_LOW_LATENCY", "off"}, {"KVRAIL_ANSWER_SPIN_US", "0"}};
+const std::vector<std::pair<std::string, std::string>> kAllOff = {{"KVRAILD_LOW_LATENCY", "off"},
+                                                                  {"KVRAIL_ANSWER_SPIN_US", "0"}};
 
 struct Daemon {
   testing::TempDir dir;
@@ -216,8 +216,7 @@ void FirstRow(const char* label, const std::string& config,
   ScopedEnv scoped(std::move(env));
   const auto t_start = Clock::now();
   Daemon d(config);
-  const double start_ms =
-      std::chrono::duration<double, std::milli>(Clock::now() - t_start).count();
+  const double start_ms = std::chrono::duration<double, std::milli>(Clock::now() - t_start).count();
   const uint64_t block = 16 << 10;
   const uint32_t pool = 65536, n = 32768;  // 512 MiB
   const v1::PagedKvLayout layout = BlockLayout(pool, block);
@@ -232,9 +231,9 @@ void FirstRow(const char* label, const std::string& config,
   // cost, and the rest the GPU's return from idle, which every transfer after a pause pays.
   const auto idle = Clock::now() - t_start - std::chrono::duration<double, std::milli>(start_ms);
   for (int i = 0; i < 21; ++i) {
-    v1::TransferSpec spec = client::MakeBlockTransfer(
-        src.region.region_id(), Scattered(pool, n, rng), dst.region.region_id(),
-        Scattered(pool, n, rng));
+    v1::TransferSpec spec =
+        client::MakeBlockTransfer(src.region.region_id(), Scattered(pool, n, rng),
+                                  dst.region.region_id(), Scattered(pool, n, rng));
     runs.push_back(RunTransfer(d, spec));
     if (i == 0) first_engine = d.Engines();
   }
@@ -245,7 +244,8 @@ void FirstRow(const char* label, const std::string& config,
                                t.u_submitted - s.submitted_unix_us(),
                                static_cast<double>(s.started_unix_us() - s.submitted_unix_us()),
                                static_cast<double>(s.finished_unix_us() - s.started_unix_us()),
-                               t.u_done - s.finished_unix_us(), t.seconds * 1e6};
+                               t.u_done - s.finished_unix_us(),
+                               t.seconds * 1e6};
   };
   std::vector<std::vector<double>> warm(7);
   std::vector<double> warm_gbps;
@@ -271,9 +271,9 @@ void FirstRow(const char* label, const std::string& config,
       Check(cudaMemset(scratch, i, 1 << 20), "touch");
       Check(cudaDeviceSynchronize(), "touch");
     }
-    v1::TransferSpec spec = client::MakeBlockTransfer(
-        src.region.region_id(), Scattered(pool, n, rng), dst.region.region_id(),
-        Scattered(pool, n, rng));
+    v1::TransferSpec spec =
+        client::MakeBlockTransfer(src.region.region_id(), Scattered(pool, n, rng),
+                                  dst.region.region_id(), Scattered(pool, n, rng));
     const Timed t = RunTransfer(d, spec);
     const auto p = phases(t);
     for (size_t k = 0; k < p.size(); ++k) (touch ? touched : paused)[k].push_back(p[k]);
@@ -321,9 +321,9 @@ void Latency(const char* label, const std::string& config,
   Pool src = MakePool(d, layout, uint64_t{pool} * block, false);
   Pool dst = MakePool(d, layout, uint64_t{pool} * block, true);
   std::mt19937_64 rng(3);
-  v1::TransferSpec spec = client::MakeBlockTransfer(
-      src.region.region_id(), Scattered(pool, n, rng), dst.region.region_id(),
-      Scattered(pool, n, rng));
+  v1::TransferSpec spec =
+      client::MakeBlockTransfer(src.region.region_id(), Scattered(pool, n, rng),
+                                dst.region.region_id(), Scattered(pool, n, rng));
   spec.set_priority(v1::PRIORITY_CRITICAL);
   std::vector<double> lat;
   std::vector<std::vector<double>> ph(6);
@@ -400,8 +400,8 @@ int main(int argc, char** argv) {
     Latency("critical raise off (cuda_critical_ctas: 0: the 32-CTA budget)",
             "cuda_critical_ctas: 0");
     Latency("default, 2 ms between transfers", "", {}, 2000);
-    Latency("cuda_wake_on_submit: false, 2 ms between transfers", "cuda_wake_on_submit: false",
-            {}, 2000);
+    Latency("cuda_wake_on_submit: false, 2 ms between transfers", "cuda_wake_on_submit: false", {},
+            2000);
     Latency("default (again)", "");
     Latency("default, 2 ms between transfers (again)", "", {}, 2000);
   }

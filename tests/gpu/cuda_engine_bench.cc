@@ -27,13 +27,13 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstdio>
 #include <csignal>
+#include <cstdio>
 #include <cstdlib>
-#include <map>
 #include <cstring>
 #include <deque>
 #include <functional>
+#include <map>
 #include <numeric>
 #include <random>
 #include <string>
@@ -172,10 +172,14 @@ Pools MakePoolsWith(Daemon& d, const v1::PagedKvLayout& layout, uint32_t moved, 
   p.dst_blocks = Scattered(p.pool_blocks, p.moved, 2);
   // Grants of the pools' owner, so another client of the daemon (the gRPC-only rows) may move
   // them too; the owner's own transfers pass by ownership.
-  p.src_grant = Must(d.client->CreateGrant(p.src_info.region_id(), v1::GRANT_ACCESS_READ,
-                                           absl::Hours(24)), "grant src").token();
-  p.dst_grant = Must(d.client->CreateGrant(p.dst_info.region_id(), v1::GRANT_ACCESS_WRITE,
-                                           absl::Hours(24)), "grant dst").token();
+  p.src_grant =
+      Must(d.client->CreateGrant(p.src_info.region_id(), v1::GRANT_ACCESS_READ, absl::Hours(24)),
+           "grant src")
+          .token();
+  p.dst_grant =
+      Must(d.client->CreateGrant(p.dst_info.region_id(), v1::GRANT_ACCESS_WRITE, absl::Hours(24)),
+           "grant dst")
+          .token();
   Check(cudaDeviceSynchronize(), "sync");
   Check(cudaSetDevice(g_src), "cudaSetDevice(--src-gpu)");
   return p;
@@ -388,8 +392,8 @@ std::string Python() {
 // NCCL pack + send/recv + unpack GB/s per block KiB, from tests/gpu/nccl_baseline.py.
 std::map<uint64_t, double> NcclBaseline(uint64_t total, int reps) {
   std::map<uint64_t, double> out;
-  Child c({"timeout", "180", Python(), "tests/gpu/nccl_baseline.py", "--total-bytes", std::to_string(total),
-           "--reps", std::to_string(reps)});
+  Child c({"timeout", "180", Python(), "tests/gpu/nccl_baseline.py", "--total-bytes",
+           std::to_string(total), "--reps", std::to_string(reps)});
   for (std::string l = c.Line(); !l.empty(); l = c.Line()) {
     unsigned long kib = 0;
     double g = 0;
@@ -404,10 +408,12 @@ void VerifyBlocks(const Pools& p) {
   std::vector<uint8_t> a(p.block_bytes), b(p.block_bytes);
   for (uint32_t i = 0; i < p.moved; i += std::max<uint32_t>(1, p.moved / 512)) {
     Check(cudaMemcpy(a.data(), p.src->data() + uint64_t{p.src_blocks[i]} * p.block_bytes,
-                     p.block_bytes, cudaMemcpyDefault), "verify src");
+                     p.block_bytes, cudaMemcpyDefault),
+          "verify src");
     const uint8_t* d = p.dst ? p.dst->data() : p.host_dst->data();
     Check(cudaMemcpy(b.data(), d + uint64_t{p.dst_blocks[i]} * p.block_bytes, p.block_bytes,
-                     cudaMemcpyDefault), "verify dst");
+                     cudaMemcpyDefault),
+          "verify dst");
     if (a != b) {
       std::fprintf(stderr, "block %u arrived wrong\n", i);
       std::exit(1);
@@ -422,7 +428,8 @@ void Pattern(const Pools& p) {
   std::vector<uint32_t> words((64ull << 20) / 4);
   for (uint64_t at = 0; at < bytes; at += words.size() * 4) {
     const uint64_t n = std::min<uint64_t>(words.size() * 4, bytes - at);
-    for (uint64_t w = 0; w < n / 4; ++w) words[w] = static_cast<uint32_t>((at / 4 + w + 1) * 2654435761u);
+    for (uint64_t w = 0; w < n / 4; ++w)
+      words[w] = static_cast<uint32_t>((at / 4 + w + 1) * 2654435761u);
     Check(cudaMemcpy(p.src->data() + at, words.data(), n, cudaMemcpyHostToDevice), "pattern");
   }
   if (p.dst && !p.dst->Fill(0).ok()) std::exit(1);
@@ -496,9 +503,10 @@ int Interference(int dst_device, bool quick, const std::string& only_limit) {
     absl::StrAppend(&limited, limited.empty() ? "" : "; ", l, "%: ", absl::StrFormat("%.1f", tf),
                     clocks.empty() ? "" : absl::StrCat(" (", clocks, ")"));
   }
-  std::printf("GEMM alone: %.1f TFLOP/s (%s); alone limited to a share of SMs "
-              "(CUDA_MPS_ACTIVE_THREAD_PERCENTAGE): %s TFLOP/s\n\n", alone,
-              alone_clocks.empty() ? "no NVML" : alone_clocks.c_str(), limited.c_str());
+  std::printf(
+      "GEMM alone: %.1f TFLOP/s (%s); alone limited to a share of SMs "
+      "(CUDA_MPS_ACTIVE_THREAD_PERCENTAGE): %s TFLOP/s\n\n",
+      alone, alone_clocks.empty() ? "no NVML" : alone_clocks.c_str(), limited.c_str());
   std::printf(
       "| daemon setting | GEMM's SM limit | transfer GB/s beside GEMM | GEMM TFLOP/s | "
       "GEMM kept (vs unlimited alone) | source GPU during the GEMM | engine |\n"
@@ -509,24 +517,28 @@ int Interference(int dst_device, bool quick, const std::string& only_limit) {
   };
   std::vector<Setting> settings = {{"copy engines only (budget 0)", "", {"--cuda-max-ctas", "0"}}};
   for (int c : {2, 4, 8, 16, 32}) {
-    settings.push_back({absl::StrCat(c, " CTAs fixed"), "",
+    settings.push_back({absl::StrCat(c, " CTAs fixed"),
+                        "",
                         {"--cuda-max-ctas", "132", "--cuda-fixed-ctas", std::to_string(c)}});
   }
   settings.push_back({"adaptive, budget 16", "", {"--cuda-max-ctas", "16"}});
   settings.push_back({"adaptive, budget 132", "", {"--cuda-max-ctas", "132"}});
   for (int c : {8, 16}) {
-    settings.push_back({absl::StrCat(c, " CTAs fixed"), "90",
+    settings.push_back({absl::StrCat(c, " CTAs fixed"),
+                        "90",
                         {"--cuda-max-ctas", "132", "--cuda-fixed-ctas", std::to_string(c)}});
   }
   settings.push_back({"adaptive, budget 16", "90", {"--cuda-max-ctas", "16"}});
   // A 95% limit leaves ~7 SMs: the kernel's warp path moves ~190-240 GB/s with 8 CTAs alone.
   for (int c : {4, 8}) {
-    settings.push_back({absl::StrCat(c, " CTAs fixed"), "95",
+    settings.push_back({absl::StrCat(c, " CTAs fixed"),
+                        "95",
                         {"--cuda-max-ctas", "132", "--cuda-fixed-ctas", std::to_string(c)}});
   }
   settings.push_back({"adaptive, budget 8", "95", {"--cuda-max-ctas", "8"}});
   for (int c : {6, 8}) {
-    settings.push_back({absl::StrCat(c, " CTAs fixed"), "96",
+    settings.push_back({absl::StrCat(c, " CTAs fixed"),
+                        "96",
                         {"--cuda-max-ctas", "132", "--cuda-fixed-ctas", std::to_string(c)}});
   }
   if (dst_device != g_src) {
@@ -551,7 +563,8 @@ int Interference(int dst_device, bool quick, const std::string& only_limit) {
     settings = pull;
     settings.push_back({"copy engines only (budget 0)", only_limit, {"--cuda-max-ctas", "0"}});
     for (int c : {4, 6, 7, 8}) {
-      settings.push_back({absl::StrCat(c, " CTAs fixed"), only_limit,
+      settings.push_back({absl::StrCat(c, " CTAs fixed"),
+                          only_limit,
                           {"--cuda-max-ctas", "132", "--cuda-fixed-ctas", std::to_string(c)}});
     }
   }
@@ -621,9 +634,12 @@ int Main(int argc, char** argv) {
   std::string only_limit, tables = "1,1c,1b,2,3,4";
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--quick") quick = true;
-    else if (a == "--same-gpu") same_gpu = true;
-    else if (a == "--interference") interference = true;
+    if (a == "--quick")
+      quick = true;
+    else if (a == "--same-gpu")
+      same_gpu = true;
+    else if (a == "--interference")
+      interference = true;
     else if (a.rfind("--interference-limit=", 0) == 0) {
       interference = true;
       only_limit = a.substr(21);
@@ -733,8 +749,8 @@ int Main(int argc, char** argv) {
       const std::string nccl_ratio =
           n == nccl.end() ? "n/a" : absl::StrFormat("%.2fx", e2e.median / n->second);
       phase_rows.push_back(absl::StrFormat(
-          "| %lu KiB | %u | %.2f (%.2f + %.2f + %.2f) | %.2f | %.2f | %.2f | %s | %s |", kib, p.moved,
-          last_phases.submit_ms, last_phases.to_daemon_ms, last_phases.accept_ms,
+          "| %lu KiB | %u | %.2f (%.2f + %.2f + %.2f) | %.2f | %.2f | %.2f | %s | %s |", kib,
+          p.moved, last_phases.submit_ms, last_phases.to_daemon_ms, last_phases.accept_ms,
           last_phases.reply_ms, last_phases.queued_ms, last_phases.running_ms,
           last_phases.notify_ms, setup.c_str(), busy.c_str()));
       std::printf("| %s | %lu KiB | %s | %s | %s (%s) | %s | %s | %s | %s | %.1f%% | %s | %.1f |\n",
@@ -746,12 +762,13 @@ int Main(int argc, char** argv) {
       Release(d, p);
     }
     std::printf("engines after table 1 (%s): %s\n", config.label, d.Engines().c_str());
-    std::printf("\nwhere the time of the last e2e transfer went (ms; submit = the Submit RPC, "
-                "split as client -> daemon + accept work + reply; queued = accepted -> first tile, "
-                "running = first tile -> last, notify = last tile -> client):\n"
-                "| block | blocks | submit | queued | running | notify | engine's job set-up | "
-                "engine: the job's batches (GPU busy of first launch -> last completion) |\n"
-                "|---|---|---|---|---|---|---|---|\n");
+    std::printf(
+        "\nwhere the time of the last e2e transfer went (ms; submit = the Submit RPC, "
+        "split as client -> daemon + accept work + reply; queued = accepted -> first tile, "
+        "running = first tile -> last, notify = last tile -> client):\n"
+        "| block | blocks | submit | queued | running | notify | engine's job set-up | "
+        "engine: the job's batches (GPU busy of first launch -> last completion) |\n"
+        "|---|---|---|---|---|---|---|---|\n");
     for (const auto& row : phase_rows) std::printf("%s\n", row.c_str());
   }
 
@@ -813,9 +830,8 @@ int Main(int argc, char** argv) {
         where.c_str());
     {
       const uint32_t moved = static_cast<uint32_t>(total / (80 * 2 * 4096));
-      const v1::PagedKvLayout l70 = testing::MakeLayout(80, 2, 2 * moved, 16, 1, 128,
-                                                         v1::DTYPE_BF16,
-                                                         v1::LAYOUT_ORDER_LAYER_PART_BLOCK_NHD);
+      const v1::PagedKvLayout l70 = testing::MakeLayout(
+          80, 2, 2 * moved, 16, 1, 128, v1::DTYPE_BF16, v1::LAYOUT_ORDER_LAYER_PART_BLOCK_NHD);
       Pools p = MakePoolsWith(d, l70, moved, false, dst_device);
       std::string engine, path;
       const Spread g = ThroughSpread(d, p, reps, &engine, &path);
@@ -853,11 +869,11 @@ int Main(int argc, char** argv) {
       std::printf("%s: p50 %.1f us, p90 %.1f us, min %.1f us, max %.1f us (target p50 < %.1f us)\n",
                   how, lat[lat.size() / 2] * 1e6, lat[lat.size() * 9 / 10] * 1e6, lat[0] * 1e6,
                   lat.back() * 1e6, target * 1e6);
-      std::printf("  phase medians (us): client -> daemon %.1f, accept %.1f, reply %.1f, queued "
-                  "%.1f, running %.1f, notify %.1f\n",
-                  median(&Phases::to_daemon_ms), median(&Phases::accept_ms),
-                  median(&Phases::reply_ms), median(&Phases::queued_ms),
-                  median(&Phases::running_ms), median(&Phases::notify_ms));
+      std::printf(
+          "  phase medians (us): client -> daemon %.1f, accept %.1f, reply %.1f, queued "
+          "%.1f, running %.1f, notify %.1f\n",
+          median(&Phases::to_daemon_ms), median(&Phases::accept_ms), median(&Phases::reply_ms),
+          median(&Phases::queued_ms), median(&Phases::running_ms), median(&Phases::notify_ms));
     };
     {
       // Before the session socket carried submits: both calls over gRPC.
@@ -875,8 +891,8 @@ int Main(int argc, char** argv) {
       v1::RegionSpec flag_spec;
       flag_spec.set_name("arrival flags");
       flag_spec.set_writable(true);
-      const v1::RegionInfo flags = Must(d.client->RegisterHostBuffer(*flag_buffer, flag_spec),
-                                        "register flags");
+      const v1::RegionInfo flags =
+          Must(d.client->RegisterHostBuffer(*flag_buffer, flag_spec), "register flags");
       auto* word = reinterpret_cast<volatile uint32_t*>(flag_buffer->data());
       std::vector<double> by_flag;
       for (uint32_t i = 0; i < 60; ++i) {

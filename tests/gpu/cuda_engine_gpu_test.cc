@@ -9,14 +9,13 @@
 // Outside Bazel, point TEST_SRCDIR/TEST_WORKSPACE at a folder holding daemon/kvraild and
 // examples/kv_demo (see docs/benchmarks.md, "CUDA engine, one H200").
 #define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
-
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <cctype>
 #include <cstring>
 #include <fstream>
@@ -50,9 +49,12 @@ enum class Kind { kGpu, kGpu1, kHost };
 
 const char* KindName(Kind k) {
   switch (k) {
-    case Kind::kGpu: return "gpu0";
-    case Kind::kGpu1: return "gpu1";
-    case Kind::kHost: return "host";
+    case Kind::kGpu:
+      return "gpu0";
+    case Kind::kGpu1:
+      return "gpu1";
+    case Kind::kHost:
+      return "host";
   }
   return "?";
 }
@@ -163,8 +165,8 @@ void RunCase(client::Client& cl, const planner::testing::RandomCase& c, Kind src
     if (tiny) CHECK(status->path_reason().find("cuda_copy_only_kernel_ctas") != std::string::npos);
   } else if (want_engine == kSplit && plan->bytes_total() > 0) {
     // Kernel batches of two or more tiles hand their last 30% to the copy engines.
-    CHECK((status->engine() == "cuda-kernel" ||
-           status->engine() == "cuda-kernel+cuda-copy-engine"));
+    CHECK(
+        (status->engine() == "cuda-kernel" || status->engine() == "cuda-kernel+cuda-copy-engine"));
   } else if (!want_engine.empty() && plan->bytes_total() > 0) {
     CHECK(status->engine() == want_engine);
   }
@@ -182,8 +184,10 @@ void RunRandomCases(const std::vector<std::string>& daemon_args, const std::stri
   testing::LiveDaemon live(daemon_args);
   client::Client& cl = *live.client;
   std::mt19937_64 rng(1234);
-  const Kind local[3][2] = {{Kind::kGpu, Kind::kGpu}, {Kind::kGpu, Kind::kHost}, {Kind::kHost, Kind::kGpu}};
-  const Kind peers[3][2] = {{Kind::kGpu, Kind::kGpu1}, {Kind::kGpu1, Kind::kGpu}, {Kind::kGpu1, Kind::kHost}};
+  const Kind local[3][2] = {
+      {Kind::kGpu, Kind::kGpu}, {Kind::kGpu, Kind::kHost}, {Kind::kHost, Kind::kGpu}};
+  const Kind peers[3][2] = {
+      {Kind::kGpu, Kind::kGpu1}, {Kind::kGpu1, Kind::kGpu}, {Kind::kGpu1, Kind::kHost}};
   for (int i = 0; i < cases; ++i) {
     const auto c = (i % 5 == 4)   ? planner::testing::RandomBytesCase(rng)
                    : (i % 5 == 3) ? planner::testing::RandomServingCase(rng)
@@ -240,7 +244,8 @@ TEST_CASE("two GPUs, kernel: random layouts GPU0->GPU1, GPU1->GPU0, GPU1->host v
   RunRandomCases({}, "cuda-kernel", 60, /*peer=*/true);
 }
 
-TEST_CASE("two GPUs, kernel on the destination GPU (peer loads): GPU0->GPU1, GPU1->GPU0 vs host twin") {
+TEST_CASE(
+    "two GPUs, kernel on the destination GPU (peer loads): GPU0->GPU1, GPU1->GPU0 vs host twin") {
   if (!HaveTwoGpus()) return;
   RunRandomCases({"--cuda-run-on", "destination"}, "cuda-kernel", 45, /*peer=*/true);
 }
@@ -262,9 +267,9 @@ TEST_CASE("CUDA engine: concurrent transfers with large block tables (pinned, re
   // 1 KiB blocks: 8 tokens x 1 head x 64 x bf16.
   const v1::PagedKvLayout src_layout = testing::MakeLayout(
       1, 1, kSrcBlocks, 8, 1, 64, v1::DTYPE_BF16, v1::LAYOUT_ORDER_LAYER_PART_BLOCK_NHD);
-  const v1::PagedKvLayout dst_layout = testing::MakeLayout(
-      1, 1, kTransfers * kPerTransfer, 8, 1, 64, v1::DTYPE_BF16,
-      v1::LAYOUT_ORDER_LAYER_PART_BLOCK_NHD);
+  const v1::PagedKvLayout dst_layout =
+      testing::MakeLayout(1, 1, kTransfers * kPerTransfer, 8, 1, 64, v1::DTYPE_BF16,
+                          v1::LAYOUT_ORDER_LAYER_PART_BLOCK_NHD);
   const uint64_t src_bytes = testing::LayoutBytes(src_layout);
   const uint64_t dst_bytes = testing::LayoutBytes(dst_layout);
   std::mt19937_64 rng(77);
@@ -286,8 +291,8 @@ TEST_CASE("CUDA engine: concurrent transfers with large block tables (pinned, re
     // Destination block to[j] gets source block from[k][j]; keep it as "dst block -> src block".
     std::vector<uint32_t> by_dst(kPerTransfer);
     for (uint32_t j = 0; j < kPerTransfer; ++j) by_dst[to[j] - k * kPerTransfer] = from[k][j];
-    auto submitted = cl.Submit(
-        client::MakeBlockTransfer(s.info.region_id(), from[k], d.info.region_id(), to));
+    auto submitted =
+        cl.Submit(client::MakeBlockTransfer(s.info.region_id(), from[k], d.info.region_id(), to));
     INFO(submitted.status().ToString());
     REQUIRE(submitted.ok());
     ids.push_back(submitted->transfer_id());
@@ -335,8 +340,8 @@ TEST_CASE("CUDA engine: deferred id checks stop bad ids in large tables before t
   testing::LiveDaemon live;
   client::Client& cl = *live.client;
   constexpr uint32_t kBlocks = 40000;  // 40000 + 40000 ids: deferred
-  const v1::PagedKvLayout layout = testing::MakeLayout(
-      1, 1, kBlocks, 8, 1, 64, v1::DTYPE_BF16, v1::LAYOUT_ORDER_LAYER_PART_BLOCK_NHD);
+  const v1::PagedKvLayout layout = testing::MakeLayout(1, 1, kBlocks, 8, 1, 64, v1::DTYPE_BF16,
+                                                       v1::LAYOUT_ORDER_LAYER_PART_BLOCK_NHD);
   const uint64_t bytes = testing::LayoutBytes(layout);
   std::mt19937_64 rng(91);
   std::vector<uint8_t> src(bytes);
@@ -394,8 +399,8 @@ TEST_CASE("CUDA engine: deferred id checks stop bad ids in large tables before t
     CHECK(wrong_named == 0);
   }
   // Still healthy: the valid table moves, every block verified.
-  auto good = cl.Submit(
-      client::MakeBlockTransfer(s.info.region_id(), src_ids, d.info.region_id(), named));
+  auto good =
+      cl.Submit(client::MakeBlockTransfer(s.info.region_id(), src_ids, d.info.region_id(), named));
   REQUIRE(good.ok());
   auto status = cl.Wait(good->transfer_id(), absl::Seconds(30));
   REQUIRE(status.ok());
@@ -425,9 +430,19 @@ TEST_CASE("a client that dies while its GPU region is in use: the daemon keeps s
   REQUIRE(daemon.Start(dir.path()));
   const std::string info_path = dir.path() + "/prefill.json";
   // kv_demo prefill exports a GPU pool (GPU0) and holds it until killed.
-  std::vector<std::string> args = {testing::RunfilePath("examples/kv_demo"), "prefill", "--socket",
-                                   daemon.socket(), "--info", info_path, "--gpu", "0",
-                                   "--ignore-stdin", "--tokens", "1024", "--pool-blocks", "128"};
+  std::vector<std::string> args = {testing::RunfilePath("examples/kv_demo"),
+                                   "prefill",
+                                   "--socket",
+                                   daemon.socket(),
+                                   "--info",
+                                   info_path,
+                                   "--gpu",
+                                   "0",
+                                   "--ignore-stdin",
+                                   "--tokens",
+                                   "1024",
+                                   "--pool-blocks",
+                                   "128"};
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
@@ -450,7 +465,8 @@ TEST_CASE("a client that dies while its GPU region is in use: the daemon keeps s
   Side dst = MakeSide(**cl, Kind::kGpu, &layout, bytes, true, std::vector<uint8_t>(bytes, kPoison));
   std::vector<uint32_t> blocks(64);
   for (uint32_t i = 0; i < 64; ++i) blocks[i] = i;
-  v1::TransferSpec spec = client::MakeBlockTransfer(src_region, blocks, dst.info.region_id(), blocks);
+  v1::TransferSpec spec =
+      client::MakeBlockTransfer(src_region, blocks, dst.info.region_id(), blocks);
   // The exporter's region belongs to its session: reading it takes the grant its info carries.
   const auto grant_at = info.find("\"grant\":");
   REQUIRE(grant_at != std::string::npos);

@@ -45,7 +45,8 @@ std::vector<uint64_t> RunDigest(const kernels::DevicePlan& plan, DigestKernelMod
     REQUIRE(kernels::LaunchKvDigestForm(plan, t, end, mode, digests, ctas, nullptr, threads).ok());
     t = end;
   }
-  absl::StatusOr<std::vector<uint64_t>> got = kernels::ReadDigests(digests, 0, plan.num_tiles, nullptr);
+  absl::StatusOr<std::vector<uint64_t>> got =
+      kernels::ReadDigests(digests, 0, plan.num_tiles, nullptr);
   REQUIRE(got.ok());
   return *got;
 }
@@ -70,12 +71,13 @@ void RunCase(const planner::testing::RandomCase& c, std::mt19937_64& rng, uint32
   uint64_t* digests = static_cast<uint64_t*>(gpu_test::DeviceAlloc(8 * (plan->num_tiles() + 1)));
   absl::StatusOr<kernels::DevicePlanBuffer> dp = kernels::DevicePlanBuffer::Upload(
       plan->header(), plan->src_blocks().data(), plan->dst_blocks().data(),
-      reinterpret_cast<uint64_t>(src_dev + misalign), reinterpret_cast<uint64_t>(dst_dev + misalign),
-      nullptr);
+      reinterpret_cast<uint64_t>(src_dev + misalign),
+      reinterpret_cast<uint64_t>(dst_dev + misalign), nullptr);
   REQUIRE(dp.ok());
   ++g_paths[dp->plan().piece_bytes != 0 ? 0 : dp->plan().access_bytes >= 8 ? 1 : 2];
 
-  const std::vector<uint64_t> copied = RunDigest(dp->plan(), DigestKernelMode::kCopyHashSource, digests, rng);
+  const std::vector<uint64_t> copied =
+      RunDigest(dp->plan(), DigestKernelMode::kCopyHashSource, digests, rng);
   std::vector<uint8_t> got(dst_alloc);
   gpu_test::CopyToHost(got.data(), dst_dev, dst_alloc);
   REQUIRE(std::equal(want.begin(), want.end(), got.begin() + misalign));
@@ -94,7 +96,8 @@ void RunCase(const planner::testing::RandomCase& c, std::mt19937_64& rng, uint32
   const uint64_t at = misalign + r.dst + rng() % r.bytes;
   uint8_t byte = static_cast<uint8_t>(got[at] ^ 0x01);
   gpu_test::CopyToDevice(dst_dev + at, &byte, 1);
-  const std::vector<uint64_t> after = RunDigest(dp->plan(), DigestKernelMode::kHashDestination, digests, rng);
+  const std::vector<uint64_t> after =
+      RunDigest(dp->plan(), DigestKernelMode::kHashDestination, digests, rng);
   for (uint32_t t = 0; t < plan->num_tiles(); ++t) {
     if (t == bad) {
       REQUIRE(after[t] != ref[t]);
@@ -107,8 +110,8 @@ void RunCase(const planner::testing::RandomCase& c, std::mt19937_64& rng, uint32
   if (dp->plan().piece_bytes != 0 || dp->plan().access_bytes >= 8) {
     const int ctas = 1 + static_cast<int>(rng() % 40);
     REQUIRE(kernels::LaunchKvDigestForm(dp->plan(), 0, plan->num_tiles(),
-                                    DigestKernelMode::kCopyNoHashForBenchmark, digests, ctas,
-                                    nullptr)
+                                        DigestKernelMode::kCopyNoHashForBenchmark, digests, ctas,
+                                        nullptr)
                 .ok());
     gpu_test::CopyToHost(got.data(), dst_dev, dst_alloc);
     REQUIRE(std::equal(want.begin(), want.end(), got.begin() + misalign));
@@ -202,7 +205,8 @@ TEST_CASE("GPU digest into mapped pinned host memory (bulk copies)") {
     REQUIRE(dp.ok());
     if (dp->plan().piece_bytes != 0) ++warp_cases;
     std::vector<DigestKernelMode> modes = {DigestKernelMode::kCopyHashSource};
-    if (dp->plan().piece_bytes != 0) modes.push_back(DigestKernelMode::kCopyHashSourceBulkLoadForBenchmark);
+    if (dp->plan().piece_bytes != 0)
+      modes.push_back(DigestKernelMode::kCopyHashSourceBulkLoadForBenchmark);
     for (DigestKernelMode mode : modes) {
       INFO("mode " << static_cast<int>(mode) << " src_on_host " << src_on_host);
       std::fill(dst_host, dst_host + want.size(), 0xAB);
@@ -292,15 +296,16 @@ TEST_CASE("digest cost print", "[bandwidth]") {
           REQUIRE(kernels::LaunchKvCopy(p, 0, p.num_tiles, ctas, nullptr).ok());
         } else {
           REQUIRE(kernels::ZeroDigests(digests, p.num_tiles, nullptr).ok());
-          REQUIRE(kernels::LaunchKvDigestForm(p, 0, p.num_tiles,
-                                          what == 1   ? DigestKernelMode::kCopyHashSource
-                                          : what == 2 ? DigestKernelMode::kHashDestination
-                                          : what == 3 ? DigestKernelMode::kCopyNoHashForBenchmark
-                                          : what == 4 ? DigestKernelMode::kCopyHashSourceRegistersForBenchmark
-                                          : what == 5 ? DigestKernelMode::kCopyHashSourceCpAsyncForBenchmark
-                                          : what == 6 ? DigestKernelMode::kCopyHashSourceBulkLoadForBenchmark
-                                                      : DigestKernelMode::kCopyNoHashBulkLoadForBenchmark,
-                                          digests, ctas, nullptr)
+          REQUIRE(kernels::LaunchKvDigestForm(
+                      p, 0, p.num_tiles,
+                      what == 1   ? DigestKernelMode::kCopyHashSource
+                      : what == 2 ? DigestKernelMode::kHashDestination
+                      : what == 3 ? DigestKernelMode::kCopyNoHashForBenchmark
+                      : what == 4 ? DigestKernelMode::kCopyHashSourceRegistersForBenchmark
+                      : what == 5 ? DigestKernelMode::kCopyHashSourceCpAsyncForBenchmark
+                      : what == 6 ? DigestKernelMode::kCopyHashSourceBulkLoadForBenchmark
+                                  : DigestKernelMode::kCopyNoHashBulkLoadForBenchmark,
+                      digests, ctas, nullptr)
                       .ok());
         }
       }
@@ -342,15 +347,16 @@ TEST_CASE("digest cost print", "[bandwidth]") {
           m_off > 0 && m_regs > 0 ? 100.0 * (m_regs - m_off) / m_off : 0.0);
       char bulk_text[160] = "";
       if (!bulk.empty()) {
-        std::snprintf(bulk_text, sizeof(bulk_text),
-                      " | lane cp.async %.1f (%+.1f%%) | bulk load only %.1f (%+.1f%%), no-hash %.1f",
-                      median(lanes), 100.0 * (median(lanes) - m_off) / m_off, median(bulk),
-                      100.0 * (median(bulk) - m_off) / m_off, median(bulk_same));
+        std::snprintf(
+            bulk_text, sizeof(bulk_text),
+            " | lane cp.async %.1f (%+.1f%%) | bulk load only %.1f (%+.1f%%), no-hash %.1f",
+            median(lanes), 100.0 * (median(lanes) - m_off) / m_off, median(bulk),
+            100.0 * (median(bulk) - m_off) / m_off, median(bulk_same));
       }
-      std::printf("  SUMMARY %3d CTAs: off %.1f | on %.1f (%+.1f%%) | same-distr %.1f | read-back "
-                  "%.1f | registers %.1f%s\n",
-                  ctas, m_off, m_on, 100.0 * (m_on - m_off) / m_off, m_same, m_back, m_regs,
-                  bulk_text);
+      std::printf(
+          "  SUMMARY %3d CTAs: off %.1f | on %.1f (%+.1f%%) | same-distr %.1f | read-back "
+          "%.1f | registers %.1f%s\n",
+          ctas, m_off, m_on, 100.0 * (m_on - m_off) / m_off, m_same, m_back, m_regs, bulk_text);
     }
     gpu_test::DeviceFree(digests);
     gpu_test::DeviceFree(a);

@@ -84,8 +84,8 @@ struct Result {
 
 // Moves `blocks` of `layout` from a pool on A (GPU `src_gpu` or host) to a pool on B (or on A
 // when `a_to_a`), GB/s of each of `reps` after a verified warm-up.
-Result Run(testing::NsDaemon& a, testing::NsDaemon& b, const v1::PagedKvLayout& layout,
-           int src_gpu, int dst_gpu, bool a_to_a, int reps) {
+Result Run(testing::NsDaemon& a, testing::NsDaemon& b, const v1::PagedKvLayout& layout, int src_gpu,
+           int dst_gpu, bool a_to_a, int reps) {
   Result r;
   const uint64_t bytes = testing::LayoutBytes(layout);
   std::vector<uint8_t> content(bytes);
@@ -109,7 +109,8 @@ Result Run(testing::NsDaemon& a, testing::NsDaemon& b, const v1::PagedKvLayout& 
   std::mt19937 rng(11);
   std::shuffle(sb.begin(), sb.end(), rng);
   std::shuffle(db.begin(), db.end(), rng);
-  v1::TransferSpec spec = client::MakeBlockTransfer(src.info.region_id(), sb, dst.info.region_id(), db);
+  v1::TransferSpec spec =
+      client::MakeBlockTransfer(src.info.region_id(), sb, dst.info.region_id(), db);
   if (!a_to_a) {
     spec.mutable_dst()->set_node_id("b");
     spec.mutable_dst()->set_grant(b.WriteGrant(dst.info.region_id()));
@@ -192,7 +193,7 @@ int Main(int argc, char** argv) {
   // 32 layers x K/V x blocks of 16 tokens x 8 heads x 128 bf16 (32 KiB elements).
   const uint32_t blocks = static_cast<uint32_t>((mib << 20) / (32ull * 2 * 32768));
   const v1::PagedKvLayout layout = testing::MakeLayout(32, 2, blocks, 16, 8, 128, v1::DTYPE_BF16,
-                                                        v1::LAYOUT_ORDER_LAYER_PART_BLOCK_NHD);
+                                                       v1::LAYOUT_ORDER_LAYER_PART_BLOCK_NHD);
   testing::NsDaemonOptions oa;
   oa.nics = 2;
   oa.tile_bytes = 1 << 20;
@@ -211,9 +212,11 @@ int Main(int argc, char** argv) {
                  b.Log().c_str());
     return 1;
   }
-  std::printf("fabric GPU row: %lu MiB paged KV (32 layers x K/V x %u blocks x 32 KiB), tiles 1 MiB, "
-              "2 lanes, tcp;ofi_rxm over loopback, %d GPU(s); GB/s median (min-max) of %d after a verified warm-up\n\n",
-              static_cast<unsigned long>(mib), blocks, gpus, reps);
+  std::printf(
+      "fabric GPU row: %lu MiB paged KV (32 layers x K/V x %u blocks x 32 KiB), tiles 1 MiB, "
+      "2 lanes, tcp;ofi_rxm over loopback, %d GPU(s); GB/s median (min-max) of %d after a verified "
+      "warm-up\n\n",
+      static_cast<unsigned long>(mib), blocks, gpus, reps);
   std::printf("| what | GB/s | path |\n|---|---|---|\n");
   struct Case {
     std::string label;
@@ -221,10 +224,12 @@ int Main(int argc, char** argv) {
     bool a_to_a;
   };
   std::vector<Case> cases = {
-      {"GPU0 on A -> GPU" + std::to_string(dst_gpu) + " on B (fabric, host staging)", 0, dst_gpu, false},
+      {"GPU0 on A -> GPU" + std::to_string(dst_gpu) + " on B (fabric, host staging)", 0, dst_gpu,
+       false},
       {"host on A -> host on B (fabric; the provider's ceiling here)", -1, -1, false},
       {"GPU0 on A -> host on B (fabric)", 0, -1, false},
-      {"GPU0 -> GPU" + std::to_string(dst_gpu) + " through A alone (CUDA engine)", 0, dst_gpu, true},
+      {"GPU0 -> GPU" + std::to_string(dst_gpu) + " through A alone (CUDA engine)", 0, dst_gpu,
+       true},
   };
   if (gpus == 0) cases = {cases[1]};
   int failures = 0;

@@ -147,8 +147,8 @@ Result Run(testing::NsDaemon& a, testing::NsDaemon& b, const v1::PagedKvLayout& 
             for (uint32_t h = 0; h < kDstHeads; ++h) {
               const uint64_t from = testing::ElementOffset(src_layout, layer, part, sb[i / kSrcTpb],
                                                            i % kSrcTpb, kHeadBegin + h);
-              const uint64_t to = testing::ElementOffset(dst_layout, layer, part, db[i / kDstTpb],
-                                                         i % kDstTpb, h);
+              const uint64_t to =
+                  testing::ElementOffset(dst_layout, layer, part, db[i / kDstTpb], i % kDstTpb, h);
               if (std::memcmp(content.data() + from, got.data() + to, 256) != 0) {
                 r.error = "layer " + std::to_string(layer) + " token " + std::to_string(i) +
                           " head " + std::to_string(h) + " arrived wrong";
@@ -204,7 +204,8 @@ int Main(int argc, char** argv) {
   }
   const int gpus = client::CudaDeviceCount();
   // Source blocks: `mib` MiB of source pool (8 heads), half of it (4 heads) moved.
-  const uint32_t blocks = static_cast<uint32_t>((mib << 20) / (32ull * 2 * kSrcTpb * kSrcHeads * 256));
+  const uint32_t blocks =
+      static_cast<uint32_t>((mib << 20) / (32ull * 2 * kSrcTpb * kSrcHeads * 256));
   const v1::PagedKvLayout src_layout =
       testing::MakeLayout(32, 2, blocks, kSrcTpb, kSrcHeads, 128, v1::DTYPE_BF16,
                           v1::LAYOUT_ORDER_LAYER_PART_BLOCK_NHD);
@@ -221,12 +222,13 @@ int Main(int argc, char** argv) {
     copy_pair = StartPair(ca, cb, 7372, 7373);
     unsetenv("KVRAIL_FABRIC_GPU_PACK");
   }
-  std::printf("fabric kernel bench: %lu MiB source pool (32 layers x K/V x %u blocks x 16 tokens x "
-              "8 heads x 128 bf16, NHD), heads 4-7 -> 4-head 32-token HND blocks (TP1->TP2 + "
-              "NHD->HND), %.0f MiB moved, tiles 1 MiB, 2 lanes, tcp;ofi_rxm over loopback, %d "
-              "GPU(s); GB/s median (min-max) of %d after a verified warm-up\n\n",
-              static_cast<unsigned long>(mib), blocks,
-              32.0 * 2 * blocks * kSrcTpb * kDstHeads * 256 / 1048576.0, gpus, reps);
+  std::printf(
+      "fabric kernel bench: %lu MiB source pool (32 layers x K/V x %u blocks x 16 tokens x "
+      "8 heads x 128 bf16, NHD), heads 4-7 -> 4-head 32-token HND blocks (TP1->TP2 + "
+      "NHD->HND), %.0f MiB moved, tiles 1 MiB, 2 lanes, tcp;ofi_rxm over loopback, %d "
+      "GPU(s); GB/s median (min-max) of %d after a verified warm-up\n\n",
+      static_cast<unsigned long>(mib), blocks,
+      32.0 * 2 * blocks * kSrcTpb * kDstHeads * 256 / 1048576.0, gpus, reps);
   std::printf("| what | GB/s | vs host->host | path reason |\n|---|---|---|---|\n");
   struct Case {
     std::string label;
@@ -240,8 +242,8 @@ int Main(int argc, char** argv) {
       // Each side alone: which side's GPU path costs what.
       {"GPU" + std::to_string(src_gpu) + " on A -> host on B (sender's kernel only)", src_gpu, -1,
        false},
-      {"host on A -> GPU" + std::to_string(dst_gpu) + " on B (receiver's kernel only)", -1,
-       dst_gpu, false},
+      {"host on A -> GPU" + std::to_string(dst_gpu) + " on B (receiver's kernel only)", -1, dst_gpu,
+       false},
       {g + " on B (copy engines, KVRAIL_FABRIC_GPU_PACK=copy)", src_gpu, dst_gpu, true},
       {"host on A -> host on B (again, after the GPU rows)", -1, -1, false},
   };
@@ -259,8 +261,8 @@ int Main(int argc, char** argv) {
     } else {
       if (c.src < 0 && host == 0) host = r.gbps;
       std::printf("| %s | %s | %.0f%% | %s: %s |\n", c.label.c_str(),
-                  gpu_bench::Cell(r.spread, 2).c_str(),
-                  host > 0 ? 100.0 * r.gbps / host : 0.0, r.path.c_str(), r.reason.c_str());
+                  gpu_bench::Cell(r.spread, 2).c_str(), host > 0 ? 100.0 * r.gbps / host : 0.0,
+                  r.path.c_str(), r.reason.c_str());
     }
     std::fflush(stdout);
   }

@@ -15,10 +15,10 @@
 // blocks of other sizes. Ends with a bandwidth print: kernel pack vs the copy-engine pack
 // (PackTile) into the same mapped slots.
 #define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -88,7 +88,8 @@ void RunCase(const RandomCase& c, std::mt19937_64& rng, uint32_t misalign) {
   std::vector<uint8_t> want_dst(c.dst.size_bytes, kPoison);
 
   uint64_t max_tile = 0;
-  for (uint32_t t = 0; t < plan->num_tiles(); ++t) max_tile = std::max(max_tile, TileBytes(*plan, t));
+  for (uint32_t t = 0; t < plan->num_tiles(); ++t)
+    max_tile = std::max(max_tile, TileBytes(*plan, t));
   Staging slots(4 * (max_tile + 64));
   auto ring = CommandRing::Create(8);
   REQUIRE(ring.ok());
@@ -129,13 +130,12 @@ void RunCase(const RandomCase& c, std::mt19937_64& rng, uint32_t misalign) {
           mismatch = absl::StrCat("tile ", t, ": packed bytes differ");
         } else if (staging[n] != 0x5C) {
           mismatch = absl::StrCat("tile ", t, ": written past its end");
-        } else if (cmd.opcode != kOpWriteTile || cmd.tile != t || cmd.slot != i ||
-                   cmd.bytes != n || cmd.peer != engines[i].peer ||
-                   cmd.remote_handle != engines[i].remote_handle ||
+        } else if (cmd.opcode != kOpWriteTile || cmd.tile != t || cmd.slot != i || cmd.bytes != n ||
+                   cmd.peer != engines[i].peer || cmd.remote_handle != engines[i].remote_handle ||
                    cmd.transfer_tag != engines[i].transfer_tag) {
-          mismatch = absl::StrCat("tile ", t, ": command (opcode ", cmd.opcode, ", tile ",
-                                  cmd.tile, ", slot ", cmd.slot, ", bytes ", cmd.bytes,
-                                  ") is not the tile's");
+          mismatch =
+              absl::StrCat("tile ", t, ": command (opcode ", cmd.opcode, ", tile ", cmd.tile,
+                           ", slot ", cmd.slot, ", bytes ", cmd.bytes, ") is not the tile's");
         }
       }
       UnpackTileHost(*plan, t, want.data(), want_dst.data());
@@ -163,7 +163,8 @@ void RunCase(const RandomCase& c, std::mt19937_64& rng, uint32_t misalign) {
   std::vector<uint8_t> got(c.dst.size_bytes + 16);
   gpu_test::CopyToHost(got.data(), dst_dev, got.size());
   for (uint32_t i = 0; i < misalign; ++i) REQUIRE(got[i] == kPoison);
-  for (uint32_t i = 0; i < 16 - misalign; ++i) REQUIRE(got[misalign + c.dst.size_bytes + i] == kPoison);
+  for (uint32_t i = 0; i < 16 - misalign; ++i)
+    REQUIRE(got[misalign + c.dst.size_bytes + i] == kPoison);
   REQUIRE(std::memcmp(got.data() + misalign, want_dst.data(), want_dst.size()) == 0);
   sender.reset();
   receiver.reset();
@@ -218,7 +219,8 @@ TEST_CASE("fabric kernels: random paged layouts, byte for byte") {
   if (!HaveGpu()) return;
   std::mt19937_64 rng(1919);
   for (int i = 0; i < 150; ++i) {
-    RunCase(planner::testing::RandomPagedCase(rng), rng, static_cast<uint32_t>(rng() % 2) * (rng() % 16));
+    RunCase(planner::testing::RandomPagedCase(rng), rng,
+            static_cast<uint32_t>(rng() % 2) * (rng() % 16));
   }
 }
 
@@ -227,7 +229,8 @@ TEST_CASE("fabric kernels: serving layouts and bytes transfers, byte for byte") 
   std::mt19937_64 rng(1920);
   for (int i = 0; i < 40; ++i) RunCase(planner::testing::RandomServingCase(rng), rng, 0);
   for (int i = 0; i < 60; ++i) {
-    RunCase(planner::testing::RandomBytesCase(rng, 1 << 20), rng, static_cast<uint32_t>(rng() % 16));
+    RunCase(planner::testing::RandomBytesCase(rng, 1 << 20), rng,
+            static_cast<uint32_t>(rng() % 16));
   }
 }
 

@@ -14,8 +14,8 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstring>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <numeric>
 #include <random>
@@ -112,8 +112,7 @@ Pool MakePool(Daemon& d, const v1::PagedKvLayout& layout, bool writable, const c
       const uint64_t v = rng();
       std::memcpy(host.data() + i, &v, std::min<size_t>(8, host.size() - i));
     }
-    Check(cudaMemcpy(p.buffer->data(), host.data(), host.size(), cudaMemcpyHostToDevice),
-          "upload");
+    Check(cudaMemcpy(p.buffer->data(), host.data(), host.size(), cudaMemcpyHostToDevice), "upload");
   }
   v1::RegionSpec spec;
   spec.set_name(name);
@@ -164,8 +163,9 @@ void FirstVsWarm(bool warm_up) {
   std::vector<int64_t> queued_us, running_us;
   std::string first_job;
   for (int i = 0; i < 21; ++i) {
-    v1::TransferSpec spec = client::MakeBlockTransfer(src.region.region_id(), Scattered(65536, n, rng),
-                                                      dst.region.region_id(), Scattered(65536, n, rng));
+    v1::TransferSpec spec =
+        client::MakeBlockTransfer(src.region.region_id(), Scattered(65536, n, rng),
+                                  dst.region.region_id(), Scattered(65536, n, rng));
     const Timed t = RunTransfer(d, spec);
     gbps.push_back(n * 16384.0 / t.seconds / 1e9);
     queued_us.push_back(t.status.started_unix_us() - t.status.submitted_unix_us());
@@ -176,10 +176,11 @@ void FirstVsWarm(bool warm_up) {
       first_job = at == std::string::npos ? "?" : e.substr(at);
     }
   }
-  std::printf("  first: %.0f us wall, daemon: %lld us submit -> started, %lld us started -> "
-              "finished; its GPU account: %s\n",
-              1e6 * n * 16384.0 / gbps[0] / 1e9, static_cast<long long>(queued_us[0]),
-              static_cast<long long>(running_us[0]), first_job.c_str());
+  std::printf(
+      "  first: %.0f us wall, daemon: %lld us submit -> started, %lld us started -> "
+      "finished; its GPU account: %s\n",
+      1e6 * n * 16384.0 / gbps[0] / 1e9, static_cast<long long>(queued_us[0]),
+      static_cast<long long>(running_us[0]), first_job.c_str());
   std::vector<int64_t> wq(queued_us.begin() + 1, queued_us.end()),
       wr(running_us.begin() + 1, running_us.end());
   std::sort(wq.begin(), wq.end());
@@ -211,18 +212,21 @@ void CopyOnly(const std::string& config, const std::string& label, bool small) {
   const uint32_t blocks = small ? 32 : 1024;
   const uint32_t pool = 4096;
   std::vector<CopyCase> cases = {
-      {"aligned NHD16 -> NHD16", Layout(NHD, pool, 16, 8), Layout(NHD, pool, 16, 8), 8, 0, blocks, blocks},
-      {"TP1 -> TP4 (heads 6..7)", Layout(NHD, pool, 16, 8), Layout(NHD, pool, 16, 2), 2, 6, blocks, blocks},
+      {"aligned NHD16 -> NHD16", Layout(NHD, pool, 16, 8), Layout(NHD, pool, 16, 8), 8, 0, blocks,
+       blocks},
+      {"TP1 -> TP4 (heads 6..7)", Layout(NHD, pool, 16, 8), Layout(NHD, pool, 16, 2), 2, 6, blocks,
+       blocks},
       {"HND16 -> NHD16", Layout(HND, pool, 16, 8), Layout(NHD, pool, 16, 8), 8, 0, blocks, blocks},
-      {"block-major NHD -> NHD", Layout(BNHD, pool, 16, 8), Layout(NHD, pool, 16, 8), 8, 0, blocks, blocks},
+      {"block-major NHD -> NHD", Layout(BNHD, pool, 16, 8), Layout(NHD, pool, 16, 8), 8, 0, blocks,
+       blocks},
   };
   std::mt19937_64 rng(2);
   for (const CopyCase& c : cases) {
     Pool src = MakePool(d, c.src, false, "src");
     Pool dst = MakePool(d, c.dst, true, "dst");
-    v1::TransferSpec spec = client::MakeBlockTransfer(
-        src.region.region_id(), Scattered(pool, c.src_blocks, rng), dst.region.region_id(),
-        Scattered(pool, c.dst_blocks, rng));
+    v1::TransferSpec spec =
+        client::MakeBlockTransfer(src.region.region_id(), Scattered(pool, c.src_blocks, rng),
+                                  dst.region.region_id(), Scattered(pool, c.dst_blocks, rng));
     spec.set_num_heads(c.heads);
     spec.mutable_src()->set_head_begin(c.src_head_begin);
     RunTransfer(d, spec);  // warm (plan shapes, tuner)
@@ -245,10 +249,13 @@ int main(int argc, char** argv) {
   const std::string part = argc > 1 ? argv[1] : "all";
   const std::string where = g_pair.Name();
   if (part == "all" || part == "first") {
-    std::printf("\n1. First transfer after start vs warm (512 MiB of scattered 16 KiB blocks, %s, "
-                "submit -> completion, a fresh kvraild each row)\n\n", where.c_str());
-    std::printf("| warm-up | first GB/s | warm GB/s: median (min-max) of 20 | first / warm |\n"
-                "|---|---|---|---|\n");
+    std::printf(
+        "\n1. First transfer after start vs warm (512 MiB of scattered 16 KiB blocks, %s, "
+        "submit -> completion, a fresh kvraild each row)\n\n",
+        where.c_str());
+    std::printf(
+        "| warm-up | first GB/s | warm GB/s: median (min-max) of 20 | first / warm |\n"
+        "|---|---|---|---|\n");
     FirstVsWarm(true);
     FirstVsWarm(false);
     FirstVsWarm(true);
@@ -256,9 +263,11 @@ int main(int argc, char** argv) {
   if (part == "all" || part == "copy") {
     std::printf("\n2. Copy-engine-only mode (cuda_max_ctas 0), %s, second of two runs\n\n",
                 where.c_str());
-    std::printf("| setting | layout | MiB | GB/s | engine | path_reason |\n|---|---|---|---|---|---|\n");
+    std::printf(
+        "| setting | layout | MiB | GB/s | engine | path_reason |\n|---|---|---|---|---|---|\n");
     CopyOnly("cuda_max_ctas: 0", "cuda_copy_only_kernel_ctas 4 (default)", false);
-    CopyOnly("cuda_max_ctas: 0 cuda_copy_only_kernel_ctas: 0", "cuda_copy_only_kernel_ctas 0", true);
+    CopyOnly("cuda_max_ctas: 0 cuda_copy_only_kernel_ctas: 0", "cuda_copy_only_kernel_ctas 0",
+             true);
     CopyOnly("", "kernel mode (budget 32), for reference", false);
   }
   return 0;

@@ -59,7 +59,8 @@ bool SyncOrRelease(Env& e, cudaStream_t stream, uint32_t v) {
     if (q == cudaSuccess) return true;
     if (q != cudaErrorNotReady) Check(q, "cudaStreamQuery");
     if (Clock::now() - t0 > std::chrono::seconds(5)) {
-      std::fprintf(stderr, "watchdog: flag value %u not consumed in 5 s; released from the host\n", v);
+      std::fprintf(stderr, "watchdog: flag value %u not consumed in 5 s; released from the host\n",
+                   v);
       Word(e, 0) = v;
       Word(e, 1) = 1;
       Check(cudaStreamSynchronize(stream), "released stream");
@@ -133,7 +134,9 @@ Stats StreamWait(Env& e, uint64_t bytes, int reps) {
 // A resident kernel of `ctas` CTAs working through `reps` queued items.
 Stats PersistentQueue(Env& e, uint64_t bytes, int reps, int ctas) {
   QueueItem* items = nullptr;
-  Check(cudaHostAlloc(reinterpret_cast<void**>(&items), sizeof(QueueItem) * reps, cudaHostAllocMapped), "items");
+  Check(cudaHostAlloc(reinterpret_cast<void**>(&items), sizeof(QueueItem) * reps,
+                      cudaHostAllocMapped),
+        "items");
   const uint32_t first = e.epoch + 1;
   for (int r = 0; r < reps; ++r) {
     items[r] = QueueItem{e.src, e.dst, bytes, first + r, &e.t_done[r]};
@@ -189,7 +192,8 @@ void Interference(Env& e) {
   const double alone = time_load();
   std::printf("\ncompute load (FMA loops, %d CTAs x 256 threads): alone %.3f ms\n", sms * 8, alone);
   QueueItem* item = nullptr;
-  Check(cudaHostAlloc(reinterpret_cast<void**>(&item), sizeof(QueueItem), cudaHostAllocMapped), "item");
+  Check(cudaHostAlloc(reinterpret_cast<void**>(&item), sizeof(QueueItem), cudaHostAllocMapped),
+        "item");
   for (int ctas : {4, 32}) {
     const uint32_t never = e.epoch + 1000000;  // a flag that does not come while the load runs
     item[0] = QueueItem{e.src, e.dst, 16, never, &e.t_done[0]};
@@ -225,7 +229,8 @@ int Main(int argc, char** argv) {
   e.dev_flag = static_cast<const volatile unsigned*>(dev_words);
   e.dev_abort = e.dev_flag + 1;
   Check(cudaHostAlloc(reinterpret_cast<void**>(&e.t_end), 8 * reps, cudaHostAllocMapped), "t_end");
-  Check(cudaHostAlloc(reinterpret_cast<void**>(&e.t_done), 8 * reps, cudaHostAllocMapped), "t_done");
+  Check(cudaHostAlloc(reinterpret_cast<void**>(&e.t_done), 8 * reps, cudaHostAllocMapped),
+        "t_done");
   Check(cudaMalloc(reinterpret_cast<void**>(&e.counters), 4 * reps), "counters");
   Check(cudaMemset(e.counters, 0, 4 * reps), "counters");
   const uint64_t max_bytes = 16 << 20;
@@ -236,13 +241,16 @@ int Main(int argc, char** argv) {
   // behind a pending wait: the one-GPU hang of issue 19).
   Check(LaunchProducer(0, &e.t_end[0], e.producer), "warm producer");
   Check(LaunchCopy(e.src, e.dst, 4096, 32, e.counters, &e.t_done[0], e.daemon), "warm copy");
-  Check(LaunchPersistent(nullptr, 0, e.dev_flag, e.dev_abort, e.counters, 4, e.daemon), "warm persistent");
+  Check(LaunchPersistent(nullptr, 0, e.dev_flag, e.dev_abort, e.counters, 4, e.daemon),
+        "warm persistent");
   Check(LaunchFma(1, 1, static_cast<float*>(e.dst), e.daemon), "warm fma");
   Check(cudaDeviceSynchronize(), "warm-up");
 
-  std::printf("\nproducer's kernel end -> the layer's copy end (GPU global timer), one H200, one "
-              "process, %d reps (first 5 dropped), us\n\n| mechanism | layer bytes | copy CTAs | "
-              "p50 | p90 | min | max |\n|---|---|---|---|---|---|---|\n", reps);
+  std::printf(
+      "\nproducer's kernel end -> the layer's copy end (GPU global timer), one H200, one "
+      "process, %d reps (first 5 dropped), us\n\n| mechanism | layer bytes | copy CTAs | "
+      "p50 | p90 | min | max |\n|---|---|---|---|---|---|---|\n",
+      reps);
   for (uint64_t bytes : {uint64_t{64} << 10, uint64_t{16} << 20}) {
     Print("CPU poller (20 us sleeps) + launch", bytes, 32, Poll(e, bytes, reps, 20));
     Print("CPU poller (busy) + launch", bytes, 32, Poll(e, bytes, reps, 0));

@@ -53,9 +53,12 @@ __global__ void Persistent(const QueueItem* items, int count, const volatile uns
     if (threadIdx.x == 0) {
       int state = 0;
       while (state == 0) {
-        if (static_cast<int>(*flag - item.value) >= 0) state = 1;
-        else if (*abort != 0) state = -1;
-        else __nanosleep(200);
+        if (static_cast<int>(*flag - item.value) >= 0)
+          state = 1;
+        else if (*abort != 0)
+          state = -1;
+        else
+          __nanosleep(200);
       }
       go = state;
     }

@@ -14,14 +14,12 @@
 // regression fails in seconds instead of hanging. KVRAIL_FLAGS_ROUNDS (default 3) repeats the
 // whole handover with fresh epochs and data in one daemon.
 #define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
-
 #include <cuda_runtime_api.h>
 
-#include <cstdio>
-
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <thread>
@@ -40,15 +38,15 @@ namespace {
 constexpr uint32_t kLayers = 8, kParts = 2, kBlocks = 64, kTpb = 16, kHeads = 8, kDim = 128;
 constexpr uint64_t kElem = uint64_t{kTpb} * kHeads * kDim * 2;  // 32 KiB per (layer, part, block)
 constexpr uint64_t kLayerBytes = kElem * kBlocks * kParts;      // 4 MiB
-constexpr uint32_t kArrival = 256;                                 // word index of arrival flags
+constexpr uint32_t kArrival = 256;                              // word index of arrival flags
 
 v1::RegionSpec Paged(bool writable, const char* name) {
   v1::RegionSpec spec;
   spec.set_name(name);
   spec.set_writable(writable);
-  *spec.mutable_paged_kv() = testing::MakeLayout(kLayers, kParts, kBlocks, kTpb, kHeads, kDim,
-                                                 v1::DTYPE_BF16,
-                                                 v1::LAYOUT_ORDER_LAYER_PART_BLOCK_NHD);
+  *spec.mutable_paged_kv() =
+      testing::MakeLayout(kLayers, kParts, kBlocks, kTpb, kHeads, kDim, v1::DTYPE_BF16,
+                          v1::LAYOUT_ORDER_LAYER_PART_BLOCK_NHD);
   return spec;
 }
 
@@ -119,9 +117,10 @@ TEST_CASE("a consumer stream released by arrival flags sees every layer complete
   int released_by_watchdog = 0;
   for (int round = 0; round < rounds; ++round) {
     // Fresh epoch and data every round: a stale layer or a stale flag shows.
-    const uint32_t epoch = 7 + static_cast<uint32_t>(round), seed = 3 + static_cast<uint32_t>(round);
-    v1::TransferSpec spec = client::MakeBlockTransfer(src_region->region_id(), blocks,
-                                                      dst_region->region_id(), blocks);
+    const uint32_t epoch = 7 + static_cast<uint32_t>(round),
+                   seed = 3 + static_cast<uint32_t>(round);
+    v1::TransferSpec spec =
+        client::MakeBlockTransfer(src_region->region_id(), blocks, dst_region->region_id(), blocks);
     spec.mutable_ready_flags()->set_region_id(flags_region->region_id());
     spec.mutable_ready_flags()->set_byte_offset(0);
     spec.mutable_ready_flags()->set_value(epoch);
@@ -137,7 +136,8 @@ TEST_CASE("a consumer stream released by arrival flags sees every layer complete
     std::atomic<bool> round_done{false}, watchdog_fired{false};
     std::thread watchdog([&] {
       const auto t0 = std::chrono::steady_clock::now();
-      while (!round_done.load() && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(20)) {
+      while (!round_done.load() &&
+             std::chrono::steady_clock::now() - t0 < std::chrono::seconds(20)) {
         std::this_thread::sleep_for(std::chrono::milliseconds(1));
       }
       if (round_done.load()) return;
@@ -151,15 +151,15 @@ TEST_CASE("a consumer stream released by arrival flags sees every layer complete
     bool enqueued = true;
     for (uint32_t l = 0; l < kLayers; ++l) {
       enqueued = enqueued && (*consumer_flags)->WaitOnStream(consumer, kArrival + l, epoch).ok();
-      enqueued = enqueued && cudaMemcpyAsync(snapshot + l * kLayerBytes,
-                                             (*dst)->data() + l * kLayerBytes, kLayerBytes,
-                                             cudaMemcpyDeviceToHost, consumer) == cudaSuccess;
+      enqueued =
+          enqueued && cudaMemcpyAsync(snapshot + l * kLayerBytes, (*dst)->data() + l * kLayerBytes,
+                                      kLayerBytes, cudaMemcpyDeviceToHost, consumer) == cudaSuccess;
     }
     // Producer: write layer l (a kernel of known duration), then raise its ready flag.
     for (uint32_t l = 0; l < kLayers; ++l) {
-      enqueued = enqueued && gpu_test::LaunchPrefillLayer((*src)->data() + l * kLayerBytes,
-                                                          kLayerBytes, l, seed, 200000,
-                                                          producer) == cudaSuccess;
+      enqueued =
+          enqueued && gpu_test::LaunchPrefillLayer((*src)->data() + l * kLayerBytes, kLayerBytes, l,
+                                                   seed, 200000, producer) == cudaSuccess;
       enqueued = enqueued && (*producer_flags)->SignalOnStream(producer, l, epoch).ok();
     }
     // The consumer stream must drain on its own (polled, so the watchdog's release also ends it).
@@ -190,8 +190,8 @@ TEST_CASE("a consumer stream released by arrival flags sees every layer complete
         }
       }
       if (wrong != 0) {
-        FAIL_CHECK("round " << round << " layer " << l << ": " << wrong
-                            << " wrong bytes, first at " << first);
+        FAIL_CHECK("round " << round << " layer " << l << ": " << wrong << " wrong bytes, first at "
+                            << first);
       }
       wrong_total += wrong;
     }

@@ -1,16 +1,17 @@
-#include "tests/gpu/gpu_util.h"
+#include <cuda_runtime.h>
 
 #include <cstdio>
 #include <cstdlib>
 
-#include <cuda_runtime.h>
+#include "tests/gpu/gpu_util.h"
 
 namespace kvrail::gpu_test {
 namespace {
 
 void Check(cudaError_t e, const char* what) {
   if (e != cudaSuccess) {
-    std::fprintf(stderr, "CUDA error in %s: %s: %s\n", what, cudaGetErrorName(e), cudaGetErrorString(e));
+    std::fprintf(stderr, "CUDA error in %s: %s: %s\n", what, cudaGetErrorName(e),
+                 cudaGetErrorString(e));
     std::abort();
   }
 }
@@ -99,7 +100,9 @@ void CopyToHost(void* dst, const void* src, size_t bytes) {
   Check(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy D2H");
 }
 
-void Memset(void* dst, int value, size_t bytes) { Check(cudaMemset(dst, value, bytes), "cudaMemset"); }
+void Memset(void* dst, int value, size_t bytes) {
+  Check(cudaMemset(dst, value, bytes), "cudaMemset");
+}
 
 void Sync() { Check(cudaDeviceSynchronize(), "cudaDeviceSynchronize"); }
 
@@ -122,7 +125,9 @@ float Timer::StopMs() {
   Check(cudaEventRecord(static_cast<cudaEvent_t>(stop_), 0), "record");
   Check(cudaEventSynchronize(static_cast<cudaEvent_t>(stop_)), "sync");
   float ms = 0;
-  Check(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(start_), static_cast<cudaEvent_t>(stop_)), "elapsed");
+  Check(
+      cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(start_), static_cast<cudaEvent_t>(stop_)),
+      "elapsed");
   return ms;
 }
 

@@ -3,9 +3,8 @@
 // the unit tests compare with a naive reference), destinations poisoned so stray writes show;
 // device -> mapped pinned host too. Ends with a small bandwidth print.
 #define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
-
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <cstdio>
 #include <numeric>
 #include <random>
@@ -67,8 +66,8 @@ void RunCase(const planner::testing::RandomCase& c, std::mt19937_64& rng, bool d
 
   absl::StatusOr<kernels::DevicePlanBuffer> dp = kernels::DevicePlanBuffer::Upload(
       plan->header(), plan->src_blocks().data(), plan->dst_blocks().data(),
-      reinterpret_cast<uint64_t>(src_dev + misalign), reinterpret_cast<uint64_t>(dst_dev + misalign),
-      nullptr);
+      reinterpret_cast<uint64_t>(src_dev + misalign),
+      reinterpret_cast<uint64_t>(dst_dev + misalign), nullptr);
   REQUIRE(dp.ok());
   kernels::DevicePlan launch_plan = dp->plan();
   launch_plan.segment_form = form;
@@ -81,7 +80,8 @@ void RunCase(const planner::testing::RandomCase& c, std::mt19937_64& rng, bool d
   // Tiles in a few random ranges, each with a random CTA count.
   uint32_t t = 0;
   while (t < plan->num_tiles()) {
-    const uint32_t n = 1 + static_cast<uint32_t>(rng() % std::max<uint32_t>(1, plan->num_tiles() / 2));
+    const uint32_t n =
+        1 + static_cast<uint32_t>(rng() % std::max<uint32_t>(1, plan->num_tiles() / 2));
     const uint32_t end = std::min(plan->num_tiles(), t + n);
     const int ctas = 1 + static_cast<int>(rng() % 40);
     const int threads = 32 * (1 + static_cast<int>(rng() % 16));
@@ -116,7 +116,7 @@ void RunCase(const planner::testing::RandomCase& c, std::mt19937_64& rng, bool d
 // The segment forms the cases alternate over (every form a plan may be given, and variants).
 using kernels::SegmentForm;
 constexpr SegmentForm kSegmentForms[] = {
-    SegmentForm::kDefault, SegmentForm::kRegisters, SegmentForm::kBulk3,   SegmentForm::kBulk2,
+    SegmentForm::kDefault, SegmentForm::kRegisters, SegmentForm::kBulk3,    SegmentForm::kBulk2,
     SegmentForm::kSplit6,  SegmentForm::kSplit4,    SegmentForm::kSplit4x2, SegmentForm::kSplit6x2};
 SegmentForm SegmentFormOf(int n) { return kSegmentForms[n % 8]; }
 
@@ -145,7 +145,8 @@ TEST_CASE("kernel == host twin on serving layouts (mostly the warp path)") {
   const int before = g_warp_path_cases;
   for (int n = 0; n < 120; ++n) {
     RunCase(planner::testing::RandomServingCase(rng), rng, /*dst_on_host=*/n % 6 == 5,
-            n % 4 == 0 ? static_cast<uint32_t>(rng() % 16) : 0, /*form=*/kernels::SegmentForm::kDefault,
+            n % 4 == 0 ? static_cast<uint32_t>(rng() % 16) : 0,
+            /*form=*/kernels::SegmentForm::kDefault,
             /*force_segments=*/n % 5 == 2);
   }
   CHECK(g_warp_path_cases - before >= 20);  // misaligned bases take the slab path
@@ -171,9 +172,9 @@ TEST_CASE("kernel == host twin on random bytes transfers") {
 // Issue 19's narrow layouts (the segment path), small: odd vector sizes at odd offsets, bf16 at
 // an odd offset, padded strides, head sub-ranges; random tile sizes (odd ones too), base
 // misalignments, CTA counts and block sizes.
-kvrail::v1::PagedKvLayout NarrowLayout(kvrail::v1::LayoutOrder order, uint32_t blocks,
-                                       uint32_t tpb, uint32_t heads, uint32_t head_dim,
-                                       kvrail::v1::DType dtype, uint64_t offset, uint64_t pad) {
+kvrail::v1::PagedKvLayout NarrowLayout(kvrail::v1::LayoutOrder order, uint32_t blocks, uint32_t tpb,
+                                       uint32_t heads, uint32_t head_dim, kvrail::v1::DType dtype,
+                                       uint64_t offset, uint64_t pad) {
   kvrail::v1::PagedKvLayout l;
   l.set_num_layers(2);
   l.set_num_parts(2);
@@ -216,7 +217,8 @@ TEST_CASE("kernel == host twin on narrow layouts (odd sizes, offsets, padded str
       case 0:  // 657-byte vectors (or another odd size), odd offsets, HND -> NHD
       case 1: {
         const uint32_t dim = 600 + static_cast<uint32_t>(rng() % 100);
-        s = NarrowLayout(n % 5 == 0 ? HND : NHD, blocks, 16, 2, dim, DTYPE_UINT8, 1 + rng() % 15, 0);
+        s = NarrowLayout(n % 5 == 0 ? HND : NHD, blocks, 16, 2, dim, DTYPE_UINT8, 1 + rng() % 15,
+                         0);
         d = NarrowLayout(NHD, blocks, n % 5 == 0 ? 16 : 32, 2, dim, DTYPE_UINT8, 1 + rng() % 15, 0);
         heads = 2;
         break;
@@ -269,7 +271,8 @@ TEST_CASE("kernel == host twin on narrow layouts (odd sizes, offsets, padded str
       const uint64_t vec = uint64_t{p.head_dim()} * (p.dtype() == kvrail::v1::DTYPE_UINT8 ? 1 : 2);
       return k.offset + k.layer_stride * (p.num_layers() - 1) +
              k.part_stride * (p.num_parts() - 1) + k.block_stride * (p.num_blocks() - 1) +
-             k.token_stride * (p.tokens_per_block() - 1) + k.head_stride * (p.num_heads() - 1) + vec;
+             k.token_stride * (p.tokens_per_block() - 1) + k.head_stride * (p.num_heads() - 1) +
+             vec;
     };
     const uint64_t ss = extent(s, *ks) + rng() % 32, ds = extent(d, *kd) + rng() % 32;
     c.src = planner::RegionView{ss, false, true, *planner::ResolveLayout(s, ss, "")};
@@ -293,7 +296,8 @@ TEST_CASE("kernel == host twin into mapped pinned host memory") {
 TEST_CASE("launch errors are statuses") {
   if (!HaveGpu()) return;
   kernels::DevicePlan empty;
-  CHECK(kernels::LaunchKvCopy(empty, 0, 1, 8, nullptr).code() == absl::StatusCode::kInvalidArgument);
+  CHECK(kernels::LaunchKvCopy(empty, 0, 1, 8, nullptr).code() ==
+        absl::StatusCode::kInvalidArgument);
   empty.num_tiles = 4;
   CHECK(kernels::LaunchKvCopy(empty, 0, 4, 8, nullptr, 1000).code() ==
         absl::StatusCode::kInvalidArgument);
@@ -355,7 +359,8 @@ TEST_CASE("bandwidth print", "[bandwidth]") {
                   total / (ms * 1e6), ms);
     }
     const float ce = gpu_test::TimeMemcpyD2D(b, a, total, 5);
-    std::printf("  cudaMemcpy D2D, contiguous 1 GiB:     %7.1f GB/s (%.3f ms)\n", total / (ce * 1e6), ce);
+    std::printf("  cudaMemcpy D2D, contiguous 1 GiB:     %7.1f GB/s (%.3f ms)\n",
+                total / (ce * 1e6), ce);
     gpu_test::DeviceFree(a);
     gpu_test::DeviceFree(b);
   }

@@ -23,10 +23,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "kernels/plan_math.h"
 #include "daemon/planner/planner.h"
 #include "kernels/kv_copy.h"
 #include "kernels/kv_copy_forms.h"
+#include "kernels/plan_math.h"
 #include "tests/gpu/bench_check.h"
 #include "tests/gpu/gpu_util.h"
 
@@ -81,9 +81,9 @@ uint64_t Extent(const PagedKvLayout& p) {
     std::exit(1);
   }
   const uint64_t vec = uint64_t{p.head_dim()} * k->dtype_bytes;
-  return k->offset + k->layer_stride * (p.num_layers() - 1) +
-         k->part_stride * (p.num_parts() - 1) + k->block_stride * (p.num_blocks() - 1) +
-         k->token_stride * (p.tokens_per_block() - 1) + k->head_stride * (p.num_heads() - 1) + vec;
+  return k->offset + k->layer_stride * (p.num_layers() - 1) + k->part_stride * (p.num_parts() - 1) +
+         k->block_stride * (p.num_blocks() - 1) + k->token_stride * (p.tokens_per_block() - 1) +
+         k->head_stride * (p.num_heads() - 1) + vec;
 }
 
 std::vector<uint32_t> Scattered(uint32_t pool, uint32_t n, std::mt19937_64& rng) {
@@ -113,8 +113,8 @@ struct Result {
   std::string name, path, plan;
   double gbps32 = 0, gbps132 = 0;  // medians of spread32 / spread132
   gpu_bench::Spread spread32, spread132;
-  double slab32 = 0;      // the slab path at 32 CTAs (whatever Upload chose)
-  double pieces32 = 0;    // the warp path at 32 CTAs, where PieceBytesFor allows it
+  double slab32 = 0;    // the slab path at 32 CTAs (whatever Upload chose)
+  double pieces32 = 0;  // the warp path at 32 CTAs, where PieceBytesFor allows it
   // kSegmentForms at 32 / 132 CTAs, in that order.
   double form32[kNumForms] = {}, form132[kNumForms] = {};
   bool ok = false;
@@ -267,8 +267,8 @@ Result RunCase(const Case& c, std::mt19937_64& rng, int reps) {
 // and block (a side that is nowhere near a serving engine's packing).
 PagedKvLayout Padded(uint32_t layers, uint32_t blocks, uint32_t tpb, uint32_t heads,
                      uint32_t head_dim, uint64_t pad) {
-  PagedKvLayout l = Layout(v1::LAYOUT_ORDER_UNSPECIFIED, layers, 2, blocks, tpb, heads, head_dim,
-                           v1::DTYPE_BF16);
+  PagedKvLayout l =
+      Layout(v1::LAYOUT_ORDER_UNSPECIFIED, layers, 2, blocks, tpb, heads, head_dim, v1::DTYPE_BF16);
   const uint64_t vec = uint64_t{head_dim} * 2;
   const uint64_t head_stride = vec + pad;
   const uint64_t token_stride = head_stride * heads + pad;
@@ -323,8 +323,8 @@ std::vector<Case> NamedCases(bool quick) {
   add("bf16 offset 6, NHD16 -> NHD16", Layout(NHD, L, 2, pool16, 16, 8, 128, DTYPE_BF16),
       Layout(NHD, L, 2, pool16, 16, 8, 128, DTYPE_BF16, 6), 8);
   // Block-major <-> padded explicit strides.
-  add("block-major NHD -> padded strides (+16 B)", Layout(BNHD, L, 2, pool16, 16, 8, 128, DTYPE_BF16),
-      Padded(L, pool16, 16, 8, 128, 16), 8);
+  add("block-major NHD -> padded strides (+16 B)",
+      Layout(BNHD, L, 2, pool16, 16, 8, 128, DTYPE_BF16), Padded(L, pool16, 16, 8, 128, 16), 8);
   add("padded strides (+2 B) -> block-major NHD", Padded(L, pool16, 16, 8, 128, 2),
       Layout(BNHD, L, 2, pool16, 16, 8, 128, DTYPE_BF16), 8);
   // TP1 -> TP2/4/8: a slice of the 8 heads into a pool of 8/TP heads (the last slice).
@@ -361,8 +361,9 @@ std::vector<Case> RandomCases(std::mt19937_64& rng, int n, bool quick) {
   std::vector<Case> cs;
   for (int k = 0; k < n; ++k) {
     const bool bytes = rng() % 3 == 0;  // uint8 vectors of any size, else bf16
-    const uint32_t head_dim = bytes ? 64 + static_cast<uint32_t>(rng() % 700)
-                                    : 32 * (1 + static_cast<uint32_t>(rng() % 8)) + (rng() % 2 ? 8 : 0);
+    const uint32_t head_dim =
+        bytes ? 64 + static_cast<uint32_t>(rng() % 700)
+              : 32 * (1 + static_cast<uint32_t>(rng() % 8)) + (rng() % 2 ? 8 : 0);
     const uint32_t vec = bytes ? head_dim : 2 * head_dim;
     const uint32_t src_heads = 1 + static_cast<uint32_t>(rng() % 8);
     const uint32_t heads = 1 + static_cast<uint32_t>(rng() % src_heads);
@@ -371,7 +372,8 @@ std::vector<Case> RandomCases(std::mt19937_64& rng, int n, bool quick) {
     const uint32_t dh = static_cast<uint32_t>(rng() % (dst_heads - heads + 1));
     const uint32_t stpb = tpbs[rng() % 4], dtpb = tpbs[rng() % 4];
     const uint64_t per_token = uint64_t{L} * 2 * heads * vec;
-    const uint64_t tokens = std::max<uint64_t>(64, (quick ? (16ull << 20) : (64ull << 20)) / per_token);
+    const uint64_t tokens =
+        std::max<uint64_t>(64, (quick ? (16ull << 20) : (64ull << 20)) / per_token);
     const uint32_t sblocks = static_cast<uint32_t>(2 * ((tokens + stpb - 1) / stpb));
     const uint32_t dblocks = static_cast<uint32_t>(2 * ((tokens + dtpb - 1) / dtpb));
     const v1::DType dt = bytes ? DTYPE_UINT8 : DTYPE_BF16;

@@ -3,9 +3,9 @@
 // thread; the bytes are the test's to share.
 #pragma once
 
-#include <catch2/catch.hpp>
 #include <sys/mman.h>
 
+#include <catch2/catch.hpp>
 #include <cstddef>
 #include <cstdint>
 #include <optional>

@@ -13,11 +13,11 @@
 // with two GPUs and peer access, S=0 -> R=1 and R'=0 -> D=1 (both hops over NVLink), and the
 // reverse; with two GPUs without peer access, the stage must refuse and name it.
 #define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
 #include <cuda_runtime_api.h>
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <cstring>
 #include <optional>
 #include <random>
@@ -59,7 +59,8 @@ void RunCase(const RandomCase& c, std::mt19937_64& rng, const Route& route) {
   absl::StatusOr<planner::Plan> plan = planner::MakePlan(c.spec, c.src, c.dst, c.options);
   REQUIRE(plan.ok());
   uint64_t max_tile = 0;
-  for (uint32_t t = 0; t < plan->num_tiles(); ++t) max_tile = std::max(max_tile, TileBytes(*plan, t));
+  for (uint32_t t = 0; t < plan->num_tiles(); ++t)
+    max_tile = std::max(max_tile, TileBytes(*plan, t));
   std::vector<uint8_t> src(c.src.size_bytes);
   for (auto& b : src) b = static_cast<uint8_t>(rng());
   uint8_t* src_dev = static_cast<uint8_t*>(AllocOn(route.s, src.size()));
@@ -87,7 +88,7 @@ void RunCase(const RandomCase& c, std::mt19937_64& rng, const Route& route) {
   CHECK(out->plan().peer_access == (route.r != route.s));
   CHECK(in->plan().relay_device == route.r2);
   CHECK(why_send.text.find("pack kernel on GPU" + std::to_string(route.s) + " writes GPU" +
-                      std::to_string(route.r) + "'s relay slot") != std::string::npos);
+                           std::to_string(route.r) + "'s relay slot") != std::string::npos);
 
   Staging slot(max_tile + 64);
   std::vector<uint8_t> want;

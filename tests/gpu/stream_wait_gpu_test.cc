@@ -17,12 +17,11 @@
 // calls of the CUDA runtime actually block behind a pending wait here.
 // A plain binary too: bazel-bin/tests/gpu/stream_wait_gpu_test.
 #define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
-
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -59,8 +58,11 @@ class GatedJob final : public Job, public DeviceSides {
   DeviceSides* device_sides() const override { return const_cast<GatedJob*>(this); }
   GatedJob(const planner::testing::RandomCase& c, uint32_t* words, uint64_t device_words,
            bool gated)
-      : case_(c), plan_(*planner::MakePlan(c.spec, c.src, c.dst, c.options)), words_(words),
-        device_words_(device_words), gated_(gated) {
+      : case_(c),
+        plan_(*planner::MakePlan(c.spec, c.src, c.dst, c.options)),
+        words_(words),
+        device_words_(device_words),
+        gated_(gated) {
     src_ = static_cast<uint8_t*>(gpu_test::DeviceAlloc(std::max<uint64_t>(c.src.size_bytes, 16)));
     dst_ = static_cast<uint8_t*>(gpu_test::DeviceAlloc(std::max<uint64_t>(c.dst.size_bytes, 16)));
     host_src_.resize(c.src.size_bytes);
@@ -255,7 +257,9 @@ planner::testing::RandomCase LayeredCase(std::mt19937_64& rng, bool serving) {
   }
 }
 
-TEST_CASE("stream wait: nothing moves before the flags, then every byte as a producer stream writes them") {
+TEST_CASE(
+    "stream wait: nothing moves before the flags, then every byte as a producer stream writes "
+    "them") {
   if (!gpu_test::HaveGpus(1, gpu_test::DeviceCount())) return;
   auto engine = MakeEngine();
   std::mt19937_64 rng(19003);
@@ -292,7 +296,9 @@ TEST_CASE("stream wait: nothing moves before the flags, then every byte as a pro
 
 // The producer dies after layer 0: the job ends (the session-end status), its waits must not
 // block the daemon's streams, and the layers never written must not be copied.
-TEST_CASE("stream wait: a producer that dies with waits pending - no hang, no byte of the unready layers") {
+TEST_CASE(
+    "stream wait: a producer that dies with waits pending - no hang, no byte of the unready "
+    "layers") {
   if (!gpu_test::HaveGpus(1, gpu_test::DeviceCount())) return;
   auto engine = MakeEngine();
   std::mt19937_64 rng(19004);
@@ -306,7 +312,8 @@ TEST_CASE("stream wait: a producer that dies with waits pending - no hang, no by
     const std::vector<uint32_t> first = job->TilesOfLayer(0);
     __atomic_store_n(&flags.words[0], kValue, __ATOMIC_RELEASE);  // layer 0 only
     const absl::Time until = absl::Now() + absl::Seconds(10);
-    while (job->done() < first.size() && absl::Now() < until) absl::SleepFor(absl::Microseconds(50));
+    while (job->done() < first.size() && absl::Now() < until)
+      absl::SleepFor(absl::Microseconds(50));
     REQUIRE(job->done() == first.size());
     const bool gone = i % 3 != 2;  // some with a live producer (cancel): released after the grace
     const absl::Time ended_at = absl::Now();
@@ -378,7 +385,8 @@ TEST_CASE("stream wait: other transfers move while a gated job waits on the GPU"
     CHECK(plain->Destination() == plain->Reference());
   }
   CHECK(gated->done() == 0);
-  for (uint32_t l = 0; l < flags.count; ++l) __atomic_store_n(&flags.words[l], kValue, __ATOMIC_RELEASE);
+  for (uint32_t l = 0; l < flags.count; ++l)
+    __atomic_store_n(&flags.words[l], kValue, __ATOMIC_RELEASE);
   REQUIRE(gated->AwaitAll(absl::Seconds(10)));
   for (uint32_t t = 0; t < gated->plan().num_tiles(); ++t) CHECK(gated->status(t).ok());
   CHECK(gated->Destination() == gated->Reference());
@@ -473,8 +481,9 @@ TEST_CASE("stream wait: a context-synchronizing call behind a pending wait is bo
     const double ms = absl::ToDoubleMilliseconds(absl::Now() - t0);
     CHECK(e == cudaSuccess);
     const bool released = flags.Load(0) == kValue;  // raised by the watchdog before it returned
-    std::printf("context-synchronizing? %-22s returned after %8.1f ms %s\n", call.name, ms,
-                released ? "(blocked: released by the watchdog)" : "(did not wait for the GPU wait)");
+    std::printf(
+        "context-synchronizing? %-22s returned after %8.1f ms %s\n", call.name, ms,
+        released ? "(blocked: released by the watchdog)" : "(did not wait for the GPU wait)");
     if (call.must_block) CHECK(released);
     if (released) {
       CHECK(ms >= kBoundMs * 0.9);
@@ -491,7 +500,8 @@ TEST_CASE("stream wait: a context-synchronizing call behind a pending wait is bo
       for (uint32_t l = 0; l < job->plan().num_layers(); ++l) CHECK(flags.Load(l) == kValue);
     } else {
       // The call did not wait: the job is still waiting; its producer comes now.
-      for (uint32_t l = 0; l < flags.count; ++l) __atomic_store_n(&flags.words[l], kValue, __ATOMIC_RELEASE);
+      for (uint32_t l = 0; l < flags.count; ++l)
+        __atomic_store_n(&flags.words[l], kValue, __ATOMIC_RELEASE);
       REQUIRE(job->AwaitAll(absl::Seconds(10)));
       CHECK(job->Destination() == job->Reference());
     }
@@ -563,13 +573,15 @@ TEST_CASE("[latency] producer end -> last layer reported: stream wait vs 20 us p
   Flags flags(64);
   for (bool gated : {true, false}) {
     std::vector<double> us;
-    for (int r = 0; r < 25; ++r) us.push_back(MeasureOnce(*engine, c, gated, producer, *flags.cuda, flags));
+    for (int r = 0; r < 25; ++r)
+      us.push_back(MeasureOnce(*engine, c, gated, producer, *flags.cuda, flags));
     us.erase(us.begin(), us.begin() + 5);  // warm-up
     std::sort(us.begin(), us.end());
-    std::printf("latency %s: %u layers, %.1f KiB per layer: p50 %.1f us, p90 %.1f, min %.1f (%zu reps)\n",
-                gated ? "stream wait (cuStreamWaitValue32 + kernel)" : "20 us poller + Enqueue",
-                plan->num_layers(), plan->bytes_total() / 1024.0 / plan->num_layers(),
-                us[us.size() / 2], us[us.size() * 9 / 10], us.front(), us.size());
+    std::printf(
+        "latency %s: %u layers, %.1f KiB per layer: p50 %.1f us, p90 %.1f, min %.1f (%zu reps)\n",
+        gated ? "stream wait (cuStreamWaitValue32 + kernel)" : "20 us poller + Enqueue",
+        plan->num_layers(), plan->bytes_total() / 1024.0 / plan->num_layers(), us[us.size() / 2],
+        us[us.size() * 9 / 10], us.front(), us.size());
   }
   std::printf("%s\n", engine->Describe().c_str());
   cudaStreamDestroy(producer);
@@ -600,9 +612,9 @@ TEST_CASE("[queues] streams held up by a pending wait, and the wait's release ti
   };
   const char* connections = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");
   const char* mps = std::getenv("CUDA_MPS_PIPE_DIRECTORY");
-  const std::string where = absl::StrCat("CUDA_DEVICE_MAX_CONNECTIONS=",
-                                         connections != nullptr ? connections : "(unset)",
-                                         mps != nullptr ? ", under MPS" : ", no MPS");
+  const std::string where =
+      absl::StrCat("CUDA_DEVICE_MAX_CONNECTIONS=", connections != nullptr ? connections : "(unset)",
+                   mps != nullptr ? ", under MPS" : ", no MPS");
   Flags flags(1024);
   uint32_t epoch = 0;
   auto settle = [](cudaStream_t s, absl::Time until) {
@@ -639,9 +651,8 @@ TEST_CASE("[queues] streams held up by a pending wait, and the wait's release ti
     return blocked;
   };
   auto list = [](const std::vector<int>& v, int offset) {
-    return absl::StrJoin(v, " ", [offset](std::string* out, int i) {
-      absl::StrAppend(out, i + offset);
-    });
+    return absl::StrJoin(v, " ",
+                         [offset](std::string* out, int i) { absl::StrAppend(out, i + offset); });
   };
   std::vector<cudaStream_t> streams;
   for (int i = 0; i < kStreams + 1; ++i) streams.push_back(make_stream());
@@ -693,9 +704,10 @@ TEST_CASE("[queues] streams held up by a pending wait, and the wait's release ti
     }
     std::sort(us.begin(), us.end());
     if (us.empty()) us.push_back(-1);
-    std::printf("queues (%s): host store -> the waiting stream's next event done, %d other waits "
-                "parked: p50 %.1f us, p90 %.1f, max %.1f (%d of 30 held up behind another wait)\n",
-                where.c_str(), extra, us[us.size() / 2], us[us.size() * 9 / 10], us.back(), stuck);
+    std::printf(
+        "queues (%s): host store -> the waiting stream's next event done, %d other waits "
+        "parked: p50 %.1f us, p90 %.1f, max %.1f (%d of 30 held up behind another wait)\n",
+        where.c_str(), extra, us[us.size() / 2], us[us.size() * 9 / 10], us.back(), stuck);
     std::fflush(stdout);
   }
   for (cudaStream_t s : streams) cudaStreamDestroy(s);
@@ -740,7 +752,8 @@ TEST_CASE("[create-while-parked] runtime calls made while another stream's wait 
          if (e == cudaSuccess) cudaStreamDestroy(s);
          return e;
        }},
-      {"cudaEventCreate", [&] {
+      {"cudaEventCreate",
+       [&] {
          cudaEvent_t e = nullptr;
          const cudaError_t r = cudaEventCreateWithFlags(&e, cudaEventDisableTiming);
          if (r == cudaSuccess) cudaEventDestroy(e);

@@ -43,9 +43,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 constexpr uint32_t kLayers = 32, kParts = 2, kTpb = 16, kHeads = 8, kHeadDim = 128;
-constexpr uint32_t kPromptBlocks = 256;  // 4096 tokens
-constexpr uint64_t kBlockBytes = uint64_t{kTpb} * kHeads * kHeadDim * 2;       // 32 KiB
-constexpr uint64_t kLayerBytes = kBlockBytes * kPromptBlocks * kParts;          // 16 MiB
+constexpr uint32_t kPromptBlocks = 256;                                   // 4096 tokens
+constexpr uint64_t kBlockBytes = uint64_t{kTpb} * kHeads * kHeadDim * 2;  // 32 KiB
+constexpr uint64_t kLayerBytes = kBlockBytes * kPromptBlocks * kParts;    // 16 MiB
 
 double Us(Clock::duration d) { return std::chrono::duration<double, std::micro>(d).count(); }
 double Pct(std::vector<double> v, double p) {
@@ -53,21 +53,21 @@ double Pct(std::vector<double> v, double p) {
   return v[std::min(v.size() - 1, static_cast<size_t>(p * v.size()))];
 }
 
-#define CHECK_OK(expr)                                                              \
-  do {                                                                              \
-    auto _s = (expr);                                                               \
-    if (!_s.ok()) {                                                                 \
+#define CHECK_OK(expr)                                                                \
+  do {                                                                                \
+    auto _s = (expr);                                                                 \
+    if (!_s.ok()) {                                                                   \
       std::fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, _s.ToString().c_str()); \
-      std::exit(1);                                                                 \
-    }                                                                               \
+      std::exit(1);                                                                   \
+    }                                                                                 \
   } while (0)
-#define CHECK_CUDA(expr)                                                                     \
-  do {                                                                                       \
-    cudaError_t _e = (expr);                                                                 \
-    if (_e != cudaSuccess) {                                                                 \
-      std::fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, cudaGetErrorString(_e));       \
-      std::exit(1);                                                                          \
-    }                                                                                        \
+#define CHECK_CUDA(expr)                                                               \
+  do {                                                                                 \
+    cudaError_t _e = (expr);                                                           \
+    if (_e != cudaSuccess) {                                                           \
+      std::fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, cudaGetErrorString(_e)); \
+      std::exit(1);                                                                    \
+    }                                                                                  \
   } while (0)
 
 v1::RegionSpec PagedSpec(uint32_t blocks, bool writable, const char* name) {
@@ -93,7 +93,8 @@ bool Reached(const uint32_t* word, uint32_t value) {
 }
 
 void SpinUntil(volatile uint32_t* word, uint32_t value) {
-  while (static_cast<int32_t>(__atomic_load_n(const_cast<uint32_t*>(word), __ATOMIC_ACQUIRE) - value) < 0) {
+  while (static_cast<int32_t>(__atomic_load_n(const_cast<uint32_t*>(word), __ATOMIC_ACQUIRE) -
+                              value) < 0) {
   }
 }
 
@@ -103,9 +104,12 @@ int Main(int argc, char** argv) {
   int reps = 6;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--stream-wait" && i + 1 < argc) stream_wait = std::string(argv[++i]) == "1";
-    else if (a == "--reps" && i + 1 < argc) reps = std::max(2, std::atoi(argv[++i]));
-    else if (a == "--streaming-only") streaming_only = true;
+    if (a == "--stream-wait" && i + 1 < argc)
+      stream_wait = std::string(argv[++i]) == "1";
+    else if (a == "--reps" && i + 1 < argc)
+      reps = std::max(2, std::atoi(argv[++i]));
+    else if (a == "--streaming-only")
+      streaming_only = true;
   }
   const int dst_device = pair.dst;
   testing::TempDir dir;
@@ -165,7 +169,8 @@ int Main(int argc, char** argv) {
 
   auto run_prefill = [&](uint32_t e, uint32_t seed) {
     for (uint32_t l = 0; l < kLayers; ++l) {
-      CHECK_CUDA(LaunchPrefillLayer((*src)->data() + l * kLayerBytes, kLayerBytes, l, seed, layer_ns, stream));
+      CHECK_CUDA(LaunchPrefillLayer((*src)->data() + l * kLayerBytes, kLayerBytes, l, seed,
+                                    layer_ns, stream));
       CHECK_OK((*gpu_flags)->SignalOnStream(stream, l, e));
     }
   };
@@ -174,9 +179,11 @@ int Main(int argc, char** argv) {
     for (uint32_t l = 0; l < kLayers; l += 7) {
       for (uint32_t p = 0; p < kParts; ++p) {
         for (uint32_t i = 0; i < kPromptBlocks; i += 17) {
-          const uint64_t src_off = l * kLayerBytes + p * kBlockBytes * kPromptBlocks + i * kBlockBytes;
+          const uint64_t src_off =
+              l * kLayerBytes + p * kBlockBytes * kPromptBlocks + i * kBlockBytes;
           const uint64_t dst_off = l * kBlockBytes * 2 * kPromptBlocks * kParts +
-                                   p * kBlockBytes * 2 * kPromptBlocks + dst_blocks[i] * kBlockBytes;
+                                   p * kBlockBytes * 2 * kPromptBlocks +
+                                   dst_blocks[i] * kBlockBytes;
           if (!(*dst)->CopyToHost(dst_off, got.data(), kBlockBytes).ok()) return false;
           for (uint64_t b = 0; b < kBlockBytes; ++b) {
             if (got[b] != PrefillByte(src_off - l * kLayerBytes + b, l, seed)) return false;
@@ -316,7 +323,8 @@ int Main(int argc, char** argv) {
   std::iota(bg_ids.begin(), bg_ids.end(), 0);
   bg_dst_ids = bg_ids;
   std::shuffle(bg_dst_ids.begin(), bg_dst_ids.end(), std::mt19937(3));
-  auto bg_spec = client::MakeBlockTransfer(bg_src_r->region_id(), bg_ids, bg_dst_r->region_id(), bg_dst_ids);
+  auto bg_spec =
+      client::MakeBlockTransfer(bg_src_r->region_id(), bg_ids, bg_dst_r->region_id(), bg_dst_ids);
   bg_spec.set_priority(v1::PRIORITY_BACKGROUND);
   auto crit = base_spec;
   crit.set_num_layers(1);
@@ -355,7 +363,8 @@ int Main(int argc, char** argv) {
   const double bg_gbps = bg_status->bytes_total() /
                          ((bg_status->finished_unix_us() - bg_status->submitted_unix_us()) * 1e3);
   auto fifo = measure(true, v1::PRIORITY_BACKGROUND, 1000, &bg_id);
-  std::printf("2. 16 MiB critical transfers, submit -> done, beside an 8 GiB background transfer\n");
+  std::printf(
+      "2. 16 MiB critical transfers, submit -> done, beside an 8 GiB background transfer\n");
   std::printf("   %-36s %8s %10s %10s %10s %10s\n", "", "samples", "p50 us", "p99 us", "min us",
               "max us");
   for (const auto& [label, v] :

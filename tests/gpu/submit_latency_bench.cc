@@ -45,10 +45,10 @@ int Run(const std::string& socket, int iterations, const gpu_bench::GpuPair& pai
     std::fprintf(stderr, "setup failed\n");
     return 1;
   }
-  auto src_region = client::RegisterCudaRegion(**client, (*src)->data(), kPoolBytes,
-                                               PoolSpec("lat-src", false));
-  auto dst_region = client::RegisterCudaRegion(**client, (*dst)->data(), kPoolBytes,
-                                               PoolSpec("lat-dst", true));
+  auto src_region =
+      client::RegisterCudaRegion(**client, (*src)->data(), kPoolBytes, PoolSpec("lat-src", false));
+  auto dst_region =
+      client::RegisterCudaRegion(**client, (*dst)->data(), kPoolBytes, PoolSpec("lat-dst", true));
   if (!src_region.ok() || !dst_region.ok()) {
     std::fprintf(stderr, "register failed: %s %s\n", src_region.status().ToString().c_str(),
                  dst_region.status().ToString().c_str());
@@ -59,8 +59,8 @@ int Run(const std::string& socket, int iterations, const gpu_bench::GpuPair& pai
     src_blocks[i] = (i * 7) % 512;  // scattered, distinct
     dst_blocks[i] = 511 - i;
   }
-  const v1::TransferSpec spec = client::MakeBlockTransfer(
-      src_region->region_id(), src_blocks, dst_region->region_id(), dst_blocks);
+  const v1::TransferSpec spec = client::MakeBlockTransfer(src_region->region_id(), src_blocks,
+                                                          dst_region->region_id(), dst_blocks);
   std::vector<double> us;
   for (int i = 0; i < iterations + 20; ++i) {
     const auto t0 = std::chrono::steady_clock::now();

@@ -4,10 +4,9 @@
 // the spec, and the Transfer/Admin services over TCP. Every refusal names the field and nothing
 // moves.
 #define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
-
 #include <grpcpp/grpcpp.h>
 
+#include <catch2/catch.hpp>
 #include <string>
 
 #include "absl/strings/numbers.h"
@@ -45,12 +44,12 @@ TEST_CASE("forged credentials are UNAUTHENTICATED; anonymous calls own nothing")
   v1::SubmitTransferRequest request;
   *request.mutable_spec() = client::MakeBlockTransfer(src.id(), {1}, dst.id(), {2});
   v1::SubmitTransferResponse response;
-  CHECK(Has(stub->SubmitTransfer(&forged, request, &response),
-            grpc::StatusCode::UNAUTHENTICATED, "kvrail-session"));
+  CHECK(Has(stub->SubmitTransfer(&forged, request, &response), grpc::StatusCode::UNAUTHENTICATED,
+            "kvrail-session"));
   grpc::ClientContext garbled;
   garbled.AddMetadata(wire::kSessionMetadataKey, "not-a-credential");
-  CHECK(Has(stub->SubmitTransfer(&garbled, request, &response),
-            grpc::StatusCode::UNAUTHENTICATED, "kvrail-session"));
+  CHECK(Has(stub->SubmitTransfer(&garbled, request, &response), grpc::StatusCode::UNAUTHENTICATED,
+            "kvrail-session"));
 
   // No credentials: the spec's claim to be the owner's session changes nothing.
   request.mutable_spec()->set_session_id(src.info.session_id());
@@ -121,8 +120,8 @@ TEST_CASE("another client can neither use nor control a client's regions and tra
     v1::NotificationPollRequest poll;
     poll.set_session_id(src.info.session_id());  // the owner's queue
     v1::NotificationPollResponse polled;
-    CHECK(Has(stub->PollNotifications(&context, poll, &polled),
-              grpc::StatusCode::PERMISSION_DENIED, "session_id"));
+    CHECK(Has(stub->PollNotifications(&context, poll, &polled), grpc::StatusCode::PERMISSION_DENIED,
+              "session_id"));
   }
   // The owner still can; with its grant the other client reads and nothing else.
   CHECK(live.client->MarkReady(id, 0, 2).ok());
@@ -146,8 +145,8 @@ TEST_CASE("over TCP only the Peer service answers unless the API is opted in") {
   int port = 0;
   REQUIRE(absl::SimpleAtoi(log.substr(at + marker.size(), log.find('\n', at) - at - marker.size()),
                            &port));
-  auto channel = grpc::CreateChannel("127.0.0.1:" + std::to_string(port),
-                                     grpc::InsecureChannelCredentials());
+  auto channel =
+      grpc::CreateChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials());
   auto admin = v1::Admin::NewStub(channel);
   grpc::ClientContext context;
   v1::Stats stats;

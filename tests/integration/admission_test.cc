@@ -6,9 +6,8 @@
 // small transfer is even received inside the large one's admission. Latency figures are
 // tests/bench/admission_bench's.
 #define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
-
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <fstream>
 #include <thread>
 
@@ -41,15 +40,16 @@ TEST_CASE("a small tenant's 4 KiB transfers complete while a 2^21-block SUBMIT i
   TempDir config_dir;
   // Every id checked before the answer (the admission a very large table costs when its checks
   // are not deferred to the tiles): the window in which the small tenant must make progress.
-  LiveDaemon live(ConfigArgs(config_dir, "session_admission_workers: 4\ndefer_id_checks_from: 0\n"));
+  LiveDaemon live(
+      ConfigArgs(config_dir, "session_admission_workers: 4\ndefer_id_checks_from: 0\n"));
   auto large_client = client::Client::Connect(live.daemon.socket());
   REQUIRE(large_client.ok());
   client::Client& large = **large_client;
   Pool large_src = MakePool(large, Tiny(kLargeBlocks), false, "large src");
   Pool large_dst = MakePool(large, Tiny(kLargeBlocks), true, "large dst");
-  v1::TransferSpec large_spec = client::MakeBlockTransfer(
-      large_src.id(), ScatteredBlocks(kLargeBlocks, kLargeBlocks, 1), large_dst.id(),
-      ScatteredBlocks(kLargeBlocks, kLargeBlocks, 2));
+  v1::TransferSpec large_spec =
+      client::MakeBlockTransfer(large_src.id(), ScatteredBlocks(kLargeBlocks, kLargeBlocks, 1),
+                                large_dst.id(), ScatteredBlocks(kLargeBlocks, kLargeBlocks, 2));
   // Admitted, then waiting for layers that are never marked (cancelled below): the engine stays
   // free for the small tenant, so what is measured is admission alone.
   large_spec.set_layerwise(true);
@@ -73,8 +73,8 @@ TEST_CASE("a small tenant's 4 KiB transfers complete while a 2^21-block SUBMIT i
   int after = 0;
   while (after < 3 && smalls.size() < 100000) {
     const uint32_t block = 8 + smalls.size() % 50;
-    auto submitted = small.Submit(client::MakeBlockTransfer(small_src.id(), {5}, small_dst.id(),
-                                                            {block}));
+    auto submitted =
+        small.Submit(client::MakeBlockTransfer(small_src.id(), {5}, small_dst.id(), {block}));
     REQUIRE(submitted.ok());
     auto done = small.Wait(submitted->transfer_id());
     REQUIRE(done.ok());

@@ -2,9 +2,8 @@
 // path for large tables, an explicit BlockTableRef, the copy-once contract (rewriting the memory
 // after SubmitTransfer returns changes nothing), and bad references rejected naming the field.
 #define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
-
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <cstring>
 
 #include "tests/integration/kv_fixture.h"
@@ -69,14 +68,17 @@ TEST_CASE("a 10000-block transfer: the client passes its tables through shared m
   const auto more_src = ScatteredBlocks(16384, 16000, 5);
   const auto more_dst = ScatteredBlocks(16384, 16000, 6);
   FillPool(src, 4, more_src, 16000 * 16);
-  status = RunToEnd(*live.client, client::MakeBlockTransfer(src.id(), more_src, dst2.id(), more_dst));
+  status =
+      RunToEnd(*live.client, client::MakeBlockTransfer(src.id(), more_src, dst2.id(), more_dst));
   REQUIRE(status.state() == v1::TRANSFER_STATE_SUCCEEDED);
   CHECK(VerifyPool(dst2, Expectation{4, more_dst, 16000 * 16, 0, 0, 1, 0, 0, 1}) == "");
 }
 
 // The first transfer: Connect creates and registers the table region, so the first large
 // Submit neither creates nor registers one; the caller's region list leaves it out.
-TEST_CASE("the table region exists from Connect, is not listed by default, and the first large Submit adds none") {
+TEST_CASE(
+    "the table region exists from Connect, is not listed by default, and the first large Submit "
+    "adds none") {
   LiveDaemon live;
   auto Count = [&](bool include_library) {
     auto listed = live.client->ListRegions(include_library);
@@ -147,14 +149,16 @@ TEST_CASE("a caller's region named like the table region is an ordinary, listed 
   CHECK(std::string(refused.status().message()).find("spec.src.region_id") != std::string::npos);
 }
 
-TEST_CASE("a bad id in a large table the client moved to shared memory is named as the caller set it") {
+TEST_CASE(
+    "a bad id in a large table the client moved to shared memory is named as the caller set it") {
   LiveDaemon live;
   Pool src = MakePool(*live.client, ManyBlocks(), false, "prefill");
   Pool dst = MakePool(*live.client, ManyBlocks(), true, "decode");
   const auto src_blocks = ScatteredBlocks(16384, 10000, 3);
   auto dst_blocks = ScatteredBlocks(16384, 10000, 4);
   dst_blocks[5] = 20000;  // past the pool
-  auto r = live.client->Submit(client::MakeBlockTransfer(src.id(), src_blocks, dst.id(), dst_blocks));
+  auto r =
+      live.client->Submit(client::MakeBlockTransfer(src.id(), src_blocks, dst.id(), dst_blocks));
   INFO(r.status().ToString());
   REQUIRE_FALSE(r.ok());
   CHECK(r.status().code() == absl::StatusCode::kInvalidArgument);
@@ -198,7 +202,8 @@ TEST_CASE("tables past defer_id_checks_from: accepted, then failed at a bad id b
     LiveDaemon live({"--defer-id-checks-from", "0"});
     Pool src = MakePool(*live.client, layout, false, "prefill");
     Pool dst = MakePool(*live.client, layout, true, "decode");
-    auto r = live.client->Submit(client::MakeBlockTransfer(src.id(), src_blocks, dst.id(), dst_blocks));
+    auto r =
+        live.client->Submit(client::MakeBlockTransfer(src.id(), src_blocks, dst.id(), dst_blocks));
     REQUIRE_FALSE(r.ok());
     CHECK(r.status().code() == absl::StatusCode::kInvalidArgument);
     CHECK(std::string(r.status().message()).rfind("spec.dst.block_ids[16000]", 0) == 0);
@@ -206,7 +211,8 @@ TEST_CASE("tables past defer_id_checks_from: accepted, then failed at a bad id b
   }
 }
 
-TEST_CASE("an explicit BlockTableRef is copied at submit: rewriting it afterwards changes nothing") {
+TEST_CASE(
+    "an explicit BlockTableRef is copied at submit: rewriting it afterwards changes nothing") {
   LiveDaemon live;
   Pool src = MakePool(*live.client, ManyBlocks(), false, "prefill");
   Pool dst = MakePool(*live.client, ManyBlocks(), true, "decode");

@@ -3,12 +3,11 @@
 // watch streams that end when their client goes and are capped per session, and a daemon whose
 // descriptors run short refusing extra sessions while its gRPC API and session socket keep serving.
 #define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
-
 #include <grpcpp/grpcpp.h>
 #include <sys/resource.h>
 
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -160,8 +159,7 @@ TEST_CASE("watch streams end when their client goes; one session's watches are c
     auto refused = stub->WatchTransfer(&context, request);
     v1::TransferEvent event;
     CHECK_FALSE(refused->Read(&event));
-    CHECK(Has(refused->Finish(), grpc::StatusCode::RESOURCE_EXHAUSTED,
-              "max_watchers_per_session"));
+    CHECK(Has(refused->Finish(), grpc::StatusCode::RESOURCE_EXHAUSTED, "max_watchers_per_session"));
   }
   const long threads_watching = ProcStatus(live.daemon.pid(), "Threads");
   // The watching client goes away (its calls are cancelled): the daemon's streams end.
@@ -324,7 +322,9 @@ TEST_CASE("short of descriptors, extra sessions are refused and gRPC and session
   LiveDaemon live;
   const pid_t pid = live.daemon.pid();
   // The daemon may use 256 descriptors from now on (it raised its own limit at start).
-  struct rlimit low {256, 256};
+  struct rlimit low {
+    256, 256
+  };
   REQUIRE(::prlimit(pid, RLIMIT_NOFILE, &low, nullptr) == 0);
   const std::string path = wire::SessionSocketPath(live.daemon.socket());
   std::vector<std::unique_ptr<wire::SessionConnection>> sessions;

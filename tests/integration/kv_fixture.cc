@@ -1,8 +1,9 @@
 #include "tests/integration/kv_fixture.h"
 
+#include <signal.h>
+
 #include <algorithm>
 #include <catch2/catch.hpp>
-#include <signal.h>
 #include <cstring>
 #include <numeric>
 #include <random>

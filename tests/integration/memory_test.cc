@@ -5,15 +5,14 @@
 // daemon must not open (raw gRPC with the caller's session: '..', symbolic links), a sparse
 // 2 GiB memfd that must not grow the daemon's RSS, and the per-uid region cap across sessions.
 #define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
 #include <fcntl.h>
+#include <grpcpp/grpcpp.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <grpcpp/grpcpp.h>
-
+#include <catch2/catch.hpp>
 #include <cstring>
 #include <fstream>
 #include <string>
@@ -82,7 +81,8 @@ void OthersStillMove(client::Client& c) {
   Pool a = MakePool(c, Small(), false, "after-a");
   Pool b = MakePool(c, Small(), true, "after-b");
   FillPool(a, 11, {0, 1, 2}, 3 * 16);
-  const v1::TransferStatus s = RunToEnd(c, client::MakeBlockTransfer(a.id(), {0, 1, 2}, b.id(), {5, 6, 7}));
+  const v1::TransferStatus s =
+      RunToEnd(c, client::MakeBlockTransfer(a.id(), {0, 1, 2}, b.id(), {5, 6, 7}));
   CHECK(s.state() == v1::TRANSFER_STATE_SUCCEEDED);
   Expectation e{11, {5, 6, 7}, 3 * 16, 0, 0, 2, 0, 0, 2};
   CHECK(VerifyPool(b, e) == "");
@@ -125,8 +125,8 @@ TEST_CASE("a destination truncated by its owner: the transfer fails, nothing gro
   Pool src = MakePool(*live.client, Small(), false, "src");
   ShmPool dst(*live.client, "dst", true);
   REQUIRE(::ftruncate(dst.fd.get(), 4096) == 0);
-  v1::TransferStatus s =
-      RunToEnd(*live.client, client::MakeBlockTransfer(src.id(), {0, 1, 2, 3}, dst.id(), {12, 13, 14, 15}));
+  v1::TransferStatus s = RunToEnd(
+      *live.client, client::MakeBlockTransfer(src.id(), {0, 1, 2, 3}, dst.id(), {12, 13, 14, 15}));
   INFO(s.error_message());
   CHECK(s.state() == v1::TRANSFER_STATE_FAILED);
   CHECK(s.error_message().find("spec.dst.region_id: region " + std::to_string(dst.id())) !=

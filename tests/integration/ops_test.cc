@@ -1,9 +1,9 @@
 // Operations: the Prometheus endpoint scraped over HTTP after transfers, with the right counts;
 // JSON logs are one valid object per line.
 #define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
 #include <signal.h>
 
+#include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <sstream>
@@ -24,8 +24,8 @@ TEST_CASE("metrics: counts by path, priority and result after real transfers") {
   const int port = std::stoi(m[1]);
   auto c = client::Client::Connect(daemon.socket());
   REQUIRE(c.ok());
-  const auto layout = MakeLayout(2, 2, 16, 16, 2, 64, v1::DTYPE_BF16,
-                                 v1::LAYOUT_ORDER_LAYER_PART_BLOCK_NHD);
+  const auto layout =
+      MakeLayout(2, 2, 16, 16, 2, 64, v1::DTYPE_BF16, v1::LAYOUT_ORDER_LAYER_PART_BLOCK_NHD);
   Pool src = MakePool(**c, layout, false);
   Pool dst = MakePool(**c, layout, true);
   auto spec = client::MakeBlockTransfer(src.id(), {0, 1}, dst.id(), {2, 3});
@@ -33,7 +33,8 @@ TEST_CASE("metrics: counts by path, priority and result after real transfers") {
   for (int i = 0; i < 3; ++i) {
     auto t = (*c)->Submit(spec);
     REQUIRE(t.ok());
-    REQUIRE((*c)->Wait(t->transfer_id(), absl::Seconds(10))->state() == v1::TRANSFER_STATE_SUCCEEDED);
+    REQUIRE((*c)->Wait(t->transfer_id(), absl::Seconds(10))->state() ==
+            v1::TRANSFER_STATE_SUCCEEDED);
   }
   auto stuck = spec;
   stuck.set_layerwise(true);
@@ -43,8 +44,9 @@ TEST_CASE("metrics: counts by path, priority and result after real transfers") {
   REQUIRE((*c)->Cancel(s->transfer_id()).ok());
   const uint64_t per_transfer = 2ull * 2 * 2 * 16 * 2 * 64 * 2;
   // A transfer's counters are updated after its waiters hear of its end (the WAIT's DONE goes
-  // out first, off the critical path), so the last transfer's and the cancelled one's counts may land a moment
-  // after Wait and Cancel return: scraped until the end counts show (a liveness bound).
+  // out first, off the critical path), so the last transfer's and the cancelled one's counts may
+  // land a moment after Wait and Cancel return: scraped until the end counts show (a liveness
+  // bound).
   std::string body;
   Eventually(
       [&] {
@@ -55,11 +57,21 @@ TEST_CASE("metrics: counts by path, priority and result after real transfers") {
       },
       absl::Seconds(10));
   INFO(body);
-  CHECK(body.find(R"(kvrail_transfers_total{path="host_local",priority="critical",result="succeeded"} 3)") != std::string::npos);
-  CHECK(body.find(R"(kvrail_transfers_total{path="host_local",priority="background",result="cancelled"} 1)") != std::string::npos);
-  CHECK(body.find(R"(kvrail_bytes_total{path="host_local",priority="critical"} )" + std::to_string(3 * per_transfer)) != std::string::npos);
-  CHECK(body.find(R"(kvrail_transfer_duration_seconds_count{path="host_local",priority="critical"} 3)") != std::string::npos);
-  CHECK(body.find(R"(kvrail_link_bytes_total{link="host"} )" + std::to_string(3 * per_transfer)) != std::string::npos);
+  CHECK(
+      body.find(
+          R"(kvrail_transfers_total{path="host_local",priority="critical",result="succeeded"} 3)") !=
+      std::string::npos);
+  CHECK(
+      body.find(
+          R"(kvrail_transfers_total{path="host_local",priority="background",result="cancelled"} 1)") !=
+      std::string::npos);
+  CHECK(body.find(R"(kvrail_bytes_total{path="host_local",priority="critical"} )" +
+                  std::to_string(3 * per_transfer)) != std::string::npos);
+  CHECK(body.find(
+            R"(kvrail_transfer_duration_seconds_count{path="host_local",priority="critical"} 3)") !=
+        std::string::npos);
+  CHECK(body.find(R"(kvrail_link_bytes_total{link="host"} )" + std::to_string(3 * per_transfer)) !=
+        std::string::npos);
   // The two pools and the client library's block-table region (registered by Connect).
   CHECK(body.find("kvrail_regions 3") != std::string::npos);
   CHECK(body.find("kvrail_transfers_active 0") != std::string::npos);

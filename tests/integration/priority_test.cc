@@ -1,9 +1,9 @@
 // Priority classes on the host engine: a critical transfer overtakes queued background tiles
 // (preemption at tile granularity), and background work never takes the last free worker.
 #define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
 #include <signal.h>
 
+#include <catch2/catch.hpp>
 #include <chrono>
 #include <thread>
 
@@ -17,12 +17,12 @@ using client::Client;
 TEST_CASE("a critical transfer overtakes a large background transfer already running") {
   LiveDaemon live({"--host-threads", "2", "--tile-bytes", "65536"});
   // 256 MiB of background traffic in 64 KiB tiles (4096 tiles).
-  const auto big = MakeLayout(32, 2, 256, 16, 8, 128, v1::DTYPE_BF16,
-                              v1::LAYOUT_ORDER_LAYER_PART_BLOCK_NHD);
+  const auto big =
+      MakeLayout(32, 2, 256, 16, 8, 128, v1::DTYPE_BF16, v1::LAYOUT_ORDER_LAYER_PART_BLOCK_NHD);
   Pool bg_src = MakePool(*live.client, big, false, "bg-src");
   Pool bg_dst = MakePool(*live.client, big, true, "bg-dst");
-  const auto small = MakeLayout(4, 2, 16, 16, 8, 128, v1::DTYPE_BF16,
-                                v1::LAYOUT_ORDER_LAYER_PART_BLOCK_NHD);
+  const auto small =
+      MakeLayout(4, 2, 16, 16, 8, 128, v1::DTYPE_BF16, v1::LAYOUT_ORDER_LAYER_PART_BLOCK_NHD);
   Pool crit_src = MakePool(*live.client, small, false, "crit-src");
   Pool crit_dst = MakePool(*live.client, small, true, "crit-dst");
   const auto crit_blocks = ScatteredBlocks(16, 8, 1);
@@ -58,7 +58,8 @@ TEST_CASE("a critical transfer overtakes a large background transfer already run
   REQUIRE(bg_done.ok());
   CHECK(bg_done->state() == v1::TRANSFER_STATE_SUCCEEDED);
   CHECK(bg_done->finished_unix_us() > crit_done->finished_unix_us());
-  CHECK(VerifyPool(crit_dst, Expectation{3, ScatteredBlocks(16, 8, 2), 8 * 16, 0, 0, 4, 0, 0, 8}) == "");
+  CHECK(VerifyPool(crit_dst, Expectation{3, ScatteredBlocks(16, 8, 2), 8 * 16, 0, 0, 4, 0, 0, 8}) ==
+        "");
   // The engine line says how background work is limited.
   auto stats = live.client->GetStats();
   REQUIRE(stats.ok());
@@ -67,8 +68,8 @@ TEST_CASE("a critical transfer overtakes a large background transfer already run
 
 TEST_CASE("cancelling a queued background transfer frees its queue at once") {
   LiveDaemon live({"--host-threads", "1", "--tile-bytes", "65536"});
-  const auto big = MakeLayout(32, 2, 256, 16, 8, 128, v1::DTYPE_BF16,
-                              v1::LAYOUT_ORDER_LAYER_PART_BLOCK_NHD);
+  const auto big =
+      MakeLayout(32, 2, 256, 16, 8, 128, v1::DTYPE_BF16, v1::LAYOUT_ORDER_LAYER_PART_BLOCK_NHD);
   Pool src = MakePool(*live.client, big, false);
   Pool dst = MakePool(*live.client, big, true);
   std::vector<uint32_t> all(256);
@@ -98,8 +99,8 @@ namespace {
 
 TEST_CASE("a deadline that cannot be met fails at submit, before anything moves") {
   LiveDaemon live({"--host-threads", "1", "--tile-bytes", "65536"});
-  const auto big = MakeLayout(32, 2, 256, 16, 8, 128, v1::DTYPE_BF16,
-                              v1::LAYOUT_ORDER_LAYER_PART_BLOCK_NHD);
+  const auto big =
+      MakeLayout(32, 2, 256, 16, 8, 128, v1::DTYPE_BF16, v1::LAYOUT_ORDER_LAYER_PART_BLOCK_NHD);
   Pool src = MakePool(*live.client, big, false);
   Pool dst = MakePool(*live.client, big, true);
   Pool other = MakePool(*live.client, big, true, "untouched");
@@ -110,7 +111,8 @@ TEST_CASE("a deadline that cannot be met fails at submit, before anything moves"
   auto warm = client::MakeBlockTransfer(src.id(), {0, 1, 2, 3}, dst.id(), {0, 1, 2, 3});
   auto w = live.client->Submit(warm);
   REQUIRE(w.ok());
-  REQUIRE(live.client->Wait(w->transfer_id(), absl::Seconds(10))->state() == v1::TRANSFER_STATE_SUCCEEDED);
+  REQUIRE(live.client->Wait(w->transfer_id(), absl::Seconds(10))->state() ==
+          v1::TRANSFER_STATE_SUCCEEDED);
   // Now it has a rate: 256 MiB in 1 ms on one host thread is impossible.
   auto spec = client::MakeBlockTransfer(src.id(), all, other.id(), all);
   spec.set_timeout_ms(1);

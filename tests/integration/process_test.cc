@@ -1,17 +1,17 @@
 // kvraild as a process among processes: a client that dies mid-transfer, SIGTERM with transfers
 // in flight, restart on the same socket, and the `kvrail` CLI against a live daemon.
 #define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <catch2/catch.hpp>
 #include <chrono>
 #include <fstream>
-#include <sstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <thread>
 
 #include "absl/strings/numbers.h"
@@ -78,8 +78,7 @@ TEST_CASE("a client that dies mid-transfer: its transfer completes, its regions 
   // tiles have all run.
   const std::string out = dir.path() + "/id";
   const pid_t pid = SpawnSourceClient(
-      {daemon.socket(), DstArg(**c, dst), "77", "die", std::to_string(kProcessTestLayers)},
-      out);
+      {daemon.socket(), DstArg(**c, dst), "77", "die", std::to_string(kProcessTestLayers)}, out);
   REQUIRE(pid > 0);
   int status = 0;
   REQUIRE(::waitpid(pid, &status, 0) == pid);
@@ -114,8 +113,8 @@ TEST_CASE("a client that dies mid-transfer: its transfer completes, its regions 
 TEST_CASE("SIGTERM drains: in-flight transfers finish or fail cleanly, the daemon exits 0") {
   TempDir dir;
   DaemonProcess daemon;
-  REQUIRE(daemon.Start(dir.path(), {"--host-threads", "1", "--tile-bytes", "65536",
-                                    "--drain-timeout-ms", "3000"}));
+  REQUIRE(daemon.Start(
+      dir.path(), {"--host-threads", "1", "--tile-bytes", "65536", "--drain-timeout-ms", "3000"}));
   auto c = Client::Connect(daemon.socket());
   REQUIRE(c.ok());
   Pool dst = MakePool(**c, ProcessTestLayout(), true, "decode");
@@ -183,8 +182,8 @@ TEST_CASE("restart on the same socket: the daemon serves again; old ids are unkn
     REQUIRE(daemon.Start(dir.path()));
     auto c = Client::Connect(daemon.socket());
     REQUIRE(c.ok());
-    const auto layout = MakeLayout(2, 2, 8, 16, 2, 64, v1::DTYPE_BF16,
-                                   v1::LAYOUT_ORDER_LAYER_PART_BLOCK_NHD);
+    const auto layout =
+        MakeLayout(2, 2, 8, 16, 2, 64, v1::DTYPE_BF16, v1::LAYOUT_ORDER_LAYER_PART_BLOCK_NHD);
     Pool src = MakePool(**c, layout, false);
     Pool dst = MakePool(**c, layout, true);
     auto submitted = (*c)->Submit(client::MakeBlockTransfer(src.id(), {1, 2}, dst.id(), {3, 4}));
@@ -203,8 +202,8 @@ TEST_CASE("restart on the same socket: the daemon serves again; old ids are unkn
   auto regions = (*c)->ListRegions();
   REQUIRE(regions.ok());
   CHECK(regions->regions_size() == 0);
-  const auto layout = MakeLayout(1, 1, 4, 16, 1, 64, v1::DTYPE_BF16,
-                                 v1::LAYOUT_ORDER_LAYER_PART_BLOCK_NHD);
+  const auto layout =
+      MakeLayout(1, 1, 4, 16, 1, 64, v1::DTYPE_BF16, v1::LAYOUT_ORDER_LAYER_PART_BLOCK_NHD);
   Pool src = MakePool(**c, layout, false);
   Pool dst = MakePool(**c, layout, true);
   FillPool(src, 4, {0}, 16);
@@ -225,8 +224,8 @@ TEST_CASE("the kvrail CLI against a live daemon: tables, --json, submit --wait, 
   REQUIRE(daemon.Start(dir.path()));
   auto c = Client::Connect(daemon.socket());
   REQUIRE(c.ok());
-  const auto layout = MakeLayout(2, 2, 16, 16, 2, 64, v1::DTYPE_BF16,
-                                 v1::LAYOUT_ORDER_LAYER_PART_BLOCK_NHD);
+  const auto layout =
+      MakeLayout(2, 2, 16, 16, 2, 64, v1::DTYPE_BF16, v1::LAYOUT_ORDER_LAYER_PART_BLOCK_NHD);
   Pool src = MakePool(**c, layout, false, "cli-src");
   Pool dst = MakePool(**c, layout, true, "cli-dst");
   FillPool(src, 8, {0, 1, 2, 3}, 64);
@@ -244,10 +243,10 @@ TEST_CASE("the kvrail CLI against a live daemon: tables, --json, submit --wait, 
   CHECK(denied.err.find("spec.src.region_id") != std::string::npos);
   const std::string read_grant = (*c)->CreateGrant(src.id(), v1::GRANT_ACCESS_READ)->token();
   const std::string write_grant = (*c)->CreateGrant(dst.id(), v1::GRANT_ACCESS_WRITE)->token();
-  auto submitted = run({"submit", "--src-region", std::to_string(src.id()), "--src-blocks", "0-3",
-                        "--dst-region", std::to_string(dst.id()), "--dst-blocks", "12,9,10,11",
-                        "--src-grant", read_grant, "--dst-grant", write_grant,
-                        "--label", "cli-test", "--wait"});
+  auto submitted =
+      run({"submit", "--src-region", std::to_string(src.id()), "--src-blocks", "0-3",
+           "--dst-region", std::to_string(dst.id()), "--dst-blocks", "12,9,10,11", "--src-grant",
+           read_grant, "--dst-grant", write_grant, "--label", "cli-test", "--wait"});
   INFO(submitted.out << submitted.err);
   REQUIRE(submitted.exit_code == 0);
   CHECK(VerifyPool(dst, Expectation{8, {12, 9, 10, 11}, 64, 0, 0, 2, 0, 0, 2}) == "");

@@ -2,9 +2,9 @@
 // random, mostly invalid, requests against a live kvraild. Every rejection names a field; every
 // accepted transfer ends, and the bytes it may not touch stay poisoned.
 #define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
 #include <signal.h>
 
+#include <catch2/catch.hpp>
 #include <random>
 #include <set>
 
@@ -15,8 +15,10 @@ namespace {
 
 TEST_CASE("random transfer specs: clear errors or clean transfers; the daemon stays up") {
   LiveDaemon live({"--tile-bytes", "16384"});
-  const auto a = MakeLayout(3, 2, 24, 16, 4, 32, v1::DTYPE_BF16, v1::LAYOUT_ORDER_LAYER_PART_BLOCK_NHD);
-  const auto b = MakeLayout(4, 2, 20, 8, 2, 32, v1::DTYPE_BF16, v1::LAYOUT_ORDER_BLOCK_LAYER_PART_HND);
+  const auto a =
+      MakeLayout(3, 2, 24, 16, 4, 32, v1::DTYPE_BF16, v1::LAYOUT_ORDER_LAYER_PART_BLOCK_NHD);
+  const auto b =
+      MakeLayout(4, 2, 20, 8, 2, 32, v1::DTYPE_BF16, v1::LAYOUT_ORDER_BLOCK_LAYER_PART_HND);
   Pool src = MakePool(*live.client, a, false, "src");
   Pool dst = MakePool(*live.client, b, true, "dst");
   Pool ro = MakePool(*live.client, b, false, "read-only");
@@ -30,7 +32,8 @@ TEST_CASE("random transfer specs: clear errors or clean transfers; the daemon st
     spec.mutable_src()->set_region_id(regions[pick(3) == 0 ? pick(5) : 0]);
     spec.mutable_dst()->set_region_id(regions[pick(3) == 0 ? pick(5) : 1]);
     const uint32_t n_src = pick(6), n_dst = pick(8);
-    for (uint32_t k = 0; k < n_src; ++k) spec.mutable_src()->add_block_ids(pick(10) == 0 ? pick(100) : pick(24));
+    for (uint32_t k = 0; k < n_src; ++k)
+      spec.mutable_src()->add_block_ids(pick(10) == 0 ? pick(100) : pick(24));
     // Destination ids without repeats mostly, so some transfers are valid.
     std::set<uint32_t> used;
     for (uint32_t k = 0; k < n_dst; ++k) {

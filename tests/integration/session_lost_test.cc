@@ -3,11 +3,10 @@
 // ResetSession succeeds at its first try and every call works again. And a ResetSession racing
 // calls that use the session never frees the connection under them.
 #define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
-
 #include <signal.h>
 
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <chrono>
 #include <functional>
 #include <string>

@@ -4,18 +4,17 @@
 // nodes are refused there, naming the reason; KVRAIL_SUBMIT_VIA=grpc keeps the client on gRPC.
 // WAIT answers like WaitTransfer (pending, bounded, closed early, ended, unknown, malformed).
 #define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
-
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <sys/un.h>
 
+#include <catch2/catch.hpp>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
 
-#include "wire/session_wire.h"
 #include "tests/integration/kv_fixture.h"
+#include "wire/session_wire.h"
 
 namespace kvrail::testing {
 namespace {
@@ -26,8 +25,7 @@ v1::PagedKvLayout Small() {
 
 // One raw SUBMIT exchange on a fresh session connection; returns the answer packet.
 std::string RawSubmit(const LiveDaemon& live, const std::string& payload) {
-  auto session = wire::SessionConnection::Open(
-      wire::SessionSocketPath(live.daemon.socket()));
+  auto session = wire::SessionConnection::Open(wire::SessionSocketPath(live.daemon.socket()));
   REQUIRE(session.ok());
   bool sent = false;
   auto answer = (*session)->Exchange(payload, &sent);
@@ -72,7 +70,8 @@ TEST_CASE("SUBMIT on the session socket moves the transfer like SubmitTransfer")
   const std::vector<uint32_t> src_blocks = {3, 9, 1}, dst_blocks = {40, 2, 17};
   FillPool(src, 5, src_blocks, 48);
   // A raw session connection is another session: without grants it may not touch the pools.
-  const v1::TransferSpec plain = client::MakeBlockTransfer(src.id(), src_blocks, dst.id(), dst_blocks);
+  const v1::TransferSpec plain =
+      client::MakeBlockTransfer(src.id(), src_blocks, dst.id(), dst_blocks);
   CHECK(RawSubmit(live, "SUBMIT " + Serialized(plain)).rfind("REJECTED 7 spec.src.region_id", 0) ==
         0);
   const std::string answer = RawSubmit(live, "SUBMIT " + Serialized(Granted(live, plain)));
@@ -95,7 +94,8 @@ TEST_CASE("a bad spec gets the same error over the session socket and over gRPC"
   const auto via_session = live.client->Submit(bad);  // the client's default: the session
   REQUIRE(!via_session.ok());
   CHECK(via_session.status().code() == absl::StatusCode::kInvalidArgument);
-  CHECK(via_session.status().message().rfind("spec.src.block_ids[1]: block 99 out of range", 0) == 0);
+  CHECK(via_session.status().message().rfind("spec.src.block_ids[1]: block 99 out of range", 0) ==
+        0);
   const std::string raw = RawSubmit(live, "SUBMIT " + Serialized(bad));
   CHECK(raw == "REJECTED 3 " + std::string(via_session.status().message()));
 
@@ -128,7 +128,6 @@ TEST_CASE("malformed SUBMIT packets and transfers to other nodes are refused on 
   CHECK(live.client->RegisterHostBuffer(**buffer, spec).ok());
 }
 
-
 TEST_CASE("WAIT on the session socket answers like WaitTransfer") {
   LiveDaemon live;
   Pool src = MakePool(*live.client, Small(), false, "prefill");
@@ -148,8 +147,7 @@ TEST_CASE("WAIT on the session socket answers like WaitTransfer") {
 
   // A raw WAIT whose connection closes before the transfer ends: nothing is sent, nothing breaks.
   {
-    auto session = wire::SessionConnection::Open(
-        wire::SessionSocketPath(live.daemon.socket()));
+    auto session = wire::SessionConnection::Open(wire::SessionSocketPath(live.daemon.socket()));
     REQUIRE(session.ok());
     (*session)->SetAnswerTimeout(absl::Milliseconds(100));
     bool sent = false;
@@ -184,7 +182,6 @@ TEST_CASE("WAIT on the session socket answers like WaitTransfer") {
   CHECK(missing.status() == missing_grpc.status());
   CHECK(RawSubmit(live, "WAIT soon").rfind("REJECTED 3 WAIT: want", 0) == 0);
 }
-
 
 // A daemon started with `config` (DaemonConfig text).
 std::vector<std::string> ConfigArgs(const TempDir& dir, const std::string& config) {
@@ -225,7 +222,8 @@ TEST_CASE("WAIT: pending WAITs are capped per connection and per uid, closed con
   // could read: millions pending, hundreds of MB). Now: max_watchers_per_session per connection,
   // max_watchers_per_uid for all of one uid's, counted until the transfer ends.
   TempDir config_dir;
-  LiveDaemon live(ConfigArgs(config_dir, "max_watchers_per_session: 8\nmax_watchers_per_uid: 20\n"));
+  LiveDaemon live(
+      ConfigArgs(config_dir, "max_watchers_per_session: 8\nmax_watchers_per_uid: 20\n"));
   Pool src = MakePool(*live.client, Small(), false, "prefill");
   Pool dst = MakePool(*live.client, Small(), true, "decode");
   v1::TransferSpec spec = client::MakeBlockTransfer(src.id(), {1}, dst.id(), {1});
@@ -285,8 +283,8 @@ TEST_CASE("WAIT: pending WAITs are capped per connection and per uid, closed con
 TEST_CASE("WAIT: a transfer keeps at most kMaxWhenEnded waiters; the rest are refused at once") {
   // The per-connection and per-uid caps raised above the transfer's own.
   TempDir config_dir;
-  LiveDaemon live(ConfigArgs(config_dir,
-                             "max_watchers_per_session: 8192\nmax_watchers_per_uid: 8192\n"));
+  LiveDaemon live(
+      ConfigArgs(config_dir, "max_watchers_per_session: 8192\nmax_watchers_per_uid: 8192\n"));
   Pool src = MakePool(*live.client, Small(), false, "prefill");
   Pool dst = MakePool(*live.client, Small(), true, "decode");
   v1::TransferSpec spec = client::MakeBlockTransfer(src.id(), {1}, dst.id(), {1});

@@ -2,10 +2,9 @@
 // pid and the socket) before it touches anything, and the first keeps serving both its gRPC
 // socket and its session socket after the second has gone.
 #define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
-
 #include <sys/stat.h>
 
+#include <catch2/catch.hpp>
 #include <string>
 
 #include "tests/integration/kv_fixture.h"

@@ -2,10 +2,10 @@
 // conversions, and bad requests rejected with the right code and a message naming the field while
 // the daemon keeps serving and nothing is written.
 #define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
 #include <signal.h>
 
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <chrono>
 #include <mutex>
 #include <thread>
@@ -21,8 +21,8 @@ using Live = LiveDaemon;
 
 TEST_CASE("a scattered paged KV cache moves between two regions, byte for byte") {
   Live live({"--tile-bytes", "65536"});
-  const auto layout = MakeLayout(4, 2, 64, 16, 8, 128, v1::DTYPE_BF16,
-                                 v1::LAYOUT_ORDER_LAYER_PART_BLOCK_NHD);
+  const auto layout =
+      MakeLayout(4, 2, 64, 16, 8, 128, v1::DTYPE_BF16, v1::LAYOUT_ORDER_LAYER_PART_BLOCK_NHD);
   Pool src = MakePool(*live.client, layout, false, "prefill");
   Pool dst = MakePool(*live.client, layout, true, "decode");
   const auto src_blocks = ScatteredBlocks(64, 20, 1);
@@ -45,10 +45,10 @@ TEST_CASE("layout conversion: NHD to HND, 16 to 32 tokens per block, a head sub-
   Live live({"--tile-bytes", "16384"});
   // Prefill at TP 1 (8 heads, 16-token blocks, NHD); decode rank 1 of TP 2 (4 heads, 32-token
   // blocks, HND, layers stored at an offset).
-  const auto src_layout = MakeLayout(6, 2, 40, 16, 8, 64, v1::DTYPE_FP16,
-                                     v1::LAYOUT_ORDER_LAYER_PART_BLOCK_NHD);
-  const auto dst_layout = MakeLayout(8, 2, 30, 32, 4, 64, v1::DTYPE_FP16,
-                                     v1::LAYOUT_ORDER_BLOCK_LAYER_PART_HND);
+  const auto src_layout =
+      MakeLayout(6, 2, 40, 16, 8, 64, v1::DTYPE_FP16, v1::LAYOUT_ORDER_LAYER_PART_BLOCK_NHD);
+  const auto dst_layout =
+      MakeLayout(8, 2, 30, 32, 4, 64, v1::DTYPE_FP16, v1::LAYOUT_ORDER_BLOCK_LAYER_PART_HND);
   Pool src = MakePool(*live.client, src_layout, false);
   Pool dst = MakePool(*live.client, dst_layout, true);
   const uint64_t tokens = 16 * 10 - 5;  // a partial last block
@@ -72,10 +72,10 @@ TEST_CASE("layout conversion: NHD to HND, 16 to 32 tokens per block, a head sub-
 
 TEST_CASE("integrity digest (spec.digest): reported equal on both sides, absent when off") {
   Live live({"--tile-bytes", "16384"});
-  const auto src_layout = MakeLayout(4, 2, 40, 16, 8, 64, v1::DTYPE_FP16,
-                                     v1::LAYOUT_ORDER_LAYER_PART_BLOCK_NHD);
-  const auto dst_layout = MakeLayout(4, 2, 30, 32, 8, 64, v1::DTYPE_FP16,
-                                     v1::LAYOUT_ORDER_BLOCK_LAYER_PART_HND);
+  const auto src_layout =
+      MakeLayout(4, 2, 40, 16, 8, 64, v1::DTYPE_FP16, v1::LAYOUT_ORDER_LAYER_PART_BLOCK_NHD);
+  const auto dst_layout =
+      MakeLayout(4, 2, 30, 32, 8, 64, v1::DTYPE_FP16, v1::LAYOUT_ORDER_BLOCK_LAYER_PART_HND);
   Pool src = MakePool(*live.client, src_layout, false);
   Pool dst = MakePool(*live.client, dst_layout, true);
   const auto src_blocks = ScatteredBlocks(40, 10, 3);
@@ -102,8 +102,8 @@ TEST_CASE("integrity digest (spec.digest): reported equal on both sides, absent 
 
 TEST_CASE("MLA (one part), fp8, block-major layouts on both sides") {
   Live live;
-  const auto layout = MakeLayout(3, 1, 32, 64, 1, 576, v1::DTYPE_FP8_E4M3,
-                                 v1::LAYOUT_ORDER_BLOCK_LAYER_PART_NHD);
+  const auto layout =
+      MakeLayout(3, 1, 32, 64, 1, 576, v1::DTYPE_FP8_E4M3, v1::LAYOUT_ORDER_BLOCK_LAYER_PART_NHD);
   Pool src = MakePool(*live.client, layout, false);
   Pool dst = MakePool(*live.client, layout, true);
   const auto src_blocks = ScatteredBlocks(32, 12, 5);
@@ -118,8 +118,8 @@ TEST_CASE("MLA (one part), fp8, block-major layouts on both sides") {
 // Each bad request: the code, a message that names the field, nothing written, daemon alive.
 TEST_CASE("bad requests are rejected naming the field; nothing moves; the daemon keeps serving") {
   Live live;
-  const auto layout = MakeLayout(2, 2, 16, 16, 2, 64, v1::DTYPE_BF16,
-                                 v1::LAYOUT_ORDER_LAYER_PART_BLOCK_NHD);
+  const auto layout =
+      MakeLayout(2, 2, 16, 16, 2, 64, v1::DTYPE_BF16, v1::LAYOUT_ORDER_LAYER_PART_BLOCK_NHD);
   Pool src = MakePool(*live.client, layout, false);
   Pool dst = MakePool(*live.client, layout, true);
   Pool readonly = MakePool(*live.client, layout, false);
@@ -211,8 +211,8 @@ TEST_CASE("bad regions are rejected naming the field") {
   good.set_memory_kind(v1::MEMORY_KIND_HOST);
   good.set_size_bytes(1 << 20);
   good.set_writable(true);
-  *good.mutable_paged_kv() = MakeLayout(2, 2, 16, 16, 2, 64, v1::DTYPE_BF16,
-                                        v1::LAYOUT_ORDER_LAYER_PART_BLOCK_NHD);
+  *good.mutable_paged_kv() =
+      MakeLayout(2, 2, 16, 16, 2, 64, v1::DTYPE_BF16, v1::LAYOUT_ORDER_LAYER_PART_BLOCK_NHD);
   SECTION("a layout larger than the memory") {
     auto s = good;
     s.mutable_paged_kv()->set_num_blocks(1000);
@@ -292,8 +292,8 @@ TEST_CASE("bad regions are rejected naming the field") {
 
 TEST_CASE("unregister, idempotency keys, cancel, unknown ids") {
   Live live;
-  const auto layout = MakeLayout(2, 2, 64, 16, 4, 128, v1::DTYPE_BF16,
-                                 v1::LAYOUT_ORDER_LAYER_PART_BLOCK_NHD);
+  const auto layout =
+      MakeLayout(2, 2, 64, 16, 4, 128, v1::DTYPE_BF16, v1::LAYOUT_ORDER_LAYER_PART_BLOCK_NHD);
   Pool src = MakePool(*live.client, layout, false);
   Pool dst = MakePool(*live.client, layout, true);
   const auto blocks = ScatteredBlocks(64, 8, 11);
@@ -327,8 +327,8 @@ TEST_CASE("unregister, idempotency keys, cancel, unknown ids") {
 
 TEST_CASE("layer-wise: layers move when marked ready, in readiness order, with per-layer events") {
   Live live;
-  const auto layout = MakeLayout(4, 2, 16, 16, 2, 64, v1::DTYPE_BF16,
-                                 v1::LAYOUT_ORDER_LAYER_PART_BLOCK_NHD);
+  const auto layout =
+      MakeLayout(4, 2, 16, 16, 2, 64, v1::DTYPE_BF16, v1::LAYOUT_ORDER_LAYER_PART_BLOCK_NHD);
   Pool src = MakePool(*live.client, layout, false);
   Pool dst = MakePool(*live.client, layout, true);
   const auto blocks = ScatteredBlocks(16, 4, 2);
@@ -385,8 +385,8 @@ TEST_CASE("layer-wise: layers move when marked ready, in readiness order, with p
 
 TEST_CASE("a layer-wise transfer whose layers never come is failed at its deadline, untouched") {
   Live live;
-  const auto layout = MakeLayout(2, 2, 8, 16, 2, 64, v1::DTYPE_BF16,
-                                 v1::LAYOUT_ORDER_LAYER_PART_BLOCK_NHD);
+  const auto layout =
+      MakeLayout(2, 2, 8, 16, 2, 64, v1::DTYPE_BF16, v1::LAYOUT_ORDER_LAYER_PART_BLOCK_NHD);
   Pool src = MakePool(*live.client, layout, false);
   Pool dst = MakePool(*live.client, layout, true);
   auto spec = client::MakeBlockTransfer(src.id(), {0, 1}, dst.id(), {2, 3});
@@ -419,8 +419,8 @@ namespace {
 // daemon's word says the layer landed (what a GPU stream would write / wait on).
 TEST_CASE("ready and arrival flags in shared memory drive a layer-wise transfer") {
   Live live;
-  const auto layout = MakeLayout(4, 2, 16, 16, 2, 64, v1::DTYPE_BF16,
-                                 v1::LAYOUT_ORDER_LAYER_PART_BLOCK_NHD);
+  const auto layout =
+      MakeLayout(4, 2, 16, 16, 2, 64, v1::DTYPE_BF16, v1::LAYOUT_ORDER_LAYER_PART_BLOCK_NHD);
   Pool src = MakePool(*live.client, layout, false);
   Pool dst = MakePool(*live.client, layout, true);
   const auto blocks = ScatteredBlocks(16, 4, 9);
@@ -483,7 +483,8 @@ TEST_CASE("ready and arrival flags in shared memory drive a layer-wise transfer"
       bool arrived = false;
       const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
       while (!arrived && std::chrono::steady_clock::now() < until) {
-        arrived = __atomic_load_n(const_cast<uint32_t*>(&words[256 + layer]), __ATOMIC_ACQUIRE) == 5;
+        arrived =
+            __atomic_load_n(const_cast<uint32_t*>(&words[256 + layer]), __ATOMIC_ACQUIRE) == 5;
         if (!arrived) std::this_thread::sleep_for(std::chrono::microseconds(200));
       }
       INFO("layer " << layer);

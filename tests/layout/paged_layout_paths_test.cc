@@ -79,9 +79,8 @@ Verdict CAbi(const LayoutCase& c) {
   const int code = kvrail_paged_layout_check(&in, c.region_bytes.value_or(0),
                                              c.per_layer ? KVRAIL_LAYOUT_PER_LAYER : 0, &bytes);
   if (code != KVRAIL_OK) {
-    return FromStatus(absl::Status(static_cast<absl::StatusCode>(code),
-                                   kvrail_last_error_message()),
-                      "layout.");
+    return FromStatus(
+        absl::Status(static_cast<absl::StatusCode>(code), kvrail_last_error_message()), "layout.");
   }
   Verdict v;
   v.ok = true;
@@ -91,9 +90,9 @@ Verdict CAbi(const LayoutCase& c) {
 
 TEST_CASE("the planner, the client and the C ABI judge every layout of the table alike") {
   for (const LayoutCase& c : ReadLayoutCases()) {
-    for (const auto& [path, verdict] :
-         {std::pair<const char*, Verdict>{"planner", Planner(c)}, {"client", Client(c)},
-          {"c_api", CAbi(c)}}) {
+    for (const auto& [path, verdict] : {std::pair<const char*, Verdict>{"planner", Planner(c)},
+                                        {"client", Client(c)},
+                                        {"c_api", CAbi(c)}}) {
       INFO(c.name << " via " << path << ": " << verdict.message);
       if (c.bytes.has_value()) {
         REQUIRE(verdict.ok);

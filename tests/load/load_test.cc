@@ -13,10 +13,10 @@
 //   KVRAIL_LOAD_CLIENTS (4), KVRAIL_LOAD_OPS (ops per client, 600); KVRAIL_LOAD_RSS_MIB (64): the
 //   growth allowed (an ASan build's quarantine alone holds up to 256 MiB of freed memory).
 #define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
 #include <signal.h>
 
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -119,7 +119,8 @@ class Worker {
     client_ = *std::move(c);
     auto src = Register(*client_, false, absl::StrCat("load-src-", index_));
     auto dst = Register(*client_, true, absl::StrCat("load-dst-", index_));
-    if (!src.ok() || !dst.ok()) return Fail("register: " + src.status().ToString() + dst.status().ToString());
+    if (!src.ok() || !dst.ok())
+      return Fail("register: " + src.status().ToString() + dst.status().ToString());
     src_ = *std::move(src);
     dst_ = *std::move(dst);
     // A pattern unique to this client, block and byte.
@@ -229,11 +230,12 @@ class Worker {
       case v1::TRANSFER_STATE_FAILED:
         if (status->state() == v1::TRANSFER_STATE_CANCELLED && cancel) {
           ++tally_.cancelled;
-        } else if (deadline && status->error_code() == static_cast<int>(absl::StatusCode::kDeadlineExceeded)) {
+        } else if (deadline &&
+                   status->error_code() == static_cast<int>(absl::StatusCode::kDeadlineExceeded)) {
           ++tally_.expired;
         } else {
-          Fail(absl::StrCat("a valid transfer ended ", v1::TransferState_Name(status->state()), ": ",
-                            status->error_message()));
+          Fail(absl::StrCat("a valid transfer ended ", v1::TransferState_Name(status->state()),
+                            ": ", status->error_message()));
         }
         if (status->error_message().empty()) Fail("a transfer ended without a message");
         Apply(sb, db, tokens, /*exact=*/false);
@@ -261,8 +263,9 @@ class Worker {
           }
           for (uint64_t b = 0; b < bytes; ++b) {
             if (dst[d + b] != shadow_[d + b] && dst[d + b] != src[so + b]) {
-              Fail(absl::StrCat("a stopped transfer wrote a byte that is neither old nor new (layer ",
-                                l, " part ", p, " block ", db[j], " byte ", b, ")"));
+              Fail(absl::StrCat(
+                  "a stopped transfer wrote a byte that is neither old nor new (layer ", l,
+                  " part ", p, " block ", db[j], " byte ", b, ")"));
               return;
             }
             shadow_[d + b] = dst[d + b];
@@ -279,9 +282,9 @@ class Worker {
     uint64_t i = 0;
     while (dst[i] == shadow_[i]) ++i;
     const uint64_t block = i / kBlockBytes;
-    Fail(absl::StrCat("after ", after, ": destination byte ", i, " (layer ", block / (kParts * kBlocks),
-                      " part ", block / kBlocks % kParts, " block ", block % kBlocks, ") is ",
-                      int{dst[i]}, ", expected ", int{shadow_[i]}));
+    Fail(absl::StrCat("after ", after, ": destination byte ", i, " (layer ",
+                      block / (kParts * kBlocks), " part ", block / kBlocks % kParts, " block ",
+                      block % kBlocks, ") is ", int{dst[i]}, ", expected ", int{shadow_[i]}));
     shadow_.assign(dst, dst + kPoolBytes);  // report each corruption once
   }
 
@@ -356,8 +359,9 @@ class Worker {
   Tally tally_;
 };
 
-TEST_CASE("several clients, thousands of checksummed transfers with cancels, deadlines and "
-          "invalid requests; nothing outside destinations, bounded daemon RSS") {
+TEST_CASE(
+    "several clients, thousands of checksummed transfers with cancels, deadlines and "
+    "invalid requests; nothing outside destinations, bounded daemon RSS") {
   const uint64_t clients = EnvOr("KVRAIL_LOAD_CLIENTS", 4);
   const uint64_t ops = EnvOr("KVRAIL_LOAD_OPS", 600);
   TempDir dir;

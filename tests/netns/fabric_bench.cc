@@ -130,8 +130,8 @@ std::string ReadFile(const std::string& path) {
 double PingPongOnce(const std::string& server_ns, const std::string& client_ns,
                     const std::string& server_ip, uint64_t size, uint64_t iters,
                     const std::string& dir, std::string* error) {
-  const std::vector<std::string> common = {"-p", "tcp", "-e", "rdm", "-S", std::to_string(size),
-                                           "-I", std::to_string(iters)};
+  const std::vector<std::string> common = {
+      "-p", "tcp", "-e", "rdm", "-S", std::to_string(size), "-I", std::to_string(iters)};
   for (int attempt = 0; attempt < 3; ++attempt) {
     // An empty namespace: the caller's own.
     const auto in = [](const std::string& ns) {
@@ -262,8 +262,8 @@ KvResult KvRail(const std::string& ns_a, const std::string& ip_a, int port_a,
   std::mt19937 rng(5);
   std::shuffle(src_blocks.begin(), src_blocks.end(), rng);
   std::shuffle(dst_blocks.begin(), dst_blocks.end(), rng);
-  auto spec = client::MakeBlockTransfer(src_info->region_id(), src_blocks,
-                                        dst_info->region_id(), dst_blocks);
+  auto spec = client::MakeBlockTransfer(src_info->region_id(), src_blocks, dst_info->region_id(),
+                                        dst_blocks);
   spec.mutable_dst()->set_node_id("b");
   spec.mutable_dst()->set_grant(b.WriteGrant(dst_info->region_id()));
   spec.set_timeout_ms(300000);
@@ -323,9 +323,11 @@ int PrintRows(const std::vector<Row>& rows, const std::string& primary, Clock::t
     pp_best = std::max(pp_best, r.pp);
     kv_best = std::max(kv_best, r.kv.best_gbps);
   }
-  std::printf("\n| path | tile / message | tiles | kvrail A→B GB/s best (median) | "
-              "fi_pingpong GB/s best | kvrail / fi_pingpong | kvrail / fi_pingpong best (%s) |\n"
-              "|---|---|---|---|---|---|---|\n", primary.c_str());
+  std::printf(
+      "\n| path | tile / message | tiles | kvrail A→B GB/s best (median) | "
+      "fi_pingpong GB/s best | kvrail / fi_pingpong | kvrail / fi_pingpong best (%s) |\n"
+      "|---|---|---|---|---|---|---|\n",
+      primary.c_str());
   for (const Row& r : rows) {
     char kv[64] = "failed", pp[32] = "failed", ratio[32] = "-", ratio_best[32] = "-";
     if (r.kv.best_gbps > 0) {
@@ -341,10 +343,11 @@ int PrintRows(const std::vector<Row>& rows, const std::string& primary, Clock::t
     std::printf("| %s | %s | %u | %s | %s | %s | %s |\n", r.path.c_str(), Size(r.tile).c_str(),
                 r.kv.tiles, kv, pp, ratio, ratio_best);
   }
-  std::printf("\n%s: kvrail best %.2f GB/s, fi_pingpong best %.2f GB/s: %.0f%% (target >= 90%%: "
-              "%s)\n",
-              primary.c_str(), kv_best, pp_best, pp_best > 0 ? 100 * kv_best / pp_best : 0.0,
-              pp_best > 0 && kv_best >= 0.9 * pp_best ? "met" : "NOT met");
+  std::printf(
+      "\n%s: kvrail best %.2f GB/s, fi_pingpong best %.2f GB/s: %.0f%% (target >= 90%%: "
+      "%s)\n",
+      primary.c_str(), kv_best, pp_best, pp_best > 0 ? 100 * kv_best / pp_best : 0.0,
+      pp_best > 0 && kv_best >= 0.9 * pp_best ? "met" : "NOT met");
   std::printf("load average after: %s; %.0f s in all\n", LoadAvg().c_str(),
               Seconds(Clock::now() - t_start));
   int failures = 0;
@@ -369,11 +372,12 @@ int HostLoopback(const std::vector<uint64_t>& sizes, uint32_t layers, int reps, 
   signal(SIGTERM, OnSignal);
   const auto t_start = Clock::now();
   testing::TempDir dir;
-  std::printf("loopback in this namespace (127.0.0.1); %u layers, %llu MiB per transfer, best of "
-              "%d after a warm-up; %d fabric endpoint(s) per daemon; %u CPUs; load average "
-              "before: %s\n",
-              layers, static_cast<unsigned long long>(layers * 16ull), reps, nics,
-              std::thread::hardware_concurrency(), LoadAvg().c_str());
+  std::printf(
+      "loopback in this namespace (127.0.0.1); %u layers, %llu MiB per transfer, best of "
+      "%d after a warm-up; %d fabric endpoint(s) per daemon; %u CPUs; load average "
+      "before: %s\n",
+      layers, static_cast<unsigned long long>(layers * 16ull), reps, nics,
+      std::thread::hardware_concurrency(), LoadAvg().c_str());
   std::fflush(stdout);
   std::vector<Row> rows;
   int port = 7270;
@@ -412,7 +416,8 @@ int Main(int argc, char** argv) {
     } else if (arg == "--sizes" && i + 1 < argc) {
       sizes.clear();
       std::istringstream in(argv[++i]);
-      for (std::string s; std::getline(in, s, ',');) sizes.push_back(std::strtoull(s.c_str(), 0, 10));
+      for (std::string s; std::getline(in, s, ',');)
+        sizes.push_back(std::strtoull(s.c_str(), 0, 10));
     } else {
       std::fprintf(stderr,
                    "usage: fabric_bench [--mib 512] [--reps 3] [--nics 1] [--no-loopback | "
@@ -448,10 +453,11 @@ int Main(int argc, char** argv) {
                  net.ns_b.c_str(), net.veth_a.c_str(), net.veth_b.c_str());
     return 1;
   }
-  std::printf("namespaces %s (%s) <-veth-> %s (%s); %u layers, %llu MiB per transfer, best of %d "
-              "after a warm-up; %d fabric endpoint(s) per daemon; load average before: %s\n",
-              net.ns_a.c_str(), net.ip_a.c_str(), net.ns_b.c_str(), net.ip_b.c_str(), layers,
-              static_cast<unsigned long long>(layers * 16ull), reps, nics, load_before.c_str());
+  std::printf(
+      "namespaces %s (%s) <-veth-> %s (%s); %u layers, %llu MiB per transfer, best of %d "
+      "after a warm-up; %d fabric endpoint(s) per daemon; load average before: %s\n",
+      net.ns_a.c_str(), net.ip_a.c_str(), net.ns_b.c_str(), net.ip_b.c_str(), layers,
+      static_cast<unsigned long long>(layers * 16ull), reps, nics, load_before.c_str());
   std::fflush(stdout);
 
   std::vector<Row> rows;
@@ -460,8 +466,8 @@ int Main(int argc, char** argv) {
     Row row{"veth", tile};
     row.kv = KvRail(net.ns_a, net.ip_a, port, net.ns_b, net.ip_b, port, tile, layers, reps, nics);
     ++port;  // a fresh port per pair of daemons (no TIME_WAIT surprises)
-    row.pp = PingPong(net.ns_b, net.ns_a, net.ip_b, tile, layers * (16ull << 20), reps,
-                      dir.path(), &row.pp_error);
+    row.pp = PingPong(net.ns_b, net.ns_a, net.ip_b, tile, layers * (16ull << 20), reps, dir.path(),
+                      &row.pp_error);
     std::fprintf(stderr, "  veth %s: kvrail %.3f GB/s, fi_pingpong %.3f GB/s %s\n",
                  Size(tile).c_str(), row.kv.best_gbps, row.pp, row.kv.error.c_str());
     rows.push_back(row);
@@ -469,8 +475,8 @@ int Main(int argc, char** argv) {
   if (loopback) {
     const uint64_t tile = 1 << 20;
     Row row{"loopback", tile};
-    row.kv = KvRail(net.ns_a, "127.0.0.1", 7170, net.ns_a, "127.0.0.1", 7171, tile, layers, reps,
-                    nics);
+    row.kv =
+        KvRail(net.ns_a, "127.0.0.1", 7170, net.ns_a, "127.0.0.1", 7171, tile, layers, reps, nics);
     row.pp = PingPong(net.ns_a, net.ns_a, "127.0.0.1", tile, layers * (16ull << 20), reps,
                       dir.path(), &row.pp_error);
     std::fprintf(stderr, "  loopback %s: kvrail %.3f GB/s, fi_pingpong %.3f GB/s %s\n",

@@ -8,18 +8,18 @@
 // Needs root (CI runs as root). Without the rights to create namespaces every case SKIPs with a
 // message. Names are unique per run (pid) and namespaces are deleted even when a case fails.
 #define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <catch2/catch.hpp>
 #include <chrono>
 #include <optional>
 #include <set>
 #include <thread>
 
-#include "tests/integration/kv_fixture.h"
 #include "absl/strings/str_cat.h"
+#include "tests/integration/kv_fixture.h"
 #include "tests/netns/netns.h"
 
 namespace kvrail::testing {
@@ -49,13 +49,13 @@ struct TwoNodes {
   }
 };
 
-#define SKIP_WITHOUT_NETNS()                          \
-  do {                                                \
+#define SKIP_WITHOUT_NETNS()                               \
+  do {                                                     \
     static const std::string why = CannotMakeNamespaces(); \
-    if (!why.empty()) {                               \
-      WARN("SKIPPED: " << why);                       \
-      return;                                         \
-    }                                                 \
+    if (!why.empty()) {                                    \
+      WARN("SKIPPED: " << why);                            \
+      return;                                              \
+    }                                                      \
   } while (0)
 
 // Waits for the final status through WatchTransfer on the submitting daemon.
@@ -78,8 +78,7 @@ uint64_t WrittenOutside(const Pool& pool, const std::vector<uint32_t>& touched) 
       for (uint32_t part = 0; part < l.num_parts(); ++part)
         for (uint32_t slot = 0; slot < l.tokens_per_block(); ++slot)
           for (uint32_t h = 0; h < l.num_heads(); ++h) {
-            const uint8_t* p =
-                pool.buffer->data() + ElementOffset(l, layer, part, block, slot, h);
+            const uint8_t* p = pool.buffer->data() + ElementOffset(l, layer, part, block, slot, h);
             for (uint32_t i = 0; i < vec; ++i) written += p[i] != kPoison;
           }
   }
@@ -89,7 +88,7 @@ uint64_t WrittenOutside(const Pool& pool, const std::vector<uint32_t>& touched) 
 // The receiving node's own record of an inbound transfer (engine "fabric-receiver"), waiting up
 // to `wait` for it to appear; nullopt when there is none.
 std::optional<v1::TransferStatus> InboundRecord(NsDaemon& node,
-                                               absl::Duration wait = absl::Seconds(2)) {
+                                                absl::Duration wait = absl::Seconds(2)) {
   const absl::Time until = absl::Now() + wait;
   do {
     auto list = node.client->ListTransfers();
@@ -107,8 +106,8 @@ TEST_CASE("a paged KV cache moves between two nodes over tcp, striped over 2 NIC
   SKIP_WITHOUT_NETNS();
   TwoNodes nodes(2);
   REQUIRE(nodes.ok);
-  const auto layout = MakeLayout(4, 2, 64, 16, 8, 128, v1::DTYPE_BF16,
-                                 v1::LAYOUT_ORDER_LAYER_PART_BLOCK_NHD);
+  const auto layout =
+      MakeLayout(4, 2, 64, 16, 8, 128, v1::DTYPE_BF16, v1::LAYOUT_ORDER_LAYER_PART_BLOCK_NHD);
   Pool src = MakePool(*nodes.a.client, layout, false, "prefill");
   Pool dst = MakePool(*nodes.b.client, layout, true, "decode");
   {
@@ -178,14 +177,15 @@ TEST_CASE("a paged KV cache moves between two nodes over tcp, striped over 2 NIC
   }
 }
 
-TEST_CASE("layout conversion across nodes: NHD 16-token blocks to HND 32-token blocks, a head range") {
+TEST_CASE(
+    "layout conversion across nodes: NHD 16-token blocks to HND 32-token blocks, a head range") {
   SKIP_WITHOUT_NETNS();
   TwoNodes nodes(1);
   REQUIRE(nodes.ok);
-  const auto src_layout = MakeLayout(6, 2, 40, 16, 8, 64, v1::DTYPE_FP16,
-                                     v1::LAYOUT_ORDER_LAYER_PART_BLOCK_NHD);
-  const auto dst_layout = MakeLayout(8, 2, 30, 32, 4, 64, v1::DTYPE_FP16,
-                                     v1::LAYOUT_ORDER_BLOCK_LAYER_PART_HND);
+  const auto src_layout =
+      MakeLayout(6, 2, 40, 16, 8, 64, v1::DTYPE_FP16, v1::LAYOUT_ORDER_LAYER_PART_BLOCK_NHD);
+  const auto dst_layout =
+      MakeLayout(8, 2, 30, 32, 4, 64, v1::DTYPE_FP16, v1::LAYOUT_ORDER_BLOCK_LAYER_PART_HND);
   Pool src = MakePool(*nodes.a.client, src_layout, false);
   Pool dst = MakePool(*nodes.b.client, dst_layout, true);
   REQUIRE(nodes.b.Export(dst.id(), "a").ok());
@@ -217,12 +217,12 @@ TEST_CASE("a netem-delayed, lossy link still completes, verified") {
   TwoNodes nodes(2);
   REQUIRE(nodes.ok);
   if (Sh(NetnsPair::In(nodes.net.ns_a, "tc qdisc add dev " + nodes.net.veth_a +
-                                         " root netem delay 5ms 2ms loss 1%")) != 0) {
+                                           " root netem delay 5ms 2ms loss 1%")) != 0) {
     WARN("SKIPPED: `tc qdisc add ... netem` failed (this kernel has no sch_netem)");
     return;
   }
-  const auto layout = MakeLayout(4, 2, 32, 16, 8, 128, v1::DTYPE_BF16,
-                                 v1::LAYOUT_ORDER_LAYER_PART_BLOCK_NHD);
+  const auto layout =
+      MakeLayout(4, 2, 32, 16, 8, 128, v1::DTYPE_BF16, v1::LAYOUT_ORDER_LAYER_PART_BLOCK_NHD);
   Pool src = MakePool(*nodes.a.client, layout, false);
   Pool dst = MakePool(*nodes.b.client, layout, true);
   REQUIRE(nodes.b.Export(dst.id(), "a").ok());
@@ -246,8 +246,8 @@ TEST_CASE("a netem-delayed, lossy link still completes, verified") {
 void BreakMidTransfer(const std::function<void(TwoNodes&)>& breaker) {
   TwoNodes nodes(2);
   REQUIRE(nodes.ok);
-  const auto layout = MakeLayout(8, 2, 64, 16, 8, 128, v1::DTYPE_BF16,
-                                 v1::LAYOUT_ORDER_LAYER_PART_BLOCK_NHD);
+  const auto layout =
+      MakeLayout(8, 2, 64, 16, 8, 128, v1::DTYPE_BF16, v1::LAYOUT_ORDER_LAYER_PART_BLOCK_NHD);
   Pool src = MakePool(*nodes.a.client, layout, false);
   Pool dst = MakePool(*nodes.b.client, layout, true);
   Pool local = MakePool(*nodes.a.client, layout, true, "local");

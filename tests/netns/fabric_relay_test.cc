@@ -14,9 +14,9 @@
 // The GPU relay (S -> R over NVLink -> NIC) is //tests/gpu:relay_gpu_test and the two-GPU run in
 // docs/benchmarks.md.
 #define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
 #include <stdlib.h>
 
+#include <catch2/catch.hpp>
 #include <chrono>
 #include <optional>
 #include <string>
@@ -74,12 +74,10 @@ struct Moved {
 // A -> B: NHD/16-token/8 heads -> HND/32-token/4 heads (heads 2-5 of the source into 0-3),
 // verified byte for byte with poison elsewhere and a bystander pool untouched.
 Moved MoveConverted(RelayPair& p) {
-  const v1::PagedKvLayout src_layout =
-      MakeLayout(kLayers, 2, kBlocks, 16, 8, 128, v1::DTYPE_BF16,
-                 v1::LAYOUT_ORDER_LAYER_PART_BLOCK_NHD);
-  const v1::PagedKvLayout dst_layout =
-      MakeLayout(kLayers, 2, kBlocks / 2, 32, 4, 128, v1::DTYPE_BF16,
-                 v1::LAYOUT_ORDER_BLOCK_LAYER_PART_HND);
+  const v1::PagedKvLayout src_layout = MakeLayout(kLayers, 2, kBlocks, 16, 8, 128, v1::DTYPE_BF16,
+                                                  v1::LAYOUT_ORDER_LAYER_PART_BLOCK_NHD);
+  const v1::PagedKvLayout dst_layout = MakeLayout(
+      kLayers, 2, kBlocks / 2, 32, 4, 128, v1::DTYPE_BF16, v1::LAYOUT_ORDER_BLOCK_LAYER_PART_HND);
   Pool src = MakePool(*p.a.client, src_layout, false, "src");
   Pool dst = MakePool(*p.b.client, dst_layout, true, "dst");
   Pool bystander = MakePool(*p.b.client, dst_layout, true, "bystander");
@@ -110,8 +108,9 @@ Moved MoveConverted(RelayPair& p) {
   return m;
 }
 
-TEST_CASE("host twin: a two-daemon transfer goes through the relay stage on both sides, byte for "
-          "byte") {
+TEST_CASE(
+    "host twin: a two-daemon transfer goes through the relay stage on both sides, byte for "
+    "byte") {
   RelayPair p("host");
   REQUIRE(p.ok);
   const Moved m = MoveConverted(p);

@@ -2,9 +2,10 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <grpcpp/grpcpp.h>
 #include <netinet/in.h>
-#include <sys/socket.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -16,8 +17,6 @@
 #include <random>
 #include <thread>
 #include <vector>
-
-#include <grpcpp/grpcpp.h>
 
 #include "absl/strings/str_cat.h"
 #include "base/grpc_status.h"
@@ -153,11 +152,11 @@ bool NsDaemon::Start(const std::string& ns, const std::string& node, const std::
   // "nodes" on one machine). Built before the fork: the child only execs.
   std::vector<std::string> args;
   if (!ns.empty()) args = {"ip", "netns", "exec", ns};
-  for (const std::string& a : {bin, std::string("--socket"), socket, std::string("--tcp-listen"),
-                               listen, std::string("--node-id"), node, std::string("--config"),
-                               config, std::string("--tile-bytes"), tile,
-                               std::string("--log-level"), options.log_level,
-                               std::string("--drain-timeout-ms"), std::string("1000")}) {
+  for (const std::string& a :
+       {bin, std::string("--socket"), socket, std::string("--tcp-listen"), listen,
+        std::string("--node-id"), node, std::string("--config"), config,
+        std::string("--tile-bytes"), tile, std::string("--log-level"), options.log_level,
+        std::string("--drain-timeout-ms"), std::string("1000")}) {
     args.push_back(a);
   }
   std::vector<char*> argv;
@@ -228,8 +227,8 @@ std::string NsDaemon::WriteGrant(uint64_t region) {
 std::string LoopbackIp() {
   static std::mt19937 rng{std::random_device{}()};
   for (int attempt = 0; attempt < 100; ++attempt) {
-    const std::string ip = absl::StrCat("127.", 1 + rng() % 250, ".", rng() % 256, ".",
-                                        1 + rng() % 254);
+    const std::string ip =
+        absl::StrCat("127.", 1 + rng() % 250, ".", rng() % 256, ".", 1 + rng() % 254);
     sockaddr_in addr{};
     addr.sin_family = AF_INET;
     addr.sin_port = htons(7070);

@@ -39,12 +39,12 @@ struct NetnsPair {
 
 // How an NsDaemon is configured (defaults: what fabric_netns_test uses).
 struct NsDaemonOptions {
-  int nics = 2;                       // fabric endpoints, all on the daemon's address
-  int port = 7070;                    // --tcp-listen port of this daemon
-  int peer_port = 7070;               // the peer's --tcp-listen port
-  uint64_t tile_bytes = 262144;       // --tile-bytes
-  uint64_t slot_bytes = 1048576;      // fabric.slot_bytes
-  uint32_t slots = 8;                 // fabric.slots
+  int nics = 2;                   // fabric endpoints, all on the daemon's address
+  int port = 7070;                // --tcp-listen port of this daemon
+  int peer_port = 7070;           // the peer's --tcp-listen port
+  uint64_t tile_bytes = 262144;   // --tile-bytes
+  uint64_t slot_bytes = 1048576;  // fabric.slot_bytes
+  uint32_t slots = 8;             // fabric.slots
   std::string log_level = "info";
   // mTLS between the daemons with a certificate from this CA for the node (CN = node id);
   // nullptr: --insecure-peers. Not owned.
@@ -91,8 +91,7 @@ struct NsDaemon {
   std::unique_ptr<client::Client> client;
 
   bool Start(const std::string& ns, const std::string& node, const std::string& ip,
-             const std::string& peer, const std::string& peer_ip,
-             const NsDaemonOptions& options);
+             const std::string& peer, const std::string& peer_ip, const NsDaemonOptions& options);
   bool Start(const std::string& ns, const std::string& node, const std::string& ip,
              const std::string& peer, const std::string& peer_ip, int nics) {
     NsDaemonOptions options;

@@ -10,10 +10,10 @@
 // No namespaces: every daemon listens on its own random 127.x.y.z address (netns.h LoopbackIp), so
 // it runs without root.
 #define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
+#include <grpcpp/grpcpp.h>
 #include <unistd.h>
 
-#include <grpcpp/grpcpp.h>
+#include <catch2/catch.hpp>
 
 #include "absl/time/clock.h"
 #include "proto/kvrail/v1/admin.grpc.pb.h"
@@ -87,7 +87,8 @@ TEST_CASE("no certificate, another CA's certificate and plaintext never reach th
   CHECK(PeerUp(pair.b, "a", absl::Seconds(5)));
 }
 
-TEST_CASE("a valid certificate for one node claiming another is PERMISSION_DENIED naming the field") {
+TEST_CASE(
+    "a valid certificate for one node claiming another is PERMISSION_DENIED naming the field") {
   TlsPair pair;
   REQUIRE(pair.ok);
   REQUIRE(PeerUp(pair.b, "a", absl::Seconds(10)));
@@ -142,8 +143,8 @@ TEST_CASE("a certificate with two CNs is refused, not read as its first") {
   REQUIRE(pair.ca.IssueSubject("two-cns", "/CN=a/CN=c").ok());
   auto peer = v1::Peer::NewStub(TlsChannel(pair.b_address(), pair.ca, "b", &pair.ca, "two-cns"));
   v1::HelloResponse hello;
-  CHECK(Says(peer->Hello(Context().get(), HelloAs("a"), &hello),
-             grpc::StatusCode::UNAUTHENTICATED, "certificate CN"));
+  CHECK(Says(peer->Hello(Context().get(), HelloAs("a"), &hello), grpc::StatusCode::UNAUTHENTICATED,
+             "certificate CN"));
   v1::HeartbeatRequest beat;
   beat.set_node_id("a");
   v1::HeartbeatResponse beat_answer;
@@ -199,8 +200,8 @@ TEST_CASE("peer RPCs over the unix socket are refused when peers use mTLS") {
   auto peer = v1::Peer::NewStub(
       grpc::CreateChannel("unix:" + pair.b.socket, grpc::InsecureChannelCredentials()));
   v1::HelloResponse hello;
-  CHECK(Says(peer->Hello(Context().get(), HelloAs("a"), &hello),
-             grpc::StatusCode::UNAUTHENTICATED, "certificate"));
+  CHECK(Says(peer->Hello(Context().get(), HelloAs("a"), &hello), grpc::StatusCode::UNAUTHENTICATED,
+             "certificate"));
   v1::BeginRemoteTransferRequest begin;
   begin.set_sender_node_id("a");
   v1::BeginRemoteTransferResponse begin_answer;
@@ -260,10 +261,9 @@ TEST_CASE("kvraild refuses tcp_listen without peer_tls, and warns with --insecur
   REQUIRE(ca.status().ok());
   auto issued = ca.Issue("solo");
   REQUIRE(issued.ok());
-  CommandResult unreadable =
-      RunCommand({bin, "--socket", socket, "--tcp-listen", address, "--peer-ca",
-                  dir.path() + "/missing.pem", "--peer-cert", issued->cert_file, "--peer-key",
-                  issued->key_file});
+  CommandResult unreadable = RunCommand({bin, "--socket", socket, "--tcp-listen", address,
+                                         "--peer-ca", dir.path() + "/missing.pem", "--peer-cert",
+                                         issued->cert_file, "--peer-key", issued->key_file});
   CHECK(unreadable.exit_code != 0);
   CHECK(unreadable.err.find("peer_tls.ca_file: cannot read") != std::string::npos);
   DaemonProcess insecure;

@@ -1,11 +1,12 @@
 #include "tests/ops/child_process.h"
 
-#include <catch2/catch.hpp>
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#include <catch2/catch.hpp>
 
 extern char** environ;
 

@@ -3,10 +3,10 @@
 // the transfers that end SUCCEEDED are whole and verified byte for byte, and only the rest fail.
 // Before, every transfer advanced in step (round robin) and all of them failed at the timeout.
 #define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
 #include <signal.h>
 
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <cstring>
 #include <thread>
 #include <vector>

@@ -11,10 +11,10 @@
 // not counts as failed), and each round's destination is copied back to the host to be checked.
 // kv_fixture uses Catch2 assertions in helpers this program never calls; link Catch2 itself.
 #define CATCH_CONFIG_RUNNER
-#include <catch2/catch.hpp>
 #include <poll.h>
 #include <unistd.h>
 
+#include <catch2/catch.hpp>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -106,8 +106,8 @@ int Main(int argc, char** argv) {
     std::memcpy(host_src->data(), pattern.data(), slot_bytes);
     dst_bytes = host_dst->data();
   } else {
-    auto src = RegisterCuda(**c, cuda_device, Layout(kBlocksPerTransfer), false,
-                            "hot-restart-gpu-source");
+    auto src =
+        RegisterCuda(**c, cuda_device, Layout(kBlocksPerTransfer), false, "hot-restart-gpu-source");
     auto dst = RegisterCuda(**c, cuda_device, Layout(kBlocksPerTransfer * batch), true,
                             "hot-restart-gpu-destination");
     if (!src.ok() || !dst.ok()) {
@@ -183,8 +183,8 @@ int Main(int argc, char** argv) {
   if (!after.ok()) std::fprintf(stderr, "GetStats: %s\n", after.status().ToString().c_str());
   if ((*c)->session_lost()) std::fprintf(stderr, "session lost\n");
   const bool lost = (*c)->session_lost() || !after.ok();
-  const bool lineage_kept = after.ok() && after->lineage_id() == before->lineage_id() &&
-                            !after->lineage_id().empty();
+  const bool lineage_kept =
+      after.ok() && after->lineage_id() == before->lineage_id() && !after->lineage_id().empty();
   const bool instance_changed = after.ok() && after->instance_id() != before->instance_id();
   std::cout << "DONE transfers=" << transfers << " failed=" << failed << " corrupt=" << corrupt
             << " lost=" << lost << " lineage_kept=" << lineage_kept

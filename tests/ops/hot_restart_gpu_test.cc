@@ -9,9 +9,9 @@
 // kvraild and hot_restart_client are found in the runfiles under Bazel, and beside this binary in
 // the GPU pack (bin/, tests/gpu/run.sh step "restart").
 #define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
 #include <signal.h>
 
+#include <catch2/catch.hpp>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -35,8 +35,9 @@ v1::Stats StatsOf(const std::string& socket) {
   return *stats;
 }
 
-TEST_CASE("GPU regions: a successor takes over while 96 GPU transfers from 3 processes are in "
-          "flight") {
+TEST_CASE(
+    "GPU regions: a successor takes over while 96 GPU transfers from 3 processes are in "
+    "flight") {
   if (!gpu_test::HaveGpus(1, client::CudaDeviceCount())) return;
   const std::vector<std::string> daemon_args = {"--cuda-engine", "required"};
   TempDir dir;
@@ -50,9 +51,9 @@ TEST_CASE("GPU regions: a successor takes over while 96 GPU transfers from 3 pro
   const std::string client_path = RunfilePath("tests/ops/hot_restart_client");
   std::vector<std::unique_ptr<ChildProcess>> clients;
   for (int i = 0; i < kClients; ++i) {
-    clients.push_back(std::make_unique<ChildProcess>(std::vector<std::string>{
-        client_path, old_daemon.socket(), std::to_string(kBatch), std::to_string(i + 1),
-        "--cuda-device", "0"}));
+    clients.push_back(std::make_unique<ChildProcess>(
+        std::vector<std::string>{client_path, old_daemon.socket(), std::to_string(kBatch),
+                                 std::to_string(i + 1), "--cuda-device", "0"}));
   }
   for (auto& c : clients) {
     INFO(old_daemon.ReadLog());
@@ -92,9 +93,10 @@ TEST_CASE("GPU regions: a successor takes over while 96 GPU transfers from 3 pro
   CHECK(after.instance_id() != before.instance_id());
   CHECK(after.lineage_id() == before.lineage_id());
   CHECK(after.transfers_failed() == 0);
-  std::printf("hot restart with GPU regions: successor start to predecessor exit %s; %llu "
-              "transfers, 0 failed\n",
-              absl::FormatDuration(took).c_str(), static_cast<unsigned long long>(transfers));
+  std::printf(
+      "hot restart with GPU regions: successor start to predecessor exit %s; %llu "
+      "transfers, 0 failed\n",
+      absl::FormatDuration(took).c_str(), static_cast<unsigned long long>(transfers));
   CHECK(successor.Stop(SIGTERM) == 0);
 }
 

@@ -4,7 +4,6 @@
 // successor that cannot start leaves the old daemon serving; a handover socket of another uid is
 // refused. Real processes, host engine, a temporary folder.
 #define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -14,6 +13,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <catch2/catch.hpp>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -43,11 +43,12 @@ struct Pair {
 };
 
 Pair MakePair(client::Client& c) {
-  const auto layout = MakeLayout(1, 1, 8, 16, 8, 128, v1::DTYPE_BF16,
-                                 v1::LAYOUT_ORDER_LAYER_PART_BLOCK_NHD);
+  const auto layout =
+      MakeLayout(1, 1, 8, 16, 8, 128, v1::DTYPE_BF16, v1::LAYOUT_ORDER_LAYER_PART_BLOCK_NHD);
   Pool src = MakePool(c, layout, false, "src");
   Pool dst = MakePool(c, layout, true, "dst");
-  for (size_t i = 0; i < src.buffer->size(); ++i) src.buffer->data()[i] = static_cast<uint8_t>(i * 7);
+  for (size_t i = 0; i < src.buffer->size(); ++i)
+    src.buffer->data()[i] = static_cast<uint8_t>(i * 7);
   Pair pair;
   pair.src_id = src.id();
   pair.dst_id = dst.id();
@@ -76,9 +77,9 @@ TEST_CASE("a successor takes over while 150 transfers from 3 processes are in fl
   constexpr int kBatch = 50;  // in flight per client: 150 in all
   std::vector<std::unique_ptr<ChildProcess>> clients;
   for (int i = 0; i < kClients; ++i) {
-    clients.push_back(std::make_unique<ChildProcess>(std::vector<std::string>{
-        RunfilePath("tests/ops/hot_restart_client"), old_daemon.socket(),
-        std::to_string(kBatch), std::to_string(i + 1)}));
+    clients.push_back(std::make_unique<ChildProcess>(
+        std::vector<std::string>{RunfilePath("tests/ops/hot_restart_client"), old_daemon.socket(),
+                                 std::to_string(kBatch), std::to_string(i + 1)}));
   }
   for (auto& c : clients) REQUIRE(c->ReadLine() == "READY");  // each has its first 50 submitted
 
@@ -126,16 +127,17 @@ TEST_CASE("a successor takes over while 150 transfers from 3 processes are in fl
                ? t
                : absl::InfinitePast();
   };
-  const absl::Duration pause =
-      time_of("the successor serves now") - time_of("a successor asks");
-  std::printf("hot restart: pause %s (predecessor paused to successor serving); successor start "
-              "to predecessor exit %s; %llu transfers, 0 failed\n",
-              absl::FormatDuration(pause).c_str(), absl::FormatDuration(took).c_str(),
-              static_cast<unsigned long long>(transfers));
+  const absl::Duration pause = time_of("the successor serves now") - time_of("a successor asks");
+  std::printf(
+      "hot restart: pause %s (predecessor paused to successor serving); successor start "
+      "to predecessor exit %s; %llu transfers, 0 failed\n",
+      absl::FormatDuration(pause).c_str(), absl::FormatDuration(took).c_str(),
+      static_cast<unsigned long long>(transfers));
   CHECK(successor.Stop(SIGTERM) == 0);
 }
 
-TEST_CASE("a successor that fails to start leaves the old daemon serving; the next one takes over") {
+TEST_CASE(
+    "a successor that fails to start leaves the old daemon serving; the next one takes over") {
   TempDir dir;
   DaemonProcess old_daemon;
   REQUIRE(old_daemon.Start(dir.path()));
@@ -159,10 +161,10 @@ TEST_CASE("a successor that fails to start leaves the old daemon serving; the ne
   const std::string port = std::to_string(ntohs(addr.sin_port));
   {
     DaemonProcess failing;
-    CHECK_FALSE(failing.Start(dir.path(),
-                              {"--take-over", "auto", "--tcp-listen", "127.0.0.1:" + port,
-                               "--insecure-peers"},
-                              true, "failing.log", 30000));
+    CHECK_FALSE(failing.Start(
+        dir.path(),
+        {"--take-over", "auto", "--tcp-listen", "127.0.0.1:" + port, "--insecure-peers"}, true,
+        "failing.log", 30000));
     INFO(failing.ReadLog());
     CHECK(failing.ReadLog().find("could not bind") != std::string::npos);
     CHECK(failing.ReadLog().find("take_over: committed") == std::string::npos);

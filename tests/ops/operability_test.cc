@@ -3,9 +3,9 @@
 // warning and the kvrail_cuda_gpus gauge shows 0; `--check-config` validates a file naming the
 // field; a client-supplied region name cannot forge a log line.
 #define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
 #include <signal.h>
 
+#include <catch2/catch.hpp>
 #include <fstream>
 #include <regex>
 #include <sstream>

@@ -55,81 +55,95 @@ bool EvalUnderMutex(void* arg) {
 }  // namespace
 
 // Each wrapper: a declaration giving it the library symbol's name, then its body.
-#define KVRAIL_SHIM(ret, wrapper, sym, params, args, before, after)              \
-  ret wrapper params __asm__(sym);                                                \
-  ret wrapper params {                                                            \
-    using Fn = ret(*) params;                                                     \
-    static const Fn real = reinterpret_cast<Fn>(Real(sym));                       \
-    before;                                                                       \
-    ret r = real args;                                                            \
-    after;                                                                        \
-    return r;                                                                     \
+#define KVRAIL_SHIM(ret, wrapper, sym, params, args, before, after) \
+  ret wrapper params __asm__(sym);                                  \
+  ret wrapper params {                                              \
+    using Fn = ret(*) params;                                       \
+    static const Fn real = reinterpret_cast<Fn>(Real(sym));         \
+    before;                                                         \
+    ret r = real args;                                              \
+    after;                                                          \
+    return r;                                                       \
   }
-#define KVRAIL_SHIM_VOID(wrapper, sym, params, args, before, after)              \
-  void wrapper params __asm__(sym);                                               \
-  void wrapper params {                                                           \
-    using Fn = void (*) params;                                                   \
-    static const Fn real = reinterpret_cast<Fn>(Real(sym));                       \
-    before;                                                                       \
-    real args;                                                                    \
-    after;                                                                        \
+#define KVRAIL_SHIM_VOID(wrapper, sym, params, args, before, after) \
+  void wrapper params __asm__(sym);                                 \
+  void wrapper params {                                             \
+    using Fn = void(*) params;                                      \
+    static const Fn real = reinterpret_cast<Fn>(Real(sym));         \
+    before;                                                         \
+    real args;                                                      \
+    after;                                                          \
   }
 
 #define NOTHING (void)0
 
 // Mutex: locks acquire, unlocks release; a failed try-lock acquires nothing.
-KVRAIL_SHIM_VOID(ShimLock, "_ZN4absl7debian35Mutex4LockEv", (M* m), (m), NOTHING, __tsan_acquire(m))
-KVRAIL_SHIM_VOID(ShimReaderLock, "_ZN4absl7debian35Mutex10ReaderLockEv", (M* m), (m), NOTHING,
+KVRAIL_SHIM_VOID(ShimLock, "_ZN4absl7debian35Mutex4LockEv", (M * m), (m), NOTHING,
                  __tsan_acquire(m))
-KVRAIL_SHIM_VOID(ShimUnlock, "_ZN4absl7debian35Mutex6UnlockEv", (M* m), (m), __tsan_release(m), NOTHING)
-KVRAIL_SHIM_VOID(ShimReaderUnlock, "_ZN4absl7debian35Mutex12ReaderUnlockEv", (M* m), (m),
+KVRAIL_SHIM_VOID(ShimReaderLock, "_ZN4absl7debian35Mutex10ReaderLockEv", (M * m), (m), NOTHING,
+                 __tsan_acquire(m))
+KVRAIL_SHIM_VOID(ShimUnlock, "_ZN4absl7debian35Mutex6UnlockEv", (M * m), (m), __tsan_release(m),
+                 NOTHING)
+KVRAIL_SHIM_VOID(ShimReaderUnlock, "_ZN4absl7debian35Mutex12ReaderUnlockEv", (M * m), (m),
                  __tsan_release(m), NOTHING)
-KVRAIL_SHIM(bool, ShimTryLock, "_ZN4absl7debian35Mutex7TryLockEv", (M* m), (m), NOTHING,
+KVRAIL_SHIM(bool, ShimTryLock, "_ZN4absl7debian35Mutex7TryLockEv", (M * m), (m), NOTHING,
             if (r) __tsan_acquire(m))
-KVRAIL_SHIM(bool, ShimReaderTryLock, "_ZN4absl7debian35Mutex13ReaderTryLockEv", (M* m), (m), NOTHING,
-            if (r) __tsan_acquire(m))
+KVRAIL_SHIM(bool, ShimReaderTryLock, "_ZN4absl7debian35Mutex13ReaderTryLockEv", (M * m), (m),
+            NOTHING, if (r) __tsan_acquire(m))
 KVRAIL_SHIM_VOID(ShimLockWhen, "_ZN4absl7debian35Mutex8LockWhenERKNS0_9ConditionE",
-                 (M* m, const C& c), (m, C(&EvalUnderMutex, &w)), Wrapped w = Wrap(c, m), __tsan_acquire(m))
+                 (M * m, const C& c), (m, C(&EvalUnderMutex, &w)), Wrapped w = Wrap(c, m),
+                 __tsan_acquire(m))
 KVRAIL_SHIM_VOID(ShimReaderLockWhen, "_ZN4absl7debian35Mutex14ReaderLockWhenERKNS0_9ConditionE",
-                 (M* m, const C& c), (m, C(&EvalUnderMutex, &w)), Wrapped w = Wrap(c, m), __tsan_acquire(m))
+                 (M * m, const C& c), (m, C(&EvalUnderMutex, &w)), Wrapped w = Wrap(c, m),
+                 __tsan_acquire(m))
 KVRAIL_SHIM(bool, ShimLockWhenWithTimeout,
             "_ZN4absl7debian35Mutex19LockWhenWithTimeoutERKNS0_9ConditionENS0_8DurationE",
-            (M* m, const C& c, absl::Duration d), (m, C(&EvalUnderMutex, &w), d), Wrapped w = Wrap(c, m), __tsan_acquire(m))
+            (M * m, const C& c, absl::Duration d), (m, C(&EvalUnderMutex, &w), d),
+            Wrapped w = Wrap(c, m), __tsan_acquire(m))
 KVRAIL_SHIM(bool, ShimLockWhenWithDeadline,
             "_ZN4absl7debian35Mutex20LockWhenWithDeadlineERKNS0_9ConditionENS0_4TimeE",
-            (M* m, const C& c, absl::Time t), (m, C(&EvalUnderMutex, &w), t), Wrapped w = Wrap(c, m), __tsan_acquire(m))
+            (M * m, const C& c, absl::Time t), (m, C(&EvalUnderMutex, &w), t),
+            Wrapped w = Wrap(c, m), __tsan_acquire(m))
 KVRAIL_SHIM(bool, ShimReaderLockWhenWithTimeout,
             "_ZN4absl7debian35Mutex25ReaderLockWhenWithTimeoutERKNS0_9ConditionENS0_8DurationE",
-            (M* m, const C& c, absl::Duration d), (m, C(&EvalUnderMutex, &w), d), Wrapped w = Wrap(c, m), __tsan_acquire(m))
+            (M * m, const C& c, absl::Duration d), (m, C(&EvalUnderMutex, &w), d),
+            Wrapped w = Wrap(c, m), __tsan_acquire(m))
 KVRAIL_SHIM(bool, ShimReaderLockWhenWithDeadline,
             "_ZN4absl7debian35Mutex26ReaderLockWhenWithDeadlineERKNS0_9ConditionENS0_4TimeE",
-            (M* m, const C& c, absl::Time t), (m, C(&EvalUnderMutex, &w), t), Wrapped w = Wrap(c, m), __tsan_acquire(m))
+            (M * m, const C& c, absl::Time t), (m, C(&EvalUnderMutex, &w), t),
+            Wrapped w = Wrap(c, m), __tsan_acquire(m))
 // Await: the mutex is released while waiting and held again on return.
-KVRAIL_SHIM_VOID(ShimAwait, "_ZN4absl7debian35Mutex5AwaitERKNS0_9ConditionE", (M* m, const C& c),
-                 (m, C(&EvalUnderMutex, &w)), Wrapped w = Wrap(c, m); __tsan_release(m), __tsan_acquire(m))
+KVRAIL_SHIM_VOID(ShimAwait, "_ZN4absl7debian35Mutex5AwaitERKNS0_9ConditionE", (M * m, const C& c),
+                 (m, C(&EvalUnderMutex, &w)), Wrapped w = Wrap(c, m);
+                 __tsan_release(m), __tsan_acquire(m))
 KVRAIL_SHIM(bool, ShimAwaitWithTimeout,
             "_ZN4absl7debian35Mutex16AwaitWithTimeoutERKNS0_9ConditionENS0_8DurationE",
-            (M* m, const C& c, absl::Duration d), (m, C(&EvalUnderMutex, &w), d), Wrapped w = Wrap(c, m); __tsan_release(m), __tsan_acquire(m))
+            (M * m, const C& c, absl::Duration d), (m, C(&EvalUnderMutex, &w), d),
+            Wrapped w = Wrap(c, m);
+            __tsan_release(m), __tsan_acquire(m))
 KVRAIL_SHIM(bool, ShimAwaitWithDeadline,
             "_ZN4absl7debian35Mutex17AwaitWithDeadlineERKNS0_9ConditionENS0_4TimeE",
-            (M* m, const C& c, absl::Time t), (m, C(&EvalUnderMutex, &w), t), Wrapped w = Wrap(c, m); __tsan_release(m), __tsan_acquire(m))
+            (M * m, const C& c, absl::Time t), (m, C(&EvalUnderMutex, &w), t),
+            Wrapped w = Wrap(c, m);
+            __tsan_release(m), __tsan_acquire(m))
 // CondVar::Wait(mu): releases mu while waiting, holds it again on return.
-KVRAIL_SHIM_VOID(ShimCvWait, "_ZN4absl7debian37CondVar4WaitEPNS0_5MutexE", (CV* cv, M* m), (cv, m),
+KVRAIL_SHIM_VOID(ShimCvWait, "_ZN4absl7debian37CondVar4WaitEPNS0_5MutexE", (CV * cv, M* m), (cv, m),
                  __tsan_release(m), __tsan_acquire(m))
 KVRAIL_SHIM(bool, ShimCvWaitWithTimeout,
             "_ZN4absl7debian37CondVar15WaitWithTimeoutEPNS0_5MutexENS0_8DurationE",
-            (CV* cv, M* m, absl::Duration d), (cv, m, d), __tsan_release(m), __tsan_acquire(m))
+            (CV * cv, M* m, absl::Duration d), (cv, m, d), __tsan_release(m), __tsan_acquire(m))
 KVRAIL_SHIM(bool, ShimCvWaitWithDeadline,
             "_ZN4absl7debian37CondVar16WaitWithDeadlineEPNS0_5MutexENS0_4TimeE",
-            (CV* cv, M* m, absl::Time t), (cv, m, t), __tsan_release(m), __tsan_acquire(m))
+            (CV * cv, M* m, absl::Time t), (cv, m, t), __tsan_release(m), __tsan_acquire(m))
 // Notification: Notify releases; a wait that saw the notification acquires.
-KVRAIL_SHIM_VOID(ShimNotify, "_ZN4absl7debian312Notification6NotifyEv", (N* n), (n), __tsan_release(n),
-                 NOTHING)
+KVRAIL_SHIM_VOID(ShimNotify, "_ZN4absl7debian312Notification6NotifyEv", (N * n), (n),
+                 __tsan_release(n), NOTHING)
 KVRAIL_SHIM_VOID(ShimWaitForNotification, "_ZNK4absl7debian312Notification19WaitForNotificationEv",
                  (const N* n), (n), NOTHING, __tsan_acquire(const_cast<N*>(n)))
 KVRAIL_SHIM(bool, ShimWaitForNotificationWithTimeout,
             "_ZNK4absl7debian312Notification30WaitForNotificationWithTimeoutENS0_8DurationE",
-            (const N* n, absl::Duration d), (n, d), NOTHING, if (r) __tsan_acquire(const_cast<N*>(n)))
+            (const N* n, absl::Duration d), (n, d), NOTHING,
+            if (r) __tsan_acquire(const_cast<N*>(n)))
 KVRAIL_SHIM(bool, ShimWaitForNotificationWithDeadline,
             "_ZNK4absl7debian312Notification31WaitForNotificationWithDeadlineENS0_4TimeE",
             (const N* n, absl::Time t), (n, t), NOTHING, if (r) __tsan_acquire(const_cast<N*>(n)))

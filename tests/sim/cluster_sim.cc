@@ -54,9 +54,10 @@ absl::StatusOr<Workload> WorkloadFromCsv(const std::string& text) {
     if (f.size() != 2 || !absl::SimpleAtod(f[0], &r.arrival_s) ||
         !absl::SimpleAtoi(f[1], &r.prompt_tokens) || r.prompt_tokens == 0 ||
         (!w.requests.empty() && r.arrival_s < w.requests.back().arrival_s)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "workload line ", line_no, ": want 'arrival_s,prompt_tokens' with non-decreasing "
-          "arrivals and tokens > 0"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("workload line ", line_no,
+                       ": want 'arrival_s,prompt_tokens' with non-decreasing "
+                       "arrivals and tokens > 0"));
     }
     w.requests.push_back(r);
   }
@@ -206,7 +207,7 @@ class Simulation {
   std::priority_queue<Event, std::vector<Event>, std::greater<Event>> queue_;
   uint64_t seq_ = 0;
   std::vector<Link> egress_, ingress_, nvlink_;
-  std::vector<Engine> engines_;                          // per node x GPU
+  std::vector<Engine> engines_;  // per node x GPU
   std::vector<Instance> prefills_;
   std::vector<std::pair<int, int>> decodes_;  // (node, first GPU)
   size_t next_decode_ = 0;
@@ -225,12 +226,12 @@ absl::Status Simulation::Check() {
   if (c_.prefill_nodes < 1 || c_.prefill_nodes >= c_.nodes) {
     return absl::InvalidArgumentError("prefill_nodes: in [1, nodes)");
   }
-  for (auto [name, tp] : {std::pair<const char*, int>{"prefill_tp", c_.prefill_tp},
-                          {"decode_tp", c_.decode_tp}}) {
+  for (auto [name, tp] :
+       {std::pair<const char*, int>{"prefill_tp", c_.prefill_tp}, {"decode_tp", c_.decode_tp}}) {
     if (tp < 1 || g % tp != 0 || c_.model.kv_heads % tp != 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          name, ": ", tp, " must divide the node's ", g, " GPUs and the model's ",
-          c_.model.kv_heads, " KV heads"));
+      return absl::InvalidArgumentError(absl::StrCat(name, ": ", tp, " must divide the node's ", g,
+                                                     " GPUs and the model's ", c_.model.kv_heads,
+                                                     " KV heads"));
     }
   }
   if (c_.model.dtype_bytes != 1 && c_.model.dtype_bytes != 2 && c_.model.dtype_bytes != 4) {
@@ -254,8 +255,9 @@ absl::StatusOr<planner::RegionView> Region(const ModelShape& m, int tp, bool wri
   p.set_tokens_per_block(m.tokens_per_block);
   p.set_num_heads(m.kv_heads / tp);
   p.set_head_dim(m.head_dim);
-  p.set_dtype(m.dtype_bytes == 1 ? v1::DTYPE_FP8_E4M3
-                                  : m.dtype_bytes == 4 ? v1::DTYPE_FP32 : v1::DTYPE_BF16);
+  p.set_dtype(m.dtype_bytes == 1   ? v1::DTYPE_FP8_E4M3
+              : m.dtype_bytes == 4 ? v1::DTYPE_FP32
+                                   : v1::DTYPE_BF16);
   p.set_order(v1::LAYOUT_ORDER_LAYER_PART_BLOCK_NHD);
   const uint64_t size = uint64_t{1} << 44;
   KVRAIL_ASSIGN_OR_RETURN(planner::KvLayout layout,
@@ -300,8 +302,8 @@ absl::StatusOr<SimReport> Simulation::Run() {
           if (prefills_[i].free_at < prefills_[best].free_at) best = static_cast<int>(i);
         }
         Instance& inst = prefills_[best];
-        const double service = c_.prefill_overhead_s +
-                               w_.requests[e.a].prompt_tokens / c_.prefill_tokens_per_s;
+        const double service =
+            c_.prefill_overhead_s + w_.requests[e.a].prompt_tokens / c_.prefill_tokens_per_s;
         Req& req = reqs_[e.a];
         req.prefill = best;
         req.prefill_start = std::max(now, inst.free_at);
@@ -359,7 +361,8 @@ absl::StatusOr<SimReport> Simulation::Run() {
     double mean = 0;
     for (uint64_t b : report_.rail_bytes) mean += static_cast<double>(b);
     mean /= report_.rail_bytes.size();
-    report_.rail_spread = mean > 0 ? (static_cast<double>(*hi) - static_cast<double>(*lo)) / mean : 0;
+    report_.rail_spread =
+        mean > 0 ? (static_cast<double>(*hi) - static_cast<double>(*lo)) / mean : 0;
   }
   sum = 0;
   for (const Instance& i : prefills_) sum += now > 0 ? i.busy / now : 0;
@@ -402,7 +405,8 @@ absl::Status Simulation::StartPrefill(int r, double now) {
       spec.set_layerwise(true);
       take_blocks(inst.node, sgpu, spec.mutable_src());
       take_blocks(dnode, dgpu, spec.mutable_dst());
-      absl::StatusOr<planner::Plan> plan = planner::MakePlan(spec, src_region_, dst_region_, options);
+      absl::StatusOr<planner::Plan> plan =
+          planner::MakePlan(spec, src_region_, dst_region_, options);
       if (!plan.ok()) return plan.status();
       auto job = std::make_shared<SimJob>(*std::move(plan));
       job->request = r;
@@ -421,10 +425,14 @@ absl::Status Simulation::StartPrefill(int r, double now) {
       }
       scheduler::RailOptions ro = c_.routing;
       ro.bytes = job->plan().bytes_total();
-      KVRAIL_ASSIGN_OR_RETURN(job->route, scheduler::ChooseRailRoute(node_, sgpu, node_, dgpu, load, ro));
+      KVRAIL_ASSIGN_OR_RETURN(job->route,
+                              scheduler::ChooseRailRoute(node_, sgpu, node_, dgpu, load, ro));
       const RailRoute& route = job->route;
       job->striper = scheduler::LaneStriper(route);
-      if (route.path == v1::PATH_HIERARCHICAL) ++report_.routes_hierarchical; else ++report_.routes_fabric;
+      if (route.path == v1::PATH_HIERARCHICAL)
+        ++report_.routes_hierarchical;
+      else
+        ++report_.routes_fabric;
       report_.routes_cross_rail += route.cross_rail;
       if (examples_ < 6 && (examples_ < 3 || route.path == v1::PATH_HIERARCHICAL)) {
         ++examples_;

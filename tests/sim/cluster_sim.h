@@ -86,12 +86,12 @@ struct SimReport {
   uint64_t requests = 0, completed = 0;
   uint64_t transfers = 0, tiles = 0, events = 0;
   uint64_t routes_fabric = 0, routes_hierarchical = 0, routes_cross_rail = 0;
-  uint64_t bytes_planned = 0;   // sum of the plans' bytes_total
+  uint64_t bytes_planned = 0;     // sum of the plans' bytes_total
   uint64_t bytes_tiles_done = 0;  // sum of finished tiles' bytes
-  uint64_t bytes_egress = 0;    // over all NIC egress links
-  uint64_t bytes_ingress = 0;   // over all NIC ingress links
-  uint64_t bytes_nvlink = 0;    // over NVLink relay hops
-  double sim_seconds = 0;       // clock at the last event
+  uint64_t bytes_egress = 0;      // over all NIC egress links
+  uint64_t bytes_ingress = 0;     // over all NIC ingress links
+  uint64_t bytes_nvlink = 0;      // over NVLink relay hops
+  double sim_seconds = 0;         // clock at the last event
   double wall_seconds = 0;
   std::vector<uint64_t> rail_bytes;  // egress bytes per rail, whole cluster
   double rail_spread = 0;            // (max - min) / mean over rails
@@ -100,8 +100,8 @@ struct SimReport {
   double egress_util_mean = 0, egress_util_max = 0;
   double ingress_util_mean = 0, ingress_util_max = 0;
   double prefill_util_mean = 0;  // prefill instances' busy fraction
-  Percentiles transfer_s;  // per GPU-to-GPU transfer: created (prefill start) to last tile landed
-  Percentiles handover_s;  // per request: prefill end (last layer produced) to last tile landed
+  Percentiles transfer_s;   // per GPU-to-GPU transfer: created (prefill start) to last tile landed
+  Percentiles handover_s;   // per request: prefill end (last layer produced) to last tile landed
   Percentiles tile_wait_s;  // per tile: produced to on the wire
   std::string example_routes;  // a few routes' reasons, for people
 };

@@ -3,11 +3,11 @@
 // exactly when the decode side's tensor parallelism moves heads across rails, and the run is
 // deterministic.
 #define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
+#include "tests/sim/cluster_sim.h"
 
+#include <catch2/catch.hpp>
 #include <string>
 
-#include "tests/sim/cluster_sim.h"
 #include "topology/topology.h"
 
 namespace kvrail::sim {

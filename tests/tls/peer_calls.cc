@@ -1,7 +1,6 @@
 #include "tests/tls/peer_calls.h"
 
 #include <catch2/catch.hpp>
-
 #include <chrono>
 #include <fstream>
 #include <iterator>

@@ -16,8 +16,8 @@ absl::Status OpenSsl(const std::vector<std::string>& args) {
   argv.insert(argv.end(), args.begin(), args.end());
   const CommandResult result = RunCommand(argv);
   if (result.exit_code == 0) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat(absl::StrJoin(argv, " "), " exited ", result.exit_code,
-                                          ": ", result.err));
+  return absl::InternalError(
+      absl::StrCat(absl::StrJoin(argv, " "), " exited ", result.exit_code, ": ", result.err));
 }
 
 }  // namespace
@@ -53,10 +53,9 @@ absl::StatusOr<TestCa::Issued> TestCa::IssueSubject(const std::string& name,
   issued.key_file = absl::StrCat(dir_.path(), "/", name, ".key");
   if (::access(issued.cert_file.c_str(), R_OK) == 0) return issued;
   const std::string csr = absl::StrCat(dir_.path(), "/", name, ".csr");
-  absl::Status made =
-      OpenSsl({"req", "-new", "-config", config_, "-newkey", "ec", "-pkeyopt",
-               "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", issued.key_file, "-out", csr,
-               "-subj", subject});
+  absl::Status made = OpenSsl({"req", "-new", "-config", config_, "-newkey", "ec", "-pkeyopt",
+                               "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", issued.key_file,
+                               "-out", csr, "-subj", subject});
   if (!made.ok()) return made;
   made = OpenSsl({"x509", "-req", "-in", csr, "-CA", ca_file_, "-CAkey", ca_key_, "-set_serial",
                   std::to_string(++serial_), "-out", issued.cert_file, "-days", "2", "-extfile",

@@ -4,11 +4,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <cerrno>
-#include <cstdlib>
-
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstdlib>
 #include <utility>
 
 #include "absl/strings/ascii.h"
@@ -231,8 +230,9 @@ absl::StatusOr<uint64_t> MatchTransferId(absl::string_view text,
     return newest_first.front();
   }
   if (text.empty() || text.find_first_not_of("0123456789") != absl::string_view::npos) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "transfer id: '", text, "' is neither a transfer id (or a unique prefix of one) nor 'last'"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("transfer id: '", text,
+                     "' is neither a transfer id (or a unique prefix of one) nor 'last'"));
   }
   std::vector<uint64_t> matches;
   for (uint64_t id : newest_first) {
@@ -267,12 +267,21 @@ std::string ColourState(v1::TransferState state, const std::string& text, bool c
   if (!colour) return text;
   const char* code = nullptr;
   switch (state) {
-    case v1::TRANSFER_STATE_SUCCEEDED: code = "32"; break;
-    case v1::TRANSFER_STATE_FAILED: code = "31"; break;
+    case v1::TRANSFER_STATE_SUCCEEDED:
+      code = "32";
+      break;
+    case v1::TRANSFER_STATE_FAILED:
+      code = "31";
+      break;
     case v1::TRANSFER_STATE_RUNNING:
-    case v1::TRANSFER_STATE_QUEUED: code = "33"; break;
-    case v1::TRANSFER_STATE_CANCELLED: code = "2"; break;
-    default: return text;
+    case v1::TRANSFER_STATE_QUEUED:
+      code = "33";
+      break;
+    case v1::TRANSFER_STATE_CANCELLED:
+      code = "2";
+      break;
+    default:
+      return text;
   }
   return absl::StrCat("\x1b[", code, "m", text, "\x1b[0m");
 }
@@ -333,8 +342,9 @@ std::string PermissionHint(const std::string& path, const std::string& group, un
                            unsigned mode) {
   const std::string name = group.empty() ? absl::StrCat(gid) : group;
   return absl::StrCat("permission denied on ", path, " (group ", name, ", mode ",
-                      absl::StrFormat("%04o", mode & 07777), "): join the socket's group: `sudo usermod -aG ",
-                      name, " $USER`, then log in again (or run `newgrp ", name, "`)");
+                      absl::StrFormat("%04o", mode & 07777),
+                      "): join the socket's group: `sudo usermod -aG ", name,
+                      " $USER`, then log in again (or run `newgrp ", name, "`)");
 }
 
 std::string SocketPermissionProblem(const std::string& target) {

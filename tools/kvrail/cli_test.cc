@@ -1,14 +1,13 @@
 #define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
-
+#include <grp.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
-#include <grp.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -195,9 +194,10 @@ TEST_CASE("top: sparklines scale to the window's peak; idle frames are blank") {
 
 TEST_CASE("permission denied names the group to join") {
   const std::string hint = PermissionHint("/run/kvrail/kvrail.sock", "kvrail", 990, 0140660);
-  CHECK(hint == "permission denied on /run/kvrail/kvrail.sock (group kvrail, mode 0660): join the "
-                "socket's group: `sudo usermod -aG kvrail $USER`, then log in again (or run "
-                "`newgrp kvrail`)");
+  CHECK(hint ==
+        "permission denied on /run/kvrail/kvrail.sock (group kvrail, mode 0660): join the "
+        "socket's group: `sudo usermod -aG kvrail $USER`, then log in again (or run "
+        "`newgrp kvrail`)");
   CHECK(PermissionHint("/s", "", 4242, 0660).find("group 4242") != std::string::npos);
   // Not a socket, not a path, or reachable: nothing to say.
   CHECK(SocketPermissionProblem("/nonexistent/kvrail.sock").empty());

@@ -27,8 +27,8 @@ struct Frame {
   v1::Stats stats;
   // Per path: GB/s of the last minute's frames, oldest first (sparklines on a terminal).
   std::map<std::string, std::deque<double>> history;
-  std::map<std::string, double> gbps_by_path;      // path name -> GB/s over the last interval
-  std::map<std::string, int> transfers_by_path;    // active transfers per path
+  std::map<std::string, double> gbps_by_path;    // path name -> GB/s over the last interval
+  std::map<std::string, int> transfers_by_path;  // active transfers per path
   std::vector<std::pair<double, v1::TransferStatus>> busiest;  // (GB/s, status)
   char sort = 'r';
 };
@@ -92,15 +92,17 @@ void Print(const Frame& f, bool json, bool tty) {
   }
   absl::StrAppend(&out, "\n\nENGINES\n");
   for (const auto& e : s.engines()) absl::StrAppend(&out, "  ", e, "\n");
-  absl::StrAppend(&out, "\n", absl::StrFormat("%-18s %-10s %-12s %-22s %8s   sorted by %s%s\n",
-                                             "TRANSFER", "PRIO", "PATH", "DONE", "GB/s",
-                                             TopSortName(f.sort),
-                                             tty ? " (keys: r rate, b bytes, l left, i id, p priority, q quit)" : ""));
+  absl::StrAppend(
+      &out, "\n",
+      absl::StrFormat("%-18s %-10s %-12s %-22s %8s   sorted by %s%s\n", "TRANSFER", "PRIO", "PATH",
+                      "DONE", "GB/s", TopSortName(f.sort),
+                      tty ? " (keys: r rate, b bytes, l left, i id, p priority, q quit)" : ""));
   for (const auto& [gbps, t] : f.busiest) {
-    absl::StrAppend(&out, absl::StrFormat("%-18d %-10s %-12s %-22s %8.2f\n", t.transfer_id(),
-                                          PriorityName(t.spec().priority()), PathName(t.path()),
-                                          HumanBytes(t.bytes_done()) + "/" + HumanBytes(t.bytes_total()),
-                                          gbps));
+    absl::StrAppend(
+        &out,
+        absl::StrFormat("%-18d %-10s %-12s %-22s %8.2f\n", t.transfer_id(),
+                        PriorityName(t.spec().priority()), PathName(t.path()),
+                        HumanBytes(t.bytes_done()) + "/" + HumanBytes(t.bytes_total()), gbps));
   }
   std::cout << out << std::flush;
 }
@@ -109,12 +111,18 @@ void Print(const Frame& f, bool json, bool tty) {
 
 std::string TopSortName(char key) {
   switch (key) {
-    case 'r': return "rate";
-    case 'b': return "bytes";
-    case 'l': return "left";
-    case 'i': return "id";
-    case 'p': return "priority";
-    default: return "";
+    case 'r':
+      return "rate";
+    case 'b':
+      return "bytes";
+    case 'l':
+      return "left";
+    case 'i':
+      return "id";
+    case 'p':
+      return "priority";
+    default:
+      return "";
   }
 }
 
@@ -125,7 +133,8 @@ bool SortTopRows(char key, std::vector<std::pair<double, v1::TransferStatus>>* r
   };
   switch (key) {
     case 'r':
-      std::stable_sort(rows->begin(), rows->end(), [](const Row& a, const Row& b) { return a.first > b.first; });
+      std::stable_sort(rows->begin(), rows->end(),
+                       [](const Row& a, const Row& b) { return a.first > b.first; });
       return true;
     case 'b':
       std::stable_sort(rows->begin(), rows->end(), [](const Row& a, const Row& b) {
@@ -219,7 +228,8 @@ int RunTop(Client& client, bool json, uint32_t interval_ms, uint32_t iterations,
     auto stats = client.GetStats();
     auto transfers = client.ListTransfers({}, 500);
     if (!stats.ok() || !transfers.ok()) {
-      std::cerr << "kvrail: " << (stats.ok() ? transfers.status() : stats.status()).ToString() << "\n";
+      std::cerr << "kvrail: " << (stats.ok() ? transfers.status() : stats.status()).ToString()
+                << "\n";
       return 1;
     }
     const absl::Time now = absl::Now();
@@ -228,11 +238,14 @@ int RunTop(Client& client, bool json, uint32_t interval_ms, uint32_t iterations,
     absl::flat_hash_map<uint64_t, uint64_t> seen;
     for (const v1::TransferStatus& t : transfers->transfers()) {
       seen[t.transfer_id()] = t.bytes_done();
-      const bool active = t.state() == v1::TRANSFER_STATE_QUEUED || t.state() == v1::TRANSFER_STATE_RUNNING;
+      const bool active =
+          t.state() == v1::TRANSFER_STATE_QUEUED || t.state() == v1::TRANSFER_STATE_RUNNING;
       auto prev = last_bytes.find(t.transfer_id());
       // Transfers first seen count from zero only when they started within the interval.
-      const uint64_t before = prev != last_bytes.end() ? prev->second : (first ? t.bytes_done() : 0);
-      const double gbps = static_cast<double>(t.bytes_done() - std::min(before, t.bytes_done())) / dt / 1e9;
+      const uint64_t before =
+          prev != last_bytes.end() ? prev->second : (first ? t.bytes_done() : 0);
+      const double gbps =
+          static_cast<double>(t.bytes_done() - std::min(before, t.bytes_done())) / dt / 1e9;
       // One row per path and link ("nvlink_p2p gpu0-gpu1", "fabric" with its NICs).
       std::string key = PathName(t.path());
       if (!t.link().empty()) absl::StrAppend(&key, " ", t.link());
@@ -253,7 +266,8 @@ int RunTop(Client& client, bool json, uint32_t interval_ms, uint32_t iterations,
     for (const auto& [path, gbps] : f.gbps_by_path) history[path].push_back(gbps);
     for (auto it = history.begin(); it != history.end();) {
       while (it->second.size() > history_frames) it->second.pop_front();
-      const bool idle = std::all_of(it->second.begin(), it->second.end(), [](double v) { return v == 0; });
+      const bool idle =
+          std::all_of(it->second.begin(), it->second.end(), [](double v) { return v == 0; });
       if (idle && f.gbps_by_path.find(it->first) == f.gbps_by_path.end()) {
         it = history.erase(it);
       } else {

@@ -26,7 +26,8 @@ std::string NicRanges(const std::vector<int>& nics) {
   for (size_t i = 0; i < nics.size();) {
     size_t j = i;
     while (j + 1 < nics.size() && nics[j + 1] == nics[j] + 1) ++j;
-    parts.push_back(j == i ? absl::StrCat("NIC", nics[i]) : absl::StrCat("NIC", nics[i], "-", nics[j]));
+    parts.push_back(j == i ? absl::StrCat("NIC", nics[i])
+                           : absl::StrCat("NIC", nics[i], "-", nics[j]));
     i = j + 1;
   }
   return absl::StrJoin(parts, ",");
@@ -64,13 +65,15 @@ std::string CollapsedRoutes(const v1::TopologyGraph& graph) {
 
 size_t LongestLine(const std::string& text) {
   size_t longest = 0;
-  for (absl::string_view line : absl::StrSplit(text, '\n')) longest = std::max(longest, line.size());
+  for (absl::string_view line : absl::StrSplit(text, '\n'))
+    longest = std::max(longest, line.size());
   return longest;
 }
 
 // Per GPU, its NICs grouped by path class ("GPU0: PIX NIC0-1 | NODE NIC2-7 | SYS NIC8-31").
 std::string NicGroups(const v1::TopologyDesc& desc, const v1::TopologyGraph& graph) {
-  std::string out = "\nGPU to NIC paths (NICs grouped by class; matrix too wide for the terminal):\n";
+  std::string out =
+      "\nGPU to NIC paths (NICs grouped by class; matrix too wide for the terminal):\n";
   for (const v1::Gpu& gpu : desc.gpus()) {
     std::map<std::string, std::vector<int>> by_class;
     std::vector<std::string> class_order;
@@ -81,7 +84,8 @@ std::string NicGroups(const v1::TopologyDesc& desc, const v1::TopologyGraph& gra
       by_class[cls].push_back(n);
     }
     std::vector<std::string> parts;
-    for (const std::string& cls : class_order) parts.push_back(cls + " " + NicRanges(by_class[cls]));
+    for (const std::string& cls : class_order)
+      parts.push_back(cls + " " + NicRanges(by_class[cls]));
     absl::StrAppend(&out, "  GPU", gpu.index(), ": ", absl::StrJoin(parts, " | "), "\n");
   }
   return out;
@@ -117,9 +121,9 @@ std::string RenderTopo(const v1::GetTopologyResponse& response, size_t width) {
     std::string rebuilt = narrow.substr(0, narrow_legend);
     // The affinity columns belong to GPUs and NICs alike; the NIC rows reappear as groups.
     absl::StrAppend(&rebuilt, NicGroups(response.desc(), graph));
-    absl::StrAppend(&rebuilt, text.substr(legend, legend_end == std::string::npos
-                                                      ? std::string::npos
-                                                      : legend_end - legend));
+    absl::StrAppend(&rebuilt,
+                    text.substr(legend, legend_end == std::string::npos ? std::string::npos
+                                                                        : legend_end - legend));
     if (legend_end != std::string::npos) absl::StrAppend(&rebuilt, text.substr(legend_end));
     text = std::move(rebuilt);
   }
@@ -140,13 +144,14 @@ std::string RenderTopoDot(const v1::GetTopologyResponse& response) {
   const v1::TopologyDesc& desc = response.desc();
   const v1::TopologyGraph graph =
       response.has_graph() ? response.graph() : topology::ComputeGraph(desc);
-  std::string out = absl::StrCat("graph ", DotId(desc.hostname().empty() ? "kvrail" : desc.hostname()),
-                                 " {\n  graph [overlap=false, splines=true];\n");
+  std::string out =
+      absl::StrCat("graph ", DotId(desc.hostname().empty() ? "kvrail" : desc.hostname()),
+                   " {\n  graph [overlap=false, splines=true];\n");
   std::map<int, std::vector<std::string>> by_numa;
   for (const v1::Gpu& g : desc.gpus()) {
     by_numa[g.numa_node()].push_back(absl::StrCat(
-        "    ", DotId(absl::StrCat("GPU", g.index())), " [shape=box, label=",
-        DotId(absl::StrCat("GPU", g.index(), "\\n", g.name())), "];\n"));
+        "    ", DotId(absl::StrCat("GPU", g.index())),
+        " [shape=box, label=", DotId(absl::StrCat("GPU", g.index(), "\\n", g.name())), "];\n"));
   }
   for (int n = 0; n < desc.nics_size(); ++n) {
     const v1::Nic& nic = desc.nics(n);
@@ -157,7 +162,8 @@ std::string RenderTopoDot(const v1::GetTopologyResponse& response) {
   }
   for (const auto& [numa, nodes] : by_numa) {
     absl::StrAppend(&out, "  subgraph ", DotId(absl::StrCat("cluster_numa", numa < 0 ? 999 : numa)),
-                    " {\n    label=", DotId(numa < 0 ? "NUMA n/a" : absl::StrCat("NUMA ", numa)), ";\n");
+                    " {\n    label=", DotId(numa < 0 ? "NUMA n/a" : absl::StrCat("NUMA ", numa)),
+                    ";\n");
     for (const std::string& node : nodes) out += node;
     out += "  }\n";
   }
@@ -166,7 +172,8 @@ std::string RenderTopoDot(const v1::GetTopologyResponse& response) {
     const bool p2p = p.path_class() == v1::PATH_PIX || p.path_class() == v1::PATH_PXB;
     if (!nvlink && !p2p) continue;  // host-staged pairs: no direct edge
     absl::StrAppend(&out, "  ", DotId(p.a()), " -- ", DotId(p.b()), " [label=",
-                    DotId(absl::StrFormat("%s %.0f GB/s", topology::PathClassName(p.path_class(), p.nvlink_count()),
+                    DotId(absl::StrFormat("%s %.0f GB/s",
+                                          topology::PathClassName(p.path_class(), p.nvlink_count()),
                                           p.bandwidth_gbps())),
                     nvlink ? ", penwidth=2" : ", style=dashed", "];\n");
   }
@@ -183,7 +190,8 @@ std::string RenderTopoDot(const v1::GetTopologyResponse& response) {
 
 size_t TerminalWidth() {
   struct winsize ws {};
-  if (::isatty(STDOUT_FILENO) == 1 && ::ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 0) {
+  if (::isatty(STDOUT_FILENO) == 1 && ::ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) == 0 &&
+      ws.ws_col > 0) {
     return ws.ws_col;
   }
   if (::isatty(STDOUT_FILENO) != 1) return 0;

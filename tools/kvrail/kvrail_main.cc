@@ -4,6 +4,7 @@
 // transfer did not succeed; 2 usage errors (bad flags, bad block lists). Errors go to stderr;
 // --json switches stdout to machine output (protobuf JSON with proto field names; lists as JSON
 // arrays; `transfers watch` as one JSON event per line).
+#include <grpcpp/grpcpp.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -25,17 +26,16 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "base/grpc_status.h"
+#include "client/kvrail_client.h"
 #include "daemon/metrics/build_info.h"
+#include "google/protobuf/util/json_util.h"
 #include "nlohmann/json.hpp"
+#include "proto/grpc/health/v1/health.grpc.pb.h"
 #include "tools/kvrail/block_list.h"
 #include "tools/kvrail/cli_format.h"
 #include "tools/kvrail/cli_top.h"
 #include "tools/kvrail/cli_topo.h"
-#include "client/kvrail_client.h"
 #include "topology/topology.h"
-#include "proto/grpc/health/v1/health.grpc.pb.h"
-#include <grpcpp/grpcpp.h>
-#include "google/protobuf/util/json_util.h"
 
 namespace kvrail::client::cli {
 namespace {
@@ -218,7 +218,8 @@ int CmdStatus(Client& client, const Globals& g) {
   if (s.has_directory()) std::cout << "  directory:  " << DirectoryLine(s.directory()) << "\n";
   if (!s.build_info().empty()) std::cout << "  build:      " << s.build_info() << "\n";
   if (!s.rejected_by_code().empty()) {
-    std::map<std::string, uint64_t> rejected(s.rejected_by_code().begin(), s.rejected_by_code().end());
+    std::map<std::string, uint64_t> rejected(s.rejected_by_code().begin(),
+                                             s.rejected_by_code().end());
     std::vector<std::string> text;
     for (const auto& [code, n] : rejected) text.push_back(absl::StrCat(code, " ", n));
     std::cout << "  refused:    " << absl::StrJoin(text, ", ") << "\n";
@@ -563,13 +564,15 @@ int CmdHealth(Client& client, const Globals& g, const std::string& service) {
   grpc::health::v1::HealthCheckResponse response;
   const grpc::Status status = stub->Check(&context, request, &response);
   if (!status.ok()) return Fail(FromGrpcStatus(status));
-  const std::string name = grpc::health::v1::HealthCheckResponse::ServingStatus_Name(response.status());
+  const std::string name =
+      grpc::health::v1::HealthCheckResponse::ServingStatus_Name(response.status());
   if (g.json) {
     std::cout << ToJson(response) << "\n";
   } else {
     std::cout << (service.empty() ? "kvraild" : service) << ": " << name << "\n";
   }
-  return response.status() == grpc::health::v1::HealthCheckResponse::SERVING ? kExitOk : kExitFailed;
+  return response.status() == grpc::health::v1::HealthCheckResponse::SERVING ? kExitOk
+                                                                             : kExitFailed;
 }
 
 int CmdTopo(Client& client, const Globals& g, bool dump, bool dot) {
@@ -614,14 +617,16 @@ int Main(int argc, char** argv) {
   top->add_option("--interval-ms", top_interval_ms, "refresh period (default 1000)");
   top->add_option("--iterations", top_iterations, "frames to show, 0 = until interrupted");
   std::string top_sort = "r";
-  top->add_option("--sort", top_sort,
-                  "transfers order: r rate, b bytes done, l bytes left, i id, p priority (keys on a TTY)")
+  top->add_option(
+         "--sort", top_sort,
+         "transfers order: r rate, b bytes done, l bytes left, i id, p priority (keys on a TTY)")
       ->check(CLI::IsMember({"r", "b", "l", "i", "p"}));
   CLI::App* health = app.add_subcommand("health", "gRPC health check; exit 0 only when SERVING");
   std::string health_service;
   health->add_option("--service", health_service,
                      "service to ask about (kvrail.v1.Transfer for readiness); empty: the server");
-  topo->add_flag("--dump", topo_dump, "print the description as textproto (kvraild --topology-file)");
+  topo->add_flag("--dump", topo_dump,
+                 "print the description as textproto (kvraild --topology-file)");
   bool topo_dot = false;
   topo->add_flag("--dot", topo_dot, "print the topology as a Graphviz graph (dot -Tsvg)");
 
@@ -637,12 +642,15 @@ int Main(int argc, char** argv) {
   std::string transfer_id_text;
   uint32_t interval_ms = 0;
   CLI::App* t_show = transfers->add_subcommand("show", "every field of one transfer");
-  t_show->add_option("id", transfer_id_text, "transfer id, a unique prefix of one, or 'last'")->required();
+  t_show->add_option("id", transfer_id_text, "transfer id, a unique prefix of one, or 'last'")
+      ->required();
   CLI::App* t_watch = transfers->add_subcommand("watch", "live progress until it ends");
-  t_watch->add_option("id", transfer_id_text, "transfer id, a unique prefix of one, or 'last'")->required();
+  t_watch->add_option("id", transfer_id_text, "transfer id, a unique prefix of one, or 'last'")
+      ->required();
   t_watch->add_option("--interval-ms", interval_ms, "minimum spacing of byte-progress events");
   CLI::App* t_cancel = transfers->add_subcommand("cancel", "cancel a queued or running transfer");
-  t_cancel->add_option("id", transfer_id_text, "transfer id, a unique prefix of one, or 'last'")->required();
+  t_cancel->add_option("id", transfer_id_text, "transfer id, a unique prefix of one, or 'last'")
+      ->required();
 
   SubmitArgs a;
   CLI::App* submit = app.add_subcommand("submit", "submit a transfer; prints its id");

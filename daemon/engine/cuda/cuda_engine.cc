@@ -1,6 +1,8 @@
 // The CUDA engine: one dispatcher thread and one stream per GPU. It executes what the scheduler's
 // pure policy decides (//daemon/scheduler: tile_queues for the order, cuda_batch_policy for
 // batches, mode and CTAs); see docs/architecture.md ("CUDA engine").
+#include "daemon/engine/cuda/cuda_engine.h"
+
 #include <cuda_runtime_api.h>
 
 #include <memory>
@@ -9,10 +11,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "base/status.h"
 #include "base/cuda/context_sync.h"
 #include "base/cuda/cuda_util.h"
-#include "daemon/engine/cuda/cuda_engine.h"
+#include "base/status.h"
 #include "daemon/engine/cuda/cuda_gpu_ops.h"
 #include "daemon/engine/cuda/device_worker.h"
 #include "daemon/planner/table_pool.h"
@@ -54,8 +55,8 @@ class CudaEngine final : public Engine {
     const int device = ExecutingDevice(job->src(), job->dst());
     DeviceWorker* worker = Worker(device);
     if (worker == nullptr) {
-      const absl::Status status = absl::FailedPreconditionError(
-          absl::StrCat("the CUDA engine does not serve GPU", device));
+      const absl::Status status =
+          absl::FailedPreconditionError(absl::StrCat("the CUDA engine does not serve GPU", device));
       for (uint32_t t : tiles) {
         job->OnTileStart(t);
         job->OnTileDone(t, status);
@@ -108,7 +109,6 @@ class CudaEngine final : public Engine {
     if (run_on_destination_) lines.push_back("GPU-to-GPU transfers run on the destination GPU");
     return absl::StrJoin(lines, "; ");
   }
-
 
  private:
   // The GPU whose dispatcher runs a job between `src` and `dst` (scheduler::ExecutingDevice):

@@ -110,9 +110,7 @@ class CudaGpuOps final : public GpuOps {
   CudaGpuOps(int device, cuda::Stream main) : device_(device), main_(std::move(main)) {}
 
   int device() const override { return device_; }
-  absl::Status EnablePeerAccess(int peer) override {
-    return cuda::EnablePeerAccess(device_, peer);
-  }
+  absl::Status EnablePeerAccess(int peer) override { return cuda::EnablePeerAccess(device_, peer); }
   GpuStream& main_stream() override { return main_; }
 
   absl::StatusOr<std::unique_ptr<GpuStream>> CreateStream() override {
@@ -175,17 +173,15 @@ class CudaGpuOps final : public GpuOps {
     return absl::OkStatus();
   }
 
-  absl::StatusOr<std::unique_ptr<GpuPlan>> UploadPlan(const planner::Plan& plan,
-                                                      const uint8_t* src, uint8_t* dst,
-                                                      GpuStream& stream, void* staging,
+  absl::StatusOr<std::unique_ptr<GpuPlan>> UploadPlan(const planner::Plan& plan, const uint8_t* src,
+                                                      uint8_t* dst, GpuStream& stream,
+                                                      void* staging,
                                                       size_t staging_bytes) override {
-    KVRAIL_ASSIGN_OR_RETURN(
-        kernels::DevicePlanBuffer buffer,
-        kernels::DevicePlanBuffer::Upload(plan.header(), plan.src_blocks().data(),
-                                          plan.dst_blocks().data(),
-                                          reinterpret_cast<uint64_t>(src),
-                                          reinterpret_cast<uint64_t>(dst), S(stream), staging,
-                                          staging_bytes));
+    KVRAIL_ASSIGN_OR_RETURN(kernels::DevicePlanBuffer buffer,
+                            kernels::DevicePlanBuffer::Upload(
+                                plan.header(), plan.src_blocks().data(), plan.dst_blocks().data(),
+                                reinterpret_cast<uint64_t>(src), reinterpret_cast<uint64_t>(dst),
+                                S(stream), staging, staging_bytes));
     return std::make_unique<CudaPlan>(std::move(buffer));
   }
   absl::Status DisarmPlan(GpuPlan& plan, GpuStream& stream) override {
@@ -197,8 +193,8 @@ class CudaGpuOps final : public GpuOps {
   }
   absl::Status LaunchCopy(GpuPlan& plan, uint32_t begin, uint32_t end, int ctas,
                           GpuStream& stream) override {
-    return kernels::LaunchKvCopy(static_cast<CudaPlan&>(plan).plan(), begin, end, ctas,
-                                 S(stream), kThreadsPerCta);
+    return kernels::LaunchKvCopy(static_cast<CudaPlan&>(plan).plan(), begin, end, ctas, S(stream),
+                                 kThreadsPerCta);
   }
 
   absl::StatusOr<std::unique_ptr<GpuDigests>> CreateDigests(uint32_t num_tiles,
@@ -210,11 +206,10 @@ class CudaGpuOps final : public GpuOps {
   absl::Status LaunchDigest(GpuPlan& plan, uint32_t begin, uint32_t end, DigestPass pass,
                             GpuDigests& digests, int ctas, GpuStream& stream) override {
     kernels::TileDigestBuffer& d = static_cast<CudaDigests&>(digests).buffer();
-    return kernels::LaunchKvDigest(static_cast<CudaPlan&>(plan).plan(), begin, end,
-                                   KernelMode(pass),
-                                   pass == DigestPass::kHashDestination ? d.destination()
-                                                                        : d.source(),
-                                   ctas, S(stream), kThreadsPerCta);
+    return kernels::LaunchKvDigest(
+        static_cast<CudaPlan&>(plan).plan(), begin, end, KernelMode(pass),
+        pass == DigestPass::kHashDestination ? d.destination() : d.source(), ctas, S(stream),
+        kThreadsPerCta);
   }
   absl::Status CopyBackDigests(GpuDigests& digests, uint32_t begin, uint32_t end) override {
     return static_cast<CudaDigests&>(digests).buffer().CopyBack(begin, end);
@@ -239,9 +234,9 @@ class CudaGpuOps final : public GpuOps {
     cudaError_t e;
     {
       cuda::ContextSyncScope sync("cudaHostAlloc(engine host memory)");
-      e = cudaHostAlloc(&host, bytes,
-                        mapped ? cudaHostAllocMapped | cudaHostAllocPortable
-                               : cudaHostAllocDefault);
+      e = cudaHostAlloc(
+          &host, bytes,
+          mapped ? cudaHostAllocMapped | cudaHostAllocPortable : cudaHostAllocDefault);
     }
     KVRAIL_RETURN_IF_ERROR(cuda::CudaStatus(e, "cudaHostAlloc(engine host memory)"));
     std::memset(host, 0, bytes);

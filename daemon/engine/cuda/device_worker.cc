@@ -1,9 +1,8 @@
 #include "daemon/engine/cuda/device_worker.h"
 
 #include <cuda_runtime_api.h>
-#include <sys/prctl.h>
-
 #include <spdlog/spdlog.h>
+#include <sys/prctl.h>
 
 #include <cstdlib>
 #include <utility>
@@ -52,8 +51,8 @@ GateOptions GateOptionsFor(const CudaEngineOptions& options) {
 DeviceWorker::DeviceWorker(const CudaEngineOptions& options, std::unique_ptr<GpuOps> ops)
     : options_(options),
       ops_(std::move(ops)),
-      critical_ctas_(scheduler::ResolveCriticalCtas(options.critical_ctas,
-                                                    SmCount(ops_->device()), options.max_ctas)),
+      critical_ctas_(scheduler::ResolveCriticalCtas(options.critical_ctas, SmCount(ops_->device()),
+                                                    options.max_ctas)),
       queues_(options.limits, options.batch_bytes, Clock::Real()),
       gate_(ops_.get(), Clock::Real(), GateOptionsFor(options)),
       dispatcher_(ops_.get(), Clock::Real(), options, critical_ctas_, &queues_, &gate_, &stats_) {
@@ -82,8 +81,8 @@ void DeviceWorker::Serve() {
     absl::Status made = dispatcher_.MakeCopyStream();
     if (made.ok()) made = gate_.Make();
     if (!made.ok()) {
-      spdlog::warn("cuda:{} no GPU stream wait (gated layers use the readiness poller): {}",
-                   device, made.ToString());
+      spdlog::warn("cuda:{} no GPU stream wait (gated layers use the readiness poller): {}", device,
+                   made.ToString());
     } else if (const GateOptions g = GateOptionsFor(options_); !g.queue_limit.empty()) {
       spdlog::warn("cuda:{} GPU stream wait for at most {} jobs at once: {}", device, g.max_jobs,
                    g.queue_limit);

@@ -92,13 +92,12 @@ std::optional<Taken> DispatchQueues::Take(absl::FunctionRef<bool(const Job&)> la
       const uint64_t previous = previous_bytes(j);
       if (layer_batches(j)) {  // one layer per batch: each waits on its own word
         return scheduler::TakeJobBatch(
-            &tiles, j.plan(), std::min(budget, LayerBytesFrom(j.plan(), tiles.front())),
-            previous);
+            &tiles, j.plan(), std::min(budget, LayerBytesFrom(j.plan(), tiles.front())), previous);
       }
       return scheduler::TakeJobBatch(&tiles, j.plan(), budget, previous);
     });
-    Taken taken{std::move(job), c, batch.begin, batch.end, 0, batch.ramped,
-                clock_->Now() - last_enqueue_};
+    Taken taken{
+        std::move(job), c, batch.begin, batch.end, 0, batch.ramped, clock_->Now() - last_enqueue_};
     for (uint32_t t = taken.begin; t < taken.end; ++t) {
       taken.bytes += taken.job->plan().tile(t).bytes;
     }

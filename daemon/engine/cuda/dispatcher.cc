@@ -26,8 +26,7 @@ inline void CpuRelax() {
 }  // namespace
 
 Dispatcher::Dispatcher(GpuOps* ops, const Clock* clock, const CudaEngineOptions& options,
-                       int critical_ctas, DispatchQueues* queues, GpuGate* gate,
-                       WorkerStats* stats)
+                       int critical_ctas, DispatchQueues* queues, GpuGate* gate, WorkerStats* stats)
     : ops_(ops),
       clock_(clock),
       options_(options),
@@ -69,12 +68,11 @@ bool Dispatcher::Turn(bool block) {
   }
   std::optional<Taken> next;
   if (in_flight_.size() < kMaxInFlight) {
-    next = queues_->Take(
-        [this](const Job& j) { return gate_->IsAdmitted(&j); },
-        [this](const Job& j) -> uint64_t {
-          const auto it = states_.find(&j);
-          return it == states_.end() ? 0 : it->second->progress.last_batch_bytes;
-        });
+    next = queues_->Take([this](const Job& j) { return gate_->IsAdmitted(&j); },
+                         [this](const Job& j) -> uint64_t {
+                           const auto it = states_.find(&j);
+                           return it == states_.end() ? 0 : it->second->progress.last_batch_bytes;
+                         });
   }
   if (next.has_value()) {
     JobState& state = StateFor(next->job);
@@ -245,9 +243,9 @@ absl::Status Dispatcher::SetUp(JobState& s) {
   std::optional<Job::ReadyGate> gate = gate_->Admitted(&job);
   if (gate.has_value()) {
     if (run.mode != scheduler::Mode::kKernel) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          gate->field, ": the plan runs on the copy engines on GPU", device, " (", choice.reason,
-          "), which cannot wait for the flags on the GPU"));
+      return absl::FailedPreconditionError(
+          absl::StrCat(gate->field, ": the plan runs on the copy engines on GPU", device, " (",
+                       choice.reason, "), which cannot wait for the flags on the GPU"));
     }
     run.may_split = false;  // the copy part would run on the copy stream, not behind the wait
   }
@@ -289,10 +287,9 @@ absl::Status Dispatcher::UploadPlan(JobState& s) {
   PlanStager::Slot* staging = options_.staged_plan_upload ? stager_.Take() : nullptr;
   const bool staged_whole =
       staging != nullptr && kernels::LayoutPlanImage(plan.header()).bytes <= kStagingSlotBytes;
-  KVRAIL_ASSIGN_OR_RETURN(
-      s.plan, ops_->UploadPlan(plan, s.src, s.dst, ops_->main_stream(),
-                               staging != nullptr ? staging->memory : nullptr,
-                               staging != nullptr ? kStagingSlotBytes : 0));
+  KVRAIL_ASSIGN_OR_RETURN(s.plan, ops_->UploadPlan(plan, s.src, s.dst, ops_->main_stream(),
+                                                   staging != nullptr ? staging->memory : nullptr,
+                                                   staging != nullptr ? kStagingSlotBytes : 0));
   if (staging != nullptr) KVRAIL_RETURN_IF_ERROR(stager_.Used(*staging));
   if (!staged_whole && (plan.src_blocks().pinned() || plan.dst_blocks().pinned())) {
     KVRAIL_ASSIGN_OR_RETURN(s.uploaded, ops_->CreateEvent());

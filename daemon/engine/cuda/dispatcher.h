@@ -58,7 +58,7 @@ struct JobProgress {
   double gpu_seconds = 0;
   uint64_t bytes_done = 0;
   uint32_t batches = 0;
-  uint64_t last_batch_bytes = 0;  // of the latest batch launched (the ramp)
+  uint64_t last_batch_bytes = 0;           // of the latest batch launched (the ramp)
   std::unique_ptr<GpuEvent> trace_anchor;  // first job only: before its first batch
   std::string trace;
   absl::Duration setup_addresses, setup_mode, setup_upload;
@@ -118,8 +118,8 @@ struct JobState {
 // the queues, the gate and the stats, which are thread-safe.
 class Dispatcher {
  public:
-  Dispatcher(GpuOps* ops, const Clock* clock, const CudaEngineOptions& options,
-             int critical_ctas, DispatchQueues* queues, GpuGate* gate, WorkerStats* stats);
+  Dispatcher(GpuOps* ops, const Clock* clock, const CudaEngineOptions& options, int critical_ctas,
+             DispatchQueues* queues, GpuGate* gate, WorkerStats* stats);
   ~Dispatcher();
 
   Tuners& tuners() { return tuners_; }
@@ -182,8 +182,8 @@ class Dispatcher {
   Tuners tuners_;
   std::unordered_map<const Job*, std::unique_ptr<JobState>> states_;
   std::deque<Batch> in_flight_;
-  int gated_pending_ = 0;  // gated batches launched and not completed
-  std::unique_ptr<GpuStream> copy_stream_;  // the copy-engine part of split batches
+  int gated_pending_ = 0;                                // gated batches launched and not completed
+  std::unique_ptr<GpuStream> copy_stream_;               // the copy-engine part of split batches
   std::vector<std::unique_ptr<GpuEvent>> spare_events_;  // at most 8
   std::vector<scheduler::CopyRun> runs_;
 };

@@ -209,8 +209,7 @@ void Dispatcher::Complete(Batch& b) {
       // instead of with a cascade of unrelated runtime errors.
       stats_->Broke(absl::FailedPreconditionError(absl::StrCat(
           "GPU", ops_->device(), " is unusable in this kvraild after an earlier kernel fault (",
-          status.message(),
-          "); restart kvraild to use it again")));
+          status.message(), "); restart kvraild to use it again")));
     }
   } else if (b.enqueued || b.copy_enqueued) {
     // The launch failed after part of it reached the streams (a kernel, copies, waits): its
@@ -275,16 +274,16 @@ void Dispatcher::Learn(JobState& s, Batch& b, double seconds) {
     // Only the tuner's own choices teach it (not a class cap, a critical raise or the ramp).
     const bool sample = b.chosen.tuner_sample() && !b.taken.ramped;
     if (sample) tuner.Report(b.ctas, kernel_bytes, kernel_seconds);
-    decision = absl::StrFormat("kernel %d CTAs%s%s, now %s", b.ctas,
-                               b.chosen.raised ? " (critical)" : "",
-                               b.chosen.capped ? " (class limit)" : "", tuner.Describe());
+    decision =
+        absl::StrFormat("kernel %d CTAs%s%s, now %s", b.ctas, b.chosen.raised ? " (critical)" : "",
+                        b.chosen.capped ? " (class limit)" : "", tuner.Describe());
     if (s.run.may_split) {
       scheduler::SplitTuner& splits = tuners_.Split(s.run.tuner_key, s.run.copy_gbps_prior);
       if (b.split_sampled && sample) splits.Report(split);
       if (b.split < b.taken.end) {
-        absl::StrAppendFormat(&decision, " beside the copy engines (%.0f%% of this batch)",
-                              100.0 * static_cast<double>(split.copy_bytes) /
-                                  static_cast<double>(b.taken.bytes));
+        absl::StrAppendFormat(
+            &decision, " beside the copy engines (%.0f%% of this batch)",
+            100.0 * static_cast<double>(split.copy_bytes) / static_cast<double>(b.taken.bytes));
       }
       absl::StrAppend(&decision, "; ", splits.Describe());
     }
@@ -298,8 +297,7 @@ void Dispatcher::Learn(JobState& s, Batch& b, double seconds) {
   // The first job's trace: its first kFirstJobTraceBatches batches (a long first job would
   // otherwise grow the stats line with every batch).
   bool traced = false;
-  if (p.trace_anchor != nullptr && b.enqueued_us >= 0 &&
-      p.batches <= kFirstJobTraceBatches + 1) {
+  if (p.trace_anchor != nullptr && b.enqueued_us >= 0 && p.batches <= kFirstJobTraceBatches + 1) {
     if (p.batches <= kFirstJobTraceBatches) {
       absl::StrAppendFormat(&p.trace, "%s%.0f/%.0f/%.0f", p.trace.empty() ? "" : ", ",
                             b.enqueued_us, ops_->Seconds(*p.trace_anchor, *b.start) * 1e6,

@@ -5,9 +5,10 @@
 // its kernel was enqueued reports its tiles only once nothing writes them, and neither the
 // watchdog nor a release in progress holds what the dispatcher needs.
 #define CATCH_CONFIG_MAIN
-#include <catch2/catch.hpp>
+#include "daemon/engine/cuda/dispatcher.h"
 
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <functional>
 #include <map>
 #include <memory>
@@ -21,7 +22,6 @@
 #include "absl/time/clock.h"
 #include "base/manual_clock.h"
 #include "daemon/engine/cuda/dispatch_queues.h"
-#include "daemon/engine/cuda/dispatcher.h"
 #include "daemon/engine/cuda/fake_gpu_ops.h"
 #include "daemon/engine/cuda/gpu_gate.h"
 #include "daemon/engine/cuda/worker_stats.h"
@@ -44,7 +44,9 @@ class TestJob final : public Job, public DeviceSides {
  public:
   DeviceSides* device_sides() const override { return const_cast<TestJob*>(this); }
   TestJob(const planner::testing::RandomCase& c, std::mt19937_64& rng)
-      : src_(c.src.size_bytes), dst_(c.dst.size_bytes, 0), want_(c.dst.size_bytes, 0),
+      : src_(c.src.size_bytes),
+        dst_(c.dst.size_bytes, 0),
+        want_(c.dst.size_bytes, 0),
         plan_(*planner::MakePlan(c.spec, c.src, c.dst, c.options)) {
     for (auto& b : src_) b = static_cast<uint8_t>(rng() | 1);
     planner::testing::ReferenceCopy(c, src_.data(), want_.data());
@@ -334,8 +336,8 @@ TEST_CASE("watchdog: a call blocked behind a live job's wait gets the wait relea
   GpuGate gate(&rig.fake, &rig.clock, g);
   REQUIRE(gate.Make().ok());
   auto job = std::make_shared<TestJob>(LayeredCase(rng), rng);
-  auto plan = rig.fake.UploadPlan(job->plan(), nullptr, nullptr, rig.fake.main_stream(),
-                                  nullptr, 0);
+  auto plan =
+      rig.fake.UploadPlan(job->plan(), nullptr, nullptr, rig.fake.main_stream(), nullptr, 0);
   REQUIRE(plan.ok());
   GateLease lease;
   REQUIRE(gate.Arm(lease, job, *job->ready_gate(0), **plan).ok());
@@ -367,8 +369,8 @@ TEST_CASE("watchdog: never drops a job's or its flag words' last reference") {
   }));
   std::optional<Job::ReadyGate> words = job->ready_gate(0);
   job->set_keep(nullptr);
-  auto plan = rig.fake.UploadPlan(job->plan(), nullptr, nullptr, rig.fake.main_stream(),
-                                  nullptr, 0);
+  auto plan =
+      rig.fake.UploadPlan(job->plan(), nullptr, nullptr, rig.fake.main_stream(), nullptr, 0);
   REQUIRE(plan.ok());
   auto lease = std::make_shared<GateLease>();
   REQUIRE(rig.gate.Arm(*lease, job, *words, **plan).ok());
@@ -400,8 +402,8 @@ TEST_CASE("release: waiting for the done word holds no lock the dispatcher needs
   Rig rig;
   rig.fake.set_auto_run(false);  // the abort stream does not run: the done word never shows
   auto job = std::make_shared<TestJob>(LayeredCase(rng), rng);
-  auto plan = rig.fake.UploadPlan(job->plan(), nullptr, nullptr, rig.fake.main_stream(),
-                                  nullptr, 0);
+  auto plan =
+      rig.fake.UploadPlan(job->plan(), nullptr, nullptr, rig.fake.main_stream(), nullptr, 0);
   REQUIRE(plan.ok());
   GateLease lease;
   REQUIRE(rig.gate.Arm(lease, job, *job->ready_gate(0), **plan).ok());
@@ -411,7 +413,8 @@ TEST_CASE("release: waiting for the done word holds no lock the dispatcher needs
   std::thread w([&] { rig.gate.WatchOnce(); });
   // Once the abort word is stored, the dispatcher retires the job (as its sweep would, with the
   // queues' lock held in the old order): that must not wait for the release's done word.
-  while (__atomic_load_n(abort_word, __ATOMIC_ACQUIRE) != epoch) absl::SleepFor(absl::Microseconds(10));
+  while (__atomic_load_n(abort_word, __ATOMIC_ACQUIRE) != epoch)
+    absl::SleepFor(absl::Microseconds(10));
   const absl::Time t0 = absl::Now();
   rig.gate.Retire(lease);
   const absl::Duration took = absl::Now() - t0;

@@ -216,8 +216,8 @@ absl::Status FakeGpuOps::WaitWord(GpuStream& stream, uint64_t device_word, uint3
   if (absl::Status s = Injected("WaitWord"); !s.ok()) return s;
   auto* word = reinterpret_cast<uint32_t*>(device_word);
   Push(stream, Op{[word, value] {
-                    return static_cast<int32_t>(__atomic_load_n(word, __ATOMIC_ACQUIRE) -
-                                                value) >= 0;
+                    return static_cast<int32_t>(__atomic_load_n(word, __ATOMIC_ACQUIRE) - value) >=
+                           0;
                   },
                   false});
   return absl::OkStatus();
@@ -285,9 +285,8 @@ absl::StatusOr<std::unique_ptr<GpuDigests>> FakeGpuOps::CreateDigests(uint32_t n
   return std::make_unique<FakeDigests>(num_tiles);
 }
 
-absl::Status FakeGpuOps::LaunchDigest(GpuPlan& plan, uint32_t begin, uint32_t end,
-                                      DigestPass pass, GpuDigests& digests, int ctas,
-                                      GpuStream& stream) {
+absl::Status FakeGpuOps::LaunchDigest(GpuPlan& plan, uint32_t begin, uint32_t end, DigestPass pass,
+                                      GpuDigests& digests, int ctas, GpuStream& stream) {
   {
     absl::MutexLock lock(&mu_);
     if (absl::Status s = Injected("LaunchDigest"); !s.ok()) return s;
@@ -302,8 +301,8 @@ absl::Status FakeGpuOps::CopyBackDigests(GpuDigests& digests, uint32_t begin, ui
   return Injected("CopyBackDigests");
 }
 
-absl::Status FakeGpuOps::CopyRuns(const std::vector<scheduler::CopyRun>& runs,
-                                  const uint8_t* src, uint8_t* dst, GpuStream& stream) {
+absl::Status FakeGpuOps::CopyRuns(const std::vector<scheduler::CopyRun>& runs, const uint8_t* src,
+                                  uint8_t* dst, GpuStream& stream) {
   absl::MutexLock lock(&mu_);
   if (absl::Status s = Injected("CopyRuns"); !s.ok()) return s;
   Push(stream, Op{[runs, src, dst] {

@@ -56,10 +56,9 @@ class FakeGpuOps final : public GpuOps {
   bool WordOpsAvailable() const override { return true; }
   absl::Status WaitWord(GpuStream& stream, uint64_t device_word, uint32_t value) override;
   absl::Status WriteWord(GpuStream& stream, uint64_t device_word, uint32_t value) override;
-  absl::StatusOr<std::unique_ptr<GpuPlan>> UploadPlan(const planner::Plan& plan,
-                                                      const uint8_t* src, uint8_t* dst,
-                                                      GpuStream& stream, void* staging,
-                                                      size_t staging_bytes) override;
+  absl::StatusOr<std::unique_ptr<GpuPlan>> UploadPlan(const planner::Plan& plan, const uint8_t* src,
+                                                      uint8_t* dst, GpuStream& stream,
+                                                      void* staging, size_t staging_bytes) override;
   absl::Status DisarmPlan(GpuPlan& plan, GpuStream& stream) override;
   absl::Status LaunchCopy(GpuPlan& plan, uint32_t begin, uint32_t end, int ctas,
                           GpuStream& stream) override;

@@ -134,17 +134,17 @@ absl::Status GpuGate::Arm(GateLease& lease, const std::shared_ptr<Job>& job,
   {
     absl::MutexLock lock(&mu_);
     if (free_pairs_.empty()) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          gate.field, ": no stream pair free on GPU", ops_->device(),
-          " for the GPU stream wait (", pairs_.size(), " made at start)"));
+      return absl::ResourceExhaustedError(absl::StrCat(gate.field, ": no stream pair free on GPU",
+                                                       ops_->device(), " for the GPU stream wait (",
+                                                       pairs_.size(), " made at start)"));
     }
     lease.pair = free_pairs_.front();
     free_pairs_.pop_front();
     lease.stream = pairs_[lease.pair].copy.get();
     abort_stream = pairs_[lease.pair].abort.get();
     if (free_slots_.empty() || page_ == nullptr) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          gate.field, ": no abort word free on GPU", ops_->device(), " for the GPU stream wait"));
+      return absl::ResourceExhaustedError(absl::StrCat(gate.field, ": no abort word free on GPU",
+                                                       ops_->device(), " for the GPU stream wait"));
     }
     c->slot = free_slots_.front();
     free_slots_.pop_front();
@@ -206,8 +206,7 @@ void GpuGate::Retire(GateLease& lease) {
     lease.stream = nullptr;
   }
   if (lease.control == nullptr) return;
-  controls_.erase(std::remove(controls_.begin(), controls_.end(), lease.control),
-                  controls_.end());
+  controls_.erase(std::remove(controls_.begin(), controls_.end(), lease.control), controls_.end());
   if (lease.control->slot >= 0) free_slots_.push_back(lease.control->slot);
   retired_.push_back(std::move(lease.control));
 }
@@ -276,8 +275,8 @@ void GpuGate::WatchOne(GateControl& c, absl::Time now,
   KVRAIL_DCHECK(launched_end <= c.gate.count, "gate: waits launched past the gate's layer words");
   const uint32_t launched = std::min(launched_end, c.gate.count);
   for (uint32_t i = 0; i < launched && !in.waits_pending; ++i) {
-    in.waits_pending = !Reached(__atomic_load_n(&c.gate.host_words[i], __ATOMIC_ACQUIRE),
-                                c.gate.value);
+    in.waits_pending =
+        !Reached(__atomic_load_n(&c.gate.host_words[i], __ATOMIC_ACQUIRE), c.gate.value);
   }
   if (sync.has_value()) {
     in.sync_blocked_for = sync->first;
@@ -296,9 +295,10 @@ void GpuGate::WatchOne(GateControl& c, absl::Time now,
     ++releases_;
     if (decision.cause != scheduler::GateReleaseCause::kEnded) ++bound_releases_;
   }
-  spdlog::warn("cuda:{} a gated job's waits released by the daemon ({} of its {} ready words "
-               "({}) raised): {}",
-               ops_->device(), raised, c.gate.count, c.gate.field, why.ToString());
+  spdlog::warn(
+      "cuda:{} a gated job's waits released by the daemon ({} of its {} ready words "
+      "({}) raised): {}",
+      ops_->device(), raised, c.gate.count, c.gate.field, why.ToString());
 }
 
 bool GpuGate::Release(GateControl& c, const absl::Status& why, uint32_t* raised) {
@@ -335,14 +335,12 @@ bool GpuGate::Release(GateControl& c, const absl::Status& why, uint32_t* raised)
 std::string GpuGate::Text() const {
   if (!options_.enabled) return "";
   absl::MutexLock lock(&mu_);
-  return absl::StrCat("; stream wait: ", slots_.held(), " of ", options_.max_jobs,
-                      " jobs waiting on the GPU",
-                      options_.queue_limit.empty()
-                          ? std::string()
-                          : absl::StrCat(" (", options_.queue_limit, ")"),
-                      ", ", releases_, " released by the daemon (", bound_releases_,
-                      " for a call blocked behind a wait, bound ", options_.sync_bound_ms,
-                      " ms); last choice: ", last_choice_.empty() ? "none" : last_choice_);
+  return absl::StrCat(
+      "; stream wait: ", slots_.held(), " of ", options_.max_jobs, " jobs waiting on the GPU",
+      options_.queue_limit.empty() ? std::string() : absl::StrCat(" (", options_.queue_limit, ")"),
+      ", ", releases_, " released by the daemon (", bound_releases_,
+      " for a call blocked behind a wait, bound ", options_.sync_bound_ms,
+      " ms); last choice: ", last_choice_.empty() ? "none" : last_choice_);
 }
 
 }  // namespace kvrail::engine::cuda_detail

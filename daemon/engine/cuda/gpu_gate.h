@@ -77,22 +77,21 @@ struct GateControl {
 
 // What a gated job holds of the gate from Arm to Retire (dispatcher thread only).
 struct GateLease {
-  int pair = -1;                    // the stream pair's index in the pool
-  GpuStream* stream = nullptr;      // the job's batches wait and run here
+  int pair = -1;                // the stream pair's index in the pool
+  GpuStream* stream = nullptr;  // the job's batches wait and run here
   std::shared_ptr<GateControl> control;
   std::unique_ptr<GpuEvent> uploaded;    // after the plan's upload on the main stream
   std::unique_ptr<GpuEvent> abort_done;  // after the abort stream's last op
 };
 
 struct GateOptions {
-  bool enabled = false;   // CudaEngineOptions::stream_wait
-  int max_jobs = 0;       // scheduler::PlanGateQueues
+  bool enabled = false;  // CudaEngineOptions::stream_wait
+  int max_jobs = 0;      // scheduler::PlanGateQueues
   std::string queue_limit;
   int sync_bound_ms = 1000;  // CudaEngineOptions::stream_wait_sync_bound_ms
   // How long a context-synchronizing call has been blocked (nullopt: none is); the real one is
   // base/cuda/context_sync.h's OldestContextSync.
-  std::function<std::optional<std::pair<absl::Duration, std::string>>(absl::Time now)>
-      blocked_sync;
+  std::function<std::optional<std::pair<absl::Duration, std::string>>(absl::Time now)> blocked_sync;
 };
 
 // Thread contract: Admit, Admitted, Forget, SweepAdmitted, Text from any thread (mu_); Make,
@@ -138,9 +137,7 @@ class GpuGate {
   void Reap();
 
   // The dispatcher's heartbeat, and its stop (then every pending wait is released).
-  void Beat() {
-    beat_ns_.store(absl::ToUnixNanos(clock_->Now()), std::memory_order_relaxed);
-  }
+  void Beat() { beat_ns_.store(absl::ToUnixNanos(clock_->Now()), std::memory_order_relaxed); }
   void Stopping() { stopping_.store(true); }
 
   // One watchdog tick: each armed job's release decision, and the release where it says so.

@@ -54,23 +54,21 @@ absl::StatusOr<std::string> SeedTuners(const CudaEngineOptions& options, Tuners&
     const planner::RegionView view{scratch_bytes, true, true, layout, nullptr};
     KVRAIL_ASSIGN_OR_RETURN(const planner::Plan plan,
                             planner::MakePlan(c.spec, view, view, planner::PlanOptions{}));
-    scheduler::CtaTuner& tuner = tuners.Cta(scheduler::CtaTunerKey(scheduler::MeanRunBytes(plan), true, true),
-                               options.max_ctas);
+    scheduler::CtaTuner& tuner = tuners.Cta(
+        scheduler::CtaTunerKey(scheduler::MeanRunBytes(plan), true, true), options.max_ctas);
     // Pageable tables without staging: copied before Upload returns.
-    KVRAIL_ASSIGN_OR_RETURN(
-        kernels::DevicePlanBuffer buffer,
-        kernels::DevicePlanBuffer::Upload(plan.header(), plan.src_blocks().data(),
-                                          plan.dst_blocks().data(),
-                                          reinterpret_cast<uint64_t>(scratch[0]),
-                                          reinterpret_cast<uint64_t>(scratch[1]), stream,
-                                          nullptr, 0));
+    KVRAIL_ASSIGN_OR_RETURN(kernels::DevicePlanBuffer buffer,
+                            kernels::DevicePlanBuffer::Upload(
+                                plan.header(), plan.src_blocks().data(), plan.dst_blocks().data(),
+                                reinterpret_cast<uint64_t>(scratch[0]),
+                                reinterpret_cast<uint64_t>(scratch[1]), stream, nullptr, 0));
     // The tuner's own probe, as a transfer's batches would run it (at most one per candidate).
     for (size_t i = 0; tuner.probing() && i < tuner.candidates().size(); ++i) {
       const int ctas = tuner.Next(plan.bytes_total());
       KVRAIL_RETURN_IF_ERROR(
           cuda::CudaStatus(cudaEventRecord(start.get(), stream), "cudaEventRecord"));
-      KVRAIL_RETURN_IF_ERROR(kernels::LaunchKvCopy(buffer.plan(), 0, plan.num_tiles(), ctas,
-                                                   stream, kThreadsPerCta));
+      KVRAIL_RETURN_IF_ERROR(
+          kernels::LaunchKvCopy(buffer.plan(), 0, plan.num_tiles(), ctas, stream, kThreadsPerCta));
       KVRAIL_RETURN_IF_ERROR(
           cuda::CudaStatus(cudaEventRecord(stop.get(), stream), "cudaEventRecord"));
       KVRAIL_RETURN_IF_ERROR(
@@ -82,8 +80,8 @@ absl::StatusOr<std::string> SeedTuners(const CudaEngineOptions& options, Tuners&
     }
     absl::StrAppend(&knees, knees.empty() ? "" : ", ", block >> 10, " KiB ", tuner.knee());
   }
-  KVRAIL_RETURN_IF_ERROR(cuda::CudaStatus(cudaStreamSynchronize(stream),
-                                          "CTA tuner seed (plan buffers freed)"));
+  KVRAIL_RETURN_IF_ERROR(
+      cuda::CudaStatus(cudaStreamSynchronize(stream), "CTA tuner seed (plan buffers freed)"));
   return absl::StrFormat(", CTA knees seeded in %.1f ms by %d probes on scratch blocks (%s)",
                          absl::ToDoubleMilliseconds(absl::Now() - t0), probes, knees);
 }
@@ -160,7 +158,7 @@ absl::StatusOr<std::string> MeasureCopyEngineCosts(int device, Tuners& tuners,
     KVRAIL_ASSIGN_OR_RETURN(const double scattered, best_of_2(scattered_copy));
     KVRAIL_ASSIGN_OR_RETURN(const double contiguous, best_of_2(contiguous_copy));
     tuners.copy_costs().Set(device, other,
-                    scheduler::CopyEngineSecondsPerRun(kRuns, scattered, contiguous));
+                            scheduler::CopyEngineSecondsPerRun(kRuns, scattered, contiguous));
   }
   const std::string measured = tuners.copy_costs().Describe();
   return absl::StrFormat(", %s measured in %.1f ms",
@@ -170,24 +168,23 @@ absl::StatusOr<std::string> MeasureCopyEngineCosts(int device, Tuners& tuners,
 
 }  // namespace
 
-absl::StatusOr<std::string> WarmUp(int device, const CudaEngineOptions& options,
-                                   Tuners& tuners) {
+absl::StatusOr<std::string> WarmUp(int device, const CudaEngineOptions& options, Tuners& tuners) {
   KVRAIL_ASSIGN_OR_RETURN(cuda::Stream own, cuda::Stream::Create(device));
   cudaStream_t stream = own.get();
   const absl::Time t0 = absl::Now();
   cudaMemPool_t pool = nullptr;
-  KVRAIL_RETURN_IF_ERROR(cuda::CudaStatus(cudaDeviceGetDefaultMemPool(&pool, device),
-                                          "cudaDeviceGetDefaultMemPool"));
+  KVRAIL_RETURN_IF_ERROR(
+      cuda::CudaStatus(cudaDeviceGetDefaultMemPool(&pool, device), "cudaDeviceGetDefaultMemPool"));
   uint64_t keep = kRetainedPoolBytes;
-  KVRAIL_RETURN_IF_ERROR(cuda::CudaStatus(
-      cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep),
-      "cudaMemPoolSetAttribute(release threshold)"));
+  KVRAIL_RETURN_IF_ERROR(
+      cuda::CudaStatus(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep),
+                       "cudaMemPoolSetAttribute(release threshold)"));
   // Grows the pool once (plan buffers are small; 4 MiB covers a 262k + 262k-id plan).
   void* scratch = nullptr;
-  KVRAIL_RETURN_IF_ERROR(cuda::CudaStatus(cudaMallocAsync(&scratch, 4 << 20, stream),
-                                          "cudaMallocAsync(warm-up)"));
-  KVRAIL_RETURN_IF_ERROR(cuda::CudaStatus(cudaFreeAsync(scratch, stream),
-                                          "cudaFreeAsync(warm-up)"));
+  KVRAIL_RETURN_IF_ERROR(
+      cuda::CudaStatus(cudaMallocAsync(&scratch, 4 << 20, stream), "cudaMallocAsync(warm-up)"));
+  KVRAIL_RETURN_IF_ERROR(
+      cuda::CudaStatus(cudaFreeAsync(scratch, stream), "cudaFreeAsync(warm-up)"));
   KVRAIL_RETURN_IF_ERROR(kernels::WarmUpKvCopy(stream));
   // A failed seed costs only the first transfers' probes.
   absl::StatusOr<std::string> seeded = SeedTuners(options, tuners, stream);
@@ -200,8 +197,8 @@ absl::StatusOr<std::string> WarmUp(int device, const CudaEngineOptions& options,
     spdlog::warn("cuda:{} copy-engine cost not measured: {}", device, costs.status().ToString());
   }
   return absl::StrFormat("warmed up in %.1f ms%s%s; ", absl::ToDoubleMilliseconds(absl::Now() - t0),
-                      seeded.ok() ? *seeded : std::string(), costs.ok() ? *costs : std::string());
+                         seeded.ok() ? *seeded : std::string(),
+                         costs.ok() ? *costs : std::string());
 }
-
 
 }  // namespace kvrail::engine::cuda_detail

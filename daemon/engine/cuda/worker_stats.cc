@@ -64,15 +64,14 @@ std::string WorkerStats::Describe(int device, int max_ctas, int critical_ctas) c
   if (!broken_.ok()) return absl::StrCat("cuda:", device, " BROKEN: ", broken_.message());
   return absl::StrCat(
       "cuda:", device, " ", warm_up_text_, last_decision_, ", budget ", max_ctas, " CTAs",
-      critical_ctas > 0 ? absl::StrCat(" (critical transfers ", critical_ctas, ")")
-                        : std::string(),
+      critical_ctas > 0 ? absl::StrCat(" (critical transfers ", critical_ctas, ")") : std::string(),
       "; ", kernel_batches_, " kernel / ", copy_batches_, " copy-engine batches",
       split_batches_ > 0
           ? absl::StrCat(" (", split_batches_, " kernel batches split with the copy engines)")
           : std::string(),
       "; ", CopyOnlyTextLocked(), held_states_,
-      " jobs set up (plan on the GPU); last job set-up (plan upload enqueued) ",
-      SetUpTextLocked(), LastJobTextLocked(), first_job_text_,
+      " jobs set up (plan on the GPU); last job set-up (plan upload enqueued) ", SetUpTextLocked(),
+      LastJobTextLocked(), first_job_text_,
       first_job_batches_.empty()
           ? std::string()
           : absl::StrCat("; first job's batches (us: launch enqueued after the first launch's "
@@ -83,16 +82,15 @@ std::string WorkerStats::Describe(int device, int max_ctas, int critical_ctas) c
 std::string WorkerStats::CopyOnlyTextLocked() const {
   if (copy_only_kernel_plans_ == 0 && slow_copy_plans_ == 0) return "";
   return absl::StrCat(copy_only_kernel_plans_, " tiny-run plans on a small kernel / ",
-                      slow_copy_plans_, " slow plans kept on the copy engines (latest: ",
-                      last_mode_note_, "); ");
+                      slow_copy_plans_,
+                      " slow plans kept on the copy engines (latest: ", last_mode_note_, "); ");
 }
 
 std::string WorkerStats::SetUpTextLocked() const {
   if (!last_setup_.has_value()) return "none yet";
-  return absl::StrFormat("%.0f us (%.1f MiB of block tables, %s)",
-                         absl::ToDoubleMicroseconds(last_setup_->took),
-                         last_setup_->table_bytes / 1048576.0,
-                         last_setup_->pinned ? "pinned" : "pageable");
+  return absl::StrFormat(
+      "%.0f us (%.1f MiB of block tables, %s)", absl::ToDoubleMicroseconds(last_setup_->took),
+      last_setup_->table_bytes / 1048576.0, last_setup_->pinned ? "pinned" : "pageable");
 }
 
 std::string WorkerStats::LastJobTextLocked() const {

@@ -4,10 +4,10 @@
 // ended on one thread.
 #pragma once
 
-#include <catch2/catch.hpp>
 #include <grpcpp/grpcpp.h>
 
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <memory>
 #include <string>
 

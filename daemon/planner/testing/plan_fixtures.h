@@ -16,9 +16,9 @@ namespace kvrail::planner::testing {
 using kvrail::v1::PagedKvLayout;
 using kvrail::v1::TransferSpec;
 
-inline PagedKvLayout Proto(uint32_t layers, uint32_t parts, uint32_t blocks, uint32_t tpb, uint32_t heads,
-                    uint32_t head_dim, kvrail::v1::LayoutOrder order,
-                    kvrail::v1::DType dtype = kvrail::v1::DTYPE_BF16) {
+inline PagedKvLayout Proto(uint32_t layers, uint32_t parts, uint32_t blocks, uint32_t tpb,
+                           uint32_t heads, uint32_t head_dim, kvrail::v1::LayoutOrder order,
+                           kvrail::v1::DType dtype = kvrail::v1::DTYPE_BF16) {
   PagedKvLayout p;
   p.set_num_layers(layers);
   p.set_num_parts(parts);
@@ -39,7 +39,9 @@ inline RegionView Paged(const PagedKvLayout& p, bool writable = true, uint64_t s
   return RegionView{size, writable, true, *l};
 }
 
-inline RegionView Bytes(uint64_t size, bool writable = true) { return RegionView{size, writable, false, {}}; }
+inline RegionView Bytes(uint64_t size, bool writable = true) {
+  return RegionView{size, writable, false, {}};
+}
 
 inline bool StartsWith(const std::string& s, const std::string& prefix) {
   return s.compare(0, prefix.size(), prefix) == 0;

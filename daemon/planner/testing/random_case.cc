@@ -47,7 +47,9 @@ uint64_t RandomGeometry(std::mt19937_64& rng, const RandomLimits& lim, uint32_t 
   const uint64_t vec = uint64_t{p.head_dim()} * ds;
   // Offset: usually 16-byte aligned (fast path), sometimes only dtype aligned, rarely odd.
   const uint32_t r = Uniform(rng, 0, 9);
-  p.set_offset_bytes(r < 6 ? 16 * Uniform(rng, 0, 8) : r < 9 ? ds * Uniform(rng, 0, 40) : Uniform(rng, 0, 99));
+  p.set_offset_bytes(r < 6   ? 16 * Uniform(rng, 0, 8)
+                     : r < 9 ? ds * Uniform(rng, 0, 40)
+                             : Uniform(rng, 0, 99));
   if (Coin(rng, 0.4)) {
     p.set_order(static_cast<kvrail::v1::LayoutOrder>(Uniform(rng, 1, 5)));
     absl::StatusOr<KvLayout> k = ResolveLayout(p, UINT64_MAX, "");
@@ -76,7 +78,8 @@ uint64_t RandomGeometry(std::mt19937_64& rng, const RandomLimits& lim, uint32_t 
   p.set_block_stride(strides[2]);
   p.set_token_stride(strides[3]);
   p.set_head_stride(strides[4]);
-  if (p.layer_stride() + p.part_stride() + p.block_stride() + p.token_stride() + p.head_stride() == 0) {
+  if (p.layer_stride() + p.part_stride() + p.block_stride() + p.token_stride() + p.head_stride() ==
+      0) {
     p.set_head_stride(vec);  // never all zero: that would mean "derive"
   }
   (void)lim;
@@ -145,8 +148,10 @@ RandomCase RandomPagedCase(std::mt19937_64& rng, const RandomLimits& lim) {
   const uint32_t dst_table = std::min<uint32_t>(d_blocks, dst_need + Uniform(rng, 0, 2));
   for (uint32_t j = 0; j < dst_table; ++j) spec.mutable_dst()->add_block_ids(ids[j]);
 
-  const uint64_t s_span = RandomGeometry(rng, lim, s_layers, s_blocks, s_tpb, s_heads, c.src_layout);
-  const uint64_t d_span = RandomGeometry(rng, lim, d_layers, d_blocks, d_tpb, d_heads, c.dst_layout);
+  const uint64_t s_span =
+      RandomGeometry(rng, lim, s_layers, s_blocks, s_tpb, s_heads, c.src_layout);
+  const uint64_t d_span =
+      RandomGeometry(rng, lim, d_layers, d_blocks, d_tpb, d_heads, c.dst_layout);
   c.src = Resolve(c.src_layout, c.src_layout.offset_bytes() + s_span + Uniform(rng, 0, 64), false);
   c.dst = Resolve(c.dst_layout, c.dst_layout.offset_bytes() + d_span + Uniform(rng, 0, 64), true);
   static const uint64_t kTiles[] = {1, 16, 100, 256, 1000, 4096, 65536, 1 << 20};
@@ -219,10 +224,10 @@ void MakePerLayer(RandomCase& c, bool dst_side, std::mt19937_64& rng) {
   p.set_layer_stride(0);
   absl::StatusOr<KvLayout> k = ResolveLayout(p, UINT64_MAX, "", /*per_layer=*/true);
   if (!k.ok()) std::abort();
-  const uint64_t span = k->offset + k->part_stride * (k->num_parts - 1) +
-                        k->block_stride * (k->num_blocks - 1) +
-                        k->token_stride * (k->tokens_per_block - 1) +
-                        k->head_stride * (k->num_heads - 1) + uint64_t{k->head_dim} * k->dtype_bytes;
+  const uint64_t span =
+      k->offset + k->part_stride * (k->num_parts - 1) + k->block_stride * (k->num_blocks - 1) +
+      k->token_stride * (k->tokens_per_block - 1) + k->head_stride * (k->num_heads - 1) +
+      uint64_t{k->head_dim} * k->dtype_bytes;
   const uint64_t size = span + Uniform(rng, 0, 32);
   std::vector<uint32_t> order(k->num_layers);
   std::iota(order.begin(), order.end(), 0);
@@ -255,10 +260,13 @@ void ReferenceCopy(const RandomCase& c, const uint8_t* src, uint8_t* dst) {
   }
   const KvLayout& s = c.src.layout;
   const KvLayout& d = c.dst.layout;
-  const uint64_t layers = spec.num_layers() ? spec.num_layers() : s.num_layers - spec.src().layer_begin();
-  const uint64_t heads = spec.num_heads() ? spec.num_heads() : s.num_heads - spec.src().head_begin();
-  const uint64_t tokens = spec.num_tokens() ? spec.num_tokens()
-                                            : uint64_t(spec.src().block_ids_size()) * s.tokens_per_block;
+  const uint64_t layers =
+      spec.num_layers() ? spec.num_layers() : s.num_layers - spec.src().layer_begin();
+  const uint64_t heads =
+      spec.num_heads() ? spec.num_heads() : s.num_heads - spec.src().head_begin();
+  const uint64_t tokens = spec.num_tokens()
+                              ? spec.num_tokens()
+                              : uint64_t(spec.src().block_ids_size()) * s.tokens_per_block;
   const uint64_t vec = uint64_t{s.head_dim} * s.dtype_bytes;
   for (uint64_t l = 0; l < layers; ++l) {
     for (uint64_t p = 0; p < s.num_parts; ++p) {

@@ -30,8 +30,8 @@ struct RandomCase {
 };
 
 struct RandomLimits {
-  uint32_t max_blocks = 48;     // per side
-  uint32_t max_head_dim = 40;   // elements
+  uint32_t max_blocks = 48;    // per side
+  uint32_t max_head_dim = 40;  // elements
   uint32_t max_heads = 6;
   uint32_t max_layers = 4;
   uint32_t max_tpb = 16;

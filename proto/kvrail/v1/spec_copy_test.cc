@@ -1,8 +1,9 @@
 #define CATCH_CONFIG_MAIN
 #include "proto/kvrail/v1/spec_copy.h"
 
-#include <catch2/catch.hpp>
 #include <google/protobuf/util/message_differencer.h>
+
+#include <catch2/catch.hpp>
 
 namespace kvrail::v1 {
 namespace {
@@ -20,19 +21,32 @@ void FillAll(google::protobuf::Message* m, int depth = 0) {
       continue;
     }
     switch (f->cpp_type()) {
-      case FieldDescriptor::CPPTYPE_UINT32: r->SetUInt32(m, f, 11 + i); break;
-      case FieldDescriptor::CPPTYPE_UINT64: r->SetUInt64(m, f, 1000 + i); break;
-      case FieldDescriptor::CPPTYPE_INT32: r->SetInt32(m, f, 3 + i); break;
-      case FieldDescriptor::CPPTYPE_INT64: r->SetInt64(m, f, 5 + i); break;
-      case FieldDescriptor::CPPTYPE_BOOL: r->SetBool(m, f, true); break;
-      case FieldDescriptor::CPPTYPE_STRING: r->SetString(m, f, "x" + f->name()); break;
+      case FieldDescriptor::CPPTYPE_UINT32:
+        r->SetUInt32(m, f, 11 + i);
+        break;
+      case FieldDescriptor::CPPTYPE_UINT64:
+        r->SetUInt64(m, f, 1000 + i);
+        break;
+      case FieldDescriptor::CPPTYPE_INT32:
+        r->SetInt32(m, f, 3 + i);
+        break;
+      case FieldDescriptor::CPPTYPE_INT64:
+        r->SetInt64(m, f, 5 + i);
+        break;
+      case FieldDescriptor::CPPTYPE_BOOL:
+        r->SetBool(m, f, true);
+        break;
+      case FieldDescriptor::CPPTYPE_STRING:
+        r->SetString(m, f, "x" + f->name());
+        break;
       case FieldDescriptor::CPPTYPE_ENUM:
         r->SetEnum(m, f, f->enum_type()->value(f->enum_type()->value_count() - 1));
         break;
       case FieldDescriptor::CPPTYPE_MESSAGE:
         if (depth < 2) FillAll(r->MutableMessage(m, f), depth + 1);
         break;
-      default: break;
+      default:
+        break;
     }
   }
 }
