@@ -160,7 +160,7 @@ SAN_PASSED=0 SAN_FAILED=0
 # GCC build + tests ~22 min (2026-12-01, growing), asan 21 min before test sources went to -O0
 # (.bazelrc; ~15 min estimated since), tsan 287 s from an empty output base with test sources at
 # -O0 (2026-12-02, load average 4 from other builds beside it; 663 s before), fuzz build ~4 min +
-# one KVRAIL_FUZZ_SECONDS per fuzzer (6).
+# one KVRAIL_FUZZ_SECONDS per fuzzer (7).
 # The order puts the two test builds first: the fuzzers' 10-minute runs are done offline, so CI's
 # short runs are what gives way when time is short.
 CI_BUDGET_S="${KVRAIL_CI_BUDGET_S:-3300}"
