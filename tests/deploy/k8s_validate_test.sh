@@ -37,4 +37,9 @@ sed 's/readOnlyRootFilesystem:/readOnlyRootFilesytem:/' "$tmp/base.yaml" > "$tmp
 "$validate" --strict "$tmp/broken.yaml" > "$tmp/broken.out" 2>&1 && rc=0 || rc=$?
 check "a misspelt field fails validation" '[ $rc -ne 0 ] && grep -q "readOnlyRootFilesytem" "$tmp/broken.out"'
 "$KVRAIL_VENV/bin/python" "$dir/tests/deploy/check_kustomize.py" "$tmp/base.yaml" "$tmp/rdma.yaml" || fail=1
+# check_kustomize.py can fail: the rdma overlay read as the base asks for an RDMA resource.
+"$KVRAIL_VENV/bin/python" "$dir/tests/deploy/check_kustomize.py" "$tmp/rdma.yaml" "$tmp/rdma.yaml" \
+  > "$tmp/swapped.out" 2>&1 && rc=0 || rc=$?
+check "check_kustomize.py refuses an RDMA resource in the base" \
+  '[ $rc -eq 1 ] && grep -q "^FAIL base: no RDMA resource" "$tmp/swapped.out"'
 exit $fail
