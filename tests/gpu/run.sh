@@ -40,7 +40,7 @@ steps=(
   "fabric-host|-|300|120|host -> host through two daemons over tcp;ofi_rxm on the GPU machine's CPUs, against fi_pingpong"
   "interference|-|560|400|GEMM in another process beside transfers at several SM budgets and on the copy engines (MPS)"
   "stream-wait|-|420|120|the GPU stream wait (every case) and 10 x 10 flag handovers, without and with MPS"
-  "versus|-|560|300|the repository's tools/bench/versus_gpu.py (kvrail vs Mooncake, NIXL, NCCL, torch) on this pair; wheels unpacked into VERSUS_PYTHONPATH"
+  "versus|-|560|300|the repository's tools/bench/versus_gpu.py (kvrail vs Mooncake, NIXL, NCCL, torch) on this pair; the peers from .gpucarry/peers.tar.xz (tools/bench/versus/pack_peers.sh) or VERSUS_PYTHONPATH"
 )
 field() { local IFS='|'; local f=($1); echo "${f[$2]}"; }
 
@@ -471,6 +471,18 @@ step_versus() {
   local tool=${KVRAIL_TREE:-}/tools/bench/versus_gpu.py
   [[ -f $tool ]] || { row "SKIPPED: versus: no $tool (run run.sh from the checkout)"; return 1; }
   [[ -n $PYTHON ]] || { row "SKIPPED: versus: no Python with torch found"; return 1; }
+  # The peers' bundle (tools/bench/versus/pack_peers.sh), carried as .gpucarry/peers.tar.xz.
+  local peers=${VERSUS_PEERS:-$KVRAIL_TREE/.gpucarry/peers.tar.xz}
+  if [[ -z ${VERSUS_PYTHONPATH:-} && -f $peers ]]; then
+    local pdest=/tmp/kvrail-peers-$(cksum < "$peers" | cut -d' ' -f1)
+    if [[ ! -f $pdest/.unpacked ]]; then
+      rm -rf "$pdest" && mkdir -p "$pdest" &&
+        "$PYTHON" -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' \
+          "$peers" "$pdest" && touch "$pdest/.unpacked" ||
+        row "versus: could not unpack $peers (the peers' rows will say their module does not import)"
+    fi
+    VERSUS_PYTHONPATH=$pdest/py
+  fi
   PYTHONPATH=$PYTHONPATH${VERSUS_PYTHONPATH:+:$VERSUS_PYTHONPATH} prog versus 540 "$PYTHON" "$tool" \
     --kvraild "$root/bin/kvraild" --pairs "$src-$dst"
   local rc=$?

@@ -30,7 +30,7 @@ for s in client/c_api/exports_test.sh deploy/container/build.sh deploy/container
   tests/deploy/oci_test.sh tests/deploy/promtool_test.sh \
   tests/gpu/devpack.sh tests/gpu/pack.sh tests/gpu/pack_check_test.sh \
   tests/lint/early_exit_pipe_test.sh tests/nixl/gpu_check.sh tests/nixl/nixl_bench.sh \
-  tests/nixl/nixl_plugin_test.sh tests/wheel/wheel_install_test.sh tools/bench/versus.sh \
+  tests/nixl/nixl_plugin_test.sh tests/wheel/wheel_install_test.sh tools/bench/versus.sh tools/bench/versus/pack_peers.sh \
   tools/bench/versus_smoke_test.sh tools/wheel/build.sh; do
   scripts+=("$dir/$s")
 done
