@@ -20,13 +20,11 @@ NHD block, 256 KiB = a 128-token NHD block), in torch tensors:
   mooncake  Mooncake Transfer Engine, protocol nvlink_intra (VERSUS_MOONCAKE_PROTOCOL overrides),
             P2PHANDSHAKE, one engine per process, one batch_transfer_sync_write of the merged
             descriptors per request (its vLLM connector's call).
-NIXL and Mooncake rows need their wheels importable on the GPU machine (no PyPI there): the cp312
-wheels for manylinux_2_28 are nixl_cu13-1.5.1 56.0 MiB and mooncake_transfer_engine_cuda13-0.3.14
-47.4 MiB (the CUDA-13 build starts at 0.3.14; mooncake-transfer-engine 0.3.13.post1 for CUDA 12 is
-93.4 MiB and does not fit). Each fits the device tool's 64 MiB carry alone, not beside the devpack:
-carry one per call (a warm machine keeps what earlier calls carried) and unzip it into a folder on
-PYTHONPATH (a wheel is a zip; `python3 -m zipfile -e WHEEL DIR`). A row whose module does not
-import says so and is not a result.
+NIXL and Mooncake rows need their modules importable on the GPU machine (no PyPI there):
+tools/bench/versus/pack_peers.sh packs the pinned cp312 wheels (nixl-cu13 1.5.1,
+mooncake-transfer-engine-cuda13 0.3.14), trimmed to what this script loads, into one 27 MiB bundle
+(.gpucarry/peers.tar.xz) that rides beside the GPU pack; tests/gpu/run.sh's `versus` step unpacks
+it onto PYTHONPATH. A row whose module does not import says so and is not a result.
 Every row compares the destination blocks with the source blocks (torch.equal) after the warm-up
 and after the last timed request; a row that does not match prints FAILED.
 
@@ -404,9 +402,7 @@ def start_kvraild(path: str, folder: str) -> Tuple[subprocess.Popen, str]:
 def main() -> int:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="Wheels for the GPU machine (cp312, pip download on the build machine): "
-               "nixl_cu13-1.5.1 56.0 MiB, mooncake_transfer_engine_cuda13-0.3.14 47.4 MiB; "
-               "each fits the 64 MiB carry alone (see above).")
+        epilog="The peers for the GPU machine: tools/bench/versus/pack_peers.sh (see above).")
     p.add_argument("--kvraild", default=".devpack/bin/kvraild")
     p.add_argument("--pairs", default="0-0,0-1", help="GPU pairs src-dst")
     p.add_argument("--kinds", default="4k,32k,256k")
