@@ -98,17 +98,16 @@ class SessionConnectionImpl final : public SessionConnection {
   }
 
   absl::Status SendCompletionQueue(int memfd, int eventfd) override {
-    absl::MutexLock lock(&mu_);
     const int fds[2] = {memfd, eventfd};
-    if (absl::Status s = SendPacketFds(sock_.get(), kCompletionQueueRequest, fds, 2); !s.ok()) {
-      return InContext(s, path_);
-    }
-    absl::StatusOr<std::string> answer = ReceivePacket(sock_.get());
-    if (!answer.ok()) return InContext(answer.status(), path_, "the CQ answer");
-    if (*answer == kCompletionQueueAccepted) return absl::OkStatus();
-    if (std::optional<absl::Status> rejected = ParseRejected(*answer)) return *rejected;
-    return absl::UnimplementedError(
-        absl::StrCat("kvraild does not take completion queues: ", absl::CEscape(*answer)));
+    return SendQueue(kCompletionQueueRequest, kCompletionQueueAccepted, fds, 2,
+                     "completion queues");
+  }
+
+  absl::Status SendSubmissionQueue(int sq_memfd, int sq_eventfd, int ack_memfd,
+                                   int ack_eventfd) override {
+    const int fds[4] = {sq_memfd, sq_eventfd, ack_memfd, ack_eventfd};
+    return SendQueue(kSubmissionQueueRequest, kSubmissionQueueAccepted, fds, 4,
+                     "submission queues");
   }
 
   void SetAnswerTimeout(absl::Duration timeout) override {
@@ -126,6 +125,23 @@ class SessionConnectionImpl final : public SessionConnection {
   }
 
  private:
+  // "CQ" / "SQ" with their descriptors: OK for `accepted`, the REJECTED status, UNIMPLEMENTED for
+  // anything else (a daemon that does not know the request).
+  absl::Status SendQueue(const char* request, const char* accepted, const int* fds, size_t count,
+                         absl::string_view what) {
+    absl::MutexLock lock(&mu_);
+    if (absl::Status s = SendPacketFds(sock_.get(), request, fds, count); !s.ok()) {
+      return InContext(s, path_);
+    }
+    absl::StatusOr<std::string> answer = ReceivePacket(sock_.get());
+    if (!answer.ok())
+      return InContext(answer.status(), path_, absl::StrCat("the ", request, " answer"));
+    if (*answer == accepted) return absl::OkStatus();
+    if (std::optional<absl::Status> rejected = ParseRejected(*answer)) return *rejected;
+    return absl::UnimplementedError(
+        absl::StrCat("kvraild does not take ", what, ": ", absl::CEscape(*answer)));
+  }
+
   // One request (with `fd` passed when >= 0) and its answer; errors say what was awaited.
   absl::StatusOr<std::string> Send(absl::string_view packet, int fd, absl::string_view awaited,
                                    bool* sent) {

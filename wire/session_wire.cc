@@ -123,6 +123,9 @@ Request ParseRequest(absl::string_view packet) {
   } else if (packet == kCompletionQueueRequest) {
     request.kind = RequestKind::kCompletionQueue;
     request.body = absl::string_view();
+  } else if (packet == kSubmissionQueueRequest) {
+    request.kind = RequestKind::kSubmissionQueue;
+    request.body = absl::string_view();
   } else if (packet == kFdRequest) {
     request.kind = RequestKind::kFd;
     request.body = absl::string_view();

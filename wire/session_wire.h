@@ -20,6 +20,11 @@
 //                                  and its eventfd (wire/shm_ring.h); the daemon posts the final
 //                                  state of each transfer this connection SUBMITs there
 //   daemon -> client:              "CQ OK", or "REJECTED <code> <message>" (the old path stays)
+//   client -> daemon:              "SQ" with four fds in SCM_RIGHTS: a submission queue's ring
+//                                  memfd and eventfd, then its acknowledgement ring's memfd and
+//                                  eventfd (wire/submission_queue.h); the daemon reads transfer
+//                                  requests from the first and answers each in the second
+//   daemon -> client:              "SQ OK", or "REJECTED <code> <message>" (SUBMIT packets stay)
 //   daemon -> client:              "ERROR <message>" for a packet it could not read (e.g. one
 //                                  carrying more than kMaxFdsPerPacket descriptors)
 // A token is single-use and belongs to the session; RegisterRegion(spec.share.fd_token = token,
@@ -83,6 +88,8 @@ std::string EncodeRejected(const absl::Status& status);
 inline constexpr char kFdRequest[] = "FD";
 inline constexpr char kCompletionQueueRequest[] = "CQ";
 inline constexpr char kCompletionQueueAccepted[] = "CQ OK";
+inline constexpr char kSubmissionQueueRequest[] = "SQ";
+inline constexpr char kSubmissionQueueAccepted[] = "SQ OK";
 std::string EncodeSubmit(const v1::SubmitTransferRequest& request);
 // "WAIT <id>", or "WAIT <id> <credential>": the credential (SessionMetadataValue) names the
 // session that waits when it is not the connection's own (the client waits on spare
@@ -91,7 +98,7 @@ std::string EncodeWait(uint64_t transfer_id, absl::string_view credential = "");
 
 // What a request packet asks for; `body` is what follows "SUBMIT " / "WAIT " (a view into the
 // packet). kOther: anything else, including "FD" with trailing bytes.
-enum class RequestKind { kFd, kSubmit, kWait, kCompletionQueue, kOther };
+enum class RequestKind { kFd, kSubmit, kWait, kCompletionQueue, kSubmissionQueue, kOther };
 struct Request {
   RequestKind kind = RequestKind::kOther;
   absl::string_view body;
@@ -224,6 +231,10 @@ class SessionConnection {
   // to the daemon. OK when it took them; the REJECTED status, or UNIMPLEMENTED from a daemon
   // that does not know "CQ" (the caller then keeps the packet path).
   virtual absl::Status SendCompletionQueue(int memfd, int eventfd) = 0;
+  // Passes a submission queue's four descriptors (still owned by the caller;
+  // wire/submission_queue.h) to the daemon, with the same answers as SendCompletionQueue.
+  virtual absl::Status SendSubmissionQueue(int sq_memfd, int sq_eventfd, int ack_memfd,
+                                           int ack_eventfd) = 0;
 
   // How long answers may take from now on (InfiniteDuration: no limit; a closed connection still
   // ends a wait with UNAVAILABLE).

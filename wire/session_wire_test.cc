@@ -284,6 +284,9 @@ TEST_CASE("every packet kind has the protocol's bytes and parses back") {
   CHECK(ParseRequest("FD").kind == RequestKind::kFd);
   CHECK(ParseRequest("FD ").kind == RequestKind::kOther);
   CHECK(ParseRequest("SUBMIT").kind == RequestKind::kOther);
+  CHECK(ParseRequest("CQ").kind == RequestKind::kCompletionQueue);
+  CHECK(ParseRequest("SQ").kind == RequestKind::kSubmissionQueue);
+  CHECK(ParseRequest("SQ ").kind == RequestKind::kOther);
 
   // Answers, as the client sees them.
   CHECK(ParseGreeting("SESSION 42").value() == 42);

@@ -200,6 +200,25 @@ absl::Status RingView::TryPush(const uint8_t* entry, size_t size) {
   return absl::OkStatus();
 }
 
+absl::Status RingView::TryPushSlots(const uint8_t* bytes, size_t slots) {
+  const uint64_t head = Word64(base_, kHeadOffset)->load(std::memory_order_acquire);
+  const uint64_t used = tail_ - head;
+  if (used > capacity_) {
+    return absl::DataLossError(absl::StrCat("ring.head: ", head, " is impossible (tail ", tail_,
+                                            ", capacity ", capacity_, ")"));
+  }
+  if (slots > capacity_ - used) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("ring: ", capacity_ - used, " slots free, ", slots, " needed"));
+  }
+  for (size_t i = 0; i < slots; ++i) {
+    std::memcpy(Slot(tail_ + i), bytes + i * slot_bytes_, slot_bytes_);
+  }
+  tail_ += slots;
+  Word64(base_, kTailOffset)->store(tail_, std::memory_order_release);
+  return absl::OkStatus();
+}
+
 void RingView::AddOverflow() {
   Word64(base_, kOverflowOffset)->fetch_add(1, std::memory_order_acq_rel);
 }
@@ -222,6 +241,12 @@ bool RingView::Ready() const {
   return Word64(base_, kTailOffset)->load(std::memory_order_acquire) != head_;
 }
 
+absl::StatusOr<uint64_t> RingView::Published() const {
+  absl::StatusOr<uint64_t> tail = LoadTail();
+  if (!tail.ok()) return tail.status();
+  return *tail - head_;
+}
+
 void RingView::StoreHead(uint64_t head) {
   Word64(base_, kHeadOffset)->store(head, std::memory_order_release);
 }
@@ -238,14 +263,15 @@ uint64_t RingView::overflow() const {
 // --- SharedRing ----------------------------------------------------------------------------------
 
 absl::StatusOr<std::unique_ptr<SharedRing>> SharedRing::Create(uint32_t capacity,
-                                                               uint32_t slot_bytes) {
+                                                               uint32_t slot_bytes,
+                                                               const char* name) {
   if (!ValidCapacity(capacity)) {
     return absl::InvalidArgumentError(absl::StrCat("capacity: ", capacity,
                                                    " is not a power of 2 in [", kMinRingCapacity,
                                                    ", ", kMaxRingCapacity, "]"));
   }
   const size_t bytes = RingBytes(capacity, slot_bytes);
-  UniqueFd memfd(::memfd_create("completion-queue", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  UniqueFd memfd(::memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING));
   if (!memfd.valid())
     return absl::InternalError(absl::StrCat("memfd_create: ", std::strerror(errno)));
   if (::ftruncate(memfd.get(), static_cast<off_t>(bytes)) != 0) {

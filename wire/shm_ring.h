@@ -1,6 +1,7 @@
 // A single-producer single-consumer ring of fixed-size entries in shared memory (a memfd mapped
 // by the client and by kvraild), io_uring / NVMe style: the session's completion queue, on which
-// kvraild posts each transfer's final state so that a client sees it without a call.
+// kvraild posts each transfer's final state so that a client sees it without a call, and the
+// submission queue's two rings (wire/submission_queue.h: the client produces, kvraild consumes).
 //
 // Memory layout (little endian, offsets in bytes; every index is a free-running uint64 count):
 //     0  header: magic "KVRQ" (u32), version (u32), slot_bytes (u32), capacity (u32, a power of 2)
@@ -91,6 +92,10 @@ class RingView {
   // Producer. RESOURCE_EXHAUSTED when full; DATA_LOSS when the consumer's head is impossible
   // (behind tail by more than capacity, or ahead of it): the ring is broken, nothing is written.
   absl::Status TryPush(const uint8_t* entry, size_t size);
+  // Writes `slots` consecutive slots from `bytes` (slots * slot_bytes bytes) and publishes them
+  // with one store of tail: the consumer sees all of them or none. RESOURCE_EXHAUSTED when fewer
+  // than `slots` are free (nothing is written); DATA_LOSS as TryPush.
+  absl::Status TryPushSlots(const uint8_t* bytes, size_t slots);
   // Counts one entry that could not be posted (release).
   void AddOverflow();
   // After publishing: whether the consumer asked to be woken (seq_cst fence, then a load).
@@ -103,6 +108,9 @@ class RingView {
   absl::StatusOr<size_t> Pop(size_t max, Fn&& take);
   // Whether an entry is published and not yet taken (acquire).
   bool Ready() const;
+  // Slots published and not yet taken (acquire); DATA_LOSS when the producer's tail is
+  // impossible.
+  absl::StatusOr<uint64_t> Published() const;
   // need_wake, with the seq_cst fence that orders it before the next look at tail.
   void SetNeedWake(bool sleeping);
   uint64_t overflow() const;
@@ -145,7 +153,9 @@ class SharedRing {
  public:
   // The consumer's side: a new sealed memfd (MFD_ALLOW_SEALING; shrinking and growing sealed)
   // holding an empty ring, and a non-blocking eventfd.
-  static absl::StatusOr<std::unique_ptr<SharedRing>> Create(uint32_t capacity, uint32_t slot_bytes);
+  // `name` labels the memfd (visible in /proc/PID/fd).
+  static absl::StatusOr<std::unique_ptr<SharedRing>> Create(uint32_t capacity, uint32_t slot_bytes,
+                                                            const char* name = "completion-queue");
   // The producer's side: maps `memfd` (which must be sealed against shrinking, or sealable: a
   // peer that could truncate it would crash this process with SIGBUS) and checks its header;
   // `eventfd` must be an eventfd. INVALID_ARGUMENT naming the descriptor otherwise.
