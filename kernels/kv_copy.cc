@@ -135,6 +135,16 @@ absl::Status WarmUpKvCopy(CudaStream stream) {
   return CudaStatus(internal::WarmUpKernels(stream), "kv_copy warm-up");
 }
 
+absl::Status LaunchDoneWordStore(uint64_t device_word, uint64_t value, CudaStream stream) {
+  if (device_word == 0 || device_word % 8 != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("done word at ", device_word, ": not an 8-byte aligned address"));
+  }
+  return CudaStatus(
+      internal::DoneWordStoreLaunch(reinterpret_cast<uint64_t*>(device_word), value, stream),
+      "done word store");
+}
+
 absl::Status LaunchKvCopy(const DevicePlan& plan, uint32_t tile_begin, uint32_t tile_end,
                           int num_ctas, CudaStream stream, int threads_per_cta) {
   if (tile_end > plan.num_tiles || tile_begin > tile_end) {

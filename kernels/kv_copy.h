@@ -85,6 +85,11 @@ class DevicePlanBuffer {
 absl::Status LaunchKvCopy(const DevicePlan& plan, uint32_t tile_begin, uint32_t tile_end,
                           int num_ctas, CudaStream stream, int threads_per_cta = 512);
 
+// Stores `value` at `device_word` (8-byte aligned, e.g. mapped host memory) in `stream`'s order
+// from a one-thread kernel that first makes every earlier write of the stream visible to the host
+// (__threadfence_system): the GPU-written completion where cuStreamWriteValue64 is missing.
+absl::Status LaunchDoneWordStore(uint64_t device_word, uint64_t value, CudaStream stream);
+
 // Loads every kernel of this library on the current device (one empty launch each, on
 // `stream`, waited for): with lazy module loading a kernel's first launch would otherwise load
 // it inside the first transfer (and may synchronize the whole context).

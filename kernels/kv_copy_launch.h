@@ -31,6 +31,8 @@ int KvCopySegmentsLaunch(const PlanHeader* device_header, uint32_t tile_begin, u
 // module loading (the CUDA 12 default) a kernel's first launch loads it, which can take
 // milliseconds and synchronize the context; done at start it stays out of the first transfer.
 int WarmUpKernels(CUstream_st* stream);
+// A one-thread kernel that fences (__threadfence_system) and then stores `value` at `word`.
+int DoneWordStoreLaunch(uint64_t* word, uint64_t value, CUstream_st* stream);
 const char* ErrorName(int error);
 const char* ErrorString(int error);
 

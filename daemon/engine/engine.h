@@ -24,6 +24,7 @@ namespace kvrail::engine {
 // The job package's types, as the engines name them.
 using job::ClassLimits;
 using job::DeviceSides;
+using job::DoneWord;
 using job::Job;
 using job::kNumPriorityClasses;
 using job::Placement;

@@ -57,6 +57,17 @@ struct ReadyGate {
   std::shared_ptr<const void> keep;  // keeps the words mapped while the engine holds the gate
 };
 
+// The GPU-written completion (TransferSpec.done_word): one 64-bit word in the submitter's own
+// host memory, pinned and mapped for the GPU. An engine that supports it stores `value` there in
+// stream order after every byte of the job landed, so the client sees the end before the daemon
+// does; it stores nothing for a job that failed, was cancelled or released, or hashes its bytes
+// (a digest is compared on the CPU after the copy).
+struct DoneWord {
+  uint64_t device_word = 0;          // the word as CUDA code on the accessor GPU addresses it
+  uint64_t value = 0;                // never 0
+  std::shared_ptr<const void> keep;  // keeps the word mapped while the engine holds it
+};
+
 // A job's sides as engines that run CUDA code (the CUDA engine, the fabric's GPU pack) reach
 // them: where each lives, its device addresses, the ready flags' gate, and the GPU mode report.
 // Engines without GPUs never ask for it. Thread-safe; valid while tiles of its job run (the
@@ -78,6 +89,9 @@ class DeviceSides {
   // The GPU-side readiness wait's words on GPU `accessor` (ReadyGate); nullopt: none. Set only
   // for jobs that an engine admitted with Engine::AdmitGated.
   virtual std::optional<ReadyGate> ready_gate(int accessor) const { return std::nullopt; }
+  // The word the GPU writes when the job's last tile landed (DoneWord), its device address on GPU
+  // `accessor`; nullopt: none (the daemon's completion is the only one).
+  virtual std::optional<DoneWord> done_word(int accessor) const { return std::nullopt; }
   // The engine says how it moved (some of) the job's tiles: "cuda-kernel", "cuda-copy-engine".
   virtual void OnEngineUsed(absl::string_view engine) {}
 };

@@ -72,6 +72,11 @@ struct CudaEngineOptions {
   // call has been blocked this long, or the dispatcher has been silent this long; 0: never
   // (scheduler::DecideGateRelease).
   int stream_wait_sync_bound_ms = 1000;
+  // The GPU writes the completion: a job with a done word (Job::DoneWord, TransferSpec.done_word)
+  // gets it stored by its stream after its last batch, so the client sees the end without a
+  // daemon thread in between (docs/architecture.md, "GPU-written completion"). Off: the word is
+  // never written; clients read the completion queue as before.
+  bool done_words = true;
 };
 
 // The engine is thread-safe (engine.h). FAILED_PRECONDITION (with the runtime's reason) when

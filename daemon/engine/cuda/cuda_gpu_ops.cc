@@ -22,6 +22,7 @@ namespace {
 
 using WaitValue32Fn = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
 using WriteValue32Fn = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
+using WriteValue64Fn = CUresult (*)(CUstream, CUdeviceptr, cuuint64_t, unsigned int);
 
 // cuStreamWaitValue32 / cuStreamWriteValue32 through the runtime's driver entry point (nothing
 // links libcuda); nullptr when the driver offers none.
@@ -34,6 +35,12 @@ WaitValue32Fn StreamWaitValue32() {
 WriteValue32Fn StreamWriteValue32() {
   static const auto fn =
       reinterpret_cast<WriteValue32Fn>(cuda::DriverEntryPoint("cuStreamWriteValue32"));
+  return fn;
+}
+
+WriteValue64Fn StreamWriteValue64() {
+  static const auto fn =
+      reinterpret_cast<WriteValue64Fn>(cuda::DriverEntryPoint("cuStreamWriteValue64"));
   return fn;
 }
 
@@ -173,6 +180,23 @@ class CudaGpuOps final : public GpuOps {
     return absl::OkStatus();
   }
 
+  absl::Status WriteDoneWord(GpuStream& stream, uint64_t device_word, uint64_t value) override {
+    if (stream_write64_ && StreamWriteValue64() != nullptr) {
+      // CU_STREAM_WRITE_VALUE_DEFAULT: a memory barrier before the write (as
+      // __threadfence_system, scoped to the stream), so every byte the stream's kernels and
+      // copies wrote is visible before the word.
+      const CUresult r = StreamWriteValue64()(reinterpret_cast<CUstream>(S(stream)), device_word,
+                                              value, CU_STREAM_WRITE_VALUE_DEFAULT);
+      if (r == CUDA_SUCCESS) return absl::OkStatus();
+      // Not offered on this device (no 64-bit stream memory operations): the kernel from now on.
+      if (r != CUDA_ERROR_NOT_SUPPORTED && r != CUDA_ERROR_INVALID_VALUE) {
+        return absl::InternalError(absl::StrCat("cuStreamWriteValue64 failed: CUresult ", r));
+      }
+      stream_write64_ = false;
+    }
+    return kernels::LaunchDoneWordStore(device_word, value, S(stream));
+  }
+
   absl::StatusOr<std::unique_ptr<GpuPlan>> UploadPlan(const planner::Plan& plan, const uint8_t* src,
                                                       uint8_t* dst, GpuStream& stream,
                                                       void* staging,
@@ -254,6 +278,7 @@ class CudaGpuOps final : public GpuOps {
  private:
   const int device_;
   CudaStream main_;
+  bool stream_write64_ = true;  // until the device refuses cuStreamWriteValue64
   std::vector<void*> dsts_;
   std::vector<const void*> srcs_;
   std::vector<size_t> sizes_;

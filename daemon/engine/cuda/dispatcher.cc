@@ -276,6 +276,15 @@ absl::Status Dispatcher::SetUp(JobState& s) {
                                      " on the GPU (cuStreamWaitValue32 on the job's stream)"));
   }
   s.progress.setup_upload = clock_->Now() - t_upload;
+  // The GPU-written completion: not for a gated job (a released layer's kernel runs empty, yet
+  // its stream goes on) nor a digest job (its digests are compared on the CPU after the copy).
+  if (options_.done_words && !gate.has_value() && !job.wants_digest()) {
+    s.done_word = sides->done_word(device);
+    if (s.done_word.has_value() && (s.done_word->device_word == 0 || s.done_word->value == 0 ||
+                                    s.done_word->device_word % 8 != 0)) {
+      s.done_word.reset();
+    }
+  }
   sides->OnEngineUsed(scheduler::ModeEngineName(run.mode));
   return absl::OkStatus();
 }

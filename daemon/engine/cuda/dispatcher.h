@@ -107,6 +107,11 @@ struct JobState {
   std::shared_ptr<const void> src_tables, dst_tables;
   int in_flight = 0;
   JobProgress progress;
+  // The GPU-written completion: stored by the stream after the batch that launches the job's last
+  // tile, when every batch of the job launched and the job has not ended (DoneWordDue).
+  std::optional<DoneWord> done_word;
+  uint32_t tiles_launched = 0;  // of batches enqueued whole
+  bool launch_failed = false;   // a batch of the job failed to launch (or never launched)
   // GPU-side readiness wait: the batches run on the lease's stream behind the layers' words and
   // complete out of the in-flight pipeline (`gated`, oldest first).
   std::optional<Job::ReadyGate> gate;
@@ -161,6 +166,10 @@ class Dispatcher {
   absl::Status LaunchCopyPart(const JobState& s, Batch& b);
   absl::Status CopyRuns(const JobState& s, uint32_t begin, uint32_t end, GpuStream& stream);
   absl::Status DigestBatch(JobState& s, uint32_t begin, uint32_t end, int ctas);
+  // After a batch's work is enqueued, before its `stop`: the job's done word when this batch
+  // holds its last tile and nothing of the job failed. Never fails the batch (the client then
+  // reads the daemon's completion, as without the word).
+  void MaybeWriteDoneWord(JobState& s, uint32_t batch_tiles, GpuStream& stream);
   // After a failed launch that left work on the streams: `stop` recorded behind it.
   void Fence(Batch& b);
   void Complete(Batch& b);

@@ -55,15 +55,41 @@ Batch Dispatcher::LaunchBatch(JobState& s, const Taken& taken) {
   for (uint32_t t = taken.begin; t < taken.end; ++t) s.job->OnTileStart(t);
   if (!s.setup.ok()) {
     b.launch = s.setup;
+    s.launch_failed = true;
     return b;
   }
   if (absl::Status broken = stats_->broken(); !broken.ok()) {
     b.launch = broken;
+    s.launch_failed = true;
     return b;
   }
   b.launch = EnqueueBatch(s, b);
+  if (!b.launch.ok()) s.launch_failed = true;
   if (!b.launch.ok() && (b.enqueued || b.copy_enqueued)) Fence(b);
   return b;
+}
+
+void Dispatcher::MaybeWriteDoneWord(JobState& s, uint32_t batch_tiles, GpuStream& stream) {
+  s.tiles_launched += batch_tiles;
+  if (!s.done_word.has_value() || s.launch_failed ||
+      s.tiles_launched != s.job->plan().num_tiles()) {
+    return;
+  }
+  // A job that ended meanwhile (cancelled, past its deadline) reports its end from the daemon.
+  bool producer_gone = false;
+  if (!s.job->ended(&producer_gone).ok()) return;
+  // Behind every kernel and copy of the job: they are all on this stream, or joined it (the
+  // copy part of a split batch) before this point. The batch's `stop` follows the word, so the
+  // daemon ends the transfer only after the word is stored: the client's completion entry never
+  // comes before it, and the slot the client recycles after that entry is written no more.
+  const absl::Status wrote =
+      ops_->WriteDoneWord(stream, s.done_word->device_word, s.done_word->value);
+  if (wrote.ok()) {
+    stats_->DoneWordWritten();
+  } else {
+    stats_->DoneWordFailed(wrote);
+  }
+  s.done_word.reset();
 }
 
 absl::Status Dispatcher::EnqueueBatch(JobState& s, Batch& b) {
@@ -142,6 +168,7 @@ absl::Status Dispatcher::EnqueueBatch(JobState& s, Batch& b) {
     b.enqueued = true;
   }
   if (s.digests != nullptr) KVRAIL_RETURN_IF_ERROR(DigestBatch(s, begin, end, b.ctas));
+  MaybeWriteDoneWord(s, end - begin, stream);
   // A gated batch ends here too: no host function after it (the dispatcher polls its words and
   // then waits for this event), so the job's next layer follows on the GPU at once.
   return ops_->Record(*b.stop, stream);

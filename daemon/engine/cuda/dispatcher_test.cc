@@ -79,14 +79,29 @@ class TestJob final : public Job, public DeviceSides {
     return ended_;
   }
   void OnTileStart(uint32_t) override {}
+  std::optional<DoneWord> done_word(int) const override {
+    if (done_value_ == 0) return std::nullopt;
+    return DoneWord{reinterpret_cast<uint64_t>(&done_), done_value_, keep_};
+  }
   void OnTileDone(uint32_t tile, const absl::Status& status) override {
     const int pending = fake_ != nullptr ? fake_->pending_writes() : 0;
+    const uint64_t word = done();
     absl::MutexLock lock(&mu_);
+    if (word == done_value_ && done_value_ != 0) ++reports_after_done_;
     statuses_[tile] = status;
     writes_pending_at_report_ = std::max(writes_pending_at_report_, pending);
   }
 
   void set_digest(bool on) { digest_ = on; }
+  // The GPU-written completion: `value` into this job's own word (0: none).
+  void set_done_value(uint64_t value) { done_value_ = value; }
+  uint64_t done() const { return __atomic_load_n(&done_, __ATOMIC_ACQUIRE); }
+  void set_done(uint64_t v) { __atomic_store_n(&done_, v, __ATOMIC_RELEASE); }
+  // Tile reports that found the word already stored.
+  int reports_after_done() const {
+    absl::MutexLock lock(&mu_);
+    return reports_after_done_;
+  }
   // Reports look at what the fake GPU still has queued to write.
   void WatchWrites(const FakeGpuOps* fake) { fake_ = fake; }
   // The words stay mapped while `keep` lives (the test then drops its own reference).
@@ -138,12 +153,15 @@ class TestJob final : public Job, public DeviceSides {
   planner::Plan plan_;
   std::vector<uint32_t> words_;
   bool digest_ = false;
+  uint64_t done_value_ = 0;
+  alignas(8) uint64_t done_ = 0;
   const FakeGpuOps* fake_ = nullptr;
   std::shared_ptr<const void> keep_;
   std::function<void()> on_ended_;
   mutable absl::Mutex mu_;
   std::map<uint32_t, absl::Status> statuses_ ABSL_GUARDED_BY(mu_);
   int writes_pending_at_report_ ABSL_GUARDED_BY(mu_) = 0;
+  int reports_after_done_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status ended_ ABSL_GUARDED_BY(mu_);
   bool producer_gone_ ABSL_GUARDED_BY(mu_) = false;
 };
@@ -473,6 +491,137 @@ TEST_CASE("sticky fault: the batch fails, and so does every later one, naming th
     CHECK(status.message().find("GPU0 is unusable") != std::string::npos);
   }
   CHECK(rig.stats.Describe(0, 8, 0).find("BROKEN") != std::string::npos);
+}
+
+// A case of several batches (TestOptions' 1 KiB batches).
+planner::testing::RandomCase ManyBatchCase(std::mt19937_64& rng) {
+  while (true) {
+    planner::testing::RandomCase c = planner::testing::RandomPagedCase(rng);
+    auto plan = planner::MakePlan(c.spec, c.src, c.dst, c.options);
+    if (!plan.ok() || plan->num_tiles() < 4) continue;
+    uint64_t bytes = 0;
+    for (uint32_t t = 0; t < plan->num_tiles(); ++t) bytes += plan->tile(t).bytes;
+    if (bytes >= 4096) return c;
+  }
+}
+
+bool AllOk(const TestJob& job) {
+  for (const auto& [tile, status] : job.statuses()) {
+    if (!status.ok()) return false;
+  }
+  return job.statuses().size() == job.plan().num_tiles();
+}
+
+TEST_CASE("done word: stored once, after every kernel and copy, before the last tile reports") {
+  std::mt19937_64 rng(21);
+  CudaEngineOptions split = TestOptions();
+  split.copy_split_max_percent = 50;
+  split.copy_split_fixed_percent = 50;
+  for (const CudaEngineOptions& o : {TestOptions(), split}) {
+    Rig rig(o);
+    for (int n = 0; n < 6; ++n) {
+      const planner::testing::RandomCase c = ManyBatchCase(rng);
+      INFO(c.ToString());
+      auto job = std::make_shared<TestJob>(c, rng);
+      const uint64_t value = (uint64_t{0xd0} << 56) | static_cast<uint64_t>(n + 1);
+      job->set_done_value(value);
+      const size_t before = rig.fake.done_words().size();
+      const int kernels_before = rig.fake.kernels_run();
+      rig.queues.Enqueue(job, job->AllTiles());
+      REQUIRE(rig.TurnUntil([&] { return job->reported() == job->plan().num_tiles(); }));
+      CHECK(AllOk(*job));
+      CHECK(job->copied());
+      CHECK(job->done() == value);
+      // The daemon's end (the last tile's report) comes after the word: the completion entry
+      // the client recycles its slot on never precedes it.
+      CHECK(job->reports_after_done() >= 1);
+      const std::vector<FakeGpuOps::DoneWordStored> stored = rig.fake.done_words();
+      REQUIRE(stored.size() == before + 1);
+      CHECK(stored.back().value == value);
+      CHECK(stored.back().writes_pending == 0);  // every copy and kernel of the job ran before
+      CHECK(rig.fake.kernels_run() == stored.back().kernels_run);
+      CHECK(rig.fake.kernels_run() >= kernels_before);
+      REQUIRE(rig.TurnUntil([&] { return rig.dispatcher.states() == 0; }));
+    }
+    CHECK(rig.stats.done_words() == 6);
+  }
+}
+
+TEST_CASE("done word: never stored when the transfer did not land whole") {
+  std::mt19937_64 rng(22);
+  Rig rig;
+  auto job = std::make_shared<TestJob>(ManyBatchCase(rng), rng);
+  job->set_done_value(7);
+  SECTION("a middle batch fails to launch") {
+    rig.queues.Enqueue(job, job->AllTiles());
+    // The first batch is enqueued (not run yet): the failure hits a later one.
+    REQUIRE(rig.TurnUntil([&] { return rig.fake.pending_ops() > 0; }));
+    REQUIRE(job->reported() == 0);
+    rig.fake.FailNext("LaunchCopy", absl::InternalError("launch refused"));
+    rig.fake.FailNext("CopyRuns", absl::InternalError("copy engines refused"));
+  }
+  SECTION("a kernel faults on the GPU (sticky: nothing after it runs)") {
+    rig.fake.FaultNextKernel();
+    rig.queues.Enqueue(job, job->AllTiles());
+  }
+  SECTION("the job ended (cancelled) before its last batch") {
+    job->End(absl::CancelledError("cancelled"), false);
+    rig.queues.Enqueue(job, job->AllTiles());
+  }
+  SECTION("the word cannot be enqueued: the transfer still succeeds, from the daemon") {
+    rig.fake.FailNext("WriteDoneWord", absl::InternalError("stream memory operation refused"));
+    rig.queues.Enqueue(job, job->AllTiles());
+    REQUIRE(rig.TurnUntil([&] { return job->reported() == job->plan().num_tiles(); }));
+    CHECK(AllOk(*job));
+    CHECK(job->copied());
+    CHECK(rig.stats.Describe(0, 8, 0).find("stream memory operation refused") != std::string::npos);
+  }
+  SECTION("a digest job (its digests are compared on the CPU)") {
+    job->set_digest(true);
+    rig.queues.Enqueue(job, job->AllTiles());
+  }
+  SECTION("the daemon turned the GPU-written completion off") {
+    CudaEngineOptions o = TestOptions();
+    o.done_words = false;
+    Rig off(o);
+    off.queues.Enqueue(job, job->AllTiles());
+    REQUIRE(off.TurnUntil([&] { return job->reported() == job->plan().num_tiles(); }));
+    CHECK(AllOk(*job));
+    CHECK(off.fake.done_words().empty());
+  }
+  REQUIRE(rig.TurnUntil([&] { return job->reported() == job->plan().num_tiles(); }));
+  rig.fake.Run();
+  CHECK(job->done() == 0);
+  CHECK(rig.fake.done_words().empty());
+}
+
+TEST_CASE("done word: not for a gated job, whose released layers' kernels run empty") {
+  std::mt19937_64 rng(23);
+  Rig rig;
+  auto job = std::make_shared<TestJob>(LayeredCase(rng), rng);
+  job->set_done_value(9);
+  REQUIRE(rig.Admit(job));
+  rig.queues.Enqueue(job, job->AllTiles());
+  for (uint32_t l = 0; l < job->plan().num_layers(); ++l) job->Write(l);
+  REQUIRE(rig.TurnUntil([&] { return job->reported() == job->plan().num_tiles(); }));
+  CHECK(AllOk(*job));
+  rig.fake.Run();
+  CHECK(job->done() == 0);
+  CHECK(rig.fake.done_words().empty());
+  REQUIRE(rig.TurnUntil([&] { return rig.dispatcher.states() == 0; }));
+  rig.gate.Reap();
+}
+
+TEST_CASE("done word: whatever the word held before is overwritten, never read") {
+  std::mt19937_64 rng(24);
+  Rig rig;
+  auto job = std::make_shared<TestJob>(ManyBatchCase(rng), rng);
+  job->set_done_value(42);
+  job->set_done(~uint64_t{0});  // the client's garbage (or a stale value) in its own slot
+  rig.queues.Enqueue(job, job->AllTiles());
+  REQUIRE(rig.TurnUntil([&] { return job->reported() == job->plan().num_tiles(); }));
+  CHECK(AllOk(*job));
+  CHECK(job->done() == 42);
 }
 
 }  // namespace

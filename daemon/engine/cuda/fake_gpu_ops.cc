@@ -82,11 +82,25 @@ void FakeGpuOps::Run() {
 
 int FakeGpuOps::pending_writes() const {
   absl::MutexLock lock(&mu_);
+  return PendingWritesLocked();
+}
+
+int FakeGpuOps::PendingWritesLocked() const {
   int n = 0;
   for (const auto& q : queues_) {
     for (const Op& op : q) n += op.writes ? 1 : 0;
   }
   return n;
+}
+
+void FakeGpuOps::FaultNextKernel() {
+  absl::MutexLock lock(&mu_);
+  fault_next_kernel_ = true;
+}
+
+std::vector<FakeGpuOps::DoneWordStored> FakeGpuOps::done_words() const {
+  absl::MutexLock lock(&mu_);
+  return done_words_;
 }
 
 int FakeGpuOps::pending_ops() const {
@@ -121,10 +135,10 @@ void FakeGpuOps::Push(GpuStream& stream, Op op) {
 
 void FakeGpuOps::RunLocked() {
   bool progress = true;
-  while (progress) {
+  while (progress && !faulted_) {
     progress = false;
     for (auto& q : queues_) {
-      while (!q.empty() && q.front().run()) {
+      while (!faulted_ && !q.empty() && q.front().run()) {
         q.pop_front();
         ++clock_;
         progress = true;
@@ -162,7 +176,7 @@ bool FakeGpuOps::Passed(GpuEvent& event) {
   absl::MutexLock lock(&mu_);
   if (auto_run_) RunLocked();
   const FakeEvent& e = Ev(event);
-  return e.passed == e.recorded;
+  return e.passed == e.recorded || faulted_;  // a fault shows in Wait
 }
 
 absl::Status FakeGpuOps::Wait(GpuEvent& event, bool* sticky) {
@@ -175,6 +189,10 @@ absl::Status FakeGpuOps::Wait(GpuEvent& event, bool* sticky) {
       RunLocked();
       const FakeEvent& e = Ev(event);
       if (e.passed == e.recorded) return absl::OkStatus();
+      if (faulted_) {
+        *sticky = true;
+        return absl::InternalError("fake GPU: a kernel faulted (cudaErrorIllegalAddress)");
+      }
     }
     if (absl::Now() > give_up) {
       return absl::DeadlineExceededError("fake GPU: the event never passed (a wait blocks it)");
@@ -190,6 +208,8 @@ absl::Status FakeGpuOps::Synchronize(GpuStream& stream) {
       absl::MutexLock lock(&mu_);
       RunLocked();
       if (queues_[static_cast<Stream&>(stream).index].empty()) return absl::OkStatus();
+      if (faulted_)
+        return absl::InternalError("fake GPU: a kernel faulted (cudaErrorIllegalAddress)");
     }
     if (absl::Now() > give_up) {
       return absl::DeadlineExceededError("fake GPU: the stream never drained (a wait blocks it)");
@@ -235,6 +255,21 @@ absl::Status FakeGpuOps::WriteWord(GpuStream& stream, uint64_t device_word, uint
   return absl::OkStatus();
 }
 
+absl::Status FakeGpuOps::WriteDoneWord(GpuStream& stream, uint64_t device_word, uint64_t value) {
+  absl::MutexLock lock(&mu_);
+  if (absl::Status s = Injected("WriteDoneWord"); !s.ok()) return s;
+  auto* word = reinterpret_cast<uint64_t*>(device_word);
+  Push(stream, Op{[this, word, device_word, value]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+                    // Popped after this returns: pending_writes counts only other operations.
+                    done_words_.push_back(
+                        DoneWordStored{device_word, value, PendingWritesLocked(), kernels_run_});
+                    __atomic_store_n(word, value, __ATOMIC_RELEASE);
+                    return true;
+                  },
+                  false});
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<GpuPlan>> FakeGpuOps::UploadPlan(const planner::Plan& plan,
                                                                 const uint8_t* src, uint8_t* dst,
                                                                 GpuStream& stream, void* staging,
@@ -268,6 +303,11 @@ absl::Status FakeGpuOps::LaunchCopy(GpuPlan& plan, uint32_t begin, uint32_t end,
   if (ctas <= 0) return absl::InvalidArgumentError("fake GPU: a kernel of no CTAs");
   auto* p = &static_cast<FakePlan&>(plan);
   Push(stream, Op{[this, p, begin, end]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+                    if (fault_next_kernel_) {
+                      fault_next_kernel_ = false;
+                      faulted_ = true;
+                      return false;
+                    }
                     std::vector<scheduler::CopyRun> runs;
                     for (uint32_t t = begin; t < end && t < p->num_tiles; ++t) {
                       scheduler::AppendTileRuns(*p->plan, t, &runs);

@@ -2,7 +2,9 @@
 // when the dispatcher looks (Passed), waits (Wait, Synchronize) or the test says (Run). Kernels
 // and copy-engine batches really copy (the plan's runs between host addresses), a disarmed plan
 // copies nothing, word waits block their stream until the host word has reached the value, and
-// chosen calls fail (FailNext). Tests see what is still queued to write (pending_writes).
+// chosen calls fail (FailNext), and a kernel may fault as it runs (FaultNextKernel: as on a GPU,
+// the fault is sticky and nothing after it runs on any stream). Tests see what is still queued to
+// write (pending_writes) and every done word stored (done_words).
 #pragma once
 
 #include <cstdint>
@@ -27,14 +29,27 @@ class FakeGpuOps final : public GpuOps {
   ~FakeGpuOps() override;
 
   // The next call of `op` ("UploadPlan", "LaunchCopy", "LaunchDigest", "CopyRuns", "Record",
-  // "CopyBackDigests", "WaitWord", "WriteWord", "DisarmPlan", "CreateStream", "AllocHost",
-  // "Wait") fails with `status`; `sticky` for "Wait": the error leaves the GPU unusable.
+  // "CopyBackDigests", "WaitWord", "WriteWord", "WriteDoneWord", "DisarmPlan", "CreateStream",
+  // "AllocHost", "Wait") fails with `status`; `sticky` for "Wait": the error leaves the GPU
+  // unusable.
   void FailNext(const std::string& op, absl::Status status, bool sticky = false);
   // Off: the GPU runs only when waited for (Wait, Synchronize) or told to (Run); Passed then
   // says what has run so far.
   void set_auto_run(bool on);
   // Runs every stream as far as its operations can go.
   void Run();
+  // The next kernel to run faults instead of copying: it and every operation after it on any
+  // stream never run; waits return the fault, sticky (the context is gone).
+  void FaultNextKernel();
+  // A done word the fake GPU stored (WriteDoneWord), with the operations that write destination
+  // bytes still queued on any stream and the kernels run when it was stored.
+  struct DoneWordStored {
+    uint64_t device_word = 0;
+    uint64_t value = 0;
+    int writes_pending = 0;
+    int kernels_run = 0;
+  };
+  std::vector<DoneWordStored> done_words() const;
   // Queued operations that will still write destination bytes.
   int pending_writes() const;
   // Operations queued and not run, on all streams.
@@ -56,6 +71,7 @@ class FakeGpuOps final : public GpuOps {
   bool WordOpsAvailable() const override { return true; }
   absl::Status WaitWord(GpuStream& stream, uint64_t device_word, uint32_t value) override;
   absl::Status WriteWord(GpuStream& stream, uint64_t device_word, uint32_t value) override;
+  absl::Status WriteDoneWord(GpuStream& stream, uint64_t device_word, uint64_t value) override;
   absl::StatusOr<std::unique_ptr<GpuPlan>> UploadPlan(const planner::Plan& plan, const uint8_t* src,
                                                       uint8_t* dst, GpuStream& stream,
                                                       void* staging, size_t staging_bytes) override;
@@ -81,6 +97,7 @@ class FakeGpuOps final : public GpuOps {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Push(GpuStream& stream, Op op) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RunLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  int PendingWritesLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const int device_;
   mutable absl::Mutex mu_;
@@ -89,6 +106,9 @@ class FakeGpuOps final : public GpuOps {
   std::vector<std::deque<Op>> queues_ ABSL_GUARDED_BY(mu_);  // per stream, by its index
   uint64_t clock_ ABSL_GUARDED_BY(mu_) = 0;  // fake GPU time: one tick per operation run
   int kernels_run_ ABSL_GUARDED_BY(mu_) = 0;
+  bool fault_next_kernel_ ABSL_GUARDED_BY(mu_) = false;
+  bool faulted_ ABSL_GUARDED_BY(mu_) = false;  // a kernel faulted: nothing runs any more
+  std::vector<DoneWordStored> done_words_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<GpuStream> main_;
 };
 

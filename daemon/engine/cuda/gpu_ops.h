@@ -85,6 +85,11 @@ class GpuOps {
   virtual bool WordOpsAvailable() const = 0;
   virtual absl::Status WaitWord(GpuStream& stream, uint64_t device_word, uint32_t value) = 0;
   virtual absl::Status WriteWord(GpuStream& stream, uint64_t device_word, uint32_t value) = 0;
+  // Stores the 64-bit `value` at `device_word` (mapped host memory) in `stream`'s order, after
+  // every write enqueued before it on the stream is visible to the host: cuStreamWriteValue64
+  // (its default memory barrier) where the device offers 64-bit stream memory operations, else a
+  // one-thread kernel that fences (__threadfence_system) before its store. Job::DoneWord.
+  virtual absl::Status WriteDoneWord(GpuStream& stream, uint64_t device_word, uint64_t value) = 0;
 
   // The plan with the sides' device-visible bases (nullptr for per-layer sides), uploaded in
   // `stream`'s order; through `staging` (pinned, `staging_bytes`) when given. Tables in pinned

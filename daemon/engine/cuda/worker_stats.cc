@@ -69,6 +69,12 @@ std::string WorkerStats::Describe(int device, int max_ctas, int critical_ctas) c
       split_batches_ > 0
           ? absl::StrCat(" (", split_batches_, " kernel batches split with the copy engines)")
           : std::string(),
+      done_words_ + done_words_failed_ > 0
+          ? absl::StrCat("; ", done_words_, " done words enqueued for the GPU",
+                         done_words_failed_ > 0 ? absl::StrCat(" (", done_words_failed_,
+                                                               " not: ", done_word_error_, ")")
+                                                : std::string())
+          : std::string(),
       "; ", CopyOnlyTextLocked(), held_states_,
       " jobs set up (plan on the GPU); last job set-up (plan upload enqueued) ", SetUpTextLocked(),
       LastJobTextLocked(), first_job_text_,
@@ -77,6 +83,22 @@ std::string WorkerStats::Describe(int device, int max_ctas, int critical_ctas) c
           : absl::StrCat("; first job's batches (us: launch enqueued after the first launch's "
                          "/ GPU start / GPU end after the GPU reached the first launch): ",
                          first_job_batches_));
+}
+
+void WorkerStats::DoneWordWritten() {
+  absl::MutexLock lock(&mu_);
+  ++done_words_;
+}
+
+void WorkerStats::DoneWordFailed(const absl::Status& why) {
+  absl::MutexLock lock(&mu_);
+  ++done_words_failed_;
+  done_word_error_ = std::string(why.message());
+}
+
+uint64_t WorkerStats::done_words() const {
+  absl::MutexLock lock(&mu_);
+  return done_words_;
 }
 
 std::string WorkerStats::CopyOnlyTextLocked() const {

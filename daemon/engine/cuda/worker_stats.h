@@ -48,6 +48,11 @@ class WorkerStats {
   void Batch(bool kernel, bool split, std::string decision, const JobSample& job,
              const std::string* first_job_trace);
   void FirstJob(std::string text);
+  // The GPU-written completion: a done word enqueued behind a job's last batch, or one that
+  // could not be (the client then reads the daemon's completion).
+  void DoneWordWritten();
+  void DoneWordFailed(const absl::Status& why);
+  uint64_t done_words() const;
 
   // Dispatcher only: whether the daemon's first job is still to come, and when its set-up began.
   bool first_job_pending() const { return first_job_pending_; }
@@ -79,6 +84,9 @@ class WorkerStats {
   std::string first_job_text_ ABSL_GUARDED_BY(mu_);
   std::string first_job_batches_ ABSL_GUARDED_BY(mu_);
   size_t held_states_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t done_words_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t done_words_failed_ ABSL_GUARDED_BY(mu_) = 0;
+  std::string done_word_error_ ABSL_GUARDED_BY(mu_);
   bool first_job_pending_ = true;
   absl::Time first_setup_at_;
 };
