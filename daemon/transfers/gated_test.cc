@@ -178,9 +178,9 @@ std::shared_ptr<Record> GatedRecord(Streaming& t, std::shared_ptr<regions::Regio
   params.engine = &t.f.engine;
   params.counters = std::make_shared<Counters>();
   params.clock = &t.f.clock;
-  params.ready_region = std::move(flags);
-  params.ready_words = reinterpret_cast<uint32_t*>(t.flags->data() + offset);
-  params.ready_value = kValue;
+  params.ready.region = std::move(flags);
+  params.ready.words = reinterpret_cast<uint32_t*>(t.flags->data() + offset);
+  params.ready.value = kValue;
   return std::make_shared<Record>(*std::move(plan), std::move(params));
 }
 

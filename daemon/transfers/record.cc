@@ -31,51 +31,174 @@ v1::TransferSpec WithoutGrantTokens(v1::TransferSpec spec) {
 
 }  // namespace
 
+namespace record {
+
+Progress::Progress(const planner::Plan& plan, std::atomic<uint64_t>* class_slot,
+                   std::atomic<uint64_t>* link_slot)
+    : layer_tiles_left_(plan.num_layers(), 0),
+      layer_ready_(plan.num_layers(), false),
+      class_slot_(class_slot),
+      link_slots_{link_slot} {
+  for (uint32_t t = 0; t < plan.num_tiles(); ++t) ++layer_tiles_left_[plan.tile(t).layer];
+}
+
+std::vector<uint32_t> Progress::EnqueueAll(const planner::Plan& plan) {
+  std::vector<uint32_t> tiles(plan.num_tiles());
+  for (uint32_t t = 0; t < plan.num_tiles(); ++t) tiles[t] = t;
+  std::fill(layer_ready_.begin(), layer_ready_.end(), true);
+  tiles_enqueued_ += plan.num_tiles();
+  return tiles;
+}
+
+std::vector<uint32_t> Progress::EnqueueGated(const planner::Plan& plan) {
+  std::vector<uint32_t> tiles;
+  gated_ = true;
+  for (uint32_t t = 0; t < plan.num_tiles(); ++t) {
+    if (!layer_ready_[plan.tile(t).layer]) tiles.push_back(t);
+  }
+  std::fill(layer_ready_.begin(), layer_ready_.end(), true);
+  tiles_enqueued_ += tiles.size();
+  return tiles;
+}
+
+std::vector<uint32_t> Progress::EnqueueLayers(const planner::Plan& plan, uint32_t first,
+                                              uint32_t count) {
+  std::vector<uint32_t> tiles;
+  for (uint32_t l = first; l < first + count; ++l) {
+    if (layer_ready_[l]) continue;
+    layer_ready_[l] = true;
+    // Tiles are ordered by layer, the same number per layer.
+    const uint32_t per_layer = plan.tiles_per_layer();
+    for (uint32_t t = l * per_layer; t < (l + 1) * per_layer && t < plan.num_tiles(); ++t) {
+      tiles.push_back(t);
+    }
+  }
+  tiles_enqueued_ += tiles.size();
+  return tiles;
+}
+
+bool Progress::AllLayersReady() const {
+  return std::find(layer_ready_.begin(), layer_ready_.end(), false) == layer_ready_.end();
+}
+
+bool Progress::TakeReport() {
+  if (tiles_reported_ >= tiles_enqueued_) return false;
+  ++tiles_reported_;
+  return true;
+}
+
+void Progress::DropUnreported(bool all, size_t removed) {
+  KVRAIL_DCHECK(tiles_reported_ <= tiles_enqueued_, "transfer: more tiles reported than enqueued");
+  const uint32_t unreported =
+      tiles_reported_ <= tiles_enqueued_ ? tiles_enqueued_ - tiles_reported_ : 0;
+  tiles_reported_ +=
+      all ? unreported : static_cast<uint32_t>(std::min<size_t>(removed, unreported));
+}
+
+bool Progress::Land(const planner::TileInfo& info) {
+  ++tiles_done_;
+  bytes_done_ += info.bytes;
+  // Counted as the tile lands (metrics, Stats.bytes_by_class/bytes_by_link).
+  class_slot_->fetch_add(info.bytes, std::memory_order_relaxed);
+  const uint64_t share = info.bytes / link_slots_.size();
+  for (size_t i = 0; i < link_slots_.size(); ++i) {
+    link_slots_[i]->fetch_add(i == 0 ? info.bytes - share * (link_slots_.size() - 1) : share,
+                              std::memory_order_relaxed);
+  }
+  if (--layer_tiles_left_[info.layer] != 0) return false;
+  layers_done_.push_back(info.layer);
+  return true;
+}
+
+void Progress::AddDigest(uint32_t tile, uint32_t layer, uint64_t source, uint64_t destination) {
+  const bool was_matched = digest_.tiles_checked() == 0 || digest_.matched();
+  digest_.set_source(digest_.source() + source);
+  digest_.set_destination(digest_.destination() + destination);
+  digest_.set_tiles_checked(digest_.tiles_checked() + 1);
+  digest_.set_matched(was_matched && source == destination);
+  if (source != destination && (was_matched || tile < digest_.first_mismatch_tile())) {
+    digest_.set_first_mismatch_tile(tile);
+    digest_.set_first_mismatch_layer(layer);
+  }
+}
+
+v1::IntegrityDigest Progress::digest() const {
+  v1::IntegrityDigest digest = digest_;
+  if (digest.tiles_checked() == 0) digest.set_matched(true);
+  return digest;
+}
+
+std::optional<v1::TransferState> Lifecycle::FinalState(bool all_landed, bool all_reported) const {
+  if (all_landed) return v1::TRANSFER_STATE_SUCCEEDED;
+  if (!end_request.has_value() || !all_reported) return std::nullopt;
+  return end_request->code() == absl::StatusCode::kCancelled ? v1::TRANSFER_STATE_CANCELLED
+                                                             : v1::TRANSFER_STATE_FAILED;
+}
+
+}  // namespace record
+
+namespace {
+
+record::Resolution ResolutionOf(RecordParams& params) {
+  record::Resolution resolution;
+  resolution.id = params.id;
+  resolution.spec = WithoutGrantTokens(std::move(params.spec));
+  resolution.priority = params.priority;
+  resolution.path = params.path;
+  resolution.path_reason = std::move(params.path_reason);
+  resolution.engine = params.engine;
+  resolution.deadline = params.deadline;
+  resolution.layerwise = resolution.spec.layerwise() || resolution.spec.has_ready_flags();
+  resolution.inbound = params.inbound;
+  resolution.link = std::move(params.link);
+  return resolution;
+}
+
+record::Owners OwnersOf(const RecordParams& params) {
+  record::Owners owners;
+  owners.src = params.src->session_id();
+  owners.dst = params.dst->session_id();
+  owners.arrival = params.arrival.set() ? params.arrival.region->session_id() : 0;
+  owners.inbound_dst = params.inbound ? params.dst->session_id() : 0;
+  owners.readiness = params.readiness_session;
+  return owners;
+}
+
+// The Counters' byte slots of a record of `resolution`: its path and priority's, its link's.
+std::pair<std::atomic<uint64_t>*, std::atomic<uint64_t>*> SlotsOf(
+    Counters& counters, const record::Resolution& resolution) {
+  absl::MutexLock c(&counters.mu);
+  return {counters.Slot(counters.class_bytes,
+                        absl::StrCat(PathKey(resolution.path), "/",
+                                     engine::PriorityClassName(resolution.priority))),
+          counters.Slot(counters.link_bytes, resolution.link.empty() ? "-" : resolution.link)};
+}
+
+record::Progress ProgressOf(const planner::Plan& plan, Counters& counters,
+                            const record::Resolution& resolution) {
+  const auto [class_slot, link_slot] = SlotsOf(counters, resolution);
+  return record::Progress(plan, class_slot, link_slot);
+}
+
+}  // namespace
+
 Record::Record(planner::Plan plan, RecordParams params)
-    : id_(params.id),
-      spec_(WithoutGrantTokens(std::move(params.spec))),
+    : resolution_(ResolutionOf(params)),
+      owners_(OwnersOf(params)),
+      plan_(std::move(plan)),
       src_(std::move(params.src)),
       dst_(std::move(params.dst)),
-      plan_(std::move(plan)),
-      priority_(params.priority),
-      path_(params.path),
-      path_reason_(std::move(params.path_reason)),
-      engine_(params.engine),
-      deadline_(params.deadline),
-      layerwise_(spec_.layerwise() || spec_.has_ready_flags()),
       counters_(std::move(params.counters)),
       clock_(params.clock),
-      submitted_us_(params.clock->NowUnixMicros()),
-      inbound_(params.inbound),
-      link_(std::move(params.link)),
-      received_us_(params.received_us),
-      dst_owner_session_(inbound_ ? dst_->session_id() : 0),
-      readiness_session_(params.readiness_session),
-      src_session_(src_->session_id()),
-      dst_session_(dst_->session_id()),
-      arrival_session_(params.arrival_region != nullptr ? params.arrival_region->session_id() : 0) {
+      progress_(ProgressOf(plan_, *counters_, resolution_)) {
   src_->AcquireUse();
   dst_->AcquireUse();
-  std::atomic<uint64_t>* link_slot = nullptr;
-  {
-    absl::MutexLock c(&counters_->mu);
-    class_slot_ =
-        counters_->Slot(counters_->class_bytes,
-                        absl::StrCat(PathKey(path_), "/", engine::PriorityClassName(priority_)));
-    link_slot = counters_->Slot(counters_->link_bytes, link_.empty() ? "-" : link_);
-  }
   absl::MutexLock lock(&mu_);
-  link_slots_ = {link_slot};
-  arrival_region_ = std::move(params.arrival_region);
-  arrival_words_ = params.arrival_words;
-  arrival_value_ = params.arrival_value;
-  ready_region_ = std::move(params.ready_region);
-  ready_words_ = params.ready_words;
-  ready_value_ = params.ready_value;
-  engine_name_ = engine_->name();
-  layer_tiles_left_.assign(plan_.num_layers(), 0);
-  layer_ready_.assign(plan_.num_layers(), false);
-  for (uint32_t t = 0; t < plan_.num_tiles(); ++t) ++layer_tiles_left_[plan_.tile(t).layer];
+  timeline_.received_us = params.received_us;
+  timeline_.submitted_us = clock_->NowUnixMicros();
+  timeline_.engine_name = resolution_.engine->name();
+  arrival_ = std::move(params.arrival);
+  ready_ = std::move(params.ready);
   if (plan_.num_tiles() == 0) MaybeFinishLocked();
 }
 
@@ -90,10 +213,8 @@ void Record::ReleaseRegionsLocked() {
   dst_->ReleaseUse();
   src_.reset();
   dst_.reset();
-  arrival_words_ = nullptr;
-  arrival_region_.reset();
-  ready_words_ = nullptr;
-  ready_region_.reset();
+  arrival_ = ResolvedFlags();
+  ready_ = ResolvedFlags();
 }
 
 std::optional<job::ReadyGate> Record::ReadyGateFor(int accessor) const {
@@ -101,10 +222,10 @@ std::optional<job::ReadyGate> Record::ReadyGateFor(int accessor) const {
   job::ReadyGate gate;
   {
     absl::MutexLock lock(&mu_);
-    if (ready_region_ == nullptr || ready_words_ == nullptr) return std::nullopt;
-    region = ready_region_;
-    gate.host_words = ready_words_;
-    gate.value = ready_value_;
+    if (ready_.region == nullptr || ready_.words == nullptr) return std::nullopt;
+    region = ready_.region;
+    gate.host_words = ready_.words;
+    gate.value = ready_.value;
   }
   // Outside the lock: the first call pins the flag region for the GPUs (cudaHostRegister).
   const absl::StatusOr<uint8_t*> device = region->DeviceAddress(accessor);
@@ -119,58 +240,53 @@ std::optional<job::ReadyGate> Record::ReadyGateFor(int accessor) const {
 
 absl::Status Record::ended(bool* producer_gone) const {
   absl::MutexLock lock(&mu_);
-  *producer_gone = producer_gone_;
-  if (end_request_.has_value()) return *end_request_;
+  *producer_gone = life_.producer_gone;
+  if (life_.end_request.has_value()) return *life_.end_request;
   return absl::OkStatus();
 }
 
 std::vector<uint32_t> Record::TakeGatedTiles() {
-  std::vector<uint32_t> tiles;
   absl::MutexLock lock(&mu_);
-  if (end_request_.has_value() || state_ >= v1::TRANSFER_STATE_SUCCEEDED) return tiles;
-  gated_ = true;
-  for (uint32_t t = 0; t < plan_.num_tiles(); ++t) {
-    if (!layer_ready_[plan_.tile(t).layer]) tiles.push_back(t);
-  }
-  std::fill(layer_ready_.begin(), layer_ready_.end(), true);
-  tiles_enqueued_ += tiles.size();
-  return tiles;
+  if (!life_.open()) return {};
+  return progress_.EnqueueGated(plan_);
 }
 
 void Record::MarkProducerGone() {
   absl::MutexLock lock(&mu_);
-  producer_gone_ = true;
+  life_.producer_gone = true;
 }
 
 void Record::EngineUsed(absl::string_view engine) {
   absl::MutexLock lock(&mu_);
-  if (engine_name_ == engine_->name()) {
-    engine_name_ = std::string(engine);
-  } else if (engine_name_.find(std::string(engine)) == std::string::npos) {
-    absl::StrAppend(&engine_name_, "+", engine);
+  std::string& name = timeline_.engine_name;
+  if (name == resolution_.engine->name()) {
+    name = std::string(engine);
+  } else if (name.find(std::string(engine)) == std::string::npos) {
+    absl::StrAppend(&name, "+", engine);
   }
 }
 
 void Record::OnEngineNote(absl::string_view note) {
   absl::MutexLock lock(&mu_);
-  engine_note_ = std::string(note);
-  ++version_;
+  timeline_.engine_note = std::string(note);
+  ++life_.version;
 }
 
 absl::Status Record::WhenEnded(std::function<void(const v1::TransferStatus&)> done, bool counted) {
   absl::MutexLock lock(&mu_);
-  if (state_ >= v1::TRANSFER_STATE_SUCCEEDED) {
+  if (life_.final()) {
     v1::TransferStatus status;
     FillStatusLocked(&status);
     done(status);
     return absl::OkStatus();
   }
-  if (counted && when_ended_counted_ >= kMaxWhenEnded) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "transfer ", id_, " already has ", kMaxWhenEnded, " waiters; wait with WaitTransfer"));
+  if (counted && life_.when_ended_counted >= kMaxWhenEnded) {
+    return absl::ResourceExhaustedError(absl::StrCat("transfer ", resolution_.id, " already has ",
+                                                     kMaxWhenEnded,
+                                                     " waiters; wait with WaitTransfer"));
   }
-  if (counted) ++when_ended_counted_;
-  when_ended_.push_back(std::move(done));
+  if (counted) ++life_.when_ended_counted;
+  life_.when_ended.push_back(std::move(done));
   return absl::OkStatus();
 }
 
@@ -182,32 +298,25 @@ std::string FabricLinkName(const std::string& from_node, const std::string& to_n
 // the sender's lanes apart, and one link must have one name on both sides.
 void Record::SetNics(std::vector<std::string> nics) {
   absl::MutexLock lock(&mu_);
-  nics_ = std::move(nics);
-  ++version_;
+  timeline_.nics = std::move(nics);
+  ++life_.version;
 }
 
 void Record::OnTileStart(uint32_t /*tile*/) {
   absl::MutexLock lock(&mu_);
-  if (state_ == v1::TRANSFER_STATE_QUEUED) {
-    state_ = v1::TRANSFER_STATE_RUNNING;
-    started_us_ = clock_->NowUnixMicros();
-    ++version_;
+  if (life_.state == v1::TRANSFER_STATE_QUEUED) {
+    life_.state = v1::TRANSFER_STATE_RUNNING;
+    timeline_.started_us = clock_->NowUnixMicros();
+    ++life_.version;
   }
 }
 
 void Record::OnTileDigest(uint32_t tile, uint64_t source, uint64_t destination) {
   absl::MutexLock lock(&mu_);
-  if (state_ >= v1::TRANSFER_STATE_SUCCEEDED) return;
-  const bool was_matched = digest_.tiles_checked() == 0 || digest_.matched();
-  digest_.set_source(digest_.source() + source);
-  digest_.set_destination(digest_.destination() + destination);
-  digest_.set_tiles_checked(digest_.tiles_checked() + 1);
-  digest_.set_matched(was_matched && source == destination);
-  if (source != destination && (was_matched || tile < digest_.first_mismatch_tile())) {
-    digest_.set_first_mismatch_tile(tile);
-    digest_.set_first_mismatch_layer(spec_.src().layer_begin() + plan_.tile(tile).layer);
-  }
-  ++version_;
+  if (life_.final()) return;
+  progress_.AddDigest(tile, resolution_.spec.src().layer_begin() + plan_.tile(tile).layer, source,
+                      destination);
+  ++life_.version;
 }
 
 void Record::OnTileDone(uint32_t tile, const absl::Status& status) {
@@ -215,10 +324,9 @@ void Record::OnTileDone(uint32_t tile, const absl::Status& status) {
   // Local engines report every tile before the final state; only an inbound transfer ended early
   // can hear of a tile after it (one landing as the sender aborts, or after a drain): it changes
   // nothing then, so no count overshoots.
-  if (state_ >= v1::TRANSFER_STATE_SUCCEEDED) return;
+  if (life_.final()) return;
   // Nor may a report the record does not expect (a tile never enqueued) push a count past it.
-  if (tiles_reported_ >= tiles_enqueued_) return;
-  ++tiles_reported_;
+  if (!progress_.TakeReport()) return;
   // A region whose host memory faulted under the copy (its owner truncated it) fails the tile:
   // its bytes came from or went to zero pages (docs/security.md, "Memory").
   absl::Status health =
@@ -227,68 +335,52 @@ void Record::OnTileDone(uint32_t tile, const absl::Status& status) {
   const absl::Status& outcome = health.ok() ? status : health;
   if (outcome.ok()) {
     const planner::TileInfo info = plan_.tile(tile);
-    ++tiles_done_;
-    bytes_done_ += info.bytes;
-    // Counted as the tile lands (metrics, Stats.bytes_by_class/bytes_by_link).
-    class_slot_->fetch_add(info.bytes, std::memory_order_relaxed);
-    const uint64_t share = info.bytes / link_slots_.size();
-    for (size_t i = 0; i < link_slots_.size(); ++i) {
-      link_slots_[i]->fetch_add(i == 0 ? info.bytes - share * (link_slots_.size() - 1) : share,
-                                std::memory_order_relaxed);
+    if (progress_.Land(info) && arrival_.words != nullptr) {
+      readiness::SignalFlag(arrival_.words, info.layer, arrival_.value);
     }
-    if (--layer_tiles_left_[info.layer] == 0) {
-      layers_done_.push_back(info.layer);
-      if (arrival_words_ != nullptr)
-        readiness::SignalFlag(arrival_words_, info.layer, arrival_value_);
-    }
-  } else if (!end_request_.has_value()) {
-    end_request_ = outcome;
+  } else if (!life_.end_request.has_value()) {
+    life_.end_request = outcome;
   }
-  ++version_;
+  ++life_.version;
   MaybeFinishLocked();
 }
 
 std::vector<uint32_t> Record::TakeInitialTiles() {
-  std::vector<uint32_t> tiles;
   absl::MutexLock lock(&mu_);
-  if (layerwise_ || end_request_.has_value()) return tiles;
-  tiles.resize(plan_.num_tiles());
-  for (uint32_t t = 0; t < plan_.num_tiles(); ++t) tiles[t] = t;
-  std::fill(layer_ready_.begin(), layer_ready_.end(), true);
-  tiles_enqueued_ += plan_.num_tiles();
-  return tiles;
+  if (resolution_.layerwise || life_.end_request.has_value()) return {};
+  return progress_.EnqueueAll(plan_);
 }
 
 bool Record::WaitsOn(uint64_t session) const {
-  if (session == 0 || readiness_session_ != session) return false;
+  if (session == 0 || owners_.readiness != session) return false;
   return AwaitsLayers();
 }
 
 bool Record::AwaitsLayers() const {
-  if (!layerwise_) return false;
+  if (!resolution_.layerwise) return false;
   absl::MutexLock lock(&mu_);
-  if (end_request_.has_value() || state_ >= v1::TRANSFER_STATE_SUCCEEDED) return false;
-  if (gated_) {
+  if (!life_.open()) return false;
+  if (progress_.gated()) {
     // Handed to the GPU wait at once: it waits on its producer until every word has come.
-    if (ready_words_ == nullptr) return false;
+    if (ready_.words == nullptr) return false;
     for (uint32_t l = 0; l < plan_.num_layers(); ++l) {
-      if (!readiness::Reached(__atomic_load_n(&ready_words_[l], __ATOMIC_ACQUIRE), ready_value_)) {
+      if (!readiness::Reached(__atomic_load_n(&ready_.words[l], __ATOMIC_ACQUIRE), ready_.value)) {
         return true;
       }
     }
     return false;
   }
-  return std::find(layer_ready_.begin(), layer_ready_.end(), false) != layer_ready_.end();
+  return !progress_.AllLayersReady();
 }
 
 absl::StatusOr<std::vector<uint32_t>> Record::MarkReady(uint32_t layer_begin,
                                                         uint32_t layer_count) {
   absl::MutexLock lock(&mu_);
-  if (!layerwise_) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("transfer_id: transfer ", id_, " is not layer-wise (spec.layerwise=false)"));
+  if (!resolution_.layerwise) {
+    return absl::FailedPreconditionError(absl::StrCat("transfer_id: transfer ", resolution_.id,
+                                                      " is not layer-wise (spec.layerwise=false)"));
   }
-  const uint32_t first = spec_.src().layer_begin();
+  const uint32_t first = resolution_.spec.src().layer_begin();
   if (layer_begin < first || layer_begin - first >= plan_.num_layers() ||
       layer_count > plan_.num_layers() - (layer_begin - first)) {
     return absl::OutOfRangeError(absl::StrCat("layer_begin: layers [", layer_begin, ", ",
@@ -296,108 +388,85 @@ absl::StatusOr<std::vector<uint32_t>> Record::MarkReady(uint32_t layer_begin,
                                               ") are outside the transfer's source layers [", first,
                                               ", ", first + plan_.num_layers(), ")"));
   }
-  std::vector<uint32_t> tiles;
-  if (end_request_.has_value() || state_ >= v1::TRANSFER_STATE_SUCCEEDED) return tiles;
-  for (uint32_t l = layer_begin - first; l < layer_begin - first + layer_count; ++l) {
-    if (layer_ready_[l]) continue;
-    layer_ready_[l] = true;
-    // Tiles are ordered by layer, the same number per layer.
-    const uint32_t per_layer = plan_.tiles_per_layer();
-    for (uint32_t t = l * per_layer; t < (l + 1) * per_layer && t < plan_.num_tiles(); ++t) {
-      tiles.push_back(t);
-    }
-  }
-  tiles_enqueued_ += tiles.size();
-  return tiles;
+  if (!life_.open()) return std::vector<uint32_t>();
+  return progress_.EnqueueLayers(plan_, layer_begin - first, layer_count);
 }
 
 bool Record::RequestEnd(const absl::Status& status, size_t removed) {
   absl::MutexLock lock(&mu_);
-  if (state_ >= v1::TRANSFER_STATE_SUCCEEDED) return false;
+  if (life_.final()) return false;
   // An inbound transfer's unlanded tiles are queued at the sender: ending it here drops them all.
   // Counted now, under the lock, so a tile that landed since the engine counted `removed` is not
-  // counted twice (which left the count past tiles_enqueued_ and the record open for ever).
-  KVRAIL_DCHECK(tiles_reported_ <= tiles_enqueued_, "transfer: more tiles reported than enqueued");
-  const uint32_t unreported =
-      tiles_reported_ <= tiles_enqueued_ ? tiles_enqueued_ - tiles_reported_ : 0;
-  tiles_reported_ +=
-      inbound_ ? unreported : static_cast<uint32_t>(std::min<size_t>(removed, unreported));
-  if (!end_request_.has_value()) end_request_ = status;
-  ++version_;
+  // counted twice (which left the count past the enqueued one and the record open for ever).
+  progress_.DropUnreported(resolution_.inbound, removed);
+  if (!life_.end_request.has_value()) life_.end_request = status;
+  ++life_.version;
   MaybeFinishLocked();
   return true;
 }
 
 bool Record::IsFinal() const {
   absl::MutexLock lock(&mu_);
-  return state_ >= v1::TRANSFER_STATE_SUCCEEDED;
+  return life_.final();
 }
 
 void Record::MaybeFinishLocked() {
-  if (state_ >= v1::TRANSFER_STATE_SUCCEEDED) return;
-  v1::TransferState final_state;
-  if (tiles_done_ >= plan_.num_tiles()) {
-    final_state = v1::TRANSFER_STATE_SUCCEEDED;
-  } else if (end_request_.has_value() && tiles_reported_ >= tiles_enqueued_) {
-    final_state = end_request_->code() == absl::StatusCode::kCancelled
-                      ? v1::TRANSFER_STATE_CANCELLED
-                      : v1::TRANSFER_STATE_FAILED;
-  } else {
-    return;
-  }
-  state_ = final_state;
-  finished_us_ = clock_->NowUnixMicros();
-  ++version_;
+  if (life_.final()) return;
+  const std::optional<v1::TransferState> final_state =
+      life_.FinalState(progress_.tiles_done() >= plan_.num_tiles(), progress_.AllReported());
+  if (!final_state.has_value()) return;
+  life_.state = *final_state;
+  timeline_.finished_us = clock_->NowUnixMicros();
+  ++life_.version;
   // An ended transfer holds no region: mappings (CUDA IPC ones too) go as soon as their last
   // user does, not when the record leaves the history. Nor its block tables: a history of 10k
   // large transfers would otherwise keep gigabytes (and every submit faults in fresh memory).
   ReleaseRegionsLocked();
   plan_.ReleaseBlockTables();
-  if (counters_->on_finished || !when_ended_.empty()) {
+  if (counters_->on_finished || !life_.when_ended.empty()) {
     v1::TransferStatus status;
     FillStatusLocked(&status);
     // Waiters first (a WAIT's DONE goes out here): the metrics and the log line are not on the
     // client's critical path.
-    for (auto& done : when_ended_) done(status);
-    when_ended_.clear();
+    for (auto& done : life_.when_ended) done(status);
+    life_.when_ended.clear();
     if (counters_->on_finished) counters_->on_finished(status);
   }
   absl::MutexLock c(&counters_->mu);
   --counters_->active;
-  counters_->bytes_moved += bytes_done_;
-  counters_->bytes_by_path[PathKey(path_)] += bytes_done_;
-  if (final_state == v1::TRANSFER_STATE_SUCCEEDED) ++counters_->succeeded;
-  if (final_state == v1::TRANSFER_STATE_FAILED) ++counters_->failed;
-  if (final_state == v1::TRANSFER_STATE_CANCELLED) ++counters_->cancelled;
+  counters_->bytes_moved += progress_.bytes_done();
+  counters_->bytes_by_path[PathKey(resolution_.path)] += progress_.bytes_done();
+  if (*final_state == v1::TRANSFER_STATE_SUCCEEDED) ++counters_->succeeded;
+  if (*final_state == v1::TRANSFER_STATE_FAILED) ++counters_->failed;
+  if (*final_state == v1::TRANSFER_STATE_CANCELLED) ++counters_->cancelled;
 }
 
 void Record::FillStatusLocked(v1::TransferStatus* status) const {
-  status->set_transfer_id(id_);
-  *status->mutable_spec() = spec_;
-  status->set_state(state_);
+  const v1::TransferSpec& spec = resolution_.spec;
+  status->set_transfer_id(resolution_.id);
+  *status->mutable_spec() = spec;
+  status->set_state(life_.state);
   status->set_bytes_total(plan_.bytes_total());
-  status->set_bytes_done(bytes_done_);
+  status->set_bytes_done(progress_.bytes_done());
   status->set_tiles_total(plan_.num_tiles());
-  status->set_tiles_done(tiles_done_);
-  status->set_layers_done(static_cast<uint32_t>(layers_done_.size()));
-  status->set_path(path_);
-  status->set_path_reason(engine_note_.empty() ? path_reason_
-                                               : absl::StrCat(path_reason_, "; ", engine_note_));
-  status->set_engine(engine_name_);
-  if (spec_.digest()) {
-    *status->mutable_digest() = digest_;
-    if (digest_.tiles_checked() == 0) status->mutable_digest()->set_matched(true);
+  status->set_tiles_done(progress_.tiles_done());
+  status->set_layers_done(static_cast<uint32_t>(progress_.layers_done().size()));
+  status->set_path(resolution_.path);
+  status->set_path_reason(timeline_.engine_note.empty()
+                              ? resolution_.path_reason
+                              : absl::StrCat(resolution_.path_reason, "; ", timeline_.engine_note));
+  status->set_engine(timeline_.engine_name);
+  if (spec.digest()) *status->mutable_digest() = progress_.digest();
+  if (life_.state == v1::TRANSFER_STATE_FAILED || life_.state == v1::TRANSFER_STATE_CANCELLED) {
+    status->set_error_code(static_cast<int32_t>(life_.end_request->code()));
+    status->set_error_message(std::string(life_.end_request->message()));
   }
-  if (state_ == v1::TRANSFER_STATE_FAILED || state_ == v1::TRANSFER_STATE_CANCELLED) {
-    status->set_error_code(static_cast<int32_t>(end_request_->code()));
-    status->set_error_message(std::string(end_request_->message()));
-  }
-  status->set_submitted_unix_us(submitted_us_);
-  status->set_started_unix_us(started_us_);
-  status->set_finished_unix_us(finished_us_);
-  for (const std::string& nic : nics_) status->add_nics(nic);
-  status->set_link(link_);
-  status->set_received_unix_us(received_us_);
+  status->set_submitted_unix_us(timeline_.submitted_us);
+  status->set_started_unix_us(timeline_.started_us);
+  status->set_finished_unix_us(timeline_.finished_us);
+  for (const std::string& nic : timeline_.nics) status->add_nics(nic);
+  status->set_link(resolution_.link);
+  status->set_received_unix_us(timeline_.received_us);
 }
 
 v1::TransferStatus Record::Status() const {
@@ -409,20 +478,20 @@ v1::TransferStatus Record::Status() const {
 
 uint64_t Record::version() const {
   absl::MutexLock lock(&mu_);
-  return version_;
+  return life_.version;
 }
 
 void Record::AwaitChange(uint64_t seen, absl::Duration timeout) const {
   absl::MutexLock lock(&mu_);
   auto changed = [this, seen]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return version_ != seen || state_ >= v1::TRANSFER_STATE_SUCCEEDED;
+    return life_.version != seen || life_.final();
   };
   mu_.AwaitWithTimeout(absl::Condition(&changed), timeout);
 }
 
 std::vector<uint32_t> Record::LayersDone() const {
   absl::MutexLock lock(&mu_);
-  return layers_done_;
+  return progress_.layers_done();
 }
 
 }  // namespace kvrail::transfers

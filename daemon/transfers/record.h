@@ -9,6 +9,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -18,6 +19,7 @@
 #include "daemon/planner/planner.h"
 #include "daemon/regions/regions.h"
 #include "daemon/transfers/remote_path.h"
+#include "daemon/transfers/resolve.h"
 #include "proto/kvrail/v1/transfer.pb.h"
 
 namespace kvrail::transfers {
@@ -80,29 +82,149 @@ struct RecordParams {
   // The session whose readiness the transfer waits on (Record::WaitsOn); 0: none.
   uint64_t readiness_session = 0;
   // Consumer readiness (spec.arrival_flags): `words[i] = value` once layer i has landed; the
-  // record keeps `arrival_region` mapped until it ends. Null: none.
-  std::shared_ptr<regions::Region> arrival_region;
-  uint32_t* arrival_words = nullptr;
-  uint32_t arrival_value = 0;
+  // record keeps the region mapped until it ends. Unset: none.
+  ResolvedFlags arrival;
   // Producer readiness (spec.ready_flags): word i gates transfer layer i. Offered to the engine
-  // (Record::ready_gate) for the GPU-side wait; the record keeps `ready_region` mapped until it
-  // ends. Null: none.
-  std::shared_ptr<regions::Region> ready_region;
-  uint32_t* ready_words = nullptr;
-  uint32_t ready_value = 0;
+  // (Record::ready_gate) for the GPU-side wait; the record keeps the region mapped until it
+  // ends. Unset: none.
+  ResolvedFlags ready;
 };
 
-// Thread-safe: every mutable field is guarded by mu_. `version_` grows with every change so
-// watchers can wait for "anything new". Once the record has ended (a final state), tile reports
+namespace record {
+
+// What was asked and how it was resolved, fixed when the record is made. Immutable: read from
+// any thread without a lock.
+struct Resolution {
+  uint64_t id = 0;
+  v1::TransferSpec spec;  // block ids and grant tokens stripped
+  engine::PriorityClass priority = engine::PriorityClass::kNormal;
+  v1::Path path = v1::PATH_UNSPECIFIED;
+  std::string path_reason;
+  engine::Engine* engine = nullptr;  // not owned
+  std::optional<absl::Time> deadline;
+  // spec.layerwise or spec.ready_flags: tiles are handed over layer by layer.
+  bool layerwise = false;
+  bool inbound = false;
+  std::string link;
+};
+
+// The sessions a record answers to (0: none), kept after its regions are released. Immutable:
+// read from any thread without a lock.
+struct Owners {
+  uint64_t src = 0;      // the source region's
+  uint64_t dst = 0;      // the destination region's
+  uint64_t arrival = 0;  // the arrival-flag region's
+  // An inbound transfer's destination owner, which may read its status (0 for local ones).
+  uint64_t inbound_dst = 0;
+  // The producer whose readiness the transfer waits on (RecordParams.readiness_session).
+  uint64_t readiness = 0;
+  // Whether `session` (not 0) owns memory the transfer writes.
+  bool WritesRegionOf(uint64_t session) const {
+    return session != 0 && (dst == session || arrival == session);
+  }
+};
+
+// Tile and layer accounting: what was handed to the engine, what reported, what landed. Not
+// thread-safe: the owning Record guards it with its lock (Record::mu_).
+class Progress {
+ public:
+  // Counts the plan's tiles per layer; `class_slot` and `link_slot` are the Counters' byte slots.
+  Progress(const planner::Plan& plan, std::atomic<uint64_t>* class_slot,
+           std::atomic<uint64_t>* link_slot);
+
+  // Each hands tiles to the engine, counted as enqueued: every tile (bulk); the tiles of layers
+  // not yet ready, marking every layer ready (the GPU-side gate); the tiles of transfer layers
+  // [first, first + count) not yet ready.
+  std::vector<uint32_t> EnqueueAll(const planner::Plan& plan);
+  std::vector<uint32_t> EnqueueGated(const planner::Plan& plan);
+  std::vector<uint32_t> EnqueueLayers(const planner::Plan& plan, uint32_t first, uint32_t count);
+  bool gated() const { return gated_; }
+  bool AllLayersReady() const;
+
+  // Counts one report (done, failed or removed); false when none is expected (every enqueued
+  // tile has reported), and then nothing is counted.
+  bool TakeReport();
+  // Counts every tile not yet reported as dropped (an inbound record ending), else at most
+  // `removed` of them (taken off the engine's queue).
+  void DropUnreported(bool all, size_t removed);
+  bool AllReported() const { return tiles_reported_ >= tiles_enqueued_; }
+  // A tile landed: counts its bytes (here and in the Counters' slots). Returns whether its layer
+  // is complete now.
+  bool Land(const planner::TileInfo& info);
+  // spec.digest: adds one tile's digests; `layer` is its source layer.
+  void AddDigest(uint32_t tile, uint32_t layer, uint64_t source, uint64_t destination);
+
+  uint64_t bytes_done() const { return bytes_done_; }
+  uint32_t tiles_done() const { return tiles_done_; }
+  const std::vector<uint32_t>& layers_done() const { return layers_done_; }
+  // The digest as TransferStatus.digest reports it (matched while nothing was checked).
+  v1::IntegrityDigest digest() const;
+
+ private:
+  uint64_t bytes_done_ = 0;
+  uint32_t tiles_done_ = 0;
+  uint32_t tiles_enqueued_ = 0;
+  uint32_t tiles_reported_ = 0;  // done, failed or removed from the queue
+  std::vector<uint32_t> layer_tiles_left_;
+  std::vector<bool> layer_ready_;
+  std::vector<uint32_t> layers_done_;  // in completion order
+  bool gated_ = false;                 // handed to the engine's GPU-side wait
+  // Sums and the first (lowest) mismatching tile so far.
+  v1::IntegrityDigest digest_;
+  // The Counters' tile-by-tile byte slots for the record's path and priority, and its link(s) (a
+  // tile's bytes are split evenly over them).
+  std::atomic<uint64_t>* const class_slot_;
+  std::vector<std::atomic<uint64_t>*> link_slots_;
+};
+
+// Where a record is in its life: its state, the end asked of it, and who waits for the end. Not
+// thread-safe: the owning Record guards it with its lock (Record::mu_).
+struct Lifecycle {
+  v1::TransferState state = v1::TRANSFER_STATE_QUEUED;
+  // Grows with every change, so watchers can wait for "anything new".
+  uint64_t version = 0;
+  std::optional<absl::Status> end_request;
+  // The session making the layers ready ended: pending GPU waits are released.
+  bool producer_gone = false;
+  std::vector<std::function<void(const v1::TransferStatus&)>> when_ended;
+  size_t when_ended_counted = 0;  // of them, callers' (Record::kMaxWhenEnded)
+
+  bool final() const { return state >= v1::TRANSFER_STATE_SUCCEEDED; }
+  // Neither ended nor asked to end.
+  bool open() const { return !end_request.has_value() && !final(); }
+  // The state to end in once every tile has landed or every enqueued one has reported after an
+  // end request; none while the record must go on.
+  std::optional<v1::TransferState> FinalState(bool all_landed, bool all_reported) const;
+};
+
+// When and where the transfer ran, as its status reports it. Not thread-safe: the owning Record
+// guards it with its lock (Record::mu_).
+struct Timeline {
+  int64_t received_us = 0;  // the Submit's arrival (0: unknown)
+  int64_t submitted_us = 0;
+  int64_t started_us = 0;  // the first tile's start
+  int64_t finished_us = 0;
+  std::vector<std::string> nics;
+  // The engine's name, refined by OnEngineUsed ("cuda-kernel", "cuda-kernel+cuda-copy-engine").
+  std::string engine_name;
+  // The engine's note (OnEngineNote), appended to the path reason in the status.
+  std::string engine_note;
+};
+
+}  // namespace record
+
+// Thread-safe: every mutable part is guarded by mu_ (its lifecycle, progress, timeline and flag
+// words). The lifecycle's version grows with every change so watchers can wait for "anything
+// new". Once the record has ended (a final state), tile reports
 // change nothing: a late report is ignored, never counted.
 class Record final : public InboundJob {
  public:
   Record(planner::Plan plan, RecordParams params);
   ~Record() override;
 
-  uint64_t id() const { return id_; }
-  const std::optional<absl::Time>& deadline() const { return deadline_; }
-  bool layerwise() const { return layerwise_; }
+  uint64_t id() const { return resolution_.id; }
+  const std::optional<absl::Time>& deadline() const { return resolution_.deadline; }
+  bool layerwise() const { return resolution_.layerwise; }
   // NICs carrying a fabric transfer (TransferStatus.nics).
   void SetNics(std::vector<std::string> nics);
   // Calls `done` with the final status once the transfer ends (at once, on this thread, when it
@@ -114,23 +236,21 @@ class Record final : public InboundJob {
   static constexpr size_t kMaxWhenEnded = 4096;
   absl::Status WhenEnded(std::function<void(const v1::TransferStatus&)> done, bool counted = true);
   // The engine that runs the record's tiles.
-  engine::Engine* engine() const { return engine_; }
-  bool inbound() const { return inbound_; }
+  engine::Engine* engine() const { return resolution_.engine; }
+  bool inbound() const { return resolution_.inbound; }
   // The submitting session (spec.session_id; 0: anonymous, and for inbound transfers, whose
   // submitter is on another node).
-  uint64_t submitter_session() const { return spec_.session_id(); }
+  uint64_t submitter_session() const { return resolution_.spec.session_id(); }
   // The session owning an inbound transfer's destination, which may read its status (0: none,
   // and for transfers submitted here).
-  uint64_t dst_owner_session() const { return dst_owner_session_; }
+  uint64_t dst_owner_session() const { return owners_.inbound_dst; }
   // The session owning the source region (0: none, and for inbound transfers, whose source is on
   // another node): the producer of a pull, which may mark its layers ready.
-  uint64_t src_owner_session() const { return src_session_; }
+  uint64_t src_owner_session() const { return owners_.src; }
   // Whether `session` (not 0) owns memory the transfer writes: its destination or arrival-flag
   // region. When that session ends the transfer ends too (EndSession): nothing is written into
   // the memory of an ended session.
-  bool WritesRegionOf(uint64_t session) const {
-    return session != 0 && (dst_session_ == session || arrival_session_ == session);
-  }
+  bool WritesRegionOf(uint64_t session) const { return owners_.WritesRegionOf(session); }
   // Whether the transfer has not ended and some of its layers are not ready yet (layer-wise
   // only): once the source's owner ended, nobody vouches for those layers' bytes (EndSession).
   // A transfer whose every layer was ready reads final bytes and may finish.
@@ -139,20 +259,20 @@ class Record final : public InboundJob {
   // the producer (MarkReady by the submitter, or spec.ready_flags in its region).
   bool WaitsOn(uint64_t session) const;
   // spec.dst.node_id: the peer an outbound fabric transfer writes to ("" or this node: local).
-  const std::string& spec_dst_node() const { return spec_.dst().node_id(); }
+  const std::string& spec_dst_node() const { return resolution_.spec.dst().node_id(); }
 
   // job::Job
   const planner::Plan& plan() const override { return plan_; }
   const uint8_t* src_base() const override { return src_->data(); }
   uint8_t* dst_base() const override { return dst_->data(); }
   void OnEngineNote(absl::string_view note) override;
-  job::PriorityClass priority() const override { return priority_; }
+  job::PriorityClass priority() const override { return resolution_.priority; }
   void OnTileStart(uint32_t tile) override;
   void OnTileDone(uint32_t tile, const absl::Status& status) override;
   // spec.digest: the engines' per-tile digests, summed into TransferStatus.digest.
-  bool wants_digest() const override { return spec_.digest(); }
+  bool wants_digest() const override { return resolution_.spec.digest(); }
   void OnTileDigest(uint32_t tile, uint64_t source, uint64_t destination) override;
-  bool MayGetMoreTiles() const override { return layerwise_ && !IsFinal(); }
+  bool MayGetMoreTiles() const override { return resolution_.layerwise && !IsFinal(); }
   absl::Status ended(bool* producer_gone) const override;
   // The regions' placements and device addresses, spec.ready_flags as the GPU-side readiness
   // wait's gate, and the engine's mode report.
@@ -225,72 +345,27 @@ class Record final : public InboundJob {
   void ReleaseRegionsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FillStatusLocked(v1::TransferStatus* status) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  const uint64_t id_;
-  const v1::TransferSpec spec_;  // block ids and grant tokens stripped
-  // Dropped when the transfer ends (so an unregistered region's memory, e.g. a CUDA IPC mapping,
-  // is released then, not when the record leaves the history). Engines read them only while
-  // tiles of the record run, which ends before the final state.
-  std::shared_ptr<regions::Region> src_;
-  std::shared_ptr<regions::Region> dst_;
+  const record::Resolution resolution_;
+  const record::Owners owners_;
   // Its block tables are freed when the transfer ends (no tile runs then; engines use only the
   // header afterwards). Everything else is immutable after construction.
   planner::Plan plan_;
-  const engine::PriorityClass priority_;
-  const v1::Path path_;
-  const std::string path_reason_;
-  engine::Engine* const engine_;
-  const std::optional<absl::Time> deadline_;
-  const bool layerwise_;
+  // Dropped when the transfer ends, under mu_ (so an unregistered region's memory, e.g. a CUDA
+  // IPC mapping, is released then, not when the record leaves the history). Engines read them
+  // without the lock only while tiles of the record run, which ends before the final state.
+  std::shared_ptr<regions::Region> src_;
+  std::shared_ptr<regions::Region> dst_;
   const std::shared_ptr<Counters> counters_;
   Clock* const clock_;
-  const int64_t submitted_us_;
-  const bool inbound_;
-  const std::string link_;
-  const int64_t received_us_;
-  const uint64_t dst_owner_session_;
-  const uint64_t readiness_session_;
-  // The sessions owning src_, dst_ and the arrival-flag region (0: none), kept after the regions
-  // are released.
-  const uint64_t src_session_;
-  const uint64_t dst_session_;
-  const uint64_t arrival_session_;
-
   mutable Sides sides_{this};
 
   mutable absl::Mutex mu_;
-  v1::TransferState state_ ABSL_GUARDED_BY(mu_) = v1::TRANSFER_STATE_QUEUED;
-  uint64_t version_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t bytes_done_ ABSL_GUARDED_BY(mu_) = 0;
-  uint32_t tiles_done_ ABSL_GUARDED_BY(mu_) = 0;
-  // spec.digest: sums and the first (lowest) mismatching tile so far.
-  v1::IntegrityDigest digest_ ABSL_GUARDED_BY(mu_);
-  uint32_t tiles_enqueued_ ABSL_GUARDED_BY(mu_) = 0;
-  uint32_t tiles_reported_ ABSL_GUARDED_BY(mu_) = 0;  // done, failed or removed from the queue
-  std::vector<uint32_t> layer_tiles_left_ ABSL_GUARDED_BY(mu_);
-  std::vector<bool> layer_ready_ ABSL_GUARDED_BY(mu_);
-  std::vector<uint32_t> layers_done_ ABSL_GUARDED_BY(mu_);
-  std::optional<absl::Status> end_request_ ABSL_GUARDED_BY(mu_);
-  int64_t started_us_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t finished_us_ ABSL_GUARDED_BY(mu_) = 0;
-  std::shared_ptr<regions::Region> arrival_region_ ABSL_GUARDED_BY(mu_);
-  uint32_t* arrival_words_ ABSL_GUARDED_BY(mu_) = nullptr;
-  uint32_t arrival_value_ ABSL_GUARDED_BY(mu_) = 0;
-  std::shared_ptr<regions::Region> ready_region_ ABSL_GUARDED_BY(mu_);
-  uint32_t* ready_words_ ABSL_GUARDED_BY(mu_) = nullptr;
-  uint32_t ready_value_ ABSL_GUARDED_BY(mu_) = 0;
-  bool gated_ ABSL_GUARDED_BY(mu_) = false;
-  bool producer_gone_ ABSL_GUARDED_BY(mu_) = false;
-  std::vector<std::string> nics_ ABSL_GUARDED_BY(mu_);
-  // Counters' tile-by-tile byte slots for this record's path and priority, and its link(s) (the
-  // NICs once SetNics names them; a tile's bytes are split evenly over them).
-  std::atomic<uint64_t>* class_slot_ = nullptr;  // set in the constructor, then read-only
-  std::vector<std::atomic<uint64_t>*> link_slots_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::function<void(const v1::TransferStatus&)>> when_ended_ ABSL_GUARDED_BY(mu_);
-  size_t when_ended_counted_ ABSL_GUARDED_BY(mu_) = 0;  // of them, callers' (kMaxWhenEnded)
-  // The engine's name, refined by OnEngineUsed ("cuda-kernel", "cuda-kernel+cuda-copy-engine").
-  std::string engine_name_ ABSL_GUARDED_BY(mu_);
-  // The engine's note (OnEngineNote), appended to path_reason_ in the status.
-  std::string engine_note_ ABSL_GUARDED_BY(mu_);
+  record::Lifecycle life_ ABSL_GUARDED_BY(mu_);
+  record::Progress progress_ ABSL_GUARDED_BY(mu_);
+  record::Timeline timeline_ ABSL_GUARDED_BY(mu_);
+  // Kept mapped until the transfer ends.
+  ResolvedFlags arrival_ ABSL_GUARDED_BY(mu_);
+  ResolvedFlags ready_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace kvrail::transfers

@@ -266,18 +266,12 @@ absl::StatusOr<v1::SubmitTransferResponse> TransferManagerImpl::SubmitLocal(
   params.deadline = deadline;
   params.link = LinkName(*request.src, *request.dst);
   params.received_us = received_us;
-  if (request.arrival.set()) {
-    params.arrival_region = request.arrival.region;
-    params.arrival_words = request.arrival.words;
-    params.arrival_value = request.arrival.value;
-  }
+  if (request.arrival.set()) params.arrival = request.arrival;
   // A layer-wise transfer waits for its producer: the owner of its ready flags, else the
   // submitter (MarkReady). EndSession ends it when that session ends.
   if (request.ready.set()) {
     params.readiness_session = request.ready.region->session_id();
-    params.ready_region = request.ready.region;
-    params.ready_words = request.ready.words;
-    params.ready_value = request.ready.value;
+    params.ready = request.ready;
   } else if (spec.layerwise()) {
     params.readiness_session = spec.session_id();
   }
