@@ -2,7 +2,8 @@
 # deploy/dev.sh's sanitizer stages against CI's time budget, with tiny budgets and stand-ins for
 # bazel, the test runs and the fuzzers: a stage that does not fit runs its declared smaller
 # scope ("REDUCED") or is counted FAILED, a stage stopped at the budget is counted FAILED, and the
-# fuzzers short of time replay their corpus once. Nothing here may pass by not running.
+# fuzzers short of time replay their corpus once; KVRAIL_SAN=0, a scope that ran no test and a
+# fuzzer that failed to build are failures. Nothing here may pass by not running.
 set -u
 dir="$TEST_SRCDIR/$TEST_WORKSPACE"
 tmp=$(mktemp -d)
@@ -57,6 +58,11 @@ check "  asan FAILED is printed" grep -q "^asan stage FAILED (time budget: 10 s"
 check "  the fuzz stage FAILED too" grep -q "^fuzz stage FAILED" "$tmp/out"
 check "  no SKIPPED line" bash -c "! grep -q SKIPPED '$tmp/out'"
 
+KVRAIL_SAN=0 run_stages 100000
+check "KVRAIL_SAN=0: no stage runs" bash -c "! grep -q . '$tmp/calls'"
+check "  SKIPPED is printed and counted as a failure" \
+  bash -c "grep -q '^sanitizer stages SKIPPED (KVRAIL_SAN=0' '$tmp/out' && [ $SAN_FAILED -eq 1 ]"
+
 # A test stage stopped at the budget (timeout's 124) is counted failed.
 unset -f san_tests
 source <(sed -n '/^san_tests() {/,/^}/p' "$dir/deploy/dev.sh")
@@ -65,6 +71,14 @@ SAN_PASSED=0 SAN_FAILED=0 CI_BUDGET_S=100 SECONDS=0
 san_tests asan "$tmp/base" asan "//x/..." > "$tmp/out" 2>&1
 check "a stage stopped at the budget is INCOMPLETE and counted FAILED" \
   bash -c "grep -q 'asan stage INCOMPLETE' '$tmp/out' && [ $SAN_FAILED -eq 1 ]"
+unset -f timeout
+
+# A scope that matched no test (bazel says nothing per test and exits 0) is counted failed.
+timeout() { return 0; }
+SAN_PASSED=0 SAN_FAILED=0 CI_BUDGET_S=100 SECONDS=0
+san_tests asan "$tmp/base" asan "//nothing/..." > "$tmp/out" 2>&1
+check "a stage whose scope ran no test is FAILED" \
+  bash -c "grep -q 'asan stage FAILED (no test ran' '$tmp/out' && [ $SAN_FAILED -eq 1 ] && [ $SAN_PASSED -eq 0 ]"
 unset -f timeout
 
 # The fuzzers with too little time left after their build replay their corpus once.
@@ -96,6 +110,24 @@ SAN_PASSED=0 SAN_FAILED=0 CI_BUDGET_S=100000 SECONDS=0
 fuzz_tests full > "$tmp/out" 2>&1
 check "fuzzers with time: each runs FUZZ_SECONDS" \
   test "$(grep -c -- " -max_total_time=$FUZZ_SECONDS " "$tmp/runs")" -eq 2
+
+# A fuzzer whose build failed is not run from the binary an earlier build left.
+bazel() {
+  case "$*" in
+    *" query "*) printf '//tests/fuzz:one_fuzzer\n//tests/fuzz:two_fuzzer\n' ;;
+    *" info "*) echo "$tmp/bin" ;;
+    *"--check_up_to_date //tests/fuzz:one_fuzzer"*) return 1 ;;
+    *"--check_up_to_date"*) return 0 ;;
+    *" build "*) return 1 ;;
+  esac
+}
+: > "$tmp/runs"
+SAN_PASSED=0 SAN_FAILED=0 CI_BUDGET_S=100000 SECONDS=0
+fuzz_tests full > "$tmp/out" 2>&1
+check "a fuzzer that failed to build is FAILED, not run from an old binary" \
+  bash -c "grep -q '^fuzz one_fuzzer FAILED (did not build)' '$tmp/out' && ! grep -q one_fuzzer '$tmp/runs'"
+check "  the one that built runs and counts" \
+  bash -c "grep -q two_fuzzer '$tmp/runs' && [ $SAN_PASSED -eq 1 ] && [ $SAN_FAILED -eq 1 ]"
 
 echo "$fails failed"
 [ "$fails" -eq 0 ]
