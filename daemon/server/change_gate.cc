@@ -68,7 +68,7 @@ v1::Transfer::Stub* ChangeGate::successor() {
   return successor_.get();
 }
 
-void PrepareForwardedCall(const grpc::ServerContext& context, grpc::ClientContext* out) {
+void PrepareForwardedCall(const grpc::ServerContextBase& context, grpc::ClientContext* out) {
   const auto& metadata = context.client_metadata();
   auto it = metadata.find(wire::kSessionMetadataKey);
   if (it != metadata.end()) {

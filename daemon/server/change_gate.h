@@ -40,7 +40,7 @@ class ChangeGate {
 
 // The client context for a call forwarded to the successor: the caller's session credentials
 // (kvrail-session metadata) and deadline.
-void PrepareForwardedCall(const grpc::ServerContext& context, grpc::ClientContext* out);
+void PrepareForwardedCall(const grpc::ServerContextBase& context, grpc::ClientContext* out);
 
 // The call, made on the successor with the caller's credentials and deadline; UNAVAILABLE when
 // there is no successor to call.

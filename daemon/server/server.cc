@@ -44,13 +44,45 @@ absl::StatusOr<sessions::Caller> CallerOf(grpc::ServerContextBase* context,
   absl::StatusOr<WatcherCounts::Slot> slot = watchers_.Take(caller); \
   if (!slot.ok()) return refuse(ToGrpcStatus(slot.status()))
 
-// The refusal of a unary callback call before it began.
-grpc::ServerUnaryReactor* RefusedUnary(grpc::CallbackServerContext* context,
-                                       const grpc::Status& status) {
+// A unary callback call answered before it began to wait (a refusal, or what is there now).
+grpc::ServerUnaryReactor* AnsweredUnary(grpc::CallbackServerContext* context,
+                                        const grpc::Status& status) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(status);
   return reactor;
 }
+
+// PollNotifications made on the successor after a handover, without holding a thread: the
+// successor's answer finishes the caller's call. Deletes itself when the forwarded call is done.
+class ForwardedPoll final : public grpc::ClientUnaryReactor {
+ public:
+  // Starts the call; the returned reactor answers the caller.
+  static grpc::ServerUnaryReactor* Start(grpc::CallbackServerContext* context,
+                                         v1::Transfer::Stub* successor,
+                                         const v1::NotificationPollRequest* request,
+                                         v1::NotificationPollResponse* response) {
+    if (successor == nullptr) {
+      return AnsweredUnary(context, grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                                                 "kvraild handed over to its successor; call it "
+                                                 "(reconnect)"));
+    }
+    auto* forwarded = new ForwardedPoll(context->DefaultReactor());
+    PrepareForwardedCall(*context, &forwarded->out_);
+    successor->async()->PollNotifications(&forwarded->out_, request, response, forwarded);
+    forwarded->StartCall();
+    return forwarded->answer_;
+  }
+
+  void OnDone(const grpc::Status& status) override {
+    answer_->Finish(status);
+    delete this;
+  }
+
+ private:
+  explicit ForwardedPoll(grpc::ServerUnaryReactor* answer) : answer_(answer) {}
+  grpc::ServerUnaryReactor* const answer_;
+  grpc::ClientContext out_;
+};
 
 // How often the watch pump looks at every open wait and watch (a transfer's end wakes it at
 // once): the most a watch event waits to be sent.
@@ -72,13 +104,14 @@ constexpr absl::Duration kWatchTick = absl::Milliseconds(5);
     gate_                                                                        \
   }
 
-// WaitTransfer, WatchTransfer and WatchNotifications are callback methods driven by the watch
-// pump (watch_calls.h): they hold no thread while they wait. The rest answer at once on gRPC's
-// synchronous pool.
+// WaitTransfer, WatchTransfer, WatchNotifications and PollNotifications are callback methods
+// driven by the watch pump (watch_calls.h): they hold no thread while they wait. The rest answer
+// at once on gRPC's synchronous pool.
 class TransferService final
     : public v1::Transfer::WithCallbackMethod_WaitTransfer<
           v1::Transfer::WithCallbackMethod_WatchTransfer<
-              v1::Transfer::WithCallbackMethod_WatchNotifications<v1::Transfer::Service>>> {
+              v1::Transfer::WithCallbackMethod_WatchNotifications<
+                  v1::Transfer::WithCallbackMethod_PollNotifications<v1::Transfer::Service>>>> {
  public:
   TransferService(const sessions::SessionTable* sessions, regions::RegionTable* regions,
                   access::Grants* grants, transfers::TransferManager* transfers,
@@ -157,7 +190,7 @@ class TransferService final
   grpc::ServerUnaryReactor* WaitTransfer(grpc::CallbackServerContext* context,
                                          const v1::WaitTransferRequest* request,
                                          v1::TransferStatus* response) override {
-    auto refuse = [context](const grpc::Status& status) { return RefusedUnary(context, status); };
+    auto refuse = [context](const grpc::Status& status) { return AnsweredUnary(context, status); };
     absl::StatusOr<sessions::Caller> caller = CallerOf(context, *sessions_, tcp_api_);
     if (!caller.ok()) return refuse(ToGrpcStatus(caller.status()));
     // A refusal comes before the watcher cap (the manager checks the caller on every call).
@@ -222,30 +255,36 @@ class TransferService final
     return ToGrpcStatus(grants_->RevokeGrant(request->token(), caller));
   }
 
-  grpc::Status PollNotifications(grpc::ServerContext* context,
-                                 const v1::NotificationPollRequest* request,
-                                 v1::NotificationPollResponse* response) override {
-    KVRAIL_CALLER_OR_RETURN(caller);
+  // Answers at once when something is queued or the caller does not wait; a poll that waits
+  // takes a watcher place (the caps of WaitTransfer and the watches) and no thread.
+  grpc::ServerUnaryReactor* PollNotifications(grpc::CallbackServerContext* context,
+                                              const v1::NotificationPollRequest* request,
+                                              v1::NotificationPollResponse* response) override {
+    auto refuse = [context](const grpc::Status& status) { return AnsweredUnary(context, status); };
+    absl::StatusOr<sessions::Caller> caller = CallerOf(context, *sessions_, tcp_api_);
+    if (!caller.ok()) return refuse(ToGrpcStatus(caller.status()));
     if (gate_->forwarding()) {
-      v1::Transfer::Stub* successor = gate_->successor();
-      return ForwardCall(*context, successor,
-                         [&](v1::Transfer::Stub* stub, grpc::ClientContext* out) {
-                           return stub->PollNotifications(out, *request, response);
-                         });
+      return ForwardedPoll::Start(context, gate_->successor(), request, response);
     }
-    if (absl::Status readable = NotificationsReadable(request->session_id(), caller);
+    if (absl::Status readable = NotificationsReadable(request->session_id(), *caller);
         !readable.ok()) {
-      return ToGrpcStatus(readable);
+      return refuse(ToGrpcStatus(readable));
     }
     if (request->timeout_ms() > kMaxPollTimeoutMs) {
-      return ToGrpcStatus(absl::InvalidArgumentError(
-          absl::StrCat("timeout_ms: ", request->timeout_ms(), " is above ", kMaxPollTimeoutMs)));
+      return refuse(ToGrpcStatus(absl::InvalidArgumentError(
+          absl::StrCat("timeout_ms: ", request->timeout_ms(), " is above ", kMaxPollTimeoutMs))));
     }
     auto taken = notifications_->Take(request->session_id(), request->max_notifications(),
-                                      absl::Milliseconds(request->timeout_ms()));
-    if (!taken.ok()) return ToGrpcStatus(taken.status());
-    for (auto& n : *taken) *response->add_notifications() = std::move(n);
-    return grpc::Status::OK;
+                                      absl::ZeroDuration());
+    if (!taken.ok()) return refuse(ToGrpcStatus(taken.status()));
+    if (!taken->empty() || request->timeout_ms() == 0) {
+      for (auto& n : *taken) *response->add_notifications() = std::move(n);
+      return AnsweredUnary(context, grpc::Status::OK);
+    }
+    KVRAIL_WATCHER_OR_REFUSE(slot, *caller, refuse);
+    return StartPoll(context, request->session_id(), request->max_notifications(),
+                     absl::Milliseconds(request->timeout_ms()), response, *std::move(slot),
+                     notifications_, pump_);
   }
 
   grpc::ServerWriteReactor<v1::Notification>* WatchNotifications(

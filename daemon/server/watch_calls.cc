@@ -162,6 +162,50 @@ class WaitCall final : public PumpedCall {
   std::optional<v1::TransferStatus> ended_ ABSL_GUARDED_BY(mu_);
 };
 
+// PollNotifications' wait: each poll takes what is queued without blocking; the first
+// notification, the session's end, the timeout or the client's leaving answers.
+class PollCall final : public PumpedCall {
+ public:
+  PollCall(grpc::CallbackServerContext* context, uint64_t session_id, uint32_t max,
+           absl::Time until, v1::NotificationPollResponse* response, WatcherCounts::Slot slot,
+           transfers::NotificationHub* hub)
+      : context_(context),
+        reactor_(context->DefaultReactor()),
+        session_id_(session_id),
+        max_(max),
+        until_(until),
+        response_(response),
+        slot_(std::move(slot)),
+        hub_(hub) {}
+
+  grpc::ServerUnaryReactor* reactor() const { return reactor_; }
+
+  bool Poll() override {
+    absl::StatusOr<std::vector<v1::Notification>> taken =
+        hub_->Take(session_id_, max_, absl::ZeroDuration());
+    if (taken.ok() && taken->empty() && absl::Now() < until_ && !context_->IsCancelled()) {
+      return true;
+    }
+    // After Finish the context and response belong to gRPC again: nothing here touches them.
+    if (taken.ok()) {
+      for (v1::Notification& n : *taken) *response_->add_notifications() = std::move(n);
+    }
+    reactor_->Finish(taken.ok() ? grpc::Status::OK : ToGrpcStatus(taken.status()));
+    slot_.reset();
+    return false;
+  }
+
+ private:
+  grpc::CallbackServerContext* const context_;
+  grpc::ServerUnaryReactor* const reactor_;
+  const uint64_t session_id_;
+  const uint32_t max_;
+  const absl::Time until_;
+  v1::NotificationPollResponse* const response_;
+  WatcherCounts::Slot slot_;
+  transfers::NotificationHub* const hub_;
+};
+
 // A server stream fed by the pump: Produce appends what is new (only while nothing is being
 // written, so a slow reader holds one message, not a queue), writes go one at a time, and the
 // stream finishes when Produce says it is over, fails, or the client goes. StartWrite and Finish
@@ -343,6 +387,18 @@ grpc::ServerUnaryReactor* StartWait(grpc::CallbackServerContext* context,
         if (auto p = weak_pump.lock()) p->Wake();
       });
   if (!followed.ok()) call->PollState();
+  pump->Add(std::move(call));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* StartPoll(grpc::CallbackServerContext* context, uint64_t session_id,
+                                    uint32_t max, absl::Duration timeout,
+                                    v1::NotificationPollResponse* response,
+                                    WatcherCounts::Slot slot, transfers::NotificationHub* hub,
+                                    const std::shared_ptr<WatchPump>& pump) {
+  auto call = std::make_shared<PollCall>(context, session_id, max, absl::Now() + timeout, response,
+                                         std::move(slot), hub);
+  grpc::ServerUnaryReactor* reactor = call->reactor();
   pump->Add(std::move(call));
   return reactor;
 }

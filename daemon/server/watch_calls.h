@@ -1,10 +1,10 @@
-// Waits and watches served on gRPC's callback API: WaitTransfer, WatchTransfer and
-// WatchNotifications hold no thread while they wait. Each open call is a reactor polled by one
-// pump thread (every tick, and at once when a transfer a Wait waits for ends), so a daemon with
-// thousands of open watches runs a fixed number of threads; the calls that do answer at once
-// (status, submit, lists) keep gRPC's synchronous pool to themselves. Open calls are capped per
-// session and per uid (WatcherCounts): the excess is refused RESOURCE_EXHAUSTED naming the cap.
-// Internal to the server module.
+// Waits and watches served on gRPC's callback API: WaitTransfer, WatchTransfer,
+// WatchNotifications and a PollNotifications that waits hold no thread while they wait. Each open
+// call is a reactor polled by one pump thread (every tick, and at once when a transfer a Wait waits
+// for ends), so a daemon with thousands of open watches runs a fixed number of threads; the calls
+// that do answer at once (status, submit, lists) keep gRPC's synchronous pool to themselves. Open
+// calls are capped per session and per uid (WatcherCounts): the excess is refused
+// RESOURCE_EXHAUSTED naming the cap. Internal to the server module.
 #pragma once
 
 #include <grpcpp/server_context.h>
@@ -131,6 +131,15 @@ grpc::ServerWriteReactor<v1::TransferEvent>* StartWatch(grpc::CallbackServerCont
 grpc::ServerWriteReactor<v1::Notification>* StartNotificationWatch(
     grpc::CallbackServerContext* context, uint64_t session_id, WatcherCounts::Slot slot,
     transfers::NotificationHub* hub, const std::shared_ptr<WatchPump>& pump);
+
+// PollNotifications that found nothing queued and may wait: answers with up to `max` (0: 256)
+// of the session's notifications once one is queued (seen at the pump's next tick), empty after
+// `timeout` or when the client goes, NOT_FOUND when the session ends. Holds `slot` until then.
+grpc::ServerUnaryReactor* StartPoll(grpc::CallbackServerContext* context, uint64_t session_id,
+                                    uint32_t max, absl::Duration timeout,
+                                    v1::NotificationPollResponse* response,
+                                    WatcherCounts::Slot slot, transfers::NotificationHub* hub,
+                                    const std::shared_ptr<WatchPump>& pump);
 
 // A streaming call refused before it began.
 template <typename T>

@@ -1,7 +1,8 @@
 // No client can starve the rest, against a live kvraild (docs/security.md "Caps"):
 // transfer status for its submitter only, a killed layer-wise producer's transfer failing at once,
-// watch streams that end when their client goes and are capped per session, and a daemon whose
-// descriptors run short refusing extra sessions while its gRPC API and session socket keep serving.
+// watch streams that end when their client goes and are capped per session, notification polls
+// capped per uid and holding no thread, and a daemon whose descriptors run short refusing extra
+// sessions while its gRPC API and session socket keep serving.
 #define CATCH_CONFIG_MAIN
 #include <grpcpp/grpcpp.h>
 #include <sys/resource.h>
@@ -13,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "proto/kvrail/v1/admin.grpc.pb.h"
 #include "proto/kvrail/v1/transfer.grpc.pb.h"
@@ -316,6 +318,100 @@ TEST_CASE("one uid's waits and watches are capped per uid and hold no daemon thr
     }
     CHECK(n->Finish().ok());
   }
+}
+
+TEST_CASE("one uid's notification polls are capped per uid and hold no daemon thread each") {
+  // A PollNotifications with a timeout used to hold one of gRPC's synchronous threads while it
+  // waited: one uid's pollers grew the daemon by a thread each, without a cap. Now a poll that
+  // must wait is a callback call the watch pump answers, counted with the waits and watches.
+  TempDir config_dir;
+  const std::string config = config_dir.path() + "/kvraild.textproto";
+  std::ofstream(config) << "max_watchers_per_uid: 192\n";
+  LiveDaemon live({"--config", config});
+  auto stub = v1::Transfer::NewStub(Channel(live));
+  auto admin = v1::Admin::NewStub(Channel(live));
+  const long threads_before = ProcStatus(live.daemon.pid(), "Threads");
+
+  // Three sessions of this uid, 64 polls each (the per-session cap), each waiting up to 60 s.
+  struct Poll {
+    grpc::ClientContext context;
+    v1::NotificationPollRequest request;
+    v1::NotificationPollResponse response;
+  };
+  std::vector<std::unique_ptr<wire::SessionConnection>> sessions;
+  std::vector<std::unique_ptr<Poll>> polls;
+  absl::Mutex mu;
+  std::vector<grpc::Status> answers;
+  for (int s = 0; s < 3; ++s) {
+    auto session = wire::SessionConnection::Open(wire::SessionSocketPath(live.daemon.socket()));
+    REQUIRE(session.ok());
+    const std::string credential =
+        wire::SessionMetadataValue((*session)->session_id(), (*session)->secret());
+    for (int i = 0; i < 64; ++i) {
+      polls.push_back(std::make_unique<Poll>());
+      Poll& p = *polls.back();
+      p.context.AddMetadata(wire::kSessionMetadataKey, credential);
+      p.request.set_session_id((*session)->session_id());
+      p.request.set_timeout_ms(60000);
+      stub->async()->PollNotifications(&p.context, &p.request, &p.response,
+                                       [&mu, &answers](grpc::Status status) {
+                                         absl::MutexLock lock(&mu);
+                                         answers.push_back(std::move(status));
+                                       });
+    }
+    sessions.push_back(*std::move(session));
+  }
+  // The polls reach the daemon in their own time; all 192 places are taken when a fourth
+  // session's poll is refused naming the per-uid cap (one that is not refused returns empty
+  // after its 1 s).
+  auto fourth = wire::SessionConnection::Open(wire::SessionSocketPath(live.daemon.socket()));
+  REQUIRE(fourth.ok());
+  grpc::Status refused;
+  const absl::Time until = absl::Now() + absl::Seconds(20);
+  do {
+    grpc::ClientContext context;
+    context.AddMetadata(wire::kSessionMetadataKey,
+                        wire::SessionMetadataValue((*fourth)->session_id(), (*fourth)->secret()));
+    v1::NotificationPollRequest request;
+    request.set_session_id((*fourth)->session_id());
+    request.set_timeout_ms(1000);
+    v1::NotificationPollResponse response;
+    refused = stub->PollNotifications(&context, request, &response);
+  } while (refused.ok() && absl::Now() < until);
+  CHECK(Has(refused, grpc::StatusCode::RESOURCE_EXHAUSTED, "max_watchers_per_uid: uid "));
+
+  // Everyone else is served at once: anonymous stats, another session's own poll without a wait.
+  const long threads_polling = ProcStatus(live.daemon.pid(), "Threads");
+  const absl::Time asked = absl::Now();
+  for (int i = 0; i < 20; ++i) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    v1::Stats stats;
+    REQUIRE(admin->GetStats(&context, v1::GetStatsRequest(), &stats).ok());
+  }
+  const absl::Duration twenty_stats = absl::Now() - asked;
+  auto own = live.client->PollNotifications(0, absl::ZeroDuration());
+  CHECK(own.ok());
+  WARN("daemon threads: " << threads_before << " before, " << threads_polling
+                          << " with 192 polls waiting; 20 GetStats took "
+                          << absl::FormatDuration(twenty_stats));
+  // One thread per poll would be 192 more.
+  CHECK(threads_polling <= threads_before + 16);
+  {
+    absl::MutexLock lock(&mu);
+    CHECK(answers.empty());  // the polls are still waiting
+  }
+  // The sessions end: every poll is answered (NOT_FOUND: its session is gone), long before 60 s.
+  sessions.clear();
+  const absl::Time answered_by = absl::Now() + absl::Seconds(10);
+  auto all_answered = [&] {
+    absl::MutexLock lock(&mu);
+    return answers.size() == polls.size();
+  };
+  while (!all_answered() && absl::Now() < answered_by) absl::SleepFor(absl::Milliseconds(10));
+  absl::MutexLock lock(&mu);
+  CHECK(answers.size() == polls.size());
+  for (const grpc::Status& s : answers) CHECK(Has(s, grpc::StatusCode::NOT_FOUND, "session_id"));
 }
 
 TEST_CASE("short of descriptors, extra sessions are refused and gRPC and sessions still serve") {
