@@ -142,34 +142,37 @@ class Flooder {
   }
 
   // Session WAITs on the stuck transfer: 64 per connection (the 65th refused), connections until
-  // the uid's cap refuses.
+  // the uid's cap refuses. Each burst ends with a malformed WAIT, answered at once: the answers
+  // before it are the burst's refusals (an accepted WAIT is answered only when its transfer ends).
   void FloodWaits() {
     const std::string wait = wire::EncodeWait(stuck_, main_.credential);
+    const std::string sentinel = "WAIT end-of-burst";
     uint64_t pending = 0;
     std::string per_connection, per_uid;
     for (int c = 0; c < 64 && per_uid.empty(); ++c) {
       RawSession s = OpenRaw(session_path_);
       if (!s.sock.valid()) Die("WAIT session: " + s.refusal);
-      int sent = 0;
-      for (; sent < 65; ++sent) {
-        if (!wire::SendPacket(s.sock.get(), wait).ok()) break;
+      for (int i = 0; i < 65; ++i) {
+        if (!wire::SendPacket(s.sock.get(), wait).ok()) Die("WAIT: send");
       }
-      // Only refusals are answered now: the first one says which cap it was.
-      absl::StatusOr<std::string> answer = wire::ReceivePacket(s.sock.get());
-      if (!answer.ok()) Die("WAIT: no refusal: " + answer.status().ToString());
-      if (absl::StrContains(*answer, "max_watchers_per_uid")) {
-        per_uid = *answer;
-        // What this connection got before the uid's cap: the others of its 65 were refused too.
-        int refused = 1;
-        timeval short_wait{0, 200000};
-        ::setsockopt(s.sock.get(), SOL_SOCKET, SO_RCVTIMEO, &short_wait, sizeof(short_wait));
-        while (wire::ReceivePacket(s.sock.get()).ok()) ++refused;
-        pending += sent - refused;
-        waits_refused_at_uid_ = std::move(s);
-      } else {
-        if (per_connection.empty()) per_connection = *answer;
-        pending += sent - 1;
+      if (!wire::SendPacket(s.sock.get(), sentinel).ok()) Die("WAIT: send");
+      int refused = 0;
+      while (true) {
+        absl::StatusOr<std::string> answer = wire::ReceivePacket(s.sock.get());
+        if (!answer.ok()) Die("WAIT: no answer: " + answer.status().ToString());
+        if (absl::StrContains(*answer, "end-of-burst")) break;
+        ++refused;
+        if (absl::StrContains(*answer, "max_watchers_per_uid")) {
+          if (per_uid.empty()) per_uid = *answer;
+        } else if (per_connection.empty()) {
+          per_connection = *answer;
+        }
+      }
+      pending += 65 - refused;
+      if (per_uid.empty()) {
         wait_sessions_.push_back(std::move(s));
+      } else {
+        waits_refused_at_uid_ = std::move(s);
       }
     }
     Say("waits_pending", std::to_string(pending));
