@@ -34,6 +34,9 @@ ClientOptions ClientOptions::FromEnvironment(
     options.completion_queue = std::string(cq) != "0";
   }
   ReadMicros(getenv("KVRAIL_COMPLETION_SPIN_US"), &options.completion_spin);
+  if (const char* word = getenv("KVRAIL_GPU_DONE_WORD"); word != nullptr) {
+    options.gpu_done_word = std::string(word) != "0";
+  }
   if (const char* entries = getenv("KVRAIL_COMPLETION_QUEUE_ENTRIES"); entries != nullptr) {
     uint32_t n = 0;
     if (absl::SimpleAtoi(entries, &n)) options.completion_queue_entries = n;

@@ -23,6 +23,7 @@ TEST_CASE("an empty environment gives the defaults") {
   CHECK(o.submit_via_session);
   CHECK(o.answer_spin == absl::Microseconds(200));
   CHECK(o.completion_queue);
+  CHECK(o.gpu_done_word);
   CHECK(o.completion_spin == absl::Microseconds(50));
   CHECK(o.completion_queue_entries == 4096);
   CHECK(o.eager_block_table);
@@ -33,6 +34,7 @@ TEST_CASE("each variable sets its field") {
                                 {"KVRAIL_SUBMIT_VIA", "grpc"},
                                 {"KVRAIL_ANSWER_SPIN_US", "0"},
                                 {"KVRAIL_COMPLETION_QUEUE", "0"},
+                                {"KVRAIL_GPU_DONE_WORD", "0"},
                                 {"KVRAIL_COMPLETION_SPIN_US", "7"},
                                 {"KVRAIL_COMPLETION_QUEUE_ENTRIES", "64"},
                                 {"KVRAIL_BLOCK_TABLE_BUFFER", "lazy"}});
@@ -40,6 +42,7 @@ TEST_CASE("each variable sets its field") {
   CHECK_FALSE(o.submit_via_session);
   CHECK(o.answer_spin == absl::ZeroDuration());
   CHECK_FALSE(o.completion_queue);
+  CHECK_FALSE(o.gpu_done_word);
   CHECK(o.completion_spin == absl::Microseconds(7));
   CHECK(o.completion_queue_entries == 64);
   CHECK_FALSE(o.eager_block_table);

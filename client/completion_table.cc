@@ -4,6 +4,7 @@
 #include <time.h>
 
 #include <algorithm>
+#include <random>
 #include <utility>
 
 #include "absl/time/clock.h"
@@ -30,11 +31,85 @@ uint64_t CompletionTable::OverflowMark() {
   return ring_->view().overflow();
 }
 
-void CompletionTable::Follow(uint64_t id, uint64_t mark) {
+void CompletionTable::EnableDoneWords(uint64_t* words, uint32_t count, uint64_t region_id) {
   absl::MutexLock lock(&mu_);
-  if (done_.contains(id)) return;
+  words_ = words;
+  words_region_ = words != nullptr ? region_id : 0;
+  free_slots_.clear();
+  if (words == nullptr) return;
+  free_slots_.reserve(count);
+  // Taken from the back: slot 0 first, and a slot just given back is the next one taken. Slots
+  // of transfers still followed in the same words stay out of the list until they are given back.
+  for (uint32_t i = count; i > 0; --i) {
+    bool busy = false;
+    for (const auto& [id, w] : watched_) busy = busy || w.word == words + (i - 1);
+    if (!busy) free_slots_.push_back(i - 1);
+  }
+  // A random base: values stay unique even where another table used the same words before.
+  if (next_value_ == 0) {
+    std::random_device rd;
+    next_value_ = ((uint64_t{rd()} << 32) | rd()) | 1;
+  }
+}
+
+std::optional<CompletionTable::DoneSlot> CompletionTable::TakeDoneSlot() {
+  absl::MutexLock lock(&mu_);
+  if (words_ == nullptr || free_slots_.empty() || broken_) return std::nullopt;
+  DoneSlot slot;
+  slot.index = free_slots_.back();
+  free_slots_.pop_back();
+  slot.value = next_value_++;
+  if (slot.value == 0) slot.value = next_value_++;  // 0 is never a done word's value
+  slot.region_id = words_region_;
+  return slot;
+}
+
+void CompletionTable::ReturnDoneSlot(const DoneSlot& slot) {
+  absl::MutexLock lock(&mu_);
+  if (words_ != nullptr && slot.region_id == words_region_) free_slots_.push_back(slot.index);
+}
+
+void CompletionTable::Follow(uint64_t id, uint64_t mark, std::optional<DoneSlot> slot,
+                             uint64_t bytes_total) {
+  absl::MutexLock lock(&mu_);
+  const bool current = slot.has_value() && words_ != nullptr && slot->region_id == words_region_;
+  if (done_.contains(id)) {
+    if (current) free_slots_.push_back(slot->index);
+    return;
+  }
   pending_.insert(id);
   if (broken_ || ring_->view().overflow() != mark) unsure_.insert(id);
+  // A slot of words that moved meanwhile (the region was made again) is not watched: that
+  // transfer's end comes from the daemon.
+  if (current) watched_[id] = Watched{*slot, words_ + slot->index, bytes_total};
+}
+
+void CompletionTable::ReleaseSlotLocked(uint64_t id) {
+  auto it = watched_.find(id);
+  if (it == watched_.end()) return;
+  if (words_ != nullptr && it->second.slot.region_id == words_region_) {
+    free_slots_.push_back(it->second.slot.index);
+  }
+  watched_.erase(it);
+}
+
+bool CompletionTable::LookWordLocked(uint64_t id) {
+  auto it = watched_.find(id);
+  if (it == watched_.end() || !pending_.contains(id)) return false;
+  // Acquire: the transfer's bytes, which the GPU made visible before the word, are seen after.
+  if (__atomic_load_n(it->second.word, __ATOMIC_ACQUIRE) != it->second.slot.value) {
+    return false;
+  }
+  wire::Completion c;
+  c.flags = wire::kCompletionHasMore;  // the full status is the daemon's
+  c.transfer_id = id;
+  c.state = 3;  // TRANSFER_STATE_SUCCEEDED
+  c.bytes_total = it->second.bytes_total;
+  c.bytes_done = it->second.bytes_total;
+  ++word_hits_;
+  Remember(c);  // releases the slot: its word is written once per transfer, and was
+  changed_.SignalAll();
+  return true;
 }
 
 bool CompletionTable::Follows(uint64_t id) {
@@ -43,7 +118,12 @@ bool CompletionTable::Follows(uint64_t id) {
 }
 
 void CompletionTable::Remember(const wire::Completion& completion) {
-  if (armed_) fresh_.push_back(completion.transfer_id);
+  ReleaseSlotLocked(completion.transfer_id);
+  // The daemon's entry after the word's: it replaces it (authoritative) but is not news.
+  const bool fresh = pending_.contains(completion.transfer_id) ||
+                     unsure_.contains(completion.transfer_id) ||
+                     !done_.contains(completion.transfer_id);
+  if (armed_ && fresh) fresh_.push_back(completion.transfer_id);
   pending_.erase(completion.transfer_id);
   unsure_.erase(completion.transfer_id);
   if (done_.insert_or_assign(completion.transfer_id, completion).second) {
@@ -91,6 +171,7 @@ bool CompletionTable::DrainLocked() {
 }
 
 CompletionTable::Result CompletionTable::LookLocked(uint64_t id) {
+  LookWordLocked(id);
   Result result;
   if (auto it = done_.find(id); it != done_.end()) {
     result.outcome = Outcome::kDone;
@@ -103,12 +184,15 @@ CompletionTable::Result CompletionTable::LookLocked(uint64_t id) {
 
 CompletionTable::Result CompletionTable::Peek(uint64_t id) {
   absl::MutexLock lock(&mu_);
+  LookWordLocked(id);
   DrainLocked();
   return LookLocked(id);
 }
 
 void CompletionTable::States(const uint64_t* ids, size_t count, int32_t* states) {
   absl::MutexLock lock(&mu_);
+  // The words first: an end already in its word is the word's (the daemon's entry follows it).
+  for (size_t i = 0; i < count; ++i) LookWordLocked(ids[i]);
   DrainLocked();
   for (size_t i = 0; i < count; ++i) {
     if (auto it = done_.find(ids[i]); it != done_.end()) {
@@ -226,6 +310,16 @@ void CompletionTable::Abandon() {
 uint64_t CompletionTable::refused_entries() const {
   absl::MutexLock lock(&mu_);
   return refused_;
+}
+
+uint64_t CompletionTable::word_hits() const {
+  absl::MutexLock lock(&mu_);
+  return word_hits_;
+}
+
+size_t CompletionTable::free_done_slots() const {
+  absl::MutexLock lock(&mu_);
+  return free_slots_.size();
 }
 
 uint64_t CompletionTable::spin_hits() const {

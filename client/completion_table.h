@@ -7,6 +7,16 @@
 // followed transfer still pending then becomes "unsure" and its caller reads the state the old
 // way (WAIT / GetTransfer), then Resolve()s it. Nothing is lost: the daemon keeps the record.
 //
+// The GPU-written completion (TransferSpec.done_word; docs/architecture.md, "GPU-written
+// completion"): with done words enabled, a transfer followed with a slot is SUCCEEDED as soon as
+// its slot's word holds the value it was given, before the daemon's entry comes. The words are
+// shared memory this process can write itself, so a match only changes this table's view; a
+// failed or cancelled transfer's word is never written and its end comes from the daemon, whose
+// entry replaces the word's when it arrives. A slot goes back to the free list once its word was
+// seen or the daemon's end came, whichever is first: the daemon's stream writes a slot at most
+// once per transfer, before the daemon ends that transfer. Values are never reused, so a word
+// left from an earlier transfer never matches a later one.
+//
 // Thread contract: thread-safe. Any number of threads may wait, read states and follow at once;
 // one of the waiters at a time sleeps on the eventfd, the others on a condition variable, and
 // whoever drains the ring wakes the rest.
@@ -17,6 +27,7 @@
 #include <deque>
 #include <memory>
 #include <optional>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
@@ -39,9 +50,27 @@ class CompletionTable {
 
   // The overflow count now; read before a submit and handed to Follow after it.
   uint64_t OverflowMark();
+  // One transfer's done word: word `index` of the table (byte offset 8 * index in region
+  // `region_id`), to hold `value` once the transfer's bytes landed.
+  struct DoneSlot {
+    uint32_t index = 0;
+    uint64_t value = 0;
+    uint64_t region_id = 0;
+  };
+  // Done words from now on: `count` 64-bit words at `words` (kept alive by the caller for the
+  // table's life), in the daemon's region `region_id`. Called again when the words move to
+  // another region: slots are taken there from then on; transfers still followed keep their
+  // words in the old one (which the caller keeps alive too). nullptr: no slots from now on.
+  void EnableDoneWords(uint64_t* words, uint32_t count, uint64_t region_id);
+  // A free slot with a value never used before; nullopt when none is free (or not enabled).
+  std::optional<DoneSlot> TakeDoneSlot();
+  // A slot whose transfer was not followed (its submit failed or was deduplicated).
+  void ReturnDoneSlot(const DoneSlot& slot);
   // Transfer `id` was submitted on the session: its completion comes through the ring. When the
   // ring overflowed since `mark`, its completion may have been missed: it is unsure at once.
-  void Follow(uint64_t id, uint64_t mark);
+  // `slot`: its done word (TakeDoneSlot), owned by the table from here on.
+  void Follow(uint64_t id, uint64_t mark, std::optional<DoneSlot> slot = std::nullopt,
+              uint64_t bytes_total = 0);
   // Whether `id` is followed (pending, or ended and still remembered).
   bool Follows(uint64_t id);
 
@@ -75,6 +104,9 @@ class CompletionTable {
   // Counters for tests and benchmarks.
   uint64_t refused_entries() const;
   uint64_t spin_hits() const;
+  // Ends first seen in a done word, and slots free now.
+  uint64_t word_hits() const;
+  size_t free_done_slots() const;
 
  private:
   CompletionTable(std::unique_ptr<wire::SharedRing> ring, absl::Duration max_spin)
@@ -87,6 +119,14 @@ class CompletionTable {
   bool DrainLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Remember(const wire::Completion& completion) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Result LookLocked(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether `id`'s done word holds its value; remembers it SUCCEEDED then.
+  bool LookWordLocked(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ReleaseSlotLocked(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  struct Watched {
+    DoneSlot slot;
+    const uint64_t* word = nullptr;
+    uint64_t bytes_total = 0;
+  };
   void UpdateNeedWakeLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const int memfd_;    // the ring's, immutable
@@ -108,6 +148,13 @@ class CompletionTable {
   uint64_t refused_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t taken_ ABSL_GUARDED_BY(mu_) = 0;  // ends read from the ring, ever
   uint64_t spin_hits_ ABSL_GUARDED_BY(mu_) = 0;
+  // Done words (EnableDoneWords): the shared words, free slots, followed transfers' slots.
+  uint64_t* words_ ABSL_GUARDED_BY(mu_) = nullptr;
+  uint64_t words_region_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<uint32_t> free_slots_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_value_ ABSL_GUARDED_BY(mu_) = 0;  // random base, then counted up
+  absl::flat_hash_map<uint64_t, Watched> watched_ ABSL_GUARDED_BY(mu_);
+  uint64_t word_hits_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace kvrail::client

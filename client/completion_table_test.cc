@@ -211,3 +211,106 @@ TEST_CASE("Drain counts what came also once the remembered ends are at their bou
 
 }  // namespace
 }  // namespace kvrail::client
+
+namespace kvrail::client {
+namespace {
+
+// The GPU-written completion: a done word the test stores as the daemon's GPU stream would.
+struct Words {
+  alignas(8) uint64_t w[4] = {0, 0, 0, 0};
+  void Store(uint32_t i, uint64_t v) { __atomic_store_n(&w[i], v, __ATOMIC_RELEASE); }
+};
+
+TEST_CASE("done word: SUCCEEDED from the word before the daemon's entry, which then replaces it") {
+  auto table = Table(64, absl::Microseconds(50));
+  Producer daemon(*table);
+  Words words;
+  table->EnableDoneWords(words.w, 4, 99);
+  auto slot = table->TakeDoneSlot();
+  REQUIRE(slot.has_value());
+  CHECK(slot->region_id == 99);
+  CHECK(slot->value != 0);
+  table->Follow(1, table->OverflowMark(), slot, 4096);
+  int32_t state = 0;
+  table->States(std::vector<uint64_t>{1}.data(), 1, &state);
+  CHECK(state == 2);  // running: the word is not there yet
+  words.Store(slot->index, slot->value);
+  table->States(std::vector<uint64_t>{1}.data(), 1, &state);
+  CHECK(state == 3);
+  CompletionTable::Result r = table->Peek(1);
+  REQUIRE(r.outcome == Outcome::kDone);
+  CHECK(r.completion.bytes_done == 4096);
+  CHECK(table->word_hits() == 1);
+  CHECK(table->free_done_slots() == 4);  // seen: the slot is free again
+  // The daemon's entry still comes; it is authoritative and replaces the word's.
+  REQUIRE(daemon.Post(1, 3));
+  CHECK(table->Wait(1, absl::Now() + absl::Seconds(1)).outcome == Outcome::kDone);
+  CHECK(table->word_hits() == 1);
+}
+
+TEST_CASE("done word: a stale word never marks a later transfer of the same slot done") {
+  auto table = Table(64);
+  Producer daemon(*table);
+  Words words;
+  table->EnableDoneWords(words.w, 1, 5);  // one slot: every transfer reuses it
+  // A transfer that succeeded: its word is stored and stays in the slot.
+  auto first = table->TakeDoneSlot();
+  REQUIRE(first.has_value());
+  CHECK_FALSE(table->TakeDoneSlot().has_value());  // none free while it is followed
+  table->Follow(1, table->OverflowMark(), first, 8);
+  words.Store(first->index, first->value);
+  CHECK(table->Peek(1).outcome == Outcome::kDone);
+  // A failed transfer on the same slot: the GPU never stores its word; the old value stays.
+  auto second = table->TakeDoneSlot();
+  REQUIRE(second.has_value());
+  CHECK(second->index == first->index);
+  CHECK(second->value != first->value);
+  table->Follow(2, table->OverflowMark(), second, 8);
+  CHECK(table->Peek(2).outcome == Outcome::kTimeout);
+  CHECK_FALSE(table->TakeDoneSlot().has_value());  // recycled only after the daemon's end
+  REQUIRE(daemon.Post(2, 4));                      // FAILED, from the daemon
+  CompletionTable::Result failed = table->Wait(2, absl::Now() + absl::Seconds(1));
+  REQUIRE(failed.outcome == Outcome::kDone);
+  CHECK(failed.completion.state == 4);
+  // A third transfer on the slot, which still holds the first one's value.
+  auto third = table->TakeDoneSlot();
+  REQUIRE(third.has_value());
+  table->Follow(3, table->OverflowMark(), third, 8);
+  int32_t state = 0;
+  uint64_t id = 3;
+  table->States(&id, 1, &state);
+  CHECK(state == 2);
+  // Garbage the client (or anyone with the mapping) wrote there changes nothing either.
+  words.Store(third->index, ~third->value);
+  table->States(&id, 1, &state);
+  CHECK(state == 2);
+  words.Store(third->index, third->value);
+  table->States(&id, 1, &state);
+  CHECK(state == 3);
+}
+
+TEST_CASE("done word: a waiter spinning on the queue sees the word; no slot leaks") {
+  auto table = Table(64, absl::Milliseconds(20));
+  Words words;
+  table->EnableDoneWords(words.w, 4, 1);
+  auto slot = table->TakeDoneSlot();
+  REQUIRE(slot.has_value());
+  table->Follow(7, table->OverflowMark(), slot, 16);
+  std::thread gpu([&] {
+    absl::SleepFor(absl::Milliseconds(2));
+    words.Store(slot->index, slot->value);
+  });
+  const CompletionTable::Result r = table->Wait(7, absl::Now() + absl::Seconds(5));
+  gpu.join();
+  CHECK(r.outcome == Outcome::kDone);
+  CHECK(r.completion.state == 3);
+  CHECK(table->free_done_slots() == 4);
+  // A slot given back unused (a refused submit) is free again.
+  auto unused = table->TakeDoneSlot();
+  REQUIRE(unused.has_value());
+  table->ReturnDoneSlot(*unused);
+  CHECK(table->free_done_slots() == 4);
+}
+
+}  // namespace
+}  // namespace kvrail::client

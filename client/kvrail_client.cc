@@ -190,6 +190,26 @@ class Client::Impl {
     completions_.store(table->get());
     tables_.push_back(*std::move(table));
   }
+  // The done words (ClientOptions::gpu_done_word): the first kDoneWordsBytes of the block-table
+  // region, published here by PrepareTableBuffer (0: no region now), and the completion table
+  // they were last handed to. Block-table buffers replaced while words of theirs may still be
+  // watched are kept with the client (`retired_tables_`), so a watched word never dangles.
+  absl::Mutex done_mu_;
+  uint64_t* done_words_ ABSL_GUARDED_BY(done_mu_) = nullptr;
+  uint64_t done_region_ ABSL_GUARDED_BY(done_mu_) = 0;
+  CompletionTable* done_for_ ABSL_GUARDED_BY(done_mu_) = nullptr;
+  std::vector<std::unique_ptr<HostBuffer>> retired_tables_ ABSL_GUARDED_BY(done_mu_);
+
+  // The table buffer goes (replaced or yielded): its words stop being handed out.
+  void RetireTableBufferLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_mu_) {
+    absl::MutexLock lock(&done_mu_);
+    if (table_buffer_ != nullptr) retired_tables_.push_back(std::move(table_buffer_));
+    done_words_ = nullptr;
+    done_region_ = 0;
+    if (done_for_ != nullptr) done_for_->EnableDoneWords(nullptr, 0, 0);
+    done_for_ = nullptr;
+  }
+
   void AbandonCompletions() {
     if (CompletionTable* table = completions_.exchange(nullptr)) table->Abandon();
   }
@@ -479,6 +499,12 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
     absl::MutexLock lock(&client->impl_->table_mu_);
     (void)client->PrepareTableBuffer(kBlockTableBufferBytes);
   }
+  // The done words too (a registration like the block tables'), off the first GPU transfer.
+  if (options.gpu_done_word) {
+    if (CompletionTable* completions = client->impl_->completions_.load()) {
+      (void)client->EnableDoneWords(completions);
+    }
+  }
   return client;
 }
 
@@ -632,7 +658,7 @@ bool Client::YieldTableRegion(const absl::Status& failed) {
   if (!impl_->table_mu_.TryLock()) return false;
   const uint64_t region = impl_->table_region_;
   impl_->table_region_ = 0;
-  impl_->table_buffer_.reset();
+  impl_->RetireTableBufferLocked();
   impl_->table_mu_.Unlock();
   return region != 0 && UnregisterRegion(region).ok();
 }
@@ -798,8 +824,28 @@ void PutTable(const v1::TransferEndpoint& from, v1::TransferEndpoint* to, uint8_
 
 }  // namespace
 
-absl::StatusOr<v1::SubmitTransferResponse> Client::SubmitRequest(
-    const v1::SubmitTransferRequest& request) {
+bool Client::EnableDoneWords(CompletionTable* completions) {
+  {
+    absl::MutexLock lock(&impl_->done_mu_);
+    if (impl_->done_region_ != 0 && impl_->done_for_ == completions) return true;
+  }
+  // No block-table region yet (KVRAIL_BLOCK_TABLE_BUFFER=lazy, or it was yielded): made now,
+  // unless a Submit holds it (then this transfer goes without a word).
+  if (impl_->table_mu_.TryLock()) {
+    if (impl_->table_buffer_ == nullptr) (void)PrepareTableBuffer(0);
+    impl_->table_mu_.Unlock();
+  }
+  absl::MutexLock lock(&impl_->done_mu_);
+  if (impl_->done_region_ == 0) return false;
+  if (impl_->done_for_ != completions) {
+    completions->EnableDoneWords(impl_->done_words_, kDoneWords, impl_->done_region_);
+    impl_->done_for_ = completions;
+  }
+  return true;
+}
+
+absl::StatusOr<v1::SubmitTransferResponse> Client::SubmitRequest(v1::SubmitTransferRequest request,
+                                                                 bool with_done_word) {
   // Transfers within this node, over the session socket when the daemon has one.
   if (impl_->session_submit_.load() && !impl_->unix_path_.empty() &&
       request.spec().dst().node_id().empty() &&
@@ -810,18 +856,49 @@ absl::StatusOr<v1::SubmitTransferResponse> Client::SubmitRequest(
       // The daemon posts this transfer's end into the completion queue (when there is one).
       CompletionTable* completions = impl_->completions_.load();
       const uint64_t mark = completions != nullptr ? completions->OverflowMark() : 0;
+      // Its done word: the GPU's stream stores it once the bytes landed (TransferSpec.done_word).
+      std::optional<CompletionTable::DoneSlot> slot;
+      if (with_done_word && completions != nullptr && impl_->options_.gpu_done_word &&
+          !request.spec().has_done_word() && EnableDoneWords(completions)) {
+        slot = completions->TakeDoneSlot();
+        if (slot.has_value()) {
+          v1::DoneWord* word = request.mutable_spec()->mutable_done_word();
+          word->set_region_id(slot->region_id);
+          word->set_byte_offset(uint64_t{8} * slot->index);
+          word->set_value(slot->value);
+        }
+      }
       absl::StatusOr<std::string> answer = (*session)->Exchange(wire::EncodeSubmit(request), &sent);
       if (answer.ok()) {
         absl::StatusOr<v1::SubmitTransferResponse> response = wire::ParseSubmitAnswer(*answer);
         if (response.ok() && completions != nullptr) {
-          completions->Follow(response->transfer_id(), mark);
+          // A deduplicated submit's transfer carries the first submit's word, not this one.
+          const bool watch = slot.has_value() && !response->deduplicated();
+          if (slot.has_value() && !watch) completions->ReturnDoneSlot(*slot);
+          completions->Follow(response->transfer_id(), mark,
+                              watch ? slot : std::optional<CompletionTable::DoneSlot>(),
+                              response->bytes_total());
+        } else if (slot.has_value()) {
+          completions->ReturnDoneSlot(*slot);  // refused: nothing stores the word
+          if (absl::StrContains(response.status().message(), "spec.done_word")) {
+            // The words' region went meanwhile (yielded to a registration): once more, without.
+            request.mutable_spec()->clear_done_word();
+            return SubmitRequest(std::move(request), /*with_done_word=*/false);
+          }
         }
         if (response.status().code() != absl::StatusCode::kUnimplemented) {
           return impl_->Checked(std::move(response));
         }
         impl_->session_submit_.store(false);  // an older daemon: gRPC from now on
       } else if (sent) {
-        return answer.status();  // the daemon may have accepted it: never submit twice
+        // The daemon may have accepted it: never submit twice. Its slot is not given back: the
+        // transfer may still store its word there.
+        return answer.status();
+      }
+      if (slot.has_value()) {
+        // Not accepted over the session: the gRPC submit below carries no word.
+        completions->ReturnDoneSlot(*slot);
+        request.mutable_spec()->clear_done_word();
       }
     }
   }
@@ -830,12 +907,14 @@ absl::StatusOr<v1::SubmitTransferResponse> Client::SubmitRequest(
 
 absl::Status Client::PrepareTableBuffer(uint64_t need) {
   impl_->table_mu_.AssertHeld();
+  // The done words come first, the tables after them.
+  need += kDoneWordsBytes;
   if (impl_->table_buffer_ != nullptr && impl_->table_buffer_->size() >= need) {
     return absl::OkStatus();
   }
   if (impl_->table_region_ != 0) (void)UnregisterRegion(impl_->table_region_);
   impl_->table_region_ = 0;
-  impl_->table_buffer_.reset();
+  impl_->RetireTableBufferLocked();
   uint64_t size = kBlockTableBufferBytes;
   while (size < need) size *= 2;
   KVRAIL_ASSIGN_OR_RETURN(std::unique_ptr<HostBuffer> buffer,
@@ -846,9 +925,13 @@ absl::Status Client::PrepareTableBuffer(uint64_t need) {
   v1::RegionSpec region;
   region.set_name(kBlockTableRegionName);
   region.set_library_region(true);  // the daemon's mark of the library's own region (not the name)
+  region.set_writable(true);        // the GPU stores the done words (TransferSpec.done_word)
   KVRAIL_ASSIGN_OR_RETURN(const v1::RegionInfo info, RegisterHostBuffer(*buffer, region));
   impl_->table_buffer_ = std::move(buffer);
   impl_->table_region_ = info.region_id();
+  absl::MutexLock lock(&impl_->done_mu_);
+  impl_->done_words_ = reinterpret_cast<uint64_t*>(impl_->table_buffer_->data());
+  impl_->done_region_ = info.region_id();
   return absl::OkStatus();
 }
 
@@ -876,10 +959,11 @@ absl::StatusOr<v1::SubmitTransferResponse> Client::Submit(const v1::TransferSpec
       v1::SubmitTransferRequest shared;
       *shared.mutable_spec() = v1::WithoutBlockTables(spec);
       uint8_t* base = impl_->table_buffer_->data();
-      PutTable(spec.src(), shared.mutable_spec()->mutable_src(), base, 0, impl_->table_region_);
-      PutTable(spec.dst(), shared.mutable_spec()->mutable_dst(), base, 4 * src_ids,
+      PutTable(spec.src(), shared.mutable_spec()->mutable_src(), base, kDoneWordsBytes,
                impl_->table_region_);
-      absl::StatusOr<v1::SubmitTransferResponse> response = SubmitRequest(shared);
+      PutTable(spec.dst(), shared.mutable_spec()->mutable_dst(), base,
+               kDoneWordsBytes + 4 * src_ids, impl_->table_region_);
+      absl::StatusOr<v1::SubmitTransferResponse> response = SubmitRequest(std::move(shared));
       // Only a table region that went away (unregistered by someone else) falls back to the
       // message below; every other answer is the transfer's, and the daemon's errors already
       // name the field the caller set (BlockTableRef.named_as).
@@ -888,14 +972,14 @@ absl::StatusOr<v1::SubmitTransferResponse> Client::Submit(const v1::TransferSpec
         return response;
       }
       impl_->table_region_ = 0;
-      impl_->table_buffer_.reset();
+      impl_->RetireTableBufferLocked();
     }
   }
   v1::SubmitTransferRequest request;
   *request.mutable_spec() = spec;
   CompactBlockTable(request.mutable_spec()->mutable_src());
   CompactBlockTable(request.mutable_spec()->mutable_dst());
-  return SubmitRequest(request);
+  return SubmitRequest(std::move(request));
 }
 
 absl::StatusOr<v1::TransferStatus> Client::Get(uint64_t transfer_id) {
@@ -951,6 +1035,13 @@ void Client::LocalStates(const uint64_t* ids, size_t count, int32_t* states) {
   CompletionTable* completions = impl_->completions_.load();
   for (size_t i = 0; i < count; ++i) states[i] = v1::TRANSFER_STATE_UNSPECIFIED;
   if (completions != nullptr) completions->States(ids, count, states);
+}
+
+uint64_t Client::DoneWordHits() {
+  absl::MutexLock lock(&impl_->session_mu_);
+  uint64_t hits = 0;
+  for (const auto& table : impl_->tables_) hits += table->word_hits();
+  return hits;
 }
 
 int Client::CompletionFd() {

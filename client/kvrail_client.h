@@ -31,6 +31,8 @@
 
 namespace kvrail::client {
 
+class CompletionTable;
+
 // Socket used when none is given: $KVRAIL_SOCKET if set and non-empty, else kDefaultSocket.
 inline constexpr char kDefaultSocket[] = "/run/kvrail/kvrail.sock";
 std::string DefaultTarget();
@@ -55,6 +57,11 @@ struct ClientOptions {
   // KVRAIL_COMPLETION_QUEUE_ENTRIES: the queue's capacity (a power of 2, 8..1048576). A
   // transfer whose end finds it full is read the old way.
   uint32_t completion_queue_entries = 4096;
+  // KVRAIL_GPU_DONE_WORD=0 sets false: transfers submitted on the session carry no done word
+  // (TransferSpec.done_word), so their end is seen only from the daemon's completion. On: a
+  // GPU transfer's end is seen from the word its last kernel's stream stores (done, poll and
+  // waits read it first), before the daemon's completion arrives.
+  bool gpu_done_word = true;
   // KVRAIL_BLOCK_TABLE_BUFFER=lazy sets false: the block-table region (see Submit) is made by
   // the first Submit that needs it rather than by Connect.
   bool eager_block_table = true;
@@ -99,6 +106,10 @@ class HostBuffer {
 // humans only: what marks the region as the library's is RegionSpec.library_region (the daemon
 // limits such regions; a region merely named so is an ordinary region).
 inline constexpr char kBlockTableRegionName[] = "client block tables";
+// The session's done words (ClientOptions::gpu_done_word): this many 64-bit words at the start of
+// the block-table region (a library region; the tables follow them).
+inline constexpr uint32_t kDoneWords = 4096;
+inline constexpr uint64_t kDoneWordsBytes = uint64_t{8} * kDoneWords;
 // Its size when Connect creates it (room for 262144 ids; grown in powers of two when needed).
 inline constexpr uint64_t kBlockTableBufferBytes = uint64_t{1} << 20;
 
@@ -208,6 +219,9 @@ class Client {
   // While armed: ids of transfers whose end came (or that the queue missed: read those the old
   // way) since the last call, at most `max`; clears the eventfd.
   size_t TakeCompletions(uint64_t* ids, size_t max);
+  // For tests and benchmarks: transfer ends this client saw first in their done word
+  // (ClientOptions::gpu_done_word), before the daemon's completion.
+  uint64_t DoneWordHits();
   absl::StatusOr<v1::TransferStatus> Cancel(uint64_t transfer_id);
   // Layers [layer_begin, layer_begin + layer_count) of a layer-wise transfer are written.
   absl::Status MarkReady(uint64_t transfer_id, uint32_t layer_begin, uint32_t layer_count = 1);
@@ -280,8 +294,12 @@ class Client {
   absl::StatusOr<v1::GetTopologyResponse> GetTopology();
 
  private:
-  absl::StatusOr<v1::SubmitTransferResponse> SubmitRequest(
-      const v1::SubmitTransferRequest& request);
+  // `with_done_word`: a word for the GPU-written completion is attached (when the client has
+  // done words and the caller set none).
+  absl::StatusOr<v1::SubmitTransferResponse> SubmitRequest(v1::SubmitTransferRequest request,
+                                                           bool with_done_word = true);
+  // The session's done words for `completions` (registered on first use); false without them.
+  bool EnableDoneWords(CompletionTable* completions);
   // Wait by a WAIT packet or WaitTransfer (without the completion queue).
   absl::StatusOr<v1::TransferStatus> WaitByCall(uint64_t transfer_id, absl::Duration timeout);
   // Makes the block-table region hold `need` bytes (creates / grows and registers it); the

@@ -61,6 +61,7 @@ engine::CudaEngineOptions CudaEngineOptionsFrom(const v1::DaemonConfig& config) 
   options.critical_ctas =
       config.has_cuda_critical_ctas() ? static_cast<int>(config.cuda_critical_ctas()) : -1;
   options.wake_on_submit = config.cuda_wake_on_submit();
+  options.done_words = config.cuda_done_words();
   if (!config.low_latency()) {
     options.dispatcher_spin_us = 0;
     options.staged_plan_upload = false;

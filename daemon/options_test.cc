@@ -39,10 +39,12 @@ TEST_CASE("CUDA engine: the config's defaults, critical_ctas unset is -1, low_la
   CHECK_FALSE(o.run_on_destination);
   CHECK(o.dispatcher_spin_us == 100);
   CHECK(o.staged_plan_upload);
+  CHECK(o.done_words);
 
-  o = CudaEngineOptionsFrom(Finalized(
-      "cuda_critical_ctas: 0 cuda_warm_up: false cuda_run_on: 'destination' low_latency: false "
-      "cuda_stream_wait: true cuda_stream_wait_jobs: 3 critical_limits { max_ctas: 7 }"));
+  o = CudaEngineOptionsFrom(
+      Finalized("cuda_done_words: false cuda_critical_ctas: 0 cuda_warm_up: false cuda_run_on: "
+                "'destination' low_latency: false "
+                "cuda_stream_wait: true cuda_stream_wait_jobs: 3 critical_limits { max_ctas: 7 }"));
   CHECK(o.critical_ctas == 0);
   CHECK_FALSE(o.warm_up);
   CHECK(o.run_on_destination);
@@ -50,6 +52,7 @@ TEST_CASE("CUDA engine: the config's defaults, critical_ctas unset is -1, low_la
   CHECK(o.stream_wait_jobs == 3);
   CHECK(o.dispatcher_spin_us == 0);
   CHECK_FALSE(o.staged_plan_upload);
+  CHECK_FALSE(o.done_words);
   CHECK(o.limits[0].max_ctas == 7);
   CHECK(o.limits[1].max_ctas == 0);
 }

@@ -325,6 +325,7 @@ absl::Status FinalizeConfig(v1::DaemonConfig* config) {
   if (!config->has_cuda_stream_wait()) config->set_cuda_stream_wait(false);
   if (config->cuda_stream_wait_jobs() == 0) config->set_cuda_stream_wait_jobs(8);
   if (!config->has_cuda_wake_on_submit()) config->set_cuda_wake_on_submit(true);
+  if (!config->has_cuda_done_words()) config->set_cuda_done_words(true);
   if (!config->has_low_latency()) config->set_low_latency(true);
   if (!config->has_session_admission_workers()) config->set_session_admission_workers(4);
   // CUDA's own default folder; kvraild exports the value to CUDA before it starts.

@@ -23,6 +23,7 @@ absl::StatusOr<InboundSink::Admitted> TransferManagerImpl::BeginInbound(
   params.spec.clear_layerwise();
   params.spec.clear_ready_flags();
   params.spec.clear_arrival_flags();
+  params.spec.clear_done_word();
   params.src = std::move(source);
   params.dst = dst;
   params.priority = ToClass(spec.priority());

@@ -199,6 +199,7 @@ Record::Record(planner::Plan plan, RecordParams params)
   timeline_.engine_name = resolution_.engine->name();
   arrival_ = std::move(params.arrival);
   ready_ = std::move(params.ready);
+  done_ = std::move(params.done);
   if (plan_.num_tiles() == 0) MaybeFinishLocked();
 }
 
@@ -215,6 +216,30 @@ void Record::ReleaseRegionsLocked() {
   dst_.reset();
   arrival_ = ResolvedFlags();
   ready_ = ResolvedFlags();
+  done_ = ResolvedDoneWord();
+}
+
+std::optional<job::DoneWord> Record::DoneWordFor(int accessor) const {
+  std::shared_ptr<regions::Region> region;
+  uint64_t* word = nullptr;
+  job::DoneWord done;
+  {
+    absl::MutexLock lock(&mu_);
+    // Not for a transfer asked to end: its end comes from the daemon.
+    if (!done_.set() || done_.word == nullptr || life_.end_request.has_value()) {
+      return std::nullopt;
+    }
+    region = done_.region;
+    word = done_.word;
+    done.value = done_.value;
+  }
+  // Outside the lock: the first call pins the region for the GPUs (cudaHostRegister, mapped).
+  const absl::StatusOr<uint8_t*> device = region->DeviceAddress(accessor);
+  if (!device.ok()) return std::nullopt;
+  done.device_word =
+      reinterpret_cast<uint64_t>(*device) + (reinterpret_cast<uint8_t*>(word) - region->data());
+  done.keep = region;
+  return done;
 }
 
 std::optional<job::ReadyGate> Record::ReadyGateFor(int accessor) const {

@@ -88,6 +88,9 @@ struct RecordParams {
   // (Record::ready_gate) for the GPU-side wait; the record keeps the region mapped until it
   // ends. Unset: none.
   ResolvedFlags ready;
+  // The GPU-written completion (spec.done_word): offered to the engine (Record::done_word); the
+  // record keeps the region mapped until it ends. Unset: none.
+  ResolvedDoneWord done;
 };
 
 namespace record {
@@ -328,6 +331,10 @@ class Record final : public InboundJob {
     std::optional<job::ReadyGate> ready_gate(int accessor) const override {
       return record_->ReadyGateFor(accessor);
     }
+    // spec.done_word: its device address on GPU `accessor` from the region's mapping.
+    std::optional<job::DoneWord> done_word(int accessor) const override {
+      return record_->DoneWordFor(accessor);
+    }
     void OnEngineUsed(absl::string_view engine) override { record_->EngineUsed(engine); }
 
    private:
@@ -339,6 +346,7 @@ class Record final : public InboundJob {
     Record* const record_;
   };
   std::optional<job::ReadyGate> ReadyGateFor(int accessor) const;
+  std::optional<job::DoneWord> DoneWordFor(int accessor) const;
   void EngineUsed(absl::string_view engine);
   void MaybeFinishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Drops the record's hold on its regions (and arrival flags); idempotent.
@@ -366,6 +374,7 @@ class Record final : public InboundJob {
   // Kept mapped until the transfer ends.
   ResolvedFlags arrival_ ABSL_GUARDED_BY(mu_);
   ResolvedFlags ready_ ABSL_GUARDED_BY(mu_);
+  ResolvedDoneWord done_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace kvrail::transfers

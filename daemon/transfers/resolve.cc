@@ -208,6 +208,44 @@ absl::StatusOr<ResolvedFlags> ResolveFlags(const regions::RegionTable& regions,
   return out;
 }
 
+// spec.done_word: a word in a host region the submitter itself owns (the daemon's GPU writes it;
+// nobody else's memory), aligned, inside the region, with a value that is not 0.
+absl::StatusOr<ResolvedDoneWord> ResolveDoneWord(const regions::RegionTable& regions,
+                                                 const v1::DoneWord& done, uint64_t session) {
+  const std::string field = "spec.done_word";
+  ResolvedDoneWord out;
+  KVRAIL_ASSIGN_OR_RETURN(out.region, GetRegion(regions, done.region_id(), field));
+  if (session == 0 || out.region->session_id() != session) {
+    return absl::PermissionDeniedError(
+        absl::StrCat(field,
+                     ".region_id: the done word must be in a region the submitting "
+                     "session owns (it is the submitter's own view of its transfer)"));
+  }
+  const v1::RegionSpec& region = out.region->spec();
+  if (region.memory_kind() != v1::MEMORY_KIND_HOST) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(field, ".region_id: the done word must be in host memory"));
+  }
+  if (!region.writable()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        field, ".region_id: the GPU writes the done word; the region is not writable"));
+  }
+  if (done.byte_offset() % 8 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ".byte_offset: must be a multiple of 8"));
+  }
+  if (done.byte_offset() > region.size_bytes() || region.size_bytes() - done.byte_offset() < 8) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ".byte_offset: ", done.byte_offset(),
+                                                   " leaves no 8-byte word in the region's ",
+                                                   region.size_bytes(), " bytes"));
+  }
+  if (done.value() == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ".value: must not be 0"));
+  }
+  out.word = reinterpret_cast<uint64_t*>(out.region->data() + done.byte_offset());
+  out.value = done.value();
+  return out;
+}
+
 }  // namespace
 
 LayerRange TransferLayers(const regions::Region& region, const v1::TransferSpec& spec,
@@ -254,6 +292,7 @@ planner::TableRefs ResolvedRequest::Tables() const {
 
 v1::TransferSpec ResolvedRequest::Traveling() const {
   v1::TransferSpec out = light;
+  out.clear_done_word();  // a region of this node: the peer's GPU never writes it
   for (const auto& [ids, ep] :
        {std::pair{&src_ids, out.mutable_src()}, std::pair{&dst_ids, out.mutable_dst()}}) {
     if (!ids->given) continue;
@@ -311,6 +350,9 @@ absl::StatusOr<ResolvedRequest> Resolve(const v1::TransferSpec& spec,
   if (spec.has_arrival_flags()) {
     KVRAIL_ASSIGN_OR_RETURN(out.arrival, ResolveFlags(regions, grants, spec.arrival_flags(), true,
                                                       "spec.arrival_flags", session));
+  }
+  if (spec.has_done_word()) {
+    KVRAIL_ASSIGN_OR_RETURN(out.done, ResolveDoneWord(regions, spec.done_word(), session));
   }
   return out;
 }

@@ -46,6 +46,14 @@ struct ResolvedFlags {
   absl::Status CheckFits(uint32_t layers) const;
 };
 
+// spec.done_word in the submitter's host region. Null region: none.
+struct ResolvedDoneWord {
+  std::shared_ptr<regions::Region> region;
+  uint64_t* word = nullptr;
+  uint64_t value = 0;
+  bool set() const { return region != nullptr; }
+};
+
 // Thread-compatible; lives for one submit. `spec` is the caller's and must outlive it (ids may
 // point into it).
 struct ResolvedRequest {
@@ -60,6 +68,7 @@ struct ResolvedRequest {
   ResolvedIds dst_ids;
   ResolvedFlags ready;    // local transfers only
   ResolvedFlags arrival;  // local transfers only
+  ResolvedDoneWord done;  // local transfers only
 
   // The ids for planner::MakePlan (given with `light`, which has no ids of its own).
   planner::TableRefs Tables() const;

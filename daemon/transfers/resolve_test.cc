@@ -231,3 +231,87 @@ TEST_CASE("without a CUDA engine, plans take their block tables from the host en
 
 }  // namespace
 }  // namespace kvrail::transfers
+
+namespace kvrail::transfers {
+namespace {
+
+TEST_CASE("done word: in a host region the submitter owns, aligned, inside it, not 0") {
+  ManagerFixture f;
+  PagedFixture p(&f);
+  auto words = f.regions.Bytes(64, true);  // the fixture's session owns it
+  auto spec_with = [&](uint64_t region, uint64_t offset, uint64_t value) {
+    v1::TransferSpec spec = p.Spec({4, 5, 6, 7});
+    spec.mutable_done_word()->set_region_id(region);
+    spec.mutable_done_word()->set_byte_offset(offset);
+    spec.mutable_done_word()->set_value(value);
+    return spec;
+  };
+  RequireNamed(f.manager->Submit(f.Bound(spec_with(987654, 0, 1))), "spec.done_word.region_id");
+  RequireNamed(f.manager->Submit(f.Bound(spec_with(words->id(), 4, 1))),
+               "spec.done_word.byte_offset: must be a multiple of 8");
+  RequireNamed(f.manager->Submit(f.Bound(spec_with(words->id(), 64, 1))),
+               "spec.done_word.byte_offset: 64 leaves no 8-byte word");
+  RequireNamed(f.manager->Submit(f.Bound(spec_with(words->id(), 56, 0))),
+               "spec.done_word.value: must not be 0");
+  auto read_only = f.regions.Bytes(64, false);
+  RequireNamed(f.manager->Submit(f.Bound(spec_with(read_only->id(), 0, 1))),
+               "spec.done_word.region_id: the GPU writes the done word");
+  // Another session's memory, even one it may write by a grant: the word is the submitter's own.
+  auto others = f.regions.Bytes(64, true, f.regions.NewSession());
+  auto denied = f.manager->Submit(f.Bound(spec_with(others->id(), 0, 1)));
+  REQUIRE_FALSE(denied.ok());
+  CHECK(denied.status().code() == absl::StatusCode::kPermissionDenied);
+  CHECK(std::string(denied.status().message()).find("spec.done_word.region_id") !=
+        std::string::npos);
+  // Accepted; the host engine never stores it (only the CUDA engine's stream does), and the
+  // daemon never reads it: the client's garbage there changes nothing.
+  std::memset(words->data(), 0xab, 64);
+  auto ok = f.manager->Submit(f.Bound(spec_with(words->id(), 56, 77)));
+  REQUIRE(ok.ok());
+  f.engine.RunAll();
+  CHECK(f.Get(ok->transfer_id()).state() == v1::TRANSFER_STATE_SUCCEEDED);
+  uint64_t word = 0;
+  std::memcpy(&word, words->data() + 56, 8);
+  CHECK(word == 0xabababababababab);
+}
+
+TEST_CASE("done word: a retry with its own word is the same spec for the idempotency key") {
+  ManagerFixture f;
+  PagedFixture p(&f);
+  auto words = f.regions.Bytes(64, true);
+  v1::TransferSpec spec = p.Spec({4, 5, 6, 7});
+  spec.set_idempotency_key("once");
+  spec.mutable_done_word()->set_region_id(words->id());
+  spec.mutable_done_word()->set_value(1);
+  auto first = f.manager->Submit(f.Bound(spec));
+  REQUIRE(first.ok());
+  spec.mutable_done_word()->set_byte_offset(8);
+  spec.mutable_done_word()->set_value(2);
+  auto retry = f.manager->Submit(f.Bound(spec));
+  REQUIRE(retry.ok());
+  CHECK(retry->deduplicated());
+  CHECK(retry->transfer_id() == first->transfer_id());
+  f.engine.RunAll();
+}
+
+TEST_CASE("done word: a remote transfer's travelling spec does not carry it") {
+  testing::FakeEngine fabric_engine;
+  testing::TestRegions lease_shape;
+  FakeRemote remote(lease_shape.Paged(kBlocks, true), &fabric_engine);
+  Options options;
+  options.remote = &remote;
+  ManagerFixture f(options);
+  PagedFixture p(&f);
+  auto words = f.regions.Bytes(64, true);
+  v1::TransferSpec spec = p.Spec({4, 5, 6, 7});
+  spec.mutable_dst()->set_node_id("peer");
+  spec.mutable_done_word()->set_region_id(words->id());
+  spec.mutable_done_word()->set_value(3);
+  auto accepted = f.manager->Submit(f.Bound(spec));
+  REQUIRE(accepted.ok());
+  CHECK_FALSE(remote.travelled().has_done_word());
+  fabric_engine.RunAll();
+}
+
+}  // namespace
+}  // namespace kvrail::transfers

@@ -96,14 +96,22 @@ TransferManagerImpl::KeyClaim::~KeyClaim() {
 }
 
 // The spec's identity for its idempotency key: a hash of its deterministic serialization (block
-// tables included). Two submits of the same spec by the same session hash alike.
-static uint64_t SpecFingerprint(const v1::TransferSpec& spec) {
+// tables included). Two submits of the same spec by the same session hash alike; the done word
+// is left out (the client library gives every submit, a retry too, a word of its own).
+static uint64_t SpecFingerprint(const v1::TransferSpec& given) {
+  const v1::TransferSpec* spec = &given;
+  v1::TransferSpec without_word;
+  if (given.has_done_word()) {
+    without_word = given;
+    without_word.clear_done_word();
+    spec = &without_word;
+  }
   std::string bytes;
   {
     google::protobuf::io::StringOutputStream stream(&bytes);
     google::protobuf::io::CodedOutputStream coded(&stream);
     coded.SetSerializationDeterministic(true);
-    spec.SerializeToCodedStream(&coded);
+    spec->SerializeToCodedStream(&coded);
   }
   return absl::HashOf(bytes);
 }
@@ -267,6 +275,7 @@ absl::StatusOr<v1::SubmitTransferResponse> TransferManagerImpl::SubmitLocal(
   params.link = LinkName(*request.src, *request.dst);
   params.received_us = received_us;
   if (request.arrival.set()) params.arrival = request.arrival;
+  if (request.done.set()) params.done = request.done;
   // A layer-wise transfer waits for its producer: the owner of its ready flags, else the
   // submitter (MarkReady). EndSession ends it when that session ends.
   if (request.ready.set()) {

@@ -13,7 +13,9 @@
 //           client, p50 / p90 of 200 after 20 warm-ups, with the phase medians.
 // Rows print the median with min-max of their runs. Needs daemon/kvraild through
 // TEST_SRCDIR/TEST_WORKSPACE, as the GPU tests do.
-// Usage: critical_path_bench [split|first|latency|all] [--src-gpu N] [--dst-gpu N]
+//  doneword the same 16 MiB transfer, submit -> done seen by a client polling LocalStates, with
+//           the GPU-written done word and without (KVRAIL_GPU_DONE_WORD=0), 3 fresh daemons each.
+// Usage: critical_path_bench [split|first|latency|doneword|all] [--src-gpu N] [--dst-gpu N]
 #include <cuda_runtime_api.h>
 #include <signal.h>
 
@@ -350,6 +352,76 @@ void Latency(const char* label, const std::string& config,
   std::fflush(stdout);
 }
 
+// --- doneword -------------------------------------------------------------------------------
+// The GPU-written completion: 16 MiB critical transfers (as latency's), submit -> done seen by a
+// client polling LocalStates (the completion table: done word, then the queue), p50 of 100 after
+// 20 warm-ups, per fresh daemon; with the word (default) and without (KVRAIL_GPU_DONE_WORD=0),
+// alternating, 3 runs each; the bytes of the last transfer of each run are checked.
+double DoneSeenP50(bool word, uint64_t* hits) {
+  ScopedEnv scoped(
+      word ? std::vector<std::pair<std::string, std::string>>{}
+           : std::vector<std::pair<std::string, std::string>>{{"KVRAIL_GPU_DONE_WORD", "0"}});
+  Daemon d("");
+  const uint64_t block = 16 << 10;
+  const uint32_t pool = 4096, n = 1024;
+  const v1::PagedKvLayout layout = BlockLayout(pool, block);
+  Pool src = MakePool(d, layout, uint64_t{pool} * block, false);
+  Pool dst = MakePool(d, layout, uint64_t{pool} * block, true);
+  std::mt19937_64 rng(3);
+  const std::vector<uint32_t> from = Scattered(pool, n, rng), to = Scattered(pool, n, rng);
+  v1::TransferSpec spec =
+      client::MakeBlockTransfer(src.region.region_id(), from, dst.region.region_id(), to);
+  spec.set_priority(v1::PRIORITY_CRITICAL);
+  std::vector<double> lat;
+  const uint64_t hits0 = d.client->DoneWordHits();
+  for (int i = 0; i < 120; ++i) {
+    const auto t0 = Clock::now();
+    const uint64_t id = Must(d.client->Submit(spec), "submit").transfer_id();
+    int32_t state = 0;
+    while (state < v1::TRANSFER_STATE_SUCCEEDED) d.client->LocalStates(&id, 1, &state);
+    const auto t1 = Clock::now();
+    if (state != v1::TRANSFER_STATE_SUCCEEDED) {
+      std::fprintf(stderr, "FAIL: transfer %llu ended in state %d\n",
+                   static_cast<unsigned long long>(id), state);
+      std::exit(1);
+    }
+    if (i >= 20) lat.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+  }
+  *hits = d.client->DoneWordHits() - hits0;
+  std::vector<uint8_t> landed(uint64_t{pool} * block);
+  Check(cudaMemcpy(landed.data(), dst.buffer->data(), landed.size(), cudaMemcpyDeviceToHost),
+        "read back");
+  for (uint32_t b = 0; b < n; ++b) {
+    if (std::memcmp(landed.data() + uint64_t{to[b]} * block,
+                    src.host.data() + uint64_t{from[b]} * block, block) != 0) {
+      std::fprintf(stderr, "MISMATCH: block %u -> %u\n", from[b], to[b]);
+      std::exit(1);
+    }
+  }
+  std::sort(lat.begin(), lat.end());
+  return lat[lat.size() / 2];
+}
+
+void DoneWordRows() {
+  std::vector<double> with, without;
+  uint64_t hits_with = 0, hits_without = 0;
+  for (int run = 0; run < 3; ++run) {
+    uint64_t h = 0;
+    with.push_back(DoneSeenP50(true, &h));
+    hits_with += h;
+    without.push_back(DoneSeenP50(false, &h));
+    hits_without += h;
+  }
+  auto row = [](const char* label, std::vector<double> v, uint64_t hits) {
+    std::sort(v.begin(), v.end());
+    std::printf("| %s | %.1f | %.1f | %.1f | %llu of 300 |\n", label, v[1], v[0], v[2],
+                static_cast<unsigned long long>(hits));
+  };
+  row("done word (default)", with, hits_with);
+  row("without (KVRAIL_GPU_DONE_WORD=0)", without, hits_without);
+  std::fflush(stdout);
+}
+
 }  // namespace
 }  // namespace kvrail
 
@@ -404,6 +476,16 @@ int main(int argc, char** argv) {
             2000);
     Latency("default (again)", "");
     Latency("default, 2 ms between transfers (again)", "", {}, 2000);
+  }
+  if (part == "all" || part == "doneword") {
+    std::printf(
+        "\ndoneword: 16 MiB critical transfer (1024 x 16 KiB blocks) %s, submit -> done seen by "
+        "a client polling LocalStates, p50 of 100 after 20 warm-ups per fresh kvraild (us); "
+        "median (min / max) of 3 runs, alternating\n\n"
+        "| setting | p50: median | min | max | ends seen first in the word |\n"
+        "|---|---|---|---|---|\n",
+        where);
+    DoneWordRows();
   }
   return 0;
 }

@@ -23,14 +23,14 @@ all_args=("$@")
 # what a healthy run took there.
 steps=(
   "tests|one two|480|150|every GPU test binary but the daemon's (kernel, digest, import, relay, fabric kernels, stream wait): passed/failed/skipped per binary"
-  "engine-tests|one two|480|200|the daemon end to end (cuda_engine_gpu_test) and the consumer-side flags (flags_gpu_test): passed/failed/skipped"
+  "engine-tests|one two|480|210|the daemon end to end (cuda_engine_gpu_test), the consumer-side flags (flags_gpu_test) and the GPU-written completion (done_word_gpu_test): passed/failed/skipped"
   "restart|one two|180|40|hot restart with GPU regions: a successor kvraild takes over while 3 clients keep CUDA-engine transfers between GPU regions in flight; bytes read back, pre-restart regions used after: passed/failed/skipped"
   "model|one two|560|300|model handover: prefill process on the source GPU, decode on the destination, tokens vs one process, handover vs TTFT, bulk vs streaming"
   "python|one two|300|60|Python 16 MiB overhead vs the C++ client (same daemon, interleaved); per-layer and cuMem regions"
   "layouts|one two|420|110|named + 12 random layouts through the kernel vs the aligned layout, at the default 32 CTAs and tuned 132"
   "first|one two|360|150|first transfer vs warm (warm-up on/off) and the first transfer's phases"
   "streaming|one two|420|200|layer-wise streaming vs bulk under MPS: the last layer's tail after prefill's last kernel"
-  "critical|one two|360|90|16 MiB critical transfer latency (phases) and the kernel + copy-engine split at 4-128 KiB"
+  "critical|one two|420|110|16 MiB critical transfer latency (phases), done seen with and without the GPU-written done word, and the kernel + copy-engine split at 4-128 KiB"
   "scattered|two|560|300|1 GiB scattered at 4/16/32/128 KiB vs the copy engine's contiguous ceiling: shipped defaults, then tuned"
   "gemm|two|560|320|8192^3 bf16 GEMM alone vs beside a transfer at the shipped defaults, 10 alternating pairs under MPS"
   "relay|two|420|120|relay hop over NVLink byte for byte, through two daemons (relay vs direct); the digest's cost across GPUs"
@@ -280,6 +280,7 @@ step_engine-tests() {
   catch2_header
   catch2 cuda_engine_gpu_test 330 --durations yes || rc=1
   catch2 flags_gpu_test 120 || rc=1
+  catch2 done_word_gpu_test 90 --durations yes || rc=1
   return $rc
 }
 step_restart() {
@@ -349,6 +350,8 @@ step_critical() {
   local rc=0
   prog critical_latency 150 bin/critical_path_bench latency $pair || rc=1
   show critical_latency 'p50|phase'
+  prog done_word 120 bin/critical_path_bench doneword $pair || rc=1
+  show done_word 'doneword'
   prog copy_split 200 bin/critical_path_bench split $pair || rc=1
   show copy_split
   return $rc

@@ -110,8 +110,9 @@ struct JobState {
   // The GPU-written completion: stored by the stream after the batch that launches the job's last
   // tile, when every batch of the job launched and the job has not ended (DoneWordDue).
   std::optional<DoneWord> done_word;
-  uint32_t tiles_launched = 0;  // of batches enqueued whole
-  bool launch_failed = false;   // a batch of the job failed to launch (or never launched)
+  std::shared_ptr<const void> done_keep;  // the word's mapping, until the state is dropped
+  uint32_t tiles_launched = 0;            // of batches enqueued whole
+  bool launch_failed = false;             // a batch of the job failed to launch (or never launched)
   // GPU-side readiness wait: the batches run on the lease's stream behind the layers' words and
   // complete out of the in-flight pipeline (`gated`, oldest first).
   std::optional<Job::ReadyGate> gate;

@@ -89,6 +89,7 @@ void Dispatcher::MaybeWriteDoneWord(JobState& s, uint32_t batch_tiles, GpuStream
   } else {
     stats_->DoneWordFailed(wrote);
   }
+  s.done_keep = std::move(s.done_word->keep);
   s.done_word.reset();
 }
 
