@@ -9,6 +9,18 @@
 #include "kernels/device_abi.h"
 #include "kernels/plan_math.h"
 
+// Device code compiled for sm_90 or newer has bulk copies (cp.async.bulk) and transaction-count
+// mbarriers (kernel_arch.h: kBulkCopyArch). In code for older GPUs the helpers that issue them
+// trap instead: the kernels built on them are compiled there but never launched (kernel_arch.h:
+// HasBulkCopies), and the other forms compile for sm_80.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#define KVRAIL_BULK_COPIES 0
+#define KVRAIL_BULK_ASM(...) __trap()
+#else
+#define KVRAIL_BULK_COPIES 1
+#define KVRAIL_BULK_ASM(...) asm volatile(__VA_ARGS__)
+#endif
+
 namespace kvrail::kernels::gather {
 
 // Loads kept in flight per thread: enough independent 16-byte loads to cover NVLink / HBM

@@ -1,6 +1,7 @@
 // Host side of kv_copy.h: plan upload and launch, CUDA errors turned into absl::Status.
 #include "kernels/kv_copy.h"
 
+#include <atomic>
 #include <cstring>
 #include <utility>
 #include <vector>
@@ -28,7 +29,46 @@ uint32_t NarrowToAlignment(uint32_t access, uint64_t address) {
   return access;
 }
 
+// CurrentKernelArch's cache: per device ordinal, device_cc << 16 | code_arch (0: not probed).
+// Devices past the table are probed on every call.
+constexpr int kArchCacheDevices = 64;
+std::atomic<uint32_t> g_arch_cache[kArchCacheDevices];
+
 }  // namespace
+
+absl::StatusOr<KernelArch> CurrentKernelArch() {
+  int device = -1;
+  if (absl::Status s = CudaStatus(internal::CurrentDevice(&device), "cudaGetDevice"); !s.ok()) {
+    return s;
+  }
+  KernelArch arch;
+  const uint32_t cached = device >= 0 && device < kArchCacheDevices
+                              ? g_arch_cache[device].load(std::memory_order_relaxed)
+                              : 0u;
+  if (cached != 0) {
+    arch.device_cc = static_cast<int>(cached >> 16);
+    arch.code_arch = static_cast<int>(cached & 0xffff);
+    return arch;
+  }
+  if (absl::Status s =
+          CudaStatus(internal::ProbeKernelArch(&device, &arch.device_cc, &arch.code_arch),
+                     "probe the kernels' architecture");
+      !s.ok()) {
+    return s;
+  }
+  if (!RunsKernels(arch)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("GPU ", device, " (compute capability ", arch.device_cc / 10, ".",
+                     arch.device_cc % 10, ") runs the kernels as sm_", arch.code_arch,
+                     ": they need sm_", kMinKernelArch, " or newer"));
+  }
+  if (device >= 0 && device < kArchCacheDevices) {
+    g_arch_cache[device].store(
+        static_cast<uint32_t>(arch.device_cc) << 16 | static_cast<uint32_t>(arch.code_arch),
+        std::memory_order_relaxed);
+  }
+  return arch;
+}
 
 absl::StatusOr<DevicePlanBuffer> DevicePlanBuffer::Upload(
     const PlanHeader& header, const uint32_t* src_blocks, const uint32_t* dst_blocks,
@@ -36,6 +76,8 @@ absl::StatusOr<DevicePlanBuffer> DevicePlanBuffer::Upload(
   // Per-layer sides: entries [0, layer_begin + num_layers) of their layer tables follow the block
   // tables (8-byte aligned), and the header points at those copies (plan_image.h).
   const PlanImageLayout layout = LayoutPlanImage(header);
+  absl::StatusOr<KernelArch> arch = CurrentKernelArch();
+  if (!arch.ok()) return arch.status();
   DevicePlanBuffer buffer;
   buffer.stream_ = stream;
   if (absl::Status s = CudaStatus(internal::DeviceAlloc(&buffer.memory_, layout.bytes, stream),
@@ -107,10 +149,11 @@ absl::StatusOr<DevicePlanBuffer> DevicePlanBuffer::Upload(
   if (buffer.plan_.piece_bytes != 0 && buffer.plan_.piece_bytes < kMinWarpPieceBytes) {
     buffer.plan_.piece_bytes = 0;
   }
-  // The segment form per plan (segment_math.h: TakesSegmentPath, SegmentFormFor).
+  // The segment form per plan (segment_math.h: TakesSegmentPath, SegmentFormFor) and device
+  // (kernel_arch.h: SegmentFormOn).
   buffer.plan_.segments =
       buffer.plan_.piece_bytes == 0 && TakesSegmentPath(header, buffer.plan_.access_bytes);
-  buffer.plan_.segment_form = SegmentFormFor(header);
+  buffer.plan_.segment_form = SegmentFormOn(SegmentFormFor(header), *arch);
   return buffer;
 }
 
@@ -132,7 +175,9 @@ DevicePlanBuffer::~DevicePlanBuffer() {
 }
 
 absl::Status WarmUpKvCopy(CudaStream stream) {
-  return CudaStatus(internal::WarmUpKernels(stream), "kv_copy warm-up");
+  absl::StatusOr<KernelArch> arch = CurrentKernelArch();
+  if (!arch.ok()) return arch.status();
+  return CudaStatus(internal::WarmUpKernels(stream, HasBulkCopies(*arch)), "kv_copy warm-up");
 }
 
 absl::Status LaunchDoneWordStore(uint64_t device_word, uint64_t value, CudaStream stream) {
@@ -161,9 +206,12 @@ absl::Status LaunchKvCopy(const DevicePlan& plan, uint32_t tile_begin, uint32_t 
           absl::StrCat("DevicePlan::segment_form ", static_cast<int>(plan.segment_form),
                        " is a benchmark form: launch it with kernels/kv_copy_forms.h"));
     }
-    return CudaStatus(internal::KvCopySegmentsLaunch(plan.header, tile_begin, tile_end, num_ctas,
-                                                     threads_per_cta, plan.segment_form, stream),
-                      "kv_copy launch");
+    absl::StatusOr<KernelArch> arch = CurrentKernelArch();
+    if (!arch.ok()) return arch.status();
+    return CudaStatus(
+        internal::KvCopySegmentsLaunch(plan.header, tile_begin, tile_end, num_ctas, threads_per_cta,
+                                       SegmentFormOn(plan.segment_form, *arch), stream),
+        "kv_copy launch");
   }
   return CudaStatus(
       internal::KvCopyLaunch(plan.header, tile_begin, tile_end, num_ctas, threads_per_cta,

@@ -191,7 +191,7 @@ int DoneWordStoreLaunch(uint64_t* word, uint64_t value, CUstream_st* stream) {
   return cudaGetLastError();
 }
 
-int WarmUpKernels(CUstream_st* stream) {
+int WarmUpKernels(CUstream_st* stream, bool bulk) {
   PlanHeader* header = nullptr;
   cudaError_t e = cudaMallocAsync(reinterpret_cast<void**>(&header), sizeof(PlanHeader), stream);
   if (e != cudaSuccess) return e;
@@ -201,7 +201,9 @@ int WarmUpKernels(CUstream_st* stream) {
   if (e == cudaSuccess) {
     KvCopyPiecesKernel<<<grid, block, 0, stream>>>(header, 0, 0, kMaxPieceBytes);
     KvCopySegmentsSplitKernel<6, 1><<<grid, block, 0, stream>>>(header, 0, 0);
-    KvCopySegmentsBulkKernel<kDefaultBulkStages><<<grid, block, 0, stream>>>(header, 0, 0, 0);
+    if (bulk) {
+      KvCopySegmentsBulkKernel<kDefaultBulkStages><<<grid, block, 0, stream>>>(header, 0, 0, 0);
+    }
     KvCopyKernel<16><<<grid, block, 0, stream>>>(header, 0, 0);
     KvCopyKernel<8><<<grid, block, 0, stream>>>(header, 0, 0);
     KvCopyKernel<4><<<grid, block, 0, stream>>>(header, 0, 0);
@@ -216,6 +218,24 @@ int WarmUpKernels(CUstream_st* stream) {
   if (e != cudaSuccess) return e;
   return freed != cudaSuccess ? freed : synced;
 }
+
+int ProbeKernelArch(int* device, int* device_cc, int* code_arch) {
+  cudaError_t e = cudaGetDevice(device);
+  if (e != cudaSuccess) return e;
+  int major = 0, minor = 0;
+  e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, *device);
+  if (e == cudaSuccess)
+    e = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, *device);
+  if (e != cudaSuccess) return e;
+  *device_cc = 10 * major + minor;
+  cudaFuncAttributes attr;
+  e = cudaFuncGetAttributes(&attr, KvCopyKernel<16>);
+  if (e != cudaSuccess) return e;
+  *code_arch = attr.ptxVersion;
+  return cudaSuccess;
+}
+
+int CurrentDevice(int* device) { return cudaGetDevice(device); }
 
 int DeviceAlloc(void** ptr, size_t bytes, CUstream_st* stream) {
   return cudaMallocAsync(ptr, bytes, stream);

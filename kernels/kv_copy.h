@@ -12,6 +12,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "kernels/device_abi.h"
+#include "kernels/kernel_arch.h"
 #include "kernels/segment_math.h"
 
 struct CUstream_st;
@@ -32,9 +33,10 @@ struct DevicePlan {
   // benchmark may change piece_bytes / segments to time the other paths (any of the three moves
   // any plan correctly, pieces only with a piece size from PieceBytesFor).
   bool segments = false;
-  // The segment path's form, set by Upload (segment_math.h: SegmentFormFor). LaunchKvCopy runs
-  // the forms the daemon uses (IsDaemonSegmentForm); a benchmark picks any form through
-  // kv_copy_forms.h.
+  // The segment path's form, set by Upload (segment_math.h: SegmentFormFor, then kernel_arch.h:
+  // SegmentFormOn for the current device). LaunchKvCopy runs the forms the daemon uses
+  // (IsDaemonSegmentForm), a bulk-staged one as SegmentFormOn says for the device it runs on; a
+  // benchmark picks any form through kv_copy_forms.h.
   SegmentForm segment_form = SegmentForm::kDefault;
 };
 
@@ -89,6 +91,10 @@ absl::Status LaunchKvCopy(const DevicePlan& plan, uint32_t tile_begin, uint32_t 
 // from a one-thread kernel that first makes every earlier write of the stream visible to the host
 // (__threadfence_system): the GPU-written completion where cuStreamWriteValue64 is missing.
 absl::Status LaunchDoneWordStore(uint64_t device_word, uint64_t value, CudaStream stream);
+// What the current device runs this library's kernels as (kernel_arch.h): probed once per device
+// (the first call loads the module), then a cached lookup. An error when there is no device or
+// the binary holds no code for it (a GPU older than sm_80: FAILED_PRECONDITION).
+absl::StatusOr<KernelArch> CurrentKernelArch();
 
 // Loads every kernel of this library on the current device (one empty launch each, on
 // `stream`, waited for): with lazy module loading a kernel's first launch would otherwise load

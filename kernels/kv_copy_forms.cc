@@ -16,6 +16,14 @@ absl::Status LaunchKvCopyForm(const DevicePlan& plan, uint32_t tile_begin, uint3
     return absl::InvalidArgumentError(absl::StrCat("tiles [", tile_begin, ", ", tile_end,
                                                    ") outside the plan's ", plan.num_tiles));
   }
+  absl::StatusOr<KernelArch> arch = CurrentKernelArch();
+  if (!arch.ok()) return arch.status();
+  if (form == SegmentForm::kDefault) form = SegmentFormOn(form, *arch);
+  if (IsBulkSegmentForm(form) && !HasBulkCopies(*arch)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("segment form ", static_cast<int>(form), " needs bulk copies (sm_",
+                     kBulkCopyArch, "); this GPU runs the kernels as sm_", arch->code_arch));
+  }
   const int error = internal::KvCopySegmentsFormLaunch(plan.header, tile_begin, tile_end, num_ctas,
                                                        threads_per_cta, form, stream);
   if (error == 0) return absl::OkStatus();

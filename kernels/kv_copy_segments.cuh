@@ -266,24 +266,24 @@ __device__ __forceinline__ uint32_t SharedAddr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 __device__ __forceinline__ void BarInit(uint32_t bar) {
-  asm volatile("mbarrier.init.shared.b64 [%0], 1;\n" ::"r"(bar) : "memory");
+  KVRAIL_BULK_ASM("mbarrier.init.shared.b64 [%0], 1;\n" ::"r"(bar) : "memory");
 }
 __device__ __forceinline__ void BarInitFence() {
-  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  KVRAIL_BULK_ASM("fence.mbarrier_init.release.cluster;\n" ::: "memory");
 }
 __device__ __forceinline__ void ProxyFence() {
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+  KVRAIL_BULK_ASM("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 // One arrival that also expects `bytes` of bulk copies on the barrier's current phase.
 __device__ __forceinline__ void BarArriveExpect(uint32_t bar, uint32_t bytes) {
   [[maybe_unused]] uint64_t state;
-  asm volatile("mbarrier.arrive.expect_tx.shared.b64 %0, [%1], %2;\n"
-               : "=l"(state)
-               : "r"(bar), "r"(bytes)
-               : "memory");
+  KVRAIL_BULK_ASM("mbarrier.arrive.expect_tx.shared.b64 %0, [%1], %2;\n"
+                  : "=l"(state)
+                  : "r"(bar), "r"(bytes)
+                  : "memory");
 }
 __device__ __forceinline__ void BulkLoad(uint32_t to, uint64_t from, uint32_t bytes, uint32_t bar) {
-  asm volatile(
+  KVRAIL_BULK_ASM(
       "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::
           "r"(to),
       "l"(from), "r"(bytes), "r"(bar)
@@ -292,7 +292,7 @@ __device__ __forceinline__ void BulkLoad(uint32_t to, uint64_t from, uint32_t by
 __device__ __forceinline__ void BarWait(uint32_t bar, uint32_t parity) {
   uint32_t done = 0;
   while (!done) {
-    asm volatile(
+    KVRAIL_BULK_ASM(
         "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, "
         "p;\n}\n"
         : "=r"(done)
@@ -514,7 +514,8 @@ __global__ void __launch_bounds__(segments::kMaxThreads)
   __shared__ PlanHeader h;
   __shared__ __align__(8) uint64_t bars[segments::kMaxThreads / 32][kStages];
   LoadHeader(header, &h);
-  if (h.num_tiles == 0) return;  // a gated job that ended (the CUDA engine disarmed it)
+  if (h.num_tiles == 0) return;       // a gated job that ended (the CUDA engine disarmed it)
+  if (!KVRAIL_BULK_COPIES) __trap();  // never launched there (kernel_arch.h: SegmentFormOn)
   const uint64_t src = h.src.base;
   const uint64_t dst = h.dst.base;
   const uint32_t* __restrict__ src_blocks = reinterpret_cast<const uint32_t*>(h.src.block_table);

@@ -36,10 +36,13 @@ absl::Status LaunchKvDigest(const DevicePlan& plan, uint32_t tile_begin, uint32_
                                                    " is a benchmark mode: launch it with "
                                                    "kernels/kv_digest_forms.h"));
   }
-  return CudaStatus(internal::KvDigestLaunch(
-                        plan.header, tile_begin, tile_end, static_cast<int>(mode), tile_digests,
-                        num_ctas, threads_per_cta, plan.access_bytes, plan.piece_bytes, stream),
-                    "kv_digest launch");
+  absl::StatusOr<KernelArch> arch = CurrentKernelArch();
+  if (!arch.ok()) return arch.status();
+  return CudaStatus(
+      internal::KvDigestLaunch(plan.header, tile_begin, tile_end, static_cast<int>(mode),
+                               tile_digests, num_ctas, threads_per_cta, plan.access_bytes,
+                               plan.piece_bytes, static_cast<int>(DigestStagingOn(*arch)), stream),
+      "kv_digest launch");
 }
 
 absl::Status ZeroDigests(uint64_t* tile_digests, size_t count, CudaStream stream) {

@@ -23,6 +23,7 @@
 #include "kernels/device_abi.h"
 #include "kernels/digest.h"
 #include "kernels/gather_common.cuh"
+#include "kernels/kernel_arch.h"
 #include "kernels/plan_math.h"
 
 namespace kvrail::kernels {
@@ -255,13 +256,13 @@ __device__ __forceinline__ uint32_t SharedAddr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 __device__ __forceinline__ void BarInit(uint64_t* bar) {
-  asm volatile("mbarrier.init.shared.b64 [%0], 1;\n" ::"r"(SharedAddr(bar)) : "memory");
+  KVRAIL_BULK_ASM("mbarrier.init.shared.b64 [%0], 1;\n" ::"r"(SharedAddr(bar)) : "memory");
 }
 __device__ __forceinline__ void BarInitFence() {
-  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  KVRAIL_BULK_ASM("fence.mbarrier_init.release.cluster;\n" ::: "memory");
 }
 __device__ __forceinline__ void ProxyFence() {
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+  KVRAIL_BULK_ASM("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 // Lane 0: piece bytes [from, from + bytes) into `stage`, completing `bar`'s phase (bytes 0: a plain
 // arrival completes it).
@@ -269,17 +270,17 @@ __device__ __forceinline__ void BulkRequest(void* stage, const void* from, uint3
                                             uint64_t* bar) {
   [[maybe_unused]] uint64_t state;  // the arrival's token (unused: waits go by phase parity)
   if (bytes == 0) {
-    asm volatile("mbarrier.arrive.shared.b64 %0, [%1];\n"
-                 : "=l"(state)
-                 : "r"(SharedAddr(bar))
-                 : "memory");
+    KVRAIL_BULK_ASM("mbarrier.arrive.shared.b64 %0, [%1];\n"
+                    : "=l"(state)
+                    : "r"(SharedAddr(bar))
+                    : "memory");
     return;
   }
-  asm volatile("mbarrier.arrive.expect_tx.shared.b64 %0, [%1], %2;\n"
-               : "=l"(state)
-               : "r"(SharedAddr(bar)), "r"(bytes)
-               : "memory");
-  asm volatile(
+  KVRAIL_BULK_ASM("mbarrier.arrive.expect_tx.shared.b64 %0, [%1], %2;\n"
+                  : "=l"(state)
+                  : "r"(SharedAddr(bar)), "r"(bytes)
+                  : "memory");
+  KVRAIL_BULK_ASM(
       "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::
           "r"(SharedAddr(stage)),
       "l"(from), "r"(bytes), "r"(SharedAddr(bar))
@@ -287,23 +288,23 @@ __device__ __forceinline__ void BulkRequest(void* stage, const void* from, uint3
 }
 // Lane 0: bytes [ring, ring + bytes) to global `to` (one bulk store, its own bulk group).
 __device__ __forceinline__ void BulkStore(void* to, const void* ring, uint32_t bytes) {
-  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(to),
-               "r"(SharedAddr(ring)), "r"(bytes)
-               : "memory");
-  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+  KVRAIL_BULK_ASM("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(to),
+                  "r"(SharedAddr(ring)), "r"(bytes)
+                  : "memory");
+  KVRAIL_BULK_ASM("cp.async.bulk.commit_group;\n" ::: "memory");
 }
 // Lane 0: every bulk store it issued has read its shared memory (may be refilled) ...
 __device__ __forceinline__ void BulkStoreWaitRead() {
-  asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+  KVRAIL_BULK_ASM("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
 }
 // ... or is complete.
 __device__ __forceinline__ void BulkStoreWaitAll() {
-  asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+  KVRAIL_BULK_ASM("cp.async.bulk.wait_group 0;\n" ::: "memory");
 }
 __device__ __forceinline__ void BarWait(uint64_t* bar, uint32_t parity) {
   uint32_t done = 0;
   while (!done) {
-    asm volatile(
+    KVRAIL_BULK_ASM(
         "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, "
         "p;\n}\n"
         : "=r"(done)
@@ -383,14 +384,15 @@ __device__ __forceinline__ uint64_t FinishStaged(const StagedPiece& w, const int
   return sum;
 }
 
-// How the staged warp kernel moves a piece: per-lane 16-byte cp.async into the ring and stores
-// from registers (kLaneCopies); one bulk copy per piece into the ring (lane 0, mbarrier) and
-// stores from registers (kBulkLoad); or bulk copies both ways (kBulkLoadStore, the library's
-// choice: the ring is written back by one bulk store per piece and the lanes only read it to
+// How the staged warp kernel moves a piece (kernel_arch.h: DigestStaging): per-lane 16-byte
+// cp.async into the ring and stores from registers (kLaneCopies, what GPUs without bulk copies
+// run); one bulk copy per piece into the ring (lane 0, mbarrier) and stores from registers
+// (kBulkLoad); or bulk copies both ways (kBulkLoadStore, the library's choice where bulk copies
+// exist: the ring is written back by one bulk store per piece and the lanes only read it to
 // hash). Measured on one H200 (docs/benchmarks.md), copy + hash against the
 // plain kernel at 8 / 16 / 32 / 132 CTAs: kBulkLoadStore -5.4/-1.2/+8.3/+1.6% (32 KiB blocks),
 // kBulkLoad -7.6/-4.0/+4.6/-1.3%, kLaneCopies -16.4/-13.6/-4.7/-0.9%.
-enum class Staging : int { kLaneCopies = 0, kBulkLoad = 1, kBulkLoadStore = 2 };
+using Staging = DigestStaging;
 constexpr Staging kDefaultStaging = Staging::kBulkLoadStore;
 
 template <int kMode, Staging kHow>
@@ -402,6 +404,7 @@ __global__ void __launch_bounds__(kMaxThreads)
   __shared__ uint64_t bars[kMaxThreads / 32][kStages];  // bulk: one mbarrier per warp and stage
   LoadHeader(header, &h);
   constexpr bool kBulk = kHow != Staging::kLaneCopies;
+  if (kBulk && !KVRAIL_BULK_COPIES) __trap();  // never launched there (kernel_arch.h)
   constexpr bool kBulkStore =
       kHow == Staging::kBulkLoadStore && (kMode == kCopyHashSource || kMode == kCopyNoHash);
   const uint8_t* __restrict__ read_base =
@@ -659,10 +662,34 @@ __global__ void __launch_bounds__(kMaxThreads)
   }
 }
 
+// Launches the staged warp kernel with `ring` bytes of dynamic shared memory, or the register
+// version where the GPU has less shared memory per CTA than the ring (192 KiB at 512 threads
+// and 4 KiB pieces: H100/H200 allow 227 KiB, an A100 163, an L40 99).
+template <int kStagedMode, Staging kHow>
+int LaunchStaged(const PlanHeader* header, uint32_t tile_begin, uint32_t tile_end, int num_ctas,
+                 int threads, uint32_t piece_bytes, uint64_t* digests, cudaStream_t stream) {
+  const size_t ring = static_cast<size_t>(threads / 32) * kStages * piece_bytes;
+  const cudaError_t e =
+      cudaFuncSetAttribute(DigestPiecesStagedKernel<kStagedMode, kHow>,
+                           cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(ring));
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    DigestPiecesKernel<kStagedMode>
+        <<<num_ctas, threads, 0, stream>>>(header, tile_begin, tile_end, piece_bytes, digests);
+    return cudaGetLastError();
+  }
+  DigestPiecesStagedKernel<kStagedMode, kHow>
+      <<<num_ctas, threads, ring, stream>>>(header, tile_begin, tile_end, piece_bytes, digests);
+  return cudaGetLastError();
+}
+
+// `staging`: how the warp path stages pieces in the modes the daemon launches (kernel_arch.h:
+// DigestStagingOn; kBulkLoadStore or kLaneCopies); the benchmark modes fix their own and refuse
+// (cudaErrorNotSupported) a bulk staging when `staging` says bulk copies do not exist.
 template <int kMode>
 int LaunchMode(const PlanHeader* header, uint32_t tile_begin, uint32_t tile_end, int num_ctas,
                int threads, uint32_t access_bytes, uint32_t piece_bytes, uint64_t* digests,
-               cudaStream_t stream) {
+               Staging staging, cudaStream_t stream) {
   const dim3 grid(num_ctas), block(threads);
   if (piece_bytes != 0) {
     if (access_bytes != 16 || piece_bytes > 4096 || piece_bytes % 16 != 0) {
@@ -682,21 +709,16 @@ int LaunchMode(const PlanHeader* header, uint32_t tile_begin, uint32_t tile_end,
             ? kCopyHashSource
         : kMode == kCopyNoHashBulkLoad ? kCopyNoHash
                                        : kMode;
-    const size_t ring = static_cast<size_t>(threads / 32) * kStages * piece_bytes;
-    const cudaError_t e =
-        cudaFuncSetAttribute(DigestPiecesStagedKernel<kStagedMode, kHow>,
-                             cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(ring));
-    if (e != cudaSuccess) {
-      // A GPU with less shared memory per CTA than the ring (192 KiB at 512 threads; H100/H200
-      // allow 227 KiB): the register version of the warp path instead.
-      (void)cudaGetLastError();
-      DigestPiecesKernel<kStagedMode>
-          <<<grid, block, 0, stream>>>(header, tile_begin, tile_end, piece_bytes, digests);
-      return cudaGetLastError();
+    if (staging == Staging::kLaneCopies) {
+      if constexpr (kHow == Staging::kBulkLoad) {
+        return cudaErrorNotSupported;
+      } else {
+        return LaunchStaged<kStagedMode, Staging::kLaneCopies>(
+            header, tile_begin, tile_end, num_ctas, threads, piece_bytes, digests, stream);
+      }
     }
-    DigestPiecesStagedKernel<kStagedMode, kHow>
-        <<<grid, block, ring, stream>>>(header, tile_begin, tile_end, piece_bytes, digests);
-    return cudaGetLastError();
+    return LaunchStaged<kStagedMode, kHow>(header, tile_begin, tile_end, num_ctas, threads,
+                                           piece_bytes, digests, stream);
   }
   if constexpr (kMode == kCopyHashRegisters || kMode == kCopyHashCpAsync ||
                 kMode == kCopyHashBulkLoad || kMode == kCopyNoHashBulkLoad) {

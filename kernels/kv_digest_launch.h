@@ -13,9 +13,10 @@ namespace kvrail::kernels::internal {
 
 // `mode`: DigestKernelMode as int, one the daemon launches (1 copy + hash source, 2 hash source,
 // 3 hash destination); the benchmark modes 4-8 give cudaErrorInvalidValue (kv_digest_forms.h).
+// `staging`: kernel_arch.h's DigestStaging as int, for the GPU that runs it (DigestStagingOn).
 int KvDigestLaunch(const PlanHeader* device_header, uint32_t tile_begin, uint32_t tile_end,
                    int mode, uint64_t* tile_digests, int num_ctas, int threads,
-                   uint32_t access_bytes, uint32_t piece_bytes, CUstream_st* stream);
+                   uint32_t access_bytes, uint32_t piece_bytes, int staging, CUstream_st* stream);
 int DigestZero(uint64_t* digests, size_t count, CUstream_st* stream);
 // Copies `count` digests to host memory and waits for the stream.
 int DigestToHost(uint64_t* host, const uint64_t* digests, size_t count, CUstream_st* stream);

@@ -80,7 +80,8 @@ Description: KV-cache transfer daemon for disaggregated LLM serving
  kvraild moves LLM KV cache between GPU and host regions of inference
  processes on a node and across nodes (libfabric); kvrail is its operator
  CLI; the kvrail Python module is its client library for inference servers.
- The systemd unit is installed but not enabled.
+ Its GPU kernels run on compute capability 8.0 and newer (A100, L4/L40,
+ H100/H200, B200). The systemd unit is installed but not enabled.
 CONTROL
 echo /etc/kvrail/kvraild.textproto > "$root/DEBIAN/conffiles"
 install -m 0755 "$deploy/deb/postinst" "$root/DEBIAN/postinst"

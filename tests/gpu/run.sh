@@ -23,6 +23,7 @@ all_args=("$@")
 # what a healthy run took there.
 steps=(
   "tests|one two|480|150|every GPU test binary but the daemon's (kernel, digest, import, relay, fabric kernels, stream wait): passed/failed/skipped per binary"
+  "sm80|one two|240|60|the kernels' pre-sm_90 forms (A100, L40): copy and digest built as compute_80 PTX only, JIT-compiled as sm_80 code on this GPU, against the host twin and digests (ptx80_gpu_test): passed/failed/skipped"
   "engine-tests|one two|480|210|the daemon end to end (cuda_engine_gpu_test), the consumer-side flags (flags_gpu_test) and the GPU-written completion (done_word_gpu_test): passed/failed/skipped"
   "restart|one two|180|40|hot restart with GPU regions: a successor kvraild takes over while 3 clients keep CUDA-engine transfers between GPU regions in flight; bytes read back, pre-restart regions used after: passed/failed/skipped"
   "model|one two|560|300|model handover: prefill process on the source GPU, decode on the destination, tokens vs one process, handover vs TTFT, bulk vs streaming"
@@ -55,7 +56,7 @@ usage() {
   echo
   echo "Steps of shape '-' run only when named. A call stops starting steps after CALL_SECONDS" \
     "(570 s; a step is cut to what is left)." \
-    "Calls that fit by the expected times: 'tests engine-tests python restart', 'layouts first" \
+    "Calls that fit by the expected times: 'tests engine-tests python restart', 'sm80 layouts first" \
     "critical', 'model', 'streaming relay', 'scattered', 'gemm'."
 }
 shape=${1:-}
@@ -273,6 +274,13 @@ step_tests() {
   catch2 relay_gpu_test 90 -s || rc=1
   catch2 fabric_kernel_gpu_test 200 '~[bandwidth]' || rc=1
   catch2 stream_wait_gpu_test 90 --durations yes || rc=1
+  return $rc
+}
+step_sm80() {
+  local rc=0
+  catch2_header
+  catch2 ptx80_gpu_test 200 --durations yes || rc=1
+  grep -E '^GPU [0-9]+: |^cases: ' "$logs/ptx80_gpu_test.txt" | tee -a "$tables"
   return $rc
 }
 step_engine-tests() {
