@@ -198,13 +198,15 @@ TEST_CASE("the fallback store: a one-thread kernel's word lands behind the copy 
          absl::Now() < give_up) {
   }
   CHECK(__atomic_load_n(static_cast<uint64_t*>(host), __ATOMIC_ACQUIRE) == 0x1234);
-  CHECK(cudaStreamQuery(stream) == cudaSuccess);
+  // Read on the legacy stream, which does not wait for the non-blocking one: the copy's last
+  // bytes are there because the copy ended before the word.
   std::vector<uint8_t> tail(4096);
   REQUIRE(cudaMemcpy(tail.data(), static_cast<uint8_t*>(b) + bytes - tail.size(), tail.size(),
                      cudaMemcpyDeviceToHost) == cudaSuccess);
   CHECK(tail == std::vector<uint8_t>(tail.size(), 0x5A));
   // A misaligned word is refused before any launch.
   CHECK_FALSE(kernels::LaunchDoneWordStore(reinterpret_cast<uint64_t>(mapped) + 4, 1, stream).ok());
+  CHECK(cudaStreamSynchronize(stream) == cudaSuccess);
   cudaStreamDestroy(stream);
   cudaFreeHost(host);
   cudaFree(a);
