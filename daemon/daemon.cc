@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/cord.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -449,10 +450,29 @@ v1::Stats DaemonImpl::CurrentStats() const {
 }
 
 absl::Status DaemonImpl::StartMetrics() {
-  if (config().metrics_listen().empty()) return absl::OkStatus();
+  if (config().metrics_listen().empty()) {
+    if (config().has_metrics_tls() || !config().metrics_bearer_token_file().empty()) {
+      return absl::InvalidArgumentError(
+          "metrics_tls / metrics_bearer_token_file: set without metrics_listen");
+    }
+    return absl::OkStatus();
+  }
   metrics::MetricsOptions options =
       MetricsOptionsFrom(config(), id_.topology.desc().gpus_size(),
                          cuda_engine_ ? cuda_engine_->capabilities().gpu_count : 0);
+  if (const std::string& file = config().metrics_bearer_token_file(); !file.empty()) {
+    std::ifstream in(file);
+    std::getline(in, options.bearer_token);
+    options.bearer_token = std::string(absl::StripAsciiWhitespace(options.bearer_token));
+    if (!in && !in.eof()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("metrics_bearer_token_file: cannot read '", file, "'"));
+    }
+    if (options.bearer_token.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("metrics_bearer_token_file: '", file, "' has no token on its first line"));
+    }
+  }
   options.build_info = id_.stats_base.build_info();
   for (const v1::Gpu& g : id_.topology.desc().gpus()) {
     options.gpu_labels.push_back({g.index(), g.uuid(), g.name()});
@@ -461,7 +481,9 @@ absl::Status DaemonImpl::StartMetrics() {
   options.stats = [this] { return CurrentStats(); };
   KVRAIL_ASSIGN_OR_RETURN(metrics_, metrics::Metrics::Start(std::move(options)));
   metrics_sink_.store(metrics_.get(), std::memory_order_release);
-  spdlog::info("metrics on {} (port {})", config().metrics_listen(), metrics_->port());
+  spdlog::info("metrics on {} (port {}{}{})", config().metrics_listen(), metrics_->port(),
+               config().metrics_tls().cert_file().empty() ? "" : ", TLS",
+               config().metrics_bearer_token_file().empty() ? "" : ", bearer token required");
   return absl::OkStatus();
 }
 

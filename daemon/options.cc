@@ -188,6 +188,9 @@ metrics::MetricsOptions MetricsOptionsFrom(const v1::DaemonConfig& config, int g
                                            int cuda_gpus) {
   metrics::MetricsOptions options;
   options.listen = config.metrics_listen();
+  options.tls_cert_file = config.metrics_tls().cert_file();
+  options.tls_key_file = config.metrics_tls().key_file();
+  options.tls_client_ca_file = config.metrics_tls().client_ca_file();
   options.version = build::kVersion;
   options.gpus = gpus;
   options.cuda_gpus = cuda_gpus;

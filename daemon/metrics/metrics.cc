@@ -9,10 +9,13 @@
 #include <cctype>
 #include <exception>
 #include <map>
+#include <random>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "base/dcheck.h"
 #include "daemon/metrics/process_stats.h"
+#include "daemon/metrics/secure_front.h"
 
 namespace kvrail::metrics {
 namespace {
@@ -253,9 +256,16 @@ class MetricsImpl final : public Metrics {
   }
 
   int port() const override {
+    if (front_ != nullptr) return front_->port();
     const std::vector<int> ports = exposer_->GetListeningPorts();
     return ports.empty() ? 0 : ports.front();
   }
+  // The exposer's port (on 127.0.0.1 behind a front).
+  int exposer_port() const {
+    const std::vector<int> ports = exposer_->GetListeningPorts();
+    return ports.empty() ? 0 : ports.front();
+  }
+  void set_front(std::unique_ptr<internal::SecureFront> front) { front_ = std::move(front); }
 
  private:
   std::unique_ptr<prometheus::Exposer> exposer_;
@@ -264,7 +274,17 @@ class MetricsImpl final : public Metrics {
   prometheus::Family<prometheus::Histogram>& latency_;
   prometheus::Family<prometheus::Histogram>& queue_wait_;
   std::shared_ptr<StatsCollectable> collectable_;
+  // Declared last: stopped before the exposer it asks.
+  std::unique_ptr<internal::SecureFront> front_;
 };
+
+// A fresh secret for the exposer behind a front: 32 hex digits from the OS's random source.
+std::string RandomSecret() {
+  std::random_device rd;
+  std::string out;
+  for (int i = 0; i < 4; ++i) absl::StrAppend(&out, absl::Hex(rd(), absl::kZeroPad8));
+  return out;
+}
 
 }  // namespace
 
@@ -311,16 +331,47 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Start(const std::string& liste
 }
 
 absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Start(MetricsOptions options) {
+  if (options.tls_cert_file.empty() != options.tls_key_file.empty()) {
+    return absl::InvalidArgumentError(
+        "metrics_tls: cert_file and key_file go together (both or neither)");
+  }
+  if (!options.tls_client_ca_file.empty() && options.tls_cert_file.empty()) {
+    return absl::InvalidArgumentError("metrics_tls.client_ca_file: needs cert_file and key_file");
+  }
+  const bool fronted = !options.tls_cert_file.empty() || !options.bearer_token.empty();
+  const std::string bind = fronted ? "127.0.0.1:0" : options.listen;
   std::unique_ptr<prometheus::Exposer> exposer;
   try {
     // civetweb reports bind failures by throwing; this is the one place exceptions are caught.
-    exposer = std::make_unique<prometheus::Exposer>(options.listen, /*num_threads=*/2);
+    exposer = std::make_unique<prometheus::Exposer>(bind, /*num_threads=*/2);
   } catch (const std::exception& e) {
     return absl::UnavailableError(
-        absl::StrCat("metrics_listen: cannot serve metrics on '", options.listen, "': ", e.what()));
+        absl::StrCat("metrics_listen: cannot serve metrics on '", bind, "': ", e.what()));
   }
-  return std::unique_ptr<Metrics>(
-      std::make_unique<MetricsImpl>(std::move(exposer), std::move(options)));
+  internal::SecureFrontOptions front;
+  if (fronted) {
+    const std::string secret = RandomSecret();
+    exposer->RegisterAuth(
+        [secret](const std::string& user, const std::string& password) {
+          return user == "kvraild" && password == secret;
+        },
+        "kvraild");
+    front.listen = options.listen;
+    front.cert_file = options.tls_cert_file;
+    front.key_file = options.tls_key_file;
+    front.client_ca_file = options.tls_client_ca_file;
+    front.bearer_token = options.bearer_token;
+    front.backend_authorization = "Basic " + absl::Base64Escape("kvraild:" + secret);
+  }
+  auto metrics = std::make_unique<MetricsImpl>(std::move(exposer), std::move(options));
+  if (fronted) {
+    front.backend_port = metrics->exposer_port();
+    absl::StatusOr<std::unique_ptr<internal::SecureFront>> started =
+        internal::SecureFront::Start(std::move(front));
+    if (!started.ok()) return started.status();
+    metrics->set_front(std::move(*started));
+  }
+  return std::unique_ptr<Metrics>(std::move(metrics));
 }
 
 }  // namespace kvrail::metrics

@@ -24,6 +24,14 @@ struct GpuLabel {
 struct MetricsOptions {
   // "127.0.0.1:9464"; port 0 picks one.
   std::string listen;
+  // TLS on `listen` (PEM files, both or neither; DaemonConfig.metrics_tls): /metrics is served
+  // over HTTPS only. tls_client_ca_file: scrapers must also present a certificate it signed.
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  std::string tls_client_ca_file;
+  // Non-empty (DaemonConfig.metrics_bearer_token_file's token): scrapes must send
+  // "Authorization: Bearer <bearer_token>", else 401.
+  std::string bearer_token;
   // Called at each scrape. Its started_unix_us feeds kvrail_start_time_seconds.
   std::function<v1::Stats()> stats;
   // Called at each scrape when set (kvrail_peer_up); empty: no peers.
@@ -41,7 +49,9 @@ struct MetricsOptions {
   std::string cuda_mode = "auto";
 };
 
-// Thread-safe. Serves GET /metrics on its own HTTP threads (civetweb, inside prometheus-cpp).
+// Thread-safe. Serves GET /metrics on its own HTTP threads (civetweb, inside prometheus-cpp);
+// with TLS or a bearer token, through a front that terminates TLS and checks the token (the plain
+// server then listens on 127.0.0.1 only, behind a per-process secret).
 class Metrics {
  public:
   virtual ~Metrics() = default;

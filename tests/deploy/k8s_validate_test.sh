@@ -1,6 +1,6 @@
 #!/bin/bash
-# deploy/k8s rendered with kubectl's kustomize (the base and the rdma overlay) and validated
-# against the Kubernetes API schemas with kubernetes-validate (PyPI, pinned in
+# deploy/k8s rendered with kubectl's kustomize (the base, the rdma and metrics-tls overlays) and
+# validated against the Kubernetes API schemas with kubernetes-validate (PyPI, pinned in
 # python/requirements-ci.txt; it ships the schemas, so nothing is fetched), strict (unknown
 # fields are errors), for the oldest and newest Kubernetes versions it knows here; then what the
 # schemas cannot say (check_kustomize.py): the ServiceMonitor finds the Service, RDMA only in the
@@ -21,7 +21,7 @@ cp -rL "$dir/deploy/k8s" "$tmp/k8s"
 fail=0
 check() { if eval "$2"; then echo "ok   $1"; else echo "FAIL $1"; fail=1; fi; }
 head -1 <<<"$("$kubectl" version --client 2>&1)"
-for overlay in base rdma; do
+for overlay in base rdma metrics-tls; do
   "$kubectl" kustomize "$tmp/k8s/$overlay" > "$tmp/$overlay.yaml" 2> "$tmp/$overlay.err" && rc=0 || rc=$?
   grep -v "deprecated" "$tmp/$overlay.err" || true
   check "kubectl kustomize deploy/k8s/$overlay renders" '[ $rc -eq 0 ] && [ -s "$tmp/$overlay.yaml" ]'
@@ -32,6 +32,15 @@ for overlay in base rdma; do
       '[ $rc -eq 0 ] && [ "$(grep -c "passed for resource" <<<"$out")" -ge 4 ] && ! grep -q "^ERROR" <<<"$out"'
   done
 done
+# The metrics-tls overlay: kvraild's config asks for TLS and a token from the mounted Secret, and
+# the ServiceMonitor scrapes https with the Secret's CA and token (the base stays plain http).
+m="$tmp/metrics-tls.yaml"
+check "metrics-tls: kvraild serves /metrics with TLS and a bearer token from the Secret" \
+  'grep -q "cert_file: \"/etc/kvrail-metrics/tls.crt\"" "$m" && grep -q "metrics_bearer_token_file: \"/etc/kvrail-metrics/token\"" "$m" && grep -q "secretName: kvraild-metrics-tls" "$m" && grep -q "mountPath: /etc/kvrail-metrics" "$m"'
+check "metrics-tls: the ServiceMonitor scrapes https with the CA and the token" \
+  'grep -q "scheme: https" "$m" && grep -q "bearerTokenSecret:" "$m" && grep -q "key: ca.crt" "$m" && grep -q "key: token" "$m"'
+check "base: the ServiceMonitor scrapes plain http" \
+  'grep -q "scheme: http$" "$tmp/base.yaml" && ! grep -q "metrics_tls" "$tmp/base.yaml"'
 # The validator catches a misspelt field (the check above can fail).
 sed 's/readOnlyRootFilesystem:/readOnlyRootFilesytem:/' "$tmp/base.yaml" > "$tmp/broken.yaml"
 "$validate" --strict "$tmp/broken.yaml" > "$tmp/broken.out" 2>&1 && rc=0 || rc=$?
