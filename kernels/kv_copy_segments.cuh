@@ -51,7 +51,9 @@ using gather::SplitItem;
 // - split registers (200 + ..., KvCopySegmentsSplitKernel, below): the register form with only
 //   whole units in the stream and each segment's partial units stored by its own lane.
 // Upload picks the form per plan (segment_math.h: SegmentFormFor): split registers (206) for
-// short unmerged chunks, bulk-staged otherwise.
+// short unmerged chunks, bulk-staged otherwise; on code compiled for a GPU older than sm_90 the
+// bulk-staged form does not exist (its body traps) and the split form takes its plans
+// (kernel_arch.h: SegmentFormOn).
 constexpr int kDefaultUnitsPerLane = 6;
 static_assert(static_cast<int>(SegmentForm::kRegisters) == kDefaultUnitsPerLane,
               "segment_math.h names this form");
