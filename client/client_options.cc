@@ -41,6 +41,14 @@ ClientOptions ClientOptions::FromEnvironment(
     uint32_t n = 0;
     if (absl::SimpleAtoi(entries, &n)) options.completion_queue_entries = n;
   }
+  if (const char* sq = getenv("KVRAIL_SUBMISSION_QUEUE"); sq != nullptr) {
+    options.submission_queue = std::string(sq) != "0";
+  }
+  ReadMicros(getenv("KVRAIL_SUBMISSION_SPIN_US"), &options.submission_spin);
+  if (const char* slots = getenv("KVRAIL_SUBMISSION_QUEUE_SLOTS"); slots != nullptr) {
+    uint32_t n = 0;
+    if (absl::SimpleAtoi(slots, &n)) options.submission_queue_slots = n;
+  }
   if (const char* tables = getenv("KVRAIL_BLOCK_TABLE_BUFFER");
       tables != nullptr && std::string(tables) == "lazy") {
     options.eager_block_table = false;

@@ -20,6 +20,7 @@
 #include "base/status.h"
 #include "base/unique_fd.h"
 #include "client/completion_table.h"
+#include "client/submission_queue.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/kvrail/v1/admin.grpc.pb.h"
 #include "proto/kvrail/v1/peer.grpc.pb.h"
@@ -212,6 +213,28 @@ class Client::Impl {
 
   void AbandonCompletions() {
     if (CompletionTable* table = completions_.exchange(nullptr)) table->Abandon();
+    submissions_.store(nullptr);
+  }
+
+  // The session's submission queue (client/submission_queue.h), mapped when the session opens;
+  // null without one. As with the completion tables, queues of lost sessions stay alive with the
+  // client.
+  std::atomic<SubmissionQueue*> submissions_{nullptr};
+  std::vector<std::unique_ptr<SubmissionQueue>> queues_ ABSL_GUARDED_BY(session_mu_);
+
+  void OpenSubmissionQueueLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(session_mu_) {
+    if (!options_.submission_queue || !session_submit_.load()) return;
+    absl::StatusOr<std::unique_ptr<SubmissionQueue>> queue =
+        SubmissionQueue::Create(options_.submission_queue_slots, options_.submission_spin);
+    // Without one (an older daemon, a daemon that takes none) submits go by packets.
+    if (!queue.ok() || !session_
+                            ->SendSubmissionQueue((*queue)->sq_memfd(), (*queue)->sq_eventfd(),
+                                                  (*queue)->ack_memfd(), (*queue)->ack_eventfd())
+                            .ok()) {
+      return;
+    }
+    submissions_.store(queue->get());
+    queues_.push_back(*std::move(queue));
   }
 
   // Connections that carry WAITs (a WAIT holds its connection until the transfer ends, so each
@@ -269,6 +292,7 @@ class Client::Impl {
           session_ = std::move(opened);
           StartMonitorLocked();
           OpenCompletionQueueLocked();
+          OpenSubmissionQueueLocked();
           return session_;
         }
         lost_why = absl::StrCat("kvraild restarted (instance ", known, " when connected, now ",
@@ -844,8 +868,93 @@ bool Client::EnableDoneWords(CompletionTable* completions) {
   return true;
 }
 
+std::vector<std::optional<absl::StatusOr<v1::SubmitTransferResponse>>> Client::SubmitQueued(
+    const std::vector<v1::SubmitTransferRequest*>& requests, bool with_done_word) {
+  std::vector<std::optional<absl::StatusOr<v1::SubmitTransferResponse>>> out(requests.size());
+  if (impl_->submissions_.load() == nullptr || !impl_->session_submit_.load() ||
+      impl_->unix_path_.empty()) {
+    return out;
+  }
+  absl::StatusOr<std::shared_ptr<wire::SessionConnection>> session = impl_->Session();
+  SubmissionQueue* queue = impl_->submissions_.load();  // the session's (null once it is lost)
+  if (!session.ok() || queue == nullptr) return out;
+  std::vector<const v1::SubmitTransferRequest*> within;
+  std::vector<size_t> index;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    if (requests[i]->spec().dst().node_id().empty()) {
+      within.push_back(requests[i]);
+      index.push_back(i);
+    }
+  }
+  if (within.empty()) return out;
+  // The daemon posts these transfers' ends into the completion queue (when there is one), and
+  // each carries a done word as a SUBMIT packet's does (SubmitRequest).
+  CompletionTable* completions = impl_->completions_.load();
+  const uint64_t mark = completions != nullptr ? completions->OverflowMark() : 0;
+  std::vector<std::optional<CompletionTable::DoneSlot>> slots(within.size());
+  if (with_done_word && completions != nullptr && impl_->options_.gpu_done_word &&
+      EnableDoneWords(completions)) {
+    for (size_t k = 0; k < within.size(); ++k) {
+      v1::SubmitTransferRequest* request = requests[index[k]];
+      if (request->spec().has_done_word()) continue;
+      slots[k] = completions->TakeDoneSlot();
+      if (!slots[k].has_value()) break;
+      v1::DoneWord* word = request->mutable_spec()->mutable_done_word();
+      word->set_region_id(slots[k]->region_id);
+      word->set_byte_offset(uint64_t{8} * slots[k]->index);
+      word->set_value(slots[k]->value);
+    }
+  }
+  std::vector<SubmissionQueue::Result> results =
+      queue->Submit(within, [conn = *session] { return conn->PeerClosed(); });
+  for (size_t k = 0; k < results.size(); ++k) {
+    v1::SubmitTransferRequest* request = requests[index[k]];
+    if (!results[k].queued || !results[k].response.ok()) {
+      if (slots[k].has_value()) {
+        // Not taken, or refused: nothing stores the word.
+        completions->ReturnDoneSlot(*slots[k]);
+        request->mutable_spec()->clear_done_word();
+      }
+      if (!results[k].queued) continue;
+      if (slots[k].has_value() &&
+          absl::StrContains(results[k].response.status().message(), "spec.done_word")) {
+        // The words' region went meanwhile (yielded to a registration): once more, without.
+        out[index[k]] = SubmitRequest(*request, /*with_done_word=*/false);
+        continue;
+      }
+    } else if (completions != nullptr) {
+      // A deduplicated submit's transfer carries the first submit's word, not this one.
+      const bool watch = slots[k].has_value() && !results[k].response->deduplicated();
+      if (slots[k].has_value() && !watch) completions->ReturnDoneSlot(*slots[k]);
+      completions->Follow(results[k].response->transfer_id(), mark,
+                          watch ? slots[k] : std::optional<CompletionTable::DoneSlot>(),
+                          results[k].response->bytes_total());
+    }
+    out[index[k]] = impl_->Checked(std::move(results[k].response));
+  }
+  return out;
+}
+
+std::pair<uint64_t, uint64_t> Client::SubmissionQueueCounts() {
+  uint64_t queued = 0, handed_back = 0;
+  absl::MutexLock lock(&impl_->session_mu_);
+  for (const auto& queue : impl_->queues_) {
+    queued += queue->queued();
+    handed_back += queue->handed_back();
+  }
+  return {queued, handed_back};
+}
+
 absl::StatusOr<v1::SubmitTransferResponse> Client::SubmitRequest(v1::SubmitTransferRequest request,
-                                                                 bool with_done_word) {
+                                                                 bool with_done_word, bool queue) {
+  // Through the submission queue when the session has one and the request fits.
+  if (queue) {
+    if (std::optional<absl::StatusOr<v1::SubmitTransferResponse>> queued =
+            std::move(SubmitQueued({&request}, with_done_word)[0]);
+        queued.has_value()) {
+      return *std::move(queued);
+    }
+  }
   // Transfers within this node, over the session socket when the daemon has one.
   if (impl_->session_submit_.load() && !impl_->unix_path_.empty() &&
       request.spec().dst().node_id().empty() &&
@@ -883,7 +992,7 @@ absl::StatusOr<v1::SubmitTransferResponse> Client::SubmitRequest(v1::SubmitTrans
           if (absl::StrContains(response.status().message(), "spec.done_word")) {
             // The words' region went meanwhile (yielded to a registration): once more, without.
             request.mutable_spec()->clear_done_word();
-            return SubmitRequest(std::move(request), /*with_done_word=*/false);
+            return SubmitRequest(std::move(request), /*with_done_word=*/false, /*queue=*/false);
           }
         }
         if (response.status().code() != absl::StatusCode::kUnimplemented) {
@@ -980,6 +1089,57 @@ absl::StatusOr<v1::SubmitTransferResponse> Client::Submit(const v1::TransferSpec
   CompactBlockTable(request.mutable_spec()->mutable_src());
   CompactBlockTable(request.mutable_spec()->mutable_dst());
   return SubmitRequest(std::move(request));
+}
+
+std::optional<v1::SubmitTransferRequest> Client::PlainRequest(const v1::TransferSpec& spec) {
+  const size_t src_ids = TableIds(spec.src()), dst_ids = TableIds(spec.dst());
+  if (!impl_->unix_path_.empty() && std::max(src_ids, dst_ids) >= kSharedBlockTableFrom) {
+    return std::nullopt;  // Submit decides between the block-table region and the message
+  }
+  v1::SubmitTransferRequest request;
+  *request.mutable_spec() = spec;
+  if (!spec.notification().empty() && spec.session_id() == 0) {
+    request.mutable_spec()->set_session_id(impl_->OpenSessionId());
+  }
+  CompactBlockTable(request.mutable_spec()->mutable_src());
+  CompactBlockTable(request.mutable_spec()->mutable_dst());
+  return request;
+}
+
+std::vector<absl::StatusOr<v1::SubmitTransferResponse>> Client::SubmitBatch(
+    const std::vector<v1::TransferSpec>& specs) {
+  std::vector<std::optional<v1::SubmitTransferRequest>> plain;
+  std::vector<v1::SubmitTransferRequest*> batch;
+  std::vector<size_t> index;
+  plain.reserve(specs.size());
+  for (size_t i = 0; i < specs.size(); ++i) {
+    plain.push_back(PlainRequest(specs[i]));
+    if (plain.back().has_value()) {
+      batch.push_back(&*plain.back());
+      index.push_back(i);
+    }
+  }
+  std::vector<std::optional<absl::StatusOr<v1::SubmitTransferResponse>>> queued =
+      SubmitQueued(batch);
+  std::vector<absl::StatusOr<v1::SubmitTransferResponse>> out(specs.size(),
+                                                              absl::UnknownError("not submitted"));
+  std::vector<bool> done(specs.size(), false);
+  for (size_t k = 0; k < queued.size(); ++k) {
+    if (queued[k].has_value()) {
+      out[index[k]] = *std::move(queued[k]);
+      done[index[k]] = true;
+    }
+  }
+  // The rest one by one, in order: large block tables, transfers to other nodes, no queue, or
+  // what the queue had no room for (by packet at once: the queue is full).
+  for (size_t i = 0; i < specs.size(); ++i) {
+    if (!done[i]) {
+      out[i] = plain[i].has_value()
+                   ? SubmitRequest(*std::move(plain[i]), /*with_done_word=*/true, /*queue=*/false)
+                   : Submit(specs[i]);
+    }
+  }
+  return out;
 }
 
 absl::StatusOr<v1::TransferStatus> Client::Get(uint64_t transfer_id) {

@@ -19,6 +19,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -62,6 +63,18 @@ struct ClientOptions {
   // GPU transfer's end is seen from the word its last kernel's stream stores (done, poll and
   // waits read it first), before the daemon's completion arrives.
   bool gpu_done_word = true;
+  // KVRAIL_SUBMISSION_QUEUE=0 sets false: no submission queue (submits go by SUBMIT packets).
+  // With one, a transfer within the node is written into shared memory kvraild reads (a batch in
+  // one write) and answered there, without a socket round trip; a request larger than an entry
+  // (4080 bytes serialized) or one that finds the queue full goes by packet.
+  bool submission_queue = true;
+  // KVRAIL_SUBMISSION_SPIN_US: how long a submit polls for its acknowledgement before it sleeps
+  // (adaptive, as completion_spin).
+  absl::Duration submission_spin = absl::Microseconds(50);
+  // KVRAIL_SUBMISSION_QUEUE_SLOTS: the submission ring's 64-byte slots (a power of 2,
+  // 128..1048576; a request takes 1 to 64 of them); a quarter as many requests may be in flight
+  // (the acknowledgement ring's entries).
+  uint32_t submission_queue_slots = 1024;
   // KVRAIL_BLOCK_TABLE_BUFFER=lazy sets false: the block-table region (see Submit) is made by
   // the first Submit that needs it rather than by Connect.
   bool eager_block_table = true;
@@ -193,6 +206,16 @@ class Client {
   // round trip, same validation and errors as the SubmitTransfer RPC, which is used otherwise,
   // for a daemon without it, or with ClientOptions::submit_via_session false).
   absl::StatusOr<v1::SubmitTransferResponse> Submit(const v1::TransferSpec& spec);
+  // Several transfers at once (the K, V and auxiliary state of one chunk, several ranks): with
+  // a submission queue, those within the node whose requests fit an entry are written in one
+  // write (one publish, one wake-up of kvraild at most) and answered there; the rest go one by
+  // one as Submit sends them. results[i] is specs[i]'s answer, each on its own: one refused
+  // transfer refuses none of the others.
+  std::vector<absl::StatusOr<v1::SubmitTransferResponse>> SubmitBatch(
+      const std::vector<v1::TransferSpec>& specs);
+  // Requests sent through the submission queue, and those it handed back to packets (too big,
+  // or the queue full), since Connect: for tests and benchmarks (0, 0 without a queue).
+  std::pair<uint64_t, uint64_t> SubmissionQueueCounts();
   absl::StatusOr<v1::TransferStatus> Get(uint64_t transfer_id);
   // Blocks until the transfer ends or `timeout` passes (zero or infinite: until it ends); on
   // timeout the current (non-final) status is returned. On a unix socket the wait goes over a
@@ -295,11 +318,21 @@ class Client {
 
  private:
   // `with_done_word`: a word for the GPU-written completion is attached (when the client has
-  // done words and the caller set none).
+  // done words and the caller set none). `queue` false: never through the submission queue
+  // (what it handed back goes by packet).
   absl::StatusOr<v1::SubmitTransferResponse> SubmitRequest(v1::SubmitTransferRequest request,
-                                                           bool with_done_word = true);
+                                                           bool with_done_word = true,
+                                                           bool queue = true);
   // The session's done words for `completions` (registered on first use); false without them.
   bool EnableDoneWords(CompletionTable* completions);
+  // The request Submit sends for `spec` (the session filled in, small block tables compacted),
+  // or nullopt when its tables go through the block-table region (Submit's own path).
+  std::optional<v1::SubmitTransferRequest> PlainRequest(const v1::TransferSpec& spec);
+  // Requests through the submission queue (those within the node, on a unix socket), each with
+  // a done word as SubmitRequest attaches one; results[i] nullopt for those it did not take
+  // (their requests as given).
+  std::vector<std::optional<absl::StatusOr<v1::SubmitTransferResponse>>> SubmitQueued(
+      const std::vector<v1::SubmitTransferRequest*>& requests, bool with_done_word = true);
   // Wait by a WAIT packet or WaitTransfer (without the completion queue).
   absl::StatusOr<v1::TransferStatus> WaitByCall(uint64_t transfer_id, absl::Duration timeout);
   // Makes the block-table region hold `need` bytes (creates / grows and registers it); the

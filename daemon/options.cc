@@ -163,6 +163,10 @@ session::SessionServerOptions SessionOptionsFrom(const v1::DaemonConfig& config,
   // The poll thread's spin after a packet (a critical-path measure; off with the engine's).
   if (config.low_latency()) options.spin = absl::Microseconds(100);
   options.admission_workers = config.session_admission_workers();
+  options.submission_queue = config.session_submission_queue();
+  // Config defaults it by low_latency (config.cc) and bounds it.
+  options.submission_spin =
+      absl::Microseconds(std::min<uint32_t>(config.session_submission_spin_us(), 1000));
   return options;
 }
 

@@ -47,7 +47,7 @@ inline constexpr size_t kMaxSubmissionPayload =
     kMaxSubmissionSlots * kSubmissionSlotBytes - kSubmissionHeaderBytes;
 
 inline constexpr uint16_t kSubmitAckKind = 3;
-inline constexpr uint32_t kSubmitAckBytes = 128;
+inline constexpr uint32_t kSubmitAckBytes = 512;
 inline constexpr size_t kSubmitAckMessageBytes = kSubmitAckBytes - 42;
 inline constexpr uint32_t kSubmitAckDeduplicated = 1;  // SubmitTransferResponse.deduplicated
 inline constexpr uint32_t kSubmitAckTruncated = 2;     // the message was cut

@@ -175,7 +175,7 @@ TEST_CASE("acknowledgements round trip; a long message is cut and flagged; bad o
   refused.tag = 8;
   refused.code = static_cast<int32_t>(absl::StatusCode::kInvalidArgument);
   refused.message =
-      "spec.src.region_id: 12 is not a region of this daemon " + std::string(100, '.');
+      "spec.src.region_id: 12 is not a region of this daemon " + std::string(600, '.');
   EncodeSubmitAck(refused, entry);
   back = ParseSubmitAck(entry, sizeof(entry));
   REQUIRE(back.ok());
@@ -193,6 +193,7 @@ TEST_CASE("acknowledgements round trip; a long message is cut and flagged; bad o
   CHECK(absl::StrContains(ParseSubmitAck(entry, sizeof(entry)).status().message(), "sq_ack.code"));
   EncodeSubmitAck(ack, entry);
   entry[40] = 0xff;
+  entry[41] = 0x7f;
   CHECK(absl::StrContains(ParseSubmitAck(entry, sizeof(entry)).status().message(),
                           "sq_ack.message_bytes"));
   EncodeSubmitAck(ack, entry);

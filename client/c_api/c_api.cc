@@ -464,6 +464,49 @@ int kvrail_submit(kvrail_client* handle, const uint8_t* spec, size_t spec_len,
   });
 }
 
+int kvrail_submit_batch(kvrail_client* handle, const uint8_t* const* specs, const size_t* spec_lens,
+                        size_t count, uint64_t* transfer_ids, int32_t* codes) {
+  return Guard([&]() -> absl::Status {
+    if (count > 0) {
+      if (specs == nullptr) return absl::InvalidArgumentError("specs: NULL with count > 0");
+      if (spec_lens == nullptr) {
+        return absl::InvalidArgumentError("spec_lens: NULL with count > 0");
+      }
+      KVRAIL_RETURN_IF_ERROR(RequireOut(transfer_ids, "transfer_ids"));
+    }
+    for (size_t i = 0; i < count; ++i) {
+      transfer_ids[i] = 0;
+      if (codes != nullptr) codes[i] = KVRAIL_OK;
+    }
+    KVRAIL_ASSIGN_OR_RETURN(std::shared_ptr<Client> client, FindClient(handle));
+    // Every spec is parsed before anything is submitted: a malformed one submits nothing.
+    std::vector<v1::TransferSpec> parsed(count);
+    for (size_t i = 0; i < count; ++i) {
+      absl::StatusOr<v1::TransferSpec> spec =
+          Parse<v1::TransferSpec>(specs[i], spec_lens[i], absl::StrCat("specs[", i, "]").c_str());
+      if (!spec.ok()) {
+        if (codes != nullptr) codes[i] = static_cast<int32_t>(spec.status().code());
+        return spec.status();
+      }
+      parsed[i] = *std::move(spec);
+    }
+    std::vector<absl::StatusOr<v1::SubmitTransferResponse>> results = client->SubmitBatch(parsed);
+    absl::Status first = absl::OkStatus();
+    for (size_t i = 0; i < count; ++i) {
+      if (results[i].ok()) {
+        transfer_ids[i] = results[i]->transfer_id();
+        continue;
+      }
+      if (codes != nullptr) codes[i] = static_cast<int32_t>(results[i].status().code());
+      if (first.ok()) {
+        first = absl::Status(results[i].status().code(),
+                             absl::StrCat("specs[", i, "]: ", results[i].status().message()));
+      }
+    }
+    return first;
+  });
+}
+
 int kvrail_submit_blocks(kvrail_client* handle, const uint8_t* spec, size_t spec_len,
                          const uint32_t* src_ids, size_t src_count, const uint32_t* dst_ids,
                          size_t dst_count, uint64_t* transfer_id, uint8_t** response,

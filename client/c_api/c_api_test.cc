@@ -373,6 +373,55 @@ TEST_CASE("poll: many states in one call; an unknown id is named by its index") 
   CHECK(kvrail_poll(live.client, nullptr, 3, states.data(), nullptr) == KVRAIL_INVALID_ARGUMENT);
 }
 
+TEST_CASE("submit_batch: K, V and aux in one call; each answered on its own, named by index") {
+  Live live;
+  Pool src(live.client, false, 0);
+  Pool dst(live.client, true, 0);
+  for (uint32_t b = 0; b < kBlocks; ++b) {
+    std::memset(Chunk(src.buffer, 0, 0, b), 0x40 + b, kChunk);
+  }
+  std::vector<std::vector<uint8_t>> bytes;
+  for (uint32_t b = 0; b < 3; ++b) {
+    bytes.push_back(Bytes(BlockTransfer(src.region, {b}, dst.region, {b + 4})));
+  }
+  bytes.push_back(Bytes(BlockTransfer(src.region, {0}, 777777, {0})));  // an unknown region
+  bytes.push_back(Bytes(BlockTransfer(src.region, {3}, dst.region, {7})));
+  std::vector<const uint8_t*> specs;
+  std::vector<size_t> lens;
+  for (const auto& b : bytes) {
+    specs.push_back(b.data());
+    lens.push_back(b.size());
+  }
+  std::vector<uint64_t> ids(specs.size(), 1);
+  std::vector<int32_t> codes(specs.size(), -1);
+  CHECK(kvrail_submit_batch(live.client, specs.data(), lens.data(), specs.size(), ids.data(),
+                            codes.data()) == KVRAIL_NOT_FOUND);
+  CHECK(LastMessage().rfind("specs[3]: spec.dst.region_id", 0) == 0);
+  CHECK(codes == std::vector<int32_t>{0, 0, 0, KVRAIL_NOT_FOUND, 0});
+  CHECK(ids[3] == 0);
+  for (size_t i : {0, 1, 2, 4}) {
+    REQUIRE(ids[i] != 0);
+    int32_t state = -1;
+    REQUIRE(kvrail_wait(live.client, ids[i], 10000, &state, nullptr, nullptr) == KVRAIL_OK);
+    CHECK(state == KVRAIL_STATE_SUCCEEDED);
+  }
+  for (uint32_t b = 0; b < 3; ++b) {
+    CHECK(std::memcmp(Chunk(dst.buffer, 0, 0, b + 4), Chunk(src.buffer, 0, 0, b), kChunk) == 0);
+  }
+  CHECK(std::memcmp(Chunk(dst.buffer, 0, 0, 7), Chunk(src.buffer, 0, 0, 3), kChunk) == 0);
+  // A malformed spec submits nothing; misuse is named.
+  const uint8_t junk[] = {0xff, 0xff, 0xff};
+  specs[1] = junk;
+  lens[1] = sizeof(junk);
+  CHECK(kvrail_submit_batch(live.client, specs.data(), lens.data(), specs.size(), ids.data(),
+                            nullptr) == KVRAIL_INVALID_ARGUMENT);
+  CHECK(LastMessage().rfind("specs[1]: ", 0) == 0);
+  CHECK(ids[0] == 0);
+  CHECK(kvrail_submit_batch(live.client, nullptr, lens.data(), 2, ids.data(), nullptr) ==
+        KVRAIL_INVALID_ARGUMENT);
+  CHECK(kvrail_submit_batch(live.client, nullptr, nullptr, 0, nullptr, nullptr) == KVRAIL_OK);
+}
+
 TEST_CASE("layer-wise: a bounded wait returns a non-final status; mark_ready lets it finish") {
   Live live;
   Pool src(live.client, false, 5);

@@ -13,7 +13,7 @@ if [ -n "$others" ]; then
   head -20 <<<"$others" >&2
   exit 1
 fi
-for symbol in kvrail_abi_version kvrail_connect kvrail_submit kvrail_wait kvrail_poll \
+for symbol in kvrail_abi_version kvrail_connect kvrail_submit kvrail_submit_batch kvrail_wait kvrail_poll \
   kvrail_register_host_fd kvrail_export_region kvrail_completion_fd kvrail_take_completions \
   kvrail_register_host_buffer kvrail_register_cuda kvrail_last_error_message; do
   grep -q "^${symbol}@@KVRAIL_1$" <<<"$exported" || { echo "missing export: $symbol" >&2; exit 1; }

@@ -189,6 +189,16 @@ int kvrail_submit_blocks(kvrail_client* client, const uint8_t* spec, size_t spec
                          const uint32_t* src_ids, size_t src_count, const uint32_t* dst_ids,
                          size_t dst_count, uint64_t* transfer_id, uint8_t** response,
                          size_t* response_len);
+/* Several transfers in one call (the K, V and auxiliary state of one chunk, several ranks):
+ * specs[i] is a serialized kvrail.v1.TransferSpec of spec_lens[i] bytes. With the session's
+ * submission queue (unless KVRAIL_SUBMISSION_QUEUE=0) those within the node whose requests fit
+ * an entry are written in one write and answered without a socket round trip; the rest are
+ * submitted one by one as kvrail_submit does. transfer_ids[i] gets each accepted transfer's id
+ * (0 when refused) and codes[i] (may be NULL) its code; each is answered on its own, one refusal
+ * refuses none of the others. Returns OK when every one was accepted, else the first refusal's
+ * code with its message naming the index ("specs[2]: ..."). */
+int kvrail_submit_batch(kvrail_client* client, const uint8_t* const* specs, const size_t* spec_lens,
+                        size_t count, uint64_t* transfer_ids, int32_t* codes);
 /* Status of a transfer. `state` (optional) gets its TransferState; `status` (optional) the
  * serialized kvrail.v1.TransferStatus.
  * kvrail_wait: timeout_ms < 0 waits until the transfer ends; 0 returns the current status at

@@ -328,6 +328,10 @@ absl::Status FinalizeConfig(v1::DaemonConfig* config) {
   if (!config->has_cuda_done_words()) config->set_cuda_done_words(true);
   if (!config->has_low_latency()) config->set_low_latency(true);
   if (!config->has_session_admission_workers()) config->set_session_admission_workers(4);
+  if (!config->has_session_submission_queue()) config->set_session_submission_queue(true);
+  if (!config->has_session_submission_spin_us()) {
+    config->set_session_submission_spin_us(config->low_latency() ? 50 : 0);
+  }
   // CUDA's own default folder; kvraild exports the value to CUDA before it starts.
   if (config->cuda_mps_pipe_directory().empty()) {
     config->set_cuda_mps_pipe_directory("/tmp/nvidia-mps");
@@ -384,6 +388,10 @@ absl::Status FinalizeConfig(v1::DaemonConfig* config) {
   }
   if (config->cuda_copy_split_fixed_percent() > 90) {
     return absl::InvalidArgumentError("cuda_copy_split_fixed_percent: at most 90");
+  }
+  if (config->session_submission_spin_us() > 1000) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "session_submission_spin_us: ", config->session_submission_spin_us(), ", at most 1000"));
   }
   if (config->session_admission_workers() > 64) {
     return absl::InvalidArgumentError("session_admission_workers: at most 64");

@@ -8,6 +8,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
@@ -25,9 +26,12 @@
 #include "base/unique_fd.h"
 #include "daemon/server/private_bind.h"
 #include "daemon/session/admission.h"
+#include "daemon/session/session_sinks.h"
+#include "daemon/session/submission_intake.h"
 #include "spdlog/spdlog.h"
 #include "wire/session_wire.h"
 #include "wire/shm_ring.h"
+#include "wire/submission_queue.h"
 
 namespace kvrail::session {
 namespace {
@@ -50,96 +54,6 @@ absl::Status ShortOfFdsError() {
       "the daemon is short of file descriptors (RLIMIT_NOFILE); try again later");
 }
 
-// A session's completion queue, daemon side: the threads that end its transfers post their
-// final states here (one at a time: the ring has one producer). A full ring, or one the client
-// broke, counts the entry in the ring's overflow word and rings the eventfd: the client then
-// reads those transfers' states the old way (the daemon keeps their records).
-class CompletionSink {
- public:
-  explicit CompletionSink(std::unique_ptr<wire::SharedRing> ring) : ring_(std::move(ring)) {}
-
-  // The ring's descriptors (a hot restart hands duplicates over).
-  int memfd() {
-    absl::MutexLock lock(&mu_);
-    return ring_->memfd();
-  }
-  int eventfd() {
-    absl::MutexLock lock(&mu_);
-    return ring_->eventfd();
-  }
-
-  void Post(const v1::TransferStatus& status) {
-    wire::Completion c;
-    c.flags = status.has_digest() || !status.error_message().empty() ? wire::kCompletionHasMore : 0;
-    c.transfer_id = status.transfer_id();
-    c.state = static_cast<int32_t>(status.state());
-    c.error_code = status.error_code();
-    c.bytes_total = status.bytes_total();
-    c.bytes_done = status.bytes_done();
-    c.finished_unix_us = status.finished_unix_us();
-    uint8_t entry[wire::kCompletionEntryBytes];
-    wire::EncodeCompletion(c, entry);
-    absl::MutexLock lock(&mu_);
-    absl::Status pushed =
-        broken_ ? absl::DataLossError("broken") : ring_->view().TryPush(entry, sizeof(entry));
-    if (absl::IsDataLoss(pushed) && !broken_) {
-      broken_ = true;
-      spdlog::warn("completion queue: {}; the session's completions go by packets from now on",
-                   std::string(pushed.message()));
-    }
-    if (!pushed.ok()) ring_->view().AddOverflow();
-    if (!pushed.ok() || ring_->view().ConsumerSleeps()) ring_->Wake();
-  }
-
-  // Tells the client that a transfer's completion will not come through the ring.
-  void Missed() {
-    absl::MutexLock lock(&mu_);
-    ring_->view().AddOverflow();
-    ring_->Wake();
-  }
-
- private:
-  absl::Mutex mu_;
-  const std::unique_ptr<wire::SharedRing> ring_ ABSL_PT_GUARDED_BY(mu_);
-  bool broken_ ABSL_GUARDED_BY(mu_) = false;
-};
-
-// WAITs pending per uid (SessionServerOptions::max_waits_per_uid). Shared with the `done`
-// callbacks registered for them, which give their place back when their transfer ends, whichever
-// thread ends it and whether or not the connection is still open. Thread-safe.
-class PendingWaits {
- public:
-  explicit PendingWaits(size_t max_per_uid) : max_per_uid_(max_per_uid) {}
-  // Takes a place for `uid`, or RESOURCE_EXHAUSTED naming max_watchers_per_uid.
-  absl::Status Take(uint32_t uid) {
-    absl::MutexLock lock(&mu_);
-    size_t& n = per_uid_[uid];
-    if (n >= max_per_uid_) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "max_watchers_per_uid: uid ", uid, " has ", n,
-          " WAITs pending on the session socket, the most allowed "
-          "(DaemonConfig.max_watchers_per_uid; a WAIT counts until its transfer ends)"));
-    }
-    ++n;
-    return absl::OkStatus();
-  }
-  void Give(uint32_t uid) {
-    absl::MutexLock lock(&mu_);
-    auto it = per_uid_.find(uid);
-    if (it != per_uid_.end() && --it->second == 0) per_uid_.erase(it);
-  }
-  size_t Pending(uint32_t uid) const {
-    absl::MutexLock lock(&mu_);
-    auto it = per_uid_.find(uid);
-    return it == per_uid_.end() ? 0 : it->second;
-  }
-
- private:
-  const size_t max_per_uid_;
-  mutable absl::Mutex mu_;
-  absl::flat_hash_map<uint32_t, size_t> per_uid_ ABSL_GUARDED_BY(mu_);
-};
-
 // A SUBMIT packet longer than this is never parsed on the poll thread (it goes to a worker): a
 // body within SessionServerOptions::max_inline_submit_ids ids is far shorter.
 constexpr size_t kMaxInlineSubmitBytes = 16 << 10;
@@ -147,6 +61,13 @@ constexpr size_t kMaxInlineSubmitBytes = 16 << 10;
 // epoll user data for the two fds that are not sessions (sessions carry their fd number).
 constexpr uint64_t kWakeTag = ~uint64_t{0};
 constexpr uint64_t kListenerTag = ~uint64_t{0} - 1;
+// A session's submission queue eventfd: this bit and the session's fd number.
+constexpr uint64_t kSubmissionTag = uint64_t{1} << 62;
+// Entries taken from one submission queue per look (the rest at the next: sessions take turns).
+constexpr size_t kMaxEntriesPerLook = 256;
+// A batch of at most this many small entries is admitted on the poll thread (as a small SUBMIT
+// is) when its session has nothing queued.
+constexpr size_t kMaxInlineEntries = 8;
 
 // Thread contract: the poll thread (Loop) owns the listener, epoll and the session map and reads
 // every packet; admission workers serve the packets it posts to AdmissionPool (SUBMITs, and what
@@ -164,7 +85,8 @@ class SessionServerImpl final : public SessionServer {
         table_(sessions),
         options_(std::move(options)),
         pending_waits_(std::make_shared<PendingWaits>(options_.max_waits_per_uid)),
-        packet_(wire::kMaxRequestBytes) {
+        packet_(wire::kMaxRequestBytes),
+        queues_(options_.submission_spin) {
     if (options_.admission_workers > 0) {
       admission_ = std::make_unique<AdmissionPool>(options_.admission_workers,
                                                    options_.max_queued_per_session);
@@ -234,6 +156,17 @@ class SessionServerImpl final : public SessionServer {
         record->set_completion_memfd(memfd);
         record->set_completion_eventfd(eventfd);
       }
+      if (const std::shared_ptr<SubmissionIntake>& sq = conn->intake; sq != nullptr) {
+        handover::SubmissionQueueFds* q = record->mutable_submission_queue();
+        KVRAIL_ASSIGN_OR_RETURN(const int32_t sq_memfd, dup(sq->sq_memfd()));
+        KVRAIL_ASSIGN_OR_RETURN(const int32_t sq_eventfd, dup(sq->sq_eventfd()));
+        KVRAIL_ASSIGN_OR_RETURN(const int32_t ack_memfd, dup(sq->ack_memfd()));
+        KVRAIL_ASSIGN_OR_RETURN(const int32_t ack_eventfd, dup(sq->ack_eventfd()));
+        q->set_sq_memfd(sq_memfd);
+        q->set_sq_eventfd(sq_eventfd);
+        q->set_ack_memfd(ack_memfd);
+        q->set_ack_eventfd(ack_eventfd);
+      }
     }
     return absl::OkStatus();
   }
@@ -271,6 +204,26 @@ class SessionServerImpl final : public SessionServer {
         }
         absl::MutexLock lock(&conn->mu);
         conn->completions = std::make_shared<CompletionSink>(std::move(*ring));
+      }
+      if (record.has_submission_queue()) {
+        const handover::SubmissionQueueFds& q = record.submission_queue();
+        std::vector<UniqueFd> queue_fds;
+        for (const auto& [index, field] :
+             {std::pair<int32_t, const char*>{q.sq_memfd(), "submission_queue.sq_memfd"},
+              {q.sq_eventfd(), "submission_queue.sq_eventfd"},
+              {q.ack_memfd(), "submission_queue.ack_memfd"},
+              {q.ack_eventfd(), "submission_queue.ack_eventfd"}}) {
+          KVRAIL_ASSIGN_OR_RETURN(UniqueFd fd, TakeHanded(fds, index, field));
+          queue_fds.push_back(std::move(fd));
+        }
+        absl::StatusOr<std::unique_ptr<SubmissionIntake>> intake =
+            SubmissionIntake::Attach(std::move(queue_fds));
+        if (!intake.ok()) {
+          return absl::Status(intake.status().code(),
+                              absl::StrCat("handover: session ", record.session_id(), ": ",
+                                           intake.status().message()));
+        }
+        KVRAIL_RETURN_IF_ERROR(WatchSubmissions(raw, conn.get(), *std::move(intake)));
       }
       if (admission_ != nullptr) admission_->Open(record.session_id());
       sessions_.emplace(raw, std::move(conn));
@@ -317,6 +270,9 @@ class SessionServerImpl final : public SessionServer {
       return completions;
     }
     std::shared_ptr<CompletionSink> completions ABSL_GUARDED_BY(mu);
+    // Set once by "SQ"; the poll thread's (ExportState reads it while the thread is stopped).
+    // Admission tasks hold their own reference.
+    std::shared_ptr<SubmissionIntake> intake;
   };
 
   // One packet as read by the poll thread, to be served on it or by an admission worker.
@@ -362,10 +318,17 @@ class SessionServerImpl final : public SessionServer {
         options_.spin_polls->fetch_add(1, std::memory_order_relaxed);
       }
       const int n = ::epoll_wait(epoll_.get(), events.data(), static_cast<int>(events.size()),
-                                 spinning           ? 0
-                                 : listener_paused_ ? 100
-                                                    : -1);
-      if (n == 0 && spinning) continue;
+                                 spinning || queues_.Busy() ? 0
+                                 : listener_paused_         ? 100
+                                                            : -1);
+      // Before the events: an eventfd that rang is looked at in this round, below.
+      for (int i = 0; i < n; ++i) {
+        const uint64_t tag = events[i].data.u64;
+        if (tag != kWakeTag && tag != kListenerTag && (tag & kSubmissionTag) != 0) {
+          queues_.Woken(static_cast<int>(tag & ~kSubmissionTag));
+        }
+      }
+      if (n == 0 && spinning && !queues_.Busy()) continue;
       if (n > 0 && options_.spin > absl::ZeroDuration()) spin_until = absl::Now() + options_.spin;
       if (n < 0) {
         if (errno == EINTR) continue;
@@ -378,10 +341,13 @@ class SessionServerImpl final : public SessionServer {
         if (tag == kWakeTag) continue;
         if (tag == kListenerTag) {
           AcceptAll();
+        } else if ((tag & kSubmissionTag) != 0) {
+          continue;  // taken in LookAtQueues
         } else {
           Serve(static_cast<int>(tag));
         }
       }
+      if (queues_.Busy()) LookAtQueues();
     }
   }
 
@@ -488,6 +454,11 @@ class SessionServerImpl final : public SessionServer {
   void Drop(absl::flat_hash_map<int, std::shared_ptr<Connection>>::iterator it) {
     const std::shared_ptr<Connection> conn = it->second;
     ::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, it->first, nullptr);
+    if (conn->intake != nullptr) {
+      // The client still holds the eventfd: unwatched here, or it would stay in the epoll set.
+      ::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, conn->intake->sq_eventfd(), nullptr);
+      queues_.Remove(it->first);
+    }
     conn->Close();
     if (admission_ != nullptr) {
       // Its queued packets are dropped unrun (nothing of them reaches its memory or its socket);
@@ -531,6 +502,16 @@ class SessionServerImpl final : public SessionServer {
     }
     // Every descriptor received is owned by `received` and closed unless handed on below.
     const wire::Request request = wire::ParseRequest(received->payload);
+    if (request.kind == wire::RequestKind::kSubmissionQueue) {
+      // Served here (it changes the epoll set, the poll thread's), after the answers queued
+      // before it: a session with packets still queued is asked to send it again later.
+      conn->Send(
+          admission_ != nullptr && !admission_->Idle(conn->id)
+              ? wire::EncodeRejected(absl::UnavailableError(
+                    "SQ: the session has packets queued for admission; send SQ again"))
+              : MapSubmissionQueue(fd, conn.get(), std::move(received->fds), received->truncated));
+      return;
+    }
     // A small SUBMIT (AdmitsInline) of a session with nothing queued is admitted here: the
     // hand-off to a worker would cost it as much as its admission.
     if (admission_ != nullptr && request.kind == wire::RequestKind::kSubmit && options_.submit &&
@@ -575,6 +556,8 @@ class SessionServerImpl final : public SessionServer {
     switch (packet.kind) {
       case wire::RequestKind::kCompletionQueue:
         conn->Send(MapCompletionQueue(conn.get(), std::move(packet.fds), packet.truncated));
+        return;
+      case wire::RequestKind::kSubmissionQueue:  // served by the poll thread (Serve)
         return;
       case wire::RequestKind::kSubmit:
         conn->Send(plain ? Submit(body, conn)
@@ -697,17 +680,18 @@ class SessionServerImpl final : public SessionServer {
 
   // Posts transfer `id`'s final state into the connection's completion queue when it ends.
   void PostWhenDone(const Connection& conn, const std::shared_ptr<CompletionSink>& sink,
-                    uint64_t id) {
+                    uint64_t id, uint64_t tag) {
     absl::StatusOr<sessions::Caller> caller =
         table_->Authenticate(conn.id, table_->SessionSecret(conn.id));
     std::weak_ptr<CompletionSink> weak = sink;
     const auto& follow = options_.follow ? options_.follow : options_.wait;
-    const absl::Status registered = caller.ok() ? follow(*caller, id,
-                                                         [weak](const v1::TransferStatus& status) {
-                                                           if (auto sink = weak.lock())
-                                                             sink->Post(status);
-                                                         })
-                                                : caller.status();
+    const absl::Status registered = caller.ok()
+                                        ? follow(*caller, id,
+                                                 [weak, tag](const v1::TransferStatus& status) {
+                                                   if (auto sink = weak.lock())
+                                                     sink->Post(status, tag);
+                                                 })
+                                        : caller.status();
     if (!registered.ok()) {
       spdlog::debug("session {}: transfer {} not followed by the completion queue: {}", conn.id, id,
                     registered.ToString());
@@ -729,16 +713,156 @@ class SessionServerImpl final : public SessionServer {
   // The answer to a parsed SUBMIT (options_.submit is set).
   std::string SubmitParsed(v1::SubmitTransferRequest request,
                            const std::shared_ptr<Connection>& conn) {
-    const uint64_t session_id = conn->id;
-    // The submitter is this connection's session, whatever the spec claims.
-    request.mutable_spec()->set_session_id(session_id);
+    absl::StatusOr<v1::SubmitTransferResponse> accepted = Admit(std::move(request), conn, 0);
+    return accepted.ok() ? wire::EncodeSubmitted(*accepted)
+                         : wire::EncodeRejected(accepted.status());
+  }
+
+  // Admits a parsed request of `conn`'s session (a SUBMIT packet's or a submission queue
+  // entry's, `tag` its tag): the connection's session is the submitter, whatever the spec
+  // claims, and the transfer's end goes to the session's completion queue when it has one.
+  absl::StatusOr<v1::SubmitTransferResponse> Admit(v1::SubmitTransferRequest request,
+                                                   const std::shared_ptr<Connection>& conn,
+                                                   uint64_t tag) {
+    request.mutable_spec()->set_session_id(conn->id);
     absl::StatusOr<v1::SubmitTransferResponse> accepted = options_.submit(request.spec());
     if (!accepted.ok()) {
       spdlog::info("transfer rejected (session submit): {}", accepted.status().ToString());
-      return wire::EncodeRejected(accepted.status());
+      return accepted.status();
     }
-    if (auto sink = conn->Completions()) PostWhenDone(*conn, sink, accepted->transfer_id());
-    return wire::EncodeSubmitted(*accepted);
+    if (auto sink = conn->Completions()) PostWhenDone(*conn, sink, accepted->transfer_id(), tag);
+    return accepted;
+  }
+
+  // --- Submission queues ---
+
+  // "SQ" with a submission queue's four descriptors: mapped, checked, and watched by the poll
+  // thread from now on. Answers "SQ OK" or REJECTED.
+  std::string MapSubmissionQueue(int fd, Connection* conn, std::vector<UniqueFd> fds,
+                                 bool truncated) {
+    if (!options_.submission_queue || !options_.submit) {
+      return wire::EncodeRejected(absl::UnimplementedError(
+          "SQ: this daemon takes no submission queues (DaemonConfig.session_submission_queue)"));
+    }
+    if (fds.size() != 4 || truncated) {
+      return wire::EncodeRejected(absl::InvalidArgumentError(
+          "SQ: expected the packet \"SQ\" carrying exactly four descriptors (sq memfd, sq "
+          "eventfd, ack memfd, ack eventfd)"));
+    }
+    if (conn->intake != nullptr) {
+      return wire::EncodeRejected(
+          absl::AlreadyExistsError("SQ: this session already has a submission queue"));
+    }
+    for (const UniqueFd& passed : fds) {
+      if (ShortOfFds(passed.get(), options_.fd_headroom)) {
+        return wire::EncodeRejected(ShortOfFdsError());
+      }
+    }
+    absl::StatusOr<std::unique_ptr<SubmissionIntake>> intake =
+        SubmissionIntake::Attach(std::move(fds));
+    if (!intake.ok()) return wire::EncodeRejected(intake.status());
+    if (absl::Status watched = WatchSubmissions(fd, conn, *std::move(intake)); !watched.ok()) {
+      return wire::EncodeRejected(watched);
+    }
+    spdlog::debug("session {}: submission queue mapped", conn->id);
+    return wire::kSubmissionQueueAccepted;
+  }
+
+  // Watches the queue's eventfd (tagged with the connection's fd number). Its need_wake rests
+  // set: the client rings the eventfd unless the poll thread is looking at the queue.
+  absl::Status WatchSubmissions(int fd, Connection* conn,
+                                std::unique_ptr<SubmissionIntake> intake) {
+    if (!Watch(intake->sq_eventfd(), kSubmissionTag | static_cast<uint64_t>(fd))) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("SQ: the daemon cannot watch the queue: ", std::strerror(errno)));
+    }
+    conn->intake = std::move(intake);
+    // Entries published before it was watched (a hot restart's) are read at the next look.
+    queues_.Add(fd, conn->intake);
+    return absl::OkStatus();
+  }
+
+  // One round of the submission queues (SubmissionQueues::Look).
+  void LookAtQueues() {
+    queues_.Look(
+        kMaxEntriesPerLook,
+        [this](int fd, std::vector<SubmissionIntake::Entry> entries) {
+          auto it = sessions_.find(fd);
+          if (it != sessions_.end()) AdmitEntries(it->second, std::move(entries));
+        },
+        [this](int fd, const absl::Status& status) {
+          auto it = sessions_.find(fd);
+          if (it == sessions_.end()) return;
+          spdlog::warn("session {}: submission queue broken ({}); its entries are no longer read",
+                       it->second->id, status.ToString());
+          ::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, it->second->intake->sq_eventfd(), nullptr);
+        });
+  }
+
+  // Admits the entries of one look, in order, and acknowledges each: on the poll thread when
+  // they are few and small and the session has nothing queued (as a small SUBMIT), else as one
+  // task of the session's admission queue (after its earlier packets).
+  void AdmitEntries(const std::shared_ptr<Connection>& conn,
+                    std::vector<SubmissionIntake::Entry> entries) {
+    struct Parsed {
+      uint64_t tag = 0;
+      absl::StatusOr<v1::SubmitTransferRequest> request;
+    };
+    auto parsed = std::make_shared<std::vector<Parsed>>();
+    parsed->reserve(entries.size());
+    bool inline_ok = entries.size() <= kMaxInlineEntries;
+    for (SubmissionIntake::Entry& entry : entries) {
+      Parsed p;
+      p.tag = entry.tag;
+      if (!entry.request.ok()) {
+        p.request = entry.request.status();
+      } else {
+        v1::SubmitTransferRequest request;
+        if (request.ParseFromString(*entry.request)) {
+          inline_ok = inline_ok && AdmitsInline(request.spec(), options_.max_inline_submit_ids);
+          p.request = std::move(request);
+        } else {
+          p.request = absl::InvalidArgumentError(
+              "sq.entry.payload: not a serialized SubmitTransferRequest");
+        }
+      }
+      parsed->push_back(std::move(p));
+    }
+    std::shared_ptr<SubmissionIntake> intake = conn->intake;
+    auto admit_all = [this, conn, intake, parsed]() {
+      for (Parsed& p : *parsed) {
+        wire::SubmitAck ack;
+        ack.tag = p.tag;
+        absl::StatusOr<v1::SubmitTransferResponse> accepted =
+            p.request.ok() ? Admit(*std::move(p.request), conn, p.tag)
+                           : absl::StatusOr<v1::SubmitTransferResponse>(p.request.status());
+        if (accepted.ok()) {
+          ack.transfer_id = accepted->transfer_id();
+          ack.bytes_total = accepted->bytes_total();
+          ack.tiles_total = accepted->tiles_total();
+          ack.flags = accepted->deduplicated() ? wire::kSubmitAckDeduplicated : 0;
+        } else {
+          ack.code = static_cast<int32_t>(accepted.status().code());
+          ack.message = std::string(accepted.status().message());
+        }
+        intake->PostAck(ack);
+      }
+    };
+    if (admission_ == nullptr || (inline_ok && admission_->Idle(conn->id))) {
+      admit_all();
+      return;
+    }
+    absl::Status queued = admission_->Post(conn->id, std::move(admit_all));
+    if (!queued.ok()) {
+      // Refused at once (the session's admission queue is full): every entry is answered.
+      for (const Parsed& p : *parsed) {
+        wire::SubmitAck ack;
+        ack.tag = p.tag;
+        ack.code = static_cast<int32_t>(queued.code());
+        ack.message = std::string(queued.message());
+        intake->PostAck(ack);
+      }
+    }
   }
 
   UniqueFd listener_;
@@ -758,6 +882,8 @@ class SessionServerImpl final : public SessionServer {
   absl::Time resume_at_;
   uint64_t refused_for_fds_ = 0;
   wire::ReceiveBuffer packet_;  // the poll thread's receive buffer
+  // The sessions' submission queues, by connection fd.
+  SubmissionQueues queues_;
   // Admits SUBMITs off the poll thread (none with admission_workers 0). Its tasks use the
   // fields above; it is destroyed first (explicitly, in the destructor).
   std::unique_ptr<AdmissionPool> admission_;

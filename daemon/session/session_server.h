@@ -98,6 +98,18 @@ struct SessionServerOptions {
   // answered REJECTED RESOURCE_EXHAUSTED at once. A session that closes has its queued packets
   // dropped unserved.
   size_t max_queued_per_session = 64;
+  // Whether sessions may map a submission queue ("SQ", wire/submission_queue.h;
+  // DaemonConfig.session_submission_queue). Its entries are admitted as SUBMIT packets are: the
+  // same `submit`, the same per-session order through the admission workers, the connection's
+  // session as the submitter; each is answered by an acknowledgement in the queue's ack ring.
+  bool submission_queue = true;
+  // After taking entries from a session's submission queue the poll thread keeps looking at it
+  // for up to this long (adaptive: halved, down to an eighth, each time it finds nothing; back
+  // to full on a hit) with the queue's need_wake clear, so that the client's next batch costs
+  // neither its eventfd write nor the poll thread's wake-up
+  // (DaemonConfig.session_submission_spin_us). Zero: the poll thread sleeps at once and every
+  // batch rings the eventfd.
+  absl::Duration submission_spin = absl::ZeroDuration();
 };
 
 // Owns the listening socket, one poll thread (epoll: each wake-up costs what is ready, not

@@ -735,6 +735,35 @@ class Client:
                                   ctypes.byref(response), ctypes.byref(response_len)))
         return Transfer(self, transfer_id.value, take_bytes(response, response_len.value))
 
+    def submit_batch(self, specs: Sequence) -> List[Union[Transfer, KvrailError]]:
+        """Submits several kvrail.v1.TransferSpecs at once (the K, V and auxiliary state of one
+        chunk, several ranks): with the session's submission queue those that fit go in one
+        write, answered without a socket round trip. Returns, in order, a Transfer for each
+        accepted spec and the KvrailError (not raised) for each refused one: one refusal refuses
+        none of the others. Raises only for misuse (a spec that does not serialize)."""
+        count = len(specs)
+        if count == 0:
+            return []
+        datas = [spec.SerializeToString() for spec in specs]
+        c_specs = (ctypes.c_char_p * count)(*datas)
+        c_lens = (ctypes.c_size_t * count)(*(len(d) for d in datas))
+        ids = (ctypes.c_uint64 * count)()
+        codes = (ctypes.c_int32 * count)()
+        code = lib().kvrail_submit_batch(self._h, c_specs, c_lens, count, ids, codes)
+        if code != 0 and not any(codes):
+            check(code)  # nothing was answered one by one (a closed client, a malformed spec)
+        message = lib().kvrail_last_error_message() if code != 0 else None
+        first = message.decode("utf-8", "replace") if message else ""
+        out: List[Union[Transfer, KvrailError]] = []
+        for i in range(count):
+            if codes[i] == 0:
+                out.append(Transfer(self, ids[i]))
+            else:
+                # The library names the first refusal's index; the others carry their code.
+                text = first if first.startswith(f"specs[{i}]: ") else f"specs[{i}]: refused"
+                out.append(error_for(codes[i], text))
+        return out
+
     def transfer(self, src: Union[Region, int], src_blocks: Sequence[int],
                  dst: Union[Region, int], dst_blocks: Sequence[int], **fields) -> Transfer:
         """Submits a paged transfer of `src_blocks` of `src` into `dst_blocks` of `dst`. Other

@@ -183,3 +183,29 @@ def test_block_ids_from_numpy_and_bad_ids_are_named(client):
         client.transfer(src.region, [-1], dst.region, [0])
     with pytest.raises(kvrail.InvalidArgumentError, match=r"spec.dst.block_ids\[0\]"):
         client.transfer(src.region, [0], dst.region, [16])
+
+
+def test_submit_batch_answers_each_spec_on_its_own(client):
+    src = Pool(client, layout(), writable=False)
+    dst = Pool(client, layout(), writable=True)
+    src.fill_random(6)
+
+    def spec(s, d, region=None):
+        t = transfer_pb2.TransferSpec()
+        t.src.region_id = src.region.id
+        t.dst.region_id = dst.region.id if region is None else region
+        t.src.block_ids.append(s)
+        t.dst.block_ids.append(d)
+        return t
+
+    # K, V and auxiliary state of one chunk, a refused one among them.
+    results = client.submit_batch([spec(0, 4), spec(1, 5), spec(2, 0, region=424242),
+                                   spec(3, 7)])
+    assert isinstance(results[2], kvrail.NotFoundError)
+    assert "specs[2]: spec.dst.region_id" in str(results[2])
+    done = [results[i] for i in (0, 1, 3)]
+    assert all(isinstance(t, kvrail.Transfer) for t in done)
+    assert [t.result(timeout=30).state for t in done] == [SUCCEEDED] * 3
+    tokens = 3 * 4
+    np.testing.assert_array_equal(dst.tokens([4, 5, 7], tokens), src.tokens([0, 1, 3], tokens))
+    assert client.submit_batch([]) == []

@@ -1,8 +1,11 @@
-// The completion queue against the packet path, host engine, one printed table: a 4 KiB
-// transfer's submit -> completion seen by the C++ client (p50/p99 of sequential transfers), and
-// the batch status of 10,000 ended transfers (Client::LocalStates with the queue; one
-// GetTransfer each without: what kvrail_poll does). Each figure is taken `runs` times (default
-// 3); median/min/max printed. Starts its own kvraild from runfiles or ./daemon/kvraild.
+// The submission and completion queues against the packet path, host engine, one printed table:
+// a 4 KiB transfer's submit -> completion seen by the C++ client (p50/p99 of sequential
+// transfers), three such transfers submitted as one batch (Client::SubmitBatch: K, V and aux of
+// a chunk) -> all three seen, and the batch status of 10,000 ended transfers
+// (Client::LocalStates with the completion queue; one GetTransfer each without: what
+// kvrail_poll does). Modes: "sq" (submission and completion queues), "queue" (completion queue,
+// SUBMIT packets), "packets" (neither). Each figure is taken `runs` times (default 3);
+// median/min/max printed. Starts its own kvraild from runfiles or ./daemon/kvraild.
 // Usage: completion_bench [runs]
 #include <stdlib.h>
 
@@ -30,9 +33,10 @@ double Percentile(std::vector<double> v, double p) {
 
 // One configuration's figures: p50 and p99 (us) of 4 KiB submit -> completion, batch status of
 // 10,000 (ms).
-bool RunOnce(const std::string& socket, bool queue,
+bool RunOnce(const std::string& socket, const std::string& mode,
              std::map<std::string, std::vector<double>>* out) {
-  ::setenv("KVRAIL_COMPLETION_QUEUE", queue ? "1" : "0", 1);
+  ::setenv("KVRAIL_COMPLETION_QUEUE", mode != "packets" ? "1" : "0", 1);
+  ::setenv("KVRAIL_SUBMISSION_QUEUE", mode == "sq" ? "1" : "0", 1);
   auto client = client::Client::Connect(socket);
   if (!client.ok()) return false;
   // 4 KiB blocks: 1 layer x 1 part x 256 blocks of 1 token x 1 head x 2048 bf16.
@@ -64,6 +68,33 @@ bool RunOnce(const std::string& socket, bool queue,
   }
   (*out)["p50_us"].push_back(Percentile(lat, 0.5));
   (*out)["p99_us"].push_back(Percentile(lat, 0.99));
+  // Three transfers as one batch -> all three seen.
+  std::vector<double> batch_lat;
+  for (int i = 0; i < 1000; ++i) {
+    std::vector<v1::TransferSpec> specs;
+    for (uint32_t k = 0; k < 3; ++k) {
+      specs.push_back(client::MakeBlockTransfer(a->region_id(), {(i * 3 + k) % 256u},
+                                                b->region_id(), {(i * 5 + k) % 256u}));
+    }
+    const auto t0 = Clock::now();
+    std::vector<absl::StatusOr<v1::SubmitTransferResponse>> submitted =
+        (*client)->SubmitBatch(specs);
+    for (const auto& r : submitted) {
+      if (!r.ok()) return false;
+      auto done = (*client)->Wait(r->transfer_id());
+      if (!done.ok() || done->state() != v1::TRANSFER_STATE_SUCCEEDED) return false;
+    }
+    if (i >= 100) batch_lat.push_back(Us(Clock::now() - t0));
+  }
+  (*out)["batch3_p50_us"].push_back(Percentile(batch_lat, 0.5));
+  // The path really taken: with the queue every request went through it.
+  const auto [queued, handed_back] = (*client)->SubmissionQueueCounts();
+  if ((mode == "sq") != (queued > 0) || handed_back > 0) {
+    std::fprintf(stderr, "mode %s: %llu requests queued, %llu handed back to packets\n",
+                 mode.c_str(), static_cast<unsigned long long>(queued),
+                 static_cast<unsigned long long>(handed_back));
+    return false;
+  }
   // Batch status of 10,000 ended transfers.
   ids.resize(3000);
   std::vector<uint64_t> batch;
@@ -93,18 +124,21 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr, "kvraild did not start\n");
     return 1;
   }
-  std::printf("completion queue vs packets, 4 KiB host transfers, C++ client (%d runs)\n", runs);
+  std::printf(
+      "submission queue vs completion queue vs packets, 4 KiB host transfers, C++ client "
+      "(%d runs)\n",
+      runs);
   std::printf("%-8s %-14s %10s %10s %10s\n", "path", "figure", "median", "min", "max");
-  for (bool queue : {true, false}) {
+  for (const std::string mode : {"sq", "queue", "packets"}) {
     std::map<std::string, std::vector<double>> figures;
     for (int r = 0; r < runs; ++r) {
-      if (!RunOnce(daemon.socket(), queue, &figures)) {
+      if (!RunOnce(daemon.socket(), mode, &figures)) {
         std::fprintf(stderr, "run failed\n");
         return 1;
       }
     }
     for (auto& [name, xs] : figures) {
-      std::printf("%-8s %-14s %10.1f %10.1f %10.1f\n", queue ? "queue" : "packets", name.c_str(),
+      std::printf("%-8s %-14s %10.1f %10.1f %10.1f\n", mode.c_str(), name.c_str(),
                   Percentile(xs, 0.5), *std::min_element(xs.begin(), xs.end()),
                   *std::max_element(xs.begin(), xs.end()));
     }

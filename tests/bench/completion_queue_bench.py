@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Completion queue vs the packet path (host engine, build machine, no GPU), against a running
+"""Submission queue and completion queue vs the packet path (modes sq, queue, packets; host
+engine, build machine, no GPU), against a running
 kvraild: a 4 KiB transfer's submit -> completion seen by Python (p50/p99 of 1,800 sequential ones, spec
 built in Python included), 1,000 transfers in flight from one Python thread awaited on the event
 loop (the whole await, and each one's lag from the daemon's finish time to the awaiting
@@ -31,8 +32,9 @@ def pct(xs, p):
     return xs[min(len(xs) - 1, int(p / 100.0 * len(xs)))]
 
 
-def one_config(queue: bool):
-    os.environ["KVRAIL_COMPLETION_QUEUE"] = "1" if queue else "0"
+def one_config(mode: str):
+    os.environ["KVRAIL_COMPLETION_QUEUE"] = "1" if mode != "packets" else "0"
+    os.environ["KVRAIL_SUBMISSION_QUEUE"] = "1" if mode == "sq" else "0"
     with kvrail.connect(SOCK) as c:
         a, b = kvrail.HostBuffer(LAYOUT.nbytes), kvrail.HostBuffer(LAYOUT.nbytes)
         ra = c.register_host_buffer(a, layout=LAYOUT)
@@ -72,15 +74,15 @@ def one_config(queue: bool):
 
 def main():
     rows = {}
-    for queue in (True, False):
+    for mode in ("sq", "queue", "packets"):
         for _ in range(RUNS):
             for k, v in zip(("p50_us", "p99_us", "await_1000_ms", "seen_lag_p50_us",
                              "seen_lag_p99_us", "poll_10000_ms"),
-                            one_config(queue)):
-                rows.setdefault((queue, k), []).append(v)
+                            one_config(mode)):
+                rows.setdefault((mode, k), []).append(v)
     print(f"{'path':8} {'figure':16} {'median':>10} {'min':>10} {'max':>10}   ({RUNS} runs)")
-    for (queue, k), xs in rows.items():
-        print(f"{'queue' if queue else 'packets':8} {k:16} {statistics.median(xs):10.1f} "
+    for (mode, k), xs in rows.items():
+        print(f"{mode:8} {k:16} {statistics.median(xs):10.1f} "
               f"{min(xs):10.1f} {max(xs):10.1f}")
 
 

@@ -1,0 +1,118 @@
+// Internal to the session server: the daemon's end of a session's submission queue
+// (wire/submission_queue.h). The poll thread takes the entries the client published - copied out
+// of shared memory, each either a request's bytes or the refusal naming its bad field - and
+// whoever admits them posts one acknowledgement per entry into the acknowledgement ring.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "base/unique_fd.h"
+#include "wire/shm_ring.h"
+#include "wire/submission_queue.h"
+
+namespace kvrail::session {
+
+// Thread contract: Take, Ready, SetNeedWake and DrainWakes are the submission ring's consumer:
+// one thread at a time (the poll thread). PostAck may be called from any thread (mu_ serialises
+// the acknowledgement ring's producers). The descriptors are immutable.
+class SubmissionIntake {
+ public:
+  // Maps the client's rings: `fds` is the "SQ" packet's four descriptors (submission memfd and
+  // eventfd, acknowledgement memfd and eventfd). INVALID_ARGUMENT naming the descriptor
+  // (sq ring / ack ring) that is not what it should be.
+  static absl::StatusOr<std::unique_ptr<SubmissionIntake>> Attach(std::vector<UniqueFd> fds);
+
+  struct Entry {
+    uint64_t tag = 0;
+    absl::StatusOr<std::string> request;  // the payload, or the entry's refusal
+  };
+  // Takes up to `max` published entries into `out`. DATA_LOSS when the ring's indices are
+  // impossible: nothing more is ever taken from it (broken() from then on).
+  absl::Status Take(size_t max, std::vector<Entry>* out);
+  bool Ready() const { return !broken_ && sq_->view().Ready(); }
+  bool broken() const { return broken_; }
+  void SetNeedWake(bool sleeping) { sq_->view().SetNeedWake(sleeping); }
+  void DrainWakes() const { sq_->DrainWakes(); }
+
+  // Posts `ack` and rings the client's eventfd when it sleeps. A full ring (a client that keeps
+  // more entries in flight than its acknowledgement ring holds) loses the acknowledgement: it is
+  // counted in the ring's overflow word, and the transfer runs regardless.
+  void PostAck(const wire::SubmitAck& ack);
+  uint64_t acks_lost() const;
+
+  int sq_memfd() const { return sq_->memfd(); }
+  int sq_eventfd() const { return sq_->eventfd(); }
+  int ack_memfd() const { return ack_->memfd(); }
+  int ack_eventfd() const { return ack_->eventfd(); }
+
+ private:
+  SubmissionIntake(std::unique_ptr<wire::SharedRing> sq, std::unique_ptr<wire::SharedRing> ack)
+      : sq_(std::move(sq)), ack_(std::move(ack)) {}
+
+  const std::unique_ptr<wire::SharedRing> sq_;  // consumer's side: the poll thread's
+  bool broken_ = false;                         // the poll thread's
+  mutable absl::Mutex mu_;
+  const std::unique_ptr<wire::SharedRing> ack_ ABSL_PT_GUARDED_BY(mu_);
+  uint64_t acks_lost_ ABSL_GUARDED_BY(mu_) = 0;
+  bool ack_broken_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+// The submission queues of the poll thread's sessions: which to look at now, and the adaptive
+// spin (SessionServerOptions::submission_spin) on each after it had entries: while spinning, a
+// queue's need_wake is clear and the poll thread looks at it every round; when its spin runs out
+// it goes back to sleep (need_wake set, then one more look, so that an entry published meanwhile
+// is taken now, not missed), and its next spin is halved (down to an eighth) unless it found
+// entries while spinning (then full again).
+// Thread contract: the poll thread's only (a hot restart's ExportState reads intakes while it
+// is stopped).
+class SubmissionQueues {
+ public:
+  explicit SubmissionQueues(absl::Duration max_spin) : max_spin_(max_spin) {}
+
+  // Starts watching the queue of connection `key` (its fd number): looked at in the next round.
+  void Add(int key, std::shared_ptr<SubmissionIntake> intake);
+  void Remove(int key);
+  // `key`'s eventfd rang: looked at in the next round.
+  void Woken(int key);
+  // Whether the poll thread must not sleep: a queue to look at, or spinning.
+  bool Busy() const { return !due_.empty() || !spinning_.empty(); }
+  const std::shared_ptr<SubmissionIntake>* Find(int key) const;
+
+  // One round: takes the entries of every queue that is due or spinning with entries ready
+  // (at most `max` per queue) and calls admit(key, entries) for each non-empty take.
+  // broken(key, status) for a queue whose indices became impossible (no longer read).
+  void Look(size_t max,
+            const std::function<void(int key, std::vector<SubmissionIntake::Entry> entries)>& admit,
+            const std::function<void(int key, const absl::Status& status)>& broken);
+
+ private:
+  struct Queue {
+    std::shared_ptr<SubmissionIntake> intake;
+    absl::Duration budget;  // the next spin's length
+    absl::Time until;       // while spinning
+    bool hit = false;       // found entries during this spin
+  };
+  // Takes from `queue`; true when entries came.
+  bool TakeFrom(int key, Queue& queue, size_t max,
+                const std::function<void(int, std::vector<SubmissionIntake::Entry>)>& admit,
+                const std::function<void(int, const absl::Status&)>& broken);
+
+  const absl::Duration max_spin_;
+  absl::flat_hash_map<int, Queue> queues_;
+  std::vector<int> due_;               // looked at in the next round
+  absl::flat_hash_set<int> spinning_;  // need_wake clear
+};
+
+}  // namespace kvrail::session
