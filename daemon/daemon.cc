@@ -575,9 +575,9 @@ absl::Status DaemonImpl::StartServer() {
   // The health service's "kvrail.v1.Directory" follows the directory (ok / degraded); the
   // listener is removed before the server goes away (the destructor).
   directory_->SetStateListener([s = server_.get()](const v1::DirectoryStatus& status) {
-    s->SetDirectoryServing(status.state() == "ok");
+    s->SetDirectoryServing(status.state() == v1::DIRECTORY_STATE_OK);
   });
-  server_->SetDirectoryServing(directory_->Status().state() == "ok");
+  server_->SetDirectoryServing(directory_->Status().state() == v1::DIRECTORY_STATE_OK);
   return absl::OkStatus();
 }
 

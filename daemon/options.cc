@@ -182,7 +182,7 @@ server::ServerOptions ServerOptionsFrom(const v1::DaemonConfig& config) {
     v1::PeerInfo peer;
     peer.set_node_id(node);
     peer.set_address(address);
-    peer.set_state("unknown");
+    peer.set_state(v1::PEER_STATE_UNKNOWN);
     options.peers.push_back(peer);
   }
   return options;

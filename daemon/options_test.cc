@@ -112,7 +112,7 @@ TEST_CASE("server, transfers, regions, metrics, MPS: copied from the config") {
   CHECK(s.listen == std::vector<std::string>{"127.0.0.1:0"});
   REQUIRE(s.peers.size() == 1);
   CHECK(s.peers[0].node_id() == "n2");
-  CHECK(s.peers[0].state() == "unknown");
+  CHECK(s.peers[0].state() == v1::PEER_STATE_UNKNOWN);
   CHECK(s.max_watchers_per_session == 64);
   transfers::Options t = TransferOptionsFrom(config, TwoGpus());
   CHECK(t.node_id == "n1");

@@ -5,21 +5,22 @@
 
 namespace kvrail::directory {
 
-const char* PeerStateName(PeerState state) {
+v1::PeerState ToProto(PeerState state) {
   switch (state) {
     case PeerState::kUp:
-      return "up";
+      return v1::PEER_STATE_UP;
     case PeerState::kDown:
-      return "down";
-    default:
-      return "unknown";
+      return v1::PEER_STATE_DOWN;
+    case PeerState::kUnknown:
+      break;
   }
+  return v1::PEER_STATE_UNKNOWN;
 }
 
 v1::DirectoryStatus Directory::Status() const {
   v1::DirectoryStatus status;
-  status.set_kind("static");
-  status.set_state("ok");
+  status.set_kind(v1::DIRECTORY_KIND_STATIC);
+  status.set_state(v1::DIRECTORY_STATE_OK);
   status.set_peers(static_cast<uint32_t>(Peers().size()));
   return status;
 }
@@ -30,11 +31,13 @@ v1::PeerInfo ToPeerInfo(const Peer& peer) {
   v1::PeerInfo info;
   info.set_node_id(peer.node_id);
   info.set_address(peer.address);
-  info.set_state(PeerStateName(peer.state));
+  info.set_state(ToProto(peer.state));
   if (peer.last_seen != absl::InfinitePast()) {
     info.set_last_seen_unix_us(absl::ToUnixMicros(peer.last_seen));
   }
-  info.set_source(peer.is_static ? (peer.has_record ? "static+etcd" : "static") : "etcd");
+  info.set_source(peer.is_static
+                      ? (peer.has_record ? v1::PEER_SOURCE_STATIC_AND_ETCD : v1::PEER_SOURCE_STATIC)
+                      : v1::PEER_SOURCE_ETCD);
   if (peer.has_record) *info.mutable_record() = peer.record;
   return info;
 }

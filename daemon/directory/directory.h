@@ -35,7 +35,8 @@
 namespace kvrail::directory {
 
 enum class PeerState { kUnknown, kUp, kDown };
-const char* PeerStateName(PeerState state);
+// PeerInfo.state of `state`.
+v1::PeerState ToProto(PeerState state);
 
 struct Peer {
   std::string node_id;

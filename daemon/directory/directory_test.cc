@@ -13,14 +13,14 @@ TEST_CASE("static directory: peers from config, self skipped, liveness states") 
   auto b = dir->Lookup("b");
   REQUIRE(b.ok());
   CHECK(b->address == "10.0.0.2:2");
-  CHECK(dir->List()[0].state() == "unknown");
+  CHECK(dir->List()[0].state() == v1::PEER_STATE_UNKNOWN);
   CHECK(dir->List()[0].last_seen_unix_us() == 0);
   dir->MarkUp("b", absl::FromUnixMicros(5), 77);
-  CHECK(dir->List()[0].state() == "up");
+  CHECK(dir->List()[0].state() == v1::PEER_STATE_UP);
   CHECK(dir->List()[0].last_seen_unix_us() == 5);
   CHECK(dir->Lookup("b")->boot_id == 77);
   dir->MarkDown("b");
-  CHECK(dir->List()[0].state() == "down");
+  CHECK(dir->List()[0].state() == v1::PEER_STATE_DOWN);
   CHECK(dir->List()[0].last_seen_unix_us() == 5);
 }
 

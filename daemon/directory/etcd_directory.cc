@@ -114,8 +114,8 @@ class EtcdDirectory final : public Directory {
  private:
   v1::DirectoryStatus StatusLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     v1::DirectoryStatus status;
-    status.set_kind("etcd");
-    status.set_state(ok_ ? "ok" : "degraded");
+    status.set_kind(v1::DIRECTORY_KIND_ETCD);
+    status.set_state(ok_ ? v1::DIRECTORY_STATE_OK : v1::DIRECTORY_STATE_DEGRADED);
     if (!ok_) status.set_reason(reason_);
     status.set_last_error(last_error_);
     if (last_error_at_ != absl::InfinitePast()) {

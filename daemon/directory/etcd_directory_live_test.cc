@@ -62,8 +62,8 @@ TEST_CASE("etcd directory against a real etcd: membership, lease end, outage, re
 
   std::unique_ptr<Directory> a = Open(etcd.endpoint(), "a");
   std::unique_ptr<Directory> b = Open(etcd.endpoint(), "b", /*revoke_on_close=*/false);
-  REQUIRE(a->Status().state() == "ok");
-  REQUIRE(b->Status().state() == "ok");
+  REQUIRE(a->Status().state() == v1::DIRECTORY_STATE_OK);
+  REQUIRE(b->Status().state() == v1::DIRECTORY_STATE_OK);
   auto sees = [](Directory& d, const std::string& node) {
     auto p = d.Lookup(node);
     return p.ok() && p->registered;
@@ -92,8 +92,10 @@ TEST_CASE("etcd directory against a real etcd: membership, lease end, outage, re
 
   SECTION("etcd killed: peers stay, degraded; restarted: ok and registered again") {
     etcd.Kill();
-    REQUIRE(Eventually([&] { return a->Status().state() == "degraded"; }, absl::Seconds(5)));
-    REQUIRE(Eventually([&] { return b->Status().state() == "degraded"; }, absl::Seconds(5)));
+    REQUIRE(Eventually([&] { return a->Status().state() == v1::DIRECTORY_STATE_DEGRADED; },
+                       absl::Seconds(5)));
+    REQUIRE(Eventually([&] { return b->Status().state() == v1::DIRECTORY_STATE_DEGRADED; },
+                       absl::Seconds(5)));
     CHECK(!a->Status().last_error().empty());
     CHECK(a->Status().reason().find("etcd unreachable") != std::string::npos);
     REQUIRE(a->Peers().size() == 1);
@@ -103,8 +105,12 @@ TEST_CASE("etcd directory against a real etcd: membership, lease end, outage, re
     CHECK(a->Lookup("b")->state == PeerState::kUp);
 
     REQUIRE(etcd.Start().ok());
-    REQUIRE(Eventually([&] { return a->Status().state() == "ok" && b->Status().state() == "ok"; },
-                       absl::Seconds(10)));
+    REQUIRE(Eventually(
+        [&] {
+          return a->Status().state() == v1::DIRECTORY_STATE_OK &&
+                 b->Status().state() == v1::DIRECTORY_STATE_OK;
+        },
+        absl::Seconds(10)));
     CHECK(a->Status().registrations() >= 2);
     CHECK(b->Status().registrations() >= 2);
     REQUIRE(Eventually([&] { return sees(*a, "b") && sees(*b, "a"); }, absl::Seconds(3)));
@@ -186,7 +192,7 @@ TEST_CASE("forged lease-less records: a node repairs its own, peers ignore them"
   }
   CHECK(repaired);  // before: the forged record stayed, with no lease, for good
   CHECK_FALSE(forged_seen);
-  CHECK(a->Status().state() == "ok");
+  CHECK(a->Status().state() == v1::DIRECTORY_STATE_OK);
   REQUIRE(Eventually([&] { return b->Lookup("a").ok() && b->Lookup("a")->registered; },
                      absl::Seconds(2)));
   CHECK(b->Lookup("a")->address == real);
@@ -212,8 +218,8 @@ TEST_CASE("etcd directory with etcd authentication enabled") {
   std::unique_ptr<Directory> a = Open(etcd.endpoint(), "a", true, "root", password);
   std::unique_ptr<Directory> b = Open(etcd.endpoint(), "b", true, "root", password);
   INFO(a->Status().ShortDebugString());
-  REQUIRE(a->Status().state() == "ok");
-  REQUIRE(b->Status().state() == "ok");
+  REQUIRE(a->Status().state() == v1::DIRECTORY_STATE_OK);
+  REQUIRE(b->Status().state() == v1::DIRECTORY_STATE_OK);
   auto sees = [](Directory& d, const std::string& node) {
     auto p = d.Lookup(node);
     return p.ok() && p->registered;
@@ -225,7 +231,7 @@ TEST_CASE("etcd directory with etcd authentication enabled") {
   std::unique_ptr<Directory> c = Open(etcd.endpoint(), "c", true, "root", wrong);
   const v1::DirectoryStatus refused = c->Status();
   INFO(refused.ShortDebugString());
-  CHECK(refused.state() == "degraded");
+  CHECK(refused.state() == v1::DIRECTORY_STATE_DEGRADED);
   CHECK(refused.reason().find("etcd refused this daemon") != std::string::npos);
   CHECK(refused.reason().find("etcd.username 'root'") != std::string::npos);
   CHECK(refused.reason().find("etcd.password_file") != std::string::npos);
@@ -235,7 +241,7 @@ TEST_CASE("etcd directory with etcd authentication enabled") {
   // Without a user at all: degraded too, saying which keys to set.
   std::unique_ptr<Directory> d = Open(etcd.endpoint(), "d");
   INFO(d->Status().ShortDebugString());
-  CHECK(d->Status().state() == "degraded");
+  CHECK(d->Status().state() == v1::DIRECTORY_STATE_DEGRADED);
   CHECK(d->Status().reason().find("set etcd.username and etcd.password_file") != std::string::npos);
 
   // etcd restarts: the tokens it issued are gone; both directories authenticate again.
@@ -244,8 +250,9 @@ TEST_CASE("etcd directory with etcd authentication enabled") {
   REQUIRE(etcd.Start().ok());
   REQUIRE(Eventually(
       [&] {
-        return a->Status().state() == "ok" && a->Status().registrations() > before &&
-               b->Status().state() == "ok";
+        return a->Status().state() == v1::DIRECTORY_STATE_OK &&
+               a->Status().registrations() > before &&
+               b->Status().state() == v1::DIRECTORY_STATE_OK;
       },
       absl::Seconds(15)));
   REQUIRE(Eventually([&] { return sees(*a, "b") && sees(*b, "a"); }, absl::Seconds(3)));

@@ -381,8 +381,8 @@ TEST_CASE(
   Directory& d = **created;
 
   const v1::DirectoryStatus status = d.Status();
-  CHECK(status.kind() == "etcd");
-  CHECK(status.state() == "ok");
+  CHECK(status.kind() == v1::DIRECTORY_KIND_ETCD);
+  CHECK(status.state() == v1::DIRECTORY_STATE_OK);
   CHECK(status.registrations() == 1);
   CHECK(status.lease_id() != 0);
   auto mine = etcd->Get(std::string(kPrefix) + "self");
@@ -413,8 +413,8 @@ TEST_CASE(
   CHECK(Find(d, "late")->state == PeerState::kUnknown);
   const auto listed = d.List();
   REQUIRE(listed.size() == 3);
-  CHECK(listed[0].source() == "etcd");
-  CHECK(listed[1].source() == "static");
+  CHECK(listed[0].source() == v1::PEER_SOURCE_ETCD);
+  CHECK(listed[1].source() == v1::PEER_SOURCE_STATIC);
   CHECK(listed[2].record().gpus(0).uuid() == "GPU-late");
   CHECK(d.Status().registered_peers() == 2);
   // Keep-alives flow.
@@ -441,7 +441,7 @@ TEST_CASE(
   REQUIRE(Eventually([&] { return Find(d, "p")->state == PeerState::kDown; }));
   CHECK(!Find(d, "p")->registered);
   CHECK(Find(d, "p")->has_record);
-  CHECK(d.List()[0].state() == "down");
+  CHECK(d.List()[0].state() == v1::PEER_STATE_DOWN);
   d.MarkUp("p", absl::FromUnixSeconds(6), 77);  // a heartbeat does not override etcd
   CHECK(Find(d, "p")->state == PeerState::kDown);
 
@@ -476,7 +476,7 @@ TEST_CASE(
     "new lease") {
   auto etcd = std::make_shared<FakeEtcd>();
   ManualClock clock;
-  std::vector<std::string> states;
+  std::vector<v1::DirectoryState> states;
   absl::Mutex states_mu;
   auto created = CreateEtcdDirectory(Options("self", &clock), std::make_unique<FakeClient>(etcd));
   REQUIRE(created.ok());
@@ -495,7 +495,7 @@ TEST_CASE(
 
   clock.Advance(absl::Seconds(10));
   etcd->SetDown(true);
-  REQUIRE(Eventually([&] { return d.Status().state() == "degraded"; }));
+  REQUIRE(Eventually([&] { return d.Status().state() == v1::DIRECTORY_STATE_DEGRADED; }));
   v1::DirectoryStatus s = d.Status();
   CHECK(s.reason().find("etcd unreachable") != std::string::npos);
   // The first failure may be the watch ending; the retries then find etcd down.
@@ -520,7 +520,7 @@ TEST_CASE(
             etcd->Grant());
   CHECK(!Find(d, "new").has_value());
   etcd->SetDown(false);
-  REQUIRE(Eventually([&] { return d.Status().state() == "ok"; }));
+  REQUIRE(Eventually([&] { return d.Status().state() == v1::DIRECTORY_STATE_OK; }));
   s = d.Status();
   CHECK(s.registrations() == 2);
   CHECK(s.lease_id() != 0);
@@ -531,7 +531,8 @@ TEST_CASE(
   CHECK(Find(d, "new").has_value());
   CHECK(Find(d, "p")->state == PeerState::kUp);
   absl::MutexLock lock(&states_mu);
-  CHECK(states == std::vector<std::string>{"degraded", "ok"});
+  CHECK(states ==
+        std::vector<v1::DirectoryState>{v1::DIRECTORY_STATE_DEGRADED, v1::DIRECTORY_STATE_OK});
 }
 
 TEST_CASE("etcd directory: a lost lease or a deleted record registers again") {
@@ -549,8 +550,9 @@ TEST_CASE("etcd directory: a lost lease or a deleted record registers again") {
   // The lease expires (etcd unreachable from here for a TTL, say): the keep-alive finds it gone,
   // and a new session registers with a new lease.
   etcd->Revoke(lease);
-  REQUIRE(
-      Eventually([&] { return d.Status().registrations() == 2 && d.Status().state() == "ok"; }));
+  REQUIRE(Eventually([&] {
+    return d.Status().registrations() == 2 && d.Status().state() == v1::DIRECTORY_STATE_OK;
+  }));
   CHECK(d.Status().last_error().find("lease") != std::string::npos);
   REQUIRE(etcd->Get(key).has_value());
   CHECK(etcd->Get(key)->lease == d.Status().lease_id());
@@ -566,10 +568,10 @@ TEST_CASE(
   o.static_peers = {{"fixed", "10.0.0.9:7070"}};
   auto created = CreateEtcdDirectory(o, std::make_unique<FakeClient>(etcd));
   REQUIRE(created.ok());
-  CHECK((*created)->Status().state() == "degraded");
+  CHECK((*created)->Status().state() == v1::DIRECTORY_STATE_DEGRADED);
   CHECK((*created)->Peers().size() == 1);  // the static peers work without etcd
   etcd->SetDown(false);
-  REQUIRE(Eventually([&] { return (*created)->Status().state() == "ok"; }));
+  REQUIRE(Eventually([&] { return (*created)->Status().state() == v1::DIRECTORY_STATE_OK; }));
   const std::string key = std::string(kPrefix) + "self";
   REQUIRE(etcd->Get(key).has_value());
   created->reset();
@@ -578,9 +580,9 @@ TEST_CASE(
 
 TEST_CASE("static directory: status is ok, peers listed as static") {
   auto d = CreateStaticDirectory({{"b", "10.0.0.2:2"}}, "a");
-  CHECK(d->Status().kind() == "static");
-  CHECK(d->Status().state() == "ok");
-  CHECK(d->List()[0].source() == "static");
+  CHECK(d->Status().kind() == v1::DIRECTORY_KIND_STATIC);
+  CHECK(d->Status().state() == v1::DIRECTORY_STATE_OK);
+  CHECK(d->List()[0].source() == v1::PEER_SOURCE_STATIC);
 }
 
 }  // namespace

@@ -165,7 +165,7 @@ class StatsCollectable final : public prometheus::Collectable {
     if (options_.peers) {
       auto peer_up = Gauge("kvrail_peer_up", "1 when the peer daemon answers heartbeats, else 0.");
       for (const v1::PeerInfo& p : options_.peers()) {
-        AddSample(&peer_up, p.state() == "up" ? 1 : 0, {{"peer", p.node_id()}});
+        AddSample(&peer_up, p.state() == v1::PEER_STATE_UP ? 1 : 0, {{"peer", p.node_id()}});
       }
       out.push_back(std::move(peer_up));
     }
@@ -173,7 +173,9 @@ class StatsCollectable final : public prometheus::Collectable {
       auto dir_up = Gauge("kvrail_directory_up",
                           "1 when the peer directory is ok, 0 when degraded (etcd unreachable: "
                           "known peers keep working, new ones are not seen).");
-      AddSample(&dir_up, s.directory().state() == "ok" ? 1 : 0, {{"kind", s.directory().kind()}});
+      AddSample(
+          &dir_up, s.directory().state() == v1::DIRECTORY_STATE_OK ? 1 : 0,
+          {{"kind", EnumLabel(v1::DirectoryKind_Name(s.directory().kind()), "DIRECTORY_KIND_")}});
       out.push_back(std::move(dir_up));
       auto registrations = Counter("kvrail_directory_registrations_total",
                                    "Times this daemon registered its node record in etcd.");

@@ -45,9 +45,9 @@ TEST_CASE("metrics count ended transfers and read gauges and counters from stats
   options.peers = [] {
     v1::PeerInfo up, down;
     up.set_node_id("b");
-    up.set_state("up");
+    up.set_state(v1::PEER_STATE_UP);
     down.set_node_id("c");
-    down.set_state("down");
+    down.set_state(v1::PEER_STATE_DOWN);
     return std::vector<v1::PeerInfo>{up, down};
   };
   options.gpu_labels = {{0, "GPU-0b1c2d3e-0000-1111-2222-333344445555", "NVIDIA H200"},
@@ -182,8 +182,9 @@ TEST_CASE("the peer directory's state is a gauge: 1 ok, 0 degraded") {
   options.listen = "127.0.0.1:0";
   options.stats = [&] {
     v1::Stats s;
-    s.mutable_directory()->set_kind("etcd");
-    s.mutable_directory()->set_state(ok.load() ? "ok" : "degraded");
+    s.mutable_directory()->set_kind(v1::DIRECTORY_KIND_ETCD);
+    s.mutable_directory()->set_state(ok.load() ? v1::DIRECTORY_STATE_OK
+                                               : v1::DIRECTORY_STATE_DEGRADED);
     s.mutable_directory()->set_registrations(2);
     return s;
   };

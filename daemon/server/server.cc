@@ -458,7 +458,8 @@ class ServerImpl final : public Server {
       health->SetServingStatus(true);
       health->SetServingStatus("kvrail.v1.Transfer", true);
       if (options.directory_status) {
-        health->SetServingStatus(kDirectoryHealth, options.directory_status().state() == "ok");
+        health->SetServingStatus(kDirectoryHealth,
+                                 options.directory_status().state() == v1::DIRECTORY_STATE_OK);
       }
     }
     return absl::OkStatus();

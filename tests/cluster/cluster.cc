@@ -193,11 +193,11 @@ std::vector<absl::Time> Cluster::WaitAll(const std::vector<ClusterNode*>& observ
   return when;
 }
 
-std::string Cluster::StateOf(const v1::ListPeersResponse& peers, const std::string& node) {
+v1::PeerState Cluster::StateOf(const v1::ListPeersResponse& peers, const std::string& node) {
   for (const v1::PeerInfo& p : peers.peers()) {
     if (p.node_id() == node) return p.state();
   }
-  return "";
+  return v1::PEER_STATE_UNSPECIFIED;
 }
 
 absl::Time Cluster::RegisteredAt(const v1::ListPeersResponse& peers, const std::string& node) {

@@ -77,8 +77,8 @@ class Cluster {
       std::function<bool(const ClusterNode& observer, const v1::ListPeersResponse& peers)>;
   std::vector<absl::Time> WaitAll(const std::vector<ClusterNode*>& observers,
                                   const PeersPredicate& done, absl::Duration timeout);
-  // The state ("up", "down", "unknown") `peers` gives `node`, or "" when it is not listed.
-  static std::string StateOf(const v1::ListPeersResponse& peers, const std::string& node);
+  // The state `peers` gives `node`, or PEER_STATE_UNSPECIFIED when it is not listed.
+  static v1::PeerState StateOf(const v1::ListPeersResponse& peers, const std::string& node);
   // The registration time in `node`'s etcd record as `peers` shows it (InfinitePast: none).
   static absl::Time RegisteredAt(const v1::ListPeersResponse& peers, const std::string& node);
 

@@ -44,7 +44,7 @@ bool AllUp(Cluster& c, const std::vector<ClusterNode*>& nodes, absl::Duration ti
       nodes,
       [&](const ClusterNode& me, const v1::ListPeersResponse& peers) {
         for (ClusterNode* n : nodes) {
-          if (n != &me && Cluster::StateOf(peers, n->name) != "up") return false;
+          if (n != &me && Cluster::StateOf(peers, n->name) != v1::PEER_STATE_UP) return false;
         }
         return true;
       },
@@ -99,7 +99,7 @@ int Main(int argc, char** argv) {
     const auto listed = c.WaitAll(
         observers,
         [&](const ClusterNode&, const v1::ListPeersResponse& p) {
-          return !Cluster::StateOf(p, name).empty();
+          return Cluster::StateOf(p, name) != v1::PEER_STATE_UNSPECIFIED;
         },
         absl::Seconds(10));
     absl::Time registered = absl::InfinitePast();
@@ -107,7 +107,7 @@ int Main(int argc, char** argv) {
         observers,
         [&](const ClusterNode&, const v1::ListPeersResponse& p) {
           if (registered == absl::InfinitePast()) registered = Cluster::RegisteredAt(p, name);
-          return Cluster::StateOf(p, name) == "up";
+          return Cluster::StateOf(p, name) == v1::PEER_STATE_UP;
         },
         absl::Seconds(10));
     const absl::Time t0 = registered != absl::InfinitePast() ? registered : joiner->started;
@@ -128,7 +128,7 @@ int Main(int argc, char** argv) {
     const auto down = c.WaitAll(
         survivors,
         [&](const ClusterNode&, const v1::ListPeersResponse& p) {
-          return Cluster::StateOf(p, victim->name) == "down";
+          return Cluster::StateOf(p, victim->name) == v1::PEER_STATE_DOWN;
         },
         absl::Seconds(15));
     rows.push_back(

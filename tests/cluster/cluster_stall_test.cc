@@ -138,7 +138,7 @@ TEST_CASE(
     const auto when = c.WaitAll(
         nodes,
         [&](const ClusterNode& me, const v1::ListPeersResponse& peers) {
-          return Cluster::StateOf(peers, me.name == "a" ? "b" : "a") == "up";
+          return Cluster::StateOf(peers, me.name == "a" ? "b" : "a") == v1::PEER_STATE_UP;
         },
         timeout);
     for (absl::Time t : when) {

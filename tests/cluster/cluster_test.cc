@@ -158,7 +158,7 @@ bool AllUp(Cluster& c, const std::vector<ClusterNode*>& nodes, absl::Duration ti
       nodes,
       [&](const ClusterNode& me, const v1::ListPeersResponse& peers) {
         for (ClusterNode* n : nodes) {
-          if (n != &me && Cluster::StateOf(peers, n->name) != "up") return false;
+          if (n != &me && Cluster::StateOf(peers, n->name) != v1::PEER_STATE_UP) return false;
         }
         return true;
       },
@@ -214,7 +214,7 @@ TEST_CASE("4 daemons through etcd: many-to-many, a join, a kill, an etcd restart
   const auto listed = c.WaitAll(
       nodes,
       [](const ClusterNode&, const v1::ListPeersResponse& p) {
-        return !Cluster::StateOf(p, "e").empty();
+        return Cluster::StateOf(p, "e") != v1::PEER_STATE_UNSPECIFIED;
       },
       absl::Seconds(5));
   absl::Time registered = absl::InfinitePast();
@@ -222,7 +222,7 @@ TEST_CASE("4 daemons through etcd: many-to-many, a join, a kill, an etcd restart
       nodes,
       [&](const ClusterNode&, const v1::ListPeersResponse& p) {
         if (registered == absl::InfinitePast()) registered = Cluster::RegisteredAt(p, "e");
-        return Cluster::StateOf(p, "e") == "up";
+        return Cluster::StateOf(p, "e") == v1::PEER_STATE_UP;
       },
       absl::Seconds(5));
   {
@@ -281,7 +281,7 @@ TEST_CASE("4 daemons through etcd: many-to-many, a join, a kill, an etcd restart
   const auto down = c.WaitAll(
       survivors,
       [&](const ClusterNode&, const v1::ListPeersResponse& p) {
-        return Cluster::StateOf(p, victim->name) == "down";
+        return Cluster::StateOf(p, victim->name) == v1::PEER_STATE_DOWN;
       },
       absl::Seconds(10));
   {

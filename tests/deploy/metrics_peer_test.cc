@@ -36,7 +36,7 @@ bool PeerUp(NsDaemon& node, const std::string& peer) {
     auto peers = node.client->ListPeers();
     if (peers.ok()) {
       for (const auto& p : peers->peers()) {
-        if (p.node_id() == peer && p.state() == "up") return true;
+        if (p.node_id() == peer && p.state() == v1::PEER_STATE_UP) return true;
       }
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));

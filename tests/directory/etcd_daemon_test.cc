@@ -85,9 +85,13 @@ TEST_CASE("kvraild daemons find each other through etcd; an outage is degraded, 
     const size_t state = out.out.find("\"state\": \"", at);
     return out.out.substr(state + 10, out.out.find('"', state + 10) - state - 10);
   };
-  REQUIRE(Eventually([&] { return peer_state(a, "b") == "up" && peer_state(b, "a") == "up"; },
-                     absl::Seconds(10)));
-  CHECK(Cli(a, {"peers", "--json"}).out.find("\"source\": \"etcd\"") != std::string::npos);
+  REQUIRE(Eventually(
+      [&] {
+        return peer_state(a, "b") == "PEER_STATE_UP" && peer_state(b, "a") == "PEER_STATE_UP";
+      },
+      absl::Seconds(10)));
+  CHECK(Cli(a, {"peers", "--json"}).out.find("\"source\": \"PEER_SOURCE_ETCD\"") !=
+        std::string::npos);
   auto status_line = [&](const DaemonProcess& d) {
     const std::string out = Cli(d, {"status"}).out;
     const size_t at = out.find("directory:");
@@ -108,7 +112,7 @@ TEST_CASE("kvraild daemons find each other through etcd; an outage is degraded, 
   CHECK(testing::HttpGet(metrics_port, "/metrics").find(R"(kvrail_directory_up{kind="etcd"} 0)") !=
         std::string::npos);
   absl::SleepFor(absl::Seconds(3));  // past the TTL
-  CHECK(peer_state(a, "b") == "up");
+  CHECK(peer_state(a, "b") == "PEER_STATE_UP");
 
   // etcd back: ok again.
   REQUIRE(etcd.Start().ok());
@@ -123,7 +127,7 @@ TEST_CASE("kvraild daemons find each other through etcd; an outage is degraded, 
   // Its lease (ttl_s 2) or the fabric's liveness timeout (3 s) ends it: 2.0-2.1 s measured with
   // the 2 cores loaded 3.5x over, each poll running the CLI. The bound is liveness (20 s), not
   // that time (4 s left less than 2x): it still fails when nothing marks b down. Printed.
-  REQUIRE(Eventually([&] { return peer_state(a, "b") == "down"; }, absl::Seconds(20)));
+  REQUIRE(Eventually([&] { return peer_state(a, "b") == "PEER_STATE_DOWN"; }, absl::Seconds(20)));
   WARN("etcd_daemon_test: b marked down " << absl::FormatDuration(absl::Now() - killed)
                                           << " after its SIGKILL");
   CHECK(a.Stop(SIGTERM) == 0);

@@ -46,8 +46,7 @@ v1::PagedKvLayout Layout() {
                     v1::LAYOUT_ORDER_LAYER_PART_BLOCK_NHD);
 }
 
-bool PeerIs(NsDaemon& node, const std::string& peer, const std::string& state,
-            absl::Duration wait) {
+bool PeerIs(NsDaemon& node, const std::string& peer, v1::PeerState state, absl::Duration wait) {
   const absl::Time until = absl::Now() + wait;
   do {
     auto peers = node.client->ListPeers();
@@ -70,8 +69,8 @@ struct PeerPair {
     options.nics = 2;
     ok = a.Start("", "stall-a", ip_a, "stall-b", ip_b, options) &&
          b.Start("", "stall-b", ip_b, "stall-a", ip_a, options) &&
-         PeerIs(a, "stall-b", "up", absl::Seconds(10)) &&
-         PeerIs(b, "stall-a", "up", absl::Seconds(10));
+         PeerIs(a, "stall-b", v1::PEER_STATE_UP, absl::Seconds(10)) &&
+         PeerIs(b, "stall-a", v1::PEER_STATE_UP, absl::Seconds(10));
     if (!ok) UNSCOPED_INFO("a log:\n" << a.Log() << "\nb log:\n" << b.Log());
   }
   std::string Logs() const { return absl::StrCat("a log:\n", a.Log(), "\nb log:\n", b.Log()); }
@@ -174,8 +173,8 @@ void StallMidTransfer() {
   AwaitStalled(p, p.b, to_a, "b -> a (from the stalled daemon)");
 
   // Both see each other up again; every later round in both directions succeeds.
-  REQUIRE(PeerIs(p.a, "stall-b", "up", absl::Seconds(15)));
-  REQUIRE(PeerIs(p.b, "stall-a", "up", absl::Seconds(15)));
+  REQUIRE(PeerIs(p.a, "stall-b", v1::PEER_STATE_UP, absl::Seconds(15)));
+  REQUIRE(PeerIs(p.b, "stall-a", v1::PEER_STATE_UP, absl::Seconds(15)));
   for (int r = 0; r < kRounds; ++r) {
     Round(p, p.a, p.b, "stall-a", "stall-b", 100 + 10 * r, absl::StrCat("round ", r, " a -> b"));
     Round(p, p.b, p.a, "stall-b", "stall-a", 200 + 10 * r, absl::StrCat("round ", r, " b -> a"));

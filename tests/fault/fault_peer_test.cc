@@ -44,8 +44,7 @@ constexpr uint32_t kDeadlineMs = 60000;
 
 constexpr uint32_t kLayers = 8, kBlocks = 64, kMoved = 48, kTpb = 16;
 
-bool PeerIs(NsDaemon& node, const std::string& peer, const std::string& state,
-            absl::Duration wait) {
+bool PeerIs(NsDaemon& node, const std::string& peer, v1::PeerState state, absl::Duration wait) {
   const absl::Time until = absl::Now() + wait;
   do {
     auto peers = node.client->ListPeers();
@@ -76,8 +75,8 @@ struct PeerPair {
     options.nics = 1;
     ok = a.Start("", "fault-a", ip_a, "fault-b", ip_b, options) &&
          b.Start("", "fault-b", ip_b, "fault-a", ip_a, options) &&
-         PeerIs(a, "fault-b", "up", absl::Seconds(10)) &&
-         PeerIs(b, "fault-a", "up", absl::Seconds(10));
+         PeerIs(a, "fault-b", v1::PEER_STATE_UP, absl::Seconds(10)) &&
+         PeerIs(b, "fault-a", v1::PEER_STATE_UP, absl::Seconds(10));
     if (!ok) UNSCOPED_INFO("a log:\n" << a.Log() << "\nb log:\n" << b.Log());
   }
 };
@@ -197,7 +196,7 @@ void ReceiverKilled(bool in_flight) {
   WARN("sender's transfer failed " << seconds << " s after the receiving peer was SIGKILLed "
                                    << (in_flight ? "(tiles in flight)" : "(readiness withheld)"));
   // a knows b is down, wrote nothing into its own pools, and keeps serving.
-  CHECK(PeerIs(p.a, "fault-b", "down", absl::Seconds(5)));
+  CHECK(PeerIs(p.a, "fault-b", v1::PEER_STATE_DOWN, absl::Seconds(5)));
   CHECK(CountWritten(bystander) == 0);
   StillServes(p.a, "a");
 }
@@ -255,7 +254,7 @@ TEST_CASE(
   CHECK(VerifyPool(dst, Expectation{6, dst_blocks, kMoved * kTpb, 0, 0, kLayers / 2, 0, 0, 8}) ==
         "");
   CHECK(CountWritten(bystander) == 0);
-  CHECK(PeerIs(p.b, "fault-a", "down", absl::Seconds(5)));
+  CHECK(PeerIs(p.b, "fault-a", v1::PEER_STATE_DOWN, absl::Seconds(5)));
   StillServes(p.b, "b");
 }
 

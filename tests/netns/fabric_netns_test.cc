@@ -143,7 +143,7 @@ TEST_CASE("a paged KV cache moves between two nodes over tcp, striped over 2 NIC
   auto peers = nodes.a.client->ListPeers();
   REQUIRE(peers.ok());
   REQUIRE(peers->peers_size() == 1);
-  CHECK(peers->peers(0).state() == "up");
+  CHECK(peers->peers(0).state() == v1::PEER_STATE_UP);
   CHECK(peers->peers(0).last_seen_unix_us() > 0);
   // The receiver logged its side's completion.
   for (int i = 0; i < 40 && nodes.b.Log().find("complete") == std::string::npos; ++i) {

@@ -73,6 +73,12 @@ std::string PathName(v1::Path path) {
   return EnumShortName(v1::Path_Name(path), "PATH_");
 }
 std::string DTypeName(v1::DType dtype) { return EnumShortName(v1::DType_Name(dtype), "DTYPE_"); }
+std::string PeerStateName(v1::PeerState state) {
+  return EnumShortName(v1::PeerState_Name(state), "PEER_STATE_");
+}
+std::string DirectoryKindName(v1::DirectoryKind kind) {
+  return EnumShortName(v1::DirectoryKind_Name(kind), "DIRECTORY_KIND_");
+}
 
 absl::StatusOr<std::vector<v1::TransferState>> ParseStates(absl::string_view text) {
   std::vector<v1::TransferState> states;

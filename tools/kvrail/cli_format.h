@@ -27,6 +27,8 @@ std::string StateName(v1::TransferState state);
 std::string PriorityName(v1::Priority priority);
 std::string PathName(v1::Path path);
 std::string DTypeName(v1::DType dtype);
+std::string PeerStateName(v1::PeerState state);
+std::string DirectoryKindName(v1::DirectoryKind kind);
 
 // "running,queued" -> states (also accepts upper case and the full enum names).
 absl::StatusOr<std::vector<v1::TransferState>> ParseStates(absl::string_view text);

@@ -36,6 +36,14 @@ TEST_CASE("top --json is built by a JSON library: control characters and quotes 
   CHECK(j["transfers_active"] == 2);
 }
 
+TEST_CASE("peer and directory states print as the short names of their enums") {
+  CHECK(PeerStateName(v1::PEER_STATE_UP) == "up");
+  CHECK(PeerStateName(v1::PEER_STATE_DOWN) == "down");
+  CHECK(PeerStateName(v1::PEER_STATE_UNKNOWN) == "unknown");
+  CHECK(DirectoryKindName(v1::DIRECTORY_KIND_ETCD) == "etcd");
+  CHECK(DirectoryKindName(v1::DIRECTORY_KIND_STATIC) == "static");
+}
+
 TEST_CASE("transfer ids: 'last', unique prefixes, whole ids, ambiguity named") {
   const std::vector<uint64_t> ids = {8734001, 8734000, 1200055};  // newest first
   CHECK(*MatchTransferId("last", ids) == 8734001);

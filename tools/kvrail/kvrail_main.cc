@@ -162,14 +162,15 @@ absl::StatusOr<uint64_t> ResolveTransferId(Client& client, const std::string& te
 // "etcd ok (3 peers, 3 registered; 1 registration)" or "etcd DEGRADED for 5s: why (known
 // peers keep working)".
 std::string DirectoryLine(const v1::DirectoryStatus& d) {
-  std::string line = absl::StrCat(d.kind(), " ", d.state() == "ok" ? "ok" : "DEGRADED");
-  if (d.state() != "ok") {
+  const bool ok = d.state() == v1::DIRECTORY_STATE_OK;
+  std::string line = absl::StrCat(DirectoryKindName(d.kind()), " ", ok ? "ok" : "DEGRADED");
+  if (!ok) {
     absl::StrAppend(&line, " for ", Age(d.since_unix_us()), ": ", d.reason(),
                     " (known peers keep working)");
     return line;
   }
   absl::StrAppend(&line, " (", d.peers(), " peers");
-  if (d.kind() == "etcd") {
+  if (d.kind() == v1::DIRECTORY_KIND_ETCD) {
     absl::StrAppend(&line, ", ", d.registered_peers(), " registered; ", d.registrations(),
                     d.registrations() == 1 ? " registration" : " registrations");
     if (!d.last_error().empty()) {
@@ -544,7 +545,7 @@ int CmdPeers(Client& client, const Globals& g) {
   Table t({"NODE", "ADDRESS", "STATE", "LAST SEEN"});
   for (const v1::PeerInfo& p : peers->peers()) {
     t.AddRow(
-        {p.node_id(), p.address(), p.state(),
+        {p.node_id(), p.address(), PeerStateName(p.state()),
          p.last_seen_unix_us() > 0 ? absl::StrCat(Age(p.last_seen_unix_us()), " ago") : "never"});
   }
   std::cout << t.Render();
