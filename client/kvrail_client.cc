@@ -523,8 +523,10 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
     absl::MutexLock lock(&client->impl_->table_mu_);
     (void)client->PrepareTableBuffer(kBlockTableBufferBytes);
   }
-  // The done words too (a registration like the block tables'), off the first GPU transfer.
-  if (options.gpu_done_word) {
+  // The done words too (a registration like the block tables'), off the first GPU transfer;
+  // a client that wants no region made before it submits (the CLI, probes) gets them at its
+  // first submit.
+  if (options.gpu_done_word && options.eager_block_table) {
     if (CompletionTable* completions = client->impl_->completions_.load()) {
       (void)client->EnableDoneWords(completions);
     }

@@ -378,6 +378,8 @@ TEST_CASE("one uid's notification polls are capped per uid and hold no daemon th
     v1::NotificationPollResponse response;
     refused = stub->PollNotifications(&context, request, &response);
   } while (refused.ok() && absl::Now() < until);
+  INFO("the fourth session's last poll: " << refused.error_code() << " "
+                                          << refused.error_message());
   CHECK(Has(refused, grpc::StatusCode::RESOURCE_EXHAUSTED, "max_watchers_per_uid: uid "));
 
   // Everyone else is served at once: anonymous stats, another session's own poll without a wait.
@@ -411,7 +413,10 @@ TEST_CASE("one uid's notification polls are capped per uid and hold no daemon th
   while (!all_answered() && absl::Now() < answered_by) absl::SleepFor(absl::Milliseconds(10));
   absl::MutexLock lock(&mu);
   CHECK(answers.size() == polls.size());
-  for (const grpc::Status& s : answers) CHECK(Has(s, grpc::StatusCode::NOT_FOUND, "session_id"));
+  for (const grpc::Status& s : answers) {
+    INFO("a poll's answer: " << s.error_code() << " " << s.error_message());
+    CHECK(Has(s, grpc::StatusCode::NOT_FOUND, "session_id"));
+  }
 }
 
 TEST_CASE("short of descriptors, extra sessions are refused and gRPC and sessions still serve") {

@@ -35,6 +35,7 @@ TransferSpec WithoutBlockTables(const TransferSpec& spec) {
   out.set_session_id(spec.session_id());
   out.set_digest(spec.digest());
   out.set_reinterpret_dtype(spec.reinterpret_dtype());
+  if (spec.has_done_word()) *out.mutable_done_word() = spec.done_word();
   return out;
 }
 
