@@ -64,7 +64,7 @@ case $shape in
   one-gpu) src=0 dst=0 short=one ;;
   two-gpu) src=0 dst=1 short=two ;;
   list | -h | --help) usage; exit 0 ;;
-  unpack) ;;
+  unpack) short="" ;;  # no steps: unpacks the pack and prints its folder
   *) usage >&2; exit 2 ;;
 esac
 shift
