@@ -1,5 +1,5 @@
 // Kernel-only comparison of ways to move scattered paged blocks GPU0 -> GPU1 (peer stores over
-// NVLink), to choose the fused kernel's inner loop (issue 4: >= 350 GB/s, >= 320 GB/s with <= 16
+// NVLink), to choose the fused kernel's inner loop (target: >= 350 GB/s, >= 320 GB/s with <= 16
 // CTAs). No daemon: the block tables and buffers are set up here, every variant moves the same
 // 1 GiB, and the destination is checked after each variant. Prints one table.
 //

@@ -63,7 +63,7 @@ struct ScopedEnv {
     for (const auto& k : names) unsetenv(k.c_str());
   }
 };
-// The critical-path measures off (issue 19, CP): the daemon's spins and staged plan uploads
+// The critical-path settings off: the daemon's spins and staged plan uploads
 // (KVRAILD_LOW_LATENCY=off) and the client's answer spin.
 const std::vector<std::pair<std::string, std::string>> kAllOff = {{"KVRAILD_LOW_LATENCY", "off"},
                                                                   {"KVRAIL_ANSWER_SPIN_US", "0"}};

@@ -115,10 +115,10 @@ Side MakeSide(client::Client& c, Kind kind, const v1::PagedKvLayout* layout, uin
   return side;
 }
 
-// want_engine for a copy-engine-only daemon with the default small-kernel setting (issue 19).
+// want_engine for a copy-engine-only daemon with the default small-kernel setting.
 const char kCopyOnlyAuto[] = "copy-only-auto";
 
-// want_engine for a daemon that splits kernel batches with the copy engines (issue 19).
+// want_engine for a daemon that splits kernel batches with the copy engines.
 const char kSplit[] = "split";
 
 // A copy-engine-only daemon that never uses a kernel: --config with cuda_copy_only_kernel_ctas 0.

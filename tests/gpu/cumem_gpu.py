@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""cuMem (VMM) regions on the GPU machine (issue 16): torch tensors from the
+"""cuMem (VMM) regions on the GPU machine: torch tensors from the
 expandable_segments allocator (cuMem memory, which cudaIpcGetMemHandle refuses) registered with
 kvrail - exported as POSIX fds over the session socket, imported and mapped by kvraild - then
 moved and checked byte for byte, single and per-layer, small and spanning many cuMem chunks.

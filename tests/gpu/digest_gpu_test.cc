@@ -1,4 +1,4 @@
-// GPU test of the integrity digest (issue 17; kernels/kv_digest.h, the hash is kernels/digest.h):
+// GPU test of the integrity digest (kernels/kv_digest.h, the hash is kernels/digest.h):
 // on random layouts, block tables, odd vector sizes and misaligned bases (every kernel path:
 // warp pieces, 8/16-byte slabs, narrow-access words), the fused copy-and-hash kernel's per-tile
 // digests equal the host reference (planner::TileDigestHost), its bytes equal the host twin's,

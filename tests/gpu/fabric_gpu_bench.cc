@@ -1,4 +1,4 @@
-// Issue 5's GPU row: a GPU0 region under kvraild A -> a GPU1 region under kvraild B through the
+// The fabric's GPU row: a GPU0 region under kvraild A -> a GPU1 region under kvraild B through the
 // fabric path (libfabric tcp;ofi_rxm over loopback, host staging: A's copy engines pack tiles from
 // GPU0 into its pinned send slots, B's unpack them from its receive slots into GPU1), verified
 // block by block, beside in the same run: the same transfer between host regions over the same

@@ -1,6 +1,6 @@
-// Issue 19.3 on one GPU, in one process (no kvraild): from the end of a producer's last kernel
-// (its stream then writes the ready flag, cuStreamWriteValue32, as client/cuda_flags.h does) to
-// the end of the copy of that layer, measured on the GPU's global timer, for:
+// The GPU stream wait on one GPU, in one process (no kvraild): from the end of a producer's last
+// kernel (its stream then writes the ready flag, cuStreamWriteValue32, as client/cuda_flags.h does)
+// to the end of the copy of that layer, measured on the GPU's global timer, for:
 //   poll 20us   the daemon's mechanism today: a CPU thread polls the flag word (20 us sleeps,
 //               1 ns timer slack) and launches the copy kernel (32 CTAs) when it is seen;
 //   poll busy   the same without sleeping;
@@ -238,7 +238,7 @@ int Main(int argc, char** argv) {
   Check(cudaMalloc(reinterpret_cast<void**>(&e.dst), max_bytes), "dst");
   Check(cudaMemset(e.src, 0x5C, max_bytes), "src fill");
   // Every kernel loaded before any wait is enqueued (lazy loading would synchronize the context
-  // behind a pending wait: the one-GPU hang of issue 19).
+  // behind a pending wait: the one-GPU hang).
   Check(LaunchProducer(0, &e.t_end[0], e.producer), "warm producer");
   Check(LaunchCopy(e.src, e.dst, 4096, 32, e.counters, &e.t_done[0], e.daemon), "warm copy");
   Check(LaunchPersistent(nullptr, 0, e.dev_flag, e.dev_abort, e.counters, 4, e.daemon),

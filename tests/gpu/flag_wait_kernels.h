@@ -1,6 +1,6 @@
-// Kernels for tests/gpu/flag_wait_bench.cc (issue 19.3): how fast a copy starts after a producer's
-// ready flag, with the CPU poller + launch, a stream-side wait (cuStreamWaitValue32) and a
-// persistent few-CTA kernel taking work from a GPU-visible queue. Times are the GPU's
+// Kernels for tests/gpu/flag_wait_bench.cc (the GPU stream wait): how fast a copy starts after a
+// producer's ready flag, with the CPU poller + launch, a stream-side wait (cuStreamWaitValue32) and
+// a persistent few-CTA kernel taking work from a GPU-visible queue. Times are the GPU's
 // %globaltimer (ns).
 #pragma once
 

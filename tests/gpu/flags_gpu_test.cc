@@ -1,9 +1,9 @@
-// Consumer readiness on the GPU (issue 6): a decode-side stream waits on kvraild's arrival flags
+// Consumer readiness on the GPU: a decode-side stream waits on kvraild's arrival flags
 // with cuStreamWaitValue32 (client::CudaFlags::WaitOnStream) and copies each layer out the moment
 // it is released; the copies must hold the whole layer. The producer writes layers on its own
 // stream and raises ready flags with cuStreamWriteValue32. Runs on the GPU machine only.
 //
-// Why the one-GPU run hung (issue 19): producer and consumer are streams of ONE process here, and
+// Why the one-GPU run hung: producer and consumer are streams of ONE process here, and
 // the consumer's waits were enqueued before the producer's first kernel launch. Under lazy module
 // loading (CUDA 12's default) that first launch loads the kernel's module, which may synchronize
 // the whole context, i.e. wait for the consumer stream, which waits for flags only the producer's

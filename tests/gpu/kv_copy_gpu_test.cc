@@ -169,7 +169,7 @@ TEST_CASE("kernel == host twin on random bytes transfers") {
   }
 }
 
-// Issue 19's narrow layouts (the segment path), small: odd vector sizes at odd offsets, bf16 at
+// Narrow layouts (the segment path), small: odd vector sizes at odd offsets, bf16 at
 // an odd offset, padded strides, head sub-ranges; random tile sizes (odd ones too), base
 // misalignments, CTA counts and block sizes.
 kvrail::v1::PagedKvLayout NarrowLayout(kvrail::v1::LayoutOrder order, uint32_t blocks, uint32_t tpb,

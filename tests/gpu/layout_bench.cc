@@ -5,7 +5,7 @@
 // budget, cuda_max_ctas) and 132 (tuned: the whole GPU), beside the
 // aligned serving layout (whole 16-token NHD blocks, scattered) measured in the same run. Prints
 // one table: GB/s, the kernel path taken (warp pieces / chunk segments / slab with its access
-// width) and the ratio to the aligned baseline (issue 19's target: >= 50%).
+// width) and the ratio to the aligned baseline (target: >= 50%).
 // Each chunked plan also runs every form of the segment path (registers; bulk-staged with one
 // bulk copy per piece; split registers with 4 and 6 whole units per lane) at 32 and 132 CTAs,
 // each checked byte for byte too. LAYOUT_RANDOM=n adds n random layouts (RandomCases) after the
@@ -103,7 +103,7 @@ std::string PathOf(const kernels::DevicePlan& p) {
 // The segment path's forms (DevicePlan::segment_form): registers (6), bulk-staged with 3 stages,
 // one bulk copy per piece (103), and split registers (whole units as one stream, partial units
 // per lane) with 4 and 6 whole units per lane and round (204, 206; two segments per lane, 214 /
-// 216, were slower everywhere in session 29 and are not timed here).
+// 216, were slower everywhere when measured and are not timed here).
 constexpr kernels::SegmentForm kSegmentForms[] = {
     kernels::SegmentForm::kRegisters, kernels::SegmentForm::kBulk3, kernels::SegmentForm::kSplit4,
     kernels::SegmentForm::kSplit6};
@@ -346,7 +346,7 @@ std::vector<Case> NamedCases(bool quick) {
   return cs;
 }
 
-// A randomized set beside the named one (issue 19: "every layout of a randomized and a named
+// A randomized set beside the named one (the target: "every layout of a randomized and a named
 // set"): random vector sizes (odd ones too) and dtypes, head counts and head sub-ranges, block
 // sizes and orders on each side, byte offsets, sometimes padded explicit strides; ~64 MiB each
 // (quick: ~16 MiB).

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Per-layer regions on the GPU machine (issue 16): correctness of per-layer CUDA regions (one
+"""Per-layer regions on the GPU machine: correctness of per-layer CUDA regions (one
 torch tensor per layer, vLLM's shape) in both directions and against per-layer host memory,
 then one request of a 32-layer, 4,096-token pool moved as one transfer vs 32 per-layer
 transfers (the same daemon, the same blocks, interleaved rounds). Prints a table.

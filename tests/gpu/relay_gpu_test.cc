@@ -1,4 +1,4 @@
-// GPU test of the hierarchical path's relay hop (issue 18 item 3; daemon/fabric/relay.h), through
+// GPU test of the hierarchical path's relay hop (daemon/fabric/relay.h), through
 // the daemon's own RelayStage (tag gpu: runs on a GPU machine, not in CI):
 // - sender S -> R -> lane: the pack kernel on the source GPU S writes each tile into a relay slot
 //   in GPU R's memory (peer access over NVLink when R != S), R's stream copies the slot into a

@@ -11,7 +11,7 @@
 #  4. under MPS: stream_wait_gpu_test, the flag runs, and streaming_bench --streaming-only with
 #     kvraild's readiness poller (cuda_stream_wait false) and with the GPU stream wait (true).
 # PARTS picks (default "hang test flags mps"); also "streaming" (the two streaming rows under
-# MPS), "probe" (hardware queues: session 29's first run), "final" (session 29's second run: the
+# MPS), "probe" (hardware queues: the first run), "final" (the second run: the
 # streaming rows, every case and the flag runs with and without MPS) and "parked" (which calls
 # wait while another stream's wait is pending; not run yet).
 # Logs go to $OUT. Run: bash tests/gpu/run_stream_wait.sh (DEVPACK names another pack folder).
@@ -42,7 +42,7 @@ sw_test() {  # $1: label
   grep -E "latency|context-synchronizing\?|passed|failed|FAILED|s: stream wait" "$out/stream_wait_$1.txt" | tail -24
 }
 
-# "probe" (issue 19.3, the one-process hang under MPS): which streams a pending wait holds up and
+# "probe" (the one-process hang under MPS): which streams a pending wait holds up and
 # its release time (stream_wait_gpu_test "[queues]") for several hardware-queue counts, and the
 # byte-for-byte case where it hung, without and with MPS.
 queues() {  # $1: label; the environment says the rest
@@ -81,7 +81,7 @@ if [[ $parts == *probe* ]]; then
     stop_mps
   fi
 fi
-# "final" (issue 19.3 after the fixes, session 29): under MPS the streaming rows first (the
+# "final" (after the fixes): under MPS the streaming rows first (the
 # target), then every stream_wait_gpu_test case (the one-process byte case included) and the
 # queue probe at the driver's default, the flag runs; then without MPS the flag runs and the
 # test again. Ordered by importance: the device time may end before the last parts.
@@ -111,7 +111,7 @@ if [[ $parts == *final* ]]; then
   sw_test nomps
 fi
 # "parked": which runtime calls wait while another stream's wait is pending (stream creation is
-# the suspect: docs/benchmarks.md "issue 19 (SW), session 29"), without and with MPS.
+# the suspect: docs/benchmarks_archive.md (the stream wait)), without and with MPS.
 if [[ $parts == *parked* ]]; then
   for mode in nomps mps; do
     if [[ $mode == mps ]]; then start_mps || continue; fi
@@ -140,7 +140,7 @@ if [[ $parts == *test* ]]; then
 fi
 [[ $parts == *flags* ]] && { echo "== flags_gpu_test (no MPS)"; flag_loop nomps; }
 # "streaming" runs only the streaming_bench rows under MPS (the one-process stream_wait_gpu_test
-# under MPS is known to hang: docs/benchmarks.md, issue 19 (SW)).
+# under MPS is known to hang: docs/benchmarks_archive.md, the stream wait).
 if [[ $parts == *mps* || $parts == *streaming* ]] && start_mps; then
   if [[ $parts == *mps* ]]; then
     echo "== stream_wait_gpu_test (MPS)"

@@ -1,17 +1,18 @@
-// Issue 19.3 on the GPU: the CUDA engine's GPU-side readiness wait (CudaEngineOptions::stream_wait,
-// Job::ready_gate). A layer-wise job hands all its tiles to the engine before any layer is ready;
-// each layer's copy waits on the GPU (cuStreamWaitValue32 on its producer flag word, on the job's
-// own stream). Checked: nothing moves before the flags, every byte right once a producer stream
-// writes them (client::CudaFlags::SignalOnStream after its kernel), the dying producer (the job
-// ends with waits pending: no hang, the unwritten layers' tiles fail naming spec.ready_flags[L],
-// not one byte of them written, the engine keeps serving), a live producer's grace before the
-// daemon raises its words. "[latency]" also prints producer end -> last layer reported, stream
-// wait against a 20 us CPU poller + Enqueue (the readiness poller's way), same engine, same job.
-// The one-GPU hang (docs/benchmarks.md "issue 19 (SW)"): the first producer launch loaded its
-// kernel's module lazily while the engine's stream already waited on a flag; a module load
-// synchronizes the context, i.e. waited for that stream, which waited for the producer's flag:
-// the launch never returned. Every case now loads the test's kernels (and makes the producer's
-// clock buffer) before any wait is pending (PreloadTestKernels). "a context-synchronizing call
+// The GPU stream wait on the GPU: the CUDA engine's GPU-side readiness wait
+// (CudaEngineOptions::stream_wait, Job::ready_gate). A layer-wise job hands all its tiles to the
+// engine before any layer is ready; each layer's copy waits on the GPU (cuStreamWaitValue32 on its
+// producer flag word, on the job's own stream). Checked: nothing moves before the flags, every byte
+// right once a producer stream writes them (client::CudaFlags::SignalOnStream after its kernel),
+// the dying producer (the job ends with waits pending: no hang, the unwritten layers' tiles fail
+// naming spec.ready_flags[L], not one byte of them written, the engine keeps serving), a live
+// producer's grace before the daemon raises its words. "[latency]" also prints producer end -> last
+// layer reported, stream wait against a 20 us CPU poller + Enqueue (the readiness poller's way),
+// same engine, same job. The one-GPU hang (docs/benchmarks_archive.md, the stream wait): the first
+// producer launch loaded its kernel's module lazily while the engine's stream already waited on a
+// flag; a module load synchronizes the context, i.e. waited for that stream, which waited for the
+// producer's flag: the launch never returned. Every case now loads the test's kernels (and makes
+// the producer's clock buffer) before any wait is pending (PreloadTestKernels). "a
+// context-synchronizing call
 // ... is bounded" checks the engine's escape: the gate watchdog releases the waits of a job a
 // marked call (base/cuda/context_sync.h) has been blocked behind for the bound, and prints which
 // calls of the CUDA runtime actually block behind a pending wait here.
@@ -210,7 +211,7 @@ unsigned long long* ProducerClock() {
   return clock;
 }
 
-// The one-process hang under MPS (docs/benchmarks.md "issue 19 (SW), session 29"): the producer's
+// The one-process hang under MPS (docs/benchmarks_archive.md, the stream wait): the producer's
 // stream and the engine's parked streams (a gated job's copy stream behind the flags, its abort
 // stream behind the abort word) are streams of ONE process here, dealt by CUDA onto
 // CUDA_DEVICE_MAX_CONNECTIONS hardware queues; the producer's kernels queued behind a wait that
@@ -588,7 +589,7 @@ TEST_CASE("[latency] producer end -> last layer reported: stream wait vs 20 us p
 }
 
 // Which streams a pending cuStreamWaitValue32 holds up, and how long a satisfied wait takes to
-// let its stream go (issue 19.3, the one-process hang under MPS). CUDA maps streams onto a few
+// let its stream go (the one-process hang under MPS). CUDA maps streams onto a few
 // hardware work queues (CUDA_DEVICE_MAX_CONNECTIONS, default 8; under MPS the clients share the
 // server's pool); work queued behind a pending wait in the same queue waits too. Prints, for the
 // environment it runs in (the script runs it with and without MPS, at several queue counts,
@@ -597,7 +598,7 @@ TEST_CASE("[latency] producer end -> last layer reported: stream wait vs 20 us p
 // could not run a kernel within 20 ms; (2) the same with P streams parked; (3) host store of
 // the word -> an event after the wait seen done, p50 over 30 reps (each bounded by 100 ms).
 // Everything is released from the host; a stream still held up after 5 s fails. Hidden (run it
-// by its tag): a probe, not a check. Measured: docs/benchmarks.md "issue 19 (SW), session 29".
+// by its tag): a probe, not a check. Measured: docs/benchmarks_archive.md (the stream wait).
 TEST_CASE("[queues] streams held up by a pending wait, and the wait's release time",
           "[.][queues]") {
   if (!gpu_test::HaveGpus(1, gpu_test::DeviceCount())) return;
@@ -715,7 +716,7 @@ TEST_CASE("[queues] streams held up by a pending wait, and the wait's release ti
 
 // Which runtime calls wait while a cuStreamWaitValue32 is pending on another stream of the
 // process. The [queues] probe's first version also made streams one by one while a wait was
-// pending (the gated jobs' streams were made per job, at set-up, until session 29): that part
+// pending (the gated jobs' streams were made per job, at set-up, until the stream pool): that part
 // never returned, with and without MPS, at 8 and 32 queues; of its calls only
 // cudaStreamCreateWithPriority and cudaEventDestroy were new to the probe. Here each call runs
 // while stream 0 waits on a word that a watchdog thread stores after 1 s: a call that returns
@@ -789,11 +790,11 @@ TEST_CASE("[create-while-parked] runtime calls made while another stream's wait 
 }
 
 // Two gated jobs at once: the second is set up (device plan, its stream pair, its abort stream
-// armed) while the first's waits are pending, and a plain job moves meanwhile. Until session 29
-// the set-up made the job's two streams then; stream creation while a wait was pending never
-// returned in the [queues] probe's first version, which would have held the dispatcher until the
-// gate watchdog released the first job (silent dispatcher, 1 s: its tiles UNAVAILABLE). With the
-// pool made at start nothing is created then. Not yet run on a GPU (written after the session's
+// armed) while the first's waits are pending, and a plain job moves meanwhile. Until streams came
+// from a pool the set-up made the job's two streams then; stream creation while a wait was pending
+// never returned in the [queues] probe's first version, which would have held the dispatcher until
+// the gate watchdog released the first job (silent dispatcher, 1 s: its tiles UNAVAILABLE). With
+// the pool made at start nothing is created then. Not yet run on a GPU (written after the session's
 // last run).
 TEST_CASE("stream wait: a second gated job set up while the first one's waits are pending") {
   if (!gpu_test::HaveGpus(1, gpu_test::DeviceCount())) return;

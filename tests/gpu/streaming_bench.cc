@@ -217,7 +217,7 @@ int Main(int argc, char** argv) {
     run_prefill(e, rep);
     // Every layer's ready word and arrival word, each time stamped when first seen (one thread
     // spinning on both arrays): the last layer's pair is the tail; the others show whether the
-    // tail is a per-layer cost or the last layer's own (issue 19.3).
+    // tail is a per-layer cost or the last layer's own (the GPU stream wait).
     std::vector<Clock::time_point> ready_at(kLayers), arrived_at(kLayers);
     uint32_t next_ready = 0, next_arrived = 0;
     const auto give_up = t_start + std::chrono::seconds(10);
