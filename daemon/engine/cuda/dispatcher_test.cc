@@ -526,7 +526,6 @@ TEST_CASE("done word: stored once, after every kernel and copy, before the last 
       const uint64_t value = (uint64_t{0xd0} << 56) | static_cast<uint64_t>(n + 1);
       job->set_done_value(value);
       const size_t before = rig.fake.done_words().size();
-      const int kernels_before = rig.fake.kernels_run();
       rig.queues.Enqueue(job, job->AllTiles());
       REQUIRE(rig.TurnUntil([&] { return job->reported() == job->plan().num_tiles(); }));
       CHECK(AllOk(*job));
@@ -540,7 +539,6 @@ TEST_CASE("done word: stored once, after every kernel and copy, before the last 
       CHECK(stored.back().value == value);
       CHECK(stored.back().writes_pending == 0);  // every copy and kernel of the job ran before
       CHECK(rig.fake.kernels_run() == stored.back().kernels_run);
-      CHECK(rig.fake.kernels_run() >= kernels_before);
       REQUIRE(rig.TurnUntil([&] { return rig.dispatcher.states() == 0; }));
     }
     CHECK(rig.stats.done_words() == 6);
