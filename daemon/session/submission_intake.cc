@@ -93,11 +93,6 @@ void SubmissionIntake::PostAck(const wire::SubmitAck& ack) {
   if (!pushed.ok() || ack_->view().ConsumerSleeps()) ack_->Wake();
 }
 
-uint64_t SubmissionIntake::acks_lost() const {
-  absl::MutexLock lock(&mu_);
-  return acks_lost_;
-}
-
 // --- SubmissionQueues ---------------------------------------------------------------------------
 
 void SubmissionQueues::Add(int key, std::shared_ptr<SubmissionIntake> intake) {
@@ -118,11 +113,6 @@ void SubmissionQueues::Woken(int key) {
   if (it == queues_.end()) return;
   it->second.intake->DrainWakes();
   due_.push_back(key);
-}
-
-const std::shared_ptr<SubmissionIntake>* SubmissionQueues::Find(int key) const {
-  auto it = queues_.find(key);
-  return it == queues_.end() ? nullptr : &it->second.intake;
 }
 
 bool SubmissionQueues::TakeFrom(

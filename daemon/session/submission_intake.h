@@ -50,7 +50,6 @@ class SubmissionIntake {
   // more entries in flight than its acknowledgement ring holds) loses the acknowledgement: it is
   // counted in the ring's overflow word, and the transfer runs regardless.
   void PostAck(const wire::SubmitAck& ack);
-  uint64_t acks_lost() const;
 
   int sq_memfd() const { return sq_->memfd(); }
   int sq_eventfd() const { return sq_->eventfd(); }
@@ -89,7 +88,6 @@ class SubmissionQueues {
   void Woken(int key);
   // Whether the poll thread must not sleep: a queue to look at, or spinning.
   bool Busy() const { return !due_.empty() || !spinning_.empty(); }
-  const std::shared_ptr<SubmissionIntake>* Find(int key) const;
 
   // One round: takes the entries of every queue that is due or spinning with entries ready
   // (at most `max` per queue) and calls admit(key, entries) for each non-empty take.
