@@ -287,6 +287,24 @@ TEST_CASE("impossible indices: the queue is no longer read, the session and othe
   good.Publish(Entries({{2, Request(8)}}));
   CHECK(good.Acks(1)[0].code == 0);
   CHECK(s.server->active_sessions() == 2);
+  // The bad queue is no longer read: with its tail put back and a valid entry published after
+  // it, no acknowledgement comes.
+  {
+    const size_t bytes = wire::RingBytes(128, wire::kSubmissionSlotBytes);
+    void* map = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, bad.sq->memfd(), 0);
+    REQUIRE(map != MAP_FAILED);
+    reinterpret_cast<std::atomic<uint64_t>*>(static_cast<uint8_t*>(map) + 64)->store(1);
+    ::munmap(map, bytes);
+  }
+  bad.Publish(Entries({{3, Request(8)}}));
+  bad.sq->Wake();
+  size_t late_acks = 0;
+  const absl::Time until = absl::Now() + absl::Milliseconds(500);
+  while (absl::Now() < until) {
+    REQUIRE(bad.ack->view().Pop(8, [&](const uint8_t*, size_t) { ++late_acks; }).ok());
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  CHECK(late_acks == 0);
   // The bad session still submits by packets.
   bool sent = false;
   auto answer = bad.conn->Exchange(wire::EncodeSubmit(v1::SubmitTransferRequest()), &sent);
