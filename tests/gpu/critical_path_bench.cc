@@ -476,6 +476,14 @@ int main(int argc, char** argv) {
     Latency("cuda_wake_on_submit: false, 2 ms between transfers", "cuda_wake_on_submit: false", {},
             2000);
     Latency("default (again)", "");
+    // Which part of the session path costs what: SUBMITs admitted on the poll thread instead
+    // of the admission workers, packets instead of the submission queue, and both.
+    Latency("admission on the poll thread (session_admission_workers: 0)",
+            "session_admission_workers: 0");
+    Latency("packets (KVRAIL_SUBMISSION_QUEUE=0)", "", {{"KVRAIL_SUBMISSION_QUEUE", "0"}});
+    Latency("packets, admission on the poll thread", "session_admission_workers: 0",
+            {{"KVRAIL_SUBMISSION_QUEUE", "0"}});
+    Latency("without the done word (KVRAIL_GPU_DONE_WORD=0)", "", {{"KVRAIL_GPU_DONE_WORD", "0"}});
     Latency("default, 2 ms between transfers (again)", "", {}, 2000);
   }
   if (part == "all" || part == "doneword") {
