@@ -80,6 +80,7 @@ absl::StatusOr<DevicePlanBuffer> DevicePlanBuffer::Upload(
   if (!arch.ok()) return arch.status();
   DevicePlanBuffer buffer;
   buffer.stream_ = stream;
+  buffer.layout_ = layout;
   if (absl::Status s = CudaStatus(internal::DeviceAlloc(&buffer.memory_, layout.bytes, stream),
                                   "cudaMallocAsync(plan)");
       !s.ok()) {
@@ -154,17 +155,46 @@ absl::StatusOr<DevicePlanBuffer> DevicePlanBuffer::Upload(
   buffer.plan_.segments =
       buffer.plan_.piece_bytes == 0 && TakesSegmentPath(header, buffer.plan_.access_bytes);
   buffer.plan_.segment_form = SegmentFormOn(SegmentFormFor(header), *arch);
+  buffer.plan_.arch = *arch;
   return buffer;
 }
 
+absl::Status DevicePlanBuffer::UploadBlockIds(const uint32_t* src_blocks,
+                                              const uint32_t* dst_blocks, void* staging,
+                                              size_t staging_bytes) {
+  if (memory_ == nullptr) return absl::FailedPreconditionError("no plan buffer to rewrite");
+  const PlanIdsSection ids = IdsSection(layout_);
+  if (ids.bytes == 0) return absl::OkStatus();
+  uint8_t* at = static_cast<uint8_t*>(memory_) + ids.at;
+  if (WritePlanIds(layout_, src_blocks, dst_blocks, staging, staging_bytes)) {
+    return CudaStatus(internal::CopyToDevice(at, staging, ids.bytes, stream_), "upload block ids");
+  }
+  const std::pair<const void*, size_t> parts[2] = {{src_blocks, 4 * layout_.src_n},
+                                                   {dst_blocks, 4 * layout_.dst_n}};
+  for (const auto& [from, n] : parts) {
+    if (n == 0) continue;
+    if (absl::Status s =
+            CudaStatus(internal::CopyToDevice(at, from, n, stream_), "upload block ids");
+        !s.ok()) {
+      return s;
+    }
+    at += n;
+  }
+  return absl::OkStatus();
+}
+
 DevicePlanBuffer::DevicePlanBuffer(DevicePlanBuffer&& other) noexcept
-    : memory_(std::exchange(other.memory_, nullptr)), stream_(other.stream_), plan_(other.plan_) {}
+    : memory_(std::exchange(other.memory_, nullptr)),
+      stream_(other.stream_),
+      layout_(other.layout_),
+      plan_(other.plan_) {}
 
 DevicePlanBuffer& DevicePlanBuffer::operator=(DevicePlanBuffer&& other) noexcept {
   if (this != &other) {
     if (memory_ != nullptr) internal::DeviceFree(memory_, stream_);
     memory_ = std::exchange(other.memory_, nullptr);
     stream_ = other.stream_;
+    layout_ = other.layout_;
     plan_ = other.plan_;
   }
   return *this;
@@ -206,11 +236,10 @@ absl::Status LaunchKvCopy(const DevicePlan& plan, uint32_t tile_begin, uint32_t 
           absl::StrCat("DevicePlan::segment_form ", static_cast<int>(plan.segment_form),
                        " is a benchmark form: launch it with kernels/kv_copy_forms.h"));
     }
-    absl::StatusOr<KernelArch> arch = CurrentKernelArch();
-    if (!arch.ok()) return arch.status();
+    // The form for the device Upload probed (DevicePlan::arch), not asked again per launch.
     return CudaStatus(
         internal::KvCopySegmentsLaunch(plan.header, tile_begin, tile_end, num_ctas, threads_per_cta,
-                                       SegmentFormOn(plan.segment_form, *arch), stream),
+                                       SegmentFormOn(plan.segment_form, plan.arch), stream),
         "kv_copy launch");
   }
   return CudaStatus(

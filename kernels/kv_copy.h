@@ -13,6 +13,7 @@
 #include "absl/status/statusor.h"
 #include "kernels/device_abi.h"
 #include "kernels/kernel_arch.h"
+#include "kernels/plan_image.h"
 #include "kernels/segment_math.h"
 
 struct CUstream_st;
@@ -35,9 +36,13 @@ struct DevicePlan {
   bool segments = false;
   // The segment path's form, set by Upload (segment_math.h: SegmentFormFor, then kernel_arch.h:
   // SegmentFormOn for the current device). LaunchKvCopy runs the forms the daemon uses
-  // (IsDaemonSegmentForm), a bulk-staged one as SegmentFormOn says for the device it runs on; a
+  // (IsDaemonSegmentForm), a bulk-staged one as SegmentFormOn says for `arch` below; a
   // benchmark picks any form through kv_copy_forms.h.
   SegmentForm segment_form = SegmentForm::kDefault;
+  // What the device the plan was uploaded to runs the kernels as (CurrentKernelArch, probed once
+  // by Upload): the launches choose their forms from it (SegmentFormOn, DigestStagingOn) without
+  // asking the device again. A plan made by hand leaves it unknown: no bulk-copy form runs.
+  KernelArch arch;
 };
 
 // Owns one device allocation holding a plan's header followed by its two block tables.
@@ -63,6 +68,21 @@ class DevicePlanBuffer {
                                                  const uint32_t* dst_blocks, uint64_t src_base,
                                                  uint64_t dst_base, CudaStream stream,
                                                  void* staging = nullptr, size_t staging_bytes = 0);
+  // Rewrites the block-id section (plan_image.h: IdsSection) with another plan's ids, in the
+  // stream order of the buffer's upload: the plan must have the shape the buffer was uploaded
+  // for (plan_image.h: PlanShapeKey equal; so its tables have the same sizes). Kernels enqueued
+  // on that stream before this read the old ids, those after it the new ones; the caller makes
+  // sure no kernel still to be enqueued expects the old ones. With `staging` (pinned) large
+  // enough for the section, the ids are written there and go in one asynchronous copy (keep
+  // `staging` until the stream has passed this point); otherwise one copy per table, read as in
+  // Upload (pageable tables staged before this returns, pinned ones later in stream order).
+  // On an error the section may hold a mix of old and new ids: the buffer must not be used
+  // again.
+  absl::Status UploadBlockIds(const uint32_t* src_blocks, const uint32_t* dst_blocks,
+                              void* staging = nullptr, size_t staging_bytes = 0);
+  // Bytes of the device allocation (the whole image).
+  size_t bytes() const { return layout_.bytes; }
+
   DevicePlanBuffer(DevicePlanBuffer&& other) noexcept;
   DevicePlanBuffer& operator=(DevicePlanBuffer&& other) noexcept;
   DevicePlanBuffer(const DevicePlanBuffer&) = delete;
@@ -75,6 +95,7 @@ class DevicePlanBuffer {
   DevicePlanBuffer() = default;
   void* memory_ = nullptr;
   CudaStream stream_ = nullptr;
+  PlanImageLayout layout_;
   DevicePlan plan_;
 };
 

@@ -27,5 +27,18 @@ TEST_CASE("LaunchKvCopy runs the daemon's segment forms only; a benchmark form i
   }
 }
 
+TEST_CASE("a launch asks the device nothing: the form comes from the arch Upload probed") {
+  // An empty range of a segment-path plan: nothing is launched, and nothing is probed either
+  // (where no GPU answers, a probe per launch would fail it).
+  DevicePlan plan;
+  plan.num_tiles = 4;
+  plan.segments = true;
+  for (const KernelArch arch : {KernelArch{}, KernelArch{90, 90}, KernelArch{90, 80}}) {
+    plan.arch = arch;
+    plan.segment_form = SegmentForm::kDefault;
+    CHECK(LaunchKvCopy(plan, 2, 2, 8, nullptr).ok());
+  }
+}
+
 }  // namespace
 }  // namespace kvrail::kernels

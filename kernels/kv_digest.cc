@@ -36,13 +36,12 @@ absl::Status LaunchKvDigest(const DevicePlan& plan, uint32_t tile_begin, uint32_
                                                    " is a benchmark mode: launch it with "
                                                    "kernels/kv_digest_forms.h"));
   }
-  absl::StatusOr<KernelArch> arch = CurrentKernelArch();
-  if (!arch.ok()) return arch.status();
-  return CudaStatus(
-      internal::KvDigestLaunch(plan.header, tile_begin, tile_end, static_cast<int>(mode),
-                               tile_digests, num_ctas, threads_per_cta, plan.access_bytes,
-                               plan.piece_bytes, static_cast<int>(DigestStagingOn(*arch)), stream),
-      "kv_digest launch");
+  // The staging for the device Upload probed (DevicePlan::arch), not asked again per launch.
+  return CudaStatus(internal::KvDigestLaunch(plan.header, tile_begin, tile_end,
+                                             static_cast<int>(mode), tile_digests, num_ctas,
+                                             threads_per_cta, plan.access_bytes, plan.piece_bytes,
+                                             static_cast<int>(DigestStagingOn(plan.arch)), stream),
+                    "kv_digest launch");
 }
 
 absl::Status ZeroDigests(uint64_t* tile_digests, size_t count, CudaStream stream) {

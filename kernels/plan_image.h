@@ -3,12 +3,15 @@
 // 8-byte aligned after them, the per-layer sides' uint64 layer tables (source first). Pure host
 // code (no CUDA): the upload writes the whole image into pinned staging memory with it (one copy
 // to the GPU instead of up to five, none from pageable memory), and plan_image_test checks it.
-// Thread-safe (no state).
+// The block ids are one contiguous section (IdsSection): a buffer kept on the GPU for a plan's
+// shape (PlanShapeKey) takes a later plan of that shape by rewriting that section alone
+// (DevicePlanBuffer::UploadBlockIds). Thread-safe (no state).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <string>
 
 #include "kernels/device_abi.h"
 
@@ -40,6 +43,29 @@ inline PlanImageLayout LayoutPlanImage(const PlanHeader& header) {
   l.dst_layers_at = l.layers_at + 8 * l.src_l;
   l.bytes = l.dst_layers_at + 8 * l.dst_l;
   return l;
+}
+
+// The image's block-id section: both block tables, back to back (the source's first), the one part
+// of the image that differs between plans of the same shape (PlanShapeKey).
+struct PlanIdsSection {
+  size_t at = 0;  // byte offset in the image
+  size_t bytes = 0;
+};
+
+inline PlanIdsSection IdsSection(const PlanImageLayout& l) {
+  return PlanIdsSection{l.src_blocks_at, l.tables_end - l.src_blocks_at};
+}
+
+// Writes the block-id section (IdsSection(l), as it lies in the image) into `out` (host memory of
+// `out_bytes`); false (nothing written) when it does not fit.
+inline bool WritePlanIds(const PlanImageLayout& l, const uint32_t* src_blocks,
+                         const uint32_t* dst_blocks, void* out, size_t out_bytes) {
+  const PlanIdsSection ids = IdsSection(l);
+  if (out == nullptr || out_bytes < ids.bytes) return false;
+  auto* at = static_cast<uint8_t*>(out);
+  if (l.src_n > 0) std::memcpy(at, src_blocks, 4 * l.src_n);
+  if (l.dst_n > 0) std::memcpy(at + 4 * l.src_n, dst_blocks, 4 * l.dst_n);
+  return true;
 }
 
 // The header the GPU reads when the image starts at device address `device`: the regions'
@@ -79,6 +105,28 @@ inline bool WritePlanImage(const PlanHeader& header, const uint32_t* src_blocks,
                 8 * l.dst_l);
   }
   return true;
+}
+
+// A plan's shape: its image for device address 0 without the block-id section (the header with
+// the sides' bases, the padding, the layer tables' entries). Plans with equal keys have images
+// that differ in IdsSection only, at every device address: a buffer uploaded for one serves the
+// other once that section is rewritten. A region moved or replaced changes the bases or the
+// layer addresses, hence the key. The layer tables are read from the host addresses in
+// header.{src,dst}.layer_bases, as WritePlanImage reads them.
+inline std::string PlanShapeKey(const PlanHeader& header, uint64_t src_base, uint64_t dst_base) {
+  const PlanImageLayout l = LayoutPlanImage(header);
+  const PlanHeader h = DevicePlanHeader(header, l, 0, src_base, dst_base);
+  std::string key(sizeof(h) + 8 * (l.src_l + l.dst_l), '\0');
+  std::memcpy(key.data(), &h, sizeof(h));
+  if (l.src_l > 0) {
+    std::memcpy(key.data() + sizeof(h), reinterpret_cast<const void*>(header.src.layer_bases),
+                8 * l.src_l);
+  }
+  if (l.dst_l > 0) {
+    std::memcpy(key.data() + sizeof(h) + 8 * l.src_l,
+                reinterpret_cast<const void*>(header.dst.layer_bases), 8 * l.dst_l);
+  }
+  return key;
 }
 
 }  // namespace kvrail::kernels
