@@ -62,6 +62,7 @@ engine::CudaEngineOptions CudaEngineOptionsFrom(const v1::DaemonConfig& config) 
       config.has_cuda_critical_ctas() ? static_cast<int>(config.cuda_critical_ctas()) : -1;
   options.wake_on_submit = config.cuda_wake_on_submit();
   options.done_words = config.cuda_done_words();
+  options.warm_plans = config.cuda_warm_plans();
   if (!config.low_latency()) {
     options.dispatcher_spin_us = 0;
     options.staged_plan_upload = false;

@@ -40,9 +40,11 @@ TEST_CASE("CUDA engine: the config's defaults, critical_ctas unset is -1, low_la
   CHECK(o.dispatcher_spin_us == 100);
   CHECK(o.staged_plan_upload);
   CHECK(o.done_words);
+  CHECK(o.warm_plans);
 
   o = CudaEngineOptionsFrom(
-      Finalized("cuda_done_words: false cuda_critical_ctas: 0 cuda_warm_up: false cuda_run_on: "
+      Finalized("cuda_warm_plans: false cuda_done_words: false cuda_critical_ctas: 0 cuda_warm_up: "
+                "false cuda_run_on: "
                 "'destination' low_latency: false "
                 "cuda_stream_wait: true cuda_stream_wait_jobs: 3 critical_limits { max_ctas: 7 }"));
   CHECK(o.critical_ctas == 0);
@@ -53,6 +55,7 @@ TEST_CASE("CUDA engine: the config's defaults, critical_ctas unset is -1, low_la
   CHECK(o.dispatcher_spin_us == 0);
   CHECK_FALSE(o.staged_plan_upload);
   CHECK_FALSE(o.done_words);
+  CHECK_FALSE(o.warm_plans);
   CHECK(o.limits[0].max_ctas == 7);
   CHECK(o.limits[1].max_ctas == 0);
 }

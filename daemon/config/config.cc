@@ -326,6 +326,7 @@ absl::Status FinalizeConfig(v1::DaemonConfig* config) {
   if (config->cuda_stream_wait_jobs() == 0) config->set_cuda_stream_wait_jobs(8);
   if (!config->has_cuda_wake_on_submit()) config->set_cuda_wake_on_submit(true);
   if (!config->has_cuda_done_words()) config->set_cuda_done_words(true);
+  if (!config->has_cuda_warm_plans()) config->set_cuda_warm_plans(true);
   if (!config->has_low_latency()) config->set_low_latency(true);
   if (!config->has_session_admission_workers()) config->set_session_admission_workers(4);
   if (!config->has_session_submission_queue()) config->set_session_submission_queue(true);

@@ -323,6 +323,7 @@ TEST_CASE("fabric: defaults, nics from tcp_listen's host, bad keys named") {
   CHECK(parsed->cuda_warm_up());
   CHECK(parsed->cuda_wake_on_submit());
   CHECK(parsed->cuda_done_words());
+  CHECK(parsed->cuda_warm_plans());
   CHECK(parsed->cuda_stream_wait_jobs() == 8);
 
   auto refused = [](const char* text) {

@@ -10,7 +10,8 @@
 //           daemon's accept, queued (submit -> first tile started), running, and the client's
 //           Wait after the daemon's finish; then the warm medians, a fresh daemon per row.
 //  latency  a 16 MiB critical transfer (1024 x 16 KiB blocks), submit -> completion seen by the
-//           client, p50 / p90 of 200 after 20 warm-ups, with the phase medians.
+//           client, p50 / p90 of 200 after 20 warm-ups, with the phase medians; rows for the
+//           daemon's settings (among them plans kept warm off, against the default beside it).
 // Rows print the median with min-max of their runs. Needs daemon/kvraild through
 // TEST_SRCDIR/TEST_WORKSPACE, as the GPU tests do.
 //  doneword the same 16 MiB transfer, submit -> done seen by a client polling LocalStates, with
@@ -476,6 +477,9 @@ int main(int argc, char** argv) {
     Latency("cuda_wake_on_submit: false, 2 ms between transfers", "cuda_wake_on_submit: false", {},
             2000);
     Latency("default (again)", "");
+    // Each transfer repeats the shape: by default only its block ids are uploaded into the plan
+    // kept on the GPU; off, the whole plan is allocated and uploaded per transfer.
+    Latency("plans kept warm off (cuda_warm_plans: false)", "cuda_warm_plans: false");
     // Which part of the session path costs what: SUBMITs admitted on the poll thread instead
     // of the admission workers, packets instead of the submission queue, and both.
     Latency("admission on the poll thread (session_admission_workers: 0)",

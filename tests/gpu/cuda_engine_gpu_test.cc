@@ -256,6 +256,102 @@ TEST_CASE("two GPUs, copy engines only vs host twin") {
   RunRandomCases(CopyEnginesOnlyArgs(dir), "cuda-copy-engine", 30, /*peer=*/true);
 }
 
+// The same transfer with other block ids (the source's drawn again, the destination's
+// shuffled): the same plan shape.
+planner::testing::RandomCase OtherIds(const planner::testing::RandomCase& c, std::mt19937_64& rng) {
+  planner::testing::RandomCase o = c;
+  for (auto& id : *o.spec.mutable_src()->mutable_block_ids()) {
+    id = static_cast<uint32_t>(rng() % c.src.layout.num_blocks);
+  }
+  auto* dst = o.spec.mutable_dst()->mutable_block_ids();
+  std::shuffle(dst->begin(), dst->end(), rng);
+  return o;
+}
+
+// What the engines line says of plans kept warm: jobs that uploaded their block ids only.
+uint64_t WarmPlanHits(client::Client& cl) {
+  auto stats = cl.GetStats();
+  REQUIRE(stats.ok());
+  uint64_t hits = 0;
+  for (const auto& e : stats->engines()) {
+    WARN("engine: " << e);
+    const size_t at = e.find("warm plans: ");
+    if (at != std::string::npos) hits += std::stoull(e.substr(at + 12));
+  }
+  return hits;
+}
+
+// Plans kept warm: one pair of regions per case and transfers of one shape with other block ids
+// each time, one after another; all but the first rewrite only the ids of the plan kept on the
+// GPU, and each lands byte for byte where its own tables say (the poisoned destination compared
+// whole, with the host twin run over every transfer so far in order).
+void RunWarmCases(const std::vector<std::string>& daemon_args, bool warm) {
+  testing::LiveDaemon live(daemon_args);
+  client::Client& cl = *live.client;
+  std::mt19937_64 rng(4321);
+  const Kind local[3][2] = {
+      {Kind::kGpu, Kind::kGpu}, {Kind::kGpu, Kind::kHost}, {Kind::kHost, Kind::kGpu}};
+  uint64_t want_hits = 0;
+  for (int i = 0; i < 18; ++i) {
+    planner::testing::RandomCase c = i % 2 == 0 ? planner::testing::RandomPagedCase(rng)
+                                                : planner::testing::RandomServingCase(rng);
+    const Kind* k = local[i % 3];
+    INFO("case " << i << " src " << KindName(k[0]) << " dst " << KindName(k[1]));
+    std::vector<uint8_t> src(c.src.size_bytes);
+    for (auto& b : src) b = static_cast<uint8_t>(rng());
+    std::vector<uint8_t> want(c.dst.size_bytes, kPoison);
+    Side s = MakeSide(cl, k[0], &c.src_layout, c.src.size_bytes, false, src);
+    Side d = MakeSide(cl, k[1], &c.dst_layout, c.dst.size_bytes, true, want);
+    bool kept = false;
+    for (int n = 0; n < 4; ++n) {
+      INFO("transfer " << n << ": " << c.ToString());
+      absl::StatusOr<planner::Plan> plan = planner::MakePlan(c.spec, c.src, c.dst, c.options);
+      REQUIRE(plan.ok());
+      for (uint32_t t = 0; t < plan->num_tiles(); ++t) {
+        planner::ExecuteTileHost(*plan, t, src.data(), want.data());
+      }
+      v1::TransferSpec spec = c.spec;
+      spec.mutable_src()->set_region_id(s.info.region_id());
+      spec.mutable_dst()->set_region_id(d.info.region_id());
+      auto submitted = cl.Submit(spec);
+      REQUIRE(submitted.ok());
+      auto status = cl.Wait(submitted->transfer_id(), absl::Seconds(30));
+      REQUIRE(status.ok());
+      INFO(status->DebugString());
+      REQUIRE(status->state() == v1::TRANSFER_STATE_SUCCEEDED);
+      // A kernel job's plan is uploaded (a copy-engine job has none, and the mode follows the
+      // ids' runs): a kernel job finds a plan kept when one of the shape ran on the kernel before.
+      if (status->engine().find("cuda-kernel") != std::string::npos) {
+        if (warm && kept) ++want_hits;
+        kept = true;
+      }
+      const std::vector<uint8_t> got = d.Read(c.dst.size_bytes);
+      size_t first = 0;
+      while (first < got.size() && got[first] == want[first]) ++first;
+      INFO("first differing byte " << first << " of " << got.size());
+      CHECK(got == want);
+      c = OtherIds(c, rng);
+    }
+    REQUIRE(cl.UnregisterRegion(s.info.region_id()).ok());
+    REQUIRE(cl.UnregisterRegion(d.info.region_id()).ok());
+  }
+  CHECK(WarmPlanHits(cl) == want_hits);
+  if (warm) CHECK(want_hits > 0);
+}
+
+TEST_CASE("CUDA engine, warm plans: a repeated shape with other block ids vs host twin") {
+  if (!HaveGpu()) return;
+  RunWarmCases({}, /*warm=*/true);
+}
+
+TEST_CASE("CUDA engine, warm plans off: the same transfers upload whole plans vs host twin") {
+  if (!HaveGpu()) return;
+  testing::TempDir dir;
+  const std::string path = dir.path() + "/cold.textproto";
+  std::ofstream(path) << "cuda_warm_plans: false\n";
+  RunWarmCases({"--config", path}, /*warm=*/false);
+}
+
 // Plans keep their block tables in the CUDA engine's pinned pool, which the engine uploads
 // asynchronously and recycles for the next plans: many transfers with large, different tables
 // in flight at once must each land exactly where their own table says.

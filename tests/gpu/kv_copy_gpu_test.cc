@@ -8,12 +8,14 @@
 #include <cstdio>
 #include <numeric>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "daemon/planner/planner.h"
 #include "daemon/planner/testing/random_case.h"
 #include "kernels/kv_copy.h"
 #include "kernels/kv_copy_forms.h"
+#include "kernels/plan_image.h"
 #include "tests/gpu/gpu_skip.h"
 #include "tests/gpu/gpu_util.h"
 
@@ -291,6 +293,73 @@ TEST_CASE("kernel == host twin into mapped pinned host memory") {
   for (int n = 0; n < 60; ++n) {
     RunCase(planner::testing::RandomPagedCase(rng), rng, /*dst_on_host=*/true, 0);
   }
+}
+
+// A plan buffer kept for its shape and rewritten with other ids (DevicePlanBuffer::UploadBlockIds,
+// what the CUDA engine's warm plans do): the source's ids drawn again and the destination's
+// shuffled (the same shape), rewritten through pinned staging and straight from the tables in
+// turn; each launch after a rewrite moves that plan's blocks, compared whole with the host twin
+// run over every plan so far in order.
+TEST_CASE("a kept plan buffer with other block ids (UploadBlockIds) == host twin") {
+  if (!HaveGpu()) return;
+  std::mt19937_64 rng(2027);
+  void* staging_dev = nullptr;
+  const size_t staging_bytes = 1 << 20;
+  void* staging = gpu_test::HostAllocMapped(staging_bytes, &staging_dev);
+  for (int n = 0; n < 60; ++n) {
+    planner::testing::RandomCase c = n % 2 == 0 ? planner::testing::RandomPagedCase(rng)
+                                                : planner::testing::RandomServingCase(rng);
+    INFO(c.ToString());
+    std::vector<uint8_t> src(c.src.size_bytes);
+    for (auto& b : src) b = static_cast<uint8_t>(rng());
+    std::vector<uint8_t> want(c.dst.size_bytes, kPoison);
+    uint8_t* src_dev = static_cast<uint8_t*>(gpu_test::DeviceAlloc(src.size()));
+    gpu_test::CopyToDevice(src_dev, src.data(), src.size());
+    uint8_t* dst_dev = static_cast<uint8_t*>(gpu_test::DeviceAlloc(want.size()));
+    gpu_test::Memset(dst_dev, kPoison, want.size());
+    const auto src_base = reinterpret_cast<uint64_t>(src_dev);
+    const auto dst_base = reinterpret_cast<uint64_t>(dst_dev);
+    absl::StatusOr<Plan> plan = planner::MakePlan(c.spec, c.src, c.dst, c.options);
+    REQUIRE(plan.ok());
+    const std::string shape = kernels::PlanShapeKey(plan->header(), src_base, dst_base);
+    absl::StatusOr<kernels::DevicePlanBuffer> dp =
+        kernels::DevicePlanBuffer::Upload(plan->header(), plan->src_blocks().data(),
+                                          plan->dst_blocks().data(), src_base, dst_base, nullptr);
+    REQUIRE(dp.ok());
+    for (int k = 0; k < 4; ++k) {
+      INFO("plan " << k);
+      if (k > 0) {
+        for (auto& id : *c.spec.mutable_src()->mutable_block_ids()) {
+          id = static_cast<uint32_t>(rng() % c.src.layout.num_blocks);
+        }
+        auto* dst_ids = c.spec.mutable_dst()->mutable_block_ids();
+        std::shuffle(dst_ids->begin(), dst_ids->end(), rng);
+        plan = planner::MakePlan(c.spec, c.src, c.dst, c.options);
+        REQUIRE(plan.ok());
+        REQUIRE(kernels::PlanShapeKey(plan->header(), src_base, dst_base) == shape);
+        const bool staged = k % 2 == 1;
+        REQUIRE(dp->UploadBlockIds(plan->src_blocks().data(), plan->dst_blocks().data(),
+                                   staged ? staging : nullptr, staged ? staging_bytes : 0)
+                    .ok());
+      }
+      for (uint32_t t = 0; t < plan->num_tiles(); ++t) {
+        planner::ExecuteTileHost(*plan, t, src.data(), want.data());
+      }
+      REQUIRE(kernels::LaunchKvCopy(dp->plan(), 0, plan->num_tiles(), 16, nullptr).ok());
+      gpu_test::Sync();  // the staging and the tables are reused by the next rewrite
+    }
+    std::vector<uint8_t> got(want.size());
+    gpu_test::CopyToHost(got.data(), dst_dev, got.size());
+    if (got != want) {
+      size_t first = 0;
+      while (want[first] == got[first]) ++first;
+      FAIL("first mismatch at dst byte " << first << ": kernel " << int(got[first])
+                                         << ", host twin " << int(want[first]));
+    }
+    gpu_test::DeviceFree(src_dev);
+    gpu_test::DeviceFree(dst_dev);
+  }
+  gpu_test::HostFree(staging);
 }
 
 TEST_CASE("launch errors are statuses") {

@@ -5,6 +5,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <map>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -100,6 +101,15 @@ class CudaEngine final : public Engine {
   std::vector<uint64_t> QueuedTiles() const override {
     std::vector<uint64_t> out(kNumPriorityClasses, 0);
     for (const auto& w : workers_) w->AddQueued(&out);
+    return out;
+  }
+
+  // Summed over the GPUs (counters and what is kept alike).
+  std::map<std::string, double> Gauges() const override {
+    std::map<std::string, double> out;
+    for (const auto& w : workers_) {
+      for (const auto& [name, value] : w->Gauges()) out[name] += value;
+    }
     return out;
   }
 

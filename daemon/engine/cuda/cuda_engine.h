@@ -77,6 +77,14 @@ struct CudaEngineOptions {
   // daemon thread in between (docs/architecture.md, "GPU-written completion"). Off: the word is
   // never written; clients read the completion queue as before.
   bool done_words = true;
+  // Plans kept warm: a job's uploaded plan buffer stays on the GPU after the job, keyed by the
+  // plan's shape (everything in its image but the block ids: layouts, bases, tiling), and a later
+  // job of that shape rewrites only the ids in it instead of allocating and uploading the whole
+  // plan (warm_plans.h). At most `warm_plan_entries` buffers and `warm_plan_bytes` per GPU, the
+  // least recently used evicted first. Off: every job uploads its whole plan.
+  bool warm_plans = true;
+  int warm_plan_entries = 32;
+  uint64_t warm_plan_bytes = 16 << 20;
 };
 
 // The engine is thread-safe (engine.h). FAILED_PRECONDITION (with the runtime's reason) when

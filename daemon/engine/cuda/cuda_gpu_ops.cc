@@ -66,6 +66,7 @@ class CudaPlan final : public GpuPlan {
  public:
   explicit CudaPlan(kernels::DevicePlanBuffer b) : b_(std::move(b)) {}
   const kernels::DevicePlan& plan() const { return b_.plan(); }
+  kernels::DevicePlanBuffer& buffer() { return b_; }
 
  private:
   kernels::DevicePlanBuffer b_;
@@ -207,6 +208,11 @@ class CudaGpuOps final : public GpuOps {
                                 reinterpret_cast<uint64_t>(src), reinterpret_cast<uint64_t>(dst),
                                 S(stream), staging, staging_bytes));
     return std::make_unique<CudaPlan>(std::move(buffer));
+  }
+  absl::Status UploadBlockIds(GpuPlan& resident, const planner::Plan& plan, void* staging,
+                              size_t staging_bytes) override {
+    return static_cast<CudaPlan&>(resident).buffer().UploadBlockIds(
+        plan.src_blocks().data(), plan.dst_blocks().data(), staging, staging_bytes);
   }
   absl::Status DisarmPlan(GpuPlan& plan, GpuStream& stream) override {
     auto* header = reinterpret_cast<uint8_t*>(

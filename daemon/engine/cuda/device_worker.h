@@ -3,6 +3,7 @@
 // and then runs the Dispatcher; the gate's watchdog runs on a thread of its own (stream_wait).
 #pragma once
 
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -38,6 +39,8 @@ class DeviceWorker {
   // Engine::AdmitGated for this GPU (scheduler::GateSlots decides).
   bool AdmitGated(const std::shared_ptr<Job>& job);
   std::string Describe() const;
+  // This GPU's numeric state for metrics (WorkerStats::Gauges).
+  std::map<std::string, double> Gauges() const { return stats_.Gauges(); }
   // Blocks until the dispatcher has warmed its GPU up (or found it cannot).
   void AwaitWarm() const { stats_.AwaitWarm(); }
 

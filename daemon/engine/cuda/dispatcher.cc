@@ -35,11 +35,17 @@ Dispatcher::Dispatcher(GpuOps* ops, const Clock* clock, const CudaEngineOptions&
       gate_(gate),
       stats_(stats),
       stager_(ops),
+      warm_(ops,
+            options.warm_plans
+                ? WarmPlans::Limits{static_cast<size_t>(std::max(0, options.warm_plan_entries)),
+                                    static_cast<size_t>(options.warm_plan_bytes)}
+                : WarmPlans::Limits{}),
       tuners_(options) {}
 
 Dispatcher::~Dispatcher() {
   for (auto& entry : states_) Drop(std::move(entry.second));
   states_.clear();
+  warm_.Clear();
   gate_->Reap();
 }
 
@@ -160,6 +166,12 @@ void Dispatcher::Drop(std::unique_ptr<JobState> state) {
     bool sticky = false;
     (void)ops_->Wait(*state->uploaded, &sticky);
   }
+  // Every batch of the job has completed (or its streams were waited for): its plan buffer is
+  // kept for the next job of its shape, behind an event after everything enqueued so far.
+  if (state->warm.has_value() && state->plan != nullptr && stats_->broken().ok()) {
+    warm_.Give(*std::move(state->warm), std::move(state->plan));
+    stats_->WarmPlansKept(warm_.entries(), warm_.bytes());
+  }
   state.reset();
   gate_->Reap();
 }
@@ -263,7 +275,8 @@ absl::Status Dispatcher::SetUp(JobState& s) {
   s.progress.setup_mode = t_upload - t0 - s.progress.setup_addresses;
   // A digest job needs the uploaded plan in copy-engine mode too (its hash kernels).
   if (run.mode == scheduler::Mode::kKernel || job.wants_digest()) {
-    KVRAIL_RETURN_IF_ERROR(UploadPlan(s));
+    // A gated job's plan is its own: the gate's abort zeroes its tile count on the GPU.
+    KVRAIL_RETURN_IF_ERROR(UploadPlan(s, /*keep=*/!gate.has_value()));
   }
   if (job.wants_digest()) {
     KVRAIL_ASSIGN_OR_RETURN(s.digests,
@@ -289,23 +302,68 @@ absl::Status Dispatcher::SetUp(JobState& s) {
   return absl::OkStatus();
 }
 
-absl::Status Dispatcher::UploadPlan(JobState& s) {
+absl::Status Dispatcher::UploadPlan(JobState& s, bool keep) {
   const planner::Plan& plan = s.RunPlan();
+  const kernels::PlanImageLayout layout = kernels::LayoutPlanImage(plan.header());
+  std::string key;
+  if (keep && warm_.enabled()) {
+    key = kernels::PlanShapeKey(plan.header(), reinterpret_cast<uint64_t>(s.src),
+                                reinterpret_cast<uint64_t>(s.dst));
+    std::unique_ptr<GpuPlan> warm = TakeWarm(s, key);
+    stats_->WarmPlan(warm != nullptr);
+    if (warm != nullptr) {
+      s.plan = std::move(warm);
+      stats_->WarmPlansKept(warm_.entries(), warm_.bytes());
+      return absl::OkStatus();
+    }
+  }
   // From a pinned staging slot when one is free: the whole image in one copy when it fits (the
   // tables are then copied on the host and need not be held), else the header.
   PlanStager::Slot* staging = options_.staged_plan_upload ? stager_.Take() : nullptr;
-  const bool staged_whole =
-      staging != nullptr && kernels::LayoutPlanImage(plan.header()).bytes <= kStagingSlotBytes;
+  const bool staged_whole = staging != nullptr && layout.bytes <= kStagingSlotBytes;
   KVRAIL_ASSIGN_OR_RETURN(s.plan, ops_->UploadPlan(plan, s.src, s.dst, ops_->main_stream(),
                                                    staging != nullptr ? staging->memory : nullptr,
                                                    staging != nullptr ? kStagingSlotBytes : 0));
+  if (!key.empty()) s.warm = WarmPlans::Ticket{std::move(key), layout.bytes, nullptr};
   if (staging != nullptr) KVRAIL_RETURN_IF_ERROR(stager_.Used(*staging));
-  if (!staged_whole && (plan.src_blocks().pinned() || plan.dst_blocks().pinned())) {
-    KVRAIL_ASSIGN_OR_RETURN(s.uploaded, ops_->CreateEvent());
-    KVRAIL_RETURN_IF_ERROR(ops_->Record(*s.uploaded, ops_->main_stream()));
-    s.src_tables = plan.src_blocks().Hold();
-    s.dst_tables = plan.dst_blocks().Hold();
+  if (!staged_whole) KVRAIL_RETURN_IF_ERROR(HoldTables(s));
+  return absl::OkStatus();
+}
+
+std::unique_ptr<GpuPlan> Dispatcher::TakeWarm(JobState& s, const std::string& key) {
+  std::optional<WarmPlans::Kept> kept = warm_.Take(key);
+  if (!kept.has_value()) return nullptr;
+  const planner::Plan& plan = s.RunPlan();
+  // Only the ids move: through a staging slot when they fit (one copy, the tables need not be
+  // held), else straight from the tables.
+  const kernels::PlanIdsSection ids = kernels::IdsSection(kernels::LayoutPlanImage(plan.header()));
+  PlanStager::Slot* staging =
+      options_.staged_plan_upload && ids.bytes > 0 ? stager_.Take() : nullptr;
+  const bool staged = staging != nullptr && ids.bytes <= kStagingSlotBytes;
+  absl::Status wrote =
+      ops_->UploadBlockIds(*kept->plan, plan, staging != nullptr ? staging->memory : nullptr,
+                           staging != nullptr ? kStagingSlotBytes : 0);
+  if (wrote.ok() && staging != nullptr) wrote = stager_.Used(*staging);
+  if (wrote.ok() && !staged && ids.bytes > 0) wrote = HoldTables(s);
+  if (!wrote.ok()) {
+    // Its ids may be half written: the buffer is freed (in stream order) and never kept again;
+    // the job uploads its whole plan instead.
+    stats_->WarmPlanIdsFailed(wrote);
+    return nullptr;
   }
+  s.warm = std::move(kept->ticket);
+  return std::move(kept->plan);
+}
+
+absl::Status Dispatcher::HoldTables(JobState& s) {
+  const planner::Plan& plan = s.RunPlan();
+  if (!plan.src_blocks().pinned() && !plan.dst_blocks().pinned()) return absl::OkStatus();
+  if (s.uploaded == nullptr) {
+    KVRAIL_ASSIGN_OR_RETURN(s.uploaded, ops_->CreateEvent());
+  }
+  KVRAIL_RETURN_IF_ERROR(ops_->Record(*s.uploaded, ops_->main_stream()));
+  s.src_tables = plan.src_blocks().Hold();
+  s.dst_tables = plan.dst_blocks().Hold();
   return absl::OkStatus();
 }
 

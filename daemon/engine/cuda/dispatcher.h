@@ -22,6 +22,7 @@
 #include "daemon/engine/cuda/gpu_ops.h"
 #include "daemon/engine/cuda/plan_stager.h"
 #include "daemon/engine/cuda/tuners.h"
+#include "daemon/engine/cuda/warm_plans.h"
 #include "daemon/engine/cuda/worker_stats.h"
 #include "daemon/engine/engine.h"
 #include "daemon/scheduler/cuda_batch_policy.h"
@@ -100,6 +101,8 @@ struct JobState {
   std::optional<planner::Plan> device_plan;
   const planner::Plan& RunPlan() const { return device_plan ? *device_plan : job->plan(); }
   std::unique_ptr<GpuPlan> plan;
+  // `plan` goes back to the warm plans when the state is dropped (not for gated jobs).
+  std::optional<WarmPlans::Ticket> warm;
   std::unique_ptr<GpuDigests> digests;  // spec.digest
   // Tables uploaded from pinned memory are read after SetUp returns: held until `uploaded` has
   // passed (waited for when the state is dropped).
@@ -130,6 +133,7 @@ class Dispatcher {
 
   Tuners& tuners() { return tuners_; }
   PlanStager& stager() { return stager_; }
+  const WarmPlans& warm_plans() const { return warm_; }
 
   // One turn of the loop: completes what is due, takes and launches the next batch, drops the
   // states of ended jobs. `block`: waits (idle spin, then sleep) for work when there is none.
@@ -153,7 +157,13 @@ class Dispatcher {
  private:
   JobState& StateFor(const std::shared_ptr<Job>& job);
   absl::Status SetUp(JobState& s);
-  absl::Status UploadPlan(JobState& s);
+  // `keep`: the plan may come from (and go back to) the warm plans.
+  absl::Status UploadPlan(JobState& s, bool keep);
+  // A kept plan of the job's shape with the job's ids written into it; nullptr when none is kept
+  // or its ids could not be written (that buffer is then dropped).
+  std::unique_ptr<GpuPlan> TakeWarm(JobState& s, const std::string& key);
+  // Pinned tables read later in stream order (an unstaged upload): held until `uploaded` passed.
+  absl::Status HoldTables(JobState& s);
 
   // Drops the states of jobs with nothing queued or running that will get no more tiles: chosen
   // under the queue lock, let go after it (gates retired, references dropped, outside locks).
@@ -189,6 +199,7 @@ class Dispatcher {
   GpuGate* const gate_;
   WorkerStats* const stats_;
   PlanStager stager_;
+  WarmPlans warm_;
   Tuners tuners_;
   std::unordered_map<const Job*, std::unique_ptr<JobState>> states_;
   std::deque<Batch> in_flight_;

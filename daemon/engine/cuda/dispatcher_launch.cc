@@ -238,6 +238,9 @@ void Dispatcher::Complete(Batch& b) {
       stats_->Broke(absl::FailedPreconditionError(absl::StrCat(
           "GPU", ops_->device(), " is unusable in this kvraild after an earlier kernel fault (",
           status.message(), "); restart kvraild to use it again")));
+      // The kept plan buffers are as unusable as the rest of the context.
+      warm_.Clear();
+      stats_->WarmPlansKept(0, 0);
     }
   } else if (b.enqueued || b.copy_enqueued) {
     // The launch failed after part of it reached the streams (a kernel, copies, waits): its

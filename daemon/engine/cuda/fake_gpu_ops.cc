@@ -1,5 +1,6 @@
 #include "daemon/engine/cuda/fake_gpu_ops.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -7,6 +8,8 @@
 
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "kernels/plan_image.h"
+#include "kernels/plan_math.h"
 
 namespace kvrail::engine::cuda_detail {
 
@@ -23,11 +26,25 @@ struct FakeEvent final : public GpuEvent {
   uint64_t at = 0;        // fake GPU time it passed at
 };
 
+// A plan's device memory: the image as DevicePlanBuffer lays it out (kernels/plan_image.h), its
+// header's pointers real host addresses inside it, so the fake kernel reads header, ids and layer
+// tables from it as the GPU's would. Shared with the operations that fill and read it (freed in
+// stream order, as cudaFreeAsync).
+struct FakeImage {
+  explicit FakeImage(size_t bytes) : words((bytes + 7) / 8 + 1, kPoison) {}
+  static constexpr uint64_t kPoison = 0xabababababababab;  // read before its upload: garbage
+  uint8_t* bytes() { return reinterpret_cast<uint8_t*>(words.data()); }
+  const kernels::PlanHeader& header() const {
+    return *reinterpret_cast<const kernels::PlanHeader*>(words.data());
+  }
+  std::vector<uint64_t> words;
+  int pending_readers = 0;  // kernels enqueued on it and not run yet
+};
+
 struct FakePlan final : public GpuPlan {
-  const planner::Plan* plan = nullptr;
-  const uint8_t* src = nullptr;
-  uint8_t* dst = nullptr;
-  uint32_t num_tiles = 0;  // zeroed by DisarmPlan's operation
+  std::shared_ptr<FakeImage> image;
+  kernels::PlanImageLayout layout;
+  size_t stream = 0;  // of its upload
 };
 
 struct FakeDigests final : public GpuDigests {
@@ -54,6 +71,36 @@ void CopyRun(const scheduler::CopyRun& r, const uint8_t* src, uint8_t* dst) {
 }
 
 FakeEvent& Ev(GpuEvent& e) { return static_cast<FakeEvent&>(e); }
+
+// The kernel's work for one tile, read from the uploaded image only: the walk of
+// planner::ForEachTileRun over the image's header and tables, each chunk copied between the
+// header's bases (kernels/plan_math.h, as the kernel and the host twin compute them).
+void RunImageTile(const kernels::PlanHeader& h, uint32_t tile) {
+  namespace k = ::kvrail::kernels;
+  const k::TileDesc t = k::TileAt(h, tile);
+  const uint64_t src = k::SideBase(h.src, h.src.base), dst = k::SideBase(h.dst, h.dst.base);
+  auto copy = [&](uint64_t s, uint64_t d, uint64_t n) {
+    std::memmove(reinterpret_cast<void*>(dst + d), reinterpret_cast<const void*>(src + s), n);
+  };
+  if (static_cast<k::ChunkKind>(h.chunk_kind) == k::ChunkKind::kBytes) {
+    copy(h.src.origin + t.byte_begin, h.dst.origin + t.byte_begin, t.byte_end - t.byte_begin);
+    return;
+  }
+  const auto* sb = reinterpret_cast<const uint32_t*>(h.src.block_table);
+  const auto* db = reinterpret_cast<const uint32_t*>(h.dst.block_table);
+  uint64_t pos = t.byte_begin;
+  uint32_t c = static_cast<uint32_t>(pos / h.chunk_bytes);
+  uint64_t r = pos % h.chunk_bytes;
+  const k::LayerSpan layer = k::LayerAt(h, t.layer);
+  while (pos < t.byte_end) {
+    const k::ChunkSpan span = k::ChunkAtInLayer(h, sb, db, layer, t.part, c);
+    const uint64_t n = std::min(span.bytes - r, t.byte_end - pos);
+    copy(span.src + r, span.dst + r, n);
+    pos += n;
+    ++c;
+    r = 0;
+  }
+}
 
 }  // namespace
 
@@ -113,6 +160,26 @@ int FakeGpuOps::pending_ops() const {
 int FakeGpuOps::streams_made() const {
   absl::MutexLock lock(&mu_);
   return static_cast<int>(queues_.size());
+}
+
+uint64_t FakeGpuOps::upload_bytes() const {
+  absl::MutexLock lock(&mu_);
+  return upload_bytes_;
+}
+
+int FakeGpuOps::plans_made() const {
+  absl::MutexLock lock(&mu_);
+  return plans_made_;
+}
+
+int FakeGpuOps::id_uploads() const {
+  absl::MutexLock lock(&mu_);
+  return id_uploads_;
+}
+
+int FakeGpuOps::overwrites_while_read() const {
+  absl::MutexLock lock(&mu_);
+  return overwrites_while_read_;
 }
 
 int FakeGpuOps::kernels_run() const {
@@ -277,19 +344,97 @@ absl::StatusOr<std::unique_ptr<GpuPlan>> FakeGpuOps::UploadPlan(const planner::P
   absl::MutexLock lock(&mu_);
   if (absl::Status s = Injected("UploadPlan"); !s.ok()) return s;
   auto p = std::make_unique<FakePlan>();
-  p->plan = &plan;
-  p->src = src;
-  p->dst = dst;
-  p->num_tiles = plan.num_tiles();
+  const kernels::PlanHeader& header = plan.header();
+  p->layout = kernels::LayoutPlanImage(header);
+  p->image = std::make_shared<FakeImage>(p->layout.bytes);
+  p->stream = static_cast<Stream&>(stream).index;
+  const uint64_t device = reinterpret_cast<uint64_t>(p->image->bytes());
+  const auto src_base = reinterpret_cast<uint64_t>(src);
+  const auto dst_base = reinterpret_cast<uint64_t>(dst);
+  ++plans_made_;
+  upload_bytes_ += p->layout.bytes;
+  std::shared_ptr<FakeImage> image = p->image;
+  const size_t n = p->layout.bytes;
+  if (kernels::WritePlanImage(header, plan.src_blocks().data(), plan.dst_blocks().data(), src_base,
+                              dst_base, device, staging, staging_bytes)) {
+    // One copy from the staging, read when the stream gets there (as the copy engine reads it).
+    Push(stream, Op{[image, staging, n] {
+                      std::memcpy(image->bytes(), staging, n);
+                      return true;
+                    },
+                    false});
+  } else {
+    // Pageable parts are staged now (the driver does so before cudaMemcpyAsync returns); pinned
+    // tables are read when the stream gets there.
+    auto now = std::make_shared<std::vector<uint8_t>>(n);
+    kernels::WritePlanImage(header, plan.src_blocks().data(), plan.dst_blocks().data(), src_base,
+                            dst_base, device, now->data(), n);
+    const kernels::PlanImageLayout l = p->layout;
+    const uint32_t* sb = plan.src_blocks().pinned() ? plan.src_blocks().data() : nullptr;
+    const uint32_t* db = plan.dst_blocks().pinned() ? plan.dst_blocks().data() : nullptr;
+    Push(stream, Op{[image, now, l, sb, db] {
+                      std::memcpy(image->bytes(), now->data(), now->size());
+                      if (sb != nullptr)
+                        std::memcpy(image->bytes() + l.src_blocks_at, sb, 4 * l.src_n);
+                      if (db != nullptr)
+                        std::memcpy(image->bytes() + l.dst_blocks_at, db, 4 * l.dst_n);
+                      return true;
+                    },
+                    false});
+  }
   return std::unique_ptr<GpuPlan>(std::move(p));
+}
+
+absl::Status FakeGpuOps::UploadBlockIds(GpuPlan& resident, const planner::Plan& plan, void* staging,
+                                        size_t staging_bytes) {
+  absl::MutexLock lock(&mu_);
+  auto& p = static_cast<FakePlan&>(resident);
+  const kernels::PlanImageLayout& l = p.layout;
+  if (plan.src_blocks().size() != l.src_n || plan.dst_blocks().size() != l.dst_n) {
+    return absl::InvalidArgumentError(
+        "fake GPU: block ids of another shape than the resident plan");
+  }
+  if (absl::Status s = Injected("UploadBlockIds"); !s.ok()) return s;
+  if (p.image->pending_readers > 0) ++overwrites_while_read_;
+  const kernels::PlanIdsSection ids = kernels::IdsSection(l);
+  ++id_uploads_;
+  upload_bytes_ += ids.bytes;
+  std::shared_ptr<FakeImage> image = p.image;
+  std::deque<Op>& queue = queues_[p.stream];  // the upload's stream
+  if (kernels::WritePlanIds(l, plan.src_blocks().data(), plan.dst_blocks().data(), staging,
+                            staging_bytes)) {
+    queue.push_back(Op{[image, staging, ids] {
+                         std::memcpy(image->bytes() + ids.at, staging, ids.bytes);
+                         return true;
+                       },
+                       false});
+    return absl::OkStatus();
+  }
+  auto now = std::make_shared<std::vector<uint8_t>>(ids.bytes);
+  kernels::WritePlanIds(l, plan.src_blocks().data(), plan.dst_blocks().data(), now->data(),
+                        now->size());
+  const uint32_t* sb = plan.src_blocks().pinned() ? plan.src_blocks().data() : nullptr;
+  const uint32_t* db = plan.dst_blocks().pinned() ? plan.dst_blocks().data() : nullptr;
+  queue.push_back(Op{[image, now, l, sb, db, ids] {
+                       std::memcpy(image->bytes() + ids.at, now->data(), ids.bytes);
+                       if (sb != nullptr)
+                         std::memcpy(image->bytes() + l.src_blocks_at, sb, 4 * l.src_n);
+                       if (db != nullptr)
+                         std::memcpy(image->bytes() + l.dst_blocks_at, db, 4 * l.dst_n);
+                       return true;
+                     },
+                     false});
+  return absl::OkStatus();
 }
 
 absl::Status FakeGpuOps::DisarmPlan(GpuPlan& plan, GpuStream& stream) {
   absl::MutexLock lock(&mu_);
   if (absl::Status s = Injected("DisarmPlan"); !s.ok()) return s;
-  auto* p = &static_cast<FakePlan&>(plan);
-  Push(stream, Op{[p] {
-                    p->num_tiles = 0;
+  std::shared_ptr<FakeImage> image = static_cast<FakePlan&>(plan).image;
+  Push(stream, Op{[image] {
+                    const uint32_t zero = 0;
+                    std::memcpy(image->bytes() + offsetof(kernels::PlanHeader, num_tiles), &zero,
+                                sizeof(zero));
                     return true;
                   },
                   false});
@@ -301,18 +446,18 @@ absl::Status FakeGpuOps::LaunchCopy(GpuPlan& plan, uint32_t begin, uint32_t end,
   absl::MutexLock lock(&mu_);
   if (absl::Status s = Injected("LaunchCopy"); !s.ok()) return s;
   if (ctas <= 0) return absl::InvalidArgumentError("fake GPU: a kernel of no CTAs");
-  auto* p = &static_cast<FakePlan&>(plan);
-  Push(stream, Op{[this, p, begin, end]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  std::shared_ptr<FakeImage> image = static_cast<FakePlan&>(plan).image;
+  ++image->pending_readers;
+  Push(stream, Op{[this, image, begin, end]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
                     if (fault_next_kernel_) {
                       fault_next_kernel_ = false;
                       faulted_ = true;
                       return false;
                     }
-                    std::vector<scheduler::CopyRun> runs;
-                    for (uint32_t t = begin; t < end && t < p->num_tiles; ++t) {
-                      scheduler::AppendTileRuns(*p->plan, t, &runs);
-                    }
-                    for (const auto& r : runs) CopyRun(r, p->src, p->dst);
+                    // Header, ids and layer tables as the image holds them when the kernel runs.
+                    const kernels::PlanHeader h = image->header();
+                    for (uint32_t t = begin; t < end && t < h.num_tiles; ++t) RunImageTile(h, t);
+                    --image->pending_readers;
                     ++kernels_run_;
                     return true;
                   },

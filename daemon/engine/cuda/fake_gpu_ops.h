@@ -1,10 +1,11 @@
 // A GPU for tests, on the CPU: GpuOps whose streams are queues of operations that run in order
 // when the dispatcher looks (Passed), waits (Wait, Synchronize) or the test says (Run). Kernels
-// and copy-engine batches really copy (the plan's runs between host addresses), a disarmed plan
-// copies nothing, word waits block their stream until the host word has reached the value, and
-// chosen calls fail (FailNext), and a kernel may fault as it runs (FaultNextKernel: as on a GPU,
-// the fault is sticky and nothing after it runs on any stream). Tests see what is still queued to
-// write (pending_writes) and every done word stored (done_words).
+// and copy-engine batches really copy (kernels from the plan's uploaded image: header, ids and
+// layer tables as the stream left them, so an upload that came late or wrote the wrong ids shows
+// in the bytes), a disarmed plan copies nothing, word waits block their stream until the host word
+// has reached the value, and chosen calls fail (FailNext), and a kernel may fault as it runs
+// (FaultNextKernel: as on a GPU, the fault is sticky and nothing after it runs on any stream).
+// Tests see what is still queued to write (pending_writes) and every done word stored (done_words).
 #pragma once
 
 #include <cstdint>
@@ -28,10 +29,10 @@ class FakeGpuOps final : public GpuOps {
   explicit FakeGpuOps(int device = 0);
   ~FakeGpuOps() override;
 
-  // The next call of `op` ("UploadPlan", "LaunchCopy", "LaunchDigest", "CopyRuns", "Record",
-  // "CopyBackDigests", "WaitWord", "WriteWord", "WriteDoneWord", "DisarmPlan", "CreateStream",
-  // "AllocHost", "Wait") fails with `status`; `sticky` for "Wait": the error leaves the GPU
-  // unusable.
+  // The next call of `op` ("UploadPlan", "UploadBlockIds", "LaunchCopy", "LaunchDigest",
+  // "CopyRuns", "Record", "CopyBackDigests", "WaitWord", "WriteWord", "WriteDoneWord",
+  // "DisarmPlan", "CreateStream", "AllocHost", "Wait") fails with `status`; `sticky` for "Wait":
+  // the error leaves the GPU unusable.
   void FailNext(const std::string& op, absl::Status status, bool sticky = false);
   // Off: the GPU runs only when waited for (Wait, Synchronize) or told to (Run); Passed then
   // says what has run so far.
@@ -56,6 +57,12 @@ class FakeGpuOps final : public GpuOps {
   int pending_ops() const;
   int streams_made() const;
   int kernels_run() const;
+  // Plan uploads: bytes sent to the GPU (whole images, id sections), images made, id sections
+  // rewritten, and id sections rewritten while a kernel that reads the image was still queued.
+  uint64_t upload_bytes() const;
+  int plans_made() const;
+  int id_uploads() const;
+  int overwrites_while_read() const;
 
   int device() const override { return device_; }
   absl::Status EnablePeerAccess(int peer) override { return absl::OkStatus(); }
@@ -75,6 +82,8 @@ class FakeGpuOps final : public GpuOps {
   absl::StatusOr<std::unique_ptr<GpuPlan>> UploadPlan(const planner::Plan& plan, const uint8_t* src,
                                                       uint8_t* dst, GpuStream& stream,
                                                       void* staging, size_t staging_bytes) override;
+  absl::Status UploadBlockIds(GpuPlan& resident, const planner::Plan& plan, void* staging,
+                              size_t staging_bytes) override;
   absl::Status DisarmPlan(GpuPlan& plan, GpuStream& stream) override;
   absl::Status LaunchCopy(GpuPlan& plan, uint32_t begin, uint32_t end, int ctas,
                           GpuStream& stream) override;
@@ -106,6 +115,10 @@ class FakeGpuOps final : public GpuOps {
   std::vector<std::deque<Op>> queues_ ABSL_GUARDED_BY(mu_);  // per stream, by its index
   uint64_t clock_ ABSL_GUARDED_BY(mu_) = 0;  // fake GPU time: one tick per operation run
   int kernels_run_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t upload_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  int plans_made_ ABSL_GUARDED_BY(mu_) = 0;
+  int id_uploads_ ABSL_GUARDED_BY(mu_) = 0;
+  int overwrites_while_read_ ABSL_GUARDED_BY(mu_) = 0;
   bool fault_next_kernel_ ABSL_GUARDED_BY(mu_) = false;
   bool faulted_ ABSL_GUARDED_BY(mu_) = false;  // a kernel faulted: nothing runs any more
   std::vector<DoneWordStored> done_words_ ABSL_GUARDED_BY(mu_);

@@ -98,6 +98,14 @@ class GpuOps {
                                                               const uint8_t* src, uint8_t* dst,
                                                               GpuStream& stream, void* staging,
                                                               size_t staging_bytes) = 0;
+  // Rewrites `resident`'s block ids with `plan`'s, in the stream order of its upload: `plan` has
+  // the shape `resident` was uploaded for (kernels::PlanShapeKey of the header and the same
+  // bases), so only the ids' section moves (kernels/plan_image.h: IdsSection); through `staging`
+  // (pinned, `staging_bytes`) when the ids fit, else from the tables (pinned ones read later in
+  // stream order). Kernels enqueued on that stream before read the old ids. After an error the
+  // ids may be mixed: `resident` must not be launched again (kv_copy.h: UploadBlockIds).
+  virtual absl::Status UploadBlockIds(GpuPlan& resident, const planner::Plan& plan, void* staging,
+                                      size_t staging_bytes) = 0;
   // Zeroes the uploaded plan's tile count in `stream`'s order: kernels launched after it (or
   // waiting before it) copy nothing. The gate's abort.
   virtual absl::Status DisarmPlan(GpuPlan& plan, GpuStream& stream) = 0;

@@ -75,7 +75,7 @@ std::string WorkerStats::Describe(int device, int max_ctas, int critical_ctas) c
                                                                " not: ", done_word_error_, ")")
                                                 : std::string())
           : std::string(),
-      "; ", CopyOnlyTextLocked(), held_states_,
+      WarmPlansTextLocked(), "; ", CopyOnlyTextLocked(), held_states_,
       " jobs set up (plan on the GPU); last job set-up (plan upload enqueued) ", SetUpTextLocked(),
       LastJobTextLocked(), first_job_text_,
       first_job_batches_.empty()
@@ -99,6 +99,43 @@ void WorkerStats::DoneWordFailed(const absl::Status& why) {
 uint64_t WorkerStats::done_words() const {
   absl::MutexLock lock(&mu_);
   return done_words_;
+}
+
+void WorkerStats::WarmPlan(bool hit) {
+  absl::MutexLock lock(&mu_);
+  (hit ? warm_hits_ : warm_misses_)++;
+}
+
+void WorkerStats::WarmPlanIdsFailed(const absl::Status& why) {
+  absl::MutexLock lock(&mu_);
+  ++warm_ids_failed_;
+  warm_error_ = std::string(why.message());
+}
+
+void WorkerStats::WarmPlansKept(size_t entries, size_t bytes) {
+  absl::MutexLock lock(&mu_);
+  warm_entries_ = entries;
+  warm_bytes_ = bytes;
+}
+
+std::map<std::string, double> WorkerStats::Gauges() const {
+  absl::MutexLock lock(&mu_);
+  return {{"warm_plan_hits_total", static_cast<double>(warm_hits_)},
+          {"warm_plan_misses_total", static_cast<double>(warm_misses_)},
+          {"warm_plan_id_upload_failures_total", static_cast<double>(warm_ids_failed_)},
+          {"warm_plans", static_cast<double>(warm_entries_)},
+          {"warm_plan_bytes", static_cast<double>(warm_bytes_)}};
+}
+
+std::string WorkerStats::WarmPlansTextLocked() const {
+  if (warm_hits_ + warm_misses_ == 0) return "";
+  return absl::StrFormat(
+      "; warm plans: %u jobs uploaded their block ids only, %u their whole plan"
+      " (%u kept, %.1f KiB)%s",
+      warm_hits_, warm_misses_, warm_entries_, warm_bytes_ / 1024.0,
+      warm_ids_failed_ > 0
+          ? absl::StrCat(", ", warm_ids_failed_, " id uploads failed (latest: ", warm_error_, ")")
+          : std::string());
 }
 
 std::string WorkerStats::CopyOnlyTextLocked() const {

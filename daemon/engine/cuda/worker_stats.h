@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 
@@ -53,6 +54,14 @@ class WorkerStats {
   void DoneWordWritten();
   void DoneWordFailed(const absl::Status& why);
   uint64_t done_words() const;
+  // Plans kept warm (warm_plans.h): a job of a kept shape (hit: only its ids uploaded) or not
+  // (miss: its whole plan), an id upload that failed (the buffer dropped, the whole plan
+  // uploaded instead), and what is kept now.
+  void WarmPlan(bool hit);
+  void WarmPlanIdsFailed(const absl::Status& why);
+  void WarmPlansKept(size_t entries, size_t bytes);
+  // Numeric state for metrics (Engine::Gauges): counters end in _total.
+  std::map<std::string, double> Gauges() const;
 
   // Dispatcher only: whether the daemon's first job is still to come, and when its set-up began.
   bool first_job_pending() const { return first_job_pending_; }
@@ -67,6 +76,7 @@ class WorkerStats {
   std::string CopyOnlyTextLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string SetUpTextLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string LastJobTextLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::string WarmPlansTextLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   mutable absl::Mutex mu_;
   bool warm_done_ ABSL_GUARDED_BY(mu_) = false;
@@ -87,6 +97,12 @@ class WorkerStats {
   uint64_t done_words_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t done_words_failed_ ABSL_GUARDED_BY(mu_) = 0;
   std::string done_word_error_ ABSL_GUARDED_BY(mu_);
+  uint64_t warm_hits_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t warm_misses_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t warm_ids_failed_ ABSL_GUARDED_BY(mu_) = 0;
+  std::string warm_error_ ABSL_GUARDED_BY(mu_);
+  size_t warm_entries_ ABSL_GUARDED_BY(mu_) = 0;
+  size_t warm_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   bool first_job_pending_ = true;
   absl::Time first_setup_at_;
 };
