@@ -7,7 +7,7 @@
 namespace kvrail::planner {
 
 absl::Status CheckIds(const uint32_t* ids, size_t begin, size_t end, uint32_t num_blocks,
-                      SeenBlocks* seen, const std::string& field) {
+                      SeenBlocks* seen, absl::string_view scope, const std::string& field) {
   if (seen == nullptr) {
     // A maximum vectorizes; the index is looked for only when one is out of range.
     uint32_t max = 0;
@@ -19,7 +19,7 @@ absl::Status CheckIds(const uint32_t* ids, size_t begin, size_t end, uint32_t nu
   for (size_t j = begin; j < end; ++j) {
     const uint32_t b = ids[j];
     if (b >= num_blocks) {
-      return absl::InvalidArgumentError(absl::StrCat("spec.", field, "[", j, "]: block ", b,
+      return absl::InvalidArgumentError(absl::StrCat(scope, field, "[", j, "]: block ", b,
                                                      " out of range [0, ", num_blocks, ")"));
     }
     if (seen == nullptr) continue;
@@ -28,8 +28,8 @@ absl::Status CheckIds(const uint32_t* ids, size_t begin, size_t end, uint32_t nu
     if ((word & bit) != 0) {
       size_t first = 0;
       while (ids[first] != b) ++first;
-      return absl::InvalidArgumentError(absl::StrCat("spec.", field, "[", j, "]: block ", b,
-                                                     " repeats spec.", field, "[", first,
+      return absl::InvalidArgumentError(absl::StrCat(scope, field, "[", j, "]: block ", b,
+                                                     " repeats ", scope, field, "[", first,
                                                      "]: two tokens would land on the same bytes"));
     }
     word |= bit;
@@ -60,7 +60,8 @@ absl::Status DeferredIdChecks::AdvanceLocked(const DeferredSide& side, Progress&
     progress.seen.assign((static_cast<size_t>(side.num_blocks) + 63) / 64, 0);
   }
   const absl::Status status = CheckIds(side.ids, progress.done, need, side.num_blocks,
-                                       side.unique ? &progress.seen : nullptr, side.field);
+                                       side.unique ? &progress.seen : nullptr, side.scope,
+                                       side.field);
   if (status.ok()) progress.done = need;
   return status;
 }

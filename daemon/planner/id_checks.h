@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 
 namespace kvrail::planner {
@@ -19,10 +20,11 @@ using SeenBlocks = std::vector<uint64_t>;
 
 // Checks ids[begin, end) of one side: each < num_blocks and, with `seen`, not seen before (in
 // this range or an earlier one checked with the same bitmap; `seen` records them). Errors are
-// INVALID_ARGUMENT naming "spec.<field>[j]"; a repeat also names its first occurrence (looked up
-// in ids[0, j) only once found, so the common case is one pass).
+// INVALID_ARGUMENT naming "<scope><field>[j]" ("spec." for a request's tables, "post." for a
+// prepared transfer's post); a repeat also names its first occurrence (looked up in ids[0, j)
+// only once found, so the common case is one pass).
 absl::Status CheckIds(const uint32_t* ids, size_t begin, size_t end, uint32_t num_blocks,
-                      SeenBlocks* seen, const std::string& field);
+                      SeenBlocks* seen, absl::string_view scope, const std::string& field);
 
 // One side of a plan whose checks were deferred.
 struct DeferredSide {
@@ -33,6 +35,7 @@ struct DeferredSide {
   uint32_t num_blocks = 0;
   bool unique = false;
   std::string field;
+  std::string scope = "spec.";  // what errors put before `field`
 };
 
 // The checks MakePlan left for later. Thread-safe: engines call Through from their dispatch

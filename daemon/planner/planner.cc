@@ -5,6 +5,7 @@
 #include <cstring>
 #include <numeric>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -58,6 +59,7 @@ struct IdSource {
   const void* ids = nullptr;  // little-endian uint32s, not necessarily 4-byte aligned
   size_t count = 0;
   std::string field;
+  absl::string_view scope = "spec.";  // what errors put before `field`
 };
 
 absl::StatusOr<IdSource> FindBlockIds(const kvrail::v1::TransferEndpoint& ep,
@@ -93,14 +95,15 @@ absl::StatusOr<BlockTable> CopyBlockIds(const IdSource& from, uint32_t num_block
   BlockTable ids = BlockTable::Allocate(from.count, tables);
   if (!ids.ok()) {
     return absl::ResourceExhaustedError(
-        absl::StrCat("spec.", from.field, ": no memory for a table of ", from.count, " block ids"));
+        absl::StrCat(from.scope, from.field, ": no memory for a table of ", from.count,
+                     " block ids"));
   }
   if (from.count > 0) std::memcpy(ids.data(), from.ids, 4 * from.count);
   if (check) {
     SeenBlocks seen;
     if (unique) seen.assign((static_cast<size_t>(num_blocks) + 63) / 64, 0);
-    KVRAIL_RETURN_IF_ERROR(
-        CheckIds(ids.data(), 0, from.count, num_blocks, unique ? &seen : nullptr, from.field));
+    KVRAIL_RETURN_IF_ERROR(CheckIds(ids.data(), 0, from.count, num_blocks,
+                                    unique ? &seen : nullptr, from.scope, from.field));
   }
   return ids;
 }
@@ -223,6 +226,39 @@ std::string Plan::Describe() const {
       num_chunks(), runs_estimated_ ? "~" : "", num_runs_, header_.access_bytes, header_.num_tiles,
       header_.tile_bytes, tiles_per_layer(), src_blocks_.size(), dst_blocks_.size(),
       checks_ != nullptr ? " (ids checked as tiles start)" : "");
+}
+
+void Plan::CountRuns(uint64_t src_block_stride, uint64_t dst_block_stride, bool defer) {
+  Plan* plan = this;
+  const k::PlanHeader& h = plan->header_;
+  // Contiguous runs: whole blocks whose ids are consecutive on both sides merge when blocks are
+  // packed back to back on both sides.
+  const uint64_t per_part_chunks = k::ChunksPerPart(h);
+  uint64_t runs_per_part = per_part_chunks;
+  if (static_cast<k::ChunkKind>(h.chunk_kind) == k::ChunkKind::kBlockTokens &&
+      src_block_stride == h.chunk_bytes && dst_block_stride == h.chunk_bytes) {
+    // With deferred checks the submit's own work should not grow with the table: the breaks
+    // are counted over the first kRunSampleChunks entries and scaled (the count only chooses
+    // copy engines for long runs and feeds Describe).
+    const uint64_t counted =
+        defer ? std::min<uint64_t>(per_part_chunks, kRunSampleChunks) : per_part_chunks;
+    const BlockTable& sb = plan->src_blocks_;
+    const BlockTable& db = plan->dst_blocks_;
+    uint64_t breaks = 0;
+    for (uint64_t j = 1; j < counted; ++j) {
+      const bool adjacent = sb[j] == sb[j - 1] + 1 && db[j] == db[j - 1] + 1;
+      if (!adjacent) ++breaks;
+    }
+    plan->runs_estimated_ = false;
+    if (counted < per_part_chunks) {
+      plan->runs_estimated_ = true;
+      breaks = static_cast<uint64_t>(static_cast<double>(breaks) * (per_part_chunks - 1) /
+                                         static_cast<double>(counted - 1) +
+                                     0.5);
+    }
+    runs_per_part = per_part_chunks == 0 ? 0 : 1 + breaks;
+  }
+  plan->num_runs_ = runs_per_part * h.num_layers * h.num_parts;
 }
 
 absl::StatusOr<Plan> MakePlan(const kvrail::v1::TransferSpec& spec, const RegionView& src,
@@ -424,31 +460,7 @@ absl::StatusOr<Plan> MakePlan(const kvrail::v1::TransferSpec& spec, const Region
   KVRAIL_RETURN_IF_ERROR(CheckTileCount(static_cast<uint64_t>(tiles), options, "spec.num_tokens"));
   h.num_tiles = static_cast<uint32_t>(tiles);
 
-  // Contiguous runs: whole blocks whose ids are consecutive on both sides merge when blocks are
-  // packed back to back on both sides.
-  const uint64_t per_part_chunks = k::ChunksPerPart(h);
-  uint64_t runs_per_part = per_part_chunks;
-  if (kind == k::ChunkKind::kBlockTokens && s.block_stride == chunk && d.block_stride == chunk) {
-    // With deferred checks the submit's own work should not grow with the table: the breaks
-    // are counted over the first kRunSampleChunks entries and scaled (the count only chooses
-    // copy engines for long runs and feeds Describe).
-    const uint64_t counted =
-        defer ? std::min<uint64_t>(per_part_chunks, kRunSampleChunks) : per_part_chunks;
-    uint64_t breaks = 0;
-    for (uint64_t j = 1; j < counted; ++j) {
-      const bool adjacent = plan.src_blocks_[j] == plan.src_blocks_[j - 1] + 1 &&
-                            plan.dst_blocks_[j] == plan.dst_blocks_[j - 1] + 1;
-      if (!adjacent) ++breaks;
-    }
-    if (counted < per_part_chunks) {
-      plan.runs_estimated_ = true;
-      breaks = static_cast<uint64_t>(static_cast<double>(breaks) * (per_part_chunks - 1) /
-                                         static_cast<double>(counted - 1) +
-                                     0.5);
-    }
-    runs_per_part = per_part_chunks == 0 ? 0 : 1 + breaks;
-  }
-  plan.num_runs_ = runs_per_part * layers * h.num_parts;
+  plan.CountRuns(s.block_stride, d.block_stride, defer);
   return plan;
 }
 
@@ -464,6 +476,121 @@ Plan Plan::WithLayerBases(std::shared_ptr<const LayerBases> src,
     copy.dst_layer_bases_ = std::move(dst);
   }
   return copy;
+}
+
+}  // namespace kvrail::planner
+
+namespace kvrail::planner {
+namespace {
+
+// The most ids a prepared transfer's side may take per post (64 MiB of ids, as a request's
+// table: transfers/resolve.h kMaxTableIds).
+constexpr uint64_t kMaxTemplateIds = uint64_t{1} << 24;
+
+absl::Status CheckNoIds(const kvrail::v1::TransferEndpoint& ep, absl::string_view side) {
+  if (ep.block_ids_size() == 0 && ep.block_ids_le32().empty() && !ep.has_block_table()) {
+    return absl::OkStatus();
+  }
+  return Invalid(absl::StrCat(side, ".block_ids"),
+                 "a prepared transfer's block ids come with each post; prepare it without ids");
+}
+
+}  // namespace
+
+absl::StatusOr<PlanTemplate> PlanTemplate::Make(const kvrail::v1::TransferSpec& spec,
+                                                const RegionView& src, const RegionView& dst,
+                                                const PlanOptions& options, uint32_t src_count,
+                                                uint32_t dst_count) {
+  KVRAIL_RETURN_IF_ERROR(CheckNoIds(spec.src(), "src"));
+  KVRAIL_RETURN_IF_ERROR(CheckNoIds(spec.dst(), "dst"));
+  PlanOptions whole = options;
+  whole.defer_checks_from = 0;
+  PlanTemplate t;
+  if (!src.paged || !dst.paged) {
+    KVRAIL_ASSIGN_OR_RETURN(t.shape_, MakePlan(spec, src, dst, whole));
+    if (src_count != 0 || dst_count != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(src_count != 0 ? "src_block_count" : "dst_block_count",
+                       ": a transfer between bytes regions takes no block ids"));
+    }
+    return t;
+  }
+  if (src_count == 0) {
+    return absl::InvalidArgumentError(
+        "src_block_count: must be > 0: the source block ids each post gives (paged regions)");
+  }
+  if (src_count > kMaxTemplateIds || dst_count > kMaxTemplateIds) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(src_count > kMaxTemplateIds ? "src_block_count" : "dst_block_count",
+                     ": at most ", kMaxTemplateIds, " ids per side"));
+  }
+  const uint64_t tokens = spec.num_tokens() != 0
+                              ? spec.num_tokens()
+                              : uint64_t{src_count} * src.layout.tokens_per_block;
+  const uint64_t dst_need =
+      (tokens + dst.layout.tokens_per_block - 1) / std::max(1u, dst.layout.tokens_per_block);
+  if (dst_count == 0) dst_count = static_cast<uint32_t>(std::min<uint64_t>(dst_need, UINT32_MAX));
+  if (dst_count > dst.layout.num_blocks) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "dst_block_count: ", dst_count, " distinct destination blocks per post, the destination "
+        "has ", dst.layout.num_blocks));
+  }
+  // Stand-in ids, valid on both sides (the destination's distinct): every check but the ids'.
+  std::vector<uint32_t> src_ids(src_count, 0), dst_ids(dst_count);
+  std::iota(dst_ids.begin(), dst_ids.end(), 0u);
+  TableRefs refs;
+  refs.src = TableRef{src_ids.data(), src_ids.size(), "src_block_count"};
+  refs.dst = TableRef{dst_ids.data(), dst_ids.size(), "dst_block_count"};
+  KVRAIL_ASSIGN_OR_RETURN(t.shape_, MakePlan(spec, src, dst, whole, refs));
+  if (t.shape_.src_blocks().size() != src_count) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "src_block_count: ", src_count, " ids, but the transfer's ", tokens, " tokens use ",
+        t.shape_.src_blocks().size(), " source blocks; give that many"));
+  }
+  if (t.shape_.dst_blocks().size() != dst_count) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "dst_block_count: ", dst_count, " ids, but the transfer's ", tokens, " tokens use ",
+        t.shape_.dst_blocks().size(), " destination blocks; give that many (or 0)"));
+  }
+  t.shape_.ReleaseBlockTables();
+  t.paged_ = true;
+  t.src_count_ = src_count;
+  t.dst_count_ = dst_count;
+  t.src_num_blocks_ = src.layout.num_blocks;
+  t.dst_num_blocks_ = dst.layout.num_blocks;
+  t.src_block_stride_ = src.layout.block_stride;
+  t.dst_block_stride_ = dst.layout.block_stride;
+  return t;
+}
+
+absl::StatusOr<Plan> PlanTemplate::Instantiate(const TableRef& src, const TableRef& dst,
+                                               const PlanOptions& options) const {
+  for (const auto& [ref, want] : {std::pair{&src, src_count_}, std::pair{&dst, dst_count_}}) {
+    if (ref->count != want) {
+      return absl::InvalidArgumentError(absl::StrCat(ref->field, ": ", ref->count,
+                                                     " ids, the prepared transfer takes ", want));
+    }
+  }
+  Plan plan = shape_;
+  if (!paged_) return plan;
+  const IdSource src_from{src.ids, src.count, src.field, ""};
+  const IdSource dst_from{dst.ids, dst.count, dst.field, ""};
+  const bool defer =
+      options.defer_checks_from > 0 && src.count + dst.count >= options.defer_checks_from;
+  BlockTable src_ids, dst_ids;
+  KVRAIL_RETURN_IF_ERROR(CopyBothSides(src_from, src_num_blocks_, dst_from, dst_num_blocks_,
+                                       !defer, options, &src_ids, &dst_ids));
+  if (defer) {
+    plan.checks_ = std::make_shared<DeferredIdChecks>(
+        DeferredSide{src_ids.Hold(), src_ids.data(), src_count_, src_count_, src_num_blocks_,
+                     false, src.field, ""},
+        DeferredSide{dst_ids.Hold(), dst_ids.data(), dst_count_, dst_count_, dst_num_blocks_,
+                     true, dst.field, ""});
+  }
+  plan.src_blocks_ = std::move(src_ids);
+  plan.dst_blocks_ = std::move(dst_ids);
+  plan.CountRuns(src_block_stride_, dst_block_stride_, defer);
+  return plan;
 }
 
 }  // namespace kvrail::planner

@@ -241,7 +241,10 @@ class Plan {
  private:
   friend absl::StatusOr<Plan> MakePlan(const kvrail::v1::TransferSpec&, const RegionView&,
                                        const RegionView&, const PlanOptions&, const TableRefs&);
+  friend class PlanTemplate;
   Plan() = default;
+  // Sets num_runs_ from the tables (the first kRunSampleChunks entries, scaled, when `sampled`).
+  void CountRuns(uint64_t src_block_stride, uint64_t dst_block_stride, bool sampled);
 
   kernels::PlanHeader header_{};
   BlockTable src_blocks_;
@@ -268,6 +271,44 @@ absl::StatusOr<Plan> MakePlan(const kvrail::v1::TransferSpec& spec, const Region
 absl::StatusOr<Plan> MakePlan(const kvrail::v1::TransferSpec& spec, const RegionView& src,
                               const RegionView& dst, const PlanOptions& options,
                               const TableRefs& tables);
+
+// A transfer's shape planned once, for a prepared transfer posted many times with new block ids
+// (TransferManager::Prepare): MakePlan's checks of everything but the ids (layouts, layers,
+// heads, tokens, strides, tiling) are done by Make, and each post's Instantiate only copies and
+// checks its ids (each below its side's num_blocks, the destination's distinct), exactly as
+// MakePlan checks them, and counts the contiguous runs. A plan made by Instantiate equals
+// MakePlan's for the same spec with those ids. Immutable once made: Instantiate is thread-safe.
+class PlanTemplate {
+ public:
+  // `spec` must carry no block ids (INVALID_ARGUMENT naming spec.src.block_ids / dst); each post
+  // gives exactly `src_count` source and `dst_count` destination ids (paged regions; both 0 for
+  // bytes regions). dst_count 0: as many as the transfer's tokens need. The counts must be those
+  // the tokens use (INVALID_ARGUMENT naming src_block_count / dst_block_count otherwise: with
+  // num_tokens 0 every source block's tokens move). Other errors as MakePlan's.
+  static absl::StatusOr<PlanTemplate> Make(const kvrail::v1::TransferSpec& spec,
+                                           const RegionView& src, const RegionView& dst,
+                                           const PlanOptions& options, uint32_t src_count,
+                                           uint32_t dst_count);
+  uint32_t src_count() const { return src_count_; }
+  uint32_t dst_count() const { return dst_count_; }
+  // The plan's header and everything computed from it (no block tables).
+  const Plan& shape() const { return shape_; }
+  // The plan of one post. `src` / `dst` must hold exactly src_count() / dst_count() ids
+  // (INVALID_ARGUMENT "<field>: 3 ids, the prepared transfer takes 4"); an id at or beyond its
+  // side's num_blocks or a repeated destination id is INVALID_ARGUMENT naming it with the
+  // TableRef's field ("post.src_block_ids[3]: block 9000 out of range [0, 4096)"; `field`s
+  // here are whole names). options.tables / table_checks / defer_checks_from as for MakePlan.
+  absl::StatusOr<Plan> Instantiate(const TableRef& src, const TableRef& dst,
+                                   const PlanOptions& options) const;
+
+ private:
+  PlanTemplate() = default;
+  Plan shape_;
+  uint32_t src_count_ = 0, dst_count_ = 0;
+  uint32_t src_num_blocks_ = 0, dst_num_blocks_ = 0;
+  uint64_t src_block_stride_ = 0, dst_block_stride_ = 0;
+  bool paged_ = false;
+};
 
 // One contiguous piece of a tile: `bytes` from source offset `src` to destination offset `dst`
 // (offsets from each side's kernels::SideBase: the region base, or 0 for a per-layer side whose
