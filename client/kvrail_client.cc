@@ -1356,4 +1356,70 @@ absl::StatusOr<v1::GetTopologyResponse> Client::GetTopology() {
   return impl_->Unary(*impl_->admin_, &v1::Admin::Stub::GetTopology, v1::GetTopologyRequest());
 }
 
+// --- Prepared transfers ---
+
+absl::StatusOr<v1::PrepareTransferResponse> Client::PrepareRequest(
+    const v1::PrepareTransferRequest& request) {
+  // A prepared transfer is its session's: the call must carry the session's credentials.
+  KVRAIL_RETURN_IF_ERROR(SessionId().status());
+  return impl_->Unary(*impl_->transfer_, &v1::Transfer::Stub::PrepareTransfer, request);
+}
+
+absl::StatusOr<PreparedTransfer> Client::Prepare(const v1::TransferSpec& shape,
+                                                 uint32_t src_block_count,
+                                                 uint32_t dst_block_count) {
+  v1::PrepareTransferRequest request;
+  *request.mutable_spec() = shape;
+  request.set_src_block_count(src_block_count);
+  request.set_dst_block_count(dst_block_count);
+  KVRAIL_ASSIGN_OR_RETURN(v1::PrepareTransferResponse info, PrepareRequest(request));
+  return PreparedTransfer(this, std::move(info));
+}
+
+absl::StatusOr<v1::SubmitTransferResponse> Client::PostPrepared(
+    const v1::PostTransferRequest& request) {
+  // Through the submission queue when the session has one and the post fits an entry (no socket
+  // round trip), else over the session socket (one round trip, answered as a SUBMIT); either way
+  // its end is posted into the completion queue.
+  if (impl_->session_submit_.load() && !impl_->unix_path_.empty() &&
+      request.ByteSizeLong() <= wire::kMaxSessionSubmitBytes) {
+    absl::StatusOr<std::shared_ptr<wire::SessionConnection>> session = impl_->Session();
+    if (session.ok()) {
+      CompletionTable* completions = impl_->completions_.load();
+      const uint64_t mark = completions != nullptr ? completions->OverflowMark() : 0;
+      if (SubmissionQueue* queue = impl_->submissions_.load(); queue != nullptr) {
+        SubmissionQueue::Result queued =
+            queue->Post(request, [conn = *session] { return conn->PeerClosed(); });
+        if (queued.queued) {
+          if (queued.response.ok() && completions != nullptr) {
+            completions->Follow(queued.response->transfer_id(), mark, std::nullopt,
+                                queued.response->bytes_total());
+          }
+          return impl_->Checked(std::move(queued.response));
+        }
+      }
+      bool sent = false;
+      absl::StatusOr<std::string> answer = (*session)->Exchange(wire::EncodePost(request), &sent);
+      if (!answer.ok()) {
+        if (sent) return answer.status();  // the daemon may have taken it: never post twice
+      } else {
+        absl::StatusOr<v1::SubmitTransferResponse> response = wire::ParseSubmitAnswer(*answer);
+        if (response.ok() && completions != nullptr) {
+          completions->Follow(response->transfer_id(), mark, std::nullopt, response->bytes_total());
+        }
+        if (response.status().code() != absl::StatusCode::kUnimplemented) {
+          return impl_->Checked(std::move(response));
+        }
+      }
+    }
+  }
+  return impl_->Unary(*impl_->transfer_, &v1::Transfer::Stub::PostTransfer, request);
+}
+
+absl::Status Client::ReleasePrepared(uint64_t prepared_id) {
+  v1::ReleasePreparedRequest request;
+  request.set_prepared_id(prepared_id);
+  return impl_->Unary(*impl_->transfer_, &v1::Transfer::Stub::ReleasePrepared, request).status();
+}
+
 }  // namespace kvrail::client

@@ -126,6 +126,45 @@ inline constexpr uint64_t kDoneWordsBytes = uint64_t{8} * kDoneWords;
 // Its size when Connect creates it (room for 262144 ids; grown in powers of two when needed).
 inline constexpr uint64_t kBlockTableBufferBytes = uint64_t{1} << 20;
 
+class Client;
+
+// A prepared transfer (Client::Prepare): a transfer's shape the daemon validated and planned once,
+// posted many times with new block ids; a post checks only its ids (and that the regions and
+// grants still hold). Move-only; releases the daemon's prepared transfer when destroyed (the
+// transfers posted from it run on). Must not outlive its Client. Thread contract: Post may be
+// called concurrently; moving, Release and destruction need the caller's exclusion.
+class PreparedTransfer {
+ public:
+  PreparedTransfer(PreparedTransfer&& other) noexcept;
+  PreparedTransfer& operator=(PreparedTransfer&& other) noexcept;
+  PreparedTransfer(const PreparedTransfer&) = delete;
+  PreparedTransfer& operator=(const PreparedTransfer&) = delete;
+  ~PreparedTransfer();
+
+  // The daemon's prepared id (0 once released or moved from).
+  uint64_t id() const { return id_; }
+  // What each post moves, and the id counts it takes (PrepareTransferResponse).
+  const v1::PrepareTransferResponse& info() const { return info_; }
+  // One transfer of this shape with these ids (exactly info().src_block_count() and
+  // dst_block_count() of them), answered as Client::Submit; wait for it as for a submitted one.
+  // Over the session socket within the node ("POST"), else PostTransfer. FAILED_PRECONDITION
+  // once released.
+  absl::StatusOr<v1::SubmitTransferResponse> Post(const std::vector<uint32_t>& src_block_ids,
+                                                  const std::vector<uint32_t>& dst_block_ids);
+  absl::StatusOr<v1::SubmitTransferResponse> Post(const uint32_t* src_block_ids, size_t src_count,
+                                                  const uint32_t* dst_block_ids, size_t dst_count);
+  // Releases it now, with the daemon's answer (the destructor ignores it). OK when released.
+  absl::Status Release();
+
+ private:
+  friend class Client;
+  PreparedTransfer(Client* client, v1::PrepareTransferResponse info)
+      : client_(client), id_(info.prepared_id()), info_(std::move(info)) {}
+  Client* client_ = nullptr;
+  uint64_t id_ = 0;
+  v1::PrepareTransferResponse info_;
+};
+
 // A connection to one kvraild.
 // Thread contract: every method may be called concurrently from any thread (gRPC stubs are
 // thread-safe; the lazily opened session socket is guarded internally). Watch blocks its caller
@@ -213,6 +252,17 @@ class Client {
   // transfer refuses none of the others.
   std::vector<absl::StatusOr<v1::SubmitTransferResponse>> SubmitBatch(
       const std::vector<v1::TransferSpec>& specs);
+  // Prepares `shape` (a TransferSpec without block ids; PrepareTransferRequest says what it may
+  // hold) for posts of `src_block_count` source and `dst_block_count` destination ids (0: as many
+  // as the tokens need). Opens the session (prepared transfers are the session's). Errors name
+  // the field as Submit's.
+  absl::StatusOr<PreparedTransfer> Prepare(const v1::TransferSpec& shape, uint32_t src_block_count,
+                                           uint32_t dst_block_count = 0);
+  // The calls PreparedTransfer makes (for the C ABI, which keeps prepared ids in its own table).
+  absl::StatusOr<v1::PrepareTransferResponse> PrepareRequest(
+      const v1::PrepareTransferRequest& request);
+  absl::StatusOr<v1::SubmitTransferResponse> PostPrepared(const v1::PostTransferRequest& request);
+  absl::Status ReleasePrepared(uint64_t prepared_id);
   // Requests sent through the submission queue, and those it handed back to packets (too big,
   // or the queue full), since Connect: for tests and benchmarks (0, 0 without a queue).
   std::pair<uint64_t, uint64_t> SubmissionQueueCounts();

@@ -55,14 +55,32 @@ bool SubmissionQueue::AllInLocked(const std::vector<uint64_t>& tags) const {
 std::vector<SubmissionQueue::Result> SubmissionQueue::Submit(
     const std::vector<const v1::SubmitTransferRequest*>& requests,
     const std::function<bool()>& closed) {
-  std::vector<Result> results(requests.size());
-  std::vector<uint64_t> tags(requests.size(), 0);
   std::vector<std::string> payloads(requests.size());
   for (size_t i = 0; i < requests.size(); ++i) {
     if (requests[i]->ByteSizeLong() <= wire::kMaxSubmissionPayload) {
       requests[i]->SerializeToString(&payloads[i]);
     }
   }
+  std::vector<bool> fits(requests.size());
+  for (size_t i = 0; i < requests.size(); ++i) {
+    fits[i] = !payloads[i].empty() || requests[i]->ByteSizeLong() == 0;
+  }
+  return SubmitPayloads(wire::kSubmissionKind, payloads, fits, closed);
+}
+
+SubmissionQueue::Result SubmissionQueue::Post(const v1::PostTransferRequest& post,
+                                              const std::function<bool()>& closed) {
+  std::vector<std::string> payloads(1);
+  const bool fits = post.ByteSizeLong() <= wire::kMaxSubmissionPayload;
+  if (fits) post.SerializeToString(&payloads[0]);
+  return std::move(SubmitPayloads(wire::kPostKind, payloads, {fits}, closed)[0]);
+}
+
+std::vector<SubmissionQueue::Result> SubmissionQueue::SubmitPayloads(
+    uint16_t kind, const std::vector<std::string>& payloads, const std::vector<bool>& fits,
+    const std::function<bool()>& closed) {
+  std::vector<Result> results(payloads.size());
+  std::vector<uint64_t> tags(payloads.size(), 0);
   absl::MutexLock lock(&mu_);
   // --- Write: the entries that fit, one publish (a prefix when the ring has less room).
   {
@@ -72,10 +90,10 @@ std::vector<SubmissionQueue::Result> SubmissionQueue::Submit(
     const size_t ack_room = broken_ ? 0
                                     : static_cast<size_t>(ack_->view().capacity()) -
                                           std::min<size_t>(in_flight_, ack_->view().capacity());
-    for (size_t i = 0; i < requests.size() && order.size() < ack_room; ++i) {
-      if (payloads[i].empty() && requests[i]->ByteSizeLong() != 0) continue;  // too big
+    for (size_t i = 0; i < payloads.size() && order.size() < ack_room; ++i) {
+      if (!fits[i]) continue;  // too big
       const uint64_t tag = next_tag_ + order.size();
-      if (!wire::AppendSubmission(tag, payloads[i], &bytes).ok()) continue;
+      if (!wire::AppendSubmission(tag, payloads[i], &bytes, kind).ok()) continue;
       order.push_back(i);
       ends.push_back(bytes.size());
     }
@@ -99,7 +117,7 @@ std::vector<SubmissionQueue::Result> SubmissionQueue::Submit(
     next_tag_ += order.size();
     in_flight_ += count;
     queued_ += count;
-    handed_back_ += requests.size() - count;
+    handed_back_ += payloads.size() - count;
     if (count > 0 && sq_->view().ConsumerSleeps()) sq_->Wake();
     if (count == 0) return results;
   }
@@ -143,7 +161,7 @@ std::vector<SubmissionQueue::Result> SubmissionQueue::Submit(
       spin_ = std::max(max_spin_ / 8, spin_ / 2);
     }
   }
-  for (size_t i = 0; i < requests.size(); ++i) {
+  for (size_t i = 0; i < payloads.size(); ++i) {
     if (tags[i] == 0) continue;
     auto it = acks_.find(tags[i]);
     if (it == acks_.end()) {

@@ -56,6 +56,8 @@ class SubmissionQueue {
   // not sent again). Results are in the order of `requests`.
   std::vector<Result> Submit(const std::vector<const v1::SubmitTransferRequest*>& requests,
                              const std::function<bool()>& closed);
+  // One prepared transfer's post (a wire::kPostKind entry), queued and answered as a request.
+  Result Post(const v1::PostTransferRequest& post, const std::function<bool()>& closed);
 
   // Counters for tests and benchmarks: requests queued, requests handed back unqueued,
   // acknowledgements refused as malformed, and waits that ended while spinning.
@@ -68,6 +70,11 @@ class SubmissionQueue {
   SubmissionQueue(std::unique_ptr<wire::SharedRing> sq, std::unique_ptr<wire::SharedRing> ack,
                   absl::Duration max_spin)
       : sq_(std::move(sq)), ack_(std::move(ack)), max_spin_(max_spin), spin_(max_spin) {}
+  // Submit's work over serialized payloads of entry kind `kind` (fits[i] false: too big for an
+  // entry, handed back).
+  std::vector<Result> SubmitPayloads(uint16_t kind, const std::vector<std::string>& payloads,
+                                     const std::vector<bool>& fits,
+                                     const std::function<bool()>& closed);
   // Reads what the acknowledgement ring holds into acks_.
   void DrainLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether every tag in `tags` (0: not queued) has its acknowledgement.

@@ -492,6 +492,9 @@ absl::Status DaemonImpl::StartSessions() {
   // The greeting names the lineage: a client's session outlives a hot restart.
   options.instance_id = id_.lineage_id;
   transfers::TransferManager* transfers = transfers_.get();
+  options.post = [transfers](const sessions::Caller& caller, const v1::PostTransferRequest& post) {
+    return transfers->Post(caller, post);
+  };
   options.submit = [transfers](const v1::TransferSpec& spec) {
     return transfers->SubmitWithinNode(spec);
   };

@@ -137,6 +137,7 @@ transfers::Options TransferOptionsFrom(const v1::DaemonConfig& config,
   options.defer_id_checks_from = config.defer_id_checks_from();
   options.history = config.transfer_history();
   options.max_transfers_per_session = config.max_transfers_per_session();
+  options.max_prepared_per_session = config.max_prepared_per_session();
   options.max_list_transfers = config.max_list_transfers();
   return options;
 }

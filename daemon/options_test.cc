@@ -122,6 +122,9 @@ TEST_CASE("server, transfers, regions, metrics, MPS: copied from the config") {
   CHECK(t.tile_bytes == 65536);
   CHECK(t.defer_id_checks_from == 32768);
   CHECK(t.history == 10000);
+  CHECK(t.max_prepared_per_session == 1024);  // unset: the documented default
+  CHECK(TransferOptionsFrom(Finalized("max_prepared_per_session: 7"), TwoGpus())
+            .max_prepared_per_session == 7);
   CHECK(t.topology.gpus_size() == 2);
   CHECK(RegionLimitsFrom(config).max_regions_per_session == 5);
   CHECK(RegionLimitsFrom(config).max_regions_per_uid == 16384);

@@ -22,6 +22,7 @@ constexpr absl::string_view kToken = "TOKEN ";
 constexpr absl::string_view kError = "ERROR ";
 constexpr absl::string_view kSubmit = "SUBMIT ";
 constexpr absl::string_view kSubmitted = "SUBMITTED ";
+constexpr absl::string_view kPost = "POST ";
 constexpr absl::string_view kWait = "WAIT ";
 constexpr absl::string_view kDone = "DONE ";
 constexpr absl::string_view kRejected = "REJECTED ";
@@ -109,6 +110,10 @@ std::string EncodeSubmit(const v1::SubmitTransferRequest& request) {
   return absl::StrCat(kSubmit, request.SerializeAsString());
 }
 
+std::string EncodePost(const v1::PostTransferRequest& request) {
+  return absl::StrCat(kPost, request.SerializeAsString());
+}
+
 std::string EncodeWait(uint64_t transfer_id, absl::string_view credential) {
   return credential.empty() ? absl::StrCat(kWait, transfer_id)
                             : absl::StrCat(kWait, transfer_id, " ", credential);
@@ -118,6 +123,8 @@ Request ParseRequest(absl::string_view packet) {
   Request request{RequestKind::kOther, packet};
   if (absl::ConsumePrefix(&request.body, kSubmit)) {
     request.kind = RequestKind::kSubmit;
+  } else if (absl::ConsumePrefix(&request.body, kPost)) {
+    request.kind = RequestKind::kPost;
   } else if (absl::ConsumePrefix(&request.body, kWait)) {
     request.kind = RequestKind::kWait;
   } else if (packet == kCompletionQueueRequest) {
@@ -137,6 +144,14 @@ absl::StatusOr<v1::SubmitTransferRequest> ParseSubmitBody(absl::string_view body
   v1::SubmitTransferRequest request;
   if (!request.ParseFromArray(body.data(), static_cast<int>(body.size()))) {
     return absl::InvalidArgumentError("SUBMIT: not a serialized SubmitTransferRequest");
+  }
+  return request;
+}
+
+absl::StatusOr<v1::PostTransferRequest> ParsePostBody(absl::string_view body) {
+  v1::PostTransferRequest request;
+  if (!request.ParseFromArray(body.data(), static_cast<int>(body.size()))) {
+    return absl::InvalidArgumentError("POST: not a serialized PostTransferRequest");
   }
   return request;
 }

@@ -14,6 +14,8 @@
 //   client -> daemon:              "SUBMIT " + serialized SubmitTransferRequest
 //   daemon -> client:              "SUBMITTED " + serialized SubmitTransferResponse, or
 //                                  "REJECTED <absl status code> <message>"
+//   client -> daemon:              "POST " + serialized PostTransferRequest (a prepared transfer's
+//                                  post, Transfer.PostTransfer); answered as SUBMIT
 //   client -> daemon:              "WAIT <decimal transfer id>" [" <session id>.<secret>"]
 //   daemon -> client:              "DONE " + serialized final TransferStatus, or "REJECTED ..."
 //   client -> daemon:              "CQ" with two fds in SCM_RIGHTS: a completion queue's memfd
@@ -91,6 +93,7 @@ inline constexpr char kCompletionQueueAccepted[] = "CQ OK";
 inline constexpr char kSubmissionQueueRequest[] = "SQ";
 inline constexpr char kSubmissionQueueAccepted[] = "SQ OK";
 std::string EncodeSubmit(const v1::SubmitTransferRequest& request);
+std::string EncodePost(const v1::PostTransferRequest& request);
 // "WAIT <id>", or "WAIT <id> <credential>": the credential (SessionMetadataValue) names the
 // session that waits when it is not the connection's own (the client waits on spare
 // connections, as its main session: only a transfer's submitter may wait for it).
@@ -98,7 +101,7 @@ std::string EncodeWait(uint64_t transfer_id, absl::string_view credential = "");
 
 // What a request packet asks for; `body` is what follows "SUBMIT " / "WAIT " (a view into the
 // packet). kOther: anything else, including "FD" with trailing bytes.
-enum class RequestKind { kFd, kSubmit, kWait, kCompletionQueue, kSubmissionQueue, kOther };
+enum class RequestKind { kFd, kSubmit, kPost, kWait, kCompletionQueue, kSubmissionQueue, kOther };
 struct Request {
   RequestKind kind = RequestKind::kOther;
   absl::string_view body;
@@ -106,6 +109,8 @@ struct Request {
 Request ParseRequest(absl::string_view packet);
 // A SUBMIT body; INVALID_ARGUMENT "SUBMIT: not a serialized SubmitTransferRequest" otherwise.
 absl::StatusOr<v1::SubmitTransferRequest> ParseSubmitBody(absl::string_view body);
+// A POST body; INVALID_ARGUMENT "POST: not a serialized PostTransferRequest" otherwise.
+absl::StatusOr<v1::PostTransferRequest> ParsePostBody(absl::string_view body);
 // A WAIT body (decimal digits). INVALID_ARGUMENT quoting the packet when it is not one, or when
 // `plain` is false (the packet carried descriptors or was truncated).
 absl::StatusOr<uint64_t> ParseWaitBody(absl::string_view body, bool plain);

@@ -274,6 +274,17 @@ TEST_CASE("every packet kind has the protocol's bytes and parses back") {
   CHECK(body->SerializeAsString() == request.SerializeAsString());
   CHECK(ParseSubmitBody("\xff\xff\xff garbage").status() ==
         absl::InvalidArgumentError("SUBMIT: not a serialized SubmitTransferRequest"));
+  v1::PostTransferRequest post;
+  post.set_prepared_id(5);
+  post.add_src_block_ids(9);
+  post.add_dst_block_ids(4);
+  parsed = ParseRequest(EncodePost(post));
+  CHECK(parsed.kind == RequestKind::kPost);
+  auto posted = ParsePostBody(parsed.body);
+  REQUIRE(posted.ok());
+  CHECK(posted->SerializeAsString() == post.SerializeAsString());
+  CHECK(ParsePostBody("\xff\xff\xff garbage").status() ==
+        absl::InvalidArgumentError("POST: not a serialized PostTransferRequest"));
   parsed = ParseRequest("WAIT 77");
   CHECK(parsed.kind == RequestKind::kWait);
   CHECK(ParseWaitBody(parsed.body, true).value() == 77);

@@ -27,7 +27,8 @@ uint32_t SubmissionSlots(size_t payload_bytes) {
                                kSubmissionSlotBytes);
 }
 
-absl::Status AppendSubmission(uint64_t tag, absl::string_view payload, std::string* out) {
+absl::Status AppendSubmission(uint64_t tag, absl::string_view payload, std::string* out,
+                              uint16_t kind) {
   const uint32_t slots = SubmissionSlots(payload.size());
   if (slots == 0) {
     return absl::InvalidArgumentError(absl::StrCat("sq.entry.payload_bytes: ", payload.size(),
@@ -37,7 +38,7 @@ absl::Status AppendSubmission(uint64_t tag, absl::string_view payload, std::stri
   const size_t at = out->size();
   out->resize(at + size_t{slots} * kSubmissionSlotBytes, '\0');
   auto* entry = reinterpret_cast<uint8_t*>(out->data() + at);
-  Store<uint16_t>(entry, kSubmissionKind);
+  Store<uint16_t>(entry, kind);
   Store<uint16_t>(entry + 2, static_cast<uint16_t>(slots));
   Store<uint32_t>(entry + 4, static_cast<uint32_t>(payload.size()));
   Store<uint64_t>(entry + 8, tag);
@@ -57,7 +58,8 @@ SubmissionHeader ReadSubmissionHeader(const uint8_t slot[kSubmissionSlotBytes]) 
 }
 
 uint32_t SubmissionSpan(const SubmissionHeader& header, uint64_t published) {
-  if (header.kind != kSubmissionKind || header.slots == 0 || header.slots > kMaxSubmissionSlots ||
+  const bool known = header.kind == kSubmissionKind || header.kind == kPostKind;
+  if (!known || header.slots == 0 || header.slots > kMaxSubmissionSlots ||
       header.slots > published) {
     return 1;
   }
@@ -70,9 +72,9 @@ absl::StatusOr<absl::string_view> SubmissionPayload(const uint8_t* entry, size_t
         absl::StrCat("sq.entry: ", size, " bytes, not whole slots of ", kSubmissionSlotBytes));
   }
   const SubmissionHeader h = ReadSubmissionHeader(entry);
-  if (h.kind != kSubmissionKind) {
+  if (h.kind != kSubmissionKind && h.kind != kPostKind) {
     return absl::InvalidArgumentError(
-        absl::StrCat("sq.entry.kind: ", h.kind, ", expected ", kSubmissionKind));
+        absl::StrCat("sq.entry.kind: ", h.kind, ", expected ", kSubmissionKind, " or ", kPostKind));
   }
   const size_t span = size / kSubmissionSlotBytes;
   if (h.slots == 0 || h.slots > kMaxSubmissionSlots || h.slots != span) {

@@ -8,7 +8,8 @@
 // Submission ring: slots of kSubmissionSlotBytes. One request is one entry of 1 to
 // kMaxSubmissionSlots consecutive slots (a request is bigger than a slot); its first slot begins
 //     kind u16 @0 (kSubmissionKind), slots u16 @2, payload_bytes u32 @4, tag u64 @8,
-// and the payload (a serialized v1::SubmitTransferRequest) follows from byte 16 on, through the
+// and the payload (a serialized v1::SubmitTransferRequest; with kind kPostKind a serialized
+// v1::PostTransferRequest, a prepared transfer's post) follows from byte 16 on, through the
 // entry's later slots. slots is SubmissionSlots(payload_bytes) exactly. The client writes any
 // number of entries and publishes them with one store of tail (a batch); a request too big for
 // an entry, or for the room left, goes by the SUBMIT packet instead.
@@ -40,6 +41,9 @@ namespace kvrail::wire {
 
 inline constexpr uint32_t kSubmissionSlotBytes = 64;
 inline constexpr uint16_t kSubmissionKind = 2;
+// An entry whose payload is a PostTransferRequest (Transfer.PostTransfer): admitted and
+// acknowledged as a submit's.
+inline constexpr uint16_t kPostKind = 4;
 inline constexpr size_t kSubmissionHeaderBytes = 16;
 // The largest entry: 64 slots (4 KiB), so a request of up to 4080 bytes.
 inline constexpr uint32_t kMaxSubmissionSlots = 64;
@@ -57,7 +61,8 @@ uint32_t SubmissionSlots(size_t payload_bytes);
 
 // Appends the entry for `payload` with `tag` to `out` (SubmissionSlots(payload.size()) slots,
 // zero-padded). INVALID_ARGUMENT when the payload is larger than kMaxSubmissionPayload.
-absl::Status AppendSubmission(uint64_t tag, absl::string_view payload, std::string* out);
+absl::Status AppendSubmission(uint64_t tag, absl::string_view payload, std::string* out,
+                              uint16_t kind = kSubmissionKind);
 
 // The header of an entry as read from its first slot.
 struct SubmissionHeader {
@@ -73,8 +78,9 @@ SubmissionHeader ReadSubmissionHeader(const uint8_t slot[kSubmissionSlotBytes]);
 // an entry of its own).
 uint32_t SubmissionSpan(const SubmissionHeader& header, uint64_t published);
 // The payload of the entry in `entry` (`size` bytes: its whole span, copied out of shared memory
-// by the caller). INVALID_ARGUMENT naming the field (sq.entry.kind, sq.entry.slots,
-// sq.entry.payload_bytes) when the entry is not one.
+// by the caller), of either kind (kSubmissionKind, kPostKind: the header's). INVALID_ARGUMENT
+// naming the field (sq.entry.kind, sq.entry.slots, sq.entry.payload_bytes) when the entry is not
+// one.
 absl::StatusOr<absl::string_view> SubmissionPayload(const uint8_t* entry, size_t size);
 
 struct SubmitAck {

@@ -153,6 +153,24 @@ TEST_CASE("garbage entries are refused one by one naming the field; later entrie
   CHECK(*taken[4].payload == Payload(20, 'e'));
 }
 
+TEST_CASE("a post entry (kPostKind) is read with its kind; an unknown kind is refused alone") {
+  std::string bytes;
+  REQUIRE(AppendSubmission(6, Payload(100, 'p'), &bytes, kPostKind).ok());  // 2 slots
+  const SubmissionHeader h = ReadSubmissionHeader(reinterpret_cast<const uint8_t*>(bytes.data()));
+  CHECK(h.kind == kPostKind);
+  CHECK(h.tag == 6);
+  CHECK(SubmissionSpan(h, 8) == 2);
+  auto payload = SubmissionPayload(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
+  REQUIRE(payload.ok());
+  CHECK(*payload == Payload(100, 'p'));
+  bytes[0] = 5;  // neither a submit nor a post
+  const SubmissionHeader bad = ReadSubmissionHeader(reinterpret_cast<const uint8_t*>(bytes.data()));
+  CHECK(SubmissionSpan(bad, 8) == 1);
+  CHECK(SubmissionPayload(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size())
+            .status()
+            .message() == "sq.entry.kind: 5, expected 2 or 4");
+}
+
 TEST_CASE("acknowledgements round trip; a long message is cut and flagged; bad ones refused") {
   uint8_t entry[kSubmitAckBytes];
   SubmitAck ack;

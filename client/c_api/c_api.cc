@@ -57,6 +57,28 @@ absl::StatusOr<std::shared_ptr<Client>> FindClient(kvrail_client* handle) {
   return client;
 }
 
+// A prepared transfer as the C ABI holds it: the daemon's id and the client it belongs to (not
+// kept alive by it: a closed client's session is gone, and the daemon freed its prepared ids).
+struct Prepared {
+  std::weak_ptr<Client> client;
+  uint64_t id = 0;
+};
+
+HandleTable<Prepared>& PreparedTable() {
+  static auto* table = new HandleTable<Prepared>();
+  return *table;
+}
+
+absl::StatusOr<std::shared_ptr<Prepared>> FindPrepared(kvrail_prepared* handle) {
+  if (handle == nullptr) return absl::InvalidArgumentError("prepared: NULL");
+  std::shared_ptr<Prepared> prepared = PreparedTable().Find(HandleOf(handle));
+  if (prepared == nullptr) {
+    return absl::InvalidArgumentError(
+        "prepared: not a live kvrail_prepared handle (released, or never issued)");
+  }
+  return prepared;
+}
+
 absl::StatusOr<std::shared_ptr<HostBuffer>> FindBuffer(kvrail_host_buffer* handle) {
   if (handle == nullptr) return absl::InvalidArgumentError("buffer: NULL");
   std::shared_ptr<HostBuffer> buffer = Buffers().Find(HandleOf(handle));
@@ -209,10 +231,12 @@ using kvrail::c_api::Buffers;
 using kvrail::c_api::Clients;
 using kvrail::c_api::FindBuffer;
 using kvrail::c_api::FindClient;
+using kvrail::c_api::FindPrepared;
 using kvrail::c_api::Guard;
 using kvrail::c_api::HandleFrom;
 using kvrail::c_api::HandleOf;
 using kvrail::c_api::Parse;
+using kvrail::c_api::PreparedTable;
 using kvrail::c_api::PutBytes;
 using kvrail::c_api::PutRegion;
 using kvrail::c_api::RequireOut;
@@ -772,6 +796,80 @@ int kvrail_on_session_lost(kvrail_client* handle, kvrail_session_lost_fn fn, voi
       });
     }
     return absl::OkStatus();
+  });
+}
+
+int kvrail_prepare(kvrail_client* handle, const uint8_t* spec, size_t spec_len,
+                   uint32_t src_block_count, uint32_t dst_block_count, kvrail_prepared** prepared,
+                   uint8_t** response, size_t* response_len) {
+  return Guard([&]() -> absl::Status {
+    KVRAIL_RETURN_IF_ERROR(RequireOut(prepared, "prepared"));
+    *prepared = nullptr;
+    KVRAIL_RETURN_IF_ERROR(ResetBytes(response, response_len, "response"));
+    KVRAIL_ASSIGN_OR_RETURN(std::shared_ptr<Client> client, FindClient(handle));
+    v1::PrepareTransferRequest request;
+    KVRAIL_ASSIGN_OR_RETURN(*request.mutable_spec(),
+                            Parse<v1::TransferSpec>(spec, spec_len, "spec"));
+    request.set_src_block_count(src_block_count);
+    request.set_dst_block_count(dst_block_count);
+    KVRAIL_ASSIGN_OR_RETURN(v1::PrepareTransferResponse info, client->PrepareRequest(request));
+    auto held = std::make_shared<kvrail::c_api::Prepared>();
+    held->client = client;
+    held->id = info.prepared_id();
+    const absl::Status put = PutBytes(info, response, response_len);
+    if (!put.ok()) {
+      (void)client->ReleasePrepared(held->id);
+      return put;
+    }
+    *prepared = HandleFrom<kvrail_prepared>(PreparedTable().Add(std::move(held)));
+    return absl::OkStatus();
+  });
+}
+
+int kvrail_post(kvrail_prepared* handle, const uint32_t* src_ids, size_t src_count,
+                const uint32_t* dst_ids, size_t dst_count, uint64_t* transfer_id,
+                uint8_t** response, size_t* response_len) {
+  return Guard([&]() -> absl::Status {
+    KVRAIL_RETURN_IF_ERROR(RequireOut(transfer_id, "transfer_id"));
+    *transfer_id = 0;
+    KVRAIL_RETURN_IF_ERROR(ResetBytes(response, response_len, "response"));
+    KVRAIL_ASSIGN_OR_RETURN(std::shared_ptr<kvrail::c_api::Prepared> prepared,
+                            FindPrepared(handle));
+    if (src_count > 0 && src_ids == nullptr) {
+      return absl::InvalidArgumentError("src_ids: NULL with src_count > 0");
+    }
+    if (dst_count > 0 && dst_ids == nullptr) {
+      return absl::InvalidArgumentError("dst_ids: NULL with dst_count > 0");
+    }
+    if (src_count > INT32_MAX || dst_count > INT32_MAX) {
+      return absl::InvalidArgumentError("src_count / dst_count: more than 2^31 - 1 ids");
+    }
+    std::shared_ptr<Client> client = prepared->client.lock();
+    if (client == nullptr) {
+      return absl::FailedPreconditionError(
+          "prepared: its client was closed (its session, and the prepared transfer, are gone)");
+    }
+    v1::PostTransferRequest request;
+    request.set_prepared_id(prepared->id);
+    if (src_count > 0) request.mutable_src_block_ids()->Add(src_ids, src_ids + src_count);
+    if (dst_count > 0) request.mutable_dst_block_ids()->Add(dst_ids, dst_ids + dst_count);
+    KVRAIL_ASSIGN_OR_RETURN(v1::SubmitTransferResponse result, client->PostPrepared(request));
+    *transfer_id = result.transfer_id();
+    return PutBytes(result, response, response_len);
+  });
+}
+
+int kvrail_prepared_release(kvrail_prepared* handle) {
+  return Guard([&]() -> absl::Status {
+    if (handle == nullptr) return absl::OkStatus();
+    std::shared_ptr<kvrail::c_api::Prepared> prepared = PreparedTable().Remove(HandleOf(handle));
+    if (prepared == nullptr) {
+      return absl::InvalidArgumentError(
+          "prepared: not a live kvrail_prepared handle (released, or never issued)");
+    }
+    std::shared_ptr<Client> client = prepared->client.lock();
+    if (client == nullptr) return absl::OkStatus();  // the session ended: the daemon freed it
+    return client->ReleasePrepared(prepared->id);
   });
 }
 

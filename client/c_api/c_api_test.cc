@@ -634,6 +634,78 @@ TEST_CASE("this wave's entry points: misuse is named, a stopped daemon is sessio
   live.stopped = true;
 }
 
+TEST_CASE("prepared: posted many times with new ids; misuse and bad ids named; released") {
+  Live live;
+  Pool src(live.client, /*writable=*/false, 0);
+  Pool dst(live.client, /*writable=*/true, 0xAB);
+  for (uint32_t l = 0; l < kLayers; ++l) {
+    for (uint32_t p = 0; p < kParts; ++p) {
+      for (uint32_t b = 0; b < kBlocks; ++b) {
+        std::memset(Chunk(src.buffer, l, p, b), 16 * l + 4 * p + b + 1, kChunk);
+      }
+    }
+  }
+  const std::vector<uint8_t> shape = Bytes(BlockTransfer(src.region, {}, dst.region, {}));
+  kvrail_prepared* prepared = nullptr;
+  uint8_t* out = nullptr;
+  size_t len = 0;
+  INFO(LastMessage());
+  REQUIRE(kvrail_prepare(live.client, shape.data(), shape.size(), 1, 0, &prepared, &out, &len) ==
+          KVRAIL_OK);
+  REQUIRE(prepared != nullptr);
+  const auto info = Take<v1::PrepareTransferResponse>(out, len);
+  CHECK(info.src_block_count() == 1);
+  CHECK(info.dst_block_count() == 1);
+  CHECK(info.bytes_total() == kLayers * kParts * kChunk);
+  // Three posts, new ids each time; block 2 stays untouched.
+  const uint32_t moves[][2] = {{5, 0}, {7, 3}, {0, 6}};
+  for (const auto& m : moves) {
+    uint64_t id = 0;
+    REQUIRE(kvrail_post(prepared, &m[0], 1, &m[1], 1, &id, nullptr, nullptr) == KVRAIL_OK);
+    int32_t state = 0;
+    REQUIRE(kvrail_wait(live.client, id, 10000, &state, nullptr, nullptr) == KVRAIL_OK);
+    CHECK(state == KVRAIL_STATE_SUCCEEDED);
+  }
+  for (uint32_t l = 0; l < kLayers; ++l) {
+    for (uint32_t p = 0; p < kParts; ++p) {
+      for (const auto& m : moves) {
+        CHECK(std::memcmp(Chunk(dst.buffer, l, p, m[1]), Chunk(src.buffer, l, p, m[0]), kChunk) ==
+              0);
+      }
+      CHECK(Chunk(dst.buffer, l, p, 2)[0] == 0xAB);
+    }
+  }
+  // A bad id is the daemon's error naming it; misuse names the argument.
+  const uint32_t big = kBlocks, one = 1;
+  uint64_t id = 7;
+  CHECK(kvrail_post(prepared, &big, 1, &one, 1, &id, nullptr, nullptr) == KVRAIL_INVALID_ARGUMENT);
+  CHECK(LastMessage() == "post.src_block_ids[0]: block 8 out of range [0, 8)");
+  CHECK(id == 0);
+  CHECK(kvrail_post(prepared, &one, 1, &one, 2, &id, nullptr, nullptr) == KVRAIL_INVALID_ARGUMENT);
+  CHECK(LastMessage() == "post.dst_block_ids: 2 ids, the prepared transfer takes 1");
+  CHECK(kvrail_post(prepared, nullptr, 1, &one, 1, &id, nullptr, nullptr) ==
+        KVRAIL_INVALID_ARGUMENT);
+  CHECK(LastMessage() == "src_ids: NULL with src_count > 0");
+  CHECK(kvrail_post(prepared, &one, 1, &one, 1, nullptr, nullptr, nullptr) ==
+        KVRAIL_INVALID_ARGUMENT);
+  CHECK(LastMessage() == "transfer_id: NULL out-parameter");
+  CHECK(kvrail_post(nullptr, &one, 1, &one, 1, &id, nullptr, nullptr) == KVRAIL_INVALID_ARGUMENT);
+  CHECK(LastMessage() == "prepared: NULL");
+  CHECK(kvrail_prepare(live.client, shape.data(), shape.size(), 1, 0, nullptr, nullptr, nullptr) ==
+        KVRAIL_INVALID_ARGUMENT);
+  CHECK(LastMessage() == "prepared: NULL out-parameter");
+  kvrail_prepared* again = nullptr;
+  CHECK(kvrail_prepare(nullptr, shape.data(), shape.size(), 1, 0, &again, nullptr, nullptr) ==
+        KVRAIL_INVALID_ARGUMENT);
+  CHECK(LastMessage() == "client: NULL");
+  // Released: the handle is retired (a second release and a post name it), nothing crashes.
+  CHECK(kvrail_prepared_release(prepared) == KVRAIL_OK);
+  CHECK(kvrail_prepared_release(prepared) == KVRAIL_INVALID_ARGUMENT);
+  CHECK(LastMessage().rfind("prepared: not a live kvrail_prepared handle", 0) == 0);
+  CHECK(kvrail_post(prepared, &one, 1, &one, 1, &id, nullptr, nullptr) == KVRAIL_INVALID_ARGUMENT);
+  CHECK(kvrail_prepared_release(nullptr) == KVRAIL_OK);
+}
+
 TEST_CASE("connecting to a socket nobody serves is UNAVAILABLE naming it") {
   TempDir dir;
   const std::string socket = dir.path() + "/nobody.sock";

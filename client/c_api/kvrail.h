@@ -71,6 +71,7 @@ enum {
 
 typedef struct kvrail_client kvrail_client;
 typedef struct kvrail_host_buffer kvrail_host_buffer;
+typedef struct kvrail_prepared kvrail_prepared;
 
 /* --- Version and errors ----------------------------------------------------------------------- */
 uint32_t kvrail_abi_version(void);
@@ -199,6 +200,26 @@ int kvrail_submit_blocks(kvrail_client* client, const uint8_t* spec, size_t spec
  * code with its message naming the index ("specs[2]: ..."). */
 int kvrail_submit_batch(kvrail_client* client, const uint8_t* const* specs, const size_t* spec_lens,
                         size_t count, uint64_t* transfer_ids, int32_t* codes);
+/* Prepared transfers: a transfer's shape validated and planned once by the daemon, then posted
+ * many times with new block ids (each post checks only its ids, and that the regions and grants
+ * still hold). kvrail_prepare: `spec` is a serialized kvrail.v1.TransferSpec without block ids
+ * (kvrail.v1.PrepareTransferRequest says what it may hold); each post gives `src_block_count`
+ * source and `dst_block_count` destination ids (0: as many as the tokens need). *prepared gets
+ * the handle; `response` (optional) the serialized kvrail.v1.PrepareTransferResponse. The
+ * prepared transfer belongs to the client's session: it ends with kvrail_prepared_release, the
+ * client's close (the session's end) or the unregistration of either region.
+ * kvrail_post: one transfer of that shape with these ids (exactly the counts prepared), answered
+ * as kvrail_submit (`transfer_id` required, `response` optional); wait for it as for a submitted
+ * one. A bad id is KVRAIL_INVALID_ARGUMENT naming it ("post.src_block_ids[3]: ..."); a prepared
+ * transfer that is gone (released, its region unregistered) KVRAIL_NOT_FOUND naming prepared_id.
+ * kvrail_prepared_release: frees it (NULL: nothing; a released handle: INVALID_ARGUMENT). */
+int kvrail_prepare(kvrail_client* client, const uint8_t* spec, size_t spec_len,
+                   uint32_t src_block_count, uint32_t dst_block_count, kvrail_prepared** prepared,
+                   uint8_t** response, size_t* response_len);
+int kvrail_post(kvrail_prepared* prepared, const uint32_t* src_ids, size_t src_count,
+                const uint32_t* dst_ids, size_t dst_count, uint64_t* transfer_id,
+                uint8_t** response, size_t* response_len);
+int kvrail_prepared_release(kvrail_prepared* prepared);
 /* Status of a transfer. `state` (optional) gets its TransferState; `status` (optional) the
  * serialized kvrail.v1.TransferStatus.
  * kvrail_wait: timeout_ms < 0 waits until the transfer ends; 0 returns the current status at

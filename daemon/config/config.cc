@@ -407,6 +407,7 @@ absl::Status FinalizeConfig(v1::DaemonConfig* config) {
   // Caps (docs/security.md, "Caps"); max_sessions and max_sessions_per_uid 0 stay: kvraild
   // derives them from RLIMIT_NOFILE (daemon/options.h).
   if (config->max_transfers_per_session() == 0) config->set_max_transfers_per_session(4096);
+  if (config->max_prepared_per_session() == 0) config->set_max_prepared_per_session(1024);
   if (config->max_watchers_per_session() == 0) config->set_max_watchers_per_session(64);
   if (config->max_watchers_per_uid() == 0) config->set_max_watchers_per_uid(1024);
   if (config->max_list_transfers() == 0) config->set_max_list_transfers(1000);
@@ -415,6 +416,9 @@ absl::Status FinalizeConfig(v1::DaemonConfig* config) {
   }
   if (config->max_transfers_per_session() > (1u << 24)) {
     return absl::InvalidArgumentError("max_transfers_per_session: at most 16777216");
+  }
+  if (config->max_prepared_per_session() > 65536) {
+    return absl::InvalidArgumentError("max_prepared_per_session: at most 65536");
   }
   if (config->max_watchers_per_session() > 65536) {
     return absl::InvalidArgumentError("max_watchers_per_session: at most 65536");

@@ -59,9 +59,9 @@ absl::Status DeferredIdChecks::AdvanceLocked(const DeferredSide& side, Progress&
   if (side.unique && progress.seen.empty()) {
     progress.seen.assign((static_cast<size_t>(side.num_blocks) + 63) / 64, 0);
   }
-  const absl::Status status = CheckIds(side.ids, progress.done, need, side.num_blocks,
-                                       side.unique ? &progress.seen : nullptr, side.scope,
-                                       side.field);
+  const absl::Status status =
+      CheckIds(side.ids, progress.done, need, side.num_blocks,
+               side.unique ? &progress.seen : nullptr, side.scope, side.field);
   if (status.ok()) progress.done = need;
   return status;
 }

@@ -34,8 +34,9 @@ TEST_CASE("a post's plan equals MakePlan's for the same spec and ids") {
   REQUIRE(t.ok());
   CHECK(t->src_count() == 3);
   CHECK(t->dst_count() == 3);
-  for (const auto& [s, d] : {std::pair{std::vector<uint32_t>{7, 8, 9}, std::vector<uint32_t>{1, 2, 3}},
-                             std::pair{std::vector<uint32_t>{4095, 0, 17}, std::vector<uint32_t>{9, 4095, 0}}}) {
+  for (const auto& [s, d] :
+       {std::pair{std::vector<uint32_t>{7, 8, 9}, std::vector<uint32_t>{1, 2, 3}},
+        std::pair{std::vector<uint32_t>{4095, 0, 17}, std::vector<uint32_t>{9, 4095, 0}}}) {
     absl::StatusOr<Plan> posted =
         t->Instantiate(Ref(s, "post.src_block_ids"), Ref(d, "post.dst_block_ids"), PlanOptions());
     REQUIRE(posted.ok());
@@ -54,8 +55,7 @@ TEST_CASE("each post's ids are checked: num_blocks, a huge id, repeats, counts")
   absl::StatusOr<PlanTemplate> t = PlanTemplate::Make(Spec({}, {}), src, dst, PlanOptions(), 4, 4);
   REQUIRE(t.ok());
   auto post = [&](std::vector<uint32_t> s, std::vector<uint32_t> d, PlanOptions o = {}) {
-    return t->Instantiate(Ref(s, "post.src_block_ids"), Ref(d, "post.dst_block_ids"), o)
-        .status();
+    return t->Instantiate(Ref(s, "post.src_block_ids"), Ref(d, "post.dst_block_ids"), o).status();
   };
   CHECK(post({1, 2, 3, 4}, {5, 6, 7, 8}).ok());
   ExpectError(post({1, 2, 3, 4096}, {5, 6, 7, 8}), absl::StatusCode::kInvalidArgument,
@@ -115,7 +115,8 @@ TEST_CASE("a bytes template takes no ids") {
   CHECK(t->Instantiate(Ref(none, "post.src_block_ids"), Ref(none, "post.dst_block_ids"), {}).ok());
   ExpectError(
       t->Instantiate(Ref(one, "post.src_block_ids"), Ref(none, "post.dst_block_ids"), {}).status(),
-      absl::StatusCode::kInvalidArgument, "post.src_block_ids: 1 ids, the prepared transfer takes 0");
+      absl::StatusCode::kInvalidArgument,
+      "post.src_block_ids: 1 ids, the prepared transfer takes 0");
   ExpectError(PlanTemplate::Make(spec, Bytes(1000), Bytes(1000), {}, 1, 0).status(),
               absl::StatusCode::kInvalidArgument, "src_block_count: a transfer between bytes");
 }

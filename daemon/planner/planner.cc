@@ -94,16 +94,15 @@ absl::StatusOr<BlockTable> CopyBlockIds(const IdSource& from, uint32_t num_block
                                         bool check, TableAllocator* tables) {
   BlockTable ids = BlockTable::Allocate(from.count, tables);
   if (!ids.ok()) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat(from.scope, from.field, ": no memory for a table of ", from.count,
-                     " block ids"));
+    return absl::ResourceExhaustedError(absl::StrCat(
+        from.scope, from.field, ": no memory for a table of ", from.count, " block ids"));
   }
   if (from.count > 0) std::memcpy(ids.data(), from.ids, 4 * from.count);
   if (check) {
     SeenBlocks seen;
     if (unique) seen.assign((static_cast<size_t>(num_blocks) + 63) / 64, 0);
-    KVRAIL_RETURN_IF_ERROR(CheckIds(ids.data(), 0, from.count, num_blocks,
-                                    unique ? &seen : nullptr, from.scope, from.field));
+    KVRAIL_RETURN_IF_ERROR(CheckIds(ids.data(), 0, from.count, num_blocks, unique ? &seen : nullptr,
+                                    from.scope, from.field));
   }
   return ids;
 }
@@ -531,9 +530,11 @@ absl::StatusOr<PlanTemplate> PlanTemplate::Make(const kvrail::v1::TransferSpec& 
       (tokens + dst.layout.tokens_per_block - 1) / std::max(1u, dst.layout.tokens_per_block);
   if (dst_count == 0) dst_count = static_cast<uint32_t>(std::min<uint64_t>(dst_need, UINT32_MAX));
   if (dst_count > dst.layout.num_blocks) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "dst_block_count: ", dst_count, " distinct destination blocks per post, the destination "
-        "has ", dst.layout.num_blocks));
+    return absl::InvalidArgumentError(
+        absl::StrCat("dst_block_count: ", dst_count,
+                     " distinct destination blocks per post, the destination "
+                     "has ",
+                     dst.layout.num_blocks));
   }
   // Stand-in ids, valid on both sides (the destination's distinct): every check but the ids'.
   std::vector<uint32_t> src_ids(src_count, 0), dst_ids(dst_count);
@@ -567,8 +568,8 @@ absl::StatusOr<Plan> PlanTemplate::Instantiate(const TableRef& src, const TableR
                                                const PlanOptions& options) const {
   for (const auto& [ref, want] : {std::pair{&src, src_count_}, std::pair{&dst, dst_count_}}) {
     if (ref->count != want) {
-      return absl::InvalidArgumentError(absl::StrCat(ref->field, ": ", ref->count,
-                                                     " ids, the prepared transfer takes ", want));
+      return absl::InvalidArgumentError(
+          absl::StrCat(ref->field, ": ", ref->count, " ids, the prepared transfer takes ", want));
     }
   }
   Plan plan = shape_;
@@ -578,14 +579,14 @@ absl::StatusOr<Plan> PlanTemplate::Instantiate(const TableRef& src, const TableR
   const bool defer =
       options.defer_checks_from > 0 && src.count + dst.count >= options.defer_checks_from;
   BlockTable src_ids, dst_ids;
-  KVRAIL_RETURN_IF_ERROR(CopyBothSides(src_from, src_num_blocks_, dst_from, dst_num_blocks_,
-                                       !defer, options, &src_ids, &dst_ids));
+  KVRAIL_RETURN_IF_ERROR(CopyBothSides(src_from, src_num_blocks_, dst_from, dst_num_blocks_, !defer,
+                                       options, &src_ids, &dst_ids));
   if (defer) {
     plan.checks_ = std::make_shared<DeferredIdChecks>(
-        DeferredSide{src_ids.Hold(), src_ids.data(), src_count_, src_count_, src_num_blocks_,
-                     false, src.field, ""},
-        DeferredSide{dst_ids.Hold(), dst_ids.data(), dst_count_, dst_count_, dst_num_blocks_,
-                     true, dst.field, ""});
+        DeferredSide{src_ids.Hold(), src_ids.data(), src_count_, src_count_, src_num_blocks_, false,
+                     src.field, ""},
+        DeferredSide{dst_ids.Hold(), dst_ids.data(), dst_count_, dst_count_, dst_num_blocks_, true,
+                     dst.field, ""});
   }
   plan.src_blocks_ = std::move(src_ids);
   plan.dst_blocks_ = std::move(dst_ids);

@@ -181,6 +181,30 @@ class TransferService final
     return grpc::Status::OK;
   }
 
+  // Prepared transfers: the caller's credentials name the owning session; the manager checks
+  // the rest (transfers.h).
+  grpc::Status PrepareTransfer(grpc::ServerContext* context,
+                               const v1::PrepareTransferRequest* request,
+                               v1::PrepareTransferResponse* response) override {
+    KVRAIL_CALLER_OR_RETURN(caller);
+    KVRAIL_GATE_OR_FORWARD(PrepareTransfer);
+    return Fill(transfers_->Prepare(caller, *request), response);
+  }
+
+  grpc::Status PostTransfer(grpc::ServerContext* context, const v1::PostTransferRequest* request,
+                            v1::SubmitTransferResponse* response) override {
+    KVRAIL_CALLER_OR_RETURN(caller);
+    KVRAIL_GATE_OR_FORWARD(PostTransfer);
+    return Fill(transfers_->Post(caller, *request), response);
+  }
+
+  grpc::Status ReleasePrepared(grpc::ServerContext* context,
+                               const v1::ReleasePreparedRequest* request,
+                               v1::ReleasePreparedResponse*) override {
+    KVRAIL_CALLER_OR_RETURN(caller);
+    return ToGrpcStatus(transfers_->ReleasePrepared(caller, request->prepared_id()));
+  }
+
   grpc::Status GetTransfer(grpc::ServerContext* context, const v1::GetTransferRequest* request,
                            v1::TransferStatus* response) override {
     KVRAIL_CALLER_OR_RETURN(caller);
@@ -302,7 +326,8 @@ class TransferService final
   }
 
  private:
-  static grpc::Status Fill(absl::StatusOr<v1::TransferStatus> status, v1::TransferStatus* out) {
+  template <typename Message>
+  static grpc::Status Fill(absl::StatusOr<Message> status, Message* out) {
     if (!status.ok()) return ToGrpcStatus(status.status());
     *out = *std::move(status);
     return grpc::Status::OK;

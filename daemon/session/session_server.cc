@@ -513,7 +513,14 @@ class SessionServerImpl final : public SessionServer {
       return;
     }
     // A small SUBMIT (AdmitsInline) of a session with nothing queued is admitted here: the
-    // hand-off to a worker would cost it as much as its admission.
+    // hand-off to a worker would cost it as much as its admission. So is a small POST (its ids
+    // in the packet; nothing but they are checked).
+    if (admission_ != nullptr && request.kind == wire::RequestKind::kPost && options_.post &&
+        received->fds.empty() && !received->truncated &&
+        request.body.size() <= kMaxInlineSubmitBytes && admission_->Idle(conn->id)) {
+      conn->Send(Post(request.body, conn));
+      return;
+    }
     if (admission_ != nullptr && request.kind == wire::RequestKind::kSubmit && options_.submit &&
         received->fds.empty() && !received->truncated &&
         request.body.size() <= kMaxInlineSubmitBytes && admission_->Idle(conn->id)) {
@@ -527,7 +534,8 @@ class SessionServerImpl final : public SessionServer {
     // there, so the session's answers keep the order of its packets. Other packets are served
     // here (FD, WAIT and CQ cost no more than a lookup).
     if (admission_ != nullptr &&
-        (request.kind == wire::RequestKind::kSubmit || !admission_->Idle(conn->id))) {
+        (request.kind == wire::RequestKind::kSubmit || request.kind == wire::RequestKind::kPost ||
+         !admission_->Idle(conn->id))) {
       auto packet = std::make_unique<Packet>();
       packet->kind = request.kind;
       packet->body = std::string(request.body);
@@ -564,6 +572,12 @@ class SessionServerImpl final : public SessionServer {
                          : wire::EncodeRejected(absl::InvalidArgumentError(absl::StrCat(
                                "SUBMIT: the packet is larger than ", wire::kMaxRequestBytes,
                                " bytes or carries descriptors; use SubmitTransfer"))));
+        return;
+      case wire::RequestKind::kPost:
+        conn->Send(plain ? Post(body, conn)
+                         : wire::EncodeRejected(absl::InvalidArgumentError(absl::StrCat(
+                               "POST: the packet is larger than ", wire::kMaxRequestBytes,
+                               " bytes or carries descriptors; use PostTransfer"))));
         return;
       case wire::RequestKind::kWait:
         Wait(conn, plain, body);
@@ -718,6 +732,39 @@ class SessionServerImpl final : public SessionServer {
                          : wire::EncodeRejected(accepted.status());
   }
 
+  // The answer to one POST packet: a prepared transfer of the connection's session posted
+  // (options_.post), answered as a SUBMIT; its end goes to the session's completion queue.
+  std::string Post(absl::string_view body, const std::shared_ptr<Connection>& conn) {
+    if (!options_.post) {
+      return wire::EncodeRejected(
+          absl::UnimplementedError("POST: this daemon takes prepared transfers over gRPC only"));
+    }
+    absl::StatusOr<v1::PostTransferRequest> parsed = wire::ParsePostBody(body);
+    if (!parsed.ok()) return wire::EncodeRejected(parsed.status());
+    absl::StatusOr<v1::SubmitTransferResponse> accepted = AdmitPost(*parsed, conn, 0);
+    return accepted.ok() ? wire::EncodeSubmitted(*accepted)
+                         : wire::EncodeRejected(accepted.status());
+  }
+
+  // Posts a prepared transfer of `conn`'s session (a POST packet's or a kPostKind entry's, `tag`
+  // its tag); its end goes to the session's completion queue when it has one.
+  absl::StatusOr<v1::SubmitTransferResponse> AdmitPost(const v1::PostTransferRequest& post,
+                                                       const std::shared_ptr<Connection>& conn,
+                                                       uint64_t tag) {
+    if (!options_.post) {
+      return absl::UnimplementedError("POST: this daemon takes prepared transfers over gRPC only");
+    }
+    sessions::Caller caller;
+    caller.session_id = conn->id;
+    absl::StatusOr<v1::SubmitTransferResponse> accepted = options_.post(caller, post);
+    if (!accepted.ok()) {
+      spdlog::info("post rejected (session): {}", accepted.status().ToString());
+      return accepted.status();
+    }
+    if (auto sink = conn->Completions()) PostWhenDone(*conn, sink, accepted->transfer_id(), tag);
+    return accepted;
+  }
+
   // Admits a parsed request of `conn`'s session (a SUBMIT packet's or a submission queue
   // entry's, `tag` its tag): the connection's session is the submitter, whatever the spec
   // claims, and the transfer's end goes to the session's completion queue when it has one.
@@ -807,6 +854,7 @@ class SessionServerImpl final : public SessionServer {
     struct Parsed {
       uint64_t tag = 0;
       absl::StatusOr<v1::SubmitTransferRequest> request;
+      std::optional<v1::PostTransferRequest> post;  // a kPostKind entry (request unused)
     };
     auto parsed = std::make_shared<std::vector<Parsed>>();
     parsed->reserve(entries.size());
@@ -816,6 +864,17 @@ class SessionServerImpl final : public SessionServer {
       p.tag = entry.tag;
       if (!entry.request.ok()) {
         p.request = entry.request.status();
+      } else if (entry.kind == wire::kPostKind) {
+        v1::PostTransferRequest post;
+        if (post.ParseFromString(*entry.request)) {
+          inline_ok = inline_ok &&
+                      static_cast<size_t>(post.src_block_ids_size()) + post.dst_block_ids_size() <=
+                          options_.max_inline_submit_ids;
+          p.post = std::move(post);
+        } else {
+          p.request =
+              absl::InvalidArgumentError("sq.entry.payload: not a serialized PostTransferRequest");
+        }
       } else {
         v1::SubmitTransferRequest request;
         if (request.ParseFromString(*entry.request)) {
@@ -834,8 +893,9 @@ class SessionServerImpl final : public SessionServer {
         wire::SubmitAck ack;
         ack.tag = p.tag;
         absl::StatusOr<v1::SubmitTransferResponse> accepted =
-            p.request.ok() ? Admit(*std::move(p.request), conn, p.tag)
-                           : absl::StatusOr<v1::SubmitTransferResponse>(p.request.status());
+            p.post.has_value() ? AdmitPost(*p.post, conn, p.tag)
+            : p.request.ok()   ? Admit(*std::move(p.request), conn, p.tag)
+                               : absl::StatusOr<v1::SubmitTransferResponse>(p.request.status());
         if (accepted.ok()) {
           ack.transfer_id = accepted->transfer_id();
           ack.bytes_total = accepted->bytes_total();

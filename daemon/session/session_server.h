@@ -47,6 +47,12 @@ struct SessionServerOptions {
   // Accepts a SUBMIT (on an admission worker or the poll thread, see admission_workers:
   // thread-safe); without one SUBMIT is refused (UNIMPLEMENTED).
   std::function<absl::StatusOr<v1::SubmitTransferResponse>(const v1::TransferSpec& spec)> submit;
+  // Posts a prepared transfer for a POST packet (TransferManager::Post, `caller` the
+  // connection's session), where and in the order a SUBMIT is admitted: thread-safe. Without
+  // one POST is refused (UNIMPLEMENTED).
+  std::function<absl::StatusOr<v1::SubmitTransferResponse>(const sessions::Caller& caller,
+                                                           const v1::PostTransferRequest& post)>
+      post;
   // WAIT by `caller` (the connection's session, or the session its credential names) for
   // transfer `id`: registers `done` for its end, or refuses as the transfer manager does
   // (NOT_FOUND for an unknown id and for a caller with no part in the transfer). `done` must not

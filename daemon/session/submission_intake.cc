@@ -59,6 +59,7 @@ absl::Status SubmissionIntake::Take(size_t max, std::vector<Entry>* out) {
     if (span > 1) (void)ring.Pop(span - 1, copy);
     Entry taken;
     taken.tag = header.tag;
+    taken.kind = header.kind;
     absl::StatusOr<absl::string_view> payload =
         wire::SubmissionPayload(reinterpret_cast<const uint8_t*>(entry.data()), entry.size());
     if (payload.ok()) {

@@ -36,6 +36,7 @@ class SubmissionIntake {
 
   struct Entry {
     uint64_t tag = 0;
+    uint16_t kind = 0;                    // the header's (wire::kSubmissionKind, kPostKind)
     absl::StatusOr<std::string> request;  // the payload, or the entry's refusal
   };
   // Takes up to `max` published entries into `out`. DATA_LOSS when the ring's indices are

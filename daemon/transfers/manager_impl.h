@@ -19,6 +19,7 @@
 #include "daemon/transfers/flag_watches.h"
 #include "daemon/transfers/grant_uses.h"
 #include "daemon/transfers/history.h"
+#include "daemon/transfers/prepared.h"
 #include "daemon/transfers/record.h"
 #include "daemon/transfers/resolve.h"
 #include "daemon/transfers/transfers.h"
@@ -44,6 +45,11 @@ class InboundEngine final : public engine::Engine {
 // The answer for a transfer id this daemon does not know (NOT_FOUND naming transfer_id). A caller
 // with no part in a transfer gets exactly this for it too, so ids cannot be probed.
 absl::Status UnknownTransfer(uint64_t id);
+
+// TransferStatus.link for a local transfer: "host", "gpu0", "gpu0-gpu1", "gpu0-host", ...
+std::string LinkName(const regions::Region& src, const regions::Region& dst);
+// The region's memory kind and GPU (the route's input; no address).
+job::Placement PlacementOf(const regions::Region& r);
 
 // Thread-safe. mu_ guards the history, the id counter and the draining flag; lock order:
 // mu_, then a record's lock. Engines, the remote path and flag watches are called outside mu_.
@@ -100,8 +106,17 @@ class TransferManagerImpl final : public TransferManager {
   absl::StatusOr<std::vector<v1::TransferStatus>> ListChecked(
       const sessions::Caller& caller, const ListFilter& filter) const override;
   void EndSession(uint64_t session_id) override;
+  // (prepared.cc)
+  absl::StatusOr<v1::PrepareTransferResponse> Prepare(
+      const sessions::Caller& caller, const v1::PrepareTransferRequest& request) override;
+  absl::StatusOr<v1::SubmitTransferResponse> Post(const sessions::Caller& caller,
+                                                  const v1::PostTransferRequest& post) override;
+  absl::Status ReleasePrepared(const sessions::Caller& caller, uint64_t prepared_id) override;
 
  private:
+  // Post's work; Post counts what it refuses (Stats.rejected_by_code).
+  absl::StatusOr<v1::SubmitTransferResponse> PostCounted(const sessions::Caller& caller,
+                                                         const v1::PostTransferRequest& post);
   // What a caller does with an admitted transfer (the rules: TransferManager's class comment).
   enum class Use {
     kRead,     // Get, Wait, WhenEnded, Watch
@@ -251,6 +266,9 @@ class TransferManagerImpl final : public TransferManager {
   // deadline loop for expiry). Shared with the hook, which may outlive the manager.
   const std::shared_ptr<GrantUses> grant_uses_;
   const std::shared_ptr<InFlight> in_flight_ = std::make_shared<InFlight>();
+  // Prepared transfers. Shared with the region table's unregister hook, which may outlive the
+  // manager.
+  const std::shared_ptr<PreparedTable> prepared_;
   std::thread deadline_thread_;
 };
 

@@ -208,8 +208,8 @@ absl::StatusOr<ResolvedFlags> ResolveFlags(const regions::RegionTable& regions,
   return out;
 }
 
-// spec.done_word: a word in a host region the submitter itself owns (the daemon's GPU writes it;
-// nobody else's memory), aligned, inside the region, with a value that is not 0.
+}  // namespace
+
 absl::StatusOr<ResolvedDoneWord> ResolveDoneWord(const regions::RegionTable& regions,
                                                  const v1::DoneWord& done, uint64_t session) {
   const std::string field = "spec.done_word";
@@ -245,8 +245,6 @@ absl::StatusOr<ResolvedDoneWord> ResolveDoneWord(const regions::RegionTable& reg
   out.value = done.value();
   return out;
 }
-
-}  // namespace
 
 LayerRange TransferLayers(const regions::Region& region, const v1::TransferSpec& spec,
                           const v1::TransferEndpoint& side) {

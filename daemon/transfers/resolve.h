@@ -99,6 +99,12 @@ absl::StatusOr<ResolvedRequest> Resolve(const v1::TransferSpec& spec,
                                         const access::Grants& grants,
                                         const ResolveOptions& options);
 
+// spec.done_word: a word in a host region session `session` itself owns (the daemon's GPU writes
+// it; nobody else's memory), aligned, inside the region, with a value that is not 0. Errors name
+// spec.done_word.
+absl::StatusOr<ResolvedDoneWord> ResolveDoneWord(const regions::RegionTable& regions,
+                                                 const v1::DoneWord& done, uint64_t session);
+
 engine::PriorityClass ToClass(v1::Priority priority);
 
 // The layers [begin, end) of `region` a transfer touches on `side` (both 0 for bytes regions),

@@ -21,7 +21,12 @@ std::shared_ptr<Counters> MakeCounters(std::function<void(const v1::TransferStat
   return counters;
 }
 
-// TransferStatus.link for a local transfer: "host", "gpu0", "gpu0-gpu1", "gpu0-host", ...
+absl::Status Draining() {
+  return absl::UnavailableError("the daemon is draining; submit elsewhere");
+}
+
+}  // namespace
+
 std::string LinkName(const regions::Region& src, const regions::Region& dst) {
   auto side = [](const regions::Region& r) {
     return r.spec().memory_kind() == v1::MEMORY_KIND_CUDA ? absl::StrCat("gpu", r.spec().device())
@@ -31,17 +36,10 @@ std::string LinkName(const regions::Region& src, const regions::Region& dst) {
   return a == b ? a : absl::StrCat(a, "-", b);
 }
 
-// The region's memory kind and GPU (the route's input; no address).
 job::Placement PlacementOf(const regions::Region& r) {
   return r.spec().memory_kind() == v1::MEMORY_KIND_CUDA ? job::Placement::Gpu(r.spec().device())
                                                         : job::Placement::Host();
 }
-
-absl::Status Draining() {
-  return absl::UnavailableError("the daemon is draining; submit elsewhere");
-}
-
-}  // namespace
 
 namespace {
 
@@ -73,7 +71,12 @@ TransferManagerImpl::TransferManagerImpl(regions::RegionTable* regions, access::
       next_id_(std::max<uint64_t>(1, static_cast<uint64_t>(clock->NowUnixMicros()))),
       history_(options.history),
       watches_(options.flag_poll_interval),
-      grant_uses_(std::make_shared<GrantUses>(grants)) {
+      grant_uses_(std::make_shared<GrantUses>(grants)),
+      prepared_(std::make_shared<PreparedTable>(options.max_prepared_per_session)) {
+  // A prepared transfer dies with its regions (and holds neither mapping after).
+  regions_->AddUnregisterHook([prepared = std::weak_ptr<PreparedTable>(prepared_)](uint64_t id) {
+    if (auto held = prepared.lock()) held->DropRegion(id);
+  });
   grants_->AddAccessHook([uses = std::weak_ptr<GrantUses>(grant_uses_)] {
     if (auto held = uses.lock()) held->Recheck();
   });
@@ -504,6 +507,7 @@ void TransferManagerImpl::Drain(absl::Duration timeout) {
 
 void TransferManagerImpl::EndSession(uint64_t session_id) {
   if (session_id == 0) return;
+  prepared_->EndSession(session_id);  // its prepared transfers, and those using its regions
   std::vector<std::shared_ptr<Record>> open;
   {
     absl::MutexLock lock(&mu_);

@@ -49,6 +49,9 @@ struct Options {
   // is RESOURCE_EXHAUSTED naming `limit`.
   uint32_t max_transfers_per_session = 4096;
   uint32_t max_list_transfers = 1000;
+  // Prepared transfers one session holds at once (Prepare: RESOURCE_EXHAUSTED naming
+  // max_prepared_per_session beyond).
+  uint32_t max_prepared_per_session = 1024;
   // Called with the final status of every transfer that ends (metrics); may be empty.
   std::function<void(const v1::TransferStatus&)> on_finished;
   // How often shared-memory ready flags (spec.ready_flags) are polled when none changed.
@@ -120,6 +123,25 @@ class TransferManager : public InboundSink {
   // a destination on another node is refused with FAILED_PRECONDITION naming spec.dst.node_id.
   virtual absl::StatusOr<v1::SubmitTransferResponse> SubmitWithinNode(
       const v1::TransferSpec& spec) = 0;
+  // --- Prepared transfers (a shape validated and planned once, posted many times) ---
+  // Validates `request.spec` (no block ids; see PrepareTransferRequest) as Submit would for
+  // `caller`'s session (regions, grants, layouts, layers, heads, route) and plans its shape once
+  // (planner::PlanTemplate). The prepared id is the session's alone; anonymous callers are
+  // refused (PERMISSION_DENIED naming session_id), a session holding
+  // Options::max_prepared_per_session already RESOURCE_EXHAUSTED naming that cap. It ends with
+  // ReleasePrepared, the session's end (EndSession), or the unregistration of either region.
+  virtual absl::StatusOr<v1::PrepareTransferResponse> Prepare(
+      const sessions::Caller& caller, const v1::PrepareTransferRequest& request) = 0;
+  // One transfer of prepared shape `post.prepared_id` with the post's ids, answered and admitted
+  // as Submit's. Checked on every post: the ids (planner::PlanTemplate::Instantiate, errors
+  // naming "post.src_block_ids[i]"), that both regions are still registered and every grant the
+  // shape uses still holds (as Submit's errors, naming spec.src / spec.dst), the post's done
+  // word, the caps and draining. NOT_FOUND naming prepared_id for an unknown id and, with the
+  // same message, another session's (deny by default: ids cannot be probed).
+  virtual absl::StatusOr<v1::SubmitTransferResponse> Post(const sessions::Caller& caller,
+                                                          const v1::PostTransferRequest& post) = 0;
+  // Frees the caller's prepared transfer (transfers posted from it run on). NOT_FOUND as Post.
+  virtual absl::Status ReleasePrepared(const sessions::Caller& caller, uint64_t prepared_id) = 0;
   virtual absl::StatusOr<v1::TransferStatus> Get(const sessions::Caller& caller,
                                                  uint64_t id) const = 0;
   // Returns when the transfer ends or after `timeout` (the current status then).

@@ -16,8 +16,8 @@ import stat
 import time
 import weakref
 import dataclasses
-from typing import (Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple,
-                    Union)
+from typing import (TYPE_CHECKING, Callable, Dict, Iterable, Iterator, List, Optional, Sequence,
+                    Tuple, Union)
 
 from kvrail._lib import SESSION_LOST_FN, check, lib, out_bytes, take_bytes
 from kvrail.errors import (InvalidArgumentError, KvrailError, SessionLostError, StatusCode,
@@ -792,6 +792,31 @@ class Client:
                                          ctypes.byref(response_len)))
         return Transfer(self, transfer_id.value, take_bytes(response, response_len.value))
 
+    def prepare(self, src: Union[Region, int], dst: Union[Region, int], src_block_count: int,
+                dst_block_count: int = 0, **fields) -> "PreparedTransfer":
+        """Prepares a paged transfer's shape from `src` into `dst` (other TransferSpec fields by
+        keyword, as transfer(); no block ids) for posts of `src_block_count` source and
+        `dst_block_count` destination ids (0: as many as the tokens need). The daemon validates
+        and plans it once; each PreparedTransfer.post(src_blocks, dst_blocks) then checks only
+        its ids. A context manager that releases it."""
+        from kvrail.prepared import PreparedTransfer
+        spec = transfer_pb2.TransferSpec()
+        spec.src.region_id = src.id if isinstance(src, Region) else int(src)
+        spec.dst.region_id = dst.id if isinstance(dst, Region) else int(dst)
+        for key, value in fields.items():
+            side, _, rest = key.partition("_")
+            if side in ("src", "dst") and rest:
+                setattr(getattr(spec, side), rest, value)
+            else:
+                setattr(spec, key, value)
+        data = spec.SerializeToString()
+        handle = ctypes.c_void_p()
+        response, response_len = out_bytes()
+        check(lib().kvrail_prepare(self._h, data, len(data), int(src_block_count),
+                                   int(dst_block_count), ctypes.byref(handle),
+                                   ctypes.byref(response), ctypes.byref(response_len)))
+        return PreparedTransfer(self, handle.value, take_bytes(response, response_len.value))
+
     def _status_call(self, fn, *args):
         state = ctypes.c_int32()
         status, status_len = out_bytes()
@@ -950,6 +975,9 @@ async def wait_all(transfers: Sequence[Transfer], poll_interval: float = 0.005) 
             await asyncio.sleep(poll_interval)
     return [t._final for t in transfers]
 
+
+if TYPE_CHECKING:
+    from kvrail.prepared import PreparedTransfer
 
 __all__ = ["Client", "HostBuffer", "Region", "Transfer", "connect", "poll", "wait_all",
            "is_final", "KvrailError"]

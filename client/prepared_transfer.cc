@@ -1,0 +1,51 @@
+// PreparedTransfer: the RAII handle of a prepared transfer over the Client's calls.
+#include <utility>
+
+#include "client/kvrail_client.h"
+
+namespace kvrail::client {
+
+PreparedTransfer::PreparedTransfer(PreparedTransfer&& other) noexcept
+    : client_(std::exchange(other.client_, nullptr)),
+      id_(std::exchange(other.id_, 0)),
+      info_(std::move(other.info_)) {}
+
+PreparedTransfer& PreparedTransfer::operator=(PreparedTransfer&& other) noexcept {
+  if (this != &other) {
+    (void)Release();
+    client_ = std::exchange(other.client_, nullptr);
+    id_ = std::exchange(other.id_, 0);
+    info_ = std::move(other.info_);
+  }
+  return *this;
+}
+
+PreparedTransfer::~PreparedTransfer() { (void)Release(); }
+
+absl::StatusOr<v1::SubmitTransferResponse> PreparedTransfer::Post(
+    const std::vector<uint32_t>& src_block_ids, const std::vector<uint32_t>& dst_block_ids) {
+  return Post(src_block_ids.data(), src_block_ids.size(), dst_block_ids.data(),
+              dst_block_ids.size());
+}
+
+absl::StatusOr<v1::SubmitTransferResponse> PreparedTransfer::Post(const uint32_t* src_block_ids,
+                                                                  size_t src_count,
+                                                                  const uint32_t* dst_block_ids,
+                                                                  size_t dst_count) {
+  if (client_ == nullptr || id_ == 0) {
+    return absl::FailedPreconditionError("prepared_id: this prepared transfer was released");
+  }
+  v1::PostTransferRequest request;
+  request.set_prepared_id(id_);
+  request.mutable_src_block_ids()->Add(src_block_ids, src_block_ids + src_count);
+  request.mutable_dst_block_ids()->Add(dst_block_ids, dst_block_ids + dst_count);
+  return client_->PostPrepared(request);
+}
+
+absl::Status PreparedTransfer::Release() {
+  if (client_ == nullptr || id_ == 0) return absl::OkStatus();
+  const uint64_t id = std::exchange(id_, 0);
+  return client_->ReleasePrepared(id);
+}
+
+}  // namespace kvrail::client

@@ -1,0 +1,86 @@
+"""Prepared transfers: a transfer's shape kvraild validated and planned once, posted many times
+with new block ids (Client.prepare). A post checks only its ids, and that the regions and grants
+still hold; it is answered as a submit and returns a Transfer.
+
+    with client.prepare(src, dst, src_block_count=2) as shape:
+        for src_blocks, dst_blocks in work:
+            shape.post(src_blocks, dst_blocks).wait()
+"""
+from __future__ import annotations
+
+import ctypes
+from typing import TYPE_CHECKING, Optional, Sequence
+
+from kvrail._lib import check, lib, out_bytes, take_bytes
+from kvrail.errors import FailedPreconditionError
+from kvrail.proto import transfer_pb2
+
+if TYPE_CHECKING:
+    from kvrail.client import Client, Transfer
+
+
+class PreparedTransfer:
+    """A prepared transfer of one Client (Client.prepare). A context manager: leaving it (or
+    release()) frees the daemon's prepared transfer; transfers posted from it run on. It also
+    ends with its client's session and with either region's unregistration (a post then raises
+    NotFoundError naming prepared_id)."""
+
+    def __init__(self, client: "Client", handle: int, response: bytes) -> None:
+        self._client = client
+        self._handle: Optional[int] = handle
+        self.info = transfer_pb2.PrepareTransferResponse.FromString(response)
+        self.id: int = self.info.prepared_id
+
+    @property
+    def src_block_count(self) -> int:
+        return self.info.src_block_count
+
+    @property
+    def dst_block_count(self) -> int:
+        return self.info.dst_block_count
+
+    @property
+    def released(self) -> bool:
+        return self._handle is None
+
+    def post(self, src_blocks: Sequence[int], dst_blocks: Sequence[int]) -> "Transfer":
+        """One transfer of this shape moving `src_blocks` into `dst_blocks` (exactly
+        src_block_count and dst_block_count ids; a numpy array or any sequence of ints). A bad
+        id raises InvalidArgumentError naming it ("post.src_block_ids[3]: ...")."""
+        from kvrail.client import Transfer, _address, _id_array
+        if self._handle is None:
+            raise FailedPreconditionError(
+                f"prepared_id: prepared transfer {self.id} was released")
+        src_ids = _id_array(src_blocks, "src_blocks")
+        dst_ids = _id_array(dst_blocks, "dst_blocks")
+        transfer_id = ctypes.c_uint64()
+        response, response_len = out_bytes()
+        check(lib().kvrail_post(self._handle, _address(src_ids), len(src_ids), _address(dst_ids),
+                                len(dst_ids), ctypes.byref(transfer_id), ctypes.byref(response),
+                                ctypes.byref(response_len)))
+        return Transfer(self._client, transfer_id.value,
+                        take_bytes(response, response_len.value))
+
+    def release(self) -> None:
+        """Frees the daemon's prepared transfer. Idempotent."""
+        if self._handle is not None:
+            handle, self._handle = self._handle, None
+            check(lib().kvrail_prepared_release(handle))
+
+    def __enter__(self) -> "PreparedTransfer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+    def __del__(self) -> None:
+        # A handle dropped unreleased: freed here, errors ignored (the client may be closed).
+        if getattr(self, "_handle", None) is not None:
+            try:
+                lib().kvrail_prepared_release(self._handle)
+            except Exception:  # noqa: BLE001 - nothing to report to at collection time
+                pass
+            self._handle = None
+
+
+__all__ = ["PreparedTransfer"]
