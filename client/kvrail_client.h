@@ -153,7 +153,8 @@ class PreparedTransfer {
                                                   const std::vector<uint32_t>& dst_block_ids);
   absl::StatusOr<v1::SubmitTransferResponse> Post(const uint32_t* src_block_ids, size_t src_count,
                                                   const uint32_t* dst_block_ids, size_t dst_count);
-  // Releases it now, with the daemon's answer (the destructor ignores it). OK when released.
+  // Releases it now, with the daemon's answer (the destructor ignores it). OK when released, also
+  // when it had ended already (its region unregistered, its session gone).
   absl::Status Release();
 
  private:

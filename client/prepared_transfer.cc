@@ -45,7 +45,9 @@ absl::StatusOr<v1::SubmitTransferResponse> PreparedTransfer::Post(const uint32_t
 absl::Status PreparedTransfer::Release() {
   if (client_ == nullptr || id_ == 0) return absl::OkStatus();
   const uint64_t id = std::exchange(id_, 0);
-  return client_->ReleasePrepared(id);
+  const absl::Status released = client_->ReleasePrepared(id);
+  // NOT_FOUND: it ended already (with a region or the session); released either way.
+  return absl::IsNotFound(released) ? absl::OkStatus() : released;
 }
 
 }  // namespace kvrail::client

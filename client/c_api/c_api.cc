@@ -869,7 +869,9 @@ int kvrail_prepared_release(kvrail_prepared* handle) {
     }
     std::shared_ptr<Client> client = prepared->client.lock();
     if (client == nullptr) return absl::OkStatus();  // the session ended: the daemon freed it
-    return client->ReleasePrepared(prepared->id);
+    const absl::Status released = client->ReleasePrepared(prepared->id);
+    // NOT_FOUND: it ended already (with a region or the session); released either way.
+    return absl::IsNotFound(released) ? absl::OkStatus() : released;
   });
 }
 

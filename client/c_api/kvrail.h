@@ -212,7 +212,8 @@ int kvrail_submit_batch(kvrail_client* client, const uint8_t* const* specs, cons
  * as kvrail_submit (`transfer_id` required, `response` optional); wait for it as for a submitted
  * one. A bad id is KVRAIL_INVALID_ARGUMENT naming it ("post.src_block_ids[3]: ..."); a prepared
  * transfer that is gone (released, its region unregistered) KVRAIL_NOT_FOUND naming prepared_id.
- * kvrail_prepared_release: frees it (NULL: nothing; a released handle: INVALID_ARGUMENT). */
+ * kvrail_prepared_release: frees it (NULL: nothing; a released handle: INVALID_ARGUMENT;
+ * one that ended already, with its region or session, is released OK). */
 int kvrail_prepare(kvrail_client* client, const uint8_t* spec, size_t spec_len,
                    uint32_t src_block_count, uint32_t dst_block_count, kvrail_prepared** prepared,
                    uint8_t** response, size_t* response_len);

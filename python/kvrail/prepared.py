@@ -12,7 +12,7 @@ import ctypes
 from typing import TYPE_CHECKING, Optional, Sequence
 
 from kvrail._lib import check, lib, out_bytes, take_bytes
-from kvrail.errors import FailedPreconditionError
+from kvrail.errors import FailedPreconditionError, StatusCode
 from kvrail.proto import transfer_pb2
 
 if TYPE_CHECKING:
@@ -50,6 +50,7 @@ class PreparedTransfer:
         from kvrail.client import Transfer, _address, _id_array
         if self._handle is None:
             raise FailedPreconditionError(
+                StatusCode.FAILED_PRECONDITION,
                 f"prepared_id: prepared transfer {self.id} was released")
         src_ids = _id_array(src_blocks, "src_blocks")
         dst_ids = _id_array(dst_blocks, "dst_blocks")
@@ -62,7 +63,8 @@ class PreparedTransfer:
                         take_bytes(response, response_len.value))
 
     def release(self) -> None:
-        """Frees the daemon's prepared transfer. Idempotent."""
+        """Frees the daemon's prepared transfer. Idempotent; one that already ended (its region
+        unregistered, its session gone) is released without error."""
         if self._handle is not None:
             handle, self._handle = self._handle, None
             check(lib().kvrail_prepared_release(handle))

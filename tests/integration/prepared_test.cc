@@ -168,6 +168,8 @@ TEST_CASE("posts by POST packets and over gRPC move the same bytes; a gone regio
   auto after = prepared->Post({1, 2}, {3, 4});
   CHECK(after.status().code() == absl::StatusCode::kNotFound);
   CHECK(std::string(after.status().message()).rfind("prepared_id: ", 0) == 0);
+  CHECK(prepared->Release().ok());  // it ended with its region: released without an error
+  CHECK(prepared->id() == 0);
 }
 
 }  // namespace kvrail::testing
