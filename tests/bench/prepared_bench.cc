@@ -4,8 +4,9 @@
 // seen by the client ("done"), p50 and p99 of sequential transfers, for a 4 KiB transfer (one
 // block) and a 1024-block one (128-byte blocks, 128 KiB: the ids dominate). Paths: "submit-sq"
 // (Client::Submit through the submission queue where the request fits an entry),
-// "submit-pkt" (SUBMIT packets: KVRAIL_SUBMISSION_QUEUE=0), "post" (PreparedTransfer::Post:
-// POST packets). New ids every transfer. Each figure is taken `runs` times (default 3) in this
+// "submit-pkt" (SUBMIT packets: KVRAIL_SUBMISSION_QUEUE=0), "post-sq" (PreparedTransfer::Post
+// through the submission queue, an entry of kind 4, where it fits) and "post-pkt" (POST
+// packets). New ids every transfer. Each figure is taken `runs` times (default 3) in this
 // one process against one kvraild; median/min/max printed.
 // Usage: prepared_bench [runs]
 #include <stdlib.h>
@@ -43,7 +44,8 @@ struct Shape {
 // One run of one shape and path: p50 / p99 of accept and done, into `out`.
 bool RunOnce(const std::string& socket, const Shape& shape, const std::string& path,
              std::map<std::string, std::vector<double>>* out) {
-  ::setenv("KVRAIL_SUBMISSION_QUEUE", path == "submit-sq" ? "1" : "0", 1);
+  const bool post = path.rfind("post", 0) == 0;
+  ::setenv("KVRAIL_SUBMISSION_QUEUE", path.find("-sq") != std::string::npos ? "1" : "0", 1);
   auto client = client::Client::Connect(socket);
   if (!client.ok()) return false;
   const auto layout = testing::MakeLayout(1, 1, shape.pool_blocks, 1, 1, shape.head_dim,
@@ -79,7 +81,7 @@ bool RunOnce(const std::string& socket, const Shape& shape, const std::string& p
     }
     const auto t0 = Clock::now();
     absl::StatusOr<v1::SubmitTransferResponse> r;
-    if (path == "post") {
+    if (post) {
       r = prepared->Post(s, d);
     } else {
       v1::TransferSpec t = base;
@@ -119,7 +121,7 @@ int Main(int argc, char** argv) {
   std::printf("%-8s %-11s %-14s %10s %10s %10s\n", "shape", "path", "figure", "median", "min",
               "max");
   for (const Shape& shape : shapes) {
-    for (const std::string path : {"submit-sq", "submit-pkt", "post"}) {
+    for (const std::string path : {"submit-sq", "post-sq", "submit-pkt", "post-pkt"}) {
       std::map<std::string, std::vector<double>> figures;
       // Runs of the three paths interleave with each other's only by shape: each path's runs
       // back to back, all in this process against this daemon.
