@@ -50,6 +50,7 @@ void CheckAt(bool ok, int line) {
 void FuzzParsers(absl::string_view in) {
   const wire::Request request = wire::ParseRequest(in);
   if (request.kind == wire::RequestKind::kSubmit) (void)wire::ParseSubmitBody(request.body);
+  if (request.kind == wire::RequestKind::kPost) (void)wire::ParsePostBody(request.body);
   if (request.kind == wire::RequestKind::kWait) {
     (void)wire::ParseWaitBody(request.body, true);
     Check(!wire::ParseWaitBody(request.body, false).ok());  // never plain: always refused
