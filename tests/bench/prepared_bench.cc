@@ -7,7 +7,9 @@
 // "submit-pkt" (SUBMIT packets: KVRAIL_SUBMISSION_QUEUE=0), "post-sq" (PreparedTransfer::Post
 // through the submission queue, an entry of kind 4, where it fits) and "post-pkt" (POST
 // packets). New ids every transfer. Each figure is taken `runs` times (default 3) in this
-// one process against one kvraild; median/min/max printed.
+// one process against one kvraild; median/min/max printed. A second table isolates the
+// planning a post skips, in this process (no daemon, no sockets): MakePlan of the spec with its
+// ids against PlanTemplate::Instantiate of the same ids, mean us per plan over 2,000 plans.
 // Usage: prepared_bench [runs]
 #include <stdlib.h>
 
@@ -19,6 +21,7 @@
 #include <vector>
 
 #include "client/kvrail_client.h"
+#include "daemon/planner/planner.h"
 #include "tests/harness/daemon_process.h"
 
 namespace kvrail::bench {
@@ -108,6 +111,46 @@ bool RunOnce(const std::string& socket, const Shape& shape, const std::string& p
   return true;
 }
 
+// Mean us per plan of MakePlan (spec with ids) and of PlanTemplate::Instantiate (ids only), for
+// `shape`, new ids every plan; false when either fails.
+bool PlanOnce(const Shape& shape, std::map<std::string, std::vector<double>>* out) {
+  const auto layout = testing::MakeLayout(1, 1, shape.pool_blocks, 1, 1, shape.head_dim,
+                                          v1::DTYPE_BF16, v1::LAYOUT_ORDER_LAYER_PART_BLOCK_NHD);
+  absl::StatusOr<planner::KvLayout> resolved =
+      planner::ResolveLayout(layout, testing::LayoutBytes(layout), "x.");
+  if (!resolved.ok()) return false;
+  const planner::RegionView view{testing::LayoutBytes(layout), true, true, *resolved};
+  absl::StatusOr<planner::PlanTemplate> shaped = planner::PlanTemplate::Make(
+      v1::TransferSpec(), view, view, planner::PlanOptions(), shape.blocks_per_transfer, 0);
+  if (!shaped.ok()) return false;
+  const uint32_t n = shape.blocks_per_transfer;
+  constexpr int kPlans = 2000;
+  std::vector<uint32_t> s(n), d(n);
+  double make_us = 0, post_us = 0;
+  for (int i = 0; i < kPlans; ++i) {
+    for (uint32_t k = 0; k < n; ++k) {
+      s[k] = (i * 7 + k * 3) % shape.pool_blocks;
+      d[k] = (i * 13 + k) % shape.pool_blocks;
+    }
+    v1::TransferSpec spec;
+    spec.mutable_src()->mutable_block_ids()->Add(s.begin(), s.end());
+    spec.mutable_dst()->mutable_block_ids()->Add(d.begin(), d.end());
+    const auto t0 = Clock::now();
+    absl::StatusOr<planner::Plan> made = planner::MakePlan(spec, view, view, {});
+    const auto t1 = Clock::now();
+    absl::StatusOr<planner::Plan> posted =
+        shaped->Instantiate(planner::TableRef{s.data(), n, "post.src_block_ids"},
+                            planner::TableRef{d.data(), n, "post.dst_block_ids"}, {});
+    const auto t2 = Clock::now();
+    if (!made.ok() || !posted.ok() || made->num_runs() != posted->num_runs()) return false;
+    make_us += Us(t1 - t0);
+    post_us += Us(t2 - t1);
+  }
+  (*out)["MakePlan_us"].push_back(make_us / kPlans);
+  (*out)["Instantiate_us"].push_back(post_us / kPlans);
+  return true;
+}
+
 int Main(int argc, char** argv) {
   const int runs = argc > 1 ? std::max(1, std::atoi(argv[1])) : 3;
   testing::TempDir dir;
@@ -136,6 +179,22 @@ int Main(int argc, char** argv) {
                     name.c_str(), Percentile(xs, 0.5), *std::min_element(xs.begin(), xs.end()),
                     *std::max_element(xs.begin(), xs.end()));
       }
+    }
+  }
+  std::printf("\nplanning a post skips, in process (mean us per plan over 2000)\n");
+  std::printf("%-8s %-14s %10s %10s %10s\n", "shape", "figure", "median", "min", "max");
+  for (const Shape& shape : shapes) {
+    std::map<std::string, std::vector<double>> figures;
+    for (int r = 0; r < runs; ++r) {
+      if (!PlanOnce(shape, &figures)) {
+        std::fprintf(stderr, "plan run failed\n");
+        return 1;
+      }
+    }
+    for (auto& [name, xs] : figures) {
+      std::printf("%-8s %-14s %10.2f %10.2f %10.2f\n", shape.name, name.c_str(),
+                  Percentile(xs, 0.5), *std::min_element(xs.begin(), xs.end()),
+                  *std::max_element(xs.begin(), xs.end()));
     }
   }
   return 0;
