@@ -1,4 +1,3 @@
-#define CATCH_CONFIG_MAIN
 #include "base/dcheck.h"
 
 #include <sys/wait.h>

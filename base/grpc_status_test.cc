@@ -1,5 +1,4 @@
 // ToGrpcStatus / FromGrpcStatus keep the code number and the message, both ways, for every code.
-#define CATCH_CONFIG_MAIN
 #include "base/grpc_status.h"
 
 #include <catch2/catch.hpp>

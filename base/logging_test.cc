@@ -1,4 +1,3 @@
-#define CATCH_CONFIG_MAIN
 #include "base/logging.h"
 
 #include <spdlog/spdlog.h>

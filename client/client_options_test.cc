@@ -1,6 +1,5 @@
 // ClientOptions::FromEnvironment over a replayable environment: defaults, each variable's
 // override, and values that do not parse keeping the default.
-#define CATCH_CONFIG_MAIN  // //third_party/system:catch2 has no main of its own
 #include <map>
 #include <string>
 

@@ -2,7 +2,6 @@
 // attached through its memfd and eventfd): waits see posted ends, a full ring's overflow makes
 // pending transfers unsure (never waited for forever), a bad entry is refused and counted,
 // sleeping waiters on many threads all wake, and abandoning the table wakes them.
-#define CATCH_CONFIG_MAIN
 #include "client/completion_table.h"
 
 #include <unistd.h>

@@ -4,7 +4,6 @@
 // keeps the spec it was given, the unknown field included (C++ protobuf keeps unknown fields in
 // proto3 since 3.5), and answers ListRegions with it (RegionInfoOf copies the spec). Here the
 // older daemon's view of region.proto (RegionSpec without field 150) carries the spec through.
-#define CATCH_CONFIG_MAIN
 #include <catch2/catch.hpp>
 #include <memory>
 

@@ -2,7 +2,6 @@
 // starting it.
 #include "daemon/options.h"
 
-#define CATCH_CONFIG_MAIN
 #include <catch2/catch.hpp>
 
 #include "daemon/config/config.h"

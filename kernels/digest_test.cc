@@ -1,6 +1,5 @@
 // kernels/digest.h on the host: the definition pinned by golden values, TileHasher equal to a
 // word-by-word reference however the bytes are split into runs, and the bijection property.
-#define CATCH_CONFIG_MAIN
 #include "kernels/digest.h"
 
 #include <catch2/catch.hpp>

@@ -1,7 +1,6 @@
 // The fabric kernels' launch checks, which run before anything reaches the GPU (CI, no GPU): a
 // tile outside the plan, a null slot, a published pack without its arrival word or epoch, and a
 // plan never uploaded are refused with INVALID_ARGUMENT; nothing is launched.
-#define CATCH_CONFIG_MAIN
 #include "kernels/fabric_pack.h"
 
 #include <catch2/catch.hpp>

@@ -1,6 +1,5 @@
 // The kernel forms each GPU may run (kernel_arch.h): no bulk-copy form on code older than sm_90,
 // whatever the GPU, and every form with a pre-sm_90 path keeps it.
-#define CATCH_CONFIG_MAIN
 #include "kernels/kernel_arch.h"
 
 #include <catch2/catch.hpp>

@@ -1,5 +1,4 @@
 // The copy kernel's launch checks that need no GPU: refused before any CUDA call.
-#define CATCH_CONFIG_MAIN
 #include "kernels/kv_copy.h"
 
 #include <catch2/catch.hpp>

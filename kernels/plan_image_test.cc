@@ -1,6 +1,5 @@
 // The plan image the upload stages (plan_image.h): every part where the device header says it
 // is, nothing written when the staging is too small.
-#define CATCH_CONFIG_MAIN
 #include "kernels/plan_image.h"
 
 #include <catch2/catch.hpp>

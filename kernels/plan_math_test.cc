@@ -1,5 +1,4 @@
 // Host-side checks of the device ABI and of plan_math.h (the kernel runs the same code).
-#define CATCH_CONFIG_MAIN
 #include "kernels/plan_math.h"
 
 #include <catch2/catch.hpp>

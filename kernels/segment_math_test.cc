@@ -2,7 +2,6 @@
 // replayed on the CPU (the same packing, stage positions, unit ranges and funnel shifts the kernel
 // computes), byte for byte against a plain copy, with poisoned destinations and checks that no
 // read leaves the 16-byte blocks holding a segment's bytes or the stage ring.
-#define CATCH_CONFIG_MAIN
 #include "kernels/segment_math.h"
 
 #include <algorithm>

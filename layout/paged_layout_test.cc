@@ -1,6 +1,5 @@
 // The validator over the shared table of layouts (paged_layout_cases.txt): each valid case's
 // span, each invalid case's field; and the resolved strides of a dense and a per-layer layout.
-#define CATCH_CONFIG_MAIN  // //third_party/system:catch2 has no main of its own
 #include "layout/paged_layout.h"
 
 #include "catch2/catch.hpp"

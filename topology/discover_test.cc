@@ -1,5 +1,4 @@
 // Discover() against a fake sysfs tree in a temporary folder (no GPU, NVML or RDMA needed).
-#define CATCH_CONFIG_MAIN
 #include <catch2/catch.hpp>
 #include <cstdlib>
 #include <filesystem>

@@ -1,5 +1,4 @@
 // ComputeGraph, ChoosePath and RenderTopology on the fixtures of real machines.
-#define CATCH_CONFIG_MAIN
 #include <catch2/catch.hpp>
 #include <set>
 #include <string>

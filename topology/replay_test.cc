@@ -1,5 +1,4 @@
 // Replay: textproto round trips, clear errors, JSON.
-#define CATCH_CONFIG_MAIN
 #include <catch2/catch.hpp>
 #include <cstdio>
 #include <fstream>

@@ -1,7 +1,6 @@
 // The session socket's wire: the client's end against a fake daemon (a SOCK_SEQPACKET server in a
 // thread, inside a temporary directory), the packet formats, and the receive function's handling
 // of failed receives and of too many descriptors.
-#define CATCH_CONFIG_MAIN
 #include "wire/session_wire.h"
 
 #include <fcntl.h>

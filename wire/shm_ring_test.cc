@@ -2,7 +2,6 @@
 // garbage written by the other side is refused entry by entry without harming the reader,
 // impossible indices are refused, a producer in another process that dies mid-stream leaves
 // what it published readable, and a producer thread and a consumer thread agree (TSan runs it).
-#define CATCH_CONFIG_MAIN
 #include "wire/shm_ring.h"
 
 #include <poll.h>

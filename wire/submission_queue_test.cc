@@ -2,7 +2,6 @@
 // a batch is published at once or not at all, a full ring refuses (the caller falls back), a
 // request too big for an entry is refused before it is written, and garbage the other side
 // wrote is refused entry by entry naming the field, the entries after it still read.
-#define CATCH_CONFIG_MAIN
 #include "wire/submission_queue.h"
 
 #include <catch2/catch.hpp>

@@ -1,4 +1,3 @@
-#define CATCH_CONFIG_MAIN
 #include "base/cuda/context_sync.h"
 
 #include <catch2/catch.hpp>

@@ -1,6 +1,5 @@
 // The CUDA helpers that need no device: error conversion and the sticky-error classification the
 // CUDA engine uses to stop using a GPU whose context a kernel fault has broken.
-#define CATCH_CONFIG_MAIN
 #include "base/cuda/cuda_util.h"
 
 #include <catch2/catch.hpp>

@@ -1,7 +1,6 @@
 // The C ABI (kvrail.h) against a live kvraild: host regions, transfers, waits, polls, lists,
 // errors with their codes and field names, and misuse (NULL and retired handles, bad bytes,
 // wrong struct sizes), which must answer with an error and never crash.
-#define CATCH_CONFIG_MAIN  // //third_party/system:catch2 has no main of its own
 #include <signal.h>
 #include <sys/mman.h>
 #include <unistd.h>

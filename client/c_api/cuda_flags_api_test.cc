@@ -2,7 +2,6 @@
 // with an error naming the argument and never crash, on a machine with or without a GPU. With a
 // GPU the mapping works and signal/wait check the index; the stream behaviour itself is
 // tests/gpu/flags_gpu_test.cc's and python/tests_gpu's.
-#define CATCH_CONFIG_MAIN  // //third_party/system:catch2 has no main of its own
 #include <cstdint>
 #include <string>
 #include <vector>

@@ -1,4 +1,3 @@
-#define CATCH_CONFIG_MAIN
 #include "daemon/access/access.h"
 
 #include <sys/mman.h>

@@ -1,4 +1,3 @@
-#define CATCH_CONFIG_MAIN
 #include "daemon/config/config.h"
 
 #include <catch2/catch.hpp>

@@ -1,4 +1,3 @@
-#define CATCH_CONFIG_MAIN
 #include "daemon/directory/directory.h"
 
 #include <catch2/catch.hpp>

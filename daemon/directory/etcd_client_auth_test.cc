@@ -4,7 +4,6 @@
 // does when a simple token expires or the member restarts) is refused with "etcdserver: invalid
 // auth token" - the client authenticates again and retries once. A wrong password is refused
 // naming etcd.username and etcd.password_file, never echoing the password.
-#define CATCH_CONFIG_MAIN
 #include <grpcpp/grpcpp.h>
 #include <spdlog/sinks/ostream_sink.h>
 #include <spdlog/spdlog.h>

@@ -2,7 +2,6 @@
 // directories see each other; one's lease ends and the other marks it down within TTL + 1 s;
 // etcd killed: peers stay, state degraded; etcd restarted: ok again, registered again. Fails
 // (does not skip) when the etcd binary is missing: CI installs etcd-server.
-#define CATCH_CONFIG_MAIN
 #include <sys/wait.h>
 #include <unistd.h>
 

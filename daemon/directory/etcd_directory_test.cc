@@ -1,7 +1,6 @@
 // The etcd directory's logic against an in-memory fake of the etcd client interface (keys with
 // leases, revisions, watches from a revision, an outage switch), plus its record encoding and
 // backoff. The real etcd is exercised by etcd_directory_live_test.
-#define CATCH_CONFIG_MAIN
 #include "daemon/directory/etcd_directory.h"
 
 #include <catch2/catch.hpp>

@@ -1,7 +1,6 @@
 // The fault-injecting decorator around the host engine: injected failures report once with the
 // injected status and move no byte; held and delayed tiles let a Remove (a cancel, a deadline)
 // win; the Engine contract (each tile reported once or removed) holds.
-#define CATCH_CONFIG_MAIN
 #include "daemon/engine/fault_engine.h"
 
 #include <catch2/catch.hpp>

@@ -1,5 +1,4 @@
 // The host engine's per-class byte limit, observed from a job's own tile callbacks.
-#define CATCH_CONFIG_MAIN
 #include "daemon/engine/host_engine.h"
 
 #include <algorithm>

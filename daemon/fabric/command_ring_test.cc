@@ -1,6 +1,5 @@
 // The command ring and slot credits: wraparound, ring credits (full ring refuses), epochs (a
 // stale slot from an earlier lap is never taken), many producers with one consumer.
-#define CATCH_CONFIG_MAIN
 #include "daemon/fabric/command_ring.h"
 
 #include <catch2/catch.hpp>

@@ -5,7 +5,6 @@
 // command the kernel publishes must be the command the CPU path posts; and the ring protocol the
 // kernel follows (host-reserved sequence numbers, body then epoch with release, published in any
 // order, kOpNone for a producer that gave up) must deliver every command once, in order.
-#define CATCH_CONFIG_MAIN
 #include <algorithm>
 #include <atomic>
 #include <catch2/catch.hpp>

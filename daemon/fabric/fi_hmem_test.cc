@@ -2,7 +2,6 @@
 // (the fi_getinfo without FI_HMEM), reports hmem() false, refuses device-memory registration with
 // an error naming the provider and FI_HMEM, and registers host memory as before. The FI_HMEM
 // registration itself (fi_mr_regattr, FI_HMEM_CUDA) needs a provider that offers it: not here.
-#define CATCH_CONFIG_MAIN
 #include <catch2/catch.hpp>
 #include <vector>
 

@@ -1,7 +1,6 @@
 // The libfabric wrappers on the tcp provider over loopback: two NICs (endpoints) in one process,
 // fi_writedata with 8 bytes of immediate data into a registered buffer, and an injected credit
 // write back. Skips when the tcp provider is missing.
-#define CATCH_CONFIG_MAIN
 #include "daemon/fabric/fi.h"
 
 #include <poll.h>

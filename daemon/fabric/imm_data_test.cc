@@ -1,6 +1,5 @@
 // The immediate data of tile writes and credits: every field round-trips at its limits, and only
 // credits carry bit 63 (how a proxy tells them from tile writes).
-#define CATCH_CONFIG_MAIN  // //third_party/system:catch2 has no main of its own
 #include "daemon/fabric/imm_data.h"
 
 #include "catch2/catch.hpp"

@@ -1,6 +1,5 @@
 // The receiver's admission steps that decide something (inbound_admit.h): the destination layers
 // a transfer writes, the receiver's plan against the sender's, the source's lease, the handles.
-#define CATCH_CONFIG_MAIN
 #include "daemon/fabric/inbound_admit.h"
 
 #include <catch2/catch.hpp>

@@ -1,7 +1,6 @@
 // Lane failover's pure part: which lanes fail and when (write errors, silence measured against
 // the other lanes, the all-silent fallback), which slots' tiles are handed back for re-sending,
 // the cool-down and the one-tile probe, and when no lane is left. Time is a manual clock.
-#define CATCH_CONFIG_MAIN  // //third_party/system:catch2 has no main of its own
 #include "daemon/fabric/lane_health.h"
 
 #include "base/manual_clock.h"

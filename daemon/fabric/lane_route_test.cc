@@ -1,7 +1,6 @@
 // Rail-aware lane selection on fixtures of real machines: DGX H100 (one CX7 per GPU), p5.48xlarge
 // (four EFA per GPU), an 8-GPU PCIe box with one NIC; and every case where something is unknown
 // and all lanes are kept (today's fabric behaviour).
-#define CATCH_CONFIG_MAIN
 #include "daemon/fabric/lane_route.h"
 
 #include <algorithm>

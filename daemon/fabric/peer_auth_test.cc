@@ -1,7 +1,6 @@
 // The pure parts of peer authentication: the node id a certificate's CN gives, claims checked
 // against it, and the bounds on a peer's Hello and BeginRemoteTransfer. Each check is tried with
 // a value just past it.
-#define CATCH_CONFIG_MAIN
 #include "daemon/fabric/peer_auth.h"
 
 #include <catch2/catch.hpp>

@@ -5,7 +5,6 @@
 // directory's live test) with the real etcd directory; the "peer" is a Peer service that only
 // counts hellos, at two addresses. Before, the entry kept its first stub: hellos went on to the
 // old address.
-#define CATCH_CONFIG_MAIN
 #include <grpcpp/grpcpp.h>
 
 #include <atomic>

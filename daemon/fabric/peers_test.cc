@@ -4,7 +4,6 @@
 // peers change (newcomers added; a peer the directory drops while up is withdrawn: down, its
 // transfers failed naming it, not contacted, back once listed again). NICs: the tcp provider on
 // loopback (the lanes cases skip without it).
-#define CATCH_CONFIG_MAIN
 #include "daemon/fabric/peers.h"
 
 #include <grpcpp/grpcpp.h>

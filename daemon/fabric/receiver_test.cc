@@ -5,7 +5,6 @@
 // "peer-a" and "peer-c", each with an inbound transfer into an exported host region. What is
 // checked is each peer's slot accounting: the consume counters and the credits queued for the
 // lane's proxy (what the sender would see).
-#define CATCH_CONFIG_MAIN
 #include "daemon/fabric/receiver.h"
 
 #include <sys/mman.h>

@@ -7,7 +7,6 @@
 // between GPUs). This machine has no GPU: a relay the hierarchy wants is refused here ("no GPU1
 // here: direct path", RelayNote::Kind::kSaid), which is what shows the decision; the plain
 // direct path is quiet.
-#define CATCH_CONFIG_MAIN
 #include <cuda_runtime_api.h>
 
 #include <catch2/catch.hpp>

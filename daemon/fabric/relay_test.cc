@@ -4,7 +4,6 @@
 // layouts (pack through a relay slot into a send slot, unpack from a receive slot through a
 // relay slot), with poisoned destinations. The GPU relay itself runs in
 // //tests/gpu:relay_gpu_test (tag gpu).
-#define CATCH_CONFIG_MAIN
 #include "daemon/fabric/relay.h"
 
 #include <cuda_runtime_api.h>

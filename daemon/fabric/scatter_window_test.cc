@@ -1,7 +1,6 @@
 // The receiver's scatters in flight (scatter_window.h): each arrival is credited
 // when ITS kernel has ended, in any order, several in flight at once; a repeat whose first copy
 // is in flight waits for it without blocking; simulated with fake kernels ending at random ticks.
-#define CATCH_CONFIG_MAIN
 #include "daemon/fabric/scatter_window.h"
 
 #include <algorithm>

@@ -3,7 +3,6 @@
 // back (DestinationTileDigest) gives the same digest, and a changed destination byte changes it.
 // Also the fabric kernels' per-transfer choice and its reason
 // (GpuTileKernels::ForSource/ForDestination).
-#define CATCH_CONFIG_MAIN
 #include "daemon/fabric/tile_copy.h"
 
 #include <catch2/catch.hpp>

@@ -1,6 +1,5 @@
 // Pack on the sender's plan side + unpack on the receiver's equals the naive reference copy, for
 // random layouts (layout conversion included) and bytes transfers.
-#define CATCH_CONFIG_MAIN
 #include "daemon/fabric/tile_pack.h"
 
 #include <catch2/catch.hpp>

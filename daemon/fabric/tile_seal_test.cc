@@ -4,7 +4,6 @@
 // pass off bytes in its range as that peer's), names the arrival's handle and tile (so the named
 // peer's real bytes cannot be applied as another tile or transfer), and is not consumed yet (so a
 // replayed or spoofed completion cannot make a tile count twice or credit a slot twice).
-#define CATCH_CONFIG_MAIN
 #include <catch2/catch.hpp>
 #include <string>
 

@@ -1,7 +1,6 @@
 // The handover protocol without daemons: bundles on the wire (state and descriptors), the uid
 // rule, and a listener with fake predecessor callbacks (commit, a successor that goes away, a
 // refusal).
-#define CATCH_CONFIG_MAIN
 #include "daemon/handover/handover.h"
 
 #include <fcntl.h>

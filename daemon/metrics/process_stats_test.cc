@@ -1,4 +1,3 @@
-#define CATCH_CONFIG_MAIN
 #include "daemon/metrics/process_stats.h"
 
 #include <unistd.h>

@@ -4,7 +4,6 @@
 // grouped into words per tile from the definition, summed with digest::Mix. Random layouts on
 // both sides (NHD <-> HND, block sizes, head and layer ranges, padded strides, per-layer regions,
 // odd head-vector sizes at odd offsets, odd tile sizes).
-#define CATCH_CONFIG_MAIN
 #include <catch2/catch.hpp>
 #include <map>
 #include <numeric>

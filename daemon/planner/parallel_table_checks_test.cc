@@ -1,6 +1,5 @@
 // The threaded table checker: large tables copied and checked on two threads give exactly the
 // plan and the errors of the pure planner's one-thread path.
-#define CATCH_CONFIG_MAIN
 #include "daemon/planner/parallel_table_checks.h"
 
 #include <atomic>

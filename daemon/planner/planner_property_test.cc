@@ -1,7 +1,6 @@
 // Randomized property tests: for many random layouts and transfers, executing every tile of the
 // plan with the host twin (in random order) writes exactly what the naive reference writes, and
 // nothing else (the destination is poisoned with 0xAB).
-#define CATCH_CONFIG_MAIN
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cstring>

@@ -1,6 +1,5 @@
 // Unit tests of the planner: layout resolution and validation, request validation (code and the
 // field named), coalescing, tiling and plan size.
-#define CATCH_CONFIG_MAIN
 #include "daemon/planner/planner.h"
 
 #include <catch2/catch.hpp>

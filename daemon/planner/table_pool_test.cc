@@ -1,7 +1,6 @@
 // The pooled table memory (TablePool): recycling by size class within retain_bytes, holders,
 // failed and capped allocations, pools outliving or outlived by plans, and plans handing their
 // tables back (ReleaseBlockTables).
-#define CATCH_CONFIG_MAIN
 #include "daemon/planner/table_pool.h"
 
 #include <catch2/catch.hpp>

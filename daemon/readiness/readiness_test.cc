@@ -1,4 +1,3 @@
-#define CATCH_CONFIG_MAIN
 #include "daemon/readiness/readiness.h"
 
 #include <atomic>

@@ -6,7 +6,6 @@
 //
 // A CUDA IPC handle cannot be opened in the process that exported it, so a child (forked before
 // this process touches CUDA) exports a cudaMalloc allocation and holds it until told to exit.
-#define CATCH_CONFIG_MAIN
 #include <cuda_runtime_api.h>
 #include <sys/wait.h>
 #include <unistd.h>

@@ -1,7 +1,6 @@
 // CUDA region validation: without a GPU driver (CI) every MEMORY_KIND_CUDA spec fails with
 // FAILED_PRECONDITION naming spec.memory_kind, before the share is looked at; with a GPU, bad
 // shares name spec.share.cuda_ipc_handle (tests/gpu covers real imports).
-#define CATCH_CONFIG_MAIN
 #include <sys/mman.h>
 #include <unistd.h>
 

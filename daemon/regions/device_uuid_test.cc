@@ -1,4 +1,3 @@
-#define CATCH_CONFIG_MAIN
 #include "daemon/regions/device_uuid.h"
 
 #include <catch2/catch.hpp>

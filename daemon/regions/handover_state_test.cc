@@ -2,7 +2,6 @@
 // daemon/handover: the session table, the region table, the grants): the same sessions, secrets,
 // fd tokens, region ids over the same memory, and grants; the exported state survives
 // serialization; bad bundles are refused naming the field.
-#define CATCH_CONFIG_MAIN
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>

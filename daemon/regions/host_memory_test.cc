@@ -4,7 +4,6 @@
 // shm names of another uid, with too little permission, through a symbolic link or with '..',
 // a sparse memfd (not committed at registration), a small region pre-faulted at registration
 // (its holes left alone), and the per-uid and daemon-wide caps.
-#define CATCH_CONFIG_MAIN
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>

@@ -1,4 +1,3 @@
-#define CATCH_CONFIG_MAIN
 #include "daemon/regions/regions.h"
 
 #include <fcntl.h>

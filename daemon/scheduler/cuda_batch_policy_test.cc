@@ -1,7 +1,6 @@
 // The CUDA engine's pure decisions, without a GPU: the copy-engine descriptors of a tile range
 // move exactly the host twin's bytes (random layouts, block tables, conversions), batches are
 // consecutive tiles within the byte cap, the mode choice, and the CTA knee finder.
-#define CATCH_CONFIG_MAIN
 #include "daemon/scheduler/cuda_batch_policy.h"
 
 #include <algorithm>

@@ -1,7 +1,6 @@
 // Rail-aware and hierarchical routing on fixtures of real machines: DGX H100 (8 CX7, one per
 // GPU), p5.48xlarge (32 EFA, four per GPU), an 8-GPU PCIe box with one NIC; NICs and rails per
 // GPU, balance across rails, relays when a GPU has no near NIC or its NICs are busier, errors.
-#define CATCH_CONFIG_MAIN
 #include "daemon/scheduler/rails.h"
 
 #include <algorithm>

@@ -1,6 +1,5 @@
 // Route choice on fixtures of real machines: host/host, same GPU, GPU <-> host, NVLink pairs,
 // PCIe pairs, unknown GPUs, and no CUDA engine.
-#define CATCH_CONFIG_MAIN
 #include "daemon/scheduler/route.h"
 
 #include <catch2/catch.hpp>

@@ -2,7 +2,6 @@
 // job waits on the GPU, the release of a dying producer's pending waits (never moving an epoch
 // back, at once only when the producer is gone), what aborted gated tiles report, and the per-GPU
 // stream slots.
-#define CATCH_CONFIG_MAIN
 #include "daemon/scheduler/stream_gate.h"
 
 #include <catch2/catch.hpp>

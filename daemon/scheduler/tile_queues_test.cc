@@ -1,4 +1,3 @@
-#define CATCH_CONFIG_MAIN
 #include "daemon/scheduler/tile_queues.h"
 
 #include <array>

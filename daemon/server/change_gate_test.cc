@@ -1,6 +1,5 @@
 // ChangeGate: held changes wait, Hold waits for running ones, Resume lets them in, Forward
 // sends them on (with no successor they are refused UNAVAILABLE).
-#define CATCH_CONFIG_MAIN
 #include "daemon/server/change_gate.h"
 
 #include <atomic>

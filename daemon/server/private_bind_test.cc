@@ -1,6 +1,5 @@
 // PrivateBind: a socket appears at its path only by rename, already with its mode, whatever the
 // umask; the private directory is 0700 and is removed.
-#define CATCH_CONFIG_MAIN
 #include "daemon/server/private_bind.h"
 
 #include <stdlib.h>

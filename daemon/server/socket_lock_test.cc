@@ -1,6 +1,5 @@
 // SocketLock: one holder per socket path; the refusal names the socket and the holder's pid; the
 // lock is free again once its holder is gone.
-#define CATCH_CONFIG_MAIN
 #include "daemon/server/socket_lock.h"
 
 #include <stdlib.h>

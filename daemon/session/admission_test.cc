@@ -1,7 +1,6 @@
 // AdmissionPool: each session's tasks run in the order posted and one at a time, sessions in
 // parallel; a session closed with tasks queued has none of them run, and its `then` runs only
 // after the task that was running; a full queue refuses, naming the cap.
-#define CATCH_CONFIG_MAIN
 #include "daemon/session/admission.h"
 
 #include <atomic>

@@ -3,7 +3,6 @@
 // another tenant's submits are answered while one tenant's admission is still running; a session
 // closed with SUBMITs queued has none of them admitted, and ends only after the one running; a
 // session's full queue refuses, naming the cap.
-#define CATCH_CONFIG_MAIN
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>

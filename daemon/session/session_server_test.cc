@@ -5,7 +5,6 @@
 // exists at its path with the umask's permissions.
 // The completion queue: every submitted transfer's end posted, a full ring counting overflow, a
 // client scribbling on its ring harming neither the daemon nor other sessions.
-#define CATCH_CONFIG_MAIN
 #include "daemon/session/session_server.h"
 
 #include <fcntl.h>

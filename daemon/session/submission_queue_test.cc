@@ -5,7 +5,6 @@
 // entries around them are served and other sessions see nothing; a client that dies with
 // entries published leaves no session, descriptor or watch behind; the poll thread's spin keeps
 // need_wake clear while it looks and sets it again when it sleeps.
-#define CATCH_CONFIG_MAIN
 #include "wire/submission_queue.h"
 
 #include <dirent.h>

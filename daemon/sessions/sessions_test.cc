@@ -1,4 +1,3 @@
-#define CATCH_CONFIG_MAIN
 #include "daemon/sessions/sessions.h"
 
 #include <sys/mman.h>

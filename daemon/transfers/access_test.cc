@@ -2,7 +2,6 @@
 // only regions its session owns, or holds a grant of the owner for; every check is tried from
 // the other side - another session's source, destination, block table and flag words, grants of
 // the wrong access, region or layers, expired and revoked - and a refused transfer moves nothing.
-#define CATCH_CONFIG_MAIN
 #include <unistd.h>
 
 #include <catch2/catch.hpp>

@@ -3,7 +3,6 @@
 // for its readiness, a lost peer failing the transfers sent to it at once, watches that end when
 // their watcher goes, and a history that stays bounded behind a stuck transfer. Each test tries to
 // get past the check.
-#define CATCH_CONFIG_MAIN
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cstring>

@@ -1,7 +1,6 @@
 // The engine registry: a transfer goes to the first registered engine that moves its memory, by
 // the engines' declared capabilities; an engine known to the manager only through the registry
 // (a toy one, below) runs a real transfer, shows in the stats and is held to what it declares.
-#define CATCH_CONFIG_MAIN
 #include "daemon/transfers/engine_registry.h"
 
 #include <catch2/catch.hpp>

@@ -1,5 +1,4 @@
 // Ready-flag watches: a watch stops before the memory it reads may be unmapped.
-#define CATCH_CONFIG_MAIN
 #include "daemon/transfers/flag_watches.h"
 
 #include <catch2/catch.hpp>

@@ -6,7 +6,6 @@
 // Record's device sides' ready_gate (what an engine that admits gets: the words as the daemon and
 // as the GPU see them, their count and value) on a flag region mapped as a GPU would map it, and
 // refused.
-#define CATCH_CONFIG_MAIN
 #include <catch2/catch.hpp>
 #include <memory>
 #include <numeric>

@@ -2,7 +2,6 @@
 // grow with the grants every tenant holds (it counted the owner's grants and dropped expired ones
 // by scanning all of them: 4.6 ms at 131k grants). The per-session cap still counts exactly
 // through revocations, expiry, a region's unregistration and a session's end.
-#define CATCH_CONFIG_MAIN
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <string>

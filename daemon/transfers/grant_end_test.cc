@@ -5,7 +5,6 @@
 // the grant's field, and no further tile may reach the engine or touch memory. A grant that did
 // not end (another one revoked) changes nothing; the owner may cancel the holder's transfer, a
 // third session may not.
-#define CATCH_CONFIG_MAIN
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <string>

@@ -1,6 +1,5 @@
 // Inbound fabric transfers (InboundSink): ended by the fabric or by a drain while tiles still
 // land; late tiles are ignored, counts never overshoot, drain terminates.
-#define CATCH_CONFIG_MAIN
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <thread>

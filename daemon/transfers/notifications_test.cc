@@ -1,6 +1,5 @@
 // The notification hub on its own: who receives, bounded queues with a dropped count, sessions
 // that are not open, waits, and a session's end dropping its queue.
-#define CATCH_CONFIG_MAIN
 #include "daemon/transfers/notifications.h"
 
 #include <atomic>

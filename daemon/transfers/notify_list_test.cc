@@ -1,6 +1,5 @@
 // Notifications through the transfer manager (who receives a transfer's TransferSpec.notification
 // when it ends, and who does not) and List's filters (region, label, idempotency key).
-#define CATCH_CONFIG_MAIN
 #include <catch2/catch.hpp>
 #include <string>
 

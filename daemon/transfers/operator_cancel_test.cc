@@ -1,4 +1,3 @@
-#define CATCH_CONFIG_MAIN
 #include "daemon/transfers/operator_cancel.h"
 
 #include <unistd.h>

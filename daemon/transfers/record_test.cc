@@ -1,5 +1,4 @@
 // One transfer's record: tile accounting at its end (inbound records ended while tiles land).
-#define CATCH_CONFIG_MAIN
 #include "daemon/transfers/record.h"
 
 #include <catch2/catch.hpp>

@@ -1,7 +1,6 @@
 // Resolving a spec: each block-id encoding read once and named as the caller wrote it, locally
 // and for remote transfers (whose travelling spec carries block_ids_le32); remote idempotency
 // keys are held from before Begin.
-#define CATCH_CONFIG_MAIN
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <thread>

@@ -3,7 +3,6 @@
 // count, without the daemon reading it (the planner used to copy every id - 256M of them for a
 // 1-token transfer - and then use one); a grant limited to layers is not passed by a layer count
 // that wraps 32 bits.
-#define CATCH_CONFIG_MAIN
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cstring>

@@ -1,6 +1,5 @@
 // The transfer manager over a hand-driven engine and a manual clock: cancel, drain and deadlines
 // against running tiles, waits measured by the clock, and a bounded history.
-#define CATCH_CONFIG_MAIN
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <thread>

@@ -1,7 +1,6 @@
 // The first transfer: making the manager builds what the first Submit would build after
 // its "submitted" stamp (the generated descriptors behind v1::Path_Name, ~350-450 us on the
 // build machine). Alone in its binary: nothing else in the process may have built them first.
-#define CATCH_CONFIG_MAIN
 #include <catch2/catch.hpp>
 
 #include "daemon/transfers/manager_fixture.h"

@@ -1,4 +1,3 @@
-#define CATCH_CONFIG_MAIN  // //third_party/system:catch2 has no main of its own
 #include "plugins/nixl/host_memory.h"
 
 #include <sys/mman.h>

@@ -1,4 +1,3 @@
-#define CATCH_CONFIG_MAIN  // //third_party/system:catch2 has no main of its own
 // nixl_abi.h against the facts read from the nixl-cu13 1.5.1 wheel's binaries (the offsets its
 // inlined base constructor writes, the vtable slots of its engines; tests/nixl/abi_check.py reads
 // the same slots from the installed wheel).

@@ -13,7 +13,6 @@
 // instead of hanging.
 //
 // Needs root (SKIPs with the reason otherwise) and etcd (FAILs without it), like cluster_test.
-#define CATCH_CONFIG_MAIN
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>

@@ -7,7 +7,6 @@
 // meanwhile.
 //
 // Needs root (CI runs as root; SKIPs with the reason otherwise) and etcd (FAILs without it).
-#define CATCH_CONFIG_MAIN
 #include "tests/cluster/cluster.h"
 
 #include <signal.h>

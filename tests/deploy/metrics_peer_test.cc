@@ -5,7 +5,6 @@
 // name the link of the transfer the same way. The CLI's calls (status, health, regions) register
 // no region and log no info line. promtool is Debian's prometheus package (deploy/dev.sh): without
 // it the test fails. About 5 s.
-#define CATCH_CONFIG_MAIN
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <fstream>

@@ -4,7 +4,6 @@
 // plain HTTP on that port gets nothing; a scraper trusting another CA fails the handshake; with
 // client_ca_file a scraper without a client certificate is refused and one with a certificate
 // the CA signed is served.
-#define CATCH_CONFIG_MAIN
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <openssl/err.h>

@@ -1,7 +1,6 @@
 // `kvrail transfers cancel` of another session's transfer, as the operator (audited),
 // as another uid and as a tenant session of the operator's uid. Its own target, tagged local:
 // running the CLI as another uid (setuid, root only) is not allowed inside Bazel's sandbox.
-#define CATCH_CONFIG_MAIN
 #include <fcntl.h>
 #include <grp.h>
 #include <signal.h>

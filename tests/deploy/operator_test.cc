@@ -2,7 +2,6 @@
 // tile by tile while a transfer runs, engines under stable labels, refused submits by code,
 // build info; liveness SERVING (readiness NOT_SERVING) during a drain; transfer ids by `last` and
 // prefix; debug per-transfer lines with JSON fields. (The operator's cancel: operator_cancel_test.)
-#define CATCH_CONFIG_MAIN
 #include <signal.h>
 
 #include <catch2/catch.hpp>

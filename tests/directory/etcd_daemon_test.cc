@@ -2,7 +2,6 @@
 // through etcd (no `peers`), `kvrail status` / health / metrics say ok; etcd killed: the peers stay
 // and everything says degraded while liveness stays SERVING; etcd restarted: ok again; a daemon
 // killed: the other marks it down.
-#define CATCH_CONFIG_MAIN
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <signal.h>

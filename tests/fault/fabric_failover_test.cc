@@ -16,7 +16,6 @@
 //
 // Needs root (CI runs as root): without the rights to create namespaces every case SKIPs with a
 // message. Names are unique per run (pid) and the namespaces are deleted even when a case fails.
-#define CATCH_CONFIG_MAIN
 #include <unistd.h>
 
 #include <catch2/catch.hpp>

@@ -10,7 +10,6 @@
 // show - SUCCEED byte for byte with nothing written outside their blocks. Each round has its own
 // short deadline so a lane that never came back fails the test at once, with both daemons' logs,
 // instead of hanging.
-#define CATCH_CONFIG_MAIN
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>

@@ -12,7 +12,6 @@
 //
 // The layer-wise transfer with readiness withheld makes "mid-transfer" deterministic: the kill
 // happens after the first half is known to have moved and before anything else may move.
-#define CATCH_CONFIG_MAIN
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <signal.h>

@@ -3,7 +3,6 @@
 // layers ready. The daemon must survive each (it still answers, and stops cleanly), the killed
 // party's transfers must end (a failure with a message, not a transfer left running), and no
 // byte outside a destination changes.
-#define CATCH_CONFIG_MAIN
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>

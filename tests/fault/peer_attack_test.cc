@@ -13,7 +13,6 @@
 // The data path's own checks (another peer's key refused by the provider, forged immediate data
 // naming a's index refused without touching a's slots) are tried below the daemons in
 // daemon/fabric:fi_test and daemon/fabric:receiver_test.
-#define CATCH_CONFIG_MAIN
 #include <grpcpp/grpcpp.h>
 #include <unistd.h>
 

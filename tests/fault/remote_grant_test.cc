@@ -6,7 +6,6 @@
 // grant, a write grant of another (also exported) region. With the owner's write grant the push
 // is byte for byte; once the owner revokes it mid-transfer (layer-wise, half the layers landed),
 // b lands nothing more, the push fails, and the layers after the revocation stay poison.
-#define CATCH_CONFIG_MAIN
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <optional>

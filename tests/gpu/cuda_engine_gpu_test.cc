@@ -8,7 +8,6 @@
 //
 // Outside Bazel, point TEST_SRCDIR/TEST_WORKSPACE at a folder holding daemon/kvraild and
 // examples/kv_demo (see docs/benchmarks.md, "CUDA engine, one H200").
-#define CATCH_CONFIG_MAIN
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>

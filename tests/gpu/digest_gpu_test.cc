@@ -7,7 +7,6 @@
 // Then the cost ("[bandwidth]"): 1 GiB of scattered blocks on one GPU, the plain kernel
 // (LaunchKvCopy, digest off) against the fused copy-and-hash kernel (digest on), interleaved in
 // one run, and the destination read-back pass on its own.
-#define CATCH_CONFIG_MAIN
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cstdio>

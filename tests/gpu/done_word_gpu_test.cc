@@ -5,7 +5,6 @@
 // every transfer still succeeds; the fallback store (a one-thread fencing kernel, where
 // cuStreamWriteValue64 is missing) lands behind a copy on its stream. Each case reports SKIPPED
 // without a GPU. About 10 s on an H100.
-#define CATCH_CONFIG_MAIN
 #include <cuda_runtime_api.h>
 #include <signal.h>
 #include <stdlib.h>

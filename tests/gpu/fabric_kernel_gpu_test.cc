@@ -14,7 +14,6 @@
 // the named cases: a TP1->TP2 and a TP1->TP4 head split with HND<->NHD conversions and decode
 // blocks of other sizes. Ends with a bandwidth print: kernel pack vs the copy-engine pack
 // (PackTile) into the same mapped slots.
-#define CATCH_CONFIG_MAIN
 #include <sys/mman.h>
 
 #include <algorithm>

@@ -13,7 +13,6 @@
 // watchdog thread, not the blocked main thread, releases a stuck wait from the host, so a
 // regression fails in seconds instead of hanging. KVRAIL_FLAGS_ROUNDS (default 3) repeats the
 // whole handover with fresh epochs and data in one daemon.
-#define CATCH_CONFIG_MAIN
 #include <cuda_runtime_api.h>
 
 #include <atomic>

@@ -2,7 +2,6 @@
 // tables and conversions, the kernel's result compared byte for byte with the host twin (which
 // the unit tests compare with a naive reference), destinations poisoned so stray writes show;
 // device -> mapped pinned host too. Ends with a small bandwidth print.
-#define CATCH_CONFIG_MAIN
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cstdio>

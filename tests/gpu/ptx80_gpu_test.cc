@@ -7,7 +7,6 @@
 // per-tile digests are compared with the host twin and the host digest reference, which
 // kv_copy_gpu_test and digest_gpu_test compare the sm_90 forms with on the same cases'
 // generators: both paths equal the same reference.
-#define CATCH_CONFIG_MAIN
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cstdio>

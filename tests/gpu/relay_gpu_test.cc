@@ -12,7 +12,6 @@
 // Configurations: with one GPU, R == S == R' == D forced (KVRAIL_FABRIC_RELAY=gpu:0's config);
 // with two GPUs and peer access, S=0 -> R=1 and R'=0 -> D=1 (both hops over NVLink), and the
 // reverse; with two GPUs without peer access, the stage must refuse and name it.
-#define CATCH_CONFIG_MAIN
 #include <cuda_runtime_api.h>
 #include <sys/mman.h>
 

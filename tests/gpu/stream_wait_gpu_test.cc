@@ -17,7 +17,6 @@
 // marked call (base/cuda/context_sync.h) has been blocked behind for the bound, and prints which
 // calls of the CUDA runtime actually block behind a pending wait here.
 // A plain binary too: bazel-bin/tests/gpu/stream_wait_gpu_test.
-#define CATCH_CONFIG_MAIN
 #include <cuda_runtime_api.h>
 
 #include <algorithm>

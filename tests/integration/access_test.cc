@@ -3,7 +3,6 @@
 // unregister), its transfers (cancel, mark ready) and its notifications, a spoofed submitter in
 // the spec, and the Transfer/Admin services over TCP. Every refusal names the field and nothing
 // moves.
-#define CATCH_CONFIG_MAIN
 #include <grpcpp/grpcpp.h>
 
 #include <catch2/catch.hpp>

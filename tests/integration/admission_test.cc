@@ -5,7 +5,6 @@
 // finished_unix_us), not a latency threshold: with admission on the poll thread (workers 0) no
 // small transfer is even received inside the large one's admission. Latency figures are
 // tests/bench/admission_bench's.
-#define CATCH_CONFIG_MAIN
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <fstream>

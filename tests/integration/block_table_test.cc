@@ -1,7 +1,6 @@
 // Block tables in shared memory (TransferEndpoint.block_table): the client library's automatic
 // path for large tables, an explicit BlockTableRef, the copy-once contract (rewriting the memory
 // after SubmitTransfer returns changes nothing), and bad references rejected naming the field.
-#define CATCH_CONFIG_MAIN
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cstring>

@@ -3,7 +3,6 @@
 // watch streams that end when their client goes and are capped per session, notification polls
 // capped per uid and holding no thread, and a daemon whose descriptors run short refusing extra
 // sessions while its gRPC API and session socket keep serving.
-#define CATCH_CONFIG_MAIN
 #include <grpcpp/grpcpp.h>
 #include <sys/resource.h>
 

@@ -4,7 +4,6 @@
 // use, other transfers go on), a sealed host buffer the owner cannot truncate, shm names the
 // daemon must not open (raw gRPC with the caller's session: '..', symbolic links), a sparse
 // 2 GiB memfd that must not grow the daemon's RSS, and the per-uid region cap across sessions.
-#define CATCH_CONFIG_MAIN
 #include <fcntl.h>
 #include <grpcpp/grpcpp.h>
 #include <signal.h>

@@ -1,6 +1,5 @@
 // Operations: the Prometheus endpoint scraped over HTTP after transfers, with the right counts;
 // JSON logs are one valid object per line.
-#define CATCH_CONFIG_MAIN
 #include <signal.h>
 
 #include <catch2/catch.hpp>

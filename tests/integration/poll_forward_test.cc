@@ -4,7 +4,6 @@
 // Two daemons' tables and gRPC servers in this process (host engine), each on a unix socket in a
 // temporary folder; the session moves to the successor as a hot restart moves it
 // (SessionTable::ExportState / ImportState).
-#define CATCH_CONFIG_MAIN
 #include <grpcpp/grpcpp.h>
 #include <stdlib.h>
 

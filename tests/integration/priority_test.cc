@@ -1,6 +1,5 @@
 // Priority classes on the host engine: a critical transfer overtakes queued background tiles
 // (preemption at tile granularity), and background work never takes the last free worker.
-#define CATCH_CONFIG_MAIN
 #include <signal.h>
 
 #include <catch2/catch.hpp>

@@ -1,6 +1,5 @@
 // kvraild as a process among processes: a client that dies mid-transfer, SIGTERM with transfers
 // in flight, restart on the same socket, and the `kvrail` CLI against a live daemon.
-#define CATCH_CONFIG_MAIN
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>

@@ -1,7 +1,6 @@
 // Bad input never crashes the daemon and never writes outside a transfer's destination: many
 // random, mostly invalid, requests against a live kvraild. Every rejection names a field; every
 // accepted transfer ends, and the bytes it may not touch stay poisoned.
-#define CATCH_CONFIG_MAIN
 #include <signal.h>
 
 #include <catch2/catch.hpp>

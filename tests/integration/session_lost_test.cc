@@ -2,7 +2,6 @@
 // kvraild is gone, every unary call that fails says "session lost"; after the daemon is back,
 // ResetSession succeeds at its first try and every call works again. And a ResetSession racing
 // calls that use the session never frees the connection under them.
-#define CATCH_CONFIG_MAIN
 #include <signal.h>
 
 #include <atomic>

@@ -3,7 +3,6 @@
 // spec gets the same code and message as over gRPC; malformed packets and transfers to other
 // nodes are refused there, naming the reason; KVRAIL_SUBMIT_VIA=grpc keeps the client on gRPC.
 // WAIT answers like WaitTransfer (pending, bounded, closed early, ended, unknown, malformed).
-#define CATCH_CONFIG_MAIN
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <sys/un.h>

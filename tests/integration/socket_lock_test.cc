@@ -1,7 +1,6 @@
 // Two kvraild on one socket: the second is refused (exit code non-zero, naming the first one's
 // pid and the socket) before it touches anything, and the first keeps serving both its gRPC
 // socket and its session socket after the second has gone.
-#define CATCH_CONFIG_MAIN
 #include <sys/stat.h>
 
 #include <catch2/catch.hpp>

@@ -3,7 +3,6 @@
 // the queue can hold in flight, go by packets for the rest (nothing dropped, every transfer
 // moved); a bad spec gets the packet path's code and field; KVRAIL_SUBMISSION_QUEUE=0 keeps the
 // client on packets.
-#define CATCH_CONFIG_MAIN
 #include <catch2/catch.hpp>
 #include <cstdlib>
 

@@ -1,7 +1,6 @@
 // kvraild end to end through the client library: good transfers verified byte for byte, layout
 // conversions, and bad requests rejected with the right code and a message naming the field while
 // the daemon keeps serving and nothing is written.
-#define CATCH_CONFIG_MAIN
 #include <signal.h>
 
 #include <atomic>

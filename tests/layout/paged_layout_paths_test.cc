@@ -2,7 +2,6 @@
 // the daemon's planner (planner::ResolveLayout), the C++ client (client::CheckPagedLayout) and
 // the C ABI (kvrail_paged_layout_check, what the Python package calls) - with the same verdict,
 // the same span for valid layouts and the same field blamed for invalid ones.
-#define CATCH_CONFIG_MAIN  // //third_party/system:catch2 has no main of its own
 #include <string>
 
 #include "catch2/catch.hpp"

@@ -14,7 +14,6 @@
 //
 // Size from the environment (BUILD): KVRAIL_FLOOD_CLIENTS (8), KVRAIL_FLOOD_OPS (operations per
 // client per phase, 150), KVRAIL_FLOOD_ROUNDS (1). Needs root (the flooder is another uid).
-#define CATCH_CONFIG_MAIN
 #include <dirent.h>
 #include <fcntl.h>
 #include <grp.h>

@@ -8,7 +8,6 @@
 // The size comes from the environment (BUILD: load_test ~1 minute in CI, load_test_long manual):
 //   KVRAIL_LOAD_CLIENTS (4), KVRAIL_LOAD_OPS (ops per client, 600); KVRAIL_LOAD_RSS_MIB (64): the
 //   growth allowed (an ASan build's quarantine alone holds up to 256 MiB of freed memory).
-#define CATCH_CONFIG_MAIN
 #include <signal.h>
 
 #include <atomic>

@@ -7,7 +7,6 @@
 //
 // Needs root (CI runs as root). Without the rights to create namespaces every case SKIPs with a
 // message. Names are unique per run (pid) and namespaces are deleted even when a case fails.
-#define CATCH_CONFIG_MAIN
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>

@@ -13,7 +13,6 @@
 //   path reason), the direct path moves the bytes, the gauges stay 0.
 // The GPU relay (S -> R over NVLink -> NIC) is //tests/gpu:relay_gpu_test and the two-GPU run in
 // docs/benchmarks.md.
-#define CATCH_CONFIG_MAIN
 #include <stdlib.h>
 
 #include <catch2/catch.hpp>

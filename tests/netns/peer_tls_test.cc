@@ -9,7 +9,6 @@
 //
 // No namespaces: every daemon listens on its own random 127.x.y.z address (netns.h LoopbackIp), so
 // it runs without root.
-#define CATCH_CONFIG_MAIN
 #include <grpcpp/grpcpp.h>
 #include <unistd.h>
 

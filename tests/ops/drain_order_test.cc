@@ -2,7 +2,6 @@
 // transfers one after another (those already started first, no tiles of others interleaved), so
 // the transfers that end SUCCEEDED are whole and verified byte for byte, and only the rest fail.
 // Before, every transfer advanced in step (round robin) and all of them failed at the timeout.
-#define CATCH_CONFIG_MAIN
 #include <signal.h>
 
 #include <atomic>

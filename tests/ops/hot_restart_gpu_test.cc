@@ -8,7 +8,6 @@
 //
 // kvraild and hot_restart_client are found in the runfiles under Bazel, and beside this binary in
 // the GPU pack (bin/, tests/gpu/run.sh step "restart").
-#define CATCH_CONFIG_MAIN
 #include <signal.h>
 
 #include <catch2/catch.hpp>

@@ -3,7 +3,6 @@
 // sessions and regions stay usable, Stats shows the new instance under the same lineage. A
 // successor that cannot start leaves the old daemon serving; a handover socket of another uid is
 // refused. Real processes, host engine, a temporary folder.
-#define CATCH_CONFIG_MAIN
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>

@@ -2,7 +2,6 @@
 // refuses to start (at error priority) instead of serving without its GPUs, `auto` says why at
 // warning and the kvrail_cuda_gpus gauge shows 0; `--check-config` validates a file naming the
 // field; a client-supplied region name cannot forge a log line.
-#define CATCH_CONFIG_MAIN
 #include <signal.h>
 
 #include <catch2/catch.hpp>

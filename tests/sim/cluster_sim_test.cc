@@ -2,7 +2,6 @@
 // to tiles to NIC links, rails stay within 10% of each other under uniform traffic, relays appear
 // exactly when the decode side's tensor parallelism moves heads across rails, and the run is
 // deterministic.
-#define CATCH_CONFIG_MAIN
 #include "tests/sim/cluster_sim.h"
 
 #include <catch2/catch.hpp>

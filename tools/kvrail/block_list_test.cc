@@ -1,6 +1,5 @@
 // Pure helpers of the client library and the CLI: block lists, layout arithmetic, formatting.
 // (FromGrpcStatus's case moved to base/grpc_status_test.cc with the conversion.)
-#define CATCH_CONFIG_MAIN
 #include "tools/kvrail/block_list.h"
 
 #include <catch2/catch.hpp>

@@ -1,4 +1,3 @@
-#define CATCH_CONFIG_MAIN
 #include <grp.h>
 #include <sys/socket.h>
 #include <sys/stat.h>

@@ -4,7 +4,6 @@
 // producer is gone or whose wait blocks a context-synchronizing call, a launch that fails after
 // its kernel was enqueued reports its tiles only once nothing writes them, and neither the
 // watchdog nor a release in progress holds what the dispatcher needs.
-#define CATCH_CONFIG_MAIN
 #include "daemon/engine/cuda/dispatcher.h"
 
 #include <catch2/catch.hpp>

@@ -1,4 +1,3 @@
-#define CATCH_CONFIG_MAIN
 #include "proto/kvrail/v1/spec_copy.h"
 
 #include <google/protobuf/util/message_differencer.h>
