@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 #include <deque>
 #include <map>
+#include <optional>
 #include <set>
 
 #include "absl/synchronization/mutex.h"

@@ -3,7 +3,6 @@
 // dispatcher (a repeated shape uploads its ids only and lands byte for byte, a job holding its
 // buffer keeps its ids while another job of its shape gets a buffer of its own, failed uploads
 // leave no entry behind, gated jobs keep out).
-#define CATCH_CONFIG_MAIN
 #include "daemon/engine/cuda/warm_plans.h"
 
 #include <algorithm>
