@@ -1,6 +1,5 @@
 // PlanTemplate: a prepared transfer's shape planned once; each post's plan checks only its ids
 // and equals MakePlan's for the same spec and ids.
-#define CATCH_CONFIG_MAIN
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <vector>

@@ -1,7 +1,6 @@
 // Prepared transfers through the transfer manager: posts move exactly their blocks; what may have
 // changed since Prepare (ids, regions, grants, the session) is checked on every post; prepared
 // ids are their session's alone, capped, and freed with the session and with their regions.
-#define CATCH_CONFIG_MAIN
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <memory>

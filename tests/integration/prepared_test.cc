@@ -2,7 +2,6 @@
 // times with new block ids moves exactly those blocks (every other destination byte keeps its
 // poison), over the session socket's POST and over gRPC; what a post must still check is
 // checked there too (ids, another session's prepared id, an unregistered region, a release).
-#define CATCH_CONFIG_MAIN
 #include <catch2/catch.hpp>
 #include <cstdlib>
 #include <cstring>
