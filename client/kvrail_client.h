@@ -431,6 +431,14 @@ uint64_t PagedOffset(const v1::PagedKvLayout& layout, const PagedStrides& stride
 v1::TransferSpec MakeBlockTransfer(uint64_t src_region, std::vector<uint32_t> src_blocks,
                                    uint64_t dst_region, std::vector<uint32_t> dst_blocks);
 
+// The request of one post of prepared transfer `prepared_id`: the ids of a side as
+// block_ids_le32 from kPostLe32From ids (a memcpy for the daemon instead of a varint per id),
+// else as block_ids.
+inline constexpr size_t kPostLe32From = 1024;
+v1::PostTransferRequest MakePostRequest(uint64_t prepared_id, const uint32_t* src_ids,
+                                        size_t src_count, const uint32_t* dst_ids,
+                                        size_t dst_count);
+
 // Whether a transfer state is final (SUCCEEDED, FAILED, CANCELLED).
 bool IsFinal(v1::TransferState state);
 

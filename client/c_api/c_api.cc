@@ -849,11 +849,9 @@ int kvrail_post(kvrail_prepared* handle, const uint32_t* src_ids, size_t src_cou
       return absl::FailedPreconditionError(
           "prepared: its client was closed (its session, and the prepared transfer, are gone)");
     }
-    v1::PostTransferRequest request;
-    request.set_prepared_id(prepared->id);
-    if (src_count > 0) request.mutable_src_block_ids()->Add(src_ids, src_ids + src_count);
-    if (dst_count > 0) request.mutable_dst_block_ids()->Add(dst_ids, dst_ids + dst_count);
-    KVRAIL_ASSIGN_OR_RETURN(v1::SubmitTransferResponse result, client->PostPrepared(request));
+    KVRAIL_ASSIGN_OR_RETURN(v1::SubmitTransferResponse result,
+                            client->PostPrepared(kvrail::client::MakePostRequest(
+                                prepared->id, src_ids, src_count, dst_ids, dst_count)));
     *transfer_id = result.transfer_id();
     return PutBytes(result, response, response_len);
   });

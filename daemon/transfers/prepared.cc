@@ -12,6 +12,31 @@
 
 namespace kvrail::transfers {
 
+namespace {
+
+// One side's ids of a post (`side` "src" / "dst"), from whichever encoding it used; errors and
+// the planner's messages name that field ("post.src_block_ids_le32[3]: ...").
+absl::StatusOr<planner::TableRef> PostIds(const google::protobuf::RepeatedField<uint32_t>& ids,
+                                          const std::string& le32, absl::string_view side) {
+  if (le32.empty()) {
+    return planner::TableRef{ids.data(), static_cast<size_t>(ids.size()),
+                             absl::StrCat("post.", side, "_block_ids")};
+  }
+  const std::string field = absl::StrCat("post.", side, "_block_ids_le32");
+  if (!ids.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": set ", side, "_block_ids or ", side, "_block_ids_le32, not both"));
+  }
+  if (le32.size() % 4 != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": ", le32.size(), " bytes is not a whole number of uint32 ids"));
+  }
+  // x86-64 and aarch64 are little-endian; the planner copies the ids (any alignment).
+  return planner::TableRef{reinterpret_cast<const uint32_t*>(le32.data()), le32.size() / 4, field};
+}
+
+}  // namespace
+
 absl::Status UnknownPrepared(uint64_t id) {
   return absl::NotFoundError(absl::StrCat("prepared_id: no prepared transfer ", id));
 }
@@ -212,12 +237,10 @@ absl::StatusOr<v1::SubmitTransferResponse> TransferManagerImpl::PostCounted(
   plan_options.defer_checks_from = options_.defer_id_checks_from;
   plan_options.table_checks = table_checks_.get();
   plan_options.tables = engines_.TablePool();
-  const planner::TableRef src_ids{post.src_block_ids().data(),
-                                  static_cast<size_t>(post.src_block_ids_size()),
-                                  "post.src_block_ids"};
-  const planner::TableRef dst_ids{post.dst_block_ids().data(),
-                                  static_cast<size_t>(post.dst_block_ids_size()),
-                                  "post.dst_block_ids"};
+  KVRAIL_ASSIGN_OR_RETURN(const planner::TableRef src_ids,
+                          PostIds(post.src_block_ids(), post.src_block_ids_le32(), "src"));
+  KVRAIL_ASSIGN_OR_RETURN(const planner::TableRef dst_ids,
+                          PostIds(post.dst_block_ids(), post.dst_block_ids_le32(), "dst"));
   KVRAIL_ASSIGN_OR_RETURN(planner::Plan plan, p->plan.Instantiate(src_ids, dst_ids, plan_options));
   if (p->on_cuda) p->engine->Expect(PlacementOf(*p->src), PlacementOf(*p->dst));
   RecordParams params;

@@ -115,6 +115,36 @@ TEST_CASE("each post's ids are checked naming the field; a refused post moves no
   for (uint64_t i = 0; i < 2 * kBlocks * kBlockBytes; ++i) REQUIRE(p.dst->data()[i] == 0);
 }
 
+TEST_CASE("a post's ids as little-endian bytes move the same blocks; bad encodings are named") {
+  Pools p;
+  const uint64_t id = p.Prepare(2, p.f.caller);
+  auto le32 = [](std::vector<uint32_t> ids) {
+    return std::string(reinterpret_cast<const char*>(ids.data()), 4 * ids.size());
+  };
+  v1::PostTransferRequest post;
+  post.set_prepared_id(id);
+  post.set_src_block_ids_le32(le32({4, 9}));
+  post.add_dst_block_ids(30);  // the sides' encodings are independent
+  post.add_dst_block_ids(2);
+  auto posted = p.f.manager->Post(p.f.caller, post);
+  INFO(posted.status().ToString());
+  REQUIRE(posted.ok());
+  p.f.engine.RunAll();
+  CHECK(Block(*p.dst, 1, 30)[0] == 4 + 1 + 64);
+  CHECK(Block(*p.dst, 0, 2)[0] == 9 + 1);
+  v1::PostTransferRequest bad = post;
+  bad.set_src_block_ids_le32(le32({4, 64}));
+  ExpectRefused(p.f.manager->Post(p.f.caller, bad).status(), absl::StatusCode::kInvalidArgument,
+                "post.src_block_ids_le32[1]: block 64 out of range [0, 64)");
+  bad.set_src_block_ids_le32("12345");
+  ExpectRefused(p.f.manager->Post(p.f.caller, bad).status(), absl::StatusCode::kInvalidArgument,
+                "post.src_block_ids_le32: 5 bytes is not a whole number of uint32 ids");
+  bad = post;
+  bad.set_dst_block_ids_le32(le32({7, 8}));
+  ExpectRefused(p.f.manager->Post(p.f.caller, bad).status(), absl::StatusCode::kInvalidArgument,
+                "post.dst_block_ids_le32: set dst_block_ids or dst_block_ids_le32, not both");
+}
+
 TEST_CASE("another session's prepared id looks exactly like an unknown one") {
   Pools p;
   const uint64_t id = p.Prepare(1, p.f.caller);

@@ -137,6 +137,18 @@ TEST_CASE("a prepared shape posted many times moves exactly each post's blocks")
   CHECK(CountWritten(dst) == before);
 }
 
+TEST_CASE("the client sends a post's ids as varints below 1024 a side, as le32 bytes from 1024") {
+  std::vector<uint32_t> few(1023, 7), many(1024, 9);
+  const v1::PostTransferRequest small =
+      client::MakePostRequest(5, few.data(), few.size(), many.data(), many.size());
+  CHECK(small.prepared_id() == 5);
+  CHECK(small.src_block_ids_size() == 1023);
+  CHECK(small.src_block_ids_le32().empty());
+  CHECK(small.dst_block_ids_size() == 0);
+  REQUIRE(small.dst_block_ids_le32().size() == 4 * 1024);
+  CHECK(std::memcmp(small.dst_block_ids_le32().data(), many.data(), 4 * 1024) == 0);
+}
+
 TEST_CASE("posts by POST packets and over gRPC move the same bytes; a gone region ends them") {
   LiveDaemon live;
   {
