@@ -23,7 +23,6 @@
 #include "client/submission_queue.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/kvrail/v1/admin.grpc.pb.h"
-#include "proto/kvrail/v1/peer.grpc.pb.h"
 #include "proto/kvrail/v1/spec_copy.h"
 #include "proto/kvrail/v1/transfer.grpc.pb.h"
 #include "wire/session_wire.h"
@@ -143,7 +142,6 @@ class Client::Impl {
         channel_(std::move(channel)),
         transfer_(v1::Transfer::NewStub(channel_)),
         admin_(v1::Admin::NewStub(channel_)),
-        peer_(v1::Peer::NewStub(channel_)),
         session_submit_(options.submit_via_session) {}
 
   const std::string target_;
@@ -155,7 +153,6 @@ class Client::Impl {
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Transfer::Stub> transfer_;
   std::unique_ptr<v1::Admin::Stub> admin_;
-  std::unique_ptr<v1::Peer::Stub> peer_;
 
   // Shared: a caller holds its own reference while it uses the connection, so ResetSession
   // dropping the session never frees it under a call.
@@ -589,7 +586,7 @@ absl::StatusOr<v1::RegionLease> Client::ExportRegion(uint64_t region_id,
   v1::ExportRegionRequest request;
   request.set_region_id(region_id);
   request.set_peer_node_id(peer_node);
-  return impl_->Unary(*impl_->peer_, &v1::Peer::Stub::ExportRegion, request);
+  return impl_->Unary(*impl_->transfer_, &v1::Transfer::Stub::ExportRegion, request);
 }
 
 absl::StatusOr<std::vector<v1::Notification>> Client::PollNotifications(uint32_t max,

@@ -26,7 +26,6 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "proto/kvrail/v1/admin.pb.h"
-#include "proto/kvrail/v1/peer.pb.h"
 #include "proto/kvrail/v1/region.pb.h"
 #include "proto/kvrail/v1/transfer.pb.h"
 
@@ -316,7 +315,7 @@ class Client {
   absl::Status RevokeGrant(const std::string& token);
   // Lets the daemon of node `peer_node` (in this daemon's peer directory) write into region
   // `region_id` of this daemon, which this client's session must own: what a decode worker does
-  // before a prefill node pushes into its pool (Peer.ExportRegion). Returns the lease.
+  // before a prefill node pushes into its pool (Transfer.ExportRegion). Returns the lease.
   absl::StatusOr<v1::RegionLease> ExportRegion(uint64_t region_id, const std::string& peer_node);
 
   // --- Notifications (TransferSpec.notification) ---------------------------------------------

@@ -403,8 +403,7 @@ absl::Status DaemonImpl::StartFabric() {
   fabric::FabricOptions options = FabricOptionsFrom(c, id_.topology);
   options.tls = peer_tls_;
   KVRAIL_ASSIGN_OR_RETURN(
-      fabric_, fabric::Fabric::Create(options, session_table_.get(), regions_.get(), grants_.get(),
-                                      directory_.get()));
+      fabric_, fabric::Fabric::Create(options, regions_.get(), grants_.get(), directory_.get()));
   return absl::OkStatus();
 }
 
@@ -550,6 +549,9 @@ absl::Status DaemonImpl::StartServer() {
   if (fabric_) {
     options.list_peers = [d = directory_.get()] { return d->List(); };
     options.extra_services.push_back(fabric_->peer_service());
+    options.export_region = [f = fabric_.get()](uint64_t region_id, const std::string& peer_node) {
+      return f->ExportRegion(region_id, peer_node);
+    };
   }
   KVRAIL_ASSIGN_OR_RETURN(
       server_, server::Server::Start(options, session_table_.get(), regions_.get(), grants_.get(),

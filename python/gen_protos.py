@@ -17,14 +17,14 @@ import subprocess
 import sys
 import tempfile
 
-# The messages the Python package uses, and what they import.
+# The messages the Python package uses, and what they import (the client API only: the peer
+# protocol, daemon to daemon, is not shipped).
 DEFAULT_PROTOS = [
     "proto/kvrail/v1/region.proto",
     "proto/kvrail/v1/config.proto",
     "proto/kvrail/v1/topology.proto",
     "proto/kvrail/v1/transfer.proto",
     "proto/kvrail/v1/admin.proto",
-    "proto/kvrail/v1/peer.proto",
 ]
 
 _IMPORT = re.compile(r"^from proto\.kvrail\.v1 import (\w+_pb2)", re.MULTILINE)

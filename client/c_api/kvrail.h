@@ -279,7 +279,7 @@ int kvrail_create_grant(kvrail_client* client, uint64_t region_id, int32_t acces
                         uint32_t layer_begin, uint32_t layer_end, uint8_t** out, size_t* out_len);
 int kvrail_revoke_grant(kvrail_client* client, const char* token);
 /* Lets the daemon of node `peer_node` write into region `region_id` (owned by this client's
- * session): Peer.ExportRegion. Out: the serialized kvrail.v1.RegionLease. */
+ * session): Transfer.ExportRegion. Out: the serialized kvrail.v1.RegionLease. */
 int kvrail_export_region(kvrail_client* client, uint64_t region_id, const char* peer_node,
                          uint8_t** out, size_t* out_len);
 

@@ -33,13 +33,16 @@ class FabricImpl final : public Fabric {
  public:
   ~FabricImpl() override;
   static absl::StatusOr<std::unique_ptr<Fabric>> Create(const FabricOptions& options,
-                                                        const sessions::SessionTable* sessions,
                                                         regions::RegionTable* regions,
                                                         const access::Grants* grants,
                                                         directory::Directory* directory);
 
   // Fabric
   grpc::Service* peer_service() override { return service_.get(); }
+  absl::StatusOr<v1::RegionLease> ExportRegion(uint64_t region_id,
+                                               const std::string& peer_node) override {
+    return leases_->Export(region_id, peer_node);
+  }
   void StartLiveness() override { control_->StartLiveness(); }
   std::string Describe() const override { return lanes_->Describe(); }
   void SetInboundSink(transfers::InboundSink* sink) override {
@@ -98,7 +101,6 @@ std::string InterfaceOf(const std::string& address) {
 }
 
 absl::StatusOr<std::unique_ptr<Fabric>> FabricImpl::Create(const FabricOptions& given,
-                                                           const sessions::SessionTable* sessions,
                                                            regions::RegionTable* regions,
                                                            const access::Grants* grants,
                                                            directory::Directory* directory) {
@@ -141,9 +143,9 @@ absl::StatusOr<std::unique_ptr<Fabric>> FabricImpl::Create(const FabricOptions& 
     return f->sender_->HasTransfers(peer) || f->receiver_->HasTransfers(peer);
   });
   f->lanes_->StartProxies(f->sender_.get(), f->receiver_.get());
-  f->service_ = MakePeerService(options.node_id, boot_id, f->control_.get(), f->leases_.get(),
-                                f->receiver_.get(), sessions, regions, /*require_certificates=*/
-                                options.tls != nullptr);
+  f->service_ =
+      MakePeerService(options.node_id, boot_id, f->control_.get(), f->leases_.get(),
+                      f->receiver_.get(), /*require_certificates=*/options.tls != nullptr);
   spdlog::info("{}", f->Describe());
   return std::unique_ptr<Fabric>(std::move(fabric));
 }
@@ -167,11 +169,10 @@ void FabricImpl::OnPeerLost(PeerConn* peer, const absl::Status& why) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Fabric>> Fabric::Create(const FabricOptions& options,
-                                                       const sessions::SessionTable* sessions,
                                                        regions::RegionTable* regions,
                                                        const access::Grants* grants,
                                                        directory::Directory* directory) {
-  return FabricImpl::Create(options, sessions, regions, grants, directory);
+  return FabricImpl::Create(options, regions, grants, directory);
 }
 
 }  // namespace kvrail::fabric

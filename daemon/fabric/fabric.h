@@ -18,8 +18,8 @@
 #include "daemon/directory/directory.h"
 #include "daemon/fabric/fabric_options.h"  // FabricOptions
 #include "daemon/regions/regions.h"
-#include "daemon/sessions/sessions.h"
 #include "daemon/transfers/remote_path.h"
+#include "proto/kvrail/v1/transfer.pb.h"
 
 namespace grpc {
 class Service;
@@ -34,10 +34,8 @@ class Fabric : public transfers::RemotePath {
   // (staging registered for each). Peers the directory lists later are added by the liveness
   // round (each gets the next index); `directory` may be empty at start. Errors name the config
   // key ("fabric.provider: ...", "fabric.nics: ...").
-  // `sessions` identify ExportRegion's caller; `grants` decide which tenant of a peer node may
-  // write a region. All outlive the fabric.
+  // `grants` decide which tenant of a peer node may write a region. All outlive the fabric.
   static absl::StatusOr<std::unique_ptr<Fabric>> Create(const FabricOptions& options,
-                                                        const sessions::SessionTable* sessions,
                                                         regions::RegionTable* regions,
                                                         const access::Grants* grants,
                                                         directory::Directory* directory);
@@ -45,6 +43,11 @@ class Fabric : public transfers::RemotePath {
 
   // The Peer gRPC service, to serve on the daemon's listen addresses.
   virtual grpc::Service* peer_service() = 0;
+  // Lets node `peer_node` (in the directory) write region `region_id` and returns its lease
+  // (what the peer's GetLease reads). Whether the caller may is the caller's check
+  // (Transfer.ExportRegion: the region's owner session). Errors name the field.
+  virtual absl::StatusOr<v1::RegionLease> ExportRegion(uint64_t region_id,
+                                                       const std::string& peer_node) = 0;
   // Starts the heartbeat loop (call once the server is listening).
   virtual void StartLiveness() = 0;
   // "fabric: tcp;ofi_rxm, 2 NICs (nic0@10.0.0.1, nic1@10.0.0.1), 16 x 4 MiB slots per peer".

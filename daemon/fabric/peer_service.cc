@@ -2,11 +2,9 @@
 
 #include <utility>
 
-#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "base/grpc_status.h"
 #include "daemon/fabric/peer_auth.h"
-#include "daemon/server/caller.h"
 #include "proto/kvrail/v1/peer.grpc.pb.h"
 
 namespace kvrail::fabric {
@@ -16,15 +14,12 @@ namespace {
 class PeerServiceImpl final : public v1::Peer::Service {
  public:
   PeerServiceImpl(std::string node_id, uint64_t boot_id, PeerControl* control, Leases* leases,
-                  Receiver* receiver, const sessions::SessionTable* sessions,
-                  const regions::RegionTable* regions, bool require_certificates)
+                  Receiver* receiver, bool require_certificates)
       : node_id_(std::move(node_id)),
         boot_id_(boot_id),
         control_(control),
         leases_(leases),
         receiver_(receiver),
-        sessions_(sessions),
-        regions_(regions),
         require_certificates_(require_certificates) {}
 
   grpc::Status Hello(grpc::ServerContext* context, const v1::HelloRequest* request,
@@ -46,29 +41,6 @@ class PeerServiceImpl final : public v1::Peer::Service {
     response->set_boot_id(boot_id_);
     response->set_unix_us(absl::ToUnixMicros(absl::Now()));
     return grpc::Status::OK;
-  }
-  grpc::Status ExportRegion(grpc::ServerContext* context, const v1::ExportRegionRequest* request,
-                            v1::RegionLease* response) override {
-    if (!server::IsLocal(*context)) {
-      return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
-                          "ExportRegion is served to local clients (the unix socket) only");
-    }
-    // Exporting lets another node write the region: its owner's decision alone.
-    absl::StatusOr<sessions::Caller> caller = server::CallerFromMetadata(*context, *sessions_);
-    if (!caller.ok()) return ToGrpcStatus(caller.status());
-    absl::StatusOr<std::shared_ptr<regions::Region>> region = regions_->Get(request->region_id());
-    if (region.ok() && (caller->session_id == 0 || (*region)->session_id() != caller->session_id)) {
-      return ToGrpcStatus(absl::PermissionDeniedError(
-          absl::StrCat("region_id: region ", request->region_id(),
-                       " belongs to another session; only its owner may export it")));
-    }
-    if (region.ok() && (*region)->spec().library_region()) {
-      // The client library's own region (block tables) is no transfer endpoint, remote or local.
-      return ToGrpcStatus(absl::PermissionDeniedError(absl::StrCat(
-          "region_id: region ", request->region_id(),
-          " is a client library's own region (RegionSpec.library_region); it cannot be exported")));
-    }
-    return Fill(leases_->Export(request->region_id(), request->peer_node_id()), response);
   }
   grpc::Status GetLease(grpc::ServerContext* context, const v1::GetLeaseRequest* request,
                         v1::RegionLease* response) override {
@@ -130,8 +102,6 @@ class PeerServiceImpl final : public v1::Peer::Service {
   PeerControl* const control_;
   Leases* const leases_;
   Receiver* const receiver_;
-  const sessions::SessionTable* const sessions_;
-  const regions::RegionTable* const regions_;
   const bool require_certificates_;
 };
 
@@ -139,12 +109,9 @@ class PeerServiceImpl final : public v1::Peer::Service {
 
 std::unique_ptr<grpc::Service> MakePeerService(std::string node_id, uint64_t boot_id,
                                                PeerControl* control, Leases* leases,
-                                               Receiver* receiver,
-                                               const sessions::SessionTable* sessions,
-                                               const regions::RegionTable* regions,
-                                               bool require_certificates) {
+                                               Receiver* receiver, bool require_certificates) {
   return std::make_unique<PeerServiceImpl>(std::move(node_id), boot_id, control, leases, receiver,
-                                           sessions, regions, require_certificates);
+                                           require_certificates);
 }
 
 }  // namespace kvrail::fabric

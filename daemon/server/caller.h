@@ -1,6 +1,6 @@
 // Who is calling a gRPC service of kvraild (docs/security.md): the session a call's
 // `kvrail-session` metadata names (wire/session_wire.h), checked against the session table.
-// Shared by the Transfer/Admin services and the Peer service's local calls (ExportRegion).
+// Used by the Transfer and Admin services.
 #pragma once
 
 #include <grpcpp/server_context.h>

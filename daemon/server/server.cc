@@ -117,7 +117,7 @@ class TransferService final
                   access::Grants* grants, transfers::TransferManager* transfers,
                   transfers::NotificationHub* notifications, bool tcp_api,
                   uint32_t max_watchers_per_session, uint32_t max_watchers_per_uid,
-                  ChangeGate* gate)
+                  ChangeGate* gate, ExportRegionFn export_region)
       : sessions_(sessions),
         regions_(regions),
         grants_(grants),
@@ -126,7 +126,8 @@ class TransferService final
         tcp_api_(tcp_api),
         watchers_(max_watchers_per_session, max_watchers_per_uid),
         pump_(std::make_shared<WatchPump>(kWatchTick)),
-        gate_(gate) {}
+        gate_(gate),
+        export_region_(std::move(export_region)) {}
 
   size_t open_watches() const { return pump_->open(); }
 
@@ -279,6 +280,33 @@ class TransferService final
     return ToGrpcStatus(grants_->RevokeGrant(request->token(), caller));
   }
 
+  // Exporting lets another node write the region: its owner's decision alone, made on this
+  // node (the unix socket, whatever tcp_serves_api says). Deny by default: an anonymous caller
+  // is refused before any lookup, any session but the owner's after it (MayExport).
+  grpc::Status ExportRegion(grpc::ServerContext* context, const v1::ExportRegionRequest* request,
+                            v1::RegionLease* response) override {
+    if (!IsLocal(*context)) {
+      return ToGrpcStatus(absl::PermissionDeniedError(
+          "region_id: ExportRegion is served on kvraild's unix socket only (the region's owner "
+          "exports it; TCP never does, tcp_serves_api or not)"));
+    }
+    absl::StatusOr<sessions::Caller> caller = CallerFromMetadata(*context, *sessions_);
+    if (!caller.ok()) return ToGrpcStatus(caller.status());
+    absl::Status allowed = MayExport(*caller, request->region_id());
+    if (!allowed.ok()) return ToGrpcStatus(allowed);
+    if (!export_region_) {
+      return ToGrpcStatus(
+          absl::FailedPreconditionError("peer_node_id: this daemon has no fabric (neither "
+                                        "DaemonConfig.peers nor etcd is set); it "
+                                        "exports to no node"));
+    }
+    absl::StatusOr<v1::RegionLease> lease =
+        export_region_(request->region_id(), request->peer_node_id());
+    if (!lease.ok()) return ToGrpcStatus(lease.status());
+    *response = *std::move(lease);
+    return grpc::Status::OK;
+  }
+
   // Answers at once when something is queued or the caller does not wait; a poll that waits
   // takes a watcher place (the caps of WaitTransfer and the watches) and no thread.
   grpc::ServerUnaryReactor* PollNotifications(grpc::CallbackServerContext* context,
@@ -346,6 +374,33 @@ class TransferService final
     return absl::OkStatus();
   }
 
+  // OK when `caller` may export region `region_id`: its owner session, and the region is a
+  // transfer endpoint (not a client library's own). Errors name region_id.
+  absl::Status MayExport(const sessions::Caller& caller, uint64_t region_id) const {
+    if (caller.session_id == 0) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          "region_id: region ", region_id,
+          " may be exported by its owner's session only; this call has no kvrail-session "
+          "credentials (the client library sends them)"));
+    }
+    absl::StatusOr<std::shared_ptr<regions::Region>> region = regions_->Get(region_id);
+    if (!region.ok()) {
+      return absl::NotFoundError(absl::StrCat("region_id: ", region.status().message()));
+    }
+    if ((*region)->session_id() != caller.session_id) {
+      return absl::PermissionDeniedError(
+          absl::StrCat("region_id: region ", region_id,
+                       " belongs to another session; only its owner may export it"));
+    }
+    if ((*region)->spec().library_region()) {
+      // The client library's own region (block tables) is no transfer endpoint, remote or local.
+      return absl::PermissionDeniedError(absl::StrCat(
+          "region_id: region ", region_id,
+          " is a client library's own region (RegionSpec.library_region); it cannot be exported"));
+    }
+    return absl::OkStatus();
+  }
+
   static constexpr uint32_t kMaxPollTimeoutMs = 60000;
 
   const sessions::SessionTable* const sessions_;
@@ -358,6 +413,7 @@ class TransferService final
   // Declared after watchers_: destroyed first (its calls give their places back).
   const std::shared_ptr<WatchPump> pump_;
   ChangeGate* const gate_;  // the server's; outlives the service
+  const ExportRegionFn export_region_;
 };
 
 class AdminService final : public v1::Admin::Service {
@@ -530,7 +586,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   auto gate = std::make_unique<ChangeGate>();
   auto transfer = std::make_unique<TransferService>(
       sessions, regions, grants, transfers, options.notifications, options.tcp_serves_api,
-      options.max_watchers_per_session, options.max_watchers_per_uid, gate.get());
+      options.max_watchers_per_session, options.max_watchers_per_uid, gate.get(),
+      options.export_region);
   auto server = std::make_unique<ServerImpl>(
       std::move(gate), std::move(transfer),
       std::make_unique<AdminService>(options, sessions, regions, transfers));

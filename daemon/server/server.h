@@ -2,6 +2,7 @@
 // grpc::Status through base/grpc_status.h (code number and message kept).
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -14,6 +15,7 @@
 #include "daemon/transfers/transfers.h"
 #include "proto/kvrail/v1/admin.pb.h"
 #include "proto/kvrail/v1/topology.pb.h"
+#include "proto/kvrail/v1/transfer.pb.h"
 
 namespace grpc {
 class Service;
@@ -21,6 +23,12 @@ class ServerCredentials;
 }  // namespace grpc
 
 namespace kvrail::server {
+
+// Transfer.ExportRegion's work once the server has found the caller may export (the fabric's
+// leases): lets node `peer_node` write region `region_id`; returns the lease. Errors name the
+// field. Thread-safe.
+using ExportRegionFn = std::function<absl::StatusOr<v1::RegionLease>(uint64_t region_id,
+                                                                     const std::string& peer_node)>;
 
 struct ServerOptions {
   // "unix:/run/kvrail/kvrail.sock", "127.0.0.1:7070", ...
@@ -43,6 +51,9 @@ struct ServerOptions {
   // Serve Transfer and Admin calls arriving over TCP too (DaemonConfig.tcp_serves_api);
   // otherwise they are PERMISSION_DENIED there (only the Peer service answers on TCP).
   bool tcp_serves_api = false;
+  // Exports regions to other nodes (Fabric::ExportRegion); unset (no fabric): ExportRegion is
+  // FAILED_PRECONDITION.
+  ExportRegionFn export_region;
   // More services to serve on the same addresses (the fabric's Peer service). Not owned.
   std::vector<grpc::Service*> extra_services;
   // Credentials of the TCP listen addresses (fabric::PeerServerCredentials: mTLS with client

@@ -21,7 +21,7 @@ absl::Status CheckSourceNode(const v1::TransferEndpoint& src, const std::string&
       "the node whose daemon takes the submit (this is node '", node_id,
       "'), so a cross-node pull is not possible: submit it on node '", src.node_id(),
       "' as a push, with spec.dst.node_id = '", node_id,
-      "', after the destination's owner exported it to that node (ExportRegion)"));
+      "', after the destination's owner exported it to that node (Transfer.ExportRegion)"));
 }
 
 absl::Status CheckNode(const v1::TransferEndpoint& ep, const std::string& node_id,

@@ -183,7 +183,7 @@ TEST_CASE("a source on another node is refused naming spec.src.node_id and the p
     CHECK(refused.status().code() == absl::StatusCode::kUnimplemented);
     CHECK(message.find("no fabric path configured") == std::string::npos);
     CHECK(message.find("spec.dst.node_id") != std::string::npos);  // says how: a push
-    CHECK(message.find("ExportRegion") != std::string::npos);
+    CHECK(message.find("Transfer.ExportRegion") != std::string::npos);
   }
   CHECK(remote.AwaitBegins(1, absl::ZeroDuration()) == 0);
 }

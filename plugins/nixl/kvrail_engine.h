@@ -152,7 +152,7 @@ class KvrailEngine : public nixlBackendEngine {
   };
 
   absl::Status Init();
-  // Lets the daemon of `node` write into `region_ids` (Peer.ExportRegion); a remote agent on
+  // Lets the daemon of `node` write into `region_ids` (Transfer.ExportRegion); a remote agent on
   // another node writes into this agent's registrations only after that.
   absl::Status ExportTo(const std::string& node, const std::vector<uint64_t>& region_ids);
   // This agent's regions (mailbox and every view) and the nodes they are exported to.

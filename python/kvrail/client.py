@@ -710,12 +710,11 @@ class Client:
     def export_region(self, region: Union[Region, int], peer_node: str):
         """Region.export: lets node `peer_node`'s kvraild write into `region` (a Region or id of
         this client's session) over the fabric; returns the kvrail.v1.RegionLease."""
-        from kvrail.proto import peer_pb2
         if not isinstance(peer_node, str) or not peer_node:
             raise InvalidArgumentError(StatusCode.INVALID_ARGUMENT,
                                        "peer_node: a node id of the peer directory")
         region_id = region.id if isinstance(region, Region) else int(region)
-        return self._message_call(lib().kvrail_export_region, peer_pb2.RegionLease, region_id,
+        return self._message_call(lib().kvrail_export_region, transfer_pb2.RegionLease, region_id,
                                   peer_node.encode())
 
     def revoke_grant(self, token: str) -> None:

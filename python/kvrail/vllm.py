@@ -311,7 +311,7 @@ class _SchedulerSide:
 
     def _same_node(self, params: Dict[str, Any]) -> bool:
         """Whether the prefill's KV is on this decode's node. kvraild moves KV across nodes only
-        as a push from the source node (ExportRegion, then dst.node_id), which a decode's pull
+        as a push from the source node (Transfer.ExportRegion, then dst.node_id), which a decode's pull
         cannot issue: a prompt prefilled on another node is computed here instead."""
         ranks = params[_PARAMS_KEY].get("ranks") or [{}]
         remote = str(ranks[0].get("node_id", ""))

@@ -1,7 +1,8 @@
 // libFuzzer target: the Transfer and Admin services' requests through the daemon's own server
 // (daemon/server: caller check, authorization, the manager's validation) over a unix socket in
-// this process, with a host engine moving bytes between two memfd regions of one session, the
-// "owner". Each input is a sequence of calls:
+// this process (fuzz_daemon.h, with a fabric so that exports reach the leases), with a host engine
+// moving bytes between two memfd regions of one session, the "owner". Each input is a sequence of
+// calls:
 //   op byte (low 4 bits: the RPC; bits 4-5: who calls - the owner, another session, an anonymous
 //   caller, a garbled credential; bit 6: the message alone instead of merged over a valid
 //   template), a 2-byte little-endian length, then that many bytes of serialized protobuf.
@@ -12,12 +13,8 @@
 //   - a caller that is not the owner never learns that one of the owner's transfers exists:
 //     reading, waiting for, watching, cancelling or marking ready any id is never
 //     PERMISSION_DENIED for it (an unknown id's NOT_FOUND);
+//   - only the owner exports a region (ExportRegion succeeds for no other caller);
 // and what an input submitted is cancelled and what it granted revoked at its end.
-#include <google/protobuf/stubs/logging.h>
-#include <grpcpp/grpcpp.h>
-#include <sys/mman.h>
-#include <unistd.h>
-
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -27,129 +24,49 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "base/clock.h"
-#include "base/unique_fd.h"
-#include "daemon/access/access.h"
-#include "daemon/engine/host_engine.h"
-#include "daemon/regions/regions.h"
-#include "daemon/server/server.h"
-#include "daemon/sessions/sessions.h"
-#include "daemon/transfers/engine_registry.h"
-#include "daemon/transfers/notifications.h"
-#include "daemon/transfers/transfers.h"
 #include "proto/kvrail/v1/admin.grpc.pb.h"
 #include "proto/kvrail/v1/transfer.grpc.pb.h"
-#include "spdlog/spdlog.h"
-#include "wire/session_wire.h"
+#include "tests/fuzz/fuzz_daemon.h"
 
 namespace {
 
 namespace v1 = kvrail::v1;
-
-void Check(bool ok, const char* what) {
-  if (!ok) {
-    fprintf(stderr, "transfer_service_fuzzer: %s\n", what);
-    __builtin_trap();
-  }
-}
+using kvrail::fuzz::Build;
+using kvrail::fuzz::Check;
+using kvrail::fuzz::CheckAnswered;
 
 constexpr uint64_t kRegionBytes = 64 << 10;
 
 enum class Who { kOwner = 0, kOther = 1, kAnonymous = 2, kGarbled = 3 };
 
+kvrail::fuzz::FuzzDaemonOptions DaemonOptions() {
+  kvrail::fuzz::FuzzDaemonOptions options;
+  options.name = "transfer";
+  options.fabric = true;
+  return options;
+}
+
+// The daemon, the owner's two regions (a source and a writable destination), and the templates.
+// Members are set in declaration order; the stubs go before the daemon (declared after it).
 struct Daemon {
-  std::string dir;
-  std::unique_ptr<kvrail::sessions::SessionTable> sessions;
-  std::unique_ptr<kvrail::regions::RegionTable> regions;
-  std::unique_ptr<kvrail::access::Grants> grants;
-  std::unique_ptr<kvrail::engine::Engine> engine;
-  std::unique_ptr<kvrail::transfers::NotificationHub> hub;
-  std::unique_ptr<kvrail::transfers::TransferManager> transfers;
-  std::unique_ptr<kvrail::server::Server> server;
-  std::unique_ptr<v1::Transfer::Stub> stub;
-  std::unique_ptr<v1::Admin::Stub> admin;
-  uint64_t owner = 0, other = 0;
-  std::string owner_credential, other_credential;
-  uint64_t src = 0, dst = 0;
+  kvrail::fuzz::FuzzDaemon daemon{DaemonOptions()};
+  std::unique_ptr<v1::Transfer::Stub> stub = v1::Transfer::NewStub(daemon.channel());
+  std::unique_ptr<v1::Admin::Stub> admin = v1::Admin::NewStub(daemon.channel());
+  const uint64_t owner = daemon.OpenSession();
+  const uint64_t other = daemon.OpenSession();
+  const std::string owner_credential = daemon.Credential(owner);
+  const std::string other_credential = daemon.Credential(other);
+  const uint64_t src = Region(false);
+  const uint64_t dst = Region(true);
   v1::SubmitTransferRequest submit;
   std::string grant;  // a live read grant of the owner's source
 
-  uint64_t Region(bool writable) {
-    kvrail::UniqueFd fd(::memfd_create("transfer_fuzzer", MFD_CLOEXEC | MFD_ALLOW_SEALING));
-    Check(fd.valid() && ::ftruncate(fd.get(), kRegionBytes) == 0, "memfd");
-    auto token = sessions->AddFd(owner, std::move(fd));
-    Check(token.ok(), "token");
-    v1::RegionSpec spec;
-    spec.set_memory_kind(v1::MEMORY_KIND_HOST);
-    spec.set_size_bytes(kRegionBytes);
-    spec.mutable_bytes();  // a plain byte region
-    spec.set_writable(writable);
-    spec.mutable_share()->set_fd_token(*token);
-    auto region = regions->Register(spec, owner);
-    if (!region.ok()) fprintf(stderr, "%s\n", region.status().ToString().c_str());
-    Check(region.ok(), "register");
-    return (*region)->id();
-  }
-
   Daemon() {
-    spdlog::set_level(spdlog::level::off);
-    google::protobuf::SetLogHandler(nullptr);
-    char tmpl[] = "/tmp/kvrail-fuzz-transfer.XXXXXX";
-    Check(::mkdtemp(tmpl) != nullptr, "mkdtemp");
-    dir = tmpl;
-    sessions = kvrail::sessions::SessionTable::Create();
-    regions = kvrail::regions::RegionTable::Create(kvrail::Clock::Real(), sessions.get());
-    grants = kvrail::access::Grants::Create(kvrail::Clock::Real(), sessions.get(), regions.get());
-    hub = kvrail::transfers::NotificationHub::Create(
-        [t = sessions.get()](uint64_t s) { return t->SessionOpen(s); });
-    sessions->AddSessionEndHook([h = hub.get()](uint64_t s) { h->EndSession(s); });
-    engine = kvrail::engine::CreateHostEngine(1);
-    kvrail::transfers::Options options;
-    options.node_id = "node-fuzz";
-    options.tile_bytes = 4096;
-    options.notifications = hub.get();
-    options.history = 256;
-    kvrail::transfers::EngineRegistry engines;
-    engines.Add(engine.get());
-    transfers = kvrail::transfers::TransferManager::Create(regions.get(), grants.get(), engines,
-                                                           kvrail::Clock::Real(), options);
-    sessions->AddSessionEndHook([t = transfers.get()](uint64_t s) { t->EndSession(s); });
-    // Sessions as the session socket would open them; no uid: neither is the operator.
-    owner = sessions->BeginSession();
-    other = sessions->BeginSession();
-    owner_credential = kvrail::wire::SessionMetadataValue(owner, sessions->SessionSecret(owner));
-    other_credential = kvrail::wire::SessionMetadataValue(other, sessions->SessionSecret(other));
-    src = Region(false);
-    dst = Region(true);
-
-    kvrail::server::ServerOptions server_options;
-    const std::string address = "unix:" + dir + "/kvrail.sock";
-    server_options.listen = {address};
-    server_options.node_id = "node-fuzz";
-    server_options.notifications = hub.get();
-    server_options.max_watchers_per_session = 8;
-    server_options.max_watchers_per_uid = 16;
-    auto started = kvrail::server::Server::Start(server_options, sessions.get(), regions.get(),
-                                                 grants.get(), transfers.get());
-    if (!started.ok()) fprintf(stderr, "%s\n", started.status().ToString().c_str());
-    Check(started.ok(), "server");
-    server = *std::move(started);
-    auto channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
-    stub = v1::Transfer::NewStub(channel);
-    admin = v1::Admin::NewStub(channel);
-
     v1::TransferSpec* spec = submit.mutable_spec();
     spec->mutable_src()->set_region_id(src);
     spec->mutable_dst()->set_region_id(dst);
     spec->set_num_bytes(8192);
-    v1::CreateGrantRequest request;
-    request.set_region_id(src);
-    request.set_access(v1::GRANT_ACCESS_READ);
-    kvrail::sessions::Caller caller;
-    caller.session_id = owner;
-    auto granted = grants->CreateGrant(request, caller);
-    Check(granted.ok(), "grant");
-    grant = granted->token();
+    grant = daemon.Grant(owner, src, v1::GRANT_ACCESS_READ).token();
 
     // The template works.
     v1::SubmitTransferResponse response;
@@ -159,48 +76,28 @@ struct Daemon {
     Check(s.ok(), "template submit");
   }
 
-  // Stops in kvraild's order: the server (its calls end), the manager (drained), the engine.
-  ~Daemon() {
-    server->Shutdown(absl::Seconds(1));
-    server.reset();
-    stub.reset();
-    admin.reset();
-    transfers->Drain(absl::ZeroDuration());
-    transfers.reset();
-    engine.reset();
-    grants.reset();
-    regions.reset();
-    sessions.reset();
+  uint64_t Region(bool writable) {
+    v1::RegionSpec spec;
+    spec.set_size_bytes(kRegionBytes);
+    spec.mutable_bytes();  // a plain byte region
+    spec.set_writable(writable);
+    return daemon.RegisterHostRegion(owner, spec);
   }
 
   std::unique_ptr<grpc::ClientContext> Context(Who who) {
-    auto context = std::make_unique<grpc::ClientContext>();
-    context->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
     switch (who) {
       case Who::kOwner:
-        context->AddMetadata(kvrail::wire::kSessionMetadataKey, owner_credential);
-        break;
+        return daemon.Context(owner_credential);
       case Who::kOther:
-        context->AddMetadata(kvrail::wire::kSessionMetadataKey, other_credential);
-        break;
+        return daemon.Context(other_credential);
       case Who::kAnonymous:
-        break;
+        return daemon.Context("");
       case Who::kGarbled:
-        context->AddMetadata(kvrail::wire::kSessionMetadataKey,
-                             absl::StrCat(owner, ".0123456789abcdef0123456789abcdef"));
         break;
     }
-    return context;
+    return daemon.Context(absl::StrCat(owner, ".0123456789abcdef0123456789abcdef"));
   }
 };
-
-// A call that does not answer within its deadline is a hang: a finding.
-void CheckAnswered(const grpc::Status& s) {
-  Check(s.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED &&
-            s.error_code() != grpc::StatusCode::UNAVAILABLE,
-        "a call was not answered");
-  if (!s.ok()) Check(!s.error_message().empty(), "an error without a message");
-}
 
 // No answer but CreateGrant's carries a token.
 void CheckNoToken(const google::protobuf::Message& answer) {
@@ -215,19 +112,6 @@ void CheckNotProbed(Who who, const grpc::Status& s) {
     Check(s.error_code() != grpc::StatusCode::PERMISSION_DENIED,
           "another caller learned that a transfer exists");
   }
-}
-
-template <typename M>
-bool Build(const M& tmpl, bool raw, const uint8_t* p, size_t n, M* out) {
-  M fuzz;
-  if (!fuzz.ParseFromArray(p, static_cast<int>(n))) return false;
-  if (raw) {
-    *out = fuzz;
-  } else {
-    *out = tmpl;
-    out->MergeFrom(fuzz);
-  }
-  return true;
 }
 
 }  // namespace
@@ -388,6 +272,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         if (s.error_code() == grpc::StatusCode::CANCELLED) s = grpc::Status::OK;
         break;
       }
+      case 12: {
+        v1::ExportRegionRequest tmpl, request;
+        tmpl.set_region_id(d->dst);
+        tmpl.set_peer_node_id(kvrail::fuzz::kPeerNode);
+        if (!Build(tmpl, raw, p, n, &request)) continue;
+        v1::RegionLease response;
+        s = d->stub->ExportRegion(context.get(), request, &response);
+        CheckNoToken(response);
+        if (s.ok()) Check(who == Who::kOwner, "a caller other than the owner exported a region");
+        break;
+      }
       default: {
         v1::GetStatsRequest request;
         if (!Build(v1::GetStatsRequest(), raw, p, n, &request)) continue;
@@ -410,7 +305,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   for (const std::string& token : granted) {
     kvrail::sessions::Caller caller;
     caller.session_id = d->owner;
-    (void)d->grants->RevokeGrant(token, caller);
+    (void)d->daemon.grants().RevokeGrant(token, caller);
   }
   return 0;
 }

@@ -1,8 +1,9 @@
 // Who may touch what, against a live kvraild (docs/security.md), each check tried from the
 // wrong side: forged and missing credentials, another client's regions (read, write,
 // unregister), its transfers (cancel, mark ready) and its notifications, a spoofed submitter in
-// the spec, and the Transfer/Admin services over TCP. Every refusal names the field and nothing
-// moves.
+// the spec, the Transfer/Admin services over TCP, and exports of a region to another node
+// (another session, anonymous, over TCP; a daemon with a fabric on a loopback address). Every
+// refusal names the field and nothing moves.
 #include <grpcpp/grpcpp.h>
 
 #include <catch2/catch.hpp>
@@ -10,8 +11,12 @@
 
 #include "absl/strings/numbers.h"
 #include "proto/kvrail/v1/admin.grpc.pb.h"
+#include "proto/kvrail/v1/peer.grpc.pb.h"
 #include "proto/kvrail/v1/transfer.grpc.pb.h"
 #include "tests/integration/kv_fixture.h"
+#include "tests/netns/netns.h"
+#include "tests/tls/peer_calls.h"
+#include "tests/tls/test_ca.h"
 #include "wire/session_wire.h"
 
 namespace kvrail::testing {
@@ -158,6 +163,129 @@ TEST_CASE("over TCP only the Peer service answers unless the API is opted in") {
   v1::TransferStatus status;
   CHECK(Has(transfer->GetTransfer(&list, get, &status), grpc::StatusCode::PERMISSION_DENIED,
             "tcp_serves_api"));
+}
+
+// ExportRegion of `region` to `peer` on `stub`, as `credential` ("" : anonymous).
+grpc::Status Export(v1::Transfer::Stub& stub, const std::string& credential, uint64_t region,
+                    const std::string& peer, v1::RegionLease* lease) {
+  grpc::ClientContext context;
+  if (!credential.empty()) context.AddMetadata(wire::kSessionMetadataKey, credential);
+  v1::ExportRegionRequest request;
+  request.set_region_id(region);
+  request.set_peer_node_id(peer);
+  return stub.ExportRegion(&context, request, lease);
+}
+
+// The lease of `region` as peer `requester` reads it (Peer.GetLease over TCP, with the
+// requester's certificate).
+grpc::Status LeaseFor(v1::Peer::Stub& peer, uint64_t region, const std::string& requester) {
+  grpc::ClientContext context;
+  v1::GetLeaseRequest request;
+  request.set_region_id(region);
+  request.set_requester_node_id(requester);
+  v1::RegionLease lease;
+  return peer.GetLease(&context, request, &lease);
+}
+
+TEST_CASE("only the owner's session exports a region to another node, and only on the socket") {
+  // Node "x" with a fabric on a loopback address and peer "y" in its directory (y never runs:
+  // the export and the lease are x's alone), peers on mTLS; the API is opted in on TCP, which
+  // must not open exports. The TCP caller holds y's certificate.
+  TestCa ca;
+  REQUIRE(ca.status().ok());
+  NsDaemon x;
+  NsDaemonOptions options = TlsDaemonOptions(&ca);
+  options.extra_config = "tcp_serves_api: true\n";
+  const std::string ip = LoopbackIp();
+  const bool started = x.Start("", "x", ip, "y", LoopbackIp(), options);
+  INFO(x.Log());
+  REQUIRE(started);
+  auto socket = RawStub("unix:" + x.socket);
+  auto tcp = TlsChannel(ip + ":" + std::to_string(x.tcp_port), ca, "x", &ca, "y");
+  auto over_tcp = v1::Transfer::NewStub(tcp);
+  auto peer = v1::Peer::NewStub(tcp);
+
+  // The owner: a session of its own, its credential sent by hand (a raw stub, any transport).
+  auto owner = wire::SessionConnection::Open(wire::SessionSocketPath(x.socket));
+  REQUIRE(owner.ok());
+  const std::string owner_credential =
+      wire::SessionMetadataValue((*owner)->session_id(), (*owner)->secret());
+  auto buffer = client::HostBuffer::Create(4096, "export-access");
+  REQUIRE(buffer.ok());
+  auto token = (*owner)->SendFd((*buffer)->fd());
+  REQUIRE(token.ok());
+  v1::RegisterRegionRequest reg;
+  reg.mutable_spec()->set_memory_kind(v1::MEMORY_KIND_HOST);
+  reg.mutable_spec()->set_size_bytes(4096);
+  reg.mutable_spec()->set_writable(true);
+  reg.mutable_spec()->mutable_bytes();
+  reg.mutable_spec()->mutable_share()->set_fd_token(*token);
+  v1::RegisterRegionResponse registered;
+  {
+    grpc::ClientContext context;
+    context.AddMetadata(wire::kSessionMetadataKey, owner_credential);
+    grpc::Status s = socket->RegisterRegion(&context, reg, &registered);
+    INFO(s.error_message());
+    REQUIRE(s.ok());
+  }
+  const uint64_t region = registered.region().region_id();
+  v1::RegionLease lease;
+
+  // Another tenant's session (the client library's own credentials): refused, naming region_id.
+  auto other = x.client->ExportRegion(region, "y");
+  CHECK(other.status().code() == absl::StatusCode::kPermissionDenied);
+  CHECK(other.status().message().find("region_id") != std::string::npos);
+  CHECK(other.status().message().find("another session") != std::string::npos);
+  // Anonymous (no credentials) on the socket: refused before the region is looked up, so an
+  // unknown id reads the same.
+  CHECK(Has(Export(*socket, "", region, "y", &lease), grpc::StatusCode::PERMISSION_DENIED,
+            "region_id"));
+  CHECK(Has(Export(*socket, "", region + 1000, "y", &lease), grpc::StatusCode::PERMISSION_DENIED,
+            "region_id"));
+  // Over TCP (tcp_serves_api on): refused, anonymous and with the owner's own credential alike.
+  CHECK(Has(Export(*over_tcp, "", region, "y", &lease), grpc::StatusCode::PERMISSION_DENIED,
+            "unix socket only"));
+  CHECK(Has(Export(*over_tcp, owner_credential, region, "y", &lease),
+            grpc::StatusCode::PERMISSION_DENIED, "unix socket only"));
+  // A forged credential (the owner's session id, a wrong secret).
+  CHECK(Has(Export(*socket, wire::SessionMetadataValue((*owner)->session_id(), "0123456789abcdef"),
+                   region, "y", &lease),
+            grpc::StatusCode::UNAUTHENTICATED, "kvrail-session"));
+  // None of them exported anything: y may not read the lease.
+  CHECK(Has(LeaseFor(*peer, region, "y"), grpc::StatusCode::PERMISSION_DENIED,
+            "is not exported to 'y'"));
+
+  // The owner on the socket: exported; y reads the lease now.
+  grpc::Status exported = Export(*socket, owner_credential, region, "y", &lease);
+  INFO(exported.error_message());
+  REQUIRE(exported.ok());
+  CHECK(lease.region_id() == region);
+  CHECK(lease.owner_node_id() == "x");
+  CHECK(lease.holder_node_id() == "y");
+  CHECK(lease.size_bytes() == 4096);
+  CHECK(lease.writable());
+  CHECK(LeaseFor(*peer, region, "y").ok());
+  // To a node not in the directory, even by the owner: NOT_FOUND naming peer_node_id.
+  CHECK(Has(Export(*socket, owner_credential, region, "z", &lease), grpc::StatusCode::NOT_FOUND,
+            "peer_node_id"));
+}
+
+TEST_CASE(
+    "a daemon without a fabric refuses exports: strangers as everywhere, the owner by cause") {
+  LiveDaemon live;
+  Pool pool = MakePool(*live.client, Small(), true, "no-fabric");
+  auto stub = RawStub("unix:" + live.daemon.socket());
+  v1::RegionLease lease;
+  CHECK(Has(Export(*stub, "", pool.id(), "y", &lease), grpc::StatusCode::PERMISSION_DENIED,
+            "region_id"));
+  auto other = client::Client::Connect(live.daemon.socket());
+  REQUIRE(other.ok());
+  CHECK((*other)->ExportRegion(pool.id(), "y").status().code() ==
+        absl::StatusCode::kPermissionDenied);
+  auto owner = live.client->ExportRegion(pool.id(), "y");
+  CHECK(owner.status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(owner.status().message().find("peer_node_id") != std::string::npos);
+  CHECK(owner.status().message().find("no fabric") != std::string::npos);
 }
 
 }  // namespace

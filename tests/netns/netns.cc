@@ -20,7 +20,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/grpc_status.h"
-#include "proto/kvrail/v1/peer.grpc.pb.h"
 
 namespace kvrail::testing {
 

@@ -100,7 +100,7 @@ struct NsDaemon {
   }
   void Kill(int sig);
   std::string Log() const;
-  // Peer.ExportRegion of a region `client` registered (only its owner may export it).
+  // Transfer.ExportRegion of a region `client` registered (only its owner may export it).
   absl::Status Export(uint64_t region, const std::string& to);
   // A write grant of that region by its owner (`client`): what a push from another node puts in
   // spec.dst.grant (the export alone lets no tenant of that node write). "" on failure.

@@ -86,7 +86,7 @@ class KvrailSide(Side):
         info: Dict[str, Any] = {"region": self.region.id}
         if self.role == "dst":
             node = self.options.get("peer_node", "")
-            if node:  # another node's daemon writes here: Peer.ExportRegion to that node
+            if node:  # another node's daemon writes here: Transfer.ExportRegion to that node
                 self.region.export(node)
                 info["node"] = self.options["node"]
             # The writer needs the owner's write grant, on this node and across nodes (the
