@@ -21,6 +21,7 @@
 #include "absl/time/clock.h"
 #include "proto/kvrail/v1/admin.grpc.pb.h"
 #include "proto/kvrail/v1/transfer.grpc.pb.h"
+#include "tests/harness/proc_status.h"
 #include "tests/integration/kv_fixture.h"
 #include "wire/session_wire.h"
 
@@ -38,16 +39,6 @@ std::shared_ptr<grpc::Channel> Channel(const LiveDaemon& live) {
 bool Has(const grpc::Status& s, grpc::StatusCode code, const std::string& text) {
   INFO(s.error_code() << ": " << s.error_message());
   return s.error_code() == code && s.error_message().find(text) != std::string::npos;
-}
-
-// A field of /proc/<pid>/status ("Threads"), or -1.
-long ProcStatus(pid_t pid, const std::string& key) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind(key + ":", 0) == 0) return std::stol(line.substr(key.size() + 1));
-  }
-  return -1;
 }
 
 // CPU time (user + system, clock ticks) the process has used.
@@ -245,7 +236,8 @@ TEST_CASE("watch streams end when their client goes; one session's watches are c
   const std::string credential =
       wire::SessionMetadataValue((*session)->session_id(), (*session)->secret());
   auto stub = v1::Transfer::NewStub(Channel(live));
-  const long threads_before = ProcStatus(live.daemon.pid(), "Threads");
+  const long threads_before = ProcStatusField(live.daemon.pid(), "Threads");
+  REQUIRE(threads_before > 0);
   constexpr int kCap = 64;  // DaemonConfig.max_watchers_per_session's default
   std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
   std::vector<std::unique_ptr<grpc::ClientReader<v1::TransferEvent>>> readers;
@@ -266,7 +258,7 @@ TEST_CASE("watch streams end when their client goes; one session's watches are c
     CHECK_FALSE(refused->Read(&event));
     CHECK(Has(refused->Finish(), grpc::StatusCode::RESOURCE_EXHAUSTED, "max_watchers_per_session"));
   }
-  const long threads_watching = ProcStatus(live.daemon.pid(), "Threads");
+  const long threads_watching = ProcStatusField(live.daemon.pid(), "Threads");
   // The watching client goes away (its calls are cancelled): the daemon's streams end.
   for (auto& c : contexts) c->TryCancel();
   for (auto& r : readers) r->Finish();
@@ -276,7 +268,7 @@ TEST_CASE("watch streams end when their client goes; one session's watches are c
   bool reopened = false;
   const absl::Time until = absl::Now() + absl::Seconds(10);
   while (absl::Now() < until) {
-    threads_after = ProcStatus(live.daemon.pid(), "Threads");
+    threads_after = ProcStatusField(live.daemon.pid(), "Threads");
     grpc::ClientContext context;
     context.AddMetadata(wire::kSessionMetadataKey, credential);
     context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
@@ -315,7 +307,8 @@ TEST_CASE("one uid's waits and watches are capped per uid and hold no daemon thr
   const uint64_t id = Waiting(*live.client, src, dst);  // no progress: nothing ends the calls
   auto stub = v1::Transfer::NewStub(Channel(live));
   auto admin = v1::Admin::NewStub(Channel(live));
-  const long threads_before = ProcStatus(live.daemon.pid(), "Threads");
+  const long threads_before = ProcStatusField(live.daemon.pid(), "Threads");
+  REQUIRE(threads_before > 0);
 
   // Four sessions of this uid. The first three each open 32 watches (each is open on the daemon
   // once its snapshot is read), then 16 waits without a timeout and 16 notification watches: 64,
@@ -380,7 +373,7 @@ TEST_CASE("one uid's waits and watches are capped per uid and hold no daemon thr
   }
 
   // Everyone else is served at once: an anonymous status call, the session's own calls.
-  const long threads_watching = ProcStatus(live.daemon.pid(), "Threads");
+  const long threads_watching = ProcStatusField(live.daemon.pid(), "Threads");
   const absl::Time asked = absl::Now();
   for (int i = 0; i < 20; ++i) {
     grpc::ClientContext context;
@@ -444,7 +437,8 @@ TEST_CASE("one uid's notification polls are capped per uid and hold no daemon th
   LiveDaemon live({"--config", config});
   auto stub = v1::Transfer::NewStub(Channel(live));
   auto admin = v1::Admin::NewStub(Channel(live));
-  const long threads_before = ProcStatus(live.daemon.pid(), "Threads");
+  const long threads_before = ProcStatusField(live.daemon.pid(), "Threads");
+  REQUIRE(threads_before > 0);
 
   // Four sessions of this uid: three make 64 polls each (the per-session cap), the fourth kExtra
   // among theirs; each poll waits up to 60 s.
@@ -488,7 +482,7 @@ TEST_CASE("one uid's notification polls are capped per uid and hold no daemon th
   }
 
   // Everyone else is served at once: anonymous stats, another session's own poll without a wait.
-  const long threads_polling = ProcStatus(live.daemon.pid(), "Threads");
+  const long threads_polling = ProcStatusField(live.daemon.pid(), "Threads");
   const absl::Time asked = absl::Now();
   for (int i = 0; i < 20; ++i) {
     grpc::ClientContext context;

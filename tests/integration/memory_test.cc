@@ -17,6 +17,7 @@
 #include <string>
 
 #include "proto/kvrail/v1/transfer.grpc.pb.h"
+#include "tests/harness/proc_status.h"
 #include "tests/integration/kv_fixture.h"
 #include "wire/session_wire.h"
 
@@ -210,26 +211,17 @@ TEST_CASE("shm names kvraild must not open: '..', other components, symbolic lin
   REQUIRE(Alive(live.daemon));
 }
 
-uint64_t RssKib(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("VmRSS:", 0) == 0) return std::stoull(line.substr(6));
-  }
-  return 0;
-}
-
 TEST_CASE("a sparse 2 GiB memfd does not grow the daemon's resident set") {
   LiveDaemon live;
   constexpr uint64_t kSparse = uint64_t{2} << 30;
   auto buffer = live.client->CreateHostBuffer(kSparse);  // a memfd; nothing written
   REQUIRE(buffer.ok());
-  const uint64_t before = RssKib(live.daemon.pid());
+  const uint64_t before = ProcStatusField(live.daemon.pid(), "VmRSS");
   v1::RegionSpec spec;
   spec.set_name("sparse");
   auto info = live.client->RegisterHostBuffer(**buffer, spec);
   REQUIRE(info.ok());
-  const uint64_t after = RssKib(live.daemon.pid());
+  const uint64_t after = ProcStatusField(live.daemon.pid(), "VmRSS");
   INFO("kvraild VmRSS " << before << " KiB -> " << after << " KiB");
   CHECK(before > 0);
   CHECK(after < before + 64 * 1024);  // MAP_POPULATE committed all 2 GiB here

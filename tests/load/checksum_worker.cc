@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "client/kvrail_client.h"
+#include "tests/harness/proc_status.h"
 
 namespace kvrail::testing {
 
@@ -21,14 +22,7 @@ uint64_t EnvOr(const char* name, uint64_t fallback) {
   return v != nullptr && *v != '\0' ? std::strtoull(v, nullptr, 10) : fallback;
 }
 
-uint64_t VmRssKib(pid_t pid) {
-  std::ifstream in(absl::StrCat("/proc/", pid, "/status"));
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("VmRSS:", 0) == 0) return std::strtoull(line.c_str() + 6, nullptr, 10);
-  }
-  return 0;
-}
+uint64_t VmRssKib(pid_t pid) { return ProcStatusField(pid, "VmRSS"); }
 
 namespace {
 

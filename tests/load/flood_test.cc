@@ -41,23 +41,13 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "tests/harness/daemon_process.h"
+#include "tests/harness/proc_status.h"
 #include "tests/load/checksum_worker.h"
 
 namespace kvrail::testing {
 namespace {
 
 constexpr uid_t kFlooderUid = 65534;
-
-// A field of /proc/<pid>/status ("Threads"), or 0.
-uint64_t ProcField(pid_t pid, const std::string& key) {
-  std::ifstream in(absl::StrCat("/proc/", pid, "/status"));
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind(key + ":", 0) == 0)
-      return std::strtoull(line.c_str() + key.size() + 1, nullptr, 10);
-  }
-  return 0;
-}
 
 uint64_t OpenFds(pid_t pid) {
   uint64_t n = 0;
@@ -71,7 +61,9 @@ uint64_t OpenFds(pid_t pid) {
 // The daemon's threads, descriptors and VmRSS (KiB).
 struct Usage {
   uint64_t threads = 0, fds = 0, rss_kib = 0;
-  static Usage Of(pid_t pid) { return {ProcField(pid, "Threads"), OpenFds(pid), VmRssKib(pid)}; }
+  static Usage Of(pid_t pid) {
+    return {ProcStatusField(pid, "Threads"), OpenFds(pid), VmRssKib(pid)};
+  }
   void Max(const Usage& o) {
     threads = std::max(threads, o.threads);
     fds = std::max(fds, o.fds);
