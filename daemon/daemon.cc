@@ -19,6 +19,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
 #include "base/clock.h"
 #include "base/logging.h"
 #include "base/logging_systemd.h"
@@ -251,8 +252,26 @@ class DaemonImpl final : public Daemon {
   std::unique_ptr<transfers::TransferManager> transfers_;
   std::unique_ptr<metrics::Metrics> metrics_;
   std::unique_ptr<session::SessionServer> sessions_;
+  // What a metrics scrape reads of sessions_ (kvrail_session_admission_*): cleared under the
+  // lock before sessions_ goes (StopSessions), so a scrape never reads a server being destroyed.
+  absl::Mutex sessions_view_mu_;
+  session::SessionServer* sessions_view_ ABSL_GUARDED_BY(sessions_view_mu_) = nullptr;
   std::unique_ptr<server::Server> server_;
   HotRestartState hot_;
+
+  // sessions_ from StartSessions on, for metrics.
+  void ShowSessions() {
+    absl::MutexLock lock(&sessions_view_mu_);
+    sessions_view_ = sessions_.get();
+  }
+  // Destroys sessions_ (every session ends), after metrics stopped reading it.
+  void StopSessions() {
+    {
+      absl::MutexLock lock(&sessions_view_mu_);
+      sessions_view_ = nullptr;
+    }
+    sessions_.reset();
+  }
 };
 
 DaemonImpl::~DaemonImpl() {
@@ -260,7 +279,7 @@ DaemonImpl::~DaemonImpl() {
   // The listeners and sinks that point at later modules are detached before those go.
   if (server_ != nullptr) directory_->SetStateListener(nullptr);
   server_.reset();
-  sessions_.reset();
+  StopSessions();
   metrics_sink_.store(nullptr, std::memory_order_release);
   metrics_.reset();
   if (fabric_ != nullptr) fabric_->SetInboundSink(nullptr);
@@ -478,6 +497,17 @@ absl::Status DaemonImpl::StartMetrics() {
   }
   if (fabric_) options.peers = [d = directory_.get()] { return d->List(); };
   options.stats = [this] { return CurrentStats(); };
+  options.session_admission = [this] {
+    metrics::SessionAdmission out;
+    absl::MutexLock lock(&sessions_view_mu_);
+    if (sessions_view_ != nullptr) {
+      const session::SessionServer::AdmissionDepth depth = sessions_view_->admission_depth();
+      out.queued = depth.queued;
+      out.running = depth.running;
+      out.deepest = depth.deepest;
+    }
+    return out;
+  };
   KVRAIL_ASSIGN_OR_RETURN(metrics_, metrics::Metrics::Start(std::move(options)));
   metrics_sink_.store(metrics_.get(), std::memory_order_release);
   spdlog::info("metrics on {} (port {}{}{})", config().metrics_listen(), metrics_->port(),
@@ -519,9 +549,11 @@ absl::Status DaemonImpl::StartSessions() {
     for (const handover::QueuedNotification& queued : bundle.state.notifications()) {
       notifications_->Deliver(queued.session_id(), queued.notification());
     }
+    ShowSessions();
     return absl::OkStatus();
   }
   KVRAIL_ASSIGN_OR_RETURN(sessions_, session::SessionServer::Start(options, session_table_.get()));
+  ShowSessions();
   return absl::OkStatus();
 }
 
@@ -620,7 +652,7 @@ void DaemonImpl::Serve() {
       absl::SleepFor(absl::Milliseconds(10));
     }
     server_->Shutdown(absl::Seconds(1));
-    sessions_.reset();
+    StopSessions();
     if (hot_.options.linger_after_handover) {
       spdlog::info("--linger-after-handover: idle until SIGTERM");
       while ((signal_number = sigwaitinfo(&signals_, nullptr)) == SIGUSR2 || signal_number < 0) {
@@ -634,7 +666,7 @@ void DaemonImpl::Serve() {
   server_->SetNotServing();
   transfers_->Drain(absl::Milliseconds(c.drain_timeout_ms()));
   server_->Shutdown(absl::Seconds(1));
-  sessions_.reset();
+  StopSessions();
   ::unlink(c.unix_socket().c_str());
   ::unlink((c.unix_socket() + ".session").c_str());
   metrics_sink_.store(nullptr, std::memory_order_release);

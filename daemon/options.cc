@@ -169,6 +169,7 @@ session::SessionServerOptions SessionOptionsFrom(const v1::DaemonConfig& config,
   // Config defaults it by low_latency (config.cc) and bounds it.
   options.submission_spin =
       absl::Microseconds(std::min<uint32_t>(config.session_submission_spin_us(), 1000));
+  options.spin_budget = std::min<uint32_t>(config.session_spin_budget_percent(), 100) / 100.0;
   return options;
 }
 

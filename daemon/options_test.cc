@@ -102,6 +102,10 @@ TEST_CASE("sessions: max_sessions from the fd limit when 0; spin follows low_lat
   CHECK(o.admission_workers == 4);  // unset: the documented default
   CHECK(SessionOptionsFrom(Finalized("session_admission_workers: 0"), 1024).admission_workers == 0);
   CHECK(SessionOptionsFrom(Finalized("session_admission_workers: 9"), 1024).admission_workers == 9);
+  CHECK(o.spin_budget == 0.10);  // unset: the documented 10 percent of a core
+  CHECK(SessionOptionsFrom(Finalized("session_spin_budget_percent: 100"), 1024).spin_budget == 1.0);
+  CHECK(SessionOptionsFrom(Finalized("session_spin_budget_percent: 0"), 1024).spin_budget == 0.0);
+  CHECK(SessionOptionsFrom(Finalized("session_spin_budget_percent: 35"), 1024).spin_budget == 0.35);
 }
 
 TEST_CASE("server, transfers, regions, metrics, MPS: copied from the config") {

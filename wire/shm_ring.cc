@@ -12,6 +12,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "wire/shm_bytes.h"
 
 namespace kvrail::wire {
 namespace {
@@ -34,16 +35,8 @@ std::atomic<uint32_t>* Word32(uint8_t* base, size_t offset) {
   return reinterpret_cast<std::atomic<uint32_t>*>(base + offset);
 }
 
-template <typename T>
-T Load(const uint8_t* p) {
-  T v;
-  std::memcpy(&v, p, sizeof(v));
-  return v;
-}
-template <typename T>
-void Store(uint8_t* p, T v) {
-  std::memcpy(p, &v, sizeof(v));
-}
+using internal::Load;
+using internal::Store;
 
 bool ValidCapacity(uint32_t capacity) {
   return capacity >= kMinRingCapacity && capacity <= kMaxRingCapacity &&
@@ -180,42 +173,47 @@ absl::StatusOr<RingView> RingView::Open(void* base, size_t bytes, uint32_t slot_
   return view;
 }
 
-absl::Status RingView::TryPush(const uint8_t* entry, size_t size) {
-  if (size > slot_bytes_) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("entry: ", size, " bytes, a slot has ", slot_bytes_));
-  }
+absl::StatusOr<uint64_t> RingView::FreeSlots() const {
   const uint64_t head = Word64(base_, kHeadOffset)->load(std::memory_order_acquire);
   const uint64_t used = tail_ - head;  // wraps to a huge value when head is ahead of tail
   if (used > capacity_) {
     return absl::DataLossError(absl::StrCat("ring.head: ", head, " is impossible (tail ", tail_,
                                             ", capacity ", capacity_, ")"));
   }
-  if (used == capacity_) return absl::ResourceExhaustedError("ring: full");
+  return capacity_ - used;
+}
+
+void RingView::Publish(uint64_t slots) {
+  tail_ += slots;
+  Word64(base_, kTailOffset)->store(tail_, std::memory_order_release);
+}
+
+absl::Status RingView::TryPush(const uint8_t* entry, size_t size) {
+  if (size > slot_bytes_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("entry: ", size, " bytes, a slot has ", slot_bytes_));
+  }
+  const absl::StatusOr<uint64_t> free = FreeSlots();
+  if (!free.ok()) return free.status();
+  if (*free == 0) return absl::ResourceExhaustedError("ring: full");
   uint8_t* slot = Slot(tail_);
   std::memcpy(slot, entry, size);
   if (size < slot_bytes_) std::memset(slot + size, 0, slot_bytes_ - size);
-  ++tail_;
-  Word64(base_, kTailOffset)->store(tail_, std::memory_order_release);
+  Publish(1);
   return absl::OkStatus();
 }
 
 absl::Status RingView::TryPushSlots(const uint8_t* bytes, size_t slots) {
-  const uint64_t head = Word64(base_, kHeadOffset)->load(std::memory_order_acquire);
-  const uint64_t used = tail_ - head;
-  if (used > capacity_) {
-    return absl::DataLossError(absl::StrCat("ring.head: ", head, " is impossible (tail ", tail_,
-                                            ", capacity ", capacity_, ")"));
-  }
-  if (slots > capacity_ - used) {
+  const absl::StatusOr<uint64_t> free = FreeSlots();
+  if (!free.ok()) return free.status();
+  if (slots > *free) {
     return absl::ResourceExhaustedError(
-        absl::StrCat("ring: ", capacity_ - used, " slots free, ", slots, " needed"));
+        absl::StrCat("ring: ", *free, " slots free, ", slots, " needed"));
   }
   for (size_t i = 0; i < slots; ++i) {
     std::memcpy(Slot(tail_ + i), bytes + i * slot_bytes_, slot_bytes_);
   }
-  tail_ += slots;
-  Word64(base_, kTailOffset)->store(tail_, std::memory_order_release);
+  Publish(slots);
   return absl::OkStatus();
 }
 

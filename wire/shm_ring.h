@@ -122,8 +122,13 @@ class RingView {
   uint8_t* Slot(uint64_t index) const {
     return base_ + kRingHeaderBytes + (index & (capacity_ - 1)) * slot_bytes_;
   }
-  // Loads tail (acquire); nullopt when it is impossible given head_.
+  // Loads tail (acquire); DATA_LOSS when it is impossible given head_.
   absl::StatusOr<uint64_t> LoadTail() const;
+  // Producer: slots free for writing behind tail_ (loads head, acquire); DATA_LOSS when the
+  // consumer's head is impossible.
+  absl::StatusOr<uint64_t> FreeSlots() const;
+  // Producer: the `slots` written behind tail_ become visible (release store of tail).
+  void Publish(uint64_t slots);
   void StoreHead(uint64_t head);
 
   uint8_t* base_;

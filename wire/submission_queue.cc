@@ -4,22 +4,12 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "wire/shm_bytes.h"
 
 namespace kvrail::wire {
-namespace {
 
-template <typename T>
-T Load(const uint8_t* p) {
-  T v;
-  std::memcpy(&v, p, sizeof(v));
-  return v;
-}
-template <typename T>
-void Store(uint8_t* p, T v) {
-  std::memcpy(p, &v, sizeof(v));
-}
-
-}  // namespace
+using internal::Load;
+using internal::Store;
 
 uint32_t SubmissionSlots(size_t payload_bytes) {
   if (payload_bytes > kMaxSubmissionPayload) return 0;
@@ -27,22 +17,29 @@ uint32_t SubmissionSlots(size_t payload_bytes) {
                                kSubmissionSlotBytes);
 }
 
-absl::Status AppendSubmission(uint64_t tag, absl::string_view payload, std::string* out,
-                              uint16_t kind) {
-  const uint32_t slots = SubmissionSlots(payload.size());
-  if (slots == 0) {
-    return absl::InvalidArgumentError(absl::StrCat("sq.entry.payload_bytes: ", payload.size(),
-                                                   ", an entry holds at most ",
-                                                   kMaxSubmissionPayload));
-  }
+uint8_t* AppendSubmissionHeader(uint64_t tag, size_t payload_bytes, std::string* out,
+                                uint16_t kind) {
+  const uint32_t slots = SubmissionSlots(payload_bytes);
+  if (slots == 0) return nullptr;
   const size_t at = out->size();
   out->resize(at + size_t{slots} * kSubmissionSlotBytes, '\0');
   auto* entry = reinterpret_cast<uint8_t*>(out->data() + at);
   Store<uint16_t>(entry, kind);
   Store<uint16_t>(entry + 2, static_cast<uint16_t>(slots));
-  Store<uint32_t>(entry + 4, static_cast<uint32_t>(payload.size()));
+  Store<uint32_t>(entry + 4, static_cast<uint32_t>(payload_bytes));
   Store<uint64_t>(entry + 8, tag);
-  if (!payload.empty()) std::memcpy(entry + kSubmissionHeaderBytes, payload.data(), payload.size());
+  return entry + kSubmissionHeaderBytes;
+}
+
+absl::Status AppendSubmission(uint64_t tag, absl::string_view payload, std::string* out,
+                              uint16_t kind) {
+  uint8_t* at = AppendSubmissionHeader(tag, payload.size(), out, kind);
+  if (at == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("sq.entry.payload_bytes: ", payload.size(),
+                                                   ", an entry holds at most ",
+                                                   kMaxSubmissionPayload));
+  }
+  if (!payload.empty()) std::memcpy(at, payload.data(), payload.size());
   return absl::OkStatus();
 }
 

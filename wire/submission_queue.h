@@ -63,6 +63,11 @@ uint32_t SubmissionSlots(size_t payload_bytes);
 // zero-padded). INVALID_ARGUMENT when the payload is larger than kMaxSubmissionPayload.
 absl::Status AppendSubmission(uint64_t tag, absl::string_view payload, std::string* out,
                               uint16_t kind = kSubmissionKind);
+// The same with the payload written by the caller: appends the entry's header and zeroed slots
+// for `payload_bytes` and returns where its payload_bytes go (inside `out`, valid until `out`
+// changes); nullptr when the payload is larger than kMaxSubmissionPayload (nothing appended).
+uint8_t* AppendSubmissionHeader(uint64_t tag, size_t payload_bytes, std::string* out,
+                                uint16_t kind = kSubmissionKind);
 
 // The header of an entry as read from its first slot.
 struct SubmissionHeader {

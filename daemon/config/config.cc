@@ -333,6 +333,7 @@ absl::Status FinalizeConfig(v1::DaemonConfig* config) {
   if (!config->has_session_submission_spin_us()) {
     config->set_session_submission_spin_us(config->low_latency() ? 50 : 0);
   }
+  if (!config->has_session_spin_budget_percent()) config->set_session_spin_budget_percent(10);
   // CUDA's own default folder; kvraild exports the value to CUDA before it starts.
   if (config->cuda_mps_pipe_directory().empty()) {
     config->set_cuda_mps_pipe_directory("/tmp/nvidia-mps");
@@ -393,6 +394,10 @@ absl::Status FinalizeConfig(v1::DaemonConfig* config) {
   if (config->session_submission_spin_us() > 1000) {
     return absl::InvalidArgumentError(absl::StrCat(
         "session_submission_spin_us: ", config->session_submission_spin_us(), ", at most 1000"));
+  }
+  if (config->session_spin_budget_percent() > 100) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "session_spin_budget_percent: ", config->session_spin_budget_percent(), ", at most 100"));
   }
   if (config->session_admission_workers() > 64) {
     return absl::InvalidArgumentError("session_admission_workers: at most 64");

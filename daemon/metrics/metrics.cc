@@ -162,6 +162,24 @@ class StatsCollectable final : public prometheus::Collectable {
       AddSample(&rejected, static_cast<double>(n), {{"code", code}});
     }
     out.push_back(std::move(rejected));
+    if (options_.session_admission) {
+      const SessionAdmission a = options_.session_admission();
+      auto queued_admissions =
+          Gauge("kvrail_session_admission_queued",
+                "Session socket submits (SUBMIT packets, submission queue batches) and the "
+                "packets behind them waiting for an admission worker, every session together.");
+      AddSample(&queued_admissions, static_cast<double>(a.queued));
+      out.push_back(std::move(queued_admissions));
+      auto running = Gauge("kvrail_session_admission_running",
+                           "Session socket admissions running on the admission workers.");
+      AddSample(&running, static_cast<double>(a.running));
+      out.push_back(std::move(running));
+      auto deepest = Gauge("kvrail_session_admission_queue_max",
+                           "The most tasks waiting in one session's admission queue (refused "
+                           "beyond the per-session cap).");
+      AddSample(&deepest, static_cast<double>(a.deepest));
+      out.push_back(std::move(deepest));
+    }
     if (options_.peers) {
       auto peer_up = Gauge("kvrail_peer_up", "1 when the peer daemon answers heartbeats, else 0.");
       for (const v1::PeerInfo& p : options_.peers()) {

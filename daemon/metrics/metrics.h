@@ -21,6 +21,13 @@ struct GpuLabel {
   std::string name;  // "NVIDIA H200"
 };
 
+// The session socket's admission queues at a scrape (session::SessionServer::AdmissionDepth).
+struct SessionAdmission {
+  size_t queued = 0;   // tasks waiting for an admission worker, every session together
+  size_t running = 0;  // tasks being admitted now
+  size_t deepest = 0;  // the most waiting in one session's queue (capped per session)
+};
+
 struct MetricsOptions {
   // "127.0.0.1:9464"; port 0 picks one.
   std::string listen;
@@ -34,6 +41,8 @@ struct MetricsOptions {
   std::string bearer_token;
   // Called at each scrape. Its started_unix_us feeds kvrail_start_time_seconds.
   std::function<v1::Stats()> stats;
+  // Called at each scrape when set (kvrail_session_admission_*); empty: no such series.
+  std::function<SessionAdmission()> session_admission;
   // Called at each scrape when set (kvrail_peer_up); empty: no peers.
   std::function<std::vector<v1::PeerInfo>()> peers;
   // kvrail_build_info's labels.

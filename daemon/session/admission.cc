@@ -1,5 +1,6 @@
 #include "daemon/session/admission.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -103,6 +104,13 @@ size_t AdmissionPool::queued() const {
 size_t AdmissionPool::running() const {
   absl::MutexLock lock(&mu_);
   return running_;
+}
+
+size_t AdmissionPool::deepest() const {
+  absl::MutexLock lock(&mu_);
+  size_t most = 0;
+  for (const auto& [id, queue] : queues_) most = std::max(most, queue.tasks.size());
+  return most;
 }
 
 bool AdmissionPool::HasWork() const { return stop_ || !ready_.empty(); }

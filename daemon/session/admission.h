@@ -64,6 +64,8 @@ class AdmissionPool {
   // Tasks of every session waiting to start, and tasks running (for tests and stats).
   size_t queued() const;
   size_t running() const;
+  // The most tasks waiting in one session's queue (at most max_queued; metrics).
+  size_t deepest() const;
 
  private:
   struct Queue {

@@ -27,6 +27,7 @@
 #include "daemon/server/private_bind.h"
 #include "daemon/session/admission.h"
 #include "daemon/session/session_sinks.h"
+#include "daemon/session/spin_budget.h"
 #include "daemon/session/submission_intake.h"
 #include "spdlog/spdlog.h"
 #include "wire/session_wire.h"
@@ -68,6 +69,8 @@ constexpr size_t kMaxEntriesPerLook = 256;
 // A batch of at most this many small entries is admitted on the poll thread (as a small SUBMIT
 // is) when its session has nothing queued.
 constexpr size_t kMaxInlineEntries = 8;
+// The spin budget's window (SessionServerOptions::spin_budget): the most unused budget banked.
+constexpr absl::Duration kSpinBudgetWindow = absl::Milliseconds(100);
 
 // Thread contract: the poll thread (Loop) owns the listener, epoll and the session map and reads
 // every packet; admission workers serve the packets it posts to AdmissionPool (SUBMITs, and what
@@ -111,6 +114,15 @@ class SessionServerImpl final : public SessionServer {
   size_t active_sessions() const override { return count_.load(); }
   size_t admissions_queued() const override {
     return admission_ != nullptr ? admission_->queued() : 0;
+  }
+  AdmissionDepth admission_depth() const override {
+    AdmissionDepth depth;
+    if (admission_ != nullptr) {
+      depth.queued = admission_->queued();
+      depth.running = admission_->running();
+      depth.deepest = admission_->deepest();
+    }
+    return depth;
   }
 
   void Pause() override {
@@ -308,15 +320,23 @@ class SessionServerImpl final : public SessionServer {
   void Loop() {
     std::vector<epoll_event> events(256);
     // After serving a packet the thread polls without sleeping for options_.spin (the next
-    // packet of a critical transfer, e.g. its WAIT, then costs no wake-up).
+    // packet of a critical transfer, e.g. its WAIT, then costs no wake-up), and it polls the
+    // submission queues that spin (SubmissionQueues). Both draw on one budget: a round that
+    // spun and found nothing is charged to it, and once it is spent every spin ends.
     absl::Time spin_until = absl::InfinitePast();
+    SpinBudget budget(options_.spin_budget, kSpinBudgetWindow, absl::Now());
     while (!stop_.load()) {
+      const absl::Time round = absl::Now();
+      const bool may_spin = budget.Allows(round);
+      if (!may_spin) spin_until = absl::InfinitePast();
       // While the listener is paused (out of descriptors with no reserve left) it is retried
       // every 100 ms instead of being polled in a spin.
-      const bool spinning = options_.spin > absl::ZeroDuration() && absl::Now() < spin_until;
+      const bool spinning = options_.spin > absl::ZeroDuration() && round < spin_until;
       if (spinning && options_.spin_polls != nullptr) {
         options_.spin_polls->fetch_add(1, std::memory_order_relaxed);
       }
+      // A round of polling only: nothing due, a spin is what keeps the thread awake.
+      const bool spin_round = (spinning || queues_.Spinning()) && !queues_.Due();
       const int n = ::epoll_wait(epoll_.get(), events.data(), static_cast<int>(events.size()),
                                  spinning || queues_.Busy() ? 0
                                  : listener_paused_         ? 100
@@ -328,7 +348,10 @@ class SessionServerImpl final : public SessionServer {
           queues_.Woken(static_cast<int>(tag & ~kSubmissionTag));
         }
       }
-      if (n == 0 && spinning && !queues_.Busy()) continue;
+      if (n == 0 && spinning && !queues_.Busy()) {
+        ChargeSpin(budget, round);
+        continue;
+      }
       if (n > 0 && options_.spin > absl::ZeroDuration()) spin_until = absl::Now() + options_.spin;
       if (n < 0) {
         if (errno == EINTR) continue;
@@ -347,7 +370,18 @@ class SessionServerImpl final : public SessionServer {
           Serve(static_cast<int>(tag));
         }
       }
-      if (queues_.Busy()) LookAtQueues();
+      const bool took = queues_.Busy() && LookAtQueues(may_spin);
+      if (spin_round && n == 0 && !took) ChargeSpin(budget, round);
+    }
+  }
+
+  // A round that began at `round` polled and found nothing: charged to the spin budget.
+  void ChargeSpin(SpinBudget& budget, absl::Time round) {
+    const absl::Time now = absl::Now();
+    budget.Spent(round, now);
+    if (options_.spin_spent_ns != nullptr) {
+      options_.spin_spent_ns->fetch_add(absl::ToInt64Nanoseconds(now - round),
+                                        std::memory_order_relaxed);
     }
   }
 
@@ -829,10 +863,10 @@ class SessionServerImpl final : public SessionServer {
     return absl::OkStatus();
   }
 
-  // One round of the submission queues (SubmissionQueues::Look).
-  void LookAtQueues() {
-    queues_.Look(
-        kMaxEntriesPerLook,
+  // One round of the submission queues (SubmissionQueues::Look); whether entries came.
+  bool LookAtQueues(bool may_spin) {
+    return queues_.Look(
+        kMaxEntriesPerLook, may_spin,
         [this](int fd, std::vector<SubmissionIntake::Entry> entries) {
           auto it = sessions_.find(fd);
           if (it != sessions_.end()) AdmitEntries(it->second, std::move(entries));
@@ -847,82 +881,112 @@ class SessionServerImpl final : public SessionServer {
   }
 
   // Admits the entries of one look, in order, and acknowledges each: on the poll thread when
-  // they are few and small and the session has nothing queued (as a small SUBMIT), else as one
-  // task of the session's admission queue (after its earlier packets).
+  // they are few and small and the session has nothing queued (as a small SUBMIT: parsed here
+  // only then, never more than kMaxInlineSubmitBytes), else as one task of the session's
+  // admission queue (after its earlier packets), which parses them.
   void AdmitEntries(const std::shared_ptr<Connection>& conn,
                     std::vector<SubmissionIntake::Entry> entries) {
-    struct Parsed {
-      uint64_t tag = 0;
-      absl::StatusOr<v1::SubmitTransferRequest> request;
-      std::optional<v1::PostTransferRequest> post;  // a kPostKind entry (request unused)
-    };
-    auto parsed = std::make_shared<std::vector<Parsed>>();
-    parsed->reserve(entries.size());
-    bool inline_ok = entries.size() <= kMaxInlineEntries;
-    for (SubmissionIntake::Entry& entry : entries) {
-      Parsed p;
-      p.tag = entry.tag;
-      if (!entry.request.ok()) {
-        p.request = entry.request.status();
-      } else if (entry.kind == wire::kPostKind) {
-        v1::PostTransferRequest post;
-        if (post.ParseFromString(*entry.request)) {
-          inline_ok = inline_ok &&
-                      static_cast<size_t>(post.src_block_ids_size()) + post.dst_block_ids_size() <=
-                          options_.max_inline_submit_ids;
-          p.post = std::move(post);
-        } else {
-          p.request =
-              absl::InvalidArgumentError("sq.entry.payload: not a serialized PostTransferRequest");
-        }
-      } else {
-        v1::SubmitTransferRequest request;
-        if (request.ParseFromString(*entry.request)) {
-          inline_ok = inline_ok && AdmitsInline(request.spec(), options_.max_inline_submit_ids);
-          p.request = std::move(request);
-        } else {
-          p.request = absl::InvalidArgumentError(
-              "sq.entry.payload: not a serialized SubmitTransferRequest");
-        }
-      }
-      parsed->push_back(std::move(p));
-    }
     std::shared_ptr<SubmissionIntake> intake = conn->intake;
-    auto admit_all = [this, conn, intake, parsed]() {
-      for (Parsed& p : *parsed) {
-        wire::SubmitAck ack;
-        ack.tag = p.tag;
-        absl::StatusOr<v1::SubmitTransferResponse> accepted =
-            p.post.has_value() ? AdmitPost(*p.post, conn, p.tag)
-            : p.request.ok()   ? Admit(*std::move(p.request), conn, p.tag)
-                               : absl::StatusOr<v1::SubmitTransferResponse>(p.request.status());
-        if (accepted.ok()) {
-          ack.transfer_id = accepted->transfer_id();
-          ack.bytes_total = accepted->bytes_total();
-          ack.tiles_total = accepted->tiles_total();
-          ack.flags = accepted->deduplicated() ? wire::kSubmitAckDeduplicated : 0;
-        } else {
-          ack.code = static_cast<int32_t>(accepted.status().code());
-          ack.message = std::string(accepted.status().message());
+    size_t payload = 0;
+    for (const SubmissionIntake::Entry& entry : entries) payload += entry.payload_bytes;
+    if (admission_ == nullptr ||
+        (entries.size() <= kMaxInlineEntries && payload <= kMaxInlineSubmitBytes &&
+         options_.max_inline_submit_ids > 0 && admission_->Idle(conn->id))) {
+      std::vector<ParsedEntry> parsed;
+      parsed.reserve(entries.size());
+      bool inline_ok = true;
+      for (const SubmissionIntake::Entry& entry : entries) {
+        parsed.push_back(ParseEntry(entry));
+        inline_ok = inline_ok && AdmitsInlineEntry(parsed.back());
+      }
+      if (admission_ == nullptr || inline_ok) {
+        for (size_t i = 0; i < entries.size(); ++i) {
+          AdmitEntry(entries[i].tag, std::move(parsed[i]), conn, *intake);
         }
-        intake->PostAck(ack);
+        return;
+      }
+    }
+    auto taken = std::make_shared<std::vector<SubmissionIntake::Entry>>(std::move(entries));
+    auto admit_all = [this, conn, intake, taken]() {
+      for (const SubmissionIntake::Entry& entry : *taken) {
+        AdmitEntry(entry.tag, ParseEntry(entry), conn, *intake);
       }
     };
-    if (admission_ == nullptr || (inline_ok && admission_->Idle(conn->id))) {
-      admit_all();
-      return;
-    }
     absl::Status queued = admission_->Post(conn->id, std::move(admit_all));
     if (!queued.ok()) {
       // Refused at once (the session's admission queue is full): every entry is answered.
-      for (const Parsed& p : *parsed) {
+      for (const SubmissionIntake::Entry& entry : *taken) {
         wire::SubmitAck ack;
-        ack.tag = p.tag;
+        ack.tag = entry.tag;
         ack.code = static_cast<int32_t>(queued.code());
         ack.message = std::string(queued.message());
         intake->PostAck(ack);
       }
     }
+  }
+
+  // An entry's request: a submit, or the post of a prepared transfer (a kPostKind entry), or
+  // its refusal naming the field.
+  struct ParsedEntry {
+    absl::StatusOr<v1::SubmitTransferRequest> request =
+        absl::Status(absl::StatusCode::kUnknown, "");
+    std::optional<v1::PostTransferRequest> post;  // a kPostKind entry (request unused)
+  };
+  static ParsedEntry ParseEntry(const SubmissionIntake::Entry& entry) {
+    ParsedEntry p;
+    if (!entry.refused.ok()) {
+      p.request = entry.refused;
+      return p;
+    }
+    const absl::string_view bytes = entry.payload();
+    if (entry.kind == wire::kPostKind) {
+      v1::PostTransferRequest post;
+      if (post.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) {
+        p.post = std::move(post);
+      } else {
+        p.request =
+            absl::InvalidArgumentError("sq.entry.payload: not a serialized PostTransferRequest");
+      }
+      return p;
+    }
+    v1::SubmitTransferRequest request;
+    if (request.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) {
+      p.request = std::move(request);
+    } else {
+      p.request =
+          absl::InvalidArgumentError("sq.entry.payload: not a serialized SubmitTransferRequest");
+    }
+    return p;
+  }
+
+  // Whether a parsed entry is small enough to admit on the poll thread (a refusal is).
+  bool AdmitsInlineEntry(const ParsedEntry& p) const {
+    if (p.post.has_value()) {
+      return static_cast<size_t>(p.post->src_block_ids_size()) + p.post->dst_block_ids_size() <=
+             options_.max_inline_submit_ids;
+    }
+    return !p.request.ok() || AdmitsInline(p.request->spec(), options_.max_inline_submit_ids);
+  }
+
+  // Admits one entry's request and posts its acknowledgement.
+  void AdmitEntry(uint64_t tag, ParsedEntry p, const std::shared_ptr<Connection>& conn,
+                  SubmissionIntake& intake) {
+    wire::SubmitAck ack;
+    ack.tag = tag;
+    absl::StatusOr<v1::SubmitTransferResponse> accepted =
+        p.post.has_value() ? AdmitPost(*p.post, conn, tag)
+        : p.request.ok()   ? Admit(*std::move(p.request), conn, tag)
+                           : absl::StatusOr<v1::SubmitTransferResponse>(p.request.status());
+    if (accepted.ok()) {
+      ack.transfer_id = accepted->transfer_id();
+      ack.bytes_total = accepted->bytes_total();
+      ack.tiles_total = accepted->tiles_total();
+      ack.flags = accepted->deduplicated() ? wire::kSubmitAckDeduplicated : 0;
+    } else {
+      ack.code = static_cast<int32_t>(accepted.status().code());
+      ack.message = std::string(accepted.status().message());
+    }
+    intake.PostAck(ack);
   }
 
   UniqueFd listener_;

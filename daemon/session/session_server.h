@@ -117,6 +117,13 @@ struct SessionServerOptions {
   // (DaemonConfig.session_submission_spin_us). Zero: the poll thread sleeps at once and every
   // batch rings the eventfd.
   absl::Duration submission_spin = absl::ZeroDuration();
+  // The share of one core the poll thread may spend in both spins above (`spin` and
+  // `submission_spin`), as SpinBudget keeps it over a 100 ms window
+  // (DaemonConfig.session_spin_budget_percent / 100): a spin ends early once it is spent. 1: no
+  // cap; 0: never spins.
+  double spin_budget = 1.0;
+  // When set (tests, stats): the time the poll thread spent spinning for nothing, in ns.
+  std::atomic<uint64_t>* spin_spent_ns = nullptr;
 };
 
 // Owns the listening socket, one poll thread (epoll: each wake-up costs what is ready, not
@@ -149,6 +156,15 @@ class SessionServer {
   virtual size_t active_sessions() const = 0;
   // Packets waiting for an admission worker, every session together (stats, tests).
   virtual size_t admissions_queued() const = 0;
+  // The admission queues (metrics: kvrail_session_admission_*): tasks waiting in all, tasks
+  // running, and the most waiting in one session's queue (max_queued_per_session bounds it).
+  // Thread-safe.
+  struct AdmissionDepth {
+    size_t queued = 0;
+    size_t running = 0;
+    size_t deepest = 0;
+  };
+  virtual AdmissionDepth admission_depth() const = 0;
 
   // --- Hot restart (daemon/handover) ---
   // A predecessor's listener and connections (their sessions already imported into `sessions`),

@@ -18,23 +18,74 @@
 
 namespace kvrail::session {
 
+// The producer's end of a ring the client consumes (the completion queue, the submission
+// queue's acknowledgements), shared by the daemon's threads. An entry that does not fit - the
+// ring is full, or the client broke its indices (DATA_LOSS: nothing is pushed into it again) - is
+// counted in the ring's overflow word, and the eventfd rings: the client's fallback (the daemon
+// keeps the records) takes over. The first of each is logged with `what` and `fallback`.
+// Thread contract: thread-safe; mu_ serialises the producers (the ring has one). The ring's
+// descriptors are immutable.
+class RingProducer {
+ public:
+  RingProducer(std::unique_ptr<wire::SharedRing> ring, std::string what, std::string fallback)
+      : what_(std::move(what)), fallback_(std::move(fallback)), ring_(std::move(ring)) {}
+
+  int memfd() const ABSL_NO_THREAD_SAFETY_ANALYSIS { return ring_->memfd(); }
+  int eventfd() const ABSL_NO_THREAD_SAFETY_ANALYSIS { return ring_->eventfd(); }
+
+  // Pushes one entry (`size` <= the ring's slot bytes) and rings the eventfd when the consumer
+  // sleeps. False when it was counted in overflow instead.
+  bool Post(const uint8_t* entry, size_t size) {
+    absl::MutexLock lock(&mu_);
+    const absl::Status pushed =
+        broken_ ? absl::DataLossError("broken") : ring_->view().TryPush(entry, size);
+    if (pushed.ok()) {
+      if (ring_->view().ConsumerSleeps()) ring_->Wake();
+      return true;
+    }
+    if (absl::IsDataLoss(pushed) && !broken_) {
+      broken_ = true;
+      spdlog::warn("{}: {}; {}", what_, std::string(pushed.message()), fallback_);
+    } else if (lost_ == 0 && !broken_) {
+      spdlog::warn("{}: an entry did not fit ({}); {}", what_, std::string(pushed.message()),
+                   fallback_);
+    }
+    ++lost_;
+    ring_->view().AddOverflow();
+    ring_->Wake();
+    return false;
+  }
+
+  // Tells the client that an entry will not come (counted in overflow, eventfd rung).
+  void Missed() {
+    absl::MutexLock lock(&mu_);
+    ring_->view().AddOverflow();
+    ring_->Wake();
+  }
+
+ private:
+  const std::string what_;
+  const std::string fallback_;
+  absl::Mutex mu_;
+  const std::unique_ptr<wire::SharedRing> ring_ ABSL_PT_GUARDED_BY(mu_);
+  bool broken_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t lost_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
 // A session's completion queue, daemon side: the threads that end its transfers post their
-// final states here (one at a time: the ring has one producer). A full ring, or one the client
-// broke, counts the entry in the ring's overflow word and rings the eventfd: the client then
-// reads those transfers' states the old way (the daemon keeps their records).
+// final states here. A full ring, or one the client broke, counts the entry in the ring's
+// overflow word and rings the eventfd: the client then reads those transfers' states the old
+// way (the daemon keeps their records).
+// Thread contract: thread-safe (RingProducer's).
 class CompletionSink {
  public:
-  explicit CompletionSink(std::unique_ptr<wire::SharedRing> ring) : ring_(std::move(ring)) {}
+  explicit CompletionSink(std::unique_ptr<wire::SharedRing> ring)
+      : ring_(std::move(ring), "completion queue",
+              "the session's completions go by packets from now on") {}
 
   // The ring's descriptors (a hot restart hands duplicates over).
-  int memfd() {
-    absl::MutexLock lock(&mu_);
-    return ring_->memfd();
-  }
-  int eventfd() {
-    absl::MutexLock lock(&mu_);
-    return ring_->eventfd();
-  }
+  int memfd() const { return ring_.memfd(); }
+  int eventfd() const { return ring_.eventfd(); }
 
   void Post(const v1::TransferStatus& status, uint64_t tag = 0) {
     wire::Completion c;
@@ -48,29 +99,14 @@ class CompletionSink {
     c.finished_unix_us = status.finished_unix_us();
     uint8_t entry[wire::kCompletionEntryBytes];
     wire::EncodeCompletion(c, entry);
-    absl::MutexLock lock(&mu_);
-    absl::Status pushed =
-        broken_ ? absl::DataLossError("broken") : ring_->view().TryPush(entry, sizeof(entry));
-    if (absl::IsDataLoss(pushed) && !broken_) {
-      broken_ = true;
-      spdlog::warn("completion queue: {}; the session's completions go by packets from now on",
-                   std::string(pushed.message()));
-    }
-    if (!pushed.ok()) ring_->view().AddOverflow();
-    if (!pushed.ok() || ring_->view().ConsumerSleeps()) ring_->Wake();
+    (void)ring_.Post(entry, sizeof(entry));
   }
 
   // Tells the client that a transfer's completion will not come through the ring.
-  void Missed() {
-    absl::MutexLock lock(&mu_);
-    ring_->view().AddOverflow();
-    ring_->Wake();
-  }
+  void Missed() { ring_.Missed(); }
 
  private:
-  absl::Mutex mu_;
-  const std::unique_ptr<wire::SharedRing> ring_ ABSL_PT_GUARDED_BY(mu_);
-  bool broken_ ABSL_GUARDED_BY(mu_) = false;
+  RingProducer ring_;
 };
 
 // WAITs pending per uid (SessionServerOptions::max_waits_per_uid). Shared with the `done`

@@ -6,7 +6,7 @@ namespace kvrail::session {
 
 SpinBudget::SpinBudget(double share, absl::Duration window, absl::Time start)
     : share_(std::clamp(share, 0.0, 1.0)),
-      cap_(std::max(window, absl::Nanoseconds(1)) * std::clamp(share, 0.0, 1.0)),
+      cap_(std::max(window, absl::Nanoseconds(1)) * share_),
       tokens_(cap_),
       filled_at_(start) {}
 

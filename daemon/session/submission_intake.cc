@@ -1,6 +1,7 @@
 #include "daemon/session/submission_intake.h"
 
 #include <algorithm>
+#include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -37,7 +38,6 @@ absl::StatusOr<std::unique_ptr<SubmissionIntake>> SubmissionIntake::Attach(
 absl::Status SubmissionIntake::Take(size_t max, std::vector<Entry>* out) {
   if (broken_) return absl::DataLossError("sq ring: broken");
   wire::RingView& ring = sq_->view();
-  std::string entry;
   for (size_t n = 0; n < max; ++n) {
     absl::StatusOr<uint64_t> published = ring.Published();
     if (!published.ok()) {
@@ -45,29 +45,34 @@ absl::Status SubmissionIntake::Take(size_t max, std::vector<Entry>* out) {
       return published.status();
     }
     if (*published == 0) break;
-    // The header first; then the entry's span (the whole entry was published in one write, or
-    // the header is garbled and taken alone). Each slot is copied out once: what is checked is
-    // what is used.
-    wire::SubmissionHeader header;
-    entry.clear();
-    auto copy = [&entry](const uint8_t* slot, size_t bytes) {
-      entry.append(reinterpret_cast<const char*>(slot), bytes);
-    };
-    (void)ring.Pop(1, copy);
-    header = wire::ReadSubmissionHeader(reinterpret_cast<const uint8_t*>(entry.data()));
+    // The header slot first; then the entry's span (the whole entry was published in one write,
+    // or the header is garbled and taken alone). Each slot is copied out of shared memory once,
+    // straight into the entry's bytes: what is checked is what is used.
+    uint8_t first[wire::kSubmissionSlotBytes];
+    (void)ring.Pop(
+        1, [&first](const uint8_t* slot, size_t) { std::memcpy(first, slot, sizeof(first)); });
+    const wire::SubmissionHeader header = wire::ReadSubmissionHeader(first);
     const uint32_t span = wire::SubmissionSpan(header, *published);
-    if (span > 1) (void)ring.Pop(span - 1, copy);
-    Entry taken;
+    Entry& taken = out->emplace_back();
     taken.tag = header.tag;
     taken.kind = header.kind;
-    absl::StatusOr<absl::string_view> payload =
-        wire::SubmissionPayload(reinterpret_cast<const uint8_t*>(entry.data()), entry.size());
-    if (payload.ok()) {
-      taken.request = std::string(*payload);
-    } else {
-      taken.request = payload.status();
+    taken.bytes.resize(size_t{span} * wire::kSubmissionSlotBytes);
+    char* at = taken.bytes.data();
+    std::memcpy(at, first, sizeof(first));
+    at += sizeof(first);
+    if (span > 1) {
+      (void)ring.Pop(span - 1, [&at](const uint8_t* slot, size_t bytes) {
+        std::memcpy(at, slot, bytes);
+        at += bytes;
+      });
     }
-    out->push_back(std::move(taken));
+    absl::StatusOr<absl::string_view> payload = wire::SubmissionPayload(
+        reinterpret_cast<const uint8_t*>(taken.bytes.data()), taken.bytes.size());
+    if (payload.ok()) {
+      taken.payload_bytes = static_cast<uint32_t>(payload->size());
+    } else {
+      taken.refused = payload.status();
+    }
   }
   return absl::OkStatus();
 }
@@ -75,23 +80,7 @@ absl::Status SubmissionIntake::Take(size_t max, std::vector<Entry>* out) {
 void SubmissionIntake::PostAck(const wire::SubmitAck& ack) {
   uint8_t entry[wire::kSubmitAckBytes];
   wire::EncodeSubmitAck(ack, entry);
-  absl::MutexLock lock(&mu_);
-  absl::Status pushed =
-      ack_broken_ ? absl::DataLossError("broken") : ack_->view().TryPush(entry, sizeof(entry));
-  if (absl::IsDataLoss(pushed) && !ack_broken_) {
-    ack_broken_ = true;
-    spdlog::warn("submission queue: ack ring: {}", std::string(pushed.message()));
-  }
-  if (!pushed.ok()) {
-    if (acks_lost_++ == 0) {
-      spdlog::warn(
-          "submission queue: an acknowledgement did not fit (the client keeps more "
-          "entries in flight than its ack ring holds); transfer {} runs regardless",
-          ack.transfer_id);
-    }
-    ack_->view().AddOverflow();
-  }
-  if (!pushed.ok() || ack_->view().ConsumerSleeps()) ack_->Wake();
+  (void)ack_.Post(entry, sizeof(entry));
 }
 
 // --- SubmissionQueues ---------------------------------------------------------------------------
@@ -128,22 +117,25 @@ bool SubmissionQueues::TakeFrom(
   return any;
 }
 
-void SubmissionQueues::Look(
-    size_t max, const std::function<void(int, std::vector<SubmissionIntake::Entry>)>& admit,
+bool SubmissionQueues::Look(
+    size_t max, bool may_spin,
+    const std::function<void(int, std::vector<SubmissionIntake::Entry>)>& admit,
     const std::function<void(int, const absl::Status&)>& broken) {
   std::vector<int> due;
   due.swap(due_);
   const absl::Time now = absl::Now();
+  bool took = false;
   for (const int key : due) {
     auto it = queues_.find(key);
     if (it == queues_.end() || it->second.intake->broken()) continue;
     Queue& queue = it->second;
     const bool any = TakeFrom(key, queue, max, admit, broken);
+    took = took || any;
     if (queue.intake->broken()) {
       spinning_.erase(key);
       continue;
     }
-    if (max_spin_ > absl::ZeroDuration()) {
+    if (max_spin_ > absl::ZeroDuration() && (may_spin || spinning_.contains(key))) {
       if (spinning_.insert(key).second) {
         queue.intake->SetNeedWake(false);
         queue.hit = false;
@@ -164,16 +156,18 @@ void SubmissionQueues::Look(
       continue;
     }
     Queue& queue = it->second;
-    if (std::find(due.begin(), due.end(), key) != due.end()) continue;  // looked at above
+    // Looked at above (and taken again below only to end the spin).
+    if (may_spin && std::find(due.begin(), due.end(), key) != due.end()) continue;
     if (queue.intake->Ready()) {
       if (TakeFrom(key, queue, max, admit, broken)) {
+        took = true;
         queue.hit = true;
         queue.until = now + max_spin_;
       }
       if (queue.intake->broken()) asleep.push_back(key);
-      continue;
+      if (may_spin || queue.intake->broken()) continue;
     }
-    if (now < queue.until) continue;
+    if (may_spin && now < queue.until) continue;
     queue.intake->SetNeedWake(true);
     if (queue.intake->Ready()) {
       queue.intake->SetNeedWake(false);
@@ -184,6 +178,7 @@ void SubmissionQueues::Look(
     asleep.push_back(key);
   }
   for (const int key : asleep) spinning_.erase(key);
+  return took;
 }
 
 }  // namespace kvrail::session

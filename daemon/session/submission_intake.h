@@ -19,14 +19,15 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "base/unique_fd.h"
+#include "daemon/session/session_sinks.h"
 #include "wire/shm_ring.h"
 #include "wire/submission_queue.h"
 
 namespace kvrail::session {
 
 // Thread contract: Take, Ready, SetNeedWake and DrainWakes are the submission ring's consumer:
-// one thread at a time (the poll thread). PostAck may be called from any thread (mu_ serialises
-// the acknowledgement ring's producers). The descriptors are immutable.
+// one thread at a time (the poll thread). PostAck may be called from any thread (RingProducer
+// serialises the acknowledgement ring's producers). The descriptors are immutable.
 class SubmissionIntake {
  public:
   // Maps the client's rings: `fds` is the "SQ" packet's four descriptors (submission memfd and
@@ -34,10 +35,17 @@ class SubmissionIntake {
   // (sq ring / ack ring) that is not what it should be.
   static absl::StatusOr<std::unique_ptr<SubmissionIntake>> Attach(std::vector<UniqueFd> fds);
 
+  // One entry taken: its slots copied out of shared memory once (what is checked is what is
+  // used), and either the request's bytes (payload()) or the refusal naming the bad field.
   struct Entry {
     uint64_t tag = 0;
-    uint16_t kind = 0;                    // the header's (wire::kSubmissionKind, kPostKind)
-    absl::StatusOr<std::string> request;  // the payload, or the entry's refusal
+    uint16_t kind = 0;     // the header's (wire::kSubmissionKind, kPostKind)
+    absl::Status refused;  // OK when payload() is a request's bytes
+    std::string bytes;     // the whole entry, header included
+    uint32_t payload_bytes = 0;
+    absl::string_view payload() const {
+      return absl::string_view(bytes).substr(wire::kSubmissionHeaderBytes, payload_bytes);
+    }
   };
   // Takes up to `max` published entries into `out`. DATA_LOSS when the ring's indices are
   // impossible: nothing more is ever taken from it (broken() from then on).
@@ -54,20 +62,19 @@ class SubmissionIntake {
 
   int sq_memfd() const { return sq_->memfd(); }
   int sq_eventfd() const { return sq_->eventfd(); }
-  // The acknowledgement ring's descriptors are immutable (mu_ guards what is posted into it).
-  int ack_memfd() const ABSL_NO_THREAD_SAFETY_ANALYSIS { return ack_->memfd(); }
-  int ack_eventfd() const ABSL_NO_THREAD_SAFETY_ANALYSIS { return ack_->eventfd(); }
+  int ack_memfd() const { return ack_.memfd(); }
+  int ack_eventfd() const { return ack_.eventfd(); }
 
  private:
   SubmissionIntake(std::unique_ptr<wire::SharedRing> sq, std::unique_ptr<wire::SharedRing> ack)
-      : sq_(std::move(sq)), ack_(std::move(ack)) {}
+      : sq_(std::move(sq)),
+        ack_(std::move(ack), "submission queue: ack ring",
+             "the transfer runs regardless (the client keeps more entries in flight than its "
+             "ack ring holds, or broke the ring)") {}
 
   const std::unique_ptr<wire::SharedRing> sq_;  // consumer's side: the poll thread's
   bool broken_ = false;                         // the poll thread's
-  mutable absl::Mutex mu_;
-  const std::unique_ptr<wire::SharedRing> ack_ ABSL_PT_GUARDED_BY(mu_);
-  uint64_t acks_lost_ ABSL_GUARDED_BY(mu_) = 0;
-  bool ack_broken_ ABSL_GUARDED_BY(mu_) = false;
+  RingProducer ack_;                            // thread-safe
 };
 
 // The submission queues of the poll thread's sessions: which to look at now, and the adaptive
@@ -89,11 +96,17 @@ class SubmissionQueues {
   void Woken(int key);
   // Whether the poll thread must not sleep: a queue to look at, or spinning.
   bool Busy() const { return !due_.empty() || !spinning_.empty(); }
+  // Whether a queue is spinning (the poll thread polls it without a wake-up), and whether one
+  // is due (its eventfd rang, or it had more than one look's worth).
+  bool Spinning() const { return !spinning_.empty(); }
+  bool Due() const { return !due_.empty(); }
 
   // One round: takes the entries of every queue that is due or spinning with entries ready
   // (at most `max` per queue) and calls admit(key, entries) for each non-empty take.
   // broken(key, status) for a queue whose indices became impossible (no longer read).
-  void Look(size_t max,
+  // `may_spin` false (the spin budget is spent): no spin starts and every spin ends now (each
+  // queue back asleep with its last look). Returns whether any entries were taken.
+  bool Look(size_t max, bool may_spin,
             const std::function<void(int key, std::vector<SubmissionIntake::Entry> entries)>& admit,
             const std::function<void(int key, const absl::Status& status)>& broken);
 

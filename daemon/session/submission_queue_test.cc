@@ -369,6 +369,54 @@ TEST_CASE("the poll thread spins on a queue with need_wake clear, then sleeps wi
   CHECK(q.Acks(1)[0].tag == 3);
 }
 
+TEST_CASE("the spin budget ends the poll thread's spins once spent; 0 never spins") {
+  std::atomic<uint64_t> next_id{0};
+  Seen seen;
+  SessionServerOptions options = Options(&next_id, &seen);
+  // Spins far longer than the test: only the budget can end them early.
+  options.submission_spin = absl::Seconds(2);
+  options.spin = absl::Seconds(2);
+  options.spin_budget = 0.05;  // 5% of a core, 5 ms banked
+  std::atomic<uint64_t> spent_ns{0};
+  options.spin_spent_ns = &spent_ns;
+  const absl::Time start = absl::Now();
+  {
+    Served s(options);
+    RawQueue q(s.path());
+    q.Publish(Entries({{1, Request(8)}}));
+    CHECK(q.Acks(1)[0].code == 0);
+    // Asleep again long before the 2 s spin would end (it would without the budget).
+    const absl::Time until = absl::Now() + absl::Milliseconds(800);
+    while (!q.sq->view().ConsumerSleeps() && absl::Now() < until) {
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    CHECK(q.sq->view().ConsumerSleeps());
+    absl::SleepFor(absl::Milliseconds(300));
+    // Still served: the next publish rings the eventfd and is answered.
+    q.Publish(Entries({{2, Request(8)}}));
+    CHECK(q.Acks(1)[0].tag == 2);
+  }
+  // What the poll thread spent spinning for nothing: within 5% of the time plus the 5 ms banked
+  // (and a round that a loaded machine may stretch).
+  const double spent_ms = spent_ns.load() / 1e6;
+  const double elapsed_ms = absl::ToDoubleMilliseconds(absl::Now() - start);
+  INFO("spent " << spent_ms << " ms of " << elapsed_ms << " ms");
+  CHECK(spent_ms <= 0.05 * elapsed_ms + 5 + 30);
+  CHECK(spent_ms > 0);
+
+  // A budget of 0: the queue's need_wake is never cleared, every publish rings.
+  options.spin_budget = 0.0;
+  spent_ns.store(0);
+  Served none(options);
+  RawQueue q(none.path());
+  for (uint64_t tag = 1; tag <= 3; ++tag) {
+    q.Publish(Entries({{tag, Request(8)}}));
+    CHECK(q.Acks(1)[0].tag == tag);
+    CHECK(q.sq->view().ConsumerSleeps());
+  }
+  CHECK(spent_ns.load() == 0);
+}
+
 TEST_CASE("SQ is refused when switched off or malformed; SUBMIT packets go on") {
   std::atomic<uint64_t> next_id{0};
   Seen seen;

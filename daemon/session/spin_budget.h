@@ -1,0 +1,51 @@
+// Internal to the session server: a cap on the share of one thread's time that it spends
+// spinning (polling without sleeping, for the next packet or submission queue entry). A spin
+// saves the wake-up of a thread that sleeps (tens of microseconds on a loaded machine) but
+// burns a core while nothing comes: at a decode cadence (one transfer every few milliseconds)
+// an unbounded spin after each transfer costs several percent of a core for nothing. The budget
+// is a token bucket over time: it fills at `share` of the time that passes (at most `share` x
+// `window` banked) and each spin draws what it spent; a thread spins only while the bucket is
+// not empty. Over any stretch of time T the time spent spinning is then at most share x T plus
+// share x window plus one spin round.
+//
+// Probe, describe, compute: the caller reads the clock and passes it in; the class is pure
+// arithmetic over those readings (unit tested with an injected clock).
+//
+// Thread contract: not thread-safe; one thread (the poll thread) owns it.
+#pragma once
+
+#include <cstdint>
+
+#include "absl/time/time.h"
+
+namespace kvrail::session {
+
+class SpinBudget {
+ public:
+  // `share` of the time in [0, 1] (>= 1: no cap, <= 0: never spins); `window` > 0 bounds the
+  // unused budget banked, as share x window. The bucket starts full at `start`.
+  SpinBudget(double share, absl::Duration window, absl::Time start);
+
+  // Whether a spin may go on at `now` (false once the bucket is empty).
+  bool Allows(absl::Time now);
+  // The thread spun from `from` to `to` for nothing: drawn from the bucket (nothing when `to`
+  // is not after `from`).
+  void Spent(absl::Time from, absl::Time to);
+
+  bool capped() const { return share_ < 1.0; }
+  // Spin time drawn so far, and the times Allows said no (stats, tests).
+  absl::Duration spent() const { return spent_; }
+  uint64_t refusals() const { return refusals_; }
+
+ private:
+  void Refill(absl::Time now);
+
+  const double share_;
+  const absl::Duration cap_;
+  absl::Duration tokens_;
+  absl::Time filled_at_;
+  absl::Duration spent_ = absl::ZeroDuration();
+  uint64_t refusals_ = 0;
+};
+
+}  // namespace kvrail::session
