@@ -101,7 +101,7 @@ bool CompletionTable::LookWordLocked(uint64_t id) {
     return false;
   }
   wire::Completion c;
-  c.flags = wire::kCompletionHasMore;  // the full status is the daemon's
+  c.flags = wire::kCompletionHasMore | kSeenInWord;  // the full status is the daemon's
   c.transfer_id = id;
   c.state = 3;  // TRANSFER_STATE_SUCCEEDED
   c.bytes_total = it->second.bytes_total;

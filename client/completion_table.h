@@ -74,6 +74,10 @@ class CompletionTable {
   // Whether `id` is followed (pending, or ended and still remembered).
   bool Follows(uint64_t id);
 
+  // Result::completion.flags of an end seen in its done word (with wire::kCompletionHasMore: the
+  // daemon's entry, when it comes, replaces it). A bit the daemon never sets.
+  static constexpr uint32_t kSeenInWord = 1u << 31;
+
   enum class Outcome { kDone, kTimeout, kUnsure };
   struct Result {
     Outcome outcome = Outcome::kTimeout;

@@ -272,7 +272,9 @@ class Client::Impl {
     {
       absl::MutexLock lock(&session_mu_);
       if (session_ != nullptr) {
-        if (!session_->PeerClosed()) return session_;
+        // With the monitor watching for the daemon's close (it marks the session lost, checked
+        // above) the poll syscall is not repeated on every call; without it, it is.
+        if (monitor_.joinable() || !session_->PeerClosed()) return session_;
         lost_why = absl::StrCat("kvraild closed session ", session_->session_id(),
                                 " (it stopped or restarted)");
       } else {
@@ -867,9 +869,9 @@ bool Client::EnableDoneWords(CompletionTable* completions) {
   return true;
 }
 
-std::vector<std::optional<absl::StatusOr<v1::SubmitTransferResponse>>> Client::SubmitQueued(
-    const std::vector<v1::SubmitTransferRequest*>& requests, bool with_done_word) {
-  std::vector<std::optional<absl::StatusOr<v1::SubmitTransferResponse>>> out(requests.size());
+Client::QueuedResults Client::SubmitQueued(absl::Span<v1::SubmitTransferRequest* const> requests,
+                                           bool with_done_word) {
+  QueuedResults out(requests.size());
   if (impl_->submissions_.load() == nullptr || !impl_->session_submit_.load() ||
       impl_->unix_path_.empty()) {
     return out;
@@ -877,8 +879,8 @@ std::vector<std::optional<absl::StatusOr<v1::SubmitTransferResponse>>> Client::S
   absl::StatusOr<std::shared_ptr<wire::SessionConnection>> session = impl_->Session();
   SubmissionQueue* queue = impl_->submissions_.load();  // the session's (null once it is lost)
   if (!session.ok() || queue == nullptr) return out;
-  std::vector<const v1::SubmitTransferRequest*> within;
-  std::vector<size_t> index;
+  absl::InlinedVector<const v1::SubmitTransferRequest*, 4> within;
+  absl::InlinedVector<size_t, 4> index;
   for (size_t i = 0; i < requests.size(); ++i) {
     if (requests[i]->spec().dst().node_id().empty()) {
       within.push_back(requests[i]);
@@ -890,7 +892,7 @@ std::vector<std::optional<absl::StatusOr<v1::SubmitTransferResponse>>> Client::S
   // each carries a done word as a SUBMIT packet's does (SubmitRequest).
   CompletionTable* completions = impl_->completions_.load();
   const uint64_t mark = completions != nullptr ? completions->OverflowMark() : 0;
-  std::vector<std::optional<CompletionTable::DoneSlot>> slots(within.size());
+  absl::InlinedVector<std::optional<CompletionTable::DoneSlot>, 4> slots(within.size());
   if (with_done_word && completions != nullptr && impl_->options_.gpu_done_word &&
       EnableDoneWords(completions)) {
     for (size_t k = 0; k < within.size(); ++k) {
@@ -904,7 +906,7 @@ std::vector<std::optional<absl::StatusOr<v1::SubmitTransferResponse>>> Client::S
       word->set_value(slots[k]->value);
     }
   }
-  std::vector<SubmissionQueue::Result> results =
+  SubmissionQueue::Results results =
       queue->Submit(within, [conn = *session] { return conn->PeerClosed(); });
   for (size_t k = 0; k < results.size(); ++k) {
     v1::SubmitTransferRequest* request = requests[index[k]];
@@ -1118,8 +1120,7 @@ std::vector<absl::StatusOr<v1::SubmitTransferResponse>> Client::SubmitBatch(
       index.push_back(i);
     }
   }
-  std::vector<std::optional<absl::StatusOr<v1::SubmitTransferResponse>>> queued =
-      SubmitQueued(batch);
+  QueuedResults queued = SubmitQueued(batch);
   std::vector<absl::StatusOr<v1::SubmitTransferResponse>> out(specs.size(),
                                                               absl::UnknownError("not submitted"));
   std::vector<bool> done(specs.size(), false);
@@ -1188,6 +1189,31 @@ absl::StatusOr<v1::TransferStatus> Client::Wait(uint64_t transfer_id, absl::Dura
   absl::StatusOr<v1::TransferStatus> status = WaitByCall(transfer_id, timeout);
   if (status.ok() && IsFinal(status->state())) completions->Resolve(CompletionOf(*status));
   return status;
+}
+
+absl::StatusOr<v1::TransferStatus> Client::WaitEnd(uint64_t transfer_id, absl::Duration timeout) {
+  CompletionTable* completions = impl_->completions_.load();
+  if (completions == nullptr || !completions->Follows(transfer_id)) {
+    return Wait(transfer_id, timeout);
+  }
+  const bool bounded = timeout > absl::ZeroDuration() && timeout != absl::InfiniteDuration();
+  const CompletionTable::Result seen =
+      completions->Wait(transfer_id, bounded ? absl::Now() + timeout : absl::InfiniteFuture());
+  if (seen.outcome == CompletionTable::Outcome::kTimeout) return Get(transfer_id);
+  if (seen.outcome == CompletionTable::Outcome::kDone &&
+      ((seen.completion.flags & wire::kCompletionHasMore) == 0 ||
+       (seen.completion.flags & CompletionTable::kSeenInWord) != 0)) {
+    v1::TransferStatus status;
+    status.set_transfer_id(seen.completion.transfer_id);
+    status.set_state(static_cast<v1::TransferState>(seen.completion.state));
+    status.set_error_code(seen.completion.error_code);
+    status.set_bytes_total(seen.completion.bytes_total);
+    status.set_bytes_done(seen.completion.bytes_done);
+    status.set_finished_unix_us(seen.completion.finished_unix_us);
+    return status;
+  }
+  // Missed by the queue, or more than the entry holds: the whole status (at once when ended).
+  return Wait(transfer_id, timeout);
 }
 
 void Client::LocalStates(const uint64_t* ids, size_t count, int32_t* states) {

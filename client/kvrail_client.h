@@ -22,9 +22,11 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "proto/kvrail/v1/admin.pb.h"
 #include "proto/kvrail/v1/region.pb.h"
 #include "proto/kvrail/v1/transfer.pb.h"
@@ -278,6 +280,14 @@ class Client {
   // rest); one with an error message or a digest is read from the daemon in full.
   absl::StatusOr<v1::TransferStatus> Wait(uint64_t transfer_id,
                                           absl::Duration timeout = absl::ZeroDuration());
+  // The transfer's end as the completion queue (or its done word) tells it, without a call
+  // when the queue holds it: transfer_id, state, error_code, bytes_total, bytes_done and
+  // finished_unix_us (0 for an end seen in the done word); path, engine, phases and the rest of
+  // the status come with Wait or Get. Waits as Wait does (zero or infinite timeout: until it
+  // ends; on timeout the current status from Get). A transfer the queue does not follow, one it
+  // missed, and an end that has more to say (an error message, a digest) are Wait's.
+  absl::StatusOr<v1::TransferStatus> WaitEnd(uint64_t transfer_id,
+                                             absl::Duration timeout = absl::ZeroDuration());
   // Without a call: states[i] for ids[i] as the completion queue knows it - the final state of
   // an ended transfer, TRANSFER_STATE_RUNNING for one it follows that has not ended, and
   // TRANSFER_STATE_UNSPECIFIED for what it cannot tell (not submitted over the session, older
@@ -381,8 +391,11 @@ class Client {
   // Requests through the submission queue (those within the node, on a unix socket), each with
   // a done word as SubmitRequest attaches one; results[i] nullopt for those it did not take
   // (their requests as given).
-  std::vector<std::optional<absl::StatusOr<v1::SubmitTransferResponse>>> SubmitQueued(
-      const std::vector<v1::SubmitTransferRequest*>& requests, bool with_done_word = true);
+  // (A single Submit allocates nothing for the batch's bookkeeping.)
+  using QueuedResults =
+      absl::InlinedVector<std::optional<absl::StatusOr<v1::SubmitTransferResponse>>, 4>;
+  QueuedResults SubmitQueued(absl::Span<v1::SubmitTransferRequest* const> requests,
+                             bool with_done_word = true);
   // Wait by a WAIT packet or WaitTransfer (without the completion queue).
   absl::StatusOr<v1::TransferStatus> WaitByCall(uint64_t transfer_id, absl::Duration timeout);
   // Makes the block-table region hold `need` bytes (creates / grows and registers it); the

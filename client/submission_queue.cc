@@ -45,55 +45,57 @@ void SubmissionQueue::DrainLocked() {
   if (!taken.ok()) broken_ = true;
 }
 
-bool SubmissionQueue::AllInLocked(const std::vector<uint64_t>& tags) const {
+bool SubmissionQueue::AllInLocked(absl::Span<const uint64_t> tags) const {
   for (const uint64_t tag : tags) {
     if (tag != 0 && !acks_.contains(tag)) return false;
   }
   return true;
 }
 
-std::vector<SubmissionQueue::Result> SubmissionQueue::Submit(
-    const std::vector<const v1::SubmitTransferRequest*>& requests,
+SubmissionQueue::Results SubmissionQueue::Submit(
+    absl::Span<const v1::SubmitTransferRequest* const> requests,
     const std::function<bool()>& closed) {
-  std::vector<std::string> payloads(requests.size());
-  for (size_t i = 0; i < requests.size(); ++i) {
-    if (requests[i]->ByteSizeLong() <= wire::kMaxSubmissionPayload) {
-      requests[i]->SerializeToString(&payloads[i]);
-    }
-  }
-  std::vector<bool> fits(requests.size());
-  for (size_t i = 0; i < requests.size(); ++i) {
-    fits[i] = !payloads[i].empty() || requests[i]->ByteSizeLong() == 0;
-  }
-  return SubmitPayloads(wire::kSubmissionKind, payloads, fits, closed);
+  absl::InlinedVector<const google::protobuf::MessageLite*, 4> messages(requests.begin(),
+                                                                        requests.end());
+  return SubmitMessages(wire::kSubmissionKind, messages, closed);
 }
 
 SubmissionQueue::Result SubmissionQueue::Post(const v1::PostTransferRequest& post,
                                               const std::function<bool()>& closed) {
-  std::vector<std::string> payloads(1);
-  const bool fits = post.ByteSizeLong() <= wire::kMaxSubmissionPayload;
-  if (fits) post.SerializeToString(&payloads[0]);
-  return std::move(SubmitPayloads(wire::kPostKind, payloads, {fits}, closed)[0]);
+  const google::protobuf::MessageLite* message = &post;
+  return std::move(SubmitMessages(wire::kPostKind, {&message, 1}, closed)[0]);
 }
 
-std::vector<SubmissionQueue::Result> SubmissionQueue::SubmitPayloads(
-    uint16_t kind, const std::vector<std::string>& payloads, const std::vector<bool>& fits,
+SubmissionQueue::Results SubmissionQueue::SubmitMessages(
+    uint16_t kind, absl::Span<const google::protobuf::MessageLite* const> messages,
     const std::function<bool()>& closed) {
-  std::vector<Result> results(payloads.size());
-  std::vector<uint64_t> tags(payloads.size(), 0);
+  Results results(messages.size());
+  absl::InlinedVector<uint64_t, 4> tags(messages.size(), 0);
+  // The entries, serialized in place behind their headers (a small request's entry is one or
+  // two slots: no allocation beyond this buffer's).
+  std::string bytes;
+  absl::InlinedVector<size_t, 4> sizes(messages.size(), 0);
+  size_t total = 0;
+  for (size_t i = 0; i < messages.size(); ++i) {
+    sizes[i] = messages[i]->ByteSizeLong();
+    if (sizes[i] <= wire::kMaxSubmissionPayload) {
+      total += size_t{wire::SubmissionSlots(sizes[i])} * wire::kSubmissionSlotBytes;
+    }
+  }
+  bytes.reserve(total);
   absl::MutexLock lock(&mu_);
   // --- Write: the entries that fit, one publish (a prefix when the ring has less room).
   {
-    std::string bytes;
-    std::vector<size_t> ends;  // bytes after each queued candidate
-    std::vector<size_t> order;
+    absl::InlinedVector<size_t, 4> ends;  // bytes after each queued candidate
+    absl::InlinedVector<size_t, 4> order;
     const size_t ack_room = broken_ ? 0
                                     : static_cast<size_t>(ack_->view().capacity()) -
                                           std::min<size_t>(in_flight_, ack_->view().capacity());
-    for (size_t i = 0; i < payloads.size() && order.size() < ack_room; ++i) {
-      if (!fits[i]) continue;  // too big
+    for (size_t i = 0; i < messages.size() && order.size() < ack_room; ++i) {
       const uint64_t tag = next_tag_ + order.size();
-      if (!wire::AppendSubmission(tag, payloads[i], &bytes, kind).ok()) continue;
+      uint8_t* payload = wire::AppendSubmissionHeader(tag, sizes[i], &bytes, kind);
+      if (payload == nullptr) continue;  // too big for an entry
+      if (sizes[i] > 0) messages[i]->SerializeWithCachedSizesToArray(payload);
       order.push_back(i);
       ends.push_back(bytes.size());
     }
@@ -117,7 +119,7 @@ std::vector<SubmissionQueue::Result> SubmissionQueue::SubmitPayloads(
     next_tag_ += order.size();
     in_flight_ += count;
     queued_ += count;
-    handed_back_ += payloads.size() - count;
+    handed_back_ += messages.size() - count;
     if (count > 0 && sq_->view().ConsumerSleeps()) sq_->Wake();
     if (count == 0) return results;
   }
@@ -161,7 +163,7 @@ std::vector<SubmissionQueue::Result> SubmissionQueue::SubmitPayloads(
       spin_ = std::max(max_spin_ / 8, spin_ / 2);
     }
   }
-  for (size_t i = 0; i < payloads.size(); ++i) {
+  for (size_t i = 0; i < messages.size(); ++i) {
     if (tags[i] == 0) continue;
     auto it = acks_.find(tags[i]);
     if (it == acks_.end()) {

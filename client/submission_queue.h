@@ -21,9 +21,12 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/inlined_vector.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "google/protobuf/message_lite.h"
 #include "proto/kvrail/v1/transfer.pb.h"
 #include "wire/shm_ring.h"
 #include "wire/submission_queue.h"
@@ -48,14 +51,18 @@ class SubmissionQueue {
   // What became of one request: not queued (send it by packet), or the daemon's answer.
   struct Result {
     bool queued = false;
-    absl::StatusOr<v1::SubmitTransferResponse> response = absl::UnknownError("not queued");
+    // Meaningful when queued (no message allocated for the others).
+    absl::StatusOr<v1::SubmitTransferResponse> response =
+        absl::Status(absl::StatusCode::kUnknown, "");
   };
+  // A batch's results; one or a few requests need no allocation for it.
+  using Results = absl::InlinedVector<Result, 4>;
   // Writes the requests that fit as one batch (one publish; requests[i] must not be null) and
   // waits for their acknowledgements. `closed` is asked while waiting: once it says the session
   // is gone, a request still unanswered is UNAVAILABLE (the daemon may have accepted it: it is
   // not sent again). Results are in the order of `requests`.
-  std::vector<Result> Submit(const std::vector<const v1::SubmitTransferRequest*>& requests,
-                             const std::function<bool()>& closed);
+  Results Submit(absl::Span<const v1::SubmitTransferRequest* const> requests,
+                 const std::function<bool()>& closed);
   // One prepared transfer's post (a wire::kPostKind entry), queued and answered as a request.
   Result Post(const v1::PostTransferRequest& post, const std::function<bool()>& closed);
 
@@ -70,15 +77,15 @@ class SubmissionQueue {
   SubmissionQueue(std::unique_ptr<wire::SharedRing> sq, std::unique_ptr<wire::SharedRing> ack,
                   absl::Duration max_spin)
       : sq_(std::move(sq)), ack_(std::move(ack)), max_spin_(max_spin), spin_(max_spin) {}
-  // Submit's work over serialized payloads of entry kind `kind` (fits[i] false: too big for an
-  // entry, handed back).
-  std::vector<Result> SubmitPayloads(uint16_t kind, const std::vector<std::string>& payloads,
-                                     const std::vector<bool>& fits,
-                                     const std::function<bool()>& closed);
+  // Submit's work over messages written as entries of kind `kind`, each serialized in place
+  // behind its header (one too big for an entry is handed back).
+  Results SubmitMessages(uint16_t kind,
+                         absl::Span<const google::protobuf::MessageLite* const> messages,
+                         const std::function<bool()>& closed);
   // Reads what the acknowledgement ring holds into acks_.
   void DrainLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether every tag in `tags` (0: not queued) has its acknowledgement.
-  bool AllInLocked(const std::vector<uint64_t>& tags) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool AllInLocked(absl::Span<const uint64_t> tags) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // The rings' objects are immutable; their views follow RingView's contract under mu_.
   const std::unique_ptr<wire::SharedRing> sq_;

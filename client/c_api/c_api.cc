@@ -584,6 +584,21 @@ int kvrail_wait(kvrail_client* handle, uint64_t transfer_id, int64_t timeout_ms,
   });
 }
 
+int kvrail_wait_end(kvrail_client* handle, uint64_t transfer_id, int64_t timeout_ms, int32_t* state,
+                    uint8_t** status, size_t* status_len) {
+  return kvrail::c_api::StatusCall(handle, state, status, status_len, [&](Client& client) {
+    if (timeout_ms == 0) {
+      int32_t local = 0;
+      client.LocalStates(&transfer_id, 1, &local);
+      if (!kvrail::client::IsFinal(static_cast<v1::TransferState>(local))) {
+        return client.Get(transfer_id);
+      }
+    }
+    return client.WaitEnd(
+        transfer_id, timeout_ms < 0 ? absl::InfiniteDuration() : absl::Milliseconds(timeout_ms));
+  });
+}
+
 int kvrail_get(kvrail_client* handle, uint64_t transfer_id, int32_t* state, uint8_t** status,
                size_t* status_len) {
   return kvrail::c_api::StatusCall(handle, state, status, status_len,

@@ -227,6 +227,13 @@ int kvrail_prepared_release(kvrail_prepared* prepared);
  * once; > 0 waits at most that long and then returns the current (not final) status, code OK. */
 int kvrail_wait(kvrail_client* client, uint64_t transfer_id, int64_t timeout_ms, int32_t* state,
                 uint8_t** status, size_t* status_len);
+/* kvrail_wait_end: as kvrail_wait, but an end the completion queue (or the done word) holds is
+ * answered from it without a call: the status then carries transfer_id, state, error_code,
+ * bytes_total, bytes_done and finished_unix_us only (kvrail_wait / kvrail_get have the rest).
+ * An end with an error message or a digest, and a transfer the queue does not follow, are
+ * kvrail_wait's. What an event loop calls once the completion fd said the transfer ended. */
+int kvrail_wait_end(kvrail_client* client, uint64_t transfer_id, int64_t timeout_ms, int32_t* state,
+                    uint8_t** status, size_t* status_len);
 int kvrail_get(kvrail_client* client, uint64_t transfer_id, int32_t* state, uint8_t** status,
                size_t* status_len);
 int kvrail_cancel(kvrail_client* client, uint64_t transfer_id, int32_t* state, uint8_t** status,

@@ -107,6 +107,8 @@ _SIGNATURES = {
     "kvrail_prepared_release": (ctypes.c_int, [ctypes.c_void_p]),
     "kvrail_wait": (ctypes.c_int, [_c_client, ctypes.c_uint64, ctypes.c_int64, _i32p, _u8pp,
                                    _sizep]),
+    "kvrail_wait_end": (ctypes.c_int, [_c_client, ctypes.c_uint64, ctypes.c_int64, _i32p, _u8pp,
+                                       _sizep]),
     "kvrail_get": (ctypes.c_int, [_c_client, ctypes.c_uint64, _i32p, _u8pp, _sizep]),
     "kvrail_cancel": (ctypes.c_int, [_c_client, ctypes.c_uint64, _i32p, _u8pp, _sizep]),
     "kvrail_mark_ready": (ctypes.c_int, [_c_client, ctypes.c_uint64, ctypes.c_uint32,

@@ -189,9 +189,11 @@ class Transfer:
     wait(timeout) returns its status (final, or the current one on timeout); result() and
     `await transfer` return the final status and raise TransferFailedError when it FAILED or was
     CANCELLED. A transfer submitted over the session socket ends in the session's completion
-    queue (shared memory kvraild writes): wait(), done() and poll() read it without a call, and
-    `await` sleeps on the queue's eventfd registered with the event loop (no thread, no
-    polling). Otherwise `await` waits in short slices on the default executor.
+    queue (shared memory kvraild writes): done(), poll() and wait_end() read it without a call,
+    and `await` sleeps on the queue's eventfd registered with the event loop (no thread, no
+    polling) and returns the end the queue holds without a call (transfer_id, state,
+    error_code, bytes and finish time; wait(), result() and `status` have the whole status).
+    Otherwise `await` waits in short slices on the default executor.
     """
 
     _AWAIT_SLICE_MS = 200
@@ -203,6 +205,7 @@ class Transfer:
         # submits and waits without reading it).
         self._response = response
         self._final = None  # the final TransferStatus once seen
+        self._end = None  # the completion queue's short final status (wait_end, await)
 
     @property
     def response(self):
@@ -227,7 +230,7 @@ class Transfer:
     def done(self) -> bool:
         """Whether the transfer has ended (any final state); no call when the completion queue
         can tell."""
-        if self._final is not None:
+        if self._final is not None or self._end is not None:
             return True
         return is_final(self._client.poll([self.id])[0])
 
@@ -236,6 +239,18 @@ class Transfer:
         if self._final is not None:
             return self._final
         return self._note(self._client.wait(self.id, timeout))
+
+    def wait_end(self, timeout: Optional[float] = None):
+        """Waits as wait() does; an end the completion queue holds comes from it without a call,
+        as a short status (transfer_id, state, error_code, bytes, finish time)."""
+        if self._final is not None:
+            return self._final
+        if self._end is not None:
+            return self._end
+        status = self._client.wait_end(self.id, timeout)
+        if is_final(status.state):
+            self._end = status
+        return status
 
     def result(self, timeout: Optional[float] = None):
         """The final status; TimeoutError when it has not ended in `timeout` seconds,
@@ -264,18 +279,19 @@ class Transfer:
         self._client.mark_ready(self.id, layer_begin, layer_count)
 
     async def wait_async(self):
-        """The final status, awaited without blocking the event loop (no raise on failure)."""
+        """The final status, awaited without blocking the event loop (no raise on failure):
+        the completion queue's short status when it holds the end, else the daemon's."""
         loop = asyncio.get_running_loop()
-        if self._final is None:
+        if self._final is None and self._end is None:
             waiter = self._client._completion_waiter(loop)
             if waiter is not None and self._client._follows(self.id):
                 await waiter.ended(self.id)
-                # From the queue (no call); one it missed is read from the daemon, and one
-                # still running then is waited for below.
-                self._note(self._client.wait(self.id, 0))
-        while self._final is None:
+                # From the queue (no call); one it missed or with more to say is read from the
+                # daemon, and one still running then is waited for below.
+                self.wait_end(0)
+        while self._final is None and self._end is None:
             await loop.run_in_executor(None, self.wait, self._AWAIT_SLICE_MS / 1000.0)
-        return self._final
+        return self._final if self._final is not None else self._end
 
     def __await__(self):
         return self._await_result().__await__()
@@ -835,6 +851,16 @@ class Client:
             timeout_ms = 1
         return self._status_call(lib().kvrail_wait, _id(transfer), timeout_ms)
 
+    def wait_end(self, transfer: TransferLike, timeout: Optional[float] = None):
+        """As wait(), but an end the completion queue holds is read from it without a call: the
+        status then carries transfer_id, state, error_code, bytes_total, bytes_done and
+        finished_unix_us only (wait() and get() have the rest: path, engine, phases). An end with
+        an error message, and a transfer the queue does not follow, come from the daemon."""
+        timeout_ms = -1 if timeout is None else max(0, int(timeout * 1000))
+        if timeout is not None and timeout > 0 and timeout_ms == 0:
+            timeout_ms = 1
+        return self._status_call(lib().kvrail_wait_end, _id(transfer), timeout_ms)
+
     def cancel(self, transfer: TransferLike):
         return self._status_call(lib().kvrail_cancel, _id(transfer))
 
@@ -864,14 +890,22 @@ class Client:
         where it can tell (no call), else from the daemon. An id the daemon does not know
         raises (NotFoundError naming its index) unless raise_on_error is False, when its state
         reads 0 (TRANSFER_STATE_UNSPECIFIED)."""
-        ids = [_id(t) for t in transfers]
+        # Converted in C where it can be (ids as ints: one array build, no per-id Python call)
+        # and handed to the library without a copy (ctypes views over the arrays' buffers).
+        seq = transfers if isinstance(transfers, (list, tuple)) else list(transfers)
+        try:
+            ids = array.array("Q", seq)
+        except (TypeError, OverflowError):
+            ids = array.array("Q", [_id(t) % (1 << 64) for t in seq])
         n = len(ids)
-        c_ids = (ctypes.c_uint64 * max(n, 1))(*ids)
-        states = (ctypes.c_int32 * max(n, 1))()
-        code = lib().kvrail_poll(self._h, c_ids, n, states, None)
+        if n == 0:
+            return []
+        states = array.array("i", bytes(4 * n))
+        code = lib().kvrail_poll(self._h, (ctypes.c_uint64 * n).from_buffer(ids), n,
+                                 (ctypes.c_int32 * n).from_buffer(states), None)
         if code != 0 and (raise_on_error or code == StatusCode.INVALID_ARGUMENT):
             check(code)
-        return list(states[:n])
+        return states.tolist()
 
     # --- admin ------------------------------------------------------------------------------
     def _message_call(self, fn, message_type, *args):

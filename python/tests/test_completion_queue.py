@@ -69,6 +69,39 @@ def test_waits_and_awaits_read_the_queue(daemon):
             client.poll([transfers[0].id, 987654321])
 
 
+def test_await_takes_the_end_from_the_queue_without_a_call(daemon):
+    # The end the queue holds is the awaited status: state, id, bytes and finish time only - no
+    # path, which only the daemon's whole status (wait(), result()) carries.
+    with kvrail.connect(daemon.socket) as client:
+        src, dst = _pools(client)
+        calls = []
+        real = client._status_call
+
+        def counted(fn, *args):
+            calls.append(fn.__name__)
+            return real(fn, *args)
+
+        client._status_call = counted
+
+        async def one():
+            loop = asyncio.get_running_loop()
+            loop.run_in_executor = _NoExecutor(loop)
+            transfer = client.transfer(src.region, [9], dst.region, [10])
+            return transfer, await transfer
+
+        transfer, status = asyncio.run(one())
+        assert status.state == SUCCEEDED
+        assert status.transfer_id == transfer.id
+        assert status.bytes_done == status.bytes_total > 0
+        assert status.finished_unix_us > 0
+        assert status.path == transfer_pb2.PATH_UNSPECIFIED, "the await read the daemon's status"
+        assert calls == ["kvrail_wait_end"]
+        assert transfer.wait_end() is status
+        whole = transfer.result(timeout=30)
+        assert whole.path != transfer_pb2.PATH_UNSPECIFIED
+        assert (dst.tokens([10], 4) == src.tokens([9], 4)).all()
+
+
 def test_wait_all_uses_the_eventfd(daemon):
     with kvrail.connect(daemon.socket) as client:
         src, dst = _pools(client)

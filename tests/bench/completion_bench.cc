@@ -1,19 +1,29 @@
 // The submission and completion queues against the packet path, host engine, one printed table:
 // a 4 KiB transfer's submit -> completion seen by the C++ client (p50/p99 of sequential
-// transfers), three such transfers submitted as one batch (Client::SubmitBatch: K, V and aux of
-// a chunk) -> all three seen, and the batch status of 10,000 ended transfers
-// (Client::LocalStates with the completion queue; one GetTransfer each without: what
-// kvrail_poll does). Modes: "sq" (submission and completion queues), "queue" (completion queue,
-// SUBMIT packets), "packets" (neither). Each figure is taken `runs` times (default 3);
-// median/min/max printed. Starts its own kvraild from runfiles or ./daemon/kvraild.
+// transfers: "seen" with Client::WaitEnd, the end as the completion queue holds it, no call;
+// "wait" with Client::Wait, the daemon's whole status, one WAIT round trip after the end), three
+// such transfers submitted as one batch (Client::SubmitBatch: K, V and aux of a chunk) -> all
+// three seen, and the batch status of 10,000 ended transfers (Client::LocalStates with the
+// completion queue; one GetTransfer each without: what kvrail_poll does). Modes: "sq"
+// (submission and completion queues), "queue" (completion queue, SUBMIT packets), "packets"
+// (neither). Each figure is taken `runs` times (default 3); median/min/max printed.
+// A second table: what the spins cost (CPU time of kvraild's threads from
+// /proc/PID/task/*/schedstat, of this process from getrusage) at idle and at a decode cadence
+// (one 4 KiB transfer every 2 ms, sq mode), with kvraild's spin budget at its default
+// (session_spin_budget_percent 10) and uncapped (100), two daemons in the same run.
+// Starts its own kvraild from runfiles or ./daemon/kvraild.
 // Usage: completion_bench [runs]
+#include <dirent.h>
 #include <stdlib.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <fstream>
 #include <map>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "client/kvrail_client.h"
@@ -66,8 +76,22 @@ bool RunOnce(const std::string& socket, const std::string& mode,
     if (i >= 300) lat.push_back(Us(Clock::now() - t0));
     ids.push_back(submitted->transfer_id());
   }
-  (*out)["p50_us"].push_back(Percentile(lat, 0.5));
-  (*out)["p99_us"].push_back(Percentile(lat, 0.99));
+  (*out)["wait_p50_us"].push_back(Percentile(lat, 0.5));
+  (*out)["wait_p99_us"].push_back(Percentile(lat, 0.99));
+  // The same, the end seen from the completion queue (no call after it).
+  lat.clear();
+  for (int i = 0; i < 3000; ++i) {
+    const auto t = client::MakeBlockTransfer(a->region_id(), {static_cast<uint32_t>(i % 256)},
+                                             b->region_id(), {static_cast<uint32_t>(i * 5 % 256)});
+    const auto t0 = Clock::now();
+    auto submitted = (*client)->Submit(t);
+    if (!submitted.ok()) return false;
+    auto done = (*client)->WaitEnd(submitted->transfer_id());
+    if (!done.ok() || done->state() != v1::TRANSFER_STATE_SUCCEEDED) return false;
+    if (i >= 300) lat.push_back(Us(Clock::now() - t0));
+  }
+  (*out)["seen_p50_us"].push_back(Percentile(lat, 0.5));
+  (*out)["seen_p99_us"].push_back(Percentile(lat, 0.99));
   // Three transfers as one batch -> all three seen.
   std::vector<double> batch_lat;
   for (int i = 0; i < 1000; ++i) {
@@ -81,12 +105,12 @@ bool RunOnce(const std::string& socket, const std::string& mode,
         (*client)->SubmitBatch(specs);
     for (const auto& r : submitted) {
       if (!r.ok()) return false;
-      auto done = (*client)->Wait(r->transfer_id());
+      auto done = (*client)->WaitEnd(r->transfer_id());
       if (!done.ok() || done->state() != v1::TRANSFER_STATE_SUCCEEDED) return false;
     }
     if (i >= 100) batch_lat.push_back(Us(Clock::now() - t0));
   }
-  (*out)["batch3_p50_us"].push_back(Percentile(batch_lat, 0.5));
+  (*out)["batch3_seen_p50_us"].push_back(Percentile(batch_lat, 0.5));
   // The path really taken: with the queue every request went through it.
   const auto [queued, handed_back] = (*client)->SubmissionQueueCounts();
   if ((mode == "sq") != (queued > 0) || handed_back > 0) {
@@ -116,6 +140,91 @@ bool RunOnce(const std::string& socket, const std::string& mode,
   return true;
 }
 
+// CPU time of every thread of process `pid` so far (schedstat: nanoseconds on a CPU).
+double ProcessCpuMs(pid_t pid) {
+  const std::string dir = "/proc/" + std::to_string(pid) + "/task";
+  double ns = 0;
+  if (DIR* d = ::opendir(dir.c_str())) {
+    while (dirent* e = ::readdir(d)) {
+      if (e->d_name[0] == '.') continue;
+      std::ifstream in(dir + "/" + e->d_name + "/schedstat");
+      double run = 0;
+      if (in >> run) ns += run;
+    }
+    ::closedir(d);
+  }
+  return ns / 1e6;
+}
+
+double SelfCpuMs() {
+  rusage u{};
+  ::getrusage(RUSAGE_SELF, &u);
+  return (u.ru_utime.tv_sec + u.ru_stime.tv_sec) * 1e3 +
+         (u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e3;
+}
+
+// The spins' cost against daemon `pid`: its CPU share at idle (a connected sq client doing
+// nothing for 1 s) and at one 4 KiB transfer every 2 ms for 1 s (submit, WaitEnd), with this
+// process's share and the seen p50 at that cadence.
+bool CadenceOnce(const std::string& socket, pid_t pid,
+                 std::map<std::string, std::vector<double>>* out) {
+  ::setenv("KVRAIL_COMPLETION_QUEUE", "1", 1);
+  ::setenv("KVRAIL_SUBMISSION_QUEUE", "1", 1);
+  auto client = client::Client::Connect(socket);
+  if (!client.ok()) return false;
+  const auto layout = testing::MakeLayout(1, 1, 256, 1, 1, 2048, v1::DTYPE_BF16,
+                                          v1::LAYOUT_ORDER_LAYER_PART_BLOCK_NHD);
+  const uint64_t bytes = testing::LayoutBytes(layout);
+  auto src = (*client)->CreateHostBuffer(bytes);
+  auto dst = (*client)->CreateHostBuffer(bytes);
+  if (!src.ok() || !dst.ok()) return false;
+  v1::RegionSpec spec;
+  spec.set_memory_kind(v1::MEMORY_KIND_HOST);
+  *spec.mutable_paged_kv() = layout;
+  auto a = (*client)->RegisterHostBuffer(**src, spec);
+  spec.set_writable(true);
+  auto b = (*client)->RegisterHostBuffer(**dst, spec);
+  if (!a.ok() || !b.ok()) return false;
+  auto one = [&](int i) -> double {
+    const auto t = client::MakeBlockTransfer(a->region_id(), {static_cast<uint32_t>(i % 256)},
+                                             b->region_id(), {static_cast<uint32_t>(i * 3 % 256)});
+    const auto t0 = Clock::now();
+    auto submitted = (*client)->Submit(t);
+    if (!submitted.ok()) return -1;
+    auto done = (*client)->WaitEnd(submitted->transfer_id());
+    if (!done.ok() || done->state() != v1::TRANSFER_STATE_SUCCEEDED) return -1;
+    return Us(Clock::now() - t0);
+  };
+  for (int i = 0; i < 50; ++i) {
+    if (one(i) < 0) return false;
+  }
+  // Idle: the spins that follow the last transfer end, then nothing.
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  auto w0 = Clock::now();
+  double d0 = ProcessCpuMs(pid);
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  (*out)["idle_daemon_cpu_pct"].push_back((ProcessCpuMs(pid) - d0) / (Us(Clock::now() - w0) / 1e3) *
+                                          100);
+  // A decode cadence: one transfer every 2 ms.
+  std::vector<double> lat;
+  w0 = Clock::now();
+  d0 = ProcessCpuMs(pid);
+  const double c0 = SelfCpuMs();
+  auto next = Clock::now();
+  for (int i = 0; i < 500; ++i) {
+    next += std::chrono::milliseconds(2);
+    const double us = one(i);
+    if (us < 0) return false;
+    lat.push_back(us);
+    std::this_thread::sleep_until(next);
+  }
+  const double wall_ms = Us(Clock::now() - w0) / 1e3;
+  (*out)["2ms_daemon_cpu_pct"].push_back((ProcessCpuMs(pid) - d0) / wall_ms * 100);
+  (*out)["2ms_client_cpu_pct"].push_back((SelfCpuMs() - c0) / wall_ms * 100);
+  (*out)["2ms_seen_p50_us"].push_back(Percentile(lat, 0.5));
+  return true;
+}
+
 int Main(int argc, char** argv) {
   const int runs = argc > 1 ? std::max(1, std::atoi(argv[1])) : 3;
   testing::TempDir dir;
@@ -141,6 +250,36 @@ int Main(int argc, char** argv) {
       std::printf("%-8s %-14s %10.1f %10.1f %10.1f\n", mode.c_str(), name.c_str(),
                   Percentile(xs, 0.5), *std::min_element(xs.begin(), xs.end()),
                   *std::max_element(xs.begin(), xs.end()));
+    }
+  }
+  // The spins' cost: the default budget and no cap, two daemons, interleaved runs.
+  testing::TempDir uncapped_dir;
+  const std::string config = uncapped_dir.path() + "/uncapped.textproto";
+  std::ofstream(config) << "session_spin_budget_percent: 100\n";
+  testing::DaemonProcess uncapped;
+  if (!uncapped.Start(uncapped_dir.path(), {"--config", config}, true, "kvraild.log", 20000)) {
+    std::fprintf(stderr, "the uncapped kvraild did not start:\n%s\n", uncapped.ReadLog().c_str());
+    return 1;
+  }
+  std::map<std::string, std::vector<double>> capped_figures, uncapped_figures;
+  for (int r = 0; r < runs; ++r) {
+    if (!CadenceOnce(daemon.socket(), daemon.pid(), &capped_figures) ||
+        !CadenceOnce(uncapped.socket(), uncapped.pid(), &uncapped_figures)) {
+      std::fprintf(stderr, "cadence run failed\n");
+      return 1;
+    }
+  }
+  std::printf(
+      "\nspin cost, sq mode: kvraild and client CPU (%% of one core) at idle and at one 4 KiB "
+      "transfer every 2 ms (%d runs)\n",
+      runs);
+  std::printf("%-12s %-20s %10s %10s %10s\n", "budget", "figure", "median", "min", "max");
+  const std::pair<const char*, std::map<std::string, std::vector<double>>*> tables[] = {
+      {"10%", &capped_figures}, {"uncapped", &uncapped_figures}};
+  for (const auto& [label, figures] : tables) {
+    for (auto& [name, xs] : *figures) {
+      std::printf("%-12s %-20s %10.1f %10.1f %10.1f\n", label, name.c_str(), Percentile(xs, 0.5),
+                  *std::min_element(xs.begin(), xs.end()), *std::max_element(xs.begin(), xs.end()));
     }
   }
   return 0;

@@ -63,6 +63,38 @@ TEST_CASE("Submit and SubmitBatch go through the submission queue and move the b
   CHECK(live.client->SubmissionQueueCounts() == std::pair<uint64_t, uint64_t>{4, 0});
 }
 
+TEST_CASE("WaitEnd reads the end from the completion queue; Wait keeps the whole status") {
+  LiveDaemon live;
+  Pool src = MakePool(*live.client, Small(), false, "prefill");
+  Pool dst = MakePool(*live.client, Small(), true, "decode");
+  FillPool(src, 5, {1}, 16);
+  auto submitted = live.client->Submit(client::MakeBlockTransfer(src.id(), {1}, dst.id(), {20}));
+  REQUIRE(submitted.ok());
+  auto end = live.client->WaitEnd(submitted->transfer_id(), absl::Seconds(60));
+  REQUIRE(end.ok());
+  CHECK(end->state() == v1::TRANSFER_STATE_SUCCEEDED);
+  CHECK(end->transfer_id() == submitted->transfer_id());
+  CHECK(end->bytes_done() == submitted->bytes_total());
+  CHECK(end->finished_unix_us() > 0);
+  // Only the queue's entry: the daemon's whole status would name the path.
+  CHECK(end->path() == v1::PATH_UNSPECIFIED);
+  auto whole = live.client->Wait(submitted->transfer_id(), absl::Seconds(60));
+  REQUIRE(whole.ok());
+  CHECK(whole->path() == v1::PATH_HOST_LOCAL);
+  CHECK(whole->finished_unix_us() == end->finished_unix_us());
+  // An id the queue does not follow is the daemon's to answer.
+  auto unknown = live.client->WaitEnd(987654321, absl::Seconds(5));
+  INFO(unknown.status().ToString());
+  CHECK_FALSE(unknown.ok());
+  Expectation e;
+  e.seed = 5;
+  e.dst_blocks = {20};
+  e.tokens = 16;
+  e.num_layers = 2;
+  e.num_heads = 2;
+  CHECK(VerifyPool(dst, e) == "");
+}
+
 TEST_CASE("KVRAIL_SUBMISSION_QUEUE=0: packets, with the same answers") {
   LiveDaemon live;
   auto packets = ClientWith(live, "KVRAIL_SUBMISSION_QUEUE", "0");
