@@ -47,12 +47,12 @@ def one_config(mode: str):
             lat.append((time.perf_counter() - t0) * 1e6)
         lat = lat[200:]
         # The same, the end seen from the completion queue (wait_end: no call after it).
-        seen = []
+        ended = []
         for i in range(2000):
             t0 = time.perf_counter()
             c.transfer(ra, [i % 256], rb, [(i * 5) % 256]).wait_end()
-            seen.append((time.perf_counter() - t0) * 1e6)
-        seen = seen[200:]
+            ended.append((time.perf_counter() - t0) * 1e6)
+        ended = ended[200:]
 
         async def seen(t):
             # When this coroutine resumes after the end, against the daemon's finish time (the
@@ -77,7 +77,7 @@ def one_config(mode: str):
         states = c.poll(ids)
         batch_ms = (time.perf_counter() - t0) * 1e3
         assert all(kvrail.is_final(s) for s in states)
-        return (pct(lat, 50), pct(lat, 99), pct(seen, 50), pct(seen, 99), ms, pct(lags, 50),
+        return (pct(lat, 50), pct(lat, 99), pct(ended, 50), pct(ended, 99), ms, pct(lags, 50),
                 pct(lags, 99), batch_ms)
 
 
