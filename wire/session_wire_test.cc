@@ -277,7 +277,8 @@ TEST_CASE("every packet kind has the protocol's bytes and parses back") {
   post.set_prepared_id(5);
   post.add_src_block_ids(9);
   post.add_dst_block_ids(4);
-  parsed = ParseRequest(EncodePost(post));
+  const std::string post_packet = EncodePost(post);  // parsed.body views into it
+  parsed = ParseRequest(post_packet);
   CHECK(parsed.kind == RequestKind::kPost);
   auto posted = ParsePostBody(parsed.body);
   REQUIRE(posted.ok());

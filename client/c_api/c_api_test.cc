@@ -680,7 +680,8 @@ TEST_CASE("prepared: posted many times with new ids; misuse and bad ids named; r
   CHECK(kvrail_post(prepared, &big, 1, &one, 1, &id, nullptr, nullptr) == KVRAIL_INVALID_ARGUMENT);
   CHECK(LastMessage() == "post.src_block_ids[0]: block 8 out of range [0, 8)");
   CHECK(id == 0);
-  CHECK(kvrail_post(prepared, &one, 1, &one, 2, &id, nullptr, nullptr) == KVRAIL_INVALID_ARGUMENT);
+  const uint32_t two[2] = {1, 1};  // a count the array really holds (the ABI reads them all)
+  CHECK(kvrail_post(prepared, &one, 1, two, 2, &id, nullptr, nullptr) == KVRAIL_INVALID_ARGUMENT);
   CHECK(LastMessage() == "post.dst_block_ids: 2 ids, the prepared transfer takes 1");
   CHECK(kvrail_post(prepared, nullptr, 1, &one, 1, &id, nullptr, nullptr) ==
         KVRAIL_INVALID_ARGUMENT);
