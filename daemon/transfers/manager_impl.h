@@ -221,6 +221,15 @@ class TransferManagerImpl final : public TransferManager {
   // engine. UNAVAILABLE while draining.
   absl::StatusOr<std::shared_ptr<Record>> Admit(planner::Plan plan, RecordParams params,
                                                 const Admission& admission);
+  // The route between two placements and the engine of this daemon that runs it, for submits
+  // and prepares alike: FAILED_PRECONDITION when no engine moves it, or when `digest` is asked of
+  // an engine that does not hash tiles (the refusal advises to `verb` it without digest).
+  struct Routed {
+    scheduler::Route route;
+    engine::Engine* engine = nullptr;
+  };
+  absl::StatusOr<Routed> RouteAndEngine(const job::Placement& src_at, const job::Placement& dst_at,
+                                        bool digest, absl::string_view verb);
   absl::StatusOr<v1::SubmitTransferResponse> SubmitLocal(const ResolvedRequest& request,
                                                          int64_t received_us, const KeyClaim& claim,
                                                          InFlightSlot* slot);

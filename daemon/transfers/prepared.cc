@@ -165,19 +165,10 @@ absl::StatusOr<v1::PrepareTransferResponse> TransferManagerImpl::Prepare(
         "' is another node; prepared transfers stay within the node (use SubmitTransfer)"));
   }
   const job::Placement src_at = PlacementOf(*resolved.src), dst_at = PlacementOf(*resolved.dst);
-  KVRAIL_ASSIGN_OR_RETURN(const scheduler::Route route,
-                          scheduler::ChooseRoute(src_at, dst_at, options_.topology_graph,
-                                                 gpu_index_, engines_.MovesGpuMemory()));
-  engine::Engine* engine = engines_.For(route.engine);
-  if (engine == nullptr) {
-    return absl::FailedPreconditionError(
-        "spec.src.region_id: no engine of this daemon moves host memory between two regions");
-  }
-  if (spec.digest() && !engine->capabilities().digest) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "spec.digest: the ", engine->name(),
-        " engine that would run this transfer does not hash tiles; prepare it without digest"));
-  }
+  KVRAIL_ASSIGN_OR_RETURN(const Routed routed,
+                          RouteAndEngine(src_at, dst_at, spec.digest(), "prepare"));
+  const scheduler::Route& route = routed.route;
+  engine::Engine* const engine = routed.engine;
   planner::PlanOptions plan_options;
   plan_options.tile_bytes = options_.tile_bytes;
   KVRAIL_ASSIGN_OR_RETURN(planner::PlanTemplate plan,

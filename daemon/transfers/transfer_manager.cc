@@ -215,6 +215,25 @@ absl::StatusOr<v1::SubmitTransferResponse> TransferManagerImpl::SubmitWithinNode
   return Submit(spec);
 }
 
+absl::StatusOr<TransferManagerImpl::Routed> TransferManagerImpl::RouteAndEngine(
+    const job::Placement& src_at, const job::Placement& dst_at, bool digest,
+    absl::string_view verb) {
+  KVRAIL_ASSIGN_OR_RETURN(const scheduler::Route route,
+                          scheduler::ChooseRoute(src_at, dst_at, options_.topology_graph,
+                                                 gpu_index_, engines_.MovesGpuMemory()));
+  engine::Engine* engine = engines_.For(route.engine);
+  if (engine == nullptr) {
+    return absl::FailedPreconditionError(
+        "spec.src.region_id: no engine of this daemon moves host memory between two regions");
+  }
+  if (digest && !engine->capabilities().digest) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "spec.digest: the ", engine->name(),
+        " engine that would run this transfer does not hash tiles; ", verb, " it without digest"));
+  }
+  return Routed{route, engine};
+}
+
 absl::StatusOr<v1::SubmitTransferResponse> TransferManagerImpl::SubmitLocal(
     const ResolvedRequest& request, int64_t received_us, const KeyClaim& claim,
     InFlightSlot* slot) {
@@ -227,20 +246,10 @@ absl::StatusOr<v1::SubmitTransferResponse> TransferManagerImpl::SubmitLocal(
   const job::Placement src_at = PlacementOf(*request.src), dst_at = PlacementOf(*request.dst);
   // The route needs no plan: chosen first, so a GPU's dispatcher asleep after an idle spell wakes
   // while the plan is made.
-  KVRAIL_ASSIGN_OR_RETURN(const scheduler::Route route,
-                          scheduler::ChooseRoute(src_at, dst_at, options_.topology_graph,
-                                                 gpu_index_, engines_.MovesGpuMemory()));
-  engine::Engine* engine = engines_.For(route.engine);
-  if (engine == nullptr) {
-    return absl::FailedPreconditionError(
-        "spec.src.region_id: no engine of this daemon moves host memory between two regions");
-  }
-  if (spec.digest() && !engine->capabilities().digest) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("spec.digest: the ", engine->name(),
-                     " engine that would run this transfer does not "
-                     "hash tiles; submit it without digest"));
-  }
+  KVRAIL_ASSIGN_OR_RETURN(const Routed routed,
+                          RouteAndEngine(src_at, dst_at, spec.digest(), "submit"));
+  const scheduler::Route& route = routed.route;
+  engine::Engine* const engine = routed.engine;
   if (route.engine == scheduler::EngineKind::kCuda) {
     engine->Expect(src_at, dst_at);
   }
