@@ -35,6 +35,21 @@ namespace {
 using client::Client;
 using client::HostBuffer;
 
+// The live object behind a handle of `table`; INVALID_ARGUMENT naming the argument `name` for
+// NULL and for a handle that is `ended` (closed, freed, released) or was never issued.
+template <typename T, typename Handle>
+absl::StatusOr<std::shared_ptr<T>> FindLive(HandleTable<T>& table, Handle* handle,
+                                            absl::string_view name, absl::string_view type,
+                                            absl::string_view ended) {
+  if (handle == nullptr) return absl::InvalidArgumentError(absl::StrCat(name, ": NULL"));
+  std::shared_ptr<T> found = table.Find(HandleOf(handle));
+  if (found == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, ": not a live ", type, " handle (", ended, ", or never issued)"));
+  }
+  return found;
+}
+
 HandleTable<Client>& Clients() {
   // Never destroyed: clients still open at exit are released by the process's end (the daemon
   // sees the session close), not by static destructors racing gRPC's own shutdown.
@@ -48,13 +63,7 @@ HandleTable<HostBuffer>& Buffers() {
 }
 
 absl::StatusOr<std::shared_ptr<Client>> FindClient(kvrail_client* handle) {
-  if (handle == nullptr) return absl::InvalidArgumentError("client: NULL");
-  std::shared_ptr<Client> client = Clients().Find(HandleOf(handle));
-  if (client == nullptr) {
-    return absl::InvalidArgumentError(
-        "client: not a live kvrail_client handle (closed, or never issued)");
-  }
-  return client;
+  return FindLive(Clients(), handle, "client", "kvrail_client", "closed");
 }
 
 // A prepared transfer as the C ABI holds it: the daemon's id and the client it belongs to (not
@@ -70,23 +79,11 @@ HandleTable<Prepared>& PreparedTable() {
 }
 
 absl::StatusOr<std::shared_ptr<Prepared>> FindPrepared(kvrail_prepared* handle) {
-  if (handle == nullptr) return absl::InvalidArgumentError("prepared: NULL");
-  std::shared_ptr<Prepared> prepared = PreparedTable().Find(HandleOf(handle));
-  if (prepared == nullptr) {
-    return absl::InvalidArgumentError(
-        "prepared: not a live kvrail_prepared handle (released, or never issued)");
-  }
-  return prepared;
+  return FindLive(PreparedTable(), handle, "prepared", "kvrail_prepared", "released");
 }
 
 absl::StatusOr<std::shared_ptr<HostBuffer>> FindBuffer(kvrail_host_buffer* handle) {
-  if (handle == nullptr) return absl::InvalidArgumentError("buffer: NULL");
-  std::shared_ptr<HostBuffer> buffer = Buffers().Find(HandleOf(handle));
-  if (buffer == nullptr) {
-    return absl::InvalidArgumentError(
-        "buffer: not a live kvrail_host_buffer handle (freed, or never issued)");
-  }
-  return buffer;
+  return FindLive(Buffers(), handle, "buffer", "kvrail_host_buffer", "freed");
 }
 
 // Parses `len` bytes as a `T`; the error names the argument and the expected message type.
