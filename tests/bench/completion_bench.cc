@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "client/kvrail_client.h"
+#include "tests/bench/host_pools.h"
 #include "tests/harness/daemon_process.h"
 
 namespace kvrail::bench {
@@ -52,22 +53,14 @@ bool RunOnce(const std::string& socket, const std::string& mode,
   // 4 KiB blocks: 1 layer x 1 part x 256 blocks of 1 token x 1 head x 2048 bf16.
   const auto layout = testing::MakeLayout(1, 1, 256, 1, 1, 2048, v1::DTYPE_BF16,
                                           v1::LAYOUT_ORDER_LAYER_PART_BLOCK_NHD);
-  const uint64_t bytes = testing::LayoutBytes(layout);
-  auto src = (*client)->CreateHostBuffer(bytes);
-  auto dst = (*client)->CreateHostBuffer(bytes);
-  if (!src.ok() || !dst.ok()) return false;
-  v1::RegionSpec spec;
-  spec.set_memory_kind(v1::MEMORY_KIND_HOST);
-  *spec.mutable_paged_kv() = layout;
-  auto a = (*client)->RegisterHostBuffer(**src, spec);
-  spec.set_writable(true);
-  auto b = (*client)->RegisterHostBuffer(**dst, spec);
-  if (!a.ok() || !b.ok()) return false;
+  absl::StatusOr<HostPools> pools = RegisterHostPools(**client, layout);
+  if (!pools.ok()) return false;
   std::vector<double> lat;
   std::vector<uint64_t> ids;
   for (int i = 0; i < 3000; ++i) {
-    const auto t = client::MakeBlockTransfer(a->region_id(), {static_cast<uint32_t>(i % 256)},
-                                             b->region_id(), {static_cast<uint32_t>(i * 7 % 256)});
+    const auto t =
+        client::MakeBlockTransfer(pools->src_region, {static_cast<uint32_t>(i % 256)},
+                                  pools->dst_region, {static_cast<uint32_t>(i * 7 % 256)});
     const auto t0 = Clock::now();
     auto submitted = (*client)->Submit(t);
     if (!submitted.ok()) return false;
@@ -81,8 +74,9 @@ bool RunOnce(const std::string& socket, const std::string& mode,
   // The same, the end seen from the completion queue (no call after it).
   lat.clear();
   for (int i = 0; i < 3000; ++i) {
-    const auto t = client::MakeBlockTransfer(a->region_id(), {static_cast<uint32_t>(i % 256)},
-                                             b->region_id(), {static_cast<uint32_t>(i * 5 % 256)});
+    const auto t =
+        client::MakeBlockTransfer(pools->src_region, {static_cast<uint32_t>(i % 256)},
+                                  pools->dst_region, {static_cast<uint32_t>(i * 5 % 256)});
     const auto t0 = Clock::now();
     auto submitted = (*client)->Submit(t);
     if (!submitted.ok()) return false;
@@ -97,8 +91,8 @@ bool RunOnce(const std::string& socket, const std::string& mode,
   for (int i = 0; i < 1000; ++i) {
     std::vector<v1::TransferSpec> specs;
     for (uint32_t k = 0; k < 3; ++k) {
-      specs.push_back(client::MakeBlockTransfer(a->region_id(), {(i * 3 + k) % 256u},
-                                                b->region_id(), {(i * 5 + k) % 256u}));
+      specs.push_back(client::MakeBlockTransfer(pools->src_region, {(i * 3 + k) % 256u},
+                                                pools->dst_region, {(i * 5 + k) % 256u}));
     }
     const auto t0 = Clock::now();
     std::vector<absl::StatusOr<v1::SubmitTransferResponse>> submitted =
@@ -174,20 +168,12 @@ bool CadenceOnce(const std::string& socket, pid_t pid,
   if (!client.ok()) return false;
   const auto layout = testing::MakeLayout(1, 1, 256, 1, 1, 2048, v1::DTYPE_BF16,
                                           v1::LAYOUT_ORDER_LAYER_PART_BLOCK_NHD);
-  const uint64_t bytes = testing::LayoutBytes(layout);
-  auto src = (*client)->CreateHostBuffer(bytes);
-  auto dst = (*client)->CreateHostBuffer(bytes);
-  if (!src.ok() || !dst.ok()) return false;
-  v1::RegionSpec spec;
-  spec.set_memory_kind(v1::MEMORY_KIND_HOST);
-  *spec.mutable_paged_kv() = layout;
-  auto a = (*client)->RegisterHostBuffer(**src, spec);
-  spec.set_writable(true);
-  auto b = (*client)->RegisterHostBuffer(**dst, spec);
-  if (!a.ok() || !b.ok()) return false;
+  absl::StatusOr<HostPools> pools = RegisterHostPools(**client, layout);
+  if (!pools.ok()) return false;
   auto one = [&](int i) -> double {
-    const auto t = client::MakeBlockTransfer(a->region_id(), {static_cast<uint32_t>(i % 256)},
-                                             b->region_id(), {static_cast<uint32_t>(i * 3 % 256)});
+    const auto t =
+        client::MakeBlockTransfer(pools->src_region, {static_cast<uint32_t>(i % 256)},
+                                  pools->dst_region, {static_cast<uint32_t>(i * 3 % 256)});
     const auto t0 = Clock::now();
     auto submitted = (*client)->Submit(t);
     if (!submitted.ok()) return -1;

@@ -22,6 +22,7 @@
 
 #include "client/kvrail_client.h"
 #include "daemon/planner/planner.h"
+#include "tests/bench/host_pools.h"
 #include "tests/harness/daemon_process.h"
 
 namespace kvrail::bench {
@@ -53,20 +54,11 @@ bool RunOnce(const std::string& socket, const Shape& shape, const std::string& p
   if (!client.ok()) return false;
   const auto layout = testing::MakeLayout(1, 1, shape.pool_blocks, 1, 1, shape.head_dim,
                                           v1::DTYPE_BF16, v1::LAYOUT_ORDER_LAYER_PART_BLOCK_NHD);
-  const uint64_t bytes = testing::LayoutBytes(layout);
-  auto src = (*client)->CreateHostBuffer(bytes);
-  auto dst = (*client)->CreateHostBuffer(bytes);
-  if (!src.ok() || !dst.ok()) return false;
-  v1::RegionSpec spec;
-  spec.set_memory_kind(v1::MEMORY_KIND_HOST);
-  *spec.mutable_paged_kv() = layout;
-  auto a = (*client)->RegisterHostBuffer(**src, spec);
-  spec.set_writable(true);
-  auto b = (*client)->RegisterHostBuffer(**dst, spec);
-  if (!a.ok() || !b.ok()) return false;
+  absl::StatusOr<HostPools> pools = RegisterHostPools(**client, layout);
+  if (!pools.ok()) return false;
   v1::TransferSpec base;
-  base.mutable_src()->set_region_id(a->region_id());
-  base.mutable_dst()->set_region_id(b->region_id());
+  base.mutable_src()->set_region_id(pools->src_region);
+  base.mutable_dst()->set_region_id(pools->dst_region);
   absl::StatusOr<client::PreparedTransfer> prepared =
       (*client)->Prepare(base, shape.blocks_per_transfer);
   if (!prepared.ok()) {
