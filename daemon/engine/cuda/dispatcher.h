@@ -63,6 +63,10 @@ struct JobProgress {
   std::unique_ptr<GpuEvent> trace_anchor;  // first job only: before its first batch
   std::string trace;
   absl::Duration setup_addresses, setup_mode, setup_upload;
+  // First job, first batch only: when each step of its enqueue ended (MarkFirstBatch), so a slow
+  // first launch names the step that was slow.
+  bool marking = false;
+  std::vector<std::pair<const char*, absl::Time>> first_batch_marks;
 };
 
 struct JobState;

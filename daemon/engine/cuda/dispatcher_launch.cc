@@ -14,15 +14,30 @@ namespace kvrail::engine::cuda_detail {
 
 using scheduler::Mode;
 
+namespace {
+
+// The first job's first batch: the end of one step of its enqueue (see JobProgress::marking).
+void MarkFirstBatch(JobState& s, const char* step, const Clock& clock) {
+  if (s.progress.marking) s.progress.first_batch_marks.emplace_back(step, clock.Now());
+}
+
+}  // namespace
+
 Batch Dispatcher::Launch(JobState& s, const Taken& taken) {
+  if (stats_->first_job_pending()) {
+    s.progress.marking = true;
+    MarkFirstBatch(s, "launch began", *clock_);
+  }
   if (stats_->first_job_pending() && !s.gate.has_value() && s.setup.ok()) {
     // Best effort: without the anchor the first job's batches are not traced.
     absl::StatusOr<std::unique_ptr<GpuEvent>> anchor = TakeEvent();
     if (anchor.ok() && ops_->Record(**anchor, ops_->main_stream()).ok()) {
       s.progress.trace_anchor = *std::move(anchor);
     }
+    MarkFirstBatch(s, "anchor recorded", *clock_);
   }
   Batch b = LaunchBatch(s, taken);
+  s.progress.marking = false;
   if (s.progress.trace_anchor != nullptr && s.progress.first_launch.has_value()) {
     b.enqueued_us = absl::ToDoubleMicroseconds(clock_->Now() - *s.progress.first_launch);
   }
@@ -31,7 +46,7 @@ Batch Dispatcher::Launch(JobState& s, const Taken& taken) {
     // slow first transfer can be told apart from a slow engine.
     stats_->FirstJobStarted();
     const JobProgress& p = s.progress;
-    stats_->FirstJob(absl::StrFormat(
+    std::string text = absl::StrFormat(
         "; first job: dispatcher took it %.0f us after its enqueue, set-up %.0f us (device "
         "addresses %.0f, mode %.0f, plan upload %.0f), first launch enqueued %.0f us after "
         "its set-up",
@@ -39,7 +54,15 @@ Batch Dispatcher::Launch(JobState& s, const Taken& taken) {
         absl::ToDoubleMicroseconds(p.setup_addresses + p.setup_mode + p.setup_upload),
         absl::ToDoubleMicroseconds(p.setup_addresses), absl::ToDoubleMicroseconds(p.setup_mode),
         absl::ToDoubleMicroseconds(p.setup_upload),
-        absl::ToDoubleMicroseconds(clock_->Now() - stats_->first_setup_at())));
+        absl::ToDoubleMicroseconds(clock_->Now() - stats_->first_setup_at()));
+    absl::StrAppend(&text, "; first batch's enqueue steps (us after its set-up began):");
+    for (const auto& [step, at] : s.progress.first_batch_marks) {
+      absl::StrAppendFormat(&text, " %s %.0f,", step,
+                            absl::ToDoubleMicroseconds(at - stats_->first_setup_at()));
+    }
+    text.pop_back();
+    stats_->FirstJob(std::move(text));
+    s.progress.first_batch_marks.clear();
   }
   return b;
 }
@@ -99,6 +122,7 @@ absl::Status Dispatcher::EnqueueBatch(JobState& s, Batch& b) {
   // batch before. A failure fails this batch and, sticky, every later one of the job; nothing
   // of it reaches the GPU.
   KVRAIL_RETURN_IF_ERROR(s.job->plan().CheckTiles(begin, end));
+  MarkFirstBatch(s, "ids checked", *clock_);
   absl::Status released;
   if (s.gate.has_value() && s.lease.control->Aborted(&released)) {
     // Released before this layer was taken: nothing reaches the GPU.
@@ -109,6 +133,7 @@ absl::Status Dispatcher::EnqueueBatch(JobState& s, Batch& b) {
   b.stream = &stream;
   KVRAIL_ASSIGN_OR_RETURN(b.start, TakeEvent());
   KVRAIL_ASSIGN_OR_RETURN(b.stop, TakeEvent());
+  MarkFirstBatch(s, "events taken", *clock_);
   if (s.gate.has_value()) {
     // The layers' words first (GEQ, wrapping epoch order): the kernel below starts when the
     // producer's stream has written them, without the CPU.
@@ -130,6 +155,7 @@ absl::Status Dispatcher::EnqueueBatch(JobState& s, Batch& b) {
     }
   }
   KVRAIL_RETURN_IF_ERROR(ops_->Record(*b.start, stream));
+  MarkFirstBatch(s, "start recorded", *clock_);
   if (s.run.mode == Mode::kKernel) {
     scheduler::CtaTuner& ctas = tuners_.Cta(s.run.tuner_key, s.run.max_ctas);
     scheduler::LaunchCtasInputs in;
@@ -149,6 +175,7 @@ absl::Status Dispatcher::EnqueueBatch(JobState& s, Batch& b) {
       b.split = scheduler::SplitPoint(s.job->plan(), begin, end, fraction);
       b.split_sampled = true;
     }
+    MarkFirstBatch(s, "tuners asked", *clock_);
     if (s.digests != nullptr) {  // the fused gather that also hashes the source (kv_digest.h)
       KVRAIL_RETURN_IF_ERROR(ops_->LaunchDigest(*s.plan, begin, end, DigestPass::kCopyHashSource,
                                                 *s.digests, b.ctas, ops_->main_stream()));
@@ -156,6 +183,7 @@ absl::Status Dispatcher::EnqueueBatch(JobState& s, Batch& b) {
       KVRAIL_RETURN_IF_ERROR(ops_->LaunchCopy(*s.plan, begin, b.split, b.ctas, stream));
     }
     b.enqueued = true;
+    MarkFirstBatch(s, "kernel enqueued", *clock_);
     if (b.split < end) {
       KVRAIL_RETURN_IF_ERROR(LaunchCopyPart(s, b));
       if (!s.run.split_said) {  // TransferStatus.engine: "cuda-kernel+cuda-copy-engine"
@@ -169,7 +197,9 @@ absl::Status Dispatcher::EnqueueBatch(JobState& s, Batch& b) {
     b.enqueued = true;
   }
   if (s.digests != nullptr) KVRAIL_RETURN_IF_ERROR(DigestBatch(s, begin, end, b.ctas));
+  MarkFirstBatch(s, "copies enqueued", *clock_);
   MaybeWriteDoneWord(s, end - begin, stream);
+  MarkFirstBatch(s, "done word", *clock_);
   // A gated batch ends here too: no host function after it (the dispatcher polls its words and
   // then waits for this event), so the job's next layer follows on the GPU at once.
   return ops_->Record(*b.stop, stream);

@@ -54,6 +54,29 @@ TEST_CASE("sweep: batches land byte for byte; an ended job's state goes outside 
   CHECK(rig.fake.kernels_run() > 0);
 }
 
+TEST_CASE("first job: the description names each step of its first batch's enqueue") {
+  std::mt19937_64 rng(13);
+  Rig rig;
+  auto seen = std::make_shared<DropSeen>();
+  const planner::testing::RandomCase c = planner::testing::RandomPagedCase(rng);
+  INFO(c.ToString());
+  std::shared_ptr<TestJob> job(new TestJob(c, rng), [seen](TestJob* j) {
+    seen->dropped = true;
+    delete j;
+  });
+  TestJob* raw = job.get();
+  rig.queues.Enqueue(job, raw->AllTiles());
+  job.reset();
+  REQUIRE(rig.TurnUntil([&] { return seen->dropped.load(); }));
+  const std::string text = rig.stats.Describe(0, 8, 0);
+  INFO(text);
+  CHECK(text.find("first batch's enqueue steps") != std::string::npos);
+  for (const char* step : {"launch began", "anchor recorded", "ids checked", "events taken",
+                           "start recorded", "copies enqueued", "done word"}) {
+    CHECK(text.find(step) != std::string::npos);
+  }
+}
+
 TEST_CASE("sweep: every tile reported OK and copied; no write pending at any report") {
   std::mt19937_64 rng(12);
   Rig rig;
