@@ -1,5 +1,5 @@
 // Internal to the fabric module: the 8 bytes of immediate data each RMA write carries (see
-// proto/kvrail/v1/peer.proto), and the seal written after each tile (TileSeal). A tile write:
+// proto/kvrail/peer/v1/peer.proto), and the seal written after each tile (TileSeal). A tile write:
 // index(7) | handle(16) | slot(8) | tile(32); a credit: 1 | index(7) | not-applied(1) | slot(8) |
 // tile(32). `index` is the number the receiving daemon
 // gave the sender in Hello. Pure functions.

@@ -10,6 +10,8 @@
 
 namespace kvrail::fabric {
 
+namespace peer_v1 = ::kvrail::peer::v1;
+
 LayerRange DestinationLayers(const planner::RegionView& dst, const v1::TransferSpec& spec) {
   LayerRange range;
   if (!dst.paged) return range;
@@ -23,7 +25,7 @@ LayerRange DestinationLayers(const planner::RegionView& dst, const v1::TransferS
 }
 
 absl::StatusOr<std::shared_ptr<regions::Region>> AdmitDestination(
-    const v1::BeginRemoteTransferRequest& request, const Leases& leases,
+    const peer_v1::BeginRemoteTransferRequest& request, const Leases& leases,
     const regions::RegionTable& regions, const access::Grants& grants) {
   const v1::TransferSpec& spec = request.spec();
   const uint64_t region_id = spec.dst().region_id();
@@ -39,9 +41,9 @@ absl::StatusOr<std::shared_ptr<regions::Region>> AdmitDestination(
   return dst;
 }
 
-absl::StatusOr<InboundPlan> PlanInbound(const v1::BeginRemoteTransferRequest& request,
+absl::StatusOr<InboundPlan> PlanInbound(const peer_v1::BeginRemoteTransferRequest& request,
                                         const planner::RegionView& dst, uint64_t slot_bytes) {
-  const v1::RemoteSource& source = request.source();
+  const peer_v1::RemoteSource& source = request.source();
   KVRAIL_ASSIGN_OR_RETURN(
       planner::RegionView src_view,
       RemoteViewOf(source.size_bytes(), false, source.has_paged_kv() ? &source.paged_kv() : nullptr,
@@ -71,7 +73,7 @@ absl::Status CheckIntroduced(PeerConn& peer, uint64_t sender_boot_id) {
   return absl::OkStatus();
 }
 
-v1::RegionLease SourceLease(const v1::BeginRemoteTransferRequest& request,
+v1::RegionLease SourceLease(const peer_v1::BeginRemoteTransferRequest& request,
                             const std::string& holder_node_id) {
   v1::RegionLease lease;
   lease.set_region_id(request.spec().src().region_id());

@@ -17,9 +17,11 @@
 #include "daemon/fabric/peers.h"
 #include "daemon/planner/planner.h"
 #include "daemon/regions/regions.h"
-#include "proto/kvrail/v1/peer.pb.h"
+#include "proto/kvrail/peer/v1/peer.pb.h"
 
 namespace kvrail::fabric {
+
+namespace peer_v1 = ::kvrail::peer::v1;
 
 // The destination layers a transfer writes, [begin, end), as the submitting node checks them (in
 // 64 bits: a count that wraps cannot look like a small range). Both 0 for a flat region.
@@ -33,7 +35,7 @@ LayerRange DestinationLayers(const planner::RegionView& dst, const v1::TransferS
 // sender's write grant (spec.dst.grant) allows writing these layers: an export alone lets nobody
 // write (`grants` decides). Errors name spec.dst.
 absl::StatusOr<std::shared_ptr<regions::Region>> AdmitDestination(
-    const v1::BeginRemoteTransferRequest& request, const Leases& leases,
+    const peer_v1::BeginRemoteTransferRequest& request, const Leases& leases,
     const regions::RegionTable& regions, const access::Grants& grants);
 
 // The receiver's plan, made from the sender's description of the source (request.source) and
@@ -43,7 +45,7 @@ struct InboundPlan {
   planner::RegionView src_view;
   planner::Plan plan;
 };
-absl::StatusOr<InboundPlan> PlanInbound(const v1::BeginRemoteTransferRequest& request,
+absl::StatusOr<InboundPlan> PlanInbound(const peer_v1::BeginRemoteTransferRequest& request,
                                         const planner::RegionView& dst, uint64_t slot_bytes);
 
 // The sender said hello with this boot id (a sender that restarted must introduce itself again).
@@ -51,7 +53,7 @@ absl::StatusOr<InboundPlan> PlanInbound(const v1::BeginRemoteTransferRequest& re
 absl::Status CheckIntroduced(PeerConn& peer, uint64_t sender_boot_id);
 
 // The lease standing for the sender's source region in this node's record of the transfer.
-v1::RegionLease SourceLease(const v1::BeginRemoteTransferRequest& request,
+v1::RegionLease SourceLease(const peer_v1::BeginRemoteTransferRequest& request,
                             const std::string& holder_node_id);
 
 // The next free 16-bit handle from `next` on (0 is never one); nullopt when all are `taken`.

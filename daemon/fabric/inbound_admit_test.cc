@@ -8,6 +8,9 @@
 #include "daemon/planner/planner.h"
 
 namespace kvrail::fabric {
+
+namespace peer_v1 = ::kvrail::peer::v1;
+
 namespace {
 
 v1::PagedKvLayout Layout() {
@@ -35,8 +38,8 @@ planner::RegionView PagedView(bool writable) {
 }
 
 // A request for blocks {1, 2} -> {5, 6} of every layer, as the sender would plan it.
-v1::BeginRemoteTransferRequest Request(uint64_t tile_bytes) {
-  v1::BeginRemoteTransferRequest request;
+peer_v1::BeginRemoteTransferRequest Request(uint64_t tile_bytes) {
+  peer_v1::BeginRemoteTransferRequest request;
   request.set_sender_node_id("node-a");
   v1::TransferSpec& spec = *request.mutable_spec();
   spec.mutable_src()->set_region_id(11);
@@ -85,14 +88,14 @@ TEST_CASE("destination layers: the spec's range, the rest of the region, flat re
 
 TEST_CASE("the receiver's plan must agree with the sender's and fit the slots") {
   const uint64_t tile = 4096;
-  const v1::BeginRemoteTransferRequest request = Request(tile);
+  const peer_v1::BeginRemoteTransferRequest request = Request(tile);
   auto planned = PlanInbound(request, PagedView(true), 64 << 10);
   REQUIRE(planned.ok());
   CHECK(planned->plan.bytes_total() == request.bytes_total());
   CHECK(planned->plan.num_tiles() == request.tiles_total());
   CHECK(planned->src_view.paged);
 
-  v1::BeginRemoteTransferRequest differs = request;
+  peer_v1::BeginRemoteTransferRequest differs = request;
   differs.set_tiles_total(request.tiles_total() + 1);
   auto refused = PlanInbound(differs, PagedView(true), 64 << 10);
   CHECK(refused.status().code() == absl::StatusCode::kFailedPrecondition);
@@ -104,13 +107,13 @@ TEST_CASE("the receiver's plan must agree with the sender's and fit the slots") 
   CHECK(std::string(refused.status().message()).rfind("tile_bytes: ", 0) == 0);
   const uint64_t with_seal = planned->plan.header().tile_bytes + 32;
   CHECK(PlanInbound(request, PagedView(true), with_seal).ok());
-  v1::BeginRemoteTransferRequest digest = request;
+  peer_v1::BeginRemoteTransferRequest digest = request;
   digest.mutable_spec()->set_digest(true);
   CHECK(!PlanInbound(digest, PagedView(true), with_seal).ok());
   CHECK(PlanInbound(digest, PagedView(true), with_seal + 8).ok());
 
   // A source description that is not a layout is refused naming the field.
-  v1::BeginRemoteTransferRequest bad = request;
+  peer_v1::BeginRemoteTransferRequest bad = request;
   bad.mutable_source()->mutable_paged_kv()->set_num_layers(0);
   refused = PlanInbound(bad, PagedView(true), 64 << 10);
   REQUIRE(!refused.ok());
@@ -118,7 +121,7 @@ TEST_CASE("the receiver's plan must agree with the sender's and fit the slots") 
 }
 
 TEST_CASE("the source's lease: the sender's region, held by this node") {
-  const v1::BeginRemoteTransferRequest request = Request(4096);
+  const peer_v1::BeginRemoteTransferRequest request = Request(4096);
   const v1::RegionLease lease = SourceLease(request, "node-b");
   CHECK(lease.region_id() == 11);
   CHECK(lease.owner_node_id() == "node-a");

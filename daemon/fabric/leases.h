@@ -14,7 +14,7 @@
 #include "daemon/fabric/peers.h"
 #include "daemon/planner/planner.h"
 #include "daemon/regions/regions.h"
-#include "proto/kvrail/v1/peer.pb.h"
+#include "proto/kvrail/v1/transfer.pb.h"
 
 namespace kvrail::fabric {
 

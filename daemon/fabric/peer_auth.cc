@@ -9,6 +9,9 @@
 #include "absl/strings/str_cat.h"
 
 namespace kvrail::fabric {
+
+namespace peer_v1 = ::kvrail::peer::v1;
+
 namespace {
 
 bool HasControlCharacters(absl::string_view s) {
@@ -153,7 +156,7 @@ absl::Status CheckClaimedNode(absl::string_view claimed, absl::string_view authe
                    "' is not the node this caller's certificate names ('", authenticated, "')"));
 }
 
-absl::Status CheckHelloBounds(const v1::PeerHello& hello, absl::string_view prefix) {
+absl::Status CheckHelloBounds(const peer_v1::PeerHello& hello, absl::string_view prefix) {
   if (hello.node_id().empty()) {
     return absl::InvalidArgumentError(absl::StrCat(prefix, "node_id: empty"));
   }
@@ -174,7 +177,7 @@ absl::Status CheckHelloBounds(const v1::PeerHello& hello, absl::string_view pref
         absl::StrCat(prefix, "nics: ", hello.nics_size(), " NICs, at most ", kMaxPeerNics));
   }
   for (int i = 0; i < hello.nics_size(); ++i) {
-    const v1::PeerNic& nic = hello.nics(i);
+    const peer_v1::PeerNic& nic = hello.nics(i);
     const std::string field = absl::StrCat("nics[", i, "].");
     if (nic.name().size() > kMaxPeerTextBytes) {
       return TooLong(prefix, field + "name", nic.name().size(), kMaxPeerTextBytes);
@@ -192,7 +195,8 @@ absl::Status CheckHelloBounds(const v1::PeerHello& hello, absl::string_view pref
   return absl::OkStatus();
 }
 
-absl::Status CheckBeginBounds(const v1::BeginRemoteTransferRequest& request, uint64_t slot_bytes) {
+absl::Status CheckBeginBounds(const peer_v1::BeginRemoteTransferRequest& request,
+                              uint64_t slot_bytes) {
   if (request.sender_node_id().size() > kMaxNodeIdBytes) {
     return TooLong("", "sender_node_id", request.sender_node_id().size(), kMaxNodeIdBytes);
   }

@@ -16,9 +16,11 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "proto/kvrail/v1/peer.pb.h"
+#include "proto/kvrail/peer/v1/peer.pb.h"
 
 namespace kvrail::fabric {
+
+namespace peer_v1 = ::kvrail::peer::v1;
 
 // Bounds on what a peer sends (docs/security.md, "Peers").
 inline constexpr size_t kMaxNodeIdBytes = 253;
@@ -64,12 +66,13 @@ absl::Status CheckClaimedNode(absl::string_view claimed, absl::string_view authe
 // A Hello's sizes: node id, provider, at most kMaxPeerNics NICs whose names and fabric
 // addresses are bounded, your_index in 7 bits, texts bounded. `prefix` names the message
 // ("hello." or "response.hello."). INVALID_ARGUMENT naming the field.
-absl::Status CheckHelloBounds(const v1::PeerHello& hello, absl::string_view prefix);
+absl::Status CheckHelloBounds(const peer_v1::PeerHello& hello, absl::string_view prefix);
 
 // A BeginRemoteTransfer's sizes before anything is planned: tile_bytes in
 // [kMinPeerTileBytes, slot_bytes], tiles_total in [1, kMaxPeerTiles], bytes_total at most
 // tiles_total * tile_bytes. INVALID_ARGUMENT naming the field.
-absl::Status CheckBeginBounds(const v1::BeginRemoteTransferRequest& request, uint64_t slot_bytes);
+absl::Status CheckBeginBounds(const peer_v1::BeginRemoteTransferRequest& request,
+                              uint64_t slot_bytes);
 
 // `text` cut to kMaxPeerTextBytes (for logs and records of peer-supplied messages).
 std::string BoundedPeerText(absl::string_view text);

@@ -8,6 +8,9 @@
 #include <vector>
 
 namespace kvrail::fabric {
+
+namespace peer_v1 = ::kvrail::peer::v1;
+
 namespace {
 
 bool Says(const absl::Status& status, absl::StatusCode code, const std::string& text) {
@@ -15,20 +18,20 @@ bool Says(const absl::Status& status, absl::StatusCode code, const std::string& 
   return status.code() == code && status.message().find(text) != absl::string_view::npos;
 }
 
-v1::PeerHello GoodHello() {
-  v1::PeerHello hello;
+peer_v1::PeerHello GoodHello() {
+  peer_v1::PeerHello hello;
   hello.set_version(1);
   hello.set_node_id("node-a");
   hello.set_provider("tcp;ofi_rxm");
   hello.set_your_index(3);
-  v1::PeerNic* nic = hello.add_nics();
+  peer_v1::PeerNic* nic = hello.add_nics();
   nic->set_name("nic0@10.0.0.1");
   nic->set_fabric_address(std::string(16, '\x02'));
   return hello;
 }
 
-v1::BeginRemoteTransferRequest GoodBegin() {
-  v1::BeginRemoteTransferRequest request;
+peer_v1::BeginRemoteTransferRequest GoodBegin() {
+  peer_v1::BeginRemoteTransferRequest request;
   request.set_sender_node_id("node-a");
   request.set_tile_bytes(1 << 20);
   request.set_tiles_total(8);
@@ -98,7 +101,7 @@ TEST_CASE("a claim of another node is refused naming the field") {
 
 TEST_CASE("a Hello's sizes are bounded") {
   CHECK(CheckHelloBounds(GoodHello(), "hello.").ok());
-  v1::PeerHello h = GoodHello();
+  peer_v1::PeerHello h = GoodHello();
   h.set_node_id("");
   CHECK(Says(CheckHelloBounds(h, "hello."), absl::StatusCode::kInvalidArgument, "hello.node_id"));
   h = GoodHello();

@@ -14,6 +14,9 @@
 #include "spdlog/spdlog.h"
 
 namespace kvrail::fabric {
+
+namespace peer_v1 = ::kvrail::peer::v1;
+
 namespace {
 
 // Thread contract: see PeerControl. Fields are fixed after construction but for the liveness
@@ -39,14 +42,14 @@ class PeerControlImpl final : public PeerControl {
     busy_ = std::move(busy);
   }
   absl::Status Introduce(PeerConn* peer) override;
-  absl::StatusOr<v1::PeerHello> OnHello(const v1::PeerHello& hello) override;
+  absl::StatusOr<peer_v1::PeerHello> OnHello(const peer_v1::PeerHello& hello) override;
   void OnHeartbeat(const std::string& node_id, uint64_t boot_id) override;
   void StartLiveness() override;
   void Stop() override;
 
  private:
-  v1::PeerHello HelloFor(const PeerConn& peer) const;
-  absl::Status ApplyHello(PeerConn* peer, const v1::PeerHello& hello);
+  peer_v1::PeerHello HelloFor(const PeerConn& peer) const;
+  absl::Status ApplyHello(PeerConn* peer, const peer_v1::PeerHello& hello);
   void LivenessLoop();
   // Whether `peer` is still withdrawn: cleared (and false) once the directory lists it again.
   bool StillWithdrawn(PeerConn* peer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(peer->mu);
@@ -224,15 +227,15 @@ void PeerControlImpl::ApplyDirectoryState(PeerConn* peer) {
                      " is down: its directory record is gone (lease ended or it left)")));
 }
 
-v1::PeerHello PeerControlImpl::HelloFor(const PeerConn& peer) const {
-  v1::PeerHello hello;
+peer_v1::PeerHello PeerControlImpl::HelloFor(const PeerConn& peer) const {
+  peer_v1::PeerHello hello;
   hello.set_version(1);
   hello.set_node_id(options_.node_id);
   hello.set_boot_id(boot_id_);
   hello.set_provider(lanes_->provider());
   for (uint32_t l = 0; l < lanes_->size(); ++l) {
     const Lane& lane = lanes_->at(l);
-    v1::PeerNic* nic = hello.add_nics();
+    peer_v1::PeerNic* nic = hello.add_nics();
     nic->set_name(lane.nic->name());
     nic->set_fabric_address(lane.nic->address());
     // The registration of this peer's receive slots and credit words only, under a random key
@@ -254,7 +257,7 @@ v1::PeerHello PeerControlImpl::HelloFor(const PeerConn& peer) const {
   return hello;
 }
 
-absl::Status PeerControlImpl::ApplyHello(PeerConn* peer, const v1::PeerHello& hello) {
+absl::Status PeerControlImpl::ApplyHello(PeerConn* peer, const peer_v1::PeerHello& hello) {
   if (hello.version() != 1) {
     return absl::FailedPreconditionError(absl::StrCat(
         "peer '", hello.node_id(), "' speaks peer protocol ", hello.version(), ", not 1"));
@@ -327,7 +330,7 @@ absl::Status PeerControlImpl::ApplyHello(PeerConn* peer, const v1::PeerHello& he
     if (r.addr != FI_ADDR_UNSPEC) lanes_->at(l).nic->RemoveAddress(r.addr);
     r = PeerConn::Remote{};
     if (l >= lanes) continue;
-    const v1::PeerNic& nic = hello.nics(l);
+    const peer_v1::PeerNic& nic = hello.nics(l);
     KVRAIL_ASSIGN_OR_RETURN(r.addr, lanes_->at(l).nic->InsertAddress(nic.fabric_address()));
     r.key = nic.mr_key();
     r.recv_base = nic.recv_base();
@@ -360,9 +363,9 @@ absl::Status PeerControlImpl::Introduce(PeerConn* peer) {
           absl::StrCat("peer '", peer->node_id, "' is down: its directory record is gone"));
     }
   }
-  v1::HelloRequest request;
+  peer_v1::HelloRequest request;
   *request.mutable_hello() = HelloFor(*peer);
-  v1::HelloResponse response;
+  peer_v1::HelloResponse response;
   auto context = PeerCallContext(absl::Seconds(2));
   KVRAIL_RETURN_IF_ERROR(
       FromPeerRpc(peer->stub->Hello(context.get(), request, &response),
@@ -377,7 +380,7 @@ absl::Status PeerControlImpl::Introduce(PeerConn* peer) {
   return ApplyHello(peer, response.hello());
 }
 
-absl::StatusOr<v1::PeerHello> PeerControlImpl::OnHello(const v1::PeerHello& hello) {
+absl::StatusOr<peer_v1::PeerHello> PeerControlImpl::OnHello(const peer_v1::PeerHello& hello) {
   PeerConn* peer = FindOrAdd(hello.node_id());
   if (peer == nullptr) {
     return absl::PermissionDeniedError(
@@ -458,11 +461,11 @@ void PeerControlImpl::CheckPeer(PeerConn* peer) {
   if (!introduced) {
     status = Introduce(peer);
   } else {
-    v1::HeartbeatRequest request;
+    peer_v1::HeartbeatRequest request;
     request.set_node_id(options_.node_id);
     request.set_boot_id(boot_id_);
     request.set_sequence(seq);
-    v1::HeartbeatResponse response;
+    peer_v1::HeartbeatResponse response;
     auto context = PeerCallContext(std::min(options_.liveness_timeout / 2, absl::Seconds(1)),
                                    /*wait_for_ready=*/false);
     status = FromPeerRpc(peer->stub->Heartbeat(context.get(), request, &response), "heartbeat: ");

@@ -17,9 +17,11 @@
 #include "daemon/fabric/fabric_options.h"
 #include "daemon/fabric/lanes.h"
 #include "daemon/fabric/peers.h"
-#include "proto/kvrail/v1/peer.pb.h"
+#include "proto/kvrail/peer/v1/peer.pb.h"
 
 namespace kvrail::fabric {
+
+namespace peer_v1 = ::kvrail::peer::v1;
 
 // Thread contract: thread-safe (all state is the peers', under their locks). Threads of its own:
 // the liveness thread, once StartLiveness is called. Hello and Heartbeat come on gRPC threads,
@@ -62,7 +64,7 @@ class PeerControl {
   virtual absl::Status Introduce(PeerConn* peer) = 0;
   // A peer's Hello: applied, and answered with ours. A node the directory lists but the table
   // does not have yet is added first; PERMISSION_DENIED for a node not in the directory.
-  virtual absl::StatusOr<v1::PeerHello> OnHello(const v1::PeerHello& hello) = 0;
+  virtual absl::StatusOr<peer_v1::PeerHello> OnHello(const peer_v1::PeerHello& hello) = 0;
   // A peer's Heartbeat: it is alive (when its boot id is the one introduced).
   virtual void OnHeartbeat(const std::string& node_id, uint64_t boot_id) = 0;
   // Starts the liveness thread: every heartbeat_interval, SyncDirectory, then Hello (until

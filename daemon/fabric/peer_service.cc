@@ -5,13 +5,16 @@
 #include "absl/time/clock.h"
 #include "base/grpc_status.h"
 #include "daemon/fabric/peer_auth.h"
-#include "proto/kvrail/v1/peer.grpc.pb.h"
+#include "proto/kvrail/peer/v1/peer.grpc.pb.h"
 
 namespace kvrail::fabric {
+
+namespace peer_v1 = ::kvrail::peer::v1;
+
 namespace {
 
 // Thread contract: gRPC calls these concurrently; the parts are thread-safe.
-class PeerServiceImpl final : public v1::Peer::Service {
+class PeerServiceImpl final : public peer_v1::Peer::Service {
  public:
   PeerServiceImpl(std::string node_id, uint64_t boot_id, PeerControl* control, Leases* leases,
                   Receiver* receiver, bool require_certificates)
@@ -22,8 +25,8 @@ class PeerServiceImpl final : public v1::Peer::Service {
         receiver_(receiver),
         require_certificates_(require_certificates) {}
 
-  grpc::Status Hello(grpc::ServerContext* context, const v1::HelloRequest* request,
-                     v1::HelloResponse* response) override {
+  grpc::Status Hello(grpc::ServerContext* context, const peer_v1::HelloRequest* request,
+                     peer_v1::HelloResponse* response) override {
     absl::Status checked = CheckHelloBounds(request->hello(), "hello.");
     if (checked.ok()) checked = CheckCaller(*context, request->hello().node_id(), "hello.node_id");
     if (!checked.ok()) return ToGrpcStatus(checked);
@@ -32,8 +35,8 @@ class PeerServiceImpl final : public v1::Peer::Service {
     *response->mutable_hello() = *std::move(hello);
     return grpc::Status::OK;
   }
-  grpc::Status Heartbeat(grpc::ServerContext* context, const v1::HeartbeatRequest* request,
-                         v1::HeartbeatResponse* response) override {
+  grpc::Status Heartbeat(grpc::ServerContext* context, const peer_v1::HeartbeatRequest* request,
+                         peer_v1::HeartbeatResponse* response) override {
     const absl::Status checked = CheckCaller(*context, request->node_id(), "node_id");
     if (!checked.ok()) return ToGrpcStatus(checked);
     control_->OnHeartbeat(request->node_id(), request->boot_id());
@@ -42,7 +45,7 @@ class PeerServiceImpl final : public v1::Peer::Service {
     response->set_unix_us(absl::ToUnixMicros(absl::Now()));
     return grpc::Status::OK;
   }
-  grpc::Status GetLease(grpc::ServerContext* context, const v1::GetLeaseRequest* request,
+  grpc::Status GetLease(grpc::ServerContext* context, const peer_v1::GetLeaseRequest* request,
                         v1::RegionLease* response) override {
     const absl::Status checked =
         CheckCaller(*context, request->requester_node_id(), "requester_node_id");
@@ -50,8 +53,8 @@ class PeerServiceImpl final : public v1::Peer::Service {
     return Fill(leases_->Get(request->region_id(), request->requester_node_id()), response);
   }
   grpc::Status BeginRemoteTransfer(grpc::ServerContext* context,
-                                   const v1::BeginRemoteTransferRequest* request,
-                                   v1::BeginRemoteTransferResponse* response) override {
+                                   const peer_v1::BeginRemoteTransferRequest* request,
+                                   peer_v1::BeginRemoteTransferResponse* response) override {
     // The sizes are bounded by the receiver, before it plans (CheckBeginBounds).
     const absl::Status checked = CheckCaller(*context, request->sender_node_id(), "sender_node_id");
     if (!checked.ok()) return ToGrpcStatus(checked);
@@ -59,8 +62,8 @@ class PeerServiceImpl final : public v1::Peer::Service {
     return ToGrpcStatus(receiver_->Begin(*request, response));
   }
   grpc::Status EndRemoteTransfer(grpc::ServerContext* context,
-                                 const v1::EndRemoteTransferRequest* request,
-                                 v1::EndRemoteTransferResponse* response) override {
+                                 const peer_v1::EndRemoteTransferRequest* request,
+                                 peer_v1::EndRemoteTransferResponse* response) override {
     const absl::Status checked = CheckCaller(*context, request->sender_node_id(), "sender_node_id");
     if (!checked.ok()) return ToGrpcStatus(checked);
     auto applied = receiver_->End(request->sender_node_id(), request->handle(), false, "");
@@ -69,8 +72,8 @@ class PeerServiceImpl final : public v1::Peer::Service {
     return grpc::Status::OK;
   }
   grpc::Status AbortRemoteTransfer(grpc::ServerContext* context,
-                                   const v1::AbortRemoteTransferRequest* request,
-                                   v1::EndRemoteTransferResponse* response) override {
+                                   const peer_v1::AbortRemoteTransferRequest* request,
+                                   peer_v1::EndRemoteTransferResponse* response) override {
     const absl::Status checked = CheckCaller(*context, request->sender_node_id(), "sender_node_id");
     if (!checked.ok()) return ToGrpcStatus(checked);
     auto applied = receiver_->End(request->sender_node_id(), request->handle(), true,

@@ -1,4 +1,4 @@
-// Internal to the fabric module: the Peer gRPC service (proto/kvrail/v1/peer.proto), a thin
+// Internal to the fabric module: the Peer gRPC service (proto/kvrail/peer/v1/peer.proto), a thin
 // adapter from RPCs to peer control (Hello, Heartbeat), the leases (GetLease) and the receiver
 // (Begin/End/AbortRemoteTransfer).
 #pragma once

@@ -11,6 +11,8 @@
 
 namespace kvrail::fabric {
 
+namespace peer_v1 = ::kvrail::peer::v1;
+
 absl::StatusOr<PeerConn*> PeerTable::Add(const directory::Peer& peer,
                                          const std::function<absl::Status(PeerConn*)>& prepare) {
   if (peer.node_id.empty() || peer.address.empty()) {
@@ -45,7 +47,7 @@ absl::StatusOr<PeerConn*> PeerTable::Add(const directory::Peer& peer,
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 500);
-  conn->stub = v1::Peer::NewStub(PeerChannel(peer.address, peer.node_id, tls_, args));
+  conn->stub = peer_v1::Peer::NewStub(PeerChannel(peer.address, peer.node_id, tls_, args));
   KVRAIL_RETURN_IF_ERROR(prepare(conn.get()));
   PeerConn* const added = conn.get();
   owned_.push_back(std::move(conn));

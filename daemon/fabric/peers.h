@@ -20,9 +20,11 @@
 #include "daemon/fabric/command_ring.h"
 #include "daemon/fabric/fabric_options.h"
 #include "daemon/fabric/fi.h"
-#include "proto/kvrail/v1/peer.grpc.pb.h"
+#include "proto/kvrail/peer/v1/peer.grpc.pb.h"
 
 namespace kvrail::fabric {
+
+namespace peer_v1 = ::kvrail::peer::v1;
 
 struct Outbound;  // a transfer being sent (sender.h); only the sender creates and reads them
 
@@ -43,7 +45,7 @@ struct PeerConn {
   uint32_t generation = 0;
   std::string node_id;
   std::string address;
-  std::unique_ptr<v1::Peer::Stub> stub;
+  std::unique_ptr<peer_v1::Peer::Stub> stub;
   // Retired from the table (it left the directory, or its address changed): not found by node
   // id, not contacted; arrivals and credits naming its index are dropped until the index is
   // reused (then they name the new peer, whose seals carry the new generation).

@@ -23,6 +23,9 @@
 #include "daemon/fabric/testing/counting_peer.h"
 
 namespace kvrail::fabric {
+
+namespace peer_v1 = ::kvrail::peer::v1;
+
 namespace {
 
 directory::Peer PeerNamed(const std::string& node, int port = 1) {
@@ -304,7 +307,7 @@ TEST_CASE("peer control follows the directory: newcomers added, a dropped peer w
   const absl::Status hello = control->Introduce(a);
   CHECK(hello.code() == absl::StatusCode::kUnavailable);
   CHECK(hello.message().find("'a'") != std::string::npos);
-  v1::PeerHello from_a;
+  peer_v1::PeerHello from_a;
   from_a.set_version(1);
   from_a.set_node_id("a");
   from_a.set_provider(lanes->provider());

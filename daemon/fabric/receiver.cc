@@ -25,6 +25,9 @@
 #include "spdlog/spdlog.h"
 
 namespace kvrail::fabric {
+
+namespace peer_v1 = ::kvrail::peer::v1;
+
 namespace {
 
 // One transfer this daemon receives. Thread contract: the fields above `mu` are fixed before it
@@ -96,8 +99,8 @@ class ReceiverImpl final : public Receiver {
   ~ReceiverImpl() override { Stop(); }
   void Start();
 
-  absl::Status Begin(const v1::BeginRemoteTransferRequest& request,
-                     v1::BeginRemoteTransferResponse* response) override;
+  absl::Status Begin(const peer_v1::BeginRemoteTransferRequest& request,
+                     peer_v1::BeginRemoteTransferResponse* response) override;
   absl::StatusOr<uint32_t> End(const std::string& sender, uint32_t handle, bool abort,
                                const std::string& why) override;
   void DropPeer(PeerConn* peer, const absl::Status& why) override;
@@ -150,7 +153,7 @@ class ReceiverImpl final : public Receiver {
   // Begin's steps after admission: this side's unpack path (GPU kernel, relay or CPU; the path
   // reason returned), this node's record of the transfer (when a sink is set), and a handle.
   std::string ChooseUnpackPath(Inbound& in);
-  absl::Status RecordInbound(const v1::BeginRemoteTransferRequest& request,
+  absl::Status RecordInbound(const peer_v1::BeginRemoteTransferRequest& request,
                              const planner::RegionView& src_view,
                              const std::shared_ptr<Inbound>& in, const std::string& unpack_why);
   absl::Status Register(const std::shared_ptr<Inbound>& in);
@@ -202,8 +205,8 @@ void ReceiverImpl::Stop() {
 
 // Admission, step by step (inbound_admit.h): bounds, sender, destination and grant, plan, hello;
 // then this side's unpack path, this node's record, and the handle.
-absl::Status ReceiverImpl::Begin(const v1::BeginRemoteTransferRequest& request,
-                                 v1::BeginRemoteTransferResponse* response) {
+absl::Status ReceiverImpl::Begin(const peer_v1::BeginRemoteTransferRequest& request,
+                                 peer_v1::BeginRemoteTransferResponse* response) {
   // Every size the peer supplies is bounded before anything is planned or allocated.
   KVRAIL_RETURN_IF_ERROR(CheckBeginBounds(request, options_.slot_bytes));
   PeerConn* peer = peers_->Find(request.sender_node_id());
@@ -261,7 +264,7 @@ std::string ReceiverImpl::ChooseUnpackPath(Inbound& in) {
   return why;
 }
 
-absl::Status ReceiverImpl::RecordInbound(const v1::BeginRemoteTransferRequest& request,
+absl::Status ReceiverImpl::RecordInbound(const peer_v1::BeginRemoteTransferRequest& request,
                                          const planner::RegionView& src_view,
                                          const std::shared_ptr<Inbound>& in,
                                          const std::string& unpack_why) {

@@ -17,9 +17,11 @@
 #include "daemon/fabric/peers.h"
 #include "daemon/regions/regions.h"
 #include "daemon/transfers/remote_path.h"
-#include "proto/kvrail/v1/peer.pb.h"
+#include "proto/kvrail/peer/v1/peer.pb.h"
 
 namespace kvrail::fabric {
+
+namespace peer_v1 = ::kvrail::peer::v1;
 
 // Thread contract: thread-safe. Threads of its own: `unpack_threads` unpackers. Arrivals come on
 // the lanes' proxy threads (ArrivalSink), Begin/End on gRPC threads.
@@ -35,8 +37,8 @@ class Receiver : public ArrivalSink {
   // (what the sender's tile writes name) and, for the sender's rail-aware lane choice, the
   // destination's GPU UUID when the region is GPU memory (empty otherwise: the sender then keeps
   // every lane). Errors name the request field.
-  virtual absl::Status Begin(const v1::BeginRemoteTransferRequest& request,
-                             v1::BeginRemoteTransferResponse* response) = 0;
+  virtual absl::Status Begin(const peer_v1::BeginRemoteTransferRequest& request,
+                             peer_v1::BeginRemoteTransferResponse* response) = 0;
   // The sender ended (`abort`: aborted, with `why`) transfer `handle`; returns the tiles applied.
   virtual absl::StatusOr<uint32_t> End(const std::string& sender, uint32_t handle, bool abort,
                                        const std::string& why) = 0;

@@ -35,6 +35,9 @@
 #include "daemon/sessions/sessions.h"
 
 namespace kvrail::fabric {
+
+namespace peer_v1 = ::kvrail::peer::v1;
+
 namespace {
 
 constexpr uint32_t kSlots = 4;
@@ -139,8 +142,8 @@ struct Rig {
     lanes->Stop();
   }
 
-  v1::BeginRemoteTransferRequest BeginRequest(const std::string& sender) const {
-    v1::BeginRemoteTransferRequest begin;
+  peer_v1::BeginRemoteTransferRequest BeginRequest(const std::string& sender) const {
+    peer_v1::BeginRemoteTransferRequest begin;
     begin.set_sender_node_id(sender);
     begin.set_sender_boot_id(kBoot);
     begin.set_sender_transfer_id(1);
@@ -160,7 +163,7 @@ struct Rig {
     begin.set_tiles_total(plan.num_tiles());
     return begin;
   }
-  planner::Plan Plan(const v1::BeginRemoteTransferRequest& begin) const {
+  planner::Plan Plan(const peer_v1::BeginRemoteTransferRequest& begin) const {
     planner::RegionView view{region_size, true, true, layout};
     planner::PlanOptions po;
     po.tile_bytes = begin.tile_bytes();
@@ -169,7 +172,7 @@ struct Rig {
     return *std::move(plan);
   }
   uint32_t Begin(const std::string& sender) {
-    v1::BeginRemoteTransferResponse response;
+    peer_v1::BeginRemoteTransferResponse response;
     const absl::Status begun = receiver->Begin(BeginRequest(sender), &response);
     if (!begun.ok()) FAIL(begun.ToString());
     return response.handle();

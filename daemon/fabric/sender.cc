@@ -28,6 +28,8 @@
 
 namespace kvrail::fabric {
 
+namespace peer_v1 = ::kvrail::peer::v1;
+
 // One transfer this daemon sends. Thread contract: the fields above `mu` are fixed once Begin has
 // published it; `mu` guards the counters.
 struct Outbound {
@@ -261,7 +263,7 @@ absl::StatusOr<transfers::RemotePath::Prepared> SenderImpl::Prepare(const v1::Tr
                                                  "' is unreachable: ", hello.message()));
     }
   }
-  v1::GetLeaseRequest request;
+  peer_v1::GetLeaseRequest request;
   request.set_region_id(spec.dst().region_id());
   request.set_requester_node_id(options_.node_id);
   v1::RegionLease lease;
@@ -287,7 +289,7 @@ absl::StatusOr<std::vector<std::string>> SenderImpl::Begin(
     const std::shared_ptr<engine::Job>& job) {
   PeerConn* peer = peers_->Find(spec.dst().node_id());
   if (peer == nullptr) return absl::NotFoundError("spec.dst.node_id: unknown peer");
-  v1::BeginRemoteTransferRequest request;
+  peer_v1::BeginRemoteTransferRequest request;
   request.set_sender_node_id(options_.node_id);
   request.set_sender_boot_id(boot_id_);
   request.set_sender_transfer_id(id);
@@ -298,7 +300,7 @@ absl::StatusOr<std::vector<std::string>> SenderImpl::Begin(
   request.set_tile_bytes(tile_bytes);
   request.set_bytes_total(job->plan().bytes_total());
   request.set_tiles_total(job->plan().num_tiles());
-  v1::BeginRemoteTransferResponse response;
+  peer_v1::BeginRemoteTransferResponse response;
   auto context = PeerCallContext(absl::Seconds(5));
   KVRAIL_RETURN_IF_ERROR(
       FromPeerRpc(peer->stub->BeginRemoteTransfer(context.get(), request, &response),
@@ -975,16 +977,16 @@ void SenderImpl::CloseLoop() {
 void SenderImpl::SendEnd(const Closing& closing) {
   const Outbound& out = *closing.out;
   auto context = PeerCallContext(absl::Seconds(2));
-  v1::EndRemoteTransferResponse response;
+  peer_v1::EndRemoteTransferResponse response;
   grpc::Status status;
   if (closing.end) {
-    v1::EndRemoteTransferRequest request;
+    peer_v1::EndRemoteTransferRequest request;
     request.set_sender_node_id(options_.node_id);
     request.set_handle(out.handle);
     request.set_sender_transfer_id(out.id);
     status = out.peer->stub->EndRemoteTransfer(context.get(), request, &response);
   } else {
-    v1::AbortRemoteTransferRequest request;
+    peer_v1::AbortRemoteTransferRequest request;
     request.set_sender_node_id(options_.node_id);
     request.set_handle(out.handle);
     request.set_sender_transfer_id(out.id);

@@ -24,13 +24,16 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "proto/kvrail/v1/peer.grpc.pb.h"
+#include "proto/kvrail/peer/v1/peer.grpc.pb.h"
 #include "tests/integration/kv_fixture.h"
 #include "tests/netns/netns.h"
 #include "tests/tls/peer_calls.h"
 #include "tests/tls/test_ca.h"
 
 namespace kvrail::testing {
+
+namespace peer_v1 = ::kvrail::peer::v1;
+
 namespace {
 
 constexpr uint32_t kLayers = 8, kBlocks = 64, kMoved = 48, kTpb = 16;
@@ -76,8 +79,9 @@ struct Trio {
     }
   }
   // A caller of b's Peer service presenting c's certificate (what a compromised c can do).
-  std::unique_ptr<v1::Peer::Stub> AsC() {
-    return v1::Peer::NewStub(TlsChannel(absl::StrCat(ip_b, ":", b.tcp_port), ca, "b", &ca, "c"));
+  std::unique_ptr<peer_v1::Peer::Stub> AsC() {
+    return peer_v1::Peer::NewStub(
+        TlsChannel(absl::StrCat(ip_b, ":", b.tcp_port), ca, "b", &ca, "c"));
   }
 };
 
@@ -147,15 +151,15 @@ TEST_CASE("a peer authenticated as itself cannot act as another peer or touch it
   auto c = t.AsC();
   {
     INFO("(a) c speaking as a");
-    v1::HelloResponse hello;
+    peer_v1::HelloResponse hello;
     CHECK(Says(c->Hello(Context().get(), HelloAs("a"), &hello), grpc::StatusCode::PERMISSION_DENIED,
                "hello.node_id: 'a'"));
-    v1::HeartbeatRequest beat;
+    peer_v1::HeartbeatRequest beat;
     beat.set_node_id("a");
-    v1::HeartbeatResponse beat_answer;
+    peer_v1::HeartbeatResponse beat_answer;
     CHECK(Says(c->Heartbeat(Context().get(), beat, &beat_answer),
                grpc::StatusCode::PERMISSION_DENIED, "node_id: 'a'"));
-    v1::GetLeaseRequest lease;
+    peer_v1::GetLeaseRequest lease;
     lease.set_region_id(dst.id());
     lease.set_requester_node_id("a");
     v1::RegionLease lease_answer;
@@ -168,7 +172,7 @@ TEST_CASE("a peer authenticated as itself cannot act as another peer or touch it
   }
   {
     INFO("(b) c beginning a transfer into a's destination, to write tiles there with its key");
-    v1::BeginRemoteTransferRequest begin;
+    peer_v1::BeginRemoteTransferRequest begin;
     begin.set_sender_boot_id(12345);
     begin.set_sender_transfer_id(777);
     *begin.mutable_spec() = spec;
@@ -178,7 +182,7 @@ TEST_CASE("a peer authenticated as itself cannot act as another peer or touch it
     begin.set_tile_bytes(65536);
     begin.set_tiles_total(96);
     begin.set_bytes_total(96 * 65536);
-    v1::BeginRemoteTransferResponse begun;
+    peer_v1::BeginRemoteTransferResponse begun;
     begin.set_sender_node_id("a");
     CHECK(Says(c->BeginRemoteTransfer(Context().get(), begin, &begun),
                grpc::StatusCode::PERMISSION_DENIED, "sender_node_id: 'a'"));
@@ -190,8 +194,8 @@ TEST_CASE("a peer authenticated as itself cannot act as another peer or touch it
   {
     INFO("(c) c ending or aborting a's transfer");
     for (uint32_t handle = 1; handle <= 64; ++handle) {
-      v1::EndRemoteTransferResponse answer;
-      v1::AbortRemoteTransferRequest abort;
+      peer_v1::EndRemoteTransferResponse answer;
+      peer_v1::AbortRemoteTransferRequest abort;
       abort.set_sender_node_id("a");
       abort.set_handle(handle);
       abort.set_error_message("c says so");
@@ -200,7 +204,7 @@ TEST_CASE("a peer authenticated as itself cannot act as another peer or touch it
       abort.set_sender_node_id("c");
       CHECK(c->AbortRemoteTransfer(Context().get(), abort, &answer).error_code() ==
             grpc::StatusCode::NOT_FOUND);
-      v1::EndRemoteTransferRequest end;
+      peer_v1::EndRemoteTransferRequest end;
       end.set_sender_node_id("a");
       end.set_handle(handle);
       CHECK(Says(c->EndRemoteTransfer(Context().get(), end, &answer),

@@ -22,13 +22,14 @@
 #include <vector>
 
 #include "daemon/planner/planner.h"
-#include "proto/kvrail/v1/peer.grpc.pb.h"
+#include "proto/kvrail/peer/v1/peer.grpc.pb.h"
 #include "proto/kvrail/v1/transfer.grpc.pb.h"
 #include "tests/fuzz/fuzz_daemon.h"
 
 namespace {
 
 namespace v1 = kvrail::v1;
+namespace peer_v1 = kvrail::peer::v1;
 using kvrail::fuzz::Build;
 using kvrail::fuzz::Check;
 using kvrail::fuzz::CheckAnswered;
@@ -62,12 +63,12 @@ kvrail::fuzz::FuzzDaemonOptions DaemonOptions() {
 // before the daemon (declared after it).
 struct Daemon {
   kvrail::fuzz::FuzzDaemon daemon{DaemonOptions()};
-  std::unique_ptr<v1::Peer::Stub> stub = v1::Peer::NewStub(daemon.channel());
+  std::unique_ptr<peer_v1::Peer::Stub> stub = peer_v1::Peer::NewStub(daemon.channel());
   uint64_t session = 0;
   uint64_t region_id = 0;
   uint64_t region_size = 0;
-  v1::HelloRequest hello;
-  v1::BeginRemoteTransferRequest begin;
+  peer_v1::HelloRequest hello;
+  peer_v1::BeginRemoteTransferRequest begin;
 
   Daemon() {
     // The destination: a host region of a local session.
@@ -96,12 +97,12 @@ struct Daemon {
     Check(s.ok(), "export");
 
     // peer-a's hello: its NIC at some loopback port (nothing is ever sent there).
-    v1::PeerHello* h = hello.mutable_hello();
+    peer_v1::PeerHello* h = hello.mutable_hello();
     h->set_version(1);
     h->set_node_id("peer-a");
     h->set_boot_id(7);
     h->set_provider("tcp;ofi_rxm");
-    v1::PeerNic* nic = h->add_nics();
+    peer_v1::PeerNic* nic = h->add_nics();
     sockaddr_in sin{};
     sin.sin_family = AF_INET;
     sin.sin_port = htons(9);
@@ -140,20 +141,20 @@ struct Daemon {
     begin.set_tiles_total(plan->num_tiles());
 
     // The templates work: peer-a is introduced and a transfer begins and aborts.
-    v1::HelloResponse hr;
+    peer_v1::HelloResponse hr;
     auto c1 = Context();
     s = stub->Hello(c1.get(), hello, &hr);
     if (!s.ok()) fprintf(stderr, "%s\n", s.error_message().c_str());
     Check(s.ok(), "template hello");
-    v1::BeginRemoteTransferResponse br;
+    peer_v1::BeginRemoteTransferResponse br;
     auto c2 = Context();
     s = stub->BeginRemoteTransfer(c2.get(), begin, &br);
     if (!s.ok()) fprintf(stderr, "%s\n", s.error_message().c_str());
     Check(s.ok(), "template begin");
-    v1::AbortRemoteTransferRequest abort;
+    peer_v1::AbortRemoteTransferRequest abort;
     abort.set_sender_node_id("peer-a");
     abort.set_handle(br.handle());
-    v1::EndRemoteTransferResponse er;
+    peer_v1::EndRemoteTransferResponse er;
     auto c3 = Context();
     Check(stub->AbortRemoteTransfer(c3.get(), abort, &er).ok(), "template abort");
   }
@@ -187,23 +188,23 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     grpc::Status s;
     switch (op % 6) {
       case 0: {
-        v1::HelloRequest req;
-        v1::HelloResponse resp;
+        peer_v1::HelloRequest req;
+        peer_v1::HelloResponse resp;
         if (!Build(d->hello, raw, body, len, &req)) continue;
         s = d->stub->Hello(ctx.get(), req, &resp);
         break;
       }
       case 1: {
-        v1::HeartbeatRequest tmpl, req;
+        peer_v1::HeartbeatRequest tmpl, req;
         tmpl.set_node_id("peer-a");
         tmpl.set_boot_id(7);
-        v1::HeartbeatResponse resp;
+        peer_v1::HeartbeatResponse resp;
         if (!Build(tmpl, raw, body, len, &req)) continue;
         s = d->stub->Heartbeat(ctx.get(), req, &resp);
         break;
       }
       case 2: {
-        v1::GetLeaseRequest tmpl, req;
+        peer_v1::GetLeaseRequest tmpl, req;
         tmpl.set_region_id(d->region_id);
         tmpl.set_requester_node_id("peer-a");
         v1::RegionLease resp;
@@ -212,8 +213,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         break;
       }
       case 3: {
-        v1::BeginRemoteTransferRequest req;
-        v1::BeginRemoteTransferResponse resp;
+        peer_v1::BeginRemoteTransferRequest req;
+        peer_v1::BeginRemoteTransferResponse resp;
         if (!Build(d->begin, raw, body, len, &req)) continue;
         s = d->stub->BeginRemoteTransfer(ctx.get(), req, &resp);
         if (s.ok()) {
@@ -223,20 +224,20 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         break;
       }
       case 4: {
-        v1::EndRemoteTransferRequest tmpl, req;
+        peer_v1::EndRemoteTransferRequest tmpl, req;
         tmpl.set_sender_node_id("peer-a");
         tmpl.set_handle(last_handle);
-        v1::EndRemoteTransferResponse resp;
+        peer_v1::EndRemoteTransferResponse resp;
         if (!Build(tmpl, raw, body, len, &req)) continue;
         s = d->stub->EndRemoteTransfer(ctx.get(), req, &resp);
         break;
       }
       default: {
-        v1::AbortRemoteTransferRequest tmpl, req;
+        peer_v1::AbortRemoteTransferRequest tmpl, req;
         tmpl.set_sender_node_id("peer-a");
         tmpl.set_handle(last_handle);
         tmpl.set_error_message("fuzz");
-        v1::EndRemoteTransferResponse resp;
+        peer_v1::EndRemoteTransferResponse resp;
         if (!Build(tmpl, raw, body, len, &req)) continue;
         s = d->stub->AbortRemoteTransfer(ctx.get(), req, &resp);
         break;
@@ -246,10 +247,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   // Abort whatever this input began (an already ended handle answers NOT_FOUND).
   for (uint32_t h : handles) {
-    v1::AbortRemoteTransferRequest req;
+    peer_v1::AbortRemoteTransferRequest req;
     req.set_sender_node_id("peer-a");
     req.set_handle(h);
-    v1::EndRemoteTransferResponse resp;
+    peer_v1::EndRemoteTransferResponse resp;
     auto ctx = d->Context();
     CheckAnswered(d->stub->AbortRemoteTransfer(ctx.get(), req, &resp));
   }

@@ -10,8 +10,8 @@
 #include <string>
 
 #include "absl/strings/numbers.h"
+#include "proto/kvrail/peer/v1/peer.grpc.pb.h"
 #include "proto/kvrail/v1/admin.grpc.pb.h"
-#include "proto/kvrail/v1/peer.grpc.pb.h"
 #include "proto/kvrail/v1/transfer.grpc.pb.h"
 #include "tests/integration/kv_fixture.h"
 #include "tests/netns/netns.h"
@@ -20,6 +20,9 @@
 #include "wire/session_wire.h"
 
 namespace kvrail::testing {
+
+namespace peer_v1 = ::kvrail::peer::v1;
+
 namespace {
 
 v1::PagedKvLayout Small() {
@@ -178,9 +181,9 @@ grpc::Status Export(v1::Transfer::Stub& stub, const std::string& credential, uin
 
 // The lease of `region` as peer `requester` reads it (Peer.GetLease over TCP, with the
 // requester's certificate).
-grpc::Status LeaseFor(v1::Peer::Stub& peer, uint64_t region, const std::string& requester) {
+grpc::Status LeaseFor(peer_v1::Peer::Stub& peer, uint64_t region, const std::string& requester) {
   grpc::ClientContext context;
-  v1::GetLeaseRequest request;
+  peer_v1::GetLeaseRequest request;
   request.set_region_id(region);
   request.set_requester_node_id(requester);
   v1::RegionLease lease;
@@ -203,7 +206,7 @@ TEST_CASE("only the owner's session exports a region to another node, and only o
   auto socket = RawStub("unix:" + x.socket);
   auto tcp = TlsChannel(ip + ":" + std::to_string(x.tcp_port), ca, "x", &ca, "y");
   auto over_tcp = v1::Transfer::NewStub(tcp);
-  auto peer = v1::Peer::NewStub(tcp);
+  auto peer = peer_v1::Peer::NewStub(tcp);
 
   // The owner: a session of its own, its credential sent by hand (a raw stub, any transport).
   auto owner = wire::SessionConnection::Open(wire::SessionSocketPath(x.socket));

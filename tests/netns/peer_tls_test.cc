@@ -15,14 +15,17 @@
 #include <catch2/catch.hpp>
 
 #include "absl/time/clock.h"
+#include "proto/kvrail/peer/v1/peer.grpc.pb.h"
 #include "proto/kvrail/v1/admin.grpc.pb.h"
-#include "proto/kvrail/v1/peer.grpc.pb.h"
 #include "proto/kvrail/v1/transfer.grpc.pb.h"
 #include "tests/netns/netns.h"
 #include "tests/tls/peer_calls.h"
 #include "tests/tls/test_ca.h"
 
 namespace kvrail::testing {
+
+namespace peer_v1 = ::kvrail::peer::v1;
+
 namespace {
 
 // Daemons "a" and "b" peered over mTLS on two loopback addresses, certificates from `ca`.
@@ -57,27 +60,27 @@ TEST_CASE("no certificate, another CA's certificate and plaintext never reach th
   REQUIRE(pair.ok);
   TestCa other("other");
   REQUIRE(other.status().ok());
-  v1::HelloResponse response;
+  peer_v1::HelloResponse response;
   {
     INFO("a TLS client without a certificate");
-    auto peer = v1::Peer::NewStub(TlsChannel(pair.b_address(), pair.ca, "b", nullptr, ""));
+    auto peer = peer_v1::Peer::NewStub(TlsChannel(pair.b_address(), pair.ca, "b", nullptr, ""));
     CHECK(peer->Hello(Context().get(), HelloAs("a"), &response).error_code() ==
           grpc::StatusCode::UNAVAILABLE);
   }
   {
     INFO("a certificate for 'a' from another CA");
-    auto peer = v1::Peer::NewStub(TlsChannel(pair.b_address(), pair.ca, "b", &other, "a"));
+    auto peer = peer_v1::Peer::NewStub(TlsChannel(pair.b_address(), pair.ca, "b", &other, "a"));
     CHECK(peer->Hello(Context().get(), HelloAs("a"), &response).error_code() ==
           grpc::StatusCode::UNAVAILABLE);
-    v1::HeartbeatRequest beat;
+    peer_v1::HeartbeatRequest beat;
     beat.set_node_id("a");
-    v1::HeartbeatResponse answer;
+    peer_v1::HeartbeatResponse answer;
     CHECK(peer->Heartbeat(Context().get(), beat, &answer).error_code() ==
           grpc::StatusCode::UNAVAILABLE);
   }
   {
     INFO("plaintext");
-    auto peer = v1::Peer::NewStub(
+    auto peer = peer_v1::Peer::NewStub(
         grpc::CreateChannel(pair.b_address(), grpc::InsecureChannelCredentials()));
     CHECK(peer->Hello(Context().get(), HelloAs("a"), &response).error_code() ==
           grpc::StatusCode::UNAVAILABLE);
@@ -92,35 +95,35 @@ TEST_CASE(
   REQUIRE(pair.ok);
   REQUIRE(PeerUp(pair.b, "a", absl::Seconds(10)));
   // "c" has a good certificate from the cluster's CA but is not "a".
-  auto peer = v1::Peer::NewStub(TlsChannel(pair.b_address(), pair.ca, "b", &pair.ca, "c"));
-  v1::HelloResponse hello;
+  auto peer = peer_v1::Peer::NewStub(TlsChannel(pair.b_address(), pair.ca, "b", &pair.ca, "c"));
+  peer_v1::HelloResponse hello;
   CHECK(Says(peer->Hello(Context().get(), HelloAs("a"), &hello),
              grpc::StatusCode::PERMISSION_DENIED, "hello.node_id: 'a'"));
-  v1::HeartbeatRequest beat;
+  peer_v1::HeartbeatRequest beat;
   beat.set_node_id("a");
-  v1::HeartbeatResponse beat_answer;
+  peer_v1::HeartbeatResponse beat_answer;
   CHECK(Says(peer->Heartbeat(Context().get(), beat, &beat_answer),
              grpc::StatusCode::PERMISSION_DENIED, "node_id: 'a'"));
-  v1::GetLeaseRequest lease;
+  peer_v1::GetLeaseRequest lease;
   lease.set_region_id(1);
   lease.set_requester_node_id("a");
   v1::RegionLease lease_answer;
   CHECK(Says(peer->GetLease(Context().get(), lease, &lease_answer),
              grpc::StatusCode::PERMISSION_DENIED, "requester_node_id: 'a'"));
-  v1::BeginRemoteTransferRequest begin;
+  peer_v1::BeginRemoteTransferRequest begin;
   begin.set_sender_node_id("a");
   begin.set_tile_bytes(1 << 20);
   begin.set_tiles_total(1);
-  v1::BeginRemoteTransferResponse begin_answer;
+  peer_v1::BeginRemoteTransferResponse begin_answer;
   CHECK(Says(peer->BeginRemoteTransfer(Context().get(), begin, &begin_answer),
              grpc::StatusCode::PERMISSION_DENIED, "sender_node_id: 'a'"));
-  v1::EndRemoteTransferRequest end;
+  peer_v1::EndRemoteTransferRequest end;
   end.set_sender_node_id("a");
   end.set_handle(1);
-  v1::EndRemoteTransferResponse end_answer;
+  peer_v1::EndRemoteTransferResponse end_answer;
   CHECK(Says(peer->EndRemoteTransfer(Context().get(), end, &end_answer),
              grpc::StatusCode::PERMISSION_DENIED, "sender_node_id: 'a'"));
-  v1::AbortRemoteTransferRequest abort;
+  peer_v1::AbortRemoteTransferRequest abort;
   abort.set_sender_node_id("a");
   abort.set_handle(1);
   CHECK(Says(peer->AbortRemoteTransfer(Context().get(), abort, &end_answer),
@@ -140,13 +143,14 @@ TEST_CASE("a certificate with two CNs is refused, not read as its first") {
   REQUIRE(pair.ok);
   REQUIRE(PeerUp(pair.b, "a", absl::Seconds(10)));
   REQUIRE(pair.ca.IssueSubject("two-cns", "/CN=a/CN=c").ok());
-  auto peer = v1::Peer::NewStub(TlsChannel(pair.b_address(), pair.ca, "b", &pair.ca, "two-cns"));
-  v1::HelloResponse hello;
+  auto peer =
+      peer_v1::Peer::NewStub(TlsChannel(pair.b_address(), pair.ca, "b", &pair.ca, "two-cns"));
+  peer_v1::HelloResponse hello;
   CHECK(Says(peer->Hello(Context().get(), HelloAs("a"), &hello), grpc::StatusCode::UNAUTHENTICATED,
              "certificate CN"));
-  v1::HeartbeatRequest beat;
+  peer_v1::HeartbeatRequest beat;
   beat.set_node_id("a");
-  v1::HeartbeatResponse beat_answer;
+  peer_v1::HeartbeatResponse beat_answer;
   CHECK(Says(peer->Heartbeat(Context().get(), beat, &beat_answer),
              grpc::StatusCode::UNAUTHENTICATED, "its subject has 2"));
   // The real "a" is untouched.
@@ -196,14 +200,14 @@ TEST_CASE("Transfer and Admin over TCP are refused even to a valid certificate")
 TEST_CASE("peer RPCs over the unix socket are refused when peers use mTLS") {
   TlsPair pair;
   REQUIRE(pair.ok);
-  auto peer = v1::Peer::NewStub(
+  auto peer = peer_v1::Peer::NewStub(
       grpc::CreateChannel("unix:" + pair.b.socket, grpc::InsecureChannelCredentials()));
-  v1::HelloResponse hello;
+  peer_v1::HelloResponse hello;
   CHECK(Says(peer->Hello(Context().get(), HelloAs("a"), &hello), grpc::StatusCode::UNAUTHENTICATED,
              "certificate"));
-  v1::BeginRemoteTransferRequest begin;
+  peer_v1::BeginRemoteTransferRequest begin;
   begin.set_sender_node_id("a");
-  v1::BeginRemoteTransferResponse begin_answer;
+  peer_v1::BeginRemoteTransferResponse begin_answer;
   CHECK(Says(peer->BeginRemoteTransfer(Context().get(), begin, &begin_answer),
              grpc::StatusCode::UNAUTHENTICATED, "certificate"));
 }
@@ -212,14 +216,14 @@ TEST_CASE("a peer's sizes are bounded, even from its own certificate") {
   TlsPair pair;
   REQUIRE(pair.ok);
   REQUIRE(PeerUp(pair.b, "a", absl::Seconds(10)));
-  auto peer = v1::Peer::NewStub(TlsChannel(pair.b_address(), pair.ca, "b", &pair.ca, "a"));
+  auto peer = peer_v1::Peer::NewStub(TlsChannel(pair.b_address(), pair.ca, "b", &pair.ca, "a"));
   // tile_bytes 1 cost 5 s of CPU before; now it is refused before planning.
-  v1::BeginRemoteTransferRequest begin;
+  peer_v1::BeginRemoteTransferRequest begin;
   begin.set_sender_node_id("a");
   begin.set_tile_bytes(1);
   begin.set_tiles_total(1 << 20);
   begin.set_bytes_total(1 << 20);
-  v1::BeginRemoteTransferResponse begin_answer;
+  peer_v1::BeginRemoteTransferResponse begin_answer;
   const absl::Time start = absl::Now();
   CHECK(Says(peer->BeginRemoteTransfer(Context().get(), begin, &begin_answer),
              grpc::StatusCode::INVALID_ARGUMENT, "tile_bytes: 1 "));
@@ -229,12 +233,12 @@ TEST_CASE("a peer's sizes are bounded, even from its own certificate") {
   CHECK(Says(peer->BeginRemoteTransfer(Context().get(), begin, &begin_answer),
              grpc::StatusCode::INVALID_ARGUMENT, "tiles_total"));
   // A fabric address shorter than the provider's (fi_av_insert would read past it).
-  v1::HelloRequest short_address = HelloAs("a");
+  peer_v1::HelloRequest short_address = HelloAs("a");
   short_address.mutable_hello()->mutable_nics(0)->set_fabric_address("x");
-  v1::HelloResponse hello;
+  peer_v1::HelloResponse hello;
   CHECK(Says(peer->Hello(Context().get(), short_address, &hello),
              grpc::StatusCode::INVALID_ARGUMENT, "hello.nics[0].fabric_address: 1 bytes"));
-  v1::HelloRequest many = HelloAs("a");
+  peer_v1::HelloRequest many = HelloAs("a");
   for (int i = 0; i < 100; ++i) *many.mutable_hello()->add_nics() = many.hello().nics(0);
   CHECK(Says(peer->Hello(Context().get(), many, &hello), grpc::StatusCode::INVALID_ARGUMENT,
              "hello.nics: 101"));

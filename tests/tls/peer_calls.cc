@@ -10,6 +10,8 @@
 
 namespace kvrail::testing {
 
+namespace peer_v1 = ::kvrail::peer::v1;
+
 std::string ReadFile(const std::string& path) {
   std::ifstream in(path);
   return std::string(std::istreambuf_iterator<char>(in), {});
@@ -54,16 +56,16 @@ bool Says(const grpc::Status& status, grpc::StatusCode code, const std::string& 
   return says;
 }
 
-v1::HelloRequest HelloAs(const std::string& node) {
-  v1::HelloRequest request;
-  v1::PeerHello* hello = request.mutable_hello();
+peer_v1::HelloRequest HelloAs(const std::string& node) {
+  peer_v1::HelloRequest request;
+  peer_v1::PeerHello* hello = request.mutable_hello();
   hello->set_version(1);
   hello->set_node_id(node);
   hello->set_boot_id(12345);
   hello->set_provider("tcp;ofi_rxm");
   hello->set_slots(8);
   hello->set_slot_bytes(1 << 20);
-  v1::PeerNic* nic = hello->add_nics();
+  peer_v1::PeerNic* nic = hello->add_nics();
   nic->set_name("nic0");
   nic->set_fabric_address(std::string(16, '\0'));
   return request;

@@ -10,11 +10,13 @@
 #include <string>
 
 #include "absl/time/time.h"
-#include "proto/kvrail/v1/peer.grpc.pb.h"
+#include "proto/kvrail/peer/v1/peer.grpc.pb.h"
 #include "tests/netns/netns.h"
 #include "tests/tls/test_ca.h"
 
 namespace kvrail::testing {
+
+namespace peer_v1 = ::kvrail::peer::v1;
 
 // A file's whole contents ("" when it cannot be read).
 std::string ReadFile(const std::string& path);
@@ -37,7 +39,7 @@ std::unique_ptr<grpc::ClientContext> Context();
 bool Says(const grpc::Status& status, grpc::StatusCode code, const std::string& text);
 
 // A well-formed Hello claiming to be `node` (one NIC, tcp;ofi_rxm, a 16-byte address).
-v1::HelloRequest HelloAs(const std::string& node);
+peer_v1::HelloRequest HelloAs(const std::string& node);
 
 // Whether `node` lists peer `peer` as up within `wait`.
 bool PeerUp(NsDaemon& node, const std::string& peer, absl::Duration wait);

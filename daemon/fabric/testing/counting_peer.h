@@ -12,14 +12,17 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "proto/kvrail/v1/peer.grpc.pb.h"
+#include "proto/kvrail/peer/v1/peer.grpc.pb.h"
 
 namespace kvrail::fabric::testing {
 
+namespace peer_v1 = ::kvrail::peer::v1;
+
 // A minimal Peer service that counts the hellos it gets (and refuses them).
-class CountingPeer final : public v1::Peer::Service {
+class CountingPeer final : public peer_v1::Peer::Service {
  public:
-  grpc::Status Hello(grpc::ServerContext*, const v1::HelloRequest*, v1::HelloResponse*) override {
+  grpc::Status Hello(grpc::ServerContext*, const peer_v1::HelloRequest*,
+                     peer_v1::HelloResponse*) override {
     ++hellos;
     return grpc::Status(grpc::StatusCode::UNAVAILABLE, "counting only");
   }
