@@ -16,7 +16,8 @@ from kvrail.errors import FailedPreconditionError, StatusCode
 from kvrail.proto import transfer_pb2
 
 if TYPE_CHECKING:
-    from kvrail.client import Client, Transfer
+    from kvrail.client import Client
+    from kvrail.transfers import Transfer
 
 
 class PreparedTransfer:
@@ -47,7 +48,7 @@ class PreparedTransfer:
         """One transfer of this shape moving `src_blocks` into `dst_blocks` (exactly
         src_block_count and dst_block_count ids; a numpy array or any sequence of ints). A bad
         id raises InvalidArgumentError naming it ("post.src_block_ids[3]: ...")."""
-        from kvrail.client import Transfer, _address, _id_array
+        from kvrail.transfers import Transfer, _address, _id_array
         if self._handle is None:
             raise FailedPreconditionError(
                 StatusCode.FAILED_PRECONDITION,

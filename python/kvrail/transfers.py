@@ -1,0 +1,377 @@
+"""Transfers: Transfer, the handle of a submitted transfer (wait, result, await), and
+TransferCalls, the Client's calls that submit, prepare, wait for, cancel and poll transfers.
+
+Thread contract: as the Client's (the calls may run on any thread, concurrently); a Transfer is a
+thin handle, safe to share. `await` runs on the awaiting event loop's thread.
+"""
+from __future__ import annotations
+
+import array
+import asyncio
+import ctypes
+import weakref
+from typing import TYPE_CHECKING, Iterable, List, Optional, Sequence, Union
+
+from kvrail._lib import check, lib, out_bytes, take_bytes
+from kvrail.errors import KvrailError, StatusCode, TransferFailedError, error_for
+from kvrail.proto import transfer_pb2
+from kvrail.regions import Region
+
+if TYPE_CHECKING:
+    from kvrail.client import Client
+    from kvrail.completions import CompletionWaiter
+    from kvrail.prepared import PreparedTransfer
+
+TransferState = transfer_pb2.TransferState
+_FINAL = (transfer_pb2.TRANSFER_STATE_SUCCEEDED, transfer_pb2.TRANSFER_STATE_FAILED,
+          transfer_pb2.TRANSFER_STATE_CANCELLED)
+
+
+def is_final(state: int) -> bool:
+    """Whether a TransferState is final (SUCCEEDED, FAILED or CANCELLED)."""
+    return state in _FINAL
+
+
+class Transfer:
+    """A submitted transfer.
+
+    wait(timeout) returns its status (final, or the current one on timeout); result() and
+    `await transfer` return the final status and raise TransferFailedError when it FAILED or was
+    CANCELLED. A transfer submitted over the session socket ends in the session's completion
+    queue (shared memory kvraild writes): done(), poll() and wait_end() read it without a call,
+    and `await` sleeps on the queue's eventfd registered with the event loop (no thread, no
+    polling) and returns the end the queue holds without a call (transfer_id, state,
+    error_code, bytes and finish time; wait(), result() and `status` have the whole status).
+    Otherwise `await` waits in short slices on the default executor.
+    """
+
+    _AWAIT_SLICE_MS = 200
+
+    def __init__(self, client: "Client", transfer_id: int, response=None) -> None:
+        self._client = client
+        self.id: int = transfer_id
+        # kvrail.v1.SubmitTransferResponse, parsed from its bytes on first use (the hot path
+        # submits and waits without reading it).
+        self._response = response
+        self._final = None  # the final TransferStatus once seen
+        self._end = None  # the completion queue's short final status (wait_end, await)
+
+    @property
+    def response(self):
+        if isinstance(self._response, bytes):
+            self._response = transfer_pb2.SubmitTransferResponse.FromString(self._response)
+        return self._response
+
+    def _note(self, status):
+        if is_final(status.state):
+            self._final = status
+        return status
+
+    @property
+    def status(self):
+        """The current kvrail.v1.TransferStatus (read from the daemon until it is final)."""
+        return self._final if self._final is not None else self._note(self._client.get(self.id))
+
+    @property
+    def state(self) -> int:
+        return self.status.state
+
+    def done(self) -> bool:
+        """Whether the transfer has ended (any final state); no call when the completion queue
+        can tell."""
+        if self._final is not None or self._end is not None:
+            return True
+        return is_final(self._client.poll([self.id])[0])
+
+    def wait(self, timeout: Optional[float] = None):
+        """Waits up to `timeout` seconds (None: until it ends); returns the status."""
+        if self._final is not None:
+            return self._final
+        return self._note(self._client.wait(self.id, timeout))
+
+    def wait_end(self, timeout: Optional[float] = None):
+        """Waits as wait() does; an end the completion queue holds comes from it without a call,
+        as a short status (transfer_id, state, error_code, bytes, finish time)."""
+        if self._final is not None:
+            return self._final
+        if self._end is not None:
+            return self._end
+        status = self._client.wait_end(self.id, timeout)
+        if is_final(status.state):
+            self._end = status
+        return status
+
+    def result(self, timeout: Optional[float] = None):
+        """The final status; TimeoutError when it has not ended in `timeout` seconds,
+        TransferFailedError when it ended FAILED or CANCELLED."""
+        status = self.wait(timeout)
+        return self._outcome(status)
+
+    def _outcome(self, status):
+        if not is_final(status.state):
+            raise TimeoutError(f"transfer {self.id} is still "
+                               f"{TransferState.Name(status.state)}")
+        if status.state != transfer_pb2.TRANSFER_STATE_SUCCEEDED:
+            code = status.error_code or (StatusCode.CANCELLED if status.state ==
+                                         transfer_pb2.TRANSFER_STATE_CANCELLED
+                                         else StatusCode.UNKNOWN)
+            raise TransferFailedError(code, status.error_message or
+                                      TransferState.Name(status.state), status)
+        return status
+
+    def cancel(self):
+        """Cancels it (an ended transfer keeps its status); returns the status."""
+        return self._note(self._client.cancel(self.id))
+
+    def mark_ready(self, layer_begin: int, layer_count: int = 1) -> None:
+        """Layers [layer_begin, layer_begin + layer_count) of a layer-wise transfer are written."""
+        self._client.mark_ready(self.id, layer_begin, layer_count)
+
+    async def wait_async(self):
+        """The final status, awaited without blocking the event loop (no raise on failure):
+        the completion queue's short status when it holds the end, else the daemon's."""
+        loop = asyncio.get_running_loop()
+        if self._final is None and self._end is None:
+            waiter = self._client._completion_waiter(loop)
+            if waiter is not None and self._client._follows(self.id):
+                await waiter.ended(self.id)
+                # From the queue (no call); one it missed or with more to say is read from the
+                # daemon, and one still running then is waited for below.
+                self.wait_end(0)
+        while self._final is None and self._end is None:
+            await loop.run_in_executor(None, self.wait, self._AWAIT_SLICE_MS / 1000.0)
+        return self._final if self._final is not None else self._end
+
+    def __await__(self):
+        return self._await_result().__await__()
+
+    async def _await_result(self):
+        return self._outcome(await self.wait_async())
+
+    def __repr__(self) -> str:
+        return f"Transfer(id={self.id})"
+
+
+TransferLike = Union[Transfer, int]
+
+
+class TransferCalls:
+    """The Client's transfer calls (a base of Client, which provides _h)."""
+
+    def submit(self, spec) -> Transfer:
+        """Submits a kvrail.v1.TransferSpec; returns once the daemon accepted it."""
+        data = spec.SerializeToString()
+        transfer_id = ctypes.c_uint64()
+        response, response_len = out_bytes()
+        check(lib().kvrail_submit(self._h, data, len(data), ctypes.byref(transfer_id),
+                                  ctypes.byref(response), ctypes.byref(response_len)))
+        return Transfer(self, transfer_id.value, take_bytes(response, response_len.value))
+
+    def submit_batch(self, specs: Sequence) -> List[Union[Transfer, KvrailError]]:
+        """Submits several kvrail.v1.TransferSpecs at once (the K, V and auxiliary state of one
+        chunk, several ranks): with the session's submission queue those that fit go in one
+        write, answered without a socket round trip. Returns, in order, a Transfer for each
+        accepted spec and the KvrailError (not raised) for each refused one: one refusal refuses
+        none of the others. Raises only for misuse (a spec that does not serialize)."""
+        count = len(specs)
+        if count == 0:
+            return []
+        datas = [spec.SerializeToString() for spec in specs]
+        c_specs = (ctypes.c_char_p * count)(*datas)
+        c_lens = (ctypes.c_size_t * count)(*(len(d) for d in datas))
+        ids = (ctypes.c_uint64 * count)()
+        codes = (ctypes.c_int32 * count)()
+        code = lib().kvrail_submit_batch(self._h, c_specs, c_lens, count, ids, codes)
+        if code != 0 and not any(codes):
+            check(code)  # nothing was answered one by one (a closed client, a malformed spec)
+        message = lib().kvrail_last_error_message() if code != 0 else None
+        first = message.decode("utf-8", "replace") if message else ""
+        out: List[Union[Transfer, KvrailError]] = []
+        for i in range(count):
+            if codes[i] == 0:
+                out.append(Transfer(self, ids[i]))
+            else:
+                # The library names the first refusal's index; the others carry their code.
+                text = first if first.startswith(f"specs[{i}]: ") else f"specs[{i}]: refused"
+                out.append(error_for(codes[i], text))
+        return out
+
+    def transfer(self, src: Union[Region, int], src_blocks: Sequence[int],
+                 dst: Union[Region, int], dst_blocks: Sequence[int], **fields) -> Transfer:
+        """Submits a paged transfer of `src_blocks` of `src` into `dst_blocks` of `dst`. Other
+        TransferSpec fields by keyword (num_layers=, num_tokens=, layerwise=, priority=, ...;
+        digest=True checks every tile end to end, result in the status's `digest`);
+        src_/dst_ prefixed ones set the endpoints' (src_layer_begin=, dst_head_begin=, ...)."""
+        spec = transfer_pb2.TransferSpec()
+        spec.src.region_id = src.id if isinstance(src, Region) else int(src)
+        spec.dst.region_id = dst.id if isinstance(dst, Region) else int(dst)
+        for key, value in fields.items():
+            side, _, rest = key.partition("_")
+            if side in ("src", "dst") and rest:
+                setattr(getattr(spec, side), rest, value)
+            elif hasattr(value, "DESCRIPTOR"):  # a message field (ready_flags=, arrival_flags=)
+                getattr(spec, key).CopyFrom(value)
+            else:
+                setattr(spec, key, value)
+        # The ids go to the library as uint32 arrays: no protobuf encoding of them in Python.
+        src_ids, dst_ids = _id_array(src_blocks, "src_blocks"), _id_array(dst_blocks, "dst_blocks")
+        data = spec.SerializeToString()
+        transfer_id = ctypes.c_uint64()
+        response, response_len = out_bytes()
+        check(lib().kvrail_submit_blocks(self._h, data, len(data), _address(src_ids),
+                                         len(src_ids), _address(dst_ids), len(dst_ids),
+                                         ctypes.byref(transfer_id), ctypes.byref(response),
+                                         ctypes.byref(response_len)))
+        return Transfer(self, transfer_id.value, take_bytes(response, response_len.value))
+
+    def prepare(self, src: Union[Region, int], dst: Union[Region, int], src_block_count: int,
+                dst_block_count: int = 0, **fields) -> "PreparedTransfer":
+        """Prepares a paged transfer's shape from `src` into `dst` (other TransferSpec fields by
+        keyword, as transfer(); no block ids) for posts of `src_block_count` source and
+        `dst_block_count` destination ids (0: as many as the tokens need). The daemon validates
+        and plans it once; each PreparedTransfer.post(src_blocks, dst_blocks) then checks only
+        its ids. A context manager that releases it."""
+        from kvrail.prepared import PreparedTransfer
+        spec = transfer_pb2.TransferSpec()
+        spec.src.region_id = src.id if isinstance(src, Region) else int(src)
+        spec.dst.region_id = dst.id if isinstance(dst, Region) else int(dst)
+        for key, value in fields.items():
+            side, _, rest = key.partition("_")
+            if side in ("src", "dst") and rest:
+                setattr(getattr(spec, side), rest, value)
+            else:
+                setattr(spec, key, value)
+        data = spec.SerializeToString()
+        handle = ctypes.c_void_p()
+        response, response_len = out_bytes()
+        check(lib().kvrail_prepare(self._h, data, len(data), int(src_block_count),
+                                   int(dst_block_count), ctypes.byref(handle),
+                                   ctypes.byref(response), ctypes.byref(response_len)))
+        return PreparedTransfer(self, handle.value, take_bytes(response, response_len.value))
+
+    def _status_call(self, fn, *args):
+        state = ctypes.c_int32()
+        status, status_len = out_bytes()
+        check(fn(self._h, *args, ctypes.byref(state), ctypes.byref(status),
+                 ctypes.byref(status_len)))
+        return transfer_pb2.TransferStatus.FromString(take_bytes(status, status_len.value))
+
+    def get(self, transfer: TransferLike):
+        """The transfer's current kvrail.v1.TransferStatus."""
+        return self._status_call(lib().kvrail_get, _id(transfer))
+
+    def wait(self, transfer: TransferLike, timeout: Optional[float] = None):
+        """Blocks until the transfer ends or `timeout` seconds pass (None: until it ends; 0: the
+        current status at once); returns its status (not final on timeout)."""
+        timeout_ms = -1 if timeout is None else max(0, int(timeout * 1000))
+        if timeout is not None and timeout > 0 and timeout_ms == 0:
+            timeout_ms = 1
+        return self._status_call(lib().kvrail_wait, _id(transfer), timeout_ms)
+
+    def wait_end(self, transfer: TransferLike, timeout: Optional[float] = None):
+        """As wait(), but an end the completion queue holds is read from it without a call: the
+        status then carries transfer_id, state, error_code, bytes_total, bytes_done and
+        finished_unix_us only (wait() and get() have the rest: path, engine, phases). An end with
+        an error message, and a transfer the queue does not follow, come from the daemon."""
+        timeout_ms = -1 if timeout is None else max(0, int(timeout * 1000))
+        if timeout is not None and timeout > 0 and timeout_ms == 0:
+            timeout_ms = 1
+        return self._status_call(lib().kvrail_wait_end, _id(transfer), timeout_ms)
+
+    def cancel(self, transfer: TransferLike):
+        return self._status_call(lib().kvrail_cancel, _id(transfer))
+
+    def mark_ready(self, transfer: TransferLike, layer_begin: int, layer_count: int = 1) -> None:
+        check(lib().kvrail_mark_ready(self._h, _id(transfer), layer_begin, layer_count))
+
+    def _follows(self, transfer_id: int) -> bool:
+        """Whether the transfer's end comes through this client's completion queue."""
+        follows = ctypes.c_int(0)
+        check(lib().kvrail_completion_follows(self._h, transfer_id, ctypes.byref(follows)))
+        return bool(follows.value)
+
+    def _completion_waiter(self, loop: asyncio.AbstractEventLoop) -> "Optional[CompletionWaiter]":
+        """This client's completion waiter on `loop`; None without a completion queue."""
+        from kvrail.completions import CompletionWaiter
+        waiters = self.__dict__.setdefault("_waiters", weakref.WeakKeyDictionary())
+        waiter = waiters.get(loop)
+        if waiter is None:
+            fd = ctypes.c_int(-1)
+            check(lib().kvrail_completion_fd(self._h, ctypes.byref(fd)))
+            if fd.value < 0:
+                return None
+            waiter = waiters[loop] = CompletionWaiter(self, loop, fd.value)
+        return waiter
+
+    def poll(self, transfers: Iterable[TransferLike], raise_on_error: bool = True) -> List[int]:
+        """The TransferStates of many transfers in one call, read from the completion queue
+        where it can tell (no call), else from the daemon. An id the daemon does not know
+        raises (NotFoundError naming its index) unless raise_on_error is False, when its state
+        reads 0 (TRANSFER_STATE_UNSPECIFIED)."""
+        # Converted in C where it can be (ids as ints: one array build, no per-id Python call)
+        # and handed to the library without a copy (ctypes views over the arrays' buffers).
+        seq = transfers if isinstance(transfers, (list, tuple)) else list(transfers)
+        try:
+            ids = array.array("Q", seq)
+        except (TypeError, OverflowError):
+            ids = array.array("Q", [_id(t) % (1 << 64) for t in seq])
+        n = len(ids)
+        if n == 0:
+            return []
+        states = array.array("i", bytes(4 * n))
+        code = lib().kvrail_poll(self._h, (ctypes.c_uint64 * n).from_buffer(ids), n,
+                                 (ctypes.c_int32 * n).from_buffer(states), None)
+        if code != 0 and (raise_on_error or code == StatusCode.INVALID_ARGUMENT):
+            check(code)
+        return states.tolist()
+
+
+def _id_array(blocks, name: str) -> "array.array":
+    """Block ids as a uint32 array (a numpy array or any sequence of ints)."""
+    if isinstance(blocks, array.array) and blocks.typecode == "I":
+        return blocks
+    try:
+        return array.array("I", blocks.astype("uint32", copy=False).tobytes()
+                           if hasattr(blocks, "astype") else blocks)
+    except (OverflowError, TypeError) as e:
+        raise ValueError(f"{name}: block ids must be integers in [0, 2^32): {e}") from None
+
+
+def _address(ids: "array.array") -> Optional[int]:
+    return ids.buffer_info()[0] if len(ids) else None
+
+
+def _id(transfer: TransferLike) -> int:
+    return transfer.id if isinstance(transfer, Transfer) else int(transfer)
+
+
+def poll(transfers: Sequence[Transfer], raise_on_error: bool = True) -> List[int]:
+    """Client.poll over Transfer objects of one client."""
+    transfers = list(transfers)
+    if not transfers:
+        return []
+    return transfers[0]._client.poll(transfers, raise_on_error)
+
+
+async def wait_all(transfers: Sequence[Transfer], poll_interval: float = 0.005) -> list:
+    """Awaits many transfers (not one thread each): on the completion queue's eventfd when the
+    client has one, else with one poll call per `poll_interval`; returns their final statuses in
+    order (no raise on failure)."""
+    pending = [t for t in transfers if t._final is None]
+    if pending and pending[0]._client._completion_waiter(asyncio.get_running_loop()) is not None \
+            and all(t._client._follows(t.id) for t in pending):
+        await asyncio.gather(*(t.wait_async() for t in pending))
+        pending = [t for t in pending if t._final is None]
+    while pending:
+        states = poll(pending)
+        for t, state in zip(pending, states):
+            if is_final(state):
+                t.wait(0)
+        pending = [t for t in pending if t._final is None]
+        if pending:
+            await asyncio.sleep(poll_interval)
+    return [t._final for t in transfers]
+
+
+__all__ = ["Transfer", "TransferCalls", "TransferLike", "TransferState", "is_final", "poll",
+           "wait_all"]
