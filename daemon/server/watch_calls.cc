@@ -98,23 +98,34 @@ void WatchPump::Loop() {
 
 namespace {
 
+// A unary call's answer through gRPC: the context's default reactor.
+class GrpcAnswer final : public UnaryAnswer {
+ public:
+  explicit GrpcAnswer(grpc::CallbackServerContext* context)
+      : context_(context), reactor_(context->DefaultReactor()) {}
+  grpc::ServerUnaryReactor* reactor() const { return reactor_; }
+  bool IsCancelled() const override { return context_->IsCancelled(); }
+  void Finish(const grpc::Status& status) override { reactor_->Finish(status); }
+
+ private:
+  grpc::CallbackServerContext* const context_;
+  grpc::ServerUnaryReactor* const reactor_;
+};
+
 // WaitTransfer's call. The WhenEnded callback (on the thread that ends the transfer, under its
 // record's lock) only stores the status and wakes the pump; the pump answers.
 class WaitCall final : public PumpedCall {
  public:
-  WaitCall(grpc::CallbackServerContext* context, const sessions::Caller& caller, uint64_t id,
+  WaitCall(std::unique_ptr<UnaryAnswer> answer, const sessions::Caller& caller, uint64_t id,
            absl::Time until, v1::TransferStatus* response, WatcherCounts::Slot slot,
            const transfers::TransferManager* transfers)
-      : context_(context),
-        reactor_(context->DefaultReactor()),
+      : answer_(std::move(answer)),
         caller_(caller),
         id_(id),
         until_(until),
         response_(response),
         slot_(std::move(slot)),
         transfers_(transfers) {}
-
-  grpc::ServerUnaryReactor* reactor() const { return reactor_; }
 
   void Ended(const v1::TransferStatus& status) {
     absl::MutexLock lock(&mu_);
@@ -138,19 +149,19 @@ class WaitCall final : public PumpedCall {
         status = transfers_->Get(caller_, id_);
         if (status.ok() && status->state() >= v1::TRANSFER_STATE_SUCCEEDED) ended.emplace();
       }
-      if (!ended.has_value() && absl::Now() < until_ && !context_->IsCancelled()) return true;
+      if (!ended.has_value() && absl::Now() < until_ && !answer_->IsCancelled()) return true;
       if (!poll_state_) status = transfers_->Get(caller_, id_);
     }
-    // After Finish the context and response belong to gRPC again: nothing here touches them.
     if (status.ok()) *response_ = *std::move(status);
-    reactor_->Finish(status.ok() ? grpc::Status::OK : ToGrpcStatus(status.status()));
+    // The slot first: once answered, the client may call again at once.
     slot_.reset();
+    // After Finish the context and response belong to gRPC again: nothing here touches them.
+    answer_->Finish(status.ok() ? grpc::Status::OK : ToGrpcStatus(status.status()));
     return false;
   }
 
  private:
-  grpc::CallbackServerContext* const context_;
-  grpc::ServerUnaryReactor* const reactor_;
+  const std::unique_ptr<UnaryAnswer> answer_;
   const sessions::Caller caller_;
   const uint64_t id_;
   const absl::Time until_;
@@ -166,11 +177,10 @@ class WaitCall final : public PumpedCall {
 // notification, the session's end, the timeout or the client's leaving answers.
 class PollCall final : public PumpedCall {
  public:
-  PollCall(grpc::CallbackServerContext* context, uint64_t session_id, uint32_t max,
-           absl::Time until, v1::NotificationPollResponse* response, WatcherCounts::Slot slot,
+  PollCall(std::unique_ptr<UnaryAnswer> answer, uint64_t session_id, uint32_t max, absl::Time until,
+           v1::NotificationPollResponse* response, WatcherCounts::Slot slot,
            transfers::NotificationHub* hub)
-      : context_(context),
-        reactor_(context->DefaultReactor()),
+      : answer_(std::move(answer)),
         session_id_(session_id),
         max_(max),
         until_(until),
@@ -178,26 +188,24 @@ class PollCall final : public PumpedCall {
         slot_(std::move(slot)),
         hub_(hub) {}
 
-  grpc::ServerUnaryReactor* reactor() const { return reactor_; }
-
   bool Poll() override {
     absl::StatusOr<std::vector<v1::Notification>> taken =
         hub_->Take(session_id_, max_, absl::ZeroDuration());
-    if (taken.ok() && taken->empty() && absl::Now() < until_ && !context_->IsCancelled()) {
+    if (taken.ok() && taken->empty() && absl::Now() < until_ && !answer_->IsCancelled()) {
       return true;
     }
-    // After Finish the context and response belong to gRPC again: nothing here touches them.
     if (taken.ok()) {
       for (v1::Notification& n : *taken) *response_->add_notifications() = std::move(n);
     }
-    reactor_->Finish(taken.ok() ? grpc::Status::OK : ToGrpcStatus(taken.status()));
+    // The slot first: once answered, the client may call again at once.
     slot_.reset();
+    // After Finish the context and response belong to gRPC again: nothing here touches them.
+    answer_->Finish(taken.ok() ? grpc::Status::OK : ToGrpcStatus(taken.status()));
     return false;
   }
 
  private:
-  grpc::CallbackServerContext* const context_;
-  grpc::ServerUnaryReactor* const reactor_;
+  const std::unique_ptr<UnaryAnswer> answer_;
   const uint64_t session_id_;
   const uint32_t max_;
   const absl::Time until_;
@@ -269,12 +277,13 @@ class StreamCall : public grpc::ServerWriteReactor<T>, public PumpedCall {
   }
 
   void OnDone() final {
-    slot_.reset();
     std::shared_ptr<StreamCall> self;
+    WatcherCounts::Slot slot;
     {
       absl::MutexLock lock(&mu_);
       done_ = true;
       self = std::move(self_);
+      slot = std::move(slot_);  // (given back before the finish already)
     }
     // The pump drops its share at its next poll; `self` may be the last one here.
   }
@@ -285,10 +294,12 @@ class StreamCall : public grpc::ServerWriteReactor<T>, public PumpedCall {
   virtual absl::Status Produce(std::vector<T>* out, bool* over) = 0;
 
  private:
-  // Starts the next write or the finish, if due.
+  // Starts the next write or the finish, if due; gives back the slot before the finish (once
+  // the client has the final status it may open another call at once).
   void Advance() {
     const T* write = nullptr;
     std::optional<grpc::Status> finish;
+    WatcherCounts::Slot slot;
     {
       absl::MutexLock lock(&mu_);
       if (finished_ || writing_) return;
@@ -302,14 +313,20 @@ class StreamCall : public grpc::ServerWriteReactor<T>, public PumpedCall {
       } else {
         return;
       }
-      if (finish.has_value()) finished_ = true;
+      if (finish.has_value()) {
+        finished_ = true;
+        slot = std::move(slot_);
+      }
     }
     if (write != nullptr) this->StartWrite(write);
-    if (finish.has_value()) this->Finish(*finish);
+    if (finish.has_value()) {
+      slot.reset();
+      this->Finish(*finish);
+    }
   }
 
-  WatcherCounts::Slot slot_;
   absl::Mutex mu_;
+  WatcherCounts::Slot slot_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<StreamCall> self_ ABSL_GUARDED_BY(mu_);  // gRPC's share, until OnDone
   std::deque<T> queue_ ABSL_GUARDED_BY(mu_);
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
@@ -374,11 +391,20 @@ grpc::ServerUnaryReactor* StartWait(grpc::CallbackServerContext* context,
                                     WatcherCounts::Slot slot,
                                     const transfers::TransferManager* transfers,
                                     const std::shared_ptr<WatchPump>& pump) {
+  auto answer = std::make_unique<GrpcAnswer>(context);
+  grpc::ServerUnaryReactor* reactor = answer->reactor();
+  StartWaitCall(std::move(answer), caller, id, timeout, response, std::move(slot), transfers, pump);
+  return reactor;
+}
+
+void StartWaitCall(std::unique_ptr<UnaryAnswer> answer, const sessions::Caller& caller, uint64_t id,
+                   absl::Duration timeout, v1::TransferStatus* response, WatcherCounts::Slot slot,
+                   const transfers::TransferManager* transfers,
+                   const std::shared_ptr<WatchPump>& pump) {
   const absl::Time until =
       timeout == absl::InfiniteDuration() ? absl::InfiniteFuture() : absl::Now() + timeout;
-  auto call =
-      std::make_shared<WaitCall>(context, caller, id, until, response, std::move(slot), transfers);
-  grpc::ServerUnaryReactor* reactor = call->reactor();
+  auto call = std::make_shared<WaitCall>(std::move(answer), caller, id, until, response,
+                                         std::move(slot), transfers);
   std::weak_ptr<WaitCall> weak_call = call;
   std::weak_ptr<WatchPump> weak_pump = pump;
   const absl::Status followed =
@@ -388,7 +414,6 @@ grpc::ServerUnaryReactor* StartWait(grpc::CallbackServerContext* context,
       });
   if (!followed.ok()) call->PollState();
   pump->Add(std::move(call));
-  return reactor;
 }
 
 grpc::ServerUnaryReactor* StartPoll(grpc::CallbackServerContext* context, uint64_t session_id,
@@ -396,11 +421,18 @@ grpc::ServerUnaryReactor* StartPoll(grpc::CallbackServerContext* context, uint64
                                     v1::NotificationPollResponse* response,
                                     WatcherCounts::Slot slot, transfers::NotificationHub* hub,
                                     const std::shared_ptr<WatchPump>& pump) {
-  auto call = std::make_shared<PollCall>(context, session_id, max, absl::Now() + timeout, response,
-                                         std::move(slot), hub);
-  grpc::ServerUnaryReactor* reactor = call->reactor();
-  pump->Add(std::move(call));
+  auto answer = std::make_unique<GrpcAnswer>(context);
+  grpc::ServerUnaryReactor* reactor = answer->reactor();
+  StartPollCall(std::move(answer), session_id, max, timeout, response, std::move(slot), hub, pump);
   return reactor;
+}
+
+void StartPollCall(std::unique_ptr<UnaryAnswer> answer, uint64_t session_id, uint32_t max,
+                   absl::Duration timeout, v1::NotificationPollResponse* response,
+                   WatcherCounts::Slot slot, transfers::NotificationHub* hub,
+                   const std::shared_ptr<WatchPump>& pump) {
+  pump->Add(std::make_shared<PollCall>(std::move(answer), session_id, max, absl::Now() + timeout,
+                                       response, std::move(slot), hub));
 }
 
 grpc::ServerWriteReactor<v1::TransferEvent>* StartWatch(grpc::CallbackServerContext* /*context*/,

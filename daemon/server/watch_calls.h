@@ -107,6 +107,19 @@ class WatchPump {
   std::thread thread_;
 };
 
+// The answering side of a unary wait: gRPC's context and default reactor in the daemon (StartWait,
+// StartPoll), a fake in tests. Called on the pump's thread only.
+class UnaryAnswer {
+ public:
+  virtual ~UnaryAnswer() = default;
+  // Whether the client went.
+  virtual bool IsCancelled() const = 0;
+  // Sends the answer (the response is filled in before); after it the response is gRPC's. The
+  // call gives back its WatcherCounts slot before this: a client that calls again as soon as it
+  // has its answer is never refused at the cap for the call that answered it.
+  virtual void Finish(const grpc::Status& status) = 0;
+};
+
 // WaitTransfer: answers when transfer `id` ends (TransferManager::WhenEnded), after `timeout`
 // (infinite: none) with its current status, or when the client goes. The manager checks
 // `caller` on every look at the transfer; the call holds `slot` until the answer.
@@ -116,9 +129,15 @@ grpc::ServerUnaryReactor* StartWait(grpc::CallbackServerContext* context,
                                     WatcherCounts::Slot slot,
                                     const transfers::TransferManager* transfers,
                                     const std::shared_ptr<WatchPump>& pump);
+// StartWait with its answering side given.
+void StartWaitCall(std::unique_ptr<UnaryAnswer> answer, const sessions::Caller& caller, uint64_t id,
+                   absl::Duration timeout, v1::TransferStatus* response, WatcherCounts::Slot slot,
+                   const transfers::TransferManager* transfers,
+                   const std::shared_ptr<WatchPump>& pump);
 
 // WatchTransfer: the snapshot, then every event until the final state (TransferManager::
-// WatchStep, which checks `caller`), one write at a time; ends when the client goes.
+// WatchStep, which checks `caller`), one write at a time; ends when the client goes. The stream
+// calls give back `slot` before they finish (as UnaryAnswer::Finish says).
 grpc::ServerWriteReactor<v1::TransferEvent>* StartWatch(grpc::CallbackServerContext* context,
                                                         const sessions::Caller& caller, uint64_t id,
                                                         absl::Duration min_interval,
@@ -140,6 +159,11 @@ grpc::ServerUnaryReactor* StartPoll(grpc::CallbackServerContext* context, uint64
                                     v1::NotificationPollResponse* response,
                                     WatcherCounts::Slot slot, transfers::NotificationHub* hub,
                                     const std::shared_ptr<WatchPump>& pump);
+// StartPoll with its answering side given.
+void StartPollCall(std::unique_ptr<UnaryAnswer> answer, uint64_t session_id, uint32_t max,
+                   absl::Duration timeout, v1::NotificationPollResponse* response,
+                   WatcherCounts::Slot slot, transfers::NotificationHub* hub,
+                   const std::shared_ptr<WatchPump>& pump);
 
 // A streaming call refused before it began.
 template <typename T>
