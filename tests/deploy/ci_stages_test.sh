@@ -52,6 +52,17 @@ stages_run() {  # how many of asan, tsan (with its canary) and fuzz were started
   echo "$n"
 }
 
+# ASan covers the trust boundaries: the session socket and gRPC servers, the fabric, the
+# directory, the C ABI (and the integration, load and fault tests beside the unit tests).
+asan_scope_has() {
+  local m
+  for m in "$@"; do [[ " $ASAN_SCOPE " == *" $m "* ]] || return 1; done
+}
+check "asan's scope: the session and gRPC servers, fabric, directory, C ABI, integration" \
+  asan_scope_has //daemon/session/... //daemon/server/... //daemon/fabric/... \
+  //daemon/directory/... //client/c_api/... //tests/integration/... //tests/load:load_test \
+  //tests/fault:fault_test //tests/fault:fault_peer_test
+
 run_stages 100000
 check "a budget that fits: asan whole" grep -qx "san_tests asan $ASAN_SCOPE" "$tmp/calls"
 check "  tsan whole, and its canary" \
