@@ -158,18 +158,18 @@ SAN_PASSED=0 SAN_FAILED=0
 #   default, the package set-up included), and a stage stopped there is INCOMPLETE, counted
 #   FAILED. The fuzzers' seconds come out of the budget; each gets at least FUZZ_MIN_SECONDS or
 #   the fuzz stage is FAILED. (stage_plan, san_tests, fuzz_tests; tests/deploy:ci_stages_test.)
-# The floors are CPU time measured on the 2-core build machine over two cores and a core on CI
-# 1.5-3x as fast, taken at the fast end (they refuse only what cannot fit; a warm output base
-# may be faster, so KVRAIL_*_FLOOR_S=0 runs a stage whatever is left):
+# The floors: what the stage took on the 2-core build machine, over CI's two cores at the fast end
+# of a CI core's 1.5-3x speed (so they refuse only what cannot fit; a warm output base may be
+# faster still: KVRAIL_*_FLOOR_S=0 runs a stage whatever is left):
 # - asan: its whole scope cold took 2,572 CPU-s of actions here (1,092 actions, critical path
 #   312 s; about 1,290 s on two idle cores) before Catch2's main was shared, which takes ~1,200
 #   CPU-s off its 85 test files: ~1,370 CPU-s, at least ~220 s on CI (1,370 / 2 cores / 3);
-# - tsan: its scope took 287 s cold here (load average 4 beside it, ~110 s of that Catch2's
-#   compile in its 16 test files, since shared): at least ~45 s on CI;
+# - tsan: its scope took 287 s cold here (load average 4 beside it; about 110 s of that was
+#   Catch2's compile in its 16 test files, since shared): at least ~45 s on CI;
 # - fuzz: the fuzzers' build on the asan objects took ~4 min here (at least ~60 s on CI), then
 #   each fuzzer's FUZZ_MIN_SECONDS (+5 s to start and stop) and 30 s for the summary.
 # The last CI run (fresh machine, cold caches) took 1,686 s in all and passed; whether its asan
-# stage ran whole or the smaller scope dev.sh then allowed is not known (its log is not kept).
+# stage ran whole or the smaller scope dev.sh then allowed is not known (its log is not visible here).
 # The order puts the two test builds first: the fuzzers' short runs are what gets fewer seconds
 # when time is short.
 CI_BUDGET_S="${KVRAIL_CI_BUDGET_S:-3300}"
