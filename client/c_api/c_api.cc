@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "base/status.h"
+#include "client/c_api/client_calls.h"
 #include "client/c_api/entry.h"
 #include "client/c_api/handle_table.h"
 #include "client/c_api/kvrail.h"
@@ -62,10 +63,6 @@ HandleTable<HostBuffer>& Buffers() {
   return *table;
 }
 
-absl::StatusOr<std::shared_ptr<Client>> FindClient(kvrail_client* handle) {
-  return FindLive(Clients(), handle, "client", "kvrail_client", "closed");
-}
-
 // A prepared transfer as the C ABI holds it: the daemon's id and the client it belongs to (not
 // kept alive by it: a closed client's session is gone, and the daemon freed its prepared ids).
 struct Prepared {
@@ -102,41 +99,12 @@ absl::StatusOr<T> Parse(const uint8_t* data, size_t len, const char* name) {
   return message;
 }
 
-// Clears an optional (out, out_len) pair so that no failure leaves garbage in it.
-absl::Status ResetBytes(uint8_t** out, size_t* out_len, const char* name) {
-  if (out == nullptr) return absl::OkStatus();
-  *out = nullptr;
-  if (out_len == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat(name, "_len: NULL while ", name, " is set"));
-  }
-  *out_len = 0;
-  return absl::OkStatus();
-}
-
 // The out parameters of a registration: `region_id` required, the RegionInfo bytes optional;
 // cleared before anything can fail so a failed call leaves nothing stale.
 absl::Status ResetRegionOuts(uint64_t* region_id, uint8_t** info, size_t* info_len) {
   KVRAIL_RETURN_IF_ERROR(RequireOut(region_id, "region_id"));
   *region_id = 0;
   return ResetBytes(info, info_len, "info");
-}
-
-// Serializes `message` into malloc'ed bytes for an optional out pair (kvrail_free releases them).
-absl::Status PutBytes(const google::protobuf::MessageLite& message, uint8_t** out,
-                      size_t* out_len) {
-  if (out == nullptr) return absl::OkStatus();
-  const size_t size = message.ByteSizeLong();
-  auto* bytes = static_cast<uint8_t*>(std::malloc(size == 0 ? 1 : size));
-  if (bytes == nullptr) {
-    return absl::ResourceExhaustedError(absl::StrCat("kvrail: malloc(", size, ") failed"));
-  }
-  if (size > 0 && !message.SerializeToArray(bytes, static_cast<int>(size))) {
-    std::free(bytes);
-    return absl::InternalError(absl::StrCat("kvrail: could not serialize ", message.GetTypeName()));
-  }
-  *out = bytes;
-  *out_len = size;
-  return absl::OkStatus();
 }
 
 absl::Status PutStatus(const v1::TransferStatus& status, int32_t* state, uint8_t** out,
@@ -222,6 +190,66 @@ int MessageCall(kvrail_client* handle, uint8_t** out, size_t* out_len, Call&& ca
 }
 
 }  // namespace
+
+// Clears an optional (out, out_len) pair so that no failure leaves garbage in it.
+absl::Status ResetBytes(uint8_t** out, size_t* out_len, const char* name) {
+  if (out == nullptr) return absl::OkStatus();
+  *out = nullptr;
+  if (out_len == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(name, "_len: NULL while ", name, " is set"));
+  }
+  *out_len = 0;
+  return absl::OkStatus();
+}
+
+// Serializes `message` into malloc'ed bytes for an optional out pair (kvrail_free releases them).
+absl::Status PutBytes(const google::protobuf::MessageLite& message, uint8_t** out,
+                      size_t* out_len) {
+  if (out == nullptr) return absl::OkStatus();
+  const size_t size = message.ByteSizeLong();
+  auto* bytes = static_cast<uint8_t*>(std::malloc(size == 0 ? 1 : size));
+  if (bytes == nullptr) {
+    return absl::ResourceExhaustedError(absl::StrCat("kvrail: malloc(", size, ") failed"));
+  }
+  if (size > 0 && !message.SerializeToArray(bytes, static_cast<int>(size))) {
+    std::free(bytes);
+    return absl::InternalError(absl::StrCat("kvrail: could not serialize ", message.GetTypeName()));
+  }
+  *out = bytes;
+  *out_len = size;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<Client>> FindClient(kvrail_client* handle) {
+  return FindLive(Clients(), handle, "client", "kvrail_client", "closed");
+}
+
+absl::StatusOr<v1::TransferSpec> SpecWithIds(const uint8_t* spec, size_t spec_len,
+                                             const uint32_t* src_ids, size_t src_count,
+                                             const uint32_t* dst_ids, size_t dst_count) {
+  if (src_count > 0 && src_ids == nullptr) {
+    return absl::InvalidArgumentError("src_ids: NULL with src_count > 0");
+  }
+  if (dst_count > 0 && dst_ids == nullptr) {
+    return absl::InvalidArgumentError("dst_ids: NULL with dst_count > 0");
+  }
+  if (src_count > INT32_MAX || dst_count > INT32_MAX) {
+    return absl::InvalidArgumentError("src_count / dst_count: more than 2^31 - 1 ids");
+  }
+  KVRAIL_ASSIGN_OR_RETURN(v1::TransferSpec parsed, Parse<v1::TransferSpec>(spec, spec_len, "spec"));
+  if (src_count > 0) {
+    auto* ids = parsed.mutable_src()->mutable_block_ids();
+    ids->Clear();
+    ids->Add(src_ids, src_ids + src_count);
+  }
+  if (dst_count > 0) {
+    auto* ids = parsed.mutable_dst()->mutable_block_ids();
+    ids->Clear();
+    ids->Add(dst_ids, dst_ids + dst_count);
+  }
+  return parsed;
+}
+
 }  // namespace kvrail::c_api
 
 using kvrail::c_api::Buffers;
@@ -239,6 +267,7 @@ using kvrail::c_api::PutRegion;
 using kvrail::c_api::RequireOut;
 using kvrail::c_api::ResetBytes;
 using kvrail::c_api::ResetRegionOuts;
+using kvrail::c_api::SpecWithIds;
 using kvrail::client::Client;
 using kvrail::client::HostBuffer;
 namespace v1 = kvrail::v1;
@@ -537,27 +566,8 @@ int kvrail_submit_blocks(kvrail_client* handle, const uint8_t* spec, size_t spec
     *transfer_id = 0;
     KVRAIL_RETURN_IF_ERROR(ResetBytes(response, response_len, "response"));
     KVRAIL_ASSIGN_OR_RETURN(std::shared_ptr<Client> client, FindClient(handle));
-    if (src_count > 0 && src_ids == nullptr) {
-      return absl::InvalidArgumentError("src_ids: NULL with src_count > 0");
-    }
-    if (dst_count > 0 && dst_ids == nullptr) {
-      return absl::InvalidArgumentError("dst_ids: NULL with dst_count > 0");
-    }
-    if (src_count > INT32_MAX || dst_count > INT32_MAX) {
-      return absl::InvalidArgumentError("src_count / dst_count: more than 2^31 - 1 ids");
-    }
     KVRAIL_ASSIGN_OR_RETURN(v1::TransferSpec parsed,
-                            Parse<v1::TransferSpec>(spec, spec_len, "spec"));
-    if (src_count > 0) {
-      auto* ids = parsed.mutable_src()->mutable_block_ids();
-      ids->Clear();
-      ids->Add(src_ids, src_ids + src_count);
-    }
-    if (dst_count > 0) {
-      auto* ids = parsed.mutable_dst()->mutable_block_ids();
-      ids->Clear();
-      ids->Add(dst_ids, dst_ids + dst_count);
-    }
+                            SpecWithIds(spec, spec_len, src_ids, src_count, dst_ids, dst_count));
     KVRAIL_ASSIGN_OR_RETURN(v1::SubmitTransferResponse result, client->Submit(parsed));
     *transfer_id = result.transfer_id();
     return PutBytes(result, response, response_len);
@@ -584,15 +594,7 @@ int kvrail_wait(kvrail_client* handle, uint64_t transfer_id, int64_t timeout_ms,
 int kvrail_wait_end(kvrail_client* handle, uint64_t transfer_id, int64_t timeout_ms, int32_t* state,
                     uint8_t** status, size_t* status_len) {
   return kvrail::c_api::StatusCall(handle, state, status, status_len, [&](Client& client) {
-    if (timeout_ms == 0) {
-      int32_t local = 0;
-      client.LocalStates(&transfer_id, 1, &local);
-      if (!kvrail::client::IsFinal(static_cast<v1::TransferState>(local))) {
-        return client.Get(transfer_id);
-      }
-    }
-    return client.WaitEnd(
-        transfer_id, timeout_ms < 0 ? absl::InfiniteDuration() : absl::Milliseconds(timeout_ms));
+    return kvrail::c_api::WaitEnd(client, transfer_id, timeout_ms);
   });
 }
 

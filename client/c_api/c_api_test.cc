@@ -5,6 +5,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -631,6 +632,121 @@ TEST_CASE("this wave's entry points: misuse is named, a stopped daemon is sessio
   REQUIRE(kvrail_on_session_lost(live.client, nullptr, nullptr) == KVRAIL_OK);
   CHECK(calls.load() == 1);  // once per loss
   live.stopped = true;
+}
+
+TEST_CASE("the fixed-size hot path: submit and end in structs, ends taken many at once") {
+  Live live;
+  Pool src(live.client, /*writable=*/false, 7);
+  Pool dst(live.client, /*writable=*/true, 0);
+  v1::TransferSpec shape;
+  shape.mutable_src()->set_region_id(src.region);
+  shape.mutable_dst()->set_region_id(dst.region);
+  const std::vector<uint8_t> spec = Bytes(shape);
+  const uint32_t src_ids[1] = {2}, dst_ids[1] = {5};
+
+  // Misuse is named: NULL and unknown-size structs, NULL ids, a closed or NULL client.
+  kvrail_submitted submitted{};
+  CHECK(kvrail_submit_blocks_short(live.client, spec.data(), spec.size(), src_ids, 1, dst_ids, 1,
+                                   nullptr) == KVRAIL_INVALID_ARGUMENT);
+  CHECK(LastMessage() == "submitted: NULL out-parameter");
+  submitted.struct_size = 8;
+  CHECK(kvrail_submit_blocks_short(live.client, spec.data(), spec.size(), src_ids, 1, dst_ids, 1,
+                                   &submitted) == KVRAIL_INVALID_ARGUMENT);
+  CHECK(LastMessage().rfind("submitted.struct_size: 8, this library", 0) == 0);
+  submitted.struct_size = sizeof(submitted);
+  CHECK(kvrail_submit_blocks_short(nullptr, spec.data(), spec.size(), src_ids, 1, dst_ids, 1,
+                                   &submitted) == KVRAIL_INVALID_ARGUMENT);
+  CHECK(LastMessage() == "client: NULL");
+  CHECK(kvrail_submit_blocks_short(live.client, spec.data(), spec.size(), nullptr, 1, dst_ids, 1,
+                                   &submitted) == KVRAIL_INVALID_ARGUMENT);
+  CHECK(LastMessage() == "src_ids: NULL with src_count > 0");
+  const uint8_t garbage[] = {0xFF, 0xFF, 0xFF, 0xFF};
+  CHECK(kvrail_submit_blocks_short(live.client, garbage, sizeof(garbage), src_ids, 1, dst_ids, 1,
+                                   &submitted) == KVRAIL_INVALID_ARGUMENT);
+  CHECK(LastMessage() == "spec: 4 bytes are not a serialized kvrail.v1.TransferSpec");
+  CHECK(submitted.transfer_id == 0);
+  kvrail_transfer_end end{};
+  CHECK(kvrail_wait_end_short(live.client, 1, 0, nullptr, nullptr, nullptr) ==
+        KVRAIL_INVALID_ARGUMENT);
+  CHECK(LastMessage() == "end: NULL out-parameter");
+  CHECK(kvrail_wait_end_short(live.client, 1, 0, &end, nullptr, nullptr) ==
+        KVRAIL_INVALID_ARGUMENT);
+  CHECK(LastMessage().rfind("end.struct_size: 0, this library", 0) == 0);
+  end.struct_size = sizeof(end);
+  uint8_t* status = nullptr;
+  CHECK(kvrail_wait_end_short(live.client, 1, 0, &end, &status, nullptr) ==
+        KVRAIL_INVALID_ARGUMENT);
+  CHECK(LastMessage() == "status_len: NULL while status is set");
+  size_t count = 7;
+  kvrail_transfer_end ends[4] = {};
+  CHECK(kvrail_take_ends(live.client, ends, 4, nullptr) == KVRAIL_INVALID_ARGUMENT);
+  CHECK(LastMessage() == "count: NULL out-parameter");
+  CHECK(kvrail_take_ends(live.client, nullptr, 4, &count) == KVRAIL_INVALID_ARGUMENT);
+  CHECK(LastMessage() == "ends: NULL with max > 0");
+  CHECK(count == 0);
+  CHECK(kvrail_take_ends(live.client, ends, 4, &count) == KVRAIL_INVALID_ARGUMENT);
+  CHECK(LastMessage().rfind("ends[0].struct_size: 0, this library", 0) == 0);
+  ends[0].struct_size = sizeof(kvrail_transfer_end);
+  CHECK(kvrail_take_ends(nullptr, ends, 4, &count) == KVRAIL_INVALID_ARGUMENT);
+  CHECK(LastMessage() == "client: NULL");
+
+  // A submit answered in the struct, its end read in the struct (no status bytes: nothing more).
+  REQUIRE(kvrail_submit_blocks_short(live.client, spec.data(), spec.size(), src_ids, 1, dst_ids, 1,
+                                     &submitted) == KVRAIL_OK);
+  CHECK(submitted.transfer_id != 0);
+  CHECK(submitted.bytes_total == kLayers * kParts * kChunk);
+  CHECK(submitted.tiles_total >= 1);
+  CHECK(submitted.deduplicated == 0);
+  CHECK(submitted.followed == 1);
+  size_t status_len = 0;
+  REQUIRE(kvrail_wait_end_short(live.client, submitted.transfer_id, -1, &end, &status,
+                                &status_len) == KVRAIL_OK);
+  CHECK(end.transfer_id == submitted.transfer_id);
+  CHECK(end.state == KVRAIL_STATE_SUCCEEDED);
+  CHECK(end.flags == 0);
+  CHECK(end.bytes_done == submitted.bytes_total);
+  CHECK(end.finished_unix_us > 0);
+  CHECK(status == nullptr);
+  CHECK(std::memcmp(Chunk(dst.buffer, 1, 1, 5), Chunk(src.buffer, 1, 1, 2), kChunk) == 0);
+  // An unknown transfer is the daemon's answer, named.
+  CHECK(kvrail_wait_end_short(live.client, 987654321, 0, &end, nullptr, nullptr) ==
+        KVRAIL_NOT_FOUND);
+
+  // Armed: three ends taken in one call, with their states and counts; then none.
+  REQUIRE(kvrail_arm_completions(live.client, 1) == KVRAIL_OK);
+  std::vector<uint64_t> ids;
+  for (uint32_t b = 0; b < 3; ++b) {
+    const uint32_t s[1] = {b}, d[1] = {b + 4};
+    REQUIRE(kvrail_submit_blocks_short(live.client, spec.data(), spec.size(), s, 1, d, 1,
+                                       &submitted) == KVRAIL_OK);
+    ids.push_back(submitted.transfer_id);
+  }
+  for (uint64_t id : ids) {
+    REQUIRE(kvrail_wait_end_short(live.client, id, -1, &end, nullptr, nullptr) == KVRAIL_OK);
+  }
+  std::vector<uint64_t> taken;
+  for (int tries = 0; tries < 100 && taken.size() < ids.size(); ++tries) {
+    REQUIRE(kvrail_take_ends(live.client, ends, 2, &count) == KVRAIL_OK);  // 2: call again
+    for (size_t i = 0; i < count; ++i) {
+      CHECK(ends[i].struct_size == sizeof(kvrail_transfer_end));
+      CHECK(ends[i].state == KVRAIL_STATE_SUCCEEDED);
+      CHECK(ends[i].flags == 0);
+      CHECK(ends[i].bytes_done == kLayers * kParts * kChunk);
+      CHECK(ends[i].finished_unix_us > 0);
+      taken.push_back(ends[i].transfer_id);
+    }
+  }
+  std::sort(taken.begin(), taken.end());  // in the order they ended
+  CHECK(taken == ids);
+  REQUIRE(kvrail_take_ends(live.client, ends, 4, &count) == KVRAIL_OK);
+  CHECK(count == 0);
+  REQUIRE(kvrail_arm_completions(live.client, 0) == KVRAIL_OK);
+  // A closed client answers misuse, never a crash.
+  kvrail_close(live.client);
+  CHECK(kvrail_take_ends(live.client, ends, 4, &count) == KVRAIL_INVALID_ARGUMENT);
+  CHECK(kvrail_submit_blocks_short(live.client, spec.data(), spec.size(), src_ids, 1, dst_ids, 1,
+                                   &submitted) == KVRAIL_INVALID_ARGUMENT);
+  live.client = nullptr;
 }
 
 TEST_CASE("prepared: posted many times with new ids; misuse and bad ids named; released") {

@@ -264,6 +264,58 @@ int kvrail_completion_follows(kvrail_client* client, uint64_t transfer_id, int* 
  */
 int kvrail_take_completions(kvrail_client* client, uint64_t* ids, size_t max, size_t* count);
 
+/* The hot path with fixed-size answers: a transfer's submit and end in structs, so a caller in
+ * another language parses no message for the common case. */
+typedef struct kvrail_submitted {
+  uint32_t struct_size; /* the caller sets sizeof(kvrail_submitted) */
+  uint32_t tiles_total; /* tiles the plan was cut into */
+  uint64_t transfer_id;
+  uint64_t bytes_total;  /* bytes the plan will move */
+  uint32_t deduplicated; /* 1: the idempotency key matched an earlier transfer, whose id this is */
+  uint32_t followed;     /* 1: its end comes through the completion queue (kvrail_take_ends) */
+} kvrail_submitted;
+
+/* kvrail_transfer_end.flags */
+enum {
+  /* The whole status says more than these fields (an error message, a digest): kvrail_wait or
+   * kvrail_get has it. */
+  KVRAIL_END_MORE = 1,
+  /* kvrail_take_ends: not read without a call (a failure or cancellation, whose message the
+   * daemon has; or a transfer the queue missed when it was full): ask kvrail_wait_end. */
+  KVRAIL_END_ASK = 2
+};
+
+typedef struct kvrail_transfer_end {
+  uint32_t struct_size; /* the caller sets sizeof(kvrail_transfer_end) */
+  int32_t state;        /* TransferState (0 with KVRAIL_END_ASK) */
+  uint64_t transfer_id;
+  int32_t error_code;
+  uint32_t flags; /* KVRAIL_END_* */
+  uint64_t bytes_total;
+  uint64_t bytes_done;
+  uint64_t finished_unix_us;
+} kvrail_transfer_end;
+
+/* kvrail_submit_blocks answering in `submitted` (struct_size set by the caller) instead of
+ * SubmitTransferResponse bytes. Errors as kvrail_submit_blocks'; "submitted.struct_size: ..." for
+ * a size this library does not know. */
+int kvrail_submit_blocks_short(kvrail_client* client, const uint8_t* spec, size_t spec_len,
+                               const uint32_t* src_ids, size_t src_count, const uint32_t* dst_ids,
+                               size_t dst_count, kvrail_submitted* submitted);
+/* kvrail_wait_end answering in `end` (struct_size set by the caller): transfer_id, state,
+ * error_code, bytes and finish time. When the status holds more than those (it came from the
+ * daemon: an error message, a digest, or a transfer still running), KVRAIL_END_MORE is set and,
+ * if `status` is given, the whole serialized kvrail.v1.TransferStatus is put there (kvrail_free);
+ * otherwise *status stays NULL. */
+int kvrail_wait_end_short(kvrail_client* client, uint64_t transfer_id, int64_t timeout_ms,
+                          kvrail_transfer_end* end, uint8_t** status, size_t* status_len);
+/* kvrail_take_completions with each end read as well, in one call and without a call to the
+ * daemon for a transfer that SUCCEEDED (unless its end has more to say: a digest): while armed,
+ * the ends that came since the last call, at most `max` into `ends` (ends[0].struct_size set by
+ * the caller; every entry is written); *count how many (call again while it equals `max`). An
+ * entry with KVRAIL_END_ASK carries only its transfer_id. Clears the eventfd. */
+int kvrail_take_ends(kvrail_client* client, kvrail_transfer_end* ends, size_t max, size_t* count);
+
 /* --- Admin ------------------------------------------------------------------------------------ */
 /* Serialized kvrail.v1.ListRegionsResponse / ListTransfersResponse / Stats. list_transfers:
  * `states` (TransferState numbers, `num_states` of them; none: all), `limit` 0: daemon default. */

@@ -51,6 +51,38 @@ class PagedLayoutStruct(ctypes.Structure):
 
 LAYOUT_PER_LAYER = 1  # KVRAIL_LAYOUT_PER_LAYER
 
+
+class SubmittedStruct(ctypes.Structure):
+    """kvrail_submitted: a submit's answer (kvrail_submit_blocks_short)."""
+
+    _fields_ = [
+        ("struct_size", ctypes.c_uint32),
+        ("tiles_total", ctypes.c_uint32),
+        ("transfer_id", ctypes.c_uint64),
+        ("bytes_total", ctypes.c_uint64),
+        ("deduplicated", ctypes.c_uint32),
+        ("followed", ctypes.c_uint32),
+    ]
+
+
+class TransferEndStruct(ctypes.Structure):
+    """kvrail_transfer_end: a transfer's end (kvrail_wait_end_short, kvrail_take_ends)."""
+
+    _fields_ = [
+        ("struct_size", ctypes.c_uint32),
+        ("state", ctypes.c_int32),
+        ("transfer_id", ctypes.c_uint64),
+        ("error_code", ctypes.c_int32),
+        ("flags", ctypes.c_uint32),
+        ("bytes_total", ctypes.c_uint64),
+        ("bytes_done", ctypes.c_uint64),
+        ("finished_unix_us", ctypes.c_uint64),
+    ]
+
+
+END_MORE = 1  # KVRAIL_END_MORE: the whole status says more than the end's fields
+END_ASK = 2  # KVRAIL_END_ASK: kvrail_take_ends could not read it without a call
+
 # name: (restype, argtypes). int-returning functions return the gRPC code.
 _SIGNATURES = {
     "kvrail_abi_version": (ctypes.c_uint32, []),
@@ -99,6 +131,10 @@ _SIGNATURES = {
     "kvrail_submit_blocks": (ctypes.c_int, [_c_client, ctypes.c_char_p, ctypes.c_size_t,
                                             ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p,
                                             ctypes.c_size_t, _u64p, _u8pp, _sizep]),
+    "kvrail_submit_blocks_short": (ctypes.c_int, [_c_client, ctypes.c_char_p, ctypes.c_size_t,
+                                                  ctypes.c_void_p, ctypes.c_size_t,
+                                                  ctypes.c_void_p, ctypes.c_size_t,
+                                                  ctypes.c_void_p]),
     "kvrail_prepare": (ctypes.c_int, [_c_client, ctypes.c_char_p, ctypes.c_size_t,
                                       ctypes.c_uint32, ctypes.c_uint32,
                                       ctypes.POINTER(ctypes.c_void_p), _u8pp, _sizep]),
@@ -109,6 +145,8 @@ _SIGNATURES = {
                                    _sizep]),
     "kvrail_wait_end": (ctypes.c_int, [_c_client, ctypes.c_uint64, ctypes.c_int64, _i32p, _u8pp,
                                        _sizep]),
+    "kvrail_wait_end_short": (ctypes.c_int, [_c_client, ctypes.c_uint64, ctypes.c_int64,
+                                             ctypes.c_void_p, _u8pp, _sizep]),
     "kvrail_get": (ctypes.c_int, [_c_client, ctypes.c_uint64, _i32p, _u8pp, _sizep]),
     "kvrail_cancel": (ctypes.c_int, [_c_client, ctypes.c_uint64, _i32p, _u8pp, _sizep]),
     "kvrail_mark_ready": (ctypes.c_int, [_c_client, ctypes.c_uint64, ctypes.c_uint32,
@@ -119,6 +157,7 @@ _SIGNATURES = {
     "kvrail_completion_follows": (ctypes.c_int, [_c_client, ctypes.c_uint64,
                                                  ctypes.POINTER(ctypes.c_int)]),
     "kvrail_take_completions": (ctypes.c_int, [_c_client, _u64p, ctypes.c_size_t, _sizep]),
+    "kvrail_take_ends": (ctypes.c_int, [_c_client, ctypes.c_void_p, ctypes.c_size_t, _sizep]),
     "kvrail_list_regions": (ctypes.c_int, [_c_client, _u8pp, _sizep]),
     "kvrail_list_transfers": (ctypes.c_int, [_c_client, _i32p, ctypes.c_size_t, ctypes.c_uint32,
                                              _u8pp, _sizep]),
@@ -158,6 +197,9 @@ def _candidates() -> list:
 def lib() -> ctypes.CDLL:
     """The loaded library (loaded and checked on first use; thread-safe)."""
     global _lib
+    loaded = _lib  # once set, never changes: no lock on the hot path
+    if loaded is not None:
+        return loaded
     with _lock:
         if _lib is not None:
             return _lib

@@ -38,6 +38,11 @@ class Client(RegionCalls, TransferCalls):
         # Live Region objects of this client, registered again by recover().
         self._regions: "weakref.WeakSet[Region]" = weakref.WeakSet()
         self._lost_callback = None  # the ctypes trampoline, alive while the library may call it
+        # TransferCalls' state: serialized specs by shape, the completion waiter of each event
+        # loop, and the token of the one armed now (a transfer submitted meanwhile records it).
+        self._specs: Dict[tuple, bytes] = {}
+        self._waiters: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+        self._armed: Optional[object] = None
 
     # --- lifetime ---------------------------------------------------------------------------
     @property

@@ -55,6 +55,7 @@ class PreparedTransfer:
                 f"prepared_id: prepared transfer {self.id} was released")
         src_ids = _id_array(src_blocks, "src_blocks")
         dst_ids = _id_array(dst_blocks, "dst_blocks")
+        self._client._armed_now()
         transfer_id = ctypes.c_uint64()
         response, response_len = out_bytes()
         check(lib().kvrail_post(self._handle, _address(src_ids), len(src_ids), _address(dst_ids),

@@ -9,10 +9,10 @@ from __future__ import annotations
 import array
 import asyncio
 import ctypes
-import weakref
 from typing import TYPE_CHECKING, Iterable, List, Optional, Sequence, Union
 
-from kvrail._lib import check, lib, out_bytes, take_bytes
+from kvrail._lib import (END_MORE, SubmittedStruct, TransferEndStruct, check, lib, out_bytes,
+                         take_bytes)
 from kvrail.errors import KvrailError, StatusCode, TransferFailedError, error_for
 from kvrail.proto import transfer_pb2
 from kvrail.regions import Region
@@ -23,6 +23,10 @@ if TYPE_CHECKING:
     from kvrail.prepared import PreparedTransfer
 
 TransferState = transfer_pb2.TransferState
+_TransferStatus = transfer_pb2.TransferStatus
+_SUBMITTED_SIZE = ctypes.sizeof(SubmittedStruct)
+_END_SIZE = ctypes.sizeof(TransferEndStruct)
+_SPEC_CACHE = 256  # serialized specs a client keeps by shape (cleared when full)
 _FINAL = (transfer_pb2.TRANSFER_STATE_SUCCEEDED, transfer_pb2.TRANSFER_STATE_FAILED,
           transfer_pb2.TRANSFER_STATE_CANCELLED)
 
@@ -47,19 +51,31 @@ class Transfer:
 
     _AWAIT_SLICE_MS = 200
 
-    def __init__(self, client: "Client", transfer_id: int, response=None) -> None:
+    def __init__(self, client: "Client", transfer_id: int, response=None,
+                 follows: Optional[bool] = None) -> None:
         self._client = client
         self.id: int = transfer_id
-        # kvrail.v1.SubmitTransferResponse, parsed from its bytes on first use (the hot path
-        # submits and waits without reading it).
+        # kvrail.v1.SubmitTransferResponse, made on first use (the hot path submits and waits
+        # without reading it) from its bytes or from (deduplicated, bytes_total, tiles_total).
         self._response = response
         self._final = None  # the final TransferStatus once seen
         self._end = None  # the completion queue's short final status (wait_end, await)
+        # Whether its end comes through the completion queue (None: not known yet, asked once).
+        self._follows = follows
+        # The completion waiter's armed spell (completions.Armed) it was submitted in, if any:
+        # its end then reaches that waiter without a look at the queue (CompletionWaiter.ended).
+        self._armed_at = None
 
     @property
     def response(self):
-        if isinstance(self._response, bytes):
-            self._response = transfer_pb2.SubmitTransferResponse.FromString(self._response)
+        response = self._response
+        if isinstance(response, bytes):
+            self._response = transfer_pb2.SubmitTransferResponse.FromString(response)
+        elif isinstance(response, tuple):
+            deduplicated, bytes_total, tiles_total = response
+            self._response = transfer_pb2.SubmitTransferResponse(
+                transfer_id=self.id, deduplicated=bool(deduplicated), bytes_total=bytes_total,
+                tiles_total=tiles_total)
         return self._response
 
     def _note(self, status):
@@ -127,39 +143,81 @@ class Transfer:
         """Layers [layer_begin, layer_begin + layer_count) of a layer-wise transfer are written."""
         self._client.mark_ready(self.id, layer_begin, layer_count)
 
+    def _ended_future(self) -> "Optional[asyncio.Future]":
+        """A future of the running loop's completion waiter that the end resolves (with the short
+        status, or None: read it with wait_end); None when the queue does not follow it."""
+        follows = self._follows
+        if follows is None:
+            follows = self._follows = self._client._follows(self.id)
+        if not follows:
+            return None
+        waiter = self._client._completion_waiter(asyncio.get_running_loop())
+        return waiter.ended(self) if waiter is not None else None
+
+    def _await_end(self):
+        # A generator for `yield from`: the waiter's future itself is awaited (no coroutine or
+        # Task of its own per transfer).
+        if self._final is None and self._end is None:
+            future = self._ended_future()
+            if future is not None:
+                end = yield from future
+                if end is not None:
+                    self._end = end
+                else:
+                    # One the queue missed, or with more to say, is read from the daemon; one
+                    # still running then is waited for below.
+                    self.wait_end(0)
+            if self._final is None and self._end is None:
+                loop = asyncio.get_running_loop()
+                while self._final is None and self._end is None:
+                    yield from loop.run_in_executor(None, self.wait,
+                                                    self._AWAIT_SLICE_MS / 1000.0)
+        return self._final if self._final is not None else self._end
+
     async def wait_async(self):
         """The final status, awaited without blocking the event loop (no raise on failure):
         the completion queue's short status when it holds the end, else the daemon's."""
-        loop = asyncio.get_running_loop()
-        if self._final is None and self._end is None:
-            waiter = self._client._completion_waiter(loop)
-            if waiter is not None and self._client._follows(self.id):
-                await waiter.ended(self.id)
-                # From the queue (no call); one it missed or with more to say is read from the
-                # daemon, and one still running then is waited for below.
-                self.wait_end(0)
-        while self._final is None and self._end is None:
-            await loop.run_in_executor(None, self.wait, self._AWAIT_SLICE_MS / 1000.0)
-        return self._final if self._final is not None else self._end
+        return await _EndAwaitable(self)
 
     def __await__(self):
-        return self._await_result().__await__()
-
-    async def _await_result(self):
-        return self._outcome(await self.wait_async())
+        status = yield from self._await_end()
+        return self._outcome(status)
 
     def __repr__(self) -> str:
         return f"Transfer(id={self.id})"
+
+
+class _EndAwaitable:
+    """Awaits a transfer's end without raising on failure (Transfer.wait_async)."""
+
+    __slots__ = ("_transfer",)
+
+    def __init__(self, transfer: Transfer) -> None:
+        self._transfer = transfer
+
+    def __await__(self):
+        return self._transfer._await_end()
 
 
 TransferLike = Union[Transfer, int]
 
 
 class TransferCalls:
-    """The Client's transfer calls (a base of Client, which provides _h)."""
+    """The Client's transfer calls (a base of Client, which provides _h, _handle, _specs, a dict
+    for serialized specs by shape, and _armed, the completion waiter armed now if any)."""
+
+    def _armed_now(self):
+        """The completion waiter's armed spell now (None: none), after disarming one whose event
+        loop was closed while armed (its ends would pile up untaken). Every submit looks."""
+        armed = self._armed
+        if armed is not None:
+            armed.abandon_if_closed()
+            armed = self._armed
+        return armed
 
     def submit(self, spec) -> Transfer:
         """Submits a kvrail.v1.TransferSpec; returns once the daemon accepted it."""
+        self._armed_now()
         data = spec.SerializeToString()
         transfer_id = ctypes.c_uint64()
         response, response_len = out_bytes()
@@ -176,6 +234,7 @@ class TransferCalls:
         count = len(specs)
         if count == 0:
             return []
+        self._armed_now()
         datas = [spec.SerializeToString() for spec in specs]
         c_specs = (ctypes.c_char_p * count)(*datas)
         c_lens = (ctypes.c_size_t * count)(*(len(d) for d in datas))
@@ -202,27 +261,45 @@ class TransferCalls:
         TransferSpec fields by keyword (num_layers=, num_tokens=, layerwise=, priority=, ...;
         digest=True checks every tile end to end, result in the status's `digest`);
         src_/dst_ prefixed ones set the endpoints' (src_layer_begin=, dst_head_begin=, ...)."""
-        spec = transfer_pb2.TransferSpec()
-        spec.src.region_id = src.id if isinstance(src, Region) else int(src)
-        spec.dst.region_id = dst.id if isinstance(dst, Region) else int(dst)
-        for key, value in fields.items():
-            side, _, rest = key.partition("_")
-            if side in ("src", "dst") and rest:
-                setattr(getattr(spec, side), rest, value)
-            elif hasattr(value, "DESCRIPTOR"):  # a message field (ready_flags=, arrival_flags=)
-                getattr(spec, key).CopyFrom(value)
-            else:
-                setattr(spec, key, value)
+        armed = self._armed_now()
+        src_id = src.id if isinstance(src, Region) else int(src)
+        dst_id = dst.id if isinstance(dst, Region) else int(dst)
+        # The spec without ids is the same for every transfer of one shape: serialized once and
+        # kept (keyword values that cannot be a dict key, a message, are serialized each time).
+        key = (src_id, dst_id, *fields.items()) if fields else (src_id, dst_id)
+        specs = self._specs
+        try:
+            data = specs[key]
+        except KeyError:
+            data = _spec_bytes(src_id, dst_id, fields)
+            if len(specs) >= _SPEC_CACHE:
+                specs.clear()
+            specs[key] = data
+        except TypeError:
+            data = _spec_bytes(src_id, dst_id, fields)
         # The ids go to the library as uint32 arrays: no protobuf encoding of them in Python.
-        src_ids, dst_ids = _id_array(src_blocks, "src_blocks"), _id_array(dst_blocks, "dst_blocks")
-        data = spec.SerializeToString()
-        transfer_id = ctypes.c_uint64()
-        response, response_len = out_bytes()
-        check(lib().kvrail_submit_blocks(self._h, data, len(data), _address(src_ids),
-                                         len(src_ids), _address(dst_ids), len(dst_ids),
-                                         ctypes.byref(transfer_id), ctypes.byref(response),
-                                         ctypes.byref(response_len)))
-        return Transfer(self, transfer_id.value, take_bytes(response, response_len.value))
+        src_ids = _id_array(src_blocks, "src_blocks")
+        dst_ids = _id_array(dst_blocks, "dst_blocks")
+        out = SubmittedStruct(_SUBMITTED_SIZE)
+        code = lib().kvrail_submit_blocks_short(
+            self._handle, data, len(data), src_ids.buffer_info()[0] if src_ids else None,
+            len(src_ids), dst_ids.buffer_info()[0] if dst_ids else None, len(dst_ids),
+            ctypes.addressof(out))
+        if code:
+            check(code)
+        transfer = Transfer(self, out.transfer_id,
+                            (out.deduplicated, out.bytes_total, out.tiles_total),
+                            out.followed != 0)
+        transfer._armed_at = armed
+        if armed is not None:
+            # Submitted on the event loop that awaits the queue: the ends that came during the
+            # submit are dispatched now, so their awaits resume before this coroutine's next
+            # step rather than after it (a loop that submits back to back runs the reader only
+            # after each step).
+            waiter = armed.waiter
+            if waiter._loop is asyncio._get_running_loop() and waiter._token is armed:
+                waiter._on_ready()
+        return transfer
 
     def prepare(self, src: Union[Region, int], dst: Union[Region, int], src_block_count: int,
                 dst_block_count: int = 0, **fields) -> "PreparedTransfer":
@@ -273,10 +350,24 @@ class TransferCalls:
         status then carries transfer_id, state, error_code, bytes_total, bytes_done and
         finished_unix_us only (wait() and get() have the rest: path, engine, phases). An end with
         an error message, and a transfer the queue does not follow, come from the daemon."""
-        timeout_ms = -1 if timeout is None else max(0, int(timeout * 1000))
-        if timeout is not None and timeout > 0 and timeout_ms == 0:
-            timeout_ms = 1
-        return self._status_call(lib().kvrail_wait_end, _id(transfer), timeout_ms)
+        if timeout is None:
+            timeout_ms = -1
+        else:
+            timeout_ms = max(0, int(timeout * 1000))
+            if timeout > 0 and timeout_ms == 0:
+                timeout_ms = 1
+        end = TransferEndStruct(_END_SIZE)
+        status, status_len = out_bytes()
+        code = lib().kvrail_wait_end_short(self._handle, _id(transfer), timeout_ms,
+                                           ctypes.addressof(end), ctypes.byref(status),
+                                           ctypes.byref(status_len))
+        if code:
+            check(code)
+        if end.flags & END_MORE:
+            return _TransferStatus.FromString(take_bytes(status, status_len.value))
+        return _TransferStatus(transfer_id=end.transfer_id, state=end.state,
+                               error_code=end.error_code, bytes_total=end.bytes_total,
+                               bytes_done=end.bytes_done, finished_unix_us=end.finished_unix_us)
 
     def cancel(self, transfer: TransferLike):
         return self._status_call(lib().kvrail_cancel, _id(transfer))
@@ -293,7 +384,7 @@ class TransferCalls:
     def _completion_waiter(self, loop: asyncio.AbstractEventLoop) -> "Optional[CompletionWaiter]":
         """This client's completion waiter on `loop`; None without a completion queue."""
         from kvrail.completions import CompletionWaiter
-        waiters = self.__dict__.setdefault("_waiters", weakref.WeakKeyDictionary())
+        waiters = self._waiters
         waiter = waiters.get(loop)
         if waiter is None:
             fd = ctypes.c_int(-1)
@@ -326,8 +417,30 @@ class TransferCalls:
         return states.tolist()
 
 
+def _spec_bytes(src_id: int, dst_id: int, fields: dict) -> bytes:
+    """A paged TransferSpec from `src_id` into `dst_id` with keyword `fields` (Client.transfer),
+    serialized, without block ids."""
+    spec = transfer_pb2.TransferSpec()
+    spec.src.region_id = src_id
+    spec.dst.region_id = dst_id
+    for key, value in fields.items():
+        side, _, rest = key.partition("_")
+        if side in ("src", "dst") and rest:
+            setattr(getattr(spec, side), rest, value)
+        elif hasattr(value, "DESCRIPTOR"):  # a message field (ready_flags=, arrival_flags=)
+            getattr(spec, key).CopyFrom(value)
+        else:
+            setattr(spec, key, value)
+    return spec.SerializeToString()
+
+
 def _id_array(blocks, name: str) -> "array.array":
     """Block ids as a uint32 array (a numpy array or any sequence of ints)."""
+    if type(blocks) is list:  # the common case first
+        try:
+            return array.array("I", blocks)
+        except (OverflowError, TypeError) as e:
+            raise ValueError(f"{name}: block ids must be integers in [0, 2^32): {e}") from None
     if isinstance(blocks, array.array) and blocks.typecode == "I":
         return blocks
     try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import time
 
 import pytest
 
@@ -75,13 +76,18 @@ def test_await_takes_the_end_from_the_queue_without_a_call(daemon):
     with kvrail.connect(daemon.socket) as client:
         src, dst = _pools(client)
         calls = []
-        real = client._status_call
+        real_status_call, real_wait_end = client._status_call, client.wait_end
 
         def counted(fn, *args):
             calls.append(fn.__name__)
-            return real(fn, *args)
+            return real_status_call(fn, *args)
+
+        def counted_wait_end(*args, **kwargs):
+            calls.append("wait_end")
+            return real_wait_end(*args, **kwargs)
 
         client._status_call = counted
+        client.wait_end = counted_wait_end
 
         async def one():
             loop = asyncio.get_running_loop()
@@ -95,7 +101,8 @@ def test_await_takes_the_end_from_the_queue_without_a_call(daemon):
         assert status.bytes_done == status.bytes_total > 0
         assert status.finished_unix_us > 0
         assert status.path == transfer_pb2.PATH_UNSPECIFIED, "the await read the daemon's status"
-        assert calls == ["kvrail_wait_end"]
+        # Ended before anything was armed: read from the queue's table (no call to the daemon).
+        assert calls == ["wait_end"]
         assert transfer.wait_end() is status
         whole = transfer.result(timeout=30)
         assert whole.path != transfer_pb2.PATH_UNSPECIFIED
@@ -151,3 +158,120 @@ def test_a_full_queue_falls_back_and_loses_nothing(daemon, monkeypatch):
             return await asyncio.wait_for(asyncio.gather(*transfers), 60)
 
         assert [s.state for s in asyncio.run(awaited())] == [SUCCEEDED] * 300
+
+
+def test_awaits_one_after_another_take_their_ends_from_the_wake_up(daemon):
+    # The waiter stays armed from one await to the next, so a transfer submitted meanwhile is
+    # neither looked up when awaited nor read after its end: each end arrives with the wake-up's
+    # one take of the queue (states, counts and finish times), resolving the await directly.
+    with kvrail.connect(daemon.socket) as client:
+        src, dst = _pools(client)
+        looks, reads = [], []
+        real_poll, real_wait_end = client.poll, client.wait_end
+
+        def counted_poll(*args, **kwargs):
+            looks.append(args)
+            return real_poll(*args, **kwargs)
+
+        def counted_wait_end(*args, **kwargs):
+            reads.append(args)
+            return real_wait_end(*args, **kwargs)
+
+        client.poll, client.wait_end = counted_poll, counted_wait_end
+
+        async def run():
+            loop = asyncio.get_running_loop()
+            loop.run_in_executor = _NoExecutor(loop)
+            first = await client.transfer(src.region, [0], dst.region, [0])
+            # Nothing was armed before it: one look, and one read if it had ended by then.
+            assert len(looks) == 1 and len(reads) <= 1
+            looks.clear()
+            reads.clear()
+            statuses = []
+            for i in range(50):
+                transfer = client.transfer(src.region, [i % 16], dst.region, [(i * 7) % 16])
+                statuses.append((transfer, await transfer))
+            return first, statuses
+
+        first, statuses = asyncio.run(run())
+        assert first.state == SUCCEEDED
+        assert looks == [], "an await of a transfer submitted while armed looked it up"
+        assert reads == [], "an await read an end the queue's take had delivered"
+        for transfer, status in statuses:
+            assert status.state == SUCCEEDED
+            assert status.transfer_id == transfer.id
+            assert status.bytes_done == status.bytes_total > 0
+            assert status.finished_unix_us > 0
+            assert transfer.wait_end() is status
+        assert (dst.tokens([(49 * 7) % 16], 4) == src.tokens([49 % 16], 4)).all()
+
+
+def test_a_shape_keeps_its_spec_and_each_transfer_its_own_fields(daemon):
+    # Client.transfer serializes the spec of a shape (regions and keyword fields) once: a
+    # transfer with other fields is a shape of its own, and the ids are every transfer's own.
+    with kvrail.connect(daemon.socket) as client:
+        src, dst = _pools(client)
+        plain = [client.transfer(src.region, [i], dst.region, [i + 8]) for i in range(3)]
+        labelled = client.transfer(src.region, [4], dst.region, [12], label="tagged")
+        again = client.transfer(src.region, [5], dst.region, [13])
+        assert len(client._specs) == 2
+        for t in plain + [labelled, again]:
+            assert t.result(timeout=30).state == SUCCEEDED
+        assert [t.result().spec.label for t in plain + [labelled, again]] == \
+            ["", "", "", "tagged", ""]
+        assert labelled.response.transfer_id == labelled.id
+        assert labelled.response.bytes_total == labelled.result().bytes_total > 0
+        assert not labelled.response.deduplicated
+        for i in range(3):
+            assert (dst.tokens([i + 8], 4) == src.tokens([i], 4)).all()
+        assert (dst.tokens([13], 4) == src.tokens([5], 4)).all()
+        # A value that cannot be a key (a message) is serialized each time, not kept.
+        flags = transfer_pb2.FlagArray(region_id=987654321, value=1)
+        with pytest.raises(kvrail.KvrailError):
+            client.transfer(src.region, [1], dst.region, [1], ready_flags=flags)
+        assert len(client._specs) == 2
+
+
+def test_a_submit_on_the_loop_dispatches_the_ends_that_came_meanwhile(daemon):
+    # An event loop that submits back to back runs its reader only between steps: the ends that
+    # came during a submit are dispatched by the submit itself, before the coroutine goes on.
+    with kvrail.connect(daemon.socket) as client:
+        src, dst = _pools(client)
+
+        async def run():
+            # Layer-wise: it cannot end before its layers are marked ready.
+            first = client.transfer(src.region, [1], dst.region, [1], layerwise=True)
+            waiting = asyncio.ensure_future(first.wait_async())
+            await asyncio.sleep(0)  # the await registers; the waiter is armed
+            waiter = client._completion_waiter(asyncio.get_running_loop())
+            assert first.id in waiter._futures
+            first.mark_ready(0, src.layout.num_layers)
+            deadline = time.monotonic() + 30
+            while not first.done() and time.monotonic() < deadline:
+                time.sleep(0.001)  # the loop is held: its reader cannot run
+            assert first.id in waiter._futures
+            second = client.transfer(src.region, [2], dst.region, [2])
+            assert first.id not in waiter._futures, "the submit left the end undispatched"
+            return await waiting, await second
+
+        first_status, second_status = asyncio.run(run())
+        assert first_status.state == second_status.state == SUCCEEDED
+
+
+def test_a_loop_closed_while_armed_is_disarmed_by_the_next_submit(daemon):
+    # asyncio.run may end between an await and the waiter's idle disarm: the next submit finds
+    # the loop closed and disarms, so no end piles up for a reader that is gone.
+    with kvrail.connect(daemon.socket) as client:
+        src, dst = _pools(client)
+
+        async def one():
+            return await client.transfer(src.region, [3], dst.region, [3])
+
+        assert asyncio.run(one()).state == SUCCEEDED
+        assert client._armed is not None, "disarmed already: nothing left to test"
+        transfer = client.transfer(src.region, [4], dst.region, [4])
+        assert client._armed is None
+        assert transfer._armed_at is None
+        assert transfer.wait_end(30).state == SUCCEEDED
+        # A new loop arms again and awaits as before.
+        assert asyncio.run(one()).state == SUCCEEDED

@@ -1,0 +1,151 @@
+// The C ABI's fixed-size hot path (kvrail.h, kvrail_submitted / kvrail_transfer_end): a submit
+// and a transfer's end answered in structs, and the completion queue's ends taken many at once,
+// so that a caller in another language (the Python package) parses no message per transfer.
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "base/status.h"
+#include "client/c_api/client_calls.h"
+#include "client/c_api/entry.h"
+#include "client/c_api/kvrail.h"
+#include "client/kvrail_client.h"
+#include "proto/kvrail/v1/transfer.pb.h"
+
+namespace kvrail::c_api {
+
+absl::StatusOr<v1::TransferStatus> WaitEnd(client::Client& client, uint64_t transfer_id,
+                                           int64_t timeout_ms) {
+  if (timeout_ms == 0) {
+    int32_t local = 0;
+    client.LocalStates(&transfer_id, 1, &local);
+    if (!client::IsFinal(static_cast<v1::TransferState>(local))) return client.Get(transfer_id);
+  }
+  return client.WaitEnd(transfer_id,
+                        timeout_ms < 0 ? absl::InfiniteDuration() : absl::Milliseconds(timeout_ms));
+}
+
+namespace {
+
+// A struct the caller sized: `name`.struct_size must be this library's sizeof(T).
+template <typename T>
+absl::Status CheckStructSize(const T* in, const char* name) {
+  if (in->struct_size != sizeof(T)) {
+    return absl::InvalidArgumentError(absl::StrCat(name, ".struct_size: ", in->struct_size,
+                                                   ", this library (ABI ", KVRAIL_ABI_VERSION,
+                                                   ") knows ", sizeof(T)));
+  }
+  return absl::OkStatus();
+}
+
+// `status` as an end; true when the status says no more than the end's fields (every other
+// field at its default, so the two serialize to the same size).
+bool FillEnd(const v1::TransferStatus& status, kvrail_transfer_end* end) {
+  end->transfer_id = status.transfer_id();
+  end->state = static_cast<int32_t>(status.state());
+  end->error_code = status.error_code();
+  end->bytes_total = status.bytes_total();
+  end->bytes_done = status.bytes_done();
+  end->finished_unix_us = status.finished_unix_us();
+  v1::TransferStatus fields;
+  fields.set_transfer_id(status.transfer_id());
+  fields.set_state(status.state());
+  fields.set_error_code(status.error_code());
+  fields.set_bytes_total(status.bytes_total());
+  fields.set_bytes_done(status.bytes_done());
+  fields.set_finished_unix_us(status.finished_unix_us());
+  return fields.ByteSizeLong() == status.ByteSizeLong();
+}
+
+void ClearEnd(kvrail_transfer_end* end) {
+  *end = kvrail_transfer_end{};
+  end->struct_size = sizeof(kvrail_transfer_end);
+}
+
+}  // namespace
+}  // namespace kvrail::c_api
+
+using kvrail::c_api::CheckStructSize;
+using kvrail::c_api::ClearEnd;
+using kvrail::c_api::FillEnd;
+using kvrail::c_api::FindClient;
+using kvrail::c_api::Guard;
+using kvrail::c_api::RequireOut;
+using kvrail::c_api::ResetBytes;
+using kvrail::client::Client;
+namespace v1 = kvrail::v1;
+
+extern "C" {
+
+int kvrail_submit_blocks_short(kvrail_client* handle, const uint8_t* spec, size_t spec_len,
+                               const uint32_t* src_ids, size_t src_count, const uint32_t* dst_ids,
+                               size_t dst_count, kvrail_submitted* submitted) {
+  return Guard([&]() -> absl::Status {
+    KVRAIL_RETURN_IF_ERROR(RequireOut(submitted, "submitted"));
+    KVRAIL_RETURN_IF_ERROR(CheckStructSize(submitted, "submitted"));
+    *submitted = kvrail_submitted{};
+    submitted->struct_size = sizeof(kvrail_submitted);
+    KVRAIL_ASSIGN_OR_RETURN(std::shared_ptr<Client> client, FindClient(handle));
+    KVRAIL_ASSIGN_OR_RETURN(
+        v1::TransferSpec parsed,
+        kvrail::c_api::SpecWithIds(spec, spec_len, src_ids, src_count, dst_ids, dst_count));
+    KVRAIL_ASSIGN_OR_RETURN(v1::SubmitTransferResponse result, client->Submit(parsed));
+    submitted->transfer_id = result.transfer_id();
+    submitted->bytes_total = result.bytes_total();
+    submitted->tiles_total = result.tiles_total();
+    submitted->deduplicated = result.deduplicated() ? 1 : 0;
+    submitted->followed = client->FollowsCompletion(result.transfer_id()) ? 1 : 0;
+    return absl::OkStatus();
+  });
+}
+
+int kvrail_wait_end_short(kvrail_client* handle, uint64_t transfer_id, int64_t timeout_ms,
+                          kvrail_transfer_end* end, uint8_t** status, size_t* status_len) {
+  return Guard([&]() -> absl::Status {
+    KVRAIL_RETURN_IF_ERROR(RequireOut(end, "end"));
+    KVRAIL_RETURN_IF_ERROR(CheckStructSize(end, "end"));
+    ClearEnd(end);
+    KVRAIL_RETURN_IF_ERROR(ResetBytes(status, status_len, "status"));
+    KVRAIL_ASSIGN_OR_RETURN(std::shared_ptr<Client> client, FindClient(handle));
+    KVRAIL_ASSIGN_OR_RETURN(v1::TransferStatus result,
+                            kvrail::c_api::WaitEnd(*client, transfer_id, timeout_ms));
+    if (FillEnd(result, end)) return absl::OkStatus();
+    end->flags |= KVRAIL_END_MORE;
+    return kvrail::c_api::PutBytes(result, status, status_len);
+  });
+}
+
+int kvrail_take_ends(kvrail_client* handle, kvrail_transfer_end* ends, size_t max, size_t* count) {
+  return Guard([&]() -> absl::Status {
+    KVRAIL_RETURN_IF_ERROR(RequireOut(count, "count"));
+    *count = 0;
+    if (max == 0) return FindClient(handle).status();
+    if (ends == nullptr) return absl::InvalidArgumentError("ends: NULL with max > 0");
+    KVRAIL_RETURN_IF_ERROR(CheckStructSize(ends, "ends[0]"));
+    KVRAIL_ASSIGN_OR_RETURN(std::shared_ptr<Client> client, FindClient(handle));
+    std::vector<uint64_t> ids(max);
+    const size_t n = client->TakeCompletions(ids.data(), max);
+    std::vector<int32_t> states(n);
+    client->LocalStates(ids.data(), n, states.data());
+    for (size_t i = 0; i < n; ++i) {
+      kvrail_transfer_end* end = &ends[i];
+      ClearEnd(end);
+      end->transfer_id = ids[i];
+      end->flags = KVRAIL_END_ASK;
+      // A success is read from the queue; a failure's message, and what the queue cannot tell,
+      // are the daemon's: left to the caller, so this call never waits on the daemon for them.
+      if (states[i] != v1::TRANSFER_STATE_SUCCEEDED) continue;
+      absl::StatusOr<v1::TransferStatus> status = client->WaitEnd(ids[i], absl::InfiniteDuration());
+      if (!status.ok() || !kvrail::client::IsFinal(status->state())) continue;
+      end->flags = FillEnd(*status, end) ? 0 : KVRAIL_END_MORE;
+    }
+    *count = n;
+    return absl::OkStatus();
+  });
+}
+
+}  // extern "C"
