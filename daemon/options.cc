@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "daemon/config/config.h"
 #include "daemon/metrics/build_info.h"
 
 namespace kvrail::daemon {
@@ -63,10 +64,12 @@ engine::CudaEngineOptions CudaEngineOptionsFrom(const v1::DaemonConfig& config) 
   options.wake_on_submit = config.cuda_wake_on_submit();
   options.done_words = config.cuda_done_words();
   options.warm_plans = config.cuda_warm_plans();
-  if (!config.low_latency()) {
-    options.dispatcher_spin_us = 0;
-    options.staged_plan_upload = false;
-  }
+  // Config defaults the spin by low_latency (config.cc) and bounds both.
+  options.dispatcher_spin_us =
+      static_cast<int>(std::min(config.cuda_dispatcher_spin_us(), config::kMaxSpinUs));
+  options.dispatcher_spin_budget =
+      std::min<uint32_t>(config.cuda_dispatcher_spin_budget_percent(), 100) / 100.0;
+  if (!config.low_latency()) options.staged_plan_upload = false;
   return options;
 }
 
@@ -168,7 +171,7 @@ session::SessionServerOptions SessionOptionsFrom(const v1::DaemonConfig& config,
   options.submission_queue = config.session_submission_queue();
   // Config defaults it by low_latency (config.cc) and bounds it.
   options.submission_spin =
-      absl::Microseconds(std::min<uint32_t>(config.session_submission_spin_us(), 1000));
+      absl::Microseconds(std::min(config.session_submission_spin_us(), config::kMaxSpinUs));
   options.spin_budget = std::min<uint32_t>(config.session_spin_budget_percent(), 100) / 100.0;
   return options;
 }

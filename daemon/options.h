@@ -43,7 +43,8 @@ regions::RegionLimits RegionLimitsFrom(const v1::DaemonConfig& config);
 engine::PriorityLimits PriorityLimitsFrom(const v1::DaemonConfig& config);
 
 // The CUDA engine's options; cuda_critical_ctas unset is -1 (one CTA per SM, asked of the GPU);
-// low_latency false turns the dispatcher's idle spin and staged plan uploads off.
+// low_latency false turns staged plan uploads off (and the dispatcher's idle spin, unless
+// cuda_dispatcher_spin_us is set); the spin's budget is cuda_dispatcher_spin_budget_percent / 100.
 engine::CudaEngineOptions CudaEngineOptionsFrom(const v1::DaemonConfig& config);
 
 // The fabric's options for this node and `topology` (tls is the Daemon's).

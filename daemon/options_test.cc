@@ -59,6 +59,24 @@ TEST_CASE("CUDA engine: the config's defaults, critical_ctas unset is -1, low_la
   CHECK(o.limits[1].max_ctas == 0);
 }
 
+TEST_CASE("CUDA engine: the dispatcher's idle spin and its budget from the config") {
+  engine::CudaEngineOptions o = CudaEngineOptionsFrom(Finalized(""));
+  CHECK(o.dispatcher_spin_us == 100);      // unset, low_latency: today's 100 us
+  CHECK(o.dispatcher_spin_budget == 1.0);  // unset: no cap
+  o = CudaEngineOptionsFrom(
+      Finalized("cuda_dispatcher_spin_us: 3000 cuda_dispatcher_spin_budget_percent: 50"));
+  CHECK(o.dispatcher_spin_us == 3000);
+  CHECK(o.dispatcher_spin_budget == 0.5);
+  CHECK(CudaEngineOptionsFrom(Finalized("cuda_dispatcher_spin_us: 10000")).dispatcher_spin_us ==
+        10000);
+  CHECK(CudaEngineOptionsFrom(Finalized("cuda_dispatcher_spin_budget_percent: 0"))
+            .dispatcher_spin_budget == 0.0);
+  // low_latency off: no spin unless one is asked for.
+  CHECK(CudaEngineOptionsFrom(Finalized("low_latency: false")).dispatcher_spin_us == 0);
+  CHECK(CudaEngineOptionsFrom(Finalized("low_latency: false cuda_dispatcher_spin_us: 2500"))
+            .dispatcher_spin_us == 2500);
+}
+
 TEST_CASE("fabric: defaults from the config, nics from tcp_listen's host, relay and gpu_pack") {
   fabric::FabricOptions o = FabricOptionsFrom(
       Finalized("tcp_listen: '10.0.0.5:7070' insecure_peers: true peers { key: 'b' value: "
@@ -106,6 +124,12 @@ TEST_CASE("sessions: max_sessions from the fd limit when 0; spin follows low_lat
   CHECK(SessionOptionsFrom(Finalized("session_spin_budget_percent: 100"), 1024).spin_budget == 1.0);
   CHECK(SessionOptionsFrom(Finalized("session_spin_budget_percent: 0"), 1024).spin_budget == 0.0);
   CHECK(SessionOptionsFrom(Finalized("session_spin_budget_percent: 35"), 1024).spin_budget == 0.35);
+  // A spin across a decode step's gap (up to 10 ms).
+  CHECK(o.submission_spin == absl::Microseconds(50));
+  CHECK(SessionOptionsFrom(Finalized("session_submission_spin_us: 5000"), 1024).submission_spin ==
+        absl::Microseconds(5000));
+  CHECK(SessionOptionsFrom(Finalized("session_submission_spin_us: 10000"), 1024).submission_spin ==
+        absl::Microseconds(10000));
 }
 
 TEST_CASE("server, transfers, regions, metrics, MPS: copied from the config") {

@@ -334,6 +334,12 @@ absl::Status FinalizeConfig(v1::DaemonConfig* config) {
     config->set_session_submission_spin_us(config->low_latency() ? 50 : 0);
   }
   if (!config->has_session_spin_budget_percent()) config->set_session_spin_budget_percent(10);
+  if (!config->has_cuda_dispatcher_spin_us()) {
+    config->set_cuda_dispatcher_spin_us(config->low_latency() ? 100 : 0);
+  }
+  if (!config->has_cuda_dispatcher_spin_budget_percent()) {
+    config->set_cuda_dispatcher_spin_budget_percent(100);
+  }
   // CUDA's own default folder; kvraild exports the value to CUDA before it starts.
   if (config->cuda_mps_pipe_directory().empty()) {
     config->set_cuda_mps_pipe_directory("/tmp/nvidia-mps");
@@ -391,9 +397,19 @@ absl::Status FinalizeConfig(v1::DaemonConfig* config) {
   if (config->cuda_copy_split_fixed_percent() > 90) {
     return absl::InvalidArgumentError("cuda_copy_split_fixed_percent: at most 90");
   }
-  if (config->session_submission_spin_us() > 1000) {
+  if (config->session_submission_spin_us() > kMaxSpinUs) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("session_submission_spin_us: ", config->session_submission_spin_us(),
+                     ", at most ", kMaxSpinUs));
+  }
+  if (config->cuda_dispatcher_spin_us() > kMaxSpinUs) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "session_submission_spin_us: ", config->session_submission_spin_us(), ", at most 1000"));
+        "cuda_dispatcher_spin_us: ", config->cuda_dispatcher_spin_us(), ", at most ", kMaxSpinUs));
+  }
+  if (config->cuda_dispatcher_spin_budget_percent() > 100) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cuda_dispatcher_spin_budget_percent: ", config->cuda_dispatcher_spin_budget_percent(),
+        ", at most 100"));
   }
   if (config->session_spin_budget_percent() > 100) {
     return absl::InvalidArgumentError(absl::StrCat(

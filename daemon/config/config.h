@@ -1,6 +1,7 @@
 // kvraild's configuration: a DaemonConfig textproto file, then flags, then defaults.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <string>
 
@@ -8,6 +9,11 @@
 #include "proto/kvrail/v1/config.pb.h"
 
 namespace kvrail::config {
+
+// The longest idle spin a config may ask of a thread on the hot path (session_submission_spin_us,
+// cuda_dispatcher_spin_us), in microseconds: a decode step's gap. Each spin is also bounded by
+// its budget (session_spin_budget_percent, cuda_dispatcher_spin_budget_percent).
+constexpr uint32_t kMaxSpinUs = 10000;
 
 // Parses a DaemonConfig in protobuf text format. Errors name the file and line.
 absl::StatusOr<v1::DaemonConfig> LoadConfigFile(const std::string& path);

@@ -12,11 +12,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "base/spin_budget.h"
 #include "base/unique_fd.h"
 #include "daemon/session/admission.h"
 #include "daemon/session/session_server.h"
 #include "daemon/session/session_server_impl.h"
-#include "daemon/session/spin_budget.h"
 #include "spdlog/spdlog.h"
 #include "wire/session_wire.h"
 

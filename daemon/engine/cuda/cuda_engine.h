@@ -61,6 +61,10 @@ struct CudaEngineOptions {
   // small plan) instead of up to five copies, the header from pageable memory.
   int dispatcher_spin_us = 100;
   bool staged_plan_upload = true;
+  // The share of its thread's time each GPU's dispatcher may spend in that spin, kept as a
+  // SpinBudget over 100 ms (base/spin_budget.h): a spin ends early once the budget is spent.
+  // 1: no cap; 0: never spins.
+  double dispatcher_spin_budget = 1.0;
   // Engine::Expect wakes the GPU's sleeping dispatcher (then it spins as above) while a submit for
   // it is planned. Off, or without the spin: Expect does nothing.
   bool wake_on_submit = true;

@@ -40,7 +40,8 @@ Dispatcher::Dispatcher(GpuOps* ops, const Clock* clock, const CudaEngineOptions&
                 ? WarmPlans::Limits{static_cast<size_t>(std::max(0, options.warm_plan_entries)),
                                     static_cast<size_t>(options.warm_plan_bytes)}
                 : WarmPlans::Limits{}),
-      tuners_(options) {}
+      tuners_(options),
+      idle_budget_(options.dispatcher_spin_budget, kIdleSpinBudgetWindow, clock->Now()) {}
 
 Dispatcher::~Dispatcher() {
   for (auto& entry : states_) Drop(std::move(entry.second));
@@ -369,8 +370,31 @@ absl::Status Dispatcher::HoldTables(JobState& s) {
 
 void Dispatcher::SpinForWork() {
   if (queues_->ClearHintUnlessWork()) return;
-  const absl::Time until = absl::Now() + absl::Microseconds(options_.dispatcher_spin_us);
-  while (!queues_->hint() && absl::Now() < until) CpuRelax();
+  const absl::Duration wanted = absl::Microseconds(options_.dispatcher_spin_us);
+  const absl::Time from = clock_->Now();
+  // Decided once: a spin of the allowance leaves the budget empty, not overdrawn.
+  const absl::Duration allowed = std::min(wanted, idle_budget_.Allowance(from));
+  if (allowed <= absl::ZeroDuration()) {
+    stats_->IdleSpinRefused();
+    return;
+  }
+  stats_->IdleSpinBegan();
+  const absl::Time until = from + allowed;
+  absl::Time now = from;
+  bool hit = false;
+  while (true) {
+    if (queues_->hint()) {
+      hit = true;
+      now = clock_->Now();
+      break;
+    }
+    now = clock_->Now();
+    if (now >= until) break;
+    CpuRelax();
+  }
+  // Every spin draws on the budget, one that found work too: it burned the core all the same.
+  idle_budget_.Spent(from, now);
+  stats_->IdleSpinEnded(now - from, hit, /*cut=*/!hit && allowed < wanted);
 }
 
 absl::StatusOr<GpuStream*> Dispatcher::CopyStream() {

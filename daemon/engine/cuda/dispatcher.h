@@ -16,6 +16,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "base/clock.h"
+#include "base/spin_budget.h"
 #include "daemon/engine/cuda/cuda_engine.h"
 #include "daemon/engine/cuda/dispatch_queues.h"
 #include "daemon/engine/cuda/gpu_gate.h"
@@ -39,6 +40,9 @@ constexpr int kCopyOnlyTunerKeys = 1 << 10;
 // the word). No host function wakes it: a host callback after each gated batch put a CPU round
 // trip between one layer's copy and the next on the job's stream (docs/benchmarks.md).
 constexpr absl::Duration kGateWordPoll = absl::Microseconds(20);
+// The idle spin's budget window (CudaEngineOptions::dispatcher_spin_budget): the most unused
+// budget banked is the share of this.
+constexpr absl::Duration kIdleSpinBudgetWindow = absl::Milliseconds(100);
 
 // How a job's plan runs on this GPU (scheduler::ChoosePlanMode's choice and what follows).
 struct PlanRun {
@@ -193,6 +197,8 @@ class Dispatcher {
   bool GateWordsCame(const JobState& s, const Batch& b) const;
   absl::StatusOr<GpuStream*> CopyStream();
   absl::StatusOr<std::unique_ptr<GpuEvent>> TakeEvent();
+  // The idle spin: polls the queues' hint for up to options_.dispatcher_spin_us, as long as
+  // idle_budget_ allows, reading the injected clock; charges what it spun to the budget.
   void SpinForWork();
 
   GpuOps* const ops_;
@@ -205,6 +211,7 @@ class Dispatcher {
   PlanStager stager_;
   WarmPlans warm_;
   Tuners tuners_;
+  SpinBudget idle_budget_;
   std::unordered_map<const Job*, std::unique_ptr<JobState>> states_;
   std::deque<Batch> in_flight_;
   int gated_pending_ = 0;                                // gated batches launched and not completed

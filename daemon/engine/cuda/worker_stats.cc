@@ -75,7 +75,7 @@ std::string WorkerStats::Describe(int device, int max_ctas, int critical_ctas) c
                                                                " not: ", done_word_error_, ")")
                                                 : std::string())
           : std::string(),
-      WarmPlansTextLocked(), "; ", CopyOnlyTextLocked(), held_states_,
+      WarmPlansTextLocked(), IdleSpinTextLocked(), "; ", CopyOnlyTextLocked(), held_states_,
       " jobs set up (plan on the GPU); last job set-up (plan upload enqueued) ", SetUpTextLocked(),
       LastJobTextLocked(), first_job_text_,
       first_job_batches_.empty()
@@ -118,9 +118,46 @@ void WorkerStats::WarmPlansKept(size_t entries, size_t bytes) {
   warm_bytes_ = bytes;
 }
 
+void WorkerStats::IdleSpinBegan() {
+  absl::MutexLock lock(&mu_);
+  ++idle_spins_.began;
+}
+
+void WorkerStats::IdleSpinEnded(absl::Duration spun, bool hit, bool cut) {
+  absl::MutexLock lock(&mu_);
+  ++idle_spins_.ended;
+  if (hit) ++idle_spins_.hits;
+  if (cut) ++idle_spins_.cut;
+  idle_spins_.spun += spun;
+  idle_spins_.last = spun;
+}
+
+void WorkerStats::IdleSpinRefused() {
+  absl::MutexLock lock(&mu_);
+  ++idle_spins_.refused;
+}
+
+IdleSpinCounts WorkerStats::idle_spins() const {
+  absl::MutexLock lock(&mu_);
+  return idle_spins_;
+}
+
+std::string WorkerStats::IdleSpinTextLocked() const {
+  if (idle_spins_.began == 0 && idle_spins_.refused == 0) return "";
+  return absl::StrFormat(
+      "; idle spin: %u spins, %.1f ms, %u ended by work, %u cut short and %u refused by the "
+      "budget",
+      idle_spins_.began, absl::ToDoubleMilliseconds(idle_spins_.spun), idle_spins_.hits,
+      idle_spins_.cut, idle_spins_.refused);
+}
+
 std::map<std::string, double> WorkerStats::Gauges() const {
   absl::MutexLock lock(&mu_);
-  return {{"warm_plan_hits_total", static_cast<double>(warm_hits_)},
+  return {{"dispatcher_spins_total", static_cast<double>(idle_spins_.began)},
+          {"dispatcher_spin_seconds_total", absl::ToDoubleSeconds(idle_spins_.spun)},
+          {"dispatcher_spins_cut_total", static_cast<double>(idle_spins_.cut)},
+          {"dispatcher_spins_refused_total", static_cast<double>(idle_spins_.refused)},
+          {"warm_plan_hits_total", static_cast<double>(warm_hits_)},
           {"warm_plan_misses_total", static_cast<double>(warm_misses_)},
           {"warm_plan_id_upload_failures_total", static_cast<double>(warm_ids_failed_)},
           {"warm_plans", static_cast<double>(warm_entries_)},

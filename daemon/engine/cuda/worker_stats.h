@@ -24,6 +24,17 @@ struct SetUpSample {
   bool pinned = false;
 };
 
+// The dispatcher's idle spins (CudaEngineOptions::dispatcher_spin_us under its budget).
+struct IdleSpinCounts {
+  uint64_t began = 0;  // spins begun (the budget allowed some time)
+  uint64_t ended = 0;
+  uint64_t hits = 0;     // ended by work coming (a job enqueued, or the engine stopping)
+  uint64_t cut = 0;      // ended early by the budget, no work come
+  uint64_t refused = 0;  // never begun: the budget was spent
+  absl::Duration spun;   // every spin's time together, as the dispatcher's clock read it
+  absl::Duration last;   // the latest spin's
+};
+
 struct JobSample {
   uint32_t batches = 0;
   uint64_t bytes = 0;
@@ -60,6 +71,12 @@ class WorkerStats {
   void WarmPlan(bool hit);
   void WarmPlanIdsFailed(const absl::Status& why);
   void WarmPlansKept(size_t entries, size_t bytes);
+  // The idle spin: one begun, one ended after `spun` (`hit`: work came; `cut`: the budget ended
+  // it first), or one the budget refused outright (IdleSpinRefused).
+  void IdleSpinBegan();
+  void IdleSpinEnded(absl::Duration spun, bool hit, bool cut);
+  void IdleSpinRefused();
+  IdleSpinCounts idle_spins() const;
   // Numeric state for metrics (Engine::Gauges): counters end in _total.
   std::map<std::string, double> Gauges() const;
 
@@ -77,6 +94,7 @@ class WorkerStats {
   std::string SetUpTextLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string LastJobTextLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string WarmPlansTextLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::string IdleSpinTextLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   mutable absl::Mutex mu_;
   bool warm_done_ ABSL_GUARDED_BY(mu_) = false;
@@ -103,6 +121,7 @@ class WorkerStats {
   std::string warm_error_ ABSL_GUARDED_BY(mu_);
   size_t warm_entries_ ABSL_GUARDED_BY(mu_) = 0;
   size_t warm_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  IdleSpinCounts idle_spins_ ABSL_GUARDED_BY(mu_);
   bool first_job_pending_ = true;
   absl::Time first_setup_at_;
 };

@@ -1,8 +1,9 @@
-// Internal to the session server: a cap on the share of one thread's time that it spends
-// spinning (polling without sleeping, for the next packet or submission queue entry). A spin
-// saves the wake-up of a thread that sleeps (tens of microseconds on a loaded machine) but
-// burns a core while nothing comes: at a decode cadence (one transfer every few milliseconds)
-// an unbounded spin after each transfer costs several percent of a core for nothing. The budget
+// A cap on the share of one thread's time that it spends spinning (polling without sleeping:
+// the session poll thread for the next packet or submission queue entry, a GPU's dispatcher for
+// its next job). A spin saves the wake-up of a thread that sleeps (tens of microseconds on a
+// loaded machine, 150-190 us from a deep CPU idle state) but burns a core while nothing comes:
+// at a decode cadence (one transfer every few milliseconds) an unbounded spin after each
+// transfer costs several percent of a core for nothing. The budget
 // is a token bucket over time: it fills at `share` of the time that passes (at most `share` x
 // `window` banked) and each spin draws what it spent; a thread spins only while the bucket is
 // not empty. Over any stretch of time T the time spent spinning is then at most share x T plus
@@ -11,14 +12,14 @@
 // Probe, describe, compute: the caller reads the clock and passes it in; the class is pure
 // arithmetic over those readings (unit tested with an injected clock).
 //
-// Thread contract: not thread-safe; one thread (the poll thread) owns it.
+// Thread contract: not thread-safe; one thread (the one that spins) owns it.
 #pragma once
 
 #include <cstdint>
 
 #include "absl/time/time.h"
 
-namespace kvrail::session {
+namespace kvrail {
 
 class SpinBudget {
  public:
@@ -28,6 +29,10 @@ class SpinBudget {
 
   // Whether a spin may go on at `now` (false once the bucket is empty).
   bool Allows(absl::Time now);
+  // How long a spin that begins at `now` may go on before the bucket is empty, the bucket
+  // refilling meanwhile: tokens / (1 - share). Infinite without a cap, zero once it is spent.
+  // A spin that ends by then and is charged with Spent leaves the bucket at or above zero.
+  absl::Duration Allowance(absl::Time now);
   // The thread spun from `from` to `to` for nothing: drawn from the bucket (nothing when `to`
   // is not after `from`).
   void Spent(absl::Time from, absl::Time to);
@@ -48,4 +53,4 @@ class SpinBudget {
   uint64_t refusals_ = 0;
 };
 
-}  // namespace kvrail::session
+}  // namespace kvrail

@@ -1,13 +1,13 @@
 // SpinBudget over an injected clock: a thread that spins whenever allowed spends at most its
 // share of the time (plus the banked window and one round); an idle thread banks no more than
 // the window; no cap and no spin at the two ends.
-#include "daemon/session/spin_budget.h"
+#include "base/spin_budget.h"
 
 #include <catch2/catch.hpp>
 
 #include "absl/time/time.h"
 
-namespace kvrail::session {
+namespace kvrail {
 namespace {
 
 const absl::Time kStart = absl::FromUnixSeconds(1000);
@@ -105,5 +105,33 @@ TEST_CASE("share 1 never refuses, share 0 never allows, time going back is ignor
   CHECK(budget.Allows(kStart - absl::Seconds(1)));  // an earlier reading: the bucket as it was
 }
 
+TEST_CASE("allowance: a spin of that length empties the bucket, never below zero") {
+  // 50%: 50 ms banked; a spin from full lasts 100 ms (it drains at half the rate it runs).
+  SpinBudget half(0.5, absl::Milliseconds(100), kStart);
+  CHECK(half.Allowance(kStart) == absl::Milliseconds(100));
+  half.Spent(kStart, kStart + absl::Milliseconds(30));
+  const absl::Time t1 = kStart + absl::Milliseconds(30);
+  CHECK(half.Allowance(t1) == absl::Milliseconds(70));  // 35 ms left
+  half.Spent(t1, t1 + absl::Milliseconds(70));
+  const absl::Time t2 = t1 + absl::Milliseconds(70);
+  CHECK(half.Allowance(t2) == absl::ZeroDuration());
+  CHECK_FALSE(half.Allows(t2));
+  CHECK(half.refusals() == 2);
+  // 10 ms asleep bank 5 ms: 10 ms of spin.
+  CHECK(half.Allowance(t2 + absl::Milliseconds(10)) == absl::Milliseconds(10));
+  // 10%: 10 ms banked; a spin of the allowance (11.1 ms) leaves the bucket empty, not negative.
+  SpinBudget tenth(0.1, absl::Milliseconds(100), kStart);
+  const absl::Duration a = tenth.Allowance(kStart);
+  CHECK(absl::ToDoubleMicroseconds(a) == Approx(10000 / 0.9).margin(0.01));
+  tenth.Spent(kStart, kStart + a);
+  CHECK(tenth.Allows(kStart + a + absl::Nanoseconds(10)));
+  CHECK(tenth.Allowance(kStart + a) <= absl::Nanoseconds(2));
+  // No cap, no spin.
+  CHECK(SpinBudget(1.0, absl::Milliseconds(100), kStart).Allowance(kStart) ==
+        absl::InfiniteDuration());
+  CHECK(SpinBudget(0.0, absl::Milliseconds(100), kStart).Allowance(kStart + absl::Hours(1)) ==
+        absl::ZeroDuration());
+}
+
 }  // namespace
-}  // namespace kvrail::session
+}  // namespace kvrail
