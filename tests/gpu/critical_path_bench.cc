@@ -16,17 +16,30 @@
 // TEST_SRCDIR/TEST_WORKSPACE, as the GPU tests do.
 //  doneword the same 16 MiB transfer, submit -> done seen by a client polling LocalStates, with
 //           the GPU-written done word and without (KVRAIL_GPU_DONE_WORD=0), 3 fresh daemons each.
-// Usage: critical_path_bench [split|first|latency|doneword|all] [--src-gpu N] [--dst-gpu N]
+//  cadence  latency's transfer at a decode step's cadence (2 ms between transfers) with the hot
+//           path's spins set to cover the gap (daemon: session_submission_spin_us,
+//           cuda_dispatcher_spin_us and their budgets; client: KVRAIL_SUBMISSION_SPIN_US,
+//           KVRAIL_COMPLETION_SPIN_US, KVRAIL_ANSWER_SPIN_US), against the defaults back to
+//           back and at the cadence in the same run: p50 / p90 with the phase medians and the CPU
+//           each side used over the measured transfers (kvraild: utime + stime of its pid from
+//           /proc/PID/stat; the client: this process's getrusage), as percent of one core.
+//           Median (min-max) of 3 fresh daemons per setting, the settings interleaved.
+// Usage: critical_path_bench [split|first|latency|doneword|cadence|all] [--src-gpu N]
+//                            [--dst-gpu N]
 #include <cuda_runtime_api.h>
 #include <signal.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <numeric>
 #include <random>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <utility>
@@ -312,10 +325,48 @@ void FirstRow(const char* label, const std::string& config,
 }
 
 // --- latency -------------------------------------------------------------------------------
+// CPU seconds (user + system) kvraild's process `pid` has used, from /proc/PID/stat (clock ticks,
+// every thread of the process); -1 when unreadable.
+double ProcessCpuSeconds(pid_t pid) {
+  std::ifstream in(absl::StrCat("/proc/", pid, "/stat"));
+  std::string line;
+  if (!std::getline(in, line)) return -1;
+  // After the command's closing parenthesis: state is field 3, utime 14, stime 15.
+  const size_t paren = line.rfind(')');
+  if (paren == std::string::npos) return -1;
+  std::istringstream rest(line.substr(paren + 1));
+  std::string field;
+  double utime = -1, stime = -1;
+  for (int n = 3; n <= 15 && rest >> field; ++n) {
+    if (n == 14) utime = std::stod(field);
+    if (n == 15) stime = std::stod(field);
+  }
+  if (utime < 0 || stime < 0) return -1;
+  return (utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
+
+// CPU seconds this process (the client, every thread) has used.
+double SelfCpuSeconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_utime.tv_sec + u.ru_stime.tv_sec + (u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
+}
+
+// One latency run: submit -> completion of the measured transfers (sorted, us), the phases'
+// medians, and the CPU each side used over them (percent of one core).
+struct LatencyRun {
+  std::vector<double> lat;
+  double phase[6] = {0, 0, 0, 0, 0, 0};
+  double daemon_cpu_pct = -1, client_cpu_pct = -1;
+  std::string engines;
+  double p50() const { return lat[lat.size() / 2]; }
+  double p90() const { return lat[lat.size() * 9 / 10]; }
+};
+
 // gap_us > 0: the client sleeps that long between transfers (a decode step's cadence: the
 // daemon's threads go to sleep between transfers, unlike back to back).
-void Latency(const char* label, const std::string& config,
-             std::vector<std::pair<std::string, std::string>> env = {}, int gap_us = 0) {
+LatencyRun MeasureLatency(const std::string& config,
+                          std::vector<std::pair<std::string, std::string>> env, int gap_us) {
   ScopedEnv scoped(std::move(env));
   Daemon d(config);
   const uint64_t block = 16 << 10;
@@ -330,7 +381,14 @@ void Latency(const char* label, const std::string& config,
   spec.set_priority(v1::PRIORITY_CRITICAL);
   std::vector<double> lat;
   std::vector<std::vector<double>> ph(6);
+  double daemon_cpu0 = 0, client_cpu0 = 0;
+  Clock::time_point wall0;
   for (int i = 0; i < 220; ++i) {
+    if (i == 20) {
+      daemon_cpu0 = ProcessCpuSeconds(d.process.pid());
+      client_cpu0 = SelfCpuSeconds();
+      wall0 = Clock::now();
+    }
     if (gap_us > 0) absl::SleepFor(absl::Microseconds(gap_us));
     const Timed t = RunTransfer(d, spec);
     if (i < 20) continue;
@@ -343,13 +401,106 @@ void Latency(const char* label, const std::string& config,
     ph[4].push_back(static_cast<double>(s.finished_unix_us() - s.started_unix_us()));
     ph[5].push_back(t.u_done - s.finished_unix_us());
   }
+  LatencyRun run;
+  const double wall = std::chrono::duration<double>(Clock::now() - wall0).count();
+  const double daemon_cpu1 = ProcessCpuSeconds(d.process.pid());
+  if (daemon_cpu0 >= 0 && daemon_cpu1 >= 0) {
+    run.daemon_cpu_pct = 100 * (daemon_cpu1 - daemon_cpu0) / wall;
+  }
+  run.client_cpu_pct = 100 * (SelfCpuSeconds() - client_cpu0) / wall;
   std::sort(lat.begin(), lat.end());
   for (auto& v : ph) std::sort(v.begin(), v.end());
   const size_t m = lat.size() / 2;
+  for (int k = 0; k < 6; ++k) run.phase[k] = ph[k][m];
+  run.lat = std::move(lat);
+  run.engines = d.Engines();
+  return run;
+}
+
+void Latency(const char* label, const std::string& config,
+             std::vector<std::pair<std::string, std::string>> env = {}, int gap_us = 0) {
+  const LatencyRun r = MeasureLatency(config, std::move(env), gap_us);
   std::printf("| %s | %.1f | %.1f | %.1f | %.1f | %.1f / %.1f / %.1f / %.1f / %.1f / %.1f |\n",
-              label, lat[m], lat[lat.size() * 9 / 10], lat[0], lat.back(), ph[0][m], ph[1][m],
-              ph[2][m], ph[3][m], ph[4][m], ph[5][m]);
-  std::printf("  engine: %s\n", d.Engines().c_str());
+              label, r.p50(), r.p90(), r.lat.front(), r.lat.back(), r.phase[0], r.phase[1],
+              r.phase[2], r.phase[3], r.phase[4], r.phase[5]);
+  std::printf("  engine: %s\n", r.engines.c_str());
+  std::fflush(stdout);
+}
+
+// --- cadence -------------------------------------------------------------------------------
+// One setting of the cadence table: the daemon's config, the environment (the client's spins),
+// the gap between transfers.
+struct CadenceSetting {
+  std::string label;
+  std::string config;
+  std::vector<std::pair<std::string, std::string>> env;
+  int gap_us;
+};
+
+// The spins set to cover a 2 ms gap (3 ms each), the daemon's budgets at `budget` percent.
+CadenceSetting Covering(std::string label, int budget, std::string extra_config = "") {
+  return {std::move(label),
+          absl::StrCat("session_submission_spin_us: 3000\ncuda_dispatcher_spin_us: 3000\n",
+                       "session_spin_budget_percent: ", budget,
+                       "\ncuda_dispatcher_spin_budget_percent: ", budget, "\n", extra_config),
+          {{"KVRAIL_SUBMISSION_SPIN_US", "3000"},
+           {"KVRAIL_COMPLETION_SPIN_US", "3000"},
+           {"KVRAIL_ANSWER_SPIN_US", "3000"}},
+          2000};
+}
+
+void CadenceRows() {
+  std::vector<CadenceSetting> settings = {
+      {"default, back to back", "", {}, 0},
+      {"default, 2 ms between transfers", "", {}, 2000},
+      Covering("2 ms, spins cover the gap (3000 us), budgets 100%", 100),
+      Covering("2 ms, spins cover the gap, budgets 50%", 50),
+      Covering("2 ms, spins cover the gap, budgets 100%, admission on the poll thread "
+               "(session_admission_workers: 0)",
+               100, "session_admission_workers: 0\n"),
+      {"2 ms, the daemon's spins only (budgets 100%, client defaults)",
+       "session_submission_spin_us: 3000\ncuda_dispatcher_spin_us: 3000\n"
+       "session_spin_budget_percent: 100\n",
+       {},
+       2000},
+  };
+  {
+    CadenceSetting b2b = Covering("back to back, spins as covering the gap (budgets 100%)", 100);
+    b2b.gap_us = 0;
+    settings.push_back(std::move(b2b));
+  }
+  constexpr int kRuns = 3;
+  std::vector<std::vector<LatencyRun>> runs(settings.size());
+  for (int run = 0; run < kRuns; ++run) {
+    for (size_t i = 0; i < settings.size(); ++i) {
+      runs[i].push_back(MeasureLatency(settings[i].config, settings[i].env, settings[i].gap_us));
+    }
+  }
+  for (size_t i = 0; i < settings.size(); ++i) {
+    std::vector<LatencyRun>& r = runs[i];
+    auto spread = [&r](const std::function<double(const LatencyRun&)>& f) {
+      std::vector<double> v;
+      for (const LatencyRun& x : r) v.push_back(f(x));
+      return gpu_bench::Cell(gpu_bench::SpreadOf(v));
+    };
+    // The phases and the engine's line of the run with the median p50.
+    std::sort(r.begin(), r.end(),
+              [](const LatencyRun& a, const LatencyRun& b) { return a.p50() < b.p50(); });
+    const LatencyRun& mid = r[r.size() / 2];
+    std::printf("| %s | %s | %s | %.1f / %.1f / %.1f / %.1f / %.1f / %.1f | %s | %s |\n",
+                settings[i].label.c_str(),
+                spread([](const LatencyRun& x) { return x.p50(); }).c_str(),
+                spread([](const LatencyRun& x) { return x.p90(); }).c_str(), mid.phase[0],
+                mid.phase[1], mid.phase[2], mid.phase[3], mid.phase[4], mid.phase[5],
+                spread([](const LatencyRun& x) { return x.daemon_cpu_pct; }).c_str(),
+                spread([](const LatencyRun& x) { return x.client_cpu_pct; }).c_str());
+    // The dispatcher's spins from the engine's line (worker_stats.cc), when it spun at all.
+    const size_t at = mid.engines.find("idle spin:");
+    std::printf("  median run's dispatcher: %s\n",
+                at == std::string::npos
+                    ? "no idle spin"
+                    : mid.engines.substr(at, mid.engines.find(';', at) - at).c_str());
+  }
   std::fflush(stdout);
 }
 
@@ -489,6 +640,19 @@ int main(int argc, char** argv) {
             {{"KVRAIL_SUBMISSION_QUEUE", "0"}});
     Latency("without the done word (KVRAIL_GPU_DONE_WORD=0)", "", {{"KVRAIL_GPU_DONE_WORD", "0"}});
     Latency("default, 2 ms between transfers (again)", "", {}, 2000);
+  }
+  if (part == "all" || part == "cadence") {
+    std::printf(
+        "\ncadence: 16 MiB critical transfer (1024 x 16 KiB blocks) %s, submit -> completion seen "
+        "by the client, 200 after 20 warm-ups per fresh kvraild (us), median (min-max) of 3 "
+        "runs, settings interleaved; phases (the median run's medians): client -> daemon / "
+        "accept / reply / queued / running / finished -> client; CPU over the 200: kvraild's "
+        "(/proc/PID/stat utime+stime, every thread, 10 ms ticks) and the client's (getrusage), "
+        "percent of one core\n\n"
+        "| setting | p50 | p90 | phases | kvraild CPU %% | client CPU %% |\n"
+        "|---|---|---|---|---|---|\n",
+        where);
+    CadenceRows();
   }
   if (part == "all" || part == "doneword") {
     std::printf(
