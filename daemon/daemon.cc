@@ -342,8 +342,8 @@ absl::Status DaemonImpl::StartRegions() {
 
 absl::Status DaemonImpl::StartEngines() {
   const v1::DaemonConfig& c = config();
-  engine_ =
-      engine::CreateHostEngine(static_cast<int>(c.host_engine_threads()), PriorityLimitsFrom(c));
+  const HostEngineOptions host = HostEngineOptionsFrom(c);
+  engine_ = engine::CreateHostEngine(host.threads, host.limits, host.inline_max_bytes);
   if (c.cuda_engine() == "off") return absl::OkStatus();
   absl::StatusOr<std::unique_ptr<engine::Engine>> created =
       engine::CreateCudaEngine(CudaEngineOptionsFrom(c));

@@ -43,6 +43,14 @@ engine::PriorityLimits PriorityLimitsFrom(const v1::DaemonConfig& config) {
   return limits;
 }
 
+HostEngineOptions HostEngineOptionsFrom(const v1::DaemonConfig& config) {
+  HostEngineOptions options;
+  options.threads = static_cast<int>(config.host_engine_threads());
+  options.limits = PriorityLimitsFrom(config);
+  options.inline_max_bytes = config.host_inline_max_bytes();
+  return options;
+}
+
 engine::CudaEngineOptions CudaEngineOptionsFrom(const v1::DaemonConfig& config) {
   engine::CudaEngineOptions options;
   options.max_ctas = static_cast<int>(config.cuda_max_ctas());

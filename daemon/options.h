@@ -42,6 +42,15 @@ regions::RegionLimits RegionLimitsFrom(const v1::DaemonConfig& config);
 // Per-class limits indexed by engine::PriorityClass (critical, normal, background).
 engine::PriorityLimits PriorityLimitsFrom(const v1::DaemonConfig& config);
 
+// The host engine's worker threads, class limits and the largest job it copies on the admitting
+// thread (host_inline_max_bytes; engine::CreateHostEngine).
+struct HostEngineOptions {
+  int threads = 0;
+  engine::PriorityLimits limits;
+  uint64_t inline_max_bytes = 0;
+};
+HostEngineOptions HostEngineOptionsFrom(const v1::DaemonConfig& config);
+
 // The CUDA engine's options; cuda_critical_ctas unset is -1 (one CTA per SM, asked of the GPU);
 // low_latency false turns staged plan uploads off (and the dispatcher's idle spin, unless
 // cuda_dispatcher_spin_us is set); the spin's budget is cuda_dispatcher_spin_budget_percent / 100.

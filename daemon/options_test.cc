@@ -132,6 +132,21 @@ TEST_CASE("sessions: max_sessions from the fd limit when 0; spin follows low_lat
         absl::Microseconds(10000));
 }
 
+TEST_CASE("host engine: threads, class limits, the inline byte limit and low_latency off") {
+  const HostEngineOptions o = HostEngineOptionsFrom(Finalized(""));
+  CHECK(o.threads == 4);
+  CHECK(o.inline_max_bytes == 65536);  // unset: the documented default with low_latency
+  CHECK(HostEngineOptionsFrom(Finalized("low_latency: false")).inline_max_bytes == 0);
+  CHECK(HostEngineOptionsFrom(Finalized("low_latency: false host_inline_max_bytes: 4096"))
+            .inline_max_bytes == 4096);
+  CHECK(HostEngineOptionsFrom(Finalized("host_inline_max_bytes: 0")).inline_max_bytes == 0);
+  const HostEngineOptions limited = HostEngineOptionsFrom(
+      Finalized("host_engine_threads: 2 background_limits { max_inflight_bytes: 4096 }"));
+  CHECK(limited.threads == 2);
+  CHECK(limited.limits[static_cast<int>(engine::PriorityClass::kBackground)].max_inflight_bytes ==
+        4096);
+}
+
 TEST_CASE("server, transfers, regions, metrics, MPS: copied from the config") {
   const v1::DaemonConfig config = Finalized(
       "node_id: 'n1' tcp_listen: '127.0.0.1:0' insecure_peers: true tile_bytes: 65536 "

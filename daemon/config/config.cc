@@ -340,6 +340,9 @@ absl::Status FinalizeConfig(v1::DaemonConfig* config) {
   if (!config->has_cuda_dispatcher_spin_budget_percent()) {
     config->set_cuda_dispatcher_spin_budget_percent(100);
   }
+  if (!config->has_host_inline_max_bytes()) {
+    config->set_host_inline_max_bytes(config->low_latency() ? 65536 : 0);
+  }
   // CUDA's own default folder; kvraild exports the value to CUDA before it starts.
   if (config->cuda_mps_pipe_directory().empty()) {
     config->set_cuda_mps_pipe_directory("/tmp/nvidia-mps");
@@ -410,6 +413,10 @@ absl::Status FinalizeConfig(v1::DaemonConfig* config) {
     return absl::InvalidArgumentError(absl::StrCat(
         "cuda_dispatcher_spin_budget_percent: ", config->cuda_dispatcher_spin_budget_percent(),
         ", at most 100"));
+  }
+  if (config->host_inline_max_bytes() > (1 << 20)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "host_inline_max_bytes: ", config->host_inline_max_bytes(), ", at most 1048576"));
   }
   if (config->session_spin_budget_percent() > 100) {
     return absl::InvalidArgumentError(absl::StrCat(

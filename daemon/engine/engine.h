@@ -63,6 +63,15 @@ class Engine {
   // Queues `tiles` of `job` (they may start at once). The engine keeps `job` alive until each
   // queued tile is reported or removed.
   virtual void Enqueue(const std::shared_ptr<Job>& job, const std::vector<uint32_t>& tiles) = 0;
+  // Enqueue from the thread that admits `job`, holding no lock that the job's reports take (its
+  // end runs the transfer's waiters): an engine may run small work right here, on the calling
+  // thread, where handing it to a sleeping worker would cost a wake-up longer than the work
+  // (HostEngine: jobs of at most its inline byte limit). The tiles are then reported before it
+  // returns. Default: Enqueue.
+  virtual void EnqueueAdmitted(const std::shared_ptr<Job>& job,
+                               const std::vector<uint32_t>& tiles) {
+    Enqueue(job, tiles);
+  }
   // Removes the job's queued, not yet started tiles and returns how many were removed; those are
   // never reported. Tiles already running still report.
   virtual size_t Remove(const Job* job) = 0;

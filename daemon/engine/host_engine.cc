@@ -29,12 +29,21 @@ constexpr uint64_t kRetainedTableBytes = 64 << 20;
 // (tile-level preemption). How many workers each class may occupy is
 // scheduler::HostClassSlots; a class's max_inflight_bytes further caps the bytes of its tiles
 // being copied at once (scheduler::MayStart).
+// A small job from EnqueueAdmitted (at most inline_max_bytes) is copied on the admitting thread
+// instead: a worker asleep on mu_ takes tens of microseconds to wake on these VMs (more than
+// copying a few KiB), and back-to-back small transfers would pay that on every one. It runs only
+// where a worker could start it at once (nothing of its class or a higher one queued, a slot and
+// the byte limit free), and holds that slot while it runs, so the class limits and the order
+// between classes are what the workers keep.
 // Thread contract: every public method from any thread; queues and counters under mu_; each
-// worker thread runs one tile at a time outside the lock.
+// worker thread, and each admitting thread running a job inline, runs one tile at a time outside
+// the lock.
 class HostEngine final : public Engine {
  public:
-  HostEngine(int threads, const PriorityLimits& limits, TileLandedHook after_copy = {})
+  HostEngine(int threads, const PriorityLimits& limits, uint64_t inline_max_bytes,
+             TileLandedHook after_copy = {})
       : threads_(threads < 1 ? 1 : threads),
+        inline_max_bytes_(inline_max_bytes),
         class_limits_(limits),
         after_copy_(std::move(after_copy)),
         max_running_(scheduler::HostClassSlots(threads_)),
@@ -55,6 +64,28 @@ class HostEngine final : public Engine {
   void Enqueue(const std::shared_ptr<Job>& job, const std::vector<uint32_t>& tiles) override {
     absl::MutexLock lock(&mu_);
     queues_.Add(job, tiles);
+  }
+
+  void EnqueueAdmitted(const std::shared_ptr<Job>& job,
+                       const std::vector<uint32_t>& tiles) override {
+    if (tiles.empty()) return;
+    uint64_t bytes = 0;
+    for (const uint32_t tile : tiles) bytes += job->plan().tile(tile).bytes;
+    const int cls = static_cast<int>(job->priority());
+    {
+      absl::MutexLock lock(&mu_);
+      if (!MayRunInline(cls, bytes)) {
+        queues_.Add(job, tiles);
+        return;
+      }
+      ++running_[cls];
+      inflight_bytes_[cls] += bytes;
+    }
+    // Not measured for EstimateSeconds: a few KiB say little about a worker's throughput.
+    for (const uint32_t tile : tiles) (void)RunTile(*job, tile);
+    absl::MutexLock lock(&mu_);
+    --running_[cls];
+    inflight_bytes_[cls] -= bytes;
   }
 
   std::optional<double> EstimateSeconds(uint64_t bytes, PriorityClass priority) const override {
@@ -111,6 +142,18 @@ class HostEngine final : public Engine {
            MayStart(class_limits_[c], inflight_bytes_[c], queues_.FrontTileBytes(c));
   }
 
+  // Whether a job of class `cls` and `bytes` may run on the admitting thread now: small, nothing
+  // of its class or a higher one (lower index) waiting for a worker, and a slot and the class's
+  // byte limit free, as a worker would need to start it.
+  bool MayRunInline(int cls, uint64_t bytes) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (stop_ || bytes > inline_max_bytes_) return false;
+    for (int c = 0; c <= cls; ++c) {
+      if (!queues_.Empty(c)) return false;
+    }
+    return running_[cls] < max_running_[cls] &&
+           MayStart(class_limits_[cls], inflight_bytes_[cls], bytes);
+  }
+
   bool HasWorkOrStop() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (stop_) return true;
     for (int c = 0; c < kNumPriorityClasses; ++c) {
@@ -140,21 +183,9 @@ class HostEngine final : public Engine {
           break;
         }
       }
-      job->OnTileStart(tile);
-      // Ids the planner left unchecked are checked before the tile may touch memory (outside the
-      // timing below, which measures copying).
-      const absl::Status checked = job->plan().CheckTiles(tile, tile + 1);
-      const auto t0 = std::chrono::steady_clock::now();
-      absl::Status done = checked;
-      if (checked.ok() && !job->wants_digest()) {
-        planner::ExecuteTileHost(job->plan(), tile, job->src_base(), job->dst_base());
-      }
-      const double seconds =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      if (checked.ok() && job->wants_digest()) done = CopyWithDigest(*job, tile);
       // Reported before the slot is released, so a class's limit holds for its jobs' view too
       // (no new tile of the class starts until this one has been reported done).
-      job->OnTileDone(tile, done);
+      const double seconds = RunTile(*job, tile);
       {
         absl::MutexLock lock(&mu_);
         --running_[cls];
@@ -167,6 +198,24 @@ class HostEngine final : public Engine {
         ++measured_tiles_;
       }
     }
+  }
+
+  // Runs one tile and reports it (OnTileStart, OnTileDone); returns the seconds its copy took.
+  double RunTile(Job& job, uint32_t tile) const {
+    job.OnTileStart(tile);
+    // Ids the planner left unchecked are checked before the tile may touch memory (outside the
+    // timing below, which measures copying).
+    const absl::Status checked = job.plan().CheckTiles(tile, tile + 1);
+    const auto t0 = std::chrono::steady_clock::now();
+    absl::Status done = checked;
+    if (checked.ok() && !job.wants_digest()) {
+      planner::ExecuteTileHost(job.plan(), tile, job.src_base(), job.dst_base());
+    }
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (checked.ok() && job.wants_digest()) done = CopyWithDigest(job, tile);
+    job.OnTileDone(tile, done);
+    return seconds;
   }
 
   // TransferSpec.digest: the host twin copies and hashes the source as it goes, then the
@@ -188,6 +237,7 @@ class HostEngine final : public Engine {
   static constexpr uint64_t kMinMeasuredTiles = 8;
 
   const int threads_;
+  const uint64_t inline_max_bytes_;
   const PriorityLimits class_limits_;
   const TileLandedHook after_copy_;
   const std::array<int, kNumPriorityClasses> max_running_;
@@ -204,12 +254,13 @@ class HostEngine final : public Engine {
 
 }  // namespace
 
-std::unique_ptr<Engine> CreateHostEngine(int threads, const PriorityLimits& limits) {
-  return std::make_unique<HostEngine>(threads, limits);
+std::unique_ptr<Engine> CreateHostEngine(int threads, const PriorityLimits& limits,
+                                         uint64_t inline_max_bytes) {
+  return std::make_unique<HostEngine>(threads, limits, inline_max_bytes);
 }
 
 std::unique_ptr<Engine> CreateHostEngineForTest(int threads, TileLandedHook after_copy) {
-  return std::make_unique<HostEngine>(threads, PriorityLimits{}, std::move(after_copy));
+  return std::make_unique<HostEngine>(threads, PriorityLimits{}, 0, std::move(after_copy));
 }
 
 }  // namespace kvrail::engine

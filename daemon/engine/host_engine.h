@@ -3,6 +3,7 @@
 // takes the last free worker: scheduler::HostClassSlots).
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 
@@ -12,7 +13,11 @@ namespace kvrail::engine {
 
 // Runs tiles with memcpy on `threads` worker threads (the host twin of the kernels' arithmetic).
 // The engine is thread-safe (engine.h); its table pool (Capabilities) recycles heap table buffers.
-std::unique_ptr<Engine> CreateHostEngine(int threads, const PriorityLimits& limits = {});
+// A job of at most `inline_max_bytes` handed over by EnqueueAdmitted runs on the admitting thread
+// (DaemonConfig.host_inline_max_bytes) when no tile of its priority class or a higher one is
+// queued and its class may start one more tile; 0: every job goes to the workers.
+std::unique_ptr<Engine> CreateHostEngine(int threads, const PriorityLimits& limits = {},
+                                         uint64_t inline_max_bytes = 0);
 
 // Tests only: called on the worker after a digest job's tile was copied and before its
 // destination is read back (TransferSpec.digest), so a test can corrupt the landed bytes the way

@@ -46,6 +46,38 @@ class FakeEngine final : public engine::Engine {
     for (uint32_t t : tiles) queued_.push_back({job, t});
     enqueued_ += tiles.size();
   }
+  // What an admission hands over (Engine::EnqueueAdmitted): counted, then queued as Enqueue's
+  // tiles, or with set_run_admitted(true) run to their report on the calling thread, as the host
+  // engine runs a small job.
+  void EnqueueAdmitted(const std::shared_ptr<engine::Job>& job,
+                       const std::vector<uint32_t>& tiles) override {
+    bool run = false;
+    {
+      absl::MutexLock lock(&mu_);
+      admitted_ += tiles.size();
+      run = run_admitted_;
+    }
+    if (!run) {
+      Enqueue(job, tiles);
+      return;
+    }
+    for (const uint32_t tile : tiles) {
+      job->OnTileStart(tile);
+      if (job->dst_base() != nullptr && job->src_base() != nullptr) {
+        planner::ExecuteTileHost(job->plan(), tile, job->src_base(), job->dst_base());
+      }
+      job->OnTileDone(tile, absl::OkStatus());
+    }
+  }
+  void set_run_admitted(bool run) {
+    absl::MutexLock lock(&mu_);
+    run_admitted_ = run;
+  }
+  // Tiles handed over by EnqueueAdmitted (whether queued or run there).
+  size_t admitted() const {
+    absl::MutexLock lock(&mu_);
+    return admitted_;
+  }
   size_t Remove(const engine::Job* job) override {
     absl::MutexLock lock(&mu_);
     const auto before = queued_.size();
@@ -160,6 +192,8 @@ class FakeEngine final : public engine::Engine {
   size_t reported_ ABSL_GUARDED_BY(mu_) = 0;
   bool admit_gated_ ABSL_GUARDED_BY(mu_) = false;
   size_t admitted_gated_ ABSL_GUARDED_BY(mu_) = 0;
+  size_t admitted_ ABSL_GUARDED_BY(mu_) = 0;
+  bool run_admitted_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace kvrail::transfers::testing

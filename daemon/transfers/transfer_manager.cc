@@ -408,7 +408,9 @@ absl::StatusOr<std::shared_ptr<Record>> TransferManagerImpl::Admit(planner::Plan
     watches_.Add(record, admission.ready->region, admission.ready->words, admission.ready->value,
                  admission.first_layer);
   }
-  record->engine()->Enqueue(record, record->TakeInitialTiles());
+  // No lock is held here: a small host transfer may run to its end on this thread
+  // (Engine::EnqueueAdmitted), sparing the wake-up of a worker.
+  record->engine()->EnqueueAdmitted(record, record->TakeInitialTiles());
   return record;
 }
 

@@ -247,5 +247,46 @@ TEST_CASE("a held tile lets a cancel win: nothing of the transfer runs") {
   CHECK(inner.enqueued() == 0);
 }
 
+TEST_CASE("an admission hands its tiles over as admitted; a transfer ended there is whole") {
+  ManagerFixture f;
+  // Initial tiles go through EnqueueAdmitted (an engine may run them on the admitting thread).
+  const uint64_t queued = f.Submit(2);
+  CHECK(f.engine.admitted() == 2);
+  CHECK(f.engine.queued() == 2);
+  f.engine.RunAll();
+  CHECK(f.Get(queued).state() == v1::TRANSFER_STATE_SUCCEEDED);
+  // Run there to the end: Submit answers a transfer that has already succeeded, counted once.
+  f.engine.set_run_admitted(true);
+  const uint64_t ran = f.Submit(1);
+  CHECK(f.engine.admitted() == 3);
+  CHECK(f.engine.queued() == 0);
+  const v1::TransferStatus status = f.Get(ran);
+  CHECK(status.state() == v1::TRANSFER_STATE_SUCCEEDED);
+  CHECK(status.tiles_done() == 1);
+  // Its waiters registered after the end are answered at once.
+  std::atomic<int> ended{0};
+  REQUIRE(f.manager
+              ->WhenEnded(f.caller, ran,
+                          [&](const v1::TransferStatus& s) {
+                            if (s.state() == v1::TRANSFER_STATE_SUCCEEDED) ++ended;
+                          })
+              .ok());
+  CHECK(ended.load() == 1);
+  const v1::Stats stats = f.Stats();
+  CHECK(stats.transfers_submitted() == 2);
+  CHECK(stats.transfers_succeeded() == 2);
+  CHECK(stats.transfers_active() == 0);
+  // Tiles a layer-wise transfer releases later (MarkReady) are no admission's: plain Enqueue.
+  v1::TransferSpec layerwise;
+  layerwise.set_layerwise(true);
+  const uint64_t id = f.Submit(1, layerwise);
+  CHECK(f.engine.admitted() == 3);
+  REQUIRE(f.manager->MarkReady(f.caller, id, 0, 1).ok());
+  CHECK(f.engine.admitted() == 3);
+  CHECK(f.engine.queued() == 1);
+  f.engine.RunAll();
+  CHECK(f.Get(id).state() == v1::TRANSFER_STATE_SUCCEEDED);
+}
+
 }  // namespace
 }  // namespace kvrail::transfers
