@@ -474,8 +474,18 @@ void CadenceRows() {
   for (int run = 0; run < kRuns; ++run) {
     for (size_t i = 0; i < settings.size(); ++i) {
       runs[i].push_back(MeasureLatency(settings[i].config, settings[i].env, settings[i].gap_us));
+      // As it comes, so a run cut short still leaves what it measured.
+      const LatencyRun& r = runs[i].back();
+      std::printf(
+          "  run %d of %d, %s: p50 %.1f us, p90 %.1f us, kvraild CPU %.1f%%, client %.1f%%\n",
+          run + 1, kRuns, settings[i].label.c_str(), r.p50(), r.p90(), r.daemon_cpu_pct,
+          r.client_cpu_pct);
+      std::fflush(stdout);
     }
   }
+  std::printf(
+      "\n| setting | p50 | p90 | phases | kvraild CPU %% | client CPU %% |\n"
+      "|---|---|---|---|---|---|\n");
   for (size_t i = 0; i < settings.size(); ++i) {
     std::vector<LatencyRun>& r = runs[i];
     auto spread = [&r](const std::function<double(const LatencyRun&)>& f) {
@@ -648,9 +658,7 @@ int main(int argc, char** argv) {
         "runs, settings interleaved; phases (the median run's medians): client -> daemon / "
         "accept / reply / queued / running / finished -> client; CPU over the 200: kvraild's "
         "(/proc/PID/stat utime+stime, every thread, 10 ms ticks) and the client's (getrusage), "
-        "percent of one core\n\n"
-        "| setting | p50 | p90 | phases | kvraild CPU %% | client CPU %% |\n"
-        "|---|---|---|---|---|---|\n",
+        "percent of one core\n\n",
         where);
     CadenceRows();
   }
