@@ -471,10 +471,10 @@ async def wait_all(transfers: Sequence[Transfer], poll_interval: float = 0.005) 
     client has one, else with one poll call per `poll_interval`; returns their final statuses in
     order (no raise on failure)."""
     pending = [t for t in transfers if t._final is None]
-    if pending and pending[0]._client._completion_waiter(asyncio.get_running_loop()) is not None \
-            and all(t._client._follows(t.id) for t in pending):
-        await asyncio.gather(*(t.wait_async() for t in pending))
-        pending = [t for t in pending if t._final is None]
+    # The ends the completion queue follows, awaited on its eventfd: one future each on the
+    # loop's waiter, no Task each; the rest, and the whole statuses, by the polls below.
+    futures = [t._ended_future() for t in pending if t._end is None]
+    await asyncio.gather(*(f for f in futures if f is not None))
     while pending:
         states = poll(pending)
         for t, state in zip(pending, states):

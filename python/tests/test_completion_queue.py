@@ -118,10 +118,20 @@ def test_wait_all_uses_the_eventfd(daemon):
             loop.run_in_executor = _NoExecutor(loop)
             transfers = [client.transfer(src.region, [i % 16], dst.region, [i % 16])
                          for i in range(64)]
-            return await kvrail.wait_all(transfers, poll_interval=60.0)  # no poll slice used
+            created = []
+            real_create_task = loop.create_task
 
-        statuses = asyncio.run(run())
+            def counted_create_task(*args, **kwargs):
+                created.append(args)
+                return real_create_task(*args, **kwargs)
+
+            loop.create_task = counted_create_task
+            statuses = await kvrail.wait_all(transfers, poll_interval=60.0)  # no poll slice used
+            return statuses, list(created)  # before asyncio.run's own shutdown tasks
+
+        statuses, created = asyncio.run(run())
         assert all(s.state == SUCCEEDED for s in statuses)
+        assert created == [], "wait_all made a Task per transfer"
 
 
 def test_old_path_without_the_queue(daemon, monkeypatch):
