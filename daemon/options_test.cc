@@ -120,6 +120,11 @@ TEST_CASE("sessions: max_sessions from the fd limit when 0; spin follows low_lat
   CHECK(o.admission_workers == 4);  // unset: the documented default
   CHECK(SessionOptionsFrom(Finalized("session_admission_workers: 0"), 1024).admission_workers == 0);
   CHECK(SessionOptionsFrom(Finalized("session_admission_workers: 9"), 1024).admission_workers == 9);
+  CHECK(o.admission_bulk_workers == 1);  // unset: the documented default
+  CHECK(SessionOptionsFrom(Finalized("session_admission_bulk_workers: 0"), 1024)
+            .admission_bulk_workers == 0);
+  CHECK(SessionOptionsFrom(Finalized("session_admission_bulk_workers: 3"), 1024)
+            .admission_bulk_workers == 3);
   CHECK(o.spin_budget == 0.10);  // unset: the documented 10 percent of a core
   CHECK(SessionOptionsFrom(Finalized("session_spin_budget_percent: 100"), 1024).spin_budget == 1.0);
   CHECK(SessionOptionsFrom(Finalized("session_spin_budget_percent: 0"), 1024).spin_budget == 0.0);

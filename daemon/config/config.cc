@@ -329,6 +329,9 @@ absl::Status FinalizeConfig(v1::DaemonConfig* config) {
   if (!config->has_cuda_warm_plans()) config->set_cuda_warm_plans(true);
   if (!config->has_low_latency()) config->set_low_latency(true);
   if (!config->has_session_admission_workers()) config->set_session_admission_workers(4);
+  if (!config->has_session_admission_bulk_workers()) {
+    config->set_session_admission_bulk_workers(1);
+  }
   if (!config->has_session_submission_queue()) config->set_session_submission_queue(true);
   if (!config->has_session_submission_spin_us()) {
     config->set_session_submission_spin_us(config->low_latency() ? 50 : 0);
@@ -424,6 +427,9 @@ absl::Status FinalizeConfig(v1::DaemonConfig* config) {
   }
   if (config->session_admission_workers() > 64) {
     return absl::InvalidArgumentError("session_admission_workers: at most 64");
+  }
+  if (config->session_admission_bulk_workers() > 64) {
+    return absl::InvalidArgumentError("session_admission_bulk_workers: at most 64");
   }
   if (config->cuda_stream_wait_jobs() > 256) {
     return absl::InvalidArgumentError("cuda_stream_wait_jobs: at most 256");

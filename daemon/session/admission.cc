@@ -1,11 +1,120 @@
 #include "daemon/session/admission.h"
 
+#include <sched.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 
 namespace kvrail::session {
+namespace {
+
+// A minimal protobuf wire-format reader: varints, tags and length-delimited fields of `in`.
+class WireReader {
+ public:
+  explicit WireReader(absl::string_view in) : in_(in) {}
+  bool done() const { return in_.empty(); }
+  bool Varint(uint64_t* out) {
+    uint64_t value = 0;
+    for (int shift = 0; shift < 64 && !in_.empty(); shift += 7) {
+      const auto byte = static_cast<uint8_t>(in_.front());
+      in_.remove_prefix(1);
+      value |= static_cast<uint64_t>(byte & 0x7f) << shift;
+      if ((byte & 0x80) == 0) {
+        *out = value;
+        return true;
+      }
+    }
+    return false;
+  }
+  // Reads one field: its number and wire type, and for a length-delimited field its bytes, for
+  // a varint its value. False at malformed bytes.
+  bool Field(uint32_t* number, uint32_t* type, absl::string_view* bytes, uint64_t* value) {
+    uint64_t tag = 0;
+    if (!Varint(&tag)) return false;
+    *number = static_cast<uint32_t>(tag >> 3);
+    *type = static_cast<uint32_t>(tag & 7);
+    switch (*type) {
+      case 0:  // varint
+        return Varint(value);
+      case 1:  // fixed64
+        return Skip(8);
+      case 5:  // fixed32
+        return Skip(4);
+      case 2: {  // length-delimited
+        uint64_t length = 0;
+        if (!Varint(&length) || length > in_.size()) return false;
+        *bytes = in_.substr(0, length);
+        in_.remove_prefix(length);
+        return true;
+      }
+      default:  // groups: not in these messages
+        return false;
+    }
+  }
+
+ private:
+  bool Skip(size_t n) {
+    if (n > in_.size()) return false;
+    in_.remove_prefix(n);
+    return true;
+  }
+  absl::string_view in_;
+};
+
+// Field numbers (proto/kvrail/v1/transfer.proto).
+constexpr uint32_t kRequestSpec = 1;                  // SubmitTransferRequest.spec
+constexpr uint32_t kSpecSrc = 1, kSpecDst = 2;        // TransferSpec.src, .dst
+constexpr uint32_t kBlockIds = 2, kBlockIdsLe32 = 7;  // TransferEndpoint
+constexpr uint32_t kBlockTable = 8;                   // TransferEndpoint.block_table
+constexpr uint32_t kTableCount = 3;                   // BlockTableRef.count
+constexpr uint32_t kPostIds[] = {2, 3};               // PostTransferRequest.src/dst_block_ids
+constexpr uint32_t kPostIdsLe32[] = {5, 6};           // and their _le32
+
+// Calls `each(number, type, bytes, value)` for every field of `in`, up to malformed bytes.
+template <typename F>
+void ForEachField(absl::string_view in, F each) {
+  WireReader reader(in);
+  uint32_t number = 0, type = 0;
+  absl::string_view bytes;
+  uint64_t value = 0;
+  while (!reader.done() && reader.Field(&number, &type, &bytes, &value)) {
+    each(number, type, bytes, value);
+  }
+}
+
+uint64_t EndpointIdsBound(absl::string_view endpoint) {
+  uint64_t ids = 0;
+  ForEachField(endpoint, [&](uint32_t number, uint32_t type, absl::string_view bytes, uint64_t) {
+    if (number == kBlockIds) {
+      ids += type == 2 ? bytes.size() : 1;  // packed: at least a byte an id; else one id
+    } else if (number == kBlockIdsLe32 && type == 2) {
+      ids += bytes.size() / 4;
+    } else if (number == kBlockTable && type == 2) {
+      ForEachField(bytes, [&](uint32_t n, uint32_t t, absl::string_view, uint64_t v) {
+        if (n == kTableCount && t == 0) ids += static_cast<uint32_t>(v);
+      });
+    }
+  });
+  return ids;
+}
+
+// Puts the calling thread in SCHED_IDLE (the policy is per thread on Linux: pid 0 is the
+// caller). Any thread may enter it; leaving needs RLIMIT_NICE's leave (none for an unprivileged
+// daemon), so it is done once, for the thread's life. Should the kernel refuse, the thread's
+// nice value goes to 19 instead (the nearest a thread can get), and failing that it keeps its
+// priority: its tasks still run, only not in the background.
+void ToBackground() {
+  sched_param param{};
+  if (::sched_setscheduler(0, AdmissionPool::kBulkPolicy, &param) == 0) return;
+  (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)), 19);
+}
+
+}  // namespace
 
 bool AdmitsInline(const v1::TransferSpec& spec, uint64_t max_ids) {
   if (max_ids == 0 || spec.src().has_block_table() || spec.dst().has_block_table()) return false;
@@ -16,9 +125,46 @@ bool AdmitsInline(const v1::TransferSpec& spec, uint64_t max_ids) {
   return ids <= max_ids;
 }
 
-AdmissionPool::AdmissionPool(size_t workers, size_t max_queued) : max_queued_(max_queued) {
-  workers_.reserve(workers);
-  for (size_t i = 0; i < workers; ++i) workers_.emplace_back([this] { Work(); });
+uint64_t SubmitIdsBound(absl::string_view serialized) {
+  uint64_t ids = 0;
+  ForEachField(serialized, [&](uint32_t number, uint32_t type, absl::string_view spec, uint64_t) {
+    if (number != kRequestSpec || type != 2) return;
+    ForEachField(spec, [&](uint32_t n, uint32_t t, absl::string_view endpoint, uint64_t) {
+      if ((n == kSpecSrc || n == kSpecDst) && t == 2) ids += EndpointIdsBound(endpoint);
+    });
+  });
+  return ids;
+}
+
+uint64_t PostIdsBound(absl::string_view serialized) {
+  uint64_t ids = 0;
+  ForEachField(serialized, [&](uint32_t number, uint32_t type, absl::string_view bytes, uint64_t) {
+    for (uint32_t field : kPostIds) {
+      if (number == field) ids += type == 2 ? bytes.size() : 1;
+    }
+    for (uint32_t field : kPostIdsLe32) {
+      if (number == field && type == 2) ids += bytes.size() / 4;
+    }
+  });
+  return ids;
+}
+
+TaskClass ClassOfIds(uint64_t ids) {
+  return ids > kBulkIds ? TaskClass::kBulk : TaskClass::kOrdinary;
+}
+
+AdmissionPool::AdmissionPool(size_t workers, size_t max_queued, size_t bulk_workers)
+    : max_queued_(max_queued), has_bulk_(bulk_workers > 0) {
+  workers_.reserve(workers + bulk_workers);
+  for (size_t i = 0; i < workers; ++i) {
+    workers_.emplace_back([this] { Work(TaskClass::kOrdinary); });
+  }
+  for (size_t i = 0; i < bulk_workers; ++i) {
+    workers_.emplace_back([this] {
+      ToBackground();
+      Work(TaskClass::kBulk);
+    });
+  }
 }
 
 AdmissionPool::~AdmissionPool() {
@@ -27,11 +173,11 @@ AdmissionPool::~AdmissionPool() {
     absl::MutexLock lock(&mu_);
     stop_ = true;
     for (auto& [id, queue] : queues_) {
-      for (Task& task : queue.tasks) dropped.push_back(std::move(task));
+      for (Pending& pending : queue.tasks) dropped.push_back(std::move(pending.task));
       queue.tasks.clear();
     }
     queued_ = 0;
-    ready_.clear();
+    for (std::deque<uint64_t>& ready : ready_) ready.clear();
   }
   for (std::thread& worker : workers_) worker.join();
 }
@@ -41,7 +187,7 @@ void AdmissionPool::Open(uint64_t id) {
   queues_[id] = Queue();
 }
 
-absl::Status AdmissionPool::Post(uint64_t id, Task task) {
+absl::Status AdmissionPool::Post(uint64_t id, Task task, TaskClass task_class) {
   absl::MutexLock lock(&mu_);
   auto it = queues_.find(id);
   if (it == queues_.end() || it->second.closed || stop_) {
@@ -54,10 +200,11 @@ absl::Status AdmissionPool::Post(uint64_t id, Task task) {
         " packets queued for admission behind a SUBMIT, the most allowed; wait for their "
         "answers before sending more"));
   }
-  // A session is in ready_ when it has tasks and none runs: the first task makes it so.
-  if (queue.tasks.empty() && !queue.running) ready_.push_back(id);
-  queue.tasks.push_back(std::move(task));
+  const bool first = queue.tasks.empty() && !queue.running;
+  queue.tasks.push_back({std::move(task), has_bulk_ ? task_class : TaskClass::kOrdinary});
   ++queued_;
+  // A session is ready when it has tasks and none runs: the first task makes it so.
+  if (first) MakeReady(id, queue);
   return absl::OkStatus();
 }
 
@@ -68,7 +215,7 @@ bool AdmissionPool::Idle(uint64_t id) const {
 }
 
 size_t AdmissionPool::Close(uint64_t id, std::function<void()> then) {
-  std::deque<Task> dropped;  // destroyed outside the lock (they own descriptors, connections)
+  std::deque<Pending> dropped;  // destroyed outside the lock (they own descriptors, connections)
   bool now = true;
   {
     absl::MutexLock lock(&mu_);
@@ -77,7 +224,7 @@ size_t AdmissionPool::Close(uint64_t id, std::function<void()> then) {
       Queue& queue = it->second;
       dropped.swap(queue.tasks);
       queued_ -= dropped.size();
-      // A session in ready_ with no tasks left is skipped by the worker that meets it.
+      // A session in a ready list with no tasks left is skipped by the worker that meets it.
       if (queue.running) {
         queue.closed = true;
         queue.then = std::move(then);
@@ -113,26 +260,44 @@ size_t AdmissionPool::deepest() const {
   return most;
 }
 
-bool AdmissionPool::HasWork() const { return stop_ || !ready_.empty(); }
+bool AdmissionPool::HasOrdinaryWork() const {
+  return stop_ || !ready_[static_cast<int>(TaskClass::kOrdinary)].empty();
+}
+
+bool AdmissionPool::HasBulkWork() const {
+  return stop_ || !ready_[static_cast<int>(TaskClass::kBulk)].empty();
+}
+
+void AdmissionPool::MakeReady(uint64_t id, const Queue& queue) {
+  ready_[static_cast<int>(queue.tasks.front().task_class)].push_back(id);
+}
 
 bool AdmissionPool::NothingLeft() const { return queued_ == 0 && running_ == 0; }
 
-void AdmissionPool::Work() {
+void AdmissionPool::Work(TaskClass worker_class) {
+  const absl::Condition has_work(this, worker_class == TaskClass::kBulk
+                                           ? &AdmissionPool::HasBulkWork
+                                           : &AdmissionPool::HasOrdinaryWork);
+  const int mine = static_cast<int>(worker_class);
   for (;;) {
     uint64_t id = 0;
     Task task;
     {
       absl::MutexLock lock(&mu_);
-      // Waits for a session with a task to run; a session met with none left (closed, or
-      // stopped) is passed over.
+      // Waits for a session whose next task is of this worker's class; a session met with none
+      // left (closed, or stopped), one running, or one whose next task is of the other class
+      // (a stale entry: it sits in that class's list too) is passed over.
       for (;;) {
-        mu_.Await(absl::Condition(this, &AdmissionPool::HasWork));
+        mu_.Await(has_work);
         if (stop_) return;
-        id = ready_.front();
-        ready_.pop_front();
+        id = ready_[mine].front();
+        ready_[mine].pop_front();
         auto it = queues_.find(id);
-        if (it == queues_.end() || it->second.tasks.empty() || it->second.running) continue;
-        task = std::move(it->second.tasks.front());
+        if (it == queues_.end() || it->second.tasks.empty() || it->second.running ||
+            it->second.tasks.front().task_class != worker_class) {
+          continue;
+        }
+        task = std::move(it->second.tasks.front().task);
         it->second.tasks.pop_front();
         it->second.running = true;
         --queued_;
@@ -153,7 +318,7 @@ void AdmissionPool::Work() {
           then = std::move(queue.then);
           queues_.erase(it);
         } else if (!queue.tasks.empty()) {
-          ready_.push_back(id);  // its next task after the other sessions' turns
+          MakeReady(id, queue);  // its next task after the other sessions' turns
         }
       }
       if (!then) --running_;

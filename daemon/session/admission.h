@@ -3,8 +3,11 @@
 // answers keep the order of its packets); a fixed pool of workers runs the queues of different
 // sessions in parallel, one task of a session at a time and in the order posted. A large
 // submit of one tenant (planning a million tiles) then holds one worker, not the poll thread
-// that every other session's packets go through.
+// that every other session's packets go through; and, run by a bulk worker in the background
+// (SCHED_IDLE), it takes the CPU only when the other tenants' threads leave it.
 #pragma once
+
+#include <sched.h>
 
 #include <cstddef>
 #include <cstdint>
@@ -16,6 +19,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/functional/any_invocable.h"
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "proto/kvrail/v1/transfer.pb.h"
 
@@ -27,9 +31,41 @@ namespace kvrail::session {
 // poll thread keeps it (max_ids 0: none). Pure.
 bool AdmitsInline(const v1::TransferSpec& spec, uint64_t max_ids);
 
+// Which workers run a task.
+enum class TaskClass {
+  kOrdinary,  // an ordinary worker (normal priority)
+  kBulk,      // a bulk worker (SCHED_IDLE), when the pool has any; else an ordinary one
+};
+
+// A request naming more block ids than this (both sides together, a shared block table's count
+// included) is admitted as kBulk. Checking and planning 65,536 ids takes ~0.1 ms on the build
+// machine (2 x 2^22 ids took 11-12 ms), under the 4 KiB transfer's unloaded p99 there (~0.2
+// ms): a request below it cannot double another tenant's p99 at any priority, while the
+// million-id requests that can are far above it.
+inline constexpr uint64_t kBulkIds = uint64_t{1} << 16;
+
+// An upper bound on the block ids a serialized SubmitTransferRequest names, read from its wire
+// format without parsing the ids: a shared block table's `count`, block_ids_le32's bytes / 4,
+// block_ids' bytes (a packed id takes at least one byte). O(fields), not O(ids), so the poll
+// thread can classify a request of any size. Bytes that are no SubmitTransferRequest yield what
+// was counted before them (the worker answers the parse error). Pure.
+uint64_t SubmitIdsBound(absl::string_view serialized);
+// The same for a serialized PostTransferRequest (src/dst_block_ids: bytes; their _le32: bytes / 4).
+uint64_t PostIdsBound(absl::string_view serialized);
+
+// kBulk when `ids` > kBulkIds. Pure.
+TaskClass ClassOfIds(uint64_t ids);
+
 // Thread contract: Open, Post, Idle, Close and AwaitIdle are called by one thread (the poll
 // thread: the only producer, which is what makes Idle's answer stable until its next Post); tasks
-// and Close's `then` run on the pool's workers (or on the caller of Close, see there). Destroying
+// and Close's `then` run on the pool's workers (or on the caller of Close, see there). A task
+// posted as kBulk runs on a bulk worker and a kOrdinary one on an ordinary worker, never the
+// other way (with no bulk workers every task is ordinary); a session's tasks still run one at a
+// time in the order posted, whatever their class: a bulk task at a session's head waits for a
+// bulk worker, and ordinary workers pass that session over meanwhile. Bulk workers put
+// themselves in SCHED_IDLE once, as they start (Linux lets any thread enter it, and only one
+// with RLIMIT_NICE's leave come back), so a thread's priority never changes between tasks.
+// Destroying
 // the pool (from the producer's thread, after it stopped posting) lets each running task finish,
 // drops the tasks still queued unrun, and joins the workers. Every shared field is guarded by
 // mu_.
@@ -37,8 +73,9 @@ class AdmissionPool {
  public:
   using Task = absl::AnyInvocable<void() &&>;
 
-  // `workers` >= 1 threads; a session holds at most `max_queued` tasks not yet started.
-  AdmissionPool(size_t workers, size_t max_queued);
+  // `workers` >= 1 ordinary threads and `bulk_workers` bulk ones (see kBulkPolicy); a session
+  // holds at most `max_queued` tasks not yet started.
+  AdmissionPool(size_t workers, size_t max_queued, size_t bulk_workers = 0);
   ~AdmissionPool();
   AdmissionPool(const AdmissionPool&) = delete;
   AdmissionPool& operator=(const AdmissionPool&) = delete;
@@ -48,7 +85,7 @@ class AdmissionPool {
   // Queues `task` after session `id`'s earlier tasks. RESOURCE_EXHAUSTED naming the cap when
   // `max_queued` tasks of the session are waiting already (the task is not queued; the caller
   // answers the packet); FAILED_PRECONDITION when the session is unknown or closed.
-  absl::Status Post(uint64_t id, Task task);
+  absl::Status Post(uint64_t id, Task task, TaskClass task_class = TaskClass::kOrdinary);
   // Whether session `id` has no task queued or running: every answer of its earlier tasks has
   // been sent, so the producer may serve its next packet itself and keep the order.
   bool Idle(uint64_t id) const;
@@ -67,24 +104,44 @@ class AdmissionPool {
   // The most tasks waiting in one session's queue (at most max_queued; metrics).
   size_t deepest() const;
 
+  // A bulk worker's scheduling policy: SCHED_IDLE (CFS weight 3 against a nice-0 thread's 1024,
+  // and preempted by any other thread that wakes). Of those measured beside a 2^22-id SUBMIT
+  // (SCHED_IDLE, nice +10, nice +19, SCHED_BATCH; docs/benchmarks.md, "Session admission off
+  // the poll thread"), the only one that kept the other tenant's 4 KiB p99 within 2x of its
+  // unloaded value in every try; the large admission still progresses, 2-3x slower on a busy
+  // machine (SCHED_IDLE lowers a thread's share of the CPU, it does not starve it). If the kernel
+  // refuses the policy, the worker sets nice 19 instead.
+  static constexpr int kBulkPolicy = SCHED_IDLE;
+
  private:
+  struct Pending {
+    Task task;
+    TaskClass task_class;
+  };
   struct Queue {
-    std::deque<Task> tasks;
+    std::deque<Pending> tasks;
     bool running = false;  // a worker runs one of its tasks
     bool closed = false;
     std::function<void()> then;  // set by Close while a task runs
   };
 
-  bool HasWork() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);      // stopping, or a session ready
+  // Stopping, or a session ready whose next task is of the class.
+  bool HasOrdinaryWork() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool HasBulkWork() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool NothingLeft() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);  // no task queued or running
-  void Work();
+  // Puts session `id` (tasks queued, none running) in the ready list of its next task's class.
+  void MakeReady(uint64_t id, const Queue& queue) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Work(TaskClass worker_class);
 
   const size_t max_queued_;
+  const bool has_bulk_;  // bulk workers exist (else every task is ordinary)
   mutable absl::Mutex mu_;
   absl::flat_hash_map<uint64_t, Queue> queues_ ABSL_GUARDED_BY(mu_);
-  // Sessions with tasks queued and none running, oldest first: a worker takes one task of the
-  // first and, if more are queued, puts the session back at the end (sessions take turns).
-  std::deque<uint64_t> ready_ ABSL_GUARDED_BY(mu_);
+  // Sessions with tasks queued and none running, oldest first, by the class of their next task
+  // (index: TaskClass): a worker takes one task of the first of its class's list and, if more
+  // are queued, puts the session back at the end of the list of its next task's class (sessions
+  // take turns). A session may also sit in a list stale (closed, reopened): it is passed over.
+  std::deque<uint64_t> ready_[2] ABSL_GUARDED_BY(mu_);
   size_t queued_ ABSL_GUARDED_BY(mu_) = 0;
   size_t running_ ABSL_GUARDED_BY(mu_) = 0;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;

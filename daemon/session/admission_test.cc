@@ -1,8 +1,12 @@
 // AdmissionPool: each session's tasks run in the order posted and one at a time, sessions in
 // parallel; a session closed with tasks queued has none of them run, and its `then` runs only
-// after the task that was running; a full queue refuses, naming the cap.
+// after the task that was running; a full queue refuses, naming the cap; a bulk task runs on a
+// bulk worker (SCHED_IDLE) and an ordinary one never does, a session's order kept across both.
 #include "daemon/session/admission.h"
 
+#include <sched.h>
+
+#include <algorithm>
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <memory>
@@ -25,6 +29,205 @@ bool Eventually(F done) {
     absl::SleepFor(absl::Milliseconds(1));
   }
   return true;
+}
+
+// Where a task ran: its thread and that thread's scheduling policy.
+struct RanOn {
+  std::thread::id thread;
+  int policy = -1;
+};
+
+RanOn Here() { return {std::this_thread::get_id(), ::sched_getscheduler(0)}; }
+
+TEST_CASE("SubmitIdsBound: a table's count, le32 bytes / 4, packed ids' bytes; both sides") {
+  auto bound = [](const v1::TransferSpec& spec) {
+    v1::SubmitTransferRequest request;
+    *request.mutable_spec() = spec;
+    return SubmitIdsBound(request.SerializeAsString());
+  };
+  v1::TransferSpec spec;
+  CHECK(bound(spec) == 0);
+  spec.mutable_src()->mutable_block_table()->set_count(1 << 22);
+  spec.mutable_src()->mutable_block_table()->set_region_id(9);
+  CHECK(bound(spec) == (1 << 22));
+  spec.mutable_dst()->set_block_ids_le32(std::string(4 * 1000, '\x01'));
+  CHECK(bound(spec) == (1 << 22) + 1000);
+  v1::TransferSpec packed;
+  for (uint32_t id : {1u, 2u, 300u}) packed.mutable_dst()->add_block_ids(id);  // 1 + 1 + 2 bytes
+  packed.set_num_layers(7);
+  CHECK(bound(packed) == 4);  // at least the 3 ids, at most one per byte
+  // Garbage or a truncated request: what was counted before it (the worker reports the error).
+  CHECK(SubmitIdsBound("\xff\xff\xff") == 0);
+  v1::SubmitTransferRequest request;
+  *request.mutable_spec() = spec;
+  const std::string bytes = request.SerializeAsString();
+  CHECK(SubmitIdsBound(absl::string_view(bytes).substr(0, bytes.size() - 1)) == 0);
+}
+
+TEST_CASE("PostIdsBound: packed ids' bytes, le32 bytes / 4, both sides") {
+  v1::PostTransferRequest post;
+  post.set_prepared_id(77);
+  CHECK(PostIdsBound(post.SerializeAsString()) == 0);
+  for (uint32_t id : {5u, 200u}) post.add_src_block_ids(id);  // 1 + 2 bytes
+  post.set_dst_block_ids_le32(std::string(4 * 70000, '\0'));
+  CHECK(PostIdsBound(post.SerializeAsString()) == 3 + 70000);
+}
+
+TEST_CASE("ClassOfIds: bulk above kBulkIds") {
+  CHECK(ClassOfIds(0) == TaskClass::kOrdinary);
+  CHECK(ClassOfIds(kBulkIds) == TaskClass::kOrdinary);
+  CHECK(ClassOfIds(kBulkIds + 1) == TaskClass::kBulk);
+}
+
+TEST_CASE("a bulk task runs on a bulk worker (SCHED_IDLE), an ordinary task never does") {
+  const int base = ::sched_getscheduler(0);  // what the pool's threads inherit
+  REQUIRE(base != AdmissionPool::kBulkPolicy);
+  constexpr int kTasks = 40;
+  absl::Mutex mu;
+  std::vector<RanOn> bulk, ordinary;
+  {
+    AdmissionPool pool(2, 64, 1);
+    for (uint64_t s = 1; s <= 4; ++s) pool.Open(s);
+    for (int i = 0; i < kTasks; ++i) {
+      const uint64_t session = 1 + i % 4;
+      const TaskClass task_class = i % 3 == 0 ? TaskClass::kBulk : TaskClass::kOrdinary;
+      auto& into = task_class == TaskClass::kBulk ? bulk : ordinary;
+      REQUIRE(pool.Post(
+                      session,
+                      [&mu, &into] {
+                        const RanOn here = Here();
+                        absl::MutexLock lock(&mu);
+                        into.push_back(here);
+                      },
+                      task_class)
+                  .ok());
+    }
+    pool.AwaitIdle();
+  }
+  REQUIRE(bulk.size() == 14);
+  REQUIRE(ordinary.size() == 26);
+  for (const RanOn& on : bulk) CHECK(on.policy == AdmissionPool::kBulkPolicy);
+  for (const RanOn& on : ordinary) CHECK(on.policy == base);
+  for (const RanOn& on : ordinary) {
+    CHECK(std::none_of(bulk.begin(), bulk.end(),
+                       [&](const RanOn& b) { return b.thread == on.thread; }));
+  }
+  // One bulk worker: every bulk task on the same thread.
+  for (const RanOn& on : bulk) CHECK(on.thread == bulk.front().thread);
+}
+
+TEST_CASE("without bulk workers a bulk task runs on an ordinary worker") {
+  const int base = ::sched_getscheduler(0);
+  AdmissionPool pool(1, 8);
+  pool.Open(1);
+  RanOn on;
+  REQUIRE(pool.Post(
+                  1, [&] { on = Here(); }, TaskClass::kBulk)
+              .ok());
+  pool.AwaitIdle();
+  CHECK(on.policy == base);
+  CHECK(on.thread != std::thread::id());
+}
+
+TEST_CASE("a session's order holds across classes; a bulk head holds only its own session") {
+  AdmissionPool pool(2, 64, 1);
+  pool.Open(1);  // holds the bulk worker
+  pool.Open(2);  // mixed classes, its bulk task waits for the bulk worker
+  pool.Open(3);  // ordinary only
+  absl::Notification entered, release;
+  REQUIRE(pool.Post(
+                  1,
+                  [&] {
+                    entered.Notify();
+                    release.WaitForNotification();
+                  },
+                  TaskClass::kBulk)
+              .ok());
+  REQUIRE(entered.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  absl::Mutex mu;
+  std::vector<int> order;
+  std::atomic<int> inside{0}, overlapped{0};
+  auto step = [&](int i) {
+    return [&, i] {
+      if (inside.fetch_add(1) != 0) overlapped.fetch_add(1);
+      {
+        absl::MutexLock lock(&mu);
+        order.push_back(i);
+      }
+      inside.fetch_sub(1);
+    };
+  };
+  // Session 2: ordinary, bulk, ordinary, ordinary, bulk, ordinary.
+  const TaskClass classes[] = {TaskClass::kOrdinary, TaskClass::kBulk, TaskClass::kOrdinary,
+                               TaskClass::kOrdinary, TaskClass::kBulk, TaskClass::kOrdinary};
+  for (int i = 0; i < 6; ++i) REQUIRE(pool.Post(2, step(i), classes[i]).ok());
+  std::atomic<int> third{0};
+  for (int i = 0; i < 5; ++i) REQUIRE(pool.Post(3, [&] { third.fetch_add(1); }).ok());
+  // Session 3 is served by the ordinary workers, session 2 up to its bulk task only.
+  REQUIRE(Eventually([&] { return third.load() == 5; }));
+  REQUIRE(Eventually([&] {
+    absl::MutexLock lock(&mu);
+    return order.size() == 1;
+  }));
+  absl::SleepFor(absl::Milliseconds(20));  // an ordinary worker that skipped the bulk head
+  {
+    absl::MutexLock lock(&mu);
+    CHECK(order == std::vector<int>{0});
+  }
+  CHECK(pool.queued() == 5);
+  CHECK_FALSE(pool.Idle(2));
+  release.Notify();
+  pool.AwaitIdle();
+  CHECK(order == std::vector<int>{0, 1, 2, 3, 4, 5});
+  CHECK(overlapped.load() == 0);
+  CHECK(pool.Idle(2));
+}
+
+TEST_CASE("bulk tasks: Close drops the queued ones, `then` follows the running one; AwaitIdle") {
+  AdmissionPool pool(1, 8, 1);
+  pool.Open(5);
+  absl::Notification entered, release;
+  std::atomic<bool> first_done{false}, then_after_first{false}, then_ran{false};
+  std::atomic<int> queued_ran{0};
+  REQUIRE(pool.Post(
+                  5,
+                  [&] {
+                    entered.Notify();
+                    release.WaitForNotification();
+                    first_done.store(true);
+                  },
+                  TaskClass::kBulk)
+              .ok());
+  REQUIRE(entered.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  REQUIRE(pool.Post(
+                  5, [&] { queued_ran.fetch_add(1); }, TaskClass::kBulk)
+              .ok());
+  REQUIRE(pool.Post(5, [&] { queued_ran.fetch_add(1); }).ok());
+  CHECK(pool.Close(5, [&] {
+    then_after_first.store(first_done.load());
+    then_ran.store(true);
+  }) == 2);
+  std::atomic<bool> idle{false};
+  std::thread waiter([&] {
+    pool.AwaitIdle();
+    idle.store(true);
+  });
+  absl::SleepFor(absl::Milliseconds(20));
+  CHECK_FALSE(idle.load());  // the bulk task still runs
+  release.Notify();
+  waiter.join();
+  CHECK(then_ran.load());
+  CHECK(then_after_first.load());
+  CHECK(queued_ran.load() == 0);
+  CHECK(pool.running() == 0);
+  // A bulk task of a session reopened afterwards still runs.
+  pool.Open(5);
+  std::atomic<bool> again{false};
+  REQUIRE(pool.Post(
+                  5, [&] { again.store(true); }, TaskClass::kBulk)
+              .ok());
+  pool.AwaitIdle();
+  CHECK(again.load());
 }
 
 TEST_CASE("AdmitsInline: ids in the packet up to the bound; never a shared table") {

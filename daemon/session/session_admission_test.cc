@@ -2,7 +2,9 @@
 // transfer manager): a session's pipelined packets are admitted and answered in the order sent;
 // another tenant's submits are answered while one tenant's admission is still running; a session
 // closed with SUBMITs queued has none of them admitted, and ends only after the one running; a
-// session's full queue refuses, naming the cap.
+// session's full queue refuses, naming the cap; a SUBMIT naming more than kBulkIds ids is
+// admitted by the bulk worker (SCHED_IDLE), a smaller one never.
+#include <sched.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -17,6 +19,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "base/unique_fd.h"
+#include "daemon/session/admission.h"
 #include "daemon/session/session_server.h"
 #include "wire/session_wire.h"
 
@@ -319,6 +322,54 @@ TEST_CASE("with admission_workers 0 SUBMITs are admitted on the poll thread, in 
     CHECK(*answer == static_cast<uint64_t>(i));
   }
   CHECK(s.server->admissions_queued() == 0);
+}
+
+TEST_CASE("a SUBMIT naming more than kBulkIds ids is admitted in SCHED_IDLE, smaller ones not") {
+  const size_t bulk_workers = GENERATE(1, 0);
+  absl::Mutex mu;
+  std::vector<std::pair<uint64_t, int>> policies;  // (src.region_id, the admitting policy)
+  SessionServerOptions options;
+  options.submit = [&](const v1::TransferSpec& spec) -> absl::StatusOr<v1::SubmitTransferResponse> {
+    const int policy = ::sched_getscheduler(0);
+    absl::MutexLock lock(&mu);
+    policies.emplace_back(spec.src().region_id(), policy);
+    v1::SubmitTransferResponse response;
+    response.set_transfer_id(spec.src().region_id());
+    return response;
+  };
+  options.admission_workers = 2;
+  options.admission_bulk_workers = bulk_workers;
+  options.max_inline_submit_ids = 0;  // every SUBMIT to a worker
+  Served s(options);
+  uint64_t id = 0;
+  UniqueFd fd = s.Open(&id);
+  // 1: 2^20 ids a side in shared tables; 2: exactly kBulkIds in tables; 3: ids in the packet;
+  // 4: kBulkIds + 1 ids, half le32 in the packet (one side), the rest in a table (the other).
+  v1::SubmitTransferRequest at_bound;
+  at_bound.mutable_spec()->mutable_src()->set_region_id(2);
+  at_bound.mutable_spec()->mutable_src()->mutable_block_table()->set_count(kBulkIds / 2);
+  at_bound.mutable_spec()->mutable_dst()->mutable_block_table()->set_count(kBulkIds / 2);
+  v1::SubmitTransferRequest over;
+  over.mutable_spec()->mutable_src()->set_region_id(4);
+  over.mutable_spec()->mutable_src()->set_block_ids_le32(std::string(4 * (kBulkIds / 2), '\0'));
+  over.mutable_spec()->mutable_dst()->mutable_block_table()->set_count(kBulkIds / 2 + 1);
+  const std::string packets[] = {SubmitPacket(1, /*shared_table=*/true),
+                                 wire::EncodeSubmit(at_bound), SubmitPacket(3),
+                                 wire::EncodeSubmit(over)};
+  for (const std::string& packet : packets) {
+    REQUIRE(wire::SendPacket(fd.get(), packet).ok());
+    absl::StatusOr<uint64_t> answer = Answer(fd.get());
+    REQUIRE(answer.ok());
+  }
+  absl::MutexLock lock(&mu);
+  REQUIRE(policies.size() == 4);
+  const int base = ::sched_getscheduler(0);
+  REQUIRE(base != SCHED_IDLE);
+  const int bulk = bulk_workers > 0 ? SCHED_IDLE : base;
+  CHECK(policies[0] == std::make_pair(uint64_t{1}, bulk));
+  CHECK(policies[1] == std::make_pair(uint64_t{2}, base));
+  CHECK(policies[2] == std::make_pair(uint64_t{3}, base));
+  CHECK(policies[3] == std::make_pair(uint64_t{4}, bulk));
 }
 
 }  // namespace

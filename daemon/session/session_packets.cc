@@ -71,7 +71,8 @@ void SessionServerImpl::Serve(int fd) {
   }
   // A SUBMIT is admitted by a worker; a packet behind one still queued or running follows it
   // there, so the session's answers keep the order of its packets. Other packets are served
-  // here (FD, WAIT and CQ cost no more than a lookup).
+  // here (FD, WAIT and CQ cost no more than a lookup). A SUBMIT or POST naming more than
+  // kBulkIds ids goes to a bulk worker.
   if (admission_ != nullptr &&
       (request.kind == wire::RequestKind::kSubmit || request.kind == wire::RequestKind::kPost ||
        !admission_->Idle(conn->id))) {
@@ -80,8 +81,13 @@ void SessionServerImpl::Serve(int fd) {
     packet->body = std::string(request.body);
     packet->fds = std::move(received->fds);
     packet->truncated = received->truncated;
+    const TaskClass task_class =
+        request.kind == wire::RequestKind::kSubmit ? ClassOfIds(SubmitIdsBound(request.body))
+        : request.kind == wire::RequestKind::kPost ? ClassOfIds(PostIdsBound(request.body))
+                                                   : TaskClass::kOrdinary;
     absl::Status queued = admission_->Post(
-        conn->id, [this, conn, packet = std::move(packet)]() mutable { Handle(conn, *packet); });
+        conn->id, [this, conn, packet = std::move(packet)]() mutable { Handle(conn, *packet); },
+        task_class);
     // Refused at once (ahead of the answers still queued): the client library sends one
     // packet at a time per connection, so only a client that pipelines meets the cap.
     if (!queued.ok()) conn->Send(wire::EncodeRejected(queued));

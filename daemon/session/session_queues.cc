@@ -102,13 +102,21 @@ void SessionServerImpl::AdmitEntries(const std::shared_ptr<Connection>& conn,
       return;
     }
   }
+  // The batch goes to a bulk worker when one of its requests names more than kBulkIds ids.
+  TaskClass task_class = TaskClass::kOrdinary;
+  for (const SubmissionIntake::Entry& entry : entries) {
+    if (!entry.refused.ok()) continue;
+    const uint64_t ids = entry.kind == wire::kPostKind ? PostIdsBound(entry.payload())
+                                                       : SubmitIdsBound(entry.payload());
+    if (ClassOfIds(ids) == TaskClass::kBulk) task_class = TaskClass::kBulk;
+  }
   auto taken = std::make_shared<std::vector<SubmissionIntake::Entry>>(std::move(entries));
   auto admit_all = [this, conn, intake, taken]() {
     for (const SubmissionIntake::Entry& entry : *taken) {
       AdmitEntry(entry.tag, ParseEntry(entry), conn, *intake);
     }
   };
-  absl::Status queued = admission_->Post(conn->id, std::move(admit_all));
+  absl::Status queued = admission_->Post(conn->id, std::move(admit_all), task_class);
   if (!queued.ok()) {
     // Refused at once (the session's admission queue is full): every entry is answered.
     for (const SubmissionIntake::Entry& entry : *taken) {

@@ -62,8 +62,9 @@ SessionServerImpl::SessionServerImpl(UniqueFd listener, UniqueFd wake_read, Uniq
       packet_(wire::kMaxRequestBytes),
       queues_(options_.submission_spin) {
   if (options_.admission_workers > 0) {
-    admission_ = std::make_unique<AdmissionPool>(options_.admission_workers,
-                                                 options_.max_queued_per_session);
+    admission_ =
+        std::make_unique<AdmissionPool>(options_.admission_workers, options_.max_queued_per_session,
+                                        options_.admission_bulk_workers);
   }
   reserve_ = OpenReserve();
   if (!Watch(wake_read_.get(), kWakeTag) || !Watch(listener_.get(), kListenerTag)) {

@@ -95,6 +95,12 @@ struct SessionServerOptions {
   // then delays neither the poll thread nor other sessions' submits, while each session's
   // packets are still answered in the order sent. 0: SUBMITs are admitted on the poll thread.
   size_t admission_workers = 4;
+  // Threads, besides those, that admit the SUBMITs naming more than kBulkIds block ids
+  // (daemon/session/admission.h; a shared block table's count included) at background CPU
+  // priority (SCHED_IDLE; DaemonConfig.session_admission_bulk_workers): such a submit
+  // (a million-id plan) then takes the CPU only when the other tenants' threads leave it. 0:
+  // those SUBMITs go to the workers above at normal priority. Unused with admission_workers 0.
+  size_t admission_bulk_workers = 1;
   // A SUBMIT whose block ids travel in the packet, at most this many on both sides together (no
   // shared block table), is admitted on the poll thread when its session has nothing queued: its
   // admission costs no more than the hand-off to a worker (on an H100 host the hand-off added

@@ -3,9 +3,13 @@
 // submitting a very large transfer (2^20 blocks per side by default, ids in a shared block table,
 // every id checked at admission: defer_id_checks_from 0; layer-wise and cancelled once answered,
 // so it never occupies the engine), with SUBMITs admitted on the poll thread
-// (session_admission_workers 0, the old behaviour), by one worker, and by four workers. One
-// kvraild per setting, host engine; each figure taken `runs` times, median and min/max printed,
-// plus the large SUBMIT's admission time (received -> answered, the daemon's timestamps).
+// (session_admission_workers 0, the old behaviour), by four workers at normal priority
+// (session_admission_bulk_workers 0: no bulk class), and by four workers plus one bulk worker
+// that admits the large SUBMIT in SCHED_IDLE (the default). One kvraild per
+// setting, host engine; each figure taken `runs` times, median and min/max printed, plus the
+// large SUBMIT's admission time (received -> answered, the daemon's timestamps), the ratio of
+// the p99 beside the large SUBMIT to the same setting's unloaded p99 (the target: at most 2),
+// and the load average before and after.
 // Usage: admission_bench [runs (3)] [small transfers per run (1000)] [log2 of the large
 //        SUBMIT's blocks per side (20)]
 #include <stdlib.h>
@@ -128,6 +132,19 @@ bool RunOnce(const std::string& socket, bool loaded, int transfers, uint32_t lar
   return true;
 }
 
+std::string LoadAverage() {
+  std::ifstream in("/proc/loadavg");
+  std::string one, five, fifteen;
+  in >> one >> five >> fifteen;
+  return one + " " + five + " " + fifteen;
+}
+
+struct Setting {
+  const char* name;
+  int workers;
+  int bulk_workers;
+};
+
 int Main(int argc, char** argv) {
   const int runs = argc > 1 ? std::max(1, std::atoi(argv[1])) : 3;
   const int transfers = argc > 2 ? std::max(10, std::atoi(argv[2])) : 1000;
@@ -137,21 +154,26 @@ int Main(int argc, char** argv) {
       "small tenant's 4 KiB submit -> completion beside a 2^%d-block SUBMIT, host engine "
       "(%d runs of %d transfers)\n",
       log2_blocks, runs, transfers);
+  std::printf("load average before: %s\n", LoadAverage().c_str());
   std::printf(
       "| admission | small tenant | figure | median | min | max |\n"
       "|---|---|---|---|---|---|\n");
-  for (int workers : {0, 1, 4}) {
+  const Setting settings[] = {{"poll thread (old)", 0, 0},
+                              {"4 workers, no bulk class", 4, 0},
+                              {"4 workers + 1 bulk (SCHED_IDLE)", 4, 1}};
+  for (const Setting& setting : settings) {
     testing::TempDir dir;
     const std::string config = dir.path() + "/kvraild.textproto";
-    std::ofstream(config) << "session_admission_workers: " << workers
+    std::ofstream(config) << "session_admission_workers: " << setting.workers
+                          << "\nsession_admission_bulk_workers: " << setting.bulk_workers
                           << "\ndefer_id_checks_from: 0\n";
     testing::DaemonProcess daemon;
     if (!daemon.Start(dir.path(), {"--config", config})) {
       std::fprintf(stderr, "kvraild did not start\n");
       return 1;
     }
-    const std::string name =
-        workers == 0 ? "poll thread (old)" : std::to_string(workers) + " worker(s)";
+    const std::string name = setting.name;
+    double unloaded_p99 = 0;
     for (bool loaded : {false, true}) {
       std::map<std::string, std::vector<double>> figures;
       for (int r = 0; r < runs; ++r) {
@@ -166,9 +188,17 @@ int Main(int argc, char** argv) {
                     *std::min_element(xs.begin(), xs.end()),
                     *std::max_element(xs.begin(), xs.end()));
       }
+      const double p99 = Percentile(figures["p99_us"], 0.5);
+      if (!loaded) {
+        unloaded_p99 = p99;
+      } else {
+        std::printf("| %s | beside large / unloaded | p99 ratio (target <= 2) | %.2f | - | - |\n",
+                    name.c_str(), p99 / unloaded_p99);
+      }
       std::fflush(stdout);
     }
   }
+  std::printf("load average after: %s\n", LoadAverage().c_str());
   return 0;
 }
 
