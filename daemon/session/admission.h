@@ -108,9 +108,9 @@ class AdmissionPool {
   // and preempted by any other thread that wakes). Of those measured beside a 2^22-id SUBMIT
   // (SCHED_IDLE, nice +10, nice +19, SCHED_BATCH; docs/benchmarks.md, "Session admission off
   // the poll thread"), the only one that kept the other tenant's 4 KiB p99 within 2x of its
-  // unloaded value in every try; the large admission still progresses, 2-3x slower on a busy
-  // machine (SCHED_IDLE lowers a thread's share of the CPU, it does not starve it). If the kernel
-  // refuses the policy, the worker sets nice 19 instead.
+  // unloaded value in every try of that comparison; the large admission still progresses, up to
+  // ~3x slower on a busy machine (SCHED_IDLE lowers a thread's share of the CPU, it does not starve
+  // it). If the kernel refuses the policy, the worker sets nice 19 instead.
   static constexpr int kBulkPolicy = SCHED_IDLE;
 
  private:
