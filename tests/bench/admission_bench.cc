@@ -9,12 +9,15 @@
 // setting, host engine; each figure taken `runs` times, median and min/max printed, plus the
 // large SUBMIT's admission time (received -> answered, the daemon's timestamps), the ratio of
 // the p99 beside the large SUBMIT to the same setting's unloaded p99 (the target: at most 2),
-// and the load average before and after.
+// and the load average before and after. For the slowest 1% of the small tenant's transfers,
+// the median of each phase (the daemon's timestamps against the client's clock): to the daemon,
+// accept, queued, run, and back (finished -> seen by the client), to show where the tail is.
 // Usage: admission_bench [runs (3)] [small transfers per run (1000)] [log2 of the large
 //        SUBMIT's blocks per side (20)]
 #include <stdlib.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -26,6 +29,8 @@
 #include <thread>
 #include <vector>
 
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "client/kvrail_client.h"
 #include "tests/harness/daemon_process.h"
 
@@ -113,21 +118,43 @@ bool RunOnce(const std::string& socket, bool loaded, int transfers, uint32_t lar
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   std::vector<double> lat;
+  // Per transfer, the daemon's timestamps against the client's (one machine, one clock): to the
+  // daemon (sent -> received), accept (-> submitted), queued (-> started), run (-> finished),
+  // back (-> seen by the client).
+  std::vector<std::array<double, 5>> phases;
   for (int i = 0; i < transfers && !failed.load(); ++i) {
     const auto t = client::MakeBlockTransfer(a.id, {static_cast<uint32_t>(i % 256)}, b.id,
                                              {static_cast<uint32_t>(i * 7 % 256)});
     const auto t0 = Clock::now();
+    const int64_t sent_us = absl::ToUnixMicros(absl::Now());
     auto submitted = (*small)->Submit(t);
     if (!submitted.ok()) return false;
     auto done = (*small)->Wait(submitted->transfer_id());
     if (!done.ok() || done->state() != v1::TRANSFER_STATE_SUCCEEDED) return false;
     lat.push_back(Us(Clock::now() - t0));
+    const int64_t seen_us = absl::ToUnixMicros(absl::Now());
+    phases.push_back({static_cast<double>(done->received_unix_us() - sent_us),
+                      static_cast<double>(done->submitted_unix_us() - done->received_unix_us()),
+                      static_cast<double>(done->started_unix_us() - done->submitted_unix_us()),
+                      static_cast<double>(done->finished_unix_us() - done->started_unix_us()),
+                      static_cast<double>(seen_us - done->finished_unix_us())});
   }
   stop.store(true);
   if (large_thread.joinable()) large_thread.join();
   if (failed.load() || lat.empty()) return false;
   (*out)["p50_us"].push_back(Percentile(lat, 0.5));
   (*out)["p99_us"].push_back(Percentile(lat, 0.99));
+  // Where the slowest 1% spent their time: each phase's median over them.
+  const double tail = Percentile(lat, 0.99);
+  static const char* const kPhase[] = {"tail: to daemon us", "tail: accept us", "tail: queued us",
+                                       "tail: run us", "tail: back us"};
+  for (int k = 0; k < 5; ++k) {
+    std::vector<double> xs;
+    for (size_t j = 0; j < lat.size(); ++j) {
+      if (lat[j] >= tail) xs.push_back(phases[j][k]);
+    }
+    (*out)[kPhase[k]].push_back(Percentile(xs, 0.5));
+  }
   if (!admit_ms.empty()) (*out)["admit_ms"].push_back(Percentile(admit_ms, 0.5));
   return true;
 }
