@@ -4,10 +4,12 @@
 // connection's session; garbage entries are refused one by one naming the field while the
 // entries around them are served and other sessions see nothing; a client that dies with
 // entries published leaves no session, descriptor or watch behind; the poll thread's spin keeps
-// need_wake clear while it looks and sets it again when it sleeps.
+// need_wake clear while it looks and sets it again when it sleeps; a batch holding a request
+// that names more than 65,536 block ids is admitted by the bulk worker (SCHED_IDLE).
 #include "wire/submission_queue.h"
 
 #include <dirent.h>
+#include <sched.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -208,6 +210,39 @@ TEST_CASE("batches are acknowledged in order with ids and tags, across the ring'
       tag += 3;
     }
   }
+}
+
+TEST_CASE("a batch naming more than 65,536 ids is admitted in SCHED_IDLE, a small one not") {
+  std::atomic<uint64_t> next_id{0};
+  Seen seen;
+  SessionServerOptions options = Options(&next_id, &seen);
+  absl::Mutex mu;
+  std::vector<std::pair<uint64_t, int>> policies;  // (num_bytes, the admitting policy)
+  options.submit = [&](const v1::TransferSpec& spec) -> absl::StatusOr<v1::SubmitTransferResponse> {
+    const int policy = ::sched_getscheduler(0);
+    absl::MutexLock lock(&mu);
+    policies.emplace_back(spec.num_bytes(), policy);
+    v1::SubmitTransferResponse response;
+    response.set_transfer_id(next_id.fetch_add(1) + 1);
+    return response;
+  };
+  options.admission_workers = 2;
+  options.max_inline_submit_ids = 0;  // every batch through the pool
+  Served s(options);
+  RawQueue q(s.path());
+  v1::SubmitTransferRequest large;
+  large.mutable_spec()->set_num_bytes(2);
+  large.mutable_spec()->mutable_src()->mutable_block_table()->set_count(1 << 20);
+  q.Publish(Entries({{1, Request(1)}}));
+  REQUIRE(q.Acks(1)[0].code == 0);
+  q.Publish(Entries({{2, Request(3)}, {3, large.SerializeAsString()}}));
+  for (const wire::SubmitAck& ack : q.Acks(2)) CHECK(ack.code == 0);
+  const int base = ::sched_getscheduler(0);
+  REQUIRE(base != SCHED_IDLE);
+  absl::MutexLock lock(&mu);
+  const std::vector<std::pair<uint64_t, int>> expected = {
+      {1, base}, {3, SCHED_IDLE}, {2, SCHED_IDLE}};
+  CHECK(policies == expected);
 }
 
 TEST_CASE("the submitter is the connection's session, whatever the entry claims") {
