@@ -19,7 +19,7 @@ void SpinBudget::Refill(absl::Time now) {
 bool SpinBudget::Allows(absl::Time now) {
   if (share_ >= 1.0) return true;
   Refill(now);
-  if (tokens_ > absl::ZeroDuration()) return true;
+  if (tokens_ > absl::ZeroDuration() && held_ < std::max(tokens_, cap_)) return true;
   ++refusals_;
   return false;
 }
@@ -27,11 +27,12 @@ bool SpinBudget::Allows(absl::Time now) {
 absl::Duration SpinBudget::Allowance(absl::Time now) {
   if (share_ >= 1.0) return absl::InfiniteDuration();
   Refill(now);
-  if (tokens_ <= absl::ZeroDuration()) {
+  const absl::Duration left = tokens_ - held_;
+  if (left <= absl::ZeroDuration()) {
     ++refusals_;
     return absl::ZeroDuration();
   }
-  return absl::Nanoseconds(absl::ToDoubleNanoseconds(tokens_) / (1.0 - share_));
+  return absl::Nanoseconds(absl::ToDoubleNanoseconds(left) / (1.0 - share_));
 }
 
 void SpinBudget::Spent(absl::Time from, absl::Time to) {
@@ -48,6 +49,27 @@ void SpinBudget::Spent(absl::Time from, absl::Time to) {
     filled_at_ = to;
   }
   tokens_ = std::min(tokens_, cap_);
+}
+
+void SpinBudget::Held(absl::Time from, absl::Time to) {
+  if (to > from) held_ += to - from;
+}
+
+void SpinBudget::Found(absl::Duration free) {
+  const absl::Duration released = std::min(held_, std::max(free, absl::ZeroDuration()));
+  released_ += released;
+  held_ -= released;
+  Settle();
+}
+
+absl::Duration SpinBudget::Settle() {
+  const absl::Duration drawn = held_;
+  held_ = absl::ZeroDuration();
+  spent_ += drawn;
+  // The refill of the held rounds' own time was added (capped) as Allows read the clock: a spin
+  // from a full bucket is charged its whole length, not (1 - share) of it as Spent does.
+  if (share_ < 1.0) tokens_ -= drawn;
+  return drawn;
 }
 
 }  // namespace kvrail

@@ -9,6 +9,18 @@
 // not empty. Over any stretch of time T the time spent spinning is then at most share x T plus
 // share x window plus one spin round.
 //
+// A thread whose spins often find work (the poll thread under back-to-back transfers) need not
+// pay for the short ones: it holds each polling round (Held) while its spin goes on, and the
+// spin's end decides - found work (Found(free)): up to `free` of what it held is released, not
+// drawn, since that spin saved a wake-up on the critical path, and the rest is drawn; ended with
+// nothing, the thread going to sleep (Settle): all it held is drawn. Such a spin may start while
+// the bucket is not empty and goes on until it holds the whole bank (share x window), whatever
+// is left in the bucket: a spin that has to outlast the gap to the next transfer is not cut
+// short by an earlier spin's draw. Over any stretch T the time drawn is then at most share x T
+// plus twice share x window plus one round, and the time released at most `free` per find:
+// back-to-back traffic (gaps within `free`) keeps the thread awake whatever the share, while a
+// long spin meant to cover a cadence's gap is paid from the budget as before.
+//
 // Probe, describe, compute: the caller reads the clock and passes it in; the class is pure
 // arithmetic over those readings (unit tested with an injected clock).
 //
@@ -27,7 +39,8 @@ class SpinBudget {
   // unused budget banked, as share x window. The bucket starts full at `start`.
   SpinBudget(double share, absl::Duration window, absl::Time start);
 
-  // Whether a spin may go on at `now` (false once the bucket is empty).
+  // Whether a spin may go on at `now`: the bucket is not empty, and the spin under way holds
+  // (Held) less than the bank (share x window) and less than the bucket when it is fuller.
   bool Allows(absl::Time now);
   // How long a spin that begins at `now` may go on before the bucket is empty, the bucket
   // refilling meanwhile: tokens / (1 - share). Infinite without a cap, zero once it is spent.
@@ -36,10 +49,20 @@ class SpinBudget {
   // The thread spun from `from` to `to` for nothing: drawn from the bucket (nothing when `to`
   // is not after `from`).
   void Spent(absl::Time from, absl::Time to);
+  // The thread polled from `from` to `to` and found nothing: held against the bucket until the
+  // spin ends (nothing when `to` is not after `from`).
+  void Held(absl::Time from, absl::Time to);
+  // The spin found work: up to `free` of what it held is released, the rest drawn.
+  void Found(absl::Duration free);
+  // The spin ended with nothing (the thread goes to sleep): what it held is drawn. Returns that
+  // time (zero when nothing was held).
+  absl::Duration Settle();
 
   bool capped() const { return share_ < 1.0; }
-  // Spin time drawn so far, and the times Allows said no (stats, tests).
+  // Spin time drawn so far, spin time released (Found), and the times Allows said no (stats,
+  // tests).
   absl::Duration spent() const { return spent_; }
+  absl::Duration released() const { return released_; }
   uint64_t refusals() const { return refusals_; }
 
  private:
@@ -48,8 +71,10 @@ class SpinBudget {
   const double share_;
   const absl::Duration cap_;
   absl::Duration tokens_;
+  absl::Duration held_ = absl::ZeroDuration();  // by the spin under way (Held)
   absl::Time filled_at_;
   absl::Duration spent_ = absl::ZeroDuration();
+  absl::Duration released_ = absl::ZeroDuration();
   uint64_t refusals_ = 0;
 };
 

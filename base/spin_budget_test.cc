@@ -1,6 +1,7 @@
 // SpinBudget over an injected clock: a thread that spins whenever allowed spends at most its
 // share of the time (plus the banked window and one round); an idle thread banks no more than
-// the window; no cap and no spin at the two ends.
+// the window; no cap and no spin at the two ends; spins held until they end are free when they
+// find work (back-to-back traffic is never cut) and capped as before when they do not.
 #include "base/spin_budget.h"
 
 #include <catch2/catch.hpp>
@@ -131,6 +132,151 @@ TEST_CASE("allowance: a spin of that length empties the bucket, never below zero
         absl::InfiniteDuration());
   CHECK(SpinBudget(0.0, absl::Milliseconds(100), kStart).Allowance(kStart + absl::Hours(1)) ==
         absl::ZeroDuration());
+}
+
+// As SpinGreedily, holding each round until the spin ends: never finding work, a refused spin
+// ends (Settle) and the thread sleeps `nap`.
+absl::Duration SpinHeldGreedily(SpinBudget& budget, absl::Time& now, absl::Duration total,
+                                absl::Duration round, absl::Duration nap) {
+  const absl::Time end = now + total;
+  absl::Duration spun = absl::ZeroDuration();
+  while (now < end) {
+    if (budget.Allows(now)) {
+      budget.Held(now, now + round);
+      now += round;
+      spun += round;
+    } else {
+      budget.Settle();
+      now += nap;
+    }
+  }
+  budget.Settle();
+  return spun;
+}
+
+TEST_CASE("held spins that never find work get the share of the time, no more") {
+  SpinBudget budget(0.05, absl::Milliseconds(100), kStart);
+  absl::Time now = kStart;
+  const absl::Duration spun = SpinHeldGreedily(budget, now, absl::Seconds(10),
+                                               absl::Microseconds(10), absl::Microseconds(50));
+  INFO("spun " << absl::FormatDuration(spun));
+  // 5% of 10 s, plus twice the 5 ms bank and one round.
+  CHECK(spun <= absl::Milliseconds(500) + absl::Milliseconds(10) + absl::Microseconds(10));
+  CHECK(spun >= absl::Milliseconds(490));
+  CHECK(budget.spent() == spun);
+  CHECK(budget.released() == absl::ZeroDuration());
+  CHECK(budget.refusals() > 0);
+}
+
+TEST_CASE("spins that find work are free: back-to-back traffic is never cut") {
+  // 5%: 5 ms banked. Back-to-back transfers for about 1 s, the next one found after 30 us of
+  // spinning each time (97% of the time spinning): nothing drawn, nothing refused.
+  SpinBudget budget(0.05, absl::Milliseconds(100), kStart);
+  absl::Time now = kStart;
+  absl::Duration spun = absl::ZeroDuration();
+  for (int transfer = 0; transfer < 32000; ++transfer) {
+    for (int r = 0; r < 30; ++r) {
+      REQUIRE(budget.Allows(now));
+      budget.Held(now, now + absl::Microseconds(1));
+      now += absl::Microseconds(1);
+      spun += absl::Microseconds(1);
+    }
+    budget.Found(absl::InfiniteDuration());
+    now += absl::Microseconds(1);  // the transfer's own work
+  }
+  CHECK(budget.refusals() == 0);
+  CHECK(budget.spent() == absl::ZeroDuration());
+  CHECK(budget.released() == spun);
+  // Then the traffic stops: the spins that find nothing are capped as before (5% of 10 s plus
+  // twice the 5 ms bank and one round).
+  const absl::Duration idle = SpinHeldGreedily(budget, now, absl::Seconds(10),
+                                               absl::Microseconds(10), absl::Microseconds(50));
+  CHECK(idle <= absl::Milliseconds(510) + absl::Microseconds(10));
+  CHECK(budget.spent() == idle);
+  // Spent (immediate draws) would have cut the same traffic within the first 6 ms.
+  SpinBudget drawn(0.05, absl::Milliseconds(100), kStart);
+  now = kStart;
+  int cut_at = -1;
+  for (int transfer = 0; transfer < 32000 && cut_at < 0; ++transfer) {
+    for (int r = 0; r < 30; ++r) {
+      if (!drawn.Allows(now)) {
+        cut_at = transfer;
+        break;
+      }
+      drawn.Spent(now, now + absl::Microseconds(1));
+      now += absl::Microseconds(1);
+    }
+    now += absl::Microseconds(1);
+  }
+  CHECK(cut_at > 0);
+  CHECK(cut_at < 250);
+}
+
+TEST_CASE("a found spin is free up to `free`; the rest of it is drawn") {
+  SpinBudget budget(0.10, absl::Milliseconds(100), kStart);  // 10 ms banked
+  const absl::Time now = kStart;
+  budget.Held(now, now + absl::Microseconds(80));
+  budget.Found(absl::Microseconds(100));
+  CHECK(budget.released() == absl::Microseconds(80));
+  CHECK(budget.spent() == absl::ZeroDuration());
+  // A 2 ms spin that found the next transfer (a cadence's gap): 100 us free, 1.9 ms drawn.
+  budget.Held(now, now + absl::Milliseconds(2));
+  budget.Found(absl::Microseconds(100));
+  CHECK(budget.released() == absl::Microseconds(180));
+  CHECK(budget.spent() == absl::Microseconds(1900));
+  // Five more of them spend the 10 ms bank: the next spin is refused.
+  for (int i = 0; i < 5; ++i) {
+    REQUIRE(budget.Allows(now));
+    budget.Held(now, now + absl::Milliseconds(2));
+    budget.Found(absl::Microseconds(100));
+  }
+  CHECK_FALSE(budget.Allows(now));
+  // Nothing free: every found spin is drawn whole, as a fruitless one.
+  SpinBudget none_free(0.10, absl::Milliseconds(100), kStart);
+  none_free.Held(now, now + absl::Microseconds(80));
+  none_free.Found(absl::ZeroDuration());
+  CHECK(none_free.spent() == absl::Microseconds(80));
+  CHECK(none_free.released() == absl::ZeroDuration());
+}
+
+TEST_CASE("a held spin ends once it holds the bank; one from a low bucket may still hold it") {
+  SpinBudget budget(0.05, absl::Milliseconds(100), kStart);  // 5 ms banked
+  const absl::Time now = kStart;
+  budget.Held(now, now + absl::Microseconds(4999));
+  CHECK(budget.Allows(now));
+  CHECK(budget.Allowance(now) > absl::ZeroDuration());
+  budget.Held(now, now + absl::Microseconds(1));
+  CHECK_FALSE(budget.Allows(now));  // 5 ms held: the spin ends, found or not
+  CHECK(budget.Allowance(now) == absl::ZeroDuration());
+  // It found work after all: released, and the bucket is whole again.
+  budget.Found(absl::InfiniteDuration());
+  CHECK(budget.Allows(now));
+  CHECK(budget.spent() == absl::ZeroDuration());
+  CHECK(budget.released() == absl::Milliseconds(5));
+  // The same held, then settled: drawn, once.
+  budget.Held(now, now + absl::Milliseconds(5));
+  CHECK(budget.Settle() == absl::Milliseconds(5));
+  CHECK(budget.Settle() == absl::ZeroDuration());
+  CHECK_FALSE(budget.Allows(now));
+  CHECK(budget.spent() == absl::Milliseconds(5));
+  // Refilled 50 us: a spin may start, and may hold more than those 50 us (up to the bank) to
+  // reach the next transfer.
+  const absl::Time later = now + absl::Milliseconds(1);
+  CHECK(budget.Allows(later));
+  budget.Held(later, later + absl::Microseconds(500));
+  CHECK(budget.Allows(later));
+  budget.Found(absl::InfiniteDuration());
+  budget.Held(later, later + absl::Milliseconds(5));
+  CHECK_FALSE(budget.Allows(later));
+  CHECK(budget.Settle() == absl::Milliseconds(5));
+  CHECK_FALSE(budget.Allows(later + absl::Milliseconds(99)));  // about -4.95 ms: no spin starts
+  // Held backwards holds nothing; no cap: held spins never refused.
+  budget.Held(now + absl::Milliseconds(1), now);
+  CHECK(budget.Settle() == absl::ZeroDuration());
+  SpinBudget free(1.0, absl::Milliseconds(100), kStart);
+  free.Held(kStart, kStart + absl::Hours(1));
+  CHECK(free.Allows(kStart));
+  CHECK(free.Settle() == absl::Hours(1));
 }
 
 }  // namespace

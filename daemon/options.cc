@@ -182,6 +182,7 @@ session::SessionServerOptions SessionOptionsFrom(const v1::DaemonConfig& config,
   options.submission_spin =
       absl::Microseconds(std::min(config.session_submission_spin_us(), config::kMaxSpinUs));
   options.spin_budget = std::min<uint32_t>(config.session_spin_budget_percent(), 100) / 100.0;
+  options.spin_free = absl::Microseconds(config.session_spin_free_us());
   return options;
 }
 

@@ -129,6 +129,11 @@ TEST_CASE("sessions: max_sessions from the fd limit when 0; spin follows low_lat
   CHECK(SessionOptionsFrom(Finalized("session_spin_budget_percent: 100"), 1024).spin_budget == 1.0);
   CHECK(SessionOptionsFrom(Finalized("session_spin_budget_percent: 0"), 1024).spin_budget == 0.0);
   CHECK(SessionOptionsFrom(Finalized("session_spin_budget_percent: 35"), 1024).spin_budget == 0.35);
+  CHECK(o.spin_free == absl::Microseconds(100));  // unset: the documented default
+  CHECK(SessionOptionsFrom(Finalized("low_latency: false"), 1024).spin_free ==
+        absl::ZeroDuration());
+  CHECK(SessionOptionsFrom(Finalized("session_spin_free_us: 2000"), 1024).spin_free ==
+        absl::Milliseconds(2));
   // A spin across a decode step's gap (up to 10 ms).
   CHECK(o.submission_spin == absl::Microseconds(50));
   CHECK(SessionOptionsFrom(Finalized("session_submission_spin_us: 5000"), 1024).submission_spin ==

@@ -337,6 +337,9 @@ absl::Status FinalizeConfig(v1::DaemonConfig* config) {
     config->set_session_submission_spin_us(config->low_latency() ? 50 : 0);
   }
   if (!config->has_session_spin_budget_percent()) config->set_session_spin_budget_percent(10);
+  if (!config->has_session_spin_free_us()) {
+    config->set_session_spin_free_us(config->low_latency() ? 100 : 0);
+  }
   if (!config->has_cuda_dispatcher_spin_us()) {
     config->set_cuda_dispatcher_spin_us(config->low_latency() ? 100 : 0);
   }
@@ -416,6 +419,10 @@ absl::Status FinalizeConfig(v1::DaemonConfig* config) {
     return absl::InvalidArgumentError(absl::StrCat(
         "cuda_dispatcher_spin_budget_percent: ", config->cuda_dispatcher_spin_budget_percent(),
         ", at most 100"));
+  }
+  if (config->session_spin_free_us() > kMaxSpinUs) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "session_spin_free_us: ", config->session_spin_free_us(), ", at most ", kMaxSpinUs));
   }
   if (config->host_inline_max_bytes() > (1 << 20)) {
     return absl::InvalidArgumentError(absl::StrCat(

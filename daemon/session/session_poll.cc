@@ -33,8 +33,12 @@ void SessionServerImpl::Loop() {
   std::vector<epoll_event> events(256);
   // After serving a packet the thread polls without sleeping for options_.spin (the next
   // packet of a critical transfer, e.g. its WAIT, then costs no wake-up), and it polls the
-  // submission queues that spin (SubmissionQueues). Both draw on one budget: a round that
-  // spun and found nothing is charged to it, and once it is spent every spin ends.
+  // submission queues that spin (SubmissionQueues). Both draw on one budget: each round that
+  // polled and found nothing is held against it until the spin ends; a spin that found work
+  // (a packet, a queue's entries) is free up to options_.spin_free and draws the rest, one that
+  // ends with the thread going to sleep draws all it held, and once the budget is spent every
+  // spin ends. Back-to-back traffic thus keeps the thread awake, while spins that wait for
+  // nothing, or long, stay within the budget.
   absl::Time spin_until = absl::InfinitePast();
   SpinBudget budget(options_.spin_budget, kSpinBudgetWindow, absl::Now());
   while (!stop_.load()) {
@@ -49,10 +53,13 @@ void SessionServerImpl::Loop() {
     }
     // A round of polling only: nothing due, a spin is what keeps the thread awake.
     const bool spin_round = (spinning || queues_.Spinning()) && !queues_.Due();
+    const bool sleeps = !spinning && !queues_.Busy();
+    // Going to sleep: the spin that led here found nothing.
+    if (sleeps) SettleSpin(budget);
     const int n = ::epoll_wait(epoll_.get(), events.data(), static_cast<int>(events.size()),
-                               spinning || queues_.Busy() ? 0
-                               : listener_paused_         ? 100
-                                                          : -1);
+                               !sleeps            ? 0
+                               : listener_paused_ ? 100
+                                                  : -1);
     // Before the events: an eventfd that rang is looked at in this round, below.
     for (int i = 0; i < n; ++i) {
       const uint64_t tag = events[i].data.u64;
@@ -61,7 +68,7 @@ void SessionServerImpl::Loop() {
       }
     }
     if (n == 0 && spinning && !queues_.Busy()) {
-      ChargeSpin(budget, round);
+      budget.Held(round, absl::Now());
       continue;
     }
     if (n > 0 && options_.spin > absl::ZeroDuration()) spin_until = absl::Now() + options_.spin;
@@ -83,16 +90,18 @@ void SessionServerImpl::Loop() {
       }
     }
     const bool took = queues_.Busy() && LookAtQueues(may_spin);
-    if (spin_round && n == 0 && !took) ChargeSpin(budget, round);
+    if (n > 0 || took) {
+      budget.Found(options_.spin_free);  // the spin, if any, saved this work a wake-up
+    } else if (spin_round) {
+      budget.Held(round, absl::Now());
+    }
   }
 }
 
-void SessionServerImpl::ChargeSpin(SpinBudget& budget, absl::Time round) {
-  const absl::Time now = absl::Now();
-  budget.Spent(round, now);
-  if (options_.spin_spent_ns != nullptr) {
-    options_.spin_spent_ns->fetch_add(absl::ToInt64Nanoseconds(now - round),
-                                      std::memory_order_relaxed);
+void SessionServerImpl::SettleSpin(SpinBudget& budget) {
+  const absl::Duration drawn = budget.Settle();
+  if (options_.spin_spent_ns != nullptr && drawn > absl::ZeroDuration()) {
+    options_.spin_spent_ns->fetch_add(absl::ToInt64Nanoseconds(drawn), std::memory_order_relaxed);
   }
 }
 

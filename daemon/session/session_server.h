@@ -124,11 +124,19 @@ struct SessionServerOptions {
   // batch rings the eventfd.
   absl::Duration submission_spin = absl::ZeroDuration();
   // The share of one core the poll thread may spend in both spins above (`spin` and
-  // `submission_spin`), as SpinBudget keeps it over a 100 ms window
-  // (DaemonConfig.session_spin_budget_percent / 100): a spin ends early once it is spent. 1: no
-  // cap; 0: never spins.
+  // `submission_spin`) waiting for nothing, as SpinBudget keeps it over a 100 ms window
+  // (DaemonConfig.session_spin_budget_percent / 100): a spin that ends with the thread going to
+  // sleep is drawn from it, one that found work (back-to-back traffic) is free; a spin ends early
+  // once it would overdraw it. 1: no cap; 0: never spins.
   double spin_budget = 1.0;
-  // When set (tests, stats): the time the poll thread spent spinning for nothing, in ns.
+  // A spin (either above) that found work - the next packet or submission, back-to-back traffic
+  // - is free up to this long: only its part beyond is drawn from spin_budget
+  // (DaemonConfig.session_spin_free_us). Back-to-back transfers then keep the poll thread awake
+  // whatever the budget, at a cost of at most this much spinning per request served; a long spin
+  // covering a cadence's gap is still paid from the budget. Zero: every spin is drawn.
+  absl::Duration spin_free = absl::ZeroDuration();
+  // When set (tests, stats): the time the poll thread spent spinning for nothing (the spins it
+  // ended by going to sleep), in ns.
   std::atomic<uint64_t>* spin_spent_ns = nullptr;
 };
 

@@ -149,8 +149,9 @@ class SessionServerImpl final : public SessionServer {
 
   void Loop();
 
-  // A round that began at `round` polled and found nothing: charged to the spin budget.
-  void ChargeSpin(SpinBudget& budget, absl::Time round);
+  // The thread goes to sleep: the spin it held against the budget found nothing and is drawn
+  // (counted in options_.spin_spent_ns).
+  void SettleSpin(SpinBudget& budget);
 
   void PauseListener();
   void ResumeListener();

@@ -452,6 +452,54 @@ TEST_CASE("the spin budget ends the poll thread's spins once spent; 0 never spin
   CHECK(spent_ns.load() == 0);
 }
 
+// `count` transfers through a queue of a server with `options`, each after ~0.5 ms of the
+// client's own work (a sleep and the ack's polling); returns how many publishes found the poll
+// thread asleep (rang the eventfd).
+int BackToBack(const SessionServerOptions& options, int count) {
+  Served s(options);
+  RawQueue q(s.path());
+  int rang = 0;
+  for (uint64_t tag = 1; tag <= static_cast<uint64_t>(count); ++tag) {
+    if (q.sq->view().ConsumerSleeps()) ++rang;
+    q.Publish(Entries({{tag, Request(8)}}));
+    REQUIRE(q.Acks(1)[0].tag == tag);
+    absl::SleepFor(absl::Microseconds(300));
+  }
+  // Then nothing comes: the spin that waits for it is drawn, and the thread sleeps.
+  const absl::Time until = absl::Now() + absl::Seconds(5);
+  while (!q.sq->view().ConsumerSleeps() && absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  CHECK(q.sq->view().ConsumerSleeps());
+  return rang;
+}
+
+TEST_CASE("back-to-back entries keep the poll thread awake whatever the budget (spin_free)") {
+  std::atomic<uint64_t> next_id{0};
+  Seen seen;
+  SessionServerOptions options = Options(&next_id, &seen);
+  // Spins far longer than the test: only the budget or a found entry ends one.
+  options.submission_spin = absl::Seconds(2);
+  options.spin_budget = 0.25;  // a quarter of a core, 25 ms banked
+  std::atomic<uint64_t> spent_ns{0};
+  options.spin_spent_ns = &spent_ns;
+  // 300 transfers ~0.5 ms apart: the poll thread spins through every gap (~150 ms, 6x the
+  // bank). A spin that found an entry within spin_free is free, so it never goes to sleep and
+  // no publish has to ring the eventfd. The first may; a loaded machine that stalls a gap past
+  // spin_free, or past the 25 ms a spin may hold, puts the thread to sleep for a while.
+  options.spin_free = absl::Milliseconds(20);
+  const int free_rang = BackToBack(options, 300);
+  INFO(free_rang << " of 300 publishes found the poll thread asleep, spin_free 20 ms");
+  CHECK(free_rang <= 10);
+  CHECK(spent_ns.load() > 0);  // the last spin, which found nothing
+  // Every spin drawn (spin_free 0, as before): the budget is spent by about the 60th transfer,
+  // and most publishes after it find the thread asleep.
+  options.spin_free = absl::ZeroDuration();
+  const int drawn_rang = BackToBack(options, 300);
+  INFO(drawn_rang << " of 300 publishes found the poll thread asleep, spin_free 0");
+  CHECK(drawn_rang >= 100);
+}
+
 TEST_CASE("SQ is refused when switched off or malformed; SUBMIT packets go on") {
   std::atomic<uint64_t> next_id{0};
   Seen seen;
