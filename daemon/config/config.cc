@@ -330,7 +330,7 @@ absl::Status FinalizeConfig(v1::DaemonConfig* config) {
   if (!config->has_low_latency()) config->set_low_latency(true);
   if (!config->has_session_admission_workers()) config->set_session_admission_workers(4);
   if (!config->has_session_admission_bulk_workers()) {
-    config->set_session_admission_bulk_workers(1);
+    config->set_session_admission_bulk_workers(0);
   }
   if (!config->has_session_submission_queue()) config->set_session_submission_queue(true);
   if (!config->has_session_submission_spin_us()) {

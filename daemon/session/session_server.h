@@ -100,7 +100,8 @@ struct SessionServerOptions {
   // priority (SCHED_IDLE; DaemonConfig.session_admission_bulk_workers): such a submit
   // (a million-id plan) then takes the CPU only when the other tenants' threads leave it. 0:
   // those SUBMITs go to the workers above at normal priority. Unused with admission_workers 0.
-  size_t admission_bulk_workers = 1;
+  // Off unless asked for (see the config field for why).
+  size_t admission_bulk_workers = 0;
   // A SUBMIT whose block ids travel in the packet, at most this many on both sides together (no
   // shared block table), is admitted on the poll thread when its session has nothing queued: its
   // admission costs no more than the hand-off to a worker (on an H100 host the hand-off added

@@ -227,6 +227,7 @@ TEST_CASE("a batch naming more than 65,536 ids is admitted in SCHED_IDLE, a smal
     return response;
   };
   options.admission_workers = 2;
+  options.admission_bulk_workers = 1;
   options.max_inline_submit_ids = 0;  // every batch through the pool
   Served s(options);
   RawQueue q(s.path());
