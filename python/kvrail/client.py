@@ -19,12 +19,13 @@ from kvrail._lib import SESSION_LOST_FN, check, lib, out_bytes, take_bytes
 from kvrail.errors import KvrailError, SessionLostError, error_for
 from kvrail.host_buffer import HostBuffer
 from kvrail.proto import admin_pb2, transfer_pb2
+from kvrail.prepared import PreparedCalls
 from kvrail.regions import Region, RegionCalls
 from kvrail.transfers import (Transfer, TransferCalls, TransferState, is_final, poll,
                               wait_all)
 
 
-class Client(RegionCalls, TransferCalls):
+class Client(RegionCalls, TransferCalls, PreparedCalls):
     """A connection to one kvraild (see connect()). Regions registered through it are released by
     the daemon when it is closed (or the process ends). A context manager: `with connect() as c:`.
     """

@@ -9,15 +9,16 @@ still hold; it is answered as a submit and returns a Transfer.
 from __future__ import annotations
 
 import ctypes
-from typing import TYPE_CHECKING, Optional, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence, Union
 
 from kvrail._lib import check, lib, out_bytes, take_bytes
 from kvrail.errors import FailedPreconditionError, StatusCode
 from kvrail.proto import transfer_pb2
+from kvrail.regions import Region
+from kvrail.transfers import Transfer, _address, _id_array
 
 if TYPE_CHECKING:
     from kvrail.client import Client
-    from kvrail.transfers import Transfer
 
 
 class PreparedTransfer:
@@ -48,7 +49,6 @@ class PreparedTransfer:
         """One transfer of this shape moving `src_blocks` into `dst_blocks` (exactly
         src_block_count and dst_block_count ids; a numpy array or any sequence of ints). A bad
         id raises InvalidArgumentError naming it ("post.src_block_ids[3]: ...")."""
-        from kvrail.transfers import Transfer, _address, _id_array
         if self._handle is None:
             raise FailedPreconditionError(
                 StatusCode.FAILED_PRECONDITION,
@@ -87,4 +87,33 @@ class PreparedTransfer:
             self._handle = None
 
 
-__all__ = ["PreparedTransfer"]
+
+class PreparedCalls:
+    """Client's prepare(), a mixin of Client (which supplies _h)."""
+
+    def prepare(self, src: Union[Region, int], dst: Union[Region, int], src_block_count: int,
+                dst_block_count: int = 0, **fields) -> "PreparedTransfer":
+        """Prepares a paged transfer's shape from `src` into `dst` (other TransferSpec fields by
+        keyword, as transfer(); no block ids) for posts of `src_block_count` source and
+        `dst_block_count` destination ids (0: as many as the tokens need). The daemon validates
+        and plans it once; each PreparedTransfer.post(src_blocks, dst_blocks) then checks only
+        its ids. A context manager that releases it."""
+        spec = transfer_pb2.TransferSpec()
+        spec.src.region_id = src.id if isinstance(src, Region) else int(src)
+        spec.dst.region_id = dst.id if isinstance(dst, Region) else int(dst)
+        for key, value in fields.items():
+            side, _, rest = key.partition("_")
+            if side in ("src", "dst") and rest:
+                setattr(getattr(spec, side), rest, value)
+            else:
+                setattr(spec, key, value)
+        data = spec.SerializeToString()
+        handle = ctypes.c_void_p()
+        response, response_len = out_bytes()
+        check(lib().kvrail_prepare(self._h, data, len(data), int(src_block_count),
+                                   int(dst_block_count), ctypes.byref(handle),
+                                   ctypes.byref(response), ctypes.byref(response_len)))
+        return PreparedTransfer(self, handle.value, take_bytes(response, response_len.value))
+
+
+__all__ = ["PreparedCalls", "PreparedTransfer"]

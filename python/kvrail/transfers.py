@@ -20,7 +20,6 @@ from kvrail.regions import Region
 if TYPE_CHECKING:
     from kvrail.client import Client
     from kvrail.completions import CompletionWaiter
-    from kvrail.prepared import PreparedTransfer
 
 TransferState = transfer_pb2.TransferState
 _TransferStatus = transfer_pb2.TransferStatus
@@ -300,31 +299,6 @@ class TransferCalls:
             if waiter._loop is asyncio._get_running_loop() and waiter._token is armed:
                 waiter._on_ready()
         return transfer
-
-    def prepare(self, src: Union[Region, int], dst: Union[Region, int], src_block_count: int,
-                dst_block_count: int = 0, **fields) -> "PreparedTransfer":
-        """Prepares a paged transfer's shape from `src` into `dst` (other TransferSpec fields by
-        keyword, as transfer(); no block ids) for posts of `src_block_count` source and
-        `dst_block_count` destination ids (0: as many as the tokens need). The daemon validates
-        and plans it once; each PreparedTransfer.post(src_blocks, dst_blocks) then checks only
-        its ids. A context manager that releases it."""
-        from kvrail.prepared import PreparedTransfer
-        spec = transfer_pb2.TransferSpec()
-        spec.src.region_id = src.id if isinstance(src, Region) else int(src)
-        spec.dst.region_id = dst.id if isinstance(dst, Region) else int(dst)
-        for key, value in fields.items():
-            side, _, rest = key.partition("_")
-            if side in ("src", "dst") and rest:
-                setattr(getattr(spec, side), rest, value)
-            else:
-                setattr(spec, key, value)
-        data = spec.SerializeToString()
-        handle = ctypes.c_void_p()
-        response, response_len = out_bytes()
-        check(lib().kvrail_prepare(self._h, data, len(data), int(src_block_count),
-                                   int(dst_block_count), ctypes.byref(handle),
-                                   ctypes.byref(response), ctypes.byref(response_len)))
-        return PreparedTransfer(self, handle.value, take_bytes(response, response_len.value))
 
     def _status_call(self, fn, *args):
         state = ctypes.c_int32()
