@@ -72,4 +72,10 @@ absl::Duration SpinBudget::Settle() {
   return drawn;
 }
 
+absl::Duration NextSpin(absl::Duration max, absl::Duration current, absl::Duration waited) {
+  if (max <= absl::ZeroDuration()) return absl::ZeroDuration();
+  if (waited <= max) return max;
+  return std::max(max / 8, current / 2);
+}
+
 }  // namespace kvrail

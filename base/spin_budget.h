@@ -33,6 +33,14 @@
 
 namespace kvrail {
 
+// An adaptive spin's next length, from its longest `max`, its length now and how long the wait
+// it served took until its answer came (`waited`, whether the spin still ran then or the thread
+// had gone to sleep): an answer within `max` gets the full spin next time, since a full spin
+// would have caught it; a longer wait halves the spin, down to an eighth of `max`. (Halving on
+// every wait the spin missed kept a spin shorter than the answer's usual time short for good:
+// it could never catch an answer again, so every wait slept.)
+absl::Duration NextSpin(absl::Duration max, absl::Duration current, absl::Duration waited);
+
 class SpinBudget {
  public:
   // `share` of the time in [0, 1] (>= 1: no cap, <= 0: never spins); `window` > 0 bounds the

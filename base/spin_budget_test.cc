@@ -279,5 +279,25 @@ TEST_CASE("a held spin ends once it holds the bank; one from a low bucket may st
   CHECK(free.Settle() == absl::Hours(1));
 }
 
+TEST_CASE("the next spin: full when the answer came within the longest spin, else halved") {
+  const absl::Duration max = absl::Microseconds(50);
+  // Caught by the spin, or missed by a spin shortened earlier but within 50 us: full again.
+  CHECK(NextSpin(max, max, absl::Microseconds(12)) == max);
+  CHECK(NextSpin(max, max / 8, absl::Microseconds(30)) == max);
+  CHECK(NextSpin(max, max / 8, max) == max);
+  // Longer than any spin would wait: halved, down to an eighth.
+  CHECK(NextSpin(max, max, absl::Microseconds(51)) == absl::Microseconds(25));
+  CHECK(NextSpin(max, absl::Microseconds(25), absl::Milliseconds(2)) == absl::Microseconds(12.5));
+  CHECK(NextSpin(max, max / 8, absl::Seconds(1)) == max / 8);
+  // No spin configured: none.
+  CHECK(NextSpin(absl::ZeroDuration(), absl::ZeroDuration(), absl::ZeroDuration()) ==
+        absl::ZeroDuration());
+  // A spin that stays at an eighth while every answer takes 30 us is what the old rule (halve
+  // whenever the spin missed) did: here the first such wait restores it.
+  absl::Duration spin = max / 8;
+  for (int i = 0; i < 3; ++i) spin = NextSpin(max, spin, absl::Microseconds(30));
+  CHECK(spin == max);
+}
+
 }  // namespace
 }  // namespace kvrail

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "absl/time/clock.h"
+#include "base/spin_budget.h"
 
 namespace kvrail::client {
 namespace {
@@ -209,7 +210,8 @@ CompletionTable::Result CompletionTable::Wait(uint64_t id, absl::Time deadline) 
   Result result = LookLocked(id);
   if (result.outcome != Outcome::kTimeout) return result;
   // Spin: poll the ring without sleeping (a thread wake-up costs more than a short transfer).
-  const absl::Time spin_until = std::min(deadline, absl::Now() + spin_);
+  const absl::Time started = absl::Now();
+  const absl::Time spin_until = std::min(deadline, started + spin_);
   bool spun = false;
   while (spin_ > absl::ZeroDuration() && absl::Now() < spin_until) {
     spun = true;
@@ -231,13 +233,20 @@ CompletionTable::Result CompletionTable::Wait(uint64_t id, absl::Time deadline) 
       return result;
     }
   }
-  if (spun) spin_ = std::max(spin_ / 2, max_spin_ / 8);  // it missed: spin less next time
   while (true) {
     DrainLocked();
     result = LookLocked(id);
-    if (result.outcome != Outcome::kTimeout) return result;
     const absl::Time now = absl::Now();
-    if (now >= deadline) return result;
+    if (result.outcome != Outcome::kTimeout) {
+      // The spin missed. NextSpin: full again when the end came within the longest spin (a full
+      // one would have caught it), halved when it took longer.
+      if (spun) spin_ = NextSpin(max_spin_, spin_, now - started);
+      return result;
+    }
+    if (now >= deadline) {
+      if (spun) spin_ = std::max(spin_ / 2, max_spin_ / 8);
+      return result;
+    }
     if (sleeper_) {
       changed_.WaitWithDeadline(&mu_, deadline);
       continue;

@@ -41,7 +41,8 @@ namespace kvrail::client {
 class CompletionTable {
  public:
   // A ring of `capacity` entries; waits poll the ring for up to `max_spin` before they sleep
-  // (adaptive: the spin shrinks while it keeps missing; zero never spins).
+  // (adaptive, NextSpin: full again after an end that came within `max_spin`, halved while ends
+  // take longer; zero never spins).
   static absl::StatusOr<std::unique_ptr<CompletionTable>> Create(uint32_t capacity,
                                                                  absl::Duration max_spin);
 

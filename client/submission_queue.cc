@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "base/spin_budget.h"
 
 namespace kvrail::client {
 
@@ -124,7 +125,8 @@ SubmissionQueue::Results SubmissionQueue::SubmitMessages(
     if (count == 0) return results;
   }
   // --- Wait for the acknowledgements.
-  const absl::Time spin_until = absl::Now() + spin_;
+  const absl::Time waiting_since = absl::Now();
+  const absl::Time spin_until = waiting_since + spin_;
   for (;;) {
     DrainLocked();
     if (AllInLocked(tags) || broken_) break;
@@ -154,14 +156,13 @@ SubmissionQueue::Results SubmissionQueue::SubmitMessages(
     if (AllInLocked(tags)) continue;
     if (closed && closed()) break;
   }
-  // Adaptive spin: a wait answered while spinning keeps it full, one that had to sleep halves it.
+  // Adaptive spin (NextSpin): full again when the acknowledgements came within the longest
+  // spin, halved when they took longer.
   if (max_spin_ > absl::ZeroDuration()) {
-    if (AllInLocked(tags) && absl::Now() <= spin_until) {
-      ++spin_hits_;
-      spin_ = max_spin_;
-    } else {
-      spin_ = std::max(max_spin_ / 8, spin_ / 2);
-    }
+    const absl::Time now = absl::Now();
+    if (AllInLocked(tags) && now <= spin_until) ++spin_hits_;
+    spin_ = AllInLocked(tags) ? NextSpin(max_spin_, spin_, now - waiting_since)
+                              : std::max(max_spin_ / 8, spin_ / 2);
   }
   for (size_t i = 0; i < messages.size(); ++i) {
     if (tags[i] == 0) continue;

@@ -37,8 +37,9 @@ class SubmissionQueue {
  public:
   // A submission ring of `slots` slots (a power of 2, at least 128) and an acknowledgement ring
   // of a quarter as many entries (at least 32: the most requests in flight at once). Waits for
-  // acknowledgements poll for up to `max_spin` before they sleep (adaptive: halved down to an
-  // eighth while it keeps missing; zero never spins).
+  // acknowledgements poll for up to `max_spin` before they sleep (adaptive, NextSpin: full again
+  // after acknowledgements that came within `max_spin`, halved down to an eighth while they take
+  // longer; zero never spins).
   static absl::StatusOr<std::unique_ptr<SubmissionQueue>> Create(uint32_t slots,
                                                                  absl::Duration max_spin);
 

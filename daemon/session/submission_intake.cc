@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "base/spin_budget.h"
 #include "spdlog/spdlog.h"
 
 namespace kvrail::session {
@@ -131,6 +132,10 @@ bool SubmissionQueues::Look(
     Queue& queue = it->second;
     const bool any = TakeFrom(key, queue, max, admit, broken);
     took = took || any;
+    // Woken (not spinning): entries that a full spin from the last one's start would have found.
+    if (any && !spinning_.contains(key)) {
+      queue.budget = NextSpin(max_spin_, queue.budget, now - queue.spun_at);
+    }
     if (queue.intake->broken()) {
       spinning_.erase(key);
       continue;
@@ -139,6 +144,7 @@ bool SubmissionQueues::Look(
       if (spinning_.insert(key).second) {
         queue.intake->SetNeedWake(false);
         queue.hit = false;
+        queue.spun_at = now;
         queue.until = now + queue.budget;
       } else if (any) {
         queue.hit = true;

@@ -82,7 +82,9 @@ class SubmissionIntake {
 // queue's need_wake is clear and the poll thread looks at it every round; when its spin runs out
 // it goes back to sleep (need_wake set, then one more look, so that an entry published meanwhile
 // is taken now, not missed), and its next spin is halved (down to an eighth) unless it found
-// entries while spinning (then full again).
+// entries while spinning (then full again). Entries that wake a sleeping queue within the full
+// spin's length of its last spin's start make the next spin full again (NextSpin): a full spin
+// would have caught them, where a short one never could.
 // Thread contract: the poll thread's only (a hot restart's ExportState reads intakes while it
 // is stopped).
 class SubmissionQueues {
@@ -113,9 +115,10 @@ class SubmissionQueues {
  private:
   struct Queue {
     std::shared_ptr<SubmissionIntake> intake;
-    absl::Duration budget;  // the next spin's length
-    absl::Time until;       // while spinning
-    bool hit = false;       // found entries during this spin
+    absl::Duration budget;                      // the next spin's length
+    absl::Time until;                           // while spinning
+    absl::Time spun_at = absl::InfinitePast();  // when the last spin began
+    bool hit = false;                           // found entries during this spin
   };
   // Takes from `queue`; true when entries came.
   bool TakeFrom(int key, Queue& queue, size_t max,
