@@ -19,7 +19,7 @@ void SpinBudget::Refill(absl::Time now) {
 bool SpinBudget::Allows(absl::Time now) {
   if (share_ >= 1.0) return true;
   Refill(now);
-  if (tokens_ > absl::ZeroDuration() && held_ < std::max(tokens_, cap_)) return true;
+  if (tokens_ - held_ > absl::ZeroDuration()) return true;
   ++refusals_;
   return false;
 }

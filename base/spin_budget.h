@@ -13,11 +13,11 @@
 // pay for the short ones: it holds each polling round (Held) while its spin goes on, and the
 // spin's end decides - found work (Found(free)): up to `free` of what it held is released, not
 // drawn, since that spin saved a wake-up on the critical path, and the rest is drawn; ended with
-// nothing, the thread going to sleep (Settle): all it held is drawn. Such a spin may start while
-// the bucket is not empty and goes on until it holds the whole bank (share x window), whatever
-// is left in the bucket: a spin that has to outlast the gap to the next transfer is not cut
-// short by an earlier spin's draw. Over any stretch T the time drawn is then at most share x T
-// plus twice share x window plus one round, and the time released at most `free` per find:
+// nothing, the thread going to sleep (Settle): all it held is drawn. Allows counts what the spin
+// holds, so a spin ends once it would overdraw the bucket: a spinner that shares its core with
+// the thread it waits for (which cannot run while it spins) is cut as soon as the bucket is
+// spent, not after a whole spin. Over any stretch T the time drawn is then at most share x T
+// plus share x window plus one round, and the time released at most `free` per find:
 // back-to-back traffic (gaps within `free`) keeps the thread awake whatever the share, while a
 // long spin meant to cover a cadence's gap is paid from the budget as before.
 //
@@ -47,8 +47,8 @@ class SpinBudget {
   // unused budget banked, as share x window. The bucket starts full at `start`.
   SpinBudget(double share, absl::Duration window, absl::Time start);
 
-  // Whether a spin may go on at `now`: the bucket is not empty, and the spin under way holds
-  // (Held) less than the bank (share x window) and less than the bucket when it is fuller.
+  // Whether a spin may go on at `now`: the bucket, less what the spin under way holds (Held), is
+  // not empty.
   bool Allows(absl::Time now);
   // How long a spin that begins at `now` may go on before the bucket is empty, the bucket
   // refilling meanwhile: tokens / (1 - share). Infinite without a cap, zero once it is spent.
