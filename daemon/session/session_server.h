@@ -119,7 +119,8 @@ struct SessionServerOptions {
   bool submission_queue = true;
   // After taking entries from a session's submission queue the poll thread keeps looking at it
   // for up to this long (adaptive: halved, down to an eighth, each time it finds nothing; back
-  // to full on a hit) with the queue's need_wake clear, so that the client's next batch costs
+  // to full on a hit, or when entries wake the queue within this long of the last spin's start)
+  // with the queue's need_wake clear, so that the client's next batch costs
   // neither its eventfd write nor the poll thread's wake-up
   // (DaemonConfig.session_submission_spin_us). Zero: the poll thread sleeps at once and every
   // batch rings the eventfd.
