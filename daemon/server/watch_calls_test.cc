@@ -27,13 +27,13 @@ namespace {
 constexpr int kCalls = 20;
 
 // A client that calls again as soon as it has its answer: Finish takes the next call's slot.
-// Thread-safe (Finish runs on the pump's thread).
-class CallingAgainClient final : public UnaryAnswer {
+// The test keeps this state; the call owns (and may destroy on the pump's thread, once it has
+// answered) only the CallingAgainClient in front of it. Thread-safe (Finish runs on the pump's
+// thread).
+class AnswerState {
  public:
-  CallingAgainClient(WatcherCounts* counts, sessions::Caller caller)
-      : counts_(counts), caller_(caller) {}
-  bool IsCancelled() const override { return false; }
-  void Finish(const grpc::Status& status) override {
+  AnswerState(WatcherCounts* counts, sessions::Caller caller) : counts_(counts), caller_(caller) {}
+  void Finish(const grpc::Status& status) {
     absl::StatusOr<WatcherCounts::Slot> next = counts_->Take(caller_);
     absl::MutexLock lock(&mu_);
     code_ = status.error_code();
@@ -62,6 +62,17 @@ class CallingAgainClient final : public UnaryAnswer {
   grpc::StatusCode code_ ABSL_GUARDED_BY(mu_) = grpc::StatusCode::UNKNOWN;
   absl::Status next_ ABSL_GUARDED_BY(mu_) = absl::UnknownError("not answered");
   WatcherCounts::Slot next_slot_ ABSL_GUARDED_BY(mu_);
+};
+
+// The answering side the call owns: hands Finish to the test's AnswerState.
+class CallingAgainClient final : public UnaryAnswer {
+ public:
+  explicit CallingAgainClient(std::shared_ptr<AnswerState> state) : state_(std::move(state)) {}
+  bool IsCancelled() const override { return false; }
+  void Finish(const grpc::Status& status) override { state_->Finish(status); }
+
+ private:
+  const std::shared_ptr<AnswerState> state_;
 };
 
 struct Daemon {
@@ -94,8 +105,8 @@ TEST_CASE("a WaitTransfer answered gives back its slot before the client has the
     INFO("call " << i);
     absl::StatusOr<WatcherCounts::Slot> slot = counts.Take(kCaller);
     REQUIRE(slot.ok());
-    auto client = std::make_unique<CallingAgainClient>(&counts, kCaller);
-    CallingAgainClient* seen = client.get();
+    auto seen = std::make_shared<AnswerState>(&counts, kCaller);
+    auto client = std::make_unique<CallingAgainClient>(seen);
     v1::TransferStatus response;
     // An id that is no transfer: answered NOT_FOUND at the pump's first look.
     StartWaitCall(std::move(client), kCaller, /*id=*/424242, absl::ZeroDuration(), &response,
@@ -117,8 +128,8 @@ TEST_CASE("a PollNotifications answered gives back its slot before the client ha
     INFO("call " << i);
     absl::StatusOr<WatcherCounts::Slot> slot = counts.Take(kCaller);
     REQUIRE(slot.ok());
-    auto client = std::make_unique<CallingAgainClient>(&counts, kCaller);
-    CallingAgainClient* seen = client.get();
+    auto seen = std::make_shared<AnswerState>(&counts, kCaller);
+    auto client = std::make_unique<CallingAgainClient>(seen);
     v1::NotificationPollResponse response;
     // Nothing queued: answered empty at the timeout.
     StartPollCall(std::move(client), kCaller.session_id, 0, absl::Milliseconds(2), &response,
