@@ -195,6 +195,7 @@ int Main(int argc, char** argv) {
                           << "\nsession_admission_bulk_workers: " << setting.bulk_workers
                           << "\ndefer_id_checks_from: 0\n";
     testing::DaemonProcess daemon;
+    daemon.set_log_level("info");  // a benchmark: no per-transfer debug lines
     if (!daemon.Start(dir.path(), {"--config", config})) {
       std::fprintf(stderr, "kvraild did not start\n");
       return 1;

@@ -215,6 +215,7 @@ int Main(int argc, char** argv) {
   const int runs = argc > 1 ? std::max(1, std::atoi(argv[1])) : 3;
   testing::TempDir dir;
   testing::DaemonProcess daemon;
+  daemon.set_log_level("info");  // a benchmark: no per-transfer debug lines
   if (!daemon.Start(dir.path())) {
     std::fprintf(stderr, "kvraild did not start\n");
     return 1;
@@ -243,6 +244,7 @@ int Main(int argc, char** argv) {
   const std::string config = uncapped_dir.path() + "/uncapped.textproto";
   std::ofstream(config) << "session_spin_budget_percent: 100\n";
   testing::DaemonProcess uncapped;
+  uncapped.set_log_level("info");  // a benchmark: no per-transfer debug lines
   if (!uncapped.Start(uncapped_dir.path(), {"--config", config}, true, "kvraild.log", 20000)) {
     std::fprintf(stderr, "the uncapped kvraild did not start:\n%s\n", uncapped.ReadLog().c_str());
     return 1;

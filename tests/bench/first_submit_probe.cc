@@ -27,6 +27,7 @@ double UnixUs() { return absl::ToDoubleMicroseconds(absl::Now() - absl::UnixEpoc
 int Main() {
   testing::TempDir dir;
   testing::DaemonProcess daemon;
+  daemon.set_log_level("info");  // a benchmark: no per-transfer debug lines
   if (!daemon.Start(dir.path())) return 1;
   auto cl = client::Client::Connect(daemon.socket());
   if (!cl.ok()) return 1;

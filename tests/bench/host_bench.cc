@@ -58,6 +58,7 @@ int Main(int argc, char** argv) {
   }
   TempDir dir;
   DaemonProcess daemon;
+  daemon.set_log_level("info");  // a benchmark: no per-transfer debug lines
   if (!daemon.Start(dir.path())) {
     std::fprintf(stderr, "kvraild did not start\n");
     return 1;

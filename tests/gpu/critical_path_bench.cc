@@ -93,6 +93,7 @@ struct Daemon {
       std::ofstream(path) << config << "\n";
       args = {"--config", path};
     }
+    process.set_log_level("info");  // a benchmark: no per-transfer debug lines
     if (!process.Start(dir.path(), args)) {
       std::fprintf(stderr, "kvraild did not start:\n%s\n", process.ReadLog().c_str());
       std::exit(1);

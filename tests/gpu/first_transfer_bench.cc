@@ -50,6 +50,7 @@ struct Daemon {
       all = {"--config", path};
     }
     all.insert(all.end(), args.begin(), args.end());
+    process.set_log_level("info");  // a benchmark: no per-transfer debug lines
     if (!process.Start(dir.path(), all)) {
       std::fprintf(stderr, "kvraild did not start:\n%s\n", process.ReadLog().c_str());
       std::exit(1);

@@ -120,6 +120,7 @@ int Main(int argc, char** argv) {
     std::ofstream(config) << "cuda_stream_wait: true\n";
     args = {"--config", config};
   }
+  daemon.set_log_level("info");  // a benchmark: no per-transfer debug lines
   if (!daemon.Start(dir.path(), args)) {
     std::fprintf(stderr, "kvraild did not start:\n%s\n", daemon.ReadLog().c_str());
     return 1;

@@ -65,7 +65,7 @@ bool DaemonProcess::Start(const std::string& dir, const std::vector<std::string>
   socket_ = dir + "/kvrail.sock";
   log_ = dir + "/" + log_name;
   std::vector<std::string> args = {RunfilePath("daemon/kvraild"), "--socket", socket_,
-                                   "--log-level", "debug"};
+                                   "--log-level", log_level_};
   args.insert(args.end(), extra_args.begin(), extra_args.end());
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "proto/kvrail/v1/region.pb.h"
@@ -42,6 +43,11 @@ class DaemonProcess {
   int Stop(int signal, int timeout_ms = 20000);
   ~DaemonProcess();
 
+  // kvraild's --log-level for the next Start. Tests keep "debug" (a failure's log says what the
+  // daemon did); benchmarks set "info": at debug the session poll thread writes lines for every
+  // transfer, which the latency figures would count.
+  void set_log_level(std::string level) { log_level_ = std::move(level); }
+
   const std::string& socket() const { return socket_; }
   const std::string& log_path() const { return log_; }
   pid_t pid() const { return pid_; }
@@ -49,6 +55,7 @@ class DaemonProcess {
 
  private:
   pid_t pid_ = -1;
+  std::string log_level_ = "debug";
   std::string socket_;
   std::string log_;
 };
