@@ -9,7 +9,7 @@
 #include <thread>
 #include <vector>
 
-#include "daemon/engine/cuda/cuda_engine.h"
+#include "daemon/engine/cuda/cuda_engine_options.h"
 #include "daemon/engine/cuda/dispatch_queues.h"
 #include "daemon/engine/cuda/dispatcher.h"
 #include "daemon/engine/cuda/gpu_gate.h"

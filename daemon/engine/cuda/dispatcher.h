@@ -17,7 +17,7 @@
 #include "absl/time/time.h"
 #include "base/clock.h"
 #include "base/spin_budget.h"
-#include "daemon/engine/cuda/cuda_engine.h"
+#include "daemon/engine/cuda/cuda_engine_options.h"
 #include "daemon/engine/cuda/dispatch_queues.h"
 #include "daemon/engine/cuda/gpu_gate.h"
 #include "daemon/engine/cuda/gpu_ops.h"

@@ -5,7 +5,7 @@
 
 #include <map>
 
-#include "daemon/engine/cuda/cuda_engine.h"
+#include "daemon/engine/cuda/cuda_engine_options.h"
 #include "daemon/scheduler/cuda_batch_policy.h"
 
 namespace kvrail::engine::cuda_detail {

@@ -7,7 +7,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "daemon/engine/cuda/cuda_engine.h"
+#include "daemon/engine/cuda/cuda_engine_options.h"
 #include "daemon/engine/cuda/tuners.h"
 
 namespace kvrail::engine::cuda_detail {
