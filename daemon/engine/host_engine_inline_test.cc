@@ -9,20 +9,12 @@
 #include "absl/synchronization/notification.h"
 #include "daemon/engine/engine.h"
 #include "daemon/engine/host_engine.h"
+#include "daemon/planner/testing/plan_fixtures.h"
 
 namespace kvrail::engine {
 namespace {
 
-planner::Plan BytesPlan(uint64_t bytes, uint64_t tile) {
-  v1::TransferSpec spec;
-  spec.set_num_bytes(bytes);
-  planner::RegionView view{bytes, true, false, {}};
-  planner::PlanOptions options;
-  options.tile_bytes = tile;
-  auto plan = planner::MakePlan(spec, view, view, options);
-  if (!plan.ok()) std::abort();
-  return *std::move(plan);
-}
+using planner::testing::BytesPlan;
 
 // Copies `bytes` in tiles of `tile`, recording the thread that reported each tile; with a gate,
 // its first tile's start waits for Open() (to keep a worker busy).

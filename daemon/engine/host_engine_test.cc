@@ -12,21 +12,13 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "daemon/engine/engine.h"
+#include "daemon/planner/testing/plan_fixtures.h"
 #include "daemon/planner/testing/random_case.h"
 
 namespace kvrail::engine {
 namespace {
 
-planner::Plan BytesPlan(uint64_t bytes, uint64_t tile) {
-  v1::TransferSpec spec;
-  spec.set_num_bytes(bytes);
-  planner::RegionView view{bytes, true, false, {}};
-  planner::PlanOptions options;
-  options.tile_bytes = tile;
-  auto plan = planner::MakePlan(spec, view, view, options);
-  if (!plan.ok()) std::abort();
-  return *std::move(plan);
-}
+using planner::testing::BytesPlan;
 
 // Copies `bytes` between two buffers in `tile`-sized tiles and records how many of its tiles
 // were being copied at once (OnTileStart .. OnTileDone).

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "base/manual_clock.h"
+#include "daemon/planner/testing/plan_fixtures.h"
 #include "daemon/transfers/fake_engine.h"
 #include "daemon/transfers/test_support.h"
 
@@ -17,16 +18,7 @@ namespace {
 using testing::FakeEngine;
 using testing::TestRegions;
 
-planner::Plan BytesPlan(uint64_t bytes, uint64_t tile) {
-  v1::TransferSpec spec;
-  spec.set_num_bytes(bytes);
-  planner::RegionView view{bytes, true, false, {}};
-  planner::PlanOptions options;
-  options.tile_bytes = tile;
-  auto plan = planner::MakePlan(spec, view, view, options);
-  REQUIRE(plan.ok());
-  return *std::move(plan);
-}
+using planner::testing::BytesPlan;
 
 // A record of 4096 bytes in tiles of `tile` bytes, counted active as admission counts it.
 struct Fixture {

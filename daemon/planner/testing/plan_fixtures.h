@@ -74,4 +74,17 @@ inline TransferSpec LargeSpec(uint32_t n) {
   return s;
 }
 
+// A plan of `bytes` contiguous bytes between two writable byte regions of that size, in tiles of
+// `tile` bytes (the engines' and records' tests).
+inline Plan BytesPlan(uint64_t bytes, uint64_t tile) {
+  TransferSpec spec;
+  spec.set_num_bytes(bytes);
+  const RegionView view = Bytes(bytes);
+  PlanOptions options;
+  options.tile_bytes = tile;
+  absl::StatusOr<Plan> plan = MakePlan(spec, view, view, options);
+  REQUIRE(plan.ok());
+  return *std::move(plan);
+}
+
 }  // namespace kvrail::planner::testing
