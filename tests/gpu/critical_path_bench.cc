@@ -50,6 +50,7 @@
 #include "client/cuda_export.h"
 #include "client/kvrail_client.h"
 #include "tests/gpu/bench_check.h"
+#include "tests/gpu/bench_daemon.h"
 #include "tests/harness/daemon_process.h"
 
 namespace kvrail {
@@ -82,31 +83,9 @@ struct ScopedEnv {
 const std::vector<std::pair<std::string, std::string>> kAllOff = {{"KVRAILD_LOW_LATENCY", "off"},
                                                                   {"KVRAIL_ANSWER_SPIN_US", "0"}};
 
-struct Daemon {
-  testing::TempDir dir;
-  testing::DaemonProcess process;
-  std::unique_ptr<client::Client> client;
-  explicit Daemon(const std::string& config) {
-    std::vector<std::string> args;
-    if (!config.empty()) {
-      const std::string path = dir.path() + "/kvraild.textproto";
-      std::ofstream(path) << config << "\n";
-      args = {"--config", path};
-    }
-    process.set_log_level("info");  // a benchmark: no per-transfer debug lines
-    if (!process.Start(dir.path(), args)) {
-      std::fprintf(stderr, "kvraild did not start:\n%s\n", process.ReadLog().c_str());
-      std::exit(1);
-    }
-    client = Must(client::Client::Connect(process.socket()), "connect");
-  }
-  ~Daemon() { process.Stop(SIGTERM); }
-  std::string Engines() {
-    v1::Stats stats = Must(client->GetStats(), "stats");
-    std::string out;
-    for (const auto& e : stats.engines()) absl::StrAppend(&out, out.empty() ? "" : " | ", e);
-    return out;
-  }
+// A kvraild with DaemonConfig textproto lines `config` (gpu_bench::BenchDaemon).
+struct Daemon : gpu_bench::BenchDaemon {
+  explicit Daemon(const std::string& config) : BenchDaemon(config, {}) {}
 };
 
 // One layer, one part: a block is tokens x heads x 128 bf16.

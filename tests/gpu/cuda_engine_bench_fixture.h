@@ -21,6 +21,7 @@
 #include "client/cuda_export.h"
 #include "client/kvrail_client.h"
 #include "tests/gpu/bench_check.h"
+#include "tests/gpu/bench_daemon.h"
 #include "tests/harness/daemon_process.h"
 
 namespace kvrail::engine_bench {
@@ -55,27 +56,9 @@ std::vector<uint32_t> Scattered(uint32_t pool, uint32_t n, uint64_t seed);
 
 double Gbps(uint64_t bytes, double seconds);
 
-struct Daemon {
-  testing::TempDir dir;
-  testing::DaemonProcess process;
-  std::unique_ptr<client::Client> client;
-  explicit Daemon(const std::vector<std::string>& args) {
-    std::vector<std::string> all;
-    all.insert(all.end(), args.begin(), args.end());
-    process.set_log_level("info");  // a benchmark: no per-transfer debug lines
-    if (!process.Start(dir.path(), all)) {
-      std::fprintf(stderr, "kvraild did not start:\n%s\n", process.ReadLog().c_str());
-      std::exit(1);
-    }
-    client = Must(client::Client::Connect(process.socket()), "connect");
-  }
-  ~Daemon() { process.Stop(SIGTERM); }
-  std::string Engines() {
-    v1::Stats stats = Must(client->GetStats(), "stats");
-    std::string out;
-    for (const auto& e : stats.engines()) absl::StrAppend(&out, out.empty() ? "" : " | ", e);
-    return out;
-  }
+// A kvraild started with `args` (gpu_bench::BenchDaemon).
+struct Daemon : gpu_bench::BenchDaemon {
+  explicit Daemon(const std::vector<std::string>& args) : BenchDaemon("", args) {}
 };
 
 // The text after `key` in the first GPU's line of GetStats' engines, up to `end` (exclusive) or

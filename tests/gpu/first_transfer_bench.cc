@@ -26,6 +26,7 @@
 #include "client/cuda_export.h"
 #include "client/kvrail_client.h"
 #include "tests/gpu/bench_check.h"
+#include "tests/gpu/bench_daemon.h"
 #include "tests/harness/daemon_process.h"
 
 namespace kvrail {
@@ -37,34 +38,8 @@ using gpu_bench::Must;
 
 gpu_bench::GpuPair g_pair;  // set once by main: sources on src, destinations on dst
 
-struct Daemon {
-  testing::TempDir dir;
-  testing::DaemonProcess process;
-  std::unique_ptr<client::Client> client;
-  // `config`: DaemonConfig textproto lines (written to a file for --config), then `args`.
-  Daemon(const std::string& config, const std::vector<std::string>& args) {
-    std::vector<std::string> all;
-    if (!config.empty()) {
-      const std::string path = dir.path() + "/kvraild.textproto";
-      std::ofstream(path) << config << "\n";
-      all = {"--config", path};
-    }
-    all.insert(all.end(), args.begin(), args.end());
-    process.set_log_level("info");  // a benchmark: no per-transfer debug lines
-    if (!process.Start(dir.path(), all)) {
-      std::fprintf(stderr, "kvraild did not start:\n%s\n", process.ReadLog().c_str());
-      std::exit(1);
-    }
-    client = Must(client::Client::Connect(process.socket()), "connect");
-  }
-  ~Daemon() { process.Stop(SIGTERM); }
-  std::string Engines() {
-    v1::Stats stats = Must(client->GetStats(), "stats");
-    std::string out;
-    for (const auto& e : stats.engines()) absl::StrAppend(&out, out.empty() ? "" : " | ", e);
-    return out;
-  }
-};
+// `config`: DaemonConfig textproto lines, then `args` (gpu_bench::BenchDaemon).
+using Daemon = gpu_bench::BenchDaemon;
 
 v1::PagedKvLayout Layout(v1::LayoutOrder order, uint32_t blocks, uint32_t tpb, uint32_t heads) {
   v1::PagedKvLayout l;
