@@ -6,65 +6,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <limits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "google/protobuf/io/coded_stream.h"
 
 namespace kvrail::session {
 namespace {
-
-// A minimal protobuf wire-format reader: varints, tags and length-delimited fields of `in`.
-class WireReader {
- public:
-  explicit WireReader(absl::string_view in) : in_(in) {}
-  bool done() const { return in_.empty(); }
-  bool Varint(uint64_t* out) {
-    uint64_t value = 0;
-    for (int shift = 0; shift < 64 && !in_.empty(); shift += 7) {
-      const auto byte = static_cast<uint8_t>(in_.front());
-      in_.remove_prefix(1);
-      value |= static_cast<uint64_t>(byte & 0x7f) << shift;
-      if ((byte & 0x80) == 0) {
-        *out = value;
-        return true;
-      }
-    }
-    return false;
-  }
-  // Reads one field: its number and wire type, and for a length-delimited field its bytes, for
-  // a varint its value. False at malformed bytes.
-  bool Field(uint32_t* number, uint32_t* type, absl::string_view* bytes, uint64_t* value) {
-    uint64_t tag = 0;
-    if (!Varint(&tag)) return false;
-    *number = static_cast<uint32_t>(tag >> 3);
-    *type = static_cast<uint32_t>(tag & 7);
-    switch (*type) {
-      case 0:  // varint
-        return Varint(value);
-      case 1:  // fixed64
-        return Skip(8);
-      case 5:  // fixed32
-        return Skip(4);
-      case 2: {  // length-delimited
-        uint64_t length = 0;
-        if (!Varint(&length) || length > in_.size()) return false;
-        *bytes = in_.substr(0, length);
-        in_.remove_prefix(length);
-        return true;
-      }
-      default:  // groups: not in these messages
-        return false;
-    }
-  }
-
- private:
-  bool Skip(size_t n) {
-    if (n > in_.size()) return false;
-    in_.remove_prefix(n);
-    return true;
-  }
-  absl::string_view in_;
-};
 
 // Field numbers (proto/kvrail/v1/transfer.proto).
 constexpr uint32_t kRequestSpec = 1;                  // SubmitTransferRequest.spec
@@ -75,14 +24,38 @@ constexpr uint32_t kTableCount = 3;                   // BlockTableRef.count
 constexpr uint32_t kPostIds[] = {2, 3};               // PostTransferRequest.src/dst_block_ids
 constexpr uint32_t kPostIdsLe32[] = {5, 6};           // and their _le32
 
-// Calls `each(number, type, bytes, value)` for every field of `in`, up to malformed bytes.
+// Calls `each(number, type, bytes, value)` for every field of `in` (protobuf's wire format:
+// `bytes` set for a length-delimited field, `value` for a varint), up to malformed bytes or a
+// group (neither is in these messages).
 template <typename F>
 void ForEachField(absl::string_view in, F each) {
-  WireReader reader(in);
-  uint32_t number = 0, type = 0;
-  absl::string_view bytes;
-  uint64_t value = 0;
-  while (!reader.done() && reader.Field(&number, &type, &bytes, &value)) {
+  if (in.size() > static_cast<size_t>(std::numeric_limits<int>::max())) return;
+  google::protobuf::io::CodedInputStream input(reinterpret_cast<const uint8_t*>(in.data()),
+                                               static_cast<int>(in.size()));
+  for (uint32_t tag = input.ReadTag(); tag != 0; tag = input.ReadTag()) {
+    const uint32_t number = tag >> 3, type = tag & 7;
+    absl::string_view bytes;
+    uint64_t value = 0;
+    switch (type) {
+      case 0:  // varint
+        if (!input.ReadVarint64(&value)) return;
+        break;
+      case 1:  // fixed64
+      case 5:  // fixed32
+        if (!input.Skip(type == 1 ? 8 : 4)) return;
+        break;
+      case 2: {  // length-delimited
+        uint32_t length = 0;
+        if (!input.ReadVarint32(&length)) return;
+        const size_t at = static_cast<size_t>(input.CurrentPosition());
+        if (length > in.size() - at) return;
+        bytes = in.substr(at, length);
+        if (!input.Skip(static_cast<int>(length))) return;
+        break;
+      }
+      default:
+        return;
+    }
     each(number, type, bytes, value);
   }
 }

@@ -89,6 +89,9 @@ class AdmissionPool {
   // Whether session `id` has no task queued or running: every answer of its earlier tasks has
   // been sent, so the producer may serve its next packet itself and keep the order.
   bool Idle(uint64_t id) const;
+  // Whether the pool has bulk workers: without them every task runs as kOrdinary, so the
+  // producer need not classify its requests (SubmitIdsBound) at all.
+  bool has_bulk() const { return has_bulk_; }
   // Session `id` has closed: its queued tasks are dropped unrun (destroyed on this thread) and
   // their number returned. `then` runs once no task of the session runs any more: at once on this
   // thread when none does, else on the worker right after its task returns.

@@ -82,9 +82,10 @@ void SessionServerImpl::Serve(int fd) {
     packet->fds = std::move(received->fds);
     packet->truncated = received->truncated;
     const TaskClass task_class =
-        request.kind == wire::RequestKind::kSubmit ? ClassOfIds(SubmitIdsBound(request.body))
-        : request.kind == wire::RequestKind::kPost ? ClassOfIds(PostIdsBound(request.body))
-                                                   : TaskClass::kOrdinary;
+        !admission_->has_bulk()                      ? TaskClass::kOrdinary
+        : request.kind == wire::RequestKind::kSubmit ? ClassOfIds(SubmitIdsBound(request.body))
+        : request.kind == wire::RequestKind::kPost   ? ClassOfIds(PostIdsBound(request.body))
+                                                     : TaskClass::kOrdinary;
     absl::Status queued = admission_->Post(
         conn->id, [this, conn, packet = std::move(packet)]() mutable { Handle(conn, *packet); },
         task_class);

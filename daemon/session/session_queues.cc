@@ -105,6 +105,7 @@ void SessionServerImpl::AdmitEntries(const std::shared_ptr<Connection>& conn,
   // The batch goes to a bulk worker when one of its requests names more than kBulkIds ids.
   TaskClass task_class = TaskClass::kOrdinary;
   for (const SubmissionIntake::Entry& entry : entries) {
+    if (!admission_->has_bulk()) break;
     if (!entry.refused.ok()) continue;
     const uint64_t ids = entry.kind == wire::kPostKind ? PostIdsBound(entry.payload())
                                                        : SubmitIdsBound(entry.payload());
