@@ -1,6 +1,7 @@
 // The C ABI's fixed-size hot path (kvrail.h, kvrail_submitted / kvrail_transfer_end): a submit
 // and a transfer's end answered in structs, and the completion queue's ends taken many at once,
 // so that a caller in another language (the Python package) parses no message per transfer.
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -127,23 +128,33 @@ int kvrail_take_ends(kvrail_client* handle, kvrail_transfer_end* ends, size_t ma
     if (ends == nullptr) return absl::InvalidArgumentError("ends: NULL with max > 0");
     KVRAIL_RETURN_IF_ERROR(CheckStructSize(ends, "ends[0]"));
     KVRAIL_ASSIGN_OR_RETURN(std::shared_ptr<Client> client, FindClient(handle));
-    std::vector<uint64_t> ids(max);
-    const size_t n = client->TakeCompletions(ids.data(), max);
-    std::vector<int32_t> states(n);
-    client->LocalStates(ids.data(), n, states.data());
-    for (size_t i = 0; i < n; ++i) {
-      kvrail_transfer_end* end = &ends[i];
-      ClearEnd(end);
-      end->transfer_id = ids[i];
-      end->flags = KVRAIL_END_ASK;
-      // A success is read from the queue; a failure's message, and what the queue cannot tell,
-      // are the daemon's: left to the caller, so this call never waits on the daemon for them.
-      if (states[i] != v1::TRANSFER_STATE_SUCCEEDED) continue;
-      absl::StatusOr<v1::TransferStatus> status = client->WaitEnd(ids[i], absl::InfiniteDuration());
-      if (!status.ok() || !kvrail::client::IsFinal(status->state())) continue;
-      end->flags = FillEnd(*status, end) ? 0 : KVRAIL_END_MORE;
+    // Taken in bounded chunks: `max` is the caller's array, not a size to allocate (a huge one
+    // would throw out of the allocation, or abort under a sanitizer).
+    constexpr size_t kChunk = 256;
+    uint64_t ids[kChunk];
+    int32_t states[kChunk];
+    size_t taken = 0;
+    while (taken < max) {
+      const size_t want = std::min(kChunk, max - taken);
+      const size_t n = client->TakeCompletions(ids, want);
+      client->LocalStates(ids, n, states);
+      for (size_t i = 0; i < n; ++i) {
+        kvrail_transfer_end* end = &ends[taken + i];
+        ClearEnd(end);
+        end->transfer_id = ids[i];
+        end->flags = KVRAIL_END_ASK;
+        // A success is read from the queue; a failure's message, and what the queue cannot tell,
+        // are the daemon's: left to the caller, so this call never waits on the daemon for them.
+        if (states[i] != v1::TRANSFER_STATE_SUCCEEDED) continue;
+        absl::StatusOr<v1::TransferStatus> status =
+            client->WaitEnd(ids[i], absl::InfiniteDuration());
+        if (!status.ok() || !kvrail::client::IsFinal(status->state())) continue;
+        end->flags = FillEnd(*status, end) ? 0 : KVRAIL_END_MORE;
+      }
+      taken += n;
+      if (n < want) break;
     }
-    *count = n;
+    *count = taken;
     return absl::OkStatus();
   });
 }

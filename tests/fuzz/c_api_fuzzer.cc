@@ -10,7 +10,8 @@
 //   free:    a buffer of this input, or a fuzzed handle, freed (twice); afterwards it is dead.
 //   client:  calls on a client handle that is not live (no client is ever issued here) with
 //            fuzzed arguments and out-parameters holding garbage: every one INVALID_ARGUMENT,
-//            every out-parameter cleared.
+//            every out-parameter cleared; the fixed-size structs (kvrail_submitted,
+//            kvrail_transfer_end) cleared at this library's size and untouched at any other.
 //   flags:   the CUDA flag calls with handles that are not live and arguments they must refuse.
 //   misc:    kvrail_free(NULL), the ABI version, kvrail_connect without an out-parameter.
 // After every call the thread's last error holds its code, and a message exactly when it failed.
@@ -260,7 +261,9 @@ void FuzzClientCall(Input& in, const Buffers& buffers) {
   // With bit 6 the optional byte outputs are not wanted (NULL).
   uint8_t** bytes_out = (which & 0x40) ? nullptr : &o.bytes;
   int code = KVRAIL_OK;
-  switch (which % 20) {
+  bool bytes_reset = true;  // the call gets as far as clearing its byte output
+  constexpr int kClientCalls = 23;
+  switch (which % kClientCalls) {
     case 0:
       code = kvrail_session_id(client, &o.id);
       Check(o.id == 0);
@@ -341,17 +344,58 @@ void FuzzClientCall(Input& in, const Buffers& buffers) {
       code = kvrail_export_region(client, id, (which & 0x20) ? nullptr : text.c_str(), bytes_out,
                                   &o.len);
       break;
-    default:
+    case 19:
       code =
           kvrail_poll_notifications(client, n, static_cast<int64_t>(id % 100), bytes_out, &o.len);
       break;
+    case 20: {  // the fixed-size submit: a struct of this library's size is cleared, any other
+                // size is refused without a byte written into it
+      kvrail_submitted submitted;
+      std::memset(&submitted, 0x5a, sizeof(submitted));
+      submitted.struct_size = (which & 0x20) ? in.Take<uint32_t>() : sizeof(submitted);
+      const kvrail_submitted before = submitted;
+      code = kvrail_submit_blocks_short(client, spec_bytes, spec.size(), blocks.data(), n,
+                                        (which & 0x40) ? nullptr : blocks.data(), n,
+                                        (which & 0x10) ? nullptr : &submitted);
+      if (submitted.struct_size == sizeof(submitted) && !(which & 0x10)) {
+        Check(submitted.transfer_id == 0 && submitted.bytes_total == 0 &&
+              submitted.tiles_total == 0 && submitted.followed == 0);
+      } else {
+        Check(std::memcmp(&submitted, &before, sizeof(submitted)) == 0);
+      }
+      break;
+    }
+    case 21: {  // the fixed-size end: cleared as the submit's, its status bytes too
+      kvrail_transfer_end end;
+      std::memset(&end, 0x5a, sizeof(end));
+      end.struct_size = (which & 0x20) ? in.Take<uint32_t>() : sizeof(end);
+      const kvrail_transfer_end before = end;
+      code = kvrail_wait_end_short(client, id, static_cast<int64_t>(id) % 1000,
+                                   (which & 0x10) ? nullptr : &end, bytes_out, &o.len);
+      if (end.struct_size == sizeof(end) && !(which & 0x10)) {
+        Check(end.transfer_id == 0 && end.state == 0 && end.flags == 0 && end.bytes_done == 0);
+      } else {
+        bytes_reset = false;  // refused before its byte output is touched
+        Check(std::memcmp(&end, &before, sizeof(end)) == 0);
+      }
+      break;
+    }
+    default: {  // many ends at once: any `max` (huge ones too) with a small array
+      kvrail_transfer_end ends[4];
+      std::memset(ends, 0x5a, sizeof(ends));
+      ends[0].struct_size = (which & 0x20) ? in.Take<uint32_t>() : sizeof(kvrail_transfer_end);
+      const size_t max = (which & 0x10) ? in.Take<uint64_t>() : n % 5;
+      code = kvrail_take_ends(client, (which & 0x40) ? nullptr : ends, max, &o.len);
+      Check(o.len == 0);
+      break;
+    }
   }
   Checked(code);
   Check(code == KVRAIL_INVALID_ARGUMENT);
   // A wanted byte output is cleared before anything can fail.
-  if (bytes_out != nullptr && which % 20 != 4 && which % 20 != 5 && which % 20 != 11 &&
-      which % 20 != 12 && which % 20 != 13 && which % 20 != 14 && which % 20 != 17 &&
-      which % 20 != 0) {
+  const int call = which % kClientCalls;
+  if (bytes_out != nullptr && bytes_reset && call != 4 && call != 5 && call != 11 && call != 12 &&
+      call != 13 && call != 14 && call != 17 && call != 0 && call != 20 && call != 22) {
     Check(o.bytes == nullptr);
     Check(o.len == 0);
   }
