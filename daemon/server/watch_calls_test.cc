@@ -5,6 +5,7 @@
 #include "daemon/server/watch_calls.h"
 
 #include <catch2/catch.hpp>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <utility>
@@ -98,22 +99,21 @@ struct Daemon {
 
 const sessions::Caller kCaller{.session_id = 7, .uid = 1000};
 
-TEST_CASE("a WaitTransfer answered gives back its slot before the client has the answer") {
-  WatcherCounts counts(/*max_per_session=*/1, /*max_per_uid=*/1);  // outlives the pump's calls
-  Daemon daemon;
+// kCalls unary calls in a row, each started by `start` with its slot and answering side; each is
+// answered `want`, and the client calls again from inside the answer (AnswerState takes the next
+// slot in Finish), so a slot given back only after Finish refuses the next call.
+void CallAgainFromEachAnswer(
+    WatcherCounts& counts, grpc::StatusCode want,
+    const std::function<void(std::unique_ptr<UnaryAnswer>, WatcherCounts::Slot)>& start) {
   for (int i = 0; i < kCalls; ++i) {
     INFO("call " << i);
     absl::StatusOr<WatcherCounts::Slot> slot = counts.Take(kCaller);
     REQUIRE(slot.ok());
     auto seen = std::make_shared<AnswerState>(&counts, kCaller);
-    auto client = std::make_unique<CallingAgainClient>(seen);
-    v1::TransferStatus response;
-    // An id that is no transfer: answered NOT_FOUND at the pump's first look.
-    StartWaitCall(std::move(client), kCaller, /*id=*/424242, absl::ZeroDuration(), &response,
-                  *std::move(slot), daemon.manager.get(), daemon.pump);
+    start(std::make_unique<CallingAgainClient>(seen), *std::move(slot));
     grpc::StatusCode code;
     const absl::Status next = seen->WaitNext(&code);
-    CHECK(code == grpc::StatusCode::NOT_FOUND);
+    CHECK(code == want);
     INFO("the next call: " << next.ToString());
     REQUIRE(next.ok());  // refused at max_watchers_per_session for the call just answered: a bug
     seen->EndNext();
@@ -121,27 +121,30 @@ TEST_CASE("a WaitTransfer answered gives back its slot before the client has the
   CHECK(counts.OpenOfUid(kCaller.uid) == 0);
 }
 
+TEST_CASE("a WaitTransfer answered gives back its slot before the client has the answer") {
+  WatcherCounts counts(/*max_per_session=*/1, /*max_per_uid=*/1);  // outlives the pump's calls
+  Daemon daemon;
+  v1::TransferStatus response;  // each call's, one at a time
+  // An id that is no transfer: answered NOT_FOUND at the pump's first look.
+  CallAgainFromEachAnswer(counts, grpc::StatusCode::NOT_FOUND,
+                          [&](std::unique_ptr<UnaryAnswer> client, WatcherCounts::Slot slot) {
+                            StartWaitCall(std::move(client), kCaller, /*id=*/424242,
+                                          absl::ZeroDuration(), &response, std::move(slot),
+                                          daemon.manager.get(), daemon.pump);
+                          });
+}
+
 TEST_CASE("a PollNotifications answered gives back its slot before the client has the answer") {
   WatcherCounts counts(/*max_per_session=*/1, /*max_per_uid=*/1);  // outlives the pump's calls
   Daemon daemon;
-  for (int i = 0; i < kCalls; ++i) {
-    INFO("call " << i);
-    absl::StatusOr<WatcherCounts::Slot> slot = counts.Take(kCaller);
-    REQUIRE(slot.ok());
-    auto seen = std::make_shared<AnswerState>(&counts, kCaller);
-    auto client = std::make_unique<CallingAgainClient>(seen);
-    v1::NotificationPollResponse response;
-    // Nothing queued: answered empty at the timeout.
-    StartPollCall(std::move(client), kCaller.session_id, 0, absl::Milliseconds(2), &response,
-                  *std::move(slot), daemon.hub.get(), daemon.pump);
-    grpc::StatusCode code;
-    const absl::Status next = seen->WaitNext(&code);
-    CHECK(code == grpc::StatusCode::OK);
-    INFO("the next call: " << next.ToString());
-    REQUIRE(next.ok());
-    seen->EndNext();
-  }
-  CHECK(counts.OpenOfUid(kCaller.uid) == 0);
+  v1::NotificationPollResponse response;  // each call's, one at a time
+  // Nothing queued: answered empty at the timeout.
+  CallAgainFromEachAnswer(counts, grpc::StatusCode::OK,
+                          [&](std::unique_ptr<UnaryAnswer> client, WatcherCounts::Slot slot) {
+                            StartPollCall(std::move(client), kCaller.session_id, 0,
+                                          absl::Milliseconds(2), &response, std::move(slot),
+                                          daemon.hub.get(), daemon.pump);
+                          });
 }
 
 // A stream gives its slot back when it finishes, not when gRPC is done with it (OnDone, after the
