@@ -26,6 +26,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "base/predictive_wake.h"
 #include "base/unique_fd.h"
 #include "daemon/handover/state.pb.h"
 #include "daemon/sessions/sessions.h"
@@ -140,6 +141,22 @@ struct SessionServerOptions {
   // When set (tests, stats): the time the poll thread spent spinning for nothing (the spins it
   // ended by going to sleep), in ns.
   std::atomic<uint64_t>* spin_spent_ns = nullptr;
+  // Predictive wake (DaemonConfig.predictive_wake, base/predictive_wake.h): when the requests
+  // come at a steady cadence, the poll thread sleeps (a timed epoll wait, its timer slack set to
+  // 1 us) until the next predicted arrival less `wake.margin` and the overshoot it measured, then
+  // spins - polls the sockets and every submission queue with need_wake clear - until
+  // `wake.tolerance` past it, then sleeps as before. Irregular traffic, a miss or a pause: sleeps
+  // as before. The spin is drawn whole from spin_budget (spin_free does not apply to it).
+  bool predictive_wake = false;
+  PredictiveWakeOptions wake;
+  // When set (tests, stats): predicted spins begun, those that found the request, those that
+  // ended without it (a miss: the thread slept as before).
+  struct WakeCounts {
+    std::atomic<uint64_t> spins{0};
+    std::atomic<uint64_t> hits{0};
+    std::atomic<uint64_t> misses{0};
+  };
+  WakeCounts* wake_counts = nullptr;
 };
 
 // Owns the listening socket, one poll thread (epoll: each wake-up costs what is ready, not

@@ -6,6 +6,8 @@
 //   session_queues.cc   the sessions' submission queues: mapped, watched, entries admitted
 #pragma once
 
+#include <sys/epoll.h>
+
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -152,6 +154,12 @@ class SessionServerImpl final : public SessionServer {
   // The thread goes to sleep: the spin it held against the budget found nothing and is drawn
   // (counted in options_.spin_spent_ns).
   void SettleSpin(SpinBudget& budget);
+
+  // epoll_pwait2 until `until` (to the microsecond, unlike epoll_wait's milliseconds).
+  int EpollUntil(std::vector<epoll_event>& events, absl::Time until);
+  // Predictive wake: a spin from `now` to `until` over the sockets (*predicted_until) and every
+  // submission queue (SpinUntil). Returns true (a predicted spin is under way).
+  bool StartPredictedSpin(absl::Time now, absl::Time until, absl::Time* predicted_until);
 
   void PauseListener();
   void ResumeListener();

@@ -106,6 +106,16 @@ void SubmissionQueues::Woken(int key) {
   due_.push_back(key);
 }
 
+void SubmissionQueues::SpinUntil(absl::Time now, absl::Time until) {
+  for (auto& [key, queue] : queues_) {
+    if (queue.intake->broken() || !spinning_.insert(key).second) continue;
+    queue.intake->SetNeedWake(false);
+    queue.hit = false;
+    queue.predicted = true;
+    queue.until = std::max(now, until);
+  }
+}
+
 bool SubmissionQueues::TakeFrom(
     int key, Queue& queue, size_t max,
     const std::function<void(int, std::vector<SubmissionIntake::Entry>)>& admit,
@@ -180,7 +190,11 @@ bool SubmissionQueues::Look(
       due_.push_back(key);
       continue;
     }
-    queue.budget = queue.hit ? max_spin_ : std::max(max_spin_ / 8, queue.budget / 2);
+    // A predicted spin that missed says nothing of the spin after a take.
+    if (!queue.predicted || queue.hit) {
+      queue.budget = queue.hit ? max_spin_ : std::max(max_spin_ / 8, queue.budget / 2);
+    }
+    queue.predicted = false;
     asleep.push_back(key);
   }
   for (const int key : asleep) spinning_.erase(key);

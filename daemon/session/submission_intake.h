@@ -108,6 +108,10 @@ class SubmissionQueues {
   // broken(key, status) for a queue whose indices became impossible (no longer read).
   // `may_spin` false (the spin budget is spent): no spin starts and every spin ends now (each
   // queue back asleep with its last look). Returns whether any entries were taken.
+  // Predictive wake: every queue not spinning spins from `now` until `until` (need_wake clear,
+  // looked at every round) as after a take, except that its end does not shorten the queue's
+  // next spin. Entries published before need_wake cleared rang the eventfd (Woken).
+  void SpinUntil(absl::Time now, absl::Time until);
   bool Look(size_t max, bool may_spin,
             const std::function<void(int key, std::vector<SubmissionIntake::Entry> entries)>& admit,
             const std::function<void(int key, const absl::Status& status)>& broken);
@@ -119,6 +123,7 @@ class SubmissionQueues {
     absl::Time until;                           // while spinning
     absl::Time spun_at = absl::InfinitePast();  // when the last spin began
     bool hit = false;                           // found entries during this spin
+    bool predicted = false;                     // this spin is predictive wake's (SpinUntil)
   };
   // Takes from `queue`; true when entries came.
   bool TakeFrom(int key, Queue& queue, size_t max,
