@@ -51,6 +51,15 @@ HostEngineOptions HostEngineOptionsFrom(const v1::DaemonConfig& config) {
   return options;
 }
 
+PredictiveWakeOptions PredictiveWakeOptionsFrom(const v1::DaemonConfig& config) {
+  // Config defaults and bounds them (config.cc).
+  PredictiveWakeOptions options;
+  options.margin = absl::Microseconds(config.predictive_wake_margin_us());
+  options.tolerance = absl::Microseconds(config.predictive_wake_tolerance_us());
+  options.max_gap = absl::Microseconds(config.predictive_wake_max_gap_us());
+  return options;
+}
+
 engine::CudaEngineOptions CudaEngineOptionsFrom(const v1::DaemonConfig& config) {
   engine::CudaEngineOptions options;
   options.max_ctas = static_cast<int>(config.cuda_max_ctas());
@@ -77,6 +86,8 @@ engine::CudaEngineOptions CudaEngineOptionsFrom(const v1::DaemonConfig& config) 
       static_cast<int>(std::min(config.cuda_dispatcher_spin_us(), config::kMaxSpinUs));
   options.dispatcher_spin_budget =
       std::min<uint32_t>(config.cuda_dispatcher_spin_budget_percent(), 100) / 100.0;
+  options.predictive_wake = config.predictive_wake();
+  options.wake = PredictiveWakeOptionsFrom(config);
   if (!config.low_latency()) options.staged_plan_upload = false;
   return options;
 }
@@ -183,6 +194,8 @@ session::SessionServerOptions SessionOptionsFrom(const v1::DaemonConfig& config,
       absl::Microseconds(std::min(config.session_submission_spin_us(), config::kMaxSpinUs));
   options.spin_budget = std::min<uint32_t>(config.session_spin_budget_percent(), 100) / 100.0;
   options.spin_free = absl::Microseconds(config.session_spin_free_us());
+  options.predictive_wake = config.predictive_wake();
+  options.wake = PredictiveWakeOptionsFrom(config);
   return options;
 }
 

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <string>
 
+#include "base/predictive_wake.h"
 #include "daemon/directory/etcd_client.h"
 #include "daemon/directory/etcd_directory.h"
 #include "daemon/directory/node_record.h"
@@ -50,6 +51,10 @@ struct HostEngineOptions {
   uint64_t inline_max_bytes = 0;
 };
 HostEngineOptions HostEngineOptionsFrom(const v1::DaemonConfig& config);
+
+// Predictive wake's margin, tolerance and longest gap (predictive_wake_*_us), for the session poll
+// thread and each GPU's dispatcher.
+PredictiveWakeOptions PredictiveWakeOptionsFrom(const v1::DaemonConfig& config);
 
 // The CUDA engine's options; cuda_critical_ctas unset is -1 (one CTA per SM, asked of the GPU);
 // low_latency false turns staged plan uploads off (and the dispatcher's idle spin, unless

@@ -77,6 +77,32 @@ TEST_CASE("CUDA engine: the dispatcher's idle spin and its budget from the confi
             .dispatcher_spin_us == 2500);
 }
 
+TEST_CASE("predictive wake: the switch and its sizes, for the poll thread and the dispatchers") {
+  const session::SessionServerOptions s = SessionOptionsFrom(Finalized(""), 1024);
+  const engine::CudaEngineOptions c = CudaEngineOptionsFrom(Finalized(""));
+  CHECK(s.predictive_wake ==
+        config::kPredictiveWakeDefault);  // unset, low_latency: the documented default
+  CHECK(c.predictive_wake == config::kPredictiveWakeDefault);
+  CHECK(s.wake.margin == absl::Microseconds(50));
+  CHECK(s.wake.tolerance == absl::Microseconds(100));
+  CHECK(s.wake.max_gap == absl::Milliseconds(50));
+  CHECK(c.wake.margin == absl::Microseconds(50));
+  CHECK(c.wake.tolerance == absl::Microseconds(100));
+  CHECK_FALSE(SessionOptionsFrom(Finalized("low_latency: false"), 1024).predictive_wake);
+  CHECK_FALSE(CudaEngineOptionsFrom(Finalized("predictive_wake: false")).predictive_wake);
+  const v1::DaemonConfig on = Finalized(
+      "low_latency: false predictive_wake: true predictive_wake_margin_us: 20 "
+      "predictive_wake_tolerance_us: 300 predictive_wake_max_gap_us: 200000");
+  for (const PredictiveWakeOptions& w :
+       {SessionOptionsFrom(on, 1024).wake, CudaEngineOptionsFrom(on).wake}) {
+    CHECK(w.margin == absl::Microseconds(20));
+    CHECK(w.tolerance == absl::Microseconds(300));
+    CHECK(w.max_gap == absl::Milliseconds(200));
+  }
+  CHECK(SessionOptionsFrom(on, 1024).predictive_wake);
+  CHECK(CudaEngineOptionsFrom(on).predictive_wake);
+}
+
 TEST_CASE("fabric: defaults from the config, nics from tcp_listen's host, relay and gpu_pack") {
   fabric::FabricOptions o = FabricOptionsFrom(
       Finalized("tcp_listen: '10.0.0.5:7070' insecure_peers: true peers { key: 'b' value: "

@@ -346,6 +346,12 @@ absl::Status FinalizeConfig(v1::DaemonConfig* config) {
   if (!config->has_cuda_dispatcher_spin_budget_percent()) {
     config->set_cuda_dispatcher_spin_budget_percent(100);
   }
+  if (!config->has_predictive_wake()) {
+    config->set_predictive_wake(config->low_latency() && kPredictiveWakeDefault);
+  }
+  if (!config->has_predictive_wake_margin_us()) config->set_predictive_wake_margin_us(50);
+  if (!config->has_predictive_wake_tolerance_us()) config->set_predictive_wake_tolerance_us(100);
+  if (!config->has_predictive_wake_max_gap_us()) config->set_predictive_wake_max_gap_us(50000);
   if (!config->has_host_inline_max_bytes()) {
     config->set_host_inline_max_bytes(config->low_latency() ? 65536 : 0);
   }
@@ -423,6 +429,22 @@ absl::Status FinalizeConfig(v1::DaemonConfig* config) {
   if (config->session_spin_free_us() > kMaxSpinUs) {
     return absl::InvalidArgumentError(absl::StrCat(
         "session_spin_free_us: ", config->session_spin_free_us(), ", at most ", kMaxSpinUs));
+  }
+  if (config->predictive_wake_margin_us() > kMaxSpinUs) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("predictive_wake_margin_us: ", config->predictive_wake_margin_us(),
+                     ", at most ", kMaxSpinUs));
+  }
+  if (config->predictive_wake_tolerance_us() > kMaxSpinUs) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("predictive_wake_tolerance_us: ", config->predictive_wake_tolerance_us(),
+                     ", at most ", kMaxSpinUs));
+  }
+  if (config->predictive_wake_max_gap_us() < 1000 ||
+      config->predictive_wake_max_gap_us() > 1000000) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("predictive_wake_max_gap_us: ", config->predictive_wake_max_gap_us(),
+                     ", must be in [1000, 1000000]"));
   }
   if (config->host_inline_max_bytes() > (1 << 20)) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -80,6 +80,10 @@ TEST_CASE("bad values are rejected naming the key") {
   check("cuda_dispatcher_spin_budget_percent: 101", "cuda_dispatcher_spin_budget_percent:");
   check("host_inline_max_bytes: 1048577", "host_inline_max_bytes:");
   check("session_spin_free_us: 10001", "session_spin_free_us:");
+  check("predictive_wake_margin_us: 10001", "predictive_wake_margin_us:");
+  check("predictive_wake_tolerance_us: 10001", "predictive_wake_tolerance_us:");
+  check("predictive_wake_max_gap_us: 999", "predictive_wake_max_gap_us:");
+  check("predictive_wake_max_gap_us: 1000001", "predictive_wake_max_gap_us:");
   check("cuda_critical_ctas: 5000", "cuda_critical_ctas:");
   check("peers { key: \"x\" value: \"nocolon\" }", "peers[x]:");
 }

@@ -8,9 +8,11 @@
 // (submission and completion queues), "queue" (completion queue, SUBMIT packets), "packets"
 // (neither). Each figure is taken `runs` times (default 3); median/min/max printed.
 // A second table: what the spins cost (CPU time of kvraild's threads from
-// /proc/PID/task/*/schedstat, of this process from getrusage) at idle and at a decode cadence
-// (one 4 KiB transfer every 2 ms, sq mode), with kvraild's spin budget at its default
-// (session_spin_budget_percent 10) and uncapped (100), two daemons in the same run.
+// /proc/PID/task/*/schedstat, of this process from getrusage) at idle, back to back, at a decode
+// cadence (one 4 KiB transfer every 2 ms on an absolute schedule, sq mode) and at an irregular
+// one (gaps drawn uniformly from 0.5-3.5 ms), with kvraild's spin budget at its default
+// (session_spin_budget_percent 10) with predictive wake off and on, and uncapped (100, off):
+// three daemons in the same run, interleaved.
 // Starts its own kvraild from runfiles or ./daemon/kvraild.
 // Usage: completion_bench [runs]
 #include <dirent.h>
@@ -21,7 +23,9 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <map>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -155,8 +159,9 @@ double SelfCpuMs() {
 }
 
 // The spins' cost against daemon `pid`: its CPU share at idle (a connected sq client doing
-// nothing for 1 s) and at one 4 KiB transfer every 2 ms for 1 s (submit, WaitEnd), with this
-// process's share and the seen p50 at that cadence.
+// nothing for 1 s), the seen p50 back to back (1,000 transfers), and at one 4 KiB transfer every
+// 2 ms for 1 s (submit, WaitEnd) and at gaps drawn from 0.5-3.5 ms for 1 s: the seen p50, its
+// CPU share and this process's.
 bool CadenceOnce(const std::string& socket, pid_t pid,
                  std::map<std::string, std::vector<double>>* out) {
   ::setenv("KVRAIL_COMPLETION_QUEUE", "1", 1);
@@ -188,24 +193,39 @@ bool CadenceOnce(const std::string& socket, pid_t pid,
   std::this_thread::sleep_for(std::chrono::seconds(1));
   (*out)["idle_daemon_cpu_pct"].push_back((ProcessCpuMs(pid) - d0) / (Us(Clock::now() - w0) / 1e3) *
                                           100);
-  // A decode cadence: one transfer every 2 ms.
+  // Back to back.
   std::vector<double> lat;
-  w0 = Clock::now();
-  d0 = ProcessCpuMs(pid);
-  const double c0 = SelfCpuMs();
-  auto next = Clock::now();
-  for (int i = 0; i < 500; ++i) {
-    next += std::chrono::milliseconds(2);
+  for (int i = 0; i < 1000; ++i) {
     const double us = one(i);
     if (us < 0) return false;
     lat.push_back(us);
-    std::this_thread::sleep_until(next);
   }
-  const double wall_ms = Us(Clock::now() - w0) / 1e3;
-  (*out)["2ms_daemon_cpu_pct"].push_back((ProcessCpuMs(pid) - d0) / wall_ms * 100);
-  (*out)["2ms_client_cpu_pct"].push_back((SelfCpuMs() - c0) / wall_ms * 100);
-  (*out)["2ms_seen_p50_us"].push_back(Percentile(lat, 0.5));
-  return true;
+  (*out)["b2b_seen_p50_us"].push_back(Percentile(lat, 0.5));
+  // A decode cadence, one transfer every 2 ms, then an irregular one; `gap(i)` before the i-th.
+  std::mt19937 rng(11);
+  std::uniform_int_distribution<int> irregular_us(500, 3500);
+  const auto paced = [&](const std::string& name,
+                         const std::function<std::chrono::microseconds()>& gap) -> bool {
+    lat.clear();
+    const auto w0 = Clock::now();
+    const double d0 = ProcessCpuMs(pid);
+    const double c0 = SelfCpuMs();
+    auto next = Clock::now();
+    for (int i = 0; i < 500; ++i) {
+      next += gap();
+      const double us = one(i);
+      if (us < 0) return false;
+      lat.push_back(us);
+      std::this_thread::sleep_until(next);
+    }
+    const double wall_ms = Us(Clock::now() - w0) / 1e3;
+    (*out)[name + "_daemon_cpu_pct"].push_back((ProcessCpuMs(pid) - d0) / wall_ms * 100);
+    (*out)[name + "_client_cpu_pct"].push_back((SelfCpuMs() - c0) / wall_ms * 100);
+    (*out)[name + "_seen_p50_us"].push_back(Percentile(lat, 0.5));
+    return true;
+  };
+  return paced("2ms", [] { return std::chrono::microseconds(2000); }) &&
+         paced("irregular", [&] { return std::chrono::microseconds(irregular_us(rng)); });
 }
 
 int Main(int argc, char** argv) {
@@ -236,35 +256,50 @@ int Main(int argc, char** argv) {
                   *std::max_element(xs.begin(), xs.end()));
     }
   }
-  // The spins' cost: the default budget and no cap, two daemons, interleaved runs.
-  testing::TempDir uncapped_dir;
-  const std::string config = uncapped_dir.path() + "/uncapped.textproto";
-  std::ofstream(config) << "session_spin_budget_percent: 100\n";
-  testing::DaemonProcess uncapped;
-  uncapped.set_log_level("info");  // a benchmark: no per-transfer debug lines
-  if (!uncapped.Start(uncapped_dir.path(), {"--config", config}, true, "kvraild.log", 20000)) {
-    std::fprintf(stderr, "the uncapped kvraild did not start:\n%s\n", uncapped.ReadLog().c_str());
-    return 1;
-  }
-  std::map<std::string, std::vector<double>> capped_figures, uncapped_figures;
-  for (int r = 0; r < runs; ++r) {
-    if (!CadenceOnce(daemon.socket(), daemon.pid(), &capped_figures) ||
-        !CadenceOnce(uncapped.socket(), uncapped.pid(), &uncapped_figures)) {
-      std::fprintf(stderr, "cadence run failed\n");
+  // The spins' cost: the default budget with predictive wake off and on, and no cap (off):
+  // three daemons, interleaved runs. The first table's daemon is left as it was (the defaults).
+  struct Setting {
+    const char* label;
+    const char* config;
+    testing::TempDir dir;
+    testing::DaemonProcess daemon;
+    std::map<std::string, std::vector<double>> figures;
+  };
+  Setting settings[] = {
+      {"10%", "predictive_wake: false\n", {}, {}, {}},
+      {"10%+predict", "predictive_wake: true\n", {}, {}, {}},
+      {"uncapped", "session_spin_budget_percent: 100\npredictive_wake: false\n", {}, {}, {}},
+  };
+  for (Setting& setting : settings) {
+    const std::string config = setting.dir.path() + "/kvraild.textproto";
+    std::ofstream(config) << setting.config;
+    setting.daemon.set_log_level("info");  // a benchmark: no per-transfer debug lines
+    if (!setting.daemon.Start(setting.dir.path(), {"--config", config}, true, "kvraild.log",
+                              20000)) {
+      std::fprintf(stderr, "the %s kvraild did not start:\n%s\n", setting.label,
+                   setting.daemon.ReadLog().c_str());
       return 1;
     }
   }
+  for (int r = 0; r < runs; ++r) {
+    for (Setting& setting : settings) {
+      if (!CadenceOnce(setting.daemon.socket(), setting.daemon.pid(), &setting.figures)) {
+        std::fprintf(stderr, "cadence run failed (%s)\n", setting.label);
+        return 1;
+      }
+    }
+  }
   std::printf(
-      "\nspin cost, sq mode: kvraild and client CPU (%% of one core) at idle and at one 4 KiB "
-      "transfer every 2 ms (%d runs)\n",
+      "\nspin cost, sq mode: seen p50 and kvraild / client CPU (%% of one core) at idle, back to "
+      "back, at one 4 KiB transfer every 2 ms and at gaps of 0.5-3.5 ms (%d runs; budget: "
+      "session_spin_budget_percent, +predict: predictive_wake on)\n",
       runs);
-  std::printf("%-12s %-20s %10s %10s %10s\n", "budget", "figure", "median", "min", "max");
-  const std::pair<const char*, std::map<std::string, std::vector<double>>*> tables[] = {
-      {"10%", &capped_figures}, {"uncapped", &uncapped_figures}};
-  for (const auto& [label, figures] : tables) {
-    for (auto& [name, xs] : *figures) {
-      std::printf("%-12s %-20s %10.1f %10.1f %10.1f\n", label, name.c_str(), Percentile(xs, 0.5),
-                  *std::min_element(xs.begin(), xs.end()), *std::max_element(xs.begin(), xs.end()));
+  std::printf("%-12s %-26s %10s %10s %10s\n", "budget", "figure", "median", "min", "max");
+  for (const Setting& setting : settings) {
+    for (const auto& [name, xs] : setting.figures) {
+      std::printf("%-12s %-26s %10.1f %10.1f %10.1f\n", setting.label, name.c_str(),
+                  Percentile(xs, 0.5), *std::min_element(xs.begin(), xs.end()),
+                  *std::max_element(xs.begin(), xs.end()));
     }
   }
   return 0;

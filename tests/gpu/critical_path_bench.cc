@@ -22,7 +22,9 @@
 //           KVRAIL_COMPLETION_SPIN_US, KVRAIL_ANSWER_SPIN_US), against the defaults back to
 //           back and at the cadence in the same run: p50 / p90 with the phase medians and the CPU
 //           each side used over the measured transfers (kvraild: utime + stime of its pid from
-//           /proc/PID/stat; the client: this process's getrusage), as percent of one core.
+//           /proc/PID/stat; the client: this process's getrusage), as percent of one core; and
+//           predictive wake (predictive_wake: the poll thread and the dispatcher sleep most of
+//           the gap and spin around the next transfer) at the shipped budgets.
 //           Median (min-max) of 3 fresh daemons per setting, the settings interleaved.
 // Usage: critical_path_bench [split|first|latency|doneword|cadence|all] [--src-gpu N]
 //                            [--dst-gpu N]
@@ -432,7 +434,19 @@ CadenceSetting Covering(std::string label, int budget, std::string extra_config 
 void CadenceRows() {
   std::vector<CadenceSetting> settings = {
       {"default, back to back", "", {}, 0},
-      {"default, 2 ms between transfers", "", {}, 2000},
+      {"default but predictive wake off, 2 ms between transfers",
+       "predictive_wake: false\n",
+       {},
+       2000},
+      // Predictive wake at the shipped budgets (session_spin_budget_percent 10,
+      // cuda_dispatcher_spin_budget_percent 100) and spins: the poll thread and the dispatcher
+      // sleep most of the gap and spin around the next transfer.
+      {"2 ms, predictive wake on (shipped budgets and spins)", "predictive_wake: true\n", {}, 2000},
+      // The same, and the client spins while its transfer is in flight (not across the gap).
+      {"2 ms, predictive wake on, client's in-flight waits spin 300 us",
+       "predictive_wake: true\n",
+       {{"KVRAIL_SUBMISSION_SPIN_US", "300"}, {"KVRAIL_COMPLETION_SPIN_US", "300"}},
+       2000},
       Covering("2 ms, spins cover the gap (3000 us), budgets 100%", 100),
       Covering("2 ms, spins cover the gap, budgets 50%", 50),
       Covering("2 ms, spins cover the gap, budgets 100%, admission on the poll thread "

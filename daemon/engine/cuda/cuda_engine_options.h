@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "base/predictive_wake.h"
 #include "daemon/engine/engine.h"  // PriorityLimits
 
 namespace kvrail::engine {
@@ -61,6 +62,13 @@ struct CudaEngineOptions {
   // SpinBudget over 100 ms (base/spin_budget.h): a spin ends early once the budget is spent.
   // 1: no cap; 0: never spins.
   double dispatcher_spin_budget = 1.0;
+  // Predictive wake (DaemonConfig.predictive_wake, base/predictive_wake.h): at a steady job
+  // cadence an idle dispatcher sleeps until the next job's predicted arrival less `wake.margin`
+  // and its measured overshoot (its timer slack set to 1 us), spins on the queues' hint until
+  // `wake.tolerance` past it, then sleeps as before; the spin is drawn from
+  // dispatcher_spin_budget.
+  bool predictive_wake = false;
+  PredictiveWakeOptions wake;
   // Engine::Expect wakes the GPU's sleeping dispatcher (then it spins as above) while a submit for
   // it is planned. Off, or without the spin: Expect does nothing.
   bool wake_on_submit = true;

@@ -1,6 +1,7 @@
 // Dispatcher: the loop, job set-up and the sweep (see dispatcher.h).
 #include "daemon/engine/cuda/dispatcher.h"
 
+#include <sched.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -41,7 +42,8 @@ Dispatcher::Dispatcher(GpuOps* ops, const Clock* clock, const CudaEngineOptions&
                                     static_cast<size_t>(options.warm_plan_bytes)}
                 : WarmPlans::Limits{}),
       tuners_(options),
-      idle_budget_(options.dispatcher_spin_budget, kIdleSpinBudgetWindow, clock->Now()) {}
+      idle_budget_(options.dispatcher_spin_budget, kIdleSpinBudgetWindow, clock->Now()),
+      wake_(options.wake) {}
 
 Dispatcher::~Dispatcher() {
   for (auto& entry : states_) Drop(std::move(entry.second));
@@ -51,6 +53,14 @@ Dispatcher::~Dispatcher() {
 }
 
 void Dispatcher::Serve() {
+  if (options_.predictive_wake) {
+    // The timed sleep before a predicted job must not end 50 us late (the default timer slack):
+    // that would spend the plan's margin.
+    if (absl::Status slack = SetThreadTimerSlack(absl::Microseconds(1)); !slack.ok()) {
+      spdlog::warn("cuda dispatcher: predictive wake keeps the default timer slack: {}",
+                   slack.ToString());
+    }
+  }
   while (Turn(/*block=*/true)) {
   }
   Finish();
@@ -67,7 +77,11 @@ bool Dispatcher::Turn(bool block) {
       // Gated batches complete on their own streams: every kGateWordPoll the dispatcher looks
       // whether a producer's word has come (PollGated).
       std::optional<absl::Duration> timeout;
-      if (gated_pending_ > 0) timeout = kGateWordPoll;
+      if (gated_pending_ > 0) {
+        timeout = kGateWordPoll;
+      } else if (options_.predictive_wake && !AwaitPredicted()) {
+        return false;
+      }
       if (!queues_->AwaitWork(timeout)) return false;
     } else if (queues_->stopped()) {
       return false;
@@ -82,6 +96,8 @@ bool Dispatcher::Turn(bool block) {
                          });
   }
   if (next.has_value()) {
+    // The job's arrival: its enqueue (a batch of a job already running counts as it).
+    if (options_.predictive_wake) wake_.Arrived(clock_->Now() - next->since_enqueue);
     JobState& state = StateFor(next->job);
     Batch b = Launch(state, *next);
     if (state.gate.has_value()) {
@@ -379,22 +395,55 @@ void Dispatcher::SpinForWork() {
     return;
   }
   stats_->IdleSpinBegan();
-  const absl::Time until = from + allowed;
-  absl::Time now = from;
-  bool hit = false;
-  while (true) {
-    if (queues_->hint()) {
-      hit = true;
-      now = clock_->Now();
-      break;
-    }
-    now = clock_->Now();
-    if (now >= until) break;
-    CpuRelax();
-  }
+  const auto [now, hit] = PollHint(from, from + allowed, /*yield=*/false);
   // Every spin draws on the budget, one that found work too: it burned the core all the same.
   idle_budget_.Spent(from, now);
   stats_->IdleSpinEnded(now - from, hit, /*cut=*/!hit && allowed < wanted);
+}
+
+std::pair<absl::Time, bool> Dispatcher::PollHint(absl::Time from, absl::Time until, bool yield) {
+  absl::Time now = from;
+  while (true) {
+    if (queues_->hint()) return {clock_->Now(), true};
+    now = clock_->Now();
+    if (now >= until) return {now, false};
+    if (yield) {
+      ::sched_yield();
+    } else {
+      CpuRelax();
+    }
+  }
+}
+
+bool Dispatcher::AwaitPredicted() {
+  const absl::Time start = clock_->Now();
+  const PredictiveWake::Plan plan = wake_.Next(start);
+  if (!plan.predicted) return true;
+  // Work (or a stop) already there: no sleep. Else the hint is clear, and set by the next job.
+  if (queues_->ClearHintUnlessWork()) return true;
+  if (plan.wake_at > start) {
+    if (!queues_->AwaitWork(plan.wake_at - start)) return false;
+    if (queues_->hint()) return true;  // the job came early
+    const absl::Time woke = clock_->Now();
+    // Woken at the deadline (not by Engine::Expect, which leaves the hint clear too, earlier).
+    if (woke >= plan.wake_at) wake_.Woke(plan.wake_at, woke);
+  }
+  const absl::Time from = clock_->Now();
+  const absl::Duration allowed = std::min(plan.spin_until - from, idle_budget_.Allowance(from));
+  if (allowed <= absl::ZeroDuration()) {
+    if (plan.spin_until > from) stats_->IdleSpinRefused();
+    wake_.Missed();
+    return true;
+  }
+  stats_->IdleSpinBegan();
+  // Yielding each round: on a host short of cores the client whose submit brings the job may
+  // be woken onto this CPU, and a spinner that keeps it to the end of its slice delays that job
+  // to the spin's end.
+  const auto [now, hit] = PollHint(from, from + allowed, /*yield=*/true);
+  idle_budget_.Spent(from, now);
+  stats_->IdleSpinEnded(now - from, hit, /*cut=*/!hit && from + allowed < plan.spin_until);
+  if (!hit) wake_.Missed();
+  return true;
 }
 
 absl::StatusOr<GpuStream*> Dispatcher::CopyStream() {

@@ -11,11 +11,13 @@
 #include <optional>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "base/clock.h"
+#include "base/predictive_wake.h"
 #include "base/spin_budget.h"
 #include "daemon/engine/cuda/cuda_engine_options.h"
 #include "daemon/engine/cuda/dispatch_queues.h"
@@ -200,6 +202,13 @@ class Dispatcher {
   // The idle spin: polls the queues' hint for up to options_.dispatcher_spin_us, as long as
   // idle_budget_ allows, reading the injected clock; charges what it spun to the budget.
   void SpinForWork();
+  // Polls the queues' hint from `from` until `until` (yielding each round when `yield`); the
+  // clock's reading when it ended and whether work came.
+  std::pair<absl::Time, bool> PollHint(absl::Time from, absl::Time until, bool yield);
+  // Predictive wake (options_.predictive_wake), before the idle sleep: at a steady job cadence a
+  // timed sleep until the next job's window, then a spin on the hint through it, drawn from
+  // idle_budget_. False once the queues were stopped.
+  bool AwaitPredicted();
 
   GpuOps* const ops_;
   const Clock* const clock_;
@@ -212,6 +221,7 @@ class Dispatcher {
   WarmPlans warm_;
   Tuners tuners_;
   SpinBudget idle_budget_;
+  PredictiveWake wake_;
   std::unordered_map<const Job*, std::unique_ptr<JobState>> states_;
   std::deque<Batch> in_flight_;
   int gated_pending_ = 0;                                // gated batches launched and not completed

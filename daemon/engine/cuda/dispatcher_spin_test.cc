@@ -2,7 +2,8 @@
 // the daemon and its clock a test clock that moves one step at each reading: with nothing to do
 // it spins its configured time and then sleeps; a job that comes ends the spin at once; under a
 // budget it spins no more than the budget's share of the time (plus the banked window); zero
-// time or a zero budget never spins and the dispatcher still wakes for work.
+// time or a zero budget never spins and the dispatcher still wakes for work; predictive wake
+// spins around each job of a steady cadence and sleeps once it stops.
 #include <catch2/catch.hpp>
 #include <functional>
 #include <memory>
@@ -15,6 +16,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "base/clock.h"
+#include "base/predictive_wake.h"
 #include "daemon/engine/cuda/dispatcher.h"
 #include "daemon/engine/cuda/dispatcher_test_rig.h"
 
@@ -205,6 +207,42 @@ TEST_CASE("idle spin: zero time or a zero budget never spins; work still wakes t
     CHECK(rig.spins().refused >= 2);  // refused by the budget, each time it went idle
     CHECK(rig.spins().spun == absl::ZeroDuration());
   }
+}
+
+TEST_CASE("predictive wake: at a steady cadence it spins around the next job, then sleeps") {
+  std::mt19937_64 rng(45);
+  // No idle spin after each job: every spin below is predictive wake's. A 20 ms cadence in the
+  // stepping clock's time, a 2 ms tolerance: the window (margin 50 us + the assumed 100 us
+  // overshoot + 2 ms) is within a quarter of the gap, and at 1 ns a reading the spin lasts long
+  // enough in real time for the test to enqueue into it.
+  CudaEngineOptions o = SpinOptions(0, 1.0);
+  o.predictive_wake = true;
+  o.wake.tolerance = absl::Milliseconds(2);
+  SpinRig rig(o, absl::Nanoseconds(1));
+  const absl::Duration gap = absl::Milliseconds(20);
+  // Learning: the first gaps are slept through (no spin).
+  for (size_t k = 0; k < PredictiveWake::kMinGaps; ++k) {
+    rig.clock.Advance(gap);
+    REQUIRE(rig.RunJob(rng));
+  }
+  CHECK(rig.spins().began == 0);
+  rig.clock.Advance(gap);
+  REQUIRE(rig.RunJob(rng));
+  // Predicted: the clock moves to within the next job's window; the dispatcher (asleep until
+  // it, or there already) spins, and the job that comes ends the spin.
+  for (uint64_t k = 1; k <= 4; ++k) {
+    rig.clock.Advance(gap - absl::Microseconds(100));
+    REQUIRE(SpinRig::WaitFor([&] { return rig.spins().began == k; }));
+    REQUIRE(rig.RunJob(rng));
+    REQUIRE(SpinRig::WaitFor([&] { return rig.spins().ended == k; }));
+    CHECK(rig.spins().hits == k);
+  }
+  // The cadence stops: the next predicted spin misses, then the dispatcher sleeps for good.
+  rig.clock.Advance(gap - absl::Microseconds(100));
+  REQUIRE(SpinRig::WaitFor([&] { return rig.spins().ended == 5; }));
+  CHECK(rig.spins().hits == 4);
+  absl::SleepFor(absl::Milliseconds(100));
+  CHECK(rig.spins().began == 5);
 }
 
 }  // namespace
