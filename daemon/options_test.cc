@@ -80,9 +80,8 @@ TEST_CASE("CUDA engine: the dispatcher's idle spin and its budget from the confi
 TEST_CASE("predictive wake: the switch and its sizes, for the poll thread and the dispatchers") {
   const session::SessionServerOptions s = SessionOptionsFrom(Finalized(""), 1024);
   const engine::CudaEngineOptions c = CudaEngineOptionsFrom(Finalized(""));
-  CHECK(s.predictive_wake ==
-        config::kPredictiveWakeDefault);  // unset, low_latency: the documented default
-  CHECK(c.predictive_wake == config::kPredictiveWakeDefault);
+  CHECK(s.predictive_wake);  // unset, low_latency: the documented default (on)
+  CHECK(c.predictive_wake);
   CHECK(s.wake.margin == absl::Microseconds(50));
   CHECK(s.wake.tolerance == absl::Microseconds(100));
   CHECK(s.wake.max_gap == absl::Milliseconds(50));

@@ -346,9 +346,7 @@ absl::Status FinalizeConfig(v1::DaemonConfig* config) {
   if (!config->has_cuda_dispatcher_spin_budget_percent()) {
     config->set_cuda_dispatcher_spin_budget_percent(100);
   }
-  if (!config->has_predictive_wake()) {
-    config->set_predictive_wake(config->low_latency() && kPredictiveWakeDefault);
-  }
+  if (!config->has_predictive_wake()) config->set_predictive_wake(config->low_latency());
   if (!config->has_predictive_wake_margin_us()) config->set_predictive_wake_margin_us(50);
   if (!config->has_predictive_wake_tolerance_us()) config->set_predictive_wake_tolerance_us(100);
   if (!config->has_predictive_wake_max_gap_us()) config->set_predictive_wake_max_gap_us(50000);

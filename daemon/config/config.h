@@ -15,9 +15,6 @@ namespace kvrail::config {
 // its budget (session_spin_budget_percent, cuda_dispatcher_spin_budget_percent).
 constexpr uint32_t kMaxSpinUs = 10000;
 
-// Predictive wake's default with low_latency (DaemonConfig.predictive_wake); off without it.
-constexpr bool kPredictiveWakeDefault = false;
-
 // Parses a DaemonConfig in protobuf text format. Errors name the file and line.
 absl::StatusOr<v1::DaemonConfig> LoadConfigFile(const std::string& path);
 

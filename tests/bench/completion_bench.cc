@@ -158,10 +158,10 @@ double SelfCpuMs() {
          (u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e3;
 }
 
-// The spins' cost against daemon `pid`: its CPU share at idle (a connected sq client doing
-// nothing for 1 s), the seen p50 back to back (1,000 transfers), and at one 4 KiB transfer every
-// 2 ms for 1 s (submit, WaitEnd) and at gaps drawn from 0.5-3.5 ms for 1 s: the seen p50, its
-// CPU share and this process's.
+// The spins' cost against daemon `pid`: the seen p50 back to back (1,000 transfers); at one 4 KiB
+// transfer every 2 ms for 1 s (submit, WaitEnd) the seen p50, submit -> acknowledgement p50, its
+// CPU share and this process's; its CPU share at idle after that cadence stops (a connected sq
+// client doing nothing for 1 s); the same figures at gaps drawn from 0.5-3.5 ms for 1 s.
 bool CadenceOnce(const std::string& socket, pid_t pid,
                  std::map<std::string, std::vector<double>>* out) {
   ::setenv("KVRAIL_COMPLETION_QUEUE", "1", 1);
@@ -172,6 +172,7 @@ bool CadenceOnce(const std::string& socket, pid_t pid,
                                           v1::LAYOUT_ORDER_LAYER_PART_BLOCK_NHD);
   absl::StatusOr<HostPools> pools = RegisterHostPools(**client, layout);
   if (!pools.ok()) return false;
+  std::vector<double> ack_us;
   auto one = [&](int i) -> double {
     const auto t =
         client::MakeBlockTransfer(pools->src_region, {static_cast<uint32_t>(i % 256)},
@@ -179,20 +180,15 @@ bool CadenceOnce(const std::string& socket, pid_t pid,
     const auto t0 = Clock::now();
     auto submitted = (*client)->Submit(t);
     if (!submitted.ok()) return -1;
+    const auto t1 = Clock::now();
     auto done = (*client)->WaitEnd(submitted->transfer_id());
     if (!done.ok() || done->state() != v1::TRANSFER_STATE_SUCCEEDED) return -1;
+    ack_us.push_back(Us(t1 - t0));
     return Us(Clock::now() - t0);
   };
   for (int i = 0; i < 50; ++i) {
     if (one(i) < 0) return false;
   }
-  // Idle: the spins that follow the last transfer end, then nothing.
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  auto w0 = Clock::now();
-  double d0 = ProcessCpuMs(pid);
-  std::this_thread::sleep_for(std::chrono::seconds(1));
-  (*out)["idle_daemon_cpu_pct"].push_back((ProcessCpuMs(pid) - d0) / (Us(Clock::now() - w0) / 1e3) *
-                                          100);
   // Back to back.
   std::vector<double> lat;
   for (int i = 0; i < 1000; ++i) {
@@ -201,12 +197,13 @@ bool CadenceOnce(const std::string& socket, pid_t pid,
     lat.push_back(us);
   }
   (*out)["b2b_seen_p50_us"].push_back(Percentile(lat, 0.5));
-  // A decode cadence, one transfer every 2 ms, then an irregular one; `gap(i)` before the i-th.
+  // A decode cadence, one transfer every 2 ms, then an irregular one; `gap()` before each.
   std::mt19937 rng(11);
   std::uniform_int_distribution<int> irregular_us(500, 3500);
   const auto paced = [&](const std::string& name,
                          const std::function<std::chrono::microseconds()>& gap) -> bool {
     lat.clear();
+    ack_us.clear();
     const auto w0 = Clock::now();
     const double d0 = ProcessCpuMs(pid);
     const double c0 = SelfCpuMs();
@@ -222,10 +219,18 @@ bool CadenceOnce(const std::string& socket, pid_t pid,
     (*out)[name + "_daemon_cpu_pct"].push_back((ProcessCpuMs(pid) - d0) / wall_ms * 100);
     (*out)[name + "_client_cpu_pct"].push_back((SelfCpuMs() - c0) / wall_ms * 100);
     (*out)[name + "_seen_p50_us"].push_back(Percentile(lat, 0.5));
+    (*out)[name + "_ack_p50_us"].push_back(Percentile(ack_us, 0.5));
     return true;
   };
-  return paced("2ms", [] { return std::chrono::microseconds(2000); }) &&
-         paced("irregular", [&] { return std::chrono::microseconds(irregular_us(rng)); });
+  if (!paced("2ms", [] { return std::chrono::microseconds(2000); })) return false;
+  // Idle from the cadence's stop on (1 s): the spins that follow the last transfer and
+  // predictive wake's one missed window, then nothing.
+  const auto w0 = Clock::now();
+  const double d0 = ProcessCpuMs(pid);
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  (*out)["idle_daemon_cpu_pct"].push_back((ProcessCpuMs(pid) - d0) / (Us(Clock::now() - w0) / 1e3) *
+                                          100);
+  return paced("irregular", [&] { return std::chrono::microseconds(irregular_us(rng)); });
 }
 
 int Main(int argc, char** argv) {
