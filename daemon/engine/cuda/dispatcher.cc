@@ -435,13 +435,14 @@ bool Dispatcher::AwaitPredicted() {
     wake_.Missed();
     return true;
   }
-  stats_->IdleSpinBegan();
+  stats_->IdleSpinBegan(/*predicted=*/true);
   // Yielding each round: on a host short of cores the client whose submit brings the job may
   // be woken onto this CPU, and a spinner that keeps it to the end of its slice delays that job
   // to the spin's end.
   const auto [now, hit] = PollHint(from, from + allowed, /*yield=*/true);
   idle_budget_.Spent(from, now);
-  stats_->IdleSpinEnded(now - from, hit, /*cut=*/!hit && from + allowed < plan.spin_until);
+  stats_->IdleSpinEnded(now - from, hit, /*cut=*/!hit && from + allowed < plan.spin_until,
+                        /*predicted=*/true);
   if (!hit) wake_.Missed();
   return true;
 }

@@ -236,11 +236,16 @@ TEST_CASE("predictive wake: at a steady cadence it spins around the next job, th
     REQUIRE(rig.RunJob(rng));
     REQUIRE(SpinRig::WaitFor([&] { return rig.spins().ended == k; }));
     CHECK(rig.spins().hits == k);
+    CHECK(rig.spins().predicted_hits == k);
   }
+  CHECK(rig.stats.Describe(0, 8, 0).find("predictive wake: 4 of them, 4 ended by work") !=
+        std::string::npos);
+  CHECK(rig.stats.Gauges().at("dispatcher_predicted_spin_hits_total") == 4);
   // The cadence stops: the next predicted spin misses, then the dispatcher sleeps for good.
   rig.clock.Advance(gap - absl::Microseconds(100));
   REQUIRE(SpinRig::WaitFor([&] { return rig.spins().ended == 5; }));
   CHECK(rig.spins().hits == 4);
+  CHECK(rig.spins().predicted == 5);
   absl::SleepFor(absl::Milliseconds(100));
   CHECK(rig.spins().began == 5);
 }

@@ -118,15 +118,17 @@ void WorkerStats::WarmPlansKept(size_t entries, size_t bytes) {
   warm_bytes_ = bytes;
 }
 
-void WorkerStats::IdleSpinBegan() {
+void WorkerStats::IdleSpinBegan(bool predicted) {
   absl::MutexLock lock(&mu_);
   ++idle_spins_.began;
+  if (predicted) ++idle_spins_.predicted;
 }
 
-void WorkerStats::IdleSpinEnded(absl::Duration spun, bool hit, bool cut) {
+void WorkerStats::IdleSpinEnded(absl::Duration spun, bool hit, bool cut, bool predicted) {
   absl::MutexLock lock(&mu_);
   ++idle_spins_.ended;
   if (hit) ++idle_spins_.hits;
+  if (hit && predicted) ++idle_spins_.predicted_hits;
   if (cut) ++idle_spins_.cut;
   idle_spins_.spun += spun;
   idle_spins_.last = spun;
@@ -146,9 +148,13 @@ std::string WorkerStats::IdleSpinTextLocked() const {
   if (idle_spins_.began == 0 && idle_spins_.refused == 0) return "";
   return absl::StrFormat(
       "; idle spin: %u spins, %.1f ms, %u ended by work, %u cut short and %u refused by the "
-      "budget",
+      "budget%s",
       idle_spins_.began, absl::ToDoubleMilliseconds(idle_spins_.spun), idle_spins_.hits,
-      idle_spins_.cut, idle_spins_.refused);
+      idle_spins_.cut, idle_spins_.refused,
+      idle_spins_.predicted == 0
+          ? std::string()
+          : absl::StrFormat(" (predictive wake: %u of them, %u ended by work)",
+                            idle_spins_.predicted, idle_spins_.predicted_hits));
 }
 
 std::map<std::string, double> WorkerStats::Gauges() const {
@@ -157,6 +163,8 @@ std::map<std::string, double> WorkerStats::Gauges() const {
           {"dispatcher_spin_seconds_total", absl::ToDoubleSeconds(idle_spins_.spun)},
           {"dispatcher_spins_cut_total", static_cast<double>(idle_spins_.cut)},
           {"dispatcher_spins_refused_total", static_cast<double>(idle_spins_.refused)},
+          {"dispatcher_predicted_spins_total", static_cast<double>(idle_spins_.predicted)},
+          {"dispatcher_predicted_spin_hits_total", static_cast<double>(idle_spins_.predicted_hits)},
           {"warm_plan_hits_total", static_cast<double>(warm_hits_)},
           {"warm_plan_misses_total", static_cast<double>(warm_misses_)},
           {"warm_plan_id_upload_failures_total", static_cast<double>(warm_ids_failed_)},

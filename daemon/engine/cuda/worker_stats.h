@@ -33,6 +33,10 @@ struct IdleSpinCounts {
   uint64_t refused = 0;  // never begun: the budget was spent
   absl::Duration spun;   // every spin's time together, as the dispatcher's clock read it
   absl::Duration last;   // the latest spin's
+  // Of those, predictive wake's (around a steady cadence's next job), and how many of them the
+  // job ended.
+  uint64_t predicted = 0;
+  uint64_t predicted_hits = 0;
 };
 
 struct JobSample {
@@ -73,8 +77,9 @@ class WorkerStats {
   void WarmPlansKept(size_t entries, size_t bytes);
   // The idle spin: one begun, one ended after `spun` (`hit`: work came; `cut`: the budget ended
   // it first), or one the budget refused outright (IdleSpinRefused).
-  void IdleSpinBegan();
-  void IdleSpinEnded(absl::Duration spun, bool hit, bool cut);
+  // `predicted`: predictive wake's spin.
+  void IdleSpinBegan(bool predicted = false);
+  void IdleSpinEnded(absl::Duration spun, bool hit, bool cut, bool predicted = false);
   void IdleSpinRefused();
   IdleSpinCounts idle_spins() const;
   // Numeric state for metrics (Engine::Gauges): counters end in _total.
