@@ -36,21 +36,6 @@ namespace {
 using client::Client;
 using client::HostBuffer;
 
-// The live object behind a handle of `table`; INVALID_ARGUMENT naming the argument `name` for
-// NULL and for a handle that is `ended` (closed, freed, released) or was never issued.
-template <typename T, typename Handle>
-absl::StatusOr<std::shared_ptr<T>> FindLive(HandleTable<T>& table, Handle* handle,
-                                            absl::string_view name, absl::string_view type,
-                                            absl::string_view ended) {
-  if (handle == nullptr) return absl::InvalidArgumentError(absl::StrCat(name, ": NULL"));
-  std::shared_ptr<T> found = table.Find(HandleOf(handle));
-  if (found == nullptr) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(name, ": not a live ", type, " handle (", ended, ", or never issued)"));
-  }
-  return found;
-}
-
 HandleTable<Client>& Clients() {
   // Never destroyed: clients still open at exit are released by the process's end (the daemon
   // sees the session close), not by static destructors racing gRPC's own shutdown.

@@ -754,6 +754,134 @@ TEST_CASE("the fixed-size hot path: submit and end in structs, ends taken many a
   live.client = nullptr;
 }
 
+TEST_CASE("a kept spec submitted with new ids; an end's status in the caller's struct") {
+  Live live;
+  Pool src(live.client, /*writable=*/false, 0);
+  Pool dst(live.client, /*writable=*/true, 0xAB);
+  for (uint32_t b = 0; b < kBlocks; ++b) std::memset(Chunk(src.buffer, 1, 1, b), b + 1, kChunk);
+  v1::TransferSpec shape;
+  shape.mutable_src()->set_region_id(src.region);
+  shape.mutable_dst()->set_region_id(dst.region);
+  const std::vector<uint8_t> spec = Bytes(shape);
+
+  // Misuse is named: NULL out, a spec that does not parse, NULL or unknown-size structs, NULL ids.
+  kvrail_spec* kept = nullptr;
+  CHECK(kvrail_spec_create(live.client, spec.data(), spec.size(), nullptr) ==
+        KVRAIL_INVALID_ARGUMENT);
+  CHECK(LastMessage() == "out: NULL out-parameter");
+  const uint8_t garbage[] = {0xFF, 0xFF, 0xFF, 0xFF};
+  CHECK(kvrail_spec_create(live.client, garbage, sizeof(garbage), &kept) ==
+        KVRAIL_INVALID_ARGUMENT);
+  CHECK(LastMessage() == "spec: 4 bytes are not a serialized kvrail.v1.TransferSpec");
+  CHECK(kvrail_spec_create(nullptr, spec.data(), spec.size(), &kept) == KVRAIL_INVALID_ARGUMENT);
+  CHECK(LastMessage() == "client: NULL");
+  CHECK(kept == nullptr);
+  REQUIRE(kvrail_spec_create(live.client, spec.data(), spec.size(), &kept) == KVRAIL_OK);
+  REQUIRE(kept != nullptr);
+  const uint32_t ids[2] = {3, 6};  // source block 3 into destination block 6
+  kvrail_spec_submit submit{};
+  submit.src_count = 1;
+  submit.dst_count = 1;
+  submit.ids = ids;
+  CHECK(kvrail_submit_spec(nullptr) == KVRAIL_INVALID_ARGUMENT);
+  CHECK(LastMessage() == "submit: NULL out-parameter");
+  CHECK(kvrail_submit_spec(&submit) == KVRAIL_INVALID_ARGUMENT);
+  CHECK(LastMessage().rfind("submit.struct_size: 0, this library", 0) == 0);
+  submit.struct_size = sizeof(submit);
+  CHECK(kvrail_submit_spec(&submit) == KVRAIL_INVALID_ARGUMENT);
+  CHECK(LastMessage() == "spec: NULL");
+  submit.spec = kept;
+  submit.ids = nullptr;
+  CHECK(kvrail_submit_spec(&submit) == KVRAIL_INVALID_ARGUMENT);
+  CHECK(LastMessage() == "ids: NULL with src_count + dst_count > 0");
+  // A bad id is the daemon's answer, naming it, as for any submit.
+  const uint32_t bad[2] = {3, kBlocks};
+  submit.ids = bad;
+  CHECK(kvrail_submit_spec(&submit) == KVRAIL_INVALID_ARGUMENT);
+  CHECK(LastMessage().find("block_ids[0]") != std::string::npos);
+  CHECK(submit.submitted.transfer_id == 0);
+  kvrail_end_wait wait{};
+  wait.client = live.client;
+  wait.transfer_id = 1;
+  CHECK(kvrail_wait_end_into(nullptr) == KVRAIL_INVALID_ARGUMENT);
+  CHECK(LastMessage() == "wait: NULL out-parameter");
+  CHECK(kvrail_wait_end_into(&wait) == KVRAIL_INVALID_ARGUMENT);
+  CHECK(LastMessage().rfind("wait.struct_size: 0, this library", 0) == 0);
+  wait.struct_size = sizeof(wait);
+  wait.client = nullptr;
+  CHECK(kvrail_wait_end_into(&wait) == KVRAIL_INVALID_ARGUMENT);
+  CHECK(LastMessage() == "client: NULL");
+  wait.client = live.client;
+  wait.timeout_ms = -1;
+
+  // Submitted from the kept spec (its ids each time), the end read into the struct: the same
+  // status kvrail_wait_end has, no allocation; the bytes landed where the ids say.
+  for (uint32_t b = 0; b < 3; ++b) {
+    const uint32_t pair[2] = {b, b + 4};
+    submit.ids = pair;
+    REQUIRE(kvrail_submit_spec(&submit) == KVRAIL_OK);
+    CHECK(submit.submitted.struct_size == sizeof(kvrail_submitted));
+    CHECK(submit.submitted.transfer_id != 0);
+    CHECK(submit.submitted.bytes_total == kLayers * kParts * kChunk);
+    CHECK(submit.submitted.followed == 1);
+    wait.transfer_id = submit.submitted.transfer_id;
+    REQUIRE(kvrail_wait_end_into(&wait) == KVRAIL_OK);
+    CHECK(wait.heap == nullptr);
+    REQUIRE(wait.len > 0);
+    REQUIRE(wait.len <= KVRAIL_STATUS_INLINE);
+    v1::TransferStatus status;
+    REQUIRE(status.ParseFromArray(wait.data, static_cast<int>(wait.len)));
+    CHECK(status.transfer_id() == wait.transfer_id);
+    CHECK(status.state() == v1::TRANSFER_STATE_SUCCEEDED);
+    CHECK(status.bytes_done() == submit.submitted.bytes_total);
+    int32_t state = 0;
+    uint8_t* bytes = nullptr;
+    size_t len = 0;
+    REQUIRE(kvrail_wait_end(live.client, wait.transfer_id, -1, &state, &bytes, &len) == KVRAIL_OK);
+    CHECK(Take<v1::TransferStatus>(bytes, len).SerializeAsString() == status.SerializeAsString());
+    CHECK(std::memcmp(Chunk(dst.buffer, 1, 1, b + 4), Chunk(src.buffer, 1, 1, b), kChunk) == 0);
+  }
+  // A status longer than the struct's data (the daemon's, with the spec and its long label)
+  // comes in heap, whole.
+  v1::TransferSpec labelled = shape;
+  labelled.set_label(std::string(300, 'L'));
+  labelled.set_digest(true);
+  const std::vector<uint8_t> long_spec = Bytes(labelled);
+  kvrail_spec* long_kept = nullptr;
+  REQUIRE(kvrail_spec_create(live.client, long_spec.data(), long_spec.size(), &long_kept) ==
+          KVRAIL_OK);
+  submit.spec = long_kept;
+  submit.ids = ids;
+  REQUIRE(kvrail_submit_spec(&submit) == KVRAIL_OK);
+  wait.transfer_id = submit.submitted.transfer_id;
+  REQUIRE(kvrail_wait_end_into(&wait) == KVRAIL_OK);
+  REQUIRE(wait.heap != nullptr);
+  REQUIRE(wait.len > KVRAIL_STATUS_INLINE);
+  const auto long_status = Take<v1::TransferStatus>(wait.heap, wait.len);
+  CHECK(long_status.state() == v1::TRANSFER_STATE_SUCCEEDED);
+  CHECK(long_status.spec().label() == labelled.label());
+  // An unknown transfer is the daemon's answer, the struct's answer left empty.
+  wait.transfer_id = 987654321;
+  wait.timeout_ms = 0;
+  CHECK(kvrail_wait_end_into(&wait) == KVRAIL_NOT_FOUND);
+  CHECK(wait.len == 0);
+  CHECK(wait.heap == nullptr);
+
+  // Freed: named on every later use; NULL frees nothing. A spec whose client was closed is named.
+  REQUIRE(kvrail_spec_free(long_kept) == KVRAIL_OK);
+  CHECK(kvrail_spec_free(long_kept) == KVRAIL_INVALID_ARGUMENT);
+  CHECK(LastMessage() == "spec: not a live kvrail_spec handle (freed, or never issued)");
+  CHECK(kvrail_submit_spec(&submit) == KVRAIL_INVALID_ARGUMENT);
+  CHECK(LastMessage() == "spec: not a live kvrail_spec handle (freed, or never issued)");
+  CHECK(kvrail_spec_free(nullptr) == KVRAIL_OK);
+  kvrail_close(live.client);
+  live.client = nullptr;
+  submit.spec = kept;
+  CHECK(kvrail_submit_spec(&submit) == KVRAIL_INVALID_ARGUMENT);
+  CHECK(LastMessage() == "spec: its client was closed");
+  CHECK(kvrail_spec_free(kept) == KVRAIL_OK);
+}
+
 TEST_CASE("prepared: posted many times with new ids; misuse and bad ids named; released") {
   Live live;
   Pool src(live.client, /*writable=*/false, 0);

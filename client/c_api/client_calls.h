@@ -1,5 +1,6 @@
 // Internal to //client/c_api: what the transfer entry points of c_api.cc and
-// transfer_ends_api.cc share - the client behind a handle and a spec with its block ids.
+// transfer_ends_api.cc share - a live handle's object, the client behind a handle and a spec with
+// its block ids.
 #pragma once
 
 #include <cstddef>
@@ -8,12 +9,31 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "client/c_api/entry.h"
+#include "client/c_api/handle_table.h"
 #include "client/c_api/kvrail.h"
 #include "client/kvrail_client.h"
 #include "google/protobuf/message_lite.h"
 #include "proto/kvrail/v1/transfer.pb.h"
 
 namespace kvrail::c_api {
+
+// The live object behind a handle of `table`; INVALID_ARGUMENT naming the argument `name` for
+// NULL and for a handle that is `ended` (closed, freed, released) or was never issued.
+template <typename T, typename Handle>
+absl::StatusOr<std::shared_ptr<T>> FindLive(HandleTable<T>& table, Handle* handle,
+                                            absl::string_view name, absl::string_view type,
+                                            absl::string_view ended) {
+  if (handle == nullptr) return absl::InvalidArgumentError(absl::StrCat(name, ": NULL"));
+  std::shared_ptr<T> found = table.Find(HandleOf(handle));
+  if (found == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, ": not a live ", type, " handle (", ended, ", or never issued)"));
+  }
+  return found;
+}
 
 // The live client behind `handle`; INVALID_ARGUMENT naming "client" for NULL and for a handle
 // that was closed or never issued.

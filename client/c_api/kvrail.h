@@ -72,6 +72,7 @@ enum {
 typedef struct kvrail_client kvrail_client;
 typedef struct kvrail_host_buffer kvrail_host_buffer;
 typedef struct kvrail_prepared kvrail_prepared;
+typedef struct kvrail_spec kvrail_spec;
 
 /* --- Version and errors ----------------------------------------------------------------------- */
 uint32_t kvrail_abi_version(void);
@@ -315,6 +316,55 @@ int kvrail_wait_end_short(kvrail_client* client, uint64_t transfer_id, int64_t t
  * the caller; every entry is written); *count how many (call again while it equals `max`). An
  * entry with KVRAIL_END_ASK carries only its transfer_id. Clears the eventfd. */
 int kvrail_take_ends(kvrail_client* client, kvrail_transfer_end* ends, size_t max, size_t* count);
+/* A transfer spec kept parsed by the library, for submits of one shape that differ only in their
+ * block ids (the same paged shape submitted again and again): each submit sends the spec with the
+ * ids given and parses nothing. Client-side only: the daemon checks every submit as it checks
+ * kvrail_submit's (kvrail_prepare is the daemon-side shape).
+ * kvrail_spec_create: `spec` a serialized kvrail.v1.TransferSpec of `client` (which it does not
+ * keep alive); errors as kvrail_submit_blocks' for the spec ("spec: ...").
+ * kvrail_spec_free: frees it (NULL: nothing; a freed handle: KVRAIL_INVALID_ARGUMENT); transfers
+ * submitted from it run on. One spec may be submitted from many threads at once. */
+int kvrail_spec_create(kvrail_client* client, const uint8_t* spec, size_t spec_len,
+                       kvrail_spec** out);
+int kvrail_spec_free(kvrail_spec* spec);
+
+/* The two calls of a transfer's hot path with their arguments and answer in one struct, so that
+ * a caller whose foreign-function layer converts every argument on every call (ctypes: ~50 ns an
+ * argument) passes one pointer to memory it keeps, and reads the answer from the same memory.
+ *
+ * kvrail_submit_spec: kvrail_submit_blocks_short of `spec` with `ids` holding `src_count` source
+ * ids then `dst_count` destination ids (0 on a side: the spec's own ids there), answered in
+ * `submitted` (cleared first). A spec whose client was closed is KVRAIL_INVALID_ARGUMENT ("spec:
+ * its client was closed"); "submit.struct_size: ..." for a size this library does not know. */
+typedef struct kvrail_spec_submit {
+  uint32_t struct_size; /* the caller sets sizeof(kvrail_spec_submit) */
+  uint32_t src_count;
+  uint32_t dst_count;
+  uint32_t reserved; /* 0 */
+  kvrail_spec* spec;
+  const uint32_t* ids;
+  kvrail_submitted submitted; /* the answer */
+} kvrail_spec_submit;
+int kvrail_submit_spec(kvrail_spec_submit* submit);
+
+/* kvrail_wait_end answering the serialized kvrail.v1.TransferStatus (the message kvrail_wait_end
+ * returns) in the caller's struct: `len` bytes at `data`, or, for a status longer than
+ * KVRAIL_STATUS_INLINE bytes (the daemon's, with a long error message or spec), at `heap`
+ * (allocated by the library: kvrail_free it; NULL otherwise). A completion queue's end
+ * (transfer_id, state, error_code, bytes and finish time) fits `data`: the common end costs no
+ * allocation and no free. len 0 and heap NULL on failure; "wait.struct_size: ..." for a size this
+ * library does not know. */
+#define KVRAIL_STATUS_INLINE 240
+typedef struct kvrail_end_wait {
+  uint32_t struct_size; /* the caller sets sizeof(kvrail_end_wait) */
+  uint32_t len;         /* the answer's size */
+  kvrail_client* client;
+  uint64_t transfer_id;
+  int64_t timeout_ms; /* as kvrail_wait's: < 0 until it ends, 0 now */
+  uint8_t* heap;
+  uint8_t data[KVRAIL_STATUS_INLINE];
+} kvrail_end_wait;
+int kvrail_wait_end_into(kvrail_end_wait* wait);
 
 /* --- Admin ------------------------------------------------------------------------------------ */
 /* Serialized kvrail.v1.ListRegionsResponse / ListTransfersResponse / Stats. list_transfers:

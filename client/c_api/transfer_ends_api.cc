@@ -1,9 +1,13 @@
 // The C ABI's fixed-size hot path (kvrail.h, kvrail_submitted / kvrail_transfer_end): a submit
 // and a transfer's end answered in structs, and the completion queue's ends taken many at once,
-// so that a caller in another language (the Python package) parses no message per transfer.
+// so that a caller in another language (the Python package) parses no message per transfer; a
+// spec kept parsed (kvrail_spec), and a submit and an end whose arguments and answer are one
+// struct in the caller's memory (kvrail_spec_submit, kvrail_end_wait), so that they cost that
+// caller one argument each and no allocation.
 #include <algorithm>
 #include <cstdint>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -13,6 +17,7 @@
 #include "base/status.h"
 #include "client/c_api/client_calls.h"
 #include "client/c_api/entry.h"
+#include "client/c_api/handle_table.h"
 #include "client/c_api/kvrail.h"
 #include "client/kvrail_client.h"
 #include "proto/kvrail/v1/transfer.pb.h"
@@ -67,16 +72,79 @@ void ClearEnd(kvrail_transfer_end* end) {
   end->struct_size = sizeof(kvrail_transfer_end);
 }
 
+// A submit's answer struct, checked and cleared before anything can fail.
+absl::Status ResetSubmitted(kvrail_submitted* submitted) {
+  KVRAIL_RETURN_IF_ERROR(RequireOut(submitted, "submitted"));
+  KVRAIL_RETURN_IF_ERROR(CheckStructSize(submitted, "submitted"));
+  *submitted = kvrail_submitted{};
+  submitted->struct_size = sizeof(kvrail_submitted);
+  return absl::OkStatus();
+}
+
+void FillSubmitted(const v1::SubmitTransferResponse& result, client::Client& client,
+                   kvrail_submitted* submitted) {
+  submitted->transfer_id = result.transfer_id();
+  submitted->bytes_total = result.bytes_total();
+  submitted->tiles_total = result.tiles_total();
+  submitted->deduplicated = result.deduplicated() ? 1 : 0;
+  submitted->followed = client.FollowsCompletion(result.transfer_id()) ? 1 : 0;
+}
+
+// A spec as kvrail_spec holds it: parsed once, never changed after (every submit copies it), and
+// the client it belongs to (not kept alive by it).
+struct SpecTemplate {
+  std::weak_ptr<client::Client> client;
+  v1::TransferSpec spec;
+};
+
+HandleTable<SpecTemplate>& SpecTemplates() {
+  static auto* table = new HandleTable<SpecTemplate>();
+  return *table;
+}
+
+// The spec a submit of this thread sends: a copy of the template reusing the memory of the last
+// one (no allocation for a spec of the same shape). A nested submit on the thread (a callback
+// submitting from inside one) gets a spec of its own.
+class ThreadSpec {
+ public:
+  ThreadSpec() : spec_(busy_ ? &own_ : &scratch_), held_(!busy_) { busy_ = true; }
+  ~ThreadSpec() {
+    if (held_) busy_ = false;
+  }
+  ThreadSpec(const ThreadSpec&) = delete;
+  ThreadSpec& operator=(const ThreadSpec&) = delete;
+
+  v1::TransferSpec& spec() { return *spec_; }
+
+ private:
+  static thread_local v1::TransferSpec scratch_;
+  static thread_local bool busy_;
+  v1::TransferSpec own_;
+  v1::TransferSpec* spec_;
+  bool held_;
+};
+
+thread_local v1::TransferSpec ThreadSpec::scratch_;
+thread_local bool ThreadSpec::busy_ = false;
+
 }  // namespace
 }  // namespace kvrail::c_api
 
 using kvrail::c_api::CheckStructSize;
 using kvrail::c_api::ClearEnd;
 using kvrail::c_api::FillEnd;
+using kvrail::c_api::FillSubmitted;
 using kvrail::c_api::FindClient;
+using kvrail::c_api::FindLive;
 using kvrail::c_api::Guard;
+using kvrail::c_api::HandleFrom;
+using kvrail::c_api::HandleOf;
 using kvrail::c_api::RequireOut;
 using kvrail::c_api::ResetBytes;
+using kvrail::c_api::ResetSubmitted;
+using kvrail::c_api::SpecTemplate;
+using kvrail::c_api::SpecTemplates;
+using kvrail::c_api::ThreadSpec;
 using kvrail::client::Client;
 namespace v1 = kvrail::v1;
 
@@ -86,20 +154,77 @@ int kvrail_submit_blocks_short(kvrail_client* handle, const uint8_t* spec, size_
                                const uint32_t* src_ids, size_t src_count, const uint32_t* dst_ids,
                                size_t dst_count, kvrail_submitted* submitted) {
   return Guard([&]() -> absl::Status {
-    KVRAIL_RETURN_IF_ERROR(RequireOut(submitted, "submitted"));
-    KVRAIL_RETURN_IF_ERROR(CheckStructSize(submitted, "submitted"));
-    *submitted = kvrail_submitted{};
-    submitted->struct_size = sizeof(kvrail_submitted);
+    KVRAIL_RETURN_IF_ERROR(ResetSubmitted(submitted));
     KVRAIL_ASSIGN_OR_RETURN(std::shared_ptr<Client> client, FindClient(handle));
     KVRAIL_ASSIGN_OR_RETURN(
         v1::TransferSpec parsed,
         kvrail::c_api::SpecWithIds(spec, spec_len, src_ids, src_count, dst_ids, dst_count));
     KVRAIL_ASSIGN_OR_RETURN(v1::SubmitTransferResponse result, client->Submit(parsed));
-    submitted->transfer_id = result.transfer_id();
-    submitted->bytes_total = result.bytes_total();
-    submitted->tiles_total = result.tiles_total();
-    submitted->deduplicated = result.deduplicated() ? 1 : 0;
-    submitted->followed = client->FollowsCompletion(result.transfer_id()) ? 1 : 0;
+    FillSubmitted(result, *client, submitted);
+    return absl::OkStatus();
+  });
+}
+
+int kvrail_spec_create(kvrail_client* handle, const uint8_t* spec, size_t spec_len,
+                       kvrail_spec** out) {
+  return Guard([&]() -> absl::Status {
+    KVRAIL_RETURN_IF_ERROR(RequireOut(out, "out"));
+    *out = nullptr;
+    KVRAIL_ASSIGN_OR_RETURN(std::shared_ptr<Client> client, FindClient(handle));
+    auto held = std::make_shared<SpecTemplate>();
+    KVRAIL_ASSIGN_OR_RETURN(held->spec,
+                            kvrail::c_api::SpecWithIds(spec, spec_len, nullptr, 0, nullptr, 0));
+    held->client = client;
+    *out = HandleFrom<kvrail_spec>(SpecTemplates().Add(std::move(held)));
+    return absl::OkStatus();
+  });
+}
+
+int kvrail_submit_spec(kvrail_spec_submit* submit) {
+  return Guard([&]() -> absl::Status {
+    KVRAIL_RETURN_IF_ERROR(RequireOut(submit, "submit"));
+    KVRAIL_RETURN_IF_ERROR(CheckStructSize(submit, "submit"));
+    submit->submitted = kvrail_submitted{};
+    submit->submitted.struct_size = sizeof(kvrail_submitted);
+    KVRAIL_ASSIGN_OR_RETURN(
+        std::shared_ptr<SpecTemplate> held,
+        FindLive(SpecTemplates(), submit->spec, "spec", "kvrail_spec", "freed"));
+    const size_t src_count = submit->src_count, dst_count = submit->dst_count;
+    const uint32_t* ids = submit->ids;
+    if (src_count > INT32_MAX || dst_count > INT32_MAX) {
+      return absl::InvalidArgumentError("src_count / dst_count: more than 2^31 - 1 ids");
+    }
+    if (ids == nullptr && src_count + dst_count > 0) {
+      return absl::InvalidArgumentError("ids: NULL with src_count + dst_count > 0");
+    }
+    std::shared_ptr<Client> client = held->client.lock();
+    if (client == nullptr) return absl::InvalidArgumentError("spec: its client was closed");
+    ThreadSpec thread_spec;
+    v1::TransferSpec& spec = thread_spec.spec();
+    spec.CopyFrom(held->spec);
+    if (src_count > 0) {
+      auto* block_ids = spec.mutable_src()->mutable_block_ids();
+      block_ids->Clear();
+      block_ids->Add(ids, ids + src_count);
+    }
+    if (dst_count > 0) {
+      auto* block_ids = spec.mutable_dst()->mutable_block_ids();
+      block_ids->Clear();
+      block_ids->Add(ids + src_count, ids + src_count + dst_count);
+    }
+    KVRAIL_ASSIGN_OR_RETURN(v1::SubmitTransferResponse result, client->Submit(spec));
+    FillSubmitted(result, *client, &submit->submitted);
+    return absl::OkStatus();
+  });
+}
+
+int kvrail_spec_free(kvrail_spec* handle) {
+  return Guard([&]() -> absl::Status {
+    if (handle == nullptr) return absl::OkStatus();
+    if (SpecTemplates().Remove(HandleOf(handle)) == nullptr) {
+      return absl::InvalidArgumentError(
+          "spec: not a live kvrail_spec handle (freed, or never issued)");
+    }
     return absl::OkStatus();
   });
 }
@@ -117,6 +242,28 @@ int kvrail_wait_end_short(kvrail_client* handle, uint64_t transfer_id, int64_t t
     if (FillEnd(result, end)) return absl::OkStatus();
     end->flags |= KVRAIL_END_MORE;
     return kvrail::c_api::PutBytes(result, status, status_len);
+  });
+}
+
+int kvrail_wait_end_into(kvrail_end_wait* wait) {
+  return Guard([&]() -> absl::Status {
+    KVRAIL_RETURN_IF_ERROR(RequireOut(wait, "wait"));
+    KVRAIL_RETURN_IF_ERROR(CheckStructSize(wait, "wait"));
+    wait->len = 0;
+    wait->heap = nullptr;
+    KVRAIL_ASSIGN_OR_RETURN(std::shared_ptr<Client> client, FindClient(wait->client));
+    KVRAIL_ASSIGN_OR_RETURN(v1::TransferStatus result,
+                            kvrail::c_api::WaitEnd(*client, wait->transfer_id, wait->timeout_ms));
+    const size_t size = result.ByteSizeLong();
+    if (size <= sizeof(wait->data)) {
+      result.SerializeWithCachedSizesToArray(wait->data);
+      wait->len = static_cast<uint32_t>(size);
+      return absl::OkStatus();
+    }
+    size_t len = 0;
+    KVRAIL_RETURN_IF_ERROR(kvrail::c_api::PutBytes(result, &wait->heap, &len));
+    wait->len = static_cast<uint32_t>(len);  // a status is far below 4 GiB
+    return absl::OkStatus();
   });
 }
 

@@ -80,6 +80,37 @@ class TransferEndStruct(ctypes.Structure):
     ]
 
 
+class SpecSubmitStruct(ctypes.Structure):
+    """kvrail_spec_submit: kvrail_submit_spec's arguments and answer."""
+
+    _fields_ = [
+        ("struct_size", ctypes.c_uint32),
+        ("src_count", ctypes.c_uint32),
+        ("dst_count", ctypes.c_uint32),
+        ("reserved", ctypes.c_uint32),
+        ("spec", ctypes.c_void_p),
+        ("ids", ctypes.c_void_p),
+        ("submitted", SubmittedStruct),
+    ]
+
+
+STATUS_INLINE = 240  # KVRAIL_STATUS_INLINE
+
+
+class EndWaitStruct(ctypes.Structure):
+    """kvrail_end_wait: kvrail_wait_end_into's arguments and answer."""
+
+    _fields_ = [
+        ("struct_size", ctypes.c_uint32),
+        ("len", ctypes.c_uint32),
+        ("client", ctypes.c_void_p),
+        ("transfer_id", ctypes.c_uint64),
+        ("timeout_ms", ctypes.c_int64),
+        ("heap", ctypes.c_void_p),
+        ("data", ctypes.c_uint8 * STATUS_INLINE),
+    ]
+
+
 END_MORE = 1  # KVRAIL_END_MORE: the whole status says more than the end's fields
 END_ASK = 2  # KVRAIL_END_ASK: kvrail_take_ends could not read it without a call
 
@@ -135,6 +166,13 @@ _SIGNATURES = {
                                                   ctypes.c_void_p, ctypes.c_size_t,
                                                   ctypes.c_void_p, ctypes.c_size_t,
                                                   ctypes.c_void_p]),
+    # The hot path's calls take one argument (ctypes converts each one on every call): a
+    # struct in the caller's memory with the arguments and the answer.
+    "kvrail_spec_create": (ctypes.c_int, [_c_client, ctypes.c_char_p, ctypes.c_size_t,
+                                          ctypes.POINTER(ctypes.c_void_p)]),
+    "kvrail_submit_spec": (ctypes.c_int, [ctypes.c_void_p]),
+    "kvrail_spec_free": (ctypes.c_int, [ctypes.c_void_p]),
+    "kvrail_wait_end_into": (ctypes.c_int, [ctypes.c_void_p]),
     "kvrail_prepare": (ctypes.c_int, [_c_client, ctypes.c_char_p, ctypes.c_size_t,
                                       ctypes.c_uint32, ctypes.c_uint32,
                                       ctypes.POINTER(ctypes.c_void_p), _u8pp, _sizep]),

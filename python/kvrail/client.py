@@ -39,9 +39,10 @@ class Client(RegionCalls, TransferCalls, PreparedCalls):
         # Live Region objects of this client, registered again by recover().
         self._regions: "weakref.WeakSet[Region]" = weakref.WeakSet()
         self._lost_callback = None  # the ctypes trampoline, alive while the library may call it
-        # TransferCalls' state: serialized specs by shape, the completion waiter of each event
-        # loop, and the token of the one armed now (a transfer submitted meanwhile records it).
-        self._specs: Dict[tuple, bytes] = {}
+        # TransferCalls' state: the specs the library keeps parsed, by shape (transfers._KeptSpec),
+        # the completion waiter of each event loop, and the token of the one armed now (a
+        # transfer submitted meanwhile records it).
+        self._specs: Dict[tuple, object] = {}
         self._waiters: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
         self._armed: Optional[object] = None
 
@@ -57,6 +58,7 @@ class Client(RegionCalls, TransferCalls, PreparedCalls):
             if self._lost_callback is not None:
                 lib().kvrail_on_session_lost(handle, None, None)
             lib().kvrail_close(handle)
+            self._specs.clear()  # frees the kept specs (a submit in progress holds its own)
 
     def __enter__(self) -> "Client":
         return self

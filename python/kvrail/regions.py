@@ -29,15 +29,25 @@ class Region:
 
     def __init__(self, client: "Client", info, keepalive=None, redo=None) -> None:
         self._client = client
-        self.info = info  # kvrail.v1.RegionInfo
+        self.info = info  # kvrail.v1.RegionInfo (sets _id)
         self._keepalive = keepalive  # e.g. the tensor whose memory the region is
         self._unregistered = False
         # Registers the same memory again and returns the new RegionInfo (Client.recover).
         self._redo: Optional[Callable[[], object]] = redo
 
     @property
+    def info(self):
+        return self._info
+
+    @info.setter
+    def info(self, info) -> None:
+        self._info = info
+        # The id as a plain int: a submit reads it without a message field access.
+        self._id: int = info.region_id
+
+    @property
     def id(self) -> int:
-        return self.info.region_id
+        return self._id
 
     def grant(self, write: bool = False, ttl: float = 600.0,
               layers: Optional[Tuple[int, int]] = None) -> str:

@@ -9,9 +9,11 @@ from __future__ import annotations
 import array
 import asyncio
 import ctypes
+import struct
+import threading
 from typing import TYPE_CHECKING, Iterable, List, Optional, Sequence, Union
 
-from kvrail._lib import (END_MORE, SubmittedStruct, TransferEndStruct, check, lib, out_bytes,
+from kvrail._lib import (EndWaitStruct, SpecSubmitStruct, _u8p, check, lib, out_bytes,
                          take_bytes)
 from kvrail.errors import KvrailError, StatusCode, TransferFailedError, error_for
 from kvrail.proto import transfer_pb2
@@ -23,9 +25,26 @@ if TYPE_CHECKING:
 
 TransferState = transfer_pb2.TransferState
 _TransferStatus = transfer_pb2.TransferStatus
-_SUBMITTED_SIZE = ctypes.sizeof(SubmittedStruct)
-_END_SIZE = ctypes.sizeof(TransferEndStruct)
-_SPEC_CACHE = 256  # serialized specs a client keeps by shape (cleared when full)
+_SPEC_CACHE = 256  # kept specs a client holds by shape (cleared when full)
+# A thread's scratch for the hot calls (_scratch): a kvrail_spec_submit, then a kvrail_end_wait,
+# each written with one pack and read with one unpack (no ctypes field access, no struct made per
+# call; the call itself takes the one pointer).
+_SUBMIT_IN = struct.Struct("=IIIQQ")  # at 4: src_count, dst_count, reserved, spec, ids
+_SUBMITTED = struct.Struct("=IIQQII")  # the answer: struct_size, tiles_total, transfer_id,
+#                                        bytes_total, deduplicated, followed
+_SUBMITTED_AT = SpecSubmitStruct.submitted.offset
+_WAIT_AT = ctypes.sizeof(SpecSubmitStruct)
+_WAIT_IN = struct.Struct("=QQq")  # at _WAIT_AT + 8: client, transfer_id, timeout_ms
+_WAIT_OUT = struct.Struct("=I24xQ")  # at _WAIT_AT + 4: len, heap
+_WAIT_DATA = _WAIT_AT + EndWaitStruct.data.offset
+assert _SUBMIT_IN.size == SpecSubmitStruct.ids.offset + 8 - 4
+assert _WAIT_IN.size == EndWaitStruct.heap.offset - 8
+assert _WAIT_OUT.size == EndWaitStruct.heap.offset + 8 - 4
+_IDS_AT = _WAIT_AT + ctypes.sizeof(EndWaitStruct)
+_IDS_INLINE = 64
+_IDS = [struct.Struct(f"={n}I") for n in range(_IDS_INLINE + 1)]
+assert _WAIT_AT % 8 == 0 and _IDS_AT % 4 == 0
+_local = threading.local()
 _FINAL = (transfer_pb2.TRANSFER_STATE_SUCCEEDED, transfer_pb2.TRANSFER_STATE_FAILED,
           transfer_pb2.TRANSFER_STATE_CANCELLED)
 
@@ -49,6 +68,13 @@ class Transfer:
     """
 
     _AWAIT_SLICE_MS = 200
+    # Until set on the instance (fewer attributes for a submit to set): the final TransferStatus
+    # once seen; the completion queue's short final status (wait_end, await); the completion
+    # waiter's armed spell (completions.Armed) it was submitted in, if any: its end then reaches
+    # that waiter without a look at the queue (CompletionWaiter.ended).
+    _final = None
+    _end = None
+    _armed_at = None
 
     def __init__(self, client: "Client", transfer_id: int, response=None,
                  follows: Optional[bool] = None) -> None:
@@ -57,13 +83,8 @@ class Transfer:
         # kvrail.v1.SubmitTransferResponse, made on first use (the hot path submits and waits
         # without reading it) from its bytes or from (deduplicated, bytes_total, tiles_total).
         self._response = response
-        self._final = None  # the final TransferStatus once seen
-        self._end = None  # the completion queue's short final status (wait_end, await)
         # Whether its end comes through the completion queue (None: not known yet, asked once).
         self._follows = follows
-        # The completion waiter's armed spell (completions.Armed) it was submitted in, if any:
-        # its end then reaches that waiter without a look at the queue (CompletionWaiter.ended).
-        self._armed_at = None
 
     @property
     def response(self):
@@ -112,7 +133,7 @@ class Transfer:
         if self._end is not None:
             return self._end
         status = self._client.wait_end(self.id, timeout)
-        if is_final(status.state):
+        if timeout is None or status.state in _FINAL:  # without a limit it returns the end
             self._end = status
         return status
 
@@ -203,7 +224,7 @@ TransferLike = Union[Transfer, int]
 
 class TransferCalls:
     """The Client's transfer calls (a base of Client, which provides _h, _handle, _specs, a dict
-    for serialized specs by shape, and _armed, the completion waiter armed now if any)."""
+    of kept specs (_KeptSpec) by shape, and _armed, the completion waiter armed now if any)."""
 
     def _armed_now(self):
         """The completion waiter's armed spell now (None: none), after disarming one whose event
@@ -260,37 +281,59 @@ class TransferCalls:
         TransferSpec fields by keyword (num_layers=, num_tokens=, layerwise=, priority=, ...;
         digest=True checks every tile end to end, result in the status's `digest`);
         src_/dst_ prefixed ones set the endpoints' (src_layer_begin=, dst_head_begin=, ...)."""
-        armed = self._armed_now()
-        src_id = src.id if isinstance(src, Region) else int(src)
-        dst_id = dst.id if isinstance(dst, Region) else int(dst)
-        # The spec without ids is the same for every transfer of one shape: serialized once and
-        # kept (keyword values that cannot be a dict key, a message, are serialized each time).
+        armed = self._armed
+        if armed is not None:
+            armed = self._armed_now()
+        src_id = src._id if isinstance(src, Region) else int(src)
+        dst_id = dst._id if isinstance(dst, Region) else int(dst)
+        # The spec without ids is the same for every transfer of one shape: kept parsed by the
+        # library (kvrail_spec) once per shape (keyword values that cannot be a dict key, a
+        # message, make a spec each time).
         key = (src_id, dst_id, *fields.items()) if fields else (src_id, dst_id)
         specs = self._specs
         try:
-            data = specs[key]
+            spec = specs[key]
         except KeyError:
-            data = _spec_bytes(src_id, dst_id, fields)
+            spec = _KeptSpec(self, _spec_bytes(src_id, dst_id, fields))
             if len(specs) >= _SPEC_CACHE:
                 specs.clear()
-            specs[key] = data
+            specs[key] = spec
         except TypeError:
-            data = _spec_bytes(src_id, dst_id, fields)
-        # The ids go to the library as uint32 arrays: no protobuf encoding of them in Python.
-        src_ids = _id_array(src_blocks, "src_blocks")
-        dst_ids = _id_array(dst_blocks, "dst_blocks")
-        out = SubmittedStruct(_SUBMITTED_SIZE)
-        code = lib().kvrail_submit_blocks_short(
-            self._handle, data, len(data), src_ids.buffer_info()[0] if src_ids else None,
-            len(src_ids), dst_ids.buffer_info()[0] if dst_ids else None, len(dst_ids),
-            ctypes.addressof(out))
+            spec = _KeptSpec(self, _spec_bytes(src_id, dst_id, fields))
+        try:
+            view, address, submit_spec, _ = _local.scratch
+        except AttributeError:
+            view, address, submit_spec, _ = _scratch()
+        # The ids go to the library as one uint32 array, source's then destination's (no
+        # protobuf encoding of them in Python): a few, from lists, packed into the scratch.
+        ids = None
+        if type(src_blocks) is list and type(dst_blocks) is list:
+            src_count = len(src_blocks)
+            count = src_count + len(dst_blocks)
+            if count <= _IDS_INLINE:
+                try:
+                    _IDS[count].pack_into(view, _IDS_AT, *src_blocks, *dst_blocks)
+                    ids_address = address + _IDS_AT
+                except struct.error:  # converted below, the error naming its side
+                    count = -1
+            else:
+                count = -1
+        else:
+            count = -1
+        if count < 0:
+            ids, src_count = _block_ids(src_blocks, dst_blocks)
+            count = len(ids)
+            ids_address = ids.buffer_info()[0] if count else 0
+        _SUBMIT_IN.pack_into(view, 4, src_count, count - src_count, 0, spec.handle, ids_address)
+        code = submit_spec(address)
         if code:
             check(code)
-        transfer = Transfer(self, out.transfer_id,
-                            (out.deduplicated, out.bytes_total, out.tiles_total),
-                            out.followed != 0)
-        transfer._armed_at = armed
+        _, tiles_total, transfer_id, bytes_total, deduplicated, followed = \
+            _SUBMITTED.unpack_from(view, _SUBMITTED_AT)
+        transfer = Transfer(self, transfer_id, (deduplicated, bytes_total, tiles_total),
+                            followed != 0)
         if armed is not None:
+            transfer._armed_at = armed
             # Submitted on the event loop that awaits the queue: the ends that came during the
             # submit are dispatched now, so their awaits resume before this coroutine's next
             # step rather than after it (a loop that submits back to back runs the reader only
@@ -330,18 +373,21 @@ class TransferCalls:
             timeout_ms = max(0, int(timeout * 1000))
             if timeout > 0 and timeout_ms == 0:
                 timeout_ms = 1
-        end = TransferEndStruct(_END_SIZE)
-        status, status_len = out_bytes()
-        code = lib().kvrail_wait_end_short(self._handle, _id(transfer), timeout_ms,
-                                           ctypes.addressof(end), ctypes.byref(status),
-                                           ctypes.byref(status_len))
+        try:
+            view, address, _, wait_end_into = _local.scratch
+        except AttributeError:
+            view, address, _, wait_end_into = _scratch()
+        # The status comes serialized in this thread's scratch (kvrail_wait_end_into): one parse,
+        # no allocation or free in the library.
+        _WAIT_IN.pack_into(view, _WAIT_AT + 8, self._handle or 0,
+                           transfer if type(transfer) is int else _id(transfer), timeout_ms)
+        code = wait_end_into(address + _WAIT_AT)
         if code:
             check(code)
-        if end.flags & END_MORE:
-            return _TransferStatus.FromString(take_bytes(status, status_len.value))
-        return _TransferStatus(transfer_id=end.transfer_id, state=end.state,
-                               error_code=end.error_code, bytes_total=end.bytes_total,
-                               bytes_done=end.bytes_done, finished_unix_us=end.finished_unix_us)
+        size, heap = _WAIT_OUT.unpack_from(view, _WAIT_AT + 4)
+        if heap:  # longer than the scratch's data (a long error message): the library's bytes
+            return _TransferStatus.FromString(take_bytes(ctypes.cast(heap, _u8p), size))
+        return _TransferStatus.FromString(view[_WAIT_DATA:_WAIT_DATA + size])
 
     def cancel(self, transfer: TransferLike):
         return self._status_call(lib().kvrail_cancel, _id(transfer))
@@ -406,6 +452,54 @@ def _spec_bytes(src_id: int, dst_id: int, fields: dict) -> bytes:
         else:
             setattr(spec, key, value)
     return spec.SerializeToString()
+
+
+class _KeptSpec:
+    """A spec kept parsed by the library (kvrail_spec) for one shape of a client's transfers.
+    Freed when the last reference goes: a client's cache may drop it while a submit on another
+    thread still holds it."""
+
+    __slots__ = ("handle",)
+
+    def __init__(self, client: "Client", data: bytes) -> None:
+        handle = ctypes.c_void_p()
+        check(lib().kvrail_spec_create(client._h, data, len(data), ctypes.byref(handle)))
+        self.handle: int = handle.value
+
+    def __del__(self) -> None:
+        handle = getattr(self, "handle", None)
+        if handle:
+            try:
+                lib().kvrail_spec_free(handle)
+            except Exception:  # interpreter shutdown: the process's end frees it anyway
+                pass
+
+
+def _scratch() -> tuple:
+    """This thread's scratch for the hot calls: (a byte view over it, its address,
+    kvrail_submit_spec, kvrail_wait_end_into); a kvrail_spec_submit at 0, a kvrail_end_wait at
+    _WAIT_AT, up to _IDS_INLINE block ids at _IDS_AT. A call's arguments are written just before
+    it and its answer read right after it, on the same thread."""
+    raw = (ctypes.c_uint8 * (_IDS_AT + 4 * _IDS_INLINE))()
+    view = memoryview(raw).cast("B")  # keeps `raw` alive
+    struct.pack_into("=I", view, 0, ctypes.sizeof(SpecSubmitStruct))
+    struct.pack_into("=I", view, _WAIT_AT, ctypes.sizeof(EndWaitStruct))
+    loaded = lib()
+    scratch = _local.scratch = (view, ctypes.addressof(raw), loaded.kvrail_submit_spec,
+                                loaded.kvrail_wait_end_into)
+    return scratch
+
+
+def _block_ids(src_blocks, dst_blocks) -> "tuple[array.array, int]":
+    """The source then the destination block ids as one uint32 array, and how many are the
+    source's."""
+    if type(src_blocks) is list and type(dst_blocks) is list:  # the common case first
+        try:
+            return array.array("I", src_blocks + dst_blocks), len(src_blocks)
+        except (OverflowError, TypeError):
+            pass  # converted side by side below, the error naming its side
+    src_ids = _id_array(src_blocks, "src_blocks")
+    return src_ids + _id_array(dst_blocks, "dst_blocks"), len(src_ids)
 
 
 def _id_array(blocks, name: str) -> "array.array":
