@@ -125,6 +125,7 @@ void SessionServerImpl::Loop() {
     }
     if (n == 0 && spinning && !queues_.Busy()) {
       budget.Held(round, absl::Now());
+      if (predicted) ::sched_yield();  // as below
       continue;
     }
     if (n > 0 && options_.spin > absl::ZeroDuration()) spin_until = absl::Now() + options_.spin;

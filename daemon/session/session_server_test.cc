@@ -278,6 +278,44 @@ TEST_CASE("spinning poll thread and spinning client: answers during and after th
   CHECK(absl::Now() - t0 < absl::Seconds(1));
 }
 
+TEST_CASE("predictive wake: packets at a 4 ms cadence find the poll thread spinning") {
+  // No spin after a packet: only predictive wake's spin polls. WAITs (even ids, answered at
+  // once) every 4 ms on an absolute schedule: after a few gaps learned, the poll thread sleeps
+  // each gap and spins around the next packet; a loaded machine may stall some steps. The
+  // client sleeps for its answers (no answer spin): a client thread that spins for them on a
+  // 2-vCPU machine runs far ahead of the mostly sleeping poll thread in the scheduler's fair
+  // time, so the spinner's yields do not let it run, and its packet comes as the spin ends.
+  std::vector<std::thread> late;
+  std::atomic<uint64_t> server_spins{0};
+  SessionServerOptions::WakeCounts counts;
+  SessionServerOptions options;
+  options.spin_polls = &server_spins;
+  options.spin_budget = 0.1;
+  options.predictive_wake = true;
+  options.wake_counts = &counts;
+  options.wait = AnswerEvenNowOddLater(&late, absl::Milliseconds(10));
+  Served s(options);
+  auto conn = wire::SessionConnection::Open(s.path());
+  REQUIRE(conn.ok());
+  (*conn)->SetAnswerSpin(absl::ZeroDuration());
+  const std::string credential =
+      wire::SessionMetadataValue((*conn)->session_id(), (*conn)->secret());
+  absl::Time next = absl::Now();
+  for (uint64_t id = 2; id <= 200; id += 2) {
+    next += absl::Milliseconds(4);
+    bool sent = false;
+    auto answer = (*conn)->Exchange(wire::EncodeWait(id, credential), &sent);
+    REQUIRE(answer.ok());
+    REQUIRE(wire::ParseDoneAnswer(*answer).ok());
+    absl::SleepFor(next - absl::Now());
+  }
+  INFO(counts.spins.load() << " predicted spins, " << counts.hits.load() << " found the packet, "
+                           << counts.misses.load() << " missed");
+  CHECK(counts.hits.load() >= 20);
+  CHECK(server_spins.load() > 0);
+  for (auto& t : late) t.join();
+}
+
 TEST_CASE("without spins neither the poll thread nor the client polls without sleeping") {
   // KVRAILD_LOW_LATENCY=off (SessionServerOptions.spin zero) and KVRAIL_ANSWER_SPIN_US=0
   // (SetAnswerSpin zero): every answer still comes, and no spin poll is counted on either side.
