@@ -362,7 +362,7 @@ step_critical() {
   show done_word 'doneword'
   prog copy_split 200 bin/critical_path_bench split $pair || rc=1
   show copy_split
-  # Last: 21 fresh daemons; what it leaves of the step is its limit.
+  # Last: 27 fresh daemons; what it leaves of the step is its limit.
   prog critical_cadence 240 bin/critical_path_bench cadence $pair || rc=1
   show critical_cadence 'cadence|idle spin|^  run '
   return $rc
