@@ -9,6 +9,7 @@
 
 #include "absl/time/clock.h"
 #include "base/spin_budget.h"
+#include "base/spin_pause.h"
 
 namespace kvrail::client {
 namespace {
@@ -217,12 +218,10 @@ CompletionTable::Result CompletionTable::Wait(uint64_t id, absl::Time deadline) 
     spun = true;
     if (!ring_->view().Ready()) {
       // Other threads may drain meanwhile: the lock is let go between looks.
+      // Past its first microseconds the spin yields its CPU (base/spin_pause.h): the thread
+      // that ends the transfer may be waiting for this very CPU.
       mu_.Unlock();
-      for (int i = 0; i < 32; ++i) {
-#if defined(__x86_64__)
-        __builtin_ia32_pause();
-#endif
-      }
+      SpinPause(absl::Now() - started);
       mu_.Lock();
     }
     DrainLocked();

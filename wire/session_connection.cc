@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "base/spin_pause.h"
 #include "wire/session_wire.h"
 
 namespace kvrail::wire {
@@ -154,11 +155,16 @@ class SessionConnectionImpl final : public SessionConnection {
     if (spin_ > absl::ZeroDuration()) {
       // Polls (no sleep) until the answer is readable or the spin is over; the receive below
       // then finds it at once or sleeps as before.
-      const absl::Time until = absl::Now() + spin_;
+      // Past its first microseconds the spin yields its CPU between polls (base/spin_pause.h):
+      // the thread that answers may be waiting for this very CPU.
+      const absl::Time start = absl::Now();
+      const absl::Time until = start + spin_;
       struct pollfd p = {sock_.get(), POLLIN, 0};
-      do {
+      for (absl::Time now = start;; now = absl::Now()) {
         spin_polls_.fetch_add(1, std::memory_order_relaxed);
-      } while (::poll(&p, 1, 0) == 0 && absl::Now() < until);
+        if (::poll(&p, 1, 0) != 0 || now >= until) break;
+        if (SpinYields(now - start)) SpinPause(now - start);
+      }
     }
     absl::StatusOr<std::string> answer = ReceivePacket(sock_.get());
     if (!answer.ok()) return InContext(answer.status(), path_, awaited);
