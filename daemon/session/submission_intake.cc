@@ -116,6 +116,21 @@ void SubmissionQueues::SpinUntil(absl::Time now, absl::Time until) {
   }
 }
 
+void SubmissionQueues::FoundWhileSpinning(Queue& queue, absl::Time now) const {
+  if (queue.predicted) {
+    // The predicted entry came: what follows is the spin after a take at its adaptive length,
+    // as after a wake-up (at a cadence it stays short: a long one would hold the CPU the client
+    // may need for its own wake-up, and catch nothing).
+    queue.predicted = false;
+    queue.hit = false;
+    queue.spun_at = now;
+    queue.until = now + queue.budget;
+    return;
+  }
+  queue.hit = true;
+  queue.until = now + max_spin_;
+}
+
 bool SubmissionQueues::TakeFrom(
     int key, Queue& queue, size_t max,
     const std::function<void(int, std::vector<SubmissionIntake::Entry>)>& admit,
@@ -157,8 +172,7 @@ bool SubmissionQueues::Look(
         queue.spun_at = now;
         queue.until = now + queue.budget;
       } else if (any) {
-        queue.hit = true;
-        queue.until = now + max_spin_;
+        FoundWhileSpinning(queue, now);
       }
     } else if (queue.intake->Ready()) {
       due_.push_back(key);  // more than one look's worth: the next round
@@ -177,8 +191,7 @@ bool SubmissionQueues::Look(
     if (queue.intake->Ready()) {
       if (TakeFrom(key, queue, max, admit, broken)) {
         took = true;
-        queue.hit = true;
-        queue.until = now + max_spin_;
+        FoundWhileSpinning(queue, now);
       }
       if (queue.intake->broken()) asleep.push_back(key);
       if (may_spin || queue.intake->broken()) continue;

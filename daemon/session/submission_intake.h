@@ -125,6 +125,9 @@ class SubmissionQueues {
     bool hit = false;                           // found entries during this spin
     bool predicted = false;                     // this spin is predictive wake's (SpinUntil)
   };
+  // A spinning queue had entries: its spin goes on (full length after a take, its adaptive
+  // length after predictive wake's spin found them).
+  void FoundWhileSpinning(Queue& queue, absl::Time now) const;
   // Takes from `queue`; true when entries came.
   bool TakeFrom(int key, Queue& queue, size_t max,
                 const std::function<void(int, std::vector<SubmissionIntake::Entry>)>& admit,
