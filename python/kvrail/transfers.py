@@ -26,24 +26,28 @@ if TYPE_CHECKING:
 TransferState = transfer_pb2.TransferState
 _TransferStatus = transfer_pb2.TransferStatus
 _SPEC_CACHE = 256  # kept specs a client holds by shape (cleared when full)
-# A thread's scratch for the hot calls (_scratch): a kvrail_spec_submit, then a kvrail_end_wait,
-# each written with one pack and read with one unpack (no ctypes field access, no struct made per
-# call; the call itself takes the one pointer).
+# A thread's scratch for the hot calls (_scratch): a kvrail_spec_submit, up to _IDS_INLINE block
+# ids right after it, then a kvrail_end_wait; each call's arguments written with one pack and its
+# answer read with one unpack (no ctypes field access, no struct made per call; the call itself
+# takes the one pointer).
 _SUBMIT_IN = struct.Struct("=IIIQQ")  # at 4: src_count, dst_count, reserved, spec, ids
 _SUBMITTED = struct.Struct("=IIQQII")  # the answer: struct_size, tiles_total, transfer_id,
 #                                        bytes_total, deduplicated, followed
 _SUBMITTED_AT = SpecSubmitStruct.submitted.offset
-_WAIT_AT = ctypes.sizeof(SpecSubmitStruct)
+_IDS_AT = ctypes.sizeof(SpecSubmitStruct)
+_IDS_INLINE = 64
+# The arguments and `n` ids in one pack (the answer's bytes in between are zeroed: the library
+# clears them anyway).
+_SUBMIT_IDS = [struct.Struct(f"=IIIQQ{_IDS_AT - _SUBMITTED_AT}x{n}I")
+               for n in range(_IDS_INLINE + 1)]
+_WAIT_AT = _IDS_AT + 4 * _IDS_INLINE
 _WAIT_IN = struct.Struct("=QQq")  # at _WAIT_AT + 8: client, transfer_id, timeout_ms
 _WAIT_OUT = struct.Struct("=I24xQ")  # at _WAIT_AT + 4: len, heap
 _WAIT_DATA = _WAIT_AT + EndWaitStruct.data.offset
-assert _SUBMIT_IN.size == SpecSubmitStruct.ids.offset + 8 - 4
+assert _SUBMIT_IN.size == SpecSubmitStruct.ids.offset + 8 - 4 == _SUBMITTED_AT - 4
 assert _WAIT_IN.size == EndWaitStruct.heap.offset - 8
 assert _WAIT_OUT.size == EndWaitStruct.heap.offset + 8 - 4
-_IDS_AT = _WAIT_AT + ctypes.sizeof(EndWaitStruct)
-_IDS_INLINE = 64
-_IDS = [struct.Struct(f"={n}I") for n in range(_IDS_INLINE + 1)]
-assert _WAIT_AT % 8 == 0 and _IDS_AT % 4 == 0
+assert _IDS_AT % 4 == 0 and _WAIT_AT % 8 == 0
 _local = threading.local()
 _FINAL = (transfer_pb2.TRANSFER_STATE_SUCCEEDED, transfer_pb2.TRANSFER_STATE_FAILED,
           transfer_pb2.TRANSFER_STATE_CANCELLED)
@@ -81,7 +85,7 @@ class Transfer:
         self._client = client
         self.id: int = transfer_id
         # kvrail.v1.SubmitTransferResponse, made on first use (the hot path submits and waits
-        # without reading it) from its bytes or from (deduplicated, bytes_total, tiles_total).
+        # without reading it) from its bytes or from kvrail_submitted's fields (a tuple).
         self._response = response
         # Whether its end comes through the completion queue (None: not known yet, asked once).
         self._follows = follows
@@ -92,7 +96,7 @@ class Transfer:
         if isinstance(response, bytes):
             self._response = transfer_pb2.SubmitTransferResponse.FromString(response)
         elif isinstance(response, tuple):
-            deduplicated, bytes_total, tiles_total = response
+            _, tiles_total, _, bytes_total, deduplicated, _ = response
             self._response = transfer_pb2.SubmitTransferResponse(
                 transfer_id=self.id, deduplicated=bool(deduplicated), bytes_total=bytes_total,
                 tiles_total=tiles_total)
@@ -305,15 +309,17 @@ class TransferCalls:
         except AttributeError:
             view, address, submit_spec, _ = _scratch()
         # The ids go to the library as one uint32 array, source's then destination's (no
-        # protobuf encoding of them in Python): a few, from lists, packed into the scratch.
+        # protobuf encoding of them in Python): a few, from lists, packed into the scratch with
+        # the call's arguments.
         ids = None
         if type(src_blocks) is list and type(dst_blocks) is list:
             src_count = len(src_blocks)
             count = src_count + len(dst_blocks)
             if count <= _IDS_INLINE:
                 try:
-                    _IDS[count].pack_into(view, _IDS_AT, *src_blocks, *dst_blocks)
-                    ids_address = address + _IDS_AT
+                    _SUBMIT_IDS[count].pack_into(view, 4, src_count, count - src_count, 0,
+                                                 spec.handle, address + _IDS_AT, *src_blocks,
+                                                 *dst_blocks)
                 except struct.error:  # converted below, the error naming its side
                     count = -1
             else:
@@ -323,15 +329,13 @@ class TransferCalls:
         if count < 0:
             ids, src_count = _block_ids(src_blocks, dst_blocks)
             count = len(ids)
-            ids_address = ids.buffer_info()[0] if count else 0
-        _SUBMIT_IN.pack_into(view, 4, src_count, count - src_count, 0, spec.handle, ids_address)
+            _SUBMIT_IN.pack_into(view, 4, src_count, count - src_count, 0, spec.handle,
+                                 ids.buffer_info()[0] if count else 0)
         code = submit_spec(address)
         if code:
             check(code)
-        _, tiles_total, transfer_id, bytes_total, deduplicated, followed = \
-            _SUBMITTED.unpack_from(view, _SUBMITTED_AT)
-        transfer = Transfer(self, transfer_id, (deduplicated, bytes_total, tiles_total),
-                            followed != 0)
+        answer = _SUBMITTED.unpack_from(view, _SUBMITTED_AT)
+        transfer = Transfer(self, answer[2], answer, answer[5] != 0)
         if armed is not None:
             transfer._armed_at = armed
             # Submitted on the event loop that awaits the queue: the ends that came during the
@@ -477,10 +481,10 @@ class _KeptSpec:
 
 def _scratch() -> tuple:
     """This thread's scratch for the hot calls: (a byte view over it, its address,
-    kvrail_submit_spec, kvrail_wait_end_into); a kvrail_spec_submit at 0, a kvrail_end_wait at
-    _WAIT_AT, up to _IDS_INLINE block ids at _IDS_AT. A call's arguments are written just before
-    it and its answer read right after it, on the same thread."""
-    raw = (ctypes.c_uint8 * (_IDS_AT + 4 * _IDS_INLINE))()
+    kvrail_submit_spec, kvrail_wait_end_into); a kvrail_spec_submit at 0, up to _IDS_INLINE block
+    ids at _IDS_AT, a kvrail_end_wait at _WAIT_AT. A call's arguments are written just before it
+    and its answer read right after it, on the same thread."""
+    raw = (ctypes.c_uint8 * (_WAIT_AT + ctypes.sizeof(EndWaitStruct)))()
     view = memoryview(raw).cast("B")  # keeps `raw` alive
     struct.pack_into("=I", view, 0, ctypes.sizeof(SpecSubmitStruct))
     struct.pack_into("=I", view, _WAIT_AT, ctypes.sizeof(EndWaitStruct))
