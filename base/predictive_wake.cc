@@ -18,8 +18,10 @@ absl::Duration Median(std::vector<absl::Duration> v) {
   return v[mid];
 }
 
-// A plan's window (wake to spin end) may be at most this share of the gap: beyond it the spin
-// costs more than a quarter of a core and the cadence is too loose to predict.
+// A plan's spin (from the wake-up, i.e. the timed sleep's deadline plus its overshoot, to the
+// spin's end) may be at most this share of the gap: beyond it the spin costs more than a quarter
+// of a core and the cadence is too loose to predict. The overshoot is not counted: the thread is
+// waking then, not spinning (150-190 us on a host in deep idle states).
 constexpr double kMaxWindowShare = 0.25;
 // Jitter above this share of the gap: irregular.
 constexpr double kMaxJitterShare = 0.1;
@@ -92,7 +94,7 @@ PredictiveWake::Plan PredictiveWake::Next(absl::Time now) const {
   const absl::Time arrival = burst_start_ + cadence;
   const absl::Time wake_at = arrival - options_.margin - overshoot();
   const absl::Time spin_until = arrival + options_.tolerance + 3 * spread;
-  if (spin_until - wake_at > cadence * kMaxWindowShare) return plan;
+  if (spin_until - (arrival - options_.margin) > cadence * kMaxWindowShare) return plan;
   if (spin_until <= now) return plan;  // past its window already (the thread was busy)
   plan.predicted = true;
   plan.wake_at = wake_at;

@@ -10,9 +10,9 @@
 // on a 2-vCPU VM with a 1 us slack, ~100 us with the default). While the gaps are regular it
 // plans: sleep until predicted arrival - margin - overshoot, spin until predicted arrival +
 // tolerance (+ 3 x jitter), then block as before. Too few gaps, jitter above a tenth of the gap,
-// a window longer than a quarter of the gap, a gap past `max_gap` (a pause: the history starts
-// again) or a spin that missed (until the next arrival) all plan as before: block at once. The
-// caller draws the spin from its SpinBudget; the plan only says when.
+// a spin (margin + tolerance + 3 x jitter) longer than a quarter of the gap, a gap past `max_gap`
+// (a pause: the history starts again) or a spin that missed (until the next arrival) all plan as
+// before: block at once. The caller draws the spin from its SpinBudget; the plan only says when.
 //
 // Probe, describe, compute: the caller reads its clock and reports arrivals and wake-ups; Next
 // is a pure function of what was reported (unit tested over recorded gap sequences).

@@ -99,10 +99,10 @@ TEST_CASE(
     wake.Arrived(at);
     predicted += wake.Next(at + 20 * kUs).predicted;
   }
-  // Eight random gaps now and then fall within a tenth of their median (10 of 5,000 with this
-  // seed): each costs one window's spin (~300 us, from the budget), 0.03% of a core here.
+  // Eight random gaps now and then fall within a tenth of their median (29 of 5,000 with this
+  // seed): each costs one spin (~250 us, from the budget, mostly a miss), 0.07% of a core here.
   INFO(predicted << " of 5000 waits predicted");
-  CHECK(predicted <= 25);
+  CHECK(predicted <= 50);
 }
 
 TEST_CASE("one late step among regular ones does not move the median") {
@@ -141,7 +141,7 @@ TEST_CASE("back-to-back traffic is one long burst: nothing to predict") {
 TEST_CASE("too few gaps, or a cadence too fast for the window, plan as before") {
   PredictiveWake few(PredictiveWakeOptions{});
   CHECK_FALSE(few.Next(Replay(few, Regular(3, absl::Milliseconds(2)))).predicted);
-  // 500 us: a 250 us window is half the gap.
+  // 500 us: a 150 us spin (margin + tolerance) is more than a quarter of the gap.
   PredictiveWake fast(PredictiveWakeOptions{});
   CHECK_FALSE(fast.Next(Replay(fast, Regular(8, 500 * kUs))).predicted);
 }
@@ -174,6 +174,17 @@ TEST_CASE("a wait that begins past the window plans as before; inside it, spins 
   const PredictiveWake::Plan plan = wake.Next(arrival - 20 * kUs);
   REQUIRE(plan.predicted);
   CHECK(plan.wake_at < arrival - 20 * kUs);  // already due: the caller spins without a sleep
+}
+
+TEST_CASE("a long overshoot (a host in deep idle states) moves the wake-up, not the verdict") {
+  PredictiveWake wake(PredictiveWakeOptions{});
+  const absl::Time last = Replay(wake, Regular(8, absl::Milliseconds(2)));
+  // 400 us to wake from a timed sleep: from the sleep's deadline to the spin's end 550 us, more
+  // than a quarter of the gap, but the spin itself (from the wake-up) 150 us.
+  for (int i = 0; i < 16; ++i) wake.Woke(kStart, kStart + 400 * kUs);
+  const PredictiveWake::Plan plan = wake.Next(last);
+  REQUIRE(plan.predicted);
+  CHECK(plan.wake_at == last + absl::Milliseconds(2) - 450 * kUs);
 }
 
 TEST_CASE("margin and tolerance are the options'") {
