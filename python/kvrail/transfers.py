@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 TransferState = transfer_pb2.TransferState
 _TransferStatus = transfer_pb2.TransferStatus
 _SPEC_CACHE = 256  # kept specs a client holds by shape (cleared when full)
-# A thread's scratch for the hot calls (_scratch): a kvrail_spec_submit, up to _IDS_INLINE block
+# Scratch memory for the hot calls (_scratch): a kvrail_spec_submit, up to _IDS_INLINE block
 # ids right after it, then a kvrail_end_wait; each call's arguments written with one pack and its
 # answer read with one unpack (no ctypes field access, no struct made per call; the call itself
 # takes the one pointer).
@@ -305,9 +305,10 @@ class TransferCalls:
         except TypeError:
             spec = _KeptSpec(self, _spec_bytes(src_id, dst_id, fields))
         try:
-            view, address, submit_spec, _ = _local.scratch
-        except AttributeError:
-            view, address, submit_spec, _ = _scratch()
+            scratch = _local.free.pop()
+        except (AttributeError, IndexError):
+            scratch = _scratch()
+        view, address, submit_spec, _ = scratch
         # The ids go to the library as one uint32 array, source's then destination's (no
         # protobuf encoding of them in Python): a few, from lists, packed into the scratch with
         # the call's arguments.
@@ -335,6 +336,7 @@ class TransferCalls:
         if code:
             check(code)
         answer = _SUBMITTED.unpack_from(view, _SUBMITTED_AT)
+        _local.free.append(scratch)
         transfer = Transfer(self, answer[2], answer, answer[5] != 0)
         if armed is not None:
             transfer._armed_at = armed
@@ -378,9 +380,10 @@ class TransferCalls:
             if timeout > 0 and timeout_ms == 0:
                 timeout_ms = 1
         try:
-            view, address, _, wait_end_into = _local.scratch
-        except AttributeError:
-            view, address, _, wait_end_into = _scratch()
+            scratch = _local.free.pop()
+        except (AttributeError, IndexError):
+            scratch = _scratch()
+        view, address, _, wait_end_into = scratch
         # The status comes serialized in this thread's scratch (kvrail_wait_end_into): one parse,
         # no allocation or free in the library.
         _WAIT_IN.pack_into(view, _WAIT_AT + 8, self._handle or 0,
@@ -390,8 +393,11 @@ class TransferCalls:
             check(code)
         size, heap = _WAIT_OUT.unpack_from(view, _WAIT_AT + 4)
         if heap:  # longer than the scratch's data (a long error message): the library's bytes
-            return _TransferStatus.FromString(take_bytes(ctypes.cast(heap, _u8p), size))
-        return _TransferStatus.FromString(view[_WAIT_DATA:_WAIT_DATA + size])
+            status = _TransferStatus.FromString(take_bytes(ctypes.cast(heap, _u8p), size))
+        else:
+            status = _TransferStatus.FromString(view[_WAIT_DATA:_WAIT_DATA + size])
+        _local.free.append(scratch)
+        return status
 
     def cancel(self, transfer: TransferLike):
         return self._status_call(lib().kvrail_cancel, _id(transfer))
@@ -480,18 +486,20 @@ class _KeptSpec:
 
 
 def _scratch() -> tuple:
-    """This thread's scratch for the hot calls: (a byte view over it, its address,
-    kvrail_submit_spec, kvrail_wait_end_into); a kvrail_spec_submit at 0, up to _IDS_INLINE block
-    ids at _IDS_AT, a kvrail_end_wait at _WAIT_AT. A call's arguments are written just before it
-    and its answer read right after it, on the same thread."""
+    """A new scratch for the hot calls: (a byte view over it, its address, kvrail_submit_spec,
+    kvrail_wait_end_into); a kvrail_spec_submit at 0, up to _IDS_INLINE block ids at _IDS_AT, a
+    kvrail_end_wait at _WAIT_AT. A call takes one from its thread's free list (_local.free), writes
+    its arguments, calls, reads its answer and puts it back: a call made in between on the thread
+    (a signal handler's, a finalizer's) takes another one. One a failed call did not put back is
+    garbage."""
     raw = (ctypes.c_uint8 * (_WAIT_AT + ctypes.sizeof(EndWaitStruct)))()
     view = memoryview(raw).cast("B")  # keeps `raw` alive
     struct.pack_into("=I", view, 0, ctypes.sizeof(SpecSubmitStruct))
     struct.pack_into("=I", view, _WAIT_AT, ctypes.sizeof(EndWaitStruct))
     loaded = lib()
-    scratch = _local.scratch = (view, ctypes.addressof(raw), loaded.kvrail_submit_spec,
-                                loaded.kvrail_wait_end_into)
-    return scratch
+    if not hasattr(_local, "free"):
+        _local.free = []
+    return (view, ctypes.addressof(raw), loaded.kvrail_submit_spec, loaded.kvrail_wait_end_into)
 
 
 def _block_ids(src_blocks, dst_blocks) -> "tuple[array.array, int]":

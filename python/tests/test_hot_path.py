@@ -1,10 +1,11 @@
 """The submit -> end hot path: specs the library keeps parsed per shape (kvrail_spec), freed with
-the client's cache and the client; each thread's scratch for the one-argument calls
-(kvrail_submit_spec, kvrail_wait_end_into); block ids packed into it or sent as an array; an end
-whose status does not fit the scratch."""
+the client's cache and the client; the scratch memory of the one-argument calls
+(kvrail_submit_spec, kvrail_wait_end_into): each thread's own, and another one for a call made
+inside a call; block ids packed into it or sent as an array; an end whose status does not fit."""
 from __future__ import annotations
 
 import ctypes
+import sys
 import threading
 
 import numpy as np
@@ -131,3 +132,45 @@ def test_block_ids_inline_or_as_an_array_and_bad_ones_named(client):
             client.transfer(src.region, src_blocks, dst.region, dst_blocks)
     with pytest.raises(kvrail.InvalidArgumentError, match=r"spec.src.block_ids\[1\]"):
         client.transfer(src.region, [0, 160], dst.region, [0, 1])
+
+
+def _reenter_after_pack(packers, call):
+    """A profile function that makes `call` once, right after one of `packers` wrote a hot
+    call's arguments: code run between the arguments' pack and the call, as a signal handler or a
+    finalizer may run there."""
+    made = []
+
+    def profile(frame, event, arg):
+        if event == "c_return" and not made and getattr(arg, "__self__", None) in packers:
+            made.append(call())
+
+    return made, profile
+
+
+def test_a_call_made_inside_another_does_not_take_its_scratch(client):
+    # A call made while another is between writing its arguments and reading its answer (a
+    # signal handler's, a finalizer's) uses memory of its own: both get their own answers.
+    src, dst = _pools(client)
+    first = client.transfer(src.region, [1], dst.region, [2])
+    second = client.transfer(src.region, [3], dst.region, [4])
+    first.wait_end(), second.wait_end()
+    made, profile = _reenter_after_pack([hot._WAIT_IN], lambda: client.wait_end(second.id))
+    sys.setprofile(profile)
+    try:
+        outer = client.wait_end(first.id)
+    finally:
+        sys.setprofile(None)
+    assert made[0].transfer_id == second.id
+    assert outer.transfer_id == first.id
+    made, profile = _reenter_after_pack(
+        hot._SUBMIT_IDS, lambda: client.transfer(src.region, [5], dst.region, [6]))
+    sys.setprofile(profile)
+    try:
+        outer = client.transfer(src.region, [7], dst.region, [8])
+    finally:
+        sys.setprofile(None)
+    inner = made[0]
+    assert inner.id != outer.id
+    assert outer.wait_end().transfer_id == outer.id
+    assert inner.wait_end().transfer_id == inner.id
+    assert (dst.tokens([6, 8], 8) == src.tokens([5, 7], 8)).all()
