@@ -124,8 +124,8 @@ void SessionServerImpl::Loop() {
       }
     }
     if (n == 0 && spinning && !queues_.Busy()) {
-      budget.Held(round, absl::Now());
       if (predicted) ::sched_yield();  // as below
+      budget.Held(round, absl::Now());
       continue;
     }
     if (n > 0 && options_.spin > absl::ZeroDuration()) spin_until = absl::Now() + options_.spin;
@@ -155,11 +155,12 @@ void SessionServerImpl::Loop() {
       predicted = false;
       predicted_until = absl::InfinitePast();
     } else if (spin_round) {
-      budget.Held(round, absl::Now());
       // The predicted spin gives way each empty round: the client whose request it waits for may
       // be woken onto this CPU, and a spinner that keeps it until its slice ends (EEVDF's run to
-      // parity) delays that request to the spin's end (~35 us after it, seen on 2 vCPUs).
+      // parity) delays that request to the spin's end (~35 us after it, seen on 2 vCPUs). The
+      // yield is held against the budget with the round (wall time: at least the CPU it took).
       if (predicted) ::sched_yield();
+      budget.Held(round, absl::Now());
     }
   }
   if (counts.spins.load() > 0) {
