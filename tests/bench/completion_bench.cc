@@ -14,7 +14,7 @@
 // (session_spin_budget_percent 10) with predictive wake off and on, and uncapped (100, off):
 // three daemons in the same run, interleaved.
 // Starts its own kvraild from runfiles or ./daemon/kvraild.
-// Usage: completion_bench [runs]
+// Usage: completion_bench [runs] [--first-table-only]
 #include <dirent.h>
 #include <stdlib.h>
 #include <sys/resource.h>
@@ -235,6 +235,7 @@ bool CadenceOnce(const std::string& socket, pid_t pid,
 
 int Main(int argc, char** argv) {
   const int runs = argc > 1 ? std::max(1, std::atoi(argv[1])) : 3;
+  const bool first_table_only = argc > 2 && std::string(argv[2]) == "--first-table-only";
   testing::TempDir dir;
   testing::DaemonProcess daemon;
   daemon.set_log_level("info");  // a benchmark: no per-transfer debug lines
@@ -261,6 +262,7 @@ int Main(int argc, char** argv) {
                   *std::max_element(xs.begin(), xs.end()));
     }
   }
+  if (first_table_only) return 0;
   // The spins' cost: the default budget with predictive wake off and on, and no cap (off):
   // three daemons, interleaved runs. The first table's daemon is left as it was (the defaults).
   struct Setting {

@@ -28,7 +28,7 @@ for s in client/c_api/exports_test.sh deploy/container/build.sh deploy/container
   python/run_torch_tests.sh tests/deploy/deb_install_test.sh tests/deploy/deb_test.sh \
   tests/deploy/deploy_test.sh tests/deploy/k8s_validate_test.sh tests/deploy/lintian_test.sh \
   tests/deploy/oci_test.sh tests/deploy/promtool_test.sh \
-  tests/gpu/devpack.sh tests/gpu/pack.sh tests/gpu/pack_check_test.sh \
+  tests/bench/fast_path_targets.sh tests/gpu/devpack.sh tests/gpu/pack.sh tests/gpu/pack_check_test.sh \
   tests/lint/early_exit_pipe_test.sh tests/nixl/gpu_check.sh tests/nixl/nixl_bench.sh \
   tests/nixl/nixl_plugin_test.sh tests/wheel/wheel_install_test.sh tools/bench/versus.sh tools/bench/versus/pack_peers.sh \
   tools/bench/versus_smoke_test.sh tools/wheel/build.sh; do
