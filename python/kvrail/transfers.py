@@ -308,7 +308,7 @@ class TransferCalls:
             scratch = _local.free.pop()
         except (AttributeError, IndexError):
             scratch = _scratch()
-        view, address, submit_spec, _ = scratch
+        view, address, submit_spec, _, _ = scratch
         # The ids go to the library as one uint32 array, source's then destination's (no
         # protobuf encoding of them in Python): a few, from lists, packed into the scratch with
         # the call's arguments.
@@ -328,12 +328,17 @@ class TransferCalls:
         else:
             count = -1
         if count < 0:
-            ids, src_count = _block_ids(src_blocks, dst_blocks)
+            try:
+                ids, src_count = _block_ids(src_blocks, dst_blocks)
+            except ValueError:
+                _local.free.append(scratch)
+                raise
             count = len(ids)
             _SUBMIT_IN.pack_into(view, 4, src_count, count - src_count, 0, spec.handle,
                                  ids.buffer_info()[0] if count else 0)
         code = submit_spec(address)
         if code:
+            _local.free.append(scratch)
             check(code)
         answer = _SUBMITTED.unpack_from(view, _SUBMITTED_AT)
         _local.free.append(scratch)
@@ -383,19 +388,20 @@ class TransferCalls:
             scratch = _local.free.pop()
         except (AttributeError, IndexError):
             scratch = _scratch()
-        view, address, _, wait_end_into = scratch
+        view, address, _, wait_end_into, statuses = scratch
         # The status comes serialized in this thread's scratch (kvrail_wait_end_into): one parse,
         # no allocation or free in the library.
         _WAIT_IN.pack_into(view, _WAIT_AT + 8, self._handle or 0,
                            transfer if type(transfer) is int else _id(transfer), timeout_ms)
         code = wait_end_into(address + _WAIT_AT)
         if code:
+            _local.free.append(scratch)
             check(code)
         size, heap = _WAIT_OUT.unpack_from(view, _WAIT_AT + 4)
         if heap:  # longer than the scratch's data (a long error message): the library's bytes
             status = _TransferStatus.FromString(take_bytes(ctypes.cast(heap, _u8p), size))
         else:
-            status = _TransferStatus.FromString(view[_WAIT_DATA:_WAIT_DATA + size])
+            status = _TransferStatus.FromString(statuses[size])
         _local.free.append(scratch)
         return status
 
@@ -487,11 +493,11 @@ class _KeptSpec:
 
 def _scratch() -> tuple:
     """A new scratch for the hot calls: (a byte view over it, its address, kvrail_submit_spec,
-    kvrail_wait_end_into); a kvrail_spec_submit at 0, up to _IDS_INLINE block ids at _IDS_AT, a
-    kvrail_end_wait at _WAIT_AT. A call takes one from its thread's free list (_local.free), writes
-    its arguments, calls, reads its answer and puts it back: a call made in between on the thread
-    (a signal handler's, a finalizer's) takes another one. One a failed call did not put back is
-    garbage."""
+    kvrail_wait_end_into, views of the first n bytes of the end's status for each n); a
+    kvrail_spec_submit at 0, up to _IDS_INLINE block ids at _IDS_AT, a kvrail_end_wait at
+    _WAIT_AT. A call takes one from its thread's free list (_local.free), writes its arguments,
+    calls, reads its answer and puts it back (a failed call too): a call made in between on the
+    thread (a signal handler's, a finalizer's) takes another one."""
     raw = (ctypes.c_uint8 * (_WAIT_AT + ctypes.sizeof(EndWaitStruct)))()
     view = memoryview(raw).cast("B")  # keeps `raw` alive
     struct.pack_into("=I", view, 0, ctypes.sizeof(SpecSubmitStruct))
@@ -499,7 +505,9 @@ def _scratch() -> tuple:
     loaded = lib()
     if not hasattr(_local, "free"):
         _local.free = []
-    return (view, ctypes.addressof(raw), loaded.kvrail_submit_spec, loaded.kvrail_wait_end_into)
+    statuses = [view[_WAIT_DATA:_WAIT_DATA + n] for n in range(EndWaitStruct.data.size + 1)]
+    return (view, ctypes.addressof(raw), loaded.kvrail_submit_spec, loaded.kvrail_wait_end_into,
+            statuses)
 
 
 def _block_ids(src_blocks, dst_blocks) -> "tuple[array.array, int]":

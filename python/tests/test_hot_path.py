@@ -174,3 +174,19 @@ def test_a_call_made_inside_another_does_not_take_its_scratch(client):
     assert outer.wait_end().transfer_id == outer.id
     assert inner.wait_end().transfer_id == inner.id
     assert (dst.tokens([6, 8], 8) == src.tokens([5, 7], 8)).all()
+
+
+def test_failed_calls_give_their_scratch_back(client):
+    # A refused submit, bad ids and an unknown transfer leave the thread's scratch for the next
+    # call (no new one per failure).
+    src, dst = _pools(client)
+    client.transfer(src.region, [0], dst.region, [0]).wait_end()
+    kept = list(hot._local.free)
+    for _ in range(3):
+        with pytest.raises(kvrail.InvalidArgumentError):
+            client.transfer(src.region, [0], dst.region, [16])
+        with pytest.raises(ValueError):
+            client.transfer(src.region, [-1], dst.region, [0])
+        with pytest.raises(kvrail.NotFoundError):
+            client.wait_end(987654321, timeout=0)
+    assert [id(s) for s in hot._local.free] == [id(s) for s in kept]
