@@ -23,7 +23,7 @@ TEST_CASE("an empty environment gives the defaults") {
   CHECK(o.answer_spin == absl::Microseconds(200));
   CHECK(o.completion_queue);
   CHECK(o.gpu_done_word);
-  CHECK(o.completion_spin == absl::Microseconds(50));
+  CHECK(o.completion_spin == absl::Microseconds(200));
   CHECK(o.completion_queue_entries == 4096);
   CHECK(o.eager_block_table);
 }
@@ -59,7 +59,7 @@ TEST_CASE("empty, unknown and unparsable values keep the defaults") {
   CHECK(o.submit_via_session);
   CHECK(o.answer_spin == absl::Microseconds(200));
   CHECK(o.completion_queue);
-  CHECK(o.completion_spin == absl::Microseconds(50));
+  CHECK(o.completion_spin == absl::Microseconds(200));
   CHECK(o.completion_queue_entries == 4096);
   CHECK(o.eager_block_table);
 }

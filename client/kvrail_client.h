@@ -54,8 +54,11 @@ struct ClientOptions {
   absl::Duration answer_spin = absl::Microseconds(200);
   // KVRAIL_COMPLETION_QUEUE=0 sets false: no completion queue (waits go by packets / gRPC).
   bool completion_queue = true;
-  // KVRAIL_COMPLETION_SPIN_US: how long a wait polls the completion queue before it sleeps.
-  absl::Duration completion_spin = absl::Microseconds(50);
+  // KVRAIL_COMPLETION_SPIN_US: how long a wait polls the completion queue before it sleeps
+  // (adaptive: halved while the ends take longer). 200 us covers a 16 MiB GPU transfer (~50-70
+  // us on one GPU), whose end a 50 us spin slept through; past its first 20 us the spin yields
+  // its CPU at each look (base/spin_pause.h), so a long one costs a busy machine little.
+  absl::Duration completion_spin = absl::Microseconds(200);
   // KVRAIL_COMPLETION_QUEUE_ENTRIES: the queue's capacity (a power of 2, 8..1048576). A
   // transfer whose end finds it full is read the old way.
   uint32_t completion_queue_entries = 4096;
