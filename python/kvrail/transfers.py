@@ -384,6 +384,7 @@ class TransferCalls:
             timeout_ms = max(0, int(timeout * 1000))
             if timeout > 0 and timeout_ms == 0:
                 timeout_ms = 1
+        transfer_id = transfer if type(transfer) is int else _id(transfer)
         try:
             scratch = _local.free.pop()
         except (AttributeError, IndexError):
@@ -391,8 +392,12 @@ class TransferCalls:
         view, address, _, wait_end_into, statuses = scratch
         # The status comes serialized in this thread's scratch (kvrail_wait_end_into): one parse,
         # no allocation or free in the library.
-        _WAIT_IN.pack_into(view, _WAIT_AT + 8, self._handle or 0,
-                           transfer if type(transfer) is int else _id(transfer), timeout_ms)
+        try:
+            _WAIT_IN.pack_into(view, _WAIT_AT + 8, self._handle or 0, transfer_id, timeout_ms)
+        except struct.error:  # outside uint64 / int64: the id wrapped (the daemon's NOT_FOUND
+            # names it), the timeout the longest there is
+            _WAIT_IN.pack_into(view, _WAIT_AT + 8, self._handle or 0, transfer_id % (1 << 64),
+                               min(timeout_ms, (1 << 63) - 1))
         code = wait_end_into(address + _WAIT_AT)
         if code:
             _local.free.append(scratch)

@@ -190,3 +190,18 @@ def test_failed_calls_give_their_scratch_back(client):
         with pytest.raises(kvrail.NotFoundError):
             client.wait_end(987654321, timeout=0)
     assert [id(s) for s in hot._local.free] == [id(s) for s in kept]
+
+
+def test_ids_and_timeouts_outside_the_c_types_are_answered_as_before(client):
+    # An id outside uint64 reaches the daemon wrapped, as ctypes passed it, and its NOT_FOUND
+    # names it; a timeout past int64 waits as long as there is (here: the end is there).
+    src, dst = _pools(client)
+    transfer = client.transfer(src.region, [0], dst.region, [1])
+    kept = [id(s) for s in hot._local.free]
+    for bad in (-5, 1 << 64):
+        with pytest.raises(kvrail.NotFoundError, match=f"no transfer {bad % (1 << 64)}$"):
+            client.wait_end(bad, timeout=0)
+    assert client.wait_end(transfer.id, timeout=1e30).state == SUCCEEDED
+    with pytest.raises(ValueError):
+        client.wait_end("x")
+    assert [id(s) for s in hot._local.free] == kept
