@@ -11,7 +11,8 @@
 //   client:  calls on a client handle that is not live (no client is ever issued here) with
 //            fuzzed arguments and out-parameters holding garbage: every one INVALID_ARGUMENT,
 //            every out-parameter cleared; the fixed-size structs (kvrail_submitted,
-//            kvrail_transfer_end) cleared at this library's size and untouched at any other.
+//            kvrail_transfer_end, kvrail_spec_submit, kvrail_end_wait) cleared at this library's
+//            size and untouched at any other; kept specs never issued refused.
 //   flags:   the CUDA flag calls with handles that are not live and arguments they must refuse.
 //   misc:    kvrail_free(NULL), the ABI version, kvrail_connect without an out-parameter.
 // After every call the thread's last error holds its code, and a message exactly when it failed.
@@ -262,7 +263,7 @@ void FuzzClientCall(Input& in, const Buffers& buffers) {
   uint8_t** bytes_out = (which & 0x40) ? nullptr : &o.bytes;
   int code = KVRAIL_OK;
   bool bytes_reset = true;  // the call gets as far as clearing its byte output
-  constexpr int kClientCalls = 23;
+  constexpr int kClientCalls = 27;
   switch (which % kClientCalls) {
     case 0:
       code = kvrail_session_id(client, &o.id);
@@ -380,6 +381,50 @@ void FuzzClientCall(Input& in, const Buffers& buffers) {
       }
       break;
     }
+    case 23: {  // a kept spec of a client that is not live: nothing issued
+      kvrail_spec* out = reinterpret_cast<kvrail_spec*>(uintptr_t{0x5a5a});
+      code = kvrail_spec_create(client, spec_bytes, spec.size(), (which & 0x10) ? nullptr : &out);
+      if (!(which & 0x10)) Check(out == nullptr);
+      break;
+    }
+    case 24:  // a kept spec's handle that was never issued (NULL frees nothing: not asked here)
+      code = kvrail_spec_free(reinterpret_cast<kvrail_spec*>(static_cast<uintptr_t>(id | 1)));
+      break;
+    case 25: {  // a submit of a kept spec never issued: refused before its ids are read
+      kvrail_spec_submit submit;
+      std::memset(&submit, 0x5a, sizeof(submit));
+      submit.struct_size = (which & 0x20) ? in.Take<uint32_t>() : sizeof(submit);
+      submit.src_count = n / 2;
+      submit.dst_count = n - n / 2;
+      submit.spec =
+          (which & 0x40) ? nullptr : reinterpret_cast<kvrail_spec*>(static_cast<uintptr_t>(id));
+      submit.ids = blocks.data();  // n ids: what the counts ask for
+      const kvrail_spec_submit before = submit;
+      code = kvrail_submit_spec((which & 0x10) ? nullptr : &submit);
+      if (submit.struct_size == sizeof(submit) && !(which & 0x10)) {
+        Check(submit.submitted.transfer_id == 0 && submit.submitted.bytes_total == 0 &&
+              submit.submitted.struct_size == sizeof(kvrail_submitted));
+      } else {
+        Check(std::memcmp(&submit, &before, sizeof(submit)) == 0);
+      }
+      break;
+    }
+    case 26: {  // an end read into the caller's struct: its answer left empty
+      kvrail_end_wait wait;
+      std::memset(&wait, 0x5a, sizeof(wait));
+      wait.struct_size = (which & 0x20) ? in.Take<uint32_t>() : sizeof(wait);
+      wait.client = client;
+      wait.transfer_id = id;
+      wait.timeout_ms = static_cast<int64_t>(id) % 1000;
+      const kvrail_end_wait before = wait;
+      code = kvrail_wait_end_into((which & 0x10) ? nullptr : &wait);
+      if (wait.struct_size == sizeof(wait) && !(which & 0x10)) {
+        Check(wait.len == 0 && wait.heap == nullptr);
+      } else {
+        Check(std::memcmp(&wait, &before, sizeof(wait)) == 0);
+      }
+      break;
+    }
     default: {  // many ends at once: any `max` (huge ones too) with a small array
       kvrail_transfer_end ends[4];
       std::memset(ends, 0x5a, sizeof(ends));
@@ -395,7 +440,8 @@ void FuzzClientCall(Input& in, const Buffers& buffers) {
   // A wanted byte output is cleared before anything can fail.
   const int call = which % kClientCalls;
   if (bytes_out != nullptr && bytes_reset && call != 4 && call != 5 && call != 11 && call != 12 &&
-      call != 13 && call != 14 && call != 17 && call != 0 && call != 20 && call != 22) {
+      call != 13 && call != 14 && call != 17 && call != 0 && call != 20 && call != 22 &&
+      call < 23) {
     Check(o.bytes == nullptr);
     Check(o.len == 0);
   }
