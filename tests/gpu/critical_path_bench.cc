@@ -35,6 +35,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -149,13 +150,17 @@ struct Timed {
   v1::TransferStatus status;
 };
 
-Timed RunTransfer(Daemon& d, const v1::TransferSpec& spec) {
+// `seen_end`: the end as the completion queue (or the done word) holds it (WaitEnd, no call after
+// it; its status has no phase timestamps), else the whole status (Wait: one call after the end).
+Timed RunTransfer(Daemon& d, const v1::TransferSpec& spec, bool seen_end = false) {
   Timed t;
   const auto t0 = Clock::now();
   t.u0 = UnixUs();
   auto submitted = Must(d.client->Submit(spec), "submit");
   t.u_submitted = UnixUs();
-  t.status = Must(d.client->Wait(submitted.transfer_id(), absl::Seconds(600)), "wait");
+  t.status = Must(seen_end ? d.client->WaitEnd(submitted.transfer_id(), absl::Seconds(600))
+                           : d.client->Wait(submitted.transfer_id(), absl::Seconds(600)),
+                  "wait");
   t.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   t.u_done = UnixUs();
   if (t.status.state() != v1::TRANSFER_STATE_SUCCEEDED) {
@@ -348,7 +353,8 @@ struct LatencyRun {
 // gap_us > 0: the client sleeps that long between transfers (a decode step's cadence: the
 // daemon's threads go to sleep between transfers, unlike back to back).
 LatencyRun MeasureLatency(const std::string& config,
-                          std::vector<std::pair<std::string, std::string>> env, int gap_us) {
+                          std::vector<std::pair<std::string, std::string>> env, int gap_us,
+                          bool seen_end = false) {
   ScopedEnv scoped(std::move(env));
   Daemon d(config);
   const uint64_t block = 16 << 10;
@@ -372,10 +378,11 @@ LatencyRun MeasureLatency(const std::string& config,
       wall0 = Clock::now();
     }
     if (gap_us > 0) absl::SleepFor(absl::Microseconds(gap_us));
-    const Timed t = RunTransfer(d, spec);
+    const Timed t = RunTransfer(d, spec, seen_end);
     if (i < 20) continue;
     const v1::TransferStatus& s = t.status;
     lat.push_back(t.seconds * 1e6);
+    if (s.received_unix_us() == 0) continue;  // an end without the daemon's timestamps
     ph[0].push_back(s.received_unix_us() - t.u0);
     ph[1].push_back(static_cast<double>(s.submitted_unix_us() - s.received_unix_us()));
     ph[2].push_back(t.u_submitted - s.submitted_unix_us());
@@ -392,8 +399,9 @@ LatencyRun MeasureLatency(const std::string& config,
   run.client_cpu_pct = 100 * (SelfCpuSeconds() - client_cpu0) / wall;
   std::sort(lat.begin(), lat.end());
   for (auto& v : ph) std::sort(v.begin(), v.end());
-  const size_t m = lat.size() / 2;
-  for (int k = 0; k < 6; ++k) run.phase[k] = ph[k][m];
+  for (int k = 0; k < 6; ++k) {
+    run.phase[k] = ph[k].empty() ? std::nan("") : ph[k][ph[k].size() / 2];
+  }
   run.lat = std::move(lat);
   run.engines = d.Engines();
   return run;
@@ -417,6 +425,7 @@ struct CadenceSetting {
   std::string config;
   std::vector<std::pair<std::string, std::string>> env;
   int gap_us;
+  bool seen_end = false;  // the end read from the queue (WaitEnd), not the whole status (Wait)
 };
 
 // The spins set to cover a 2 ms gap (3 ms each), the daemon's budgets at `budget` percent.
@@ -463,11 +472,21 @@ void CadenceRows() {
     b2b.gap_us = 0;
     settings.push_back(std::move(b2b));
   }
+  // The end as the client sees it without a call (WaitEnd: the completion queue or the done
+  // word; the 4 KiB rows' "seen"), back to back and at the cadence: no phases (the queue's end
+  // has no daemon timestamps).
+  settings.push_back({"seen (WaitEnd), default, back to back", "", {}, 0, true});
+  settings.push_back({"seen (WaitEnd), 2 ms, predictive wake on (shipped budgets and spins)",
+                      "predictive_wake: true\n",
+                      {},
+                      2000,
+                      true});
   constexpr int kRuns = 3;
   std::vector<std::vector<LatencyRun>> runs(settings.size());
   for (int run = 0; run < kRuns; ++run) {
     for (size_t i = 0; i < settings.size(); ++i) {
-      runs[i].push_back(MeasureLatency(settings[i].config, settings[i].env, settings[i].gap_us));
+      runs[i].push_back(MeasureLatency(settings[i].config, settings[i].env, settings[i].gap_us,
+                                       settings[i].seen_end));
       // As it comes, so a run cut short still leaves what it measured.
       const LatencyRun& r = runs[i].back();
       std::printf(
