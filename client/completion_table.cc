@@ -12,20 +12,20 @@
 #include "base/spin_pause.h"
 
 namespace kvrail::client {
-namespace {
-
-// Completions remembered after their transfer ended; older ones are read the old way again.
-constexpr size_t kRemembered = size_t{1} << 18;
-
-}  // namespace
+namespace {}  // namespace
 
 absl::StatusOr<std::unique_ptr<CompletionTable>> CompletionTable::Create(uint32_t capacity,
                                                                          absl::Duration max_spin) {
   absl::StatusOr<std::unique_ptr<wire::SharedRing>> ring =
       wire::SharedRing::Create(capacity, wire::kCompletionEntryBytes);
   if (!ring.ok()) return ring.status();
-  return std::unique_ptr<CompletionTable>(
+  std::unique_ptr<CompletionTable> table(
       new CompletionTable(std::move(*ring), std::max(max_spin, absl::ZeroDuration())));
+  {
+    absl::MutexLock lock(&table->mu_);
+    table->done_.reserve(kRememberedEnds + 1);  // the bound plus the one Remember adds first
+  }
+  return table;
 }
 
 uint64_t CompletionTable::OverflowMark() {
@@ -130,7 +130,7 @@ void CompletionTable::Remember(const wire::Completion& completion) {
   unsure_.erase(completion.transfer_id);
   if (done_.insert_or_assign(completion.transfer_id, completion).second) {
     done_order_.push_back(completion.transfer_id);
-    if (done_order_.size() > kRemembered) {
+    if (done_order_.size() > kRememberedEnds) {
       done_.erase(done_order_.front());
       done_order_.pop_front();
     }
@@ -328,6 +328,11 @@ uint64_t CompletionTable::word_hits() const {
 size_t CompletionTable::free_done_slots() const {
   absl::MutexLock lock(&mu_);
   return free_slots_.size();
+}
+
+size_t CompletionTable::remembered_capacity() const {
+  absl::MutexLock lock(&mu_);
+  return done_.capacity();
 }
 
 uint64_t CompletionTable::spin_hits() const {

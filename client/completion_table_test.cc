@@ -193,17 +193,21 @@ TEST_CASE("many sleeping waiters all see their ends; abandoning wakes the rest")
 TEST_CASE("Drain counts what came also once the remembered ends are at their bound") {
   auto table = Table(1024);
   Producer daemon(*table);
-  // More ends than the table remembers (2^18): from then on each new one pushes out the oldest,
-  // and Drain must still count every end it took.
-  constexpr uint64_t kRemembered = uint64_t{1} << 18;
+  // More ends than the table remembers: from then on each new one pushes out the oldest, and
+  // Drain must still count every end it took. The remembered ends' map never grows (a rehash of
+  // every end at once stalled a wait): its capacity is the one it was made with.
+  constexpr uint64_t kRemembered = CompletionTable::kRememberedEnds;
+  const size_t capacity = table->remembered_capacity();
+  CHECK(capacity >= kRemembered + 1);
   uint64_t id = 1;
   size_t drained = 0;
-  while (id <= kRemembered + 2000) {
+  while (id <= 4 * kRemembered + 2000) {
     size_t posted = 0;
     for (; posted < 1000; ++posted, ++id) REQUIRE(daemon.Post(id));
     const size_t got = table->Drain();
     REQUIRE(got == posted);
     drained += got;
+    CHECK(table->remembered_capacity() == capacity);
   }
   REQUIRE(drained == id - 1);
 }
