@@ -64,8 +64,9 @@ absl::Duration PredictiveWake::gap() const {
   return Median(std::vector<absl::Duration>(gaps_.begin(), gaps_.begin() + n));
 }
 
-absl::Duration PredictiveWake::jitter() const {
-  const absl::Duration median = gap();
+absl::Duration PredictiveWake::jitter() const { return JitterAround(gap()); }
+
+absl::Duration PredictiveWake::JitterAround(absl::Duration median) const {
   if (median == absl::ZeroDuration()) return absl::ZeroDuration();
   const size_t n = std::min(gap_count_, kGaps);
   std::vector<absl::Duration> deviations;
@@ -89,7 +90,7 @@ PredictiveWake::Plan PredictiveWake::Next(absl::Time now) const {
   if (missed_) return plan;
   const absl::Duration cadence = gap();
   if (cadence == absl::ZeroDuration()) return plan;
-  const absl::Duration spread = jitter();
+  const absl::Duration spread = JitterAround(cadence);
   if (spread > cadence * kMaxJitterShare) return plan;
   const absl::Time arrival = burst_start_ + cadence;
   const absl::Time wake_at = arrival - options_.margin - overshoot();

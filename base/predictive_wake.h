@@ -74,6 +74,9 @@ class PredictiveWake {
   uint64_t misses() const { return misses_; }
 
  private:
+  // The median absolute deviation of the gaps from `median` (gap()'s; zero: none learned).
+  absl::Duration JitterAround(absl::Duration median) const;
+
   const PredictiveWakeOptions options_;
   std::array<absl::Duration, kGaps> gaps_{};
   size_t gap_count_ = 0;  // gaps_ holds min(gap_count_, kGaps), the latest at (gap_count_-1)%kGaps

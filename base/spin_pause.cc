@@ -4,16 +4,14 @@
 
 namespace kvrail {
 
+void YieldCpu() { ::sched_yield(); }
+
 void SpinPause(absl::Duration spun) {
   if (SpinYields(spun)) {
-    ::sched_yield();
+    YieldCpu();
     return;
   }
-  for (int i = 0; i < 32; ++i) {
-#if defined(__x86_64__)
-    __builtin_ia32_pause();
-#endif
-  }
+  for (int i = 0; i < 32; ++i) CpuRelax();
 }
 
 }  // namespace kvrail

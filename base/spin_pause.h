@@ -18,8 +18,20 @@ inline constexpr absl::Duration kSpinKeepsCpu = absl::Microseconds(20);
 // Whether a spin that has gone on for `spun` gives its CPU away at its next pause.
 inline bool SpinYields(absl::Duration spun) { return spun >= kSpinKeepsCpu; }
 
-// One pause of a spin that has gone on for `spun`: a few CPU pause instructions, or past
-// kSpinKeepsCpu a sched_yield.
+// One CPU pause instruction (x86 `pause`, Arm `yield`): a spin's look that keeps its CPU.
+inline void CpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+// Gives the CPU to any other runnable thread on it (sched_yield; returns at once when none).
+void YieldCpu();
+
+// One pause of a spin that has gone on for `spun`: a few CpuRelax, or past kSpinKeepsCpu a
+// YieldCpu.
 void SpinPause(absl::Duration spun);
 
 }  // namespace kvrail

@@ -1,7 +1,6 @@
 // The session server's poll loop (session_server_impl.h lists its parts): epoll over the
 // listener, the sessions and their submission queues' eventfds, the spin, accepting connections
 // within the caps and the descriptors left, and dropping them.
-#include <sched.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -18,6 +17,7 @@
 #include "absl/time/clock.h"
 #include "base/predictive_wake.h"
 #include "base/spin_budget.h"
+#include "base/spin_pause.h"
 #include "base/unique_fd.h"
 #include "daemon/session/admission.h"
 #include "daemon/session/session_server.h"
@@ -88,8 +88,7 @@ void SessionServerImpl::Loop() {
     PredictiveWake::Plan plan;
     if (sleeps && predictive && !listener_paused_) plan = wake.Next(round);
     if (plan.predicted && plan.wake_at <= round) {
-      predicted = StartPredictedSpin(round, plan.spin_until, &predicted_until);
-      counts.spins.fetch_add(1, std::memory_order_relaxed);
+      StartPredictedSpin(round, plan.spin_until, &predicted_until, &predicted, counts);
       continue;
     }
     int n = 0;
@@ -98,8 +97,7 @@ void SessionServerImpl::Loop() {
       if (n == 0) {
         const absl::Time woke = absl::Now();
         wake.Woke(plan.wake_at, woke);
-        predicted = StartPredictedSpin(woke, plan.spin_until, &predicted_until);
-        counts.spins.fetch_add(1, std::memory_order_relaxed);
+        StartPredictedSpin(woke, plan.spin_until, &predicted_until, &predicted, counts);
         continue;
       }
       if (n < 0 && errno == ENOSYS) {
@@ -124,7 +122,7 @@ void SessionServerImpl::Loop() {
       }
     }
     if (n == 0 && spinning && !queues_.Busy()) {
-      if (predicted) ::sched_yield();  // as below
+      if (predicted) YieldCpu();  // as below
       budget.Held(round, absl::Now());
       continue;
     }
@@ -159,7 +157,7 @@ void SessionServerImpl::Loop() {
       // be woken onto this CPU, and a spinner that keeps it until its slice ends (EEVDF's run to
       // parity) delays that request to the spin's end (~35 us after it, seen on 2 vCPUs). The
       // yield is held against the budget with the round (wall time: at least the CPU it took).
-      if (predicted) ::sched_yield();
+      if (predicted) YieldCpu();
       budget.Held(round, absl::Now());
     }
   }
@@ -180,11 +178,13 @@ int SessionServerImpl::EpollUntil(std::vector<epoll_event>& events, absl::Time u
                         nullptr);
 }
 
-bool SessionServerImpl::StartPredictedSpin(absl::Time now, absl::Time until,
-                                           absl::Time* predicted_until) {
+void SessionServerImpl::StartPredictedSpin(absl::Time now, absl::Time until,
+                                           absl::Time* predicted_until, bool* predicted,
+                                           SessionServerOptions::WakeCounts& counts) {
   *predicted_until = until;
+  *predicted = true;
   queues_.SpinUntil(now, until);
-  return true;
+  counts.spins.fetch_add(1, std::memory_order_relaxed);
 }
 
 void SessionServerImpl::SettleSpin(SpinBudget& budget) {

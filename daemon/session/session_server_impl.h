@@ -158,8 +158,10 @@ class SessionServerImpl final : public SessionServer {
   // epoll_pwait2 until `until` (to the microsecond, unlike epoll_wait's milliseconds).
   int EpollUntil(std::vector<epoll_event>& events, absl::Time until);
   // Predictive wake: a spin from `now` to `until` over the sockets (*predicted_until) and every
-  // submission queue (SpinUntil). Returns true (a predicted spin is under way).
-  bool StartPredictedSpin(absl::Time now, absl::Time until, absl::Time* predicted_until);
+  // submission queue (SpinUntil); *predicted is set (a predicted spin is under way) and the spin
+  // counted in `counts`.
+  void StartPredictedSpin(absl::Time now, absl::Time until, absl::Time* predicted_until,
+                          bool* predicted, SessionServerOptions::WakeCounts& counts);
 
   void PauseListener();
   void ResumeListener();

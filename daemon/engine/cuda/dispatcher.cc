@@ -1,30 +1,17 @@
 // Dispatcher: the loop, job set-up and the sweep (see dispatcher.h).
 #include "daemon/engine/cuda/dispatcher.h"
 
-#include <sched.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "base/spin_pause.h"
 #include "base/status.h"
 #include "kernels/plan_image.h"
 
 namespace kvrail::engine::cuda_detail {
-
-namespace {
-
-// The dispatcher's idle spin (CudaEngineOptions::dispatcher_spin_us).
-inline void CpuRelax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
-
-}  // namespace
 
 Dispatcher::Dispatcher(GpuOps* ops, const Clock* clock, const CudaEngineOptions& options,
                        int critical_ctas, DispatchQueues* queues, GpuGate* gate, WorkerStats* stats)
@@ -408,7 +395,7 @@ std::pair<absl::Time, bool> Dispatcher::PollHint(absl::Time from, absl::Time unt
     now = clock_->Now();
     if (now >= until) return {now, false};
     if (yield) {
-      ::sched_yield();
+      YieldCpu();
     } else {
       CpuRelax();
     }
