@@ -2,16 +2,44 @@
 
 #include <sched.h>
 
+#include <atomic>
+#include <cstdint>
+#include <limits>
+
+#include "absl/time/clock.h"
+
 namespace kvrail {
+namespace {
+
+// Unix nanoseconds of the last lost yield; the lowest int64 when none.
+std::atomic<int64_t> last_lost_ns{std::numeric_limits<int64_t>::min()};
+
+}  // namespace
+
+SpinStep NextSpinStep(absl::Duration spun, absl::Time now, absl::Time lost_at) {
+  if (!SpinYields(spun)) return SpinStep::kRelax;
+  return now - lost_at < kContendedFor ? SpinStep::kStop : SpinStep::kYield;
+}
 
 void YieldCpu() { ::sched_yield(); }
 
-void SpinPause(absl::Duration spun) {
-  if (SpinYields(spun)) {
-    YieldCpu();
-    return;
+absl::Time LastLostYield() {
+  const int64_t ns = last_lost_ns.load(std::memory_order_relaxed);
+  return ns == std::numeric_limits<int64_t>::min() ? absl::InfinitePast() : absl::FromUnixNanos(ns);
+}
+
+bool SpinPause(absl::Duration spun) {
+  if (!SpinYields(spun)) {
+    for (int i = 0; i < 32; ++i) CpuRelax();
+    return true;
   }
-  for (int i = 0; i < 32; ++i) CpuRelax();
+  const absl::Time before = absl::Now();
+  if (NextSpinStep(spun, before, LastLostYield()) == SpinStep::kStop) return false;
+  YieldCpu();
+  const absl::Time after = absl::Now();
+  if (after - before < kYieldLost) return true;
+  last_lost_ns.store(absl::ToUnixNanos(after), std::memory_order_relaxed);
+  return false;
 }
 
 }  // namespace kvrail

@@ -216,12 +216,15 @@ CompletionTable::Result CompletionTable::Wait(uint64_t id, absl::Time deadline) 
   bool spun = false;
   while (spin_ > absl::ZeroDuration() && absl::Now() < spin_until) {
     spun = true;
+    bool keep_spinning = true;
     if (!ring_->view().Ready()) {
       // Other threads may drain meanwhile: the lock is let go between looks.
       // Past its first microseconds the spin yields its CPU (base/spin_pause.h): the thread
-      // that ends the transfer may be waiting for this very CPU.
+      // that ends the transfer may be waiting for this very CPU. Where the CPU is contended
+      // the spin stops and the thread sleeps on the eventfd below: the daemon's wake-up lets
+      // the scheduler run it, where a yield would leave it behind another thread's slice.
       mu_.Unlock();
-      SpinPause(absl::Now() - started);
+      keep_spinning = SpinPause(absl::Now() - started);
       mu_.Lock();
     }
     DrainLocked();
@@ -231,6 +234,7 @@ CompletionTable::Result CompletionTable::Wait(uint64_t id, absl::Time deadline) 
       spin_ = max_spin_;  // it paid: keep the full spin
       return result;
     }
+    if (!keep_spinning) break;
   }
   while (true) {
     DrainLocked();

@@ -4,11 +4,11 @@
 
 #include <algorithm>
 #include <string>
-#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "base/spin_budget.h"
+#include "base/spin_pause.h"
 
 namespace kvrail::client {
 
@@ -127,12 +127,15 @@ SubmissionQueue::Results SubmissionQueue::SubmitMessages(
   // --- Wait for the acknowledgements.
   const absl::Time waiting_since = absl::Now();
   const absl::Time spin_until = waiting_since + spin_;
+  // The spin keeps its CPU for its first microseconds, then yields it; a contended CPU ends it
+  // (SpinPause, base/spin_pause.h) and the thread sleeps on the acknowledgements' eventfd.
+  bool spinning = true;
   for (;;) {
     DrainLocked();
     if (AllInLocked(tags) || broken_) break;
-    if (absl::Now() < spin_until) {
+    if (spinning && absl::Now() < spin_until) {
       mu_.Unlock();
-      std::this_thread::yield();
+      spinning = SpinPause(absl::Now() - waiting_since);
       mu_.Lock();
       continue;
     }

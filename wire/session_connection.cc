@@ -163,7 +163,9 @@ class SessionConnectionImpl final : public SessionConnection {
       for (absl::Time now = start;; now = absl::Now()) {
         spin_polls_.fetch_add(1, std::memory_order_relaxed);
         if (::poll(&p, 1, 0) != 0 || now >= until) break;
-        if (SpinYields(now - start)) SpinPause(now - start);
+        // A contended CPU ends the spin (SpinPause): the receive below sleeps until the
+        // answer's wake-up instead.
+        if (SpinYields(now - start) && !SpinPause(now - start)) break;
       }
     }
     absl::StatusOr<std::string> answer = ReceivePacket(sock_.get());
