@@ -251,6 +251,9 @@ class DaemonImpl final : public Daemon {
   std::atomic<metrics::Metrics*> metrics_sink_{nullptr};
   std::unique_ptr<transfers::TransferManager> transfers_;
   std::unique_ptr<metrics::Metrics> metrics_;
+  // The session poll thread's predicted spins (kvrail_session_predicted_spins_total): atomics
+  // the poll thread adds to and a scrape reads, declared before sessions_ so they outlive it.
+  session::SessionServerOptions::WakeCounts session_wake_;
   std::unique_ptr<session::SessionServer> sessions_;
   // What a metrics scrape reads of sessions_ (kvrail_session_admission_*): cleared under the
   // lock before sessions_ goes (StopSessions), so a scrape never reads a server being destroyed.
@@ -508,6 +511,13 @@ absl::Status DaemonImpl::StartMetrics() {
     }
     return out;
   };
+  options.session_wake = [this] {
+    metrics::SessionWake out;
+    out.spins = session_wake_.spins.load(std::memory_order_relaxed);
+    out.hits = session_wake_.hits.load(std::memory_order_relaxed);
+    out.misses = session_wake_.misses.load(std::memory_order_relaxed);
+    return out;
+  };
   KVRAIL_ASSIGN_OR_RETURN(metrics_, metrics::Metrics::Start(std::move(options)));
   metrics_sink_.store(metrics_.get(), std::memory_order_release);
   spdlog::info("metrics on {} (port {}{}{})", config().metrics_listen(), metrics_->port(),
@@ -518,6 +528,7 @@ absl::Status DaemonImpl::StartMetrics() {
 
 absl::Status DaemonImpl::StartSessions() {
   session::SessionServerOptions options = SessionOptionsFrom(config(), id_.fd_limit);
+  options.wake_counts = &session_wake_;
   // The greeting names the lineage: a client's session outlives a hot restart.
   options.instance_id = id_.lineage_id;
   transfers::TransferManager* transfers = transfers_.get();

@@ -180,6 +180,17 @@ class StatsCollectable final : public prometheus::Collectable {
       AddSample(&deepest, static_cast<double>(a.deepest));
       out.push_back(std::move(deepest));
     }
+    if (options_.session_wake) {
+      const SessionWake w = options_.session_wake();
+      auto spins = Counter("kvrail_session_predicted_spins_total",
+                           "The session poll thread's spins around a request predicted from a "
+                           "steady cadence (predictive_wake), by outcome: begun, hit (the "
+                           "request came within the spin), miss (it did not: the thread slept).");
+      AddSample(&spins, static_cast<double>(w.spins), {{"outcome", "begun"}});
+      AddSample(&spins, static_cast<double>(w.hits), {{"outcome", "hit"}});
+      AddSample(&spins, static_cast<double>(w.misses), {{"outcome", "miss"}});
+      out.push_back(std::move(spins));
+    }
     if (options_.peers) {
       auto peer_up = Gauge("kvrail_peer_up", "1 when the peer daemon answers heartbeats, else 0.");
       for (const v1::PeerInfo& p : options_.peers()) {

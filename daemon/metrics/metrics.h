@@ -28,6 +28,13 @@ struct SessionAdmission {
   size_t deepest = 0;  // the most waiting in one session's queue (capped per session)
 };
 
+// The session poll thread's predictive wake so far (session::SessionServerOptions::WakeCounts).
+struct SessionWake {
+  uint64_t spins = 0;   // spins begun around a predicted request
+  uint64_t hits = 0;    // those that found the request
+  uint64_t misses = 0;  // those that ended without it (the thread slept as it would have)
+};
+
 struct MetricsOptions {
   // "127.0.0.1:9464"; port 0 picks one.
   std::string listen;
@@ -43,6 +50,8 @@ struct MetricsOptions {
   std::function<v1::Stats()> stats;
   // Called at each scrape when set (kvrail_session_admission_*); empty: no such series.
   std::function<SessionAdmission()> session_admission;
+  // Called at each scrape when set (kvrail_session_predicted_spins_total); empty: no such series.
+  std::function<SessionWake()> session_wake;
   // Called at each scrape when set (kvrail_peer_up); empty: no peers.
   std::function<std::vector<v1::PeerInfo>()> peers;
   // kvrail_build_info's labels.

@@ -220,6 +220,40 @@ TEST_CASE("the session admission queues are gauges read at each scrape, and pass
         std::string::npos);
 }
 
+TEST_CASE("the session poll thread's predicted spins are counters by outcome") {
+  std::atomic<uint64_t> spins{0};
+  MetricsOptions options;
+  options.listen = "127.0.0.1:0";
+  options.stats = [] { return v1::Stats(); };
+  options.session_wake = [&] {
+    SessionWake w;
+    w.spins = spins.load();
+    w.hits = spins.load() * 3 / 4;
+    w.misses = spins.load() / 5;
+    return w;
+  };
+  auto m = Metrics::Start(std::move(options));
+  REQUIRE(m.ok());
+  std::string body = HttpGet((*m)->port(), "/metrics");
+  CHECK(body.find("# TYPE kvrail_session_predicted_spins_total counter") != std::string::npos);
+  CHECK(body.find("\nkvrail_session_predicted_spins_total{outcome=\"begun\"} 0\n") !=
+        std::string::npos);
+  spins.store(100);
+  body = HttpGet((*m)->port(), "/metrics");
+  INFO(body);
+  CHECK(body.find("\nkvrail_session_predicted_spins_total{outcome=\"begun\"} 100\n") !=
+        std::string::npos);
+  CHECK(body.find("\nkvrail_session_predicted_spins_total{outcome=\"hit\"} 75\n") !=
+        std::string::npos);
+  CHECK(body.find("\nkvrail_session_predicted_spins_total{outcome=\"miss\"} 20\n") !=
+        std::string::npos);
+  // Without the callback: no such series.
+  auto plain = Metrics::Start("127.0.0.1:0", [] { return v1::Stats(); });
+  REQUIRE(plain.ok());
+  CHECK(HttpGet((*plain)->port(), "/metrics").find("kvrail_session_predicted") ==
+        std::string::npos);
+}
+
 TEST_CASE("the peer directory's state is a gauge: 1 ok, 0 degraded") {
   std::atomic<bool> ok{true};
   MetricsOptions options;

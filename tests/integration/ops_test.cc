@@ -76,6 +76,12 @@ TEST_CASE("metrics: counts by path, priority and result after real transfers") {
   CHECK(body.find("kvrail_transfers_active 0") != std::string::npos);
   CHECK(body.find(R"(kvrail_queued_tiles{priority="background"} 0)") != std::string::npos);
   CHECK(body.find("kvrail_engine_info{engine=\"host\"} 1") != std::string::npos);
+  // The session poll thread's predictive wake is counted (how many of these sequential transfers
+  // it predicted depends on the machine's timing: only that the daemon exports its counts).
+  for (const char* outcome : {"begun", "hit", "miss"}) {
+    CHECK(body.find(std::string("kvrail_session_predicted_spins_total{outcome=\"") + outcome +
+                    "\"} ") != std::string::npos);
+  }
   c->reset();
   CHECK(daemon.Stop(SIGTERM) == 0);
   // Every log line is a JSON object.
