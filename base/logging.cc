@@ -338,6 +338,10 @@ LogField::LogField(std::string_view k, double value) : key(k) {
   text = json;
 }
 
+bool ShouldLog(spdlog::level::level_enum level) {
+  return spdlog::default_logger_raw()->should_log(level);
+}
+
 void LogFields(spdlog::level::level_enum level, std::string_view message,
                std::initializer_list<LogField> fields) {
   spdlog::logger* logger = spdlog::default_logger_raw();

@@ -77,9 +77,22 @@ struct LogField {
 };
 
 // Logs `message` at `level` with `fields` through the default logger: JSON members beside "msg"
-// in the json format, " key=value" after the message in text. Costs nothing below the level.
+// in the json format, " key=value" after the message in text. Below the level it writes nothing,
+// but the caller has built `fields` already (strings, JSON escapes, numbers printed): on a hot
+// path log through KVRAIL_LOG_FIELDS, which builds them only where the line is written.
 void LogFields(spdlog::level::level_enum level, std::string_view message,
                std::initializer_list<LogField> fields);
+
+// Whether the default logger writes lines of `level`.
+bool ShouldLog(spdlog::level::level_enum level);
+
+// LogFields(level, message, {fields...}), the fields evaluated only when `level` is written.
+#define KVRAIL_LOG_FIELDS(level, message, ...)          \
+  do {                                                  \
+    if (::kvrail::ShouldLog(level)) {                   \
+      ::kvrail::LogFields(level, message, __VA_ARGS__); \
+    }                                                   \
+  } while (false)
 
 // `text` escaped for the inside of a JSON string.
 std::string JsonEscape(std::string_view text);

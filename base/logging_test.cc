@@ -76,6 +76,23 @@ TEST_CASE("below the level nothing is formatted or written") {
   CHECK(out.str().empty());
 }
 
+TEST_CASE("below the level KVRAIL_LOG_FIELDS does not even build its fields") {
+  std::ostringstream out;
+  REQUIRE(SetUpLoggingTo("info", "json", false, &out).ok());
+  int built = 0;
+  const auto value = [&built] {
+    ++built;
+    return 0.25;  // a double: printed with snprintf when built
+  };
+  // At every transfer's end (debug): nothing built, nothing written.
+  KVRAIL_LOG_FIELDS(spdlog::level::debug, "transfer ended", {{"seconds", value()}});
+  CHECK(built == 0);
+  CHECK(out.str().empty());
+  KVRAIL_LOG_FIELDS(spdlog::level::info, "transfer ended", {{"seconds", value()}});
+  CHECK(built == 1);
+  CHECK(out.str().find("\"seconds\":0.25") != std::string::npos);
+}
+
 TEST_CASE("under journald each line starts with its syslog priority") {
   std::ostringstream out;
   REQUIRE(SetUpLoggingTo("debug", "text", /*journald=*/true, &out).ok());

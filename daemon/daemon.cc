@@ -156,16 +156,20 @@ absl::Status ReadEtcdSecrets(const v1::EtcdDirectoryConfig& etcd,
 
 // One line per ended transfer at debug (info would flood the journal at serving rates).
 void LogTransferEnded(const v1::TransferStatus& status) {
-  LogFields(spdlog::level::debug, "transfer ended",
-            {{"transfer_id", status.transfer_id()},
-             {"state", metrics::ResultLabel(status.state())},
-             {"path", metrics::PathLabel(status.path())},
-             {"priority", metrics::PriorityLabel(status.spec().priority())},
-             {"bytes", status.bytes_done()},
-             {"seconds", status.finished_unix_us() > status.submitted_unix_us()
-                             ? (status.finished_unix_us() - status.submitted_unix_us()) / 1e6
-                             : 0.0},
-             {"engine", status.engine()}});
+  // At every transfer's end, on the thread a submission queue's acknowledgement waits for (an
+  // inline host transfer ends before its submit is answered): its fields are built only where
+  // the line is written.
+  KVRAIL_LOG_FIELDS(
+      spdlog::level::debug, "transfer ended",
+      {{"transfer_id", status.transfer_id()},
+       {"state", metrics::ResultLabel(status.state())},
+       {"path", metrics::PathLabel(status.path())},
+       {"priority", metrics::PriorityLabel(status.spec().priority())},
+       {"bytes", status.bytes_done()},
+       {"seconds", status.finished_unix_us() > status.submitted_unix_us()
+                       ? (status.finished_unix_us() - status.submitted_unix_us()) / 1e6
+                       : 0.0},
+       {"engine", status.engine()}});
 }
 
 // What does not change while the daemon runs: its config, topology and identity.
