@@ -451,8 +451,11 @@ void Record::MaybeFinishLocked() {
   if (counters_->on_finished || !life_.when_ended.empty()) {
     v1::TransferStatus status;
     FillStatusLocked(&status);
-    // Waiters first (a WAIT's DONE goes out here): the metrics and the log line are not on the
-    // client's critical path.
+    // Waiters first (a WAIT's DONE and the completion queue's entry go out here), then the
+    // metrics and the log line. Those are off the path of a client that waits for the end, not
+    // of one whose submit is answered after it: a small host transfer run inline by the admitting
+    // thread (Engine::EnqueueAdmitted) ends before that thread posts the submission queue's
+    // acknowledgement.
     for (auto& done : life_.when_ended) done(status);
     life_.when_ended.clear();
     if (counters_->on_finished) counters_->on_finished(status);
