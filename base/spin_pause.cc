@@ -29,12 +29,16 @@ absl::Time LastLostYield() {
 }
 
 bool SpinPause(absl::Duration spun) {
-  if (!SpinYields(spun)) {
-    for (int i = 0; i < 32; ++i) CpuRelax();
-    return true;
-  }
   const absl::Time before = absl::Now();
-  if (NextSpinStep(spun, before, LastLostYield()) == SpinStep::kStop) return false;
+  switch (NextSpinStep(spun, before, LastLostYield())) {
+    case SpinStep::kRelax:
+      for (int i = 0; i < 32; ++i) CpuRelax();
+      return true;
+    case SpinStep::kStop:
+      return false;
+    case SpinStep::kYield:
+      break;
+  }
   YieldCpu();
   const absl::Time after = absl::Now();
   if (after - before < kYieldLost) return true;

@@ -12,8 +12,6 @@
 #include "base/spin_pause.h"
 
 namespace kvrail::client {
-namespace {}  // namespace
-
 absl::StatusOr<std::unique_ptr<CompletionTable>> CompletionTable::Create(uint32_t capacity,
                                                                          absl::Duration max_spin) {
   absl::StatusOr<std::unique_ptr<wire::SharedRing>> ring =

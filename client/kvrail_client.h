@@ -57,7 +57,8 @@ struct ClientOptions {
   // KVRAIL_COMPLETION_SPIN_US: how long a wait polls the completion queue before it sleeps
   // (adaptive: halved while the ends take longer). 200 us covers a 16 MiB GPU transfer (~50-70
   // us on one GPU), whose end a 50 us spin slept through; past its first 20 us the spin yields
-  // its CPU at each look (base/spin_pause.h), so a long one costs a busy machine little.
+  // its CPU at each look, and where a yield loses the CPU to a busy thread it stops and the wait
+  // sleeps (base/spin_pause.h), so a long one costs a busy machine little.
   absl::Duration completion_spin = absl::Microseconds(200);
   // KVRAIL_COMPLETION_QUEUE_ENTRIES: the queue's capacity (a power of 2, 8..1048576). A
   // transfer whose end finds it full is read the old way.

@@ -1,19 +1,21 @@
 // Head of line on the session socket: a small tenant's 4 KiB transfer (submit -> completion seen
 // by the C++ client through its completion queue, as the 4 KiB target is; sequential, p50/p99)
 // unloaded and beside another tenant that keeps submitting a very large transfer (2^20 blocks per
-// side by default, ids in a shared block table, every id checked at admission: defer_id_checks_from
-// 0; layer-wise and cancelled once answered, so it never occupies the engine), with SUBMITs
-// admitted on the poll thread (session_admission_workers 0, the old behaviour), by four workers at
-// normal priority (session_admission_bulk_workers 0: no bulk class), and by four workers plus one
-// bulk worker that admits the large SUBMIT in SCHED_IDLE (the default). One kvraild per setting,
-// host engine; each figure taken `runs` times, median and min/max printed, plus the large SUBMIT's
-// admission time (received -> answered, the daemon's timestamps), the ratio of the p99 beside the
-// large SUBMIT to the same setting's unloaded p99 (the target: at most 2), and the load average
-// before and after. For the slowest 1% of the small tenant's transfers, the median of each phase
-// (the daemon's timestamps against the client's clock): to the daemon, accept, queued, run, and
-// back (finished -> seen by the client), to show where the tail is. Usage: admission_bench [runs
-// (3)] [small transfers per run (1000)] [log2 of the large
-//        SUBMIT's blocks per side (20)]
+// side by default, ids in a shared block table, every id checked at admission:
+// defer_id_checks_from 0; layer-wise and cancelled once answered, so it never occupies the
+// engine), with SUBMITs admitted on the poll thread (session_admission_workers 0, the old
+// behaviour), by four workers at normal priority (session_admission_bulk_workers 0: no bulk
+// class, the shipped default), and by four workers plus one bulk worker that admits the large
+// SUBMIT in SCHED_IDLE (the opt-in bulk class). One kvraild per setting, host engine; each figure
+// taken `runs` times, median and min/max printed, plus the large SUBMIT's admission time
+// (received -> answered, the daemon's timestamps), the ratio of the p99 beside the large SUBMIT
+// to the same setting's unloaded p99 (the target: at most 2), and the load average before and
+// after. For the slowest 1% of the small tenant's transfers, the median of each phase (the
+// daemon's timestamps against the client's clock): to the daemon, accept, queued, run, and back
+// (finished -> seen by the client), to show where the tail is.
+//
+// Usage: admission_bench [runs (3)] [small transfers per run (1000)]
+//                        [log2 of the large SUBMIT's blocks per side (20)]
 #include <stdlib.h>
 
 #include <algorithm>

@@ -96,7 +96,8 @@ def cxx_once(rows):
     srcdir = os.environ.get("TEST_SRCDIR") or path + ".runfiles"
     runfiles = os.path.join(srcdir, "kvrail")
     env = dict(os.environ, TEST_SRCDIR=srcdir, TEST_WORKSPACE="kvrail")
-    out = subprocess.run([path, "1", "--first-table-only"], cwd=runfiles if os.path.isdir(runfiles) else None, env=env,
+    out = subprocess.run([path, "1", "--first-table-only"],
+                         cwd=runfiles if os.path.isdir(runfiles) else None, env=env,
                          check=True, capture_output=True, text=True).stdout
     for line in out.splitlines():
         if not line.strip():
