@@ -512,6 +512,7 @@ absl::Status DaemonImpl::StartMetrics() {
       out.queued = depth.queued;
       out.running = depth.running;
       out.deepest = depth.deepest;
+      out.promoted = depth.promoted;
     }
     return out;
   };

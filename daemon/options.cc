@@ -188,6 +188,7 @@ session::SessionServerOptions SessionOptionsFrom(const v1::DaemonConfig& config,
   if (config.low_latency()) options.spin = absl::Microseconds(100);
   options.admission_workers = config.session_admission_workers();
   options.admission_bulk_workers = config.session_admission_bulk_workers();
+  options.admission_bulk_deadline = absl::Milliseconds(config.session_admission_bulk_deadline_ms());
   options.submission_queue = config.session_submission_queue();
   // Config defaults it by low_latency (config.cc) and bounds it.
   options.submission_spin =

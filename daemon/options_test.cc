@@ -145,7 +145,10 @@ TEST_CASE("sessions: max_sessions from the fd limit when 0; spin follows low_lat
   CHECK(o.admission_workers == 4);  // unset: the documented default
   CHECK(SessionOptionsFrom(Finalized("session_admission_workers: 0"), 1024).admission_workers == 0);
   CHECK(SessionOptionsFrom(Finalized("session_admission_workers: 9"), 1024).admission_workers == 9);
-  CHECK(o.admission_bulk_workers == 0);  // unset: the documented default (off)
+  CHECK(o.admission_bulk_workers == 1);  // unset: the documented default, guarded
+  CHECK(o.admission_bulk_deadline == absl::Milliseconds(100));
+  CHECK(SessionOptionsFrom(Finalized("session_admission_bulk_deadline_ms: 0"), 1024)
+            .admission_bulk_deadline == absl::ZeroDuration());
   CHECK(SessionOptionsFrom(Finalized("session_admission_bulk_workers: 0"), 1024)
             .admission_bulk_workers == 0);
   CHECK(SessionOptionsFrom(Finalized("session_admission_bulk_workers: 3"), 1024)

@@ -330,7 +330,10 @@ absl::Status FinalizeConfig(v1::DaemonConfig* config) {
   if (!config->has_low_latency()) config->set_low_latency(true);
   if (!config->has_session_admission_workers()) config->set_session_admission_workers(4);
   if (!config->has_session_admission_bulk_workers()) {
-    config->set_session_admission_bulk_workers(0);
+    config->set_session_admission_bulk_workers(1);
+  }
+  if (!config->has_session_admission_bulk_deadline_ms()) {
+    config->set_session_admission_bulk_deadline_ms(100);
   }
   if (!config->has_session_submission_queue()) config->set_session_submission_queue(true);
   if (!config->has_session_submission_spin_us()) {
@@ -457,6 +460,11 @@ absl::Status FinalizeConfig(v1::DaemonConfig* config) {
   }
   if (config->session_admission_bulk_workers() > 64) {
     return absl::InvalidArgumentError("session_admission_bulk_workers: at most 64");
+  }
+  if (config->session_admission_bulk_deadline_ms() > 60000) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "session_admission_bulk_deadline_ms: ", config->session_admission_bulk_deadline_ms(),
+        ", at most 60000"));
   }
   if (config->cuda_stream_wait_jobs() > 256) {
     return absl::InvalidArgumentError("cuda_stream_wait_jobs: at most 256");

@@ -74,6 +74,7 @@ TEST_CASE("bad values are rejected naming the key") {
   check("cuda_stream_wait_jobs: 257", "cuda_stream_wait_jobs:");
   check("session_admission_workers: 65", "session_admission_workers:");
   check("session_admission_bulk_workers: 65", "session_admission_bulk_workers:");
+  check("session_admission_bulk_deadline_ms: 60001", "session_admission_bulk_deadline_ms: 60001");
   check("session_spin_budget_percent: 101", "session_spin_budget_percent:");
   check("session_submission_spin_us: 10001", "session_submission_spin_us:");
   check("cuda_dispatcher_spin_us: 10001", "cuda_dispatcher_spin_us:");

@@ -179,6 +179,12 @@ class StatsCollectable final : public prometheus::Collectable {
                            "beyond the per-session cap).");
       AddSample(&deepest, static_cast<double>(a.deepest));
       out.push_back(std::move(deepest));
+      auto promoted = Counter("kvrail_session_admission_bulk_promoted_total",
+                              "Bulk admissions (large SUBMITs, run in SCHED_IDLE) still running at "
+                              "session_admission_bulk_deadline_ms and lifted to normal priority: "
+                              "the node's CPU was saturated meanwhile.");
+      AddSample(&promoted, static_cast<double>(a.promoted));
+      out.push_back(std::move(promoted));
     }
     if (options_.session_wake) {
       const SessionWake w = options_.session_wake();

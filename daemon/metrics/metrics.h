@@ -23,9 +23,10 @@ struct GpuLabel {
 
 // The session socket's admission queues at a scrape (session::SessionServer::AdmissionDepth).
 struct SessionAdmission {
-  size_t queued = 0;   // tasks waiting for an admission worker, every session together
-  size_t running = 0;  // tasks being admitted now
-  size_t deepest = 0;  // the most waiting in one session's queue (capped per session)
+  size_t queued = 0;      // tasks waiting for an admission worker, every session together
+  size_t running = 0;     // tasks being admitted now
+  size_t deepest = 0;     // the most waiting in one session's queue (capped per session)
+  uint64_t promoted = 0;  // bulk admissions lifted to normal priority at their deadline, so far
 };
 
 // The session poll thread's predictive wake so far (session::SessionServerOptions::WakeCounts).

@@ -186,6 +186,7 @@ TEST_CASE("the session admission queues are gauges read at each scrape, and pass
     a.queued = queued.load();
     a.running = queued.load() > 0 ? 2 : 0;
     a.deepest = queued.load() / 2;
+    a.promoted = queued.load() + 1;
     return a;
   };
   auto m = Metrics::Start(std::move(options));
@@ -200,6 +201,9 @@ TEST_CASE("the session admission queues are gauges read at each scrape, and pass
   CHECK(body.find("\nkvrail_session_admission_queued 37\n") != std::string::npos);
   CHECK(body.find("\nkvrail_session_admission_running 2\n") != std::string::npos);
   CHECK(body.find("\nkvrail_session_admission_queue_max 18\n") != std::string::npos);
+  CHECK(body.find("# TYPE kvrail_session_admission_bulk_promoted_total counter") !=
+        std::string::npos);
+  CHECK(body.find("\nkvrail_session_admission_bulk_promoted_total 38\n") != std::string::npos);
   // The exposition as Prometheus' own checker reads it (promtool: Debian's prometheus package,
   // deploy/dev.sh): nothing to report.
   testing::TempDir dir;

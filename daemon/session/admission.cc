@@ -7,9 +7,11 @@
 
 #include <algorithm>
 #include <limits>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "google/protobuf/io/coded_stream.h"
 
 namespace kvrail::session {
@@ -87,7 +89,37 @@ void ToBackground() {
   (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)), 19);
 }
 
+pid_t ThisThread() { return static_cast<pid_t>(::syscall(SYS_gettid)); }
+
 }  // namespace
+
+bool CanLeaveBackground() {
+  bool can = false;
+  std::thread probe([&can] {
+    sched_param param{};
+    if (::sched_setscheduler(0, SCHED_IDLE, &param) != 0) return;
+    can = ::sched_setscheduler(0, SCHED_OTHER, &param) == 0;
+  });
+  probe.join();
+  return can;
+}
+
+BulkPlan PlanBulkWorkers(size_t configured, absl::Duration deadline, bool can_leave) {
+  BulkPlan plan;
+  if (configured == 0 || deadline <= absl::ZeroDuration() || can_leave) {
+    plan.workers = configured;
+    return plan;
+  }
+  plan.why = absl::StrCat(
+      "session_admission_bulk_workers: ", configured,
+      " not started: the bulk class's guard (session_admission_bulk_deadline_ms: ",
+      absl::ToInt64Milliseconds(deadline),
+      ") must lift a thread out of SCHED_IDLE, which this process may not do (no CAP_SYS_NICE, "
+      "RLIMIT_NICE below 20); large SUBMITs are admitted at normal priority. Grant it "
+      "(systemd: LimitNICE=+0; a container: --cap-add SYS_NICE), or set "
+      "session_admission_bulk_deadline_ms: 0 to run the class unguarded");
+  return plan;
+}
 
 bool AdmitsInline(const v1::TransferSpec& spec, uint64_t max_ids) {
   if (max_ids == 0 || spec.src().has_block_table() || spec.dst().has_block_table()) return false;
@@ -126,17 +158,29 @@ TaskClass ClassOfIds(uint64_t ids) {
   return ids > kBulkIds ? TaskClass::kBulk : TaskClass::kOrdinary;
 }
 
-AdmissionPool::AdmissionPool(size_t workers, size_t max_queued, size_t bulk_workers)
-    : max_queued_(max_queued), has_bulk_(bulk_workers > 0) {
-  workers_.reserve(workers + bulk_workers);
+AdmissionPool::AdmissionPool(size_t workers, size_t max_queued, size_t bulk_workers,
+                             absl::Duration bulk_deadline)
+    : max_queued_(max_queued), has_bulk_(bulk_workers > 0), bulk_deadline_(bulk_deadline) {
+  {
+    absl::MutexLock lock(&mu_);
+    bulk_slots_.resize(bulk_workers);
+  }
+  workers_.reserve(workers + bulk_workers + 1);
   for (size_t i = 0; i < workers; ++i) {
-    workers_.emplace_back([this] { Work(TaskClass::kOrdinary); });
+    workers_.emplace_back([this] { Work(TaskClass::kOrdinary, 0); });
   }
   for (size_t i = 0; i < bulk_workers; ++i) {
-    workers_.emplace_back([this] {
+    workers_.emplace_back([this, i] {
       ToBackground();
-      Work(TaskClass::kBulk);
+      {
+        absl::MutexLock lock(&mu_);
+        bulk_slots_[i].tid = ThisThread();
+      }
+      Work(TaskClass::kBulk, i);
     });
+  }
+  if (bulk_workers > 0 && bulk_deadline_ > absl::ZeroDuration()) {
+    workers_.emplace_back([this] { Guard(); });
   }
 }
 
@@ -226,6 +270,11 @@ size_t AdmissionPool::running() const {
   return running_;
 }
 
+uint64_t AdmissionPool::promoted() const {
+  absl::MutexLock lock(&mu_);
+  return promoted_;
+}
+
 size_t AdmissionPool::deepest() const {
   absl::MutexLock lock(&mu_);
   size_t most = 0;
@@ -247,7 +296,33 @@ void AdmissionPool::MakeReady(uint64_t id, const Queue& queue) {
 
 bool AdmissionPool::NothingLeft() const { return queued_ == 0 && running_ == 0; }
 
-void AdmissionPool::Work(TaskClass worker_class) {
+bool AdmissionPool::GuardHasNews() const { return stop_ || bulk_started_ != guard_seen_; }
+
+void AdmissionPool::Guard() {
+  absl::MutexLock lock(&mu_);
+  while (!stop_) {
+    guard_seen_ = bulk_started_;
+    const absl::Time now = absl::Now();
+    absl::Time next = absl::InfiniteFuture();
+    for (BulkSlot& slot : bulk_slots_) {
+      if (!slot.running || slot.promoted) continue;
+      const absl::Time due = slot.started + bulk_deadline_;
+      if (due > now) {
+        next = std::min(next, due);
+        continue;
+      }
+      // Under mu_ while the task runs: the worker returns to SCHED_IDLE only after it has
+      // marked the task ended, so a lift never outlives its task. Marked even when refused
+      // (a policy or limit changed since the probe): it is not retried every round.
+      sched_param param{};
+      slot.promoted = true;
+      if (::sched_setscheduler(slot.tid, SCHED_OTHER, &param) == 0) ++promoted_;
+    }
+    mu_.AwaitWithDeadline(absl::Condition(this, &AdmissionPool::GuardHasNews), next);
+  }
+}
+
+void AdmissionPool::Work(TaskClass worker_class, size_t slot) {
   const absl::Condition has_work(this, worker_class == TaskClass::kBulk
                                            ? &AdmissionPool::HasBulkWork
                                            : &AdmissionPool::HasOrdinaryWork);
@@ -275,14 +350,26 @@ void AdmissionPool::Work(TaskClass worker_class) {
         it->second.running = true;
         --queued_;
         ++running_;
+        if (worker_class == TaskClass::kBulk) {
+          BulkSlot& mine_slot = bulk_slots_[slot];
+          mine_slot.running = true;
+          mine_slot.promoted = false;
+          mine_slot.started = absl::Now();
+          ++bulk_started_;
+        }
         break;
       }
     }
     std::move(task)();
     task = nullptr;  // what it owned goes before the session's next task may run
     std::function<void()> then;
+    bool lifted = false;
     {
       absl::MutexLock lock(&mu_);
+      if (worker_class == TaskClass::kBulk) {
+        bulk_slots_[slot].running = false;
+        lifted = bulk_slots_[slot].promoted;
+      }
       auto it = queues_.find(id);
       if (it != queues_.end()) {
         Queue& queue = it->second;
@@ -296,6 +383,7 @@ void AdmissionPool::Work(TaskClass worker_class) {
       }
       if (!then) --running_;
     }
+    if (lifted) ToBackground();  // the next bulk task starts in the background again
     if (then) {
       then();  // counted as running until it returns (AwaitIdle waits for it too)
       absl::MutexLock lock(&mu_);

@@ -1,10 +1,13 @@
 // AdmissionPool: each session's tasks run in the order posted and one at a time, sessions in
 // parallel; a session closed with tasks queued has none of them run, and its `then` runs only
 // after the task that was running; a full queue refuses, naming the cap; a bulk task runs on a
-// bulk worker (SCHED_IDLE) and an ordinary one never does, a session's order kept across both.
+// bulk worker (SCHED_IDLE) and an ordinary one never does, a session's order kept across both;
+// the guard lifts a bulk task that outlives its deadline.
 #include "daemon/session/admission.h"
 
+#include <pthread.h>
 #include <sched.h>
+#include <time.h>
 
 #include <algorithm>
 #include <atomic>
@@ -114,6 +117,112 @@ TEST_CASE("a bulk task runs on a bulk worker (SCHED_IDLE), an ordinary task neve
   }
   // One bulk worker: every bulk task on the same thread.
   for (const RanOn& on : bulk) CHECK(on.thread == bulk.front().thread);
+}
+
+TEST_CASE("PlanBulkWorkers: guarded workers only where a thread can leave SCHED_IDLE") {
+  const absl::Duration guarded = absl::Milliseconds(100);
+  CHECK(PlanBulkWorkers(1, guarded, true).workers == 1);
+  CHECK(PlanBulkWorkers(1, guarded, true).why.empty());
+  CHECK(PlanBulkWorkers(3, absl::ZeroDuration(), false).workers == 3);  // unguarded: as asked
+  CHECK(PlanBulkWorkers(0, guarded, false).workers == 0);
+  CHECK(PlanBulkWorkers(0, guarded, false).why.empty());  // none asked for: nothing to say
+  const BulkPlan refused = PlanBulkWorkers(2, guarded, false);
+  CHECK(refused.workers == 0);
+  CHECK(refused.why.find("session_admission_bulk_workers: 2 not started") == 0);
+  CHECK(refused.why.find("session_admission_bulk_deadline_ms: 100") != std::string::npos);
+  CHECK(refused.why.find("LimitNICE") != std::string::npos);
+}
+
+// Pins the calling thread to `cpu`; false where the machine does not let it.
+bool PinTo(int cpu) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(cpu, &set);
+  return ::pthread_setaffinity_np(::pthread_self(), sizeof(set), &set) == 0;
+}
+
+double ThreadCpuMs() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+// Where a bulk task met a CPU an ordinary thread keeps busy: SCHED_IDLE gets ~0.3% of it, so
+// 100 ms of work would take ~30 s; the guard lifts the task at its deadline and it finishes in
+// well under a second. The worker is back in SCHED_IDLE for its next task.
+TEST_CASE("the guard lifts a bulk task past its deadline beside a busy CPU; the next starts idle") {
+  if (!CanLeaveBackground()) {
+    WARN("SKIPPED: this process may not leave SCHED_IDLE (no CAP_SYS_NICE, RLIMIT_NICE < 20)");
+    return;
+  }
+  const int cpu = ::sched_getcpu();
+  REQUIRE(cpu >= 0);
+  std::atomic<bool> stop{false}, hog_started{false};
+  std::thread hog([&] {  // a busy tenant's thread, runnable all the time on that CPU
+    if (!PinTo(cpu)) return;
+    hog_started = true;
+    while (!stop.load(std::memory_order_relaxed)) {
+    }
+  });
+  while (!hog_started.load()) std::this_thread::yield();
+  std::atomic<bool> give_up{false}, done{false};
+  int policy_at_end = -1, policy_next = -1;
+  double wall_ms = 0;
+  {
+    AdmissionPool pool(1, 8, 1, absl::Milliseconds(20));
+    pool.Open(1);
+    REQUIRE(pool.Post(
+                    1,
+                    [&] {
+                      cpu_set_t was;
+                      ::pthread_getaffinity_np(::pthread_self(), sizeof(was), &was);
+                      const absl::Time start = absl::Now();
+                      if (PinTo(cpu)) {
+                        const double from = ThreadCpuMs();
+                        while (ThreadCpuMs() - from < 100 && !give_up.load()) {
+                        }
+                      }
+                      wall_ms = absl::ToDoubleMilliseconds(absl::Now() - start);
+                      policy_at_end = ::sched_getscheduler(0);
+                      ::pthread_setaffinity_np(::pthread_self(), sizeof(was), &was);
+                      done = true;
+                    },
+                    TaskClass::kBulk)
+                .ok());
+    const bool finished = Eventually([&] { return done.load(); });
+    give_up = true;
+    CHECK(finished);
+    REQUIRE(pool.Post(
+                    1, [&] { policy_next = ::sched_getscheduler(0); }, TaskClass::kBulk)
+                .ok());
+    pool.AwaitIdle();
+    CHECK(pool.promoted() == 1);
+  }
+  stop = true;
+  hog.join();
+  INFO("the bulk task took " << wall_ms << " ms of wall time for 100 ms of CPU");
+  CHECK(policy_at_end == SCHED_OTHER);
+  CHECK(policy_next == AdmissionPool::kBulkPolicy);
+  CHECK(wall_ms < 5000);
+}
+
+TEST_CASE("a bulk task within its deadline stays in the background; no guard without one") {
+  for (const absl::Duration deadline : {absl::Seconds(30), absl::ZeroDuration()}) {
+    AdmissionPool pool(1, 8, 1, deadline);
+    pool.Open(1);
+    int policy = -1;
+    REQUIRE(pool.Post(
+                    1,
+                    [&] {
+                      absl::SleepFor(absl::Milliseconds(30));
+                      policy = ::sched_getscheduler(0);
+                    },
+                    TaskClass::kBulk)
+                .ok());
+    pool.AwaitIdle();
+    CHECK(policy == AdmissionPool::kBulkPolicy);
+    CHECK(pool.promoted() == 0);
+  }
 }
 
 TEST_CASE("without bulk workers a bulk task runs on an ordinary worker") {

@@ -62,9 +62,14 @@ SessionServerImpl::SessionServerImpl(UniqueFd listener, UniqueFd wake_read, Uniq
       packet_(wire::kMaxRequestBytes),
       queues_(options_.submission_spin) {
   if (options_.admission_workers > 0) {
-    admission_ =
-        std::make_unique<AdmissionPool>(options_.admission_workers, options_.max_queued_per_session,
-                                        options_.admission_bulk_workers);
+    const absl::Duration deadline = options_.admission_bulk_deadline;
+    const BulkPlan bulk =
+        PlanBulkWorkers(options_.admission_bulk_workers, deadline,
+                        options_.admission_bulk_workers == 0 || deadline <= absl::ZeroDuration() ||
+                            CanLeaveBackground());
+    if (!bulk.why.empty()) spdlog::warn("session admission: {}", bulk.why);
+    admission_ = std::make_unique<AdmissionPool>(
+        options_.admission_workers, options_.max_queued_per_session, bulk.workers, deadline);
   }
   reserve_ = OpenReserve();
   if (!Watch(wake_read_.get(), kWakeTag) || !Watch(listener_.get(), kListenerTag)) {
@@ -95,6 +100,7 @@ SessionServer::AdmissionDepth SessionServerImpl::admission_depth() const {
     depth.queued = admission_->queued();
     depth.running = admission_->running();
     depth.deepest = admission_->deepest();
+    depth.promoted = admission_->promoted();
   }
   return depth;
 }

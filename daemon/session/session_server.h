@@ -101,8 +101,12 @@ struct SessionServerOptions {
   // priority (SCHED_IDLE; DaemonConfig.session_admission_bulk_workers): such a submit
   // (a million-id plan) then takes the CPU only when the other tenants' threads leave it. 0:
   // those SUBMITs go to the workers above at normal priority. Unused with admission_workers 0.
-  // Off unless asked for (see the config field for why).
+  // Started only where admission_bulk_deadline's guard can work (PlanBulkWorkers; a warning
+  // names what is missing otherwise). 0 here (tests); the daemon's config defaults it to 1.
   size_t admission_bulk_workers = 0;
+  // A bulk admission still running this long is lifted to normal priority for its rest
+  // (DaemonConfig.session_admission_bulk_deadline_ms). Zero: never (unguarded).
+  absl::Duration admission_bulk_deadline = absl::ZeroDuration();
   // A SUBMIT whose block ids travel in the packet, at most this many on both sides together (no
   // shared block table), is admitted on the poll thread when its session has nothing queued: its
   // admission costs no more than the hand-off to a worker (on an H100 host the hand-off added
@@ -196,6 +200,7 @@ class SessionServer {
     size_t queued = 0;
     size_t running = 0;
     size_t deepest = 0;
+    uint64_t promoted = 0;  // bulk admissions the guard lifted to normal priority, so far
   };
   virtual AdmissionDepth admission_depth() const = 0;
 
