@@ -26,6 +26,24 @@ wire::Completion CompletionOf(const v1::TransferStatus& status) {
   return c;
 }
 
+// An end the queue holds whole as WaitEnd returns it: the daemon's entry with nothing more to
+// say, or one seen in its done word (the daemon's entry, with any more, follows).
+bool IsWhole(const wire::Completion& completion) {
+  return (completion.flags & wire::kCompletionHasMore) == 0 ||
+         (completion.flags & CompletionTable::kSeenInWord) != 0;
+}
+
+v1::TransferStatus StatusOfEnd(const wire::Completion& completion) {
+  v1::TransferStatus status;
+  status.set_transfer_id(completion.transfer_id);
+  status.set_state(static_cast<v1::TransferState>(completion.state));
+  status.set_error_code(completion.error_code);
+  status.set_bytes_total(completion.bytes_total);
+  status.set_bytes_done(completion.bytes_done);
+  status.set_finished_unix_us(completion.finished_unix_us);
+  return status;
+}
+
 }  // namespace
 
 absl::StatusOr<v1::TransferStatus> Client::Wait(uint64_t transfer_id, absl::Duration timeout) {
@@ -64,20 +82,21 @@ absl::StatusOr<v1::TransferStatus> Client::WaitEnd(uint64_t transfer_id, absl::D
   const CompletionTable::Result seen =
       completions->Wait(transfer_id, bounded ? absl::Now() + timeout : absl::InfiniteFuture());
   if (seen.outcome == CompletionTable::Outcome::kTimeout) return Get(transfer_id);
-  if (seen.outcome == CompletionTable::Outcome::kDone &&
-      ((seen.completion.flags & wire::kCompletionHasMore) == 0 ||
-       (seen.completion.flags & CompletionTable::kSeenInWord) != 0)) {
-    v1::TransferStatus status;
-    status.set_transfer_id(seen.completion.transfer_id);
-    status.set_state(static_cast<v1::TransferState>(seen.completion.state));
-    status.set_error_code(seen.completion.error_code);
-    status.set_bytes_total(seen.completion.bytes_total);
-    status.set_bytes_done(seen.completion.bytes_done);
-    status.set_finished_unix_us(seen.completion.finished_unix_us);
-    return status;
+  if (seen.outcome == CompletionTable::Outcome::kDone && IsWhole(seen.completion)) {
+    return StatusOfEnd(seen.completion);
   }
   // Missed by the queue, or more than the entry holds: the whole status (at once when ended).
   return Wait(transfer_id, timeout);
+}
+
+std::optional<v1::TransferStatus> Client::EndIfSeen(uint64_t transfer_id) {
+  CompletionTable* completions = impl_->completions_.load();
+  if (completions == nullptr) return std::nullopt;
+  const CompletionTable::Result seen = completions->Peek(transfer_id);
+  if (seen.outcome != CompletionTable::Outcome::kDone || !IsWhole(seen.completion)) {
+    return std::nullopt;
+  }
+  return StatusOfEnd(seen.completion);
 }
 
 void Client::LocalStates(const uint64_t* ids, size_t count, int32_t* states) {

@@ -292,6 +292,11 @@ class Client {
   // missed, and an end that has more to say (an error message, a digest) are Wait's.
   absl::StatusOr<v1::TransferStatus> WaitEnd(uint64_t transfer_id,
                                              absl::Duration timeout = absl::ZeroDuration());
+  // Without waiting and without a call: the end WaitEnd would return, when the completion queue
+  // (or the done word) holds it already and it says no more than those fields; nullopt while
+  // the transfer runs, and for whatever WaitEnd would read from the daemon. A host transfer
+  // small enough to run inline has usually ended by the time its submit returns.
+  std::optional<v1::TransferStatus> EndIfSeen(uint64_t transfer_id);
   // Without a call: states[i] for ids[i] as the completion queue knows it - the final state of
   // an ended transfer, TRANSFER_STATE_RUNNING for one it follows that has not ended, and
   // TRANSFER_STATE_UNSPECIFIED for what it cannot tell (not submitted over the session, older

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstddef>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -824,6 +825,18 @@ TEST_CASE("a kept spec submitted with new ids; an end's status in the caller's s
     CHECK(submit.submitted.transfer_id != 0);
     CHECK(submit.submitted.bytes_total == kLayers * kParts * kChunk);
     CHECK(submit.submitted.followed == 1);
+    // A host transfer this small runs inline, so its end came before the submit's answer:
+    // `end` holds it, as kvrail_wait_end_into below reads it.
+    CHECK(submit.end.struct_size == sizeof(kvrail_transfer_end));
+    CHECK(submit.end.state == v1::TRANSFER_STATE_SUCCEEDED);
+    CHECK(submit.end.transfer_id == submit.submitted.transfer_id);
+    CHECK(submit.end.flags == 0);
+    CHECK(submit.end.bytes_done == submit.submitted.bytes_total);
+    CHECK(submit.end.finished_unix_us > 0);
+    v1::TransferStatus carried;
+    REQUIRE(carried.ParseFromArray(submit.end_status, static_cast<int>(submit.end_len)));
+    CHECK(carried.transfer_id() == submit.end.transfer_id);
+    CHECK(carried.state() == v1::TRANSFER_STATE_SUCCEEDED);
     wait.transfer_id = submit.submitted.transfer_id;
     REQUIRE(kvrail_wait_end_into(&wait) == KVRAIL_OK);
     CHECK(wait.heap == nullptr);
@@ -840,6 +853,25 @@ TEST_CASE("a kept spec submitted with new ids; an end's status in the caller's s
     REQUIRE(kvrail_wait_end(live.client, wait.transfer_id, -1, &state, &bytes, &len) == KVRAIL_OK);
     CHECK(Take<v1::TransferStatus>(bytes, len).SerializeAsString() == status.SerializeAsString());
     CHECK(std::memcmp(Chunk(dst.buffer, 1, 1, b + 4), Chunk(src.buffer, 1, 1, b), kChunk) == 0);
+    CHECK(status.finished_unix_us() == submit.end.finished_unix_us);
+    CHECK(carried.SerializeAsString() == status.SerializeAsString());
+  }
+  // A caller built before `end` existed: its size without it is accepted, and the library
+  // writes nothing past it.
+  {
+    kvrail_spec_submit older = submit;
+    constexpr size_t kTail = sizeof(kvrail_spec_submit) - offsetof(kvrail_spec_submit, end);
+    std::memset(&older.end, 0xAB, kTail);
+    older.struct_size = offsetof(kvrail_spec_submit, end);
+    const uint32_t pair[2] = {7, 0};
+    older.ids = pair;
+    REQUIRE(kvrail_submit_spec(&older) == KVRAIL_OK);
+    CHECK(older.submitted.transfer_id != 0);
+    const auto* tail = reinterpret_cast<const uint8_t*>(&older.end);
+    CHECK(std::all_of(tail, tail + kTail, [](uint8_t b) { return b == 0xAB; }));
+    older.struct_size = offsetof(kvrail_spec_submit, end) + 4;
+    CHECK(kvrail_submit_spec(&older) == KVRAIL_INVALID_ARGUMENT);
+    CHECK(LastMessage().rfind("submit.struct_size: ", 0) == 0);
   }
   // A status longer than the struct's data (the daemon's, with the spec and its long label)
   // comes in heap, whole.

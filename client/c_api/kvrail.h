@@ -334,8 +334,17 @@ int kvrail_spec_free(kvrail_spec* spec);
  *
  * kvrail_submit_spec: kvrail_submit_blocks_short of `spec` with `ids` holding `src_count` source
  * ids then `dst_count` destination ids (0 on a side: the spec's own ids there), answered in
- * `submitted` (cleared first). A spec whose client was closed is KVRAIL_INVALID_ARGUMENT ("spec:
- * its client was closed"); "submit.struct_size: ..." for a size this library does not know. */
+ * `submitted` (cleared first). When the transfer had already ended by the time the submit was
+ * answered (a small host transfer runs inline) and the completion queue holds its end whole,
+ * `end` has it as kvrail_wait_end_short would (state final, flags 0) and `end_status` as
+ * kvrail_wait_end_into would (the serialized kvrail.v1.TransferStatus, `end_len` bytes): no
+ * kvrail_wait_end is needed for it; otherwise end.state and end_len are 0. A caller built before
+ * these existed sets the size without them (offsetof(kvrail_spec_submit, end)) and gets the
+ * rest. A spec whose client was closed is KVRAIL_INVALID_ARGUMENT ("spec: its client was
+ * closed"); "submit.struct_size: ..." for a size this library does not know. */
+/* Room for an end's serialized status (transfer_id, state, error_code, bytes and finish time:
+ * at most 57 bytes). */
+#define KVRAIL_END_STATUS_INLINE 64
 typedef struct kvrail_spec_submit {
   uint32_t struct_size; /* the caller sets sizeof(kvrail_spec_submit) */
   uint32_t src_count;
@@ -344,6 +353,9 @@ typedef struct kvrail_spec_submit {
   kvrail_spec* spec;
   const uint32_t* ids;
   kvrail_submitted submitted; /* the answer */
+  kvrail_transfer_end end;    /* the end, when it came before the answer (state 0: not yet) */
+  uint32_t end_len;           /* the same end serialized: end_status's bytes (0: not yet) */
+  uint8_t end_status[KVRAIL_END_STATUS_INLINE];
 } kvrail_spec_submit;
 int kvrail_submit_spec(kvrail_spec_submit* submit);
 

@@ -5,8 +5,10 @@
 // struct in the caller's memory (kvrail_spec_submit, kvrail_end_wait), so that they cost that
 // caller one argument each and no allocation.
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -183,9 +185,16 @@ int kvrail_spec_create(kvrail_client* handle, const uint8_t* spec, size_t spec_l
 int kvrail_submit_spec(kvrail_spec_submit* submit) {
   return Guard([&]() -> absl::Status {
     KVRAIL_RETURN_IF_ERROR(RequireOut(submit, "submit"));
-    KVRAIL_RETURN_IF_ERROR(CheckStructSize(submit, "submit"));
+    // The size without `end` is a caller built before it: everything but the end.
+    constexpr uint32_t kWithoutEnd = offsetof(kvrail_spec_submit, end);
+    const bool with_end = submit->struct_size != kWithoutEnd;
+    if (with_end) KVRAIL_RETURN_IF_ERROR(CheckStructSize(submit, "submit"));
     submit->submitted = kvrail_submitted{};
     submit->submitted.struct_size = sizeof(kvrail_submitted);
+    if (with_end) {
+      ClearEnd(&submit->end);
+      submit->end_len = 0;
+    }
     KVRAIL_ASSIGN_OR_RETURN(
         std::shared_ptr<SpecTemplate> held,
         FindLive(SpecTemplates(), submit->spec, "spec", "kvrail_spec", "freed"));
@@ -214,6 +223,16 @@ int kvrail_submit_spec(kvrail_spec_submit* submit) {
     }
     KVRAIL_ASSIGN_OR_RETURN(v1::SubmitTransferResponse result, client->Submit(spec));
     FillSubmitted(result, *client, &submit->submitted);
+    if (with_end && submit->submitted.followed != 0) {
+      if (std::optional<v1::TransferStatus> end = client->EndIfSeen(result.transfer_id())) {
+        const size_t size = end->ByteSizeLong();
+        if (size <= sizeof(submit->end_status)) {  // always: six scalar fields
+          FillEnd(*end, &submit->end);
+          end->SerializeWithCachedSizesToArray(submit->end_status);
+          submit->end_len = static_cast<uint32_t>(size);
+        }
+      }
+    }
     return absl::OkStatus();
   });
 }

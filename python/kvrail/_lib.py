@@ -80,8 +80,12 @@ class TransferEndStruct(ctypes.Structure):
     ]
 
 
+END_STATUS_INLINE = 64  # KVRAIL_END_STATUS_INLINE
+
+
 class SpecSubmitStruct(ctypes.Structure):
-    """kvrail_spec_submit: kvrail_submit_spec's arguments and answer."""
+    """kvrail_spec_submit: kvrail_submit_spec's arguments and answer (the end too, when it came
+    before the answer)."""
 
     _fields_ = [
         ("struct_size", ctypes.c_uint32),
@@ -91,6 +95,9 @@ class SpecSubmitStruct(ctypes.Structure):
         ("spec", ctypes.c_void_p),
         ("ids", ctypes.c_void_p),
         ("submitted", SubmittedStruct),
+        ("end", TransferEndStruct),
+        ("end_len", ctypes.c_uint32),
+        ("end_status", ctypes.c_uint8 * END_STATUS_INLINE),
     ]
 
 

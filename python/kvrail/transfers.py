@@ -13,8 +13,8 @@ import struct
 import threading
 from typing import TYPE_CHECKING, Iterable, List, Optional, Sequence, Union
 
-from kvrail._lib import (EndWaitStruct, SpecSubmitStruct, _u8p, check, lib, out_bytes,
-                         take_bytes)
+from kvrail._lib import (EndWaitStruct, SpecSubmitStruct, TransferEndStruct, _u8p, check, lib,
+                         out_bytes, take_bytes)
 from kvrail.errors import KvrailError, StatusCode, TransferFailedError, error_for
 from kvrail.proto import transfer_pb2
 from kvrail.regions import Region
@@ -31,8 +31,11 @@ _SPEC_CACHE = 256  # kept specs a client holds by shape (cleared when full)
 # answer read with one unpack (no ctypes field access, no struct made per call; the call itself
 # takes the one pointer).
 _SUBMIT_IN = struct.Struct("=IIIQQ")  # at 4: src_count, dst_count, reserved, spec, ids
-_SUBMITTED = struct.Struct("=IIQQII")  # the answer: struct_size, tiles_total, transfer_id,
-#                                        bytes_total, deduplicated, followed
+# The answer: kvrail_submitted (struct_size, tiles_total, transfer_id, bytes_total, deduplicated,
+# followed), then, past the end's fields (kvrail_transfer_end), the length of the end's
+# serialized status at _END_AT (0: it had not ended when answered).
+_SUBMITTED = struct.Struct(f"=IIQQII{ctypes.sizeof(TransferEndStruct)}xI")
+_END_AT = SpecSubmitStruct.end_status.offset
 _SUBMITTED_AT = SpecSubmitStruct.submitted.offset
 _IDS_AT = ctypes.sizeof(SpecSubmitStruct)
 _IDS_INLINE = 64
@@ -96,7 +99,7 @@ class Transfer:
         if isinstance(response, bytes):
             self._response = transfer_pb2.SubmitTransferResponse.FromString(response)
         elif isinstance(response, tuple):
-            _, tiles_total, _, bytes_total, deduplicated, _ = response
+            tiles_total, bytes_total, deduplicated = response[1], response[3], response[4]
             self._response = transfer_pb2.SubmitTransferResponse(
                 transfer_id=self.id, deduplicated=bool(deduplicated), bytes_total=bytes_total,
                 tiles_total=tiles_total)
@@ -308,7 +311,7 @@ class TransferCalls:
             scratch = _local.free.pop()
         except (AttributeError, IndexError):
             scratch = _scratch()
-        view, address, submit_spec, _, _ = scratch
+        view, address, submit_spec, _, _, _ = scratch
         # The ids go to the library as one uint32 array, source's then destination's (no
         # protobuf encoding of them in Python): a few, from lists, packed into the scratch with
         # the call's arguments.
@@ -341,8 +344,12 @@ class TransferCalls:
             _local.free.append(scratch)
             check(code)
         answer = _SUBMITTED.unpack_from(view, _SUBMITTED_AT)
-        _local.free.append(scratch)
         transfer = Transfer(self, answer[2], answer, answer[5] != 0)
+        if answer[6]:
+            # It ended before the answer (a small host transfer runs inline): its end is what
+            # wait_end() and `await` return, with no call and no look at the queue.
+            transfer._end = _TransferStatus.FromString(scratch[5][answer[6]])
+        _local.free.append(scratch)
         if armed is not None:
             transfer._armed_at = armed
             # Submitted on the event loop that awaits the queue: the ends that came during the
@@ -352,6 +359,8 @@ class TransferCalls:
             waiter = armed.waiter
             if waiter._loop is asyncio._get_running_loop() and waiter._token is armed:
                 waiter._on_ready()
+                if answer[6]:  # taken above with no await for it: not kept for one
+                    waiter._early.pop(transfer.id, None)
         return transfer
 
     def _status_call(self, fn, *args):
@@ -389,7 +398,7 @@ class TransferCalls:
             scratch = _local.free.pop()
         except (AttributeError, IndexError):
             scratch = _scratch()
-        view, address, _, wait_end_into, statuses = scratch
+        view, address, _, wait_end_into, statuses, _ = scratch
         # The status comes serialized in this thread's scratch (kvrail_wait_end_into): one parse,
         # no allocation or free in the library.
         try:
@@ -498,11 +507,12 @@ class _KeptSpec:
 
 def _scratch() -> tuple:
     """A new scratch for the hot calls: (a byte view over it, its address, kvrail_submit_spec,
-    kvrail_wait_end_into, views of the first n bytes of the end's status for each n); a
-    kvrail_spec_submit at 0, up to _IDS_INLINE block ids at _IDS_AT, a kvrail_end_wait at
-    _WAIT_AT. A call takes one from its thread's free list (_local.free), writes its arguments,
-    calls, reads its answer and puts it back (a failed call too): a call made in between on the
-    thread (a signal handler's, a finalizer's) takes another one."""
+    kvrail_wait_end_into, views of the first n bytes of the end's status for each n, the same
+    of the submit's carried end); a kvrail_spec_submit at 0, up to _IDS_INLINE block ids at
+    _IDS_AT, a kvrail_end_wait at _WAIT_AT. A call takes one from its thread's free list
+    (_local.free), writes its arguments, calls, reads its answer and puts it back (a failed call
+    too): a call made in between on the thread (a signal handler's, a finalizer's) takes another
+    one."""
     raw = (ctypes.c_uint8 * (_WAIT_AT + ctypes.sizeof(EndWaitStruct)))()
     view = memoryview(raw).cast("B")  # keeps `raw` alive
     struct.pack_into("=I", view, 0, ctypes.sizeof(SpecSubmitStruct))
@@ -511,8 +521,9 @@ def _scratch() -> tuple:
     if not hasattr(_local, "free"):
         _local.free = []
     statuses = [view[_WAIT_DATA:_WAIT_DATA + n] for n in range(EndWaitStruct.data.size + 1)]
+    ends = [view[_END_AT:_END_AT + n] for n in range(SpecSubmitStruct.end_status.size + 1)]
     return (view, ctypes.addressof(raw), loaded.kvrail_submit_spec, loaded.kvrail_wait_end_into,
-            statuses)
+            statuses, ends)
 
 
 def _block_ids(src_blocks, dst_blocks) -> "tuple[array.array, int]":

@@ -30,6 +30,15 @@ def _pools(client):
     return src, dst
 
 
+def _after_answer(client, src, dst, src_block: int, dst_block: int):
+    """A transfer that cannot end before its submit is answered (layer-wise, its layers marked
+    ready only after the answer): its end comes through the queue, not with the answer, as a
+    transfer that runs past its submit does (a small host transfer runs inline instead)."""
+    transfer = client.transfer(src.region, [src_block], dst.region, [dst_block], layerwise=True)
+    transfer.mark_ready(0, src.layout.num_layers)
+    return transfer
+
+
 class _NoExecutor:
     """Fails the test if `await` falls back to an executor thread."""
 
@@ -101,12 +110,47 @@ def test_await_takes_the_end_from_the_queue_without_a_call(daemon):
         assert status.bytes_done == status.bytes_total > 0
         assert status.finished_unix_us > 0
         assert status.path == transfer_pb2.PATH_UNSPECIFIED, "the await read the daemon's status"
-        # Ended before anything was armed: read from the queue's table (no call to the daemon).
-        assert calls == ["wait_end"]
+        # A 4 KiB host transfer runs inline, so its end came before the submit was answered:
+        # the answer carried it (no call to the daemon, no look at the queue's table).
+        assert calls == []
         assert transfer.wait_end() is status
         whole = transfer.result(timeout=30)
         assert whole.path != transfer_pb2.PATH_UNSPECIFIED
         assert (dst.tokens([10], 4) == src.tokens([9], 4)).all()
+
+
+def test_a_small_host_transfer_ends_with_its_submit(daemon):
+    # A 4 KiB host transfer runs inline, so its end is in the queue before the submit's answer,
+    # and the answer carries it: done() and wait_end() then read nothing more. One that runs
+    # past its answer is read from the queue as before.
+    with kvrail.connect(daemon.socket) as client:
+        src, dst = _pools(client)
+        calls = []
+        real_poll, real_wait_end = client.poll, client.wait_end
+
+        def counted_poll(*args, **kwargs):
+            calls.append("poll")
+            return real_poll(*args, **kwargs)
+
+        def counted_wait_end(*args, **kwargs):
+            calls.append("wait_end")
+            return real_wait_end(*args, **kwargs)
+
+        client.poll, client.wait_end = counted_poll, counted_wait_end
+        for i in range(20):
+            transfer = client.transfer(src.region, [i % 16], dst.region, [(i * 3) % 16])
+            assert transfer.done()
+            status = transfer.wait_end()
+            assert status.state == SUCCEEDED
+            assert status.transfer_id == transfer.id
+            assert status.bytes_done == status.bytes_total > 0
+            assert status.finished_unix_us > 0
+            assert transfer.result(timeout=30).finished_unix_us == status.finished_unix_us
+            assert (dst.tokens([(i * 3) % 16], 4) == src.tokens([i % 16], 4)).all()
+        assert calls == [], "an end the submit's answer carried was asked for again"
+        later = _after_answer(client, src, dst, 5, 6)
+        assert later.wait_end(30).state == SUCCEEDED
+        assert calls == ["wait_end"]
 
 
 def test_wait_all_uses_the_eventfd(daemon):
@@ -192,14 +236,14 @@ def test_awaits_one_after_another_take_their_ends_from_the_wake_up(daemon):
         async def run():
             loop = asyncio.get_running_loop()
             loop.run_in_executor = _NoExecutor(loop)
-            first = await client.transfer(src.region, [0], dst.region, [0])
+            first = await _after_answer(client, src, dst, 0, 0)
             # Nothing was armed before it: one look, and one read if it had ended by then.
             assert len(looks) == 1 and len(reads) <= 1
             looks.clear()
             reads.clear()
             statuses = []
             for i in range(50):
-                transfer = client.transfer(src.region, [i % 16], dst.region, [(i * 7) % 16])
+                transfer = _after_answer(client, src, dst, i % 16, (i * 7) % 16)
                 statuses.append((transfer, await transfer))
             return first, statuses
 
@@ -275,7 +319,7 @@ def test_a_loop_closed_while_armed_is_disarmed_by_the_next_submit(daemon):
         src, dst = _pools(client)
 
         async def one():
-            return await client.transfer(src.region, [3], dst.region, [3])
+            return await _after_answer(client, src, dst, 3, 3)
 
         assert asyncio.run(one()).state == SUCCEEDED
         assert client._armed is not None, "disarmed already: nothing left to test"

@@ -12,7 +12,8 @@
 //            fuzzed arguments and out-parameters holding garbage: every one INVALID_ARGUMENT,
 //            every out-parameter cleared; the fixed-size structs (kvrail_submitted,
 //            kvrail_transfer_end, kvrail_spec_submit, kvrail_end_wait) cleared at this library's
-//            size and untouched at any other; kept specs never issued refused.
+//            sizes (kvrail_spec_submit's also at its size without `end`, nothing written past
+//            it) and untouched at any other; kept specs never issued refused.
 //   flags:   the CUDA flag calls with handles that are not live and arguments they must refuse.
 //   misc:    kvrail_free(NULL), the ABI version, kvrail_connect without an out-parameter.
 // After every call the thread's last error holds its code, and a message exactly when it failed.
@@ -401,9 +402,19 @@ void FuzzClientCall(Input& in, const Buffers& buffers) {
       submit.ids = blocks.data();  // n ids: what the counts ask for
       const kvrail_spec_submit before = submit;
       code = kvrail_submit_spec((which & 0x10) ? nullptr : &submit);
-      if (submit.struct_size == sizeof(submit) && !(which & 0x10)) {
+      // Two sizes are known: the whole struct, and the one before `end` existed (nothing past
+      // it is written then).
+      constexpr size_t kOlder = offsetof(kvrail_spec_submit, end);
+      const bool known = submit.struct_size == sizeof(submit) || submit.struct_size == kOlder;
+      if (known && !(which & 0x10)) {
         Check(submit.submitted.transfer_id == 0 && submit.submitted.bytes_total == 0 &&
               submit.submitted.struct_size == sizeof(kvrail_submitted));
+        if (submit.struct_size == sizeof(submit)) {
+          Check(submit.end.state == 0 && submit.end_len == 0 &&
+                submit.end.struct_size == sizeof(kvrail_transfer_end));
+        } else {
+          Check(std::memcmp(&submit.end, &before.end, sizeof(submit) - kOlder) == 0);
+        }
       } else {
         Check(std::memcmp(&submit, &before, sizeof(submit)) == 0);
       }
