@@ -94,6 +94,16 @@ bool ShouldLog(spdlog::level::level_enum level);
     }                                                   \
   } while (false)
 
+// spdlog::debug(...) with its arguments evaluated only when debug lines are written: spdlog's
+// own call takes them already built (a plan's description, a joined list, a status printed),
+// below the level too. Every debug line goes through it (tests/lint: debug_log_lint.py).
+#define KVRAIL_DEBUG(...)                            \
+  do {                                               \
+    if (::kvrail::ShouldLog(spdlog::level::debug)) { \
+      spdlog::debug(__VA_ARGS__);                    \
+    }                                                \
+  } while (false)
+
 // `text` escaped for the inside of a JSON string.
 std::string JsonEscape(std::string_view text);
 

@@ -93,6 +93,23 @@ TEST_CASE("below the level KVRAIL_LOG_FIELDS does not even build its fields") {
   CHECK(out.str().find("\"seconds\":0.25") != std::string::npos);
 }
 
+TEST_CASE("below debug KVRAIL_DEBUG does not even evaluate its arguments") {
+  std::ostringstream out;
+  REQUIRE(SetUpLoggingTo("info", "json", false, &out).ok());
+  int built = 0;
+  const auto describe = [&built] {
+    ++built;
+    return std::string("1 tile of 4096 bytes");  // what a plan's description costs: a string
+  };
+  KVRAIL_DEBUG("transfer {} accepted: {}", 7, describe());
+  CHECK(built == 0);
+  CHECK(out.str().empty());
+  REQUIRE(SetUpLoggingTo("debug", "json", false, &out).ok());
+  KVRAIL_DEBUG("transfer {} accepted: {}", 7, describe());
+  CHECK(built == 1);
+  CHECK(out.str().find("transfer 7 accepted: 1 tile of 4096 bytes") != std::string::npos);
+}
+
 TEST_CASE("under journald each line starts with its syslog priority") {
   std::ostringstream out;
   REQUIRE(SetUpLoggingTo("debug", "text", /*journald=*/true, &out).ok());

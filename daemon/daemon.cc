@@ -549,7 +549,9 @@ absl::Status DaemonImpl::StartSessions() {
   };
   options.follow = [transfers](const sessions::Caller& caller, uint64_t id,
                                std::function<void(const v1::TransferStatus&)> done) {
-    return transfers->WhenEnded(caller, id, std::move(done), /*counted=*/false);
+    // The completion queue's entry reads only the end's fields.
+    return transfers->WhenEnded(caller, id, std::move(done), /*counted=*/false,
+                                transfers::StatusDetail::kEnd);
   };
   spdlog::info(
       "caps: {} sessions ({} per uid), {} transfers in flight and {} waits/watches per "

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "base/logging.h"
 #include "daemon/directory/backoff.h"
 #include "daemon/directory/node_record.h"
 #include "spdlog/spdlog.h"
@@ -208,8 +209,8 @@ class EtcdDirectory final : public Directory {
     if (old_lease != 0 && old_lease != lease_) {
       // Best effort: it may be gone already (it expired while etcd was away).
       if (absl::Status revoked = client_->LeaseRevoke(old_lease); !revoked.ok()) {
-        spdlog::debug("etcd directory: old lease {:x} not revoked: {}", old_lease,
-                      revoked.ToString());
+        KVRAIL_DEBUG("etcd directory: old lease {:x} not revoked: {}", old_lease,
+                     revoked.ToString());
       }
     }
     {

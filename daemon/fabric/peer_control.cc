@@ -8,6 +8,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "base/logging.h"
 #include "base/status.h"
 #include "daemon/fabric/peer_auth.h"
 #include "daemon/fabric/peer_rpc.h"
@@ -196,7 +197,7 @@ void PeerControlImpl::Reclaim(absl::Time now) {
   }
   for (uint32_t index :
        peers_->EndQuarantine(now, [this](uint32_t i) { lanes_->ReleasePeer(i); })) {
-    spdlog::debug("fabric: peer index {} is free again (staging released)", index);
+    KVRAIL_DEBUG("fabric: peer index {} is free again (staging released)", index);
   }
 }
 

@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "base/logging.h"
 #include "base/status.h"
 #include "daemon/engine/engine.h"
 #include "daemon/fabric/inbound_admit.h"
@@ -651,8 +652,8 @@ void ReceiverImpl::UnpackLoop() {
       applied = in != nullptr && ApplyTile(*in, a);
     }
     if (in == nullptr) {
-      spdlog::debug("fabric: tile {} for ended handle {} from '{}' dropped", a.tile, a.handle,
-                    peers_->at(a.peer)->node_id);
+      KVRAIL_DEBUG("fabric: tile {} for ended handle {} from '{}' dropped", a.tile, a.handle,
+                   peers_->at(a.peer)->node_id);
     }
     Credit(a, applied);
   }

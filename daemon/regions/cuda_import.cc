@@ -11,6 +11,7 @@
 #include "absl/synchronization/mutex.h"
 #include "base/cuda/context_sync.h"
 #include "base/cuda/cuda_util.h"
+#include "base/logging.h"
 #include "base/status.h"
 #include "spdlog/spdlog.h"
 
@@ -33,7 +34,7 @@ class CudaMappingImpl final : public CudaMapping {
       s = cuda::CudaStatus(cudaIpcCloseMemHandle(base_), "cudaIpcCloseMemHandle");
     }
     if (!s.ok()) spdlog::warn("closing a CUDA IPC mapping on GPU{}: {}", device_, s.ToString());
-    if (s.ok()) spdlog::debug("closed CUDA IPC mapping on GPU{} ({} bytes)", device_, bytes_);
+    if (s.ok()) KVRAIL_DEBUG("closed CUDA IPC mapping on GPU{} ({} bytes)", device_, bytes_);
   }
   int device() const override { return device_; }
   uint8_t* base() const override { return base_; }

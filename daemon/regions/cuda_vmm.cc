@@ -7,6 +7,7 @@
 #include "base/cuda/context_sync.h"
 #include "base/cuda/cuda_util.h"
 #include "base/cuda/vmm.h"
+#include "base/logging.h"
 #include "base/status.h"
 #include "spdlog/spdlog.h"
 
@@ -101,7 +102,7 @@ absl::StatusOr<std::shared_ptr<VmmMapping>> VmmMapping::Import(
     absl::MutexLock lock(&mapping->mu_);
     mapping->granted_.insert(device);
   }
-  spdlog::debug("imported {} cuMem chunks ({} bytes) on GPU{}", chunks.size(), total, device);
+  KVRAIL_DEBUG("imported {} cuMem chunks ({} bytes) on GPU{}", chunks.size(), total, device);
   return mapping;
 }
 

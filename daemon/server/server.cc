@@ -268,8 +268,8 @@ class TransferService final
     auto grant = grants_->CreateGrant(*request, caller);
     if (!grant.ok()) return ToGrpcStatus(grant.status());
     *response = *std::move(grant);
-    spdlog::debug("grant of region {} ({}) to be used by another party", response->region_id(),
-                  v1::GrantAccess_Name(response->access()));
+    KVRAIL_DEBUG("grant of region {} ({}) to be used by another party", response->region_id(),
+                 v1::GrantAccess_Name(response->access()));
     return grpc::Status::OK;
   }
 

@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "base/logging.h"
 #include "base/unique_fd.h"
 #include "daemon/session/admission.h"
 #include "daemon/session/session_server.h"
@@ -31,7 +32,7 @@ void SessionServerImpl::Serve(int fd) {
       case absl::StatusCode::kDeadlineExceeded:  // nothing to read after all
         return;
       case absl::StatusCode::kUnavailable:  // closed, reset or broken
-        spdlog::debug("session {} closed: {}", conn->id, std::string(received.status().message()));
+        KVRAIL_DEBUG("session {} closed: {}", conn->id, std::string(received.status().message()));
         Drop(it);
         return;
       default:
@@ -227,7 +228,7 @@ std::string SessionServerImpl::MapCompletionQueue(Connection* conn, std::vector<
     absl::MutexLock lock(&conn->mu);
     conn->completions = std::make_shared<CompletionSink>(std::move(*ring));
   }
-  spdlog::debug("session {}: completion queue mapped", conn->id);
+  KVRAIL_DEBUG("session {}: completion queue mapped", conn->id);
   return wire::kCompletionQueueAccepted;
 }
 
@@ -246,8 +247,8 @@ void SessionServerImpl::PostWhenDone(const Connection& conn,
                                                })
                                       : caller.status();
   if (!registered.ok()) {
-    spdlog::debug("session {}: transfer {} not followed by the completion queue: {}", conn.id, id,
-                  registered.ToString());
+    KVRAIL_DEBUG("session {}: transfer {} not followed by the completion queue: {}", conn.id, id,
+                 registered.ToString());
     sink->Missed();
   }
 }
@@ -265,7 +266,7 @@ std::string SessionServerImpl::Submit(absl::string_view body,
 
 std::string SessionServerImpl::SubmitParsed(v1::SubmitTransferRequest request,
                                             const std::shared_ptr<Connection>& conn) {
-  absl::StatusOr<v1::SubmitTransferResponse> accepted = Admit(std::move(request), conn, 0);
+  absl::StatusOr<v1::SubmitTransferResponse> accepted = Admit(request, conn, 0);
   return accepted.ok() ? wire::EncodeSubmitted(*accepted) : wire::EncodeRejected(accepted.status());
 }
 
@@ -298,7 +299,7 @@ absl::StatusOr<v1::SubmitTransferResponse> SessionServerImpl::AdmitPost(
 }
 
 absl::StatusOr<v1::SubmitTransferResponse> SessionServerImpl::Admit(
-    v1::SubmitTransferRequest request, const std::shared_ptr<Connection>& conn, uint64_t tag) {
+    v1::SubmitTransferRequest& request, const std::shared_ptr<Connection>& conn, uint64_t tag) {
   request.mutable_spec()->set_session_id(conn->id);
   absl::StatusOr<v1::SubmitTransferResponse> accepted = options_.submit(request.spec());
   if (!accepted.ok()) {

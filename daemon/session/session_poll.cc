@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "base/logging.h"
 #include "base/predictive_wake.h"
 #include "base/spin_budget.h"
 #include "base/spin_pause.h"
@@ -265,7 +266,7 @@ void SessionServerImpl::Admit(UniqueFd fd) {
   const bool known = ::getsockopt(fd.get(), SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0;
   const uint32_t uid = known ? cred.uid : ~uint32_t{0};
   if (absl::Status capped = CheckCaps(fd.get(), uid); !capped.ok()) {
-    spdlog::debug("session refused: {}", capped.ToString());
+    KVRAIL_DEBUG("session refused: {}", capped.ToString());
     SendPacket(fd.get(), wire::EncodeRejected(capped));
     return;
   }
@@ -283,7 +284,7 @@ void SessionServerImpl::Admit(UniqueFd fd) {
   if (admission_ != nullptr) admission_->Open(id);
   // The secret goes to this connection only: it binds the client's gRPC calls to the session.
   SendPacket(raw, wire::EncodeGreeting(id, options_.instance_id, table_->SessionSecret(id)));
-  spdlog::debug("session {} opened (uid {})", id, uid);
+  KVRAIL_DEBUG("session {} opened (uid {})", id, uid);
   sessions_.emplace(raw, std::make_shared<Connection>(id, uid, std::move(fd)));
   ++per_uid_[uid];
   count_.store(sessions_.size());

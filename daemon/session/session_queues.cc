@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "base/logging.h"
 #include "base/unique_fd.h"
 #include "daemon/session/admission.h"
 #include "daemon/session/session_server.h"
@@ -48,7 +49,7 @@ std::string SessionServerImpl::MapSubmissionQueue(int fd, Connection* conn,
   if (absl::Status watched = WatchSubmissions(fd, conn, *std::move(intake)); !watched.ok()) {
     return wire::EncodeRejected(watched);
   }
-  spdlog::debug("session {}: submission queue mapped", conn->id);
+  KVRAIL_DEBUG("session {}: submission queue mapped", conn->id);
   return wire::kSubmissionQueueAccepted;
 }
 
@@ -172,7 +173,7 @@ void SessionServerImpl::AdmitEntry(uint64_t tag, ParsedEntry p,
   ack.tag = tag;
   absl::StatusOr<v1::SubmitTransferResponse> accepted =
       p.post.has_value() ? AdmitPost(*p.post, conn, tag)
-      : p.request.ok()   ? Admit(*std::move(p.request), conn, tag)
+      : p.request.ok()   ? Admit(*p.request, conn, tag)
                          : absl::StatusOr<v1::SubmitTransferResponse>(p.request.status());
   if (accepted.ok()) {
     ack.transfer_id = accepted->transfer_id();
@@ -184,6 +185,7 @@ void SessionServerImpl::AdmitEntry(uint64_t tag, ParsedEntry p,
     ack.message = std::string(accepted.status().message());
   }
   intake.PostAck(ack);
+  // `p` (the parsed request, its spec's ids) is freed here, after the acknowledgement.
 }
 
 }  // namespace kvrail::session

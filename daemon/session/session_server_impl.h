@@ -224,7 +224,9 @@ class SessionServerImpl final : public SessionServer {
   // Admits a parsed request of `conn`'s session (a SUBMIT packet's or a submission queue
   // entry's, `tag` its tag): the connection's session is the submitter, whatever the spec
   // claims, and the transfer's end goes to the session's completion queue when it has one.
-  absl::StatusOr<v1::SubmitTransferResponse> Admit(v1::SubmitTransferRequest request,
+  // `request` stays the caller's: a submission queue's entry frees it after posting the
+  // acknowledgement (freeing a spec of many ids is no part of the client's wait).
+  absl::StatusOr<v1::SubmitTransferResponse> Admit(v1::SubmitTransferRequest& request,
                                                    const std::shared_ptr<Connection>& conn,
                                                    uint64_t tag);
 

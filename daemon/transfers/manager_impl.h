@@ -78,8 +78,8 @@ class TransferManagerImpl final : public TransferManager {
   absl::StatusOr<v1::TransferStatus> Wait(const sessions::Caller& caller, uint64_t id,
                                           absl::Duration timeout) const override;
   absl::Status WhenEnded(const sessions::Caller& caller, uint64_t id,
-                         std::function<void(const v1::TransferStatus&)> done,
-                         bool counted = true) const override;
+                         std::function<void(const v1::TransferStatus&)> done, bool counted = true,
+                         StatusDetail detail = StatusDetail::kWhole) const override;
   absl::Status Watch(const sessions::Caller& caller, uint64_t id, absl::Duration min_interval,
                      const std::function<bool(const v1::TransferEvent&)>& sink,
                      const std::function<bool()>& still_wanted) const override;

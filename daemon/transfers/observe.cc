@@ -75,14 +75,14 @@ absl::StatusOr<v1::TransferStatus> TransferManagerImpl::Wait(const sessions::Cal
 
 absl::Status TransferManagerImpl::WhenEnded(const sessions::Caller& caller, uint64_t id,
                                             std::function<void(const v1::TransferStatus&)> done,
-                                            bool counted) const {
+                                            bool counted, StatusDetail detail) const {
   if (std::optional<handover::EndedTransfer> ended = FindInherited(id)) {
     KVRAIL_RETURN_IF_ERROR(AuthorizeInherited(*ended, caller, Use::kRead));
     done(ended->status());
     return absl::OkStatus();
   }
   KVRAIL_ASSIGN_OR_RETURN(auto record, Authorized(id, caller, Use::kRead));
-  return record->WhenEnded(std::move(done), counted);
+  return record->WhenEnded(std::move(done), counted, detail);
 }
 
 absl::Status TransferManagerImpl::WatchStep(const sessions::Caller& caller, uint64_t id,

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "base/logging.h"
 #include "base/status.h"
 #include "daemon/scheduler/route.h"
 #include "daemon/transfers/manager_impl.h"
@@ -186,8 +187,8 @@ absl::StatusOr<v1::PrepareTransferResponse> TransferManagerImpl::Prepare(
   response.set_dst_block_count(prepared->plan.dst_count());
   KVRAIL_ASSIGN_OR_RETURN(const uint64_t id, prepared_->Add(std::move(prepared)));
   response.set_prepared_id(id);
-  spdlog::debug("prepared transfer {} of session {}: {} bytes, {} tiles per post", id,
-                caller.session_id, response.bytes_total(), response.tiles_total());
+  KVRAIL_DEBUG("prepared transfer {} of session {}: {} bytes, {} tiles per post", id,
+               caller.session_id, response.bytes_total(), response.tiles_total());
   return response;
 }
 

@@ -297,11 +297,12 @@ void Record::OnEngineNote(absl::string_view note) {
   ++life_.version;
 }
 
-absl::Status Record::WhenEnded(std::function<void(const v1::TransferStatus&)> done, bool counted) {
+absl::Status Record::WhenEnded(std::function<void(const v1::TransferStatus&)> done, bool counted,
+                               StatusDetail detail) {
   absl::MutexLock lock(&mu_);
   if (life_.final()) {
     v1::TransferStatus status;
-    FillStatusLocked(&status);
+    FillStatusLocked(&status, detail);
     done(status);
     return absl::OkStatus();
   }
@@ -311,7 +312,7 @@ absl::Status Record::WhenEnded(std::function<void(const v1::TransferStatus&)> do
                                                      " waiters; wait with WaitTransfer"));
   }
   if (counted) ++life_.when_ended_counted;
-  life_.when_ended.push_back(std::move(done));
+  life_.when_ended.emplace_back(std::move(done), detail);
   return absl::OkStatus();
 }
 
@@ -449,16 +450,27 @@ void Record::MaybeFinishLocked() {
   ReleaseRegionsLocked();
   plan_.ReleaseBlockTables();
   if (counters_->on_finished || !life_.when_ended.empty()) {
-    v1::TransferStatus status;
-    FillStatusLocked(&status);
+    // The end's fields for those that read only them (the completion queue's entry, the
+    // metrics, the log line); the whole status, with its copy of the spec, only if a listener
+    // asked for it (a WAIT's DONE, WaitTransfer, a notification).
+    v1::TransferStatus end;
+    FillStatusLocked(&end, StatusDetail::kEnd);
+    std::optional<v1::TransferStatus> whole;
     // Waiters first (a WAIT's DONE and the completion queue's entry go out here), then the
     // metrics and the log line. Those are off the path of a client that waits for the end, not
     // of one whose submit is answered after it: a small host transfer run inline by the admitting
     // thread (Engine::EnqueueAdmitted) ends before that thread posts the submission queue's
     // acknowledgement.
-    for (auto& done : life_.when_ended) done(status);
+    for (auto& [done, detail] : life_.when_ended) {
+      if (detail == StatusDetail::kEnd) {
+        done(end);
+        continue;
+      }
+      if (!whole.has_value()) FillStatusLocked(&whole.emplace(), StatusDetail::kWhole);
+      done(*whole);
+    }
     life_.when_ended.clear();
-    if (counters_->on_finished) counters_->on_finished(status);
+    if (counters_->on_finished) counters_->on_finished(end);
   }
   absl::MutexLock c(&counters_->mu);
   --counters_->active;
@@ -469,10 +481,15 @@ void Record::MaybeFinishLocked() {
   if (*final_state == v1::TRANSFER_STATE_CANCELLED) ++counters_->cancelled;
 }
 
-void Record::FillStatusLocked(v1::TransferStatus* status) const {
+void Record::FillStatusLocked(v1::TransferStatus* status, StatusDetail detail) const {
   const v1::TransferSpec& spec = resolution_.spec;
+  const bool whole = detail == StatusDetail::kWhole;
   status->set_transfer_id(resolution_.id);
-  *status->mutable_spec() = spec;
+  if (whole) {
+    *status->mutable_spec() = spec;
+  } else if (spec.priority() != v1::PRIORITY_UNSPECIFIED) {
+    status->mutable_spec()->set_priority(spec.priority());
+  }
   status->set_state(life_.state);
   status->set_bytes_total(plan_.bytes_total());
   status->set_bytes_done(progress_.bytes_done());
@@ -480,9 +497,12 @@ void Record::FillStatusLocked(v1::TransferStatus* status) const {
   status->set_tiles_done(progress_.tiles_done());
   status->set_layers_done(static_cast<uint32_t>(progress_.layers_done().size()));
   status->set_path(resolution_.path);
-  status->set_path_reason(timeline_.engine_note.empty()
-                              ? resolution_.path_reason
-                              : absl::StrCat(resolution_.path_reason, "; ", timeline_.engine_note));
+  if (whole) {
+    status->set_path_reason(
+        timeline_.engine_note.empty()
+            ? resolution_.path_reason
+            : absl::StrCat(resolution_.path_reason, "; ", timeline_.engine_note));
+  }
   status->set_engine(timeline_.engine_name);
   if (spec.digest()) *status->mutable_digest() = progress_.digest();
   if (life_.state == v1::TRANSFER_STATE_FAILED || life_.state == v1::TRANSFER_STATE_CANCELLED) {
@@ -492,9 +512,10 @@ void Record::FillStatusLocked(v1::TransferStatus* status) const {
   status->set_submitted_unix_us(timeline_.submitted_us);
   status->set_started_unix_us(timeline_.started_us);
   status->set_finished_unix_us(timeline_.finished_us);
+  status->set_received_unix_us(timeline_.received_us);
+  if (!whole) return;
   for (const std::string& nic : timeline_.nics) status->add_nics(nic);
   status->set_link(resolution_.link);
-  status->set_received_unix_us(timeline_.received_us);
 }
 
 v1::TransferStatus Record::Status() const {

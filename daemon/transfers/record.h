@@ -20,6 +20,7 @@
 #include "daemon/regions/regions.h"
 #include "daemon/transfers/remote_path.h"
 #include "daemon/transfers/resolve.h"
+#include "daemon/transfers/status_detail.h"
 #include "proto/kvrail/v1/transfer.pb.h"
 
 namespace kvrail::transfers {
@@ -189,7 +190,8 @@ struct Lifecycle {
   std::optional<absl::Status> end_request;
   // The session making the layers ready ended: pending GPU waits are released.
   bool producer_gone = false;
-  std::vector<std::function<void(const v1::TransferStatus&)>> when_ended;
+  // Each with the detail of the status it is given.
+  std::vector<std::pair<std::function<void(const v1::TransferStatus&)>, StatusDetail>> when_ended;
   size_t when_ended_counted = 0;  // of them, callers' (Record::kMaxWhenEnded)
 
   bool final() const { return state >= v1::TRANSFER_STATE_SUCCEEDED; }
@@ -230,14 +232,15 @@ class Record final : public InboundJob {
   bool layerwise() const { return resolution_.layerwise; }
   // NICs carrying a fabric transfer (TransferStatus.nics).
   void SetNics(std::vector<std::string> nics);
-  // Calls `done` with the final status once the transfer ends (at once, on this thread, when it
-  // already has). `done` runs under the record's lock on whichever thread ends the transfer:
-  // it must be quick, must not block and must not call back into the record. At most
-  // kMaxWhenEnded are kept per transfer (RESOURCE_EXHAUSTED beyond: `done` is not kept);
-  // the manager's own bookkeeping (`counted` false: at most one or two per record) is not
+  // Calls `done` with the final status (as much as `detail` says) once the transfer ends (at
+  // once, on this thread, when it already has). `done` runs under the record's lock on whichever
+  // thread ends the transfer: it must be quick, must not block and must not call back into the
+  // record. At most kMaxWhenEnded are kept per transfer (RESOURCE_EXHAUSTED beyond: `done` is not
+  // kept); the manager's own bookkeeping (`counted` false: at most one or two per record) is not
   // counted, so clients still get all kMaxWhenEnded.
   static constexpr size_t kMaxWhenEnded = 4096;
-  absl::Status WhenEnded(std::function<void(const v1::TransferStatus&)> done, bool counted = true);
+  absl::Status WhenEnded(std::function<void(const v1::TransferStatus&)> done, bool counted = true,
+                         StatusDetail detail = StatusDetail::kWhole);
   // The engine that runs the record's tiles.
   engine::Engine* engine() const { return resolution_.engine; }
   bool inbound() const { return resolution_.inbound; }
@@ -351,7 +354,9 @@ class Record final : public InboundJob {
   void MaybeFinishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Drops the record's hold on its regions (and arrival flags); idempotent.
   void ReleaseRegionsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void FillStatusLocked(v1::TransferStatus* status) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FillStatusLocked(v1::TransferStatus* status,
+                        StatusDetail detail = StatusDetail::kWhole) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const record::Resolution resolution_;
   const record::Owners owners_;

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "base/logging.h"
 #include "base/status.h"
 #include "daemon/scheduler/route.h"
 #include "daemon/transfers/manager_impl.h"
@@ -154,7 +155,7 @@ void TransferManagerImpl::InFlightSlot::HandTo(Record& record) {
   // Runs once, on the thread ending the record (at once when it has ended): only a counter.
   const absl::Status kept = record.WhenEnded(
       [counts, session = session_](const v1::TransferStatus&) { counts->Give(session); },
-      /*counted=*/false);
+      /*counted=*/false, StatusDetail::kEnd);
   if (!kept.ok()) counts->Give(session_);  // not reached: a new record has no waiters yet
 }
 
@@ -305,9 +306,9 @@ absl::StatusOr<v1::SubmitTransferResponse> TransferManagerImpl::SubmitLocal(
   KVRAIL_ASSIGN_OR_RETURN(const std::shared_ptr<Record> record,
                           Admit(std::move(plan), std::move(params), admission));
   grant_uses_->Add(record, GrantUsesOf(request));
-  spdlog::debug("transfer {} accepted: {} bytes, {} tiles, {}; {} via {} ({})", record->id(),
-                record->plan().bytes_total(), record->plan().num_tiles(), record->plan().Describe(),
-                v1::Path_Name(route.path), engine->name(), route.reason);
+  KVRAIL_DEBUG("transfer {} accepted: {} bytes, {} tiles, {}; {} via {} ({})", record->id(),
+               record->plan().bytes_total(), record->plan().num_tiles(), record->plan().Describe(),
+               v1::Path_Name(route.path), engine->name(), route.reason);
   return Accepted(record->id(), record->plan(), false);
 }
 
@@ -353,9 +354,9 @@ absl::StatusOr<v1::SubmitTransferResponse> TransferManagerImpl::SubmitRemote(
   KVRAIL_ASSIGN_OR_RETURN(const std::shared_ptr<Record> record,
                           Admit(std::move(plan), std::move(params), admission));
   grant_uses_->Add(record, GrantUsesOf(request));
-  spdlog::debug("transfer {} accepted: {} bytes, {} tiles, {}; PATH_FABRIC to '{}' over {}",
-                record->id(), record->plan().bytes_total(), record->plan().num_tiles(),
-                record->plan().Describe(), spec.dst().node_id(), absl::StrJoin(nics, ","));
+  KVRAIL_DEBUG("transfer {} accepted: {} bytes, {} tiles, {}; PATH_FABRIC to '{}' over {}",
+               record->id(), record->plan().bytes_total(), record->plan().num_tiles(),
+               record->plan().Describe(), spec.dst().node_id(), absl::StrJoin(nics, ","));
   return Accepted(record->id(), record->plan(), false);
 }
 

@@ -23,6 +23,7 @@
 #include "daemon/transfers/engine_registry.h"
 #include "daemon/transfers/notifications.h"
 #include "daemon/transfers/remote_path.h"
+#include "daemon/transfers/status_detail.h"
 #include "proto/kvrail/v1/admin.pb.h"
 #include "proto/kvrail/v1/topology.pb.h"
 #include "proto/kvrail/v1/transfer.pb.h"
@@ -52,7 +53,8 @@ struct Options {
   // Prepared transfers one session holds at once (Prepare: RESOURCE_EXHAUSTED naming
   // max_prepared_per_session beyond).
   uint32_t max_prepared_per_session = 1024;
-  // Called with the final status of every transfer that ends (metrics); may be empty.
+  // Called with the end of every transfer that ends (StatusDetail::kEnd: the end's fields and the
+  // spec's priority; metrics, the log line); may be empty.
   std::function<void(const v1::TransferStatus&)> on_finished;
   // How often shared-memory ready flags (spec.ready_flags) are polled when none changed.
   absl::Duration flag_poll_interval = absl::Microseconds(20);
@@ -152,10 +154,12 @@ class TransferManager : public InboundSink {
   // NOT_FOUND for an unknown id, RESOURCE_EXHAUSTED when the transfer has thousands of waiters
   // already (then `done` is never called). `counted` false is for the daemon's own followers (a
   // session's completion queue: one per transfer, from its submitter), which do not take a
-  // client's place under that cap.
+  // client's place under that cap. `detail` kEnd gives `done` the end's fields only
+  // (status_detail.h), without the copy of the spec: what a completion queue's entry needs.
   virtual absl::Status WhenEnded(const sessions::Caller& caller, uint64_t id,
                                  std::function<void(const v1::TransferStatus&)> done,
-                                 bool counted = true) const = 0;
+                                 bool counted = true,
+                                 StatusDetail detail = StatusDetail::kWhole) const = 0;
   // Calls `sink` with a snapshot, then with every event until the final state. Stops early, OK,
   // when `sink` returns false, or `still_wanted` (if set; asked at least every 100 ms, also while
   // nothing happens) returns false: the watcher went away.
