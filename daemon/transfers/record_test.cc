@@ -29,10 +29,14 @@ struct Fixture {
   std::shared_ptr<Record> record;
 
   Fixture(bool inbound, uint64_t tile,
-          std::function<void(const v1::TransferStatus&)> on_finished = nullptr) {
+          std::function<void(const v1::TransferStatus&)> on_finished = nullptr,
+          v1::TransferSpec spec = {}) {
     counters->on_finished = std::move(on_finished);
     RecordParams params;
     params.id = 7;
+    params.spec = std::move(spec);
+    params.path_reason = "same node";
+    params.link = "host";
     params.src = regions.Bytes(4096, false);
     params.dst = regions.Bytes(4096, true);
     params.engine = &engine;
@@ -112,6 +116,51 @@ TEST_CASE("a transfer's waiters hear of its end before the metrics hook runs") {
   record->OnTileDone(0, absl::OkStatus());
   REQUIRE(record->IsFinal());
   CHECK(order == std::vector<std::string>{"waiter", "metrics"});
+}
+
+TEST_CASE("an end's listener gets what it asked for: the end alone, or the whole status") {
+  v1::TransferSpec spec;
+  spec.set_priority(v1::PRIORITY_CRITICAL);
+  spec.set_label("decode 12");
+  for (uint32_t id : {3u, 9u}) spec.mutable_src()->add_block_ids(id);
+  v1::TransferStatus metrics, end, whole, late_end, late_whole;
+  Fixture f(/*inbound=*/false, 4096, [&](const v1::TransferStatus& s) { metrics = s; }, spec);
+  Record* record = f.record.get();
+  REQUIRE(
+      record->WhenEnded([&](const v1::TransferStatus& s) { end = s; }, false, StatusDetail::kEnd)
+          .ok());
+  REQUIRE(record->WhenEnded([&](const v1::TransferStatus& s) { whole = s; }).ok());
+  REQUIRE(record->TakeInitialTiles().size() == 1);
+  record->OnTileStart(0);
+  f.clock.Advance(absl::Microseconds(5));
+  record->OnTileDone(0, absl::OkStatus());
+  REQUIRE(record->IsFinal());
+  // After the end: given at once, as asked.
+  REQUIRE(
+      record
+          ->WhenEnded([&](const v1::TransferStatus& s) { late_end = s; }, false, StatusDetail::kEnd)
+          .ok());
+  REQUIRE(record->WhenEnded([&](const v1::TransferStatus& s) { late_whole = s; }).ok());
+  for (const v1::TransferStatus* s : {&metrics, &end, &late_end}) {
+    // The end's fields, and of the spec only its priority (the metrics' and the log's label).
+    CHECK(s->transfer_id() == 7);
+    CHECK(s->state() == v1::TRANSFER_STATE_SUCCEEDED);
+    CHECK(s->bytes_total() == 4096);
+    CHECK(s->bytes_done() == 4096);
+    CHECK(s->finished_unix_us() > 0);
+    CHECK(s->spec().priority() == v1::PRIORITY_CRITICAL);
+    CHECK(s->spec().label().empty());
+    CHECK(s->spec().src().block_ids_size() == 0);
+    CHECK(s->path_reason().empty());
+    CHECK(s->link().empty());
+  }
+  for (const v1::TransferStatus* s : {&whole, &late_whole}) {
+    CHECK(s->spec().label() == "decode 12");
+    CHECK(s->spec().src().block_ids_size() == 2);
+    CHECK(s->path_reason() == "same node");
+    CHECK(s->link() == "host");
+    CHECK(s->finished_unix_us() == end.finished_unix_us());
+  }
 }
 
 }  // namespace
