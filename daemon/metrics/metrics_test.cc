@@ -120,6 +120,50 @@ TEST_CASE("metrics count ended transfers and read gauges and counters from stats
   CHECK(scrapes == 1);
 }
 
+TEST_CASE("ended transfers count into their own series: kept children, unknown enum values too") {
+  MetricsOptions options;
+  options.listen = "127.0.0.1:0";
+  options.stats = [] { return v1::Stats(); };
+  auto m = Metrics::Start(std::move(options));
+  REQUIRE(m.ok());
+  v1::TransferStatus t;
+  t.set_submitted_unix_us(1000);
+  t.set_started_unix_us(1010);
+  t.set_finished_unix_us(1100);
+  t.set_state(v1::TRANSFER_STATE_SUCCEEDED);
+  // Many ends of a few label sets, interleaved: each counts into its own series only.
+  for (int i = 0; i < 100; ++i) {
+    t.set_path(i % 2 == 0 ? v1::PATH_HOST_LOCAL : v1::PATH_CUDA_LOCAL);
+    t.mutable_spec()->set_priority(i % 5 == 0 ? v1::PRIORITY_BACKGROUND : v1::PRIORITY_UNSPECIFIED);
+    (*m)->OnTransferFinished(t);
+  }
+  // Unspecified priority is "normal", the same series as PRIORITY_NORMAL.
+  t.set_path(v1::PATH_HOST_LOCAL);
+  t.mutable_spec()->set_priority(v1::PRIORITY_NORMAL);
+  (*m)->OnTransferFinished(t);
+  // Values no array holds (a newer proto's enum) still count, by Family::Add each time.
+  t.set_path(static_cast<v1::Path>(42));
+  (*m)->OnTransferFinished(t);
+  (*m)->OnTransferFinished(t);
+  const std::string body = HttpGet((*m)->port(), "/metrics");
+  INFO(body);
+  auto has = [&](const std::string& line) {
+    return body.find("\n" + line + "\n") != std::string::npos;
+  };
+  CHECK(
+      has(R"(kvrail_transfers_total{path="host_local",priority="normal",result="succeeded"} 41)"));
+  CHECK(has(
+      R"(kvrail_transfers_total{path="host_local",priority="background",result="succeeded"} 10)"));
+  CHECK(
+      has(R"(kvrail_transfers_total{path="cuda_local",priority="normal",result="succeeded"} 40)"));
+  CHECK(has(
+      R"(kvrail_transfers_total{path="cuda_local",priority="background",result="succeeded"} 10)"));
+  CHECK(has(R"(kvrail_transfer_duration_seconds_count{path="cuda_local",priority="normal"} 40)"));
+  CHECK(has(R"(kvrail_transfer_queue_wait_seconds_count{priority="normal"} 83)"));
+  CHECK(has(R"(kvrail_transfer_queue_wait_seconds_count{priority="background"} 20)"));
+  CHECK(body.find(R"(priority="normal",result="succeeded"} 2)") != std::string::npos);
+}
+
 TEST_CASE("metrics: invariant violations and the process_* families") {
   MetricsOptions options;
   options.listen = "127.0.0.1:0";
