@@ -8,8 +8,7 @@ dir="$TEST_SRCDIR/$TEST_WORKSPACE"
 lint="$dir/tests/lint/debug_log_lint.py"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-fail=0
-check() { if eval "$2"; then echo "ok   $1"; else echo "FAIL $1"; fail=1; fi; }
+source "$dir/tests/lint/lint_test_lib.sh"
 
 repo="$tmp/repo"
 mkdir -p "$repo/daemon" "$repo/base"
@@ -34,15 +33,5 @@ check "a checkout without such calls passes" \
 check "a directory that is not a checkout is a usage error" \
   'python3 "$lint" --root "$tmp/nothing" > "$tmp/out" 2>&1; [ $? = 2 ] || { cat "$tmp/out"; false; }'
 
-# The project itself: the runfiles link back to the checkout, whose tracked files are read. CI
-# (deploy/dev.sh test) runs from a git checkout; anywhere else this fails, saying so.
-src=$(dirname "$(dirname "$(dirname "$(readlink -f "$lint")")")")
-if [ -e "$src/.git" ] && command -v git > /dev/null; then
-  check "no tracked source of the project calls spdlog::debug or spdlog::trace directly" \
-    'python3 "$lint" --root "$src" > "$tmp/out" || { cat "$tmp/out"; false; }'
-  tail -1 "$tmp/out"
-else
-  echo "FAIL the source checkout is not reachable from the runfiles ($src): run from a git checkout"
-  fail=1
-fi
+check_project "no tracked source of the project calls spdlog::debug or spdlog::trace directly" "$lint"
 exit $fail
