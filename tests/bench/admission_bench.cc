@@ -14,10 +14,14 @@
 // to the same setting's unloaded p99 (the target: at most 2), and the load average before and
 // after. For the slowest 1% of the small tenant's transfers, the median of each phase (the
 // daemon's timestamps against the client's clock): to the daemon, accept, queued, run, and back
-// (finished -> seen by the client), to show where the tail is.
+// (finished -> seen by the client), to show where the tail is. With a pace, the large tenant
+// waits that long between its SUBMITs (a tenant whose large transfer then runs for a while)
+// instead of resubmitting back to back, so its client's own CPU (writing the ids again) weighs
+// less beside the small tenant's on a machine of few cores.
 //
 // Usage: admission_bench [runs (3)] [small transfers per run (1000)]
 //                        [log2 of the large SUBMIT's blocks per side (20)]
+//                        [ms between the large tenant's SUBMITs (0: back to back)]
 #include <stdlib.h>
 
 #include <algorithm>
@@ -34,6 +38,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/kvrail_client.h"
@@ -80,7 +85,7 @@ std::vector<uint32_t> Shuffled(uint32_t n, uint32_t seed) {
 // One run against `socket`: the small tenant's latencies, with the large tenant submitting in a
 // loop when `loaded`. Adds p50_us, p99_us (and admit_ms when loaded) to `out`.
 bool RunOnce(const std::string& socket, bool loaded, int transfers, uint32_t large_blocks,
-             std::map<std::string, std::vector<double>>* out) {
+             int pace_ms, std::map<std::string, std::vector<double>>* out) {
   auto small = client::Client::Connect(socket);
   auto large = client::Client::Connect(socket);
   if (!small.ok() || !large.ok()) return false;
@@ -117,6 +122,7 @@ bool RunOnce(const std::string& socket, bool loaded, int transfers, uint32_t lar
         if (ended.ok()) {
           admit_ms.push_back((ended->submitted_unix_us() - ended->received_unix_us()) / 1000.0);
         }
+        if (pace_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(pace_ms));
       }
     });
     // The first large SUBMIT under way before the small tenant starts.
@@ -191,10 +197,13 @@ int Main(int argc, char** argv) {
   const int transfers = argc > 2 ? std::max(10, std::atoi(argv[2])) : 1000;
   const int log2_blocks = argc > 3 ? std::clamp(std::atoi(argv[3]), 10, 24) : 20;
   const uint32_t large_blocks = uint32_t{1} << log2_blocks;
+  const int pace_ms = argc > 4 ? std::clamp(std::atoi(argv[4]), 0, 10000) : 0;
   std::printf(
       "small tenant's 4 KiB submit -> completion beside a 2^%d-block SUBMIT, host engine "
-      "(%d runs of %d transfers)\n",
-      log2_blocks, runs, transfers);
+      "(%d runs of %d transfers; the large tenant %s)\n",
+      log2_blocks, runs, transfers,
+      pace_ms > 0 ? absl::StrCat("waits ", pace_ms, " ms between SUBMITs").c_str()
+                  : "resubmits back to back");
   std::printf("load average before: %s\n", LoadAverage().c_str());
   std::printf(
       "| admission | small tenant | figure | median | min | max |\n"
@@ -219,7 +228,7 @@ int Main(int argc, char** argv) {
     for (bool loaded : {false, true}) {
       std::map<std::string, std::vector<double>> figures;
       for (int r = 0; r < runs; ++r) {
-        if (!RunOnce(daemon.socket(), loaded, transfers, large_blocks, &figures)) {
+        if (!RunOnce(daemon.socket(), loaded, transfers, large_blocks, pace_ms, &figures)) {
           std::fprintf(stderr, "run failed\n");
           return 1;
         }
