@@ -16,8 +16,9 @@
 // daemon's timestamps against the client's clock): to the daemon, accept, queued, run, and back
 // (finished -> seen by the client), to show where the tail is. With a pace, the large tenant
 // waits that long between its SUBMITs (a tenant whose large transfer then runs for a while)
-// instead of resubmitting back to back, so its client's own CPU (writing the ids again) weighs
-// less beside the small tenant's on a machine of few cores.
+// instead of resubmitting back to back, so its rounds (the client writing the ids again, its
+// Cancel and Wait on kvraild's gRPC threads) weigh less beside the small tenant on a machine of
+// few cores.
 //
 // Usage: admission_bench [runs (3)] [small transfers per run (1000)]
 //                        [log2 of the large SUBMIT's blocks per side (20)]
