@@ -303,8 +303,9 @@ class MetricsImpl final : public Metrics {
   // builds a label map and looks it up under the family's lock (three per end, ~1.3 us in all
   // on the build machine), so each series is looked up once, by its enum values, and kept here
   // (Family::Add returns the same child for the same labels: a race stores the same pointer).
-  // Enum values beyond the arrays (a newer proto's) take Family::Add every time.
-  static constexpr int kPaths = 8, kPriorities = 4, kStates = 6;
+  // Enum values outside the proto's (a peer's newer one) take Family::Add every time.
+  static constexpr int kPaths = v1::Path_ARRAYSIZE, kPriorities = v1::Priority_ARRAYSIZE,
+                       kStates = v1::TransferState_ARRAYSIZE;
   template <typename T, typename Make>
   static T& Cached(std::atomic<T*>& slot, Make make) {
     T* child = slot.load(std::memory_order_acquire);

@@ -78,6 +78,8 @@ uint64_t EndpointIdsBound(absl::string_view endpoint) {
   return ids;
 }
 
+pid_t ThisThread() { return static_cast<pid_t>(::syscall(SYS_gettid)); }
+
 // Puts the calling thread in SCHED_IDLE (the policy is per thread on Linux: pid 0 is the
 // caller). Any thread may enter it; leaving needs RLIMIT_NICE's leave (none for an unprivileged
 // daemon), so it is done once, for the thread's life. Should the kernel refuse, the thread's
@@ -86,10 +88,8 @@ uint64_t EndpointIdsBound(absl::string_view endpoint) {
 void ToBackground() {
   sched_param param{};
   if (::sched_setscheduler(0, AdmissionPool::kBulkPolicy, &param) == 0) return;
-  (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)), 19);
+  (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(ThisThread()), 19);
 }
-
-pid_t ThisThread() { return static_cast<pid_t>(::syscall(SYS_gettid)); }
 
 }  // namespace
 

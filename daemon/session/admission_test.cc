@@ -157,14 +157,18 @@ TEST_CASE("the guard lifts a bulk task past its deadline beside a busy CPU; the 
   }
   const int cpu = ::sched_getcpu();
   REQUIRE(cpu >= 0);
-  std::atomic<bool> stop{false}, hog_started{false};
+  std::atomic<bool> stop{false}, hog_started{false}, hog_pinned{false};
   std::thread hog([&] {  // a busy tenant's thread, runnable all the time on that CPU
-    if (!PinTo(cpu)) return;
+    hog_pinned = PinTo(cpu);
     hog_started = true;
-    while (!stop.load(std::memory_order_relaxed)) {
+    while (hog_pinned && !stop.load(std::memory_order_relaxed)) {
     }
   });
   while (!hog_started.load()) std::this_thread::yield();
+  if (!hog_pinned) {
+    hog.join();
+    FAIL("could not pin a thread to CPU " << cpu);
+  }
   std::atomic<bool> give_up{false}, done{false};
   int policy_at_end = -1, policy_next = -1;
   double wall_ms = 0;

@@ -48,6 +48,7 @@ _WAIT_IN = struct.Struct("=QQq")  # at _WAIT_AT + 8: client, transfer_id, timeou
 _WAIT_OUT = struct.Struct("=I24xQ")  # at _WAIT_AT + 4: len, heap
 _WAIT_DATA = _WAIT_AT + EndWaitStruct.data.offset
 assert _SUBMIT_IN.size == SpecSubmitStruct.ids.offset + 8 - 4 == _SUBMITTED_AT - 4
+assert _SUBMITTED.size == SpecSubmitStruct.end_len.offset + 4 - _SUBMITTED_AT
 assert _WAIT_IN.size == EndWaitStruct.heap.offset - 8
 assert _WAIT_OUT.size == EndWaitStruct.heap.offset + 8 - 4
 assert _IDS_AT % 4 == 0 and _WAIT_AT % 8 == 0

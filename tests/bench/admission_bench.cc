@@ -8,8 +8,8 @@
 // class), and at the shipped default: four workers plus one bulk worker that admits the large
 // SUBMIT in SCHED_IDLE, lifted at its deadline by the starvation guard (where kvraild may not lift
 // a thread out of SCHED_IDLE it starts no bulk worker, and the bench prints kvraild's warning
-// under the table). One kvraild per setting, host engine; each figure
-// taken `runs` times, median and min/max printed, plus the large SUBMIT's admission time
+// under the table). One kvraild per setting, host engine; each figure taken `runs` times, median
+// and min/max printed, plus the large SUBMIT's admission time
 // (received -> answered, the daemon's timestamps), the ratio of the p99 beside the large SUBMIT
 // to the same setting's unloaded p99 (the target: at most 2), and the load average before and
 // after. For the slowest 1% of the small tenant's transfers, the median of each phase (the
@@ -199,12 +199,13 @@ int Main(int argc, char** argv) {
   const int log2_blocks = argc > 3 ? std::clamp(std::atoi(argv[3]), 10, 24) : 20;
   const uint32_t large_blocks = uint32_t{1} << log2_blocks;
   const int pace_ms = argc > 4 ? std::clamp(std::atoi(argv[4]), 0, 10000) : 0;
+  const std::string large_tenant = pace_ms > 0
+                                       ? absl::StrCat("waits ", pace_ms, " ms between SUBMITs")
+                                       : "resubmits back to back";
   std::printf(
       "small tenant's 4 KiB submit -> completion beside a 2^%d-block SUBMIT, host engine "
       "(%d runs of %d transfers; the large tenant %s)\n",
-      log2_blocks, runs, transfers,
-      pace_ms > 0 ? absl::StrCat("waits ", pace_ms, " ms between SUBMITs").c_str()
-                  : "resubmits back to back");
+      log2_blocks, runs, transfers, large_tenant.c_str());
   std::printf("load average before: %s\n", LoadAverage().c_str());
   std::printf(
       "| admission | small tenant | figure | median | min | max |\n"

@@ -16,24 +16,14 @@ Usage:
 Exits 1 when a call is found, 2 on a usage error or when DIR is not a git checkout.
 """
 import argparse
-import os
 import re
-import subprocess
 import sys
+
+from lint_files import add_arguments, files_to_read
 
 PATTERNS = ["*.cc", "*.h", "*.cu", "*.cuh"]
 EXEMPT = {"base/logging.h", "base/logging_test.cc"}
 CALL = re.compile(r"\bspdlog::(debug|trace)\s*\(")
-
-
-def tracked(root):
-    """Tracked sources under `root`, relative to it; None when it is not a checkout."""
-    try:
-        out = subprocess.run(["git", "-C", root, "ls-files", "-z", "--"] + PATTERNS, check=True,
-                             capture_output=True).stdout
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    return [p for p in out.decode("utf-8", "surrogateescape").split("\0") if p]
 
 
 def findings(path, shown):
@@ -47,23 +37,11 @@ def findings(path, shown):
 
 def main(argv):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--root", help="a git checkout: every tracked C++ source is read")
-    parser.add_argument("files", nargs="*")
+    add_arguments(parser, "C++ source")
     args = parser.parse_args(argv)
-    if bool(args.root) == bool(args.files):
-        parser.print_usage(sys.stderr)
-        print("debug_log_lint.py: give --root DIR or files, not both", file=sys.stderr)
+    pairs = files_to_read(args, parser, "debug_log_lint.py", PATTERNS, EXEMPT)
+    if pairs is None:
         return 2
-    if args.root:
-        paths = tracked(args.root)
-        if paths is None:
-            print(f"debug_log_lint.py: {args.root} is not a git checkout", file=sys.stderr)
-            return 2
-        # A tracked file deleted from the work tree is not read.
-        pairs = [(f"{args.root}/{p}", p) for p in paths
-                 if p not in EXEMPT and os.path.isfile(f"{args.root}/{p}")]
-    else:
-        pairs = [(p, p) for p in args.files]
     found = []
     for path, shown in pairs:
         found += findings(path, shown)

@@ -14,8 +14,9 @@ Usage:
 Exits 1 when a file is over the limit, 2 on a usage error or when DIR is not a git checkout.
 """
 import argparse
-import subprocess
 import sys
+
+from lint_files import add_arguments, files_to_read
 
 MAX_LINES = 1000
 SOURCE_PATTERNS = ["*.cc", "*.h", "*.cu", "*.cuh", "*.py", "*.sh", "*.proto"]
@@ -27,45 +28,22 @@ def count_lines(path):
     return data.count(b"\n") + (1 if data and not data.endswith(b"\n") else 0)
 
 
-def tracked_sources(root):
-    """The tracked source files under `root`, relative to it; None when it is not a checkout."""
-    try:
-        out = subprocess.run(["git", "-C", root, "ls-files", "-z", "--"] + SOURCE_PATTERNS,
-                             check=True, capture_output=True).stdout
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    return [p for p in out.decode("utf-8", "surrogateescape").split("\0") if p]
-
-
 def main(argv):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--root", help="a git checkout: every tracked source file is read")
+    add_arguments(parser, "source file")
     parser.add_argument("--max", type=int, default=MAX_LINES, help="most lines allowed")
-    parser.add_argument("files", nargs="*")
     args = parser.parse_args(argv)
-    if bool(args.root) == bool(args.files):
-        parser.print_usage(sys.stderr)
-        print("file_length_lint.py: give --root DIR or files, not both", file=sys.stderr)
+    files = files_to_read(args, parser, "file_length_lint.py", SOURCE_PATTERNS)
+    if files is None:
         return 2
-    if args.root:
-        paths = tracked_sources(args.root)
-        if paths is None:
-            print(f"file_length_lint.py: {args.root} is not a git checkout", file=sys.stderr)
-            return 2
-        shown = {f"{args.root}/{p}": p for p in paths}
-    else:
-        shown = {p: p for p in args.files}
     over = []
-    for path, name in shown.items():
-        try:
-            n = count_lines(path)
-        except OSError:
-            continue  # tracked but deleted in the work tree: nothing to read
+    for path, name in files:
+        n = count_lines(path)
         if n > args.max:
             over.append((n, name))
     for n, name in sorted(over, key=lambda x: (-x[0], x[1])):
         print(f"{name}: {n} lines (most allowed {args.max}): split it by responsibility")
-    print(f"{len(shown)} files read, {len(over)} over {args.max} lines")
+    print(f"{len(files)} files read, {len(over)} over {args.max} lines")
     return 1 if over else 0
 
 
