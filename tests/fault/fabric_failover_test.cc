@@ -198,6 +198,7 @@ TEST_CASE(
   std::this_thread::sleep_for(std::chrono::milliseconds(kCooldownMs + 200));
   REQUIRE(f.a.client->MarkReady(id, 6, kLayers - 6).ok());
   auto ended = f.a.client->Wait(id, absl::Milliseconds(kDeadlineMs));
+  INFO(ended.status());
   REQUIRE(ended.ok());
   INFO(ended->DebugString() << "\na log:\n" << f.a.Log() << "\nb log:\n" << f.b.Log());
   REQUIRE(ended->state() == v1::TRANSFER_STATE_SUCCEEDED);
@@ -255,6 +256,7 @@ TEST_CASE(
   auto ended = f.a.client->Wait(id, absl::Milliseconds(kDeadlineMs));
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - cut).count();
+  INFO(ended.status());
   REQUIRE(ended.ok());
   INFO("ended " << seconds << " s after the cut:\n"
                 << ended->DebugString() << "\na log:\n"

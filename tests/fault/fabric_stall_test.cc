@@ -95,6 +95,7 @@ void Round(PeerPair& p, NsDaemon& from, NsDaemon& to, const std::string& from_id
   INFO(submitted.status().ToString() << "\n" << p.Logs());
   REQUIRE(submitted.ok());
   auto ended = from.client->Wait(submitted->transfer_id(), absl::Milliseconds(kRoundDeadlineMs));
+  INFO(ended.status());
   REQUIRE(ended.ok());
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -139,6 +140,7 @@ Pending SubmitLayerwise(PeerPair& p, NsDaemon& from, NsDaemon& to, const std::st
 void AwaitStalled(PeerPair& p, NsDaemon& from, Pending& t, const std::string& what) {
   const auto t0 = std::chrono::steady_clock::now();
   auto ended = from.client->Wait(t.id, absl::Seconds(30));
+  INFO(ended.status());
   REQUIRE(ended.ok());
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

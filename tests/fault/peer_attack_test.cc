@@ -221,6 +221,7 @@ TEST_CASE("a peer authenticated as itself cannot act as another peer or touch it
   CHECK(mid->state() != v1::TRANSFER_STATE_FAILED);
   REQUIRE(t.a.client->MarkReady(id, kLayers / 2, kLayers / 2).ok());
   auto ended = t.a.client->Wait(id, absl::Seconds(60));
+  INFO(ended.status());
   REQUIRE(ended.ok());
   INFO(ended->DebugString() << "\na log:\n" << t.a.Log() << "\nb log:\n" << t.b.Log());
   CHECK(ended->state() == v1::TRANSFER_STATE_SUCCEEDED);

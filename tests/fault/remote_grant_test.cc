@@ -160,6 +160,7 @@ TEST_CASE("the owner revoking its write grant mid-transfer stops the push on the
 
   REQUIRE(p.a.client->MarkReady(id, kLayers / 2, kLayers / 2).ok());
   auto ended = p.a.client->Wait(id, absl::Seconds(30));
+  INFO(ended.status());
   REQUIRE(ended.ok());
   INFO(ended->DebugString() << "\n" << p.Logs());
   CHECK(ended->state() == v1::TRANSFER_STATE_FAILED);
