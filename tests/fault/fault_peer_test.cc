@@ -183,8 +183,7 @@ void ReceiverKilled(bool in_flight) {
   auto ended = p.a.client->Wait(id, absl::Milliseconds(kDeadlineMs));
   const double seconds = SecondsSince(t0);
   INFO("b (pid " << b_pid << ") killed; a's transfer ended after " << seconds << " s:\n"
-                 << (ended.ok() ? ended->DebugString() : ended.status().ToString())
-                 << "\na log:\n"
+                 << (ended.ok() ? ended->DebugString() : ended.status().ToString()) << "\na log:\n"
                  << p.a.Log());
   REQUIRE(ended.ok());
   CHECK(ended->state() == v1::TRANSFER_STATE_FAILED);
@@ -239,8 +238,7 @@ TEST_CASE(
   auto ended = p.b.client->Wait(inbound->transfer_id(), absl::Milliseconds(kDeadlineMs));
   const double seconds = SecondsSince(t0);
   INFO("a (pid " << a_pid << ") killed; b's inbound record ended after " << seconds << " s:\n"
-                 << (ended.ok() ? ended->DebugString() : ended.status().ToString())
-                 << "\nb log:\n"
+                 << (ended.ok() ? ended->DebugString() : ended.status().ToString()) << "\nb log:\n"
                  << p.b.Log());
   REQUIRE(ended.ok());
   CHECK(ended->state() == v1::TRANSFER_STATE_FAILED);
