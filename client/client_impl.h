@@ -84,6 +84,9 @@ class Client::Impl {
   // Submits go over the session socket (one round trip) unless this is off: a TCP target, an
   // older daemon that does not know SUBMIT, or ClientOptions::submit_via_session false.
   std::atomic<bool> session_submit_;
+  // Cancels go over the session socket (one round trip, no gRPC thread on either side) unless
+  // the daemon does not know CANCEL (an older one): gRPC from then on.
+  std::atomic<bool> session_cancel_{true};
 
   // The session's completion queue (client/completion_table.h), mapped when the session opens;
   // null without one. Tables of lost sessions stay alive (abandoned) with the client, so a

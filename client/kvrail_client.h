@@ -314,6 +314,9 @@ class Client {
   // For tests and benchmarks: transfer ends this client saw first in their done word
   // (ClientOptions::gpu_done_word), before the daemon's completion.
   uint64_t DoneWordHits();
+  // Cancels the transfer (ended ones answer with their final status: a cancel may be repeated)
+  // and returns its status. On a unix socket it goes as a CANCEL packet on the session's
+  // connection (one round trip, after every SUBMIT sent on it), else CancelTransfer over gRPC.
   absl::StatusOr<v1::TransferStatus> Cancel(uint64_t transfer_id);
   // Layers [layer_begin, layer_begin + layer_count) of a layer-wise transfer are written.
   absl::Status MarkReady(uint64_t transfer_id, uint32_t layer_begin, uint32_t layer_count = 1);

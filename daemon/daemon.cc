@@ -547,6 +547,9 @@ absl::Status DaemonImpl::StartSessions() {
                              std::function<void(const v1::TransferStatus&)> done) {
     return transfers->WhenEnded(caller, id, std::move(done));
   };
+  options.cancel = [transfers](const sessions::Caller& caller, uint64_t id) {
+    return transfers->Cancel(caller, id);
+  };
   options.follow = [transfers](const sessions::Caller& caller, uint64_t id,
                                std::function<void(const v1::TransferStatus&)> done) {
     // The completion queue's entry reads only the end's fields.

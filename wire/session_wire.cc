@@ -7,10 +7,12 @@
 
 #include <utility>
 
+#include "absl/algorithm/container.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "proto/kvrail/v1/spec_copy.h"
 
 namespace kvrail::wire {
 namespace {
@@ -25,6 +27,9 @@ constexpr absl::string_view kSubmitted = "SUBMITTED ";
 constexpr absl::string_view kPost = "POST ";
 constexpr absl::string_view kWait = "WAIT ";
 constexpr absl::string_view kDone = "DONE ";
+constexpr absl::string_view kCancel = "CANCEL ";
+constexpr absl::string_view kCancelled = "CANCELLED ";
+constexpr absl::string_view kCancelledBrief = "CANCELLED_BRIEF ";
 constexpr absl::string_view kRejected = "REJECTED ";
 
 absl::Status ErrnoStatus(absl::string_view what, int err) {
@@ -119,6 +124,8 @@ std::string EncodeWait(uint64_t transfer_id, absl::string_view credential) {
                             : absl::StrCat(kWait, transfer_id, " ", credential);
 }
 
+std::string EncodeCancel(uint64_t transfer_id) { return absl::StrCat(kCancel, transfer_id); }
+
 Request ParseRequest(absl::string_view packet) {
   Request request{RequestKind::kOther, packet};
   if (absl::ConsumePrefix(&request.body, kSubmit)) {
@@ -127,6 +134,8 @@ Request ParseRequest(absl::string_view packet) {
     request.kind = RequestKind::kPost;
   } else if (absl::ConsumePrefix(&request.body, kWait)) {
     request.kind = RequestKind::kWait;
+  } else if (absl::ConsumePrefix(&request.body, kCancel)) {
+    request.kind = RequestKind::kCancel;
   } else if (packet == kCompletionQueueRequest) {
     request.kind = RequestKind::kCompletionQueue;
     request.body = absl::string_view();
@@ -162,6 +171,16 @@ absl::StatusOr<uint64_t> ParseWaitBody(absl::string_view body, bool plain) {
   if (!plain || !absl::SimpleAtoi(digits, &id)) {
     return absl::InvalidArgumentError(
         absl::StrCat("WAIT: want \"WAIT <transfer id>\", got \"WAIT ", body.substr(0, 40), "\""));
+  }
+  return id;
+}
+
+absl::StatusOr<uint64_t> ParseCancelBody(absl::string_view body, bool plain) {
+  uint64_t id = 0;
+  if (!plain || body.empty() || !absl::c_all_of(body, absl::ascii_isdigit) ||
+      !absl::SimpleAtoi(body, &id)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "CANCEL: want \"CANCEL <transfer id>\", got \"CANCEL ", body.substr(0, 40), "\""));
   }
   return id;
 }
@@ -263,6 +282,37 @@ absl::StatusOr<v1::TransferStatus> ParseDoneAnswer(absl::string_view packet) {
   if (std::optional<absl::Status> rejected = ParseRejected(packet)) return *rejected;
   return absl::UnimplementedError(
       absl::StrCat("session socket: no WAIT here (\"", packet.substr(0, 80), "\")"));
+}
+
+std::string EncodeCancelled(const v1::TransferStatus& status) {
+  std::string whole = absl::StrCat(kCancelled, status.SerializeAsString());
+  if (whole.size() <= kMaxAnswerBytes) return whole;
+  v1::TransferStatus brief = status;
+  *brief.mutable_spec() = v1::WithoutBlockTables(status.spec());
+  std::string answer = absl::StrCat(kCancelledBrief, brief.SerializeAsString());
+  if (answer.size() <= kMaxAnswerBytes) return answer;
+  brief.clear_spec();
+  answer = absl::StrCat(kCancelledBrief, brief.SerializeAsString());
+  if (answer.size() <= kMaxAnswerBytes) return answer;
+  // Only a message longer than a packet is left: its start is kept (Get has it whole).
+  brief.mutable_error_message()->resize(kMaxAnswerBytes / 2);
+  return absl::StrCat(kCancelledBrief, brief.SerializeAsString());
+}
+
+absl::StatusOr<v1::TransferStatus> ParseCancelAnswer(absl::string_view packet, bool* brief) {
+  absl::string_view body = packet;
+  const bool is_brief = absl::ConsumePrefix(&body, kCancelledBrief);
+  if (is_brief || absl::ConsumePrefix(&body, kCancelled)) {
+    v1::TransferStatus status;
+    if (!status.ParseFromArray(body.data(), static_cast<int>(body.size()))) {
+      return absl::InternalError("session socket: the CANCELLED answer does not parse");
+    }
+    if (brief != nullptr) *brief = is_brief;
+    return status;
+  }
+  if (std::optional<absl::Status> rejected = ParseRejected(packet)) return *rejected;
+  return absl::UnimplementedError(
+      absl::StrCat("session socket: no CANCEL here (\"", packet.substr(0, 80), "\")"));
 }
 
 // --- Sending and receiving -----------------------------------------------------------------------

@@ -18,6 +18,11 @@
 //                                  post, Transfer.PostTransfer); answered as SUBMIT
 //   client -> daemon:              "WAIT <decimal transfer id>" [" <session id>.<secret>"]
 //   daemon -> client:              "DONE " + serialized final TransferStatus, or "REJECTED ..."
+//   client -> daemon:              "CANCEL <decimal transfer id>" (as the connection's session)
+//   daemon -> client:              "CANCELLED " + serialized TransferStatus (CancelTransfer's
+//                                  answer), "CANCELLED_BRIEF " + the same without the spec's
+//                                  block ids when the whole status would not fit an answer
+//                                  (kMaxAnswerBytes), or "REJECTED ..."
 //   client -> daemon:              "CQ" with two fds in SCM_RIGHTS: a completion queue's memfd
 //                                  and its eventfd (wire/shm_ring.h); the daemon posts the final
 //                                  state of each transfer this connection SUBMITs there
@@ -98,10 +103,22 @@ std::string EncodePost(const v1::PostTransferRequest& request);
 // session that waits when it is not the connection's own (the client waits on spare
 // connections, as its main session: only a transfer's submitter may wait for it).
 std::string EncodeWait(uint64_t transfer_id, absl::string_view credential = "");
+// "CANCEL <id>": cancelled as the connection's session (no credential: a spare connection's
+// session owns nothing, so only the main session's connection cancels its transfers).
+std::string EncodeCancel(uint64_t transfer_id);
 
 // What a request packet asks for; `body` is what follows "SUBMIT " / "WAIT " (a view into the
 // packet). kOther: anything else, including "FD" with trailing bytes.
-enum class RequestKind { kFd, kSubmit, kPost, kWait, kCompletionQueue, kSubmissionQueue, kOther };
+enum class RequestKind {
+  kFd,
+  kSubmit,
+  kPost,
+  kWait,
+  kCancel,
+  kCompletionQueue,
+  kSubmissionQueue,
+  kOther
+};
 struct Request {
   RequestKind kind = RequestKind::kOther;
   absl::string_view body;
@@ -117,6 +134,9 @@ absl::StatusOr<uint64_t> ParseWaitBody(absl::string_view body, bool plain);
 // The (session id, secret) a WAIT body's credential names; nullopt when it has none or it is
 // malformed (the daemon then refuses the WAIT if there was one: UNAUTHENTICATED).
 std::optional<std::pair<uint64_t, std::string>> ParseWaitCredential(absl::string_view body);
+// A CANCEL body (decimal digits, nothing else). INVALID_ARGUMENT quoting the packet when it is
+// not one, or when `plain` is false.
+absl::StatusOr<uint64_t> ParseCancelBody(absl::string_view body, bool plain);
 
 // The daemon's greeting: the session id (never 0). A trailing newline or NUL is tolerated.
 // A "REJECTED ..." packet instead (the daemon refused the session: a cap, RESOURCE_EXHAUSTED
@@ -144,6 +164,15 @@ absl::StatusOr<v1::SubmitTransferResponse> ParseSubmitAnswer(absl::string_view p
 // The answer to WAIT, in the same shape: the final status, the REJECTED status, INTERNAL for an
 // unparsable DONE body, UNIMPLEMENTED for anything else.
 absl::StatusOr<v1::TransferStatus> ParseDoneAnswer(absl::string_view packet);
+// The answer to CANCEL for `status` (the daemon's side): "CANCELLED " + the status when it fits
+// kMaxAnswerBytes, else "CANCELLED_BRIEF " + the status with its spec's block ids and tables
+// cleared (should that still not fit: without its spec, then with the start of its error
+// message only).
+std::string EncodeCancelled(const v1::TransferStatus& status);
+// The answer to CANCEL: the status; `brief` (when not null) set when the daemon left the spec's
+// block ids out (Get has them). The REJECTED status; INTERNAL for an unparsable body;
+// UNIMPLEMENTED for anything else (an older daemon's "ERROR ...").
+absl::StatusOr<v1::TransferStatus> ParseCancelAnswer(absl::string_view packet, bool* brief);
 
 // --- Sending and receiving ---------------------------------------------------------------------
 

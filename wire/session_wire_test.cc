@@ -18,6 +18,8 @@
 #include <string>
 #include <thread>
 
+#include "absl/strings/match.h"
+
 namespace kvrail::wire {
 namespace {
 
@@ -323,6 +325,66 @@ TEST_CASE("every packet kind has the protocol's bytes and parses back") {
         absl::NotFoundError("transfer 9 unknown"));
   CHECK(ParseDoneAnswer("DONE \xff").status().code() == absl::StatusCode::kInternal);
   CHECK(ParseDoneAnswer("ERROR what").status().code() == absl::StatusCode::kUnimplemented);
+}
+
+TEST_CASE("CANCEL: the packet, its body's checks, and an answer that always fits a packet") {
+  CHECK(EncodeCancel(77) == "CANCEL 77");
+  const std::string packet = EncodeCancel(77);
+  Request parsed = ParseRequest(packet);
+  CHECK(parsed.kind == RequestKind::kCancel);
+  CHECK(ParseCancelBody(parsed.body, true).value() == 77);
+  CHECK(ParseCancelBody("77", false).status().code() == absl::StatusCode::kInvalidArgument);
+  // Nothing but the id: no credential (a spare connection's session cancels nothing of the
+  // main session's), no sign, no trailing bytes.
+  for (const char* bad : {"", "soon", "77 1.abcd", "-1", "+7", "7 ", "99999999999999999999999"}) {
+    INFO(bad);
+    const absl::Status refused = ParseCancelBody(bad, true).status();
+    CHECK(refused.code() == absl::StatusCode::kInvalidArgument);
+    CHECK(absl::StrContains(refused.message(), "CANCEL: want \"CANCEL <transfer id>\""));
+  }
+  CHECK(ParseCancelBody(std::string(100, '9'), true).status().message().size() < 100);
+  CHECK(ParseRequest("CANCEL").kind == RequestKind::kOther);
+
+  v1::TransferStatus status;
+  status.set_transfer_id(12);
+  status.set_state(v1::TRANSFER_STATE_CANCELLED);
+  status.mutable_spec()->mutable_src()->add_block_ids(3);
+  status.set_error_message("cancelled by a client");
+  bool brief = true;
+  auto whole = ParseCancelAnswer(EncodeCancelled(status), &brief);
+  REQUIRE(whole.ok());
+  CHECK_FALSE(brief);
+  CHECK(whole->SerializeAsString() == status.SerializeAsString());
+  CHECK(EncodeCancelled(status) == "CANCELLED " + status.SerializeAsString());
+
+  // A spec whose ids do not fit an answer: the status without them, marked brief.
+  for (uint32_t i = 0; i < 20000; ++i) status.mutable_spec()->mutable_dst()->add_block_ids(i);
+  const std::string large = EncodeCancelled(status);
+  CHECK(large.size() <= kMaxAnswerBytes);
+  auto trimmed = ParseCancelAnswer(large, &brief);
+  REQUIRE(trimmed.ok());
+  CHECK(brief);
+  CHECK(trimmed->transfer_id() == 12);
+  CHECK(trimmed->state() == v1::TRANSFER_STATE_CANCELLED);
+  CHECK(trimmed->error_message() == "cancelled by a client");
+  CHECK(trimmed->spec().dst().block_ids_size() == 0);
+  // Even an error message longer than a packet: the answer still fits, with the message's start.
+  status.set_error_message(std::string(2 * kMaxAnswerBytes, 'x'));
+  const std::string longest = EncodeCancelled(status);
+  CHECK(longest.size() <= kMaxAnswerBytes);
+  auto kept = ParseCancelAnswer(longest, &brief);
+  REQUIRE(kept.ok());
+  CHECK(brief);
+  CHECK(kept->error_message() == std::string(kMaxAnswerBytes / 2, 'x'));
+
+  CHECK(ParseCancelAnswer("REJECTED 5 transfer 9 unknown", nullptr).status() ==
+        absl::NotFoundError("transfer 9 unknown"));
+  CHECK(ParseCancelAnswer("CANCELLED \xff", nullptr).status().code() ==
+        absl::StatusCode::kInternal);
+  CHECK(ParseCancelAnswer("ERROR expected FD", nullptr).status().code() ==
+        absl::StatusCode::kUnimplemented);
+  CHECK(ParseCancelAnswer(EncodeDone(status), nullptr).status().code() ==
+        absl::StatusCode::kUnimplemented);
 }
 
 // Writes an SCM_RIGHTS header naming `fd` at the start of `buffer`'s control bytes: what a

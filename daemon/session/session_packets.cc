@@ -127,6 +127,9 @@ void SessionServerImpl::Handle(const std::shared_ptr<Connection>& conn, Packet& 
     case wire::RequestKind::kWait:
       Wait(conn, plain, body);
       return;
+    case wire::RequestKind::kCancel:
+      conn->Send(Cancel(*conn, plain, body));
+      return;
     case wire::RequestKind::kFd:
       if (packet.fds.size() == 1) break;
       [[fallthrough]];
@@ -199,6 +202,23 @@ void SessionServerImpl::Wait(const std::shared_ptr<Connection>& conn, bool plain
     conn->pending_waits.fetch_sub(1);
     conn->Send(wire::EncodeRejected(registered));
   }
+}
+
+std::string SessionServerImpl::Cancel(const Connection& conn, bool plain, absl::string_view body) {
+  const absl::StatusOr<uint64_t> id = wire::ParseCancelBody(body, plain);
+  if (!id.ok()) return wire::EncodeRejected(id.status());
+  if (!options_.cancel) {
+    return wire::EncodeRejected(
+        absl::UnimplementedError("CANCEL: this daemon cancels over gRPC only"));
+  }
+  // Only as the connection's own session: a spare connection (whose session owns nothing) can
+  // cancel nothing that its main session submitted.
+  const absl::StatusOr<sessions::Caller> caller =
+      table_->Authenticate(conn.id, table_->SessionSecret(conn.id));
+  if (!caller.ok()) return wire::EncodeRejected(caller.status());
+  absl::StatusOr<v1::TransferStatus> cancelled = options_.cancel(*caller, *id);
+  if (!cancelled.ok()) return wire::EncodeRejected(cancelled.status());
+  return wire::EncodeCancelled(*cancelled);
 }
 
 std::string SessionServerImpl::MapCompletionQueue(Connection* conn, std::vector<UniqueFd> fds,

@@ -61,6 +61,13 @@ struct SessionServerOptions {
   std::function<absl::Status(const sessions::Caller& caller, uint64_t id,
                              std::function<void(const v1::TransferStatus& status)> done)>
       wait;
+  // CANCEL by `caller` (the connection's session) of transfer `id`: TransferManager::Cancel,
+  // whose checks decide who may (a caller with no part in the transfer gets NOT_FOUND, as an
+  // unknown id does). Served where WAIT is (the poll thread, or behind the session's queued
+  // SUBMITs on its admission worker): thread-safe, must not block. Without one CANCEL is refused
+  // (UNIMPLEMENTED) and the client cancels over gRPC.
+  std::function<absl::StatusOr<v1::TransferStatus>(const sessions::Caller& caller, uint64_t id)>
+      cancel;
   // As `wait`, for the connection's completion queue: the daemon's own follower of a transfer
   // its connection submitted, not counted against the transfer's cap of waiters. Unset: `wait`.
   std::function<absl::Status(const sessions::Caller& caller, uint64_t id,

@@ -195,6 +195,8 @@ class SessionServerImpl final : public SessionServer {
   // WAIT <id>: answered with DONE when the transfer ends, from the thread that ends it (at once
   // when it has ended), or REJECTED at once. The poll thread never waits.
   void Wait(const std::shared_ptr<Connection>& conn, bool plain, absl::string_view body);
+  // A CANCEL's answer, as the connection's session.
+  std::string Cancel(const Connection& conn, bool plain, absl::string_view body);
 
   // "CQ" with a completion queue's memfd and eventfd: mapped (and sealed) here, checked, and
   // used for every transfer this connection submits from now on. Answers "CQ OK" or REJECTED.

@@ -19,6 +19,7 @@
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <cstring>
+#include <filesystem>
 #include <string>
 #include <thread>
 #include <vector>
@@ -65,6 +66,16 @@ absl::StatusOr<uint64_t> Greeting(int fd) {
   absl::StatusOr<std::string> packet = wire::ReceivePacket(fd);
   if (!packet.ok()) return packet.status();
   return wire::ParseGreeting(*packet);
+}
+
+// Descriptors this process has open (the in-process server's included).
+size_t OpenFds() {
+  size_t n = 0;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd")) {
+    (void)entry;
+    ++n;
+  }
+  return n;
 }
 
 struct Served {
@@ -235,6 +246,60 @@ TEST_CASE("WAIT is asked as the connection's session") {
   REQUIRE(wire::SendPacket(fd, "WAIT 5 garbage").ok());
   CHECK(wire::ParseDoneAnswer(*wire::ReceivePacket(fd)).status().code() ==
         absl::StatusCode::kUnauthenticated);
+}
+
+TEST_CASE("CANCEL is asked as the connection's session; a malformed one is refused") {
+  SessionServerOptions options;
+  std::vector<uint64_t> asked_by;
+  options.cancel = [&](const sessions::Caller& caller,
+                       uint64_t id) -> absl::StatusOr<v1::TransferStatus> {
+    asked_by.push_back(caller.session_id);  // the poll thread: the test reads it after answers
+    if (caller.session_id != id) return absl::NotFoundError("transfer_id: unknown");
+    v1::TransferStatus status;
+    status.set_transfer_id(id);
+    status.set_state(v1::TRANSFER_STATE_CANCELLED);
+    return status;
+  };
+  Served s(options);
+  std::vector<UniqueFd> open;
+  auto id = s.Open(&open);
+  REQUIRE(id.ok());
+  const int fd = open.back().get();
+  REQUIRE(wire::SendPacket(fd, wire::EncodeCancel(*id)).ok());
+  auto own = wire::ParseCancelAnswer(*wire::ReceivePacket(fd), nullptr);
+  REQUIRE(own.ok());
+  CHECK(own->transfer_id() == *id);
+  CHECK(own->state() == v1::TRANSFER_STATE_CANCELLED);
+  REQUIRE(wire::SendPacket(fd, wire::EncodeCancel(*id + 1)).ok());
+  CHECK(wire::ParseCancelAnswer(*wire::ReceivePacket(fd), nullptr).status().code() ==
+        absl::StatusCode::kNotFound);
+  CHECK(asked_by == std::vector<uint64_t>{*id, *id});
+
+  // Malformed, or carrying a descriptor: refused before anyone is asked; the descriptor closed.
+  REQUIRE(wire::SendPacket(fd, "CANCEL 5 1.0123456789abcdef").ok());
+  CHECK(wire::ParseCancelAnswer(*wire::ReceivePacket(fd), nullptr).status().code() ==
+        absl::StatusCode::kInvalidArgument);
+  UniqueFd passed(::memfd_create("cancel", MFD_CLOEXEC));
+  REQUIRE(passed.valid());
+  const size_t fds_before = OpenFds();
+  REQUIRE(wire::SendPacket(fd, wire::EncodeCancel(*id), passed.get()).ok());
+  CHECK(wire::ParseCancelAnswer(*wire::ReceivePacket(fd), nullptr).status().code() ==
+        absl::StatusCode::kInvalidArgument);
+  // The server's copy of the descriptor is closed (after its answer: up to 2 s).
+  const absl::Time until = absl::Now() + absl::Seconds(2);
+  while (OpenFds() != fds_before && absl::Now() < until) absl::SleepFor(absl::Milliseconds(1));
+  CHECK(OpenFds() == fds_before);
+  CHECK(asked_by.size() == 2);
+
+  // A server without a cancel: UNIMPLEMENTED, so the client cancels over gRPC.
+  Served plain{SessionServerOptions()};
+  std::vector<UniqueFd> other;
+  auto other_id = plain.Open(&other);
+  REQUIRE(other_id.ok());
+  REQUIRE(wire::SendPacket(other.back().get(), wire::EncodeCancel(*other_id)).ok());
+  CHECK(
+      wire::ParseCancelAnswer(*wire::ReceivePacket(other.back().get()), nullptr).status().code() ==
+      absl::StatusCode::kUnimplemented);
 }
 
 TEST_CASE("spinning poll thread and spinning client: answers during and after the spins") {

@@ -55,6 +55,12 @@ void FuzzParsers(absl::string_view in) {
     (void)wire::ParseWaitBody(request.body, true);
     Check(!wire::ParseWaitBody(request.body, false).ok());  // never plain: always refused
   }
+  if (request.kind == wire::RequestKind::kCancel) {
+    absl::StatusOr<uint64_t> id = wire::ParseCancelBody(request.body, true);
+    // An id read back is the packet the client sends for it, byte for byte.
+    if (id.ok()) Check(wire::EncodeCancel(*id) == std::string(in));
+    Check(!wire::ParseCancelBody(request.body, false).ok());
+  }
   (void)wire::ParseSubmitBody(in);
   (void)wire::ParseWaitBody(in, true);
   absl::StatusOr<uint64_t> greeting = wire::ParseGreeting(in);
@@ -72,6 +78,10 @@ void FuzzParsers(absl::string_view in) {
   if (rejected) Check(!rejected->ok());
   (void)wire::ParseSubmitAnswer(in);
   (void)wire::ParseDoneAnswer(in);
+  bool brief = false;
+  absl::StatusOr<v1::TransferStatus> cancelled = wire::ParseCancelAnswer(in, &brief);
+  // Whatever status a daemon answers a CANCEL with fits the answer a client reads.
+  if (cancelled.ok()) Check(wire::EncodeCancelled(*cancelled).size() <= wire::kMaxAnswerBytes);
 
   // Round trips with fuzz-chosen values.
   uint64_t id = 0;

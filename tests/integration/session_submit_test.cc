@@ -2,10 +2,12 @@
 // default for transfers within the node. The same transfer moves the same bytes; the same bad
 // spec gets the same code and message as over gRPC; malformed packets and transfers to other
 // nodes are refused there, naming the reason; KVRAIL_SUBMIT_VIA=grpc keeps the client on gRPC.
-// WAIT answers like WaitTransfer (pending, bounded, closed early, ended, unknown, malformed).
+// WAIT answers like WaitTransfer (pending, bounded, closed early, ended, unknown, malformed);
+// CANCEL like CancelTransfer (the submitter's, another tenant's, repeated, unknown, malformed).
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <sys/un.h>
+#include <unistd.h>
 
 #include <catch2/catch.hpp>
 #include <cstdlib>
@@ -180,6 +182,63 @@ TEST_CASE("WAIT on the session socket answers like WaitTransfer") {
   auto missing = live.client->Wait(id + 1000000);
   CHECK(missing.status() == missing_grpc.status());
   CHECK(RawSubmit(live, "WAIT soon").rfind("REJECTED 3 WAIT: want", 0) == 0);
+}
+
+TEST_CASE("CANCEL on the session socket answers like CancelTransfer") {
+  LiveDaemon live;
+  Pool src = MakePool(*live.client, Small(), false, "prefill");
+  Pool dst = MakePool(*live.client, Small(), true, "decode");
+  const std::vector<uint32_t> blocks = {1, 5};
+  FillPool(src, 6, blocks, 32);
+  v1::TransferSpec spec = client::MakeBlockTransfer(src.id(), blocks, dst.id(), blocks);
+  spec.set_layerwise(true);  // nothing moves until MarkReady: there is something to cancel
+  auto submitted = live.client->Submit(spec);
+  REQUIRE(submitted.ok());
+  const uint64_t id = submitted->transfer_id();
+
+  // Another tenant (a session that owns a region, not a part of this transfer) cancels nothing,
+  // refused over the session as over gRPC (the unknown id's NOT_FOUND; as root, which may read
+  // every transfer, PERMISSION_DENIED: root cancels only from a session that owns no regions);
+  // the transfer goes on.
+  auto tenant = client::Client::Connect(live.daemon.socket());
+  REQUIRE(tenant.ok());
+  Pool own = MakePool(**tenant, Small(), true, "tenant");
+  auto grpc_tenant = GrpcOnlyClient(live);
+  Pool grpc_own = MakePool(*grpc_tenant, Small(), true, "grpc tenant");
+  auto refused = (*tenant)->Cancel(id);
+  auto refused_grpc = grpc_tenant->Cancel(id);
+  CHECK(refused.status().code() ==
+        (::geteuid() == 0 ? absl::StatusCode::kPermissionDenied : absl::StatusCode::kNotFound));
+  CHECK(refused.status() == refused_grpc.status());
+  auto running = live.client->Get(id);
+  REQUIRE(running.ok());
+  CHECK(running->state() < v1::TRANSFER_STATE_SUCCEEDED);
+
+  // The submitter's cancel (the client's default: a CANCEL on its session's connection) ends it
+  // CANCELLED with nothing written; a second cancel over gRPC answers the same final status.
+  auto cancelled = live.client->Cancel(id);
+  REQUIRE(cancelled.ok());
+  CHECK(cancelled->state() == v1::TRANSFER_STATE_CANCELLED);
+  CHECK(cancelled->error_code() == static_cast<int>(absl::StatusCode::kCancelled));
+  CHECK(cancelled->spec().src().region_id() == src.id());  // the whole status, spec included
+  CHECK(CountWritten(dst) == 0);
+  auto again = GrpcOnlyClient(live)->Get(id);
+  REQUIRE(again.ok());
+  CHECK(again->state() == v1::TRANSFER_STATE_CANCELLED);
+  auto repeated = live.client->Cancel(id);
+  REQUIRE(repeated.ok());
+  CHECK(repeated->SerializeAsString() == cancelled->SerializeAsString());
+
+  // Unknown ids and malformed cancels: the same NOT_FOUND as gRPC, and a named INVALID_ARGUMENT.
+  auto missing_grpc = GrpcOnlyClient(live)->Cancel(id + 1000000);
+  REQUIRE_FALSE(missing_grpc.ok());
+  CHECK(missing_grpc.status().code() == absl::StatusCode::kNotFound);
+  CHECK(RawSubmit(live, absl::StrCat("CANCEL ", id + 1000000)) ==
+        absl::StrCat("REJECTED 5 ", missing_grpc.status().message()));
+  CHECK(live.client->Cancel(id + 1000000).status() == missing_grpc.status());
+  CHECK(RawSubmit(live, "CANCEL soon").rfind("REJECTED 3 CANCEL: want", 0) == 0);
+  CHECK(RawSubmit(live, absl::StrCat("CANCEL ", id, " 1.secret")).rfind("REJECTED 3", 0) == 0);
+  CHECK(live.client->GetStats().ok());  // the daemon serves on
 }
 
 // A daemon started with `config` (DaemonConfig text).
