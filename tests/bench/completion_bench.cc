@@ -4,7 +4,9 @@
 // "wait" with Client::Wait, the daemon's whole status, one WAIT round trip after the end), three
 // such transfers submitted as one batch (Client::SubmitBatch: K, V and aux of a chunk) -> all
 // three seen, and the batch status of 10,000 ended transfers (Client::LocalStates with the
-// completion queue; one GetTransfer each without: what kvrail_poll does). Modes: "sq"
+// completion queue; one GetTransfer each without: what kvrail_poll does), and in sq mode a
+// cancel's round trip (Client::Cancel: a CANCEL packet, against CancelTransfer over gRPC in the
+// same run). Modes: "sq"
 // (submission and completion queues), "queue" (completion queue, SUBMIT packets), "packets"
 // (neither). Each figure is taken `runs` times (default 3); median/min/max printed.
 // A second table: what the spins cost (CPU time of kvraild's threads from
@@ -113,6 +115,40 @@ bool RunOnce(const std::string& socket, const std::string& mode,
                  mode.c_str(), static_cast<unsigned long long>(queued),
                  static_cast<unsigned long long>(handed_back));
     return false;
+  }
+  // A cancel's round trip (a layer-wise transfer waiting for its layers, cancelled by its
+  // submitter; returns the cancelled status): the client's default, a CANCEL packet on the
+  // session's connection, against CancelTransfer over gRPC (a client connected with
+  // KVRAIL_SUBMIT_VIA=grpc), interleaved. Once, in sq mode: the path of the submit does not
+  // change the cancel's.
+  if (mode == "sq") {
+    ::setenv("KVRAIL_SUBMIT_VIA", "grpc", 1);
+    auto grpc_client = client::Client::Connect(socket);
+    ::unsetenv("KVRAIL_SUBMIT_VIA");
+    if (!grpc_client.ok()) return false;
+    absl::StatusOr<HostPools> grpc_pools = RegisterHostPools(**grpc_client, layout);
+    if (!grpc_pools.ok()) return false;
+    std::vector<double> via_session, via_grpc;
+    for (int i = 0; i < 1100; ++i) {
+      for (bool session : {true, false}) {
+        client::Client& c = session ? **client : **grpc_client;
+        const HostPools& p = session ? *pools : *grpc_pools;
+        auto t = client::MakeBlockTransfer(p.src_region, {static_cast<uint32_t>(i % 256)},
+                                           p.dst_region, {static_cast<uint32_t>(i * 3 % 256)});
+        t.set_layerwise(true);  // waits for its layers: there is something to cancel
+        auto submitted = c.Submit(t);
+        if (!submitted.ok()) return false;
+        const auto t0 = Clock::now();
+        auto cancelled = c.Cancel(submitted->transfer_id());
+        const double us = Us(Clock::now() - t0);
+        if (!cancelled.ok() || cancelled->state() != v1::TRANSFER_STATE_CANCELLED) return false;
+        if (i >= 100) (session ? via_session : via_grpc).push_back(us);
+      }
+    }
+    (*out)["cancel_p50_us"].push_back(Percentile(via_session, 0.5));
+    (*out)["cancel_p99_us"].push_back(Percentile(via_session, 0.99));
+    (*out)["cancel_grpc_p50_us"].push_back(Percentile(via_grpc, 0.5));
+    (*out)["cancel_grpc_p99_us"].push_back(Percentile(via_grpc, 0.99));
   }
   // Batch status of 10,000 ended transfers.
   ids.resize(3000);
