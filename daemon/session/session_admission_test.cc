@@ -2,6 +2,7 @@
 // transfer manager): a session's pipelined packets are admitted and answered in the order sent;
 // another tenant's submits are answered while one tenant's admission is still running; a session
 // closed with SUBMITs queued has none of them admitted, and ends only after the one running; a
+// CANCEL follows the session's SUBMITs and runs on a worker, not holding up other tenants; a
 // session's full queue refuses, naming the cap; a SUBMIT naming more than kBulkIds ids is
 // admitted by the bulk worker (SCHED_IDLE), a smaller one never.
 #include <sched.h>
@@ -15,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
@@ -190,6 +192,88 @@ TEST_CASE("another tenant's SUBMITs are answered while one tenant's admission ru
   absl::StatusOr<uint64_t> answer = Answer(large.get());
   REQUIRE(answer.ok());
   CHECK(*answer == kHeld);
+}
+
+TEST_CASE(
+    "a CANCEL follows the SUBMIT before it and runs on a worker: another tenant's "
+    "SUBMITs are answered meanwhile") {
+  FakeAdmission fake;
+  // Ending a large transfer takes a while: the fake holds each cancel until the gate opens.
+  absl::Mutex gate_mu;
+  int entered = 0;
+  bool open = false;
+  uint64_t last = 0;
+  SessionServerOptions options;
+  options.submit = fake.Fn();
+  options.admission_workers = 2;
+  options.max_inline_submit_ids = 1024;  // the small tenant's SUBMITs on the poll thread
+  options.cancel = [&](const sessions::Caller&, uint64_t id) -> absl::StatusOr<v1::TransferStatus> {
+    absl::MutexLock lock(&gate_mu);
+    ++entered;
+    gate_mu.Await(absl::Condition(&open));
+    last = id;
+    v1::TransferStatus status;
+    status.set_transfer_id(id);
+    status.set_state(v1::TRANSFER_STATE_CANCELLED);
+    return status;
+  };
+  const auto entered_is = [&](int n) {
+    absl::MutexLock lock(&gate_mu);
+    return entered == n;
+  };
+  const auto set_open = [&](bool value) {
+    absl::MutexLock lock(&gate_mu);
+    open = value;
+  };
+  Served s(options);
+  // A failed check leaves no cancel held: the server's destruction waits for it.
+  absl::Cleanup open_at_exit = [&] { set_open(true); };
+  uint64_t large_id = 0, small_id = 0;
+  UniqueFd large = s.Open(&large_id);
+  UniqueFd small = s.Open(&small_id);
+  const auto small_round_trips = [&] {
+    for (int i = 1; i <= 50; ++i) {
+      REQUIRE(wire::SendPacket(small.get(), SubmitPacket(i)).ok());
+      absl::StatusOr<uint64_t> answer = Answer(small.get());
+      REQUIRE(answer.ok());
+      CHECK(*answer == static_cast<uint64_t>(i));
+    }
+  };
+  const auto cancel_answer = [&] {
+    absl::StatusOr<std::string> packet = wire::ReceivePacket(large.get());
+    REQUIRE(packet.ok());
+    absl::StatusOr<v1::TransferStatus> status = wire::ParseCancelAnswer(*packet, nullptr);
+    REQUIRE(status.ok());
+    CHECK(status->transfer_id() == kHeld);
+    CHECK(status->state() == v1::TRANSFER_STATE_CANCELLED);
+  };
+
+  // Pipelined behind its SUBMIT (held in admission), the CANCEL waits for it.
+  REQUIRE(wire::SendPacket(large.get(), SubmitPacket(kHeld)).ok());
+  REQUIRE(wire::SendPacket(large.get(), wire::EncodeCancel(kHeld)).ok());
+  REQUIRE(fake.held_entered.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  absl::SleepFor(absl::Milliseconds(20));
+  CHECK(entered_is(0));
+  fake.release.Notify();
+  absl::StatusOr<uint64_t> submitted = Answer(large.get());
+  REQUIRE(submitted.ok());
+  CHECK(*submitted == kHeld);
+  REQUIRE(s.Eventually([&] { return entered_is(1); }));
+  small_round_trips();
+  set_open(true);
+  cancel_answer();
+
+  // A CANCEL from a session with nothing queued also runs on a worker: while it is held, the
+  // poll thread serves the other tenant (served on the poll thread, these round trips would
+  // wait for it).
+  set_open(false);
+  REQUIRE(wire::SendPacket(large.get(), wire::EncodeCancel(kHeld)).ok());
+  REQUIRE(s.Eventually([&] { return entered_is(2); }));
+  small_round_trips();
+  set_open(true);
+  cancel_answer();
+  absl::MutexLock lock(&gate_mu);
+  CHECK(last == kHeld);
 }
 
 // The shape of a 16 MiB critical transfer of 16 KiB blocks: 1,024 ids a side, in the packet.

@@ -63,8 +63,9 @@ struct SessionServerOptions {
       wait;
   // CANCEL by `caller` (the connection's session) of transfer `id`: TransferManager::Cancel,
   // whose checks decide who may (a caller with no part in the transfer gets NOT_FOUND, as an
-  // unknown id does). Served where WAIT is (the poll thread, or behind the session's queued
-  // SUBMITs on its admission worker): thread-safe, must not block. Without one CANCEL is refused
+  // unknown id does). Served by an admission worker in the session's order of packets (the
+  // poll thread with admission_workers 0), since ending a large transfer takes a while:
+  // thread-safe, must not block. Without one CANCEL is refused
   // (UNIMPLEMENTED) and the client cancels over gRPC.
   std::function<absl::StatusOr<v1::TransferStatus>(const sessions::Caller& caller, uint64_t id)>
       cancel;
