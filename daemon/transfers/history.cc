@@ -25,16 +25,9 @@ void History::Trim() {
       auto k = by_key_.find(key);
       if (k != by_key_.end() && k->second == entry->first) by_key_.erase(k);
     }
-    if (evicted_.size() < kMaxEvicted) evicted_.push_back(std::move(entry->second.record));
     records_.erase(entry);
     it = order_.erase(it);
   }
-}
-
-std::vector<std::shared_ptr<Record>> History::TakeEvicted() {
-  std::vector<std::shared_ptr<Record>> out;
-  out.swap(evicted_);
-  return out;
 }
 
 std::shared_ptr<Record> History::Find(uint64_t id) const {

@@ -44,13 +44,6 @@ class History {
   // deadline index.
   std::vector<std::shared_ptr<Record>> Late(absl::Time now);
 
-  // The ended transfers Add forgot, not yet destroyed, for the caller to destroy outside its
-  // lock and off the admitting thread (a record's plan, spec copy and status strings: ~4% of
-  // the session poll thread's work when the history is full). Up to kMaxEvicted wait here;
-  // beyond that Add destroys them itself, so a caller that never takes them holds no more.
-  std::vector<std::shared_ptr<Record>> TakeEvicted();
-  static constexpr size_t kMaxEvicted = 4096;
-
  private:
   struct Entry {
     std::shared_ptr<Record> record;
@@ -66,7 +59,6 @@ class History {
   std::list<uint64_t> order_;  // oldest first
   absl::flat_hash_map<std::string, uint64_t> by_key_;
   std::list<std::weak_ptr<Record>> with_deadline_;
-  std::vector<std::shared_ptr<Record>> evicted_;  // at most kMaxEvicted
 };
 
 }  // namespace kvrail::transfers

@@ -568,11 +568,7 @@ void TransferManagerImpl::DeadlineLoop() {
   while (!stopping_) {
     mu_.AwaitWithTimeout(absl::Condition(&stopping_), absl::Milliseconds(5));
     if (stopping_) break;
-    // Records the history forgot since the last round are destroyed here, outside mu_ and off
-    // the threads that admit (History::TakeEvicted).
-    std::vector<std::shared_ptr<Record>> evicted = history_.TakeEvicted();
     mu_.Unlock();
-    evicted.clear();
     CheckDeadlines();
     watches_.Sweep();
     mu_.Lock();
