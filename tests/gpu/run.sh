@@ -272,7 +272,7 @@ step_tests() {
   catch2 kv_copy_gpu_test 150 '~[bandwidth]' || rc=1
   catch2 digest_gpu_test 150 '~[bandwidth]' || rc=1
   catch2 relay_gpu_test 90 -s || rc=1
-  catch2 fabric_kernel_gpu_test 200 '~[bandwidth]' || rc=1
+  catch2 fabric_kernel_gpu_test 300 '~[bandwidth]' || rc=1
   catch2 stream_wait_gpu_test 90 --durations yes || rc=1
   return $rc
 }
@@ -431,7 +431,7 @@ step_demo() {
 step_fabric() {
   local rc=0
   catch2_header
-  catch2 fabric_kernel_gpu_test 200 '~[bandwidth]' || rc=1
+  catch2 fabric_kernel_gpu_test 300 '~[bandwidth]' || rc=1
   prog fabric_pack_rate 90 bin/fabric_kernel_gpu_test '[bandwidth]' || rc=1
   grep -E 'fabric pack' "$logs/fabric_pack_rate.txt" | tee -a "$tables"
   prog fabric_kernel_bench 180 bin/fabric_kernel_bench --copy-pair 0 $pair || rc=1
