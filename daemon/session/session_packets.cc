@@ -72,10 +72,11 @@ void SessionServerImpl::Serve(int fd) {
   }
   // A SUBMIT is admitted by a worker; a packet behind one still queued or running follows it
   // there, so the session's answers keep the order of its packets. So is a CANCEL: ending a
-  // transfer releases its plan and answers its waiters (a 2^20-block transfer's end took
-  // 30-275 us on the build machine, at times over 1 ms), which must not hold up the packets of
-  // other sessions. Other packets are served here (FD, WAIT and CQ cost no more than a
-  // lookup). A SUBMIT or POST naming more than kBulkIds ids goes to a bulk worker.
+  // transfer releases its plan and answers its waiters, and however long that takes (a
+  // 2^20-block transfer's cancel took 30-275 us of wall time on the build machine, once over
+  // 1 ms) it must not hold up the packets of other sessions. Other packets are served here (FD,
+  // WAIT and CQ cost no more than a lookup). A SUBMIT or POST naming more than kBulkIds ids
+  // goes to a bulk worker.
   if (admission_ != nullptr &&
       (request.kind == wire::RequestKind::kSubmit || request.kind == wire::RequestKind::kPost ||
        request.kind == wire::RequestKind::kCancel || !admission_->Idle(conn->id))) {
