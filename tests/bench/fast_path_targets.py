@@ -86,7 +86,9 @@ def targets(queue: Dict[Tuple[str, str], Figure],
                     verdict(batch, 1.0)))
     for setting, label, target in (
             ("shipped default: 4 workers + 1 bulk (SCHED_IDLE, guarded)", "the target", True),
-            ("4 workers, no bulk class", "for comparison, not a target", False)):
+            ("4 workers, no bulk class", "for comparison, not a target", False),
+            ("floor: the large tenant only copies its ids, no kvraild work",
+             "the machine's floor, not a target", False)):
         ratio = admission.get((setting, "beside large / unloaded", "p99 ratio (target <= 2)"))
         loaded = admission.get((setting, "beside large", "p99_us"))
         alone = admission.get((setting, "unloaded", "p99_us"))

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # fast_path_targets.py over recorded bench outputs (testdata/: one run on the build machine at
-# load ~2.3): each target's figure and verdict read from the right row, a missing row named as
+# load ~2.3; the admission floor's rows from a later run, the bench having gained them): each target's figure and verdict read from the right row, a missing row named as
 # MISSING with a failing exit, the usage without arguments.
 set -uo pipefail
 dir=$(dirname "$0")
@@ -31,6 +31,8 @@ check "batch status, Python and C++" \
 check "the admission ratio of the shipped default (a target) and without the bulk class (not one)" \
   'grep -qF "(the target: shipped default: 4 workers + 1 bulk (SCHED_IDLE, guarded)) | 2.07x (473.1 us beside it vs 228.3 unloaded) | missed |" "$tmp/out" &&
    grep -qF "(for comparison, not a target: 4 workers, no bulk class) | 6.35x (1480.7 us beside it vs 233.2 unloaded) | - |" "$tmp/out"'
+check "the machine's floor row (the large tenant only copies its ids) is read, not a target" \
+  'grep -qF "(the machine'"'"'s floor, not a target: floor: the large tenant only copies its ids, no kvraild work) | 4.32x (109.1 us beside it vs 25.3 unloaded) | - |" "$tmp/out"'
 grep -v "^C++ sq" "$cq" > "$tmp/no_cxx.txt"
 check "without the C++ rows: MISSING, exit 1" \
   '! python3 "$verdicts" "$tmp/no_cxx.txt" "$adm" > "$tmp/out2" && grep -q "not measured | MISSING" "$tmp/out2"'
