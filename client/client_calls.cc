@@ -104,7 +104,8 @@ absl::StatusOr<v1::TransferStatus> Client::Cancel(uint64_t transfer_id) {
       if (answer.ok()) {
         bool brief = false;
         absl::StatusOr<v1::TransferStatus> status = wire::ParseCancelAnswer(*answer, &brief);
-        // The spec's block ids did not fit the answer: the whole status, as gRPC answers it.
+        // The whole status did not fit an answer packet (a guard: a record's status, its spec
+        // kept without block ids, does not get that large): read it whole, as gRPC answers it.
         if (status.ok() && brief) return Get(transfer_id);
         if (status.status().code() != absl::StatusCode::kUnimplemented) {
           return impl_->Checked(std::move(status));
